@@ -1,0 +1,200 @@
+//! Commands, their outcomes and the typed refusals.
+//!
+//! Every command names its topic, so a vnode can refuse one outside its arc
+//! before applying it, and carries the time it records (`at_ms`), so the
+//! machine never reads a clock.
+
+use super::state::{Incarnation, NodeId, RangeId, SealRecord, SegmentId, StoragePolicy};
+use serde::{Deserialize, Serialize};
+
+/// The most initial ranges a topic may be created with.
+pub const INITIAL_RANGES_MAX: u64 = 1024;
+/// The most active ranges one topic may hold; a split beyond it is refused.
+pub const ACTIVE_RANGES_PER_TOPIC_MAX: usize = 65_536;
+/// The most replicas one segment may have.
+pub const REPLICA_SET_SIZE_MAX: usize = 16;
+/// The longest topic or policy name, in bytes.
+pub const NAME_BYTES_MAX: usize = 249;
+/// The most placement constraints one storage policy may carry.
+pub const POLICY_CONSTRAINTS_MAX: usize = 64;
+/// The longest placement constraint expression, in bytes.
+pub const POLICY_CONSTRAINT_BYTES_MAX: usize = 1024;
+
+/// A change to the metadata state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Creates a topic whose `initial_ranges` (a power of two) equal ranges
+    /// tile the keyspace. `replicas` holds one replica set per range, in
+    /// keyspace order, for each range's first segment.
+    CreateTopic { topic: String, initial_ranges: u64, policy: Option<String>, replicas: Vec<Vec<NodeId>>, at_ms: u64 },
+    /// Stops the topic taking rolls, splits and merges. Its active segments
+    /// are sealed afterwards, one `SealSegment` each, at the lengths the data
+    /// plane reports once their write heads are fenced.
+    SealTopic { topic: String, at_ms: u64 },
+    /// Forgets the topic, its ranges and its segments; the outcome lists the
+    /// segments whose copies the data plane may now delete.
+    DeleteTopic { topic: String },
+    /// Seals `segment` (the newest of its range) at `seal` and opens the next
+    /// segment of the range on `next_replicas`, in one step. If the segment
+    /// was already sealed at exactly `seal` (seal on failure first, roll
+    /// second) only the opening happens.
+    RollSegment { topic: String, segment: SegmentId, seal: SealRecord, next_replicas: Vec<NodeId>, at_ms: u64 },
+    /// Seals a segment. The first recorded seal wins: the same seal again is
+    /// a no-op, a different one is refused with `AlreadySealed`.
+    SealSegment { topic: String, segment: SegmentId, seal: SealRecord, at_ms: u64 },
+    /// Seals `range` and its newest segment at `seal`, and opens its two
+    /// halves, each with a first segment on the given replicas.
+    SplitRange {
+        topic: String,
+        range: RangeId,
+        seal: SealRecord,
+        lower_replicas: Vec<NodeId>,
+        upper_replicas: Vec<NodeId>,
+        at_ms: u64,
+    },
+    /// Seals two active buddy ranges (the two halves of one aligned band) and
+    /// their newest segments, and opens the range covering that band.
+    MergeRanges {
+        topic: String,
+        lower: RangeId,
+        upper: RangeId,
+        lower_seal: SealRecord,
+        upper_seal: SealRecord,
+        replicas: Vec<NodeId>,
+        at_ms: u64,
+    },
+    /// Replaces node `old` by node `new` in a segment's replica set, in place.
+    ReplaceReplica { topic: String, segment: SegmentId, old: NodeId, new: NodeId },
+    /// Defines or redefines a storage policy.
+    PutPolicy { policy: StoragePolicy },
+    /// Removes a storage policy definition. Topics pointing at it keep the
+    /// name, which then holds their data until an operator rebinds it.
+    RemovePolicy { name: String },
+}
+
+impl Command {
+    /// The topic the command acts on, for routing it to its vnode; `None`
+    /// for cluster-wide administrative commands.
+    pub fn topic(&self) -> Option<&str> {
+        match self {
+            Command::CreateTopic { topic, .. }
+            | Command::SealTopic { topic, .. }
+            | Command::DeleteTopic { topic }
+            | Command::RollSegment { topic, .. }
+            | Command::SealSegment { topic, .. }
+            | Command::SplitRange { topic, .. }
+            | Command::MergeRanges { topic, .. }
+            | Command::ReplaceReplica { topic, .. } => Some(topic),
+            Command::PutPolicy { .. } | Command::RemovePolicy { .. } => None,
+        }
+    }
+}
+
+/// What an applied command changed, with the ids it issued.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    TopicCreated { incarnation: Incarnation, ranges: Vec<RangeId>, segments: Vec<SegmentId> },
+    TopicSealed,
+    TopicDeleted { incarnation: Incarnation, segments: Vec<SegmentId> },
+    SegmentRolled { sealed: SegmentId, next: SegmentId },
+    SegmentSealed { segment: SegmentId },
+    RangeSplit { parent: RangeId, lower: RangeId, upper: RangeId, lower_segment: SegmentId, upper_segment: SegmentId },
+    RangesMerged { lower: RangeId, upper: RangeId, merged: RangeId, segment: SegmentId },
+    ReplicaReplaced { segment: SegmentId },
+    PolicyPut,
+    PolicyRemoved,
+    /// The command was a repeat of one already applied (a re-seal at the
+    /// recorded seal, sealing a sealed topic): nothing changed.
+    Unchanged,
+}
+
+/// A refused command. The state is left exactly as it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ModelError {
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidName { name: String, reason: NameRule },
+    #[error("topic {topic} already exists")]
+    TopicExists { topic: String },
+    #[error("no such topic {topic}")]
+    NoSuchTopic { topic: String },
+    #[error("topic {topic} is sealed")]
+    TopicSealed { topic: String },
+    #[error("initial range count {count} is not a power of two")]
+    NotPowerOfTwo { count: u64 },
+    #[error("initial range count {count} exceeds the limit of {max}")]
+    TooManyInitialRanges { count: u64, max: u64 },
+    #[error("topic {topic} would exceed {max} active ranges")]
+    TooManyActiveRanges { topic: String, max: usize },
+    #[error("{expected} replica sets are needed, one per initial range, but {found} were given")]
+    ReplicaSetCount { expected: u64, found: usize },
+    #[error("a replica set is empty")]
+    EmptyReplicaSet,
+    #[error("replica set names node {node} twice")]
+    DuplicateReplica { node: NodeId },
+    #[error("replica set of {count} exceeds the limit of {max}")]
+    TooManyReplicas { count: usize, max: usize },
+    #[error("no such range {range} in topic {topic}")]
+    NoSuchRange { topic: String, range: RangeId },
+    #[error("no such segment {segment} in topic {topic}")]
+    NoSuchSegment { topic: String, segment: SegmentId },
+    #[error("range {range} is not active")]
+    RangeNotActive { range: RangeId },
+    #[error("range {range} is a single position and cannot split")]
+    RangeTooSmall { range: RangeId },
+    #[error("segment {segment} was already sealed at length {} ({} bytes)", recorded.length, recorded.bytes)]
+    AlreadySealed { segment: SegmentId, recorded: SealRecord },
+    #[error("segment {segment} was already rolled; its successor is {successor}")]
+    AlreadyRolled { segment: SegmentId, successor: SegmentId },
+    #[error("ranges {lower} and {upper} are not the two halves of one band")]
+    NotBuddies { lower: RangeId, upper: RangeId },
+    #[error("node {node} is not a replica of segment {segment}")]
+    WrongReplica { segment: SegmentId, node: NodeId },
+    #[error("node {node} is already a replica of segment {segment}")]
+    ReplicaPresent { segment: SegmentId, node: NodeId },
+    #[error("sealing at length {length} overflows the offset space of range {range}")]
+    OffsetOverflow { range: RangeId, length: u64 },
+    #[error("no such storage policy {name}")]
+    NoSuchPolicy { name: String },
+    #[error("storage policy {name} has {count} placement constraints, more than {max} or one longer than {bytes_max} bytes")]
+    InvalidPolicy { name: String, count: usize, max: usize, bytes_max: usize },
+    #[error("the {what} id space is exhausted")]
+    IdSpaceExhausted { what: IdKind },
+}
+
+/// The rule a topic or policy name broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NameRule {
+    Empty,
+    TooLong,
+    /// Names are limited to ASCII letters, digits, `.`, `_` and `-`, so they
+    /// are safe in file paths, actor names and metric labels.
+    BadCharacter,
+}
+
+impl std::fmt::Display for NameRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NameRule::Empty => f.write_str("it is empty"),
+            NameRule::TooLong => write!(f, "it is longer than {NAME_BYTES_MAX} bytes"),
+            NameRule::BadCharacter => f.write_str("only ascii letters, digits, '.', '_' and '-' are allowed"),
+        }
+    }
+}
+
+/// Which counter ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IdKind {
+    Incarnation,
+    Range,
+    Segment,
+}
+
+impl std::fmt::Display for IdKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IdKind::Incarnation => "incarnation",
+            IdKind::Range => "range",
+            IdKind::Segment => "segment",
+        })
+    }
+}

@@ -1,0 +1,31 @@
+//! The log model and its deterministic metadata state machine.
+//!
+//! A topic is a set of ranges that tile the u64 keyspace; a range is a chain
+//! of segments in its own offset space; a segment is the unit of replication.
+//! `MetadataState::apply` is the state machine a raft group replicates.
+//!
+//! Architecture invariant: this module is pure. It imports nothing that
+//! reads a clock, a random source, the filesystem or the network (no
+//! `std::time`, `rand`, `std::fs`, `std::net`; a test greps for them), and
+//! keeps no `HashMap` in its state. Time arrives inside commands (`at_ms`),
+//! ids come from counters inside the state, so replicas that apply the same
+//! commands serialize to the same bytes.
+
+mod apply;
+mod command;
+mod describe;
+mod keyspace;
+mod read_plan;
+mod state;
+
+pub use command::{
+    ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX, NameRule, Outcome,
+    POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
+};
+pub use describe::{RangeDescription, SegmentDescription, TopicDescription};
+pub use keyspace::{Band, BandError, POSITION_BITS, position};
+pub use read_plan::{ReadPlan, ReadSlice, SegmentSpan};
+pub use state::{
+    Incarnation, InvariantViolation, MetadataState, NodeId, Range, RangeId, RangeState, SNAPSHOT_VERSION, SealRecord,
+    Segment, SegmentId, SegmentState, SnapshotError, StoragePolicy, Topic, TopicState,
+};

@@ -1,0 +1,356 @@
+//! The metadata state: topics, ranges, segments and storage policies.
+//!
+//! Everything here is ordered (`BTreeMap`, `Vec` in creation order) and every
+//! id comes from a counter inside the state, so two replicas that applied the
+//! same commands hold equal values and serialize to the same bytes.
+
+use super::keyspace::{Band, position};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// The version of the serialized snapshot layout. Bumped whenever a field of
+/// the state changes shape, so a replica refuses a snapshot it cannot read
+/// instead of misreading it.
+pub const SNAPSHOT_VERSION: u8 = 1;
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub u64);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A range id, unique across all topics and never reused. Ids grow with
+    /// creation time, so ordering by id is a topological order of the epoch chain.
+    RangeId,
+    "r"
+);
+id_type!(
+    /// A segment id, unique across all topics and never reused.
+    SegmentId,
+    "s"
+);
+id_type!(
+    /// A broker's node id as it appears in a replica set.
+    NodeId,
+    "n"
+);
+id_type!(
+    /// Which life of a topic name this is: deleting and re-creating a topic
+    /// gives it a new incarnation, so cursors of the old one are refused.
+    Incarnation,
+    "i"
+);
+
+/// Whether a topic accepts writes and reshaping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TopicState {
+    Active,
+    /// Refuses rolls, splits and merges; its active segments are then sealed
+    /// one by one with `SealSegment` at the lengths the data plane reports.
+    Sealed { at_ms: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topic {
+    pub name: String,
+    pub incarnation: Incarnation,
+    /// The storage policy this topic points at. A name no definition backs is
+    /// legal and means "hold the data" (see the architecture's placement section).
+    pub policy: Option<String>,
+    pub state: TopicState,
+    pub created_at_ms: u64,
+    /// Every range the topic ever had, in creation (= id) order.
+    pub ranges: Vec<RangeId>,
+    /// The routing index: band start of each active range to its id.
+    pub active_by_start: BTreeMap<u64, RangeId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RangeState {
+    /// Takes writes (if its topic is active); exactly one active range holds each position.
+    Active,
+    /// Succeeded by a split or a merge; its records are read as history.
+    Sealed { at_ms: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Range {
+    pub id: RangeId,
+    pub topic: String,
+    pub band: Band,
+    pub state: RangeState,
+    /// The ranges this one succeeded: one for a split child, two for a merge,
+    /// none for an initial range.
+    pub parents: Vec<RangeId>,
+    /// The ranges that succeeded this one, set when it is sealed.
+    pub children: Vec<RangeId>,
+    /// The range's segments in offset order; all but the last are sealed.
+    pub segments: Vec<SegmentId>,
+    pub created_at_ms: u64,
+}
+
+impl Range {
+    pub fn is_active(&self) -> bool {
+        matches!(self.state, RangeState::Active)
+    }
+
+    /// The range's newest segment. Every range is created with one, so this
+    /// exists for every range the state holds (checked by `check_invariants`).
+    pub fn last_segment(&self) -> Option<SegmentId> {
+        self.segments.last().copied()
+    }
+}
+
+/// The length and size a segment was sealed at: immutable once recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealRecord {
+    /// The number of records (offsets) in the segment.
+    pub length: u64,
+    /// The segment's size on disk, which the integrity pass compares copies against.
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SegmentState {
+    Active,
+    Sealed { seal: SealRecord, at_ms: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub id: SegmentId,
+    pub range: RangeId,
+    /// The first offset of this segment within its range's offset space.
+    pub start_offset: u64,
+    /// The replica set, in the order placement chose it.
+    pub replicas: Vec<NodeId>,
+    pub state: SegmentState,
+    pub created_at_ms: u64,
+}
+
+impl Segment {
+    pub fn seal(&self) -> Option<SealRecord> {
+        match self.state {
+            SegmentState::Active => None,
+            SegmentState::Sealed { seal, .. } => Some(seal),
+        }
+    }
+
+    /// The exclusive end offset, known once sealed.
+    pub fn end_offset(&self) -> Option<u64> {
+        self.seal().and_then(|seal| self.start_offset.checked_add(seal.length))
+    }
+}
+
+/// A storage policy definition: a name, a retention rule and placement constraints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoragePolicy {
+    pub name: String,
+    pub retention_age_ms: Option<u64>,
+    pub retention_bytes: Option<u64>,
+    /// Placement constraint expressions over broker attributes, kept opaque
+    /// here; placement parses and evaluates them.
+    pub placement: Vec<String>,
+}
+
+/// The whole metadata state of one vnode.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataState {
+    pub(crate) topics: BTreeMap<String, Topic>,
+    pub(crate) ranges: BTreeMap<RangeId, Range>,
+    pub(crate) segments: BTreeMap<SegmentId, Segment>,
+    pub(crate) policies: BTreeMap<String, StoragePolicy>,
+    pub(crate) next_incarnation: u64,
+    pub(crate) next_range_id: u64,
+    pub(crate) next_segment_id: u64,
+}
+
+/// Why a snapshot cannot be taken or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot is empty")]
+    Empty,
+    #[error("snapshot version {found} is not the supported version {supported}")]
+    Version { found: u8, supported: u8 },
+    #[error("snapshot does not decode: {0}")]
+    Decode(#[from] rmp_serde::decode::Error),
+    #[error("snapshot does not encode: {0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+    #[error("snapshot decodes to an inconsistent state: {0}")]
+    Inconsistent(#[from] InvariantViolation),
+}
+
+/// A broken structural invariant of the state. Seeing one means a bug in the
+/// machine or a corrupt snapshot, never a bad command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invariant violated: {0}")]
+pub struct InvariantViolation(pub String);
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(InvariantViolation(format!($($fmt)+)));
+        }
+    };
+}
+
+impl MetadataState {
+    pub fn new() -> MetadataState {
+        MetadataState::default()
+    }
+
+    pub fn topic(&self, name: &str) -> Option<&Topic> {
+        self.topics.get(name)
+    }
+
+    pub fn topics(&self) -> impl Iterator<Item = &Topic> {
+        self.topics.values()
+    }
+
+    pub fn range(&self, id: RangeId) -> Option<&Range> {
+        self.ranges.get(&id)
+    }
+
+    pub fn segment(&self, id: SegmentId) -> Option<&Segment> {
+        self.segments.get(&id)
+    }
+
+    pub fn policy(&self, name: &str) -> Option<&StoragePolicy> {
+        self.policies.get(name)
+    }
+
+    /// The active ranges of a topic in keyspace order.
+    pub fn active_ranges<'a>(&'a self, topic: &str) -> impl Iterator<Item = &'a Range> + 'a {
+        self.topics
+            .get(topic)
+            .into_iter()
+            .flat_map(|t| t.active_by_start.values())
+            .filter_map(|id| self.ranges.get(id))
+    }
+
+    /// The active range that holds a keyspace position.
+    pub fn route_position(&self, topic: &str, position: u64) -> Option<&Range> {
+        let topic = self.topics.get(topic)?;
+        let (_, id) = topic.active_by_start.range(..=position).next_back()?;
+        let range = self.ranges.get(id)?;
+        range.band.contains(position).then_some(range)
+    }
+
+    /// The active range a key is written to: the one holding `xxh3_64(key)`.
+    pub fn route_key(&self, topic: &str, key: &[u8]) -> Option<&Range> {
+        self.route_position(topic, position(key))
+    }
+
+    /// The serialized state: a version byte, then the rmp-serde body.
+    /// Equal states give equal bytes, which is what raft snapshots need.
+    pub fn snapshot(&self) -> Result<Vec<u8>, SnapshotError> {
+        let mut out = vec![SNAPSHOT_VERSION];
+        rmp_serde::encode::write(&mut out, self)?;
+        Ok(out)
+    }
+
+    /// The state a snapshot holds, checked against every structural invariant
+    /// before it is handed out.
+    pub fn restore(bytes: &[u8]) -> Result<MetadataState, SnapshotError> {
+        let (&version, body) = bytes.split_first().ok_or(SnapshotError::Empty)?;
+        if version != SNAPSHOT_VERSION {
+            return Err(SnapshotError::Version { found: version, supported: SNAPSHOT_VERSION });
+        }
+        let state: MetadataState = rmp_serde::from_slice(body)?;
+        state.check_invariants()?;
+        Ok(state)
+    }
+
+    /// Checks every structural invariant of the state. Cost is linear in the
+    /// size of the state, so the machine calls it in debug builds after each
+    /// command and on every restore.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        for (name, topic) in &self.topics {
+            ensure!(&topic.name == name, "topic {name} is filed under another name");
+            ensure!(topic.incarnation.0 < self.next_incarnation, "topic {name} has an unissued incarnation");
+            self.check_topic_tiling(topic)?;
+            let mut previous: Option<RangeId> = None;
+            for id in &topic.ranges {
+                ensure!(previous.is_none_or(|p| p < *id), "topic {name} ranges are not in id order");
+                previous = Some(*id);
+                let range = self.ranges.get(id);
+                ensure!(range.is_some_and(|r| &r.topic == name), "topic {name} lists foreign range {id}");
+            }
+        }
+        for (id, range) in &self.ranges {
+            ensure!(range.id == *id, "range {id} is filed under another id");
+            ensure!(id.0 < self.next_range_id, "range {id} has an unissued id");
+            let topic = self.topics.get(&range.topic);
+            ensure!(topic.is_some_and(|t| t.ranges.contains(id)), "range {id} has no topic listing it");
+            for parent in &range.parents {
+                ensure!(parent < id, "range {id} has a parent {parent} younger than itself");
+                let p = self.ranges.get(parent);
+                ensure!(p.is_some_and(|p| p.children.contains(id)), "range {id} parent {parent} does not list it");
+            }
+            for child in &range.children {
+                ensure!(child > id, "range {id} has a child {child} older than itself");
+                ensure!(!range.is_active(), "active range {id} has children");
+            }
+            self.check_range_segments(range)?;
+        }
+        for (id, segment) in &self.segments {
+            ensure!(segment.id == *id, "segment {id} is filed under another id");
+            ensure!(id.0 < self.next_segment_id, "segment {id} has an unissued id");
+            let range = self.ranges.get(&segment.range);
+            ensure!(range.is_some_and(|r| r.segments.contains(id)), "segment {id} has no range listing it");
+            ensure!(!segment.replicas.is_empty(), "segment {id} has no replicas");
+            let distinct: BTreeSet<_> = segment.replicas.iter().collect();
+            ensure!(distinct.len() == segment.replicas.len(), "segment {id} repeats a replica");
+        }
+        Ok(())
+    }
+
+    fn check_topic_tiling(&self, topic: &Topic) -> Result<(), InvariantViolation> {
+        let name = &topic.name;
+        let mut expected_start: u128 = 0;
+        for (start, id) in &topic.active_by_start {
+            let range = self.ranges.get(id);
+            ensure!(
+                range.is_some_and(|r| r.is_active() && r.band.start() == *start && &r.topic == name),
+                "topic {name} routing index names {id} at {start:#x} wrongly"
+            );
+            let band = range.map(|r| r.band).unwrap_or(Band::FULL);
+            ensure!(u128::from(*start) == expected_start, "topic {name} active ranges leave a gap or overlap at {start:#x}");
+            expected_start = band.end_exclusive();
+        }
+        ensure!(expected_start == 1u128 << 64, "topic {name} active ranges do not reach the end of the keyspace");
+        let active = topic.ranges.iter().filter(|id| self.ranges.get(id).is_some_and(|r| r.is_active())).count();
+        ensure!(active == topic.active_by_start.len(), "topic {name} has active ranges missing from routing");
+        Ok(())
+    }
+
+    fn check_range_segments(&self, range: &Range) -> Result<(), InvariantViolation> {
+        let id = range.id;
+        ensure!(!range.segments.is_empty(), "range {id} has no segment");
+        let mut next_offset = Some(0u64);
+        for (i, segment_id) in range.segments.iter().enumerate() {
+            let segment = self.segments.get(segment_id);
+            let Some(segment) = segment else {
+                return Err(InvariantViolation(format!("range {id} lists missing segment {segment_id}")));
+            };
+            ensure!(segment.range == id, "segment {segment_id} is listed by range {id} but names another");
+            ensure!(Some(segment.start_offset) == next_offset, "range {id} segment {segment_id} is not contiguous");
+            let last = i + 1 == range.segments.len();
+            ensure!(last || segment.seal().is_some(), "range {id} has an active segment {segment_id} before its last");
+            ensure!(range.is_active() || segment.seal().is_some(), "sealed range {id} has an active segment");
+            next_offset = segment.end_offset();
+        }
+        Ok(())
+    }
+}
