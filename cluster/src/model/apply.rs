@@ -24,7 +24,9 @@ struct SealStep {
     end_offset: u64,
 }
 
-pub(crate) fn validate_name(name: &str) -> Result<(), ModelError> {
+/// Checks a topic or policy name: non-empty, at most `NAME_BYTES_MAX` bytes, of
+/// ASCII letters, digits, `.`, `_` and `-`.
+pub fn validate_name(name: &str) -> Result<(), ModelError> {
     let rule = if name.is_empty() {
         Some(NameRule::Empty)
     } else if name.len() > NAME_BYTES_MAX {

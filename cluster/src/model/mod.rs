@@ -22,6 +22,7 @@ pub use command::{
     ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX, NameRule, Outcome,
     POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
 };
+pub use apply::validate_name as validate_topic_name;
 pub use describe::{RangeDescription, SegmentDescription, TopicDescription};
 pub use keyspace::{Band, BandError, POSITION_BITS, position};
 pub use read_plan::{ReadPlan, ReadSlice, SegmentSpan};

@@ -354,3 +354,44 @@ impl MetadataState {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Command;
+
+    fn two_range_state() -> MetadataState {
+        let mut state = MetadataState::new();
+        let replicas = vec![vec![NodeId(1)], vec![NodeId(2)]];
+        let cmd = Command::CreateTopic { topic: "t".into(), initial_ranges: 2, policy: None, replicas, at_ms: 0 };
+        state.apply(cmd).unwrap();
+        state
+    }
+
+    #[test]
+    fn a_snapshot_whose_active_ranges_leave_a_gap_is_refused() {
+        let mut state = two_range_state();
+        let topic = state.topics.get_mut("t").unwrap();
+        let (_, id) = topic.active_by_start.pop_last().unwrap();
+        state.ranges.get_mut(&id).unwrap().state = RangeState::Sealed { at_ms: 1 };
+        let bytes = state.snapshot().unwrap();
+        assert!(matches!(MetadataState::restore(&bytes), Err(SnapshotError::Inconsistent(_))));
+    }
+
+    #[test]
+    fn a_snapshot_with_a_gap_in_segment_offsets_is_refused() {
+        let mut state = two_range_state();
+        let segment = state.segments.values_mut().next().unwrap();
+        segment.start_offset = 5;
+        let bytes = state.snapshot().unwrap();
+        assert!(matches!(MetadataState::restore(&bytes), Err(SnapshotError::Inconsistent(_))));
+    }
+
+    #[test]
+    fn a_snapshot_with_an_unissued_id_is_refused() {
+        let mut state = two_range_state();
+        state.next_segment_id = 0;
+        let bytes = state.snapshot().unwrap();
+        assert!(matches!(MetadataState::restore(&bytes), Err(SnapshotError::Inconsistent(_))));
+    }
+}
