@@ -1,1 +1,31 @@
-//! placeholder
+//! Malachi's storage layer: segment copies as CRC-framed record logs on local
+//! disk, with a sparse index sidecar, seal and fence markers, group commit
+//! over a pool of sync threads, crash recovery and a read-only verify.
+//!
+//! It knows nothing of actors, raft or the network, and it runs on no async
+//! runtime: an append returns an [`AppendTicket`] that is both a
+//! `std::future::Future` and a blocking `wait()`. The on-disk format is
+//! described byte by byte in `docs/storage-format.md`. [`bench`] measures the
+//! store against the disk's own durable write bandwidth.
+
+pub mod bench;
+mod error;
+mod file_store;
+pub mod frame;
+pub mod index;
+mod marker;
+mod record;
+pub mod scan;
+mod store;
+mod ticket;
+
+pub use error::StorageError;
+pub use file_store::{FileStore, StoreStats};
+pub use frame::FrameError;
+pub use record::{Record, StoredRecord};
+pub use scan::{BadFrame, LaterFrame};
+pub use store::{
+    Recovery, SealInfo, SealPolicy, SealReason, SegmentId, SegmentInfo, SegmentStore, StoreConfig,
+    VerifyReport,
+};
+pub use ticket::AppendTicket;

@@ -1,0 +1,1099 @@
+//! The file-backed `SegmentStore` and its group commit.
+//!
+//! # Life of an append
+//! 1. The caller's thread encodes the batch into frames outside any lock,
+//!    leaving offsets and CRCs zero.
+//! 2. Under the segment's lock the batch gets its offsets (so offset order is
+//!    enqueue order) and is copied into the segment's pending buffer; the
+//!    caller gets an [`AppendTicket`].
+//! 3. When a trigger fires (records, bytes, or time; with
+//!    `flush_interval_ms == 0`, as soon as the file is not already syncing)
+//!    the segment is queued for a sync thread.
+//! 4. A sync thread takes the whole pending buffer, fills in offsets,
+//!    `flush_first_offset` and CRCs, writes it with one `pwrite` and one
+//!    `fdatasync`, then publishes the new durable end and completes the
+//!    tickets. One file never has two flushes at once; different files are
+//!    flushed by different threads in parallel, because the disk rewards
+//!    parallel syncs.
+//!
+//! A failed write or sync latches the segment as failed: fsync errors cannot
+//! be retried safely, so the copy takes no more appends and must be sealed by
+//! the layer above (seal on failure).
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tracing::{debug, error, warn};
+
+use crate::error::StorageError;
+use crate::frame::{self, FrameError};
+use crate::index::{IndexEntry, SparseIndex};
+use crate::marker;
+use crate::record::{Record, StoredRecord};
+use crate::scan::{self, FrameReader, Next};
+use crate::store::{
+    Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
+};
+use crate::ticket::{AppendTicket, Completion};
+
+/// Flush and I/O counters, for the benchmark and for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub flushes: u64,
+    pub flushed_bytes: u64,
+    pub flushed_records: u64,
+}
+
+/// A directory of segment copies with group commit over a pool of sync threads.
+#[derive(Debug)]
+pub struct FileStore {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    dir: PathBuf,
+    config: StoreConfig,
+    segments: Mutex<HashMap<SegmentId, Arc<Segment>>>,
+    sched: Mutex<Scheduler>,
+    sched_cv: Condvar,
+    stats: Mutex<StoreStats>,
+}
+
+#[derive(Debug, Default)]
+struct Scheduler {
+    ready: VecDeque<Arc<Segment>>,
+    timers: BinaryHeap<TimerEntry>,
+    seq: u64,
+    shutdown: bool,
+}
+
+#[derive(Debug)]
+struct TimerEntry {
+    deadline: Instant,
+    seq: u64,
+    segment: Arc<Segment>,
+}
+
+impl PartialEq for TimerEntry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.deadline, self.seq) == (other.deadline, other.seq)
+    }
+}
+impl Eq for TimerEntry {}
+impl PartialOrd for TimerEntry {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for TimerEntry {
+    // Reversed so the BinaryHeap (a max-heap) pops the earliest deadline.
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        (other.deadline, other.seq).cmp(&(self.deadline, self.seq))
+    }
+}
+
+#[derive(Debug)]
+struct Segment {
+    id: SegmentId,
+    log_path: PathBuf,
+    log: File,
+    idx: File,
+    state: Mutex<SegState>,
+    /// Signalled whenever a flush finishes.
+    idle: Condvar,
+    index: Mutex<IndexState>,
+}
+
+#[derive(Debug)]
+struct IndexState {
+    index: SparseIndex,
+    /// Entries already written to the sidecar.
+    persisted: usize,
+}
+
+#[derive(Debug)]
+struct SegState {
+    /// Next offset to assign (durable + in flight + pending).
+    next_offset: u64,
+    durable_offset: u64,
+    durable_bytes: u64,
+    pending: Vec<u8>,
+    /// Start of each frame in `pending`.
+    pending_starts: Vec<usize>,
+    pending_first_offset: u64,
+    pending_since: Option<Instant>,
+    pending_waiters: Vec<Arc<Completion>>,
+    /// A reusable buffer returned by the last flush.
+    spare: Option<Vec<u8>>,
+    inflight: bool,
+    /// Sync tickets satisfied by the flush in flight.
+    inflight_waiters: Vec<Arc<Completion>>,
+    ready_queued: bool,
+    timer_armed: bool,
+    /// Set by sync, seal and close: flush now regardless of triggers.
+    force_flush: bool,
+    fenced: bool,
+    sealed: Option<SealInfo>,
+    failed: Option<String>,
+}
+
+enum Wake {
+    Nothing,
+    Ready,
+    Timer(Instant),
+}
+
+impl FileStore {
+    /// Opens a store over `dir` (created if absent) and starts its sync threads.
+    pub fn open_dir(dir: impl Into<PathBuf>, config: StoreConfig) -> Result<Self, StorageError> {
+        config.validate()?;
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StorageError::io("create store directory", &dir, e))?;
+        let shared = Arc::new(Shared {
+            dir,
+            config,
+            segments: Mutex::new(HashMap::new()),
+            sched: Mutex::new(Scheduler::default()),
+            sched_cv: Condvar::new(),
+            stats: Mutex::new(StoreStats::default()),
+        });
+        let mut workers = Vec::with_capacity(shared.config.sync_threads);
+        for n in 0..shared.config.sync_threads {
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("malachi-sync-{n}"))
+                .spawn(move || sync_worker(&shared))
+                .map_err(|e| StorageError::io("spawn sync thread", "", e))?;
+            workers.push(handle);
+        }
+        Ok(FileStore { shared, workers })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.shared.config
+    }
+
+    /// Counters since the store was opened.
+    pub fn stats(&self) -> StoreStats {
+        *self.shared.stats.lock()
+    }
+
+    /// Path of a segment's log file.
+    pub fn log_path(&self, segment: SegmentId) -> PathBuf {
+        self.shared.dir.join(format!("{}.log", segment.file_stem()))
+    }
+
+    /// Path of a segment's sparse index sidecar.
+    pub fn index_path(&self, segment: SegmentId) -> PathBuf {
+        self.shared.dir.join(format!("{}.idx", segment.file_stem()))
+    }
+
+    fn seal_path(&self, segment: SegmentId) -> PathBuf {
+        self.shared
+            .dir
+            .join(format!("{}.seal", segment.file_stem()))
+    }
+
+    fn fence_path(&self, segment: SegmentId) -> PathBuf {
+        self.shared
+            .dir
+            .join(format!("{}.fence", segment.file_stem()))
+    }
+
+    /// Rebuilds the sidecar index of an open segment from its log.
+    pub fn rebuild_index(&self, segment: SegmentId) -> Result<(), StorageError> {
+        let seg = self.segment(segment)?;
+        let end = seg.state.lock().durable_bytes;
+        let cfg = &self.shared.config;
+        let report = scan::scan_log(
+            &seg.log,
+            end,
+            cfg.index_interval_bytes,
+            cfg.read_chunk_bytes,
+        )
+        .map_err(|e| StorageError::io("scan log", &seg.log_path, e))?;
+        let mut idx = seg.index.lock();
+        // Only the flusher appends entries, and it holds this lock to do so.
+        let mut rebuilt = report.index;
+        for entry in idx.index.entries().iter().filter(|e| e.position >= end) {
+            rebuilt.observe(entry.offset, entry.position);
+        }
+        rebuilt
+            .write_all(&seg.idx)
+            .map_err(|e| StorageError::io("write index", self.index_path(segment), e))?;
+        idx.persisted = rebuilt.entries().len();
+        idx.index = rebuilt;
+        Ok(())
+    }
+
+    fn segment(&self, segment: SegmentId) -> Result<Arc<Segment>, StorageError> {
+        self.shared
+            .segments
+            .lock()
+            .get(&segment)
+            .cloned()
+            .ok_or(StorageError::NotOpen { segment })
+    }
+
+    fn info_of(seg: &Segment) -> SegmentInfo {
+        let st = seg.state.lock();
+        let (length, byte_size) = readable_end(&st);
+        SegmentInfo {
+            segment: seg.id,
+            length,
+            byte_size,
+            assigned: st.next_offset,
+            stored_bytes: st.durable_bytes.max(st.sealed.map_or(0, |s| s.byte_size)),
+            sealed: st.sealed,
+            fenced: st.fenced,
+            failed: st.failed.is_some(),
+        }
+    }
+
+    /// Forces a flush of everything pending and waits until none is in flight.
+    fn drain(&self, seg: &Arc<Segment>) {
+        let wake = {
+            let mut st = seg.state.lock();
+            st.force_flush = true;
+            decide(&self.shared.config, &mut st, Instant::now())
+        };
+        self.shared.wake(seg, wake);
+        let mut st = seg.state.lock();
+        while (st.inflight || !st.pending.is_empty()) && st.failed.is_none() {
+            seg.idle.wait(&mut st);
+        }
+    }
+
+    fn open_segment(&self, id: SegmentId) -> Result<(Segment, Recovery), StorageError> {
+        let cfg = &self.shared.config;
+        let log_path = self.log_path(id);
+        let idx_path = self.index_path(id);
+        let log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&log_path)
+            .map_err(|e| StorageError::io("open log", &log_path, e))?;
+        // The directory entry of a new log must be durable before any append
+        // to it is acknowledged.
+        File::open(&self.shared.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StorageError::io("sync store directory", &self.shared.dir, e))?;
+        let idx = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&idx_path)
+            .map_err(|e| StorageError::io("open index", &idx_path, e))?;
+        let file_len = log
+            .metadata()
+            .map_err(|e| StorageError::io("stat log", &log_path, e))?
+            .len();
+        let sealed = marker::read_seal(&self.seal_path(id))?;
+        let fenced = sealed.is_some() || self.fence_path(id).exists();
+        let mut truncated_bytes = 0;
+        let mut short_of_seal = false;
+        let mut index_rebuilt = false;
+        let io_err = |op: &'static str| {
+            let path = log_path.clone();
+            move |e| StorageError::io(op, path, e)
+        };
+        let (records, bytes, index) = match sealed {
+            Some(seal) if file_len >= seal.byte_size => {
+                // A sealed copy is immutable: trust its marker and open without
+                // a scan. Damage at rest is the scrubber's to find (verify).
+                let loaded = SparseIndex::load(&idx_path, cfg.index_interval_bytes, seal.byte_size)
+                    .map_err(|e| StorageError::io("read index", &idx_path, e))?;
+                let index = match loaded {
+                    Some(index) if !index.entries().is_empty() || seal.byte_size == 0 => index,
+                    _ => {
+                        let report = scan::scan_log(
+                            &log,
+                            seal.byte_size,
+                            cfg.index_interval_bytes,
+                            cfg.read_chunk_bytes,
+                        )
+                        .map_err(io_err("scan log"))?;
+                        report
+                            .index
+                            .write_all(&idx)
+                            .map_err(|e| StorageError::io("write index", &idx_path, e))?;
+                        index_rebuilt = true;
+                        report.index
+                    }
+                };
+                (seal.length, seal.byte_size, index)
+            }
+            _ => {
+                let report = scan::scan_log(
+                    &log,
+                    file_len,
+                    cfg.index_interval_bytes,
+                    cfg.read_chunk_bytes,
+                )
+                .map_err(io_err("scan log"))?;
+                if let (Some(bad), Some(later)) = (report.first_bad, report.later_flush) {
+                    error!(segment = id.0, position = bad.position, offset = bad.offset, later_position = later.position, reason = %bad.error, "segment damaged in the middle; left untouched");
+                    return Err(StorageError::Damaged {
+                        segment: id,
+                        position: bad.position,
+                        offset: bad.offset,
+                        reason: bad.error,
+                        later_position: later.position,
+                    });
+                }
+                if let Some(seal) = sealed {
+                    // Never truncate a sealed copy: a partially readable copy
+                    // beats a shorter one, and repair comes from a replica.
+                    warn!(
+                        segment = id.0,
+                        records = report.records,
+                        sealed = seal.length,
+                        "sealed copy shorter than its seal"
+                    );
+                    short_of_seal = true;
+                } else if let Some(bad) = report.first_bad {
+                    truncated_bytes = file_len - report.valid_bytes;
+                    warn!(segment = id.0, position = bad.position, truncated_bytes, reason = %bad.error, "truncating torn tail");
+                    log.set_len(report.valid_bytes)
+                        .map_err(io_err("truncate log"))?;
+                    log.sync_data().map_err(io_err("sync log"))?;
+                }
+                let loaded = SparseIndex::load(&idx_path, cfg.index_interval_bytes, u64::MAX)
+                    .map_err(|e| StorageError::io("read index", &idx_path, e))?;
+                if loaded.as_ref() != Some(&report.index) {
+                    report
+                        .index
+                        .write_all(&idx)
+                        .map_err(|e| StorageError::io("write index", &idx_path, e))?;
+                    index_rebuilt = loaded.is_some_and(|l| !l.entries().is_empty())
+                        || !report.index.entries().is_empty();
+                }
+                (report.records, report.valid_bytes, report.index)
+            }
+        };
+        let persisted = index.entries().len();
+        let segment = Segment {
+            id,
+            log_path: self.log_path(id),
+            log,
+            idx,
+            state: Mutex::new(SegState {
+                next_offset: records,
+                durable_offset: records,
+                durable_bytes: bytes,
+                pending: Vec::new(),
+                pending_starts: Vec::new(),
+                pending_first_offset: records,
+                pending_since: None,
+                pending_waiters: Vec::new(),
+                spare: None,
+                inflight: false,
+                inflight_waiters: Vec::new(),
+                ready_queued: false,
+                timer_armed: false,
+                force_flush: false,
+                fenced,
+                sealed,
+                failed: None,
+            }),
+            idle: Condvar::new(),
+            index: Mutex::new(IndexState { index, persisted }),
+        };
+        let info = FileStore::info_of(&segment);
+        debug!(
+            segment = id.0,
+            records = info.length,
+            bytes = info.byte_size,
+            truncated_bytes,
+            "segment opened"
+        );
+        Ok((
+            segment,
+            Recovery {
+                info,
+                truncated_bytes,
+                index_rebuilt,
+                short_of_seal,
+            },
+        ))
+    }
+
+    /// Reads from the frame the index points at, falling back to a scan from
+    /// byte zero on any disagreement, so a wrong index never yields a wrong
+    /// read. Returns the position of `from` and the records read.
+    fn read_range(
+        &self,
+        seg: &Segment,
+        from: u64,
+        end: (u64, u64),
+        records_max: usize,
+        bytes_max: usize,
+    ) -> Result<(u64, Vec<StoredRecord>), StorageError> {
+        let hint = seg.index.lock().index.floor(from).unwrap_or(IndexEntry {
+            offset: 0,
+            position: 0,
+        });
+        let chunk = self.shared.config.read_chunk_bytes;
+        let first = read_from(seg, hint, from, end, records_max, bytes_max, chunk);
+        let result = match first {
+            Err(ReadAnomaly::Bad { .. }) if hint.position != 0 => {
+                debug!(
+                    segment = seg.id.0,
+                    from, "index hint disagreed with the log; rescanning"
+                );
+                read_from(
+                    seg,
+                    IndexEntry {
+                        offset: 0,
+                        position: 0,
+                    },
+                    from,
+                    end,
+                    records_max,
+                    bytes_max,
+                    chunk,
+                )
+            }
+            other => other,
+        };
+        result.map_err(|anomaly| match anomaly {
+            ReadAnomaly::Io(e) => StorageError::io("read log", &seg.log_path, e),
+            ReadAnomaly::Bad {
+                position,
+                offset,
+                error,
+            } => StorageError::Corrupt {
+                segment: seg.id,
+                position,
+                offset,
+                reason: error,
+            },
+        })
+    }
+
+    fn verify_file(
+        &self,
+        id: SegmentId,
+        log: &File,
+        end: u64,
+    ) -> Result<VerifyReport, StorageError> {
+        let cfg = &self.shared.config;
+        let log_path = self.log_path(id);
+        let report = scan::scan_log(log, end, cfg.index_interval_bytes, cfg.read_chunk_bytes)
+            .map_err(|e| StorageError::io("scan log", &log_path, e))?;
+        let idx_path = self.index_path(id);
+        let sidecar = SparseIndex::load(&idx_path, cfg.index_interval_bytes, u64::MAX)
+            .map_err(|e| StorageError::io("read index", &idx_path, e))?;
+        let raw_len = std::fs::metadata(&idx_path).map(|m| m.len()).unwrap_or(0);
+        let mut index_entries_bad = (raw_len / crate::index::INDEX_ENTRY_BYTES as u64)
+            .saturating_sub(sidecar.as_ref().map_or(0, |s| s.entries().len() as u64));
+        for entry in sidecar.iter().flat_map(|s| s.entries()) {
+            if entry.position >= report.valid_bytes {
+                continue;
+            }
+            let mut reader = FrameReader::new(
+                log,
+                entry.position,
+                report.valid_bytes,
+                frame::FRAME_BYTES_MIN,
+            );
+            let ok = matches!(reader.next_frame(), Ok(Next::Frame { view, .. }) if view.offset == entry.offset);
+            if !ok {
+                index_entries_bad += 1;
+            }
+        }
+        Ok(VerifyReport {
+            segment: id,
+            records: report.records,
+            valid_bytes: report.valid_bytes,
+            scanned_bytes: report.scanned_bytes,
+            first_bad: report.first_bad,
+            valid_after: report.valid_after,
+            later_flush: report.later_flush,
+            index_entries_bad,
+        })
+    }
+}
+
+impl Drop for FileStore {
+    fn drop(&mut self) {
+        let segments: Vec<_> = self.shared.segments.lock().values().cloned().collect();
+        for seg in &segments {
+            self.drain(seg);
+        }
+        {
+            let mut sched = self.shared.sched.lock();
+            sched.shutdown = true;
+            self.shared.sched_cv.notify_all();
+        }
+        for worker in self.workers.drain(..) {
+            if worker.join().is_err() {
+                error!("a sync thread panicked");
+            }
+        }
+    }
+}
+
+impl SegmentStore for FileStore {
+    fn open(&self, segment: SegmentId) -> Result<Recovery, StorageError> {
+        if let Ok(seg) = self.segment(segment) {
+            return Ok(Recovery {
+                info: FileStore::info_of(&seg),
+                truncated_bytes: 0,
+                index_rebuilt: false,
+                short_of_seal: false,
+            });
+        }
+        let (seg, recovery) = self.open_segment(segment)?;
+        let mut segments = self.shared.segments.lock();
+        if let Some(existing) = segments.get(&segment) {
+            // A concurrent open won; its scan saw the same bytes.
+            return Ok(Recovery {
+                info: FileStore::info_of(existing),
+                ..recovery
+            });
+        }
+        segments.insert(segment, Arc::new(seg));
+        Ok(recovery)
+    }
+
+    fn append(&self, segment: SegmentId, records: &[Record]) -> Result<AppendTicket, StorageError> {
+        let cfg = &self.shared.config;
+        let seg = self.segment(segment)?;
+        let mut frames = Vec::new();
+        let mut starts = Vec::with_capacity(records.len());
+        let mut batch_bytes = 0usize;
+        for record in records {
+            let payload = frame::payload_len(record).unwrap_or(usize::MAX);
+            if payload > cfg.record_bytes_max {
+                return Err(StorageError::RecordTooLarge {
+                    record_bytes: payload,
+                    record_bytes_max: cfg.record_bytes_max,
+                });
+            }
+            batch_bytes = batch_bytes.saturating_add(frame::FRAME_HEADER_BYTES + payload);
+        }
+        if records.len() > cfg.batch_records_max || batch_bytes > cfg.pending_bytes_max {
+            return Err(StorageError::BatchTooLarge {
+                records: records.len(),
+                bytes: batch_bytes,
+                records_max: cfg.batch_records_max,
+                bytes_max: cfg.pending_bytes_max,
+            });
+        }
+        frames.reserve_exact(batch_bytes);
+        for record in records {
+            starts.push(frames.len());
+            frame::encode_unsealed(&mut frames, record);
+        }
+        debug_assert_eq!(frames.len(), batch_bytes);
+        let (ticket, wake) = {
+            let mut st = seg.state.lock();
+            check_writable(segment, &st)?;
+            if records.is_empty() {
+                return Ok(AppendTicket::ready(st.next_offset..st.next_offset));
+            }
+            if !st.pending.is_empty() && st.pending.len() + frames.len() > cfg.pending_bytes_max {
+                return Err(StorageError::Busy {
+                    segment,
+                    pending_bytes: st.pending.len(),
+                    pending_bytes_max: cfg.pending_bytes_max,
+                });
+            }
+            let first = st.next_offset;
+            st.next_offset += records.len() as u64;
+            if st.pending.is_empty() {
+                st.pending_first_offset = first;
+                st.pending_since = Some(Instant::now());
+                if let Some(spare) = st.spare.take() {
+                    st.pending = spare;
+                }
+            }
+            let base = st.pending.len();
+            st.pending.extend_from_slice(&frames);
+            st.pending_starts.extend(starts.iter().map(|s| s + base));
+            let completion = Completion::new();
+            st.pending_waiters.push(Arc::clone(&completion));
+            let wake = decide(cfg, &mut st, Instant::now());
+            (AppendTicket::new(first..st.next_offset, completion), wake)
+        };
+        self.shared.wake(&seg, wake);
+        Ok(ticket)
+    }
+
+    fn sync(&self, segment: SegmentId) -> Result<AppendTicket, StorageError> {
+        let seg = self.segment(segment)?;
+        let (ticket, wake) = {
+            let mut st = seg.state.lock();
+            if let Some(reason) = &st.failed {
+                return Err(StorageError::Failed {
+                    segment,
+                    reason: reason.clone(),
+                });
+            }
+            let end = st.next_offset;
+            let completion = Completion::new();
+            let ticket = AppendTicket::new(end..end, Arc::clone(&completion));
+            if !st.pending.is_empty() {
+                st.pending_waiters.push(completion);
+                st.force_flush = true;
+            } else if st.inflight {
+                st.inflight_waiters.push(completion);
+            } else {
+                return Ok(AppendTicket::ready(end..end));
+            }
+            (ticket, decide(&self.shared.config, &mut st, Instant::now()))
+        };
+        self.shared.wake(&seg, wake);
+        Ok(ticket)
+    }
+
+    fn read(
+        &self,
+        segment: SegmentId,
+        from: u64,
+        records_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<StoredRecord>, StorageError> {
+        let seg = self.segment(segment)?;
+        let end = readable_end(&seg.state.lock());
+        if from > end.0 {
+            return Err(StorageError::OffsetOutOfRange {
+                segment,
+                offset: from,
+                end: end.0,
+            });
+        }
+        if from == end.0 || records_max == 0 {
+            return Ok(Vec::new());
+        }
+        let (_, records) = self.read_range(&seg, from, end, records_max, bytes_max)?;
+        debug_assert!(
+            records
+                .iter()
+                .enumerate()
+                .all(|(i, r)| r.offset == from + i as u64)
+        );
+        Ok(records)
+    }
+
+    fn seal(&self, segment: SegmentId, length: u64) -> Result<SealInfo, StorageError> {
+        let seg = self.segment(segment)?;
+        {
+            let mut st = seg.state.lock();
+            if let Some(existing) = st.sealed {
+                return if existing.length == length {
+                    Ok(existing)
+                } else {
+                    Err(StorageError::AlreadySealed {
+                        segment,
+                        existing: existing.length,
+                        requested: length,
+                    })
+                };
+            }
+            // Fence first so that nothing new is appended while we wait.
+            st.fenced = true;
+        }
+        self.drain(&seg);
+        let (durable, durable_bytes) = {
+            let st = seg.state.lock();
+            (st.durable_offset, st.durable_bytes)
+        };
+        if length > durable {
+            return Err(StorageError::SealBeyondEnd {
+                segment,
+                requested: length,
+                stored: durable,
+            });
+        }
+        let byte_size = if length == durable {
+            durable_bytes
+        } else {
+            self.read_range(&seg, length, (durable, durable_bytes), 1, 0)?
+                .0
+        };
+        let info = SealInfo { length, byte_size };
+        marker::write_atomically(
+            &self.shared.dir,
+            &self.seal_path(segment),
+            &marker::encode_seal(info),
+        )?;
+        seg.state.lock().sealed = Some(info);
+        debug!(segment = segment.0, length, byte_size, "sealed");
+        Ok(info)
+    }
+
+    fn fence(&self, segment: SegmentId) -> Result<(), StorageError> {
+        let seg = self.segment(segment)?;
+        seg.state.lock().fenced = true;
+        let path = self.fence_path(segment);
+        marker::write_atomically(&self.shared.dir, &path, &[])?;
+        debug!(segment = segment.0, "fenced");
+        Ok(())
+    }
+
+    fn verify(&self, segment: SegmentId) -> Result<VerifyReport, StorageError> {
+        match self.segment(segment) {
+            Ok(seg) => {
+                let end = readable_end(&seg.state.lock()).1;
+                self.verify_file(segment, &seg.log, end)
+            }
+            Err(_) => {
+                let path = self.log_path(segment);
+                let log = File::open(&path).map_err(|e| StorageError::io("open log", &path, e))?;
+                let end = log
+                    .metadata()
+                    .map_err(|e| StorageError::io("stat log", &path, e))?
+                    .len();
+                self.verify_file(segment, &log, end)
+            }
+        }
+    }
+
+    fn info(&self, segment: SegmentId) -> Result<SegmentInfo, StorageError> {
+        let seg = self.segment(segment)?;
+        Ok(FileStore::info_of(&seg))
+    }
+
+    fn close(&self, segment: SegmentId) -> Result<(), StorageError> {
+        let seg = self.segment(segment)?;
+        self.drain(&seg);
+        self.shared.segments.lock().remove(&segment);
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn wake(&self, seg: &Arc<Segment>, wake: Wake) {
+        match wake {
+            Wake::Nothing => {}
+            Wake::Ready => {
+                let mut sched = self.sched.lock();
+                sched.ready.push_back(Arc::clone(seg));
+                self.sched_cv.notify_one();
+            }
+            Wake::Timer(deadline) => {
+                let mut sched = self.sched.lock();
+                sched.seq += 1;
+                let seq = sched.seq;
+                sched.timers.push(TimerEntry {
+                    deadline,
+                    seq,
+                    segment: Arc::clone(seg),
+                });
+                self.sched_cv.notify_one();
+            }
+        }
+    }
+}
+
+/// The readable end: durable records, clamped to the seal.
+fn readable_end(st: &SegState) -> (u64, u64) {
+    match st.sealed {
+        Some(seal) => (
+            st.durable_offset.min(seal.length),
+            st.durable_bytes.min(seal.byte_size),
+        ),
+        None => (st.durable_offset, st.durable_bytes),
+    }
+}
+
+fn check_writable(segment: SegmentId, st: &SegState) -> Result<(), StorageError> {
+    if let Some(reason) = &st.failed {
+        return Err(StorageError::Failed {
+            segment,
+            reason: reason.clone(),
+        });
+    }
+    if let Some(seal) = st.sealed {
+        return Err(StorageError::Sealed {
+            segment,
+            length: seal.length,
+        });
+    }
+    if st.fenced {
+        return Err(StorageError::Fenced { segment });
+    }
+    Ok(())
+}
+
+/// Decides, under the segment lock, whether its pending bytes should be
+/// flushed now, on a timer, or left to the flush in flight.
+fn decide(cfg: &StoreConfig, st: &mut SegState, now: Instant) -> Wake {
+    if st.inflight || st.pending.is_empty() || st.failed.is_some() {
+        return Wake::Nothing;
+    }
+    let interval = Duration::from_millis(cfg.flush_interval_ms);
+    let deadline = st.pending_since.unwrap_or(now) + interval;
+    let due = cfg.flush_interval_ms == 0
+        || st.force_flush
+        || st.pending_starts.len() >= cfg.flush_records_max
+        || st.pending.len() >= cfg.flush_bytes_max
+        || deadline <= now;
+    if due {
+        if st.ready_queued {
+            return Wake::Nothing;
+        }
+        st.ready_queued = true;
+        Wake::Ready
+    } else if st.timer_armed {
+        Wake::Nothing
+    } else {
+        st.timer_armed = true;
+        Wake::Timer(deadline)
+    }
+}
+
+fn sync_worker(shared: &Shared) {
+    loop {
+        let (seg, from_timer) = {
+            let mut sched = shared.sched.lock();
+            loop {
+                if let Some(seg) = sched.ready.pop_front() {
+                    break (seg, false);
+                }
+                let now = Instant::now();
+                match sched.timers.peek().map(|t| t.deadline) {
+                    Some(deadline) if deadline <= now => {
+                        if let Some(entry) = sched.timers.pop() {
+                            break (entry.segment, true);
+                        }
+                    }
+                    Some(deadline) => {
+                        if sched.shutdown {
+                            return;
+                        }
+                        shared.sched_cv.wait_for(&mut sched, deadline - now);
+                    }
+                    None => {
+                        if sched.shutdown {
+                            return;
+                        }
+                        shared.sched_cv.wait(&mut sched);
+                    }
+                }
+            }
+        };
+        flush(shared, &seg, from_timer);
+    }
+}
+
+struct Taken {
+    buf: Vec<u8>,
+    starts: Vec<usize>,
+    first: u64,
+    position: u64,
+    waiters: Vec<Arc<Completion>>,
+}
+
+/// One group commit of one file: one pwrite and one fdatasync.
+fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
+    let taken = {
+        let mut st = seg.state.lock();
+        if from_timer {
+            st.timer_armed = false;
+        } else {
+            st.ready_queued = false;
+        }
+        if st.inflight || st.pending.is_empty() || st.failed.is_some() {
+            return;
+        }
+        st.inflight = true;
+        st.force_flush = false;
+        st.pending_since = None;
+        let fresh = Vec::new();
+        Taken {
+            buf: std::mem::replace(&mut st.pending, fresh),
+            starts: std::mem::take(&mut st.pending_starts),
+            first: st.pending_first_offset,
+            position: st.durable_bytes,
+            waiters: std::mem::take(&mut st.pending_waiters),
+        }
+    };
+    let Taken {
+        mut buf,
+        starts,
+        first,
+        position,
+        waiters,
+    } = taken;
+    let records = starts.len() as u64;
+    for (i, &start) in starts.iter().enumerate() {
+        let end = starts.get(i + 1).copied().unwrap_or(buf.len());
+        frame::seal_frame(&mut buf[start..end], first + i as u64, first);
+    }
+    if cfg!(debug_assertions) {
+        // Pair the checksum written with one read back before the bytes leave.
+        for (i, &start) in starts.iter().enumerate() {
+            let decoded = frame::decode(&buf[start..]).map(|(v, _)| v.offset);
+            debug_assert_eq!(decoded, Ok(first + i as u64));
+        }
+    }
+    let result = seg
+        .log
+        .write_all_at(&buf, position)
+        .and_then(|()| seg.log.sync_data());
+    if result.is_ok() {
+        let mut idx = seg.index.lock();
+        for (i, &start) in starts.iter().enumerate() {
+            idx.index.observe(first + i as u64, position + start as u64);
+        }
+        let new = idx.index.encode_from(idx.persisted);
+        let at = (idx.persisted * crate::index::INDEX_ENTRY_BYTES) as u64;
+        // The sidecar is derived data: a failed write only costs a rebuild.
+        if let Err(e) = seg.idx.write_all_at(&new, at) {
+            warn!(segment = seg.id.0, error = %e, "index sidecar write failed");
+        } else {
+            idx.persisted = idx.index.entries().len();
+        }
+    }
+    let bytes = buf.len() as u64;
+    let (waiters, outcome, wake) = {
+        let mut st = seg.state.lock();
+        st.inflight = false;
+        let mut waiters = waiters;
+        waiters.append(&mut st.inflight_waiters);
+        let outcome = match &result {
+            Ok(()) => {
+                st.durable_offset = first + records;
+                st.durable_bytes = position + bytes;
+                buf.clear();
+                st.spare = Some(buf);
+                Ok(())
+            }
+            Err(e) => {
+                error!(segment = seg.id.0, error = %e, position, bytes, "flush failed; segment latched as failed");
+                st.failed = Some(e.to_string());
+                waiters.append(&mut st.pending_waiters);
+                st.pending.clear();
+                st.pending_starts.clear();
+                Err(StorageError::io("flush log", &seg.log_path, clone_io(e)))
+            }
+        };
+        let wake = decide(&shared.config, &mut st, Instant::now());
+        seg.idle.notify_all();
+        (waiters, outcome, wake)
+    };
+    if outcome.is_ok() {
+        let mut stats = shared.stats.lock();
+        stats.flushes += 1;
+        stats.flushed_bytes += bytes;
+        stats.flushed_records += records;
+    }
+    shared.wake(seg, wake);
+    for waiter in waiters {
+        waiter.complete(outcome.clone());
+    }
+}
+
+fn clone_io(e: &io::Error) -> io::Error {
+    io::Error::new(e.kind(), e.to_string())
+}
+
+enum ReadAnomaly {
+    Io(io::Error),
+    Bad {
+        position: u64,
+        offset: u64,
+        error: FrameError,
+    },
+}
+
+impl From<io::Error> for ReadAnomaly {
+    fn from(e: io::Error) -> Self {
+        ReadAnomaly::Io(e)
+    }
+}
+
+/// Scans from `hint`, checking that every frame carries the next offset,
+/// and collects records from `from` within the budgets. With
+/// `records_max == 1` and `bytes_max == 0` it just locates `from`.
+fn read_from(
+    seg: &Segment,
+    hint: IndexEntry,
+    from: u64,
+    (end_offset, end_bytes): (u64, u64),
+    records_max: usize,
+    bytes_max: usize,
+    chunk: usize,
+) -> Result<(u64, Vec<StoredRecord>), ReadAnomaly> {
+    debug_assert!(hint.offset <= from && from < end_offset);
+    let mut reader = FrameReader::new(&seg.log, hint.position, end_bytes, chunk);
+    let mut expected = hint.offset;
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    let mut from_position = None;
+    while expected < end_offset && out.len() < records_max {
+        match reader.next_frame()? {
+            Next::End => {
+                return Err(ReadAnomaly::Bad {
+                    position: reader.position(),
+                    offset: expected,
+                    error: FrameError::Incomplete {
+                        needed: 1,
+                        available: 0,
+                    },
+                });
+            }
+            Next::Bad { position, error } => {
+                return Err(ReadAnomaly::Bad {
+                    position,
+                    offset: expected,
+                    error,
+                });
+            }
+            Next::Frame {
+                position,
+                len,
+                view,
+            } => {
+                if view.offset != expected {
+                    return Err(ReadAnomaly::Bad {
+                        position,
+                        offset: expected,
+                        error: FrameError::OffsetMismatch {
+                            found: view.offset,
+                            expected,
+                        },
+                    });
+                }
+                if expected >= from {
+                    from_position.get_or_insert(position);
+                    if !out.is_empty() && bytes + len > bytes_max {
+                        break;
+                    }
+                    if bytes_max == 0 && records_max == 1 {
+                        break;
+                    }
+                    bytes += len;
+                    out.push(StoredRecord {
+                        offset: expected,
+                        record: view.to_record(),
+                    });
+                }
+                expected += 1;
+            }
+        }
+    }
+    let position = from_position.unwrap_or(reader.position());
+    Ok((position, out))
+}

@@ -1,0 +1,109 @@
+//! Seal and fence markers, written atomically next to the log.
+//!
+//! `<id>.seal` is 32 bytes: magic "MLS1", version u32 (1), length u64
+//! (records), byte_size u64, crc32 u32 of bytes 0..24, reserved u32 (zero).
+//! `<id>.fence` is an empty file whose existence is the fence.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::Path;
+
+use crate::error::StorageError;
+use crate::store::SealInfo;
+
+const SEAL_MAGIC: [u8; 4] = *b"MLS1";
+const SEAL_VERSION: u32 = 1;
+pub(crate) const SEAL_MARKER_BYTES: usize = 32;
+
+pub(crate) fn encode_seal(info: SealInfo) -> [u8; SEAL_MARKER_BYTES] {
+    let mut out = [0u8; SEAL_MARKER_BYTES];
+    out[0..4].copy_from_slice(&SEAL_MAGIC);
+    out[4..8].copy_from_slice(&SEAL_VERSION.to_le_bytes());
+    out[8..16].copy_from_slice(&info.length.to_le_bytes());
+    out[16..24].copy_from_slice(&info.byte_size.to_le_bytes());
+    let crc = crc32fast::hash(&out[0..24]);
+    out[24..28].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+pub(crate) fn decode_seal(bytes: &[u8]) -> Result<SealInfo, &'static str> {
+    if bytes.len() != SEAL_MARKER_BYTES {
+        return Err("wrong size");
+    }
+    if bytes[0..4] != SEAL_MAGIC {
+        return Err("bad magic");
+    }
+    let word = |at: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_le_bytes(a)
+    };
+    let version = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    if version != SEAL_VERSION {
+        return Err("unknown version");
+    }
+    let crc = u32::from_le_bytes([bytes[24], bytes[25], bytes[26], bytes[27]]);
+    if crc != crc32fast::hash(&bytes[0..24]) {
+        return Err("checksum mismatch");
+    }
+    Ok(SealInfo {
+        length: word(8),
+        byte_size: word(16),
+    })
+}
+
+pub(crate) fn read_seal(path: &Path) -> Result<Option<SealInfo>, StorageError> {
+    match fs::read(path) {
+        Ok(bytes) => decode_seal(&bytes)
+            .map(Some)
+            .map_err(|reason| StorageError::BadMarker {
+                path: path.to_owned(),
+                reason,
+            }),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StorageError::io("read seal marker", path, e)),
+    }
+}
+
+/// Writes `<tmp>`, fsyncs it, renames it over `path` and fsyncs the directory,
+/// so a crash leaves either no marker or the whole marker.
+pub(crate) fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| StorageError::io("write marker", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seal_marker_round_trips() {
+        let info = SealInfo {
+            length: 42,
+            byte_size: 4242,
+        };
+        assert_eq!(decode_seal(&encode_seal(info)).unwrap(), info);
+    }
+
+    #[test]
+    fn damaged_seal_marker_is_refused() {
+        let mut bytes = encode_seal(SealInfo {
+            length: 1,
+            byte_size: 60,
+        });
+        bytes[9] ^= 1;
+        assert_eq!(decode_seal(&bytes), Err("checksum mismatch"));
+        assert_eq!(decode_seal(&bytes[..10]), Err("wrong size"));
+    }
+}

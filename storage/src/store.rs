@@ -1,0 +1,294 @@
+//! The `SegmentStore` contract and the plain data it speaks in.
+
+use std::fmt;
+
+use crate::error::StorageError;
+use crate::record::{Record, StoredRecord};
+use crate::scan::{BadFrame, LaterFrame};
+use crate::ticket::AppendTicket;
+
+/// A segment copy's identity within one store (one directory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegmentId(pub u64);
+
+impl fmt::Display for SegmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl SegmentId {
+    /// The file stem: the id zero-padded to 20 digits, so names sort by id.
+    pub fn file_stem(self) -> String {
+        format!("{:020}", self.0)
+    }
+}
+
+/// What a seal marker records: the sealed length and the bytes it spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SealInfo {
+    pub length: u64,
+    pub byte_size: u64,
+}
+
+/// A snapshot of a segment copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    pub segment: SegmentId,
+    /// Readable records: durable ones, clamped to the seal if sealed.
+    pub length: u64,
+    /// Bytes holding those records.
+    pub byte_size: u64,
+    /// Offsets assigned so far, including appends not yet durable.
+    pub assigned: u64,
+    /// Physical length of the log file as the store last wrote it.
+    pub stored_bytes: u64,
+    pub sealed: Option<SealInfo>,
+    pub fenced: bool,
+    /// Set after a failed write or fdatasync: the copy takes no more appends.
+    pub failed: bool,
+}
+
+/// What `open` found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    pub info: SegmentInfo,
+    /// Bytes of a torn last flush removed from the end of the log.
+    pub truncated_bytes: u64,
+    /// The sidecar index was missing or disagreed with the log and was rewritten.
+    pub index_rebuilt: bool,
+    /// A sealed copy was shorter than its seal: it holds `info.length` records.
+    pub short_of_seal: bool,
+}
+
+/// The result of `verify`: a read-only scan that repairs nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub segment: SegmentId,
+    /// Records in the valid prefix.
+    pub records: u64,
+    pub valid_bytes: u64,
+    pub scanned_bytes: u64,
+    pub first_bad: Option<BadFrame>,
+    /// The first valid frame after `first_bad`.
+    pub valid_after: Option<LaterFrame>,
+    /// A valid frame after `first_bad` written by a later flush (damage).
+    pub later_flush: Option<LaterFrame>,
+    /// Sidecar entries that do not land on a frame with the offset they claim.
+    pub index_entries_bad: u64,
+}
+
+impl VerifyReport {
+    /// No bad frame and no bad index entry.
+    pub fn is_clean(&self) -> bool {
+        self.first_bad.is_none() && self.index_entries_bad == 0
+    }
+}
+
+/// The storage layer's contract. Implementations must be safe to share
+/// between threads; `append` must not block on I/O (it returns a ticket).
+pub trait SegmentStore: Send + Sync {
+    /// Opens a segment copy, creating it if absent, or recovers it after a
+    /// crash: a torn tail is truncated, damage in the middle is an error.
+    fn open(&self, segment: SegmentId) -> Result<Recovery, StorageError>;
+
+    /// Appends a batch. Offsets are assigned at once and are contiguous; the
+    /// ticket completes after the fdatasync that covers the batch.
+    fn append(&self, segment: SegmentId, records: &[Record]) -> Result<AppendTicket, StorageError>;
+
+    /// A ticket that completes when everything appended so far is durable.
+    fn sync(&self, segment: SegmentId) -> Result<AppendTicket, StorageError>;
+
+    /// Reads durable records from `from`, at most `records_max` of them and,
+    /// after the first, at most `bytes_max` frame bytes in total.
+    fn read(
+        &self,
+        segment: SegmentId,
+        from: u64,
+        records_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<StoredRecord>, StorageError>;
+
+    /// Fences, waits for in-flight appends, and records a seal at `length`
+    /// records. Reads are clamped to it even if the copy holds more.
+    fn seal(&self, segment: SegmentId, length: u64) -> Result<SealInfo, StorageError>;
+
+    /// Refuses all further appends, persistently.
+    fn fence(&self, segment: SegmentId) -> Result<(), StorageError>;
+
+    /// Scans the copy read-only and reports the first bad frame.
+    fn verify(&self, segment: SegmentId) -> Result<VerifyReport, StorageError>;
+
+    /// The copy's stored length and byte size.
+    fn info(&self, segment: SegmentId) -> Result<SegmentInfo, StorageError>;
+
+    /// Flushes what is pending and forgets the segment.
+    fn close(&self, segment: SegmentId) -> Result<(), StorageError>;
+}
+
+/// Why a segment should roll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SealReason {
+    Size,
+    Age,
+    Failure,
+}
+
+/// When to seal the active segment and roll to a new one. A pure function of
+/// its inputs: the caller passes the time, the store reads no clock for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SealPolicy {
+    pub segment_bytes_max: u64,
+    pub segment_age_ms: u64,
+}
+
+impl Default for SealPolicy {
+    fn default() -> Self {
+        SealPolicy {
+            segment_bytes_max: 1 << 30,
+            segment_age_ms: 60 * 60 * 1000,
+        }
+    }
+}
+
+impl SealPolicy {
+    /// `None` keeps the segment; otherwise the reason to roll. Failure wins
+    /// because a failed copy takes no appends at all.
+    pub fn decide(
+        &self,
+        info: &SegmentInfo,
+        created_at_ms: u64,
+        now_ms: u64,
+    ) -> Option<SealReason> {
+        if info.failed {
+            Some(SealReason::Failure)
+        } else if info.byte_size >= self.segment_bytes_max {
+            Some(SealReason::Size)
+        } else if now_ms.saturating_sub(created_at_ms) >= self.segment_age_ms {
+            Some(SealReason::Age)
+        } else {
+            None
+        }
+    }
+}
+
+/// Tunables of the file store. Every queue and batch is bounded by one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// How long the first pending record may wait before a flush starts;
+    /// 0 flushes as soon as the previous sync of that file ends.
+    pub flush_interval_ms: u64,
+    /// A flush starts once this many records are pending.
+    pub flush_records_max: usize,
+    /// A flush starts once this many bytes are pending.
+    pub flush_bytes_max: usize,
+    /// Appends beyond this many pending bytes per segment get `Busy`.
+    pub pending_bytes_max: usize,
+    /// Largest frame payload a record may have.
+    pub record_bytes_max: usize,
+    /// Most records one append may carry.
+    pub batch_records_max: usize,
+    /// Threads that write and fdatasync; distinct files sync in parallel.
+    pub sync_threads: usize,
+    /// About one index entry per this many log bytes.
+    pub index_interval_bytes: u64,
+    /// Read buffer size for scans and reads.
+    pub read_chunk_bytes: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            flush_interval_ms: 10,
+            flush_records_max: 20_000,
+            flush_bytes_max: 10 << 20,
+            pending_bytes_max: 64 << 20,
+            record_bytes_max: 1 << 20,
+            batch_records_max: 100_000,
+            sync_threads: 16,
+            index_interval_bytes: 4096,
+            read_chunk_bytes: 256 << 10,
+        }
+    }
+}
+
+impl StoreConfig {
+    pub fn validate(&self) -> Result<(), StorageError> {
+        let bad = |reason| Err(StorageError::Config { reason });
+        if self.flush_records_max == 0 || self.flush_bytes_max == 0 {
+            return bad("flush_records_max and flush_bytes_max must be positive");
+        }
+        if self.record_bytes_max == 0
+            || self.record_bytes_max > crate::frame::FRAME_PAYLOAD_BYTES_MAX
+        {
+            return bad("record_bytes_max must be between 1 and the format's 64 MiB");
+        }
+        if self.pending_bytes_max < self.record_bytes_max + crate::frame::FRAME_HEADER_BYTES {
+            return bad("pending_bytes_max must hold at least one record");
+        }
+        if self.batch_records_max == 0 || self.sync_threads == 0 || self.index_interval_bytes == 0 {
+            return bad(
+                "batch_records_max, sync_threads and index_interval_bytes must be positive",
+            );
+        }
+        if self.read_chunk_bytes < crate::frame::FRAME_BYTES_MIN {
+            return bad("read_chunk_bytes must hold the smallest frame");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(byte_size: u64, failed: bool) -> SegmentInfo {
+        SegmentInfo {
+            segment: SegmentId(1),
+            length: 0,
+            byte_size,
+            assigned: 0,
+            stored_bytes: byte_size,
+            sealed: None,
+            fenced: false,
+            failed,
+        }
+    }
+
+    #[test]
+    fn seal_policy_rolls_by_size_age_and_failure() {
+        let p = SealPolicy::default();
+        assert_eq!(p.decide(&info(10, false), 0, 1), None);
+        assert_eq!(
+            p.decide(&info(1 << 30, false), 0, 1),
+            Some(SealReason::Size)
+        );
+        assert_eq!(
+            p.decide(&info(10, false), 0, 3_600_000),
+            Some(SealReason::Age)
+        );
+        assert_eq!(
+            p.decide(&info(1 << 30, true), 0, 3_600_000),
+            Some(SealReason::Failure)
+        );
+    }
+
+    #[test]
+    fn default_config_is_valid_and_matches_the_documented_triggers() {
+        let c = StoreConfig::default();
+        c.validate().unwrap();
+        assert_eq!(
+            (c.flush_interval_ms, c.flush_records_max, c.flush_bytes_max),
+            (10, 20_000, 10 << 20)
+        );
+    }
+
+    #[test]
+    fn config_with_zero_sync_threads_is_refused() {
+        let c = StoreConfig {
+            sync_threads: 0,
+            ..StoreConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(StorageError::Config { .. })));
+    }
+}
