@@ -294,19 +294,20 @@ impl SupervisorState {
             return Ok(());
         }
         warn!(supervisor = %self.name, child = %name, reason = %reason, abnormal, "child exited, restarting");
-        self.schedule_restart(myself, idx, Some(ran_for)).await
+        self.schedule_restart(myself, idx, Some(ran_for)).await?;
+        Ok(())
     }
 
     /// Charge a restart of child `idx` to the intensity window, stop the
     /// siblings its strategy restarts with it, and schedule them all after
-    /// the child's backoff. Returns the names now waiting for restart, or the
-    /// escalation error (after stopping every child).
+    /// the child's backoff. Returns the names of the group now waiting for
+    /// restart, or the escalation error (after stopping every child).
     async fn schedule_restart(
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
         idx: usize,
         ran_for: Option<Duration>,
-    ) -> Result<(), SupervisionError> {
+    ) -> Result<Vec<String>, SupervisionError> {
         let now = Instant::now();
         if self.window.record(now) {
             error!(supervisor = %self.name, child = %self.children[idx].spec.name, restarts_max = self.intensity.restarts_max, period_ms = self.intensity.period_ms, "restart intensity exceeded, escalating");
@@ -329,6 +330,7 @@ impl SupervisorState {
         let due = now + delay;
 
         let group = self.strategy.restart_group(idx, self.children.len());
+        let mut scheduled = Vec::with_capacity(group.len());
         // Siblings go down in reverse start order, so a child never outlives
         // the children it was started after (and may depend on).
         for j in group.clone().rev() {
@@ -350,21 +352,24 @@ impl SupervisorState {
                 } else {
                     sibling.run = Run::Restarting { due };
                     sibling.restarts = sibling.restarts.saturating_add(1);
+                    scheduled.push(sibling.spec.name.clone());
                 }
             } else if matches!(sibling.run, Run::Restarting { .. }) {
                 // Already waiting: align it with the group so start order holds.
                 sibling.run = Run::Restarting { due };
+                scheduled.push(sibling.spec.name.clone());
             }
         }
         let failed = &mut self.children[idx];
         failed.run = Run::Restarting { due };
         failed.restarts = failed.restarts.saturating_add(1);
+        scheduled.push(failed_name.clone());
         self.children
             .retain(|c| !(c.spec.restart == Restart::Temporary && matches!(c.run, Run::Stopped)));
 
         info!(supervisor = %self.name, child = %failed_name, delay_ms = delay.as_millis() as u64, strategy = %self.strategy, "restart scheduled");
         let _timer = myself.send_after(delay, || SupervisorMsg(Request::RestartDue));
-        Ok(())
+        Ok(scheduled)
     }
 
     /// Start, in start order, every child whose restart is due. A child whose
@@ -402,12 +407,8 @@ impl SupervisorState {
                         self.children.remove(i);
                         continue;
                     }
-                    self.schedule_restart(myself, i, None).await?;
-                    for c in &self.children {
-                        if matches!(c.run, Run::Restarting { .. }) {
-                            deferred.insert(c.spec.name.clone());
-                        }
-                    }
+                    let scheduled = self.schedule_restart(myself, i, None).await?;
+                    deferred.extend(scheduled);
                     // The restart may have removed temporary siblings and
                     // shifted positions: rescan; deferred children are skipped.
                     i = 0;

@@ -403,6 +403,30 @@ async fn failing_pre_start_is_retried_until_it_succeeds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_for_one_starts_independent_children_while_one_waits_for_its_backoff() {
+    let mut probes = Probes::new();
+    probes.fail_starts("a", 1);
+    let args = fast_args("sup", Strategy::OneForOne)
+        .backoff(Backoff {
+            delay_initial_ms: 200,
+            delay_max_ms: 200,
+            multiplier: 1,
+            reset_after_ms: 10_000,
+        })
+        .child(probes.spec("a"))
+        .child(probes.spec("b"));
+
+    let (sup, _join) = SupervisorRef::spawn(args).await.unwrap();
+
+    assert_eq!(
+        probes.take(3).await,
+        vec![start_failed("a"), started("b"), started("a")],
+        "b does not wait for a's backoff"
+    );
+    sup.stop(5_000).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_for_one_does_not_start_later_children_while_an_earlier_one_cannot_start() {
     let mut probes = Probes::new();
     probes.fail_starts("db", 2);
