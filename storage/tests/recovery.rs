@@ -1,0 +1,218 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Crash simulation and damage detection on real files in a tempdir.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::*;
+use malachi_storage::{FileStore, FrameError, Record, SegmentStore, StorageError};
+
+/// Writes `batches` (one flush each) and returns the log bytes and the
+/// start position of every frame.
+fn write_log(dir: &Path, batches: &[Vec<Record>]) -> (Vec<u8>, Vec<u64>) {
+    {
+        let store = store(dir);
+        store.open(SEG).unwrap();
+        append_batches(&store, batches);
+    }
+    let bytes = fs::read(dir.join(format!("{}.log", SEG.file_stem()))).unwrap();
+    let mut starts = Vec::new();
+    let mut pos = 0;
+    for r in batches.iter().flatten() {
+        starts.push(pos);
+        pos += frame_len(r);
+    }
+    assert_eq!(pos, bytes.len() as u64);
+    (bytes, starts)
+}
+
+fn install_log(dir: &Path, bytes: &[u8]) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join(format!("{}.log", SEG.file_stem())), bytes).unwrap();
+}
+
+fn batches() -> Vec<Vec<Record>> {
+    vec![
+        (0..4).map(record).collect(),
+        (4..9).map(record).collect(),
+        (9..12).map(record).collect(),
+    ]
+}
+
+#[test]
+fn cutting_the_log_anywhere_in_its_last_frames_keeps_exactly_the_complete_frames() {
+    let src = tempfile::tempdir().unwrap();
+    let (bytes, starts) = write_log(src.path(), &batches());
+    let all: Vec<Record> = batches().concat();
+    // Every byte offset from the start of the third-to-last frame to the end.
+    let from = starts[starts.len() - 3];
+    for cut in from..=bytes.len() as u64 {
+        let dir = tempfile::tempdir().unwrap();
+        install_log(dir.path(), &bytes[..cut as usize]);
+        let store = store(dir.path());
+        let recovery = store.open(SEG).unwrap();
+        let complete = starts.iter().filter(|&&s| s < cut).count() as u64
+            - u64::from(!starts.contains(&cut) && cut != bytes.len() as u64);
+        assert_eq!(recovery.info.length, complete, "cut at byte {cut}");
+        let valid_end = starts
+            .get(complete as usize)
+            .copied()
+            .unwrap_or(bytes.len() as u64);
+        assert_eq!(
+            recovery.truncated_bytes,
+            cut - valid_end,
+            "cut at byte {cut}"
+        );
+        let read: Vec<Record> = read_all(&store, SEG)
+            .into_iter()
+            .map(|r| r.record)
+            .collect();
+        assert_eq!(read, all[..complete as usize], "cut at byte {cut}");
+        // The truncated copy takes appends again at the next offset.
+        let ticket = store.append(SEG, &[record(99)]).unwrap();
+        assert_eq!(ticket.wait().unwrap(), complete..complete + 1);
+    }
+}
+
+#[test]
+fn a_torn_last_flush_with_later_frames_of_the_same_flush_is_truncated() {
+    // Pages of one unsynced write may reach the disk out of order: a hole in
+    // the last flush followed by valid frames of that same flush is torn.
+    let src = tempfile::tempdir().unwrap();
+    let (mut bytes, starts) = write_log(src.path(), &batches());
+    let hole = starts[9] as usize; // first frame of the last flush
+    let hole_end = starts[10] as usize;
+    bytes[hole..hole_end].fill(0);
+    let dir = tempfile::tempdir().unwrap();
+    install_log(dir.path(), &bytes);
+    let store = store(dir.path());
+    let recovery = store.open(SEG).unwrap();
+    assert_eq!(recovery.info.length, 9);
+    assert_eq!(recovery.truncated_bytes, bytes.len() as u64 - starts[9]);
+}
+
+#[test]
+fn a_bad_frame_followed_by_a_later_flush_is_damage_and_the_bytes_are_left_alone() {
+    let src = tempfile::tempdir().unwrap();
+    let (mut bytes, starts) = write_log(src.path(), &batches());
+    let victim = starts[5] as usize + 20;
+    bytes[victim] ^= 0x10;
+    let dir = tempfile::tempdir().unwrap();
+    install_log(dir.path(), &bytes);
+    let store = store(dir.path());
+    match store.open(SEG) {
+        Err(StorageError::Damaged {
+            position,
+            offset,
+            reason,
+            later_position,
+            ..
+        }) => {
+            assert_eq!(position, starts[5]);
+            assert_eq!(offset, 5);
+            assert!(matches!(reason, FrameError::BadCrc { .. }));
+            assert_eq!(later_position, starts[9]);
+        }
+        other => panic!("expected damage, got {other:?}"),
+    }
+    let after = fs::read(dir.path().join(format!("{}.log", SEG.file_stem()))).unwrap();
+    assert_eq!(after, bytes, "recovery modified a damaged copy");
+}
+
+#[test]
+fn a_flipped_bit_in_the_middle_is_found_by_verify() {
+    let src = tempfile::tempdir().unwrap();
+    let (mut bytes, starts) = write_log(src.path(), &batches());
+    bytes[starts[2] as usize + 30] ^= 0x01;
+    let dir = tempfile::tempdir().unwrap();
+    install_log(dir.path(), &bytes);
+    let store = store(dir.path());
+    let report = store.verify(SEG).unwrap();
+    let bad = report.first_bad.expect("verify missed the flip");
+    assert_eq!((bad.position, bad.offset), (starts[2], 2));
+    assert_eq!(report.records, 2);
+    assert_eq!(report.valid_after.map(|f| f.position), Some(starts[3]));
+    assert!(report.later_flush.is_some());
+    assert!(!report.is_clean());
+}
+
+#[test]
+fn a_flipped_bit_in_a_sealed_copy_is_a_typed_error_on_read_not_a_short_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path;
+    let starts: Vec<u64>;
+    {
+        let store = store(dir.path());
+        store.open(SEG).unwrap();
+        append_batches(&store, &batches());
+        store.seal(SEG, 12).unwrap();
+        log_path = store.log_path(SEG);
+        let mut pos = 0;
+        starts = batches()
+            .concat()
+            .iter()
+            .map(|r| {
+                let s = pos;
+                pos += frame_len(r);
+                s
+            })
+            .collect();
+    }
+    let mut bytes = fs::read(&log_path).unwrap();
+    bytes[starts[6] as usize + 25] ^= 0x80;
+    fs::write(&log_path, &bytes).unwrap();
+    let store = store(dir.path());
+    // A sealed copy opens from its marker; the damage surfaces on read.
+    store.open(SEG).unwrap();
+    assert_eq!(store.read(SEG, 0, 6, 1 << 20).unwrap().len(), 6);
+    match store.read(SEG, 4, 100, 1 << 20) {
+        Err(StorageError::Corrupt {
+            position, offset, ..
+        }) => assert_eq!((position, offset), (starts[6], 6)),
+        other => panic!("expected a corrupt-frame error, got {other:?}"),
+    }
+    assert!(matches!(
+        store.read(SEG, 6, 1, 1 << 20),
+        Err(StorageError::Corrupt { offset: 6, .. })
+    ));
+    let report = store.verify(SEG).unwrap();
+    assert_eq!(report.first_bad.map(|b| b.offset), Some(6));
+}
+
+#[test]
+fn zeros_after_the_last_frame_are_a_torn_tail() {
+    let src = tempfile::tempdir().unwrap();
+    let (mut bytes, _) = write_log(src.path(), &batches());
+    let len = bytes.len();
+    bytes.extend(std::iter::repeat_n(0u8, 8192));
+    let dir = tempfile::tempdir().unwrap();
+    install_log(dir.path(), &bytes);
+    let store = store(dir.path());
+    let recovery = store.open(SEG).unwrap();
+    assert_eq!(recovery.info.length, 12);
+    assert_eq!(recovery.truncated_bytes, 8192);
+    assert_eq!(fs::metadata(store.log_path(SEG)).unwrap().len(), len as u64);
+}
+
+#[test]
+fn a_sealed_copy_shorter_than_its_seal_opens_with_what_it_holds_and_is_not_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path;
+    {
+        let store = store(dir.path());
+        store.open(SEG).unwrap();
+        append_batches(&store, &batches());
+        store.seal(SEG, 12).unwrap();
+        log_path = store.log_path(SEG);
+    }
+    let bytes = fs::read(&log_path).unwrap();
+    let cut = bytes.len() - 5;
+    fs::write(&log_path, &bytes[..cut]).unwrap();
+    let store = FileStore::open_dir(dir.path(), config()).unwrap();
+    let recovery = store.open(SEG).unwrap();
+    assert!(recovery.short_of_seal);
+    assert_eq!(recovery.info.length, 11);
+    assert_eq!(fs::metadata(&log_path).unwrap().len(), cut as u64);
+}

@@ -1,0 +1,123 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Seal and fence.
+
+mod common;
+
+use common::*;
+use malachi_storage::{SegmentStore, StorageError};
+
+fn filled(dir: &std::path::Path, n: u64) -> malachi_storage::FileStore {
+    let store = store(dir);
+    store.open(SEG).unwrap();
+    append_batches(&store, &[(0..n).map(record).collect()]);
+    store
+}
+
+#[test]
+fn a_sealed_segment_refuses_appends_and_keeps_its_length_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = filled(dir.path(), 5);
+        let seal = store.seal(SEG, 5).unwrap();
+        assert_eq!(seal.length, 5);
+        assert!(matches!(
+            store.append(SEG, &[record(9)]),
+            Err(StorageError::Sealed { length: 5, .. })
+        ));
+    }
+    let store = store(dir.path());
+    let recovery = store.open(SEG).unwrap();
+    assert_eq!(recovery.info.sealed.map(|s| s.length), Some(5));
+    assert!(recovery.info.fenced);
+    assert!(matches!(
+        store.append(SEG, &[record(9)]),
+        Err(StorageError::Sealed { .. })
+    ));
+    assert_eq!(read_all(&store, SEG).len(), 5);
+}
+
+#[test]
+fn sealing_below_the_stored_length_clamps_reads_and_keeps_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = filled(dir.path(), 8);
+    let bytes_before = store.info(SEG).unwrap().byte_size;
+    let seal = store.seal(SEG, 3).unwrap();
+    let three: u64 = (0..3).map(|i| frame_len(&record(i))).sum();
+    assert_eq!(seal.byte_size, three);
+    assert_eq!(read_all(&store, SEG).len(), 3);
+    assert!(matches!(
+        store.read(SEG, 4, 1, 100),
+        Err(StorageError::OffsetOutOfRange { end: 3, .. })
+    ));
+    let info = store.info(SEG).unwrap();
+    assert_eq!((info.length, info.byte_size), (3, three));
+    assert_eq!(
+        std::fs::metadata(store.log_path(SEG)).unwrap().len(),
+        bytes_before
+    );
+    drop(store);
+    let store = common::store(dir.path());
+    assert_eq!(store.open(SEG).unwrap().info.length, 3);
+    assert_eq!(read_all(&store, SEG).len(), 3);
+}
+
+#[test]
+fn sealing_beyond_the_stored_length_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = filled(dir.path(), 2);
+    assert!(matches!(
+        store.seal(SEG, 3),
+        Err(StorageError::SealBeyondEnd {
+            requested: 3,
+            stored: 2,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn sealing_twice_is_idempotent_at_the_same_length_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = filled(dir.path(), 4);
+    let first = store.seal(SEG, 4).unwrap();
+    assert_eq!(store.seal(SEG, 4).unwrap(), first);
+    assert!(matches!(
+        store.seal(SEG, 2),
+        Err(StorageError::AlreadySealed { existing: 4, .. })
+    ));
+}
+
+#[test]
+fn seal_waits_for_appends_already_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = malachi_storage::StoreConfig {
+        flush_interval_ms: 60_000,
+        ..config()
+    };
+    let store = malachi_storage::FileStore::open_dir(dir.path(), cfg).unwrap();
+    store.open(SEG).unwrap();
+    let ticket = store.append(SEG, &[record(0), record(1)]).unwrap();
+    store.seal(SEG, 2).unwrap();
+    assert!(ticket.is_complete());
+    assert_eq!(ticket.wait().unwrap(), 0..2);
+}
+
+#[test]
+fn a_fence_refuses_appends_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = filled(dir.path(), 2);
+        store.fence(SEG).unwrap();
+        assert!(matches!(
+            store.append(SEG, &[record(5)]),
+            Err(StorageError::Fenced { .. })
+        ));
+        assert_eq!(read_all(&store, SEG).len(), 2);
+    }
+    let store = store(dir.path());
+    assert!(store.open(SEG).unwrap().info.fenced);
+    assert!(matches!(
+        store.append(SEG, &[record(5)]),
+        Err(StorageError::Fenced { .. })
+    ));
+}
