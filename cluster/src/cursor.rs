@@ -32,7 +32,8 @@ pub const CURSOR_BODY_BYTES_MAX: usize = 40 * 1024;
 /// The length of the HMAC-SHA256 tag, in bytes.
 pub const CURSOR_TAG_BYTES: usize = 32;
 /// The longest encoded cursor, in bytes, checked before anything is decoded.
-pub const CURSOR_ENCODED_BYTES_MAX: usize = (1 + CURSOR_BODY_BYTES_MAX + CURSOR_TAG_BYTES).div_ceil(3) * 4;
+pub const CURSOR_ENCODED_BYTES_MAX: usize =
+    (1 + CURSOR_BODY_BYTES_MAX + CURSOR_TAG_BYTES).div_ceil(3) * 4;
 /// The shortest cursor secret, in bytes: HMAC-SHA256 is only as strong as its key.
 pub const CURSOR_SECRET_BYTES_MIN: usize = 16;
 /// The longest cursor secret, in bytes.
@@ -92,15 +93,23 @@ pub enum CursorKeyError {
 impl CursorKey {
     pub fn new(secret: &[u8]) -> Result<CursorKey, CursorKeyError> {
         if secret.len() < CURSOR_SECRET_BYTES_MIN {
-            return Err(CursorKeyError::TooShort { bytes: secret.len(), min: CURSOR_SECRET_BYTES_MIN });
+            return Err(CursorKeyError::TooShort {
+                bytes: secret.len(),
+                min: CURSOR_SECRET_BYTES_MIN,
+            });
         }
         if secret.len() > CURSOR_SECRET_BYTES_MAX {
-            return Err(CursorKeyError::TooLong { bytes: secret.len(), max: CURSOR_SECRET_BYTES_MAX });
+            return Err(CursorKeyError::TooLong {
+                bytes: secret.len(),
+                max: CURSOR_SECRET_BYTES_MAX,
+            });
         }
         // HMAC takes a key of any length, so this branch is unreachable in practice;
         // it is mapped rather than unwrapped to keep the constructor panic-free.
-        let mac = Hmac::<Sha256>::new_from_slice(secret)
-            .map_err(|_| CursorKeyError::TooShort { bytes: secret.len(), min: CURSOR_SECRET_BYTES_MIN })?;
+        let mac = Hmac::<Sha256>::new_from_slice(secret).map_err(|_| CursorKeyError::TooShort {
+            bytes: secret.len(),
+            min: CURSOR_SECRET_BYTES_MIN,
+        })?;
         Ok(CursorKey { mac })
     }
 
@@ -159,11 +168,21 @@ impl fmt::Display for ShapeProblem {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StaleReason {
     TopicGone,
-    IncarnationChanged { current: u64 },
-    UnknownRange { range: RangeId },
+    IncarnationChanged {
+        current: u64,
+    },
+    UnknownRange {
+        range: RangeId,
+    },
     /// The segment is not in the read plan of the range it is filed under.
-    UnknownSegment { range: RangeId, segment: SegmentId },
-    OffsetOutOfSegment { segment: SegmentId, offset: u64 },
+    UnknownSegment {
+        range: RangeId,
+        segment: SegmentId,
+    },
+    OffsetOutOfSegment {
+        segment: SegmentId,
+        offset: u64,
+    },
 }
 
 impl fmt::Display for StaleReason {
@@ -173,9 +192,14 @@ impl fmt::Display for StaleReason {
             StaleReason::IncarnationChanged { current } => {
                 write!(f, "the topic was re-created (now incarnation {current})")
             }
-            StaleReason::UnknownRange { range } => write!(f, "range {range} is not part of the topic"),
+            StaleReason::UnknownRange { range } => {
+                write!(f, "range {range} is not part of the topic")
+            }
             StaleReason::UnknownSegment { range, segment } => {
-                write!(f, "segment {segment} is not in the read plan of range {range}")
+                write!(
+                    f,
+                    "segment {segment} is not in the read plan of range {range}"
+                )
             }
             StaleReason::OffsetOutOfSegment { segment, offset } => {
                 write!(f, "offset {offset} lies outside segment {segment}")
@@ -220,11 +244,18 @@ impl Cursor {
             positions: self.positions.iter().map(|(r, p)| (*r, *p)).collect(),
         };
         check_shape(&body).map_err(EncodeCursorError::Shape)?;
-        let body_bytes = rmp_serde::to_vec(&body).map_err(|e| EncodeCursorError::Serialize(e.to_string()))?;
+        let body_bytes =
+            rmp_serde::to_vec(&body).map_err(|e| EncodeCursorError::Serialize(e.to_string()))?;
         if body_bytes.len() > CURSOR_BODY_BYTES_MAX {
-            return Err(EncodeCursorError::TooLarge { bytes: body_bytes.len(), max: CURSOR_BODY_BYTES_MAX });
+            return Err(EncodeCursorError::TooLarge {
+                bytes: body_bytes.len(),
+                max: CURSOR_BODY_BYTES_MAX,
+            });
         }
-        let tag = key.mac_over(CURSOR_VERSION, &body_bytes).finalize().into_bytes();
+        let tag = key
+            .mac_over(CURSOR_VERSION, &body_bytes)
+            .finalize()
+            .into_bytes();
         let mut raw = Vec::with_capacity(1 + body_bytes.len() + CURSOR_TAG_BYTES);
         raw.push(CURSOR_VERSION);
         raw.extend_from_slice(&body_bytes);
@@ -237,9 +268,14 @@ impl Cursor {
     /// Decodes and authenticates a cursor, without consulting the metadata.
     pub fn decode(encoded: &str, key: &CursorKey) -> Result<Cursor, InvalidCursor> {
         if encoded.len() > CURSOR_ENCODED_BYTES_MAX {
-            return Err(InvalidCursor::TooLong { bytes: encoded.len(), max: CURSOR_ENCODED_BYTES_MAX });
+            return Err(InvalidCursor::TooLong {
+                bytes: encoded.len(),
+                max: CURSOR_ENCODED_BYTES_MAX,
+            });
         }
-        let raw = URL_SAFE_NO_PAD.decode(encoded).map_err(|_| InvalidCursor::NotBase64)?;
+        let raw = URL_SAFE_NO_PAD
+            .decode(encoded)
+            .map_err(|_| InvalidCursor::NotBase64)?;
         // The shortest body (a map of empty fields) is a few bytes; no body at all is not a cursor.
         if raw.len() < 1 + 1 + CURSOR_TAG_BYTES {
             return Err(InvalidCursor::TooShort);
@@ -249,7 +285,9 @@ impl Cursor {
             return Err(InvalidCursor::BadVersion { found: version });
         }
         let (body_bytes, tag) = rest.split_at(rest.len() - CURSOR_TAG_BYTES);
-        key.mac_over(version, body_bytes).verify_slice(tag).map_err(|_| InvalidCursor::BadTag)?;
+        key.mac_over(version, body_bytes)
+            .verify_slice(tag)
+            .map_err(|_| InvalidCursor::BadTag)?;
 
         // Only authenticated bytes reach the deserializer from here on.
         let body: Body = rmp_serde::from_slice(body_bytes).map_err(|_| InvalidCursor::Malformed)?;
@@ -260,11 +298,19 @@ impl Cursor {
             return Err(InvalidCursor::Malformed);
         }
         check_shape(&body).map_err(InvalidCursor::Shape)?;
-        Ok(Cursor { topic: body.topic, incarnation: body.incarnation, positions: body.positions.into_iter().collect() })
+        Ok(Cursor {
+            topic: body.topic,
+            incarnation: body.incarnation,
+            positions: body.positions.into_iter().collect(),
+        })
     }
 
     /// Decodes a cursor and checks it against the current metadata.
-    pub fn decode_for(encoded: &str, key: &CursorKey, state: &MetadataState) -> Result<Cursor, InvalidCursor> {
+    pub fn decode_for(
+        encoded: &str,
+        key: &CursorKey,
+        state: &MetadataState,
+    ) -> Result<Cursor, InvalidCursor> {
         let cursor = Cursor::decode(encoded, key)?;
         cursor.validate(state)?;
         Ok(cursor)
@@ -278,18 +324,27 @@ impl Cursor {
             return stale(StaleReason::TopicGone);
         };
         if topic.incarnation.0 != self.incarnation {
-            return stale(StaleReason::IncarnationChanged { current: topic.incarnation.0 });
+            return stale(StaleReason::IncarnationChanged {
+                current: topic.incarnation.0,
+            });
         }
         for (&range_id, position) in &self.positions {
             let Some(range) = state.range(range_id).filter(|r| r.topic == self.topic) else {
                 return stale(StaleReason::UnknownRange { range: range_id });
             };
-            let Position::At { segment, offset } = *position else { continue };
-            let in_plan = state
-                .read_plan(range.id)
-                .is_some_and(|plan| plan.slices.iter().any(|s| s.segments.iter().any(|x| x.segment == segment)));
+            let Position::At { segment, offset } = *position else {
+                continue;
+            };
+            let in_plan = state.read_plan(range.id).is_some_and(|plan| {
+                plan.slices
+                    .iter()
+                    .any(|s| s.segments.iter().any(|x| x.segment == segment))
+            });
             let Some(found) = state.segment(segment).filter(|_| in_plan) else {
-                return stale(StaleReason::UnknownSegment { range: range_id, segment });
+                return stale(StaleReason::UnknownSegment {
+                    range: range_id,
+                    segment,
+                });
             };
             // A sealed segment's end is a valid position: it means "this segment is done".
             let within =

@@ -2,8 +2,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::model::{
-    Band, Command, MetadataState, ModelError, NodeId, Outcome, RangeId, RangeState, SealRecord, SegmentId,
-    SegmentState, StoragePolicy, TopicState, position,
+    Band, Command, MetadataState, ModelError, NodeId, Outcome, RangeId, RangeState, SealRecord,
+    SegmentId, SegmentState, StoragePolicy, TopicState, position,
 };
 
 fn nodes(ids: &[u64]) -> Vec<NodeId> {
@@ -11,19 +11,35 @@ fn nodes(ids: &[u64]) -> Vec<NodeId> {
 }
 
 fn seal(length: u64) -> SealRecord {
-    SealRecord { length, bytes: length * 100 }
+    SealRecord {
+        length,
+        bytes: length * 100,
+    }
 }
 
 fn create(state: &mut MetadataState, topic: &str, ranges: u64) -> (Vec<RangeId>, Vec<SegmentId>) {
     let replicas = (0..ranges).map(|_| nodes(&[1, 2, 3])).collect();
-    let cmd = Command::CreateTopic { topic: topic.into(), initial_ranges: ranges, policy: None, replicas, at_ms: 10 };
+    let cmd = Command::CreateTopic {
+        topic: topic.into(),
+        initial_ranges: ranges,
+        policy: None,
+        replicas,
+        at_ms: 10,
+    };
     match state.apply(cmd).unwrap() {
-        Outcome::TopicCreated { ranges, segments, .. } => (ranges, segments),
+        Outcome::TopicCreated {
+            ranges, segments, ..
+        } => (ranges, segments),
         other => panic!("unexpected outcome {other:?}"),
     }
 }
 
-fn split(state: &mut MetadataState, topic: &str, range: RangeId, length: u64) -> Result<Outcome, ModelError> {
+fn split(
+    state: &mut MetadataState,
+    topic: &str,
+    range: RangeId,
+    length: u64,
+) -> Result<Outcome, ModelError> {
     state.apply(Command::SplitRange {
         topic: topic.into(),
         range,
@@ -34,7 +50,12 @@ fn split(state: &mut MetadataState, topic: &str, range: RangeId, length: u64) ->
     })
 }
 
-fn merge(state: &mut MetadataState, topic: &str, lower: RangeId, upper: RangeId) -> Result<Outcome, ModelError> {
+fn merge(
+    state: &mut MetadataState,
+    topic: &str,
+    lower: RangeId,
+    upper: RangeId,
+) -> Result<Outcome, ModelError> {
     state.apply(Command::MergeRanges {
         topic: topic.into(),
         lower,
@@ -46,11 +67,26 @@ fn merge(state: &mut MetadataState, topic: &str, lower: RangeId, upper: RangeId)
     })
 }
 
-fn seal_segment(state: &mut MetadataState, topic: &str, segment: SegmentId, s: SealRecord) -> Result<Outcome, ModelError> {
-    state.apply(Command::SealSegment { topic: topic.into(), segment, seal: s, at_ms: 40 })
+fn seal_segment(
+    state: &mut MetadataState,
+    topic: &str,
+    segment: SegmentId,
+    s: SealRecord,
+) -> Result<Outcome, ModelError> {
+    state.apply(Command::SealSegment {
+        topic: topic.into(),
+        segment,
+        seal: s,
+        at_ms: 40,
+    })
 }
 
-fn roll(state: &mut MetadataState, topic: &str, segment: SegmentId, length: u64) -> Result<Outcome, ModelError> {
+fn roll(
+    state: &mut MetadataState,
+    topic: &str,
+    segment: SegmentId,
+    length: u64,
+) -> Result<Outcome, ModelError> {
     state.apply(Command::RollSegment {
         topic: topic.into(),
         segment,
@@ -64,7 +100,11 @@ fn roll(state: &mut MetadataState, topic: &str, segment: SegmentId, length: u64)
 fn refused(state: &mut MetadataState, cmd: Command) -> ModelError {
     let before = state.snapshot().unwrap();
     let err = state.apply(cmd).unwrap_err();
-    assert_eq!(state.snapshot().unwrap(), before, "a refused command changed the state");
+    assert_eq!(
+        state.snapshot().unwrap(),
+        before,
+        "a refused command changed the state"
+    );
     err
 }
 
@@ -87,31 +127,66 @@ fn creating_a_topic_tiles_the_keyspace_with_equal_ranges() {
 fn creating_a_topic_with_a_non_power_of_two_count_is_refused() {
     let mut state = MetadataState::new();
     let replicas = vec![nodes(&[1]); 3];
-    let cmd = Command::CreateTopic { topic: "t".into(), initial_ranges: 3, policy: None, replicas, at_ms: 0 };
-    assert_eq!(refused(&mut state, cmd), ModelError::NotPowerOfTwo { count: 3 });
+    let cmd = Command::CreateTopic {
+        topic: "t".into(),
+        initial_ranges: 3,
+        policy: None,
+        replicas,
+        at_ms: 0,
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::NotPowerOfTwo { count: 3 }
+    );
 }
 
 #[test]
 fn creating_an_existing_topic_is_refused() {
     let mut state = MetadataState::new();
     create(&mut state, "t", 1);
-    let cmd = Command::CreateTopic { topic: "t".into(), initial_ranges: 1, policy: None, replicas: vec![nodes(&[1])], at_ms: 0 };
-    assert_eq!(refused(&mut state, cmd), ModelError::TopicExists { topic: "t".into() });
+    let cmd = Command::CreateTopic {
+        topic: "t".into(),
+        initial_ranges: 1,
+        policy: None,
+        replicas: vec![nodes(&[1])],
+        at_ms: 0,
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::TopicExists { topic: "t".into() }
+    );
 }
 
 #[test]
 fn a_replica_set_naming_a_node_twice_is_refused() {
     let mut state = MetadataState::new();
-    let cmd =
-        Command::CreateTopic { topic: "t".into(), initial_ranges: 1, policy: None, replicas: vec![nodes(&[1, 1])], at_ms: 0 };
-    assert_eq!(refused(&mut state, cmd), ModelError::DuplicateReplica { node: NodeId(1) });
+    let cmd = Command::CreateTopic {
+        topic: "t".into(),
+        initial_ranges: 1,
+        policy: None,
+        replicas: vec![nodes(&[1, 1])],
+        at_ms: 0,
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::DuplicateReplica { node: NodeId(1) }
+    );
 }
 
 #[test]
 fn a_topic_name_with_a_slash_is_refused() {
     let mut state = MetadataState::new();
-    let cmd = Command::CreateTopic { topic: "a/b".into(), initial_ranges: 1, policy: None, replicas: vec![nodes(&[1])], at_ms: 0 };
-    assert!(matches!(refused(&mut state, cmd), ModelError::InvalidName { .. }));
+    let cmd = Command::CreateTopic {
+        topic: "a/b".into(),
+        initial_ranges: 1,
+        policy: None,
+        replicas: vec![nodes(&[1])],
+        at_ms: 0,
+    };
+    assert!(matches!(
+        refused(&mut state, cmd),
+        ModelError::InvalidName { .. }
+    ));
 }
 
 #[test]
@@ -121,16 +196,28 @@ fn every_key_routes_to_the_one_active_range_holding_its_position() {
     for key in [&b"alice"[..], b"bob", b"", b"carol"] {
         let range = state.route_key("t", key).unwrap();
         assert!(range.band.contains(position(key)));
-        assert_eq!(state.active_ranges("t").filter(|r| r.band.contains(position(key))).count(), 1);
+        assert_eq!(
+            state
+                .active_ranges("t")
+                .filter(|r| r.band.contains(position(key)))
+                .count(),
+            1
+        );
     }
-    assert_eq!(state.route_position("t", u64::MAX).unwrap().band.last(), u64::MAX);
+    assert_eq!(
+        state.route_position("t", u64::MAX).unwrap().band.last(),
+        u64::MAX
+    );
 }
 
 #[test]
 fn rolling_seals_the_active_segment_and_opens_the_next_at_its_end() {
     let mut state = MetadataState::new();
     let (ranges, segments) = create(&mut state, "t", 1);
-    let Outcome::SegmentRolled { sealed, next } = roll(&mut state, "t", segments[0], 7).unwrap() else { panic!() };
+    let Outcome::SegmentRolled { sealed, next } = roll(&mut state, "t", segments[0], 7).unwrap()
+    else {
+        panic!()
+    };
     assert_eq!(sealed, segments[0]);
     assert_eq!(state.segment(sealed).unwrap().seal(), Some(seal(7)));
     assert_eq!(state.segment(next).unwrap().start_offset, 7);
@@ -141,7 +228,9 @@ fn rolling_seals_the_active_segment_and_opens_the_next_at_its_end() {
 fn rolling_a_segment_twice_is_refused_as_already_rolled() {
     let mut state = MetadataState::new();
     let (_, segments) = create(&mut state, "t", 1);
-    let Outcome::SegmentRolled { next, .. } = roll(&mut state, "t", segments[0], 7).unwrap() else { panic!() };
+    let Outcome::SegmentRolled { next, .. } = roll(&mut state, "t", segments[0], 7).unwrap() else {
+        panic!()
+    };
     let cmd = Command::RollSegment {
         topic: "t".into(),
         segment: segments[0],
@@ -149,7 +238,13 @@ fn rolling_a_segment_twice_is_refused_as_already_rolled() {
         next_replicas: nodes(&[1]),
         at_ms: 60,
     };
-    assert_eq!(refused(&mut state, cmd), ModelError::AlreadyRolled { segment: segments[0], successor: next });
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::AlreadyRolled {
+            segment: segments[0],
+            successor: next
+        }
+    );
 }
 
 #[test]
@@ -157,7 +252,9 @@ fn rolling_after_a_seal_on_failure_at_the_same_length_opens_the_next_segment() {
     let mut state = MetadataState::new();
     let (_, segments) = create(&mut state, "t", 1);
     seal_segment(&mut state, "t", segments[0], seal(5)).unwrap();
-    let Outcome::SegmentRolled { next, .. } = roll(&mut state, "t", segments[0], 5).unwrap() else { panic!() };
+    let Outcome::SegmentRolled { next, .. } = roll(&mut state, "t", segments[0], 5).unwrap() else {
+        panic!()
+    };
     assert_eq!(state.segment(next).unwrap().start_offset, 5);
 }
 
@@ -165,9 +262,25 @@ fn rolling_after_a_seal_on_failure_at_the_same_length_opens_the_next_segment() {
 fn the_first_recorded_seal_wins_and_a_different_one_is_refused_with_it() {
     let mut state = MetadataState::new();
     let (_, segments) = create(&mut state, "t", 1);
-    assert_eq!(seal_segment(&mut state, "t", segments[0], seal(5)), Ok(Outcome::SegmentSealed { segment: segments[0] }));
-    let cmd = Command::SealSegment { topic: "t".into(), segment: segments[0], seal: seal(6), at_ms: 41 };
-    assert_eq!(refused(&mut state, cmd), ModelError::AlreadySealed { segment: segments[0], recorded: seal(5) });
+    assert_eq!(
+        seal_segment(&mut state, "t", segments[0], seal(5)),
+        Ok(Outcome::SegmentSealed {
+            segment: segments[0]
+        })
+    );
+    let cmd = Command::SealSegment {
+        topic: "t".into(),
+        segment: segments[0],
+        seal: seal(6),
+        at_ms: 41,
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::AlreadySealed {
+            segment: segments[0],
+            recorded: seal(5)
+        }
+    );
 }
 
 #[test]
@@ -176,7 +289,10 @@ fn resealing_at_the_recorded_seal_is_idempotent() {
     let (_, segments) = create(&mut state, "t", 1);
     seal_segment(&mut state, "t", segments[0], seal(5)).unwrap();
     let before = state.snapshot().unwrap();
-    assert_eq!(seal_segment(&mut state, "t", segments[0], seal(5)), Ok(Outcome::Unchanged));
+    assert_eq!(
+        seal_segment(&mut state, "t", segments[0], seal(5)),
+        Ok(Outcome::Unchanged)
+    );
     assert_eq!(state.snapshot().unwrap(), before);
 }
 
@@ -184,7 +300,13 @@ fn resealing_at_the_recorded_seal_is_idempotent() {
 fn splitting_seals_the_parent_and_its_segment_and_opens_two_halves() {
     let mut state = MetadataState::new();
     let (ranges, segments) = create(&mut state, "t", 1);
-    let Outcome::RangeSplit { lower, upper, lower_segment, .. } = split(&mut state, "t", ranges[0], 9).unwrap() else {
+    let Outcome::RangeSplit {
+        lower,
+        upper,
+        lower_segment,
+        ..
+    } = split(&mut state, "t", ranges[0], 9).unwrap()
+    else {
         panic!()
     };
     let parent = state.range(ranges[0]).unwrap();
@@ -204,7 +326,10 @@ fn splitting_a_sealed_range_is_refused() {
     let (ranges, _) = create(&mut state, "t", 1);
     split(&mut state, "t", ranges[0], 1).unwrap();
     let before = state.snapshot().unwrap();
-    assert_eq!(split(&mut state, "t", ranges[0], 1), Err(ModelError::RangeNotActive { range: ranges[0] }));
+    assert_eq!(
+        split(&mut state, "t", ranges[0], 1),
+        Err(ModelError::RangeNotActive { range: ranges[0] })
+    );
     assert_eq!(state.snapshot().unwrap(), before);
 }
 
@@ -216,7 +341,10 @@ fn splitting_a_range_whose_segment_was_sealed_at_another_length_is_refused() {
     let before = state.snapshot().unwrap();
     assert_eq!(
         split(&mut state, "t", ranges[0], 4),
-        Err(ModelError::AlreadySealed { segment: segments[0], recorded: seal(3) })
+        Err(ModelError::AlreadySealed {
+            segment: segments[0],
+            recorded: seal(3)
+        })
     );
     assert_eq!(state.snapshot().unwrap(), before);
 }
@@ -225,8 +353,13 @@ fn splitting_a_range_whose_segment_was_sealed_at_another_length_is_refused() {
 fn merging_the_two_halves_of_a_split_opens_the_parent_band_again() {
     let mut state = MetadataState::new();
     let (ranges, _) = create(&mut state, "t", 1);
-    let Outcome::RangeSplit { lower, upper, .. } = split(&mut state, "t", ranges[0], 1).unwrap() else { panic!() };
-    let Outcome::RangesMerged { merged, .. } = merge(&mut state, "t", lower, upper).unwrap() else { panic!() };
+    let Outcome::RangeSplit { lower, upper, .. } = split(&mut state, "t", ranges[0], 1).unwrap()
+    else {
+        panic!()
+    };
+    let Outcome::RangesMerged { merged, .. } = merge(&mut state, "t", lower, upper).unwrap() else {
+        panic!()
+    };
     let merged = state.range(merged).unwrap();
     assert_eq!(merged.band, Band::FULL);
     assert_eq!(merged.parents, vec![lower, upper]);
@@ -237,7 +370,10 @@ fn merging_the_two_halves_of_a_split_opens_the_parent_band_again() {
 fn merging_initial_ranges_that_are_buddy_halves_is_allowed() {
     let mut state = MetadataState::new();
     let (ranges, _) = create(&mut state, "t", 4);
-    assert!(matches!(merge(&mut state, "t", ranges[2], ranges[3]), Ok(Outcome::RangesMerged { .. })));
+    assert!(matches!(
+        merge(&mut state, "t", ranges[2], ranges[3]),
+        Ok(Outcome::RangesMerged { .. })
+    ));
 }
 
 #[test]
@@ -253,7 +389,13 @@ fn merging_neighbours_that_are_not_buddies_is_refused() {
         replicas: nodes(&[1]),
         at_ms: 0,
     };
-    assert_eq!(refused(&mut state, cmd), ModelError::NotBuddies { lower: ranges[1], upper: ranges[2] });
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::NotBuddies {
+            lower: ranges[1],
+            upper: ranges[2]
+        }
+    );
 }
 
 #[test]
@@ -261,7 +403,13 @@ fn merging_buddies_given_upper_first_is_refused() {
     let mut state = MetadataState::new();
     let (ranges, _) = create(&mut state, "t", 2);
     let before = state.snapshot().unwrap();
-    assert_eq!(merge(&mut state, "t", ranges[1], ranges[0]), Err(ModelError::NotBuddies { lower: ranges[1], upper: ranges[0] }));
+    assert_eq!(
+        merge(&mut state, "t", ranges[1], ranges[0]),
+        Err(ModelError::NotBuddies {
+            lower: ranges[1],
+            upper: ranges[0]
+        })
+    );
     assert_eq!(state.snapshot().unwrap(), before);
 }
 
@@ -269,22 +417,53 @@ fn merging_buddies_given_upper_first_is_refused() {
 fn merging_ranges_of_different_sizes_is_refused() {
     let mut state = MetadataState::new();
     let (ranges, _) = create(&mut state, "t", 2);
-    let Outcome::RangeSplit { upper, .. } = split(&mut state, "t", ranges[1], 1).unwrap() else { panic!() };
-    assert_eq!(merge(&mut state, "t", ranges[0], upper), Err(ModelError::NotBuddies { lower: ranges[0], upper }));
+    let Outcome::RangeSplit { upper, .. } = split(&mut state, "t", ranges[1], 1).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        merge(&mut state, "t", ranges[0], upper),
+        Err(ModelError::NotBuddies {
+            lower: ranges[0],
+            upper
+        })
+    );
 }
 
 #[test]
 fn a_sealed_topic_refuses_rolls_splits_and_merges_but_takes_segment_seals() {
     let mut state = MetadataState::new();
     let (ranges, segments) = create(&mut state, "t", 2);
-    assert_eq!(state.apply(Command::SealTopic { topic: "t".into(), at_ms: 70 }), Ok(Outcome::TopicSealed));
-    assert_eq!(state.topic("t").unwrap().state, TopicState::Sealed { at_ms: 70 });
+    assert_eq!(
+        state.apply(Command::SealTopic {
+            topic: "t".into(),
+            at_ms: 70
+        }),
+        Ok(Outcome::TopicSealed)
+    );
+    assert_eq!(
+        state.topic("t").unwrap().state,
+        TopicState::Sealed { at_ms: 70 }
+    );
     let sealed = ModelError::TopicSealed { topic: "t".into() };
     assert_eq!(split(&mut state, "t", ranges[0], 1), Err(sealed.clone()));
-    assert_eq!(merge(&mut state, "t", ranges[0], ranges[1]), Err(sealed.clone()));
+    assert_eq!(
+        merge(&mut state, "t", ranges[0], ranges[1]),
+        Err(sealed.clone())
+    );
     assert_eq!(roll(&mut state, "t", segments[0], 1), Err(sealed));
-    assert_eq!(seal_segment(&mut state, "t", segments[0], seal(3)), Ok(Outcome::SegmentSealed { segment: segments[0] }));
-    assert_eq!(state.apply(Command::SealTopic { topic: "t".into(), at_ms: 71 }), Ok(Outcome::Unchanged));
+    assert_eq!(
+        seal_segment(&mut state, "t", segments[0], seal(3)),
+        Ok(Outcome::SegmentSealed {
+            segment: segments[0]
+        })
+    );
+    assert_eq!(
+        state.apply(Command::SealTopic {
+            topic: "t".into(),
+            at_ms: 71
+        }),
+        Ok(Outcome::Unchanged)
+    );
 }
 
 #[test]
@@ -292,7 +471,11 @@ fn deleting_a_topic_lists_its_segments_and_a_recreation_gets_a_new_incarnation()
     let mut state = MetadataState::new();
     let (_, segments) = create(&mut state, "t", 2);
     let first = state.topic("t").unwrap().incarnation;
-    let Outcome::TopicDeleted { segments: deleted, .. } = state.apply(Command::DeleteTopic { topic: "t".into() }).unwrap()
+    let Outcome::TopicDeleted {
+        segments: deleted, ..
+    } = state
+        .apply(Command::DeleteTopic { topic: "t".into() })
+        .unwrap()
     else {
         panic!()
     };
@@ -306,25 +489,60 @@ fn deleting_a_topic_lists_its_segments_and_a_recreation_gets_a_new_incarnation()
 fn replacing_a_replica_keeps_its_slot_in_the_set() {
     let mut state = MetadataState::new();
     let (_, segments) = create(&mut state, "t", 1);
-    let cmd = Command::ReplaceReplica { topic: "t".into(), segment: segments[0], old: NodeId(2), new: NodeId(9) };
-    assert_eq!(state.apply(cmd), Ok(Outcome::ReplicaReplaced { segment: segments[0] }));
-    assert_eq!(state.segment(segments[0]).unwrap().replicas, nodes(&[1, 9, 3]));
+    let cmd = Command::ReplaceReplica {
+        topic: "t".into(),
+        segment: segments[0],
+        old: NodeId(2),
+        new: NodeId(9),
+    };
+    assert_eq!(
+        state.apply(cmd),
+        Ok(Outcome::ReplicaReplaced {
+            segment: segments[0]
+        })
+    );
+    assert_eq!(
+        state.segment(segments[0]).unwrap().replicas,
+        nodes(&[1, 9, 3])
+    );
 }
 
 #[test]
 fn replacing_a_node_that_is_not_a_replica_is_refused() {
     let mut state = MetadataState::new();
     let (_, segments) = create(&mut state, "t", 1);
-    let cmd = Command::ReplaceReplica { topic: "t".into(), segment: segments[0], old: NodeId(7), new: NodeId(9) };
-    assert_eq!(refused(&mut state, cmd), ModelError::WrongReplica { segment: segments[0], node: NodeId(7) });
+    let cmd = Command::ReplaceReplica {
+        topic: "t".into(),
+        segment: segments[0],
+        old: NodeId(7),
+        new: NodeId(9),
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::WrongReplica {
+            segment: segments[0],
+            node: NodeId(7)
+        }
+    );
 }
 
 #[test]
 fn replacing_with_a_node_already_in_the_set_is_refused() {
     let mut state = MetadataState::new();
     let (_, segments) = create(&mut state, "t", 1);
-    let cmd = Command::ReplaceReplica { topic: "t".into(), segment: segments[0], old: NodeId(1), new: NodeId(3) };
-    assert_eq!(refused(&mut state, cmd), ModelError::ReplicaPresent { segment: segments[0], node: NodeId(3) });
+    let cmd = Command::ReplaceReplica {
+        topic: "t".into(),
+        segment: segments[0],
+        old: NodeId(1),
+        new: NodeId(3),
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::ReplicaPresent {
+            segment: segments[0],
+            node: NodeId(3)
+        }
+    );
 }
 
 #[test]
@@ -332,19 +550,55 @@ fn a_segment_of_another_topic_is_not_found() {
     let mut state = MetadataState::new();
     let (_, segments) = create(&mut state, "a", 1);
     create(&mut state, "b", 1);
-    let cmd = Command::SealSegment { topic: "b".into(), segment: segments[0], seal: seal(1), at_ms: 0 };
-    assert_eq!(refused(&mut state, cmd), ModelError::NoSuchSegment { topic: "b".into(), segment: segments[0] });
+    let cmd = Command::SealSegment {
+        topic: "b".into(),
+        segment: segments[0],
+        seal: seal(1),
+        at_ms: 0,
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::NoSuchSegment {
+            topic: "b".into(),
+            segment: segments[0]
+        }
+    );
 }
 
 #[test]
 fn policies_are_defined_removed_and_can_be_left_unresolved() {
     let mut state = MetadataState::new();
-    let policy = StoragePolicy { name: "week".into(), retention_age_ms: Some(604_800_000), retention_bytes: None, placement: vec![] };
-    assert_eq!(state.apply(Command::PutPolicy { policy: policy.clone() }), Ok(Outcome::PolicyPut));
-    assert_eq!(state.apply(Command::PutPolicy { policy }), Ok(Outcome::Unchanged));
-    assert_eq!(state.apply(Command::RemovePolicy { name: "week".into() }), Ok(Outcome::PolicyRemoved));
-    let cmd = Command::RemovePolicy { name: "week".into() };
-    assert_eq!(refused(&mut state, cmd), ModelError::NoSuchPolicy { name: "week".into() });
+    let policy = StoragePolicy {
+        name: "week".into(),
+        retention_age_ms: Some(604_800_000),
+        retention_bytes: None,
+        placement: vec![],
+    };
+    assert_eq!(
+        state.apply(Command::PutPolicy {
+            policy: policy.clone()
+        }),
+        Ok(Outcome::PolicyPut)
+    );
+    assert_eq!(
+        state.apply(Command::PutPolicy { policy }),
+        Ok(Outcome::Unchanged)
+    );
+    assert_eq!(
+        state.apply(Command::RemovePolicy {
+            name: "week".into()
+        }),
+        Ok(Outcome::PolicyRemoved)
+    );
+    let cmd = Command::RemovePolicy {
+        name: "week".into(),
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::NoSuchPolicy {
+            name: "week".into()
+        }
+    );
 }
 
 #[test]

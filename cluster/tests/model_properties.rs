@@ -9,7 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::model::{
-    Band, Command, Incarnation, MetadataState, ModelError, NodeId, Outcome, RangeId, SealRecord, SegmentId,
+    Band, Command, Incarnation, MetadataState, ModelError, NodeId, Outcome, RangeId, SealRecord,
+    SegmentId,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -80,7 +81,11 @@ impl Reference {
     }
 
     fn find_range(&self, topic: &str, id: u64) -> Option<usize> {
-        self.topics.get(topic)?.ranges.iter().position(|r| r.id == id)
+        self.topics
+            .get(topic)?
+            .ranges
+            .iter()
+            .position(|r| r.id == id)
     }
 
     /// Predicts the result of `cmd` and, if it succeeds, applies it.
@@ -96,21 +101,36 @@ impl Reference {
 
     fn seal_conflict(seg: &RefSegment, seal: SealRecord) -> Result<(), ModelError> {
         match seg.seal {
-            Some(recorded) if recorded != seal => Err(ModelError::AlreadySealed { segment: SegmentId(seg.id), recorded }),
+            Some(recorded) if recorded != seal => Err(ModelError::AlreadySealed {
+                segment: SegmentId(seg.id),
+                recorded,
+            }),
             _ => Ok(()),
         }
     }
 
     fn live_topic(&self, topic: &str) -> Result<&RefTopic, ModelError> {
-        let t = self.topics.get(topic).ok_or_else(|| ModelError::NoSuchTopic { topic: topic.into() })?;
+        let t = self
+            .topics
+            .get(topic)
+            .ok_or_else(|| ModelError::NoSuchTopic {
+                topic: topic.into(),
+            })?;
         if t.sealed {
-            return Err(ModelError::TopicSealed { topic: topic.into() });
+            return Err(ModelError::TopicSealed {
+                topic: topic.into(),
+            });
         }
         Ok(t)
     }
 
     fn active_range(&self, topic: &str, id: RangeId) -> Result<&RefRange, ModelError> {
-        let ri = self.find_range(topic, id.0).ok_or_else(|| ModelError::NoSuchRange { topic: topic.into(), range: id })?;
+        let ri = self
+            .find_range(topic, id.0)
+            .ok_or_else(|| ModelError::NoSuchRange {
+                topic: topic.into(),
+                range: id,
+            })?;
         let r = &self.topics[topic].ranges[ri];
         if !r.active {
             return Err(ModelError::RangeNotActive { range: id });
@@ -120,55 +140,122 @@ impl Reference {
 
     fn predict(&self, cmd: &Command) -> Result<Outcome, ModelError> {
         match cmd {
-            Command::CreateTopic { topic, initial_ranges, .. } => {
+            Command::CreateTopic {
+                topic,
+                initial_ranges,
+                ..
+            } => {
                 if self.topics.contains_key(topic) {
-                    return Err(ModelError::TopicExists { topic: topic.clone() });
+                    return Err(ModelError::TopicExists {
+                        topic: topic.clone(),
+                    });
                 }
                 if *initial_ranges == 0 || initial_ranges & (initial_ranges - 1) != 0 {
-                    return Err(ModelError::NotPowerOfTwo { count: *initial_ranges });
+                    return Err(ModelError::NotPowerOfTwo {
+                        count: *initial_ranges,
+                    });
                 }
                 Ok(Outcome::TopicCreated {
                     incarnation: Incarnation(self.next_incarnation),
-                    ranges: (0..*initial_ranges).map(|i| RangeId(self.next_range + i)).collect(),
-                    segments: (0..*initial_ranges).map(|i| SegmentId(self.next_segment + i)).collect(),
+                    ranges: (0..*initial_ranges)
+                        .map(|i| RangeId(self.next_range + i))
+                        .collect(),
+                    segments: (0..*initial_ranges)
+                        .map(|i| SegmentId(self.next_segment + i))
+                        .collect(),
                 })
             }
             Command::SealTopic { topic, .. } => {
-                let t = self.topics.get(topic).ok_or_else(|| ModelError::NoSuchTopic { topic: topic.clone() })?;
-                Ok(if t.sealed { Outcome::Unchanged } else { Outcome::TopicSealed })
+                let t = self
+                    .topics
+                    .get(topic)
+                    .ok_or_else(|| ModelError::NoSuchTopic {
+                        topic: topic.clone(),
+                    })?;
+                Ok(if t.sealed {
+                    Outcome::Unchanged
+                } else {
+                    Outcome::TopicSealed
+                })
             }
             Command::DeleteTopic { topic } => {
-                let t = self.topics.get(topic).ok_or_else(|| ModelError::NoSuchTopic { topic: topic.clone() })?;
-                let mut segments: Vec<SegmentId> =
-                    t.ranges.iter().flat_map(|r| r.segments.iter().map(|s| SegmentId(s.id))).collect();
+                let t = self
+                    .topics
+                    .get(topic)
+                    .ok_or_else(|| ModelError::NoSuchTopic {
+                        topic: topic.clone(),
+                    })?;
+                let mut segments: Vec<SegmentId> = t
+                    .ranges
+                    .iter()
+                    .flat_map(|r| r.segments.iter().map(|s| SegmentId(s.id)))
+                    .collect();
                 segments.sort();
-                Ok(Outcome::TopicDeleted { incarnation: Incarnation(t.incarnation), segments })
+                Ok(Outcome::TopicDeleted {
+                    incarnation: Incarnation(t.incarnation),
+                    segments,
+                })
             }
-            Command::RollSegment { topic, segment, seal, .. } => {
+            Command::RollSegment {
+                topic,
+                segment,
+                seal,
+                ..
+            } => {
                 let t = self.live_topic(topic)?;
-                let (ri, si) = self
-                    .find_segment(topic, segment.0)
-                    .ok_or_else(|| ModelError::NoSuchSegment { topic: topic.clone(), segment: *segment })?;
+                let (ri, si) = self.find_segment(topic, segment.0).ok_or_else(|| {
+                    ModelError::NoSuchSegment {
+                        topic: topic.clone(),
+                        segment: *segment,
+                    }
+                })?;
                 let r = &t.ranges[ri];
                 if !r.active {
-                    return Err(ModelError::RangeNotActive { range: RangeId(r.id) });
+                    return Err(ModelError::RangeNotActive {
+                        range: RangeId(r.id),
+                    });
                 }
                 if let Some(next) = r.segments.get(si + 1) {
-                    return Err(ModelError::AlreadyRolled { segment: *segment, successor: SegmentId(next.id) });
+                    return Err(ModelError::AlreadyRolled {
+                        segment: *segment,
+                        successor: SegmentId(next.id),
+                    });
                 }
                 Self::seal_conflict(&r.segments[si], *seal)?;
-                Ok(Outcome::SegmentRolled { sealed: *segment, next: SegmentId(self.next_segment) })
+                Ok(Outcome::SegmentRolled {
+                    sealed: *segment,
+                    next: SegmentId(self.next_segment),
+                })
             }
-            Command::SealSegment { topic, segment, seal, .. } => {
-                let t = self.topics.get(topic).ok_or_else(|| ModelError::NoSuchTopic { topic: topic.clone() })?;
-                let (ri, si) = self
-                    .find_segment(topic, segment.0)
-                    .ok_or_else(|| ModelError::NoSuchSegment { topic: topic.clone(), segment: *segment })?;
+            Command::SealSegment {
+                topic,
+                segment,
+                seal,
+                ..
+            } => {
+                let t = self
+                    .topics
+                    .get(topic)
+                    .ok_or_else(|| ModelError::NoSuchTopic {
+                        topic: topic.clone(),
+                    })?;
+                let (ri, si) = self.find_segment(topic, segment.0).ok_or_else(|| {
+                    ModelError::NoSuchSegment {
+                        topic: topic.clone(),
+                        segment: *segment,
+                    }
+                })?;
                 let s = &t.ranges[ri].segments[si];
                 Self::seal_conflict(s, *seal)?;
-                Ok(if s.seal.is_some() { Outcome::Unchanged } else { Outcome::SegmentSealed { segment: *segment } })
+                Ok(if s.seal.is_some() {
+                    Outcome::Unchanged
+                } else {
+                    Outcome::SegmentSealed { segment: *segment }
+                })
             }
-            Command::SplitRange { topic, range, seal, .. } => {
+            Command::SplitRange {
+                topic, range, seal, ..
+            } => {
                 self.live_topic(topic)?;
                 let r = self.active_range(topic, *range)?;
                 Self::seal_conflict(r.segments.last().unwrap(), *seal)?;
@@ -180,13 +267,25 @@ impl Reference {
                     upper_segment: SegmentId(self.next_segment + 1),
                 })
             }
-            Command::MergeRanges { topic, lower, upper, lower_seal, upper_seal, .. } => {
+            Command::MergeRanges {
+                topic,
+                lower,
+                upper,
+                lower_seal,
+                upper_seal,
+                ..
+            } => {
                 self.live_topic(topic)?;
                 let lo = self.active_range(topic, *lower)?;
                 let up = self.active_range(topic, *upper)?;
-                let buddies = lo.size == up.size && lo.start % (2 * lo.size) == 0 && up.start == lo.start + lo.size;
+                let buddies = lo.size == up.size
+                    && lo.start % (2 * lo.size) == 0
+                    && up.start == lo.start + lo.size;
                 if !buddies {
-                    return Err(ModelError::NotBuddies { lower: *lower, upper: *upper });
+                    return Err(ModelError::NotBuddies {
+                        lower: *lower,
+                        upper: *upper,
+                    });
                 }
                 Self::seal_conflict(lo.segments.last().unwrap(), *lower_seal)?;
                 Self::seal_conflict(up.segments.last().unwrap(), *upper_seal)?;
@@ -197,21 +296,42 @@ impl Reference {
                     segment: SegmentId(self.next_segment),
                 })
             }
-            Command::ReplaceReplica { topic, segment, old, new } => {
-                let t = self.topics.get(topic).ok_or_else(|| ModelError::NoSuchTopic { topic: topic.clone() })?;
-                let (ri, si) = self
-                    .find_segment(topic, segment.0)
-                    .ok_or_else(|| ModelError::NoSuchSegment { topic: topic.clone(), segment: *segment })?;
+            Command::ReplaceReplica {
+                topic,
+                segment,
+                old,
+                new,
+            } => {
+                let t = self
+                    .topics
+                    .get(topic)
+                    .ok_or_else(|| ModelError::NoSuchTopic {
+                        topic: topic.clone(),
+                    })?;
+                let (ri, si) = self.find_segment(topic, segment.0).ok_or_else(|| {
+                    ModelError::NoSuchSegment {
+                        topic: topic.clone(),
+                        segment: *segment,
+                    }
+                })?;
                 let s = &t.ranges[ri].segments[si];
                 if !s.replicas.contains(&old.0) {
-                    return Err(ModelError::WrongReplica { segment: *segment, node: *old });
+                    return Err(ModelError::WrongReplica {
+                        segment: *segment,
+                        node: *old,
+                    });
                 }
                 if s.replicas.contains(&new.0) {
-                    return Err(ModelError::ReplicaPresent { segment: *segment, node: *new });
+                    return Err(ModelError::ReplicaPresent {
+                        segment: *segment,
+                        node: *new,
+                    });
                 }
                 Ok(Outcome::ReplicaReplaced { segment: *segment })
             }
-            Command::PutPolicy { .. } | Command::RemovePolicy { .. } => unreachable!("not generated"),
+            Command::PutPolicy { .. } | Command::RemovePolicy { .. } => {
+                unreachable!("not generated")
+            }
         }
     }
 
@@ -244,20 +364,38 @@ impl Reference {
 
     fn apply(&mut self, cmd: &Command, outcome: &Outcome) {
         match cmd {
-            Command::CreateTopic { topic, initial_ranges, replicas, .. } => {
+            Command::CreateTopic {
+                topic,
+                initial_ranges,
+                replicas,
+                ..
+            } => {
                 let size = SPACE / u128::from(*initial_ranges);
                 let incarnation = self.next_incarnation;
                 self.next_incarnation += 1;
                 let ranges = (0..*initial_ranges)
                     .map(|i| self.new_range(u128::from(i) * size, size, &replicas[i as usize]))
                     .collect();
-                self.topics.insert(topic.clone(), RefTopic { incarnation, sealed: false, ranges });
+                self.topics.insert(
+                    topic.clone(),
+                    RefTopic {
+                        incarnation,
+                        sealed: false,
+                        ranges,
+                    },
+                );
             }
             Command::SealTopic { topic, .. } => self.topics.get_mut(topic).unwrap().sealed = true,
             Command::DeleteTopic { topic } => {
                 self.topics.remove(topic);
             }
-            Command::RollSegment { topic, segment, seal, next_replicas, .. } => {
+            Command::RollSegment {
+                topic,
+                segment,
+                seal,
+                next_replicas,
+                ..
+            } => {
                 let (ri, si) = self.find_segment(topic, segment.0).unwrap();
                 let id = self.next_segment;
                 self.next_segment += 1;
@@ -265,13 +403,32 @@ impl Reference {
                 let s = &mut r.segments[si];
                 s.seal.get_or_insert(*seal);
                 let start = s.start + seal.length;
-                r.segments.push(RefSegment { id, start, seal: None, replicas: next_replicas.iter().map(|n| n.0).collect() });
+                r.segments.push(RefSegment {
+                    id,
+                    start,
+                    seal: None,
+                    replicas: next_replicas.iter().map(|n| n.0).collect(),
+                });
             }
-            Command::SealSegment { topic, segment, seal, .. } => {
+            Command::SealSegment {
+                topic,
+                segment,
+                seal,
+                ..
+            } => {
                 let (ri, si) = self.find_segment(topic, segment.0).unwrap();
-                self.topics.get_mut(topic).unwrap().ranges[ri].segments[si].seal.get_or_insert(*seal);
+                self.topics.get_mut(topic).unwrap().ranges[ri].segments[si]
+                    .seal
+                    .get_or_insert(*seal);
             }
-            Command::SplitRange { topic, range, seal, lower_replicas, upper_replicas, .. } => {
+            Command::SplitRange {
+                topic,
+                range,
+                seal,
+                lower_replicas,
+                upper_replicas,
+                ..
+            } => {
                 self.seal_last(topic, *range, *seal);
                 let ri = self.find_range(topic, range.0).unwrap();
                 let (start, size) = {
@@ -284,7 +441,15 @@ impl Reference {
                 t.ranges.push(lower);
                 t.ranges.push(upper);
             }
-            Command::MergeRanges { topic, lower, upper, lower_seal, upper_seal, replicas, .. } => {
+            Command::MergeRanges {
+                topic,
+                lower,
+                upper,
+                lower_seal,
+                upper_seal,
+                replicas,
+                ..
+            } => {
                 self.seal_last(topic, *lower, *lower_seal);
                 self.seal_last(topic, *upper, *upper_seal);
                 let ri = self.find_range(topic, lower.0).unwrap();
@@ -295,7 +460,12 @@ impl Reference {
                 let merged = self.new_range(start, size, replicas);
                 self.topics.get_mut(topic).unwrap().ranges.push(merged);
             }
-            Command::ReplaceReplica { topic, segment, old, new } => {
+            Command::ReplaceReplica {
+                topic,
+                segment,
+                old,
+                new,
+            } => {
                 let (ri, si) = self.find_segment(topic, segment.0).unwrap();
                 let s = &mut self.topics.get_mut(topic).unwrap().ranges[ri].segments[si];
                 for n in &mut s.replicas {
@@ -311,7 +481,12 @@ impl Reference {
 
     /// The ids of the ranges that held `position` in `topic`, up to and including `upto`, oldest first.
     fn history(&self, topic: &str, position: u64, upto: u64) -> Vec<u64> {
-        self.topics[topic].ranges.iter().filter(|r| r.id <= upto && r.contains(position)).map(|r| r.id).collect()
+        self.topics[topic]
+            .ranges
+            .iter()
+            .filter(|r| r.id <= upto && r.contains(position))
+            .map(|r| r.id)
+            .collect()
     }
 }
 
@@ -321,14 +496,47 @@ impl Reference {
 /// state at the time they run, so most operations hit existing ids.
 #[derive(Debug, Clone)]
 enum Op {
-    Create { topic: usize, count: u64, rf: u64 },
-    SealTopic { topic: usize },
-    Delete { topic: usize },
-    Roll { topic: usize, target: Target, length: u64, jitter: u64 },
-    Seal { topic: usize, target: Target, length: u64, jitter: u64, reuse: bool },
-    Split { topic: usize, target: Target, length: u64 },
-    Merge { topic: usize, pick: usize, buddy: bool, lengths: (u64, u64) },
-    Replace { topic: usize, target: Target, old: usize, new: u64 },
+    Create {
+        topic: usize,
+        count: u64,
+        rf: u64,
+    },
+    SealTopic {
+        topic: usize,
+    },
+    Delete {
+        topic: usize,
+    },
+    Roll {
+        topic: usize,
+        target: Target,
+        length: u64,
+        jitter: u64,
+    },
+    Seal {
+        topic: usize,
+        target: Target,
+        length: u64,
+        jitter: u64,
+        reuse: bool,
+    },
+    Split {
+        topic: usize,
+        target: Target,
+        length: u64,
+    },
+    Merge {
+        topic: usize,
+        pick: usize,
+        buddy: bool,
+        lengths: (u64, u64),
+    },
+    Replace {
+        topic: usize,
+        target: Target,
+        old: usize,
+        new: u64,
+    },
 }
 
 /// How an operation chooses the id it acts on.
@@ -374,7 +582,10 @@ fn nodes(ids: impl IntoIterator<Item = u64>) -> Vec<NodeId> {
 }
 
 fn seal(length: u64, jitter: u64) -> SealRecord {
-    SealRecord { length, bytes: length * 10 + jitter }
+    SealRecord {
+        length,
+        bytes: length * 10 + jitter,
+    }
 }
 
 /// Turns an abstract operation into a concrete command against the reference state.
@@ -384,17 +595,30 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
         reference
             .topics
             .get(TOPICS[t])
-            .map(|topic| topic.ranges.iter().filter(|r| !active_only || r.active).cloned().collect())
+            .map(|topic| {
+                topic
+                    .ranges
+                    .iter()
+                    .filter(|r| !active_only || r.active)
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let segment_of = |t: usize, target: Target| -> (SegmentId, Option<RefSegment>) {
         let chosen = match target {
             Target::Live(i) => {
-                let live: Vec<RefSegment> = ranges(t, true).iter().map(|r| r.segments.last().unwrap().clone()).collect();
+                let live: Vec<RefSegment> = ranges(t, true)
+                    .iter()
+                    .map(|r| r.segments.last().unwrap().clone())
+                    .collect();
                 live.get(i % live.len().max(1)).cloned()
             }
             Target::Any(i) => {
-                let all: Vec<RefSegment> = ranges(t, false).iter().flat_map(|r| r.segments.clone()).collect();
+                let all: Vec<RefSegment> = ranges(t, false)
+                    .iter()
+                    .flat_map(|r| r.segments.clone())
+                    .collect();
                 all.get(i % all.len().max(1)).cloned()
             }
             Target::Bogus(id) => return (SegmentId(id), None),
@@ -410,30 +634,70 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
             Target::Any(i) => (ranges(t, false), i),
             Target::Bogus(id) => return RangeId(id),
         };
-        pool.0.get(pool.1 % pool.0.len().max(1)).map(|r| RangeId(r.id)).unwrap_or(RangeId(u64::MAX))
+        pool.0
+            .get(pool.1 % pool.0.len().max(1))
+            .map(|r| RangeId(r.id))
+            .unwrap_or(RangeId(u64::MAX))
     };
     match *op {
         Op::Create { topic, count, rf } => Command::CreateTopic {
             topic: name(topic),
             initial_ranges: count,
             policy: None,
-            replicas: (0..count).map(|i| nodes((0..rf).map(|k| 1 + (i + k) % 5))).collect(),
+            replicas: (0..count)
+                .map(|i| nodes((0..rf).map(|k| 1 + (i + k) % 5)))
+                .collect(),
             at_ms,
         },
-        Op::SealTopic { topic } => Command::SealTopic { topic: name(topic), at_ms },
+        Op::SealTopic { topic } => Command::SealTopic {
+            topic: name(topic),
+            at_ms,
+        },
         Op::Delete { topic } => Command::DeleteTopic { topic: name(topic) },
-        Op::Roll { topic, target, length, jitter } => {
+        Op::Roll {
+            topic,
+            target,
+            length,
+            jitter,
+        } => {
             let (segment, found) = segment_of(topic, target);
             // Sometimes reuse the recorded seal, the "sealed on failure, then rolled" path.
-            let seal = found.and_then(|s| s.seal).filter(|_| jitter == 0).unwrap_or(seal(length, jitter));
-            Command::RollSegment { topic: name(topic), segment, seal, next_replicas: nodes([1, 2, 3]), at_ms }
+            let seal = found
+                .and_then(|s| s.seal)
+                .filter(|_| jitter == 0)
+                .unwrap_or(seal(length, jitter));
+            Command::RollSegment {
+                topic: name(topic),
+                segment,
+                seal,
+                next_replicas: nodes([1, 2, 3]),
+                at_ms,
+            }
         }
-        Op::Seal { topic, target, length, jitter, reuse } => {
+        Op::Seal {
+            topic,
+            target,
+            length,
+            jitter,
+            reuse,
+        } => {
             let (segment, found) = segment_of(topic, target);
-            let seal = found.and_then(|s| s.seal).filter(|_| reuse).unwrap_or(seal(length, jitter));
-            Command::SealSegment { topic: name(topic), segment, seal, at_ms }
+            let seal = found
+                .and_then(|s| s.seal)
+                .filter(|_| reuse)
+                .unwrap_or(seal(length, jitter));
+            Command::SealSegment {
+                topic: name(topic),
+                segment,
+                seal,
+                at_ms,
+            }
         }
-        Op::Split { topic, target, length } => Command::SplitRange {
+        Op::Split {
+            topic,
+            target,
+            length,
+        } => Command::SplitRange {
             topic: name(topic),
             range: range_of(topic, target),
             seal: seal(length, 0),
@@ -441,7 +705,12 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
             upper_replicas: nodes([3, 4]),
             at_ms,
         },
-        Op::Merge { topic, pick, buddy, lengths } => {
+        Op::Merge {
+            topic,
+            pick,
+            buddy,
+            lengths,
+        } => {
             let live = ranges(topic, true);
             let (lower, upper) = if live.is_empty() {
                 (RangeId(u64::MAX), RangeId(u64::MAX - 1))
@@ -449,12 +718,17 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
                 let a = &live[pick % live.len()];
                 let partner = if buddy {
                     let buddy_start = a.start ^ a.size;
-                    live.iter().find(|r| r.start == buddy_start && r.size == a.size)
+                    live.iter()
+                        .find(|r| r.start == buddy_start && r.size == a.size)
                 } else {
                     None
                 };
                 let b = partner.unwrap_or(&live[(pick + 1) % live.len()]);
-                if a.start <= b.start { (RangeId(a.id), RangeId(b.id)) } else { (RangeId(b.id), RangeId(a.id)) }
+                if a.start <= b.start {
+                    (RangeId(a.id), RangeId(b.id))
+                } else {
+                    (RangeId(b.id), RangeId(a.id))
+                }
             };
             Command::MergeRanges {
                 topic: name(topic),
@@ -466,10 +740,22 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
                 at_ms,
             }
         }
-        Op::Replace { topic, target, old, new } => {
+        Op::Replace {
+            topic,
+            target,
+            old,
+            new,
+        } => {
             let (segment, found) = segment_of(topic, target);
-            let old = found.map(|s| s.replicas[old % s.replicas.len()]).unwrap_or(9);
-            Command::ReplaceReplica { topic: name(topic), segment, old: NodeId(old), new: NodeId(new) }
+            let old = found
+                .map(|s| s.replicas[old % s.replicas.len()])
+                .unwrap_or(9);
+            Command::ReplaceReplica {
+                topic: name(topic),
+                segment,
+                old: NodeId(old),
+                new: NodeId(new),
+            }
         }
     }
 }
@@ -479,11 +765,20 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
 /// Positions worth probing in a topic: every active band's edges and middle,
 /// the ends of the keyspace, and a few fixed keys' positions.
 fn probe_positions(state: &MetadataState, topic: &str) -> Vec<u64> {
-    let mut positions = vec![0, u64::MAX, 1 << 63, malachi_cluster::model::position(b"k1")];
+    let mut positions = vec![
+        0,
+        u64::MAX,
+        1 << 63,
+        malachi_cluster::model::position(b"k1"),
+    ];
     for topic in state.topic(topic).iter() {
         for id in &topic.ranges {
             let band = state.range(*id).unwrap().band;
-            positions.extend([band.start(), band.last(), (band.start() / 2) + (band.last() / 2)]);
+            positions.extend([
+                band.start(),
+                band.last(),
+                (band.start() / 2) + (band.last() / 2),
+            ]);
         }
     }
     positions.sort_unstable();
@@ -497,7 +792,9 @@ fn check_step(
     reference: &Reference,
     seals_seen: &mut BTreeMap<SegmentId, SealRecord>,
 ) -> Result<(), TestCaseError> {
-    state.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
+    state
+        .check_invariants()
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
 
     let names: Vec<&str> = state.topics().map(|t| t.name.as_str()).collect();
     let ref_names: Vec<&str> = reference.topics.keys().map(String::as_str).collect();
@@ -511,25 +808,50 @@ fn check_step(
         // The active ranges tile the keyspace: sorted by start, each begins where the last ended.
         let mut expected_start: u128 = 0;
         for range in state.active_ranges(name) {
-            prop_assert_eq!(u128::from(range.band.start()), expected_start, "gap or overlap in {}", name);
+            prop_assert_eq!(
+                u128::from(range.band.start()),
+                expected_start,
+                "gap or overlap in {}",
+                name
+            );
             expected_start = range.band.end_exclusive();
         }
         prop_assert_eq!(expected_start, SPACE, "tiling of {} stops short", name);
 
         // The same active bands as the reference.
-        let mut ref_active: Vec<(u128, u128)> =
-            r.ranges.iter().filter(|x| x.active).map(|x| (x.start, x.start + x.size)).collect();
+        let mut ref_active: Vec<(u128, u128)> = r
+            .ranges
+            .iter()
+            .filter(|x| x.active)
+            .map(|x| (x.start, x.start + x.size))
+            .collect();
         ref_active.sort_unstable();
-        let active: Vec<(u128, u128)> =
-            state.active_ranges(name).map(|x| (u128::from(x.band.start()), x.band.end_exclusive())).collect();
+        let active: Vec<(u128, u128)> = state
+            .active_ranges(name)
+            .map(|x| (u128::from(x.band.start()), x.band.end_exclusive()))
+            .collect();
         prop_assert_eq!(active, ref_active);
 
         let positions = probe_positions(state, name);
         for &p in &positions {
             // Every position maps to exactly one active range, and routing finds it.
-            let holders: Vec<RangeId> = state.active_ranges(name).filter(|x| x.band.contains(p)).map(|x| x.id).collect();
-            prop_assert_eq!(holders.len(), 1, "position {:#x} of {} held by {:?}", p, name, holders);
-            prop_assert_eq!(state.route_position(name, p).map(|x| x.id), Some(holders[0]));
+            let holders: Vec<RangeId> = state
+                .active_ranges(name)
+                .filter(|x| x.band.contains(p))
+                .map(|x| x.id)
+                .collect();
+            prop_assert_eq!(
+                holders.len(),
+                1,
+                "position {:#x} of {} held by {:?}",
+                p,
+                name,
+                holders
+            );
+            prop_assert_eq!(
+                state.route_position(name, p).map(|x| x.id),
+                Some(holders[0])
+            );
         }
 
         for ref_range in &r.ranges {
@@ -562,14 +884,28 @@ fn check_step(
             // The read plan covers each position's history exactly once, oldest first.
             let plan = state.read_plan(range.id).unwrap();
             prop_assert_eq!(plan.slices.last().map(|s| s.range), Some(range.id));
-            prop_assert!(plan.slices.windows(2).all(|w| w[0].range < w[1].range), "read plan not oldest first");
+            prop_assert!(
+                plan.slices.windows(2).all(|w| w[0].range < w[1].range),
+                "read plan not oldest first"
+            );
             for slice in &plan.slices {
-                prop_assert!(range.band.covers(&slice.band), "slice {} leaves the band of {}", slice.range, range.id);
+                prop_assert!(
+                    range.band.covers(&slice.band),
+                    "slice {} leaves the band of {}",
+                    slice.range,
+                    range.id
+                );
                 prop_assert_eq!(slice.sealed, slice.range != range.id || !range.is_active());
             }
             for &p in positions.iter().filter(|p| range.band.contains(**p)) {
                 let read: Vec<u64> = plan.slices_for(p).map(|s| s.range.0).collect();
-                prop_assert_eq!(read, reference.history(name, p, range.id.0), "history of {:#x} via {}", p, range.id);
+                prop_assert_eq!(
+                    read,
+                    reference.history(name, p, range.id.0),
+                    "history of {:#x} via {}",
+                    p,
+                    range.id
+                );
             }
         }
     }
@@ -577,7 +913,12 @@ fn check_step(
     // A recorded seal never changes and never disappears while its segment exists.
     seals_seen.retain(|id, _| state.segment(*id).is_some());
     for (id, recorded) in seals_seen.iter() {
-        prop_assert_eq!(state.segment(*id).unwrap().seal(), Some(*recorded), "seal of {} changed", id);
+        prop_assert_eq!(
+            state.segment(*id).unwrap().seal(),
+            Some(*recorded),
+            "seal of {} changed",
+            id
+        );
     }
     for topic in state.topics() {
         for range_id in &topic.ranges {
@@ -606,12 +947,29 @@ fn run(ops: &[Op]) -> Result<(MetadataState, Vec<Command>), TestCaseError> {
             (Expect::Ok(e), Ok(a)) => prop_assert_eq!(e, a, "outcome of {:?}", cmd),
             (Expect::Err(e), Err(a)) => {
                 prop_assert_eq!(e, a, "refusal of {:?}", cmd);
-                prop_assert_eq!(&state.snapshot().unwrap(), &before, "refused {:?} changed the state", cmd);
+                prop_assert_eq!(
+                    &state.snapshot().unwrap(),
+                    &before,
+                    "refused {:?} changed the state",
+                    cmd
+                );
             }
-            _ => prop_assert!(false, "step {} {:?}: expected {:?}, got {:?}", i, cmd, expected, actual),
+            _ => prop_assert!(
+                false,
+                "step {} {:?}: expected {:?}, got {:?}",
+                i,
+                cmd,
+                expected,
+                actual
+            ),
         }
         if matches!(actual, Ok(Outcome::Unchanged)) {
-            prop_assert_eq!(&state.snapshot().unwrap(), &before, "idempotent {:?} changed the state", cmd);
+            prop_assert_eq!(
+                &state.snapshot().unwrap(),
+                &before,
+                "idempotent {:?} changed the state",
+                cmd
+            );
         }
         check_step(&state, &reference, &mut seals_seen)?;
         commands.push(cmd);
@@ -649,7 +1007,10 @@ fn the_generator_reaches_splits_merges_rolls_and_refusals() {
     let mut runner = TestRunner::deterministic();
     let mut seen: BTreeMap<&'static str, usize> = BTreeMap::new();
     for _ in 0..64 {
-        let ops = prop::collection::vec(op(), 40).new_tree(&mut runner).unwrap().current();
+        let ops = prop::collection::vec(op(), 40)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
         let mut state = MetadataState::new();
         let mut reference = Reference::default();
         for (i, op) in ops.iter().enumerate() {
@@ -669,8 +1030,21 @@ fn the_generator_reaches_splits_merges_rolls_and_refusals() {
             *seen.entry(kind).or_default() += 1;
         }
     }
-    for kind in ["split", "merge", "roll", "seal", "unchanged", "already_sealed", "not_buddies", "other_refusal"] {
-        assert!(seen.get(kind).copied().unwrap_or(0) >= 5, "{kind} reached only {:?} times: {seen:?}", seen.get(kind));
+    for kind in [
+        "split",
+        "merge",
+        "roll",
+        "seal",
+        "unchanged",
+        "already_sealed",
+        "not_buddies",
+        "other_refusal",
+    ] {
+        assert!(
+            seen.get(kind).copied().unwrap_or(0) >= 5,
+            "{kind} reached only {:?} times: {seen:?}",
+            seen.get(kind)
+        );
     }
 }
 
@@ -678,7 +1052,13 @@ fn the_generator_reaches_splits_merges_rolls_and_refusals() {
 fn a_split_child_reads_its_parent_slice_before_its_own_records() {
     let mut state = MetadataState::new();
     state
-        .apply(Command::CreateTopic { topic: "t".into(), initial_ranges: 1, policy: None, replicas: vec![nodes([1])], at_ms: 0 })
+        .apply(Command::CreateTopic {
+            topic: "t".into(),
+            initial_ranges: 1,
+            policy: None,
+            replicas: vec![nodes([1])],
+            at_ms: 0,
+        })
         .unwrap();
     let split = state
         .apply(Command::SplitRange {
@@ -690,10 +1070,19 @@ fn a_split_child_reads_its_parent_slice_before_its_own_records() {
             at_ms: 1,
         })
         .unwrap();
-    let Outcome::RangeSplit { upper, .. } = split else { panic!("{split:?}") };
+    let Outcome::RangeSplit { upper, .. } = split else {
+        panic!("{split:?}")
+    };
     let plan = state.read_plan(upper).unwrap();
     let (_, upper_band) = Band::FULL.halves().unwrap();
-    let slices: Vec<(RangeId, Band, bool)> = plan.slices.iter().map(|s| (s.range, s.band, s.sealed)).collect();
-    assert_eq!(slices, vec![(RangeId(0), upper_band, true), (upper, upper_band, false)]);
+    let slices: Vec<(RangeId, Band, bool)> = plan
+        .slices
+        .iter()
+        .map(|s| (s.range, s.band, s.sealed))
+        .collect();
+    assert_eq!(
+        slices,
+        vec![(RangeId(0), upper_band, true), (upper, upper_band, false)]
+    );
     assert_eq!(plan.slices[0].segments[0].end_offset, Some(4));
 }

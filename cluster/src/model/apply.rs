@@ -5,13 +5,13 @@
 //! refused command leaves the state exactly as it was, with no rollback.
 
 use super::command::{
-    ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX, NameRule,
-    Outcome, POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
+    ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX,
+    NameRule, Outcome, POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
 };
 use super::keyspace::Band;
 use super::state::{
-    Incarnation, MetadataState, NodeId, Range, RangeId, RangeState, SealRecord, Segment, SegmentId, SegmentState,
-    StoragePolicy, Topic, TopicState,
+    Incarnation, MetadataState, NodeId, Range, RangeId, RangeState, SealRecord, Segment, SegmentId,
+    SegmentState, StoragePolicy, Topic, TopicState,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,13 +31,19 @@ pub fn validate_name(name: &str) -> Result<(), ModelError> {
         Some(NameRule::Empty)
     } else if name.len() > NAME_BYTES_MAX {
         Some(NameRule::TooLong)
-    } else if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
         Some(NameRule::BadCharacter)
     } else {
         None
     };
     match rule {
-        Some(reason) => Err(ModelError::InvalidName { name: name.to_owned(), reason }),
+        Some(reason) => Err(ModelError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        }),
         None => Ok(()),
     }
 }
@@ -47,7 +53,10 @@ fn validate_replicas(replicas: &[NodeId]) -> Result<(), ModelError> {
         return Err(ModelError::EmptyReplicaSet);
     }
     if replicas.len() > REPLICA_SET_SIZE_MAX {
-        return Err(ModelError::TooManyReplicas { count: replicas.len(), max: REPLICA_SET_SIZE_MAX });
+        return Err(ModelError::TooManyReplicas {
+            count: replicas.len(),
+            max: REPLICA_SET_SIZE_MAX,
+        });
     }
     let mut seen = BTreeSet::new();
     for node in replicas {
@@ -60,39 +69,83 @@ fn validate_replicas(replicas: &[NodeId]) -> Result<(), ModelError> {
 
 /// The first `count` ids of a counter, or a refusal if it would run out.
 fn reserve(next: u64, count: u64, what: IdKind) -> Result<u64, ModelError> {
-    next.checked_add(count).ok_or(ModelError::IdSpaceExhausted { what })
+    next.checked_add(count)
+        .ok_or(ModelError::IdSpaceExhausted { what })
 }
 
 impl MetadataState {
     /// Applies one command. On `Err` the state is unchanged, byte for byte.
     pub fn apply(&mut self, command: Command) -> Result<Outcome, ModelError> {
         let outcome = match command {
-            Command::CreateTopic { topic, initial_ranges, policy, replicas, at_ms } => {
-                self.create_topic(topic, initial_ranges, policy, replicas, at_ms)
-            }
+            Command::CreateTopic {
+                topic,
+                initial_ranges,
+                policy,
+                replicas,
+                at_ms,
+            } => self.create_topic(topic, initial_ranges, policy, replicas, at_ms),
             Command::SealTopic { topic, at_ms } => self.seal_topic(&topic, at_ms),
             Command::DeleteTopic { topic } => self.delete_topic(&topic),
-            Command::RollSegment { topic, segment, seal, next_replicas, at_ms } => {
-                self.roll_segment(&topic, segment, seal, next_replicas, at_ms)
-            }
-            Command::SealSegment { topic, segment, seal, at_ms } => self.seal_segment(&topic, segment, seal, at_ms),
-            Command::SplitRange { topic, range, seal, lower_replicas, upper_replicas, at_ms } => {
-                self.split_range(&topic, range, seal, lower_replicas, upper_replicas, at_ms)
-            }
-            Command::MergeRanges { topic, lower, upper, lower_seal, upper_seal, replicas, at_ms } => {
-                self.merge_ranges(&topic, [lower, upper], [lower_seal, upper_seal], replicas, at_ms)
-            }
-            Command::ReplaceReplica { topic, segment, old, new } => self.replace_replica(&topic, segment, old, new),
+            Command::RollSegment {
+                topic,
+                segment,
+                seal,
+                next_replicas,
+                at_ms,
+            } => self.roll_segment(&topic, segment, seal, next_replicas, at_ms),
+            Command::SealSegment {
+                topic,
+                segment,
+                seal,
+                at_ms,
+            } => self.seal_segment(&topic, segment, seal, at_ms),
+            Command::SplitRange {
+                topic,
+                range,
+                seal,
+                lower_replicas,
+                upper_replicas,
+                at_ms,
+            } => self.split_range(&topic, range, seal, lower_replicas, upper_replicas, at_ms),
+            Command::MergeRanges {
+                topic,
+                lower,
+                upper,
+                lower_seal,
+                upper_seal,
+                replicas,
+                at_ms,
+            } => self.merge_ranges(
+                &topic,
+                [lower, upper],
+                [lower_seal, upper_seal],
+                replicas,
+                at_ms,
+            ),
+            Command::ReplaceReplica {
+                topic,
+                segment,
+                old,
+                new,
+            } => self.replace_replica(&topic, segment, old, new),
             Command::PutPolicy { policy } => self.put_policy(policy),
             Command::RemovePolicy { name } => self.remove_policy(&name),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
-        debug_assert_eq!(self.check_invariants(), Ok(()), "after applying, outcome {outcome:?}");
+        debug_assert_eq!(
+            self.check_invariants(),
+            Ok(()),
+            "after applying, outcome {outcome:?}"
+        );
         Ok(outcome)
     }
 
     fn existing_topic(&self, topic: &str) -> Result<&Topic, ModelError> {
-        self.topics.get(topic).ok_or_else(|| ModelError::NoSuchTopic { topic: topic.to_owned() })
+        self.topics
+            .get(topic)
+            .ok_or_else(|| ModelError::NoSuchTopic {
+                topic: topic.to_owned(),
+            })
     }
 
     /// The topic, refusing a sealed one: only an active topic can be reshaped or rolled.
@@ -100,7 +153,9 @@ impl MetadataState {
         let found = self.existing_topic(topic)?;
         match found.state {
             TopicState::Active => Ok(found),
-            TopicState::Sealed { .. } => Err(ModelError::TopicSealed { topic: topic.to_owned() }),
+            TopicState::Sealed { .. } => Err(ModelError::TopicSealed {
+                topic: topic.to_owned(),
+            }),
         }
     }
 
@@ -108,32 +163,55 @@ impl MetadataState {
         self.ranges
             .get(&range)
             .filter(|r| r.topic == topic)
-            .ok_or_else(|| ModelError::NoSuchRange { topic: topic.to_owned(), range })
+            .ok_or_else(|| ModelError::NoSuchRange {
+                topic: topic.to_owned(),
+                range,
+            })
     }
 
     fn active_range_of_topic(&self, topic: &str, range: RangeId) -> Result<&Range, ModelError> {
         let found = self.range_of_topic(topic, range)?;
-        if found.is_active() { Ok(found) } else { Err(ModelError::RangeNotActive { range }) }
+        if found.is_active() {
+            Ok(found)
+        } else {
+            Err(ModelError::RangeNotActive { range })
+        }
     }
 
     fn segment_of_topic(&self, topic: &str, segment: SegmentId) -> Result<&Segment, ModelError> {
         self.segments
             .get(&segment)
             .filter(|s| self.ranges.get(&s.range).is_some_and(|r| r.topic == topic))
-            .ok_or_else(|| ModelError::NoSuchSegment { topic: topic.to_owned(), segment })
+            .ok_or_else(|| ModelError::NoSuchSegment {
+                topic: topic.to_owned(),
+                segment,
+            })
     }
 
     /// What sealing `segment` at `seal` takes: the first recorded seal wins,
     /// the same seal again is a no-op, a different one is refused.
     fn seal_step(segment: &Segment, seal: SealRecord) -> Result<SealStep, ModelError> {
-        let end_offset = segment
-            .start_offset
-            .checked_add(seal.length)
-            .ok_or(ModelError::OffsetOverflow { range: segment.range, length: seal.length })?;
+        let end_offset =
+            segment
+                .start_offset
+                .checked_add(seal.length)
+                .ok_or(ModelError::OffsetOverflow {
+                    range: segment.range,
+                    length: seal.length,
+                })?;
         match segment.state {
-            SegmentState::Active => Ok(SealStep { seal_now: Some(segment.id), end_offset }),
-            SegmentState::Sealed { seal: recorded, .. } if recorded == seal => Ok(SealStep { seal_now: None, end_offset }),
-            SegmentState::Sealed { seal: recorded, .. } => Err(ModelError::AlreadySealed { segment: segment.id, recorded }),
+            SegmentState::Active => Ok(SealStep {
+                seal_now: Some(segment.id),
+                end_offset,
+            }),
+            SegmentState::Sealed { seal: recorded, .. } if recorded == seal => Ok(SealStep {
+                seal_now: None,
+                end_offset,
+            }),
+            SegmentState::Sealed { seal: recorded, .. } => Err(ModelError::AlreadySealed {
+                segment: segment.id,
+                recorded,
+            }),
         }
     }
 
@@ -141,7 +219,11 @@ impl MetadataState {
     fn seal_step_of_range(&self, range: &Range, seal: SealRecord) -> Result<SealStep, ModelError> {
         let segment = range.last_segment().and_then(|id| self.segments.get(&id));
         // Every range is created with a segment and segments leave only with their topic.
-        assert!(segment.is_some(), "range {} has no newest segment", range.id);
+        assert!(
+            segment.is_some(),
+            "range {} has no newest segment",
+            range.id
+        );
         match segment {
             Some(segment) => Self::seal_step(segment, seal),
             None => Err(ModelError::RangeNotActive { range: range.id }),
@@ -152,7 +234,10 @@ impl MetadataState {
         if let Some(id) = step.seal_now
             && let Some(segment) = self.segments.get_mut(&id)
         {
-            assert!(matches!(segment.state, SegmentState::Active), "sealing sealed segment {id}");
+            assert!(
+                matches!(segment.state, SegmentState::Active),
+                "sealing sealed segment {id}"
+            );
             segment.state = SegmentState::Sealed { seal, at_ms };
         }
     }
@@ -204,21 +289,31 @@ impl MetadataState {
         if let Some(t) = self.topics.get_mut(topic) {
             t.ranges.push(range_id);
             let previous = t.active_by_start.insert(band.start(), range_id);
-            assert!(previous.is_none(), "routing slot {:#x} of topic {topic} was taken", band.start());
+            assert!(
+                previous.is_none(),
+                "routing slot {:#x} of topic {topic} was taken",
+                band.start()
+            );
         }
         (range_id, segment_id)
     }
 
     /// Seals an active range whose newest segment is already sealed, naming its successors.
     fn retire_range(&mut self, id: RangeId, children: Vec<RangeId>, at_ms: u64) {
-        let Some(range) = self.ranges.get_mut(&id) else { return };
+        let Some(range) = self.ranges.get_mut(&id) else {
+            return;
+        };
         assert!(range.is_active(), "retiring sealed range {id}");
         range.state = RangeState::Sealed { at_ms };
         range.children = children;
         let start = range.band.start();
         if let Some(topic) = self.topics.get_mut(&range.topic) {
             let removed = topic.active_by_start.remove(&start);
-            assert_eq!(removed, Some(id), "routing slot {start:#x} did not hold {id}");
+            assert_eq!(
+                removed,
+                Some(id),
+                "routing slot {start:#x} did not hold {id}"
+            );
         }
     }
 
@@ -238,11 +333,19 @@ impl MetadataState {
             return Err(ModelError::TopicExists { topic });
         }
         if initial_ranges > INITIAL_RANGES_MAX {
-            return Err(ModelError::TooManyInitialRanges { count: initial_ranges, max: INITIAL_RANGES_MAX });
+            return Err(ModelError::TooManyInitialRanges {
+                count: initial_ranges,
+                max: INITIAL_RANGES_MAX,
+            });
         }
-        let bands = Band::tiling(initial_ranges).ok_or(ModelError::NotPowerOfTwo { count: initial_ranges })?;
+        let bands = Band::tiling(initial_ranges).ok_or(ModelError::NotPowerOfTwo {
+            count: initial_ranges,
+        })?;
         if replicas.len() as u64 != initial_ranges {
-            return Err(ModelError::ReplicaSetCount { expected: initial_ranges, found: replicas.len() });
+            return Err(ModelError::ReplicaSetCount {
+                expected: initial_ranges,
+                found: replicas.len(),
+            });
         }
         for set in &replicas {
             validate_replicas(set)?;
@@ -272,7 +375,11 @@ impl MetadataState {
             ranges.push(range);
             segments.push(segment);
         }
-        Ok(Outcome::TopicCreated { incarnation, ranges, segments })
+        Ok(Outcome::TopicCreated {
+            incarnation,
+            ranges,
+            segments,
+        })
     }
 
     fn seal_topic(&mut self, topic: &str, at_ms: u64) -> Result<Outcome, ModelError> {
@@ -288,7 +395,9 @@ impl MetadataState {
     fn delete_topic(&mut self, topic: &str) -> Result<Outcome, ModelError> {
         self.existing_topic(topic)?;
         let Some(removed) = self.topics.remove(topic) else {
-            return Err(ModelError::NoSuchTopic { topic: topic.to_owned() });
+            return Err(ModelError::NoSuchTopic {
+                topic: topic.to_owned(),
+            });
         };
         let mut segments = Vec::new();
         for range_id in &removed.ranges {
@@ -300,7 +409,10 @@ impl MetadataState {
             }
         }
         segments.sort_unstable();
-        Ok(Outcome::TopicDeleted { incarnation: removed.incarnation, segments })
+        Ok(Outcome::TopicDeleted {
+            incarnation: removed.incarnation,
+            segments,
+        })
     }
 
     fn roll_segment(
@@ -339,10 +451,19 @@ impl MetadataState {
         if let Some(range) = self.ranges.get_mut(&range_id) {
             range.segments.push(next);
         }
-        Ok(Outcome::SegmentRolled { sealed: segment, next })
+        Ok(Outcome::SegmentRolled {
+            sealed: segment,
+            next,
+        })
     }
 
-    fn seal_segment(&mut self, topic: &str, segment: SegmentId, seal: SealRecord, at_ms: u64) -> Result<Outcome, ModelError> {
+    fn seal_segment(
+        &mut self,
+        topic: &str,
+        segment: SegmentId,
+        seal: SealRecord,
+        at_ms: u64,
+    ) -> Result<Outcome, ModelError> {
         // A sealed topic still takes this command: it is how its last segments close.
         self.existing_topic(topic)?;
         let found = self.segment_of_topic(topic, segment)?;
@@ -366,9 +487,15 @@ impl MetadataState {
         let found_topic = self.active_topic(topic)?;
         let active_count = found_topic.active_by_start.len();
         let parent = self.active_range_of_topic(topic, range)?;
-        let (lower_band, upper_band) = parent.band.halves().ok_or(ModelError::RangeTooSmall { range })?;
+        let (lower_band, upper_band) = parent
+            .band
+            .halves()
+            .ok_or(ModelError::RangeTooSmall { range })?;
         if active_count >= ACTIVE_RANGES_PER_TOPIC_MAX {
-            return Err(ModelError::TooManyActiveRanges { topic: topic.to_owned(), max: ACTIVE_RANGES_PER_TOPIC_MAX });
+            return Err(ModelError::TooManyActiveRanges {
+                topic: topic.to_owned(),
+                max: ACTIVE_RANGES_PER_TOPIC_MAX,
+            });
         }
         let step = self.seal_step_of_range(parent, seal)?;
         validate_replicas(&lower_replicas)?;
@@ -382,10 +509,22 @@ impl MetadataState {
         let lower_id = RangeId(self.next_range_id);
         let upper_id = RangeId(self.next_range_id + 1);
         self.retire_range(range, vec![lower_id, upper_id], at_ms);
-        let (lower, lower_segment) = self.open_range(topic, lower_band, vec![range], lower_replicas, at_ms);
-        let (upper, upper_segment) = self.open_range(topic, upper_band, vec![range], upper_replicas, at_ms);
-        assert_eq!((lower, upper), (lower_id, upper_id), "split issued unexpected range ids");
-        Ok(Outcome::RangeSplit { parent: range, lower, upper, lower_segment, upper_segment })
+        let (lower, lower_segment) =
+            self.open_range(topic, lower_band, vec![range], lower_replicas, at_ms);
+        let (upper, upper_segment) =
+            self.open_range(topic, upper_band, vec![range], upper_replicas, at_ms);
+        assert_eq!(
+            (lower, upper),
+            (lower_id, upper_id),
+            "split issued unexpected range ids"
+        );
+        Ok(Outcome::RangeSplit {
+            parent: range,
+            lower,
+            upper,
+            lower_segment,
+            upper_segment,
+        })
     }
 
     fn merge_ranges(
@@ -402,9 +541,15 @@ impl MetadataState {
         let upper = self.active_range_of_topic(topic, upper_id)?;
         // Buddies in the buddy-allocator sense: the lower and upper halves of
         // one aligned band. Anything else would leave a band no split made.
-        let merged_band = lower.band.parent().filter(|parent| parent.halves() == Some((lower.band, upper.band)));
+        let merged_band = lower
+            .band
+            .parent()
+            .filter(|parent| parent.halves() == Some((lower.band, upper.band)));
         let Some(merged_band) = merged_band else {
-            return Err(ModelError::NotBuddies { lower: lower_id, upper: upper_id });
+            return Err(ModelError::NotBuddies {
+                lower: lower_id,
+                upper: upper_id,
+            });
         };
         let lower_step = self.seal_step_of_range(lower, seals[0])?;
         let upper_step = self.seal_step_of_range(upper, seals[1])?;
@@ -417,12 +562,29 @@ impl MetadataState {
         let merged_id = RangeId(self.next_range_id);
         self.retire_range(lower_id, vec![merged_id], at_ms);
         self.retire_range(upper_id, vec![merged_id], at_ms);
-        let (merged, segment) = self.open_range(topic, merged_band, vec![lower_id, upper_id], replicas, at_ms);
+        let (merged, segment) = self.open_range(
+            topic,
+            merged_band,
+            vec![lower_id, upper_id],
+            replicas,
+            at_ms,
+        );
         assert_eq!(merged, merged_id, "merge issued an unexpected range id");
-        Ok(Outcome::RangesMerged { lower: lower_id, upper: upper_id, merged, segment })
+        Ok(Outcome::RangesMerged {
+            lower: lower_id,
+            upper: upper_id,
+            merged,
+            segment,
+        })
     }
 
-    fn replace_replica(&mut self, topic: &str, segment: SegmentId, old: NodeId, new: NodeId) -> Result<Outcome, ModelError> {
+    fn replace_replica(
+        &mut self,
+        topic: &str,
+        segment: SegmentId,
+        old: NodeId,
+        new: NodeId,
+    ) -> Result<Outcome, ModelError> {
         self.existing_topic(topic)?;
         let found = self.segment_of_topic(topic, segment)?;
         let Some(index) = found.replicas.iter().position(|n| *n == old) else {
@@ -443,7 +605,12 @@ impl MetadataState {
     fn put_policy(&mut self, policy: StoragePolicy) -> Result<Outcome, ModelError> {
         validate_name(&policy.name)?;
         let count = policy.placement.len();
-        if count > POLICY_CONSTRAINTS_MAX || policy.placement.iter().any(|c| c.len() > POLICY_CONSTRAINT_BYTES_MAX) {
+        if count > POLICY_CONSTRAINTS_MAX
+            || policy
+                .placement
+                .iter()
+                .any(|c| c.len() > POLICY_CONSTRAINT_BYTES_MAX)
+        {
             return Err(ModelError::InvalidPolicy {
                 name: policy.name,
                 count,
@@ -461,7 +628,9 @@ impl MetadataState {
     fn remove_policy(&mut self, name: &str) -> Result<Outcome, ModelError> {
         match self.policies.remove(name) {
             Some(_) => Ok(Outcome::PolicyRemoved),
-            None => Err(ModelError::NoSuchPolicy { name: name.to_owned() }),
+            None => Err(ModelError::NoSuchPolicy {
+                name: name.to_owned(),
+            }),
         }
     }
 }

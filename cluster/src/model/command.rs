@@ -26,7 +26,13 @@ pub enum Command {
     /// Creates a topic whose `initial_ranges` (a power of two) equal ranges
     /// tile the keyspace. `replicas` holds one replica set per range, in
     /// keyspace order, for each range's first segment.
-    CreateTopic { topic: String, initial_ranges: u64, policy: Option<String>, replicas: Vec<Vec<NodeId>>, at_ms: u64 },
+    CreateTopic {
+        topic: String,
+        initial_ranges: u64,
+        policy: Option<String>,
+        replicas: Vec<Vec<NodeId>>,
+        at_ms: u64,
+    },
     /// Stops the topic taking rolls, splits and merges. Its active segments
     /// are sealed afterwards, one `SealSegment` each, at the lengths the data
     /// plane reports once their write heads are fenced.
@@ -38,10 +44,21 @@ pub enum Command {
     /// segment of the range on `next_replicas`, in one step. If the segment
     /// was already sealed at exactly `seal` (seal on failure first, roll
     /// second) only the opening happens.
-    RollSegment { topic: String, segment: SegmentId, seal: SealRecord, next_replicas: Vec<NodeId>, at_ms: u64 },
+    RollSegment {
+        topic: String,
+        segment: SegmentId,
+        seal: SealRecord,
+        next_replicas: Vec<NodeId>,
+        at_ms: u64,
+    },
     /// Seals a segment. The first recorded seal wins: the same seal again is
     /// a no-op, a different one is refused with `AlreadySealed`.
-    SealSegment { topic: String, segment: SegmentId, seal: SealRecord, at_ms: u64 },
+    SealSegment {
+        topic: String,
+        segment: SegmentId,
+        seal: SealRecord,
+        at_ms: u64,
+    },
     /// Seals `range` and its newest segment at `seal`, and opens its two
     /// halves, each with a first segment on the given replicas.
     SplitRange {
@@ -64,7 +81,12 @@ pub enum Command {
         at_ms: u64,
     },
     /// Replaces node `old` by node `new` in a segment's replica set, in place.
-    ReplaceReplica { topic: String, segment: SegmentId, old: NodeId, new: NodeId },
+    ReplaceReplica {
+        topic: String,
+        segment: SegmentId,
+        old: NodeId,
+        new: NodeId,
+    },
     /// Defines or redefines a storage policy.
     PutPolicy { policy: StoragePolicy },
     /// Removes a storage policy definition. Topics pointing at it keep the
@@ -93,14 +115,39 @@ impl Command {
 /// What an applied command changed, with the ids it issued.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    TopicCreated { incarnation: Incarnation, ranges: Vec<RangeId>, segments: Vec<SegmentId> },
+    TopicCreated {
+        incarnation: Incarnation,
+        ranges: Vec<RangeId>,
+        segments: Vec<SegmentId>,
+    },
     TopicSealed,
-    TopicDeleted { incarnation: Incarnation, segments: Vec<SegmentId> },
-    SegmentRolled { sealed: SegmentId, next: SegmentId },
-    SegmentSealed { segment: SegmentId },
-    RangeSplit { parent: RangeId, lower: RangeId, upper: RangeId, lower_segment: SegmentId, upper_segment: SegmentId },
-    RangesMerged { lower: RangeId, upper: RangeId, merged: RangeId, segment: SegmentId },
-    ReplicaReplaced { segment: SegmentId },
+    TopicDeleted {
+        incarnation: Incarnation,
+        segments: Vec<SegmentId>,
+    },
+    SegmentRolled {
+        sealed: SegmentId,
+        next: SegmentId,
+    },
+    SegmentSealed {
+        segment: SegmentId,
+    },
+    RangeSplit {
+        parent: RangeId,
+        lower: RangeId,
+        upper: RangeId,
+        lower_segment: SegmentId,
+        upper_segment: SegmentId,
+    },
+    RangesMerged {
+        lower: RangeId,
+        upper: RangeId,
+        merged: RangeId,
+        segment: SegmentId,
+    },
+    ReplicaReplaced {
+        segment: SegmentId,
+    },
     PolicyPut,
     PolicyRemoved,
     /// The command was a repeat of one already applied (a re-seal at the
@@ -142,9 +189,15 @@ pub enum ModelError {
     #[error("range {range} is a single position and cannot split")]
     RangeTooSmall { range: RangeId },
     #[error("segment {segment} was already sealed at length {} ({} bytes)", recorded.length, recorded.bytes)]
-    AlreadySealed { segment: SegmentId, recorded: SealRecord },
+    AlreadySealed {
+        segment: SegmentId,
+        recorded: SealRecord,
+    },
     #[error("segment {segment} was already rolled; its successor is {successor}")]
-    AlreadyRolled { segment: SegmentId, successor: SegmentId },
+    AlreadyRolled {
+        segment: SegmentId,
+        successor: SegmentId,
+    },
     #[error("ranges {lower} and {upper} are not the two halves of one band")]
     NotBuddies { lower: RangeId, upper: RangeId },
     #[error("node {node} is not a replica of segment {segment}")]
@@ -155,8 +208,15 @@ pub enum ModelError {
     OffsetOverflow { range: RangeId, length: u64 },
     #[error("no such storage policy {name}")]
     NoSuchPolicy { name: String },
-    #[error("storage policy {name} has {count} placement constraints, more than {max} or one longer than {bytes_max} bytes")]
-    InvalidPolicy { name: String, count: usize, max: usize, bytes_max: usize },
+    #[error(
+        "storage policy {name} has {count} placement constraints, more than {max} or one longer than {bytes_max} bytes"
+    )]
+    InvalidPolicy {
+        name: String,
+        count: usize,
+        max: usize,
+        bytes_max: usize,
+    },
     #[error("the {what} id space is exhausted")]
     IdSpaceExhausted { what: IdKind },
 }
@@ -176,7 +236,9 @@ impl std::fmt::Display for NameRule {
         match self {
             NameRule::Empty => f.write_str("it is empty"),
             NameRule::TooLong => write!(f, "it is longer than {NAME_BYTES_MAX} bytes"),
-            NameRule::BadCharacter => f.write_str("only ascii letters, digits, '.', '_' and '-' are allowed"),
+            NameRule::BadCharacter => {
+                f.write_str("only ascii letters, digits, '.', '_' and '-' are allowed")
+            }
         }
     }
 }

@@ -61,7 +61,9 @@ impl MetadataState {
                     .map(|segment| {
                         let (state, seal, sealed_at_ms) = match segment.state {
                             SegmentState::Active => ("active", None, None),
-                            SegmentState::Sealed { seal, at_ms } => ("sealed", Some(seal), Some(at_ms)),
+                            SegmentState::Sealed { seal, at_ms } => {
+                                ("sealed", Some(seal), Some(at_ms))
+                            }
                         };
                         SegmentDescription {
                             id: segment.id.0,
@@ -102,7 +104,10 @@ impl MetadataState {
             state: state.to_owned(),
             sealed_at_ms,
             policy: topic.policy.clone(),
-            policy_resolved: topic.policy.as_ref().is_some_and(|p| self.policies.contains_key(p)),
+            policy_resolved: topic
+                .policy
+                .as_ref()
+                .is_some_and(|p| self.policies.contains_key(p)),
             created_at_ms: topic.created_at_ms,
             ranges,
         })
@@ -113,7 +118,10 @@ fn ids(prefix: char, ids: &[u64]) -> String {
     if ids.is_empty() {
         return "-".to_owned();
     }
-    ids.iter().map(|id| format!("{prefix}{id}")).collect::<Vec<_>>().join(",")
+    ids.iter()
+        .map(|id| format!("{prefix}{id}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn at(at_ms: Option<u64>) -> String {
@@ -128,7 +136,14 @@ impl fmt::Display for TopicDescription {
             (Some(name), false) => format!("{name} (unresolved: holds all data)"),
         };
         let active = self.ranges.iter().filter(|r| r.state == "active").count();
-        writeln!(f, "topic {}  incarnation {}  {}{}", self.name, self.incarnation, self.state, at(self.sealed_at_ms))?;
+        writeln!(
+            f,
+            "topic {}  incarnation {}  {}{}",
+            self.name,
+            self.incarnation,
+            self.state,
+            at(self.sealed_at_ms)
+        )?;
         writeln!(f, "policy {policy}  created at {}ms", self.created_at_ms)?;
         writeln!(f, "ranges: {} ({} active)", self.ranges.len(), active)?;
         for range in &self.ranges {

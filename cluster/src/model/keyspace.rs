@@ -55,13 +55,19 @@ impl TryFrom<RawBand> for Band {
 
 impl From<Band> for RawBand {
     fn from(band: Band) -> Self {
-        RawBand { start: band.start, size_log2: band.size_log2 }
+        RawBand {
+            start: band.start,
+            size_log2: band.size_log2,
+        }
     }
 }
 
 impl Band {
     /// The whole keyspace, `[0, 2^64)`.
-    pub const FULL: Band = Band { start: 0, size_log2: POSITION_BITS };
+    pub const FULL: Band = Band {
+        start: 0,
+        size_log2: POSITION_BITS,
+    };
 
     /// A band of size 2^size_log2 starting at `start`, which must be aligned to the size.
     pub fn new(start: u64, size_log2: u8) -> Result<Band, BandError> {
@@ -83,7 +89,10 @@ impl Band {
         let size_log2 = POSITION_BITS - count.trailing_zeros() as u8;
         let size = 1u128 << size_log2;
         let bands = (0..u128::from(count))
-            .map(|i| Band { start: (i * size) as u64, size_log2 })
+            .map(|i| Band {
+                start: (i * size) as u64,
+                size_log2,
+            })
             .collect();
         Some(bands)
     }
@@ -128,8 +137,14 @@ impl Band {
             return None;
         }
         let size_log2 = self.size_log2 - 1;
-        let lower = Band { start: self.start, size_log2 };
-        let upper = Band { start: self.start + (1u64 << size_log2), size_log2 };
+        let lower = Band {
+            start: self.start,
+            size_log2,
+        };
+        let upper = Band {
+            start: self.start + (1u64 << size_log2),
+            size_log2,
+        };
         Some((lower, upper))
     }
 
@@ -139,8 +154,15 @@ impl Band {
             return None;
         }
         let size_log2 = self.size_log2 + 1;
-        let mask = if size_log2 >= POSITION_BITS { 0 } else { !((1u64 << size_log2) - 1) };
-        Some(Band { start: self.start & mask, size_log2 })
+        let mask = if size_log2 >= POSITION_BITS {
+            0
+        } else {
+            !((1u64 << size_log2) - 1)
+        };
+        Some(Band {
+            start: self.start & mask,
+            size_log2,
+        })
     }
 
     /// The other half of this band's parent (the buddy-allocator buddy).
@@ -148,7 +170,10 @@ impl Band {
         if self.size_log2 >= POSITION_BITS {
             return None;
         }
-        Some(Band { start: self.start ^ (1u64 << self.size_log2), size_log2: self.size_log2 })
+        Some(Band {
+            start: self.start ^ (1u64 << self.size_log2),
+            size_log2: self.size_log2,
+        })
     }
 
     /// The overlap of two bands. Two aligned power-of-two bands are either
@@ -187,8 +212,20 @@ mod tests {
 
     #[test]
     fn unaligned_bands_are_refused() {
-        assert_eq!(Band::new(1, 1), Err(BandError::Unaligned { start: 1, size_log2: 1 }));
-        assert_eq!(Band::new(1, 64), Err(BandError::Unaligned { start: 1, size_log2: 64 }));
+        assert_eq!(
+            Band::new(1, 1),
+            Err(BandError::Unaligned {
+                start: 1,
+                size_log2: 1
+            })
+        );
+        assert_eq!(
+            Band::new(1, 64),
+            Err(BandError::Unaligned {
+                start: 1,
+                size_log2: 64
+            })
+        );
         assert_eq!(Band::new(0, 65), Err(BandError::TooLarge { size_log2: 65 }));
         assert!(Band::new(1 << 62, 62).is_ok());
     }
@@ -226,7 +263,11 @@ mod tests {
 
     #[test]
     fn a_misaligned_band_does_not_deserialize() {
-        let bytes = rmp_serde::to_vec(&RawBand { start: 3, size_log2: 2 }).unwrap();
+        let bytes = rmp_serde::to_vec(&RawBand {
+            start: 3,
+            size_log2: 2,
+        })
+        .unwrap();
         assert!(rmp_serde::from_slice::<Band>(&bytes).is_err());
     }
 

@@ -18,15 +18,16 @@ mod keyspace;
 mod read_plan;
 mod state;
 
-pub use command::{
-    ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX, NameRule, Outcome,
-    POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
-};
 pub use apply::validate_name as validate_topic_name;
+pub use command::{
+    ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX,
+    NameRule, Outcome, POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
+};
 pub use describe::{RangeDescription, SegmentDescription, TopicDescription};
 pub use keyspace::{Band, BandError, POSITION_BITS, position};
 pub use read_plan::{ReadPlan, ReadSlice, SegmentSpan};
 pub use state::{
-    Incarnation, InvariantViolation, MetadataState, NodeId, Range, RangeId, RangeState, SNAPSHOT_VERSION, SealRecord,
-    Segment, SegmentId, SegmentState, SnapshotError, StoragePolicy, Topic, TopicState,
+    Incarnation, InvariantViolation, MetadataState, NodeId, Range, RangeId, RangeState,
+    SNAPSHOT_VERSION, SealRecord, Segment, SegmentId, SegmentState, SnapshotError, StoragePolicy,
+    Topic, TopicState,
 };

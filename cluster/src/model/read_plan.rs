@@ -59,10 +59,14 @@ impl MetadataState {
         }
         let mut slices = Vec::new();
         for id in ancestors.into_iter().chain(std::iter::once(range)) {
-            let Some(r) = self.ranges.get(&id) else { continue };
+            let Some(r) = self.ranges.get(&id) else {
+                continue;
+            };
             // A merge's parent is an ancestor of both halves of a later split,
             // but holds keys of only one: skip it for the other.
-            let Some(band) = r.band.intersect(&target.band) else { continue };
+            let Some(band) = r.band.intersect(&target.band) else {
+                continue;
+            };
             let segments = r
                 .segments
                 .iter()
@@ -74,9 +78,17 @@ impl MetadataState {
                     replicas: s.replicas.clone(),
                 })
                 .collect();
-            slices.push(ReadSlice { range: id, band, sealed: !r.is_active(), segments });
+            slices.push(ReadSlice {
+                range: id,
+                band,
+                sealed: !r.is_active(),
+                segments,
+            });
         }
-        debug_assert!(slices.last().is_some_and(|s| s.range == range), "read plan must end at its range");
+        debug_assert!(
+            slices.last().is_some_and(|s| s.range == range),
+            "read plan must end at its range"
+        );
         Some(ReadPlan { range, slices })
     }
 }
@@ -84,7 +96,9 @@ impl MetadataState {
 impl ReadPlan {
     /// The slices that hold a keyspace position, in read order.
     pub fn slices_for(&self, position: u64) -> impl Iterator<Item = &ReadSlice> {
-        self.slices.iter().filter(move |s| s.band.contains(position))
+        self.slices
+            .iter()
+            .filter(move |s| s.band.contains(position))
     }
 }
 
@@ -93,4 +107,3 @@ impl SegmentSpan {
         self.end_offset.is_some()
     }
 }
-

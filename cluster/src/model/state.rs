@@ -58,7 +58,9 @@ pub enum TopicState {
     Active,
     /// Refuses rolls, splits and merges; its active segments are then sealed
     /// one by one with `SealSegment` at the lengths the data plane reports.
-    Sealed { at_ms: u64 },
+    Sealed {
+        at_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +151,8 @@ impl Segment {
 
     /// The exclusive end offset, known once sealed.
     pub fn end_offset(&self) -> Option<u64> {
-        self.seal().and_then(|seal| self.start_offset.checked_add(seal.length))
+        self.seal()
+            .and_then(|seal| self.start_offset.checked_add(seal.length))
     }
 }
 
@@ -265,7 +268,10 @@ impl MetadataState {
     pub fn restore(bytes: &[u8]) -> Result<MetadataState, SnapshotError> {
         let (&version, body) = bytes.split_first().ok_or(SnapshotError::Empty)?;
         if version != SNAPSHOT_VERSION {
-            return Err(SnapshotError::Version { found: version, supported: SNAPSHOT_VERSION });
+            return Err(SnapshotError::Version {
+                found: version,
+                supported: SNAPSHOT_VERSION,
+            });
         }
         let state: MetadataState = rmp_serde::from_slice(body)?;
         state.check_invariants()?;
@@ -277,41 +283,74 @@ impl MetadataState {
     /// command and on every restore.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         for (name, topic) in &self.topics {
-            ensure!(&topic.name == name, "topic {name} is filed under another name");
-            ensure!(topic.incarnation.0 < self.next_incarnation, "topic {name} has an unissued incarnation");
+            ensure!(
+                &topic.name == name,
+                "topic {name} is filed under another name"
+            );
+            ensure!(
+                topic.incarnation.0 < self.next_incarnation,
+                "topic {name} has an unissued incarnation"
+            );
             self.check_topic_tiling(topic)?;
             let mut previous: Option<RangeId> = None;
             for id in &topic.ranges {
-                ensure!(previous.is_none_or(|p| p < *id), "topic {name} ranges are not in id order");
+                ensure!(
+                    previous.is_none_or(|p| p < *id),
+                    "topic {name} ranges are not in id order"
+                );
                 previous = Some(*id);
                 let range = self.ranges.get(id);
-                ensure!(range.is_some_and(|r| &r.topic == name), "topic {name} lists foreign range {id}");
+                ensure!(
+                    range.is_some_and(|r| &r.topic == name),
+                    "topic {name} lists foreign range {id}"
+                );
             }
         }
         for (id, range) in &self.ranges {
             ensure!(range.id == *id, "range {id} is filed under another id");
             ensure!(id.0 < self.next_range_id, "range {id} has an unissued id");
             let topic = self.topics.get(&range.topic);
-            ensure!(topic.is_some_and(|t| t.ranges.contains(id)), "range {id} has no topic listing it");
+            ensure!(
+                topic.is_some_and(|t| t.ranges.contains(id)),
+                "range {id} has no topic listing it"
+            );
             for parent in &range.parents {
-                ensure!(parent < id, "range {id} has a parent {parent} younger than itself");
+                ensure!(
+                    parent < id,
+                    "range {id} has a parent {parent} younger than itself"
+                );
                 let p = self.ranges.get(parent);
-                ensure!(p.is_some_and(|p| p.children.contains(id)), "range {id} parent {parent} does not list it");
+                ensure!(
+                    p.is_some_and(|p| p.children.contains(id)),
+                    "range {id} parent {parent} does not list it"
+                );
             }
             for child in &range.children {
-                ensure!(child > id, "range {id} has a child {child} older than itself");
+                ensure!(
+                    child > id,
+                    "range {id} has a child {child} older than itself"
+                );
                 ensure!(!range.is_active(), "active range {id} has children");
             }
             self.check_range_segments(range)?;
         }
         for (id, segment) in &self.segments {
             ensure!(segment.id == *id, "segment {id} is filed under another id");
-            ensure!(id.0 < self.next_segment_id, "segment {id} has an unissued id");
+            ensure!(
+                id.0 < self.next_segment_id,
+                "segment {id} has an unissued id"
+            );
             let range = self.ranges.get(&segment.range);
-            ensure!(range.is_some_and(|r| r.segments.contains(id)), "segment {id} has no range listing it");
+            ensure!(
+                range.is_some_and(|r| r.segments.contains(id)),
+                "segment {id} has no range listing it"
+            );
             ensure!(!segment.replicas.is_empty(), "segment {id} has no replicas");
             let distinct: BTreeSet<_> = segment.replicas.iter().collect();
-            ensure!(distinct.len() == segment.replicas.len(), "segment {id} repeats a replica");
+            ensure!(
+                distinct.len() == segment.replicas.len(),
+                "segment {id} repeats a replica"
+            );
         }
         Ok(())
     }
@@ -322,16 +361,30 @@ impl MetadataState {
         for (start, id) in &topic.active_by_start {
             let range = self.ranges.get(id);
             ensure!(
-                range.is_some_and(|r| r.is_active() && r.band.start() == *start && &r.topic == name),
+                range
+                    .is_some_and(|r| r.is_active() && r.band.start() == *start && &r.topic == name),
                 "topic {name} routing index names {id} at {start:#x} wrongly"
             );
             let band = range.map(|r| r.band).unwrap_or(Band::FULL);
-            ensure!(u128::from(*start) == expected_start, "topic {name} active ranges leave a gap or overlap at {start:#x}");
+            ensure!(
+                u128::from(*start) == expected_start,
+                "topic {name} active ranges leave a gap or overlap at {start:#x}"
+            );
             expected_start = band.end_exclusive();
         }
-        ensure!(expected_start == 1u128 << 64, "topic {name} active ranges do not reach the end of the keyspace");
-        let active = topic.ranges.iter().filter(|id| self.ranges.get(id).is_some_and(|r| r.is_active())).count();
-        ensure!(active == topic.active_by_start.len(), "topic {name} has active ranges missing from routing");
+        ensure!(
+            expected_start == 1u128 << 64,
+            "topic {name} active ranges do not reach the end of the keyspace"
+        );
+        let active = topic
+            .ranges
+            .iter()
+            .filter(|id| self.ranges.get(id).is_some_and(|r| r.is_active()))
+            .count();
+        ensure!(
+            active == topic.active_by_start.len(),
+            "topic {name} has active ranges missing from routing"
+        );
         Ok(())
     }
 
@@ -342,13 +395,27 @@ impl MetadataState {
         for (i, segment_id) in range.segments.iter().enumerate() {
             let segment = self.segments.get(segment_id);
             let Some(segment) = segment else {
-                return Err(InvariantViolation(format!("range {id} lists missing segment {segment_id}")));
+                return Err(InvariantViolation(format!(
+                    "range {id} lists missing segment {segment_id}"
+                )));
             };
-            ensure!(segment.range == id, "segment {segment_id} is listed by range {id} but names another");
-            ensure!(Some(segment.start_offset) == next_offset, "range {id} segment {segment_id} is not contiguous");
+            ensure!(
+                segment.range == id,
+                "segment {segment_id} is listed by range {id} but names another"
+            );
+            ensure!(
+                Some(segment.start_offset) == next_offset,
+                "range {id} segment {segment_id} is not contiguous"
+            );
             let last = i + 1 == range.segments.len();
-            ensure!(last || segment.seal().is_some(), "range {id} has an active segment {segment_id} before its last");
-            ensure!(range.is_active() || segment.seal().is_some(), "sealed range {id} has an active segment");
+            ensure!(
+                last || segment.seal().is_some(),
+                "range {id} has an active segment {segment_id} before its last"
+            );
+            ensure!(
+                range.is_active() || segment.seal().is_some(),
+                "sealed range {id} has an active segment"
+            );
             next_offset = segment.end_offset();
         }
         Ok(())
@@ -363,7 +430,13 @@ mod tests {
     fn two_range_state() -> MetadataState {
         let mut state = MetadataState::new();
         let replicas = vec![vec![NodeId(1)], vec![NodeId(2)]];
-        let cmd = Command::CreateTopic { topic: "t".into(), initial_ranges: 2, policy: None, replicas, at_ms: 0 };
+        let cmd = Command::CreateTopic {
+            topic: "t".into(),
+            initial_ranges: 2,
+            policy: None,
+            replicas,
+            at_ms: 0,
+        };
         state.apply(cmd).unwrap();
         state
     }
@@ -375,7 +448,10 @@ mod tests {
         let (_, id) = topic.active_by_start.pop_last().unwrap();
         state.ranges.get_mut(&id).unwrap().state = RangeState::Sealed { at_ms: 1 };
         let bytes = state.snapshot().unwrap();
-        assert!(matches!(MetadataState::restore(&bytes), Err(SnapshotError::Inconsistent(_))));
+        assert!(matches!(
+            MetadataState::restore(&bytes),
+            Err(SnapshotError::Inconsistent(_))
+        ));
     }
 
     #[test]
@@ -384,7 +460,10 @@ mod tests {
         let segment = state.segments.values_mut().next().unwrap();
         segment.start_offset = 5;
         let bytes = state.snapshot().unwrap();
-        assert!(matches!(MetadataState::restore(&bytes), Err(SnapshotError::Inconsistent(_))));
+        assert!(matches!(
+            MetadataState::restore(&bytes),
+            Err(SnapshotError::Inconsistent(_))
+        ));
     }
 
     #[test]
@@ -392,6 +471,9 @@ mod tests {
         let mut state = two_range_state();
         state.next_segment_id = 0;
         let bytes = state.snapshot().unwrap();
-        assert!(matches!(MetadataState::restore(&bytes), Err(SnapshotError::Inconsistent(_))));
+        assert!(matches!(
+            MetadataState::restore(&bytes),
+            Err(SnapshotError::Inconsistent(_))
+        ));
     }
 }
