@@ -330,8 +330,13 @@ impl MetadataState {
                     child > id,
                     "range {id} has a child {child} older than itself"
                 );
-                ensure!(!range.is_active(), "active range {id} has children");
             }
+            // A range is sealed only by a split or a merge, which name its successors.
+            ensure!(
+                range.is_active() == range.children.is_empty(),
+                "range {id} is sealed without successors or active with some"
+            );
+            self.check_lineage(range)?;
             self.check_range_segments(range)?;
         }
         for (id, segment) in &self.segments {
@@ -385,6 +390,44 @@ impl MetadataState {
             active == topic.active_by_start.len(),
             "topic {name} has active ranges missing from routing"
         );
+        Ok(())
+    }
+
+    /// A split child is a half of its one parent; a merge result is the union
+    /// of its two parents, lower half first; an initial range has no parent.
+    fn check_lineage(&self, range: &Range) -> Result<(), InvariantViolation> {
+        let id = range.id;
+        let bands: Vec<Band> = range
+            .parents
+            .iter()
+            .filter_map(|p| self.ranges.get(p))
+            .map(|p| p.band)
+            .collect();
+        ensure!(
+            bands.len() == range.parents.len(),
+            "range {id} names a missing parent"
+        );
+        match bands.as_slice() {
+            [] => {}
+            [parent] => {
+                let halves = parent.halves();
+                ensure!(
+                    halves.is_some_and(|(lower, upper)| lower == range.band || upper == range.band),
+                    "split child {id} is not a half of its parent"
+                );
+            }
+            [lower, upper] => {
+                ensure!(
+                    range.band.halves() == Some((*lower, *upper)),
+                    "merged range {id} is not the union of two buddies"
+                );
+            }
+            _ => {
+                return Err(InvariantViolation(format!(
+                    "range {id} has more than two parents"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -459,6 +502,33 @@ mod tests {
         let mut state = two_range_state();
         let segment = state.segments.values_mut().next().unwrap();
         segment.start_offset = 5;
+        let bytes = state.snapshot().unwrap();
+        assert!(matches!(
+            MetadataState::restore(&bytes),
+            Err(SnapshotError::Inconsistent(_))
+        ));
+    }
+
+    #[test]
+    fn a_snapshot_whose_merged_range_is_not_the_union_of_its_parents_is_refused() {
+        let mut state = two_range_state();
+        let cmd = Command::MergeRanges {
+            topic: "t".into(),
+            lower: RangeId(0),
+            upper: RangeId(1),
+            lower_seal: SealRecord {
+                length: 0,
+                bytes: 0,
+            },
+            upper_seal: SealRecord {
+                length: 0,
+                bytes: 0,
+            },
+            replicas: vec![NodeId(1)],
+            at_ms: 1,
+        };
+        state.apply(cmd).unwrap();
+        state.ranges.get_mut(&RangeId(2)).unwrap().parents.reverse();
         let bytes = state.snapshot().unwrap();
         assert!(matches!(
             MetadataState::restore(&bytes),
