@@ -1,1 +1,546 @@
-//! placeholder
+//! `malachi bench storage`: the store's durable append and read throughput
+//! measured against the disk's own durable write bandwidth, in one run.
+//!
+//! The raw baseline is N plain files, each written with `pwrite` and
+//! `fdatasync` by its own thread, at a grid of write sizes. Each store
+//! scenario is compared with the raw run that has the same number of files
+//! being synced at once (`min(appenders, segments)`) and the write size
+//! nearest (on a log scale) to the mean bytes the store actually wrote per
+//! fdatasync in that scenario: the ratio is the store's overhead over a disk
+//! doing the same syncs. The ratio to raw at the appenders' own batch size
+//! is reported beside it as `ratio_to_raw_batch` (above 1 when group commit
+//! coalesces small batches into larger writes).
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::error::StorageError;
+use crate::file_store::FileStore;
+use crate::record::Record;
+use crate::store::{SegmentId, SegmentStore, StoreConfig};
+
+/// Bytes in each benchmark record's value (the key is 8 bytes).
+pub const VALUE_BYTES: usize = 1024;
+const APPENDERS: [usize; 3] = [1, 8, 64];
+const SEGMENTS: [usize; 2] = [1, 16];
+const BATCHES: [usize; 4] = [1, 10, 100, 1000];
+/// Raw write sizes, in records' worth of frames.
+const RAW_WRITE_RECORDS: [usize; 5] = [1, 10, 100, 1000, 10_000];
+const BUSY_BACKOFF: Duration = Duration::from_micros(50);
+
+/// How to run the benchmark.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Directory for the benchmark's files (removed scenario by scenario).
+    pub dir: PathBuf,
+    /// About a minute instead of several.
+    pub quick: bool,
+    /// The store's `flush_interval_ms` during the run.
+    pub flush_interval_ms: u64,
+    pub sync_threads: usize,
+}
+
+/// One line of the benchmark's output.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    pub system: &'static str,
+    pub scenario: String,
+    pub files: usize,
+    pub appenders: usize,
+    pub batch_records: usize,
+    pub mb_per_s: f64,
+    pub records_per_s: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    /// Mean bytes per fdatasync (per write for raw, per flush for the store).
+    pub write_bytes_mean: f64,
+    pub ratio_to_raw: Option<f64>,
+    pub ratio_to_raw_batch: Option<f64>,
+    /// The raw scenario `ratio_to_raw` divides by.
+    pub raw_baseline: Option<String>,
+    /// For the latency scenarios: 2 x raw p99 + 1 ms, the p99 target.
+    pub p99_target_us: Option<u64>,
+    pub busy_retries: u64,
+}
+
+struct Measured {
+    bytes: u64,
+    records: u64,
+    seconds: f64,
+    hist: Histogram<u64>,
+    syncs: u64,
+    busy: u64,
+}
+
+/// The size of one benchmark record's frame on disk.
+pub fn frame_bytes() -> usize {
+    crate::frame::FRAME_HEADER_BYTES + crate::frame::payload_len(&bench_record(0)).unwrap_or(0)
+}
+
+fn bench_record(i: u64) -> Record {
+    Record {
+        timestamp_ms: i,
+        key: i.to_le_bytes().to_vec(),
+        value: vec![0xAB; VALUE_BYTES],
+        headers: Vec::new(),
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 us to 100 s with 3 significant digits. The bounds are constants that
+    // hdrhistogram accepts, so a failure here is a programming error.
+    match Histogram::new_with_bounds(1, 100_000_000, 3) {
+        Ok(hist) => hist,
+        Err(e) => panic!("constant histogram bounds rejected: {e}"),
+    }
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> StorageError + 'a {
+    move |e| StorageError::io(op, path, e)
+}
+
+/// Runs every scenario, calling `progress` after each, and returns them all.
+pub fn run(
+    opts: &BenchOptions,
+    mut progress: impl FnMut(&ScenarioResult),
+) -> Result<Vec<ScenarioResult>, StorageError> {
+    let (raw_secs, store_secs, read_bytes) = if opts.quick {
+        (0.7, 1.1, 64u64 << 20)
+    } else {
+        (3.0, 4.0, 512 << 20)
+    };
+    fs::create_dir_all(&opts.dir).map_err(io("create bench directory", &opts.dir))?;
+    let frame = frame_bytes();
+    let mut results = Vec::new();
+
+    let mut raw = Vec::new();
+    for files in [1usize, 8, 16] {
+        for records in RAW_WRITE_RECORDS {
+            let m = raw_run(
+                &opts.dir,
+                files,
+                records * frame,
+                Duration::from_secs_f64(raw_secs),
+            )?;
+            let r = to_result(
+                "raw-disk",
+                format!("raw files={files} write={}", human(records * frame)),
+                files,
+                1,
+                records,
+                &m,
+                frame,
+            );
+            progress(&r);
+            raw.push(r);
+        }
+    }
+    results.extend(raw.iter().cloned());
+
+    let cfg = StoreConfig {
+        flush_interval_ms: opts.flush_interval_ms,
+        sync_threads: opts.sync_threads,
+        ..StoreConfig::default()
+    };
+    let mut best = None::<(f64, usize, usize, usize)>;
+    for segments in SEGMENTS {
+        for appenders in APPENDERS {
+            for batch in BATCHES {
+                let m = store_run(
+                    &opts.dir,
+                    &cfg,
+                    segments,
+                    appenders,
+                    batch,
+                    Duration::from_secs_f64(store_secs),
+                    None,
+                )?;
+                let name =
+                    format!("append segments={segments} appenders={appenders} batch={batch}");
+                let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
+                compare(&mut r, &raw, segments.min(appenders), batch * frame);
+                if segments == 16 && appenders == 64 && batch == 10 {
+                    best = Some((r.records_per_s, segments, appenders, batch));
+                }
+                progress(&r);
+                results.push(r);
+            }
+        }
+    }
+
+    // Latency at half the maximum load: paced appenders at half the rate the
+    // same configuration reached closed-loop, latency measured from the
+    // scheduled send time so a stall is not hidden by a late send.
+    let mut half_load = vec![best];
+    let single = results
+        .iter()
+        .find(|r| r.files == 1 && r.appenders == 8 && r.batch_records == 1)
+        .map(|r| (r.records_per_s, 1, 8, 1));
+    half_load.push(single);
+    for (max_rps, segments, appenders, batch) in half_load.into_iter().flatten() {
+        let rate = (max_rps / 2.0).max(1.0);
+        let per_appender = Duration::from_secs_f64(appenders as f64 * batch as f64 / rate);
+        let m = store_run(
+            &opts.dir,
+            &cfg,
+            segments,
+            appenders,
+            batch,
+            Duration::from_secs_f64(store_secs),
+            Some(per_appender),
+        )?;
+        let name =
+            format!("latency half-load segments={segments} appenders={appenders} batch={batch}");
+        let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
+        compare(&mut r, &raw, segments.min(appenders), batch * frame);
+        if let Some(base) = nearest_raw(&raw, segments.min(appenders), r.write_bytes_mean) {
+            r.p99_target_us = Some(2 * base.p99_us + 1000);
+        }
+        progress(&r);
+        results.push(r);
+    }
+
+    let r = read_run(&opts.dir, &cfg, read_bytes, frame)?;
+    progress(&r);
+    results.push(r);
+    Ok(results)
+}
+
+fn compare(r: &mut ScenarioResult, raw: &[ScenarioResult], files: usize, batch_bytes: usize) {
+    if let Some(base) = nearest_raw(raw, files, r.write_bytes_mean) {
+        r.ratio_to_raw = Some(r.mb_per_s / base.mb_per_s);
+        r.raw_baseline = Some(base.scenario.clone());
+    }
+    if let Some(base) = nearest_raw(raw, files, batch_bytes as f64) {
+        r.ratio_to_raw_batch = Some(r.mb_per_s / base.mb_per_s);
+    }
+}
+
+fn nearest_raw(raw: &[ScenarioResult], files: usize, write_bytes: f64) -> Option<&ScenarioResult> {
+    let files = [1usize, 8, 16]
+        .into_iter()
+        .filter(|&f| f <= files)
+        .max()
+        .unwrap_or(1);
+    raw.iter().filter(|r| r.files == files).min_by(|a, b| {
+        let da = (a.write_bytes_mean.max(1.0) / write_bytes.max(1.0))
+            .ln()
+            .abs();
+        let db = (b.write_bytes_mean.max(1.0) / write_bytes.max(1.0))
+            .ln()
+            .abs();
+        da.total_cmp(&db)
+    })
+}
+
+fn to_result(
+    system: &'static str,
+    scenario: String,
+    files: usize,
+    appenders: usize,
+    batch: usize,
+    m: &Measured,
+    frame: usize,
+) -> ScenarioResult {
+    let seconds = m.seconds.max(1e-9);
+    ScenarioResult {
+        system,
+        scenario,
+        files,
+        appenders,
+        batch_records: batch,
+        mb_per_s: m.bytes as f64 / seconds / 1e6,
+        records_per_s: if system == "raw-disk" {
+            m.bytes as f64 / frame as f64 / seconds
+        } else {
+            m.records as f64 / seconds
+        },
+        p50_us: m.hist.value_at_quantile(0.5),
+        p99_us: m.hist.value_at_quantile(0.99),
+        p999_us: m.hist.value_at_quantile(0.999),
+        write_bytes_mean: if m.syncs == 0 {
+            0.0
+        } else {
+            m.bytes as f64 / m.syncs as f64
+        },
+        ratio_to_raw: None,
+        ratio_to_raw_batch: None,
+        raw_baseline: None,
+        p99_target_us: None,
+        busy_retries: m.busy,
+    }
+}
+
+fn human(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.1}MiB", bytes as f64 / f64::from(1u32 << 20))
+    } else {
+        format!("{:.1}KiB", bytes as f64 / 1024.0)
+    }
+}
+
+fn elapsed_us(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// N files, each written and fdatasynced by its own thread.
+fn raw_run(
+    dir: &Path,
+    files: usize,
+    write_bytes: usize,
+    duration: Duration,
+) -> Result<Measured, StorageError> {
+    let sub = dir.join(format!("raw-{files}-{write_bytes}"));
+    fs::create_dir_all(&sub).map_err(io("create raw directory", &sub))?;
+    let barrier = Barrier::new(files);
+    let outcomes: Vec<Result<(u64, u64, f64, Histogram<u64>), StorageError>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..files)
+                .map(|i| {
+                    let path = sub.join(format!("{i}.raw"));
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        let file = OpenOptions::new()
+                            .create(true)
+                            .write(true)
+                            .truncate(true)
+                            .open(&path)
+                            .map_err(io("create raw file", &path))?;
+                        let buf = vec![0x5Au8; write_bytes];
+                        let mut hist = histogram();
+                        let (mut pos, mut writes) = (0u64, 0u64);
+                        barrier.wait();
+                        let start = Instant::now();
+                        while start.elapsed() < duration {
+                            let t = Instant::now();
+                            file.write_all_at(&buf, pos)
+                                .map_err(io("write raw file", &path))?;
+                            file.sync_data().map_err(io("sync raw file", &path))?;
+                            hist.saturating_record(elapsed_us(t));
+                            pos += write_bytes as u64;
+                            writes += 1;
+                        }
+                        Ok((pos, writes, start.elapsed().as_secs_f64(), hist))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(StorageError::ShuttingDown)))
+                .collect()
+        });
+    let mut m = Measured {
+        bytes: 0,
+        records: 0,
+        seconds: 0.0,
+        hist: histogram(),
+        syncs: 0,
+        busy: 0,
+    };
+    for outcome in outcomes {
+        let (bytes, writes, seconds, hist) = outcome?;
+        m.bytes += bytes;
+        m.syncs += writes;
+        m.seconds = m.seconds.max(seconds);
+        let _ = m.hist.add(&hist);
+    }
+    fs::remove_dir_all(&sub).map_err(io("remove raw directory", &sub))?;
+    Ok(m)
+}
+
+/// Closed-loop appenders (or paced ones when `pace` is set), each sending
+/// batches to segment `appender % segments` and waiting for each ack.
+fn store_run(
+    dir: &Path,
+    cfg: &StoreConfig,
+    segments: usize,
+    appenders: usize,
+    batch: usize,
+    duration: Duration,
+    pace: Option<Duration>,
+) -> Result<Measured, StorageError> {
+    let sub = dir.join(format!("store-{segments}-{appenders}-{batch}"));
+    let store = FileStore::open_dir(&sub, cfg.clone())?;
+    for s in 0..segments {
+        store.open(SegmentId(s as u64))?;
+    }
+    let barrier = Barrier::new(appenders);
+    let busy = AtomicU64::new(0);
+    let outcomes: Vec<Result<(u64, f64, Histogram<u64>), StorageError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..appenders)
+            .map(|a| {
+                let (store, barrier, busy) = (&store, &barrier, &busy);
+                s.spawn(move || {
+                    let segment = SegmentId((a % segments) as u64);
+                    let records: Vec<Record> = (0..batch as u64).map(bench_record).collect();
+                    let mut hist = histogram();
+                    let mut sent = 0u64;
+                    barrier.wait();
+                    let start = Instant::now();
+                    // Stagger paced appenders so they do not all fire at once.
+                    let mut next = start
+                        + pace.map_or(Duration::ZERO, |p| p.mul_f64(a as f64 / appenders as f64));
+                    while start.elapsed() < duration {
+                        let scheduled = match pace {
+                            Some(p) => {
+                                let now = Instant::now();
+                                if next > now {
+                                    std::thread::sleep(next - now);
+                                }
+                                let at = next;
+                                next += p;
+                                at
+                            }
+                            None => Instant::now(),
+                        };
+                        let ticket = loop {
+                            match store.append(segment, &records) {
+                                Ok(ticket) => break ticket,
+                                Err(StorageError::Busy { .. }) => {
+                                    busy.fetch_add(1, Ordering::Relaxed);
+                                    std::thread::sleep(BUSY_BACKOFF);
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        };
+                        ticket.wait()?;
+                        hist.saturating_record(elapsed_us(scheduled));
+                        sent += batch as u64;
+                    }
+                    Ok((sent, start.elapsed().as_secs_f64(), hist))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(Err(StorageError::ShuttingDown)))
+            .collect()
+    });
+    let mut m = Measured {
+        bytes: 0,
+        records: 0,
+        seconds: 0.0,
+        hist: histogram(),
+        syncs: 0,
+        busy: busy.load(Ordering::Relaxed),
+    };
+    for outcome in outcomes {
+        let (records, seconds, hist) = outcome?;
+        m.records += records;
+        m.seconds = m.seconds.max(seconds);
+        let _ = m.hist.add(&hist);
+    }
+    let stats = store.stats();
+    m.bytes = stats.flushed_bytes;
+    m.syncs = stats.flushes;
+    drop(store);
+    fs::remove_dir_all(&sub).map_err(io("remove store directory", &sub))?;
+    Ok(m)
+}
+
+/// Writes `bytes` of records to one segment, reopens the store, and reads
+/// them back in order, 1 MiB per read.
+fn read_run(
+    dir: &Path,
+    cfg: &StoreConfig,
+    bytes: u64,
+    frame: usize,
+) -> Result<ScenarioResult, StorageError> {
+    let sub = dir.join("read");
+    let segment = SegmentId(0);
+    let total = bytes / frame as u64;
+    {
+        let store = FileStore::open_dir(&sub, cfg.clone())?;
+        store.open(segment)?;
+        let batch: Vec<Record> = (0..1000).map(bench_record).collect();
+        let mut written = 0;
+        while written < total {
+            store.append(segment, &batch)?.wait()?;
+            written += batch.len() as u64;
+        }
+    }
+    let store = FileStore::open_dir(&sub, cfg.clone())?;
+    let length = store.open(segment)?.info.length;
+    let mut hist = histogram();
+    let start = Instant::now();
+    let (mut offset, mut read_bytes) = (0u64, 0u64);
+    while offset < length {
+        let t = Instant::now();
+        let page = store.read(segment, offset, 100_000, 1 << 20)?;
+        hist.saturating_record(elapsed_us(t));
+        offset += page.len() as u64;
+        read_bytes += (page.len() * frame) as u64;
+    }
+    let seconds = start.elapsed().as_secs_f64().max(1e-9);
+    drop(store);
+    fs::remove_dir_all(&sub).map_err(io("remove read directory", &sub))?;
+    Ok(ScenarioResult {
+        system: "malachi",
+        scenario: format!("read sequential segments=1 bytes={}", human(bytes as usize)),
+        files: 1,
+        appenders: 1,
+        batch_records: 0,
+        mb_per_s: read_bytes as f64 / seconds / 1e6,
+        records_per_s: offset as f64 / seconds,
+        p50_us: hist.value_at_quantile(0.5),
+        p99_us: hist.value_at_quantile(0.99),
+        p999_us: hist.value_at_quantile(0.999),
+        write_bytes_mean: 0.0,
+        ratio_to_raw: None,
+        ratio_to_raw_batch: None,
+        raw_baseline: None,
+        p99_target_us: None,
+        busy_retries: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_benchmark_record_frame_is_just_over_one_kib() {
+        assert_eq!(frame_bytes(), 12 + 36 + 8 + VALUE_BYTES);
+    }
+
+    #[test]
+    fn the_raw_baseline_is_the_nearest_write_size_at_the_same_file_count() {
+        let mk = |files, write: f64, mb| ScenarioResult {
+            system: "raw-disk",
+            scenario: format!("{files}-{write}"),
+            files,
+            appenders: 1,
+            batch_records: 1,
+            mb_per_s: mb,
+            records_per_s: 0.0,
+            p50_us: 0,
+            p99_us: 0,
+            p999_us: 0,
+            write_bytes_mean: write,
+            ratio_to_raw: None,
+            ratio_to_raw_batch: None,
+            raw_baseline: None,
+            p99_target_us: None,
+            busy_retries: 0,
+        };
+        let raw = vec![
+            mk(1, 1000.0, 1.0),
+            mk(1, 10_000.0, 2.0),
+            mk(16, 1000.0, 3.0),
+            mk(8, 1000.0, 4.0),
+        ];
+        assert_eq!(nearest_raw(&raw, 1, 4000.0).unwrap().mb_per_s, 2.0);
+        assert_eq!(nearest_raw(&raw, 16, 50.0).unwrap().mb_per_s, 3.0);
+        assert_eq!(nearest_raw(&raw, 12, 50.0).unwrap().mb_per_s, 4.0);
+    }
+}
