@@ -479,8 +479,13 @@ async fn snapshot_reflects_restarts_and_nested_supervisors() {
     assert_eq!(inner_snap.restarts, 0);
     let nested = inner_snap.supervisor.as_ref().unwrap();
     assert_eq!(nested.strategy, Strategy::RestForOne);
-    assert_eq!(nested.child("x").unwrap().restarts, 0);
+    let x = nested.child("x").unwrap();
+    assert_eq!(x.restarts, 0);
     let y = nested.child("y").unwrap();
+    assert!(
+        x.uptime_ms >= y.uptime_ms,
+        "the restarted instance is younger than its untouched sibling"
+    );
     assert_eq!(y.last_exit_reason.as_deref(), Some("crash: boom"));
     assert!(y.actor_id.is_some());
     assert_eq!(snap.child("a").unwrap().kind, ChildKind::Worker);
