@@ -623,3 +623,42 @@ async fn invalid_args_fail_the_spawn_with_a_typed_error() {
         "got {err:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_supervisor_that_cannot_start_is_a_failed_start_for_its_parent() {
+    let mut probes = Probes::new();
+    probes.fail_starts("x", u32::MAX);
+    // The inner supervisor gives up on its first failed child start, so its
+    // own pre_start fails: a spawn error for the root, not an event.
+    let inner = fast_args("inner", Strategy::OneForOne)
+        .intensity(Intensity {
+            restarts_max: 0,
+            period_ms: 10_000,
+        })
+        .child(probes.spec("x"));
+    let root = fast_args("root", Strategy::OneForOne)
+        .intensity(Intensity {
+            restarts_max: 2,
+            period_ms: 10_000,
+        })
+        .child(ChildSpec::supervisor(inner));
+
+    let (sup, mut seen, _watcher) = watched(root).await;
+
+    assert!(sup.is_ok(), "the root starts even though its child cannot");
+    // One initial attempt and two restarts fit the root's budget; the third
+    // failure exceeds it.
+    assert_eq!(
+        probes.take(3).await,
+        vec![start_failed("x"), start_failed("x"), start_failed("x")]
+    );
+    let parent_saw = tokio::time::timeout(Duration::from_secs(5), seen.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&parent_saw, Seen::Failed(r) if r.contains("supervisor root exceeded")),
+        "parent saw {parent_saw:?}"
+    );
+    assert_eq!(probes.drain_for(100).await, vec![]);
+}
