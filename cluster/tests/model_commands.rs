@@ -438,7 +438,9 @@ fn a_sealed_topic_refuses_rolls_splits_and_merges_but_takes_segment_seals() {
             topic: "t".into(),
             at_ms: 70
         }),
-        Ok(Outcome::TopicSealed)
+        Ok(Outcome::TopicSealed {
+            active_segments: segments.clone()
+        })
     );
     assert_eq!(
         state.topic("t").unwrap().state,

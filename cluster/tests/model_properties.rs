@@ -172,11 +172,18 @@ impl Reference {
                     .ok_or_else(|| ModelError::NoSuchTopic {
                         topic: topic.clone(),
                     })?;
-                Ok(if t.sealed {
-                    Outcome::Unchanged
-                } else {
-                    Outcome::TopicSealed
-                })
+                if t.sealed {
+                    return Ok(Outcome::Unchanged);
+                }
+                let mut active_segments: Vec<SegmentId> = t
+                    .ranges
+                    .iter()
+                    .filter(|r| r.active)
+                    .flat_map(|r| r.segments.iter().filter(|s| s.seal.is_none()))
+                    .map(|s| SegmentId(s.id))
+                    .collect();
+                active_segments.sort();
+                Ok(Outcome::TopicSealed { active_segments })
             }
             Command::DeleteTopic { topic } => {
                 let t = self

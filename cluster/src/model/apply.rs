@@ -386,10 +386,11 @@ impl MetadataState {
         if matches!(self.existing_topic(topic)?.state, TopicState::Sealed { .. }) {
             return Ok(Outcome::Unchanged);
         }
+        let active_segments = self.unsealed_segments(topic);
         if let Some(t) = self.topics.get_mut(topic) {
             t.state = TopicState::Sealed { at_ms };
         }
-        Ok(Outcome::TopicSealed)
+        Ok(Outcome::TopicSealed { active_segments })
     }
 
     fn delete_topic(&mut self, topic: &str) -> Result<Outcome, ModelError> {

@@ -120,7 +120,11 @@ pub enum Outcome {
         ranges: Vec<RangeId>,
         segments: Vec<SegmentId>,
     },
-    TopicSealed,
+    /// The topic is sealed; `active_segments` are the segments the
+    /// coordinator must still fence and seal, one `SealSegment` each.
+    TopicSealed {
+        active_segments: Vec<SegmentId>,
+    },
     TopicDeleted {
         incarnation: Incarnation,
         segments: Vec<SegmentId>,

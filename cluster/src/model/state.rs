@@ -255,6 +255,18 @@ impl MetadataState {
         self.route_position(topic, position(key))
     }
 
+    /// The segments of a topic that are not sealed yet, in id order: the
+    /// newest segment of each active range whose write head is still open.
+    pub fn unsealed_segments(&self, topic: &str) -> Vec<SegmentId> {
+        let mut ids: Vec<SegmentId> = self
+            .active_ranges(topic)
+            .filter_map(|r| r.last_segment())
+            .filter(|id| self.segments.get(id).is_some_and(|s| s.seal().is_none()))
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// The serialized state: a version byte, then the rmp-serde body.
     /// Equal states give equal bytes, which is what raft snapshots need.
     pub fn snapshot(&self) -> Result<Vec<u8>, SnapshotError> {
