@@ -276,4 +276,33 @@ mod tests {
         assert_eq!(position(b""), xxhash_rust::xxh3::xxh3_64(b""));
         assert_ne!(position(b"a"), position(b"b"));
     }
+
+    fn any_band() -> impl proptest::strategy::Strategy<Value = Band> {
+        use proptest::prelude::*;
+        (0u8..=64, any::<u64>()).prop_map(|(size_log2, start)| {
+            let mask = if size_log2 >= 64 {
+                0
+            } else {
+                !((1u64 << size_log2) - 1)
+            };
+            Band::new(start & mask, size_log2).unwrap()
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn halves_partition_a_band_and_are_each_others_buddy(band in any_band(), p in proptest::prelude::any::<u64>()) {
+            if let Some((lower, upper)) = band.halves() {
+                proptest::prop_assert_eq!(band.contains(p), lower.contains(p) || upper.contains(p));
+                proptest::prop_assert!(!(lower.contains(p) && upper.contains(p)));
+                proptest::prop_assert_eq!(lower.end_exclusive(), u128::from(upper.start()));
+                proptest::prop_assert_eq!(lower.buddy(), Some(upper));
+                proptest::prop_assert_eq!(upper.parent(), Some(band));
+            }
+            if let Some(parent) = band.parent() {
+                proptest::prop_assert!(parent.covers(&band));
+                proptest::prop_assert_eq!(band.buddy().and_then(|b| b.buddy()), Some(band));
+            }
+        }
+    }
 }
