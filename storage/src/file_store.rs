@@ -4,14 +4,14 @@
 //! 1. The caller's thread encodes the batch into frames outside any lock,
 //!    leaving offsets and CRCs zero.
 //! 2. Under the segment's lock the batch gets its offsets (so offset order is
-//!    enqueue order) and is copied into the segment's pending buffer; the
-//!    caller gets an [`AppendTicket`].
+//!    enqueue order) and the encoded batch is queued on the segment, without
+//!    copying it; the caller gets an [`AppendTicket`].
 //! 3. When a trigger fires (records, bytes, or time; with
 //!    `flush_interval_ms == 0`, as soon as the file is not already syncing)
 //!    the segment is queued for a sync thread.
-//! 4. A sync thread takes the whole pending buffer, fills in offsets,
-//!    `flush_first_offset` and CRCs, writes it with one `pwrite` and one
-//!    `fdatasync`, then publishes the new durable end and completes the
+//! 4. A sync thread takes every pending batch, fills in offsets,
+//!    `flush_first_offset` and CRCs, writes them with one vectored write and
+//!    one `fdatasync`, then publishes the new durable end and completes the
 //!    tickets. One file never has two flushes at once; different files are
 //!    flushed by different threads in parallel, because the disk rewards
 //!    parallel syncs.
@@ -23,7 +23,7 @@
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, IoSlice, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -127,14 +127,13 @@ struct SegState {
     next_offset: u64,
     durable_offset: u64,
     durable_bytes: u64,
-    pending: Vec<u8>,
-    /// Start of each frame in `pending`.
-    pending_starts: Vec<usize>,
+    /// Encoded batches waiting for a flush, in offset order.
+    pending: Vec<Batch>,
+    pending_bytes: usize,
+    pending_records: usize,
     pending_first_offset: u64,
     pending_since: Option<Instant>,
     pending_waiters: Vec<Arc<Completion>>,
-    /// A reusable buffer returned by the last flush.
-    spare: Option<Vec<u8>>,
     inflight: bool,
     /// Sync tickets satisfied by the flush in flight.
     inflight_waiters: Vec<Arc<Completion>>,
@@ -145,6 +144,14 @@ struct SegState {
     fenced: bool,
     sealed: Option<SealInfo>,
     failed: Option<String>,
+}
+
+/// One append's frames, encoded by the appender's thread.
+#[derive(Debug)]
+struct Batch {
+    bytes: Vec<u8>,
+    /// Start of each frame in `bytes`.
+    starts: Vec<usize>,
 }
 
 enum Wake {
@@ -274,7 +281,7 @@ impl FileStore {
         };
         self.shared.wake(seg, wake);
         let mut st = seg.state.lock();
-        while (st.inflight || !st.pending.is_empty()) && st.failed.is_none() {
+        while (st.inflight || st.pending_records > 0) && st.failed.is_none() {
             seg.idle.wait(&mut st);
         }
     }
@@ -400,11 +407,11 @@ impl FileStore {
                 durable_offset: records,
                 durable_bytes: bytes,
                 pending: Vec::new(),
-                pending_starts: Vec::new(),
+                pending_bytes: 0,
+                pending_records: 0,
                 pending_first_offset: records,
                 pending_since: None,
                 pending_waiters: Vec::new(),
-                spare: None,
                 inflight: false,
                 inflight_waiters: Vec::new(),
                 ready_queued: false,
@@ -611,25 +618,22 @@ impl SegmentStore for FileStore {
             if records.is_empty() {
                 return Ok(AppendTicket::ready(st.next_offset..st.next_offset));
             }
-            if !st.pending.is_empty() && st.pending.len() + frames.len() > cfg.pending_bytes_max {
+            if st.pending_bytes > 0 && st.pending_bytes + frames.len() > cfg.pending_bytes_max {
                 return Err(StorageError::Busy {
                     segment,
-                    pending_bytes: st.pending.len(),
+                    pending_bytes: st.pending_bytes,
                     pending_bytes_max: cfg.pending_bytes_max,
                 });
             }
             let first = st.next_offset;
             st.next_offset += records.len() as u64;
-            if st.pending.is_empty() {
+            if st.pending_records == 0 {
                 st.pending_first_offset = first;
                 st.pending_since = Some(Instant::now());
-                if let Some(spare) = st.spare.take() {
-                    st.pending = spare;
-                }
             }
-            let base = st.pending.len();
-            st.pending.extend_from_slice(&frames);
-            st.pending_starts.extend(starts.iter().map(|s| s + base));
+            st.pending_bytes += frames.len();
+            st.pending_records += records.len();
+            st.pending.push(Batch { bytes: frames, starts });
             let completion = Completion::new();
             st.pending_waiters.push(Arc::clone(&completion));
             let wake = decide(cfg, &mut st, Instant::now());
@@ -652,7 +656,7 @@ impl SegmentStore for FileStore {
             let end = st.next_offset;
             let completion = Completion::new();
             let ticket = AppendTicket::new(end..end, Arc::clone(&completion));
-            if !st.pending.is_empty() {
+            if st.pending_records > 0 {
                 st.pending_waiters.push(completion);
                 st.force_flush = true;
             } else if st.inflight {
@@ -839,15 +843,15 @@ fn check_writable(segment: SegmentId, st: &SegState) -> Result<(), StorageError>
 /// Decides, under the segment lock, whether its pending bytes should be
 /// flushed now, on a timer, or left to the flush in flight.
 fn decide(cfg: &StoreConfig, st: &mut SegState, now: Instant) -> Wake {
-    if st.inflight || st.pending.is_empty() || st.failed.is_some() {
+    if st.inflight || st.pending_records == 0 || st.failed.is_some() {
         return Wake::Nothing;
     }
     let interval = Duration::from_millis(cfg.flush_interval_ms);
     let deadline = st.pending_since.unwrap_or(now) + interval;
     let due = cfg.flush_interval_ms == 0
         || st.force_flush
-        || st.pending_starts.len() >= cfg.flush_records_max
-        || st.pending.len() >= cfg.flush_bytes_max
+        || st.pending_records >= cfg.flush_records_max
+        || st.pending_bytes >= cfg.flush_bytes_max
         || deadline <= now;
     if due {
         if st.ready_queued {
@@ -898,14 +902,15 @@ fn sync_worker(shared: &Shared) {
 }
 
 struct Taken {
-    buf: Vec<u8>,
-    starts: Vec<usize>,
+    batches: Vec<Batch>,
+    records: u64,
+    bytes: u64,
     first: u64,
     position: u64,
     waiters: Vec<Arc<Completion>>,
 }
 
-/// One group commit of one file: one pwrite and one fdatasync.
+/// One group commit of one file: one vectored write and one fdatasync.
 fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
     let taken = {
         let mut st = seg.state.lock();
@@ -914,48 +919,59 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
         } else {
             st.ready_queued = false;
         }
-        if st.inflight || st.pending.is_empty() || st.failed.is_some() {
+        if st.inflight || st.pending_records == 0 || st.failed.is_some() {
             return;
         }
         st.inflight = true;
         st.force_flush = false;
         st.pending_since = None;
-        let fresh = Vec::new();
-        Taken {
-            buf: std::mem::replace(&mut st.pending, fresh),
-            starts: std::mem::take(&mut st.pending_starts),
+        let taken = Taken {
+            batches: std::mem::take(&mut st.pending),
+            records: st.pending_records as u64,
+            bytes: st.pending_bytes as u64,
             first: st.pending_first_offset,
             position: st.durable_bytes,
             waiters: std::mem::take(&mut st.pending_waiters),
-        }
+        };
+        st.pending_records = 0;
+        st.pending_bytes = 0;
+        taken
     };
     let Taken {
-        mut buf,
-        starts,
+        mut batches,
+        records,
+        bytes,
         first,
         position,
         waiters,
     } = taken;
-    let records = starts.len() as u64;
-    for (i, &start) in starts.iter().enumerate() {
-        let end = starts.get(i + 1).copied().unwrap_or(buf.len());
-        frame::seal_frame(&mut buf[start..end], first + i as u64, first);
-    }
-    if cfg!(debug_assertions) {
-        // Pair the checksum written with one read back before the bytes leave.
-        for (i, &start) in starts.iter().enumerate() {
-            let decoded = frame::decode(&buf[start..]).map(|(v, _)| v.offset);
-            debug_assert_eq!(decoded, Ok(first + i as u64));
+    // Offsets and CRCs are filled in here, on the sync thread, so appenders
+    // pay only for encoding; flush_first_offset is what lets recovery tell
+    // this flush's torn pages from damage to an earlier, durable flush.
+    let mut offset = first;
+    for batch in &mut batches {
+        for (i, &start) in batch.starts.iter().enumerate() {
+            let end = batch.starts.get(i + 1).copied().unwrap_or(batch.bytes.len());
+            frame::seal_frame(&mut batch.bytes[start..end], offset, first);
+            if cfg!(debug_assertions) {
+                // Pair the checksum written with one read back before the bytes leave.
+                let decoded = frame::decode(&batch.bytes[start..end]).map(|(v, _)| v.offset);
+                debug_assert_eq!(decoded, Ok(offset));
+            }
+            offset += 1;
         }
     }
-    let result = seg
-        .log
-        .write_all_at(&buf, position)
-        .and_then(|()| seg.log.sync_data());
+    assert_eq!(offset, first + records, "pending record count out of step");
+    let result = write_batches(&seg.log, &batches, position).and_then(|()| seg.log.sync_data());
     if result.is_ok() {
         let mut idx = seg.index.lock();
-        for (i, &start) in starts.iter().enumerate() {
-            idx.index.observe(first + i as u64, position + start as u64);
+        let (mut offset, mut base) = (first, position);
+        for batch in &batches {
+            for &start in &batch.starts {
+                idx.index.observe(offset, base + start as u64);
+                offset += 1;
+            }
+            base += batch.bytes.len() as u64;
         }
         let new = idx.index.encode_from(idx.persisted);
         let at = (idx.persisted * crate::index::INDEX_ENTRY_BYTES) as u64;
@@ -966,7 +982,7 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
             idx.persisted = idx.index.entries().len();
         }
     }
-    let bytes = buf.len() as u64;
+    drop(batches);
     let (waiters, outcome, wake) = {
         let mut st = seg.state.lock();
         st.inflight = false;
@@ -976,8 +992,6 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
             Ok(()) => {
                 st.durable_offset = first + records;
                 st.durable_bytes = position + bytes;
-                buf.clear();
-                st.spare = Some(buf);
                 Ok(())
             }
             Err(e) => {
@@ -985,7 +999,8 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
                 st.failed = Some(e.to_string());
                 waiters.append(&mut st.pending_waiters);
                 st.pending.clear();
-                st.pending_starts.clear();
+                st.pending_records = 0;
+                st.pending_bytes = 0;
                 Err(StorageError::io("flush log", &seg.log_path, clone_io(e)))
             }
         };
@@ -1003,6 +1018,27 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
     for waiter in waiters {
         waiter.complete(outcome.clone());
     }
+}
+
+/// Writes the batches back to back at `position` with vectored writes.
+/// Only the one flusher of a segment moves the file cursor; reads use pread.
+fn write_batches(log: &File, batches: &[Batch], position: u64) -> io::Result<()> {
+    let mut file = log;
+    file.seek(SeekFrom::Start(position))?;
+    let mut slices: Vec<IoSlice<'_>> = batches.iter().map(|b| IoSlice::new(&b.bytes)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let written = match file.write_vectored(rest) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if written == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "vectored write wrote nothing"));
+        }
+        IoSlice::advance_slices(&mut rest, written);
+    }
+    Ok(())
 }
 
 fn clone_io(e: &io::Error) -> io::Error {
