@@ -133,6 +133,11 @@ fn print_result(r: &ScenarioResult, json: bool) {
         let verdict = if r.p99_us <= target { "met" } else { "missed" };
         line.push_str(&format!("  p99 target {target} us: {verdict}"));
     }
+    if let (Some(offered), Some(lag)) = (r.offered_records_per_s, r.send_lag_p99_us) {
+        line.push_str(&format!(
+            "  offered {offered:.0} records/s, send lag p99 {lag} us"
+        ));
+    }
     if r.busy_retries > 0 {
         line.push_str(&format!("  busy retries {}", r.busy_retries));
     }

@@ -4,10 +4,11 @@
 //! The raw baseline is N plain files, each written with `pwrite` and
 //! `fdatasync` by its own thread, at a grid of write sizes. Each store
 //! scenario is compared with the raw run that has the same number of files
-//! being synced at once (`min(appenders, segments)`) and the write size
-//! nearest (on a log scale) to the mean bytes the store actually wrote per
-//! fdatasync in that scenario: the ratio is the store's overhead over a disk
-//! doing the same syncs. The ratio to raw at the appenders' own batch size
+//! being synced at once (`min(appenders, segments)`) and at the mean bytes
+//! the store actually wrote per fdatasync in that scenario, interpolated
+//! between the two neighbouring grid sizes (linearly in time per sync, which
+//! is how a sync's cost grows with its size): the ratio is the store's
+//! overhead over a disk doing the same syncs. The ratio to raw at the appenders' own batch size
 //! is reported beside it as `ratio_to_raw_batch` (above 1 when group commit
 //! coalesces small batches into larger writes).
 
@@ -68,6 +69,10 @@ pub struct ScenarioResult {
     pub raw_baseline: Option<String>,
     /// For the latency scenarios: 2 x raw p99 + 1 ms, the p99 target.
     pub p99_target_us: Option<u64>,
+    /// For the latency scenarios: the records per second offered.
+    pub offered_records_per_s: Option<f64>,
+    /// For the latency scenarios: p99 of how late a send left its schedule.
+    pub send_lag_p99_us: Option<u64>,
     pub busy_retries: u64,
 }
 
@@ -78,6 +83,7 @@ struct Measured {
     hist: Histogram<u64>,
     syncs: u64,
     busy: u64,
+    lag: Option<Histogram<u64>>,
 }
 
 /// The size of one benchmark record's frame on disk.
@@ -176,9 +182,10 @@ pub fn run(
         }
     }
 
-    // Latency at half the maximum load: paced appenders at half the rate the
-    // same configuration reached closed-loop, latency measured from the
-    // scheduled send time so a stall is not hidden by a late send.
+    // Latency at half the maximum load: appenders paced at half the rate the
+    // same configuration reached closed-loop. Latency is append to ack; how
+    // late sends left their schedule is reported beside it (send_lag_p99_us),
+    // so a stall that delays sends is visible rather than hidden.
     let mut half_load = vec![best];
     let single = results
         .iter()
@@ -201,7 +208,8 @@ pub fn run(
             format!("latency half-load segments={segments} appenders={appenders} batch={batch}");
         let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
         compare(&mut r, &raw, segments.min(appenders), batch * frame);
-        if let Some(base) = nearest_raw(&raw, segments.min(appenders), r.write_bytes_mean) {
+        r.offered_records_per_s = Some(rate);
+        if let Some(base) = raw_at(&raw, segments.min(appenders), r.write_bytes_mean) {
             r.p99_target_us = Some(2 * base.p99_us + 1000);
         }
         progress(&r);
@@ -215,30 +223,69 @@ pub fn run(
 }
 
 fn compare(r: &mut ScenarioResult, raw: &[ScenarioResult], files: usize, batch_bytes: usize) {
-    if let Some(base) = nearest_raw(raw, files, r.write_bytes_mean) {
+    if let Some(base) = raw_at(raw, files, r.write_bytes_mean) {
         r.ratio_to_raw = Some(r.mb_per_s / base.mb_per_s);
-        r.raw_baseline = Some(base.scenario.clone());
+        r.raw_baseline = Some(base.label);
     }
-    if let Some(base) = nearest_raw(raw, files, batch_bytes as f64) {
+    if let Some(base) = raw_at(raw, files, batch_bytes as f64) {
         r.ratio_to_raw_batch = Some(r.mb_per_s / base.mb_per_s);
     }
 }
 
-fn nearest_raw(raw: &[ScenarioResult], files: usize, write_bytes: f64) -> Option<&ScenarioResult> {
-    let files = [1usize, 8, 16]
-        .into_iter()
-        .filter(|&f| f <= files)
-        .max()
-        .unwrap_or(1);
-    raw.iter().filter(|r| r.files == files).min_by(|a, b| {
-        let da = (a.write_bytes_mean.max(1.0) / write_bytes.max(1.0))
-            .ln()
-            .abs();
-        let db = (b.write_bytes_mean.max(1.0) / write_bytes.max(1.0))
-            .ln()
-            .abs();
-        da.total_cmp(&db)
+/// The raw disk at a file count and write size.
+#[derive(Debug, Clone, PartialEq)]
+struct RawPoint {
+    mb_per_s: f64,
+    p99_us: u64,
+    label: String,
+}
+
+/// The raw disk at `files` files (the largest measured count not above it)
+/// and `write_bytes` per sync, interpolated between the neighbouring
+/// measured sizes linearly in seconds per sync, and clamped to the grid.
+fn raw_at(raw: &[ScenarioResult], files: usize, write_bytes: f64) -> Option<RawPoint> {
+    let files = raw
+        .iter()
+        .map(|r| r.files)
+        .filter(|&f| f <= files.max(1))
+        .max()?;
+    let mut points: Vec<&ScenarioResult> = raw
+        .iter()
+        .filter(|r| r.files == files && r.mb_per_s > 0.0)
+        .collect();
+    points.sort_by(|a, b| a.write_bytes_mean.total_cmp(&b.write_bytes_mean));
+    let (first, last) = (points.first()?, points.last()?);
+    if write_bytes <= first.write_bytes_mean || points.len() == 1 {
+        return Some(point_of(first));
+    }
+    if write_bytes >= last.write_bytes_mean {
+        return Some(point_of(last));
+    }
+    let i = points
+        .iter()
+        .rposition(|p| p.write_bytes_mean <= write_bytes)?;
+    let (lo, hi) = (points[i], points.get(i + 1)?);
+    // Seconds one file spends per sync at each measured size.
+    let secs = |p: &ScenarioResult| files as f64 * p.write_bytes_mean / (p.mb_per_s * 1e6);
+    let w = (write_bytes - lo.write_bytes_mean) / (hi.write_bytes_mean - lo.write_bytes_mean);
+    let t = secs(lo) + w * (secs(hi) - secs(lo));
+    let p99 = lo.p99_us as f64 + w * (hi.p99_us as f64 - lo.p99_us as f64);
+    Some(RawPoint {
+        mb_per_s: files as f64 * write_bytes / t / 1e6,
+        p99_us: p99.round() as u64,
+        label: format!(
+            "raw files={files} at {write_bytes:.0} bytes/sync, between '{}' and '{}'",
+            lo.scenario, hi.scenario
+        ),
     })
+}
+
+fn point_of(r: &ScenarioResult) -> RawPoint {
+    RawPoint {
+        mb_per_s: r.mb_per_s,
+        p99_us: r.p99_us,
+        label: r.scenario.clone(),
+    }
 }
 
 fn to_result(
@@ -275,6 +322,8 @@ fn to_result(
         ratio_to_raw_batch: None,
         raw_baseline: None,
         p99_target_us: None,
+        offered_records_per_s: None,
+        send_lag_p99_us: m.lag.as_ref().map(|h| h.value_at_quantile(0.99)),
         busy_retries: m.busy,
     }
 }
@@ -346,6 +395,7 @@ fn raw_run(
         hist: histogram(),
         syncs: 0,
         busy: 0,
+        lag: None,
     };
     for outcome in outcomes {
         let (bytes, writes, seconds, hist) = outcome?;
@@ -376,14 +426,15 @@ fn store_run(
     }
     let barrier = Barrier::new(appenders);
     let busy = AtomicU64::new(0);
-    let outcomes: Vec<Result<(u64, f64, Histogram<u64>), StorageError>> = std::thread::scope(|s| {
+    type Outcome = Result<(u64, f64, Histogram<u64>, Histogram<u64>), StorageError>;
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..appenders)
             .map(|a| {
                 let (store, barrier, busy) = (&store, &barrier, &busy);
                 s.spawn(move || {
                     let segment = SegmentId((a % segments) as u64);
                     let records: Vec<Record> = (0..batch as u64).map(bench_record).collect();
-                    let mut hist = histogram();
+                    let (mut hist, mut lag) = (histogram(), histogram());
                     let mut sent = 0u64;
                     barrier.wait();
                     let start = Instant::now();
@@ -391,18 +442,15 @@ fn store_run(
                     let mut next = start
                         + pace.map_or(Duration::ZERO, |p| p.mul_f64(a as f64 / appenders as f64));
                     while start.elapsed() < duration {
-                        let scheduled = match pace {
-                            Some(p) => {
-                                let now = Instant::now();
-                                if next > now {
-                                    std::thread::sleep(next - now);
-                                }
-                                let at = next;
-                                next += p;
-                                at
+                        if let Some(p) = pace {
+                            let now = Instant::now();
+                            if next > now {
+                                std::thread::sleep(next - now);
                             }
-                            None => Instant::now(),
-                        };
+                            lag.saturating_record(elapsed_us(next));
+                            next += p;
+                        }
+                        let sent_at = Instant::now();
                         let ticket = loop {
                             match store.append(segment, &records) {
                                 Ok(ticket) => break ticket,
@@ -414,10 +462,10 @@ fn store_run(
                             }
                         };
                         ticket.wait()?;
-                        hist.saturating_record(elapsed_us(scheduled));
+                        hist.saturating_record(elapsed_us(sent_at));
                         sent += batch as u64;
                     }
-                    Ok((sent, start.elapsed().as_secs_f64(), hist))
+                    Ok((sent, start.elapsed().as_secs_f64(), hist, lag))
                 })
             })
             .collect();
@@ -433,12 +481,16 @@ fn store_run(
         hist: histogram(),
         syncs: 0,
         busy: busy.load(Ordering::Relaxed),
+        lag: pace.map(|_| histogram()),
     };
     for outcome in outcomes {
-        let (records, seconds, hist) = outcome?;
+        let (records, seconds, hist, lag) = outcome?;
         m.records += records;
         m.seconds = m.seconds.max(seconds);
         let _ = m.hist.add(&hist);
+        if let Some(total) = m.lag.as_mut() {
+            let _ = total.add(&lag);
+        }
     }
     let stats = store.stats();
     m.bytes = stats.flushed_bytes;
@@ -500,6 +552,8 @@ fn read_run(
         ratio_to_raw_batch: None,
         raw_baseline: None,
         p99_target_us: None,
+        offered_records_per_s: None,
+        send_lag_p99_us: None,
         busy_retries: 0,
     })
 }
@@ -514,8 +568,8 @@ mod tests {
     }
 
     #[test]
-    fn the_raw_baseline_is_the_nearest_write_size_at_the_same_file_count() {
-        let mk = |files, write: f64, mb| ScenarioResult {
+    fn the_raw_baseline_interpolates_time_per_sync_at_the_same_file_count() {
+        let mk = |files, write: f64, mb, p99| ScenarioResult {
             system: "raw-disk",
             scenario: format!("{files}-{write}"),
             files,
@@ -524,23 +578,30 @@ mod tests {
             mb_per_s: mb,
             records_per_s: 0.0,
             p50_us: 0,
-            p99_us: 0,
+            p99_us: p99,
             p999_us: 0,
             write_bytes_mean: write,
             ratio_to_raw: None,
             ratio_to_raw_batch: None,
             raw_baseline: None,
             p99_target_us: None,
+            offered_records_per_s: None,
+            send_lag_p99_us: None,
             busy_retries: 0,
         };
+        // 1 file: 1 MB in 1 ms (1000 MB/s) and 3 MB in 2 ms (1500 MB/s).
         let raw = vec![
-            mk(1, 1000.0, 1.0),
-            mk(1, 10_000.0, 2.0),
-            mk(16, 1000.0, 3.0),
-            mk(8, 1000.0, 4.0),
+            mk(1, 1e6, 1000.0, 100),
+            mk(1, 3e6, 1500.0, 300),
+            mk(8, 1e6, 4000.0, 50),
         ];
-        assert_eq!(nearest_raw(&raw, 1, 4000.0).unwrap().mb_per_s, 2.0);
-        assert_eq!(nearest_raw(&raw, 16, 50.0).unwrap().mb_per_s, 3.0);
-        assert_eq!(nearest_raw(&raw, 12, 50.0).unwrap().mb_per_s, 4.0);
+        let mid = raw_at(&raw, 1, 2e6).unwrap();
+        // 2 MB halfway: 1.5 ms per sync, so 2 MB / 1.5 ms.
+        assert!((mid.mb_per_s - 2e6 / 1.5e-3 / 1e6).abs() < 1e-6);
+        assert_eq!(mid.p99_us, 200);
+        assert_eq!(raw_at(&raw, 1, 10.0).unwrap().mb_per_s, 1000.0);
+        assert_eq!(raw_at(&raw, 1, 1e9).unwrap().mb_per_s, 1500.0);
+        // 12 files use the 8-file measurements, never the single file's.
+        assert_eq!(raw_at(&raw, 12, 1e6).unwrap().mb_per_s, 4000.0);
     }
 }

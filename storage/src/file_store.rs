@@ -633,7 +633,10 @@ impl SegmentStore for FileStore {
             }
             st.pending_bytes += frames.len();
             st.pending_records += records.len();
-            st.pending.push(Batch { bytes: frames, starts });
+            st.pending.push(Batch {
+                bytes: frames,
+                starts,
+            });
             let completion = Completion::new();
             st.pending_waiters.push(Arc::clone(&completion));
             let wake = decide(cfg, &mut st, Instant::now());
@@ -951,7 +954,11 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
     let mut offset = first;
     for batch in &mut batches {
         for (i, &start) in batch.starts.iter().enumerate() {
-            let end = batch.starts.get(i + 1).copied().unwrap_or(batch.bytes.len());
+            let end = batch
+                .starts
+                .get(i + 1)
+                .copied()
+                .unwrap_or(batch.bytes.len());
             frame::seal_frame(&mut batch.bytes[start..end], offset, first);
             if cfg!(debug_assertions) {
                 // Pair the checksum written with one read back before the bytes leave.
@@ -1034,7 +1041,10 @@ fn write_batches(log: &File, batches: &[Batch], position: u64) -> io::Result<()>
             Err(e) => return Err(e),
         };
         if written == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "vectored write wrote nothing"));
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "vectored write wrote nothing",
+            ));
         }
         IoSlice::advance_slices(&mut rest, written);
     }
