@@ -300,6 +300,11 @@ mod tests {
     }
 
     #[test]
+    fn the_checksum_is_crc32_iso_hdlc_as_documented() {
+        assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
     fn frame_size_is_header_plus_payload_len() {
         let mut buf = Vec::new();
         encode(&mut buf, 0, 0, &sample());
