@@ -352,42 +352,42 @@ fn raw_run(
     let sub = dir.join(format!("raw-{files}-{write_bytes}"));
     fs::create_dir_all(&sub).map_err(io("create raw directory", &sub))?;
     let barrier = Barrier::new(files);
-    let outcomes: Vec<Result<(u64, u64, f64, Histogram<u64>), StorageError>> =
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..files)
-                .map(|i| {
-                    let path = sub.join(format!("{i}.raw"));
-                    let barrier = &barrier;
-                    s.spawn(move || {
-                        let file = OpenOptions::new()
-                            .create(true)
-                            .write(true)
-                            .truncate(true)
-                            .open(&path)
-                            .map_err(io("create raw file", &path))?;
-                        let buf = vec![0x5Au8; write_bytes];
-                        let mut hist = histogram();
-                        let (mut pos, mut writes) = (0u64, 0u64);
-                        barrier.wait();
-                        let start = Instant::now();
-                        while start.elapsed() < duration {
-                            let t = Instant::now();
-                            file.write_all_at(&buf, pos)
-                                .map_err(io("write raw file", &path))?;
-                            file.sync_data().map_err(io("sync raw file", &path))?;
-                            hist.saturating_record(elapsed_us(t));
-                            pos += write_bytes as u64;
-                            writes += 1;
-                        }
-                        Ok((pos, writes, start.elapsed().as_secs_f64(), hist))
-                    })
+    type Outcome = Result<(u64, u64, f64, Histogram<u64>), StorageError>;
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..files)
+            .map(|i| {
+                let path = sub.join(format!("{i}.raw"));
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let file = OpenOptions::new()
+                        .create(true)
+                        .write(true)
+                        .truncate(true)
+                        .open(&path)
+                        .map_err(io("create raw file", &path))?;
+                    let buf = vec![0x5Au8; write_bytes];
+                    let mut hist = histogram();
+                    let (mut pos, mut writes) = (0u64, 0u64);
+                    barrier.wait();
+                    let start = Instant::now();
+                    while start.elapsed() < duration {
+                        let t = Instant::now();
+                        file.write_all_at(&buf, pos)
+                            .map_err(io("write raw file", &path))?;
+                        file.sync_data().map_err(io("sync raw file", &path))?;
+                        hist.saturating_record(elapsed_us(t));
+                        pos += write_bytes as u64;
+                        writes += 1;
+                    }
+                    Ok((pos, writes, start.elapsed().as_secs_f64(), hist))
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(Err(StorageError::ShuttingDown)))
-                .collect()
-        });
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(Err(StorageError::ShuttingDown)))
+            .collect()
+    });
     let mut m = Measured {
         bytes: 0,
         records: 0,

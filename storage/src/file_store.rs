@@ -735,7 +735,7 @@ impl SegmentStore for FileStore {
         let byte_size = if length == durable {
             durable_bytes
         } else {
-            self.read_range(&seg, length, (durable, durable_bytes), 1, 0)?
+            self.read_range(&seg, length, (durable, durable_bytes), 0, 0)?
                 .0
         };
         let info = SealInfo { length, byte_size };
@@ -1072,7 +1072,7 @@ impl From<io::Error> for ReadAnomaly {
 
 /// Scans from `hint`, checking that every frame carries the next offset,
 /// and collects records from `from` within the budgets. With
-/// `records_max == 1` and `bytes_max == 0` it just locates `from`.
+/// `records_max == 0` it only locates `from` and returns its position.
 fn read_from(
     seg: &Segment,
     hint: IndexEntry,
@@ -1088,7 +1088,8 @@ fn read_from(
     let mut out = Vec::new();
     let mut bytes = 0usize;
     let mut from_position = None;
-    while expected < end_offset && out.len() < records_max {
+    let locate = records_max == 0;
+    while expected < end_offset && (locate || out.len() < records_max) {
         match reader.next_frame()? {
             Next::End => {
                 return Err(ReadAnomaly::Bad {
@@ -1127,7 +1128,7 @@ fn read_from(
                     if !out.is_empty() && bytes + len > bytes_max {
                         break;
                     }
-                    if bytes_max == 0 && records_max == 1 {
+                    if locate {
                         break;
                     }
                     bytes += len;

@@ -52,7 +52,9 @@ fn idx_path(dir: &Path) -> std::path::PathBuf {
     dir.join(format!("{}.idx", SEG.file_stem()))
 }
 
-fn damage_cases() -> Vec<(&'static str, Box<dyn Fn(&Path)>)> {
+type Damage = Box<dyn Fn(&Path)>;
+
+fn damage_cases() -> Vec<(&'static str, Damage)> {
     vec![
         (
             "deleted",

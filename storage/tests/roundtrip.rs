@@ -204,6 +204,8 @@ fn the_byte_budget_returns_at_least_one_record() {
     store.open(SEG).unwrap();
     append_batches(&store, &[vec![record(10), record(11), record(12)]]);
     assert_eq!(store.read(SEG, 0, 10, 1).unwrap().len(), 1);
+    assert_eq!(store.read(SEG, 0, 1, 0).unwrap().len(), 1);
+    assert_eq!(store.read(SEG, 1, 1, 0).unwrap()[0].offset, 1);
     let two = frame_len(&record(10)) + frame_len(&record(11));
     assert_eq!(store.read(SEG, 0, 10, two as usize).unwrap().len(), 2);
 }

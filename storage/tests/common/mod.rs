@@ -28,7 +28,7 @@ pub fn record(i: u64) -> Record {
         timestamp_ms: 1_000 + i,
         key: format!("key-{i}").into_bytes(),
         value: vec![(i % 251) as u8; (i as usize * 7) % 90],
-        headers: if i % 3 == 0 {
+        headers: if i.is_multiple_of(3) {
             vec![("h".to_owned(), i.to_le_bytes().to_vec())]
         } else {
             Vec::new()
