@@ -49,6 +49,9 @@ struct StorageArgs {
     /// Sync threads of the store.
     #[arg(long, default_value_t = 16)]
     sync_threads: usize,
+    /// Run only the scenarios whose name contains this text.
+    #[arg(long)]
+    filter: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -71,6 +74,7 @@ fn bench_storage(args: StorageArgs) -> ExitCode {
         quick: args.quick,
         flush_interval_ms: args.flush_interval_ms,
         sync_threads: args.sync_threads,
+        filter: args.filter,
     };
     if !args.json {
         println!(

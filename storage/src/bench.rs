@@ -46,6 +46,8 @@ pub struct BenchOptions {
     /// The store's `flush_interval_ms` during the run.
     pub flush_interval_ms: u64,
     pub sync_threads: usize,
+    /// Run only the scenarios whose name contains this (for profiling).
+    pub filter: Option<String>,
 }
 
 /// One line of the benchmark's output.
@@ -130,6 +132,12 @@ pub fn run(
     let mut raw = Vec::new();
     for files in [1usize, 8, 16] {
         for records in RAW_WRITE_RECORDS {
+            if !wanted(
+                opts,
+                &format!("raw files={files} write={}", human(records * frame)),
+            ) {
+                continue;
+            }
             let m = raw_run(
                 &opts.dir,
                 files,
@@ -160,6 +168,12 @@ pub fn run(
     for segments in SEGMENTS {
         for appenders in APPENDERS {
             for batch in BATCHES {
+                if !wanted(
+                    opts,
+                    &format!("append segments={segments} appenders={appenders} batch={batch}"),
+                ) {
+                    continue;
+                }
                 let m = store_run(
                     &opts.dir,
                     &cfg,
@@ -216,10 +230,16 @@ pub fn run(
         results.push(r);
     }
 
-    let r = read_run(&opts.dir, &cfg, read_bytes, frame)?;
-    progress(&r);
-    results.push(r);
+    if wanted(opts, "read sequential") {
+        let r = read_run(&opts.dir, &cfg, read_bytes, frame)?;
+        progress(&r);
+        results.push(r);
+    }
     Ok(results)
+}
+
+fn wanted(opts: &BenchOptions, scenario: &str) -> bool {
+    opts.filter.as_deref().is_none_or(|f| scenario.contains(f))
 }
 
 fn compare(r: &mut ScenarioResult, raw: &[ScenarioResult], files: usize, batch_bytes: usize) {

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use malachi_storage::{FileStore, Record, SegmentStore, StorageError, StoreConfig};
+use malachi_storage::{FileStore, Record, SegmentId, SegmentStore, StorageError, StoreConfig};
 use proptest::prelude::*;
 
 fn arb_record() -> impl Strategy<Value = Record> {
@@ -227,5 +227,39 @@ fn block_on<F: std::future::Future>(fut: F) -> F::Output {
             return v;
         }
         std::thread::park();
+    }
+}
+
+#[test]
+fn appends_from_many_threads_coalesce_into_one_write_and_sync_per_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        flush_interval_ms: 60_000,
+        flush_records_max: 40,
+        ..config()
+    };
+    let store = FileStore::open_dir(dir.path(), cfg).unwrap();
+    let segments = [SegmentId(1), SegmentId(2), SegmentId(3)];
+    for s in segments {
+        store.open(s).unwrap();
+    }
+    // Four threads per segment, ten records each: the fortieth record of a
+    // segment fires its record trigger, so each file gets exactly one flush.
+    std::thread::scope(|scope| {
+        for s in segments {
+            for t in 0..4u64 {
+                let store = &store;
+                scope.spawn(move || {
+                    let batch: Vec<Record> = (0..10).map(|i| record(t * 10 + i)).collect();
+                    store.append(s, &batch).unwrap().wait().unwrap();
+                });
+            }
+        }
+    });
+    let stats = store.stats();
+    assert_eq!(stats.flushed_records, 120);
+    assert_eq!(stats.flushes, 3);
+    for s in segments {
+        assert_eq!(read_all(&store, s).len(), 40);
     }
 }
