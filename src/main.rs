@@ -86,7 +86,7 @@ fn bench_storage(args: StorageArgs) -> ExitCode {
             if args.quick { ", quick" } else { "" }
         );
         println!(
-            "{:<58} {:>9} {:>11} {:>8} {:>8} {:>8} {:>10} {:>6} {:>6}",
+            "{:<58} {:>9} {:>11} {:>8} {:>8} {:>8} {:>10} {:>8} {:>6} {:>7}",
             "scenario",
             "MB/s",
             "records/s",
@@ -94,6 +94,7 @@ fn bench_storage(args: StorageArgs) -> ExitCode {
             "p99 us",
             "p999 us",
             "bytes/sync",
+            "raw MB/s",
             "ratio",
             "r_batch"
         );
@@ -122,7 +123,7 @@ fn print_result(r: &ScenarioResult, json: bool) {
     }
     let ratio = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
     let mut line = format!(
-        "{:<58} {:>9.1} {:>11.0} {:>8} {:>8} {:>8} {:>10.0} {:>6} {:>6}",
+        "{:<58} {:>9.1} {:>11.0} {:>8} {:>8} {:>8} {:>10.0} {:>8} {:>6} {:>7}",
         r.scenario,
         r.mb_per_s,
         r.records_per_s,
@@ -130,6 +131,8 @@ fn print_result(r: &ScenarioResult, json: bool) {
         r.p99_us,
         r.p999_us,
         r.write_bytes_mean,
+        r.raw_mb_per_s
+            .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}")),
         ratio(r.ratio_to_raw),
         ratio(r.ratio_to_raw_batch)
     );

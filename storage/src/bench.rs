@@ -1,16 +1,20 @@
 //! `malachi bench storage`: the store's durable append and read throughput
 //! measured against the disk's own durable write bandwidth, in one run.
 //!
-//! The raw baseline is N plain files, each written with `pwrite` and
-//! `fdatasync` by its own thread, at a grid of write sizes. Each store
-//! scenario is compared with the raw run that has the same number of files
-//! being synced at once (`min(appenders, segments)`) and at the mean bytes
-//! the store actually wrote per fdatasync in that scenario, interpolated
-//! between the two neighbouring grid sizes (linearly in time per sync, which
-//! is how a sync's cost grows with its size): the ratio is the store's
-//! overhead over a disk doing the same syncs. The ratio to raw at the appenders' own batch size
-//! is reported beside it as `ratio_to_raw_batch` (above 1 when group commit
-//! coalesces small batches into larger writes).
+//! The raw disk is N plain files, each written with `pwrite` and `fdatasync`
+//! by its own thread. It is measured twice over:
+//!
+//! - on a grid of file counts (1, 8, 16) and write sizes (1, 10, 100, 1,000
+//!   and 10,000 records' frames), which gives the disk's bandwidth at the
+//!   appenders' own batch sizes and parallelism (`ratio_to_raw_batch`, above
+//!   1 when group commit coalesces small batches into larger writes);
+//! - right after each store scenario, paired with it: `min(appenders,
+//!   segments)` files (the files the scenario keeps syncing at once), each
+//!   written at the mean bytes per fdatasync the store actually issued in
+//!   that scenario, for the same duration. `ratio_to_raw` divides by this
+//!   run, so it is the store's overhead over a disk doing the same syncs at
+//!   nearly the same moment (this disk's bandwidth drifts by tens of percent
+//!   from one minute to the next).
 
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -67,8 +71,11 @@ pub struct ScenarioResult {
     pub write_bytes_mean: f64,
     pub ratio_to_raw: Option<f64>,
     pub ratio_to_raw_batch: Option<f64>,
-    /// The raw scenario `ratio_to_raw` divides by.
+    /// The raw run `ratio_to_raw` divides by.
     pub raw_baseline: Option<String>,
+    /// That raw run's bandwidth and p99 sync latency.
+    pub raw_mb_per_s: Option<f64>,
+    pub raw_p99_us: Option<u64>,
     /// For the latency scenarios: 2 x raw p99 + 1 ms, the p99 target.
     pub p99_target_us: Option<u64>,
     /// For the latency scenarios: the records per second offered.
@@ -121,7 +128,7 @@ pub fn run(
     mut progress: impl FnMut(&ScenarioResult),
 ) -> Result<Vec<ScenarioResult>, StorageError> {
     let (raw_secs, store_secs, read_bytes) = if opts.quick {
-        (0.7, 1.1, 64u64 << 20)
+        (0.6, 1.0, 64u64 << 20)
     } else {
         (3.0, 4.0, 512 << 20)
     };
@@ -187,6 +194,13 @@ pub fn run(
                     format!("append segments={segments} appenders={appenders} batch={batch}");
                 let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
                 compare(&mut r, &raw, segments.min(appenders), batch * frame);
+                pair(
+                    &opts.dir,
+                    &mut r,
+                    segments.min(appenders),
+                    store_secs,
+                    frame,
+                )?;
                 if segments == 16 && appenders == 64 && batch == 10 {
                     best = Some((r.records_per_s, segments, appenders, batch));
                 }
@@ -222,10 +236,15 @@ pub fn run(
             format!("latency half-load segments={segments} appenders={appenders} batch={batch}");
         let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
         compare(&mut r, &raw, segments.min(appenders), batch * frame);
+        pair(
+            &opts.dir,
+            &mut r,
+            segments.min(appenders),
+            store_secs,
+            frame,
+        )?;
         r.offered_records_per_s = Some(rate);
-        if let Some(base) = raw_at(&raw, segments.min(appenders), r.write_bytes_mean) {
-            r.p99_target_us = Some(2 * base.p99_us + 1000);
-        }
+        r.p99_target_us = r.raw_p99_us.map(|p99| 2 * p99 + 1000);
         progress(&r);
         results.push(r);
     }
@@ -242,11 +261,27 @@ fn wanted(opts: &BenchOptions, scenario: &str) -> bool {
     opts.filter.as_deref().is_none_or(|f| scenario.contains(f))
 }
 
+/// Measures the raw disk right after a store scenario, at the scenario's
+/// parallelism and mean write size, and sets `ratio_to_raw` from it.
+fn pair(
+    dir: &Path,
+    r: &mut ScenarioResult,
+    files: usize,
+    secs: f64,
+    frame: usize,
+) -> Result<(), StorageError> {
+    let write_bytes = (r.write_bytes_mean.round() as usize).max(frame);
+    let m = raw_run(dir, files, write_bytes, Duration::from_secs_f64(secs))?;
+    let base = to_result("raw-disk", String::new(), files, 1, 0, &m, frame);
+    r.ratio_to_raw = Some(r.mb_per_s / base.mb_per_s.max(1e-9));
+    r.raw_baseline = Some(format!("paired raw files={files} write={write_bytes}B"));
+    r.raw_mb_per_s = Some(base.mb_per_s);
+    r.raw_p99_us = Some(base.p99_us);
+    Ok(())
+}
+
+/// Sets `ratio_to_raw_batch` from the grid, at the appenders' batch size.
 fn compare(r: &mut ScenarioResult, raw: &[ScenarioResult], files: usize, batch_bytes: usize) {
-    if let Some(base) = raw_at(raw, files, r.write_bytes_mean) {
-        r.ratio_to_raw = Some(r.mb_per_s / base.mb_per_s);
-        r.raw_baseline = Some(base.label);
-    }
     if let Some(base) = raw_at(raw, files, batch_bytes as f64) {
         r.ratio_to_raw_batch = Some(r.mb_per_s / base.mb_per_s);
     }
@@ -341,6 +376,8 @@ fn to_result(
         ratio_to_raw: None,
         ratio_to_raw_batch: None,
         raw_baseline: None,
+        raw_mb_per_s: None,
+        raw_p99_us: None,
         p99_target_us: None,
         offered_records_per_s: None,
         send_lag_p99_us: m.lag.as_ref().map(|h| h.value_at_quantile(0.99)),
@@ -571,6 +608,8 @@ fn read_run(
         ratio_to_raw: None,
         ratio_to_raw_batch: None,
         raw_baseline: None,
+        raw_mb_per_s: None,
+        raw_p99_us: None,
         p99_target_us: None,
         offered_records_per_s: None,
         send_lag_p99_us: None,
@@ -604,6 +643,8 @@ mod tests {
             ratio_to_raw: None,
             ratio_to_raw_batch: None,
             raw_baseline: None,
+            raw_mb_per_s: None,
+            raw_p99_us: None,
             p99_target_us: None,
             offered_records_per_s: None,
             send_lag_p99_us: None,
