@@ -2,10 +2,16 @@
 //!
 //! ```text
 //! frame   = magic "MLR1" (4 bytes) | payload_len u32 | crc32 u32 | payload
-//! payload = offset u64 | flush_first_offset u64 | timestamp_ms u64
-//!         | key_len u32 | key | value_len u32 | value
+//! payload = body | trailer
+//! body    = timestamp_ms u64 | key_len u32 | key | value_len u32 | value
 //!         | header_count u32 | { name_len u32 | name (utf-8) | hvalue_len u32 | hvalue }*
+//! trailer = offset u64 | flush_first_offset u64
 //! ```
+//!
+//! The offsets sit in a trailer so that the appender's thread can checksum
+//! the body while it encodes it (the bytes are in cache then), and the sync
+//! thread only extends that checksum over the 16 trailer bytes once it knows
+//! the flush.
 //!
 //! All integers are little-endian. The CRC is CRC-32 (IEEE, as computed by
 //! crc32fast) over the payload bytes. `docs/storage-format.md` is the normative
@@ -20,8 +26,10 @@ use crate::record::Record;
 pub const FRAME_MAGIC: [u8; 4] = *b"MLR1";
 /// Magic, payload length and CRC.
 pub const FRAME_HEADER_BYTES: usize = 12;
-/// offset, flush_first_offset, timestamp, key_len, value_len, header_count.
-pub const PAYLOAD_FIXED_BYTES: usize = 8 + 8 + 8 + 4 + 4 + 4;
+/// timestamp, key_len, value_len, header_count, offset, flush_first_offset.
+pub const PAYLOAD_FIXED_BYTES: usize = 8 + 4 + 4 + 4 + 8 + 8;
+/// The trailer: offset and flush_first_offset.
+pub const TRAILER_BYTES: usize = 16;
 /// The smallest possible frame: an empty key, value and header list.
 pub const FRAME_BYTES_MIN: usize = FRAME_HEADER_BYTES + PAYLOAD_FIXED_BYTES;
 /// A format limit, independent of configuration, so that any file written by a
@@ -100,15 +108,16 @@ pub fn payload_len(record: &Record) -> Option<usize> {
 /// that bound is what makes every inner length fit its `u32` field.
 pub fn encode(buf: &mut Vec<u8>, offset: u64, flush_first_offset: u64, record: &Record) {
     let start = buf.len();
-    encode_unsealed(buf, record);
-    seal_frame(&mut buf[start..], offset, flush_first_offset);
+    let body_crc = encode_unsealed(buf, record);
+    seal_frame(&mut buf[start..], offset, flush_first_offset, body_crc);
 }
 
-/// Appends a frame whose offset, flush_first_offset and CRC are still zero.
+/// Appends a frame whose trailer and CRC are still zero, and returns the
+/// checksum state over its body.
 ///
-/// The store encodes a batch outside its segment lock with this and fills the
-/// rest in with [`seal_frame`] once the flush that writes it is known.
-pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &Record) {
+/// The store encodes a batch outside its segment lock with this and finishes
+/// each frame with [`seal_frame`] once the flush that writes it is known.
+pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &Record) -> crc32fast::Hasher {
     let payload = payload_len(record).unwrap_or(usize::MAX);
     assert!(
         payload <= FRAME_PAYLOAD_BYTES_MAX,
@@ -118,8 +127,7 @@ pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &Record) {
     buf.extend_from_slice(&FRAME_MAGIC);
     buf.extend_from_slice(&len_u32(payload).to_le_bytes());
     buf.extend_from_slice(&0u32.to_le_bytes()); // crc
-    buf.extend_from_slice(&0u64.to_le_bytes()); // offset
-    buf.extend_from_slice(&0u64.to_le_bytes()); // flush_first_offset
+    let body_start = buf.len();
     buf.extend_from_slice(&record.timestamp_ms.to_le_bytes());
     put_bytes(buf, &record.key);
     put_bytes(buf, &record.value);
@@ -128,11 +136,21 @@ pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &Record) {
         put_bytes(buf, name.as_bytes());
         put_bytes(buf, value);
     }
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&buf[body_start..]);
+    buf.extend_from_slice(&[0u8; TRAILER_BYTES]);
+    hasher
 }
 
-/// Writes the offsets into one frame produced by [`encode_unsealed`] and
-/// computes its CRC. `frame` must be exactly that frame's bytes.
-pub(crate) fn seal_frame(frame: &mut [u8], offset: u64, flush_first_offset: u64) {
+/// Writes the trailer of one frame produced by [`encode_unsealed`] and its
+/// CRC, extending `body_crc` (that call's result) over the trailer. `frame`
+/// must be exactly that frame's bytes.
+pub(crate) fn seal_frame(
+    frame: &mut [u8],
+    offset: u64,
+    flush_first_offset: u64,
+    body_crc: crc32fast::Hasher,
+) {
     assert!(
         frame.len() >= FRAME_BYTES_MIN,
         "frame shorter than the minimum"
@@ -141,10 +159,13 @@ pub(crate) fn seal_frame(frame: &mut [u8], offset: u64, flush_first_offset: u64)
         flush_first_offset <= offset,
         "a flush starts at or before its records"
     );
-    let payload_start = FRAME_HEADER_BYTES;
-    frame[payload_start..payload_start + 8].copy_from_slice(&offset.to_le_bytes());
-    frame[payload_start + 8..payload_start + 16].copy_from_slice(&flush_first_offset.to_le_bytes());
-    let crc = crc32fast::hash(&frame[payload_start..]);
+    let trailer_start = frame.len() - TRAILER_BYTES;
+    frame[trailer_start..trailer_start + 8].copy_from_slice(&offset.to_le_bytes());
+    frame[trailer_start + 8..].copy_from_slice(&flush_first_offset.to_le_bytes());
+    let mut hasher = body_crc;
+    hasher.update(&frame[trailer_start..]);
+    let crc = hasher.finalize();
+    debug_assert_eq!(crc, crc32fast::hash(&frame[FRAME_HEADER_BYTES..]));
     frame[8..12].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -191,15 +212,13 @@ pub fn decode(bytes: &[u8]) -> Result<(FrameView<'_>, usize), FrameError> {
 
 fn decode_payload(payload: &[u8]) -> Result<FrameView<'_>, FrameError> {
     let mut cur = Cursor { bytes: payload };
-    let offset = cur.u64()?;
-    let flush_first_offset = cur.u64()?;
     let timestamp_ms = cur.u64()?;
     let key = cur.bytes()?;
     let value = cur.bytes()?;
     let header_count = cur.u32()? as usize;
     // Each header takes at least eight bytes, so a count the remaining bytes
-    // cannot hold is rejected before it sizes an allocation.
-    if header_count > cur.bytes.len() / 8 {
+    // (less the trailer) cannot hold is rejected before it sizes an allocation.
+    if header_count > cur.bytes.len().saturating_sub(TRAILER_BYTES) / 8 {
         return Err(FrameError::Malformed {
             reason: "header count exceeds the payload",
         });
@@ -211,9 +230,11 @@ fn decode_payload(payload: &[u8]) -> Result<FrameView<'_>, FrameError> {
         })?;
         headers.push((name, cur.bytes()?));
     }
+    let offset = cur.u64()?;
+    let flush_first_offset = cur.u64()?;
     if !cur.bytes.is_empty() {
         return Err(FrameError::Malformed {
-            reason: "trailing bytes after the headers",
+            reason: "bytes between the headers and the trailer",
         });
     }
     if flush_first_offset > offset {
@@ -362,8 +383,8 @@ mod tests {
     fn header_count_beyond_payload_is_malformed_even_with_a_valid_crc() {
         let mut buf = Vec::new();
         encode(&mut buf, 0, 0, &Record::default());
-        let count_at = buf.len() - 4;
-        buf[count_at..].copy_from_slice(&u32::MAX.to_le_bytes());
+        let count_at = buf.len() - TRAILER_BYTES - 4;
+        buf[count_at..count_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         let crc = crc32fast::hash(&buf[FRAME_HEADER_BYTES..]);
         buf[8..12].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(decode(&buf), Err(FrameError::Malformed { .. })));

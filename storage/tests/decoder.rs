@@ -47,7 +47,7 @@ proptest! {
         let mut bytes = Vec::new();
         frame::encode(&mut bytes, 0, 0, &Record::new(0, "k", value));
         // Overwrite the key length and fix the CRC, as an adversary could.
-        let key_len_at = FRAME_HEADER_BYTES + 24;
+        let key_len_at = FRAME_HEADER_BYTES + 8;
         bytes[key_len_at..key_len_at + 4].copy_from_slice(&inner.to_le_bytes());
         let crc = crc32fast::hash(&bytes[FRAME_HEADER_BYTES..]);
         bytes[8..12].copy_from_slice(&crc.to_le_bytes());
