@@ -15,6 +15,8 @@
 //!    tickets. One file never has two flushes at once; different files are
 //!    flushed by different threads in parallel, because the disk rewards
 //!    parallel syncs.
+//!    With `flush_interval_ms == 0` a caller blocked in `AppendTicket::wait`
+//!    on an idle segment runs that flush on its own thread instead.
 //!
 //! A failed write or sync latches the segment as failed: fsync errors cannot
 //! be retried safely, so the copy takes no more appends and must be sealed by
@@ -248,6 +250,19 @@ impl FileStore {
         idx.persisted = rebuilt.entries().len();
         idx.index = rebuilt;
         Ok(())
+    }
+
+    /// With `flush_interval_ms == 0`, a caller that blocks in `wait()` on a
+    /// segment with no flush in flight runs the flush itself: that saves two
+    /// thread hand-offs on the latency path. The sync threads still get the
+    /// segment queued, so an awaited (async) ticket is flushed the same way.
+    fn with_help(&self, ticket: AppendTicket, seg: &Arc<Segment>) -> AppendTicket {
+        if self.shared.config.flush_interval_ms != 0 {
+            return ticket;
+        }
+        let shared = Arc::clone(&self.shared);
+        let seg = Arc::clone(seg);
+        ticket.with_help(Box::new(move || flush(&shared, &seg, FlushSource::Helper)))
     }
 
     fn segment(&self, segment: SegmentId) -> Result<Arc<Segment>, StorageError> {
@@ -647,7 +662,7 @@ impl SegmentStore for FileStore {
             (AppendTicket::new(first..st.next_offset, completion), wake)
         };
         self.shared.wake(&seg, wake);
-        Ok(ticket)
+        Ok(self.with_help(ticket, &seg))
     }
 
     fn sync(&self, segment: SegmentId) -> Result<AppendTicket, StorageError> {
@@ -674,7 +689,7 @@ impl SegmentStore for FileStore {
             (ticket, decide(&self.shared.config, &mut st, Instant::now()))
         };
         self.shared.wake(&seg, wake);
-        Ok(ticket)
+        Ok(self.with_help(ticket, &seg))
     }
 
     fn read(
@@ -876,17 +891,17 @@ fn decide(cfg: &StoreConfig, st: &mut SegState, now: Instant) -> Wake {
 
 fn sync_worker(shared: &Shared) {
     loop {
-        let (seg, from_timer) = {
+        let (seg, source) = {
             let mut sched = shared.sched.lock();
             loop {
                 if let Some(seg) = sched.ready.pop_front() {
-                    break (seg, false);
+                    break (seg, FlushSource::Ready);
                 }
                 let now = Instant::now();
                 match sched.timers.peek().map(|t| t.deadline) {
                     Some(deadline) if deadline <= now => {
                         if let Some(entry) = sched.timers.pop() {
-                            break (entry.segment, true);
+                            break (entry.segment, FlushSource::Timer);
                         }
                     }
                     Some(deadline) => {
@@ -904,7 +919,7 @@ fn sync_worker(shared: &Shared) {
                 }
             }
         };
-        flush(shared, &seg, from_timer);
+        flush(shared, &seg, source);
     }
 }
 
@@ -917,14 +932,26 @@ struct Taken {
     waiters: Vec<Arc<Completion>>,
 }
 
+/// Who runs a flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FlushSource {
+    /// A sync thread, for a segment it took from the ready queue.
+    Ready,
+    /// A sync thread, for a segment whose flush timer fired.
+    Timer,
+    /// A caller blocked in `AppendTicket::wait` on an idle segment, which
+    /// flushes itself rather than wait for a sync thread to wake up.
+    Helper,
+}
+
 /// One group commit of one file: one vectored write and one fdatasync.
-fn flush(shared: &Shared, seg: &Arc<Segment>, from_timer: bool) {
+fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
     let taken = {
         let mut st = seg.state.lock();
-        if from_timer {
-            st.timer_armed = false;
-        } else {
-            st.ready_queued = false;
+        match source {
+            FlushSource::Timer => st.timer_armed = false,
+            FlushSource::Ready => st.ready_queued = false,
+            FlushSource::Helper => {}
         }
         if st.inflight || st.pending_records == 0 || st.failed.is_some() {
             return;

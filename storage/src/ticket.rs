@@ -50,13 +50,25 @@ impl Completion {
     }
 }
 
+/// Work a blocking waiter may do itself instead of waiting for a thread.
+pub(crate) type Help = Box<dyn FnOnce() + Send>;
+
 /// The promise of an append: which offsets the records got and, once
 /// complete, whether they are durable.
-#[derive(Debug)]
 #[must_use = "an append is acknowledged only when its ticket completes"]
 pub struct AppendTicket {
     offsets: Range<u64>,
     completion: Arc<Completion>,
+    help: Option<Help>,
+}
+
+impl std::fmt::Debug for AppendTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppendTicket")
+            .field("offsets", &self.offsets)
+            .field("complete", &self.is_complete())
+            .finish()
+    }
 }
 
 impl AppendTicket {
@@ -64,7 +76,14 @@ impl AppendTicket {
         AppendTicket {
             offsets,
             completion,
+            help: None,
         }
+    }
+
+    /// Lets `wait` run `help` (a flush) on the caller's thread first.
+    pub(crate) fn with_help(mut self, help: Help) -> Self {
+        self.help = Some(help);
+        self
     }
 
     /// A ticket that is already complete (an empty batch, a sync with nothing
@@ -72,10 +91,7 @@ impl AppendTicket {
     pub(crate) fn ready(offsets: Range<u64>) -> Self {
         let completion = Completion::new();
         completion.complete(Ok(()));
-        AppendTicket {
-            offsets,
-            completion,
-        }
+        AppendTicket::new(offsets, completion)
     }
 
     /// The offsets assigned to the batch, known before it is durable.
@@ -89,7 +105,12 @@ impl AppendTicket {
     }
 
     /// Blocks the calling thread until the batch is durable or failed.
-    pub fn wait(self) -> Result<Range<u64>, StorageError> {
+    pub fn wait(mut self) -> Result<Range<u64>, StorageError> {
+        if let Some(help) = self.help.take()
+            && !self.is_complete()
+        {
+            help();
+        }
         let mut state = self.completion.state.lock();
         loop {
             if let Some(result) = &state.result {
