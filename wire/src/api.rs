@@ -1,0 +1,191 @@
+//! Api keys: which operation a request frame carries, with stable numbers.
+//!
+//! Numbers are grouped in blocks so that a future feature gets a contiguous
+//! range and a reader of a hex dump can tell the area at a glance:
+//!
+//! | block       | area                                                      |
+//! |-------------|-----------------------------------------------------------|
+//! | 0..=99      | client operations (implemented, see [`ApiKey`])           |
+//! | 100..=199   | replication (replica_append, catch_up, seal, fence, ...)  |
+//! | 200..=299   | raft, multiplexed by group id                             |
+//! | 300..=399   | consumer groups                                           |
+//! | 400..=499   | authentication                                            |
+//!
+//! A reserved number decodes to [`WireError::UnsupportedApi`] until its
+//! feature is implemented, exactly like an unknown number; [`reserved_name`]
+//! names it for logs and docs.
+
+use crate::error::WireError;
+
+/// An implemented operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u16)]
+pub enum ApiKey {
+    ApiVersions = 0,
+    CreateTopic = 1,
+    DeleteTopic = 2,
+    ListTopics = 3,
+    DescribeTopic = 4,
+    SplitRange = 5,
+    MergeRange = 6,
+    Produce = 10,
+    Fetch = 11,
+    Subscribe = 12,
+    /// The subscription "ack": grants more credit and acknowledges delivered pushes.
+    SubscribeCredit = 13,
+    TreeSnapshot = 20,
+    ClusterStatus = 21,
+}
+
+/// A supported version range for one api key, as `api_versions` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionRange {
+    pub min_version: u16,
+    pub max_version: u16,
+}
+
+/// Numbers reserved for later features, with their future names.
+pub const RESERVED: &[(u16, &str)] = &[
+    (100, "replica_append"),
+    (101, "catch_up"),
+    (102, "seal"),
+    (103, "fence"),
+    (104, "delete_copy"),
+    (105, "replica_status"),
+    (200, "vote"),
+    (201, "append_entries"),
+    (202, "install_snapshot"),
+    (300, "join_group"),
+    (301, "sync_group"),
+    (302, "heartbeat"),
+    (303, "leave_group"),
+    (304, "commit_cursor"),
+    (305, "fetch_cursor"),
+    (400, "sasl_handshake"),
+    (401, "sasl_authenticate"),
+    (402, "token_authenticate"),
+];
+
+/// The inclusive number blocks reserved for later features.
+pub const RESERVED_BLOCKS: &[(u16, u16, &str)] = &[
+    (100, 199, "replication"),
+    (200, 299, "raft"),
+    (300, 399, "consumer_groups"),
+    (400, 499, "auth"),
+];
+
+impl ApiKey {
+    /// Every implemented key, in number order.
+    pub const ALL: [ApiKey; 13] = [
+        ApiKey::ApiVersions,
+        ApiKey::CreateTopic,
+        ApiKey::DeleteTopic,
+        ApiKey::ListTopics,
+        ApiKey::DescribeTopic,
+        ApiKey::SplitRange,
+        ApiKey::MergeRange,
+        ApiKey::Produce,
+        ApiKey::Fetch,
+        ApiKey::Subscribe,
+        ApiKey::SubscribeCredit,
+        ApiKey::TreeSnapshot,
+        ApiKey::ClusterStatus,
+    ];
+
+    /// The stable number carried in the request frame.
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+
+    /// The key for a wire number. Unknown and reserved numbers are
+    /// [`WireError::UnsupportedApi`], which a server answers with the
+    /// `unsupported_api` error code without closing the connection.
+    pub fn from_code(code: u16) -> Result<ApiKey, WireError> {
+        ApiKey::ALL
+            .iter()
+            .copied()
+            .find(|key| key.code() == code)
+            .ok_or(WireError::UnsupportedApi { api_key: code })
+    }
+
+    /// The versions this build speaks. Every key is at version 0 today;
+    /// compatible additions (new optional fields) do not bump it, see ADR 0040.
+    pub fn versions(self) -> VersionRange {
+        VersionRange {
+            min_version: 0,
+            max_version: 0,
+        }
+    }
+
+    /// The snake_case name used in docs and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            ApiKey::ApiVersions => "api_versions",
+            ApiKey::CreateTopic => "create_topic",
+            ApiKey::DeleteTopic => "delete_topic",
+            ApiKey::ListTopics => "list_topics",
+            ApiKey::DescribeTopic => "describe_topic",
+            ApiKey::SplitRange => "split_range",
+            ApiKey::MergeRange => "merge_range",
+            ApiKey::Produce => "produce",
+            ApiKey::Fetch => "fetch",
+            ApiKey::Subscribe => "subscribe",
+            ApiKey::SubscribeCredit => "subscribe_credit",
+            ApiKey::TreeSnapshot => "tree_snapshot",
+            ApiKey::ClusterStatus => "cluster_status",
+        }
+    }
+}
+
+/// The future name of a reserved number, if it is one.
+pub fn reserved_name(code: u16) -> Option<&'static str> {
+    RESERVED
+        .iter()
+        .find(|(number, _)| *number == code)
+        .map(|(_, name)| *name)
+}
+
+/// Whether a number falls in a reserved block.
+pub fn is_reserved(code: u16) -> bool {
+    RESERVED_BLOCKS
+        .iter()
+        .any(|(start, end, _)| (*start..=*end).contains(&code))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_round_trips_through_its_number() {
+        for key in ApiKey::ALL {
+            assert_eq!(ApiKey::from_code(key.code()).ok(), Some(key));
+        }
+    }
+
+    #[test]
+    fn reserved_numbers_are_refused_as_unsupported_api() {
+        for (number, _) in RESERVED {
+            assert!(is_reserved(*number));
+            assert!(matches!(
+                ApiKey::from_code(*number),
+                Err(WireError::UnsupportedApi { api_key }) if api_key == *number
+            ));
+        }
+    }
+
+    #[test]
+    fn implemented_keys_are_outside_the_reserved_blocks() {
+        for key in ApiKey::ALL {
+            assert!(!is_reserved(key.code()), "{} is reserved", key.name());
+        }
+    }
+
+    #[test]
+    fn an_unknown_number_is_unsupported_api() {
+        assert!(matches!(
+            ApiKey::from_code(65_535),
+            Err(WireError::UnsupportedApi { api_key: 65_535 })
+        ));
+    }
+}

@@ -1,0 +1,46 @@
+//! The protocol's bounds. Every decoder checks them; every encoder refuses to
+//! send a message that breaks them. Changing one is a protocol change.
+
+/// Topic, policy, client, supervisor and child names, attribute keys and values.
+pub const NAME_BYTES_MAX: usize = 255;
+/// An opaque cursor string.
+pub const CURSOR_BYTES_MAX: usize = 4096;
+/// A `host:port` address.
+pub const ADDRESS_BYTES_MAX: usize = 255;
+/// An error message or a child's last exit reason.
+pub const MESSAGE_BYTES_MAX: usize = 4096;
+/// A short state word (`active`, `sealed`) or a hex band bound.
+pub const STATE_BYTES_MAX: usize = 32;
+/// Entries of an `api_versions` list.
+pub const API_VERSIONS_MAX: usize = 1024;
+/// Topics in a `list_topics` answer.
+pub const TOPICS_MAX: usize = 65_536;
+/// Ranges in one topic description.
+pub const RANGES_MAX: usize = 65_536;
+/// Parents or children of one range (a split has two children, a merge two parents).
+pub const RANGE_LINKS_MAX: usize = 16;
+/// Segments of one range in a description.
+pub const SEGMENTS_MAX: usize = 65_536;
+/// Replicas of one segment.
+pub const REPLICAS_MAX: usize = 16;
+/// Brokers in a cluster status.
+pub const BROKERS_MAX: usize = 4096;
+/// Attributes of one broker.
+pub const ATTRIBUTES_MAX: usize = 64;
+/// Vnodes one broker leads.
+pub const VNODES_MAX: usize = 65_536;
+/// Nested supervisors in a tree snapshot (the root is depth 1).
+pub const TREE_DEPTH_MAX: usize = 32;
+/// Children of one supervisor in a tree snapshot.
+pub const TREE_CHILDREN_MAX: usize = 65_536;
+/// The longest long poll a fetch may ask for.
+pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
+/// The most records one fetch may ask for.
+pub const RECORDS_PER_FETCH_MAX: u32 = 100_000;
+/// The most record credit outstanding in one grant.
+pub const CREDIT_RECORDS_MAX: u32 = 1_000_000;
+/// The most byte credit in one grant (64 MiB).
+pub const CREDIT_BYTES_MAX: u32 = 64 * 1024 * 1024;
+/// The MessagePack nesting depth a decoder accepts (maps and arrays); a
+/// tree snapshot of TREE_DEPTH_MAX supervisors nests about 3 levels each.
+pub const NESTING_DEPTH_MAX: usize = 128;

@@ -1,0 +1,963 @@
+//! Request and response types, one pair per operation.
+//!
+//! Control payloads are MessagePack maps written by `rmp_serde::to_vec_named`:
+//! every struct is a map keyed by its field names, every unit enum variant is
+//! its snake_case name as a string, `Option::None` is `nil`. Named maps let a
+//! later version add optional fields without breaking older peers (unknown
+//! keys are ignored, missing optional keys read as `None`); see ADR 0040.
+//!
+//! Three messages carry records: `produce` requests, `fetch` responses and
+//! `subscribe` pushes. Their payload is the control map immediately followed
+//! by a record batch block (see [`crate::batch`]) that runs to the end of the
+//! frame, so the block is carried as a zero-copy slice and never re-encoded.
+//!
+//! Every message is checked against its bounds ([`crate::limits`]) when it is
+//! encoded and when it is decoded.
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::api::ApiKey;
+use crate::batch::RecordBatch;
+use crate::error::{ErrorBody, WireError};
+use crate::limits::*;
+
+/// A control payload: its name for errors, its bounds, and whether a record
+/// batch block follows it.
+pub trait Message: Serialize + DeserializeOwned + Sized {
+    /// The message's name in errors and logs.
+    const NAME: &'static str;
+    /// Whether a record batch block follows the control map.
+    const CARRIES_BATCH: bool = false;
+
+    /// Check every bound of the message.
+    fn check(&self) -> Result<(), WireError>;
+
+    /// The block that follows the control map, for messages that carry one.
+    fn batch(&self) -> Option<&RecordBatch> {
+        None
+    }
+
+    /// Put the decoded block back into the message.
+    fn attach_batch(&mut self, _batch: RecordBatch) {}
+
+    /// Encode as a frame payload, checking bounds first.
+    fn encode(&self) -> Result<Bytes, WireError> {
+        self.check()?;
+        let control = rmp_serde::to_vec_named(self).map_err(|source| WireError::Encode {
+            message: Self::NAME,
+            source,
+        })?;
+        let block = self.batch().map(|b| b.block().len()).unwrap_or(0);
+        let mut out = BytesMut::with_capacity(control.len() + block);
+        out.put_slice(&control);
+        if let Some(batch) = self.batch() {
+            out.put_slice(batch.block());
+        }
+        Ok(out.freeze())
+    }
+
+    /// Decode a frame payload, checking bounds last.
+    fn decode(payload: Bytes) -> Result<Self, WireError> {
+        let mut de = rmp_serde::Deserializer::new(Cursor::new(payload.as_ref()));
+        de.set_max_depth(NESTING_DEPTH_MAX);
+        let mut message = Self::deserialize(&mut de).map_err(|source| WireError::Decode {
+            message: Self::NAME,
+            source,
+        })?;
+        // The cursor's position is at most the payload length: it only
+        // advanced over bytes it read from that slice.
+        let used = usize::try_from(de.position())
+            .unwrap_or(payload.len())
+            .min(payload.len());
+        let rest = payload.slice(used..);
+        if Self::CARRIES_BATCH {
+            message.attach_batch(RecordBatch::from_block(rest)?);
+        } else if !rest.is_empty() {
+            return Err(WireError::TrailingBytes {
+                message: Self::NAME,
+                bytes: rest.len(),
+            });
+        }
+        message.check()?;
+        Ok(message)
+    }
+}
+
+/// A request, its api key and the response type it is answered with.
+pub trait Operation: Message {
+    const API_KEY: ApiKey;
+    type Response: Message;
+}
+
+fn check_len(field: &'static str, actual: usize, limit: usize) -> Result<(), WireError> {
+    if actual > limit {
+        return Err(WireError::OverLimit {
+            field,
+            actual,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+fn check_name(field: &'static str, name: &str) -> Result<(), WireError> {
+    if name.is_empty() {
+        return Err(WireError::InvalidField {
+            field,
+            reason: "empty",
+        });
+    }
+    check_len(field, name.len(), NAME_BYTES_MAX)
+}
+
+fn check_cursor(field: &'static str, cursor: &str) -> Result<(), WireError> {
+    check_len(field, cursor.len(), CURSOR_BYTES_MAX)
+}
+
+fn check_opt(field: &'static str, value: &Option<String>, limit: usize) -> Result<(), WireError> {
+    check_len(field, value.as_ref().map_or(0, String::len), limit)
+}
+
+fn check_start(cursor: &Option<String>, from_start: bool) -> Result<(), WireError> {
+    if let Some(cursor) = cursor {
+        check_cursor("cursor", cursor)?;
+        if from_start {
+            return Err(WireError::InvalidField {
+                field: "from_start",
+                reason: "set together with a cursor",
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Message for ErrorBody {
+    const NAME: &'static str = "error_body";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("message", self.message.len(), MESSAGE_BYTES_MAX)?;
+        check_opt("leader_hint", &self.leader_hint, ADDRESS_BYTES_MAX)
+    }
+}
+
+// ---------------------------------------------------------------- api_versions
+
+/// One api key's supported version range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiVersion {
+    pub api_key: u16,
+    pub min_version: u16,
+    pub max_version: u16,
+}
+
+impl ApiVersion {
+    /// The ranges this build supports, one per implemented key.
+    pub fn supported() -> Vec<ApiVersion> {
+        ApiKey::ALL
+            .iter()
+            .map(|key| {
+                let range = key.versions();
+                ApiVersion {
+                    api_key: key.code(),
+                    min_version: range.min_version,
+                    max_version: range.max_version,
+                }
+            })
+            .collect()
+    }
+
+    /// The version both sides speak for one key: the highest version in the
+    /// intersection of the two ranges, or `None` when they do not overlap.
+    pub fn negotiate(ours: ApiVersion, theirs: ApiVersion) -> Option<u16> {
+        if ours.api_key != theirs.api_key {
+            return None;
+        }
+        let low = ours.min_version.max(theirs.min_version);
+        let high = ours.max_version.min(theirs.max_version);
+        (low <= high).then_some(high)
+    }
+}
+
+fn check_versions(versions: &[ApiVersion]) -> Result<(), WireError> {
+    check_len("versions", versions.len(), API_VERSIONS_MAX)?;
+    if versions.iter().any(|v| v.min_version > v.max_version) {
+        return Err(WireError::InvalidField {
+            field: "versions",
+            reason: "min_version above max_version",
+        });
+    }
+    Ok(())
+}
+
+/// Sent first on a connection: the client's own ranges, so the broker can pick
+/// the version of each key for the rest of the connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ApiVersionsRequest {
+    /// A free-form client name for logs (e.g. `malachi-cli/0.1.0`).
+    pub client_name: String,
+    pub versions: Vec<ApiVersion>,
+}
+
+impl Message for ApiVersionsRequest {
+    const NAME: &'static str = "api_versions_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("client_name", self.client_name.len(), NAME_BYTES_MAX)?;
+        check_versions(&self.versions)
+    }
+}
+
+/// The broker's ranges for every key it implements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ApiVersionsResponse {
+    /// The answering broker's node id.
+    pub node_id: u64,
+    pub versions: Vec<ApiVersion>,
+}
+
+impl Message for ApiVersionsResponse {
+    const NAME: &'static str = "api_versions_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_versions(&self.versions)
+    }
+}
+
+// ---------------------------------------------------------------- topics
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CreateTopicRequest {
+    pub name: String,
+    /// Copies of each segment; `None` takes the cluster default.
+    pub replication_factor: Option<u8>,
+    /// A storage policy name; `None` takes the cluster defaults.
+    pub policy: Option<String>,
+}
+
+impl Message for CreateTopicRequest {
+    const NAME: &'static str = "create_topic_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)?;
+        if self.replication_factor == Some(0) {
+            return Err(WireError::InvalidField {
+                field: "replication_factor",
+                reason: "zero",
+            });
+        }
+        check_opt("policy", &self.policy, NAME_BYTES_MAX)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CreateTopicResponse {
+    pub name: String,
+    /// Distinguishes this topic from an earlier one of the same name.
+    pub incarnation: u64,
+}
+
+impl Message for CreateTopicResponse {
+    const NAME: &'static str = "create_topic_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DeleteTopicRequest {
+    pub name: String,
+}
+
+impl Message for DeleteTopicRequest {
+    const NAME: &'static str = "delete_topic_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DeleteTopicResponse {
+    pub name: String,
+}
+
+impl Message for DeleteTopicResponse {
+    const NAME: &'static str = "delete_topic_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ListTopicsRequest {}
+
+impl Message for ListTopicsRequest {
+    const NAME: &'static str = "list_topics_request";
+    fn check(&self) -> Result<(), WireError> {
+        Ok(())
+    }
+}
+
+/// One line of `topic list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TopicListing {
+    pub name: String,
+    pub incarnation: u64,
+    /// `active` or `sealed`.
+    pub state: String,
+    pub ranges_active: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ListTopicsResponse {
+    pub topics: Vec<TopicListing>,
+}
+
+impl Message for ListTopicsResponse {
+    const NAME: &'static str = "list_topics_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("topics", self.topics.len(), TOPICS_MAX)?;
+        for topic in &self.topics {
+            check_name("name", &topic.name)?;
+            check_len("state", topic.state.len(), STATE_BYTES_MAX)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DescribeTopicRequest {
+    pub name: String,
+}
+
+impl Message for DescribeTopicRequest {
+    const NAME: &'static str = "describe_topic_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)
+    }
+}
+
+/// What `topic describe` shows: the wire's own mirror of the metadata
+/// model's description (the wire does not depend on the cluster crate).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TopicDescription {
+    pub name: String,
+    pub incarnation: u64,
+    /// `active` or `sealed`.
+    pub state: String,
+    pub sealed_at_ms: Option<u64>,
+    pub policy: Option<String>,
+    /// Whether a definition backs the policy name; an unresolved name holds data.
+    pub policy_resolved: bool,
+    pub created_at_ms: u64,
+    pub ranges: Vec<RangeDescription>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RangeDescription {
+    pub id: u64,
+    /// The keyspace band's inclusive start, as a `0x`-prefixed 16-digit hex string.
+    pub band_start: String,
+    /// The band's exclusive end, same form (`0x10000000000000000` for the top).
+    pub band_end: String,
+    /// `active` or `sealed`.
+    pub state: String,
+    pub sealed_at_ms: Option<u64>,
+    pub parents: Vec<u64>,
+    pub children: Vec<u64>,
+    pub created_at_ms: u64,
+    pub segments: Vec<SegmentDescription>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SegmentDescription {
+    pub id: u64,
+    pub start_offset: u64,
+    /// Node ids holding a copy.
+    pub replicas: Vec<u64>,
+    /// `active` or `sealed`.
+    pub state: String,
+    /// Records, once sealed.
+    pub length: Option<u64>,
+    /// Bytes, once sealed.
+    pub bytes: Option<u64>,
+    pub created_at_ms: u64,
+    pub sealed_at_ms: Option<u64>,
+}
+
+impl TopicDescription {
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)?;
+        check_len("state", self.state.len(), STATE_BYTES_MAX)?;
+        check_opt("policy", &self.policy, NAME_BYTES_MAX)?;
+        check_len("ranges", self.ranges.len(), RANGES_MAX)?;
+        for range in &self.ranges {
+            check_len("band_start", range.band_start.len(), STATE_BYTES_MAX)?;
+            check_len("band_end", range.band_end.len(), STATE_BYTES_MAX)?;
+            check_len("state", range.state.len(), STATE_BYTES_MAX)?;
+            check_len("parents", range.parents.len(), RANGE_LINKS_MAX)?;
+            check_len("children", range.children.len(), RANGE_LINKS_MAX)?;
+            check_len("segments", range.segments.len(), SEGMENTS_MAX)?;
+            for segment in &range.segments {
+                check_len("replicas", segment.replicas.len(), REPLICAS_MAX)?;
+                check_len("state", segment.state.len(), STATE_BYTES_MAX)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DescribeTopicResponse {
+    pub topic: TopicDescription,
+}
+
+impl Message for DescribeTopicResponse {
+    const NAME: &'static str = "describe_topic_response";
+    fn check(&self) -> Result<(), WireError> {
+        self.topic.check()
+    }
+}
+
+// ---------------------------------------------------------------- ranges
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SplitRangeRequest {
+    pub topic: String,
+    pub range_id: u64,
+}
+
+impl Message for SplitRangeRequest {
+    const NAME: &'static str = "split_range_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("topic", &self.topic)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SplitRangeResponse {
+    /// The range that was split (now sealed).
+    pub range_id: u64,
+    /// Its two halves, lower band first.
+    pub children: Vec<u64>,
+}
+
+impl Message for SplitRangeResponse {
+    const NAME: &'static str = "split_range_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("children", self.children.len(), RANGE_LINKS_MAX)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MergeRangeRequest {
+    pub topic: String,
+    /// Either half; the broker finds its buddy.
+    pub range_id: u64,
+}
+
+impl Message for MergeRangeRequest {
+    const NAME: &'static str = "merge_range_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("topic", &self.topic)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MergeRangeResponse {
+    /// The new range covering both halves.
+    pub range_id: u64,
+    /// The two halves it replaced (now sealed).
+    pub parents: Vec<u64>,
+}
+
+impl Message for MergeRangeResponse {
+    const NAME: &'static str = "merge_range_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("parents", self.parents.len(), RANGE_LINKS_MAX)
+    }
+}
+
+// ---------------------------------------------------------------- data
+
+/// Reserved for idempotent produce: brokers of this version ignore it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ProducerSequence {
+    pub producer_id: u64,
+    pub sequence: u64,
+}
+
+/// Append records. Acknowledged once durable on a quorum; positions stay
+/// hidden (no offset is returned).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ProduceRequest {
+    pub topic: String,
+    /// Reserved for idempotence; `None` today.
+    pub producer: Option<ProducerSequence>,
+    /// The records: the block after the control map, not a map field.
+    #[serde(skip)]
+    pub records: RecordBatch,
+}
+
+impl Message for ProduceRequest {
+    const NAME: &'static str = "produce_request";
+    const CARRIES_BATCH: bool = true;
+    fn check(&self) -> Result<(), WireError> {
+        check_name("topic", &self.topic)?;
+        if self.records.is_empty() {
+            return Err(WireError::InvalidField {
+                field: "records",
+                reason: "empty batch",
+            });
+        }
+        Ok(())
+    }
+    fn batch(&self) -> Option<&RecordBatch> {
+        Some(&self.records)
+    }
+    fn attach_batch(&mut self, batch: RecordBatch) {
+        self.records = batch;
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ProduceResponse {
+    /// Records of the request now durable (all of them: a produce is all or nothing).
+    pub records_acknowledged: u32,
+}
+
+impl Message for ProduceResponse {
+    const NAME: &'static str = "produce_response";
+    fn check(&self) -> Result<(), WireError> {
+        Ok(())
+    }
+}
+
+/// Read records from a cursor (or the start, or the tail).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct FetchRequest {
+    pub topic: String,
+    /// Where to resume; `None` with `from_start: false` means the tail (new records only).
+    pub cursor: Option<String>,
+    /// Start at the oldest retained record; must be false when `cursor` is set.
+    pub from_start: bool,
+    /// At most this many records (1..=RECORDS_PER_FETCH_MAX).
+    pub records_max: u32,
+    /// At most this many block bytes, except that one record is always
+    /// returned if it alone is larger (so a big record never stalls a reader).
+    pub bytes_max: u32,
+    /// Long poll: wait up to this long for a first record (0..=FETCH_WAIT_MS_MAX).
+    pub wait_ms: u32,
+}
+
+impl Message for FetchRequest {
+    const NAME: &'static str = "fetch_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("topic", &self.topic)?;
+        check_start(&self.cursor, self.from_start)?;
+        check_budget(self.records_max, self.bytes_max)?;
+        check_len("wait_ms", self.wait_ms as usize, FETCH_WAIT_MS_MAX as usize)
+    }
+}
+
+fn check_budget(records: u32, bytes: u32) -> Result<(), WireError> {
+    if records == 0 || bytes == 0 {
+        return Err(WireError::InvalidField {
+            field: "records_max",
+            reason: "a zero budget",
+        });
+    }
+    check_len(
+        "records_max",
+        records as usize,
+        RECORDS_PER_FETCH_MAX as usize,
+    )?;
+    check_len(
+        "bytes_max",
+        bytes as usize,
+        crate::frame::FRAME_BYTES_MAX_DEFAULT,
+    )
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct FetchResponse {
+    /// The position after the last record of `records` (or the same position
+    /// when none came): pass it back to continue.
+    pub next_cursor: String,
+    #[serde(skip)]
+    pub records: RecordBatch,
+}
+
+impl Message for FetchResponse {
+    const NAME: &'static str = "fetch_response";
+    const CARRIES_BATCH: bool = true;
+    fn check(&self) -> Result<(), WireError> {
+        check_cursor("next_cursor", &self.next_cursor)
+    }
+    fn batch(&self) -> Option<&RecordBatch> {
+        Some(&self.records)
+    }
+    fn attach_batch(&mut self, batch: RecordBatch) {
+        self.records = batch;
+    }
+}
+
+/// Open a push subscription. The broker answers with any number of
+/// [`SubscribePush`] frames carrying the subscribe's correlation id, within
+/// the credit granted; an error response ends the subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SubscribeRequest {
+    pub topic: String,
+    pub cursor: Option<String>,
+    pub from_start: bool,
+    /// Initial record credit.
+    pub credit_records: u32,
+    /// Initial byte credit (block bytes).
+    pub credit_bytes: u32,
+}
+
+impl Message for SubscribeRequest {
+    const NAME: &'static str = "subscribe_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("topic", &self.topic)?;
+        check_start(&self.cursor, self.from_start)?;
+        check_credit(self.credit_records, self.credit_bytes)
+    }
+}
+
+fn check_credit(records: u32, bytes: u32) -> Result<(), WireError> {
+    check_len(
+        "credit_records",
+        records as usize,
+        CREDIT_RECORDS_MAX as usize,
+    )?;
+    check_len("credit_bytes", bytes as usize, CREDIT_BYTES_MAX as usize)
+}
+
+/// One push of a subscription: a batch and the cursor after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SubscribePush {
+    /// 0 for the first push of a subscription, then +1 per push.
+    pub sequence: u64,
+    pub next_cursor: String,
+    /// True on the final push of a subscription the client cancelled; only
+    /// that push may carry an empty batch. Nothing follows it.
+    pub last: bool,
+    #[serde(skip)]
+    pub records: RecordBatch,
+}
+
+impl Message for SubscribePush {
+    const NAME: &'static str = "subscribe_push";
+    const CARRIES_BATCH: bool = true;
+    fn check(&self) -> Result<(), WireError> {
+        check_cursor("next_cursor", &self.next_cursor)
+    }
+    fn batch(&self) -> Option<&RecordBatch> {
+        Some(&self.records)
+    }
+    fn attach_batch(&mut self, batch: RecordBatch) {
+        self.records = batch;
+    }
+}
+
+/// The subscription "ack": grants more credit, acknowledges pushes, or cancels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SubscribeCreditRequest {
+    /// The correlation id of the subscribe request on this connection.
+    pub subscription_id: u32,
+    /// Records of credit to add.
+    pub credit_records: u32,
+    /// Bytes of credit to add.
+    pub credit_bytes: u32,
+    /// The highest push sequence the client has processed.
+    pub acked_sequence: Option<u64>,
+    /// End the subscription: the broker stops pushing and sends one last
+    /// push with `last: true` on the subscribe's correlation id.
+    pub cancel: bool,
+}
+
+impl Message for SubscribeCreditRequest {
+    const NAME: &'static str = "subscribe_credit_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_credit(self.credit_records, self.credit_bytes)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SubscribeCreditResponse {
+    /// Record credit outstanding after the grant.
+    pub credit_records: u32,
+    /// Byte credit outstanding after the grant.
+    pub credit_bytes: u32,
+}
+
+impl Message for SubscribeCreditResponse {
+    const NAME: &'static str = "subscribe_credit_response";
+    fn check(&self) -> Result<(), WireError> {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- tree
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TreeSnapshotRequest {}
+
+impl Message for TreeSnapshotRequest {
+    const NAME: &'static str = "tree_snapshot_request";
+    fn check(&self) -> Result<(), WireError> {
+        Ok(())
+    }
+}
+
+/// A supervisor's restart strategy (mirrors the supervision crate's, same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    #[default]
+    OneForOne,
+    OneForAll,
+    RestForOne,
+}
+
+/// Worker or nested supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildKind {
+    #[default]
+    Worker,
+    Supervisor,
+}
+
+/// A child's restart type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Restart {
+    #[default]
+    Permanent,
+    Transient,
+    Temporary,
+}
+
+/// What a child is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildStatus {
+    #[default]
+    Running,
+    Restarting,
+    Stopped,
+    Unresponsive,
+}
+
+/// One supervisor and its subtree (mirrors `SupervisorSnapshot`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SupervisorSnapshot {
+    pub name: String,
+    pub actor_id: String,
+    pub strategy: Strategy,
+    pub uptime_ms: u64,
+    pub children: Vec<ChildSnapshot>,
+}
+
+/// One child of a supervisor (mirrors `ChildSnapshot`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ChildSnapshot {
+    pub name: String,
+    pub actor_id: Option<String>,
+    pub kind: ChildKind,
+    pub restart: Restart,
+    pub status: ChildStatus,
+    pub restarts: u32,
+    pub last_exit_reason: Option<String>,
+    pub uptime_ms: u64,
+    pub supervisor: Option<SupervisorSnapshot>,
+}
+
+impl SupervisorSnapshot {
+    fn check(&self, depth: usize) -> Result<(), WireError> {
+        check_len("tree depth", depth, TREE_DEPTH_MAX)?;
+        check_len("supervisor name", self.name.len(), NAME_BYTES_MAX)?;
+        check_len("actor_id", self.actor_id.len(), NAME_BYTES_MAX)?;
+        check_len("children", self.children.len(), TREE_CHILDREN_MAX)?;
+        for child in &self.children {
+            check_len("child name", child.name.len(), NAME_BYTES_MAX)?;
+            check_opt("actor_id", &child.actor_id, NAME_BYTES_MAX)?;
+            check_opt(
+                "last_exit_reason",
+                &child.last_exit_reason,
+                MESSAGE_BYTES_MAX,
+            )?;
+            if let Some(nested) = &child.supervisor {
+                nested.check(depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TreeSnapshotResponse {
+    /// The broker whose tree this is.
+    pub node_id: u64,
+    pub root: SupervisorSnapshot,
+}
+
+impl Message for TreeSnapshotResponse {
+    const NAME: &'static str = "tree_snapshot_response";
+    fn check(&self) -> Result<(), WireError> {
+        self.root.check(1)
+    }
+}
+
+// ---------------------------------------------------------------- cluster
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ClusterStatusRequest {}
+
+impl Message for ClusterStatusRequest {
+    const NAME: &'static str = "cluster_status_request";
+    fn check(&self) -> Result<(), WireError> {
+        Ok(())
+    }
+}
+
+/// A broker's liveness as membership (SWIM) sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BrokerState {
+    #[default]
+    Alive,
+    Suspect,
+    Dead,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct BrokerStatus {
+    pub node_id: u64,
+    pub state: BrokerState,
+    /// `host:port` of the client (wire protocol) listener.
+    pub client_addr: String,
+    pub raft_addr: String,
+    pub admin_addr: String,
+    /// Operator-given attributes (rack, zone, ...).
+    pub attributes: BTreeMap<String, String>,
+    /// The vnodes whose raft group this broker leads.
+    pub vnodes_led: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ClusterStatusResponse {
+    /// The broker that answered.
+    pub node_id: u64,
+    pub brokers: Vec<BrokerStatus>,
+}
+
+impl Message for ClusterStatusResponse {
+    const NAME: &'static str = "cluster_status_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("brokers", self.brokers.len(), BROKERS_MAX)?;
+        for broker in &self.brokers {
+            check_len("client_addr", broker.client_addr.len(), ADDRESS_BYTES_MAX)?;
+            check_len("raft_addr", broker.raft_addr.len(), ADDRESS_BYTES_MAX)?;
+            check_len("admin_addr", broker.admin_addr.len(), ADDRESS_BYTES_MAX)?;
+            check_len("attributes", broker.attributes.len(), ATTRIBUTES_MAX)?;
+            for (key, value) in &broker.attributes {
+                check_len("attribute key", key.len(), NAME_BYTES_MAX)?;
+                check_len("attribute value", value.len(), NAME_BYTES_MAX)?;
+            }
+            check_len("vnodes_led", broker.vnodes_led.len(), VNODES_MAX)?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- dispatch
+
+macro_rules! operations {
+    ($( $variant:ident => $request:ty, $response:ty; )*) => {
+        $(
+            impl Operation for $request {
+                const API_KEY: ApiKey = ApiKey::$variant;
+                type Response = $response;
+            }
+        )*
+
+        /// Any request, for servers that dispatch on the api key.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Request {
+            $( $variant($request), )*
+        }
+
+        /// Any successful response (for `subscribe`: one push).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Response {
+            $( $variant($response), )*
+        }
+
+        impl Request {
+            /// The request's api key.
+            pub fn api_key(&self) -> ApiKey {
+                match self {
+                    $( Request::$variant(_) => ApiKey::$variant, )*
+                }
+            }
+
+            /// Encode the payload of the request frame.
+            pub fn encode(&self) -> Result<Bytes, WireError> {
+                match self {
+                    $( Request::$variant(message) => message.encode(), )*
+                }
+            }
+
+            /// Decode a request frame's payload. Unknown and reserved keys are
+            /// [`WireError::UnsupportedApi`].
+            pub fn decode(api_key: u16, payload: Bytes) -> Result<Request, WireError> {
+                match ApiKey::from_code(api_key)? {
+                    $( ApiKey::$variant => Ok(Request::$variant(<$request>::decode(payload)?)), )*
+                }
+            }
+        }
+
+        impl Response {
+            /// The api key of the request this answers.
+            pub fn api_key(&self) -> ApiKey {
+                match self {
+                    $( Response::$variant(_) => ApiKey::$variant, )*
+                }
+            }
+
+            /// Encode the payload of a successful response frame.
+            pub fn encode(&self) -> Result<Bytes, WireError> {
+                match self {
+                    $( Response::$variant(message) => message.encode(), )*
+                }
+            }
+
+            /// Decode a successful response frame's payload; the caller knows
+            /// the api key from the request it sent.
+            pub fn decode(api_key: ApiKey, payload: Bytes) -> Result<Response, WireError> {
+                match api_key {
+                    $( ApiKey::$variant => Ok(Response::$variant(<$response>::decode(payload)?)), )*
+                }
+            }
+        }
+    };
+}
+
+operations! {
+    ApiVersions => ApiVersionsRequest, ApiVersionsResponse;
+    CreateTopic => CreateTopicRequest, CreateTopicResponse;
+    DeleteTopic => DeleteTopicRequest, DeleteTopicResponse;
+    ListTopics => ListTopicsRequest, ListTopicsResponse;
+    DescribeTopic => DescribeTopicRequest, DescribeTopicResponse;
+    SplitRange => SplitRangeRequest, SplitRangeResponse;
+    MergeRange => MergeRangeRequest, MergeRangeResponse;
+    Produce => ProduceRequest, ProduceResponse;
+    Fetch => FetchRequest, FetchResponse;
+    Subscribe => SubscribeRequest, SubscribePush;
+    SubscribeCredit => SubscribeCreditRequest, SubscribeCreditResponse;
+    TreeSnapshot => TreeSnapshotRequest, TreeSnapshotResponse;
+    ClusterStatus => ClusterStatusRequest, ClusterStatusResponse;
+}
