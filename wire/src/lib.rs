@@ -14,7 +14,7 @@
 
 pub mod api;
 pub mod batch;
-// CLIENT pub mod client;
+pub mod client;
 pub mod error;
 pub mod frame;
 pub mod limits;
@@ -22,7 +22,7 @@ pub mod messages;
 
 pub use api::ApiKey;
 pub use batch::{BatchBuilder, BatchError, Header, Record, RecordBatch};
-// CLIENT pub use client::{Client, ClientConfig, ClientError};
+pub use client::{Client, ClientConfig, ClientError};
 pub use error::{ErrorBody, ErrorCode, WireError};
 pub use frame::{ClientCodec, RequestFrame, ResponseFrame, ServerCodec};
 pub use messages::{Message, Operation, Request, Response};

@@ -635,6 +635,11 @@ fn check_credit(records: u32, bytes: u32) -> Result<(), WireError> {
 }
 
 /// One push of a subscription: a batch and the cursor after it.
+///
+/// The broker sends push 0 as soon as it accepts the subscription, even with
+/// an empty batch, so the client learns of acceptance (or of an error such as
+/// `not_leader`) at once. Later pushes carry at least one record, except the
+/// final `last: true` push after a cancel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct SubscribePush {
     /// 0 for the first push of a subscription, then +1 per push.

@@ -1,0 +1,300 @@
+//! One connection to one broker: a writer task, a reader task, and the map of
+//! correlation ids waiting for an answer.
+//!
+//! Requests are pipelined: the caller registers its correlation id, hands the
+//! frame to the writer and awaits a oneshot that the reader completes when
+//! the matching response arrives, in whatever order the broker answers. The
+//! in-flight window is a semaphore: a caller waits for a permit before it
+//! sends, so a slow broker pushes back on callers instead of growing a queue.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tracing::{debug, warn};
+
+use super::{ClientConfig, ClientError};
+use crate::api::ApiKey;
+use crate::frame::{ClientCodec, RequestFrame, ResponseFrame};
+
+/// Who waits for frames with a given correlation id.
+enum Waiter {
+    /// A unary request: exactly one response.
+    Unary(oneshot::Sender<ResponseFrame>),
+    /// A subscription: many pushes, bounded by the channel's capacity.
+    Stream(mpsc::Sender<ResponseFrame>),
+}
+
+type Pending = Arc<Mutex<HashMap<u32, Waiter>>>;
+
+fn lock(pending: &Pending) -> MutexGuard<'_, HashMap<u32, Waiter>> {
+    // A poisoned map only means another thread panicked while holding it;
+    // the map itself is still consistent (every operation is one call).
+    pending
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Removes a correlation id from the pending map when dropped, so a request
+/// that timed out or was cancelled leaves nothing behind and its late
+/// response is dropped by the reader.
+pub(crate) struct PendingGuard {
+    pending: Pending,
+    id: u32,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        lock(&self.pending).remove(&self.id);
+    }
+}
+
+impl std::fmt::Debug for PendingGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingGuard")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+pub(crate) struct Connection {
+    addr: String,
+    writer: mpsc::Sender<RequestFrame>,
+    pending: Pending,
+    window: Arc<Semaphore>,
+    next_id: AtomicU32,
+    closed: Arc<AtomicBool>,
+    tasks: [JoinHandle<()>; 2],
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("addr", &self.addr)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Connection {
+    pub(crate) async fn open(addr: &str, config: &ClientConfig) -> Result<Connection, ClientError> {
+        let connect = TcpStream::connect(addr);
+        let stream =
+            tokio::time::timeout(Duration::from_millis(config.connect_timeout_ms), connect)
+                .await
+                .map_err(|_| ClientError::ConnectTimeout {
+                    addr: addr.to_owned(),
+                    timeout_ms: config.connect_timeout_ms,
+                })?
+                .map_err(|source| ClientError::Connect {
+                    addr: addr.to_owned(),
+                    source,
+                })?;
+        // Small request frames must not wait for Nagle's algorithm.
+        let _ = stream.set_nodelay(true);
+        let (read_half, write_half) = stream.into_split();
+        let codec = ClientCodec::new(config.frame_bytes_max);
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let closed = Arc::new(AtomicBool::new(false));
+        let (writer, mut queue) =
+            mpsc::channel::<RequestFrame>(config.inflight_requests_max.max(1));
+
+        let writer_closed = closed.clone();
+        let writer_addr = addr.to_owned();
+        let write_task = tokio::spawn(async move {
+            let mut sink = FramedWrite::new(write_half, codec);
+            while let Some(frame) = queue.recv().await {
+                // Feed everything already queued, then flush once: pipelined
+                // requests share system calls.
+                let mut result = sink.feed(frame).await;
+                while result.is_ok() {
+                    match queue.try_recv() {
+                        Ok(frame) => result = sink.feed(frame).await,
+                        Err(_) => break,
+                    }
+                }
+                if let Err(error) = result.and(sink.flush().await) {
+                    warn!(addr = %writer_addr, %error, "connection write failed");
+                    break;
+                }
+            }
+            writer_closed.store(true, Ordering::Release);
+        });
+
+        let reader_pending = pending.clone();
+        let reader_closed = closed.clone();
+        let reader_addr = addr.to_owned();
+        let read_task = tokio::spawn(async move {
+            let mut frames = FramedRead::new(read_half, codec);
+            loop {
+                match frames.next().await {
+                    Some(Ok(frame)) => dispatch(&reader_pending, frame),
+                    Some(Err(error)) => {
+                        warn!(addr = %reader_addr, %error, "connection read failed");
+                        break;
+                    }
+                    None => {
+                        debug!(addr = %reader_addr, "connection closed by the broker");
+                        break;
+                    }
+                }
+            }
+            reader_closed.store(true, Ordering::Release);
+            // Dropping every waiter wakes its caller with a closed connection.
+            lock(&reader_pending).clear();
+        });
+
+        Ok(Connection {
+            addr: addr.to_owned(),
+            writer,
+            pending,
+            window: Arc::new(Semaphore::new(config.inflight_requests_max.max(1))),
+            next_id: AtomicU32::new(1),
+            closed,
+            tasks: [write_task, read_task],
+        })
+    }
+
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// A correlation id not currently pending. Ids wrap; skipping live ones
+    /// keeps a long subscription's id from being reused under it.
+    fn register(&self, waiter: Waiter) -> PendingGuard {
+        let mut pending = lock(&self.pending);
+        let id = loop {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            if !pending.contains_key(&id) {
+                break id;
+            }
+        };
+        pending.insert(id, waiter);
+        PendingGuard {
+            pending: self.pending.clone(),
+            id,
+        }
+    }
+
+    /// Send one request and wait for its response, within the window and the timeout.
+    pub(crate) async fn call(
+        &self,
+        api_key: ApiKey,
+        payload: Bytes,
+        timeout_ms: u64,
+    ) -> Result<ResponseFrame, ClientError> {
+        let exchange = async {
+            let _permit = self
+                .window
+                .acquire()
+                .await
+                .map_err(|_| self.closed_error())?;
+            let (tx, rx) = oneshot::channel();
+            let guard = self.register(Waiter::Unary(tx));
+            let frame = RequestFrame {
+                api_key: api_key.code(),
+                correlation_id: guard.id,
+                payload,
+            };
+            self.writer
+                .send(frame)
+                .await
+                .map_err(|_| self.closed_error())?;
+            let response = rx.await.map_err(|_| self.closed_error())?;
+            drop(guard);
+            Ok(response)
+        };
+        tokio::time::timeout(Duration::from_millis(timeout_ms), exchange)
+            .await
+            .map_err(|_| ClientError::Timeout {
+                api: api_key.name(),
+                timeout_ms,
+            })?
+    }
+
+    /// Send a request whose answers are a stream of frames (subscribe).
+    /// The returned guard keeps the subscription registered.
+    pub(crate) async fn open_stream(
+        &self,
+        api_key: ApiKey,
+        payload: Bytes,
+        frames_max: usize,
+    ) -> Result<(PendingGuard, mpsc::Receiver<ResponseFrame>), ClientError> {
+        let (tx, rx) = mpsc::channel(frames_max.max(1));
+        let guard = self.register(Waiter::Stream(tx));
+        let frame = RequestFrame {
+            api_key: api_key.code(),
+            correlation_id: guard.id,
+            payload,
+        };
+        self.writer
+            .send(frame)
+            .await
+            .map_err(|_| self.closed_error())?;
+        Ok((guard, rx))
+    }
+
+    fn closed_error(&self) -> ClientError {
+        ClientError::ConnectionClosed {
+            addr: self.addr.clone(),
+        }
+    }
+}
+
+impl PendingGuard {
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+/// Hand a frame to whoever waits for its correlation id.
+fn dispatch(pending: &Pending, frame: ResponseFrame) {
+    let mut map = lock(pending);
+    let id = frame.correlation_id;
+    match map.remove(&id) {
+        Some(Waiter::Unary(tx)) => {
+            // The caller may have given up in the meantime; that is fine.
+            let _ = tx.send(frame);
+        }
+        Some(Waiter::Stream(tx)) => match tx.try_send(frame) {
+            Ok(()) => {
+                map.insert(id, Waiter::Stream(tx));
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                // The broker pushed more than the credit allows (or the
+                // consumer stopped reading). Dropping the sender ends the
+                // subscription rather than blocking every other response.
+                warn!(
+                    correlation_id = id,
+                    "subscription overran its buffer; ending it"
+                );
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        },
+        None => {
+            debug!(
+                correlation_id = id,
+                "dropped a response nobody waits for (late after a timeout, or unknown)"
+            );
+        }
+    }
+}

@@ -1,0 +1,562 @@
+//! The client against in-process fake brokers: tokio listeners in the test
+//! that speak the server side of the codec.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, SinkExt, StreamExt};
+use malachi_wire::client::{ConsumeOptions, StartAt};
+use malachi_wire::messages::*;
+use malachi_wire::{
+    ApiKey, Client, ClientConfig, ClientError, ErrorBody, ErrorCode, Message, Record, RecordBatch,
+    RequestFrame, ResponseFrame, ServerCodec,
+};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+type Handler =
+    Arc<dyn Fn(RequestFrame, mpsc::Sender<ResponseFrame>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Start a fake broker. It answers `api_versions` itself and hands every
+/// other request to `handler` in a task of its own, so answers can overtake
+/// each other.
+async fn fake_broker(handler: Handler) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let (read_half, write_half) = socket.into_split();
+                let mut requests = FramedRead::new(read_half, ServerCodec::default());
+                let mut responses = FramedWrite::new(write_half, ServerCodec::default());
+                let (tx, mut rx) = mpsc::channel::<ResponseFrame>(1024);
+                tokio::spawn(async move {
+                    while let Some(frame) = rx.recv().await {
+                        if responses.send(frame).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                while let Some(Ok(frame)) = requests.next().await {
+                    if frame.api_key == ApiKey::ApiVersions.code() {
+                        let versions = ApiVersionsResponse {
+                            node_id: 1,
+                            versions: ApiVersion::supported(),
+                        };
+                        tx.send(ok(frame.correlation_id, &versions)).await.unwrap();
+                        continue;
+                    }
+                    tokio::spawn(handler(frame, tx.clone()));
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn ok(correlation_id: u32, message: &impl Message) -> ResponseFrame {
+    ResponseFrame {
+        correlation_id,
+        error_code: ErrorCode::None,
+        payload: message.encode().unwrap(),
+    }
+}
+
+fn refusal(correlation_id: u32, code: ErrorCode, body: ErrorBody) -> ResponseFrame {
+    ResponseFrame {
+        correlation_id,
+        error_code: code,
+        payload: body.encode().unwrap(),
+    }
+}
+
+fn batch_of(count: usize) -> RecordBatch {
+    let records: Vec<Record> = (0..count)
+        .map(|i| Record::new(format!("k{i}"), format!("v{i}")))
+        .collect();
+    RecordBatch::from_records(&records, 1 << 20).unwrap()
+}
+
+fn produce_of(frame: &RequestFrame) -> ProduceRequest {
+    assert_eq!(frame.api_key, ApiKey::Produce.code());
+    ProduceRequest::decode(frame.payload.clone()).unwrap()
+}
+
+fn quick_config() -> ClientConfig {
+    ClientConfig {
+        request_timeout_ms: 2_000,
+        backoff_initial_ms: 1,
+        backoff_max_ms: 5,
+        ..ClientConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn responses_out_of_order_are_matched_to_their_own_requests() {
+    let answered = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = answered.clone();
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        let log = log.clone();
+        async move {
+            let count = produce_of(&frame).records.count();
+            // Bigger batches answer sooner: the reverse of the send order.
+            tokio::time::sleep(Duration::from_millis(u64::from(6 - count) * 40)).await;
+            log.lock().unwrap().push(count);
+            let ack = ProduceResponse {
+                records_acknowledged: count,
+            };
+            tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+
+    let calls = (1..=5).map(|count| {
+        let client = client.clone();
+        async move { (count, client.produce("t", batch_of(count)).await) }
+    });
+    for (count, result) in futures::future::join_all(calls).await {
+        assert_eq!(result.unwrap().records_acknowledged as usize, count);
+    }
+    assert_eq!(*answered.lock().unwrap(), vec![5, 4, 3, 2, 1]);
+}
+
+#[tokio::test]
+async fn a_busy_refusal_is_retried_after_a_backoff_and_then_succeeds() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        let attempt = counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let response = if attempt == 0 {
+                let body = ErrorBody {
+                    message: "overloaded".into(),
+                    leader_hint: None,
+                    retry_after_ms: Some(2),
+                };
+                refusal(frame.correlation_id, ErrorCode::Busy, body)
+            } else {
+                let count = produce_of(&frame).records.count();
+                ok(
+                    frame.correlation_id,
+                    &ProduceResponse {
+                        records_acknowledged: count,
+                    },
+                )
+            };
+            tx.send(response).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+
+    let ack = client.produce("t", batch_of(3)).await.unwrap();
+
+    assert_eq!(ack.records_acknowledged, 3);
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_not_leader_hint_is_followed_to_the_other_broker() {
+    let leader_seen = Arc::new(AtomicUsize::new(0));
+    let counter = leader_seen.clone();
+    let leader = fake_broker(Arc::new(move |frame, tx| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let count = produce_of(&frame).records.count();
+            let ack = ProduceResponse {
+                records_acknowledged: count,
+            };
+            tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let hint = leader.clone();
+    let follower_seen = Arc::new(AtomicUsize::new(0));
+    let follower_counter = follower_seen.clone();
+    let follower = fake_broker(Arc::new(move |frame, tx| {
+        follower_counter.fetch_add(1, Ordering::SeqCst);
+        let hint = hint.clone();
+        async move {
+            let body = ErrorBody {
+                message: "not the leader".into(),
+                leader_hint: Some(hint),
+                retry_after_ms: None,
+            };
+            tx.send(refusal(frame.correlation_id, ErrorCode::NotLeader, body))
+                .await
+                .unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([follower], quick_config())
+        .await
+        .unwrap();
+
+    let ack = client.produce("t", batch_of(2)).await.unwrap();
+    assert_eq!(ack.records_acknowledged, 2);
+    // The hint is remembered for the topic: the next produce goes straight there.
+    client.produce("t", batch_of(1)).await.unwrap();
+
+    assert_eq!(follower_seen.load(Ordering::SeqCst), 1);
+    assert_eq!(leader_seen.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_non_retriable_refusal_is_returned_at_once_with_its_code() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let body = ErrorBody {
+                message: "no such topic".into(),
+                ..ErrorBody::default()
+            };
+            tx.send(refusal(
+                frame.correlation_id,
+                ErrorCode::TopicNotFound,
+                body,
+            ))
+            .await
+            .unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+
+    let error = client.describe_topic("missing").await.unwrap_err();
+
+    assert_eq!(error.code(), Some(ErrorCode::TopicNotFound));
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn retries_stop_at_retries_max() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tx.send(refusal(
+                frame.correlation_id,
+                ErrorCode::NoQuorum,
+                ErrorBody::default(),
+            ))
+            .await
+            .unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let config = ClientConfig {
+        retries_max: 3,
+        ..quick_config()
+    };
+    let client = Client::connect_with([addr], config).await.unwrap();
+
+    let error = client.produce("t", batch_of(1)).await.unwrap_err();
+
+    assert_eq!(error.code(), Some(ErrorCode::NoQuorum));
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        4,
+        "one attempt and three retries"
+    );
+}
+
+#[tokio::test]
+async fn a_request_without_an_answer_times_out_and_its_late_answer_is_dropped() {
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        async move {
+            // Answer long after the client gave up.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let ack = ProduceResponse {
+                records_acknowledged: 99,
+            };
+            tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let config = ClientConfig {
+        request_timeout_ms: 100,
+        ..quick_config()
+    };
+    let client = Client::connect_with([addr], config).await.unwrap();
+
+    let error = client.produce("t", batch_of(1)).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ClientError::Timeout {
+                api: "produce",
+                timeout_ms: 100
+            }
+        ),
+        "{error:?}"
+    );
+
+    // The pending entry was removed: the late answer finds no waiter.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+}
+
+#[tokio::test]
+async fn a_late_answer_after_a_timeout_does_not_disturb_the_same_connection() {
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        async move {
+            let delay = if frame.api_key == ApiKey::Produce.code() {
+                250
+            } else {
+                10
+            };
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let response = if frame.api_key == ApiKey::Produce.code() {
+                ok(
+                    frame.correlation_id,
+                    &ProduceResponse {
+                        records_acknowledged: 1,
+                    },
+                )
+            } else {
+                ok(frame.correlation_id, &ListTopicsResponse::default())
+            };
+            tx.send(response).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let config = ClientConfig {
+        request_timeout_ms: 100,
+        ..quick_config()
+    };
+    let client = Client::connect_with([addr], config).await.unwrap();
+
+    assert!(matches!(
+        client.produce("t", batch_of(1)).await,
+        Err(ClientError::Timeout { .. })
+    ));
+    // Wait for the late answer to arrive and be dropped, then use the connection.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let listed = client.list_topics().await.unwrap();
+    assert!(listed.topics.is_empty());
+}
+
+#[tokio::test]
+async fn the_window_bounds_requests_in_flight_at_the_broker() {
+    let inflight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (now, high) = (inflight.clone(), peak.clone());
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        let (now, high) = (now.clone(), high.clone());
+        async move {
+            let current = now.fetch_add(1, Ordering::SeqCst) + 1;
+            high.fetch_max(current, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            now.fetch_sub(1, Ordering::SeqCst);
+            let ack = ProduceResponse {
+                records_acknowledged: produce_of(&frame).records.count(),
+            };
+            tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let config = ClientConfig {
+        inflight_requests_max: 3,
+        ..quick_config()
+    };
+    let client = Client::connect_with([addr], config).await.unwrap();
+
+    let calls = (0..12).map(|_| {
+        let client = client.clone();
+        async move { client.produce("t", batch_of(1)).await }
+    });
+    for result in futures::future::join_all(calls).await {
+        result.unwrap();
+    }
+
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= 3,
+        "{peak} requests were in flight with a window of 3"
+    );
+    assert!(peak >= 2, "requests were not pipelined (peak {peak})");
+}
+
+#[tokio::test]
+async fn the_producer_keeps_its_window_full_and_counts_acknowledgements() {
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let ack = ProduceResponse {
+                records_acknowledged: produce_of(&frame).records.count(),
+            };
+            tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let mut producer = client.producer("t", 4);
+
+    for _ in 0..10 {
+        producer.send(batch_of(10)).await.unwrap();
+        assert!(producer.inflight() <= 4);
+    }
+    assert_eq!(producer.flush().await.unwrap(), 100);
+}
+
+/// A fake topic of five records served two per fetch; cursors name the next index.
+fn serve_five_records(
+    frame: RequestFrame,
+    tx: mpsc::Sender<ResponseFrame>,
+) -> BoxFuture<'static, ()> {
+    async move {
+        let fetch = FetchRequest::decode(frame.payload.clone()).unwrap();
+        let from = match (&fetch.cursor, fetch.from_start) {
+            (Some(cursor), _) => cursor.trim_start_matches('c').parse::<usize>().unwrap(),
+            (None, true) => 0,
+            (None, false) => 5,
+        };
+        let to = (from + 2).min(5).min(from + fetch.records_max as usize);
+        let records: Vec<Record> = (from..to)
+            .map(|i| Record::new(format!("k{i}"), format!("v{i}")))
+            .collect();
+        let response = FetchResponse {
+            next_cursor: format!("c{to}"),
+            records: RecordBatch::from_records(&records, 1 << 20).unwrap(),
+        };
+        tx.send(ok(frame.correlation_id, &response)).await.unwrap();
+    }
+    .boxed()
+}
+
+#[tokio::test]
+async fn consuming_from_the_start_reads_every_record_and_ends_with_the_resume_cursor() {
+    let addr = fake_broker(Arc::new(serve_five_records)).await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let mut consumer = client.consume("t", StartAt::Start, ConsumeOptions::default());
+
+    let mut values = Vec::new();
+    while let Some(item) = consumer.next().await {
+        values.push(item.unwrap().record.value);
+    }
+
+    assert_eq!(values.len(), 5);
+    assert_eq!(values[4], Bytes::from("v4"));
+    assert_eq!(consumer.cursor(), Some("c5"));
+}
+
+#[tokio::test]
+async fn a_consumer_with_a_total_max_stops_exactly_and_its_cursor_resumes_after_it() {
+    let addr = fake_broker(Arc::new(serve_five_records)).await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let options = ConsumeOptions {
+        records_total_max: Some(3),
+        ..ConsumeOptions::default()
+    };
+    let first: Vec<_> = client
+        .consume("t", StartAt::Start, options)
+        .into_stream()
+        .collect()
+        .await;
+    assert_eq!(first.len(), 3);
+    let cursor = first[2].as_ref().unwrap().cursor_after.clone().unwrap();
+    assert_eq!(cursor, "c3");
+
+    let rest: Vec<_> = client
+        .consume("t", StartAt::Cursor(cursor), ConsumeOptions::default())
+        .into_stream()
+        .map(|item| item.unwrap().record.key)
+        .collect()
+        .await;
+    assert_eq!(rest, vec![Bytes::from("k3"), Bytes::from("k4")]);
+}
+
+#[tokio::test]
+async fn a_subscription_receives_pushes_takes_credit_and_ends_after_cancel() {
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        async move {
+            let id = frame.correlation_id;
+            if frame.api_key == ApiKey::Subscribe.code() {
+                let accepted = SubscribePush {
+                    sequence: 0,
+                    next_cursor: "s0".into(),
+                    ..SubscribePush::default()
+                };
+                tx.send(ok(id, &accepted)).await.unwrap();
+                let push = SubscribePush {
+                    sequence: 1,
+                    next_cursor: "s2".into(),
+                    last: false,
+                    records: batch_of(2),
+                };
+                tx.send(ok(id, &push)).await.unwrap();
+            } else {
+                let credit = SubscribeCreditRequest::decode(frame.payload.clone()).unwrap();
+                let answer = SubscribeCreditResponse {
+                    credit_records: credit.credit_records,
+                    credit_bytes: credit.credit_bytes,
+                };
+                tx.send(ok(id, &answer)).await.unwrap();
+                if credit.cancel {
+                    let last = SubscribePush {
+                        sequence: 2,
+                        next_cursor: "s2".into(),
+                        last: true,
+                        ..SubscribePush::default()
+                    };
+                    tx.send(ok(credit.subscription_id, &last)).await.unwrap();
+                }
+            }
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let mut subscription = client
+        .subscribe("t", StartAt::Start, 10, 4096)
+        .await
+        .unwrap();
+    assert_eq!(subscription.cursor(), "s0");
+
+    let batch = subscription.next().await.unwrap().unwrap();
+    assert_eq!((batch.sequence, batch.records.count()), (1, 2));
+    let granted = subscription.grant(2, 100, Some(1)).await.unwrap();
+    assert_eq!(granted.credit_records, 2);
+
+    subscription.cancel().await.unwrap();
+    assert!(subscription.next().await.is_none());
+    assert_eq!(subscription.cursor(), "s2");
+}
+
+#[tokio::test]
+async fn an_unreachable_first_address_falls_through_to_the_next() {
+    let addr = fake_broker(Arc::new(|frame, tx| {
+        async move {
+            tx.send(ok(frame.correlation_id, &ListTopicsResponse::default()))
+                .await
+                .unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    // Port 9 (discard) on loopback is closed on test machines.
+    let client = Client::connect_with(["127.0.0.1:9".to_owned(), addr], quick_config())
+        .await
+        .unwrap();
+    assert!(client.list_topics().await.unwrap().topics.is_empty());
+}
