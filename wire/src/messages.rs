@@ -719,7 +719,7 @@ impl Message for TreeSnapshotRequest {
 /// A supervisor's restart strategy (mirrors the supervision crate's, same names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum Strategy {
+pub enum SupervisionStrategy {
     #[default]
     OneForOne,
     OneForAll,
@@ -761,7 +761,7 @@ pub enum ChildStatus {
 pub struct SupervisorSnapshot {
     pub name: String,
     pub actor_id: String,
-    pub strategy: Strategy,
+    pub strategy: SupervisionStrategy,
     pub uptime_ms: u64,
     pub children: Vec<ChildSnapshot>,
 }

@@ -1,0 +1,262 @@
+//! Deterministic sample messages, one request and one response per operation,
+//! shared by the format snapshots (the format freeze).
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use malachi_wire::messages::*;
+use malachi_wire::{Record, RecordBatch, Request, Response};
+
+pub fn batch() -> RecordBatch {
+    RecordBatch::from_records(
+        &[
+            Record::new("user-1", "hello"),
+            Record::new("user-2", "world")
+                .with_timestamp_ms(1_700_000_000_000)
+                .with_header("trace", "ab"),
+        ],
+        1 << 20,
+    )
+    .unwrap_or_default()
+}
+
+fn description() -> TopicDescription {
+    TopicDescription {
+        name: "orders".into(),
+        incarnation: 3,
+        state: "active".into(),
+        sealed_at_ms: None,
+        policy: Some("keep-7d".into()),
+        policy_resolved: true,
+        created_at_ms: 1_000,
+        ranges: vec![RangeDescription {
+            id: 1,
+            band_start: "0x0000000000000000".into(),
+            band_end: "0x8000000000000000".into(),
+            state: "active".into(),
+            sealed_at_ms: None,
+            parents: vec![0],
+            children: vec![],
+            created_at_ms: 2_000,
+            segments: vec![SegmentDescription {
+                id: 7,
+                start_offset: 0,
+                replicas: vec![1, 2, 3],
+                state: "sealed".into(),
+                length: Some(10),
+                bytes: Some(4096),
+                created_at_ms: 2_000,
+                sealed_at_ms: Some(3_000),
+            }],
+        }],
+    }
+}
+
+fn tree() -> SupervisorSnapshot {
+    SupervisorSnapshot {
+        name: "broker".into(),
+        actor_id: "0.1".into(),
+        strategy: SupervisionStrategy::OneForOne,
+        uptime_ms: 5_000,
+        children: vec![
+            ChildSnapshot {
+                name: "storage".into(),
+                actor_id: Some("0.2".into()),
+                kind: ChildKind::Supervisor,
+                restart: Restart::Permanent,
+                status: ChildStatus::Running,
+                restarts: 0,
+                last_exit_reason: None,
+                uptime_ms: 4_900,
+                supervisor: Some(SupervisorSnapshot {
+                    name: "storage".into(),
+                    actor_id: "0.2".into(),
+                    strategy: SupervisionStrategy::OneForAll,
+                    uptime_ms: 4_900,
+                    children: vec![],
+                }),
+            },
+            ChildSnapshot {
+                name: "listener".into(),
+                actor_id: None,
+                kind: ChildKind::Worker,
+                restart: Restart::Transient,
+                status: ChildStatus::Restarting,
+                restarts: 2,
+                last_exit_reason: Some("boom".into()),
+                uptime_ms: 0,
+                supervisor: None,
+            },
+        ],
+    }
+}
+
+/// One request and one response for every operation, in api key order.
+pub fn pairs() -> Vec<(&'static str, Request, Response)> {
+    vec![
+        (
+            "api_versions",
+            Request::ApiVersions(ApiVersionsRequest {
+                client_name: "cli".into(),
+                versions: vec![ApiVersion {
+                    api_key: 10,
+                    min_version: 0,
+                    max_version: 0,
+                }],
+            }),
+            Response::ApiVersions(ApiVersionsResponse {
+                node_id: 1,
+                versions: vec![ApiVersion {
+                    api_key: 0,
+                    min_version: 0,
+                    max_version: 0,
+                }],
+            }),
+        ),
+        (
+            "create_topic",
+            Request::CreateTopic(CreateTopicRequest {
+                name: "orders".into(),
+                replication_factor: Some(3),
+                policy: None,
+            }),
+            Response::CreateTopic(CreateTopicResponse {
+                name: "orders".into(),
+                incarnation: 1,
+            }),
+        ),
+        (
+            "delete_topic",
+            Request::DeleteTopic(DeleteTopicRequest {
+                name: "orders".into(),
+            }),
+            Response::DeleteTopic(DeleteTopicResponse {
+                name: "orders".into(),
+            }),
+        ),
+        (
+            "list_topics",
+            Request::ListTopics(ListTopicsRequest {}),
+            Response::ListTopics(ListTopicsResponse {
+                topics: vec![TopicListing {
+                    name: "orders".into(),
+                    incarnation: 1,
+                    state: "active".into(),
+                    ranges_active: 2,
+                }],
+            }),
+        ),
+        (
+            "describe_topic",
+            Request::DescribeTopic(DescribeTopicRequest {
+                name: "orders".into(),
+            }),
+            Response::DescribeTopic(DescribeTopicResponse {
+                topic: description(),
+            }),
+        ),
+        (
+            "split_range",
+            Request::SplitRange(SplitRangeRequest {
+                topic: "orders".into(),
+                range_id: 1,
+            }),
+            Response::SplitRange(SplitRangeResponse {
+                range_id: 1,
+                children: vec![2, 3],
+            }),
+        ),
+        (
+            "merge_range",
+            Request::MergeRange(MergeRangeRequest {
+                topic: "orders".into(),
+                range_id: 2,
+            }),
+            Response::MergeRange(MergeRangeResponse {
+                range_id: 4,
+                parents: vec![2, 3],
+            }),
+        ),
+        (
+            "produce",
+            Request::Produce(ProduceRequest {
+                topic: "orders".into(),
+                producer: None,
+                records: batch(),
+            }),
+            Response::Produce(ProduceResponse {
+                records_acknowledged: 2,
+            }),
+        ),
+        (
+            "fetch",
+            Request::Fetch(FetchRequest {
+                topic: "orders".into(),
+                cursor: Some("AQID".into()),
+                from_start: false,
+                records_max: 100,
+                bytes_max: 65_536,
+                wait_ms: 500,
+            }),
+            Response::Fetch(FetchResponse {
+                next_cursor: "AQIE".into(),
+                records: batch(),
+            }),
+        ),
+        (
+            "subscribe",
+            Request::Subscribe(SubscribeRequest {
+                topic: "orders".into(),
+                cursor: None,
+                from_start: true,
+                credit_records: 1_000,
+                credit_bytes: 1_048_576,
+            }),
+            Response::Subscribe(SubscribePush {
+                sequence: 1,
+                next_cursor: "AQIF".into(),
+                last: false,
+                records: batch(),
+            }),
+        ),
+        (
+            "subscribe_credit",
+            Request::SubscribeCredit(SubscribeCreditRequest {
+                subscription_id: 7,
+                credit_records: 500,
+                credit_bytes: 524_288,
+                acked_sequence: Some(1),
+                cancel: false,
+            }),
+            Response::SubscribeCredit(SubscribeCreditResponse {
+                credit_records: 1_498,
+                credit_bytes: 1_572_864,
+            }),
+        ),
+        (
+            "tree_snapshot",
+            Request::TreeSnapshot(TreeSnapshotRequest {}),
+            Response::TreeSnapshot(TreeSnapshotResponse {
+                node_id: 1,
+                root: tree(),
+            }),
+        ),
+        (
+            "cluster_status",
+            Request::ClusterStatus(ClusterStatusRequest {}),
+            Response::ClusterStatus(ClusterStatusResponse {
+                node_id: 1,
+                brokers: vec![BrokerStatus {
+                    node_id: 1,
+                    state: BrokerState::Suspect,
+                    client_addr: "10.0.0.1:4040".into(),
+                    raft_addr: "10.0.0.1:4041".into(),
+                    admin_addr: "10.0.0.1:8080".into(),
+                    attributes: BTreeMap::from([("rack".into(), "r1".into())]),
+                    vnodes_led: vec![0, 5],
+                }],
+            }),
+        ),
+    ]
+}
