@@ -464,8 +464,8 @@ pub fn put_varint(out: &mut BytesMut, mut value: u64) {
     out.put_u8(value as u8);
 }
 
-/// Read an unsigned LEB128 varint of at most 10 bytes; overlong encodings
-/// (a value that would overflow u64) are refused.
+/// Read an unsigned LEB128 varint of at most 10 bytes. Values that overflow
+/// u64 and non-minimal encodings (e.g. `0x80 0x00` for 0) are refused.
 pub fn read_varint(bytes: &[u8], field: &'static str) -> Result<(u64, usize), BatchError> {
     let mut value: u64 = 0;
     for (i, byte) in bytes.iter().take(10).enumerate() {
@@ -475,6 +475,12 @@ pub fn read_varint(bytes: &[u8], field: &'static str) -> Result<(u64, usize), Ba
         }
         value |= low << (7 * i);
         if byte & 0x80 == 0 {
+            // One encoding per value: a zero final byte after the first
+            // means the value had a shorter form. Canonical blocks re-encode
+            // to the same bytes (and so to the same CRC).
+            if i > 0 && *byte == 0 {
+                return Err(BatchError::BadVarint { field });
+            }
             return Ok((value, i + 1));
         }
     }
@@ -632,6 +638,10 @@ mod tests {
         let overlong = [0xffu8; 11];
         assert!(matches!(
             read_varint(&overlong, "v"),
+            Err(BatchError::BadVarint { .. })
+        ));
+        assert!(matches!(
+            read_varint(&[0x80, 0x00], "v"),
             Err(BatchError::BadVarint { .. })
         ));
         assert!(matches!(
