@@ -614,7 +614,11 @@ mod tests {
     #[test]
     fn the_empty_batch_is_six_bytes_and_valid() {
         let batch = RecordBatch::default();
-        assert_eq!(batch.encoded_bytes(), 6);
+        assert_eq!(
+            batch.block().as_ref(),
+            &[0x01, 0xd2, 0x02, 0xef, 0x8d, 0x00],
+            "documented in docs/protocol.md section 6"
+        );
         assert!(RecordBatch::from_block(batch.block().clone()).is_ok());
     }
 

@@ -3,8 +3,11 @@
 
 /// Topic, policy, client, supervisor and child names, attribute keys and values.
 pub const NAME_BYTES_MAX: usize = 255;
-/// An opaque cursor string.
-pub const CURSOR_BYTES_MAX: usize = 4096;
+/// An opaque cursor string. It must stay at least the cluster's longest
+/// encoded cursor (`CURSOR_ENCODED_BYTES_MAX`, about 54 KiB for 1024 range
+/// positions); the wire does not depend on the cluster crate, so whoever
+/// joins the two (the broker) should assert the relation.
+pub const CURSOR_BYTES_MAX: usize = 64 * 1024;
 /// A `host:port` address.
 pub const ADDRESS_BYTES_MAX: usize = 255;
 /// An error message or a child's last exit reason.
