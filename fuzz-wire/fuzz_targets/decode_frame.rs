@@ -4,7 +4,8 @@
 //!
 //! Run (nightly toolchain and cargo-fuzz required):
 //!     cargo install cargo-fuzz
-//!     cd fuzz-wire && cargo +nightly fuzz run decode_frame -- -max_total_time=300
+//!     cargo +nightly fuzz run --fuzz-dir fuzz-wire decode_frame -- -max_total_time=300
+//! (from the repository root).
 //! The property: no decoder panics, and whatever decodes re-encodes to a
 //! payload that decodes to the same value.
 #![no_main]

@@ -562,3 +562,50 @@ async fn an_unreachable_first_address_falls_through_to_the_next() {
         .unwrap();
     assert!(client.list_topics().await.unwrap().topics.is_empty());
 }
+
+#[tokio::test]
+async fn a_connection_the_broker_drops_is_reopened_and_the_request_retried() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let produces = Arc::new(AtomicUsize::new(0));
+    let seen = produces.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let (read_half, write_half) = socket.into_split();
+                let mut requests = FramedRead::new(read_half, ServerCodec::default());
+                let mut responses = FramedWrite::new(write_half, ServerCodec::default());
+                while let Some(Ok(frame)) = requests.next().await {
+                    let id = frame.correlation_id;
+                    let response = if frame.api_key == ApiKey::ApiVersions.code() {
+                        ok(
+                            id,
+                            &ApiVersionsResponse {
+                                node_id: 1,
+                                versions: ApiVersion::supported(),
+                            },
+                        )
+                    } else if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                        // The first produce: vanish without answering.
+                        return;
+                    } else {
+                        ok(
+                            id,
+                            &ProduceResponse {
+                                records_acknowledged: produce_of(&frame).records.count(),
+                            },
+                        )
+                    };
+                    responses.send(response).await.unwrap();
+                }
+            });
+        }
+    });
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+
+    let ack = client.produce("t", batch_of(2)).await.unwrap();
+
+    assert_eq!(ack.records_acknowledged, 2);
+    assert_eq!(produces.load(Ordering::SeqCst), 2);
+}

@@ -115,6 +115,7 @@ impl Connection {
             mpsc::channel::<RequestFrame>(config.inflight_requests_max.max(1));
 
         let writer_closed = closed.clone();
+        let writer_pending = pending.clone();
         let writer_addr = addr.to_owned();
         let write_task = tokio::spawn(async move {
             let mut sink = FramedWrite::new(write_half, codec);
@@ -134,6 +135,9 @@ impl Connection {
                 }
             }
             writer_closed.store(true, Ordering::Release);
+            // Requests already sent may never be answered on a broken
+            // stream: wake their callers now rather than at their timeout.
+            lock(&writer_pending).clear();
         });
 
         let reader_pending = pending.clone();
