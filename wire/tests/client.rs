@@ -609,3 +609,88 @@ async fn a_connection_the_broker_drops_is_reopened_and_the_request_retried() {
     assert_eq!(ack.records_acknowledged, 2);
     assert_eq!(produces.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn a_key_the_broker_shares_no_version_with_is_refused_without_sending() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let others = Arc::new(AtomicUsize::new(0));
+    let seen = others.clone();
+    tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let (read_half, write_half) = socket.into_split();
+        let mut requests = FramedRead::new(read_half, ServerCodec::default());
+        let mut responses = FramedWrite::new(write_half, ServerCodec::default());
+        while let Some(Ok(frame)) = requests.next().await {
+            if frame.api_key != ApiKey::ApiVersions.code() {
+                seen.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            // An old broker: every key but tree_snapshot.
+            let versions = ApiVersion::supported()
+                .into_iter()
+                .filter(|v| v.api_key != ApiKey::TreeSnapshot.code())
+                .collect();
+            let answer = ApiVersionsResponse {
+                node_id: 1,
+                versions,
+            };
+            responses
+                .send(ok(frame.correlation_id, &answer))
+                .await
+                .unwrap();
+        }
+    });
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+
+    let error = client.tree_snapshot().await.unwrap_err();
+
+    assert!(
+        matches!(
+            error,
+            ClientError::Unsupported {
+                api: "tree_snapshot",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(others.load(Ordering::SeqCst), 0, "the request was sent");
+}
+
+#[tokio::test]
+async fn dropping_an_open_subscription_asks_the_broker_to_cancel_it() {
+    let (cancelled_tx, mut cancelled) = mpsc::channel::<u32>(1);
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        let cancelled_tx = cancelled_tx.clone();
+        async move {
+            if frame.api_key == ApiKey::Subscribe.code() {
+                let accepted = SubscribePush {
+                    next_cursor: "s0".into(),
+                    ..SubscribePush::default()
+                };
+                tx.send(ok(frame.correlation_id, &accepted)).await.unwrap();
+            } else {
+                let credit = SubscribeCreditRequest::decode(frame.payload.clone()).unwrap();
+                assert!(credit.cancel);
+                cancelled_tx.send(credit.subscription_id).await.unwrap();
+            }
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let subscription = client
+        .subscribe("t", StartAt::Tail, 10, 4096)
+        .await
+        .unwrap();
+    let id = subscription.id();
+
+    drop(subscription);
+
+    let cancelled = tokio::time::timeout(Duration::from_secs(2), cancelled.recv())
+        .await
+        .unwrap();
+    assert_eq!(cancelled, Some(id));
+}

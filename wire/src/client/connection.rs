@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -71,6 +71,8 @@ pub(crate) struct Connection {
     window: Arc<Semaphore>,
     next_id: AtomicU32,
     closed: Arc<AtomicBool>,
+    /// Api keys the broker shares no version with (set once, after `api_versions`).
+    unsupported: OnceLock<Vec<u16>>,
     tasks: [JoinHandle<()>; 2],
 }
 
@@ -170,12 +172,45 @@ impl Connection {
             window: Arc::new(Semaphore::new(config.inflight_requests_max.max(1))),
             next_id: AtomicU32::new(1),
             closed,
+            unsupported: OnceLock::new(),
             tasks: [write_task, read_task],
         })
     }
 
     pub(crate) fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Record the keys negotiation found no common version for.
+    pub(crate) fn set_unsupported(&self, keys: Vec<u16>) {
+        let _ = self.unsupported.set(keys);
+    }
+
+    fn supports(&self, api_key: ApiKey) -> bool {
+        self.unsupported
+            .get()
+            .is_none_or(|keys| !keys.contains(&api_key.code()))
+    }
+
+    /// Send a request nobody waits for (a best-effort cancel from a `Drop`).
+    pub(crate) fn send_detached(&self, api_key: ApiKey, payload: Bytes) {
+        let correlation_id = {
+            let pending = lock(&self.pending);
+            loop {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                if !pending.contains_key(&id) {
+                    break id;
+                }
+            }
+        };
+        let frame = RequestFrame {
+            api_key: api_key.code(),
+            correlation_id,
+            payload,
+        };
+        if self.writer.try_send(frame).is_err() {
+            debug!(addr = %self.addr, "could not queue a detached request");
+        }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -206,6 +241,12 @@ impl Connection {
         payload: Bytes,
         timeout_ms: u64,
     ) -> Result<ResponseFrame, ClientError> {
+        if !self.supports(api_key) {
+            return Err(ClientError::Unsupported {
+                addr: self.addr.clone(),
+                api: api_key.name(),
+            });
+        }
         let exchange = async {
             let _permit = self
                 .window

@@ -271,14 +271,15 @@ impl Client {
         Ok(kept)
     }
 
-    /// `api_versions` first on every connection: refuse a broker that speaks
-    /// none of our versions of the keys this client uses.
+    /// `api_versions` first on every connection; keys with no common version
+    /// are then refused locally with [`ClientError::Unsupported`].
     async fn negotiate(&self, connection: &Connection) -> Result<(), ClientError> {
         let request = ApiVersionsRequest {
             client_name: self.inner.config.client_name.clone(),
             versions: ApiVersion::supported(),
         };
         let response: ApiVersionsResponse = self.exchange(connection, &request).await?;
+        let mut unsupported = Vec::new();
         for ours in ApiVersion::supported() {
             let theirs = response
                 .versions
@@ -288,14 +289,16 @@ impl Client {
             let agreed = theirs.and_then(|theirs| ApiVersion::negotiate(ours, theirs));
             if agreed.is_none() {
                 // Not fatal: a broker may not offer every operation (e.g. an
-                // admin-only one); calls to that key will be refused by it.
+                // older one); calls to that key are refused locally.
                 debug!(
                     addr = connection.addr(),
                     api_key = ours.api_key,
                     "no common version"
                 );
+                unsupported.push(ours.api_key);
             }
         }
+        connection.set_unsupported(unsupported);
         Ok(())
     }
 

@@ -323,6 +323,25 @@ impl std::fmt::Debug for Subscription {
     }
 }
 
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        // Best effort: tell the broker to stop pushing to nobody. Pushes that
+        // still arrive find no waiter and are dropped by the reader.
+        let cancel = SubscribeCreditRequest {
+            subscription_id: self.id(),
+            cancel: true,
+            ..SubscribeCreditRequest::default()
+        };
+        if let Ok(payload) = cancel.encode() {
+            self.connection
+                .send_detached(crate::api::ApiKey::SubscribeCredit, payload);
+        }
+    }
+}
+
 impl Subscription {
     pub(crate) async fn open(
         connection: Arc<Connection>,
