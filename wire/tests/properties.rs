@@ -457,6 +457,16 @@ proptest! {
     }
 
     #[test]
+    fn every_error_body_survives_encode_then_decode(
+        message in text(),
+        leader_hint in option::of(name()),
+        retry_after_ms in option::of(any::<u32>()),
+    ) {
+        let body = ErrorBody { message, leader_hint, retry_after_ms };
+        prop_assert_eq!(ErrorBody::decode(body.encode().unwrap()).unwrap(), body);
+    }
+
+    #[test]
     fn every_record_batch_survives_encode_then_decode(records in vec(record(), 0..16)) {
         let batch = RecordBatch::from_records(&records, 1 << 20).unwrap();
         let decoded = RecordBatch::from_block(batch.block().clone()).unwrap();
