@@ -1,12 +1,15 @@
 //! malachi-cluster: the control plane of Malachi.
 //!
-//! Today this crate holds the pure log model: topics, ranges and segments,
-//! the deterministic metadata state machine that raft groups will replicate
+//! This crate holds the pure log model: topics, ranges and segments, the
+//! deterministic metadata state machine that raft groups replicate
 //! (`model`), and the opaque cursor codec clients carry (`cursor`). Neither
 //! does I/O, reads a clock or draws randomness, so both are tested as plain
-//! functions. The crate will later also hold the hash ring, the openraft
-//! vnode groups and their transport, SWIM membership and placement; those
-//! wrap the model and must keep it pure.
+//! functions. `group` replicates the model through openraft with its log,
+//! vote and snapshots on disk, behind the crate's own `MetadataGroup` API so
+//! no openraft type leaks out. The crate will later also hold the hash ring,
+//! the vnode groups' transport, SWIM membership and placement; those wrap the
+//! model and must keep it pure.
 
 pub mod cursor;
+pub mod group;
 pub mod model;

@@ -1,0 +1,461 @@
+//! The durable raft log and vote of one group.
+//!
+//! Layout inside the group directory (see docs/adr/0050):
+//! - `log`: the magic `MALRLOG1`, a header frame (group id, last purged log
+//!   id), then one frame per entry in index order. Appends go to the end and
+//!   are fsynced before openraft hears they are flushed. `truncate_after`
+//!   cuts the file at the first removed entry. `purge` rewrites the retained
+//!   entries under a new header into `log.tmp` and renames it over `log`,
+//!   so the purge point and the entries never disagree.
+//! - `vote`: the magic `MALRVOT1` and one frame, replaced atomically.
+//!
+//! Recovery reads the whole log. A frame cut short at the end of the file is
+//! a torn append: the file is truncated to the last whole entry. A checksum
+//! mismatch on the final frame is treated the same way, because a torn write
+//! can leave a whole-looking length over a partial body. Anything wrong
+//! before the final frame is corruption and refuses to open.
+//!
+//! Entries are also held in memory: a metadata log is short because it is
+//! purged after every snapshot.
+
+use super::fsio::{
+    self, FrameRead, MAGIC_BYTES, TaggedError, decode_tagged, encode_frame, encode_tagged,
+    read_frame,
+};
+use super::types::{Entry, LogId, TypeConfig, Vote};
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub(crate) const LOG_MAGIC: &[u8; MAGIC_BYTES] = b"MALRLOG1";
+pub(crate) const VOTE_MAGIC: &[u8; MAGIC_BYTES] = b"MALRVOT1";
+pub(crate) const LOG_FILE: &str = "log";
+pub(crate) const VOTE_FILE: &str = "vote";
+/// The largest header or vote frame body, in bytes.
+const SMALL_FRAME_BYTES_MAX: u64 = 64 * 1024;
+
+/// Why a group's files could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpenError {
+    #[error("i/o on {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path} is corrupt at byte {offset}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    group_id: u64,
+    last_purged: Option<LogId>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    group_id: u64,
+    file: File,
+    /// Byte offset one past the last whole entry.
+    end: u64,
+    /// Each retained entry and the byte offset its frame starts at.
+    entries: BTreeMap<u64, (Entry, u64)>,
+    last_purged: Option<LogId>,
+    vote: Option<Vote>,
+    entry_bytes_max: u64,
+    /// Set after a failed write: the file's tail is then unknown, so every
+    /// later operation fails rather than build on it.
+    failed: Option<String>,
+}
+
+/// The on-disk log store; clones share one file.
+#[derive(Debug, Clone)]
+pub(crate) struct LogStore {
+    inner: Arc<Mutex<Inner>>,
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> OpenError + '_ {
+    move |source| OpenError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn codec_error(err: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, err.to_string())
+}
+
+fn header_bytes(group_id: u64, last_purged: Option<LogId>) -> io::Result<Vec<u8>> {
+    let body = rmp_serde::to_vec(&Header {
+        group_id,
+        last_purged,
+    })
+    .map_err(codec_error)?;
+    encode_tagged(LOG_MAGIC, &body)
+}
+
+impl LogStore {
+    /// Opens the log and vote in `dir`, creating an empty log if none exists.
+    pub(crate) fn open(
+        dir: &Path,
+        group_id: u64,
+        entry_bytes_max: u64,
+    ) -> Result<LogStore, OpenError> {
+        fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let log_path = dir.join(LOG_FILE);
+        let vote_path = dir.join(VOTE_FILE);
+        // A leftover staging file is a purge or vote write that crashed
+        // before its rename; the old file is still authoritative.
+        for staged in [fsio::tmp_path(&log_path), fsio::tmp_path(&vote_path)] {
+            if staged.exists() {
+                fs::remove_file(&staged).map_err(io_at(&staged))?;
+            }
+        }
+        if !log_path.exists() {
+            let bytes = header_bytes(group_id, None).map_err(io_at(&log_path))?;
+            fsio::write_atomic(&log_path, &bytes).map_err(io_at(&log_path))?;
+        }
+        let vote = read_vote_file(&vote_path)?;
+        let bytes = fs::read(&log_path).map_err(io_at(&log_path))?;
+        let corrupt = |offset: usize, reason: String| OpenError::Corrupt {
+            path: log_path.clone(),
+            offset: offset as u64,
+            reason,
+        };
+        let header_body = decode_tagged(
+            LOG_MAGIC,
+            bytes.get(..header_end(&bytes)).unwrap_or(&bytes),
+            SMALL_FRAME_BYTES_MAX,
+        )
+        .map_err(|e: TaggedError| corrupt(0, format!("log header: {e}")))?;
+        let header: Header = rmp_serde::from_slice(header_body)
+            .map_err(|e| corrupt(MAGIC_BYTES, format!("log header: {e}")))?;
+        if header.group_id != group_id {
+            return Err(corrupt(
+                MAGIC_BYTES,
+                format!("log belongs to group {} not {group_id}", header.group_id),
+            ));
+        }
+        let mut at = header_end(&bytes);
+        let mut entries = BTreeMap::new();
+        let mut expected_index = header.last_purged.as_ref().map_or(0, |id| id.index + 1);
+        loop {
+            if at == bytes.len() {
+                break;
+            }
+            match read_frame(&bytes, at, entry_bytes_max) {
+                FrameRead::Whole { body, next } => {
+                    let entry: Entry = rmp_serde::from_slice(body)
+                        .map_err(|e| corrupt(at, format!("undecodable entry: {e}")))?;
+                    let index = entry.index();
+                    // The first entry of a fresh log may start anywhere a
+                    // snapshot install left the purge point; after it they
+                    // must be consecutive.
+                    if (!entries.is_empty() || header.last_purged.is_some())
+                        && index != expected_index {
+                            return Err(corrupt(
+                                at,
+                                format!("entry index {index} where {expected_index} was expected"),
+                            ));
+                        }
+                    expected_index = index + 1;
+                    entries.insert(index, (entry, at as u64));
+                    at = next;
+                }
+                FrameRead::Short => {
+                    tracing::warn!(path = %log_path.display(), offset = at, file_bytes = bytes.len(), "truncating a torn log tail");
+                    break;
+                }
+                FrameRead::BadChecksum { next } if next == bytes.len() => {
+                    tracing::warn!(path = %log_path.display(), offset = at, "truncating a final log entry whose checksum fails");
+                    break;
+                }
+                FrameRead::BadChecksum { .. } => {
+                    return Err(corrupt(
+                        at,
+                        "entry checksum mismatch before the end of the log".to_owned(),
+                    ));
+                }
+                FrameRead::TooLong { len } => {
+                    return Err(corrupt(
+                        at,
+                        format!("entry length {len} exceeds {entry_bytes_max}"),
+                    ));
+                }
+            }
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&log_path)
+            .map_err(io_at(&log_path))?;
+        if at != bytes.len() {
+            file.set_len(at as u64).map_err(io_at(&log_path))?;
+            file.sync_all().map_err(io_at(&log_path))?;
+        }
+        file.seek(SeekFrom::Start(at as u64))
+            .map_err(io_at(&log_path))?;
+        Ok(LogStore {
+            inner: Arc::new(Mutex::new(Inner {
+                dir: dir.to_path_buf(),
+                group_id,
+                file,
+                end: at as u64,
+                entries,
+                last_purged: header.last_purged,
+                vote,
+                entry_bytes_max,
+                failed: None,
+            })),
+        })
+    }
+}
+
+/// The offset just past the header frame, or the file length if the header
+/// is cut short (decoding then reports it).
+fn header_end(bytes: &[u8]) -> usize {
+    match read_frame(bytes, MAGIC_BYTES, SMALL_FRAME_BYTES_MAX) {
+        FrameRead::Whole { next, .. } | FrameRead::BadChecksum { next } => next,
+        FrameRead::Short | FrameRead::TooLong { .. } => bytes.len(),
+    }
+}
+
+fn read_vote_file(path: &Path) -> Result<Option<Vote>, OpenError> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_at(path)(e)),
+    };
+    let corrupt = |reason: String| OpenError::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        reason,
+    };
+    let body = decode_tagged(VOTE_MAGIC, &bytes, SMALL_FRAME_BYTES_MAX)
+        .map_err(|e| corrupt(format!("vote: {e}")))?;
+    let vote = rmp_serde::from_slice(body).map_err(|e| corrupt(format!("vote: {e}")))?;
+    Ok(Some(vote))
+}
+
+impl Inner {
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            Some(reason) => Err(io::Error::other(format!(
+                "log store failed earlier and refuses further i/o: {reason}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&mut self, op: &str, err: io::Error) -> io::Error {
+        tracing::error!(group = self.group_id, op, error = %err, "raft log i/o failed; this replica is now fatal");
+        self.failed = Some(format!("{op}: {err}"));
+        err
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(LOG_FILE)
+    }
+
+    fn append_entries(&mut self, entries: Vec<Entry>) -> io::Result<()> {
+        let mut buf = Vec::new();
+        let mut placed = Vec::with_capacity(entries.len());
+        let mut next_index = self
+            .entries
+            .last_key_value()
+            .map(|(i, _)| i + 1)
+            .or(self.last_purged.as_ref().map(|id| id.index + 1));
+        for entry in entries {
+            let index = entry.index();
+            if let Some(expected) = next_index
+                && index != expected {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("append of index {index} where {expected} was expected"),
+                    ));
+                }
+            next_index = Some(index + 1);
+            let body = rmp_serde::to_vec(&entry).map_err(codec_error)?;
+            if body.len() as u64 > self.entry_bytes_max {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "entry of {} bytes exceeds {}",
+                        body.len(),
+                        self.entry_bytes_max
+                    ),
+                ));
+            }
+            let offset = self.end + buf.len() as u64;
+            encode_frame(&body, &mut buf)?;
+            placed.push((entry, offset));
+        }
+        self.file.write_all(&buf)?;
+        self.file.sync_data()?;
+        self.end += buf.len() as u64;
+        for (entry, offset) in placed {
+            self.entries.insert(entry.index(), (entry, offset));
+        }
+        Ok(())
+    }
+
+    fn truncate_after(&mut self, last: Option<&LogId>) -> io::Result<()> {
+        let first_removed = last.map_or(0, |id| id.index + 1);
+        let Some((_, (_, offset))) = self.entries.range(first_removed..).next() else {
+            return Ok(());
+        };
+        let offset = *offset;
+        self.file.set_len(offset)?;
+        self.file.sync_all()?;
+        self.file.seek(SeekFrom::Start(offset))?;
+        self.end = offset;
+        self.entries.split_off(&first_removed);
+        Ok(())
+    }
+
+    fn purge(&mut self, upto: LogId) -> io::Result<()> {
+        if self
+            .last_purged
+            .as_ref()
+            .is_some_and(|p| p.index >= upto.index)
+        {
+            return Ok(());
+        }
+        let retained = self.entries.split_off(&(upto.index + 1));
+        let mut bytes = header_bytes(self.group_id, Some(upto))?;
+        let mut placed = BTreeMap::new();
+        for (index, (entry, _)) in retained {
+            let body = rmp_serde::to_vec(&entry).map_err(codec_error)?;
+            let offset = bytes.len() as u64;
+            encode_frame(&body, &mut bytes)?;
+            placed.insert(index, (entry, offset));
+        }
+        let path = self.log_path();
+        fsio::write_atomic(&path, &bytes)?;
+        let mut file = OpenOptions::new().read(true).write(true).open(&path)?;
+        file.seek(SeekFrom::Start(bytes.len() as u64))?;
+        self.file = file;
+        self.end = bytes.len() as u64;
+        self.entries = placed;
+        self.last_purged = Some(upto);
+        Ok(())
+    }
+
+    fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        let body = rmp_serde::to_vec(vote).map_err(codec_error)?;
+        fsio::write_atomic(
+            &self.dir.join(VOTE_FILE),
+            &encode_tagged(VOTE_MAGIC, &body)?,
+        )?;
+        self.vote = Some(*vote);
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let inner = self.inner.lock();
+        inner.check()?;
+        Ok(inner
+            .entries
+            .range(range)
+            .map(|(_, (e, _))| e.clone())
+            .collect())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        let inner = self.inner.lock();
+        inner.check()?;
+        Ok(inner.vote)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let inner = self.inner.lock();
+        inner.check()?;
+        let last_log_id = inner
+            .entries
+            .last_key_value()
+            .map(|(_, (e, _))| e.log_id())
+            .or_else(|| inner.last_purged);
+        Ok(LogState {
+            last_purged_log_id: inner.last_purged,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let mut inner = self.inner.lock();
+        inner.check()?;
+        inner
+            .save_vote(vote)
+            .map_err(|e| inner.fail("save_vote", e))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let result = {
+            let mut inner = self.inner.lock();
+            match inner.check() {
+                Err(e) => Err(e),
+                Ok(()) => inner
+                    .append_entries(entries)
+                    .map_err(|e| inner.fail("append", e)),
+            }
+        };
+        // The append is on disk (fsynced) or failed; tell openraft which.
+        match result {
+            Ok(()) => {
+                callback.io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let mut inner = self.inner.lock();
+        inner.check()?;
+        inner
+            .truncate_after(last_log_id.as_ref())
+            .map_err(|e| inner.fail("truncate_after", e))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        let mut inner = self.inner.lock();
+        inner.check()?;
+        inner.purge(log_id).map_err(|e| inner.fail("purge", e))
+    }
+}

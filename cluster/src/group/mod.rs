@@ -1,0 +1,536 @@
+//! A metadata raft group: the model's `MetadataState` replicated by openraft
+//! with its log, vote and snapshots on disk.
+//!
+//! `MetadataGroup` is the only door. openraft (pinned at an alpha) is used
+//! inside this module tree and none of its types cross the public API, so an
+//! openraft bump touches only `group/`. Today a broker runs one group with a
+//! single voter (`open_single`); later each vnode is a group, addressed by
+//! `GroupConfig::group_id` over a `GroupTransport`.
+//!
+//! Failure policy (docs/design/decisions §2): a storage error stops the raft
+//! node for good. The group logs it as fatal and answers every later call
+//! with `GroupError::Fatal`; it is never restarted in place, because a
+//! replica whose disk lied must be replaced through a membership change.
+//!
+//! Architecture invariant: the state machine applies commands through
+//! `MetadataState::apply` only, in log order, so replicas that apply the same
+//! log hold byte-identical snapshots.
+
+mod fsio;
+mod log_store;
+mod network;
+mod state_machine;
+mod types;
+
+pub use network::{GroupTransport, RaftRpcKind, TransportError, UnreachableTransport};
+
+use crate::model::{Command, MetadataState, ModelError, Outcome};
+use log_store::{LogStore, OpenError};
+use network::{FullSnapshotRequest, NetworkFactory};
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ClientWriteError, Fatal, LinearizableReadError, RaftError};
+use openraft::{BasicNode, Raft, ReadPolicy, ServerState, SnapshotPolicy};
+use state_machine::{Shared, StateMachine};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
+use types::{Request, TypeConfig};
+
+/// How one group is opened. `GroupConfig::new` fills every tunable with its
+/// default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// The group's id; stored in its log header and carried by the transport.
+    pub group_id: u64,
+    /// This replica's raft node id.
+    pub node_id: u64,
+    /// The directory holding the group's `log`, `vote` and `snapshot`.
+    pub dir: PathBuf,
+    /// The shortest election timeout.
+    pub election_timeout_min_ms: u64,
+    /// The longest election timeout; must exceed the minimum.
+    pub election_timeout_max_ms: u64,
+    /// The leader's heartbeat period; must be below the minimum election timeout.
+    pub heartbeat_interval_ms: u64,
+    /// A snapshot is built after this many entries applied since the last.
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind a snapshot (for lagging followers).
+    pub log_entries_kept_after_snapshot: u64,
+    /// How long `open_single` waits for leadership and a caught-up state.
+    pub open_timeout_ms: u64,
+    /// How long `propose` and `read` wait before `GroupError::Timeout`.
+    pub request_timeout_ms: u64,
+    /// The largest encoded log entry.
+    pub entry_bytes_max: u64,
+    /// The largest snapshot file body.
+    pub snapshot_bytes_max: u64,
+}
+
+impl GroupConfig {
+    /// A config with default tunables.
+    pub fn new(group_id: u64, node_id: u64, dir: impl Into<PathBuf>) -> GroupConfig {
+        GroupConfig {
+            group_id,
+            node_id,
+            dir: dir.into(),
+            election_timeout_min_ms: 300,
+            election_timeout_max_ms: 600,
+            heartbeat_interval_ms: 100,
+            snapshot_every_entries: 1024,
+            log_entries_kept_after_snapshot: 0,
+            open_timeout_ms: 10_000,
+            request_timeout_ms: 5_000,
+            entry_bytes_max: 4 * 1024 * 1024,
+            snapshot_bytes_max: 1024 * 1024 * 1024,
+        }
+    }
+
+    fn raft_config(&self) -> Result<openraft::Config, GroupError> {
+        let config = openraft::Config {
+            cluster_name: format!("malachi-metadata-{}", self.group_id),
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            heartbeat_interval: self.heartbeat_interval_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries.max(1)),
+            max_in_snapshot_log_to_keep: self.log_entries_kept_after_snapshot,
+            ..Default::default()
+        };
+        config.validate().map_err(|e| GroupError::Config {
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// Why a group operation failed. The model's own refusals are not here:
+/// `propose` returns them as its inner `Err`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GroupError {
+    /// The group's files could not be read or written while opening.
+    #[error("storage i/o on {path}: {reason}")]
+    Io { path: PathBuf, reason: String },
+    /// A group file is damaged in a way recovery must not paper over.
+    #[error("storage corrupt: {path} at byte {offset}: {reason}")]
+    Storage {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// This replica is not the leader; `leader` is the one it knows of.
+    #[error("not the leader; the leader is {leader:?}")]
+    NotLeader { leader: Option<u64> },
+    /// The entry was discarded by a leader change after it was appended: it
+    /// may or may not commit, so a retry must be deduplicated.
+    #[error("the proposal was discarded by a leader change; its outcome is unknown")]
+    Discarded { leader: Option<u64> },
+    /// The operation did not finish in time.
+    #[error("timed out after {after_ms} ms")]
+    Timeout { after_ms: u64 },
+    /// The raft node stopped on an unrecoverable error (a storage error or a
+    /// panic). The replica must be replaced, not restarted.
+    #[error("the group is fatally stopped: {reason}")]
+    Fatal { reason: String },
+    /// The group was shut down.
+    #[error("the group is shut down")]
+    Stopped,
+    /// A message could not be encoded or decoded.
+    #[error("codec: {reason}")]
+    Codec { reason: String },
+    /// The config is invalid.
+    #[error("invalid config: {reason}")]
+    Config { reason: String },
+    /// Raft refused the request for a reason other than leadership.
+    #[error("raft refused: {reason}")]
+    Raft { reason: String },
+}
+
+impl From<OpenError> for GroupError {
+    fn from(err: OpenError) -> GroupError {
+        match err {
+            OpenError::Io { path, source } => GroupError::Io {
+                path,
+                reason: source.to_string(),
+            },
+            OpenError::Corrupt {
+                path,
+                offset,
+                reason,
+            } => GroupError::Storage {
+                path,
+                offset,
+                reason,
+            },
+        }
+    }
+}
+
+/// A point-in-time view of the group's raft state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupStatus {
+    pub group_id: u64,
+    pub node_id: u64,
+    pub term: u64,
+    pub leader: Option<u64>,
+    pub is_leader: bool,
+    /// The index of the last entry the state machine applied.
+    pub last_applied: Option<u64>,
+    /// The index of the last committed entry this node knows of.
+    pub committed: Option<u64>,
+    /// The index the latest snapshot covers.
+    pub snapshot: Option<u64>,
+    /// The voters of the current membership.
+    pub voters: Vec<u64>,
+}
+
+struct Inner {
+    raft: Raft<TypeConfig, StateMachine>,
+    shared: Arc<Shared>,
+    config: GroupConfig,
+    stopped: AtomicBool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetadataGroup")
+            .field("group_id", &self.config.group_id)
+            .field("node_id", &self.config.node_id)
+            .field("dir", &self.config.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A handle to one metadata raft group. Clones share the group.
+#[derive(Debug, Clone)]
+pub struct MetadataGroup {
+    inner: Arc<Inner>,
+}
+
+fn fatal_reason(fatal: &Fatal<TypeConfig>) -> GroupError {
+    match fatal {
+        Fatal::Stopped => GroupError::Stopped,
+        other => GroupError::Fatal {
+            reason: other.to_string(),
+        },
+    }
+}
+
+impl MetadataGroup {
+    /// Opens (or creates) the on-disk log, vote and snapshot in `dir`. On a
+    /// fresh dir it initializes a single-voter membership `{node_id}`; on an
+    /// existing dir it recovers. Returns once this node is leader and the
+    /// state machine has applied everything committed, or
+    /// `GroupError::Timeout` after `open_timeout_ms`.
+    pub async fn open_single(config: GroupConfig) -> Result<MetadataGroup, GroupError> {
+        let group = MetadataGroup::open(config, Arc::new(UnreachableTransport)).await?;
+        if let Err(err) = group.bootstrap_single().await {
+            // Do not leave a raft task running behind a failed open.
+            let _ = group.shutdown().await;
+            return Err(err);
+        }
+        Ok(group)
+    }
+
+    /// Opens the group's storage and starts its raft node over `transport`
+    /// without initializing a membership or waiting for a leader. A
+    /// multi-voter group is formed on top of this (not yet supported end to
+    /// end: only the single-voter path is tested).
+    pub async fn open(
+        config: GroupConfig,
+        transport: Arc<dyn GroupTransport>,
+    ) -> Result<MetadataGroup, GroupError> {
+        let raft_config = Arc::new(config.raft_config()?);
+        let log = LogStore::open(&config.dir, config.group_id, config.entry_bytes_max)?;
+        let sm = StateMachine::open(&config.dir, config.group_id, config.snapshot_bytes_max)?;
+        let shared = sm.shared();
+        let network = NetworkFactory {
+            group_id: config.group_id,
+            transport,
+        };
+        let raft = Raft::new(config.node_id, raft_config, network, log, sm)
+            .await
+            .map_err(|e| fatal_reason(&e))?;
+        tracing::info!(group = config.group_id, node = config.node_id, dir = %config.dir.display(), "metadata group opened");
+        Ok(MetadataGroup {
+            inner: Arc::new(Inner {
+                raft,
+                shared,
+                config,
+                stopped: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    async fn bootstrap_single(&self) -> Result<(), GroupError> {
+        let raft = &self.inner.raft;
+        let node_id = self.inner.config.node_id;
+        let timeout_ms = self.inner.config.open_timeout_ms;
+        let initialized = raft.is_initialized().await.map_err(|e| fatal_reason(&e))?;
+        if !initialized {
+            let members = BTreeMap::from([(node_id, BasicNode::default())]);
+            raft.initialize(members).await.map_err(|e| match e {
+                RaftError::Fatal(f) => fatal_reason(&f),
+                RaftError::APIError(api) => GroupError::Raft {
+                    reason: api.to_string(),
+                },
+            })?;
+            tracing::info!(
+                group = self.inner.config.group_id,
+                node = node_id,
+                "initialized a single-voter membership"
+            );
+        }
+        // Leadership alone is not enough: wait until the membership is
+        // committed and the state machine has applied everything the leader
+        // has committed (the blank entry of its term included), so the first
+        // read after open sees every topic that existed before a restart.
+        let wait = raft
+            .wait(Some(Duration::from_millis(timeout_ms)))
+            .metrics(
+                |m| {
+                    m.state == ServerState::Leader
+                        && m.current_leader == Some(node_id)
+                        && m.local_committed.is_some()
+                        && m.last_applied >= m.local_committed
+                        && m.membership_config.log_id() <= &m.last_applied
+                },
+                "leader with everything committed applied",
+            )
+            .await;
+        match wait {
+            Ok(_) => Ok(()),
+            Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout {
+                after_ms: timeout_ms,
+            }),
+            Err(other) => Err(self.stopped_reason(other.to_string())),
+        }
+    }
+
+    /// The error to report when raft stopped underneath a call.
+    fn stopped_reason(&self, fallback: String) -> GroupError {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return GroupError::Stopped;
+        }
+        match &self.inner.raft.metrics().borrow_watched().running_state {
+            Err(fatal) => fatal_reason(fatal),
+            Ok(()) => GroupError::Fatal { reason: fallback },
+        }
+    }
+
+    fn check_running(&self) -> Result<(), GroupError> {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return Err(GroupError::Stopped);
+        }
+        match &self.inner.raft.metrics().borrow_watched().running_state {
+            Err(fatal) => Err(fatal_reason(fatal)),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, GroupError>>,
+    ) -> Result<T, GroupError> {
+        let after_ms = self.inner.config.request_timeout_ms;
+        match tokio::time::timeout(Duration::from_millis(after_ms), fut).await {
+            Ok(result) => result,
+            Err(_) => Err(GroupError::Timeout { after_ms }),
+        }
+    }
+
+    /// Linearizable write: replicates the command, applies it, and returns
+    /// the model's verdict. A model refusal is `Ok(Err(ModelError))`.
+    pub async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, GroupError> {
+        self.check_running()?;
+        let response = self
+            .bounded(async {
+                self.inner
+                    .raft
+                    .client_write(Request(cmd))
+                    .await
+                    .map_err(|e| match e {
+                        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                            GroupError::NotLeader {
+                                leader: f.leader_id,
+                            }
+                        }
+                        RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => {
+                            GroupError::Discarded {
+                                leader: f.leader_id,
+                            }
+                        }
+                        RaftError::APIError(other) => GroupError::Raft {
+                            reason: other.to_string(),
+                        },
+                        RaftError::Fatal(f) => self.stopped_reason(f.to_string()),
+                    })
+            })
+            .await?;
+        match response.data.0 {
+            Some(verdict) => Ok(verdict),
+            None => Err(GroupError::Raft {
+                reason: "a normal entry was applied without a verdict".to_owned(),
+            }),
+        }
+    }
+
+    /// Linearizable read of the applied state: confirms leadership (read
+    /// index) and waits for the state machine to reach it, then runs `f`.
+    pub async fn read<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&MetadataState) -> R + Send + 'static,
+    ) -> Result<R, GroupError> {
+        self.check_running()?;
+        self.bounded(async {
+            self.inner
+                .raft
+                .ensure_linearizable(ReadPolicy::ReadIndex)
+                .await
+                .map_err(|e| match e {
+                    RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
+                        GroupError::NotLeader {
+                            leader: f.leader_id,
+                        }
+                    }
+                    RaftError::APIError(other) => GroupError::Raft {
+                        reason: other.to_string(),
+                    },
+                    RaftError::Fatal(f) => self.stopped_reason(f.to_string()),
+                })
+        })
+        .await?;
+        Ok(self.read_local(f))
+    }
+
+    /// A local read of the applied state without a leadership check: current
+    /// on a single voter, possibly stale on a follower. Keep `f` short: it
+    /// runs under the state's read lock, which apply waits on.
+    pub fn read_local<R>(&self, f: impl FnOnce(&MetadataState) -> R) -> R {
+        let applied = self.inner.shared.applied.read();
+        f(&applied.state)
+    }
+
+    /// The last applied log index, updated after every applied batch.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.shared.applied_index.subscribe()
+    }
+
+    /// Whether this replica is the leader now.
+    pub fn is_leader(&self) -> bool {
+        !self.inner.stopped.load(Ordering::Acquire) && self.inner.raft.is_leader()
+    }
+
+    /// The group's raft state now.
+    pub fn status(&self) -> GroupStatus {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        GroupStatus {
+            group_id: self.inner.config.group_id,
+            node_id: self.inner.config.node_id,
+            term: m.current_term,
+            leader: m.current_leader,
+            is_leader: m.state == ServerState::Leader,
+            last_applied: m.last_applied.as_ref().map(|id| id.index),
+            committed: m.local_committed.as_ref().map(|id| id.index),
+            snapshot: m.snapshot.as_ref().map(|id| id.index),
+            voters: m.membership_config.membership().voter_ids().collect(),
+        }
+    }
+
+    /// Builds a snapshot now and waits until it covers everything applied
+    /// at the time of the call (bounded by `request_timeout_ms`).
+    pub async fn snapshot_now(&self) -> Result<u64, GroupError> {
+        self.check_running()?;
+        let target = self.inner.shared.applied.read().last_applied;
+        self.inner
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| self.stopped_reason(e.to_string()))?;
+        let after_ms = self.inner.config.request_timeout_ms;
+        let waited = self
+            .inner
+            .raft
+            .wait(Some(Duration::from_millis(after_ms)))
+            .metrics(
+                |m| m.snapshot >= target,
+                "snapshot covers the applied state",
+            )
+            .await;
+        match waited {
+            Ok(m) => Ok(m.snapshot.as_ref().map_or(0, |id| id.index)),
+            Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout { after_ms }),
+            Err(other) => Err(self.stopped_reason(other.to_string())),
+        }
+    }
+
+    /// Handles one raft message a peer sent through the transport and returns
+    /// the encoded answer.
+    pub async fn handle_rpc(&self, kind: RaftRpcKind, body: &[u8]) -> Result<Vec<u8>, GroupError> {
+        self.check_running()?;
+        let codec = |e: &dyn std::fmt::Display| GroupError::Codec {
+            reason: e.to_string(),
+        };
+        let raft = &self.inner.raft;
+        let fatal = |e: Fatal<TypeConfig>| self.stopped_reason(e.to_string());
+        let answer = match kind {
+            RaftRpcKind::AppendEntries => {
+                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let resp = raft
+                    .append_entries(rpc)
+                    .await
+                    .map_err(|e| fatal(e.unwrap_fatal()))?;
+                rmp_serde::to_vec(&resp)
+            }
+            RaftRpcKind::Vote => {
+                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let resp = raft.vote(rpc).await.map_err(|e| fatal(e.unwrap_fatal()))?;
+                rmp_serde::to_vec(&resp)
+            }
+            RaftRpcKind::PreVote => {
+                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let resp = raft
+                    .pre_vote(rpc)
+                    .await
+                    .map_err(|e| fatal(e.unwrap_fatal()))?;
+                rmp_serde::to_vec(&resp)
+            }
+            RaftRpcKind::FullSnapshot => {
+                let req: FullSnapshotRequest =
+                    rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let snapshot = types::Snapshot {
+                    meta: req.meta,
+                    snapshot: req.data,
+                };
+                let resp = raft
+                    .install_full_snapshot(req.vote, snapshot)
+                    .await
+                    .map_err(fatal)?;
+                rmp_serde::to_vec(&resp)
+            }
+        };
+        answer.map_err(|e| codec(&e))
+    }
+
+    /// Stops the raft node. Later calls answer `GroupError::Stopped`.
+    pub async fn shutdown(&self) -> Result<(), GroupError> {
+        if self.inner.stopped.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.inner
+            .raft
+            .shutdown()
+            .await
+            .map_err(|e| GroupError::Fatal {
+                reason: format!("raft task did not join: {e}"),
+            })?;
+        tracing::info!(
+            group = self.inner.config.group_id,
+            node = self.inner.config.node_id,
+            "metadata group shut down"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,225 @@
+//! The seam between a metadata group and the transport that carries its raft
+//! messages to peers.
+//!
+//! A transport moves opaque bytes: the group encodes each raft request with
+//! rmp-serde, the transport delivers it with the group id to the target
+//! node, and the target hands it to `MetadataGroup::handle_rpc`, whose bytes
+//! travel back. This keeps openraft's message types out of every other crate,
+//! and lets one transport multiplex many groups (vnodes) by `group_id`.
+//! A single-voter group never sends anything; `UnreachableTransport` is its
+//! default.
+
+use super::types::{SnapshotBytes, TypeConfig, Vote};
+use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, RaftNetworkFactory, RaftNetworkV2};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::sync::Arc;
+
+/// Which raft message a request body holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RaftRpcKind {
+    AppendEntries,
+    Vote,
+    PreVote,
+    FullSnapshot,
+}
+
+impl RaftRpcKind {
+    /// A stable tag for framing on the wire.
+    pub fn tag(self) -> u8 {
+        match self {
+            RaftRpcKind::AppendEntries => 1,
+            RaftRpcKind::Vote => 2,
+            RaftRpcKind::PreVote => 3,
+            RaftRpcKind::FullSnapshot => 4,
+        }
+    }
+
+    /// The kind a wire tag names, if any.
+    pub fn from_tag(tag: u8) -> Option<RaftRpcKind> {
+        match tag {
+            1 => Some(RaftRpcKind::AppendEntries),
+            2 => Some(RaftRpcKind::Vote),
+            3 => Some(RaftRpcKind::PreVote),
+            4 => Some(RaftRpcKind::FullSnapshot),
+            _ => None,
+        }
+    }
+}
+
+/// Why a transport could not deliver a request or bring back its answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The target cannot be reached now; raft backs off and retries.
+    #[error("node {target} is unreachable: {reason}")]
+    Unreachable { target: u64, reason: String },
+    /// The request may or may not have arrived.
+    #[error("network error to node {target}: {reason}")]
+    Network { target: u64, reason: String },
+    /// The target received the request and refused it (for example its
+    /// group is stopped).
+    #[error("node {target} refused the request: {reason}")]
+    Remote { target: u64, reason: String },
+}
+
+/// Carries a group's raft messages to peers. A later wire-framed transport
+/// implements this; the group id lets one connection serve many groups.
+#[async_trait::async_trait]
+pub trait GroupTransport: Send + Sync + std::fmt::Debug + 'static {
+    /// Sends `body` to `target`'s group `group_id` and returns the answer's
+    /// bytes, giving up after `timeout_ms`.
+    async fn call(
+        &self,
+        group_id: u64,
+        target: u64,
+        kind: RaftRpcKind,
+        body: Vec<u8>,
+        timeout_ms: u64,
+    ) -> Result<Vec<u8>, TransportError>;
+}
+
+/// The transport of a group with no peers: every call is unreachable.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnreachableTransport;
+
+#[async_trait::async_trait]
+impl GroupTransport for UnreachableTransport {
+    async fn call(
+        &self,
+        _group_id: u64,
+        target: u64,
+        _kind: RaftRpcKind,
+        _body: Vec<u8>,
+        _timeout_ms: u64,
+    ) -> Result<Vec<u8>, TransportError> {
+        Err(TransportError::Unreachable {
+            target,
+            reason: "this group has no transport".to_owned(),
+        })
+    }
+}
+
+/// The snapshot message on the wire: the leader's vote, meta and the bytes.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct FullSnapshotRequest {
+    pub(crate) vote: Vote,
+    pub(crate) meta: super::types::SnapshotMeta,
+    pub(crate) data: SnapshotBytes,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct NetworkFactory {
+    pub(crate) group_id: u64,
+    pub(crate) transport: Arc<dyn GroupTransport>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: u64, _node: &BasicNode) -> Peer {
+        Peer {
+            group_id: self.group_id,
+            target,
+            transport: self.transport.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Peer {
+    group_id: u64,
+    target: u64,
+    transport: Arc<dyn GroupTransport>,
+}
+
+fn to_rpc_error(err: TransportError) -> RPCError<TypeConfig> {
+    match err {
+        TransportError::Unreachable { .. } | TransportError::Remote { .. } => {
+            RPCError::Unreachable(Unreachable::new(&err))
+        }
+        TransportError::Network { .. } => RPCError::Network(NetworkError::new(&err)),
+    }
+}
+
+impl Peer {
+    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        kind: RaftRpcKind,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, TransportError> {
+        let network = |reason: String| TransportError::Network {
+            target: self.target,
+            reason,
+        };
+        let body = rmp_serde::to_vec(request).map_err(|e| network(format!("encode: {e}")))?;
+        let timeout_ms = u64::try_from(option.hard_ttl().as_millis()).unwrap_or(u64::MAX);
+        let answer = self
+            .transport
+            .call(self.group_id, self.target, kind, body, timeout_ms)
+            .await?;
+        rmp_serde::from_slice(&answer).map_err(|e| network(format!("decode: {e}")))
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for Peer {
+    type SnapshotData = SnapshotBytes;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(RaftRpcKind::AppendEntries, &rpc, &option)
+            .await
+            .map_err(to_rpc_error)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(RaftRpcKind::Vote, &rpc, &option)
+            .await
+            .map_err(to_rpc_error)
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(RaftRpcKind::PreVote, &rpc, &option)
+            .await
+            .map_err(to_rpc_error)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: super::types::Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let request = FullSnapshotRequest {
+            vote,
+            meta: snapshot.meta,
+            data: snapshot.snapshot,
+        };
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            answer = self.call(RaftRpcKind::FullSnapshot, &request, &option) => match answer {
+                Ok(response) => Ok(response),
+                Err(err @ TransportError::Network { .. }) => Err(StreamingError::Network(NetworkError::new(&err))),
+                Err(err) => Err(StreamingError::Unreachable(Unreachable::new(&err))),
+            },
+        }
+    }
+}
