@@ -1,63 +1,84 @@
-//! The `malachi` command line. For now it carries only the storage benchmark;
-//! the broker, admin and client commands join it as their crates land.
+//! The `malachi` binary: the broker daemon (`malachi broker`, `malachi dev`),
+//! the client commands and the benchmarks. Everything lives in [`cli`]; this
+//! file parses the command line, runs the command on a tokio runtime and turns
+//! its outcome into an exit code, printing any error as one line on stderr.
+
+mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use malachi_storage::bench::{self, BenchOptions, ScenarioResult};
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "malachi",
-    version,
-    about = "A CP, horizontally scalable log broker"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Load generators and side-by-side comparisons.
-    #[command(subcommand)]
-    Bench(Bench),
-}
-
-#[derive(Debug, Subcommand)]
-enum Bench {
-    /// The segment store against the disk's own durable write bandwidth.
-    Storage(StorageArgs),
-}
-
-#[derive(Debug, Args)]
-struct StorageArgs {
-    /// Short scenarios: about a minute in total.
-    #[arg(long)]
-    quick: bool,
-    /// One JSON object per scenario and line.
-    #[arg(long)]
-    json: bool,
-    /// Directory for the benchmark files (default: a new directory under the
-    /// current one, removed at the end). Put it on the disk you want measured.
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// The store's flush_interval_ms (0 flushes as soon as the previous sync ends).
-    #[arg(long, default_value_t = 0)]
-    flush_interval_ms: u64,
-    /// Sync threads of the store.
-    #[arg(long, default_value_t = 16)]
-    sync_threads: usize,
-    /// Run only the scenarios whose name contains this text.
-    #[arg(long)]
-    filter: Option<String>,
-}
+use cli::error::CliError;
+use cli::{BenchCommand, Cli, Command, StorageArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Bench(Bench::Storage(args)) => bench_storage(args),
+    init_logging(&cli.command);
+    if let Command::Bench(BenchCommand::Storage(args)) = cli.command {
+        // The storage benchmark runs its own threads; it needs no runtime.
+        return bench_storage(args);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("malachi: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("malachi: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Brokers log at info by default; client commands only warn, so their
+/// stdout and stderr stay what scripts parse. `RUST_LOG` overrides both, and
+/// `MALACHI_LOG_FORMAT=json` switches to JSON lines.
+fn init_logging(command: &Command) {
+    use tracing_subscriber::EnvFilter;
+    let default = match command {
+        Command::Broker(_) | Command::Dev(_) => "info",
+        _ => "warn",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let json = std::env::var("MALACHI_LOG_FORMAT").is_ok_and(|v| v == "json");
+    // A second initialisation cannot happen here; ignoring the error is safe.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+async fn run(command: Command) -> Result<(), CliError> {
+    match command {
+        Command::Broker(args) => cli::broker::broker(args).await,
+        Command::Dev(args) => cli::broker::dev(args).await,
+        Command::Topic(command) => cli::client::topic(command).await,
+        Command::Produce(args) => cli::client::produce(args).await,
+        Command::Consume(args) => cli::client::consume(args).await,
+        Command::Tree(output) => cli::client::tree(output).await,
+        Command::Cluster(command) => cli::client::cluster(command).await,
+        Command::Bench(BenchCommand::Produce(args)) => cli::bench::produce(args).await,
+        Command::Bench(BenchCommand::Consume(args)) => cli::bench::consume(args).await,
+        Command::Bench(BenchCommand::Compare(_)) => Err(CliError::NotImplemented(
+            "bench compare is not implemented yet (issue 8): run bench produce and bench consume",
+        )),
+        Command::Bench(BenchCommand::Storage(_)) => Err(CliError::NotImplemented(
+            "bench storage runs outside the runtime",
+        )),
     }
 }
 

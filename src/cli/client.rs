@@ -1,0 +1,362 @@
+//! The client commands: topics, produce, consume, tree and cluster status,
+//! each one request (or stream) through `malachi_wire::Client`.
+
+use std::io::{BufRead, Write};
+
+use malachi_wire::client::{ConsumeOptions, StartAt};
+use malachi_wire::{BatchBuilder, Client, ClientConfig, Record};
+use serde::Serialize;
+use serde_json::json;
+
+use super::error::CliError;
+use super::records::{format_text, parse_json_line, parse_text_line, to_json};
+use super::render::{self, Volatile};
+use super::{ClusterCommand, ConsumeArgs, OutputArgs, ProduceArgs, TopicCommand, TopicCreateArgs};
+
+/// The largest produce request the command line builds, in block bytes.
+const PRODUCE_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The longest stdin line accepted, in bytes (a record larger than this is a mistake).
+const INPUT_LINE_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Open a client on `output.broker` with its timeout.
+pub async fn connect(output: &OutputArgs) -> Result<Client, CliError> {
+    let config = ClientConfig {
+        client_name: concat!("malachi-cli/", env!("CARGO_PKG_VERSION")).to_owned(),
+        request_timeout_ms: output.timeout_ms,
+        connect_timeout_ms: output.timeout_ms.min(5_000),
+        ..ClientConfig::default()
+    };
+    Client::connect_with([output.broker.clone()], config)
+        .await
+        .map_err(|e| CliError::client("connect", &output.broker, e))
+}
+
+/// Print one JSON object on its own line.
+pub fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
+    let line = serde_json::to_string(value).map_err(|e| CliError::Io {
+        action: "encode json",
+        source: std::io::Error::other(e),
+    })?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").map_err(|source| CliError::Io {
+        action: "write stdout",
+        source,
+    })
+}
+
+fn print_text(text: &str) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|source| CliError::Io {
+            action: "write stdout",
+            source,
+        })
+}
+
+pub async fn topic(command: TopicCommand) -> Result<(), CliError> {
+    match command {
+        TopicCommand::Create(args) => topic_create(args).await,
+        TopicCommand::List(output) => {
+            let client = connect(&output).await?;
+            let listing = client
+                .list_topics()
+                .await
+                .map_err(|e| CliError::client("topic list", &output.broker, e))?;
+            if output.json {
+                listing.topics.iter().try_for_each(print_json)
+            } else {
+                print_text(&render::topic_list(&listing.topics))
+            }
+        }
+        TopicCommand::Describe(args) => {
+            let client = connect(&args.output).await?;
+            let topic = client
+                .describe_topic(&args.name)
+                .await
+                .map_err(|e| CliError::client("topic describe", &args.output.broker, e))?;
+            if args.output.json {
+                print_json(&topic)
+            } else {
+                print_text(&render::describe(&topic, Volatile(true)))
+            }
+        }
+        TopicCommand::Delete(args) => {
+            let client = connect(&args.output).await?;
+            let response = client
+                .delete_topic(&args.name)
+                .await
+                .map_err(|e| CliError::client("topic delete", &args.output.broker, e))?;
+            if args.output.json {
+                print_json(&json!({"deleted": response.name}))
+            } else {
+                print_text(&format!("deleted topic {}\n", response.name))
+            }
+        }
+        TopicCommand::Split(args) => {
+            let client = connect(&args.output).await?;
+            let response = client
+                .split_range(&args.name, args.range_id)
+                .await
+                .map_err(|e| CliError::client("topic split", &args.output.broker, e))?;
+            if args.output.json {
+                print_json(&json!({
+                    "topic": args.name, "range_id": response.range_id, "children": response.children
+                }))
+            } else {
+                print_text(&format!(
+                    "split range {} of {} into {:?}\n",
+                    response.range_id, args.name, response.children
+                ))
+            }
+        }
+        TopicCommand::Merge(args) => {
+            let client = connect(&args.output).await?;
+            let response = client
+                .merge_range(&args.name, args.range_id)
+                .await
+                .map_err(|e| CliError::client("topic merge", &args.output.broker, e))?;
+            if args.output.json {
+                print_json(&json!({
+                    "topic": args.name, "range_id": response.range_id, "parents": response.parents
+                }))
+            } else {
+                print_text(&format!(
+                    "merged ranges {:?} of {} into range {}\n",
+                    response.parents, args.name, response.range_id
+                ))
+            }
+        }
+    }
+}
+
+async fn topic_create(args: TopicCreateArgs) -> Result<(), CliError> {
+    let client = connect(&args.output).await?;
+    let response = client
+        .create_topic(&args.name, args.replication_factor, args.policy.clone())
+        .await
+        .map_err(|e| CliError::client("topic create", &args.output.broker, e))?;
+    if args.output.json {
+        print_json(&json!({"created": response.name, "incarnation": response.incarnation}))
+    } else {
+        print_text(&format!(
+            "created topic {} (incarnation {})\n",
+            response.name, response.incarnation
+        ))
+    }
+}
+
+/// What `produce` prints at the end.
+#[derive(Debug, Serialize)]
+struct ProduceSummary<'a> {
+    topic: &'a str,
+    records_sent: u64,
+    records_acknowledged: u64,
+}
+
+pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
+    let client = connect(&args.output).await?;
+    let mut producer = client.producer(&args.topic, args.window.max(1));
+    let batch_records = args.batch_records.max(1);
+    let stdin = std::io::stdin();
+    let mut reader = stdin.lock();
+    let mut line = String::new();
+    let mut line_no: u64 = 0;
+    let mut builder = BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX);
+    let mut sent: u64 = 0;
+    let fail = |producer: &malachi_wire::client::Producer, error: CliError| {
+        eprintln!(
+            "malachi: {} records acknowledged before the error",
+            producer.records_acknowledged()
+        );
+        error
+    };
+    loop {
+        line.clear();
+        let read = reader.read_line(&mut line).map_err(|source| CliError::Io {
+            action: "read stdin",
+            source,
+        })?;
+        if read == 0 {
+            break;
+        }
+        line_no += 1;
+        if line.len() > INPUT_LINE_BYTES_MAX {
+            return Err(CliError::Input {
+                line: line_no,
+                detail: format!("longer than {INPUT_LINE_BYTES_MAX} bytes"),
+            });
+        }
+        let text = line.strip_suffix('\n').unwrap_or(&line);
+        let text = text.strip_suffix('\r').unwrap_or(text);
+        if text.is_empty() && args.output.json {
+            continue;
+        }
+        let record: Record = if args.output.json {
+            parse_json_line(text, args.key.as_deref())
+        } else {
+            parse_text_line(text, args.key.as_deref())
+        }
+        .map_err(|detail| CliError::Input {
+            line: line_no,
+            detail,
+        })?;
+        if builder.count() >= batch_records
+            || builder.encoded_bytes() + record.encoded_bytes() + 64 > PRODUCE_BATCH_BYTES_MAX
+        {
+            let full = std::mem::replace(&mut builder, BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX));
+            sent += u64::from(full.count());
+            producer.send(full.finish()).await.map_err(|e| {
+                fail(
+                    &producer,
+                    CliError::client("produce", &args.output.broker, e),
+                )
+            })?;
+        }
+        builder.push(&record).map_err(|e| CliError::Input {
+            line: line_no,
+            detail: e.to_string(),
+        })?;
+    }
+    if builder.count() > 0 {
+        sent += u64::from(builder.count());
+        producer.send(builder.finish()).await.map_err(|e| {
+            fail(
+                &producer,
+                CliError::client("produce", &args.output.broker, e),
+            )
+        })?;
+    }
+    let acknowledged = producer.flush().await.map_err(|e| {
+        fail(
+            &producer,
+            CliError::client("produce", &args.output.broker, e),
+        )
+    })?;
+    if args.output.json {
+        print_json(&ProduceSummary {
+            topic: &args.topic,
+            records_sent: sent,
+            records_acknowledged: acknowledged,
+        })
+    } else {
+        print_text(&format!(
+            "{acknowledged} of {sent} records acknowledged by {}\n",
+            args.topic
+        ))
+    }
+}
+
+pub async fn consume(args: ConsumeArgs) -> Result<(), CliError> {
+    if args.group.is_some() {
+        return Err(CliError::NotImplemented(
+            "consumer groups are not implemented yet: consume without --group and keep the printed cursor",
+        ));
+    }
+    let client = connect(&args.output).await?;
+    let start = match (&args.cursor, args.from_start) {
+        (Some(cursor), _) => StartAt::Cursor(cursor.clone()),
+        (None, true) => StartAt::Start,
+        (None, false) => StartAt::Tail,
+    };
+    let options = ConsumeOptions {
+        follow: args.follow,
+        records_total_max: args.max,
+        ..ConsumeOptions::default()
+    };
+    let mut consumer = client.consume(&args.topic, start, options);
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+    let write_err = |source| CliError::Io {
+        action: "write stdout",
+        source,
+    };
+    let interrupt = tokio::signal::ctrl_c();
+    tokio::pin!(interrupt);
+    let mut interrupted = false;
+    // Whether the last record printed ended its fetched batch: only then is
+    // the consumer's cursor exactly after it.
+    let mut at_batch_end = true;
+    loop {
+        let next = if interrupted {
+            if at_batch_end {
+                break;
+            }
+            // Finish the batch already in memory (no network) so the cursor
+            // printed is right after the last record printed.
+            consumer.next().await
+        } else {
+            tokio::select! {
+                next = consumer.next() => next,
+                _ = &mut interrupt => {
+                    interrupted = true;
+                    continue;
+                }
+            }
+        };
+        let Some(item) = next else { break };
+        let consumed = item.map_err(|e| CliError::client("consume", &args.output.broker, e))?;
+        at_batch_end = consumed.cursor_after.is_some();
+        if args.output.json {
+            let line =
+                serde_json::to_string(&to_json(&consumed.record)).map_err(|e| CliError::Io {
+                    action: "encode json",
+                    source: std::io::Error::other(e),
+                })?;
+            writeln!(stdout, "{line}").map_err(write_err)?;
+        } else {
+            writeln!(stdout, "{}", format_text(&consumed.record)).map_err(write_err)?;
+        }
+        if args.follow && at_batch_end {
+            stdout.flush().map_err(write_err)?;
+        }
+    }
+    let cursor = consumer.cursor().unwrap_or_default().to_owned();
+    if args.output.json {
+        let line =
+            serde_json::to_string(&json!({ "cursor": cursor })).map_err(|e| CliError::Io {
+                action: "encode json",
+                source: std::io::Error::other(e),
+            })?;
+        writeln!(stdout, "{line}").map_err(write_err)?;
+        stdout.flush().map_err(write_err)?;
+    } else {
+        stdout.flush().map_err(write_err)?;
+        eprintln!("cursor: {cursor}");
+    }
+    Ok(())
+}
+
+pub async fn tree(output: OutputArgs) -> Result<(), CliError> {
+    let client = connect(&output).await?;
+    let snapshot = client
+        .tree_snapshot()
+        .await
+        .map_err(|e| CliError::client("tree", &output.broker, e))?;
+    if output.json {
+        print_json(&snapshot)
+    } else {
+        let mut text = render::tree(&snapshot, Volatile(true));
+        text.push_str(&format!(
+            "restarts in total: {}\n",
+            render::restarts_total(&snapshot.root)
+        ));
+        print_text(&text)
+    }
+}
+
+pub async fn cluster(command: ClusterCommand) -> Result<(), CliError> {
+    match command {
+        ClusterCommand::Status(output) => {
+            let client = connect(&output).await?;
+            let status = client
+                .cluster_status()
+                .await
+                .map_err(|e| CliError::client("cluster status", &output.broker, e))?;
+            if output.json {
+                status.brokers.iter().try_for_each(print_json)
+            } else {
+                print_text(&render::cluster_status(&status))
+            }
+        }
+    }
+}

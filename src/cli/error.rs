@@ -1,0 +1,64 @@
+//! The command line's error type: every failure becomes one line on stderr
+//! and a non-zero exit code.
+
+use malachi_wire::ClientError;
+
+/// What a `malachi` command can fail with. Messages are one line, lowercase,
+/// and say what to do where there is something to do.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The configuration (file, environment or flags) is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A configuration file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    ConfigRead {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The broker could not be reached at all.
+    #[error(
+        "cannot reach a broker at {addr}: {detail} (is one running? start one with `malachi dev`)"
+    )]
+    Unreachable { addr: String, detail: String },
+    /// The broker answered with an error, or the exchange failed.
+    #[error("{action}: {source}")]
+    Client {
+        action: &'static str,
+        source: ClientError,
+    },
+    /// Input on stdin could not be understood.
+    #[error("stdin line {line}: {detail}")]
+    Input { line: u64, detail: String },
+    /// Reading stdin or writing stdout failed.
+    #[error("{action}: {source}")]
+    Io {
+        action: &'static str,
+        source: std::io::Error,
+    },
+    /// The command exists but what it needs is not built yet.
+    #[error("{0}")]
+    NotImplemented(&'static str),
+    /// The broker failed to start or stopped with an error.
+    #[error("broker: {0}")]
+    Broker(String),
+    /// A benchmark failed.
+    #[error("bench: {0}")]
+    Bench(String),
+}
+
+impl CliError {
+    /// Wrap a client error, turning connection failures into the
+    /// "cannot reach a broker" message a newcomer can act on.
+    pub fn client(action: &'static str, addr: &str, source: ClientError) -> CliError {
+        match source {
+            ClientError::Connect { .. }
+            | ClientError::ConnectTimeout { .. }
+            | ClientError::NoAddress => CliError::Unreachable {
+                addr: addr.to_owned(),
+                detail: source.to_string(),
+            },
+            source => CliError::Client { action, source },
+        }
+    }
+}

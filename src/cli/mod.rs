@@ -1,0 +1,328 @@
+//! The `malachi` command line: the clap tree (this file), the broker's
+//! configuration layering ([`config`]), the commands that run brokers
+//! ([`broker`]), the client commands ([`client`]), how records and results
+//! are read and printed ([`records`], [`render`]) and the load generators
+//! ([`bench`]). `/work/shared/design/cli.md` is the contract for the shape.
+
+pub mod bench;
+pub mod broker;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod records;
+pub mod render;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The default client address of a broker (and of `malachi dev`'s first broker).
+pub const BROKER_ADDR_DEFAULT: &str = "127.0.0.1:4040";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "malachi",
+    version,
+    about = "Malachi: a CP, horizontally scalable log broker",
+    long_about = "Malachi: a CP, horizontally scalable log broker.\n\n\
+        Producers append records (a key and a value) to topics; consumers read them back in \
+        per-key order with an opaque cursor they can resume from. Start a local broker with \
+        `malachi dev`, then use `malachi topic create`, `malachi produce` and `malachi consume` \
+        against it.",
+    after_help = "Quick start:\n  malachi dev                                  # a local broker on 127.0.0.1:4040\n  \
+        malachi topic create orders\n  \
+        printf 'k1\\thello\\n' | malachi produce orders\n  \
+        malachi consume orders --from-start"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one broker in the foreground until Ctrl-C (SIGINT) or SIGTERM.
+    Broker(BrokerArgs),
+    /// Run a local development broker with data in ./malachi-data and print how to use it.
+    Dev(DevArgs),
+    /// Create, list, describe, delete, split and merge topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Append records read from stdin to a topic.
+    Produce(ProduceArgs),
+    /// Read records from a topic and print them, then the cursor to resume from.
+    Consume(ConsumeArgs),
+    /// Show the live supervision tree of a broker: every actor, its status and restarts.
+    Tree(OutputArgs),
+    /// Cluster-wide views.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Load generators and side-by-side comparisons.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// Where the broker is and how to print: shared by every client command.
+#[derive(Debug, Clone, Args)]
+pub struct OutputArgs {
+    /// The address (host:port) of any broker of the cluster.
+    #[arg(long, env = "MALACHI_BROKER", default_value = BROKER_ADDR_DEFAULT, value_name = "ADDR")]
+    pub broker: String,
+    /// Print one JSON object per line with stable field names instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up on a request after this many milliseconds.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct BrokerArgs {
+    /// A TOML configuration file. Environment variables (MALACHI_*) override it,
+    /// and flags override both.
+    #[arg(long, env = "MALACHI_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// This broker's node id, unique in the cluster (a positive integer).
+    #[arg(long, env = "MALACHI_NODE_ID", value_name = "ID")]
+    pub node_id: Option<u64>,
+    /// Where clients connect, host:port [default: 127.0.0.1:4040].
+    #[arg(long, env = "MALACHI_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Where the admin HTTP server listens, host:port [default: 127.0.0.1:8080].
+    #[arg(long, env = "MALACHI_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// The directory holding this broker's segments and metadata [default: ./malachi-data].
+    #[arg(long, env = "MALACHI_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Another broker to join through (repeat for several; comma-separated in MALACHI_SEEDS).
+    #[arg(
+        long = "seed",
+        env = "MALACHI_SEEDS",
+        value_delimiter = ',',
+        value_name = "ADDR"
+    )]
+    pub seeds: Vec<String>,
+    /// An attribute of this broker used by placement, such as zone=eu-1
+    /// (repeat for several; comma-separated in MALACHI_ATTRS).
+    #[arg(
+        long = "attr",
+        env = "MALACHI_ATTRS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE"
+    )]
+    pub attrs: Vec<String>,
+    /// Check the configuration, print it as TOML and exit without starting.
+    #[arg(long)]
+    pub check: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// How many brokers to run on loopback. Only 1 is supported until cluster
+    /// membership lands; a larger number runs 1 and says so.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub nodes: u32,
+    /// Where the brokers keep their data.
+    #[arg(long, default_value = "malachi-data", value_name = "DIR")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopicCommand {
+    /// Create a topic.
+    Create(TopicCreateArgs),
+    /// List the topics with their state and active ranges.
+    List(OutputArgs),
+    /// Show a topic's ranges (id, keyspace band, state, parents) and their segments.
+    Describe(TopicNameArgs),
+    /// Delete a topic and, in time, its data.
+    Delete(TopicNameArgs),
+    /// Split a range of a topic into two halves of its keyspace band.
+    Split(RangeArgs),
+    /// Merge a range of a topic with its buddy (the other half of their parent band).
+    Merge(RangeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TopicCreateArgs {
+    /// The topic's name.
+    pub name: String,
+    /// How many brokers keep a copy of each segment (default: the broker's).
+    #[arg(long, value_name = "N")]
+    pub replication_factor: Option<u8>,
+    /// A named policy for retention and placement (default: the broker's).
+    #[arg(long, value_name = "NAME")]
+    pub policy: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct TopicNameArgs {
+    /// The topic's name.
+    pub name: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RangeArgs {
+    /// The topic's name.
+    pub name: String,
+    /// The range's id, as `malachi topic describe` shows it.
+    pub range_id: u64,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Input (text): one record a line, KEY<TAB>VALUE, or VALUE alone with --key.\n\
+    Input (--json): one object a line, {\"key\":\"k\",\"value\":\"v\",\"headers\":{\"h\":\"x\"}};\n\
+    binary keys and values go base64-encoded in key_b64 and value_b64.\n\n\
+    Example: printf 'user-1\\tsigned up\\n' | malachi produce events"
+)]
+pub struct ProduceArgs {
+    /// The topic to append to.
+    pub topic: String,
+    /// Use this key for every record; each input line is then a whole value.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    /// Records per produce request.
+    #[arg(long, default_value_t = 500, value_name = "N")]
+    pub batch_records: u32,
+    /// Produce requests kept in flight at once.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub window: usize,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Output (text): KEY<TAB>VALUE lines on stdout, then `cursor: C` on stderr.\n\
+    Output (--json): one {\"key\",\"value\",\"headers\"} object a line (key_b64/value_b64 when\n\
+    not UTF-8), then a last {\"cursor\": C} line. Pass C back with --cursor to resume right after\n\
+    the last record printed."
+)]
+pub struct ConsumeArgs {
+    /// The topic to read.
+    pub topic: String,
+    /// Resume right after the position this cursor marks (printed by a previous consume).
+    #[arg(long, value_name = "C", conflicts_with = "from_start")]
+    pub cursor: Option<String>,
+    /// Start at the oldest retained record (the default is the tail: only new records).
+    #[arg(long)]
+    pub from_start: bool,
+    /// Stop after this many records.
+    #[arg(long, value_name = "N")]
+    pub max: Option<u64>,
+    /// Keep waiting for new records until Ctrl-C instead of stopping at the end.
+    #[arg(long)]
+    pub follow: bool,
+    /// Read as a member of a consumer group (not implemented yet).
+    #[arg(long, value_name = "G")]
+    pub group: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// The brokers, their state and attributes, and the vnodes each leads.
+    Status(OutputArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The segment store against the disk's own durable write bandwidth (no broker needed).
+    Storage(StorageArgs),
+    /// Produce load against a running broker: throughput and acknowledgement latency.
+    Produce(BenchProduceArgs),
+    /// Consume load against a running broker: read throughput and fetch latency.
+    Consume(BenchConsumeArgs),
+    /// Malachi side by side with other systems (not implemented yet: issue 8).
+    Compare(BenchCompareArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StorageArgs {
+    /// Short scenarios: about a minute in total.
+    #[arg(long)]
+    pub quick: bool,
+    /// One JSON object per scenario and line.
+    #[arg(long)]
+    pub json: bool,
+    /// Directory for the benchmark files (default: a new directory under the
+    /// current one, removed at the end). Put it on the disk you want measured.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The store's flush_interval_ms (0 flushes as soon as the previous sync ends).
+    #[arg(long, default_value_t = 0)]
+    pub flush_interval_ms: u64,
+    /// Sync threads of the store.
+    #[arg(long, default_value_t = 16)]
+    pub sync_threads: usize,
+    /// Run only the scenarios whose name contains this text.
+    #[arg(long)]
+    pub filter: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchProduceArgs {
+    /// The topic to produce to (it is created if missing).
+    #[arg(long, value_name = "T")]
+    pub topic: String,
+    /// Concurrent producers, each with its own connection.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub producers: usize,
+    /// Bytes in each record's value.
+    #[arg(long, default_value_t = 1024, value_name = "BYTES")]
+    pub record_size: usize,
+    /// Records each produce request carries.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub batch_records: u32,
+    /// Produce requests each producer keeps in flight.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub window: usize,
+    /// How long to run, such as 30s, 500ms or 2m.
+    #[arg(long, default_value = "30s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub duration: std::time::Duration,
+    /// Also measure the disk's durable write bandwidth (pwrite and fdatasync) at
+    /// the same parallelism and write size, and print ratio_to_raw.
+    #[arg(long)]
+    pub vs_raw: bool,
+    /// Where the raw disk measurement writes its files (put it on the broker's disk).
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub raw_dir: PathBuf,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchConsumeArgs {
+    /// The topic to read (produce to it first, e.g. with `malachi bench produce`).
+    #[arg(long, value_name = "T")]
+    pub topic: String,
+    /// Concurrent consumers, each reading the whole topic from the start on its own connection.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub consumers: usize,
+    /// How long to run, such as 30s, 500ms or 2m.
+    #[arg(long, default_value = "30s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub duration: std::time::Duration,
+    /// Bytes asked for per fetch.
+    #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
+    pub fetch_bytes: u32,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchCompareArgs {
+    /// Short runs.
+    #[arg(long)]
+    pub quick: bool,
+    /// One JSON object per system, scenario and line.
+    #[arg(long)]
+    pub json: bool,
+}

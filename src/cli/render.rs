@@ -1,0 +1,400 @@
+//! Text renderings of what the broker answers: the supervision tree, a
+//! topic's description, the topic list and the cluster status. JSON output is
+//! the wire types' own serde form, so these are the only hand-made formats.
+
+use std::fmt::Write as _;
+
+use malachi_wire::messages::{
+    BrokerState, ChildKind, ChildSnapshot, ChildStatus, ClusterStatusResponse, Restart,
+    SupervisionStrategy, SupervisorSnapshot, TopicDescription, TopicListing, TreeSnapshotResponse,
+};
+
+fn strategy(s: SupervisionStrategy) -> &'static str {
+    match s {
+        SupervisionStrategy::OneForOne => "one_for_one",
+        SupervisionStrategy::OneForAll => "one_for_all",
+        SupervisionStrategy::RestForOne => "rest_for_one",
+    }
+}
+
+fn kind(k: ChildKind) -> &'static str {
+    match k {
+        ChildKind::Worker => "worker",
+        ChildKind::Supervisor => "supervisor",
+    }
+}
+
+fn restart(r: Restart) -> &'static str {
+    match r {
+        Restart::Permanent => "permanent",
+        Restart::Transient => "transient",
+        Restart::Temporary => "temporary",
+    }
+}
+
+fn status(s: ChildStatus) -> &'static str {
+    match s {
+        ChildStatus::Running => "running",
+        ChildStatus::Restarting => "restarting",
+        ChildStatus::Stopped => "stopped",
+        ChildStatus::Unresponsive => "unresponsive",
+    }
+}
+
+fn broker_state(s: BrokerState) -> &'static str {
+    match s {
+        BrokerState::Alive => "alive",
+        BrokerState::Suspect => "suspect",
+        BrokerState::Dead => "dead",
+    }
+}
+
+/// Whether to print the fields that change from run to run (ids, uptimes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Volatile(pub bool);
+
+/// The supervision tree, one line per actor, in the shape of layout.md:
+///
+/// ```text
+/// broker one_for_one (node 1)
+/// ├── storage supervisor one_for_one running restarts=0
+/// │   └── segment/a/0/0 worker running restarts=1 last_exit="boom"
+/// └── listener worker running restarts=0
+/// ```
+pub fn tree(snapshot: &TreeSnapshotResponse, volatile: Volatile) -> String {
+    let root = &snapshot.root;
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "{} {} (node {})",
+        root.name,
+        strategy(root.strategy),
+        snapshot.node_id
+    );
+    if volatile.0 {
+        let _ = write!(out, " id={} up={}", root.actor_id, human_ms(root.uptime_ms));
+    }
+    out.push('\n');
+    children(&mut out, &root.children, "", volatile);
+    out
+}
+
+fn children(out: &mut String, list: &[ChildSnapshot], prefix: &str, volatile: Volatile) {
+    for (i, child) in list.iter().enumerate() {
+        let last = i + 1 == list.len();
+        out.push_str(prefix);
+        out.push_str(if last { "└── " } else { "├── " });
+        let _ = write!(out, "{} {}", child.name, kind(child.kind));
+        if let Some(nested) = &child.supervisor {
+            let _ = write!(out, " {}", strategy(nested.strategy));
+        }
+        let _ = write!(out, " {}", status(child.status));
+        if child.restart != Restart::Permanent {
+            let _ = write!(out, " {}", restart(child.restart));
+        }
+        let _ = write!(out, " restarts={}", child.restarts);
+        if volatile.0 {
+            if let Some(id) = &child.actor_id {
+                let _ = write!(out, " id={id}");
+            }
+            if child.status == ChildStatus::Running {
+                let _ = write!(out, " up={}", human_ms(child.uptime_ms));
+            }
+        }
+        if let Some(reason) = &child.last_exit_reason {
+            let _ = write!(out, " last_exit={reason:?}");
+        }
+        out.push('\n');
+        if let Some(SupervisorSnapshot {
+            children: nested, ..
+        }) = &child.supervisor
+        {
+            let deeper = format!("{prefix}{}", if last { "    " } else { "│   " });
+            children(out, nested, &deeper, volatile);
+        }
+    }
+}
+
+/// Total restarts in the tree: what an operator checks first.
+pub fn restarts_total(root: &SupervisorSnapshot) -> u64 {
+    root.children
+        .iter()
+        .map(|c| u64::from(c.restarts) + c.supervisor.as_ref().map_or(0, restarts_total))
+        .sum()
+}
+
+fn human_ms(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{}s", ms / 1_000),
+        60_000..3_600_000 => format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1_000),
+        _ => format!("{}h{}m", ms / 3_600_000, (ms % 3_600_000) / 60_000),
+    }
+}
+
+fn opt<T: std::fmt::Display>(value: &Option<T>) -> String {
+    value
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), ToString::to_string)
+}
+
+fn ids(list: &[u64]) -> String {
+    if list.is_empty() {
+        "-".to_owned()
+    } else {
+        list.iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// A topic's ranges and their segments.
+pub fn describe(topic: &TopicDescription, volatile: Volatile) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "topic {} incarnation {} {}",
+        topic.name, topic.incarnation, topic.state
+    );
+    if let Some(policy) = &topic.policy {
+        let resolved = if topic.policy_resolved {
+            ""
+        } else {
+            " (unresolved)"
+        };
+        let _ = write!(out, " policy {policy}{resolved}");
+    }
+    if volatile.0 {
+        let _ = write!(out, " created_at_ms {}", topic.created_at_ms);
+    }
+    out.push('\n');
+    let _ = writeln!(
+        out,
+        "{:<6} {:<20} {:<20} {:<7} {:<8} {}",
+        "range", "band_start", "band_end", "state", "parents", "children"
+    );
+    for range in &topic.ranges {
+        let _ = writeln!(
+            out,
+            "{:<6} {:<20} {:<20} {:<7} {:<8} {}",
+            range.id,
+            range.band_start,
+            range.band_end,
+            range.state,
+            ids(&range.parents),
+            ids(&range.children)
+        );
+        for segment in &range.segments {
+            let _ = writeln!(
+                out,
+                "  segment {} start_offset {} replicas {} {} length {} bytes {}",
+                segment.id,
+                segment.start_offset,
+                ids(&segment.replicas),
+                segment.state,
+                opt(&segment.length),
+                opt(&segment.bytes)
+            );
+        }
+    }
+    out
+}
+
+/// The topic list, one line per topic after a header.
+pub fn topic_list(topics: &[TopicListing]) -> String {
+    let mut out = format!(
+        "{:<32} {:<11} {:<7} {}\n",
+        "name", "incarnation", "state", "ranges_active"
+    );
+    for t in topics {
+        let _ = writeln!(
+            out,
+            "{:<32} {:<11} {:<7} {}",
+            t.name, t.incarnation, t.state, t.ranges_active
+        );
+    }
+    out
+}
+
+/// The brokers of the cluster, as the answering broker sees them.
+pub fn cluster_status(status: &ClusterStatusResponse) -> String {
+    let mut out = format!("answered by node {}\n", status.node_id);
+    let _ = writeln!(
+        out,
+        "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} attributes",
+        "node", "state", "client_addr", "admin_addr", "raft_addr", "vnodes_led"
+    );
+    for b in &status.brokers {
+        let attrs = if b.attributes.is_empty() {
+            "-".to_owned()
+        } else {
+            b.attributes
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let vnodes = if b.vnodes_led.is_empty() {
+            "-".to_owned()
+        } else if b.vnodes_led.len() > 8 {
+            format!("{} vnodes", b.vnodes_led.len())
+        } else {
+            b.vnodes_led
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let _ = writeln!(
+            out,
+            "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} {}",
+            b.node_id,
+            broker_state(b.state),
+            b.client_addr,
+            b.admin_addr,
+            b.raft_addr,
+            vnodes,
+            attrs
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use malachi_wire::messages::{BrokerStatus, RangeDescription, SegmentDescription};
+
+    fn sample_tree() -> TreeSnapshotResponse {
+        let segment = ChildSnapshot {
+            name: "segment/orders/0/0".into(),
+            actor_id: Some("0.12".into()),
+            kind: ChildKind::Worker,
+            restart: Restart::Transient,
+            status: ChildStatus::Running,
+            restarts: 1,
+            last_exit_reason: Some("panicked: injected".into()),
+            uptime_ms: 1_500,
+            supervisor: None,
+        };
+        TreeSnapshotResponse {
+            node_id: 1,
+            root: SupervisorSnapshot {
+                name: "broker".into(),
+                actor_id: "0.1".into(),
+                strategy: SupervisionStrategy::OneForOne,
+                uptime_ms: 65_000,
+                children: vec![
+                    ChildSnapshot {
+                        name: "storage".into(),
+                        actor_id: Some("0.2".into()),
+                        kind: ChildKind::Supervisor,
+                        status: ChildStatus::Running,
+                        uptime_ms: 65_000,
+                        supervisor: Some(SupervisorSnapshot {
+                            name: "storage".into(),
+                            actor_id: "0.2".into(),
+                            strategy: SupervisionStrategy::OneForOne,
+                            uptime_ms: 65_000,
+                            children: vec![segment],
+                        }),
+                        ..ChildSnapshot::default()
+                    },
+                    ChildSnapshot {
+                        name: "listener".into(),
+                        actor_id: Some("0.3".into()),
+                        status: ChildStatus::Running,
+                        uptime_ms: 65_000,
+                        ..ChildSnapshot::default()
+                    },
+                ],
+            },
+        }
+    }
+
+    #[test]
+    fn the_tree_renders_nesting_restarts_and_exit_reasons() {
+        insta::assert_snapshot!(tree(&sample_tree(), Volatile(false)));
+    }
+
+    #[test]
+    fn the_full_tree_adds_ids_and_uptimes() {
+        insta::assert_snapshot!(tree(&sample_tree(), Volatile(true)));
+    }
+
+    #[test]
+    fn restarts_are_summed_through_nested_supervisors() {
+        assert_eq!(restarts_total(&sample_tree().root), 1);
+    }
+
+    #[test]
+    fn a_description_lists_ranges_and_their_segments() {
+        let topic = TopicDescription {
+            name: "orders".into(),
+            incarnation: 1,
+            state: "active".into(),
+            policy: Some("default".into()),
+            policy_resolved: true,
+            created_at_ms: 1_700_000_000_000,
+            ranges: vec![
+                RangeDescription {
+                    id: 0,
+                    band_start: "0x0000000000000000".into(),
+                    band_end: "0x10000000000000000".into(),
+                    state: "sealed".into(),
+                    children: vec![1, 2],
+                    segments: vec![SegmentDescription {
+                        id: 0,
+                        replicas: vec![1],
+                        state: "sealed".into(),
+                        length: Some(10),
+                        bytes: Some(4096),
+                        ..SegmentDescription::default()
+                    }],
+                    ..RangeDescription::default()
+                },
+                RangeDescription {
+                    id: 1,
+                    band_start: "0x0000000000000000".into(),
+                    band_end: "0x8000000000000000".into(),
+                    state: "active".into(),
+                    parents: vec![0],
+                    segments: vec![SegmentDescription {
+                        id: 1,
+                        replicas: vec![1],
+                        state: "active".into(),
+                        ..SegmentDescription::default()
+                    }],
+                    ..RangeDescription::default()
+                },
+            ],
+            ..TopicDescription::default()
+        };
+        insta::assert_snapshot!(describe(&topic, Volatile(false)));
+    }
+
+    #[test]
+    fn the_cluster_status_shows_each_broker_on_a_line() {
+        let status = ClusterStatusResponse {
+            node_id: 1,
+            brokers: vec![BrokerStatus {
+                node_id: 1,
+                state: BrokerState::Alive,
+                client_addr: "127.0.0.1:4040".into(),
+                raft_addr: "127.0.0.1:4050".into(),
+                admin_addr: "127.0.0.1:8080".into(),
+                attributes: [("zone".to_owned(), "a".to_owned())].into(),
+                vnodes_led: vec![0, 1, 2],
+            }],
+        };
+        insta::assert_snapshot!(cluster_status(&status));
+    }
+
+    #[test]
+    fn uptimes_read_as_human_durations() {
+        assert_eq!(human_ms(999), "999ms");
+        assert_eq!(human_ms(65_000), "1m5s");
+        assert_eq!(human_ms(3_660_000), "1h1m");
+    }
+}
