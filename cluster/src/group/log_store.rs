@@ -163,12 +163,13 @@ impl LogStore {
                     // snapshot install left the purge point; after it they
                     // must be consecutive.
                     if (!entries.is_empty() || header.last_purged.is_some())
-                        && index != expected_index {
-                            return Err(corrupt(
-                                at,
-                                format!("entry index {index} where {expected_index} was expected"),
-                            ));
-                        }
+                        && index != expected_index
+                    {
+                        return Err(corrupt(
+                            at,
+                            format!("entry index {index} where {expected_index} was expected"),
+                        ));
+                    }
                     expected_index = index + 1;
                     entries.insert(index, (entry, at as u64));
                     at = next;
@@ -248,6 +249,33 @@ fn read_vote_file(path: &Path) -> Result<Option<Vote>, OpenError> {
     Ok(Some(vote))
 }
 
+impl LogStore {
+    /// Runs a disk operation on tokio's blocking pool, so an fsync never
+    /// stalls the runtime's workers. A failure latches the store.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Inner) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut inner = inner.lock();
+            inner.check()?;
+            f(&mut inner).map_err(|e| inner.fail(op, e))
+        })
+        .await
+        .map_err(|e| io::Error::other(format!("{op} did not finish: {e}")))?
+    }
+}
+
+#[cfg(test)]
+impl LogStore {
+    /// Makes every later operation fail as if the disk had failed.
+    pub(crate) fn break_disk(&self) {
+        self.inner.lock().failed = Some("injected disk failure".to_owned());
+    }
+}
+
 impl Inner {
     fn check(&self) -> io::Result<()> {
         match &self.failed {
@@ -279,12 +307,13 @@ impl Inner {
         for entry in entries {
             let index = entry.index();
             if let Some(expected) = next_index
-                && index != expected {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("append of index {index} where {expected} was expected"),
-                    ));
-                }
+                && index != expected
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("append of index {index} where {expected} was expected"),
+                ));
+            }
             next_index = Some(index + 1);
             let body = rmp_serde::to_vec(&entry).map_err(codec_error)?;
             if body.len() as u64 > self.entry_bytes_max {
@@ -406,11 +435,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        let mut inner = self.inner.lock();
-        inner.check()?;
-        inner
-            .save_vote(vote)
-            .map_err(|e| inner.fail("save_vote", e))
+        let vote = *vote;
+        self.blocking("save_vote", move |inner| inner.save_vote(&vote))
+            .await
     }
 
     async fn append<I>(
@@ -423,15 +450,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        let result = {
-            let mut inner = self.inner.lock();
-            match inner.check() {
-                Err(e) => Err(e),
-                Ok(()) => inner
-                    .append_entries(entries)
-                    .map_err(|e| inner.fail("append", e)),
-            }
-        };
+        let result = self
+            .blocking("append", move |inner| inner.append_entries(entries))
+            .await;
         // The append is on disk (fsynced) or failed; tell openraft which.
         match result {
             Ok(()) => {
@@ -446,16 +467,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
-        let mut inner = self.inner.lock();
-        inner.check()?;
-        inner
-            .truncate_after(last_log_id.as_ref())
-            .map_err(|e| inner.fail("truncate_after", e))
+        self.blocking("truncate_after", move |inner| {
+            inner.truncate_after(last_log_id.as_ref())
+        })
+        .await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
-        let mut inner = self.inner.lock();
-        inner.check()?;
-        inner.purge(log_id).map_err(|e| inner.fail("purge", e))
+        self.blocking("purge", move |inner| inner.purge(log_id))
+            .await
     }
 }

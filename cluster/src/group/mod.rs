@@ -190,6 +190,9 @@ struct Inner {
     shared: Arc<Shared>,
     config: GroupConfig,
     stopped: AtomicBool,
+    /// The log store raft owns, kept so unit tests can fail its disk.
+    #[cfg(test)]
+    log: LogStore,
 }
 
 impl std::fmt::Debug for Inner {
@@ -245,6 +248,8 @@ impl MetadataGroup {
         let log = LogStore::open(&config.dir, config.group_id, config.entry_bytes_max)?;
         let sm = StateMachine::open(&config.dir, config.group_id, config.snapshot_bytes_max)?;
         let shared = sm.shared();
+        #[cfg(test)]
+        let log_handle = log.clone();
         let network = NetworkFactory {
             group_id: config.group_id,
             transport,
@@ -259,6 +264,8 @@ impl MetadataGroup {
                 shared,
                 config,
                 stopped: AtomicBool::new(false),
+                #[cfg(test)]
+                log: log_handle,
             }),
         })
     }
@@ -532,5 +539,62 @@ impl MetadataGroup {
             "metadata group shut down"
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NodeId;
+    use openraft::StorageError;
+    use openraft::testing::log::{StoreBuilder, Suite};
+
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
+            let dir = tempfile::tempdir().unwrap();
+            let log = LogStore::open(dir.path(), 1, 1 << 20).unwrap();
+            let sm = StateMachine::open(dir.path(), 1, 1 << 30).unwrap();
+            Ok((dir, log, sm))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_disk_stores_pass_openrafts_storage_suite() {
+        Suite::test_all(Builder).await.unwrap();
+    }
+
+    fn create(topic: &str) -> Command {
+        Command::CreateTopic {
+            topic: topic.to_owned(),
+            initial_ranges: 1,
+            policy: None,
+            replicas: vec![vec![NodeId(1)]],
+            at_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_storage_error_stops_the_group_for_good_as_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = GroupConfig::new(1, 1, dir.path());
+        config.election_timeout_min_ms = 100;
+        config.election_timeout_max_ms = 200;
+        config.heartbeat_interval_ms = 30;
+        let group = MetadataGroup::open_single(config).await.unwrap();
+        group.propose(create("before")).await.unwrap().unwrap();
+        group.inner.log.break_disk();
+
+        let err = group.propose(create("during")).await.unwrap_err();
+        assert!(matches!(err, GroupError::Fatal { .. }), "{err:?}");
+        // Every later call reports the same fatal state; nothing restarts it.
+        let err = group.propose(create("after")).await.unwrap_err();
+        assert!(matches!(err, GroupError::Fatal { .. }), "{err:?}");
+        let err = group.read(|s| s.topics().count()).await.unwrap_err();
+        assert!(matches!(err, GroupError::Fatal { .. }), "{err:?}");
+        assert!(!group.is_leader());
     }
 }

@@ -133,7 +133,9 @@ impl StateMachine {
         self.shared.clone()
     }
 
-    fn write_snapshot(&self, file: &SnapshotFile) -> io::Result<()> {
+    /// Encodes `file` and replaces the snapshot file with it on tokio's
+    /// blocking pool, so the fsyncs never stall the runtime's workers.
+    async fn write_snapshot(&self, file: &SnapshotFile) -> io::Result<()> {
         let body = rmp_serde::to_vec(file).map_err(codec_error)?;
         if body.len() as u64 > self.snapshot_bytes_max {
             return Err(io::Error::new(
@@ -145,7 +147,11 @@ impl StateMachine {
                 ),
             ));
         }
-        fsio::write_atomic(&self.snapshot_path, &encode_tagged(SNAPSHOT_MAGIC, &body)?)
+        let bytes = encode_tagged(SNAPSHOT_MAGIC, &body)?;
+        let path = self.snapshot_path.clone();
+        tokio::task::spawn_blocking(move || fsio::write_atomic(&path, &bytes))
+            .await
+            .map_err(|e| io::Error::other(format!("snapshot write did not finish: {e}")))?
     }
 
     fn logged(&self, op: &str, err: io::Error) -> io::Error {
@@ -170,6 +176,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             }
         };
         self.write_snapshot(&file)
+            .await
             .map_err(|e| self.logged("build_snapshot", e))?;
         tracing::info!(group = self.group_id, last_applied = ?file.meta.last_log_id, bytes = file.data.len(), "metadata snapshot written");
         Ok(Snapshot {
@@ -202,8 +209,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     EntryPayload::Blank => None,
                     EntryPayload::Normal(request) => Some(applied.state.apply(request.0)),
                     EntryPayload::Membership(membership) => {
-                        applied.membership =
-                            StoredMembership::new(Some(log_id), membership);
+                        applied.membership = StoredMembership::new(Some(log_id), membership);
                         None
                     }
                 };
@@ -236,6 +242,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             data: snapshot,
         };
         self.write_snapshot(&file)
+            .await
             .map_err(|e| self.logged("install_snapshot", e))?;
         let index = {
             let mut applied = self.shared.applied.write();
