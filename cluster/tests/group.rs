@@ -150,6 +150,32 @@ async fn a_torn_log_tail_recovers_to_the_last_complete_entry() {
 }
 
 #[tokio::test]
+async fn a_zero_filled_log_tail_is_treated_as_a_torn_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let group = open(dir.path()).await;
+    group.propose(create("a")).await.unwrap().unwrap();
+    group.shutdown().await.unwrap();
+
+    // A file that grew before its data landed reads back as zeros.
+    let log = dir.path().join("log");
+    let len = std::fs::metadata(&log).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(len + 37)
+        .unwrap();
+
+    let group = open(dir.path()).await;
+    assert_eq!(topic_names(&group), vec!["a".to_owned()]);
+    group.propose(create("b")).await.unwrap().unwrap();
+    group.shutdown().await.unwrap();
+    let group = open(dir.path()).await;
+    assert_eq!(topic_names(&group), vec!["a".to_owned(), "b".to_owned()]);
+    group.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_corrupted_middle_entry_refuses_to_open_with_a_storage_error() {
     let dir = tempfile::tempdir().unwrap();
     let group = open(dir.path()).await;
@@ -176,6 +202,7 @@ async fn a_corrupted_middle_entry_refuses_to_open_with_a_storage_error() {
         matches!(err, GroupError::Storage { ref reason, .. } if reason.contains("checksum")),
         "{err:?}"
     );
+    assert!(err.is_fatal());
 }
 
 #[tokio::test]
@@ -190,6 +217,22 @@ async fn a_log_of_another_group_refuses_to_open() {
         matches!(err, GroupError::Storage { ref reason, .. } if reason.contains("group 7")),
         "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn opening_as_a_node_outside_the_membership_times_out_with_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let group = open(dir.path()).await;
+    group.shutdown().await.unwrap();
+    let mut stranger = config(dir.path());
+    stranger.node_id = 2;
+    stranger.open_timeout_ms = 400;
+    let err = MetadataGroup::open_single(stranger).await.unwrap_err();
+    assert_eq!(err, GroupError::Timeout);
+    // The failed open released the directory: the rightful voter reopens it.
+    let group = open(dir.path()).await;
+    assert!(group.is_leader());
+    group.shutdown().await.unwrap();
 }
 
 #[tokio::test]
@@ -281,6 +324,7 @@ async fn proposals_and_reads_after_shutdown_are_refused_as_stopped() {
         GroupError::Stopped
     );
     assert!(!clone.is_leader());
+    assert!(!GroupError::Stopped.is_fatal());
     // A second shutdown is harmless.
     clone.shutdown().await.unwrap();
 }

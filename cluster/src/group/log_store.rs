@@ -11,8 +11,9 @@
 //!
 //! Recovery reads the whole log. A frame cut short at the end of the file is
 //! a torn append: the file is truncated to the last whole entry. A checksum
-//! mismatch on the final frame is treated the same way, because a torn write
-//! can leave a whole-looking length over a partial body. Anything wrong
+//! mismatch on the final frame, or a tail of zeros, is treated the same way,
+//! because a torn write can leave a whole-looking length over a partial body
+//! or a grown file whose data never landed. Anything wrong
 //! before the final frame is corruption and refuses to open.
 //!
 //! Entries are also held in memory: a metadata log is short because it is
@@ -152,6 +153,14 @@ impl LogStore {
         let mut expected_index = header.last_purged.as_ref().map_or(0, |id| id.index + 1);
         loop {
             if at == bytes.len() {
+                break;
+            }
+            // A crash after the file grew but before its data reached the
+            // disk leaves zeros; an all-zero header would even pass as an
+            // empty frame (the CRC32 of nothing is 0). No entry encodes to
+            // an empty body, so a zero tail is a torn append.
+            if bytes[at..].iter().all(|&b| b == 0) {
+                tracing::warn!(path = %log_path.display(), offset = at, zero_bytes = bytes.len() - at, "truncating a zero-filled log tail");
                 break;
             }
             match read_frame(&bytes, at, entry_bytes_max) {

@@ -126,9 +126,10 @@ pub enum GroupError {
     /// may or may not commit, so a retry must be deduplicated.
     #[error("the proposal was discarded by a leader change; its outcome is unknown")]
     Discarded { leader: Option<u64> },
-    /// The operation did not finish in time.
-    #[error("timed out after {after_ms} ms")]
-    Timeout { after_ms: u64 },
+    /// The operation did not finish within its bound (`open_timeout_ms` or
+    /// `request_timeout_ms`). A timed-out proposal may still commit.
+    #[error("timed out")]
+    Timeout,
     /// The raft node stopped on an unrecoverable error (a storage error or a
     /// panic). The replica must be replaced, not restarted.
     #[error("the group is fatally stopped: {reason}")]
@@ -145,6 +146,15 @@ pub enum GroupError {
     /// Raft refused the request for a reason other than leadership.
     #[error("raft refused: {reason}")]
     Raft { reason: String },
+}
+
+impl GroupError {
+    /// Whether this replica can no longer serve: its storage is damaged or
+    /// raft stopped on an unrecoverable error. A supervisor must replace
+    /// such a replica (decisions §2), not restart it in place.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, GroupError::Storage { .. } | GroupError::Fatal { .. })
+    }
 }
 
 impl From<OpenError> for GroupError {
@@ -308,9 +318,14 @@ impl MetadataGroup {
             .await;
         match wait {
             Ok(_) => Ok(()),
-            Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout {
-                after_ms: timeout_ms,
-            }),
+            Err(openraft::metrics::WaitError::Timeout(..)) => {
+                tracing::warn!(
+                    group = self.inner.config.group_id,
+                    timeout_ms,
+                    "metadata group did not become a caught-up leader in time"
+                );
+                Err(GroupError::Timeout)
+            }
             Err(other) => Err(self.stopped_reason(other.to_string())),
         }
     }
@@ -343,12 +358,21 @@ impl MetadataGroup {
         let after_ms = self.inner.config.request_timeout_ms;
         match tokio::time::timeout(Duration::from_millis(after_ms), fut).await {
             Ok(result) => result,
-            Err(_) => Err(GroupError::Timeout { after_ms }),
+            Err(_) => {
+                tracing::warn!(
+                    group = self.inner.config.group_id,
+                    after_ms,
+                    "metadata group request timed out"
+                );
+                Err(GroupError::Timeout)
+            }
         }
     }
 
     /// Linearizable write: replicates the command, applies it, and returns
-    /// the model's verdict. A model refusal is `Ok(Err(ModelError))`.
+    /// the model's verdict. A model refusal is `Ok(Err(ModelError))`. After
+    /// `GroupError::Timeout` or `GroupError::Discarded` the command may
+    /// still commit, so a retry must be safe to apply twice.
     pub async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, GroupError> {
         self.check_running()?;
         let response = self
@@ -468,7 +492,7 @@ impl MetadataGroup {
             .await;
         match waited {
             Ok(m) => Ok(m.snapshot.as_ref().map_or(0, |id| id.index)),
-            Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout { after_ms }),
+            Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout),
             Err(other) => Err(self.stopped_reason(other.to_string())),
         }
     }
@@ -590,11 +614,68 @@ mod tests {
 
         let err = group.propose(create("during")).await.unwrap_err();
         assert!(matches!(err, GroupError::Fatal { .. }), "{err:?}");
+        assert!(err.is_fatal());
         // Every later call reports the same fatal state; nothing restarts it.
         let err = group.propose(create("after")).await.unwrap_err();
         assert!(matches!(err, GroupError::Fatal { .. }), "{err:?}");
         let err = group.read(|s| s.topics().count()).await.unwrap_err();
         assert!(matches!(err, GroupError::Fatal { .. }), "{err:?}");
         assert!(!group.is_leader());
+    }
+
+    #[tokio::test]
+    async fn a_vote_request_through_handle_rpc_from_a_stale_candidate_is_refused() {
+        use openraft::raft::{VoteRequest, VoteResponse};
+        let dir = tempfile::tempdir().unwrap();
+        let group = MetadataGroup::open_single(GroupConfig::new(1, 1, dir.path()))
+            .await
+            .unwrap();
+        let term = group.status().term;
+        // A candidate at the leader's own term with an empty log must lose.
+        let request: VoteRequest<TypeConfig> = VoteRequest::new(types::Vote::new(term, 2), None);
+        let body = rmp_serde::to_vec(&request).unwrap();
+        let answer = group.handle_rpc(RaftRpcKind::Vote, &body).await.unwrap();
+        let response: VoteResponse<TypeConfig> = rmp_serde::from_slice(&answer).unwrap();
+        assert!(!response.vote_granted);
+        assert!(group.is_leader());
+        let err = group
+            .handle_rpc(RaftRpcKind::Vote, b"not msgpack")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, GroupError::Codec { .. }), "{err:?}");
+        group.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_default_transport_reports_peers_unreachable() {
+        use openraft::RaftNetworkV2;
+        use openraft::errors::RPCError;
+        use openraft::network::RPCOption;
+        use openraft::raft::VoteRequest;
+        let mut factory = NetworkFactory {
+            group_id: 3,
+            transport: Arc::new(UnreachableTransport),
+        };
+        let mut peer =
+            openraft::RaftNetworkFactory::new_client(&mut factory, 2, &BasicNode::default()).await;
+        let request: VoteRequest<TypeConfig> = VoteRequest::new(types::Vote::new(1, 1), None);
+        let err = peer
+            .vote(request, RPCOption::new(Duration::from_millis(100)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RPCError::Unreachable(_)), "{err:?}");
+    }
+
+    #[test]
+    fn rpc_kind_tags_round_trip() {
+        for kind in [
+            RaftRpcKind::AppendEntries,
+            RaftRpcKind::Vote,
+            RaftRpcKind::PreVote,
+            RaftRpcKind::FullSnapshot,
+        ] {
+            assert_eq!(RaftRpcKind::from_tag(kind.tag()), Some(kind));
+        }
+        assert_eq!(RaftRpcKind::from_tag(0), None);
     }
 }
