@@ -1,0 +1,111 @@
+//! `admin_http`: the admin port (axum). `/health` answers 200 while the
+//! process serves HTTP at all; `/ready` answers 503 until the metadata plane
+//! is open, the coordinator runs and the client port accepts; `/metrics` is
+//! Prometheus text (with restart counts refreshed from a live tree snapshot);
+//! `/api/tree` is the supervision tree as JSON.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::warn;
+
+use crate::shared::Shared;
+
+#[derive(Debug, Clone)]
+pub(crate) struct AdminArgs {
+    pub shared: Arc<Shared>,
+    pub socket: Arc<std::net::TcpListener>,
+}
+
+#[derive(Debug)]
+pub(crate) enum AdminMsg {}
+impl ractor::Message for AdminMsg {}
+
+pub(crate) struct AdminActor;
+
+pub(crate) struct AdminState {
+    _cancel: DropGuard,
+}
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/api/tree", get(tree))
+        .with_state(shared)
+}
+
+async fn ready(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let root = shared.root.read().clone();
+    if let Some(root) = root
+        && let Ok(snapshot) = root.snapshot().await
+    {
+        shared.metrics.record_restarts(&snapshot);
+    }
+    shared
+        .metrics
+        .open_segments
+        .set(shared.segments.lock().len() as f64);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        shared.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn tree(State(shared): State<Arc<Shared>>) -> Response {
+    let root = shared.root.read().clone();
+    let Some(root) = root else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "tree not running\n").into_response();
+    };
+    match root.snapshot().await {
+        Ok(snapshot) => axum::Json(snapshot).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
+
+#[ractor::async_trait]
+impl Actor for AdminActor {
+    type Msg = AdminMsg;
+    type State = AdminState;
+    type Arguments = AdminArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<AdminMsg>,
+        args: AdminArgs,
+    ) -> Result<AdminState, ActorProcessingErr> {
+        let socket = args.socket.try_clone()?;
+        socket.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(socket)?;
+        let cancel = CancellationToken::new();
+        let token = cancel.clone();
+        let app = router(args.shared);
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await;
+            if let Err(e) = served {
+                warn!(error = %e, "admin http server stopped");
+            }
+        });
+        Ok(AdminState {
+            _cancel: cancel.drop_guard(),
+        })
+    }
+}

@@ -1,0 +1,419 @@
+//! Starting, inspecting and stopping one broker.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use malachi_cluster::cursor::CursorKey;
+use malachi_storage::{FileStore, SegmentStore};
+use malachi_supervision::{
+    Backoff, ChildKind, ChildSpec, Intensity, Strategy, Supervisor, SupervisorArgs, SupervisorRef,
+    SupervisorSnapshot,
+};
+use ractor::Actor;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::admin::{AdminActor, AdminArgs};
+use crate::clock::{Clock, SystemClock};
+use crate::config::BrokerConfig;
+use crate::coordinator::{CoordinatorActor, CoordinatorMsg};
+use crate::error::BrokerError;
+use crate::listener::{AcceptorActor, AcceptorArgs};
+use crate::shared::Shared;
+use crate::vnode::VnodeActor;
+
+/// Bytes of OS randomness in a new cursor secret.
+const SECRET_BYTES: usize = 32;
+
+/// The broker's entry point.
+#[derive(Debug)]
+pub struct Broker;
+
+/// A running broker: its addresses, its tree, and an ordered shutdown.
+#[derive(Debug)]
+pub struct BrokerHandle {
+    shared: Arc<Shared>,
+    root: SupervisorRef,
+    join: Option<JoinHandle<()>>,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> BrokerError + '_ {
+    move |source| BrokerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Reads the cursor secret, or creates it from OS randomness at first start.
+/// This is the broker's only use of randomness.
+fn load_or_create_secret(path: &Path) -> Result<CursorKey, BrokerError> {
+    let secret = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut bytes = vec![0u8; SECRET_BYTES];
+            getrandom::fill(&mut bytes).map_err(|e| BrokerError::Secret {
+                path: path.to_path_buf(),
+                reason: format!("no os randomness: {e}"),
+            })?;
+            let tmp = path.with_extension("tmp");
+            {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&tmp)
+                    .map_err(io_err(&tmp))?;
+                file.write_all(&bytes).map_err(io_err(&tmp))?;
+                file.sync_all().map_err(io_err(&tmp))?;
+            }
+            std::fs::rename(&tmp, path).map_err(io_err(path))?;
+            bytes
+        }
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    CursorKey::new(&secret).map_err(|e| BrokerError::Secret {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+fn bind(what: &'static str, addr: SocketAddr) -> Result<Arc<std::net::TcpListener>, BrokerError> {
+    std::net::TcpListener::bind(addr)
+        .map(Arc::new)
+        .map_err(|source| BrokerError::Bind { what, addr, source })
+}
+
+/// A nested supervisor whose handle is published into `slot` at every start,
+/// so actors elsewhere in the tree can add dynamic children to it.
+fn published_supervisor(
+    args: SupervisorArgs,
+    shared: &Arc<Shared>,
+    slot: fn(&Shared) -> &parking_lot::RwLock<Option<SupervisorRef>>,
+    after_start: fn(&Shared),
+) -> ChildSpec {
+    let name = args.name.clone();
+    let shared = Arc::clone(shared);
+    ChildSpec::from_fn(name, move |parent| {
+        let args = args.clone();
+        let shared = Arc::clone(&shared);
+        Box::pin(async move {
+            let (actor, _join) = Supervisor::spawn_linked(None, Supervisor, args, parent).await?;
+            *slot(&shared).write() = Some(SupervisorRef::from_actor(actor.clone()));
+            after_start(&shared);
+            Ok(actor.get_cell())
+        })
+    })
+    .kind(ChildKind::Supervisor)
+    .shutdown_timeout_ms(malachi_supervision::SUPERVISOR_SHUTDOWN_TIMEOUT_MS_DEFAULT)
+}
+
+fn build_tree(
+    shared: &Arc<Shared>,
+    client: Arc<std::net::TcpListener>,
+    admin: Arc<std::net::TcpListener>,
+) -> SupervisorArgs {
+    // Many independent, cheap children: a larger budget than OTP's default.
+    let storage = SupervisorArgs::new("storage", Strategy::OneForOne)
+        .intensity(Intensity {
+            restarts_max: 20,
+            period_ms: 10_000,
+        })
+        .backoff(Backoff::DEFAULT);
+    let storage = published_supervisor(
+        storage,
+        shared,
+        |s| &s.storage,
+        |s| {
+            // A restarted storage supervisor has lost its dynamic children:
+            // the coordinator starts them again from the metadata.
+            if let Some(coordinator) = s.coordinator.read().clone() {
+                let _ = coordinator.send_message(CoordinatorMsg::Reconcile);
+            }
+        },
+    );
+
+    let vnode_shared = Arc::clone(shared);
+    let coordinator_shared = Arc::clone(shared);
+    let coordinators =
+        SupervisorArgs::new("coordinator_manager", Strategy::OneForOne).child(ChildSpec::worker(
+            "coordinator/0",
+            || CoordinatorActor,
+            move || Arc::clone(&coordinator_shared),
+        ));
+    let metadata = SupervisorArgs::new("metadata", Strategy::RestForOne)
+        .child(ChildSpec::worker(
+            "vnode/0",
+            || VnodeActor,
+            move || Arc::clone(&vnode_shared),
+        ))
+        .child(ChildSpec::supervisor(coordinators));
+
+    let acceptor_args = AcceptorArgs {
+        shared: Arc::clone(shared),
+        socket: client,
+    };
+    let listener = SupervisorArgs::new("listener", Strategy::OneForOne).child(ChildSpec::worker(
+        "acceptor",
+        || AcceptorActor,
+        move || acceptor_args.clone(),
+    ));
+    let listener = published_supervisor(listener, shared, |s| &s.listener, |_| {});
+
+    let admin_args = AdminArgs {
+        shared: Arc::clone(shared),
+        socket: admin,
+    };
+    SupervisorArgs::new("broker", Strategy::OneForOne)
+        .intensity(Intensity {
+            restarts_max: 5,
+            period_ms: 10_000,
+        })
+        .child(storage)
+        .child(ChildSpec::supervisor(metadata))
+        .child(listener)
+        .child(ChildSpec::worker(
+            "admin_http",
+            || AdminActor,
+            move || admin_args.clone(),
+        ))
+}
+
+impl Broker {
+    /// Starts a broker with the system clock.
+    pub async fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
+        Broker::start_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    /// Starts a broker whose coordinator and segment actors read `clock`.
+    /// Requires tokio's multi-thread runtime (the data path uses
+    /// `block_in_place` around storage reads).
+    pub async fn start_with_clock(
+        config: BrokerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<BrokerHandle, BrokerError> {
+        config.validate()?;
+        if tokio::runtime::Handle::current().runtime_flavor()
+            != tokio::runtime::RuntimeFlavor::MultiThread
+        {
+            return Err(BrokerError::Config {
+                reason: "the broker needs tokio's multi-thread runtime".into(),
+            });
+        }
+        let data_dir = config.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
+        let cursor_key = load_or_create_secret(&config.secret_path())?;
+        let store = Arc::new(FileStore::open_dir(
+            data_dir.join("segments"),
+            config.store_config(),
+        )?);
+        let client = bind("client port", config.listen_addr)?;
+        let admin = bind("admin port", config.admin_addr)?;
+        let client_addr = client.local_addr().map_err(io_err(&data_dir))?;
+        let admin_addr = admin.local_addr().map_err(io_err(&data_dir))?;
+        let shared = Arc::new(Shared::new(
+            config,
+            store,
+            clock,
+            cursor_key,
+            client_addr,
+            admin_addr,
+        ));
+        let tree = build_tree(&shared, client, admin);
+        let (root, join) = SupervisorRef::spawn(tree).await?;
+        *shared.root.write() = Some(root.clone());
+        info!(%client_addr, %admin_addr, node_id = shared.config.node_id, "broker started");
+        Ok(BrokerHandle {
+            shared,
+            root,
+            join: Some(join),
+        })
+    }
+}
+
+impl BrokerHandle {
+    /// The bound client port.
+    pub fn client_addr(&self) -> SocketAddr {
+        self.shared.client_addr
+    }
+
+    /// The bound admin HTTP port.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.shared.admin_addr
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.shared.config.node_id
+    }
+
+    /// The root supervisor.
+    pub fn supervisor(&self) -> &SupervisorRef {
+        &self.root
+    }
+
+    /// A live snapshot of the whole tree.
+    pub async fn tree_snapshot(&self) -> Result<SupervisorSnapshot, BrokerError> {
+        Ok(self.root.snapshot().await?)
+    }
+
+    /// Whether `/ready` answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.shared.is_ready()
+    }
+
+    /// Waits (bounded) until the broker can serve clients.
+    pub async fn wait_ready(&self, timeout_ms: u64) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+        while tokio::time::Instant::now() < deadline {
+            if self.is_ready() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.is_ready()
+    }
+
+    /// Requests read from clients and not yet answered, over all connections.
+    pub fn requests_inflight(&self) -> usize {
+        self.shared.requests_inflight.load(Ordering::SeqCst)
+    }
+
+    /// The most requests one connection ever had in flight (bounded by
+    /// `connection_inflight_max`).
+    pub fn connection_inflight_peak(&self) -> usize {
+        self.shared.connection_inflight_peak.load(Ordering::SeqCst)
+    }
+
+    /// Client connections being served.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// The Prometheus text `/metrics` serves.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.render()
+    }
+
+    /// Resolves when the tree has exited on its own (it escalated past the
+    /// root's restart intensity). Cancel-safe.
+    pub async fn stopped(&mut self) {
+        if let Some(join) = self.join.as_mut() {
+            let _ = join.await;
+            self.join = None;
+        }
+    }
+
+    /// Ordered shutdown: stop accepting, let connections finish their
+    /// in-flight requests (acknowledgements included), sync every open
+    /// segment, then stop the tree in reverse start order.
+    pub async fn shutdown(mut self) -> Result<(), BrokerError> {
+        let bound = Duration::from_millis(self.shared.config.shutdown_timeout_ms);
+        let deadline = tokio::time::Instant::now() + bound;
+        info!("shutdown: stop accepting");
+        self.shared.accepting.store(false, Ordering::SeqCst);
+        let listener = self.shared.listener.read().clone();
+        if let Some(listener) = listener {
+            let _ = listener.terminate_child("acceptor").await;
+        }
+        info!("shutdown: finish in-flight requests");
+        self.shared.draining.cancel();
+        while self.shared.connections.load(Ordering::SeqCst) > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if self.shared.connections.load(Ordering::SeqCst) > 0 {
+            warn!("shutdown: connections still open at the deadline");
+        }
+        info!("shutdown: sync segments");
+        let segments: Vec<_> = self.shared.segments.lock().keys().copied().collect();
+        for segment in segments {
+            if let Ok(ticket) = self
+                .shared
+                .store
+                .sync(malachi_storage::SegmentId(segment.0))
+            {
+                let _ = tokio::time::timeout_at(deadline, ticket).await;
+            }
+        }
+        info!("shutdown: stop the tree");
+        *self.shared.root.write() = None;
+        let stopped = self.root.stop(bound.as_millis() as u64).await;
+        if let Some(join) = self.join.take() {
+            let _ = tokio::time::timeout(bound, join).await;
+        }
+        stopped?;
+        info!("broker stopped");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "testing")]
+impl BrokerHandle {
+    /// Test hook: makes the named segment actor fail.
+    pub async fn poison_segment(&self, name: &str) -> Result<(), BrokerError> {
+        let storage = self.shared.storage.read().clone();
+        let storage = storage.ok_or(BrokerError::TreeFailed)?;
+        let cell = storage.child(name).await?.ok_or(BrokerError::TreeFailed)?;
+        let actor: ractor::ActorRef<crate::segment::SegmentMsg> = cell.into();
+        actor
+            .send_message(crate::segment::SegmentMsg::Poison)
+            .map_err(|_| BrokerError::TreeFailed)
+    }
+
+    /// Test hook: makes the connection actor of client `peer` fail.
+    pub async fn poison_connection(&self, peer: SocketAddr) -> Result<(), BrokerError> {
+        let listener = self.shared.listener.read().clone();
+        let listener = listener.ok_or(BrokerError::TreeFailed)?;
+        let cell = listener
+            .child(&format!("connection/{peer}"))
+            .await?
+            .ok_or(BrokerError::TreeFailed)?;
+        let actor: ractor::ActorRef<crate::connection::ConnectionMsg> = cell.into();
+        actor
+            .send_message(crate::connection::ConnectionMsg::Poison)
+            .map_err(|_| BrokerError::TreeFailed)
+    }
+
+    /// Test hook: makes the acceptor fail.
+    pub async fn poison_acceptor(&self) -> Result<(), BrokerError> {
+        let listener = self.shared.listener.read().clone();
+        let listener = listener.ok_or(BrokerError::TreeFailed)?;
+        let cell = listener
+            .child("acceptor")
+            .await?
+            .ok_or(BrokerError::TreeFailed)?;
+        let actor: ractor::ActorRef<crate::listener::AcceptorMsg> = cell.into();
+        actor
+            .send_message(crate::listener::AcceptorMsg::Poison)
+            .map_err(|_| BrokerError::TreeFailed)
+    }
+}
+
+/// Runs a broker until SIGTERM or SIGINT, then shuts it down in order and
+/// returns `Ok` (so the process exits 0). Returns an error if the broker
+/// cannot start or its tree fails on its own.
+pub async fn run_until_signal(config: BrokerConfig) -> Result<(), BrokerError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(BrokerError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(BrokerError::Signal)?;
+    let mut broker = Broker::start(config).await?;
+    tokio::select! {
+        _ = term.recv() => info!("sigterm: shutting down"),
+        _ = int.recv() => info!("sigint: shutting down"),
+        _ = broker.stopped() => {
+            warn!("the supervision tree exited on its own");
+            return Err(BrokerError::TreeFailed);
+        }
+    }
+    broker.shutdown().await
+}
+
+// Keeps the trait in scope for `Actor::spawn_linked` on `Supervisor`.
+#[allow(dead_code)]
+fn _assert_actor<A: Actor>() {}

@@ -1,0 +1,228 @@
+//! The broker's configuration. The binary layers TOML, `MALACHI_*`
+//! environment variables and flags into it; this crate only validates it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use malachi_storage::{SealPolicy, StoreConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::error::BrokerError;
+
+/// Largest record value a broker may be configured to accept (the storage
+/// frame format caps a whole record at 64 MiB).
+pub const RECORD_VALUE_BYTES_MAX_LIMIT: usize = 32 << 20;
+/// Room the storage frame needs besides the value (key, headers, varints).
+const RECORD_OVERHEAD_BYTES: usize = 64 << 10;
+
+/// The store tunables an operator may set (a serde mirror of the subset of
+/// `malachi_storage::StoreConfig` that makes sense to expose).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    /// How long the first pending record waits before a group commit starts.
+    pub flush_interval_ms: u64,
+    /// Threads that write and fdatasync; distinct segments sync in parallel.
+    pub sync_threads: usize,
+    /// Appends beyond this many bytes pending on one segment get `busy`.
+    pub pending_bytes_max: usize,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        let store = StoreConfig::default();
+        StoreSettings {
+            flush_interval_ms: 2,
+            sync_threads: 4,
+            pending_bytes_max: store.pending_bytes_max,
+        }
+    }
+}
+
+/// Everything a single broker needs to start. Defaults serve a development
+/// broker on loopback.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// This broker's node id (the single voter of its metadata group).
+    pub node_id: u64,
+    /// The client port (port 0 picks a free port; see `BrokerHandle::client_addr`).
+    pub listen_addr: SocketAddr,
+    /// The admin HTTP port (health, readiness, metrics, tree).
+    pub admin_addr: SocketAddr,
+    /// Holds `segments/`, `metadata/` and `cluster.secret`.
+    pub data_dir: PathBuf,
+    /// A segment rolls once it holds this many durable bytes.
+    pub segment_bytes_max: u64,
+    /// A segment rolls once it is this old.
+    pub segment_age_ms: u64,
+    /// Group-commit tunables of the segment store.
+    pub store: StoreSettings,
+    /// Largest frame a client may send or receive.
+    pub frame_bytes_max: usize,
+    /// Largest record value a produce may carry.
+    pub record_value_bytes_max: usize,
+    /// Requests one connection may have in flight (read, not yet answered);
+    /// when reached the broker stops reading from that client.
+    pub connection_inflight_max: usize,
+    /// Append messages one segment actor may have queued or awaiting fsync.
+    pub segment_inflight_max: usize,
+    /// Client connections served at once; more are refused with `busy`.
+    pub connections_max: usize,
+    /// How long a produce may take end to end before it is answered `timeout`.
+    pub produce_timeout_ms: u64,
+    /// Upper bound on a fetch's long poll, whatever the client asks.
+    pub fetch_wait_ms_max: u64,
+    /// How long an ordered shutdown may take before the tree is stopped anyway.
+    pub shutdown_timeout_ms: u64,
+    /// Where the cursor HMAC secret lives; `data_dir/cluster.secret` if unset.
+    pub cursor_secret_file: Option<PathBuf>,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            node_id: 1,
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 4040)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("data"),
+            segment_bytes_max: 256 << 20,
+            segment_age_ms: 60 * 60 * 1000,
+            store: StoreSettings::default(),
+            frame_bytes_max: malachi_wire::frame::FRAME_BYTES_MAX_DEFAULT,
+            record_value_bytes_max: 1 << 20,
+            connection_inflight_max: 64,
+            segment_inflight_max: 256,
+            connections_max: 1024,
+            produce_timeout_ms: 10_000,
+            fetch_wait_ms_max: u64::from(malachi_wire::limits::FETCH_WAIT_MS_MAX),
+            shutdown_timeout_ms: 10_000,
+            cursor_secret_file: None,
+        }
+    }
+}
+
+impl BrokerConfig {
+    /// A configuration for tests: ports 0 on loopback, the given data dir.
+    pub fn for_tests(data_dir: impl Into<PathBuf>) -> BrokerConfig {
+        BrokerConfig {
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: data_dir.into(),
+            store: StoreSettings {
+                flush_interval_ms: 1,
+                sync_threads: 2,
+                ..StoreSettings::default()
+            },
+            shutdown_timeout_ms: 5_000,
+            ..BrokerConfig::default()
+        }
+    }
+
+    /// Refuses a configuration the broker cannot serve safely, with a message
+    /// that names the field.
+    pub fn validate(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
+        if self.node_id == 0 {
+            return bad("node_id must be positive".into());
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return bad("data_dir must be set".into());
+        }
+        if self.segment_bytes_max == 0 || self.segment_age_ms == 0 {
+            return bad("segment_bytes_max and segment_age_ms must be positive".into());
+        }
+        let frame_min = malachi_wire::frame::REQUEST_HEADER_BYTES + 1024;
+        if self.frame_bytes_max < frame_min || self.frame_bytes_max > (256 << 20) {
+            return bad(format!(
+                "frame_bytes_max must be between {frame_min} and {} bytes",
+                256 << 20
+            ));
+        }
+        if self.record_value_bytes_max == 0
+            || self.record_value_bytes_max > RECORD_VALUE_BYTES_MAX_LIMIT
+        {
+            return bad(format!(
+                "record_value_bytes_max must be between 1 and {RECORD_VALUE_BYTES_MAX_LIMIT}"
+            ));
+        }
+        if self.connection_inflight_max == 0
+            || self.segment_inflight_max == 0
+            || self.connections_max == 0
+        {
+            return bad(
+                "connection_inflight_max, segment_inflight_max and connections_max must be positive"
+                    .into(),
+            );
+        }
+        if self.produce_timeout_ms == 0 || self.shutdown_timeout_ms == 0 {
+            return bad("produce_timeout_ms and shutdown_timeout_ms must be positive".into());
+        }
+        self.store_config()
+            .validate()
+            .map_err(|e| BrokerError::Config {
+                reason: format!("store: {e}"),
+            })?;
+        Ok(())
+    }
+
+    /// The storage configuration this broker opens its store with.
+    pub fn store_config(&self) -> StoreConfig {
+        let record_bytes_max = self.record_value_bytes_max + RECORD_OVERHEAD_BYTES;
+        StoreConfig {
+            flush_interval_ms: self.store.flush_interval_ms,
+            sync_threads: self.store.sync_threads,
+            record_bytes_max,
+            pending_bytes_max: self
+                .store
+                .pending_bytes_max
+                .max(2 * record_bytes_max + malachi_storage::frame::FRAME_HEADER_BYTES),
+            ..StoreConfig::default()
+        }
+    }
+
+    /// When segments roll.
+    pub fn seal_policy(&self) -> SealPolicy {
+        SealPolicy {
+            segment_bytes_max: self.segment_bytes_max,
+            segment_age_ms: self.segment_age_ms,
+        }
+    }
+
+    /// Where the cursor secret is kept.
+    pub fn secret_path(&self) -> PathBuf {
+        self.cursor_secret_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("cluster.secret"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid() {
+        BrokerConfig::default().validate().unwrap();
+        BrokerConfig::for_tests("/tmp/x").validate().unwrap();
+    }
+
+    #[test]
+    fn zero_node_id_is_refused_with_its_field_name() {
+        let config = BrokerConfig {
+            node_id: 0,
+            ..BrokerConfig::default()
+        };
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("node_id"), "{err}");
+    }
+
+    #[test]
+    fn an_oversized_value_limit_is_refused() {
+        let config = BrokerConfig {
+            record_value_bytes_max: RECORD_VALUE_BYTES_MAX_LIMIT + 1,
+            ..BrokerConfig::default()
+        };
+        assert!(config.validate().is_err());
+    }
+}

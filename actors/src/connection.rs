@@ -1,0 +1,733 @@
+//! `connection/<peer>`: one temporary actor per client socket.
+//!
+//! The actor owns a reader task and a writer task through a cancellation
+//! token whose guard lives in the actor's state, so when the actor stops or
+//! fails, both tasks end and the socket closes. Requests are pipelined: each
+//! read frame takes one of `connection_inflight_max` permits and is handled
+//! in its own task; its response goes to a bounded outbound queue and the
+//! permit is returned only once the writer has written that response. So a
+//! client that never reads its responses fills the socket, then the queue,
+//! then the permits, and the reader stops reading from it: the broker's
+//! memory for that client stays bounded (ADR 0062). Responses may complete
+//! out of order; clients match them by correlation id.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use malachi_cluster::cursor::{Cursor, Position};
+use malachi_cluster::model::{MetadataState, ModelError, RangeId, TopicState};
+use malachi_storage::Record;
+use malachi_supervision::SupervisionError;
+use malachi_wire::batch::BatchBuilder;
+use malachi_wire::limits::MESSAGE_BYTES_MAX;
+use malachi_wire::messages::{self as wire, ApiVersion, Request, Response};
+use malachi_wire::{ErrorBody, ErrorCode, Message, RequestFrame, ResponseFrame, ServerCodec};
+use parking_lot::Mutex;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::{debug, warn};
+
+use crate::convert::{describe_to_wire, tree_to_wire};
+use crate::coordinator::{CoordError, CoordinatorMsg};
+use crate::fetch::{read_topic, tail_positions};
+use crate::metadata::{MetadataError, read};
+use crate::segment::{AppendError, SegmentMsg};
+use crate::shared::Shared;
+
+/// Room kept in a fetch response frame for its header and control map.
+const FETCH_CONTROL_BYTES: usize = 8 << 10;
+/// Records one store read returns at most.
+const READ_CHUNK_RECORDS: usize = 1024;
+/// Records one append message carries at most (the store's batch bound is larger).
+const APPEND_CHUNK_RECORDS: usize = 10_000;
+/// How long a producer waits before retrying a range whose segment is rolling.
+const ROLL_RETRY_MS: u64 = 1;
+
+type Failure = (ErrorCode, String);
+
+#[derive(Clone)]
+pub(crate) struct ConnectionArgs {
+    pub shared: Arc<Shared>,
+    pub stream: Arc<Mutex<Option<TcpStream>>>,
+    pub peer: SocketAddr,
+}
+
+impl std::fmt::Debug for ConnectionArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionArgs")
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum ConnectionMsg {
+    /// Test-only: fail this actor.
+    #[cfg(feature = "testing")]
+    Poison,
+}
+impl ractor::Message for ConnectionMsg {}
+
+pub(crate) struct ConnectionActor;
+
+pub(crate) struct ConnectionState {
+    _cancel: DropGuard,
+    _count: ConnectionCount,
+}
+
+/// Counts this connection while its actor's state lives (even on failure).
+struct ConnectionCount(Arc<Shared>);
+
+impl Drop for ConnectionCount {
+    fn drop(&mut self) {
+        let now = self.0.connections.fetch_sub(1, Ordering::SeqCst) - 1;
+        self.0.metrics.connections.set(now as f64);
+    }
+}
+
+#[ractor::async_trait]
+impl Actor for ConnectionActor {
+    type Msg = ConnectionMsg;
+    type State = ConnectionState;
+    type Arguments = ConnectionArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ConnectionMsg>,
+        args: ConnectionArgs,
+    ) -> Result<ConnectionState, ActorProcessingErr> {
+        let stream = args
+            .stream
+            .lock()
+            .take()
+            .ok_or("a connection actor cannot be restarted: its socket is gone")?;
+        let now = args.shared.connections.fetch_add(1, Ordering::SeqCst) + 1;
+        args.shared.metrics.connections.set(now as f64);
+        let count = ConnectionCount(Arc::clone(&args.shared));
+        let cancel = CancellationToken::new();
+        let token = cancel.clone();
+        let shared = Arc::clone(&args.shared);
+        let peer = args.peer;
+        tokio::spawn(async move {
+            serve(shared, stream, token).await;
+            debug!(%peer, "connection closed");
+            myself.stop(None);
+        });
+        Ok(ConnectionState {
+            _cancel: cancel.drop_guard(),
+            _count: count,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<ConnectionMsg>,
+        msg: ConnectionMsg,
+        _state: &mut ConnectionState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            #[cfg(feature = "testing")]
+            ConnectionMsg::Poison => Err("connection actor poisoned by a test".into()),
+        }
+    }
+}
+
+/// One request's slot: a connection permit, counted broker-wide.
+struct Inflight {
+    shared: Arc<Shared>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Inflight {
+    fn new(shared: &Arc<Shared>, permit: OwnedSemaphorePermit, used: usize) -> Inflight {
+        shared.requests_inflight.fetch_add(1, Ordering::SeqCst);
+        shared
+            .connection_inflight_peak
+            .fetch_max(used, Ordering::SeqCst);
+        Inflight {
+            shared: Arc::clone(shared),
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.shared.requests_inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+struct Outbound {
+    frame: ResponseFrame,
+    _slot: Option<Inflight>,
+}
+
+async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken) {
+    let frame_max = shared.config.frame_bytes_max;
+    let inflight_max = shared.config.connection_inflight_max;
+    let (rd, wr) = stream.into_split();
+    let mut reader = FramedRead::new(rd, ServerCodec::new(frame_max));
+    let mut writer = FramedWrite::new(wr, ServerCodec::new(frame_max));
+    let permits = Arc::new(Semaphore::new(inflight_max));
+    // One slot more than the permits, for the final error of an unframeable stream.
+    let (tx, mut rx) = mpsc::channel::<Outbound>(inflight_max + 1);
+
+    let write_cancel = cancel.clone();
+    let write_task = tokio::spawn(async move {
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = write_cancel.cancelled() => break,
+                next = rx.recv() => next,
+            };
+            let Some(out) = next else { break };
+            let sent = tokio::select! {
+                _ = write_cancel.cancelled() => break,
+                sent = writer.send(out.frame) => sent,
+            };
+            if let Err(e) = sent {
+                debug!(error = %e, "cannot write a response; closing");
+                write_cancel.cancel();
+                break;
+            }
+            // `out` (and its permit) is dropped only now, after the write.
+        }
+    });
+
+    loop {
+        let permit = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            _ = shared.draining.cancelled() => break,
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let next = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            _ = shared.draining.cancelled() => break,
+            next = reader.next() => next,
+        };
+        let used = inflight_max - permits.available_permits();
+        match next {
+            None => break,
+            Some(Err(e)) => {
+                // The stream cannot be framed any more: answer once, then close.
+                let frame = error_frame(0, e.error_code(), e.to_string());
+                let slot = Some(Inflight::new(&shared, permit, used));
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = tx.send(Outbound { frame, _slot: slot }) => {}
+                }
+                break;
+            }
+            Some(Ok(request)) => {
+                let slot = Inflight::new(&shared, permit, used);
+                let shared = Arc::clone(&shared);
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let frame = handle_frame(&shared, request).await;
+                    let _ = tx
+                        .send(Outbound {
+                            frame,
+                            _slot: Some(slot),
+                        })
+                        .await;
+                });
+            }
+        }
+    }
+    // Finish in-flight requests: their responses go out before the socket closes.
+    drop(tx);
+    let bound = Duration::from_millis(shared.config.shutdown_timeout_ms);
+    let mut write_task = write_task;
+    tokio::select! {
+        _ = cancel.cancelled() => write_task.abort(),
+        done = tokio::time::timeout(bound, &mut write_task) => {
+            if done.is_err() {
+                write_task.abort();
+            }
+        }
+    }
+}
+
+fn error_frame(correlation_id: u32, code: ErrorCode, message: String) -> ResponseFrame {
+    let mut message = message;
+    if message.len() > MESSAGE_BYTES_MAX {
+        let mut cut = MESSAGE_BYTES_MAX;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    let body = ErrorBody {
+        message,
+        leader_hint: None,
+        retry_after_ms: code.retriable().then_some(10),
+    };
+    ResponseFrame {
+        correlation_id,
+        error_code: code,
+        payload: body.encode().unwrap_or_else(|_| Bytes::new()),
+    }
+}
+
+async fn handle_frame(shared: &Arc<Shared>, frame: RequestFrame) -> ResponseFrame {
+    let correlation_id = frame.correlation_id;
+    let request = match Request::decode(frame.api_key, frame.payload) {
+        Ok(request) => request,
+        Err(e) => return error_frame(correlation_id, e.error_code(), e.to_string()),
+    };
+    let name = request.api_key().name();
+    match handle_request(shared, request).await {
+        Ok(response) => match response.encode() {
+            Ok(payload) => ResponseFrame {
+                correlation_id,
+                error_code: ErrorCode::None,
+                payload,
+            },
+            Err(e) => {
+                warn!(api = name, error = %e, "cannot encode a response");
+                error_frame(correlation_id, ErrorCode::UnknownServerError, e.to_string())
+            }
+        },
+        Err((code, message)) => {
+            debug!(api = name, code = %code, %message, "request refused");
+            error_frame(correlation_id, code, message)
+        }
+    }
+}
+
+fn model_code(e: &ModelError) -> ErrorCode {
+    match e {
+        ModelError::NoSuchTopic { .. } => ErrorCode::TopicNotFound,
+        ModelError::TopicExists { .. } => ErrorCode::TopicExists,
+        ModelError::TopicSealed { .. } => ErrorCode::TopicSealed,
+        ModelError::NoSuchRange { .. } | ModelError::RangeNotActive { .. } => {
+            ErrorCode::RangeNotFound
+        }
+        ModelError::NotBuddies { .. } => ErrorCode::NotBuddies,
+        ModelError::AlreadySealed { .. } => ErrorCode::AlreadySealed,
+        ModelError::NoSuchPolicy { .. } => ErrorCode::PolicyNotFound,
+        _ => ErrorCode::InvalidRequest,
+    }
+}
+
+fn coord_failure(e: CoordError) -> Failure {
+    match &e {
+        CoordError::Model(m) => (model_code(m), e.to_string()),
+        CoordError::Metadata(MetadataError::Shutdown | MetadataError::NotOpen) => {
+            (ErrorCode::ShuttingDown, e.to_string())
+        }
+        _ => (ErrorCode::UnknownServerError, e.to_string()),
+    }
+}
+
+fn not_serving(e: MetadataError) -> Failure {
+    (ErrorCode::ShuttingDown, e.to_string())
+}
+
+async fn call_coordinator<R: Send + 'static>(
+    shared: &Arc<Shared>,
+    build: impl FnOnce(ractor::RpcReplyPort<Result<R, CoordError>>) -> CoordinatorMsg,
+) -> Result<R, Failure> {
+    let Some(coordinator) = shared.coordinator.read().clone() else {
+        return Err((
+            ErrorCode::ShuttingDown,
+            "the coordinator is not running".into(),
+        ));
+    };
+    match ractor::call_t!(coordinator, build, shared.config.produce_timeout_ms) {
+        Ok(answer) => answer.map_err(coord_failure),
+        Err(e) => Err((
+            ErrorCode::Timeout,
+            format!("the coordinator did not answer: {e}"),
+        )),
+    }
+}
+
+async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Response, Failure> {
+    let node_id = shared.config.node_id;
+    match request {
+        Request::ApiVersions(_) => Ok(Response::ApiVersions(wire::ApiVersionsResponse {
+            node_id,
+            versions: ApiVersion::supported(),
+        })),
+        Request::CreateTopic(req) => {
+            if req.replication_factor.is_some_and(|rf| rf > 1) {
+                return Err((
+                    ErrorCode::InvalidRequest,
+                    "a single broker cannot place more than one replica".into(),
+                ));
+            }
+            let name = req.name.clone();
+            let incarnation = call_coordinator(shared, |reply| CoordinatorMsg::CreateTopic {
+                name: req.name,
+                policy: req.policy,
+                reply,
+            })
+            .await?;
+            Ok(Response::CreateTopic(wire::CreateTopicResponse {
+                name,
+                incarnation,
+            }))
+        }
+        Request::DeleteTopic(req) => {
+            let name = req.name.clone();
+            call_coordinator(shared, |reply| CoordinatorMsg::DeleteTopic {
+                name: req.name,
+                reply,
+            })
+            .await?;
+            Ok(Response::DeleteTopic(wire::DeleteTopicResponse { name }))
+        }
+        Request::ListTopics(_) => {
+            let plane = shared.plane().map_err(not_serving)?;
+            let topics = read(plane.as_ref(), |state| {
+                state
+                    .topics()
+                    .map(|t| wire::TopicListing {
+                        name: t.name.clone(),
+                        incarnation: t.incarnation.0,
+                        state: match t.state {
+                            TopicState::Active => "active".into(),
+                            TopicState::Sealed { .. } => "sealed".into(),
+                        },
+                        ranges_active: state.active_ranges(&t.name).count() as u32,
+                    })
+                    .collect()
+            });
+            Ok(Response::ListTopics(wire::ListTopicsResponse { topics }))
+        }
+        Request::DescribeTopic(req) => {
+            let plane = shared.plane().map_err(not_serving)?;
+            let described = read(plane.as_ref(), |state| state.describe_topic(&req.name));
+            match described {
+                Some(d) => Ok(Response::DescribeTopic(wire::DescribeTopicResponse {
+                    topic: describe_to_wire(&d),
+                })),
+                None => Err((
+                    ErrorCode::TopicNotFound,
+                    format!("no such topic {}", req.name),
+                )),
+            }
+        }
+        Request::Produce(req) => produce(shared, req).await.map(Response::Produce),
+        Request::Fetch(req) => fetch(shared, req).await.map(Response::Fetch),
+        Request::TreeSnapshot(_) => {
+            let Some(root) = shared.root.read().clone() else {
+                return Err((ErrorCode::ShuttingDown, "the tree is not running".into()));
+            };
+            let snapshot = root
+                .snapshot()
+                .await
+                .map_err(|e| (ErrorCode::Timeout, e.to_string()))?;
+            Ok(Response::TreeSnapshot(wire::TreeSnapshotResponse {
+                node_id,
+                root: tree_to_wire(&snapshot),
+            }))
+        }
+        Request::ClusterStatus(_) => Ok(Response::ClusterStatus(wire::ClusterStatusResponse {
+            node_id,
+            brokers: vec![wire::BrokerStatus {
+                node_id,
+                state: wire::BrokerState::Alive,
+                client_addr: shared.client_addr.to_string(),
+                raft_addr: String::new(),
+                admin_addr: shared.admin_addr.to_string(),
+                attributes: BTreeMap::new(),
+                vnodes_led: vec![0],
+            }],
+        })),
+        Request::SplitRange(_) | Request::MergeRange(_) => Err((
+            ErrorCode::UnsupportedApi,
+            "split and merge are not served by this broker yet".into(),
+        )),
+        Request::Subscribe(_) | Request::SubscribeCredit(_) => Err((
+            ErrorCode::UnsupportedApi,
+            "subscribe is not served by this broker yet; use fetch with wait_ms".into(),
+        )),
+    }
+}
+
+async fn produce(
+    shared: &Arc<Shared>,
+    req: wire::ProduceRequest,
+) -> Result<wire::ProduceResponse, Failure> {
+    let deadline = Instant::now() + Duration::from_millis(shared.config.produce_timeout_ms);
+    let plane = shared.plane().map_err(not_serving)?;
+    let value_max = shared.config.record_value_bytes_max;
+    let now_ms = shared.clock.now_ms();
+    let incoming = req.records.records();
+    let mut records = Vec::with_capacity(incoming.len());
+    for (index, record) in incoming.into_iter().enumerate() {
+        // Keys route records to ranges, and per-key order is the ordering
+        // guarantee: a record without a key has neither (ADR 0063).
+        if record.key.is_empty() {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!("record {index} has an empty key; every record needs a key"),
+            ));
+        }
+        if record.value.len() > value_max {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!(
+                    "record {index} has a value of {} bytes, over the limit of {value_max} bytes",
+                    record.value.len()
+                ),
+            ));
+        }
+        records.push(Record {
+            timestamp_ms: record.timestamp_ms.unwrap_or(now_ms),
+            key: record.key.to_vec(),
+            value: record.value.to_vec(),
+            headers: record
+                .headers
+                .into_iter()
+                .map(|h| (h.name, h.value.to_vec()))
+                .collect(),
+        });
+    }
+    let total = records.len() as u32;
+    let topic = req.topic;
+    let groups = read(plane.as_ref(), |state| route(state, &topic, records))?;
+    let parts = groups.into_iter().map(|(range, records)| {
+        let shared = Arc::clone(shared);
+        let plane = Arc::clone(&plane);
+        async move {
+            for chunk in records.chunks(APPEND_CHUNK_RECORDS) {
+                append_chunk(&shared, plane.as_ref(), range, chunk.to_vec(), deadline).await?;
+            }
+            Ok::<(), Failure>(())
+        }
+    });
+    for result in futures::future::join_all(parts).await {
+        result?;
+    }
+    Ok(wire::ProduceResponse {
+        records_acknowledged: total,
+    })
+}
+
+/// Groups records by the active range of their key, keeping their order.
+fn route(
+    state: &MetadataState,
+    topic: &str,
+    records: Vec<Record>,
+) -> Result<BTreeMap<RangeId, Vec<Record>>, Failure> {
+    let Some(found) = state.topic(topic) else {
+        return Err((ErrorCode::TopicNotFound, format!("no such topic {topic}")));
+    };
+    if matches!(found.state, TopicState::Sealed { .. }) {
+        return Err((ErrorCode::TopicSealed, format!("topic {topic} is sealed")));
+    }
+    let mut groups: BTreeMap<RangeId, Vec<Record>> = BTreeMap::new();
+    for record in records {
+        let Some(range) = state.route_key(topic, &record.key) else {
+            return Err((
+                ErrorCode::UnknownServerError,
+                format!("topic {topic} has no active range for a key"),
+            ));
+        };
+        groups.entry(range.id).or_default().push(record);
+    }
+    Ok(groups)
+}
+
+/// Appends one chunk to its range's active segment, retrying across rolls
+/// until it is durable or the deadline passes.
+async fn append_chunk(
+    shared: &Arc<Shared>,
+    plane: &dyn crate::metadata::MetadataPlane,
+    range: RangeId,
+    records: Vec<Record>,
+    deadline: Instant,
+) -> Result<(), Failure> {
+    let bytes: u64 = records
+        .iter()
+        .map(|r| (r.key.len() + r.value.len()) as u64)
+        .sum();
+    let records = Arc::new(records);
+    let timeout = || {
+        (
+            ErrorCode::Timeout,
+            "the produce was not acknowledged in time; it may or may not be durable".to_string(),
+        )
+    };
+    loop {
+        if Instant::now() >= deadline {
+            return Err(timeout());
+        }
+        let active = read(plane, |state| {
+            state
+                .range(range)
+                .filter(|r| r.is_active())
+                .and_then(|r| r.last_segment())
+        });
+        let Some(segment) = active else {
+            return Err((
+                ErrorCode::Moved,
+                format!("range {range} is no longer active; retry the produce"),
+            ));
+        };
+        let Some(handle) = shared.segment(segment) else {
+            // The segment actor is starting (after a roll or a restart).
+            tokio::time::sleep(Duration::from_millis(ROLL_RETRY_MS)).await;
+            continue;
+        };
+        let (reply, answer) = oneshot::channel();
+        let batch = Arc::clone(&records);
+        let sent = tokio::time::timeout_at(
+            deadline,
+            handle.actor.send(move |permit| SegmentMsg::Append {
+                permit,
+                records: batch,
+                bytes,
+                reply,
+            }),
+        )
+        .await;
+        match sent {
+            Err(_) => return Err(timeout()),
+            Ok(Err(SupervisionError::NotRunning)) | Ok(Err(_)) => {
+                tokio::time::sleep(Duration::from_millis(ROLL_RETRY_MS)).await;
+                continue;
+            }
+            Ok(Ok(())) => {}
+        }
+        match tokio::time::timeout_at(deadline, answer).await {
+            Err(_) => return Err(timeout()),
+            // The actor died before it took the batch: nothing was appended.
+            Ok(Err(_)) => {}
+            Ok(Ok(Ok(_offsets))) => return Ok(()),
+            Ok(Ok(Err(AppendError::Rolled))) => {}
+            Ok(Ok(Err(AppendError::Busy(m)))) => return Err((ErrorCode::Busy, m)),
+            Ok(Ok(Err(AppendError::Invalid(m)))) => return Err((ErrorCode::InvalidRequest, m)),
+            Ok(Ok(Err(AppendError::Failed(m)))) => {
+                return Err((ErrorCode::UnknownServerError, m));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(ROLL_RETRY_MS)).await;
+    }
+}
+
+async fn fetch(
+    shared: &Arc<Shared>,
+    req: wire::FetchRequest,
+) -> Result<wire::FetchResponse, Failure> {
+    let plane = shared.plane().map_err(not_serving)?;
+    let wait_ms = u64::from(req.wait_ms).min(shared.config.fetch_wait_ms_max);
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    // Subscribed before the first read, so a record made durable between
+    // that read and the wait still wakes it.
+    let mut durable = shared.watch_topic(&req.topic);
+    let topic = req.topic.clone();
+    let (incarnation, start) = tokio::task::block_in_place(|| {
+        read(plane.as_ref(), |state| start_positions(shared, state, &req))
+    })?;
+    let batch_max = (req.bytes_max as usize).min(
+        shared
+            .config
+            .frame_bytes_max
+            .saturating_sub(FETCH_CONTROL_BYTES),
+    );
+    loop {
+        let (batch, positions, records, bytes) = tokio::task::block_in_place(|| {
+            read(plane.as_ref(), |state| {
+                let mut builder = BatchBuilder::new(batch_max);
+                let outcome = read_topic(
+                    state,
+                    &shared.store,
+                    &topic,
+                    &start,
+                    req.records_max,
+                    &mut builder,
+                    batch_max,
+                    READ_CHUNK_RECORDS,
+                )
+                .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+                Ok::<_, Failure>((
+                    builder.finish(),
+                    outcome.positions,
+                    outcome.records,
+                    outcome.bytes,
+                ))
+            })
+        })?;
+        let expired = Instant::now() >= deadline;
+        if records > 0 || expired {
+            shared
+                .metrics
+                .records_consumed
+                .increment(u64::from(records));
+            shared.metrics.bytes_consumed.increment(bytes);
+            let cursor = Cursor {
+                topic: topic.clone(),
+                incarnation,
+                positions,
+            };
+            let next_cursor = cursor
+                .encode(&shared.cursor_key)
+                .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+            return Ok(wire::FetchResponse {
+                next_cursor,
+                records: batch,
+            });
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = durable.changed() => {}
+            _ = shared.draining.cancelled() => {
+                return Err((ErrorCode::ShuttingDown, "the broker is shutting down".into()));
+            }
+        }
+    }
+}
+
+/// Where a fetch starts: the client's cursor (checked against the metadata),
+/// the start of every range, or the tail.
+fn start_positions(
+    shared: &Shared,
+    state: &MetadataState,
+    req: &wire::FetchRequest,
+) -> Result<(u64, BTreeMap<RangeId, Position>), Failure> {
+    let Some(topic) = state.topic(&req.topic) else {
+        return Err((
+            ErrorCode::TopicNotFound,
+            format!("no such topic {}", req.topic),
+        ));
+    };
+    let incarnation = topic.incarnation.0;
+    let positions = if let Some(encoded) = &req.cursor {
+        let cursor = Cursor::decode_for(encoded, &shared.cursor_key, state)
+            .map_err(|e| (ErrorCode::InvalidCursor, e.to_string()))?;
+        if cursor.topic != req.topic {
+            return Err((
+                ErrorCode::InvalidCursor,
+                format!("the cursor belongs to topic {}", cursor.topic),
+            ));
+        }
+        cursor.positions
+    } else if req.from_start {
+        state
+            .active_ranges(&req.topic)
+            .map(|r| (r.id, Position::Start))
+            .collect()
+    } else {
+        tail_positions(state, &shared.store, &req.topic)
+            .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?
+    };
+    Ok((incarnation, positions))
+}

@@ -1,0 +1,236 @@
+//! Reading a topic by cursor: each active range's read plan (sealed
+//! ancestors oldest first, then the range itself), drained from the stored
+//! segment copies within a record and byte budget.
+//!
+//! Positions are range offsets (`segment.start_offset` plus the record's
+//! offset within its segment), as the cursor codec validates them. A reader
+//! of an active segment sees what the store holds durably: acknowledged
+//! records only.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use malachi_cluster::cursor::Position;
+use malachi_cluster::model::{MetadataState, RangeId, SegmentId, position};
+use malachi_storage::{FileStore, SegmentStore, StorageError, StoredRecord};
+use malachi_wire::batch::{BatchBuilder, BatchError, Header, Record as WireRecord};
+
+/// What one read pass produced.
+#[derive(Debug)]
+pub(crate) struct ReadOutcome {
+    pub positions: BTreeMap<RangeId, Position>,
+    pub records: u32,
+    pub bytes: u64,
+}
+
+fn store_id(segment: SegmentId) -> malachi_storage::SegmentId {
+    malachi_storage::SegmentId(segment.0)
+}
+
+/// Reads a segment copy, opening it first if this broker has not yet (a
+/// sealed segment after a restart).
+fn read_copy(
+    store: &FileStore,
+    segment: SegmentId,
+    from: u64,
+    records_max: usize,
+    bytes_max: usize,
+) -> Result<Vec<StoredRecord>, StorageError> {
+    match store.read(store_id(segment), from, records_max, bytes_max) {
+        Err(StorageError::NotOpen { .. }) => {
+            store.open(store_id(segment))?;
+            store.read(store_id(segment), from, records_max, bytes_max)
+        }
+        other => other,
+    }
+}
+
+/// The durable length of a segment copy.
+pub(crate) fn durable_length(store: &FileStore, segment: SegmentId) -> Result<u64, StorageError> {
+    match store.info(store_id(segment)) {
+        Err(StorageError::NotOpen { .. }) => Ok(store.open(store_id(segment))?.info.length),
+        other => other.map(|info| info.length),
+    }
+}
+
+/// Where a reader of `topic` that has no cursor starts: each active range's
+/// durable end (the tail).
+pub(crate) fn tail_positions(
+    state: &MetadataState,
+    store: &FileStore,
+    topic: &str,
+) -> Result<BTreeMap<RangeId, Position>, StorageError> {
+    let mut positions = BTreeMap::new();
+    for range in state.active_ranges(topic) {
+        let Some(segment) = range.last_segment().and_then(|id| state.segment(id)) else {
+            continue;
+        };
+        let length = durable_length(store, segment.id)?;
+        positions.insert(
+            range.id,
+            Position::At {
+                segment: segment.id,
+                offset: segment.start_offset + length,
+            },
+        );
+    }
+    Ok(positions)
+}
+
+/// The position a cursor gives an active range: its own entry, else the
+/// furthest entry of an ancestor in its read plan (the cursor predates a
+/// split or merge), else the start.
+pub(crate) fn position_for(
+    state: &MetadataState,
+    range: RangeId,
+    cursor: &BTreeMap<RangeId, Position>,
+) -> Position {
+    if let Some(found) = cursor.get(&range) {
+        return *found;
+    }
+    let Some(plan) = state.read_plan(range) else {
+        return Position::Start;
+    };
+    plan.slices
+        .iter()
+        .rev()
+        .find_map(|slice| cursor.get(&slice.range).copied())
+        .unwrap_or(Position::Start)
+}
+
+fn to_wire(stored: StoredRecord) -> WireRecord {
+    let record = stored.record;
+    WireRecord {
+        timestamp_ms: Some(record.timestamp_ms),
+        key: Bytes::from(record.key),
+        value: Bytes::from(record.value),
+        headers: record
+            .headers
+            .into_iter()
+            .map(|(name, value)| Header {
+                name,
+                value: Bytes::from(value),
+            })
+            .collect(),
+    }
+}
+
+/// Reads every active range of `topic` from `start` into `out`, at most
+/// `records_max` records; the builder bounds the bytes. Returns the
+/// positions reached (only past records that made it into `out`).
+pub(crate) fn read_topic(
+    state: &MetadataState,
+    store: &FileStore,
+    topic: &str,
+    start: &BTreeMap<RangeId, Position>,
+    records_max: u32,
+    out: &mut BatchBuilder,
+    batch_bytes_max: usize,
+    read_chunk_records: usize,
+) -> Result<ReadOutcome, StorageError> {
+    let mut positions = BTreeMap::new();
+    let mut records = 0u32;
+    let mut bytes = 0u64;
+    let mut full = false;
+    for range in state.active_ranges(topic) {
+        let mut pos = position_for(state, range.id, start);
+        if full || records >= records_max {
+            positions.insert(range.id, pos);
+            continue;
+        }
+        let Some(plan) = state.read_plan(range.id) else {
+            continue;
+        };
+        // The plan as one ordered list of (band, segment span).
+        let spans: Vec<_> = plan
+            .slices
+            .iter()
+            .flat_map(|slice| slice.segments.iter().map(move |span| (slice.band, span)))
+            .collect();
+        let mut index = match pos {
+            Position::Start => 0,
+            Position::At { segment, .. } => spans
+                .iter()
+                .position(|(_, span)| span.segment == segment)
+                .unwrap_or(spans.len()),
+        };
+        let mut offset = match pos {
+            Position::Start => spans.first().map_or(0, |(_, span)| span.start_offset),
+            Position::At { offset, .. } => offset,
+        };
+        while let Some((band, span)) = spans.get(index) {
+            pos = Position::At {
+                segment: span.segment,
+                offset,
+            };
+            if let Some(end) = span.end_offset
+                && offset >= end
+            {
+                index += 1;
+                if let Some((_, next)) = spans.get(index) {
+                    offset = next.start_offset;
+                }
+                continue;
+            }
+            if records >= records_max || full {
+                break;
+            }
+            let want = ((records_max - records) as usize).min(read_chunk_records);
+            // Stored frames are a little larger than wire records, so this
+            // reads at most about what still fits; the builder decides exactly.
+            let room = batch_bytes_max.saturating_sub(out.encoded_bytes()).max(1);
+            let chunk = read_copy(store, span.segment, offset - span.start_offset, want, room)?;
+            if chunk.is_empty() {
+                if span.end_offset.is_some() {
+                    // A sealed copy shorter than its seal: skip what it lacks
+                    // rather than spin (the scrubber repairs such copies).
+                    offset = span.end_offset.unwrap_or(offset);
+                    continue;
+                }
+                break;
+            }
+            for stored in chunk {
+                let at = span.start_offset + stored.offset;
+                if span.end_offset.is_some_and(|end| at >= end) {
+                    offset = span.end_offset.unwrap_or(at);
+                    break;
+                }
+                if band.contains(position(&stored.record.key)) {
+                    let record = to_wire(stored);
+                    match out.push(&record) {
+                        Ok(()) => {}
+                        Err(BatchError::Full { .. }) => {
+                            full = true;
+                            break;
+                        }
+                        Err(e) => {
+                            return Err(StorageError::Config {
+                                reason: leak_reason(e),
+                            });
+                        }
+                    }
+                    records += 1;
+                    bytes += (record.key.len() + record.value.len()) as u64;
+                }
+                offset = at + 1;
+                if records >= records_max {
+                    break;
+                }
+            }
+            pos = Position::At {
+                segment: span.segment,
+                offset,
+            };
+        }
+        positions.insert(range.id, pos);
+    }
+    Ok(ReadOutcome {
+        positions,
+        records,
+        bytes,
+    })
+}
+
+fn leak_reason(_e: BatchError) -> &'static str {
+    "a stored record cannot be carried in a wire batch"
+}

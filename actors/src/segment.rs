@@ -1,0 +1,373 @@
+//! `segment/<topic>/<range>/<segment>`: the one writer of an open segment copy.
+//!
+//! Every append to a range goes through its active segment's actor, in
+//! mailbox order, so offsets are assigned in the order requests arrive. The
+//! actor never waits for an fsync in its handler: it hands the store's
+//! ticket to a task that replies once the group commit covering the batch is
+//! durable, and that task keeps the message's [`Permit`], so the actor's
+//! bound covers appends awaiting their fsync too. After each durable append,
+//! and on a timer, the actor checks the [`malachi_storage::SealPolicy`]; to
+//! roll it fences its copy, waits for what was appended to be durable, and
+//! asks the coordinator to seal the segment at that durable length and open
+//! the next one. Appends refused by the fence are answered `Rolled` and the
+//! connection retries them on the new active segment.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use malachi_cluster::model::{RangeId, SealRecord, SegmentId};
+use malachi_storage::{Record, SegmentStore, StorageError};
+use malachi_supervision::{BoundedRef, Permit};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::oneshot;
+use tracing::{debug, warn};
+
+use crate::coordinator::CoordinatorMsg;
+use crate::shared::{SegmentHandle, Shared};
+
+/// Why an append was not made durable.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum AppendError {
+    /// The segment is rolling or rolled: retry on the range's new active segment.
+    #[error("segment is rolling")]
+    Rolled,
+    /// Too many bytes wait for a group commit on this segment.
+    #[error("segment is busy: {0}")]
+    Busy(String),
+    /// The batch itself is unacceptable to the store.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("storage failure: {0}")]
+    Failed(String),
+}
+
+pub(crate) type AppendReply = oneshot::Sender<Result<Range<u64>, AppendError>>;
+
+pub(crate) enum SegmentMsg {
+    Append {
+        permit: Permit,
+        records: Arc<Vec<Record>>,
+        bytes: u64,
+        reply: AppendReply,
+    },
+    /// Check the seal policy (after a durable append, and on a timer).
+    CheckRoll,
+    /// The roll task ended without rolling; allow another attempt.
+    RollFailed,
+    /// Test-only: fail this actor so its supervisor restarts it.
+    #[cfg(feature = "testing")]
+    Poison,
+}
+impl ractor::Message for SegmentMsg {}
+
+impl std::fmt::Debug for SegmentMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SegmentMsg::Append { records, .. } => write!(f, "Append({} records)", records.len()),
+            SegmentMsg::CheckRoll => f.write_str("CheckRoll"),
+            SegmentMsg::RollFailed => f.write_str("RollFailed"),
+            #[cfg(feature = "testing")]
+            SegmentMsg::Poison => f.write_str("Poison"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentArgs {
+    pub shared: Arc<Shared>,
+    pub topic: String,
+    pub range: RangeId,
+    pub segment: SegmentId,
+    pub start_offset: u64,
+    pub created_at_ms: u64,
+}
+
+pub(crate) struct SegmentActor;
+
+pub(crate) struct SegmentState {
+    args: SegmentArgs,
+    rolling: bool,
+    /// When this incarnation first saw a durable record; an empty segment
+    /// never rolls by age, so its age counts from its first record.
+    first_record_at_ms: Option<u64>,
+}
+
+impl SegmentState {
+    fn store_id(&self) -> malachi_storage::SegmentId {
+        malachi_storage::SegmentId(self.args.segment.0)
+    }
+}
+
+/// How often an idle segment checks whether it has aged out.
+fn tick_interval(age_ms: u64) -> Duration {
+    Duration::from_millis((age_ms / 4).clamp(5, 1_000))
+}
+
+#[ractor::async_trait]
+impl Actor for SegmentActor {
+    type Msg = SegmentMsg;
+    type State = SegmentState;
+    type Arguments = SegmentArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SegmentMsg>,
+        args: SegmentArgs,
+    ) -> Result<SegmentState, ActorProcessingErr> {
+        let id = malachi_storage::SegmentId(args.segment.0);
+        // Opening recovers the copy after a crash: a torn tail is truncated,
+        // and every acknowledged record was fsynced, so it is still there.
+        let recovery = tokio::task::block_in_place(|| args.shared.store.open(id))?;
+        if recovery.truncated_bytes > 0 {
+            warn!(segment = %id, truncated_bytes = recovery.truncated_bytes, "truncated a torn tail");
+        }
+        let handle = SegmentHandle {
+            actor: BoundedRef::new(myself, args.shared.config.segment_inflight_max),
+        };
+        let open = {
+            let mut segments = args.shared.segments.lock();
+            segments.insert(args.segment, handle);
+            segments.len()
+        };
+        args.shared.metrics.open_segments.set(open as f64);
+        debug!(
+            topic = %args.topic,
+            range = args.range.0,
+            segment = args.segment.0,
+            start_offset = args.start_offset,
+            length = recovery.info.length,
+            "segment open"
+        );
+        let first_record_at_ms = (recovery.info.length > 0).then_some(args.created_at_ms);
+        Ok(SegmentState {
+            args,
+            rolling: false,
+            first_record_at_ms,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<SegmentMsg>,
+        state: &mut SegmentState,
+    ) -> Result<(), ActorProcessingErr> {
+        // The timer ends with the actor (ractor stops sending to a dead actor).
+        myself.send_interval(
+            tick_interval(state.args.shared.config.segment_age_ms),
+            || SegmentMsg::CheckRoll,
+        );
+        // A copy fenced or failed before a crash must roll before it can take appends.
+        myself.send_message(SegmentMsg::CheckRoll)?;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SegmentMsg>,
+        msg: SegmentMsg,
+        state: &mut SegmentState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SegmentMsg::Append {
+                permit,
+                records,
+                bytes,
+                reply,
+            } => self.append(myself, state, permit, records, bytes, reply),
+            SegmentMsg::CheckRoll => self.check_roll(myself, state)?,
+            SegmentMsg::RollFailed => state.rolling = false,
+            #[cfg(feature = "testing")]
+            SegmentMsg::Poison => return Err("segment actor poisoned by a test".into()),
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<SegmentMsg>,
+        state: &mut SegmentState,
+    ) -> Result<(), ActorProcessingErr> {
+        let open = {
+            let mut segments = state.args.shared.segments.lock();
+            if segments
+                .get(&state.args.segment)
+                .is_some_and(|h| h.actor.actor().get_id() == myself.get_id())
+            {
+                segments.remove(&state.args.segment);
+            }
+            segments.len()
+        };
+        state.args.shared.metrics.open_segments.set(open as f64);
+        Ok(())
+    }
+}
+
+impl SegmentActor {
+    fn append(
+        &self,
+        myself: ActorRef<SegmentMsg>,
+        state: &mut SegmentState,
+        permit: Permit,
+        records: Arc<Vec<Record>>,
+        bytes: u64,
+        reply: AppendReply,
+    ) {
+        if state.rolling {
+            let _ = reply.send(Err(AppendError::Rolled));
+            return;
+        }
+        let started = Instant::now();
+        let ticket = match state
+            .args
+            .shared
+            .store
+            .append(state.store_id(), records.as_slice())
+        {
+            Ok(ticket) => ticket,
+            Err(e) => {
+                let answer = match e {
+                    StorageError::Fenced { .. }
+                    | StorageError::Sealed { .. }
+                    | StorageError::Failed { .. } => {
+                        // Whatever fenced it, this segment is done: roll it.
+                        let _ = myself.send_message(SegmentMsg::CheckRoll);
+                        AppendError::Rolled
+                    }
+                    StorageError::Busy { .. } => AppendError::Busy(e.to_string()),
+                    StorageError::RecordTooLarge { .. } | StorageError::BatchTooLarge { .. } => {
+                        AppendError::Invalid(e.to_string())
+                    }
+                    other => AppendError::Failed(other.to_string()),
+                };
+                let _ = reply.send(Err(answer));
+                return;
+            }
+        };
+        if state.first_record_at_ms.is_none() {
+            state.first_record_at_ms = Some(state.args.shared.clock.now_ms());
+        }
+        let shared = Arc::clone(&state.args.shared);
+        let topic = state.args.topic.clone();
+        let count = records.len() as u64;
+        tokio::spawn(async move {
+            // The permit lives until the fsync: the actor's bound covers it.
+            let _permit = permit;
+            let result = ticket.await;
+            shared
+                .metrics
+                .append_latency_seconds
+                .record(started.elapsed().as_secs_f64());
+            let answer = match result {
+                Ok(offsets) => {
+                    shared.metrics.records_produced.increment(count);
+                    shared.metrics.bytes_produced.increment(bytes);
+                    shared.notify_topic(&topic);
+                    Ok(offsets)
+                }
+                Err(e) => {
+                    warn!(error = %e, "group commit failed; the segment will roll");
+                    Err(AppendError::Rolled)
+                }
+            };
+            let _ = reply.send(answer);
+            let _ = myself.send_message(SegmentMsg::CheckRoll);
+        });
+    }
+
+    fn check_roll(
+        &self,
+        myself: ActorRef<SegmentMsg>,
+        state: &mut SegmentState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.rolling {
+            return Ok(());
+        }
+        let store = &state.args.shared.store;
+        let info = store.info(state.store_id())?;
+        let now_ms = state.args.shared.clock.now_ms();
+        let age_from = state
+            .first_record_at_ms
+            .unwrap_or(now_ms)
+            .max(state.args.created_at_ms);
+        let reason = state
+            .args
+            .shared
+            .config
+            .seal_policy()
+            .decide(&info, age_from, now_ms);
+        let must = info.fenced || info.sealed.is_some() || reason.is_some();
+        if !must {
+            return Ok(());
+        }
+        debug!(segment = %state.store_id(), ?reason, bytes = info.byte_size, "rolling segment");
+        state.rolling = true;
+        if let Err(e) = store.fence(state.store_id()) {
+            // A failed copy may refuse the fence marker; it takes no appends anyway.
+            warn!(segment = %state.store_id(), error = %e, "cannot fence segment");
+        }
+        let shared = Arc::clone(&state.args.shared);
+        let topic = state.args.topic.clone();
+        let segment = state.args.segment;
+        let store_id = state.store_id();
+        tokio::spawn(async move {
+            if roll(&shared, topic, segment, store_id).await.is_err() {
+                let _ = myself.send_message(SegmentMsg::RollFailed);
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Seals `segment` at its durable length through the coordinator.
+async fn roll(
+    shared: &Arc<Shared>,
+    topic: String,
+    segment: SegmentId,
+    store_id: malachi_storage::SegmentId,
+) -> Result<(), ()> {
+    // Everything appended before the fence becomes durable (or fails) first.
+    if let Ok(ticket) = shared.store.sync(store_id) {
+        let _ = ticket.await;
+    }
+    let info = shared.store.info(store_id).map_err(|e| {
+        warn!(segment = %store_id, error = %e, "cannot read segment info to roll");
+    })?;
+    let seal = SealRecord {
+        length: info.length,
+        bytes: info.byte_size,
+    };
+    let Some(coordinator) = shared.coordinator.read().clone() else {
+        return Err(());
+    };
+    let answer = ractor::call_t!(
+        coordinator,
+        |reply| CoordinatorMsg::Roll {
+            topic: topic.clone(),
+            segment,
+            seal,
+            reply
+        },
+        shared.config.produce_timeout_ms
+    );
+    match answer {
+        Ok(Ok(_next)) => {
+            let store = Arc::clone(&shared.store);
+            // The seal marker makes the copy's length match the metadata on disk.
+            let sealed =
+                tokio::task::spawn_blocking(move || store.seal(store_id, seal.length)).await;
+            if !matches!(sealed, Ok(Ok(_))) {
+                warn!(segment = %store_id, "cannot write the seal marker; metadata still clamps reads");
+            }
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            warn!(segment = %store_id, error = %e, "roll refused");
+            Err(())
+        }
+        Err(e) => {
+            warn!(segment = %store_id, error = %e, "roll request failed");
+            Err(())
+        }
+    }
+}

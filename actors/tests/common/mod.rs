@@ -1,0 +1,177 @@
+//! A tiny test client over the wire's frame codec, and broker helpers.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use malachi_actors::{Broker, BrokerConfig, BrokerHandle};
+use malachi_wire::batch::{BatchBuilder, Record};
+use malachi_wire::messages::*;
+use malachi_wire::{ClientCodec, ErrorBody, ErrorCode, Message, RequestFrame, ResponseFrame};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+
+pub struct TestClient {
+    pub framed: Framed<TcpStream, ClientCodec>,
+    next_id: u32,
+}
+
+#[derive(Debug)]
+pub struct Refused {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl TestClient {
+    pub async fn connect(addr: SocketAddr) -> TestClient {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        TestClient {
+            framed: Framed::new(stream, ClientCodec::default()),
+            next_id: 1,
+        }
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.framed.get_ref().local_addr().unwrap()
+    }
+
+    pub async fn send_raw(&mut self, api_key: u16, payload: Bytes) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.framed
+            .send(RequestFrame {
+                api_key,
+                correlation_id: id,
+                payload,
+            })
+            .await
+            .unwrap();
+        id
+    }
+
+    pub async fn recv(&mut self) -> Option<ResponseFrame> {
+        tokio::time::timeout(Duration::from_secs(20), self.framed.next())
+            .await
+            .expect("no response within 20 s")
+            .map(|r| r.unwrap())
+    }
+
+    pub async fn call<Op: Operation>(&mut self, request: &Op) -> Result<Op::Response, Refused> {
+        let id = self
+            .send_raw(Op::API_KEY.code(), request.encode().unwrap())
+            .await;
+        let frame = self.recv().await.expect("connection closed");
+        assert_eq!(frame.correlation_id, id);
+        decode::<Op>(frame)
+    }
+
+    pub async fn create_topic(&mut self, name: &str) -> u64 {
+        self.call(&CreateTopicRequest {
+            name: name.into(),
+            replication_factor: None,
+            policy: None,
+        })
+        .await
+        .unwrap()
+        .incarnation
+    }
+
+    pub async fn produce(&mut self, topic: &str, records: &[Record]) -> Result<u32, Refused> {
+        self.call(&produce_request(topic, records))
+            .await
+            .map(|r| r.records_acknowledged)
+    }
+
+    pub async fn fetch(
+        &mut self,
+        topic: &str,
+        cursor: Option<String>,
+        from_start: bool,
+        records_max: u32,
+        wait_ms: u32,
+    ) -> Result<(Vec<Record>, String), Refused> {
+        let response = self
+            .call(&FetchRequest {
+                topic: topic.into(),
+                cursor,
+                from_start,
+                records_max,
+                bytes_max: 8 << 20,
+                wait_ms,
+            })
+            .await?;
+        Ok((response.records.records(), response.next_cursor))
+    }
+}
+
+pub fn decode<Op: Operation>(frame: ResponseFrame) -> Result<Op::Response, Refused> {
+    if frame.error_code == ErrorCode::None {
+        Ok(Op::Response::decode(frame.payload).unwrap())
+    } else {
+        let body = ErrorBody::decode(frame.payload).unwrap_or_default();
+        Err(Refused {
+            code: frame.error_code,
+            message: body.message,
+        })
+    }
+}
+
+pub fn produce_request(topic: &str, records: &[Record]) -> ProduceRequest {
+    let mut builder = BatchBuilder::new(64 << 20);
+    for record in records {
+        builder.push(record).unwrap();
+    }
+    ProduceRequest {
+        topic: topic.into(),
+        producer: None,
+        records: builder.finish(),
+    }
+}
+
+pub fn record(key: &str, value: &str) -> Record {
+    Record::new(
+        Bytes::copy_from_slice(key.as_bytes()),
+        Bytes::copy_from_slice(value.as_bytes()),
+    )
+}
+
+pub async fn start(config: BrokerConfig) -> BrokerHandle {
+    let broker = Broker::start(config).await.unwrap();
+    assert!(broker.wait_ready(10_000).await, "broker never became ready");
+    broker
+}
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// Polls `check` every 10 ms for at most `timeout_ms`.
+pub async fn eventually(timeout_ms: u64, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    check().await
+}
+
+/// Values grouped by key, in the order they were read.
+pub fn by_key(records: &[Record]) -> std::collections::BTreeMap<Vec<u8>, Vec<Vec<u8>>> {
+    let mut map = std::collections::BTreeMap::<Vec<u8>, Vec<Vec<u8>>>::new();
+    for r in records {
+        map.entry(r.key.to_vec())
+            .or_default()
+            .push(r.value.to_vec());
+    }
+    map
+}
