@@ -546,6 +546,9 @@ impl MetadataGroup {
     }
 
     /// Stops the raft node. Later calls answer `GroupError::Stopped`.
+    /// Dropping every handle without calling this leaves the raft task
+    /// running (and its files open) until the runtime ends, so owners must
+    /// shut a group down before reopening its directory.
     pub async fn shutdown(&self) -> Result<(), GroupError> {
         if self.inner.stopped.swap(true, Ordering::AcqRel) {
             return Ok(());
