@@ -52,6 +52,7 @@ fn init_logging(command: &Command) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let json = std::env::var("MALACHI_LOG_FORMAT").is_ok_and(|v| v == "json");
     // A second initialisation cannot happen here; ignoring the error is safe.

@@ -138,6 +138,10 @@ fn opt<T: std::fmt::Display>(value: &Option<T>) -> String {
         .map_or_else(|| "-".to_owned(), ToString::to_string)
 }
 
+fn dash(text: &str) -> &str {
+    if text.is_empty() { "-" } else { text }
+}
+
 fn ids(list: &[u64]) -> String {
     if list.is_empty() {
         "-".to_owned()
@@ -251,9 +255,9 @@ pub fn cluster_status(status: &ClusterStatusResponse) -> String {
             "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} {}",
             b.node_id,
             broker_state(b.state),
-            b.client_addr,
-            b.admin_addr,
-            b.raft_addr,
+            dash(&b.client_addr),
+            dash(&b.admin_addr),
+            dash(&b.raft_addr),
             vnodes,
             attrs
         );
