@@ -1,0 +1,27 @@
+//! The broker as a process: it serves until SIGTERM, then shuts down in
+//! order and exits 0, and what it acknowledged before is there after a restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{BrokerProcess, malachi, ok, out};
+
+#[test]
+fn sigterm_shuts_the_broker_down_in_order_and_exits_zero_keeping_acknowledged_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data);
+    let b = broker.client_addr.clone();
+    ok(malachi(&b, &["topic", "create", "kept"], ""));
+    ok(malachi(&b, &["produce", "kept"], "k\tv1\nk\tv2\n"));
+    assert_eq!(broker.terminate(), Some(0), "log:\n{}", broker.log());
+
+    let again = BrokerProcess::start_on(&data, &broker.client_addr, &broker.admin_addr);
+    let consumed = ok(malachi(
+        &again.client_addr,
+        &["consume", "kept", "--from-start"],
+        "",
+    ));
+    assert_eq!(out(&consumed), "k\tv1\nk\tv2\n");
+}

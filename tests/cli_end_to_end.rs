@@ -1,0 +1,307 @@
+//! The command line end to end against a broker process: create a topic,
+//! produce from stdin, consume from the start and resume with the printed
+//! cursor, describe the topic, show the tree; in text and in `--json`.
+//! Errors (missing topic, bad cursor, unreachable broker) print one line on
+//! stderr and exit non-zero. Each test runs its own broker.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{BrokerProcess, err, malachi, ok, one_line_failure, out};
+use serde_json::Value;
+
+/// A broker of its own for each test, stopped when the test ends (a
+/// shared one in a static would outlive the test process's last test).
+struct Running {
+    broker: BrokerProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn addr(&self) -> &str {
+        &self.broker.client_addr
+    }
+}
+
+fn start() -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"));
+    Running { broker, _dir: dir }
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+fn cursor_of(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("cursor: "))
+        .unwrap_or_else(|| panic!("no cursor line in {stderr:?}"))
+        .to_owned()
+}
+
+#[test]
+fn text_mode_creates_produces_consumes_and_resumes_with_the_printed_cursor() {
+    let running = start();
+    let b = running.addr();
+    let created = ok(malachi(b, &["topic", "create", "e2e-text"], ""));
+    assert!(
+        out(&created).starts_with("created topic e2e-text"),
+        "{}",
+        out(&created)
+    );
+
+    let produced = ok(malachi(
+        b,
+        &["produce", "e2e-text"],
+        "k1\tone\nk2\ttwo\nk1\tthree\nk3\tfour\n",
+    ));
+    assert!(
+        out(&produced).starts_with("4 of 4 records acknowledged"),
+        "{}",
+        out(&produced)
+    );
+
+    let first = ok(malachi(
+        b,
+        &["consume", "e2e-text", "--from-start", "--max", "2"],
+        "",
+    ));
+    assert_eq!(out(&first), "k1\tone\nk2\ttwo\n");
+    let cursor = cursor_of(&err(&first));
+
+    let rest = ok(malachi(
+        b,
+        &["consume", "e2e-text", "--cursor", &cursor],
+        "",
+    ));
+    assert_eq!(out(&rest), "k1\tthree\nk3\tfour\n");
+
+    // The cursor after the end resumes with nothing new, then with what comes next.
+    let end = cursor_of(&err(&rest));
+    let none = ok(malachi(b, &["consume", "e2e-text", "--cursor", &end], ""));
+    assert_eq!(out(&none), "");
+    ok(malachi(
+        b,
+        &["produce", "e2e-text", "--key", "k9"],
+        "five\n",
+    ));
+    let next = ok(malachi(b, &["consume", "e2e-text", "--cursor", &end], ""));
+    assert_eq!(out(&next), "k9\tfive\n");
+}
+
+#[test]
+fn json_mode_round_trips_text_binary_and_headers_and_ends_with_the_cursor() {
+    let running = start();
+    let b = running.addr();
+    let created = ok(malachi(b, &["topic", "create", "e2e-json", "--json"], ""));
+    assert_eq!(json_lines(&out(&created))[0]["created"], "e2e-json");
+
+    let input = concat!(
+        r#"{"key":"k1","value":"one","headers":{"h":"x"}}"#,
+        "\n",
+        r#"{"key_b64":"AP8=","value_b64":"/w=="}"#,
+        "\n",
+        r#"{"key":"k1","value":"three"}"#,
+        "\n"
+    );
+    let produced = ok(malachi(b, &["produce", "e2e-json", "--json"], input));
+    let summary = &json_lines(&out(&produced))[0];
+    assert_eq!(summary["records_acknowledged"], 3);
+    assert_eq!(summary["records_sent"], 3);
+
+    let first = ok(malachi(
+        b,
+        &[
+            "consume",
+            "e2e-json",
+            "--from-start",
+            "--max",
+            "2",
+            "--json",
+        ],
+        "",
+    ));
+    let lines = json_lines(&out(&first));
+    assert_eq!(lines.len(), 3, "two records then the cursor");
+    assert_eq!(lines[0]["key"], "k1");
+    assert_eq!(lines[0]["value"], "one");
+    assert_eq!(lines[0]["headers"]["h"], "x");
+    assert_eq!(lines[1]["key_b64"], "AP8=");
+    assert_eq!(lines[1]["value_b64"], "/w==");
+    let cursor = lines[2]["cursor"].as_str().unwrap().to_owned();
+    assert_eq!(err(&first), "", "nothing on stderr in json mode");
+
+    let rest = ok(malachi(
+        b,
+        &["consume", "e2e-json", "--cursor", &cursor, "--json"],
+        "",
+    ));
+    let lines = json_lines(&out(&rest));
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["value"], "three");
+    assert!(lines[1]["cursor"].is_string());
+}
+
+#[test]
+fn describe_shows_the_ranges_and_segments_in_text_and_json() {
+    let running = start();
+    let b = running.addr();
+    ok(malachi(b, &["topic", "create", "e2e-describe"], ""));
+    ok(malachi(b, &["produce", "e2e-describe"], "a\t1\n"));
+
+    let text = out(&ok(malachi(b, &["topic", "describe", "e2e-describe"], "")));
+    // created_at_ms changes from run to run.
+    let stable: String = text
+        .lines()
+        .map(|l| match l.find(" created_at_ms ") {
+            Some(at) => format!("{} created_at_ms [redacted]", &l[..at]),
+            None => l.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    insta::assert_snapshot!(stable);
+
+    let json = out(&ok(malachi(
+        b,
+        &["topic", "describe", "e2e-describe", "--json"],
+        "",
+    )));
+    let value: Value = serde_json::from_str(json.trim()).unwrap();
+    insta::assert_json_snapshot!(value, {
+        ".created_at_ms" => "[created_at_ms]",
+        ".ranges[].created_at_ms" => "[created_at_ms]",
+        ".ranges[].segments[].created_at_ms" => "[created_at_ms]",
+    });
+
+    let list = out(&ok(malachi(b, &["topic", "list", "--json"], "")));
+    assert!(
+        json_lines(&list)
+            .iter()
+            .any(|t| t["name"] == "e2e-describe"),
+        "{list}"
+    );
+}
+
+#[test]
+fn tree_shows_the_live_supervision_tree_in_text_and_json() {
+    let running = start();
+    let b = running.addr();
+    let text = out(&ok(malachi(b, &["tree"], "")));
+    let first = text.lines().next().unwrap();
+    assert!(first.starts_with("broker one_for_one (node 1)"), "{text}");
+    for name in ["storage", "metadata", "listener", "acceptor", "admin_http"] {
+        assert!(
+            text.lines().any(|l| l.contains(&format!("── {name} "))),
+            "{name} missing from:\n{text}"
+        );
+    }
+    assert!(text.contains("restarts="), "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .starts_with("restarts in total: "),
+        "{text}"
+    );
+
+    let json = out(&ok(malachi(b, &["tree", "--json"], "")));
+    let value: Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(value["node_id"], 1);
+    assert_eq!(value["root"]["name"], "broker");
+    let children = value["root"]["children"].as_array().unwrap();
+    assert!(children.iter().all(|c| c["restarts"].is_u64()), "{json}");
+}
+
+#[test]
+fn cluster_status_lists_this_broker_in_text_and_json() {
+    let running = start();
+    let b = running.addr();
+    let text = out(&ok(malachi(b, &["cluster", "status"], "")));
+    assert!(text.contains(b), "{text}");
+    let json = out(&ok(malachi(b, &["cluster", "status", "--json"], "")));
+    let lines = json_lines(&json);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["node_id"], 1);
+    assert_eq!(lines[0]["client_addr"], b);
+}
+
+#[test]
+fn consuming_a_missing_topic_fails_with_one_line() {
+    let line = one_line_failure(&malachi(
+        start().addr(),
+        &["consume", "no-such-topic", "--from-start"],
+        "",
+    ));
+    assert!(line.contains("topic_not_found"), "{line}");
+}
+
+#[test]
+fn describing_a_missing_topic_fails_with_one_line() {
+    let line = one_line_failure(&malachi(
+        start().addr(),
+        &["topic", "describe", "no-such-topic"],
+        "",
+    ));
+    assert!(line.contains("topic_not_found"), "{line}");
+}
+
+#[test]
+fn a_bad_cursor_fails_with_one_line() {
+    let running = start();
+    let b = running.addr();
+    ok(malachi(b, &["topic", "create", "e2e-cursor"], ""));
+    let line = one_line_failure(&malachi(
+        b,
+        &["consume", "e2e-cursor", "--cursor", "not-a-cursor"],
+        "",
+    ));
+    assert!(line.contains("invalid_cursor"), "{line}");
+}
+
+#[test]
+fn creating_a_topic_twice_fails_with_one_line() {
+    let running = start();
+    let b = running.addr();
+    ok(malachi(b, &["topic", "create", "e2e-twice"], ""));
+    let line = one_line_failure(&malachi(b, &["topic", "create", "e2e-twice"], ""));
+    assert!(line.contains("topic_exists"), "{line}");
+}
+
+#[test]
+fn a_malformed_input_line_fails_naming_its_line_number() {
+    let running = start();
+    let b = running.addr();
+    ok(malachi(b, &["topic", "create", "e2e-input"], ""));
+    let line = one_line_failure(&malachi(
+        b,
+        &["produce", "e2e-input"],
+        "k\tv\nno tab here\n",
+    ));
+    assert!(line.contains("stdin line 2"), "{line}");
+}
+
+#[test]
+fn an_unreachable_broker_fails_with_one_line_that_says_what_to_do() {
+    let nowhere = format!("127.0.0.1:{}", common::free_port());
+    let line = one_line_failure(&malachi(&nowhere, &["topic", "list"], ""));
+    assert!(line.contains(&nowhere), "{line}");
+    assert!(line.contains("malachi dev"), "{line}");
+}
+
+#[test]
+fn consumer_groups_say_they_are_not_implemented_yet() {
+    let line = one_line_failure(&malachi(
+        start().addr(),
+        &["consume", "x", "--group", "g"],
+        "",
+    ));
+    assert!(
+        line.contains("consumer groups are not implemented yet"),
+        "{line}"
+    );
+}

@@ -1,0 +1,191 @@
+//! Helpers for the process-level tests: run the built `malachi` binary as a
+//! broker and as a client, on ports chosen free by the test.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_malachi");
+/// How long a broker may take to print its serving line.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A loopback port free at the time of asking.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A broker running as a child process.
+#[derive(Debug)]
+pub struct BrokerProcess {
+    pub child: Child,
+    pub client_addr: String,
+    pub admin_addr: String,
+    pub data_dir: PathBuf,
+    stderr_log: PathBuf,
+}
+
+impl BrokerProcess {
+    /// Start a broker on fresh free ports.
+    pub fn start(data_dir: &Path) -> BrokerProcess {
+        let client = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
+        BrokerProcess::start_on(data_dir, &client, &admin)
+    }
+
+    /// Start a broker on the given addresses and wait until it serves.
+    pub fn start_on(data_dir: &Path, client_addr: &str, admin_addr: &str) -> BrokerProcess {
+        let stderr_log = data_dir.with_extension("broker.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&stderr_log)
+            .unwrap();
+        let mut child = Command::new(BIN)
+            .args(["broker", "--node-id", "1", "--listen", client_addr])
+            .args(["--admin-listen", admin_addr, "--data-dir"])
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .env_remove("MALACHI_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // The reader thread outlives the wait: it drains stdout so the broker
+        // never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains("serving clients on") => break,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    let log = std::fs::read_to_string(&stderr_log).unwrap_or_default();
+                    panic!("the broker did not start within {START_TIMEOUT:?}; its log:\n{log}");
+                }
+            }
+        }
+        BrokerProcess {
+            child,
+            client_addr: client_addr.to_owned(),
+            admin_addr: admin_addr.to_owned(),
+            data_dir: data_dir.to_owned(),
+            stderr_log,
+        }
+    }
+
+    /// SIGKILL: no shutdown of any kind.
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then wait for the exit; returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours;
+        // the pid is our own child, not yet reaped, so it names that process.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill(SIGTERM) failed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "the broker ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The broker's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Run `malachi ARGS` with `stdin`, against `broker` (via MALACHI_BROKER).
+pub fn malachi(broker: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("MALACHI_BROKER", broker)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// stdout as text.
+pub fn out(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+/// stderr as text.
+pub fn err(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+/// Assert success, showing stderr otherwise.
+pub fn ok(output: Output) -> Output {
+    assert!(
+        output.status.success(),
+        "exit {:?}, stderr: {}",
+        output.status.code(),
+        err(&output)
+    );
+    output
+}
+
+/// Assert a clean failure: non-zero exit, exactly one line on stderr
+/// starting with `malachi:`, and that line returned.
+pub fn one_line_failure(output: &Output) -> String {
+    assert!(!output.status.success(), "expected a failure, got success");
+    assert_ne!(
+        output.status.code(),
+        Some(2),
+        "a usage error: {}",
+        err(output)
+    );
+    let stderr = err(output);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one stderr line, got: {stderr}");
+    assert!(lines[0].starts_with("malachi: "), "{stderr}");
+    lines[0].to_owned()
+}
