@@ -39,6 +39,17 @@ impl Default for StoreSettings {
     }
 }
 
+/// Which metadata plane the broker runs (ADR 0060).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetadataBackend {
+    /// The openraft group with this broker as its single voter.
+    #[default]
+    Raft,
+    /// A snapshot file rewritten per command (a fallback for debugging).
+    File,
+}
+
 /// Everything a single broker needs to start. Defaults serve a development
 /// broker on loopback.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +88,8 @@ pub struct BrokerConfig {
     pub shutdown_timeout_ms: u64,
     /// Where the cursor HMAC secret lives; `data_dir/cluster.secret` if unset.
     pub cursor_secret_file: Option<PathBuf>,
+    /// Which metadata plane to run.
+    pub metadata_backend: MetadataBackend,
 }
 
 impl Default for BrokerConfig {
@@ -98,6 +111,7 @@ impl Default for BrokerConfig {
             fetch_wait_ms_max: u64::from(malachi_wire::limits::FETCH_WAIT_MS_MAX),
             shutdown_timeout_ms: 10_000,
             cursor_secret_file: None,
+            metadata_backend: MetadataBackend::Raft,
         }
     }
 }

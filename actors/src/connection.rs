@@ -38,7 +38,7 @@ use tracing::{debug, warn};
 
 use crate::convert::{describe_to_wire, tree_to_wire};
 use crate::coordinator::{CoordError, CoordinatorMsg};
-use crate::fetch::{read_topic, tail_positions};
+use crate::fetch::{active_plans, active_segments, read_topic, tail_positions};
 use crate::metadata::{MetadataError, read};
 use crate::segment::{AppendError, SegmentMsg};
 use crate::shared::Shared;
@@ -634,9 +634,7 @@ async fn fetch(
     // that read and the wait still wakes it.
     let mut durable = shared.watch_topic(&req.topic);
     let topic = req.topic.clone();
-    let (incarnation, start) = tokio::task::block_in_place(|| {
-        read(plane.as_ref(), |state| start_positions(shared, state, &req))
-    })?;
+    let (incarnation, start) = start_positions(shared, plane.as_ref(), &req)?;
     let batch_max = (req.bytes_max as usize).min(
         shared
             .config
@@ -644,28 +642,27 @@ async fn fetch(
             .saturating_sub(FETCH_CONTROL_BYTES),
     );
     loop {
-        let (batch, positions, records, bytes) = tokio::task::block_in_place(|| {
-            read(plane.as_ref(), |state| {
-                let mut builder = BatchBuilder::new(batch_max);
-                let outcome = read_topic(
-                    state,
-                    &shared.store,
-                    &topic,
-                    &start,
-                    req.records_max,
-                    &mut builder,
-                    batch_max,
-                    READ_CHUNK_RECORDS,
-                )
-                .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
-                Ok::<_, Failure>((
-                    builder.finish(),
-                    outcome.positions,
-                    outcome.records,
-                    outcome.bytes,
-                ))
-            })
-        })?;
+        // Plans are cloned under the metadata lock; the disk is read without it.
+        let plans = read(plane.as_ref(), |state| active_plans(state, &topic));
+        let mut builder = BatchBuilder::new(batch_max);
+        let outcome = tokio::task::block_in_place(|| {
+            read_topic(
+                &plans,
+                &shared.store,
+                &start,
+                req.records_max,
+                &mut builder,
+                batch_max,
+                READ_CHUNK_RECORDS,
+            )
+        })
+        .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+        let (batch, positions, records, bytes) = (
+            builder.finish(),
+            outcome.positions,
+            outcome.records,
+            outcome.bytes,
+        );
         let expired = Instant::now() >= deadline;
         if records > 0 || expired {
             shared
@@ -700,34 +697,42 @@ async fn fetch(
 /// the start of every range, or the tail.
 fn start_positions(
     shared: &Shared,
-    state: &MetadataState,
+    plane: &dyn crate::metadata::MetadataPlane,
     req: &wire::FetchRequest,
 ) -> Result<(u64, BTreeMap<RangeId, Position>), Failure> {
-    let Some(topic) = state.topic(&req.topic) else {
-        return Err((
-            ErrorCode::TopicNotFound,
-            format!("no such topic {}", req.topic),
-        ));
-    };
-    let incarnation = topic.incarnation.0;
-    let positions = if let Some(encoded) = &req.cursor {
-        let cursor = Cursor::decode_for(encoded, &shared.cursor_key, state)
-            .map_err(|e| (ErrorCode::InvalidCursor, e.to_string()))?;
-        if cursor.topic != req.topic {
+    let checked = read(plane, |state| {
+        let Some(topic) = state.topic(&req.topic) else {
             return Err((
-                ErrorCode::InvalidCursor,
-                format!("the cursor belongs to topic {}", cursor.topic),
+                ErrorCode::TopicNotFound,
+                format!("no such topic {}", req.topic),
             ));
-        }
-        cursor.positions
-    } else if req.from_start {
-        state
-            .active_ranges(&req.topic)
-            .map(|r| (r.id, Position::Start))
-            .collect()
-    } else {
-        tail_positions(state, &shared.store, &req.topic)
-            .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?
+        };
+        let incarnation = topic.incarnation.0;
+        let cursor = match &req.cursor {
+            Some(encoded) => {
+                let cursor = Cursor::decode_for(encoded, &shared.cursor_key, state)
+                    .map_err(|e| (ErrorCode::InvalidCursor, e.to_string()))?;
+                if cursor.topic != req.topic {
+                    return Err((
+                        ErrorCode::InvalidCursor,
+                        format!("the cursor belongs to topic {}", cursor.topic),
+                    ));
+                }
+                Some(cursor.positions)
+            }
+            None => None,
+        };
+        Ok((incarnation, cursor, active_segments(state, &req.topic)))
+    })?;
+    let (incarnation, cursor, active) = checked;
+    let positions = match cursor {
+        Some(positions) => positions,
+        None if req.from_start => active
+            .iter()
+            .map(|&(range, _, _)| (range, Position::Start))
+            .collect(),
+        None => tokio::task::block_in_place(|| tail_positions(&shared.store, &active))
+            .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?,
     };
     Ok((incarnation, positions))
 }

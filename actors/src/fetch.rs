@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use malachi_cluster::cursor::Position;
-use malachi_cluster::model::{MetadataState, RangeId, SegmentId, position};
+use malachi_cluster::model::{MetadataState, RangeId, ReadPlan, SegmentId, position};
 use malachi_storage::{FileStore, SegmentStore, StorageError, StoredRecord};
 use malachi_wire::batch::{BatchBuilder, BatchError, Header, Record as WireRecord};
 
@@ -53,24 +53,44 @@ pub(crate) fn durable_length(store: &FileStore, segment: SegmentId) -> Result<u6
     }
 }
 
+/// The active segment of each active range of `topic`: (range, segment,
+/// the segment's first range offset). Read under the metadata lock; no I/O.
+pub(crate) fn active_segments(
+    state: &MetadataState,
+    topic: &str,
+) -> Vec<(RangeId, SegmentId, u64)> {
+    state
+        .active_ranges(topic)
+        .filter_map(|range| {
+            let segment = range.last_segment().and_then(|id| state.segment(id))?;
+            Some((range.id, segment.id, segment.start_offset))
+        })
+        .collect()
+}
+
+/// The read plans of every active range of `topic`, in keyspace order.
+/// Read under the metadata lock; the I/O happens afterwards, without it.
+pub(crate) fn active_plans(state: &MetadataState, topic: &str) -> Vec<ReadPlan> {
+    state
+        .active_ranges(topic)
+        .filter_map(|range| state.read_plan(range.id))
+        .collect()
+}
+
 /// Where a reader of `topic` that has no cursor starts: each active range's
 /// durable end (the tail).
 pub(crate) fn tail_positions(
-    state: &MetadataState,
     store: &FileStore,
-    topic: &str,
+    active: &[(RangeId, SegmentId, u64)],
 ) -> Result<BTreeMap<RangeId, Position>, StorageError> {
     let mut positions = BTreeMap::new();
-    for range in state.active_ranges(topic) {
-        let Some(segment) = range.last_segment().and_then(|id| state.segment(id)) else {
-            continue;
-        };
-        let length = durable_length(store, segment.id)?;
+    for &(range, segment, start_offset) in active {
+        let length = durable_length(store, segment)?;
         positions.insert(
-            range.id,
+            range,
             Position::At {
-                segment: segment.id,
-                offset: segment.start_offset + length,
+                segment,
+                offset: start_offset + length,
             },
         );
     }
@@ -80,17 +100,10 @@ pub(crate) fn tail_positions(
 /// The position a cursor gives an active range: its own entry, else the
 /// furthest entry of an ancestor in its read plan (the cursor predates a
 /// split or merge), else the start.
-pub(crate) fn position_for(
-    state: &MetadataState,
-    range: RangeId,
-    cursor: &BTreeMap<RangeId, Position>,
-) -> Position {
-    if let Some(found) = cursor.get(&range) {
+pub(crate) fn position_for(plan: &ReadPlan, cursor: &BTreeMap<RangeId, Position>) -> Position {
+    if let Some(found) = cursor.get(&plan.range) {
         return *found;
     }
-    let Some(plan) = state.read_plan(range) else {
-        return Position::Start;
-    };
     plan.slices
         .iter()
         .rev()
@@ -115,13 +128,12 @@ fn to_wire(stored: StoredRecord) -> WireRecord {
     }
 }
 
-/// Reads every active range of `topic` from `start` into `out`, at most
+/// Reads every plan (one per active range) from `start` into `out`, at most
 /// `records_max` records; the builder bounds the bytes. Returns the
 /// positions reached (only past records that made it into `out`).
 pub(crate) fn read_topic(
-    state: &MetadataState,
+    plans: &[ReadPlan],
     store: &FileStore,
-    topic: &str,
     start: &BTreeMap<RangeId, Position>,
     records_max: u32,
     out: &mut BatchBuilder,
@@ -132,15 +144,12 @@ pub(crate) fn read_topic(
     let mut records = 0u32;
     let mut bytes = 0u64;
     let mut full = false;
-    for range in state.active_ranges(topic) {
-        let mut pos = position_for(state, range.id, start);
+    for plan in plans {
+        let mut pos = position_for(plan, start);
         if full || records >= records_max {
-            positions.insert(range.id, pos);
+            positions.insert(plan.range, pos);
             continue;
         }
-        let Some(plan) = state.read_plan(range.id) else {
-            continue;
-        };
         // The plan as one ordered list of (band, segment span).
         let spans: Vec<_> = plan
             .slices
@@ -222,7 +231,7 @@ pub(crate) fn read_topic(
                 offset,
             };
         }
-        positions.insert(range.id, pos);
+        positions.insert(plan.range, pos);
     }
     Ok(ReadOutcome {
         positions,

@@ -1,8 +1,10 @@
 //! The metadata plane: where topics, ranges and segments live.
 //!
 //! The broker talks to metadata only through [`MetadataPlane`], so the
-//! single-node file-backed plane ([`FilePlane`]) and the openraft-backed
-//! `malachi_cluster::group::MetadataGroup` are interchangeable (ADR 0060).
+//! openraft-backed group ([`RaftPlane`] over
+//! `malachi_cluster::group::MetadataGroup`, the default) and the
+//! single-node file-backed plane ([`FilePlane`]) are interchangeable
+//! (ADR 0060).
 //! Both apply the same deterministic model (`MetadataState::apply`): a refused
 //! command leaves the state unchanged, an accepted one is durable before
 //! `propose` returns.
@@ -12,6 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use malachi_cluster::group::{GroupConfig, GroupError, MetadataGroup};
 use malachi_cluster::model::{Command, MetadataState, ModelError, Outcome};
 use parking_lot::RwLock;
 use tokio::sync::{Mutex, watch};
@@ -27,6 +30,20 @@ pub enum MetadataError {
     Shutdown,
     #[error("the metadata plane is not open yet")]
     NotOpen,
+    #[error("metadata group error: {reason}")]
+    Group { reason: String, fatal: bool },
+}
+
+impl From<GroupError> for MetadataError {
+    fn from(e: GroupError) -> MetadataError {
+        match e {
+            GroupError::Stopped => MetadataError::Shutdown,
+            other => MetadataError::Group {
+                fatal: other.is_fatal(),
+                reason: other.to_string(),
+            },
+        }
+    }
 }
 
 /// A linearizable, durable metadata store applying the cluster model.
@@ -164,6 +181,51 @@ impl MetadataPlane for FilePlane {
     }
 }
 
+/// The metadata raft group with this broker as its single voter: the same
+/// code path a cluster runs, with N = 1. Its log, vote and snapshots live
+/// on disk, so topics survive restarts.
+#[derive(Debug, Clone)]
+pub struct RaftPlane {
+    group: MetadataGroup,
+}
+
+impl RaftPlane {
+    /// Opens (or recovers) group `group_id` in `dir`, waiting until this node
+    /// leads and has applied everything committed.
+    pub async fn open_single(
+        group_id: u64,
+        node_id: u64,
+        dir: &Path,
+    ) -> Result<RaftPlane, MetadataError> {
+        let group = MetadataGroup::open_single(GroupConfig::new(group_id, node_id, dir)).await?;
+        Ok(RaftPlane { group })
+    }
+
+    /// The group itself (status, leadership).
+    pub fn group(&self) -> &MetadataGroup {
+        &self.group
+    }
+}
+
+#[async_trait::async_trait]
+impl MetadataPlane for RaftPlane {
+    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, MetadataError> {
+        Ok(self.group.propose(cmd).await?)
+    }
+
+    fn view(&self, f: &mut dyn FnMut(&MetadataState)) {
+        self.group.read_local(|state| f(state));
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.group.subscribe()
+    }
+
+    async fn shutdown(&self) -> Result<(), MetadataError> {
+        Ok(self.group.shutdown().await?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +257,17 @@ mod tests {
         plane.propose(create("orders")).await.unwrap().unwrap();
         let again = plane.propose(create("orders")).await.unwrap();
         assert!(matches!(again, Err(ModelError::TopicExists { .. })));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_raft_plane_keeps_an_accepted_command_across_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let plane = RaftPlane::open_single(0, 1, dir.path()).await.unwrap();
+        plane.propose(create("orders")).await.unwrap().unwrap();
+        plane.shutdown().await.unwrap();
+        let plane = RaftPlane::open_single(0, 1, dir.path()).await.unwrap();
+        assert!(read(&plane, |s| s.topic("orders").is_some()));
+        plane.shutdown().await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,11 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::info;
 
-use crate::metadata::{FilePlane, MetadataPlane};
+use crate::config::MetadataBackend;
+use crate::metadata::{FilePlane, MetadataPlane, RaftPlane};
+
+/// The single vnode's raft group id.
+const VNODE_GROUP_ID: u64 = 0;
 use crate::shared::Shared;
 
 pub(crate) struct VnodeActor;
@@ -35,9 +39,22 @@ impl Actor for VnodeActor {
         _myself: ActorRef<VnodeMsg>,
         shared: Arc<Shared>,
     ) -> Result<VnodeState, ActorProcessingErr> {
+        // A crashed predecessor left its plane published (post_stop does not
+        // run after a failure): stop it before reopening the same files, so
+        // two raft nodes never share one log.
+        let stale = shared.plane.write().take();
+        if let Some(stale) = stale {
+            let _ = stale.shutdown().await;
+        }
         let dir = shared.config.data_dir.join("metadata");
-        let plane: Arc<dyn MetadataPlane> =
-            Arc::new(tokio::task::block_in_place(|| FilePlane::open(&dir))?);
+        let plane: Arc<dyn MetadataPlane> = match shared.config.metadata_backend {
+            MetadataBackend::Raft => {
+                Arc::new(RaftPlane::open_single(VNODE_GROUP_ID, shared.config.node_id, &dir).await?)
+            }
+            MetadataBackend::File => {
+                Arc::new(tokio::task::block_in_place(|| FilePlane::open(&dir))?)
+            }
+        };
         *shared.plane.write() = Some(Arc::clone(&plane));
         info!(dir = %dir.display(), "metadata plane open");
         Ok(VnodeState { shared, plane })

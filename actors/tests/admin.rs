@@ -68,15 +68,20 @@ async fn health_ready_metrics_and_tree_are_served() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ready_is_503_once_shutdown_has_begun_and_health_stays_up_until_the_end() {
+async fn after_shutdown_both_ports_are_closed() {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
     let broker = start(BrokerConfig::for_tests(dir.path())).await;
     assert!(broker.is_ready());
     let admin = broker.admin_addr();
+    let client = broker.client_addr();
     broker.shutdown().await.unwrap();
-    // After shutdown the admin port is closed altogether.
-    assert!(tokio::net::TcpStream::connect(admin).await.is_err());
+    let closed = eventually(5_000, async || {
+        tokio::net::TcpStream::connect(admin).await.is_err()
+            && tokio::net::TcpStream::connect(client).await.is_err()
+    })
+    .await;
+    assert!(closed, "a port still accepts connections after shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
