@@ -413,7 +413,3 @@ pub async fn run_until_signal(config: BrokerConfig) -> Result<(), BrokerError> {
     }
     broker.shutdown().await
 }
-
-// Keeps the trait in scope for `Actor::spawn_linked` on `Supervisor`.
-#[allow(dead_code)]
-fn _assert_actor<A: Actor>() {}

@@ -110,3 +110,107 @@ pub fn describe_to_wire(d: &model::TopicDescription) -> wire::TopicDescription {
             .collect(),
     }
 }
+
+/// The supervision crate's form of a wire tree snapshot, so a client can
+/// print it with `malachi_supervision::render_tree`.
+pub fn tree_from_wire(snapshot: &wire::SupervisorSnapshot) -> sup::SupervisorSnapshot {
+    sup::SupervisorSnapshot {
+        name: snapshot.name.clone(),
+        actor_id: snapshot.actor_id.clone(),
+        strategy: match snapshot.strategy {
+            wire::SupervisionStrategy::OneForOne => sup::Strategy::OneForOne,
+            wire::SupervisionStrategy::OneForAll => sup::Strategy::OneForAll,
+            wire::SupervisionStrategy::RestForOne => sup::Strategy::RestForOne,
+        },
+        uptime_ms: snapshot.uptime_ms,
+        children: snapshot
+            .children
+            .iter()
+            .map(|child| sup::ChildSnapshot {
+                name: child.name.clone(),
+                actor_id: child.actor_id.clone(),
+                kind: match child.kind {
+                    wire::ChildKind::Worker => sup::ChildKind::Worker,
+                    wire::ChildKind::Supervisor => sup::ChildKind::Supervisor,
+                },
+                restart: match child.restart {
+                    wire::Restart::Permanent => sup::Restart::Permanent,
+                    wire::Restart::Transient => sup::Restart::Transient,
+                    wire::Restart::Temporary => sup::Restart::Temporary,
+                },
+                status: match child.status {
+                    wire::ChildStatus::Running => sup::ChildStatus::Running,
+                    wire::ChildStatus::Restarting => sup::ChildStatus::Restarting,
+                    wire::ChildStatus::Stopped => sup::ChildStatus::Stopped,
+                    wire::ChildStatus::Unresponsive => sup::ChildStatus::Unresponsive,
+                },
+                restarts: child.restarts,
+                last_exit_reason: child.last_exit_reason.clone(),
+                uptime_ms: child.uptime_ms,
+                supervisor: child.supervisor.as_ref().map(tree_from_wire),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> sup::SupervisorSnapshot {
+        let leaf = sup::ChildSnapshot {
+            name: "segment/orders/0/3".into(),
+            actor_id: Some("0.7".into()),
+            kind: sup::ChildKind::Worker,
+            restart: sup::Restart::Transient,
+            status: sup::ChildStatus::Restarting,
+            restarts: 2,
+            last_exit_reason: Some("poisoned".into()),
+            uptime_ms: 5,
+            supervisor: None,
+        };
+        sup::SupervisorSnapshot {
+            name: "broker".into(),
+            actor_id: "0.1".into(),
+            strategy: sup::Strategy::OneForOne,
+            uptime_ms: 10,
+            children: vec![sup::ChildSnapshot {
+                name: "storage".into(),
+                actor_id: Some("0.2".into()),
+                kind: sup::ChildKind::Supervisor,
+                restart: sup::Restart::Permanent,
+                status: sup::ChildStatus::Running,
+                restarts: 0,
+                last_exit_reason: None,
+                uptime_ms: 9,
+                supervisor: Some(sup::SupervisorSnapshot {
+                    name: "storage".into(),
+                    actor_id: "0.2".into(),
+                    strategy: sup::Strategy::RestForOne,
+                    uptime_ms: 9,
+                    children: vec![leaf],
+                }),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_tree_survives_the_trip_to_the_wire_and_back() {
+        let tree = sample();
+        assert_eq!(tree_from_wire(&tree_to_wire(&tree)), tree);
+    }
+
+    #[test]
+    fn an_overlong_exit_reason_is_cut_to_the_wire_limit_on_a_char_boundary() {
+        let mut tree = sample();
+        let storage = tree.children[0].supervisor.as_mut().unwrap();
+        storage.children[0].last_exit_reason = Some("é".repeat(5_000));
+        let wire = tree_to_wire(&tree);
+        let reason = wire.children[0].supervisor.as_ref().unwrap().children[0]
+            .last_exit_reason
+            .clone()
+            .unwrap();
+        assert!(reason.len() <= malachi_wire::limits::MESSAGE_BYTES_MAX);
+        assert!(reason.len() >= malachi_wire::limits::MESSAGE_BYTES_MAX - 1);
+    }
+}

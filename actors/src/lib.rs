@@ -39,6 +39,6 @@ mod vnode;
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{BrokerConfig, MetadataBackend, StoreSettings};
-pub use convert::{describe_to_wire, tree_to_wire};
+pub use convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use error::BrokerError;
 pub use metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane};
