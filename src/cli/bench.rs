@@ -308,7 +308,9 @@ pub fn raw_disk(
     let bar = progress(duration, json);
     bar.set_message("raw disk");
     let barrier = std::sync::Barrier::new(files);
-    let outcomes: Vec<Result<(u64, u64, Histogram<u64>), String>> = std::thread::scope(|s| {
+    /// Bytes written, writes, and their latencies, per writer thread.
+    type Outcome = Result<(u64, u64, Histogram<u64>), String>;
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..files)
             .map(|i| {
                 let path = sub.join(format!("{i}.raw"));

@@ -175,8 +175,8 @@ pub fn describe(topic: &TopicDescription, volatile: Volatile) -> String {
     out.push('\n');
     let _ = writeln!(
         out,
-        "{:<6} {:<20} {:<20} {:<7} {:<8} {}",
-        "range", "band_start", "band_end", "state", "parents", "children"
+        "{:<6} {:<20} {:<20} {:<7} {:<8} children",
+        "range", "band_start", "band_end", "state", "parents"
     );
     for range in &topic.ranges {
         let _ = writeln!(
