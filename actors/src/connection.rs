@@ -49,6 +49,9 @@ const FETCH_CONTROL_BYTES: usize = 8 << 10;
 const READ_CHUNK_RECORDS: usize = 1024;
 /// Records one append message carries at most (the store's batch bound is larger).
 const APPEND_CHUNK_RECORDS: usize = 10_000;
+/// How long a closing connection keeps discarding client input after its
+/// last response, so the close is a FIN and not a reset.
+const LINGER_MS: u64 = 1_000;
 /// How long a producer waits before retrying a range whose segment is rolling.
 const ROLL_RETRY_MS: u64 = 1;
 
@@ -201,6 +204,11 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
             }
             // `out` (and its permit) is dropped only now, after the write.
         }
+        // Every response is out: send FIN, so the client reads them all
+        // before it sees the end of the stream.
+        if !write_cancel.is_cancelled() {
+            let _ = writer.close().await;
+        }
     });
 
     loop {
@@ -253,11 +261,32 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     let bound = Duration::from_millis(shared.config.shutdown_timeout_ms);
     let mut write_task = write_task;
     tokio::select! {
-        _ = cancel.cancelled() => write_task.abort(),
+        _ = cancel.cancelled() => {
+            write_task.abort();
+            return;
+        }
         done = tokio::time::timeout(bound, &mut write_task) => {
             if done.is_err() {
                 write_task.abort();
+                return;
             }
+        }
+    }
+    // Closing a socket with unread input makes the kernel send a reset,
+    // which may destroy responses the client has not read yet. Discard what
+    // the client still sends, for a short bounded time, until it closes.
+    let mut rd = reader.into_inner();
+    let mut sink = [0u8; 4096];
+    let linger = tokio::time::sleep(Duration::from_millis(LINGER_MS));
+    tokio::pin!(linger);
+    loop {
+        tokio::select! {
+            _ = &mut linger => break,
+            _ = cancel.cancelled() => break,
+            n = tokio::io::AsyncReadExt::read(&mut rd, &mut sink) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            },
         }
     }
 }
@@ -330,6 +359,7 @@ fn coord_failure(e: CoordError) -> Failure {
         CoordError::Metadata(MetadataError::Shutdown | MetadataError::NotOpen) => {
             (ErrorCode::ShuttingDown, e.to_string())
         }
+        CoordError::Freeze { .. } => (ErrorCode::Busy, e.to_string()),
         _ => (ErrorCode::UnknownServerError, e.to_string()),
     }
 }
@@ -450,10 +480,31 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
                 vnodes_led: vec![0],
             }],
         })),
-        Request::SplitRange(_) | Request::MergeRange(_) => Err((
-            ErrorCode::UnsupportedApi,
-            "split and merge are not served by this broker yet".into(),
-        )),
+        Request::SplitRange(req) => {
+            let range = RangeId(req.range_id);
+            let (lower, upper) = call_coordinator(shared, |reply| CoordinatorMsg::Split {
+                topic: req.topic,
+                range,
+                reply,
+            })
+            .await?;
+            Ok(Response::SplitRange(wire::SplitRangeResponse {
+                range_id: req.range_id,
+                children: vec![lower.0, upper.0],
+            }))
+        }
+        Request::MergeRange(req) => {
+            let (lower, upper, merged) = call_coordinator(shared, |reply| CoordinatorMsg::Merge {
+                topic: req.topic,
+                range: RangeId(req.range_id),
+                reply,
+            })
+            .await?;
+            Ok(Response::MergeRange(wire::MergeRangeResponse {
+                range_id: merged.0,
+                parents: vec![lower.0, upper.0],
+            }))
+        }
         Request::Subscribe(_) | Request::SubscribeCredit(_) => Err((
             ErrorCode::UnsupportedApi,
             "subscribe is not served by this broker yet; use fetch with wait_ms".into(),
@@ -506,9 +557,24 @@ async fn produce(
     let parts = groups.into_iter().map(|(range, records)| {
         let shared = Arc::clone(shared);
         let plane = Arc::clone(&plane);
+        let topic = topic.clone();
         async move {
-            for chunk in records.chunks(APPEND_CHUNK_RECORDS) {
-                append_chunk(&shared, plane.as_ref(), range, chunk.to_vec(), deadline).await?;
+            // Chunks of one range go one after the other; a chunk whose range
+            // was split or merged meanwhile is routed again, ahead of the
+            // chunks after it, so per-key order holds.
+            let mut pending: std::collections::VecDeque<(RangeId, Vec<Record>)> = records
+                .chunks(APPEND_CHUNK_RECORDS)
+                .map(|chunk| (range, chunk.to_vec()))
+                .collect();
+            while let Some((range, chunk)) = pending.pop_front() {
+                if let Some(chunk) =
+                    append_chunk(&shared, plane.as_ref(), range, chunk, deadline).await?
+                {
+                    let regrouped = read(plane.as_ref(), |state| route(state, &topic, chunk))?;
+                    for part in regrouped.into_iter().rev() {
+                        pending.push_front(part);
+                    }
+                }
             }
             Ok::<(), Failure>(())
         }
@@ -547,14 +613,15 @@ fn route(
 }
 
 /// Appends one chunk to its range's active segment, retrying across rolls
-/// until it is durable or the deadline passes.
+/// until it is durable or the deadline passes. Returns the chunk back if its
+/// range is no longer active (split or merged): the caller routes it again.
 async fn append_chunk(
     shared: &Arc<Shared>,
     plane: &dyn crate::metadata::MetadataPlane,
     range: RangeId,
     records: Vec<Record>,
     deadline: Instant,
-) -> Result<(), Failure> {
+) -> Result<Option<Vec<Record>>, Failure> {
     let bytes: u64 = records
         .iter()
         .map(|r| (r.key.len() + r.value.len()) as u64)
@@ -577,10 +644,7 @@ async fn append_chunk(
                 .and_then(|r| r.last_segment())
         });
         let Some(segment) = active else {
-            return Err((
-                ErrorCode::Moved,
-                format!("range {range} is no longer active; retry the produce"),
-            ));
+            return Ok(Some(Arc::unwrap_or_clone(records)));
         };
         let Some(handle) = shared.segment(segment) else {
             // The segment actor is starting (after a roll or a restart).
@@ -611,7 +675,7 @@ async fn append_chunk(
             Err(_) => return Err(timeout()),
             // The actor died before it took the batch: nothing was appended.
             Ok(Err(_)) => {}
-            Ok(Ok(Ok(_offsets))) => return Ok(()),
+            Ok(Ok(Ok(_offsets))) => return Ok(None),
             Ok(Ok(Err(AppendError::Rolled))) => {}
             Ok(Ok(Err(AppendError::Busy(m)))) => return Err((ErrorCode::Busy, m)),
             Ok(Ok(Err(AppendError::Invalid(m)))) => return Err((ErrorCode::InvalidRequest, m)),
@@ -630,11 +694,12 @@ async fn fetch(
     let plane = shared.plane().map_err(not_serving)?;
     let wait_ms = u64::from(req.wait_ms).min(shared.config.fetch_wait_ms_max);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    // Subscribed before the first read, so a record made durable between
-    // that read and the wait still wakes it.
-    let mut durable = shared.watch_topic(&req.topic);
     let topic = req.topic.clone();
     let (incarnation, start) = start_positions(shared, plane.as_ref(), &req)?;
+    // Subscribed only for a topic that exists (the map must not grow with
+    // names clients make up), and before the first read, so a record made
+    // durable between that read and the wait still wakes it.
+    let mut durable = shared.watch_topic(&req.topic);
     let batch_max = (req.bytes_max as usize).min(
         shared
             .config

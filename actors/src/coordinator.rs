@@ -19,7 +19,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::{info, warn};
 
 use crate::metadata::{MetadataError, read};
-use crate::segment::{SegmentActor, SegmentArgs};
+use crate::segment::{SegmentActor, SegmentArgs, SegmentMsg};
 use crate::shared::Shared;
 
 /// Why a coordinator request failed.
@@ -33,6 +33,8 @@ pub(crate) enum CoordError {
     Supervision(#[from] SupervisionError),
     #[error("unexpected outcome from the metadata model: {0}")]
     Unexpected(String),
+    #[error("segment {segment} cannot be sealed now: {reason}")]
+    Freeze { segment: SegmentId, reason: String },
 }
 
 pub(crate) enum CoordinatorMsg {
@@ -51,6 +53,18 @@ pub(crate) enum CoordinatorMsg {
         segment: SegmentId,
         seal: SealRecord,
         reply: RpcReplyPort<Result<SegmentId, CoordError>>,
+    },
+    /// Split an active range into its two halves.
+    Split {
+        topic: String,
+        range: RangeId,
+        reply: RpcReplyPort<Result<(RangeId, RangeId), CoordError>>,
+    },
+    /// Merge an active range with its active buddy.
+    Merge {
+        topic: String,
+        range: RangeId,
+        reply: RpcReplyPort<Result<(RangeId, RangeId, RangeId), CoordError>>,
     },
     /// Start every active segment actor the metadata assigns to this node.
     Reconcile,
@@ -222,6 +236,199 @@ impl CoordinatorState {
         Ok(next)
     }
 
+    /// Fences the active segment of `range` and returns its durable seal.
+    async fn freeze(&self, segment: SegmentId) -> Result<SealRecord, CoordError> {
+        let freeze_err = |reason: String| CoordError::Freeze { segment, reason };
+        let Some(handle) = self.shared.segment(segment) else {
+            return Err(freeze_err("its actor is not running".into()));
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        handle
+            .actor
+            .actor()
+            .send_message(SegmentMsg::Freeze { reply })
+            .map_err(|e| freeze_err(e.to_string()))?;
+        let bound = std::time::Duration::from_millis(self.shared.config.produce_timeout_ms);
+        match tokio::time::timeout(bound, answer).await {
+            Ok(Ok(Ok(seal))) => Ok(seal),
+            Ok(Ok(Err(e))) => Err(freeze_err(e.to_string())),
+            Ok(Err(_)) => Err(freeze_err("its actor stopped".into())),
+            Err(_) => Err(freeze_err("no answer in time".into())),
+        }
+    }
+
+    /// Lets a frozen segment whose split or merge failed roll on its own.
+    fn thaw(&self, segment: SegmentId) {
+        if let Some(handle) = self.shared.segment(segment) {
+            let _ = handle.actor.actor().send_message(SegmentMsg::RollFailed);
+        }
+    }
+
+    fn active_segment(&self, topic: &str, range: RangeId) -> Result<SegmentId, CoordError> {
+        let plane = self.shared.plane()?;
+        read(plane.as_ref(), |state| {
+            let found = state
+                .range(range)
+                .filter(|r| r.topic == topic)
+                .ok_or_else(|| ModelError::NoSuchRange {
+                    topic: topic.to_string(),
+                    range,
+                })?;
+            if !found.is_active() {
+                return Err(ModelError::RangeNotActive { range }.into());
+            }
+            found
+                .last_segment()
+                .ok_or_else(|| CoordError::Unexpected(format!("range {range} has no segment")))
+        })
+    }
+
+    /// After a split or merge: seal the old copies on disk, start the new
+    /// segments' actors, stop the old ones.
+    async fn replace_segments(
+        &self,
+        topic: &str,
+        old: &[(RangeId, SegmentId, SealRecord)],
+        new: &[SegmentId],
+    ) -> Result<(), CoordError> {
+        for &segment in new {
+            start_segment(&self.shared, topic, segment).await?;
+        }
+        let storage = self.shared.storage.read().clone();
+        for &(range, segment, seal) in old {
+            let store = Arc::clone(&self.shared.store);
+            let id = malachi_storage::SegmentId(segment.0);
+            let _ = tokio::task::spawn_blocking(move || store.seal(id, seal.length)).await;
+            if let Some(storage) = storage.clone() {
+                let name = segment_name(topic, range, segment);
+                tokio::spawn(async move {
+                    let _ = storage.terminate_child(&name).await;
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn split(&self, topic: String, range: RangeId) -> Result<(RangeId, RangeId), CoordError> {
+        let segment = self.active_segment(&topic, range)?;
+        let seal = self.freeze(segment).await?;
+        let plane = self.shared.plane()?;
+        let proposed = plane
+            .propose(Command::SplitRange {
+                topic: topic.clone(),
+                range,
+                seal,
+                lower_replicas: vec![self.node()],
+                upper_replicas: vec![self.node()],
+                at_ms: self.shared.clock.now_ms(),
+            })
+            .await;
+        let outcome = match proposed {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => {
+                self.thaw(segment);
+                return Err(e.into());
+            }
+            Err(e) => {
+                self.thaw(segment);
+                return Err(e.into());
+            }
+        };
+        let Outcome::RangeSplit {
+            lower,
+            upper,
+            lower_segment,
+            upper_segment,
+            ..
+        } = outcome
+        else {
+            return Err(CoordError::Unexpected(format!("{outcome:?}")));
+        };
+        self.replace_segments(
+            &topic,
+            &[(range, segment, seal)],
+            &[lower_segment, upper_segment],
+        )
+        .await?;
+        info!(topic = %topic, range = range.0, lower = lower.0, upper = upper.0, "range split");
+        Ok((lower, upper))
+    }
+
+    async fn merge(
+        &self,
+        topic: String,
+        range: RangeId,
+    ) -> Result<(RangeId, RangeId, RangeId), CoordError> {
+        let plane = self.shared.plane()?;
+        let pair = read(plane.as_ref(), |state| {
+            let found = state.range(range).filter(|r| r.topic == topic)?;
+            let buddy_band = found.band.buddy()?;
+            let buddy = state.active_ranges(&topic).find(|r| r.band == buddy_band)?;
+            Some(if found.band.start() < buddy.band.start() {
+                (found.id, buddy.id)
+            } else {
+                (buddy.id, found.id)
+            })
+        });
+        let Some((lower, upper)) = pair else {
+            return Err(ModelError::NotBuddies {
+                lower: range,
+                upper: range,
+            }
+            .into());
+        };
+        let lower_segment = self.active_segment(&topic, lower)?;
+        let upper_segment = self.active_segment(&topic, upper)?;
+        let lower_seal = self.freeze(lower_segment).await?;
+        let upper_seal = match self.freeze(upper_segment).await {
+            Ok(seal) => seal,
+            Err(e) => {
+                self.thaw(lower_segment);
+                return Err(e);
+            }
+        };
+        let proposed = plane
+            .propose(Command::MergeRanges {
+                topic: topic.clone(),
+                lower,
+                upper,
+                lower_seal,
+                upper_seal,
+                replicas: vec![self.node()],
+                at_ms: self.shared.clock.now_ms(),
+            })
+            .await;
+        let outcome = match proposed {
+            Ok(Ok(outcome)) => outcome,
+            failed => {
+                self.thaw(lower_segment);
+                self.thaw(upper_segment);
+                return Err(match failed {
+                    Ok(Err(e)) => e.into(),
+                    Err(e) => e.into(),
+                    Ok(Ok(_)) => CoordError::Unexpected("merge".into()),
+                });
+            }
+        };
+        let Outcome::RangesMerged {
+            merged, segment, ..
+        } = outcome
+        else {
+            return Err(CoordError::Unexpected(format!("{outcome:?}")));
+        };
+        self.replace_segments(
+            &topic,
+            &[
+                (lower, lower_segment, lower_seal),
+                (upper, upper_segment, upper_seal),
+            ],
+            &[segment],
+        )
+        .await?;
+        info!(topic = %topic, lower = lower.0, upper = upper.0, merged = merged.0, "ranges merged");
+        Ok((lower, upper, merged))
+    }
+
     async fn reconcile(&self) -> Result<(), CoordError> {
         let plane = self.shared.plane()?;
         let node = self.node();
@@ -302,6 +509,20 @@ impl Actor for CoordinatorActor {
                 reply,
             } => {
                 let _ = reply.send(state.roll(topic, segment, seal).await);
+            }
+            CoordinatorMsg::Split {
+                topic,
+                range,
+                reply,
+            } => {
+                let _ = reply.send(state.split(topic, range).await);
+            }
+            CoordinatorMsg::Merge {
+                topic,
+                range,
+                reply,
+            } => {
+                let _ = reply.send(state.merge(topic, range).await);
             }
             CoordinatorMsg::Reconcile => {
                 // A failed reconcile is a failure of this actor: the

@@ -55,6 +55,11 @@ pub(crate) enum SegmentMsg {
     CheckRoll,
     /// The roll task ended without rolling; allow another attempt.
     RollFailed,
+    /// Fence the copy and answer its durable seal, for a split or merge
+    /// that seals this segment itself (no roll follows).
+    Freeze {
+        reply: oneshot::Sender<Result<SealRecord, AppendError>>,
+    },
     /// Test-only: fail this actor so its supervisor restarts it.
     #[cfg(feature = "testing")]
     Poison,
@@ -67,6 +72,7 @@ impl std::fmt::Debug for SegmentMsg {
             SegmentMsg::Append { records, .. } => write!(f, "Append({} records)", records.len()),
             SegmentMsg::CheckRoll => f.write_str("CheckRoll"),
             SegmentMsg::RollFailed => f.write_str("RollFailed"),
+            SegmentMsg::Freeze { .. } => f.write_str("Freeze"),
             #[cfg(feature = "testing")]
             SegmentMsg::Poison => f.write_str("Poison"),
         }
@@ -177,6 +183,35 @@ impl Actor for SegmentActor {
             } => self.append(myself, state, permit, records, bytes, reply),
             SegmentMsg::CheckRoll => self.check_roll(myself, state)?,
             SegmentMsg::RollFailed => state.rolling = false,
+            SegmentMsg::Freeze { reply } => {
+                if state.rolling {
+                    let _ = reply.send(Err(AppendError::Busy(
+                        "the segment is rolling; retry".into(),
+                    )));
+                    return Ok(());
+                }
+                // From here on this actor only refuses appends; the
+                // coordinator stops it once the split or merge commits.
+                state.rolling = true;
+                let store = Arc::clone(&state.args.shared.store);
+                let id = state.store_id();
+                if let Err(e) = store.fence(id) {
+                    warn!(segment = %id, error = %e, "cannot fence segment");
+                }
+                tokio::spawn(async move {
+                    if let Ok(ticket) = store.sync(id) {
+                        let _ = ticket.await;
+                    }
+                    let answer = store
+                        .info(id)
+                        .map(|info| SealRecord {
+                            length: info.length,
+                            bytes: info.byte_size,
+                        })
+                        .map_err(|e| AppendError::Failed(e.to_string()));
+                    let _ = reply.send(answer);
+                });
+            }
             #[cfg(feature = "testing")]
             SegmentMsg::Poison => return Err("segment actor poisoned by a test".into()),
         }

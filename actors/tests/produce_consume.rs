@@ -275,3 +275,114 @@ async fn a_deleted_topic_refuses_produce_and_its_old_cursor() {
     assert_eq!(refused.code, ErrorCode::InvalidCursor);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_split_then_a_merge_keep_every_record_readable_in_key_order() {
+    use malachi_wire::messages::{DescribeTopicRequest, MergeRangeRequest, SplitRangeRequest};
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path())).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.create_topic("reshaped").await;
+    let batch = |round: usize| -> Vec<_> {
+        (0..40)
+            .map(|i| record(&format!("key-{}", i % 9), &format!("{round}-{i}")))
+            .collect()
+    };
+    let mut sent = batch(0);
+    client.produce("reshaped", &sent).await.unwrap();
+    let (first, cursor) = client.fetch("reshaped", None, true, 15, 0).await.unwrap();
+
+    let root = client
+        .call(&DescribeTopicRequest {
+            name: "reshaped".into(),
+        })
+        .await
+        .unwrap()
+        .topic
+        .ranges[0]
+        .id;
+    let split = client
+        .call(&SplitRangeRequest {
+            topic: "reshaped".into(),
+            range_id: root,
+        })
+        .await
+        .unwrap();
+    assert_eq!(split.children.len(), 2);
+    let more = batch(1);
+    client.produce("reshaped", &more).await.unwrap();
+    sent.extend(more);
+
+    // A cursor from before the split resumes across it.
+    let (rest, _) = client
+        .fetch("reshaped", Some(cursor), false, 10_000, 0)
+        .await
+        .unwrap();
+    let mut resumed = first;
+    resumed.extend(rest);
+    assert_eq!(by_key(&resumed), by_key(&sent));
+
+    let merged = client
+        .call(&MergeRangeRequest {
+            topic: "reshaped".into(),
+            range_id: split.children[0],
+        })
+        .await
+        .unwrap();
+    assert_eq!(merged.parents, split.children);
+    let more = batch(2);
+    client.produce("reshaped", &more).await.unwrap();
+    sent.extend(more);
+    let (all, _) = client
+        .fetch("reshaped", None, true, 10_000, 0)
+        .await
+        .unwrap();
+    assert_eq!(by_key(&all), by_key(&sent));
+
+    let tree = broker.tree_snapshot().await.unwrap();
+    let storage = tree.child("storage").unwrap().supervisor.as_ref().unwrap();
+    let live: Vec<_> = storage
+        .children
+        .iter()
+        .filter(|c| c.name.starts_with("segment/reshaped/"))
+        .collect();
+    assert_eq!(
+        live.len(),
+        1,
+        "only the merged range's segment stays open: {live:?}"
+    );
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn merging_a_range_without_an_active_buddy_is_not_buddies() {
+    use malachi_wire::messages::{DescribeTopicRequest, MergeRangeRequest};
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path())).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.create_topic("single").await;
+    let root = client
+        .call(&DescribeTopicRequest {
+            name: "single".into(),
+        })
+        .await
+        .unwrap()
+        .topic
+        .ranges[0]
+        .id;
+    let refused = client
+        .call(&MergeRangeRequest {
+            topic: "single".into(),
+            range_id: root,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code, ErrorCode::NotBuddies);
+    client
+        .produce("single", &[record("k", "still writable")])
+        .await
+        .unwrap();
+    broker.shutdown().await.unwrap();
+}

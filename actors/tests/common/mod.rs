@@ -56,7 +56,7 @@ impl TestClient {
         tokio::time::timeout(Duration::from_secs(20), self.framed.next())
             .await
             .expect("no response within 20 s")
-            .map(|r| r.unwrap())
+            .and_then(|r| r.ok())
     }
 
     pub async fn call<Op: Operation>(&mut self, request: &Op) -> Result<Op::Response, Refused> {
