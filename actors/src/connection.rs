@@ -42,6 +42,7 @@ use crate::fetch::{active_plans, active_segments, read_topic, tail_positions};
 use crate::metadata::{MetadataError, read};
 use crate::segment::{AppendError, SegmentMsg};
 use crate::shared::Shared;
+use crate::subscribe::{Subscriptions, credit, subscribe};
 
 /// Room kept in a fetch response frame for its header and control map.
 const FETCH_CONTROL_BYTES: usize = 8 << 10;
@@ -55,7 +56,7 @@ const LINGER_MS: u64 = 1_000;
 /// How long a producer waits before retrying a range whose segment is rolling.
 const ROLL_RETRY_MS: u64 = 1;
 
-type Failure = (ErrorCode, String);
+pub(crate) type Failure = (ErrorCode, String);
 
 #[derive(Clone)]
 pub(crate) struct ConnectionArgs {
@@ -145,7 +146,7 @@ impl Actor for ConnectionActor {
 }
 
 /// One request's slot: a connection permit, counted broker-wide.
-struct Inflight {
+pub(crate) struct Inflight {
     shared: Arc<Shared>,
     _permit: OwnedSemaphorePermit,
 }
@@ -169,9 +170,9 @@ impl Drop for Inflight {
     }
 }
 
-struct Outbound {
-    frame: ResponseFrame,
-    _slot: Option<Inflight>,
+pub(crate) struct Outbound {
+    pub frame: ResponseFrame,
+    pub _slot: Option<Inflight>,
 }
 
 async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken) {
@@ -181,6 +182,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     let mut reader = FramedRead::new(rd, ServerCodec::new(frame_max));
     let mut writer = FramedWrite::new(wr, ServerCodec::new(frame_max));
     let permits = Arc::new(Semaphore::new(inflight_max));
+    let subscriptions = Arc::new(Subscriptions::default());
     // One slot more than the permits, for the final error of an unframeable stream.
     let (tx, mut rx) = mpsc::channel::<Outbound>(inflight_max + 1);
 
@@ -243,15 +245,22 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
             Some(Ok(request)) => {
                 let slot = Inflight::new(&shared, permit, used);
                 let shared = Arc::clone(&shared);
-                let tx = tx.clone();
+                let ctx = ConnCtx {
+                    tx: tx.clone(),
+                    subscriptions: Arc::clone(&subscriptions),
+                    cancel: cancel.clone(),
+                };
                 tokio::spawn(async move {
-                    let frame = handle_frame(&shared, request).await;
-                    let _ = tx
-                        .send(Outbound {
-                            frame,
-                            _slot: Some(slot),
-                        })
-                        .await;
+                    // A subscribe answers through its pushes, not here.
+                    if let Some(frame) = handle_frame(&shared, &ctx, request).await {
+                        let _ = ctx
+                            .tx
+                            .send(Outbound {
+                                frame,
+                                _slot: Some(slot),
+                            })
+                            .await;
+                    }
                 });
             }
         }
@@ -291,7 +300,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     }
 }
 
-fn error_frame(correlation_id: u32, code: ErrorCode, message: String) -> ResponseFrame {
+pub(crate) fn error_frame(correlation_id: u32, code: ErrorCode, message: String) -> ResponseFrame {
     let mut message = message;
     if message.len() > MESSAGE_BYTES_MAX {
         let mut cut = MESSAGE_BYTES_MAX;
@@ -312,14 +321,50 @@ fn error_frame(correlation_id: u32, code: ErrorCode, message: String) -> Respons
     }
 }
 
-async fn handle_frame(shared: &Arc<Shared>, frame: RequestFrame) -> ResponseFrame {
+/// What a request handler may use of its connection (subscriptions push
+/// through it).
+pub(crate) struct ConnCtx {
+    pub tx: mpsc::Sender<Outbound>,
+    pub subscriptions: Arc<Subscriptions>,
+    pub cancel: CancellationToken,
+}
+
+async fn handle_frame(
+    shared: &Arc<Shared>,
+    ctx: &ConnCtx,
+    frame: RequestFrame,
+) -> Option<ResponseFrame> {
     let correlation_id = frame.correlation_id;
     let request = match Request::decode(frame.api_key, frame.payload) {
         Ok(request) => request,
-        Err(e) => return error_frame(correlation_id, e.error_code(), e.to_string()),
+        Err(e) => return Some(error_frame(correlation_id, e.error_code(), e.to_string())),
+    };
+    let request = match request {
+        Request::Subscribe(req) => {
+            return subscribe(shared, ctx, correlation_id, req)
+                .err()
+                .map(|(code, message)| error_frame(correlation_id, code, message));
+        }
+        Request::SubscribeCredit(req) => {
+            let answer = credit(shared, ctx, req).map(Response::SubscribeCredit);
+            return Some(encode_answer(correlation_id, "subscribe_credit", answer));
+        }
+        other => other,
     };
     let name = request.api_key().name();
-    match handle_request(shared, request).await {
+    Some(encode_answer(
+        correlation_id,
+        name,
+        handle_request(shared, request).await,
+    ))
+}
+
+fn encode_answer(
+    correlation_id: u32,
+    name: &'static str,
+    answer: Result<Response, Failure>,
+) -> ResponseFrame {
+    match answer {
         Ok(response) => match response.encode() {
             Ok(payload) => ResponseFrame {
                 correlation_id,
@@ -506,8 +551,8 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
             }))
         }
         Request::Subscribe(_) | Request::SubscribeCredit(_) => Err((
-            ErrorCode::UnsupportedApi,
-            "subscribe is not served by this broker yet; use fetch with wait_ms".into(),
+            ErrorCode::UnknownServerError,
+            "subscriptions are handled by the connection".into(),
         )),
     }
 }
@@ -760,7 +805,7 @@ async fn fetch(
 
 /// Where a fetch starts: the client's cursor (checked against the metadata),
 /// the start of every range, or the tail.
-fn start_positions(
+pub(crate) fn start_positions(
     shared: &Shared,
     plane: &dyn crate::metadata::MetadataPlane,
     req: &wire::FetchRequest,

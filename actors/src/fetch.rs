@@ -21,6 +21,8 @@ pub(crate) struct ReadOutcome {
     pub positions: BTreeMap<RangeId, Position>,
     pub records: u32,
     pub bytes: u64,
+    /// The batch refused a record for lack of room.
+    pub full: bool,
 }
 
 fn store_id(segment: SegmentId) -> malachi_storage::SegmentId {
@@ -237,6 +239,7 @@ pub(crate) fn read_topic(
         positions,
         records,
         bytes,
+        full,
     })
 }
 

@@ -34,6 +34,7 @@ mod metadata;
 mod metrics;
 mod segment;
 mod shared;
+mod subscribe;
 mod vnode;
 
 pub use broker::{Broker, BrokerHandle, run_until_signal};

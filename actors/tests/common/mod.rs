@@ -59,6 +59,10 @@ impl TestClient {
             .and_then(|r| r.ok())
     }
 
+    pub async fn next_frame(&mut self) -> Option<ResponseFrame> {
+        self.framed.next().await.and_then(|r| r.ok())
+    }
+
     pub async fn call<Op: Operation>(&mut self, request: &Op) -> Result<Op::Response, Refused> {
         let id = self
             .send_raw(Op::API_KEY.code(), request.encode().unwrap())

@@ -1,0 +1,325 @@
+//! Subscriptions: records pushed within credit (ADR 0042).
+//!
+//! A subscription is named by the correlation id of its `subscribe` request
+//! on its connection. Push 0 (empty, carrying the starting cursor) accepts
+//! it; each later push carries at most the record credit and, unless it
+//! holds exactly one record, at most the byte credit, and subtracts what it
+//! carried. With no credit, nothing is pushed: credit, not TCP, is the flow
+//! control, and pushes share the connection's bounded outbound queue. A
+//! cancel ends the subscription with a push flagged `last`; an error frame
+//! on the subscription's id ends it too (the topic was deleted).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use malachi_cluster::cursor::{Cursor, Position};
+use malachi_cluster::model::RangeId;
+use malachi_wire::batch::BatchBuilder;
+use malachi_wire::limits::{CREDIT_BYTES_MAX, CREDIT_RECORDS_MAX};
+use malachi_wire::messages::{
+    FetchRequest, SubscribeCreditRequest, SubscribeCreditResponse, SubscribePush, SubscribeRequest,
+};
+use malachi_wire::{ErrorCode, Message, RecordBatch, ResponseFrame};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::connection::{ConnCtx, Failure, Outbound, error_frame, start_positions};
+use crate::fetch::{active_plans, read_topic};
+use crate::metadata::read;
+use crate::shared::Shared;
+
+/// Subscriptions one connection may hold at once.
+pub(crate) const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 16;
+/// Room kept in a push frame for its header and control map.
+const PUSH_CONTROL_BYTES: usize = 8 << 10;
+const READ_CHUNK_RECORDS: usize = 1024;
+
+#[derive(Debug, Default)]
+struct Credit {
+    records: u32,
+    bytes: u32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Subscription {
+    credit: Mutex<Credit>,
+    wake: Notify,
+    cancelled: AtomicBool,
+}
+
+/// The live subscriptions of one connection.
+#[derive(Debug, Default)]
+pub(crate) struct Subscriptions {
+    map: Mutex<HashMap<u32, Arc<Subscription>>>,
+}
+
+impl Subscriptions {
+    fn remove(&self, id: u32) {
+        self.map.lock().remove(&id);
+    }
+}
+
+fn push_frame(id: u32, push: &SubscribePush) -> ResponseFrame {
+    match push.encode() {
+        Ok(payload) => ResponseFrame {
+            correlation_id: id,
+            error_code: ErrorCode::None,
+            payload,
+        },
+        Err(e) => error_frame(id, ErrorCode::UnknownServerError, e.to_string()),
+    }
+}
+
+/// Accepts a subscription and starts its push task; a refusal is returned
+/// (and becomes an error response on the subscription's id).
+pub(crate) fn subscribe(
+    shared: &Arc<Shared>,
+    ctx: &ConnCtx,
+    id: u32,
+    req: SubscribeRequest,
+) -> Result<(), Failure> {
+    let plane = shared
+        .plane()
+        .map_err(|e| (ErrorCode::ShuttingDown, e.to_string()))?;
+    let as_fetch = FetchRequest {
+        topic: req.topic.clone(),
+        cursor: req.cursor.clone(),
+        from_start: req.from_start,
+        records_max: 1,
+        bytes_max: 1,
+        wait_ms: 0,
+    };
+    let (incarnation, start) = start_positions(shared, plane.as_ref(), &as_fetch)?;
+    let sub = Arc::new(Subscription {
+        credit: Mutex::new(Credit {
+            records: req.credit_records,
+            bytes: req.credit_bytes,
+        }),
+        ..Subscription::default()
+    });
+    {
+        let mut map = ctx.subscriptions.map.lock();
+        if map.contains_key(&id) {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!("a subscription with correlation id {id} is already open"),
+            ));
+        }
+        if map.len() >= SUBSCRIPTIONS_PER_CONNECTION_MAX {
+            return Err((
+                ErrorCode::Busy,
+                format!("at most {SUBSCRIPTIONS_PER_CONNECTION_MAX} subscriptions per connection"),
+            ));
+        }
+        map.insert(id, Arc::clone(&sub));
+    }
+    let task = PushTask {
+        shared: Arc::clone(shared),
+        tx: ctx.tx.clone(),
+        cancel: ctx.cancel.clone(),
+        subscriptions: Arc::clone(&ctx.subscriptions),
+        sub,
+        id,
+        topic: req.topic,
+        incarnation,
+    };
+    tokio::spawn(task.run(start));
+    Ok(())
+}
+
+/// Adds credit to, or cancels, a subscription of this connection.
+pub(crate) fn credit(
+    _shared: &Arc<Shared>,
+    ctx: &ConnCtx,
+    req: SubscribeCreditRequest,
+) -> Result<SubscribeCreditResponse, Failure> {
+    let sub = ctx
+        .subscriptions
+        .map
+        .lock()
+        .get(&req.subscription_id)
+        .cloned()
+        .ok_or((
+            ErrorCode::SubscriptionNotFound,
+            format!("no subscription {} on this connection", req.subscription_id),
+        ))?;
+    let answer = {
+        let mut credit = sub.credit.lock();
+        credit.records = credit
+            .records
+            .saturating_add(req.credit_records)
+            .min(CREDIT_RECORDS_MAX);
+        credit.bytes = credit
+            .bytes
+            .saturating_add(req.credit_bytes)
+            .min(CREDIT_BYTES_MAX);
+        SubscribeCreditResponse {
+            credit_records: credit.records,
+            credit_bytes: credit.bytes,
+        }
+    };
+    if req.cancel {
+        sub.cancelled.store(true, Ordering::SeqCst);
+    }
+    sub.wake.notify_one();
+    Ok(answer)
+}
+
+struct PushTask {
+    shared: Arc<Shared>,
+    tx: tokio::sync::mpsc::Sender<Outbound>,
+    cancel: tokio_util::sync::CancellationToken,
+    subscriptions: Arc<Subscriptions>,
+    sub: Arc<Subscription>,
+    id: u32,
+    topic: String,
+    incarnation: u64,
+}
+
+impl PushTask {
+    async fn send(&self, frame: ResponseFrame) -> bool {
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            sent = self.tx.send(Outbound { frame, _slot: None }) => sent.is_ok(),
+        }
+    }
+
+    fn push(
+        &self,
+        sequence: u64,
+        positions: &BTreeMap<RangeId, Position>,
+        records: RecordBatch,
+        last: bool,
+    ) -> ResponseFrame {
+        let cursor = Cursor {
+            topic: self.topic.clone(),
+            incarnation: self.incarnation,
+            positions: positions.clone(),
+        };
+        match cursor.encode(&self.shared.cursor_key) {
+            Ok(next_cursor) => push_frame(
+                self.id,
+                &SubscribePush {
+                    sequence,
+                    next_cursor,
+                    last,
+                    records,
+                },
+            ),
+            Err(e) => error_frame(self.id, ErrorCode::UnknownServerError, e.to_string()),
+        }
+    }
+
+    async fn run(self, start: BTreeMap<RangeId, Position>) {
+        let mut positions = start;
+        let mut sequence = 0u64;
+        let accepted = self.push(sequence, &positions, RecordBatch::default(), false);
+        if !self.send(accepted).await {
+            self.subscriptions.remove(self.id);
+            return;
+        }
+        let frame_room = self
+            .shared
+            .config
+            .frame_bytes_max
+            .saturating_sub(PUSH_CONTROL_BYTES);
+        loop {
+            sequence += 1;
+            if self.sub.cancelled.load(Ordering::SeqCst) {
+                let last = self.push(sequence, &positions, RecordBatch::default(), true);
+                let _ = self.send(last).await;
+                break;
+            }
+            let mut durable = self.shared.watch_topic(&self.topic);
+            let (records_credit, bytes_credit) = {
+                let credit = self.sub.credit.lock();
+                (credit.records, credit.bytes)
+            };
+            let Ok(plane) = self.shared.plane() else {
+                break;
+            };
+            let alive = read(plane.as_ref(), |state| {
+                state
+                    .topic(&self.topic)
+                    .is_some_and(|t| t.incarnation.0 == self.incarnation)
+            });
+            if !alive {
+                let gone = error_frame(
+                    self.id,
+                    ErrorCode::TopicNotFound,
+                    format!("topic {} was deleted", self.topic),
+                );
+                let _ = self.send(gone).await;
+                break;
+            }
+            let mut pushed = false;
+            if records_credit > 0 && bytes_credit > 0 {
+                let plans = read(plane.as_ref(), |state| active_plans(state, &self.topic));
+                let read_with = |records_max: u32, batch_max: usize| {
+                    let mut builder = BatchBuilder::new(batch_max);
+                    tokio::task::block_in_place(|| {
+                        read_topic(
+                            &plans,
+                            &self.shared.store,
+                            &positions,
+                            records_max,
+                            &mut builder,
+                            batch_max,
+                            READ_CHUNK_RECORDS,
+                        )
+                    })
+                    .map(|outcome| (builder.finish(), outcome))
+                };
+                let mut attempt =
+                    read_with(records_credit, (bytes_credit as usize).min(frame_room));
+                // A record larger than the byte credit goes alone, so it
+                // cannot stall the subscription.
+                if let Ok((_, outcome)) = &attempt
+                    && outcome.records == 0
+                    && outcome.full
+                {
+                    attempt = read_with(1, frame_room);
+                }
+                let (batch, outcome) = match attempt {
+                    Ok(read) => read,
+                    Err(e) => {
+                        let failed =
+                            error_frame(self.id, ErrorCode::UnknownServerError, e.to_string());
+                        let _ = self.send(failed).await;
+                        break;
+                    }
+                };
+                if outcome.records > 0 {
+                    {
+                        let mut credit = self.sub.credit.lock();
+                        credit.records = credit.records.saturating_sub(outcome.records);
+                        let block = u32::try_from(batch.encoded_bytes()).unwrap_or(u32::MAX);
+                        credit.bytes = credit.bytes.saturating_sub(block);
+                    }
+                    self.shared
+                        .metrics
+                        .records_consumed
+                        .increment(u64::from(outcome.records));
+                    self.shared.metrics.bytes_consumed.increment(outcome.bytes);
+                    positions = outcome.positions;
+                    let frame = self.push(sequence, &positions, batch, false);
+                    if !self.send(frame).await {
+                        break;
+                    }
+                    pushed = true;
+                }
+            }
+            if !pushed {
+                sequence -= 1;
+                tokio::select! {
+                    _ = self.cancel.cancelled() => break,
+                    _ = self.shared.draining.cancelled() => break,
+                    _ = self.sub.wake.notified() => {}
+                    _ = durable.changed() => {}
+                }
+            }
+        }
+        self.subscriptions.remove(self.id);
+    }
+}
