@@ -1,24 +1,26 @@
 //! malachi-actors: the broker itself, as a supervision tree of actors.
 //!
-//! [`Broker::start`] builds the tree of `docs/../shared/design/layout.md` on
+//! [`Broker::start`] builds the tree of the design's `layout.md` on
 //! `malachi-supervision`: a root `broker` supervisor over `storage` (one
 //! segment actor per open segment copy of a shared `FileStore`), `metadata`
-//! (the `vnode/0` actor owning the metadata plane, then the coordinator that
-//! carries topic and roll logic), `listener` (an acceptor and one temporary
-//! actor per client connection) and `admin_http` (health, readiness,
-//! Prometheus metrics and the live tree as JSON). The produce path runs
-//! connection, then the key's range's active segment actor, then the store's
-//! group commit, and acknowledges only after the fsync; the fetch path reads
-//! the stored copies by cursor across segments, with long poll
-//! (`docs/life-of-a-produce.md`).
+//! (the `vnode/0` actor owning the metadata raft group with this broker as
+//! its single voter, then the coordinator that carries topic, roll, split
+//! and merge logic), `listener` (an acceptor and one temporary actor per
+//! client connection) and `admin_http` (health, readiness, Prometheus
+//! metrics and the live tree as JSON). The produce path runs connection,
+//! then the key's range's active segment actor, then the store's group
+//! commit, and acknowledges only after the fsync
+//! (`docs/life-of-a-produce.md`); the consume path reads the stored copies
+//! by cursor across segments and epochs, with long poll (`fetch`) or pushes
+//! within credit (`subscribe`).
 //!
 //! Boundaries: this crate owns no on-disk format (storage does), no wire
 //! format (wire does) and no metadata semantics (cluster's model does); it
 //! wires them together, bounds every queue, and turns every failure into a
-//! typed wire error. Time reaches the coordinator through [`Clock`];
-//! randomness is used only once, to create the cursor secret. The binary
-//! (`malachi broker`) layers its configuration into [`BrokerConfig`] and calls
-//! [`run_until_signal`] or [`Broker::start`].
+//! typed wire error. Time reaches the coordinator and segment actors through
+//! [`Clock`]; randomness is used once, to create the cursor secret. The
+//! binary (`malachi broker`) layers its configuration into [`BrokerConfig`]
+//! and calls [`Broker::start`] (or [`run_until_signal`]).
 
 mod admin;
 mod broker;

@@ -386,3 +386,44 @@ async fn merging_a_range_without_an_active_buddy_is_not_buddies() {
         .unwrap();
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segment_rolls_by_age_only_when_the_brokers_clock_says_so() {
+    use malachi_actors::{Broker, ManualClock};
+    use malachi_wire::messages::DescribeTopicRequest;
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = std::sync::Arc::new(ManualClock::new(1_000_000));
+    let config = BrokerConfig {
+        segment_age_ms: 60_000,
+        ..BrokerConfig::for_tests(dir.path())
+    };
+    let broker = Broker::start_with_clock(config, clock.clone())
+        .await
+        .unwrap();
+    assert!(broker.wait_ready(10_000).await);
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.create_topic("clocked").await;
+    client
+        .produce("clocked", &[record("a", "1")])
+        .await
+        .unwrap();
+    let segments = async |client: &mut TestClient| {
+        client
+            .call(&DescribeTopicRequest {
+                name: "clocked".into(),
+            })
+            .await
+            .unwrap()
+            .topic
+            .ranges[0]
+            .segments
+            .len()
+    };
+    // Real time passes, the broker's clock does not: no roll.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(segments(&mut client).await, 1);
+    clock.advance_ms(60_000);
+    assert!(eventually(5_000, async || segments(&mut client).await == 2).await);
+    broker.shutdown().await.unwrap();
+}
