@@ -109,3 +109,49 @@ impl Actor for AdminActor {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::config::BrokerConfig;
+    use malachi_cluster::cursor::CursorKey;
+    use malachi_storage::FileStore;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn status(addr: std::net::SocketAddr, path: &str) -> u16 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response[9..12].parse().unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ready_is_503_until_metadata_coordinator_tree_and_acceptor_are_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = BrokerConfig::for_tests(dir.path());
+        let store =
+            FileStore::open_dir(dir.path().join("segments"), config.store_config()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared::new(
+            config,
+            Arc::new(store),
+            Arc::new(SystemClock),
+            CursorKey::new(&[7u8; 32]).unwrap(),
+            addr,
+            addr,
+        ));
+        tokio::spawn(axum::serve(listener, router(Arc::clone(&shared))).into_future());
+        assert_eq!(status(addr, "/health").await, 200);
+        assert_eq!(status(addr, "/ready").await, 503);
+        // Serving clients alone is not enough: the metadata plane is not open.
+        shared
+            .accepting
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(status(addr, "/ready").await, 503);
+        assert_eq!(status(addr, "/api/tree").await, 503);
+    }
+}
