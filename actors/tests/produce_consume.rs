@@ -427,3 +427,34 @@ async fn a_segment_rolls_by_age_only_when_the_brokers_clock_says_so() {
     assert!(eventually(5_000, async || segments(&mut client).await == 2).await);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_status_and_api_versions_describe_this_single_broker() {
+    use malachi_wire::messages::{ApiVersionsRequest, BrokerState, ClusterStatusRequest};
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let config = BrokerConfig {
+        node_id: 7,
+        ..BrokerConfig::for_tests(dir.path())
+    };
+    let broker = start(config).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    let status = client.call(&ClusterStatusRequest {}).await.unwrap();
+    assert_eq!(status.node_id, 7);
+    assert_eq!(status.brokers.len(), 1);
+    let me = &status.brokers[0];
+    assert_eq!(me.state, BrokerState::Alive);
+    assert_eq!(me.client_addr, broker.client_addr().to_string());
+    assert_eq!(me.admin_addr, broker.admin_addr().to_string());
+    assert_eq!(me.vnodes_led, vec![0]);
+    let versions = client
+        .call(&ApiVersionsRequest {
+            client_name: "test".into(),
+            versions: Vec::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(versions.node_id, 7);
+    assert!(versions.versions.iter().any(|v| v.api_key == 10));
+    broker.shutdown().await.unwrap();
+}
