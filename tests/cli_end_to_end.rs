@@ -305,3 +305,47 @@ fn consumer_groups_say_they_are_not_implemented_yet() {
         "{line}"
     );
 }
+
+#[test]
+fn follow_prints_new_records_as_they_come_and_the_cursor_on_ctrl_c() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let running = start();
+    let b = running.addr();
+    ok(malachi(b, &["topic", "create", "e2e-follow"], ""));
+    let mut follower = Command::new(common::BIN)
+        .args([
+            "consume",
+            "e2e-follow",
+            "--from-start",
+            "--follow",
+            "--broker",
+            b,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    ok(malachi(b, &["produce", "e2e-follow"], "k\tlive\n"));
+    assert_eq!(lines.next().unwrap().unwrap(), "k\tlive");
+
+    let pid = libc::pid_t::try_from(follower.id()).unwrap();
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours;
+    // the pid is our own child, not yet reaped.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::kill(pid, libc::SIGINT) };
+    assert_eq!(rc, 0);
+    let output = follower.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", err(&output));
+    let cursor = cursor_of(&err(&output));
+
+    ok(malachi(b, &["produce", "e2e-follow"], "k\tafter\n"));
+    let resumed = ok(malachi(
+        b,
+        &["consume", "e2e-follow", "--cursor", &cursor],
+        "",
+    ));
+    assert_eq!(out(&resumed), "k\tafter\n");
+}

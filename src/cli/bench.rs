@@ -202,7 +202,12 @@ pub async fn produce(args: BenchProduceArgs) -> Result<(), CliError> {
                 match producer.send(batch.clone()).await {
                     Ok(Some(ack)) => record(ack, &mut hist),
                     Ok(None) => {}
-                    Err(_) => errors += 1,
+                    Err(_) => {
+                        errors += 1;
+                        // A broker that refuses everything must not be
+                        // hammered in a tight loop.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                 }
             }
             loop {
