@@ -46,7 +46,9 @@ fn main() -> ExitCode {
 fn init_logging(command: &Command) {
     use tracing_subscriber::EnvFilter;
     let default = match command {
-        Command::Broker(_) | Command::Dev(_) => "info",
+        // openraft narrates every vote and log read at info; operators need
+        // its warnings only.
+        Command::Broker(_) | Command::Dev(_) => "info,openraft=warn",
         _ => "warn",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
