@@ -349,3 +349,72 @@ fn follow_prints_new_records_as_they_come_and_the_cursor_on_ctrl_c() {
     ));
     assert_eq!(out(&resumed), "k\tafter\n");
 }
+
+#[test]
+fn split_then_merge_changes_the_ranges_describe_shows_and_keeps_every_record() {
+    let running = start();
+    let b = running.addr();
+    ok(malachi(b, &["topic", "create", "e2e-split"], ""));
+    ok(malachi(b, &["produce", "e2e-split"], "a\t1\nb\t2\n"));
+
+    let split = out(&ok(malachi(
+        b,
+        &["topic", "split", "e2e-split", "0", "--json"],
+        "",
+    )));
+    let split = &json_lines(&split)[0];
+    assert_eq!(split["range_id"], 0);
+    let children: Vec<u64> = split["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    assert_eq!(children.len(), 2);
+
+    ok(malachi(b, &["produce", "e2e-split"], "a\t3\nb\t4\n"));
+    let described = out(&ok(malachi(
+        b,
+        &["topic", "describe", "e2e-split", "--json"],
+        "",
+    )));
+    let ranges = json_lines(&described)[0]["ranges"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(ranges.len(), 3, "{described}");
+
+    let child = children[0].to_string();
+    let merged = out(&ok(malachi(
+        b,
+        &["topic", "merge", "e2e-split", &child, "--json"],
+        "",
+    )));
+    let merged = &json_lines(&merged)[0];
+    let mut parents: Vec<u64> = merged["parents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    parents.sort_unstable();
+    assert_eq!(parents, children);
+
+    let consumed = out(&ok(malachi(
+        b,
+        &["consume", "e2e-split", "--from-start"],
+        "",
+    )));
+    let mut per_key: Vec<&str> = consumed.lines().filter(|l| l.starts_with("a\t")).collect();
+    assert_eq!(
+        per_key,
+        vec!["a\t1", "a\t3"],
+        "per-key order across the split"
+    );
+    per_key = consumed.lines().filter(|l| l.starts_with("b\t")).collect();
+    assert_eq!(
+        per_key,
+        vec!["b\t2", "b\t4"],
+        "per-key order across the split"
+    );
+}
