@@ -418,3 +418,48 @@ fn split_then_merge_changes_the_ranges_describe_shows_and_keeps_every_record() {
         "per-key order across the split"
     );
 }
+
+#[test]
+fn produce_sends_a_line_as_soon_as_it_is_typed_not_only_at_the_end_of_stdin() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    let running = start();
+    let b = running.addr();
+    ok(malachi(b, &["topic", "create", "e2e-typed"], ""));
+    let mut producer = Command::new(common::BIN)
+        .args(["produce", "e2e-typed", "--broker", b])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = producer.stdin.take().unwrap();
+    stdin.write_all(b"k\ttyped\n").unwrap();
+    stdin.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = out(&ok(malachi(
+            b,
+            &["consume", "e2e-typed", "--from-start"],
+            "",
+        )));
+        if seen == "k\ttyped\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the typed line was not sent while stdin stayed open"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(stdin);
+    let output = producer.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", err(&output));
+    assert!(
+        out(&output).starts_with("1 of 1 records acknowledged"),
+        "{}",
+        out(&output)
+    );
+}

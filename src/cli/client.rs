@@ -15,6 +15,8 @@ use super::{ClusterCommand, ConsumeArgs, OutputArgs, ProduceArgs, TopicCommand, 
 
 /// The largest produce request the command line builds, in block bytes.
 const PRODUCE_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// How much of stdin is read at once; a batch never waits for more than this.
+const STDIN_BUFFER_BYTES: usize = 1024 * 1024;
 /// The longest stdin line accepted, in bytes (a record larger than this is a mistake).
 const INPUT_LINE_BYTES_MAX: usize = 8 * 1024 * 1024;
 
@@ -159,7 +161,7 @@ pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
     let mut producer = client.producer(&args.topic, args.window.max(1));
     let batch_records = args.batch_records.max(1);
     let stdin = std::io::stdin();
-    let mut reader = stdin.lock();
+    let mut reader = std::io::BufReader::with_capacity(STDIN_BUFFER_BYTES, stdin.lock());
     let mut line = String::new();
     let mut line_no: u64 = 0;
     let mut builder = BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX);
@@ -217,6 +219,24 @@ pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
             line: line_no,
             detail: e.to_string(),
         })?;
+        // Nothing more buffered means the writer has paused (a person
+        // typing, a slow pipe): send what we have and wait for its
+        // acknowledgement now, rather than hold the records (or leave the
+        // requests unpolled) while the next read blocks.
+        if reader.buffer().is_empty() {
+            let pending =
+                std::mem::replace(&mut builder, BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX));
+            sent += u64::from(pending.count());
+            let broker = &args.output.broker;
+            producer
+                .send(pending.finish())
+                .await
+                .map_err(|e| fail(&producer, CliError::client("produce", broker, e)))?;
+            producer
+                .flush()
+                .await
+                .map_err(|e| fail(&producer, CliError::client("produce", broker, e)))?;
+        }
     }
     if builder.count() > 0 {
         sent += u64::from(builder.count());
