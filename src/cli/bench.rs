@@ -2,9 +2,7 @@
 //! running broker, measured as MB/s, records/s and latency percentiles, with
 //! an optional raw disk baseline (`--vs-raw`) at the same parallelism.
 
-use std::fs::OpenOptions;
 use std::io::IsTerminal;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -296,10 +294,9 @@ async fn tick_until(
     }
 }
 
-/// The disk's own durable write bandwidth: `files` plain files, each written
-/// with pwrite of `write_bytes` and fdatasync by its own thread, for
-/// `duration` (the storage benchmark's raw method, at the benchmark's
-/// parallelism and request size).
+/// The disk's own durable write bandwidth at the benchmark's parallelism and
+/// request size, measured by the storage benchmark's raw method
+/// ([`malachi_storage::bench::raw_disk`]), with a progress bar while it runs.
 pub fn raw_disk(
     dir: &Path,
     files: usize,
@@ -307,82 +304,34 @@ pub fn raw_disk(
     duration: Duration,
     json: bool,
 ) -> Result<BenchResult, CliError> {
-    let sub = dir.join(format!("malachi-bench-raw-{}", std::process::id()));
-    std::fs::create_dir_all(&sub)
-        .map_err(|e| CliError::Bench(format!("cannot create {}: {e}", sub.display())))?;
     let bar = progress(duration, json);
     bar.set_message("raw disk");
-    let barrier = std::sync::Barrier::new(files);
-    /// Bytes written, writes, and their latencies, per writer thread.
-    type Outcome = Result<(u64, u64, Histogram<u64>), String>;
-    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..files)
-            .map(|i| {
-                let path = sub.join(format!("{i}.raw"));
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let file = OpenOptions::new()
-                        .create(true)
-                        .write(true)
-                        .truncate(true)
-                        .open(&path)
-                        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-                    let buf = vec![0x5A_u8; write_bytes];
-                    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
-                        .map_err(|e| e.to_string())?;
-                    let (mut pos, mut writes) = (0u64, 0u64);
-                    barrier.wait();
-                    let start = Instant::now();
-                    while start.elapsed() < duration {
-                        let t = Instant::now();
-                        file.write_all_at(&buf, pos)
-                            .and_then(|()| file.sync_data())
-                            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-                        hist.saturating_record(micros(t.elapsed()));
-                        pos += write_bytes as u64;
-                        writes += 1;
-                    }
-                    Ok((pos, writes, hist))
-                })
-            })
-            .collect();
+    let outcome = std::thread::scope(|s| {
+        let run = s.spawn(|| malachi_storage::bench::raw_disk(dir, files, write_bytes, duration));
         let ticker_started = Instant::now();
-        while handles.iter().any(|h| !h.is_finished()) {
+        while !run.is_finished() {
             std::thread::sleep(Duration::from_millis(200));
             bar.set_position(ticker_started.elapsed().as_secs());
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a raw writer panicked".into()))
-            })
-            .collect()
+        run.join()
     });
     bar.finish_and_clear();
-    let _ = std::fs::remove_dir_all(&sub);
-    let mut hist = histogram()?;
-    let (mut bytes, mut writes) = (0u64, 0u64);
-    for outcome in outcomes {
-        let (b, w, h) = outcome.map_err(CliError::Bench)?;
-        bytes += b;
-        writes += w;
-        let _ = hist.add(&h);
-    }
-    let seconds = duration.as_secs_f64();
+    let raw = outcome
+        .map_err(|_| CliError::Bench("the raw disk run panicked".into()))?
+        .map_err(|e| CliError::Bench(e.to_string()))?;
     Ok(BenchResult {
         system: "raw-disk",
         scenario: format!("pwrite+fdatasync files={files} write={write_bytes}B"),
         clients: files,
         record_bytes: write_bytes,
         batch_records: 1,
-        seconds,
-        records: writes,
-        mb_per_s: bytes as f64 / seconds / 1e6,
-        records_per_s: writes as f64 / seconds,
-        p50_us: hist.value_at_quantile(0.50),
-        p99_us: hist.value_at_quantile(0.99),
-        p999_us: hist.value_at_quantile(0.999),
+        seconds: raw.seconds,
+        records: raw.writes,
+        mb_per_s: raw.mb_per_s(),
+        records_per_s: raw.writes_per_s(),
+        p50_us: raw.latency_us_at(0.50),
+        p99_us: raw.latency_us_at(0.99),
+        p999_us: raw.latency_us_at(0.999),
         ratio_to_raw: None,
         raw_mb_per_s: None,
         errors: 0,

@@ -399,14 +399,58 @@ fn elapsed_us(since: Instant) -> u64 {
         .max(1)
 }
 
-/// N files, each written and fdatasynced by its own thread.
-fn raw_run(
+/// What [`raw_disk`] measured: the disk's durable write bandwidth and the
+/// latency of each pwrite plus fdatasync.
+#[derive(Debug, Clone)]
+pub struct RawResult {
+    /// Bytes written and synced, over all files.
+    pub bytes: u64,
+    /// Writes (each followed by its own fdatasync), over all files.
+    pub writes: u64,
+    /// Wall time of the slowest writer, at least the requested duration.
+    pub seconds: f64,
+    /// Latency of each pwrite plus fdatasync, in microseconds.
+    pub latency_us: Histogram<u64>,
+}
+
+impl RawResult {
+    pub fn mb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-9) / 1e6
+    }
+
+    pub fn writes_per_s(&self) -> f64 {
+        self.writes as f64 / self.seconds.max(1e-9)
+    }
+
+    /// The write latency at `quantile` (0.5 for p50, 0.99 for p99).
+    pub fn latency_us_at(&self, quantile: f64) -> u64 {
+        self.latency_us.value_at_quantile(quantile)
+    }
+}
+
+/// The disk's own durable write bandwidth: `files` plain files, each written
+/// with `pwrite` of `write_bytes` followed by `fdatasync` by its own thread,
+/// in a closed loop for `duration`.
+///
+/// The files live in a fresh subdirectory of `dir` (named after the process,
+/// the file count and the write size, so concurrent runs do not collide),
+/// which is removed afterwards. Both `malachi bench storage` and
+/// `malachi bench produce --vs-raw` use this, so their baselines agree.
+///
+/// # Panics
+///
+/// When `files` or `write_bytes` is zero: such a run measures nothing.
+pub fn raw_disk(
     dir: &Path,
     files: usize,
     write_bytes: usize,
     duration: Duration,
-) -> Result<Measured, StorageError> {
-    let sub = dir.join(format!("raw-{files}-{write_bytes}"));
+) -> Result<RawResult, StorageError> {
+    assert!(
+        files > 0 && write_bytes > 0,
+        "a raw disk run needs files and bytes"
+    );
+    let sub = dir.join(format!("raw-{}-{files}-{write_bytes}", std::process::id()));
     fs::create_dir_all(&sub).map_err(io("create raw directory", &sub))?;
     let barrier = Barrier::new(files);
     type Outcome = Result<(u64, u64, f64, Histogram<u64>), StorageError>;
@@ -445,24 +489,42 @@ fn raw_run(
             .map(|h| h.join().unwrap_or(Err(StorageError::ShuttingDown)))
             .collect()
     });
-    let mut m = Measured {
+    let mut raw = RawResult {
         bytes: 0,
-        records: 0,
+        writes: 0,
         seconds: 0.0,
-        hist: histogram(),
-        syncs: 0,
-        busy: 0,
-        lag: None,
+        latency_us: histogram(),
     };
+    // Remove the files even when a writer failed, then report the failure.
+    let removed = fs::remove_dir_all(&sub).map_err(io("remove raw directory", &sub));
     for outcome in outcomes {
         let (bytes, writes, seconds, hist) = outcome?;
-        m.bytes += bytes;
-        m.syncs += writes;
-        m.seconds = m.seconds.max(seconds);
-        let _ = m.hist.add(&hist);
+        raw.bytes += bytes;
+        raw.writes += writes;
+        raw.seconds = raw.seconds.max(seconds);
+        let _ = raw.latency_us.add(&hist);
     }
-    fs::remove_dir_all(&sub).map_err(io("remove raw directory", &sub))?;
-    Ok(m)
+    removed?;
+    Ok(raw)
+}
+
+/// [`raw_disk`] in the shape the store scenarios are measured in.
+fn raw_run(
+    dir: &Path,
+    files: usize,
+    write_bytes: usize,
+    duration: Duration,
+) -> Result<Measured, StorageError> {
+    let raw = raw_disk(dir, files, write_bytes, duration)?;
+    Ok(Measured {
+        bytes: raw.bytes,
+        records: 0,
+        seconds: raw.seconds,
+        hist: raw.latency_us,
+        syncs: raw.writes,
+        busy: 0,
+        lag: None,
+    })
 }
 
 /// Closed-loop appenders (or paced ones when `pace` is set), each sending
@@ -620,6 +682,19 @@ fn read_run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_raw_disk_run_writes_every_file_and_removes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = raw_disk(dir.path(), 2, 4096, Duration::from_millis(100)).unwrap();
+        assert!(raw.writes >= 2, "each writer syncs at least once");
+        assert_eq!(raw.bytes, raw.writes * 4096);
+        assert!(raw.seconds >= 0.1);
+        assert_eq!(raw.latency_us.len(), raw.writes);
+        assert!(raw.mb_per_s() > 0.0 && raw.writes_per_s() > 0.0);
+        assert!(raw.latency_us_at(0.5) <= raw.latency_us_at(0.99));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
 
     #[test]
     fn a_benchmark_record_frame_is_just_over_one_kib() {
