@@ -220,9 +220,10 @@ pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
             detail: e.to_string(),
         })?;
         // Nothing more buffered means the writer has paused (a person
-        // typing, a slow pipe): send what we have and wait for its
-        // acknowledgement now, rather than hold the records (or leave the
-        // requests unpolled) while the next read blocks.
+        // typing, a slow pipe): send what we have rather than hold the
+        // records while the next read blocks. The send alone puts them on
+        // the wire; waiting for the acknowledgement too reports a refusal
+        // (an unknown topic, say) to the writer now instead of at the end.
         if reader.buffer().is_empty() {
             let pending =
                 std::mem::replace(&mut builder, BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX));

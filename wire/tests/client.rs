@@ -421,6 +421,79 @@ async fn the_producer_keeps_its_window_full_and_counts_acknowledgements() {
     assert_eq!(producer.flush().await.unwrap(), 100);
 }
 
+#[tokio::test]
+async fn a_sent_batch_reaches_the_broker_without_waiting_for_its_ack() {
+    let (seen_tx, mut seen) = mpsc::unbounded_channel::<u32>();
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        let seen_tx = seen_tx.clone();
+        async move {
+            let count = produce_of(&frame).records.count();
+            seen_tx.send(count).unwrap();
+            let ack = ProduceResponse {
+                records_acknowledged: count,
+            };
+            tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let mut producer = client.producer("t", 4);
+
+    assert_eq!(producer.send(batch_of(3)).await.unwrap(), None);
+    // The caller now waits on something else (stdin, say), not on the
+    // producer: the request must reach the broker all the same.
+    let received = tokio::time::timeout(Duration::from_secs(2), seen.recv())
+        .await
+        .expect("the broker never received the sent batch");
+    assert_eq!(received, Some(3));
+
+    let ack = tokio::time::timeout(Duration::from_secs(2), producer.next_ack())
+        .await
+        .expect("the ack never arrived")
+        .unwrap()
+        .expect("one request was in flight");
+    assert_eq!(ack.records_acknowledged, 3);
+    assert_eq!(producer.records_acknowledged(), 3);
+    assert_eq!(producer.inflight(), 0);
+}
+
+#[tokio::test]
+async fn the_producer_never_has_more_than_its_window_at_the_broker() {
+    let inflight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (now, high) = (inflight.clone(), peak.clone());
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        let (now, high) = (now.clone(), high.clone());
+        async move {
+            let current = now.fetch_add(1, Ordering::SeqCst) + 1;
+            high.fetch_max(current, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            now.fetch_sub(1, Ordering::SeqCst);
+            let ack = ProduceResponse {
+                records_acknowledged: produce_of(&frame).records.count(),
+            };
+            tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let mut producer = client.producer("t", 2);
+
+    for _ in 0..8 {
+        producer.send(batch_of(1)).await.unwrap();
+    }
+    assert_eq!(producer.flush().await.unwrap(), 8);
+
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= 2,
+        "{peak} requests were in flight with a window of 2"
+    );
+    assert_eq!(peak, 2, "the producer did not keep its window full");
+}
+
 /// A fake topic of five records served two per fetch; cursors name the next index.
 fn serve_five_records(
     frame: RequestFrame,

@@ -102,6 +102,9 @@ pub enum ClientError {
     TooManyConnections { connections_max: usize },
     #[error("the subscription ended")]
     SubscriptionEnded,
+    /// The runtime cancelled a request's task (it is shutting down).
+    #[error("{api} was cancelled before its response")]
+    Cancelled { api: &'static str },
     #[error(transparent)]
     Wire(#[from] WireError),
 }
