@@ -468,7 +468,7 @@ async fn the_producer_never_has_more_than_its_window_at_the_broker() {
         async move {
             let current = now.fetch_add(1, Ordering::SeqCst) + 1;
             high.fetch_max(current, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             now.fetch_sub(1, Ordering::SeqCst);
             let ack = ProduceResponse {
                 records_acknowledged: produce_of(&frame).records.count(),
