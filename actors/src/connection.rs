@@ -754,7 +754,7 @@ async fn fetch(
     loop {
         // Plans are cloned under the metadata lock; the disk is read without it.
         let plans = read(plane.as_ref(), |state| active_plans(state, &topic));
-        let mut builder = BatchBuilder::new(batch_max);
+        let mut builder = BatchBuilder::with_capacity(batch_max, batch_max);
         let outcome = tokio::task::block_in_place(|| {
             read_topic(
                 &plans,

@@ -257,7 +257,7 @@ impl PushTask {
             if records_credit > 0 && bytes_credit > 0 {
                 let plans = read(plane.as_ref(), |state| active_plans(state, &self.topic));
                 let read_with = |records_max: u32, batch_max: usize| {
-                    let mut builder = BatchBuilder::new(batch_max);
+                    let mut builder = BatchBuilder::with_capacity(batch_max, batch_max);
                     tokio::task::block_in_place(|| {
                         read_topic(
                             &plans,

@@ -257,10 +257,18 @@ impl RecordBatch {
     }
 }
 
+/// The most bytes a LEB128 `u32` (the record count) takes.
+const COUNT_VARINT_BYTES_MAX: usize = 5;
+/// Room the builder keeps in front of the body for the magic, the CRC and
+/// the count, so `finish` writes them in place instead of copying the body
+/// (a fetch block is megabytes; copying it again cost as much as encoding).
+const BUILDER_PREFIX_BYTES: usize = BATCH_HEADER_BYTES + COUNT_VARINT_BYTES_MAX;
+
 /// Builds a block record by record, within `batch_bytes_max`.
 #[derive(Debug)]
 pub struct BatchBuilder {
-    body: BytesMut,
+    /// `BUILDER_PREFIX_BYTES` of room, then the encoded records.
+    buf: BytesMut,
     count: u32,
     batch_bytes_max: usize,
 }
@@ -268,11 +276,27 @@ pub struct BatchBuilder {
 impl BatchBuilder {
     /// A builder whose block will not exceed `batch_bytes_max` bytes.
     pub fn new(batch_bytes_max: usize) -> BatchBuilder {
+        BatchBuilder::with_capacity(batch_bytes_max, 0)
+    }
+
+    /// A builder that allocates room for `capacity_bytes` of block up front
+    /// (never more than `batch_bytes_max`), so a caller that expects to fill
+    /// it, such as a fetch, does not regrow and recopy the buffer.
+    pub fn with_capacity(batch_bytes_max: usize, capacity_bytes: usize) -> BatchBuilder {
+        let capacity = capacity_bytes
+            .min(batch_bytes_max)
+            .max(BUILDER_PREFIX_BYTES);
+        let mut buf = BytesMut::with_capacity(capacity);
+        buf.put_bytes(0, BUILDER_PREFIX_BYTES);
         BatchBuilder {
-            body: BytesMut::new(),
+            buf,
             count: 0,
             batch_bytes_max,
         }
+    }
+
+    fn body_bytes(&self) -> usize {
+        self.buf.len() - BUILDER_PREFIX_BYTES
     }
 
     /// Append a record, or refuse it with [`BatchError::Full`] (the builder
@@ -284,7 +308,7 @@ impl BatchBuilder {
             bytes: self.count as usize + 1,
         })?;
         let block_bytes =
-            BATCH_HEADER_BYTES + varint_bytes(u64::from(count)) + self.body.len() + record_bytes;
+            BATCH_HEADER_BYTES + varint_bytes(u64::from(count)) + self.body_bytes() + record_bytes;
         if block_bytes > self.batch_bytes_max {
             return Err(BatchError::Full {
                 record_bytes,
@@ -292,9 +316,9 @@ impl BatchBuilder {
                 batch_bytes_max: self.batch_bytes_max,
             });
         }
-        let before = self.body.len();
-        record.encode_into(&mut self.body);
-        debug_assert_eq!(self.body.len() - before, record_bytes);
+        let before = self.buf.len();
+        record.encode_into(&mut self.buf);
+        debug_assert_eq!(self.buf.len() - before, record_bytes);
         self.count = count;
         Ok(())
     }
@@ -306,16 +330,22 @@ impl BatchBuilder {
 
     /// The size the block would have if finished now.
     pub fn encoded_bytes(&self) -> usize {
-        BATCH_HEADER_BYTES + varint_bytes(u64::from(self.count)) + self.body.len()
+        BATCH_HEADER_BYTES + varint_bytes(u64::from(self.count)) + self.body_bytes()
     }
 
-    /// Seal the block: count, CRC and magic.
+    /// Seal the block: count, CRC and magic, written into the room kept in
+    /// front of the body; the body itself is not copied.
     pub fn finish(self) -> RecordBatch {
-        let mut block = BytesMut::with_capacity(self.encoded_bytes());
-        block.put_u8(BATCH_MAGIC);
-        block.put_u32(0);
-        put_varint(&mut block, u64::from(self.count));
-        block.put_slice(&self.body);
+        let mut count_bytes = BytesMut::with_capacity(COUNT_VARINT_BYTES_MAX);
+        put_varint(&mut count_bytes, u64::from(self.count));
+        assert!(count_bytes.len() <= COUNT_VARINT_BYTES_MAX);
+        let start = BUILDER_PREFIX_BYTES - BATCH_HEADER_BYTES - count_bytes.len();
+        let mut block = self.buf;
+        // Dropping the unused front of the room is O(1): it moves a pointer.
+        let _unused_room = block.split_to(start);
+        block[0] = BATCH_MAGIC;
+        block[BATCH_HEADER_BYTES..BATCH_HEADER_BYTES + count_bytes.len()]
+            .copy_from_slice(&count_bytes);
         let crc = crc32fast::hash(&block[BATCH_HEADER_BYTES..]);
         block[1..BATCH_HEADER_BYTES].copy_from_slice(&crc.to_be_bytes());
         let block = block.freeze();
@@ -609,6 +639,35 @@ mod tests {
         let batch = builder.finish();
         assert_eq!(batch.count(), 1);
         assert!(batch.encoded_bytes() <= 32);
+    }
+
+    #[test]
+    fn a_builder_with_capacity_seals_the_same_block_as_a_plain_builder() {
+        // 200 records make the count a two-byte varint, so the header is
+        // written at a different place in the room kept in front of the body.
+        for records in [0usize, 1, 127, 128, 200] {
+            let mut plain = BatchBuilder::new(BATCH_BYTES_MAX_DEFAULT);
+            let mut reserved = BatchBuilder::with_capacity(BATCH_BYTES_MAX_DEFAULT, 64 * 1024);
+            for i in 0..records {
+                let record = Record::new(format!("k{i}"), vec![i as u8; 10]).with_timestamp_ms(7);
+                plain.push(&record).unwrap();
+                reserved.push(&record).unwrap();
+            }
+            assert_eq!(plain.encoded_bytes(), reserved.encoded_bytes());
+            let (plain, reserved) = (plain.finish(), reserved.finish());
+            assert_eq!(plain.block(), reserved.block());
+            assert_eq!(reserved.encoded_bytes(), reserved.block().len());
+            let decoded = RecordBatch::from_block(reserved.block().clone()).unwrap();
+            assert_eq!(decoded.count() as usize, records);
+            assert_eq!(decoded.records().len(), records);
+        }
+    }
+
+    #[test]
+    fn a_builder_never_reserves_more_than_batch_bytes_max() {
+        let builder = BatchBuilder::with_capacity(64, 1 << 30);
+        assert!(builder.buf.capacity() < 1024);
+        assert_eq!(builder.finish(), RecordBatch::default());
     }
 
     #[test]
