@@ -18,21 +18,23 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use malachi_cluster::cursor::{Cursor, Position};
 use malachi_cluster::model::{MetadataState, ModelError, RangeId, TopicState};
 use malachi_storage::Record;
 use malachi_supervision::SupervisionError;
 use malachi_wire::batch::BatchBuilder;
+use malachi_wire::frame::encode_response_parts;
 use malachi_wire::limits::MESSAGE_BYTES_MAX;
 use malachi_wire::messages::{self as wire, ApiVersion, Request, Response};
-use malachi_wire::{ErrorBody, ErrorCode, Message, RequestFrame, ResponseFrame, ServerCodec};
+use malachi_wire::{ErrorBody, ErrorCode, Message, RequestFrame, ServerCodec, WireError};
 use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
@@ -171,8 +173,31 @@ impl Drop for Inflight {
 }
 
 pub(crate) struct Outbound {
-    pub frame: ResponseFrame,
+    pub frame: Reply,
     pub _slot: Option<Inflight>,
+}
+
+/// A response ready for the writer. Its payload stays in two pieces, the
+/// control map and the record batch block, so a fetched block (up to 4 MiB)
+/// reaches the socket without being copied into a frame buffer.
+pub(crate) struct Reply {
+    pub correlation_id: u32,
+    pub error_code: ErrorCode,
+    pub control: Bytes,
+    pub block: Option<Bytes>,
+}
+
+impl Reply {
+    /// A successful response to `correlation_id`.
+    pub(crate) fn encode(correlation_id: u32, response: &Response) -> Result<Reply, WireError> {
+        let (control, block) = response.encode_parts()?;
+        Ok(Reply {
+            correlation_id,
+            error_code: ErrorCode::None,
+            control,
+            block,
+        })
+    }
 }
 
 async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken) {
@@ -180,7 +205,10 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     let inflight_max = shared.config.connection_inflight_max;
     let (rd, wr) = stream.into_split();
     let mut reader = FramedRead::new(rd, ServerCodec::new(frame_max));
-    let mut writer = FramedWrite::new(wr, ServerCodec::new(frame_max));
+    // No codec and no buffer on the write side: each response goes out as
+    // its header, control map and block in one vectored write, so the block
+    // is never copied.
+    let mut writer = wr;
     let permits = Arc::new(Semaphore::new(inflight_max));
     let subscriptions = Arc::new(Subscriptions::default());
     // One slot more than the permits, for the final error of an unframeable stream.
@@ -195,9 +223,26 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 next = rx.recv() => next,
             };
             let Some(out) = next else { break };
+            let reply = &out.frame;
+            // The frame limit is checked before any byte of the frame is written.
+            let parts = match encode_response_parts(
+                reply.correlation_id,
+                reply.error_code,
+                reply.control.clone(),
+                reply.block.clone(),
+                frame_max,
+            ) {
+                Ok(parts) => parts,
+                Err(e) => {
+                    debug!(error = %e, "cannot encode a response; closing");
+                    write_cancel.cancel();
+                    break;
+                }
+            };
+            let mut buf = parts.into_buf();
             let sent = tokio::select! {
                 _ = write_cancel.cancelled() => break,
-                sent = writer.send(out.frame) => sent,
+                sent = writer.write_all_buf(&mut buf) => sent,
             };
             if let Err(e) = sent {
                 debug!(error = %e, "cannot write a response; closing");
@@ -209,7 +254,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
         // Every response is out: send FIN, so the client reads them all
         // before it sees the end of the stream.
         if !write_cancel.is_cancelled() {
-            let _ = writer.close().await;
+            let _ = writer.shutdown().await;
         }
     });
 
@@ -300,7 +345,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     }
 }
 
-pub(crate) fn error_frame(correlation_id: u32, code: ErrorCode, message: String) -> ResponseFrame {
+pub(crate) fn error_frame(correlation_id: u32, code: ErrorCode, message: String) -> Reply {
     let mut message = message;
     if message.len() > MESSAGE_BYTES_MAX {
         let mut cut = MESSAGE_BYTES_MAX;
@@ -314,10 +359,11 @@ pub(crate) fn error_frame(correlation_id: u32, code: ErrorCode, message: String)
         leader_hint: None,
         retry_after_ms: code.retriable().then_some(10),
     };
-    ResponseFrame {
+    Reply {
         correlation_id,
         error_code: code,
-        payload: body.encode().unwrap_or_else(|_| Bytes::new()),
+        control: body.encode().unwrap_or_else(|_| Bytes::new()),
+        block: None,
     }
 }
 
@@ -329,11 +375,7 @@ pub(crate) struct ConnCtx {
     pub cancel: CancellationToken,
 }
 
-async fn handle_frame(
-    shared: &Arc<Shared>,
-    ctx: &ConnCtx,
-    frame: RequestFrame,
-) -> Option<ResponseFrame> {
+async fn handle_frame(shared: &Arc<Shared>, ctx: &ConnCtx, frame: RequestFrame) -> Option<Reply> {
     let correlation_id = frame.correlation_id;
     let request = match Request::decode(frame.api_key, frame.payload) {
         Ok(request) => request,
@@ -363,14 +405,10 @@ fn encode_answer(
     correlation_id: u32,
     name: &'static str,
     answer: Result<Response, Failure>,
-) -> ResponseFrame {
+) -> Reply {
     match answer {
-        Ok(response) => match response.encode() {
-            Ok(payload) => ResponseFrame {
-                correlation_id,
-                error_code: ErrorCode::None,
-                payload,
-            },
+        Ok(response) => match Reply::encode(correlation_id, &response) {
+            Ok(reply) => reply,
             Err(e) => {
                 warn!(api = name, error = %e, "cannot encode a response");
                 error_frame(correlation_id, ErrorCode::UnknownServerError, e.to_string())

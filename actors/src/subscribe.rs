@@ -20,11 +20,11 @@ use malachi_wire::limits::{CREDIT_BYTES_MAX, CREDIT_RECORDS_MAX};
 use malachi_wire::messages::{
     FetchRequest, SubscribeCreditRequest, SubscribeCreditResponse, SubscribePush, SubscribeRequest,
 };
-use malachi_wire::{ErrorCode, Message, RecordBatch, ResponseFrame};
+use malachi_wire::{ErrorCode, Message, RecordBatch};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::connection::{ConnCtx, Failure, Outbound, error_frame, start_positions};
+use crate::connection::{ConnCtx, Failure, Outbound, Reply, error_frame, start_positions};
 use crate::fetch::{active_plans, read_topic};
 use crate::metadata::read;
 use crate::shared::Shared;
@@ -60,12 +60,13 @@ impl Subscriptions {
     }
 }
 
-fn push_frame(id: u32, push: &SubscribePush) -> ResponseFrame {
-    match push.encode() {
-        Ok(payload) => ResponseFrame {
+fn push_frame(id: u32, push: &SubscribePush) -> Reply {
+    match push.encode_parts() {
+        Ok((control, block)) => Reply {
             correlation_id: id,
             error_code: ErrorCode::None,
-            payload,
+            control,
+            block,
         },
         Err(e) => error_frame(id, ErrorCode::UnknownServerError, e.to_string()),
     }
@@ -178,7 +179,7 @@ struct PushTask {
 }
 
 impl PushTask {
-    async fn send(&self, frame: ResponseFrame) -> bool {
+    async fn send(&self, frame: Reply) -> bool {
         tokio::select! {
             _ = self.cancel.cancelled() => false,
             sent = self.tx.send(Outbound { frame, _slot: None }) => sent.is_ok(),
@@ -191,7 +192,7 @@ impl PushTask {
         positions: &BTreeMap<RangeId, Position>,
         records: RecordBatch,
         last: bool,
-    ) -> ResponseFrame {
+    ) -> Reply {
         let cursor = Cursor {
             topic: self.topic.clone(),
             incarnation: self.incarnation,

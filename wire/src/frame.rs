@@ -173,6 +173,59 @@ pub fn encode_response(
     Ok(())
 }
 
+/// A response frame held as three pieces that, written in order, are
+/// byte-for-byte what [`encode_response`] appends: the 10 header bytes, the
+/// control map, and the record batch block. A fetch response carries up to
+/// 4 MiB of block, so keeping it as its own (shared) `Bytes` lets a server
+/// hand it to the socket without copying it into a frame buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseParts {
+    /// `len | correlation_id | error_code`.
+    pub head: Bytes,
+    /// The control map (or the whole payload of a response without a block).
+    pub control: Bytes,
+    /// The record batch block, for responses that carry one.
+    pub block: Option<Bytes>,
+}
+
+impl ResponseParts {
+    /// Bytes of the whole frame, `len` field included.
+    pub fn total_len(&self) -> usize {
+        self.head.len() + self.control.len() + self.block.as_ref().map_or(0, Bytes::len)
+    }
+
+    /// The pieces chained in wire order, for a (vectored) `write_all_buf`.
+    pub fn into_buf(self) -> impl Buf {
+        self.head
+            .chain(self.control)
+            .chain(self.block.unwrap_or_default())
+    }
+}
+
+/// Build a response frame as [`ResponseParts`]. The frame limit is checked
+/// first, so an oversized response is refused before any of it is written.
+pub fn encode_response_parts(
+    correlation_id: u32,
+    error_code: ErrorCode,
+    control: Bytes,
+    block: Option<Bytes>,
+    frame_bytes_max: usize,
+) -> Result<ResponseParts, WireError> {
+    let payload = control.len() + block.as_ref().map_or(0, Bytes::len);
+    let declared = check_outgoing(payload, RESPONSE_HEADER_BYTES, frame_bytes_max)?;
+    let mut head = BytesMut::with_capacity(LEN_BYTES + RESPONSE_HEADER_BYTES);
+    head.put_u32(declared);
+    head.put_u32(correlation_id);
+    head.put_u16(error_code.code());
+    let parts = ResponseParts {
+        head: head.freeze(),
+        control,
+        block,
+    };
+    assert_eq!(parts.total_len(), LEN_BYTES + declared as usize);
+    Ok(parts)
+}
+
 /// Split a request frame body (after `len`) into its fields.
 fn parse_request(mut body: Bytes) -> RequestFrame {
     debug_assert!(body.len() >= REQUEST_HEADER_BYTES);
@@ -325,5 +378,54 @@ mod tests {
             })
         ));
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn response_parts_concatenated_equal_the_encoded_fetch_response() {
+        use crate::batch::BatchBuilder;
+        use crate::batch::Record;
+        use crate::messages::{FetchResponse, Message};
+        let mut builder = BatchBuilder::new(1024 * 1024);
+        builder.push(&Record::new("key", "value-one")).unwrap();
+        builder.push(&Record::new("", "value-two")).unwrap();
+        let response = FetchResponse {
+            next_cursor: "c".repeat(40),
+            records: builder.finish(),
+        };
+        let (control, block) = response.encode_parts().unwrap();
+        assert!(block.is_some());
+        let parts =
+            encode_response_parts(5, ErrorCode::None, control, block, FRAME_BYTES_MAX_DEFAULT)
+                .unwrap();
+        let mut old = BytesMut::new();
+        let frame = ResponseFrame {
+            correlation_id: 5,
+            error_code: ErrorCode::None,
+            payload: response.encode().unwrap(),
+        };
+        encode_response(&frame, &mut old, FRAME_BYTES_MAX_DEFAULT).unwrap();
+        assert_eq!(parts.total_len(), old.len());
+        let mut buf = parts.into_buf();
+        let joined = buf.copy_to_bytes(buf.remaining());
+        assert_eq!(joined, old.freeze());
+    }
+
+    #[test]
+    fn response_parts_over_the_limit_are_refused() {
+        let err = encode_response_parts(
+            1,
+            ErrorCode::None,
+            Bytes::from(vec![0u8; 10]),
+            Some(Bytes::from(vec![0u8; 60])),
+            64,
+        )
+        .unwrap_err();
+        assert!(matches!(
+            err,
+            WireError::FrameTooLarge {
+                declared_bytes: 76,
+                frame_bytes_max: 64
+            }
+        ));
     }
 }

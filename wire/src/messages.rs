@@ -47,18 +47,29 @@ pub trait Message: Serialize + DeserializeOwned + Sized {
 
     /// Encode as a frame payload, checking bounds first.
     fn encode(&self) -> Result<Bytes, WireError> {
+        let (control, block) = self.encode_parts()?;
+        let Some(block) = block else {
+            return Ok(control);
+        };
+        let mut out = BytesMut::with_capacity(control.len() + block.len());
+        out.put_slice(&control);
+        out.put_slice(&block);
+        Ok(out.freeze())
+    }
+
+    /// Encode as the two pieces of a frame payload, checking bounds first:
+    /// the control map, then the block (a zero-copy clone of the batch's),
+    /// so a writer can send a large block without copying it.
+    fn encode_parts(&self) -> Result<(Bytes, Option<Bytes>), WireError> {
         self.check()?;
         let control = rmp_serde::to_vec_named(self).map_err(|source| WireError::Encode {
             message: Self::NAME,
             source,
         })?;
-        let block = self.batch().map(|b| b.block().len()).unwrap_or(0);
-        let mut out = BytesMut::with_capacity(control.len() + block);
-        out.put_slice(&control);
-        if let Some(batch) = self.batch() {
-            out.put_slice(batch.block());
-        }
-        Ok(out.freeze())
+        Ok((
+            Bytes::from(control),
+            self.batch().map(|b| b.block().clone()),
+        ))
     }
 
     /// Decode a frame payload, checking bounds last.
@@ -937,6 +948,14 @@ macro_rules! operations {
             pub fn encode(&self) -> Result<Bytes, WireError> {
                 match self {
                     $( Response::$variant(message) => message.encode(), )*
+                }
+            }
+
+            /// Encode the payload of a successful response frame as its
+            /// control map and its block, without copying the block.
+            pub fn encode_parts(&self) -> Result<(Bytes, Option<Bytes>), WireError> {
+                match self {
+                    $( Response::$variant(message) => message.encode_parts(), )*
                 }
             }
 
