@@ -181,26 +181,14 @@ pub fn run(
                 ) {
                     continue;
                 }
-                let m = store_run(
-                    &opts.dir,
-                    &cfg,
+                let name =
+                    format!("append segments={segments} appenders={appenders} batch={batch}");
+                let shape = StoreShape {
                     segments,
                     appenders,
                     batch,
-                    Duration::from_secs_f64(store_secs),
-                    None,
-                )?;
-                let name =
-                    format!("append segments={segments} appenders={appenders} batch={batch}");
-                let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
-                compare(&mut r, &raw, segments.min(appenders), batch * frame);
-                pair(
-                    &opts.dir,
-                    &mut r,
-                    segments.min(appenders),
-                    store_secs,
-                    frame,
-                )?;
+                };
+                let r = store_scenario(opts, &cfg, &raw, name, shape, store_secs, frame, None)?;
                 if segments == 16 && appenders == 64 && batch == 10 {
                     best = Some((r.records_per_s, segments, appenders, batch));
                 }
@@ -223,25 +211,22 @@ pub fn run(
     for (max_rps, segments, appenders, batch) in half_load.into_iter().flatten() {
         let rate = (max_rps / 2.0).max(1.0);
         let per_appender = Duration::from_secs_f64(appenders as f64 * batch as f64 / rate);
-        let m = store_run(
-            &opts.dir,
-            &cfg,
+        let name =
+            format!("latency half-load segments={segments} appenders={appenders} batch={batch}");
+        let shape = StoreShape {
             segments,
             appenders,
             batch,
-            Duration::from_secs_f64(store_secs),
-            Some(per_appender),
-        )?;
-        let name =
-            format!("latency half-load segments={segments} appenders={appenders} batch={batch}");
-        let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
-        compare(&mut r, &raw, segments.min(appenders), batch * frame);
-        pair(
-            &opts.dir,
-            &mut r,
-            segments.min(appenders),
+        };
+        let mut r = store_scenario(
+            opts,
+            &cfg,
+            &raw,
+            name,
+            shape,
             store_secs,
             frame,
+            Some(per_appender),
         )?;
         r.offered_records_per_s = Some(rate);
         r.p99_target_us = r.raw_p99_us.map(|p99| 2 * p99 + 1000);
@@ -259,6 +244,48 @@ pub fn run(
 
 fn wanted(opts: &BenchOptions, scenario: &str) -> bool {
     opts.filter.as_deref().is_none_or(|f| scenario.contains(f))
+}
+
+/// How many segments, appenders and records per append a store scenario uses.
+#[derive(Debug, Clone, Copy)]
+struct StoreShape {
+    segments: usize,
+    appenders: usize,
+    batch: usize,
+}
+
+/// Runs one store scenario (closed-loop, or paced at `pace` per appender),
+/// then compares it with the raw grid and with a raw run paired right after it.
+#[allow(clippy::too_many_arguments)]
+fn store_scenario(
+    opts: &BenchOptions,
+    cfg: &StoreConfig,
+    raw: &[ScenarioResult],
+    name: String,
+    shape: StoreShape,
+    store_secs: f64,
+    frame: usize,
+    pace: Option<Duration>,
+) -> Result<ScenarioResult, StorageError> {
+    let StoreShape {
+        segments,
+        appenders,
+        batch,
+    } = shape;
+    let m = store_run(
+        &opts.dir,
+        cfg,
+        segments,
+        appenders,
+        batch,
+        Duration::from_secs_f64(store_secs),
+        pace,
+    )?;
+    let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
+    let files = segments.min(appenders);
+    compare(&mut r, raw, files, batch * frame);
+    pair(&opts.dir, &mut r, files, store_secs, frame)?;
+    Ok(r)
 }
 
 /// Measures the raw disk right after a store scenario, at the scenario's
