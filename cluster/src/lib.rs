@@ -12,4 +12,5 @@
 
 pub mod cursor;
 pub mod group;
+pub mod membership;
 pub mod model;
