@@ -14,3 +14,4 @@ pub mod cursor;
 pub mod group;
 pub mod membership;
 pub mod model;
+pub mod ring;

@@ -336,7 +336,9 @@ impl Reference {
                 }
                 Ok(Outcome::ReplicaReplaced { segment: *segment })
             }
-            Command::PutPolicy { .. } | Command::RemovePolicy { .. } => {
+            Command::PutPolicy { .. }
+            | Command::RemovePolicy { .. }
+            | Command::AssignArc { .. } => {
                 unreachable!("not generated")
             }
         }
@@ -481,7 +483,9 @@ impl Reference {
                     }
                 }
             }
-            Command::PutPolicy { .. } | Command::RemovePolicy { .. } => {}
+            Command::PutPolicy { .. }
+            | Command::RemovePolicy { .. }
+            | Command::AssignArc { .. } => {}
         }
         let _ = outcome;
     }

@@ -20,9 +20,14 @@ mod fsio;
 mod log_store;
 mod network;
 mod state_machine;
+mod tcp;
 mod types;
 
 pub use network::{GroupTransport, RaftRpcKind, TransportError, UnreachableTransport};
+pub use tcp::{
+    FORWARD_PROPOSE_API_KEY, FORWARD_READ_API_KEY, GroupRegistry, RpcService, TcpTransport,
+    TcpTransportConfig, TransportServer, raft_api_key, raft_kind_of,
+};
 
 use crate::model::{Command, MetadataState, ModelError, Outcome};
 use log_store::{LogStore, OpenError};
@@ -248,8 +253,7 @@ impl MetadataGroup {
 
     /// Opens the group's storage and starts its raft node over `transport`
     /// without initializing a membership or waiting for a leader. A
-    /// multi-voter group is formed on top of this (not yet supported end to
-    /// end: only the single-voter path is tested).
+    /// multi-voter group is formed on top of this with `initialize`.
     pub async fn open(
         config: GroupConfig,
         transport: Arc<dyn GroupTransport>,
@@ -326,6 +330,67 @@ impl MetadataGroup {
                 );
                 Err(GroupError::Timeout)
             }
+            Err(other) => Err(self.stopped_reason(other.to_string())),
+        }
+    }
+
+    /// Forms the group's membership from `voters` if this replica has none
+    /// yet; a no-op on an initialized replica (after a restart, or once a
+    /// peer's membership reached it). Every replica of a fresh group may
+    /// call this with the same voter set (openraft's voting keeps that
+    /// safe); different sets on different replicas must never happen, so
+    /// the set must be a pure function of shared configuration.
+    pub async fn initialize(&self, voters: &[u64]) -> Result<(), GroupError> {
+        self.check_running()?;
+        let raft = &self.inner.raft;
+        if raft.is_initialized().await.map_err(|e| fatal_reason(&e))? {
+            return Ok(());
+        }
+        let members: BTreeMap<u64, BasicNode> = voters
+            .iter()
+            .map(|id| (*id, BasicNode::default()))
+            .collect();
+        if !members.contains_key(&self.inner.config.node_id) {
+            return Err(GroupError::Config {
+                reason: format!(
+                    "node {} is not among the voters {voters:?} it initializes",
+                    self.inner.config.node_id
+                ),
+            });
+        }
+        match raft.initialize(members).await {
+            Ok(()) => {
+                tracing::info!(
+                    group = self.inner.config.group_id,
+                    node = self.inner.config.node_id,
+                    ?voters,
+                    "initialized the group's membership"
+                );
+                Ok(())
+            }
+            // A peer's entries arrived between the check and the call: the
+            // membership exists, which is all this wanted.
+            Err(RaftError::APIError(openraft::errors::InitializeError::NotAllowed(_))) => Ok(()),
+            Err(RaftError::APIError(api)) => Err(GroupError::Raft {
+                reason: api.to_string(),
+            }),
+            Err(RaftError::Fatal(f)) => Err(fatal_reason(&f)),
+        }
+    }
+
+    /// Waits until this replica knows a leader and returns its id, or
+    /// `GroupError::Timeout` after `timeout_ms`.
+    pub async fn wait_for_leader(&self, timeout_ms: u64) -> Result<u64, GroupError> {
+        self.check_running()?;
+        let wait = self
+            .inner
+            .raft
+            .wait(Some(Duration::from_millis(timeout_ms)))
+            .metrics(|m| m.current_leader.is_some(), "a known leader")
+            .await;
+        match wait {
+            Ok(m) => m.current_leader.ok_or(GroupError::Timeout),
+            Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout),
             Err(other) => Err(self.stopped_reason(other.to_string())),
         }
     }

@@ -4,6 +4,7 @@
 //! and offset it will need, and only then writes. No write can fail, so a
 //! refused command leaves the state exactly as it was, with no rollback.
 
+use super::arc::RingArc;
 use super::command::{
     ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX,
     NameRule, Outcome, POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
@@ -76,6 +77,14 @@ fn reserve(next: u64, count: u64, what: IdKind) -> Result<u64, ModelError> {
 impl MetadataState {
     /// Applies one command. On `Err` the state is unchanged, byte for byte.
     pub fn apply(&mut self, command: Command) -> Result<Outcome, ModelError> {
+        if let (Some(arc), Some(topic)) = (self.arc, command.topic())
+            && !arc.holds_topic(topic)
+        {
+            return Err(ModelError::WrongVnode {
+                topic: topic.to_owned(),
+                arc,
+            });
+        }
         let outcome = match command {
             Command::CreateTopic {
                 topic,
@@ -130,6 +139,7 @@ impl MetadataState {
             } => self.replace_replica(&topic, segment, old, new),
             Command::PutPolicy { policy } => self.put_policy(policy),
             Command::RemovePolicy { name } => self.remove_policy(&name),
+            Command::AssignArc { arc } => self.assign_arc(arc),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(
@@ -633,5 +643,16 @@ impl MetadataState {
                 name: name.to_owned(),
             }),
         }
+    }
+
+    fn assign_arc(&mut self, arc: RingArc) -> Result<Outcome, ModelError> {
+        if let Some(topic) = self.topics.keys().find(|name| !arc.holds_topic(name)) {
+            return Err(ModelError::ArcExcludesTopic {
+                topic: topic.clone(),
+                arc,
+            });
+        }
+        self.arc = Some(arc);
+        Ok(Outcome::ArcAssigned)
     }
 }

@@ -4,6 +4,7 @@
 //! before applying it, and carries the time it records (`at_ms`), so the
 //! machine never reads a clock.
 
+use super::arc::RingArc;
 use super::state::{Incarnation, NodeId, RangeId, SealRecord, SegmentId, StoragePolicy};
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +93,11 @@ pub enum Command {
     /// Removes a storage policy definition. Topics pointing at it keep the
     /// name, which then holds their data until an operator rebinds it.
     RemovePolicy { name: String },
+    /// Sets the ring arc this vnode owns. From then on a command for a topic
+    /// outside it is refused with `WrongVnode`. Refused with
+    /// `ArcExcludesTopic` while the state holds a topic outside the new arc,
+    /// so an arc can never orphan metadata.
+    AssignArc { arc: RingArc },
 }
 
 impl Command {
@@ -107,7 +113,9 @@ impl Command {
             | Command::SplitRange { topic, .. }
             | Command::MergeRanges { topic, .. }
             | Command::ReplaceReplica { topic, .. } => Some(topic),
-            Command::PutPolicy { .. } | Command::RemovePolicy { .. } => None,
+            Command::PutPolicy { .. }
+            | Command::RemovePolicy { .. }
+            | Command::AssignArc { .. } => None,
         }
     }
 }
@@ -154,6 +162,7 @@ pub enum Outcome {
     },
     PolicyPut,
     PolicyRemoved,
+    ArcAssigned,
     /// The command was a repeat of one already applied (a re-seal at the
     /// recorded seal, sealing a sealed topic): nothing changed.
     Unchanged,
@@ -223,6 +232,13 @@ pub enum ModelError {
     },
     #[error("the {what} id space is exhausted")]
     IdSpaceExhausted { what: IdKind },
+    /// The topic's ring position is outside this vnode's arc: the sender
+    /// routed by a stale ring and must re-read it and retry elsewhere.
+    #[error("topic {topic} is outside this vnode's arc {arc}")]
+    WrongVnode { topic: String, arc: RingArc },
+    /// The new arc would leave an existing topic outside it.
+    #[error("arc {arc} does not hold existing topic {topic}")]
+    ArcExcludesTopic { topic: String, arc: RingArc },
 }
 
 /// The rule a topic or policy name broke.

@@ -12,6 +12,7 @@
 //! commands serialize to the same bytes.
 
 mod apply;
+mod arc;
 mod command;
 mod describe;
 mod keyspace;
@@ -19,6 +20,7 @@ mod read_plan;
 mod state;
 
 pub use apply::validate_name as validate_topic_name;
+pub use arc::{RING_END, RingArc, ring_position};
 pub use command::{
     ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX,
     NameRule, Outcome, POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,

@@ -4,6 +4,7 @@
 //! id comes from a counter inside the state, so two replicas that applied the
 //! same commands hold equal values and serialize to the same bytes.
 
+use super::arc::RingArc;
 use super::keyspace::{Band, position};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -177,6 +178,11 @@ pub struct MetadataState {
     pub(crate) next_incarnation: u64,
     pub(crate) next_range_id: u64,
     pub(crate) next_segment_id: u64,
+    /// The arc of the ring this vnode owns; `None` (a group that was never
+    /// assigned one, such as a lone broker's group 0) owns the whole ring.
+    /// Last, with a default, so snapshots from before arcs still decode.
+    #[serde(default)]
+    pub(crate) arc: Option<RingArc>,
 }
 
 /// Why a snapshot cannot be taken or restored.
@@ -211,6 +217,11 @@ macro_rules! ensure {
 impl MetadataState {
     pub fn new() -> MetadataState {
         MetadataState::default()
+    }
+
+    /// The ring arc this vnode owns, if one was assigned.
+    pub fn arc(&self) -> Option<RingArc> {
+        self.arc
     }
 
     pub fn topic(&self, name: &str) -> Option<&Topic> {
@@ -295,6 +306,10 @@ impl MetadataState {
     /// command and on every restore.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         for (name, topic) in &self.topics {
+            ensure!(
+                self.arc.is_none_or(|arc| arc.holds_topic(name)),
+                "topic {name} lies outside the vnode's arc"
+            );
             ensure!(
                 &topic.name == name,
                 "topic {name} is filed under another name"

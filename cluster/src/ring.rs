@@ -1,0 +1,282 @@
+//! The hash ring: which vnode owns a topic's metadata.
+//!
+//! The ring is a set of vnodes whose arcs tile the u64 ring; a topic belongs
+//! to the vnode whose arc holds `ring_position(name)` (`xxh3_64` of the
+//! name). A fresh ring of `n` vnodes gives vnode `i` the arc
+//! `[i * 2^64 / n, (i + 1) * 2^64 / n)`, so every broker that builds a ring
+//! from the same count places every topic identically, without talking to
+//! anyone. A split halves one vnode's arc: the parent keeps the lower half, a
+//! new vnode takes the upper half. Every change bumps `version`, so a broker
+//! can tell which of two rings is newer (a later change will keep the ring in
+//! a raft group of its own and spread its version by gossip).
+//!
+//! Vnode `v`'s metadata lives in raft group `v` (`VnodeEntry::group_id`); the
+//! ring's own group has the id `RING_GROUP_ID`, outside the vnodes' ids.
+
+use crate::model::{RING_END, RingArc, ring_position};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The vnode count of a fresh ring unless configured otherwise.
+pub const VNODES_DEFAULT: u32 = 16;
+/// The most vnodes a ring may hold, counting those made by splits.
+pub const VNODES_MAX: u32 = 256;
+/// The raft group id of the ring itself.
+pub const RING_GROUP_ID: u64 = 1 << 32;
+/// The version byte in front of an encoded ring.
+pub const RING_FORMAT_VERSION: u8 = 1;
+
+/// A vnode's id; also its raft group id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VnodeId(pub u32);
+
+impl VnodeId {
+    /// The raft group holding this vnode's metadata.
+    pub fn group_id(self) -> u64 {
+        u64::from(self.0)
+    }
+}
+
+impl fmt::Display for VnodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "vnode/{}", self.0)
+    }
+}
+
+/// One vnode on the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VnodeEntry {
+    pub id: VnodeId,
+    pub arc: RingArc,
+}
+
+/// Why a ring cannot be built, changed or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RingError {
+    #[error("a ring needs between 1 and {max} vnodes, not {count}")]
+    VnodeCount { count: u32, max: u32 },
+    #[error("{vnode} is not on the ring")]
+    NoSuchVnode { vnode: VnodeId },
+    #[error("{vnode} holds a single position and cannot split")]
+    ArcTooSmall { vnode: VnodeId },
+    #[error("the ring is full: {max} vnodes")]
+    Full { max: u32 },
+    #[error("ring encoding: {reason}")]
+    Codec { reason: String },
+    #[error("the ring's arcs do not tile the ring: {reason}")]
+    NotTiled { reason: String },
+}
+
+/// The ring: versioned, serializable, the same on every broker that holds
+/// the same version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ring {
+    version: u64,
+    /// Vnodes by arc start: ordered, so lookup is a floor search.
+    by_start: BTreeMap<u64, VnodeEntry>,
+    next_vnode: u32,
+}
+
+impl Ring {
+    /// A fresh ring of `count` vnodes with equal arcs, at version 1.
+    pub fn new(count: u32) -> Result<Ring, RingError> {
+        if count == 0 || count > VNODES_MAX {
+            return Err(RingError::VnodeCount {
+                count,
+                max: VNODES_MAX,
+            });
+        }
+        let n = u128::from(count);
+        let mut by_start = BTreeMap::new();
+        for i in 0..count {
+            let i = u128::from(i);
+            // Both bounds are below 2^64 except the last end, which is 2^64.
+            let start = (i * RING_END / n) as u64;
+            let end = (i + 1) * RING_END / n;
+            let id = VnodeId(i as u32);
+            by_start.insert(
+                start,
+                VnodeEntry {
+                    id,
+                    arc: RingArc { start, end },
+                },
+            );
+        }
+        Ok(Ring {
+            version: 1,
+            by_start,
+            next_vnode: count,
+        })
+    }
+
+    /// Bumped by every change.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// How many vnodes the ring holds.
+    pub fn len(&self) -> usize {
+        self.by_start.len()
+    }
+
+    /// Never true: a ring holds at least one vnode.
+    pub fn is_empty(&self) -> bool {
+        self.by_start.is_empty()
+    }
+
+    /// Every vnode in ring order.
+    pub fn vnodes(&self) -> impl Iterator<Item = &VnodeEntry> {
+        self.by_start.values()
+    }
+
+    /// One vnode by id.
+    pub fn vnode(&self, id: VnodeId) -> Option<&VnodeEntry> {
+        self.by_start.values().find(|v| v.id == id)
+    }
+
+    /// The vnode owning a ring position.
+    pub fn owner_of_position(&self, position: u64) -> &VnodeEntry {
+        // The arcs tile the ring from 0 (checked on construction and
+        // decode), so a floor entry always exists; the fallback is the
+        // first vnode rather than a panic.
+        self.by_start
+            .range(..=position)
+            .next_back()
+            .or_else(|| self.by_start.iter().next())
+            .map(|(_, v)| v)
+            .unwrap_or(&FALLBACK)
+    }
+
+    /// The vnode owning a topic's metadata.
+    pub fn owner(&self, topic: &str) -> &VnodeEntry {
+        self.owner_of_position(ring_position(topic))
+    }
+
+    /// Splits `vnode`: it keeps the lower half of its arc, a new vnode
+    /// (returned) takes the upper half. Bumps the version.
+    pub fn split(&mut self, vnode: VnodeId) -> Result<VnodeEntry, RingError> {
+        let entry = *self.vnode(vnode).ok_or(RingError::NoSuchVnode { vnode })?;
+        if self.next_vnode >= VNODES_MAX || self.by_start.len() as u32 >= VNODES_MAX {
+            return Err(RingError::Full { max: VNODES_MAX });
+        }
+        let (lower, upper) = entry.arc.halves().ok_or(RingError::ArcTooSmall { vnode })?;
+        let new = VnodeEntry {
+            id: VnodeId(self.next_vnode),
+            arc: upper,
+        };
+        self.next_vnode += 1;
+        self.by_start.insert(
+            lower.start,
+            VnodeEntry {
+                id: vnode,
+                arc: lower,
+            },
+        );
+        self.by_start.insert(upper.start, new);
+        self.version += 1;
+        Ok(new)
+    }
+
+    /// The encoded ring: a format version byte, then rmp-serde.
+    pub fn encode(&self) -> Result<Vec<u8>, RingError> {
+        let mut out = vec![RING_FORMAT_VERSION];
+        rmp_serde::encode::write(&mut out, self).map_err(|e| RingError::Codec {
+            reason: e.to_string(),
+        })?;
+        Ok(out)
+    }
+
+    /// A ring from `encode`'s bytes, checked to tile the ring.
+    pub fn decode(bytes: &[u8]) -> Result<Ring, RingError> {
+        let codec = |reason: String| RingError::Codec { reason };
+        let (&version, body) = bytes.split_first().ok_or(codec("empty".to_owned()))?;
+        if version != RING_FORMAT_VERSION {
+            return Err(codec(format!("format version {version}")));
+        }
+        let ring: Ring = rmp_serde::from_slice(body).map_err(|e| codec(e.to_string()))?;
+        ring.check()?;
+        Ok(ring)
+    }
+
+    /// Checks that the arcs tile the ring exactly and ids are unique.
+    pub fn check(&self) -> Result<(), RingError> {
+        let not_tiled = |reason: String| Err(RingError::NotTiled { reason });
+        let mut expected_start: u128 = 0;
+        let mut ids = std::collections::BTreeSet::new();
+        for (start, entry) in &self.by_start {
+            if entry.arc.start != *start || u128::from(*start) != expected_start {
+                return not_tiled(format!("gap or overlap at {start:#x}"));
+            }
+            if RingArc::new(entry.arc.start, entry.arc.end).is_none() {
+                return not_tiled(format!("empty arc at {start:#x}"));
+            }
+            if !ids.insert(entry.id) || entry.id.0 >= self.next_vnode {
+                return not_tiled(format!("{} is duplicated or unissued", entry.id));
+            }
+            expected_start = entry.arc.end;
+        }
+        if expected_start != RING_END {
+            return not_tiled("the arcs end before the top of the ring".to_owned());
+        }
+        Ok(())
+    }
+}
+
+static FALLBACK: VnodeEntry = VnodeEntry {
+    id: VnodeId(0),
+    arc: RingArc::FULL,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_ring_tiles_the_whole_ring() {
+        for count in [1, 2, 3, 7, 16, 255, 256] {
+            let ring = Ring::new(count).unwrap();
+            ring.check().unwrap();
+            assert_eq!(ring.len(), count as usize);
+        }
+        assert!(Ring::new(0).is_err());
+        assert!(Ring::new(257).is_err());
+    }
+
+    #[test]
+    fn the_ends_of_the_ring_belong_to_the_first_and_last_vnodes() {
+        let ring = Ring::new(16).unwrap();
+        assert_eq!(ring.owner_of_position(0).id, VnodeId(0));
+        assert_eq!(ring.owner_of_position(u64::MAX).id, VnodeId(15));
+        assert_eq!(ring.owner_of_position(1 << 60).id, VnodeId(1));
+        assert_eq!(ring.owner_of_position((1 << 60) - 1).id, VnodeId(0));
+    }
+
+    #[test]
+    fn a_split_gives_the_upper_half_to_a_new_vnode() {
+        let mut ring = Ring::new(2).unwrap();
+        let new = ring.split(VnodeId(1)).unwrap();
+        assert_eq!(new.id, VnodeId(2));
+        assert_eq!(new.arc.start, 3 << 62);
+        assert_eq!(ring.version(), 2);
+        assert_eq!(ring.vnode(VnodeId(1)).unwrap().arc.end, 3 << 62);
+        ring.check().unwrap();
+        assert_eq!(ring.owner_of_position(u64::MAX).id, VnodeId(2));
+    }
+
+    #[test]
+    fn a_damaged_encoding_is_refused() {
+        let ring = Ring::new(4).unwrap();
+        let bytes = ring.encode().unwrap();
+        assert_eq!(Ring::decode(&bytes).unwrap(), ring);
+        assert!(Ring::decode(&[]).is_err());
+        assert!(Ring::decode(&bytes[..bytes.len() - 1]).is_err());
+        let mut gap = ring.clone();
+        gap.by_start.remove(&(1 << 62));
+        assert!(matches!(
+            Ring::decode(&gap.encode().unwrap()),
+            Err(RingError::NotTiled { .. })
+        ));
+    }
+}

@@ -1,0 +1,233 @@
+//! Metadata groups replicated over the TCP raft transport: three nodes in
+//! one process on loopback, three groups each, one connection per node pair.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use malachi_cluster::group::{
+    GroupConfig, GroupError, GroupRegistry, MetadataGroup, TcpTransport, TcpTransportConfig,
+    TransportServer,
+};
+use malachi_cluster::model::{Command, NodeId};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+const GROUPS: [u64; 3] = [0, 1, 2];
+const VOTERS: [u64; 3] = [1, 2, 3];
+
+struct Node {
+    id: u64,
+    registry: Arc<GroupRegistry>,
+    server: TransportServer,
+    _dir: tempfile::TempDir,
+}
+
+fn config(group: u64, node: u64, dir: &std::path::Path) -> GroupConfig {
+    let mut config = GroupConfig::new(group, node, dir.join(format!("g{group}")));
+    config.election_timeout_min_ms = 300;
+    config.election_timeout_max_ms = 600;
+    config.heartbeat_interval_ms = 60;
+    config.request_timeout_ms = 5_000;
+    config
+}
+
+async fn start_cluster() -> Vec<Node> {
+    let mut listeners = Vec::new();
+    for _ in VOTERS {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let mut nodes = Vec::new();
+    for (listener, id) in listeners.into_iter().zip(VOTERS) {
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(id)));
+        for (peer, addr) in VOTERS.iter().zip(&addrs) {
+            if *peer != id {
+                transport.set_peer(*peer, *addr);
+            }
+        }
+        let registry = Arc::new(GroupRegistry::new());
+        let server = TransportServer::start(listener, registry.clone(), 64 * 1024 * 1024).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for group in GROUPS {
+            let g = MetadataGroup::open(config(group, id, dir.path()), transport.clone())
+                .await
+                .unwrap();
+            registry.insert(g);
+        }
+        nodes.push(Node {
+            id,
+            registry,
+            server,
+            _dir: dir,
+        });
+    }
+    for node in &nodes {
+        for group in node.registry.all() {
+            group.initialize(&VOTERS).await.unwrap();
+        }
+    }
+    nodes
+}
+
+fn create(topic: &str) -> Command {
+    Command::CreateTopic {
+        topic: topic.to_owned(),
+        initial_ranges: 1,
+        policy: None,
+        replicas: vec![vec![NodeId(1)]],
+        at_ms: 1,
+    }
+}
+
+/// The group's leader among `nodes`, waiting for one to emerge.
+async fn leader_of(nodes: &[Node], group: u64) -> MetadataGroup {
+    for _ in 0..200 {
+        for node in nodes {
+            if let Some(g) = node.registry.get(group)
+                && g.is_leader()
+            {
+                return g;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("group {group} elected no leader");
+}
+
+/// Proposes through whichever node leads now, retrying across elections.
+async fn propose_until_acknowledged(nodes: &[Node], group: u64, topic: &str) {
+    for _ in 0..100 {
+        let leader = leader_of(nodes, group).await;
+        match leader.propose(create(topic)).await {
+            Ok(verdict) => {
+                verdict.unwrap();
+                return;
+            }
+            Err(
+                GroupError::NotLeader { .. } | GroupError::Timeout | GroupError::Discarded { .. },
+            ) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(other) => panic!("propose {topic}: {other}"),
+        }
+    }
+    panic!("{topic} was never acknowledged");
+}
+
+async fn kill(node: Node) {
+    node.server.shutdown().await;
+    for group in node.registry.all() {
+        group.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_groups_elect_replicate_and_survive_the_loss_of_a_leader() {
+    let mut nodes = start_cluster().await;
+    for group in GROUPS {
+        propose_until_acknowledged(&nodes, group, &format!("before-{group}")).await;
+    }
+    // Every replica applies what the leader acknowledged.
+    for group in GROUPS {
+        for node in &nodes {
+            let g = node.registry.get(group).unwrap();
+            let mut applied = g.subscribe();
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while !g.read_local(|s| s.topic(&format!("before-{group}")).is_some()) {
+                    applied.changed().await.unwrap();
+                }
+            })
+            .await
+            .expect("a follower never applied the acknowledged entry");
+        }
+    }
+
+    // Kill the node that leads group 0.
+    let old_leader = leader_of(&nodes, 0).await.status().node_id;
+    let position = nodes.iter().position(|n| n.id == old_leader).unwrap();
+    kill(nodes.remove(position)).await;
+
+    for group in GROUPS {
+        propose_until_acknowledged(&nodes, group, &format!("after-{group}")).await;
+        let leader = leader_of(&nodes, group).await;
+        assert_ne!(
+            (group, leader.status().node_id),
+            (0, old_leader),
+            "the dead node cannot lead"
+        );
+        // Nothing acknowledged before the loss is lost, on a linearizable read.
+        let (before, after) = leader
+            .read(move |s| {
+                (
+                    s.topic(&format!("before-{group}")).is_some(),
+                    s.topic(&format!("after-{group}")).is_some(),
+                )
+            })
+            .await
+            .unwrap();
+        assert!(
+            before && after,
+            "group {group}: before={before} after={after}"
+        );
+    }
+    for node in nodes {
+        kill(node).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_to_a_dead_peer_fails_fast_as_unreachable_and_backs_off() {
+    use malachi_cluster::group::{GroupTransport, RaftRpcKind, TransportError};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let transport = TcpTransport::new(TcpTransportConfig::new(1));
+    transport.set_peer(2, addr);
+    let first = transport
+        .call(0, 2, RaftRpcKind::Vote, vec![], 1_000)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(first, TransportError::Unreachable { target: 2, .. }),
+        "{first:?}"
+    );
+    // Within the backoff the transport does not even try to connect.
+    let second = transport
+        .call(0, 2, RaftRpcKind::Vote, vec![], 1_000)
+        .await
+        .unwrap_err();
+    match second {
+        TransportError::Unreachable { reason, .. } => {
+            assert!(reason.contains("backing off"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // An unknown peer is unreachable too.
+    assert!(matches!(
+        transport.call(0, 9, RaftRpcKind::Vote, vec![], 100).await,
+        Err(TransportError::Unreachable { target: 9, .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_a_group_not_hosted_is_refused_remotely() {
+    use malachi_cluster::group::{GroupTransport, RaftRpcKind, TransportError};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = TransportServer::start(listener, Arc::new(GroupRegistry::new()), 1 << 20).unwrap();
+    let transport = TcpTransport::new(TcpTransportConfig::new(1));
+    transport.set_peer(2, addr);
+    let err = transport
+        .call(7, 2, RaftRpcKind::AppendEntries, vec![1, 2, 3], 2_000)
+        .await
+        .unwrap_err();
+    match err {
+        TransportError::Remote { reason, .. } => assert!(reason.contains("group 7"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // The connection stays usable after a refusal.
+    assert!(matches!(
+        transport.call(8, 2, RaftRpcKind::Vote, vec![], 2_000).await,
+        Err(TransportError::Remote { .. })
+    ));
+    server.shutdown().await;
+}
