@@ -15,3 +15,4 @@ pub mod group;
 pub mod membership;
 pub mod model;
 pub mod ring;
+pub mod vnodes;

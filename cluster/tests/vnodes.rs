@@ -1,0 +1,219 @@
+//! Vnodes on a hash ring, replicated over the TCP raft transport: three
+//! brokers in one process on loopback, any of which answers any request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
+use malachi_cluster::model::{Command, ModelError, NodeId, Outcome, RingArc};
+use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+const NODES: [u64; 3] = [1, 2, 3];
+
+struct Broker {
+    id: u64,
+    host: Arc<VnodeHost>,
+    server: TransportServer,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(vnode_count: u32) -> Vec<Broker> {
+    let mut listeners = Vec::new();
+    for _ in NODES {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let mut brokers = Vec::new();
+    for (listener, id) in listeners.into_iter().zip(NODES) {
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(id)));
+        for (peer, addr) in NODES.iter().zip(&addrs) {
+            if *peer != id {
+                transport.set_peer(*peer, *addr);
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = VnodeHostConfig::new(id, NODES.to_vec(), dir.path());
+        config.vnode_count = vnode_count;
+        config.group.election_timeout_min_ms = 300;
+        config.group.election_timeout_max_ms = 600;
+        config.group.heartbeat_interval_ms = 60;
+        let host = VnodeHost::open(config, transport).await.unwrap();
+        let server = TransportServer::start(listener, host.clone(), 64 * 1024 * 1024).unwrap();
+        brokers.push(Broker {
+            id,
+            host,
+            server,
+            _dir: dir,
+        });
+    }
+    brokers
+}
+
+async fn kill(broker: Broker) {
+    broker.server.shutdown().await;
+    broker.host.shutdown().await;
+}
+
+fn create(topic: &str) -> Command {
+    Command::CreateTopic {
+        topic: topic.to_owned(),
+        initial_ranges: 2,
+        policy: None,
+        replicas: vec![vec![NodeId(1)], vec![NodeId(2)]],
+        at_ms: 5,
+    }
+}
+
+async fn create_through(broker: &Broker, topic: &str) {
+    let verdict = broker.host.propose(create(topic)).await.unwrap();
+    assert!(
+        matches!(verdict, Ok(Outcome::TopicCreated { .. })),
+        "{topic}: {verdict:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn topics_created_through_any_broker_are_described_identically_through_every_other() {
+    let brokers = start(16).await;
+    let topics: Vec<String> = (0..12).map(|i| format!("orders-{i}")).collect();
+    for (i, topic) in topics.iter().enumerate() {
+        create_through(&brokers[i % brokers.len()], topic).await;
+    }
+    let ring = brokers[0].host.ring();
+    let owners: std::collections::BTreeSet<_> = topics.iter().map(|t| ring.owner(t).id).collect();
+    assert!(owners.len() > 1, "the topics should span several vnodes");
+    for topic in &topics {
+        let mut seen = Vec::new();
+        for broker in &brokers {
+            let description = broker.host.describe(topic).await.unwrap();
+            assert!(
+                description.is_some(),
+                "{topic} is missing through node {}",
+                broker.id
+            );
+            seen.push(description);
+        }
+        assert!(seen.windows(2).all(|w| w[0] == w[1]), "{topic}: {seen:?}");
+    }
+    // A creation through one broker is refused through another: one truth.
+    let again = brokers[2].host.propose(create(&topics[0])).await.unwrap();
+    assert!(
+        matches!(again, Err(ModelError::TopicExists { .. })),
+        "{again:?}"
+    );
+    for broker in brokers {
+        kill(broker).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_vnode_leader_killed_gives_way_and_nothing_acknowledged_is_lost() {
+    let mut brokers = start(8).await;
+    let before: Vec<String> = (0..8).map(|i| format!("before-{i}")).collect();
+    for (i, topic) in before.iter().enumerate() {
+        create_through(&brokers[i % 3], topic).await;
+    }
+    // Kill the broker leading the vnode of the first topic.
+    let vnode = brokers[0].host.ring().owner(&before[0]).id;
+    let leader = brokers
+        .iter()
+        .position(|b| b.host.led().contains(&vnode))
+        .expect("the vnode has a leader");
+    let dead = brokers.remove(leader);
+    let dead_id = dead.id;
+    kill(dead).await;
+
+    // Metadata operations resume through the survivors, on that vnode too.
+    let after: Vec<String> = (0..8).map(|i| format!("after-{i}")).collect();
+    for (i, topic) in after.iter().enumerate() {
+        create_through(&brokers[i % 2], topic).await;
+    }
+    let same_vnode = (0..)
+        .map(|i| format!("same-vnode-{i}"))
+        .find(|t| brokers[0].host.ring().owner(t).id == vnode)
+        .unwrap();
+    create_through(&brokers[1], &same_vnode).await;
+    let new_leader = brokers
+        .iter()
+        .find(|b| b.host.led().contains(&vnode))
+        .map(|b| b.id);
+    assert!(new_leader.is_some_and(|id| id != dead_id), "{new_leader:?}");
+
+    for topic in before.iter().chain(&after).chain([&same_vnode]) {
+        for broker in &brokers {
+            assert!(
+                broker.host.describe(topic).await.unwrap().is_some(),
+                "{topic} was acknowledged and is lost through node {}",
+                broker.id
+            );
+        }
+    }
+    for broker in brokers {
+        kill(broker).await;
+    }
+}
+
+/// A topic that a 4-vnode ring gives to vnode 1 and a 2-vnode ring to vnode 0.
+fn topic_moved_between_rings() -> String {
+    let (old, new) = (Ring::new(2).unwrap(), Ring::new(4).unwrap());
+    (0..)
+        .map(|i| format!("moved-{i}"))
+        .find(|t| old.owner(t).id == VnodeId(0) && new.owner(t).id == VnodeId(1))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_routed_to_the_wrong_vnode_is_refused_then_lands_on_the_right_one() {
+    let brokers = start(4).await;
+    let topic = topic_moved_between_rings();
+    let host = &brokers[1].host;
+
+    // Sent straight to vnode 0, the vnode itself refuses: its arc does not
+    // hold the topic, and nothing is applied.
+    let refused = host.propose_to(VnodeId(0), create(&topic)).await.unwrap();
+    let arc0 = host.ring().vnode(VnodeId(0)).unwrap().arc;
+    assert_eq!(
+        refused,
+        Err(ModelError::WrongVnode {
+            topic: topic.clone(),
+            arc: arc0
+        })
+    );
+    assert_eq!(arc0, RingArc::new(0, 1 << 62).unwrap());
+
+    // A broker routing by a stale ring (2 vnodes) sends it to vnode 0 too;
+    // the refusal makes it re-read the ring and the command lands on vnode 1.
+    host.set_routing_ring(Ring::new(2).unwrap());
+    let landed = host.propose(create(&topic)).await.unwrap();
+    assert!(
+        matches!(landed, Ok(Outcome::TopicCreated { .. })),
+        "{landed:?}"
+    );
+    for broker in &brokers {
+        assert!(broker.host.describe(&topic).await.unwrap().is_some());
+    }
+    // It lives on vnode 1's replicas only.
+    let mut holders = 0;
+    for broker in &brokers {
+        if let Some(g) = broker.host.group(VnodeId(0)) {
+            assert!(g.read_local(|s| s.topic(&topic).is_none()));
+        }
+        if let Some(g) = broker.host.group(VnodeId(1)) {
+            let mut applied = g.subscribe();
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while g.read_local(|s| s.topic(&topic).is_none()) {
+                    applied.changed().await.unwrap();
+                }
+            })
+            .await
+            .unwrap();
+            holders += 1;
+        }
+    }
+    assert_eq!(holders, 3);
+    for broker in brokers {
+        kill(broker).await;
+    }
+}
