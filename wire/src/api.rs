@@ -7,7 +7,7 @@
 //! |-------------|-----------------------------------------------------------|
 //! | 0..=99      | client operations (implemented, see [`ApiKey`])           |
 //! | 100..=199   | replication (replica_append, catch_up, seal, fence, ...)  |
-//! | 200..=299   | raft, multiplexed by group id                             |
+//! | 200..=299   | raft, multiplexed by group id (served on the raft port)   |
 //! | 300..=399   | consumer groups                                           |
 //! | 400..=499   | authentication                                            |
 //!
@@ -55,6 +55,9 @@ pub const RESERVED: &[(u16, &str)] = &[
     (200, "vote"),
     (201, "append_entries"),
     (202, "install_snapshot"),
+    (203, "pre_vote"),
+    (210, "forward_propose"),
+    (211, "forward_read"),
     (300, "join_group"),
     (301, "sync_group"),
     (302, "heartbeat"),
