@@ -24,6 +24,9 @@ pub const VNODES_DEFAULT: u32 = 16;
 pub const VNODES_MAX: u32 = 256;
 /// The raft group id of the ring itself.
 pub const RING_GROUP_ID: u64 = 1 << 32;
+/// Each vnode issues range and segment ids from its own block of
+/// `2^ID_BLOCK_BITS` ids.
+pub const ID_BLOCK_BITS: u32 = 40;
 /// The version byte in front of an encoded ring.
 pub const RING_FORMAT_VERSION: u8 = 1;
 
@@ -36,6 +39,13 @@ impl VnodeId {
     /// The raft group holding this vnode's metadata.
     pub fn group_id(self) -> u64 {
         u64::from(self.0)
+    }
+
+    /// The first range and segment id this vnode issues: each vnode has a
+    /// block of 2^40 ids, so ids are unique across the ring (vnode 0's block
+    /// starts at 0, which keeps a lone broker's ids as they were).
+    pub fn id_base(self) -> u64 {
+        u64::from(self.0) << ID_BLOCK_BITS
     }
 }
 

@@ -92,7 +92,10 @@ fn a_vnode_refuses_a_topic_outside_its_arc_and_stays_unchanged() {
     let arc = RingArc::new(0, 1 << 63).unwrap();
     let mut state = MetadataState::new();
     assert_eq!(
-        state.apply(Command::AssignArc { arc }),
+        state.apply(Command::AssignArc {
+            arc,
+            id_base: 1 << 40
+        }),
         Ok(Outcome::ArcAssigned)
     );
     let before = state.snapshot().unwrap();
@@ -110,10 +113,17 @@ fn a_vnode_refuses_a_topic_outside_its_arc_and_stays_unchanged() {
         state.apply(Command::DeleteTopic { topic: high }),
         Err(ModelError::WrongVnode { .. })
     ));
-    assert!(matches!(
-        state.apply(create(&low)),
-        Ok(Outcome::TopicCreated { .. })
-    ));
+    // Ids come from the vnode's own block, so they never collide with
+    // another vnode's.
+    match state.apply(create(&low)) {
+        Ok(Outcome::TopicCreated {
+            ranges, segments, ..
+        }) => {
+            assert_eq!(ranges[0].0, 1 << 40);
+            assert_eq!(segments[0].0, 1 << 40);
+        }
+        other => panic!("{other:?}"),
+    }
     // The arc survives a snapshot.
     let restored = MetadataState::restore(&state.snapshot().unwrap()).unwrap();
     assert_eq!(restored.arc(), Some(arc));
@@ -126,7 +136,10 @@ fn an_arc_that_would_orphan_a_topic_is_refused() {
     state.apply(create(&low)).unwrap();
     let upper = RingArc::new(1 << 63, malachi_cluster::model::RING_END).unwrap();
     assert!(matches!(
-        state.apply(Command::AssignArc { arc: upper }),
+        state.apply(Command::AssignArc {
+            arc: upper,
+            id_base: 0
+        }),
         Err(ModelError::ArcExcludesTopic { .. })
     ));
     assert_eq!(state.arc(), None);

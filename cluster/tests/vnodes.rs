@@ -84,6 +84,7 @@ async fn topics_created_through_any_broker_are_described_identically_through_eve
     let ring = brokers[0].host.ring();
     let owners: std::collections::BTreeSet<_> = topics.iter().map(|t| ring.owner(t).id).collect();
     assert!(owners.len() > 1, "the topics should span several vnodes");
+    let mut segment_ids = std::collections::BTreeSet::new();
     for topic in &topics {
         let mut seen = Vec::new();
         for broker in &brokers {
@@ -96,6 +97,16 @@ async fn topics_created_through_any_broker_are_described_identically_through_eve
             seen.push(description);
         }
         assert!(seen.windows(2).all(|w| w[0] == w[1]), "{topic}: {seen:?}");
+        for range in &seen[0].as_ref().unwrap().ranges {
+            for segment in &range.segments {
+                // Segment ids name files on disk: unique across vnodes.
+                assert!(
+                    segment_ids.insert(segment.id),
+                    "segment id {} reused",
+                    segment.id
+                );
+            }
+        }
     }
     // A creation through one broker is refused through another: one truth.
     let again = brokers[2].host.propose(create(&topics[0])).await.unwrap();

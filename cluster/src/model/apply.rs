@@ -139,7 +139,7 @@ impl MetadataState {
             } => self.replace_replica(&topic, segment, old, new),
             Command::PutPolicy { policy } => self.put_policy(policy),
             Command::RemovePolicy { name } => self.remove_policy(&name),
-            Command::AssignArc { arc } => self.assign_arc(arc),
+            Command::AssignArc { arc, id_base } => self.assign_arc(arc, id_base),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(
@@ -645,7 +645,7 @@ impl MetadataState {
         }
     }
 
-    fn assign_arc(&mut self, arc: RingArc) -> Result<Outcome, ModelError> {
+    fn assign_arc(&mut self, arc: RingArc, id_base: u64) -> Result<Outcome, ModelError> {
         if let Some(topic) = self.topics.keys().find(|name| !arc.holds_topic(name)) {
             return Err(ModelError::ArcExcludesTopic {
                 topic: topic.clone(),
@@ -653,6 +653,9 @@ impl MetadataState {
             });
         }
         self.arc = Some(arc);
+        // Only ever raised: ids already issued are never issued again.
+        self.next_range_id = self.next_range_id.max(id_base);
+        self.next_segment_id = self.next_segment_id.max(id_base);
         Ok(Outcome::ArcAssigned)
     }
 }

@@ -96,8 +96,11 @@ pub enum Command {
     /// Sets the ring arc this vnode owns. From then on a command for a topic
     /// outside it is refused with `WrongVnode`. Refused with
     /// `ArcExcludesTopic` while the state holds a topic outside the new arc,
-    /// so an arc can never orphan metadata.
-    AssignArc { arc: RingArc },
+    /// so an arc can never orphan metadata. Raises the range and segment id
+    /// counters to at least `id_base`: each vnode issues ids from its own
+    /// block, so ids stay unique across vnodes (segment files are named by
+    /// id on brokers that hold copies from many vnodes).
+    AssignArc { arc: RingArc, id_base: u64 },
 }
 
 impl Command {

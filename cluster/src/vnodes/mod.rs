@@ -447,11 +447,13 @@ impl VnodeHost {
         cmd: Command,
     ) -> Result<Verdict, GroupError> {
         if cmd.topic().is_some() && group.read_local(|s| s.arc()).is_none() {
-            let arc = u32::try_from(group_id)
+            let vnode = u32::try_from(group_id)
                 .ok()
-                .and_then(|id| self.ring().vnode(VnodeId(id)).map(|v| v.arc));
-            if let Some(arc) = arc {
-                match group.propose(Command::AssignArc { arc }).await? {
+                .and_then(|id| self.ring().vnode(VnodeId(id)).copied());
+            if let Some(vnode) = vnode {
+                let arc = vnode.arc;
+                let id_base = vnode.id.id_base();
+                match group.propose(Command::AssignArc { arc, id_base }).await? {
                     Ok(_) => tracing::info!(group = group_id, %arc, "vnode arc recorded"),
                     // The group already holds a topic outside this arc (a
                     // lone broker's group 0 from before vnodes): leave it
