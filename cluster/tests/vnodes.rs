@@ -228,3 +228,70 @@ async fn a_command_routed_to_the_wrong_vnode_is_refused_then_lands_on_the_right_
         kill(broker).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_led_vnodes_watch_follows_leadership_and_drives_the_coordinator_plan() {
+    use malachi_cluster::vnodes::plan_coordinators;
+    use std::collections::BTreeSet;
+    let mut brokers = start(4).await;
+    // A slow timer far beyond the test: only leadership events can drive it.
+    let mut watches: Vec<_> = brokers.iter().map(|b| b.host.watch_led(60_000)).collect();
+    // Every vnode gets exactly one leader, and the watches show it. That
+    // snapshot is the set of coordinators each broker runs.
+    let running: Vec<BTreeSet<VnodeId>> = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            let led: Vec<BTreeSet<VnodeId>> = watches.iter().map(|w| w.borrow().clone()).collect();
+            let total: usize = led.iter().map(|s| s.len()).sum();
+            let union: BTreeSet<_> = led.iter().flatten().copied().collect();
+            if total == 4 && union.len() == 4 {
+                return led;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the watches never showed one leader per vnode");
+    let dead_at = running.iter().position(|s| !s.is_empty()).unwrap();
+    let orphaned = running[dead_at].clone();
+    let dead = brokers.remove(dead_at);
+    watches.remove(dead_at);
+    let mut survivors_running: Vec<BTreeSet<VnodeId>> = running
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i != dead_at)
+        .map(|(_, s)| s)
+        .collect();
+    kill(dead).await;
+
+    // The survivors take over the dead broker's vnodes through events alone,
+    // and their plans start exactly the coordinators they gained.
+    let ring = brokers[0].host.ring();
+    for vnode in &orphaned {
+        let at = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                for (i, w) in watches.iter().enumerate() {
+                    if w.borrow().contains(vnode) {
+                        return i;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("no survivor took over the vnode");
+        let led = watches[at].borrow().clone();
+        // The plan brings the survivor's coordinators to exactly what it
+        // leads: it starts the vnode it took over and nothing else is off.
+        let plan = plan_coordinators(Some(&ring), &led, &survivors_running[at]);
+        let mut after = survivors_running[at].clone();
+        after.retain(|v| !plan.stop.contains(v));
+        after.extend(plan.start.iter().copied());
+        assert_eq!(after, led, "{plan:?}");
+        assert!(after.contains(vnode));
+        assert!(plan_coordinators(Some(&ring), &led, &after).is_empty());
+        survivors_running[at] = after;
+    }
+    for broker in brokers {
+        kill(broker).await;
+    }
+}

@@ -182,6 +182,15 @@ impl From<OpenError> for GroupError {
     }
 }
 
+/// Who leads a group, as one replica sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaderView {
+    pub term: u64,
+    pub leader: Option<u64>,
+    /// Whether this replica is the leader.
+    pub is_leader: bool,
+}
+
 /// A point-in-time view of the group's raft state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupStatus {
@@ -511,6 +520,37 @@ impl MetadataGroup {
     /// The last applied log index, updated after every applied batch.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.shared.applied_index.subscribe()
+    }
+
+    /// A receiver that changes whenever this replica's view of the leader
+    /// does (a new term, a new leader, this replica gaining or losing
+    /// leadership). It stops changing once the group stops. Watching is
+    /// edge-triggered; callers that must not miss a state should also poll
+    /// `status` on a slow timer.
+    pub fn watch_leader(&self) -> watch::Receiver<LeaderView> {
+        fn view(m: &openraft::RaftMetrics<TypeConfig>) -> LeaderView {
+            LeaderView {
+                term: m.current_term,
+                leader: m.current_leader,
+                is_leader: m.state == ServerState::Leader,
+            }
+        }
+        let mut metrics = self.inner.raft.metrics();
+        let (tx, rx) = watch::channel(view(&metrics.borrow_watched()));
+        tokio::spawn(async move {
+            while metrics.changed().await.is_ok() {
+                let next = view(&metrics.borrow_watched());
+                tx.send_if_modified(|current| {
+                    let changed = *current != next;
+                    *current = next;
+                    changed
+                });
+                if tx.is_closed() {
+                    break;
+                }
+            }
+        });
+        rx
     }
 
     /// Whether this replica is the leader now.

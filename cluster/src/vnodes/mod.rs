@@ -22,6 +22,10 @@
 //! records the vnode's arc in the group (`Command::AssignArc`), so from then
 //! on the group itself refuses topics outside it.
 
+mod manager;
+
+pub use manager::{CoordinatorPlan, plan_coordinators};
+
 use crate::group::{
     FORWARD_PROPOSE_API_KEY, FORWARD_READ_API_KEY, GroupConfig, GroupError, GroupRegistry,
     MetadataGroup, RpcService, TcpTransport, TransportError,
@@ -32,9 +36,11 @@ use bytes::Bytes;
 use malachi_wire::error::ErrorCode;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{Notify, watch};
 
 /// How many brokers replicate each vnode unless configured otherwise.
 pub const REPLICAS_PER_VNODE_DEFAULT: usize = 3;
@@ -257,6 +263,42 @@ impl VnodeHost {
             .filter(|g| g.is_leader())
             .filter_map(|g| u32::try_from(g.status().group_id).ok().map(VnodeId))
             .collect()
+    }
+
+    /// The vnodes this broker leads, kept current: recomputed on every
+    /// leadership change of a hosted group and at least every `poll_ms`
+    /// (the slow timer that catches anything an event missed). The
+    /// watching task ends when every receiver is dropped.
+    pub fn watch_led(self: &Arc<Self>, poll_ms: u64) -> watch::Receiver<BTreeSet<VnodeId>> {
+        let (tx, rx) = watch::channel(self.led().into_iter().collect());
+        let changed = Arc::new(Notify::new());
+        for group in self.registry.all() {
+            let mut leader = group.watch_leader();
+            let changed = Arc::clone(&changed);
+            tokio::spawn(async move {
+                while leader.changed().await.is_ok() {
+                    changed.notify_one();
+                }
+            });
+        }
+        let host = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = changed.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(poll_ms)) => {}
+                    _ = tx.closed() => break,
+                }
+                let Some(host) = host.upgrade() else { break };
+                let led: BTreeSet<VnodeId> = host.led().into_iter().collect();
+                tx.send_if_modified(|current| {
+                    let differs = *current != led;
+                    *current = led;
+                    differs
+                });
+            }
+        });
+        rx
     }
 
     /// Applies `cmd` on the vnode owning its topic, wherever its leader is.
