@@ -76,9 +76,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Cluster(command) => cli::client::cluster(command).await,
         Command::Bench(BenchCommand::Produce(args)) => cli::bench::produce(args).await,
         Command::Bench(BenchCommand::Consume(args)) => cli::bench::consume(args).await,
-        Command::Bench(BenchCommand::Compare(_)) => Err(CliError::NotImplemented(
-            "bench compare is not implemented yet (issue 8): run bench produce and bench consume",
-        )),
+        Command::Bench(BenchCommand::Compare(args)) => cli::bench::compare::compare(args).await,
         Command::Bench(BenchCommand::Storage(_)) => Err(CliError::NotImplemented(
             "bench storage runs outside the runtime",
         )),

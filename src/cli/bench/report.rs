@@ -1,0 +1,381 @@
+//! What `bench compare` prints: one row per system, scenario and durability,
+//! the ratios between them, the issue's targets, and the text table. Pure
+//! functions over numbers, so the rendering is tested on fixed figures.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// `system` of the raw disk rows: pwrite and fdatasync on plain files.
+pub const RAW_DISK: &str = "raw-disk";
+/// `system` of the loopback TCP bandwidth row.
+pub const LOOPBACK: &str = "loopback";
+pub const MALACHI: &str = "malachi";
+/// The scenario every target is judged on (16 producers, issue 8).
+pub const TARGET_SCENARIO: &str = "produce-p16";
+
+/// One line of the comparison. Every field is always present in JSON (null
+/// where it does not apply), so scripts can rely on the shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    /// `malachi`, `redis`, `nats`, `raw-disk` or `loopback`.
+    pub system: String,
+    /// `produce-p1`, `produce-p16`, `produce-p64`, `consume`,
+    /// `fsync-latency` or `tcp-bandwidth`.
+    pub scenario: String,
+    /// `durable` (acknowledged after an fsync that covers the write),
+    /// `default` (the peer's default, weaker setting) or `-`.
+    pub durability: String,
+    /// When the system fsyncs: `per write`, `every 1 s`, `every 2 min`, `-`.
+    pub fsync: String,
+    /// Concurrent producers (consumers for `consume`, files for `raw-disk`).
+    pub clients: usize,
+    /// Payload bytes per record (per write for `raw-disk`).
+    pub record_bytes: usize,
+    pub seconds: f64,
+    pub records: u64,
+    /// Payload MB/s (10^6 bytes): record values only, the same for every system.
+    pub mb_per_s: f64,
+    pub records_per_s: f64,
+    /// Acknowledgement latency (produce), read latency (consume) or fsync
+    /// latency (raw disk), in microseconds.
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    /// This row's MB/s over the raw disk's at the same parallelism and batch
+    /// size (produce rows only).
+    pub ratio_to_raw: Option<f64>,
+    /// Malachi's MB/s in the same scenario over this row's (peer rows only).
+    pub malachi_over_this: Option<f64>,
+    /// On Malachi rows: its MB/s over each peer's in the same scenario, keyed
+    /// `redis-durable`, `redis-default`, `nats-durable`, `nats-default`.
+    pub ratio_to_peers: BTreeMap<String, f64>,
+    pub errors: u64,
+    /// The server's version line (or the raw method), for reproducibility.
+    pub version: String,
+}
+
+impl Row {
+    fn peer_key(&self) -> String {
+        format!("{}-{}", self.system, self.durability)
+    }
+
+    fn is_peer(&self) -> bool {
+        !matches!(self.system.as_str(), MALACHI | RAW_DISK | LOOPBACK)
+    }
+}
+
+/// Fill in `ratio_to_raw` (produce rows over the raw disk row of the same
+/// scenario) and the ratios between Malachi and each peer row of the same
+/// scenario. Ratios are of payload MB/s; a zero denominator gives none.
+pub fn fill_ratios(rows: &mut [Row]) {
+    let lookup = |rows: &[Row], system: &str, scenario: &str| {
+        rows.iter()
+            .find(|r| r.system == system && r.scenario == scenario)
+            .map(|r| r.mb_per_s)
+    };
+    let snapshot = rows.to_vec();
+    for row in rows.iter_mut() {
+        let is_produce = row.scenario.starts_with("produce-");
+        if is_produce && row.system != RAW_DISK {
+            row.ratio_to_raw =
+                lookup(&snapshot, RAW_DISK, &row.scenario).and_then(|raw| ratio(row.mb_per_s, raw));
+        }
+        if row.is_peer() {
+            row.malachi_over_this =
+                lookup(&snapshot, MALACHI, &row.scenario).and_then(|m| ratio(m, row.mb_per_s));
+        }
+        if row.system == MALACHI {
+            row.ratio_to_peers = snapshot
+                .iter()
+                .filter(|p| p.is_peer() && p.scenario == row.scenario)
+                .filter_map(|p| ratio(row.mb_per_s, p.mb_per_s).map(|r| (p.peer_key(), r)))
+                .collect();
+        }
+    }
+}
+
+fn ratio(numerator: f64, denominator: f64) -> Option<f64> {
+    (denominator > 0.0 && numerator.is_finite()).then(|| numerator / denominator)
+}
+
+/// The text table: one row per line, limits and produce scenarios grouped,
+/// ratios in the last two columns.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<9} {:<14} {:<27} {:>9} {:>11} {:>9} {:>9} {:>9} {:>6} {:>10}",
+        "system",
+        "scenario",
+        "durability",
+        "MB/s",
+        "records/s",
+        "p50 us",
+        "p99 us",
+        "p999 us",
+        "x raw",
+        "malachi x"
+    );
+    let mut last_scenario = None;
+    for row in rows {
+        if last_scenario.is_some_and(|s: &str| s != row.scenario) {
+            out.push('\n');
+        }
+        last_scenario = Some(&row.scenario);
+        let durability = if row.durability == "-" {
+            "-".to_owned()
+        } else {
+            format!("{} (fsync {})", row.durability, row.fsync)
+        };
+        let _ = writeln!(
+            out,
+            "{:<9} {:<14} {:<27} {:>9.1} {:>11.0} {:>9} {:>9} {:>9} {:>6} {:>10}",
+            row.system,
+            row.scenario,
+            durability,
+            row.mb_per_s,
+            row.records_per_s,
+            row.p50_us,
+            row.p99_us,
+            row.p999_us,
+            optional(row.ratio_to_raw),
+            optional(row.malachi_over_this),
+        );
+    }
+    out
+}
+
+fn optional(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+}
+
+/// One of the issue's targets, judged on this run's rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub what: &'static str,
+    pub wanted: f64,
+    /// `None` when a row it needs was not measured.
+    pub measured: Option<f64>,
+}
+
+impl Target {
+    pub fn line(&self) -> String {
+        match self.measured {
+            Some(v) => format!(
+                "target {}: >= {:.1}, measured {v:.2}: {}",
+                self.what,
+                self.wanted,
+                if v >= self.wanted { "met" } else { "missed" }
+            ),
+            None => format!(
+                "target {}: >= {:.1}: not measured in this run",
+                self.what, self.wanted
+            ),
+        }
+    }
+}
+
+/// The issue's targets for Malachi, 16 producers, 1 KiB records, durable.
+pub fn targets(rows: &[Row]) -> Vec<Target> {
+    let malachi = rows
+        .iter()
+        .find(|r| r.system == MALACHI && r.scenario == TARGET_SCENARIO);
+    let peer = |key: &str| malachi.and_then(|m| m.ratio_to_peers.get(key).copied());
+    vec![
+        Target {
+            what: "malachi / redis durable (16 producers)",
+            wanted: 3.0,
+            measured: peer("redis-durable"),
+        },
+        Target {
+            what: "malachi / nats durable (16 producers)",
+            wanted: 20.0,
+            measured: peer("nats-durable"),
+        },
+        Target {
+            what: "malachi / redis default (16 producers)",
+            wanted: 1.0,
+            measured: peer("redis-default"),
+        },
+        Target {
+            what: "malachi / nats default (16 producers)",
+            wanted: 1.0,
+            measured: peer("nats-default"),
+        },
+        Target {
+            what: "malachi / raw disk (16 producers)",
+            wanted: 0.7,
+            measured: malachi.and_then(|m| m.ratio_to_raw),
+        },
+    ]
+}
+
+/// Today's date in UTC as `YYYY-MM-DD`, for the results file names.
+pub fn utc_date(unix_seconds: u64) -> String {
+    // Howard Hinnant's days-to-civil, for days since 1970-01-01.
+    let days = (unix_seconds / 86_400) as i64;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    pub fn row(system: &str, scenario: &str, durability: &str, fsync: &str, mb: f64) -> Row {
+        Row {
+            system: system.into(),
+            scenario: scenario.into(),
+            durability: durability.into(),
+            fsync: fsync.into(),
+            clients: 16,
+            record_bytes: 1024,
+            seconds: 5.0,
+            records: (mb * 1e6 / 1024.0 * 5.0) as u64,
+            mb_per_s: mb,
+            records_per_s: mb * 1e6 / 1024.0,
+            p50_us: 1_000,
+            p99_us: 5_000,
+            p999_us: 9_000,
+            ratio_to_raw: None,
+            malachi_over_this: None,
+            ratio_to_peers: BTreeMap::new(),
+            errors: 0,
+            version: "v".into(),
+        }
+    }
+
+    /// A run with every system, fixed numbers.
+    pub fn fixed_rows() -> Vec<Row> {
+        let mut rows = vec![
+            row(RAW_DISK, "produce-p16", "durable", "per write", 500.0),
+            row(MALACHI, "produce-p16", "durable", "per write", 400.0),
+            row("redis", "produce-p16", "durable", "per write", 50.0),
+            row("redis", "produce-p16", "default", "every 1 s", 100.0),
+            row("nats", "produce-p16", "durable", "per write", 2.5),
+            row("nats", "produce-p16", "default", "every 2 min", 80.0),
+            row(MALACHI, "consume", "durable", "per write", 600.0),
+            row("redis", "consume", "durable", "per write", 150.0),
+            row(LOOPBACK, "tcp-bandwidth", "-", "-", 3000.0),
+        ];
+        fill_ratios(&mut rows);
+        rows
+    }
+
+    #[test]
+    fn produce_rows_are_divided_by_the_raw_disk_of_their_scenario() {
+        let rows = fixed_rows();
+        assert_eq!(rows[1].ratio_to_raw, Some(0.8));
+        assert_eq!(rows[2].ratio_to_raw, Some(0.1));
+        // The raw disk is not a ratio of itself, and reads have no raw limit.
+        assert_eq!(rows[0].ratio_to_raw, None);
+        assert_eq!(rows[6].ratio_to_raw, None);
+    }
+
+    #[test]
+    fn malachi_is_divided_by_each_peer_of_the_same_scenario() {
+        let rows = fixed_rows();
+        let peers = &rows[1].ratio_to_peers;
+        assert_eq!(peers.get("redis-durable"), Some(&8.0));
+        assert_eq!(peers.get("redis-default"), Some(&4.0));
+        assert_eq!(peers.get("nats-durable"), Some(&160.0));
+        assert_eq!(peers.get("nats-default"), Some(&5.0));
+        assert_eq!(peers.len(), 4);
+        assert_eq!(rows[2].malachi_over_this, Some(8.0));
+        assert_eq!(rows[7].malachi_over_this, Some(4.0));
+        assert_eq!(rows[6].ratio_to_peers.get("redis-durable"), Some(&4.0));
+        // Neither Malachi nor the limits get a ratio to Malachi.
+        assert_eq!(rows[1].malachi_over_this, None);
+        assert_eq!(rows[8].malachi_over_this, None);
+    }
+
+    #[test]
+    fn a_peer_that_moved_nothing_gives_no_ratio_instead_of_infinity() {
+        let mut rows = vec![
+            row(MALACHI, "produce-p1", "durable", "per write", 10.0),
+            row("nats", "produce-p1", "durable", "per write", 0.0),
+        ];
+        fill_ratios(&mut rows);
+        assert!(rows[0].ratio_to_peers.is_empty());
+        assert_eq!(rows[1].malachi_over_this, None);
+    }
+
+    #[test]
+    fn the_table_for_fixed_numbers() {
+        insta::assert_snapshot!(table(&fixed_rows()));
+    }
+
+    #[test]
+    fn every_json_line_carries_every_field() {
+        for row in fixed_rows() {
+            let value = serde_json::to_value(&row).unwrap();
+            for field in [
+                "system",
+                "scenario",
+                "durability",
+                "mb_per_s",
+                "records_per_s",
+                "p50_us",
+                "p99_us",
+                "p999_us",
+                "ratio_to_raw",
+                "malachi_over_this",
+                "ratio_to_peers",
+            ] {
+                assert!(value.get(field).is_some(), "{field} missing in {value}");
+            }
+        }
+        let malachi = serde_json::to_value(&fixed_rows()[1]).unwrap();
+        assert_eq!(malachi["ratio_to_raw"], serde_json::json!(0.8));
+        assert_eq!(
+            malachi["ratio_to_peers"]["nats-durable"],
+            serde_json::json!(160.0)
+        );
+    }
+
+    #[test]
+    fn targets_are_judged_on_the_16_producer_row() {
+        let lines: Vec<String> = targets(&fixed_rows()).iter().map(Target::line).collect();
+        insta::assert_snapshot!(lines.join("\n"));
+    }
+
+    #[test]
+    fn a_target_whose_peer_was_skipped_says_so() {
+        let rows: Vec<Row> = fixed_rows()
+            .into_iter()
+            .filter(|r| r.system != "nats")
+            .collect();
+        let mut rows = rows;
+        for r in &mut rows {
+            r.ratio_to_peers.clear();
+        }
+        fill_ratios(&mut rows);
+        let t = targets(&rows);
+        assert_eq!(t[1].measured, None);
+        assert!(
+            t[1].line().ends_with("not measured in this run"),
+            "{}",
+            t[1].line()
+        );
+        assert_eq!(t[0].measured, Some(8.0));
+    }
+
+    #[test]
+    fn dates_are_utc_calendar_days() {
+        assert_eq!(utc_date(0), "1970-01-01");
+        assert_eq!(utc_date(951_782_400), "2000-02-29");
+        assert_eq!(utc_date(1_795_996_800), "2026-11-30");
+        assert_eq!(utc_date(1_796_083_199), "2026-11-30");
+        assert_eq!(utc_date(1_796_083_200), "2026-12-01");
+    }
+}

@@ -1,0 +1,171 @@
+//! `malachi bench compare` end to end, without Redis or NATS: the limits and
+//! Malachi's own broker (a child process of the binary) with tiny durations,
+//! and the one-line skip of a peer that is missing and may not be installed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_malachi");
+
+const FIELDS: [&str; 13] = [
+    "system",
+    "scenario",
+    "durability",
+    "fsync",
+    "mb_per_s",
+    "records_per_s",
+    "p50_us",
+    "p99_us",
+    "p999_us",
+    "ratio_to_raw",
+    "malachi_over_this",
+    "ratio_to_peers",
+    "version",
+];
+
+fn run(args: &[&str], dir: &std::path::Path, path_env: Option<&std::path::Path>) -> Output {
+    let mut command = Command::new(BIN);
+    command
+        .args(["bench", "compare"])
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .env_remove("MALACHI_CONFIG");
+    if let Some(path) = path_env {
+        command.env("PATH", path);
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "bench compare failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    output
+}
+
+#[test]
+fn given_only_malachi_when_compare_runs_quick_with_json_then_every_line_carries_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = run(
+        &[
+            "--quick",
+            "--only",
+            "malachi",
+            "--duration",
+            "400ms",
+            "--json",
+            "--dir",
+            "data",
+            "--results-dir",
+            "results",
+        ],
+        dir.path(),
+        None,
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    for row in &rows {
+        for field in FIELDS {
+            assert!(row.get(field).is_some(), "{field} missing in {row}");
+        }
+    }
+    let find = |system: &str, scenario: &str| {
+        rows.iter()
+            .find(|r| r["system"] == system && r["scenario"] == scenario)
+            .unwrap_or_else(|| panic!("no {system} {scenario} row in\n{stdout}"))
+    };
+    for n in [1, 16, 64] {
+        let scenario = format!("produce-p{n}");
+        let malachi = find("malachi", &scenario);
+        assert!(malachi["records"].as_u64().unwrap() > 0, "{malachi}");
+        assert_eq!(malachi["durability"], "durable");
+        assert!(malachi["ratio_to_raw"].as_f64().unwrap() > 0.0, "{malachi}");
+        assert!(find("raw-disk", &scenario)["mb_per_s"].as_f64().unwrap() > 0.0);
+    }
+    let consume = find("malachi", "consume");
+    assert!(consume["records"].as_u64().unwrap() > 0, "{consume}");
+    assert!(
+        find("raw-disk", "fsync-latency")["p50_us"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(
+        find("loopback", "tcp-bandwidth")["mb_per_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    // No peer ran: no peer rows, and no ratio to one.
+    assert!(
+        rows.iter()
+            .all(|r| r["system"] != "redis" && r["system"] != "nats")
+    );
+    assert!(stderr.contains("skipped rf=3"), "{stderr}");
+    assert!(!stderr.contains("skipped redis"), "{stderr}");
+
+    // The same lines went to the results file, with a chart beside it.
+    let results: Vec<_> = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let json = results
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "json"))
+        .expect("a .json results file");
+    assert_eq!(std::fs::read_to_string(json).unwrap(), stdout);
+    let svg = results
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "svg"))
+        .expect("an .svg chart");
+    assert!(std::fs::read_to_string(svg).unwrap().contains("<svg"));
+    // Servers and raw files are removed at the end.
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("data")).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn given_no_redis_and_no_install_when_compare_runs_then_redis_is_skipped_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty_path = tempfile::tempdir().unwrap();
+    let output = run(
+        &[
+            "--only",
+            "redis",
+            "--no-install",
+            "--duration",
+            "200ms",
+            "--producers",
+            "1",
+            "--dir",
+            "data",
+        ],
+        dir.path(),
+        Some(empty_path.path()),
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let skip: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("skipped redis"))
+        .collect();
+    assert_eq!(skip.len(), 1, "{stdout}");
+    assert!(
+        skip[0].contains("redis-server is not installed") && skip[0].contains("--no-install"),
+        "{}",
+        skip[0]
+    );
+    // The table still prints, with the limits.
+    assert!(stdout.contains("raw-disk"), "{stdout}");
+    assert!(
+        stdout.contains("target malachi / redis durable"),
+        "{stdout}"
+    );
+}
