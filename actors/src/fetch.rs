@@ -9,11 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use bytes::Bytes;
 use malachi_cluster::cursor::Position;
 use malachi_cluster::model::{MetadataState, RangeId, ReadPlan, SegmentId, position};
-use malachi_storage::{FileStore, SegmentStore, StorageError, StoredRecord};
-use malachi_wire::batch::{BatchBuilder, BatchError, Header, Record as WireRecord};
+use std::ops::ControlFlow;
+
+use malachi_storage::{FileStore, FrameView, SegmentStore, StorageError};
+use malachi_wire::batch::{BatchBuilder, BatchError, RecordRef};
 
 /// What one read pass produced.
 #[derive(Debug)]
@@ -30,18 +31,19 @@ fn store_id(segment: SegmentId) -> malachi_storage::SegmentId {
 }
 
 /// Reads a segment copy, opening it first if this broker has not yet (a
-/// sealed segment after a restart).
+/// sealed segment after a restart). Returns how many records `visit` took.
 fn read_copy(
     store: &FileStore,
     segment: SegmentId,
     from: u64,
     records_max: usize,
     bytes_max: usize,
-) -> Result<Vec<StoredRecord>, StorageError> {
-    match store.read(store_id(segment), from, records_max, bytes_max) {
+    visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
+) -> Result<usize, StorageError> {
+    match store.read_with(store_id(segment), from, records_max, bytes_max, visit) {
         Err(StorageError::NotOpen { .. }) => {
             store.open(store_id(segment))?;
-            store.read(store_id(segment), from, records_max, bytes_max)
+            store.read_with(store_id(segment), from, records_max, bytes_max, visit)
         }
         other => other,
     }
@@ -113,23 +115,6 @@ pub(crate) fn position_for(plan: &ReadPlan, cursor: &BTreeMap<RangeId, Position>
         .unwrap_or(Position::Start)
 }
 
-fn to_wire(stored: StoredRecord) -> WireRecord {
-    let record = stored.record;
-    WireRecord {
-        timestamp_ms: Some(record.timestamp_ms),
-        key: Bytes::from(record.key),
-        value: Bytes::from(record.value),
-        headers: record
-            .headers
-            .into_iter()
-            .map(|(name, value)| Header {
-                name,
-                value: Bytes::from(value),
-            })
-            .collect(),
-    }
-}
-
 /// Reads every plan (one per active range) from `start` into `out`, at most
 /// `records_max` records; the builder bounds the bytes. Returns the
 /// positions reached (only past records that made it into `out`).
@@ -190,8 +175,53 @@ pub(crate) fn read_topic(
             // Stored frames are a little larger than wire records, so this
             // reads at most about what still fits; the builder decides exactly.
             let room = batch_bytes_max.saturating_sub(out.encoded_bytes()).max(1);
-            let chunk = read_copy(store, span.segment, offset - span.start_offset, want, room)?;
-            if chunk.is_empty() {
+            // Each stored record is encoded straight from the store's read
+            // buffer into the block: one copy, no allocation per record.
+            let mut refused: Option<BatchError> = None;
+            let mut past_end = false;
+            let taken = read_copy(
+                store,
+                span.segment,
+                offset - span.start_offset,
+                want,
+                room,
+                &mut |view| {
+                    let at = span.start_offset + view.offset;
+                    if span.end_offset.is_some_and(|end| at >= end) {
+                        past_end = true;
+                        return ControlFlow::Break(());
+                    }
+                    if band.contains(position(view.key)) {
+                        let record = RecordRef {
+                            timestamp_ms: Some(view.timestamp_ms),
+                            key: view.key,
+                            value: view.value,
+                            headers: &view.headers,
+                        };
+                        if let Err(e) = out.push_ref(record) {
+                            refused = Some(e);
+                            return ControlFlow::Break(());
+                        }
+                        records += 1;
+                        bytes += (view.key.len() + view.value.len()) as u64;
+                    }
+                    // `want` already keeps the store within the record budget.
+                    offset = at + 1;
+                    ControlFlow::Continue(())
+                },
+            )?;
+            match refused {
+                None => {}
+                Some(BatchError::Full { .. }) => full = true,
+                Some(e) => {
+                    return Err(StorageError::Config {
+                        reason: leak_reason(e),
+                    });
+                }
+            }
+            if past_end {
+                offset = span.end_offset.unwrap_or(offset);
+            } else if taken == 0 && refused.is_none() {
                 if span.end_offset.is_some() {
                     // A sealed copy shorter than its seal: skip what it lacks
                     // rather than spin (the scrubber repairs such copies).
@@ -199,34 +229,6 @@ pub(crate) fn read_topic(
                     continue;
                 }
                 break;
-            }
-            for stored in chunk {
-                let at = span.start_offset + stored.offset;
-                if span.end_offset.is_some_and(|end| at >= end) {
-                    offset = span.end_offset.unwrap_or(at);
-                    break;
-                }
-                if band.contains(position(&stored.record.key)) {
-                    let record = to_wire(stored);
-                    match out.push(&record) {
-                        Ok(()) => {}
-                        Err(BatchError::Full { .. }) => {
-                            full = true;
-                            break;
-                        }
-                        Err(e) => {
-                            return Err(StorageError::Config {
-                                reason: leak_reason(e),
-                            });
-                        }
-                    }
-                    records += 1;
-                    bytes += (record.key.len() + record.value.len()) as u64;
-                }
-                offset = at + 1;
-                if records >= records_max {
-                    break;
-                }
             }
             pos = Position::At {
                 segment: span.segment,

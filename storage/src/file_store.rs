@@ -26,6 +26,7 @@ use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Seek, SeekFrom, Write};
+use std::ops::ControlFlow;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,10 +37,10 @@ use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, warn};
 
 use crate::error::StorageError;
-use crate::frame::{self, FrameError};
+use crate::frame::{self, FrameError, FrameView};
 use crate::index::{IndexEntry, SparseIndex};
 use crate::marker;
-use crate::record::{Record, StoredRecord};
+use crate::record::Record;
 use crate::scan::{self, FrameReader, Next};
 use crate::store::{
     Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
@@ -461,40 +462,41 @@ impl FileStore {
     }
 
     /// Reads from the frame the index points at, falling back to a scan from
-    /// byte zero on any disagreement, so a wrong index never yields a wrong
-    /// read. Returns the position of `from` and the records read.
+    /// byte zero when the hint disagrees with the log, so a wrong index never
+    /// yields a wrong read. Hands each frame from `from` on to `visit` and
+    /// returns the position of `from` and how many frames `visit` took.
     fn read_range(
         &self,
         seg: &Segment,
         from: u64,
         end: (u64, u64),
-        records_max: usize,
-        bytes_max: usize,
-    ) -> Result<(u64, Vec<StoredRecord>), StorageError> {
+        budget: ReadBudget,
+        visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
+    ) -> Result<(u64, usize), StorageError> {
         let hint = seg.index.lock().index.floor(from).unwrap_or(IndexEntry {
             offset: 0,
             position: 0,
         });
         let chunk = self.shared.config.read_chunk_bytes;
-        let first = read_from(seg, hint, from, end, records_max, bytes_max, chunk);
+        let mut taken = 0usize;
+        let first = read_from(seg, hint, from, end, budget, chunk, &mut |view| {
+            let flow = visit(view);
+            taken += usize::from(flow.is_continue());
+            flow
+        });
         let result = match first {
-            Err(ReadAnomaly::Bad { .. }) if hint.position != 0 => {
+            // Damage after a frame was handed out is real: the scan had
+            // already found a valid frame with the offset the hint claimed.
+            Err(ReadAnomaly::Bad { .. }) if hint.position != 0 && taken == 0 => {
                 debug!(
                     segment = seg.id.0,
                     from, "index hint disagreed with the log; rescanning"
                 );
-                read_from(
-                    seg,
-                    IndexEntry {
-                        offset: 0,
-                        position: 0,
-                    },
-                    from,
-                    end,
-                    records_max,
-                    bytes_max,
-                    chunk,
-                )
+                let start = IndexEntry {
+                    offset: 0,
+                    position: 0,
+                };
+                read_from(seg, start, from, end, budget, chunk, visit)
             }
             other => other,
         };
@@ -692,13 +694,14 @@ impl SegmentStore for FileStore {
         Ok(self.with_help(ticket, &seg))
     }
 
-    fn read(
+    fn read_with(
         &self,
         segment: SegmentId,
         from: u64,
         records_max: usize,
         bytes_max: usize,
-    ) -> Result<Vec<StoredRecord>, StorageError> {
+        visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
+    ) -> Result<usize, StorageError> {
         let seg = self.segment(segment)?;
         let end = readable_end(&seg.state.lock());
         if from > end.0 {
@@ -709,16 +712,20 @@ impl SegmentStore for FileStore {
             });
         }
         if from == end.0 || records_max == 0 {
-            return Ok(Vec::new());
+            return Ok(0);
         }
-        let (_, records) = self.read_range(&seg, from, end, records_max, bytes_max)?;
-        debug_assert!(
-            records
-                .iter()
-                .enumerate()
-                .all(|(i, r)| r.offset == from + i as u64)
-        );
-        Ok(records)
+        let mut expected = from;
+        let budget = ReadBudget {
+            records_max,
+            bytes_max,
+        };
+        let (_, taken) = self.read_range(&seg, from, end, budget, &mut |view| {
+            // Cheap enough to keep on: a reader must never see a gap.
+            assert_eq!(view.offset, expected, "read handed out a gap");
+            expected += 1;
+            visit(view)
+        })?;
+        Ok(taken)
     }
 
     fn seal(&self, segment: SegmentId, length: u64) -> Result<SealInfo, StorageError> {
@@ -754,8 +761,14 @@ impl SegmentStore for FileStore {
         let byte_size = if length == durable {
             durable_bytes
         } else {
-            self.read_range(&seg, length, (durable, durable_bytes), 0, 0)?
-                .0
+            let locate = ReadBudget {
+                records_max: 0,
+                bytes_max: 0,
+            };
+            self.read_range(&seg, length, (durable, durable_bytes), locate, &mut |_| {
+                ControlFlow::Break(())
+            })?
+            .0
         };
         let info = SealInfo { length, byte_size };
         marker::write_atomically(
@@ -1103,26 +1116,34 @@ impl From<io::Error> for ReadAnomaly {
     }
 }
 
-/// Scans from `hint`, checking that every frame carries the next offset,
-/// and collects records from `from` within the budgets. With
-/// `records_max == 0` it only locates `from` and returns its position.
+/// How much one read may hand out. `records_max == 0` only locates `from`.
+#[derive(Debug, Clone, Copy)]
+struct ReadBudget {
+    records_max: usize,
+    /// Frame bytes, counted after the first frame so one always fits.
+    bytes_max: usize,
+}
+
+/// Scans from `hint`, checking that every frame carries the next offset, and
+/// hands the frames from `from` on to `visit` within the budget, until it
+/// breaks. Returns the position of `from` and how many frames were taken.
 fn read_from(
     seg: &Segment,
     hint: IndexEntry,
     from: u64,
     (end_offset, end_bytes): (u64, u64),
-    records_max: usize,
-    bytes_max: usize,
+    budget: ReadBudget,
     chunk: usize,
-) -> Result<(u64, Vec<StoredRecord>), ReadAnomaly> {
+    visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
+) -> Result<(u64, usize), ReadAnomaly> {
     debug_assert!(hint.offset <= from && from < end_offset);
     let mut reader = FrameReader::new(&seg.log, hint.position, end_bytes, chunk);
     let mut expected = hint.offset;
-    let mut out = Vec::new();
+    let mut taken = 0usize;
     let mut bytes = 0usize;
     let mut from_position = None;
-    let locate = records_max == 0;
-    while expected < end_offset && (locate || out.len() < records_max) {
+    let locate = budget.records_max == 0;
+    while expected < end_offset && (locate || taken < budget.records_max) {
         match reader.next_frame()? {
             Next::End => {
                 return Err(ReadAnomaly::Bad {
@@ -1158,22 +1179,19 @@ fn read_from(
                 }
                 if expected >= from {
                     from_position.get_or_insert(position);
-                    if !out.is_empty() && bytes + len > bytes_max {
+                    if locate || (taken > 0 && bytes + len > budget.bytes_max) {
                         break;
                     }
-                    if locate {
+                    if visit(&view).is_break() {
                         break;
                     }
                     bytes += len;
-                    out.push(StoredRecord {
-                        offset: expected,
-                        record: view.to_record(),
-                    });
+                    taken += 1;
                 }
                 expected += 1;
             }
         }
     }
     let position = from_position.unwrap_or(reader.position());
-    Ok((position, out))
+    Ok((position, taken))
 }

@@ -21,7 +21,7 @@ mod ticket;
 
 pub use error::StorageError;
 pub use file_store::{FileStore, StoreStats};
-pub use frame::FrameError;
+pub use frame::{FrameError, FrameView};
 pub use record::{Record, StoredRecord};
 pub use scan::{BadFrame, LaterFrame};
 pub use store::{

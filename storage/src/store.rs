@@ -1,8 +1,10 @@
 //! The `SegmentStore` contract and the plain data it speaks in.
 
 use std::fmt;
+use std::ops::ControlFlow;
 
 use crate::error::StorageError;
+use crate::frame::FrameView;
 use crate::record::{Record, StoredRecord};
 use crate::scan::{BadFrame, LaterFrame};
 use crate::ticket::AppendTicket;
@@ -107,7 +109,32 @@ pub trait SegmentStore: Send + Sync {
         from: u64,
         records_max: usize,
         bytes_max: usize,
-    ) -> Result<Vec<StoredRecord>, StorageError>;
+    ) -> Result<Vec<StoredRecord>, StorageError> {
+        let mut out = Vec::new();
+        self.read_with(segment, from, records_max, bytes_max, &mut |view| {
+            out.push(StoredRecord {
+                offset: view.offset,
+                record: view.to_record(),
+            });
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+
+    /// Reads like `read`, but lends each record to `visit` as a view of the
+    /// store's read buffer (its CRC already checked), so a caller that
+    /// re-encodes records, such as a fetch building a wire block, copies each
+    /// byte once and allocates nothing per record. Views arrive in offset
+    /// order with no gap. `visit` returns `Break` to refuse a record and stop;
+    /// the result is how many records it took.
+    fn read_with(
+        &self,
+        segment: SegmentId,
+        from: u64,
+        records_max: usize,
+        bytes_max: usize,
+        visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
+    ) -> Result<usize, StorageError>;
 
     /// Fences, waits for in-flight appends, and records a seal at `length`
     /// records. Reads are clamped to it even if the copy holds more.

@@ -263,3 +263,44 @@ fn appends_from_many_threads_coalesce_into_one_write_and_sync_per_file() {
         assert_eq!(read_all(&store, s).len(), 40);
     }
 }
+
+#[test]
+fn read_with_lends_the_same_records_as_read_and_stops_where_the_visitor_breaks() {
+    use std::ops::ControlFlow;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    store.open(SEG).unwrap();
+    let batch: Vec<Record> = (0..50).map(record).collect();
+    store.append(SEG, &batch).unwrap().wait().unwrap();
+
+    let mut lent = Vec::new();
+    let taken = store
+        .read_with(SEG, 7, 30, usize::MAX, &mut |view| {
+            lent.push((view.offset, view.to_record()));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(taken, 30);
+    let read: Vec<(u64, Record)> = store
+        .read(SEG, 7, 30, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.offset, r.record))
+        .collect();
+    assert_eq!(lent, read);
+
+    // A refused record is not counted, and nothing after it is lent.
+    let mut seen = Vec::new();
+    let taken = store
+        .read_with(SEG, 0, 50, usize::MAX, &mut |view| {
+            seen.push(view.offset);
+            if view.offset == 4 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+    assert_eq!(taken, 4);
+    assert_eq!(seen, vec![0, 1, 2, 3, 4]);
+}

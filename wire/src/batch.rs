@@ -122,6 +122,57 @@ impl Record {
 
     /// How many bytes this record takes inside a block.
     pub fn encoded_bytes(&self) -> usize {
+        self.as_ref().encoded_bytes()
+    }
+
+    /// A borrowed view of this record, as `BatchBuilder::push_ref` takes.
+    pub fn as_ref(&self) -> RecordRef<'_, Header> {
+        RecordRef {
+            timestamp_ms: self.timestamp_ms,
+            key: &self.key,
+            value: &self.value,
+            headers: &self.headers,
+        }
+    }
+}
+
+/// A header as the encoder sees it, owned or borrowed.
+pub trait HeaderParts {
+    fn name_bytes(&self) -> &[u8];
+    fn value_bytes(&self) -> &[u8];
+}
+
+impl HeaderParts for Header {
+    fn name_bytes(&self) -> &[u8] {
+        self.name.as_bytes()
+    }
+    fn value_bytes(&self) -> &[u8] {
+        &self.value
+    }
+}
+
+impl HeaderParts for (&str, &[u8]) {
+    fn name_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+    fn value_bytes(&self) -> &[u8] {
+        self.1
+    }
+}
+
+/// A record whose bytes live elsewhere (a storage read buffer, say), so it
+/// can be encoded into a block without first being copied into a `Record`.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordRef<'a, H> {
+    pub timestamp_ms: Option<u64>,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    pub headers: &'a [H],
+}
+
+impl<H: HeaderParts> RecordRef<'_, H> {
+    /// How many bytes this record takes inside a block.
+    pub fn encoded_bytes(&self) -> usize {
         let mut bytes = 1;
         if let Some(ts) = self.timestamp_ms {
             bytes += varint_bytes(ts);
@@ -129,9 +180,10 @@ impl Record {
         bytes += varint_bytes(self.key.len() as u64) + self.key.len();
         bytes += varint_bytes(self.value.len() as u64) + self.value.len();
         bytes += varint_bytes(self.headers.len() as u64);
-        for header in &self.headers {
-            bytes += varint_bytes(header.name.len() as u64) + header.name.len();
-            bytes += varint_bytes(header.value.len() as u64) + header.value.len();
+        for header in self.headers {
+            let (name, value) = (header.name_bytes(), header.value_bytes());
+            bytes += varint_bytes(name.len() as u64) + name.len();
+            bytes += varint_bytes(value.len() as u64) + value.len();
         }
         bytes
     }
@@ -147,9 +199,9 @@ impl Record {
         too_long(self.key.len())?;
         too_long(self.value.len())?;
         too_long(self.headers.len())?;
-        for header in &self.headers {
-            too_long(header.name.len())?;
-            too_long(header.value.len())?;
+        for header in self.headers {
+            too_long(header.name_bytes().len())?;
+            too_long(header.value_bytes().len())?;
         }
         Ok(())
     }
@@ -163,15 +215,16 @@ impl Record {
             None => out.put_u8(0),
         }
         put_varint(out, self.key.len() as u64);
-        out.put_slice(&self.key);
+        out.put_slice(self.key);
         put_varint(out, self.value.len() as u64);
-        out.put_slice(&self.value);
+        out.put_slice(self.value);
         put_varint(out, self.headers.len() as u64);
-        for header in &self.headers {
-            put_varint(out, header.name.len() as u64);
-            out.put_slice(header.name.as_bytes());
-            put_varint(out, header.value.len() as u64);
-            out.put_slice(&header.value);
+        for header in self.headers {
+            let (name, value) = (header.name_bytes(), header.value_bytes());
+            put_varint(out, name.len() as u64);
+            out.put_slice(name);
+            put_varint(out, value.len() as u64);
+            out.put_slice(value);
         }
     }
 }
@@ -271,6 +324,9 @@ pub struct BatchBuilder {
     buf: BytesMut,
     count: u32,
     batch_bytes_max: usize,
+    /// CRC of the encoded records so far, taken as each is written (while
+    /// its bytes are in cache) rather than in a second pass over the block.
+    body_crc: crc32fast::Hasher,
 }
 
 impl BatchBuilder {
@@ -292,6 +348,7 @@ impl BatchBuilder {
             buf,
             count: 0,
             batch_bytes_max,
+            body_crc: crc32fast::Hasher::new(),
         }
     }
 
@@ -302,6 +359,11 @@ impl BatchBuilder {
     /// Append a record, or refuse it with [`BatchError::Full`] (the builder
     /// is unchanged) if the block would grow past its limit.
     pub fn push(&mut self, record: &Record) -> Result<(), BatchError> {
+        self.push_ref(record.as_ref())
+    }
+
+    /// Append a record from borrowed parts; otherwise as `push`.
+    pub fn push_ref<H: HeaderParts>(&mut self, record: RecordRef<'_, H>) -> Result<(), BatchError> {
         record.check_lengths()?;
         let record_bytes = record.encoded_bytes();
         let count = self.count.checked_add(1).ok_or(BatchError::FieldTooLong {
@@ -319,6 +381,7 @@ impl BatchBuilder {
         let before = self.buf.len();
         record.encode_into(&mut self.buf);
         debug_assert_eq!(self.buf.len() - before, record_bytes);
+        self.body_crc.update(&self.buf[before..]);
         self.count = count;
         Ok(())
     }
@@ -346,7 +409,13 @@ impl BatchBuilder {
         block[0] = BATCH_MAGIC;
         block[BATCH_HEADER_BYTES..BATCH_HEADER_BYTES + count_bytes.len()]
             .copy_from_slice(&count_bytes);
-        let crc = crc32fast::hash(&block[BATCH_HEADER_BYTES..]);
+        // The CRC covers the count and then the body: combine the body's,
+        // taken while pushing, onto the count's.
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&count_bytes);
+        crc.combine(&self.body_crc);
+        let crc = crc.finalize();
+        debug_assert_eq!(crc, crc32fast::hash(&block[BATCH_HEADER_BYTES..]));
         block[1..BATCH_HEADER_BYTES].copy_from_slice(&crc.to_be_bytes());
         let block = block.freeze();
         assert!(block.len() <= self.batch_bytes_max.max(BATCH_HEADER_BYTES + 1));

@@ -21,7 +21,7 @@ pub mod limits;
 pub mod messages;
 
 pub use api::ApiKey;
-pub use batch::{BatchBuilder, BatchError, Header, Record, RecordBatch};
+pub use batch::{BatchBuilder, BatchError, Header, HeaderParts, Record, RecordBatch, RecordRef};
 pub use client::{Client, ClientConfig, ClientError};
 pub use error::{ErrorBody, ErrorCode, WireError};
 pub use frame::{ClientCodec, RequestFrame, ResponseFrame, ServerCodec};

@@ -475,6 +475,30 @@ proptest! {
     }
 
     #[test]
+    fn a_block_built_from_borrowed_parts_is_byte_identical_to_one_built_from_records(
+        records in vec(record(), 0..16),
+    ) {
+        let owned = RecordBatch::from_records(&records, 1 << 20).unwrap();
+        let mut builder = malachi_wire::BatchBuilder::new(1 << 20);
+        for r in &records {
+            let headers: Vec<(&str, &[u8])> =
+                r.headers.iter().map(|h| (h.name.as_str(), h.value.as_ref())).collect();
+            builder
+                .push_ref(malachi_wire::RecordRef {
+                    timestamp_ms: r.timestamp_ms,
+                    key: &r.key,
+                    value: &r.value,
+                    headers: &headers,
+                })
+                .unwrap();
+        }
+        let borrowed = builder.finish();
+        prop_assert_eq!(borrowed.block(), owned.block());
+        // The CRC taken while pushing must be the one a reader checks.
+        prop_assert_eq!(RecordBatch::from_block(borrowed.block().clone()).unwrap().records(), records);
+    }
+
+    #[test]
     fn decoders_never_panic_on_arbitrary_bytes(
         bytes in vec(any::<u8>(), 0..512),
         api_key in any_api_key(),
