@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use malachi_cluster::cursor::CursorKey;
+use malachi_cluster::membership::Membership;
 use malachi_storage::{FileStore, SegmentStore};
 use malachi_supervision::{
     Backoff, ChildKind, ChildSpec, Intensity, Strategy, Supervisor, SupervisorArgs, SupervisorRef,
@@ -22,11 +23,23 @@ use crate::config::BrokerConfig;
 use crate::coordinator::{CoordinatorActor, CoordinatorMsg};
 use crate::error::BrokerError;
 use crate::listener::{AcceptorActor, AcceptorArgs};
+use crate::membership::SwimActor;
+use crate::node::{Fabric, NodeActor, node_server_spec};
 use crate::shared::Shared;
 use crate::vnode::VnodeActor;
 
 /// Bytes of OS randomness in a new cursor secret.
 const SECRET_BYTES: usize = 32;
+/// How long an ordered shutdown waits for SWIM to tell the others it leaves.
+const LEAVE_WAIT_MS: u64 = 500;
+
+/// A membership handle for a broker whose fabric is missing, which
+/// `Broker::start` rules out; kept total rather than panicking.
+fn unreachable_membership() -> Membership {
+    Membership::new(&malachi_cluster::membership::NodeIdentity::seed(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+    ))
+}
 
 /// The broker's entry point.
 #[derive(Debug)]
@@ -80,6 +93,77 @@ fn load_or_create_secret(path: &Path) -> Result<CursorKey, BrokerError> {
     CursorKey::new(&secret).map_err(|e| BrokerError::Secret {
         path: path.to_path_buf(),
         reason: e.to_string(),
+    })
+}
+
+/// The address other brokers reach `bound` on: an unspecified ip (0.0.0.0,
+/// ::) is replaced by the configured advertise ip, or loopback.
+fn advertised(bound: SocketAddr, advertise_ip: Option<std::net::IpAddr>) -> SocketAddr {
+    if bound.ip().is_unspecified() {
+        let ip = advertise_ip.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+        SocketAddr::new(ip, bound.port())
+    } else {
+        bound
+    }
+}
+
+/// Membership and the node fabric: the SWIM socket on the client address's
+/// own ip:port (UDP), the fabric's TCP port, and this broker's identity.
+fn open_fabric(
+    config: &BrokerConfig,
+    client_addr: SocketAddr,
+    admin_addr: SocketAddr,
+) -> Result<Fabric, BrokerError> {
+    let settings = &config.membership;
+    let swim_socket =
+        std::net::UdpSocket::bind(client_addr).map_err(|source| BrokerError::Bind {
+            what: "membership (udp) port",
+            addr: client_addr,
+            source,
+        })?;
+    let cluster_bind = settings
+        .cluster_listen_addr
+        .unwrap_or_else(|| SocketAddr::new(client_addr.ip(), 0));
+    let cluster_listener = bind("node fabric port", cluster_bind)?;
+    let cluster_bound = cluster_listener
+        .local_addr()
+        .map_err(|source| BrokerError::Bind {
+            what: "node fabric port",
+            addr: cluster_bind,
+            source,
+        })?;
+    let identity = malachi_cluster::membership::NodeIdentity {
+        node_id: config.node_id,
+        incarnation: 0,
+        client_addr: advertised(client_addr, settings.advertise_ip),
+        admin_addr: Some(advertised(admin_addr, settings.advertise_ip)),
+        raft_addr: None,
+        cluster_addr: Some(advertised(cluster_bound, settings.advertise_ip)),
+        attributes: config.attributes.clone(),
+    };
+    identity.validate().map_err(|e| BrokerError::Config {
+        reason: format!("membership identity: {e}"),
+    })?;
+    let cookie = match &settings.cluster_cookie {
+        Some(cookie) => cookie.clone(),
+        None => {
+            warn!(
+                "no membership.cluster_cookie configured: brokers authenticate each other with the development cookie; set one outside development"
+            );
+            crate::config::DEV_CLUSTER_COOKIE.to_owned()
+        }
+    };
+    Ok(Fabric {
+        membership: malachi_cluster::membership::Membership::new(&identity),
+        node_id: config.node_id,
+        identity,
+        cookie,
+        swim_socket: Arc::new(swim_socket),
+        cluster_listener,
+        node_server: parking_lot::RwLock::new(None),
+        swim_running: std::sync::atomic::AtomicBool::new(false),
+        swim_task: parking_lot::Mutex::new(None),
+        remote_call_timeout_ms: settings.remote_call_timeout_ms,
     })
 }
 
@@ -165,6 +249,22 @@ fn build_tree(
     ));
     let listener = published_supervisor(listener, shared, |s| &s.listener, |_| {});
 
+    // SWIM, then the node server, then the node actor that feeds it and
+    // dials peers: a restarted node server restarts the node actor too.
+    let swim_shared = Arc::clone(shared);
+    let node_shared = Arc::clone(shared);
+    let mut membership = SupervisorArgs::new("membership", Strategy::RestForOne).child(
+        ChildSpec::worker("swim", || SwimActor, move || Arc::clone(&swim_shared)),
+    );
+    if let Some(fabric) = crate::node::fabric(shared) {
+        membership = membership.child(node_server_spec(fabric));
+    }
+    let membership = membership.child(ChildSpec::worker(
+        "node",
+        || NodeActor,
+        move || Arc::clone(&node_shared),
+    ));
+
     let admin_args = AdminArgs {
         shared: Arc::clone(shared),
         socket: admin,
@@ -176,6 +276,7 @@ fn build_tree(
         })
         .child(storage)
         .child(ChildSpec::supervisor(metadata))
+        .child(ChildSpec::supervisor(membership))
         .child(listener)
         .child(ChildSpec::worker(
             "admin_http",
@@ -216,6 +317,7 @@ impl Broker {
         let admin = bind("admin port", config.admin_addr)?;
         let client_addr = client.local_addr().map_err(io_err(&data_dir))?;
         let admin_addr = admin.local_addr().map_err(io_err(&data_dir))?;
+        let fabric = open_fabric(&config, client_addr, admin_addr)?;
         let shared = Arc::new(Shared::new(
             config,
             store,
@@ -224,6 +326,7 @@ impl Broker {
             client_addr,
             admin_addr,
         ));
+        let _ = shared.cluster.set(Arc::new(fabric));
         let tree = build_tree(&shared, client, admin);
         let (root, join) = SupervisorRef::spawn(tree).await?;
         *shared.root.write() = Some(root.clone());
@@ -249,6 +352,17 @@ impl BrokerHandle {
 
     pub fn node_id(&self) -> u64 {
         self.shared.config.node_id
+    }
+
+    /// This broker's membership: the live view of every broker (node id,
+    /// incarnation, client, raft, admin and fabric addresses, attributes,
+    /// state, routing), its events, and `set_local_routing`.
+    pub fn membership(&self) -> Membership {
+        // Set at start, before the handle exists.
+        match crate::node::fabric(&self.shared) {
+            Some(fabric) => fabric.membership.clone(),
+            None => unreachable_membership(),
+        }
     }
 
     /// The root supervisor.
@@ -339,6 +453,16 @@ impl BrokerHandle {
                 .sync(malachi_storage::SegmentId(segment.0))
             {
                 let _ = tokio::time::timeout_at(deadline, ticket).await;
+            }
+        }
+        info!("shutdown: leave the cluster");
+        if let Some(fabric) = crate::node::fabric(&self.shared) {
+            fabric.membership.leave();
+            let leave_deadline = tokio::time::Instant::now() + Duration::from_millis(LEAVE_WAIT_MS);
+            while fabric.swim_running.load(Ordering::SeqCst)
+                && tokio::time::Instant::now() < leave_deadline
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
         info!("shutdown: stop the tree");

@@ -1,7 +1,8 @@
 //! The broker's configuration. The binary layers TOML, `MALACHI_*`
 //! environment variables and flags into it; this crate only validates it.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use malachi_storage::{SealPolicy, StoreConfig};
@@ -12,6 +13,8 @@ use crate::error::BrokerError;
 /// Largest record value a broker may be configured to accept (the storage
 /// frame format caps a whole record at 64 MiB).
 pub const RECORD_VALUE_BYTES_MAX_LIMIT: usize = 32 << 20;
+/// Seeds a broker may be given.
+pub const SEEDS_MAX: usize = 64;
 /// Room the storage frame needs besides the value (key, headers, varints).
 const RECORD_OVERHEAD_BYTES: usize = 64 << 10;
 
@@ -48,6 +51,69 @@ pub enum MetadataBackend {
     Raft,
     /// A snapshot file rewritten per command (a fallback for debugging).
     File,
+}
+
+/// The cookie brokers authenticate each other's ractor_cluster sessions with
+/// when none is configured. Fine on a laptop; a warning says so at start.
+pub const DEV_CLUSTER_COOKIE: &str = "malachi-dev-cookie";
+
+/// Membership (SWIM) and the node fabric (ractor_cluster). The SWIM socket is
+/// UDP on the client address's own ip:port, so it needs no setting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MembershipSettings {
+    /// How often a broker probes another.
+    pub probe_period_ms: u64,
+    /// How long a direct probe waits before others are asked to probe.
+    pub probe_rtt_ms: u64,
+    /// How long a suspected broker has to refute before it is declared dead.
+    pub suspect_timeout_ms: u64,
+    /// Largest SWIM datagram.
+    pub packet_bytes_max: usize,
+    /// While alone, announce to the seeds this often.
+    pub seed_retry_ms: u64,
+    /// Where the ractor_cluster node server listens; the client address's
+    /// ip with a free port if unset. Advertised to the others through SWIM.
+    pub cluster_listen_addr: Option<SocketAddr>,
+    /// The shared secret of ractor_cluster sessions (every broker of a
+    /// cluster must have the same). A development cookie if unset.
+    pub cluster_cookie: Option<String>,
+    /// The ip other brokers reach this one on, when it listens on an
+    /// unspecified address (0.0.0.0 or ::).
+    pub advertise_ip: Option<IpAddr>,
+    /// How long a remote call (a tree snapshot) may take before the broker
+    /// is reported unreachable.
+    pub remote_call_timeout_ms: u64,
+}
+
+impl Default for MembershipSettings {
+    fn default() -> Self {
+        let swim = malachi_cluster::membership::SwimSettings::default();
+        MembershipSettings {
+            probe_period_ms: swim.probe_period_ms,
+            probe_rtt_ms: swim.probe_rtt_ms,
+            suspect_timeout_ms: swim.suspect_timeout_ms,
+            packet_bytes_max: swim.packet_bytes_max,
+            seed_retry_ms: swim.seed_retry_ms,
+            cluster_listen_addr: None,
+            cluster_cookie: None,
+            advertise_ip: None,
+            remote_call_timeout_ms: 3_000,
+        }
+    }
+}
+
+impl MembershipSettings {
+    /// The SWIM timers these settings ask for.
+    pub fn swim(&self) -> malachi_cluster::membership::SwimSettings {
+        malachi_cluster::membership::SwimSettings {
+            probe_period_ms: self.probe_period_ms,
+            probe_rtt_ms: self.probe_rtt_ms,
+            suspect_timeout_ms: self.suspect_timeout_ms,
+            packet_bytes_max: self.packet_bytes_max,
+            seed_retry_ms: self.seed_retry_ms,
+        }
+    }
 }
 
 /// Everything a single broker needs to start. Defaults serve a development
@@ -90,6 +156,12 @@ pub struct BrokerConfig {
     pub cursor_secret_file: Option<PathBuf>,
     /// Which metadata plane to run.
     pub metadata_backend: MetadataBackend,
+    /// Client addresses (host:port) of brokers to join through.
+    pub seeds: Vec<String>,
+    /// Operator-given attributes (zone, rack, ...), gossiped to every broker.
+    pub attributes: BTreeMap<String, String>,
+    /// SWIM timers and the node fabric.
+    pub membership: MembershipSettings,
 }
 
 impl Default for BrokerConfig {
@@ -112,6 +184,9 @@ impl Default for BrokerConfig {
             shutdown_timeout_ms: 10_000,
             cursor_secret_file: None,
             metadata_backend: MetadataBackend::Raft,
+            seeds: Vec::new(),
+            attributes: BTreeMap::new(),
+            membership: MembershipSettings::default(),
         }
     }
 }
@@ -129,6 +204,14 @@ impl BrokerConfig {
                 ..StoreSettings::default()
             },
             shutdown_timeout_ms: 5_000,
+            membership: MembershipSettings {
+                probe_period_ms: 100,
+                probe_rtt_ms: 40,
+                suspect_timeout_ms: 600,
+                seed_retry_ms: 100,
+                remote_call_timeout_ms: 2_000,
+                ..MembershipSettings::default()
+            },
             ..BrokerConfig::default()
         }
     }
@@ -172,6 +255,56 @@ impl BrokerConfig {
         if self.produce_timeout_ms == 0 || self.shutdown_timeout_ms == 0 {
             return bad("produce_timeout_ms and shutdown_timeout_ms must be positive".into());
         }
+        self.membership
+            .swim()
+            .validate()
+            .map_err(|e| BrokerError::Config {
+                reason: e.to_string(),
+            })?;
+        if self.membership.remote_call_timeout_ms == 0 {
+            return bad("membership.remote_call_timeout_ms must be positive".into());
+        }
+        if self
+            .membership
+            .cluster_cookie
+            .as_ref()
+            .is_some_and(|c| c.is_empty())
+        {
+            return bad("membership.cluster_cookie must not be empty".into());
+        }
+        if self.seeds.len() > SEEDS_MAX {
+            return bad(format!("at most {SEEDS_MAX} seeds"));
+        }
+        for seed in &self.seeds {
+            let valid = seed
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !valid {
+                return bad(format!("seed {seed:?} is not host:port"));
+            }
+        }
+        if !self.seeds.is_empty()
+            && self.listen_addr.ip().is_unspecified()
+            && self.membership.advertise_ip.is_none()
+        {
+            return bad(
+                "listen_addr is unspecified (0.0.0.0 or ::): set membership.advertise_ip so other brokers can reach this one"
+                    .into(),
+            );
+        }
+        // The identity codec's bounds: refuse at start what could not be gossiped.
+        let probe = malachi_cluster::membership::NodeIdentity {
+            node_id: self.node_id,
+            incarnation: 0,
+            client_addr: self.listen_addr,
+            admin_addr: Some(self.admin_addr),
+            raft_addr: None,
+            cluster_addr: Some(self.listen_addr),
+            attributes: self.attributes.clone(),
+        };
+        probe.validate().map_err(|e| BrokerError::Config {
+            reason: format!("attributes: {e}"),
+        })?;
         self.store_config()
             .validate()
             .map_err(|e| BrokerError::Config {
@@ -203,6 +336,11 @@ impl BrokerConfig {
         }
     }
 
+    /// Where this broker's last membership incarnation is kept.
+    pub fn incarnation_path(&self) -> PathBuf {
+        self.data_dir.join("membership.incarnation")
+    }
+
     /// Where the cursor secret is kept.
     pub fn secret_path(&self) -> PathBuf {
         self.cursor_secret_file
@@ -229,6 +367,35 @@ mod tests {
         };
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("node_id"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_seed_or_attribute_or_timer_is_refused_with_its_name() {
+        let config = BrokerConfig {
+            seeds: vec!["nowhere".into()],
+            ..BrokerConfig::default()
+        };
+        assert!(config.validate().unwrap_err().to_string().contains("seed"));
+        let config = BrokerConfig {
+            attributes: [("".to_owned(), "x".to_owned())].into(),
+            ..BrokerConfig::default()
+        };
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("attribute")
+        );
+        let mut config = BrokerConfig::default();
+        config.membership.probe_rtt_ms = config.membership.probe_period_ms;
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("probe_rtt_ms")
+        );
     }
 
     #[test]

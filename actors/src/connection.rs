@@ -538,7 +538,7 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
         }
         Request::Produce(req) => produce(shared, req).await.map(Response::Produce),
         Request::Fetch(req) => fetch(shared, req).await.map(Response::Fetch),
-        Request::TreeSnapshot(_) => {
+        Request::TreeSnapshot(req) => {
             let Some(root) = shared.root.read().clone() else {
                 return Err((ErrorCode::ShuttingDown, "the tree is not running".into()));
             };
@@ -546,23 +546,40 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
                 .snapshot()
                 .await
                 .map_err(|e| (ErrorCode::Timeout, e.to_string()))?;
+            // With `all`, every other broker's tree comes over the node
+            // fabric; one that cannot answer is listed as unreachable.
+            let brokers = if req.all {
+                crate::node::gather_trees(shared).await
+            } else {
+                Vec::new()
+            };
             Ok(Response::TreeSnapshot(wire::TreeSnapshotResponse {
                 node_id,
                 root: tree_to_wire(&snapshot),
+                brokers,
             }))
         }
-        Request::ClusterStatus(_) => Ok(Response::ClusterStatus(wire::ClusterStatusResponse {
-            node_id,
-            brokers: vec![wire::BrokerStatus {
+        Request::ClusterStatus(_) => {
+            let brokers = match crate::node::fabric(shared) {
+                Some(fabric) => fabric
+                    .membership
+                    .view()
+                    .all()
+                    .map(crate::node::broker_status)
+                    .collect(),
+                None => vec![wire::BrokerStatus {
+                    node_id,
+                    state: wire::BrokerState::Alive,
+                    client_addr: shared.client_addr.to_string(),
+                    admin_addr: shared.admin_addr.to_string(),
+                    ..wire::BrokerStatus::default()
+                }],
+            };
+            Ok(Response::ClusterStatus(wire::ClusterStatusResponse {
                 node_id,
-                state: wire::BrokerState::Alive,
-                client_addr: shared.client_addr.to_string(),
-                raft_addr: String::new(),
-                admin_addr: shared.admin_addr.to_string(),
-                attributes: BTreeMap::new(),
-                vnodes_led: vec![0],
-            }],
-        })),
+                brokers,
+            }))
+        }
         Request::SplitRange(req) => {
             let range = RangeId(req.range_id);
             let (lower, upper) = call_coordinator(shared, |reply| CoordinatorMsg::Split {

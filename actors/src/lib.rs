@@ -32,8 +32,10 @@ mod coordinator;
 mod error;
 mod fetch;
 mod listener;
+mod membership;
 mod metadata;
 mod metrics;
+mod node;
 mod segment;
 mod shared;
 mod subscribe;
@@ -41,7 +43,12 @@ mod vnode;
 
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{BrokerConfig, MetadataBackend, StoreSettings};
+pub use config::{
+    BrokerConfig, DEV_CLUSTER_COOKIE, MembershipSettings, MetadataBackend, StoreSettings,
+};
+pub use malachi_cluster::membership::{
+    Member, MemberEvent, MemberEventKind, MemberState, Membership, MembershipView, VnodeLeader,
+};
 pub use convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use error::BrokerError;
 pub use metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane};

@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     pub requests_inflight: AtomicUsize,
     /// The highest `requests_inflight` one connection ever reached.
     pub connection_inflight_peak: AtomicUsize,
+    /// Membership and the node fabric, set once at broker start.
+    pub cluster: std::sync::OnceLock<Arc<crate::node::Fabric>>,
 }
 
 impl Shared {
@@ -87,6 +89,7 @@ impl Shared {
             connections: AtomicUsize::new(0),
             requests_inflight: AtomicUsize::new(0),
             connection_inflight_peak: AtomicUsize::new(0),
+            cluster: std::sync::OnceLock::new(),
         }
     }
 

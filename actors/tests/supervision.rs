@@ -79,7 +79,7 @@ async fn a_failed_segment_actor_is_restarted_and_producers_carry_on() {
     assert_eq!(got.len(), 201);
 
     // The wire's tree op shows the same count.
-    let tree = client.call(&TreeSnapshotRequest {}).await.unwrap();
+    let tree = client.call(&TreeSnapshotRequest::default()).await.unwrap();
     let storage = tree
         .root
         .children

@@ -718,7 +718,12 @@ impl Message for SubscribeCreditResponse {
 // ---------------------------------------------------------------- tree
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct TreeSnapshotRequest {}
+pub struct TreeSnapshotRequest {
+    /// Also gather the tree of every other broker of the cluster (over the
+    /// node fabric); absent in older clients, meaning false.
+    #[serde(default)]
+    pub all: bool,
+}
 
 impl Message for TreeSnapshotRequest {
     const NAME: &'static str = "tree_snapshot_request";
@@ -818,12 +823,38 @@ pub struct TreeSnapshotResponse {
     /// The broker whose tree this is.
     pub node_id: u64,
     pub root: SupervisorSnapshot,
+    /// With `all`: every broker of the cluster (the answering one first),
+    /// each with its tree or why it could not be had. Empty otherwise.
+    #[serde(default)]
+    pub brokers: Vec<BrokerTree>,
+}
+
+/// One broker's tree in a cluster-wide snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct BrokerTree {
+    pub node_id: u64,
+    /// Its state as the answering broker's membership sees it.
+    pub state: BrokerState,
+    pub client_addr: String,
+    /// The tree, when the broker answered.
+    pub root: Option<SupervisorSnapshot>,
+    /// Why there is no tree (down, no session, timed out).
+    pub unreachable: Option<String>,
 }
 
 impl Message for TreeSnapshotResponse {
     const NAME: &'static str = "tree_snapshot_response";
     fn check(&self) -> Result<(), WireError> {
-        self.root.check(1)
+        self.root.check(1)?;
+        check_len("brokers", self.brokers.len(), BROKERS_MAX)?;
+        for broker in &self.brokers {
+            check_len("client_addr", broker.client_addr.len(), ADDRESS_BYTES_MAX)?;
+            check_opt("unreachable", &broker.unreachable, MESSAGE_BYTES_MAX)?;
+            if let Some(root) = &broker.root {
+                root.check(1)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -861,6 +892,12 @@ pub struct BrokerStatus {
     pub attributes: BTreeMap<String, String>,
     /// The vnodes whose raft group this broker leads.
     pub vnodes_led: Vec<u32>,
+    /// Grows with every start of the broker (0 from older brokers).
+    #[serde(default)]
+    pub incarnation: u64,
+    /// `host:port` of its node fabric (ractor_cluster) server, if any.
+    #[serde(default)]
+    pub cluster_addr: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -878,6 +915,7 @@ impl Message for ClusterStatusResponse {
             check_len("client_addr", broker.client_addr.len(), ADDRESS_BYTES_MAX)?;
             check_len("raft_addr", broker.raft_addr.len(), ADDRESS_BYTES_MAX)?;
             check_len("admin_addr", broker.admin_addr.len(), ADDRESS_BYTES_MAX)?;
+            check_len("cluster_addr", broker.cluster_addr.len(), ADDRESS_BYTES_MAX)?;
             check_len("attributes", broker.attributes.len(), ATTRIBUTES_MAX)?;
             for (key, value) in &broker.attributes {
                 check_len("attribute key", key.len(), NAME_BYTES_MAX)?;

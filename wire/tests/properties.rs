@@ -260,6 +260,8 @@ fn broker() -> impl Strategy<Value = BrokerStatus> {
                     admin_addr,
                     attributes: attributes.into_iter().collect::<BTreeMap<_, _>>(),
                     vnodes_led,
+                    incarnation: u64::from(node_id % 7),
+                    cluster_addr: String::new(),
                 }
             },
         )
@@ -347,7 +349,7 @@ fn request() -> impl Strategy<Value = Request> {
                     })
                 }
             ),
-        Just(Request::TreeSnapshot(TreeSnapshotRequest {})),
+        any::<bool>().prop_map(|all| Request::TreeSnapshot(TreeSnapshotRequest { all })),
         Just(Request::ClusterStatus(ClusterStatusRequest {})),
     ]
 }
@@ -401,9 +403,19 @@ fn response() -> impl Strategy<Value = Response> {
                 credit_bytes,
             })
         }),
-        (any::<u64>(), tree()).prop_map(|(node_id, root)| Response::TreeSnapshot(
-            TreeSnapshotResponse { node_id, root }
-        )),
+        (any::<u64>(), tree(), proptest::option::of(tree())).prop_map(|(node_id, root, other)| {
+            Response::TreeSnapshot(TreeSnapshotResponse {
+                node_id,
+                root,
+                brokers: vec![BrokerTree {
+                    node_id: node_id.wrapping_add(1),
+                    state: BrokerState::Suspect,
+                    client_addr: "127.0.0.1:4041".into(),
+                    unreachable: other.is_none().then(|| "timed out".to_owned()),
+                    root: other,
+                }],
+            })
+        }),
         (any::<u64>(), vec(broker(), 0..4)).prop_map(|(node_id, brokers)| {
             Response::ClusterStatus(ClusterStatusResponse { node_id, brokers })
         }),

@@ -236,10 +236,26 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
         ),
         (
             "tree_snapshot",
-            Request::TreeSnapshot(TreeSnapshotRequest {}),
+            Request::TreeSnapshot(TreeSnapshotRequest { all: true }),
             Response::TreeSnapshot(TreeSnapshotResponse {
                 node_id: 1,
                 root: tree(),
+                brokers: vec![
+                    BrokerTree {
+                        node_id: 1,
+                        state: BrokerState::Alive,
+                        client_addr: "10.0.0.1:4040".into(),
+                        root: Some(tree()),
+                        unreachable: None,
+                    },
+                    BrokerTree {
+                        node_id: 2,
+                        state: BrokerState::Dead,
+                        client_addr: "10.0.0.2:4040".into(),
+                        root: None,
+                        unreachable: Some("declared dead by membership".into()),
+                    },
+                ],
             }),
         ),
         (
@@ -255,6 +271,8 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
                     admin_addr: "10.0.0.1:8080".into(),
                     attributes: BTreeMap::from([("rack".into(), "r1".into())]),
                     vnodes_led: vec![0, 5],
+                    incarnation: 1_764_000_000_000,
+                    cluster_addr: "10.0.0.1:9040".into(),
                 }],
             }),
         ),

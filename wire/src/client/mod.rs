@@ -488,7 +488,7 @@ impl Client {
 
     /// The live supervision tree of the answering broker.
     pub async fn tree_snapshot(&self) -> Result<TreeSnapshotResponse, ClientError> {
-        self.call(None, &TreeSnapshotRequest {}).await
+        self.call(None, &TreeSnapshotRequest::default()).await
     }
 
     pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, ClientError> {
