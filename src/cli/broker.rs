@@ -1,27 +1,40 @@
-//! `malachi broker` and `malachi dev`: run a broker in the foreground until
-//! SIGINT or SIGTERM, then shut it down in order (stop accepting, finish
-//! in-flight requests, sync segments, stop the tree) and exit 0.
+//! `malachi broker` and `malachi dev`: run one broker (or, for `dev`, a local
+//! cluster of them in this process) in the foreground until SIGINT or
+//! SIGTERM, then shut each down in order (stop accepting, finish in-flight
+//! requests, sync segments, leave the cluster, stop the tree) and exit 0.
 
 use std::path::Path;
 
-use malachi_actors::{Broker, BrokerConfig};
+use malachi_actors::{Broker, BrokerConfig, BrokerHandle};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::config::{self, Layered};
 use super::error::CliError;
 use super::{BrokerArgs, DevArgs};
 
-/// Brokers `malachi dev` can run today: a multi-broker cluster needs
-/// membership, which a later issue brings. A larger `--nodes` runs one broker
-/// and says so, so that the cli.md default (`--nodes 3`) still starts.
-pub const DEV_NODES_SUPPORTED: u32 = 1;
-/// `malachi dev`'s admin port (cli.md: 8080, 8081, ...).
-pub const DEV_ADMIN_ADDR: &str = "127.0.0.1:8080";
+/// `malachi dev`'s first client port (cli.md: 4040, 4041, ...).
+pub const DEV_CLIENT_PORT: u16 = 4040;
+/// `malachi dev`'s first admin port (cli.md: 8080, 8081, ...).
+pub const DEV_ADMIN_PORT: u16 = 8080;
+/// Brokers `malachi dev` runs at most (their ports must stay in a small band).
+pub const DEV_NODES_MAX: u32 = 9;
 /// How long a starting broker may take to become ready before we say so.
 const READY_TIMEOUT_MS: u64 = 30_000;
 
+/// The cluster keys of the layered configuration belong to the broker's own
+/// configuration too: the command line and the file layer them, the broker
+/// gossips them.
+fn into_broker(mut layered: Layered<BrokerConfig>, args: &BrokerArgs) -> Layered<BrokerConfig> {
+    layered.broker.seeds = layered.seeds.clone();
+    layered.broker.attributes = layered.attributes.clone();
+    if let Some(cookie) = &args.cluster_cookie {
+        layered.broker.membership.cluster_cookie = Some(cookie.clone());
+    }
+    layered
+}
+
 pub async fn broker(args: BrokerArgs) -> Result<(), CliError> {
-    let layered: Layered<BrokerConfig> = config::load(&args)?;
+    let layered: Layered<BrokerConfig> = into_broker(config::load(&args)?, &args);
     layered
         .broker
         .validate()
@@ -31,35 +44,41 @@ pub async fn broker(args: BrokerArgs) -> Result<(), CliError> {
         print!("{text}");
         return Ok(());
     }
-    run(layered, false).await
+    run(vec![layered], false).await
 }
 
 pub async fn dev(args: DevArgs) -> Result<(), CliError> {
-    if args.nodes == 0 {
-        return Err(CliError::Config("--nodes must be at least 1".into()));
+    if args.nodes == 0 || args.nodes > DEV_NODES_MAX {
+        return Err(CliError::Config(format!(
+            "--nodes must be between 1 and {DEV_NODES_MAX}"
+        )));
     }
-    if args.nodes > DEV_NODES_SUPPORTED {
-        eprintln!(
-            "malachi dev: multi-broker dev arrives with cluster membership; running 1 broker instead of {}",
-            args.nodes
-        );
+    let client = |i: u32| format!("127.0.0.1:{}", DEV_CLIENT_PORT + i as u16);
+    let mut brokers = Vec::new();
+    for i in 0..args.nodes {
+        let node_id = u64::from(i) + 1;
+        let broker_args = BrokerArgs {
+            config: None,
+            node_id: Some(node_id),
+            listen: Some(client(i)),
+            admin_listen: Some(format!("127.0.0.1:{}", DEV_ADMIN_PORT + i as u16)),
+            data_dir: Some(args.data_dir.join(format!("node-{node_id}"))),
+            // Every other broker is a seed: any one of them that is up lets
+            // this one in.
+            seeds: (0..args.nodes).filter(|j| *j != i).map(client).collect(),
+            attrs: Vec::new(),
+            cluster_cookie: None,
+            check: false,
+        };
+        let layered: Layered<BrokerConfig> =
+            into_broker(config::layer(None, &broker_args)?, &broker_args);
+        layered
+            .broker
+            .validate()
+            .map_err(|e| CliError::Config(strip_prefix(&e.to_string())))?;
+        brokers.push(layered);
     }
-    let broker_args = BrokerArgs {
-        config: None,
-        node_id: Some(1),
-        listen: Some(super::BROKER_ADDR_DEFAULT.to_owned()),
-        admin_listen: Some(DEV_ADMIN_ADDR.to_owned()),
-        data_dir: Some(args.data_dir.join("node-1")),
-        seeds: Vec::new(),
-        attrs: Vec::new(),
-        check: false,
-    };
-    let layered: Layered<BrokerConfig> = config::layer(None, &broker_args)?;
-    layered
-        .broker
-        .validate()
-        .map_err(|e| CliError::Config(strip_prefix(&e.to_string())))?;
-    run(layered, true).await
+    run(brokers, true).await
 }
 
 /// The broker's own error already says "invalid configuration: ".
@@ -70,79 +89,115 @@ fn strip_prefix(message: &str) -> String {
         .to_owned()
 }
 
-fn dev_banner(client: &str, admin: &str, data_dir: &Path) -> String {
-    format!(
-        "malachi dev: 1 broker serving\n\
-         \x20 client port   {client}\n\
-         \x20 admin (HTTP)  http://{admin}/  (health, ready, metrics, supervision tree)\n\
-         \x20 data          {data}\n\
+fn dev_banner(nodes: &[(u64, String, String)], data_dir: &Path) -> String {
+    let mut out = format!(
+        "malachi dev: {} broker{} serving, one cluster\n",
+        nodes.len(),
+        if nodes.len() == 1 { "" } else { "s" }
+    );
+    for (node_id, client, admin) in nodes {
+        out.push_str(&format!(
+            "  node {node_id}  client {client}  admin http://{admin}/\n"
+        ));
+    }
+    out.push_str(&format!(
+        "  data          {}/node-<id>\n\
+         (each broker still keeps its own single-node metadata for now: create a topic\n\
+         \x20and produce and consume through the same broker)\n\
          try, in another terminal:\n\
+         \x20 malachi cluster status\n\
          \x20 malachi topic create demo\n\
          \x20 printf 'k1\\thello\\nk2\\tworld\\n' | malachi produce demo\n\
          \x20 malachi consume demo --from-start\n\
-         \x20 malachi tree\n\
+         \x20 malachi tree --all\n\
          stop with Ctrl-C.",
-        data = data_dir.display()
-    )
+        data_dir.display()
+    ));
+    out
 }
 
-async fn run(layered: Layered<BrokerConfig>, dev: bool) -> Result<(), CliError> {
-    if !layered.seeds.is_empty() {
-        eprintln!(
-            "malachi broker: --seed is accepted but not used yet (cluster membership arrives with a later issue); this broker runs alone"
-        );
-    }
-    // Signals are hooked before the broker starts, so a SIGTERM that arrives
+async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: bool) -> Result<(), CliError> {
+    // Signals are hooked before the brokers start, so a SIGTERM that arrives
     // during start-up still leads to an ordered shutdown.
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| CliError::Broker(format!("cannot handle SIGTERM: {e}")))?;
     let mut int = signal(SignalKind::interrupt())
         .map_err(|e| CliError::Broker(format!("cannot handle SIGINT: {e}")))?;
-    let data_dir = layered.broker.data_dir.clone();
-    let node_id = layered.broker.node_id;
-    let mut handle = Broker::start(layered.broker)
-        .await
-        .map_err(|e| CliError::Broker(e.to_string()))?;
-    if !handle.wait_ready(READY_TIMEOUT_MS).await {
-        tracing::warn!(
-            timeout_ms = READY_TIMEOUT_MS,
-            "broker not ready yet; serving anyway"
+    let data_root = brokers
+        .first()
+        .and_then(|b| b.broker.data_dir.parent().map(Path::to_path_buf))
+        .unwrap_or_default();
+    let mut handles = Vec::new();
+    let mut serving = Vec::new();
+    for layered in brokers {
+        let data_dir = layered.broker.data_dir.clone();
+        let node_id = layered.broker.node_id;
+        let handle = match Broker::start(layered.broker).await {
+            Ok(handle) => handle,
+            Err(e) => {
+                for (_, started) in handles.drain(..).rev() {
+                    let _ = BrokerHandle::shutdown(started).await;
+                }
+                return Err(CliError::Broker(e.to_string()));
+            }
+        };
+        if !handle.wait_ready(READY_TIMEOUT_MS).await {
+            tracing::warn!(
+                node_id,
+                timeout_ms = READY_TIMEOUT_MS,
+                "broker not ready yet; serving anyway"
+            );
+        }
+        let (client, admin) = (
+            handle.client_addr().to_string(),
+            handle.admin_addr().to_string(),
         );
+        // One stable line on stdout per broker that scripts and tests wait
+        // for (with the real ports when port 0 was asked for).
+        println!(
+            "malachi broker: node {node_id} serving clients on {client}, admin on http://{admin}/, data in {}",
+            data_dir.display()
+        );
+        tracing::info!(
+            node_id,
+            client = %client,
+            admin = %admin,
+            attributes = ?layered.attributes,
+            seeds = layered.seeds.len(),
+            "broker serving"
+        );
+        serving.push((node_id, client, admin));
+        handles.push((node_id, handle));
     }
-    let (client, admin) = (
-        handle.client_addr().to_string(),
-        handle.admin_addr().to_string(),
-    );
-    // One stable line on stdout that scripts and tests wait for (with the
-    // real ports when port 0 was asked for).
-    println!(
-        "malachi broker: node {node_id} serving clients on {client}, admin on http://{admin}/, data in {}",
-        data_dir.display()
-    );
     if dev {
-        println!("{}", dev_banner(&client, &admin, &data_dir));
+        println!("{}", dev_banner(&serving, &data_root));
     }
-    tracing::info!(
-        node_id,
-        client = %client,
-        admin = %admin,
-        attributes = ?layered.attributes,
-        "broker serving"
-    );
-    let failed = tokio::select! {
-        _ = term.recv() => { tracing::info!("sigterm: shutting down"); false }
-        _ = int.recv() => { tracing::info!("sigint: shutting down"); false }
-        _ = handle.stopped() => true,
+    let failed = {
+        let stopped = futures::future::select_all(
+            handles
+                .iter_mut()
+                .map(|(_, handle)| Box::pin(handle.stopped())),
+        );
+        tokio::select! {
+            _ = term.recv() => { tracing::info!("sigterm: shutting down"); false }
+            _ = int.recv() => { tracing::info!("sigint: shutting down"); false }
+            _ = stopped => true,
+        }
     };
     if failed {
+        for (_, handle) in handles.into_iter().rev() {
+            let _ = handle.shutdown().await;
+        }
         return Err(CliError::Broker(
             "the supervision tree gave up (restart intensity exceeded); see the log above".into(),
         ));
     }
-    handle
-        .shutdown()
-        .await
-        .map_err(|e| CliError::Broker(format!("shutdown: {e}")))?;
-    println!("malachi broker: node {node_id} stopped");
+    for (node_id, handle) in handles.into_iter().rev() {
+        handle
+            .shutdown()
+            .await
+            .map_err(|e| CliError::Broker(format!("shutdown: {e}")))?;
+        println!("malachi broker: node {node_id} stopped");
+    }
     Ok(())
 }

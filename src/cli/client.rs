@@ -11,7 +11,9 @@ use serde_json::json;
 use super::error::CliError;
 use super::records::{format_text, parse_json_line, parse_text_line, to_json};
 use super::render::{self, Volatile};
-use super::{ClusterCommand, ConsumeArgs, OutputArgs, ProduceArgs, TopicCommand, TopicCreateArgs};
+use super::{
+    ClusterCommand, ConsumeArgs, OutputArgs, ProduceArgs, TopicCommand, TopicCreateArgs, TreeArgs,
+};
 
 /// The largest produce request the command line builds, in block bytes.
 const PRODUCE_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
@@ -347,12 +349,25 @@ pub async fn consume(args: ConsumeArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub async fn tree(output: OutputArgs) -> Result<(), CliError> {
+pub async fn tree(args: TreeArgs) -> Result<(), CliError> {
+    let output = args.output;
     let client = connect(&output).await?;
     let snapshot = client
-        .tree_snapshot()
+        .call(
+            None,
+            &malachi_wire::messages::TreeSnapshotRequest { all: args.all },
+        )
         .await
         .map_err(|e| CliError::client("tree", &output.broker, e))?;
+    if args.all {
+        // A broker that cannot be reached is part of the answer, not a
+        // failure of the command.
+        return if output.json {
+            snapshot.brokers.iter().try_for_each(print_json)
+        } else {
+            print_text(&render::tree_all(&snapshot.brokers))
+        };
+    }
     if output.json {
         print_json(&snapshot)
     } else {

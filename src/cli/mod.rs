@@ -43,7 +43,7 @@ pub struct Cli {
 pub enum Command {
     /// Run one broker in the foreground until Ctrl-C (SIGINT) or SIGTERM.
     Broker(BrokerArgs),
-    /// Run a local development broker with data in ./malachi-data and print how to use it.
+    /// Run a local development cluster (3 brokers by default) with data in ./malachi-data.
     Dev(DevArgs),
     /// Create, list, describe, delete, split and merge topics.
     #[command(subcommand)]
@@ -52,8 +52,8 @@ pub enum Command {
     Produce(ProduceArgs),
     /// Read records from a topic and print them, then the cursor to resume from.
     Consume(ConsumeArgs),
-    /// Show the live supervision tree of a broker: every actor, its status and restarts.
-    Tree(OutputArgs),
+    /// Show the live supervision tree of a broker (or, with --all, of every broker).
+    Tree(TreeArgs),
     /// Cluster-wide views.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -111,15 +111,30 @@ pub struct BrokerArgs {
         value_name = "KEY=VALUE"
     )]
     pub attrs: Vec<String>,
+    /// The shared secret brokers authenticate each other's node fabric
+    /// sessions with (the same on every broker; a development cookie if unset).
+    #[arg(long, env = "MALACHI_CLUSTER_COOKIE", value_name = "COOKIE")]
+    pub cluster_cookie: Option<String>,
     /// Check the configuration, print it as TOML and exit without starting.
     #[arg(long)]
     pub check: bool,
 }
 
 #[derive(Debug, Args)]
+pub struct TreeArgs {
+    /// Show every broker's tree, gathered by the broker asked; a broker that
+    /// cannot be reached is reported as unreachable.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
 pub struct DevArgs {
-    /// How many brokers to run on loopback. Only 1 is supported until cluster
-    /// membership lands; a larger number runs 1 and says so.
+    /// How many brokers to run on loopback: node ids 1..=N, client ports
+    /// 4040.., admin ports 8080.., data in DIR/node-<id>. They form one
+    /// cluster through each other's client addresses as seeds.
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub nodes: u32,
     /// Where the brokers keep their data.

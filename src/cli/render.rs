@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use malachi_wire::messages::{
-    BrokerState, ChildKind, ChildSnapshot, ChildStatus, ClusterStatusResponse, Restart,
+    BrokerState, BrokerTree, ChildKind, ChildSnapshot, ChildStatus, ClusterStatusResponse, Restart,
     SupervisionStrategy, SupervisorSnapshot, TopicDescription, TopicListing, TreeSnapshotResponse,
 };
 
@@ -113,6 +113,54 @@ fn children(out: &mut String, list: &[ChildSnapshot], prefix: &str, volatile: Vo
             children(out, nested, &deeper, volatile);
         }
     }
+}
+
+/// Every broker's tree (`malachi tree --all`): a heading per broker, its
+/// tree, or why it could not be had; then the totals.
+///
+/// ```text
+/// == node 1 127.0.0.1:4040 alive
+/// broker one_for_one (node 1)
+/// ...
+/// == node 3 127.0.0.1:4042 dead: unreachable (declared dead by membership)
+/// 2 of 3 brokers answered; restarts in total: 0
+/// ```
+pub fn tree_all(brokers: &[BrokerTree]) -> String {
+    let mut out = String::new();
+    let mut answered = 0;
+    let mut restarts = 0;
+    for broker in brokers {
+        let _ = write!(
+            out,
+            "== node {} {} {}",
+            broker.node_id,
+            dash(&broker.client_addr),
+            broker_state(broker.state)
+        );
+        match &broker.root {
+            Some(root) => {
+                out.push('\n');
+                answered += 1;
+                restarts += restarts_total(root);
+                let snapshot = TreeSnapshotResponse {
+                    node_id: broker.node_id,
+                    root: root.clone(),
+                    brokers: Vec::new(),
+                };
+                out.push_str(&tree(&snapshot, Volatile(true)));
+            }
+            None => {
+                let reason = broker.unreachable.as_deref().unwrap_or("no answer");
+                let _ = writeln!(out, ": unreachable ({reason})");
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{answered} of {} brokers answered; restarts in total: {restarts}",
+        brokers.len()
+    );
+    out
 }
 
 /// Total restarts in the tree: what an operator checks first.
@@ -268,7 +316,7 @@ pub fn cluster_status(status: &ClusterStatusResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use malachi_wire::messages::{BrokerStatus, RangeDescription, SegmentDescription};
+    use malachi_wire::messages::{BrokerStatus, BrokerTree, RangeDescription, SegmentDescription};
 
     fn sample_tree() -> TreeSnapshotResponse {
         let segment = ChildSnapshot {
@@ -314,6 +362,7 @@ mod tests {
                     },
                 ],
             },
+            brokers: Vec::new(),
         }
     }
 
@@ -390,9 +439,45 @@ mod tests {
                 admin_addr: "127.0.0.1:8080".into(),
                 attributes: [("zone".to_owned(), "a".to_owned())].into(),
                 vnodes_led: vec![0, 1, 2],
+                ..BrokerStatus::default()
             }],
         };
         insta::assert_snapshot!(cluster_status(&status));
+    }
+
+    #[test]
+    fn the_cluster_tree_shows_each_broker_and_why_one_is_missing() {
+        let brokers = vec![
+            BrokerTree {
+                node_id: 1,
+                state: BrokerState::Alive,
+                client_addr: "127.0.0.1:4040".into(),
+                root: Some(sample_tree().root),
+                unreachable: None,
+            },
+            BrokerTree {
+                node_id: 3,
+                state: BrokerState::Dead,
+                client_addr: "127.0.0.1:4042".into(),
+                root: None,
+                unreachable: Some("declared dead by membership".into()),
+            },
+        ];
+        let text = tree_all(&brokers);
+        assert!(
+            text.contains("== node 1 127.0.0.1:4040 alive\nbroker one_for_one (node 1)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "== node 3 127.0.0.1:4042 dead: unreachable (declared dead by membership)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("1 of 2 brokers answered; restarts in total: 1\n"),
+            "{text}"
+        );
     }
 
     #[test]
