@@ -60,6 +60,10 @@ const ROW_QUICK: Duration = Duration::from_secs(5);
 const ROW_FULL: Duration = Duration::from_secs(20);
 /// The raw disk runs at most this long per point.
 const RAW_MAX: Duration = Duration::from_secs(5);
+/// How long a peer may take, after a row, to finish writes still queued in
+/// it, and how often its stream length is polled meanwhile.
+const SETTLE_MAX: Duration = Duration::from_secs(5);
+const SETTLE_POLL: Duration = Duration::from_millis(300);
 /// The fsync latency probe's write size.
 const FSYNC_PROBE_BYTES: usize = 4096;
 /// The loopback probe's write size.
@@ -338,15 +342,20 @@ fn row(
         records: outcome.records,
         mb_per_s: outcome.mb_per_s(),
         records_per_s: outcome.records_per_s(),
-        p50_us: outcome.hist.value_at_quantile(0.50),
-        p99_us: outcome.hist.value_at_quantile(0.99),
-        p999_us: outcome.hist.value_at_quantile(0.999),
+        p50_us: quantile(outcome, 0.50),
+        p99_us: quantile(outcome, 0.99),
+        p999_us: quantile(outcome, 0.999),
         ratio_to_raw: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: outcome.errors,
         version: version.to_owned(),
     }
+}
+
+/// A latency quantile, or none when nothing was acknowledged.
+fn quantile(outcome: &LoadOutcome, q: f64) -> Option<u64> {
+    (outcome.records > 0 && !outcome.hist.is_empty()).then(|| outcome.hist.value_at_quantile(q))
 }
 
 /// The machine's limits: the raw disk at each producer count, fsync latency
@@ -373,9 +382,9 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
             records: raw.records * per_write,
             mb_per_s: raw.mb_per_s,
             records_per_s: raw.records_per_s * per_write as f64,
-            p50_us: raw.p50_us,
-            p99_us: raw.p99_us,
-            p999_us: raw.p999_us,
+            p50_us: Some(raw.p50_us),
+            p99_us: Some(raw.p99_us),
+            p999_us: Some(raw.p999_us),
             ratio_to_raw: None,
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
@@ -405,9 +414,9 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         records: fsync.records,
         mb_per_s: fsync.mb_per_s,
         records_per_s: fsync.records_per_s,
-        p50_us: fsync.p50_us,
-        p99_us: fsync.p99_us,
-        p999_us: fsync.p999_us,
+        p50_us: Some(fsync.p50_us),
+        p99_us: Some(fsync.p99_us),
+        p999_us: Some(fsync.p999_us),
         ratio_to_raw: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
@@ -426,9 +435,9 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         records: tcp.records,
         mb_per_s: tcp.mb_per_s(),
         records_per_s: tcp.records_per_s(),
-        p50_us: tcp.hist.value_at_quantile(0.50),
-        p99_us: tcp.hist.value_at_quantile(0.99),
-        p999_us: tcp.hist.value_at_quantile(0.999),
+        p50_us: quantile(&tcp, 0.50),
+        p99_us: quantile(&tcp, 0.99),
+        p999_us: quantile(&tcp, 0.999),
         ratio_to_raw: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
@@ -684,6 +693,11 @@ async fn run_peer(
             &outcome,
             &bin.version,
         ));
+        // Writes dropped uncounted at the end of the drain may still be
+        // queued in the server: let it finish them before the next row, so
+        // that row measures its own load.
+        notes.progress(&format!("{} {} settling", peer.name(), mode.name()));
+        settle(peer, &addr, &name).await;
         if n != source || mode != Mode::Durable {
             // Free the memory (Redis) and disk a later row would otherwise
             // share with this one's data.
@@ -782,6 +796,39 @@ async fn consume_nats(
         .await
         .map_err(fail)?;
     load::play_back(duration, &mut load::jetstream::StreamReader { consumer }).await
+}
+
+/// Wait until the peer's stream stops growing (two equal counts
+/// [`SETTLE_POLL`] apart), for at most [`SETTLE_MAX`].
+async fn settle(peer: Peer, addr: &str, name: &str) {
+    let started = Instant::now();
+    let mut last = None;
+    while started.elapsed() < SETTLE_MAX {
+        let count = stream_len(peer, addr, name).await;
+        if count.is_some() && count == last {
+            return;
+        }
+        last = count;
+        tokio::time::sleep(SETTLE_POLL).await;
+    }
+}
+
+async fn stream_len(peer: Peer, addr: &str, name: &str) -> Option<u64> {
+    match peer {
+        Peer::Redis => {
+            let mut conn = load::redis_streams::connect(addr).await.ok()?;
+            redis::cmd("XLEN")
+                .arg(name)
+                .query_async::<u64>(&mut conn)
+                .await
+                .ok()
+        }
+        Peer::Nats => {
+            let context = load::jetstream::connect(addr).await.ok()?;
+            let stream = context.get_stream(name).await.ok()?;
+            Some(stream.cached_info().state.messages)
+        }
+    }
 }
 
 /// Best effort: a failure only leaves data in a directory removed at the end.

@@ -39,10 +39,11 @@ pub struct Row {
     pub mb_per_s: f64,
     pub records_per_s: f64,
     /// Acknowledgement latency (produce), read latency (consume) or fsync
-    /// latency (raw disk), in microseconds.
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub p999_us: u64,
+    /// latency (raw disk), in microseconds; null when nothing was
+    /// acknowledged in the row (`records` 0).
+    pub p50_us: Option<u64>,
+    pub p99_us: Option<u64>,
+    pub p999_us: Option<u64>,
     /// This row's MB/s over the raw disk's at the same parallelism and batch
     /// size (produce rows only).
     pub ratio_to_raw: Option<f64>,
@@ -137,14 +138,18 @@ pub fn table(rows: &[Row]) -> String {
             durability,
             row.mb_per_s,
             row.records_per_s,
-            row.p50_us,
-            row.p99_us,
-            row.p999_us,
+            latency(row.p50_us),
+            latency(row.p99_us),
+            latency(row.p999_us),
             optional(row.ratio_to_raw),
             optional(row.malachi_over_this),
         );
     }
     out
+}
+
+fn latency(value: Option<u64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
 fn optional(value: Option<f64>) -> String {
@@ -163,6 +168,10 @@ pub struct Target {
 impl Target {
     pub fn line(&self) -> String {
         match self.measured {
+            Some(v) if v.is_infinite() => format!(
+                "target {}: >= {:.1}: met (the peer acknowledged no write within the row)",
+                self.what, self.wanted
+            ),
             Some(v) => format!(
                 "target {}: >= {:.1}, measured {v:.2}: {}",
                 self.what,
@@ -182,7 +191,21 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
     let malachi = rows
         .iter()
         .find(|r| r.system == MALACHI && r.scenario == TARGET_SCENARIO);
-    let peer = |key: &str| malachi.and_then(|m| m.ratio_to_peers.get(key).copied());
+    // A peer row that acknowledged nothing gives no finite ratio; Malachi
+    // moving anything at all then beats it by more than any target.
+    let peer = |key: &str| {
+        let m = malachi?;
+        m.ratio_to_peers.get(key).copied().or_else(|| {
+            rows.iter()
+                .any(|p| {
+                    p.scenario == TARGET_SCENARIO
+                        && p.peer_key() == key
+                        && p.records == 0
+                        && m.records > 0
+                })
+                .then_some(f64::INFINITY)
+        })
+    };
     vec![
         Target {
             what: "malachi / redis durable (16 producers)",
@@ -244,9 +267,9 @@ pub mod tests {
             records: (mb * 1e6 / 1024.0 * 5.0) as u64,
             mb_per_s: mb,
             records_per_s: mb * 1e6 / 1024.0,
-            p50_us: 1_000,
-            p99_us: 5_000,
-            p999_us: 9_000,
+            p50_us: Some(1_000),
+            p99_us: Some(5_000),
+            p999_us: Some(9_000),
             ratio_to_raw: None,
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
@@ -368,6 +391,42 @@ pub mod tests {
             t[1].line()
         );
         assert_eq!(t[0].measured, Some(8.0));
+    }
+
+    #[test]
+    fn a_peer_that_acknowledged_nothing_shows_no_latency_and_malachi_meets_its_target() {
+        let mut rows = fixed_rows();
+        let nats = rows
+            .iter_mut()
+            .find(|r| r.system == "nats" && r.durability == "durable")
+            .unwrap();
+        nats.records = 0;
+        nats.mb_per_s = 0.0;
+        nats.records_per_s = 0.0;
+        nats.p50_us = None;
+        nats.p99_us = None;
+        nats.p999_us = None;
+        for r in &mut rows {
+            r.ratio_to_peers.clear();
+            r.malachi_over_this = None;
+        }
+        fill_ratios(&mut rows);
+        let t = &targets(&rows)[1];
+        assert_eq!(t.measured, Some(f64::INFINITY));
+        assert!(
+            t.line().contains("met (the peer acknowledged no write"),
+            "{}",
+            t.line()
+        );
+        let table = table(&rows);
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("nats") && l.contains("durable"))
+            .unwrap();
+        assert!(
+            line.contains("       0.0           0         -         -         -"),
+            "{line}"
+        );
     }
 
     #[test]
