@@ -160,7 +160,13 @@ async fn the_tree_has_the_documented_shape() {
     let tree = broker.tree_snapshot().await.unwrap();
     assert_eq!(tree.name, "broker");
     let names: Vec<_> = tree.children.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["storage", "metadata", "listener", "admin_http"]);
+    assert_eq!(
+        names,
+        ["storage", "metadata", "membership", "listener", "admin_http"]
+    );
+    for child in ["swim", "node_server", "node"] {
+        assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
+    }
     assert!(tree.descendant(&["metadata", "vnode/0"]).is_some());
     assert!(
         tree.descendant(&["metadata", "coordinator_manager", "coordinator/0"])

@@ -260,7 +260,7 @@ fn broker() -> impl Strategy<Value = BrokerStatus> {
                     admin_addr,
                     attributes: attributes.into_iter().collect::<BTreeMap<_, _>>(),
                     vnodes_led,
-                    incarnation: u64::from(node_id % 7),
+                    incarnation: node_id % 7,
                     cluster_addr: String::new(),
                 }
             },

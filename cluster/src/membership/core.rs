@@ -140,6 +140,8 @@ pub struct MembershipCore {
     routing_seq: u64,
     /// Set once the broker published routing: rejoins and newcomers get it again.
     routing_published: bool,
+    /// Set by `leave`: being declared down is then expected.
+    left: bool,
 }
 
 impl std::fmt::Debug for MembershipCore {
@@ -183,6 +185,7 @@ impl MembershipCore {
             routing,
             routing_seq: 0,
             routing_published: false,
+            left: false,
         })
     }
 
@@ -246,6 +249,7 @@ impl MembershipCore {
 
     /// Declares this broker down to the others (ordered shutdown).
     pub fn leave(&mut self) -> Result<(), foca::Error> {
+        self.left = true;
         let result = self.foca.leave_cluster(&mut self.runtime);
         self.settle();
         result
@@ -297,6 +301,7 @@ impl MembershipCore {
                     self.view.local.incarnation = id.incarnation;
                     republish = true;
                 }
+                OwnedNotification::Defunct if self.left => debug!("left the cluster"),
                 OwnedNotification::Defunct => {
                     warn!("declared dead by the cluster and cannot rejoin");
                 }
