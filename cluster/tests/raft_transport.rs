@@ -231,3 +231,95 @@ async fn a_request_for_a_group_not_hosted_is_refused_remotely() {
     ));
     server.shutdown().await;
 }
+
+/// Answers after a pause, counting how many requests it serves at once.
+#[derive(Debug, Default)]
+struct SlowEcho {
+    now: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl malachi_cluster::group::RpcService for SlowEcho {
+    async fn serve(
+        &self,
+        _api_key: u16,
+        group_id: u64,
+        body: bytes::Bytes,
+    ) -> Result<Vec<u8>, (malachi_wire::ErrorCode, String)> {
+        use std::sync::atomic::Ordering;
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        let mut answer = group_id.to_be_bytes().to_vec();
+        answer.extend_from_slice(&body);
+        Ok(answer)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_in_flight_on_one_connection_stay_within_the_bound() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = Arc::new(SlowEcho::default());
+    let server = TransportServer::start(listener, service.clone(), 1 << 20).unwrap();
+    let mut config = TcpTransportConfig::new(1);
+    config.inflight_max = 3;
+    let transport = Arc::new(TcpTransport::new(config));
+    transport.set_peer(2, addr);
+    let mut calls = Vec::new();
+    for i in 0u64..24 {
+        let transport = transport.clone();
+        calls.push(tokio::spawn(async move {
+            let answer = transport
+                .call_raw(2, 201, i, &i.to_le_bytes(), 10_000)
+                .await
+                .unwrap();
+            // Answers are matched to their calls by correlation id.
+            assert_eq!(&answer[..8], &i.to_be_bytes());
+            assert_eq!(&answer[8..], &i.to_le_bytes());
+        }));
+    }
+    for call in calls {
+        call.await.unwrap();
+    }
+    let peak = service.peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(peak <= 3, "{peak} requests were in flight at once");
+    assert!(
+        peak >= 2,
+        "calls were not multiplexed on the connection: {peak}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_is_reached_again_after_the_backoff() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = TransportServer::start(listener, Arc::new(SlowEcho::default()), 1 << 20).unwrap();
+    let transport = TcpTransport::new(TcpTransportConfig::new(1));
+    transport.set_peer(2, addr);
+    transport.call_raw(2, 201, 1, b"up", 5_000).await.unwrap();
+
+    // The peer dies: calls fail (as network or unreachable errors, never hang).
+    server.shutdown().await;
+    let down = transport.call_raw(2, 201, 1, b"down", 5_000).await;
+    assert!(down.is_err(), "{down:?}");
+
+    // It comes back on the same address: a later call reconnects.
+    let listener = TcpListener::bind(addr).await.unwrap();
+    let server = TransportServer::start(listener, Arc::new(SlowEcho::default()), 1 << 20).unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(answer) = transport.call_raw(2, 201, 1, b"back", 1_000).await {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    })
+    .await
+    .expect("the transport never reconnected");
+    assert_eq!(&back[8..], b"back");
+    server.shutdown().await;
+}
