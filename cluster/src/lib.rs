@@ -6,9 +6,12 @@
 //! does I/O, reads a clock or draws randomness, so both are tested as plain
 //! functions. `group` replicates the model through openraft with its log,
 //! vote and snapshots on disk, behind the crate's own `MetadataGroup` API so
-//! no openraft type leaks out. The crate will later also hold the hash ring,
-//! the vnode groups' transport, SWIM membership and placement; those wrap the
-//! model and must keep it pure.
+//! no openraft type leaks out; `group::TcpTransport` carries every group's
+//! raft messages between brokers, one connection per pair. `ring` maps topic
+//! names to vnodes, and `vnodes` hosts a broker's vnode replicas and routes
+//! any metadata request to its vnode's leader (ADR 0080). `membership` is
+//! SWIM. Placement joins later; all of these wrap the model and must keep it
+//! pure.
 
 pub mod cursor;
 pub mod group;
