@@ -167,12 +167,3 @@ fn the_broker_forms_of_cli_md_parse() {
     assert!(dev.status.success(), "{}", err(&dev));
 }
 
-#[test]
-fn bench_compare_says_it_is_not_implemented_yet() {
-    let output = Command::new(BIN)
-        .args(["bench", "compare", "--quick", "--json"])
-        .output()
-        .unwrap();
-    let line = one_line_failure(&output);
-    assert!(line.contains("issue 8"), "{line}");
-}
