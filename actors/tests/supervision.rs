@@ -162,7 +162,13 @@ async fn the_tree_has_the_documented_shape() {
     let names: Vec<_> = tree.children.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(
         names,
-        ["storage", "metadata", "membership", "listener", "admin_http"]
+        [
+            "storage",
+            "metadata",
+            "membership",
+            "listener",
+            "admin_http"
+        ]
     );
     for child in ["swim", "node_server", "node"] {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
