@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_malachi");
 
-const FIELDS: [&str; 13] = [
+const FIELDS: [&str; 14] = [
     "system",
     "scenario",
     "durability",
@@ -21,6 +21,7 @@ const FIELDS: [&str; 13] = [
     "ratio_to_raw",
     "malachi_over_this",
     "ratio_to_peers",
+    "dropped",
     "version",
 ];
 

@@ -174,6 +174,9 @@ pub struct LoadOutcome {
     pub seconds: f64,
     pub hist: Histogram<u64>,
     pub errors: u64,
+    /// Writes still unacknowledged when the run stopped waiting for them:
+    /// neither counted nor failed.
+    pub dropped: u64,
 }
 
 impl LoadOutcome {
@@ -347,6 +350,7 @@ pub async fn produce_load(
             seconds,
             hist,
             errors,
+            dropped: 0,
         },
         batch_bytes,
     ))
@@ -564,6 +568,7 @@ pub async fn consume_load(
         seconds,
         hist,
         errors: 0,
+        dropped: 0,
     })
 }
 

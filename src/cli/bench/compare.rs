@@ -349,6 +349,7 @@ fn row(
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: outcome.errors,
+        dropped: outcome.dropped,
         version: version.to_owned(),
     }
 }
@@ -389,6 +390,7 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
             errors: 0,
+            dropped: 0,
             version: format!("pwrite+fdatasync, {files} files x {write_bytes} B"),
         });
     }
@@ -421,6 +423,7 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: 0,
+        dropped: 0,
         version: format!("pwrite+fdatasync, 1 file x {FSYNC_PROBE_BYTES} B"),
     });
     let tcp = loopback_bandwidth(probe).await?;
@@ -442,6 +445,7 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: 0,
+        dropped: 0,
         version: format!("one TCP stream on 127.0.0.1, {LOOPBACK_WRITE_BYTES} B writes"),
     });
     Ok(rows)
@@ -502,6 +506,7 @@ async fn loopback_bandwidth(duration: Duration) -> Result<LoadOutcome, CliError>
         seconds,
         hist,
         errors: 0,
+        dropped: 0,
     })
 }
 

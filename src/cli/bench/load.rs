@@ -57,6 +57,7 @@ pub async fn drive(
             tokio::spawn(async move {
                 let mut hist = histogram()?;
                 let mut errors = 0u64;
+                let mut dropped = 0u64;
                 let mut inflight = FuturesUnordered::new();
                 loop {
                     while Instant::now() < end && inflight.len() < window {
@@ -84,21 +85,25 @@ pub async fn drive(
                         // The run ended while sends waited: go round to stop
                         // sending, or give up on the drain.
                         Err(_) if deadline == end => {}
-                        Err(_) => break,
+                        Err(_) => {
+                            dropped = inflight.len() as u64;
+                            break;
+                        }
                     }
                 }
-                Ok::<_, CliError>((hist, errors))
+                Ok::<_, CliError>((hist, errors, dropped))
             })
         })
         .collect();
     let mut hist = histogram()?;
-    let mut errors = 0;
+    let (mut errors, mut dropped) = (0, 0);
     for task in tasks {
-        let (h, e) = task
+        let (h, e, d) = task
             .await
             .map_err(|e| CliError::Bench(format!("a producer failed: {e}")))??;
         let _ = hist.add(&h);
         errors += e;
+        dropped += d;
     }
     let records = acked.load(Ordering::Relaxed);
     Ok(LoadOutcome {
@@ -107,6 +112,7 @@ pub async fn drive(
         seconds: started.elapsed().as_secs_f64(),
         hist,
         errors,
+        dropped,
     })
 }
 
@@ -144,6 +150,7 @@ pub async fn play_back<R: Reader>(
         seconds: started.elapsed().as_secs_f64(),
         hist,
         errors: 0,
+        dropped: 0,
     })
 }
 
@@ -405,6 +412,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(outcome.records, 0);
+        // The window's writes are reported as dropped, not as acknowledged.
+        assert_eq!(outcome.dropped, 4);
         // Liveness only: the run ends (duration plus a bounded drain).
         assert!(started.elapsed() < Duration::from_secs(30));
     }

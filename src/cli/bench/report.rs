@@ -53,6 +53,9 @@ pub struct Row {
     /// `redis-durable`, `redis-default`, `nats-durable`, `nats-default`.
     pub ratio_to_peers: BTreeMap<String, f64>,
     pub errors: u64,
+    /// Writes still unacknowledged when the row stopped waiting for them
+    /// (after its duration and a drain of at most 5 s): not counted.
+    pub dropped: u64,
     /// The server's version line (or the raw method), for reproducibility.
     pub version: String,
 }
@@ -274,6 +277,7 @@ pub mod tests {
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
             errors: 0,
+            dropped: 0,
             version: "v".into(),
         }
     }
