@@ -166,4 +166,3 @@ fn the_broker_forms_of_cli_md_parse() {
         .unwrap();
     assert!(dev.status.success(), "{}", err(&dev));
 }
-

@@ -46,9 +46,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     BrokerConfig, DEV_CLUSTER_COOKIE, MembershipSettings, MetadataBackend, StoreSettings,
 };
+pub use convert::{describe_to_wire, tree_from_wire, tree_to_wire};
+pub use error::BrokerError;
 pub use malachi_cluster::membership::{
     Member, MemberEvent, MemberEventKind, MemberState, Membership, MembershipView, VnodeLeader,
 };
-pub use convert::{describe_to_wire, tree_from_wire, tree_to_wire};
-pub use error::BrokerError;
 pub use metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane};
