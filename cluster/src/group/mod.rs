@@ -45,6 +45,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use types::{Request, TypeConfig};
 
+/// How often `snapshot_now` repeats its trigger while it waits.
+const SNAPSHOT_RETRIGGER_MS: u64 = 250;
+
 /// How one group is opened. `GroupConfig::new` fills every tunable with its
 /// default.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -576,29 +579,43 @@ impl MetadataGroup {
 
     /// Builds a snapshot now and waits until it covers everything applied
     /// at the time of the call (bounded by `request_timeout_ms`).
+    ///
+    /// The trigger is repeated every `SNAPSHOT_RETRIGGER_MS`: openraft drops
+    /// a trigger that arrives while it is already building a snapshot, and
+    /// that snapshot may cover less than `target` (a snapshot the log policy
+    /// started a moment earlier), after which nothing would build another.
     pub async fn snapshot_now(&self) -> Result<u64, GroupError> {
         self.check_running()?;
         let target = self.inner.shared.applied.read().last_applied;
-        self.inner
-            .raft
-            .trigger()
-            .snapshot()
-            .await
-            .map_err(|e| self.stopped_reason(e.to_string()))?;
-        let after_ms = self.inner.config.request_timeout_ms;
-        let waited = self
-            .inner
-            .raft
-            .wait(Some(Duration::from_millis(after_ms)))
-            .metrics(
-                |m| m.snapshot >= target,
-                "snapshot covers the applied state",
-            )
-            .await;
-        match waited {
-            Ok(m) => Ok(m.snapshot.as_ref().map_or(0, |id| id.index)),
-            Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout),
-            Err(other) => Err(self.stopped_reason(other.to_string())),
+        let deadline =
+            std::time::Instant::now() + Duration::from_millis(self.inner.config.request_timeout_ms);
+        loop {
+            self.inner
+                .raft
+                .trigger()
+                .snapshot()
+                .await
+                .map_err(|e| self.stopped_reason(e.to_string()))?;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let slice = left.min(Duration::from_millis(SNAPSHOT_RETRIGGER_MS));
+            let waited = self
+                .inner
+                .raft
+                .wait(Some(slice))
+                .metrics(
+                    |m| m.snapshot >= target,
+                    "snapshot covers the applied state",
+                )
+                .await;
+            match waited {
+                Ok(m) => return Ok(m.snapshot.as_ref().map_or(0, |id| id.index)),
+                Err(openraft::metrics::WaitError::Timeout(..)) => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(GroupError::Timeout);
+                    }
+                }
+                Err(other) => return Err(self.stopped_reason(other.to_string())),
+            }
         }
     }
 
