@@ -11,13 +11,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, mpsc};
+use std::process::{Child, Command};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{BIN, free_port, malachi, ok, out};
+use common::{BIN, free_port, malachi, ok, out, spawn_until_serving};
 use serde_json::Value;
 
 /// SWIM timers of these tests (milliseconds).
@@ -25,7 +24,6 @@ const PROBE_PERIOD_MS: u64 = 200;
 const SUSPECT_TIMEOUT_MS: u64 = 2_000;
 /// Liveness bounds: generous, because the machine is shared and noisy.
 const CONVERGE: Duration = Duration::from_secs(30);
-const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -69,11 +67,6 @@ impl Node {
 
     /// Starts the broker with `seeds` and `attrs` and waits until it serves.
     fn start(&mut self, seeds: &[&Node], attrs: &[&str]) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
         let mut command = Command::new(BIN);
         command
             .args(["broker", "--node-id", &self.node_id.to_string()])
@@ -88,40 +81,12 @@ impl Node {
         for attr in attrs {
             command.args(["--attr", attr]);
         }
-        let mut child = command
+        command
             .env("RUST_LOG", "info")
-            .env_remove("MALACHI_CONFIG")
             .env_remove("MALACHI_SEEDS")
-            .env_remove("MALACHI_ATTRS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) if line.contains("serving clients on") => break,
-                Ok(_) => {}
-                Err(_) => {
-                    let _ = child.kill();
-                    panic!(
-                        "node {} did not start; its log:\n{}",
-                        self.node_id,
-                        std::fs::read_to_string(&self.log).unwrap_or_default()
-                    );
-                }
-            }
-        }
+            .env_remove("MALACHI_ATTRS");
+        let what = format!("node {}", self.node_id);
+        let child = spawn_until_serving(command, &self.log, &what);
         self.child = Some(child);
     }
 

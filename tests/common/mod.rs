@@ -45,45 +45,13 @@ impl BrokerProcess {
     /// Start a broker on the given addresses and wait until it serves.
     pub fn start_on(data_dir: &Path, client_addr: &str, admin_addr: &str) -> BrokerProcess {
         let stderr_log = data_dir.with_extension("broker.log");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&stderr_log)
-            .unwrap();
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["broker", "--node-id", "1", "--listen", client_addr])
             .args(["--admin-listen", admin_addr, "--data-dir"])
             .arg(data_dir)
-            .env("RUST_LOG", "warn")
-            .env_remove("MALACHI_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        // The reader thread outlives the wait: it drains stdout so the broker
-        // never blocks on a full pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) if line.contains("serving clients on") => break,
-                Ok(_) => {}
-                Err(_) => {
-                    let _ = child.kill();
-                    let log = std::fs::read_to_string(&stderr_log).unwrap_or_default();
-                    panic!("the broker did not start within {START_TIMEOUT:?}; its log:\n{log}");
-                }
-            }
-        }
+            .env("RUST_LOG", "warn");
+        let child = spawn_until_serving(command, &stderr_log, "the broker");
         BrokerProcess {
             child,
             client_addr: client_addr.to_owned(),
@@ -188,4 +156,44 @@ pub fn one_line_failure(output: &Output) -> String {
     assert_eq!(lines.len(), 1, "expected one stderr line, got: {stderr}");
     assert!(lines[0].starts_with("malachi: "), "{stderr}");
     lines[0].to_owned()
+}
+
+/// Spawns a broker command with stderr appended to `stderr_log` and waits
+/// until it prints that it serves clients; panics with its log otherwise.
+/// Stdout keeps being drained after the wait, so the broker never blocks on
+/// a full pipe.
+pub fn spawn_until_serving(mut command: Command, stderr_log: &Path, what: &str) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(stderr_log)
+        .unwrap();
+    let mut child = command
+        .env_remove("MALACHI_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("serving clients on") => return child,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(stderr_log).unwrap_or_default();
+                panic!("{what} did not start within {START_TIMEOUT:?}; its log:\n{log}");
+            }
+        }
+    }
 }
