@@ -336,11 +336,7 @@ impl Reference {
                 }
                 Ok(Outcome::ReplicaReplaced { segment: *segment })
             }
-            Command::PutPolicy { .. }
-            | Command::RemovePolicy { .. }
-            | Command::AssignArc { .. } => {
-                unreachable!("not generated")
-            }
+            _ => unreachable!("not generated"),
         }
     }
 
@@ -483,9 +479,7 @@ impl Reference {
                     }
                 }
             }
-            Command::PutPolicy { .. }
-            | Command::RemovePolicy { .. }
-            | Command::AssignArc { .. } => {}
+            _ => {}
         }
         let _ = outcome;
     }

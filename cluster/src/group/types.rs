@@ -21,6 +21,9 @@ impl fmt::Display for Request {
             Command::SealSegment { topic, .. } => ("seal_segment", topic),
             Command::SplitRange { topic, .. } => ("split_range", topic),
             Command::MergeRanges { topic, .. } => ("merge_ranges", topic),
+            Command::SeedVnode { seed } => {
+                return write!(f, "seed_vnode({}, {} topics)", seed.arc, seed.topics.len());
+            }
             other => return write!(f, "{other:?}"),
         };
         write!(f, "{}({})", name.0, name.1)

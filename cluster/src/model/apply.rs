@@ -77,13 +77,8 @@ fn reserve(next: u64, count: u64, what: IdKind) -> Result<u64, ModelError> {
 impl MetadataState {
     /// Applies one command. On `Err` the state is unchanged, byte for byte.
     pub fn apply(&mut self, command: Command) -> Result<Outcome, ModelError> {
-        if let (Some(arc), Some(topic)) = (self.arc, command.topic())
-            && !arc.holds_topic(topic)
-        {
-            return Err(ModelError::WrongVnode {
-                topic: topic.to_owned(),
-                arc,
-            });
+        if let Some(topic) = command.topic() {
+            self.check_topic_route(topic)?;
         }
         let outcome = match command {
             Command::CreateTopic {
@@ -140,6 +135,21 @@ impl MetadataState {
             Command::PutPolicy { policy } => self.put_policy(policy),
             Command::RemovePolicy { name } => self.remove_policy(&name),
             Command::AssignArc { arc, id_base } => self.assign_arc(arc, id_base),
+            Command::FenceArc { moving } => self.fence_arc(moving),
+            Command::LiftFence { moving } => self.lift_fence(moving),
+            Command::SeedVnode { seed } => self.seed_vnode(*seed),
+            Command::NarrowArc { keep } => self.narrow_arc(keep),
+            Command::AcquireLease {
+                holder,
+                duration_ms,
+                at_ms,
+            } => self.acquire_lease(holder, duration_ms, at_ms),
+            Command::ReleaseLease { holder, epoch } => self.release_lease(holder, epoch),
+            Command::InitRing { vnodes } => self.init_ring(vnodes),
+            Command::BeginSplit { parent } => self.begin_split(parent),
+            Command::CommitSplit { parent, child } => self.commit_split(parent, child),
+            Command::FinishSplit { parent, child } => self.finish_split(parent, child),
+            Command::AbortSplit { parent, child } => self.abort_split(parent, child),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(
@@ -646,6 +656,12 @@ impl MetadataState {
     }
 
     fn assign_arc(&mut self, arc: RingArc, id_base: u64) -> Result<Outcome, ModelError> {
+        // A split in progress fixes the arc until it narrows or lifts.
+        if let Some(fence) = self.fence
+            && (!arc.covers(&fence) || arc == fence)
+        {
+            return Err(ModelError::FenceInPlace { fence });
+        }
         if let Some(topic) = self.topics.keys().find(|name| !arc.holds_topic(name)) {
             return Err(ModelError::ArcExcludesTopic {
                 topic: topic.clone(),

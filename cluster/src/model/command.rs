@@ -5,7 +5,9 @@
 //! machine never reads a clock.
 
 use super::arc::RingArc;
+use super::control::{Lease, PendingSplit, VnodeSeed};
 use super::state::{Incarnation, NodeId, RangeId, SealRecord, SegmentId, StoragePolicy};
+use crate::ring::VnodeId;
 use serde::{Deserialize, Serialize};
 
 /// The most initial ranges a topic may be created with.
@@ -101,6 +103,44 @@ pub enum Command {
     /// block, so ids stay unique across vnodes (segment files are named by
     /// id on brokers that hold copies from many vnodes).
     AssignArc { arc: RingArc, id_base: u64 },
+    /// First step of a vnode split, in the old vnode: from now on a command
+    /// or read for a topic in `moving` (a part of the arc sharing one of its
+    /// ends) is refused with `Moved`, so that part stops changing while it
+    /// is copied. The same fence again is a no-op.
+    FenceArc { moving: RingArc },
+    /// Rolls back an uncommitted split: lifts the fence. A no-op without one.
+    LiftFence { moving: RingArc },
+    /// Second step, in the new vnode: takes the moved topics, their ranges
+    /// and segments, and sets the arc. Only into an empty vnode; the same
+    /// arc again is a no-op.
+    SeedVnode { seed: Box<VnodeSeed> },
+    /// Last step, in the old vnode: drops the fenced part of the arc and
+    /// every topic in it, keeping `keep`. A no-op once narrowed.
+    NarrowArc { keep: RingArc },
+    /// Grants or renews the group's coordinator lease to `holder` at `at_ms`
+    /// (the proposer's clock). Another holder is refused with `LeaseHeld`
+    /// until `granted_at_ms + duration_ms` by the commands' times.
+    AcquireLease {
+        holder: u64,
+        duration_ms: u64,
+        at_ms: u64,
+    },
+    /// Gives the lease up early; a no-op unless `holder` holds `epoch`.
+    ReleaseLease { holder: u64, epoch: u64 },
+    /// In the ring's group: creates the ring of `vnodes` equal arcs unless
+    /// one exists (then a no-op that reports its version).
+    InitRing { vnodes: u32 },
+    /// In the ring's group: records the intent to split `parent`, fixing the
+    /// child's id and arcs. One split at a time; the same parent again
+    /// returns the pending split (a resumed split).
+    BeginSplit { parent: VnodeId },
+    /// In the ring's group: the ring now names the child. Idempotent.
+    CommitSplit { parent: VnodeId, child: VnodeId },
+    /// In the ring's group: forgets a committed split once the parent is
+    /// narrowed. A no-op when nothing is pending.
+    FinishSplit { parent: VnodeId, child: VnodeId },
+    /// In the ring's group: forgets an uncommitted split (rollback).
+    AbortSplit { parent: VnodeId, child: VnodeId },
 }
 
 impl Command {
@@ -118,7 +158,18 @@ impl Command {
             | Command::ReplaceReplica { topic, .. } => Some(topic),
             Command::PutPolicy { .. }
             | Command::RemovePolicy { .. }
-            | Command::AssignArc { .. } => None,
+            | Command::AssignArc { .. }
+            | Command::FenceArc { .. }
+            | Command::LiftFence { .. }
+            | Command::SeedVnode { .. }
+            | Command::NarrowArc { .. }
+            | Command::AcquireLease { .. }
+            | Command::ReleaseLease { .. }
+            | Command::InitRing { .. }
+            | Command::BeginSplit { .. }
+            | Command::CommitSplit { .. }
+            | Command::FinishSplit { .. }
+            | Command::AbortSplit { .. } => None,
         }
     }
 }
@@ -166,6 +217,28 @@ pub enum Outcome {
     PolicyPut,
     PolicyRemoved,
     ArcAssigned,
+    ArcFenced,
+    FenceLifted,
+    VnodeSeeded,
+    /// The topics the narrowed vnode no longer holds (the new vnode does).
+    /// Their segments' copies stay: only the metadata moved.
+    ArcNarrowed {
+        dropped: Vec<String>,
+    },
+    LeaseGranted {
+        lease: Lease,
+    },
+    LeaseReleased,
+    /// The ring group's ring is at `version`.
+    RingChanged {
+        version: u64,
+    },
+    /// The split in progress (new, or the one already begun for this parent).
+    SplitBegun {
+        split: PendingSplit,
+    },
+    SplitFinished,
+    SplitAborted,
     /// The command was a repeat of one already applied (a re-seal at the
     /// recorded seal, sealing a sealed topic): nothing changed.
     Unchanged,
@@ -242,6 +315,48 @@ pub enum ModelError {
     /// The new arc would leave an existing topic outside it.
     #[error("arc {arc} does not hold existing topic {topic}")]
     ArcExcludesTopic { topic: String, arc: RingArc },
+    /// The topic lies in the part of this vnode's arc a split is moving to
+    /// a new vnode: retriable once the ring names the new vnode.
+    #[error("topic {topic} is moving out of this vnode (fenced arc {arc})")]
+    Moved { topic: String, arc: RingArc },
+    #[error("fence {moving} is not a part of the vnode's arc {arc:?} sharing one of its ends")]
+    FenceOutsideArc {
+        moving: RingArc,
+        arc: Option<RingArc>,
+    },
+    #[error("another fence {fence} is in place")]
+    FenceInPlace { fence: RingArc },
+    #[error("the vnode cannot narrow to {keep}: the rest of its arc is not fenced")]
+    NotFenced { keep: RingArc },
+    #[error("invalid vnode seed: {reason}")]
+    InvalidSeed { reason: String },
+    #[error("lease duration {duration_ms} ms is not within 1..={max_ms} ms")]
+    InvalidLease { duration_ms: u64, max_ms: u64 },
+    #[error("the lease is held by node {holder} until {expires_at_ms} ms")]
+    LeaseHeld { holder: u64, expires_at_ms: u64 },
+    #[error("this group holds no ring")]
+    NoRing,
+    #[error("the ring refused: {reason}")]
+    RingRefused { reason: String },
+    #[error("the split of {parent} into {child} is in progress")]
+    SplitInProgress { parent: VnodeId, child: VnodeId },
+    #[error("no split of {parent} into {child} is pending")]
+    NoSuchSplit { parent: VnodeId, child: VnodeId },
+    #[error("the split of {parent} into {child} has not committed its ring")]
+    SplitNotCommitted { parent: VnodeId, child: VnodeId },
+    #[error("the split of {parent} into {child} has committed its ring and cannot abort")]
+    SplitCommitted { parent: VnodeId, child: VnodeId },
+}
+
+impl ModelError {
+    /// Whether the sender routed by a ring that is not (or no longer) the
+    /// current one: re-read the ring and retry. Nothing was applied.
+    pub fn is_misrouted(&self) -> bool {
+        matches!(
+            self,
+            ModelError::WrongVnode { .. } | ModelError::Moved { .. }
+        )
+    }
 }
 
 /// The rule a topic or policy name broke.

@@ -14,6 +14,7 @@
 mod apply;
 mod arc;
 mod command;
+mod control;
 mod describe;
 mod keyspace;
 mod read_plan;
@@ -25,6 +26,7 @@ pub use command::{
     ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX,
     NameRule, Outcome, POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
 };
+pub use control::{LEASE_DURATION_MAX_MS, Lease, PendingSplit, RingRecord, VnodeSeed};
 pub use describe::{RangeDescription, SegmentDescription, TopicDescription};
 pub use keyspace::{Band, BandError, POSITION_BITS, position};
 pub use read_plan::{ReadPlan, ReadSlice, SegmentSpan};

@@ -183,6 +183,15 @@ pub struct MetadataState {
     /// Last, with a default, so snapshots from before arcs still decode.
     #[serde(default)]
     pub(crate) arc: Option<RingArc>,
+    /// The part of `arc` a split is moving out (ADR 0082).
+    #[serde(default)]
+    pub(crate) fence: Option<RingArc>,
+    /// The coordinator lease of this group.
+    #[serde(default)]
+    pub(crate) lease: Option<super::control::Lease>,
+    /// The ring, in the ring's own group only.
+    #[serde(default)]
+    pub(crate) ring: Option<super::control::RingRecord>,
 }
 
 /// Why a snapshot cannot be taken or restored.
@@ -305,6 +314,19 @@ impl MetadataState {
     /// size of the state, so the machine calls it in debug builds after each
     /// command and on every restore.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        if let Some(fence) = self.fence {
+            ensure!(
+                self.arc
+                    .is_some_and(|arc| arc.covers(&fence) && arc != fence),
+                "fence {fence} is not a part of the vnode's arc"
+            );
+        }
+        if let Some(record) = &self.ring {
+            ensure!(
+                record.ring.check().is_ok(),
+                "the ring's arcs do not tile the ring"
+            );
+        }
         for (name, topic) in &self.topics {
             ensure!(
                 self.arc.is_none_or(|arc| arc.holds_topic(name)),

@@ -1,0 +1,453 @@
+//! The model's side of a vnode split (fence, seed, narrow), of the ring's
+//! group (begin, commit, finish, abort) and of coordinator leases: each
+//! command validates before it mutates, refuses with a typed error and is
+//! idempotent where a resumed split repeats it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use malachi_cluster::model::{
+    Command, MetadataState, ModelError, NodeId, Outcome, RingArc, SealRecord, ring_position,
+};
+use malachi_cluster::ring::{Ring, VnodeId};
+use proptest::prelude::*;
+
+fn create(topic: &str) -> Command {
+    Command::CreateTopic {
+        topic: topic.to_owned(),
+        initial_ranges: 2,
+        policy: None,
+        replicas: vec![vec![NodeId(1)], vec![NodeId(2)]],
+        at_ms: 5,
+    }
+}
+
+/// A vnode owning `arc` with the given topics.
+fn vnode(arc: RingArc, topics: &[String]) -> MetadataState {
+    let mut state = MetadataState::new();
+    state.apply(Command::AssignArc { arc, id_base: 0 }).unwrap();
+    for t in topics {
+        state.apply(create(t)).unwrap();
+    }
+    state
+}
+
+fn names(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("topic-{i}")).collect()
+}
+
+#[test]
+fn a_fence_refuses_the_moving_half_as_moved_and_serves_the_rest() {
+    let topics = names(40);
+    let mut state = vnode(RingArc::FULL, &topics);
+    let (lower, upper) = RingArc::FULL.halves().unwrap();
+    assert_eq!(
+        state.apply(Command::FenceArc { moving: upper }),
+        Ok(Outcome::ArcFenced)
+    );
+    // The same fence again is a no-op; another one is refused.
+    assert_eq!(
+        state.apply(Command::FenceArc { moving: upper }),
+        Ok(Outcome::Unchanged)
+    );
+    assert_eq!(
+        state.apply(Command::FenceArc { moving: lower }),
+        Err(ModelError::FenceInPlace { fence: upper })
+    );
+    let before = state.clone();
+    for t in &topics {
+        let verdict = state.apply(Command::SealTopic {
+            topic: t.clone(),
+            at_ms: 9,
+        });
+        if upper.holds_topic(t) {
+            assert_eq!(
+                verdict,
+                Err(ModelError::Moved {
+                    topic: t.clone(),
+                    arc: upper
+                })
+            );
+            assert!(verdict.unwrap_err().is_misrouted());
+            assert_eq!(
+                state.topic(t),
+                before.topic(t),
+                "a refused command changed {t}"
+            );
+        } else {
+            assert!(verdict.is_ok(), "{t}: {verdict:?}");
+        }
+    }
+    // A fence that is not a part of the arc sharing an end is refused.
+    let mut fresh = vnode(lower, &[]);
+    assert!(matches!(
+        fresh.apply(Command::FenceArc { moving: upper }),
+        Err(ModelError::FenceOutsideArc { .. })
+    ));
+    assert!(matches!(
+        fresh.apply(Command::FenceArc { moving: lower }),
+        Err(ModelError::FenceOutsideArc { .. })
+    ));
+    // Lifting it rolls the split back.
+    assert_eq!(
+        state.apply(Command::LiftFence { moving: upper }),
+        Ok(Outcome::FenceLifted)
+    );
+    assert_eq!(
+        state.apply(Command::LiftFence { moving: upper }),
+        Ok(Outcome::Unchanged)
+    );
+    let moved = topics.iter().find(|t| upper.holds_topic(t)).unwrap();
+    assert!(
+        state
+            .apply(Command::SealTopic {
+                topic: moved.clone(),
+                at_ms: 10
+            })
+            .is_ok()
+    );
+}
+
+#[test]
+fn seed_and_narrow_move_exactly_the_upper_topics_and_repeat_as_no_ops() {
+    let topics = names(60);
+    let mut parent = vnode(RingArc::FULL, &topics);
+    // Reshape one moved topic so ranges, segments and seals travel too.
+    let moved = topics
+        .iter()
+        .find(|t| ring_position(t) >= 1 << 63)
+        .unwrap()
+        .clone();
+    let range = parent.topic(&moved).unwrap().ranges[0];
+    parent
+        .apply(Command::SplitRange {
+            topic: moved.clone(),
+            range,
+            seal: SealRecord {
+                length: 7,
+                bytes: 70,
+            },
+            lower_replicas: vec![NodeId(3)],
+            upper_replicas: vec![NodeId(1)],
+            at_ms: 6,
+        })
+        .unwrap();
+    let original = parent.clone();
+    let (lower, upper) = RingArc::FULL.halves().unwrap();
+    let child_base = VnodeId(1).id_base();
+    parent.apply(Command::FenceArc { moving: upper }).unwrap();
+    let seed = parent.export_arc(upper, child_base);
+
+    let mut child = MetadataState::new();
+    let seed_cmd = Command::SeedVnode {
+        seed: Box::new(seed.clone()),
+    };
+    assert_eq!(child.apply(seed_cmd.clone()), Ok(Outcome::VnodeSeeded));
+    assert_eq!(child.apply(seed_cmd.clone()), Ok(Outcome::Unchanged));
+    assert_eq!(child.arc(), Some(upper));
+
+    let narrowed = parent.apply(Command::NarrowArc { keep: lower }).unwrap();
+    let Outcome::ArcNarrowed { dropped } = narrowed else {
+        panic!("{narrowed:?}")
+    };
+    assert!(dropped.contains(&moved));
+    assert_eq!(
+        parent.apply(Command::NarrowArc { keep: lower }),
+        Ok(Outcome::Unchanged)
+    );
+    assert_eq!(parent.arc(), Some(lower));
+    assert_eq!(parent.fence(), None);
+
+    // Every topic lives on exactly one side, described as before.
+    for t in &topics {
+        let (here, there) = if upper.holds_topic(t) {
+            (&child, &parent)
+        } else {
+            (&parent, &child)
+        };
+        assert_eq!(here.describe_topic(t), original.describe_topic(t), "{t}");
+        assert_eq!(there.describe_topic(t), None, "{t} is on both sides");
+    }
+    assert_eq!(
+        dropped.len(),
+        topics.iter().filter(|t| upper.holds_topic(t)).count()
+    );
+    parent.check_invariants().unwrap();
+    child.check_invariants().unwrap();
+
+    // The child issues ids from its own block and never reuses an incarnation.
+    let new = (0..)
+        .map(|i| format!("new-{i}"))
+        .find(|t| upper.holds_topic(t))
+        .unwrap();
+    let Ok(Outcome::TopicCreated {
+        incarnation,
+        ranges,
+        segments,
+    }) = child.apply(create(&new))
+    else {
+        panic!("the child refused a topic in its arc")
+    };
+    assert!(ranges.iter().all(|r| r.0 >= child_base));
+    assert!(segments.iter().all(|s| s.0 >= child_base));
+    assert!(original.topics().all(|t| t.incarnation.0 < incarnation.0));
+    // Each half refuses topics outside its new arc.
+    let low_topic = topics.iter().find(|t| lower.holds_topic(t)).unwrap();
+    assert!(matches!(
+        child.apply(Command::DeleteTopic {
+            topic: low_topic.clone()
+        }),
+        Err(ModelError::WrongVnode { .. })
+    ));
+    assert!(matches!(
+        parent.apply(create(&new)),
+        Err(ModelError::WrongVnode { .. })
+    ));
+    // A seed into a vnode that holds metadata is refused.
+    assert!(matches!(
+        parent.apply(seed_cmd),
+        Err(ModelError::InvalidSeed { .. })
+    ));
+}
+
+#[test]
+fn narrowing_without_a_fence_is_refused() {
+    let topics = names(10);
+    let mut state = vnode(RingArc::FULL, &topics);
+    let (lower, _) = RingArc::FULL.halves().unwrap();
+    let before = state.clone();
+    assert_eq!(
+        state.apply(Command::NarrowArc { keep: lower }),
+        Err(ModelError::NotFenced { keep: lower })
+    );
+    assert_eq!(state, before);
+}
+
+#[test]
+fn a_seed_with_a_topic_outside_its_arc_is_refused() {
+    let topics = names(20);
+    let state = vnode(RingArc::FULL, &topics);
+    let (lower, upper) = RingArc::FULL.halves().unwrap();
+    let mut seed = state.export_arc(upper, 0);
+    let foreign = state.export_arc(lower, 0);
+    seed.topics.extend(foreign.topics);
+    let mut child = MetadataState::new();
+    assert!(matches!(
+        child.apply(Command::SeedVnode {
+            seed: Box::new(seed)
+        }),
+        Err(ModelError::InvalidSeed { .. })
+    ));
+    assert_eq!(child, MetadataState::new());
+}
+
+#[test]
+fn the_ring_group_runs_one_split_at_a_time_and_repeats_each_step_safely() {
+    let mut state = MetadataState::new();
+    assert_eq!(
+        state.apply(Command::BeginSplit { parent: VnodeId(0) }),
+        Err(ModelError::NoRing)
+    );
+    assert_eq!(
+        state.apply(Command::InitRing { vnodes: 4 }),
+        Ok(Outcome::RingChanged { version: 1 })
+    );
+    assert_eq!(
+        state.apply(Command::InitRing { vnodes: 8 }),
+        Ok(Outcome::RingChanged { version: 1 })
+    );
+    let Ok(Outcome::SplitBegun { split }) = state.apply(Command::BeginSplit { parent: VnodeId(2) })
+    else {
+        panic!()
+    };
+    assert_eq!(split.child, VnodeId(4));
+    let mut expected = Ring::new(4).unwrap();
+    let made = expected.split(VnodeId(2)).unwrap();
+    assert_eq!(made.arc, split.upper);
+    // Resuming returns the same split; another parent waits.
+    assert_eq!(
+        state.apply(Command::BeginSplit { parent: VnodeId(2) }),
+        Ok(Outcome::SplitBegun { split })
+    );
+    assert_eq!(
+        state.apply(Command::BeginSplit { parent: VnodeId(1) }),
+        Err(ModelError::SplitInProgress {
+            parent: VnodeId(2),
+            child: VnodeId(4)
+        })
+    );
+    // The ring does not change until the commit.
+    assert_eq!(state.ring_record().unwrap().ring.version(), 1);
+    assert_eq!(
+        state.apply(Command::FinishSplit {
+            parent: VnodeId(2),
+            child: VnodeId(4)
+        }),
+        Err(ModelError::SplitNotCommitted {
+            parent: VnodeId(2),
+            child: VnodeId(4)
+        })
+    );
+    assert_eq!(
+        state.apply(Command::CommitSplit {
+            parent: VnodeId(2),
+            child: VnodeId(4)
+        }),
+        Ok(Outcome::RingChanged { version: 2 })
+    );
+    assert_eq!(
+        state.apply(Command::CommitSplit {
+            parent: VnodeId(2),
+            child: VnodeId(4)
+        }),
+        Ok(Outcome::Unchanged)
+    );
+    assert_eq!(state.ring_record().unwrap().ring, expected);
+    assert_eq!(
+        state.apply(Command::AbortSplit {
+            parent: VnodeId(2),
+            child: VnodeId(4)
+        }),
+        Err(ModelError::SplitCommitted {
+            parent: VnodeId(2),
+            child: VnodeId(4)
+        })
+    );
+    for _ in 0..2 {
+        assert!(
+            state
+                .apply(Command::FinishSplit {
+                    parent: VnodeId(2),
+                    child: VnodeId(4)
+                })
+                .is_ok()
+        );
+    }
+    assert_eq!(state.ring_record().unwrap().pending, None);
+    // An uncommitted split can be aborted, and the next takes the same id.
+    let Ok(Outcome::SplitBegun { split }) = state.apply(Command::BeginSplit { parent: VnodeId(0) })
+    else {
+        panic!()
+    };
+    assert_eq!(
+        state.apply(Command::AbortSplit {
+            parent: VnodeId(0),
+            child: split.child
+        }),
+        Ok(Outcome::SplitAborted)
+    );
+    let Ok(Outcome::SplitBegun { split: again }) =
+        state.apply(Command::BeginSplit { parent: VnodeId(1) })
+    else {
+        panic!()
+    };
+    assert_eq!(again.child, split.child);
+    let bytes = state.snapshot().unwrap();
+    assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
+}
+
+#[test]
+fn a_lease_passes_to_another_holder_only_after_it_expired_by_the_commands_times() {
+    let mut state = MetadataState::new();
+    let acquire = |holder, at_ms| Command::AcquireLease {
+        holder,
+        duration_ms: 1_000,
+        at_ms,
+    };
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 100)) else {
+        panic!()
+    };
+    assert_eq!(
+        (lease.holder, lease.epoch, lease.expires_at_ms()),
+        (1, 1, 1_100)
+    );
+    assert_eq!(
+        state.apply(acquire(2, 1_099)),
+        Err(ModelError::LeaseHeld {
+            holder: 1,
+            expires_at_ms: 1_100
+        })
+    );
+    // A renewal keeps the epoch and extends the lease.
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 900)) else {
+        panic!()
+    };
+    assert_eq!((lease.epoch, lease.expires_at_ms()), (1, 1_900));
+    assert!(matches!(
+        state.apply(acquire(2, 1_500)),
+        Err(ModelError::LeaseHeld { .. })
+    ));
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(2, 1_900)) else {
+        panic!()
+    };
+    assert_eq!((lease.holder, lease.epoch), (2, 2));
+    // The old holder cannot take it back while it lives.
+    assert!(matches!(
+        state.apply(acquire(1, 2_000)),
+        Err(ModelError::LeaseHeld { holder: 2, .. })
+    ));
+    // A release by the holder frees it at once; a stale release does nothing.
+    assert_eq!(
+        state.apply(Command::ReleaseLease {
+            holder: 1,
+            epoch: 2
+        }),
+        Ok(Outcome::Unchanged)
+    );
+    assert_eq!(
+        state.apply(Command::ReleaseLease {
+            holder: 2,
+            epoch: 2
+        }),
+        Ok(Outcome::LeaseReleased)
+    );
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 2_000)) else {
+        panic!()
+    };
+    assert_eq!((lease.holder, lease.epoch), (1, 3));
+    assert!(matches!(
+        state.apply(Command::AcquireLease {
+            holder: 1,
+            duration_ms: 0,
+            at_ms: 1
+        }),
+        Err(ModelError::InvalidLease { .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Fence, export, seed and narrow at any vnode split point keep every
+    /// topic, described as before, on exactly one side.
+    #[test]
+    fn a_split_at_any_arc_keeps_every_topic_on_exactly_one_side(
+        count in 1usize..40,
+        vnodes in 1u32..9,
+        pick in 0u32..8,
+        seed_salt in 0u64..1000,
+    ) {
+        let ring = Ring::new(vnodes).unwrap();
+        let parent_id = VnodeId(pick % vnodes);
+        let arc = ring.vnode(parent_id).unwrap().arc;
+        let topics: Vec<String> = (0..)
+            .map(|i| format!("t{seed_salt}-{i}"))
+            .filter(|t| arc.holds_topic(t))
+            .take(count)
+            .collect();
+        let mut parent = vnode(arc, &topics);
+        let original = parent.clone();
+        let (lower, upper) = arc.halves().unwrap();
+        parent.apply(Command::FenceArc { moving: upper }).unwrap();
+        let seed = parent.export_arc(upper, VnodeId(vnodes).id_base());
+        let mut child = MetadataState::new();
+        child.apply(Command::SeedVnode { seed: Box::new(seed) }).unwrap();
+        parent.apply(Command::NarrowArc { keep: lower }).unwrap();
+        for t in &topics {
+            let on_parent = parent.describe_topic(t);
+            let on_child = child.describe_topic(t);
+            prop_assert!(on_parent.is_some() != on_child.is_some());
+            prop_assert_eq!(on_parent.or(on_child), original.describe_topic(t));
+        }
+        prop_assert!(parent.check_invariants().is_ok());
+        prop_assert!(child.check_invariants().is_ok());
+    }
+}
