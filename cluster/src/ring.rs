@@ -27,6 +27,8 @@ pub const RING_GROUP_ID: u64 = 1 << 32;
 /// Each vnode issues range and segment ids from its own block of
 /// `2^ID_BLOCK_BITS` ids.
 pub const ID_BLOCK_BITS: u32 = 40;
+/// How routing errors name the ring's own group, which is no vnode.
+pub const RING_VNODE: VnodeId = VnodeId(u32::MAX);
 /// The version byte in front of an encoded ring.
 pub const RING_FORMAT_VERSION: u8 = 1;
 
@@ -71,6 +73,8 @@ pub enum RingError {
     NoSuchVnode { vnode: VnodeId },
     #[error("{vnode} holds a single position and cannot split")]
     ArcTooSmall { vnode: VnodeId },
+    #[error("{vnode} was issued already")]
+    Issued { vnode: VnodeId },
     #[error("the ring is full: {max} vnodes")]
     Full { max: u32 },
     #[error("ring encoding: {reason}")]
@@ -167,16 +171,32 @@ impl Ring {
     /// Splits `vnode`: it keeps the lower half of its arc, a new vnode
     /// (returned) takes the upper half. Bumps the version.
     pub fn split(&mut self, vnode: VnodeId) -> Result<VnodeEntry, RingError> {
+        self.split_into(vnode, VnodeId(self.next_vnode))
+    }
+
+    /// The id the next split gives its new vnode.
+    pub fn next_vnode_id(&self) -> VnodeId {
+        VnodeId(self.next_vnode)
+    }
+
+    /// Splits `vnode` giving the upper half to `child`, an id never issued
+    /// (at least `next_vnode_id`): ids skipped by an aborted split are never
+    /// reused, because a group may already exist under them. Bumps the
+    /// version.
+    pub fn split_into(&mut self, vnode: VnodeId, child: VnodeId) -> Result<VnodeEntry, RingError> {
         let entry = *self.vnode(vnode).ok_or(RingError::NoSuchVnode { vnode })?;
-        if self.next_vnode >= VNODES_MAX || self.by_start.len() as u32 >= VNODES_MAX {
+        if child.0 >= VNODES_MAX || self.by_start.len() as u32 >= VNODES_MAX {
             return Err(RingError::Full { max: VNODES_MAX });
+        }
+        if child.0 < self.next_vnode {
+            return Err(RingError::Issued { vnode: child });
         }
         let (lower, upper) = entry.arc.halves().ok_or(RingError::ArcTooSmall { vnode })?;
         let new = VnodeEntry {
-            id: VnodeId(self.next_vnode),
+            id: child,
             arc: upper,
         };
-        self.next_vnode += 1;
+        self.next_vnode = child.0 + 1;
         self.by_start.insert(
             lower.start,
             VnodeEntry {

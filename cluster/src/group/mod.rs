@@ -16,7 +16,7 @@
 //! `MetadataState::apply` only, in log order, so replicas that apply the same
 //! log hold byte-identical snapshots.
 
-mod fsio;
+pub(crate) mod fsio;
 mod log_store;
 mod network;
 mod state_machine;
@@ -25,8 +25,9 @@ mod types;
 
 pub use network::{GroupTransport, RaftRpcKind, TransportError, UnreachableTransport};
 pub use tcp::{
-    FORWARD_PROPOSE_API_KEY, FORWARD_READ_API_KEY, GroupRegistry, RpcService, TcpTransport,
-    TcpTransportConfig, TransportServer, raft_api_key, raft_kind_of,
+    FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupRegistry,
+    OPEN_VNODE_API_KEY, RpcService, TcpTransport, TcpTransportConfig, TransportServer,
+    raft_api_key, raft_kind_of,
 };
 
 use crate::model::{Command, MetadataState, ModelError, Outcome};

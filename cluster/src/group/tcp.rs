@@ -62,6 +62,11 @@ pub fn raft_kind_of(api_key: u16) -> Option<RaftRpcKind> {
 pub const FORWARD_PROPOSE_API_KEY: u16 = 210;
 /// A metadata read forwarded to the broker that leads its vnode.
 pub const FORWARD_READ_API_KEY: u16 = 211;
+/// A control read (the ring, a split's export) forwarded to a group's leader.
+pub const FORWARD_QUERY_API_KEY: u16 = 214;
+/// Asks a broker to open (and initialize) its replica of a new vnode: a
+/// split creates the child's group on its voters before the ring names it.
+pub const OPEN_VNODE_API_KEY: u16 = 215;
 
 /// Bytes of the group id in front of every request body.
 const GROUP_ID_BYTES: usize = 8;

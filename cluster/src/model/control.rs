@@ -85,6 +85,11 @@ pub struct PendingSplit {
 pub struct RingRecord {
     pub ring: Ring,
     pub pending: Option<PendingSplit>,
+    /// The lowest vnode id the next split may give its child: past every id
+    /// a split ever began with, so an aborted split's id (whose group may
+    /// exist with a stale seed) is never reused.
+    #[serde(default)]
+    pub next_child: u32,
 }
 
 fn ring_error(e: crate::ring::RingError) -> ModelError {
@@ -361,9 +366,11 @@ impl MetadataState {
         }
         let ring = Ring::new(vnodes).map_err(ring_error)?;
         let version = ring.version();
+        let next_child = ring.next_vnode_id().0;
         self.ring = Some(RingRecord {
             ring,
             pending: None,
+            next_child,
         });
         Ok(Outcome::RingChanged { version })
     }
@@ -386,7 +393,8 @@ impl MetadataState {
         // Split a copy to learn the child's id and arcs, and to check the
         // split is possible; the ring changes only at `CommitSplit`.
         let mut trial = record.ring.clone();
-        let upper = trial.split(parent).map_err(ring_error)?;
+        let child = VnodeId(record.next_child.max(trial.next_vnode_id().0));
+        let upper = trial.split_into(parent, child).map_err(ring_error)?;
         let lower = trial
             .vnode(parent)
             .map(|v| v.arc)
@@ -401,6 +409,7 @@ impl MetadataState {
             committed: false,
         };
         record.pending = Some(split);
+        record.next_child = child.0.saturating_add(1);
         Ok(Outcome::SplitBegun { split })
     }
 
@@ -430,7 +439,7 @@ impl MetadataState {
             return Ok(Outcome::Unchanged);
         }
         let mut ring = record.ring.clone();
-        let made = ring.split(parent).map_err(ring_error)?;
+        let made = ring.split_into(parent, child).map_err(ring_error)?;
         if made.id != child || made.arc != pending.upper {
             return Err(ModelError::RingRefused {
                 reason: format!("the ring would give {} {}, not {child}", made.id, made.arc),

@@ -22,24 +22,29 @@
 //! records the vnode's arc in the group (`Command::AssignArc`), so from then
 //! on the group itself refuses topics outside it.
 
+pub mod lease;
 mod manager;
+mod split;
 
 pub use manager::{CoordinatorPlan, plan_coordinators};
+pub use split::SplitError;
 
+use crate::group::fsio;
 use crate::group::{
-    FORWARD_PROPOSE_API_KEY, FORWARD_READ_API_KEY, GroupConfig, GroupError, GroupRegistry,
-    MetadataGroup, RpcService, TcpTransport, TransportError,
+    FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupConfig, GroupError,
+    GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY, RpcService, TcpTransport, TransportError,
 };
-use crate::model::{Command, ModelError, Outcome, TopicDescription};
-use crate::ring::{Ring, VnodeEntry, VnodeId};
+use crate::model::{Command, ModelError, Outcome, RingArc, RingRecord, TopicDescription};
+use crate::ring::{RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
 use bytes::Bytes;
 use malachi_wire::error::ErrorCode;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 
 /// How many brokers replicate each vnode unless configured otherwise.
@@ -93,6 +98,10 @@ pub struct VnodeHostConfig {
     pub route_attempts_max: u32,
     /// The pause before re-routing a request that found no leader.
     pub route_retry_backoff_ms: u64,
+    /// How long a request refused as misrouted (`WrongVnode`, `Moved`) is
+    /// retried against the freshly fetched ring: covers a split between
+    /// its fence and its ring commit.
+    pub moved_wait_ms: u64,
 }
 
 impl VnodeHostConfig {
@@ -108,6 +117,7 @@ impl VnodeHostConfig {
             forward_timeout_ms: 5_000,
             route_attempts_max: 50,
             route_retry_backoff_ms: 50,
+            moved_wait_ms: 30_000,
         }
     }
 }
@@ -158,24 +168,64 @@ struct ReadRequest {
     topic: String,
 }
 
+/// A control read served by a group's leader (api key 214).
+#[derive(Debug, Serialize, Deserialize)]
+enum Query {
+    /// The ring group's `RingRecord`.
+    Ring,
+    /// The metadata of a fenced part of a vnode's arc, as a split's seed.
+    Export { arc: RingArc, id_base: u64 },
+}
+
+/// Asks a broker to open its replica of a vnode (api key 215).
+#[derive(Debug, Serialize, Deserialize)]
+struct OpenVnode {
+    vnode: VnodeId,
+}
+
 type Verdict = Result<Outcome, ModelError>;
+/// A forwarded describe's answer: the description, or the vnode's refusal
+/// of a topic it does not serve.
+type ReadAnswer = Result<Option<TopicDescription>, ModelError>;
 
 /// The vnode replicas one broker hosts, and its router.
 #[derive(Debug)]
 pub struct VnodeHost {
     config: VnodeHostConfig,
-    /// The ring this broker believes current.
+    /// The ring this broker believes current: the newest it has learned.
     ring: RwLock<Arc<Ring>>,
-    /// The ring requests are routed by; replaced by `ring` on `WrongVnode`.
-    /// Only tests set it apart from `ring`, to play a broker with a stale ring.
+    /// The ring requests are routed by; replaced by `ring` on a misrouted
+    /// answer. Only tests set it apart from `ring`, to play a broker with a
+    /// stale ring.
     routing_ring: RwLock<Arc<Ring>>,
     registry: Arc<GroupRegistry>,
     transport: Arc<TcpTransport>,
+    /// Serializes opening replicas and adopting rings, so one group
+    /// directory is never opened twice.
+    adopting: tokio::sync::Mutex<()>,
+    stopped: AtomicBool,
 }
 
+/// Where a broker keeps the newest ring it has learned.
+const RING_FILE: &str = "ring.current";
+/// The magic tag of the ring file.
+const RING_FILE_MAGIC: &[u8; 8] = b"MALRING1";
+/// The largest ring file read back (256 vnodes encode to a few KiB).
+const RING_FILE_BYTES_MAX: u64 = 1024 * 1024;
+/// The first and the longest pause of the background ring fetch.
+const RING_SYNC_BACKOFF_MIN_MS: u64 = 100;
+const RING_SYNC_BACKOFF_MAX_MS: u64 = 2_000;
+
+/// The ring's group has its voters chosen like a vnode's, under a tag no
+/// vnode id reaches (`VNODES_MAX` is far below it).
+const RING_VOTERS_TAG: VnodeId = VnodeId(u32::from_be_bytes(*b"ring"));
+
 impl VnodeHost {
-    /// Opens (or recovers) the replica of every vnode whose voters include
-    /// this broker and initializes the membership of fresh ones. Returns
+    /// Opens (or recovers) this broker's replica of the ring's group and of
+    /// every vnode whose voters include this broker, and initializes the
+    /// membership of fresh ones. Routes by the newest ring this broker kept
+    /// on disk (a fresh ring of `vnode_count` the first time) and fetches
+    /// the current ring from the ring's group in the background. Returns
     /// without waiting for elections.
     pub async fn open(
         config: VnodeHostConfig,
@@ -189,44 +239,115 @@ impl VnodeHost {
                 ),
             });
         }
-        let ring = Ring::new(config.vnode_count).map_err(|e| GroupError::Config {
+        let fresh = Ring::new(config.vnode_count).map_err(|e| GroupError::Config {
             reason: e.to_string(),
         })?;
-        let ring = Arc::new(ring);
+        let ring = Arc::new(load_ring(&config.data_dir.join(RING_FILE)).unwrap_or(fresh));
         let registry = Arc::new(GroupRegistry::new());
         let host = Arc::new(VnodeHost {
             ring: RwLock::new(Arc::clone(&ring)),
             routing_ring: RwLock::new(ring),
             registry,
             transport,
+            adopting: tokio::sync::Mutex::new(()),
+            stopped: AtomicBool::new(false),
             config,
         });
-        let vnodes: Vec<VnodeEntry> = host.ring.read().vnodes().copied().collect();
-        for vnode in vnodes {
-            let voters = host.voters(vnode.id);
-            if !voters.contains(&host.config.node_id) {
-                continue;
+        let opened = async {
+            let _adopting = host.adopting.lock().await;
+            if host.ring_voters().contains(&host.config.node_id) {
+                host.open_group(RING_GROUP_ID, host.ring_voters()).await?;
             }
-            let mut group_config = host.config.group.clone();
-            group_config.group_id = vnode.id.group_id();
-            group_config.node_id = host.config.node_id;
-            group_config.dir = host.config.data_dir.join(format!("vnode-{}", vnode.id.0));
-            let opened = async {
-                let group = MetadataGroup::open(group_config, host.transport.clone()).await?;
-                host.registry.insert(group.clone());
-                group.initialize(&voters).await
-            };
-            if let Err(e) = opened.await {
-                host.shutdown().await;
-                return Err(e);
+            // The ring's vnodes, and any vnode a split created here before
+            // the ring this broker knows named it.
+            let mut vnodes: BTreeSet<VnodeId> = host.ring().vnodes().map(|v| v.id).collect();
+            vnodes.extend(vnode_dirs(&host.config.data_dir));
+            for vnode in vnodes {
+                host.open_vnode_locked(vnode).await?;
             }
+            Ok::<(), GroupError>(())
+        };
+        if let Err(e) = opened.await {
+            host.shutdown().await;
+            return Err(e);
         }
         tracing::info!(
             node = host.config.node_id,
-            vnodes = host.registry.all().len(),
+            groups = host.registry.all().len(),
+            ring_version = host.ring().version(),
             "vnode replicas open"
         );
+        host.spawn_ring_sync();
         Ok(host)
+    }
+
+    /// Fetches the current ring in the background until one answer arrives.
+    fn spawn_ring_sync(self: &Arc<Self>) {
+        let host = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut backoff_ms = RING_SYNC_BACKOFF_MIN_MS;
+            loop {
+                let Some(strong) = host.upgrade() else { break };
+                if strong.stopped.load(Ordering::Acquire) {
+                    break;
+                }
+                match strong.refresh_ring().await {
+                    Ok(ring) => {
+                        tracing::debug!(
+                            node = strong.config.node_id,
+                            version = ring.version(),
+                            "ring fetched"
+                        );
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(node = strong.config.node_id, error = %e, "ring fetch failed; retrying")
+                    }
+                }
+                drop(strong);
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                backoff_ms = (backoff_ms * 2).min(RING_SYNC_BACKOFF_MAX_MS);
+            }
+        });
+    }
+
+    /// Opens this broker's replica of a group if it is not hosted yet, and
+    /// initializes a fresh one with `voters`. Callers hold `adopting`.
+    async fn open_group(&self, group_id: u64, voters: Vec<u64>) -> Result<(), GroupError> {
+        if self.registry.get(group_id).is_some() {
+            return Ok(());
+        }
+        let mut group_config = self.config.group.clone();
+        group_config.group_id = group_id;
+        group_config.node_id = self.config.node_id;
+        group_config.dir = if group_id == RING_GROUP_ID {
+            self.config.data_dir.join("ring")
+        } else {
+            self.config.data_dir.join(format!("vnode-{group_id}"))
+        };
+        let group = MetadataGroup::open(group_config, self.transport.clone()).await?;
+        self.registry.insert(group.clone());
+        group.initialize(&voters).await
+    }
+
+    /// Opens this broker's replica of `vnode` if it is one of its voters.
+    async fn open_vnode_locked(&self, vnode: VnodeId) -> Result<bool, GroupError> {
+        let voters = self.voters(vnode);
+        if !voters.contains(&self.config.node_id) {
+            return Ok(false);
+        }
+        self.open_group(vnode.group_id(), voters).await?;
+        Ok(true)
+    }
+
+    /// Opens this broker's replica of `vnode` (a split's child) if this
+    /// broker is one of its voters; `Ok(false)` if it is not.
+    pub async fn open_vnode(&self, vnode: VnodeId) -> Result<bool, GroupError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(GroupError::Stopped);
+        }
+        let _adopting = self.adopting.lock().await;
+        self.open_vnode_locked(vnode).await
     }
 
     /// The voters of a vnode under this host's configuration.
@@ -234,15 +355,129 @@ impl VnodeHost {
         voters_for(vnode, &self.config.nodes, self.config.replicas_per_vnode)
     }
 
+    /// The voters of the ring's own group.
+    pub fn ring_voters(&self) -> Vec<u64> {
+        self.voters(RING_VOTERS_TAG)
+    }
+
     /// The ring this broker believes current.
     pub fn ring(&self) -> Arc<Ring> {
         Arc::clone(&self.ring.read())
     }
 
-    /// Routes by `ring` until a `WrongVnode` refusal makes the router re-read
+    /// Routes by `ring` until a misrouted answer makes the router re-read
     /// the current ring. For tests of a broker whose ring lags.
     pub fn set_routing_ring(&self, ring: Ring) {
         *self.routing_ring.write() = Arc::new(ring);
+    }
+
+    /// Learns `ring` if it is newer than the one this broker holds: keeps it
+    /// on disk, opens this broker's replicas of vnodes it adds, and routes by
+    /// it from then on. Returns whether it was newer.
+    pub async fn adopt_ring(&self, ring: Ring) -> Result<bool, GroupError> {
+        let _adopting = self.adopting.lock().await;
+        if ring.version() <= self.ring().version() {
+            return Ok(false);
+        }
+        // Replicas first: once routing names a vnode, this broker should
+        // already serve its raft messages.
+        for vnode in ring.vnodes() {
+            self.open_vnode_locked(vnode.id).await?;
+        }
+        let path = self.config.data_dir.join(RING_FILE);
+        match ring.encode() {
+            Ok(body) => {
+                let written = tokio::task::spawn_blocking(move || {
+                    let bytes = fsio::encode_tagged(RING_FILE_MAGIC, &body)?;
+                    fsio::write_atomic(&path, &bytes)
+                })
+                .await;
+                // The ring's group is the authority: a broker that cannot
+                // keep its copy re-fetches it after a restart.
+                if !matches!(written, Ok(Ok(()))) {
+                    tracing::warn!(
+                        node = self.config.node_id,
+                        ?written,
+                        "the learned ring was not kept on disk"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(node = self.config.node_id, error = %e, "the learned ring does not encode")
+            }
+        }
+        tracing::info!(
+            node = self.config.node_id,
+            version = ring.version(),
+            vnodes = ring.len(),
+            "ring adopted"
+        );
+        let ring = Arc::new(ring);
+        *self.ring.write() = Arc::clone(&ring);
+        *self.routing_ring.write() = ring;
+        Ok(true)
+    }
+
+    /// Fetches the current ring from the ring's group (creating it there,
+    /// the same for every broker, if the group holds none yet) and adopts it.
+    pub async fn refresh_ring(&self) -> Result<Arc<Ring>, RouteError> {
+        let record = self.ring_record().await?;
+        self.adopt_ring(record.ring)
+            .await
+            .map_err(|e| RouteError::Failed {
+                vnode: RING_VNODE,
+                reason: e.to_string(),
+            })?;
+        Ok(self.ring())
+    }
+
+    /// Called with the ring version another broker announces (membership
+    /// gossip): fetches the current ring in the background if it is newer.
+    pub fn observe_ring_version(self: &Arc<Self>, version: u64) {
+        if version <= self.ring().version() || self.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let host = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(e) = host.refresh_ring().await {
+                tracing::debug!(node = host.config.node_id, version, error = %e, "announced ring not fetched");
+            }
+        });
+    }
+
+    /// The ring's group's record (the ring and any split in progress),
+    /// read from its leader.
+    pub async fn ring_record(&self) -> Result<RingRecord, RouteError> {
+        let query = encode_request(&Query::Ring, RING_VNODE)?;
+        for _ in 0..2 {
+            let record: Option<RingRecord> = self
+                .route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
+                .await?;
+            if let Some(record) = record {
+                return Ok(record);
+            }
+            // A fresh ring group: create the ring every broker starts from.
+            let init = Command::InitRing {
+                vnodes: self.config.vnode_count,
+            };
+            self.propose_ring(init)
+                .await?
+                .map_err(|e| RouteError::Failed {
+                    vnode: RING_VNODE,
+                    reason: e.to_string(),
+                })?;
+        }
+        Err(RouteError::Failed {
+            vnode: RING_VNODE,
+            reason: "the ring group holds no ring after creating one".to_owned(),
+        })
+    }
+
+    /// Applies a command in the ring's own group.
+    pub(crate) async fn propose_ring(&self, cmd: Command) -> Result<Verdict, RouteError> {
+        let body = encode_request(&cmd, RING_VNODE)?;
+        self.route_group(RING_VNODE, FORWARD_PROPOSE_API_KEY, &body)
+            .await
     }
 
     /// The groups this broker hosts (for raft rpcs and status).
@@ -253,6 +488,11 @@ impl VnodeHost {
     /// This broker's replica of `vnode`, if it hosts one.
     pub fn group(&self, vnode: VnodeId) -> Option<MetadataGroup> {
         self.registry.get(vnode.group_id())
+    }
+
+    /// This broker's replica of the ring's group, if it hosts one.
+    pub fn ring_group(&self) -> Option<MetadataGroup> {
+        self.registry.get(RING_GROUP_ID)
     }
 
     /// The vnodes this broker leads now.
@@ -304,80 +544,111 @@ impl VnodeHost {
     /// Applies `cmd` on the vnode owning its topic, wherever its leader is.
     pub async fn propose(&self, cmd: Command) -> Result<Verdict, RouteError> {
         let topic = cmd.topic().ok_or(RouteError::Unroutable)?.to_owned();
-        let body = rmp_serde::to_vec(&cmd).map_err(|e| RouteError::Failed {
-            vnode: VnodeId(0),
-            reason: e.to_string(),
-        })?;
+        let body = encode_request(&cmd, VnodeId(0))?;
         self.route(&topic, FORWARD_PROPOSE_API_KEY, body).await
     }
 
     /// A linearizable description of `topic` from its vnode's leader.
     pub async fn describe(&self, topic: &str) -> Result<Option<TopicDescription>, RouteError> {
-        let body = rmp_serde::to_vec(&ReadRequest {
-            topic: topic.to_owned(),
+        let body = encode_request(
+            &ReadRequest {
+                topic: topic.to_owned(),
+            },
+            VnodeId(0),
+        )?;
+        let answer: ReadAnswer = self.route(topic, FORWARD_READ_API_KEY, body).await?;
+        // Still refused once `moved_wait_ms` ran out: no ring this broker
+        // could fetch leads to a vnode serving the topic.
+        answer.map_err(|refused| RouteError::Unavailable {
+            vnode: self.routing_ring.read().owner(topic).id,
+            attempts: self.config.route_attempts_max,
+            last: refused.to_string(),
         })
-        .map_err(|e| RouteError::Failed {
-            vnode: VnodeId(0),
-            reason: e.to_string(),
-        })?;
-        self.route(topic, FORWARD_READ_API_KEY, body).await
     }
 
     /// Sends `cmd` to `vnode` without consulting the ring: the path a
-    /// broker with a wrong ring takes. The vnode's own arc check answers.
+    /// broker with a wrong ring takes (the vnode's own arc check answers),
+    /// and the path of commands that name no topic (leases, split steps).
     pub async fn propose_to(&self, vnode: VnodeId, cmd: Command) -> Result<Verdict, RouteError> {
-        let body = rmp_serde::to_vec(&cmd).map_err(|e| RouteError::Failed {
-            vnode,
-            reason: e.to_string(),
-        })?;
-        self.route_to(vnode, FORWARD_PROPOSE_API_KEY, &body).await
+        let body = encode_request(&cmd, vnode)?;
+        self.route_group(vnode, FORWARD_PROPOSE_API_KEY, &body)
+            .await
     }
 
+    /// Routes by the ring, following misrouted answers (`WrongVnode`: the
+    /// vnode no longer owns the topic; `Moved`: a split is moving it) to
+    /// the current ring, for at most `moved_wait_ms`.
     async fn route<T: serde::de::DeserializeOwned + RefusesRoute>(
         &self,
         topic: &str,
         api_key: u16,
         body: Vec<u8>,
     ) -> Result<T, RouteError> {
-        let mut refreshed = false;
+        let deadline = Instant::now() + Duration::from_millis(self.config.moved_wait_ms);
         loop {
-            let vnode = self.routing_ring.read().owner(topic).id;
-            let answer: T = self.route_to(vnode, api_key, &body).await?;
-            if answer.is_wrong_vnode() && !refreshed {
-                // Routed by a stale ring: the vnode refused without applying
-                // anything, so re-read the ring and route again, once.
-                tracing::info!(%vnode, topic, "wrong vnode: re-reading the ring");
-                *self.routing_ring.write() = self.ring();
-                refreshed = true;
+            let routing = Arc::clone(&self.routing_ring.read());
+            let vnode = routing.owner(topic).id;
+            let answer = self.route_group::<T>(vnode, api_key, &body).await?;
+            if !answer.is_misrouted() {
+                return Ok(answer);
+            }
+            if Instant::now() >= deadline {
+                return Ok(answer);
+            }
+            let current = self.ring();
+            if !Arc::ptr_eq(&current, &routing) {
+                // This broker already knows a newer ring than it routed by.
+                tracing::info!(%vnode, topic, version = current.version(), "misrouted: routing by the current ring");
+                *self.routing_ring.write() = current;
                 continue;
             }
-            return Ok(answer);
+            tracing::info!(%vnode, topic, version = routing.version(), "misrouted: fetching the ring");
+            match self.refresh_ring().await {
+                Ok(fetched) => *self.routing_ring.write() = Arc::clone(&fetched),
+                Err(e) => tracing::debug!(%vnode, error = %e, "ring fetch failed"),
+            }
+            if self.ring().version() == routing.version() {
+                // A split is between its fence and its ring commit (or the
+                // ring group is out of reach): wait for it.
+                tokio::time::sleep(Duration::from_millis(self.config.route_retry_backoff_ms)).await;
+            }
         }
     }
 
-    async fn route_to<T: serde::de::DeserializeOwned>(
+    /// Sends a request to the leader of `vnode`'s group (or of the ring's
+    /// group for `RING_VNODE`), following `NotLeader` hints and trying the
+    /// group's voters in turn, for at most `route_attempts_max` attempts.
+    async fn route_group<T: serde::de::DeserializeOwned>(
         &self,
         vnode: VnodeId,
         api_key: u16,
         body: &[u8],
     ) -> Result<T, RouteError> {
-        let voters = self.voters(vnode);
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(RouteError::Stopped);
+        }
+        let (group_id, voters) = if vnode == RING_VNODE {
+            (RING_GROUP_ID, self.ring_voters())
+        } else {
+            (vnode.group_id(), self.voters(vnode))
+        };
         let mut target = self
-            .group(vnode)
+            .registry
+            .get(group_id)
             .and_then(|g| g.status().leader)
             .unwrap_or(voters[0]);
         let mut last = String::from("no attempt");
         let mut next_voter = 0usize;
         for attempt in 1..=self.config.route_attempts_max {
             let answer: Forwarded<T> = if target == self.config.node_id {
-                self.serve_local(api_key, vnode.group_id(), body).await
+                self.serve_local(api_key, group_id, body).await
             } else {
                 match self
                     .transport
                     .call_raw(
                         target,
                         api_key,
-                        vnode.group_id(),
+                        group_id,
                         body,
                         self.config.forward_timeout_ms,
                     )
@@ -389,11 +660,10 @@ impl VnodeHost {
                         })
                     }
                     Err(
-                        e @ (TransportError::Unreachable { .. } | TransportError::Network { .. }),
+                        e @ (TransportError::Unreachable { .. }
+                        | TransportError::Network { .. }
+                        | TransportError::Remote { .. }),
                     ) => Forwarded::NotLeader { leader: None }.noting(&mut last, e.to_string()),
-                    Err(e @ TransportError::Remote { .. }) => {
-                        Forwarded::NotLeader { leader: None }.noting(&mut last, e.to_string())
-                    }
                 }
             };
             match answer {
@@ -452,6 +722,20 @@ impl VnodeHost {
         body: &[u8],
     ) -> Result<Vec<u8>, (ErrorCode, String)> {
         let codec = |e: &dyn std::fmt::Display| (ErrorCode::InvalidRequest, e.to_string());
+        if api_key == OPEN_VNODE_API_KEY {
+            let request: OpenVnode = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+            let answer = match self.open_vnode(request.vnode).await {
+                Ok(true) => Forwarded::Done(()),
+                Ok(false) => Forwarded::Failed {
+                    reason: format!(
+                        "node {} is not a voter of {}",
+                        self.config.node_id, request.vnode
+                    ),
+                },
+                Err(e) => forwarded_error(e),
+            };
+            return encode(&answer);
+        }
         let Some(group) = self.registry.get(group_id) else {
             // Not a replica: no leader to name.
             return encode(&Forwarded::<()>::NotLeader { leader: None });
@@ -467,11 +751,47 @@ impl VnodeHost {
             }
             FORWARD_READ_API_KEY => {
                 let request: ReadRequest = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
-                let answer = match group.read(move |s| s.describe_topic(&request.topic)).await {
-                    Ok(description) => Forwarded::Done(description),
+                let read = group
+                    .read(move |s| {
+                        s.check_topic_route(&request.topic)
+                            .map(|()| s.describe_topic(&request.topic))
+                    })
+                    .await;
+                // Outside the arc, or being moved by a split, the answer is
+                // the refusal: a reader routing by an older ring must not
+                // take "absent" here for an answer.
+                let answer: Forwarded<ReadAnswer> = match read {
+                    Ok(answer) => Forwarded::Done(answer),
                     Err(e) => forwarded_error(e),
                 };
                 encode(&answer)
+            }
+            FORWARD_QUERY_API_KEY => {
+                let query: Query = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                match query {
+                    Query::Ring => {
+                        let answer = match group.read(|s| s.ring_record().cloned()).await {
+                            Ok(record) => Forwarded::Done(record),
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                    Query::Export { arc, id_base } => {
+                        let read = group
+                            .read(move |s| {
+                                (s.fence() == Some(arc)).then(|| s.export_arc(arc, id_base))
+                            })
+                            .await;
+                        let answer = match read {
+                            Ok(Some(seed)) => Forwarded::Done(seed),
+                            Ok(None) => Forwarded::Failed {
+                                reason: format!("the arc {arc} is not fenced; nothing exported"),
+                            },
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                }
             }
             other => Err((
                 ErrorCode::UnsupportedApi,
@@ -511,6 +831,7 @@ impl VnodeHost {
 
     /// Stops every hosted group.
     pub async fn shutdown(&self) {
+        self.stopped.store(true, Ordering::Release);
         for group in self.registry.all() {
             let id = group.status().group_id;
             if let Err(e) = group.shutdown().await {
@@ -521,20 +842,70 @@ impl VnodeHost {
     }
 }
 
-/// Whether an answer is the vnode's refusal of a topic outside its arc.
-trait RefusesRoute {
-    fn is_wrong_vnode(&self) -> bool;
-}
-
-impl RefusesRoute for Verdict {
-    fn is_wrong_vnode(&self) -> bool {
-        matches!(self, Err(ModelError::WrongVnode { .. }))
+/// The ring a broker kept on disk, if it reads back whole.
+fn load_ring(path: &Path) -> Option<Ring> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "the kept ring is unreadable; fetching it");
+            return None;
+        }
+    };
+    let decoded = fsio::decode_tagged(RING_FILE_MAGIC, &bytes, RING_FILE_BYTES_MAX)
+        .map_err(|e| format!("{e:?}"))
+        .and_then(|body| Ring::decode(body).map_err(|e| e.to_string()));
+    match decoded {
+        Ok(ring) => Some(ring),
+        Err(reason) => {
+            // Only a cache of the ring group's ring: start from the fresh
+            // ring and fetch the current one.
+            tracing::warn!(path = %path.display(), %reason, "the kept ring is damaged; fetching it");
+            None
+        }
     }
 }
 
-impl RefusesRoute for Option<TopicDescription> {
-    fn is_wrong_vnode(&self) -> bool {
-        false
+/// The vnodes whose group directories exist under `data_dir`.
+fn vnode_dirs(data_dir: &Path) -> Vec<VnodeId> {
+    let Ok(entries) = std::fs::read_dir(data_dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|name| name.strip_prefix("vnode-"))
+                .and_then(|id| id.parse::<u32>().ok())
+        })
+        .filter(|id| *id < crate::ring::VNODES_MAX)
+        .map(VnodeId)
+        .collect()
+}
+
+fn encode_request<T: Serialize>(value: &T, vnode: VnodeId) -> Result<Vec<u8>, RouteError> {
+    rmp_serde::to_vec(value).map_err(|e| RouteError::Failed {
+        vnode,
+        reason: e.to_string(),
+    })
+}
+
+/// Whether an answer is a vnode's refusal of a topic it does not (or no
+/// longer) serve: outside its arc, or in a part a split is moving.
+trait RefusesRoute {
+    fn is_misrouted(&self) -> bool;
+}
+
+impl RefusesRoute for Verdict {
+    fn is_misrouted(&self) -> bool {
+        matches!(self, Err(e) if e.is_misrouted())
+    }
+}
+
+impl RefusesRoute for ReadAnswer {
+    fn is_misrouted(&self) -> bool {
+        matches!(self, Err(e) if e.is_misrouted())
     }
 }
 
@@ -571,9 +942,10 @@ impl RpcService for VnodeHost {
         body: Bytes,
     ) -> Result<Vec<u8>, (ErrorCode, String)> {
         match api_key {
-            FORWARD_PROPOSE_API_KEY | FORWARD_READ_API_KEY => {
-                self.serve_forwarded(api_key, group_id, &body).await
-            }
+            FORWARD_PROPOSE_API_KEY
+            | FORWARD_READ_API_KEY
+            | FORWARD_QUERY_API_KEY
+            | OPEN_VNODE_API_KEY => self.serve_forwarded(api_key, group_id, &body).await,
             _ => self.registry.serve_raft(api_key, group_id, &body).await,
         }
     }
