@@ -1,0 +1,401 @@
+//! Vnode split, the ring's own group and ring catch-up: three brokers in one
+//! process over loopback TCP, restarted from their directories where a test
+//! needs it. Waits poll with deadlines; no sleep is an assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
+use malachi_cluster::model::{Command, ModelError, NodeId, Outcome, RingArc};
+use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+const NODES: [u64; 3] = [1, 2, 3];
+const VNODES: u32 = 4;
+/// The longest any wait in these tests may take on a loaded machine.
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Broker {
+    id: u64,
+    host: Arc<VnodeHost>,
+    server: TransportServer,
+}
+
+struct Cluster {
+    addrs: Vec<SocketAddr>,
+    dirs: Vec<tempfile::TempDir>,
+    brokers: Vec<Option<Broker>>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let mut listeners = Vec::new();
+        for _ in NODES {
+            listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let dirs: Vec<_> = NODES.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+        let mut cluster = Cluster {
+            addrs,
+            dirs,
+            brokers: Vec::new(),
+        };
+        for (i, listener) in listeners.into_iter().enumerate() {
+            let broker = cluster.open(i, listener).await;
+            cluster.brokers.push(Some(broker));
+        }
+        cluster
+    }
+
+    async fn open(&self, i: usize, listener: TcpListener) -> Broker {
+        let id = NODES[i];
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(id)));
+        for (peer, addr) in NODES.iter().zip(&self.addrs) {
+            if *peer != id {
+                transport.set_peer(*peer, *addr);
+            }
+        }
+        let mut config = VnodeHostConfig::new(id, NODES.to_vec(), self.dirs[i].path());
+        config.vnode_count = VNODES;
+        config.group.election_timeout_min_ms = 300;
+        config.group.election_timeout_max_ms = 600;
+        config.group.heartbeat_interval_ms = 60;
+        let host = VnodeHost::open(config, transport).await.unwrap();
+        let server = TransportServer::start(listener, host.clone(), 64 * 1024 * 1024).unwrap();
+        Broker { id, host, server }
+    }
+
+    fn broker(&self, i: usize) -> &Broker {
+        self.brokers[i].as_ref().expect("broker is running")
+    }
+
+    fn running(&self) -> impl Iterator<Item = &Broker> {
+        self.brokers.iter().flatten()
+    }
+
+    async fn kill(&mut self, i: usize) {
+        let broker = self.brokers[i].take().expect("broker is running");
+        broker.server.shutdown().await;
+        broker.host.shutdown().await;
+    }
+
+    async fn restart(&mut self, i: usize) {
+        let deadline = Instant::now() + WAIT;
+        let listener = loop {
+            match TcpListener::bind(self.addrs[i]).await {
+                Ok(l) => break l,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("rebinding {}: {e}", self.addrs[i]);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("cannot rebind {}: {e}", self.addrs[i]),
+            }
+        };
+        let broker = self.open(i, listener).await;
+        self.brokers[i] = Some(broker);
+    }
+
+    async fn stop(mut self) {
+        for i in 0..self.brokers.len() {
+            if self.brokers[i].is_some() {
+                self.kill(i).await;
+            }
+        }
+    }
+}
+
+fn create(topic: &str) -> Command {
+    Command::CreateTopic {
+        topic: topic.to_owned(),
+        initial_ranges: 2,
+        policy: None,
+        replicas: vec![vec![NodeId(1)], vec![NodeId(2)]],
+        at_ms: 5,
+    }
+}
+
+async fn create_through(broker: &Broker, topic: &str) {
+    let verdict = broker.host.propose(create(topic)).await.unwrap();
+    assert!(
+        matches!(verdict, Ok(Outcome::TopicCreated { .. })),
+        "{topic}: {verdict:?}"
+    );
+}
+
+/// Topics named `prefix-i` whose ring position lies in `arc`.
+fn topics_in(arc: RingArc, prefix: &str, count: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|t| arc.holds_topic(t))
+        .take(count)
+        .collect()
+}
+
+/// Polls `check` until it holds, or fails the test after `WAIT`.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Every topic is described through every running broker.
+async fn assert_found_everywhere(cluster: &Cluster, topics: &[String]) {
+    for topic in topics {
+        for broker in cluster.running() {
+            let found = broker.host.describe(topic).await.unwrap();
+            assert!(
+                found.is_some(),
+                "{topic} was acknowledged and is missing through node {}",
+                broker.id
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_split_while_topics_are_created_concurrently_keeps_every_acknowledged_creation() {
+    let cluster = Cluster::start().await;
+    let parent = VnodeId(1);
+    let parent_arc = Ring::new(VNODES).unwrap().vnode(parent).unwrap().arc;
+    let (lower, upper) = parent_arc.halves().unwrap();
+    // Topics on both halves of the vnode before the split.
+    let before: Vec<String> = topics_in(lower, "before-low", 6)
+        .into_iter()
+        .chain(topics_in(upper, "before-up", 6))
+        .collect();
+    for (i, topic) in before.iter().enumerate() {
+        create_through(cluster.broker(i % 3), topic).await;
+    }
+
+    // Creators through every broker, half of their topics in the moving half.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut creators = Vec::new();
+    for (b, broker) in cluster.running().enumerate() {
+        let host = Arc::clone(&broker.host);
+        let stop = Arc::clone(&stop);
+        creators.push(tokio::spawn(async move {
+            let moving = topics_in(upper, &format!("during-{b}-up"), 1000);
+            let staying = topics_in(lower, &format!("during-{b}-low"), 1000);
+            let mut acknowledged = Vec::new();
+            for (up, low) in moving.into_iter().zip(staying) {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+                for topic in [up, low] {
+                    let verdict = host.propose(create(&topic)).await;
+                    match verdict {
+                        Ok(Ok(Outcome::TopicCreated { .. })) => acknowledged.push(topic),
+                        // A retry of a creation whose first try committed.
+                        Ok(Err(ModelError::TopicExists { .. })) => {}
+                        other => panic!("creating {topic} failed: {other:?}"),
+                    }
+                }
+            }
+            acknowledged
+        }));
+    }
+    // Let the creators get going, then split while they run.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (kept, child) = cluster.broker(0).host.split_vnode(parent).await.unwrap();
+    assert_eq!(kept, parent);
+    assert_eq!(child, VnodeId(VNODES));
+    // Keep creating after the split so the new ring is used too.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Release);
+    let mut acknowledged = before.clone();
+    for creator in creators {
+        acknowledged.extend(creator.await.unwrap());
+    }
+    let moved = acknowledged.iter().filter(|t| upper.holds_topic(t)).count();
+    assert!(
+        moved > before.len() / 2,
+        "too few creations in the moving half: {moved}"
+    );
+
+    // Every host learns the new ring (the creators already hit the new
+    // arcs; a host that did not is refused and fetches it).
+    for broker in cluster.running() {
+        let ring = broker.host.refresh_ring().await.unwrap();
+        assert_eq!(ring.version(), 2);
+        assert_eq!(ring.vnode(parent).unwrap().arc, lower);
+        assert_eq!(ring.vnode(child).unwrap().arc, upper);
+    }
+    assert_eq!(cluster.broker(1).host.pending_split().await.unwrap(), None);
+    assert_found_everywhere(&cluster, &acknowledged).await;
+
+    // Each half holds exactly its topics and refuses the other's.
+    let host = &cluster.broker(2).host;
+    for topic in &acknowledged {
+        let (owner, other) = if upper.holds_topic(topic) {
+            (child, parent)
+        } else if lower.holds_topic(topic) {
+            (parent, child)
+        } else {
+            continue;
+        };
+        let refused = host
+            .propose_to(
+                other,
+                Command::SealTopic {
+                    topic: topic.clone(),
+                    at_ms: 9,
+                },
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(refused, Err(ModelError::WrongVnode { .. })),
+            "{other} served {topic} of {owner}: {refused:?}"
+        );
+    }
+    let again = host
+        .propose_to(parent, create(&topics_in(upper, "late", 1)[0]))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Err(ModelError::WrongVnode {
+            topic: topics_in(upper, "late", 1)[0].clone(),
+            arc: lower
+        })
+    );
+    // A second split of the same vnode is a new split, not a resumption.
+    let (_, grandchild) = cluster.broker(1).host.split_vnode(parent).await.unwrap();
+    assert_eq!(grandchild, VnodeId(VNODES + 1));
+    assert_found_everywhere(&cluster, &acknowledged).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_routed_by_the_pre_split_ring_is_refused_then_lands_on_the_child() {
+    let cluster = Cluster::start().await;
+    let old_ring = Ring::new(VNODES).unwrap();
+    let parent = VnodeId(2);
+    let (lower, upper) = old_ring.vnode(parent).unwrap().arc.halves().unwrap();
+    let (_, child) = cluster.broker(0).host.split_vnode(parent).await.unwrap();
+
+    let topic = topics_in(upper, "stale", 1).remove(0);
+    let host = &cluster.broker(1).host;
+    // Straight to the parent: refused, nothing applied.
+    let refused = host.propose_to(parent, create(&topic)).await.unwrap();
+    assert_eq!(
+        refused,
+        Err(ModelError::WrongVnode {
+            topic: topic.clone(),
+            arc: lower
+        })
+    );
+    // A broker routing by the ring from before the split sends it to the
+    // parent, is refused, re-reads the ring and lands on the child.
+    host.set_routing_ring(old_ring.clone());
+    let landed = host.propose(create(&topic)).await.unwrap();
+    assert!(
+        matches!(landed, Ok(Outcome::TopicCreated { .. })),
+        "{landed:?}"
+    );
+    // A stale reader is refused too rather than told "absent".
+    cluster.broker(2).host.set_routing_ring(old_ring);
+    assert!(
+        cluster
+            .broker(2)
+            .host
+            .describe(&topic)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // It lives on the child's replicas only.
+    for broker in cluster.running() {
+        if let Some(g) = broker.host.group(parent) {
+            assert!(g.read_local(|s| s.topic(&topic).is_none()));
+        }
+    }
+    let child_group = cluster
+        .running()
+        .find_map(|b| b.host.group(child))
+        .expect("some broker hosts the child");
+    eventually("the child applies the topic", || {
+        let g = child_group.clone();
+        let topic = topic.clone();
+        async move { g.read_local(|s| s.topic(&topic).is_some()) }
+    })
+    .await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_ring_survives_a_restart_of_every_host_and_a_stale_host_catches_up() {
+    let mut cluster = Cluster::start().await;
+    let parent = VnodeId(0);
+    let (lower, upper) = Ring::new(VNODES)
+        .unwrap()
+        .vnode(parent)
+        .unwrap()
+        .arc
+        .halves()
+        .unwrap();
+    let mut topics: Vec<String> = topics_in(upper, "early", 4);
+    topics.extend(topics_in(lower, "early-low", 2));
+    for topic in &topics {
+        create_through(cluster.broker(0), topic).await;
+    }
+    // Node 3 misses the split: its ring stays the first one on disk.
+    cluster.kill(2).await;
+    let (_, child) = cluster.broker(0).host.split_vnode(parent).await.unwrap();
+    let late = topics_in(upper, "late", 4);
+    for topic in &late {
+        create_through(cluster.broker(1), topic).await;
+    }
+    topics.extend(late.iter().cloned());
+
+    cluster.restart(2).await;
+    // Back with the old ring, it catches up in the background, opens its
+    // replica of the child and the child's log reaches it.
+    let stale = Arc::clone(&cluster.broker(2).host);
+    eventually("node 3 learns the split ring", || {
+        let host = Arc::clone(&stale);
+        async move { host.ring().version() == 2 }
+    })
+    .await;
+    eventually("node 3 replicates the child", || {
+        let host = Arc::clone(&stale);
+        let late = late.clone();
+        async move {
+            host.group(child)
+                .is_some_and(|g| g.read_local(|s| late.iter().all(|t| s.topic(t).is_some())))
+        }
+    })
+    .await;
+    assert_found_everywhere(&cluster, &topics).await;
+
+    // Every host stops and starts again: the ring is durable.
+    for i in 0..3 {
+        cluster.kill(i).await;
+    }
+    for i in 0..3 {
+        cluster.restart(i).await;
+    }
+    for broker in cluster.running() {
+        // From this broker's own disk, before any fetch.
+        let ring = broker.host.ring();
+        assert_eq!(ring.version(), 2, "node {}", broker.id);
+        assert_eq!(ring.vnode(child).unwrap().arc, upper);
+    }
+    let record = cluster.broker(1).host.ring_record().await.unwrap();
+    assert_eq!(record.ring.version(), 2);
+    assert_eq!(record.pending, None);
+    assert_found_everywhere(&cluster, &topics).await;
+    let owners: BTreeSet<VnodeId> = topics.iter().map(|t| record.ring.owner(t).id).collect();
+    assert_eq!(owners, BTreeSet::from([parent, child]));
+    cluster.stop().await;
+}
