@@ -20,13 +20,14 @@ use tracing::{info, warn};
 use crate::admin::{AdminActor, AdminArgs};
 use crate::clock::{Clock, SystemClock};
 use crate::config::BrokerConfig;
-use crate::coordinator::{CoordinatorActor, CoordinatorMsg};
+use crate::coordinator::CoordinatorMsg;
 use crate::error::BrokerError;
 use crate::listener::{AcceptorActor, AcceptorArgs};
+use crate::manager::ManagerActor;
 use crate::membership::SwimActor;
 use crate::node::{Fabric, NodeActor, node_server_spec};
-use crate::shared::Shared;
-use crate::vnode::VnodeActor;
+use crate::shared::{RaftEndpoint, Shared};
+use crate::vnode::VnodesActor;
 
 /// Bytes of OS randomness in a new cursor secret.
 const SECRET_BYTES: usize = 32;
@@ -113,6 +114,7 @@ fn open_fabric(
     config: &BrokerConfig,
     client_addr: SocketAddr,
     admin_addr: SocketAddr,
+    raft_addr: SocketAddr,
 ) -> Result<Fabric, BrokerError> {
     let settings = &config.membership;
     let swim_socket =
@@ -137,7 +139,7 @@ fn open_fabric(
         incarnation: 0,
         client_addr: advertised(client_addr, settings.advertise_ip),
         admin_addr: Some(advertised(admin_addr, settings.advertise_ip)),
-        raft_addr: None,
+        raft_addr: Some(raft_addr),
         cluster_addr: Some(advertised(cluster_bound, settings.advertise_ip)),
         attributes: config.attributes.clone(),
     };
@@ -222,21 +224,25 @@ fn build_tree(
         },
     );
 
-    let vnode_shared = Arc::clone(shared);
-    let coordinator_shared = Arc::clone(shared);
+    // The vnode replicas first, then the coordinator manager over them: the
+    // manager starts one `coordinator/<vnode>` per vnode led here, as
+    // dynamic children of its own supervisor.
+    let vnodes_shared = Arc::clone(shared);
+    let manager_shared = Arc::clone(shared);
     let coordinators =
         SupervisorArgs::new("coordinator_manager", Strategy::OneForOne).child(ChildSpec::worker(
-            "coordinator/0",
-            || CoordinatorActor,
-            move || Arc::clone(&coordinator_shared),
+            "manager",
+            || ManagerActor,
+            move || Arc::clone(&manager_shared),
         ));
+    let coordinators = published_supervisor(coordinators, shared, |s| &s.coordinator_sup, |_| {});
     let metadata = SupervisorArgs::new("metadata", Strategy::RestForOne)
         .child(ChildSpec::worker(
-            "vnode/0",
-            || VnodeActor,
-            move || Arc::clone(&vnode_shared),
+            "vnodes",
+            || VnodesActor,
+            move || Arc::clone(&vnodes_shared),
         ))
-        .child(ChildSpec::supervisor(coordinators));
+        .child(coordinators);
 
     let acceptor_args = AcceptorArgs {
         shared: Arc::clone(shared),
@@ -317,7 +323,30 @@ impl Broker {
         let admin = bind("admin port", config.admin_addr)?;
         let client_addr = client.local_addr().map_err(io_err(&data_dir))?;
         let admin_addr = admin.local_addr().map_err(io_err(&data_dir))?;
-        let fabric = open_fabric(&config, client_addr, admin_addr)?;
+        // The raft port is bound before membership starts, so the identity
+        // SWIM gossips carries it (ADR 0081).
+        let raft_bind = config
+            .cluster
+            .raft_listen_addr
+            .unwrap_or_else(|| SocketAddr::new(client_addr.ip(), 0));
+        let raft_listener = bind("raft port", raft_bind)?;
+        let raft_bound = raft_listener
+            .local_addr()
+            .map_err(|source| BrokerError::Bind {
+                what: "raft port",
+                addr: raft_bind,
+                source,
+            })?;
+        let raft_addr = advertised(raft_bound, config.membership.advertise_ip);
+        let raft = RaftEndpoint {
+            listener: raft_listener,
+            addr: raft_addr,
+            transport: Arc::new(malachi_cluster::group::TcpTransport::new(
+                malachi_cluster::group::TcpTransportConfig::new(config.node_id),
+            )),
+            server: parking_lot::Mutex::new(None),
+        };
+        let fabric = open_fabric(&config, client_addr, admin_addr, raft_addr)?;
         let shared = Arc::new(Shared::new(
             config,
             store,
@@ -327,6 +356,7 @@ impl Broker {
             admin_addr,
         ));
         let _ = shared.cluster.set(Arc::new(fabric));
+        let _ = shared.raft.set(Arc::new(raft));
         let tree = build_tree(&shared, client, admin);
         let (root, join) = SupervisorRef::spawn(tree).await?;
         *shared.root.write() = Some(root.clone());
@@ -343,6 +373,11 @@ impl BrokerHandle {
     /// The bound client port.
     pub fn client_addr(&self) -> SocketAddr {
         self.shared.client_addr
+    }
+
+    /// The address other brokers reach this broker's raft port on.
+    pub fn raft_addr(&self) -> Option<SocketAddr> {
+        self.shared.raft.get().map(|r| r.addr)
     }
 
     /// The bound admin HTTP port.

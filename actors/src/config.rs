@@ -116,6 +116,46 @@ impl MembershipSettings {
     }
 }
 
+/// Brokers a cluster may list in `cluster.nodes`.
+pub const CLUSTER_NODES_MAX: usize = 64;
+
+/// The metadata cluster: which brokers share the vnodes, how many vnodes
+/// there are and how many brokers replicate each (ADR 0081). Every broker
+/// of a cluster must be given the same `nodes`, `vnodes` and
+/// `replicas_per_vnode`: they decide each vnode's voters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// Every broker's node id, this one included. Empty: this broker alone.
+    pub nodes: Vec<u64>,
+    /// Where the raft transport listens; the client address's ip with a
+    /// free port if unset. Advertised to the others through SWIM.
+    pub raft_listen_addr: Option<SocketAddr>,
+    /// Vnodes on the ring (1 to 256). Unset: 16 with several brokers, 1 for
+    /// a lone broker (which gains nothing from more groups to fsync).
+    pub vnodes: Option<u32>,
+    /// Brokers per vnode group (all brokers when there are fewer).
+    pub replicas_per_vnode: usize,
+    /// How often the coordinator manager re-reads leadership even without an
+    /// event (the slow timer that catches what an event missed).
+    pub coordinator_poll_ms: u64,
+    /// How long one metadata request forwarded to a vnode leader may take.
+    pub forward_timeout_ms: u64,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings {
+            nodes: Vec::new(),
+            raft_listen_addr: None,
+            vnodes: None,
+            replicas_per_vnode: malachi_cluster::vnodes::REPLICAS_PER_VNODE_DEFAULT,
+            coordinator_poll_ms: 1_000,
+            forward_timeout_ms: 2_000,
+        }
+    }
+}
+
 /// Everything a single broker needs to start. Defaults serve a development
 /// broker on loopback.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,6 +202,8 @@ pub struct BrokerConfig {
     pub attributes: BTreeMap<String, String>,
     /// SWIM timers and the node fabric.
     pub membership: MembershipSettings,
+    /// The metadata cluster (vnodes, voters, the raft port).
+    pub cluster: ClusterSettings,
 }
 
 impl Default for BrokerConfig {
@@ -187,6 +229,7 @@ impl Default for BrokerConfig {
             seeds: Vec::new(),
             attributes: BTreeMap::new(),
             membership: MembershipSettings::default(),
+            cluster: ClusterSettings::default(),
         }
     }
 }
@@ -292,6 +335,43 @@ impl BrokerConfig {
                     .into(),
             );
         }
+        let nodes = self.cluster_nodes();
+        if nodes.len() > CLUSTER_NODES_MAX {
+            return bad(format!(
+                "cluster.nodes lists at most {CLUSTER_NODES_MAX} brokers"
+            ));
+        }
+        if nodes.contains(&0) {
+            return bad("cluster.nodes must hold positive node ids".into());
+        }
+        if !self.cluster.nodes.is_empty() && !self.cluster.nodes.contains(&self.node_id) {
+            return bad(format!(
+                "cluster.nodes {:?} must include this broker's node_id {}",
+                self.cluster.nodes, self.node_id
+            ));
+        }
+        let vnodes = self.vnode_count();
+        if vnodes == 0 || vnodes > malachi_cluster::ring::VNODES_MAX {
+            return bad(format!(
+                "cluster.vnodes must be between 1 and {}",
+                malachi_cluster::ring::VNODES_MAX
+            ));
+        }
+        if self.cluster.replicas_per_vnode == 0 {
+            return bad("cluster.replicas_per_vnode must be positive".into());
+        }
+        if self.cluster.coordinator_poll_ms == 0 || self.cluster.forward_timeout_ms == 0 {
+            return bad(
+                "cluster.coordinator_poll_ms and cluster.forward_timeout_ms must be positive"
+                    .into(),
+            );
+        }
+        if nodes.len() > 1 && self.metadata_backend == MetadataBackend::File {
+            return bad(
+                "metadata_backend = \"file\" serves a lone broker only; cluster.nodes lists several"
+                    .into(),
+            );
+        }
         // The identity codec's bounds: refuse at start what could not be gossiped.
         let probe = malachi_cluster::membership::NodeIdentity {
             node_id: self.node_id,
@@ -334,6 +414,30 @@ impl BrokerConfig {
             segment_bytes_max: self.segment_bytes_max,
             segment_age_ms: self.segment_age_ms,
         }
+    }
+
+    /// The brokers of the metadata cluster, sorted and without repeats: this
+    /// broker alone when `cluster.nodes` is empty.
+    pub fn cluster_nodes(&self) -> Vec<u64> {
+        let mut nodes = if self.cluster.nodes.is_empty() {
+            vec![self.node_id]
+        } else {
+            self.cluster.nodes.clone()
+        };
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
+    /// The vnode count of the ring (ADR 0081: 16 for a cluster, 1 alone).
+    pub fn vnode_count(&self) -> u32 {
+        self.cluster
+            .vnodes
+            .unwrap_or(if self.cluster_nodes().len() > 1 {
+                malachi_cluster::ring::VNODES_DEFAULT
+            } else {
+                1
+            })
     }
 
     /// Where this broker's last membership incarnation is kept.
@@ -396,6 +500,55 @@ mod tests {
                 .to_string()
                 .contains("probe_rtt_ms")
         );
+    }
+
+    #[test]
+    fn a_cluster_that_leaves_this_broker_out_or_has_too_many_vnodes_is_refused() {
+        let config = BrokerConfig {
+            node_id: 4,
+            cluster: ClusterSettings {
+                nodes: vec![1, 2, 3],
+                ..ClusterSettings::default()
+            },
+            ..BrokerConfig::default()
+        };
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("cluster.nodes")
+        );
+        let config = BrokerConfig {
+            cluster: ClusterSettings {
+                vnodes: Some(257),
+                ..ClusterSettings::default()
+            },
+            ..BrokerConfig::default()
+        };
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("cluster.vnodes")
+        );
+    }
+
+    #[test]
+    fn a_lone_broker_runs_one_vnode_and_a_cluster_sixteen() {
+        let alone = BrokerConfig::default();
+        assert_eq!(alone.cluster_nodes(), vec![1]);
+        assert_eq!(alone.vnode_count(), 1);
+        let three = BrokerConfig {
+            cluster: ClusterSettings {
+                nodes: vec![3, 1, 2, 1],
+                ..ClusterSettings::default()
+            },
+            ..BrokerConfig::default()
+        };
+        assert_eq!(three.cluster_nodes(), vec![1, 2, 3]);
+        assert_eq!(three.vnode_count(), 16);
     }
 
     #[test]

@@ -41,7 +41,7 @@ use tracing::{debug, warn};
 use crate::convert::{describe_to_wire, tree_to_wire};
 use crate::coordinator::{CoordError, CoordinatorMsg};
 use crate::fetch::{active_plans, active_segments, read_topic, tail_positions};
-use crate::metadata::{MetadataError, read};
+use crate::metadata::{MetadataError, read_owner};
 use crate::segment::{AppendError, SegmentMsg};
 use crate::shared::Shared;
 use crate::subscribe::{Subscriptions, credit, subscribe};
@@ -383,6 +383,9 @@ async fn handle_frame(shared: &Arc<Shared>, ctx: &ConnCtx, frame: RequestFrame) 
     };
     let request = match request {
         Request::Subscribe(req) => {
+            if let Err(redirect) = crate::placement::serve_here(shared, &req.topic).await {
+                return Some(redirect.reply(correlation_id));
+            }
             return subscribe(shared, ctx, correlation_id, req)
                 .err()
                 .map(|(code, message)| error_frame(correlation_id, code, message));
@@ -393,6 +396,18 @@ async fn handle_frame(shared: &Arc<Shared>, ctx: &ConnCtx, frame: RequestFrame) 
         }
         other => other,
     };
+    // Records are served by the broker hosting the topic's segments; any
+    // other broker answers `not_leader` with that broker's address.
+    let served = match &request {
+        Request::Produce(req) => Some(req.topic.as_str()),
+        Request::Fetch(req) => Some(req.topic.as_str()),
+        _ => None,
+    };
+    if let Some(topic) = served
+        && let Err(redirect) = crate::placement::serve_here(shared, topic).await
+    {
+        return Some(redirect.reply(correlation_id));
+    }
     let name = request.api_key().name();
     Some(encode_answer(
         correlation_id,
@@ -439,16 +454,14 @@ fn model_code(e: &ModelError) -> ErrorCode {
 fn coord_failure(e: CoordError) -> Failure {
     match &e {
         CoordError::Model(m) => (model_code(m), e.to_string()),
-        CoordError::Metadata(MetadataError::Shutdown | MetadataError::NotOpen) => {
-            (ErrorCode::ShuttingDown, e.to_string())
-        }
+        CoordError::Metadata(m) => (m.error_code(), e.to_string()),
         CoordError::Freeze { .. } => (ErrorCode::Busy, e.to_string()),
         _ => (ErrorCode::UnknownServerError, e.to_string()),
     }
 }
 
 fn not_serving(e: MetadataError) -> Failure {
-    (ErrorCode::ShuttingDown, e.to_string())
+    (e.error_code(), e.to_string())
 }
 
 async fn call_coordinator<R: Send + 'static>(
@@ -506,26 +519,26 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
             Ok(Response::DeleteTopic(wire::DeleteTopicResponse { name }))
         }
         Request::ListTopics(_) => {
+            // Every vnode's topics, each read from its leader.
             let plane = shared.plane().map_err(not_serving)?;
-            let topics = read(plane.as_ref(), |state| {
-                state
-                    .topics()
-                    .map(|t| wire::TopicListing {
-                        name: t.name.clone(),
-                        incarnation: t.incarnation.0,
-                        state: match t.state {
-                            TopicState::Active => "active".into(),
-                            TopicState::Sealed { .. } => "sealed".into(),
-                        },
-                        ranges_active: state.active_ranges(&t.name).count() as u32,
-                    })
-                    .collect()
-            });
+            let topics = plane
+                .list()
+                .await
+                .map_err(not_serving)?
+                .into_iter()
+                .map(|t| wire::TopicListing {
+                    name: t.name,
+                    incarnation: t.incarnation,
+                    state: if t.sealed { "sealed" } else { "active" }.into(),
+                    ranges_active: t.ranges_active,
+                })
+                .collect();
             Ok(Response::ListTopics(wire::ListTopicsResponse { topics }))
         }
         Request::DescribeTopic(req) => {
             let plane = shared.plane().map_err(not_serving)?;
-            let described = read(plane.as_ref(), |state| state.describe_topic(&req.name));
+            // Linearizable, from the leader of the topic's vnode.
+            let described = plane.describe(&req.name).await.map_err(not_serving)?;
             match described {
                 Some(d) => Ok(Response::DescribeTopic(wire::DescribeTopicResponse {
                     topic: describe_to_wire(&d),
@@ -653,7 +666,9 @@ async fn produce(
     }
     let total = records.len() as u32;
     let topic = req.topic;
-    let groups = read(plane.as_ref(), |state| route(state, &topic, records))?;
+    let groups = read_owner(plane.as_ref(), &topic, |state| {
+        route(state, &topic, records)
+    })?;
     let parts = groups.into_iter().map(|(range, records)| {
         let shared = Arc::clone(shared);
         let plane = Arc::clone(&plane);
@@ -668,9 +683,10 @@ async fn produce(
                 .collect();
             while let Some((range, chunk)) = pending.pop_front() {
                 if let Some(chunk) =
-                    append_chunk(&shared, plane.as_ref(), range, chunk, deadline).await?
+                    append_chunk(&shared, plane.as_ref(), &topic, range, chunk, deadline).await?
                 {
-                    let regrouped = read(plane.as_ref(), |state| route(state, &topic, chunk))?;
+                    let regrouped =
+                        read_owner(plane.as_ref(), &topic, |state| route(state, &topic, chunk))?;
                     for part in regrouped.into_iter().rev() {
                         pending.push_front(part);
                     }
@@ -718,6 +734,7 @@ fn route(
 async fn append_chunk(
     shared: &Arc<Shared>,
     plane: &dyn crate::metadata::MetadataPlane,
+    topic: &str,
     range: RangeId,
     records: Vec<Record>,
     deadline: Instant,
@@ -737,7 +754,7 @@ async fn append_chunk(
         if Instant::now() >= deadline {
             return Err(timeout());
         }
-        let active = read(plane, |state| {
+        let active = read_owner(plane, topic, |state| {
             state
                 .range(range)
                 .filter(|r| r.is_active())
@@ -808,7 +825,7 @@ async fn fetch(
     );
     loop {
         // Plans are cloned under the metadata lock; the disk is read without it.
-        let plans = read(plane.as_ref(), |state| active_plans(state, &topic));
+        let plans = read_owner(plane.as_ref(), &topic, |state| active_plans(state, &topic));
         let mut builder = BatchBuilder::with_capacity(batch_max, batch_max);
         let outcome = tokio::task::block_in_place(|| {
             read_topic(
@@ -865,7 +882,7 @@ pub(crate) fn start_positions(
     plane: &dyn crate::metadata::MetadataPlane,
     req: &wire::FetchRequest,
 ) -> Result<(u64, BTreeMap<RangeId, Position>), Failure> {
-    let checked = read(plane, |state| {
+    let checked = read_owner(plane, &req.topic, |state| {
         let Some(topic) = state.topic(&req.topic) else {
             return Err((
                 ErrorCode::TopicNotFound,

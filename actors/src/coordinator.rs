@@ -1,11 +1,20 @@
-//! `coordinator/0`: the business logic of the metadata plane.
+//! `coordinator/<vnode>`: the business logic of one vnode's metadata.
 //!
-//! Every metadata change goes through this one actor, so changes are
-//! serialized in one place: creating and deleting topics (replica set: this
-//! node), rolling segments (seal at the durable length the segment actor
-//! reports, open the next), and starting the segment actors that the
-//! metadata says this node must run (`Reconcile`, at start and after the
-//! storage supervisor restarts). Time comes from the broker's [`Clock`].
+//! The coordinator manager (`manager.rs`) runs one coordinator for each
+//! vnode this broker leads, and hands it every request for a topic of that
+//! vnode, so the vnode's changes made here are serialized in one place:
+//! creating and deleting topics, choosing where a topic's segments live,
+//! rolling segments (seal at the durable length the segment actor reports,
+//! open the next), split and merge. Its proposals go through the metadata
+//! plane, which lands them on the vnode's raft group.
+//!
+//! Placement, until the data plane replicates (a later issue): a topic's
+//! segments live on one broker, the broker that coordinated the request, if
+//! it is a voter of the topic's vnode (so it holds the metadata the data path
+//! reads locally), else the vnode's first voter. A roll keeps a range on the
+//! broker that hosts it. Whichever broker a segment is placed on starts its
+//! actor once its replica applies the change (`reconcile`, run by the
+//! manager on every applied change). Time comes from the broker's [`Clock`].
 
 use std::sync::Arc;
 
@@ -13,12 +22,13 @@ use malachi_cluster::model::{
     Command, MetadataState, ModelError, NodeId, Outcome, RangeId, SealRecord, SegmentId,
     SegmentState,
 };
+use malachi_cluster::ring::VnodeId;
 use malachi_storage::SegmentStore;
 use malachi_supervision::{ChildSpec, Restart, SupervisionError};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::{info, warn};
 
-use crate::metadata::{MetadataError, read};
+use crate::metadata::{MetadataError, read_owner};
 use crate::segment::{SegmentActor, SegmentArgs, SegmentMsg};
 use crate::shared::Shared;
 
@@ -66,8 +76,11 @@ pub(crate) enum CoordinatorMsg {
         range: RangeId,
         reply: RpcReplyPort<Result<(RangeId, RangeId, RangeId), CoordError>>,
     },
-    /// Start every active segment actor the metadata assigns to this node.
+    /// Start every active segment actor the metadata assigns to this node
+    /// and stop those of deleted topics (the manager's).
     Reconcile,
+    /// Start and stop coordinators as leadership changed (the manager's).
+    Replan,
 }
 impl ractor::Message for CoordinatorMsg {}
 
@@ -75,6 +88,7 @@ pub(crate) struct CoordinatorActor;
 
 pub(crate) struct CoordinatorState {
     shared: Arc<Shared>,
+    vnode: VnodeId,
 }
 
 /// The segment actor's name in the storage supervisor: stable and readable.
@@ -89,7 +103,7 @@ pub(crate) async fn start_segment(
     segment: SegmentId,
 ) -> Result<(), CoordError> {
     let plane = shared.plane()?;
-    let found = read(plane.as_ref(), |state: &MetadataState| {
+    let found = read_owner(plane.as_ref(), topic, |state: &MetadataState| {
         state
             .segment(segment)
             .map(|s| (s.range, s.start_offset, s.created_at_ms))
@@ -125,8 +139,74 @@ pub(crate) async fn start_segment(
 }
 
 impl CoordinatorState {
+    /// The logic of `vnode`'s coordinator, for the actor or for a request the
+    /// manager serves on a broker that does not lead the vnode.
+    pub(crate) fn new(shared: Arc<Shared>, vnode: VnodeId) -> CoordinatorState {
+        CoordinatorState { shared, vnode }
+    }
+
     fn node(&self) -> NodeId {
         NodeId(self.shared.config.node_id)
+    }
+
+    /// Where new segments of this vnode's topics go: this broker if it holds
+    /// a replica of the vnode (the data path reads it locally), else the
+    /// vnode's first voter. Deterministic for a given coordinating broker.
+    fn placement(&self) -> NodeId {
+        let Ok(plane) = self.shared.plane() else {
+            return self.node();
+        };
+        match plane.host() {
+            Some(host) => {
+                let voters = host.voters(self.vnode);
+                if voters.contains(&self.shared.config.node_id) {
+                    self.node()
+                } else {
+                    voters.first().copied().map_or(self.node(), NodeId)
+                }
+            }
+            None => self.node(),
+        }
+    }
+
+    /// Answers one request. Unexpected messages are dropped (the manager
+    /// handles `Reconcile` and `Replan` itself).
+    pub(crate) async fn serve(&self, msg: CoordinatorMsg) {
+        match msg {
+            CoordinatorMsg::CreateTopic {
+                name,
+                policy,
+                reply,
+            } => {
+                let _ = reply.send(self.create_topic(name, policy).await);
+            }
+            CoordinatorMsg::DeleteTopic { name, reply } => {
+                let _ = reply.send(self.delete_topic(name).await);
+            }
+            CoordinatorMsg::Roll {
+                topic,
+                segment,
+                seal,
+                reply,
+            } => {
+                let _ = reply.send(self.roll(topic, segment, seal).await);
+            }
+            CoordinatorMsg::Split {
+                topic,
+                range,
+                reply,
+            } => {
+                let _ = reply.send(self.split(topic, range).await);
+            }
+            CoordinatorMsg::Merge {
+                topic,
+                range,
+                reply,
+            } => {
+                let _ = reply.send(self.merge(topic, range).await);
+            }
+            CoordinatorMsg::Reconcile | CoordinatorMsg::Replan => {}
+        }
     }
 
     async fn create_topic(&self, name: String, policy: Option<String>) -> Result<u64, CoordError> {
@@ -136,7 +216,7 @@ impl CoordinatorState {
                 topic: name.clone(),
                 initial_ranges: 1,
                 policy,
-                replicas: vec![vec![self.node()]],
+                replicas: vec![vec![self.placement()]],
                 at_ms: self.shared.clock.now_ms(),
             })
             .await??;
@@ -148,10 +228,13 @@ impl CoordinatorState {
         else {
             return Err(CoordError::Unexpected(format!("{outcome:?}")));
         };
+        let placed = self.placement();
         for segment in segments {
-            start_segment(&self.shared, &name, segment).await?;
+            if placed == self.node() {
+                start_segment(&self.shared, &name, segment).await?;
+            }
         }
-        info!(topic = %name, incarnation = incarnation.0, "topic created");
+        info!(topic = %name, vnode = %self.vnode, node = placed.0, incarnation = incarnation.0, "topic created");
         Ok(incarnation.0)
     }
 
@@ -204,7 +287,9 @@ impl CoordinatorState {
         seal: SealRecord,
     ) -> Result<SegmentId, CoordError> {
         let plane = self.shared.plane()?;
-        let range = read(plane.as_ref(), |s| s.segment(segment).map(|s| s.range));
+        let range = read_owner(plane.as_ref(), &topic, |s| {
+            s.segment(segment).map(|s| s.range)
+        });
         let next = match plane
             .propose(Command::RollSegment {
                 topic: topic.clone(),
@@ -266,7 +351,7 @@ impl CoordinatorState {
 
     fn active_segment(&self, topic: &str, range: RangeId) -> Result<SegmentId, CoordError> {
         let plane = self.shared.plane()?;
-        read(plane.as_ref(), |state| {
+        read_owner(plane.as_ref(), topic, |state| {
             let found = state
                 .range(range)
                 .filter(|r| r.topic == topic)
@@ -360,7 +445,7 @@ impl CoordinatorState {
         range: RangeId,
     ) -> Result<(RangeId, RangeId, RangeId), CoordError> {
         let plane = self.shared.plane()?;
-        let pair = read(plane.as_ref(), |state| {
+        let pair = read_owner(plane.as_ref(), &topic, |state| {
             let found = state.range(range).filter(|r| r.topic == topic)?;
             let buddy_band = found.band.buddy()?;
             let buddy = state.active_ranges(&topic).find(|r| r.band == buddy_band)?;
@@ -428,61 +513,79 @@ impl CoordinatorState {
         info!(topic = %topic, lower = lower.0, upper = upper.0, merged = merged.0, "ranges merged");
         Ok((lower, upper, merged))
     }
+}
 
-    async fn reconcile(&self) -> Result<(), CoordError> {
-        let plane = self.shared.plane()?;
-        let node = self.node();
-        let wanted: Vec<(String, SegmentId)> = read(plane.as_ref(), |state| {
-            let mut wanted = Vec::new();
-            for topic in state.topics() {
-                for range in state.active_ranges(&topic.name) {
-                    let Some(id) = range.last_segment() else {
-                        continue;
-                    };
-                    if let Some(segment) = state.segment(id)
-                        && segment.state == SegmentState::Active
-                        && segment.replicas.contains(&node)
-                    {
-                        wanted.push((topic.name.clone(), id));
-                    }
+/// Starts every active segment actor the metadata assigns to this broker,
+/// over every replica it holds, and stops the actors of segments no replica
+/// knows any more (their topic was deleted, possibly by another broker's
+/// coordinator). Level-triggered: the manager runs it on every applied
+/// change, at start and after the storage supervisor restarts.
+pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
+    let plane = shared.plane()?;
+    let node = NodeId(shared.config.node_id);
+    let mut wanted: Vec<(String, SegmentId)> = Vec::new();
+    let running: Vec<SegmentId> = shared.segments.lock().keys().copied().collect();
+    let mut known: std::collections::BTreeSet<SegmentId> = std::collections::BTreeSet::new();
+    plane.view_each(&mut |state| {
+        known.extend(running.iter().filter(|id| state.segment(**id).is_some()));
+        for topic in state.topics() {
+            for range in state.active_ranges(&topic.name) {
+                let Some(id) = range.last_segment() else {
+                    continue;
+                };
+                if let Some(segment) = state.segment(id)
+                    && segment.state == SegmentState::Active
+                    && segment.replicas.contains(&node)
+                {
+                    wanted.push((topic.name.clone(), id));
                 }
             }
-            wanted
-        });
-        for (topic, segment) in wanted {
-            if self.shared.segment(segment).is_none() {
-                start_segment(&self.shared, &topic, segment).await?;
-            }
         }
-        Ok(())
+    });
+    for (topic, segment) in wanted {
+        if shared.segment(segment).is_none() {
+            start_segment(shared, &topic, segment).await?;
+        }
     }
+    let orphans: Vec<SegmentId> = running
+        .into_iter()
+        .filter(|id| !known.contains(id))
+        .collect();
+    let storage = shared.storage.read().clone();
+    if !orphans.is_empty()
+        && let Some(storage) = storage
+        && let Ok(snapshot) = storage.snapshot().await
+    {
+        for segment in orphans {
+            let suffix = format!("/{}", segment.0);
+            for child in &snapshot.children {
+                if child.name.starts_with("segment/") && child.name.ends_with(&suffix) {
+                    info!(segment = %child.name, "stopping the actor of a deleted segment");
+                    let _ = storage.terminate_child(&child.name).await;
+                }
+            }
+            shared.segments.lock().remove(&segment);
+        }
+    }
+    Ok(())
 }
 
 #[ractor::async_trait]
 impl Actor for CoordinatorActor {
     type Msg = CoordinatorMsg;
     type State = CoordinatorState;
-    type Arguments = Arc<Shared>;
+    type Arguments = (Arc<Shared>, VnodeId);
 
     async fn pre_start(
         &self,
         myself: ActorRef<CoordinatorMsg>,
-        shared: Arc<Shared>,
+        (shared, vnode): (Arc<Shared>, VnodeId),
     ) -> Result<CoordinatorState, ActorProcessingErr> {
-        // The vnode actor started before this one (rest_for_one order).
+        // The vnodes actor started before the manager (rest_for_one order).
         shared.plane()?;
-        *shared.coordinator.write() = Some(myself);
-        Ok(CoordinatorState { shared })
-    }
-
-    async fn post_start(
-        &self,
-        myself: ActorRef<CoordinatorMsg>,
-        _state: &mut CoordinatorState,
-    ) -> Result<(), ActorProcessingErr> {
-        // Through the mailbox, so the supervisors above finish starting first.
-        myself.send_message(CoordinatorMsg::Reconcile)?;
-        Ok(())
+        shared.coordinators.write().insert(vnode, myself);
+        info!(%vnode, "coordinator started");
+        Ok(CoordinatorState::new(shared, vnode))
     }
 
     async fn handle(
@@ -491,54 +594,25 @@ impl Actor for CoordinatorActor {
         msg: CoordinatorMsg,
         state: &mut CoordinatorState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            CoordinatorMsg::CreateTopic {
-                name,
-                policy,
-                reply,
-            } => {
-                let _ = reply.send(state.create_topic(name, policy).await);
-            }
-            CoordinatorMsg::DeleteTopic { name, reply } => {
-                let _ = reply.send(state.delete_topic(name).await);
-            }
-            CoordinatorMsg::Roll {
-                topic,
-                segment,
-                seal,
-                reply,
-            } => {
-                let _ = reply.send(state.roll(topic, segment, seal).await);
-            }
-            CoordinatorMsg::Split {
-                topic,
-                range,
-                reply,
-            } => {
-                let _ = reply.send(state.split(topic, range).await);
-            }
-            CoordinatorMsg::Merge {
-                topic,
-                range,
-                reply,
-            } => {
-                let _ = reply.send(state.merge(topic, range).await);
-            }
-            CoordinatorMsg::Reconcile => {
-                // A failed reconcile is a failure of this actor: the
-                // supervisor restarts it, which reconciles again.
-                state.reconcile().await?;
-            }
-        }
+        state.serve(msg).await;
         Ok(())
     }
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<CoordinatorMsg>,
+        myself: ActorRef<CoordinatorMsg>,
         state: &mut CoordinatorState,
     ) -> Result<(), ActorProcessingErr> {
-        *state.shared.coordinator.write() = None;
+        let mut coordinators = state.shared.coordinators.write();
+        // A restarted successor may have registered already: remove only
+        // this actor's own entry.
+        if coordinators
+            .get(&state.vnode)
+            .is_some_and(|c| c.get_id() == myself.get_id())
+        {
+            coordinators.remove(&state.vnode);
+        }
+        info!(vnode = %state.vnode, "coordinator stopped");
         Ok(())
     }
 }

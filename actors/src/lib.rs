@@ -3,9 +3,10 @@
 //! [`Broker::start`] builds the tree of the design's `layout.md` on
 //! `malachi-supervision`: a root `broker` supervisor over `storage` (one
 //! segment actor per open segment copy of a shared `FileStore`), `metadata`
-//! (the `vnode/0` actor owning the metadata raft group with this broker as
-//! its single voter, then the coordinator that carries topic, roll, split
-//! and merge logic), `listener` (an acceptor and one temporary actor per
+//! (the `vnodes` actor owning this broker's vnode replicas, each an openraft
+//! group, and the raft port; then the coordinator manager, which runs a
+//! `coordinator/<vnode>` carrying topic, roll, split and merge logic for
+//! each vnode this broker leads), `listener` (an acceptor and one temporary actor per
 //! client connection) and `admin_http` (health, readiness, Prometheus
 //! metrics and the live tree as JSON). The produce path runs connection,
 //! then the key's range's active segment actor, then the store's group
@@ -32,10 +33,12 @@ mod coordinator;
 mod error;
 mod fetch;
 mod listener;
+mod manager;
 mod membership;
 mod metadata;
 mod metrics;
 mod node;
+mod placement;
 mod segment;
 mod shared;
 mod subscribe;
@@ -44,11 +47,12 @@ mod vnode;
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
-    BrokerConfig, DEV_CLUSTER_COOKIE, MembershipSettings, MetadataBackend, StoreSettings,
+    BrokerConfig, ClusterSettings, DEV_CLUSTER_COOKIE, MembershipSettings, MetadataBackend,
+    StoreSettings,
 };
 pub use convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use error::BrokerError;
 pub use malachi_cluster::membership::{
     Member, MemberEvent, MemberEventKind, MemberState, Membership, MembershipView, VnodeLeader,
 };
-pub use metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane};
+pub use metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane, VnodePlane};

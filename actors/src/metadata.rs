@@ -1,21 +1,27 @@
 //! The metadata plane: where topics, ranges and segments live.
 //!
-//! The broker talks to metadata only through [`MetadataPlane`], so the
-//! openraft-backed group ([`RaftPlane`] over
-//! `malachi_cluster::group::MetadataGroup`, the default) and the
-//! single-node file-backed plane ([`FilePlane`]) are interchangeable
-//! (ADR 0060).
-//! Both apply the same deterministic model (`MetadataState::apply`): a refused
+//! The broker talks to metadata only through [`MetadataPlane`] (ADR 0060,
+//! ADR 0081). Metadata is sharded by topic into vnodes (ADR 0080): the
+//! default plane, [`VnodePlane`], routes every topic-level operation through
+//! `malachi_cluster::vnodes::VnodeHost` to the vnode that owns the topic,
+//! wherever its leader is, and reads the local replica of that vnode for the
+//! data path. A lone broker runs the same plane with one vnode and one voter.
+//! [`FilePlane`] (one state, a snapshot file per command) and [`RaftPlane`]
+//! (one group, one voter) remain as single-state planes.
+//! All apply the same deterministic model (`MetadataState::apply`): a refused
 //! command leaves the state unchanged, an accepted one is durable before
 //! `propose` returns.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use malachi_cluster::group::{GroupConfig, GroupError, MetadataGroup};
-use malachi_cluster::model::{Command, MetadataState, ModelError, Outcome};
+use malachi_cluster::model::{Command, MetadataState, ModelError, Outcome, TopicDescription};
+use malachi_cluster::ring::VnodeId;
+use malachi_cluster::vnodes::broker_api::{TopicSummary, summarize};
+use malachi_cluster::vnodes::{RouteError, VnodeHost};
 use parking_lot::RwLock;
 use tokio::sync::{Mutex, watch};
 
@@ -32,6 +38,10 @@ pub enum MetadataError {
     NotOpen,
     #[error("metadata group error: {reason}")]
     Group { reason: String, fatal: bool },
+    /// No leader of the topic's vnode answered in time (an election, a
+    /// partition): the request may be retried.
+    #[error("metadata unavailable: {reason}")]
+    Unavailable { reason: String },
 }
 
 impl From<GroupError> for MetadataError {
@@ -46,31 +56,81 @@ impl From<GroupError> for MetadataError {
     }
 }
 
-/// A linearizable, durable metadata store applying the cluster model.
+impl From<RouteError> for MetadataError {
+    fn from(e: RouteError) -> MetadataError {
+        match e {
+            RouteError::Stopped => MetadataError::Shutdown,
+            RouteError::Unavailable { .. } => MetadataError::Unavailable {
+                reason: e.to_string(),
+            },
+            RouteError::Unroutable | RouteError::Failed { .. } => MetadataError::Group {
+                reason: e.to_string(),
+                fatal: false,
+            },
+        }
+    }
+}
+
+impl MetadataError {
+    /// The wire error a client gets for this failure.
+    pub fn error_code(&self) -> malachi_wire::error::ErrorCode {
+        use malachi_wire::error::ErrorCode;
+        match self {
+            MetadataError::Shutdown | MetadataError::NotOpen => ErrorCode::ShuttingDown,
+            MetadataError::Unavailable { .. } => ErrorCode::NoQuorum,
+            _ => ErrorCode::UnknownServerError,
+        }
+    }
+}
+
+/// A model verdict: the accepted outcome or the model's refusal.
+pub type Verdict = Result<Outcome, ModelError>;
+
+/// A linearizable, durable metadata store applying the cluster model,
+/// sharded by topic.
 #[async_trait::async_trait]
 pub trait MetadataPlane: Send + Sync + std::fmt::Debug {
-    /// Applies a command; returns once it is durable. The inner result is the
-    /// model's own answer (a refusal leaves the state unchanged).
-    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, MetadataError>;
-    /// Runs `f` over the current applied state (a local, possibly stale read
-    /// on a follower; on the single voter it is current).
-    fn view(&self, f: &mut dyn FnMut(&MetadataState));
-    /// Bumped after every applied command.
+    /// Applies a command on the vnode that owns its topic; returns once it
+    /// is durable. The inner result is the model's own answer (a refusal
+    /// leaves the state unchanged).
+    async fn propose(&self, cmd: Command) -> Result<Verdict, MetadataError>;
+    /// Runs `f` over this broker's replica of the vnode owning `topic` (a
+    /// local, possibly stale read on a follower; an empty state when this
+    /// broker holds no replica of that vnode). `f` is called exactly once.
+    fn view_topic(&self, topic: &str, f: &mut dyn FnMut(&MetadataState));
+    /// Runs `f` over every replica this broker holds.
+    fn view_each(&self, f: &mut dyn FnMut(&MetadataState));
+    /// A linearizable description of `topic` from its vnode's leader.
+    async fn describe(&self, topic: &str) -> Result<Option<TopicDescription>, MetadataError>;
+    /// Every topic of every vnode, each vnode read from its leader, in
+    /// name order.
+    async fn list(&self) -> Result<Vec<TopicSummary>, MetadataError>;
+    /// The vnode that owns `topic`.
+    fn vnode_of(&self, topic: &str) -> VnodeId;
+    /// The vnode host, for planes that shard over vnodes.
+    fn host(&self) -> Option<&Arc<VnodeHost>> {
+        None
+    }
+    /// Bumped after every command applied on any local replica.
     fn subscribe(&self) -> watch::Receiver<u64>;
     /// Stops the plane; later proposals fail with `Shutdown`.
     async fn shutdown(&self) -> Result<(), MetadataError>;
 }
 
-/// Reads the state through a plane, returning a value.
-pub fn read<R>(plane: &dyn MetadataPlane, f: impl FnOnce(&MetadataState) -> R) -> R {
+/// Reads the local replica owning `topic` through a plane, returning a value.
+pub fn read_owner<R>(
+    plane: &dyn MetadataPlane,
+    topic: &str,
+    f: impl FnOnce(&MetadataState) -> R,
+) -> R {
     let mut f = Some(f);
     let mut out = None;
-    plane.view(&mut |state| {
+    plane.view_topic(topic, &mut |state| {
         if let Some(f) = f.take() {
             out = Some(f(state));
         }
     });
-    // `view` calls the closure exactly once; both planes here guarantee it.
+    // `view_topic` calls the closure exactly once; every plane here does.
     match out {
         Some(out) => out,
         None => unreachable_view(),
@@ -80,6 +140,100 @@ pub fn read<R>(plane: &dyn MetadataPlane, f: impl FnOnce(&MetadataState) -> R) -
 #[cold]
 fn unreachable_view() -> ! {
     panic!("a metadata plane's view did not call its closure")
+}
+
+/// The state a broker without a replica of a vnode reads: no topics.
+static EMPTY_STATE: LazyLock<MetadataState> = LazyLock::new(MetadataState::new);
+
+/// The plane of a broker in a vnode cluster (a lone broker is a cluster of
+/// one): proposals, describes and lists are routed by `VnodeHost` to each
+/// vnode's leader; the data path reads local replicas.
+#[derive(Debug)]
+pub struct VnodePlane {
+    host: Arc<VnodeHost>,
+    version: watch::Sender<u64>,
+    /// One task per hosted group, turning its applied index into `version`.
+    watchers: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl VnodePlane {
+    /// Wraps an open host. Needs a tokio runtime (it spawns the watchers).
+    pub fn new(host: Arc<VnodeHost>) -> VnodePlane {
+        let (version, _) = watch::channel(0u64);
+        let mut watchers = Vec::new();
+        for group in host.registry().all() {
+            let mut applied = group.subscribe();
+            let version = version.clone();
+            watchers.push(tokio::spawn(async move {
+                while applied.changed().await.is_ok() {
+                    version.send_modify(|v| *v = v.wrapping_add(1));
+                }
+            }));
+        }
+        VnodePlane {
+            host,
+            version,
+            watchers: parking_lot::Mutex::new(watchers),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl MetadataPlane for VnodePlane {
+    async fn propose(&self, cmd: Command) -> Result<Verdict, MetadataError> {
+        Ok(self.host.propose(cmd).await?)
+    }
+
+    fn view_topic(&self, topic: &str, f: &mut dyn FnMut(&MetadataState)) {
+        let vnode = self.host.ring().owner(topic).id;
+        match self.host.group(vnode) {
+            Some(group) => group.read_local(|state| f(state)),
+            None => f(&EMPTY_STATE),
+        }
+    }
+
+    fn view_each(&self, f: &mut dyn FnMut(&MetadataState)) {
+        for group in self.host.registry().all() {
+            group.read_local(|state| f(state));
+        }
+    }
+
+    async fn describe(&self, topic: &str) -> Result<Option<TopicDescription>, MetadataError> {
+        Ok(self.host.describe(topic).await?)
+    }
+
+    async fn list(&self) -> Result<Vec<TopicSummary>, MetadataError> {
+        let vnodes: Vec<VnodeId> = self.host.ring().vnodes().map(|v| v.id).collect();
+        // Every vnode at once: a list costs one round trip, not one per vnode.
+        let lists =
+            futures::future::join_all(vnodes.into_iter().map(|v| self.host.list_vnode(v))).await;
+        let mut topics = Vec::new();
+        for list in lists {
+            topics.extend(list?);
+        }
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(topics)
+    }
+
+    fn vnode_of(&self, topic: &str) -> VnodeId {
+        self.host.ring().owner(topic).id
+    }
+
+    fn host(&self) -> Option<&Arc<VnodeHost>> {
+        Some(&self.host)
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    async fn shutdown(&self) -> Result<(), MetadataError> {
+        for watcher in self.watchers.lock().drain(..) {
+            watcher.abort();
+        }
+        self.host.shutdown().await;
+        Ok(())
+    }
 }
 
 /// A single-voter plane that keeps the applied state in memory and persists a
@@ -148,7 +302,7 @@ impl FilePlane {
 
 #[async_trait::async_trait]
 impl MetadataPlane for FilePlane {
-    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, MetadataError> {
+    async fn propose(&self, cmd: Command) -> Result<Verdict, MetadataError> {
         // One proposal at a time: the lock is the single voter's log order.
         let shut = self.propose_lock.lock().await;
         if *shut {
@@ -166,9 +320,26 @@ impl MetadataPlane for FilePlane {
         Ok(Ok(outcome))
     }
 
-    fn view(&self, f: &mut dyn FnMut(&MetadataState)) {
+    fn view_topic(&self, _topic: &str, f: &mut dyn FnMut(&MetadataState)) {
         let state = Arc::clone(&self.state.read());
         f(&state);
+    }
+
+    fn view_each(&self, f: &mut dyn FnMut(&MetadataState)) {
+        let state = Arc::clone(&self.state.read());
+        f(&state);
+    }
+
+    async fn describe(&self, topic: &str) -> Result<Option<TopicDescription>, MetadataError> {
+        Ok(self.state.read().describe_topic(topic))
+    }
+
+    async fn list(&self) -> Result<Vec<TopicSummary>, MetadataError> {
+        Ok(summarize(&self.state.read()))
+    }
+
+    fn vnode_of(&self, _topic: &str) -> VnodeId {
+        VnodeId(0)
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {
@@ -209,12 +380,29 @@ impl RaftPlane {
 
 #[async_trait::async_trait]
 impl MetadataPlane for RaftPlane {
-    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, MetadataError> {
+    async fn propose(&self, cmd: Command) -> Result<Verdict, MetadataError> {
         Ok(self.group.propose(cmd).await?)
     }
 
-    fn view(&self, f: &mut dyn FnMut(&MetadataState)) {
+    fn view_topic(&self, _topic: &str, f: &mut dyn FnMut(&MetadataState)) {
         self.group.read_local(|state| f(state));
+    }
+
+    fn view_each(&self, f: &mut dyn FnMut(&MetadataState)) {
+        self.group.read_local(|state| f(state));
+    }
+
+    async fn describe(&self, topic: &str) -> Result<Option<TopicDescription>, MetadataError> {
+        let topic = topic.to_owned();
+        Ok(self.group.read(move |s| s.describe_topic(&topic)).await?)
+    }
+
+    async fn list(&self) -> Result<Vec<TopicSummary>, MetadataError> {
+        Ok(self.group.read(summarize).await?)
+    }
+
+    fn vnode_of(&self, _topic: &str) -> VnodeId {
+        VnodeId(0)
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {
@@ -247,7 +435,9 @@ mod tests {
         plane.propose(create("orders")).await.unwrap().unwrap();
         drop(plane);
         let plane = FilePlane::open(dir.path()).unwrap();
-        assert!(read(&plane, |s| s.topic("orders").is_some()));
+        assert!(read_owner(&plane, "orders", |s| s
+            .topic("orders")
+            .is_some()));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,7 +456,9 @@ mod tests {
         plane.propose(create("orders")).await.unwrap().unwrap();
         plane.shutdown().await.unwrap();
         let plane = RaftPlane::open_single(0, 1, dir.path()).await.unwrap();
-        assert!(read(&plane, |s| s.topic("orders").is_some()));
+        assert!(read_owner(&plane, "orders", |s| s
+            .topic("orders")
+            .is_some()));
         plane.shutdown().await.unwrap();
     }
 

@@ -3,13 +3,15 @@
 //! notifiers and metrics. One `Shared` per broker, never process-global, so
 //! several brokers share a test process.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use malachi_cluster::cursor::CursorKey;
+use malachi_cluster::group::{TcpTransport, TransportServer};
 use malachi_cluster::model::SegmentId;
+use malachi_cluster::ring::VnodeId;
 use malachi_storage::FileStore;
 use malachi_supervision::{BoundedRef, SupervisorRef};
 use parking_lot::{Mutex, RwLock};
@@ -23,6 +25,20 @@ use crate::coordinator::CoordinatorMsg;
 use crate::metadata::{MetadataError, MetadataPlane};
 use crate::metrics::BrokerMetrics;
 use crate::segment::SegmentMsg;
+
+/// This broker's end of the raft transport: the listener bound at start
+/// (before membership, so the identity can carry its address), the address
+/// peers reach it on, and the client side shared by every vnode group.
+#[derive(Debug)]
+pub(crate) struct RaftEndpoint {
+    pub listener: Arc<std::net::TcpListener>,
+    pub addr: SocketAddr,
+    pub transport: Arc<TcpTransport>,
+    /// The server of the current `vnodes` actor; a crashed predecessor's is
+    /// still here (post_stop does not run after a failure) and is stopped
+    /// before a new one serves the same listener.
+    pub server: Mutex<Option<Arc<TransportServer>>>,
+}
 
 /// The live actor of one open segment.
 #[derive(Debug, Clone)]
@@ -40,7 +56,15 @@ pub(crate) struct Shared {
     pub client_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub plane: RwLock<Option<Arc<dyn MetadataPlane>>>,
+    /// The coordinator manager: the front door of every coordinator request
+    /// on this broker (it hands each to the coordinator of the topic's vnode).
     pub coordinator: RwLock<Option<ActorRef<CoordinatorMsg>>>,
+    /// The coordinator of each vnode this broker leads, registered by the
+    /// coordinator itself while it runs.
+    pub coordinators: RwLock<BTreeMap<VnodeId, ActorRef<CoordinatorMsg>>>,
+    /// The `coordinator_manager` supervisor, which the manager adds
+    /// coordinators to.
+    pub coordinator_sup: RwLock<Option<SupervisorRef>>,
     pub root: RwLock<Option<SupervisorRef>>,
     pub storage: RwLock<Option<SupervisorRef>>,
     pub listener: RwLock<Option<SupervisorRef>>,
@@ -57,6 +81,8 @@ pub(crate) struct Shared {
     pub connection_inflight_peak: AtomicUsize,
     /// Membership and the node fabric, set once at broker start.
     pub cluster: std::sync::OnceLock<Arc<crate::node::Fabric>>,
+    /// The raft transport's endpoint, set once at broker start.
+    pub raft: std::sync::OnceLock<Arc<RaftEndpoint>>,
 }
 
 impl Shared {
@@ -79,6 +105,8 @@ impl Shared {
             admin_addr,
             plane: RwLock::new(None),
             coordinator: RwLock::new(None),
+            coordinators: RwLock::new(BTreeMap::new()),
+            coordinator_sup: RwLock::new(None),
             root: RwLock::new(None),
             storage: RwLock::new(None),
             listener: RwLock::new(None),
@@ -90,6 +118,7 @@ impl Shared {
             requests_inflight: AtomicUsize::new(0),
             connection_inflight_peak: AtomicUsize::new(0),
             cluster: std::sync::OnceLock::new(),
+            raft: std::sync::OnceLock::new(),
         }
     }
 

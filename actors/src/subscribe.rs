@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use crate::connection::{ConnCtx, Failure, Outbound, Reply, error_frame, start_positions};
 use crate::fetch::{active_plans, read_topic};
-use crate::metadata::read;
+use crate::metadata::read_owner;
 use crate::shared::Shared;
 
 /// Subscriptions one connection may hold at once.
@@ -240,7 +240,7 @@ impl PushTask {
             let Ok(plane) = self.shared.plane() else {
                 break;
             };
-            let alive = read(plane.as_ref(), |state| {
+            let alive = read_owner(plane.as_ref(), &self.topic, |state| {
                 state
                     .topic(&self.topic)
                     .is_some_and(|t| t.incarnation.0 == self.incarnation)
@@ -256,7 +256,9 @@ impl PushTask {
             }
             let mut pushed = false;
             if records_credit > 0 && bytes_credit > 0 {
-                let plans = read(plane.as_ref(), |state| active_plans(state, &self.topic));
+                let plans = read_owner(plane.as_ref(), &self.topic, |state| {
+                    active_plans(state, &self.topic)
+                });
                 let read_with = |records_max: u32, batch_max: usize| {
                     let mut builder = BatchBuilder::with_capacity(batch_max, batch_max);
                     tokio::task::block_in_place(|| {

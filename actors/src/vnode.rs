@@ -1,71 +1,184 @@
-//! `vnode/0`: the actor that owns this broker's metadata group replica.
+//! `vnodes`: the actor that owns this broker's vnode replicas (ADR 0081).
 //!
-//! It opens the plane in `pre_start` (so the coordinator, started after it
-//! under the `rest_for_one` metadata supervisor, always finds it open),
-//! publishes it to the broker's shared state, and shuts it down on a graceful
-//! stop. If it fails, `rest_for_one` restarts the coordinator after it too.
+//! In `pre_start` it opens a `VnodeHost` (the replica of every vnode whose
+//! voters include this broker, each an openraft group under
+//! `data_dir/metadata/vnode-<id>`), serves the raft port with it, keeps the
+//! transport's peer addresses current from membership, and publishes the
+//! plane to the broker's shared state, so the coordinator manager, started
+//! after it under the `rest_for_one` metadata supervisor, always finds it
+//! open. It shuts all of it down on a graceful stop. If it fails,
+//! `rest_for_one` restarts the coordinator manager after it too.
+//!
+//! With `metadata_backend = "file"` (a lone broker only) it opens a
+//! `FilePlane` instead and serves no raft.
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use malachi_cluster::group::{RpcService, TransportServer};
+use malachi_cluster::vnodes::broker_api::FORWARD_LIST_API_KEY;
+use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_wire::error::ErrorCode;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tracing::info;
+use tokio::task::JoinHandle;
+use tracing::{debug, info};
 
 use crate::config::MetadataBackend;
-use crate::metadata::{FilePlane, MetadataPlane, RaftPlane};
-
-/// The single vnode's raft group id.
-const VNODE_GROUP_ID: u64 = 0;
+use crate::metadata::{FilePlane, MetadataPlane, VnodePlane};
 use crate::shared::Shared;
 
-pub(crate) struct VnodeActor;
+pub(crate) struct VnodesActor;
 
 #[derive(Debug)]
-pub(crate) enum VnodeMsg {}
-impl ractor::Message for VnodeMsg {}
+pub(crate) enum VnodesMsg {}
+impl ractor::Message for VnodesMsg {}
 
-pub(crate) struct VnodeState {
+pub(crate) struct VnodesState {
     shared: Arc<Shared>,
     plane: Arc<dyn MetadataPlane>,
+    server: Option<Arc<TransportServer>>,
+    peers: Option<JoinHandle<()>>,
+}
+
+/// What the raft port serves: the host's raft and forwarding keys, plus
+/// the forwarded topic list (key 212), which `VnodeHost` serves through its
+/// broker api.
+#[derive(Debug)]
+struct BrokerRpc {
+    host: Arc<VnodeHost>,
+}
+
+#[async_trait::async_trait]
+impl RpcService for BrokerRpc {
+    async fn serve(
+        &self,
+        api_key: u16,
+        group_id: u64,
+        body: Bytes,
+    ) -> Result<Vec<u8>, (ErrorCode, String)> {
+        if api_key == FORWARD_LIST_API_KEY {
+            return self.host.serve_list(group_id).await;
+        }
+        self.host.serve(api_key, group_id, body).await
+    }
+}
+
+/// Keeps the transport's peer addresses equal to the raft addresses the
+/// cluster's brokers gossip. A restarted broker gossips a new incarnation
+/// with its new raft port, and `set_peer` reconnects to it.
+fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandle<()>> {
+    let fabric = crate::node::fabric(shared)?;
+    let mut view = fabric.membership.watch();
+    let host = Arc::clone(host);
+    Some(tokio::spawn(async move {
+        loop {
+            let learned: Vec<(u64, std::net::SocketAddr)> = view
+                .borrow_and_update()
+                .all()
+                .filter(|m| m.node_id != host.node_id() && host.nodes().contains(&m.node_id))
+                .filter_map(|m| m.raft_addr.map(|addr| (m.node_id, addr)))
+                .collect();
+            for (node, addr) in learned {
+                let known = host.transport().peers().contains(&(node, addr));
+                if !known {
+                    debug!(node, %addr, "raft peer address learned");
+                    host.transport().set_peer(node, addr);
+                }
+            }
+            if view.changed().await.is_err() {
+                break;
+            }
+        }
+    }))
 }
 
 #[ractor::async_trait]
-impl Actor for VnodeActor {
-    type Msg = VnodeMsg;
-    type State = VnodeState;
+impl Actor for VnodesActor {
+    type Msg = VnodesMsg;
+    type State = VnodesState;
     type Arguments = Arc<Shared>;
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<VnodeMsg>,
+        _myself: ActorRef<VnodesMsg>,
         shared: Arc<Shared>,
-    ) -> Result<VnodeState, ActorProcessingErr> {
-        // A crashed predecessor left its plane published (post_stop does not
-        // run after a failure): stop it before reopening the same files, so
-        // two raft nodes never share one log.
+    ) -> Result<VnodesState, ActorProcessingErr> {
+        // A crashed predecessor left its plane and raft server published
+        // (post_stop does not run after a failure): stop them before
+        // reopening the same files, so two raft nodes never share one log.
         let stale = shared.plane.write().take();
         if let Some(stale) = stale {
             let _ = stale.shutdown().await;
         }
-        let dir = shared.config.data_dir.join("metadata");
-        let plane: Arc<dyn MetadataPlane> = match shared.config.metadata_backend {
-            MetadataBackend::Raft => {
-                Arc::new(RaftPlane::open_single(VNODE_GROUP_ID, shared.config.node_id, &dir).await?)
+        let raft = shared.raft.get().cloned();
+        if let Some(raft) = &raft {
+            let stale = raft.server.lock().take();
+            if let Some(stale) = stale {
+                stale.shutdown().await;
             }
-            MetadataBackend::File => {
-                Arc::new(tokio::task::block_in_place(|| FilePlane::open(&dir))?)
+        }
+        let dir = shared.config.data_dir.join("metadata");
+        let config = &shared.config;
+        let (plane, server, peers): (Arc<dyn MetadataPlane>, _, _) = match config.metadata_backend {
+            MetadataBackend::File => (
+                Arc::new(tokio::task::block_in_place(|| FilePlane::open(&dir))?),
+                None,
+                None,
+            ),
+            MetadataBackend::Raft => {
+                let raft = raft.ok_or("the raft endpoint is not set up")?;
+                let mut host_config =
+                    VnodeHostConfig::new(config.node_id, config.cluster_nodes(), dir.clone());
+                host_config.vnode_count = config.vnode_count();
+                host_config.replicas_per_vnode = config.cluster.replicas_per_vnode;
+                host_config.forward_timeout_ms = config.cluster.forward_timeout_ms;
+                let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
+                let listener = raft.listener.try_clone()?;
+                listener.set_nonblocking(true)?;
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                let service: Arc<dyn RpcService> = Arc::new(BrokerRpc {
+                    host: Arc::clone(&host),
+                });
+                let server = Arc::new(TransportServer::start(
+                    listener,
+                    service,
+                    malachi_cluster::group::TcpTransportConfig::new(config.node_id).frame_bytes_max,
+                )?);
+                *raft.server.lock() = Some(Arc::clone(&server));
+                let peers = follow_peers(&shared, &host);
+                (Arc::new(VnodePlane::new(host)), Some(server), peers)
             }
         };
         *shared.plane.write() = Some(Arc::clone(&plane));
-        info!(dir = %dir.display(), "metadata plane open");
-        Ok(VnodeState { shared, plane })
+        info!(
+            dir = %dir.display(),
+            nodes = ?config.cluster_nodes(),
+            vnodes = config.vnode_count(),
+            "metadata plane open"
+        );
+        Ok(VnodesState {
+            shared,
+            plane,
+            server,
+            peers,
+        })
     }
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<VnodeMsg>,
-        state: &mut VnodeState,
+        _myself: ActorRef<VnodesMsg>,
+        state: &mut VnodesState,
     ) -> Result<(), ActorProcessingErr> {
         *state.shared.plane.write() = None;
+        if let Some(peers) = state.peers.take() {
+            peers.abort();
+        }
+        if let Some(server) = state.server.take() {
+            server.shutdown().await;
+            if let Some(raft) = state.shared.raft.get() {
+                raft.server.lock().take();
+            }
+        }
         state.plane.shutdown().await?;
         Ok(())
     }

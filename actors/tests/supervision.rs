@@ -173,7 +173,11 @@ async fn the_tree_has_the_documented_shape() {
     for child in ["swim", "node_server", "node"] {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
     }
-    assert!(tree.descendant(&["metadata", "vnode/0"]).is_some());
+    assert!(tree.descendant(&["metadata", "vnodes"]).is_some());
+    assert!(
+        tree.descendant(&["metadata", "coordinator_manager", "manager"])
+            .is_some()
+    );
     assert!(
         tree.descendant(&["metadata", "coordinator_manager", "coordinator/0"])
             .is_some()

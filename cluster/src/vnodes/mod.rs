@@ -22,6 +22,7 @@
 //! records the vnode's arc in the group (`Command::AssignArc`), so from then
 //! on the group itself refuses topics outside it.
 
+pub mod broker_api;
 pub mod lease;
 mod manager;
 mod split;

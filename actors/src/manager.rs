@@ -1,0 +1,301 @@
+//! `coordinator_manager/manager`: runs a coordinator per vnode this broker
+//! leads, and is the front door of every coordinator request on this broker.
+//!
+//! Leadership is read from raft (`VnodeHost::watch_led`, which changes on
+//! every leadership event of a hosted group and on a slow timer) and the
+//! ring the host holds; `plan_coordinators` decides what to start and stop,
+//! and the manager carries it out as dynamic children of its own supervisor
+//! (`coordinator/<vnode>`), without restarting anything else. After each
+//! change it publishes the vnodes it leads through membership
+//! (`set_local_routing`).
+//!
+//! Requests (create, delete, roll, split, merge) arrive here, from client
+//! connections and segment actors alike. Each goes to the coordinator of the
+//! topic's vnode when this broker leads it. Otherwise the manager serves it
+//! on a task of its own with the same logic (`CoordinatorState`): its
+//! proposals are routed to the vnode's leader by the plane, and the local
+//! side effects (starting the segment actors placed here) happen here.
+//!
+//! The manager also reconciles segment actors with the metadata of every
+//! replica this broker holds, on every applied change: a broker that
+//! another broker's coordinator placed a segment on starts its actor.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use malachi_cluster::membership::VnodeLeader;
+use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_cluster::vnodes::plan_coordinators;
+use malachi_supervision::{ChildSpec, Restart};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::coordinator::{CoordinatorActor, CoordinatorMsg, CoordinatorState, reconcile};
+use crate::shared::Shared;
+
+pub(crate) struct ManagerActor;
+
+pub(crate) struct ManagerState {
+    shared: Arc<Shared>,
+    /// The coordinators this manager started and has not stopped.
+    running: BTreeSet<VnodeId>,
+    /// Feeds `Replan` and `Reconcile` from leadership, applied changes and
+    /// the slow timer.
+    watcher: Option<JoinHandle<()>>,
+    /// Set while a `Reconcile` is queued, so a burst of applied changes
+    /// queues one, not one each: the mailbox stays bounded.
+    reconcile_queued: Arc<AtomicBool>,
+    /// What was last gossiped, so an unchanged routing is not re-sent.
+    published: Option<(u64, Vec<VnodeLeader>)>,
+}
+
+/// The coordinator's name in the `coordinator_manager` supervisor.
+pub(crate) fn coordinator_name(vnode: VnodeId) -> String {
+    format!("coordinator/{}", vnode.0)
+}
+
+/// The topic a coordinator request is about.
+fn topic_of(msg: &CoordinatorMsg) -> Option<&str> {
+    match msg {
+        CoordinatorMsg::CreateTopic { name, .. } | CoordinatorMsg::DeleteTopic { name, .. } => {
+            Some(name)
+        }
+        CoordinatorMsg::Roll { topic, .. }
+        | CoordinatorMsg::Split { topic, .. }
+        | CoordinatorMsg::Merge { topic, .. } => Some(topic),
+        CoordinatorMsg::Reconcile | CoordinatorMsg::Replan => None,
+    }
+}
+
+impl ManagerState {
+    /// The ring and the vnodes led here now. A plane without vnodes (the
+    /// file plane) is one vnode, always led.
+    fn leadership(&self) -> Option<(Arc<Ring>, BTreeSet<VnodeId>)> {
+        let plane = self.shared.plane().ok()?;
+        match plane.host() {
+            Some(host) => Some((host.ring(), host.led().into_iter().collect())),
+            None => {
+                let ring = Ring::new(1).ok()?;
+                Some((Arc::new(ring), [VnodeId(0)].into()))
+            }
+        }
+    }
+
+    /// Brings the running coordinators to the vnodes led here, and publishes
+    /// them through membership.
+    async fn replan(&mut self) {
+        let Some(sup) = self.shared.coordinator_sup.read().clone() else {
+            return;
+        };
+        let (ring, led) = match self.leadership() {
+            Some((ring, led)) => (Some(ring), led),
+            None => (None, BTreeSet::new()),
+        };
+        let plan = plan_coordinators(ring.as_deref(), &led, &self.running);
+        for vnode in plan.stop {
+            info!(%vnode, "leadership lost: stopping the coordinator");
+            if let Err(e) = sup.terminate_child(&coordinator_name(vnode)).await {
+                warn!(%vnode, error = %e, "cannot stop a coordinator");
+            }
+            self.shared.coordinators.write().remove(&vnode);
+            self.running.remove(&vnode);
+        }
+        for vnode in plan.start {
+            let shared = Arc::clone(&self.shared);
+            let spec = ChildSpec::worker(
+                coordinator_name(vnode),
+                || CoordinatorActor,
+                move || (Arc::clone(&shared), vnode),
+            )
+            // Transient: a coordinator stopped because leadership moved stays
+            // stopped; one that crashed is restarted.
+            .restart(Restart::Transient);
+            match sup.start_child(spec).await {
+                Ok(_) | Err(malachi_supervision::SupervisionError::DuplicateChild { .. }) => {
+                    self.running.insert(vnode);
+                }
+                Err(e) => warn!(%vnode, error = %e, "cannot start a coordinator"),
+            }
+        }
+        self.publish_routing(ring.as_deref());
+    }
+
+    /// Gossips the vnodes this broker leads, with their terms.
+    fn publish_routing(&mut self, ring: Option<&Ring>) {
+        let (Some(ring), Ok(plane)) = (ring, self.shared.plane()) else {
+            return;
+        };
+        let Some(host) = plane.host() else {
+            return;
+        };
+        let Some(fabric) = crate::node::fabric(&self.shared) else {
+            return;
+        };
+        let leaders: Vec<VnodeLeader> = self
+            .running
+            .iter()
+            .filter_map(|v| {
+                host.group(*v).map(|g| VnodeLeader {
+                    vnode: v.0,
+                    term: g.status().term,
+                })
+            })
+            .collect();
+        let routing = (ring.version(), leaders);
+        if self.published.as_ref() == Some(&routing) {
+            return;
+        }
+        if let Err(e) = fabric
+            .membership
+            .set_local_routing(routing.0, routing.1.clone())
+        {
+            warn!(error = %e, "cannot publish the vnodes led here");
+            return;
+        }
+        self.published = Some(routing);
+    }
+
+    /// Hands a request to its vnode's coordinator, or serves it here.
+    async fn dispatch(&mut self, msg: CoordinatorMsg) {
+        let Some(topic) = topic_of(&msg) else {
+            return;
+        };
+        let Ok(plane) = self.shared.plane() else {
+            // Dropping the request drops its reply port: the caller gets a
+            // closed-reply error rather than waiting for its timeout.
+            return;
+        };
+        let vnode = plane.vnode_of(topic);
+        let leads = match plane.host() {
+            Some(host) => host.group(vnode).is_some_and(|g| g.is_leader()),
+            None => true,
+        };
+        if leads && !self.running.contains(&vnode) {
+            // Leadership arrived before its event did: start the coordinator
+            // now rather than serve this request around it.
+            self.replan().await;
+        }
+        let coordinator = self.shared.coordinators.read().get(&vnode).cloned();
+        let msg = match coordinator {
+            Some(coordinator) => match coordinator.send_message(msg) {
+                Ok(()) => return,
+                Err(ractor::MessagingErr::SendErr(msg)) => msg,
+                Err(_) => return,
+            },
+            None => msg,
+        };
+        // Not led here (or its coordinator just stopped): the same logic on a
+        // task, so the manager's mailbox is never held by a remote round trip.
+        let state = CoordinatorState::new(Arc::clone(&self.shared), vnode);
+        tokio::spawn(async move { state.serve(msg).await });
+    }
+}
+
+/// Turns leadership changes, applied metadata and the slow timer into
+/// `Replan` and `Reconcile` messages.
+fn watch(
+    shared: &Arc<Shared>,
+    myself: ActorRef<CoordinatorMsg>,
+    reconcile_queued: Arc<AtomicBool>,
+) -> Option<JoinHandle<()>> {
+    let plane = shared.plane().ok()?;
+    let poll = Duration::from_millis(shared.config.cluster.coordinator_poll_ms);
+    let mut led = plane.host().map(|h| h.watch_led(poll.as_millis() as u64));
+    let mut applied = plane.subscribe();
+    Some(tokio::spawn(async move {
+        loop {
+            let mut changed = false;
+            tokio::select! {
+                Ok(()) = async {
+                    match led.as_mut() {
+                        Some(led) => led.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+                Ok(()) = applied.changed() => changed = true,
+                _ = tokio::time::sleep(poll) => changed = true,
+            }
+            if myself.send_message(CoordinatorMsg::Replan).is_err() {
+                break;
+            }
+            if changed && !reconcile_queued.swap(true, Ordering::SeqCst) {
+                let _ = myself.send_message(CoordinatorMsg::Reconcile);
+            }
+        }
+    }))
+}
+
+#[ractor::async_trait]
+impl Actor for ManagerActor {
+    type Msg = CoordinatorMsg;
+    type State = ManagerState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<CoordinatorMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<ManagerState, ActorProcessingErr> {
+        // The vnodes actor started before this one (rest_for_one order).
+        shared.plane()?;
+        *shared.coordinator.write() = Some(myself);
+        Ok(ManagerState {
+            shared,
+            running: BTreeSet::new(),
+            watcher: None,
+            reconcile_queued: Arc::new(AtomicBool::new(false)),
+            published: None,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<CoordinatorMsg>,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.watcher = watch(
+            &state.shared,
+            myself.clone(),
+            Arc::clone(&state.reconcile_queued),
+        );
+        // Through the mailbox, so the supervisors above finish starting first.
+        myself.send_message(CoordinatorMsg::Replan)?;
+        state.reconcile_queued.store(true, Ordering::SeqCst);
+        myself.send_message(CoordinatorMsg::Reconcile)?;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<CoordinatorMsg>,
+        msg: CoordinatorMsg,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            CoordinatorMsg::Replan => state.replan().await,
+            CoordinatorMsg::Reconcile => {
+                state.reconcile_queued.store(false, Ordering::SeqCst);
+                // A failed reconcile is a failure of this actor: the
+                // supervisor restarts it, which reconciles again.
+                reconcile(&state.shared).await?;
+            }
+            request => state.dispatch(request).await,
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<CoordinatorMsg>,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(watcher) = state.watcher.take() {
+            watcher.abort();
+        }
+        *state.shared.coordinator.write() = None;
+        Ok(())
+    }
+}
