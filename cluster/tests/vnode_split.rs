@@ -6,7 +6,7 @@
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
 use malachi_cluster::model::{Command, ModelError, NodeId, Outcome, RingArc};
 use malachi_cluster::ring::{Ring, VnodeId};
-use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig, plan_coordinators};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -282,7 +282,32 @@ async fn a_command_routed_by_the_pre_split_ring_is_refused_then_lands_on_the_chi
     let old_ring = Ring::new(VNODES).unwrap();
     let parent = VnodeId(2);
     let (lower, upper) = old_ring.vnode(parent).unwrap().arc.halves().unwrap();
+    // Watches begun before the split, with a slow timer far beyond the
+    // test: only events can show them the child's leader.
+    let watches: Vec<_> = cluster
+        .running()
+        .map(|b| b.host.watch_led(600_000))
+        .collect();
     let (_, child) = cluster.broker(0).host.split_vnode(parent).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    let leader_at = loop {
+        if let Some(at) = watches.iter().position(|w| w.borrow().contains(&child)) {
+            break at;
+        }
+        assert!(Instant::now() < deadline, "no watch saw the child's leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The leader learns the new ring from the split's announcement, and
+    // its coordinator manager then starts the child's coordinator.
+    let host = Arc::clone(&cluster.broker(leader_at).host);
+    eventually("the child's leader learns the ring", || {
+        let host = Arc::clone(&host);
+        async move { host.ring().vnode(child).is_some() }
+    })
+    .await;
+    let led = watches[leader_at].borrow().clone();
+    let plan = plan_coordinators(Some(&host.ring()), &led, &BTreeSet::new());
+    assert!(plan.start.contains(&child), "{plan:?}");
 
     let topic = topics_in(upper, "stale", 1).remove(0);
     let host = &cluster.broker(1).host;

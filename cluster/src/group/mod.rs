@@ -26,8 +26,8 @@ mod types;
 pub use network::{GroupTransport, RaftRpcKind, TransportError, UnreachableTransport};
 pub use tcp::{
     FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupRegistry,
-    OPEN_VNODE_API_KEY, RpcService, TcpTransport, TcpTransportConfig, TransportServer,
-    raft_api_key, raft_kind_of,
+    OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, RpcService, TcpTransport, TcpTransportConfig,
+    TransportServer, raft_api_key, raft_kind_of,
 };
 
 use crate::model::{Command, MetadataState, ModelError, Outcome};

@@ -67,6 +67,8 @@ pub const FORWARD_QUERY_API_KEY: u16 = 214;
 /// Asks a broker to open (and initialize) its replica of a new vnode: a
 /// split creates the child's group on its voters before the ring names it.
 pub const OPEN_VNODE_API_KEY: u16 = 215;
+/// Tells a broker a newer ring version exists; it fetches that ring.
+pub const RING_ANNOUNCE_API_KEY: u16 = 216;
 
 /// Bytes of the group id in front of every request body.
 const GROUP_ID_BYTES: usize = 8;

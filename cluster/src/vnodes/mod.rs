@@ -33,7 +33,8 @@ pub use split::SplitError;
 use crate::group::fsio;
 use crate::group::{
     FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupConfig, GroupError,
-    GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY, RpcService, TcpTransport, TransportError,
+    GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, RpcService,
+    TcpTransport, TransportError,
 };
 use crate::model::{Command, ModelError, Outcome, RingArc, RingRecord, TopicDescription};
 use crate::ring::{RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
@@ -178,6 +179,12 @@ enum Query {
     Export { arc: RingArc, id_base: u64 },
 }
 
+/// Tells a broker a ring version exists (api key 216).
+#[derive(Debug, Serialize, Deserialize)]
+struct RingAnnounce {
+    version: u64,
+}
+
 /// Asks a broker to open its replica of a vnode (api key 215).
 #[derive(Debug, Serialize, Deserialize)]
 struct OpenVnode {
@@ -204,7 +211,11 @@ pub struct VnodeHost {
     /// Serializes opening replicas and adopting rings, so one group
     /// directory is never opened twice.
     adopting: tokio::sync::Mutex<()>,
+    /// Bumped whenever a group is opened, so `watch_led` watches it too.
+    groups_opened: watch::Sender<u64>,
     stopped: AtomicBool,
+    /// This host, for background work started from `&self`.
+    this: std::sync::Weak<VnodeHost>,
 }
 
 /// Where a broker keeps the newest ring it has learned.
@@ -245,12 +256,14 @@ impl VnodeHost {
         })?;
         let ring = Arc::new(load_ring(&config.data_dir.join(RING_FILE)).unwrap_or(fresh));
         let registry = Arc::new(GroupRegistry::new());
-        let host = Arc::new(VnodeHost {
+        let host = Arc::new_cyclic(|this| VnodeHost {
+            this: this.clone(),
             ring: RwLock::new(Arc::clone(&ring)),
             routing_ring: RwLock::new(ring),
             registry,
             transport,
             adopting: tokio::sync::Mutex::new(()),
+            groups_opened: watch::channel(0).0,
             stopped: AtomicBool::new(false),
             config,
         });
@@ -328,6 +341,7 @@ impl VnodeHost {
         };
         let group = MetadataGroup::open(group_config, self.transport.clone()).await?;
         self.registry.insert(group.clone());
+        self.groups_opened.send_modify(|n| *n += 1);
         group.initialize(&voters).await
     }
 
@@ -446,6 +460,40 @@ impl VnodeHost {
         });
     }
 
+    /// Tells every other broker that ring `version` exists, best effort:
+    /// each fetches it in the background. Gossip and misrouted answers
+    /// reach any broker this misses.
+    pub async fn announce_ring(&self, version: u64) {
+        let Ok(body) = rmp_serde::to_vec(&RingAnnounce { version }) else {
+            return;
+        };
+        let calls = self
+            .config
+            .nodes
+            .iter()
+            .filter(|n| **n != self.config.node_id)
+            .map(|node| {
+                self.transport.call_raw(
+                    *node,
+                    RING_ANNOUNCE_API_KEY,
+                    RING_GROUP_ID,
+                    &body,
+                    self.config.forward_timeout_ms,
+                )
+            });
+        for (node, result) in self
+            .config
+            .nodes
+            .iter()
+            .filter(|n| **n != self.config.node_id)
+            .zip(futures::future::join_all(calls).await)
+        {
+            if let Err(e) = result {
+                tracing::debug!(node, version, error = %e, "ring announcement not delivered");
+            }
+        }
+    }
+
     /// The ring's group's record (the ring and any split in progress),
     /// read from its leader.
     pub async fn ring_record(&self) -> Result<RingRecord, RouteError> {
@@ -513,24 +561,22 @@ impl VnodeHost {
     pub fn watch_led(self: &Arc<Self>, poll_ms: u64) -> watch::Receiver<BTreeSet<VnodeId>> {
         let (tx, rx) = watch::channel(self.led().into_iter().collect());
         let changed = Arc::new(Notify::new());
-        for group in self.registry.all() {
-            let mut leader = group.watch_leader();
-            let changed = Arc::clone(&changed);
-            tokio::spawn(async move {
-                while leader.changed().await.is_ok() {
-                    changed.notify_one();
-                }
-            });
-        }
+        let mut opened = self.groups_opened.subscribe();
+        let mut watched = BTreeSet::new();
+        self.watch_new_groups(&mut watched, &changed);
         let host = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     _ = changed.notified() => {}
+                    // A group opened after the watch began (a split's child,
+                    // a vnode a newer ring added): watch it too.
+                    Ok(()) = opened.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(poll_ms)) => {}
                     _ = tx.closed() => break,
                 }
                 let Some(host) = host.upgrade() else { break };
+                host.watch_new_groups(&mut watched, &changed);
                 let led: BTreeSet<VnodeId> = host.led().into_iter().collect();
                 tx.send_if_modified(|current| {
                     let differs = *current != led;
@@ -540,6 +586,23 @@ impl VnodeHost {
             }
         });
         rx
+    }
+
+    /// Forwards the leadership changes of hosted groups not in `watched`
+    /// to `changed`, and adds them to `watched`.
+    fn watch_new_groups(&self, watched: &mut BTreeSet<u64>, changed: &Arc<Notify>) {
+        for group in self.registry.all() {
+            if !watched.insert(group.status().group_id) {
+                continue;
+            }
+            let mut leader = group.watch_leader();
+            let changed = Arc::clone(changed);
+            tokio::spawn(async move {
+                while leader.changed().await.is_ok() {
+                    changed.notify_one();
+                }
+            });
+        }
     }
 
     /// Applies `cmd` on the vnode owning its topic, wherever its leader is.
@@ -723,6 +786,13 @@ impl VnodeHost {
         body: &[u8],
     ) -> Result<Vec<u8>, (ErrorCode, String)> {
         let codec = |e: &dyn std::fmt::Display| (ErrorCode::InvalidRequest, e.to_string());
+        if api_key == RING_ANNOUNCE_API_KEY {
+            let announced: RingAnnounce = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+            if let Some(host) = self.this.upgrade() {
+                host.observe_ring_version(announced.version);
+            }
+            return encode(&Forwarded::Done(()));
+        }
         if api_key == OPEN_VNODE_API_KEY {
             let request: OpenVnode = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
             let answer = match self.open_vnode(request.vnode).await {
@@ -946,7 +1016,8 @@ impl RpcService for VnodeHost {
             FORWARD_PROPOSE_API_KEY
             | FORWARD_READ_API_KEY
             | FORWARD_QUERY_API_KEY
-            | OPEN_VNODE_API_KEY => self.serve_forwarded(api_key, group_id, &body).await,
+            | OPEN_VNODE_API_KEY
+            | RING_ANNOUNCE_API_KEY => self.serve_forwarded(api_key, group_id, &body).await,
             _ => self.registry.serve_raft(api_key, group_id, &body).await,
         }
     }

@@ -97,9 +97,14 @@ impl VnodeHost {
                 .await,
             )?;
         }
-        // Route by the new ring at once rather than on the first refusal.
-        if let Err(source) = self.refresh_ring().await {
-            tracing::warn!(%parent, error = %source, "split committed; the ring will be fetched later");
+        // Route by the new ring at once rather than on the first refusal,
+        // and tell the other brokers, so the child's leader starts its
+        // coordinator without waiting for gossip.
+        match self.refresh_ring().await {
+            Ok(ring) => self.announce_ring(ring.version()).await,
+            Err(source) => {
+                tracing::warn!(%parent, error = %source, "split committed; the ring will be fetched later")
+            }
         }
         verdict(
             "narrow",
