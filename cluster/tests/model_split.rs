@@ -452,3 +452,161 @@ proptest! {
         prop_assert!(child.check_invariants().is_ok());
     }
 }
+
+// ------------------------------------------- a split among topic commands
+
+/// What a client does, or the split's next step.
+#[derive(Debug, Clone)]
+enum Op {
+    Create(usize),
+    Seal(usize),
+    Delete(usize),
+    SplitFirstRange(usize),
+    /// Fence, then seed, then commit the ring, then narrow: one step each.
+    Advance,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0usize..12).prop_map(Op::Create),
+        1 => (0usize..12).prop_map(Op::Seal),
+        1 => (0usize..12).prop_map(Op::Delete),
+        2 => (0usize..12).prop_map(Op::SplitFirstRange),
+        1 => Just(Op::Advance),
+    ]
+}
+
+/// A topic's description without its ids and incarnation, which the two
+/// halves and a single reference vnode issue from different counters.
+fn shape(
+    d: Option<malachi_cluster::model::TopicDescription>,
+) -> Option<(
+    String,
+    Vec<(String, String, String, Vec<(u64, String, Option<u64>)>)>,
+)> {
+    d.map(|d| {
+        let ranges = d
+            .ranges
+            .into_iter()
+            .map(|r| {
+                let segments = r
+                    .segments
+                    .into_iter()
+                    .map(|s| (s.start_offset, s.state, s.length))
+                    .collect();
+                (r.band_start, r.band_end, r.state, segments)
+            })
+            .collect();
+        (d.state, ranges)
+    })
+}
+
+/// The command `op` makes for `topic` against `state` (the first active
+/// range is looked up in the state it is sent to).
+fn command_for(op: &Op, topic: &str, state: &MetadataState) -> Command {
+    match op {
+        Op::Create(_) => create(topic),
+        Op::Seal(_) => Command::SealTopic {
+            topic: topic.to_owned(),
+            at_ms: 7,
+        },
+        Op::Delete(_) => Command::DeleteTopic {
+            topic: topic.to_owned(),
+        },
+        _ => {
+            let range = state
+                .active_ranges(topic)
+                .next()
+                .map_or(malachi_cluster::model::RangeId(u64::MAX), |r| r.id);
+            Command::SplitRange {
+                topic: topic.to_owned(),
+                range,
+                seal: SealRecord {
+                    length: 3,
+                    bytes: 30,
+                },
+                lower_replicas: vec![NodeId(1)],
+                upper_replicas: vec![NodeId(2)],
+                at_ms: 8,
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Topic commands interleaved with a split's steps, routed the way the
+    /// router does: every acknowledged command is in exactly the vnode the
+    /// ring (once committed) names, shaped as a single vnode that applied
+    /// the same acknowledged commands would hold it, and a command refused
+    /// as `Moved` changes nothing anywhere.
+    #[test]
+    fn a_split_among_topic_commands_loses_nothing_acknowledged(ops in proptest::collection::vec(op(), 1..80)) {
+        let arc = RingArc::FULL;
+        let (lower, upper) = arc.halves().unwrap();
+        let names: Vec<String> = topics_in_both(6);
+        let mut parent = vnode(arc, &[]);
+        let mut child = MetadataState::new();
+        let mut reference = MetadataState::new();
+        let mut phase = 0u8; // 0 none, 1 fenced, 2 seeded, 3 ring committed, 4 narrowed
+        for op in &ops {
+            let topic = match op {
+                Op::Advance => {
+                    match phase {
+                        0 => prop_assert_eq!(parent.apply(Command::FenceArc { moving: upper }), Ok(Outcome::ArcFenced)),
+                        1 => {
+                            let seed = parent.export_arc(upper, 1 << 40);
+                            prop_assert_eq!(child.apply(Command::SeedVnode { seed: Box::new(seed) }), Ok(Outcome::VnodeSeeded));
+                        }
+                        2 => {}
+                        3 => {
+                            let narrowed = parent.apply(Command::NarrowArc { keep: lower });
+                            prop_assert!(narrowed.is_ok(), "{:?}", narrowed);
+                        }
+                        _ => {}
+                    }
+                    phase = (phase + 1).min(4);
+                    continue;
+                }
+                Op::Create(i) | Op::Seal(i) | Op::Delete(i) | Op::SplitFirstRange(i) => &names[*i % names.len()],
+            };
+            let to_child = phase >= 3 && upper.holds_topic(topic);
+            let routed = if to_child { &mut child } else { &mut parent };
+            let before = routed.clone();
+            let cmd = command_for(op, topic, routed);
+            let verdict = routed.apply(cmd);
+            if let Err(ModelError::Moved { .. }) = verdict {
+                prop_assert!((1..3).contains(&phase) && upper.holds_topic(topic));
+                prop_assert_eq!(&*routed, &before);
+                continue;
+            }
+            let expected = reference.apply(command_for(op, topic, &reference));
+            prop_assert_eq!(verdict.is_ok(), expected.is_ok(), "{:?} on {}: {:?} vs {:?}", op, topic, verdict, expected);
+        }
+        for topic in &names {
+            let owner = if phase >= 3 && upper.holds_topic(topic) { &child } else { &parent };
+            prop_assert_eq!(shape(owner.describe_topic(topic)), shape(reference.describe_topic(topic)), "{}", topic);
+            if phase >= 4 {
+                let other = if upper.holds_topic(topic) { &parent } else { &child };
+                prop_assert_eq!(other.describe_topic(topic), None);
+            }
+        }
+        prop_assert!(parent.check_invariants().is_ok());
+        prop_assert!(child.check_invariants().is_ok());
+    }
+}
+
+/// `count` topic names in each half of the ring.
+fn topics_in_both(count: usize) -> Vec<String> {
+    let (lower, upper) = RingArc::FULL.halves().unwrap();
+    let low = (0..)
+        .map(|i| format!("p-{i}"))
+        .filter(|t| lower.holds_topic(t));
+    let up = (0..)
+        .map(|i| format!("p-{i}"))
+        .filter(|t| upper.holds_topic(t));
+    low.take(count / 2)
+        .chain(up.take(count - count / 2))
+        .collect()
+}
