@@ -424,3 +424,94 @@ async fn the_ring_survives_a_restart_of_every_host_and_a_stale_host_catches_up()
     assert_eq!(owners, BTreeSet::from([parent, child]));
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_interrupted_split_resumes_from_another_host_and_an_uncommitted_one_rolls_back() {
+    let cluster = Cluster::start().await;
+    let parent = VnodeId(3);
+    let (lower, upper) = Ring::new(VNODES)
+        .unwrap()
+        .vnode(parent)
+        .unwrap()
+        .arc
+        .halves()
+        .unwrap();
+    let early = topics_in(upper, "early", 3);
+    for topic in &early {
+        create_through(cluster.broker(0), topic).await;
+    }
+
+    // Rollback: a split begun and fenced, then aborted before its commit.
+    let host = &cluster.broker(0).host;
+    let begun = host
+        .propose_ring(Command::BeginSplit { parent })
+        .await
+        .unwrap();
+    let Ok(Outcome::SplitBegun { split: aborted }) = begun else {
+        panic!("{begun:?}")
+    };
+    let fenced = host
+        .propose_to(parent, Command::FenceArc { moving: upper })
+        .await
+        .unwrap();
+    assert_eq!(fenced, Ok(Outcome::ArcFenced));
+    let refused = host
+        .propose_to(parent, create(&topics_in(upper, "fenced", 1)[0]))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Err(ModelError::Moved { .. })),
+        "{refused:?}"
+    );
+    assert!(cluster.broker(1).host.abort_split(parent).await.unwrap());
+    // The parent serves its whole arc again.
+    let after_abort = topics_in(upper, "after-abort", 2);
+    for topic in &after_abort {
+        create_through(cluster.broker(2), topic).await;
+    }
+    assert_eq!(host.ring_record().await.unwrap().ring.version(), 1);
+
+    // Interrupted: begun and fenced by one host (which then "crashed"
+    // before seeding), while a client's creation in the moving half waits
+    // on `Moved` retries.
+    let begun = host
+        .propose_ring(Command::BeginSplit { parent })
+        .await
+        .unwrap();
+    let Ok(Outcome::SplitBegun { split }) = begun else {
+        panic!("{begun:?}")
+    };
+    assert_eq!(
+        split.child,
+        VnodeId(aborted.child.0 + 1),
+        "an aborted id is reused"
+    );
+    host.propose_to(parent, Command::FenceArc { moving: upper })
+        .await
+        .unwrap()
+        .unwrap();
+    let waiting_topic = topics_in(upper, "waiting", 1).remove(0);
+    let waiting = {
+        let host = Arc::clone(&cluster.broker(1).host);
+        let topic = waiting_topic.clone();
+        tokio::spawn(async move { host.propose(create(&topic)).await })
+    };
+    // Another host resumes the same split.
+    let (kept, child) = cluster.broker(2).host.split_vnode(parent).await.unwrap();
+    assert_eq!((kept, child), (parent, split.child));
+    let landed = waiting.await.unwrap().unwrap();
+    assert!(
+        matches!(landed, Ok(Outcome::TopicCreated { .. })),
+        "{landed:?}"
+    );
+    // Resuming a finished split is a new split, never a repeat of this one.
+    assert_eq!(cluster.broker(0).host.pending_split().await.unwrap(), None);
+    let record = cluster.broker(0).host.ring_record().await.unwrap();
+    assert_eq!(record.ring.vnode(child).unwrap().arc, upper);
+    assert_eq!(record.ring.vnode(parent).unwrap().arc, lower);
+    let mut all = early.clone();
+    all.extend(after_abort);
+    all.push(waiting_topic);
+    assert_found_everywhere(&cluster, &all).await;
+    cluster.stop().await;
+}

@@ -522,8 +522,9 @@ impl VnodeHost {
         })
     }
 
-    /// Applies a command in the ring's own group.
-    pub(crate) async fn propose_ring(&self, cmd: Command) -> Result<Verdict, RouteError> {
+    /// Applies a command in the ring's own group (`InitRing` and the split
+    /// steps; `split_vnode` and `abort_split` are the usual way in).
+    pub async fn propose_ring(&self, cmd: Command) -> Result<Verdict, RouteError> {
         let body = encode_request(&cmd, RING_VNODE)?;
         self.route_group(RING_VNODE, FORWARD_PROPOSE_API_KEY, &body)
             .await
