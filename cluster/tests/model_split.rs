@@ -476,14 +476,16 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A segment's start, state and sealed length.
+type SegmentShape = (u64, String, Option<u64>);
+/// A range's band, state and segments.
+type RangeShape = (String, String, String, Vec<SegmentShape>);
+/// A topic's state and ranges.
+type TopicShape = (String, Vec<RangeShape>);
+
 /// A topic's description without its ids and incarnation, which the two
 /// halves and a single reference vnode issue from different counters.
-fn shape(
-    d: Option<malachi_cluster::model::TopicDescription>,
-) -> Option<(
-    String,
-    Vec<(String, String, String, Vec<(u64, String, Option<u64>)>)>,
-)> {
+fn shape(d: Option<malachi_cluster::model::TopicDescription>) -> Option<TopicShape> {
     d.map(|d| {
         let ranges = d
             .ranges
