@@ -14,13 +14,21 @@
 //! names the vnode; the request runs on this broker if it leads that vnode,
 //! and is otherwise forwarded over the raft transport to the leader it
 //! knows of (api keys 210 and 211). A `NotLeader` answer moves the request
-//! to the hinted leader; a `WrongVnode` refusal (this broker routed by a
-//! stale ring) re-reads the current ring and routes again. Each attempt is
-//! bounded, and so is the number of attempts.
+//! to the hinted leader; a `WrongVnode` or `Moved` refusal (this broker
+//! routed by a stale ring, or a split is moving the topic) makes it fetch
+//! the current ring and route again. Each attempt is bounded, and so is the
+//! number of attempts.
 //!
 //! Arc enforcement: before a vnode's first topic command, its leader
 //! records the vnode's arc in the group (`Command::AssignArc`), so from then
 //! on the group itself refuses topics outside it.
+//!
+//! The ring lives in a raft group of its own (`RING_GROUP_ID`, voters chosen
+//! like a vnode's). Each broker keeps the newest ring it learned on disk,
+//! fetches the current one after opening, when refused as misrouted, and
+//! when told of a newer version (`observe_ring_version`). `split.rs` splits
+//! a vnode in resumable steps; `lease.rs` keeps a coordinator's lease
+//! (ADR 0082).
 
 pub mod broker_api;
 pub mod lease;
