@@ -70,8 +70,11 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
             cluster_cookie: None,
             check: false,
         };
-        let layered: Layered<BrokerConfig> =
+        let mut layered: Layered<BrokerConfig> =
             into_broker(config::layer(None, &broker_args)?, &broker_args);
+        // One metadata cluster: every broker knows every node id, so all
+        // compute the same voters for each vnode (ADR 0081).
+        layered.broker.cluster.nodes = (1..=u64::from(args.nodes)).collect();
         layered
             .broker
             .validate()
@@ -102,8 +105,8 @@ fn dev_banner(nodes: &[(u64, String, String)], data_dir: &Path) -> String {
     }
     out.push_str(&format!(
         "  data          {}/node-<id>\n\
-         (each broker still keeps its own single-node metadata for now: create a topic\n\
-         \x20and produce and consume through the same broker)\n\
+         (metadata is shared: any broker creates, lists and describes any topic; records\n\
+         \x20live on one broker per topic, and the others point clients to it)\n\
          try, in another terminal:\n\
          \x20 malachi cluster status\n\
          \x20 malachi topic create demo\n\

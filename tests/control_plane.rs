@@ -1,0 +1,401 @@
+//! The control plane across broker processes (issue 6): three brokers on
+//! loopback share 16 metadata vnodes, each an openraft group on all three.
+//! Any broker answers any metadata request; the records of a topic live on
+//! one broker, and the others point clients to it; killing the leader of a
+//! vnode loses nothing acknowledged, and metadata operations resume through
+//! the survivors once a new leader is elected.
+//!
+//! Timers are short (a config file sets them), and every wait polls with a
+//! deadline. The tests run one at a time: two clusters at once on a 2-core
+//! machine starve each other's heartbeats.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{BIN, err, free_port, malachi, ok, out, spawn_until_serving};
+use serde_json::Value;
+
+/// Generous liveness bounds: the machine is shared and noisy.
+const CONVERGE: Duration = Duration::from_secs(60);
+/// The vnode count the brokers run (the default for a cluster).
+const VNODES: u64 = 16;
+/// Bits of a range or segment id below its vnode's id block (ADR 0080).
+const ID_BLOCK_BITS: u32 = 40;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One broker of the test cluster, as a child process.
+struct Node {
+    node_id: u64,
+    client: String,
+    admin: String,
+    data_dir: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn new(root: &Path, node_id: u64, nodes: &[u64]) -> Node {
+        let config = root.join(format!("node-{node_id}.toml"));
+        let list: Vec<String> = nodes.iter().map(u64::to_string).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "[membership]\nprobe_period_ms = 200\nprobe_rtt_ms = 100\n\
+                 suspect_timeout_ms = 2000\nseed_retry_ms = 200\n\
+                 cluster_cookie = \"test-cookie\"\n\n\
+                 [cluster]\nnodes = [{}]\ncoordinator_poll_ms = 200\n",
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+        Node {
+            node_id,
+            client: format!("127.0.0.1:{}", free_port()),
+            admin: format!("127.0.0.1:{}", free_port()),
+            data_dir: root.join(format!("node-{node_id}")),
+            config,
+            log: root.join(format!("node-{node_id}.log")),
+            child: None,
+        }
+    }
+
+    fn start(&mut self, seeds: &[String]) {
+        let mut command = Command::new(BIN);
+        command
+            .args(["broker", "--node-id", &self.node_id.to_string()])
+            .args(["--listen", &self.client, "--admin-listen", &self.admin])
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--data-dir")
+            .arg(&self.data_dir);
+        for seed in seeds {
+            command.args(["--seed", seed]);
+        }
+        command
+            .env("RUST_LOG", "info")
+            .env_remove("MALACHI_SEEDS")
+            .env_remove("MALACHI_ATTRS");
+        let what = format!("node {}", self.node_id);
+        self.child = Some(spawn_until_serving(command, &self.log, &what));
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Three brokers of one metadata cluster, each given the others as seeds.
+fn three(root: &Path) -> Vec<Node> {
+    let ids = [1, 2, 3];
+    let mut nodes: Vec<Node> = ids.iter().map(|id| Node::new(root, *id, &ids)).collect();
+    let clients: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
+    for node in &mut nodes {
+        let seeds: Vec<String> = clients
+            .iter()
+            .filter(|c| **c != node.client)
+            .cloned()
+            .collect();
+        node.start(&seeds);
+    }
+    nodes
+}
+
+fn logs(nodes: &[Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| format!("--- node {} ---\n{}", n.node_id, n.log()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Runs `malachi ARGS` against `broker` until it succeeds or the deadline
+/// passes. `done` may also accept a failure (a retried create whose first
+/// attempt was applied finds the topic there).
+fn until_ok(nodes: &[Node], broker: &str, args: &[&str], stdin: &str) -> Output {
+    let deadline = Instant::now() + CONVERGE;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let output = malachi(broker, args, stdin);
+        if output.status.success() {
+            return output;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`malachi {}` via {broker} never succeeded ({attempt} attempts); last: {}\n{}",
+            args.join(" "),
+            err(&output),
+            logs(nodes)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Creates `topic` through `broker`, retrying while the cluster is not
+/// ready. A retry that finds the topic already there means an earlier
+/// attempt was applied (its answer was lost), which is success.
+fn create(nodes: &[Node], broker: &str, topic: &str) {
+    let deadline = Instant::now() + CONVERGE;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let output = malachi(broker, &["topic", "create", topic], "");
+        if output.status.success() {
+            return;
+        }
+        let stderr = err(&output);
+        if attempt > 1 && stderr.contains("exists") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "creating {topic} via {broker} never succeeded; last: {stderr}\n{}",
+            logs(nodes)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `topic describe --json` of `topic` through `broker`.
+fn describe(nodes: &[Node], broker: &str, topic: &str) -> Value {
+    let output = until_ok(nodes, broker, &["topic", "describe", topic, "--json"], "");
+    serde_json::from_str(out(&output).trim()).unwrap()
+}
+
+/// The names `topic list --json` shows through `broker`.
+fn list(nodes: &[Node], broker: &str) -> BTreeSet<String> {
+    let output = until_ok(nodes, broker, &["topic", "list", "--json"], "");
+    json_lines(&out(&output))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The vnode a described topic lives in: its range ids come from its
+/// vnode's id block.
+fn vnode_of(description: &Value) -> u64 {
+    description["ranges"][0]["id"].as_u64().unwrap() >> ID_BLOCK_BITS
+}
+
+/// `cluster status --json` through `broker`: node id to its `vnodes_led`.
+fn leaders(broker: &str) -> BTreeMap<u64, BTreeSet<u64>> {
+    let output = malachi(broker, &["cluster", "status", "--json"], "");
+    if !output.status.success() {
+        return BTreeMap::new();
+    }
+    json_lines(&out(&output))
+        .iter()
+        .filter(|b| b["state"] == "alive")
+        .map(|b| {
+            let led = b["vnodes_led"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            (b["node_id"].as_u64().unwrap(), led)
+        })
+        .collect()
+}
+
+/// Waits until, as `observer` sees it, exactly one broker among `alive`
+/// leads `vnode`, and returns it.
+fn leader_of(nodes: &[Node], observer: &str, vnode: u64, alive: &[u64]) -> u64 {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let led = leaders(observer);
+        let holders: Vec<u64> = led
+            .iter()
+            .filter(|(id, vnodes)| alive.contains(id) && vnodes.contains(&vnode))
+            .map(|(id, _)| *id)
+            .collect();
+        if holders.len() == 1 {
+            return holders[0];
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single leader of vnode {vnode} among {alive:?}; status: {led:?}\n{}",
+            logs(nodes)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn topics_created_through_any_broker_are_described_identically_through_every_other() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = three(dir.path());
+    let topics: Vec<String> = (0..30).map(|i| format!("cp-{i:02}")).collect();
+    for (i, topic) in topics.iter().enumerate() {
+        create(&nodes, &nodes[i % 3].client, topic);
+    }
+
+    let mut vnodes = BTreeSet::new();
+    for topic in &topics {
+        let seen: Vec<Value> = nodes
+            .iter()
+            .map(|n| describe(&nodes, &n.client, topic))
+            .collect();
+        assert_eq!(seen[0]["name"], topic.as_str());
+        assert_eq!(seen[0], seen[1], "{topic}: brokers 1 and 2 disagree");
+        assert_eq!(seen[0], seen[2], "{topic}: brokers 1 and 3 disagree");
+        vnodes.insert(vnode_of(&seen[0]));
+    }
+    // The topics are sharded: 30 names over 16 vnodes touch many of them.
+    assert!(
+        vnodes.len() >= 8 && vnodes.iter().all(|v| *v < VNODES),
+        "{vnodes:?}"
+    );
+
+    // A list merges every vnode, identically through every broker.
+    let expected: BTreeSet<String> = topics.iter().cloned().collect();
+    for node in &nodes {
+        assert_eq!(list(&nodes, &node.client), expected, "via {}", node.client);
+    }
+
+    // Every vnode has exactly one leader, and they are published.
+    for vnode in 0..VNODES {
+        leader_of(&nodes, &nodes[0].client, vnode, &[1, 2, 3]);
+    }
+}
+
+#[test]
+fn records_produced_through_any_broker_reach_the_broker_hosting_the_topic() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = three(dir.path());
+    create(&nodes, &nodes[1].client, "cp-records");
+    // Produce through the other two brokers: a broker that does not host
+    // the topic answers not_leader with the host's address, which the
+    // client follows.
+    until_ok(
+        &nodes,
+        &nodes[0].client,
+        &["produce", "cp-records"],
+        "a\t1\nb\t2\n",
+    );
+    until_ok(
+        &nodes,
+        &nodes[2].client,
+        &["produce", "cp-records"],
+        "a\t3\n",
+    );
+    for node in &nodes {
+        let consumed = ok(malachi(
+            &node.client,
+            &["consume", "cp-records", "--from-start"],
+            "",
+        ));
+        let mut lines: Vec<String> = out(&consumed).lines().map(str::to_owned).collect();
+        lines.sort();
+        assert_eq!(lines, ["a\t1", "a\t3", "b\t2"], "via {}", node.client);
+    }
+}
+
+#[test]
+fn killing_a_vnode_leader_loses_nothing_acknowledged_and_the_survivors_carry_on() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = three(dir.path());
+    let topics: Vec<String> = (0..12).map(|i| format!("kill-{i:02}")).collect();
+    for (i, topic) in topics.iter().enumerate() {
+        create(&nodes, &nodes[i % 3].client, topic);
+    }
+    let before: BTreeMap<String, Value> = topics
+        .iter()
+        .map(|t| (t.clone(), describe(&nodes, &nodes[0].client, t)))
+        .collect();
+
+    // The leader of the first topic's vnode is killed without warning.
+    let chosen = &topics[0];
+    let vnode = vnode_of(&before[chosen]);
+    let leader = leader_of(&nodes, &nodes[0].client, vnode, &[1, 2, 3]);
+    let victim = nodes.iter().position(|n| n.node_id == leader).unwrap();
+    nodes[victim].kill9();
+    let survivors: Vec<u64> = [1, 2, 3].into_iter().filter(|id| *id != leader).collect();
+    let observer = nodes
+        .iter()
+        .find(|n| n.node_id != leader)
+        .unwrap()
+        .client
+        .clone();
+
+    // A survivor takes the vnode over.
+    let successor = leader_of(&nodes, &observer, vnode, &survivors);
+    assert_ne!(successor, leader);
+
+    // Every acknowledged topic is still there, described as before, through
+    // each survivor.
+    for node in nodes.iter().filter(|n| n.node_id != leader) {
+        for (topic, described) in &before {
+            assert_eq!(
+                &describe(&nodes, &node.client, topic),
+                described,
+                "{topic} via node {}",
+                node.node_id
+            );
+        }
+    }
+
+    // Metadata operations resume: new topics in the taken-over vnode and
+    // elsewhere, created and described through the survivors.
+    let mut created = Vec::new();
+    for i in 0..6 {
+        let via = &nodes
+            .iter()
+            .filter(|n| n.node_id != leader)
+            .nth(i % 2)
+            .unwrap()
+            .client;
+        let topic = format!("after-{i:02}");
+        create(&nodes, via, &topic);
+        created.push(topic);
+    }
+    for node in nodes.iter().filter(|n| n.node_id != leader) {
+        let listed = list(&nodes, &node.client);
+        for topic in topics.iter().chain(&created) {
+            assert!(
+                listed.contains(topic),
+                "{topic} missing via {}",
+                node.client
+            );
+        }
+    }
+}
