@@ -137,7 +137,7 @@ impl VnodeHost {
     pub async fn serve_list(&self, group_id: u64) -> Result<Vec<u8>, (ErrorCode, String)> {
         let answer = match self.registry.get(group_id) {
             None => Forwarded::NotLeader { leader: None },
-            Some(group) => match group.read(|s| summarize(s)).await {
+            Some(group) => match group.read(summarize).await {
                 Ok(list) => Forwarded::Done(list),
                 Err(GroupError::NotLeader { leader } | GroupError::Discarded { leader }) => {
                     Forwarded::NotLeader { leader }
