@@ -294,6 +294,35 @@ fn topics_created_through_any_broker_are_described_identically_through_every_oth
     for vnode in 0..VNODES {
         leader_of(&nodes, &nodes[0].client, vnode, &[1, 2, 3]);
     }
+
+    // `malachi tree` shows each broker's vnodes actor, its coordinator
+    // manager, and one coordinator per vnode it leads: 16 over the three.
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let mut coordinators = BTreeSet::new();
+        for node in &nodes {
+            let tree = out(&ok(malachi(&node.client, &["tree"], "")));
+            for name in ["vnodes", "coordinator_manager", "manager"] {
+                assert!(tree.contains(name), "{name} missing:\n{tree}");
+            }
+            for line in tree.lines() {
+                if let Some(at) = line.find("coordinator/") {
+                    let rest = &line[at + "coordinator/".len()..];
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    coordinators.insert((node.node_id, digits.parse::<u64>().unwrap()));
+                }
+            }
+        }
+        let vnodes_run: BTreeSet<u64> = coordinators.iter().map(|(_, v)| *v).collect();
+        if coordinators.len() == VNODES as usize && vnodes_run.len() == VNODES as usize {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "coordinators never ran once per vnode: {coordinators:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -374,20 +403,29 @@ fn killing_a_vnode_leader_loses_nothing_acknowledged_and_the_survivors_carry_on(
         }
     }
 
-    // Metadata operations resume: new topics in the taken-over vnode and
-    // elsewhere, created and described through the survivors.
+    // Metadata operations resume: topics are created through the survivors
+    // until one lands in the taken-over vnode (1 in 16 names does).
     let mut created = Vec::new();
-    for i in 0..6 {
-        let via = &nodes
-            .iter()
-            .filter(|n| n.node_id != leader)
-            .nth(i % 2)
-            .unwrap()
-            .client;
-        let topic = format!("after-{i:02}");
+    let mut in_vnode = 0;
+    let survivors_clients: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.node_id != leader)
+        .map(|n| n.client.clone())
+        .collect();
+    for i in 0..200 {
+        let via = &survivors_clients[i % 2];
+        let topic = format!("after-{i:03}");
         create(&nodes, via, &topic);
+        let described = describe(&nodes, &survivors_clients[(i + 1) % 2], &topic);
         created.push(topic);
+        if vnode_of(&described) == vnode {
+            in_vnode += 1;
+            if in_vnode == 2 {
+                break;
+            }
+        }
     }
+    assert_eq!(in_vnode, 2, "no creation landed in vnode {vnode}");
     for node in nodes.iter().filter(|n| n.node_id != leader) {
         let listed = list(&nodes, &node.client);
         for topic in topics.iter().chain(&created) {

@@ -91,6 +91,10 @@ pub(crate) struct CoordinatorState {
     vnode: VnodeId,
 }
 
+/// How long starting a segment waits for this broker's replica to apply the
+/// command that created the segment (proposed through another broker).
+const LOCAL_APPLY_WAIT_MS: u64 = 2_000;
+
 /// The segment actor's name in the storage supervisor: stable and readable.
 pub(crate) fn segment_name(topic: &str, range: RangeId, segment: SegmentId) -> String {
     format!("segment/{topic}/{}/{}", range.0, segment.0)
@@ -103,11 +107,26 @@ pub(crate) async fn start_segment(
     segment: SegmentId,
 ) -> Result<(), CoordError> {
     let plane = shared.plane()?;
-    let found = read_owner(plane.as_ref(), topic, |state: &MetadataState| {
-        state
-            .segment(segment)
-            .map(|s| (s.range, s.start_offset, s.created_at_ms))
-    });
+    let lookup = || {
+        read_owner(plane.as_ref(), topic, |state: &MetadataState| {
+            state
+                .segment(segment)
+                .map(|s| (s.range, s.start_offset, s.created_at_ms))
+        })
+    };
+    // A command proposed through another broker's leader is applied here a
+    // moment later: wait (bounded) for this replica to catch up.
+    let mut applied = plane.subscribe();
+    let deadline =
+        tokio::time::Instant::now() + std::time::Duration::from_millis(LOCAL_APPLY_WAIT_MS);
+    let mut found = lookup();
+    while found.is_none()
+        && tokio::time::timeout_at(deadline, applied.changed())
+            .await
+            .is_ok_and(|changed| changed.is_ok())
+    {
+        found = lookup();
+    }
     let Some((range, start_offset, created_at_ms)) = found else {
         return Err(CoordError::Unexpected(format!(
             "segment {segment} is unknown"
@@ -565,6 +584,13 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
                 }
             }
             shared.segments.lock().remove(&segment);
+            // The copy stays on disk (the orphan sweeper's job); only its
+            // open handle is released.
+            let store = Arc::clone(&shared.store);
+            let _ = tokio::task::spawn_blocking(move || {
+                store.close(malachi_storage::SegmentId(segment.0))
+            })
+            .await;
         }
     }
     Ok(())
