@@ -257,6 +257,28 @@ fn leader_of(nodes: &[Node], observer: &str, vnode: u64, alive: &[u64]) -> u64 {
     }
 }
 
+/// Every actor of `broker`'s tree (`tree --json`): name to restarts.
+fn tree_restarts(broker: &str) -> BTreeMap<String, u64> {
+    fn walk(value: &Value, out: &mut BTreeMap<String, u64>) {
+        match value {
+            Value::Object(map) => {
+                if let (Some(Value::String(name)), Some(restarts)) =
+                    (map.get("name"), map.get("restarts").and_then(Value::as_u64))
+                {
+                    out.insert(name.clone(), restarts);
+                }
+                map.values().for_each(|v| walk(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let json = out(&ok(malachi(broker, &["tree", "--json"], "")));
+    let mut actors = BTreeMap::new();
+    walk(&serde_json::from_str(json.trim()).unwrap(), &mut actors);
+    actors
+}
+
 #[test]
 fn topics_created_through_any_broker_are_described_identically_through_every_other() {
     let _serial = serial();
@@ -389,6 +411,23 @@ fn killing_a_vnode_leader_loses_nothing_acknowledged_and_the_survivors_carry_on(
     // A survivor takes the vnode over.
     let successor = leader_of(&nodes, &observer, vnode, &survivors);
     assert_ne!(successor, leader);
+    // Its coordinator manager started the vnode's coordinator without
+    // restarting anything: the takeover is a start, not a recovery.
+    let successor_client = &nodes
+        .iter()
+        .find(|n| n.node_id == successor)
+        .unwrap()
+        .client;
+    let actors = tree_restarts(successor_client);
+    assert!(
+        actors.contains_key(&format!("coordinator/{vnode}")),
+        "{actors:?}"
+    );
+    for (name, restarts) in &actors {
+        if name == "metadata" || name == "vnodes" || name.starts_with("coordinator") {
+            assert_eq!(*restarts, 0, "{name} restarted: {actors:?}");
+        }
+    }
 
     // Every acknowledged topic is still there, described as before, through
     // each survivor.
