@@ -299,3 +299,131 @@ impl Actor for ManagerActor {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use malachi_supervision::SupervisorSnapshot;
+    use malachi_wire::Client;
+
+    use crate::{Broker, BrokerConfig, BrokerHandle, ClusterSettings, MetadataBackend};
+
+    const CONVERGE: Duration = Duration::from_secs(30);
+
+    fn segment_actors(tree: &SupervisorSnapshot, topic: &str) -> usize {
+        tree.child("storage")
+            .and_then(|s| s.supervisor.as_ref())
+            .map_or(0, |s| {
+                s.children
+                    .iter()
+                    .filter(|c| c.name.starts_with(&format!("segment/{topic}/")))
+                    .count()
+            })
+    }
+
+    async fn wait_until<F: std::future::Future<Output = bool>>(
+        what: &str,
+        mut check: impl FnMut() -> F,
+    ) {
+        let deadline = Instant::now() + CONVERGE;
+        while !check().await {
+            assert!(Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_file_plane_broker_runs_one_coordinator_and_serves_topics() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = BrokerConfig {
+            metadata_backend: MetadataBackend::File,
+            ..BrokerConfig::for_tests(dir.path())
+        };
+        let broker = Broker::start(config).await.unwrap();
+        assert!(broker.wait_ready(10_000).await);
+        let client = Client::connect([broker.client_addr().to_string()])
+            .await
+            .unwrap();
+        client.create_topic("orders", None, None).await.unwrap();
+        assert_eq!(
+            client.describe_topic("orders").await.unwrap().name,
+            "orders"
+        );
+        assert_eq!(client.list_topics().await.unwrap().topics.len(), 1);
+        let tree = broker.tree_snapshot().await.unwrap();
+        assert!(
+            tree.descendant(&["metadata", "coordinator_manager", "coordinator/0"])
+                .is_some()
+        );
+        assert_eq!(segment_actors(&tree, "orders"), 1);
+        broker.shutdown().await.unwrap();
+    }
+
+    /// Three brokers in one process sharing the vnodes.
+    async fn three(root: &std::path::Path) -> Vec<BrokerHandle> {
+        let mut brokers: Vec<BrokerHandle> = Vec::new();
+        for node_id in 1..=3u64 {
+            let mut config = BrokerConfig {
+                node_id,
+                cluster: ClusterSettings {
+                    nodes: vec![1, 2, 3],
+                    vnodes: Some(4),
+                    coordinator_poll_ms: 100,
+                    ..ClusterSettings::default()
+                },
+                ..BrokerConfig::for_tests(root.join(format!("node-{node_id}")))
+            };
+            if let Some(first) = brokers.first() {
+                config.seeds = vec![first.client_addr().to_string()];
+            }
+            let broker = Broker::start(config).await.unwrap();
+            assert!(broker.wait_ready(10_000).await);
+            brokers.push(broker);
+        }
+        brokers
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_topic_deleted_through_another_broker_stops_its_hosts_segment_actor() {
+        let dir = tempfile::tempdir().unwrap();
+        let brokers = three(dir.path()).await;
+        let via = |i: usize| {
+            let addr = brokers[i].client_addr().to_string();
+            async move { Client::connect([addr]).await.unwrap() }
+        };
+        let second = via(1).await;
+        wait_until("orders is created through broker 2", || {
+            let second = &second;
+            async move {
+                matches!(second.create_topic("orders", None, None).await, Ok(_))
+                    || second.describe_topic("orders").await.is_ok()
+            }
+        })
+        .await;
+        // The creating broker holds a replica of every vnode (3 brokers, 3
+        // replicas), so it hosts the topic's segment.
+        let described = second.describe_topic("orders").await.unwrap();
+        assert_eq!(described.ranges[0].segments[0].replicas, vec![2]);
+        let host = &brokers[1];
+        wait_until("the host runs the segment actor", || async {
+            segment_actors(&host.tree_snapshot().await.unwrap(), "orders") == 1
+        })
+        .await;
+
+        let third = via(2).await;
+        third.delete_topic("orders").await.unwrap();
+        wait_until(
+            "the host stops the deleted topic's segment actor",
+            || async { segment_actors(&host.tree_snapshot().await.unwrap(), "orders") == 0 },
+        )
+        .await;
+        for i in 0..3 {
+            let client = via(i).await;
+            assert!(client.list_topics().await.unwrap().topics.is_empty());
+        }
+        for broker in brokers.into_iter().rev() {
+            broker.shutdown().await.unwrap();
+        }
+    }
+}
