@@ -97,6 +97,58 @@ fn load_or_create_secret(path: &Path) -> Result<CursorKey, BrokerError> {
     })
 }
 
+/// Where a data dir records the cluster settings its vnode groups were
+/// created under.
+const CLUSTER_SETTINGS_FILE: &str = "cluster-settings";
+
+/// The settings that decide which vnodes exist and who votes in each.
+fn cluster_fingerprint(config: &BrokerConfig) -> String {
+    let nodes: Vec<String> = config.cluster_nodes().iter().map(u64::to_string).collect();
+    format!(
+        "nodes={} vnodes={} replicas_per_vnode={}\n",
+        nodes.join(","),
+        config.vnode_count(),
+        config.cluster.replicas_per_vnode
+    )
+}
+
+/// Refuses to start on a data dir whose vnode groups were created under
+/// other cluster settings: the voters this broker would compute no longer
+/// match the groups' memberships, so it could leave a vnode it votes in
+/// unopened (ADR 0081). The first start records the settings.
+fn check_cluster_settings(config: &BrokerConfig) -> Result<(), BrokerError> {
+    if config.metadata_backend != crate::config::MetadataBackend::Raft {
+        return Ok(());
+    }
+    let dir = config.data_dir.join("metadata");
+    let path = dir.join(CLUSTER_SETTINGS_FILE);
+    let wanted = cluster_fingerprint(config);
+    match std::fs::read_to_string(&path) {
+        Ok(recorded) if recorded == wanted => Ok(()),
+        Ok(recorded) => Err(BrokerError::Config {
+            reason: format!(
+                "the data dir {} was created with cluster settings `{}`, not `{}`: every broker keeps the [cluster] nodes, vnodes and replicas_per_vnode its data dir was created with",
+                config.data_dir.display(),
+                recorded.trim(),
+                wanted.trim()
+            ),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            let tmp = path.with_extension("tmp");
+            {
+                use std::io::Write;
+                let mut file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+                file.write_all(wanted.as_bytes()).map_err(io_err(&tmp))?;
+                file.sync_all().map_err(io_err(&tmp))?;
+            }
+            std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+            Ok(())
+        }
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
 /// The address other brokers reach `bound` on: an unspecified ip (0.0.0.0,
 /// ::) is replaced by the configured advertise ip, or loopback.
 fn advertised(bound: SocketAddr, advertise_ip: Option<std::net::IpAddr>) -> SocketAddr {
@@ -315,6 +367,7 @@ impl Broker {
         let data_dir = config.data_dir.clone();
         std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
         let cursor_key = load_or_create_secret(&config.secret_path())?;
+        check_cluster_settings(&config)?;
         let store = Arc::new(FileStore::open_dir(
             data_dir.join("segments"),
             config.store_config(),
@@ -509,6 +562,30 @@ impl BrokerHandle {
         stopped?;
         info!("broker stopped");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClusterSettings;
+
+    #[test]
+    fn a_data_dir_refuses_cluster_settings_other_than_those_it_was_created_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let alone = BrokerConfig::for_tests(dir.path());
+        check_cluster_settings(&alone).unwrap();
+        check_cluster_settings(&alone).unwrap();
+        let clustered = BrokerConfig {
+            cluster: ClusterSettings {
+                nodes: vec![1, 2, 3],
+                ..ClusterSettings::default()
+            },
+            ..BrokerConfig::for_tests(dir.path())
+        };
+        let refused = check_cluster_settings(&clustered).unwrap_err().to_string();
+        assert!(refused.contains("nodes=1 vnodes=1"), "{refused}");
+        assert!(refused.contains("nodes=1,2,3 vnodes=16"), "{refused}");
     }
 }
 
