@@ -3,7 +3,8 @@
 //! Any broker answers any metadata request; the records of a topic live on
 //! one broker, and the others point clients to it; killing the leader of a
 //! vnode loses nothing acknowledged, and metadata operations resume through
-//! the survivors once a new leader is elected.
+//! the survivors once a new leader is elected; a killed broker restarts on a
+//! new raft port and carries quorum again.
 //!
 //! Timers are short (a config file sets them), and every wait polls with a
 //! deadline. The tests run one at a time: two clusters at once on a 2-core
@@ -474,5 +475,53 @@ fn killing_a_vnode_leader_loses_nothing_acknowledged_and_the_survivors_carry_on(
                 node.client
             );
         }
+    }
+}
+
+#[test]
+fn a_killed_broker_restarts_on_a_new_raft_port_catches_up_and_carries_quorum() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = three(dir.path());
+    let before: Vec<String> = (0..6).map(|i| format!("early-{i}")).collect();
+    for (i, topic) in before.iter().enumerate() {
+        create(&nodes, &nodes[i % 3].client, topic);
+    }
+    // Broker 1 is killed; topics are created while it is away.
+    nodes[0].kill9();
+    let during: Vec<String> = (0..6).map(|i| format!("during-{i}")).collect();
+    for (i, topic) in during.iter().enumerate() {
+        create(&nodes, &nodes[1 + i % 2].client, topic);
+    }
+
+    // It comes back with a new raft port (port 0), which the others learn
+    // from membership. A topic it created before the kill, whose records it
+    // hosts, takes records again through another broker, which points the
+    // client to it.
+    let seeds = vec![nodes[1].client.clone(), nodes[2].client.clone()];
+    nodes[0].start(&seeds);
+    let hosted = &before[0];
+    until_ok(&nodes, &nodes[1].client, &["produce", hosted], "k\tback\n");
+    let consumed = until_ok(
+        &nodes,
+        &nodes[2].client,
+        &["consume", hosted, "--from-start"],
+        "",
+    );
+    assert_eq!(out(&consumed), "k\tback\n");
+
+    // With broker 2 killed, every vnode's quorum needs broker 1: its
+    // replicas must be reachable on the new port and caught up.
+    nodes[1].kill9();
+    create(&nodes, &nodes[0].client, "after-second-kill");
+    for via in [&nodes[0].client, &nodes[2].client] {
+        let listed = list(&nodes, via);
+        for topic in before.iter().chain(&during) {
+            assert!(
+                listed.contains(topic),
+                "{topic} missing via {via}: {listed:?}"
+            );
+        }
+        assert!(listed.contains("after-second-kill"), "via {via}");
     }
 }
