@@ -565,30 +565,6 @@ impl BrokerHandle {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::ClusterSettings;
-
-    #[test]
-    fn a_data_dir_refuses_cluster_settings_other_than_those_it_was_created_with() {
-        let dir = tempfile::tempdir().unwrap();
-        let alone = BrokerConfig::for_tests(dir.path());
-        check_cluster_settings(&alone).unwrap();
-        check_cluster_settings(&alone).unwrap();
-        let clustered = BrokerConfig {
-            cluster: ClusterSettings {
-                nodes: vec![1, 2, 3],
-                ..ClusterSettings::default()
-            },
-            ..BrokerConfig::for_tests(dir.path())
-        };
-        let refused = check_cluster_settings(&clustered).unwrap_err().to_string();
-        assert!(refused.contains("nodes=1 vnodes=1"), "{refused}");
-        assert!(refused.contains("nodes=1,2,3 vnodes=16"), "{refused}");
-    }
-}
-
 #[cfg(feature = "testing")]
 impl BrokerHandle {
     /// Test hook: makes the named segment actor fail.
@@ -648,4 +624,28 @@ pub async fn run_until_signal(config: BrokerConfig) -> Result<(), BrokerError> {
         }
     }
     broker.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClusterSettings;
+
+    #[test]
+    fn a_data_dir_refuses_cluster_settings_other_than_those_it_was_created_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let alone = BrokerConfig::for_tests(dir.path());
+        check_cluster_settings(&alone).unwrap();
+        check_cluster_settings(&alone).unwrap();
+        let clustered = BrokerConfig {
+            cluster: ClusterSettings {
+                nodes: vec![1, 2, 3],
+                ..ClusterSettings::default()
+            },
+            ..BrokerConfig::for_tests(dir.path())
+        };
+        let refused = check_cluster_settings(&clustered).unwrap_err().to_string();
+        assert!(refused.contains("nodes=1 vnodes=1"), "{refused}");
+        assert!(refused.contains("nodes=1,2,3 vnodes=16"), "{refused}");
+    }
 }

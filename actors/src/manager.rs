@@ -45,11 +45,18 @@ pub(crate) struct ManagerState {
     /// Feeds `Replan` and `Reconcile` from leadership, applied changes and
     /// the slow timer.
     watcher: Option<JoinHandle<()>>,
-    /// Set while a `Reconcile` is queued, so a burst of applied changes
-    /// queues one, not one each: the mailbox stays bounded.
-    reconcile_queued: Arc<AtomicBool>,
+    /// Which of `Replan` and `Reconcile` are queued, so a burst of events
+    /// queues one of each, not one per event: the mailbox stays bounded.
+    queued: Arc<Queued>,
     /// What was last gossiped, so an unchanged routing is not re-sent.
     published: Option<(u64, Vec<VnodeLeader>)>,
+}
+
+/// Flags set while a message is in the manager's mailbox.
+#[derive(Debug, Default)]
+pub(crate) struct Queued {
+    replan: AtomicBool,
+    reconcile: AtomicBool,
 }
 
 /// The coordinator's name in the `coordinator_manager` supervisor.
@@ -199,7 +206,7 @@ impl ManagerState {
 fn watch(
     shared: &Arc<Shared>,
     myself: ActorRef<CoordinatorMsg>,
-    reconcile_queued: Arc<AtomicBool>,
+    queued: Arc<Queued>,
 ) -> Option<JoinHandle<()>> {
     let plane = shared.plane().ok()?;
     let poll = Duration::from_millis(shared.config.cluster.coordinator_poll_ms);
@@ -218,10 +225,12 @@ fn watch(
                 Ok(()) = applied.changed() => changed = true,
                 _ = tokio::time::sleep(poll) => changed = true,
             }
-            if myself.send_message(CoordinatorMsg::Replan).is_err() {
+            if !queued.replan.swap(true, Ordering::SeqCst)
+                && myself.send_message(CoordinatorMsg::Replan).is_err()
+            {
                 break;
             }
-            if changed && !reconcile_queued.swap(true, Ordering::SeqCst) {
+            if changed && !queued.reconcile.swap(true, Ordering::SeqCst) {
                 let _ = myself.send_message(CoordinatorMsg::Reconcile);
             }
         }
@@ -246,7 +255,7 @@ impl Actor for ManagerActor {
             shared,
             running: BTreeSet::new(),
             watcher: None,
-            reconcile_queued: Arc::new(AtomicBool::new(false)),
+            queued: Arc::new(Queued::default()),
             published: None,
         })
     }
@@ -256,14 +265,11 @@ impl Actor for ManagerActor {
         myself: ActorRef<CoordinatorMsg>,
         state: &mut ManagerState,
     ) -> Result<(), ActorProcessingErr> {
-        state.watcher = watch(
-            &state.shared,
-            myself.clone(),
-            Arc::clone(&state.reconcile_queued),
-        );
+        state.watcher = watch(&state.shared, myself.clone(), Arc::clone(&state.queued));
         // Through the mailbox, so the supervisors above finish starting first.
+        state.queued.replan.store(true, Ordering::SeqCst);
         myself.send_message(CoordinatorMsg::Replan)?;
-        state.reconcile_queued.store(true, Ordering::SeqCst);
+        state.queued.reconcile.store(true, Ordering::SeqCst);
         myself.send_message(CoordinatorMsg::Reconcile)?;
         Ok(())
     }
@@ -275,9 +281,12 @@ impl Actor for ManagerActor {
         state: &mut ManagerState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            CoordinatorMsg::Replan => state.replan().await,
+            CoordinatorMsg::Replan => {
+                state.queued.replan.store(false, Ordering::SeqCst);
+                state.replan().await;
+            }
             CoordinatorMsg::Reconcile => {
-                state.reconcile_queued.store(false, Ordering::SeqCst);
+                state.queued.reconcile.store(false, Ordering::SeqCst);
                 // A failed reconcile is a failure of this actor: the
                 // supervisor restarts it, which reconciles again.
                 reconcile(&state.shared).await?;
