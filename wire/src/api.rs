@@ -58,6 +58,7 @@ pub const RESERVED: &[(u16, &str)] = &[
     (203, "pre_vote"),
     (210, "forward_propose"),
     (211, "forward_read"),
+    (212, "forward_list"),
     (300, "join_group"),
     (301, "sync_group"),
     (302, "heartbeat"),
