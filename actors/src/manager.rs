@@ -371,6 +371,13 @@ mod tests {
 
     /// Three brokers in one process sharing the vnodes.
     async fn three(root: &std::path::Path) -> Vec<BrokerHandle> {
+        three_with(root, |_| {}).await
+    }
+
+    async fn three_with(
+        root: &std::path::Path,
+        tune: impl Fn(&mut BrokerConfig),
+    ) -> Vec<BrokerHandle> {
         let mut brokers: Vec<BrokerHandle> = Vec::new();
         for node_id in 1..=3u64 {
             let mut config = BrokerConfig {
@@ -386,6 +393,7 @@ mod tests {
             if let Some(first) = brokers.first() {
                 config.seeds = vec![first.client_addr().to_string()];
             }
+            tune(&mut config);
             let broker = Broker::start(config).await.unwrap();
             assert!(broker.wait_ready(10_000).await);
             brokers.push(broker);
@@ -431,6 +439,83 @@ mod tests {
             let client = via(i).await;
             assert!(client.list_topics().await.unwrap().topics.is_empty());
         }
+        for broker in brokers.into_iter().rev() {
+            broker.shutdown().await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn segments_roll_on_a_broker_that_does_not_lead_the_topics_vnode() {
+        use malachi_wire::batch::{BatchBuilder, Record};
+        use malachi_wire::messages::FetchRequest;
+
+        let dir = tempfile::tempdir().unwrap();
+        let brokers = three_with(dir.path(), |c| c.segment_bytes_max = 2_048).await;
+        let host = Client::connect([brokers[1].client_addr().to_string()])
+            .await
+            .unwrap();
+        // A topic created through broker 2 lives there; find one whose vnode
+        // another broker leads, so every roll goes through that leader.
+        let mut chosen = None;
+        for i in 0..64 {
+            let topic = format!("rolls-{i}");
+            wait_until("a topic is created through broker 2", || {
+                let (host, topic) = (&host, &topic);
+                async move {
+                    host.create_topic(topic, None, None).await.is_ok()
+                        || host.describe_topic(topic).await.is_ok()
+                }
+            })
+            .await;
+            let vnode = (host.describe_topic(&topic).await.unwrap().ranges[0].id >> 40) as u32;
+            let status = host.cluster_status().await.unwrap();
+            let led_here = status
+                .brokers
+                .iter()
+                .any(|b| b.node_id == 2 && b.vnodes_led.contains(&vnode));
+            if !led_here {
+                chosen = Some(topic);
+                break;
+            }
+        }
+        let topic = chosen.expect("every vnode tried is led by broker 2");
+        let mut sent = Vec::new();
+        for batch in 0..20 {
+            let mut builder = BatchBuilder::new(1 << 20);
+            for i in 0..4 {
+                let value = format!("{batch:02}-{i}-{}", "x".repeat(100));
+                builder.push(&Record::new("k", value.clone())).unwrap();
+                sent.push(value);
+            }
+            host.produce(&topic, builder.finish()).await.unwrap();
+        }
+        let described = host.describe_topic(&topic).await.unwrap();
+        let segments = &described.ranges[0].segments;
+        assert!(segments.len() > 2, "no rolls: {described:?}");
+        assert!(segments.iter().all(|s| s.replicas == [2]), "{described:?}");
+
+        let mut received = Vec::new();
+        let mut cursor = None;
+        let deadline = Instant::now() + CONVERGE;
+        while received.len() < sent.len() {
+            assert!(Instant::now() < deadline, "read {} records", received.len());
+            let answer = host
+                .fetch(&FetchRequest {
+                    topic: topic.clone(),
+                    from_start: cursor.is_none(),
+                    cursor: cursor.clone(),
+                    records_max: 1_000,
+                    bytes_max: 1 << 20,
+                    wait_ms: 100,
+                })
+                .await
+                .unwrap();
+            for record in answer.records.records() {
+                received.push(String::from_utf8(record.value.to_vec()).unwrap());
+            }
+            cursor = Some(answer.next_cursor);
+        }
+        assert_eq!(received, sent);
         for broker in brokers.into_iter().rev() {
             broker.shutdown().await.unwrap();
         }
