@@ -96,15 +96,17 @@ fn bench_storage(args: StorageArgs) -> ExitCode {
         quick: args.quick,
         flush_interval_ms: args.flush_interval_ms,
         sync_threads: args.sync_threads,
+        flush_pipeline_depth: args.pipeline_depth,
         filter: args.filter,
     };
     if !args.json {
         println!(
-            "storage benchmark in {} (record frame {} bytes, flush_interval_ms {}, sync_threads {}{})",
+            "storage benchmark in {} (record frame {} bytes, flush_interval_ms {}, sync_threads {}, pipeline_depth {}{})",
             dir.display(),
             bench::frame_bytes(),
             args.flush_interval_ms,
             args.sync_threads,
+            args.pipeline_depth,
             if args.quick { ", quick" } else { "" }
         );
         println!(

@@ -278,6 +278,9 @@ pub struct StorageArgs {
     /// Sync threads of the store.
     #[arg(long, default_value_t = 16)]
     pub sync_threads: usize,
+    /// Flushes of one segment in flight at once (1 serializes write and sync).
+    #[arg(long, default_value_t = 2)]
+    pub pipeline_depth: usize,
     /// Run only the scenarios whose name contains this text.
     #[arg(long)]
     pub filter: Option<String>,

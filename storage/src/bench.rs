@@ -50,6 +50,8 @@ pub struct BenchOptions {
     /// The store's `flush_interval_ms` during the run.
     pub flush_interval_ms: u64,
     pub sync_threads: usize,
+    /// The store's `flush_pipeline_depth` during the run.
+    pub flush_pipeline_depth: usize,
     /// Run only the scenarios whose name contains this (for profiling).
     pub filter: Option<String>,
 }
@@ -169,6 +171,7 @@ pub fn run(
     let cfg = StoreConfig {
         flush_interval_ms: opts.flush_interval_ms,
         sync_threads: opts.sync_threads,
+        flush_pipeline_depth: opts.flush_pipeline_depth,
         ..StoreConfig::default()
     };
     let mut best = None::<(f64, usize, usize, usize)>;

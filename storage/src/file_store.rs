@@ -10,13 +10,27 @@
 //!    `flush_interval_ms == 0`, as soon as the file is not already syncing)
 //!    the segment is queued for a sync thread.
 //! 4. A sync thread takes every pending batch, fills in offsets,
-//!    `flush_first_offset` and CRCs, writes them with one vectored write and
+//!    `durable_below` and CRCs, writes them with one vectored write and
 //!    one `fdatasync`, then publishes the new durable end and completes the
-//!    tickets. One file never has two flushes at once; different files are
-//!    flushed by different threads in parallel, because the disk rewards
-//!    parallel syncs.
+//!    tickets. Different files are flushed by different threads in
+//!    parallel, because the disk rewards parallel syncs.
 //!    With `flush_interval_ms == 0` a caller blocked in `AppendTicket::wait`
 //!    on an idle segment runs that flush on its own thread instead.
+//!
+//! # Pipelined flushes
+//! One file may have up to `flush_pipeline_depth` flushes in flight: once a
+//! flush's write returns, the next flush may write while the earlier one
+//! waits in `fdatasync`, so the page-cache copy of one overlaps the disk
+//! time of the other. Writes stay serialized (one writer at a time, in
+//! offset order); durability is published strictly in flush order, so a
+//! flush whose sync returns early waits for the earlier ones.
+//!
+//! Each pipeline slot syncs through its own open file description. Linux
+//! reports a writeback error once per open file description (errseq), so
+//! two concurrent `fdatasync` calls on one descriptor race for the report
+//! and the loser returns success for pages that were lost. With one
+//! description per slot, and a slot never used by two flushes at once,
+//! every `fdatasync` sees every error raised since that slot's previous one.
 //!
 //! A failed write or sync latches the segment as failed: fsync errors cannot
 //! be retried safely, so the copy takes no more appends and must be sealed by
@@ -109,7 +123,10 @@ impl Ord for TimerEntry {
 struct Segment {
     id: SegmentId,
     log_path: PathBuf,
+    /// For reads, scans and recovery.
     log: File,
+    /// One open file description per pipeline slot, for writes and syncs.
+    writers: Vec<File>,
     idx: File,
     state: Mutex<SegState>,
     /// Signalled whenever a flush finishes.
@@ -137,9 +154,17 @@ struct SegState {
     pending_first_offset: u64,
     pending_since: Option<Instant>,
     pending_waiters: Vec<Arc<Completion>>,
-    inflight: bool,
-    /// Sync tickets satisfied by the flush in flight.
-    inflight_waiters: Vec<Arc<Completion>>,
+    /// Bytes handed to writes so far: where the next flush writes.
+    written_bytes: u64,
+    /// A flush is writing (writes are never concurrent).
+    writing: bool,
+    /// Pipeline slots whose flush has not returned from `fdatasync` yet.
+    slots_busy: u32,
+    /// Flushes taken and not yet published, in flush (and offset) order.
+    inflight: VecDeque<InFlight>,
+    flush_seq: u64,
+    /// The first flush that failed: it and every later flush fail.
+    failed_from_seq: Option<u64>,
     ready_queued: bool,
     timer_armed: bool,
     /// Set by sync, seal and close: flush now regardless of triggers.
@@ -147,6 +172,19 @@ struct SegState {
     fenced: bool,
     sealed: Option<SealInfo>,
     failed: Option<String>,
+}
+
+/// A flush between being taken and being published.
+#[derive(Debug)]
+struct InFlight {
+    seq: u64,
+    first: u64,
+    records: u64,
+    position: u64,
+    bytes: u64,
+    waiters: Vec<Arc<Completion>>,
+    /// Set when the flush's write failed or its `fdatasync` returned.
+    outcome: Option<Result<(), StorageError>>,
 }
 
 /// One append's frames, encoded by the appender's thread.
@@ -299,7 +337,7 @@ impl FileStore {
         };
         self.shared.wake(seg, wake);
         let mut st = seg.state.lock();
-        while (st.inflight || st.pending_records > 0) && st.failed.is_none() {
+        while !st.inflight.is_empty() || (st.pending_records > 0 && st.failed.is_none()) {
             seg.idle.wait(&mut st);
         }
     }
@@ -415,10 +453,15 @@ impl FileStore {
             }
         };
         let persisted = index.entries().len();
+        let writers = (0..cfg.flush_pipeline_depth)
+            .map(|_| OpenOptions::new().write(true).open(&log_path))
+            .collect::<io::Result<Vec<File>>>()
+            .map_err(io_err("open log for writing"))?;
         let segment = Segment {
             id,
             log_path: self.log_path(id),
             log,
+            writers,
             idx,
             state: Mutex::new(SegState {
                 next_offset: records,
@@ -430,8 +473,12 @@ impl FileStore {
                 pending_first_offset: records,
                 pending_since: None,
                 pending_waiters: Vec::new(),
-                inflight: false,
-                inflight_waiters: Vec::new(),
+                written_bytes: bytes,
+                writing: false,
+                slots_busy: 0,
+                inflight: VecDeque::new(),
+                flush_seq: 0,
+                failed_from_seq: None,
                 ready_queued: false,
                 timer_armed: false,
                 force_flush: false,
@@ -683,8 +730,9 @@ impl SegmentStore for FileStore {
             if st.pending_records > 0 {
                 st.pending_waiters.push(completion);
                 st.force_flush = true;
-            } else if st.inflight {
-                st.inflight_waiters.push(completion);
+            } else if let Some(last) = st.inflight.back_mut() {
+                // Published in order, so the last flush covers everything.
+                last.waiters.push(completion);
             } else {
                 return Ok(AppendTicket::ready(end..end));
             }
@@ -878,7 +926,7 @@ fn check_writable(segment: SegmentId, st: &SegState) -> Result<(), StorageError>
 /// Decides, under the segment lock, whether its pending bytes should be
 /// flushed now, on a timer, or left to the flush in flight.
 fn decide(cfg: &StoreConfig, st: &mut SegState, now: Instant) -> Wake {
-    if st.inflight || st.pending_records == 0 || st.failed.is_some() {
+    if !can_take(cfg, st) || st.pending_records == 0 || st.failed.is_some() {
         return Wake::Nothing;
     }
     let interval = Duration::from_millis(cfg.flush_interval_ms);
@@ -900,6 +948,15 @@ fn decide(cfg: &StoreConfig, st: &mut SegState, now: Instant) -> Wake {
         st.timer_armed = true;
         Wake::Timer(deadline)
     }
+}
+
+/// Whether a new flush may start: nothing is writing and a slot is free.
+fn can_take(cfg: &StoreConfig, st: &SegState) -> bool {
+    !st.writing && free_slot(cfg, st).is_some()
+}
+
+fn free_slot(cfg: &StoreConfig, st: &SegState) -> Option<usize> {
+    (0..cfg.flush_pipeline_depth).find(|slot| st.slots_busy & (1 << slot) == 0)
 }
 
 fn sync_worker(shared: &Shared) {
@@ -938,11 +995,13 @@ fn sync_worker(shared: &Shared) {
 
 struct Taken {
     batches: Vec<Batch>,
+    seq: u64,
+    slot: usize,
     records: u64,
     bytes: u64,
     first: u64,
     position: u64,
-    waiters: Vec<Arc<Completion>>,
+    durable_below: u64,
 }
 
 /// Who runs a flush.
@@ -957,8 +1016,10 @@ enum FlushSource {
     Helper,
 }
 
-/// One group commit of one file: one vectored write and one fdatasync.
+/// One group commit of one file: one vectored write and one fdatasync,
+/// pipelined behind up to `flush_pipeline_depth - 1` earlier ones.
 fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
+    let cfg = &shared.config;
     let taken = {
         let mut st = seg.state.lock();
         match source {
@@ -966,36 +1027,57 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
             FlushSource::Ready => st.ready_queued = false,
             FlushSource::Helper => {}
         }
-        if st.inflight || st.pending_records == 0 || st.failed.is_some() {
+        if st.pending_records == 0 || st.failed.is_some() {
             return;
         }
-        st.inflight = true;
+        let (false, Some(slot)) = (st.writing, free_slot(cfg, &st)) else {
+            return;
+        };
+        st.writing = true;
+        st.slots_busy |= 1 << slot;
         st.force_flush = false;
         st.pending_since = None;
+        let seq = st.flush_seq;
+        st.flush_seq += 1;
         let taken = Taken {
             batches: std::mem::take(&mut st.pending),
+            seq,
+            slot,
             records: st.pending_records as u64,
             bytes: st.pending_bytes as u64,
             first: st.pending_first_offset,
-            position: st.durable_bytes,
-            waiters: std::mem::take(&mut st.pending_waiters),
+            position: st.written_bytes,
+            durable_below: st.durable_offset,
         };
+        let waiters = std::mem::take(&mut st.pending_waiters);
+        st.inflight.push_back(InFlight {
+            seq,
+            first: taken.first,
+            records: taken.records,
+            position: taken.position,
+            bytes: taken.bytes,
+            waiters,
+            outcome: None,
+        });
         st.pending_records = 0;
         st.pending_bytes = 0;
         taken
     };
     let Taken {
         mut batches,
+        seq,
+        slot,
         records,
         bytes,
         first,
         position,
-        waiters,
+        durable_below,
     } = taken;
-    // The trailers are filled in here, on the sync thread, once the flush is
-    // known: flush_first_offset is what lets recovery tell this flush's torn
-    // pages from damage to an earlier, durable flush. The appenders already
-    // checksummed the bodies, so this costs 16 bytes of CRC per frame.
+    // The trailers are filled in here, once the flush is known:
+    // durable_below (the durable end when this flush was taken) is what lets
+    // recovery tell this flush's torn pages, or a pipelined neighbour's,
+    // from damage to a flush that was already durable. The appenders
+    // already checksummed the bodies, so this costs 16 bytes of CRC a frame.
     let mut offset = first;
     for batch in &mut batches {
         for (i, &start) in batch.starts.iter().enumerate() {
@@ -1005,7 +1087,12 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
                 .copied()
                 .unwrap_or(batch.bytes.len());
             let body_crc = batch.body_crcs[i].clone();
-            frame::seal_frame(&mut batch.bytes[start..end], offset, first, body_crc);
+            frame::seal_frame(
+                &mut batch.bytes[start..end],
+                offset,
+                durable_below,
+                body_crc,
+            );
             if cfg!(debug_assertions) {
                 // Pair the checksum written with one read back before the bytes leave.
                 let decoded = frame::decode(&batch.bytes[start..end]).map(|(v, _)| v.offset);
@@ -1015,8 +1102,11 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
         }
     }
     assert_eq!(offset, first + records, "pending record count out of step");
-    let result = write_batches(&seg.log, &batches, position).and_then(|()| seg.log.sync_data());
-    if result.is_ok() {
+    let file = &seg.writers[slot];
+    let written = write_batches(file, &batches, position);
+    if written.is_ok() {
+        // Writes are serialized, so index entries arrive in offset order.
+        // Entries past the durable end are harmless: reads stop at it.
         let mut idx = seg.index.lock();
         let (mut offset, mut base) = (first, position);
         for batch in &batches {
@@ -1036,40 +1126,103 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
         }
     }
     drop(batches);
-    let (waiters, outcome, wake) = {
+    let wake = {
         let mut st = seg.state.lock();
-        st.inflight = false;
-        let mut waiters = waiters;
-        waiters.append(&mut st.inflight_waiters);
-        let outcome = match &result {
+        st.writing = false;
+        match &written {
             Ok(()) => {
-                st.durable_offset = first + records;
-                st.durable_bytes = position + bytes;
-                Ok(())
+                assert_eq!(st.written_bytes, position, "flush writes out of order");
+                st.written_bytes = position + bytes;
             }
+            // Latch before anyone can take a flush that would write after a gap.
+            Err(e) => latch_failed(&mut st, seq, e),
+        }
+        // The next flush may write while this one syncs.
+        decide(cfg, &mut st, Instant::now())
+    };
+    shared.wake(seg, wake);
+    let result = written.and_then(|()| file.sync_data());
+    complete(shared, seg, seq, slot, result);
+}
+
+/// Marks the segment failed from flush `seq` on: fsync errors cannot be
+/// retried safely, so the copy takes no more appends.
+fn latch_failed(st: &mut SegState, seq: u64, e: &io::Error) {
+    if st.failed.is_none() {
+        st.failed = Some(e.to_string());
+    }
+    st.failed_from_seq = Some(st.failed_from_seq.map_or(seq, |from| from.min(seq)));
+}
+
+/// Records a flush's outcome, frees its slot and publishes every flush at
+/// the head of the pipeline whose outcome is known, in order.
+fn complete(shared: &Shared, seg: &Arc<Segment>, seq: u64, slot: usize, result: io::Result<()>) {
+    let (done, wake, published) = {
+        let mut st = seg.state.lock();
+        st.slots_busy &= !(1 << slot);
+        let mut done = Vec::new();
+        let outcome = match &result {
+            Ok(()) => Ok(()),
             Err(e) => {
-                error!(segment = seg.id.0, error = %e, position, bytes, "flush failed; segment latched as failed");
-                st.failed = Some(e.to_string());
-                waiters.append(&mut st.pending_waiters);
+                error!(segment = seg.id.0, error = %e, seq, "flush failed; segment latched as failed");
+                latch_failed(&mut st, seq, e);
+                // Nothing pending will be written any more.
+                let failed = StorageError::Failed {
+                    segment: seg.id,
+                    reason: e.to_string(),
+                };
+                done.push((std::mem::take(&mut st.pending_waiters), Err(failed)));
                 st.pending.clear();
                 st.pending_records = 0;
                 st.pending_bytes = 0;
                 Err(StorageError::io("flush log", &seg.log_path, clone_io(e)))
             }
         };
+        let entry = st
+            .inflight
+            .iter_mut()
+            .find(|f| f.seq == seq)
+            .expect("a flush in flight is in the pipeline until published");
+        entry.outcome = Some(outcome);
+        let mut published = (0u64, 0u64, 0u64);
+        while st.inflight.front().is_some_and(|f| f.outcome.is_some()) {
+            let Some(f) = st.inflight.pop_front() else {
+                break;
+            };
+            let mut outcome = f.outcome.unwrap_or(Err(StorageError::ShuttingDown));
+            if outcome.is_ok() && st.failed_from_seq.is_some_and(|from| f.seq > from) {
+                // Its own sync succeeded, but an earlier flush's data is lost:
+                // durability is a prefix, so this one is not durable either.
+                outcome = Err(StorageError::Failed {
+                    segment: seg.id,
+                    reason: st.failed.clone().unwrap_or_default(),
+                });
+            }
+            if outcome.is_ok() {
+                assert_eq!(f.first, st.durable_offset, "flushes published out of order");
+                st.durable_offset = f.first + f.records;
+                st.durable_bytes = f.position + f.bytes;
+                published.0 += 1;
+                published.1 += f.bytes;
+                published.2 += f.records;
+            }
+            done.push((f.waiters, outcome));
+        }
         let wake = decide(&shared.config, &mut st, Instant::now());
         seg.idle.notify_all();
-        (waiters, outcome, wake)
+        (done, wake, published)
     };
-    if outcome.is_ok() {
+    if published.0 > 0 {
         let mut stats = shared.stats.lock();
-        stats.flushes += 1;
-        stats.flushed_bytes += bytes;
-        stats.flushed_records += records;
+        stats.flushes += published.0;
+        stats.flushed_bytes += published.1;
+        stats.flushed_records += published.2;
     }
     shared.wake(seg, wake);
-    for waiter in waiters {
-        waiter.complete(outcome.clone());
+    for (waiters, outcome) in done {
+        for waiter in waiters {
+            waiter.complete(outcome.clone());
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! payload = body | trailer
 //! body    = timestamp_ms u64 | key_len u32 | key | value_len u32 | value
 //!         | header_count u32 | { name_len u32 | name (utf-8) | hvalue_len u32 | hvalue }*
-//! trailer = offset u64 | flush_first_offset u64
+//! trailer = offset u64 | durable_below u64
 //! ```
 //!
 //! The offsets sit in a trailer so that the appender's thread can checksum
@@ -26,9 +26,9 @@ use crate::record::Record;
 pub const FRAME_MAGIC: [u8; 4] = *b"MLR1";
 /// Magic, payload length and CRC.
 pub const FRAME_HEADER_BYTES: usize = 12;
-/// timestamp, key_len, value_len, header_count, offset, flush_first_offset.
+/// timestamp, key_len, value_len, header_count, offset, durable_below.
 pub const PAYLOAD_FIXED_BYTES: usize = 8 + 4 + 4 + 4 + 8 + 8;
-/// The trailer: offset and flush_first_offset.
+/// The trailer: offset and durable_below.
 pub const TRAILER_BYTES: usize = 16;
 /// The smallest possible frame: an empty key, value and header list.
 pub const FRAME_BYTES_MIN: usize = FRAME_HEADER_BYTES + PAYLOAD_FIXED_BYTES;
@@ -65,7 +65,7 @@ pub struct FrameView<'a> {
     pub offset: u64,
     /// The offset of the first record written by the same write and fdatasync.
     /// Recovery uses it to tell a torn last flush from damage in the middle.
-    pub flush_first_offset: u64,
+    pub durable_below: u64,
     pub timestamp_ms: u64,
     pub key: &'a [u8],
     pub value: &'a [u8],
@@ -106,10 +106,10 @@ pub fn payload_len(record: &Record) -> Option<usize> {
 ///
 /// The caller must have checked `payload_len(record) <= FRAME_PAYLOAD_BYTES_MAX`;
 /// that bound is what makes every inner length fit its `u32` field.
-pub fn encode(buf: &mut Vec<u8>, offset: u64, flush_first_offset: u64, record: &Record) {
+pub fn encode(buf: &mut Vec<u8>, offset: u64, durable_below: u64, record: &Record) {
     let start = buf.len();
     let body_crc = encode_unsealed(buf, record);
-    seal_frame(&mut buf[start..], offset, flush_first_offset, body_crc);
+    seal_frame(&mut buf[start..], offset, durable_below, body_crc);
 }
 
 /// Appends a frame whose trailer and CRC are still zero, and returns the
@@ -148,7 +148,7 @@ pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &Record) -> crc32fast::
 pub(crate) fn seal_frame(
     frame: &mut [u8],
     offset: u64,
-    flush_first_offset: u64,
+    durable_below: u64,
     body_crc: crc32fast::Hasher,
 ) {
     assert!(
@@ -156,12 +156,12 @@ pub(crate) fn seal_frame(
         "frame shorter than the minimum"
     );
     assert!(
-        flush_first_offset <= offset,
+        durable_below <= offset,
         "a flush starts at or before its records"
     );
     let trailer_start = frame.len() - TRAILER_BYTES;
     frame[trailer_start..trailer_start + 8].copy_from_slice(&offset.to_le_bytes());
-    frame[trailer_start + 8..].copy_from_slice(&flush_first_offset.to_le_bytes());
+    frame[trailer_start + 8..].copy_from_slice(&durable_below.to_le_bytes());
     let mut hasher = body_crc;
     hasher.update(&frame[trailer_start..]);
     let crc = hasher.finalize();
@@ -231,20 +231,20 @@ fn decode_payload(payload: &[u8]) -> Result<FrameView<'_>, FrameError> {
         headers.push((name, cur.bytes()?));
     }
     let offset = cur.u64()?;
-    let flush_first_offset = cur.u64()?;
+    let durable_below = cur.u64()?;
     if !cur.bytes.is_empty() {
         return Err(FrameError::Malformed {
             reason: "bytes between the headers and the trailer",
         });
     }
-    if flush_first_offset > offset {
+    if durable_below > offset {
         return Err(FrameError::Malformed {
             reason: "flush starts after its own record",
         });
     }
     Ok(FrameView {
         offset,
-        flush_first_offset,
+        durable_below,
         timestamp_ms,
         key,
         value,
@@ -316,7 +316,7 @@ mod tests {
         let (view, len) = decode(&buf).unwrap();
         assert_eq!(len, buf.len());
         assert_eq!(view.offset, 7);
-        assert_eq!(view.flush_first_offset, 5);
+        assert_eq!(view.durable_below, 5);
         assert_eq!(view.to_record(), sample());
     }
 

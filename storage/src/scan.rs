@@ -161,7 +161,7 @@ pub struct BadFrame {
 pub struct LaterFrame {
     pub position: u64,
     pub offset: u64,
-    pub flush_first_offset: u64,
+    pub durable_below: u64,
 }
 
 /// The result of scanning a log from byte zero.
@@ -176,9 +176,9 @@ pub struct ScanReport {
     pub first_bad: Option<BadFrame>,
     /// The first valid frame after the bad one, if any.
     pub valid_after: Option<LaterFrame>,
-    /// A valid frame after the bad one that a later flush wrote. A later flush
-    /// starts only after the earlier one's fdatasync returned, so the bad
-    /// frame's bytes were durable: this is damage, not a torn tail.
+    /// A valid frame after the bad one, written when the bad frame's record
+    /// was already durable (its `durable_below` is above that offset): this
+    /// is damage, not a torn tail.
     pub later_flush: Option<LaterFrame>,
     pub index: SparseIndex,
 }
@@ -278,14 +278,15 @@ pub(crate) fn find_valid_after(
                     let later = LaterFrame {
                         position: candidate,
                         offset: view.offset,
-                        flush_first_offset: view.flush_first_offset,
+                        durable_below: view.durable_below,
                     };
                     first.get_or_insert(later);
-                    if view.flush_first_offset > bad.offset {
+                    if view.durable_below > bad.offset {
                         return Ok((first, Some(later)));
                     }
-                    // Frames of the same flush as the bad one: skip past this
-                    // one and keep looking for a later flush.
+                    // Written while the bad record was not yet durable (its
+                    // own flush or a pipelined one): skip past this one and
+                    // keep looking for a frame written after it was durable.
                     next_pos = candidate + len as u64;
                     break;
                 }

@@ -199,6 +199,10 @@ impl SealPolicy {
     }
 }
 
+/// The deepest flush pipeline a segment may run: each slot holds one more
+/// open descriptor of the log.
+pub const FLUSH_PIPELINE_DEPTH_MAX: usize = 8;
+
 /// Tunables of the file store. Every queue and batch is bounded by one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreConfig {
@@ -217,6 +221,10 @@ pub struct StoreConfig {
     pub batch_records_max: usize,
     /// Threads that write and fdatasync; distinct files sync in parallel.
     pub sync_threads: usize,
+    /// Flushes of one file that may be in flight at once: the next flush is
+    /// written while earlier ones wait for their `fdatasync`, which overlaps
+    /// the page-cache copy with the disk. 1 serializes write and sync.
+    pub flush_pipeline_depth: usize,
     /// About one index entry per this many log bytes.
     pub index_interval_bytes: u64,
     /// Read buffer size for scans and reads.
@@ -233,6 +241,7 @@ impl Default for StoreConfig {
             record_bytes_max: 1 << 20,
             batch_records_max: 100_000,
             sync_threads: 16,
+            flush_pipeline_depth: 2,
             index_interval_bytes: 4096,
             read_chunk_bytes: 256 << 10,
         }
@@ -257,6 +266,9 @@ impl StoreConfig {
             return bad(
                 "batch_records_max, sync_threads and index_interval_bytes must be positive",
             );
+        }
+        if !(1..=FLUSH_PIPELINE_DEPTH_MAX).contains(&self.flush_pipeline_depth) {
+            return bad("flush_pipeline_depth must be between 1 and 8");
         }
         if self.read_chunk_bytes < crate::frame::FRAME_BYTES_MIN {
             return bad("read_chunk_bytes must hold the smallest frame");

@@ -216,3 +216,58 @@ fn a_sealed_copy_shorter_than_its_seal_opens_with_what_it_holds_and_is_not_trunc
     assert_eq!(recovery.info.length, 11);
     assert_eq!(fs::metadata(&log_path).unwrap().len(), cut as u64);
 }
+
+/// Encodes `records` from `first` on as one flush taken when the log was
+/// durable below `durable_below`.
+fn encode_flush(buf: &mut Vec<u8>, first: u64, durable_below: u64, records: &[Record]) {
+    for (i, r) in records.iter().enumerate() {
+        malachi_storage::frame::encode(buf, first + i as u64, durable_below, r);
+    }
+}
+
+#[test]
+fn a_hole_in_a_flush_followed_by_a_pipelined_flush_is_torn() {
+    // Flush 3 was written while flush 2 still waited for its fdatasync
+    // (both carry durable_below 4): a crash may persist flush 3's pages and
+    // not flush 2's, and neither was acknowledged, so this is a torn tail.
+    let all: Vec<Record> = (0..12).map(record).collect();
+    let mut bytes = Vec::new();
+    encode_flush(&mut bytes, 0, 0, &all[0..4]);
+    let second = bytes.len();
+    encode_flush(&mut bytes, 4, 4, &all[4..9]);
+    encode_flush(&mut bytes, 9, 4, &all[9..12]);
+    let hole = second + frame_len(&all[4]) as usize;
+    bytes[hole..hole + 40].fill(0);
+    let dir = tempfile::tempdir().unwrap();
+    install_log(dir.path(), &bytes);
+    let store = store(dir.path());
+    let recovery = store.open(SEG).unwrap();
+    assert_eq!(recovery.info.length, 5);
+    assert_eq!(recovery.truncated_bytes, (bytes.len() - hole) as u64);
+    let read: Vec<Record> = read_all(&store, SEG)
+        .into_iter()
+        .map(|r| r.record)
+        .collect();
+    assert_eq!(read, all[..5]);
+}
+
+#[test]
+fn a_hole_followed_by_a_flush_written_after_it_was_durable_is_damage() {
+    // The same log, but flush 3 was taken once flush 2 was durable
+    // (durable_below 9): flush 2's bytes may have been acknowledged.
+    let all: Vec<Record> = (0..12).map(record).collect();
+    let mut bytes = Vec::new();
+    encode_flush(&mut bytes, 0, 0, &all[0..4]);
+    let second = bytes.len();
+    encode_flush(&mut bytes, 4, 4, &all[4..9]);
+    encode_flush(&mut bytes, 9, 9, &all[9..12]);
+    let hole = second + frame_len(&all[4]) as usize;
+    bytes[hole..hole + 40].fill(0);
+    let dir = tempfile::tempdir().unwrap();
+    install_log(dir.path(), &bytes);
+    let store = store(dir.path());
+    assert!(matches!(
+        store.open(SEG),
+        Err(StorageError::Damaged { offset: 5, .. })
+    ));
+}
