@@ -97,16 +97,18 @@ fn bench_storage(args: StorageArgs) -> ExitCode {
         flush_interval_ms: args.flush_interval_ms,
         sync_threads: args.sync_threads,
         flush_pipeline_depth: args.pipeline_depth,
+        direct_io: !args.buffered,
         filter: args.filter,
     };
     if !args.json {
         println!(
-            "storage benchmark in {} (record frame {} bytes, flush_interval_ms {}, sync_threads {}, pipeline_depth {}{})",
+            "storage benchmark in {} (record frame {} bytes, flush_interval_ms {}, sync_threads {}, pipeline_depth {}, {}{})",
             dir.display(),
             bench::frame_bytes(),
             args.flush_interval_ms,
             args.sync_threads,
             args.pipeline_depth,
+            if args.buffered { "buffered" } else { "direct i/o" },
             if args.quick { ", quick" } else { "" }
         );
         println!(

@@ -281,6 +281,9 @@ pub struct StorageArgs {
     /// Flushes of one segment in flight at once (1 serializes write and sync).
     #[arg(long, default_value_t = 2)]
     pub pipeline_depth: usize,
+    /// Write through the page cache instead of with O_DIRECT.
+    #[arg(long)]
+    pub buffered: bool,
     /// Run only the scenarios whose name contains this text.
     #[arg(long)]
     pub filter: Option<String>,

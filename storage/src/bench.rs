@@ -52,6 +52,8 @@ pub struct BenchOptions {
     pub sync_threads: usize,
     /// The store's `flush_pipeline_depth` during the run.
     pub flush_pipeline_depth: usize,
+    /// The store's `direct_io` during the run.
+    pub direct_io: bool,
     /// Run only the scenarios whose name contains this (for profiling).
     pub filter: Option<String>,
 }
@@ -172,6 +174,7 @@ pub fn run(
         flush_interval_ms: opts.flush_interval_ms,
         sync_threads: opts.sync_threads,
         flush_pipeline_depth: opts.flush_pipeline_depth,
+        direct_io: opts.direct_io,
         ..StoreConfig::default()
     };
     let mut best = None::<(f64, usize, usize, usize)>;

@@ -41,7 +41,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Seek, SeekFrom, Write};
 use std::ops::ControlFlow;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, warn};
 
+use crate::direct::{self, AlignedBuf, BLOCK_BYTES};
 use crate::error::StorageError;
 use crate::frame::{self, FrameError, FrameView};
 use crate::index::{IndexEntry, SparseIndex};
@@ -67,6 +68,8 @@ pub struct StoreStats {
     pub flushes: u64,
     pub flushed_bytes: u64,
     pub flushed_records: u64,
+    /// Bytes written with `O_DIRECT` (whole blocks, rewrites included).
+    pub direct_bytes: u64,
 }
 
 /// A directory of segment copies with group commit over a pool of sync threads.
@@ -84,6 +87,9 @@ struct Shared {
     sched: Mutex<Scheduler>,
     sched_cv: Condvar,
     stats: Mutex<StoreStats>,
+    /// Aligned buffers for direct writes, reused so that a flush does not
+    /// fault in fresh pages (bounded by `direct::POOLED_BUFFERS_MAX`).
+    buffers: Mutex<Vec<AlignedBuf>>,
 }
 
 #[derive(Debug, Default)]
@@ -125,8 +131,11 @@ struct Segment {
     log_path: PathBuf,
     /// For reads, scans and recovery.
     log: File,
-    /// One open file description per pipeline slot, for writes and syncs.
+    /// One open file description per pipeline slot, for writes and syncs
+    /// (opened with `O_DIRECT` when `direct` is set).
     writers: Vec<File>,
+    /// Whether flushes write whole blocks with `O_DIRECT`.
+    direct: bool,
     idx: File,
     state: Mutex<SegState>,
     /// Signalled whenever a flush finishes.
@@ -156,6 +165,9 @@ struct SegState {
     pending_waiters: Vec<Arc<Completion>>,
     /// Bytes handed to writes so far: where the next flush writes.
     written_bytes: u64,
+    /// With direct writes: the bytes of the partial block that ends at
+    /// `written_bytes` (under one block), which the next flush rewrites.
+    tail_block: Vec<u8>,
     /// A flush is writing (writes are never concurrent).
     writing: bool,
     /// Pipeline slots whose flush has not returned from `fdatasync` yet.
@@ -217,6 +229,7 @@ impl FileStore {
             sched: Mutex::new(Scheduler::default()),
             sched_cv: Condvar::new(),
             stats: Mutex::new(StoreStats::default()),
+            buffers: Mutex::new(Vec::new()),
         });
         let mut workers = Vec::with_capacity(shared.config.sync_threads);
         for n in 0..shared.config.sync_threads {
@@ -453,15 +466,22 @@ impl FileStore {
             }
         };
         let persisted = index.entries().len();
-        let writers = (0..cfg.flush_pipeline_depth)
-            .map(|_| OpenOptions::new().write(true).open(&log_path))
-            .collect::<io::Result<Vec<File>>>()
-            .map_err(io_err("open log for writing"))?;
+        let (writers, direct) = open_writers(&log_path, cfg)?;
+        let tail_block = if direct {
+            let base = align_down(bytes);
+            let mut tail = vec![0u8; (bytes - base) as usize];
+            log.read_exact_at(&mut tail, base)
+                .map_err(io_err("read the last block"))?;
+            tail
+        } else {
+            Vec::new()
+        };
         let segment = Segment {
             id,
             log_path: self.log_path(id),
             log,
             writers,
+            direct,
             idx,
             state: Mutex::new(SegState {
                 next_offset: records,
@@ -474,6 +494,7 @@ impl FileStore {
                 pending_since: None,
                 pending_waiters: Vec::new(),
                 written_bytes: bytes,
+                tail_block,
                 writing: false,
                 slots_busy: 0,
                 inflight: VecDeque::new(),
@@ -995,6 +1016,8 @@ fn sync_worker(shared: &Shared) {
 
 struct Taken {
     batches: Vec<Batch>,
+    /// The partial last block's bytes (direct writes only).
+    head: Vec<u8>,
     seq: u64,
     slot: usize,
     records: u64,
@@ -1041,6 +1064,7 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
         st.flush_seq += 1;
         let taken = Taken {
             batches: std::mem::take(&mut st.pending),
+            head: std::mem::take(&mut st.tail_block),
             seq,
             slot,
             records: st.pending_records as u64,
@@ -1065,6 +1089,7 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
     };
     let Taken {
         mut batches,
+        head,
         seq,
         slot,
         records,
@@ -1103,7 +1128,21 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
     }
     assert_eq!(offset, first + records, "pending record count out of step");
     let file = &seg.writers[slot];
-    let written = write_batches(file, &batches, position);
+    let mut written = if !seg.direct {
+        write_batches(file, &batches, position).map(|()| None)
+    } else if head.len() + bytes as usize >= cfg.direct_io_bytes_min {
+        write_direct(shared, seg, file, head, &batches, position, bytes).map(Some)
+    } else {
+        // A small flush costs little to copy, and a direct write of it would
+        // first wait for the cached partial block to be written back.
+        write_batches(&seg.log, &batches, position).map(|()| {
+            Some(direct::tail_of(
+                &head,
+                &batches_bytes(&batches),
+                position + bytes,
+            ))
+        })
+    };
     if written.is_ok() {
         // Writes are serialized, so index entries arrive in offset order.
         // Entries past the durable end are harmless: reads stop at it.
@@ -1129,10 +1168,13 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
     let wake = {
         let mut st = seg.state.lock();
         st.writing = false;
-        match &written {
-            Ok(()) => {
+        match &mut written {
+            Ok(tail) => {
                 assert_eq!(st.written_bytes, position, "flush writes out of order");
                 st.written_bytes = position + bytes;
+                if let Some(tail) = tail.take() {
+                    st.tail_block = tail;
+                }
             }
             // Latch before anyone can take a flush that would write after a gap.
             Err(e) => latch_failed(&mut st, seq, e),
@@ -1141,7 +1183,7 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
         decide(cfg, &mut st, Instant::now())
     };
     shared.wake(seg, wake);
-    let result = written.and_then(|()| file.sync_data());
+    let result = written.and_then(|_| file.sync_data());
     complete(shared, seg, seq, slot, result);
 }
 
@@ -1178,11 +1220,9 @@ fn complete(shared: &Shared, seg: &Arc<Segment>, seq: u64, slot: usize, result: 
                 Err(StorageError::io("flush log", &seg.log_path, clone_io(e)))
             }
         };
-        let entry = st
-            .inflight
-            .iter_mut()
-            .find(|f| f.seq == seq)
-            .expect("a flush in flight is in the pipeline until published");
+        let Some(entry) = st.inflight.iter_mut().find(|f| f.seq == seq) else {
+            unreachable!("a flush stays in the pipeline until it is published");
+        };
         entry.outcome = Some(outcome);
         let mut published = (0u64, 0u64, 0u64);
         while st.inflight.front().is_some_and(|f| f.outcome.is_some()) {
@@ -1224,6 +1264,75 @@ fn complete(shared: &Shared, seg: &Arc<Segment>, seq: u64, slot: usize, result: 
             waiter.complete(outcome.clone());
         }
     }
+}
+
+fn batches_bytes(batches: &[Batch]) -> Vec<&[u8]> {
+    batches.iter().map(|b| b.bytes.as_slice()).collect()
+}
+
+fn align_down(position: u64) -> u64 {
+    position / BLOCK_BYTES as u64 * BLOCK_BYTES as u64
+}
+
+/// Opens one writer per pipeline slot, with `O_DIRECT` when configured and
+/// supported. Returns the writers and whether they are direct.
+fn open_writers(path: &Path, cfg: &StoreConfig) -> Result<(Vec<File>, bool), StorageError> {
+    let open = |direct: bool| {
+        (0..cfg.flush_pipeline_depth)
+            .map(|_| {
+                let mut options = OpenOptions::new();
+                options.write(true);
+                if direct {
+                    options.custom_flags(libc::O_DIRECT);
+                }
+                options.open(path)
+            })
+            .collect::<io::Result<Vec<File>>>()
+    };
+    if cfg.direct_io {
+        match open(true) {
+            Ok(writers) => return Ok((writers, true)),
+            Err(e) if direct::unsupported(&e) => {
+                warn!(path = %path.display(), "the file system refuses O_DIRECT; writing through the page cache");
+            }
+            Err(e) => return Err(StorageError::io("open log for direct writes", path, e)),
+        }
+    }
+    let writers = open(false).map_err(|e| StorageError::io("open log for writing", path, e))?;
+    Ok((writers, false))
+}
+
+/// Copies the partial last block's bytes and the batches into an aligned
+/// buffer and writes it (see [`direct`]). Returns the new partial block.
+fn write_direct(
+    shared: &Shared,
+    seg: &Segment,
+    file: &File,
+    head: Vec<u8>,
+    batches: &[Batch],
+    position: u64,
+    bytes: u64,
+) -> io::Result<Vec<u8>> {
+    let base = position - head.len() as u64;
+    assert_eq!(base, align_down(position), "partial block out of step");
+    let mut buf = shared.buffers.lock().pop().unwrap_or_default();
+    buf.reset(head.len() + bytes as usize);
+    buf.extend_from_slice(&head);
+    for batch in batches {
+        buf.extend_from_slice(&batch.bytes);
+    }
+    let tail = direct::write_blocks(file, &seg.log, &buf, base);
+    if tail.is_ok() {
+        let whole = buf.as_slice().len() / BLOCK_BYTES * BLOCK_BYTES;
+        shared.stats.lock().direct_bytes += whole as u64;
+    }
+    if buf.capacity() <= direct::POOLED_BUFFER_BYTES_MAX {
+        let mut pool = shared.buffers.lock();
+        if pool.len() < direct::POOLED_BUFFERS_MAX {
+            pool.push(buf);
+        }
+    }
+    tail
 }
 
 /// Writes the batches back to back at `position` with vectored writes.

@@ -9,6 +9,7 @@
 //! store against the disk's own durable write bandwidth.
 
 pub mod bench;
+mod direct;
 mod error;
 mod file_store;
 pub mod frame;

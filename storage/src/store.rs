@@ -225,6 +225,12 @@ pub struct StoreConfig {
     /// written while earlier ones wait for their `fdatasync`, which overlaps
     /// the page-cache copy with the disk. 1 serializes write and sync.
     pub flush_pipeline_depth: usize,
+    /// Write whole blocks with `O_DIRECT` (ADR 0012), skipping the kernel's
+    /// page-cache copy; falls back to buffered writes where the file system
+    /// refuses `O_DIRECT`.
+    pub direct_io: bool,
+    /// Smaller flushes go through the page cache even with `direct_io`.
+    pub direct_io_bytes_min: usize,
     /// About one index entry per this many log bytes.
     pub index_interval_bytes: u64,
     /// Read buffer size for scans and reads.
@@ -242,6 +248,8 @@ impl Default for StoreConfig {
             batch_records_max: 100_000,
             sync_threads: 16,
             flush_pipeline_depth: 2,
+            direct_io: true,
+            direct_io_bytes_min: 64 << 10,
             index_interval_bytes: 4096,
             read_chunk_bytes: 256 << 10,
         }

@@ -15,6 +15,9 @@ pub fn config() -> StoreConfig {
         sync_threads: 2,
         index_interval_bytes: 128,
         read_chunk_bytes: 512,
+        // Flushes of a KiB or more take the direct-I/O path, so these tests
+        // cover it and its mix with page-cache writes.
+        direct_io_bytes_min: 1024,
         ..StoreConfig::default()
     }
 }
