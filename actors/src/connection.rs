@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::convert::IncomingRecord;
 use bytes::Bytes;
 use futures::StreamExt;
 use malachi_cluster::cursor::{Cursor, Position};
 use malachi_cluster::model::{MetadataState, ModelError, RangeId, TopicState};
-use malachi_storage::Record;
 use malachi_supervision::SupervisionError;
 use malachi_wire::batch::BatchBuilder;
 use malachi_wire::frame::encode_response_parts;
@@ -653,16 +653,7 @@ async fn produce(
                 ),
             ));
         }
-        records.push(Record {
-            timestamp_ms: record.timestamp_ms.unwrap_or(now_ms),
-            key: record.key.to_vec(),
-            value: record.value.to_vec(),
-            headers: record
-                .headers
-                .into_iter()
-                .map(|h| (h.name, h.value.to_vec()))
-                .collect(),
-        });
+        records.push(IncomingRecord::from_wire(record, now_ms));
     }
     let total = records.len() as u32;
     let topic = req.topic;
@@ -677,10 +668,12 @@ async fn produce(
             // Chunks of one range go one after the other; a chunk whose range
             // was split or merged meanwhile is routed again, ahead of the
             // chunks after it, so per-key order holds.
-            let mut pending: std::collections::VecDeque<(RangeId, Vec<Record>)> = records
-                .chunks(APPEND_CHUNK_RECORDS)
-                .map(|chunk| (range, chunk.to_vec()))
-                .collect();
+            let mut pending: std::collections::VecDeque<(RangeId, Vec<IncomingRecord>)> =
+                std::collections::VecDeque::new();
+            let mut rest = records.into_iter().peekable();
+            while rest.peek().is_some() {
+                pending.push_back((range, rest.by_ref().take(APPEND_CHUNK_RECORDS).collect()));
+            }
             while let Some((range, chunk)) = pending.pop_front() {
                 if let Some(chunk) =
                     append_chunk(&shared, plane.as_ref(), &topic, range, chunk, deadline).await?
@@ -707,15 +700,15 @@ async fn produce(
 fn route(
     state: &MetadataState,
     topic: &str,
-    records: Vec<Record>,
-) -> Result<BTreeMap<RangeId, Vec<Record>>, Failure> {
+    records: Vec<IncomingRecord>,
+) -> Result<BTreeMap<RangeId, Vec<IncomingRecord>>, Failure> {
     let Some(found) = state.topic(topic) else {
         return Err((ErrorCode::TopicNotFound, format!("no such topic {topic}")));
     };
     if matches!(found.state, TopicState::Sealed { .. }) {
         return Err((ErrorCode::TopicSealed, format!("topic {topic} is sealed")));
     }
-    let mut groups: BTreeMap<RangeId, Vec<Record>> = BTreeMap::new();
+    let mut groups: BTreeMap<RangeId, Vec<IncomingRecord>> = BTreeMap::new();
     for record in records {
         let Some(range) = state.route_key(topic, &record.key) else {
             return Err((
@@ -736,9 +729,9 @@ async fn append_chunk(
     plane: &dyn crate::metadata::MetadataPlane,
     topic: &str,
     range: RangeId,
-    records: Vec<Record>,
+    records: Vec<IncomingRecord>,
     deadline: Instant,
-) -> Result<Option<Vec<Record>>, Failure> {
+) -> Result<Option<Vec<IncomingRecord>>, Failure> {
     let bytes: u64 = records
         .iter()
         .map(|r| (r.key.len() + r.value.len()) as u64)

@@ -214,3 +214,46 @@ mod tests {
         assert!(reason.len() >= malachi_wire::limits::MESSAGE_BYTES_MAX - 1);
     }
 }
+
+/// A produced record as it arrived: its key, value and header values are
+/// slices of the request's buffer (`Bytes`), so routing it and handing it to
+/// the store copies nothing; the store frames it straight from that buffer.
+#[derive(Debug, Clone)]
+pub(crate) struct IncomingRecord {
+    pub timestamp_ms: u64,
+    pub key: bytes::Bytes,
+    pub value: bytes::Bytes,
+    pub headers: Vec<malachi_wire::batch::Header>,
+}
+
+impl IncomingRecord {
+    /// Takes a decoded wire record, stamping `now_ms` where the producer set
+    /// no timestamp.
+    pub fn from_wire(record: malachi_wire::batch::Record, now_ms: u64) -> IncomingRecord {
+        IncomingRecord {
+            timestamp_ms: record.timestamp_ms.unwrap_or(now_ms),
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
+        }
+    }
+}
+
+impl malachi_storage::RecordParts for IncomingRecord {
+    fn timestamp_ms(&self) -> u64 {
+        self.timestamp_ms
+    }
+    fn key(&self) -> &[u8] {
+        &self.key
+    }
+    fn value(&self) -> &[u8] {
+        &self.value
+    }
+    fn header_count(&self) -> usize {
+        self.headers.len()
+    }
+    fn header(&self, i: usize) -> (&str, &[u8]) {
+        let header = &self.headers[i];
+        (&header.name, &header.value)
+    }
+}

@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use malachi_cluster::model::{RangeId, SealRecord, SegmentId};
-use malachi_storage::{Record, SegmentStore, StorageError};
+use malachi_storage::{SegmentStore, StorageError};
+
+use crate::convert::IncomingRecord;
 use malachi_supervision::{BoundedRef, Permit};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
@@ -47,7 +49,7 @@ pub(crate) type AppendReply = oneshot::Sender<Result<Range<u64>, AppendError>>;
 pub(crate) enum SegmentMsg {
     Append {
         permit: Permit,
-        records: Arc<Vec<Record>>,
+        records: Arc<Vec<IncomingRecord>>,
         bytes: u64,
         reply: AppendReply,
     },
@@ -244,7 +246,7 @@ impl SegmentActor {
         myself: ActorRef<SegmentMsg>,
         state: &mut SegmentState,
         permit: Permit,
-        records: Arc<Vec<Record>>,
+        records: Arc<Vec<IncomingRecord>>,
         bytes: u64,
         reply: AppendReply,
     ) {

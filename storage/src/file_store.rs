@@ -55,7 +55,7 @@ use crate::error::StorageError;
 use crate::frame::{self, FrameError, FrameView};
 use crate::index::{IndexEntry, SparseIndex};
 use crate::marker;
-use crate::record::Record;
+use crate::record::RecordParts;
 use crate::scan::{self, FrameReader, Next};
 use crate::store::{
     Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
@@ -669,7 +669,11 @@ impl SegmentStore for FileStore {
         Ok(recovery)
     }
 
-    fn append(&self, segment: SegmentId, records: &[Record]) -> Result<AppendTicket, StorageError> {
+    fn append<R: RecordParts>(
+        &self,
+        segment: SegmentId,
+        records: &[R],
+    ) -> Result<AppendTicket, StorageError> {
         let cfg = &self.shared.config;
         let seg = self.segment(segment)?;
         let mut frames = Vec::new();

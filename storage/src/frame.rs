@@ -20,7 +20,7 @@
 //! The decoder reads untrusted bytes: it never allocates from a length it has
 //! not checked against the bytes actually present, and it never panics.
 
-use crate::record::Record;
+use crate::record::{Record, RecordParts};
 
 /// The four bytes every frame starts with.
 pub const FRAME_MAGIC: [u8; 4] = *b"MLR1";
@@ -89,11 +89,12 @@ impl FrameView<'_> {
 }
 
 /// The payload size of a record's frame, or `None` if it overflows `usize`.
-pub fn payload_len(record: &Record) -> Option<usize> {
+pub fn payload_len(record: &impl RecordParts) -> Option<usize> {
     let mut len = PAYLOAD_FIXED_BYTES
-        .checked_add(record.key.len())?
-        .checked_add(record.value.len())?;
-    for (name, value) in &record.headers {
+        .checked_add(record.key().len())?
+        .checked_add(record.value().len())?;
+    for i in 0..record.header_count() {
+        let (name, value) = record.header(i);
         len = len
             .checked_add(8)?
             .checked_add(name.len())?
@@ -117,7 +118,7 @@ pub fn encode(buf: &mut Vec<u8>, offset: u64, durable_below: u64, record: &Recor
 ///
 /// The store encodes a batch outside its segment lock with this and finishes
 /// each frame with [`seal_frame`] once the flush that writes it is known.
-pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &Record) -> crc32fast::Hasher {
+pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &impl RecordParts) -> crc32fast::Hasher {
     let payload = payload_len(record).unwrap_or(usize::MAX);
     assert!(
         payload <= FRAME_PAYLOAD_BYTES_MAX,
@@ -128,11 +129,12 @@ pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &Record) -> crc32fast::
     buf.extend_from_slice(&len_u32(payload).to_le_bytes());
     buf.extend_from_slice(&0u32.to_le_bytes()); // crc
     let body_start = buf.len();
-    buf.extend_from_slice(&record.timestamp_ms.to_le_bytes());
-    put_bytes(buf, &record.key);
-    put_bytes(buf, &record.value);
-    buf.extend_from_slice(&len_u32(record.headers.len()).to_le_bytes());
-    for (name, value) in &record.headers {
+    buf.extend_from_slice(&record.timestamp_ms().to_le_bytes());
+    put_bytes(buf, record.key());
+    put_bytes(buf, record.value());
+    buf.extend_from_slice(&len_u32(record.header_count()).to_le_bytes());
+    for i in 0..record.header_count() {
+        let (name, value) = record.header(i);
         put_bytes(buf, name.as_bytes());
         put_bytes(buf, value);
     }

@@ -23,7 +23,7 @@ mod ticket;
 pub use error::StorageError;
 pub use file_store::{FileStore, StoreStats};
 pub use frame::{FrameError, FrameView};
-pub use record::{Record, StoredRecord};
+pub use record::{Record, RecordParts, StoredRecord};
 pub use scan::{BadFrame, LaterFrame};
 pub use store::{
     FLUSH_PIPELINE_DEPTH_MAX, Recovery, SealInfo, SealPolicy, SealReason, SegmentId, SegmentInfo,

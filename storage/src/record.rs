@@ -24,6 +24,38 @@ impl Record {
     }
 }
 
+/// What the store needs to frame a record. [`Record`] implements it, and so
+/// can a caller's own record type, so that a batch is framed straight from
+/// the buffers it arrived in (a broker's request buffer) without first
+/// being copied into owned `Record`s.
+pub trait RecordParts {
+    fn timestamp_ms(&self) -> u64;
+    fn key(&self) -> &[u8];
+    fn value(&self) -> &[u8];
+    fn header_count(&self) -> usize;
+    /// Header `i` as (name, value); `i < header_count()`.
+    fn header(&self, i: usize) -> (&str, &[u8]);
+}
+
+impl RecordParts for Record {
+    fn timestamp_ms(&self) -> u64 {
+        self.timestamp_ms
+    }
+    fn key(&self) -> &[u8] {
+        &self.key
+    }
+    fn value(&self) -> &[u8] {
+        &self.value
+    }
+    fn header_count(&self) -> usize {
+        self.headers.len()
+    }
+    fn header(&self, i: usize) -> (&str, &[u8]) {
+        let (name, value) = &self.headers[i];
+        (name, value)
+    }
+}
+
 /// A record read back from a segment, with its offset within the segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredRecord {

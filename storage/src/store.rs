@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 
 use crate::error::StorageError;
 use crate::frame::FrameView;
-use crate::record::{Record, StoredRecord};
+use crate::record::{RecordParts, StoredRecord};
 use crate::scan::{BadFrame, LaterFrame};
 use crate::ticket::AppendTicket;
 
@@ -96,7 +96,13 @@ pub trait SegmentStore: Send + Sync {
 
     /// Appends a batch. Offsets are assigned at once and are contiguous; the
     /// ticket completes after the fdatasync that covers the batch.
-    fn append(&self, segment: SegmentId, records: &[Record]) -> Result<AppendTicket, StorageError>;
+    /// Records are anything that can lend its parts ([`RecordParts`]), and
+    /// are framed (copied) before this returns.
+    fn append<R: RecordParts>(
+        &self,
+        segment: SegmentId,
+        records: &[R],
+    ) -> Result<AppendTicket, StorageError>;
 
     /// A ticket that completes when everything appended so far is durable.
     fn sync(&self, segment: SegmentId) -> Result<AppendTicket, StorageError>;

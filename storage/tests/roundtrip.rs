@@ -304,3 +304,63 @@ fn read_with_lends_the_same_records_as_read_and_stops_where_the_visitor_breaks()
     assert_eq!(taken, 4);
     assert_eq!(seen, vec![0, 1, 2, 3, 4]);
 }
+
+/// A caller's own record type, borrowing its parts from one buffer.
+struct Borrowed<'a> {
+    timestamp_ms: u64,
+    key: &'a [u8],
+    value: &'a [u8],
+    headers: Vec<(&'a str, &'a [u8])>,
+}
+
+impl malachi_storage::RecordParts for Borrowed<'_> {
+    fn timestamp_ms(&self) -> u64 {
+        self.timestamp_ms
+    }
+    fn key(&self) -> &[u8] {
+        self.key
+    }
+    fn value(&self) -> &[u8] {
+        self.value
+    }
+    fn header_count(&self) -> usize {
+        self.headers.len()
+    }
+    fn header(&self, i: usize) -> (&str, &[u8]) {
+        self.headers[i]
+    }
+}
+
+#[test]
+fn records_lent_by_any_type_are_stored_like_owned_records() {
+    let owned: Vec<Record> = (0..20).map(record).collect();
+    let lent: Vec<Borrowed<'_>> = owned
+        .iter()
+        .map(|r| Borrowed {
+            timestamp_ms: r.timestamp_ms,
+            key: &r.key,
+            value: &r.value,
+            headers: r
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_slice()))
+                .collect(),
+        })
+        .collect();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (sa, sb) = (store(a.path()), store(b.path()));
+    sa.open(SEG).unwrap();
+    sb.open(SEG).unwrap();
+    sa.append(SEG, &owned).unwrap().wait().unwrap();
+    sb.append(SEG, &lent).unwrap().wait().unwrap();
+    assert_eq!(read_all(&sa, SEG), read_all(&sb, SEG));
+    drop((sa, sb));
+    let log = |d: &tempfile::TempDir| {
+        std::fs::read(d.path().join(format!("{}.log", SEG.file_stem()))).unwrap()
+    };
+    assert_eq!(
+        log(&a),
+        log(&b),
+        "the same records framed to different bytes"
+    );
+}
