@@ -17,7 +17,7 @@
 //!   from one minute to the next).
 
 use std::fs::{self, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -169,6 +169,35 @@ pub fn run(
         }
     }
     results.extend(raw.iter().cloned());
+
+    // For reference only (no ratio uses it): the same disk with O_DIRECT,
+    // which is how the store writes large flushes (ADR 0012).
+    for files in [1usize, 16] {
+        for write_bytes in [128usize << 10, 1 << 20] {
+            let name = format!("raw-direct files={files} write={}", human(write_bytes));
+            if !wanted(opts, &name) {
+                continue;
+            }
+            let raw = raw_disk_direct(
+                &opts.dir,
+                files,
+                write_bytes,
+                Duration::from_secs_f64(raw_secs),
+            )?;
+            let m = Measured {
+                bytes: raw.bytes,
+                records: 0,
+                seconds: raw.seconds,
+                hist: raw.latency_us,
+                syncs: raw.writes,
+                busy: 0,
+                lag: None,
+            };
+            let r = to_result("raw-disk-direct", name, files, 1, 0, &m, frame);
+            progress(&r);
+            results.push(r);
+        }
+    }
 
     let cfg = StoreConfig {
         flush_interval_ms: opts.flush_interval_ms,
@@ -393,7 +422,7 @@ fn to_result(
         appenders,
         batch_records: batch,
         mb_per_s: m.bytes as f64 / seconds / 1e6,
-        records_per_s: if system == "raw-disk" {
+        records_per_s: if system.starts_with("raw-disk") {
             m.bytes as f64 / frame as f64 / seconds
         } else {
             m.records as f64 / seconds
@@ -479,11 +508,37 @@ pub fn raw_disk(
     write_bytes: usize,
     duration: Duration,
 ) -> Result<RawResult, StorageError> {
+    raw_disk_with(dir, files, write_bytes, duration, false)
+}
+
+/// [`raw_disk`] with `O_DIRECT` writes of `write_bytes` rounded up to a
+/// whole block: what the disk does without the page cache.
+pub fn raw_disk_direct(
+    dir: &Path,
+    files: usize,
+    write_bytes: usize,
+    duration: Duration,
+) -> Result<RawResult, StorageError> {
+    let write_bytes = write_bytes.next_multiple_of(crate::direct::BLOCK_BYTES);
+    raw_disk_with(dir, files, write_bytes, duration, true)
+}
+
+fn raw_disk_with(
+    dir: &Path,
+    files: usize,
+    write_bytes: usize,
+    duration: Duration,
+    direct: bool,
+) -> Result<RawResult, StorageError> {
     assert!(
         files > 0 && write_bytes > 0,
         "a raw disk run needs files and bytes"
     );
-    let sub = dir.join(format!("raw-{}-{files}-{write_bytes}", std::process::id()));
+    let sub = dir.join(format!(
+        "raw-{}-{files}-{write_bytes}-{}",
+        std::process::id(),
+        if direct { "direct" } else { "buffered" }
+    ));
     fs::create_dir_all(&sub).map_err(io("create raw directory", &sub))?;
     let barrier = Barrier::new(files);
     type Outcome = Result<(u64, u64, f64, Histogram<u64>), StorageError>;
@@ -493,20 +548,23 @@ pub fn raw_disk(
                 let path = sub.join(format!("{i}.raw"));
                 let barrier = &barrier;
                 s.spawn(move || {
-                    let file = OpenOptions::new()
-                        .create(true)
-                        .write(true)
-                        .truncate(true)
-                        .open(&path)
-                        .map_err(io("create raw file", &path))?;
-                    let buf = vec![0x5Au8; write_bytes];
+                    let mut options = OpenOptions::new();
+                    options.create(true).write(true).truncate(true);
+                    if direct {
+                        options.custom_flags(libc::O_DIRECT);
+                    }
+                    let file = options.open(&path).map_err(io("create raw file", &path))?;
+                    let mut aligned = crate::direct::AlignedBuf::default();
+                    aligned.reset(write_bytes);
+                    aligned.extend_from_slice(&vec![0x5Au8; write_bytes]);
+                    let buf = aligned.as_slice();
                     let mut hist = histogram();
                     let (mut pos, mut writes) = (0u64, 0u64);
                     barrier.wait();
                     let start = Instant::now();
                     while start.elapsed() < duration {
                         let t = Instant::now();
-                        file.write_all_at(&buf, pos)
+                        file.write_all_at(buf, pos)
                             .map_err(io("write raw file", &path))?;
                         file.sync_data().map_err(io("sync raw file", &path))?;
                         hist.saturating_record(elapsed_us(t));
@@ -715,6 +773,16 @@ fn read_run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_direct_raw_run_writes_whole_blocks_and_removes_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = raw_disk_direct(dir.path(), 2, 5000, Duration::from_millis(100)).unwrap();
+        assert!(raw.writes >= 2, "each writer syncs at least once");
+        // 5,000 bytes round up to two 4 KiB blocks per write.
+        assert_eq!(raw.bytes, raw.writes * 8192);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
 
     #[test]
     fn the_raw_disk_run_writes_every_file_and_removes_them() {
