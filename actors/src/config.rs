@@ -29,6 +29,10 @@ pub struct StoreSettings {
     pub sync_threads: usize,
     /// Appends beyond this many bytes pending on one segment get `busy`.
     pub pending_bytes_max: usize,
+    /// Write large flushes with `O_DIRECT`, skipping the page-cache copy
+    /// (ADR 0012). Off, freshly written records stay in the page cache for
+    /// tailing consumers at the cost of that copy.
+    pub direct_io: bool,
 }
 
 impl Default for StoreSettings {
@@ -38,6 +42,7 @@ impl Default for StoreSettings {
             flush_interval_ms: 2,
             sync_threads: 4,
             pending_bytes_max: store.pending_bytes_max,
+            direct_io: store.direct_io,
         }
     }
 }
@@ -141,6 +146,14 @@ pub struct ClusterSettings {
     pub coordinator_poll_ms: u64,
     /// How long one metadata request forwarded to a vnode leader may take.
     pub forward_timeout_ms: u64,
+    /// How long a coordinator's lease on its vnode's continuous work lasts
+    /// in the group's view (ADR 0082).
+    pub lease_duration_ms: u64,
+    /// How much earlier than the group the holder stops its work: must
+    /// exceed the wall-clock skew between brokers.
+    pub lease_margin_ms: u64,
+    /// How often a coordinator renews its lease (below duration - margin).
+    pub lease_renew_ms: u64,
 }
 
 impl Default for ClusterSettings {
@@ -152,6 +165,9 @@ impl Default for ClusterSettings {
             replicas_per_vnode: malachi_cluster::vnodes::REPLICAS_PER_VNODE_DEFAULT,
             coordinator_poll_ms: 1_000,
             forward_timeout_ms: 2_000,
+            lease_duration_ms: 10_000,
+            lease_margin_ms: 2_000,
+            lease_renew_ms: 2_000,
         }
     }
 }
@@ -366,7 +382,14 @@ impl BrokerConfig {
                     .into(),
             );
         }
-        if nodes.len() > 1 && self.metadata_backend == MetadataBackend::File {
+        if let Err(e) = malachi_cluster::vnodes::lease::LeaseKeeper::new(
+            crate::vnode_lease::lease_config(self.node_id, &self.cluster),
+        ) {
+            return bad(format!(
+                "cluster.lease_duration_ms, lease_margin_ms and lease_renew_ms: {e}"
+            ));
+        }
+                if nodes.len() > 1 && self.metadata_backend == MetadataBackend::File {
             return bad(
                 "metadata_backend = \"file\" serves a lone broker only; cluster.nodes lists several"
                     .into(),
@@ -399,6 +422,7 @@ impl BrokerConfig {
         StoreConfig {
             flush_interval_ms: self.store.flush_interval_ms,
             sync_threads: self.store.sync_threads,
+            direct_io: self.store.direct_io,
             record_bytes_max,
             pending_bytes_max: self
                 .store
