@@ -22,6 +22,7 @@ use super::{BenchConsumeArgs, BenchProduceArgs, OutputArgs};
 mod chart;
 pub mod compare;
 mod load;
+pub mod metadata;
 mod peers;
 mod report;
 

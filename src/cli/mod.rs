@@ -258,6 +258,8 @@ pub enum BenchCommand {
     Consume(BenchConsumeArgs),
     /// The disk's limits, Redis Streams, NATS JetStream and Malachi side by side, in one run.
     Compare(BenchCompareArgs),
+    /// Metadata load against a running cluster: topic creations, describes and deletes per second.
+    Metadata(BenchMetadataArgs),
 }
 
 #[derive(Debug, Args)]
@@ -377,4 +379,54 @@ pub struct BenchCompareArgs {
     /// Where --json writes <date>.json and <date>.svg.
     #[arg(long, default_value = "bench/results", value_name = "DIR")]
     pub results_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Phases, one after the other: create (CreateTopic of fresh names PREFIX-cC-I), describe\n\
+    (of the created topics) and, with --cleanup (the default), delete (of every created topic).\n\
+    Each client sends one request at a time on its own connection; clients are spread over the\n\
+    --broker addresses round-robin. One result line per phase; with --json, one object a line.\n\n\
+    Example: malachi bench metadata --broker 127.0.0.1:4040,127.0.0.1:4041,127.0.0.1:4042"
+)]
+pub struct BenchMetadataArgs {
+    /// A broker to send requests to; repeat or comma-separate several to spread
+    /// the clients over them round-robin.
+    #[arg(
+        long = "broker",
+        env = "MALACHI_BROKER",
+        value_delimiter = ',',
+        default_value = BROKER_ADDR_DEFAULT,
+        value_name = "ADDR"
+    )]
+    pub brokers: Vec<String>,
+    /// Concurrent callers, each with its own connection and one request at a time.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub clients: usize,
+    /// Operations per client in the create and describe phases [default: 50].
+    #[arg(long, value_name = "N", conflicts_with = "duration")]
+    pub ops: Option<u64>,
+    /// Run the create and describe phases for this long each (such as 30s) instead of --ops.
+    #[arg(long, value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub duration: Option<std::time::Duration>,
+    /// The start of every topic name the run creates [default: a new run id, mbench-<time>-<pid>].
+    #[arg(long, value_name = "TEXT")]
+    pub prefix: Option<String>,
+    /// Delete the created topics at the end, measured as a third phase (--cleanup=false keeps them).
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub cleanup: bool,
+    /// Print one JSON object per phase and line with stable field names instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up on a request after this many milliseconds.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub timeout_ms: u64,
 }
