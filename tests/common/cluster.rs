@@ -1,0 +1,173 @@
+//! A metadata cluster of broker processes on loopback for the process-level
+//! tests: three brokers sharing the default 16 vnodes, with short timers (a
+//! config file sets them), and a wait until every vnode has a coordinator
+//! running, so the first metadata request of a test does not race the
+//! elections.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use super::{BIN, free_port, malachi, out, spawn_until_serving};
+
+/// The vnode count of a cluster with the default settings.
+pub const VNODES_DEFAULT: u64 = 16;
+/// How long elections and coordinator start-up may take: generous, because
+/// the machine is shared and noisy.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One broker of a test cluster, as a child process.
+#[derive(Debug)]
+pub struct ClusterNode {
+    pub node_id: u64,
+    pub client: String,
+    pub admin: String,
+    pub data_dir: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ClusterNode {
+    fn new(root: &Path, node_id: u64, nodes: &[u64]) -> ClusterNode {
+        let config = root.join(format!("node-{node_id}.toml"));
+        let list: Vec<String> = nodes.iter().map(u64::to_string).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "[membership]\nprobe_period_ms = 200\nprobe_rtt_ms = 100\n\
+                 suspect_timeout_ms = 2000\nseed_retry_ms = 200\n\
+                 cluster_cookie = \"test-cookie\"\n\n\
+                 [cluster]\nnodes = [{}]\ncoordinator_poll_ms = 200\n",
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+        ClusterNode {
+            node_id,
+            client: format!("127.0.0.1:{}", free_port()),
+            admin: format!("127.0.0.1:{}", free_port()),
+            data_dir: root.join(format!("node-{node_id}")),
+            config,
+            log: root.join(format!("node-{node_id}.log")),
+            child: None,
+        }
+    }
+
+    fn start(&mut self, seeds: &[String]) {
+        let mut command = Command::new(BIN);
+        command
+            .args(["broker", "--node-id", &self.node_id.to_string()])
+            .args(["--listen", &self.client, "--admin-listen", &self.admin])
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--data-dir")
+            .arg(&self.data_dir);
+        for seed in seeds {
+            command.args(["--seed", seed]);
+        }
+        command
+            .env("RUST_LOG", "info")
+            .env_remove("MALACHI_SEEDS")
+            .env_remove("MALACHI_ATTRS");
+        let what = format!("node {}", self.node_id);
+        self.child = Some(spawn_until_serving(command, &self.log, &what));
+    }
+
+    /// The broker's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Brokers 1, 2 and 3 of one metadata cluster, each given the others as
+/// seeds. Dropping it kills them.
+#[derive(Debug)]
+pub struct Cluster {
+    pub nodes: Vec<ClusterNode>,
+}
+
+impl Cluster {
+    /// Starts three brokers under `root` and waits until each of the 16
+    /// vnodes runs a coordinator on exactly one of them.
+    pub fn three_ready(root: &Path) -> Cluster {
+        let ids = [1, 2, 3];
+        let mut nodes: Vec<ClusterNode> = ids
+            .iter()
+            .map(|id| ClusterNode::new(root, *id, &ids))
+            .collect();
+        let clients: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
+        for node in &mut nodes {
+            let seeds: Vec<String> = clients
+                .iter()
+                .filter(|c| **c != node.client)
+                .cloned()
+                .collect();
+            node.start(&seeds);
+        }
+        let cluster = Cluster { nodes };
+        cluster.wait_for_coordinators(VNODES_DEFAULT);
+        cluster
+    }
+
+    /// The brokers' client addresses, in node id order.
+    pub fn clients(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.client.clone()).collect()
+    }
+
+    /// Every broker's log, for a failure message.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- node {} ---\n{}", n.node_id, n.log()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits until `malachi tree` of the brokers, together, shows one
+    /// `coordinator/V` actor for each of the `vnodes` vnodes: then every
+    /// vnode has a leader that serves metadata commands.
+    pub fn wait_for_coordinators(&self, vnodes: u64) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let mut running = BTreeSet::new();
+            let mut count = 0;
+            for node in &self.nodes {
+                let output = malachi(&node.client, &["tree"], "");
+                if !output.status.success() {
+                    continue;
+                }
+                for line in out(&output).lines() {
+                    if let Some(at) = line.find("coordinator/") {
+                        let rest = &line[at + "coordinator/".len()..];
+                        let digits: String =
+                            rest.chars().take_while(char::is_ascii_digit).collect();
+                        if let Ok(vnode) = digits.parse::<u64>() {
+                            running.insert(vnode);
+                            count += 1;
+                        }
+                    }
+                }
+            }
+            if running.len() as u64 == vnodes && count == vnodes {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "coordinators never ran once per vnode: {running:?} ({count} actors)\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
