@@ -184,15 +184,7 @@ pub fn run(
                 write_bytes,
                 Duration::from_secs_f64(raw_secs),
             )?;
-            let m = Measured {
-                bytes: raw.bytes,
-                records: 0,
-                seconds: raw.seconds,
-                hist: raw.latency_us,
-                syncs: raw.writes,
-                busy: 0,
-                lag: None,
-            };
+            let m = Measured::of_raw(raw);
             let r = to_result("raw-disk-direct", name, files, 1, 0, &m, frame);
             progress(&r);
             results.push(r);
@@ -606,16 +598,26 @@ fn raw_run(
     write_bytes: usize,
     duration: Duration,
 ) -> Result<Measured, StorageError> {
-    let raw = raw_disk(dir, files, write_bytes, duration)?;
-    Ok(Measured {
-        bytes: raw.bytes,
-        records: 0,
-        seconds: raw.seconds,
-        hist: raw.latency_us,
-        syncs: raw.writes,
-        busy: 0,
-        lag: None,
-    })
+    Ok(Measured::of_raw(raw_disk(
+        dir,
+        files,
+        write_bytes,
+        duration,
+    )?))
+}
+
+impl Measured {
+    fn of_raw(raw: RawResult) -> Measured {
+        Measured {
+            bytes: raw.bytes,
+            records: 0,
+            seconds: raw.seconds,
+            hist: raw.latency_us,
+            syncs: raw.writes,
+            busy: 0,
+            lag: None,
+        }
+    }
 }
 
 /// Closed-loop appenders (or paced ones when `pace` is set), each sending
