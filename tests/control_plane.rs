@@ -15,12 +15,13 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::path::Path;
+use std::process::Output;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{BIN, err, free_port, malachi, ok, out, spawn_until_serving};
+use common::cluster::{Cluster, ClusterNode, logs};
+use common::{err, malachi, ok, out};
 use serde_json::Value;
 
 /// Generous liveness bounds: the machine is shared and noisy.
@@ -37,105 +38,11 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// One broker of the test cluster, as a child process.
-struct Node {
-    node_id: u64,
-    client: String,
-    admin: String,
-    data_dir: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Node {
-    fn new(root: &Path, node_id: u64, nodes: &[u64]) -> Node {
-        let config = root.join(format!("node-{node_id}.toml"));
-        let list: Vec<String> = nodes.iter().map(u64::to_string).collect();
-        std::fs::write(
-            &config,
-            format!(
-                "[membership]\nprobe_period_ms = 200\nprobe_rtt_ms = 100\n\
-                 suspect_timeout_ms = 2000\nseed_retry_ms = 200\n\
-                 cluster_cookie = \"test-cookie\"\n\n\
-                 [cluster]\nnodes = [{}]\ncoordinator_poll_ms = 200\n",
-                list.join(", ")
-            ),
-        )
-        .unwrap();
-        Node {
-            node_id,
-            client: format!("127.0.0.1:{}", free_port()),
-            admin: format!("127.0.0.1:{}", free_port()),
-            data_dir: root.join(format!("node-{node_id}")),
-            config,
-            log: root.join(format!("node-{node_id}.log")),
-            child: None,
-        }
-    }
-
-    fn start(&mut self, seeds: &[String]) {
-        let mut command = Command::new(BIN);
-        command
-            .args(["broker", "--node-id", &self.node_id.to_string()])
-            .args(["--listen", &self.client, "--admin-listen", &self.admin])
-            .arg("--config")
-            .arg(&self.config)
-            .arg("--data-dir")
-            .arg(&self.data_dir);
-        for seed in seeds {
-            command.args(["--seed", seed]);
-        }
-        command
-            .env("RUST_LOG", "info")
-            .env_remove("MALACHI_SEEDS")
-            .env_remove("MALACHI_ATTRS");
-        let what = format!("node {}", self.node_id);
-        self.child = Some(spawn_until_serving(command, &self.log, &what));
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+type Node = ClusterNode;
 
 /// Three brokers of one metadata cluster, each given the others as seeds.
 fn three(root: &Path) -> Vec<Node> {
-    let ids = [1, 2, 3];
-    let mut nodes: Vec<Node> = ids.iter().map(|id| Node::new(root, *id, &ids)).collect();
-    let clients: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
-    for node in &mut nodes {
-        let seeds: Vec<String> = clients
-            .iter()
-            .filter(|c| **c != node.client)
-            .cloned()
-            .collect();
-        node.start(&seeds);
-    }
-    nodes
-}
-
-fn logs(nodes: &[Node]) -> String {
-    nodes
-        .iter()
-        .map(|n| format!("--- node {} ---\n{}", n.node_id, n.log()))
-        .collect::<Vec<_>>()
-        .join("\n")
+    Cluster::three(root).nodes
 }
 
 fn json_lines(text: &str) -> Vec<Value> {

@@ -30,7 +30,8 @@ pub struct ClusterNode {
 }
 
 impl ClusterNode {
-    fn new(root: &Path, node_id: u64, nodes: &[u64]) -> ClusterNode {
+    /// A broker of the cluster `nodes` with its files under `root`, not started.
+    pub fn new(root: &Path, node_id: u64, nodes: &[u64]) -> ClusterNode {
         let config = root.join(format!("node-{node_id}.toml"));
         let list: Vec<String> = nodes.iter().map(u64::to_string).collect();
         std::fs::write(
@@ -55,7 +56,8 @@ impl ClusterNode {
         }
     }
 
-    fn start(&mut self, seeds: &[String]) {
+    /// Starts (or restarts) the broker and waits until it serves.
+    pub fn start(&mut self, seeds: &[String]) {
         let mut command = Command::new(BIN);
         command
             .args(["broker", "--node-id", &self.node_id.to_string()])
@@ -73,6 +75,14 @@ impl ClusterNode {
             .env_remove("MALACHI_ATTRS");
         let what = format!("node {}", self.node_id);
         self.child = Some(spawn_until_serving(command, &self.log, &what));
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     /// The broker's stderr so far.
@@ -101,6 +111,14 @@ impl Cluster {
     /// Starts three brokers under `root` and waits until each of the 16
     /// vnodes runs a coordinator on exactly one of them.
     pub fn three_ready(root: &Path) -> Cluster {
+        let cluster = Cluster::three(root);
+        cluster.wait_for_coordinators(VNODES_DEFAULT);
+        cluster
+    }
+
+    /// Starts three brokers under `root`, each serving its client port, and
+    /// returns without waiting for elections.
+    pub fn three(root: &Path) -> Cluster {
         let ids = [1, 2, 3];
         let mut nodes: Vec<ClusterNode> = ids
             .iter()
@@ -115,9 +133,7 @@ impl Cluster {
                 .collect();
             node.start(&seeds);
         }
-        let cluster = Cluster { nodes };
-        cluster.wait_for_coordinators(VNODES_DEFAULT);
-        cluster
+        Cluster { nodes }
     }
 
     /// The brokers' client addresses, in node id order.
@@ -127,11 +143,7 @@ impl Cluster {
 
     /// Every broker's log, for a failure message.
     pub fn logs(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| format!("--- node {} ---\n{}", n.node_id, n.log()))
-            .collect::<Vec<_>>()
-            .join("\n")
+        logs(&self.nodes)
     }
 
     /// Waits until `malachi tree` of the brokers, together, shows one
@@ -170,4 +182,13 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// Every broker's log, for a failure message.
+pub fn logs(nodes: &[ClusterNode]) -> String {
+    nodes
+        .iter()
+        .map(|n| format!("--- node {} ---\n{}", n.node_id, n.log()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
