@@ -389,7 +389,7 @@ impl BrokerConfig {
                 "cluster.lease_duration_ms, lease_margin_ms and lease_renew_ms: {e}"
             ));
         }
-                if nodes.len() > 1 && self.metadata_backend == MetadataBackend::File {
+        if nodes.len() > 1 && self.metadata_backend == MetadataBackend::File {
             return bad(
                 "metadata_backend = \"file\" serves a lone broker only; cluster.nodes lists several"
                     .into(),

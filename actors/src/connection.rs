@@ -593,6 +593,10 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
                 brokers,
             }))
         }
+        Request::VnodeList(_) => crate::vnode_admin::vnode_list(shared).map(Response::VnodeList),
+        Request::VnodeSplit(req) => crate::vnode_admin::vnode_split(shared, req.vnode)
+            .await
+            .map(Response::VnodeSplit),
         Request::SplitRange(req) => {
             let range = RangeId(req.range_id);
             let (lower, upper) = call_coordinator(shared, |reply| CoordinatorMsg::Split {

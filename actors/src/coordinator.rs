@@ -15,7 +15,16 @@
 //! broker that hosts it. Whichever broker a segment is placed on starts its
 //! actor once its replica applies the change (`reconcile`, run by the
 //! manager on every applied change). Time comes from the broker's [`Clock`].
+//!
+//! Continuous work (what a coordinator does on its own timer, not for a
+//! request) runs only while the coordinator holds its vnode's lease
+//! (`vnode_lease.rs`, ADR 0082): a deposed leader that still believes it
+//! leads stops it before the lease can pass to its successor. Today that
+//! work is an audit (`stranded_segments`: active segments on brokers that
+//! are down, which healing will move once the data plane replicates).
+//! Requests need no lease: each is one replicated command, ordered by raft.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use malachi_cluster::model::{
@@ -31,6 +40,7 @@ use tracing::{info, warn};
 use crate::metadata::{MetadataError, read_owner};
 use crate::segment::{SegmentActor, SegmentArgs, SegmentMsg};
 use crate::shared::Shared;
+use crate::vnode_lease::{CoordinatorLease, lease_config};
 
 /// Why a coordinator request failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -81,6 +91,9 @@ pub(crate) enum CoordinatorMsg {
     Reconcile,
     /// Start and stop coordinators as leadership changed (the manager's).
     Replan,
+    /// Run the coordinator's continuous work, if it holds its lease (the
+    /// coordinator's own timer).
+    Upkeep,
 }
 impl ractor::Message for CoordinatorMsg {}
 
@@ -224,7 +237,7 @@ impl CoordinatorState {
             } => {
                 let _ = reply.send(self.merge(topic, range).await);
             }
-            CoordinatorMsg::Reconcile | CoordinatorMsg::Replan => {}
+            CoordinatorMsg::Reconcile | CoordinatorMsg::Replan | CoordinatorMsg::Upkeep => {}
         }
     }
 
@@ -596,49 +609,183 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     Ok(())
 }
 
+/// The active segments of `state` placed on a broker outside `live` (dead
+/// by membership, or never a member): their records are unavailable until
+/// that broker returns. What the coordinator's upkeep reports today; healing
+/// (moving them) needs data-plane replication.
+pub(crate) fn stranded_segments(
+    state: &MetadataState,
+    live: &BTreeSet<u64>,
+) -> Vec<(String, SegmentId, NodeId)> {
+    let mut stranded = Vec::new();
+    for topic in state.topics() {
+        for range in state.active_ranges(&topic.name) {
+            let Some(segment) = range.last_segment().and_then(|id| state.segment(id)) else {
+                continue;
+            };
+            if segment.state != SegmentState::Active {
+                continue;
+            }
+            for node in &segment.replicas {
+                if !live.contains(&node.0) {
+                    stranded.push((topic.name.clone(), segment.id, *node));
+                }
+            }
+        }
+    }
+    stranded
+}
+
+/// A running coordinator: the request logic, and the lease its continuous
+/// work runs under.
+pub(crate) struct CoordinatorRun {
+    logic: CoordinatorState,
+    /// `None` on a plane without vnode groups (the file plane: one broker,
+    /// nobody to overlap with).
+    lease: Option<CoordinatorLease>,
+    /// Whether the last upkeep tick ran, to log only the transitions.
+    upkeep_running: bool,
+    /// The stranded segments last reported, to warn only on a change.
+    stranded: Vec<(String, SegmentId, NodeId)>,
+}
+
+impl CoordinatorRun {
+    /// The continuous work, run only while the lease holds; a coordinator
+    /// that lost its lease (or never got it: a deposed leader, a successor
+    /// waiting out its predecessor's lease) skips it.
+    async fn upkeep(&mut self) {
+        let allowed = self.lease.as_ref().is_none_or(|lease| lease.holds());
+        if allowed != self.upkeep_running {
+            let state = self.lease.as_ref().map(|l| l.state());
+            info!(vnode = %self.logic.vnode, running = allowed, lease = ?state, "coordinator upkeep");
+            self.upkeep_running = allowed;
+        }
+        if !allowed {
+            return;
+        }
+        let (Ok(plane), Some(fabric)) = (
+            self.logic.shared.plane(),
+            crate::node::fabric(&self.logic.shared),
+        ) else {
+            return;
+        };
+        let Some(group) = plane.host().and_then(|h| h.group(self.logic.vnode)) else {
+            return;
+        };
+        let live: BTreeSet<u64> = fabric.membership.view().live().map(|m| m.node_id).collect();
+        let stranded = group.read_local(|state| stranded_segments(state, &live));
+        if stranded != self.stranded {
+            for (topic, segment, node) in &stranded {
+                warn!(vnode = %self.logic.vnode, topic = %topic, segment = segment.0, node = node.0, "active segment on a broker that is down");
+            }
+            self.stranded = stranded;
+        }
+    }
+}
+
 #[ractor::async_trait]
 impl Actor for CoordinatorActor {
     type Msg = CoordinatorMsg;
-    type State = CoordinatorState;
+    type State = CoordinatorRun;
     type Arguments = (Arc<Shared>, VnodeId);
 
     async fn pre_start(
         &self,
         myself: ActorRef<CoordinatorMsg>,
         (shared, vnode): (Arc<Shared>, VnodeId),
-    ) -> Result<CoordinatorState, ActorProcessingErr> {
+    ) -> Result<CoordinatorRun, ActorProcessingErr> {
         // The vnodes actor started before the manager (rest_for_one order).
-        shared.plane()?;
-        shared.coordinators.write().insert(vnode, myself);
+        let plane = shared.plane()?;
+        let lease = match plane.host() {
+            Some(host) => Some(CoordinatorLease::start(
+                Arc::clone(host),
+                vnode,
+                lease_config(shared.config.node_id, &shared.config.cluster),
+            )?),
+            None => None,
+        };
+        shared.coordinators.write().insert(vnode, myself.clone());
+        // The timer ends with the actor (ractor stops sending to a dead actor).
+        let every = std::time::Duration::from_millis(shared.config.cluster.coordinator_poll_ms);
+        myself.send_interval(every, || CoordinatorMsg::Upkeep);
         info!(%vnode, "coordinator started");
-        Ok(CoordinatorState::new(shared, vnode))
+        Ok(CoordinatorRun {
+            logic: CoordinatorState::new(shared, vnode),
+            lease,
+            upkeep_running: false,
+            stranded: Vec::new(),
+        })
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<CoordinatorMsg>,
         msg: CoordinatorMsg,
-        state: &mut CoordinatorState,
+        state: &mut CoordinatorRun,
     ) -> Result<(), ActorProcessingErr> {
-        state.serve(msg).await;
+        match msg {
+            CoordinatorMsg::Upkeep => state.upkeep().await,
+            request => state.logic.serve(request).await,
+        }
         Ok(())
     }
 
     async fn post_stop(
         &self,
         myself: ActorRef<CoordinatorMsg>,
-        state: &mut CoordinatorState,
+        state: &mut CoordinatorRun,
     ) -> Result<(), ActorProcessingErr> {
-        let mut coordinators = state.shared.coordinators.write();
-        // A restarted successor may have registered already: remove only
-        // this actor's own entry.
-        if coordinators
-            .get(&state.vnode)
-            .is_some_and(|c| c.get_id() == myself.get_id())
         {
-            coordinators.remove(&state.vnode);
+            let mut coordinators = state.logic.shared.coordinators.write();
+            // A restarted successor may have registered already: remove only
+            // this actor's own entry.
+            if coordinators
+                .get(&state.logic.vnode)
+                .is_some_and(|c| c.get_id() == myself.get_id())
+            {
+                coordinators.remove(&state.logic.vnode);
+            }
         }
-        info!(vnode = %state.vnode, "coordinator stopped");
+        // The upkeep has stopped with the actor: give the lease up so the
+        // next leader's coordinator need not wait it out. Off the stop path:
+        // the release is a raft round trip that must not hold up a restart.
+        if let Some(lease) = state.lease.take() {
+            tokio::spawn(lease.stop());
+        }
+        info!(vnode = %state.logic.vnode, "coordinator stopped");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use malachi_cluster::model::{Command, NodeId};
+
+    use super::*;
+
+    fn create(state: &mut MetadataState, topic: &str, node: u64) {
+        state
+            .apply(Command::CreateTopic {
+                topic: topic.into(),
+                initial_ranges: 1,
+                policy: None,
+                replicas: vec![vec![NodeId(node)]],
+                at_ms: 1,
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn segments_on_brokers_outside_the_live_set_are_stranded() {
+        let mut state = MetadataState::new();
+        create(&mut state, "on-one", 1);
+        create(&mut state, "on-two", 2);
+        let live: BTreeSet<u64> = [1, 3].into();
+        let stranded = stranded_segments(&state, &live);
+        assert_eq!(stranded.len(), 1);
+        assert_eq!(stranded[0].0, "on-two");
+        assert_eq!(stranded[0].2, NodeId(2));
+        let everyone: BTreeSet<u64> = [1, 2].into();
+        assert!(stranded_segments(&state, &everyone).is_empty());
     }
 }

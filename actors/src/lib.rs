@@ -43,6 +43,8 @@ mod segment;
 mod shared;
 mod subscribe;
 mod vnode;
+mod vnode_admin;
+mod vnode_lease;
 
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -73,7 +73,7 @@ fn topic_of(msg: &CoordinatorMsg) -> Option<&str> {
         CoordinatorMsg::Roll { topic, .. }
         | CoordinatorMsg::Split { topic, .. }
         | CoordinatorMsg::Merge { topic, .. } => Some(topic),
-        CoordinatorMsg::Reconcile | CoordinatorMsg::Replan => None,
+        CoordinatorMsg::Reconcile | CoordinatorMsg::Replan | CoordinatorMsg::Upkeep => None,
     }
 }
 

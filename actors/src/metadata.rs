@@ -152,28 +152,73 @@ static EMPTY_STATE: LazyLock<MetadataState> = LazyLock::new(MetadataState::new);
 pub struct VnodePlane {
     host: Arc<VnodeHost>,
     version: watch::Sender<u64>,
-    /// One task per hosted group, turning its applied index into `version`.
-    watchers: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Turns the applied index of every hosted group into `version`,
+    /// including groups opened after the plane (a split's child).
+    watcher: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl VnodePlane {
-    /// Wraps an open host. Needs a tokio runtime (it spawns the watchers).
+    /// Wraps an open host. Needs a tokio runtime (it spawns the watcher).
     pub fn new(host: Arc<VnodeHost>) -> VnodePlane {
         let (version, _) = watch::channel(0u64);
-        let mut watchers = Vec::new();
-        for group in host.registry().all() {
-            let mut applied = group.subscribe();
-            let version = version.clone();
-            watchers.push(tokio::spawn(async move {
-                while applied.changed().await.is_ok() {
-                    version.send_modify(|v| *v = v.wrapping_add(1));
-                }
-            }));
-        }
+        let watcher = tokio::spawn(watch_applied(Arc::downgrade(&host), version.clone()));
         VnodePlane {
             host,
             version,
-            watchers: parking_lot::Mutex::new(watchers),
+            watcher: parking_lot::Mutex::new(Some(watcher)),
+        }
+    }
+}
+
+/// Bumps `version` on every command applied by any group `host` holds. The
+/// registry is re-read whenever the host opens a group, so a group opened
+/// after the plane (a split's child, a vnode a newer ring added) is watched
+/// from its opening: reconciliation follows its changes at once rather
+/// than on the manager's slow timer. Per-group tasks end with this one
+/// (the `JoinSet` aborts them when dropped).
+async fn watch_applied(host: std::sync::Weak<VnodeHost>, version: watch::Sender<u64>) {
+    let Some(mut opened) = host.upgrade().map(|h| h.watch_groups_opened()) else {
+        return;
+    };
+    let mut watched = std::collections::BTreeSet::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        // Weak: the plane, not this task, keeps the host alive.
+        let Some(groups) = host.upgrade().map(|h| h.registry().all()) else {
+            break;
+        };
+        let mut added = false;
+        for group in groups {
+            if !watched.insert(group.status().group_id) {
+                continue;
+            }
+            added = true;
+            let mut applied = group.subscribe();
+            let version = version.clone();
+            tasks.spawn(async move {
+                while applied.changed().await.is_ok() {
+                    version.send_modify(|v| *v = v.wrapping_add(1));
+                }
+            });
+        }
+        if added {
+            // A new group may already hold applied entries (a seeded child):
+            // count its opening as a change.
+            version.send_modify(|v| *v = v.wrapping_add(1));
+        }
+        // Finished per-group tasks (a group shut down) are reaped here so
+        // the set does not grow.
+        while tasks.try_join_next().is_some() {}
+        if opened.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
+impl Drop for VnodePlane {
+    fn drop(&mut self) {
+        if let Some(watcher) = self.watcher.lock().take() {
+            watcher.abort();
         }
     }
 }
@@ -228,7 +273,7 @@ impl MetadataPlane for VnodePlane {
     }
 
     async fn shutdown(&self) -> Result<(), MetadataError> {
-        for watcher in self.watchers.lock().drain(..) {
+        if let Some(watcher) = self.watcher.lock().take() {
             watcher.abort();
         }
         self.host.shutdown().await;
@@ -459,6 +504,45 @@ mod tests {
         assert!(read_owner(&plane, "orders", |s| s
             .topic("orders")
             .is_some()));
+        plane.shutdown().await.unwrap();
+    }
+
+    /// A lone broker's vnode plane over two vnodes.
+    async fn lone_vnode_plane(dir: &Path) -> VnodePlane {
+        use malachi_cluster::group::{TcpTransport, TcpTransportConfig};
+        use malachi_cluster::vnodes::VnodeHostConfig;
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(1)));
+        let mut config = VnodeHostConfig::new(1, vec![1], dir);
+        config.vnode_count = 2;
+        let host = VnodeHost::open(config, transport).await.unwrap();
+        VnodePlane::new(host)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_split_childs_applied_changes_reach_the_planes_subscribers() {
+        let dir = tempfile::tempdir().unwrap();
+        let plane = lone_vnode_plane(dir.path()).await;
+        let host = Arc::clone(plane.host().unwrap());
+        // The ring's group holds a ring once some broker fetched it.
+        host.refresh_ring().await.unwrap();
+        let (_, child) = host.split_vnode(VnodeId(0)).await.unwrap();
+        let topic = (0..10_000)
+            .map(|i| format!("t{i}"))
+            .find(|t| host.ring().owner(t).id == child)
+            .unwrap();
+        let mut applied = plane.subscribe();
+        // Let the split's own entries settle, then mark everything seen: the
+        // next change is the creation below, applied only in the child.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        applied.borrow_and_update();
+        plane.propose(create(&topic)).await.unwrap().unwrap();
+        assert_eq!(plane.vnode_of(&topic), child);
+        let noticed =
+            tokio::time::timeout(std::time::Duration::from_secs(10), applied.changed()).await;
+        assert!(
+            matches!(noticed, Ok(Ok(()))),
+            "a change in the split's child was not noticed"
+        );
         plane.shutdown().await.unwrap();
     }
 

@@ -3,7 +3,8 @@
 //! In `pre_start` it opens a `VnodeHost` (the replica of every vnode whose
 //! voters include this broker, each an openraft group under
 //! `data_dir/metadata/vnode-<id>`), serves the raft port with it, keeps the
-//! transport's peer addresses current from membership, and publishes the
+//! transport's peer addresses current from membership, fetches a newer ring
+//! when a peer gossips one (`observe_ring_version`), and publishes the
 //! plane to the broker's shared state, so the coordinator manager, started
 //! after it under the `rest_for_one` metadata supervisor, always finds it
 //! open. It shuts all of it down on a graceful stop. If it fails,
@@ -13,6 +14,7 @@
 //! `FilePlane` instead and serves no raft.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use malachi_cluster::group::{RpcService, TransportServer};
@@ -63,21 +65,43 @@ impl RpcService for BrokerRpc {
     }
 }
 
-/// Keeps the transport's peer addresses equal to the raft addresses the
-/// cluster's brokers gossip. A restarted broker gossips a new incarnation
-/// with its new raft port, and `set_peer` reconnects to it.
+/// How often a broker that heard of a newer ring than it holds asks for it
+/// again while the first fetch has not brought it (a ring group without a
+/// leader, a lost answer).
+const RING_OBSERVE_RETRY_MS: u64 = 1_000;
+
+/// Follows the membership view: keeps the transport's peer addresses equal
+/// to the raft addresses the cluster's brokers gossip (a restarted broker
+/// gossips a new incarnation with its new raft port, and `set_peer`
+/// reconnects to it), and learns of a newer ring from the ring versions
+/// they gossip (`set_local_routing`, published by each coordinator
+/// manager), so a broker learns a split without waiting to be refused as
+/// misrouted. The view is level-triggered, so a burst of routing events is
+/// read as one.
 fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandle<()>> {
     let fabric = crate::node::fabric(shared)?;
     let mut view = fabric.membership.watch();
     let host = Arc::clone(host);
     Some(tokio::spawn(async move {
+        // The newest version asked for, and when: one fetch per version,
+        // repeated every `RING_OBSERVE_RETRY_MS` while it has not arrived.
+        let mut asked: Option<(u64, tokio::time::Instant)> = None;
         loop {
-            let learned: Vec<(u64, std::net::SocketAddr)> = view
-                .borrow_and_update()
-                .all()
-                .filter(|m| m.node_id != host.node_id() && host.nodes().contains(&m.node_id))
-                .filter_map(|m| m.raft_addr.map(|addr| (m.node_id, addr)))
-                .collect();
+            let (learned, gossiped_version) = {
+                let view = view.borrow_and_update();
+                let learned: Vec<(u64, std::net::SocketAddr)> = view
+                    .all()
+                    .filter(|m| m.node_id != host.node_id() && host.nodes().contains(&m.node_id))
+                    .filter_map(|m| m.raft_addr.map(|addr| (m.node_id, addr)))
+                    .collect();
+                let version = view
+                    .live()
+                    .filter(|m| m.node_id != host.node_id())
+                    .map(|m| m.ring_version)
+                    .max()
+                    .unwrap_or(0);
+                (learned, version)
+            };
             for (node, addr) in learned {
                 let known = host.transport().peers().contains(&(node, addr));
                 if !known {
@@ -85,8 +109,40 @@ fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandl
                     host.transport().set_peer(node, addr);
                 }
             }
-            if view.changed().await.is_err() {
-                break;
+            let behind = gossiped_version > host.ring().version();
+            if behind {
+                let due = match asked {
+                    Some((version, at)) => {
+                        gossiped_version > version
+                            || at.elapsed() >= Duration::from_millis(RING_OBSERVE_RETRY_MS)
+                    }
+                    None => true,
+                };
+                if due {
+                    debug!(
+                        version = gossiped_version,
+                        held = host.ring().version(),
+                        "a peer gossips a newer ring"
+                    );
+                    host.observe_ring_version(gossiped_version);
+                    asked = Some((gossiped_version, tokio::time::Instant::now()));
+                }
+            }
+            // While behind, wake to retry even if the view stays still.
+            let retry = async {
+                if behind {
+                    tokio::time::sleep(Duration::from_millis(RING_OBSERVE_RETRY_MS)).await
+                } else {
+                    std::future::pending().await
+                }
+            };
+            tokio::select! {
+                changed = view.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                () = retry => {}
             }
         }
     }))

@@ -35,6 +35,10 @@ pub enum ApiKey {
     SubscribeCredit = 13,
     TreeSnapshot = 20,
     ClusterStatus = 21,
+    /// The ring as the answering broker routes by: vnodes, arcs, leaders.
+    VnodeList = 22,
+    /// The operator's vnode split (ADR 0082), run from any broker.
+    VnodeSplit = 23,
 }
 
 /// A supported version range for one api key, as `api_versions` reports it.
@@ -80,7 +84,7 @@ pub const RESERVED_BLOCKS: &[(u16, u16, &str)] = &[
 
 impl ApiKey {
     /// Every implemented key, in number order.
-    pub const ALL: [ApiKey; 13] = [
+    pub const ALL: [ApiKey; 15] = [
         ApiKey::ApiVersions,
         ApiKey::CreateTopic,
         ApiKey::DeleteTopic,
@@ -94,6 +98,8 @@ impl ApiKey {
         ApiKey::SubscribeCredit,
         ApiKey::TreeSnapshot,
         ApiKey::ClusterStatus,
+        ApiKey::VnodeList,
+        ApiKey::VnodeSplit,
     ];
 
     /// The stable number carried in the request frame.
@@ -137,6 +143,8 @@ impl ApiKey {
             ApiKey::SubscribeCredit => "subscribe_credit",
             ApiKey::TreeSnapshot => "tree_snapshot",
             ApiKey::ClusterStatus => "cluster_status",
+            ApiKey::VnodeList => "vnode_list",
+            ApiKey::VnodeSplit => "vnode_split",
         }
     }
 }

@@ -43,6 +43,8 @@ pub enum ErrorCode {
     PolicyNotFound,
     /// 17: a subscribe_credit named a subscription this connection does not have.
     SubscriptionNotFound,
+    /// 18: the ring has no vnode with that id.
+    VnodeNotFound,
     /// 20: this broker does not lead what the request needs; `leader_hint` says who does.
     NotLeader,
     /// 21: the data moved (a split, merge or rebalance); `leader_hint` names the new owner.
@@ -59,13 +61,15 @@ pub enum ErrorCode {
     AlreadySealed,
     /// 31: the connection is not authenticated, or not allowed to do this.
     Unauthorized,
+    /// 32: another vnode's split is in progress; resume or abort it first.
+    SplitInProgress,
     /// A number this build does not know. Treated as not retriable.
     Unknown(u16),
 }
 
 impl ErrorCode {
     /// Every known code, in number order (used by tests and the docs table).
-    pub const KNOWN: [ErrorCode; 23] = [
+    pub const KNOWN: [ErrorCode; 25] = [
         ErrorCode::None,
         ErrorCode::UnknownServerError,
         ErrorCode::InvalidRequest,
@@ -81,6 +85,7 @@ impl ErrorCode {
         ErrorCode::InvalidCursor,
         ErrorCode::PolicyNotFound,
         ErrorCode::SubscriptionNotFound,
+        ErrorCode::VnodeNotFound,
         ErrorCode::NotLeader,
         ErrorCode::Moved,
         ErrorCode::Busy,
@@ -89,6 +94,7 @@ impl ErrorCode {
         ErrorCode::ShuttingDown,
         ErrorCode::AlreadySealed,
         ErrorCode::Unauthorized,
+        ErrorCode::SplitInProgress,
     ];
 
     /// The stable number carried on the wire.
@@ -109,6 +115,7 @@ impl ErrorCode {
             ErrorCode::InvalidCursor => 15,
             ErrorCode::PolicyNotFound => 16,
             ErrorCode::SubscriptionNotFound => 17,
+            ErrorCode::VnodeNotFound => 18,
             ErrorCode::NotLeader => 20,
             ErrorCode::Moved => 21,
             ErrorCode::Busy => 22,
@@ -117,6 +124,7 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => 25,
             ErrorCode::AlreadySealed => 30,
             ErrorCode::Unauthorized => 31,
+            ErrorCode::SplitInProgress => 32,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -169,6 +177,7 @@ impl ErrorCode {
             ErrorCode::InvalidCursor => "invalid_cursor",
             ErrorCode::PolicyNotFound => "policy_not_found",
             ErrorCode::SubscriptionNotFound => "subscription_not_found",
+            ErrorCode::VnodeNotFound => "vnode_not_found",
             ErrorCode::NotLeader => "not_leader",
             ErrorCode::Moved => "moved",
             ErrorCode::Busy => "busy",
@@ -177,6 +186,7 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::AlreadySealed => "already_sealed",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::SplitInProgress => "split_in_progress",
             ErrorCode::Unknown(_) => "unknown",
         }
     }

@@ -927,6 +927,92 @@ impl Message for ClusterStatusResponse {
     }
 }
 
+// ---------------------------------------------------------------- vnodes
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct VnodeListRequest {}
+
+impl Message for VnodeListRequest {
+    const NAME: &'static str = "vnode_list_request";
+    fn check(&self) -> Result<(), WireError> {
+        Ok(())
+    }
+}
+
+/// One vnode of the ring. Its arc is `arc_start..=arc_last` of the 64-bit
+/// hash space (inclusive, so the top arc fits in a u64).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct VnodeInfo {
+    pub id: u32,
+    pub arc_start: u64,
+    pub arc_last: u64,
+    /// The leader of its raft group as the answering broker knows it.
+    pub leader: Option<u64>,
+    /// The raft term of that knowledge (0 when unknown).
+    pub term: u64,
+    /// The brokers holding a replica of its group.
+    pub replicas: Vec<u64>,
+    /// The node holding the coordinator lease in the answering broker's
+    /// replica of the group, when it holds one.
+    #[serde(default)]
+    pub lease_holder: Option<u64>,
+}
+
+impl VnodeInfo {
+    fn check(&self) -> Result<(), WireError> {
+        check_len("replicas", self.replicas.len(), BROKERS_MAX)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct VnodeListResponse {
+    /// The broker that answered.
+    pub node_id: u64,
+    /// The version of the ring it routes by (every split raises it).
+    pub ring_version: u64,
+    /// The ring's vnodes, by arc.
+    pub vnodes: Vec<VnodeInfo>,
+}
+
+impl Message for VnodeListResponse {
+    const NAME: &'static str = "vnode_list_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("vnodes", self.vnodes.len(), VNODES_MAX)?;
+        self.vnodes.iter().try_for_each(VnodeInfo::check)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct VnodeSplitRequest {
+    /// The vnode to split: it keeps the lower half of its arc.
+    pub vnode: u32,
+}
+
+impl Message for VnodeSplitRequest {
+    const NAME: &'static str = "vnode_split_request";
+    fn check(&self) -> Result<(), WireError> {
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct VnodeSplitResponse {
+    /// The ring version that names the child.
+    pub ring_version: u64,
+    /// The split vnode, with the lower half of its former arc.
+    pub parent: VnodeInfo,
+    /// The new vnode, with the upper half.
+    pub child: VnodeInfo,
+}
+
+impl Message for VnodeSplitResponse {
+    const NAME: &'static str = "vnode_split_response";
+    fn check(&self) -> Result<(), WireError> {
+        self.parent.check()?;
+        self.child.check()
+    }
+}
+
 // ---------------------------------------------------------------- dispatch
 
 macro_rules! operations {
@@ -1022,4 +1108,6 @@ operations! {
     SubscribeCredit => SubscribeCreditRequest, SubscribeCreditResponse;
     TreeSnapshot => TreeSnapshotRequest, TreeSnapshotResponse;
     ClusterStatus => ClusterStatusRequest, ClusterStatusResponse;
+    VnodeList => VnodeListRequest, VnodeListResponse;
+    VnodeSplit => VnodeSplitRequest, VnodeSplitResponse;
 }

@@ -276,5 +276,58 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
                 }],
             }),
         ),
+        (
+            "vnode_list",
+            Request::VnodeList(VnodeListRequest {}),
+            Response::VnodeList(VnodeListResponse {
+                node_id: 1,
+                ring_version: 2,
+                vnodes: vec![
+                    VnodeInfo {
+                        id: 0,
+                        arc_start: 0,
+                        arc_last: 0x3fff_ffff_ffff_ffff,
+                        leader: Some(2),
+                        term: 3,
+                        replicas: vec![1, 2, 3],
+                        lease_holder: Some(2),
+                    },
+                    VnodeInfo {
+                        id: 2,
+                        arc_start: 0x4000_0000_0000_0000,
+                        arc_last: 0x7fff_ffff_ffff_ffff,
+                        leader: None,
+                        term: 0,
+                        replicas: vec![1, 2, 3],
+                        lease_holder: None,
+                    },
+                ],
+            }),
+        ),
+        (
+            "vnode_split",
+            Request::VnodeSplit(VnodeSplitRequest { vnode: 0 }),
+            Response::VnodeSplit(VnodeSplitResponse {
+                ring_version: 2,
+                parent: VnodeInfo {
+                    id: 0,
+                    arc_start: 0,
+                    arc_last: 0x3fff_ffff_ffff_ffff,
+                    leader: Some(2),
+                    term: 3,
+                    replicas: vec![1, 2, 3],
+                    lease_holder: Some(2),
+                },
+                child: VnodeInfo {
+                    id: 2,
+                    arc_start: 0x4000_0000_0000_0000,
+                    arc_last: 0x7fff_ffff_ffff_ffff,
+                    leader: Some(1),
+                    term: 1,
+                    replicas: vec![1, 2, 3],
+                    lease_holder: None,
+                },
+            }),
+        ),
     ]
 }

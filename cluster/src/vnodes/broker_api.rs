@@ -58,6 +58,13 @@ impl VnodeHost {
         &self.config.nodes
     }
 
+    /// A counter bumped whenever this host opens a group (a split's child,
+    /// a vnode a newer ring added): whoever watches every hosted group
+    /// (`registry().all()`) re-reads the registry when it changes.
+    pub fn watch_groups_opened(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.groups_opened.subscribe()
+    }
+
     /// A linearizable list of the topics `vnode` holds, from its leader,
     /// wherever it is: local when this broker leads, else forwarded. Leader
     /// changes are followed like `propose` follows them.

@@ -495,6 +495,17 @@ impl Client {
         self.call(None, &ClusterStatusRequest {}).await
     }
 
+    /// The ring the answering broker routes by.
+    pub async fn vnode_list(&self) -> Result<VnodeListResponse, ClientError> {
+        self.call(None, &VnodeListRequest {}).await
+    }
+
+    /// Splits `vnode` in two (any broker runs it). Repeating the request
+    /// resumes a split an earlier one left unfinished.
+    pub async fn vnode_split(&self, vnode: u32) -> Result<VnodeSplitResponse, ClientError> {
+        self.call(None, &VnodeSplitRequest { vnode }).await
+    }
+
     /// A producer keeping up to `window_requests_max` produce requests in flight.
     pub fn producer(&self, topic: &str, window_requests_max: usize) -> Producer {
         Producer::new(self.clone(), topic.to_owned(), window_requests_max)

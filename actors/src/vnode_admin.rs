@@ -1,0 +1,280 @@
+//! The operator's view of the ring and its vnode split, on the client port
+//! (api keys 22 `vnode_list` and 23 `vnode_split`, beside `tree_snapshot`
+//! and `cluster_status`).
+//!
+//! Any broker answers both. `vnode_list` reports the ring this broker
+//! routes by, so asking every broker shows whether the cluster agrees on
+//! it; each vnode's leader is this broker's replica's view, else the
+//! leadership its holder gossips. `vnode_split` runs
+//! `VnodeHost::split_vnode` here: every step of a split is a replicated
+//! command or a read routed to its group's leader, so the broker asked
+//! need not host the vnode. The split runs on a task of its own, so a
+//! client that gives up (or a closed connection) does not leave it half
+//! done; asking again resumes it (ADR 0082).
+
+use std::sync::Arc;
+
+use malachi_cluster::model::{ModelError, RingArc};
+use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_cluster::vnodes::lease::Clock as _;
+use malachi_cluster::vnodes::{RouteError, SplitError, VnodeHost};
+use malachi_wire::ErrorCode;
+use malachi_wire::messages as wire;
+use tracing::{info, warn};
+
+use crate::connection::Failure;
+use crate::shared::Shared;
+
+/// The wire form of an arc: its first and last position, inclusive, so the
+/// top arc (ending at 2^64) fits in a u64.
+fn arc_bounds(arc: RingArc) -> (u64, u64) {
+    let last = arc.end.saturating_sub(1).min(u128::from(u64::MAX)) as u64;
+    (arc.start, last)
+}
+
+/// One vnode as this broker knows it.
+fn vnode_info(shared: &Shared, host: &VnodeHost, vnode: VnodeId, arc: RingArc) -> wire::VnodeInfo {
+    let (arc_start, arc_last) = arc_bounds(arc);
+    let (mut leader, mut term) = (None, 0);
+    let mut lease_holder = None;
+    if let Some(group) = host.group(vnode) {
+        let status = group.status();
+        (leader, term) = (status.leader, status.term);
+        // The model compares only the times commands carry (holders' wall
+        // clocks); a grant that has run out by this broker's wall clock is
+        // not reported as held.
+        let now_ms = malachi_cluster::vnodes::lease::SystemClock::new().wall_ms();
+        lease_holder = group.read_local(|s| {
+            s.lease()
+                .filter(|l| l.expires_at_ms() > now_ms)
+                .map(|l| l.holder)
+        });
+    }
+    if leader.is_none()
+        && let Some(fabric) = crate::node::fabric(shared)
+    {
+        // No replica here: the broker that gossips the highest term for it.
+        let view = fabric.membership.view();
+        let gossiped = view
+            .all()
+            .flat_map(|m| {
+                m.vnodes_led
+                    .iter()
+                    .filter(|l| l.vnode == vnode.0)
+                    .map(|l| (l.term, m.node_id))
+            })
+            .max();
+        if let Some((gossiped_term, node)) = gossiped {
+            (leader, term) = (Some(node), gossiped_term);
+        }
+    }
+    wire::VnodeInfo {
+        id: vnode.0,
+        arc_start,
+        arc_last,
+        leader,
+        term,
+        replicas: host.voters(vnode),
+        lease_holder,
+    }
+}
+
+/// The ring this broker routes by, with each vnode's leader.
+pub(crate) fn vnode_list(shared: &Arc<Shared>) -> Result<wire::VnodeListResponse, Failure> {
+    let node_id = shared.config.node_id;
+    let plane = shared
+        .plane()
+        .map_err(|e| (e.error_code(), e.to_string()))?;
+    let Some(host) = plane.host() else {
+        // The file plane: one vnode, the whole ring, led here.
+        let whole = Ring::new(1).map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+        let vnodes = whole
+            .vnodes()
+            .map(|v| {
+                let (arc_start, arc_last) = arc_bounds(v.arc);
+                wire::VnodeInfo {
+                    id: v.id.0,
+                    arc_start,
+                    arc_last,
+                    leader: Some(node_id),
+                    term: 0,
+                    replicas: vec![node_id],
+                    lease_holder: None,
+                }
+            })
+            .collect();
+        return Ok(wire::VnodeListResponse {
+            node_id,
+            ring_version: whole.version(),
+            vnodes,
+        });
+    };
+    let ring = host.ring();
+    Ok(wire::VnodeListResponse {
+        node_id,
+        ring_version: ring.version(),
+        vnodes: ring
+            .vnodes()
+            .map(|v| vnode_info(shared, host, v.id, v.arc))
+            .collect(),
+    })
+}
+
+/// Splits `vnode` and answers with the two halves.
+pub(crate) async fn vnode_split(
+    shared: &Arc<Shared>,
+    vnode: u32,
+) -> Result<wire::VnodeSplitResponse, Failure> {
+    let plane = shared
+        .plane()
+        .map_err(|e| (e.error_code(), e.to_string()))?;
+    let Some(host) = plane.host().cloned() else {
+        return Err((
+            ErrorCode::InvalidRequest,
+            "this broker keeps its metadata in one file (metadata_backend = \"file\"): it has one vnode and cannot split it".into(),
+        ));
+    };
+    let parent = VnodeId(vnode);
+    // The ring's group, not this broker's copy, says which vnodes exist and
+    // whether another split is under way: refuse those before any step.
+    let record = host.ring_record().await.map_err(route_failure)?;
+    if record.ring.vnode(parent).is_none() {
+        return Err((
+            ErrorCode::VnodeNotFound,
+            format!(
+                "the ring (version {}) has no vnode {vnode}",
+                record.ring.version()
+            ),
+        ));
+    }
+    if let Some(pending) = record.pending.filter(|p| p.parent != parent) {
+        return Err((
+            ErrorCode::SplitInProgress,
+            format!(
+                "the split of {} into {} is in progress; run `malachi vnode split {}` to resume it",
+                pending.parent, pending.child, pending.parent.0
+            ),
+        ));
+    }
+    info!(%parent, node = shared.config.node_id, "vnode split requested");
+    let split_host = Arc::clone(&host);
+    // On a task: the split finishes even if the requester goes away.
+    let split = tokio::spawn(async move { split_host.split_vnode(parent).await });
+    let (parent, child) = match split.await {
+        Ok(Ok(halves)) => halves,
+        Ok(Err(e)) => {
+            warn!(%parent, error = %e, "vnode split stopped");
+            return Err(split_failure(e));
+        }
+        Err(e) => {
+            return Err((
+                ErrorCode::UnknownServerError,
+                format!("the split task failed: {e}"),
+            ));
+        }
+    };
+    let ring = host.ring();
+    let info_of = |id: VnodeId| {
+        ring.vnode(id)
+            .map(|v| vnode_info(shared, &host, id, v.arc))
+            .ok_or_else(|| {
+                (
+                    ErrorCode::UnknownServerError,
+                    format!(
+                        "the ring after the split (version {}) lacks {id}",
+                        ring.version()
+                    ),
+                )
+            })
+    };
+    Ok(wire::VnodeSplitResponse {
+        ring_version: ring.version(),
+        parent: info_of(parent)?,
+        child: info_of(child)?,
+    })
+}
+
+fn route_failure(e: RouteError) -> Failure {
+    match e {
+        RouteError::Unavailable { .. } => (ErrorCode::NoQuorum, e.to_string()),
+        RouteError::Stopped => (ErrorCode::ShuttingDown, e.to_string()),
+        RouteError::Unroutable | RouteError::Failed { .. } => {
+            (ErrorCode::UnknownServerError, e.to_string())
+        }
+    }
+}
+
+/// The wire error of a stopped split. A split stopped by an unreachable
+/// group is retriable: repeating the request resumes it (the pending split
+/// in the ring's group says where it stood).
+fn split_failure(e: SplitError) -> Failure {
+    match &e {
+        // The last step's refusal is not retriable: had `FinishSplit`
+        // applied with its answer lost, a retry would begin a second split.
+        SplitError::Route { step: "finish", .. } => (
+            ErrorCode::UnknownServerError,
+            format!(
+                "{e}; the ring names the new vnode: check `malachi vnode list` before splitting again"
+            ),
+        ),
+        SplitError::Route { source, .. } => {
+            let (code, _) = route_failure(source.clone());
+            (code, e.to_string())
+        }
+        SplitError::NoQuorum { .. } => (ErrorCode::NoQuorum, e.to_string()),
+        SplitError::Refused {
+            error: ModelError::SplitInProgress { .. },
+            ..
+        } => (ErrorCode::SplitInProgress, e.to_string()),
+        SplitError::Refused {
+            error: ModelError::RingRefused { .. },
+            ..
+        } => (ErrorCode::InvalidRequest, e.to_string()),
+        SplitError::Refused { .. }
+        | SplitError::Unexpected { .. }
+        | SplitError::Committed { .. } => (ErrorCode::UnknownServerError, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use malachi_cluster::model::RING_END;
+
+    #[test]
+    fn the_top_arc_reports_its_last_position_within_a_u64() {
+        let top = RingArc {
+            start: 1 << 63,
+            end: RING_END,
+        };
+        assert_eq!(arc_bounds(top), (1 << 63, u64::MAX));
+        let bottom = RingArc {
+            start: 0,
+            end: 1 << 63,
+        };
+        assert_eq!(arc_bounds(bottom), (0, (1 << 63) - 1));
+    }
+
+    #[test]
+    fn a_split_refused_for_another_split_is_split_in_progress() {
+        let refused = SplitError::Refused {
+            step: "begin",
+            error: ModelError::SplitInProgress {
+                parent: VnodeId(1),
+                child: VnodeId(4),
+            },
+        };
+        assert_eq!(split_failure(refused).0, ErrorCode::SplitInProgress);
+        let unreachable = SplitError::Route {
+            step: "commit",
+            source: RouteError::Unavailable {
+                vnode: VnodeId(1),
+                attempts: 3,
+                last: "down".into(),
+            },
+        };
+        let (code, _) = split_failure(unreachable);
+        assert_eq!(code, ErrorCode::NoQuorum);
+        assert!(code.retriable());
+    }
+}
