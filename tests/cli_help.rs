@@ -39,6 +39,8 @@ fn help_texts_are_stable() {
         &["consume"],
         &["tree"],
         &["cluster", "status"],
+        &["vnode"],
+        &["vnode", "split"],
         &["bench"],
         &["bench", "produce"],
         &["bench", "consume"],

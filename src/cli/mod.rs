@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod records;
 pub mod render;
+pub mod vnode;
 
 use std::path::PathBuf;
 
@@ -57,6 +58,9 @@ pub enum Command {
     /// Cluster-wide views.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// The vnode ring: list it, split a vnode.
+    #[command(subcommand)]
+    Vnode(vnode::VnodeCommand),
     /// Load generators and side-by-side comparisons.
     #[command(subcommand)]
     Bench(BenchCommand),
