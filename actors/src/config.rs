@@ -146,6 +146,14 @@ pub struct ClusterSettings {
     pub coordinator_poll_ms: u64,
     /// How long one metadata request forwarded to a vnode leader may take.
     pub forward_timeout_ms: u64,
+    /// How long a coordinator's lease on its vnode's continuous work lasts
+    /// in the group's view (ADR 0082).
+    pub lease_duration_ms: u64,
+    /// How much earlier than the group the holder stops its work: must
+    /// exceed the wall-clock skew between brokers.
+    pub lease_margin_ms: u64,
+    /// How often a coordinator renews its lease (below duration - margin).
+    pub lease_renew_ms: u64,
 }
 
 impl Default for ClusterSettings {
@@ -157,6 +165,9 @@ impl Default for ClusterSettings {
             replicas_per_vnode: malachi_cluster::vnodes::REPLICAS_PER_VNODE_DEFAULT,
             coordinator_poll_ms: 1_000,
             forward_timeout_ms: 2_000,
+            lease_duration_ms: 10_000,
+            lease_margin_ms: 2_000,
+            lease_renew_ms: 2_000,
         }
     }
 }
@@ -370,6 +381,13 @@ impl BrokerConfig {
                 "cluster.coordinator_poll_ms and cluster.forward_timeout_ms must be positive"
                     .into(),
             );
+        }
+        if let Err(e) = malachi_cluster::vnodes::lease::LeaseKeeper::new(
+            crate::vnode_lease::lease_config(self.node_id, &self.cluster),
+        ) {
+            return bad(format!(
+                "cluster.lease_duration_ms, lease_margin_ms and lease_renew_ms: {e}"
+            ));
         }
         if nodes.len() > 1 && self.metadata_backend == MetadataBackend::File {
             return bad(
