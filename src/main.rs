@@ -110,7 +110,11 @@ fn bench_storage(args: StorageArgs) -> ExitCode {
             args.flush_interval_ms,
             args.sync_threads,
             args.pipeline_depth,
-            if args.buffered { "buffered" } else { "direct i/o" },
+            if args.buffered {
+                "buffered"
+            } else {
+                "direct i/o"
+            },
             if args.quick { ", quick" } else { "" }
         );
         println!(
