@@ -290,6 +290,10 @@ struct ClientOutcome {
     errors: u64,
     created: Vec<String>,
     first_error: Option<String>,
+    /// When the client's last operation ended: the phase lasts until the
+    /// last client is done, measured here rather than by the progress
+    /// loop, which notices only at its next tick.
+    finished: Instant,
 }
 
 pub async fn metadata(args: BenchMetadataArgs) -> Result<(), CliError> {
@@ -424,6 +428,7 @@ async fn run_phase(
                 errors: 0,
                 created: Vec::new(),
                 first_error: None,
+                finished: started,
             };
             let mut op = 0;
             while deadline.is_none_or(|d| Instant::now() < d) {
@@ -447,6 +452,7 @@ async fn run_phase(
                 }
                 done.fetch_add(1, Ordering::Relaxed);
             }
+            outcome.finished = Instant::now();
             Ok::<_, CliError>(outcome)
         }));
     }
@@ -464,12 +470,12 @@ async fn run_phase(
             ops as f64 / elapsed.as_secs_f64().max(1e-3)
         ));
     }
-    let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
+    let mut finished = started;
     let mut total = PhaseOutcome {
         ops: 0,
         errors: 0,
-        seconds,
+        seconds: 0.0,
         hist: histogram()?,
         created: Vec::new(),
         first_error: None,
@@ -478,6 +484,7 @@ async fn run_phase(
         let outcome = task
             .await
             .map_err(|e| CliError::Bench(format!("a {} client failed: {e}", phase.name())))??;
+        finished = finished.max(outcome.finished);
         total.ops += outcome.hist.len();
         let _ = total.hist.add(&outcome.hist);
         total.errors += outcome.errors;
@@ -486,6 +493,7 @@ async fn run_phase(
             total.first_error = outcome.first_error;
         }
     }
+    total.seconds = finished.duration_since(started).as_secs_f64();
     if let Some(first) = &total.first_error {
         warn!(
             phase = phase.name(),
