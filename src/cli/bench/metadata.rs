@@ -311,6 +311,19 @@ pub async fn metadata(args: BenchMetadataArgs) -> Result<(), CliError> {
         clients.push(bench_client(&output).await?);
     }
     let clients: Arc<[Client]> = clients.into();
+    if !json {
+        // The names are the only handle on the topics of an interrupted run
+        // or of one with --cleanup=false.
+        println!(
+            "topics {}-cC-I, {}",
+            plan.prefix,
+            if plan.cleanup {
+                "deleted at the end"
+            } else {
+                "kept (--cleanup=false)"
+            }
+        );
+    }
 
     let created = run_phase(&plan, &clients, Phase::Create, Arc::new(Vec::new()), json).await?;
     emit(&MetadataResult::new(&plan, Phase::Create, &created), json)?;
@@ -649,6 +662,44 @@ mod tests {
         assert_eq!(plan.until, Until::Ops(OPS_DEFAULT));
         assert_eq!(plan.topic(3, 7), "mbench-1-2-c3-7");
         assert!(plan.cleanup);
+    }
+
+    fn parse(flags: &[&str]) -> BenchMetadataArgs {
+        use clap::Parser as _;
+        let argv = ["malachi", "bench", "metadata"].iter().chain(flags);
+        match crate::cli::Cli::try_parse_from(argv).unwrap().command {
+            crate::cli::Command::Bench(crate::cli::BenchCommand::Metadata(args)) => args,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn brokers_may_be_repeated_or_comma_separated_and_cleanup_turned_off() {
+        let args = parse(&["--broker", "a:1,b:1", "--broker", "c:1", "--cleanup=false"]);
+        assert_eq!(args.brokers, ["a:1", "b:1", "c:1"]);
+        assert!(!args.cleanup);
+        let plan = Plan::new(&args, "run").unwrap();
+        assert_eq!(plan.brokers.len(), 3);
+        assert!(parse(&["--cleanup"]).cleanup);
+        assert!(parse(&[]).cleanup);
+    }
+
+    #[test]
+    fn ops_and_duration_exclude_each_other() {
+        use clap::Parser as _;
+        let both = [
+            "malachi",
+            "bench",
+            "metadata",
+            "--ops",
+            "5",
+            "--duration",
+            "1s",
+        ];
+        assert!(crate::cli::Cli::try_parse_from(both).is_err());
+        let timed = parse(&["--duration", "2s"]);
+        let plan = Plan::new(&timed, "run").unwrap();
+        assert_eq!(plan.until, Until::Elapsed(Duration::from_secs(2)));
     }
 
     #[test]
