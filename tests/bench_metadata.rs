@@ -110,7 +110,7 @@ fn given_three_brokers_when_bench_metadata_runs_then_every_phase_succeeds_and_cl
     }
 
     // Without cleanup there is no delete phase and the topics stay, under
-    // the prefix asked for.
+    // the prefix asked for; text mode names them first.
     let kept = ok(malachi(
         &cluster.nodes[1].client,
         &[
@@ -123,14 +123,24 @@ fn given_three_brokers_when_bench_metadata_runs_then_every_phase_succeeds_and_cl
             "--prefix",
             "kept",
             "--cleanup=false",
-            "--json",
         ],
         "",
     ));
-    let lines = json_lines(&out(&kept));
-    let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
-    assert_eq!(phases, ["create", "describe"]);
-    assert_eq!(lines[0]["scenario"], "metadata create clients=1 brokers=1");
+    let text = out(&kept);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], "topics kept-cC-I, kept (--cleanup=false)");
+    for (line, phase) in lines[1..].iter().zip(["create", "describe"]) {
+        let scenario = format!("metadata {phase} clients=1 brokers=1");
+        assert!(
+            line.starts_with("malachi") && line.contains(&scenario),
+            "{text}"
+        );
+        assert!(
+            line.contains(" ops/s ") && line.ends_with("errors 0"),
+            "{text}"
+        );
+    }
     let listed = topics(&cluster.nodes[2].client);
     assert!(
         listed.contains("kept-c0-0") && listed.contains("kept-c0-1"),
