@@ -44,6 +44,7 @@ fn help_texts_are_stable() {
         &["bench"],
         &["bench", "produce"],
         &["bench", "consume"],
+        &["bench", "metadata"],
     ];
     for args in commands {
         let name = if args.is_empty() {
@@ -88,6 +89,10 @@ fn every_client_form_of_cli_md_parses() {
         &["tree", "--json"],
         &["cluster", "status"],
         &["cluster", "status", "--json"],
+        &["vnode", "list"],
+        &["vnode", "list", "--json"],
+        &["vnode", "split", "3"],
+        &["bench", "metadata", "--clients", "2", "--ops", "5", "--json"],
         &[
             "bench",
             "produce",
