@@ -14,10 +14,11 @@
 //! `FilePlane` instead and serves no raft.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use malachi_cluster::group::{RpcService, TransportServer};
+use malachi_cluster::membership::MembershipView;
 use malachi_cluster::vnodes::broker_api::FORWARD_LIST_API_KEY;
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use malachi_wire::error::ErrorCode;
@@ -70,6 +71,46 @@ impl RpcService for BrokerRpc {
 /// leader, a lost answer).
 const RING_OBSERVE_RETRY_MS: u64 = 1_000;
 
+/// The highest ring version a live peer gossips (0 when none does).
+fn newest_gossiped_ring(view: &MembershipView, me: u64) -> u64 {
+    view.live()
+        .filter(|m| m.node_id != me)
+        .map(|m| m.ring_version)
+        .max()
+        .unwrap_or(0)
+}
+
+/// When to ask the host to fetch a gossiped ring: once per newer version,
+/// and again every `RING_OBSERVE_RETRY_MS` while it has not arrived, so a
+/// burst of routing events does not start a burst of fetches.
+#[derive(Debug, Default)]
+struct RingObserver {
+    /// The newest version asked for, and when.
+    asked: Option<(u64, Instant)>,
+}
+
+impl RingObserver {
+    /// The version to observe now, if any, given the newest one gossiped
+    /// and the one this broker holds.
+    fn due(&mut self, gossiped: u64, held: u64, now: Instant) -> Option<u64> {
+        if gossiped <= held {
+            return None;
+        }
+        let due = match self.asked {
+            Some((version, at)) => {
+                gossiped > version
+                    || now.saturating_duration_since(at)
+                        >= Duration::from_millis(RING_OBSERVE_RETRY_MS)
+            }
+            None => true,
+        };
+        due.then(|| {
+            self.asked = Some((gossiped, now));
+            gossiped
+        })
+    }
+}
+
 /// Follows the membership view: keeps the transport's peer addresses equal
 /// to the raft addresses the cluster's brokers gossip (a restarted broker
 /// gossips a new incarnation with its new raft port, and `set_peer`
@@ -83,24 +124,16 @@ fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandl
     let mut view = fabric.membership.watch();
     let host = Arc::clone(host);
     Some(tokio::spawn(async move {
-        // The newest version asked for, and when: one fetch per version,
-        // repeated every `RING_OBSERVE_RETRY_MS` while it has not arrived.
-        let mut asked: Option<(u64, tokio::time::Instant)> = None;
+        let mut observer = RingObserver::default();
         loop {
-            let (learned, gossiped_version) = {
+            let (learned, gossiped) = {
                 let view = view.borrow_and_update();
                 let learned: Vec<(u64, std::net::SocketAddr)> = view
                     .all()
                     .filter(|m| m.node_id != host.node_id() && host.nodes().contains(&m.node_id))
                     .filter_map(|m| m.raft_addr.map(|addr| (m.node_id, addr)))
                     .collect();
-                let version = view
-                    .live()
-                    .filter(|m| m.node_id != host.node_id())
-                    .map(|m| m.ring_version)
-                    .max()
-                    .unwrap_or(0);
-                (learned, version)
+                (learned, newest_gossiped_ring(&view, host.node_id()))
             };
             for (node, addr) in learned {
                 let known = host.transport().peers().contains(&(node, addr));
@@ -109,26 +142,13 @@ fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandl
                     host.transport().set_peer(node, addr);
                 }
             }
-            let behind = gossiped_version > host.ring().version();
-            if behind {
-                let due = match asked {
-                    Some((version, at)) => {
-                        gossiped_version > version
-                            || at.elapsed() >= Duration::from_millis(RING_OBSERVE_RETRY_MS)
-                    }
-                    None => true,
-                };
-                if due {
-                    debug!(
-                        version = gossiped_version,
-                        held = host.ring().version(),
-                        "a peer gossips a newer ring"
-                    );
-                    host.observe_ring_version(gossiped_version);
-                    asked = Some((gossiped_version, tokio::time::Instant::now()));
-                }
+            let held = host.ring().version();
+            if let Some(version) = observer.due(gossiped, held, Instant::now()) {
+                debug!(version, held, "a peer gossips a newer ring");
+                host.observe_ring_version(version);
             }
             // While behind, wake to retry even if the view stays still.
+            let behind = gossiped > held;
             let retry = async {
                 if behind {
                     tokio::time::sleep(Duration::from_millis(RING_OBSERVE_RETRY_MS)).await
@@ -237,5 +257,56 @@ impl Actor for VnodesActor {
         }
         state.plane.shutdown().await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use malachi_cluster::membership::{Member, MemberState};
+
+    use super::*;
+
+    fn member(node_id: u64, state: MemberState, ring_version: u64) -> Member {
+        Member {
+            node_id,
+            incarnation: 1,
+            client_addr: ([127, 0, 0, 1], 4040).into(),
+            raft_addr: None,
+            admin_addr: None,
+            cluster_addr: None,
+            attributes: BTreeMap::new(),
+            state,
+            ring_version,
+            vnodes_led: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_newest_ring_gossiped_is_a_live_peers() {
+        let view = MembershipView {
+            local: member(1, MemberState::Alive, 9),
+            peers: BTreeMap::from([
+                (2, member(2, MemberState::Suspect, 3)),
+                (3, member(3, MemberState::Dead, 7)),
+            ]),
+        };
+        // Its own version and a dead peer's do not count.
+        assert_eq!(newest_gossiped_ring(&view, 1), 3);
+    }
+
+    #[test]
+    fn a_gossiped_ring_is_fetched_once_per_version_then_again_only_after_a_pause() {
+        let mut observer = RingObserver::default();
+        let t0 = Instant::now();
+        assert_eq!(observer.due(2, 2, t0), None, "not newer than the held ring");
+        assert_eq!(observer.due(3, 2, t0), Some(3));
+        let soon = t0 + Duration::from_millis(10);
+        assert_eq!(observer.due(3, 2, soon), None, "a burst asks once");
+        assert_eq!(observer.due(4, 2, soon), Some(4), "a newer version at once");
+        let later = soon + Duration::from_millis(RING_OBSERVE_RETRY_MS);
+        assert_eq!(observer.due(4, 2, later), Some(4), "not arrived: ask again");
+        assert_eq!(observer.due(4, 4, later), None, "arrived");
     }
 }
