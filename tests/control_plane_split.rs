@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{BIN, err, free_port, malachi, out, spawn_until_serving};
+use common::{BIN, err, free_port, malachi, one_line_failure, out, spawn_until_serving};
 use serde_json::Value;
 
 /// Generous liveness bounds.
@@ -303,6 +303,21 @@ fn topics_created_during_a_vnode_split_all_survive_and_every_broker_learns_the_n
     for ring in &rings[1..] {
         assert_eq!(arcs(ring), arcs(&rings[0]));
     }
+
+    // A vnode the ring does not have is refused with its own error code.
+    let unknown = malachi(&clients[2], &["vnode", "split", "99"], "");
+    let line = one_line_failure(&unknown);
+    assert!(line.contains("vnode_not_found"), "{line}");
+
+    // The text listing names the new ring too.
+    let text = out(&malachi(&clients[0], &["vnode", "list"], ""));
+    assert!(
+        text.starts_with(&format!(
+            "ring version {version_after} ({} vnodes)",
+            VNODES + 1
+        )),
+        "{text}"
+    );
 
     // Topics created after the split land on the new ring too.
     for (i, broker) in clients.iter().enumerate() {
