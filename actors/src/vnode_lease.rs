@@ -34,7 +34,8 @@ const LEASE_TICK_MS: u64 = 200;
 
 /// The lease a coordinator holds on its vnode's continuous work.
 pub(crate) struct CoordinatorLease {
-    handle: LeaseHandle,
+    /// `None` once `stop` took it.
+    handle: Option<LeaseHandle>,
     group: Arc<dyn LeaseGroup>,
     holder: u64,
 }
@@ -43,7 +44,7 @@ impl std::fmt::Debug for CoordinatorLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CoordinatorLease")
             .field("holder", &self.holder)
-            .field("state", &self.handle.state())
+            .field("state", &self.handle.as_ref().map(LeaseHandle::state))
             .finish_non_exhaustive()
     }
 }
@@ -80,7 +81,7 @@ impl CoordinatorLease {
         let keeper = LeaseKeeper::new(config)?;
         let handle = spawn_lease_keeper(keeper, Arc::clone(&group), clock, tick_ms);
         Ok(CoordinatorLease {
-            handle,
+            handle: Some(handle),
             group,
             holder: config.holder,
         })
@@ -88,23 +89,28 @@ impl CoordinatorLease {
 
     /// Whether continuous work may run now (read from the clock at the call).
     pub(crate) fn holds(&self) -> bool {
-        self.handle.holds()
+        self.handle.as_ref().is_some_and(LeaseHandle::holds)
     }
 
     /// The lease now.
     pub(crate) fn state(&self) -> LeaseState {
-        self.handle.state()
+        self.handle
+            .as_ref()
+            .map_or(LeaseState::Waiting, LeaseHandle::state)
     }
 
     /// Stops renewing and, once the work has stopped (the caller stops it
     /// first), releases the lease so a successor need not wait it out.
     /// Best effort: an unreachable group lets the lease run out instead.
-    pub(crate) async fn stop(self) {
-        let epoch = match self.handle.state() {
+    pub(crate) async fn stop(mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        let epoch = match handle.state() {
             LeaseState::Held { epoch, .. } | LeaseState::Lost { epoch } => Some(epoch),
             LeaseState::Waiting => None,
         };
-        self.handle.stop().await;
+        handle.stop().await;
         if let Some(epoch) = epoch {
             let release = Command::ReleaseLease {
                 holder: self.holder,
@@ -117,6 +123,16 @@ impl CoordinatorLease {
                 }
                 Err(reason) => debug!(holder = self.holder, epoch, %reason, "lease not released"),
             }
+        }
+    }
+}
+
+impl Drop for CoordinatorLease {
+    /// A coordinator that crashed (no graceful `stop`) must not leave its
+    /// renew loop running: its restarted successor starts its own.
+    fn drop(&mut self) {
+        if let Some(handle) = &self.handle {
+            handle.abort();
         }
     }
 }
@@ -138,11 +154,13 @@ mod tests {
     struct FakeGroup {
         down: AtomicBool,
         released: Mutex<Vec<u64>>,
+        proposals: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait::async_trait]
     impl LeaseGroup for FakeGroup {
         async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String> {
+            self.proposals.fetch_add(1, Ordering::SeqCst);
             if self.down.load(Ordering::SeqCst) {
                 return Err("unreachable".into());
             }
@@ -211,6 +229,24 @@ mod tests {
         eventually("the lease is granted again", || lease.holds()).await;
         lease.stop().await;
         assert_eq!(*group.released.lock(), vec![1]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_dropped_without_stop_stops_renewing() {
+        let group = Arc::new(FakeGroup::default());
+        let clock = Arc::new(SimClock::new(0, 0));
+        let lease =
+            CoordinatorLease::start_with(group.clone(), clock.clone(), config(), 5).unwrap();
+        eventually("the lease is granted", || lease.holds()).await;
+        drop(lease);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let after_drop = group.proposals.load(Ordering::SeqCst);
+        // Renewals would be due every period of the simulated clock.
+        for _ in 0..5 {
+            clock.advance(config().renew_every_ms);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(group.proposals.load(Ordering::SeqCst), after_drop);
     }
 
     #[test]

@@ -304,6 +304,13 @@ impl LeaseHandle {
         self.state.clone()
     }
 
+    /// Ends the renew loop at once, without waiting for it: for an owner
+    /// dropped without a graceful `stop` (a crashed actor). The lease runs
+    /// out on its own.
+    pub fn abort(&self) {
+        self.task.abort();
+    }
+
     /// Stops renewing. The lease runs out on its own; the caller may then
     /// propose `LeaseKeeper::release` to free it early.
     pub async fn stop(self) {
