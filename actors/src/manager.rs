@@ -445,6 +445,53 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_split_through_one_broker_is_gossiped_by_every_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let brokers = three(dir.path()).await;
+        let client = Client::connect([brokers[1].client_addr().to_string()])
+            .await
+            .unwrap();
+        wait_until("every vnode has a leader", || {
+            let client = &client;
+            async move {
+                client.vnode_list().await.is_ok_and(|l| {
+                    l.vnodes.len() == 4 && l.vnodes.iter().all(|v| v.leader.is_some())
+                })
+            }
+        })
+        .await;
+        let split = client.vnode_split(0).await.unwrap();
+        assert_eq!(split.parent.id, 0);
+        let version = split.ring_version;
+        // Each broker's manager publishes the ring it routes by with the
+        // vnodes it leads; every broker's view ends up with the new version
+        // from every broker, itself included.
+        wait_until("every broker gossips the split's ring", || {
+            let brokers = &brokers;
+            async move {
+                brokers.iter().all(|b| {
+                    let view = b.membership().view();
+                    view.peers.len() == 2 && view.all().all(|m| m.ring_version == version)
+                })
+            }
+        })
+        .await;
+        for broker in &brokers {
+            let client = Client::connect([broker.client_addr().to_string()])
+                .await
+                .unwrap();
+            let ring = client.vnode_list().await.unwrap();
+            assert_eq!((ring.ring_version, ring.vnodes.len()), (version, 5));
+        }
+        // Splitting a vnode the ring lacks is refused with its own code.
+        let refused = client.vnode_split(99).await.unwrap_err();
+        assert_eq!(refused.code(), Some(malachi_wire::ErrorCode::VnodeNotFound));
+        for broker in brokers.into_iter().rev() {
+            broker.shutdown().await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn segments_roll_on_a_broker_that_does_not_lead_the_topics_vnode() {
         use malachi_wire::batch::{BatchBuilder, Record};
         use malachi_wire::messages::FetchRequest;
