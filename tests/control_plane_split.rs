@@ -29,8 +29,9 @@ use serde_json::Value;
 const CONVERGE: Duration = Duration::from_secs(90);
 /// Vnodes on the ring before the split.
 const VNODES: usize = 2;
-/// Creations each creator makes at least, and at most (it keeps creating
-/// until the split has finished, so the two overlap).
+/// Creations each creator has acknowledged at least, and attempts it makes
+/// at most (it keeps creating until the split has finished, so the two
+/// overlap).
 const CREATES_MIN: usize = 12;
 const CREATES_MAX: usize = 60;
 /// Bits of a range id below its vnode's id block (ADR 0080).
@@ -186,7 +187,7 @@ fn topics_created_during_a_vnode_split_all_survive_and_every_broker_learns_the_n
             std::thread::spawn(move || {
                 let mut made = 0;
                 for k in 0..CREATES_MAX {
-                    if k >= CREATES_MIN && split_done.load(Ordering::SeqCst) {
+                    if made >= CREATES_MIN && split_done.load(Ordering::SeqCst) {
                         break;
                     }
                     let topic = format!("t{i}-{k}");
