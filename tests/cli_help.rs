@@ -92,7 +92,15 @@ fn every_client_form_of_cli_md_parses() {
         &["vnode", "list"],
         &["vnode", "list", "--json"],
         &["vnode", "split", "3"],
-        &["bench", "metadata", "--clients", "2", "--ops", "5", "--json"],
+        &[
+            "bench",
+            "metadata",
+            "--clients",
+            "2",
+            "--ops",
+            "5",
+            "--json",
+        ],
         &[
             "bench",
             "produce",
