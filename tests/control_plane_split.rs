@@ -16,13 +16,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{BIN, err, free_port, malachi, one_line_failure, out, spawn_until_serving};
+use common::cluster::{Cluster, ClusterNode, logs};
+use common::{err, malachi, one_line_failure, out};
 use serde_json::Value;
 
 /// Generous liveness bounds.
@@ -37,71 +36,7 @@ const CREATES_MAX: usize = 60;
 /// Bits of a range id below its vnode's id block (ADR 0080).
 const ID_BLOCK_BITS: u32 = 40;
 
-struct Node {
-    node_id: u64,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Node {
-    fn start(root: &Path, node_id: u64, clients: &[String]) -> Node {
-        let config = root.join(format!("node-{node_id}.toml"));
-        std::fs::write(
-            &config,
-            format!(
-                "[membership]\nprobe_period_ms = 200\nprobe_rtt_ms = 100\n\
-                 suspect_timeout_ms = 2000\nseed_retry_ms = 200\n\
-                 cluster_cookie = \"test-cookie\"\n\n\
-                 [cluster]\nnodes = [1, 2, 3]\nvnodes = {VNODES}\ncoordinator_poll_ms = 200\n"
-            ),
-        )
-        .unwrap();
-        let client = clients[node_id as usize - 1].clone();
-        let log = root.join(format!("node-{node_id}.log"));
-        let mut command = Command::new(BIN);
-        command
-            .args(["broker", "--node-id", &node_id.to_string()])
-            .args(["--listen", &client])
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
-            .arg("--config")
-            .arg(&config)
-            .arg("--data-dir")
-            .arg(root.join(format!("node-{node_id}")));
-        for seed in clients.iter().filter(|c| **c != client) {
-            command.args(["--seed", seed]);
-        }
-        command
-            .env("RUST_LOG", "info")
-            .env_remove("MALACHI_SEEDS")
-            .env_remove("MALACHI_ATTRS");
-        let child = spawn_until_serving(command, &log, &format!("node {node_id}"));
-        Node {
-            node_id,
-            log,
-            child: Some(child),
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn logs(nodes: &[Node]) -> String {
-    nodes
-        .iter()
-        .map(|n| {
-            let log = std::fs::read_to_string(&n.log).unwrap_or_default();
-            format!("--- node {} ---\n{log}", n.node_id)
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+type Node = ClusterNode;
 
 /// `malachi vnode list --json` through `broker`, if it answers.
 fn vnode_list(broker: &str) -> Option<Value> {
@@ -148,12 +83,9 @@ fn vnode_of(described: &Value) -> u64 {
 #[test]
 fn topics_created_during_a_vnode_split_all_survive_and_every_broker_learns_the_new_ring() {
     let dir = tempfile::tempdir().unwrap();
-    let clients: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let nodes: Vec<Node> = (1..=3)
-        .map(|id| Node::start(dir.path(), id, &clients))
-        .collect();
+    let cluster = Cluster::three_with(dir.path(), &format!("vnodes = {VNODES}\n"));
+    let clients = cluster.clients();
+    let nodes = cluster.nodes;
 
     // Every broker routes by the same ring and knows a leader for every vnode.
     let mut before = None;

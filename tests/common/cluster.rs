@@ -32,6 +32,17 @@ pub struct ClusterNode {
 impl ClusterNode {
     /// A broker of the cluster `nodes` with its files under `root`, not started.
     pub fn new(root: &Path, node_id: u64, nodes: &[u64]) -> ClusterNode {
+        ClusterNode::with_cluster_settings(root, node_id, nodes, "")
+    }
+
+    /// Like `new`, with more lines for the `[cluster]` table (such as
+    /// `vnodes = 2`).
+    pub fn with_cluster_settings(
+        root: &Path,
+        node_id: u64,
+        nodes: &[u64],
+        cluster_lines: &str,
+    ) -> ClusterNode {
         let config = root.join(format!("node-{node_id}.toml"));
         let list: Vec<String> = nodes.iter().map(u64::to_string).collect();
         std::fs::write(
@@ -40,7 +51,7 @@ impl ClusterNode {
                 "[membership]\nprobe_period_ms = 200\nprobe_rtt_ms = 100\n\
                  suspect_timeout_ms = 2000\nseed_retry_ms = 200\n\
                  cluster_cookie = \"test-cookie\"\n\n\
-                 [cluster]\nnodes = [{}]\ncoordinator_poll_ms = 200\n",
+                 [cluster]\nnodes = [{}]\ncoordinator_poll_ms = 200\n{cluster_lines}",
                 list.join(", ")
             ),
         )
@@ -119,10 +130,15 @@ impl Cluster {
     /// Starts three brokers under `root`, each serving its client port, and
     /// returns without waiting for elections.
     pub fn three(root: &Path) -> Cluster {
+        Cluster::three_with(root, "")
+    }
+
+    /// `three`, with more lines for every broker's `[cluster]` table.
+    pub fn three_with(root: &Path, cluster_lines: &str) -> Cluster {
         let ids = [1, 2, 3];
         let mut nodes: Vec<ClusterNode> = ids
             .iter()
-            .map(|id| ClusterNode::new(root, *id, &ids))
+            .map(|id| ClusterNode::with_cluster_settings(root, *id, &ids, cluster_lines))
             .collect();
         let clients: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
         for node in &mut nodes {
