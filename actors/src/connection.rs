@@ -464,17 +464,34 @@ fn not_serving(e: MetadataError) -> Failure {
     (e.error_code(), e.to_string())
 }
 
+/// How often a request waiting for a restarting coordinator manager looks
+/// for the new one.
+const COORDINATOR_WAIT_STEP_MS: u64 = 20;
+
 async fn call_coordinator<R: Send + 'static>(
     shared: &Arc<Shared>,
     build: impl FnOnce(ractor::RpcReplyPort<Result<R, CoordError>>) -> CoordinatorMsg,
 ) -> Result<R, Failure> {
-    let Some(coordinator) = shared.coordinator.read().clone() else {
-        return Err((
-            ErrorCode::ShuttingDown,
-            "the coordinator is not running".into(),
-        ));
+    let timeout_ms = shared.config.produce_timeout_ms;
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    // The manager is briefly absent while its supervisor restarts it: wait
+    // for the new one (bounded) rather than fail the request. The request is
+    // built only once a manager took it, so it never runs twice.
+    let coordinator = loop {
+        if let Some(coordinator) = shared.coordinator.read().clone()
+            && coordinator.get_status() == ractor::ActorStatus::Running
+        {
+            break coordinator;
+        }
+        if Instant::now() >= deadline {
+            return Err((
+                ErrorCode::ShuttingDown,
+                "the coordinator is not running".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(COORDINATOR_WAIT_STEP_MS)).await;
     };
-    match ractor::call_t!(coordinator, build, shared.config.produce_timeout_ms) {
+    match ractor::call_t!(coordinator, build, timeout_ms) {
         Ok(answer) => answer.map_err(coord_failure),
         Err(e) => Err((
             ErrorCode::Timeout,

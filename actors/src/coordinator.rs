@@ -35,7 +35,7 @@ use malachi_cluster::ring::VnodeId;
 use malachi_storage::SegmentStore;
 use malachi_supervision::{ChildSpec, Restart, SupervisionError};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::metadata::{MetadataError, read_owner};
 use crate::segment::{SegmentActor, SegmentArgs, SegmentMsg};
@@ -53,6 +53,10 @@ pub(crate) enum CoordError {
     Supervision(#[from] SupervisionError),
     #[error("unexpected outcome from the metadata model: {0}")]
     Unexpected(String),
+    /// The segment is not in this broker's metadata (its topic was deleted,
+    /// or the replica has not applied its creation within the wait).
+    #[error("segment {segment} is unknown")]
+    UnknownSegment { segment: SegmentId },
     #[error("segment {segment} cannot be sealed now: {reason}")]
     Freeze { segment: SegmentId, reason: String },
 }
@@ -119,6 +123,17 @@ pub(crate) async fn start_segment(
     topic: &str,
     segment: SegmentId,
 ) -> Result<(), CoordError> {
+    start_segment_within(shared, topic, segment, LOCAL_APPLY_WAIT_MS).await
+}
+
+/// `start_segment`, waiting at most `apply_wait_ms` for the local replica to
+/// know the segment.
+async fn start_segment_within(
+    shared: &Arc<Shared>,
+    topic: &str,
+    segment: SegmentId,
+    apply_wait_ms: u64,
+) -> Result<(), CoordError> {
     let plane = shared.plane()?;
     let lookup = || {
         read_owner(plane.as_ref(), topic, |state: &MetadataState| {
@@ -130,8 +145,7 @@ pub(crate) async fn start_segment(
     // A command proposed through another broker's leader is applied here a
     // moment later: wait (bounded) for this replica to catch up.
     let mut applied = plane.subscribe();
-    let deadline =
-        tokio::time::Instant::now() + std::time::Duration::from_millis(LOCAL_APPLY_WAIT_MS);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(apply_wait_ms);
     let mut found = lookup();
     while found.is_none()
         && tokio::time::timeout_at(deadline, applied.changed())
@@ -141,9 +155,7 @@ pub(crate) async fn start_segment(
         found = lookup();
     }
     let Some((range, start_offset, created_at_ms)) = found else {
-        return Err(CoordError::Unexpected(format!(
-            "segment {segment} is unknown"
-        )));
+        return Err(CoordError::UnknownSegment { segment });
     };
     let Some(storage) = shared.storage.read().clone() else {
         return Err(CoordError::Supervision(SupervisionError::NotRunning));
@@ -280,33 +292,15 @@ impl CoordinatorState {
         let Outcome::TopicDeleted { segments, .. } = outcome else {
             return Err(CoordError::Unexpected(format!("{outcome:?}")));
         };
-        let storage = self.shared.storage.read().clone();
-        for segment in segments {
-            let actor = self.shared.segments.lock().remove(&segment);
-            if actor.is_some()
-                && let Some(storage) = &storage
-            {
-                // The name needs the range, which the deleted metadata no
-                // longer has: find the child by its segment suffix instead.
-                let suffix = format!("/{}", segment.0);
-                if let Ok(snapshot) = storage.snapshot().await {
-                    for child in snapshot.children {
-                        if child.name.starts_with(&format!("segment/{name}/"))
-                            && child.name.ends_with(&suffix)
-                        {
-                            let _ = storage.terminate_child(&child.name).await;
-                        }
-                    }
-                }
-            }
-            // Copies are kept on disk: deleting files is the orphan sweeper's
-            // job, after the delete is known to be committed everywhere.
-            let _ = tokio::task::block_in_place(|| {
-                self.shared
-                    .store
-                    .close(malachi_storage::SegmentId(segment.0))
-            });
-        }
+        // The delete is committed: answer now, and release this broker's
+        // actors and open copies on a task. Serving that cleanup here held
+        // the vnode's coordinator (a storage tree snapshot, a terminate and
+        // a drain per segment) long enough for concurrent deletes queued
+        // behind it to time out. Reconcile stops orphaned actors too, so the
+        // two may race; both steps tolerate the other having run first.
+        let shared = Arc::clone(&self.shared);
+        let topic = name.clone();
+        tokio::spawn(async move { release_segments(&shared, &topic, segments).await });
         self.shared.forget_topic(&name);
         info!(topic = %name, "topic deleted");
         Ok(())
@@ -547,6 +541,36 @@ impl CoordinatorState {
     }
 }
 
+/// Stops the actors of a deleted topic's segments and closes their copies.
+/// The copies stay on disk: deleting files is the orphan sweeper's job,
+/// after the delete is known to be committed everywhere.
+async fn release_segments(shared: &Arc<Shared>, topic: &str, segments: Vec<SegmentId>) {
+    let storage = shared.storage.read().clone();
+    for segment in segments {
+        let actor = shared.segments.lock().remove(&segment);
+        if actor.is_some()
+            && let Some(storage) = &storage
+        {
+            // The name needs the range, which the deleted metadata no
+            // longer has: find the child by its segment suffix instead.
+            let suffix = format!("/{}", segment.0);
+            if let Ok(snapshot) = storage.snapshot().await {
+                for child in snapshot.children {
+                    if child.name.starts_with(&format!("segment/{topic}/"))
+                        && child.name.ends_with(&suffix)
+                    {
+                        let _ = storage.terminate_child(&child.name).await;
+                    }
+                }
+            }
+        }
+        let store = Arc::clone(&shared.store);
+        let _ =
+            tokio::task::spawn_blocking(move || store.close(malachi_storage::SegmentId(segment.0)))
+                .await;
+    }
+}
+
 /// Starts every active segment actor the metadata assigns to this broker,
 /// over every replica it holds, and stops the actors of segments no replica
 /// knows any more (their topic was deleted, possibly by another broker's
@@ -576,7 +600,19 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     });
     for (topic, segment) in wanted {
         if shared.segment(segment).is_none() {
-            start_segment(shared, &topic, segment).await?;
+            // No wait for the replica: this view already held the segment,
+            // so a miss now means it was deleted. Waiting would hold the
+            // manager's mailbox, and every request behind it, for seconds.
+            match start_segment_within(shared, &topic, segment, 0).await {
+                Ok(()) => {}
+                // `wanted` comes from a view taken before the awaits above:
+                // a topic deleted since has nothing left to start, and the
+                // next reconcile (the delete's apply triggers one) sees that.
+                Err(CoordError::UnknownSegment { segment }) => {
+                    debug!(%topic, %segment, "segment deleted before it could start");
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     let orphans: Vec<SegmentId> = running
