@@ -8,10 +8,11 @@
 //! vote and snapshots on disk, behind the crate's own `MetadataGroup` API so
 //! no openraft type leaks out; `group::TcpTransport` carries every group's
 //! raft messages between brokers, one connection per pair. `ring` maps topic
-//! names to vnodes, and `vnodes` hosts a broker's vnode replicas and routes
-//! any metadata request to its vnode's leader (ADR 0080). `membership` is
-//! SWIM. Placement joins later; all of these wrap the model and must keep it
-//! pure.
+//! names to vnodes, and `vnodes` hosts a broker's vnode replicas, routes
+//! any metadata request to its vnode's leader (ADR 0080), keeps the ring in
+//! a raft group of its own, splits vnodes and grants coordinator leases
+//! (ADR 0082). `membership` is SWIM. All of these wrap the model and must
+//! keep it pure.
 
 pub mod cursor;
 pub mod group;
