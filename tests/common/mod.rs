@@ -17,13 +17,35 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_malachi");
 /// How long a broker may take to print its serving line.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A loopback port free at the time of asking.
+/// Ports handed to brokers come from below Linux's default ephemeral range
+/// (32768-60999): a port the kernel picked for a `:0` bind (a broker's raft
+/// listener, any client socket) is free again the moment it is released,
+/// so the kernel could give it to another broker before the one it was
+/// meant for binds it. Below that range only another test's pick collides.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A loopback port free for TCP and UDP (SWIM shares the client port) at
+/// the time of asking, outside the kernel's ephemeral range.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let span = u64::from(TEST_PORTS.end - TEST_PORTS.start);
+    for _ in 0..10_000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mixed =
+            (seed ^ n.wrapping_mul(0xBF58_476D_1CE4_E5B9)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let port = TEST_PORTS.start + ((mixed >> 32) % span) as u16;
+        let tcp = TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {TEST_PORTS:?}");
 }
 
 /// A broker running as a child process.
