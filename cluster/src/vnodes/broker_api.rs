@@ -9,7 +9,7 @@
 //! protocol of keys 210 and 211 is unchanged.
 
 use super::{Forwarded, VnodeHost};
-use crate::group::{GroupError, TcpTransport, TransportError};
+use crate::group::{GroupError, TcpTransport};
 use crate::model::{MetadataState, TopicState};
 use crate::ring::VnodeId;
 use malachi_wire::error::ErrorCode;
@@ -87,31 +87,14 @@ impl VnodeHost {
                     Err((_, reason)) => Forwarded::Failed { reason },
                 }
             } else {
-                match self
-                    .transport
-                    .call_raw(
-                        target,
-                        FORWARD_LIST_API_KEY,
-                        vnode.group_id(),
-                        &[],
-                        self.config.forward_timeout_ms,
-                    )
-                    .await
-                {
-                    Ok(bytes) => {
-                        rmp_serde::from_slice(&bytes).unwrap_or_else(|e| Forwarded::Retry {
-                            reason: format!("undecodable answer: {e}"),
-                        })
-                    }
-                    Err(
-                        e @ (TransportError::Unreachable { .. }
-                        | TransportError::Network { .. }
-                        | TransportError::Remote { .. }),
-                    ) => {
-                        last = e.to_string();
-                        Forwarded::NotLeader { leader: None }
-                    }
-                }
+                self.forward_to(
+                    target,
+                    FORWARD_LIST_API_KEY,
+                    vnode.group_id(),
+                    &[],
+                    &mut last,
+                )
+                .await
             };
             match answer {
                 Forwarded::Done(list) => return Ok(list),

@@ -716,28 +716,8 @@ impl VnodeHost {
             let answer: Forwarded<T> = if target == self.config.node_id {
                 self.serve_local(api_key, group_id, body).await
             } else {
-                match self
-                    .transport
-                    .call_raw(
-                        target,
-                        api_key,
-                        group_id,
-                        body,
-                        self.config.forward_timeout_ms,
-                    )
+                self.forward_to(target, api_key, group_id, body, &mut last)
                     .await
-                {
-                    Ok(bytes) => {
-                        rmp_serde::from_slice(&bytes).unwrap_or_else(|e| Forwarded::Retry {
-                            reason: format!("undecodable answer: {e}"),
-                        })
-                    }
-                    Err(
-                        e @ (TransportError::Unreachable { .. }
-                        | TransportError::Network { .. }
-                        | TransportError::Remote { .. }),
-                    ) => Forwarded::NotLeader { leader: None }.noting(&mut last, e.to_string()),
-                }
             };
             match answer {
                 Forwarded::Done(value) => return Ok(value),
@@ -993,6 +973,41 @@ impl<T> Forwarded<T> {
     fn noting(self, last: &mut String, reason: String) -> Forwarded<T> {
         *last = reason;
         self
+    }
+}
+
+impl VnodeHost {
+    /// Sends a request to `target`'s forwarding service and decodes its
+    /// answer. A transport failure reads as "no leader known", with its
+    /// reason kept in `last` for the final error.
+    async fn forward_to<T: serde::de::DeserializeOwned>(
+        &self,
+        target: u64,
+        api_key: u16,
+        group_id: u64,
+        body: &[u8],
+        last: &mut String,
+    ) -> Forwarded<T> {
+        match self
+            .transport
+            .call_raw(
+                target,
+                api_key,
+                group_id,
+                body,
+                self.config.forward_timeout_ms,
+            )
+            .await
+        {
+            Ok(bytes) => rmp_serde::from_slice(&bytes).unwrap_or_else(|e| Forwarded::Retry {
+                reason: format!("undecodable answer: {e}"),
+            }),
+            Err(
+                e @ (TransportError::Unreachable { .. }
+                | TransportError::Network { .. }
+                | TransportError::Remote { .. }),
+            ) => Forwarded::NotLeader { leader: None }.noting(last, e.to_string()),
+        }
     }
 }
 
