@@ -4,21 +4,14 @@
 //! idempotent where a resumed split repeats it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::create;
 use malachi_cluster::model::{
     Command, MetadataState, ModelError, NodeId, Outcome, RingArc, SealRecord, ring_position,
 };
 use malachi_cluster::ring::{Ring, VnodeId};
 use proptest::prelude::*;
-
-fn create(topic: &str) -> Command {
-    Command::CreateTopic {
-        topic: topic.to_owned(),
-        initial_ranges: 2,
-        policy: None,
-        replicas: vec![vec![NodeId(1)], vec![NodeId(2)]],
-        at_ms: 5,
-    }
-}
 
 /// A vnode owning `arc` with the given topics.
 fn vnode(arc: RingArc, topics: &[String]) -> MetadataState {

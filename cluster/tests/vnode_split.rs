@@ -3,8 +3,11 @@
 //! needs it. Waits poll with deadlines; no sleep is an assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::create;
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
-use malachi_cluster::model::{Command, ModelError, NodeId, Outcome, RingArc};
+use malachi_cluster::model::{Command, ModelError, Outcome, RingArc};
 use malachi_cluster::ring::{Ring, VnodeId};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig, plan_coordinators};
 use std::collections::BTreeSet;
@@ -105,16 +108,6 @@ impl Cluster {
                 self.kill(i).await;
             }
         }
-    }
-}
-
-fn create(topic: &str) -> Command {
-    Command::CreateTopic {
-        topic: topic.to_owned(),
-        initial_ranges: 2,
-        policy: None,
-        replicas: vec![vec![NodeId(1)], vec![NodeId(2)]],
-        at_ms: 5,
     }
 }
 

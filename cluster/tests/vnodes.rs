@@ -2,8 +2,11 @@
 //! brokers in one process on loopback, any of which answers any request.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::create;
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
-use malachi_cluster::model::{Command, ModelError, NodeId, Outcome, RingArc};
+use malachi_cluster::model::{ModelError, Outcome, RingArc};
 use malachi_cluster::ring::{Ring, VnodeId};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use std::sync::Arc;
@@ -54,16 +57,6 @@ async fn start(vnode_count: u32) -> Vec<Broker> {
 async fn kill(broker: Broker) {
     broker.server.shutdown().await;
     broker.host.shutdown().await;
-}
-
-fn create(topic: &str) -> Command {
-    Command::CreateTopic {
-        topic: topic.to_owned(),
-        initial_ranges: 2,
-        policy: None,
-        replicas: vec![vec![NodeId(1)], vec![NodeId(2)]],
-        at_ms: 5,
-    }
 }
 
 async fn create_through(broker: &Broker, topic: &str) {
