@@ -17,19 +17,24 @@
 //!   from one minute to the next).
 
 use std::fs::{self, OpenOptions};
+use std::future::Future;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Barrier;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::error::StorageError;
 use crate::file_store::FileStore;
 use crate::record::Record;
 use crate::store::{SegmentId, SegmentStore, StoreConfig};
+use crate::ticket::AppendTicket;
 
 /// Bytes in each benchmark record's value (the key is 8 bytes).
 pub const VALUE_BYTES: usize = 1024;
@@ -39,6 +44,8 @@ const BATCHES: [usize; 4] = [1, 10, 100, 1000];
 /// Raw write sizes, in records' worth of frames.
 const RAW_WRITE_RECORDS: [usize; 5] = [1, 10, 100, 1000, 10_000];
 const BUSY_BACKOFF: Duration = Duration::from_micros(50);
+/// Store and raw slices a full run interleaves per scenario.
+const PAIRED_ROUNDS: usize = 4;
 
 /// How to run the benchmark.
 #[derive(Debug, Clone)]
@@ -282,7 +289,13 @@ struct StoreShape {
 }
 
 /// Runs one store scenario (closed-loop, or paced at `pace` per appender),
-/// then compares it with the raw grid and with a raw run paired right after it.
+/// then compares it with the raw grid and with raw runs paired with it.
+///
+/// The pairing is interleaved: `rounds` slices of the store, each followed
+/// by a raw slice of the same length at that slice's file count and mean
+/// bytes per sync. This disk's bandwidth drifts by tens of percent within a
+/// minute, so a baseline taken seconds away measures the drift as much as
+/// the store; slices a second apart cancel most of it.
 #[allow(clippy::too_many_arguments)]
 fn store_scenario(
     opts: &BenchOptions,
@@ -299,39 +312,40 @@ fn store_scenario(
         appenders,
         batch,
     } = shape;
-    let m = store_run(
-        &opts.dir,
-        cfg,
+    let rounds = if opts.quick { 1 } else { PAIRED_ROUNDS };
+    let slice = Duration::from_secs_f64(store_secs / rounds as f64);
+    let files = segments.min(appenders);
+    let mut store_total = Measured::empty(pace.is_some());
+    let mut raw_total = Measured::empty(false);
+    let mut raw_write_bytes = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let m = store_run(&opts.dir, cfg, segments, appenders, batch, slice, pace)?;
+        let write_bytes = (m.bytes as f64 / m.syncs.max(1) as f64).round() as usize;
+        let write_bytes = write_bytes.max(frame);
+        raw_total.merge(&raw_run(&opts.dir, files, write_bytes, slice)?);
+        raw_write_bytes.push(write_bytes);
+        store_total.merge(&m);
+    }
+    let mut r = to_result(
+        "malachi",
+        name,
         segments,
         appenders,
         batch,
-        Duration::from_secs_f64(store_secs),
-        pace,
-    )?;
-    let mut r = to_result("malachi", name, segments, appenders, batch, &m, frame);
-    let files = segments.min(appenders);
+        &store_total,
+        frame,
+    );
     compare(&mut r, raw, files, batch * frame);
-    pair(&opts.dir, &mut r, files, store_secs, frame)?;
-    Ok(r)
-}
-
-/// Measures the raw disk right after a store scenario, at the scenario's
-/// parallelism and mean write size, and sets `ratio_to_raw` from it.
-fn pair(
-    dir: &Path,
-    r: &mut ScenarioResult,
-    files: usize,
-    secs: f64,
-    frame: usize,
-) -> Result<(), StorageError> {
-    let write_bytes = (r.write_bytes_mean.round() as usize).max(frame);
-    let m = raw_run(dir, files, write_bytes, Duration::from_secs_f64(secs))?;
-    let base = to_result("raw-disk", String::new(), files, 1, 0, &m, frame);
+    let base = to_result("raw-disk", String::new(), files, 1, 0, &raw_total, frame);
     r.ratio_to_raw = Some(r.mb_per_s / base.mb_per_s.max(1e-9));
-    r.raw_baseline = Some(format!("paired raw files={files} write={write_bytes}B"));
+    let sizes: Vec<String> = raw_write_bytes.iter().map(|b| format!("{b}B")).collect();
+    r.raw_baseline = Some(format!(
+        "paired raw files={files} write={} in {rounds} interleaved slices",
+        sizes.join("/")
+    ));
     r.raw_mb_per_s = Some(base.mb_per_s);
     r.raw_p99_us = Some(base.p99_us);
-    Ok(())
+    Ok(r)
 }
 
 /// Sets `ratio_to_raw_batch` from the grid, at the appenders' batch size.
@@ -607,6 +621,31 @@ fn raw_run(
 }
 
 impl Measured {
+    fn empty(lag: bool) -> Measured {
+        Measured {
+            bytes: 0,
+            records: 0,
+            seconds: 0.0,
+            hist: histogram(),
+            syncs: 0,
+            busy: 0,
+            lag: lag.then(histogram),
+        }
+    }
+
+    /// Adds another slice of the same scenario: its time runs after ours.
+    fn merge(&mut self, other: &Measured) {
+        self.bytes += other.bytes;
+        self.records += other.records;
+        self.seconds += other.seconds;
+        self.syncs += other.syncs;
+        self.busy += other.busy;
+        let _ = self.hist.add(&other.hist);
+        if let (Some(lag), Some(more)) = (self.lag.as_mut(), other.lag.as_ref()) {
+            let _ = lag.add(more);
+        }
+    }
+
     fn of_raw(raw: RawResult) -> Measured {
         Measured {
             bytes: raw.bytes,
@@ -636,48 +675,74 @@ fn store_run(
     for s in 0..segments {
         store.open(SegmentId(s as u64))?;
     }
+    let shape = StoreShape {
+        segments,
+        appenders,
+        batch,
+    };
+    let mut m = match pace {
+        Some(pace) => paced_run(&store, shape, duration, pace)?,
+        None => closed_loop_run(&store, shape, duration)?,
+    };
+    let stats = store.stats();
+    m.bytes = stats.flushed_bytes;
+    m.syncs = stats.flushes;
+    drop(store);
+    fs::remove_dir_all(&sub).map_err(io("remove store directory", &sub))?;
+    Ok(m)
+}
+
+/// Appends with a retry while the segment is `Busy` (backpressure).
+fn append_retrying(
+    store: &FileStore,
+    segment: SegmentId,
+    records: &[Record],
+    busy: &AtomicU64,
+) -> Result<AppendTicket, StorageError> {
+    loop {
+        match store.append(segment, records) {
+            Err(StorageError::Busy { .. }) => {
+                busy.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(BUSY_BACKOFF);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// One thread per appender, each with one batch in flight: the next batch
+/// leaves when the previous one's ack comes back.
+fn closed_loop_run(
+    store: &FileStore,
+    shape: StoreShape,
+    duration: Duration,
+) -> Result<Measured, StorageError> {
+    let StoreShape {
+        segments,
+        appenders,
+        batch,
+    } = shape;
     let barrier = Barrier::new(appenders);
     let busy = AtomicU64::new(0);
-    type Outcome = Result<(u64, f64, Histogram<u64>, Histogram<u64>), StorageError>;
+    type Outcome = Result<(u64, f64, Histogram<u64>), StorageError>;
     let outcomes: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..appenders)
             .map(|a| {
-                let (store, barrier, busy) = (&store, &barrier, &busy);
+                let (barrier, busy) = (&barrier, &busy);
                 s.spawn(move || {
                     let segment = SegmentId((a % segments) as u64);
                     let records: Vec<Record> = (0..batch as u64).map(bench_record).collect();
-                    let (mut hist, mut lag) = (histogram(), histogram());
+                    let mut hist = histogram();
                     let mut sent = 0u64;
                     barrier.wait();
                     let start = Instant::now();
-                    // Stagger paced appenders so they do not all fire at once.
-                    let mut next = start
-                        + pace.map_or(Duration::ZERO, |p| p.mul_f64(a as f64 / appenders as f64));
                     while start.elapsed() < duration {
-                        if let Some(p) = pace {
-                            let now = Instant::now();
-                            if next > now {
-                                std::thread::sleep(next - now);
-                            }
-                            lag.saturating_record(elapsed_us(next));
-                            next += p;
-                        }
                         let sent_at = Instant::now();
-                        let ticket = loop {
-                            match store.append(segment, &records) {
-                                Ok(ticket) => break ticket,
-                                Err(StorageError::Busy { .. }) => {
-                                    busy.fetch_add(1, Ordering::Relaxed);
-                                    std::thread::sleep(BUSY_BACKOFF);
-                                }
-                                Err(e) => return Err(e),
-                            }
-                        };
-                        ticket.wait()?;
+                        append_retrying(store, segment, &records, busy)?.wait()?;
                         hist.saturating_record(elapsed_us(sent_at));
                         sent += batch as u64;
                     }
-                    Ok((sent, start.elapsed().as_secs_f64(), hist, lag))
+                    Ok((sent, start.elapsed().as_secs_f64(), hist))
                 })
             })
             .collect();
@@ -693,23 +758,152 @@ fn store_run(
         hist: histogram(),
         syncs: 0,
         busy: busy.load(Ordering::Relaxed),
-        lag: pace.map(|_| histogram()),
+        lag: None,
     };
     for outcome in outcomes {
-        let (records, seconds, hist, lag) = outcome?;
+        let (records, seconds, hist) = outcome?;
         m.records += records;
         m.seconds = m.seconds.max(seconds);
         let _ = m.hist.add(&hist);
-        if let Some(total) = m.lag.as_mut() {
-            let _ = total.add(&lag);
+    }
+    Ok(m)
+}
+
+/// What the acks of a paced run share with the thread that sends.
+struct PacedAcks {
+    /// Append-to-ack latency, recorded by the waker at the moment the store
+    /// completes a ticket (on the sync thread that completed it).
+    hist: Mutex<Histogram<u64>>,
+    /// Appenders whose batch was acked since the sender last looked.
+    acked: Mutex<Vec<usize>>,
+    sender: std::thread::Thread,
+}
+
+/// Wakes the sender when appender `appender`'s batch, sent at `sent_at`, is
+/// acked, and records its latency then.
+struct AckWaker {
+    appender: usize,
+    sent_at: Instant,
+    acks: Arc<PacedAcks>,
+}
+
+impl Wake for AckWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.acks
+            .hist
+            .lock()
+            .saturating_record(elapsed_us(self.sent_at));
+        self.acks.acked.lock().push(self.appender);
+        self.acks.sender.unpark();
+    }
+}
+
+/// Paced appenders driven by one sending thread: appender *a* sends a batch
+/// every `pace` (staggered so they do not all fire at once), with at most
+/// one batch in flight; a send due while its previous batch is unacked
+/// leaves when the ack arrives, and `lag` records how late it left.
+///
+/// One thread keeps the schedule better than one sleeping thread per
+/// appender: with 64 appenders on two cores, those threads' own wake-ups
+/// were tens of milliseconds late at p99, and each ack cost a thread
+/// wake-up before its latency was even read. Here an ack's latency is taken
+/// by the ticket's waker, at completion.
+fn paced_run(
+    store: &FileStore,
+    shape: StoreShape,
+    duration: Duration,
+    pace: Duration,
+) -> Result<Measured, StorageError> {
+    let StoreShape {
+        segments,
+        appenders,
+        batch,
+    } = shape;
+    let records: Vec<Record> = (0..batch as u64).map(bench_record).collect();
+    let acks = Arc::new(PacedAcks {
+        hist: Mutex::new(histogram()),
+        acked: Mutex::new(Vec::with_capacity(appenders)),
+        sender: std::thread::current(),
+    });
+    let busy = AtomicU64::new(0);
+    let mut lag = histogram();
+    let start = Instant::now();
+    let mut due: Vec<Instant> = (0..appenders)
+        .map(|a| start + pace.mul_f64(a as f64 / appenders as f64))
+        .collect();
+    let mut in_flight: Vec<Option<AppendTicket>> = (0..appenders).map(|_| None).collect();
+    let (mut sent, mut acked) = (0u64, 0u64);
+    let mut sending_secs = 0.0;
+    loop {
+        let acked_now = std::mem::take(&mut *acks.acked.lock());
+        for a in acked_now {
+            if let Some(ticket) = in_flight[a].take() {
+                // Woken, so complete: this only reads the outcome.
+                ticket.wait()?;
+                acked += batch as u64;
+            }
+        }
+        let now = Instant::now();
+        if now.duration_since(start) >= duration {
+            if sending_secs == 0.0 {
+                sending_secs = now.duration_since(start).as_secs_f64();
+            }
+            if in_flight.iter().all(Option::is_none) {
+                break;
+            }
+            std::thread::park_timeout(Duration::from_millis(1));
+            continue;
+        }
+        let next = (0..appenders)
+            .filter(|&a| in_flight[a].is_none())
+            .min_by_key(|&a| due[a]);
+        let Some(a) = next else {
+            std::thread::park_timeout(
+                due.iter()
+                    .min()
+                    .map_or(pace, |d| d.saturating_duration_since(now)),
+            );
+            continue;
+        };
+        if due[a] > now {
+            std::thread::park_timeout(due[a] - now);
+            continue;
+        }
+        lag.saturating_record(elapsed_us(due[a]));
+        due[a] += pace;
+        let segment = SegmentId((a % segments) as u64);
+        let sent_at = Instant::now();
+        let mut ticket = append_retrying(store, segment, &records, &busy)?;
+        sent += batch as u64;
+        let waker = Waker::from(Arc::new(AckWaker {
+            appender: a,
+            sent_at,
+            acks: Arc::clone(&acks),
+        }));
+        match Pin::new(&mut ticket).poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(outcome) => {
+                acks.hist.lock().saturating_record(elapsed_us(sent_at));
+                outcome?;
+                acked += batch as u64;
+            }
+            Poll::Pending => in_flight[a] = Some(ticket),
         }
     }
-    let stats = store.stats();
-    m.bytes = stats.flushed_bytes;
-    m.syncs = stats.flushes;
-    drop(store);
-    fs::remove_dir_all(&sub).map_err(io("remove store directory", &sub))?;
-    Ok(m)
+    assert_eq!(acked, sent, "a paced batch was neither acked nor failed");
+    let hist = acks.hist.lock().clone();
+    Ok(Measured {
+        bytes: 0,
+        records: acked,
+        seconds: sending_secs,
+        hist,
+        syncs: 0,
+        busy: busy.load(Ordering::Relaxed),
+        lag: Some(lag),
+    })
 }
 
 /// Writes `bytes` of records to one segment, reopens the store, and reads
@@ -797,6 +991,39 @@ mod tests {
         assert!(raw.mb_per_s() > 0.0 && raw.writes_per_s() > 0.0);
         assert!(raw.latency_us_at(0.5) <= raw.latency_us_at(0.99));
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_paced_run_acks_every_batch_it_sends_and_records_each_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open_dir(dir.path(), StoreConfig::default()).unwrap();
+        for s in 0..3 {
+            store.open(SegmentId(s)).unwrap();
+        }
+        let shape = StoreShape {
+            segments: 3,
+            appenders: 6,
+            batch: 4,
+        };
+        let m = paced_run(
+            &store,
+            shape,
+            Duration::from_millis(150),
+            Duration::from_millis(10),
+        )
+        .unwrap();
+        let batches = m.records / 4;
+        assert!(batches >= 6, "every appender sends at least once");
+        assert_eq!(m.records % 4, 0);
+        // One latency and one lag sample per batch, and every acked record is
+        // durable in the store.
+        assert_eq!(m.hist.len(), batches);
+        assert_eq!(m.lag.as_ref().map(Histogram::len), Some(batches));
+        let durable: u64 = (0..3)
+            .map(|s| store.info(SegmentId(s)).unwrap().length)
+            .sum();
+        assert_eq!(durable, m.records);
+        assert!(m.seconds >= 0.15);
     }
 
     #[test]
