@@ -466,8 +466,18 @@ impl FileStore {
                     );
                     short_of_seal = true;
                 } else if let Some(bad) = report.first_bad {
-                    truncated_bytes = file_len - report.valid_bytes;
-                    warn!(segment = id.0, position = bad.position, truncated_bytes, reason = %bad.error, "truncating torn tail");
+                    if padding_after(&log, report.valid_bytes, file_len)
+                        .map_err(io_err("read the log's tail"))?
+                    {
+                        debug!(
+                            segment = id.0,
+                            padding_bytes = file_len - report.valid_bytes,
+                            "dropping a direct write's padding"
+                        );
+                    } else {
+                        truncated_bytes = file_len - report.valid_bytes;
+                        warn!(segment = id.0, position = bad.position, truncated_bytes, reason = %bad.error, "truncating torn tail");
+                    }
                     log.set_len(report.valid_bytes)
                         .map_err(io_err("truncate log"))?;
                     log.sync_data().map_err(io_err("sync log"))?;
@@ -652,6 +662,9 @@ impl Drop for FileStore {
         let segments: Vec<_> = self.shared.segments.lock().values().cloned().collect();
         for seg in &segments {
             self.drain(seg);
+            if let Err(e) = trim_padding(seg) {
+                warn!(segment = seg.id.0, error = %e, "could not trim the log's padding; recovery will");
+            }
         }
         {
             let mut sched = self.shared.sched.lock();
@@ -864,6 +877,7 @@ impl SegmentStore for FileStore {
             .0
         };
         let info = SealInfo { length, byte_size };
+        trim_padding(&seg)?;
         marker::write_atomically(
             &self.shared.dir,
             &self.seal_path(segment),
@@ -910,7 +924,7 @@ impl SegmentStore for FileStore {
         let seg = self.segment(segment)?;
         self.drain(&seg);
         self.shared.segments.lock().remove(&segment);
-        Ok(())
+        trim_padding(&seg)
     }
 }
 
@@ -1164,7 +1178,7 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
     let mut written = if !seg.direct {
         write_batches(file, &batches, position).map(|()| None)
     } else if head.len() + bytes as usize >= cfg.direct_io_bytes_min {
-        write_direct(shared, seg, file, head, &batches, position, bytes).map(Some)
+        write_direct(shared, file, head, &batches, position, bytes).map(Some)
     } else {
         // A small flush costs little to copy, and a direct write of it would
         // first wait for the cached partial block to be written back.
@@ -1306,6 +1320,49 @@ fn complete(shared: &Shared, seg: &Arc<Segment>, seq: u64, slot: usize, result: 
     }
 }
 
+/// Whether the bytes from `valid_bytes` to `file_len` are a direct write's
+/// zero padding (see [`direct`]) rather than a torn or damaged tail.
+fn padding_after(log: &File, valid_bytes: u64, file_len: u64) -> io::Result<bool> {
+    let len = file_len.saturating_sub(valid_bytes);
+    if len >= BLOCK_BYTES as u64 {
+        return Ok(false);
+    }
+    let mut tail = vec![0u8; len as usize];
+    log.read_exact_at(&mut tail, valid_bytes)?;
+    Ok(direct::is_padding(&tail, file_len))
+}
+
+/// Cuts a direct write's zero padding off the end of the log, so that a
+/// file at rest (sealed, closed, or after shutdown) is exactly its frames
+/// and a scan of it from outside the store meets no padding.
+///
+/// Only when nothing is written or pending: the state lock is held across
+/// the truncation so no flush can start and write past the cut. When a
+/// flush is busy the padding stays; recovery drops it.
+fn trim_padding(seg: &Segment) -> Result<(), StorageError> {
+    if !seg.direct {
+        return Ok(());
+    }
+    let st = seg.state.lock();
+    if st.writing || st.slots_busy != 0 || st.pending_records != 0 {
+        return Ok(());
+    }
+    let io = |op: &'static str| move |e| StorageError::io(op, &seg.log_path, e);
+    let len = seg.log.metadata().map_err(io("stat log"))?.len();
+    if len > st.written_bytes {
+        debug_assert!(
+            len - st.written_bytes < BLOCK_BYTES as u64,
+            "padding is under a block"
+        );
+        seg.log
+            .set_len(st.written_bytes)
+            .map_err(io("trim the log's padding"))?;
+        seg.log.sync_data().map_err(io("sync log"))?;
+    }
+    drop(st);
+    Ok(())
+}
+
 fn batches_bytes(batches: &[Batch]) -> Vec<&[u8]> {
     batches.iter().map(|b| b.bytes.as_slice()).collect()
 }
@@ -1346,7 +1403,6 @@ fn open_writers(path: &Path, cfg: &StoreConfig) -> Result<(Vec<File>, bool), Sto
 /// buffer and writes it (see [`direct`]). Returns the new partial block.
 fn write_direct(
     shared: &Shared,
-    seg: &Segment,
     file: &File,
     head: Vec<u8>,
     batches: &[Batch],
@@ -1361,10 +1417,9 @@ fn write_direct(
     for batch in batches {
         buf.extend_from_slice(&batch.bytes);
     }
-    let tail = direct::write_blocks(file, &seg.log, &buf, base);
+    let tail = direct::write_padded(file, &mut buf, base);
     if tail.is_ok() {
-        let whole = buf.as_slice().len() / BLOCK_BYTES * BLOCK_BYTES;
-        shared.stats.lock().direct_bytes += whole as u64;
+        shared.stats.lock().direct_bytes += buf.as_slice().len() as u64;
     }
     if buf.capacity() <= direct::POOLED_BUFFER_BYTES_MAX {
         let mut pool = shared.buffers.lock();
