@@ -231,9 +231,10 @@ pub struct StoreConfig {
     /// written while earlier ones wait for their `fdatasync`, which overlaps
     /// the page-cache copy with the disk. 1 serializes write and sync.
     pub flush_pipeline_depth: usize,
-    /// Write whole blocks with `O_DIRECT` (ADR 0012), skipping the kernel's
-    /// page-cache copy; falls back to buffered writes where the file system
-    /// refuses `O_DIRECT`.
+    /// Write whole blocks with `O_DIRECT` (ADR 0012, 0013), skipping the
+    /// kernel's page-cache copy; the partial last block is padded with zeros
+    /// that the next flush overwrites. Falls back to buffered writes where
+    /// the file system refuses `O_DIRECT`.
     pub direct_io: bool,
     /// Smaller flushes go through the page cache even with `direct_io`.
     pub direct_io_bytes_min: usize,
