@@ -68,7 +68,8 @@ pub struct StoreStats {
     pub flushes: u64,
     pub flushed_bytes: u64,
     pub flushed_records: u64,
-    /// Bytes written with `O_DIRECT` (whole blocks, rewrites included).
+    /// Bytes written with `O_DIRECT`: whole blocks, including the rewritten
+    /// head of the partial block and the zero padding after it.
     pub direct_bytes: u64,
     /// Flushes whose write began while an earlier flush of the same file
     /// was still in its `fdatasync`: the work pipelining saves.
@@ -923,8 +924,11 @@ impl SegmentStore for FileStore {
     fn close(&self, segment: SegmentId) -> Result<(), StorageError> {
         let seg = self.segment(segment)?;
         self.drain(&seg);
+        // Trimmed while still in the map: once removed, an `open` may build a
+        // new copy on the same file, whose writes this trim must not cut.
+        let trimmed = trim_padding(&seg);
         self.shared.segments.lock().remove(&segment);
-        trim_padding(&seg)
+        trimmed
     }
 }
 
@@ -1180,8 +1184,8 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
     } else if head.len() + bytes as usize >= cfg.direct_io_bytes_min {
         write_direct(shared, file, head, &batches, position, bytes).map(Some)
     } else {
-        // A small flush costs little to copy, and a direct write of it would
-        // first wait for the cached partial block to be written back.
+        // A small flush costs little to copy through the page cache, and a
+        // direct write of it would rewrite a whole block for a few records.
         write_batches(&seg.log, &batches, position).map(|()| {
             Some(direct::tail_of(
                 &head,
@@ -1344,16 +1348,15 @@ fn trim_padding(seg: &Segment) -> Result<(), StorageError> {
         return Ok(());
     }
     let st = seg.state.lock();
-    if st.writing || st.slots_busy != 0 || st.pending_records != 0 {
+    // A failed copy may hold a partial write past its end: that is
+    // recovery's to judge, and its descriptor may still report the error.
+    if st.writing || st.slots_busy != 0 || st.pending_records != 0 || st.failed.is_some() {
         return Ok(());
     }
     let io = |op: &'static str| move |e| StorageError::io(op, &seg.log_path, e);
     let len = seg.log.metadata().map_err(io("stat log"))?.len();
-    if len > st.written_bytes {
-        debug_assert!(
-            len - st.written_bytes < BLOCK_BYTES as u64,
-            "padding is under a block"
-        );
+    // Only padding (under a block past the end) is ours to cut.
+    if len > st.written_bytes && len - st.written_bytes < BLOCK_BYTES as u64 {
         seg.log
             .set_len(st.written_bytes)
             .map_err(io("trim the log's padding"))?;

@@ -249,7 +249,7 @@ fn sealing_and_closing_trim_the_padding() {
 }
 
 #[test]
-fn direct_writes_keep_the_log_exactly_as_long_as_its_frames() {
+fn direct_writes_leave_only_padding_past_the_frames_and_trim_it_at_shutdown() {
     // /tmp may refuse O_DIRECT (tmpfs); where it does not, the blocks went direct.
     let direct_bytes = exact_length_across_reopen(true);
     let probe = tempfile::tempdir().unwrap();
