@@ -180,5 +180,8 @@ fn print_result(r: &ScenarioResult, json: bool) {
     if r.busy_retries > 0 {
         line.push_str(&format!("  busy retries {}", r.busy_retries));
     }
+    if r.flushes_overlapped > 0 {
+        line.push_str(&format!("  overlapped flushes {}", r.flushes_overlapped));
+    }
     println!("{line}");
 }

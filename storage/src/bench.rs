@@ -8,13 +8,14 @@
 //!   and 10,000 records' frames), which gives the disk's bandwidth at the
 //!   appenders' own batch sizes and parallelism (`ratio_to_raw_batch`, above
 //!   1 when group commit coalesces small batches into larger writes);
-//! - right after each store scenario, paired with it: `min(appenders,
-//!   segments)` files (the files the scenario keeps syncing at once), each
-//!   written at the mean bytes per fdatasync the store actually issued in
-//!   that scenario, for the same duration. `ratio_to_raw` divides by this
-//!   run, so it is the store's overhead over a disk doing the same syncs at
-//!   nearly the same moment (this disk's bandwidth drifts by tens of percent
-//!   from one minute to the next).
+//! - interleaved with each store scenario: the scenario runs in slices, and
+//!   each slice is followed by a raw slice of the same length on
+//!   `min(appenders, segments)` files (the files the scenario keeps syncing
+//!   at once), each written at the mean bytes per fdatasync the store issued
+//!   in that slice. `ratio_to_raw` divides by these slices, so it is the
+//!   store's overhead over a disk doing the same syncs within a second or so
+//!   (this disk's bandwidth drifts by tens of percent over seconds; ADR
+//!   0013).
 
 use std::fs::{self, OpenOptions};
 use std::future::Future;
@@ -94,6 +95,9 @@ pub struct ScenarioResult {
     /// For the latency scenarios: p99 of how late a send left its schedule.
     pub send_lag_p99_us: Option<u64>,
     pub busy_retries: u64,
+    /// Flushes written while an earlier flush of the same file was still in
+    /// its fdatasync (pipelining at work; 0 for raw runs).
+    pub flushes_overlapped: u64,
 }
 
 struct Measured {
@@ -102,6 +106,7 @@ struct Measured {
     seconds: f64,
     hist: Histogram<u64>,
     syncs: u64,
+    overlapped: u64,
     busy: u64,
     lag: Option<Histogram<u64>>,
 }
@@ -450,6 +455,7 @@ fn to_result(
         offered_records_per_s: None,
         send_lag_p99_us: m.lag.as_ref().map(|h| h.value_at_quantile(0.99)),
         busy_retries: m.busy,
+        flushes_overlapped: m.overlapped,
     }
 }
 
@@ -628,6 +634,7 @@ impl Measured {
             seconds: 0.0,
             hist: histogram(),
             syncs: 0,
+            overlapped: 0,
             busy: 0,
             lag: lag.then(histogram),
         }
@@ -639,6 +646,7 @@ impl Measured {
         self.records += other.records;
         self.seconds += other.seconds;
         self.syncs += other.syncs;
+        self.overlapped += other.overlapped;
         self.busy += other.busy;
         let _ = self.hist.add(&other.hist);
         if let (Some(lag), Some(more)) = (self.lag.as_mut(), other.lag.as_ref()) {
@@ -653,6 +661,7 @@ impl Measured {
             seconds: raw.seconds,
             hist: raw.latency_us,
             syncs: raw.writes,
+            overlapped: 0,
             busy: 0,
             lag: None,
         }
@@ -687,6 +696,7 @@ fn store_run(
     let stats = store.stats();
     m.bytes = stats.flushed_bytes;
     m.syncs = stats.flushes;
+    m.overlapped = stats.flushes_overlapped;
     drop(store);
     fs::remove_dir_all(&sub).map_err(io("remove store directory", &sub))?;
     Ok(m)
@@ -757,6 +767,7 @@ fn closed_loop_run(
         seconds: 0.0,
         hist: histogram(),
         syncs: 0,
+        overlapped: 0,
         busy: busy.load(Ordering::Relaxed),
         lag: None,
     };
@@ -897,6 +908,7 @@ fn paced_run(
         seconds: start.elapsed().as_secs_f64(),
         hist,
         syncs: 0,
+        overlapped: 0,
         busy: busy.load(Ordering::Relaxed),
         lag: Some(lag),
     })
@@ -959,6 +971,7 @@ fn read_run(
         offered_records_per_s: None,
         send_lag_p99_us: None,
         busy_retries: 0,
+        flushes_overlapped: 0,
     })
 }
 
@@ -1050,6 +1063,7 @@ mod tests {
             offered_records_per_s: None,
             send_lag_p99_us: None,
             busy_retries: 0,
+            flushes_overlapped: 0,
         };
         // 1 file: 1 MB in 1 ms (1000 MB/s) and 3 MB in 2 ms (1500 MB/s).
         let raw = vec![
