@@ -271,3 +271,59 @@ fn a_hole_followed_by_a_flush_written_after_it_was_durable_is_damage() {
         Err(StorageError::Damaged { offset: 5, .. })
     ));
 }
+
+/// Opens `log` as the segment's file and returns (records, truncated bytes,
+/// file length after recovery).
+fn recover(log: &[u8]) -> (u64, u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    install_log(dir.path(), log);
+    let store = store(dir.path());
+    let recovery = store.open(SEG).unwrap();
+    let len = fs::metadata(dir.path().join(format!("{}.log", SEG.file_stem())))
+        .unwrap()
+        .len();
+    (recovery.info.length, recovery.truncated_bytes, len)
+}
+
+#[test]
+fn zeros_to_the_next_block_are_padding_and_other_tails_are_torn() {
+    const BLOCK: u64 = 4096;
+    let src = tempfile::tempdir().unwrap();
+    let (bytes, starts) = write_log(src.path(), &batches());
+    let log_end = bytes.len() as u64;
+    let ends: Vec<u64> = starts.iter().skip(1).copied().chain([log_end]).collect();
+    for (i, &end) in ends.iter().enumerate() {
+        let records = i as u64 + 1;
+        let frames = &bytes[..end as usize];
+        let padded = end.next_multiple_of(BLOCK);
+        let with_zeros = |total: u64| {
+            let mut log = frames.to_vec();
+            log.resize(total as usize, 0);
+            log
+        };
+        // A direct write's padding: dropped without a report.
+        assert_eq!(recover(&with_zeros(padded)), (records, 0, end), "end {end}");
+        // Zeros that stop short of a block were not written as padding.
+        if padded - end > 1 {
+            let cut = padded - 1;
+            assert_eq!(
+                recover(&with_zeros(cut)),
+                (records, cut - end, end),
+                "end {end}"
+            );
+        }
+        // A whole block or more of zeros is more than padding.
+        let long = padded + BLOCK;
+        assert_eq!(
+            recover(&with_zeros(long)),
+            (records, long - end, end),
+            "end {end}"
+        );
+        // Padding with a byte that is not zero is a torn tail.
+        if padded > end {
+            let mut log = with_zeros(padded);
+            log[padded as usize - 1] = 1;
+            assert_eq!(recover(&log), (records, padded - end, end), "end {end}");
+        }
+    }
+}
