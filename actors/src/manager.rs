@@ -498,34 +498,39 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let brokers = three_with(dir.path(), |c| c.segment_bytes_max = 2_048).await;
-        let host = Client::connect([brokers[1].client_addr().to_string()])
-            .await
-            .unwrap();
-        // A topic created through broker 2 lives there; find one whose vnode
-        // another broker leads, so every roll goes through that leader.
+        // A topic lives on the broker it was created through. Find a host
+        // and a topic whose vnode another broker leads, so every roll goes
+        // through that leader. Any host may lead all four vnodes (elections
+        // decide), so try each host in turn.
         let mut chosen = None;
-        for i in 0..64 {
-            let topic = format!("rolls-{i}");
-            wait_until("a topic is created through broker 2", || {
-                let (host, topic) = (&host, &topic);
-                async move {
-                    host.create_topic(topic, None, None).await.is_ok()
-                        || host.describe_topic(topic).await.is_ok()
+        'hosts: for (index, broker) in brokers.iter().enumerate() {
+            let node_id = index as u64 + 1;
+            let host = Client::connect([broker.client_addr().to_string()])
+                .await
+                .unwrap();
+            for i in 0..64 {
+                let topic = format!("rolls-{node_id}-{i}");
+                wait_until("a topic is created through the host", || {
+                    let (host, topic) = (&host, &topic);
+                    async move {
+                        host.create_topic(topic, None, None).await.is_ok()
+                            || host.describe_topic(topic).await.is_ok()
+                    }
+                })
+                .await;
+                let vnode = (host.describe_topic(&topic).await.unwrap().ranges[0].id >> 40) as u32;
+                let status = host.cluster_status().await.unwrap();
+                let led_here = status
+                    .brokers
+                    .iter()
+                    .any(|b| b.node_id == node_id && b.vnodes_led.contains(&vnode));
+                if !led_here {
+                    chosen = Some((host, node_id, topic));
+                    break 'hosts;
                 }
-            })
-            .await;
-            let vnode = (host.describe_topic(&topic).await.unwrap().ranges[0].id >> 40) as u32;
-            let status = host.cluster_status().await.unwrap();
-            let led_here = status
-                .brokers
-                .iter()
-                .any(|b| b.node_id == 2 && b.vnodes_led.contains(&vnode));
-            if !led_here {
-                chosen = Some(topic);
-                break;
             }
         }
-        let topic = chosen.expect("every vnode tried is led by broker 2");
+        let (host, node_id, topic) = chosen.expect("some broker does not lead some vnode");
         let mut sent = Vec::new();
         for batch in 0..20 {
             let mut builder = BatchBuilder::new(1 << 20);
@@ -539,7 +544,10 @@ mod tests {
         let described = host.describe_topic(&topic).await.unwrap();
         let segments = &described.ranges[0].segments;
         assert!(segments.len() > 2, "no rolls: {described:?}");
-        assert!(segments.iter().all(|s| s.replicas == [2]), "{described:?}");
+        assert!(
+            segments.iter().all(|s| s.replicas == [node_id]),
+            "{described:?}"
+        );
 
         let mut received = Vec::new();
         let mut cursor = None;
