@@ -762,14 +762,8 @@ fn closed_loop_run(
             .collect()
     });
     let mut m = Measured {
-        bytes: 0,
-        records: 0,
-        seconds: 0.0,
-        hist: histogram(),
-        syncs: 0,
-        overlapped: 0,
         busy: busy.load(Ordering::Relaxed),
-        lag: None,
+        ..Measured::empty(false)
     };
     for outcome in outcomes {
         let (records, seconds, hist) = outcome?;
@@ -901,16 +895,14 @@ fn paced_run(
     debug_assert_eq!(acked, sent, "the loop ends with nothing in flight");
     let hist = acks.hist.lock().clone();
     Ok(Measured {
-        bytes: 0,
         records: acked,
         // Until the last ack: the records counted include those acked
         // after sending stopped.
         seconds: start.elapsed().as_secs_f64(),
         hist,
-        syncs: 0,
-        overlapped: 0,
         busy: busy.load(Ordering::Relaxed),
         lag: Some(lag),
+        ..Measured::empty(false)
     })
 }
 
