@@ -57,6 +57,11 @@ pub enum ErrorCode {
     NoQuorum,
     /// 25: the broker is shutting down; retry on another broker.
     ShuttingDown,
+    /// 26: the request may or may not have been applied (a metadata proposal
+    /// was discarded by a leader change, or its commit was not seen in time).
+    /// Unlike a refusal, the change may exist: read back before assuming it
+    /// does not, or retry and accept `topic_exists`-style answers as success.
+    OutcomeUnknown,
     /// 30: the range or segment was already sealed.
     AlreadySealed,
     /// 31: the connection is not authenticated, or not allowed to do this.
@@ -69,7 +74,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every known code, in number order (used by tests and the docs table).
-    pub const KNOWN: [ErrorCode; 25] = [
+    pub const KNOWN: [ErrorCode; 26] = [
         ErrorCode::None,
         ErrorCode::UnknownServerError,
         ErrorCode::InvalidRequest,
@@ -92,6 +97,7 @@ impl ErrorCode {
         ErrorCode::Timeout,
         ErrorCode::NoQuorum,
         ErrorCode::ShuttingDown,
+        ErrorCode::OutcomeUnknown,
         ErrorCode::AlreadySealed,
         ErrorCode::Unauthorized,
         ErrorCode::SplitInProgress,
@@ -122,6 +128,7 @@ impl ErrorCode {
             ErrorCode::Timeout => 23,
             ErrorCode::NoQuorum => 24,
             ErrorCode::ShuttingDown => 25,
+            ErrorCode::OutcomeUnknown => 26,
             ErrorCode::AlreadySealed => 30,
             ErrorCode::Unauthorized => 31,
             ErrorCode::SplitInProgress => 32,
@@ -151,6 +158,7 @@ impl ErrorCode {
                 | ErrorCode::Timeout
                 | ErrorCode::NoQuorum
                 | ErrorCode::ShuttingDown
+                | ErrorCode::OutcomeUnknown
         )
     }
 
@@ -184,6 +192,7 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::NoQuorum => "no_quorum",
             ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::OutcomeUnknown => "outcome_unknown",
             ErrorCode::AlreadySealed => "already_sealed",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::SplitInProgress => "split_in_progress",

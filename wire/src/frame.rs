@@ -8,8 +8,9 @@
 //! All integers are big-endian. `len` counts the bytes AFTER the `len` field
 //! (the 6 header bytes plus the payload), so the smallest legal `len` is 6.
 //! The decoder checks `len` against `frame_bytes_max` (and against the 6 byte
-//! minimum) as soon as the 4 length bytes are in, before it reserves or
-//! allocates anything for the frame. A decode error leaves the stream out of
+//! minimum) as soon as the 4 length bytes are in, and reserves at most
+//! [`FRAME_READ_CHUNK_BYTES`] ahead of the bytes that arrived (the buffer's
+//! own doubling aside), never the declared length. A decode error leaves the stream out of
 //! sync: the connection must be closed after it.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -25,6 +26,10 @@ pub const REQUEST_HEADER_BYTES: usize = 6;
 pub const RESPONSE_HEADER_BYTES: usize = 6;
 /// The default limit on `len` (16 MiB).
 pub const FRAME_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
+/// How far ahead of the bytes received a decoder reserves buffer space for a
+/// frame still arriving (64 KiB): the buffer of a partial frame is bounded by
+/// the bytes that arrived plus this, whatever `len` declared.
+pub const FRAME_READ_CHUNK_BYTES: usize = 64 * 1024;
 
 /// One request as it travels.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,8 +86,11 @@ fn take_frame(
     };
     let total = LEN_BYTES + declared;
     if src.len() < total {
-        // Safe to reserve now: `declared` passed the limit check above.
-        src.reserve(total - src.len());
+        // Reserve at most one read chunk ahead, never the declared length:
+        // a peer that declares 16 MiB and sends 4 KiB must cost about 4 KiB,
+        // so memory grows with the bytes that arrived, not with a length
+        // someone declared. The buffer grows chunk by chunk as bytes come.
+        src.reserve((total - src.len()).min(FRAME_READ_CHUNK_BYTES));
         return Ok(None);
     }
     src.advance(LEN_BYTES);
@@ -347,6 +355,38 @@ mod tests {
         let err = ClientCodec::new(1024).decode(&mut buf).unwrap_err();
         assert!(matches!(err, WireError::FrameTooLarge { .. }));
         assert_eq!(buf.capacity(), capacity, "the decoder reserved memory");
+    }
+
+    #[test]
+    fn a_partial_frame_reserves_with_the_bytes_received_not_the_declared_length() {
+        // Regression: 300 connections that each sent 4 MiB of a declared
+        // 16 MiB frame held 16 MiB each, because the decoder reserved the
+        // declared length as soon as the 4-byte header arrived.
+        let declared = 16 * 1024 * 1024 - 4;
+        let mut buf = BytesMut::new();
+        buf.put_u32(declared as u32);
+        buf.put_u16(10);
+        buf.put_u32(7);
+        let mut codec = ServerCodec::default();
+        let mut received = 10;
+        while received < 1024 * 1024 {
+            assert!(codec.decode(&mut buf).unwrap().is_none());
+            // BytesMut grows by doubling, so twice what arrived plus a chunk.
+            assert!(
+                buf.capacity() <= 2 * (buf.len() + FRAME_READ_CHUNK_BYTES),
+                "capacity {} for {} bytes received",
+                buf.capacity(),
+                buf.len()
+            );
+            let chunk = vec![0xabu8; 4096.min(buf.capacity() - buf.len()).max(1)];
+            buf.extend_from_slice(&chunk);
+            received += chunk.len();
+        }
+        assert!(buf.capacity() < 4 * 1024 * 1024, "{}", buf.capacity());
+        // The frame still decodes whole once every byte is in.
+        buf.extend_from_slice(&vec![0u8; LEN_BYTES + declared - buf.len()]);
+        let frame = codec.decode(&mut buf).unwrap().unwrap();
+        assert_eq!(frame.payload.len(), declared - REQUEST_HEADER_BYTES);
     }
 
     #[test]
