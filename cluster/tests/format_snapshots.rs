@@ -1,0 +1,417 @@
+//! The format freeze: the exact bytes of everything `malachi-cluster`
+//! persists, for small fixed inputs: the ring encoding, the metadata state
+//! snapshot, and a metadata group's `log`, `vote` and `snapshot` files
+//! (docs/adr/0050). A changed snapshot is a change of what brokers write to
+//! disk (or replicate): state written before it may no longer restore. It
+//! needs a new version byte or magic tag in the same commit, never a blind
+//! `INSTA_UPDATE`. The openraft types inside the group files are part of
+//! the format too: an openraft bump that changes their encoding fails here.
+//!
+//! Each snapshot holds a hex dump and, because every body is rmp-serde and
+//! so self-describing, the body decoded by a small MessagePack reader of this
+//! file (independent of rmp-serde). Each test also decodes the frozen bytes
+//! back with the crate (decode, restore, or reopening the group over its
+//! files), so a decoder change is caught as well.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use malachi_cluster::group::{GroupConfig, MetadataGroup};
+use malachi_cluster::model::{Command, MetadataState, NodeId, Outcome, SealRecord};
+use malachi_cluster::ring::{Ring, VnodeId};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Hex, 16 bytes per line with the offset and an ASCII column, so a diff
+/// points at the byte that moved and magics read at a glance.
+fn hex(bytes: &[u8]) -> String {
+    bytes
+        .chunks(16)
+        .enumerate()
+        .map(|(line, chunk)| {
+            let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
+            let ascii: String = chunk
+                .iter()
+                .map(|&b| {
+                    if b.is_ascii_graphic() || b == b' ' {
+                        b as char
+                    } else {
+                        '.'
+                    }
+                })
+                .collect();
+            format!("{:04x}: {:<47}  |{ascii}|", line * 16, hex.join(" "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ---------------------------------------------------------------------------
+// A MessagePack reader that renders a value tree, one node a line.
+
+#[derive(Debug)]
+enum Value {
+    Nil,
+    Bool(bool),
+    /// The value and how it was encoded (`""` for a fixint).
+    Int(i128, &'static str),
+    Float(f64, &'static str),
+    Str(String),
+    Bin(Vec<u8>),
+    Array(Vec<Value>),
+    Map(Vec<(Value, Value)>),
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        assert!(self.bytes.len() >= n, "msgpack value runs past its bytes");
+        let (head, tail) = self.bytes.split_at(n);
+        self.bytes = tail;
+        head
+    }
+
+    fn uint(&mut self, n: usize) -> u64 {
+        self.take(n)
+            .iter()
+            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
+    }
+
+    fn str(&mut self, n: usize) -> Value {
+        Value::Str(std::str::from_utf8(self.take(n)).unwrap().to_owned())
+    }
+
+    fn values(&mut self, n: usize) -> Vec<Value> {
+        (0..n).map(|_| self.value()).collect()
+    }
+
+    fn pairs(&mut self, n: usize) -> Vec<(Value, Value)> {
+        (0..n).map(|_| (self.value(), self.value())).collect()
+    }
+
+    fn value(&mut self) -> Value {
+        let marker = self.take(1)[0];
+        match marker {
+            0x00..=0x7f => Value::Int(i128::from(marker), ""),
+            0xe0..=0xff => Value::Int(i128::from(marker as i8), ""),
+            0xc0 => Value::Nil,
+            0xc2 => Value::Bool(false),
+            0xc3 => Value::Bool(true),
+            0xcc => Value::Int(i128::from(self.uint(1)), "u8 "),
+            0xcd => Value::Int(i128::from(self.uint(2)), "u16 "),
+            0xce => Value::Int(i128::from(self.uint(4)), "u32 "),
+            0xcf => Value::Int(i128::from(self.uint(8)), "u64 "),
+            0xd0 => Value::Int(i128::from(self.uint(1) as u8 as i8), "i8 "),
+            0xd1 => Value::Int(i128::from(self.uint(2) as u16 as i16), "i16 "),
+            0xd2 => Value::Int(i128::from(self.uint(4) as u32 as i32), "i32 "),
+            0xd3 => Value::Int(i128::from(self.uint(8) as i64), "i64 "),
+            0xca => Value::Float(f64::from(f32::from_bits(self.uint(4) as u32)), "f32 "),
+            0xcb => Value::Float(f64::from_bits(self.uint(8)), "f64 "),
+            0xa0..=0xbf => self.str(usize::from(marker & 0x1f)),
+            0xd9..=0xdb => {
+                let n = self.uint(1 << (marker - 0xd9)) as usize;
+                self.str(n)
+            }
+            0xc4..=0xc6 => {
+                let n = self.uint(1 << (marker - 0xc4)) as usize;
+                Value::Bin(self.take(n).to_vec())
+            }
+            0x90..=0x9f => Value::Array(self.values(usize::from(marker & 0x0f))),
+            0xdc..=0xdd => {
+                let n = self.uint(2 << (marker - 0xdc)) as usize;
+                Value::Array(self.values(n))
+            }
+            0x80..=0x8f => Value::Map(self.pairs(usize::from(marker & 0x0f))),
+            0xde..=0xdf => {
+                let n = self.uint(2 << (marker - 0xde)) as usize;
+                Value::Map(self.pairs(n))
+            }
+            other => panic!("msgpack marker {other:#04x} is not used by these formats"),
+        }
+    }
+}
+
+impl Value {
+    /// A long array of integers that all fit a byte: a `Vec<u8>` that serde
+    /// wrote as a sequence (no `serde_bytes`).
+    fn as_byte_seq(&self) -> Option<Vec<u8>> {
+        let Value::Array(items) = self else {
+            return None;
+        };
+        if items.len() < 16 {
+            return None;
+        }
+        items
+            .iter()
+            .map(|v| match v {
+                Value::Int(i, _) => u8::try_from(*i).ok(),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn render(&self, out: &mut String, indent: usize, prefix: &str) {
+        let pad = "  ".repeat(indent);
+        let line = match self {
+            Value::Nil => "nil".to_owned(),
+            Value::Bool(b) => b.to_string(),
+            Value::Int(i, how) => format!("{how}{i}"),
+            Value::Float(f, how) => format!("{how}{f}"),
+            Value::Str(s) => format!("{s:?}"),
+            Value::Bin(b) => format!("bin({}) [{}]", b.len(), spaced(b)),
+            Value::Array(items) if items.is_empty() => "[]".to_owned(),
+            Value::Map(pairs) if pairs.is_empty() => "{}".to_owned(),
+            Value::Array(items) => {
+                if let Some(bytes) = self.as_byte_seq() {
+                    writeln!(
+                        out,
+                        "{pad}{prefix}array({}) of byte-sized ints:",
+                        items.len()
+                    )
+                    .unwrap();
+                    for chunk in bytes.chunks(16) {
+                        writeln!(out, "{pad}  {}", spaced(chunk)).unwrap();
+                    }
+                    return;
+                }
+                writeln!(out, "{pad}{prefix}array({}) [", items.len()).unwrap();
+                for (i, item) in items.iter().enumerate() {
+                    item.render(out, indent + 1, &format!("{i}: "));
+                }
+                writeln!(out, "{pad}]").unwrap();
+                return;
+            }
+            Value::Map(pairs) => {
+                writeln!(out, "{pad}{prefix}map({}) {{", pairs.len()).unwrap();
+                for (key, value) in pairs {
+                    // Keys are scalars in these formats: rendered inline.
+                    let mut k = String::new();
+                    key.render(&mut k, 0, "");
+                    value.render(out, indent + 1, &format!("{}: ", k.trim_end()));
+                }
+                writeln!(out, "{pad}}}").unwrap();
+                return;
+            }
+        };
+        writeln!(out, "{pad}{prefix}{line}").unwrap();
+    }
+}
+
+fn spaced(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Exactly one MessagePack value; every byte must be consumed.
+fn parse(bytes: &[u8]) -> Value {
+    let mut reader = Reader { bytes };
+    let value = reader.value();
+    assert!(reader.bytes.is_empty(), "bytes after the msgpack value");
+    value
+}
+
+fn render(value: &Value) -> String {
+    let mut out = String::new();
+    value.render(&mut out, 0, "");
+    out
+}
+
+/// A version byte then one MessagePack value: the ring and the state
+/// snapshot.
+fn versioned(bytes: &[u8]) -> String {
+    format!("version: {}\n{}", bytes[0], render(&parse(&bytes[1..])))
+}
+
+/// A group file: an 8-byte magic tag, then frames of `u32` LE length,
+/// `u32` LE CRC-32 of the body, and an rmp-serde body, checked and
+/// rendered. Returns the rendering and the bodies.
+fn group_file(bytes: &[u8]) -> (String, Vec<Value>) {
+    let magic = std::str::from_utf8(&bytes[..8]).unwrap();
+    let mut out = format!("magic: {magic:?}\n");
+    let mut bodies = Vec::new();
+    let mut at = 8;
+    while at < bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap());
+        let body = &bytes[at + 8..at + 8 + len];
+        let n = bodies.len();
+        assert_eq!(crc, crc32fast::hash(body), "frame {n} at byte {at}");
+        writeln!(out, "frame {n} at {at:#06x}, {len} bytes, crc {crc:#010x}:").unwrap();
+        let value = parse(body);
+        out.push_str(&render(&value));
+        bodies.push(value);
+        at += 8 + len;
+    }
+    (out, bodies)
+}
+
+fn frozen(hex_dump: String, decoded: String) -> String {
+    format!("{hex_dump}\n\n{decoded}")
+}
+
+// ---------------------------------------------------------------------------
+// Fixed inputs.
+
+fn create_orders() -> Command {
+    Command::CreateTopic {
+        topic: "orders".to_owned(),
+        initial_ranges: 2,
+        policy: None,
+        replicas: vec![vec![NodeId(1), NodeId(2)], vec![NodeId(2), NodeId(3)]],
+        at_ms: 1_700_000_000_000,
+    }
+}
+
+/// A state with a topic of two ranges, one of whose segments has rolled:
+/// active and sealed segments, a seal record, replica sets.
+fn sample_state() -> MetadataState {
+    let mut state = MetadataState::default();
+    let Ok(Outcome::TopicCreated { segments, .. }) = state.apply(create_orders()) else {
+        panic!("the topic was not created");
+    };
+    let rolled = state.apply(Command::RollSegment {
+        topic: "orders".to_owned(),
+        segment: segments[0],
+        seal: SealRecord {
+            length: 10,
+            bytes: 740,
+        },
+        next_replicas: vec![NodeId(1), NodeId(3)],
+        at_ms: 1_700_000_060_000,
+    });
+    assert!(
+        matches!(rolled, Ok(Outcome::SegmentRolled { .. })),
+        "{rolled:?}"
+    );
+    state
+}
+
+// ---------------------------------------------------------------------------
+// The encodings.
+
+#[test]
+fn the_ring_encodes_to_its_frozen_bytes() {
+    let mut ring = Ring::new(2).unwrap();
+    ring.split(VnodeId(1)).unwrap();
+    let bytes = ring.encode().unwrap();
+    insta::assert_snapshot!("ring", frozen(hex(&bytes), versioned(&bytes)));
+    assert_eq!(Ring::decode(&bytes).unwrap(), ring);
+}
+
+#[test]
+fn the_metadata_state_snapshot_encodes_to_its_frozen_bytes() {
+    let state = sample_state();
+    let bytes = state.snapshot().unwrap();
+    insta::assert_snapshot!("metadata_state", frozen(hex(&bytes), versioned(&bytes)));
+    assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
+}
+
+// ---------------------------------------------------------------------------
+// A metadata group's files.
+
+fn config(dir: &Path) -> GroupConfig {
+    let mut config = GroupConfig::new(7, 1, dir);
+    config.election_timeout_min_ms = 100;
+    config.election_timeout_max_ms = 200;
+    config.heartbeat_interval_ms = 30;
+    // No snapshot but the one the test asks for.
+    config.snapshot_every_entries = 1_000;
+    config
+}
+
+fn read(dir: &Path, name: &str) -> Vec<u8> {
+    std::fs::read(dir.join(name)).unwrap()
+}
+
+fn state_of(group: &MetadataGroup) -> MetadataState {
+    group.read_local(|s| s.clone())
+}
+
+fn write(dir: &Path, files: &[(&str, &[u8])]) {
+    for (name, bytes) in files {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_metadata_groups_log_vote_and_snapshot_files_are_frozen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut expected = MetadataState::default();
+    expected.apply(create_orders()).unwrap();
+
+    // A fresh single voter: its membership (index 0, term 0), the blank
+    // entry of its first term (index 1, term 1), then one command. The
+    // entries are durable once the command is applied, so the files are
+    // read while the group runs, before a snapshot purges them.
+    let group = MetadataGroup::open_single(config(dir.path()))
+        .await
+        .unwrap();
+    group.propose(create_orders()).await.unwrap().unwrap();
+    let applied = group.status().last_applied;
+    assert_eq!(applied, Some(2));
+    let log = read(dir.path(), "log");
+    let vote = read(dir.path(), "vote");
+    // A snapshot of everything applied; the log is purged behind it.
+    assert_eq!(group.snapshot_now().await.unwrap(), 2);
+    group.shutdown().await.unwrap();
+    let snapshot = read(dir.path(), "snapshot");
+    let purged = read(dir.path(), "log");
+
+    insta::assert_snapshot!("raft_log", frozen(hex(&log), group_file(&log).0));
+    insta::assert_snapshot!("raft_vote", frozen(hex(&vote), group_file(&vote).0));
+    // The snapshot file's body is (meta, data); data is the state snapshot
+    // (`MetadataState::snapshot`), decoded below it as well.
+    let (rendered, bodies) = group_file(&snapshot);
+    let Value::Array(fields) = &bodies[0] else {
+        panic!("the snapshot body is not (meta, data)");
+    };
+    let data = fields[1].as_byte_seq().unwrap();
+    assert_eq!(data, expected.snapshot().unwrap());
+    insta::assert_snapshot!(
+        "raft_snapshot",
+        frozen(
+            hex(&snapshot),
+            format!(
+                "{rendered}
+data, decoded:
+{}",
+                versioned(&data)
+            )
+        )
+    );
+    insta::assert_snapshot!(
+        "raft_log_purged",
+        frozen(hex(&purged), group_file(&purged).0)
+    );
+
+    // A group opened over the log and vote alone replays the command.
+    let replay = tempfile::tempdir().unwrap();
+    write(replay.path(), &[("log", &log), ("vote", &vote)]);
+    let group = MetadataGroup::open_single(config(replay.path()))
+        .await
+        .unwrap();
+    assert_eq!(state_of(&group), expected);
+    let status = group.status();
+    assert_eq!((status.group_id, status.voters), (7, vec![1]));
+    assert_eq!(status.snapshot, None);
+    group.shutdown().await.unwrap();
+
+    // A group opened over the snapshot and the purged log restores the
+    // state from the snapshot.
+    let restore = tempfile::tempdir().unwrap();
+    write(
+        restore.path(),
+        &[("log", &purged), ("vote", &vote), ("snapshot", &snapshot)],
+    );
+    let group = MetadataGroup::open_single(config(restore.path()))
+        .await
+        .unwrap();
+    assert_eq!(state_of(&group), expected);
+    assert_eq!(group.status().snapshot, Some(2));
+    group.shutdown().await.unwrap();
+}
