@@ -395,7 +395,19 @@ impl Broker {
             listener: raft_listener,
             addr: raft_addr,
             transport: Arc::new(malachi_cluster::group::TcpTransport::new(
-                malachi_cluster::group::TcpTransportConfig::new(config.node_id),
+                malachi_cluster::group::TcpTransportConfig::new(
+                    config.node_id,
+                    malachi_cluster::group::ClusterCookie::new(
+                        config
+                            .membership
+                            .cluster_cookie
+                            .as_deref()
+                            .unwrap_or(crate::config::DEV_CLUSTER_COOKIE),
+                    )
+                    .ok_or_else(|| BrokerError::Config {
+                        reason: "membership.cluster_cookie must not be empty".to_owned(),
+                    })?,
+                ),
             )),
             server: parking_lot::Mutex::new(None),
         };

@@ -511,7 +511,10 @@ mod tests {
     async fn lone_vnode_plane(dir: &Path) -> VnodePlane {
         use malachi_cluster::group::{TcpTransport, TcpTransportConfig};
         use malachi_cluster::vnodes::VnodeHostConfig;
-        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(1)));
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
+            1,
+            malachi_cluster::group::ClusterCookie::new("a-test-cookie").unwrap(),
+        )));
         let mut config = VnodeHostConfig::new(1, vec![1], dir);
         config.vnode_count = 2;
         let host = VnodeHost::open(config, transport).await.unwrap();

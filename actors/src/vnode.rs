@@ -218,7 +218,9 @@ impl Actor for VnodesActor {
                 let server = Arc::new(TransportServer::start(
                     listener,
                     service,
-                    malachi_cluster::group::TcpTransportConfig::new(config.node_id).frame_bytes_max,
+                    malachi_cluster::group::TransportServerConfig::for_transport(
+                        raft.transport.config(),
+                    ),
                 )?);
                 *raft.server.lock() = Some(Arc::clone(&server));
                 let peers = follow_peers(&shared, &host);

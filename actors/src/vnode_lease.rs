@@ -142,8 +142,8 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
+    use malachi_cluster::clock::ManualClock;
     use malachi_cluster::model::{Lease, ModelError, Outcome};
-    use malachi_cluster::vnodes::lease::SimClock;
     use parking_lot::Mutex;
 
     use super::*;
@@ -208,7 +208,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn work_stops_when_renewals_stop_reaching_the_group_and_the_lease_is_released_on_stop() {
         let group = Arc::new(FakeGroup::default());
-        let clock = Arc::new(SimClock::new(0, 0));
+        let clock = Arc::new(ManualClock::new(0));
         let lease =
             CoordinatorLease::start_with(group.clone(), clock.clone(), config(), 5).unwrap();
         eventually("the lease is granted", || lease.holds()).await;
@@ -216,16 +216,16 @@ mod tests {
         // The group goes out of reach: renewals fail, and the holder's own
         // deadline (granted at 0 + 1000 - margin 200) passes.
         group.down.store(true, Ordering::SeqCst);
-        clock.advance(799);
+        clock.advance_ms(799);
         assert!(lease.holds(), "still inside the holder's window");
-        clock.advance(1);
+        clock.advance_ms(1);
         assert!(!lease.holds(), "work must stop at the holder's deadline");
         assert!(matches!(lease.state(), LeaseState::Lost { epoch: 1 }));
 
         // Back in reach: the next renewal (due one period after the last
         // failed one) grants it again.
         group.down.store(false, Ordering::SeqCst);
-        clock.advance(config().renew_every_ms);
+        clock.advance_ms(config().renew_every_ms);
         eventually("the lease is granted again", || lease.holds()).await;
         lease.stop().await;
         assert_eq!(*group.released.lock(), vec![1]);
@@ -234,7 +234,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_dropped_without_stop_stops_renewing() {
         let group = Arc::new(FakeGroup::default());
-        let clock = Arc::new(SimClock::new(0, 0));
+        let clock = Arc::new(ManualClock::new(0));
         let lease =
             CoordinatorLease::start_with(group.clone(), clock.clone(), config(), 5).unwrap();
         eventually("the lease is granted", || lease.holds()).await;
@@ -243,7 +243,7 @@ mod tests {
         let after_drop = group.proposals.load(Ordering::SeqCst);
         // Renewals would be due every period of the simulated clock.
         for _ in 0..5 {
-            clock.advance(config().renew_every_ms);
+            clock.advance_ms(config().renew_every_ms);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(group.proposals.load(Ordering::SeqCst), after_drop);
@@ -261,7 +261,7 @@ mod tests {
             .build()
             .unwrap();
         let started = runtime.block_on(async {
-            CoordinatorLease::start_with(group, Arc::new(SimClock::new(0, 0)), bad, 5).map(|_| ())
+            CoordinatorLease::start_with(group, Arc::new(ManualClock::new(0)), bad, 5).map(|_| ())
         });
         assert!(matches!(started, Err(LeaseConfigError::Margin { .. })));
     }

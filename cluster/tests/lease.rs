@@ -8,7 +8,7 @@ use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
 use malachi_cluster::model::{Command, MetadataState, ModelError, Outcome};
 use malachi_cluster::ring::VnodeId;
 use malachi_cluster::vnodes::lease::{
-    Clock, LeaseConfig, LeaseConfigError, LeaseGroup, LeaseKeeper, LeaseState, SimClock,
+    Clock, LeaseConfig, LeaseConfigError, LeaseGroup, LeaseKeeper, LeaseState, ManualClock,
     SystemClock, VnodeLeaseGroup, spawn_lease_keeper,
 };
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
@@ -77,8 +77,8 @@ fn a_holder_that_fails_to_renew_reports_lost_before_another_can_acquire() {
     // 200 ms margin. Each proposal takes 30 ms to apply.
     for skew in [0i64, 150, -150] {
         let group = ModelGroup::default();
-        let clock1 = SimClock::new(1_000, 0);
-        let clock2 = SimClock::new(1_000, skew);
+        let clock1 = ManualClock::new(1_000);
+        let clock2 = ManualClock::skewed(1_000, skew);
         let mut one = LeaseKeeper::new(config(1)).unwrap();
         let mut two = LeaseKeeper::new(config(2)).unwrap();
         let step_ms = 10;
@@ -94,8 +94,8 @@ fn a_holder_that_fails_to_renew_reports_lost_before_another_can_acquire() {
                 if now >= 1_600 {
                     *group.cut.lock() = Some(1);
                 }
-                clock1.advance(latency_ms);
-                clock2.advance(latency_ms);
+                clock1.advance_ms(latency_ms);
+                clock2.advance_ms(latency_ms);
                 if let Ok(answer) = group.apply(cmd) {
                     one.on_answer(&answer, sent);
                 }
@@ -119,8 +119,8 @@ fn a_holder_that_fails_to_renew_reports_lost_before_another_can_acquire() {
                     "skew {skew}: holder 1 lost a renewed lease at {t}"
                 );
             }
-            clock1.advance(step_ms);
-            clock2.advance(step_ms);
+            clock1.advance_ms(step_ms);
+            clock2.advance_ms(step_ms);
         }
         let (lost, acquired) = (lost_at.unwrap(), acquired_at.unwrap());
         assert!(
@@ -137,11 +137,11 @@ fn a_holder_that_fails_to_renew_reports_lost_before_another_can_acquire() {
 #[test]
 fn a_late_answer_never_extends_a_lease_beyond_its_own_send_time() {
     let group = ModelGroup::default();
-    let clock = SimClock::new(0, 0);
+    let clock = ManualClock::new(0);
     let mut keeper = LeaseKeeper::new(config(1)).unwrap();
     let (cmd, sent) = keeper.request(&clock);
     // The answer arrives 700 ms later: validity still counts from `sent`.
-    clock.advance(700);
+    clock.advance_ms(700);
     keeper.on_answer(&group.apply(cmd).unwrap(), sent);
     assert_eq!(
         keeper.state(clock.monotonic_ms()),
@@ -150,7 +150,7 @@ fn a_late_answer_never_extends_a_lease_beyond_its_own_send_time() {
             valid_until_ms: 800
         }
     );
-    clock.advance(100);
+    clock.advance_ms(100);
     assert_eq!(
         keeper.state(clock.monotonic_ms()),
         LeaseState::Lost { epoch: 1 }
@@ -179,7 +179,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
     let group = Arc::new(ModelGroup::default());
-    let clock = Arc::new(SimClock::new(10_000, 0));
+    let clock = Arc::new(ManualClock::new(10_000));
     let handle = spawn_lease_keeper(
         LeaseKeeper::new(config(1)).unwrap(),
         group.clone(),
@@ -194,7 +194,7 @@ async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
     // Simulated time moves in 50 ms steps; each step waits until the loop
     // has renewed if a renewal was due, so renewals keep it held.
     for _ in 0..20 {
-        clock.advance(50);
+        clock.advance_ms(50);
         let now = clock.monotonic_ms();
         eventually("a renewal", || match handle.state() {
             LeaseState::Held { valid_until_ms, .. } => valid_until_ms > now + 400,
@@ -204,7 +204,7 @@ async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
     }
     // Cut off: renewals fail from now on.
     *group.cut.lock() = Some(1);
-    let other = |clock: &SimClock| {
+    let other = |clock: &ManualClock| {
         group.apply(Command::AcquireLease {
             holder: 2,
             duration_ms: 1_000,
@@ -213,7 +213,7 @@ async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
     };
     let mut reported_lost = false;
     for _ in 0..60 {
-        clock.advance(25);
+        clock.advance_ms(25);
         if !handle.holds() && !reported_lost {
             // Simulated time stands still while the loop reports it.
             eventually("the loop to report lost", || {
@@ -248,7 +248,10 @@ async fn a_lease_in_a_vnode_group_is_exclusive_and_passes_on_when_its_holder_sto
     let mut servers = Vec::new();
     let mut dirs = Vec::new();
     for (listener, id) in listeners.into_iter().zip(nodes) {
-        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(id)));
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
+            id,
+            test_cookie(),
+        )));
         for (peer, addr) in nodes.iter().zip(&addrs) {
             if *peer != id {
                 transport.set_peer(*peer, *addr);
@@ -261,7 +264,10 @@ async fn a_lease_in_a_vnode_group_is_exclusive_and_passes_on_when_its_holder_sto
         config.group.election_timeout_max_ms = 600;
         config.group.heartbeat_interval_ms = 60;
         let host = VnodeHost::open(config, transport).await.unwrap();
-        servers.push(TransportServer::start(listener, host.clone(), 64 * 1024 * 1024).unwrap());
+        servers.push(
+            TransportServer::start(listener, host.clone(), server_config(id, 64 * 1024 * 1024))
+                .unwrap(),
+        );
         hosts.push(host);
         dirs.push(dir);
     }
@@ -315,4 +321,17 @@ async fn a_lease_in_a_vnode_group_is_exclusive_and_passes_on_when_its_holder_sto
     for host in &hosts {
         host.shutdown().await;
     }
+}
+
+fn test_cookie() -> malachi_cluster::group::ClusterCookie {
+    malachi_cluster::group::ClusterCookie::new("test cookie").unwrap()
+}
+
+fn server_config(
+    node: u64,
+    frame_bytes_max: usize,
+) -> malachi_cluster::group::TransportServerConfig {
+    let mut config = malachi_cluster::group::TransportServerConfig::new(node, test_cookie());
+    config.frame_bytes_max = frame_bytes_max;
+    config
 }

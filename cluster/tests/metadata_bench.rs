@@ -24,7 +24,10 @@ async fn start(dir: &std::path::Path) -> Vec<(Arc<VnodeHost>, TransportServer)> 
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let mut brokers = Vec::new();
     for (listener, id) in listeners.into_iter().zip(NODES) {
-        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(id)));
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
+            id,
+            test_cookie(),
+        )));
         for (peer, addr) in NODES.iter().zip(&addrs) {
             if *peer != id {
                 transport.set_peer(*peer, *addr);
@@ -32,7 +35,8 @@ async fn start(dir: &std::path::Path) -> Vec<(Arc<VnodeHost>, TransportServer)> 
         }
         let config = VnodeHostConfig::new(id, NODES.to_vec(), dir.join(format!("n{id}")));
         let host = VnodeHost::open(config, transport).await.unwrap();
-        let server = TransportServer::start(listener, host.clone(), 64 << 20).unwrap();
+        let server =
+            TransportServer::start(listener, host.clone(), server_config(id, 64 << 20)).unwrap();
         brokers.push((host, server));
     }
     brokers
@@ -110,4 +114,17 @@ async fn metadata_operations_per_second_with_three_brokers() {
         server.shutdown().await;
         host.shutdown().await;
     }
+}
+
+fn test_cookie() -> malachi_cluster::group::ClusterCookie {
+    malachi_cluster::group::ClusterCookie::new("test cookie").unwrap()
+}
+
+fn server_config(
+    node: u64,
+    frame_bytes_max: usize,
+) -> malachi_cluster::group::TransportServerConfig {
+    let mut config = malachi_cluster::group::TransportServerConfig::new(node, test_cookie());
+    config.frame_bytes_max = frame_bytes_max;
+    config
 }

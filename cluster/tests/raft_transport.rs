@@ -38,14 +38,22 @@ async fn start_cluster() -> Vec<Node> {
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let mut nodes = Vec::new();
     for (listener, id) in listeners.into_iter().zip(VOTERS) {
-        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(id)));
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
+            id,
+            test_cookie(),
+        )));
         for (peer, addr) in VOTERS.iter().zip(&addrs) {
             if *peer != id {
                 transport.set_peer(*peer, *addr);
             }
         }
         let registry = Arc::new(GroupRegistry::new());
-        let server = TransportServer::start(listener, registry.clone(), 64 * 1024 * 1024).unwrap();
+        let server = TransportServer::start(
+            listener,
+            registry.clone(),
+            server_config(id, 64 * 1024 * 1024),
+        )
+        .unwrap();
         let dir = tempfile::tempdir().unwrap();
         for group in GROUPS {
             let g = MetadataGroup::open(config(group, id, dir.path()), transport.clone())
@@ -180,7 +188,7 @@ async fn a_call_to_a_dead_peer_fails_fast_as_unreachable_and_backs_off() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
-    let transport = TcpTransport::new(TcpTransportConfig::new(1));
+    let transport = TcpTransport::new(TcpTransportConfig::new(1, test_cookie()));
     transport.set_peer(2, addr);
     let first = transport
         .call(0, 2, RaftRpcKind::Vote, vec![], 1_000)
@@ -213,8 +221,13 @@ async fn a_request_for_a_group_not_hosted_is_refused_remotely() {
     use malachi_cluster::group::{GroupTransport, RaftRpcKind, TransportError};
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = TransportServer::start(listener, Arc::new(GroupRegistry::new()), 1 << 20).unwrap();
-    let transport = TcpTransport::new(TcpTransportConfig::new(1));
+    let server = TransportServer::start(
+        listener,
+        Arc::new(GroupRegistry::new()),
+        server_config(2, 1 << 20),
+    )
+    .unwrap();
+    let transport = TcpTransport::new(TcpTransportConfig::new(1, test_cookie()));
     transport.set_peer(2, addr);
     let err = transport
         .call(7, 2, RaftRpcKind::AppendEntries, vec![1, 2, 3], 2_000)
@@ -263,8 +276,9 @@ async fn calls_in_flight_on_one_connection_stay_within_the_bound() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = Arc::new(SlowEcho::default());
-    let server = TransportServer::start(listener, service.clone(), 1 << 20).unwrap();
-    let mut config = TcpTransportConfig::new(1);
+    let server =
+        TransportServer::start(listener, service.clone(), server_config(2, 1 << 20)).unwrap();
+    let mut config = TcpTransportConfig::new(1, test_cookie());
     config.inflight_max = 3;
     let transport = Arc::new(TcpTransport::new(config));
     transport.set_peer(2, addr);
@@ -297,8 +311,13 @@ async fn calls_in_flight_on_one_connection_stay_within_the_bound() {
 async fn a_restarted_peer_is_reached_again_after_the_backoff() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = TransportServer::start(listener, Arc::new(SlowEcho::default()), 1 << 20).unwrap();
-    let transport = TcpTransport::new(TcpTransportConfig::new(1));
+    let server = TransportServer::start(
+        listener,
+        Arc::new(SlowEcho::default()),
+        server_config(2, 1 << 20),
+    )
+    .unwrap();
+    let transport = TcpTransport::new(TcpTransportConfig::new(1, test_cookie()));
     transport.set_peer(2, addr);
     transport.call_raw(2, 201, 1, b"up", 5_000).await.unwrap();
 
@@ -309,7 +328,12 @@ async fn a_restarted_peer_is_reached_again_after_the_backoff() {
 
     // It comes back on the same address: a later call reconnects.
     let listener = TcpListener::bind(addr).await.unwrap();
-    let server = TransportServer::start(listener, Arc::new(SlowEcho::default()), 1 << 20).unwrap();
+    let server = TransportServer::start(
+        listener,
+        Arc::new(SlowEcho::default()),
+        server_config(2, 1 << 20),
+    )
+    .unwrap();
     let back = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             if let Ok(answer) = transport.call_raw(2, 201, 1, b"back", 1_000).await {
@@ -322,4 +346,17 @@ async fn a_restarted_peer_is_reached_again_after_the_backoff() {
     .expect("the transport never reconnected");
     assert_eq!(&back[8..], b"back");
     server.shutdown().await;
+}
+
+fn test_cookie() -> malachi_cluster::group::ClusterCookie {
+    malachi_cluster::group::ClusterCookie::new("test cookie").unwrap()
+}
+
+fn server_config(
+    node: u64,
+    frame_bytes_max: usize,
+) -> malachi_cluster::group::TransportServerConfig {
+    let mut config = malachi_cluster::group::TransportServerConfig::new(node, test_cookie());
+    config.frame_bytes_max = frame_bytes_max;
+    config
 }

@@ -56,7 +56,10 @@ impl Cluster {
 
     async fn open(&self, i: usize, listener: TcpListener) -> Broker {
         let id = NODES[i];
-        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(id)));
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
+            id,
+            test_cookie(),
+        )));
         for (peer, addr) in NODES.iter().zip(&self.addrs) {
             if *peer != id {
                 transport.set_peer(*peer, *addr);
@@ -68,7 +71,9 @@ impl Cluster {
         config.group.election_timeout_max_ms = 600;
         config.group.heartbeat_interval_ms = 60;
         let host = VnodeHost::open(config, transport).await.unwrap();
-        let server = TransportServer::start(listener, host.clone(), 64 * 1024 * 1024).unwrap();
+        let server =
+            TransportServer::start(listener, host.clone(), server_config(id, 64 * 1024 * 1024))
+                .unwrap();
         Broker { id, host, server }
     }
 
@@ -507,4 +512,17 @@ async fn an_interrupted_split_resumes_from_another_host_and_an_uncommitted_one_r
     all.push(waiting_topic);
     assert_found_everywhere(&cluster, &all).await;
     cluster.stop().await;
+}
+
+fn test_cookie() -> malachi_cluster::group::ClusterCookie {
+    malachi_cluster::group::ClusterCookie::new("test cookie").unwrap()
+}
+
+fn server_config(
+    node: u64,
+    frame_bytes_max: usize,
+) -> malachi_cluster::group::TransportServerConfig {
+    let mut config = malachi_cluster::group::TransportServerConfig::new(node, test_cookie());
+    config.frame_bytes_max = frame_bytes_max;
+    config
 }

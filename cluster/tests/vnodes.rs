@@ -30,7 +30,10 @@ async fn start(vnode_count: u32) -> Vec<Broker> {
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let mut brokers = Vec::new();
     for (listener, id) in listeners.into_iter().zip(NODES) {
-        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(id)));
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
+            id,
+            test_cookie(),
+        )));
         for (peer, addr) in NODES.iter().zip(&addrs) {
             if *peer != id {
                 transport.set_peer(*peer, *addr);
@@ -43,7 +46,9 @@ async fn start(vnode_count: u32) -> Vec<Broker> {
         config.group.election_timeout_max_ms = 600;
         config.group.heartbeat_interval_ms = 60;
         let host = VnodeHost::open(config, transport).await.unwrap();
-        let server = TransportServer::start(listener, host.clone(), 64 * 1024 * 1024).unwrap();
+        let server =
+            TransportServer::start(listener, host.clone(), server_config(id, 64 * 1024 * 1024))
+                .unwrap();
         brokers.push(Broker {
             id,
             host,
@@ -287,4 +292,17 @@ async fn the_led_vnodes_watch_follows_leadership_and_drives_the_coordinator_plan
     for broker in brokers {
         kill(broker).await;
     }
+}
+
+fn test_cookie() -> malachi_cluster::group::ClusterCookie {
+    malachi_cluster::group::ClusterCookie::new("test cookie").unwrap()
+}
+
+fn server_config(
+    node: u64,
+    frame_bytes_max: usize,
+) -> malachi_cluster::group::TransportServerConfig {
+    let mut config = malachi_cluster::group::TransportServerConfig::new(node, test_cookie());
+    config.frame_bytes_max = frame_bytes_max;
+    config
 }

@@ -16,18 +16,27 @@
 //! `MetadataState::apply` only, in log order, so replicas that apply the same
 //! log hold byte-identical snapshots.
 
+mod backoff;
+mod frames;
 pub(crate) mod fsio;
+pub mod handshake;
 mod log_store;
 mod network;
 mod state_machine;
 mod tcp;
 mod types;
 
+pub use backoff::{Backoff, backoff_delay_ms, backoff_seed};
+pub use frames::{FRAME_READ_CHUNK_BYTES, FrameReadError, read_frame};
+pub use handshake::{ClusterCookie, HandshakeError};
 pub use network::{GroupTransport, RaftRpcKind, TransportError, UnreachableTransport};
 pub use tcp::{
     FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupRegistry,
-    OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, RpcService, TcpTransport, TcpTransportConfig,
-    TransportServer, raft_api_key, raft_kind_of,
+    OPEN_VNODE_API_KEY, RAFT_CONNECTIONS_MAX_DEFAULT, RAFT_FRAME_BYTES_MAX_DEFAULT,
+    RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT, RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT,
+    RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT, RING_ANNOUNCE_API_KEY, RpcService, TcpTransport,
+    TcpTransportConfig, TransportServer, TransportServerConfig, TransportServerStats, raft_api_key,
+    raft_kind_of,
 };
 
 use crate::model::{Command, MetadataState, ModelError, Outcome};

@@ -18,23 +18,40 @@
 //! The serving side is `TransportServer`: it accepts connections and hands
 //! every request to an `RpcService` (the node's groups), answering on the
 //! same connection in completion order.
+//!
+//! Every connection starts with the cookie handshake (`handshake`, ADR
+//! 0090): nothing reaches the service from a peer that has not proved it
+//! holds the cluster cookie, and the client checks the server the same way.
+//! The server bounds what a stranger can cost: at most
+//! `raft_connections_max` connections (one past it is closed at accept,
+//! without a task, and logged at most once a `refusal_log_interval_ms`),
+//! `handshake_timeout_ms` to finish the handshake, `frame_read_timeout_ms`
+//! for a frame once its first byte arrived, and frame buffers that grow
+//! with the bytes received (`frames`).
 
+use super::backoff::{backoff_delay_ms, backoff_seed};
+use super::frames::{FrameReadError, read_frame};
+use super::handshake::{ClusterCookie, HandshakeError, client_handshake, serve_handshake};
 use super::network::{GroupTransport, RaftRpcKind, TransportError};
 use bytes::{BufMut, Bytes, BytesMut};
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use malachi_wire::error::ErrorCode;
-use malachi_wire::frame::{ClientCodec, RequestFrame, ResponseFrame, ServerCodec};
+use malachi_wire::frame::{
+    ClientCodec, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES, RequestFrame, ResponseFrame,
+    ServerCodec,
+};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::io::AsyncRead;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tokio_util::codec::Framed;
+use tokio_util::codec::{Decoder, FramedWrite};
 
 /// `append_entries`, `vote`, `install_snapshot` and `pre_vote`, in the raft
 /// block of the wire's api keys.
@@ -76,8 +93,10 @@ const GROUP_ID_BYTES: usize = 8;
 /// The bounds and timings of a `TcpTransport`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpTransportConfig {
-    /// This node's id, for logs.
+    /// This node's id: logs, and what it proves itself as in the handshake.
     pub node_id: u64,
+    /// The secret every broker of the cluster shares (the handshake).
+    pub cookie: ClusterCookie,
     /// Calls in flight on one connection at once.
     pub inflight_max: usize,
     /// The largest frame sent or accepted (a snapshot travels in one frame).
@@ -88,18 +107,83 @@ pub struct TcpTransportConfig {
     pub reconnect_backoff_min_ms: u64,
     /// The longest wait between connection attempts.
     pub reconnect_backoff_max_ms: u64,
+    /// How long the server's handshake may take once connected.
+    pub handshake_timeout_ms: u64,
+    /// How long an answer frame may take to arrive once its first byte did.
+    pub frame_read_timeout_ms: u64,
 }
 
+/// The largest raft frame, by default: a snapshot travels in one frame.
+pub const RAFT_FRAME_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
+/// Connections a `TransportServer` holds at once, by default.
+pub const RAFT_CONNECTIONS_MAX_DEFAULT: usize = 256;
+/// How long a handshake may take, by default.
+pub const RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// How long a frame may take once its first byte arrived, by default: a
+/// 64 MiB snapshot over a slow link must fit.
+pub const RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// At most one log line per this many milliseconds per kind of refusal.
+pub const RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT: u64 = 1_000;
+
 impl TcpTransportConfig {
-    /// Defaults for node `node_id`.
-    pub fn new(node_id: u64) -> TcpTransportConfig {
+    /// Defaults for node `node_id` of the cluster that shares `cookie`.
+    pub fn new(node_id: u64, cookie: ClusterCookie) -> TcpTransportConfig {
         TcpTransportConfig {
             node_id,
+            cookie,
             inflight_max: 256,
-            frame_bytes_max: 64 * 1024 * 1024,
+            frame_bytes_max: RAFT_FRAME_BYTES_MAX_DEFAULT,
             connect_timeout_ms: 1_000,
             reconnect_backoff_min_ms: 50,
             reconnect_backoff_max_ms: 2_000,
+            handshake_timeout_ms: RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            frame_read_timeout_ms: RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT,
+        }
+    }
+}
+
+/// The bounds and timings of a `TransportServer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportServerConfig {
+    /// This node's id: what it proves itself as in the handshake.
+    pub node_id: u64,
+    /// The secret every broker of the cluster shares.
+    pub cookie: ClusterCookie,
+    /// The largest frame accepted.
+    pub frame_bytes_max: usize,
+    /// Connections held at once, handshaking or authenticated; one more is
+    /// closed as soon as it is accepted.
+    pub raft_connections_max: usize,
+    /// How long a connection may take to complete the handshake.
+    pub handshake_timeout_ms: u64,
+    /// How long a frame may take once its first byte arrived.
+    pub frame_read_timeout_ms: u64,
+    /// At most one log line per this interval per kind of refusal.
+    pub refusal_log_interval_ms: u64,
+}
+
+impl TransportServerConfig {
+    /// Defaults for node `node_id` of the cluster that shares `cookie`.
+    pub fn new(node_id: u64, cookie: ClusterCookie) -> TransportServerConfig {
+        TransportServerConfig {
+            node_id,
+            cookie,
+            frame_bytes_max: RAFT_FRAME_BYTES_MAX_DEFAULT,
+            raft_connections_max: RAFT_CONNECTIONS_MAX_DEFAULT,
+            handshake_timeout_ms: RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            frame_read_timeout_ms: RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT,
+            refusal_log_interval_ms: RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT,
+        }
+    }
+
+    /// The server matching a transport's node, cookie, frame bound and
+    /// timeouts, with the default connection bound.
+    pub fn for_transport(transport: &TcpTransportConfig) -> TransportServerConfig {
+        TransportServerConfig {
+            frame_bytes_max: transport.frame_bytes_max,
+            handshake_timeout_ms: transport.handshake_timeout_ms,
+            frame_read_timeout_ms: transport.frame_read_timeout_ms,
+            ..TransportServerConfig::new(transport.node_id, transport.cookie.clone())
         }
     }
 }
@@ -136,7 +220,8 @@ struct PeerSlot {
     conn: Option<Arc<Conn>>,
     /// No connection attempt before this instant.
     retry_at: Option<Instant>,
-    backoff_ms: u64,
+    /// Failed attempts since the last connection (the backoff's exponent).
+    failures: u32,
 }
 
 /// The client side of the raft transport: implements `GroupTransport` for
@@ -168,8 +253,13 @@ impl TcpTransport {
             slot.addr = Some(addr);
             slot.conn = None;
             slot.retry_at = None;
-            slot.backoff_ms = 0;
+            slot.failures = 0;
         }
+    }
+
+    /// The configuration this transport runs with.
+    pub fn config(&self) -> &TcpTransportConfig {
+        &self.config
     }
 
     /// Forgets a peer and closes its connection.
@@ -214,18 +304,41 @@ impl TcpTransport {
             TcpStream::connect(addr),
         )
         .await;
-        let stream = match connected {
+        let mut stream = match connected {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err(self.failed_connect(target, e.to_string())),
             Err(_) => return Err(self.failed_connect(target, "connect timed out".to_owned())),
         };
         let _ = stream.set_nodelay(true);
+        let shaken = tokio::time::timeout(
+            Duration::from_millis(self.config.handshake_timeout_ms),
+            client_handshake(
+                &mut stream,
+                &self.config.cookie,
+                self.config.node_id,
+                Some(target),
+            ),
+        )
+        .await;
+        match shaken {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                let reason = match e {
+                    HandshakeError::Io(_) => format!(
+                        "the server closed the handshake (a different cluster cookie?): {e}"
+                    ),
+                    e => format!("handshake failed: {e}"),
+                };
+                return Err(self.failed_connect(target, reason));
+            }
+            Err(_) => return Err(self.failed_connect(target, "handshake timed out".to_owned())),
+        }
         let conn = Arc::new(self.spawn_conn(stream));
         let mut peers = self.peers.lock();
         let slot = peers.entry(target).or_default();
         slot.conn = Some(Arc::clone(&conn));
         slot.retry_at = None;
-        slot.backoff_ms = 0;
+        slot.failures = 0;
         tracing::debug!(node = self.config.node_id, peer = target, %addr, "raft connection open");
         Ok(conn)
     }
@@ -251,20 +364,24 @@ impl TcpTransport {
     fn failed_connect(&self, target: u64, reason: String) -> TransportError {
         let mut peers = self.peers.lock();
         if let Some(slot) = peers.get_mut(&target) {
-            slot.backoff_ms = if slot.backoff_ms == 0 {
-                self.config.reconnect_backoff_min_ms
-            } else {
-                (slot.backoff_ms * 2).min(self.config.reconnect_backoff_max_ms)
-            };
-            slot.retry_at = Some(Instant::now() + Duration::from_millis(slot.backoff_ms));
-            tracing::debug!(node = self.config.node_id, peer = target, backoff_ms = slot.backoff_ms, %reason, "raft connect failed");
+            let backoff_ms = backoff_delay_ms(
+                self.config.reconnect_backoff_min_ms,
+                self.config.reconnect_backoff_max_ms,
+                slot.failures,
+                backoff_seed(self.config.node_id, target),
+            );
+            slot.failures = slot.failures.saturating_add(1);
+            slot.retry_at = Some(Instant::now() + Duration::from_millis(backoff_ms));
+            tracing::debug!(node = self.config.node_id, peer = target, backoff_ms, %reason, "raft connect failed");
         }
         TransportError::Unreachable { target, reason }
     }
 
     fn spawn_conn(&self, stream: TcpStream) -> Conn {
-        let framed = Framed::new(stream, ClientCodec::new(self.config.frame_bytes_max));
-        let (mut sink, mut source) = framed.split();
+        let (mut read_half, write_half) = stream.into_split();
+        let mut sink = FramedWrite::new(write_half, ClientCodec::new(self.config.frame_bytes_max));
+        let frame_bytes_max = self.config.frame_bytes_max;
+        let read_timeout = Duration::from_millis(self.config.frame_read_timeout_ms);
         let (outbox, mut inbox) = mpsc::channel::<RequestFrame>(self.config.inflight_max.max(1));
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let mut tasks = JoinSet::new();
@@ -283,14 +400,24 @@ impl TcpTransport {
         let reader_pending = Arc::clone(&pending);
         let reader_closed = Arc::clone(&closed);
         tasks.spawn(async move {
-            while let Some(next) = source.next().await {
-                match next {
-                    Ok(frame) => {
+            let mut codec = ClientCodec::new(frame_bytes_max);
+            loop {
+                match next_frame(
+                    &mut read_half,
+                    &mut codec,
+                    RESPONSE_HEADER_BYTES,
+                    frame_bytes_max,
+                    read_timeout,
+                )
+                .await
+                {
+                    Ok(Some(frame)) => {
                         let waiter = reader_pending.lock().remove(&frame.correlation_id);
                         if let Some(waiter) = waiter {
                             let _ = waiter.send(frame);
                         }
                     }
+                    Ok(None) => break,
                     Err(e) => {
                         tracing::debug!(node, error = %e, "raft connection read failed");
                         break;
@@ -421,10 +548,82 @@ pub trait RpcService: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<u8>, (ErrorCode, String)>;
 }
 
+/// What a `TransportServer` refused and dropped, since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportServerStats {
+    /// Connections open now (handshaking or authenticated).
+    pub connections_open: u64,
+    /// Connections authenticated since start.
+    pub authenticated: u64,
+    /// Connections closed at accept: `raft_connections_max` were open.
+    pub refused_over_limit: u64,
+    /// Connections closed for a failed handshake (a wrong cookie, garbage,
+    /// a handshake not finished in time).
+    pub refused_handshake: u64,
+    /// Authenticated connections dropped for a frame that did not arrive
+    /// within `frame_read_timeout_ms`, or a frame over the bound.
+    pub dropped_bad_frame: u64,
+    /// Log lines written about refusals (at most one per kind per
+    /// `refusal_log_interval_ms`).
+    pub refusals_logged: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    connections_open: AtomicU64,
+    authenticated: AtomicU64,
+    refused_over_limit: AtomicU64,
+    refused_handshake: AtomicU64,
+    dropped_bad_frame: AtomicU64,
+    refusals_logged: AtomicU64,
+}
+
+/// Logs one kind of refusal at most once per interval, counting the ones
+/// it kept quiet about, so a flood costs one line a second, not one each.
+#[derive(Debug)]
+struct RefusalLog {
+    interval: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RefusalLog {
+    fn new(interval_ms: u64) -> RefusalLog {
+        RefusalLog {
+            interval: Duration::from_millis(interval_ms),
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// Whether to log now, and how many refusals went unlogged before.
+    fn admit(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < self.interval)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+#[derive(Debug)]
+struct ServerShared {
+    config: TransportServerConfig,
+    service: Arc<dyn RpcService>,
+    counters: Counters,
+    handshake_log: Mutex<RefusalLog>,
+    frame_log: Mutex<RefusalLog>,
+}
+
 /// Accepts raft connections and serves them until shut down.
 #[derive(Debug)]
 pub struct TransportServer {
     addr: SocketAddr,
+    shared: Arc<ServerShared>,
     tasks: Mutex<Option<JoinSet<()>>>,
 }
 
@@ -437,35 +636,22 @@ impl TransportServer {
     pub fn start(
         listener: TcpListener,
         service: Arc<dyn RpcService>,
-        frame_bytes_max: usize,
+        config: TransportServerConfig,
     ) -> Result<TransportServer, std::io::Error> {
         let addr = listener.local_addr()?;
-        let mut tasks = JoinSet::new();
-        tasks.spawn(async move {
-            let mut connections = JoinSet::new();
-            loop {
-                tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, peer)) => {
-                            let _ = stream.set_nodelay(true);
-                            connections.spawn(serve_connection(
-                                stream,
-                                peer,
-                                Arc::clone(&service),
-                                frame_bytes_max,
-                            ));
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "raft accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    },
-                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
-                }
-            }
+        let shared = Arc::new(ServerShared {
+            handshake_log: Mutex::new(RefusalLog::new(config.refusal_log_interval_ms)),
+            frame_log: Mutex::new(RefusalLog::new(config.refusal_log_interval_ms)),
+            config,
+            service,
+            counters: Counters::default(),
         });
+        let mut tasks = JoinSet::new();
+        let accept_shared = Arc::clone(&shared);
+        tasks.spawn(accept_loop(listener, accept_shared));
         Ok(TransportServer {
             addr,
+            shared,
             tasks: Mutex::new(Some(tasks)),
         })
     }
@@ -473,6 +659,19 @@ impl TransportServer {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// What the server refused and dropped so far.
+    pub fn stats(&self) -> TransportServerStats {
+        let c = &self.shared.counters;
+        TransportServerStats {
+            connections_open: c.connections_open.load(Ordering::SeqCst),
+            authenticated: c.authenticated.load(Ordering::SeqCst),
+            refused_over_limit: c.refused_over_limit.load(Ordering::SeqCst),
+            refused_handshake: c.refused_handshake.load(Ordering::SeqCst),
+            dropped_bad_frame: c.dropped_bad_frame.load(Ordering::SeqCst),
+            refusals_logged: c.refusals_logged.load(Ordering::SeqCst),
+        }
     }
 
     /// Stops accepting and closes every connection (the accept task owns the
@@ -494,14 +693,144 @@ impl Drop for TransportServer {
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    service: Arc<dyn RpcService>,
+async fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
+    let slots = Arc::new(Semaphore::new(shared.config.raft_connections_max));
+    let mut over_limit_log = RefusalLog::new(shared.config.refusal_log_interval_ms);
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                        // Closed here, on the accept task: a flood spawns nothing.
+                        drop(stream);
+                        shared.counters.refused_over_limit.fetch_add(1, Ordering::SeqCst);
+                        if let Some(suppressed) = over_limit_log.admit(Instant::now()) {
+                            shared.counters.refusals_logged.fetch_add(1, Ordering::SeqCst);
+                            tracing::warn!(
+                                node = shared.config.node_id,
+                                %peer,
+                                reason = "connection limit",
+                                raft_connections_max = shared.config.raft_connections_max,
+                                refused_unlogged = suppressed,
+                                "raft connection refused"
+                            );
+                        }
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    connections.spawn(serve_connection(stream, peer, Arc::clone(&shared), slot));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "raft accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// Logs a refused or dropped connection through `log`'s rate limit.
+fn log_refusal(shared: &ServerShared, log: &Mutex<RefusalLog>, peer: SocketAddr, reason: &str) {
+    let admitted = log.lock().admit(Instant::now());
+    if let Some(suppressed) = admitted {
+        shared
+            .counters
+            .refusals_logged
+            .fetch_add(1, Ordering::SeqCst);
+        tracing::warn!(
+            node = shared.config.node_id,
+            %peer,
+            reason,
+            refused_unlogged = suppressed,
+            "raft connection refused"
+        );
+    }
+}
+
+/// Reads one frame and decodes it with `codec`; `Ok(None)` at a clean end.
+async fn next_frame<R, C>(
+    reader: &mut R,
+    codec: &mut C,
+    header_bytes: usize,
     frame_bytes_max: usize,
+    read_timeout: Duration,
+) -> Result<Option<C::Item>, FrameReadError>
+where
+    R: AsyncRead + Unpin,
+    C: Decoder<Error = malachi_wire::error::WireError>,
+{
+    let mut buf = Vec::new();
+    if !read_frame(
+        reader,
+        &mut buf,
+        header_bytes,
+        frame_bytes_max,
+        read_timeout,
+    )
+    .await?
+    {
+        return Ok(None);
+    }
+    // Unique, so neither conversion copies.
+    let mut whole = BytesMut::from(Bytes::from(buf));
+    match codec.decode(&mut whole) {
+        Ok(Some(frame)) => Ok(Some(frame)),
+        Ok(None) => Err(FrameReadError::Truncated),
+        Err(e) => Err(FrameReadError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            e.to_string(),
+        ))),
+    }
+}
+
+/// Bounds `raft_connections_max` by holding `_slot` until it ends.
+async fn serve_connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<ServerShared>,
+    _slot: OwnedSemaphorePermit,
 ) {
-    let framed = Framed::new(stream, ServerCodec::new(frame_bytes_max));
-    let (mut sink, mut source) = framed.split();
+    let counters = &shared.counters;
+    counters.connections_open.fetch_add(1, Ordering::SeqCst);
+    struct Open<'a>(&'a AtomicU64);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let _open = Open(&counters.connections_open);
+    let config = &shared.config;
+    let shaken = tokio::time::timeout(
+        Duration::from_millis(config.handshake_timeout_ms),
+        serve_handshake(&mut stream, &config.cookie, config.node_id),
+    )
+    .await;
+    let client = match shaken {
+        Ok(Ok(client)) => client,
+        Ok(Err(e)) => {
+            counters.refused_handshake.fetch_add(1, Ordering::SeqCst);
+            let reason = match e {
+                HandshakeError::BadProof => "bad cookie proof".to_owned(),
+                HandshakeError::NotAHandshake => "not a raft handshake".to_owned(),
+                e => e.to_string(),
+            };
+            log_refusal(&shared, &shared.handshake_log, peer, &reason);
+            return;
+        }
+        Err(_) => {
+            counters.refused_handshake.fetch_add(1, Ordering::SeqCst);
+            log_refusal(&shared, &shared.handshake_log, peer, "handshake timed out");
+            return;
+        }
+    };
+    counters.authenticated.fetch_add(1, Ordering::SeqCst);
+    tracing::debug!(node = config.node_id, %peer, client, "raft connection authenticated");
+    let frame_bytes_max = config.frame_bytes_max;
+    let read_timeout = Duration::from_millis(config.frame_read_timeout_ms);
+    let (mut source, sink) = stream.into_split();
+    let mut sink = FramedWrite::new(sink, ServerCodec::new(frame_bytes_max));
     let (answers, mut outbox) = mpsc::channel::<ResponseFrame>(SERVER_INFLIGHT_PER_CONNECTION_MAX);
     let slots = Arc::new(Semaphore::new(SERVER_INFLIGHT_PER_CONNECTION_MAX));
     let mut work = JoinSet::new();
@@ -512,18 +841,33 @@ async fn serve_connection(
             }
         }
     });
-    while let Some(next) = source.next().await {
+    let mut codec = ServerCodec::new(frame_bytes_max);
+    loop {
+        let next = next_frame(
+            &mut source,
+            &mut codec,
+            REQUEST_HEADER_BYTES,
+            frame_bytes_max,
+            read_timeout,
+        )
+        .await;
         let frame = match next {
-            Ok(frame) => frame,
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(FrameReadError::Io(e)) if e.kind() != std::io::ErrorKind::InvalidData => {
+                tracing::debug!(%peer, client, error = %e, "raft connection closed");
+                break;
+            }
             Err(e) => {
-                tracing::debug!(%peer, error = %e, "raft connection closed on a bad frame");
+                counters.dropped_bad_frame.fetch_add(1, Ordering::SeqCst);
+                log_refusal(&shared, &shared.frame_log, peer, &e.to_string());
                 break;
             }
         };
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             break;
         };
-        let service = Arc::clone(&service);
+        let service = Arc::clone(&shared.service);
         let answers = answers.clone();
         work.spawn(async move {
             let response = answer(service.as_ref(), frame).await;

@@ -12,8 +12,9 @@
 //! holder that fails to renew therefore reports `Lost` before the lease can
 //! pass (ADR 0082).
 //!
-//! Time reaches this logic only through `Clock`, so tests drive it with
-//! `SimClock`. `LeaseKeeper` is the pure decision; `spawn_lease_keeper`
+//! Time reaches this logic only through `Clock` (the project's one clock,
+//! `crate::clock`), so tests drive it with `ManualClock`. `LeaseKeeper` is
+//! the pure decision; `spawn_lease_keeper`
 //! runs it in a renew loop against a `LeaseGroup`.
 
 use super::VnodeHost;
@@ -21,83 +22,10 @@ use crate::model::{Command, Lease, ModelError, Outcome};
 use crate::ring::VnodeId;
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
-/// Time as the lease logic sees it.
-pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
-    /// Milliseconds on a clock that never goes back: the holder's deadline.
-    fn monotonic_ms(&self) -> u64;
-    /// Milliseconds since the Unix epoch: the `at_ms` commands carry, which
-    /// the group compares across holders.
-    fn wall_ms(&self) -> u64;
-}
-
-/// The machine's clocks.
-#[derive(Debug)]
-pub struct SystemClock {
-    origin: Instant,
-}
-
-impl SystemClock {
-    pub fn new() -> SystemClock {
-        SystemClock {
-            origin: Instant::now(),
-        }
-    }
-}
-
-impl Default for SystemClock {
-    fn default() -> SystemClock {
-        SystemClock::new()
-    }
-}
-
-impl Clock for SystemClock {
-    fn monotonic_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    fn wall_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-}
-
-/// A clock tests move by hand. Its wall clock may be offset from the
-/// simulated true time, to play skew between brokers.
-#[derive(Debug, Default)]
-pub struct SimClock {
-    now_ms: AtomicU64,
-    wall_offset_ms: i64,
-}
-
-impl SimClock {
-    /// A clock at `now_ms` whose wall clock reads `now_ms + wall_offset_ms`.
-    pub fn new(now_ms: u64, wall_offset_ms: i64) -> SimClock {
-        SimClock {
-            now_ms: AtomicU64::new(now_ms),
-            wall_offset_ms,
-        }
-    }
-
-    pub fn advance(&self, ms: u64) {
-        self.now_ms.fetch_add(ms, Ordering::SeqCst);
-    }
-}
-
-impl Clock for SimClock {
-    fn monotonic_ms(&self) -> u64 {
-        self.now_ms.load(Ordering::SeqCst)
-    }
-
-    fn wall_ms(&self) -> u64 {
-        self.monotonic_ms()
-            .saturating_add_signed(self.wall_offset_ms)
-    }
-}
+pub use crate::clock::{Clock, ManualClock, SystemClock};
 
 /// A holder's lease settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

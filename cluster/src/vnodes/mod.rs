@@ -32,10 +32,9 @@
 
 pub mod broker_api;
 pub mod lease;
-mod manager;
 mod split;
 
-pub use manager::{CoordinatorPlan, plan_coordinators};
+pub use crate::placement::{CoordinatorPlan, plan_coordinators};
 pub use split::SplitError;
 
 use crate::group::fsio;
