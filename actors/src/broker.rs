@@ -17,17 +17,18 @@ use ractor::Actor;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::admin::{AdminActor, AdminArgs};
-use crate::clock::{Clock, SystemClock};
-use crate::config::BrokerConfig;
-use crate::coordinator::CoordinatorMsg;
-use crate::error::BrokerError;
-use crate::listener::{AcceptorActor, AcceptorArgs};
-use crate::manager::ManagerActor;
-use crate::membership::SwimActor;
-use crate::node::{Fabric, NodeActor, node_server_spec};
-use crate::shared::{RaftEndpoint, Shared};
-use crate::vnode::VnodesActor;
+use crate::admin::http::{AdminActor, AdminArgs};
+use crate::common::clock::{Clock, SystemClock};
+use crate::common::config::BrokerConfig;
+use crate::common::error::BrokerError;
+use crate::control::coordinator::CoordinatorMsg;
+use crate::control::manager::ManagerActor;
+use crate::control::shared::{RaftEndpoint, Shared};
+use crate::control::vnodes::VnodesActor;
+use crate::fabric::membership::{SwimActor, SwimArgs};
+use crate::fabric::node::{Fabric, NodeActor, NodeArgs, node_server_spec};
+use crate::maintenance;
+use crate::serve::listener::{AcceptorActor, AcceptorArgs};
 
 /// Bytes of OS randomness in a new cursor secret.
 const SECRET_BYTES: usize = 32;
@@ -117,7 +118,7 @@ fn cluster_fingerprint(config: &BrokerConfig) -> String {
 /// match the groups' memberships, so it could leave a vnode it votes in
 /// unopened (ADR 0081). The first start records the settings.
 fn check_cluster_settings(config: &BrokerConfig) -> Result<(), BrokerError> {
-    if config.metadata_backend != crate::config::MetadataBackend::Raft {
+    if config.metadata_backend != crate::common::config::MetadataBackend::Raft {
         return Ok(());
     }
     let dir = config.data_dir.join("metadata");
@@ -204,7 +205,7 @@ fn open_fabric(
             warn!(
                 "no membership.cluster_cookie configured: brokers authenticate each other with the development cookie; set one outside development"
             );
-            crate::config::DEV_CLUSTER_COOKIE.to_owned()
+            crate::common::config::DEV_CLUSTER_COOKIE.to_owned()
         }
     };
     Ok(Fabric {
@@ -266,7 +267,7 @@ fn build_tree(
     let storage = published_supervisor(
         storage,
         shared,
-        |s| &s.storage,
+        |s| &s.data.supervisor,
         |s| {
             // A restarted storage supervisor has lost its dynamic children:
             // the coordinator starts them again from the metadata.
@@ -309,19 +310,29 @@ fn build_tree(
 
     // SWIM, then the node server, then the node actor that feeds it and
     // dials peers: a restarted node server restarts the node actor too.
-    let swim_shared = Arc::clone(shared);
-    let node_shared = Arc::clone(shared);
-    let mut membership = SupervisorArgs::new("membership", Strategy::RestForOne).child(
-        ChildSpec::worker("swim", || SwimActor, move || Arc::clone(&swim_shared)),
-    );
-    if let Some(fabric) = crate::node::fabric(shared) {
-        membership = membership.child(node_server_spec(fabric));
+    let mut membership = SupervisorArgs::new("membership", Strategy::RestForOne);
+    if let Some(fabric) = shared.fabric() {
+        let swim = SwimArgs {
+            fabric: Arc::clone(&fabric),
+            config: shared.config.clone(),
+        };
+        let node = NodeArgs {
+            fabric: Arc::clone(&fabric),
+            root: Arc::clone(&shared.root),
+        };
+        membership = membership
+            .child(ChildSpec::worker(
+                "swim",
+                || SwimActor,
+                move || swim.clone(),
+            ))
+            .child(node_server_spec(fabric))
+            .child(ChildSpec::worker(
+                "node",
+                || NodeActor,
+                move || node.clone(),
+            ));
     }
-    let membership = membership.child(ChildSpec::worker(
-        "node",
-        || NodeActor,
-        move || Arc::clone(&node_shared),
-    ));
 
     let admin_args = AdminArgs {
         shared: Arc::clone(shared),
@@ -335,6 +346,7 @@ fn build_tree(
         .child(storage)
         .child(ChildSpec::supervisor(metadata))
         .child(ChildSpec::supervisor(membership))
+        .child(ChildSpec::supervisor(maintenance::supervisor()))
         .child(listener)
         .child(ChildSpec::worker(
             "admin_http",
@@ -402,7 +414,7 @@ impl Broker {
                             .membership
                             .cluster_cookie
                             .as_deref()
-                            .unwrap_or(crate::config::DEV_CLUSTER_COOKIE),
+                            .unwrap_or(crate::common::config::DEV_CLUSTER_COOKIE),
                     )
                     .ok_or_else(|| BrokerError::Config {
                         reason: "membership.cluster_cookie must not be empty".to_owned(),
@@ -459,7 +471,7 @@ impl BrokerHandle {
     /// state, routing), its events, and `set_local_routing`.
     pub fn membership(&self) -> Membership {
         // Set at start, before the handle exists.
-        match crate::node::fabric(&self.shared) {
+        match self.shared.fabric() {
             Some(fabric) => fabric.membership.clone(),
             None => unreachable_membership(),
         }
@@ -545,7 +557,7 @@ impl BrokerHandle {
             warn!("shutdown: connections still open at the deadline");
         }
         info!("shutdown: sync segments");
-        let segments: Vec<_> = self.shared.segments.lock().keys().copied().collect();
+        let segments: Vec<_> = self.shared.data.segments.lock().keys().copied().collect();
         for segment in segments {
             if let Ok(ticket) = self
                 .shared
@@ -556,7 +568,7 @@ impl BrokerHandle {
             }
         }
         info!("shutdown: leave the cluster");
-        if let Some(fabric) = crate::node::fabric(&self.shared) {
+        if let Some(fabric) = self.shared.fabric() {
             fabric.membership.leave();
             let leave_deadline = tokio::time::Instant::now() + Duration::from_millis(LEAVE_WAIT_MS);
             while fabric.swim_running.load(Ordering::SeqCst)
@@ -581,12 +593,12 @@ impl BrokerHandle {
 impl BrokerHandle {
     /// Test hook: makes the named segment actor fail.
     pub async fn poison_segment(&self, name: &str) -> Result<(), BrokerError> {
-        let storage = self.shared.storage.read().clone();
+        let storage = self.shared.data.supervisor.read().clone();
         let storage = storage.ok_or(BrokerError::TreeFailed)?;
         let cell = storage.child(name).await?.ok_or(BrokerError::TreeFailed)?;
-        let actor: ractor::ActorRef<crate::segment::SegmentMsg> = cell.into();
+        let actor: ractor::ActorRef<crate::data::segment::SegmentMsg> = cell.into();
         actor
-            .send_message(crate::segment::SegmentMsg::Poison)
+            .send_message(crate::data::segment::SegmentMsg::Poison)
             .map_err(|_| BrokerError::TreeFailed)
     }
 
@@ -598,9 +610,9 @@ impl BrokerHandle {
             .child(&format!("connection/{peer}"))
             .await?
             .ok_or(BrokerError::TreeFailed)?;
-        let actor: ractor::ActorRef<crate::connection::ConnectionMsg> = cell.into();
+        let actor: ractor::ActorRef<crate::serve::connection::ConnectionMsg> = cell.into();
         actor
-            .send_message(crate::connection::ConnectionMsg::Poison)
+            .send_message(crate::serve::connection::ConnectionMsg::Poison)
             .map_err(|_| BrokerError::TreeFailed)
     }
 
@@ -612,9 +624,9 @@ impl BrokerHandle {
             .child("acceptor")
             .await?
             .ok_or(BrokerError::TreeFailed)?;
-        let actor: ractor::ActorRef<crate::listener::AcceptorMsg> = cell.into();
+        let actor: ractor::ActorRef<crate::serve::listener::AcceptorMsg> = cell.into();
         actor
-            .send_message(crate::listener::AcceptorMsg::Poison)
+            .send_message(crate::serve::listener::AcceptorMsg::Poison)
             .map_err(|_| BrokerError::TreeFailed)
     }
 }
@@ -641,7 +653,7 @@ pub async fn run_until_signal(config: BrokerConfig) -> Result<(), BrokerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ClusterSettings;
+    use crate::common::config::ClusterSettings;
 
     #[test]
     fn a_data_dir_refuses_cluster_settings_other_than_those_it_was_created_with() {

@@ -1,18 +1,27 @@
 //! malachi-actors: the broker itself, as a supervision tree of actors.
 //!
 //! [`Broker::start`] builds the tree of the design's `layout.md` on
-//! `malachi-supervision`: a root `broker` supervisor over `storage` (one
-//! segment actor per open segment copy of a shared `FileStore`), `metadata`
-//! (the `vnodes` actor owning this broker's vnode replicas, each an openraft
+//! `malachi-supervision` (`broker::build_tree`), and the modules follow it:
+//! a root `broker` supervisor over `storage` (`data`: one segment actor per
+//! open segment copy of a shared `FileStore`), `metadata` (`control`: the
+//! `vnodes` actor owning this broker's vnode replicas, each an openraft
 //! group, and the raft port; then the coordinator manager, which runs a
 //! `coordinator/<vnode>` carrying topic, roll, split and merge logic for
-//! each vnode this broker leads), `listener` (an acceptor and one temporary actor per
-//! client connection) and `admin_http` (health, readiness, Prometheus
-//! metrics and the live tree as JSON). The produce path runs connection,
-//! then the key's range's active segment actor, then the store's group
-//! commit, and acknowledges only after the fsync
-//! (`docs/life-of-a-produce.md`); the consume path reads the stored copies
-//! by cursor across segments and epochs, with long poll (`fetch`) or pushes
+//! each vnode this broker leads), `membership` (`fabric`: SWIM and the
+//! ractor_cluster node fabric), `maintenance` (empty today: failover,
+//! healing, the scrubber, retention and the orphan sweeper are planned),
+//! `listener` (`serve`: an acceptor, one temporary actor per client
+//! connection, and a handler module per api family) and `admin_http`
+//! (`admin`: health, readiness, Prometheus metrics and the live tree as
+//! JSON). `common` holds the leaves (config, errors, clock, metrics,
+//! conversions). A module names only those below it; no top-level module
+//! imports one that imports it back (`tests/module_cycles.rs`).
+//!
+//! The produce path runs connection, then the key's range's active segment
+//! actor, then the store's group commit, and acknowledges only after the
+//! fsync (`docs/life-of-a-produce.md`); each segment has one copy (quorum
+//! replication is planned). The consume path reads the stored copies by
+//! cursor across segments and epochs, with long poll (`fetch`) or pushes
 //! within credit (`subscribe`).
 //!
 //! Boundaries: this crate owns no on-disk format (storage does), no wire
@@ -25,36 +34,22 @@
 
 mod admin;
 mod broker;
-mod clock;
-mod config;
-mod connection;
-mod convert;
-mod coordinator;
-mod error;
-mod fetch;
-mod listener;
-mod manager;
-mod membership;
-mod metadata;
-mod metrics;
-mod node;
-mod placement;
-mod segment;
-mod shared;
-mod subscribe;
-mod vnode;
-mod vnode_admin;
-mod vnode_lease;
+mod common;
+mod control;
+mod data;
+mod fabric;
+mod maintenance;
+mod serve;
 
 pub use broker::{Broker, BrokerHandle, run_until_signal};
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{
+pub use common::clock::{Clock, ManualClock, SystemClock};
+pub use common::config::{
     BrokerConfig, ClusterSettings, DEV_CLUSTER_COOKIE, MembershipSettings, MetadataBackend,
     StoreSettings,
 };
-pub use convert::{describe_to_wire, tree_from_wire, tree_to_wire};
-pub use error::BrokerError;
+pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
+pub use common::error::BrokerError;
+pub use control::metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane, VnodePlane};
 pub use malachi_cluster::membership::{
     Member, MemberEvent, MemberEventKind, MemberState, Membership, MembershipView, VnodeLeader,
 };
-pub use metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane, VnodePlane};

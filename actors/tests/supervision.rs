@@ -166,10 +166,24 @@ async fn the_tree_has_the_documented_shape() {
             "storage",
             "metadata",
             "membership",
+            "maintenance",
             "listener",
             "admin_http"
         ]
     );
+    // Empty until failover, healing, the scrubber, retention and the
+    // orphan sweeper land there.
+    let maintenance = tree
+        .child("maintenance")
+        .unwrap()
+        .supervisor
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        maintenance.strategy,
+        malachi_supervision::Strategy::OneForOne
+    );
+    assert!(maintenance.children.is_empty());
     for child in ["swim", "node_server", "node"] {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
     }

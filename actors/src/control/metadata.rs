@@ -17,71 +17,15 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
-use malachi_cluster::group::{GroupConfig, GroupError, MetadataGroup};
+use malachi_cluster::group::{GroupConfig, MetadataGroup};
 use malachi_cluster::model::{Command, MetadataState, ModelError, Outcome, TopicDescription};
 use malachi_cluster::ring::VnodeId;
+use malachi_cluster::vnodes::VnodeHost;
 use malachi_cluster::vnodes::broker_api::{TopicSummary, summarize};
-use malachi_cluster::vnodes::{RouteError, VnodeHost};
 use parking_lot::RwLock;
 use tokio::sync::{Mutex, watch};
 
-/// Why the metadata plane could not serve a request.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum MetadataError {
-    #[error("metadata i/o error on {path}: {reason}")]
-    Io { path: PathBuf, reason: String },
-    #[error("metadata snapshot in {path} is unreadable: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
-    #[error("the metadata plane is shut down")]
-    Shutdown,
-    #[error("the metadata plane is not open yet")]
-    NotOpen,
-    #[error("metadata group error: {reason}")]
-    Group { reason: String, fatal: bool },
-    /// No leader of the topic's vnode answered in time (an election, a
-    /// partition): the request may be retried.
-    #[error("metadata unavailable: {reason}")]
-    Unavailable { reason: String },
-}
-
-impl From<GroupError> for MetadataError {
-    fn from(e: GroupError) -> MetadataError {
-        match e {
-            GroupError::Stopped => MetadataError::Shutdown,
-            other => MetadataError::Group {
-                fatal: other.is_fatal(),
-                reason: other.to_string(),
-            },
-        }
-    }
-}
-
-impl From<RouteError> for MetadataError {
-    fn from(e: RouteError) -> MetadataError {
-        match e {
-            RouteError::Stopped => MetadataError::Shutdown,
-            RouteError::Unavailable { .. } => MetadataError::Unavailable {
-                reason: e.to_string(),
-            },
-            RouteError::Unroutable | RouteError::Failed { .. } => MetadataError::Group {
-                reason: e.to_string(),
-                fatal: false,
-            },
-        }
-    }
-}
-
-impl MetadataError {
-    /// The wire error a client gets for this failure.
-    pub fn error_code(&self) -> malachi_wire::error::ErrorCode {
-        use malachi_wire::error::ErrorCode;
-        match self {
-            MetadataError::Shutdown | MetadataError::NotOpen => ErrorCode::ShuttingDown,
-            MetadataError::Unavailable { .. } => ErrorCode::NoQuorum,
-            _ => ErrorCode::UnknownServerError,
-        }
-    }
-}
+pub use crate::common::error::MetadataError;
 
 /// A model verdict: the accepted outcome or the model's refusal.
 pub type Verdict = Result<Outcome, ModelError>;

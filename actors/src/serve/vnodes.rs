@@ -22,8 +22,8 @@ use malachi_wire::ErrorCode;
 use malachi_wire::messages as wire;
 use tracing::{info, warn};
 
-use crate::connection::Failure;
-use crate::shared::Shared;
+use super::reply::Failure;
+use crate::control::shared::Shared;
 
 /// The wire form of an arc: its first and last position, inclusive, so the
 /// top arc (ending at 2^64) fits in a u64.
@@ -51,7 +51,7 @@ fn vnode_info(shared: &Shared, host: &VnodeHost, vnode: VnodeId, arc: RingArc) -
         });
     }
     if leader.is_none()
-        && let Some(fabric) = crate::node::fabric(shared)
+        && let Some(fabric) = shared.fabric()
     {
         // No replica here: the broker that gossips the highest term for it.
         let view = fabric.membership.view();

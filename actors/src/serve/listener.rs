@@ -19,8 +19,8 @@ use tokio_util::codec::FramedWrite;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
-use crate::connection::{ConnectionActor, ConnectionArgs};
-use crate::shared::Shared;
+use crate::control::shared::Shared;
+use crate::serve::connection::{ConnectionActor, ConnectionArgs};
 
 #[derive(Debug, Clone)]
 pub(crate) struct AcceptorArgs {

@@ -24,10 +24,11 @@ use malachi_wire::{ErrorCode, Message, RecordBatch};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::connection::{ConnCtx, Failure, Outbound, Reply, error_frame, start_positions};
-use crate::fetch::{active_plans, read_topic};
-use crate::metadata::read_owner;
-use crate::shared::Shared;
+use super::fetch::start_positions;
+use super::read::{active_plans, read_topic};
+use super::reply::{Failure, Outbound, Reply, error_frame};
+use crate::control::metadata::read_owner;
+use crate::control::shared::Shared;
 
 /// Subscriptions one connection may hold at once.
 pub(crate) const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 16;
@@ -58,6 +59,14 @@ impl Subscriptions {
     fn remove(&self, id: u32) {
         self.map.lock().remove(&id);
     }
+}
+
+/// What a request handler may use of its connection (subscriptions push
+/// through it).
+pub(crate) struct ConnCtx {
+    pub tx: tokio::sync::mpsc::Sender<Outbound>,
+    pub subscriptions: Arc<Subscriptions>,
+    pub cancel: tokio_util::sync::CancellationToken,
 }
 
 fn push_frame(id: u32, push: &SubscribePush) -> Reply {

@@ -33,8 +33,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::coordinator::{CoordinatorActor, CoordinatorMsg, CoordinatorState, reconcile};
-use crate::shared::Shared;
+use crate::control::coordinator::{CoordinatorActor, CoordinatorMsg, CoordinatorState, reconcile};
+use crate::control::shared::Shared;
 
 pub(crate) struct ManagerActor;
 
@@ -138,7 +138,7 @@ impl ManagerState {
         let Some(host) = plane.host() else {
             return;
         };
-        let Some(fabric) = crate::node::fabric(&self.shared) else {
+        let Some(fabric) = self.shared.fabric() else {
             return;
         };
         let leaders: Vec<VnodeLeader> = self

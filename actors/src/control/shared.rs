@@ -1,9 +1,15 @@
-//! State shared by every actor of one broker: the store, the metadata plane
-//! once open, the live actor handles the data path looks up, long-poll
-//! notifiers and metrics. One `Shared` per broker, never process-global, so
-//! several brokers share a test process.
+//! The broker context of the control plane and the layers above it
+//! (`serve`, `admin`, `broker`): the metadata plane once open, the
+//! coordinator manager and coordinators, the raft endpoint, the node fabric,
+//! the data plane's [`Storage`], lifecycle flags and counters. One `Shared`
+//! per broker, never process-global, so several brokers share a test
+//! process.
+//!
+//! Lower layers never see it: a segment actor gets the data plane's
+//! [`Storage`] and a [`Roller`](crate::data::segment::Roller), the
+//! membership actors get the [`Fabric`] and the root's [`SupervisorSlot`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,18 +19,21 @@ use malachi_cluster::group::{TcpTransport, TransportServer};
 use malachi_cluster::model::SegmentId;
 use malachi_cluster::ring::VnodeId;
 use malachi_storage::FileStore;
-use malachi_supervision::{BoundedRef, SupervisorRef};
+use malachi_supervision::SupervisorRef;
 use parking_lot::{Mutex, RwLock};
 use ractor::ActorRef;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
-use crate::config::BrokerConfig;
-use crate::coordinator::CoordinatorMsg;
-use crate::metadata::{MetadataError, MetadataPlane};
-use crate::metrics::BrokerMetrics;
-use crate::segment::SegmentMsg;
+use super::metadata::MetadataPlane;
+use super::requests::CoordinatorMsg;
+use crate::common::SupervisorSlot;
+use crate::common::clock::Clock;
+use crate::common::config::BrokerConfig;
+use crate::common::error::MetadataError;
+use crate::common::metrics::BrokerMetrics;
+use crate::data::storage::{SegmentHandle, Storage};
+use crate::fabric::node::Fabric;
 
 /// This broker's end of the raft transport: the listener bound at start
 /// (before membership, so the identity can carry its address), the address
@@ -40,19 +49,16 @@ pub(crate) struct RaftEndpoint {
     pub server: Mutex<Option<Arc<TransportServer>>>,
 }
 
-/// The live actor of one open segment.
-#[derive(Debug, Clone)]
-pub(crate) struct SegmentHandle {
-    pub actor: BoundedRef<SegmentMsg>,
-}
-
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub config: BrokerConfig,
+    /// The same store as `data.store`.
     pub store: Arc<FileStore>,
     pub clock: Arc<dyn Clock>,
     pub cursor_key: CursorKey,
-    pub metrics: BrokerMetrics,
+    pub metrics: Arc<BrokerMetrics>,
+    /// The data plane: segment actors, their supervisor, long-poll notifiers.
+    pub data: Arc<Storage>,
     pub client_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub plane: RwLock<Option<Arc<dyn MetadataPlane>>>,
@@ -65,11 +71,9 @@ pub(crate) struct Shared {
     /// The `coordinator_manager` supervisor, which the manager adds
     /// coordinators to.
     pub coordinator_sup: RwLock<Option<SupervisorRef>>,
-    pub root: RwLock<Option<SupervisorRef>>,
-    pub storage: RwLock<Option<SupervisorRef>>,
+    /// The root supervisor, shared with the node fabric (`tree --all`).
+    pub root: SupervisorSlot,
     pub listener: RwLock<Option<SupervisorRef>>,
-    pub segments: Mutex<HashMap<SegmentId, SegmentHandle>>,
-    topics: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Set once the acceptor serves; cleared when shutdown begins.
     pub accepting: AtomicBool,
     /// Cancelled when an ordered shutdown begins: connections stop reading.
@@ -80,7 +84,7 @@ pub(crate) struct Shared {
     /// The highest `requests_inflight` one connection ever reached.
     pub connection_inflight_peak: AtomicUsize,
     /// Membership and the node fabric, set once at broker start.
-    pub cluster: std::sync::OnceLock<Arc<crate::node::Fabric>>,
+    pub cluster: std::sync::OnceLock<Arc<Fabric>>,
     /// The raft transport's endpoint, set once at broker start.
     pub raft: std::sync::OnceLock<Arc<RaftEndpoint>>,
 }
@@ -95,23 +99,28 @@ impl Shared {
         client_addr: SocketAddr,
         admin_addr: SocketAddr,
     ) -> Shared {
+        let metrics = Arc::new(BrokerMetrics::new());
+        let data = Arc::new(Storage::new(
+            config.clone(),
+            Arc::clone(&store),
+            Arc::clone(&clock),
+            Arc::clone(&metrics),
+        ));
         Shared {
             config,
             store,
             clock,
             cursor_key,
-            metrics: BrokerMetrics::new(),
+            metrics,
+            data,
             client_addr,
             admin_addr,
             plane: RwLock::new(None),
             coordinator: RwLock::new(None),
             coordinators: RwLock::new(BTreeMap::new()),
             coordinator_sup: RwLock::new(None),
-            root: RwLock::new(None),
-            storage: RwLock::new(None),
+            root: SupervisorSlot::default(),
             listener: RwLock::new(None),
-            segments: Mutex::new(HashMap::new()),
-            topics: Mutex::new(HashMap::new()),
             accepting: AtomicBool::new(false),
             draining: CancellationToken::new(),
             connections: AtomicUsize::new(0),
@@ -126,29 +135,22 @@ impl Shared {
         self.plane.read().clone().ok_or(MetadataError::NotOpen)
     }
 
+    /// Membership and the node fabric, once the broker started.
+    pub fn fabric(&self) -> Option<Arc<Fabric>> {
+        self.cluster.get().cloned()
+    }
+
     pub fn segment(&self, id: SegmentId) -> Option<SegmentHandle> {
-        self.segments.lock().get(&id).cloned()
+        self.data.segment(id)
     }
 
     /// A receiver that changes whenever records of `topic` become durable.
     pub fn watch_topic(&self, topic: &str) -> watch::Receiver<u64> {
-        let mut topics = self.topics.lock();
-        topics
-            .entry(topic.to_string())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe()
-    }
-
-    /// Wakes the long polls of `topic`.
-    pub fn notify_topic(&self, topic: &str) {
-        let topics = self.topics.lock();
-        if let Some(sender) = topics.get(topic) {
-            sender.send_modify(|v| *v = v.wrapping_add(1));
-        }
+        self.data.watch_topic(topic)
     }
 
     pub fn forget_topic(&self, topic: &str) {
-        self.topics.lock().remove(topic);
+        self.data.forget_topic(topic);
     }
 
     pub fn is_ready(&self) -> bool {

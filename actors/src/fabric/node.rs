@@ -38,8 +38,8 @@ use ractor_cluster::{NodeServer, NodeServerMessage};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::convert::tree_to_wire;
-use crate::shared::Shared;
+use crate::common::SupervisorSlot;
+use crate::common::convert::tree_to_wire;
 
 /// The process-group scope of broker actors reachable over the fabric.
 pub(crate) const PG_SCOPE: &str = "malachi";
@@ -168,8 +168,17 @@ pub(crate) fn node_server_spec(fabric: Arc<Fabric>) -> malachi_supervision::Chil
 
 pub(crate) struct NodeActor;
 
+/// What `node` needs: the fabric, and the root supervisor whose tree it
+/// answers with.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeArgs {
+    pub fabric: Arc<Fabric>,
+    pub root: SupervisorSlot,
+}
+
 pub(crate) struct NodeState {
-    shared: Arc<Shared>,
+    fabric: Arc<Fabric>,
+    root: SupervisorSlot,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -185,14 +194,13 @@ impl Drop for NodeState {
 impl Actor for NodeActor {
     type Msg = NodeMsg;
     type State = NodeState;
-    type Arguments = Arc<Shared>;
+    type Arguments = NodeArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<NodeMsg>,
-        shared: Arc<Shared>,
+        NodeArgs { fabric, root }: NodeArgs,
     ) -> Result<NodeState, ActorProcessingErr> {
-        let fabric = fabric(&shared).ok_or("the node fabric is not set up")?;
         let listener = fabric.cluster_listener.try_clone()?;
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -204,7 +212,8 @@ impl Actor for NodeActor {
             vec![myself.get_cell()],
         );
         Ok(NodeState {
-            shared,
+            fabric,
+            root,
             tasks: vec![accept, dial],
         })
     }
@@ -219,9 +228,10 @@ impl Actor for NodeActor {
             NodeMsg::TreeSnapshot(reply) => {
                 // Answered off the actor: a snapshot asks every supervisor,
                 // and the node actor must stay free to take the next call.
-                let shared = Arc::clone(&state.shared);
+                let root = Arc::clone(&state.root);
+                let node_id = state.fabric.node_id;
                 tokio::spawn(async move {
-                    let bytes = match local_tree(&shared).await {
+                    let bytes = match local_tree(&root, node_id).await {
                         Some(tree) => tree.encode().map(|b| b.to_vec()).unwrap_or_default(),
                         None => Vec::new(),
                     };
@@ -231,11 +241,6 @@ impl Actor for NodeActor {
         }
         Ok(())
     }
-}
-
-/// The fabric of a broker, once started.
-pub(crate) fn fabric(shared: &Shared) -> Option<Arc<Fabric>> {
-    shared.cluster.get().cloned()
 }
 
 /// Hands every connection to the advertised port to the node server.
@@ -343,11 +348,14 @@ async fn sessions(server: &ActorRef<NodeServerMessage>) -> Option<BTreeSet<u64>>
 }
 
 /// This broker's tree, as the wire carries it.
-pub(crate) async fn local_tree(shared: &Shared) -> Option<wire::TreeSnapshotResponse> {
-    let root = shared.root.read().clone()?;
+pub(crate) async fn local_tree(
+    root: &SupervisorSlot,
+    node_id: u64,
+) -> Option<wire::TreeSnapshotResponse> {
+    let root = root.read().clone()?;
     let snapshot = root.snapshot().await.ok()?;
     Some(wire::TreeSnapshotResponse {
-        node_id: shared.config.node_id,
+        node_id,
         root: tree_to_wire(&snapshot),
         brokers: Vec::new(),
     })
@@ -380,18 +388,16 @@ pub(crate) fn broker_status(member: &Member) -> wire::BrokerStatus {
 /// Every broker's tree, this one first. A broker that cannot answer is
 /// listed with the reason; the gathering as a whole never fails. Remote
 /// brokers are asked at once, each within `remote_call_timeout_ms`.
-pub(crate) async fn gather_trees(shared: &Arc<Shared>) -> Vec<wire::BrokerTree> {
-    let Some(fabric) = fabric(shared) else {
-        return Vec::new();
-    };
+pub(crate) async fn gather_trees(fabric: &Fabric, root: &SupervisorSlot) -> Vec<wire::BrokerTree> {
     let view = fabric.membership.view();
     let timeout = Duration::from_millis(fabric.remote_call_timeout_ms);
     let asks = view.all().map(|member| {
         let member = member.clone();
-        let shared = Arc::clone(shared);
+        let root = Arc::clone(root);
+        let node_id = fabric.node_id;
         async move {
-            let (root, unreachable) = if member.node_id == shared.config.node_id {
-                match local_tree(&shared).await {
+            let (root, unreachable) = if member.node_id == node_id {
+                match local_tree(&root, node_id).await {
                     Some(tree) => (Some(tree.root), None),
                     None => (None, Some("the tree is not running".to_owned())),
                 }

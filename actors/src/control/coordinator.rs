@@ -34,72 +34,14 @@ use malachi_cluster::model::{
 use malachi_cluster::ring::VnodeId;
 use malachi_storage::SegmentStore;
 use malachi_supervision::{ChildSpec, Restart, SupervisionError};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, info, warn};
 
-use crate::metadata::{MetadataError, read_owner};
-use crate::segment::{SegmentActor, SegmentArgs, SegmentMsg};
-use crate::shared::Shared;
-use crate::vnode_lease::{CoordinatorLease, lease_config};
-
-/// Why a coordinator request failed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub(crate) enum CoordError {
-    #[error("{0}")]
-    Model(#[from] ModelError),
-    #[error("{0}")]
-    Metadata(#[from] MetadataError),
-    #[error("cannot start or stop a segment actor: {0}")]
-    Supervision(#[from] SupervisionError),
-    #[error("unexpected outcome from the metadata model: {0}")]
-    Unexpected(String),
-    /// The segment is not in this broker's metadata (its topic was deleted,
-    /// or the replica has not applied its creation within the wait).
-    #[error("segment {segment} is unknown")]
-    UnknownSegment { segment: SegmentId },
-    #[error("segment {segment} cannot be sealed now: {reason}")]
-    Freeze { segment: SegmentId, reason: String },
-}
-
-pub(crate) enum CoordinatorMsg {
-    CreateTopic {
-        name: String,
-        policy: Option<String>,
-        reply: RpcReplyPort<Result<u64, CoordError>>,
-    },
-    DeleteTopic {
-        name: String,
-        reply: RpcReplyPort<Result<(), CoordError>>,
-    },
-    /// Seal `segment` at `seal` and open the next segment of its range.
-    Roll {
-        topic: String,
-        segment: SegmentId,
-        seal: SealRecord,
-        reply: RpcReplyPort<Result<SegmentId, CoordError>>,
-    },
-    /// Split an active range into its two halves.
-    Split {
-        topic: String,
-        range: RangeId,
-        reply: RpcReplyPort<Result<(RangeId, RangeId), CoordError>>,
-    },
-    /// Merge an active range with its active buddy.
-    Merge {
-        topic: String,
-        range: RangeId,
-        reply: RpcReplyPort<Result<(RangeId, RangeId, RangeId), CoordError>>,
-    },
-    /// Start every active segment actor the metadata assigns to this node
-    /// and stop those of deleted topics (the manager's).
-    Reconcile,
-    /// Start and stop coordinators as leadership changed (the manager's).
-    Replan,
-    /// Run the coordinator's continuous work, if it holds its lease (the
-    /// coordinator's own timer).
-    Upkeep,
-}
-impl ractor::Message for CoordinatorMsg {}
+pub(crate) use super::requests::{CoordError, CoordinatorMsg};
+use crate::control::lease::CoordinatorLease;
+use crate::control::metadata::read_owner;
+use crate::control::shared::Shared;
+use crate::data::segment::{Roller, SegmentActor, SegmentArgs, SegmentMsg};
 
 pub(crate) struct CoordinatorActor;
 
@@ -157,11 +99,14 @@ async fn start_segment_within(
     let Some((range, start_offset, created_at_ms)) = found else {
         return Err(CoordError::UnknownSegment { segment });
     };
-    let Some(storage) = shared.storage.read().clone() else {
+    let Some(storage) = shared.data.supervisor.read().clone() else {
         return Err(CoordError::Supervision(SupervisionError::NotRunning));
     };
     let args = SegmentArgs {
-        shared: Arc::clone(shared),
+        storage: Arc::clone(&shared.data),
+        roller: Arc::new(CoordinatorRoller {
+            shared: Arc::clone(shared),
+        }),
         topic: topic.to_string(),
         range,
         segment,
@@ -179,6 +124,43 @@ async fn start_segment_within(
     match storage.start_child(spec).await {
         Ok(_) | Err(SupervisionError::DuplicateChild { .. }) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The [`Roller`] the control plane gives each segment actor: a roll goes
+/// to the coordinator manager, which hands it to the coordinator of the
+/// topic's vnode, within `produce_timeout_ms`.
+#[derive(Debug)]
+pub(crate) struct CoordinatorRoller {
+    shared: Arc<Shared>,
+}
+
+#[async_trait::async_trait]
+impl Roller for CoordinatorRoller {
+    async fn roll(
+        &self,
+        topic: &str,
+        segment: SegmentId,
+        seal: SealRecord,
+    ) -> Result<SegmentId, String> {
+        let Some(coordinator) = self.shared.coordinator.read().clone() else {
+            return Err("the coordinator manager is not running".into());
+        };
+        let answer = ractor::call_t!(
+            coordinator,
+            |reply| CoordinatorMsg::Roll {
+                topic: topic.to_string(),
+                segment,
+                seal,
+                reply
+            },
+            self.shared.config.produce_timeout_ms
+        );
+        match answer {
+            Ok(Ok(next)) => Ok(next),
+            Ok(Err(e)) => Err(format!("roll refused: {e}")),
+            Err(e) => Err(format!("roll request failed: {e}")),
+        }
     }
 }
 
@@ -333,7 +315,7 @@ impl CoordinatorState {
             Err(e) => return Err(e.into()),
         };
         start_segment(&self.shared, &topic, next).await?;
-        if let (Some(range), Some(storage)) = (range, self.shared.storage.read().clone()) {
+        if let (Some(range), Some(storage)) = (range, self.shared.data.supervisor.read().clone()) {
             let name = segment_name(&topic, range, segment);
             // Stopping waits for the old actor; do it off the coordinator's
             // mailbox so other metadata changes are not held up.
@@ -405,7 +387,7 @@ impl CoordinatorState {
         for &segment in new {
             start_segment(&self.shared, topic, segment).await?;
         }
-        let storage = self.shared.storage.read().clone();
+        let storage = self.shared.data.supervisor.read().clone();
         for &(range, segment, seal) in old {
             let store = Arc::clone(&self.shared.store);
             let id = malachi_storage::SegmentId(segment.0);
@@ -545,9 +527,9 @@ impl CoordinatorState {
 /// The copies stay on disk: deleting files is the orphan sweeper's job,
 /// after the delete is known to be committed everywhere.
 async fn release_segments(shared: &Arc<Shared>, topic: &str, segments: Vec<SegmentId>) {
-    let storage = shared.storage.read().clone();
+    let storage = shared.data.supervisor.read().clone();
     for segment in segments {
-        let actor = shared.segments.lock().remove(&segment);
+        let actor = shared.data.segments.lock().remove(&segment);
         if actor.is_some()
             && let Some(storage) = &storage
         {
@@ -580,7 +562,7 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     let plane = shared.plane()?;
     let node = NodeId(shared.config.node_id);
     let mut wanted: Vec<(String, SegmentId)> = Vec::new();
-    let running: Vec<SegmentId> = shared.segments.lock().keys().copied().collect();
+    let running: Vec<SegmentId> = shared.data.segments.lock().keys().copied().collect();
     let mut known: std::collections::BTreeSet<SegmentId> = std::collections::BTreeSet::new();
     plane.view_each(&mut |state| {
         known.extend(running.iter().filter(|id| state.segment(**id).is_some()));
@@ -619,7 +601,7 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
         .into_iter()
         .filter(|id| !known.contains(id))
         .collect();
-    let storage = shared.storage.read().clone();
+    let storage = shared.data.supervisor.read().clone();
     if !orphans.is_empty()
         && let Some(storage) = storage
         && let Ok(snapshot) = storage.snapshot().await
@@ -632,7 +614,7 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
                     let _ = storage.terminate_child(&child.name).await;
                 }
             }
-            shared.segments.lock().remove(&segment);
+            shared.data.segments.lock().remove(&segment);
             // The copy stays on disk (the orphan sweeper's job); only its
             // open handle is released.
             let store = Arc::clone(&shared.store);
@@ -699,10 +681,8 @@ impl CoordinatorRun {
         if !allowed {
             return;
         }
-        let (Ok(plane), Some(fabric)) = (
-            self.logic.shared.plane(),
-            crate::node::fabric(&self.logic.shared),
-        ) else {
+        let (Ok(plane), Some(fabric)) = (self.logic.shared.plane(), self.logic.shared.fabric())
+        else {
             return;
         };
         let Some(group) = plane.host().and_then(|h| h.group(self.logic.vnode)) else {
@@ -736,7 +716,7 @@ impl Actor for CoordinatorActor {
             Some(host) => Some(CoordinatorLease::start(
                 Arc::clone(host),
                 vnode,
-                lease_config(shared.config.node_id, &shared.config.cluster),
+                shared.config.cluster.lease_config(shared.config.node_id),
             )?),
             None => None,
         };

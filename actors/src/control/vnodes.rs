@@ -26,9 +26,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
-use crate::config::MetadataBackend;
-use crate::metadata::{FilePlane, MetadataPlane, VnodePlane};
-use crate::shared::Shared;
+use crate::common::config::MetadataBackend;
+use crate::control::metadata::{FilePlane, MetadataPlane, VnodePlane};
+use crate::control::shared::Shared;
 
 pub(crate) struct VnodesActor;
 
@@ -120,7 +120,7 @@ impl RingObserver {
 /// misrouted. The view is level-triggered, so a burst of routing events is
 /// read as one.
 fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandle<()>> {
-    let fabric = crate::node::fabric(shared)?;
+    let fabric = shared.fabric()?;
     let mut view = fabric.membership.watch();
     let host = Arc::clone(host);
     Some(tokio::spawn(async move {

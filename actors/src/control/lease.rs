@@ -26,8 +26,6 @@ use malachi_cluster::vnodes::lease::{
 };
 use tracing::debug;
 
-use crate::config::ClusterSettings;
-
 /// How often the renew loop republishes the lease state (real time), so a
 /// lost lease is noticed within a tick even while a renewal hangs.
 const LEASE_TICK_MS: u64 = 200;
@@ -46,16 +44,6 @@ impl std::fmt::Debug for CoordinatorLease {
             .field("holder", &self.holder)
             .field("state", &self.handle.as_ref().map(LeaseHandle::state))
             .finish_non_exhaustive()
-    }
-}
-
-/// The lease settings a broker's configuration gives.
-pub(crate) fn lease_config(node_id: u64, cluster: &ClusterSettings) -> LeaseConfig {
-    LeaseConfig {
-        holder: node_id,
-        duration_ms: cluster.lease_duration_ms,
-        safety_margin_ms: cluster.lease_margin_ms,
-        renew_every_ms: cluster.lease_renew_ms,
     }
 }
 

@@ -8,8 +8,8 @@
 //! bound covers appends awaiting their fsync too. After each durable append,
 //! and on a timer, the actor checks the [`malachi_storage::SealPolicy`]; to
 //! roll it fences its copy, waits for what was appended to be durable, and
-//! asks the coordinator to seal the segment at that durable length and open
-//! the next one. Appends refused by the fence are answered `Rolled` and the
+//! asks the control plane, through the [`Roller`] it was started with, to
+//! seal the segment at that durable length and open the next one. Appends refused by the fence are answered `Rolled` and the
 //! connection retries them on the new active segment.
 
 use std::ops::Range;
@@ -19,14 +19,31 @@ use std::time::{Duration, Instant};
 use malachi_cluster::model::{RangeId, SealRecord, SegmentId};
 use malachi_storage::{SegmentStore, StorageError};
 
-use crate::convert::IncomingRecord;
 use malachi_supervision::{BoundedRef, Permit};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
-use crate::coordinator::CoordinatorMsg;
-use crate::shared::{SegmentHandle, Shared};
+use super::storage::{SegmentHandle, Storage};
+use crate::common::convert::IncomingRecord;
+
+/// How a segment actor asks the control plane to seal its segment at a
+/// durable length and open the range's next segment. It is handed to the
+/// actor at start, so the data plane never names the coordinator: the
+/// control plane implements it (`control::coordinator::CoordinatorRoller`),
+/// and a test can give a segment actor any other.
+#[async_trait::async_trait]
+pub(crate) trait Roller: Send + Sync + std::fmt::Debug {
+    /// Seals `segment` of `topic` at `seal` and returns the range's next
+    /// segment once the metadata commits it; a refusal or a timeout is the
+    /// reason, for the log (the actor tries again later).
+    async fn roll(
+        &self,
+        topic: &str,
+        segment: SegmentId,
+        seal: SealRecord,
+    ) -> Result<SegmentId, String>;
+}
 
 /// Why an append was not made durable.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -83,7 +100,8 @@ impl std::fmt::Debug for SegmentMsg {
 
 #[derive(Debug, Clone)]
 pub(crate) struct SegmentArgs {
-    pub shared: Arc<Shared>,
+    pub storage: Arc<Storage>,
+    pub roller: Arc<dyn Roller>,
     pub topic: String,
     pub range: RangeId,
     pub segment: SegmentId,
@@ -126,19 +144,19 @@ impl Actor for SegmentActor {
         let id = malachi_storage::SegmentId(args.segment.0);
         // Opening recovers the copy after a crash: a torn tail is truncated,
         // and every acknowledged record was fsynced, so it is still there.
-        let recovery = tokio::task::block_in_place(|| args.shared.store.open(id))?;
+        let recovery = tokio::task::block_in_place(|| args.storage.store.open(id))?;
         if recovery.truncated_bytes > 0 {
             warn!(segment = %id, truncated_bytes = recovery.truncated_bytes, "truncated a torn tail");
         }
         let handle = SegmentHandle {
-            actor: BoundedRef::new(myself, args.shared.config.segment_inflight_max),
+            actor: BoundedRef::new(myself, args.storage.config.segment_inflight_max),
         };
         let open = {
-            let mut segments = args.shared.segments.lock();
+            let mut segments = args.storage.segments.lock();
             segments.insert(args.segment, handle);
             segments.len()
         };
-        args.shared.metrics.open_segments.set(open as f64);
+        args.storage.metrics.open_segments.set(open as f64);
         debug!(
             topic = %args.topic,
             range = args.range.0,
@@ -162,7 +180,7 @@ impl Actor for SegmentActor {
     ) -> Result<(), ActorProcessingErr> {
         // The timer ends with the actor (ractor stops sending to a dead actor).
         myself.send_interval(
-            tick_interval(state.args.shared.config.segment_age_ms),
+            tick_interval(state.args.storage.config.segment_age_ms),
             || SegmentMsg::CheckRoll,
         );
         // A copy fenced or failed before a crash must roll before it can take appends.
@@ -195,7 +213,7 @@ impl Actor for SegmentActor {
                 // From here on this actor only refuses appends; the
                 // coordinator stops it once the split or merge commits.
                 state.rolling = true;
-                let store = Arc::clone(&state.args.shared.store);
+                let store = Arc::clone(&state.args.storage.store);
                 let id = state.store_id();
                 if let Err(e) = store.fence(id) {
                     warn!(segment = %id, error = %e, "cannot fence segment");
@@ -226,7 +244,7 @@ impl Actor for SegmentActor {
         state: &mut SegmentState,
     ) -> Result<(), ActorProcessingErr> {
         let open = {
-            let mut segments = state.args.shared.segments.lock();
+            let mut segments = state.args.storage.segments.lock();
             if segments
                 .get(&state.args.segment)
                 .is_some_and(|h| h.actor.actor().get_id() == myself.get_id())
@@ -235,7 +253,7 @@ impl Actor for SegmentActor {
             }
             segments.len()
         };
-        state.args.shared.metrics.open_segments.set(open as f64);
+        state.args.storage.metrics.open_segments.set(open as f64);
         Ok(())
     }
 }
@@ -257,7 +275,7 @@ impl SegmentActor {
         let started = Instant::now();
         let ticket = match state
             .args
-            .shared
+            .storage
             .store
             .append(state.store_id(), records.as_slice())
         {
@@ -282,9 +300,9 @@ impl SegmentActor {
             }
         };
         if state.first_record_at_ms.is_none() {
-            state.first_record_at_ms = Some(state.args.shared.clock.now_ms());
+            state.first_record_at_ms = Some(state.args.storage.clock.now_ms());
         }
-        let shared = Arc::clone(&state.args.shared);
+        let shared = Arc::clone(&state.args.storage);
         let topic = state.args.topic.clone();
         let count = records.len() as u64;
         tokio::spawn(async move {
@@ -320,16 +338,16 @@ impl SegmentActor {
         if state.rolling {
             return Ok(());
         }
-        let store = &state.args.shared.store;
+        let store = &state.args.storage.store;
         let info = store.info(state.store_id())?;
-        let now_ms = state.args.shared.clock.now_ms();
+        let now_ms = state.args.storage.clock.now_ms();
         let age_from = state
             .first_record_at_ms
             .unwrap_or(now_ms)
             .max(state.args.created_at_ms);
         let reason = state
             .args
-            .shared
+            .storage
             .config
             .seal_policy()
             .decide(&info, age_from, now_ms);
@@ -343,12 +361,16 @@ impl SegmentActor {
             // A failed copy may refuse the fence marker; it takes no appends anyway.
             warn!(segment = %state.store_id(), error = %e, "cannot fence segment");
         }
-        let shared = Arc::clone(&state.args.shared);
+        let storage = Arc::clone(&state.args.storage);
+        let roller = Arc::clone(&state.args.roller);
         let topic = state.args.topic.clone();
         let segment = state.args.segment;
         let store_id = state.store_id();
         tokio::spawn(async move {
-            if roll(&shared, topic, segment, store_id).await.is_err() {
+            if roll(&storage, roller.as_ref(), &topic, segment, store_id)
+                .await
+                .is_err()
+            {
                 let _ = myself.send_message(SegmentMsg::RollFailed);
             }
         });
@@ -356,40 +378,28 @@ impl SegmentActor {
     }
 }
 
-/// Seals `segment` at its durable length through the coordinator.
+/// Seals `segment` at its durable length through the control plane.
 async fn roll(
-    shared: &Arc<Shared>,
-    topic: String,
+    storage: &Storage,
+    roller: &dyn Roller,
+    topic: &str,
     segment: SegmentId,
     store_id: malachi_storage::SegmentId,
 ) -> Result<(), ()> {
     // Everything appended before the fence becomes durable (or fails) first.
-    if let Ok(ticket) = shared.store.sync(store_id) {
+    if let Ok(ticket) = storage.store.sync(store_id) {
         let _ = ticket.await;
     }
-    let info = shared.store.info(store_id).map_err(|e| {
+    let info = storage.store.info(store_id).map_err(|e| {
         warn!(segment = %store_id, error = %e, "cannot read segment info to roll");
     })?;
     let seal = SealRecord {
         length: info.length,
         bytes: info.byte_size,
     };
-    let Some(coordinator) = shared.coordinator.read().clone() else {
-        return Err(());
-    };
-    let answer = ractor::call_t!(
-        coordinator,
-        |reply| CoordinatorMsg::Roll {
-            topic: topic.clone(),
-            segment,
-            seal,
-            reply
-        },
-        shared.config.produce_timeout_ms
-    );
-    match answer {
-        Ok(Ok(_next)) => {
-            let store = Arc::clone(&shared.store);
+    match roller.roll(topic, segment, seal).await {
+        Ok(_next) => {
+            let store = Arc::clone(&storage.store);
             // The seal marker makes the copy's length match the metadata on disk.
             let sealed =
                 tokio::task::spawn_blocking(move || store.seal(store_id, seal.length)).await;
@@ -398,12 +408,8 @@ async fn roll(
             }
             Ok(())
         }
-        Ok(Err(e)) => {
-            warn!(segment = %store_id, error = %e, "roll refused");
-            Err(())
-        }
-        Err(e) => {
-            warn!(segment = %store_id, error = %e, "roll request failed");
+        Err(reason) => {
+            warn!(segment = %store_id, %reason, "roll failed");
             Err(())
         }
     }

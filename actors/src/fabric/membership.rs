@@ -17,8 +17,8 @@ use malachi_cluster::membership::{RuntimeArgs, runtime};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{info, warn};
 
-use crate::node::{Fabric, fabric};
-use crate::shared::Shared;
+use super::node::Fabric;
+use crate::common::config::BrokerConfig;
 
 /// How long a start waits for the runtime's first view.
 const FIRST_VIEW_WAIT_MS: u64 = 1_000;
@@ -26,6 +26,15 @@ const FIRST_VIEW_WAIT_MS: u64 = 1_000;
 const SEED_RESOLVE_TIMEOUT_MS: u64 = 2_000;
 
 pub(crate) struct SwimActor;
+
+/// What each start of `swim` needs: the fabric (socket, identity,
+/// membership handle) and the configuration (seeds, SWIM settings, where
+/// the incarnation is recorded).
+#[derive(Debug, Clone)]
+pub(crate) struct SwimArgs {
+    pub fabric: Arc<Fabric>,
+    pub config: BrokerConfig,
+}
 
 #[derive(Debug)]
 pub(crate) enum SwimMsg {
@@ -42,23 +51,22 @@ pub(crate) struct SwimState {
 impl Actor for SwimActor {
     type Msg = SwimMsg;
     type State = SwimState;
-    type Arguments = Arc<Shared>;
+    type Arguments = SwimArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<SwimMsg>,
-        shared: Arc<Shared>,
+        SwimArgs { fabric, config }: SwimArgs,
     ) -> Result<SwimState, ActorProcessingErr> {
-        let fabric = fabric(&shared).ok_or("the node fabric is not set up")?;
         // A failed predecessor's task may still hold the socket's attention.
         if let Some(stale) = fabric.swim_task.lock().take() {
             stale.abort();
         }
-        let path = shared.config.incarnation_path();
+        let path = config.incarnation_path();
         let incarnation = tokio::task::block_in_place(|| next_incarnation(&path))?;
         let mut identity = fabric.identity.clone();
         identity.incarnation = incarnation;
-        let seeds = resolve_seeds(&shared.config.seeds).await;
+        let seeds = resolve_seeds(&config.seeds).await;
         let socket = fabric.swim_socket.try_clone()?;
         socket.set_nonblocking(true)?;
         let socket = tokio::net::UdpSocket::from_std(socket)?;
@@ -66,7 +74,7 @@ impl Actor for SwimActor {
         getrandom::fill(&mut seed_bytes).map_err(|e| format!("no os randomness: {e}"))?;
         let args = RuntimeArgs {
             identity,
-            settings: shared.config.membership.swim(),
+            settings: config.membership.swim(),
             seeds,
             rng_seed: u64::from_le_bytes(seed_bytes),
         };

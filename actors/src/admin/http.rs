@@ -15,7 +15,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::warn;
 
-use crate::shared::Shared;
+use crate::control::shared::Shared;
 
 #[derive(Debug, Clone)]
 pub(crate) struct AdminArgs {
@@ -60,7 +60,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     shared
         .metrics
         .open_segments
-        .set(shared.segments.lock().len() as f64);
+        .set(shared.data.segments.lock().len() as f64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         shared.metrics.render(),
@@ -113,8 +113,8 @@ impl Actor for AdminActor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SystemClock;
-    use crate::config::BrokerConfig;
+    use crate::common::clock::SystemClock;
+    use crate::common::config::BrokerConfig;
     use malachi_cluster::cursor::CursorKey;
     use malachi_storage::FileStore;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use malachi_storage::{SealPolicy, StoreConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::error::BrokerError;
+use crate::common::error::BrokerError;
 
 /// Largest record value a broker may be configured to accept (the storage
 /// frame format caps a whole record at 64 MiB).
@@ -154,6 +154,18 @@ pub struct ClusterSettings {
     pub lease_margin_ms: u64,
     /// How often a coordinator renews its lease (below duration - margin).
     pub lease_renew_ms: u64,
+}
+
+impl ClusterSettings {
+    /// The coordinator lease settings these give a broker (ADR 0083).
+    pub(crate) fn lease_config(&self, node_id: u64) -> malachi_cluster::vnodes::lease::LeaseConfig {
+        malachi_cluster::vnodes::lease::LeaseConfig {
+            holder: node_id,
+            duration_ms: self.lease_duration_ms,
+            safety_margin_ms: self.lease_margin_ms,
+            renew_every_ms: self.lease_renew_ms,
+        }
+    }
 }
 
 impl Default for ClusterSettings {
@@ -383,7 +395,7 @@ impl BrokerConfig {
             );
         }
         if let Err(e) = malachi_cluster::vnodes::lease::LeaseKeeper::new(
-            crate::vnode_lease::lease_config(self.node_id, &self.cluster),
+            self.cluster.lease_config(self.node_id),
         ) {
             return bad(format!(
                 "cluster.lease_duration_ms, lease_margin_ms and lease_renew_ms: {e}"

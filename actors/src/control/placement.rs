@@ -15,11 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use malachi_cluster::model::{NodeId, SegmentState, TopicDescription};
-use malachi_wire::{ErrorBody, ErrorCode, Message};
+use malachi_wire::ErrorCode;
 
-use crate::connection::Reply;
-use crate::metadata::read_owner;
-use crate::shared::Shared;
+use crate::control::metadata::read_owner;
+use crate::control::shared::Shared;
 
 /// How long a broker that hosts a topic waits for its own replica to apply
 /// the topic's creation before serving anyway (the normal path then answers).
@@ -27,29 +26,13 @@ const LOCAL_APPLY_WAIT_MS: u64 = 2_000;
 /// The pause between two looks at the local replica while waiting for it.
 const LOCAL_APPLY_POLL_MS: u64 = 5;
 
-/// A refusal that names where the client should go.
+/// A refusal that names where the client should go (`serve` turns it into
+/// the error response, `leader_hint` set to `hint`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Redirect {
     pub code: ErrorCode,
     pub message: String,
     pub hint: Option<String>,
-}
-
-impl Redirect {
-    /// The error response, with the hint in its body.
-    pub(crate) fn reply(self, correlation_id: u32) -> Reply {
-        let body = ErrorBody {
-            message: self.message,
-            leader_hint: self.hint,
-            retry_after_ms: self.code.retriable().then_some(10),
-        };
-        Reply {
-            correlation_id,
-            error_code: self.code,
-            control: body.encode().unwrap_or_default(),
-            block: None,
-        }
-    }
 }
 
 /// The brokers hosting the active segments of `topic` in `state`.
@@ -85,7 +68,7 @@ fn hosts_in_description(description: &TopicDescription) -> Vec<NodeId> {
 
 /// The client address of broker `node`, as membership knows it.
 fn client_addr_of(shared: &Shared, node: NodeId) -> Option<String> {
-    let fabric = crate::node::fabric(shared)?;
+    let fabric = shared.fabric()?;
     let view = fabric.membership.view();
     view.all()
         .find(|m| m.node_id == node.0)

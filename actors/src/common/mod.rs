@@ -1,0 +1,14 @@
+//! Leaf modules every layer uses: configuration, the clock, the crate's
+//! error types, the broker's metric handles and the conversions to and from
+//! the wire's types. Nothing here names another module of this crate.
+
+pub(crate) mod clock;
+pub(crate) mod config;
+pub(crate) mod convert;
+pub(crate) mod error;
+pub(crate) mod metrics;
+
+/// A supervisor's handle, published at each of its starts and read by
+/// whoever needs it later (the root by the admin port and the node fabric).
+pub(crate) type SupervisorSlot =
+    std::sync::Arc<parking_lot::RwLock<Option<malachi_supervision::SupervisorRef>>>;

@@ -1,0 +1,69 @@
+//! The coordinator's requests and their errors: what connections, the
+//! coordinator manager and segment actors (through their `Roller`) send.
+//! Kept apart from the actors so the broker context can hold a
+//! coordinator's handle without naming its logic.
+
+use malachi_cluster::model::{ModelError, RangeId, SealRecord, SegmentId};
+use malachi_supervision::SupervisionError;
+use ractor::RpcReplyPort;
+
+use crate::common::error::MetadataError;
+
+/// Why a coordinator request failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum CoordError {
+    #[error("{0}")]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Metadata(#[from] MetadataError),
+    #[error("cannot start or stop a segment actor: {0}")]
+    Supervision(#[from] SupervisionError),
+    #[error("unexpected outcome from the metadata model: {0}")]
+    Unexpected(String),
+    /// The segment is not in this broker's metadata (its topic was deleted,
+    /// or the replica has not applied its creation within the wait).
+    #[error("segment {segment} is unknown")]
+    UnknownSegment { segment: SegmentId },
+    #[error("segment {segment} cannot be sealed now: {reason}")]
+    Freeze { segment: SegmentId, reason: String },
+}
+
+pub(crate) enum CoordinatorMsg {
+    CreateTopic {
+        name: String,
+        policy: Option<String>,
+        reply: RpcReplyPort<Result<u64, CoordError>>,
+    },
+    DeleteTopic {
+        name: String,
+        reply: RpcReplyPort<Result<(), CoordError>>,
+    },
+    /// Seal `segment` at `seal` and open the next segment of its range.
+    Roll {
+        topic: String,
+        segment: SegmentId,
+        seal: SealRecord,
+        reply: RpcReplyPort<Result<SegmentId, CoordError>>,
+    },
+    /// Split an active range into its two halves.
+    Split {
+        topic: String,
+        range: RangeId,
+        reply: RpcReplyPort<Result<(RangeId, RangeId), CoordError>>,
+    },
+    /// Merge an active range with its active buddy.
+    Merge {
+        topic: String,
+        range: RangeId,
+        reply: RpcReplyPort<Result<(RangeId, RangeId, RangeId), CoordError>>,
+    },
+    /// Start every active segment actor the metadata assigns to this node
+    /// and stop those of deleted topics (the manager's).
+    Reconcile,
+    /// Start and stop coordinators as leadership changed (the manager's).
+    Replan,
+    /// Run the coordinator's continuous work, if it holds its lease (the
+    /// coordinator's own timer).
+    Upkeep,
+}
+impl ractor::Message for CoordinatorMsg {}

@@ -1,0 +1,86 @@
+//! What the `storage` subtree shares: the store, the live segment actors the
+//! data path looks up, the long-poll notifiers of durable records, and the
+//! `storage` supervisor they run under. One per broker, never
+//! process-global.
+//!
+//! This is the whole of what a segment actor can reach: it names no
+//! coordinator, metadata plane or connection. The control plane starts
+//! segment actors under [`Storage::supervisor`] and gives each a
+//! [`Roller`](super::segment::Roller) to ask for its roll through.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use malachi_cluster::model::SegmentId;
+use malachi_storage::FileStore;
+use malachi_supervision::{BoundedRef, SupervisorRef};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::watch;
+
+use super::segment::SegmentMsg;
+use crate::common::clock::Clock;
+use crate::common::config::BrokerConfig;
+use crate::common::metrics::BrokerMetrics;
+
+/// The live actor of one open segment.
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentHandle {
+    pub actor: BoundedRef<SegmentMsg>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Storage {
+    pub config: BrokerConfig,
+    pub store: Arc<FileStore>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<BrokerMetrics>,
+    /// The `storage` supervisor, published at each of its starts.
+    pub supervisor: RwLock<Option<SupervisorRef>>,
+    /// The running actor of each open segment, registered by the actor.
+    pub segments: Mutex<HashMap<SegmentId, SegmentHandle>>,
+    topics: Mutex<HashMap<String, watch::Sender<u64>>>,
+}
+
+impl Storage {
+    pub fn new(
+        config: BrokerConfig,
+        store: Arc<FileStore>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<BrokerMetrics>,
+    ) -> Storage {
+        Storage {
+            config,
+            store,
+            clock,
+            metrics,
+            supervisor: RwLock::new(None),
+            segments: Mutex::new(HashMap::new()),
+            topics: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn segment(&self, id: SegmentId) -> Option<SegmentHandle> {
+        self.segments.lock().get(&id).cloned()
+    }
+
+    /// A receiver that changes whenever records of `topic` become durable.
+    pub fn watch_topic(&self, topic: &str) -> watch::Receiver<u64> {
+        let mut topics = self.topics.lock();
+        topics
+            .entry(topic.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    /// Wakes the long polls of `topic`.
+    pub fn notify_topic(&self, topic: &str) {
+        let topics = self.topics.lock();
+        if let Some(sender) = topics.get(topic) {
+            sender.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    pub fn forget_topic(&self, topic: &str) {
+        self.topics.lock().remove(topic);
+    }
+}

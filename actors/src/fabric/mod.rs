@@ -1,0 +1,10 @@
+//! The `membership` subtree (rest_for_one): SWIM membership
+//! (`membership.rs`, `membership/swim`) and the ractor_cluster node fabric
+//! between brokers (`node.rs`: `membership/node_server`, `membership/node`).
+//!
+//! Architecture invariant: `fabric` names only `common`. Its actors get the
+//! `Fabric` and the root's `SupervisorSlot` as arguments, never the broker
+//! context.
+
+pub(crate) mod membership;
+pub(crate) mod node;

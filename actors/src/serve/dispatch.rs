@@ -1,0 +1,121 @@
+//! One request from decode to answer: the placement check (records are
+//! served by the broker hosting the topic's segments, any other answers
+//! `not_leader` with its address), then the handler of the request's api
+//! family. A new client operation is one arm here and one function in its
+//! family's module.
+
+use std::sync::Arc;
+
+use malachi_wire::messages::{self as wire, ApiVersion, Request, Response};
+use malachi_wire::{ErrorCode, RequestFrame};
+use tracing::{debug, warn};
+
+use super::reply::{Failure, Reply, error_frame, redirect_reply};
+use super::subscribe::{ConnCtx, credit, subscribe};
+use super::{cluster, fetch, produce, topics, vnodes};
+use crate::control::placement::serve_here;
+use crate::control::shared::Shared;
+
+pub(crate) async fn handle_frame(
+    shared: &Arc<Shared>,
+    ctx: &ConnCtx,
+    frame: RequestFrame,
+) -> Option<Reply> {
+    let correlation_id = frame.correlation_id;
+    let request = match Request::decode(frame.api_key, frame.payload) {
+        Ok(request) => request,
+        Err(e) => return Some(error_frame(correlation_id, e.error_code(), e.to_string())),
+    };
+    let request = match request {
+        Request::Subscribe(req) => {
+            if let Err(redirect) = serve_here(shared, &req.topic).await {
+                return Some(redirect_reply(redirect, correlation_id));
+            }
+            return subscribe(shared, ctx, correlation_id, req)
+                .err()
+                .map(|(code, message)| error_frame(correlation_id, code, message));
+        }
+        Request::SubscribeCredit(req) => {
+            let answer = credit(shared, ctx, req).map(Response::SubscribeCredit);
+            return Some(encode_answer(correlation_id, "subscribe_credit", answer));
+        }
+        other => other,
+    };
+    // Records are served by the broker hosting the topic's segments; any
+    // other broker answers `not_leader` with that broker's address.
+    let served = match &request {
+        Request::Produce(req) => Some(req.topic.as_str()),
+        Request::Fetch(req) => Some(req.topic.as_str()),
+        _ => None,
+    };
+    if let Some(topic) = served
+        && let Err(redirect) = serve_here(shared, topic).await
+    {
+        return Some(redirect_reply(redirect, correlation_id));
+    }
+    let name = request.api_key().name();
+    Some(encode_answer(
+        correlation_id,
+        name,
+        handle_request(shared, request).await,
+    ))
+}
+
+fn encode_answer(
+    correlation_id: u32,
+    name: &'static str,
+    answer: Result<Response, Failure>,
+) -> Reply {
+    match answer {
+        Ok(response) => match Reply::encode(correlation_id, &response) {
+            Ok(reply) => reply,
+            Err(e) => {
+                warn!(api = name, error = %e, "cannot encode a response");
+                error_frame(correlation_id, ErrorCode::UnknownServerError, e.to_string())
+            }
+        },
+        Err((code, message)) => {
+            debug!(api = name, code = %code, %message, "request refused");
+            error_frame(correlation_id, code, message)
+        }
+    }
+}
+
+async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Response, Failure> {
+    match request {
+        Request::ApiVersions(_) => Ok(Response::ApiVersions(wire::ApiVersionsResponse {
+            node_id: shared.config.node_id,
+            versions: ApiVersion::supported(),
+        })),
+        Request::CreateTopic(req) => topics::create_topic(shared, req)
+            .await
+            .map(Response::CreateTopic),
+        Request::DeleteTopic(req) => topics::delete_topic(shared, req)
+            .await
+            .map(Response::DeleteTopic),
+        Request::ListTopics(_) => topics::list_topics(shared).await.map(Response::ListTopics),
+        Request::DescribeTopic(req) => topics::describe_topic(shared, req)
+            .await
+            .map(Response::DescribeTopic),
+        Request::SplitRange(req) => topics::split_range(shared, req)
+            .await
+            .map(Response::SplitRange),
+        Request::MergeRange(req) => topics::merge_range(shared, req)
+            .await
+            .map(Response::MergeRange),
+        Request::Produce(req) => produce::produce(shared, req).await.map(Response::Produce),
+        Request::Fetch(req) => fetch::fetch(shared, req).await.map(Response::Fetch),
+        Request::TreeSnapshot(req) => cluster::tree_snapshot(shared, req)
+            .await
+            .map(Response::TreeSnapshot),
+        Request::ClusterStatus(_) => Ok(Response::ClusterStatus(cluster::cluster_status(shared))),
+        Request::VnodeList(_) => vnodes::vnode_list(shared).map(Response::VnodeList),
+        Request::VnodeSplit(req) => vnodes::vnode_split(shared, req.vnode)
+            .await
+            .map(Response::VnodeSplit),
+        Request::Subscribe(_) | Request::SubscribeCredit(_) => Err((
+            ErrorCode::UnknownServerError,
+            "subscriptions are handled by the connection".into(),
+        )),
+    }
+}

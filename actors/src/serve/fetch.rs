@@ -1,0 +1,139 @@
+//! `fetch`: read a topic from a cursor (or its start, or its tail) across
+//! segments and epochs, within the request's and the frame's budgets, with
+//! long poll: an empty read waits (bounded) for records to become durable.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use malachi_cluster::cursor::{Cursor, Position};
+use malachi_cluster::model::RangeId;
+use malachi_wire::ErrorCode;
+use malachi_wire::batch::BatchBuilder;
+use malachi_wire::messages as wire;
+use tokio::time::Instant;
+
+use super::read::{active_plans, active_segments, read_topic, tail_positions};
+use super::reply::{Failure, not_serving};
+use crate::control::metadata::{MetadataPlane, read_owner};
+use crate::control::shared::Shared;
+
+/// Room kept in a fetch response frame for its header and control map.
+const FETCH_CONTROL_BYTES: usize = 8 << 10;
+/// Records one store read returns at most.
+const READ_CHUNK_RECORDS: usize = 1024;
+
+pub(crate) async fn fetch(
+    shared: &Arc<Shared>,
+    req: wire::FetchRequest,
+) -> Result<wire::FetchResponse, Failure> {
+    let plane = shared.plane().map_err(not_serving)?;
+    let wait_ms = u64::from(req.wait_ms).min(shared.config.fetch_wait_ms_max);
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let topic = req.topic.clone();
+    let (incarnation, start) = start_positions(shared, plane.as_ref(), &req)?;
+    // Subscribed only for a topic that exists (the map must not grow with
+    // names clients make up), and before the first read, so a record made
+    // durable between that read and the wait still wakes it.
+    let mut durable = shared.watch_topic(&req.topic);
+    let batch_max = (req.bytes_max as usize).min(
+        shared
+            .config
+            .frame_bytes_max
+            .saturating_sub(FETCH_CONTROL_BYTES),
+    );
+    loop {
+        // Plans are cloned under the metadata lock; the disk is read without it.
+        let plans = read_owner(plane.as_ref(), &topic, |state| active_plans(state, &topic));
+        let mut builder = BatchBuilder::with_capacity(batch_max, batch_max);
+        let outcome = tokio::task::block_in_place(|| {
+            read_topic(
+                &plans,
+                &shared.store,
+                &start,
+                req.records_max,
+                &mut builder,
+                batch_max,
+                READ_CHUNK_RECORDS,
+            )
+        })
+        .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+        let (batch, positions, records, bytes) = (
+            builder.finish(),
+            outcome.positions,
+            outcome.records,
+            outcome.bytes,
+        );
+        let expired = Instant::now() >= deadline;
+        if records > 0 || expired {
+            shared
+                .metrics
+                .records_consumed
+                .increment(u64::from(records));
+            shared.metrics.bytes_consumed.increment(bytes);
+            let cursor = Cursor {
+                topic: topic.clone(),
+                incarnation,
+                positions,
+            };
+            let next_cursor = cursor
+                .encode(&shared.cursor_key)
+                .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+            return Ok(wire::FetchResponse {
+                next_cursor,
+                records: batch,
+            });
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = durable.changed() => {}
+            _ = shared.draining.cancelled() => {
+                return Err((ErrorCode::ShuttingDown, "the broker is shutting down".into()));
+            }
+        }
+    }
+}
+
+/// Where a fetch starts: the client's cursor (checked against the metadata),
+/// the start of every range, or the tail.
+pub(crate) fn start_positions(
+    shared: &Shared,
+    plane: &dyn MetadataPlane,
+    req: &wire::FetchRequest,
+) -> Result<(u64, BTreeMap<RangeId, Position>), Failure> {
+    let checked = read_owner(plane, &req.topic, |state| {
+        let Some(topic) = state.topic(&req.topic) else {
+            return Err((
+                ErrorCode::TopicNotFound,
+                format!("no such topic {}", req.topic),
+            ));
+        };
+        let incarnation = topic.incarnation.0;
+        let cursor = match &req.cursor {
+            Some(encoded) => {
+                let cursor = Cursor::decode_for(encoded, &shared.cursor_key, state)
+                    .map_err(|e| (ErrorCode::InvalidCursor, e.to_string()))?;
+                if cursor.topic != req.topic {
+                    return Err((
+                        ErrorCode::InvalidCursor,
+                        format!("the cursor belongs to topic {}", cursor.topic),
+                    ));
+                }
+                Some(cursor.positions)
+            }
+            None => None,
+        };
+        Ok((incarnation, cursor, active_segments(state, &req.topic)))
+    })?;
+    let (incarnation, cursor, active) = checked;
+    let positions = match cursor {
+        Some(positions) => positions,
+        None if req.from_start => active
+            .iter()
+            .map(|&(range, _, _)| (range, Position::Start))
+            .collect(),
+        None => tokio::task::block_in_place(|| tail_positions(&shared.store, &active))
+            .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?,
+    };
+    Ok((incarnation, positions))
+}

@@ -1,0 +1,24 @@
+//! The client port: the `listener` subtree. `listener.rs` (`listener/acceptor`)
+//! accepts and starts one `connection/<peer>` actor per socket
+//! (`connection.rs`: the pipelined read and write loops and their bounds);
+//! `dispatch.rs` takes each request to its api family's handler:
+//! `produce.rs`, `fetch.rs` (with `read.rs`, read plans to store reads),
+//! `subscribe.rs` (pushes within credit), `topics.rs` (topic and range
+//! admin), `vnodes.rs` (vnode list and split), `cluster.rs` (tree and
+//! cluster status). `reply.rs` holds what they answer with.
+//!
+//! Architecture invariant: `serve` is the only module that speaks the client
+//! protocol; it reaches the layers below through the broker context
+//! (`control::shared::Shared`), and nothing below names it.
+
+pub(crate) mod cluster;
+pub(crate) mod connection;
+pub(crate) mod dispatch;
+pub(crate) mod fetch;
+pub(crate) mod listener;
+pub(crate) mod produce;
+pub(crate) mod read;
+pub(crate) mod reply;
+pub(crate) mod subscribe;
+pub(crate) mod topics;
+pub(crate) mod vnodes;

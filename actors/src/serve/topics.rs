@@ -1,0 +1,178 @@
+//! Topic and range administration: create, delete, list and describe
+//! topics; split and merge ranges. Changes go to the coordinator manager
+//! (which hands each to the coordinator of the topic's vnode); reads go to
+//! the metadata plane, linearizable from the vnode's leader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use malachi_cluster::model::{ModelError, RangeId};
+use malachi_wire::ErrorCode;
+use malachi_wire::messages as wire;
+use tokio::time::Instant;
+
+use super::reply::{Failure, not_serving};
+use crate::common::convert::describe_to_wire;
+use crate::control::requests::{CoordError, CoordinatorMsg};
+use crate::control::shared::Shared;
+
+fn model_code(e: &ModelError) -> ErrorCode {
+    match e {
+        ModelError::NoSuchTopic { .. } => ErrorCode::TopicNotFound,
+        ModelError::TopicExists { .. } => ErrorCode::TopicExists,
+        ModelError::TopicSealed { .. } => ErrorCode::TopicSealed,
+        ModelError::NoSuchRange { .. } | ModelError::RangeNotActive { .. } => {
+            ErrorCode::RangeNotFound
+        }
+        ModelError::NotBuddies { .. } => ErrorCode::NotBuddies,
+        ModelError::AlreadySealed { .. } => ErrorCode::AlreadySealed,
+        ModelError::NoSuchPolicy { .. } => ErrorCode::PolicyNotFound,
+        _ => ErrorCode::InvalidRequest,
+    }
+}
+
+fn coord_failure(e: CoordError) -> Failure {
+    match &e {
+        CoordError::Model(m) => (model_code(m), e.to_string()),
+        CoordError::Metadata(m) => (m.error_code(), e.to_string()),
+        CoordError::Freeze { .. } => (ErrorCode::Busy, e.to_string()),
+        _ => (ErrorCode::UnknownServerError, e.to_string()),
+    }
+}
+
+/// How often a request waiting for a restarting coordinator manager looks
+/// for the new one.
+const COORDINATOR_WAIT_STEP_MS: u64 = 20;
+
+async fn call_coordinator<R: Send + 'static>(
+    shared: &Arc<Shared>,
+    build: impl FnOnce(ractor::RpcReplyPort<Result<R, CoordError>>) -> CoordinatorMsg,
+) -> Result<R, Failure> {
+    let timeout_ms = shared.config.produce_timeout_ms;
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    // The manager is briefly absent while its supervisor restarts it: wait
+    // for the new one (bounded) rather than fail the request. The request is
+    // built only once a manager took it, so it never runs twice.
+    let coordinator = loop {
+        if let Some(coordinator) = shared.coordinator.read().clone()
+            && coordinator.get_status() == ractor::ActorStatus::Running
+        {
+            break coordinator;
+        }
+        if Instant::now() >= deadline {
+            return Err((
+                ErrorCode::ShuttingDown,
+                "the coordinator is not running".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(COORDINATOR_WAIT_STEP_MS)).await;
+    };
+    match ractor::call_t!(coordinator, build, timeout_ms) {
+        Ok(answer) => answer.map_err(coord_failure),
+        Err(e) => Err((
+            ErrorCode::Timeout,
+            format!("the coordinator did not answer: {e}"),
+        )),
+    }
+}
+
+pub(crate) async fn create_topic(
+    shared: &Arc<Shared>,
+    req: wire::CreateTopicRequest,
+) -> Result<wire::CreateTopicResponse, Failure> {
+    if req.replication_factor.is_some_and(|rf| rf > 1) {
+        return Err((
+            ErrorCode::InvalidRequest,
+            "a single broker cannot place more than one replica".into(),
+        ));
+    }
+    let name = req.name.clone();
+    let incarnation = call_coordinator(shared, |reply| CoordinatorMsg::CreateTopic {
+        name: req.name,
+        policy: req.policy,
+        reply,
+    })
+    .await?;
+    Ok(wire::CreateTopicResponse { name, incarnation })
+}
+
+pub(crate) async fn delete_topic(
+    shared: &Arc<Shared>,
+    req: wire::DeleteTopicRequest,
+) -> Result<wire::DeleteTopicResponse, Failure> {
+    let name = req.name.clone();
+    call_coordinator(shared, |reply| CoordinatorMsg::DeleteTopic {
+        name: req.name,
+        reply,
+    })
+    .await?;
+    Ok(wire::DeleteTopicResponse { name })
+}
+
+/// Every vnode's topics, each read from its leader.
+pub(crate) async fn list_topics(shared: &Arc<Shared>) -> Result<wire::ListTopicsResponse, Failure> {
+    let plane = shared.plane().map_err(not_serving)?;
+    let topics = plane
+        .list()
+        .await
+        .map_err(not_serving)?
+        .into_iter()
+        .map(|t| wire::TopicListing {
+            name: t.name,
+            incarnation: t.incarnation,
+            state: if t.sealed { "sealed" } else { "active" }.into(),
+            ranges_active: t.ranges_active,
+        })
+        .collect();
+    Ok(wire::ListTopicsResponse { topics })
+}
+
+/// Linearizable, from the leader of the topic's vnode.
+pub(crate) async fn describe_topic(
+    shared: &Arc<Shared>,
+    req: wire::DescribeTopicRequest,
+) -> Result<wire::DescribeTopicResponse, Failure> {
+    let plane = shared.plane().map_err(not_serving)?;
+    match plane.describe(&req.name).await.map_err(not_serving)? {
+        Some(d) => Ok(wire::DescribeTopicResponse {
+            topic: describe_to_wire(&d),
+        }),
+        None => Err((
+            ErrorCode::TopicNotFound,
+            format!("no such topic {}", req.name),
+        )),
+    }
+}
+
+pub(crate) async fn split_range(
+    shared: &Arc<Shared>,
+    req: wire::SplitRangeRequest,
+) -> Result<wire::SplitRangeResponse, Failure> {
+    let range = RangeId(req.range_id);
+    let (lower, upper) = call_coordinator(shared, |reply| CoordinatorMsg::Split {
+        topic: req.topic,
+        range,
+        reply,
+    })
+    .await?;
+    Ok(wire::SplitRangeResponse {
+        range_id: req.range_id,
+        children: vec![lower.0, upper.0],
+    })
+}
+
+pub(crate) async fn merge_range(
+    shared: &Arc<Shared>,
+    req: wire::MergeRangeRequest,
+) -> Result<wire::MergeRangeResponse, Failure> {
+    let (lower, upper, merged) = call_coordinator(shared, |reply| CoordinatorMsg::Merge {
+        topic: req.topic,
+        range: RangeId(req.range_id),
+        reply,
+    })
+    .await?;
+    Ok(wire::MergeRangeResponse {
+        range_id: merged.0,
+        parents: vec![lower.0, upper.0],
+    })
+}
