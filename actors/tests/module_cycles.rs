@@ -1,0 +1,363 @@
+//! The crate's top-level modules form a graph without cycles.
+//!
+//! `actors/src` is laid out as the tree it runs (`docs/ARCHITECTURE.md`):
+//! `common` at the bottom, then `fabric` and `data`, `control` over them,
+//! and `serve`, `admin`, `maintenance` and `broker` on top. A module may
+//! name the modules below it, never one above: a segment actor reaches the
+//! coordinator through the `Roller` it was started with, a placement
+//! refusal becomes a client reply in `serve`, not in `control`. This test
+//! reads every source file under `actors/src`, takes each `crate::<module>`
+//! path it names (in `use` lines and in code, comments excluded) as an edge
+//! from the file's own top-level module, and fails naming the cycle and the
+//! files that close it.
+//!
+//! The checker is tested on crafted sources first, so it cannot pass by
+//! finding nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Edges between top-level modules, each with the files that make it.
+type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
+
+/// The top-level module a source file belongs to (`serve/fetch.rs` is in
+/// `serve`, `broker.rs` is `broker`); `None` for the crate root.
+fn module_of(relative: &str) -> Option<String> {
+    let relative = relative.trim_start_matches("./");
+    if relative == "lib.rs" {
+        return None;
+    }
+    let first = relative.split('/').next()?;
+    Some(first.trim_end_matches(".rs").to_owned())
+}
+
+/// The source without comments: line comments (doc comments included) and
+/// block comments. String literals are left alone; the crate's sources do
+/// not spell module paths inside strings.
+fn strip_comments(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix("//") {
+            rest = after.find('\n').map_or("", |i| &after[i..]);
+        } else if let Some(after) = rest.strip_prefix("/*") {
+            rest = after.find("*/").map_or("", |i| &after[i + 2..]);
+        } else {
+            let c = rest.chars().next().unwrap_or_default();
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    out
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The first identifier of `text`.
+fn ident(text: &str) -> &str {
+    let end = text.find(|c: char| !is_ident(c)).unwrap_or(text.len());
+    &text[..end]
+}
+
+/// The top-level names inside a `{...}` group that starts `text` (the
+/// text just after `crate::`), e.g. `{a::X, b, c::{d, e}}` gives a, b, c.
+fn group_heads(text: &str) -> Vec<String> {
+    let mut heads = Vec::new();
+    let mut depth = 0usize;
+    let mut at_item_start = false;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => {
+                depth += 1;
+                at_item_start = depth == 1;
+            }
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            ',' if depth == 1 => at_item_start = true,
+            c if c.is_whitespace() => {}
+            _ if at_item_start => {
+                at_item_start = false;
+                let name = ident(&text[i..]);
+                if !name.is_empty() {
+                    heads.push(name.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+/// The top-level modules a file names through `crate::` paths (and through
+/// `super::` where `super` is the crate root: in a top-level file or a
+/// top-level `mod.rs`).
+fn modules_named(relative: &str, source: &str) -> BTreeSet<String> {
+    let code = strip_comments(source);
+    let relative = relative.trim_start_matches("./");
+    let depth = relative.matches('/').count();
+    let super_is_root = depth == 0 || (depth == 1 && relative.ends_with("/mod.rs"));
+    let mut prefixes = vec!["crate::"];
+    if super_is_root {
+        prefixes.push("super::");
+    }
+    let mut named = BTreeSet::new();
+    for prefix in prefixes {
+        for (at, _) in code.match_indices(prefix) {
+            // `crate::` must not be the tail of a longer name (`my_crate::`).
+            if code[..at].chars().next_back().is_some_and(is_ident) {
+                continue;
+            }
+            let after = &code[at + prefix.len()..];
+            if after.starts_with('{') {
+                named.extend(group_heads(after));
+            } else {
+                let name = ident(after);
+                // `crate::Broker` names the root's re-export, not a module.
+                if !name.is_empty() && after[name.len()..].starts_with("::") {
+                    named.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    named
+}
+
+/// The graph of top-level modules over `files` (path relative to `src`,
+/// source text). Edges to modules that do not exist (re-exports at the
+/// root) and to the module itself are left out.
+fn graph_of(files: &[(String, String)]) -> Graph {
+    let modules: BTreeSet<String> = files.iter().filter_map(|(p, _)| module_of(p)).collect();
+    let mut graph: Graph = modules
+        .iter()
+        .map(|m| (m.clone(), BTreeMap::new()))
+        .collect();
+    for (path, source) in files {
+        let Some(from) = module_of(path) else {
+            continue;
+        };
+        for to in modules_named(path, source) {
+            if to != from && modules.contains(&to) {
+                graph
+                    .entry(from.clone())
+                    .or_default()
+                    .entry(to)
+                    .or_default()
+                    .insert(path.clone());
+            }
+        }
+    }
+    graph
+}
+
+/// Every cycle's modules, one per strongly connected component with more
+/// than one module, as a path `a -> b -> ... -> a`.
+fn cycles(graph: &Graph) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    let mut reported: BTreeSet<String> = BTreeSet::new();
+    for start in graph.keys() {
+        if reported.contains(start) {
+            continue;
+        }
+        // Depth-first search for a path from `start` back to itself.
+        let mut stack: Vec<(String, Vec<String>)> = vec![(start.clone(), vec![start.clone()])];
+        let mut seen: BTreeSet<String> = BTreeSet::new();
+        while let Some((node, path)) = stack.pop() {
+            for next in graph.get(&node).into_iter().flat_map(|e| e.keys()) {
+                if next == start {
+                    let mut cycle = path.clone();
+                    cycle.push(start.clone());
+                    reported.extend(path.iter().cloned());
+                    found.push(cycle);
+                    stack.clear();
+                    break;
+                }
+                if seen.insert(next.clone()) {
+                    let mut longer = path.clone();
+                    longer.push(next.clone());
+                    stack.push((next.clone(), longer));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// A cycle as a sentence naming each edge's files.
+fn describe(cycle: &[String], graph: &Graph) -> String {
+    let mut text = format!("import cycle: {}\n", cycle.join(" -> "));
+    for pair in cycle.windows(2) {
+        let files = &graph[&pair[0]][&pair[1]];
+        let files: Vec<&str> = files.iter().map(String::as_str).collect();
+        text.push_str(&format!(
+            "  {} -> {} in {}\n",
+            pair[0],
+            pair[1],
+            files.join(", ")
+        ));
+    }
+    text
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn crate_sources() -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    paths
+        .into_iter()
+        .map(|path| {
+            let relative = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            let source = std::fs::read_to_string(&path).unwrap();
+            (relative, source)
+        })
+        .collect()
+}
+
+#[test]
+fn the_top_level_modules_of_actors_src_have_no_import_cycle() {
+    let files = crate_sources();
+    let graph = graph_of(&files);
+    // Gate against a vacuous pass: the layout this test guards is there.
+    for module in ["broker", "common", "control", "data", "fabric", "serve"] {
+        assert!(
+            graph.contains_key(module),
+            "no module {module} in {graph:?}"
+        );
+    }
+    assert!(
+        graph["serve"].contains_key("control") && graph["control"].contains_key("data"),
+        "the checker found none of the expected edges: {graph:?}"
+    );
+    let found = cycles(&graph);
+    let report: Vec<String> = found.iter().map(|c| describe(c, &graph)).collect();
+    assert!(found.is_empty(), "{}", report.join("\n"));
+}
+
+#[test]
+fn the_lowest_layers_name_no_module_above_them() {
+    let graph = graph_of(&crate_sources());
+    let allowed: [(&str, &[&str]); 3] = [
+        ("common", &[]),
+        ("data", &["common"]),
+        ("fabric", &["common"]),
+    ];
+    for (module, below) in allowed {
+        let named: Vec<&String> = graph[module].keys().collect();
+        assert!(
+            named.iter().all(|m| below.contains(&m.as_str())),
+            "{module} may name only {below:?}, but names {named:?}: {:?}",
+            graph[module]
+        );
+    }
+}
+
+fn crafted(files: &[(&str, &str)]) -> Vec<(String, String)> {
+    files
+        .iter()
+        .map(|(p, s)| (p.to_string(), s.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_crafted_two_module_cycle_is_reported_with_its_files() {
+    let files = crafted(&[
+        ("lib.rs", "mod control;\nmod data;\n"),
+        ("control/mod.rs", "pub(crate) mod coordinator;\n"),
+        (
+            "control/coordinator.rs",
+            "use crate::data::segment::SegmentActor;\n",
+        ),
+        ("data/mod.rs", "pub(crate) mod segment;\n"),
+        (
+            "data/segment.rs",
+            "fn roll() { let _ = crate::control::coordinator::roll(); }\n",
+        ),
+    ]);
+    let graph = graph_of(&files);
+    let found = cycles(&graph);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let text = describe(&found[0], &graph);
+    assert!(
+        text.contains("control -> data -> control") || text.contains("data -> control -> data"),
+        "{text}"
+    );
+    assert!(text.contains("data/segment.rs"), "{text}");
+    assert!(text.contains("control/coordinator.rs"), "{text}");
+}
+
+#[test]
+fn a_crafted_longer_cycle_through_grouped_imports_and_super_is_reported() {
+    let files = crafted(&[
+        ("serve/mod.rs", "use super::{control, common::config};\n"),
+        (
+            "control/shared.rs",
+            "use crate::{data::storage::Storage};\n",
+        ),
+        (
+            "data/segment.rs",
+            "use crate::{common::clock::Clock, serve::reply::Reply};\n",
+        ),
+        ("common/clock.rs", ""),
+    ]);
+    let graph = graph_of(&files);
+    let found = cycles(&graph);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let cycle: BTreeSet<&str> = found[0].iter().map(String::as_str).collect();
+    assert_eq!(cycle, BTreeSet::from(["control", "data", "serve"]));
+}
+
+#[test]
+fn a_crafted_layered_graph_passes_and_comments_and_root_items_make_no_edge() {
+    let files = crafted(&[
+        ("lib.rs", "pub use broker::Broker;\n"),
+        (
+            "broker.rs",
+            "use crate::serve::listener::AcceptorActor;\nuse crate::data::segment::SegmentMsg;\n",
+        ),
+        (
+            "serve/listener.rs",
+            "use crate::data::storage::Storage;\nfn f() -> crate::Broker { todo!() }\n",
+        ),
+        (
+            "data/segment.rs",
+            "//! Asks the coordinator (`crate::control::coordinator`) to roll.\n/* crate::serve::x */\nuse super::storage::Storage;\n",
+        ),
+        (
+            "control/coordinator.rs",
+            "use crate::data::segment::SegmentMsg;\n",
+        ),
+    ]);
+    let graph = graph_of(&files);
+    assert!(cycles(&graph).is_empty(), "{graph:?}");
+    assert!(graph["data"].is_empty(), "{graph:?}");
+    assert_eq!(
+        graph["broker"].keys().collect::<Vec<_>>(),
+        ["data", "serve"],
+        "{graph:?}"
+    );
+}
