@@ -76,6 +76,7 @@ impl VnodeHost {
             .unwrap_or(voters[0]);
         let mut next_voter = 0usize;
         let mut last = String::from("no attempt");
+        let mut backoff = self.route_backoff(vnode.group_id());
         for attempt in 1..=self.config.route_attempts_max {
             let answer: Forwarded<Vec<TopicSummary>> = if target == self.config.node_id {
                 match self.serve_list(vnode.group_id()).await {
@@ -113,7 +114,7 @@ impl VnodeHost {
             tracing::debug!(%vnode, attempt, target, %last, "topic list re-routed");
             target = voters[next_voter % voters.len()];
             next_voter += 1;
-            tokio::time::sleep(Duration::from_millis(self.config.route_retry_backoff_ms)).await;
+            tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
         }
         Err(super::RouteError::Unavailable {
             vnode,

@@ -38,6 +38,7 @@ pub use crate::placement::{CoordinatorPlan, plan_coordinators};
 pub use split::SplitError;
 
 use crate::group::fsio;
+use crate::group::{Backoff, backoff_seed};
 use crate::group::{
     FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupConfig, GroupError,
     GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, RpcService,
@@ -105,8 +106,11 @@ pub struct VnodeHostConfig {
     /// How many times a request is re-routed (leader changes, stale ring)
     /// before the router gives up with `RouteError::Unavailable`.
     pub route_attempts_max: u32,
-    /// The pause before re-routing a request that found no leader.
+    /// The first pause before re-routing a request that found no leader;
+    /// later pauses double (with jitter) up to `route_retry_backoff_max_ms`.
     pub route_retry_backoff_ms: u64,
+    /// The longest pause between re-routes.
+    pub route_retry_backoff_max_ms: u64,
     /// How long a request refused as misrouted (`WrongVnode`, `Moved`) is
     /// retried against the freshly fetched ring: covers a split between
     /// its fence and its ring commit.
@@ -126,6 +130,7 @@ impl VnodeHostConfig {
             forward_timeout_ms: 5_000,
             route_attempts_max: 50,
             route_retry_backoff_ms: 50,
+            route_retry_backoff_max_ms: 200,
             moved_wait_ms: 30_000,
         }
     }
@@ -306,9 +311,16 @@ impl VnodeHost {
     fn spawn_ring_sync(self: &Arc<Self>) {
         let host = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut backoff_ms = RING_SYNC_BACKOFF_MIN_MS;
+            let mut backoff = None;
             loop {
                 let Some(strong) = host.upgrade() else { break };
+                let backoff = backoff.get_or_insert_with(|| {
+                    Backoff::new(
+                        RING_SYNC_BACKOFF_MIN_MS,
+                        RING_SYNC_BACKOFF_MAX_MS,
+                        backoff_seed(strong.config.node_id, RING_GROUP_ID),
+                    )
+                });
                 if strong.stopped.load(Ordering::Acquire) {
                     break;
                 }
@@ -326,8 +338,7 @@ impl VnodeHost {
                     }
                 }
                 drop(strong);
-                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                backoff_ms = (backoff_ms * 2).min(RING_SYNC_BACKOFF_MAX_MS);
+                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
             }
         });
     }
@@ -657,6 +668,7 @@ impl VnodeHost {
         body: Vec<u8>,
     ) -> Result<T, RouteError> {
         let deadline = Instant::now() + Duration::from_millis(self.config.moved_wait_ms);
+        let mut backoff = self.route_backoff(xxhash_rust::xxh3::xxh3_64(topic.as_bytes()));
         loop {
             let routing = Arc::clone(&self.routing_ring.read());
             let vnode = routing.owner(topic).id;
@@ -682,9 +694,19 @@ impl VnodeHost {
             if self.ring().version() == routing.version() {
                 // A split is between its fence and its ring commit (or the
                 // ring group is out of reach): wait for it.
-                tokio::time::sleep(Duration::from_millis(self.config.route_retry_backoff_ms)).await;
+                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
             }
         }
+    }
+
+    /// The backoff of one re-routing loop about `subject` (a group, a
+    /// topic): exponential with jitter, seeded by this node and the subject.
+    pub(crate) fn route_backoff(&self, subject: u64) -> Backoff {
+        Backoff::new(
+            self.config.route_retry_backoff_ms,
+            self.config.route_retry_backoff_max_ms,
+            backoff_seed(self.config.node_id, subject),
+        )
     }
 
     /// Sends a request to the leader of `vnode`'s group (or of the ring's
@@ -711,6 +733,7 @@ impl VnodeHost {
             .unwrap_or(voters[0]);
         let mut last = String::from("no attempt");
         let mut next_voter = 0usize;
+        let mut backoff = self.route_backoff(group_id);
         for attempt in 1..=self.config.route_attempts_max {
             let answer: Forwarded<T> = if target == self.config.node_id {
                 self.serve_local(api_key, group_id, body).await
@@ -740,7 +763,7 @@ impl VnodeHost {
             // an election can finish.
             target = voters[next_voter % voters.len()];
             next_voter += 1;
-            tokio::time::sleep(Duration::from_millis(self.config.route_retry_backoff_ms)).await;
+            tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
         }
         Err(RouteError::Unavailable {
             vnode,
