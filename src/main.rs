@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use malachi_storage::bench::{self, BenchOptions, ScenarioResult};
+use malachi_bench::storage::{self as bench, BenchOptions, ScenarioResult};
 
 use cli::error::CliError;
 use cli::{BenchCommand, Cli, Command, StorageArgs};

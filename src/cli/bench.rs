@@ -19,12 +19,9 @@ use super::client::print_json;
 use super::error::CliError;
 use super::{BenchConsumeArgs, BenchProduceArgs, OutputArgs};
 
-mod chart;
 pub mod compare;
 mod load;
 pub mod metadata;
-mod peers;
-mod report;
 
 /// The longest benchmark accepted: a typo like `30m` for `30s` should not
 /// keep a machine busy for a day.
@@ -374,7 +371,7 @@ async fn tick_until(
 
 /// The disk's own durable write bandwidth at the benchmark's parallelism and
 /// request size, measured by the storage benchmark's raw method
-/// ([`malachi_storage::bench::raw_disk`]), with a progress bar while it runs.
+/// ([`malachi_bench::storage::raw_disk`]), with a progress bar while it runs.
 pub fn raw_disk(
     dir: &Path,
     files: usize,
@@ -385,7 +382,7 @@ pub fn raw_disk(
     let bar = progress(duration, json);
     bar.set_message("raw disk");
     let outcome = std::thread::scope(|s| {
-        let run = s.spawn(|| malachi_storage::bench::raw_disk(dir, files, write_bytes, duration));
+        let run = s.spawn(|| malachi_bench::storage::raw_disk(dir, files, write_bytes, duration));
         let ticker_started = Instant::now();
         while !run.is_finished() {
             std::thread::sleep(Duration::from_millis(200));

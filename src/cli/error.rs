@@ -62,3 +62,9 @@ impl CliError {
         }
     }
 }
+
+impl From<malachi_bench::BenchError> for CliError {
+    fn from(e: malachi_bench::BenchError) -> CliError {
+        CliError::Bench(e.0)
+    }
+}

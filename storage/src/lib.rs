@@ -5,10 +5,9 @@
 //! It knows nothing of actors, raft or the network, and it runs on no async
 //! runtime: an append returns an [`AppendTicket`] that is both a
 //! `std::future::Future` and a blocking `wait()`. The on-disk format is
-//! described byte by byte in `docs/storage-format.md`. [`bench`] measures the
-//! store against the disk's own durable write bandwidth.
+//! described byte by byte in `docs/storage-format.md`. Its benchmark lives in
+//! the `malachi-bench` crate.
 
-pub mod bench;
 mod direct;
 mod error;
 mod file_store;

@@ -39,9 +39,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::super::error::CliError;
 use super::super::{BenchCompareArgs, OutputArgs};
 use super::load::{self, Producer};
-use super::peers::{self, InstallPolicy, Mode, Peer, PeerBinary, ServerGuard};
-use super::report::{self, LOOPBACK, MALACHI, RAW_DISK, Row};
 use super::{AtTail, LoadOutcome, ProduceLoad, consume_load, histogram, micros, produce_load};
+use malachi_bench::peers::{self, InstallPolicy, Mode, Peer, PeerBinary, ServerGuard};
+use malachi_bench::report::{self, LOOPBACK, MALACHI, RAW_DISK, Row};
 
 /// Bytes of each record's value, for every system.
 pub const RECORD_BYTES: usize = 1024;
@@ -302,7 +302,7 @@ fn write_results(plan: &Plan, rows: &[Row], json: &str, notes: &Notes) -> Result
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         human_duration(plan.row)
     );
-    let svg = super::chart::svg(rows, &title).map_err(|e| fail("the chart", &e))?;
+    let svg = malachi_bench::chart::svg(rows, &title).map_err(|e| fail("the chart", &e))?;
     let svg_path = dir.join(format!("{date}.svg"));
     std::fs::write(&svg_path, svg).map_err(|e| fail("the chart", &e))?;
     notes.note(&format!(
@@ -536,6 +536,7 @@ async fn start_server(
     })
     .await
     .map_err(|e| CliError::Bench(format!("starting a server: {e}")))?
+    .map_err(CliError::from)
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -859,6 +860,32 @@ async fn drop_stream(peer: Peer, addr: &str, name: &str) {
 mod tests {
     use super::*;
 
+    /// A row with fixed numbers, as `malachi_bench::report`'s own tests
+    /// build them.
+    fn row(system: &str, scenario: &str, durability: &str, fsync: &str, mb: f64) -> Row {
+        Row {
+            system: system.into(),
+            scenario: scenario.into(),
+            durability: durability.into(),
+            fsync: fsync.into(),
+            clients: 16,
+            record_bytes: 1024,
+            seconds: 5.0,
+            records: (mb * 1e6 / 1024.0 * 5.0) as u64,
+            mb_per_s: mb,
+            records_per_s: mb * 1e6 / 1024.0,
+            p50_us: Some(1_000),
+            p99_us: Some(5_000),
+            p999_us: Some(9_000),
+            ratio_to_raw: None,
+            malachi_over_this: None,
+            ratio_to_peers: BTreeMap::new(),
+            errors: 0,
+            dropped: 0,
+            version: "v".into(),
+        }
+    }
+
     fn args(extra: &[&str]) -> BenchCompareArgs {
         use clap::Parser;
         let mut argv = vec!["malachi", "bench", "compare"];
@@ -920,7 +947,6 @@ mod tests {
 
     #[test]
     fn rows_are_grouped_by_scenario_with_the_limit_first() {
-        use super::super::report::tests::row;
         let mut rows = vec![
             row("nats", "produce-p16", "durable", "per write", 1.0),
             row(MALACHI, "consume", "durable", "per write", 1.0),

@@ -31,11 +31,9 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::error::StorageError;
-use crate::file_store::FileStore;
-use crate::record::Record;
-use crate::store::{SegmentId, SegmentStore, StoreConfig};
-use crate::ticket::AppendTicket;
+use malachi_storage::{
+    AppendTicket, FileStore, Record, SegmentId, SegmentStore, StorageError, StoreConfig,
+};
 
 /// Bytes in each benchmark record's value (the key is 8 bytes).
 pub const VALUE_BYTES: usize = 1024;
@@ -113,7 +111,8 @@ struct Measured {
 
 /// The size of one benchmark record's frame on disk.
 pub fn frame_bytes() -> usize {
-    crate::frame::FRAME_HEADER_BYTES + crate::frame::payload_len(&bench_record(0)).unwrap_or(0)
+    malachi_storage::frame::FRAME_HEADER_BYTES
+        + malachi_storage::frame::payload_len(&bench_record(0)).unwrap_or(0)
 }
 
 fn bench_record(i: u64) -> Record {
@@ -135,7 +134,11 @@ fn histogram() -> Histogram<u64> {
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> StorageError + 'a {
-    move |e| StorageError::io(op, path, e)
+    move |e| StorageError::Io {
+        op,
+        path: path.to_owned(),
+        source: std::sync::Arc::new(e),
+    }
 }
 
 /// Runs every scenario, calling `progress` after each, and returns them all.
@@ -531,7 +534,7 @@ pub fn raw_disk_direct(
     write_bytes: usize,
     duration: Duration,
 ) -> Result<RawResult, StorageError> {
-    let write_bytes = write_bytes.next_multiple_of(crate::direct::BLOCK_BYTES);
+    let write_bytes = write_bytes.next_multiple_of(BLOCK_BYTES);
     raw_disk_with(dir, files, write_bytes, duration, true)
 }
 
@@ -566,9 +569,7 @@ fn raw_disk_with(
                         options.custom_flags(libc::O_DIRECT);
                     }
                     let file = options.open(&path).map_err(io("create raw file", &path))?;
-                    let mut aligned = crate::direct::AlignedBuf::default();
-                    aligned.reset(write_bytes);
-                    aligned.extend_from_slice(&vec![0x5Au8; write_bytes]);
+                    let aligned = AlignedBytes::filled(0x5A, write_bytes);
                     let buf = aligned.as_slice();
                     let mut hist = histogram();
                     let (mut pos, mut writes) = (0u64, 0u64);
@@ -965,6 +966,32 @@ fn read_run(
         busy_retries: 0,
         flushes_overlapped: 0,
     })
+}
+
+/// The alignment of `O_DIRECT` offsets, lengths and buffers, as the store
+/// uses it (4 KiB covers the logical block sizes in use).
+const BLOCK_BYTES: usize = 4096;
+
+/// `len` bytes of `byte` starting at a `BLOCK_BYTES`-aligned address, for
+/// the raw disk's `O_DIRECT` writes: a `Vec` over-allocated by one block,
+/// so no unsafe code is needed.
+struct AlignedBytes {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBytes {
+    fn filled(byte: u8, len: usize) -> AlignedBytes {
+        let raw = vec![byte; len + BLOCK_BYTES];
+        let start = raw.as_ptr().align_offset(BLOCK_BYTES);
+        assert!(start < BLOCK_BYTES, "cannot align a heap buffer");
+        AlignedBytes { raw, start, len }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
 }
 
 #[cfg(test)]

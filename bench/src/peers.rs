@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::super::error::CliError;
+use crate::BenchError;
 
 /// How long a freshly started server may take to accept connections.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -368,11 +368,11 @@ fn nats_version(version: &str) -> Option<(u32, u32)> {
 /// A loopback port free at the time of asking. A server started on it a
 /// moment later could race another process for it; the start then fails
 /// with a clear error instead of measuring the wrong thing.
-pub fn free_port() -> Result<u16, CliError> {
+pub fn free_port() -> Result<u16, BenchError> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| CliError::Bench(format!("cannot find a free loopback port: {e}")))
+        .map_err(|e| BenchError(format!("cannot find a free loopback port: {e}")))
 }
 
 /// A server process of one run with its fresh data directory. Dropping it
@@ -399,13 +399,13 @@ impl ServerGuard {
         dir: tempfile::TempDir,
         addr: SocketAddr,
         ready: Option<&str>,
-    ) -> Result<ServerGuard, CliError> {
+    ) -> Result<ServerGuard, BenchError> {
         let log_path = dir.path().join("server.out");
         let log = std::fs::File::create(&log_path)
-            .map_err(|e| CliError::Bench(format!("{name}: cannot create its log: {e}")))?;
+            .map_err(|e| BenchError(format!("{name}: cannot create its log: {e}")))?;
         let log_err = log
             .try_clone()
-            .map_err(|e| CliError::Bench(format!("{name}: cannot create its log: {e}")))?;
+            .map_err(|e| BenchError(format!("{name}: cannot create its log: {e}")))?;
         let child = Command::new(bin)
             .args(args)
             .current_dir(dir.path())
@@ -413,7 +413,7 @@ impl ServerGuard {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .spawn()
-            .map_err(|e| CliError::Bench(format!("{name}: cannot start {}: {e}", bin.display())))?;
+            .map_err(|e| BenchError(format!("{name}: cannot start {}: {e}", bin.display())))?;
         let mut guard = ServerGuard {
             name,
             addr,
@@ -424,7 +424,7 @@ impl ServerGuard {
         Ok(guard)
     }
 
-    fn wait_serving(&mut self, ready: Option<&str>) -> Result<(), CliError> {
+    fn wait_serving(&mut self, ready: Option<&str>) -> Result<(), BenchError> {
         let started = Instant::now();
         loop {
             let printed_ready = ready.is_none_or(|line| {
@@ -437,14 +437,14 @@ impl ServerGuard {
                 return Ok(());
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(CliError::Bench(format!(
+                return Err(BenchError(format!(
                     "{} exited at start ({status}): {}",
                     self.name,
                     self.log_tail()
                 )));
             }
             if started.elapsed() > START_TIMEOUT {
-                return Err(CliError::Bench(format!(
+                return Err(BenchError(format!(
                     "{} did not listen on {} within {}s: {}",
                     self.name,
                     self.addr,

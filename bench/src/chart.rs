@@ -4,7 +4,7 @@
 
 use plotters::prelude::*;
 
-use super::report::Row;
+use crate::report::Row;
 
 const WIDTH_PX: u32 = 1200;
 const HEIGHT_PX: u32 = 640;
@@ -103,8 +103,8 @@ fn series_name(row: &Row) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::report::tests::fixed_rows;
     use super::*;
+    use crate::report::tests::fixed_rows;
 
     #[test]
     fn the_chart_is_an_svg_with_a_bar_and_a_legend_entry_per_series() {
