@@ -107,7 +107,9 @@ pub struct TcpTransportConfig {
     pub reconnect_backoff_min_ms: u64,
     /// The longest wait between connection attempts.
     pub reconnect_backoff_max_ms: u64,
-    /// How long the server's handshake may take once connected.
+    /// How long the handshake may take once connected. Connection attempts
+    /// are serialized, so this bounds how long a peer that accepts but
+    /// never answers holds the others up.
     pub handshake_timeout_ms: u64,
     /// How long an answer frame may take to arrive once its first byte did.
     pub frame_read_timeout_ms: u64,
@@ -117,7 +119,7 @@ pub struct TcpTransportConfig {
 pub const RAFT_FRAME_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
 /// Connections a `TransportServer` holds at once, by default.
 pub const RAFT_CONNECTIONS_MAX_DEFAULT: usize = 256;
-/// How long a handshake may take, by default.
+/// How long a server waits for a connection's handshake, by default.
 pub const RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// How long a frame may take once its first byte arrived, by default: a
 /// 64 MiB snapshot over a slow link must fit.
@@ -136,7 +138,7 @@ impl TcpTransportConfig {
             connect_timeout_ms: 1_000,
             reconnect_backoff_min_ms: 50,
             reconnect_backoff_max_ms: 2_000,
-            handshake_timeout_ms: RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            handshake_timeout_ms: 1_000,
             frame_read_timeout_ms: RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT,
         }
     }
@@ -177,11 +179,11 @@ impl TransportServerConfig {
     }
 
     /// The server matching a transport's node, cookie, frame bound and
-    /// timeouts, with the default connection bound.
+    /// frame timeout, with the default connection bound and handshake
+    /// timeout.
     pub fn for_transport(transport: &TcpTransportConfig) -> TransportServerConfig {
         TransportServerConfig {
             frame_bytes_max: transport.frame_bytes_max,
-            handshake_timeout_ms: transport.handshake_timeout_ms,
             frame_read_timeout_ms: transport.frame_read_timeout_ms,
             ..TransportServerConfig::new(transport.node_id, transport.cookie.clone())
         }
