@@ -71,6 +71,16 @@ impl SparseIndex {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
+        Ok(Some(SparseIndex::decode(
+            &data,
+            interval_bytes,
+            bytes_limit,
+        )))
+    }
+
+    /// Decodes sidecar bytes, keeping the longest prefix that is strictly
+    /// increasing and lies below `bytes_limit`. Any input yields an index.
+    pub fn decode(data: &[u8], interval_bytes: u64, bytes_limit: u64) -> Self {
         let mut index = SparseIndex::new(interval_bytes);
         for chunk in data.chunks_exact(INDEX_ENTRY_BYTES) {
             let mut o = [0u8; 8];
@@ -90,7 +100,7 @@ impl SparseIndex {
             }
             index.entries.push(entry);
         }
-        Ok(Some(index))
+        index
     }
 
     /// Encodes entries `from..` for the sidecar.

@@ -13,7 +13,7 @@ mod error;
 mod file_store;
 pub mod frame;
 pub mod index;
-mod marker;
+pub mod marker;
 mod record;
 pub mod scan;
 mod store;

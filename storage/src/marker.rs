@@ -13,9 +13,10 @@ use crate::store::SealInfo;
 
 const SEAL_MAGIC: [u8; 4] = *b"MLS1";
 const SEAL_VERSION: u32 = 1;
-pub(crate) const SEAL_MARKER_BYTES: usize = 32;
+pub const SEAL_MARKER_BYTES: usize = 32;
 
-pub(crate) fn encode_seal(info: SealInfo) -> [u8; SEAL_MARKER_BYTES] {
+/// The seal marker's bytes for `info`.
+pub fn encode_seal(info: SealInfo) -> [u8; SEAL_MARKER_BYTES] {
     let mut out = [0u8; SEAL_MARKER_BYTES];
     out[0..4].copy_from_slice(&SEAL_MAGIC);
     out[4..8].copy_from_slice(&SEAL_VERSION.to_le_bytes());
@@ -26,7 +27,8 @@ pub(crate) fn encode_seal(info: SealInfo) -> [u8; SEAL_MARKER_BYTES] {
     out
 }
 
-pub(crate) fn decode_seal(bytes: &[u8]) -> Result<SealInfo, &'static str> {
+/// Decodes a seal marker's bytes (untrusted: read from disk).
+pub fn decode_seal(bytes: &[u8]) -> Result<SealInfo, &'static str> {
     if bytes.len() != SEAL_MARKER_BYTES {
         return Err("wrong size");
     }
@@ -45,6 +47,11 @@ pub(crate) fn decode_seal(bytes: &[u8]) -> Result<SealInfo, &'static str> {
     let crc = u32::from_le_bytes([bytes[24], bytes[25], bytes[26], bytes[27]]);
     if crc != crc32fast::hash(&bytes[0..24]) {
         return Err("checksum mismatch");
+    }
+    // The CRC does not cover the reserved word: a marker with anything but
+    // zeros there was not written by this module (found by fuzzing).
+    if bytes[28..32] != [0; 4] {
+        return Err("reserved bytes not zero");
     }
     Ok(SealInfo {
         length: word(8),
@@ -105,5 +112,16 @@ mod tests {
         bytes[9] ^= 1;
         assert_eq!(decode_seal(&bytes), Err("checksum mismatch"));
         assert_eq!(decode_seal(&bytes[..10]), Err("wrong size"));
+    }
+
+    #[test]
+    fn a_seal_marker_with_nonzero_reserved_bytes_is_refused() {
+        // The fuzzer's input (storage_seal): a valid CRC over bytes 0..24
+        // and "rrrr" in the reserved word, which decoded before.
+        let bytes = *b"MLS1\x01\0\0\0rrrrrrrrrrrrrr\x0ar\x0a*\xf2!rrrr";
+        assert_eq!(decode_seal(&bytes), Err("reserved bytes not zero"));
+        let mut zeroed = bytes;
+        zeroed[28..].fill(0);
+        assert_eq!(encode_seal(decode_seal(&zeroed).unwrap()), zeroed);
     }
 }

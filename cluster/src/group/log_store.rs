@@ -97,7 +97,7 @@ fn codec_error(err: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, err.to_string())
 }
 
-fn header_bytes(group_id: u64, last_purged: Option<LogId>) -> io::Result<Vec<u8>> {
+pub(crate) fn header_bytes(group_id: u64, last_purged: Option<LogId>) -> io::Result<Vec<u8>> {
     let body = rmp_serde::to_vec(&Header {
         group_id,
         last_purged,
@@ -129,82 +129,17 @@ impl LogStore {
         }
         let vote = read_vote_file(&vote_path)?;
         let bytes = fs::read(&log_path).map_err(io_at(&log_path))?;
-        let corrupt = |offset: usize, reason: String| OpenError::Corrupt {
-            path: log_path.clone(),
-            offset: offset as u64,
-            reason,
-        };
-        let header_body = decode_tagged(
-            LOG_MAGIC,
-            bytes.get(..header_end(&bytes)).unwrap_or(&bytes),
-            SMALL_FRAME_BYTES_MAX,
-        )
-        .map_err(|e: TaggedError| corrupt(0, format!("log header: {e}")))?;
-        let header: Header = rmp_serde::from_slice(header_body)
-            .map_err(|e| corrupt(MAGIC_BYTES, format!("log header: {e}")))?;
-        if header.group_id != group_id {
-            return Err(corrupt(
-                MAGIC_BYTES,
-                format!("log belongs to group {} not {group_id}", header.group_id),
-            ));
-        }
-        let mut at = header_end(&bytes);
-        let mut entries = BTreeMap::new();
-        let mut expected_index = header.last_purged.as_ref().map_or(0, |id| id.index + 1);
-        loop {
-            if at == bytes.len() {
-                break;
-            }
-            // A crash after the file grew but before its data reached the
-            // disk leaves zeros; an all-zero header would even pass as an
-            // empty frame (the CRC32 of nothing is 0). No entry encodes to
-            // an empty body, so a zero tail is a torn append.
-            if bytes[at..].iter().all(|&b| b == 0) {
-                tracing::warn!(path = %log_path.display(), offset = at, zero_bytes = bytes.len() - at, "truncating a zero-filled log tail");
-                break;
-            }
-            match read_frame(&bytes, at, entry_bytes_max) {
-                FrameRead::Whole { body, next } => {
-                    let entry: Entry = rmp_serde::from_slice(body)
-                        .map_err(|e| corrupt(at, format!("undecodable entry: {e}")))?;
-                    let index = entry.index();
-                    // The first entry of a fresh log may start anywhere a
-                    // snapshot install left the purge point; after it they
-                    // must be consecutive.
-                    if (!entries.is_empty() || header.last_purged.is_some())
-                        && index != expected_index
-                    {
-                        return Err(corrupt(
-                            at,
-                            format!("entry index {index} where {expected_index} was expected"),
-                        ));
-                    }
-                    expected_index = index + 1;
-                    entries.insert(index, (entry, at as u64));
-                    at = next;
-                }
-                FrameRead::Short => {
-                    tracing::warn!(path = %log_path.display(), offset = at, file_bytes = bytes.len(), "truncating a torn log tail");
-                    break;
-                }
-                FrameRead::BadChecksum { next } if next == bytes.len() => {
-                    tracing::warn!(path = %log_path.display(), offset = at, "truncating a final log entry whose checksum fails");
-                    break;
-                }
-                FrameRead::BadChecksum { .. } => {
-                    return Err(corrupt(
-                        at,
-                        "entry checksum mismatch before the end of the log".to_owned(),
-                    ));
-                }
-                FrameRead::TooLong { len } => {
-                    return Err(corrupt(
-                        at,
-                        format!("entry length {len} exceeds {entry_bytes_max}"),
-                    ));
-                }
-            }
-        }
+        let DecodedLog {
+            last_purged,
+            entries,
+            end: at,
+        } = decode_log(&bytes, group_id, entry_bytes_max, &log_path).map_err(
+            |(offset, reason)| OpenError::Corrupt {
+                path: log_path.clone(),
+                offset: offset as u64,
+                reason,
+            },
+        )?;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -223,13 +158,109 @@ impl LogStore {
                 file,
                 end: at as u64,
                 entries,
-                last_purged: header.last_purged,
+                last_purged,
                 vote,
                 entry_bytes_max,
                 failed: None,
             })),
         })
     }
+}
+
+/// What a log file's bytes hold: the purge point, the entries by index with
+/// the byte offset each frame starts at, and the offset one past the last
+/// whole entry (a torn or zero tail lies beyond it).
+#[derive(Debug)]
+pub(crate) struct DecodedLog {
+    pub(crate) last_purged: Option<LogId>,
+    pub(crate) entries: BTreeMap<u64, (Entry, u64)>,
+    pub(crate) end: usize,
+}
+
+/// Decodes a log file's bytes (untrusted: read from disk). Corruption is the
+/// byte offset and a reason; `log_path` only names the file in warnings.
+pub(crate) fn decode_log(
+    bytes: &[u8],
+    group_id: u64,
+    entry_bytes_max: u64,
+    log_path: &Path,
+) -> Result<DecodedLog, (usize, String)> {
+    let corrupt = |offset: usize, reason: String| (offset, reason);
+    let header_body = decode_tagged(
+        LOG_MAGIC,
+        bytes.get(..header_end(bytes)).unwrap_or(bytes),
+        SMALL_FRAME_BYTES_MAX,
+    )
+    .map_err(|e: TaggedError| corrupt(0, format!("log header: {e}")))?;
+    let header: Header = rmp_serde::from_slice(header_body)
+        .map_err(|e| corrupt(MAGIC_BYTES, format!("log header: {e}")))?;
+    if header.group_id != group_id {
+        return Err(corrupt(
+            MAGIC_BYTES,
+            format!("log belongs to group {} not {group_id}", header.group_id),
+        ));
+    }
+    let mut at = header_end(bytes);
+    let mut entries = BTreeMap::new();
+    let mut expected_index = header.last_purged.as_ref().map_or(0, |id| id.index + 1);
+    loop {
+        if at == bytes.len() {
+            break;
+        }
+        // A crash after the file grew but before its data reached the
+        // disk leaves zeros; an all-zero header would even pass as an
+        // empty frame (the CRC32 of nothing is 0). No entry encodes to
+        // an empty body, so a zero tail is a torn append.
+        if bytes[at..].iter().all(|&b| b == 0) {
+            tracing::warn!(path = %log_path.display(), offset = at, zero_bytes = bytes.len() - at, "truncating a zero-filled log tail");
+            break;
+        }
+        match read_frame(bytes, at, entry_bytes_max) {
+            FrameRead::Whole { body, next } => {
+                let entry: Entry = rmp_serde::from_slice(body)
+                    .map_err(|e| corrupt(at, format!("undecodable entry: {e}")))?;
+                let index = entry.index();
+                // The first entry of a fresh log may start anywhere a
+                // snapshot install left the purge point; after it they
+                // must be consecutive.
+                if (!entries.is_empty() || header.last_purged.is_some()) && index != expected_index
+                {
+                    return Err(corrupt(
+                        at,
+                        format!("entry index {index} where {expected_index} was expected"),
+                    ));
+                }
+                expected_index = index + 1;
+                entries.insert(index, (entry, at as u64));
+                at = next;
+            }
+            FrameRead::Short => {
+                tracing::warn!(path = %log_path.display(), offset = at, file_bytes = bytes.len(), "truncating a torn log tail");
+                break;
+            }
+            FrameRead::BadChecksum { next } if next == bytes.len() => {
+                tracing::warn!(path = %log_path.display(), offset = at, "truncating a final log entry whose checksum fails");
+                break;
+            }
+            FrameRead::BadChecksum { .. } => {
+                return Err(corrupt(
+                    at,
+                    "entry checksum mismatch before the end of the log".to_owned(),
+                ));
+            }
+            FrameRead::TooLong { len } => {
+                return Err(corrupt(
+                    at,
+                    format!("entry length {len} exceeds {entry_bytes_max}"),
+                ));
+            }
+        }
+    }
+    Ok(DecodedLog {
+        last_purged: header.last_purged,
+        entries,
+        end: at,
+    })
 }
 
 /// The offset just past the header frame, or the file length if the header
@@ -252,10 +283,14 @@ fn read_vote_file(path: &Path) -> Result<Option<Vote>, OpenError> {
         offset: 0,
         reason,
     };
-    let body = decode_tagged(VOTE_MAGIC, &bytes, SMALL_FRAME_BYTES_MAX)
-        .map_err(|e| corrupt(format!("vote: {e}")))?;
-    let vote = rmp_serde::from_slice(body).map_err(|e| corrupt(format!("vote: {e}")))?;
-    Ok(Some(vote))
+    decode_vote(&bytes).map(Some).map_err(corrupt)
+}
+
+/// Decodes a vote file's bytes (untrusted: read from disk).
+pub(crate) fn decode_vote(bytes: &[u8]) -> Result<Vote, String> {
+    let body = decode_tagged(VOTE_MAGIC, bytes, SMALL_FRAME_BYTES_MAX)
+        .map_err(|e| format!("vote: {e}"))?;
+    rmp_serde::from_slice(body).map_err(|e| format!("vote: {e}"))
 }
 
 impl LogStore {

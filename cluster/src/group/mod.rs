@@ -25,6 +25,7 @@ mod network;
 mod state_machine;
 mod tcp;
 mod types;
+pub mod untrusted;
 
 pub use backoff::{Backoff, backoff_delay_ms, backoff_seed};
 pub use frames::{FRAME_READ_CHUNK_BYTES, FrameReadError, read_frame};

@@ -47,9 +47,9 @@ pub(crate) struct Shared {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct SnapshotFile {
-    meta: SnapshotMeta,
-    data: SnapshotBytes,
+pub(crate) struct SnapshotFile {
+    pub(crate) meta: SnapshotMeta,
+    pub(crate) data: SnapshotBytes,
 }
 
 #[derive(Debug, Clone)]
@@ -80,10 +80,18 @@ fn read_snapshot_file(path: &Path, bytes_max: u64) -> Result<Option<SnapshotFile
         offset: 0,
         reason,
     };
-    let body = decode_tagged(SNAPSHOT_MAGIC, &bytes, bytes_max)
-        .map_err(|e| corrupt(format!("snapshot: {e}")))?;
-    let file = rmp_serde::from_slice(body).map_err(|e| corrupt(format!("snapshot: {e}")))?;
-    Ok(Some(file))
+    decode_snapshot_file(&bytes, bytes_max)
+        .map(Some)
+        .map_err(corrupt)
+}
+
+/// Decodes a snapshot file's bytes (untrusted: read from disk) into its
+/// metadata and the model's snapshot bytes, which `MetadataState::restore`
+/// then checks.
+pub(crate) fn decode_snapshot_file(bytes: &[u8], bytes_max: u64) -> Result<SnapshotFile, String> {
+    let body =
+        decode_tagged(SNAPSHOT_MAGIC, bytes, bytes_max).map_err(|e| format!("snapshot: {e}"))?;
+    rmp_serde::from_slice(body).map_err(|e| format!("snapshot: {e}"))
 }
 
 impl StateMachine {

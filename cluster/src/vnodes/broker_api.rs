@@ -146,3 +146,88 @@ impl VnodeHost {
         rmp_serde::to_vec(&answer).map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))
     }
 }
+
+/// Decodes the body of a forwarded request (api keys 210 to 216) as
+/// `VnodeHost` does when it serves one, and returns its canonical
+/// re-encoding. For the fuzz bodies in `fuzz/bodies`; never panics.
+pub fn decode_forwarded_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
+    use crate::group::{
+        FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, OPEN_VNODE_API_KEY,
+        RING_ANNOUNCE_API_KEY,
+    };
+    match api_key {
+        RING_ANNOUNCE_API_KEY => reencode::<super::RingAnnounce>(body),
+        OPEN_VNODE_API_KEY => reencode::<super::OpenVnode>(body),
+        FORWARD_PROPOSE_API_KEY => reencode::<crate::model::Command>(body),
+        FORWARD_READ_API_KEY => reencode::<super::ReadRequest>(body),
+        FORWARD_QUERY_API_KEY => reencode::<super::Query>(body),
+        // A list request has no body: the group id says everything.
+        FORWARD_LIST_API_KEY => Ok(Vec::new()),
+        other => Err(format!("api key {other} is not a forwarded request")),
+    }
+}
+
+/// Decodes a forwarded answer (api keys 210 to 216) as the router does, and
+/// returns its canonical re-encoding. For the fuzz bodies; never panics.
+pub fn decode_forwarded_answer(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
+    use crate::group::{
+        FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, OPEN_VNODE_API_KEY,
+        RING_ANNOUNCE_API_KEY,
+    };
+    match api_key {
+        RING_ANNOUNCE_API_KEY | OPEN_VNODE_API_KEY => reencode::<Forwarded<()>>(body),
+        FORWARD_PROPOSE_API_KEY => reencode::<Forwarded<super::Verdict>>(body),
+        FORWARD_READ_API_KEY => reencode::<Forwarded<super::ReadAnswer>>(body),
+        FORWARD_QUERY_API_KEY => {
+            // The answer's type follows the query: both decoders run.
+            let ring = reencode::<Forwarded<Option<crate::model::RingRecord>>>(body);
+            let seed = reencode::<Forwarded<crate::model::VnodeSeed>>(body);
+            ring.or(seed)
+        }
+        FORWARD_LIST_API_KEY => reencode::<Forwarded<Vec<TopicSummary>>>(body),
+        other => Err(format!("api key {other} is not a forwarded request")),
+    }
+}
+
+fn reencode<T: Serialize + serde::de::DeserializeOwned>(body: &[u8]) -> Result<Vec<u8>, String> {
+    let value: T = rmp_serde::from_slice(body).map_err(|e| e.to_string())?;
+    rmp_serde::to_vec(&value).map_err(|e| format!("re-encode: {e}"))
+}
+
+/// Valid forwarded request bodies, for fuzzers and property tests to mutate.
+pub fn sample_forwarded_request(api_key: u16) -> Vec<u8> {
+    use crate::group::{
+        FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, OPEN_VNODE_API_KEY,
+        RING_ANNOUNCE_API_KEY,
+    };
+    let encoded = match api_key {
+        RING_ANNOUNCE_API_KEY => rmp_serde::to_vec(&super::RingAnnounce { version: 7 }),
+        OPEN_VNODE_API_KEY => rmp_serde::to_vec(&super::OpenVnode { vnode: VnodeId(3) }),
+        FORWARD_PROPOSE_API_KEY => rmp_serde::to_vec(&crate::model::Command::DeleteTopic {
+            topic: "orders".to_owned(),
+        }),
+        FORWARD_READ_API_KEY => rmp_serde::to_vec(&super::ReadRequest {
+            topic: "orders".to_owned(),
+        }),
+        FORWARD_QUERY_API_KEY => rmp_serde::to_vec(&super::Query::Ring),
+        _ => return Vec::new(),
+    };
+    encoded.unwrap_or_default()
+}
+
+/// Valid forwarded answers, for fuzzers and property tests to mutate.
+pub fn sample_forwarded_answer(api_key: u16) -> Vec<u8> {
+    let encoded = match api_key {
+        FORWARD_LIST_API_KEY => rmp_serde::to_vec(&Forwarded::Done(vec![TopicSummary {
+            name: "orders".to_owned(),
+            incarnation: 1,
+            sealed: false,
+            ranges_active: 2,
+        }])),
+        _ => rmp_serde::to_vec(&Forwarded::<()>::NotLeader { leader: Some(2) }),
+    };
+    encoded.unwrap_or_default()
+}
+
+/// The api keys of the forwarding protocol, in order.
+pub const FORWARDED_API_KEYS: [u16; 6] = [210, 211, 212, 214, 215, 216];

@@ -1,0 +1,245 @@
+//! The body of every fuzz target: one plain function per decoder of untrusted
+//! bytes, each calling the decoder the product itself uses.
+//!
+//! Each body decodes `data`; when it decodes, it re-encodes and asserts the
+//! round trip (decode(encode(x)) == x, or, where the type has no equality,
+//! that the canonical re-encoding is stable). A body panics only when that
+//! invariant breaks or the product decoder itself panics: both are bugs.
+//! `fuzz/fuzz_targets/*.rs` call these one line each; `tests/bodies.rs`
+//! drives them with proptest over random bytes and mutated valid samples
+//! from [`samples`].
+#![allow(clippy::expect_used, clippy::unwrap_used)] // a failed assertion is the finding
+
+use bytes::{Bytes, BytesMut};
+use malachi_cluster::cursor::{Cursor, CursorKey};
+use malachi_cluster::group::untrusted;
+use malachi_cluster::membership::{NodeIdentity, RoutingHint};
+use malachi_cluster::model::MetadataState;
+use malachi_cluster::ring::Ring;
+use malachi_cluster::vnodes::broker_api;
+use malachi_storage::frame;
+use malachi_storage::index::{INDEX_ENTRY_BYTES, SparseIndex};
+use malachi_storage::marker;
+use malachi_wire::{
+    ApiKey, ClientCodec, ErrorBody, Message, RecordBatch, Request, Response, ServerCodec,
+};
+use tokio_util::codec::Decoder;
+
+pub mod samples;
+
+/// The frame limit the wire bodies decode under (the product's default order).
+pub const WIRE_FRAME_BYTES_MAX: usize = 1 << 20;
+/// The raft log entry limit the raft log body decodes under.
+pub const RAFT_ENTRY_BYTES_MAX: u64 = 1 << 20;
+/// The group id the raft log body expects in the header.
+pub const RAFT_GROUP_ID: u64 = 1;
+/// The snapshot limit the snapshot file body decodes under.
+pub const SNAPSHOT_BYTES_MAX: u64 = 1 << 20;
+/// The secret cursors are authenticated under in the cursor body.
+pub const CURSOR_SECRET: &[u8; 32] = b"malachi-fuzz-cursor-secret-32byt";
+
+/// The store's record frame (`malachi_storage::frame::decode`): whatever
+/// decodes re-encodes to exactly the bytes it was decoded from.
+pub fn storage_frame(data: &[u8]) {
+    if let Ok((view, len)) = frame::decode(data) {
+        let mut again = Vec::new();
+        frame::encode(
+            &mut again,
+            view.offset,
+            view.durable_below,
+            &view.to_record(),
+        );
+        assert_eq!(&again[..], &data[..len]);
+    }
+    let _ = frame::peek_len(data);
+}
+
+/// The index sidecar `.idx` (`SparseIndex::decode`, what `SparseIndex::load`
+/// runs on the file): the kept entries re-encode to a prefix of the input
+/// and decode again to the same entries.
+pub fn storage_index(data: &[u8]) {
+    let limit = data.get(..8).map_or(u64::MAX, |b| {
+        u64::from_le_bytes(b.try_into().unwrap_or([0xff; 8]))
+    });
+    let index = SparseIndex::decode(data, 4096, limit);
+    let encoded = index.encode_from(0);
+    assert_eq!(encoded.len(), index.entries().len() * INDEX_ENTRY_BYTES);
+    assert_eq!(&encoded[..], &data[..encoded.len()]);
+    let again = SparseIndex::decode(&encoded, 4096, limit);
+    assert_eq!(again.entries(), index.entries());
+}
+
+/// The seal marker (`malachi_storage::marker::decode_seal`): a marker that
+/// decodes re-encodes to exactly its bytes. (The fence marker is an empty
+/// file whose existence is the fence: it has no bytes to decode.)
+pub fn storage_seal(data: &[u8]) {
+    if let Ok(info) = marker::decode_seal(data) {
+        let again = marker::encode_seal(info);
+        assert_eq!(&again[..], data);
+        assert_eq!(marker::decode_seal(&again), Ok(info));
+    }
+}
+
+/// The read cursor (`Cursor::decode`): the opaque string as given, then the
+/// same bytes as a body signed under the key, so the fuzzer reaches the
+/// deserializer behind the tag.
+pub fn cursor(data: &[u8]) {
+    let key = CursorKey::new(CURSOR_SECRET).expect("a 32-byte secret is valid");
+    let check = |encoded: &str| {
+        if let Ok(cursor) = Cursor::decode(encoded, &key) {
+            let again = cursor.encode(&key).expect("a decoded cursor re-encodes");
+            assert_eq!(Cursor::decode(&again, &key).expect("and decodes"), cursor);
+        }
+    };
+    if let Ok(text) = std::str::from_utf8(data) {
+        check(text);
+    }
+    check(&samples::sign_cursor_body(data));
+    let _ = Cursor::decode_for(
+        &samples::sign_cursor_body(data),
+        &key,
+        &MetadataState::default(),
+    );
+}
+
+/// The metadata snapshot (`MetadataState::restore`), and the state machine's
+/// snapshot file around it (`group::untrusted::snapshot_file`).
+pub fn metadata_snapshot(data: &[u8]) {
+    if let Ok(state) = MetadataState::restore(data) {
+        let again = state.snapshot().expect("a restored state snapshots");
+        assert_eq!(MetadataState::restore(&again).expect("and restores"), state);
+    }
+    stable(|b| untrusted::snapshot_file(b, SNAPSHOT_BYTES_MAX), data);
+}
+
+/// The raft log and vote files (`LogStore::open`'s decoding, through
+/// `group::untrusted::raft_log` and `raft_vote`).
+pub fn raft_log(data: &[u8]) {
+    stable(
+        |b| untrusted::raft_log(b, RAFT_GROUP_ID, RAFT_ENTRY_BYTES_MAX),
+        data,
+    );
+    stable(untrusted::raft_vote, data);
+}
+
+/// The raft transport's RPC bodies: the first byte picks the api key (200 to
+/// 203), the rest is the request or answer body.
+pub fn raft_rpc(data: &[u8]) {
+    let Some((&pick, body)) = data.split_first() else {
+        return;
+    };
+    let api_key = 200 + u16::from(pick % 4);
+    stable(|b| untrusted::raft_request(api_key, b), body);
+    stable(|b| untrusted::raft_response(api_key, b), body);
+}
+
+/// The forwarding transport's bodies (`vnodes::broker_api`): the first byte
+/// picks the api key, the rest is the request or answer body.
+pub fn forwarded_rpc(data: &[u8]) {
+    let Some((&pick, body)) = data.split_first() else {
+        return;
+    };
+    let keys = broker_api::FORWARDED_API_KEYS;
+    let api_key = keys[usize::from(pick) % keys.len()];
+    stable(|b| broker_api::decode_forwarded_request(api_key, b), body);
+    stable(|b| broker_api::decode_forwarded_answer(api_key, b), body);
+}
+
+/// The ring (`Ring::decode`, as ring announcements and the ring record carry it).
+pub fn ring(data: &[u8]) {
+    if let Ok(ring) = Ring::decode(data) {
+        let again = ring.encode().expect("a decoded ring re-encodes");
+        assert_eq!(Ring::decode(&again).expect("and decodes"), ring);
+    }
+}
+
+/// The membership identity (`NodeIdentity::decode`, and the same identity in
+/// foca's postcard codec as SWIM packets carry it).
+pub fn membership_identity(data: &[u8]) {
+    if let Ok(identity) = NodeIdentity::decode(data) {
+        let again = identity.encode().expect("a decoded identity re-encodes");
+        assert_eq!(NodeIdentity::decode(&again).expect("and decodes"), identity);
+    }
+    use foca::Codec;
+    let mut codec = foca::PostcardCodec;
+    if let Ok(member) = foca::Codec::<NodeIdentity>::decode_member(&mut codec, data) {
+        let mut out = Vec::new();
+        codec
+            .encode_member(&member, &mut out)
+            .expect("a member re-encodes");
+        let back: foca::Member<NodeIdentity> = codec.decode_member(&out[..]).expect("and decodes");
+        assert_eq!(back.id(), member.id());
+    }
+}
+
+/// The routing hint (`RoutingHint::decode`).
+pub fn membership_routing(data: &[u8]) {
+    if let Ok(hint) = RoutingHint::decode(data) {
+        let again = hint.encode().expect("a decoded hint re-encodes");
+        assert_eq!(RoutingHint::decode(&again).expect("and decodes"), hint);
+    }
+}
+
+/// The wire frame codecs (server and client side) and each frame's payload
+/// as the request or response its api key names, and as an error body.
+pub fn wire_frame(data: &[u8]) {
+    let mut buffer = BytesMut::from(data);
+    let mut server = ServerCodec::new(WIRE_FRAME_BYTES_MAX);
+    while let Ok(Some(frame)) = server.decode(&mut buffer) {
+        wire_request(frame.api_key, frame.payload);
+    }
+    let mut buffer = BytesMut::from(data);
+    let mut client = ClientCodec::new(WIRE_FRAME_BYTES_MAX);
+    while let Ok(Some(frame)) = client.decode(&mut buffer) {
+        for key in ApiKey::ALL {
+            wire_response(key, frame.payload.clone());
+        }
+        let _ = ErrorBody::decode(frame.payload.clone());
+    }
+}
+
+/// The request and response bodies: the first byte picks the api key, the
+/// rest is the payload; then the bytes as a record batch block.
+pub fn wire_messages(data: &[u8]) {
+    if let Some((&pick, payload)) = data.split_first() {
+        let key = ApiKey::ALL[usize::from(pick) % ApiKey::ALL.len()];
+        let payload = Bytes::copy_from_slice(payload);
+        wire_request(key.code(), payload.clone());
+        wire_response(key, payload.clone());
+        let _ = ErrorBody::decode(payload);
+    }
+    if let Ok(batch) = RecordBatch::from_block(Bytes::copy_from_slice(data)) {
+        let records = batch.records();
+        assert_eq!(records.len(), batch.count() as usize);
+        let again = RecordBatch::from_records(&records, usize::MAX).expect("records re-encode");
+        assert_eq!(again.block(), batch.block());
+    }
+}
+
+fn wire_request(api_key: u16, payload: Bytes) {
+    if let Ok(request) = Request::decode(api_key, payload) {
+        let again = request.encode().expect("a decoded request re-encodes");
+        assert_eq!(
+            Request::decode(api_key, again).expect("and decodes"),
+            request
+        );
+    }
+}
+
+fn wire_response(key: ApiKey, payload: Bytes) {
+    if let Ok(response) = Response::decode(key, payload) {
+        let again = response.encode().expect("a decoded response re-encodes");
+        assert_eq!(Response::decode(key, again).expect("and decodes"), response);
+    }
+}
+
+/// For decoders returning their canonical re-encoding: that re-encoding
+/// decodes again to the same re-encoding.
+fn stable(decode: impl Fn(&[u8]) -> Result<Vec<u8>, String>, data: &[u8]) {
+    if let Ok(canonical) = decode(data) {
+        match decode(&canonical) {
+            Ok(again) => assert_eq!(again, canonical, "re-encoding is not stable"),
+            Err(e) => panic!("a re-encoding does not decode: {e}"),
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Valid encodings, as the product writes them, for every body: proptests
+//! mutate them (and the fuzz corpus can be seeded from them) to reach past
+//! the first checks that random bytes rarely pass.
+
+use super::CURSOR_SECRET;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::{Bytes, BytesMut};
+use hmac::{Hmac, Mac};
+use malachi_cluster::cursor::{CURSOR_VERSION, Cursor, CursorKey, Position};
+use malachi_cluster::group::untrusted;
+use malachi_cluster::membership::{NodeIdentity, RoutingHint, VnodeLeader};
+use malachi_cluster::model::{MetadataState, RangeId, SegmentId};
+use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_cluster::vnodes::broker_api;
+use malachi_storage::frame;
+use malachi_storage::index::SparseIndex;
+use malachi_storage::{Record, SealInfo, marker};
+use malachi_wire::messages::ApiVersionsRequest;
+use malachi_wire::{ClientCodec, ErrorCode, Message, RequestFrame, ResponseFrame, ServerCodec};
+use sha2::Sha256;
+use tokio_util::codec::Encoder;
+
+/// Must match `cursor.rs`'s domain separator: the cursor body signs bytes
+/// under it so the fuzzer reaches the deserializer behind the tag.
+const CURSOR_DOMAIN: &[u8] = b"malachi-cursor\0";
+
+/// `body` as a cursor string: version, body, then the tag the product's key
+/// computes, so `Cursor::decode` authenticates it and deserializes `body`.
+pub fn sign_cursor_body(body: &[u8]) -> String {
+    let mut raw = vec![CURSOR_VERSION];
+    raw.extend_from_slice(body);
+    if let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(CURSOR_SECRET) {
+        mac.update(CURSOR_DOMAIN);
+        mac.update(&[CURSOR_VERSION]);
+        mac.update(body);
+        raw.extend_from_slice(&mac.finalize().into_bytes());
+    }
+    URL_SAFE_NO_PAD.encode(&raw)
+}
+
+/// A frame holding one record with a header.
+pub fn storage_frame() -> Vec<u8> {
+    let record = Record {
+        timestamp_ms: 9,
+        key: b"k".to_vec(),
+        value: b"value".to_vec(),
+        headers: vec![("h".to_owned(), vec![1, 2])],
+    };
+    let mut out = Vec::new();
+    frame::encode(&mut out, 5, 3, &record);
+    out
+}
+
+/// An index of three entries, behind an eight-byte limit prefix the body
+/// reads (the first entry's offset doubles as that limit).
+pub fn storage_index() -> Vec<u8> {
+    let mut index = SparseIndex::new(1);
+    for (offset, position) in [(1 << 40, 0), ((1 << 40) + 1, 100), ((1 << 40) + 5, 200)] {
+        let _ = index.observe(offset, position);
+    }
+    index.encode_from(0)
+}
+
+/// A seal marker.
+pub fn storage_seal() -> Vec<u8> {
+    marker::encode_seal(SealInfo {
+        length: 42,
+        byte_size: 4242,
+    })
+    .to_vec()
+}
+
+/// A cursor's body bytes (what `cursor` signs), taken from a real cursor.
+pub fn cursor_body() -> Vec<u8> {
+    let Ok(key) = CursorKey::new(CURSOR_SECRET) else {
+        return Vec::new();
+    };
+    let cursor = Cursor {
+        topic: "orders".to_owned(),
+        incarnation: 2,
+        positions: [
+            (RangeId(1), Position::Start),
+            (
+                RangeId(4),
+                Position::At {
+                    segment: SegmentId(7),
+                    offset: 99,
+                },
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    let Ok(encoded) = cursor.encode(&key) else {
+        return Vec::new();
+    };
+    let raw = URL_SAFE_NO_PAD.decode(encoded).unwrap_or_default();
+    // Version byte first, 32-byte tag last.
+    raw.get(1..raw.len().saturating_sub(32))
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default()
+}
+
+/// The empty metadata state's snapshot.
+pub fn metadata_snapshot() -> Vec<u8> {
+    MetadataState::default().snapshot().unwrap_or_default()
+}
+
+/// A snapshot file of the state machine.
+pub fn snapshot_file() -> Vec<u8> {
+    untrusted::samples::snapshot_file()
+}
+
+/// A raft log file of group [`super::RAFT_GROUP_ID`].
+pub fn raft_log() -> Vec<u8> {
+    untrusted::samples::raft_log(super::RAFT_GROUP_ID)
+}
+
+/// A raft vote file.
+pub fn raft_vote() -> Vec<u8> {
+    untrusted::samples::raft_vote()
+}
+
+/// The raft RPC bodies, each behind the byte that picks its api key.
+pub fn raft_rpc() -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for pick in 0u8..4 {
+        let api_key = 200 + u16::from(pick);
+        for body in [
+            untrusted::samples::raft_request(api_key),
+            untrusted::samples::raft_response(api_key),
+        ] {
+            let mut sample = vec![pick];
+            sample.extend(body);
+            out.push(sample);
+        }
+    }
+    out
+}
+
+/// The forwarding RPC bodies, each behind the byte that picks its api key.
+pub fn forwarded_rpc() -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for (pick, &api_key) in broker_api::FORWARDED_API_KEYS.iter().enumerate() {
+        for body in [
+            broker_api::sample_forwarded_request(api_key),
+            broker_api::sample_forwarded_answer(api_key),
+        ] {
+            let mut sample = vec![pick as u8];
+            sample.extend(body);
+            out.push(sample);
+        }
+    }
+    out
+}
+
+/// A ring of four vnodes, one of them split.
+pub fn ring() -> Vec<u8> {
+    let Ok(mut ring) = Ring::new(4) else {
+        return Vec::new();
+    };
+    let _ = ring.split(VnodeId(1));
+    ring.encode().unwrap_or_default()
+}
+
+/// An identity with every address and an attribute.
+pub fn membership_identity() -> Vec<u8> {
+    let addr = |port| std::net::SocketAddr::from(([10, 0, 0, 1], port));
+    let identity = NodeIdentity {
+        node_id: 3,
+        incarnation: 2,
+        client_addr: addr(9092),
+        admin_addr: Some(addr(9093)),
+        raft_addr: Some(std::net::SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], 9094))),
+        cluster_addr: None,
+        attributes: [("zone".to_owned(), "a".to_owned())].into_iter().collect(),
+    };
+    identity.encode().unwrap_or_default()
+}
+
+/// A routing hint naming two leaders.
+pub fn membership_routing() -> Vec<u8> {
+    RoutingHint {
+        node_id: 3,
+        incarnation: 2,
+        seq: 9,
+        ring_version: 4,
+        leaders: vec![
+            VnodeLeader { vnode: 1, term: 3 },
+            VnodeLeader { vnode: 2, term: 1 },
+        ],
+    }
+    .encode()
+    .unwrap_or_default()
+}
+
+/// A request frame then a response frame, as clients and servers write them.
+pub fn wire_frame() -> Vec<u8> {
+    let payload = ApiVersionsRequest::default().encode().unwrap_or_default();
+    let mut out = BytesMut::new();
+    let _ = ClientCodec::new(super::WIRE_FRAME_BYTES_MAX).encode(
+        RequestFrame {
+            api_key: 0,
+            correlation_id: 7,
+            payload: payload.clone(),
+        },
+        &mut out,
+    );
+    let _ = ServerCodec::new(super::WIRE_FRAME_BYTES_MAX).encode(
+        ResponseFrame {
+            correlation_id: 7,
+            error_code: ErrorCode::None,
+            payload: Bytes::new(),
+        },
+        &mut out,
+    );
+    out.to_vec()
+}
+
+/// An api versions request behind its pick byte (api key 0 is `ALL[0]`).
+pub fn wire_messages() -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&ApiVersionsRequest::default().encode().unwrap_or_default());
+    out
+}

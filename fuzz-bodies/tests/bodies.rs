@@ -1,0 +1,116 @@
+//! Every fuzz body over random bytes and over mutated valid samples: the
+//! same functions `fuzz/fuzz_targets` run under libFuzzer, a few hundred
+//! cases each so the suite stays fast.
+
+use malachi_fuzz_bodies as bodies;
+use malachi_fuzz_bodies::samples;
+use proptest::prelude::*;
+
+/// A valid sample, one byte overwritten, then cut at some length.
+fn mutated(sample: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    let len = sample.len().max(1);
+    (any::<usize>(), any::<u8>(), 0..=len, any::<bool>()).prop_map(move |(at, byte, cut, flip)| {
+        let mut bytes = sample.clone();
+        if flip && !bytes.is_empty() {
+            let at = at % bytes.len();
+            bytes[at] ^= byte | 1;
+        }
+        bytes.truncate(cut);
+        bytes
+    })
+}
+
+fn random() -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(any::<u8>(), 0..512)
+}
+
+fn one_of(samples: Vec<Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+    proptest::sample::select(samples).prop_flat_map(mutated)
+}
+
+macro_rules! body_tests {
+    ($($name:ident: $body:path, $sample:expr;)*) => {
+        $(
+            mod $name {
+                use super::*;
+
+                #[test]
+                fn the_valid_sample_decodes_and_round_trips() {
+                    for sample in $sample {
+                        $body(&sample);
+                    }
+                }
+
+                proptest! {
+                    #![proptest_config(ProptestConfig::with_cases(256))]
+
+                    #[test]
+                    fn random_bytes_never_panic(bytes in random()) {
+                        $body(&bytes);
+                    }
+
+                    #[test]
+                    fn a_mutated_sample_never_panics(bytes in one_of($sample)) {
+                        $body(&bytes);
+                    }
+                }
+            }
+        )*
+    };
+}
+
+body_tests! {
+    storage_frame: bodies::storage_frame, vec![samples::storage_frame()];
+    storage_index: bodies::storage_index, vec![samples::storage_index()];
+    storage_seal: bodies::storage_seal, vec![samples::storage_seal()];
+    cursor: bodies::cursor, vec![samples::cursor_body()];
+    metadata_snapshot: bodies::metadata_snapshot, vec![samples::metadata_snapshot(), samples::snapshot_file()];
+    raft_log: bodies::raft_log, vec![samples::raft_log(), samples::raft_vote()];
+    raft_rpc: bodies::raft_rpc, samples::raft_rpc();
+    forwarded_rpc: bodies::forwarded_rpc, samples::forwarded_rpc();
+    ring: bodies::ring, vec![samples::ring()];
+    membership_identity: bodies::membership_identity, vec![samples::membership_identity()];
+    membership_routing: bodies::membership_routing, vec![samples::membership_routing()];
+    wire_frame: bodies::wire_frame, vec![samples::wire_frame()];
+    wire_messages: bodies::wire_messages, vec![samples::wire_messages()];
+}
+
+/// The samples must be what the decoders accept, or the mutation tests
+/// above would only exercise the first check.
+#[test]
+fn every_sample_decodes() {
+    use malachi_cluster::group::untrusted;
+    assert!(malachi_storage::frame::decode(&samples::storage_frame()).is_ok());
+    assert!(malachi_storage::marker::decode_seal(&samples::storage_seal()).is_ok());
+    assert!(malachi_cluster::model::MetadataState::restore(&samples::metadata_snapshot()).is_ok());
+    untrusted::snapshot_file(&samples::snapshot_file(), bodies::SNAPSHOT_BYTES_MAX).unwrap();
+    untrusted::raft_log(
+        &samples::raft_log(),
+        bodies::RAFT_GROUP_ID,
+        bodies::RAFT_ENTRY_BYTES_MAX,
+    )
+    .unwrap();
+    untrusted::raft_vote(&samples::raft_vote()).unwrap();
+    for sample in samples::raft_rpc() {
+        let api_key = 200 + u16::from(sample[0]);
+        let request = untrusted::raft_request(api_key, &sample[1..]);
+        let response = untrusted::raft_response(api_key, &sample[1..]);
+        assert!(
+            request.is_ok() || response.is_ok(),
+            "raft sample for {api_key}"
+        );
+    }
+    assert!(malachi_cluster::ring::Ring::decode(&samples::ring()).is_ok());
+    assert!(
+        malachi_cluster::membership::NodeIdentity::decode(&samples::membership_identity()).is_ok()
+    );
+    assert!(
+        malachi_cluster::membership::RoutingHint::decode(&samples::membership_routing()).is_ok()
+    );
+    let key = malachi_cluster::cursor::CursorKey::new(bodies::CURSOR_SECRET).unwrap();
+    malachi_cluster::cursor::Cursor::decode(
+        &samples::sign_cursor_body(&samples::cursor_body()),
+        &key,
+    )
+    .unwrap();
+}
