@@ -10,7 +10,6 @@ use malachi_cluster::group::{
     ClusterCookie, FrameReadError, RpcService, TcpTransport, TcpTransportConfig, TransportError,
     TransportServer, TransportServerConfig, read_frame,
 };
-use malachi_wire::error::ErrorCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,7 +28,7 @@ impl RpcService for Echo {
         _api_key: u16,
         _group_id: u64,
         body: Bytes,
-    ) -> Result<Vec<u8>, (ErrorCode, String)> {
+    ) -> Result<Vec<u8>, malachi_cluster::group::RpcError> {
         Ok(body.to_vec())
     }
 }

@@ -259,7 +259,7 @@ impl malachi_cluster::group::RpcService for SlowEcho {
         _api_key: u16,
         group_id: u64,
         body: bytes::Bytes,
-    ) -> Result<Vec<u8>, (malachi_wire::ErrorCode, String)> {
+    ) -> Result<Vec<u8>, malachi_cluster::group::RpcError> {
         use std::sync::atomic::Ordering;
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);

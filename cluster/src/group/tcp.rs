@@ -540,14 +540,73 @@ impl GroupTransport for TcpTransport {
 /// What serves the requests a `TransportServer` receives: this node's groups.
 #[async_trait::async_trait]
 pub trait RpcService: Send + Sync + std::fmt::Debug + 'static {
-    /// Answers one request; an `Err` travels back as the error code and
-    /// reason of the response.
-    async fn serve(
-        &self,
-        api_key: u16,
-        group_id: u64,
-        body: Bytes,
-    ) -> Result<Vec<u8>, (ErrorCode, String)>;
+    /// Answers one request; an `Err` travels back as the error code
+    /// ([`RpcError::code`]) and reason (its message) of the response.
+    async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError>;
+}
+
+/// Why the raft port refused a request. On the wire it is a response frame
+/// whose error code is [`RpcError::code`] and whose payload is the message
+/// as UTF-8 (the encoding both ends of this build read); `code` is the one
+/// place a refusal becomes a wire code. Messages are lowercase.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RpcError {
+    /// The payload does not start with the 8-byte group id.
+    #[error("the payload is shorter than a group id")]
+    ShortPayload { payload_bytes: usize },
+    /// The api key is not one of the raft messages (200 to 203).
+    #[error("api key {api_key} is not a raft message")]
+    NotRaft { api_key: u16 },
+    /// The api key is not one of the forwarded metadata requests.
+    #[error("api key {api_key} is not a forwarded metadata request")]
+    NotForwarded { api_key: u16 },
+    /// This node hosts no replica of the group.
+    #[error("group {group_id} is not hosted here")]
+    NotHosted { group_id: u64 },
+    /// The request body could not be decoded as what its api key names.
+    #[error("cannot decode {what}: {reason}")]
+    Decode { what: &'static str, reason: String },
+    /// The answer could not be encoded.
+    #[error("cannot encode {what}: {reason}")]
+    Encode { what: &'static str, reason: String },
+    /// The group refused or failed the request.
+    #[error(transparent)]
+    Group(#[from] super::GroupError),
+}
+
+impl RpcError {
+    /// The wire code of this refusal.
+    pub fn code(&self) -> ErrorCode {
+        use super::GroupError;
+        match self {
+            RpcError::ShortPayload { .. } | RpcError::Decode { .. } => ErrorCode::InvalidRequest,
+            RpcError::NotRaft { .. } | RpcError::NotForwarded { .. } => ErrorCode::UnsupportedApi,
+            RpcError::NotHosted { .. } => ErrorCode::NotLeader,
+            RpcError::Encode { .. } => ErrorCode::UnknownServerError,
+            RpcError::Group(e) => match e {
+                GroupError::Stopped => ErrorCode::ShuttingDown,
+                GroupError::Codec { .. } => ErrorCode::InvalidRequest,
+                GroupError::NotLeader { .. } => ErrorCode::NotLeader,
+                // Appended, then dropped by a leader change: it may commit.
+                GroupError::Discarded { .. } => ErrorCode::OutcomeUnknown,
+                GroupError::Timeout => ErrorCode::Timeout,
+                GroupError::Io { .. }
+                | GroupError::Storage { .. }
+                | GroupError::Fatal { .. }
+                | GroupError::Config { .. }
+                | GroupError::Raft { .. } => ErrorCode::UnknownServerError,
+            },
+        }
+    }
+
+    /// The response frame that carries this refusal to `correlation_id`.
+    pub fn to_frame(&self, correlation_id: u32) -> ResponseFrame {
+        ResponseFrame {
+            correlation_id,
+            error_code: self.code(),
+            payload: Bytes::from(self.to_string().into_bytes()),
+        }
+    }
 }
 
 /// What a `TransportServer` refused and dropped, since it started.
@@ -884,16 +943,11 @@ async fn serve_connection(
 
 async fn answer(service: &dyn RpcService, frame: RequestFrame) -> ResponseFrame {
     let correlation_id = frame.correlation_id;
-    let refuse = |code: ErrorCode, reason: String| ResponseFrame {
-        correlation_id,
-        error_code: code,
-        payload: Bytes::from(reason.into_bytes()),
-    };
     if frame.payload.len() < GROUP_ID_BYTES {
-        return refuse(
-            ErrorCode::InvalidRequest,
-            "the payload is shorter than a group id".to_owned(),
-        );
+        return RpcError::ShortPayload {
+            payload_bytes: frame.payload.len(),
+        }
+        .to_frame(correlation_id);
     }
     let mut id = [0u8; GROUP_ID_BYTES];
     id.copy_from_slice(&frame.payload[..GROUP_ID_BYTES]);
@@ -905,7 +959,7 @@ async fn answer(service: &dyn RpcService, frame: RequestFrame) -> ResponseFrame 
             error_code: ErrorCode::None,
             payload: Bytes::from(bytes),
         },
-        Err((code, reason)) => refuse(code, reason),
+        Err(e) => e.to_frame(correlation_id),
     }
 }
 
@@ -948,38 +1002,20 @@ impl GroupRegistry {
         api_key: u16,
         group_id: u64,
         body: &[u8],
-    ) -> Result<Vec<u8>, (ErrorCode, String)> {
+    ) -> Result<Vec<u8>, RpcError> {
         let Some(kind) = raft_kind_of(api_key) else {
-            return Err((
-                ErrorCode::UnsupportedApi,
-                format!("api key {api_key} is not a raft message"),
-            ));
+            return Err(RpcError::NotRaft { api_key });
         };
         let Some(group) = self.get(group_id) else {
-            return Err((
-                ErrorCode::NotLeader,
-                format!("group {group_id} is not hosted here"),
-            ));
+            return Err(RpcError::NotHosted { group_id });
         };
-        group.handle_rpc(kind, body).await.map_err(|e| {
-            let code = match e {
-                super::GroupError::Stopped => ErrorCode::ShuttingDown,
-                super::GroupError::Codec { .. } => ErrorCode::InvalidRequest,
-                _ => ErrorCode::UnknownServerError,
-            };
-            (code, e.to_string())
-        })
+        Ok(group.handle_rpc(kind, body).await?)
     }
 }
 
 #[async_trait::async_trait]
 impl RpcService for GroupRegistry {
-    async fn serve(
-        &self,
-        api_key: u16,
-        group_id: u64,
-        body: Bytes,
-    ) -> Result<Vec<u8>, (ErrorCode, String)> {
+    async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
         self.serve_raft(api_key, group_id, &body).await
     }
 }

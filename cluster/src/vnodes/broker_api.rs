@@ -9,10 +9,9 @@
 //! protocol of keys 210 and 211 is unchanged.
 
 use super::{Forwarded, VnodeHost};
-use crate::group::{GroupError, TcpTransport};
+use crate::group::{GroupError, RpcError, TcpTransport};
 use crate::model::{MetadataState, TopicState};
 use crate::ring::VnodeId;
-use malachi_wire::error::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,7 +84,9 @@ impl VnodeHost {
                             reason: format!("undecodable local answer: {e}"),
                         })
                     }
-                    Err((_, reason)) => Forwarded::Failed { reason },
+                    Err(e) => Forwarded::Failed {
+                        reason: e.to_string(),
+                    },
                 }
             } else {
                 self.forward_to(
@@ -109,7 +110,8 @@ impl VnodeHost {
                     continue;
                 }
                 Forwarded::NotLeader { .. } => {}
-                Forwarded::Retry { reason } => last = reason,
+                // A list is a read: an unknown outcome is just a retry.
+                Forwarded::Retry { reason } | Forwarded::Unknown { reason, .. } => last = reason,
             }
             tracing::debug!(%vnode, attempt, target, %last, "topic list re-routed");
             target = voters[next_voter % voters.len()];
@@ -125,7 +127,7 @@ impl VnodeHost {
 
     /// Serves a forwarded list on this broker's replica of `group_id`: the
     /// answer is `Forwarded<Vec<TopicSummary>>`, encoded.
-    pub async fn serve_list(&self, group_id: u64) -> Result<Vec<u8>, (ErrorCode, String)> {
+    pub async fn serve_list(&self, group_id: u64) -> Result<Vec<u8>, RpcError> {
         let answer = match self.registry.get(group_id) {
             None => Forwarded::NotLeader { leader: None },
             Some(group) => match group.read(summarize).await {
@@ -143,7 +145,10 @@ impl VnodeHost {
                 },
             },
         };
-        rmp_serde::to_vec(&answer).map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))
+        rmp_serde::to_vec(&answer).map_err(|e| RpcError::Encode {
+            what: "a topic list",
+            reason: e.to_string(),
+        })
     }
 }
 

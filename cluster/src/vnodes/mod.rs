@@ -41,13 +41,12 @@ use crate::group::fsio;
 use crate::group::{Backoff, backoff_seed};
 use crate::group::{
     FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupConfig, GroupError,
-    GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, RpcService,
+    GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, RpcError, RpcService,
     TcpTransport, TransportError,
 };
 use crate::model::{Command, ModelError, Outcome, RingArc, RingRecord, TopicDescription};
 use crate::ring::{RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
 use bytes::Bytes;
-use malachi_wire::error::ErrorCode;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -153,6 +152,12 @@ pub enum RouteError {
     /// The group failed in a way a retry cannot fix.
     #[error("vnode {vnode}: {reason}")]
     Failed { vnode: VnodeId, reason: String },
+    /// A proposal may or may not have been applied: an attempt was
+    /// discarded by a leader change, timed out, or lost its answer, and no
+    /// later attempt settled it. Unlike the other errors, the change may
+    /// exist; a client must read back before assuming it does not.
+    #[error("vnode {vnode}: {reason}; the request may or may not have been applied")]
+    OutcomeUnknown { vnode: VnodeId, reason: String },
     /// This host is shut down.
     #[error("the vnode host is shut down")]
     Stopped,
@@ -166,13 +171,22 @@ enum Forwarded<T> {
     NotLeader {
         leader: Option<u64>,
     },
-    /// The request's outcome is unknown (a timeout or a discarded entry) or
-    /// the group cannot serve; the router may retry.
+    /// The group cannot serve now (a read timed out, raft refused, the
+    /// group stopped); the router may retry.
     Retry {
         reason: String,
     },
     /// The group failed for good.
     Failed {
+        reason: String,
+    },
+    /// A proposal's outcome is unknown (it timed out, or a leader change
+    /// discarded its entry): it may still commit. The router may retry
+    /// (following `leader`), but if no attempt settles it the caller gets
+    /// `RouteError::OutcomeUnknown`, not a refusal. Last, so answers of
+    /// the variants above encode as before.
+    Unknown {
+        leader: Option<u64>,
         reason: String,
     },
 }
@@ -732,6 +746,9 @@ impl VnodeHost {
             .and_then(|g| g.status().leader)
             .unwrap_or(voters[0]);
         let mut last = String::from("no attempt");
+        // Set once an attempt may have applied the request: from then on a
+        // final failure is `OutcomeUnknown`, never a refusal.
+        let mut uncertain: Option<String> = None;
         let mut next_voter = 0usize;
         let mut backoff = self.route_backoff(group_id);
         for attempt in 1..=self.config.route_attempts_max {
@@ -743,7 +760,24 @@ impl VnodeHost {
             };
             match answer {
                 Forwarded::Done(value) => return Ok(value),
-                Forwarded::Failed { reason } => return Err(RouteError::Failed { vnode, reason }),
+                Forwarded::Failed { reason } => {
+                    return Err(settle(
+                        vnode,
+                        uncertain,
+                        RouteError::Failed { vnode, reason },
+                    ));
+                }
+                Forwarded::Unknown { leader, reason } => {
+                    tracing::debug!(%vnode, attempt, target, %reason, "metadata request outcome unknown");
+                    last = reason.clone();
+                    uncertain = Some(reason);
+                    if let Some(leader) = leader
+                        && leader != target
+                    {
+                        target = leader;
+                        continue;
+                    }
+                }
                 Forwarded::NotLeader {
                     leader: Some(leader),
                 } if leader != target => {
@@ -765,11 +799,15 @@ impl VnodeHost {
             next_voter += 1;
             tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
         }
-        Err(RouteError::Unavailable {
+        Err(settle(
             vnode,
-            attempts: self.config.route_attempts_max,
-            last,
-        })
+            uncertain,
+            RouteError::Unavailable {
+                vnode,
+                attempts: self.config.route_attempts_max,
+                last,
+            },
+        ))
     }
 
     /// Serves a forwarded request on this broker's replica.
@@ -783,7 +821,11 @@ impl VnodeHost {
         // both paths are the same code; metadata answers are small.
         let encoded = match self.serve_forwarded(api_key, group_id, body).await {
             Ok(bytes) => bytes,
-            Err((_, reason)) => return Forwarded::Failed { reason },
+            Err(e) => {
+                return Forwarded::Failed {
+                    reason: e.to_string(),
+                };
+            }
         };
         rmp_serde::from_slice(&encoded).unwrap_or_else(|e| Forwarded::Failed {
             reason: format!("undecodable local answer: {e}"),
@@ -795,17 +837,24 @@ impl VnodeHost {
         api_key: u16,
         group_id: u64,
         body: &[u8],
-    ) -> Result<Vec<u8>, (ErrorCode, String)> {
-        let codec = |e: &dyn std::fmt::Display| (ErrorCode::InvalidRequest, e.to_string());
+    ) -> Result<Vec<u8>, RpcError> {
+        let codec = |what: &'static str| {
+            move |e: rmp_serde::decode::Error| RpcError::Decode {
+                what,
+                reason: e.to_string(),
+            }
+        };
         if api_key == RING_ANNOUNCE_API_KEY {
-            let announced: RingAnnounce = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+            let announced: RingAnnounce =
+                rmp_serde::from_slice(body).map_err(codec("a ring announce"))?;
             if let Some(host) = self.this.upgrade() {
                 host.observe_ring_version(announced.version);
             }
             return encode(&Forwarded::Done(()));
         }
         if api_key == OPEN_VNODE_API_KEY {
-            let request: OpenVnode = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+            let request: OpenVnode =
+                rmp_serde::from_slice(body).map_err(codec("an open vnode request"))?;
             let answer = match self.open_vnode(request.vnode).await {
                 Ok(true) => Forwarded::Done(()),
                 Ok(false) => Forwarded::Failed {
@@ -824,15 +873,17 @@ impl VnodeHost {
         };
         match api_key {
             FORWARD_PROPOSE_API_KEY => {
-                let cmd: Command = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let cmd: Command =
+                    rmp_serde::from_slice(body).map_err(codec("a forwarded command"))?;
                 let answer = match self.propose_here(&group, group_id, cmd).await {
                     Ok(verdict) => Forwarded::Done(verdict),
-                    Err(e) => forwarded_error(e),
+                    Err(e) => proposal_error(e),
                 };
                 encode(&answer)
             }
             FORWARD_READ_API_KEY => {
-                let request: ReadRequest = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let request: ReadRequest =
+                    rmp_serde::from_slice(body).map_err(codec("a forwarded read"))?;
                 let read = group
                     .read(move |s| {
                         s.check_topic_route(&request.topic)
@@ -849,7 +900,8 @@ impl VnodeHost {
                 encode(&answer)
             }
             FORWARD_QUERY_API_KEY => {
-                let query: Query = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let query: Query =
+                    rmp_serde::from_slice(body).map_err(codec("a forwarded query"))?;
                 match query {
                     Query::Ring => {
                         let answer = match group.read(|s| s.ring_record().cloned()).await {
@@ -875,10 +927,7 @@ impl VnodeHost {
                     }
                 }
             }
-            other => Err((
-                ErrorCode::UnsupportedApi,
-                format!("api key {other} is not a forwarded metadata request"),
-            )),
+            other => Err(RpcError::NotForwarded { api_key: other }),
         }
     }
 
@@ -1024,6 +1073,14 @@ impl VnodeHost {
             Ok(bytes) => rmp_serde::from_slice(&bytes).unwrap_or_else(|e| Forwarded::Retry {
                 reason: format!("undecodable answer: {e}"),
             }),
+            // A proposal whose connection failed may have reached the
+            // leader before it did: its outcome is unknown.
+            Err(e @ TransportError::Network { .. }) if api_key == FORWARD_PROPOSE_API_KEY => {
+                Forwarded::Unknown {
+                    leader: None,
+                    reason: e.to_string(),
+                }
+            }
             Err(
                 e @ (TransportError::Unreachable { .. }
                 | TransportError::Network { .. }
@@ -1046,18 +1103,42 @@ fn forwarded_error<T>(e: GroupError) -> Forwarded<T> {
     }
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, (ErrorCode, String)> {
-    rmp_serde::to_vec(value).map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))
+/// How a route that failed ends: as `OutcomeUnknown` if an earlier attempt
+/// may have applied the request, else as `failed`.
+fn settle(vnode: VnodeId, uncertain: Option<String>, failed: RouteError) -> RouteError {
+    match uncertain {
+        Some(reason) => RouteError::OutcomeUnknown { vnode, reason },
+        None => failed,
+    }
+}
+
+/// A proposal's failure as it travels back: one that may still commit
+/// (timed out, or discarded by a leader change) is `Unknown`, so the router
+/// can tell it from a refusal.
+fn proposal_error<T>(e: GroupError) -> Forwarded<T> {
+    match e {
+        GroupError::Discarded { leader } => Forwarded::Unknown {
+            leader,
+            reason: e.to_string(),
+        },
+        GroupError::Timeout => Forwarded::Unknown {
+            leader: None,
+            reason: "the proposal timed out".to_owned(),
+        },
+        other => forwarded_error(other),
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, RpcError> {
+    rmp_serde::to_vec(value).map_err(|e| RpcError::Encode {
+        what: "a forwarded answer",
+        reason: e.to_string(),
+    })
 }
 
 #[async_trait::async_trait]
 impl RpcService for VnodeHost {
-    async fn serve(
-        &self,
-        api_key: u16,
-        group_id: u64,
-        body: Bytes,
-    ) -> Result<Vec<u8>, (ErrorCode, String)> {
+    async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
         match api_key {
             FORWARD_PROPOSE_API_KEY
             | FORWARD_READ_API_KEY
@@ -1072,6 +1153,114 @@ impl RpcService for VnodeHost {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use malachi_wire::error::ErrorCode;
+
+    #[test]
+    fn a_discarded_proposal_travels_as_an_unknown_outcome_not_a_refusal() {
+        let discarded = GroupError::Discarded { leader: Some(2) };
+        match proposal_error::<()>(discarded.clone()) {
+            Forwarded::Unknown { leader, reason } => {
+                assert_eq!(leader, Some(2));
+                assert_eq!(
+                    reason,
+                    "the proposal was discarded by a leader change; its outcome is unknown"
+                );
+            }
+            other => panic!("expected Unknown, got {other:?}"),
+        }
+        assert!(matches!(
+            proposal_error::<()>(GroupError::Timeout),
+            Forwarded::Unknown { leader: None, .. }
+        ));
+        // A refusal that cannot have applied anything stays a refusal.
+        assert!(matches!(
+            proposal_error::<()>(GroupError::NotLeader { leader: Some(3) }),
+            Forwarded::NotLeader { leader: Some(3) }
+        ));
+        // On the raft port the same error is `outcome_unknown`.
+        assert_eq!(RpcError::Group(discarded).code(), ErrorCode::OutcomeUnknown);
+    }
+
+    #[test]
+    fn a_route_that_fails_after_an_unknown_attempt_is_outcome_unknown() {
+        let unavailable = RouteError::Unavailable {
+            vnode: VnodeId(4),
+            attempts: 3,
+            last: "node 2 knows no leader".into(),
+        };
+        assert_eq!(settle(VnodeId(4), None, unavailable.clone()), unavailable);
+        let settled = settle(
+            VnodeId(4),
+            Some("the proposal timed out".into()),
+            unavailable,
+        );
+        assert_eq!(
+            settled,
+            RouteError::OutcomeUnknown {
+                vnode: VnodeId(4),
+                reason: "the proposal timed out".into(),
+            }
+        );
+        assert!(
+            settled
+                .to_string()
+                .ends_with("the request may or may not have been applied")
+        );
+    }
+
+    #[test]
+    fn forwarded_answers_keep_their_encoding_and_the_unknown_one_decodes() {
+        // The variants before `Unknown` encode as they did before it was added.
+        let hex = |f: &Forwarded<u8>| {
+            rmp_serde::to_vec(f)
+                .unwrap()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let encoded: Vec<String> = [
+            Forwarded::Done(7),
+            Forwarded::NotLeader { leader: Some(2) },
+            Forwarded::Retry { reason: "r".into() },
+            Forwarded::Failed { reason: "f".into() },
+            Forwarded::Unknown {
+                leader: None,
+                reason: "u".into(),
+            },
+        ]
+        .iter()
+        .map(hex)
+        .collect();
+        insta::assert_snapshot!(encoded.join("\n"));
+        let unknown = rmp_serde::to_vec(&Forwarded::<u8>::Unknown {
+            leader: Some(1),
+            reason: "the proposal timed out".into(),
+        })
+        .unwrap();
+        assert!(matches!(
+            rmp_serde::from_slice::<Forwarded<u8>>(&unknown).unwrap(),
+            Forwarded::Unknown {
+                leader: Some(1),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn rpc_errors_travel_as_their_code_and_message() {
+        let frame = RpcError::NotHosted { group_id: 9 }.to_frame(5);
+        assert_eq!(frame.correlation_id, 5);
+        assert_eq!(frame.error_code, ErrorCode::NotLeader);
+        assert_eq!(&frame.payload[..], b"group 9 is not hosted here");
+        assert_eq!(
+            RpcError::NotRaft { api_key: 1 }.code(),
+            ErrorCode::UnsupportedApi
+        );
+        assert_eq!(
+            RpcError::Group(GroupError::Stopped).code(),
+            ErrorCode::ShuttingDown
+        );
+    }
 
     #[test]
     fn voter_sets_are_deterministic_and_sized() {
