@@ -56,12 +56,19 @@ pub enum MetadataError {
     /// partition): the request may be retried.
     #[error("metadata unavailable: {reason}")]
     Unavailable { reason: String },
+    /// A change was proposed but its outcome is unknown (a leader change
+    /// discarded it, or its commit was not seen in time): it may exist.
+    #[error("metadata change outcome unknown: {reason}")]
+    OutcomeUnknown { reason: String },
 }
 
 impl From<GroupError> for MetadataError {
     fn from(e: GroupError) -> MetadataError {
         match e {
             GroupError::Stopped => MetadataError::Shutdown,
+            GroupError::Discarded { .. } => MetadataError::OutcomeUnknown {
+                reason: e.to_string(),
+            },
             other => MetadataError::Group {
                 fatal: other.is_fatal(),
                 reason: other.to_string(),
@@ -75,6 +82,9 @@ impl From<RouteError> for MetadataError {
         match e {
             RouteError::Stopped => MetadataError::Shutdown,
             RouteError::Unavailable { .. } => MetadataError::Unavailable {
+                reason: e.to_string(),
+            },
+            RouteError::OutcomeUnknown { .. } => MetadataError::OutcomeUnknown {
                 reason: e.to_string(),
             },
             RouteError::Unroutable | RouteError::Failed { .. } => MetadataError::Group {
@@ -92,7 +102,10 @@ impl MetadataError {
         match self {
             MetadataError::Shutdown | MetadataError::NotOpen => ErrorCode::ShuttingDown,
             MetadataError::Unavailable { .. } => ErrorCode::NoQuorum,
-            _ => ErrorCode::UnknownServerError,
+            MetadataError::OutcomeUnknown { .. } => ErrorCode::OutcomeUnknown,
+            MetadataError::Io { .. }
+            | MetadataError::Corrupt { .. }
+            | MetadataError::Group { .. } => ErrorCode::UnknownServerError,
         }
     }
 }

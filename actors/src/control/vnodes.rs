@@ -17,11 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use malachi_cluster::group::{RpcService, TransportServer};
+use malachi_cluster::group::{RpcError, RpcService, TransportServer};
 use malachi_cluster::membership::MembershipView;
 use malachi_cluster::vnodes::broker_api::FORWARD_LIST_API_KEY;
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
-use malachi_wire::error::ErrorCode;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
@@ -53,12 +52,7 @@ struct BrokerRpc {
 
 #[async_trait::async_trait]
 impl RpcService for BrokerRpc {
-    async fn serve(
-        &self,
-        api_key: u16,
-        group_id: u64,
-        body: Bytes,
-    ) -> Result<Vec<u8>, (ErrorCode, String)> {
+    async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
         if api_key == FORWARD_LIST_API_KEY {
             return self.host.serve_list(group_id).await;
         }

@@ -8,5 +8,6 @@
 //! reaches the control plane through the [`segment::Roller`] it was started
 //! with, never by naming the coordinator.
 
+pub(crate) mod invariants;
 pub(crate) mod segment;
 pub(crate) mod storage;

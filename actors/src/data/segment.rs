@@ -22,8 +22,9 @@ use malachi_storage::{SegmentStore, StorageError};
 use malachi_supervision::{BoundedRef, Permit};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
+use super::invariants::{Violation, check_append, check_durable};
 use super::storage::{SegmentHandle, Storage};
 use crate::common::convert::IncomingRecord;
 
@@ -114,6 +115,10 @@ pub(crate) struct SegmentActor;
 pub(crate) struct SegmentState {
     args: SegmentArgs,
     rolling: bool,
+    /// The offset the store must give this segment's next append: the end
+    /// of the previous one (appends go through this actor only, in mailbox
+    /// order), from the copy's `assigned` at open.
+    next_offset: u64,
     /// When this incarnation first saw a durable record; an empty segment
     /// never rolls by age, so its age counts from its first record.
     first_record_at_ms: Option<u64>,
@@ -169,6 +174,7 @@ impl Actor for SegmentActor {
         Ok(SegmentState {
             args,
             rolling: false,
+            next_offset: recovery.info.assigned,
             first_record_at_ms,
         })
     }
@@ -299,12 +305,21 @@ impl SegmentActor {
                 return;
             }
         };
+        // Offsets are assigned at enqueue: exactly this batch's records,
+        // right after the previous append's. A gap would lose records from
+        // a reader's view, an overlap would put two at one offset.
+        let enqueued = ticket.offsets();
+        if let Err(violation) = check_append(state.next_offset, records.len(), &enqueued) {
+            broken(state.store_id(), violation, reply);
+        }
+        state.next_offset = enqueued.end;
         if state.first_record_at_ms.is_none() {
             state.first_record_at_ms = Some(state.args.storage.clock.now_ms());
         }
         let shared = Arc::clone(&state.args.storage);
         let topic = state.args.topic.clone();
         let count = records.len() as u64;
+        let store_id = state.store_id();
         tokio::spawn(async move {
             // The permit lives until the fsync: the actor's bound covers it.
             let _permit = permit;
@@ -315,6 +330,21 @@ impl SegmentActor {
                 .record(started.elapsed().as_secs_f64());
             let answer = match result {
                 Ok(offsets) => {
+                    // The acknowledged offsets are the ones given at enqueue,
+                    // durable, and within any seal of the copy.
+                    if offsets != enqueued {
+                        let violation = Violation::NotContiguous {
+                            offsets,
+                            expected_start: enqueued.start,
+                        };
+                        broken(store_id, violation, reply);
+                    }
+                    if cfg!(debug_assertions)
+                        && let Ok(info) = shared.store.info(store_id)
+                        && let Err(violation) = check_durable(&offsets, &info)
+                    {
+                        broken(store_id, violation, reply);
+                    }
                     shared.metrics.records_produced.increment(count);
                     shared.metrics.bytes_produced.increment(bytes);
                     shared.notify_topic(&topic);
@@ -376,6 +406,18 @@ impl SegmentActor {
         });
         Ok(())
     }
+}
+
+/// A broken invariant of the acknowledgement path (`invariants.rs`): the
+/// append is answered as failed, so its client is neither told the records
+/// are durable nor led to retry them as if nothing was appended, and then
+/// the assertion fails (the supervisor restarts the actor that saw it).
+fn broken(segment: malachi_storage::SegmentId, violation: Violation, reply: AppendReply) -> ! {
+    error!(%segment, %violation, "acknowledgement invariant violated");
+    let _ = reply.send(Err(AppendError::Failed(format!(
+        "invariant violated: {violation}"
+    ))));
+    panic!("segment {segment}: acknowledgement invariant violated: {violation}");
 }
 
 /// Seals `segment` at its durable length through the control plane.

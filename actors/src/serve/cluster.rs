@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use malachi_wire::ErrorCode;
 use malachi_wire::messages as wire;
 
+use super::error::ServeError;
 use super::reply::Failure;
 use crate::common::convert::tree_to_wire;
 use crate::control::shared::Shared;
@@ -17,12 +17,11 @@ pub(crate) async fn tree_snapshot(
     req: wire::TreeSnapshotRequest,
 ) -> Result<wire::TreeSnapshotResponse, Failure> {
     let Some(root) = shared.root.read().clone() else {
-        return Err((ErrorCode::ShuttingDown, "the tree is not running".into()));
+        return Err(ServeError::TreeDown);
     };
-    let snapshot = root
-        .snapshot()
-        .await
-        .map_err(|e| (ErrorCode::Timeout, e.to_string()))?;
+    let snapshot = root.snapshot().await.map_err(|e| ServeError::TreeSilent {
+        reason: e.to_string(),
+    })?;
     // With `all`, every other broker's tree comes over the node fabric; one
     // that cannot answer is listed as unreachable.
     let brokers = match shared.fabric() {

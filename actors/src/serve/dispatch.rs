@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
+use malachi_wire::RequestFrame;
 use malachi_wire::messages::{self as wire, ApiVersion, Request, Response};
-use malachi_wire::{ErrorCode, RequestFrame};
 use tracing::{debug, warn};
 
-use super::reply::{Failure, Reply, error_frame, redirect_reply};
+use super::error::ServeError;
+use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
 use super::{cluster, fetch, produce, topics, vnodes};
 use crate::control::placement::serve_here;
@@ -24,7 +25,7 @@ pub(crate) async fn handle_frame(
     let correlation_id = frame.correlation_id;
     let request = match Request::decode(frame.api_key, frame.payload) {
         Ok(request) => request,
-        Err(e) => return Some(error_frame(correlation_id, e.error_code(), e.to_string())),
+        Err(e) => return Some(refusal_frame(correlation_id, &ServeError::Decode(e))),
     };
     let request = match request {
         Request::Subscribe(req) => {
@@ -33,7 +34,7 @@ pub(crate) async fn handle_frame(
             }
             return subscribe(shared, ctx, correlation_id, req)
                 .err()
-                .map(|(code, message)| error_frame(correlation_id, code, message));
+                .map(|refusal| refusal_frame(correlation_id, &refusal));
         }
         Request::SubscribeCredit(req) => {
             let answer = credit(shared, ctx, req).map(Response::SubscribeCredit);
@@ -71,12 +72,16 @@ fn encode_answer(
             Ok(reply) => reply,
             Err(e) => {
                 warn!(api = name, error = %e, "cannot encode a response");
-                error_frame(correlation_id, ErrorCode::UnknownServerError, e.to_string())
+                let refusal = ServeError::Internal {
+                    what: "encode a response",
+                    reason: e.to_string(),
+                };
+                refusal_frame(correlation_id, &refusal)
             }
         },
-        Err((code, message)) => {
-            debug!(api = name, code = %code, %message, "request refused");
-            error_frame(correlation_id, code, message)
+        Err(refusal) => {
+            debug!(api = name, code = %refusal.code(), message = %refusal, "request refused");
+            refusal_frame(correlation_id, &refusal)
         }
     }
 }
@@ -113,9 +118,8 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
         Request::VnodeSplit(req) => vnodes::vnode_split(shared, req.vnode)
             .await
             .map(Response::VnodeSplit),
-        Request::Subscribe(_) | Request::SubscribeCredit(_) => Err((
-            ErrorCode::UnknownServerError,
-            "subscriptions are handled by the connection".into(),
-        )),
+        Request::Subscribe(_) | Request::SubscribeCredit(_) => {
+            Err(ServeError::SubscriptionMisrouted)
+        }
     }
 }

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use malachi_cluster::cursor::{Cursor, Position};
 use malachi_cluster::model::RangeId;
-use malachi_wire::ErrorCode;
 use malachi_wire::batch::BatchBuilder;
 use malachi_wire::messages as wire;
 use tokio::time::Instant;
 
+use super::error::ServeError;
 use super::read::{active_plans, active_segments, read_topic, tail_positions};
 use super::reply::{Failure, not_serving};
 use crate::control::metadata::{MetadataPlane, read_owner};
@@ -56,8 +56,7 @@ pub(crate) async fn fetch(
                 batch_max,
                 READ_CHUNK_RECORDS,
             )
-        })
-        .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+        })?;
         let (batch, positions, records, bytes) = (
             builder.finish(),
             outcome.positions,
@@ -76,9 +75,13 @@ pub(crate) async fn fetch(
                 incarnation,
                 positions,
             };
-            let next_cursor = cursor
-                .encode(&shared.cursor_key)
-                .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+            let next_cursor =
+                cursor
+                    .encode(&shared.cursor_key)
+                    .map_err(|e| ServeError::Internal {
+                        what: "encode a cursor",
+                        reason: e.to_string(),
+                    })?;
             return Ok(wire::FetchResponse {
                 next_cursor,
                 records: batch,
@@ -88,7 +91,7 @@ pub(crate) async fn fetch(
             _ = tokio::time::sleep_until(deadline) => {}
             _ = durable.changed() => {}
             _ = shared.draining.cancelled() => {
-                return Err((ErrorCode::ShuttingDown, "the broker is shutting down".into()));
+                return Err(ServeError::Draining);
             }
         }
     }
@@ -103,21 +106,23 @@ pub(crate) fn start_positions(
 ) -> Result<(u64, BTreeMap<RangeId, Position>), Failure> {
     let checked = read_owner(plane, &req.topic, |state| {
         let Some(topic) = state.topic(&req.topic) else {
-            return Err((
-                ErrorCode::TopicNotFound,
-                format!("no such topic {}", req.topic),
-            ));
+            return Err(ServeError::TopicNotFound {
+                topic: req.topic.clone(),
+            });
         };
         let incarnation = topic.incarnation.0;
         let cursor = match &req.cursor {
             Some(encoded) => {
-                let cursor = Cursor::decode_for(encoded, &shared.cursor_key, state)
-                    .map_err(|e| (ErrorCode::InvalidCursor, e.to_string()))?;
+                let cursor =
+                    Cursor::decode_for(encoded, &shared.cursor_key, state).map_err(|e| {
+                        ServeError::InvalidCursor {
+                            reason: e.to_string(),
+                        }
+                    })?;
                 if cursor.topic != req.topic {
-                    return Err((
-                        ErrorCode::InvalidCursor,
-                        format!("the cursor belongs to topic {}", cursor.topic),
-                    ));
+                    return Err(ServeError::CursorOfOtherTopic {
+                        cursor_topic: cursor.topic,
+                    });
                 }
                 Some(cursor.positions)
             }
@@ -132,8 +137,7 @@ pub(crate) fn start_positions(
             .iter()
             .map(|&(range, _, _)| (range, Position::Start))
             .collect(),
-        None => tokio::task::block_in_place(|| tail_positions(&shared.store, &active))
-            .map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?,
+        None => tokio::task::block_in_place(|| tail_positions(&shared.store, &active))?,
     };
     Ok((incarnation, positions))
 }

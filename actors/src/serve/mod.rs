@@ -5,7 +5,8 @@
 //! `produce.rs`, `fetch.rs` (with `read.rs`, read plans to store reads),
 //! `subscribe.rs` (pushes within credit), `topics.rs` (topic and range
 //! admin), `vnodes.rs` (vnode list and split), `cluster.rs` (tree and
-//! cluster status). `reply.rs` holds what they answer with.
+//! cluster status). `reply.rs` holds what they answer with, `error.rs` the
+//! `ServeError` they refuse with and its one mapping to wire codes.
 //!
 //! Architecture invariant: `serve` is the only module that speaks the client
 //! protocol; it reaches the layers below through the broker context
@@ -14,6 +15,7 @@
 pub(crate) mod cluster;
 pub(crate) mod connection;
 pub(crate) mod dispatch;
+pub(crate) mod error;
 pub(crate) mod fetch;
 pub(crate) mod listener;
 pub(crate) mod produce;

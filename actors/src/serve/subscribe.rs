@@ -24,9 +24,10 @@ use malachi_wire::{ErrorCode, Message, RecordBatch};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use super::error::ServeError;
 use super::fetch::start_positions;
 use super::read::{active_plans, read_topic};
-use super::reply::{Failure, Outbound, Reply, error_frame};
+use super::reply::{Failure, Outbound, Reply, refusal_frame};
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
 
@@ -59,6 +60,11 @@ impl Subscriptions {
     fn remove(&self, id: u32) {
         self.map.lock().remove(&id);
     }
+
+    /// No subscription is open (the connection may be idle).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.lock().is_empty()
+    }
 }
 
 /// What a request handler may use of its connection (subscriptions push
@@ -77,7 +83,13 @@ fn push_frame(id: u32, push: &SubscribePush) -> Reply {
             control,
             block,
         },
-        Err(e) => error_frame(id, ErrorCode::UnknownServerError, e.to_string()),
+        Err(e) => refusal_frame(
+            id,
+            &ServeError::Internal {
+                what: "encode a push",
+                reason: e.to_string(),
+            },
+        ),
     }
 }
 
@@ -89,9 +101,7 @@ pub(crate) fn subscribe(
     id: u32,
     req: SubscribeRequest,
 ) -> Result<(), Failure> {
-    let plane = shared
-        .plane()
-        .map_err(|e| (ErrorCode::ShuttingDown, e.to_string()))?;
+    let plane = shared.plane().map_err(ServeError::Metadata)?;
     let as_fetch = FetchRequest {
         topic: req.topic.clone(),
         cursor: req.cursor.clone(),
@@ -111,16 +121,12 @@ pub(crate) fn subscribe(
     {
         let mut map = ctx.subscriptions.map.lock();
         if map.contains_key(&id) {
-            return Err((
-                ErrorCode::InvalidRequest,
-                format!("a subscription with correlation id {id} is already open"),
-            ));
+            return Err(ServeError::SubscriptionOpen { id });
         }
         if map.len() >= SUBSCRIPTIONS_PER_CONNECTION_MAX {
-            return Err((
-                ErrorCode::Busy,
-                format!("at most {SUBSCRIPTIONS_PER_CONNECTION_MAX} subscriptions per connection"),
-            ));
+            return Err(ServeError::TooManySubscriptions {
+                subscriptions_max: SUBSCRIPTIONS_PER_CONNECTION_MAX,
+            });
         }
         map.insert(id, Arc::clone(&sub));
     }
@@ -150,10 +156,9 @@ pub(crate) fn credit(
         .lock()
         .get(&req.subscription_id)
         .cloned()
-        .ok_or((
-            ErrorCode::SubscriptionNotFound,
-            format!("no subscription {} on this connection", req.subscription_id),
-        ))?;
+        .ok_or(ServeError::SubscriptionNotFound {
+            subscription_id: req.subscription_id,
+        })?;
     let answer = {
         let mut credit = sub.credit.lock();
         credit.records = credit
@@ -217,7 +222,13 @@ impl PushTask {
                     records,
                 },
             ),
-            Err(e) => error_frame(self.id, ErrorCode::UnknownServerError, e.to_string()),
+            Err(e) => refusal_frame(
+                self.id,
+                &ServeError::Internal {
+                    what: "encode a cursor",
+                    reason: e.to_string(),
+                },
+            ),
         }
     }
 
@@ -255,10 +266,11 @@ impl PushTask {
                     .is_some_and(|t| t.incarnation.0 == self.incarnation)
             });
             if !alive {
-                let gone = error_frame(
+                let gone = refusal_frame(
                     self.id,
-                    ErrorCode::TopicNotFound,
-                    format!("topic {} was deleted", self.topic),
+                    &ServeError::TopicDeleted {
+                        topic: self.topic.clone(),
+                    },
                 );
                 let _ = self.send(gone).await;
                 break;
@@ -296,8 +308,7 @@ impl PushTask {
                 let (batch, outcome) = match attempt {
                     Ok(read) => read,
                     Err(e) => {
-                        let failed =
-                            error_frame(self.id, ErrorCode::UnknownServerError, e.to_string());
+                        let failed = refusal_frame(self.id, &ServeError::Read(e));
                         let _ = self.send(failed).await;
                         break;
                     }

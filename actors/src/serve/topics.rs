@@ -6,39 +6,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use malachi_cluster::model::{ModelError, RangeId};
-use malachi_wire::ErrorCode;
+use malachi_cluster::model::RangeId;
 use malachi_wire::messages as wire;
 use tokio::time::Instant;
 
+use super::error::ServeError;
 use super::reply::{Failure, not_serving};
 use crate::common::convert::describe_to_wire;
 use crate::control::requests::{CoordError, CoordinatorMsg};
 use crate::control::shared::Shared;
-
-fn model_code(e: &ModelError) -> ErrorCode {
-    match e {
-        ModelError::NoSuchTopic { .. } => ErrorCode::TopicNotFound,
-        ModelError::TopicExists { .. } => ErrorCode::TopicExists,
-        ModelError::TopicSealed { .. } => ErrorCode::TopicSealed,
-        ModelError::NoSuchRange { .. } | ModelError::RangeNotActive { .. } => {
-            ErrorCode::RangeNotFound
-        }
-        ModelError::NotBuddies { .. } => ErrorCode::NotBuddies,
-        ModelError::AlreadySealed { .. } => ErrorCode::AlreadySealed,
-        ModelError::NoSuchPolicy { .. } => ErrorCode::PolicyNotFound,
-        _ => ErrorCode::InvalidRequest,
-    }
-}
-
-fn coord_failure(e: CoordError) -> Failure {
-    match &e {
-        CoordError::Model(m) => (model_code(m), e.to_string()),
-        CoordError::Metadata(m) => (m.error_code(), e.to_string()),
-        CoordError::Freeze { .. } => (ErrorCode::Busy, e.to_string()),
-        _ => (ErrorCode::UnknownServerError, e.to_string()),
-    }
-}
 
 /// How often a request waiting for a restarting coordinator manager looks
 /// for the new one.
@@ -60,19 +36,15 @@ async fn call_coordinator<R: Send + 'static>(
             break coordinator;
         }
         if Instant::now() >= deadline {
-            return Err((
-                ErrorCode::ShuttingDown,
-                "the coordinator is not running".into(),
-            ));
+            return Err(ServeError::CoordinatorDown);
         }
         tokio::time::sleep(Duration::from_millis(COORDINATOR_WAIT_STEP_MS)).await;
     };
     match ractor::call_t!(coordinator, build, timeout_ms) {
-        Ok(answer) => answer.map_err(coord_failure),
-        Err(e) => Err((
-            ErrorCode::Timeout,
-            format!("the coordinator did not answer: {e}"),
-        )),
+        Ok(answer) => answer.map_err(ServeError::Coord),
+        Err(e) => Err(ServeError::CoordinatorSilent {
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -80,11 +52,8 @@ pub(crate) async fn create_topic(
     shared: &Arc<Shared>,
     req: wire::CreateTopicRequest,
 ) -> Result<wire::CreateTopicResponse, Failure> {
-    if req.replication_factor.is_some_and(|rf| rf > 1) {
-        return Err((
-            ErrorCode::InvalidRequest,
-            "a single broker cannot place more than one replica".into(),
-        ));
+    if let Some(replication_factor) = req.replication_factor.filter(|&rf| rf > 1) {
+        return Err(ServeError::ReplicationFactor { replication_factor });
     }
     let name = req.name.clone();
     let incarnation = call_coordinator(shared, |reply| CoordinatorMsg::CreateTopic {
@@ -137,10 +106,7 @@ pub(crate) async fn describe_topic(
         Some(d) => Ok(wire::DescribeTopicResponse {
             topic: describe_to_wire(&d),
         }),
-        None => Err((
-            ErrorCode::TopicNotFound,
-            format!("no such topic {}", req.name),
-        )),
+        None => Err(ServeError::TopicNotFound { topic: req.name }),
     }
 }
 

@@ -14,14 +14,14 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::model::{ModelError, RingArc};
+use malachi_cluster::model::RingArc;
 use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_cluster::vnodes::VnodeHost;
 use malachi_cluster::vnodes::lease::Clock as _;
-use malachi_cluster::vnodes::{RouteError, SplitError, VnodeHost};
-use malachi_wire::ErrorCode;
 use malachi_wire::messages as wire;
 use tracing::{info, warn};
 
+use super::error::ServeError;
 use super::reply::Failure;
 use crate::control::shared::Shared;
 
@@ -82,12 +82,13 @@ fn vnode_info(shared: &Shared, host: &VnodeHost, vnode: VnodeId, arc: RingArc) -
 /// The ring this broker routes by, with each vnode's leader.
 pub(crate) fn vnode_list(shared: &Arc<Shared>) -> Result<wire::VnodeListResponse, Failure> {
     let node_id = shared.config.node_id;
-    let plane = shared
-        .plane()
-        .map_err(|e| (e.error_code(), e.to_string()))?;
+    let plane = shared.plane().map_err(ServeError::Metadata)?;
     let Some(host) = plane.host() else {
         // The file plane: one vnode, the whole ring, led here.
-        let whole = Ring::new(1).map_err(|e| (ErrorCode::UnknownServerError, e.to_string()))?;
+        let whole = Ring::new(1).map_err(|e| ServeError::Internal {
+            what: "build the one-vnode ring",
+            reason: e.to_string(),
+        })?;
         let vnodes = whole
             .vnodes()
             .map(|v| {
@@ -125,36 +126,25 @@ pub(crate) async fn vnode_split(
     shared: &Arc<Shared>,
     vnode: u32,
 ) -> Result<wire::VnodeSplitResponse, Failure> {
-    let plane = shared
-        .plane()
-        .map_err(|e| (e.error_code(), e.to_string()))?;
+    let plane = shared.plane().map_err(ServeError::Metadata)?;
     let Some(host) = plane.host().cloned() else {
-        return Err((
-            ErrorCode::InvalidRequest,
-            "this broker keeps its metadata in one file (metadata_backend = \"file\"): it has one vnode and cannot split it".into(),
-        ));
+        return Err(ServeError::SingleVnode);
     };
     let parent = VnodeId(vnode);
     // The ring's group, not this broker's copy, says which vnodes exist and
     // whether another split is under way: refuse those before any step.
-    let record = host.ring_record().await.map_err(route_failure)?;
+    let record = host.ring_record().await.map_err(ServeError::from)?;
     if record.ring.vnode(parent).is_none() {
-        return Err((
-            ErrorCode::VnodeNotFound,
-            format!(
-                "the ring (version {}) has no vnode {vnode}",
-                record.ring.version()
-            ),
-        ));
+        return Err(ServeError::VnodeNotFound {
+            vnode,
+            ring_version: record.ring.version(),
+        });
     }
     if let Some(pending) = record.pending.filter(|p| p.parent != parent) {
-        return Err((
-            ErrorCode::SplitInProgress,
-            format!(
-                "the split of {} into {} is in progress; run `malachi vnode split {}` to resume it",
-                pending.parent, pending.child, pending.parent.0
-            ),
-        ));
+        return Err(ServeError::OtherSplitInProgress {
+            parent: pending.parent,
+            child: pending.child,
+        });
     }
     info!(%parent, node = shared.config.node_id, "vnode split requested");
     let split_host = Arc::clone(&host);
@@ -164,27 +154,21 @@ pub(crate) async fn vnode_split(
         Ok(Ok(halves)) => halves,
         Ok(Err(e)) => {
             warn!(%parent, error = %e, "vnode split stopped");
-            return Err(split_failure(e));
+            return Err(ServeError::from(e));
         }
         Err(e) => {
-            return Err((
-                ErrorCode::UnknownServerError,
-                format!("the split task failed: {e}"),
-            ));
+            return Err(ServeError::SplitTask {
+                reason: e.to_string(),
+            });
         }
     };
     let ring = host.ring();
     let info_of = |id: VnodeId| {
         ring.vnode(id)
             .map(|v| vnode_info(shared, &host, id, v.arc))
-            .ok_or_else(|| {
-                (
-                    ErrorCode::UnknownServerError,
-                    format!(
-                        "the ring after the split (version {}) lacks {id}",
-                        ring.version()
-                    ),
-                )
+            .ok_or_else(|| ServeError::SplitRingLacks {
+                vnode: id,
+                ring_version: ring.version(),
             })
     };
     Ok(wire::VnodeSplitResponse {
@@ -194,52 +178,12 @@ pub(crate) async fn vnode_split(
     })
 }
 
-fn route_failure(e: RouteError) -> Failure {
-    match e {
-        RouteError::Unavailable { .. } => (ErrorCode::NoQuorum, e.to_string()),
-        RouteError::Stopped => (ErrorCode::ShuttingDown, e.to_string()),
-        RouteError::Unroutable | RouteError::Failed { .. } => {
-            (ErrorCode::UnknownServerError, e.to_string())
-        }
-    }
-}
-
-/// The wire error of a stopped split. A split stopped by an unreachable
-/// group is retriable: repeating the request resumes it (the pending split
-/// in the ring's group says where it stood).
-fn split_failure(e: SplitError) -> Failure {
-    match &e {
-        // The last step's refusal is not retriable: had `FinishSplit`
-        // applied with its answer lost, a retry would begin a second split.
-        SplitError::Route { step: "finish", .. } => (
-            ErrorCode::UnknownServerError,
-            format!(
-                "{e}; the ring names the new vnode: check `malachi vnode list` before splitting again"
-            ),
-        ),
-        SplitError::Route { source, .. } => {
-            let (code, _) = route_failure(source.clone());
-            (code, e.to_string())
-        }
-        SplitError::NoQuorum { .. } => (ErrorCode::NoQuorum, e.to_string()),
-        SplitError::Refused {
-            error: ModelError::SplitInProgress { .. },
-            ..
-        } => (ErrorCode::SplitInProgress, e.to_string()),
-        SplitError::Refused {
-            error: ModelError::RingRefused { .. },
-            ..
-        } => (ErrorCode::InvalidRequest, e.to_string()),
-        SplitError::Refused { .. }
-        | SplitError::Unexpected { .. }
-        | SplitError::Committed { .. } => (ErrorCode::UnknownServerError, e.to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use malachi_cluster::model::RING_END;
+    use malachi_cluster::model::{ModelError, RING_END};
+    use malachi_cluster::vnodes::{RouteError, SplitError};
+    use malachi_wire::ErrorCode;
 
     #[test]
     fn the_top_arc_reports_its_last_position_within_a_u64() {
@@ -264,7 +208,7 @@ mod tests {
                 child: VnodeId(4),
             },
         };
-        assert_eq!(split_failure(refused).0, ErrorCode::SplitInProgress);
+        assert_eq!(ServeError::from(refused).code(), ErrorCode::SplitInProgress);
         let unreachable = SplitError::Route {
             step: "commit",
             source: RouteError::Unavailable {
@@ -273,8 +217,28 @@ mod tests {
                 last: "down".into(),
             },
         };
-        let (code, _) = split_failure(unreachable);
+        let code = ServeError::from(unreachable).code();
         assert_eq!(code, ErrorCode::NoQuorum);
         assert!(code.retriable());
+    }
+
+    #[test]
+    fn a_split_step_with_an_unknown_outcome_is_outcome_unknown_but_finish_is_not_retriable() {
+        let unknown = RouteError::OutcomeUnknown {
+            vnode: VnodeId(1),
+            reason: "the proposal timed out".into(),
+        };
+        let commit = SplitError::Route {
+            step: "commit",
+            source: unknown.clone(),
+        };
+        assert_eq!(ServeError::from(commit).code(), ErrorCode::OutcomeUnknown);
+        // Retrying an applied `FinishSplit` would begin a second split.
+        let finish = ServeError::from(SplitError::Route {
+            step: "finish",
+            source: unknown,
+        });
+        assert_eq!(finish.code(), ErrorCode::UnknownServerError);
+        assert!(finish.to_string().contains("malachi vnode list"));
     }
 }

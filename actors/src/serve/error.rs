@@ -1,0 +1,345 @@
+//! [`ServeError`]: why a handler of the client port refused a request.
+//!
+//! Handlers return a `ServeError` with the facts as fields; this module is
+//! the one place those facts become what a client sees: the wire code
+//! ([`ServeError::code`]) and the error body ([`ServeError::body`]: the
+//! lowercase message, the `leader_hint` of a redirect, the `retry_after_ms`
+//! of a retriable code). Messages are part of what operators and tests
+//! read: keep them lowercase and stable.
+
+use malachi_cluster::model::{ModelError, SegmentId};
+use malachi_cluster::ring::VnodeId;
+use malachi_cluster::vnodes::{RouteError, SplitError};
+use malachi_storage::StorageError;
+use malachi_wire::limits::MESSAGE_BYTES_MAX;
+use malachi_wire::{ErrorBody, ErrorCode, WireError};
+
+use crate::common::error::MetadataError;
+use crate::control::placement::Redirect;
+use crate::control::requests::CoordError;
+
+/// How long a client is asked to wait before retrying a retriable refusal.
+pub(crate) const RETRY_AFTER_MS_DEFAULT: u32 = 10;
+
+/// A handler's refusal of one request.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ServeError {
+    /// The request payload could not be decoded or broke a bound.
+    #[error("{0}")]
+    Decode(WireError),
+    /// A produced record has no key (ADR 0063: keys route and order records).
+    #[error("record {index} has an empty key; every record needs a key")]
+    EmptyKey { index: usize },
+    /// A produced record's value is over `record_value_bytes_max`.
+    #[error(
+        "record {index} has a value of {value_bytes} bytes, over the limit of {value_bytes_max} bytes"
+    )]
+    ValueTooLarge {
+        index: usize,
+        value_bytes: usize,
+        value_bytes_max: usize,
+    },
+    /// Records have one copy today: a replication factor above 1 is refused.
+    #[error("a single broker cannot place more than one replica")]
+    ReplicationFactor { replication_factor: u8 },
+    /// The file metadata backend has one vnode, which cannot be split.
+    #[error(
+        "this broker keeps its metadata in one file (metadata_backend = \"file\"): it has one vnode and cannot split it"
+    )]
+    SingleVnode,
+    #[error("no such topic {topic}")]
+    TopicNotFound { topic: String },
+    /// A subscribed topic was deleted (or re-created) under the subscription.
+    #[error("topic {topic} was deleted")]
+    TopicDeleted { topic: String },
+    #[error("topic {topic} is sealed")]
+    TopicSealed { topic: String },
+    /// The metadata has no active range for a key: the ranges no longer
+    /// tile the keyspace, which the model forbids.
+    #[error("topic {topic} has no active range for a key")]
+    NoActiveRange { topic: String },
+    #[error("{reason}")]
+    InvalidCursor { reason: String },
+    #[error("the cursor belongs to topic {cursor_topic}")]
+    CursorOfOtherTopic { cursor_topic: String },
+    #[error("a subscription with correlation id {id} is already open")]
+    SubscriptionOpen { id: u32 },
+    #[error("at most {subscriptions_max} subscriptions per connection")]
+    TooManySubscriptions { subscriptions_max: usize },
+    #[error("no subscription {subscription_id} on this connection")]
+    SubscriptionNotFound { subscription_id: u32 },
+    /// `subscribe` and `subscribe_credit` reached the request handler; the
+    /// connection handles them itself.
+    #[error("subscriptions are handled by the connection")]
+    SubscriptionMisrouted,
+    #[error("the ring (version {ring_version}) has no vnode {vnode}")]
+    VnodeNotFound { vnode: u32, ring_version: u64 },
+    #[error(
+        "the split of {parent} into {child} is in progress; run `malachi vnode split {}` to resume it",
+        parent.0
+    )]
+    OtherSplitInProgress { parent: VnodeId, child: VnodeId },
+    /// The records were not acknowledged by `produce_timeout_ms`: some or
+    /// all of them may be durable.
+    #[error("the produce was not acknowledged in time; it may or may not be durable")]
+    ProduceTimeout { timeout_ms: u64 },
+    /// Too many bytes wait for a group commit on a segment.
+    #[error("{reason}")]
+    SegmentBusy { segment: SegmentId, reason: String },
+    /// The store refused the batch itself (a record or batch over a bound).
+    #[error("{reason}")]
+    BatchRefused { segment: SegmentId, reason: String },
+    /// The store failed the append.
+    #[error("{reason}")]
+    StoreFailed { segment: SegmentId, reason: String },
+    /// A store read failed.
+    #[error("{0}")]
+    Read(#[from] StorageError),
+    #[error("the coordinator is not running")]
+    CoordinatorDown,
+    #[error("the coordinator did not answer: {reason}")]
+    CoordinatorSilent { reason: String },
+    #[error("the broker is shutting down")]
+    Draining,
+    #[error("the tree is not running")]
+    TreeDown,
+    #[error("{reason}")]
+    TreeSilent { reason: String },
+    #[error("the split task failed: {reason}")]
+    SplitTask { reason: String },
+    #[error("the ring after the split (version {ring_version}) lacks {vnode}")]
+    SplitRingLacks { vnode: VnodeId, ring_version: u64 },
+    /// The split's last step failed: had it applied with its answer lost, a
+    /// retry would begin a second split, so this is not retriable.
+    #[error("{0}; the ring names the new vnode: check `malachi vnode list` before splitting again")]
+    SplitUnsettled(SplitError),
+    #[error("{0}")]
+    Split(SplitError),
+    #[error("{0}")]
+    Route(RouteError),
+    #[error("{0}")]
+    Coord(#[from] CoordError),
+    #[error("{0}")]
+    Metadata(#[from] MetadataError),
+    /// The broker could not build or encode its answer.
+    #[error("{reason}")]
+    Internal { what: &'static str, reason: String },
+    /// This broker does not serve the topic's records; the hint says who does.
+    #[error("{}", .0.message)]
+    Redirect(Redirect),
+}
+
+impl From<SplitError> for ServeError {
+    fn from(e: SplitError) -> ServeError {
+        match e {
+            SplitError::Route { step: "finish", .. } => ServeError::SplitUnsettled(e),
+            other => ServeError::Split(other),
+        }
+    }
+}
+
+impl From<RouteError> for ServeError {
+    fn from(e: RouteError) -> ServeError {
+        ServeError::Route(e)
+    }
+}
+
+impl ServeError {
+    /// The wire code a client gets for this refusal: the one mapping of the
+    /// serve layer's errors to codes.
+    pub(crate) fn code(&self) -> ErrorCode {
+        match self {
+            ServeError::Decode(e) => e.error_code(),
+            ServeError::EmptyKey { .. }
+            | ServeError::ValueTooLarge { .. }
+            | ServeError::ReplicationFactor { .. }
+            | ServeError::SingleVnode
+            | ServeError::SubscriptionOpen { .. }
+            | ServeError::BatchRefused { .. } => ErrorCode::InvalidRequest,
+            ServeError::TopicNotFound { .. } | ServeError::TopicDeleted { .. } => {
+                ErrorCode::TopicNotFound
+            }
+            ServeError::TopicSealed { .. } => ErrorCode::TopicSealed,
+            ServeError::InvalidCursor { .. } | ServeError::CursorOfOtherTopic { .. } => {
+                ErrorCode::InvalidCursor
+            }
+            ServeError::TooManySubscriptions { .. } | ServeError::SegmentBusy { .. } => {
+                ErrorCode::Busy
+            }
+            ServeError::SubscriptionNotFound { .. } => ErrorCode::SubscriptionNotFound,
+            ServeError::VnodeNotFound { .. } => ErrorCode::VnodeNotFound,
+            ServeError::OtherSplitInProgress { .. } => ErrorCode::SplitInProgress,
+            ServeError::ProduceTimeout { .. } | ServeError::CoordinatorSilent { .. } => {
+                ErrorCode::Timeout
+            }
+            ServeError::TreeSilent { .. } => ErrorCode::Timeout,
+            ServeError::CoordinatorDown | ServeError::Draining | ServeError::TreeDown => {
+                ErrorCode::ShuttingDown
+            }
+            ServeError::Metadata(e) => e.error_code(),
+            ServeError::Coord(e) => coord_code(e),
+            ServeError::Route(e) => route_code(e),
+            ServeError::Split(e) => split_code(e),
+            ServeError::Redirect(r) => r.code,
+            ServeError::NoActiveRange { .. }
+            | ServeError::SubscriptionMisrouted
+            | ServeError::StoreFailed { .. }
+            | ServeError::Read(_)
+            | ServeError::SplitTask { .. }
+            | ServeError::SplitRingLacks { .. }
+            | ServeError::SplitUnsettled(_)
+            | ServeError::Internal { .. } => ErrorCode::UnknownServerError,
+        }
+    }
+
+    /// The error body: the message (cut to `MESSAGE_BYTES_MAX` on a char
+    /// boundary), a redirect's `leader_hint`, and `retry_after_ms` for a
+    /// retriable code.
+    pub(crate) fn body(&self) -> ErrorBody {
+        let code = self.code();
+        let leader_hint = match self {
+            ServeError::Redirect(r) => r.hint.clone(),
+            _ => None,
+        };
+        error_body(code, self.to_string(), leader_hint)
+    }
+}
+
+/// The body of an error response with `code`: the one place messages are
+/// bounded and `retry_after_ms` is chosen.
+pub(crate) fn error_body(
+    code: ErrorCode,
+    message: String,
+    leader_hint: Option<String>,
+) -> ErrorBody {
+    let mut message = message;
+    if message.len() > MESSAGE_BYTES_MAX {
+        let mut cut = MESSAGE_BYTES_MAX;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    ErrorBody {
+        message,
+        leader_hint,
+        retry_after_ms: code.retriable().then_some(RETRY_AFTER_MS_DEFAULT),
+    }
+}
+
+fn model_code(e: &ModelError) -> ErrorCode {
+    match e {
+        ModelError::NoSuchTopic { .. } => ErrorCode::TopicNotFound,
+        ModelError::TopicExists { .. } => ErrorCode::TopicExists,
+        ModelError::TopicSealed { .. } => ErrorCode::TopicSealed,
+        ModelError::NoSuchRange { .. } | ModelError::RangeNotActive { .. } => {
+            ErrorCode::RangeNotFound
+        }
+        ModelError::NotBuddies { .. } => ErrorCode::NotBuddies,
+        ModelError::AlreadySealed { .. } => ErrorCode::AlreadySealed,
+        ModelError::NoSuchPolicy { .. } => ErrorCode::PolicyNotFound,
+        _ => ErrorCode::InvalidRequest,
+    }
+}
+
+fn coord_code(e: &CoordError) -> ErrorCode {
+    match e {
+        CoordError::Model(m) => model_code(m),
+        CoordError::Metadata(m) => m.error_code(),
+        CoordError::Freeze { .. } => ErrorCode::Busy,
+        CoordError::Supervision(_)
+        | CoordError::Unexpected(_)
+        | CoordError::UnknownSegment { .. } => ErrorCode::UnknownServerError,
+    }
+}
+
+fn route_code(e: &RouteError) -> ErrorCode {
+    match e {
+        RouteError::Unavailable { .. } => ErrorCode::NoQuorum,
+        RouteError::Stopped => ErrorCode::ShuttingDown,
+        RouteError::OutcomeUnknown { .. } => ErrorCode::OutcomeUnknown,
+        RouteError::Unroutable | RouteError::Failed { .. } => ErrorCode::UnknownServerError,
+    }
+}
+
+/// A split stopped by an unreachable group is retriable: repeating the
+/// request resumes it (the pending split in the ring's group says where it
+/// stood).
+fn split_code(e: &SplitError) -> ErrorCode {
+    match e {
+        SplitError::Route { step: "finish", .. } => ErrorCode::UnknownServerError,
+        SplitError::Route { source, .. } => route_code(source),
+        SplitError::NoQuorum { .. } => ErrorCode::NoQuorum,
+        SplitError::Refused {
+            error: ModelError::SplitInProgress { .. },
+            ..
+        } => ErrorCode::SplitInProgress,
+        SplitError::Refused {
+            error: ModelError::RingRefused { .. },
+            ..
+        } => ErrorCode::InvalidRequest,
+        SplitError::Refused { .. }
+        | SplitError::Unexpected { .. }
+        | SplitError::Committed { .. } => ErrorCode::UnknownServerError,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_route_whose_outcome_is_unknown_is_outcome_unknown_not_a_refusal() {
+        let unknown = RouteError::OutcomeUnknown {
+            vnode: VnodeId(2),
+            reason: "the proposal was discarded by a leader change; its outcome is unknown".into(),
+        };
+        let served = ServeError::from(unknown.clone());
+        assert_eq!(served.code(), ErrorCode::OutcomeUnknown);
+        assert!(served.body().retry_after_ms.is_some());
+        // Through the metadata plane and the coordinator, as create_topic sees it.
+        let through = ServeError::Coord(CoordError::Metadata(MetadataError::from(unknown)));
+        assert_eq!(through.code(), ErrorCode::OutcomeUnknown);
+        assert!(
+            through
+                .body()
+                .message
+                .contains("may or may not have been applied")
+        );
+        // A refusal stays a refusal.
+        let exists = ServeError::Coord(CoordError::Model(ModelError::TopicExists {
+            topic: "orders".into(),
+        }));
+        assert_eq!(exists.code(), ErrorCode::TopicExists);
+    }
+
+    #[test]
+    fn a_discarded_group_proposal_is_outcome_unknown() {
+        let discarded = malachi_cluster::group::GroupError::Discarded { leader: None };
+        let served = ServeError::Metadata(MetadataError::from(discarded));
+        assert_eq!(served.code(), ErrorCode::OutcomeUnknown);
+    }
+
+    #[test]
+    fn a_redirect_carries_its_hint_and_a_retry_delay() {
+        let body = ServeError::Redirect(Redirect {
+            code: ErrorCode::NotLeader,
+            message: "topic t is served by broker 2, not broker 1".into(),
+            hint: Some("127.0.0.1:4040".into()),
+        })
+        .body();
+        assert_eq!(body.leader_hint.as_deref(), Some("127.0.0.1:4040"));
+        assert_eq!(body.retry_after_ms, Some(RETRY_AFTER_MS_DEFAULT));
+    }
+
+    #[test]
+    fn a_long_message_is_cut_on_a_char_boundary() {
+        let body = error_body(
+            ErrorCode::InvalidRequest,
+            "é".repeat(MESSAGE_BYTES_MAX),
+            None,
+        );
+        assert!(body.message.len() <= MESSAGE_BYTES_MAX);
+        assert_eq!(body.retry_after_ms, None);
+    }
+}
