@@ -214,6 +214,23 @@ pub struct BrokerConfig {
     pub segment_inflight_max: usize,
     /// Client connections served at once; more are refused with `busy`.
     pub connections_max: usize,
+    /// A client connection whose partial frame does not complete within
+    /// this long is closed (a slowloris).
+    pub frame_read_timeout_ms: u64,
+    /// A client connection with no request in flight, no open subscription
+    /// and no frame arriving for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Request bytes all client connections together may hold (frames being
+    /// read or handled); a connection waits, unread, while it is spent.
+    pub request_bytes_budget: usize,
+    /// Response bytes all client connections together may hold (being built
+    /// or waiting to be written); a connection stops reading requests while
+    /// it is spent.
+    pub response_bytes_budget: usize,
+    /// Request bytes one client connection may hold (at least `frame_bytes_max`).
+    pub connection_request_bytes_max: usize,
+    /// Response bytes one client connection may hold (at least `frame_bytes_max`).
+    pub connection_response_bytes_max: usize,
     /// How long a produce may take end to end before it is answered `timeout`.
     pub produce_timeout_ms: u64,
     /// Upper bound on a fetch's long poll, whatever the client asks.
@@ -249,6 +266,12 @@ impl Default for BrokerConfig {
             connection_inflight_max: 64,
             segment_inflight_max: 256,
             connections_max: 1024,
+            frame_read_timeout_ms: 30_000,
+            idle_timeout_ms: 10 * 60 * 1000,
+            request_bytes_budget: 512 << 20,
+            response_bytes_budget: 512 << 20,
+            connection_request_bytes_max: 64 << 20,
+            connection_response_bytes_max: 64 << 20,
             produce_timeout_ms: 10_000,
             fetch_wait_ms_max: u64::from(malachi_wire::limits::FETCH_WAIT_MS_MAX),
             shutdown_timeout_ms: 10_000,
@@ -325,6 +348,35 @@ impl BrokerConfig {
         }
         if self.produce_timeout_ms == 0 || self.shutdown_timeout_ms == 0 {
             return bad("produce_timeout_ms and shutdown_timeout_ms must be positive".into());
+        }
+        if self.frame_read_timeout_ms == 0 || self.idle_timeout_ms == 0 {
+            return bad("frame_read_timeout_ms and idle_timeout_ms must be positive".into());
+        }
+        // A connection must be able to hold one whole frame each way, and
+        // the broker one connection's worth, or a frame could never be read.
+        for (field, cap, budget_field, budget) in [
+            (
+                "connection_request_bytes_max",
+                self.connection_request_bytes_max,
+                "request_bytes_budget",
+                self.request_bytes_budget,
+            ),
+            (
+                "connection_response_bytes_max",
+                self.connection_response_bytes_max,
+                "response_bytes_budget",
+                self.response_bytes_budget,
+            ),
+        ] {
+            if cap < self.frame_bytes_max {
+                return bad(format!("{field} must be at least frame_bytes_max"));
+            }
+            if budget < cap {
+                return bad(format!("{budget_field} must be at least {field}"));
+            }
+            if budget > (1 << 40) {
+                return bad(format!("{budget_field} must be at most 1 TiB"));
+            }
         }
         self.membership
             .swim()

@@ -29,6 +29,12 @@ pub(crate) struct BrokerMetrics {
     pub append_latency_seconds: Histogram,
     pub open_segments: Gauge,
     pub connections: Gauge,
+    /// The client port's bounds (`serve::budget`, `serve::connection`).
+    pub request_bytes_in_use: Gauge,
+    pub response_bytes_in_use: Gauge,
+    pub connections_refused: Counter,
+    pub connections_idle_closed: Counter,
+    pub connections_frame_timed_out: Counter,
 }
 
 impl std::fmt::Debug for BrokerMetrics {
@@ -63,6 +69,11 @@ impl BrokerMetrics {
                 .register_histogram(&Key::from_name("malachi_append_latency_seconds"), &METADATA),
             open_segments: gauge("malachi_open_segments"),
             connections: gauge("malachi_connections"),
+            request_bytes_in_use: gauge("malachi_request_bytes_in_use"),
+            response_bytes_in_use: gauge("malachi_response_bytes_in_use"),
+            connections_refused: counter("malachi_connections_refused_total"),
+            connections_idle_closed: counter("malachi_connections_idle_closed_total"),
+            connections_frame_timed_out: counter("malachi_connections_frame_timed_out_total"),
             recorder,
             handle,
         }

@@ -83,6 +83,8 @@ pub(crate) struct Shared {
     pub requests_inflight: AtomicUsize,
     /// The highest `requests_inflight` one connection ever reached.
     pub connection_inflight_peak: AtomicUsize,
+    /// The client port's broker-wide memory budgets.
+    pub budgets: crate::serve::budget::Budgets,
     /// Membership and the node fabric, set once at broker start.
     pub cluster: std::sync::OnceLock<Arc<Fabric>>,
     /// The raft transport's endpoint, set once at broker start.
@@ -106,6 +108,16 @@ impl Shared {
             Arc::clone(&clock),
             Arc::clone(&metrics),
         ));
+        let budgets = crate::serve::budget::Budgets {
+            request: crate::serve::budget::Budget::new(
+                config.request_bytes_budget,
+                metrics.request_bytes_in_use.clone(),
+            ),
+            response: crate::serve::budget::Budget::new(
+                config.response_bytes_budget,
+                metrics.response_bytes_in_use.clone(),
+            ),
+        };
         Shared {
             config,
             store,
@@ -126,6 +138,7 @@ impl Shared {
             connections: AtomicUsize::new(0),
             requests_inflight: AtomicUsize::new(0),
             connection_inflight_peak: AtomicUsize::new(0),
+            budgets,
             cluster: std::sync::OnceLock::new(),
             raft: std::sync::OnceLock::new(),
         }

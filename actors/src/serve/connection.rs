@@ -16,20 +16,24 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::StreamExt;
-use malachi_wire::ServerCodec;
-use malachi_wire::frame::encode_response_parts;
+use bytes::BytesMut;
+use malachi_wire::frame::{LEN_BYTES, RESPONSE_HEADER_BYTES, encode_response_parts};
+use malachi_wire::messages::Request;
+use malachi_wire::{ApiKey, RequestFrame, ServerCodec, WireError};
 use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{Semaphore, mpsc};
-use tokio_util::codec::FramedRead;
+use tokio::time::Instant;
+use tokio_util::codec::Decoder;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::debug;
 
+use super::budget::{self, ConnectionBudget, Held};
 use super::dispatch::handle_frame;
-use super::reply::{Inflight, Outbound, error_frame};
+use super::reply::{Inflight, Outbound, Reply, error_frame};
 use super::subscribe::{ConnCtx, Subscriptions};
 use crate::control::shared::Shared;
 
@@ -124,11 +128,179 @@ impl Actor for ConnectionActor {
     }
 }
 
+/// Spare room the reader keeps in its buffer for the next read.
+const READ_BYTES_MIN: usize = 8 << 10;
+/// Response budget a request other than a fetch takes before it is handled;
+/// a larger answer grows its share before it is queued.
+const RESPONSE_ESTIMATE_BYTES: usize = 16 << 10;
+/// Room a fetch answer needs besides its block (header, control map).
+const FETCH_CONTROL_BYTES: usize = 8 << 10;
+/// A connection that held at least this much at once asks the allocator to
+/// return freed memory when it closes.
+const TRIM_AFTER_BYTES: usize = 8 << 20;
+
+/// Why the reader stopped, or the frame it read with its request budget.
+enum ReadOutcome {
+    Frame(RequestFrame, Held),
+    /// The client closed (or the socket failed).
+    Closed,
+    /// Nothing in flight, no subscription, no frame for `idle_timeout_ms`.
+    Idle,
+    /// A partial frame did not complete within `frame_read_timeout_ms`.
+    SlowFrame,
+    /// The stream cannot be framed any more.
+    Invalid(WireError),
+}
+
+/// What the reader needs to read one frame.
+struct FrameReader {
+    rd: OwnedReadHalf,
+    buf: BytesMut,
+    codec: ServerCodec,
+    frame_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl FrameReader {
+    /// Read one whole frame, taking request budget for it before its body is
+    /// read: once its 4 length bytes are in (and within `frame_bytes_max`),
+    /// the frame's declared length is taken from the connection's cap and
+    /// the broker's budget, waiting (unread) while they are spent. Only then
+    /// is room made for the whole frame and the rest read. So the bytes a
+    /// connection holds beyond its budget are at most one read's spare room.
+    async fn next(
+        &mut self,
+        shared: &Shared,
+        budget: &ConnectionBudget,
+        is_idle: impl Fn() -> bool,
+    ) -> ReadOutcome {
+        let mut held: Option<Held> = None;
+        // Set while a frame is partly in: it must complete by then.
+        let mut deadline: Option<Instant> = None;
+        loop {
+            match self.codec.decode(&mut self.buf) {
+                Err(e) => return ReadOutcome::Invalid(e),
+                Ok(Some(frame)) => {
+                    // A small frame can arrive whole in one read: it is
+                    // counted all the same before it is handled.
+                    let held = match held {
+                        Some(held) => held,
+                        None => {
+                            let bytes = LEN_BYTES + 6 + frame.payload.len();
+                            budget.request(&shared.budgets, bytes).await
+                        }
+                    };
+                    return ReadOutcome::Frame(frame, held);
+                }
+                Ok(None) => {}
+            }
+            if held.is_none() && self.buf.len() >= LEN_BYTES {
+                // The decoder has checked the declared length against the
+                // frame limit; take the frame's budget before reading on.
+                let declared =
+                    u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
+                        as usize;
+                let total = LEN_BYTES + declared;
+                held = Some(budget.request(&shared.budgets, total).await);
+                // Time spent waiting for budget is the broker's, not the client's.
+                deadline = Some(Instant::now() + self.frame_timeout);
+                self.buf.reserve(total - self.buf.len());
+            }
+            if self.buf.is_empty() {
+                deadline = None;
+            } else if deadline.is_none() {
+                deadline = Some(Instant::now() + self.frame_timeout);
+            }
+            if self.buf.capacity() - self.buf.len() < READ_BYTES_MIN {
+                self.buf.reserve(READ_BYTES_MIN);
+            }
+            let read = match deadline {
+                Some(deadline) => tokio::select! {
+                    read = self.rd.read_buf(&mut self.buf) => read,
+                    _ = tokio::time::sleep_until(deadline) => return ReadOutcome::SlowFrame,
+                },
+                None => tokio::select! {
+                    read = self.rd.read_buf(&mut self.buf) => read,
+                    _ = tokio::time::sleep(self.idle_timeout) => {
+                        if is_idle() {
+                            return ReadOutcome::Idle;
+                        }
+                        continue;
+                    }
+                },
+            };
+            match read {
+                Ok(0) | Err(_) => return ReadOutcome::Closed,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// The response budget a request takes before it is handled: a fetch its
+/// byte budget (plus one oversized record and the control map), within the
+/// frame; anything else a small estimate, grown if its answer is larger.
+fn response_estimate(shared: &Shared, frame: &RequestFrame) -> usize {
+    let frame_max = shared.config.frame_bytes_max;
+    if frame.api_key == ApiKey::Fetch as u16
+        && let Ok(Request::Fetch(req)) = Request::decode(frame.api_key, frame.payload.clone())
+    {
+        let bytes = (req.bytes_max as usize)
+            .saturating_add(shared.config.record_value_bytes_max)
+            .saturating_add(FETCH_CONTROL_BYTES);
+        return bytes.min(frame_max);
+    }
+    RESPONSE_ESTIMATE_BYTES
+}
+
+fn reply_bytes(reply: &Reply) -> usize {
+    LEN_BYTES
+        + RESPONSE_HEADER_BYTES
+        + reply.control.len()
+        + reply.block.as_ref().map_or(0, |b| b.len())
+}
+
+/// Return freed memory to the OS once no trim is running; a close that asks
+/// while one runs makes it run once more, so no large close is missed.
+fn trim_soon() {
+    use std::sync::atomic::AtomicBool;
+    static REQUESTED: AtomicBool = AtomicBool::new(false);
+    static RUNNING: AtomicBool = AtomicBool::new(false);
+    REQUESTED.store(true, Ordering::SeqCst);
+    if RUNNING.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    tokio::task::spawn_blocking(|| {
+        loop {
+            while REQUESTED.swap(false, Ordering::SeqCst) {
+                budget::give_back_memory();
+            }
+            RUNNING.store(false, Ordering::SeqCst);
+            if !REQUESTED.load(Ordering::SeqCst) || RUNNING.swap(true, Ordering::SeqCst) {
+                break;
+            }
+        }
+    });
+}
+
 async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken) {
     let frame_max = shared.config.frame_bytes_max;
     let inflight_max = shared.config.connection_inflight_max;
+    let peer = stream.peer_addr().ok();
     let (rd, wr) = stream.into_split();
-    let mut reader = FramedRead::new(rd, ServerCodec::new(frame_max));
+    // The reader decodes with the wire's `ServerCodec` (which never reserves
+    // a declared length) on a buffer it grows only within request budget.
+    let mut reader = FrameReader {
+        rd,
+        buf: BytesMut::with_capacity(READ_BYTES_MIN),
+        codec: ServerCodec::new(frame_max),
+        frame_timeout: Duration::from_millis(shared.config.frame_read_timeout_ms),
+        idle_timeout: Duration::from_millis(shared.config.idle_timeout_ms),
+    };
+    let budget = ConnectionBudget::new(
+        shared.config.connection_request_bytes_max,
+        shared.config.connection_response_bytes_max,
+    );
     // No codec and no buffer on the write side: each response goes out as
     // its header, control map and block in one vectored write, so the block
     // is never copied.
@@ -173,7 +345,8 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 write_cancel.cancel();
                 break;
             }
-            // `out` (and its permit) is dropped only now, after the write.
+            // `out` (its permit and its response budget) is dropped only
+            // now, after the write.
         }
         // Every response is out: send FIN, so the client reads them all
         // before it sees the end of the stream.
@@ -192,16 +365,38 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 Err(_) => break,
             },
         };
+        // Idle: the reader's own permit is the only one out, and no
+        // subscription is open (pushes hold no permit).
+        let is_idle =
+            || permits.available_permits() + 1 == inflight_max && subscriptions.is_empty();
         let next = tokio::select! {
             biased;
             _ = cancel.cancelled() => break,
             _ = shared.draining.cancelled() => break,
-            next = reader.next() => next,
+            next = reader.next(&shared, &budget, is_idle) => next,
         };
         let used = inflight_max - permits.available_permits();
         match next {
-            None => break,
-            Some(Err(e)) => {
+            ReadOutcome::Closed => break,
+            ReadOutcome::Idle => {
+                shared.metrics.connections_idle_closed.increment(1);
+                debug!(
+                    ?peer,
+                    idle_timeout_ms = shared.config.idle_timeout_ms,
+                    "idle connection closed"
+                );
+                break;
+            }
+            ReadOutcome::SlowFrame => {
+                shared.metrics.connections_frame_timed_out.increment(1);
+                debug!(
+                    ?peer,
+                    frame_read_timeout_ms = shared.config.frame_read_timeout_ms,
+                    "partial frame timed out; connection closed"
+                );
+                break;
+            }
+            ReadOutcome::Invalid(e) => {
                 // The stream cannot be framed any more: answer once, then close.
                 let frame = error_frame(0, e.error_code(), e.to_string());
                 let slot = Some(Inflight::new(&shared, permit, used));
@@ -211,9 +406,21 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 }
                 break;
             }
-            Some(Ok(request)) => {
-                let slot = Inflight::new(&shared, permit, used);
+            ReadOutcome::Frame(request, request_held) => {
+                // Take the answer's budget before handling the request: a
+                // client that does not read its answers runs out of it, and
+                // then this loop waits here and stops reading its socket.
+                let estimate = response_estimate(&shared, &request);
+                let response_held = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break,
+                    _ = shared.draining.cancelled() => break,
+                    held = budget.response(&shared.budgets, estimate) => held,
+                };
+                let mut slot = Inflight::new(&shared, permit, used);
+                slot.budget = Some(response_held);
                 let shared = Arc::clone(&shared);
+                let budget = budget.clone();
                 let ctx = ConnCtx {
                     tx: tx.clone(),
                     subscriptions: Arc::clone(&subscriptions),
@@ -221,15 +428,23 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 };
                 tokio::spawn(async move {
                     // A subscribe answers through its pushes, not here.
-                    if let Some(frame) = handle_frame(&shared, &ctx, request).await {
-                        let _ = ctx
-                            .tx
-                            .send(Outbound {
-                                frame,
-                                _slot: Some(slot),
-                            })
-                            .await;
+                    let answer = handle_frame(&shared, &ctx, request).await;
+                    // The request's bytes are no longer held.
+                    drop(request_held);
+                    let Some(frame) = answer else { return };
+                    if let Some(held) = slot.budget.as_mut() {
+                        tokio::select! {
+                            _ = ctx.cancel.cancelled() => return,
+                            _ = budget.grow_response(&shared.budgets, held, reply_bytes(&frame)) => {}
+                        }
                     }
+                    let _ = ctx
+                        .tx
+                        .send(Outbound {
+                            frame,
+                            _slot: Some(slot),
+                        })
+                        .await;
                 });
             }
         }
@@ -238,22 +453,29 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     drop(tx);
     let bound = Duration::from_millis(shared.config.shutdown_timeout_ms);
     let mut write_task = write_task;
-    tokio::select! {
+    let finished = tokio::select! {
         _ = cancel.cancelled() => {
             write_task.abort();
-            return;
+            false
         }
         done = tokio::time::timeout(bound, &mut write_task) => {
             if done.is_err() {
                 write_task.abort();
-                return;
             }
+            done.is_ok()
         }
+    };
+    if budget.held_peak_bytes() >= TRIM_AFTER_BYTES {
+        trim_soon();
+    }
+    if !finished {
+        return;
     }
     // Closing a socket with unread input makes the kernel send a reset,
     // which may destroy responses the client has not read yet. Discard what
     // the client still sends, for a short bounded time, until it closes.
-    let mut rd = reader.into_inner();
+    let mut rd = reader.rd;
+    drop(reader.buf);
     let mut sink = [0u8; 4096];
     let linger = tokio::time::sleep(Duration::from_millis(LINGER_MS));
     tokio::pin!(linger);
@@ -261,7 +483,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
         tokio::select! {
             _ = &mut linger => break,
             _ = cancel.cancelled() => break,
-            n = tokio::io::AsyncReadExt::read(&mut rd, &mut sink) => match n {
+            n = rd.read(&mut sink) => match n {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             },

@@ -4,18 +4,21 @@
 //! The socket is bound once by `Broker::start` (so its address is known
 //! before the tree starts and survives an acceptor restart); each acceptor
 //! incarnation serves a clone of it. Beyond `connections_max` a new client
-//! gets one `busy` error frame and is closed.
+//! gets one `busy` error frame and is closed, by the accept loop itself: no
+//! task and no buffer per refused socket, one pre-encoded frame written
+//! without waiting, and one log line per `REFUSED_LOG_INTERVAL_MS` at most.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures::SinkExt;
+use bytes::{Bytes, BytesMut};
 use malachi_supervision::{ChildSpec, Restart};
-use malachi_wire::{ErrorBody, ErrorCode, Message, ResponseFrame, ServerCodec};
+use malachi_wire::frame::encode_response;
+use malachi_wire::{ErrorBody, ErrorCode, Message, ResponseFrame};
 use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::net::TcpListener;
-use tokio_util::codec::FramedWrite;
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
@@ -89,7 +92,42 @@ impl Actor for AcceptorActor {
     }
 }
 
+/// Refusals past `connections_max` are logged at most this often (the first
+/// at once, then one line with the count refused since).
+const REFUSED_LOG_INTERVAL_MS: u64 = 10_000;
+
+/// Rate-limits the log of refused connections.
+struct Refusals {
+    since_log: u64,
+    last_log: Option<Instant>,
+}
+
+impl Refusals {
+    fn refused(&mut self, connections_max: usize) {
+        self.since_log += 1;
+        let now = Instant::now();
+        let due = self.last_log.is_none_or(|last| {
+            now.duration_since(last) >= std::time::Duration::from_millis(REFUSED_LOG_INTERVAL_MS)
+        });
+        if due {
+            warn!(
+                connections_max,
+                refused = self.since_log,
+                interval_ms = REFUSED_LOG_INTERVAL_MS,
+                "connections refused: connections_max reached"
+            );
+            self.since_log = 0;
+            self.last_log = Some(now);
+        }
+    }
+}
+
 async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, cancel: CancellationToken) {
+    let busy = busy_frame();
+    let mut refusals = Refusals {
+        since_log: 0,
+        last_log: None,
+    };
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -105,11 +143,13 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, cancel: Cancell
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
         if shared.connections.load(Ordering::SeqCst) >= shared.config.connections_max {
-            tokio::spawn(refuse(stream, shared.config.frame_bytes_max));
+            refuse(&stream, &busy);
+            shared.metrics.connections_refused.increment(1);
+            refusals.refused(shared.config.connections_max);
             continue;
         }
+        let _ = stream.set_nodelay(true);
         let Some(listener_sup) = shared.listener.read().clone() else {
             continue;
         };
@@ -134,17 +174,36 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, cancel: Cancell
     }
 }
 
-async fn refuse(stream: tokio::net::TcpStream, frame_bytes_max: usize) {
+/// The one frame a refused client gets: `busy`, correlation id 0.
+fn busy_frame() -> Bytes {
     let body = ErrorBody {
         message: "too many connections".into(),
         leader_hint: None,
         retry_after_ms: Some(100),
     };
-    let mut out = FramedWrite::new(stream, ServerCodec::new(frame_bytes_max));
     let frame = ResponseFrame {
         correlation_id: 0,
         error_code: ErrorCode::Busy,
         payload: body.encode().unwrap_or_default(),
     };
-    let _ = out.send(frame).await;
+    let mut out = BytesMut::new();
+    // A small fixed frame, far below any frame limit.
+    let _ = encode_response(&frame, &mut out, usize::MAX);
+    out.freeze()
+}
+
+/// Answer `busy` without waiting and close: a fresh socket's send buffer
+/// takes the few bytes at once, and if it does not, the client just sees
+/// the close. What the client already sent is discarded first, so the close
+/// is a FIN (which lets it read the frame), not a reset.
+fn refuse(stream: &tokio::net::TcpStream, busy: &[u8]) {
+    let _ = stream.try_write(busy);
+    let mut sink = [0u8; 1024];
+    for _ in 0..16 {
+        match stream.try_read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    // The socket closes when the caller drops it.
 }

@@ -1,0 +1,255 @@
+//! Memory budgets of the client port: the request bytes and the response
+//! bytes all connections together may hold (`request_bytes_budget`,
+//! `response_bytes_budget`), and what one connection may hold of each
+//! (`connection_request_bytes_max`, `connection_response_bytes_max`).
+//!
+//! A budget is a semaphore counted in KiB (so a budget of many GiB still
+//! fits the `u32` of `acquire_many`). A connection takes its share before it
+//! holds the bytes: a frame's declared length before the rest of the frame
+//! is read, a response's estimate before its request is handled. While a
+//! budget is spent the connection waits, and a waiting connection does not
+//! read its socket, so TCP pushes back on its client. The per-connection
+//! share is taken first, so a connection at its own cap waits on its own
+//! semaphore and leaves the broker-wide budget to the others.
+//!
+//! What is taken is a [`Held`]: it returns both shares when dropped (the
+//! request handled, the response written or dropped, the connection gone),
+//! so nothing can leak budget, not even a panicking handler.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use metrics::Gauge;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The unit budgets are counted in.
+const UNIT_BYTES: usize = 1024;
+
+/// KiB covering `bytes` (at least one, so every held frame counts).
+fn units(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(UNIT_BYTES).max(1)).unwrap_or(u32::MAX)
+}
+
+/// One broker-wide budget and the gauge of what is in use.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    semaphore: Arc<Semaphore>,
+    units_max: u32,
+    in_use: Gauge,
+}
+
+impl Budget {
+    pub(crate) fn new(bytes: usize, in_use: Gauge) -> Budget {
+        let units_max = units(bytes);
+        in_use.set(0.0);
+        Budget {
+            semaphore: Arc::new(Semaphore::new(units_max as usize)),
+            units_max,
+            in_use,
+        }
+    }
+
+    /// Bytes held now (what the gauge shows).
+    #[allow(dead_code)]
+    pub(crate) fn in_use_bytes(&self) -> usize {
+        (self.units_max as usize - self.semaphore.available_permits()) * UNIT_BYTES
+    }
+}
+
+/// The broker-wide budgets, one per direction.
+#[derive(Debug)]
+pub(crate) struct Budgets {
+    pub request: Budget,
+    pub response: Budget,
+}
+
+/// One connection's caps, one per direction.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionBudget {
+    request: Arc<Semaphore>,
+    response: Arc<Semaphore>,
+    request_units_max: u32,
+    response_units_max: u32,
+    /// The most bytes this connection held at once, both directions: a
+    /// connection that held large buffers asks the allocator to give
+    /// memory back when it closes.
+    held_peak_bytes: Arc<AtomicUsize>,
+    held_bytes: Arc<AtomicUsize>,
+}
+
+impl ConnectionBudget {
+    pub(crate) fn new(request_bytes_max: usize, response_bytes_max: usize) -> ConnectionBudget {
+        let request_units_max = units(request_bytes_max);
+        let response_units_max = units(response_bytes_max);
+        ConnectionBudget {
+            request: Arc::new(Semaphore::new(request_units_max as usize)),
+            response: Arc::new(Semaphore::new(response_units_max as usize)),
+            request_units_max,
+            response_units_max,
+            held_peak_bytes: Arc::new(AtomicUsize::new(0)),
+            held_bytes: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    pub(crate) fn held_peak_bytes(&self) -> usize {
+        self.held_peak_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Take `bytes` of request budget, waiting while either the connection's
+    /// cap or the broker's budget is spent. Cancel-safe.
+    pub(crate) async fn request(&self, budgets: &Budgets, bytes: usize) -> Held {
+        let n = units(bytes).min(self.request_units_max);
+        self.take(&self.request, &budgets.request, n).await
+    }
+
+    /// Take `bytes` of response budget (see [`ConnectionBudget::request`]).
+    pub(crate) async fn response(&self, budgets: &Budgets, bytes: usize) -> Held {
+        let n = units(bytes).min(self.response_units_max);
+        self.take(&self.response, &budgets.response, n).await
+    }
+
+    /// Grow `held` (a response share) to cover `bytes`, waiting like
+    /// [`ConnectionBudget::response`].
+    pub(crate) async fn grow_response(&self, budgets: &Budgets, held: &mut Held, bytes: usize) {
+        let want = units(bytes).min(self.response_units_max);
+        if want > held.units {
+            let more = self
+                .take(&self.response, &budgets.response, want - held.units)
+                .await;
+            held.absorb(more);
+        }
+    }
+
+    async fn take(&self, own: &Arc<Semaphore>, budget: &Budget, n: u32) -> Held {
+        // Neither semaphore is ever closed, so acquiring cannot fail; if one
+        // were, the share is simply not held (and not counted).
+        let own = Arc::clone(own).acquire_many_owned(n).await.ok();
+        let global = Arc::clone(&budget.semaphore)
+            .acquire_many_owned(n)
+            .await
+            .ok();
+        let bytes = n as usize * UNIT_BYTES;
+        budget.in_use.increment(bytes as f64);
+        let now = self.held_bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.held_peak_bytes.fetch_max(now, Ordering::SeqCst);
+        Held {
+            units: n,
+            permits: vec![own, global].into_iter().flatten().collect(),
+            in_use: budget.in_use.clone(),
+            held_bytes: Arc::clone(&self.held_bytes),
+        }
+    }
+}
+
+/// Budget taken: returned to the connection and the broker when dropped.
+#[derive(Debug)]
+pub(crate) struct Held {
+    units: u32,
+    permits: Vec<OwnedSemaphorePermit>,
+    in_use: Gauge,
+    held_bytes: Arc<AtomicUsize>,
+}
+
+impl Held {
+    /// Bytes this share covers.
+    #[allow(dead_code)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.units as usize * UNIT_BYTES
+    }
+
+    fn absorb(&mut self, mut other: Held) {
+        self.units += other.units;
+        self.permits.append(&mut other.permits);
+        // `other` now returns nothing; its bytes are ours to return.
+        other.units = 0;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let bytes = self.units as usize * UNIT_BYTES;
+        if bytes > 0 {
+            self.in_use.decrement(bytes as f64);
+            self.held_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        }
+        // The permits return to their semaphores as `permits` drops.
+    }
+}
+
+/// Ask glibc to return freed memory to the OS. A connection that held large
+/// frames leaves its freed buffers in malloc's arenas (one per worker
+/// thread), which glibc does not hand back by itself, so the broker's RSS
+/// would stay at its peak after the client is gone.
+pub(crate) fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // Safety: malloc_trim takes no pointers; it only walks and trims
+        // malloc's own arenas, under their locks.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budgets(request: usize, response: usize) -> Budgets {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let key = |n: &'static str| metrics::Key::from_name(n);
+        let meta = metrics::Metadata::new("t", metrics::Level::INFO, None);
+        use metrics::Recorder;
+        Budgets {
+            request: Budget::new(request, recorder.register_gauge(&key("a"), &meta)),
+            response: Budget::new(response, recorder.register_gauge(&key("b"), &meta)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_share_is_returned_when_dropped_and_the_budget_waits_when_spent() {
+        let b = budgets(64 << 10, 64 << 10);
+        let conn = ConnectionBudget::new(64 << 10, 64 << 10);
+        let held = conn.request(&b, 40 << 10).await;
+        assert_eq!(b.request.in_use_bytes(), 40 << 10);
+        let other = ConnectionBudget::new(64 << 10, 64 << 10);
+        let wait = other.request(&b, 40 << 10);
+        tokio::pin!(wait);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), &mut wait)
+                .await
+                .is_err(),
+            "a spent budget must make the next taker wait"
+        );
+        drop(held);
+        let second = wait.await;
+        assert_eq!(b.request.in_use_bytes(), 40 << 10);
+        drop(second);
+        assert_eq!(b.request.in_use_bytes(), 0);
+        assert_eq!(conn.held_peak_bytes(), 40 << 10);
+    }
+
+    #[tokio::test]
+    async fn one_connection_is_held_to_its_own_cap() {
+        let b = budgets(1 << 20, 1 << 20);
+        let conn = ConnectionBudget::new(64 << 10, 64 << 10);
+        let mut held = conn.response(&b, 16 << 10).await;
+        conn.grow_response(&b, &mut held, 48 << 10).await;
+        assert_eq!(held.bytes(), 48 << 10);
+        let wait = conn.response(&b, 32 << 10);
+        tokio::pin!(wait);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), &mut wait)
+                .await
+                .is_err(),
+            "the connection's cap must hold it even with budget left"
+        );
+        // Others are not held up by it.
+        let other = ConnectionBudget::new(64 << 10, 64 << 10);
+        drop(other.response(&b, 64 << 10).await);
+        drop(held);
+        drop(wait.await);
+        assert_eq!(b.response.in_use_bytes(), 0);
+    }
+}
