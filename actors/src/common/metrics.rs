@@ -29,7 +29,7 @@ pub(crate) struct BrokerMetrics {
     pub append_latency_seconds: Histogram,
     pub open_segments: Gauge,
     pub connections: Gauge,
-    /// The client port's bounds (`serve::budget`, `serve::connection`).
+    /// The client port's bounds (`common::budget`, `serve::connection`).
     pub request_bytes_in_use: Gauge,
     pub response_bytes_in_use: Gauge,
     pub connections_refused: Counter,

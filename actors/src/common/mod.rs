@@ -2,6 +2,7 @@
 //! error types, the broker's metric handles and the conversions to and from
 //! the wire's types. Nothing here names another module of this crate.
 
+pub(crate) mod budget;
 pub(crate) mod clock;
 pub(crate) mod config;
 pub(crate) mod convert;

@@ -84,7 +84,7 @@ pub(crate) struct Shared {
     /// The highest `requests_inflight` one connection ever reached.
     pub connection_inflight_peak: AtomicUsize,
     /// The client port's broker-wide memory budgets.
-    pub budgets: crate::serve::budget::Budgets,
+    pub budgets: crate::common::budget::Budgets,
     /// Membership and the node fabric, set once at broker start.
     pub cluster: std::sync::OnceLock<Arc<Fabric>>,
     /// The raft transport's endpoint, set once at broker start.
@@ -108,12 +108,12 @@ impl Shared {
             Arc::clone(&clock),
             Arc::clone(&metrics),
         ));
-        let budgets = crate::serve::budget::Budgets {
-            request: crate::serve::budget::Budget::new(
+        let budgets = crate::common::budget::Budgets {
+            request: crate::common::budget::Budget::new(
                 config.request_bytes_budget,
                 metrics.request_bytes_in_use.clone(),
             ),
-            response: crate::serve::budget::Budget::new(
+            response: crate::common::budget::Budget::new(
                 config.response_bytes_budget,
                 metrics.response_bytes_in_use.clone(),
             ),

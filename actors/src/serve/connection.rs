@@ -31,10 +31,10 @@ use tokio_util::codec::Decoder;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::debug;
 
-use super::budget::{self, ConnectionBudget, Held};
 use super::dispatch::handle_frame;
 use super::reply::{Inflight, Outbound, Reply, error_frame};
 use super::subscribe::{ConnCtx, Subscriptions};
+use crate::common::budget::{self, ConnectionBudget, Held};
 use crate::control::shared::Shared;
 
 /// How long a closing connection keeps discarding client input after its

@@ -12,7 +12,6 @@
 //! protocol; it reaches the layers below through the broker context
 //! (`control::shared::Shared`), and nothing below names it.
 
-pub(crate) mod budget;
 pub(crate) mod cluster;
 pub(crate) mod connection;
 pub(crate) mod dispatch;

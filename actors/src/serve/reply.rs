@@ -21,11 +21,11 @@ use crate::control::shared::Shared;
 pub(crate) type Failure = ServeError;
 
 /// One request's slot: a connection permit, counted broker-wide, and the
-/// response budget its answer holds until written (`serve::budget`).
+/// response budget its answer holds until written (`common::budget`).
 pub(crate) struct Inflight {
     shared: Arc<Shared>,
     _permit: OwnedSemaphorePermit,
-    pub(crate) budget: Option<super::budget::Held>,
+    pub(crate) budget: Option<crate::common::budget::Held>,
 }
 
 impl Inflight {

@@ -1,4 +1,5 @@
-//! Memory budgets of the client port: the request bytes and the response
+//! Memory budgets of the client port (used by `serve::connection`; here,
+//! below `control`, because the broker context holds the broker-wide ones): the request bytes and the response
 //! bytes all connections together may hold (`request_bytes_budget`,
 //! `response_bytes_budget`), and what one connection may hold of each
 //! (`connection_request_bytes_max`, `connection_response_bytes_max`).
