@@ -353,6 +353,8 @@ impl CoordinatorState {
     /// Lets a frozen segment whose split or merge failed roll on its own.
     fn thaw(&self, segment: SegmentId) {
         if let Some(handle) = self.shared.segment(segment) {
+            // An actor that stopped meanwhile has nothing left to thaw: its
+            // successor starts unfrozen.
             let _ = handle.actor.actor().send_message(SegmentMsg::RollFailed);
         }
     }
@@ -391,12 +393,29 @@ impl CoordinatorState {
         for &(range, segment, seal) in old {
             let store = Arc::clone(&self.shared.store);
             let id = malachi_storage::SegmentId(segment.0);
-            let _ = tokio::task::spawn_blocking(move || store.seal(id, seal.length)).await;
+            match tokio::task::spawn_blocking(move || store.seal(id, seal.length)).await {
+                Ok(Ok(_)) => {}
+                // The metadata's seal still clamps reads to `seal.length`;
+                // only the copy on disk lacks its marker (recovery reads the
+                // length from the metadata again).
+                Ok(Err(e)) => warn!(
+                    topic,
+                    segment = segment.0,
+                    length = seal.length,
+                    error = %e,
+                    "cannot write the seal marker; metadata still clamps reads"
+                ),
+                Err(e) => warn!(
+                    topic,
+                    segment = segment.0,
+                    length = seal.length,
+                    error = %e,
+                    "the seal marker task failed; metadata still clamps reads"
+                ),
+            }
             if let Some(storage) = storage.clone() {
                 let name = segment_name(topic, range, segment);
-                tokio::spawn(async move {
-                    let _ = storage.terminate_child(&name).await;
-                });
+                tokio::spawn(async move { stop_segment_actor(&storage, &name).await });
             }
         }
         Ok(())
@@ -541,15 +560,32 @@ async fn release_segments(shared: &Arc<Shared>, topic: &str, segments: Vec<Segme
                     if child.name.starts_with(&format!("segment/{topic}/"))
                         && child.name.ends_with(&suffix)
                     {
-                        let _ = storage.terminate_child(&child.name).await;
+                        stop_segment_actor(storage, &child.name).await;
                     }
                 }
             }
         }
-        let store = Arc::clone(&shared.store);
-        let _ =
-            tokio::task::spawn_blocking(move || store.close(malachi_storage::SegmentId(segment.0)))
-                .await;
+        close_copy(&shared.store, segment).await;
+    }
+}
+
+/// Stops a segment actor. One already gone (it stopped, or its supervisor
+/// restarted without it) is what was wanted, so a failure is only noted.
+async fn stop_segment_actor(storage: &malachi_supervision::SupervisorRef, name: &str) {
+    if let Err(e) = storage.terminate_child(name).await {
+        debug!(segment = name, error = %e, "segment actor already stopped");
+    }
+}
+
+/// Releases the store's open handle of a segment copy whose actor stopped.
+/// A failure leaves a file open until shutdown, no data at risk: logged.
+async fn close_copy(store: &Arc<malachi_storage::FileStore>, segment: SegmentId) {
+    let store = Arc::clone(store);
+    let id = malachi_storage::SegmentId(segment.0);
+    match tokio::task::spawn_blocking(move || store.close(id)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => warn!(segment = segment.0, error = %e, "cannot close a segment copy"),
+        Err(e) => warn!(segment = segment.0, error = %e, "the close task failed"),
     }
 }
 
@@ -611,17 +647,13 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
             for child in &snapshot.children {
                 if child.name.starts_with("segment/") && child.name.ends_with(&suffix) {
                     info!(segment = %child.name, "stopping the actor of a deleted segment");
-                    let _ = storage.terminate_child(&child.name).await;
+                    stop_segment_actor(&storage, &child.name).await;
                 }
             }
             shared.data.segments.lock().remove(&segment);
             // The copy stays on disk (the orphan sweeper's job); only its
             // open handle is released.
-            let store = Arc::clone(&shared.store);
-            let _ = tokio::task::spawn_blocking(move || {
-                store.close(malachi_storage::SegmentId(segment.0))
-            })
-            .await;
+            close_copy(&shared.store, segment).await;
         }
     }
     Ok(())

@@ -231,6 +231,8 @@ fn watch(
                 break;
             }
             if changed && !queued.reconcile.swap(true, Ordering::SeqCst) {
+                // Fails only if the manager is stopping; the Replan send
+                // above already ends the loop then.
                 let _ = myself.send_message(CoordinatorMsg::Reconcile);
             }
         }

@@ -23,7 +23,7 @@ use malachi_cluster::vnodes::broker_api::FORWARD_LIST_API_KEY;
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::common::config::MetadataBackend;
 use crate::control::metadata::{FilePlane, MetadataPlane, VnodePlane};
@@ -177,8 +177,10 @@ impl Actor for VnodesActor {
         // (post_stop does not run after a failure): stop them before
         // reopening the same files, so two raft nodes never share one log.
         let stale = shared.plane.write().take();
-        if let Some(stale) = stale {
-            let _ = stale.shutdown().await;
+        if let Some(stale) = stale
+            && let Err(e) = stale.shutdown().await
+        {
+            warn!(error = %e, "cannot shut down the crashed predecessor's metadata plane");
         }
         let raft = shared.raft.get().cloned();
         if let Some(raft) = &raft {

@@ -225,8 +225,13 @@ impl Actor for SegmentActor {
                     warn!(segment = %id, error = %e, "cannot fence segment");
                 }
                 tokio::spawn(async move {
-                    if let Ok(ticket) = store.sync(id) {
-                        let _ = ticket.await;
+                    // A failed sync latches the copy as failed and leaves
+                    // `length` at what was durable before: the seal below
+                    // is still the durable length, so it only needs a log.
+                    if let Ok(ticket) = store.sync(id)
+                        && let Err(e) = ticket.await
+                    {
+                        warn!(segment = %id, error = %e, "sync before freezing failed");
                     }
                     let answer = store
                         .info(id)
@@ -291,7 +296,8 @@ impl SegmentActor {
                     StorageError::Fenced { .. }
                     | StorageError::Sealed { .. }
                     | StorageError::Failed { .. } => {
-                        // Whatever fenced it, this segment is done: roll it.
+                        // Whatever fenced it, this segment is done: roll it
+                        // (a send fails only if this actor is stopping).
                         let _ = myself.send_message(SegmentMsg::CheckRoll);
                         AppendError::Rolled
                     }
@@ -355,6 +361,8 @@ impl SegmentActor {
                     Err(AppendError::Rolled)
                 }
             };
+            // A producer that gave up dropped its receiver; a stopped actor
+            // has no roll to check.
             let _ = reply.send(answer);
             let _ = myself.send_message(SegmentMsg::CheckRoll);
         });
@@ -429,8 +437,12 @@ async fn roll(
     store_id: malachi_storage::SegmentId,
 ) -> Result<(), ()> {
     // Everything appended before the fence becomes durable (or fails) first.
-    if let Ok(ticket) = storage.store.sync(store_id) {
-        let _ = ticket.await;
+    // A failed sync leaves `length` at what was durable: the seal is still
+    // right, so the failure is only logged.
+    if let Ok(ticket) = storage.store.sync(store_id)
+        && let Err(e) = ticket.await
+    {
+        warn!(segment = %store_id, error = %e, "sync before rolling failed");
     }
     let info = storage.store.info(store_id).map_err(|e| {
         warn!(segment = %store_id, error = %e, "cannot read segment info to roll");

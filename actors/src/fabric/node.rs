@@ -232,7 +232,16 @@ impl Actor for NodeActor {
                 let node_id = state.fabric.node_id;
                 tokio::spawn(async move {
                     let bytes = match local_tree(&root, node_id).await {
-                        Some(tree) => tree.encode().map(|b| b.to_vec()).unwrap_or_default(),
+                        Some(tree) => match tree.encode() {
+                            Ok(bytes) => bytes.to_vec(),
+                            // Empty is this call's "no tree" answer (as for
+                            // `None`): the asker lists this broker as
+                            // unreachable. The failure is logged here.
+                            Err(e) => {
+                                warn!(node_id, error = %e, "cannot encode this broker's tree");
+                                Vec::new()
+                            }
+                        },
                         None => Vec::new(),
                     };
                     let _ = reply.send(bytes);

@@ -35,9 +35,9 @@ pub use tcp::{
     FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupRegistry,
     OPEN_VNODE_API_KEY, RAFT_CONNECTIONS_MAX_DEFAULT, RAFT_FRAME_BYTES_MAX_DEFAULT,
     RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT, RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT,
-    RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT, RING_ANNOUNCE_API_KEY, RpcError, RpcService, TcpTransport,
-    TcpTransportConfig, TransportServer, TransportServerConfig, TransportServerStats, raft_api_key,
-    raft_kind_of,
+    RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT, RING_ANNOUNCE_API_KEY, RpcError, RpcService,
+    TcpTransport, TcpTransportConfig, TransportServer, TransportServerConfig, TransportServerStats,
+    raft_api_key, raft_kind_of,
 };
 
 use crate::model::{Command, MetadataState, ModelError, Outcome};
@@ -267,7 +267,9 @@ impl MetadataGroup {
     pub async fn open_single(config: GroupConfig) -> Result<MetadataGroup, GroupError> {
         let group = MetadataGroup::open(config, Arc::new(UnreachableTransport)).await?;
         if let Err(err) = group.bootstrap_single().await {
-            // Do not leave a raft task running behind a failed open.
+            // Do not leave a raft task running behind a failed open. The
+            // bootstrap's error is the one to report; a failed shutdown of
+            // a group that never served adds nothing to it.
             let _ = group.shutdown().await;
             return Err(err);
         }

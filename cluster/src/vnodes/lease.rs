@@ -243,6 +243,8 @@ impl LeaseHandle {
     /// propose `LeaseKeeper::release` to free it early.
     pub async fn stop(self) {
         self.stop.notify_one();
+        // The task ends at the notification; a JoinError means it panicked,
+        // which the panic hook already reported.
         let _ = self.task.await;
     }
 }
