@@ -1,7 +1,7 @@
 //! The command line's error type: every failure becomes one line on stderr
 //! and a non-zero exit code.
 
-use malachi_wire::ClientError;
+use malachi_wire::{ClientError, ErrorCode};
 
 /// What a `malachi` command can fail with. Messages are one line, lowercase,
 /// and say what to do where there is something to do.
@@ -21,8 +21,9 @@ pub enum CliError {
         "cannot reach a broker at {addr}: {detail} (is one running? start one with `malachi dev`)"
     )]
     Unreachable { addr: String, detail: String },
-    /// The broker answered with an error, or the exchange failed.
-    #[error("{action}: {source}")]
+    /// The broker answered with an error, or the exchange failed. An
+    /// `outcome_unknown` refusal says so in words: the change may exist.
+    #[error("{action}: {source}{}", outcome_note(source))]
     Client {
         action: &'static str,
         source: ClientError,
@@ -63,8 +64,56 @@ impl CliError {
     }
 }
 
+/// What the command line adds to a broker's refusal whose code needs
+/// explaining: `outcome_unknown` is not a refusal, the change may exist.
+fn outcome_note(source: &ClientError) -> &'static str {
+    match source.code() {
+        Some(ErrorCode::OutcomeUnknown) => {
+            " (the change may or may not have been applied: check with `malachi topic describe` or `malachi vnode list` before retrying)"
+        }
+        _ => "",
+    }
+}
+
 impl From<malachi_bench::BenchError> for CliError {
     fn from(e: malachi_bench::BenchError) -> CliError {
         CliError::Bench(e.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: ErrorCode, message: &str) -> CliError {
+        CliError::Client {
+            action: "create topic orders",
+            source: ClientError::Server {
+                api: "create_topic",
+                code,
+                message: message.to_owned(),
+                leader_hint: None,
+                retry_after_ms: Some(10),
+            },
+        }
+    }
+
+    #[test]
+    fn an_unknown_outcome_says_the_change_may_or_may_not_have_been_applied() {
+        let line = refused(
+            ErrorCode::OutcomeUnknown,
+            "metadata change outcome unknown: vnode 3: the proposal timed out",
+        )
+        .to_string();
+        assert!(
+            line.starts_with("create topic orders: broker refused create_topic: outcome_unknown:")
+        );
+        assert!(line.contains("may or may not have been applied"), "{line}");
+    }
+
+    #[test]
+    fn a_refusal_is_not_told_it_may_have_been_applied() {
+        let line = refused(ErrorCode::TopicExists, "topic orders exists").to_string();
+        assert!(!line.contains("may or may not"), "{line}");
     }
 }
