@@ -219,6 +219,10 @@ fn open_fabric(
         swim_running: std::sync::atomic::AtomicBool::new(false),
         swim_task: parking_lot::Mutex::new(None),
         remote_call_timeout_ms: settings.remote_call_timeout_ms,
+        inbound: crate::fabric::node::InboundConnections::new(
+            settings.fabric_connections_max,
+            settings.fabric_handshake_timeout_ms,
+        ),
     })
 }
 

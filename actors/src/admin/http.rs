@@ -3,19 +3,58 @@
 //! is open, the coordinator runs and the client port accepts; `/metrics` is
 //! Prometheus text (with restart counts refreshed from a live tree snapshot);
 //! `/api/tree` is the supervision tree as JSON.
+//!
+//! Bounds (config `admin_connections_max`, `admin_read_timeout_ms`):
+//! - [`BoundedListener`] serves at most `admin_connections_max` connections
+//!   at once. Each accepted connection holds a slot (a semaphore permit)
+//!   inside its IO object, so the slot returns exactly when the connection's
+//!   socket is dropped. Past the limit a connection is closed on the accept
+//!   path itself, no task spawned, and logged through a [`RefusalLog`]: the
+//!   first refusal, then at most one line per
+//!   [`REFUSAL_LOG_INTERVAL_MS`](crate::common::refusal::REFUSAL_LOG_INTERVAL_MS)
+//!   with the count it kept quiet about.
+//! - [`DeadlineIo`] fails a connection that has written nothing for
+//!   `admin_read_timeout_ms` while it waits to read or write: a connection
+//!   must finish a request head and get its response under way within that
+//!   time of being accepted (or of its previous response), so a client that
+//!   sends nothing, or a byte a second, is dropped, and so is an idle
+//!   keep-alive connection. The clock restarts only on written bytes, never
+//!   on read ones, which is what catches the byte-a-second client. No admin
+//!   handler takes that long to answer.
+//! - hyper reads a request head into a buffer that grows with the bytes
+//!   received (to its ~400 KiB default cap); no route takes a body, so a
+//!   declared `Content-Length` reserves nothing.
 
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use malachi_cluster::group::Backoff;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::warn;
+use tracing::{debug, warn};
 
+use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
 use crate::control::shared::Shared;
+
+/// The first retry of a failed accept (out of file descriptors, say) waits
+/// this long; each further failure doubles it up to
+/// [`ACCEPT_BACKOFF_MAX_MS`].
+const ACCEPT_BACKOFF_MIN_MS: u64 = 10;
+/// The longest wait between failed accepts.
+const ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
 
 #[derive(Debug, Clone)]
 pub(crate) struct AdminArgs {
@@ -79,6 +118,187 @@ async fn tree(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
+/// The admin port's listener for `axum::serve`: at most `connections_max`
+/// connections at once, each a [`DeadlineIo`]; one past the limit is closed
+/// here, on the accept path, so a flood spawns nothing.
+#[derive(Debug)]
+pub(crate) struct BoundedListener {
+    inner: TcpListener,
+    slots: Arc<Semaphore>,
+    connections_max: usize,
+    read_timeout: Duration,
+    refusals: RefusalLog,
+    accept_failures: Backoff,
+}
+
+impl BoundedListener {
+    pub(crate) fn new(
+        inner: TcpListener,
+        connections_max: usize,
+        read_timeout: Duration,
+    ) -> BoundedListener {
+        assert!(
+            connections_max > 0,
+            "admin_connections_max is validated positive"
+        );
+        assert!(
+            !read_timeout.is_zero(),
+            "admin_read_timeout_ms is validated positive"
+        );
+        let seed = inner.local_addr().map(|a| u64::from(a.port())).unwrap_or(0);
+        BoundedListener {
+            inner,
+            slots: Arc::new(Semaphore::new(connections_max)),
+            connections_max,
+            read_timeout,
+            refusals: RefusalLog::new(REFUSAL_LOG_INTERVAL_MS),
+            accept_failures: Backoff::new(ACCEPT_BACKOFF_MIN_MS, ACCEPT_BACKOFF_MAX_MS, seed),
+        }
+    }
+}
+
+impl axum::serve::Listener for BoundedListener {
+    type Io = DeadlineIo;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (DeadlineIo, SocketAddr) {
+        loop {
+            let (stream, peer) = match self.inner.accept().await {
+                Ok(accepted) => {
+                    self.accept_failures.reset();
+                    accepted
+                }
+                Err(error) => {
+                    let delay_ms = self.accept_failures.next_delay_ms();
+                    debug!(%error, delay_ms, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+                drop(stream);
+                if let Some(refused_unlogged) = self.refusals.admit(Instant::now()) {
+                    warn!(
+                        %peer,
+                        admin_connections_max = self.connections_max,
+                        refused_unlogged,
+                        "admin connection refused: at the connection limit"
+                    );
+                }
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            return (DeadlineIo::new(stream, slot, self.read_timeout), peer);
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// One admin connection: its socket, its slot (returned when this is
+/// dropped), and a deadline `timeout` after the last written byte (or the
+/// accept). A read or a stalled write polled past the deadline fails with
+/// `TimedOut`, which ends the connection.
+#[derive(Debug)]
+pub(crate) struct DeadlineIo {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+    timeout: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl DeadlineIo {
+    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, timeout: Duration) -> DeadlineIo {
+        DeadlineIo {
+            stream,
+            _slot: slot,
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+
+    /// Whether the deadline has passed; if not, the task is woken when it does.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        self.deadline.as_mut().poll(cx).is_ready()
+    }
+
+    fn timed_out(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "admin connection wrote nothing for {} ms",
+                self.timeout.as_millis()
+            ),
+        )
+    }
+
+    /// Written bytes are progress: the connection gets another `timeout`.
+    fn progressed(&mut self, polled: &Poll<io::Result<usize>>) {
+        if matches!(polled, Poll::Ready(Ok(n)) if *n > 0) {
+            let next = tokio::time::Instant::now() + self.timeout;
+            self.deadline.as_mut().reset(next);
+        }
+    }
+}
+
+impl AsyncRead for DeadlineIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.expired(cx) {
+            return Poll::Ready(Err(this.timed_out()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for DeadlineIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.progressed(&polled);
+        if polled.is_pending() && this.expired(cx) {
+            return Poll::Ready(Err(this.timed_out()));
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.progressed(&polled);
+        if polled.is_pending() && this.expired(cx) {
+            return Poll::Ready(Err(this.timed_out()));
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
 #[ractor::async_trait]
 impl Actor for AdminActor {
     type Msg = AdminMsg;
@@ -92,7 +312,11 @@ impl Actor for AdminActor {
     ) -> Result<AdminState, ActorProcessingErr> {
         let socket = args.socket.try_clone()?;
         socket.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(socket)?;
+        let listener = BoundedListener::new(
+            TcpListener::from_std(socket)?,
+            args.shared.config.admin_connections_max,
+            Duration::from_millis(args.shared.config.admin_read_timeout_ms),
+        );
         let cancel = CancellationToken::new();
         let token = cancel.clone();
         let app = router(args.shared);

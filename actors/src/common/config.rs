@@ -89,6 +89,12 @@ pub struct MembershipSettings {
     /// How long a remote call (a tree snapshot) may take before the broker
     /// is reported unreachable.
     pub remote_call_timeout_ms: u64,
+    /// Connections accepted on the node fabric port at once, authenticated
+    /// or not; more are closed at accept.
+    pub fabric_connections_max: usize,
+    /// A node fabric connection that has not authenticated within this long
+    /// of its accept is closed.
+    pub fabric_handshake_timeout_ms: u64,
 }
 
 impl Default for MembershipSettings {
@@ -104,6 +110,8 @@ impl Default for MembershipSettings {
             cluster_cookie: None,
             advertise_ip: None,
             remote_call_timeout_ms: 3_000,
+            fabric_connections_max: 64,
+            fabric_handshake_timeout_ms: 5_000,
         }
     }
 }
@@ -195,6 +203,11 @@ pub struct BrokerConfig {
     pub listen_addr: SocketAddr,
     /// The admin HTTP port (health, readiness, metrics, tree).
     pub admin_addr: SocketAddr,
+    /// Admin HTTP connections served at once; more are closed at accept.
+    pub admin_connections_max: usize,
+    /// An admin connection that writes nothing for this long while it waits
+    /// on its client (no complete request head, an idle keep-alive) is closed.
+    pub admin_read_timeout_ms: u64,
     /// Holds `segments/`, `metadata/` and `cluster.secret`.
     pub data_dir: PathBuf,
     /// A segment rolls once it holds this many durable bytes.
@@ -257,6 +270,8 @@ impl Default for BrokerConfig {
             node_id: 1,
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 4040)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_connections_max: 64,
+            admin_read_timeout_ms: 10_000,
             data_dir: PathBuf::from("data"),
             segment_bytes_max: 256 << 20,
             segment_age_ms: 60 * 60 * 1000,
@@ -386,6 +401,17 @@ impl BrokerConfig {
             })?;
         if self.membership.remote_call_timeout_ms == 0 {
             return bad("membership.remote_call_timeout_ms must be positive".into());
+        }
+        if self.admin_connections_max == 0 || self.admin_read_timeout_ms == 0 {
+            return bad("admin_connections_max and admin_read_timeout_ms must be positive".into());
+        }
+        if self.membership.fabric_connections_max == 0
+            || self.membership.fabric_handshake_timeout_ms == 0
+        {
+            return bad(
+                "membership.fabric_connections_max and membership.fabric_handshake_timeout_ms must be positive"
+                    .into(),
+            );
         }
         if self
             .membership

@@ -20,26 +20,66 @@
 //! unknown variants (ractor then drops the message), and replies are wire
 //! messages decoded with their bounds checked, so a malformed peer never
 //! crashes a broker.
+//!
+//! Bounds of the advertised port ([`InboundConnections`], config
+//! `membership.fabric_connections_max`, `fabric_handshake_timeout_ms`):
+//! - At most `fabric_connections_max` accepted connections live at once,
+//!   handshaking or authenticated. Each holds a slot (a semaphore permit)
+//!   shared by the two halves `node` hands ractor_cluster as an external
+//!   stream, so the slot returns exactly when ractor_cluster drops the
+//!   connection. One past the limit is closed on the accept loop itself, no
+//!   task spawned, logged at most once per
+//!   [`REFUSAL_LOG_INTERVAL_MS`](crate::common::refusal::REFUSAL_LOG_INTERVAL_MS).
+//! - A connection has `fabric_handshake_timeout_ms` from its accept to
+//!   become an authenticated session. The read half carries the deadline:
+//!   until a subscription to the node server's events marks the connection
+//!   authenticated (matched by its peer address), a read polled past the
+//!   deadline fails with `TimedOut`, so ractor_cluster's reader stops, the
+//!   session ends and the socket closes. A client that sends nothing, or a
+//!   byte a second, is dropped.
+//! - ractor_cluster reads a frame (a u64 length, then the payload) into a
+//!   buffer that grows with the bytes received, 8 KiB at a time, and refuses
+//!   a declared length over [`INBOUND_FRAME_BYTES_MAX`] before reading it.
+//!   That limit is for tree snapshots between authenticated brokers; before
+//!   authentication the read half lets through at most
+//!   [`HANDSHAKE_BYTES_MAX`] (the handshake is a few hundred bytes), so an
+//!   unauthenticated peer makes the broker hold no more than that.
+//! - The dial loop backs off per peer, exponentially with jitter
+//!   ([`DIAL_BACKOFF_MIN_MS`] up to [`DIAL_BACKOFF_MAX_MS`]).
+//!
+//! ractor_cluster's own listener (which `NodeServer` always starts, on an
+//! ephemeral port) is not under these bounds, so it binds loopback only and
+//! is never advertised.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use malachi_cluster::group::{Backoff, backoff_seed};
 use malachi_cluster::membership::{Member, MemberState, Membership, NodeIdentity};
 use malachi_wire::messages::{self as wire, Message as _};
 use parking_lot::{Mutex, RwLock};
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::node::{NodeEventSubscription, NodeServerSessionInformation};
 use ractor_cluster::{NodeServer, NodeServerMessage};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::common::SupervisorSlot;
 use crate::common::convert::tree_to_wire;
+use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
 
 /// The process-group scope of broker actors reachable over the fabric.
 pub(crate) const PG_SCOPE: &str = "malachi";
@@ -47,13 +87,27 @@ pub(crate) const PG_SCOPE: &str = "malachi";
 const TREE_SNAPSHOT: &str = "tree_snapshot";
 /// How often `node` compares sessions with membership and dials what is missing.
 const RECONCILE_MS: u64 = 1_000;
-/// A peer is not dialed again sooner than this after an attempt.
-const DIAL_BACKOFF_MS: u64 = 3_000;
+/// After a failed dial a peer is dialed again no sooner than about this
+/// (jittered within [half, whole]); each further failure doubles it.
+const DIAL_BACKOFF_MIN_MS: u64 = 1_000;
+/// The longest wait between dials of a peer that keeps failing.
+const DIAL_BACKOFF_MAX_MS: u64 = 30_000;
 /// How long one dial may take.
 const DIAL_TIMEOUT_MS: u64 = 2_000;
 /// Largest ractor_cluster frame accepted from a peer (a tree snapshot is the
 /// largest message today).
 const INBOUND_FRAME_BYTES_MAX: u64 = 8 << 20;
+/// Bytes an inbound connection may send before it is authenticated. The
+/// handshake (name, challenge, digest) is a few hundred bytes; the margin
+/// covers the session's first control messages, which may race the
+/// authenticated event by one actor hop.
+pub(crate) const HANDSHAKE_BYTES_MAX: u64 = 256 << 10;
+/// The first retry of a failed accept waits this long, doubling per failure.
+const ACCEPT_BACKOFF_MIN_MS: u64 = 10;
+/// The longest wait between failed accepts.
+const ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
+/// The id of `node`'s subscription to the node server's session events.
+const INBOUND_SUBSCRIPTION: &str = "malachi-inbound-handshakes";
 
 /// The process group of one broker's `node` actor.
 pub(crate) fn node_group(node_id: u64) -> String {
@@ -96,6 +150,256 @@ pub(crate) struct Fabric {
     /// The running SWIM task, aborted by the next start if it outlived its actor.
     pub swim_task: Mutex<Option<tokio::task::AbortHandle>>,
     pub remote_call_timeout_ms: u64,
+    /// The advertised port's connection slots and handshake deadlines.
+    pub inbound: Arc<InboundConnections>,
+}
+
+/// The accepting side of the advertised port: its slots and the
+/// connections still handshaking. Shared by every start of `node_server`
+/// and `node`, so a restart forgets no connection that is still open.
+#[derive(Debug)]
+pub(crate) struct InboundConnections {
+    connections_max: usize,
+    handshake_timeout: Duration,
+    slots: Arc<Semaphore>,
+    /// Connections not yet authenticated, by peer address (the label the
+    /// node server reports them under). At most `connections_max` entries:
+    /// each is removed when its connection authenticates or is dropped.
+    handshaking: parking_lot::Mutex<HashMap<String, (u64, Weak<InboundConn>)>>,
+    next_id: AtomicU64,
+    /// Refusals at the connection limit.
+    refusals: parking_lot::Mutex<RefusalLog>,
+    /// Connections dropped for an unfinished handshake.
+    expiries: parking_lot::Mutex<RefusalLog>,
+}
+
+impl InboundConnections {
+    pub(crate) fn new(connections_max: usize, handshake_timeout_ms: u64) -> Arc<Self> {
+        assert!(
+            connections_max > 0,
+            "fabric_connections_max is validated positive"
+        );
+        assert!(
+            handshake_timeout_ms > 0,
+            "fabric_handshake_timeout_ms is validated positive"
+        );
+        Arc::new(InboundConnections {
+            connections_max,
+            handshake_timeout: Duration::from_millis(handshake_timeout_ms),
+            slots: Arc::new(Semaphore::new(connections_max)),
+            handshaking: parking_lot::Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            refusals: parking_lot::Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
+            expiries: parking_lot::Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
+        })
+    }
+
+    /// Takes a slot for a connection from `peer_addr` and splits it into the
+    /// halves ractor_cluster gets; `None` at the limit (the caller closes it).
+    fn admit(
+        self: &Arc<Self>,
+        stream: tokio::net::TcpStream,
+        peer_addr: SocketAddr,
+    ) -> Option<ractor_cluster::NetworkStream> {
+        let slot = Arc::clone(&self.slots).try_acquire_owned().ok()?;
+        let label = peer_addr.to_string();
+        let conn = Arc::new(InboundConn {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            label: label.clone(),
+            peer_addr,
+            authenticated: AtomicBool::new(false),
+            inbound: Arc::clone(self),
+            _slot: slot,
+        });
+        self.handshaking
+            .lock()
+            .insert(label.clone(), (conn.id, Arc::downgrade(&conn)));
+        let local_label = stream.local_addr().ok().map(|a| a.to_string());
+        let (read, write) = stream.into_split();
+        let deadline = tokio::time::Instant::now() + self.handshake_timeout;
+        Some(ractor_cluster::NetworkStream::External {
+            peer_label: Some(label),
+            local_label,
+            reader: Box::new(InboundRead {
+                inner: read,
+                conn: Arc::clone(&conn),
+                handshake: Some(Box::pin(tokio::time::sleep_until(deadline))),
+                handshake_bytes: 0,
+            }),
+            writer: Box::new(InboundWrite {
+                inner: write,
+                _conn: conn,
+            }),
+        })
+    }
+
+    /// The node server authenticated the session reported under `label`.
+    fn authenticated(&self, label: &str) {
+        let entry = self.handshaking.lock().remove(label);
+        // Upgraded outside the lock: dropping the last strong reference runs
+        // `InboundConn::drop`, which takes the lock.
+        if let Some((_, conn)) = entry
+            && let Some(conn) = conn.upgrade()
+        {
+            conn.authenticated.store(true, Ordering::Release);
+            debug!(peer = %conn.peer_addr, "node fabric connection authenticated");
+        }
+    }
+
+    fn log_refusal(&self, peer_addr: SocketAddr) {
+        let admitted = self.refusals.lock().admit(Instant::now());
+        if let Some(refused_unlogged) = admitted {
+            warn!(
+                peer = %peer_addr,
+                fabric_connections_max = self.connections_max,
+                refused_unlogged,
+                "node fabric connection refused: at the connection limit"
+            );
+        }
+    }
+
+    fn log_expiry(&self, peer_addr: SocketAddr, reason: &'static str) {
+        let admitted = self.expiries.lock().admit(Instant::now());
+        if let Some(dropped_unlogged) = admitted {
+            warn!(
+                peer = %peer_addr,
+                reason,
+                dropped_unlogged,
+                "node fabric connection dropped before authenticating"
+            );
+        }
+    }
+}
+
+/// One accepted connection, shared by its two halves: dropping both
+/// returns its slot.
+#[derive(Debug)]
+struct InboundConn {
+    id: u64,
+    label: String,
+    peer_addr: SocketAddr,
+    authenticated: AtomicBool,
+    inbound: Arc<InboundConnections>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for InboundConn {
+    fn drop(&mut self) {
+        let mut handshaking = self.inbound.handshaking.lock();
+        // A later connection from the same address may have the entry now.
+        if handshaking
+            .get(&self.label)
+            .is_some_and(|(id, _)| *id == self.id)
+        {
+            handshaking.remove(&self.label);
+        }
+    }
+}
+
+/// The read half ractor_cluster gets: until the connection authenticates,
+/// reads fail past the handshake deadline or past [`HANDSHAKE_BYTES_MAX`].
+struct InboundRead {
+    inner: OwnedReadHalf,
+    conn: Arc<InboundConn>,
+    /// The handshake deadline, dropped once authenticated.
+    handshake: Option<Pin<Box<tokio::time::Sleep>>>,
+    handshake_bytes: u64,
+}
+
+impl AsyncRead for InboundRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let Some(deadline) = this.handshake.as_mut() else {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        };
+        if this.conn.authenticated.load(Ordering::Acquire) {
+            this.handshake = None;
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        }
+        if deadline.as_mut().poll(cx).is_ready() {
+            let inbound = &this.conn.inbound;
+            inbound.log_expiry(this.conn.peer_addr, "fabric_handshake_timeout_ms passed");
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no authenticated session within {} ms",
+                    inbound.handshake_timeout.as_millis()
+                ),
+            )));
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let read = (buf.filled().len() - before) as u64;
+        this.handshake_bytes = this.handshake_bytes.saturating_add(read);
+        if this.handshake_bytes > HANDSHAKE_BYTES_MAX
+            && !this.conn.authenticated.load(Ordering::Acquire)
+        {
+            this.conn.inbound.log_expiry(
+                this.conn.peer_addr,
+                "more than HANDSHAKE_BYTES_MAX before authenticating",
+            );
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("more than {HANDSHAKE_BYTES_MAX} bytes before authenticating"),
+            )));
+        }
+        polled
+    }
+}
+
+/// The write half ractor_cluster gets: only holds the connection's slot.
+struct InboundWrite {
+    inner: OwnedWriteHalf,
+    _conn: Arc<InboundConn>,
+}
+
+impl AsyncWrite for InboundWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// `node_server`'s session events, as [`InboundConnections`] needs them.
+struct HandshakeWatch(Arc<InboundConnections>);
+
+impl NodeEventSubscription for HandshakeWatch {
+    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
+
+    fn node_session_disconnected(&self, _ses: NodeServerSessionInformation) {}
+
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        if ses.is_server {
+            self.0.authenticated(&ses.peer_addr);
+        }
+    }
 }
 
 /// Messages `node` takes, locally or from other brokers.
@@ -157,13 +461,31 @@ pub(crate) fn node_server_spec(fabric: Arc<Fabric>) -> malachi_supervision::Chil
                 None,
                 Some(ractor_cluster::node::NodeConnectionMode::Isolated),
             )
-            .with_listen_addr(cluster_addr.ip())
+            // The server's own listener is outside the bounds above: keep
+            // it off the network.
+            .with_listen_addr(loopback_like(cluster_addr.ip()))
             .with_max_inbound_frame_size(INBOUND_FRAME_BYTES_MAX);
             let (actor, _join) = Actor::spawn_linked(None, server, (), parent).await?;
+            // Subscribed before the server is published, so it is in place
+            // before `node` hands the server any connection.
+            actor
+                .cast(NodeServerMessage::SubscribeToEvents {
+                    id: INBOUND_SUBSCRIPTION.to_owned(),
+                    subscription: Box::new(HandshakeWatch(Arc::clone(&fabric.inbound))),
+                })
+                .map_err(|e| ractor::SpawnErr::StartupFailed(e.to_string().into()))?;
             *fabric.node_server.write() = Some(actor.clone());
             Ok(actor.get_cell())
         })
     })
+}
+
+/// The loopback address of `ip`'s family.
+fn loopback_like(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+    }
 }
 
 pub(crate) struct NodeActor;
@@ -252,32 +574,40 @@ impl Actor for NodeActor {
     }
 }
 
-/// Hands every connection to the advertised port to the node server.
+/// Hands every connection to the advertised port to the node server, within
+/// [`InboundConnections`]' slots (one past them is closed here, no task
+/// spawned) and with its handshake deadline.
 async fn accept_loop(fabric: Arc<Fabric>, listener: tokio::net::TcpListener) {
+    let mut failures = Backoff::new(
+        ACCEPT_BACKOFF_MIN_MS,
+        ACCEPT_BACKOFF_MAX_MS,
+        backoff_seed(fabric.node_id, 0),
+    );
     loop {
         let (stream, peer_addr) = match listener.accept().await {
-            Ok(accepted) => accepted,
+            Ok(accepted) => {
+                failures.reset();
+                accepted
+            }
             Err(error) => {
-                debug!(%error, "node fabric accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let delay_ms = failures.next_delay_ms();
+                debug!(%error, delay_ms, "node fabric accept failed");
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                 continue;
             }
         };
-        let Ok(local_addr) = stream.local_addr() else {
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
         let server = fabric.node_server.read().clone();
         let Some(server) = server else {
             debug!(%peer_addr, "node server not running; connection dropped");
             continue;
         };
+        let _ = stream.set_nodelay(true);
+        let Some(stream) = fabric.inbound.admit(stream, peer_addr) else {
+            fabric.inbound.log_refusal(peer_addr);
+            continue;
+        };
         let opened = NodeServerMessage::ConnectionOpened {
-            stream: Box::new(ractor_cluster::NetworkStream::Raw {
-                peer_addr,
-                local_addr,
-                stream,
-            }),
+            stream: Box::new(stream),
             is_server: true,
         };
         if server.cast(opened).is_err() {
@@ -289,11 +619,17 @@ async fn accept_loop(fabric: Arc<Fabric>, listener: tokio::net::TcpListener) {
 /// Keeps a session to every live broker: on every membership change and
 /// every [`RECONCILE_MS`], dials the brokers with a higher node id that have
 /// no session yet (the higher one waits to be dialed, so a pair never races
-/// two connections).
+/// two connections). A peer whose dials fail is retried after a per-peer
+/// [`Backoff`] (from [`DIAL_BACKOFF_MIN_MS`], doubling up to
+/// [`DIAL_BACKOFF_MAX_MS`], jittered); a session, or a new incarnation of the
+/// peer, resets it.
 async fn dial_loop(fabric: Arc<Fabric>) {
     let mut events = fabric.membership.watch();
     let mut tick = tokio::time::interval(Duration::from_millis(RECONCILE_MS));
-    let mut last_dial: HashMap<u64, Instant> = HashMap::new();
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // At most one entry per member of the view: entries of peers that have a
+    // session or left the view are dropped each round.
+    let mut retries: HashMap<u64, DialRetry> = HashMap::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -310,6 +646,8 @@ async fn dial_loop(fabric: Arc<Fabric>) {
             None => continue,
         };
         let view = fabric.membership.view();
+        retries
+            .retain(|node_id, _| view.peers.contains_key(node_id) && !connected.contains(node_id));
         for member in view.peers.values() {
             if member.node_id <= fabric.node_id
                 || !member.state.is_live()
@@ -320,22 +658,67 @@ async fn dial_loop(fabric: Arc<Fabric>) {
             let Some(addr) = member.cluster_addr else {
                 continue;
             };
-            if last_dial
-                .get(&member.node_id)
-                .is_some_and(|at| at.elapsed() < Duration::from_millis(DIAL_BACKOFF_MS))
-            {
+            let retry = retries
+                .entry(member.node_id)
+                .or_insert_with(|| DialRetry::new(fabric.node_id, member));
+            if retry.incarnation != member.incarnation {
+                // The peer restarted: whatever made it fail may be gone.
+                *retry = DialRetry::new(fabric.node_id, member);
+            }
+            if Instant::now() < retry.not_before {
                 continue;
             }
-            last_dial.insert(member.node_id, Instant::now());
             let dial = ractor_cluster::client_connect(&server, addr);
-            match tokio::time::timeout(Duration::from_millis(DIAL_TIMEOUT_MS), dial).await {
-                Ok(Ok(())) => info!(peer = member.node_id, %addr, "node fabric session opened"),
-                Ok(Err(error)) => {
-                    debug!(peer = member.node_id, %addr, %error, "node fabric dial failed")
+            let failure =
+                match tokio::time::timeout(Duration::from_millis(DIAL_TIMEOUT_MS), dial).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(error)) => Some(error.to_string()),
+                    Err(_) => Some("timed out".to_owned()),
+                };
+            match failure {
+                // `client_connect` returns once the socket is handed to the
+                // server; the session authenticates after. Until the next
+                // rounds see it, later attempts wait as after a failure.
+                None => {
+                    info!(peer = member.node_id, %addr, "node fabric connection opened");
+                    retry.wait();
                 }
-                Err(_) => debug!(peer = member.node_id, %addr, "node fabric dial timed out"),
+                Some(error) => {
+                    let delay_ms = retry.wait();
+                    debug!(peer = member.node_id, %addr, %error, delay_ms, "node fabric dial failed");
+                }
             }
         }
+    }
+}
+
+/// When a peer without a session may be dialed next.
+#[derive(Debug)]
+struct DialRetry {
+    incarnation: u64,
+    backoff: Backoff,
+    not_before: Instant,
+}
+
+impl DialRetry {
+    fn new(node_id: u64, member: &Member) -> DialRetry {
+        DialRetry {
+            incarnation: member.incarnation,
+            backoff: Backoff::new(
+                DIAL_BACKOFF_MIN_MS,
+                DIAL_BACKOFF_MAX_MS,
+                backoff_seed(node_id, member.node_id),
+            ),
+            not_before: Instant::now(),
+        }
+    }
+
+    /// Counts one more attempt without a session; returns the wait before
+    /// the next.
+    fn wait(&mut self) -> u64 {
+        let delay_ms = self.backoff.next_delay_ms();
+        self.not_before = Instant::now() + Duration::from_millis(delay_ms);
+        delay_ms
     }
 }
 
