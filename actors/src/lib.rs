@@ -49,6 +49,14 @@ pub use common::config::{
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;
+
+/// The decoders of what a peer broker sends over the node fabric, public
+/// only for the fuzz targets in `fuzz/` (through `fuzz-bodies/`): the same
+/// functions the node actor runs on untrusted input.
+#[doc(hidden)]
+pub mod untrusted {
+    pub use crate::fabric::node::{accepts_remote_message, decode_tree_reply};
+}
 pub use control::metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane, VnodePlane};
 pub use malachi_cluster::membership::{
     Member, MemberEvent, MemberEventKind, MemberState, Membership, MembershipView, VnodeLeader,

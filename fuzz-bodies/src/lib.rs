@@ -243,3 +243,37 @@ fn stable(decode: impl Fn(&[u8]) -> Result<Vec<u8>, String>, data: &[u8]) {
         }
     }
 }
+
+/// What a peer broker sends over the node fabric, past ractor_cluster's own
+/// envelope: the remote message as the node actor decodes it
+/// (`malachi_actors::untrusted::accepts_remote_message`; the first byte's low
+/// bit picks call or cast, the next byte is the variant name's length, then
+/// the name, then the argument bytes), and the same bytes as a tree snapshot
+/// reply (`decode_tree_reply`). Only the one known call with no arguments may
+/// be accepted; a decoded reply re-encodes and decodes to itself.
+pub fn fabric_message(data: &[u8]) {
+    use malachi_actors::untrusted::{accepts_remote_message, decode_tree_reply};
+    if let Some((&flags, rest)) = data.split_first() {
+        let call = flags & 1 == 1;
+        let (name_len, rest) = match rest.split_first() {
+            Some((&n, rest)) => (usize::from(n).min(rest.len()), rest),
+            None => (0, rest),
+        };
+        let (name, args) = rest.split_at(name_len);
+        let variant = String::from_utf8_lossy(name).into_owned();
+        let accepted = accepts_remote_message(call, variant.clone(), args.to_vec());
+        if accepted {
+            assert!(
+                call && variant == "tree_snapshot" && args.is_empty(),
+                "accepted {variant:?}"
+            );
+        }
+    }
+    if let Ok(tree) = decode_tree_reply(data.to_vec()) {
+        let again = tree.encode().expect("a decoded tree re-encodes");
+        assert_eq!(
+            decode_tree_reply(again.to_vec()).expect("and decodes"),
+            tree
+        );
+    }
+}

@@ -224,3 +224,12 @@ pub fn wire_messages() -> Vec<u8> {
     out.extend_from_slice(&ApiVersionsRequest::default().encode().unwrap_or_default());
     out
 }
+
+/// A remote call the node actor accepts: a call (flag 1) of `tree_snapshot`
+/// with no arguments.
+pub fn fabric_message() -> Vec<u8> {
+    let name = b"tree_snapshot";
+    let mut out = vec![1, name.len() as u8];
+    out.extend_from_slice(name);
+    out
+}

@@ -73,6 +73,34 @@ body_tests! {
     membership_routing: bodies::membership_routing, vec![samples::membership_routing()];
     wire_frame: bodies::wire_frame, vec![samples::wire_frame()];
     wire_messages: bodies::wire_messages, vec![samples::wire_messages()];
+    fabric_message: bodies::fabric_message, vec![samples::fabric_message()];
+}
+
+/// The fabric sample is the one remote message the node actor accepts, and
+/// a cast or an argument makes it refused.
+#[test]
+fn the_fabric_sample_is_accepted_and_its_variants_are_not() {
+    use malachi_actors::untrusted::accepts_remote_message;
+    assert!(accepts_remote_message(
+        true,
+        "tree_snapshot".into(),
+        Vec::new()
+    ));
+    assert!(!accepts_remote_message(
+        false,
+        "tree_snapshot".into(),
+        Vec::new()
+    ));
+    assert!(!accepts_remote_message(
+        true,
+        "tree_snapshot".into(),
+        vec![0]
+    ));
+    assert!(!accepts_remote_message(
+        true,
+        "format_disk".into(),
+        Vec::new()
+    ));
 }
 
 /// The samples must be what the decoders accept, or the mutation tests

@@ -64,6 +64,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use malachi_cluster::group::{Backoff, backoff_seed};
 use malachi_cluster::membership::{Member, MemberState, Membership, NodeIdentity};
+use malachi_wire::WireError;
 use malachi_wire::messages::{self as wire, Message as _};
 use parking_lot::{Mutex, RwLock};
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
@@ -815,6 +816,35 @@ pub(crate) async fn gather_trees(fabric: &Fabric, root: &SupervisorSlot) -> Vec<
 
 /// Asks broker `node_id`'s `node` actor for its tree: a local one first (a
 /// broker in this process), then each remote proxy of it.
+/// Decode the answer a peer broker sent to a tree snapshot call: untrusted
+/// bytes from the fabric, decoded with the wire message's bounds checked.
+pub fn decode_tree_reply(bytes: Vec<u8>) -> Result<wire::TreeSnapshotResponse, WireError> {
+    wire::TreeSnapshotResponse::decode(Bytes::from(bytes))
+}
+
+/// Whether a remote message, as ractor_cluster hands it to the node actor
+/// after decoding its own envelope (a call or a cast, a variant name and
+/// argument bytes), is one [`NodeMsg`] accepts. The same decoder the actor
+/// runs, exposed for the fuzz target `fabric_message`.
+pub fn accepts_remote_message(call: bool, variant: String, args: Vec<u8>) -> bool {
+    let message = if call {
+        let (tx, _rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
+        SerializedMessage::Call {
+            variant,
+            args,
+            reply: RpcReplyPort::from(tx),
+            metadata: None,
+        }
+    } else {
+        SerializedMessage::Cast {
+            variant,
+            args,
+            metadata: None,
+        }
+    };
+    <NodeMsg as ractor::Message>::deserialize(message).is_ok()
+}
+
 async fn remote_tree(
     node_id: u64,
     timeout: Duration,
@@ -828,20 +858,18 @@ async fn remote_tree(
     for cell in members {
         let actor: ActorRef<NodeMsg> = cell.into();
         match actor.call(NodeMsg::TreeSnapshot, Some(timeout)).await {
-            Ok(CallResult::Success(bytes)) => {
-                match wire::TreeSnapshotResponse::decode(Bytes::from(bytes)) {
-                    Ok(tree) if tree.node_id == node_id => return Ok(tree),
-                    Ok(tree) => {
-                        warn!(
-                            asked = node_id,
-                            answered = tree.node_id,
-                            "a tree from the wrong broker"
-                        );
-                        last = format!("answered as node {}", tree.node_id);
-                    }
-                    Err(error) => last = format!("undecodable answer: {error}"),
+            Ok(CallResult::Success(bytes)) => match decode_tree_reply(bytes) {
+                Ok(tree) if tree.node_id == node_id => return Ok(tree),
+                Ok(tree) => {
+                    warn!(
+                        asked = node_id,
+                        answered = tree.node_id,
+                        "a tree from the wrong broker"
+                    );
+                    last = format!("answered as node {}", tree.node_id);
                 }
-            }
+                Err(error) => last = format!("undecodable answer: {error}"),
+            },
             Ok(CallResult::Timeout) => {
                 last = format!("no answer within {} ms", timeout.as_millis())
             }
