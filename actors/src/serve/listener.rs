@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use bytes::{Bytes, BytesMut};
 use malachi_supervision::{ChildSpec, Restart};
 use malachi_wire::frame::encode_response;
-use malachi_wire::{ErrorBody, ErrorCode, Message, ResponseFrame};
+use malachi_wire::{ErrorBody, ErrorCode, ResponseFrame};
 use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::net::TcpListener;
@@ -181,10 +181,13 @@ fn busy_frame() -> Bytes {
         leader_hint: None,
         retry_after_ms: Some(100),
     };
+    // Through the one error-frame builder, so a body that cannot be
+    // encoded is logged and replaced by the fixed fallback, never sent empty.
+    let reply = super::reply::body_frame(0, ErrorCode::Busy, &body);
     let frame = ResponseFrame {
-        correlation_id: 0,
-        error_code: ErrorCode::Busy,
-        payload: body.encode().unwrap_or_default(),
+        correlation_id: reply.correlation_id,
+        error_code: reply.error_code,
+        payload: reply.control,
     };
     let mut out = BytesMut::new();
     // A small fixed frame, far below any frame limit.

@@ -104,7 +104,7 @@ const FALLBACK_ERROR_BODY: &[u8] =
 /// should: it is three plain fields) is logged and replaced by
 /// `unknown_server_error` with [`FALLBACK_ERROR_BODY`], never an empty
 /// payload a client cannot decode.
-fn body_frame(correlation_id: u32, code: ErrorCode, body: &ErrorBody) -> Reply {
+pub(crate) fn body_frame(correlation_id: u32, code: ErrorCode, body: &ErrorBody) -> Reply {
     match body.encode() {
         Ok(control) => Reply {
             correlation_id,
