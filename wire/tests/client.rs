@@ -767,3 +767,40 @@ async fn dropping_an_open_subscription_asks_the_broker_to_cancel_it() {
         .unwrap();
     assert_eq!(cancelled, Some(id));
 }
+
+/// A broker at its connection limit answers a new socket with one `busy`
+/// frame on the reserved correlation id 0 and closes it. Regression: the
+/// client ignored that frame and reported "connection closed", so the CLI
+/// never said the broker was busy.
+#[tokio::test]
+async fn a_goodbye_frame_on_correlation_id_zero_is_reported_as_the_brokers_refusal() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counter = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let mut out = FramedWrite::new(socket, ServerCodec::default());
+            let body = ErrorBody {
+                message: "too many connections".into(),
+                leader_hint: None,
+                retry_after_ms: Some(1),
+            };
+            let _ = out.send(refusal(0, ErrorCode::Busy, body)).await;
+            // Dropping `out` closes the socket after the frame.
+        }
+    });
+
+    let error = Client::connect_with([addr], quick_config())
+        .await
+        .expect_err("every connection is refused");
+
+    assert_eq!(error.code(), Some(ErrorCode::Busy), "{error}");
+    assert!(error.retriable());
+    assert!(
+        error.to_string().contains("too many connections"),
+        "{error}"
+    );
+    assert!(refused.load(Ordering::SeqCst) >= 1);
+}

@@ -22,7 +22,9 @@ use tracing::{debug, warn};
 
 use super::{ClientConfig, ClientError};
 use crate::api::ApiKey;
+use crate::error::{ErrorBody, ErrorCode};
 use crate::frame::{ClientCodec, RequestFrame, ResponseFrame};
+use crate::messages::Message as _;
 
 /// Who waits for frames with a given correlation id.
 enum Waiter {
@@ -34,10 +36,10 @@ enum Waiter {
 
 type Pending = Arc<Mutex<HashMap<u32, Waiter>>>;
 
-fn lock(pending: &Pending) -> MutexGuard<'_, HashMap<u32, Waiter>> {
-    // A poisoned map only means another thread panicked while holding it;
-    // the map itself is still consistent (every operation is one call).
-    pending
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked while holding it;
+    // what it guards is still consistent (every operation is one call).
+    mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -71,6 +73,10 @@ pub(crate) struct Connection {
     window: Arc<Semaphore>,
     next_id: AtomicU32,
     closed: Arc<AtomicBool>,
+    /// The error the broker said goodbye with (a frame on the reserved
+    /// correlation id 0, e.g. `busy` past its connection limit), so calls
+    /// cut off by the close report it instead of a bare "connection closed".
+    goodbye: Goodbye,
     /// Api keys the broker shares no version with (set once, after `api_versions`).
     unsupported: OnceLock<Vec<u16>>,
     tasks: [JoinHandle<()>; 2],
@@ -142,6 +148,8 @@ impl Connection {
             lock(&writer_pending).clear();
         });
 
+        let goodbye: Goodbye = Arc::new(Mutex::new(None));
+        let reader_goodbye = goodbye.clone();
         let reader_pending = pending.clone();
         let reader_closed = closed.clone();
         let reader_addr = addr.to_owned();
@@ -149,6 +157,9 @@ impl Connection {
             let mut frames = FramedRead::new(read_half, codec);
             loop {
                 match frames.next().await {
+                    Some(Ok(frame)) if frame.correlation_id == GOODBYE_CORRELATION_ID => {
+                        note_goodbye(&reader_goodbye, &reader_addr, frame);
+                    }
                     Some(Ok(frame)) => dispatch(&reader_pending, frame),
                     Some(Err(error)) => {
                         warn!(addr = %reader_addr, %error, "connection read failed");
@@ -172,6 +183,7 @@ impl Connection {
             window: Arc::new(Semaphore::new(config.inflight_requests_max.max(1))),
             next_id: AtomicU32::new(1),
             closed,
+            goodbye,
             unsupported: OnceLock::new(),
             tasks: [write_task, read_task],
         })
@@ -198,7 +210,7 @@ impl Connection {
             let pending = lock(&self.pending);
             loop {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                if !pending.contains_key(&id) {
+                if id != GOODBYE_CORRELATION_ID && !pending.contains_key(&id) {
                     break id;
                 }
             }
@@ -223,7 +235,7 @@ impl Connection {
         let mut pending = lock(&self.pending);
         let id = loop {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            if !pending.contains_key(&id) {
+            if id != GOODBYE_CORRELATION_ID && !pending.contains_key(&id) {
                 break id;
             }
         };
@@ -299,6 +311,15 @@ impl Connection {
     }
 
     fn closed_error(&self) -> ClientError {
+        if let Some((code, body)) = lock(&self.goodbye).clone() {
+            return ClientError::Server {
+                api: "connection",
+                code,
+                message: body.message,
+                leader_hint: body.leader_hint,
+                retry_after_ms: body.retry_after_ms,
+            };
+        }
         ClientError::ConnectionClosed {
             addr: self.addr.clone(),
         }
@@ -309,6 +330,29 @@ impl PendingGuard {
     pub(crate) fn id(&self) -> u32 {
         self.id
     }
+}
+
+/// The correlation id no request uses: a broker sends a frame on it only to
+/// say why it is closing the connection (docs/protocol.md).
+pub(crate) const GOODBYE_CORRELATION_ID: u32 = 0;
+
+type Goodbye = Arc<Mutex<Option<(ErrorCode, ErrorBody)>>>;
+
+/// Keep the reason of a goodbye frame for the calls the close will cut off.
+fn note_goodbye(goodbye: &Goodbye, addr: &str, frame: ResponseFrame) {
+    if frame.error_code == ErrorCode::None {
+        debug!(
+            addr,
+            "ignored a success frame on the reserved correlation id 0"
+        );
+        return;
+    }
+    let body = ErrorBody::decode(frame.payload).unwrap_or_else(|_| ErrorBody {
+        message: "the broker closed the connection".to_owned(),
+        ..ErrorBody::default()
+    });
+    debug!(addr, code = %frame.error_code, message = %body.message, "the broker said goodbye");
+    *lock(goodbye) = Some((frame.error_code, body));
 }
 
 /// Hand a frame to whoever waits for its correlation id.
