@@ -595,6 +595,12 @@ impl BrokerHandle {
 
 #[cfg(feature = "testing")]
 impl BrokerHandle {
+    /// Test hook: inbound node fabric connections authenticated, and dropped
+    /// before authenticating, since start; `None` without a fabric.
+    pub fn fabric_inbound_counts(&self) -> Option<(u64, u64)> {
+        self.shared.fabric().map(|fabric| fabric.inbound.counts())
+    }
+
     /// Test hook: makes the named segment actor fail.
     pub async fn poison_segment(&self, name: &str) -> Result<(), BrokerError> {
         let storage = self.shared.data.supervisor.read().clone();

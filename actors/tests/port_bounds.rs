@@ -372,8 +372,29 @@ async fn an_authenticated_fabric_session_outlives_the_handshake_timeout() {
         eventually(60_000, async || every_tree(&brokers[0], &[1, 2]).await).await,
         "broker 1 never had a session to broker 2"
     );
+    // Broker 1 dials broker 2 (the lower id dials), so broker 2 holds the
+    // inbound connection: it must be marked authenticated, and never cut.
+    let dialed = &brokers[1];
+    assert!(
+        eventually(10_000, async || matches!(
+            dialed.fabric_inbound_counts(),
+            Some((authenticated, _)) if authenticated >= 1
+        ))
+        .await,
+        "broker 2 never marked the inbound session authenticated: {:?}",
+        dialed.fabric_inbound_counts()
+    );
+    let before = dialed.fabric_inbound_counts();
     // Well past the deadline of the connection the session runs on.
     tokio::time::sleep(Duration::from_secs(4)).await;
+    // Regression: the session was labelled 0.0.0.0:0, never matched, and cut
+    // at the deadline, then redialed: the counts would move.
+    assert_eq!(
+        dialed.fabric_inbound_counts(),
+        before,
+        "the inbound session was dropped and redialed"
+    );
+    assert_eq!(before.map(|(_, expired)| expired), Some(0));
     assert!(
         every_tree(&brokers[0], &[1, 2]).await,
         "tree --all via broker 1"

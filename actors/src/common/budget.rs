@@ -109,16 +109,51 @@ impl ConnectionBudget {
         self.take(&self.response, &budgets.response, n).await
     }
 
-    /// Grow `held` (a response share) to cover `bytes`, waiting like
-    /// [`ConnectionBudget::response`].
+    /// Grow `held` (a response share) to cover `bytes`. Never waits while
+    /// holding: the semaphores are fair (FIFO), so a share that waited for
+    /// more could wait behind a taker that needs what it holds, for ever.
+    /// When the rest is not free at once, the share is given back first and
+    /// the whole size is then waited for like [`ConnectionBudget::response`].
     pub(crate) async fn grow_response(&self, budgets: &Budgets, held: &mut Held, bytes: usize) {
         let want = units(bytes).min(self.response_units_max);
-        if want > held.units {
-            let more = self
-                .take(&self.response, &budgets.response, want - held.units)
-                .await;
-            held.absorb(more);
+        if want <= held.units {
+            return;
         }
+        if let Some(more) = self.try_take(&self.response, &budgets.response, want - held.units) {
+            held.absorb(more);
+            return;
+        }
+        // Give the share back before waiting (dropping it returns its units).
+        drop(std::mem::replace(held, self.empty(&budgets.response)));
+        *held = self.take(&self.response, &budgets.response, want).await;
+    }
+
+    /// A share of nothing, counted against `budget`'s gauge.
+    fn empty(&self, budget: &Budget) -> Held {
+        Held {
+            units: 0,
+            permits: Vec::new(),
+            in_use: budget.in_use.clone(),
+            held_bytes: Arc::clone(&self.held_bytes),
+        }
+    }
+
+    /// Take `n` units of both semaphores now, or nothing.
+    fn try_take(&self, own: &Arc<Semaphore>, budget: &Budget, n: u32) -> Option<Held> {
+        let own = Arc::clone(own).try_acquire_many_owned(n).ok()?;
+        let global = Arc::clone(&budget.semaphore)
+            .try_acquire_many_owned(n)
+            .ok()?;
+        let bytes = n as usize * UNIT_BYTES;
+        budget.in_use.increment(bytes as f64);
+        let now = self.held_bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.held_peak_bytes.fetch_max(now, Ordering::SeqCst);
+        Some(Held {
+            units: n,
+            permits: vec![own, global],
+            in_use: budget.in_use.clone(),
+            held_bytes: Arc::clone(&self.held_bytes),
+        })
     }
 
     async fn take(&self, own: &Arc<Semaphore>, budget: &Budget, n: u32) -> Held {
@@ -251,6 +286,38 @@ mod tests {
         drop(other.response(&b, 64 << 10).await);
         drop(held);
         drop(wait.await);
+        assert_eq!(b.response.in_use_bytes(), 0);
+    }
+
+    /// Regression: a share that waited to grow while holding could wait
+    /// behind a taker (FIFO) that needed what it held: a pipelined small
+    /// answer growing past its estimate, behind a fetch asking for the whole
+    /// cap, froze the connection for good.
+    #[tokio::test]
+    async fn growing_a_share_never_waits_while_holding_it() {
+        let b = Arc::new(budgets(1 << 20, 1 << 20));
+        let conn = ConnectionBudget::new(64 << 10, 64 << 10);
+        let mut small = conn.response(&b, 16 << 10).await;
+        // A fetch's share for the whole cap queues behind it, answers, and
+        // lets its share go.
+        let (budgets_, conn_) = (Arc::clone(&b), conn.clone());
+        let whole = tokio::spawn(async move {
+            let held = conn_.response(&budgets_, 64 << 10).await;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            drop(held);
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // The small answer grew to 32 KiB: it must get it (letting its share
+        // go first when it has to), not wait behind the fetch for ever.
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            conn.grow_response(&b, &mut small, 32 << 10),
+        )
+        .await
+        .expect("growing a share must not deadlock");
+        assert_eq!(small.bytes(), 32 << 10);
+        whole.await.unwrap();
+        drop(small);
         assert_eq!(b.response.in_use_bytes(), 0);
     }
 }

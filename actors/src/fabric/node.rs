@@ -172,6 +172,10 @@ pub(crate) struct InboundConnections {
     refusals: parking_lot::Mutex<RefusalLog>,
     /// Connections dropped for an unfinished handshake.
     expiries: parking_lot::Mutex<RefusalLog>,
+    /// Inbound connections the node server authenticated, ever.
+    authenticated_total: AtomicU64,
+    /// Inbound connections dropped before authenticating, ever.
+    expired_total: AtomicU64,
 }
 
 impl InboundConnections {
@@ -192,7 +196,18 @@ impl InboundConnections {
             next_id: AtomicU64::new(0),
             refusals: parking_lot::Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
             expiries: parking_lot::Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
+            authenticated_total: AtomicU64::new(0),
+            expired_total: AtomicU64::new(0),
         })
+    }
+
+    /// Inbound connections authenticated and dropped before authenticating,
+    /// since start (for tests and diagnostics).
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (
+            self.authenticated_total.load(Ordering::Relaxed),
+            self.expired_total.load(Ordering::Relaxed),
+        )
     }
 
     /// Takes a slot for a connection from `peer_addr` and splits it into the
@@ -201,7 +216,7 @@ impl InboundConnections {
         self: &Arc<Self>,
         stream: tokio::net::TcpStream,
         peer_addr: SocketAddr,
-    ) -> Option<ractor_cluster::NetworkStream> {
+    ) -> Option<InboundStream> {
         let slot = Arc::clone(&self.slots).try_acquire_owned().ok()?;
         let label = peer_addr.to_string();
         let conn = Arc::new(InboundConn {
@@ -218,8 +233,8 @@ impl InboundConnections {
         let local_label = stream.local_addr().ok().map(|a| a.to_string());
         let (read, write) = stream.into_split();
         let deadline = tokio::time::Instant::now() + self.handshake_timeout;
-        Some(ractor_cluster::NetworkStream::External {
-            peer_label: Some(label),
+        Some(InboundStream {
+            peer_label: label,
             local_label,
             reader: Box::new(InboundRead {
                 inner: read,
@@ -243,6 +258,7 @@ impl InboundConnections {
             && let Some(conn) = conn.upgrade()
         {
             conn.authenticated.store(true, Ordering::Release);
+            self.authenticated_total.fetch_add(1, Ordering::Relaxed);
             debug!(peer = %conn.peer_addr, "node fabric connection authenticated");
         }
     }
@@ -260,6 +276,7 @@ impl InboundConnections {
     }
 
     fn log_expiry(&self, peer_addr: SocketAddr, reason: &'static str) {
+        self.expired_total.fetch_add(1, Ordering::Relaxed);
         let admitted = self.expiries.lock().admit(Instant::now());
         if let Some(dropped_unlogged) = admitted {
             warn!(
@@ -385,6 +402,30 @@ impl AsyncWrite for InboundWrite {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// An accepted fabric socket as ractor_cluster takes it: the bounded read
+/// half, the write half, and the peer's address as its label (the key
+/// [`InboundConnections`] marks authenticated by).
+struct InboundStream {
+    peer_label: String,
+    local_label: Option<String>,
+    reader: ractor_cluster::BoxRead,
+    writer: ractor_cluster::BoxWrite,
+}
+
+impl ractor_cluster::ClusterBidiStream for InboundStream {
+    fn split(self: Box<Self>) -> (ractor_cluster::BoxRead, ractor_cluster::BoxWrite) {
+        (self.reader, self.writer)
+    }
+
+    fn peer_label(&self) -> Option<String> {
+        Some(self.peer_label.clone())
+    }
+
+    fn local_label(&self) -> Option<String> {
+        self.local_label.clone()
     }
 }
 
@@ -607,7 +648,13 @@ async fn accept_loop(fabric: Arc<Fabric>, listener: tokio::net::TcpListener) {
             fabric.inbound.log_refusal(peer_addr);
             continue;
         };
-        let opened = NodeServerMessage::ConnectionOpened {
+        // `ConnectionOpenedExternal`, not `ConnectionOpened`: only the
+        // external variant keeps the stream's peer label as the session's
+        // `peer_addr` (the other reports 0.0.0.0:0 for an external stream),
+        // and that label is how `HandshakeWatch` finds the connection to mark
+        // authenticated. Regression: every inbound session was cut at the
+        // handshake deadline.
+        let opened = NodeServerMessage::ConnectionOpenedExternal {
             stream: Box::new(stream),
             is_server: true,
         };
