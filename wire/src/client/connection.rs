@@ -311,7 +311,12 @@ impl Connection {
     }
 
     fn closed_error(&self) -> ClientError {
-        if let Some((code, body)) = lock(&self.goodbye).clone() {
+        // Only a retriable goodbye (`busy`, `shutting_down`) speaks for every
+        // call the close cut off: a `frame_too_large` goodbye is about one
+        // bad frame, and the valid calls pipelined with it stay retriable.
+        if let Some((code, body)) = lock(&self.goodbye).clone()
+            && code.retriable()
+        {
             return ClientError::Server {
                 api: "connection",
                 code,
