@@ -199,7 +199,7 @@ impl axum::serve::Listener for BoundedListener {
 
 /// One admin connection: its socket, its slot (returned when this is
 /// dropped), and a deadline `timeout` after the last written byte (or the
-/// accept). A read or a stalled write polled past the deadline fails with
+/// accept), restarted once by the first bytes of each request. A read or a stalled write polled past the deadline fails with
 /// `TimedOut`, which ends the connection.
 #[derive(Debug)]
 pub(crate) struct DeadlineIo {
@@ -207,6 +207,11 @@ pub(crate) struct DeadlineIo {
     _slot: OwnedSemaphorePermit,
     timeout: Duration,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    /// Whether bytes were read since the last write: the first bytes of a
+    /// new request restart the deadline once, so a keep-alive connection
+    /// that sends its next request late still gets a whole `timeout` for
+    /// it, while a trickle of bytes does not keep one alive.
+    read_since_write: bool,
 }
 
 impl DeadlineIo {
@@ -216,6 +221,7 @@ impl DeadlineIo {
             _slot: slot,
             timeout,
             deadline: Box::pin(tokio::time::sleep(timeout)),
+            read_since_write: false,
         }
     }
 
@@ -239,6 +245,17 @@ impl DeadlineIo {
         if matches!(polled, Poll::Ready(Ok(n)) if *n > 0) {
             let next = tokio::time::Instant::now() + self.timeout;
             self.deadline.as_mut().reset(next);
+            self.read_since_write = false;
+        }
+    }
+
+    /// The first bytes read after a write start a request: it gets a whole
+    /// `timeout` from there (reads after them do not extend it).
+    fn request_started(&mut self) {
+        if !self.read_since_write {
+            self.read_since_write = true;
+            let next = tokio::time::Instant::now() + self.timeout;
+            self.deadline.as_mut().reset(next);
         }
     }
 }
@@ -253,7 +270,12 @@ impl AsyncRead for DeadlineIo {
         if this.expired(cx) {
             return Poll::Ready(Err(this.timed_out()));
         }
-        Pin::new(&mut this.stream).poll_read(cx, buf)
+        let filled = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > filled {
+            this.request_started();
+        }
+        polled
     }
 }
 
