@@ -282,6 +282,15 @@ impl FileStore {
         self.shared.dir.join(format!("{}.log", segment.file_stem()))
     }
 
+    /// Path of a segment's producer-state sidecar. The store never reads
+    /// or writes it: the broker keeps its idempotent producers' state there
+    /// (ADR 0092), beside the files it describes.
+    pub fn producers_path(&self, segment: SegmentId) -> PathBuf {
+        self.shared
+            .dir
+            .join(format!("{}.producers", segment.file_stem()))
+    }
+
     /// Path of a segment's sparse index sidecar.
     pub fn index_path(&self, segment: SegmentId) -> PathBuf {
         self.shared.dir.join(format!("{}.idx", segment.file_stem()))

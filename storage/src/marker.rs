@@ -74,7 +74,7 @@ pub(crate) fn read_seal(path: &Path) -> Result<Option<SealInfo>, StorageError> {
 
 /// Writes `<tmp>`, fsyncs it, renames it over `path` and fsyncs the directory,
 /// so a crash leaves either no marker or the whole marker.
-pub(crate) fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+pub fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         let mut file = OpenOptions::new()

@@ -68,13 +68,23 @@ pub enum ErrorCode {
     Unauthorized,
     /// 32: another vnode's split is in progress; resume or abort it first.
     SplitInProgress,
+    /// 40: a newer session (higher epoch) of this producer id has written to
+    /// the range: this one is a zombie and must stop. Not retriable.
+    ProducerFenced,
+    /// 41: the batch's sequence is beyond the next one the range expects for
+    /// this producer: an earlier batch is missing. Resend from the earliest
+    /// unacknowledged batch, in order.
+    SequenceGap,
+    /// 42: the range holds no state for this producer (it never wrote here,
+    /// or its state expired) and the sequence is not 0. Start a new epoch.
+    UnknownProducer,
     /// A number this build does not know. Treated as not retriable.
     Unknown(u16),
 }
 
 impl ErrorCode {
     /// Every known code, in number order (used by tests and the docs table).
-    pub const KNOWN: [ErrorCode; 26] = [
+    pub const KNOWN: [ErrorCode; 29] = [
         ErrorCode::None,
         ErrorCode::UnknownServerError,
         ErrorCode::InvalidRequest,
@@ -101,6 +111,9 @@ impl ErrorCode {
         ErrorCode::AlreadySealed,
         ErrorCode::Unauthorized,
         ErrorCode::SplitInProgress,
+        ErrorCode::ProducerFenced,
+        ErrorCode::SequenceGap,
+        ErrorCode::UnknownProducer,
     ];
 
     /// The stable number carried on the wire.
@@ -132,6 +145,9 @@ impl ErrorCode {
             ErrorCode::AlreadySealed => 30,
             ErrorCode::Unauthorized => 31,
             ErrorCode::SplitInProgress => 32,
+            ErrorCode::ProducerFenced => 40,
+            ErrorCode::SequenceGap => 41,
+            ErrorCode::UnknownProducer => 42,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -196,6 +212,9 @@ impl ErrorCode {
             ErrorCode::AlreadySealed => "already_sealed",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::SplitInProgress => "split_in_progress",
+            ErrorCode::ProducerFenced => "producer_fenced",
+            ErrorCode::SequenceGap => "sequence_gap",
+            ErrorCode::UnknownProducer => "unknown_producer",
             ErrorCode::Unknown(_) => "unknown",
         }
     }
@@ -221,6 +240,10 @@ pub struct ErrorBody {
     /// For `busy` and other retriable codes: how long the broker asks the client to wait.
     #[serde(default)]
     pub retry_after_ms: Option<u32>,
+    /// For a refused `produce`: what each range did with its part, so a
+    /// client knows which parts are durable (absent for other operations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranges: Option<Vec<crate::messages::RangeOutcome>>,
 }
 
 /// Everything that can go wrong encoding or decoding the protocol.

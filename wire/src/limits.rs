@@ -47,3 +47,12 @@ pub const CREDIT_BYTES_MAX: u32 = 64 * 1024 * 1024;
 /// The MessagePack nesting depth a decoder accepts (maps and arrays); a
 /// tree snapshot of TREE_DEPTH_MAX supervisors nests about 3 levels each.
 pub const NESTING_DEPTH_MAX: usize = 128;
+/// Range outcomes in one produce answer (a request reaches at most this many
+/// ranges; a topic this wide is refused at creation long before).
+pub const RANGE_OUTCOMES_MAX: usize = 65_536;
+/// The reserved record header in which an idempotent batch's tag is stored
+/// with its last record (ADR 0092). Producers may not set headers with the
+/// `malachi.` prefix; consumers never see this one.
+pub const PRODUCER_HEADER: &str = "malachi.producer";
+/// Header names with this prefix are the broker's.
+pub const RESERVED_HEADER_PREFIX: &str = "malachi.";

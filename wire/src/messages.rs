@@ -151,7 +151,11 @@ impl Message for ErrorBody {
     const NAME: &'static str = "error_body";
     fn check(&self) -> Result<(), WireError> {
         check_len("message", self.message.len(), MESSAGE_BYTES_MAX)?;
-        check_opt("leader_hint", &self.leader_hint, ADDRESS_BYTES_MAX)
+        check_opt("leader_hint", &self.leader_hint, ADDRESS_BYTES_MAX)?;
+        match &self.ranges {
+            Some(ranges) => check_ranges(ranges),
+            None => Ok(()),
+        }
     }
 }
 
@@ -491,10 +495,19 @@ impl Message for MergeRangeResponse {
 
 // ---------------------------------------------------------------- data
 
-/// Reserved for idempotent produce: brokers of this version ignore it.
+/// An idempotent producer's tag on one produce request (ADR 0092). The
+/// request's records must all fall in `range` (the client routes by the
+/// topic's ranges); `sequence` counts this producer's batches to that range
+/// from 0, one per request, within `epoch`. A retry resends the same tag: a
+/// batch already stored is answered with its original acknowledgement
+/// (`duplicate: true`) and not written again; a sequence beyond the next
+/// expected one is refused with `sequence_gap`; an epoch older than the
+/// newest the range has seen for the id is refused with `producer_fenced`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct ProducerSequence {
+pub struct ProducerBatch {
     pub producer_id: u64,
+    pub epoch: u64,
+    pub range: u64,
     pub sequence: u64,
 }
 
@@ -503,8 +516,9 @@ pub struct ProducerSequence {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ProduceRequest {
     pub topic: String,
-    /// Reserved for idempotence; `None` today.
-    pub producer: Option<ProducerSequence>,
+    /// Set by an idempotent producer; `None` for a plain produce.
+    #[serde(default)]
+    pub producer: Option<ProducerBatch>,
     /// The records: the block after the control map, not a map field.
     #[serde(skip)]
     pub records: RecordBatch,
@@ -531,17 +545,50 @@ impl Message for ProduceRequest {
     }
 }
 
+/// What one range did with its part of a produce request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RangeOutcome {
+    pub range: u64,
+    /// Records of this range now durable (all of its part, or none).
+    pub records_acknowledged: u32,
+    /// The part was an idempotent retry of a batch already stored: it was
+    /// not written again, and this is the original acknowledgement.
+    #[serde(default)]
+    pub duplicate: bool,
+    /// 0 when the part is durable, else the error code that refused it.
+    #[serde(default)]
+    pub error_code: u16,
+    /// Why the part was refused, when it was.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ProduceResponse {
-    /// Records of the request now durable (all of them: a produce is all or nothing).
+    /// Records of the request now durable: all of them, since a response
+    /// without an error code means every range stored its part.
     pub records_acknowledged: u32,
+    /// One entry per range the records went to, in range id order.
+    #[serde(default)]
+    pub ranges: Vec<RangeOutcome>,
 }
 
 impl Message for ProduceResponse {
     const NAME: &'static str = "produce_response";
     fn check(&self) -> Result<(), WireError> {
-        Ok(())
+        check_ranges(&self.ranges)
     }
+}
+
+/// Bounds of a produce answer's per-range list (in a response or an error body).
+pub fn check_ranges(ranges: &[RangeOutcome]) -> Result<(), WireError> {
+    check_len("ranges", ranges.len(), RANGE_OUTCOMES_MAX)?;
+    for outcome in ranges {
+        if let Some(message) = &outcome.message {
+            check_len("message", message.len(), crate::limits::MESSAGE_BYTES_MAX)?;
+        }
+    }
+    Ok(())
 }
 
 /// Read records from a cursor (or the start, or the tail).

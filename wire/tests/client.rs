@@ -111,6 +111,7 @@ async fn responses_out_of_order_are_matched_to_their_own_requests() {
             log.lock().unwrap().push(count);
             let ack = ProduceResponse {
                 records_acknowledged: count,
+                ranges: Vec::new(),
             };
             tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
         }
@@ -141,6 +142,7 @@ async fn a_busy_refusal_is_retried_after_a_backoff_and_then_succeeds() {
                     message: "overloaded".into(),
                     leader_hint: None,
                     retry_after_ms: Some(2),
+                    ranges: None,
                 };
                 refusal(frame.correlation_id, ErrorCode::Busy, body)
             } else {
@@ -149,6 +151,7 @@ async fn a_busy_refusal_is_retried_after_a_backoff_and_then_succeeds() {
                     frame.correlation_id,
                     &ProduceResponse {
                         records_acknowledged: count,
+                        ranges: Vec::new(),
                     },
                 )
             };
@@ -175,6 +178,7 @@ async fn a_not_leader_hint_is_followed_to_the_other_broker() {
             let count = produce_of(&frame).records.count();
             let ack = ProduceResponse {
                 records_acknowledged: count,
+                ranges: Vec::new(),
             };
             tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
         }
@@ -192,6 +196,7 @@ async fn a_not_leader_hint_is_followed_to_the_other_broker() {
                 message: "not the leader".into(),
                 leader_hint: Some(hint),
                 retry_after_ms: None,
+                ranges: None,
             };
             tx.send(refusal(frame.correlation_id, ErrorCode::NotLeader, body))
                 .await
@@ -285,6 +290,7 @@ async fn a_request_without_a_timely_answer_fails_with_a_typed_timeout_and_is_not
             tokio::time::sleep(Duration::from_millis(200)).await;
             let ack = ProduceResponse {
                 records_acknowledged: 99,
+                ranges: Vec::new(),
             };
             tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
         }
@@ -330,6 +336,7 @@ async fn a_late_answer_after_a_timeout_does_not_disturb_the_same_connection() {
                     frame.correlation_id,
                     &ProduceResponse {
                         records_acknowledged: 1,
+                        ranges: Vec::new(),
                     },
                 )
             } else {
@@ -370,6 +377,7 @@ async fn the_window_bounds_requests_in_flight_at_the_broker() {
             now.fetch_sub(1, Ordering::SeqCst);
             let ack = ProduceResponse {
                 records_acknowledged: produce_of(&frame).records.count(),
+                ranges: Vec::new(),
             };
             tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
         }
@@ -405,6 +413,7 @@ async fn the_producer_keeps_its_window_full_and_counts_acknowledgements() {
             tokio::time::sleep(Duration::from_millis(5)).await;
             let ack = ProduceResponse {
                 records_acknowledged: produce_of(&frame).records.count(),
+                ranges: Vec::new(),
             };
             tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
         }
@@ -431,6 +440,7 @@ async fn a_sent_batch_reaches_the_broker_without_waiting_for_its_ack() {
             seen_tx.send(count).unwrap();
             let ack = ProduceResponse {
                 records_acknowledged: count,
+                ranges: Vec::new(),
             };
             tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
         }
@@ -472,6 +482,7 @@ async fn the_producer_never_has_more_than_its_window_at_the_broker() {
             now.fetch_sub(1, Ordering::SeqCst);
             let ack = ProduceResponse {
                 records_acknowledged: produce_of(&frame).records.count(),
+                ranges: Vec::new(),
             };
             tx.send(ok(frame.correlation_id, &ack)).await.unwrap();
         }
@@ -667,6 +678,7 @@ async fn a_connection_the_broker_drops_is_reopened_and_the_request_retried() {
                             id,
                             &ProduceResponse {
                                 records_acknowledged: produce_of(&frame).records.count(),
+                                ranges: Vec::new(),
                             },
                         )
                     };
@@ -786,6 +798,7 @@ async fn a_goodbye_frame_on_correlation_id_zero_is_reported_as_the_brokers_refus
                 message: "too many connections".into(),
                 leader_hint: None,
                 retry_after_ms: Some(1),
+                ranges: None,
             };
             let _ = out.send(refusal(0, ErrorCode::Busy, body)).await;
             // Dropping `out` closes the socket after the frame.

@@ -53,6 +53,7 @@ fn an_error_response_encodes_to_its_frozen_bytes() {
         message: "not the leader".into(),
         leader_hint: Some("10.0.0.2:4040".into()),
         retry_after_ms: Some(50),
+        ranges: None,
     };
     let mut frame = BytesMut::new();
     let response = ResponseFrame {

@@ -291,16 +291,23 @@ fn request() -> impl Strategy<Value = Request> {
         (name(), any::<u64>()).prop_map(|(topic, range_id)| Request::MergeRange(
             MergeRangeRequest { topic, range_id }
         )),
-        (name(), option::of((any::<u64>(), any::<u64>())), batch(1)).prop_map(
-            |(topic, producer, records)| Request::Produce(ProduceRequest {
-                topic,
-                producer: producer.map(|(producer_id, sequence)| ProducerSequence {
-                    producer_id,
-                    sequence
-                }),
-                records,
-            })
-        ),
+        (
+            name(),
+            option::of((any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>())),
+            batch(1)
+        )
+            .prop_map(
+                |(topic, producer, records)| Request::Produce(ProduceRequest {
+                    topic,
+                    producer: producer.map(|(producer_id, epoch, range, sequence)| ProducerBatch {
+                        producer_id,
+                        epoch,
+                        range,
+                        sequence,
+                    }),
+                    records,
+                })
+            ),
         (
             name(),
             start(),
@@ -382,9 +389,38 @@ fn response() -> impl Strategy<Value = Response> {
         (any::<u64>(), vec(any::<u64>(), 0..3)).prop_map(|(range_id, parents)| {
             Response::MergeRange(MergeRangeResponse { range_id, parents })
         }),
-        any::<u32>().prop_map(|records_acknowledged| Response::Produce(ProduceResponse {
-            records_acknowledged
-        })),
+        (
+            any::<u32>(),
+            vec(
+                (
+                    any::<u64>(),
+                    any::<u32>(),
+                    any::<bool>(),
+                    any::<u16>(),
+                    option::of("[a-z ]{0,40}")
+                ),
+                0..4
+            )
+        )
+            .prop_map(|(records_acknowledged, ranges)| Response::Produce(
+                ProduceResponse {
+                    records_acknowledged,
+                    ranges: ranges
+                        .into_iter()
+                        .map(
+                            |(range, records_acknowledged, duplicate, error_code, message)| {
+                                RangeOutcome {
+                                    range,
+                                    records_acknowledged,
+                                    duplicate,
+                                    error_code,
+                                    message,
+                                }
+                            }
+                        )
+                        .collect(),
+                }
+            )),
         (cursor(), batch(0)).prop_map(|(next_cursor, records)| Response::Fetch(FetchResponse {
             next_cursor,
             records
@@ -474,7 +510,7 @@ proptest! {
         leader_hint in option::of(name()),
         retry_after_ms in option::of(any::<u32>()),
     ) {
-        let body = ErrorBody { message, leader_hint, retry_after_ms };
+        let body = ErrorBody { message, leader_hint, retry_after_ms, ranges: None };
         prop_assert_eq!(ErrorBody::decode(body.encode().unwrap()).unwrap(), body);
     }
 

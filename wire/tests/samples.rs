@@ -182,11 +182,23 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
             "produce",
             Request::Produce(ProduceRequest {
                 topic: "orders".into(),
-                producer: None,
+                producer: Some(ProducerBatch {
+                    producer_id: 0x00c0_ffee,
+                    epoch: 3,
+                    range: 1,
+                    sequence: 41,
+                }),
                 records: batch(),
             }),
             Response::Produce(ProduceResponse {
                 records_acknowledged: 2,
+                ranges: vec![RangeOutcome {
+                    range: 1,
+                    records_acknowledged: 2,
+                    duplicate: true,
+                    error_code: 0,
+                    message: None,
+                }],
             }),
         ),
         (

@@ -246,6 +246,12 @@ pub struct BrokerConfig {
     pub connection_response_bytes_max: usize,
     /// How long a produce may take end to end before it is answered `timeout`.
     pub produce_timeout_ms: u64,
+    /// Idempotent producers whose state one range keeps (ADR 0092); the
+    /// least recently seen is forgotten first.
+    pub producers_per_range_max: usize,
+    /// A producer silent on a range for this long is forgotten there: its
+    /// next batch must start a new epoch (`unknown_producer` otherwise).
+    pub producer_idle_expiry_ms: u64,
     /// Upper bound on a fetch's long poll, whatever the client asks.
     pub fetch_wait_ms_max: u64,
     /// How long an ordered shutdown may take before the tree is stopped anyway.
@@ -262,6 +268,26 @@ pub struct BrokerConfig {
     pub membership: MembershipSettings,
     /// The metadata cluster (vnodes, voters, the raft port).
     pub cluster: ClusterSettings,
+}
+
+/// Bounds of one range's idempotent-producer table (ADR 0092).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProducerLimits {
+    /// Producers whose own stream a range remembers; the least recently
+    /// seen is forgotten first.
+    pub producers_max: usize,
+    /// A producer not seen for this long is forgotten.
+    pub idle_expiry_ms: u64,
+}
+
+impl BrokerConfig {
+    /// The bounds of each range's producer table.
+    pub(crate) fn producer_limits(&self) -> ProducerLimits {
+        ProducerLimits {
+            producers_max: self.producers_per_range_max,
+            idle_expiry_ms: self.producer_idle_expiry_ms,
+        }
+    }
 }
 
 impl Default for BrokerConfig {
@@ -288,6 +314,8 @@ impl Default for BrokerConfig {
             connection_request_bytes_max: 64 << 20,
             connection_response_bytes_max: 64 << 20,
             produce_timeout_ms: 10_000,
+            producers_per_range_max: 1024,
+            producer_idle_expiry_ms: 24 * 60 * 60 * 1000,
             fetch_wait_ms_max: u64::from(malachi_wire::limits::FETCH_WAIT_MS_MAX),
             shutdown_timeout_ms: 10_000,
             cursor_secret_file: None,
@@ -359,6 +387,11 @@ impl BrokerConfig {
             return bad(
                 "connection_inflight_max, segment_inflight_max and connections_max must be positive"
                     .into(),
+            );
+        }
+        if self.producers_per_range_max == 0 || self.producer_idle_expiry_ms == 0 {
+            return bad(
+                "producers_per_range_max and producer_idle_expiry_ms must be positive".into(),
             );
         }
         if self.produce_timeout_ms == 0 || self.shutdown_timeout_ms == 0 {

@@ -79,9 +79,14 @@ async fn start_segment_within(
     let plane = shared.plane()?;
     let lookup = || {
         read_owner(plane.as_ref(), topic, |state: &MetadataState| {
-            state
-                .segment(segment)
-                .map(|s| (s.range, s.start_offset, s.created_at_ms))
+            state.segment(segment).map(|s| {
+                (
+                    s.range,
+                    s.start_offset,
+                    s.created_at_ms,
+                    predecessors(state, s.range, segment),
+                )
+            })
         })
     };
     // A command proposed through another broker's leader is applied here a
@@ -96,7 +101,7 @@ async fn start_segment_within(
     {
         found = lookup();
     }
-    let Some((range, start_offset, created_at_ms)) = found else {
+    let Some((range, start_offset, created_at_ms, predecessors)) = found else {
         return Err(CoordError::UnknownSegment { segment });
     };
     let Some(storage) = shared.data.supervisor.read().clone() else {
@@ -112,6 +117,7 @@ async fn start_segment_within(
         segment,
         start_offset,
         created_at_ms,
+        predecessors,
     };
     let spec = ChildSpec::worker(
         segment_name(topic, range, segment),
@@ -124,6 +130,32 @@ async fn start_segment_within(
     match storage.start_child(spec).await {
         Ok(_) | Err(SupervisionError::DuplicateChild { .. }) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The segments whose producer state `segment` of `range` starts from: the
+/// range's previous segment, or for a range's first segment the last
+/// segments of the ranges it succeeded (a split's parent, a merge's two).
+fn predecessors(
+    state: &MetadataState,
+    range: RangeId,
+    segment: SegmentId,
+) -> Vec<(SegmentId, RangeId)> {
+    let Some(found) = state.range(range) else {
+        return Vec::new();
+    };
+    match found.segments.iter().position(|s| *s == segment) {
+        Some(i) if i > 0 => vec![(found.segments[i - 1], range)],
+        _ => found
+            .parents
+            .iter()
+            .filter_map(|parent| {
+                state
+                    .range(*parent)
+                    .and_then(|p| p.last_segment())
+                    .map(|s| (s, *parent))
+            })
+            .collect(),
     }
 }
 

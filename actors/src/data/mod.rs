@@ -9,5 +9,6 @@
 //! with, never by naming the coordinator.
 
 pub(crate) mod invariants;
+pub(crate) mod producers;
 pub(crate) mod segment;
 pub(crate) mod storage;

@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, error, warn};
 
 use super::invariants::{Violation, check_append, check_durable};
+use super::producers::{self, ProducerTable, ProducerTag, Verdict};
 use super::storage::{SegmentHandle, Storage};
 use crate::common::convert::IncomingRecord;
 
@@ -60,21 +61,39 @@ pub(crate) enum AppendError {
     Invalid(String),
     #[error("storage failure: {0}")]
     Failed(String),
+    /// The idempotent batch was refused by the range's producer state.
+    #[error("refused by the producer state: {0:?}")]
+    Producer(Verdict),
 }
 
-pub(crate) type AppendReply = oneshot::Sender<Result<Range<u64>, AppendError>>;
+/// How an append was acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ack {
+    /// Written and durable at these offsets.
+    Stored(Range<u64>),
+    /// An idempotent retry of a batch the range already stored (and made
+    /// durable): nothing was written.
+    Duplicate { records: u32 },
+}
+
+pub(crate) type AppendReply = oneshot::Sender<Result<Ack, AppendError>>;
 
 pub(crate) enum SegmentMsg {
     Append {
         permit: Permit,
         records: Arc<Vec<IncomingRecord>>,
         bytes: u64,
+        /// An idempotent batch's tag (its last record carries it as a header).
+        producer: Option<ProducerTag>,
         reply: AppendReply,
     },
     /// Check the seal policy (after a durable append, and on a timer).
     CheckRoll,
     /// The roll task ended without rolling; allow another attempt.
     RollFailed,
+    /// A group commit failed: rebuild the producer table from the log
+    /// before handing it on.
+    ProducersStale,
     /// Fence the copy and answer its durable seal, for a split or merge
     /// that seals this segment itself (no roll follows).
     Freeze {
@@ -92,6 +111,7 @@ impl std::fmt::Debug for SegmentMsg {
             SegmentMsg::Append { records, .. } => write!(f, "Append({} records)", records.len()),
             SegmentMsg::CheckRoll => f.write_str("CheckRoll"),
             SegmentMsg::RollFailed => f.write_str("RollFailed"),
+            SegmentMsg::ProducersStale => f.write_str("ProducersStale"),
             SegmentMsg::Freeze { .. } => f.write_str("Freeze"),
             #[cfg(feature = "testing")]
             SegmentMsg::Poison => f.write_str("Poison"),
@@ -108,6 +128,11 @@ pub(crate) struct SegmentArgs {
     pub segment: SegmentId,
     pub start_offset: u64,
     pub created_at_ms: u64,
+    /// The segments this one succeeds, with their ranges: the previous
+    /// segment of the range after a roll, the parents' last segments for
+    /// the first segment of a split child or a merge. Their producer state
+    /// is where this segment's starts.
+    pub predecessors: Vec<(SegmentId, RangeId)>,
 }
 
 pub(crate) struct SegmentActor;
@@ -122,6 +147,11 @@ pub(crate) struct SegmentState {
     /// When this incarnation first saw a durable record; an empty segment
     /// never rolls by age, so its age counts from its first record.
     first_record_at_ms: Option<u64>,
+    /// The range's idempotent producers (ADR 0092).
+    producers: ProducerTable,
+    /// A group commit failed: the table may name batches that are not in
+    /// the log, so it is rebuilt from the log before it is handed on.
+    producers_stale: bool,
 }
 
 impl SegmentState {
@@ -171,11 +201,14 @@ impl Actor for SegmentActor {
             "segment open"
         );
         let first_record_at_ms = (recovery.info.length > 0).then_some(args.created_at_ms);
+        let producers = tokio::task::block_in_place(|| build_producers(&args));
         Ok(SegmentState {
             args,
             rolling: false,
             next_offset: recovery.info.assigned,
             first_record_at_ms,
+            producers,
+            producers_stale: false,
         })
     }
 
@@ -205,10 +238,12 @@ impl Actor for SegmentActor {
                 permit,
                 records,
                 bytes,
+                producer,
                 reply,
-            } => self.append(myself, state, permit, records, bytes, reply),
+            } => self.append(myself, state, permit, records, bytes, producer, reply),
             SegmentMsg::CheckRoll => self.check_roll(myself, state)?,
             SegmentMsg::RollFailed => state.rolling = false,
+            SegmentMsg::ProducersStale => state.producers_stale = true,
             SegmentMsg::Freeze { reply } => {
                 if state.rolling {
                     let _ = reply.send(Err(AppendError::Busy(
@@ -224,6 +259,7 @@ impl Actor for SegmentActor {
                 if let Err(e) = store.fence(id) {
                     warn!(segment = %id, error = %e, "cannot fence segment");
                 }
+                let handoff = Handoff::of(state);
                 tokio::spawn(async move {
                     // A failed sync latches the copy as failed and leaves
                     // `length` at what was durable before: the seal below
@@ -233,6 +269,7 @@ impl Actor for SegmentActor {
                     {
                         warn!(segment = %id, error = %e, "sync before freezing failed");
                     }
+                    handoff.write().await;
                     let answer = store
                         .info(id)
                         .map(|info| SealRecord {
@@ -277,11 +314,43 @@ impl SegmentActor {
         permit: Permit,
         records: Arc<Vec<IncomingRecord>>,
         bytes: u64,
+        producer: Option<ProducerTag>,
         reply: AppendReply,
     ) {
         if state.rolling {
             let _ = reply.send(Err(AppendError::Rolled));
             return;
+        }
+        if let Some(tag) = &producer {
+            // Checked here, in mailbox order, against what this range has
+            // accepted so far (durable or still in its group commit).
+            match state.producers.check(tag, records.len() as u32) {
+                Verdict::Append => {}
+                Verdict::Duplicate { records } => {
+                    // The original may still wait for its fsync: answer once
+                    // everything appended so far is durable.
+                    let store = Arc::clone(&state.args.storage.store);
+                    let id = state.store_id();
+                    tokio::spawn(async move {
+                        let _permit = permit;
+                        let durable = match store.sync(id) {
+                            Ok(ticket) => ticket.await.is_ok(),
+                            Err(_) => false,
+                        };
+                        let answer = if durable {
+                            Ok(Ack::Duplicate { records })
+                        } else {
+                            Err(AppendError::Rolled)
+                        };
+                        let _ = reply.send(answer);
+                    });
+                    return;
+                }
+                refused => {
+                    let _ = reply.send(Err(AppendError::Producer(refused)));
+                    return;
+                }
+            }
         }
         let started = Instant::now();
         let ticket = match state
@@ -319,6 +388,10 @@ impl SegmentActor {
             broken(state.store_id(), violation, reply);
         }
         state.next_offset = enqueued.end;
+        if let Some(tag) = &producer {
+            let now_ms = state.args.storage.clock.now_ms();
+            state.producers.record(tag, now_ms);
+        }
         if state.first_record_at_ms.is_none() {
             state.first_record_at_ms = Some(state.args.storage.clock.now_ms());
         }
@@ -354,10 +427,11 @@ impl SegmentActor {
                     shared.metrics.records_produced.increment(count);
                     shared.metrics.bytes_produced.increment(bytes);
                     shared.notify_topic(&topic);
-                    Ok(offsets)
+                    Ok(Ack::Stored(offsets))
                 }
                 Err(e) => {
                     warn!(error = %e, "group commit failed; the segment will roll");
+                    let _ = myself.send_message(SegmentMsg::ProducersStale);
                     Err(AppendError::Rolled)
                 }
             };
@@ -404,10 +478,18 @@ impl SegmentActor {
         let topic = state.args.topic.clone();
         let segment = state.args.segment;
         let store_id = state.store_id();
+        let handoff = Handoff::of(state);
         tokio::spawn(async move {
-            if roll(&storage, roller.as_ref(), &topic, segment, store_id)
-                .await
-                .is_err()
+            if roll(
+                &storage,
+                roller.as_ref(),
+                &topic,
+                segment,
+                store_id,
+                handoff,
+            )
+            .await
+            .is_err()
             {
                 let _ = myself.send_message(SegmentMsg::RollFailed);
             }
@@ -435,6 +517,7 @@ async fn roll(
     topic: &str,
     segment: SegmentId,
     store_id: malachi_storage::SegmentId,
+    handoff: Handoff,
 ) -> Result<(), ()> {
     // Everything appended before the fence becomes durable (or fails) first.
     // A failed sync leaves `length` at what was durable: the seal is still
@@ -444,6 +527,9 @@ async fn roll(
     {
         warn!(segment = %store_id, error = %e, "sync before rolling failed");
     }
+    // The successor starts from this table: it is on disk before the roll
+    // can commit.
+    handoff.write().await;
     let info = storage.store.info(store_id).map_err(|e| {
         warn!(segment = %store_id, error = %e, "cannot read segment info to roll");
     })?;
@@ -465,6 +551,126 @@ async fn roll(
         Err(reason) => {
             warn!(segment = %store_id, %reason, "roll failed");
             Err(())
+        }
+    }
+}
+
+/// The producer table a sealing segment leaves for its successors, written
+/// as its sidecar once everything appended before the fence is durable.
+struct Handoff {
+    args: SegmentArgs,
+    table: ProducerTable,
+    stale: bool,
+}
+
+impl Handoff {
+    fn of(state: &SegmentState) -> Handoff {
+        Handoff {
+            args: state.args.clone(),
+            table: state.producers.clone(),
+            stale: state.producers_stale,
+        }
+    }
+
+    /// Writes the sidecar (rebuilt from the durable log first if a group
+    /// commit failed). A failure is logged: successors then rebuild the
+    /// table from this segment's log.
+    async fn write(self) {
+        let id = malachi_storage::SegmentId(self.args.segment.0);
+        let written = tokio::task::spawn_blocking(move || {
+            let table = if self.stale {
+                build_producers(&self.args)
+            } else {
+                self.table
+            };
+            let store = &self.args.storage.store;
+            let path = store.producers_path(id);
+            malachi_storage::marker::write_atomically(
+                store.dir(),
+                &path,
+                &producers::encode_sidecar(&table),
+            )
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(segment = %id, error = %e, "cannot write the producer sidecar"),
+            Err(e) => warn!(segment = %id, error = %e, "the producer sidecar task failed"),
+        }
+    }
+}
+
+/// The producer table of a segment at open: its predecessors' tables (from
+/// their sidecars, or their logs when a sidecar is missing or damaged), then
+/// every tag in its own log, in order.
+fn build_producers(args: &SegmentArgs) -> ProducerTable {
+    let limits = args.storage.config.producer_limits();
+    let now_ms = args.storage.clock.now_ms();
+    let mut table = ProducerTable::new(args.range.0, limits);
+    for (segment, range) in &args.predecessors {
+        let id = malachi_storage::SegmentId(segment.0);
+        let predecessor = read_sidecar(&args.storage, id, limits).unwrap_or_else(|reason| {
+            warn!(segment = %id, %reason, "no producer sidecar; rebuilding from the log");
+            let mut rebuilt = ProducerTable::new(range.0, limits);
+            scan_tags(&args.storage, id, &mut rebuilt, now_ms);
+            rebuilt
+        });
+        predecessor.inherit_into(&mut table, now_ms);
+    }
+    scan_tags(
+        &args.storage,
+        malachi_storage::SegmentId(args.segment.0),
+        &mut table,
+        now_ms,
+    );
+    table
+}
+
+fn read_sidecar(
+    storage: &Storage,
+    id: malachi_storage::SegmentId,
+    limits: producers::ProducerLimits,
+) -> Result<ProducerTable, String> {
+    let path = storage.store.producers_path(id);
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    producers::decode_sidecar(&bytes, limits).map_err(|e| e.to_string())
+}
+
+/// Applies every producer tag in a copy's log to `table`. A copy this
+/// store cannot read leaves the table as it is, with a warning: retries of
+/// its batches may then be stored twice.
+fn scan_tags(
+    storage: &Storage,
+    id: malachi_storage::SegmentId,
+    table: &mut ProducerTable,
+    now_ms: u64,
+) {
+    use malachi_storage::SegmentStore;
+    use malachi_wire::limits::PRODUCER_HEADER;
+    const SCAN_RECORDS: usize = 16_384;
+    const SCAN_BYTES: usize = 8 << 20;
+    let mut from = 0u64;
+    loop {
+        let mut last = None;
+        let read = storage.store.read_with(id, from, SCAN_RECORDS, SCAN_BYTES, &mut |view| {
+            last = Some(view.offset);
+            for (name, value) in &view.headers {
+                if *name == PRODUCER_HEADER
+                    && let Some(tag) = ProducerTag::decode(value)
+                    && !table.observe(&tag, now_ms)
+                {
+                    warn!(segment = %id, offset = view.offset, "a producer tag of another range; ignored");
+                }
+            }
+            std::ops::ControlFlow::Continue(())
+        });
+        match (read, last) {
+            (Ok(n), Some(offset)) if n > 0 => from = offset + 1,
+            (Ok(_), _) => return,
+            (Err(e), _) => {
+                warn!(segment = %id, error = %e, "cannot scan the log for producer state");
+                return;
+            }
         }
     }
 }

@@ -32,6 +32,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::debug;
 
 use super::dispatch::handle_frame;
+use super::produce::{ProduceJob, spawn_sequencer};
 use super::reply::{Inflight, Outbound, Reply, error_frame};
 use super::subscribe::{ConnCtx, Subscriptions};
 use crate::common::budget::{self, ConnectionBudget, Held};
@@ -253,7 +254,7 @@ fn response_estimate(shared: &Shared, frame: &RequestFrame) -> usize {
     RESPONSE_ESTIMATE_BYTES
 }
 
-fn reply_bytes(reply: &Reply) -> usize {
+pub(crate) fn reply_bytes(reply: &Reply) -> usize {
     LEN_BYTES
         + RESPONSE_HEADER_BYTES
         + reply.control.len()
@@ -309,6 +310,19 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     let subscriptions = Arc::new(Subscriptions::default());
     // One slot more than the permits, for the final error of an unframeable stream.
     let (tx, mut rx) = mpsc::channel::<Outbound>(inflight_max + 1);
+
+    // Produce requests go, in the order they are read, to the connection's
+    // sequencer, which hands them to each range's writer in that order.
+    let produce = spawn_sequencer(
+        Arc::clone(&shared),
+        ConnCtx {
+            tx: tx.clone(),
+            subscriptions: Arc::clone(&subscriptions),
+            cancel: cancel.clone(),
+        },
+        budget.clone(),
+        inflight_max,
+    );
 
     let write_cancel = cancel.clone();
     let write_task = tokio::spawn(async move {
@@ -419,6 +433,19 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 };
                 let mut slot = Inflight::new(&shared, permit, used);
                 slot.budget = Some(response_held);
+                if request.api_key == ApiKey::Produce as u16 {
+                    let job = ProduceJob {
+                        frame: request,
+                        slot,
+                        request_held,
+                    };
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break,
+                        sent = produce.send(job) => if sent.is_err() { break },
+                    }
+                    continue;
+                }
                 let shared = Arc::clone(&shared);
                 let budget = budget.clone();
                 let ctx = ConnCtx {
@@ -450,6 +477,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
         }
     }
     // Finish in-flight requests: their responses go out before the socket closes.
+    drop(produce);
     drop(tx);
     let bound = Duration::from_millis(shared.config.shutdown_timeout_ms);
     let mut write_task = write_task;

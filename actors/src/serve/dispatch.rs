@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use super::error::ServeError;
 use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
-use super::{cluster, fetch, produce, topics, vnodes};
+use super::{cluster, fetch, topics, vnodes};
 use crate::control::placement::serve_here;
 use crate::control::shared::Shared;
 
@@ -108,7 +108,11 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
         Request::MergeRange(req) => topics::merge_range(shared, req)
             .await
             .map(Response::MergeRange),
-        Request::Produce(req) => produce::produce(shared, req).await.map(Response::Produce),
+        // The connection hands produce requests to its sequencer, in order.
+        Request::Produce(_) => Err(ServeError::Internal {
+            what: "route a produce",
+            reason: "produce requests go through the connection's sequencer".into(),
+        }),
         Request::Fetch(req) => fetch::fetch(shared, req).await.map(Response::Fetch),
         Request::TreeSnapshot(req) => cluster::tree_snapshot(shared, req)
             .await

@@ -39,6 +39,60 @@ pub(crate) enum ServeError {
         value_bytes: usize,
         value_bytes_max: usize,
     },
+    /// A produced record set a header the broker reserves (`malachi.`).
+    #[error("record {index} sets header {name}; names starting with malachi. are reserved")]
+    ReservedHeader { index: usize, name: String },
+    /// An idempotent batch's record falls outside the range it names.
+    #[error("record {index} does not belong to range {range}; route by the topic's ranges")]
+    OutsideRange { index: usize, range: u64 },
+    /// An idempotent batch names a range the topic never had.
+    #[error("topic {topic} has no range {range}")]
+    NoSuchRange { topic: String, range: u64 },
+    /// An idempotent batch names a range that was split or merged: the
+    /// batch was not stored there, and its records belong to the range's
+    /// successors now.
+    #[error("range {range} was split or merged; this batch was not stored: route it again")]
+    RangeMoved { range: u64 },
+    /// A newer session of the producer wrote to the range.
+    #[error(
+        "producer {producer_id} epoch {epoch} is fenced by epoch {current_epoch} on range {range}"
+    )]
+    ProducerFenced {
+        producer_id: u64,
+        epoch: u64,
+        current_epoch: u64,
+        range: u64,
+    },
+    /// The batch's sequence skips one the range has not stored.
+    #[error(
+        "producer {producer_id} sent sequence {sequence} to range {range}, which expects {expected}: resend from the earliest unacknowledged batch"
+    )]
+    SequenceGap {
+        producer_id: u64,
+        range: u64,
+        expected: u64,
+        sequence: u64,
+    },
+    /// The range holds no state for the producer and the sequence is not 0.
+    #[error(
+        "range {range} holds no state for producer {producer_id} (never seen, or expired) and sequence {sequence} is not 0: start a new epoch"
+    )]
+    UnknownProducer {
+        producer_id: u64,
+        range: u64,
+        sequence: u64,
+    },
+    /// A retry reused a stored sequence for a batch of another size.
+    #[error(
+        "producer {producer_id} reused sequence {sequence} on range {range} for {records} records; it stored {stored} records"
+    )]
+    SequenceConflict {
+        producer_id: u64,
+        range: u64,
+        sequence: u64,
+        records: u32,
+        stored: u32,
+    },
     /// Records have one copy today: a replication factor above 1 is refused.
     #[error("a single broker cannot place more than one replica")]
     ReplicationFactor { replication_factor: u8 },
@@ -152,6 +206,9 @@ impl ServeError {
             ServeError::Decode(e) => e.error_code(),
             ServeError::EmptyKey { .. }
             | ServeError::ValueTooLarge { .. }
+            | ServeError::ReservedHeader { .. }
+            | ServeError::OutsideRange { .. }
+            | ServeError::SequenceConflict { .. }
             | ServeError::ReplicationFactor { .. }
             | ServeError::SingleVnode
             | ServeError::SubscriptionOpen { .. }
@@ -160,6 +217,11 @@ impl ServeError {
                 ErrorCode::TopicNotFound
             }
             ServeError::TopicSealed { .. } => ErrorCode::TopicSealed,
+            ServeError::NoSuchRange { .. } => ErrorCode::RangeNotFound,
+            ServeError::RangeMoved { .. } => ErrorCode::Moved,
+            ServeError::ProducerFenced { .. } => ErrorCode::ProducerFenced,
+            ServeError::SequenceGap { .. } => ErrorCode::SequenceGap,
+            ServeError::UnknownProducer { .. } => ErrorCode::UnknownProducer,
             ServeError::InvalidCursor { .. } | ServeError::CursorOfOtherTopic { .. } => {
                 ErrorCode::InvalidCursor
             }
@@ -224,6 +286,7 @@ pub(crate) fn error_body(
         message,
         leader_hint,
         retry_after_ms: code.retriable().then_some(RETRY_AFTER_MS_DEFAULT),
+        ranges: None,
     }
 }
 

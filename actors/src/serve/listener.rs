@@ -180,6 +180,7 @@ fn busy_frame() -> Bytes {
         message: "too many connections".into(),
         leader_hint: None,
         retry_after_ms: Some(100),
+        ranges: None,
     };
     // Through the one error-frame builder, so a body that cannot be
     // encoded is logged and replaced by the fixed fallback, never sent empty.

@@ -1,44 +1,841 @@
-//! `produce`: route each record to its key's active range, append each
-//! range's records to its active segment actor in chunks, retry across
-//! rolls, splits and merges, and answer only once every record is durable
-//! (`docs/life-of-a-produce.md`).
+//! `produce`: one connection's produce requests, handed to each range's
+//! writer in the order they arrived (ADR 0092, `docs/life-of-a-produce.md`).
+//!
+//! Every connection has one sequencer task. The connection's reader gives
+//! it each produce request as it is read; the sequencer validates it, routes
+//! its records to ranges and sends each range's part to the range's active
+//! segment actor, one request after the other, so a range's writer receives
+//! one connection's parts in arrival order. Only the waits for durability
+//! overlap: a task per part awaits the segment's answer and reports back.
+//!
+//! A part refused because its segment rolled is sent again, and so is every
+//! later part of the same range, in their original order, before anything
+//! newer: a range's parts are all outstanding on one segment at a time, a
+//! part for a range whose outstanding parts went to a segment no longer
+//! active waits, and a new request waits while any range is in that state
+//! (a roll, a split or a merge in flight: rare, and brief).
+//!
+//! An idempotent request (`producer` set) targets one range: the segment
+//! actor checks its tag against the range's producer state (`data::
+//! producers`), in mailbox order, and answers a retry of a stored batch with
+//! the original acknowledgement. The answer says what each range did.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use malachi_cluster::model::{MetadataState, RangeId, TopicState};
+use bytes::Bytes;
+use malachi_cluster::model::{MetadataState, RangeId, SegmentId, TopicState, position};
 use malachi_supervision::SupervisionError;
-use malachi_wire::messages as wire;
-use tokio::sync::oneshot;
+use malachi_wire::RequestFrame;
+use malachi_wire::limits::{PRODUCER_HEADER, RESERVED_HEADER_PREFIX};
+use malachi_wire::messages::{self as wire, Request};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tracing::debug;
 
 use super::error::ServeError;
-use super::reply::{Failure, not_serving};
+use super::reply::{Inflight, Outbound, Reply, body_frame, redirect_reply, refusal_frame};
+use super::subscribe::ConnCtx;
+use crate::common::budget::{ConnectionBudget, Held};
 use crate::common::convert::IncomingRecord;
-use crate::control::metadata::{MetadataPlane, read_owner};
+use crate::control::metadata::read_owner;
+use crate::control::placement::serve_here;
 use crate::control::shared::Shared;
 use crate::data::invariants::{check_acknowledged, check_append, check_routed};
-use crate::data::segment::{AppendError, SegmentMsg};
+use crate::data::producers::{ProducerTag, Verdict};
+use crate::data::segment::{Ack, AppendError, SegmentMsg};
 
 /// Records one append message carries at most (the store's batch bound is larger).
 const APPEND_CHUNK_RECORDS: usize = 10_000;
-/// How long a producer waits before retrying a range whose segment is rolling.
+/// How long a part waits before it tries again to reach a segment actor
+/// that is starting (after a roll or a restart).
 const ROLL_RETRY_MS: u64 = 1;
 
-pub(crate) async fn produce(
-    shared: &Arc<Shared>,
-    req: wire::ProduceRequest,
-) -> Result<wire::ProduceResponse, Failure> {
-    let deadline = Instant::now() + Duration::from_millis(shared.config.produce_timeout_ms);
-    let plane = shared.plane().map_err(not_serving)?;
+/// One produce request as the connection read it.
+pub(crate) struct ProduceJob {
+    pub frame: RequestFrame,
+    /// The connection permit and the response budget of its answer.
+    pub slot: Inflight,
+    /// The request's bytes (the records borrow them) until it is answered.
+    pub request_held: Held,
+}
+
+/// Starts the connection's sequencer; produce requests go to the returned
+/// sender, in the order they were read. It ends once the sender is dropped
+/// and every request it took is answered, or when the connection is cancelled.
+pub(crate) fn spawn_sequencer(
+    shared: Arc<Shared>,
+    ctx: ConnCtx,
+    budget: ConnectionBudget,
+    capacity: usize,
+) -> mpsc::Sender<ProduceJob> {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let sequencer = Sequencer {
+        shared,
+        ctx,
+        budget,
+        lanes: HashMap::new(),
+        pending: HashMap::new(),
+        stalled: None,
+        events_tx,
+        events_rx,
+        next_ticket: 0,
+        next_request: 0,
+    };
+    tokio::spawn(sequencer.run(rx));
+    tx
+}
+
+/// A range's part of one request.
+struct Part {
+    request: u64,
+    /// Arrival order across the connection: a part sent again keeps it.
+    ticket: u64,
+    /// The active range the part is sent to.
+    range: RangeId,
+    records: Arc<Vec<IncomingRecord>>,
+    bytes: u64,
+    producer: Option<ProducerTag>,
+    deadline: Instant,
+}
+
+/// One range's parts on this connection.
+#[derive(Default)]
+struct Lane {
+    /// The topic of the range (set when a part is first sent).
+    topic: String,
+    /// The segment every outstanding part was sent to.
+    segment: Option<SegmentId>,
+    /// Parts sent and not yet answered.
+    outstanding: usize,
+    /// Parts to send (again), by ticket.
+    waiting: BTreeMap<u64, Part>,
+}
+
+impl Lane {
+    fn is_idle(&self) -> bool {
+        self.outstanding == 0 && self.waiting.is_empty()
+    }
+}
+
+/// A request accepted and routed, awaiting its parts.
+struct Pending {
+    correlation_id: u32,
+    slot: Inflight,
+    _request_held: Held,
+    topic: String,
+    requested: usize,
+    parts_left: usize,
+    ranges: BTreeMap<RangeId, Tally>,
+}
+
+#[derive(Default)]
+struct Tally {
+    records: usize,
+    acknowledged: usize,
+    duplicate: bool,
+    error: Option<ServeError>,
+}
+
+/// A validated request that waits for the ranges to settle before it is routed.
+struct Admitted {
+    correlation_id: u32,
+    slot: Inflight,
+    request_held: Held,
+    topic: String,
+    records: Vec<IncomingRecord>,
+    producer: Option<wire::ProducerBatch>,
+    deadline: Instant,
+}
+
+enum Outcome {
+    Stored,
+    Duplicate,
+    /// The segment rolled (or its actor stopped) before taking the part.
+    Rolled,
+    Failed(ServeError),
+}
+
+struct Event {
+    part: Part,
+    outcome: Outcome,
+}
+
+struct Sequencer {
+    shared: Arc<Shared>,
+    ctx: ConnCtx,
+    budget: ConnectionBudget,
+    lanes: HashMap<RangeId, Lane>,
+    pending: HashMap<u64, Pending>,
+    stalled: Option<Admitted>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events_rx: mpsc::UnboundedReceiver<Event>,
+    next_ticket: u64,
+    next_request: u64,
+}
+
+impl Sequencer {
+    async fn run(mut self, mut jobs: mpsc::Receiver<ProduceJob>) {
+        let mut jobs_open = true;
+        loop {
+            self.pump().await;
+            if !jobs_open && self.pending.is_empty() && self.stalled.is_none() {
+                break;
+            }
+            let retry = self
+                .lanes
+                .values()
+                .any(|l| l.outstanding == 0 && !l.waiting.is_empty());
+            tokio::select! {
+                biased;
+                _ = self.ctx.cancel.cancelled() => break,
+                Some(event) = self.events_rx.recv() => self.on_event(event),
+                job = jobs.recv(), if jobs_open && self.stalled.is_none() => match job {
+                    Some(job) => self.start(job).await,
+                    None => jobs_open = false,
+                },
+                _ = tokio::time::sleep(Duration::from_millis(ROLL_RETRY_MS)), if retry => {}
+            }
+        }
+    }
+
+    /// Sends what waits, lane by lane in ticket order, then the stalled
+    /// request once no range is unsettled; repeats while anything moved.
+    async fn pump(&mut self) {
+        loop {
+            let mut moved = false;
+            let ranges: Vec<RangeId> = self.lanes.keys().copied().collect();
+            for range in ranges {
+                loop {
+                    let Some(lane) = self.lanes.get(&range) else {
+                        break;
+                    };
+                    let Some((&ticket, _)) = lane.waiting.first_key_value() else {
+                        break;
+                    };
+                    if lane.outstanding > 0 && !self.lane_may_send(range) {
+                        break;
+                    }
+                    let Some(part) = self
+                        .lanes
+                        .get_mut(&range)
+                        .and_then(|lane| lane.waiting.remove(&ticket))
+                    else {
+                        break;
+                    };
+                    match self.submit(part).await {
+                        Sent::Deferred => break,
+                        Sent::Done => moved = true,
+                    }
+                }
+            }
+            self.lanes.retain(|_, lane| !lane.is_idle());
+            if let Some(admitted) = self.stalled.take() {
+                match self.admit(admitted).await {
+                    Ok(()) => moved = true,
+                    Err(admitted) => self.stalled = Some(admitted),
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Whether a lane with parts outstanding may send more: only to the
+    /// segment they went to, while it is still the range's active one.
+    fn lane_may_send(&self, range: RangeId) -> bool {
+        let Some(lane) = self.lanes.get(&range) else {
+            return true;
+        };
+        let Ok(plane) = self.shared.plane() else {
+            return false;
+        };
+        let active = read_owner(plane.as_ref(), &lane.topic, |state| {
+            state
+                .range(range)
+                .filter(|r| r.is_active())
+                .and_then(|r| r.last_segment())
+        });
+        active.is_some() && active == lane.segment
+    }
+
+    async fn start(&mut self, job: ProduceJob) {
+        let correlation_id = job.frame.correlation_id;
+        let request = match Request::decode(job.frame.api_key, job.frame.payload) {
+            Ok(Request::Produce(request)) => request,
+            Ok(_) => {
+                let refusal = ServeError::Internal {
+                    what: "route a produce",
+                    reason: "the sequencer was given another operation".into(),
+                };
+                return self.answer(
+                    correlation_id,
+                    job.slot,
+                    refusal_frame(correlation_id, &refusal),
+                );
+            }
+            Err(e) => {
+                let refusal = ServeError::Decode(e);
+                return self.answer(
+                    correlation_id,
+                    job.slot,
+                    refusal_frame(correlation_id, &refusal),
+                );
+            }
+        };
+        // Records are served by the broker hosting the topic's segments; any
+        // other broker answers `not_leader` with that broker's address.
+        if let Err(redirect) = serve_here(&self.shared, &request.topic).await {
+            return self.answer(
+                correlation_id,
+                job.slot,
+                redirect_reply(redirect, correlation_id),
+            );
+        }
+        let deadline =
+            Instant::now() + Duration::from_millis(self.shared.config.produce_timeout_ms);
+        let records = match incoming(&self.shared, request.records) {
+            Ok(records) => records,
+            Err(refusal) => {
+                return self.answer(
+                    correlation_id,
+                    job.slot,
+                    refusal_frame(correlation_id, &refusal),
+                );
+            }
+        };
+        let admitted = Admitted {
+            correlation_id,
+            slot: job.slot,
+            request_held: job.request_held,
+            topic: request.topic,
+            records,
+            producer: request.producer,
+            deadline,
+        };
+        if let Err(admitted) = self.admit(admitted).await {
+            self.stalled = Some(admitted);
+        }
+    }
+
+    /// Routes a request and sends its parts, unless a range of this
+    /// connection is unsettled (its parts outstanding on a segment that is
+    /// no longer active): then the request comes back, to wait.
+    async fn admit(&mut self, admitted: Admitted) -> Result<(), Admitted> {
+        if Instant::now() >= admitted.deadline {
+            let refusal = ServeError::ProduceTimeout {
+                timeout_ms: self.shared.config.produce_timeout_ms,
+            };
+            let id = admitted.correlation_id;
+            self.answer(id, admitted.slot, refusal_frame(id, &refusal));
+            return Ok(());
+        }
+        let plane = match self.shared.plane() {
+            Ok(plane) => plane,
+            Err(e) => {
+                let id = admitted.correlation_id;
+                self.answer(
+                    id,
+                    admitted.slot,
+                    refusal_frame(id, &ServeError::Metadata(e)),
+                );
+                return Ok(());
+            }
+        };
+        let lanes = &self.lanes;
+        let routed = read_owner(plane.as_ref(), &admitted.topic, |state| {
+            let unsettled = lanes.iter().any(|(range, lane)| {
+                !lane.waiting.is_empty()
+                    || (lane.outstanding > 0
+                        && state
+                            .range(*range)
+                            .filter(|r| r.is_active())
+                            .and_then(|r| r.last_segment())
+                            != lane.segment)
+            });
+            if unsettled {
+                return Ok(None);
+            }
+            match &admitted.producer {
+                None => route(state, &admitted.topic, &admitted.records).map(Some),
+                Some(batch) => route_tagged(state, &admitted.topic, &admitted.records, batch)
+                    .map(|range| Some(vec![range; admitted.records.len()])),
+            }
+        });
+        let ranges = match routed {
+            Ok(Some(ranges)) => ranges,
+            Ok(None) => return Err(admitted),
+            Err(refusal) => {
+                let id = admitted.correlation_id;
+                self.answer(id, admitted.slot, refusal_frame(id, &refusal));
+                return Ok(());
+            }
+        };
+        let Admitted {
+            correlation_id,
+            slot,
+            request_held,
+            topic,
+            mut records,
+            producer,
+            deadline,
+        } = admitted;
+        let requested = records.len();
+        let tag = producer.map(|batch| ProducerTag {
+            producer_id: batch.producer_id,
+            epoch: batch.epoch,
+            range: batch.range,
+            sequence: batch.sequence,
+            records: requested as u32,
+        });
+        if let (Some(tag), Some(last)) = (&tag, records.last_mut()) {
+            // The tag rides into the log with the batch's last record.
+            last.headers.push(malachi_wire::batch::Header {
+                name: PRODUCER_HEADER.to_owned(),
+                value: Bytes::copy_from_slice(&tag.encode()),
+            });
+        }
+        let mut groups: BTreeMap<RangeId, Vec<IncomingRecord>> = BTreeMap::new();
+        for (record, range) in records.into_iter().zip(ranges) {
+            groups.entry(range).or_default().push(record);
+        }
+        // Every record goes to exactly one range.
+        if let Err(violation) = check_routed(requested, groups.values().map(Vec::len)) {
+            panic!("produce to {topic}: {violation}");
+        }
+        let request = self.next_request;
+        self.next_request += 1;
+        let mut parts = Vec::new();
+        for (range, records) in groups {
+            let mut rest = records.into_iter().peekable();
+            while rest.peek().is_some() {
+                let chunk: Vec<IncomingRecord> = rest.by_ref().take(APPEND_CHUNK_RECORDS).collect();
+                let bytes = chunk
+                    .iter()
+                    .map(|r| (r.key.len() + r.value.len()) as u64)
+                    .sum();
+                let ticket = self.next_ticket;
+                self.next_ticket += 1;
+                parts.push(Part {
+                    request,
+                    ticket,
+                    range,
+                    records: Arc::new(chunk),
+                    bytes,
+                    producer: tag,
+                    deadline,
+                });
+            }
+        }
+        self.pending.insert(
+            request,
+            Pending {
+                correlation_id,
+                slot,
+                _request_held: request_held,
+                topic,
+                requested,
+                parts_left: parts.len(),
+                ranges: BTreeMap::new(),
+            },
+        );
+        for part in parts {
+            // Nothing of this connection is unsettled, so each part goes
+            // straight to its range's segment (or waits its turn behind
+            // an earlier part of its range that could not be sent yet).
+            let lane = self.lanes.entry(part.range).or_default();
+            if !lane.waiting.is_empty() {
+                lane.waiting.insert(part.ticket, part);
+                continue;
+            }
+            self.submit(part).await;
+        }
+        Ok(())
+    }
+
+    /// Sends one part to its range's active segment, or parks it in its
+    /// lane (to be sent in ticket order), or resolves it (its deadline
+    /// passed). A part whose range is no longer active is routed again.
+    async fn submit(&mut self, part: Part) -> Sent {
+        let timeout_ms = self.shared.config.produce_timeout_ms;
+        if Instant::now() >= part.deadline {
+            self.resolve(
+                part,
+                Outcome::Failed(ServeError::ProduceTimeout { timeout_ms }),
+            );
+            return Sent::Done;
+        }
+        let Some(topic) = self.pending.get(&part.request).map(|p| p.topic.clone()) else {
+            return Sent::Done;
+        };
+        let plane = match self.shared.plane() {
+            Ok(plane) => plane,
+            Err(e) => {
+                self.resolve(part, Outcome::Failed(ServeError::Metadata(e)));
+                return Sent::Done;
+            }
+        };
+        let active = read_owner(plane.as_ref(), &topic, |state| {
+            Ok::<_, ServeError>(
+                state
+                    .range(part.range)
+                    .filter(|r| r.is_active())
+                    .and_then(|r| r.last_segment()),
+            )
+        });
+        let segment = match active {
+            Ok(Some(segment)) => segment,
+            Ok(None) => return self.reroute(part, &topic),
+            Err(refusal) => {
+                self.resolve(part, Outcome::Failed(refusal));
+                return Sent::Done;
+            }
+        };
+        let lane = self.lanes.entry(part.range).or_default();
+        if lane.outstanding > 0 && lane.segment != Some(segment) {
+            lane.waiting.insert(part.ticket, part);
+            return Sent::Deferred;
+        }
+        let Some(handle) = self.shared.segment(segment) else {
+            // The segment actor is starting (after a roll or a restart).
+            lane.waiting.insert(part.ticket, part);
+            return Sent::Deferred;
+        };
+        let (reply, answer) = oneshot::channel();
+        let records = Arc::clone(&part.records);
+        let bytes = part.bytes;
+        let producer = part.producer;
+        let sent = tokio::time::timeout_at(
+            part.deadline,
+            handle.actor.send(move |permit| SegmentMsg::Append {
+                permit,
+                records,
+                bytes,
+                producer,
+                reply,
+            }),
+        )
+        .await;
+        match sent {
+            Err(_) => {
+                self.resolve(
+                    part,
+                    Outcome::Failed(ServeError::ProduceTimeout { timeout_ms }),
+                );
+                return Sent::Done;
+            }
+            Ok(Err(SupervisionError::NotRunning)) | Ok(Err(_)) => {
+                let lane = self.lanes.entry(part.range).or_default();
+                lane.waiting.insert(part.ticket, part);
+                return Sent::Deferred;
+            }
+            Ok(Ok(())) => {}
+        }
+        let lane = self.lanes.entry(part.range).or_default();
+        lane.outstanding += 1;
+        lane.segment = Some(segment);
+        lane.topic = topic;
+        let events = self.events_tx.clone();
+        tokio::spawn(async move {
+            let outcome = await_answer(&part, segment, answer, timeout_ms).await;
+            let _ = events.send(Event { part, outcome });
+        });
+        Sent::Done
+    }
+
+    /// A part whose range was split or merged: a plain part's records go to
+    /// the ranges that hold their keys now; an idempotent part goes, whole,
+    /// to the active range holding its first key, whose producer state
+    /// knows the old range's stream (and answers duplicate or moved).
+    fn reroute(&mut self, part: Part, topic: &str) -> Sent {
+        let Ok(plane) = self.shared.plane() else {
+            self.resolve(part, Outcome::Failed(ServeError::CoordinatorDown));
+            return Sent::Done;
+        };
+        let records = Arc::clone(&part.records);
+        let routed = read_owner(plane.as_ref(), topic, |state| {
+            if part.producer.is_some() {
+                let first = records.first().map(|r| r.key.as_ref()).unwrap_or_default();
+                return match state.route_key(topic, first) {
+                    Some(range) => Ok(vec![range.id; records.len()]),
+                    None => Err(ServeError::NoActiveRange {
+                        topic: topic.to_owned(),
+                    }),
+                };
+            }
+            route(state, topic, &records)
+        });
+        let ranges = match routed {
+            Ok(ranges) => ranges,
+            Err(refusal) => {
+                self.resolve(part, Outcome::Failed(refusal));
+                return Sent::Done;
+            }
+        };
+        let mut groups: BTreeMap<RangeId, Vec<IncomingRecord>> = BTreeMap::new();
+        for (record, range) in records.iter().cloned().zip(ranges) {
+            groups.entry(range).or_default().push(record);
+        }
+        if let Some(pending) = self.pending.get_mut(&part.request) {
+            pending.parts_left += groups.len().saturating_sub(1);
+        }
+        for (range, records) in groups {
+            let bytes = records
+                .iter()
+                .map(|r| (r.key.len() + r.value.len()) as u64)
+                .sum();
+            let moved = Part {
+                request: part.request,
+                ticket: part.ticket,
+                range,
+                records: Arc::new(records),
+                bytes,
+                producer: part.producer,
+                deadline: part.deadline,
+            };
+            self.lanes
+                .entry(range)
+                .or_default()
+                .waiting
+                .insert(moved.ticket, moved);
+        }
+        Sent::Done
+    }
+
+    fn on_event(&mut self, event: Event) {
+        let Event { part, outcome } = event;
+        if let Some(lane) = self.lanes.get_mut(&part.range) {
+            lane.outstanding = lane.outstanding.saturating_sub(1);
+        }
+        match outcome {
+            Outcome::Rolled => {
+                // Sent again, in its turn, to the range's next segment.
+                self.lanes
+                    .entry(part.range)
+                    .or_default()
+                    .waiting
+                    .insert(part.ticket, part);
+            }
+            other => self.resolve(part, other),
+        }
+    }
+
+    /// Records a part's final outcome; answers its request once it was the last.
+    fn resolve(&mut self, part: Part, outcome: Outcome) {
+        let Some(pending) = self.pending.get_mut(&part.request) else {
+            return;
+        };
+        let tally = pending.ranges.entry(part.range).or_default();
+        let count = part.records.len();
+        tally.records += count;
+        match outcome {
+            Outcome::Stored => tally.acknowledged += count,
+            Outcome::Duplicate => {
+                tally.acknowledged += count;
+                tally.duplicate = true;
+            }
+            Outcome::Failed(refusal) => {
+                if tally.error.is_none() {
+                    tally.error = Some(refusal);
+                }
+            }
+            Outcome::Rolled => unreachable!("a rolled part is sent again"),
+        }
+        pending.parts_left -= 1;
+        if pending.parts_left > 0 {
+            return;
+        }
+        let Some(pending) = self.pending.remove(&part.request) else {
+            return;
+        };
+        self.finish(pending);
+    }
+
+    fn finish(&mut self, pending: Pending) {
+        let Pending {
+            correlation_id,
+            slot,
+            topic,
+            requested,
+            ranges,
+            ..
+        } = pending;
+        // A reply never reports more records durable than the request held,
+        // nor fewer than it made durable.
+        let acknowledged =
+            match check_acknowledged(requested, ranges.values().map(|t| t.acknowledged)) {
+                Ok(count) => count,
+                Err(violation) => panic!("produce to {topic}: {violation}"),
+            };
+        let routed: usize = ranges.values().map(|t| t.records).sum();
+        if let Err(violation) = check_routed(requested, std::iter::once(routed)) {
+            panic!("produce to {topic}: {violation}");
+        }
+        let outcomes: Vec<wire::RangeOutcome> = ranges
+            .iter()
+            .map(|(range, tally)| wire::RangeOutcome {
+                range: range.0,
+                records_acknowledged: tally.acknowledged as u32,
+                duplicate: tally.duplicate,
+                error_code: tally.error.as_ref().map_or(0, |e| e.code().code()),
+                message: tally.error.as_ref().map(|e| e.body().message),
+            })
+            .collect();
+        let first_error = ranges.values().find_map(|t| t.error.as_ref());
+        let frame = match first_error {
+            None => {
+                let response = wire::Response::Produce(wire::ProduceResponse {
+                    records_acknowledged: acknowledged,
+                    ranges: outcomes,
+                });
+                match Reply::encode(correlation_id, &response) {
+                    Ok(reply) => reply,
+                    Err(e) => refusal_frame(
+                        correlation_id,
+                        &ServeError::Internal {
+                            what: "encode a response",
+                            reason: e.to_string(),
+                        },
+                    ),
+                }
+            }
+            Some(refusal) => {
+                debug!(%topic, code = %refusal.code(), message = %refusal, acknowledged, requested, "produce refused");
+                let mut body = refusal.body();
+                if acknowledged > 0 {
+                    body.message = format!(
+                        "{}; {acknowledged} of {requested} records acknowledged (see ranges)",
+                        body.message
+                    );
+                }
+                body.ranges = Some(outcomes);
+                body_frame(correlation_id, refusal.code(), &body)
+            }
+        };
+        self.answer(correlation_id, slot, frame);
+    }
+
+    /// Queues an answer for the writer (growing its response budget first).
+    fn answer(&self, _correlation_id: u32, mut slot: Inflight, frame: Reply) {
+        let shared = Arc::clone(&self.shared);
+        let budget = self.budget.clone();
+        let tx = self.ctx.tx.clone();
+        let cancel = self.ctx.cancel.clone();
+        tokio::spawn(async move {
+            if let Some(held) = slot.budget.as_mut() {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = budget.grow_response(&shared.budgets, held, super::connection::reply_bytes(&frame)) => {}
+                }
+            }
+            let _ = tx
+                .send(Outbound {
+                    frame,
+                    _slot: Some(slot),
+                })
+                .await;
+        });
+    }
+}
+
+enum Sent {
+    /// Sent, resolved, or handed to other lanes.
+    Done,
+    /// Parked in its lane: nothing more can go out on that lane now.
+    Deferred,
+}
+
+/// Waits for the segment's answer to one part.
+async fn await_answer(
+    part: &Part,
+    segment: SegmentId,
+    answer: oneshot::Receiver<Result<Ack, AppendError>>,
+    timeout_ms: u64,
+) -> Outcome {
+    let count = part.records.len();
+    match tokio::time::timeout_at(part.deadline, answer).await {
+        Err(_) => Outcome::Failed(ServeError::ProduceTimeout { timeout_ms }),
+        // The actor died before it took the batch: nothing was appended.
+        Ok(Err(_)) => Outcome::Rolled,
+        Ok(Ok(Ok(Ack::Stored(offsets)))) => {
+            // The segment acknowledged exactly this part's records.
+            if let Err(violation) = check_append(offsets.start, count, &offsets) {
+                panic!("produce, segment {}: {violation}", segment.0);
+            }
+            Outcome::Stored
+        }
+        Ok(Ok(Ok(Ack::Duplicate { .. }))) => Outcome::Duplicate,
+        Ok(Ok(Err(AppendError::Rolled))) => Outcome::Rolled,
+        Ok(Ok(Err(AppendError::Busy(reason)))) => {
+            Outcome::Failed(ServeError::SegmentBusy { segment, reason })
+        }
+        Ok(Ok(Err(AppendError::Invalid(reason)))) => {
+            Outcome::Failed(ServeError::BatchRefused { segment, reason })
+        }
+        Ok(Ok(Err(AppendError::Failed(reason)))) => {
+            Outcome::Failed(ServeError::StoreFailed { segment, reason })
+        }
+        Ok(Ok(Err(AppendError::Producer(verdict)))) => {
+            Outcome::Failed(producer_refusal(part, verdict))
+        }
+    }
+}
+
+/// The refusal a producer verdict becomes.
+fn producer_refusal(part: &Part, verdict: Verdict) -> ServeError {
+    let Some(tag) = part.producer else {
+        return ServeError::Internal {
+            what: "check a producer",
+            reason: "a plain batch got a producer verdict".into(),
+        };
+    };
+    match verdict {
+        Verdict::Fenced { current_epoch } => ServeError::ProducerFenced {
+            producer_id: tag.producer_id,
+            epoch: tag.epoch,
+            current_epoch,
+            range: tag.range,
+        },
+        Verdict::Gap { expected } => ServeError::SequenceGap {
+            producer_id: tag.producer_id,
+            range: tag.range,
+            expected,
+            sequence: tag.sequence,
+        },
+        Verdict::Unknown => ServeError::UnknownProducer {
+            producer_id: tag.producer_id,
+            range: tag.range,
+            sequence: tag.sequence,
+        },
+        Verdict::Conflict { stored } => ServeError::SequenceConflict {
+            producer_id: tag.producer_id,
+            range: tag.range,
+            sequence: tag.sequence,
+            records: tag.records,
+            stored,
+        },
+        Verdict::Moved => ServeError::RangeMoved { range: tag.range },
+        Verdict::Append | Verdict::Duplicate { .. } => ServeError::Internal {
+            what: "check a producer",
+            reason: format!("{verdict:?} is not a refusal"),
+        },
+    }
+}
+
+/// The request's records, checked: every record has a key (ADR 0063), a
+/// value within `record_value_bytes_max`, and no reserved header.
+fn incoming(
+    shared: &Shared,
+    batch: malachi_wire::batch::RecordBatch,
+) -> Result<Vec<IncomingRecord>, ServeError> {
     let value_max = shared.config.record_value_bytes_max;
     let now_ms = shared.clock.now_ms();
-    let incoming = req.records.records();
+    let incoming = batch.records();
     let mut records = Vec::with_capacity(incoming.len());
     for (index, record) in incoming.into_iter().enumerate() {
-        // Keys route records to ranges, and per-key order is the ordering
-        // guarantee: a record without a key has neither (ADR 0063).
         if record.key.is_empty() {
             return Err(ServeError::EmptyKey { index });
         }
@@ -49,79 +846,22 @@ pub(crate) async fn produce(
                 value_bytes_max: value_max,
             });
         }
+        if let Some(header) = record
+            .headers
+            .iter()
+            .find(|h| h.name.starts_with(RESERVED_HEADER_PREFIX))
+        {
+            return Err(ServeError::ReservedHeader {
+                index,
+                name: header.name.clone(),
+            });
+        }
         records.push(IncomingRecord::from_wire(record, now_ms));
     }
-    let requested = records.len();
-    let topic = req.topic;
-    let groups = read_owner(plane.as_ref(), &topic, |state| {
-        route(state, &topic, records)
-    })?;
-    // Every record goes to exactly one range: what the ranges acknowledge
-    // below must add up to the request.
-    if let Err(violation) = check_routed(requested, groups.values().map(Vec::len)) {
-        panic!("produce to {topic}: {violation}");
-    }
-    let parts = groups.into_iter().map(|(range, records)| {
-        let shared = Arc::clone(shared);
-        let plane = Arc::clone(&plane);
-        let topic = topic.clone();
-        async move {
-            // Chunks of one range go one after the other; a chunk whose range
-            // was split or merged meanwhile is routed again, ahead of the
-            // chunks after it, so per-key order holds.
-            let mut pending: std::collections::VecDeque<(RangeId, Vec<IncomingRecord>)> =
-                std::collections::VecDeque::new();
-            let mut rest = records.into_iter().peekable();
-            while rest.peek().is_some() {
-                pending.push_back((range, rest.by_ref().take(APPEND_CHUNK_RECORDS).collect()));
-            }
-            let mut acknowledged = 0usize;
-            while let Some((range, chunk)) = pending.pop_front() {
-                match append_chunk(&shared, plane.as_ref(), &topic, range, chunk, deadline).await? {
-                    Appended::Durable { records } => acknowledged += records,
-                    Appended::Moved(chunk) => {
-                        let regrouped = read_owner(plane.as_ref(), &topic, |state| {
-                            route(state, &topic, chunk)
-                        })?;
-                        for part in regrouped.into_iter().rev() {
-                            pending.push_front(part);
-                        }
-                    }
-                }
-            }
-            Ok::<usize, Failure>(acknowledged)
-        }
-    });
-    let mut per_range = Vec::new();
-    for result in futures::future::join_all(parts).await {
-        per_range.push(result?);
-    }
-    // A reply never reports more records durable than the request held,
-    // nor fewer than it made durable.
-    let records_acknowledged = match check_acknowledged(requested, per_range) {
-        Ok(count) => count,
-        Err(violation) => panic!("produce to {topic}: {violation}"),
-    };
-    Ok(wire::ProduceResponse {
-        records_acknowledged,
-    })
+    Ok(records)
 }
 
-/// How one chunk's append ended.
-enum Appended {
-    /// Every record of the chunk is durable.
-    Durable { records: usize },
-    /// The chunk's range is no longer active (split or merged): the records
-    /// come back to be routed again.
-    Moved(Vec<IncomingRecord>),
-}
-
-/// Groups records by the active range of their key, keeping their order.
-fn route(
-    state: &MetadataState,
-    topic: &str,
-    records: Vec<IncomingRecord>,
-) -> Result<BTreeMap<RangeId, Vec<IncomingRecord>>, Failure> {
+fn check_topic(state: &MetadataState, topic: &str) -> Result<(), ServeError> {
     let Some(found) = state.topic(topic) else {
         return Err(ServeError::TopicNotFound {
             topic: topic.to_owned(),
@@ -132,97 +872,65 @@ fn route(
             topic: topic.to_owned(),
         });
     }
-    let mut groups: BTreeMap<RangeId, Vec<IncomingRecord>> = BTreeMap::new();
-    for record in records {
-        let Some(range) = state.route_key(topic, &record.key) else {
-            return Err(ServeError::NoActiveRange {
-                topic: topic.to_owned(),
-            });
-        };
-        groups.entry(range.id).or_default().push(record);
-    }
-    Ok(groups)
+    Ok(())
 }
 
-/// Appends one chunk to its range's active segment, retrying across rolls
-/// until it is durable or the deadline passes. Gives the chunk back if its
-/// range is no longer active (split or merged): the caller routes it again.
-async fn append_chunk(
-    shared: &Arc<Shared>,
-    plane: &dyn MetadataPlane,
+/// The active range of each record's key.
+fn route(
+    state: &MetadataState,
     topic: &str,
-    range: RangeId,
-    records: Vec<IncomingRecord>,
-    deadline: Instant,
-) -> Result<Appended, Failure> {
-    let bytes: u64 = records
+    records: &[IncomingRecord],
+) -> Result<Vec<RangeId>, ServeError> {
+    check_topic(state, topic)?;
+    records
         .iter()
-        .map(|r| (r.key.len() + r.value.len()) as u64)
-        .sum();
-    let count = records.len();
-    let records = Arc::new(records);
-    let timeout_ms = shared.config.produce_timeout_ms;
-    let timeout = || ServeError::ProduceTimeout { timeout_ms };
-    loop {
-        if Instant::now() >= deadline {
-            return Err(timeout());
-        }
-        let active = read_owner(plane, topic, |state| {
+        .map(|record| {
             state
-                .range(range)
-                .filter(|r| r.is_active())
-                .and_then(|r| r.last_segment())
+                .route_key(topic, &record.key)
+                .map(|range| range.id)
+                .ok_or_else(|| ServeError::NoActiveRange {
+                    topic: topic.to_owned(),
+                })
+        })
+        .collect()
+}
+
+/// Where an idempotent batch goes: its range if active, else the active
+/// range that holds its first key (and the old range's producer state).
+/// Every record must fall in the range the batch names.
+fn route_tagged(
+    state: &MetadataState,
+    topic: &str,
+    records: &[IncomingRecord],
+    batch: &wire::ProducerBatch,
+) -> Result<RangeId, ServeError> {
+    check_topic(state, topic)?;
+    let Some(named) = state
+        .range(RangeId(batch.range))
+        .filter(|r| r.topic == topic)
+    else {
+        return Err(ServeError::NoSuchRange {
+            topic: topic.to_owned(),
+            range: batch.range,
         });
-        let Some(segment) = active else {
-            return Ok(Appended::Moved(Arc::unwrap_or_clone(records)));
-        };
-        let Some(handle) = shared.segment(segment) else {
-            // The segment actor is starting (after a roll or a restart).
-            tokio::time::sleep(Duration::from_millis(ROLL_RETRY_MS)).await;
-            continue;
-        };
-        let (reply, answer) = oneshot::channel();
-        let batch = Arc::clone(&records);
-        let sent = tokio::time::timeout_at(
-            deadline,
-            handle.actor.send(move |permit| SegmentMsg::Append {
-                permit,
-                records: batch,
-                bytes,
-                reply,
-            }),
-        )
-        .await;
-        match sent {
-            Err(_) => return Err(timeout()),
-            Ok(Err(SupervisionError::NotRunning)) | Ok(Err(_)) => {
-                tokio::time::sleep(Duration::from_millis(ROLL_RETRY_MS)).await;
-                continue;
-            }
-            Ok(Ok(())) => {}
-        }
-        match tokio::time::timeout_at(deadline, answer).await {
-            Err(_) => return Err(timeout()),
-            // The actor died before it took the batch: nothing was appended.
-            Ok(Err(_)) => {}
-            Ok(Ok(Ok(offsets))) => {
-                // The segment acknowledged exactly this chunk's records.
-                if let Err(violation) = check_append(offsets.start, count, &offsets) {
-                    panic!("produce to {topic}, segment {}: {violation}", segment.0);
-                }
-                return Ok(Appended::Durable { records: count });
-            }
-            Ok(Ok(Err(AppendError::Rolled))) => {}
-            Ok(Ok(Err(AppendError::Busy(reason)))) => {
-                return Err(ServeError::SegmentBusy { segment, reason });
-            }
-            Ok(Ok(Err(AppendError::Invalid(reason)))) => {
-                return Err(ServeError::BatchRefused { segment, reason });
-            }
-            Ok(Ok(Err(AppendError::Failed(reason)))) => {
-                return Err(ServeError::StoreFailed { segment, reason });
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(ROLL_RETRY_MS)).await;
+    };
+    if let Some(index) = records
+        .iter()
+        .position(|r| !named.band.contains(position(&r.key)))
+    {
+        return Err(ServeError::OutsideRange {
+            index,
+            range: batch.range,
+        });
     }
+    if named.is_active() {
+        return Ok(named.id);
+    }
+    let first = records.first().map(|r| r.key.as_ref()).unwrap_or_default();
+    state
+        .route_key(topic, first)
+        .map(|range| range.id)
+        .ok_or_else(|| ServeError::NoActiveRange {
+            topic: topic.to_owned(),
+        })
 }

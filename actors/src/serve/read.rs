@@ -196,7 +196,7 @@ pub(crate) fn read_topic(
                             timestamp_ms: Some(view.timestamp_ms),
                             key: view.key,
                             value: view.value,
-                            headers: &view.headers,
+                            headers: client_headers(&view.headers),
                         };
                         if let Err(e) = out.push_ref(record) {
                             refused = Some(e);
@@ -247,4 +247,14 @@ pub(crate) fn read_topic(
 
 fn leak_reason(_e: BatchError) -> &'static str {
     "a stored record cannot be carried in a wire batch"
+}
+
+/// A stored record's headers as clients see them: without the producer tag
+/// the broker stores with an idempotent batch's last record (ADR 0092). The
+/// broker appends it last, and producers may not set `malachi.` headers.
+fn client_headers<'a, 'b>(headers: &'b [(&'a str, &'a [u8])]) -> &'b [(&'a str, &'a [u8])] {
+    match headers.split_last() {
+        Some(((name, _), rest)) if *name == malachi_wire::limits::PRODUCER_HEADER => rest,
+        _ => headers,
+    }
 }

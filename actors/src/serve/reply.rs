@@ -150,6 +150,7 @@ mod tests {
                 message: FALLBACK_MESSAGE.to_owned(),
                 leader_hint: None,
                 retry_after_ms: None,
+                ranges: None,
             }
         );
     }

@@ -620,6 +620,7 @@ mod tests {
             message: "not the leader".into(),
             leader_hint: Some("10.0.0.2:4040".into()),
             retry_after_ms: None,
+            ranges: None,
         };
         let err =
             decode_response::<FetchRequest>(ErrorCode::NotLeader, body.encode().unwrap(), "a")
