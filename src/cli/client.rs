@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, Write};
 
-use malachi_wire::client::{ConsumeOptions, StartAt};
+use malachi_wire::client::{ConsumeOptions, ProducerIdentity, StartAt};
 use malachi_wire::{BatchBuilder, Client, ClientConfig, Record};
 use serde::Serialize;
 use serde_json::json;
@@ -150,29 +150,100 @@ async fn topic_create(args: TopicCreateArgs) -> Result<(), CliError> {
     }
 }
 
-/// What `produce` prints at the end.
+/// What `produce` prints at the end (and, with `--json`, when it fails).
 #[derive(Debug, Serialize)]
 struct ProduceSummary<'a> {
     topic: &'a str,
     records_sent: u64,
     records_acknowledged: u64,
+    /// The input lines whose records were acknowledged, as inclusive
+    /// `[first, last]` line-number intervals (1-based).
+    acknowledged_lines: Vec<[u64; 2]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// Input line numbers by record ordinal, run-length encoded: each run is
+/// (first ordinal, its line), and the following ordinals take the following
+/// lines until the next run (a skipped line starts a new one).
+#[derive(Debug, Default)]
+struct LineMap {
+    runs: Vec<(u64, u64)>,
+    next_ordinal: u64,
+    next_line: u64,
+}
+
+impl LineMap {
+    fn push(&mut self, line: u64) {
+        if self.runs.is_empty() || line != self.next_line {
+            self.runs.push((self.next_ordinal, line));
+        }
+        self.next_ordinal += 1;
+        self.next_line = line + 1;
+    }
+
+    fn line(&self, ordinal: u64) -> u64 {
+        let at = self.runs.partition_point(|(start, _)| *start <= ordinal);
+        let (start, line) = self.runs[at.saturating_sub(1)];
+        line + (ordinal - start)
+    }
+
+    /// Ordinal intervals (end exclusive) as inclusive line intervals.
+    fn lines(&self, ordinals: &[(u64, u64)]) -> Vec<[u64; 2]> {
+        let mut out: Vec<[u64; 2]> = Vec::new();
+        for &(start, end) in ordinals {
+            let mut ordinal = start;
+            while ordinal < end {
+                // Cut at run boundaries, where lines jump.
+                let at = self.runs.partition_point(|(s, _)| *s <= ordinal);
+                let run_end = self.runs.get(at).map_or(end, |(s, _)| (*s).min(end));
+                let first = self.line(ordinal);
+                let last = self.line(run_end - 1);
+                match out.last_mut() {
+                    Some(prev) if prev[1] + 1 == first => prev[1] = last,
+                    _ => out.push([first, last]),
+                }
+                ordinal = run_end;
+            }
+        }
+        out
+    }
 }
 
 pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
     let client = connect(&args.output).await?;
-    let mut producer = client.producer(&args.topic, args.window.max(1));
+    let identity = match &args.producer_id {
+        Some(name) => ProducerIdentity::named(name),
+        None => ProducerIdentity::fresh(),
+    };
+    let mut producer = client.producer_as(&args.topic, args.window.max(1), identity);
     let batch_records = args.batch_records.max(1);
     let stdin = std::io::stdin();
     let mut reader = std::io::BufReader::with_capacity(STDIN_BUFFER_BYTES, stdin.lock());
     let mut line = String::new();
     let mut line_no: u64 = 0;
+    let mut lines = LineMap::default();
     let mut builder = BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX);
-    let mut sent: u64 = 0;
-    let fail = |producer: &malachi_wire::client::Producer, error: CliError| {
-        eprintln!(
-            "malachi: {} records acknowledged before the error",
-            producer.records_acknowledged()
-        );
+    let json = args.output.json;
+    let topic = args.topic.clone();
+    let broker = args.output.broker.clone();
+    // A failure says how much was acknowledged (and, with --json, which lines).
+    let fail = |producer: &malachi_wire::client::Producer,
+                lines: &LineMap,
+                error: malachi_wire::client::ClientError| {
+        let acknowledged = producer.records_acknowledged();
+        let sent = producer.records_sent();
+        let error = CliError::client("produce", &broker, error);
+        if json {
+            let _ = print_json(&ProduceSummary {
+                topic: &topic,
+                records_sent: sent,
+                records_acknowledged: acknowledged,
+                acknowledged_lines: lines.lines(&producer.acknowledged_ordinals()),
+                error: Some(error.to_string()),
+            });
+        }
+        eprintln!("malachi: {acknowledged} of {sent} records were acknowledged before the error");
         error
     };
     loop {
@@ -209,18 +280,16 @@ pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
             || builder.encoded_bytes() + record.encoded_bytes() + 64 > PRODUCE_BATCH_BYTES_MAX
         {
             let full = std::mem::replace(&mut builder, BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX));
-            sent += u64::from(full.count());
-            producer.send(full.finish()).await.map_err(|e| {
-                fail(
-                    &producer,
-                    CliError::client("produce", &args.output.broker, e),
-                )
-            })?;
+            producer
+                .send(full.finish())
+                .await
+                .map_err(|e| fail(&producer, &lines, e))?;
         }
         builder.push(&record).map_err(|e| CliError::Input {
             line: line_no,
             detail: e.to_string(),
         })?;
+        lines.push(line_no);
         // Nothing more buffered means the writer has paused (a person
         // typing, a slow pipe): send what we have rather than hold the
         // records while the next read blocks. The send alone puts them on
@@ -229,38 +298,34 @@ pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
         if reader.buffer().is_empty() {
             let pending =
                 std::mem::replace(&mut builder, BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX));
-            sent += u64::from(pending.count());
-            let broker = &args.output.broker;
             producer
                 .send(pending.finish())
                 .await
-                .map_err(|e| fail(&producer, CliError::client("produce", broker, e)))?;
+                .map_err(|e| fail(&producer, &lines, e))?;
             producer
                 .flush()
                 .await
-                .map_err(|e| fail(&producer, CliError::client("produce", broker, e)))?;
+                .map_err(|e| fail(&producer, &lines, e))?;
         }
     }
     if builder.count() > 0 {
-        sent += u64::from(builder.count());
-        producer.send(builder.finish()).await.map_err(|e| {
-            fail(
-                &producer,
-                CliError::client("produce", &args.output.broker, e),
-            )
-        })?;
+        producer
+            .send(builder.finish())
+            .await
+            .map_err(|e| fail(&producer, &lines, e))?;
     }
-    let acknowledged = producer.flush().await.map_err(|e| {
-        fail(
-            &producer,
-            CliError::client("produce", &args.output.broker, e),
-        )
-    })?;
+    let acknowledged = producer
+        .flush()
+        .await
+        .map_err(|e| fail(&producer, &lines, e))?;
+    let sent = producer.records_sent();
     if args.output.json {
         print_json(&ProduceSummary {
             topic: &args.topic,
             records_sent: sent,
             records_acknowledged: acknowledged,
+            acknowledged_lines: lines.lines(&producer.acknowledged_ordinals()),
+            error: None,
         })
     } else {
         print_text(&format!(

@@ -210,9 +210,13 @@ pub struct ProduceArgs {
     /// Records per produce request.
     #[arg(long, default_value_t = 500, value_name = "N")]
     pub batch_records: u32,
-    /// Produce requests kept in flight at once.
+    /// Produce requests kept in flight at once (order is kept whatever the window).
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub window: usize,
+    /// A stable producer name: a new run with the same name fences an
+    /// older one still running (default: a fresh identity per run).
+    #[arg(long, value_name = "NAME")]
+    pub producer_id: Option<String>,
     #[command(flatten)]
     pub output: OutputArgs,
 }

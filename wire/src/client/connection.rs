@@ -288,6 +288,45 @@ impl Connection {
             })?
     }
 
+    /// Queue one request for the writer and return once it is queued, so
+    /// requests submitted one after the other go out in that order (an
+    /// ordered producer's pipeline). Await the answer with
+    /// [`Submitted::response`].
+    pub(crate) async fn submit(
+        self: &Arc<Self>,
+        api_key: ApiKey,
+        payload: Bytes,
+    ) -> Result<Submitted, ClientError> {
+        if !self.supports(api_key) {
+            return Err(ClientError::Unsupported {
+                addr: self.addr.clone(),
+                api: api_key.name(),
+            });
+        }
+        let permit = Arc::clone(&self.window)
+            .acquire_owned()
+            .await
+            .map_err(|_| self.closed_error())?;
+        let (tx, rx) = oneshot::channel();
+        let guard = self.register(Waiter::Unary(tx));
+        let frame = RequestFrame {
+            api_key: api_key.code(),
+            correlation_id: guard.id,
+            payload,
+        };
+        self.writer
+            .send(frame)
+            .await
+            .map_err(|_| self.closed_error())?;
+        Ok(Submitted {
+            connection: Arc::clone(self),
+            rx,
+            _guard: guard,
+            _permit: permit,
+            api: api_key.name(),
+        })
+    }
+
     /// Send a request whose answers are a stream of frames (subscribe).
     /// The returned guard keeps the subscription registered.
     pub(crate) async fn open_stream(
@@ -390,5 +429,38 @@ fn dispatch(pending: &Pending, frame: ResponseFrame) {
                 "dropped a response nobody waits for (late after a timeout, or unknown)"
             );
         }
+    }
+}
+
+/// A request on its way (see [`Connection::submit`]).
+pub(crate) struct Submitted {
+    connection: Arc<Connection>,
+    rx: oneshot::Receiver<ResponseFrame>,
+    _guard: PendingGuard,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    api: &'static str,
+}
+
+impl Submitted {
+    /// The answer, within `timeout_ms` of now.
+    pub(crate) async fn response(self, timeout_ms: u64) -> Result<ResponseFrame, ClientError> {
+        let Submitted {
+            connection,
+            rx,
+            api,
+            ..
+        } = self;
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), rx).await {
+            Err(_) => Err(ClientError::Timeout {
+                api,
+                timeout_ms,
+            }),
+            Ok(Err(_)) => Err(connection.closed_error()),
+            Ok(Ok(frame)) => Ok(frame),
+        }
+    }
+
+    pub(crate) fn addr(&self) -> &str {
+        self.connection.addr()
     }
 }

@@ -11,6 +11,7 @@
 //! if it ever arrives, is dropped.
 
 mod connection;
+mod producer;
 mod stream;
 
 use std::collections::HashMap;
@@ -25,9 +26,9 @@ use crate::error::{ErrorBody, ErrorCode, WireError};
 use crate::frame::FRAME_BYTES_MAX_DEFAULT;
 use crate::messages::*;
 use connection::Connection;
+pub use producer::{ProduceAck, Producer, ProducerIdentity};
 pub use stream::{
-    ConsumeOptions, ConsumedRecord, Consumer, ProduceAck, Producer, StartAt, Subscription,
-    SubscriptionBatch,
+    ConsumeOptions, ConsumedRecord, Consumer, StartAt, Subscription, SubscriptionBatch,
 };
 
 /// The client's limits. Every field is a bound; units are in the names.
@@ -105,6 +106,10 @@ pub enum ClientError {
     /// The runtime cancelled a request's task (it is shutting down).
     #[error("{api} was cancelled before its response")]
     Cancelled { api: &'static str },
+    /// A producer gave up: a non-retriable refusal, or records not
+    /// acknowledged within the delivery timeout. It takes no more records.
+    #[error("{message}")]
+    ProduceFailed { message: String },
     #[error(transparent)]
     Wire(#[from] WireError),
 }
@@ -506,9 +511,21 @@ impl Client {
         self.call(None, &VnodeSplitRequest { vnode }).await
     }
 
-    /// A producer keeping up to `window_requests_max` produce requests in flight.
+    /// An ordered, idempotent producer with a fresh identity, keeping up to
+    /// `window_requests_max` produce requests in flight.
     pub fn producer(&self, topic: &str, window_requests_max: usize) -> Producer {
-        Producer::new(self.clone(), topic.to_owned(), window_requests_max)
+        self.producer_as(topic, window_requests_max, ProducerIdentity::fresh())
+    }
+
+    /// A producer with the given identity: a new session of a named
+    /// producer fences the older one (ADR 0092).
+    pub fn producer_as(
+        &self,
+        topic: &str,
+        window_requests_max: usize,
+        identity: ProducerIdentity,
+    ) -> Producer {
+        Producer::new(self.clone(), topic.to_owned(), window_requests_max, identity)
     }
 
     /// Read a topic as a sequence of records that carries its resume cursor.

@@ -2,16 +2,12 @@
 //! carries its cursor, and credit-based subscriptions.
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use futures::stream::{FuturesUnordered, Stream, StreamExt};
+use futures::stream::Stream;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use super::connection::{Connection, PendingGuard};
 use super::{Client, ClientConfig, ClientError, decode_response};
@@ -36,129 +32,6 @@ impl StartAt {
             StartAt::Start => (None, true),
             StartAt::Tail => (None, false),
         }
-    }
-}
-
-/// The acknowledgement of one produce request, with its latency (send to ack).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProduceAck {
-    pub records_acknowledged: u32,
-    pub latency: Duration,
-}
-
-/// Keeps up to `window_requests_max` produce requests in flight on one topic.
-/// [`Producer::send`] waits only when the window is full.
-///
-/// Each sent request runs as its own task on the runtime, so it reaches the
-/// broker at once, whether or not the caller awaits an ack next (a producer
-/// that sends one batch and then waits on stdin must not hold it back).
-/// Dropping the producer stops the requests still in flight (one already
-/// written may still be applied by the broker, as with any cancelled call).
-pub struct Producer {
-    client: Client,
-    topic: String,
-    window_requests_max: usize,
-    inflight: FuturesUnordered<InFlight>,
-    records_acknowledged: u64,
-}
-
-/// A produce request's task, aborted when dropped so that the producer owns
-/// its requests (dropping it bounds their lifetime as before).
-struct InFlight(JoinHandle<Result<ProduceAck, ClientError>>);
-
-impl Future for InFlight {
-    type Output = Result<ProduceAck, ClientError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map(|joined| match joined {
-            Ok(outcome) => outcome,
-            // A panic in the request is a bug: surface it where the caller
-            // awaits, as it would have surfaced before the request was a task.
-            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-            Err(_) => Err(ClientError::Cancelled { api: "produce" }),
-        })
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl std::fmt::Debug for Producer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Producer")
-            .field("topic", &self.topic)
-            .field("window_requests_max", &self.window_requests_max)
-            .field("inflight", &self.inflight.len())
-            .field("records_acknowledged", &self.records_acknowledged)
-            .finish()
-    }
-}
-
-impl Producer {
-    pub(crate) fn new(client: Client, topic: String, window_requests_max: usize) -> Producer {
-        Producer {
-            client,
-            topic,
-            window_requests_max: window_requests_max.max(1),
-            inflight: FuturesUnordered::new(),
-            records_acknowledged: 0,
-        }
-    }
-
-    /// Put a batch in flight: it is on its way to the broker when this
-    /// returns, without a further `send`, `next_ack` or `flush`. If the
-    /// window is full, first wait for one acknowledgement, which is returned
-    /// (an error fails the send). Must run within a tokio runtime.
-    pub async fn send(&mut self, records: RecordBatch) -> Result<Option<ProduceAck>, ClientError> {
-        let mut done = None;
-        if self.inflight.len() >= self.window_requests_max {
-            done = self.next_ack().await?;
-        }
-        let client = self.client.clone();
-        let topic = self.topic.clone();
-        // Spawned, not merely queued: the request is written to the broker
-        // without waiting for the caller's next `send`, `next_ack` or `flush`.
-        self.inflight.push(InFlight(tokio::spawn(async move {
-            let started = Instant::now();
-            let response = client.produce(&topic, records).await?;
-            Ok(ProduceAck {
-                records_acknowledged: response.records_acknowledged,
-                latency: started.elapsed(),
-            })
-        })));
-        assert!(self.inflight.len() <= self.window_requests_max);
-        Ok(done)
-    }
-
-    /// Wait for the next acknowledgement, if any request is in flight.
-    pub async fn next_ack(&mut self) -> Result<Option<ProduceAck>, ClientError> {
-        match self.inflight.next().await {
-            Some(Ok(ack)) => {
-                self.records_acknowledged += u64::from(ack.records_acknowledged);
-                Ok(Some(ack))
-            }
-            Some(Err(error)) => Err(error),
-            None => Ok(None),
-        }
-    }
-
-    /// Wait for every request in flight; returns the records acknowledged in total.
-    pub async fn flush(&mut self) -> Result<u64, ClientError> {
-        while self.next_ack().await?.is_some() {}
-        Ok(self.records_acknowledged)
-    }
-
-    /// Requests in flight now.
-    pub fn inflight(&self) -> usize {
-        self.inflight.len()
-    }
-
-    /// Records acknowledged so far.
-    pub fn records_acknowledged(&self) -> u64 {
-        self.records_acknowledged
     }
 }
 

@@ -1,0 +1,727 @@
+//! The producer: ordered, pipelined, idempotent, retrying (ADR 0092).
+//!
+//! A producer has a random id and an epoch (the wall clock in milliseconds
+//! when it started). It routes each record to the topic's range holding its
+//! key (the topic's layout comes from `describe_topic`; positions are the
+//! keys' xxh3 hashes, as the broker computes them) and sends one request per
+//! range part, tagged with the next sequence number of that (producer,
+//! range). Requests are written to the connection in the order they were
+//! sent, so the broker stores each range's parts in that order; at most
+//! `window_requests_max` are in flight.
+//!
+//! A retriable failure (a lost connection, a timeout, `busy`, `not_leader`,
+//! `shutting_down`, a broker restart) sends the same request again, with
+//! the same sequence number, until the delivery timeout: a part the broker
+//! had already stored is answered as a duplicate and not written twice, and
+//! a part sent ahead of a missing one is refused with `sequence_gap` and
+//! sent again after it. A part whose range was split or merged (`moved`) is
+//! routed again on the new layout, before anything newer is sent. Nothing
+//! is reordered within a key, and nothing acknowledged is written twice.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tracing::debug;
+
+use super::{Client, ClientError, backoff_ms, decode_response};
+use crate::api::ApiKey;
+use crate::batch::{BatchBuilder, Record, RecordBatch};
+use crate::error::ErrorCode;
+use crate::messages::*;
+
+/// The acknowledgement of produced records, with the latency of the
+/// request that acknowledged them (first send to answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProduceAck {
+    pub records_acknowledged: u32,
+    pub latency: Duration,
+}
+
+/// A producer's identity: the broker fences a session by the epoch, so a
+/// restarted producer that reuses its id must use a larger epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerIdentity {
+    pub producer_id: u64,
+    pub epoch: u64,
+}
+
+impl ProducerIdentity {
+    /// A fresh id (random) and an epoch from the wall clock.
+    pub fn fresh() -> ProducerIdentity {
+        ProducerIdentity {
+            producer_id: random_u64(),
+            epoch: wall_ms(),
+        }
+    }
+
+    /// A named producer's next session: the id is derived from `name`, the
+    /// epoch is the wall clock in milliseconds, so a later session fences
+    /// an earlier one (on hosts whose clocks agree to better than the time
+    /// between the two starts).
+    pub fn named(name: &str) -> ProducerIdentity {
+        ProducerIdentity {
+            producer_id: xxhash_rust::xxh3::xxh3_64(name.as_bytes()),
+            epoch: wall_ms(),
+        }
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64)
+        .max(1)
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+/// The active ranges of a topic, by band.
+#[derive(Debug, Clone)]
+struct Layout {
+    /// (band start, band end exclusive, range id), sorted by start.
+    bands: Vec<(u64, u128, u64)>,
+}
+
+impl Layout {
+    fn from_description(description: &TopicDescription) -> Result<Layout, String> {
+        let parse = |text: &str| -> Result<u128, String> {
+            let digits = text.strip_prefix("0x").unwrap_or(text);
+            u128::from_str_radix(digits, 16).map_err(|e| format!("band bound {text}: {e}"))
+        };
+        let mut bands = Vec::new();
+        for range in &description.ranges {
+            if range.state != "active" {
+                continue;
+            }
+            let start = parse(&range.band_start)?;
+            let end = parse(&range.band_end)?;
+            let start = u64::try_from(start).map_err(|_| "band start beyond 2^64".to_owned())?;
+            bands.push((start, end, range.id));
+        }
+        bands.sort_unstable();
+        if bands.is_empty() {
+            return Err(format!("topic {} has no active range", description.name));
+        }
+        Ok(Layout { bands })
+    }
+
+    fn route(&self, key: &[u8]) -> Option<u64> {
+        let position = xxhash_rust::xxh3::xxh3_64(key);
+        let at = self.bands.partition_point(|(start, _, _)| *start <= position);
+        let (start, end, id) = self.bands.get(at.checked_sub(1)?)?;
+        (*start <= position && u128::from(position) < *end).then_some(*id)
+    }
+
+    fn is_active(&self, range: u64) -> bool {
+        self.bands.iter().any(|(_, _, id)| *id == range)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Unsent { not_before: Instant },
+    InFlight,
+    Acked,
+}
+
+/// One request's worth of records, in send order.
+struct Entry {
+    id: u64,
+    records: Vec<Record>,
+    /// The producer's ordinal of each record (0-based, in send order).
+    ordinals: Vec<u64>,
+    /// Range, sequence and epoch, once routed; then the encoded block.
+    assigned: Option<(u64, u64, u64)>,
+    encoded: Option<RecordBatch>,
+    state: State,
+    created: Instant,
+    attempts: u32,
+    last_error: Option<String>,
+}
+
+type Answer = (u64, Result<ProduceResponse, ClientError>, Duration);
+
+/// Keeps up to `window_requests_max` produce requests in flight on one
+/// topic, in order, retrying each until it is acknowledged or its delivery
+/// timeout passes. [`Producer::send`] waits only when the window is full.
+pub struct Producer {
+    client: Client,
+    topic: String,
+    identity: ProducerIdentity,
+    window_requests_max: usize,
+    delivery_timeout: Duration,
+    layout: Option<Layout>,
+    next_sequence: HashMap<u64, u64>,
+    queue: VecDeque<Entry>,
+    inflight: FuturesUnordered<BoxFuture<'static, Answer>>,
+    next_entry: u64,
+    next_ordinal: u64,
+    records_acknowledged: u64,
+    /// Acknowledged ordinals as start to end-exclusive intervals.
+    acknowledged: BTreeMap<u64, u64>,
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("topic", &self.topic)
+            .field("identity", &self.identity)
+            .field("window_requests_max", &self.window_requests_max)
+            .field("inflight", &self.inflight.len())
+            .field("records_acknowledged", &self.records_acknowledged)
+            .finish()
+    }
+}
+
+/// Entries a producer holds beyond its window (sent, unacknowledged, or
+/// waiting to be sent) before `send` waits: the memory bound.
+const QUEUED_PER_WINDOW: usize = 2;
+
+impl Producer {
+    pub(crate) fn new(
+        client: Client,
+        topic: String,
+        window_requests_max: usize,
+        identity: ProducerIdentity,
+    ) -> Producer {
+        let delivery_timeout = Duration::from_millis(client.config().request_timeout_ms);
+        Producer {
+            client,
+            topic,
+            identity,
+            window_requests_max: window_requests_max.max(1),
+            delivery_timeout,
+            layout: None,
+            next_sequence: HashMap::new(),
+            queue: VecDeque::new(),
+            inflight: FuturesUnordered::new(),
+            next_entry: 0,
+            next_ordinal: 0,
+            records_acknowledged: 0,
+            acknowledged: BTreeMap::new(),
+            failed: None,
+        }
+    }
+
+    /// This producer's id and epoch.
+    pub fn identity(&self) -> ProducerIdentity {
+        self.identity
+    }
+
+    /// Retry each record until this long after it was sent (default: the
+    /// client's `request_timeout_ms`).
+    pub fn set_delivery_timeout(&mut self, timeout: Duration) {
+        self.delivery_timeout = timeout;
+    }
+
+    /// Queue a batch and put what the window allows in flight: it is on its
+    /// way to the broker when this returns. If the window is full, first
+    /// wait for acknowledgements, which are returned (summed). A
+    /// non-retriable error, or a record not acknowledged within the delivery
+    /// timeout, fails this and every later call.
+    pub async fn send(&mut self, batch: RecordBatch) -> Result<Option<ProduceAck>, ClientError> {
+        self.check_failed()?;
+        let records = batch.records();
+        if records.is_empty() {
+            return Ok(None);
+        }
+        let first = self.next_ordinal;
+        self.next_ordinal += records.len() as u64;
+        let entry = Entry {
+            id: self.next_entry,
+            ordinals: (first..self.next_ordinal).collect(),
+            records,
+            assigned: None,
+            encoded: None,
+            state: State::Unsent {
+                not_before: Instant::now(),
+            },
+            created: Instant::now(),
+            attempts: 0,
+            last_error: None,
+        };
+        self.next_entry += 1;
+        self.queue.push_back(entry);
+        self.pump().await?;
+        let mut done: Option<ProduceAck> = None;
+        while self.inflight.len() >= self.window_requests_max
+            || self.queue.len() > self.window_requests_max * QUEUED_PER_WINDOW
+        {
+            if let Some(ack) = self.process_one().await? {
+                done = Some(merge(done, ack));
+            }
+            self.pump().await?;
+        }
+        Ok(done)
+    }
+
+    /// Wait for the next acknowledgement, if anything is unacknowledged.
+    pub async fn next_ack(&mut self) -> Result<Option<ProduceAck>, ClientError> {
+        loop {
+            self.check_failed()?;
+            self.pump().await?;
+            if self.queue.is_empty() {
+                return Ok(None);
+            }
+            if let Some(ack) = self.process_one().await? {
+                return Ok(Some(ack));
+            }
+        }
+    }
+
+    /// Wait until everything sent is acknowledged; returns the records
+    /// acknowledged in total.
+    pub async fn flush(&mut self) -> Result<u64, ClientError> {
+        while self.next_ack().await?.is_some() {}
+        Ok(self.records_acknowledged)
+    }
+
+    /// Requests in flight now.
+    pub fn inflight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Records acknowledged so far.
+    pub fn records_acknowledged(&self) -> u64 {
+        self.records_acknowledged
+    }
+
+    /// Records sent to this producer so far.
+    pub fn records_sent(&self) -> u64 {
+        self.next_ordinal
+    }
+
+    /// The acknowledged records, as intervals of their ordinals (0-based,
+    /// in the order they were sent; end exclusive).
+    pub fn acknowledged_ordinals(&self) -> Vec<(u64, u64)> {
+        self.acknowledged.iter().map(|(s, e)| (*s, *e)).collect()
+    }
+
+    fn check_failed(&self) -> Result<(), ClientError> {
+        match &self.failed {
+            None => Ok(()),
+            Some(message) => Err(ClientError::ProduceFailed {
+                message: message.clone(),
+            }),
+        }
+    }
+
+    fn fail(&mut self, error: &ClientError) -> ClientError {
+        let message = error.to_string();
+        self.failed = Some(message.clone());
+        self.inflight = FuturesUnordered::new();
+        ClientError::ProduceFailed { message }
+    }
+
+    /// Routes and sends what waits, in queue order, while the window has
+    /// room. It stops at an entry that backs off, and at an entry in flight
+    /// to a range that is no longer active (its answer decides whether its
+    /// records must be routed again, ahead of anything newer).
+    async fn pump(&mut self) -> Result<(), ClientError> {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.queue.len() && self.inflight.len() < self.window_requests_max {
+            match self.queue[i].state {
+                State::Acked => {}
+                State::InFlight => {
+                    if let (Some((range, _, _)), Some(layout)) =
+                        (self.queue[i].assigned, &self.layout)
+                        && !layout.is_active(range)
+                    {
+                        break;
+                    }
+                }
+                State::Unsent { not_before } => {
+                    if self.queue[i].created + self.delivery_timeout <= now {
+                        let entry = &self.queue[i];
+                        let reason = entry
+                            .last_error
+                            .clone()
+                            .unwrap_or_else(|| "the window stayed full".to_owned());
+                        let message = format!(
+                            "records were not acknowledged within {}ms after {} attempts; last error: {reason}",
+                            self.delivery_timeout.as_millis(),
+                            entry.attempts
+                        );
+                        self.failed = Some(message.clone());
+                        return Err(ClientError::ProduceFailed { message });
+                    }
+                    if not_before > now {
+                        break;
+                    }
+                    if self.queue[i].assigned.is_none() && !self.assign(i).await? {
+                        break;
+                    }
+                    self.submit(i).await;
+                }
+            }
+            i += 1;
+        }
+        while matches!(self.queue.front(), Some(e) if e.state == State::Acked) {
+            self.queue.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Routes entry `i` on the current layout, splitting it into one entry
+    /// per range (in place, in range order), and gives each the next
+    /// sequence of its range. False if the layout cannot be read now (the
+    /// entry backs off).
+    async fn assign(&mut self, i: usize) -> Result<bool, ClientError> {
+        if self.layout.is_none() {
+            match self.client.describe_topic(&self.topic).await {
+                Ok(description) => match Layout::from_description(&description) {
+                    Ok(layout) => self.layout = Some(layout),
+                    Err(reason) => {
+                        let error = ClientError::ProduceFailed { message: reason };
+                        return Err(self.fail(&error));
+                    }
+                },
+                Err(error) if error.retriable() || is_timeout(&error) => {
+                    self.back_off(i, &error);
+                    return Ok(false);
+                }
+                Err(error) => return Err(self.fail(&error)),
+            }
+        }
+        let Some(layout) = &self.layout else {
+            return Ok(false);
+        };
+        let records = std::mem::take(&mut self.queue[i].records);
+        let ordinals = std::mem::take(&mut self.queue[i].ordinals);
+        let mut groups: BTreeMap<u64, (Vec<Record>, Vec<u64>)> = BTreeMap::new();
+        let mut unroutable = false;
+        for (record, ordinal) in records.into_iter().zip(ordinals) {
+            let Some(range) = layout.route(&record.key) else {
+                unroutable = true;
+                break;
+            };
+            let group = groups.entry(range).or_default();
+            group.0.push(record);
+            group.1.push(ordinal);
+        }
+        if unroutable {
+            let error = ClientError::ProduceFailed {
+                message: format!("the layout of topic {} has no range for a key", self.topic),
+            };
+            return Err(self.fail(&error));
+        }
+        let template = self.queue.remove(i).expect("entry i exists");
+        let mut at = i;
+        for (range, (records, ordinals)) in groups {
+            let sequence = self.next_sequence.entry(range).or_insert(0);
+            let assigned = (range, *sequence, self.identity.epoch);
+            *sequence += 1;
+            let mut builder = BatchBuilder::new(usize::MAX);
+            for record in &records {
+                builder
+                    .push(record)
+                    .map_err(|e| ClientError::ProduceFailed {
+                        message: format!("cannot encode a batch: {e}"),
+                    })?;
+            }
+            let entry = Entry {
+                id: self.next_entry,
+                records,
+                ordinals,
+                assigned: Some(assigned),
+                encoded: Some(builder.finish()),
+                state: template.state,
+                created: template.created,
+                attempts: template.attempts,
+                last_error: template.last_error.clone(),
+            };
+            self.next_entry += 1;
+            self.queue.insert(at, entry);
+            at += 1;
+        }
+        Ok(true)
+    }
+
+    /// Writes entry `i`'s request to the connection (in order) and puts its
+    /// answer in flight; a connection that cannot be had makes it back off.
+    async fn submit(&mut self, i: usize) {
+        let entry = &self.queue[i];
+        let (Some((range, sequence, epoch)), Some(records)) = (entry.assigned, &entry.encoded)
+        else {
+            return;
+        };
+        let request = ProduceRequest {
+            topic: self.topic.clone(),
+            producer: Some(ProducerBatch {
+                producer_id: self.identity.producer_id,
+                epoch,
+                range,
+                sequence,
+            }),
+            records: records.clone(),
+        };
+        let payload = match request.encode() {
+            Ok(payload) => payload,
+            Err(error) => {
+                let error = ClientError::from(error);
+                self.back_off(i, &error);
+                return;
+            }
+        };
+        let addr = self.client.addr_for(Some(&self.topic));
+        let submitted = match self.client.connection(&addr).await {
+            Ok(connection) => connection.submit(ApiKey::Produce, payload).await,
+            Err(error) => Err(error),
+        };
+        let submitted = match submitted {
+            Ok(submitted) => submitted,
+            Err(error) => {
+                self.reroute_connection(&addr, &error);
+                self.back_off(i, &error);
+                return;
+            }
+        };
+        let id = entry.id;
+        let timeout_ms = self.client.config().request_timeout_ms;
+        let started = Instant::now();
+        self.queue[i].state = State::InFlight;
+        self.queue[i].attempts += 1;
+        self.inflight.push(Box::pin(async move {
+            let addr = submitted.addr().to_owned();
+            let result = match submitted.response(timeout_ms).await {
+                Ok(frame) => {
+                    decode_response::<ProduceRequest>(frame.error_code, frame.payload, &addr)
+                }
+                Err(error) => Err(error),
+            };
+            (id, result, started.elapsed())
+        }));
+    }
+
+    /// After a connection failure, the next attempt goes to the next
+    /// bootstrap broker; after a hint, to the hinted one.
+    fn reroute_connection(&self, addr: &str, error: &ClientError) {
+        if let Some(hint) = error.leader_hint() {
+            self.client.remember(Some(&self.topic), hint);
+        } else if matches!(
+            error,
+            ClientError::Connect { .. }
+                | ClientError::ConnectTimeout { .. }
+                | ClientError::ConnectionClosed { .. }
+        ) {
+            let next = self.client.next_bootstrap(addr);
+            self.client.remember(Some(&self.topic), &next);
+        }
+    }
+
+    fn back_off(&mut self, i: usize, error: &ClientError) {
+        let config = self.client.config().clone();
+        let entry = &mut self.queue[i];
+        let wait = backoff_ms(&config, entry.attempts.max(1), error.retry_after_ms());
+        entry.state = State::Unsent {
+            not_before: Instant::now() + Duration::from_millis(wait),
+        };
+        entry.last_error = Some(error.to_string());
+    }
+
+    /// Takes one answer and acts on it; returns the acknowledgement it brought.
+    async fn process_one(&mut self) -> Result<Option<ProduceAck>, ClientError> {
+        if self.inflight.is_empty() {
+            // Nothing in flight: wait for the first entry's backoff.
+            let wait = self
+                .queue
+                .iter()
+                .find_map(|e| match e.state {
+                    State::Unsent { not_before } => Some(not_before),
+                    _ => None,
+                })
+                .unwrap_or_else(Instant::now);
+            tokio::time::sleep_until(wait.into()).await;
+            return Ok(None);
+        }
+        let Some((id, result, latency)) = self.inflight.next().await else {
+            return Ok(None);
+        };
+        let Some(i) = self.queue.iter().position(|e| e.id == id) else {
+            return Ok(None);
+        };
+        match result {
+            Ok(_response) => {
+                let entry = &mut self.queue[i];
+                entry.state = State::Acked;
+                let count = entry.ordinals.len();
+                for ordinal in &entry.ordinals {
+                    insert_interval(&mut self.acknowledged, *ordinal);
+                }
+                self.records_acknowledged += count as u64;
+                Ok(Some(ProduceAck {
+                    records_acknowledged: count as u32,
+                    latency,
+                }))
+            }
+            Err(error) => {
+                self.on_error(i, error).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn on_error(&mut self, i: usize, error: ClientError) -> Result<(), ClientError> {
+        let addr = self.client.addr_for(Some(&self.topic));
+        debug!(topic = %self.topic, %error, "produce attempt failed");
+        match error.code() {
+            // Sent ahead of a part the range has not stored: again, after it.
+            Some(ErrorCode::SequenceGap) => {
+                self.back_off(i, &error);
+                Ok(())
+            }
+            // The range was split or merged and this part was not stored:
+            // route it again on the new layout.
+            Some(ErrorCode::Moved) if error.leader_hint().is_none() => {
+                self.layout = None;
+                let entry = &mut self.queue[i];
+                entry.assigned = None;
+                entry.encoded = None;
+                entry.state = State::Unsent {
+                    not_before: Instant::now(),
+                };
+                entry.last_error = Some(error.to_string());
+                Ok(())
+            }
+            // The range forgot this producer (its state expired): a new
+            // epoch, with every range's sequence from 0 again.
+            Some(ErrorCode::UnknownProducer) => {
+                self.identity.epoch = (self.identity.epoch + 1).max(wall_ms());
+                self.next_sequence.clear();
+                for entry in self.queue.iter_mut() {
+                    if entry.state != State::Acked && entry.state != State::InFlight {
+                        unassign(entry);
+                    }
+                }
+                unassign(&mut self.queue[i]);
+                self.queue[i].last_error = Some(error.to_string());
+                Ok(())
+            }
+            // Fenced by a session of our own (after a new epoch above) is a
+            // part still tagged with the old epoch: send it again.
+            Some(ErrorCode::ProducerFenced)
+                if self.queue[i]
+                    .assigned
+                    .is_some_and(|(_, _, epoch)| epoch < self.identity.epoch) =>
+            {
+                unassign(&mut self.queue[i]);
+                Ok(())
+            }
+            _ if error.retriable() || is_timeout(&error) => {
+                self.reroute_connection(&addr, &error);
+                self.back_off(i, &error);
+                Ok(())
+            }
+            _ => Err(self.fail(&error)),
+        }
+    }
+}
+
+fn unassign(entry: &mut Entry) {
+    entry.assigned = None;
+    entry.encoded = None;
+    entry.state = State::Unsent {
+        not_before: Instant::now(),
+    };
+}
+
+/// A client-side timeout: the broker may or may not have stored the part,
+/// which the sequence number makes safe to send again.
+fn is_timeout(error: &ClientError) -> bool {
+    matches!(error, ClientError::Timeout { .. })
+}
+
+fn merge(done: Option<ProduceAck>, ack: ProduceAck) -> ProduceAck {
+    match done {
+        None => ack,
+        Some(done) => ProduceAck {
+            records_acknowledged: done.records_acknowledged + ack.records_acknowledged,
+            latency: done.latency.max(ack.latency),
+        },
+    }
+}
+
+fn insert_interval(set: &mut BTreeMap<u64, u64>, at: u64) {
+    let mut start = at;
+    let mut end = at + 1;
+    if let Some((&s, &e)) = set.range(..=at).next_back()
+        && e >= at
+    {
+        if e > at {
+            return;
+        }
+        start = s;
+        set.remove(&s);
+    }
+    if let Some(&e) = set.get(&end) {
+        set.remove(&end);
+        end = e;
+    }
+    set.insert(start, end);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_merge() {
+        let mut set = BTreeMap::new();
+        for at in [3, 1, 2, 0, 7, 5, 6, 2] {
+            insert_interval(&mut set, at);
+        }
+        assert_eq!(set.into_iter().collect::<Vec<_>>(), vec![(0, 4), (5, 8)]);
+    }
+
+    #[test]
+    fn the_layout_routes_like_the_broker() {
+        let description = TopicDescription {
+            name: "t".into(),
+            ranges: vec![
+                RangeDescription {
+                    id: 2,
+                    band_start: "0x0000000000000000".into(),
+                    band_end: "0x8000000000000000".into(),
+                    state: "active".into(),
+                    ..RangeDescription::default()
+                },
+                RangeDescription {
+                    id: 3,
+                    band_start: "0x8000000000000000".into(),
+                    band_end: "0x10000000000000000".into(),
+                    state: "active".into(),
+                    ..RangeDescription::default()
+                },
+                RangeDescription {
+                    id: 1,
+                    band_start: "0x0000000000000000".into(),
+                    band_end: "0x10000000000000000".into(),
+                    state: "sealed".into(),
+                    ..RangeDescription::default()
+                },
+            ],
+            ..TopicDescription::default()
+        };
+        let layout = Layout::from_description(&description).unwrap();
+        for key in ["a", "b", "k0", "k1", "zz"] {
+            let position = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
+            let expected = if position < 1 << 63 { 2 } else { 3 };
+            assert_eq!(layout.route(key.as_bytes()), Some(expected), "{key}");
+        }
+        assert!(!layout.is_active(1));
+    }
+}
