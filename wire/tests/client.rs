@@ -53,12 +53,39 @@ async fn fake_broker(handler: Handler) -> String {
                         tx.send(ok(frame.correlation_id, &versions)).await.unwrap();
                         continue;
                     }
+                    if frame.api_key == ApiKey::DescribeTopic.code()
+                        && DescribeTopicRequest::decode(frame.payload.clone())
+                            .is_ok_and(|r| r.name == "t")
+                    {
+                        // One range over the whole keyspace, as a producer routes by.
+                        tx.send(ok(frame.correlation_id, &one_range_topic()))
+                            .await
+                            .unwrap();
+                        continue;
+                    }
                     tokio::spawn(handler(frame, tx.clone()));
                 }
             });
         }
     });
     addr
+}
+
+/// The description a fake broker gives of any topic: range 1, the whole keyspace.
+fn one_range_topic() -> DescribeTopicResponse {
+    DescribeTopicResponse {
+        topic: TopicDescription {
+            name: "t".into(),
+            ranges: vec![RangeDescription {
+                id: 1,
+                band_start: "0x0000000000000000".into(),
+                band_end: "0x10000000000000000".into(),
+                state: "active".into(),
+                ..RangeDescription::default()
+            }],
+            ..TopicDescription::default()
+        },
+    }
 }
 
 fn ok(correlation_id: u32, message: &impl Message) -> ResponseFrame {
@@ -816,4 +843,112 @@ async fn a_goodbye_frame_on_correlation_id_zero_is_reported_as_the_brokers_refus
         "{error}"
     );
     assert!(refused.load(Ordering::SeqCst) >= 1);
+}
+
+/// The sequences a fake broker saw, in arrival order, and an answer rule.
+async fn recording_broker(
+    answer: impl Fn(u64, usize) -> Option<ErrorCode> + Send + Sync + 'static,
+) -> (String, Arc<std::sync::Mutex<Vec<u64>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let answer = Arc::new(answer);
+    let log = seen.clone();
+    // Arrival order is recorded before any task runs: the handler is
+    // called in frame order, so it records synchronously.
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        let request = produce_of(&frame);
+        let producer = request.producer.expect("the producer tags every request");
+        let attempt = {
+            let mut seen = log.lock().unwrap();
+            seen.push(producer.sequence);
+            seen.iter().filter(|s| **s == producer.sequence).count()
+        };
+        let refusal_code = answer(producer.sequence, attempt);
+        async move {
+            let frame = match refusal_code {
+                None => ok(
+                    frame.correlation_id,
+                    &ProduceResponse {
+                        records_acknowledged: request.records.count(),
+                        ranges: Vec::new(),
+                    },
+                ),
+                Some(code) => refusal(
+                    frame.correlation_id,
+                    code,
+                    ErrorBody {
+                        message: "refused".into(),
+                        leader_hint: None,
+                        retry_after_ms: Some(1),
+                        ranges: None,
+                    },
+                ),
+            };
+            tx.send(frame).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn the_producer_writes_a_ranges_sequences_in_send_order_whatever_its_window() {
+    let (addr, seen) = recording_broker(|_, _| None).await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let mut producer = client.producer("t", 64);
+    for _ in 0..500 {
+        producer.send(batch_of(2)).await.unwrap();
+    }
+    assert_eq!(producer.flush().await.unwrap(), 1000);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, (0..500).collect::<Vec<u64>>());
+    assert_eq!(producer.acknowledged_ordinals(), vec![(0, 1000)]);
+}
+
+#[tokio::test]
+async fn a_busy_batch_is_resent_with_its_sequence_and_a_gap_behind_it_after_it() {
+    // Sequence 3 is refused busy once; 4 and 5, pipelined behind it, get
+    // sequence_gap on their first try (as a broker that did not store 3
+    // answers). Every batch is then resent with its own sequence, in order.
+    let (addr, seen) = recording_broker(|sequence, attempt| match (sequence, attempt) {
+        (3, 1) => Some(ErrorCode::Busy),
+        (4 | 5, 1) => Some(ErrorCode::SequenceGap),
+        _ => None,
+    })
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let mut producer = client.producer("t", 8);
+    for _ in 0..8 {
+        producer.send(batch_of(1)).await.unwrap();
+    }
+    assert_eq!(producer.flush().await.unwrap(), 8);
+    let seen = seen.lock().unwrap().clone();
+    let resent: Vec<u64> = seen
+        .iter()
+        .copied()
+        .filter(|s| (3..=5).contains(s))
+        .collect();
+    assert_eq!(resent, vec![3, 4, 5, 3, 4, 5], "arrivals: {seen:?}");
+}
+
+#[tokio::test]
+async fn a_fenced_producer_stops_and_says_how_much_was_acknowledged() {
+    let (addr, _seen) =
+        recording_broker(|sequence, _| (sequence >= 2).then_some(ErrorCode::ProducerFenced)).await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let mut producer = client.producer("t", 1);
+    let mut failed = None;
+    for _ in 0..5 {
+        if let Err(e) = producer.send(batch_of(1)).await {
+            failed = Some(e);
+            break;
+        }
+    }
+    let error = match failed {
+        Some(e) => e,
+        None => producer.flush().await.unwrap_err(),
+    };
+    assert!(error.to_string().contains("producer_fenced"), "{error}");
+    assert_eq!(producer.records_acknowledged(), 2);
+    assert_eq!(producer.acknowledged_ordinals(), vec![(0, 2)]);
 }

@@ -451,10 +451,7 @@ impl Submitted {
             ..
         } = self;
         match tokio::time::timeout(Duration::from_millis(timeout_ms), rx).await {
-            Err(_) => Err(ClientError::Timeout {
-                api,
-                timeout_ms,
-            }),
+            Err(_) => Err(ClientError::Timeout { api, timeout_ms }),
             Ok(Err(_)) => Err(connection.closed_error()),
             Ok(Ok(frame)) => Ok(frame),
         }

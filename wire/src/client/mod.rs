@@ -525,7 +525,12 @@ impl Client {
         window_requests_max: usize,
         identity: ProducerIdentity,
     ) -> Producer {
-        Producer::new(self.clone(), topic.to_owned(), window_requests_max, identity)
+        Producer::new(
+            self.clone(),
+            topic.to_owned(),
+            window_requests_max,
+            identity,
+        )
     }
 
     /// Read a topic as a sequence of records that carries its resume cursor.

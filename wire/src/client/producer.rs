@@ -119,7 +119,9 @@ impl Layout {
 
     fn route(&self, key: &[u8]) -> Option<u64> {
         let position = xxhash_rust::xxh3::xxh3_64(key);
-        let at = self.bands.partition_point(|(start, _, _)| *start <= position);
+        let at = self
+            .bands
+            .partition_point(|(start, _, _)| *start <= position);
         let (start, end, id) = self.bands.get(at.checked_sub(1)?)?;
         (*start <= position && u128::from(position) < *end).then_some(*id)
     }
