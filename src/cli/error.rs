@@ -21,6 +21,17 @@ pub enum CliError {
         "cannot reach a broker at {addr}: {detail} (is one running? start one with `malachi dev`)"
     )]
     Unreachable { addr: String, detail: String },
+    /// The broker asked answered, but the broker it pointed to (the host of
+    /// the topic's records) could not be reached: the asked one is fine.
+    #[error(
+        "{action}: the broker at {asked} sent this request to {host}, which cannot be reached: {detail} (is that broker down? `malachi cluster status` shows which brokers are alive)"
+    )]
+    HostUnreachable {
+        action: &'static str,
+        asked: String,
+        host: String,
+        detail: String,
+    },
     /// The broker answered with an error, or the exchange failed. An
     /// `outcome_unknown` refusal says so in words: the change may exist.
     #[error("{action}: {source}{}", outcome_note(source))]
@@ -52,14 +63,25 @@ impl CliError {
     /// Wrap a client error, turning connection failures into the
     /// "cannot reach a broker" message a newcomer can act on.
     pub fn client(action: &'static str, addr: &str, source: ClientError) -> CliError {
-        match source {
+        match &source {
+            ClientError::Connect { addr: to, .. }
+            | ClientError::ConnectTimeout { addr: to, .. }
+                if to != addr =>
+            {
+                CliError::HostUnreachable {
+                    action,
+                    asked: addr.to_owned(),
+                    host: to.clone(),
+                    detail: source.to_string(),
+                }
+            }
             ClientError::Connect { .. }
             | ClientError::ConnectTimeout { .. }
             | ClientError::NoAddress => CliError::Unreachable {
                 addr: addr.to_owned(),
                 detail: source.to_string(),
             },
-            source => CliError::Client { action, source },
+            _ => CliError::Client { action, source },
         }
     }
 }
@@ -109,6 +131,29 @@ mod tests {
             line.starts_with("create topic orders: broker refused create_topic: outcome_unknown:")
         );
         assert!(line.contains("may or may not have been applied"), "{line}");
+    }
+
+    #[test]
+    fn an_unreachable_host_does_not_blame_the_broker_asked_nor_suggest_dev() {
+        let source = ClientError::Connect {
+            addr: "127.0.0.1:4041".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        let line = CliError::client("produce", "127.0.0.1:4040", source).to_string();
+        assert!(
+            line.contains("sent this request to 127.0.0.1:4041"),
+            "{line}"
+        );
+        assert!(!line.contains("malachi dev"), "{line}");
+        let source = ClientError::Connect {
+            addr: "127.0.0.1:4040".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        let line = CliError::client("produce", "127.0.0.1:4040", source).to_string();
+        assert!(
+            line.contains("cannot reach a broker at 127.0.0.1:4040"),
+            "{line}"
+        );
     }
 
     #[test]
