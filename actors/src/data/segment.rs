@@ -240,7 +240,17 @@ impl Actor for SegmentActor {
                 bytes,
                 producer,
                 reply,
-            } => self.append(myself, state, permit, records, bytes, producer, reply),
+            } => self.append(
+                myself,
+                state,
+                Appending {
+                    permit,
+                    records,
+                    bytes,
+                    producer,
+                    reply,
+                },
+            ),
             SegmentMsg::CheckRoll => self.check_roll(myself, state)?,
             SegmentMsg::RollFailed => state.rolling = false,
             SegmentMsg::ProducersStale => state.producers_stale = true,
@@ -306,17 +316,24 @@ impl Actor for SegmentActor {
     }
 }
 
+/// The fields of one `SegmentMsg::Append`.
+struct Appending {
+    permit: Permit,
+    records: Arc<Vec<IncomingRecord>>,
+    bytes: u64,
+    producer: Option<ProducerTag>,
+    reply: AppendReply,
+}
+
 impl SegmentActor {
-    fn append(
-        &self,
-        myself: ActorRef<SegmentMsg>,
-        state: &mut SegmentState,
-        permit: Permit,
-        records: Arc<Vec<IncomingRecord>>,
-        bytes: u64,
-        producer: Option<ProducerTag>,
-        reply: AppendReply,
-    ) {
+    fn append(&self, myself: ActorRef<SegmentMsg>, state: &mut SegmentState, append: Appending) {
+        let Appending {
+            permit,
+            records,
+            bytes,
+            producer,
+            reply,
+        } = append;
         if state.rolling {
             let _ = reply.send(Err(AppendError::Rolled));
             return;

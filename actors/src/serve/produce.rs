@@ -208,10 +208,7 @@ impl Sequencer {
             let mut moved = false;
             let ranges: Vec<RangeId> = self.lanes.keys().copied().collect();
             for range in ranges {
-                loop {
-                    let Some(lane) = self.lanes.get(&range) else {
-                        break;
-                    };
+                while let Some(lane) = self.lanes.get(&range) {
                     let Some((&ticket, _)) = lane.waiting.first_key_value() else {
                         break;
                     };

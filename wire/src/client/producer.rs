@@ -421,9 +421,10 @@ impl Producer {
             };
             return Err(self.fail(&error));
         }
-        let template = self.queue.remove(i).expect("entry i exists");
-        let mut at = i;
-        for (range, (records, ordinals)) in groups {
+        let Some(template) = self.queue.remove(i) else {
+            return Ok(false);
+        };
+        for (at, (range, (records, ordinals))) in (i..).zip(groups) {
             let sequence = self.next_sequence.entry(range).or_insert(0);
             let assigned = (range, *sequence, self.identity.epoch);
             *sequence += 1;
@@ -448,7 +449,6 @@ impl Producer {
             };
             self.next_entry += 1;
             self.queue.insert(at, entry);
-            at += 1;
         }
         Ok(true)
     }
