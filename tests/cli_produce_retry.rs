@@ -1,0 +1,360 @@
+//! `malachi produce` as users run it, against a broker process (ADR 0092):
+//! with its default flags, reading stdin while the broker is SIGKILLed and
+//! restarted, it retries and exits 0 with every line stored exactly once
+//! and in per-key order; with a wide window and large batches it keeps
+//! per-key order and exactly-once; and a refusal it must not retry (a value
+//! over the broker's limit) stops it with a summary that names exactly the
+//! lines acknowledged before the refusal.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{BIN, BrokerProcess, err, free_port, malachi, ok, out};
+use serde_json::Value;
+
+/// A broker on fixed addresses, so it can be restarted where clients expect it.
+struct Running {
+    broker: BrokerProcess,
+    data: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start() -> Running {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let client = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
+        let broker = BrokerProcess::start_on(&data, &client, &admin);
+        Running {
+            broker,
+            data,
+            _dir: dir,
+        }
+    }
+
+    fn addr(&self) -> String {
+        self.broker.client_addr.clone()
+    }
+
+    fn kill9_and_restart(&mut self, down_for: Duration) {
+        self.broker.kill9();
+        std::thread::sleep(down_for);
+        let client = self.broker.client_addr.clone();
+        let admin = self.broker.admin_addr.clone();
+        self.broker = BrokerProcess::start_on(&self.data, &client, &admin);
+    }
+}
+
+/// `malachi ARGS` with stdin left open for the test to write.
+fn spawn_malachi(broker: &str, args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .env("MALACHI_BROKER", broker)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the child at most `limit`, killing it past that.
+fn wait_output(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "malachi did not exit within {limit:?}; stdout: {} stderr: {}",
+                out(&output),
+                err(&output)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// Input line `i` (0-based) of a keyed sequence over `keys` keys.
+fn keyed_line(i: u64, keys: u64) -> String {
+    format!("k{}\t{}\n", i % keys, i / keys)
+}
+
+/// The whole topic from the start, as (key, value) in log order.
+fn consume_all(broker: &str, topic: &str) -> Vec<(String, String)> {
+    let output = ok(malachi(
+        broker,
+        &["consume", topic, "--from-start", "--json"],
+        "",
+    ));
+    let lines = json_lines(&out(&output));
+    let (last, records) = lines.split_last().expect("at least the cursor line");
+    assert!(last["cursor"].is_string(), "the last line is the cursor");
+    records
+        .iter()
+        .map(|r| {
+            (
+                r["key"].as_str().unwrap().to_owned(),
+                r["value"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The records are input lines `0..lines` of a keyed sequence over `keys`
+/// keys: under each key, its values 0, 1, 2, ... in order, each once.
+fn assert_keyed_sequences(records: &[(String, String)], keys: u64, lines: u64) {
+    let mut next: HashMap<&str, u64> = HashMap::new();
+    for (at, (key, value)) in records.iter().enumerate() {
+        let expected = next.entry(key.as_str()).or_default();
+        let got: u64 = value.parse().unwrap_or_else(|_| panic!("value {value:?}"));
+        assert_eq!(
+            got, *expected,
+            "record {at}: key {key} has {got} where {expected} comes next (a duplicate, gap or reordering)"
+        );
+        *expected += 1;
+    }
+    for k in 0..keys {
+        let per_key = lines / keys + u64::from(k < lines % keys);
+        let key = format!("k{k}");
+        assert_eq!(
+            next.get(key.as_str()).copied().unwrap_or(0),
+            per_key,
+            "records read under {key}"
+        );
+    }
+    assert_eq!(records.len() as u64, lines, "records read in all");
+}
+
+#[test]
+fn default_produce_from_stdin_outlasts_a_kill_9_and_stores_every_line_once_in_key_order() {
+    const LINES: u64 = 20_000;
+    const KEYS: u64 = 50;
+    const CHUNK: u64 = 100;
+    let mut running = Running::start();
+    let b = running.addr();
+    ok(malachi(&b, &["topic", "create", "cli-kill9"], ""));
+
+    let mut child = spawn_malachi(&b, &["produce", "cli-kill9", "--timeout-ms", "30000"]);
+    let mut stdin = child.stdin.take().unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let written = written.clone();
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while i < LINES {
+                let mut chunk = String::new();
+                for j in i..(i + CHUNK).min(LINES) {
+                    chunk.push_str(&keyed_line(j, KEYS));
+                }
+                stdin.write_all(chunk.as_bytes()).unwrap();
+                stdin.flush().unwrap();
+                i = (i + CHUNK).min(LINES);
+                written.store(i, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Dropping stdin ends the input.
+        })
+    };
+    // Kill in the middle of the input.
+    while written.load(Ordering::Relaxed) < LINES * 2 / 5 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    running.kill9_and_restart(Duration::from_millis(300));
+    let at_restart = written.load(Ordering::Relaxed);
+    writer.join().unwrap();
+    let output = wait_output(child, Duration::from_secs(60));
+    println!("broker restarted with {at_restart} of {LINES} lines written");
+    let output = ok(output);
+    assert_eq!(
+        out(&output),
+        format!("{LINES} of {LINES} records acknowledged by cli-kill9\n"),
+        "stderr: {}",
+        err(&output)
+    );
+    assert!(
+        at_restart < LINES,
+        "the restart came after all input was written"
+    );
+
+    let records = consume_all(&b, "cli-kill9");
+    assert_keyed_sequences(&records, KEYS, LINES);
+}
+
+#[test]
+fn a_wide_window_of_large_batches_keeps_key_order_and_stores_each_record_once() {
+    const LINES: u64 = 100_000;
+    const KEYS: u64 = 100;
+    let running = Running::start();
+    let b = running.addr();
+    ok(malachi(&b, &["topic", "create", "cli-window"], ""));
+    let input: String = (0..LINES)
+        .map(|i| format!("{{\"key\":\"k{}\",\"value\":\"{}\"}}\n", i % KEYS, i / KEYS))
+        .collect();
+    let started = Instant::now();
+    let output = ok(malachi(
+        &b,
+        &[
+            "produce",
+            "cli-window",
+            "--window",
+            "64",
+            "--batch-records",
+            "1000",
+            "--json",
+        ],
+        &input,
+    ));
+    println!("produced {LINES} records in {:?}", started.elapsed());
+    let summary = &json_lines(&out(&output))[0];
+    assert_eq!(summary["records_sent"], LINES);
+    assert_eq!(summary["records_acknowledged"], LINES);
+    assert_eq!(
+        summary["acknowledged_lines"],
+        serde_json::json!([[1, LINES]])
+    );
+    assert!(summary.get("error").is_none(), "{summary}");
+
+    let records = consume_all(&b, "cli-window");
+    assert_keyed_sequences(&records, KEYS, LINES);
+}
+
+/// The value limit of a broker with the default configuration.
+const VALUE_BYTES_MAX: usize = 1 << 20;
+
+/// Produces `before` keyed lines, waits until the broker stored them all
+/// (so the command line has sent and flushed them: nothing else is in
+/// flight), then a line whose value is over the broker's limit and `after`
+/// more lines. Returns the command's output.
+fn produce_with_an_oversized_line(
+    b: &str,
+    topic: &str,
+    before: u64,
+    after: u64,
+    json: bool,
+) -> Output {
+    let mut args = vec!["produce", topic];
+    if json {
+        args.push("--json");
+    }
+    let mut child = spawn_malachi(b, &args);
+    let mut stdin = child.stdin.take().unwrap();
+    let line = |i: u64| {
+        if json {
+            format!("{{\"key\":\"k{}\",\"value\":\"{}\"}}\n", i % 10, i / 10)
+        } else {
+            keyed_line(i, 10)
+        }
+    };
+    let head: String = (0..before).map(line).collect();
+    stdin.write_all(head.as_bytes()).unwrap();
+    stdin.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stored = consume_all(b, topic).len() as u64;
+        if stored == before {
+            break;
+        }
+        assert!(
+            stored < before && Instant::now() < deadline,
+            "{stored} of {before} stored"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let big = "x".repeat(VALUE_BYTES_MAX + 1);
+    let big_line = if json {
+        format!("{{\"key\":\"k0\",\"value\":\"{big}\"}}\n")
+    } else {
+        format!("k0\t{big}\n")
+    };
+    let tail: String = (before..before + after).map(line).collect();
+    // The command may stop reading once it is refused: a broken pipe is fine.
+    let _ = stdin.write_all(big_line.as_bytes());
+    let _ = stdin.write_all(tail.as_bytes());
+    drop(stdin);
+    wait_output(child, Duration::from_secs(30))
+}
+
+#[test]
+fn a_value_over_the_limit_stops_produce_with_the_lines_acknowledged_before_it() {
+    const BEFORE: u64 = 1_234;
+    let running = Running::start();
+    let b = running.addr();
+    ok(malachi(&b, &["topic", "create", "cli-too-large"], ""));
+    let output = produce_with_an_oversized_line(&b, "cli-too-large", BEFORE, 300, true);
+    assert!(!output.status.success(), "stdout: {}", out(&output));
+    assert_ne!(output.status.code(), Some(2), "{}", err(&output));
+    let lines = json_lines(&out(&output));
+    assert_eq!(lines.len(), 1, "one summary: {}", out(&output));
+    let summary = &lines[0];
+    assert_eq!(summary["topic"], "cli-too-large");
+    assert_eq!(summary["records_acknowledged"], BEFORE, "{summary}");
+    assert_eq!(
+        summary["acknowledged_lines"],
+        serde_json::json!([[1, BEFORE]]),
+        "{summary}"
+    );
+    let sent = summary["records_sent"].as_u64().unwrap();
+    assert!(sent > BEFORE, "the oversized record was sent: {summary}");
+    let error = summary["error"].as_str().unwrap();
+    assert!(
+        error.contains("over the limit") || error.contains("too large"),
+        "{error}"
+    );
+    assert!(
+        err(&output).contains(&format!(
+            "{BEFORE} of {sent} records were acknowledged before the error"
+        )),
+        "{}",
+        err(&output)
+    );
+    // What the summary says was acknowledged is what the topic holds.
+    let records = consume_all(&b, "cli-too-large");
+    assert_eq!(records.len() as u64, BEFORE);
+    assert_keyed_sequences(&records, 10, BEFORE);
+}
+
+#[test]
+fn in_text_mode_a_refusal_says_how_many_records_were_acknowledged() {
+    const BEFORE: u64 = 700;
+    let running = Running::start();
+    let b = running.addr();
+    ok(malachi(&b, &["topic", "create", "cli-too-large-text"], ""));
+    let output = produce_with_an_oversized_line(&b, "cli-too-large-text", BEFORE, 50, false);
+    assert!(!output.status.success(), "stdout: {}", out(&output));
+    assert_ne!(output.status.code(), Some(2), "{}", err(&output));
+    assert_eq!(out(&output), "", "nothing on stdout when it fails");
+    let stderr = err(&output);
+    let counted = stderr
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(&format!("malachi: {BEFORE} of "))?;
+            rest.strip_suffix(" records were acknowledged before the error")
+        })
+        .unwrap_or_else(|| panic!("no acknowledged count line: {stderr}"));
+    let sent: u64 = counted.parse().unwrap();
+    assert!(sent > BEFORE, "{stderr}");
+    assert!(
+        stderr.contains("over the limit"),
+        "the refusal is named: {stderr}"
+    );
+    assert_eq!(consume_all(&b, "cli-too-large-text").len() as u64, BEFORE);
+}
