@@ -3,8 +3,8 @@
 //! restarted, it retries and exits 0 with every line stored exactly once
 //! and in per-key order; with a wide window and large batches it keeps
 //! per-key order and exactly-once; and a refusal it must not retry (a value
-//! over the broker's limit) stops it with a summary that names exactly the
-//! lines acknowledged before the refusal.
+//! over the broker's limit, a topic deleted under it) stops it with a
+//! summary that names exactly the lines acknowledged before the refusal.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -174,15 +174,19 @@ fn default_produce_from_stdin_outlasts_a_kill_9_and_stores_every_line_once_in_ke
             // Dropping stdin ends the input.
         })
     };
-    // Kill in the middle of the input.
-    while written.load(Ordering::Relaxed) < LINES * 2 / 5 {
-        std::thread::sleep(Duration::from_millis(5));
+    // Kill twice in the middle of the input.
+    let mut at_restarts = Vec::new();
+    for fifths in [1, 3] {
+        while written.load(Ordering::Relaxed) < LINES * fifths / 5 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        running.kill9_and_restart(Duration::from_millis(300));
+        at_restarts.push(written.load(Ordering::Relaxed));
     }
-    running.kill9_and_restart(Duration::from_millis(300));
-    let at_restart = written.load(Ordering::Relaxed);
+    let at_restart = *at_restarts.last().unwrap();
     writer.join().unwrap();
     let output = wait_output(child, Duration::from_secs(60));
-    println!("broker restarted with {at_restart} of {LINES} lines written");
+    println!("broker restarted with {at_restarts:?} of {LINES} lines written");
     let output = ok(output);
     assert_eq!(
         out(&output),
@@ -192,7 +196,7 @@ fn default_produce_from_stdin_outlasts_a_kill_9_and_stores_every_line_once_in_ke
     );
     assert!(
         at_restart < LINES,
-        "the restart came after all input was written"
+        "the last restart came after all input was written"
     );
 
     let records = consume_all(&b, "cli-kill9");
@@ -357,4 +361,116 @@ fn in_text_mode_a_refusal_says_how_many_records_were_acknowledged() {
         "the refusal is named: {stderr}"
     );
     assert_eq!(consume_all(&b, "cli-too-large-text").len() as u64, BEFORE);
+}
+
+#[test]
+fn a_topic_deleted_mid_way_stops_produce_with_the_lines_acknowledged_before_it() {
+    const BEFORE: u64 = 2_500;
+    let running = Running::start();
+    let b = running.addr();
+    ok(malachi(&b, &["topic", "create", "cli-deleted"], ""));
+    let mut child = spawn_malachi(&b, &["produce", "cli-deleted", "--json"]);
+    let mut stdin = child.stdin.take().unwrap();
+    let line = |i: u64| format!("{{\"key\":\"k{}\",\"value\":\"{}\"}}\n", i % 10, i / 10);
+    let head: String = (0..BEFORE).map(line).collect();
+    stdin.write_all(head.as_bytes()).unwrap();
+    stdin.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stored = consume_all(&b, "cli-deleted").len() as u64;
+        if stored == BEFORE {
+            break;
+        }
+        assert!(
+            stored < BEFORE && Instant::now() < deadline,
+            "{stored} of {BEFORE} stored"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ok(malachi(&b, &["topic", "delete", "cli-deleted"], ""));
+    let tail: String = (BEFORE..BEFORE + 1_000).map(line).collect();
+    let _ = stdin.write_all(tail.as_bytes());
+    drop(stdin);
+    let output = wait_output(child, Duration::from_secs(30));
+    assert!(!output.status.success(), "stdout: {}", out(&output));
+    assert_ne!(output.status.code(), Some(2), "{}", err(&output));
+    let lines = json_lines(&out(&output));
+    assert_eq!(lines.len(), 1, "one summary: {}", out(&output));
+    let summary = &lines[0];
+    assert_eq!(summary["records_acknowledged"], BEFORE, "{summary}");
+    assert_eq!(
+        summary["acknowledged_lines"],
+        serde_json::json!([[1, BEFORE]]),
+        "{summary}"
+    );
+    let sent = summary["records_sent"].as_u64().unwrap();
+    assert!(sent > BEFORE, "{summary}");
+    let error = summary["error"].as_str().unwrap();
+    assert!(
+        error.contains("cli-deleted"),
+        "the error names the topic: {error}"
+    );
+    assert!(
+        err(&output).contains(&format!(
+            "{BEFORE} of {sent} records were acknowledged before the error"
+        )),
+        "{}",
+        err(&output)
+    );
+}
+
+#[test]
+fn a_wide_window_outlasts_a_kill_9_with_many_requests_in_flight() {
+    const LINES: u64 = 100_000;
+    const KEYS: u64 = 100;
+    const CHUNK: u64 = 5_000;
+    let mut running = Running::start();
+    let b = running.addr();
+    ok(malachi(&b, &["topic", "create", "cli-window-kill9"], ""));
+    let mut child = spawn_malachi(
+        &b,
+        &[
+            "produce",
+            "cli-window-kill9",
+            "--window",
+            "64",
+            "--batch-records",
+            "1000",
+            "--timeout-ms",
+            "30000",
+        ],
+    );
+    let mut stdin = child.stdin.take().unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let written = written.clone();
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while i < LINES {
+                let chunk: String = (i..(i + CHUNK).min(LINES))
+                    .map(|j| keyed_line(j, KEYS))
+                    .collect();
+                stdin.write_all(chunk.as_bytes()).unwrap();
+                i = (i + CHUNK).min(LINES);
+                written.store(i, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    while written.load(Ordering::Relaxed) < LINES / 2 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    running.kill9_and_restart(Duration::from_millis(200));
+    let at_restart = written.load(Ordering::Relaxed);
+    writer.join().unwrap();
+    let output = ok(wait_output(child, Duration::from_secs(60)));
+    println!("broker restarted with {at_restart} of {LINES} lines written");
+    assert_eq!(
+        out(&output),
+        format!("{LINES} of {LINES} records acknowledged by cli-window-kill9\n"),
+        "stderr: {}",
+        err(&output)
+    );
+    let records = consume_all(&b, "cli-window-kill9");
+    assert_keyed_sequences(&records, KEYS, LINES);
 }
