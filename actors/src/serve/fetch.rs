@@ -13,13 +13,13 @@ use malachi_wire::messages as wire;
 use tokio::time::Instant;
 
 use super::error::ServeError;
-use super::read::{active_plans, active_segments, read_topic, tail_positions};
+use super::read::{
+    active_plans, active_segments, read_topic, response_control_bytes, tail_positions,
+};
 use super::reply::{Failure, not_serving};
 use crate::control::metadata::{MetadataPlane, read_owner};
 use crate::control::shared::Shared;
 
-/// Room kept in a fetch response frame for its header and control map.
-const FETCH_CONTROL_BYTES: usize = 8 << 10;
 /// Records one store read returns at most.
 const READ_CHUNK_RECORDS: usize = 1024;
 
@@ -36,16 +36,18 @@ pub(crate) async fn fetch(
     // names clients make up), and before the first read, so a record made
     // durable between that read and the wait still wakes it.
     let mut durable = shared.watch_topic(&req.topic);
-    let batch_max = (req.bytes_max as usize).min(
-        shared
-            .config
-            .frame_bytes_max
-            .saturating_sub(FETCH_CONTROL_BYTES),
-    );
+    let frame_max = shared.config.frame_bytes_max;
     loop {
         // Plans are cloned under the metadata lock; the disk is read without it.
         let plans = read_owner(plane.as_ref(), &topic, |state| active_plans(state, &topic));
-        let mut builder = BatchBuilder::with_capacity(batch_max, batch_max);
+        // The frame keeps room for a cursor over every range; the block gets
+        // the rest. `bytes_max` bounds the block too, except that a first
+        // record larger than it comes alone (within the frame), so a big
+        // record never stalls a reader.
+        let control = response_control_bytes(&topic, plans.len());
+        let frame_room = frame_max.saturating_sub(control);
+        let batch_max = (req.bytes_max as usize).min(frame_room);
+        let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
         let outcome = tokio::task::block_in_place(|| {
             read_topic(
                 &plans,
@@ -56,7 +58,8 @@ pub(crate) async fn fetch(
                 batch_max,
                 READ_CHUNK_RECORDS,
             )
-        })?;
+        })
+        .map_err(|e| e.refusal(frame_max, control))?;
         let (batch, positions, records, bytes) = (
             builder.finish(),
             outcome.positions,

@@ -2,6 +2,12 @@
 //! ancestors oldest first, then the range itself), drained from the stored
 //! segment copies within a record and byte budget.
 //!
+//! No budget may leave a reader with nothing while records wait for it: the
+//! first record of a read is taken even if it alone is over the byte budget
+//! (a fetch's `bytes_max`, a subscription's byte credit), within the room
+//! of a response frame; one that does not fit even there is a typed error
+//! ([`ReadError::RecordTooLarge`]), never an empty answer.
+//!
 //! Positions are range offsets (`segment.start_offset` plus the record's
 //! offset within its segment), as the cursor codec validates them. A reader
 //! of an active segment sees what the store holds durably: acknowledged
@@ -9,12 +15,16 @@
 
 use std::collections::BTreeMap;
 
-use malachi_cluster::cursor::Position;
+use malachi_cluster::cursor::{CURSOR_BODY_BYTES_MAX, CURSOR_TAG_BYTES, Position};
 use malachi_cluster::model::{MetadataState, RangeId, ReadPlan, SegmentId, position};
 use std::ops::ControlFlow;
 
 use malachi_storage::{FileStore, FrameView, SegmentStore, StorageError};
-use malachi_wire::batch::{BatchBuilder, BatchError, RecordRef};
+use malachi_wire::WireError;
+use malachi_wire::batch::{BatchBuilder, BatchError, RecordRef, varint_bytes};
+use malachi_wire::frame::RESPONSE_HEADER_BYTES;
+
+use super::error::ServeError;
 
 /// What one read pass produced.
 #[derive(Debug)]
@@ -22,8 +32,75 @@ pub(crate) struct ReadOutcome {
     pub positions: BTreeMap<RangeId, Position>,
     pub records: u32,
     pub bytes: u64,
-    /// The batch refused a record for lack of room.
-    pub full: bool,
+}
+
+/// Why a read pass produced nothing to answer with.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    #[error(transparent)]
+    Store(#[from] StorageError),
+    /// The next record alone needs a larger block than a response frame has
+    /// room for (it was stored under a larger `frame_bytes_max`, say).
+    #[error(
+        "record at offset {offset} of segment {segment} needs a block of {block_bytes} bytes; a response frame has room for {room_bytes}"
+    )]
+    RecordTooLarge {
+        segment: SegmentId,
+        offset: u64,
+        block_bytes: usize,
+        room_bytes: usize,
+    },
+}
+
+impl ReadError {
+    /// The refusal a client sees: a record too large for any response is
+    /// `frame_too_large`, naming the frame it would need (its block plus
+    /// `control_bytes`) and the limit.
+    pub(crate) fn refusal(self, frame_bytes_max: usize, control_bytes: usize) -> ServeError {
+        match self {
+            ReadError::Store(e) => ServeError::Read(e),
+            ReadError::RecordTooLarge {
+                segment,
+                offset,
+                block_bytes,
+                room_bytes,
+            } => {
+                tracing::warn!(
+                    %segment, offset, block_bytes, room_bytes, frame_bytes_max,
+                    "a stored record is too large for a response frame; raise frame_bytes_max to read past it"
+                );
+                ServeError::Decode(WireError::FrameTooLarge {
+                    declared_bytes: block_bytes.saturating_add(control_bytes),
+                    frame_bytes_max,
+                })
+            }
+        }
+    }
+}
+
+/// Bytes a response's control map takes besides its cursor (field names,
+/// string and map headers, a sequence number and flags), with slack.
+const CONTROL_FIELDS_BYTES: usize = 1 << 10;
+/// The most bytes one range's entry takes in a cursor body (a
+/// `(range, Position::At { segment, offset })` entry of three u64 and the
+/// variant's tag, with slack; a unit test checks it).
+const CURSOR_POSITION_BYTES_MAX: usize = 48;
+/// The most bytes a cursor body takes besides its positions and topic name.
+const CURSOR_BODY_FIXED_BYTES: usize = 32;
+
+/// The most bytes a response frame about `ranges` ranges of `topic` needs
+/// besides its block: the frame header and a control map whose cursor has
+/// one entry per range. A fetch or push keeps this much of
+/// `frame_bytes_max` for them, so the frame it answers with always fits,
+/// however many ranges the topic has.
+pub(crate) fn response_control_bytes(topic: &str, ranges: usize) -> usize {
+    let body = ranges
+        .saturating_mul(CURSOR_POSITION_BYTES_MAX)
+        .saturating_add(CURSOR_BODY_FIXED_BYTES + topic.len())
+        .min(CURSOR_BODY_BYTES_MAX);
+    // Version byte, body and tag, in unpadded base64.
+    let cursor = (1 + body + CURSOR_TAG_BYTES).div_ceil(3) * 4;
+    RESPONSE_HEADER_BYTES + CONTROL_FIELDS_BYTES + cursor
 }
 
 fn store_id(segment: SegmentId) -> malachi_storage::SegmentId {
@@ -116,8 +193,12 @@ pub(crate) fn position_for(plan: &ReadPlan, cursor: &BTreeMap<RangeId, Position>
 }
 
 /// Reads every plan (one per active range) from `start` into `out`, at most
-/// `records_max` records; the builder bounds the bytes. Returns the
-/// positions reached (only past records that made it into `out`).
+/// `records_max` records and at most `batch_bytes_max` block bytes, except
+/// that the first record is taken alone if it is larger: `out`'s own limit
+/// (the room of a response frame) is the only bound it must meet, and if it
+/// does not, the read fails with [`ReadError::RecordTooLarge`]. So a read
+/// with a record available returns at least one. Returns the positions
+/// reached (only past records that made it into `out`).
 pub(crate) fn read_topic(
     plans: &[ReadPlan],
     store: &FileStore,
@@ -126,10 +207,11 @@ pub(crate) fn read_topic(
     out: &mut BatchBuilder,
     batch_bytes_max: usize,
     read_chunk_records: usize,
-) -> Result<ReadOutcome, StorageError> {
+) -> Result<ReadOutcome, ReadError> {
     let mut positions = BTreeMap::new();
     let mut records = 0u32;
     let mut bytes = 0u64;
+    // The budget refused a record: nothing more goes in.
     let mut full = false;
     for plan in plans {
         let mut pos = position_for(plan, start);
@@ -178,6 +260,7 @@ pub(crate) fn read_topic(
             // Each stored record is encoded straight from the store's read
             // buffer into the block: one copy, no allocation per record.
             let mut refused: Option<BatchError> = None;
+            let mut too_large: Option<ReadError> = None;
             let mut past_end = false;
             let taken = read_copy(
                 store,
@@ -198,9 +281,31 @@ pub(crate) fn read_topic(
                             value: view.value,
                             headers: client_headers(&view.headers),
                         };
-                        if let Err(e) = out.push_ref(record) {
-                            refused = Some(e);
+                        // The budget binds from the second record on: the
+                        // first goes alone if it is larger.
+                        if out.count() > 0 && grown_block_bytes(out, &record) > batch_bytes_max {
+                            full = true;
                             return ControlFlow::Break(());
+                        }
+                        match out.push_ref(record) {
+                            Ok(()) => {}
+                            Err(BatchError::Full {
+                                block_bytes,
+                                batch_bytes_max: room_bytes,
+                                ..
+                            }) if out.count() == 0 => {
+                                too_large = Some(ReadError::RecordTooLarge {
+                                    segment: span.segment,
+                                    offset: at,
+                                    block_bytes,
+                                    room_bytes,
+                                });
+                                return ControlFlow::Break(());
+                            }
+                            Err(e) => {
+                                refused = Some(e);
+                                return ControlFlow::Break(());
+                            }
                         }
                         records += 1;
                         bytes += (view.key.len() + view.value.len()) as u64;
@@ -210,18 +315,22 @@ pub(crate) fn read_topic(
                     ControlFlow::Continue(())
                 },
             )?;
+            if let Some(e) = too_large {
+                return Err(e);
+            }
             match refused {
                 None => {}
+                // Only if the budget is above the frame's room.
                 Some(BatchError::Full { .. }) => full = true,
                 Some(e) => {
-                    return Err(StorageError::Config {
+                    return Err(ReadError::Store(StorageError::Config {
                         reason: leak_reason(e),
-                    });
+                    }));
                 }
             }
             if past_end {
                 offset = span.end_offset.unwrap_or(offset);
-            } else if taken == 0 && refused.is_none() {
+            } else if taken == 0 && refused.is_none() && !full {
                 if span.end_offset.is_some() {
                     // A sealed copy shorter than its seal: skip what it lacks
                     // rather than spin (the scrubber repairs such copies).
@@ -241,8 +350,16 @@ pub(crate) fn read_topic(
         positions,
         records,
         bytes,
-        full,
     })
+}
+
+/// The block `out` would be with `record` added.
+fn grown_block_bytes<H: malachi_wire::batch::HeaderParts>(
+    out: &BatchBuilder,
+    record: &RecordRef<'_, H>,
+) -> usize {
+    let count = u64::from(out.count());
+    out.encoded_bytes() - varint_bytes(count) + varint_bytes(count + 1) + record.encoded_bytes()
 }
 
 fn leak_reason(_e: BatchError) -> &'static str {
@@ -256,5 +373,275 @@ fn client_headers<'a, 'b>(headers: &'b [(&'a str, &'a [u8])]) -> &'b [(&'a str, 
     match headers.split_last() {
         Some(((name, _), rest)) if *name == malachi_wire::limits::PRODUCER_HEADER => rest,
         _ => headers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use malachi_cluster::cursor::{Cursor, CursorKey};
+    use malachi_cluster::model::{Band, ReadSlice, SegmentSpan};
+    use malachi_storage::{Record, StoreConfig};
+    use malachi_wire::Message;
+    use malachi_wire::messages::{FetchResponse, SubscribePush};
+
+    const ROOM: usize = 1 << 20;
+    const BUDGET: usize = 64;
+
+    fn store(dir: &tempfile::TempDir) -> FileStore {
+        FileStore::open_dir(dir.path().join("segments"), StoreConfig::default()).unwrap()
+    }
+
+    fn append(store: &FileStore, segment: u64, records: &[(&str, usize)]) {
+        let id = malachi_storage::SegmentId(segment);
+        if store.info(id).is_err() {
+            store.open(id).unwrap();
+        }
+        let records: Vec<_> = records
+            .iter()
+            .map(|&(key, value_bytes)| Record::new(1, key, vec![b'v'; value_bytes]))
+            .collect();
+        store.append(id, &records).unwrap().wait().unwrap();
+    }
+
+    fn span(segment: u64, start_offset: u64, end_offset: Option<u64>) -> SegmentSpan {
+        SegmentSpan {
+            segment: SegmentId(segment),
+            start_offset,
+            end_offset,
+            replicas: Vec::new(),
+        }
+    }
+
+    fn slice(range: u64, band: Band, segments: Vec<SegmentSpan>) -> ReadSlice {
+        ReadSlice {
+            range: RangeId(range),
+            band,
+            sealed: segments.iter().all(|s| s.end_offset.is_some()),
+            segments,
+        }
+    }
+
+    /// What a read returned: each record's key and value length.
+    type Page = Vec<(Vec<u8>, usize)>;
+    type Positions = BTreeMap<RangeId, Position>;
+
+    /// One read as a fetch does it: `room` for the block, `budget` asked.
+    fn read(
+        store: &FileStore,
+        plans: &[ReadPlan],
+        start: &BTreeMap<RangeId, Position>,
+        records_max: u32,
+        room: usize,
+        budget: usize,
+    ) -> Result<(Page, Positions), ReadError> {
+        let mut out = BatchBuilder::with_capacity(room, budget);
+        let outcome = read_topic(plans, store, start, records_max, &mut out, budget, 1024)?;
+        let batch = out.finish();
+        assert_eq!(batch.count(), outcome.records);
+        let records = batch
+            .records()
+            .into_iter()
+            .map(|r| (r.key.to_vec(), r.value.len()))
+            .collect();
+        Ok((records, outcome.positions))
+    }
+
+    /// Reads from the start until a read returns nothing, as a reader
+    /// following its cursor does; every read that returns records must
+    /// move the cursor.
+    fn drain(store: &FileStore, plans: &[ReadPlan], records_max: u32, budget: usize) -> Vec<Page> {
+        let mut cursor = BTreeMap::new();
+        let mut reads = Vec::new();
+        for _ in 0..100 {
+            let (records, next) = read(store, plans, &cursor, records_max, ROOM, budget).unwrap();
+            if records.is_empty() {
+                return reads;
+            }
+            assert_ne!(next, cursor, "records came but the cursor did not move");
+            cursor = next;
+            reads.push(records);
+        }
+        panic!("the reader never reached the end");
+    }
+
+    fn key_in(band: Band, inside: bool) -> String {
+        (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| band.contains(position(k.as_bytes())) == inside)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_first_record_over_the_byte_budget_comes_alone_and_the_cursor_moves_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        append(&store, 1, &[("a", 8), ("b", 4 * BUDGET), ("c", 8)]);
+        let plans = [ReadPlan {
+            range: RangeId(1),
+            slices: vec![slice(1, Band::FULL, vec![span(1, 0, None)])],
+        }];
+        let reads = drain(&store, &plans, 100, BUDGET);
+        assert_eq!(
+            reads,
+            vec![
+                vec![(b"a".to_vec(), 8)],
+                vec![(b"b".to_vec(), 4 * BUDGET)],
+                vec![(b"c".to_vec(), 8)],
+            ]
+        );
+    }
+
+    #[test]
+    fn the_record_budget_and_a_budget_of_one_byte_still_return_every_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        append(&store, 1, &[("a", 8), ("b", 300), ("c", 8), ("d", 8)]);
+        let plans = [ReadPlan {
+            range: RangeId(1),
+            slices: vec![slice(1, Band::FULL, vec![span(1, 0, None)])],
+        }];
+        let one_record = drain(&store, &plans, 1, ROOM);
+        assert_eq!(one_record.len(), 4);
+        assert!(one_record.iter().all(|read| read.len() == 1));
+        let one_byte = drain(&store, &plans, 100, 1);
+        assert_eq!(one_byte, one_record);
+    }
+
+    #[test]
+    fn big_records_cross_sealed_ancestors_and_band_filters_one_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let half = Band::new(0, 63).unwrap();
+        let (inside, outside) = (key_in(half, true), key_in(half, false));
+        // The ancestor's sealed segment holds keys of both halves; the child
+        // reads only its half of it, then its own segment.
+        append(
+            &store,
+            1,
+            &[
+                (&outside, 4 * BUDGET),
+                (&inside, 4 * BUDGET),
+                (&outside, 8),
+                (&inside, 8),
+                (&outside, 4 * BUDGET),
+            ],
+        );
+        append(&store, 2, &[(&inside, 4 * BUDGET), (&inside, 8)]);
+        let plans = [ReadPlan {
+            range: RangeId(2),
+            slices: vec![
+                slice(1, half, vec![span(1, 0, Some(5))]),
+                slice(2, half, vec![span(2, 0, None)]),
+            ],
+        }];
+        let key = inside.as_bytes().to_vec();
+        let reads = drain(&store, &plans, 100, BUDGET);
+        assert_eq!(
+            reads,
+            vec![
+                vec![(key.clone(), 4 * BUDGET)],
+                vec![(key.clone(), 8)],
+                vec![(key.clone(), 4 * BUDGET)],
+                vec![(key.clone(), 8)],
+            ]
+        );
+    }
+
+    #[test]
+    fn a_big_first_record_of_one_range_does_not_hide_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        append(&store, 1, &[("a", 4 * BUDGET)]);
+        append(&store, 2, &[("b", 8)]);
+        let plan = |range: u64| ReadPlan {
+            range: RangeId(range),
+            slices: vec![slice(range, Band::FULL, vec![span(range, 0, None)])],
+        };
+        let reads = drain(&store, &[plan(1), plan(2)], 100, BUDGET);
+        assert_eq!(
+            reads,
+            vec![vec![(b"a".to_vec(), 4 * BUDGET)], vec![(b"b".to_vec(), 8)]]
+        );
+    }
+
+    #[test]
+    fn a_record_too_large_for_the_frame_is_a_typed_error_not_an_empty_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        append(&store, 1, &[("a", 8), ("b", 4096)]);
+        let plans = [ReadPlan {
+            range: RangeId(1),
+            slices: vec![slice(1, Band::FULL, vec![span(1, 0, None)])],
+        }];
+        let room = 1024;
+        let (first, cursor) = read(&store, &plans, &BTreeMap::new(), 100, room, room).unwrap();
+        assert_eq!(first, vec![(b"a".to_vec(), 8)]);
+        let err = read(&store, &plans, &cursor, 100, room, room).unwrap_err();
+        let ReadError::RecordTooLarge {
+            segment,
+            offset,
+            block_bytes,
+            room_bytes,
+        } = err
+        else {
+            panic!("expected RecordTooLarge, got {err:?}");
+        };
+        assert_eq!((segment, offset, room_bytes), (SegmentId(1), 1, room));
+        assert!(block_bytes > 4096);
+        let refusal = ReadError::RecordTooLarge {
+            segment,
+            offset,
+            block_bytes,
+            room_bytes,
+        }
+        .refusal(room + 100, 100);
+        assert_eq!(refusal.code(), malachi_wire::ErrorCode::FrameTooLarge);
+    }
+
+    #[test]
+    fn the_control_room_holds_the_largest_cursor_over_every_range() {
+        let key = CursorKey::new(&[7; 32]).unwrap();
+        let topic = "t".repeat(malachi_cluster::model::NAME_BYTES_MAX);
+        for ranges in [1usize, 2, 10, 100, 500, 800] {
+            let positions = (0..ranges as u64)
+                .map(|i| {
+                    let at = Position::At {
+                        segment: SegmentId(u64::MAX - i),
+                        offset: u64::MAX - i,
+                    };
+                    (RangeId(u64::MAX - i), at)
+                })
+                .collect();
+            let cursor = Cursor {
+                topic: topic.clone(),
+                incarnation: u64::MAX,
+                positions,
+            };
+            let next_cursor = cursor.encode(&key).unwrap();
+            let fetch = FetchResponse {
+                next_cursor: next_cursor.clone(),
+                records: Default::default(),
+            };
+            let push = SubscribePush {
+                sequence: u64::MAX,
+                next_cursor,
+                last: true,
+                records: Default::default(),
+            };
+            let room = response_control_bytes(&topic, ranges);
+            for (name, control) in [
+                ("fetch", fetch.encode_parts().unwrap().0),
+                ("push", push.encode_parts().unwrap().0),
+            ] {
+                assert!(
+                    RESPONSE_HEADER_BYTES + control.len() <= room,
+                    "{name} over {ranges} ranges: {} control bytes, room {room}",
+                    control.len()
+                );
+            }
+        }
     }
 }

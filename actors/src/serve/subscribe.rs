@@ -26,15 +26,13 @@ use tokio::sync::Notify;
 
 use super::error::ServeError;
 use super::fetch::start_positions;
-use super::read::{active_plans, read_topic};
+use super::read::{active_plans, read_topic, response_control_bytes};
 use super::reply::{Failure, Outbound, Reply, refusal_frame};
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
 
 /// Subscriptions one connection may hold at once.
 pub(crate) const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 16;
-/// Room kept in a push frame for its header and control map.
-const PUSH_CONTROL_BYTES: usize = 8 << 10;
 const READ_CHUNK_RECORDS: usize = 1024;
 
 #[derive(Debug, Default)]
@@ -240,11 +238,7 @@ impl PushTask {
             self.subscriptions.remove(self.id);
             return;
         }
-        let frame_room = self
-            .shared
-            .config
-            .frame_bytes_max
-            .saturating_sub(PUSH_CONTROL_BYTES);
+        let frame_max = self.shared.config.frame_bytes_max;
         loop {
             sequence += 1;
             if self.sub.cancelled.load(Ordering::SeqCst) {
@@ -280,35 +274,30 @@ impl PushTask {
                 let plans = read_owner(plane.as_ref(), &self.topic, |state| {
                     active_plans(state, &self.topic)
                 });
-                let read_with = |records_max: u32, batch_max: usize| {
-                    let mut builder = BatchBuilder::with_capacity(batch_max, batch_max);
-                    tokio::task::block_in_place(|| {
-                        read_topic(
-                            &plans,
-                            &self.shared.store,
-                            &positions,
-                            records_max,
-                            &mut builder,
-                            batch_max,
-                            READ_CHUNK_RECORDS,
-                        )
-                    })
-                    .map(|outcome| (builder.finish(), outcome))
-                };
-                let mut attempt =
-                    read_with(records_credit, (bytes_credit as usize).min(frame_room));
-                // A record larger than the byte credit goes alone, so it
-                // cannot stall the subscription.
-                if let Ok((_, outcome)) = &attempt
-                    && outcome.records == 0
-                    && outcome.full
-                {
-                    attempt = read_with(1, frame_room);
-                }
+                // The frame keeps room for a cursor over every range. A
+                // record larger than the byte credit goes alone (within the
+                // frame), so it cannot stall the subscription; one too large
+                // for any frame ends it with `frame_too_large`.
+                let control = response_control_bytes(&self.topic, plans.len());
+                let frame_room = frame_max.saturating_sub(control);
+                let batch_max = (bytes_credit as usize).min(frame_room);
+                let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
+                let attempt = tokio::task::block_in_place(|| {
+                    read_topic(
+                        &plans,
+                        &self.shared.store,
+                        &positions,
+                        records_credit,
+                        &mut builder,
+                        batch_max,
+                        READ_CHUNK_RECORDS,
+                    )
+                });
                 let (batch, outcome) = match attempt {
-                    Ok(read) => read,
+                    Ok(outcome) => (builder.finish(), outcome),
                     Err(e) => {
-                        let failed = refusal_frame(self.id, &ServeError::Read(e));
+                        let refusal = e.refusal(frame_max, control);
+                        let failed = refusal_frame(self.id, &refusal);
                         let _ = self.send(failed).await;
                         break;
                     }
