@@ -130,10 +130,41 @@ pub(crate) fn check_acknowledged(
     u32::try_from(acknowledged).map_err(|_| violation)
 }
 
+/// What a produce some range refused acknowledges: each range's part
+/// whole or not at all (a range never reports part of its part durable).
+/// `per_range` is (acknowledged, records) per range. Returns the count.
+pub(crate) fn check_partial(
+    per_range: impl IntoIterator<Item = (usize, usize)>,
+) -> Result<u32, Violation> {
+    let mut acknowledged: u64 = 0;
+    let mut requested: u64 = 0;
+    for (acked, records) in per_range {
+        requested += records as u64;
+        if acked != 0 && acked != records {
+            return Err(Violation::AcknowledgedCount {
+                acknowledged: acked as u64,
+                requested: records as u64,
+            });
+        }
+        acknowledged += acked as u64;
+    }
+    u32::try_from(acknowledged).map_err(|_| Violation::AcknowledgedCount {
+        acknowledged,
+        requested,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use malachi_storage::{SealInfo, SegmentId};
+
+    #[test]
+    fn a_refused_produce_acknowledges_whole_parts_only() {
+        assert_eq!(check_partial([(3, 3), (0, 2)]), Ok(3));
+        assert_eq!(check_partial([(0, 2)]), Ok(0));
+        assert!(check_partial([(1, 2)]).is_err());
+    }
 
     fn info(length: u64, sealed: Option<u64>) -> SegmentInfo {
         SegmentInfo {

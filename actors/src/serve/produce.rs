@@ -42,7 +42,7 @@ use crate::common::convert::IncomingRecord;
 use crate::control::metadata::read_owner;
 use crate::control::placement::serve_here;
 use crate::control::shared::Shared;
-use crate::data::invariants::{check_acknowledged, check_append, check_routed};
+use crate::data::invariants::{check_acknowledged, check_append, check_partial, check_routed};
 use crate::data::producers::{ProducerTag, Verdict};
 use crate::data::segment::{Ack, AppendError, SegmentMsg};
 
@@ -660,17 +660,26 @@ impl Sequencer {
             ranges,
             ..
         } = pending;
-        // A reply never reports more records durable than the request held,
-        // nor fewer than it made durable.
-        let acknowledged =
-            match check_acknowledged(requested, ranges.values().map(|t| t.acknowledged)) {
-                Ok(count) => count,
-                Err(violation) => panic!("produce to {topic}: {violation}"),
-            };
+        // Every record was routed to one range, and a reply never reports
+        // more records durable than the request held: all of them when no
+        // range refused its part, and never part of a range's part.
         let routed: usize = ranges.values().map(|t| t.records).sum();
         if let Err(violation) = check_routed(requested, std::iter::once(routed)) {
             panic!("produce to {topic}: {violation}");
         }
+        let refused = ranges.values().any(|t| t.error.is_some());
+        let acknowledged = if refused {
+            let parts = ranges.values().map(|t| (t.acknowledged, t.records));
+            match check_partial(parts) {
+                Ok(count) => count,
+                Err(violation) => panic!("produce to {topic}: {violation}"),
+            }
+        } else {
+            match check_acknowledged(requested, ranges.values().map(|t| t.acknowledged)) {
+                Ok(count) => count,
+                Err(violation) => panic!("produce to {topic}: {violation}"),
+            }
+        };
         let outcomes: Vec<wire::RangeOutcome> = ranges
             .iter()
             .map(|(range, tally)| wire::RangeOutcome {
