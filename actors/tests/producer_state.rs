@@ -253,3 +253,291 @@ async fn producer_state_survives_a_roll_and_a_restart() {
     assert_eq!(values(&fetched), values(&sent));
     broker.shutdown().await.unwrap();
 }
+
+/// Splits the topic's first range; its children, lower band first.
+async fn split(client: &mut TestClient, id: u64) -> (RangeDescription, RangeDescription) {
+    let split = client
+        .call(&SplitRangeRequest {
+            topic: TOPIC.into(),
+            range_id: id,
+        })
+        .await
+        .unwrap();
+    assert_eq!(split.children.len(), 2);
+    let lower = range(client, split.children[0]).await;
+    let upper = range(client, split.children[1]).await;
+    assert_eq!(lower.state, "active");
+    assert_eq!(upper.state, "active");
+    (lower, upper)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_children_of_a_split_fence_an_older_epoch_and_start_their_own_streams() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path())).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.create_topic(TOPIC).await;
+    let parent = first_range(&mut client).await;
+
+    // Epoch 9 writes to the parent, with keys of both halves.
+    let spread = |round: u64| -> Vec<Record> {
+        (0..10)
+            .map(|i| record(&format!("k{i}"), &format!("p{round}-{i}")))
+            .collect()
+    };
+    let mut sent = Vec::new();
+    for sequence in 0..2 {
+        stored(&mut client, parent, 9, sequence, &spread(sequence)).await;
+        sent.extend(spread(sequence));
+    }
+    let (lower, upper) = split(&mut client, parent).await;
+    let key_lower = key_in(&lower);
+    let key_upper = key_in(&upper);
+
+    for (child, key) in [(&lower, &key_lower), (&upper, &key_upper)] {
+        let zombie = records(key, &[format!("zombie-{}", child.id)]);
+        refused(
+            &mut client,
+            child.id,
+            5,
+            0,
+            &zombie,
+            ErrorCode::ProducerFenced,
+        )
+        .await;
+        // A child's own stream starts at 0; its retry is a duplicate, and
+        // its next batch must not skip.
+        let first = records(
+            key,
+            &[format!("c{}-0", child.id), format!("c{}-1", child.id)],
+        );
+        stored(&mut client, child.id, 9, 0, &first).await;
+        sent.extend(first.clone());
+        duplicate(&mut client, child.id, 9, 0, &first).await;
+        let skip = records(key, &[format!("skip-{}", child.id)]);
+        refused(&mut client, child.id, 9, 2, &skip, ErrorCode::SequenceGap).await;
+    }
+    // The parent's batches are still recognised, and its next one moved.
+    duplicate(&mut client, parent, 9, 1, &spread(1)).await;
+    refused(&mut client, parent, 9, 2, &spread(2), ErrorCode::Moved).await;
+    refused(
+        &mut client,
+        parent,
+        5,
+        2,
+        &spread(2),
+        ErrorCode::ProducerFenced,
+    )
+    .await;
+
+    let fetched = fetch_all(&mut client).await;
+    assert_eq!(fetched.len(), sent.len());
+    assert_eq!(by_key(&fetched), by_key(&sent));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_merged_range_fences_an_older_epoch_and_answers_retries_to_its_parents() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path())).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.create_topic(TOPIC).await;
+    let root = first_range(&mut client).await;
+    let (lower, upper) = split(&mut client, root).await;
+    let key_lower = key_in(&lower);
+    let key_upper = key_in(&upper);
+    let batch = |key: &str, name: &str| records(key, &[format!("{name}-a"), format!("{name}-b")]);
+
+    // Epoch 9 writes twice to the lower child, once to the upper.
+    let lower_0 = batch(&key_lower, "lower0");
+    let lower_1 = batch(&key_lower, "lower1");
+    let upper_0 = batch(&key_upper, "upper0");
+    stored(&mut client, lower.id, 9, 0, &lower_0).await;
+    stored(&mut client, lower.id, 9, 1, &lower_1).await;
+    stored(&mut client, upper.id, 9, 0, &upper_0).await;
+    let mut sent = [lower_0.clone(), lower_1.clone(), upper_0.clone()].concat();
+
+    let merged = client
+        .call(&MergeRangeRequest {
+            topic: TOPIC.into(),
+            range_id: lower.id,
+        })
+        .await
+        .unwrap();
+    assert_eq!(merged.parents, vec![lower.id, upper.id]);
+    let merged = merged.range_id;
+    assert_eq!(range(&mut client, merged).await.state, "active");
+
+    refused(
+        &mut client,
+        merged,
+        5,
+        0,
+        &batch(&key_lower, "zombie"),
+        ErrorCode::ProducerFenced,
+    )
+    .await;
+    let merged_0 = [batch(&key_lower, "merged0"), batch(&key_upper, "merged0")].concat();
+    stored(&mut client, merged, 9, 0, &merged_0).await;
+    sent.extend(merged_0.clone());
+    duplicate(&mut client, merged, 9, 0, &merged_0).await;
+    // Retries addressed to the old children: stored ones are duplicates,
+    // ones they never stored are `moved`.
+    duplicate(&mut client, lower.id, 9, 0, &lower_0).await;
+    duplicate(&mut client, lower.id, 9, 1, &lower_1).await;
+    duplicate(&mut client, upper.id, 9, 0, &upper_0).await;
+    let never = batch(&key_lower, "never");
+    refused(&mut client, lower.id, 9, 2, &never, ErrorCode::Moved).await;
+    let never_upper = batch(&key_upper, "never");
+    refused(&mut client, upper.id, 9, 1, &never_upper, ErrorCode::Moved).await;
+    let fetched = fetch_all(&mut client).await;
+    assert_eq!(fetched.len(), sent.len());
+    assert_eq!(by_key(&fetched), by_key(&sent));
+
+    // All of it survives a restart.
+    drop(client);
+    broker.shutdown().await.unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path())).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    refused(
+        &mut client,
+        merged,
+        5,
+        1,
+        &batch(&key_upper, "zombie"),
+        ErrorCode::ProducerFenced,
+    )
+    .await;
+    duplicate(&mut client, merged, 9, 0, &merged_0).await;
+    duplicate(&mut client, lower.id, 9, 1, &lower_1).await;
+    duplicate(&mut client, upper.id, 9, 0, &upper_0).await;
+    refused(&mut client, lower.id, 9, 2, &never, ErrorCode::Moved).await;
+    refused(&mut client, upper.id, 9, 1, &never_upper, ErrorCode::Moved).await;
+    let merged_1 = batch(&key_upper, "merged1");
+    stored(&mut client, merged, 9, 1, &merged_1).await;
+    sent.extend(merged_1.clone());
+    duplicate(&mut client, merged, 9, 1, &merged_1).await;
+    let fetched = fetch_all(&mut client).await;
+    assert_eq!(fetched.len(), sent.len());
+    assert_eq!(by_key(&fetched), by_key(&sent));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plain_produce_across_a_split_answers_once_per_range_in_range_order() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path())).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.create_topic(TOPIC).await;
+    let root = first_range(&mut client).await;
+
+    // One range: one outcome.
+    let before: Vec<_> = (0..10)
+        .map(|i| record(&format!("k{i}"), &format!("before-{i}")))
+        .collect();
+    let answer = client.call(&produce_request(TOPIC, &before)).await.unwrap();
+    assert_eq!(answer.records_acknowledged, 10);
+    assert_eq!(answer.ranges.len(), 1, "{answer:?}");
+    assert_eq!(answer.ranges[0].range, root);
+    assert_eq!(answer.ranges[0].records_acknowledged, 10);
+    assert_eq!(answer.ranges[0].error_code, 0);
+
+    let (lower, upper) = split(&mut client, root).await;
+    let spanning: Vec<_> = (0..50)
+        .map(|i| record(&format!("k{i}"), &format!("after-{i}")))
+        .collect();
+    let expected: Vec<(u64, u32)> = [&lower, &upper]
+        .into_iter()
+        .map(|r| {
+            let count = (0..50).filter(|i| in_band(r, &format!("k{i}"))).count();
+            (r.id, count as u32)
+        })
+        .filter(|(_, count)| *count > 0)
+        .collect();
+    assert_eq!(expected.len(), 2, "k0..k49 all fell in one half");
+    let answer = client
+        .call(&produce_request(TOPIC, &spanning))
+        .await
+        .unwrap();
+    assert_eq!(answer.records_acknowledged, 50);
+    let outcomes: Vec<(u64, u32)> = answer
+        .ranges
+        .iter()
+        .map(|o| (o.range, o.records_acknowledged))
+        .collect();
+    let mut in_order = expected.clone();
+    in_order.sort_unstable();
+    assert_eq!(outcomes, in_order, "{answer:?}");
+    for outcome in &answer.ranges {
+        assert_eq!(outcome.error_code, 0, "{outcome:?}");
+        assert!(!outcome.duplicate, "{outcome:?}");
+        assert_eq!(outcome.message, None, "{outcome:?}");
+    }
+    let total: u32 = answer.ranges.iter().map(|o| o.records_acknowledged).sum();
+    assert_eq!(total, answer.records_acknowledged);
+
+    let fetched = fetch_all(&mut client).await;
+    let sent = [before, spanning].concat();
+    assert_eq!(fetched.len(), sent.len());
+    assert_eq!(by_key(&fetched), by_key(&sent));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rust_producer_pipelines_100k_records_over_two_ranges_in_key_order_exactly_once() {
+    const RECORDS: u64 = 100_000;
+    const KEYS: u64 = 100;
+    const PER_BATCH: u64 = 100;
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path())).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.create_topic(TOPIC).await;
+    let root = first_range(&mut client).await;
+    let (lower, upper) = split(&mut client, root).await;
+    assert!((0..KEYS).any(|k| in_band(&lower, &format!("k{k}"))));
+    assert!((0..KEYS).any(|k| in_band(&upper, &format!("k{k}"))));
+
+    let started = std::time::Instant::now();
+    let wire = malachi_wire::client::Client::connect([broker.client_addr().to_string()])
+        .await
+        .unwrap();
+    let mut producer = wire.producer(TOPIC, 64);
+    for first in (0..RECORDS).step_by(PER_BATCH as usize) {
+        let mut builder = BatchBuilder::new(64 << 20);
+        for i in first..first + PER_BATCH {
+            builder
+                .push(&record(&format!("k{}", i % KEYS), &i.to_string()))
+                .unwrap();
+        }
+        producer.send(builder.finish()).await.unwrap();
+        assert!(producer.inflight() <= 64);
+    }
+    assert_eq!(producer.flush().await.unwrap(), RECORDS);
+    assert_eq!(producer.acknowledged_ordinals(), vec![(0, RECORDS)]);
+    let produced = started.elapsed();
+
+    let fetched = fetch_all(&mut client).await;
+    assert_eq!(fetched.len() as u64, RECORDS);
+    let grouped = by_key(&fetched);
+    assert_eq!(grouped.len() as u64, KEYS);
+    for (key, got) in grouped {
+        let key = String::from_utf8(key).unwrap();
+        let k: u64 = key.strip_prefix('k').unwrap().parse().unwrap();
+        let got: Vec<u64> = got
+            .iter()
+            .map(|v| std::str::from_utf8(v).unwrap().parse().unwrap())
+            .collect();
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "{key} is out of order");
+        let expected: Vec<u64> = (k..RECORDS).step_by(KEYS as usize).collect();
+        assert_eq!(got, expected, "{key} is not complete exactly once");
+    }
+    eprintln!(
+        "produced {RECORDS} records in {produced:?}, read back in {:?}",
+        started.elapsed() - produced
+    );
+    broker.shutdown().await.unwrap();
+}
