@@ -28,7 +28,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use malachi_cluster::model::{
-    Command, MetadataState, ModelError, NodeId, Outcome, RangeId, SealRecord, SegmentId,
+    Command, MetadataState, ModelError, NodeId, Outcome, Range, RangeId, SealRecord, SegmentId,
     SegmentState,
 };
 use malachi_cluster::ring::VnodeId;
@@ -394,17 +394,7 @@ impl CoordinatorState {
     fn active_segment(&self, topic: &str, range: RangeId) -> Result<SegmentId, CoordError> {
         let plane = self.shared.plane()?;
         read_owner(plane.as_ref(), topic, |state| {
-            let found = state
-                .range(range)
-                .filter(|r| r.topic == topic)
-                .ok_or_else(|| ModelError::NoSuchRange {
-                    topic: topic.to_string(),
-                    range,
-                })?;
-            if !found.is_active() {
-                return Err(ModelError::RangeNotActive { range }.into());
-            }
-            found
+            active_range(state, topic, range)?
                 .last_segment()
                 .ok_or_else(|| CoordError::Unexpected(format!("range {range} has no segment")))
         })
@@ -504,23 +494,19 @@ impl CoordinatorState {
         range: RangeId,
     ) -> Result<(RangeId, RangeId, RangeId), CoordError> {
         let plane = self.shared.plane()?;
-        let pair = read_owner(plane.as_ref(), &topic, |state| {
-            let found = state.range(range).filter(|r| r.topic == topic)?;
-            let buddy_band = found.band.buddy()?;
-            let buddy = state.active_ranges(&topic).find(|r| r.band == buddy_band)?;
-            Some(if found.band.start() < buddy.band.start() {
+        let (lower, upper) = read_owner(plane.as_ref(), &topic, |state| {
+            let found = active_range(state, &topic, range)?;
+            let buddy = found
+                .band
+                .buddy()
+                .and_then(|band| state.active_ranges(&topic).find(|r| r.band == band))
+                .ok_or(ModelError::NoBuddy { range })?;
+            Ok::<_, ModelError>(if found.band.start() < buddy.band.start() {
                 (found.id, buddy.id)
             } else {
                 (buddy.id, found.id)
             })
-        });
-        let Some((lower, upper)) = pair else {
-            return Err(ModelError::NotBuddies {
-                lower: range,
-                upper: range,
-            }
-            .into());
-        };
+        })?;
         let lower_segment = self.active_segment(&topic, lower)?;
         let upper_segment = self.active_segment(&topic, upper)?;
         let lower_seal = self.freeze(lower_segment).await?;
@@ -572,6 +558,31 @@ impl CoordinatorState {
         info!(topic = %topic, lower = lower.0, upper = upper.0, merged = merged.0, "ranges merged");
         Ok((lower, upper, merged))
     }
+}
+
+/// `range` of `topic`, if it is active; else why not, in the order a client
+/// fixes it: the topic, then the range, then its state.
+fn active_range<'a>(
+    state: &'a MetadataState,
+    topic: &str,
+    range: RangeId,
+) -> Result<&'a Range, ModelError> {
+    if state.topic(topic).is_none() {
+        return Err(ModelError::NoSuchTopic {
+            topic: topic.to_owned(),
+        });
+    }
+    let found = state
+        .range(range)
+        .filter(|r| r.topic == topic)
+        .ok_or_else(|| ModelError::NoSuchRange {
+            topic: topic.to_owned(),
+            range,
+        })?;
+    if !found.is_active() {
+        return Err(ModelError::RangeNotActive { range });
+    }
+    Ok(found)
 }
 
 /// Stops the actors of a deleted topic's segments and closes their copies.

@@ -268,7 +268,9 @@ impl ServeError {
 }
 
 /// The body of an error response with `code`: the one place messages are
-/// bounded and `retry_after_ms` is chosen.
+/// bounded and `retry_after_ms` is chosen. A retriable refusal asks for a
+/// short wait, except a redirect with a `leader_hint`: that is fresh routing
+/// information, and the client resends there at once (protocol.md §4).
 pub(crate) fn error_body(
     code: ErrorCode,
     message: String,
@@ -284,8 +286,9 @@ pub(crate) fn error_body(
     }
     ErrorBody {
         message,
+        retry_after_ms: (code.retriable() && leader_hint.is_none())
+            .then_some(RETRY_AFTER_MS_DEFAULT),
         leader_hint,
-        retry_after_ms: code.retriable().then_some(RETRY_AFTER_MS_DEFAULT),
         ranges: None,
     }
 }
@@ -298,7 +301,7 @@ fn model_code(e: &ModelError) -> ErrorCode {
         ModelError::NoSuchRange { .. } | ModelError::RangeNotActive { .. } => {
             ErrorCode::RangeNotFound
         }
-        ModelError::NotBuddies { .. } => ErrorCode::NotBuddies,
+        ModelError::NotBuddies { .. } | ModelError::NoBuddy { .. } => ErrorCode::NotBuddies,
         ModelError::AlreadySealed { .. } => ErrorCode::AlreadySealed,
         ModelError::NoSuchPolicy { .. } => ErrorCode::PolicyNotFound,
         _ => ErrorCode::InvalidRequest,
@@ -384,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn a_redirect_carries_its_hint_and_a_retry_delay() {
+    fn a_redirect_carries_its_hint_and_no_retry_delay() {
         let body = ServeError::Redirect(Redirect {
             code: ErrorCode::NotLeader,
             message: "topic t is served by broker 2, not broker 1".into(),
@@ -392,6 +395,15 @@ mod tests {
         })
         .body();
         assert_eq!(body.leader_hint.as_deref(), Some("127.0.0.1:4040"));
+        // The hint is resent to at once: no delay is asked for.
+        assert_eq!(body.retry_after_ms, None);
+        // Without a hint, the client backs off as asked.
+        let body = ServeError::Redirect(Redirect {
+            code: ErrorCode::NotLeader,
+            message: "the topic's host is not known yet".into(),
+            hint: None,
+        })
+        .body();
         assert_eq!(body.retry_after_ms, Some(RETRY_AFTER_MS_DEFAULT));
     }
 

@@ -289,6 +289,12 @@ pub enum ModelError {
     },
     #[error("ranges {lower} and {upper} are not the two halves of one band")]
     NotBuddies { lower: RangeId, upper: RangeId },
+    /// A merge named a range whose buddy is not one active range: the
+    /// range covers the whole keyspace, or its buddy's band is split further.
+    #[error(
+        "range {range} has no active buddy to merge with: it covers the whole keyspace, or its buddy's band is split further"
+    )]
+    NoBuddy { range: RangeId },
     #[error("node {node} is not a replica of segment {segment}")]
     WrongReplica { segment: SegmentId, node: NodeId },
     #[error("node {node} is already a replica of segment {segment}")]
