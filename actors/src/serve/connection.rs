@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use malachi_wire::frame::{LEN_BYTES, RESPONSE_HEADER_BYTES, encode_response_parts};
-use malachi_wire::messages::Request;
-use malachi_wire::{ApiKey, RequestFrame, ServerCodec, WireError};
+use malachi_wire::messages::{ApiVersion, Request};
+use malachi_wire::{ApiKey, ErrorCode, RequestFrame, ServerCodec, WireError};
 use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -369,6 +369,9 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
         }
     });
 
+    // The keys the client's `api_versions` shares no version with: answered
+    // with `unsupported_version` until another `api_versions` says otherwise.
+    let mut refused_versions: Vec<VersionMismatch> = Vec::new();
     loop {
         let permit = tokio::select! {
             biased;
@@ -433,6 +436,32 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 };
                 let mut slot = Inflight::new(&shared, permit, used);
                 slot.budget = Some(response_held);
+                // Negotiation is a property of the connection, so it is
+                // settled here, in read order: a request pipelined right
+                // behind an `api_versions` already obeys it.
+                if request.api_key == ApiKey::ApiVersions as u16 {
+                    if let Ok(Request::ApiVersions(req)) =
+                        Request::decode(request.api_key, request.payload.clone())
+                    {
+                        refused_versions = versions_without_overlap(&req.versions);
+                    }
+                } else if let Some(mismatch) = refused_versions
+                    .iter()
+                    .find(|m| m.ours.api_key == request.api_key)
+                {
+                    let frame = error_frame(
+                        request.correlation_id,
+                        ErrorCode::UnsupportedVersion,
+                        mismatch.to_string(),
+                    );
+                    drop(request_held);
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break,
+                        _ = tx.send(Outbound { frame, _slot: Some(slot) }) => {}
+                    }
+                    continue;
+                }
                 if request.api_key == ApiKey::Produce as u16 {
                     let job = ProduceJob {
                         frame: request,
@@ -516,5 +545,82 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 Ok(_) => {}
             },
         }
+    }
+}
+
+/// A key the broker implements whose versions do not overlap the ones the
+/// client's `api_versions` listed for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct VersionMismatch {
+    ours: ApiVersion,
+    theirs: ApiVersion,
+}
+
+impl std::fmt::Display for VersionMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = ApiKey::from_code(self.ours.api_key).map_or("unknown", ApiKey::name);
+        write!(
+            f,
+            "api key {} ({name}): this broker speaks versions {}..={}, the connection's api_versions asked for {}..={}",
+            self.ours.api_key,
+            self.ours.min_version,
+            self.ours.max_version,
+            self.theirs.min_version,
+            self.theirs.max_version
+        )
+    }
+}
+
+/// The keys of `theirs` (a client's `api_versions` list) this broker
+/// implements but shares no version with. `api_versions` itself is always
+/// answered, so a client can renegotiate; keys the client did not list
+/// keep their default (the broker's `min_version`).
+fn versions_without_overlap(theirs: &[ApiVersion]) -> Vec<VersionMismatch> {
+    let ours = ApiVersion::supported();
+    theirs
+        .iter()
+        .filter(|t| t.api_key != ApiKey::ApiVersions as u16)
+        .filter_map(|t| {
+            let o = ours.iter().find(|o| o.api_key == t.api_key)?;
+            ApiVersion::negotiate(*o, *t)
+                .is_none()
+                .then_some(VersionMismatch {
+                    ours: *o,
+                    theirs: *t,
+                })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(api_key: u16, min_version: u16, max_version: u16) -> ApiVersion {
+        ApiVersion {
+            api_key,
+            min_version,
+            max_version,
+        }
+    }
+
+    #[test]
+    fn only_implemented_keys_without_a_common_version_are_refused() {
+        let produce = ApiKey::Produce as u16;
+        let fetch = ApiKey::Fetch as u16;
+        let theirs = [
+            v(produce, 1, 3), // no overlap with 0..=0
+            v(fetch, 0, 2),   // overlaps
+            v(0, 5, 6),       // api_versions is always answered
+            v(9_999, 7, 7),   // unknown here: unsupported_api, not this
+        ];
+        let refused = versions_without_overlap(&theirs);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].ours.api_key, produce);
+        assert_eq!(
+            refused[0].to_string(),
+            "api key 10 (produce): this broker speaks versions 0..=0, the connection's api_versions asked for 1..=3"
+        );
+        assert!(versions_without_overlap(&ApiVersion::supported()).is_empty());
     }
 }

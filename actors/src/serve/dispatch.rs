@@ -1,8 +1,8 @@
-//! One request from decode to answer: the placement check (records are
-//! served by the broker hosting the topic's segments, any other answers
-//! `not_leader` with its address), then the handler of the request's api
-//! family. A new client operation is one arm here and one function in its
-//! family's module.
+//! One request from decode to answer: the placement check (records, and the
+//! splits and merges that freeze their segments, are served by the broker
+//! hosting the topic's segments, any other answers `not_leader` with its
+//! address), then the handler of the request's api family. A new client
+//! operation is one arm here and one function in its family's module.
 
 use std::sync::Arc;
 
@@ -43,10 +43,14 @@ pub(crate) async fn handle_frame(
         other => other,
     };
     // Records are served by the broker hosting the topic's segments; any
-    // other broker answers `not_leader` with that broker's address.
+    // other broker answers `not_leader` with that broker's address. A split
+    // or merge freezes the range's active segments, so it is served there
+    // too (elsewhere the freeze could only fail).
     let served = match &request {
         Request::Produce(req) => Some(req.topic.as_str()),
         Request::Fetch(req) => Some(req.topic.as_str()),
+        Request::SplitRange(req) => Some(req.topic.as_str()),
+        Request::MergeRange(req) => Some(req.topic.as_str()),
         _ => None,
     };
     if let Some(topic) = served
