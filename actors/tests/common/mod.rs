@@ -179,3 +179,4 @@ pub fn by_key(records: &[Record]) -> std::collections::BTreeMap<Vec<u8>, Vec<Vec
     }
     map
 }
+pub mod protocol_doc;
