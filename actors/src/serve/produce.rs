@@ -505,19 +505,31 @@ impl Sequencer {
         let records = Arc::clone(&part.records);
         let bytes = part.bytes;
         let producer = part.producer;
-        let sent = tokio::time::timeout_at(
-            part.deadline,
-            handle.actor.send(move |permit| SegmentMsg::Append {
-                permit,
-                records,
-                bytes,
-                producer,
-                reply,
-            }),
-        )
-        .await;
+        // The segment admits `segment_inflight_max` appends until their
+        // fsync, across all connections. While this part waits for a
+        // permit, the parts already sent keep being answered: otherwise
+        // durable acknowledgements would wait for someone else's fsync, and
+        // the client's window with them.
+        let send = handle.actor.send(move |permit| SegmentMsg::Append {
+            permit,
+            records,
+            bytes,
+            producer,
+            reply,
+        });
+        tokio::pin!(send);
+        let deadline = tokio::time::sleep_until(part.deadline);
+        tokio::pin!(deadline);
+        let sent = loop {
+            tokio::select! {
+                biased;
+                sent = &mut send => break Ok(sent),
+                Some(event) = self.events_rx.recv() => self.on_event(event),
+                _ = &mut deadline => break Err(()),
+            }
+        };
         match sent {
-            Err(_) => {
+            Err(()) => {
                 self.resolve(
                     part,
                     Outcome::Failed(ServeError::ProduceTimeout { timeout_ms }),
