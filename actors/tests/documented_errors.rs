@@ -73,20 +73,6 @@ fn tagged(topic: &str, range: u64, epoch: u64, sequence: u64, value: &str) -> Pr
     request
 }
 
-async fn ranges(client: &mut TestClient, topic: &str) -> Vec<u64> {
-    let described = client
-        .call(&DescribeTopicRequest { name: topic.into() })
-        .await
-        .unwrap();
-    described
-        .topic
-        .ranges
-        .iter()
-        .filter(|r| r.state == "active")
-        .map(|r| r.id)
-        .collect()
-}
-
 /// The first error frame on `id` (a subscription's pushes come first).
 async fn subscribe_error(client: &mut TestClient, request: &SubscribeRequest) -> Refused {
     let id = client
@@ -301,7 +287,7 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         "no such range",
         c.call(&merge("t", 999)).await,
     );
-    let whole = ranges(&mut c, "t").await[0];
+    let whole = active_ranges(&mut c, "t").await[0];
     table.row(
         "merge_range",
         ErrorCode::NotBuddies,
@@ -377,7 +363,7 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
     assert!(stored.is_empty(), "a refused produce stored {stored:?}");
 
     c.create_topic("p").await;
-    let p = ranges(&mut c, "p").await[0];
+    let p = active_ranges(&mut c, "p").await[0];
     table.row(
         "produce",
         ErrorCode::RangeNotFound,

@@ -15,17 +15,7 @@ const TOPIC: &str = "events";
 
 /// The id of the topic's only (or first active) range.
 async fn first_range(client: &mut TestClient) -> u64 {
-    let described = client
-        .call(&DescribeTopicRequest { name: TOPIC.into() })
-        .await
-        .unwrap();
-    described
-        .topic
-        .ranges
-        .iter()
-        .find(|r| r.state == "active")
-        .unwrap()
-        .id
+    active_ranges(client, TOPIC).await[0]
 }
 
 fn tagged(range: u64, epoch: u64, sequence: u64, values: &[&str]) -> ProduceRequest {

@@ -111,6 +111,21 @@ impl TestClient {
     }
 }
 
+/// The ids of `topic`'s active ranges, in the order the topic lists them.
+pub async fn active_ranges(client: &mut TestClient, topic: &str) -> Vec<u64> {
+    let described = client
+        .call(&DescribeTopicRequest { name: topic.into() })
+        .await
+        .unwrap();
+    described
+        .topic
+        .ranges
+        .iter()
+        .filter(|r| r.state == "active")
+        .map(|r| r.id)
+        .collect()
+}
+
 pub fn decode<Op: Operation>(frame: ResponseFrame) -> Result<Op::Response, Refused> {
     if frame.error_code == ErrorCode::None {
         Ok(Op::Response::decode(frame.payload).unwrap())
