@@ -157,6 +157,13 @@ async fn fetch_all(client: &mut TestClient) -> Vec<Record> {
     all
 }
 
+/// Everything the topic holds is `sent`, once, each key's records in send order.
+async fn assert_stored_per_key(client: &mut TestClient, sent: &[Record]) {
+    let fetched = fetch_all(client).await;
+    assert_eq!(fetched.len(), sent.len());
+    assert_eq!(by_key(&fetched), by_key(sent));
+}
+
 fn values(records: &[Record]) -> Vec<String> {
     records
         .iter()
@@ -331,9 +338,7 @@ async fn the_children_of_a_split_fence_an_older_epoch_and_start_their_own_stream
     )
     .await;
 
-    let fetched = fetch_all(&mut client).await;
-    assert_eq!(fetched.len(), sent.len());
-    assert_eq!(by_key(&fetched), by_key(&sent));
+    assert_stored_per_key(&mut client, &sent).await;
     broker.shutdown().await.unwrap();
 }
 
@@ -392,9 +397,7 @@ async fn a_merged_range_fences_an_older_epoch_and_answers_retries_to_its_parents
     refused(&mut client, lower.id, 9, 2, &never, ErrorCode::Moved).await;
     let never_upper = batch(&key_upper, "never");
     refused(&mut client, upper.id, 9, 1, &never_upper, ErrorCode::Moved).await;
-    let fetched = fetch_all(&mut client).await;
-    assert_eq!(fetched.len(), sent.len());
-    assert_eq!(by_key(&fetched), by_key(&sent));
+    assert_stored_per_key(&mut client, &sent).await;
 
     // All of it survives a restart.
     drop(client);
@@ -419,9 +422,7 @@ async fn a_merged_range_fences_an_older_epoch_and_answers_retries_to_its_parents
     stored(&mut client, merged, 9, 1, &merged_1).await;
     sent.extend(merged_1.clone());
     duplicate(&mut client, merged, 9, 1, &merged_1).await;
-    let fetched = fetch_all(&mut client).await;
-    assert_eq!(fetched.len(), sent.len());
-    assert_eq!(by_key(&fetched), by_key(&sent));
+    assert_stored_per_key(&mut client, &sent).await;
     broker.shutdown().await.unwrap();
 }
 
