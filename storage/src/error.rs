@@ -78,6 +78,25 @@ pub enum StorageError {
         offset: u64,
         reason: FrameError,
     },
+    /// A replica append did not start at the copy's end: `first > end` is a
+    /// gap, `first < end` an overlap. Nothing was written.
+    #[error("segment {segment} ends at {end}: an append at {first} would leave a gap or overlap")]
+    NotAtEnd {
+        segment: SegmentId,
+        first: u64,
+        end: u64,
+    },
+    /// A replica append carried a frame that does not check (bad magic,
+    /// length, CRC or structure, or the wrong offset). Nothing was written.
+    #[error(
+        "segment {segment}: replicated frame at byte {at_byte} of the run (offset {offset}) is invalid: {reason}"
+    )]
+    BadFrames {
+        segment: SegmentId,
+        at_byte: u64,
+        offset: u64,
+        reason: FrameError,
+    },
     /// A read started past the readable end of the copy.
     #[error("offset {offset} is past the end {end} of segment {segment}")]
     OffsetOutOfRange {

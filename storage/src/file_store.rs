@@ -58,7 +58,7 @@ use crate::marker;
 use crate::record::RecordParts;
 use crate::scan::{self, FrameReader, Next};
 use crate::store::{
-    Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
+    FrameRun, Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
 };
 use crate::ticket::{AppendTicket, Completion};
 
@@ -203,6 +203,10 @@ struct SegState {
     fenced: bool,
     sealed: Option<SealInfo>,
     failed: Option<String>,
+    /// Set for a replicated copy (`set_committed`): the highest offset durable
+    /// on a quorum, as the primary last said. Readers see no record at or
+    /// above it, and a primary's flushes carry it as `durable_below`.
+    committed: Option<u64>,
 }
 
 /// A flush between being taken and being published.
@@ -225,7 +229,17 @@ struct Batch {
     /// Start of each frame in `bytes`.
     starts: Vec<usize>,
     /// Checksum state over each frame's body, computed by the appender.
+    /// Empty for a replica's batch: its frames arrived finished and are
+    /// written as they are.
     body_crcs: Vec<crc32fast::Hasher>,
+}
+
+impl Batch {
+    /// Frames written verbatim (a replica append): trailer and CRC are the
+    /// primary's.
+    fn is_verbatim(&self) -> bool {
+        self.body_crcs.is_empty()
+    }
 }
 
 enum Wake {
@@ -363,6 +377,8 @@ impl FileStore {
             segment: seg.id,
             length,
             byte_size,
+            durable: stored_end(&st).0,
+            committed: st.committed,
             assigned: st.next_offset,
             stored_bytes: st.durable_bytes.max(st.sealed.map_or(0, |s| s.byte_size)),
             sealed: st.sealed,
@@ -546,6 +562,7 @@ impl FileStore {
                 fenced,
                 sealed,
                 failed: None,
+                committed: sealed.map(|seal| seal.length),
             }),
             idle: Condvar::new(),
             index: Mutex::new(IndexState { index, persisted }),
@@ -579,7 +596,7 @@ impl FileStore {
         from: u64,
         end: (u64, u64),
         budget: ReadBudget,
-        visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
+        visit: &mut dyn FnMut(&FrameView<'_>, u64, usize) -> ControlFlow<()>,
     ) -> Result<(u64, usize), StorageError> {
         let hint = seg.index.lock().index.floor(from).unwrap_or(IndexEntry {
             offset: 0,
@@ -587,8 +604,8 @@ impl FileStore {
         });
         let chunk = self.shared.config.read_chunk_bytes;
         let mut taken = 0usize;
-        let first = read_from(seg, hint, from, end, budget, chunk, &mut |view| {
-            let flow = visit(view);
+        let first = read_from(seg, hint, from, end, budget, chunk, &mut |view, at, len| {
+            let flow = visit(view, at, len);
             taken += usize::from(flow.is_continue());
             flow
         });
@@ -835,13 +852,171 @@ impl SegmentStore for FileStore {
             records_max,
             bytes_max,
         };
-        let (_, taken) = self.read_range(&seg, from, end, budget, &mut |view| {
+        let (_, taken) = self.read_range(&seg, from, end, budget, &mut |view, _, _| {
             // Cheap enough to keep on: a reader must never see a gap.
             assert_eq!(view.offset, expected, "read handed out a gap");
             expected += 1;
             visit(view)
         })?;
         Ok(taken)
+    }
+
+    fn append_frames(
+        &self,
+        segment: SegmentId,
+        first: u64,
+        frames: &[u8],
+    ) -> Result<AppendTicket, StorageError> {
+        let cfg = &self.shared.config;
+        let seg = self.segment(segment)?;
+        if frames.len() > cfg.pending_bytes_max {
+            return Err(StorageError::BatchTooLarge {
+                records: 0,
+                bytes: frames.len(),
+                records_max: cfg.batch_records_max,
+                bytes_max: cfg.pending_bytes_max,
+            });
+        }
+        // Every frame is checked before any byte is queued: a bad run is
+        // refused whole, so the copy never holds half of it.
+        let starts = check_frames(segment, first, frames, cfg)?;
+        let (ticket, wake) = {
+            let mut st = seg.state.lock();
+            check_writable(segment, &st)?;
+            if first != st.next_offset {
+                return Err(StorageError::NotAtEnd {
+                    segment,
+                    first,
+                    end: st.next_offset,
+                });
+            }
+            if starts.is_empty() {
+                return Ok(AppendTicket::ready(first..first));
+            }
+            if st.pending_bytes > 0 && st.pending_bytes + frames.len() > cfg.pending_bytes_max {
+                return Err(StorageError::Busy {
+                    segment,
+                    pending_bytes: st.pending_bytes,
+                    pending_bytes_max: cfg.pending_bytes_max,
+                });
+            }
+            let records = starts.len();
+            st.next_offset += records as u64;
+            if st.pending_records == 0 {
+                st.pending_first_offset = first;
+                st.pending_since = Some(Instant::now());
+            }
+            st.pending_bytes += frames.len();
+            st.pending_records += records;
+            st.pending.push(Batch {
+                bytes: frames.to_vec(),
+                starts,
+                body_crcs: Vec::new(),
+            });
+            let completion = Completion::new();
+            st.pending_waiters.push(Arc::clone(&completion));
+            let wake = decide(cfg, &mut st, Instant::now());
+            (AppendTicket::new(first..st.next_offset, completion), wake)
+        };
+        self.shared.wake(&seg, wake);
+        Ok(self.with_help(ticket, &seg))
+    }
+
+    fn read_frames(
+        &self,
+        segment: SegmentId,
+        from: u64,
+        bytes_max: usize,
+    ) -> Result<FrameRun, StorageError> {
+        let seg = self.segment(segment)?;
+        let (end, end_bytes) = stored_end(&seg.state.lock());
+        if from > end {
+            return Err(StorageError::OffsetOutOfRange {
+                segment,
+                offset: from,
+                end,
+            });
+        }
+        if from == end {
+            return Ok(FrameRun {
+                first: from,
+                records: 0,
+                bytes: Vec::new(),
+            });
+        }
+        let locate = ReadBudget {
+            records_max: 0,
+            bytes_max: 0,
+        };
+        let (position, _) =
+            self.read_range(&seg, from, (end, end_bytes), locate, &mut |_, _, _| {
+                ControlFlow::Break(())
+            })?;
+        let available = end_bytes.saturating_sub(position);
+        let corrupt = |at: u64, offset: u64, reason| StorageError::Corrupt {
+            segment,
+            position: at,
+            offset,
+            reason,
+        };
+        let io = |e| StorageError::io("read log", &seg.log_path, e);
+        let want = (bytes_max.max(frame::FRAME_BYTES_MIN) as u64).min(available);
+        let mut bytes = vec![0u8; want as usize];
+        seg.log.read_exact_at(&mut bytes, position).map_err(io)?;
+        // Cut at the last whole frame, checking each CRC: a shipped frame was
+        // checked after it was read.
+        let (mut at, mut offset) = (0usize, from);
+        while offset < end {
+            match frame::decode(&bytes[at..]) {
+                Ok((view, len)) if view.offset == offset => {
+                    at += len;
+                    offset += 1;
+                }
+                Ok((view, _)) => {
+                    let found = view.offset;
+                    return Err(corrupt(
+                        position + at as u64,
+                        offset,
+                        FrameError::OffsetMismatch {
+                            found,
+                            expected: offset,
+                        },
+                    ));
+                }
+                Err(FrameError::Incomplete { needed, .. }) if at == 0 => {
+                    // One frame larger than `bytes_max`: a run holds at
+                    // least one. `needed` passed the format's bound.
+                    if needed > available {
+                        return Err(corrupt(
+                            position,
+                            offset,
+                            FrameError::Incomplete { needed, available },
+                        ));
+                    }
+                    bytes.resize(needed as usize, 0);
+                    seg.log.read_exact_at(&mut bytes, position).map_err(io)?;
+                }
+                Err(FrameError::Incomplete { .. }) => break,
+                Err(reason) => return Err(corrupt(position + at as u64, offset, reason)),
+            }
+        }
+        bytes.truncate(at);
+        Ok(FrameRun {
+            first: from,
+            records: offset - from,
+            bytes,
+        })
+    }
+
+    fn set_committed(&self, segment: SegmentId, end: u64) -> Result<u64, StorageError> {
+        let seg = self.segment(segment)?;
+        let mut st = seg.state.lock();
+        if let Some(seal) = st.sealed {
+            return Ok(seal.length);
+        }
+        let committed = st.committed.map_or(end, |c| c.max(end));
+        st.committed = Some(committed);
+        Ok(committed)
     }
 
     fn seal(&self, segment: SegmentId, length: u64) -> Result<SealInfo, StorageError> {
@@ -881,9 +1056,13 @@ impl SegmentStore for FileStore {
                 records_max: 0,
                 bytes_max: 0,
             };
-            self.read_range(&seg, length, (durable, durable_bytes), locate, &mut |_| {
-                ControlFlow::Break(())
-            })?
+            self.read_range(
+                &seg,
+                length,
+                (durable, durable_bytes),
+                locate,
+                &mut |_, _, _| ControlFlow::Break(()),
+            )?
             .0
         };
         let info = SealInfo { length, byte_size };
@@ -893,7 +1072,13 @@ impl SegmentStore for FileStore {
             &self.seal_path(segment),
             &marker::encode_seal(info),
         )?;
-        seg.state.lock().sealed = Some(info);
+        {
+            let mut st = seg.state.lock();
+            st.sealed = Some(info);
+            if st.committed.is_some() {
+                st.committed = Some(length);
+            }
+        }
         debug!(segment = segment.0, length, byte_size, "sealed");
         Ok(info)
     }
@@ -965,14 +1150,79 @@ impl Shared {
     }
 }
 
-/// The readable end: durable records, clamped to the seal.
-fn readable_end(st: &SegState) -> (u64, u64) {
+/// The stored end: durable records, clamped to the seal, whether committed
+/// or not (what a primary ships and a copy compares).
+fn stored_end(st: &SegState) -> (u64, u64) {
     match st.sealed {
         Some(seal) => (
             st.durable_offset.min(seal.length),
             st.durable_bytes.min(seal.byte_size),
         ),
         None => (st.durable_offset, st.durable_bytes),
+    }
+}
+
+/// Checks a replica's run of frames: each decodes (magic, bounds, CRC,
+/// structure), fits `record_bytes_max`, and carries the next offset from
+/// `first`. Returns where each frame starts.
+fn check_frames(
+    segment: SegmentId,
+    first: u64,
+    frames: &[u8],
+    cfg: &StoreConfig,
+) -> Result<Vec<usize>, StorageError> {
+    let mut starts = Vec::new();
+    let mut at = 0usize;
+    while at < frames.len() {
+        let offset = first + starts.len() as u64;
+        let bad = |reason| StorageError::BadFrames {
+            segment,
+            at_byte: at as u64,
+            offset,
+            reason,
+        };
+        let (view, len) = frame::decode(&frames[at..]).map_err(bad)?;
+        if view.offset != offset {
+            return Err(bad(FrameError::OffsetMismatch {
+                found: view.offset,
+                expected: offset,
+            }));
+        }
+        let payload = len - frame::FRAME_HEADER_BYTES;
+        if payload > cfg.record_bytes_max {
+            return Err(StorageError::RecordTooLarge {
+                record_bytes: payload,
+                record_bytes_max: cfg.record_bytes_max,
+            });
+        }
+        if starts.len() == cfg.batch_records_max {
+            return Err(StorageError::BatchTooLarge {
+                records: starts.len() + 1,
+                bytes: frames.len(),
+                records_max: cfg.batch_records_max,
+                bytes_max: cfg.pending_bytes_max,
+            });
+        }
+        starts.push(at);
+        at += len;
+    }
+    Ok(starts)
+}
+
+/// The readable end: durable records, clamped to the seal and, on a
+/// replicated copy, to the committed end.
+fn readable_end(st: &SegState) -> (u64, u64) {
+    match st.sealed {
+        Some(seal) => (
+            st.durable_offset.min(seal.length),
+            st.durable_bytes.min(seal.byte_size),
+        ),
+        // Bytes stay the durable ones: a read stops at the offset anyway.
+        None => (
+            st.committed
+                .map_or(st.durable_offset, |c| c.min(st.durable_offset)),
+            st.durable_bytes,
+        ),
     }
 }
 
@@ -1126,7 +1376,11 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
             bytes: st.pending_bytes as u64,
             first: st.pending_first_offset,
             position: st.written_bytes,
-            durable_below: st.durable_offset,
+            // A replicated copy's frames carry the committed end, which is
+            // the same on every copy that writes them (ADR 0094).
+            durable_below: st
+                .committed
+                .map_or(st.durable_offset, |c| c.min(st.durable_offset)),
             overlapped,
         };
         let waiters = std::mem::take(&mut st.pending_waiters);
@@ -1165,6 +1419,11 @@ fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
     // already checksummed the bodies, so this costs 16 bytes of CRC a frame.
     let mut offset = first;
     for batch in &mut batches {
+        if batch.is_verbatim() {
+            // Checked frame by frame when it was queued.
+            offset += batch.starts.len() as u64;
+            continue;
+        }
         for (i, &start) in batch.starts.iter().enumerate() {
             let end = batch
                 .starts
@@ -1503,7 +1762,7 @@ fn read_from(
     (end_offset, end_bytes): (u64, u64),
     budget: ReadBudget,
     chunk: usize,
-    visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
+    visit: &mut dyn FnMut(&FrameView<'_>, u64, usize) -> ControlFlow<()>,
 ) -> Result<(u64, usize), ReadAnomaly> {
     debug_assert!(hint.offset <= from && from < end_offset);
     let mut reader = FrameReader::new(&seg.log, hint.position, end_bytes, chunk);
@@ -1551,7 +1810,7 @@ fn read_from(
                     if locate || (taken > 0 && bytes + len > budget.bytes_max) {
                         break;
                     }
-                    if visit(&view).is_break() {
+                    if visit(&view, position, len).is_break() {
                         break;
                     }
                     bytes += len;

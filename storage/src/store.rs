@@ -41,6 +41,12 @@ pub struct SegmentInfo {
     pub length: u64,
     /// Bytes holding those records.
     pub byte_size: u64,
+    /// Records durable on this copy, clamped to the seal: `length` unless
+    /// the copy is replicated and holds records not yet committed.
+    pub durable: u64,
+    /// A replicated copy's committed end as last learned (`set_committed`);
+    /// `None` for a copy nobody replicates, whose readers see `durable`.
+    pub committed: Option<u64>,
     /// Offsets assigned so far, including appends not yet durable.
     pub assigned: u64,
     /// Physical length of the log file as the store last wrote it.
@@ -49,6 +55,14 @@ pub struct SegmentInfo {
     pub fenced: bool,
     /// Set after a failed write or fdatasync: the copy takes no more appends.
     pub failed: bool,
+}
+
+/// Whole frames as they lie in a log: `records` frames from offset `first`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameRun {
+    pub first: u64,
+    pub records: u64,
+    pub bytes: Vec<u8>,
 }
 
 /// What `open` found and did.
@@ -141,6 +155,36 @@ pub trait SegmentStore: Send + Sync {
         bytes_max: usize,
         visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
     ) -> Result<usize, StorageError>;
+
+    /// Appends a replica's run of finished frames (a primary's bytes, from
+    /// its [`read_frames`](Self::read_frames)) verbatim at `first`, which
+    /// must be the copy's end: anything else is `NotAtEnd` (a gap or an
+    /// overlap). Every frame is checked (magic, bounds, CRC, structure,
+    /// consecutive offsets from `first`) before any byte is queued; a bad run
+    /// is refused whole with `BadFrames`. The ticket completes after the
+    /// fdatasync that covers the run.
+    fn append_frames(
+        &self,
+        segment: SegmentId,
+        first: u64,
+        frames: &[u8],
+    ) -> Result<AppendTicket, StorageError>;
+
+    /// Reads durable frames from `from` as the bytes on disk (whether
+    /// committed or not), at most `bytes_max` of them unless one frame alone
+    /// is larger; each frame's CRC is checked after the read.
+    fn read_frames(
+        &self,
+        segment: SegmentId,
+        from: u64,
+        bytes_max: usize,
+    ) -> Result<FrameRun, StorageError>;
+
+    /// Marks the copy replicated and raises its committed end to `end`
+    /// (never lowers it). Readers then see only records below the committed
+    /// end, and a primary's later flushes carry it as `durable_below` (ADR
+    /// 0094). A sealed copy keeps its seal. Returns the committed end.
+    fn set_committed(&self, segment: SegmentId, end: u64) -> Result<u64, StorageError>;
 
     /// Fences, waits for in-flight appends, and records a seal at `length`
     /// records. Reads are clamped to it even if the copy holds more.
@@ -301,6 +345,8 @@ mod tests {
             segment: SegmentId(1),
             length: 0,
             byte_size,
+            durable: 0,
+            committed: None,
             assigned: 0,
             stored_bytes: byte_size,
             sealed: None,

@@ -171,6 +171,8 @@ mod tests {
             segment: SegmentId(1),
             length,
             byte_size: length * 10,
+            durable: length,
+            committed: None,
             assigned: length,
             stored_bytes: length * 10,
             sealed: sealed.map(|length| SealInfo {
