@@ -4,7 +4,8 @@
 //! its record and reshaping requests with `not_leader`, the host's client
 //! address as `leader_hint` and no `retry_after_ms` (resend at once); a
 //! broker whose metadata groups lost their quorum answers metadata changes
-//! with `no_quorum`.
+//! with `no_quorum`, and a produce whose segment's followers are both down
+//! answers `no_quorum` once `replica_ack_timeout_ms` passed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -234,9 +235,15 @@ fn not_leader_and_no_quorum_come_back_as_documented() {
         },
     );
 
-    // The host alone: its metadata groups have no quorum.
+    // The host alone: its metadata groups have no quorum, and the topic's
+    // segments (three copies, the host's the primary's) none either.
     cluster.nodes[1].kill9();
     cluster.nodes[2].kill9();
+    rows.push((
+        "produce",
+        ErrorCode::NoQuorum,
+        settled(host, &produce(topic), ErrorCode::NoQuorum),
+    ));
     rows.push((
         "create_topic",
         ErrorCode::NoQuorum,

@@ -267,7 +267,15 @@ fn build_tree(
             restarts_max: 20,
             period_ms: 10_000,
         })
-        .backoff(Backoff::DEFAULT);
+        .backoff(Backoff::DEFAULT)
+        .child({
+            let data = Arc::clone(&shared.data);
+            ChildSpec::worker(
+                "replication",
+                || crate::data::replication::ReplicationServer,
+                move || Arc::clone(&data),
+            )
+        });
     let storage = published_supervisor(
         storage,
         shared,
@@ -407,24 +415,26 @@ impl Broker {
                 source,
             })?;
         let raft_addr = advertised(raft_bound, config.membership.advertise_ip);
+        let cookie = malachi_cluster::group::ClusterCookie::new(
+            config
+                .membership
+                .cluster_cookie
+                .as_deref()
+                .unwrap_or(crate::common::config::DEV_CLUSTER_COOKIE),
+        )
+        .ok_or_else(|| BrokerError::Config {
+            reason: "membership.cluster_cookie must not be empty".to_owned(),
+        })?;
+        let transport = |cookie| {
+            Arc::new(malachi_cluster::group::TcpTransport::new(
+                malachi_cluster::group::TcpTransportConfig::new(config.node_id, cookie),
+            ))
+        };
         let raft = RaftEndpoint {
             listener: raft_listener,
             addr: raft_addr,
-            transport: Arc::new(malachi_cluster::group::TcpTransport::new(
-                malachi_cluster::group::TcpTransportConfig::new(
-                    config.node_id,
-                    malachi_cluster::group::ClusterCookie::new(
-                        config
-                            .membership
-                            .cluster_cookie
-                            .as_deref()
-                            .unwrap_or(crate::common::config::DEV_CLUSTER_COOKIE),
-                    )
-                    .ok_or_else(|| BrokerError::Config {
-                        reason: "membership.cluster_cookie must not be empty".to_owned(),
-                    })?,
-                ),
-            )),
+            transport: transport(cookie.clone()),
+            replication: transport(cookie),
             server: parking_lot::Mutex::new(None),
         };
         let fabric = open_fabric(&config, client_addr, admin_addr, raft_addr)?;
@@ -437,6 +447,13 @@ impl Broker {
             admin_addr,
         ));
         let _ = shared.cluster.set(Arc::new(fabric));
+        let _ = shared
+            .data
+            .replication
+            .link
+            .set(Arc::new(crate::data::replication::TcpReplicaLink {
+                transport: Arc::clone(&raft.replication),
+            }));
         let _ = shared.raft.set(Arc::new(raft));
         let tree = build_tree(&shared, client, admin);
         let (root, join) = SupervisorRef::spawn(tree).await?;

@@ -233,6 +233,28 @@ fn wire_response(key: ApiKey, payload: Bytes) {
     }
 }
 
+/// A replica-append (api key 100) as a follower decodes it on the cluster
+/// port, and its answer as the primary decodes it: what decodes re-encodes
+/// to itself. The frames are checked by the store that writes them
+/// (`storage_frame` reaches that decoder).
+pub fn replica_append(data: &[u8]) {
+    use malachi_wire::replication::{ReplicaAppendRequest, ReplicaAppendResponse};
+    if let Ok(request) = ReplicaAppendRequest::decode(Bytes::copy_from_slice(data)) {
+        let again = request.encode().expect("a decoded request re-encodes");
+        assert_eq!(
+            ReplicaAppendRequest::decode(again).expect("and decodes"),
+            request
+        );
+    }
+    if let Ok(response) = ReplicaAppendResponse::decode(data) {
+        let again = response.encode().expect("a decoded answer re-encodes");
+        assert_eq!(
+            ReplicaAppendResponse::decode(&again).expect("and decodes"),
+            response
+        );
+    }
+}
+
 /// For decoders returning their canonical re-encoding: that re-encoding
 /// decodes again to the same re-encoding.
 fn stable(decode: impl Fn(&[u8]) -> Result<Vec<u8>, String>, data: &[u8]) {

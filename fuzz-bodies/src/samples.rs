@@ -233,3 +233,26 @@ pub fn fabric_message() -> Vec<u8> {
     out.extend_from_slice(name);
     out
 }
+
+/// A replica-append carrying one stored frame.
+pub fn replica_append() -> Vec<u8> {
+    use malachi_wire::replication::ReplicaAppendRequest;
+    let request = ReplicaAppendRequest {
+        topic: "orders".into(),
+        segment: 7,
+        epoch: 1,
+        first_offset: 0,
+        committed_end: 0,
+        frames: Bytes::from(storage_frame()),
+    };
+    request.encode().map(|b| b.to_vec()).unwrap_or_default()
+}
+
+/// A follower's refusal of a replica-append.
+pub fn replica_refusal() -> Vec<u8> {
+    use malachi_wire::replication::{ReplicaAppendResponse, ReplicaRefusal};
+    ReplicaAppendResponse::refused(ReplicaRefusal::NotAtEnd, 4, "ends at 4")
+        .encode()
+        .map(|b| b.to_vec())
+        .unwrap_or_default()
+}

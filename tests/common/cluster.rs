@@ -96,6 +96,24 @@ impl ClusterNode {
         }
     }
 
+    /// SIGTERM (an ordered shutdown), and wait for the process to be gone.
+    pub fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = libc::pid_t::try_from(child.id()).unwrap();
+            // SAFETY: kill(2) takes plain integers and touches no memory of
+            // ours; the pid is our own child, not yet reaped.
+            #[allow(unsafe_code)]
+            let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+            assert_eq!(rc, 0, "kill(SIGTERM) failed");
+            child.wait().unwrap();
+        }
+    }
+
+    /// The client addresses of the other brokers, to start this one with.
+    pub fn seeds_among(&self, clients: &[String]) -> Vec<String> {
+        clients.iter().filter(|c| **c != self.client).cloned().collect()
+    }
+
     /// The broker's stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

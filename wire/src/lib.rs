@@ -19,6 +19,7 @@ pub mod error;
 pub mod frame;
 pub mod limits;
 pub mod messages;
+pub mod replication;
 
 pub use api::ApiKey;
 pub use batch::{BatchBuilder, BatchError, Header, HeaderParts, Record, RecordBatch, RecordRef};

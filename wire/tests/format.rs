@@ -82,3 +82,24 @@ fn every_sample_decodes_back_to_itself() {
         assert_eq!(decoded, response, "{name}");
     }
 }
+
+#[test]
+fn replica_append_encodes_to_its_frozen_bytes() {
+    use malachi_wire::replication::{ReplicaAppendRequest, ReplicaAppendResponse, ReplicaRefusal};
+    let request = ReplicaAppendRequest {
+        topic: "orders".into(),
+        segment: 7,
+        epoch: 3,
+        first_offset: 10,
+        committed_end: 8,
+        frames: bytes::Bytes::from_static(b"MLR1"),
+    };
+    insta::assert_snapshot!("replica_append_request", hex(&request.encode().unwrap()));
+    let durable = ReplicaAppendResponse::durable(12);
+    insta::assert_snapshot!("replica_append_response", hex(&durable.encode().unwrap()));
+    let refused = ReplicaAppendResponse::refused(ReplicaRefusal::NotAtEnd, 4, "ends at 4");
+    insta::assert_snapshot!(
+        "replica_append_refused",
+        hex(&refused.encode().unwrap())
+    );
+}

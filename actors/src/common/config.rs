@@ -254,6 +254,20 @@ pub struct BrokerConfig {
     pub producer_idle_expiry_ms: u64,
     /// Upper bound on a fetch's long poll, whatever the client asks.
     pub fetch_wait_ms_max: u64,
+    /// How long a produce to a replicated segment waits for a quorum of
+    /// copies to fsync its records before it is answered `no_quorum`
+    /// (retriable); also the bound on one replica-append round trip.
+    pub replica_ack_timeout_ms: u64,
+    /// Frame bytes one replica-append carries at most (one frame always fits).
+    pub replica_append_bytes_max: usize,
+    /// Replica-append bytes in flight to one follower, across its segments:
+    /// what a slow follower can cost the primary's memory.
+    pub replica_inflight_bytes_max: usize,
+    /// Copies of a topic's segments when `create_topic` names none: this,
+    /// or the number of live brokers when there are fewer.
+    pub default_replication_factor: u8,
+    /// The broker attribute replicas are spread over (distinct values first).
+    pub placement_attribute: String,
     /// How long an ordered shutdown may take before the tree is stopped anyway.
     pub shutdown_timeout_ms: u64,
     /// Where the cursor HMAC secret lives; `data_dir/cluster.secret` if unset.
@@ -317,6 +331,11 @@ impl Default for BrokerConfig {
             producers_per_range_max: 1024,
             producer_idle_expiry_ms: 24 * 60 * 60 * 1000,
             fetch_wait_ms_max: u64::from(malachi_wire::limits::FETCH_WAIT_MS_MAX),
+            replica_ack_timeout_ms: 5_000,
+            replica_append_bytes_max: 1 << 20,
+            replica_inflight_bytes_max: 16 << 20,
+            default_replication_factor: 3,
+            placement_attribute: "zone".to_owned(),
             shutdown_timeout_ms: 10_000,
             cursor_secret_file: None,
             metadata_backend: MetadataBackend::Raft,
@@ -393,6 +412,13 @@ impl BrokerConfig {
             return bad(
                 "producers_per_range_max and producer_idle_expiry_ms must be positive".into(),
             );
+        }
+        if self.replica_ack_timeout_ms == 0
+            || self.replica_append_bytes_max == 0
+            || self.replica_inflight_bytes_max < self.replica_append_bytes_max
+            || self.default_replication_factor == 0
+        {
+            return bad("replica_ack_timeout_ms, replica_append_bytes_max and default_replication_factor must be positive, and replica_inflight_bytes_max at least replica_append_bytes_max".into());
         }
         if self.produce_timeout_ms == 0 || self.shutdown_timeout_ms == 0 {
             return bad("produce_timeout_ms and shutdown_timeout_ms must be positive".into());

@@ -35,6 +35,10 @@ pub(crate) struct BrokerMetrics {
     pub connections_refused: Counter,
     pub connections_idle_closed: Counter,
     pub connections_frame_timed_out: Counter,
+    /// Produces a quorum of copies acknowledged (replicated segments).
+    pub replica_quorum_acks: Counter,
+    /// Produces answered `no_quorum`: not on a quorum within the bound.
+    pub replica_no_quorum: Counter,
 }
 
 impl std::fmt::Debug for BrokerMetrics {
@@ -74,6 +78,8 @@ impl BrokerMetrics {
             connections_refused: counter("malachi_connections_refused_total"),
             connections_idle_closed: counter("malachi_connections_idle_closed_total"),
             connections_frame_timed_out: counter("malachi_connections_frame_timed_out_total"),
+            replica_quorum_acks: counter("malachi_replica_quorum_acks_total"),
+            replica_no_quorum: counter("malachi_replica_no_quorum_total"),
             recorder,
             handle,
         }
@@ -98,6 +104,25 @@ impl BrokerMetrics {
             }
         }
         walk(self, &root.name, root);
+    }
+
+    /// A follower's lag behind the primary, as its last answer showed it:
+    /// records the primary held durably beyond the follower's durable end,
+    /// and the answer's round trip.
+    pub fn replica_lag(&self, follower: malachi_cluster::model::NodeId, records: u64, rtt: std::time::Duration) {
+        let labels = || vec![Label::new("follower", follower.0.to_string())];
+        self.recorder
+            .register_gauge(
+                &Key::from_parts("malachi_replica_lag_records", labels()),
+                &METADATA,
+            )
+            .set(records as f64);
+        self.recorder
+            .register_gauge(
+                &Key::from_parts("malachi_replica_lag_ms", labels()),
+                &METADATA,
+            )
+            .set(rtt.as_secs_f64() * 1_000.0);
     }
 
     /// The Prometheus text exposition of every metric.

@@ -31,6 +31,7 @@ use malachi_cluster::model::{
     Command, MetadataState, ModelError, NodeId, Outcome, Range, RangeId, SealRecord, SegmentId,
     SegmentState,
 };
+use malachi_cluster::placement::{Candidate, choose_replicas};
 use malachi_cluster::ring::VnodeId;
 use malachi_storage::SegmentStore;
 use malachi_supervision::{ChildSpec, Restart, SupervisionError};
@@ -85,6 +86,7 @@ async fn start_segment_within(
                     s.start_offset,
                     s.created_at_ms,
                     predecessors(state, s.range, segment),
+                    s.replicas.clone(),
                 )
             })
         })
@@ -101,7 +103,7 @@ async fn start_segment_within(
     {
         found = lookup();
     }
-    let Some((range, start_offset, created_at_ms, predecessors)) = found else {
+    let Some((range, start_offset, created_at_ms, predecessors, replicas)) = found else {
         return Err(CoordError::UnknownSegment { segment });
     };
     let Some(storage) = shared.data.supervisor.read().clone() else {
@@ -118,6 +120,7 @@ async fn start_segment_within(
         start_offset,
         created_at_ms,
         predecessors,
+        replicas,
     };
     let spec = ChildSpec::worker(
         segment_name(topic, range, segment),
@@ -234,9 +237,10 @@ impl CoordinatorState {
             CoordinatorMsg::CreateTopic {
                 name,
                 policy,
+                replication_factor,
                 reply,
             } => {
-                let _ = reply.send(self.create_topic(name, policy).await);
+                let _ = reply.send(self.create_topic(name, policy, replication_factor).await);
             }
             CoordinatorMsg::DeleteTopic { name, reply } => {
                 let _ = reply.send(self.delete_topic(name).await);
@@ -267,14 +271,70 @@ impl CoordinatorState {
         }
     }
 
-    async fn create_topic(&self, name: String, policy: Option<String>) -> Result<u64, CoordError> {
+    /// The live brokers segments may be placed on, with their zones.
+    fn candidates(&self) -> Vec<Candidate> {
+        let me = self.shared.config.node_id;
+        let attribute = &self.shared.config.placement_attribute;
+        let mut candidates: Vec<Candidate> = match self.shared.fabric() {
+            Some(fabric) => fabric
+                .membership
+                .view()
+                .live()
+                .map(|m| Candidate {
+                    node: m.node_id,
+                    zone: m.attributes.get(attribute).cloned(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        if !candidates.iter().any(|c| c.node == me) {
+            candidates.push(Candidate {
+                node: me,
+                zone: self.shared.config.attributes.get(attribute).cloned(),
+            });
+        }
+        candidates
+    }
+
+    /// The replica set of a new segment with `factor` copies, its primary
+    /// this vnode's placement; `seed` spreads the followers.
+    fn replicas(&self, primary: NodeId, factor: usize, seed: u64) -> Result<Vec<NodeId>, CoordError> {
+        let chosen = choose_replicas(primary.0, &self.candidates(), factor, seed)?;
+        Ok(chosen.into_iter().map(NodeId).collect())
+    }
+
+    /// A successor's replica set: as many copies as `previous` had, or as
+    /// the live brokers allow (at least the primary's), primary `primary`.
+    fn successor_replicas(
+        &self,
+        primary: NodeId,
+        previous: usize,
+        seed: u64,
+    ) -> Result<Vec<NodeId>, CoordError> {
+        let live = self.candidates().len();
+        self.replicas(primary, previous.clamp(1, live.max(1)), seed)
+    }
+
+    async fn create_topic(
+        &self,
+        name: String,
+        policy: Option<String>,
+        replication_factor: Option<u8>,
+    ) -> Result<u64, CoordError> {
         let plane = self.shared.plane()?;
+        let factor = match replication_factor {
+            Some(factor) => usize::from(factor),
+            None => usize::from(self.shared.config.default_replication_factor)
+                .min(self.candidates().len().max(1)),
+        };
+        let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
+        let replicas = self.replicas(self.placement(), factor, seed)?;
         let outcome = plane
             .propose(Command::CreateTopic {
                 topic: name.clone(),
                 initial_ranges: 1,
                 policy,
-                replicas: vec![vec![self.placement()]],
+                replicas: vec![replicas],
                 at_ms: self.shared.clock.now_ms(),
             })
             .await??;
@@ -327,15 +387,18 @@ impl CoordinatorState {
         seal: SealRecord,
     ) -> Result<SegmentId, CoordError> {
         let plane = self.shared.plane()?;
-        let range = read_owner(plane.as_ref(), &topic, |s| {
-            s.segment(segment).map(|s| s.range)
-        });
+        let (range, copies) = read_owner(plane.as_ref(), &topic, |s| {
+            s.segment(segment).map(|s| (s.range, s.replicas.len()))
+        })
+        .unzip();
+        let next_replicas =
+            self.successor_replicas(self.node(), copies.unwrap_or(1), segment.0.wrapping_add(1))?;
         let next = match plane
             .propose(Command::RollSegment {
                 topic: topic.clone(),
                 segment,
                 seal,
-                next_replicas: vec![self.node()],
+                next_replicas,
                 at_ms: self.shared.clock.now_ms(),
             })
             .await?
@@ -389,6 +452,15 @@ impl CoordinatorState {
             // successor starts unfrozen.
             let _ = handle.actor.actor().send_message(SegmentMsg::RollFailed);
         }
+    }
+
+    /// How many copies `segment` has.
+    fn copies(&self, topic: &str, segment: SegmentId) -> Result<usize, CoordError> {
+        let plane = self.shared.plane()?;
+        read_owner(plane.as_ref(), topic, |state| {
+            state.segment(segment).map(|s| s.replicas.len())
+        })
+        .ok_or(CoordError::UnknownSegment { segment })
     }
 
     fn active_segment(&self, topic: &str, range: RangeId) -> Result<SegmentId, CoordError> {
@@ -445,6 +517,9 @@ impl CoordinatorState {
 
     async fn split(&self, topic: String, range: RangeId) -> Result<(RangeId, RangeId), CoordError> {
         let segment = self.active_segment(&topic, range)?;
+        let copies = self.copies(&topic, segment)?;
+        let lower_replicas = self.successor_replicas(self.node(), copies, segment.0 ^ 1)?;
+        let upper_replicas = self.successor_replicas(self.node(), copies, segment.0 ^ 2)?;
         let seal = self.freeze(segment).await?;
         let plane = self.shared.plane()?;
         let proposed = plane
@@ -452,8 +527,8 @@ impl CoordinatorState {
                 topic: topic.clone(),
                 range,
                 seal,
-                lower_replicas: vec![self.node()],
-                upper_replicas: vec![self.node()],
+                lower_replicas,
+                upper_replicas,
                 at_ms: self.shared.clock.now_ms(),
             })
             .await;
@@ -509,6 +584,10 @@ impl CoordinatorState {
         })?;
         let lower_segment = self.active_segment(&topic, lower)?;
         let upper_segment = self.active_segment(&topic, upper)?;
+        let copies = self
+            .copies(&topic, lower_segment)?
+            .max(self.copies(&topic, upper_segment)?);
+        let replicas = self.successor_replicas(self.node(), copies, lower_segment.0 ^ upper_segment.0)?;
         let lower_seal = self.freeze(lower_segment).await?;
         let upper_seal = match self.freeze(upper_segment).await {
             Ok(seal) => seal,
@@ -524,7 +603,7 @@ impl CoordinatorState {
                 upper,
                 lower_seal,
                 upper_seal,
-                replicas: vec![self.node()],
+                replicas,
                 at_ms: self.shared.clock.now_ms(),
             })
             .await;
@@ -612,6 +691,36 @@ async fn release_segments(shared: &Arc<Shared>, topic: &str, segments: Vec<Segme
     }
 }
 
+/// Seals the follower copies whose segment the metadata records sealed, at
+/// the recorded length, and stops following them. A copy shorter than its
+/// seal is left open and followed (catch-up of a sealed copy is the
+/// healer's); a failure is logged and retried on the next reconcile.
+async fn seal_followed(shared: &Arc<Shared>, to_seal: &[(SegmentId, u64)]) {
+    for &(segment, length) in to_seal {
+        let store = Arc::clone(&shared.store);
+        let id = malachi_storage::SegmentId(segment.0);
+        let sealed = tokio::task::spawn_blocking(move || {
+            let info = store.info(id)?;
+            if info.durable < length {
+                return Ok(false);
+            }
+            store.seal(id, length).map(|_| true)
+        })
+        .await;
+        match sealed {
+            Ok(Ok(true)) => {
+                shared.data.replication.followed.lock().remove(&segment);
+                debug!(segment = segment.0, length, "follower copy sealed");
+            }
+            Ok(Ok(false)) => {
+                debug!(segment = segment.0, length, "follower copy shorter than its seal");
+            }
+            Ok(Err(e)) => warn!(segment = segment.0, length, error = %e, "cannot seal a follower copy"),
+            Err(e) => warn!(segment = segment.0, error = %e, "the follower seal task failed"),
+        }
+    }
+}
+
 /// Stops a segment actor. One already gone (it stopped, or its supervisor
 /// restarted without it) is what was wanted, so a failure is only noted.
 async fn stop_segment_actor(storage: &malachi_supervision::SupervisorRef, name: &str) {
@@ -643,6 +752,15 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     let mut wanted: Vec<(String, SegmentId)> = Vec::new();
     let running: Vec<SegmentId> = shared.data.segments.lock().keys().copied().collect();
     let mut known: std::collections::BTreeSet<SegmentId> = std::collections::BTreeSet::new();
+    let followed: Vec<SegmentId> = shared
+        .data
+        .replication
+        .followed
+        .lock()
+        .iter()
+        .copied()
+        .collect();
+    let mut to_seal: Vec<(SegmentId, u64)> = Vec::new();
     plane.view_each(&mut |state| {
         known.extend(running.iter().filter(|id| state.segment(**id).is_some()));
         for topic in state.topics() {
@@ -650,15 +768,23 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
                 let Some(id) = range.last_segment() else {
                     continue;
                 };
+                // The writer runs on the primary only; followers' copies
+                // are written by the ReplicationServer.
                 if let Some(segment) = state.segment(id)
                     && segment.state == SegmentState::Active
-                    && segment.replicas.contains(&node)
+                    && segment.replicas.first() == Some(&node)
                 {
                     wanted.push((topic.name.clone(), id));
                 }
             }
         }
+        for &id in &followed {
+            if let Some(seal) = state.segment(id).and_then(|s| s.seal()) {
+                to_seal.push((id, seal.length));
+            }
+        }
     });
+    seal_followed(shared, &to_seal).await;
     for (topic, segment) in wanted {
         if shared.segment(segment).is_none() {
             // No wait for the replica: this view already held the segment,

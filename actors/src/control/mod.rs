@@ -17,6 +17,7 @@ pub(crate) mod lease;
 pub(crate) mod manager;
 pub(crate) mod metadata;
 pub(crate) mod placement;
+pub(crate) mod replica;
 pub(crate) mod requests;
 pub(crate) mod shared;
 pub(crate) mod vnodes;

@@ -1,9 +1,10 @@
 //! Whether this broker serves a topic's records, and where to send a client
 //! when it does not.
 //!
-//! Until the data plane replicates (a later issue), a topic's active
-//! segments live on one broker, the one its coordinator placed them on. A
-//! produce, fetch or subscribe that reaches another broker is answered
+//! A topic's active segments are written by their primary (the first of
+//! each replica set), the broker its coordinator placed them on; followers
+//! hold copies the primary ships. A produce, fetch or subscribe that
+//! reaches another broker is answered
 //! `not_leader` with `leader_hint` set to the hosting broker's client
 //! address, which the client follows at once (the same mechanism a raft
 //! leader change uses; ADR 0081). The metadata read first is the local
@@ -35,7 +36,7 @@ pub(crate) struct Redirect {
     pub hint: Option<String>,
 }
 
-/// The brokers hosting the active segments of `topic` in `state`.
+/// The primaries of the active segments of `topic` in `state`.
 fn hosts_in_state(
     state: &malachi_cluster::model::MetadataState,
     topic: &str,
@@ -46,7 +47,7 @@ fn hosts_in_state(
         .filter_map(|r| r.last_segment())
         .filter_map(|id| state.segment(id))
         .filter(|s| s.state == SegmentState::Active)
-        .flat_map(|s| s.replicas.iter().copied())
+        .filter_map(|s| s.replicas.first().copied())
         .collect();
     hosts.sort_unstable();
     hosts.dedup();
@@ -59,7 +60,7 @@ fn hosts_in_description(description: &TopicDescription) -> Vec<NodeId> {
         .iter()
         .filter(|r| r.state == "active")
         .filter_map(|r| r.segments.last())
-        .flat_map(|s| s.replicas.iter().copied().map(NodeId))
+        .filter_map(|s| s.replicas.first().copied().map(NodeId))
         .collect();
     hosts.sort_unstable();
     hosts.dedup();

@@ -26,12 +26,17 @@ pub(crate) enum CoordError {
     UnknownSegment { segment: SegmentId },
     #[error("segment {segment} cannot be sealed now: {reason}")]
     Freeze { segment: SegmentId, reason: String },
+    /// No replica set fits the request and the live brokers.
+    #[error("{0}")]
+    Placement(#[from] malachi_cluster::placement::PlacementError),
 }
 
 pub(crate) enum CoordinatorMsg {
     CreateTopic {
         name: String,
         policy: Option<String>,
+        /// Copies of each segment; `None` takes the broker's default.
+        replication_factor: Option<u8>,
         reply: RpcReplyPort<Result<u64, CoordError>>,
     },
     DeleteTopic {

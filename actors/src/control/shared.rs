@@ -43,6 +43,9 @@ pub(crate) struct RaftEndpoint {
     pub listener: Arc<std::net::TcpListener>,
     pub addr: SocketAddr,
     pub transport: Arc<TcpTransport>,
+    /// Connections of their own to the same ports, for replica-appends
+    /// (ADR 0095): bulk data never queues with raft's heartbeats.
+    pub replication: Arc<TcpTransport>,
     /// The server of the current `vnodes` actor; a crashed predecessor's is
     /// still here (post_stop does not run after a failure) and is stopped
     /// before a new one serves the same listener.

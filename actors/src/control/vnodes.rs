@@ -21,6 +21,7 @@ use malachi_cluster::group::{RpcError, RpcService, TransportServer};
 use malachi_cluster::membership::MembershipView;
 use malachi_cluster::vnodes::broker_api::FORWARD_LIST_API_KEY;
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_wire::replication::REPLICA_APPEND_API_KEY;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -44,10 +45,12 @@ pub(crate) struct VnodesState {
 
 /// What the raft port serves: the host's raft and forwarding keys, plus
 /// the forwarded topic list (key 212), which `VnodeHost` serves through its
-/// broker api.
+/// broker api, and replica-appends (key 100) for this broker's follower
+/// copies (ADR 0095).
 #[derive(Debug)]
 struct BrokerRpc {
     host: Arc<VnodeHost>,
+    shared: Arc<Shared>,
 }
 
 #[async_trait::async_trait]
@@ -55,6 +58,16 @@ impl RpcService for BrokerRpc {
     async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
         if api_key == FORWARD_LIST_API_KEY {
             return self.host.serve_list(group_id).await;
+        }
+        if api_key == REPLICA_APPEND_API_KEY {
+            let answer = super::replica::serve_replica_append(&self.shared, body).await;
+            return answer
+                .encode()
+                .map(|b| b.to_vec())
+                .map_err(|e| RpcError::Encode {
+                    what: "replica_append_response",
+                    reason: e.to_string(),
+                });
         }
         self.host.serve(api_key, group_id, body).await
     }
@@ -117,6 +130,7 @@ fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandl
     let fabric = shared.fabric()?;
     let mut view = fabric.membership.watch();
     let host = Arc::clone(host);
+    let replication = shared.raft.get().map(|r| Arc::clone(&r.replication));
     Some(tokio::spawn(async move {
         let mut observer = RingObserver::default();
         loop {
@@ -134,6 +148,12 @@ fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandl
                 if !known {
                     debug!(node, %addr, "raft peer address learned");
                     host.transport().set_peer(node, addr);
+                }
+                // Replica-appends ride the same port on their own connections.
+                if let Some(replication) = &replication
+                    && !replication.peers().contains(&(node, addr))
+                {
+                    replication.set_peer(node, addr);
                 }
             }
             let held = host.ring().version();
@@ -210,6 +230,7 @@ impl Actor for VnodesActor {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
                 let service: Arc<dyn RpcService> = Arc::new(BrokerRpc {
                     host: Arc::clone(&host),
+                    shared: Arc::clone(&shared),
                 });
                 let server = Arc::new(TransportServer::start(
                     listener,

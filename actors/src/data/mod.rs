@@ -1,8 +1,8 @@
 //! The data plane: the `storage` subtree. One `segment/<topic>/<range>/<segment>`
 //! actor per open segment copy (`segment.rs`), and the state they share
-//! (`storage.rs`). The ReplicationServer (replica append, catch-up, fencing)
-//! will live here too; it is planned, not built: each segment has one copy
-//! today.
+//! (`storage.rs`), and the `replication` ReplicationServer (`replication.rs`:
+//! the follower's replica-append and the primary's shippers, over the
+//! quorum arithmetic of `quorum.rs`).
 //!
 //! Architecture invariant: this module names only `common`. A segment actor
 //! reaches the control plane through the [`segment::Roller`] it was started
@@ -10,5 +10,7 @@
 
 pub(crate) mod invariants;
 pub(crate) mod producers;
+pub(crate) mod quorum;
+pub(crate) mod replication;
 pub(crate) mod segment;
 pub(crate) mod storage;

@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use malachi_cluster::model::{RangeId, SealRecord, SegmentId};
+use malachi_cluster::model::{NodeId, RangeId, SealRecord, SegmentId};
 use malachi_storage::{SegmentStore, StorageError};
 
 use malachi_supervision::{BoundedRef, Permit};
@@ -26,6 +26,7 @@ use tracing::{debug, error, warn};
 
 use super::invariants::{Violation, check_append, check_durable};
 use super::producers::{self, ProducerTable, ProducerTag, Verdict};
+use super::replication::Replicated;
 use super::storage::{SegmentHandle, Storage};
 use crate::common::convert::IncomingRecord;
 
@@ -64,6 +65,11 @@ pub(crate) enum AppendError {
     /// The idempotent batch was refused by the range's producer state.
     #[error("refused by the producer state: {0:?}")]
     Producer(Verdict),
+    /// Durable here, but not on a quorum of copies within
+    /// `replica_ack_timeout_ms` (retriable: an idempotent retry is answered
+    /// once a quorum holds the records).
+    #[error("{0}")]
+    NoQuorum(String),
 }
 
 /// How an append was acknowledged.
@@ -133,6 +139,9 @@ pub(crate) struct SegmentArgs {
     /// the first segment of a split child or a merge. Their producer state
     /// is where this segment's starts.
     pub predecessors: Vec<(SegmentId, RangeId)>,
+    /// The segment's copies, this broker's (the primary's) first. With more
+    /// than one, appends are acknowledged once a quorum has fsynced them.
+    pub replicas: Vec<NodeId>,
 }
 
 pub(crate) struct SegmentActor;
@@ -152,6 +161,8 @@ pub(crate) struct SegmentState {
     /// A group commit failed: the table may name batches that are not in
     /// the log, so it is rebuilt from the log before it is handed on.
     producers_stale: bool,
+    /// The quorum state of a replicated segment (`None` with one copy).
+    replicated: Option<Arc<Replicated>>,
 }
 
 impl SegmentState {
@@ -200,8 +211,25 @@ impl Actor for SegmentActor {
             length = recovery.info.length,
             "segment open"
         );
-        let first_record_at_ms = (recovery.info.length > 0).then_some(args.created_at_ms);
+        let first_record_at_ms = (recovery.info.durable > 0).then_some(args.created_at_ms);
         let producers = tokio::task::block_in_place(|| build_producers(&args));
+        let replicated = (args.replicas.len() > 1).then(|| {
+            let info = &recovery.info;
+            let committed = info.committed.unwrap_or(0);
+            // Readers of this copy now see only what a quorum holds.
+            if let Err(e) = args.storage.store.set_committed(id, committed) {
+                warn!(segment = %id, error = %e, "cannot mark the copy replicated");
+            }
+            let replicated = Arc::new(Replicated::new(
+                args.topic.clone(),
+                args.segment,
+                args.replicas.clone(),
+                info.durable,
+                committed,
+            ));
+            args.storage.replication.lead(Arc::clone(&replicated));
+            replicated
+        });
         Ok(SegmentState {
             args,
             rolling: false,
@@ -209,6 +237,7 @@ impl Actor for SegmentActor {
             first_record_at_ms,
             producers,
             producers_stale: false,
+            replicated,
         })
     }
 
@@ -270,6 +299,9 @@ impl Actor for SegmentActor {
                     warn!(segment = %id, error = %e, "cannot fence segment");
                 }
                 let handoff = Handoff::of(state);
+                let replicated = state.replicated.clone();
+                let storage = Arc::clone(&state.args.storage);
+                let timeout_ms = state.args.storage.config.replica_ack_timeout_ms;
                 tokio::spawn(async move {
                     // A failed sync latches the copy as failed and leaves
                     // `length` at what was durable before: the seal below
@@ -278,6 +310,10 @@ impl Actor for SegmentActor {
                         && let Err(e) = ticket.await
                     {
                         warn!(segment = %id, error = %e, "sync before freezing failed");
+                    }
+                    if let Err(e) = quorum_holds_all(&storage, id, replicated.as_deref(), timeout_ms).await {
+                        let _ = reply.send(Err(AppendError::NoQuorum(e)));
+                        return;
                     }
                     handoff.write().await;
                     let answer = store
@@ -312,6 +348,13 @@ impl Actor for SegmentActor {
             segments.len()
         };
         state.args.storage.metrics.open_segments.set(open as f64);
+        if let Some(replicated) = &state.replicated {
+            state
+                .args
+                .storage
+                .replication
+                .release(state.args.segment, replicated);
+        }
         Ok(())
     }
 }
@@ -348,16 +391,26 @@ impl SegmentActor {
                     // everything appended so far is durable.
                     let store = Arc::clone(&state.args.storage.store);
                     let id = state.store_id();
+                    let replicated = state.replicated.clone();
+                    let timeout_ms = state.args.storage.config.replica_ack_timeout_ms;
+                    let end = state.next_offset;
                     tokio::spawn(async move {
                         let _permit = permit;
                         let durable = match store.sync(id) {
                             Ok(ticket) => ticket.await.is_ok(),
                             Err(_) => false,
                         };
-                        let answer = if durable {
-                            Ok(Ack::Duplicate { records })
-                        } else {
-                            Err(AppendError::Rolled)
+                        let answer = match (durable, replicated) {
+                            (false, _) => Err(AppendError::Rolled),
+                            (true, None) => Ok(Ack::Duplicate { records }),
+                            // The original is acknowledged once committed:
+                            // so is its retry.
+                            (true, Some(replicated)) => {
+                                match replicated.wait_committed(end, timeout_ms).await {
+                                    Ok(()) => Ok(Ack::Duplicate { records }),
+                                    Err(e) => Err(AppendError::NoQuorum(e.to_string())),
+                                }
+                            }
                         };
                         let _ = reply.send(answer);
                     });
@@ -416,10 +469,26 @@ impl SegmentActor {
         let topic = state.args.topic.clone();
         let count = records.len() as u64;
         let store_id = state.store_id();
+        let replicated = state.replicated.clone();
         tokio::spawn(async move {
-            // The permit lives until the fsync: the actor's bound covers it.
+            // The permit lives until the fsync (and, replicated, until a
+            // quorum holds the records): the actor's bound covers it.
             let _permit = permit;
             let result = ticket.await;
+            if let (Ok(offsets), Some(replicated)) = (&result, &replicated) {
+                replicated.local_durable(&shared, offsets.end);
+                let timeout_ms = shared.config.replica_ack_timeout_ms;
+                match replicated.wait_committed(offsets.end, timeout_ms).await {
+                    Ok(()) => shared.metrics.replica_quorum_acks.increment(1),
+                    Err(e) => {
+                        shared.metrics.replica_no_quorum.increment(1);
+                        let _ = reply.send(Err(AppendError::NoQuorum(e.to_string())));
+                        let _ = myself.send_message(SegmentMsg::CheckRoll);
+                        return;
+                    }
+                }
+            }
+
             shared
                 .metrics
                 .append_latency_seconds
@@ -496,6 +565,7 @@ impl SegmentActor {
         let segment = state.args.segment;
         let store_id = state.store_id();
         let handoff = Handoff::of(state);
+        let replicated = state.replicated.clone();
         tokio::spawn(async move {
             if roll(
                 &storage,
@@ -504,6 +574,7 @@ impl SegmentActor {
                 segment,
                 store_id,
                 handoff,
+                replicated.as_deref(),
             )
             .await
             .is_err()
@@ -535,6 +606,7 @@ async fn roll(
     segment: SegmentId,
     store_id: malachi_storage::SegmentId,
     handoff: Handoff,
+    replicated: Option<&Replicated>,
 ) -> Result<(), ()> {
     // Everything appended before the fence becomes durable (or fails) first.
     // A failed sync leaves `length` at what was durable: the seal is still
@@ -543,6 +615,11 @@ async fn roll(
         && let Err(e) = ticket.await
     {
         warn!(segment = %store_id, error = %e, "sync before rolling failed");
+    }
+    let timeout_ms = storage.config.replica_ack_timeout_ms;
+    if let Err(reason) = quorum_holds_all(storage, store_id, replicated, timeout_ms).await {
+        warn!(segment = %store_id, %reason, "cannot roll yet");
+        return Err(());
     }
     // The successor starts from this table: it is on disk before the roll
     // can commit.
@@ -570,6 +647,27 @@ async fn roll(
             Err(())
         }
     }
+}
+
+/// Waits until a quorum holds every record durable on this fenced copy, so
+/// the seal (at that durable length) is held by a quorum before anyone
+/// relies on it (`replication.md`, invariant 4), and no record the producer
+/// table names is cut off by it. Immediate with one copy.
+async fn quorum_holds_all(
+    storage: &Storage,
+    id: malachi_storage::SegmentId,
+    replicated: Option<&Replicated>,
+    timeout_ms: u64,
+) -> Result<(), String> {
+    let Some(replicated) = replicated else {
+        return Ok(());
+    };
+    let durable = storage.store.info(id).map_err(|e| e.to_string())?.durable;
+    replicated.local_durable(storage, durable);
+    replicated
+        .wait_committed(durable, timeout_ms)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The producer table a sealing segment leaves for its successors, written
@@ -664,13 +762,29 @@ fn scan_tags(
 ) {
     use malachi_storage::SegmentStore;
     use malachi_wire::limits::PRODUCER_HEADER;
-    const SCAN_RECORDS: usize = 16_384;
     const SCAN_BYTES: usize = 8 << 20;
+    // Every durable record, committed or not: a replicated copy's readers
+    // see only committed ones, but a batch durable here and not yet
+    // committed is still one a retry must be recognised as.
     let mut from = 0u64;
     loop {
-        let mut last = None;
-        let read = storage.store.read_with(id, from, SCAN_RECORDS, SCAN_BYTES, &mut |view| {
-            last = Some(view.offset);
+        let run = match storage.store.read_frames(id, from, SCAN_BYTES) {
+            Ok(run) => run,
+            Err(e) => {
+                warn!(segment = %id, error = %e, "cannot scan the log for producer state");
+                return;
+            }
+        };
+        if run.records == 0 {
+            return;
+        }
+        let mut at = 0;
+        while at < run.bytes.len() {
+            // `read_frames` checked every frame it returned.
+            let Ok((view, len)) = malachi_storage::frame::decode(&run.bytes[at..]) else {
+                warn!(segment = %id, "a frame read back does not decode");
+                return;
+            };
             for (name, value) in &view.headers {
                 if *name == PRODUCER_HEADER
                     && let Some(tag) = ProducerTag::decode(value)
@@ -679,15 +793,8 @@ fn scan_tags(
                     warn!(segment = %id, offset = view.offset, "a producer tag of another range; ignored");
                 }
             }
-            std::ops::ControlFlow::Continue(())
-        });
-        match (read, last) {
-            (Ok(n), Some(offset)) if n > 0 => from = offset + 1,
-            (Ok(_), _) => return,
-            (Err(e), _) => {
-                warn!(segment = %id, error = %e, "cannot scan the log for producer state");
-                return;
-            }
+            at += len;
         }
+        from += run.records;
     }
 }

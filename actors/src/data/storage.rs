@@ -17,6 +17,7 @@ use malachi_supervision::{BoundedRef, SupervisorRef};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 
+use super::replication::ReplicationState;
 use super::segment::SegmentMsg;
 use crate::common::clock::Clock;
 use crate::common::config::BrokerConfig;
@@ -39,6 +40,9 @@ pub(crate) struct Storage {
     /// The running actor of each open segment, registered by the actor.
     pub segments: Mutex<HashMap<SegmentId, SegmentHandle>>,
     topics: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Quorum replication: the link to followers, the ReplicationServer,
+    /// the segments this broker leads.
+    pub replication: ReplicationState,
 }
 
 impl Storage {
@@ -56,6 +60,7 @@ impl Storage {
             supervisor: RwLock::new(None),
             segments: Mutex::new(HashMap::new()),
             topics: Mutex::new(HashMap::new()),
+            replication: ReplicationState::default(),
         }
     }
 

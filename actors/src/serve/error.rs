@@ -140,6 +140,10 @@ pub(crate) enum ServeError {
     /// Too many bytes wait for a group commit on a segment.
     #[error("{reason}")]
     SegmentBusy { segment: SegmentId, reason: String },
+    /// A replicated segment's copies did not fsync the batch on a quorum in
+    /// time (`replica_ack_timeout_ms`); retriable.
+    #[error("{reason}")]
+    ReplicaQuorum { segment: SegmentId, reason: String },
     /// The store refused the batch itself (a record or batch over a bound).
     #[error("{reason}")]
     BatchRefused { segment: SegmentId, reason: String },
@@ -229,6 +233,7 @@ impl ServeError {
                 ErrorCode::Busy
             }
             ServeError::SubscriptionNotFound { .. } => ErrorCode::SubscriptionNotFound,
+            ServeError::ReplicaQuorum { .. } => ErrorCode::NoQuorum,
             ServeError::VnodeNotFound { .. } => ErrorCode::VnodeNotFound,
             ServeError::OtherSplitInProgress { .. } => ErrorCode::SplitInProgress,
             ServeError::ProduceTimeout { .. } | ServeError::CoordinatorSilent { .. } => {
@@ -313,6 +318,7 @@ fn coord_code(e: &CoordError) -> ErrorCode {
         CoordError::Model(m) => model_code(m),
         CoordError::Metadata(m) => m.error_code(),
         CoordError::Freeze { .. } => ErrorCode::Busy,
+        CoordError::Placement(_) => ErrorCode::InvalidRequest,
         CoordError::Supervision(_)
         | CoordError::Unexpected(_)
         | CoordError::UnknownSegment { .. } => ErrorCode::UnknownServerError,

@@ -799,6 +799,9 @@ async fn await_answer(
         Ok(Ok(Err(AppendError::Producer(verdict)))) => {
             Outcome::Failed(producer_refusal(part, verdict))
         }
+        Ok(Ok(Err(AppendError::NoQuorum(reason)))) => {
+            Outcome::Failed(ServeError::ReplicaQuorum { segment, reason })
+        }
     }
 }
 

@@ -52,13 +52,17 @@ pub(crate) async fn create_topic(
     shared: &Arc<Shared>,
     req: wire::CreateTopicRequest,
 ) -> Result<wire::CreateTopicResponse, Failure> {
-    if let Some(replication_factor) = req.replication_factor.filter(|&rf| rf > 1) {
+    if let Some(replication_factor) = req.replication_factor
+        && replication_factor > 1
+        && shared.config.metadata_backend == crate::common::config::MetadataBackend::File
+    {
         return Err(ServeError::ReplicationFactor { replication_factor });
     }
     let name = req.name.clone();
     let incarnation = call_coordinator(shared, |reply| CoordinatorMsg::CreateTopic {
         name: req.name,
         policy: req.policy,
+        replication_factor: req.replication_factor,
         reply,
     })
     .await?;

@@ -111,6 +111,7 @@ pub const PROVOKED_BY_THREE_BROKERS: &[(&str, &str)] = &[
     ("merge_range", "not_leader"),
     ("merge_range", "no_quorum"),
     ("produce", "not_leader"),
+    ("produce", "no_quorum"),
     ("fetch", "not_leader"),
     ("subscribe", "not_leader"),
 ];
@@ -176,11 +177,6 @@ pub const NOT_PROVOKED: &[(&str, &str, &str)] = &[
         "produce",
         "topic_sealed",
         "no client operation seals a topic yet",
-    ),
-    (
-        "produce",
-        "no_quorum",
-        "a roll whose metadata proposal finds no quorum",
     ),
     (
         "vnode_split",

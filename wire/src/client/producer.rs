@@ -27,7 +27,7 @@ use tracing::debug;
 
 use super::{Client, ClientError, backoff_ms, decode_response};
 use crate::api::ApiKey;
-use crate::batch::{BatchBuilder, Record, RecordBatch};
+use crate::batch::{BatchBuilder, RecordBatch};
 use crate::error::ErrorCode;
 use crate::messages::*;
 
@@ -141,9 +141,12 @@ enum State {
 /// One request's worth of records, in send order.
 struct Entry {
     id: u64,
-    records: Vec<Record>,
-    /// The producer's ordinal of each record (0-based, in send order).
-    ordinals: Vec<u64>,
+    /// The records, as the caller's block (or, once split over ranges, a
+    /// block of this range's share): kept until acknowledged, to route again.
+    batch: RecordBatch,
+    /// The producer's ordinals of the records (0-based, in send order), as
+    /// runs of consecutive ordinals: one run unless the batch was split.
+    ordinals: Vec<std::ops::Range<u64>>,
     /// Range, sequence and epoch, once routed; then the encoded block.
     assigned: Option<(u64, u64, u64)>,
     encoded: Option<RecordBatch>,
@@ -236,16 +239,15 @@ impl Producer {
     /// timeout, fails this and every later call.
     pub async fn send(&mut self, batch: RecordBatch) -> Result<Option<ProduceAck>, ClientError> {
         self.check_failed()?;
-        let records = batch.records();
-        if records.is_empty() {
+        if batch.is_empty() {
             return Ok(None);
         }
         let first = self.next_ordinal;
-        self.next_ordinal += records.len() as u64;
+        self.next_ordinal += u64::from(batch.count());
         let entry = Entry {
             id: self.next_entry,
-            ordinals: (first..self.next_ordinal).collect(),
-            records,
+            ordinals: vec![first..self.next_ordinal],
+            batch,
             assigned: None,
             encoded: None,
             state: State::Unsent {
@@ -402,46 +404,58 @@ impl Producer {
         let Some(layout) = &self.layout else {
             return Ok(false);
         };
-        let records = std::mem::take(&mut self.queue[i].records);
+        let batch = std::mem::take(&mut self.queue[i].batch);
         let ordinals = std::mem::take(&mut self.queue[i].ordinals);
-        let mut groups: BTreeMap<u64, (Vec<Record>, Vec<u64>)> = BTreeMap::new();
-        let mut unroutable = false;
-        for (record, ordinal) in records.into_iter().zip(ordinals) {
-            let Some(range) = layout.route(&record.key) else {
-                unroutable = true;
-                break;
-            };
-            let group = groups.entry(range).or_default();
-            group.0.push(record);
-            group.1.push(ordinal);
-        }
-        if unroutable {
+        let records = batch.records();
+        let routes: Option<Vec<u64>> = records.iter().map(|r| layout.route(&r.key)).collect();
+        let Some(routes) = routes else {
             let error = ClientError::ProduceFailed {
                 message: format!("the layout of topic {} has no range for a key", self.topic),
             };
             return Err(self.fail(&error));
-        }
+        };
         let Some(template) = self.queue.remove(i) else {
             return Ok(false);
         };
-        for (at, (range, (records, ordinals))) in (i..).zip(groups) {
+        // The common case: every record in one range. The caller's block is
+        // sent as it is, neither copied nor checksummed again.
+        let single = routes.first().copied().filter(|first| routes.iter().all(|r| r == first));
+        let shares: Vec<(u64, RecordBatch, Vec<std::ops::Range<u64>>)> = match single {
+            Some(range) => vec![(range, batch, ordinals)],
+            None => {
+                let mut groups: BTreeMap<u64, (BatchBuilder, Vec<std::ops::Range<u64>>)> =
+                    BTreeMap::new();
+                let each = ordinals.iter().flat_map(|run| run.clone());
+                for ((record, range), ordinal) in records.iter().zip(&routes).zip(each) {
+                    let (builder, runs) = groups
+                        .entry(*range)
+                        .or_insert_with(|| (BatchBuilder::new(usize::MAX), Vec::new()));
+                    builder
+                        .push(record)
+                        .map_err(|e| ClientError::ProduceFailed {
+                            message: format!("cannot encode a batch: {e}"),
+                        })?;
+                    match runs.last_mut() {
+                        Some(run) if run.end == ordinal => run.end += 1,
+                        _ => runs.push(ordinal..ordinal + 1),
+                    }
+                }
+                groups
+                    .into_iter()
+                    .map(|(range, (builder, runs))| (range, builder.finish(), runs))
+                    .collect()
+            }
+        };
+        for (at, (range, batch, ordinals)) in (i..).zip(shares) {
             let sequence = self.next_sequence.entry(range).or_insert(0);
             let assigned = (range, *sequence, self.identity.epoch);
             *sequence += 1;
-            let mut builder = BatchBuilder::new(usize::MAX);
-            for record in &records {
-                builder
-                    .push(record)
-                    .map_err(|e| ClientError::ProduceFailed {
-                        message: format!("cannot encode a batch: {e}"),
-                    })?;
-            }
             let entry = Entry {
                 id: self.next_entry,
-                records,
+                encoded: Some(batch.clone()),
+                batch,
                 ordinals,
                 assigned: Some(assigned),
-                encoded: Some(builder.finish()),
                 state: template.state,
                 created: template.created,
                 attempts: template.attempts,
@@ -560,11 +574,11 @@ impl Producer {
             Ok(_response) => {
                 let entry = &mut self.queue[i];
                 entry.state = State::Acked;
-                let count = entry.ordinals.len();
-                for ordinal in &entry.ordinals {
-                    insert_interval(&mut self.acknowledged, *ordinal);
+                let count: u64 = entry.ordinals.iter().map(|run| run.end - run.start).sum();
+                for run in &entry.ordinals {
+                    insert_interval(&mut self.acknowledged, run.clone());
                 }
-                self.records_acknowledged += count as u64;
+                self.records_acknowledged += count;
                 Ok(Some(ProduceAck {
                     records_acknowledged: count as u32,
                     latency,
@@ -657,21 +671,24 @@ fn merge(done: Option<ProduceAck>, ack: ProduceAck) -> ProduceAck {
     }
 }
 
-fn insert_interval(set: &mut BTreeMap<u64, u64>, at: u64) {
-    let mut start = at;
-    let mut end = at + 1;
-    if let Some((&s, &e)) = set.range(..=at).next_back()
-        && e >= at
-    {
-        if e > at {
-            return;
-        }
-        start = s;
-        set.remove(&s);
+/// Adds the ordinals `run` to `set` (start to end-exclusive intervals,
+/// disjoint and not touching), merging with its neighbours.
+fn insert_interval(set: &mut BTreeMap<u64, u64>, run: std::ops::Range<u64>) {
+    if run.is_empty() {
+        return;
     }
-    if let Some(&e) = set.get(&end) {
-        set.remove(&end);
-        end = e;
+    let (mut start, mut end) = (run.start, run.end);
+    // Every interval that overlaps or touches [start, end) merges into it.
+    let touching: Vec<(u64, u64)> = set
+        .range(..=end)
+        .rev()
+        .take_while(|&(_, &e)| e >= start)
+        .map(|(&s, &e)| (s, e))
+        .collect();
+    for (s, e) in touching {
+        set.remove(&s);
+        start = start.min(s);
+        end = end.max(e);
     }
     set.insert(start, end);
 }
@@ -684,9 +701,24 @@ mod tests {
     fn intervals_merge() {
         let mut set = BTreeMap::new();
         for at in [3, 1, 2, 0, 7, 5, 6, 2] {
-            insert_interval(&mut set, at);
+            insert_interval(&mut set, at..at + 1);
         }
         assert_eq!(set.into_iter().collect::<Vec<_>>(), vec![(0, 4), (5, 8)]);
+    }
+
+    #[test]
+    fn runs_merge_with_every_interval_they_overlap_or_touch() {
+        let mut set = BTreeMap::new();
+        for run in [10..12, 0..2, 4..6, 20..30] {
+            insert_interval(&mut set, run);
+        }
+        insert_interval(&mut set, 2..10);
+        insert_interval(&mut set, 25..27);
+        insert_interval(&mut set, 14..14);
+        assert_eq!(
+            set.into_iter().collect::<Vec<_>>(),
+            vec![(0, 12), (20, 30)]
+        );
     }
 
     #[test]

@@ -1,0 +1,83 @@
+//! The control plane's half of a replica-append (api key 100, ADR 0095):
+//! the check that this broker holds a follower copy of the segment, by the
+//! metadata it knows, before the data plane's ReplicationServer writes it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use malachi_cluster::model::{NodeId, SegmentId, SegmentState};
+use malachi_wire::replication::{ReplicaAppendRequest, ReplicaAppendResponse, ReplicaRefusal};
+
+use crate::control::metadata::read_owner;
+use crate::control::shared::Shared;
+use crate::data::replication::ReplicationMsg;
+
+/// Answers one replica-append: decoded, checked against the metadata,
+/// then written by the ReplicationServer. Every refusal is typed.
+pub(crate) async fn serve_replica_append(shared: &Arc<Shared>, body: Bytes) -> ReplicaAppendResponse {
+    let request = match ReplicaAppendRequest::decode(body) {
+        Ok(request) => request,
+        Err(e) => {
+            return ReplicaAppendResponse::refused(ReplicaRefusal::InvalidRequest, 0, e.to_string());
+        }
+    };
+    let me = NodeId(shared.config.node_id);
+    let segment = SegmentId(request.segment);
+    let held = shared.plane().ok().and_then(|plane| {
+        read_owner(plane.as_ref(), &request.topic, |state| {
+            state
+                .segment(segment)
+                .map(|s| (s.replicas.iter().skip(1).any(|n| *n == me), s.state))
+        })
+    });
+    match held {
+        Some((true, SegmentState::Active)) => {}
+        Some((true, SegmentState::Sealed { .. })) => {
+            return ReplicaAppendResponse::refused(
+                ReplicaRefusal::Fenced,
+                0,
+                format!("segment {segment} is sealed"),
+            );
+        }
+        Some((false, _)) | None => {
+            return ReplicaAppendResponse::refused(
+                ReplicaRefusal::UnknownCopy,
+                0,
+                format!(
+                    "broker {} holds no follower copy of segment {segment} of {}",
+                    me.0, request.topic
+                ),
+            );
+        }
+    }
+    let Some(server) = shared.data.replication.server.read().clone() else {
+        return ReplicaAppendResponse::refused(
+            ReplicaRefusal::Busy,
+            0,
+            "the replication server is restarting",
+        );
+    };
+    let timeout = Duration::from_millis(shared.config.replica_ack_timeout_ms);
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let sent = tokio::time::timeout(
+        timeout,
+        server.send(|permit| ReplicationMsg::Append {
+            permit,
+            request,
+            reply,
+        }),
+    )
+    .await;
+    if !matches!(sent, Ok(Ok(()))) {
+        return ReplicaAppendResponse::refused(ReplicaRefusal::Busy, 0, "the replication server is busy");
+    }
+    match tokio::time::timeout(timeout, answer).await {
+        Ok(Ok(answer)) => answer,
+        _ => ReplicaAppendResponse::refused(
+            ReplicaRefusal::Busy,
+            0,
+            "the copy did not answer in time",
+        ),
+    }
+}

@@ -1,0 +1,112 @@
+//! The quorum arithmetic of a replicated segment, as pure functions the
+//! primary's replicator, the tests and a model checker share.
+//!
+//! A segment has N copies, the primary's first. A record is committed once
+//! Q = floor(N/2) + 1 copies, the primary's included, have fsynced it
+//! (`../shared/design/replication.md`, invariant 1). Each copy's durable end
+//! only grows, so the committed end is the Q-th largest durable end.
+
+/// Copies that must hold a record durably before it is acknowledged.
+pub(crate) fn quorum(copies: usize) -> usize {
+    copies / 2 + 1
+}
+
+/// The highest offset durable on a quorum: the Q-th largest of the copies'
+/// durable ends (`durable[0]` is the primary's). With one copy it is that
+/// copy's durable end.
+pub(crate) fn committed_end(durable: &[u64]) -> u64 {
+    if durable.is_empty() {
+        return 0;
+    }
+    let mut ends = durable.to_vec();
+    ends.sort_unstable_by(|a, b| b.cmp(a));
+    ends[quorum(durable.len()) - 1]
+}
+
+/// Tracks the durable ends a primary has heard and the committed end they
+/// imply. The committed end never goes down: a copy whose end is learned
+/// again lower (a restarted follower that lost an unsynced tail) lowers
+/// only its own entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CommitTracker {
+    durable: Vec<u64>,
+    committed: u64,
+}
+
+impl CommitTracker {
+    /// `copies` copies (at least one), all empty, nothing committed yet;
+    /// `committed` is what is known committed already (a reopened copy).
+    pub(crate) fn new(copies: usize, committed: u64) -> CommitTracker {
+        assert!(copies >= 1, "a segment has at least its primary's copy");
+        CommitTracker {
+            durable: vec![0; copies],
+            committed,
+        }
+    }
+
+    /// Records copy `copy`'s durable end and returns the committed end.
+    pub(crate) fn observe(&mut self, copy: usize, durable_end: u64) -> u64 {
+        if let Some(end) = self.durable.get_mut(copy) {
+            *end = durable_end;
+        }
+        self.committed = self.committed.max(committed_end(&self.durable));
+        self.committed
+    }
+
+    pub(crate) fn committed(&self) -> u64 {
+        self.committed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn quorum_is_a_majority_counting_the_primary() {
+        assert_eq!(
+            [1, 2, 3, 4, 5].map(quorum),
+            [1, 2, 2, 3, 3],
+            "Q = floor(N/2) + 1"
+        );
+    }
+
+    #[test]
+    fn the_committed_end_is_the_qth_largest() {
+        assert_eq!(committed_end(&[7]), 7);
+        assert_eq!(committed_end(&[10, 4, 8]), 8);
+        assert_eq!(committed_end(&[10, 0, 0]), 0);
+        assert_eq!(committed_end(&[3, 9, 9]), 9);
+        assert_eq!(committed_end(&[5, 5, 1, 1, 9]), 5);
+    }
+
+    proptest! {
+        /// Over any order in which acknowledgements arrive, the committed
+        /// end (a) is held durably by at least Q copies, (b) never exceeds
+        /// what Q copies hold (no larger end has Q holders), and (c) never
+        /// goes down, even when a copy's end is reported lower again.
+        #[test]
+        fn the_committed_end_is_held_by_a_quorum_and_never_goes_down(
+            copies in 1usize..=5,
+            acks in proptest::collection::vec((0usize..5, 0u64..50), 0..60),
+        ) {
+            let mut tracker = CommitTracker::new(copies, 0);
+            let mut seen = vec![0u64; copies];
+            let mut last = 0;
+            for (copy, end) in acks {
+                let copy = copy % copies;
+                seen[copy] = end;
+                let committed = tracker.observe(copy, end);
+                prop_assert!(committed >= last, "the committed end went down");
+                last = committed;
+                let now = committed_end(&seen);
+                let holders = seen.iter().filter(|&&e| e >= now).count();
+                prop_assert!(holders >= quorum(copies));
+                let above = seen.iter().filter(|&&e| e > now).count();
+                prop_assert!(above < quorum(copies), "a larger end had a quorum");
+                prop_assert!(committed >= now);
+            }
+        }
+    }
+}

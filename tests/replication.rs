@@ -1,0 +1,315 @@
+//! Quorum replication of records across three broker processes (issue 17):
+//! every segment on three brokers, acknowledged once two have fsynced it.
+//! The CLI is run with its default flags, as users run it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::keyed::*;
+use common::{err, malachi, ok, out};
+use serde_json::Value;
+
+/// The replica sets of a topic's segments, oldest first (node ids, the
+/// primary's first), from `topic describe --json`.
+fn replica_sets(broker: &str, topic: &str) -> Vec<(u64, Vec<u64>)> {
+    let output = ok(malachi(broker, &["topic", "describe", topic, "--json"], ""));
+    let described: Value = serde_json::from_str(&out(&output)).unwrap();
+    let mut sets = Vec::new();
+    for range in described["ranges"].as_array().unwrap() {
+        for segment in range["segments"].as_array().unwrap() {
+            let replicas = segment["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_u64().unwrap())
+                .collect();
+            sets.push((segment["id"].as_u64().unwrap(), replicas));
+        }
+    }
+    sets
+}
+
+/// The log file of segment `id` in a broker's data dir.
+fn segment_log(data_dir: &std::path::Path, id: u64) -> PathBuf {
+    data_dir.join("segments").join(format!("{id:020}.log"))
+}
+
+#[test]
+fn a_topic_gets_three_copies_and_keeps_every_acknowledged_record_in_key_order_through_a_follower_kill()
+ {
+    const LINES: u64 = 100_000;
+    const KEYS: u64 = 100;
+    const CHUNK: u64 = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    let b = clients[0].clone();
+    ok(malachi(&b, &["topic", "create", "replicated"], ""));
+    let sets = replica_sets(&b, "replicated");
+    assert_eq!(sets.len(), 1);
+    let (segment, replicas) = sets[0].clone();
+    assert_eq!(replicas.len(), 3, "the default replication factor is 3");
+    let follower = replicas[2];
+
+    let mut child = spawn_malachi(&b, &["produce", "replicated", "--timeout-ms", "60000"]);
+    let mut stdin = child.stdin.take().unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let written = written.clone();
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while i < LINES {
+                let mut chunk = String::new();
+                for j in i..(i + CHUNK).min(LINES) {
+                    chunk.push_str(&keyed_line(j, KEYS));
+                }
+                stdin.write_all(chunk.as_bytes()).unwrap();
+                stdin.flush().unwrap();
+                i = (i + CHUNK).min(LINES);
+                written.store(i, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    while written.load(Ordering::Relaxed) < LINES / 3 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let node = &mut cluster.nodes[(follower - 1) as usize];
+    node.kill9();
+    let killed_at = written.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(500));
+    let seeds = node.seeds_among(&clients);
+    node.start(&seeds);
+    writer.join().unwrap();
+    let output = ok(wait_output(child, Duration::from_secs(300)));
+    println!("follower {follower} killed with {killed_at} of {LINES} lines written");
+    assert_eq!(
+        out(&output),
+        format!("{LINES} of {LINES} records acknowledged by replicated\n"),
+        "stderr: {}",
+        err(&output)
+    );
+    assert!(killed_at < LINES, "the kill came after all input was written");
+
+    for broker in &clients {
+        let records = consume_all(broker, "replicated");
+        assert_keyed_sequences(&records, KEYS, LINES);
+    }
+
+    // The restarted follower caught up: once every broker stopped in order,
+    // its copy is the primary's byte for byte.
+    let primary = replicas[0];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let same = loop {
+        let a = std::fs::read(segment_log(&cluster.nodes[(primary - 1) as usize].data_dir, segment))
+            .unwrap();
+        let f = std::fs::read(segment_log(&cluster.nodes[(follower - 1) as usize].data_dir, segment))
+            .unwrap_or_default();
+        // Compare whole frames only: a direct write pads the last block.
+        let frames = |bytes: &[u8]| {
+            let mut at = 0;
+            while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
+                at += len;
+            }
+            bytes[..at].to_vec()
+        };
+        let (a, f) = (frames(&a), frames(&f));
+        if a == f && !a.is_empty() {
+            break true;
+        }
+        if Instant::now() > deadline {
+            println!("primary {} bytes, follower {} bytes", a.len(), f.len());
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(same, "the follower's copy differs from the primary's\n{}", cluster.logs());
+}
+
+#[test]
+fn with_both_followers_down_produce_answers_no_quorum_and_resumes_when_one_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    let b = clients[0].clone();
+    ok(malachi(&b, &["topic", "create", "quorum"], ""));
+    let (_, replicas) = replica_sets(&b, "quorum")[0].clone();
+    let primary = clients[(replicas[0] - 1) as usize].clone();
+    ok(malachi(&primary, &["produce", "quorum"], "a\t1\n"));
+
+    for &node in &replicas[1..] {
+        cluster.nodes[(node - 1) as usize].kill9();
+    }
+    let started = Instant::now();
+    let refused = malachi(&primary, &["produce", "quorum", "--timeout-ms", "3000"], "a\t2\n");
+    let took = started.elapsed();
+    assert!(!refused.status.success(), "a produce without a quorum succeeded");
+    assert!(
+        err(&refused).contains("quorum"),
+        "the refusal names the quorum: {}",
+        err(&refused)
+    );
+    // Bounded: the CLI's timeout plus one replica_ack_timeout_ms (5 s by
+    // default), with a wide margin for a loaded machine; never a hang.
+    assert!(took < Duration::from_secs(60), "produce took {took:?}");
+
+    let back = &mut cluster.nodes[(replicas[1] - 1) as usize];
+    let seeds = back.seeds_among(&clients);
+    back.start(&seeds);
+    ok(malachi(&primary, &["produce", "quorum", "--timeout-ms", "60000"], "a\t3\n"));
+    let records = consume_all(&primary, "quorum");
+    let values: Vec<&str> = records.iter().map(|(_, v)| v.as_str()).collect();
+    // The refused record may have been committed once the follower returned
+    // (it was durable on the primary); either way order is kept.
+    assert!(
+        values == ["1", "3"] || values == ["1", "2", "3"],
+        "records read back: {values:?}"
+    );
+}
+
+/// The raft (cluster) address of broker `node`, from `cluster status`.
+fn raft_addr(broker: &str, node: u64) -> std::net::SocketAddr {
+    let output = ok(malachi(broker, &["cluster", "status", "--json"], ""));
+    let status: Value = serde_json::from_str(&out(&output)).unwrap();
+    let found = status["brokers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["node_id"].as_u64() == Some(node))
+        .expect("the broker is listed");
+    found["raft_addr"].as_str().unwrap().parse().unwrap()
+}
+
+/// The whole frames at the start of `bytes` (a direct write pads the last block).
+fn whole_frames(bytes: &[u8]) -> &[u8] {
+    let mut at = 0;
+    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
+        at += len;
+    }
+    &bytes[..at]
+}
+
+fn frame_at(offset: u64, value: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let record = malachi_storage::Record {
+        timestamp_ms: 1,
+        key: b"intruder".to_vec(),
+        value: value.as_bytes().to_vec(),
+        headers: Vec::new(),
+    };
+    malachi_storage::frame::encode(&mut out, offset, 0, &record);
+    out
+}
+
+#[test]
+fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
+    use malachi_cluster::group::{ClusterCookie, TcpTransport, TcpTransportConfig};
+    use malachi_wire::replication::{
+        REPLICA_APPEND_API_KEY, ReplicaAppendRequest, ReplicaAppendResponse, ReplicaRefusal,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    let b = clients[0].clone();
+    ok(malachi(&b, &["topic", "create", "guarded"], ""));
+    let lines: String = (0..10).map(|i| format!("k{i}\t{i}\n")).collect();
+    ok(malachi(&b, &["produce", "guarded"], &lines));
+    let (segment, replicas) = replica_sets(&b, "guarded")[0].clone();
+    let follower = replicas[1];
+    let data = cluster.nodes[(follower - 1) as usize].data_dir.clone();
+    let log = segment_log(&data, segment);
+    // The follower holds the ten records (a quorum acknowledged them; this
+    // follower may be the one that was not needed, so wait for it).
+    let count_frames = |bytes: &[u8]| {
+        let (mut at, mut n) = (0, 0u64);
+        while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
+            at += len;
+            n += 1;
+        }
+        n
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count_frames(&std::fs::read(&log).unwrap_or_default()) < 10 {
+        assert!(Instant::now() < deadline, "the follower never held ten records");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = whole_frames(&std::fs::read(&log).unwrap()).to_vec();
+    let end = count_frames(&before);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let answers = runtime.block_on(async {
+        let transport = TcpTransport::new(TcpTransportConfig::new(
+            99,
+            ClusterCookie::new("test-cookie").unwrap(),
+        ));
+        transport.set_peer(follower, raft_addr(&b, follower));
+        let send = |segment: u64, first: u64, frames: Vec<u8>| ReplicaAppendRequest {
+            topic: "guarded".into(),
+            segment,
+            epoch: 0,
+            first_offset: first,
+            committed_end: 0,
+            frames: bytes::Bytes::from(frames),
+        };
+        let mut bad_crc = frame_at(end, "tampered");
+        let last = bad_crc.len() - 20;
+        bad_crc[last] ^= 0x40;
+        let cases = vec![
+            ("bad crc", send(segment, end, bad_crc), ReplicaRefusal::BadFrames),
+            ("gap", send(segment, end + 5, frame_at(end + 5, "x")), ReplicaRefusal::NotAtEnd),
+            ("overlap", send(segment, end - 1, frame_at(end - 1, "x")), ReplicaRefusal::NotAtEnd),
+            (
+                "wrong offset inside",
+                send(segment, end, frame_at(end + 1, "x")),
+                ReplicaRefusal::BadFrames,
+            ),
+            ("unknown copy", send(987_654, 0, frame_at(0, "x")), ReplicaRefusal::UnknownCopy),
+        ];
+        let mut answers = Vec::new();
+        for (what, request, want) in cases {
+            let body = request.encode().unwrap();
+            let raw = transport
+                .call_raw(follower, REPLICA_APPEND_API_KEY, request.segment, &body, 10_000)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let answer = ReplicaAppendResponse::decode(&raw).unwrap();
+            answers.push((what, answer, want));
+        }
+        // Garbage where the request's map should be.
+        let raw = transport
+            .call_raw(follower, REPLICA_APPEND_API_KEY, segment, &[0xc1, 0xff, 0x00, 0x13], 10_000)
+            .await
+            .unwrap();
+        answers.push((
+            "garbage",
+            ReplicaAppendResponse::decode(&raw).unwrap(),
+            ReplicaRefusal::InvalidRequest,
+        ));
+        answers
+    });
+    for (what, answer, want) in &answers {
+        assert_eq!(answer.refused, Some(*want), "{what}: {answer:?}");
+        assert!(!answer.message.is_empty(), "{what}: a refusal says why");
+    }
+    let gap = &answers[1].1;
+    assert_eq!(gap.durable_end, end, "a gap's refusal names the copy's end");
+    // Nothing of any refused append was written.
+    let after = std::fs::read(&log).unwrap();
+    assert_eq!(whole_frames(&after), &before[..]);
+    // And the follower still serves: a record produced now reaches it.
+    ok(malachi(&b, &["produce", "guarded"], "k\tlast\n"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count_frames(&std::fs::read(&log).unwrap()) < end + 1 {
+        assert!(Instant::now() < deadline, "the follower stopped taking appends\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let records = consume_all(&clients[(follower - 1) as usize], "guarded");
+    assert_eq!(records.len() as u64, end + 1);
+}
