@@ -53,12 +53,6 @@ impl Running {
     }
 }
 
-
-
-
-
-
-
 #[test]
 fn default_produce_from_stdin_outlasts_a_kill_9_and_stores_every_line_once_in_key_order() {
     const LINES: u64 = 20_000;

@@ -447,13 +447,14 @@ impl Broker {
             admin_addr,
         ));
         let _ = shared.cluster.set(Arc::new(fabric));
-        let _ = shared
-            .data
-            .replication
-            .link
-            .set(Arc::new(crate::data::replication::TcpReplicaLink {
-                transport: Arc::clone(&raft.replication),
-            }));
+        let _ =
+            shared
+                .data
+                .replication
+                .link
+                .set(Arc::new(crate::data::replication::TcpReplicaLink {
+                    transport: Arc::clone(&raft.replication),
+                }));
         let _ = shared.raft.set(Arc::new(raft));
         let tree = build_tree(&shared, client, admin);
         let (root, join) = SupervisorRef::spawn(tree).await?;

@@ -188,6 +188,12 @@ async fn the_tree_has_the_documented_shape() {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
     }
     assert!(tree.descendant(&["metadata", "vnodes"]).is_some());
+    // The ReplicationServer starts before any segment actor.
+    let storage = tree.child("storage").unwrap().supervisor.as_ref().unwrap();
+    assert_eq!(
+        storage.children.first().map(|c| c.name.as_str()),
+        Some("replication")
+    );
     assert!(
         tree.descendant(&["metadata", "coordinator_manager", "manager"])
             .is_some()

@@ -121,7 +121,11 @@ pub fn choose_replicas(
         xxhash_rust::xxh3::xxh3_64(&bytes)
     };
     others.sort_by_key(|c| (score(c.node), c.node));
-    let zone_of = |c: &Candidate| c.zone.clone().unwrap_or_else(|| format!("\0node-{}", c.node));
+    let zone_of = |c: &Candidate| {
+        c.zone
+            .clone()
+            .unwrap_or_else(|| format!("\0node-{}", c.node))
+    };
     let mut zones: BTreeSet<String> = BTreeSet::new();
     if let Some(p) = candidates.iter().find(|c| c.node == primary) {
         zones.insert(zone_of(p));
@@ -199,7 +203,10 @@ mod replica_tests {
             choose_replicas(1, &all, 3, 0),
             Err(PlacementError::TooFewBrokers { factor: 3, live: 2 })
         );
-        assert_eq!(choose_replicas(1, &all, 0, 0), Err(PlacementError::ZeroFactor));
+        assert_eq!(
+            choose_replicas(1, &all, 0, 0),
+            Err(PlacementError::ZeroFactor)
+        );
         assert_eq!(choose_replicas(1, &all, 1, 0), Ok(vec![1]));
     }
 }

@@ -111,7 +111,11 @@ impl ClusterNode {
 
     /// The client addresses of the other brokers, to start this one with.
     pub fn seeds_among(&self, clients: &[String]) -> Vec<String> {
-        clients.iter().filter(|c| **c != self.client).cloned().collect()
+        clients
+            .iter()
+            .filter(|c| **c != self.client)
+            .cloned()
+            .collect()
     }
 
     /// The broker's stderr so far.

@@ -304,7 +304,10 @@ impl RecordBatch {
         // The block was validated at construction (its CRC included) and
         // `Bytes` is immutable, so this second walk skips the CRC and cannot
         // fail; if it ever did, the records it found before are correct.
-        debug_assert!(walk(&self.block, |_| ()).is_ok(), "a validated block changed");
+        debug_assert!(
+            walk(&self.block, |_| ()).is_ok(),
+            "a validated block changed"
+        );
         let walked = walk_with(&self.block, false, |record| records.push(record));
         debug_assert!(walked.is_ok(), "a validated block failed its second walk");
         records

@@ -98,8 +98,5 @@ fn replica_append_encodes_to_its_frozen_bytes() {
     let durable = ReplicaAppendResponse::durable(12);
     insta::assert_snapshot!("replica_append_response", hex(&durable.encode().unwrap()));
     let refused = ReplicaAppendResponse::refused(ReplicaRefusal::NotAtEnd, 4, "ends at 4");
-    insta::assert_snapshot!(
-        "replica_append_refused",
-        hex(&refused.encode().unwrap())
-    );
+    insta::assert_snapshot!("replica_append_refused", hex(&refused.encode().unwrap()));
 }

@@ -109,7 +109,12 @@ impl BrokerMetrics {
     /// A follower's lag behind the primary, as its last answer showed it:
     /// records the primary held durably beyond the follower's durable end,
     /// and the answer's round trip.
-    pub fn replica_lag(&self, follower: malachi_cluster::model::NodeId, records: u64, rtt: std::time::Duration) {
+    pub fn replica_lag(
+        &self,
+        follower: malachi_cluster::model::NodeId,
+        records: u64,
+        rtt: std::time::Duration,
+    ) {
         let labels = || vec![Label::new("follower", follower.0.to_string())];
         self.recorder
             .register_gauge(

@@ -298,7 +298,12 @@ impl CoordinatorState {
 
     /// The replica set of a new segment with `factor` copies, its primary
     /// this vnode's placement; `seed` spreads the followers.
-    fn replicas(&self, primary: NodeId, factor: usize, seed: u64) -> Result<Vec<NodeId>, CoordError> {
+    fn replicas(
+        &self,
+        primary: NodeId,
+        factor: usize,
+        seed: u64,
+    ) -> Result<Vec<NodeId>, CoordError> {
         let chosen = choose_replicas(primary.0, &self.candidates(), factor, seed)?;
         Ok(chosen.into_iter().map(NodeId).collect())
     }
@@ -587,7 +592,8 @@ impl CoordinatorState {
         let copies = self
             .copies(&topic, lower_segment)?
             .max(self.copies(&topic, upper_segment)?);
-        let replicas = self.successor_replicas(self.node(), copies, lower_segment.0 ^ upper_segment.0)?;
+        let replicas =
+            self.successor_replicas(self.node(), copies, lower_segment.0 ^ upper_segment.0)?;
         let lower_seal = self.freeze(lower_segment).await?;
         let upper_seal = match self.freeze(upper_segment).await {
             Ok(seal) => seal,
@@ -713,9 +719,14 @@ async fn seal_followed(shared: &Arc<Shared>, to_seal: &[(SegmentId, u64)]) {
                 debug!(segment = segment.0, length, "follower copy sealed");
             }
             Ok(Ok(false)) => {
-                debug!(segment = segment.0, length, "follower copy shorter than its seal");
+                debug!(
+                    segment = segment.0,
+                    length, "follower copy shorter than its seal"
+                );
             }
-            Ok(Err(e)) => warn!(segment = segment.0, length, error = %e, "cannot seal a follower copy"),
+            Ok(Err(e)) => {
+                warn!(segment = segment.0, length, error = %e, "cannot seal a follower copy")
+            }
             Err(e) => warn!(segment = segment.0, error = %e, "the follower seal task failed"),
         }
     }

@@ -15,11 +15,18 @@ use crate::data::replication::ReplicationMsg;
 
 /// Answers one replica-append: decoded, checked against the metadata,
 /// then written by the ReplicationServer. Every refusal is typed.
-pub(crate) async fn serve_replica_append(shared: &Arc<Shared>, body: Bytes) -> ReplicaAppendResponse {
+pub(crate) async fn serve_replica_append(
+    shared: &Arc<Shared>,
+    body: Bytes,
+) -> ReplicaAppendResponse {
     let request = match ReplicaAppendRequest::decode(body) {
         Ok(request) => request,
         Err(e) => {
-            return ReplicaAppendResponse::refused(ReplicaRefusal::InvalidRequest, 0, e.to_string());
+            return ReplicaAppendResponse::refused(
+                ReplicaRefusal::InvalidRequest,
+                0,
+                e.to_string(),
+            );
         }
     };
     let me = NodeId(shared.config.node_id);
@@ -70,7 +77,11 @@ pub(crate) async fn serve_replica_append(shared: &Arc<Shared>, body: Bytes) -> R
     )
     .await;
     if !matches!(sent, Ok(Ok(()))) {
-        return ReplicaAppendResponse::refused(ReplicaRefusal::Busy, 0, "the replication server is busy");
+        return ReplicaAppendResponse::refused(
+            ReplicaRefusal::Busy,
+            0,
+            "the replication server is busy",
+        );
     }
     match tokio::time::timeout(timeout, answer).await {
         Ok(Ok(answer)) => answer,

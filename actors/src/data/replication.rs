@@ -171,16 +171,21 @@ impl Replicated {
     /// Copy `copy` is durable to `end`; publishes a new committed end.
     fn observe(&self, storage: &Storage, copy: usize, end: u64) {
         let committed = self.tracker.lock().observe(copy, end);
+        if committed <= self.committed() {
+            return;
+        }
+        // The copy's readers first, then the waiters: an acknowledgement
+        // never runs ahead of what a reader of this copy can see.
+        let id = malachi_storage::SegmentId(self.segment.0);
+        if let Err(e) = storage.store.set_committed(id, committed) {
+            debug!(segment = %self.segment, error = %e, "cannot publish the committed end");
+        }
         let raised = self.committed.send_if_modified(|c| {
             let grew = committed > *c;
             *c = (*c).max(committed);
             grew
         });
         if raised {
-            let id = malachi_storage::SegmentId(self.segment.0);
-            if let Err(e) = storage.store.set_committed(id, committed) {
-                debug!(segment = %self.segment, error = %e, "cannot publish the committed end");
-            }
             storage.notify_topic(&self.topic);
         }
     }
@@ -260,7 +265,10 @@ impl ReplicationState {
     pub fn release(&self, segment: SegmentId, replicated: &Arc<Replicated>) {
         replicated.close();
         let mut led = self.led.lock();
-        if led.get(&segment).is_some_and(|r| Arc::ptr_eq(r, replicated)) {
+        if led
+            .get(&segment)
+            .is_some_and(|r| Arc::ptr_eq(r, replicated))
+        {
             led.remove(&segment);
         }
     }
@@ -509,8 +517,9 @@ impl Shipper {
             }
             let frames = if probed && next < durable {
                 let store = Arc::clone(&self.storage.store);
-                let read = tokio::task::spawn_blocking(move || store.read_frames(id, next, bytes_max))
-                    .await;
+                let read =
+                    tokio::task::spawn_blocking(move || store.read_frames(id, next, bytes_max))
+                        .await;
                 match read {
                     Ok(Ok(run)) => Bytes::from(run.bytes),
                     Ok(Err(e)) => {
@@ -531,7 +540,10 @@ impl Shipper {
                 committed_end: commit,
                 frames,
             };
-            let weight = request.frames.len().clamp(1, config.replica_inflight_bytes_max);
+            let weight = request
+                .frames
+                .len()
+                .clamp(1, config.replica_inflight_bytes_max);
             let Ok(credit) = Arc::clone(&window)
                 .acquire_many_owned(u32::try_from(weight).unwrap_or(u32::MAX))
                 .await

@@ -311,7 +311,9 @@ impl Actor for SegmentActor {
                     {
                         warn!(segment = %id, error = %e, "sync before freezing failed");
                     }
-                    if let Err(e) = quorum_holds_all(&storage, id, replicated.as_deref(), timeout_ms).await {
+                    if let Err(e) =
+                        quorum_holds_all(&storage, id, replicated.as_deref(), timeout_ms).await
+                    {
                         let _ = reply.send(Err(AppendError::NoQuorum(e)));
                         return;
                     }

@@ -419,7 +419,10 @@ impl Producer {
         };
         // The common case: every record in one range. The caller's block is
         // sent as it is, neither copied nor checksummed again.
-        let single = routes.first().copied().filter(|first| routes.iter().all(|r| r == first));
+        let single = routes
+            .first()
+            .copied()
+            .filter(|first| routes.iter().all(|r| r == first));
         let shares: Vec<(u64, RecordBatch, Vec<std::ops::Range<u64>>)> = match single {
             Some(range) => vec![(range, batch, ordinals)],
             None => {
@@ -715,10 +718,7 @@ mod tests {
         insert_interval(&mut set, 2..10);
         insert_interval(&mut set, 25..27);
         insert_interval(&mut set, 14..14);
-        assert_eq!(
-            set.into_iter().collect::<Vec<_>>(),
-            vec![(0, 12), (20, 30)]
-        );
+        assert_eq!(set.into_iter().collect::<Vec<_>>(), vec![(0, 12), (20, 30)]);
     }
 
     #[test]
