@@ -329,8 +329,11 @@ impl CoordinatorState {
         let plane = self.shared.plane()?;
         let factor = match replication_factor {
             Some(factor) => usize::from(factor),
+            // The configured brokers, not the live ones: a default that
+            // depended on who answered SWIM a moment ago would differ from
+            // topic to topic while a cluster forms. Too few live is refused.
             None => usize::from(self.shared.config.default_replication_factor)
-                .min(self.candidates().len().max(1)),
+                .min(self.shared.config.cluster_nodes().len().max(1)),
         };
         let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
         let replicas = self.replicas(self.placement(), factor, seed)?;

@@ -421,9 +421,10 @@ mod tests {
         })
         .await;
         // The creating broker holds a replica of every vnode (3 brokers, 3
-        // replicas), so it hosts the topic's segment.
+        // replicas), so it is the segment's primary; the others follow.
         let described = second.describe_topic("orders").await.unwrap();
-        assert_eq!(described.ranges[0].segments[0].replicas, vec![2]);
+        let replicas = &described.ranges[0].segments[0].replicas;
+        assert_eq!((replicas.len(), replicas[0]), (3, 2), "{replicas:?}");
         let host = &brokers[1];
         wait_until("the host runs the segment actor", || async {
             segment_actors(&host.tree_snapshot().await.unwrap(), "orders") == 1
@@ -547,7 +548,9 @@ mod tests {
         let segments = &described.ranges[0].segments;
         assert!(segments.len() > 2, "no rolls: {described:?}");
         assert!(
-            segments.iter().all(|s| s.replicas == [node_id]),
+            segments
+                .iter()
+                .all(|s| s.replicas.first() == Some(&node_id) && s.replicas.len() == 3),
             "{described:?}"
         );
 
