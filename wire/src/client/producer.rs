@@ -246,7 +246,7 @@ impl Producer {
         self.next_ordinal += u64::from(batch.count());
         let entry = Entry {
             id: self.next_entry,
-            ordinals: vec![first..self.next_ordinal],
+            ordinals: std::iter::once(first..self.next_ordinal).collect(),
             batch,
             assigned: None,
             encoded: None,
