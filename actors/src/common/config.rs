@@ -264,7 +264,7 @@ pub struct BrokerConfig {
     /// what a slow follower can cost the primary's memory.
     pub replica_inflight_bytes_max: usize,
     /// Copies of a topic's segments when `create_topic` names none: this,
-    /// or the number of brokers in `[cluster] nodes` when there are fewer.
+    /// or fewer when fewer brokers are configured in `[cluster] nodes` or live.
     pub default_replication_factor: u8,
     /// The broker attribute replicas are spread over (distinct values first).
     pub placement_attribute: String,

@@ -329,11 +329,19 @@ impl CoordinatorState {
         let plane = self.shared.plane()?;
         let factor = match replication_factor {
             Some(factor) => usize::from(factor),
-            // The configured brokers, not the live ones: a default that
-            // depended on who answered SWIM a moment ago would differ from
-            // topic to topic while a cluster forms. Too few live is refused.
-            None => usize::from(self.shared.config.default_replication_factor)
-                .min(self.shared.config.cluster_nodes().len().max(1)),
+            // The default, or fewer copies when fewer brokers are
+            // configured or live: a topic can still be created with a
+            // broker down (each segment then commits on its own quorum).
+            // An explicit factor is validated strictly below.
+            None => {
+                let wanted = usize::from(self.shared.config.default_replication_factor)
+                    .min(self.shared.config.cluster_nodes().len().max(1));
+                let live = self.candidates().len().max(1);
+                if live < wanted {
+                    warn!(topic = %name, wanted, live, "fewer brokers are live than the default replication factor; the topic gets fewer copies");
+                }
+                wanted.min(live)
+            }
         };
         let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
         let replicas = self.replicas(self.placement(), factor, seed)?;
