@@ -777,23 +777,15 @@ impl SegmentStore for FileStore {
                     pending_bytes_max: cfg.pending_bytes_max,
                 });
             }
-            let first = st.next_offset;
-            st.next_offset += records.len() as u64;
-            if st.pending_records == 0 {
-                st.pending_first_offset = first;
-                st.pending_since = Some(Instant::now());
-            }
-            st.pending_bytes += frames.len();
-            st.pending_records += records.len();
-            st.pending.push(Batch {
-                bytes: frames,
-                starts,
-                body_crcs,
-            });
-            let completion = Completion::new();
-            st.pending_waiters.push(Arc::clone(&completion));
-            let wake = decide(cfg, &mut st, Instant::now());
-            (AppendTicket::new(first..st.next_offset, completion), wake)
+            queue(
+                cfg,
+                &mut st,
+                Batch {
+                    bytes: frames,
+                    starts,
+                    body_crcs,
+                },
+            )
         };
         self.shared.wake(&seg, wake);
         Ok(self.with_help(ticket, &seg))
@@ -900,23 +892,15 @@ impl SegmentStore for FileStore {
                     pending_bytes_max: cfg.pending_bytes_max,
                 });
             }
-            let records = starts.len();
-            st.next_offset += records as u64;
-            if st.pending_records == 0 {
-                st.pending_first_offset = first;
-                st.pending_since = Some(Instant::now());
-            }
-            st.pending_bytes += frames.len();
-            st.pending_records += records;
-            st.pending.push(Batch {
-                bytes: frames.to_vec(),
-                starts,
-                body_crcs: Vec::new(),
-            });
-            let completion = Completion::new();
-            st.pending_waiters.push(Arc::clone(&completion));
-            let wake = decide(cfg, &mut st, Instant::now());
-            (AppendTicket::new(first..st.next_offset, completion), wake)
+            queue(
+                cfg,
+                &mut st,
+                Batch {
+                    bytes: frames.to_vec(),
+                    starts,
+                    body_crcs: Vec::new(),
+                },
+            )
         };
         self.shared.wake(&seg, wake);
         Ok(self.with_help(ticket, &seg))
@@ -1148,6 +1132,26 @@ impl Shared {
             }
         }
     }
+}
+
+/// Queues `batch` at the segment's end under its lock (offsets are
+/// assigned here, so offset order is enqueue order) and returns its ticket
+/// and whether a flush should start.
+fn queue(cfg: &StoreConfig, st: &mut SegState, batch: Batch) -> (AppendTicket, Wake) {
+    let first = st.next_offset;
+    let records = batch.starts.len();
+    st.next_offset += records as u64;
+    if st.pending_records == 0 {
+        st.pending_first_offset = first;
+        st.pending_since = Some(Instant::now());
+    }
+    st.pending_bytes += batch.bytes.len();
+    st.pending_records += records;
+    st.pending.push(batch);
+    let completion = Completion::new();
+    st.pending_waiters.push(Arc::clone(&completion));
+    let wake = decide(cfg, st, Instant::now());
+    (AppendTicket::new(first..st.next_offset, completion), wake)
 }
 
 /// The stored end: durable records, clamped to the seal, whether committed
