@@ -125,7 +125,7 @@ fn read_frames_cuts_at_whole_frames_and_always_returns_one() {
     let store = store(dir.path());
     store.open(SEG).unwrap();
     let records: Vec<Record> = (0..12).map(record).collect();
-    append_batches(&store, &[records.clone()]);
+    append_batches(&store, std::slice::from_ref(&records));
     let one = store.read_frames(SEG, 3, 1).unwrap();
     assert_eq!((one.first, one.records), (3, 1));
     assert_eq!(one.bytes.len() as u64, frame_len(&records[3]));
