@@ -385,3 +385,91 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
     let records = consume_all(&clients[(follower - 1) as usize], "guarded");
     assert_eq!(records.len() as u64, end + 1);
 }
+
+/// The range ids of a topic's active ranges, from `topic describe --json`.
+fn active_ranges(broker: &str, topic: &str) -> Vec<u64> {
+    let output = ok(malachi(broker, &["topic", "describe", topic, "--json"], ""));
+    let described: Value = serde_json::from_str(&out(&output)).unwrap();
+    described["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["state"] == "active")
+        .map(|r| r["id"].as_u64().unwrap())
+        .collect()
+}
+
+/// Regression: a split whose freeze could not reach a quorum answered an
+/// error but left the segment frozen, so every later produce to it timed
+/// out and a later split or merge answered `busy`, until the broker
+/// restarted. Now the freeze answers `no_quorum`, the segment rolls once a
+/// quorum is back, and produce and split work again. At two copies (a
+/// quorum of two) one dead follower is enough, and the metadata groups
+/// (on all three brokers) keep their quorum.
+#[test]
+fn a_split_without_a_quorum_answers_no_quorum_and_leaves_the_range_writable_and_splittable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    let b = clients[0].clone();
+    ok(malachi(
+        &b,
+        &["topic", "create", "thawed", "--replication-factor", "2"],
+        "",
+    ));
+    let (_, replicas) = replica_sets(&b, "thawed")[0].clone();
+    assert_eq!(replicas.len(), 2);
+    let primary = clients[(replicas[0] - 1) as usize].clone();
+    ok(malachi(&primary, &["produce", "thawed"], "a\t1\n"));
+    cluster.nodes[(replicas[1] - 1) as usize].kill9();
+
+    let range = active_ranges(&primary, "thawed")[0].to_string();
+    let refused = malachi(&primary, &["topic", "split", "thawed", &range], "");
+    assert!(
+        !refused.status.success(),
+        "a split without a quorum succeeded"
+    );
+    assert!(
+        err(&refused).contains("quorum"),
+        "the split's refusal names the quorum: {}",
+        err(&refused)
+    );
+
+    let back = &mut cluster.nodes[(replicas[1] - 1) as usize];
+    let seeds = back.seeds_among(&clients);
+    back.start(&seeds);
+    ok(malachi(
+        &primary,
+        &["produce", "thawed", "--timeout-ms", "60000"],
+        "a\t2\n",
+    ));
+    // The frozen segment rolled: the range is still the one active range,
+    // and it splits now (retrying while the roll settles).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ranges = active_ranges(&primary, "thawed");
+        assert_eq!(ranges.len(), 1, "no split happened yet: {ranges:?}");
+        let split = malachi(
+            &primary,
+            &["topic", "split", "thawed", &ranges[0].to_string()],
+            "",
+        );
+        if split.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the range never split again: {}\n{}",
+            err(&split),
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(active_ranges(&primary, "thawed").len(), 2);
+    ok(malachi(&primary, &["produce", "thawed"], "a\t3\n"));
+    let values: Vec<String> = consume_all(&primary, "thawed")
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(values, ["1", "2", "3"], "every record, in key order");
+}

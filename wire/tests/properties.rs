@@ -104,6 +104,7 @@ fn description() -> impl Strategy<Value = TopicDescription> {
                     bytes,
                     created_at_ms,
                     sealed_at_ms,
+                    epoch: id.rotate_left(7),
                 }
             },
         );

@@ -48,6 +48,7 @@ fn description() -> TopicDescription {
                 bytes: Some(4096),
                 created_at_ms: 2_000,
                 sealed_at_ms: Some(3_000),
+                epoch: 4,
             }],
         }],
     }

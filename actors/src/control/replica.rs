@@ -33,21 +33,49 @@ pub(crate) async fn serve_replica_append(
     let segment = SegmentId(request.segment);
     let held = shared.plane().ok().and_then(|plane| {
         read_owner(plane.as_ref(), &request.topic, |state| {
-            state
-                .segment(segment)
-                .map(|s| (s.replicas.iter().skip(1).any(|n| *n == me), s.state))
+            state.segment(segment).map(|s| {
+                (
+                    s.replicas.iter().skip(1).any(|n| *n == me),
+                    s.state,
+                    s.epoch,
+                )
+            })
         })
     });
     match held {
-        Some((true, SegmentState::Active)) => {}
-        Some((true, SegmentState::Sealed { .. })) => {
+        // A writer epoch older than the segment's: a deposed or misrouted
+        // writer. The metadata is the persistent record of the epoch, so a
+        // restart of this broker does not forget it.
+        Some((true, _, epoch)) if request.epoch < epoch => {
+            return ReplicaAppendResponse::refused(
+                ReplicaRefusal::StaleEpoch,
+                0,
+                format!(
+                    "segment {segment} is written at epoch {epoch}; this append carries epoch {}",
+                    request.epoch
+                ),
+            );
+        }
+        Some((true, SegmentState::Active, epoch)) if request.epoch > epoch => {
+            // An epoch this broker's metadata does not know yet: retriable.
+            return ReplicaAppendResponse::refused(
+                ReplicaRefusal::UnknownCopy,
+                0,
+                format!(
+                    "segment {segment} is at epoch {epoch} here; this append carries the newer epoch {}",
+                    request.epoch
+                ),
+            );
+        }
+        Some((true, SegmentState::Active, _)) => {}
+        Some((true, SegmentState::Sealed { .. }, _)) => {
             return ReplicaAppendResponse::refused(
                 ReplicaRefusal::Fenced,
                 0,
                 format!("segment {segment} is sealed"),
             );
         }
-        Some((false, _)) | None => {
+        Some((false, _, _)) | None => {
             return ReplicaAppendResponse::refused(
                 ReplicaRefusal::UnknownCopy,
                 0,

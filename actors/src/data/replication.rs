@@ -24,10 +24,10 @@
 //! `replica_ack_timeout_ms`. A slow or unreachable follower only stops its
 //! own shipper, which retries with backoff; the quorum goes on without it.
 //!
-//! What is not here yet: fencing and sealing a quorum of copies through the
-//! coordinator (a roll seals at a length the quorum holds, see
-//! `segment.rs`), catch-up of a sealed copy from another one, and writer
-//! epochs beyond the fence (every primary sends epoch 0).
+//! Every replica-append carries the segment's writer epoch from the
+//! metadata; a follower refuses one older than the metadata records
+//! (`stale_epoch`, ADR 0097). What is not here yet: fencing copies on the
+//! coordinator's order (failover, issue 19).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -110,6 +110,8 @@ impl ReplicaLink for TcpReplicaLink {
 pub(crate) struct Replicated {
     pub topic: String,
     pub segment: SegmentId,
+    /// The writer epoch every replica-append carries (ADR 0097).
+    pub epoch: u64,
     /// The copies, the primary's first.
     pub replicas: Vec<NodeId>,
     tracker: Mutex<CommitTracker>,
@@ -137,6 +139,7 @@ impl Replicated {
     pub fn new(
         topic: String,
         segment: SegmentId,
+        epoch: u64,
         replicas: Vec<NodeId>,
         durable: u64,
         committed: u64,
@@ -146,6 +149,7 @@ impl Replicated {
         Replicated {
             topic,
             segment,
+            epoch,
             replicas,
             committed: watch::channel(tracker.committed()).0,
             tracker: Mutex::new(tracker),
@@ -535,7 +539,7 @@ impl Shipper {
             let request = ReplicaAppendRequest {
                 topic: self.replicated.topic.clone(),
                 segment: self.replicated.segment.0,
-                epoch: 0,
+                epoch: self.replicated.epoch,
                 first_offset: next,
                 committed_end: commit,
                 frames,
