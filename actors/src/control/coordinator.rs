@@ -724,8 +724,9 @@ async fn release_segments(shared: &Arc<Shared>, topic: &str, segments: Vec<Segme
 
 /// Seals the follower copies whose segment the metadata records sealed, at
 /// the recorded length, and stops following them. A copy shorter than its
-/// seal is left open and followed (catch-up of a sealed copy is the
-/// healer's); a failure is logged and retried on the next reconcile.
+/// seal is left open and followed: the primary's catch-up fills it up to
+/// the seal and the ReplicationServer seals it then (ADR 0097); a failure
+/// is logged and retried on the next reconcile.
 async fn seal_followed(shared: &Arc<Shared>, to_seal: &[(SegmentId, u64)]) {
     for &(segment, length) in to_seal {
         let store = Arc::clone(&shared.store);

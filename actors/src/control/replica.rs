@@ -42,7 +42,7 @@ pub(crate) async fn serve_replica_append(
             })
         })
     });
-    match held {
+    let repair_to = match held {
         // A writer epoch older than the segment's: a deposed or misrouted
         // writer. The metadata is the persistent record of the epoch, so a
         // restart of this broker does not forget it.
@@ -67,14 +67,10 @@ pub(crate) async fn serve_replica_append(
                 ),
             );
         }
-        Some((true, SegmentState::Active, _)) => {}
-        Some((true, SegmentState::Sealed { .. }, _)) => {
-            return ReplicaAppendResponse::refused(
-                ReplicaRefusal::Fenced,
-                0,
-                format!("segment {segment} is sealed"),
-            );
-        }
+        Some((true, SegmentState::Active, _)) => None,
+        // A sealed segment's copy takes frames only up to its seal: the
+        // catch-up of a copy left short (the fence stops appends, not repair).
+        Some((true, SegmentState::Sealed { seal, .. }, _)) => Some(seal.length),
         Some((false, _, _)) | None => {
             return ReplicaAppendResponse::refused(
                 ReplicaRefusal::UnknownCopy,
@@ -85,7 +81,7 @@ pub(crate) async fn serve_replica_append(
                 ),
             );
         }
-    }
+    };
     let Some(server) = shared.data.replication.server.read().clone() else {
         return ReplicaAppendResponse::refused(
             ReplicaRefusal::Busy,
@@ -100,6 +96,7 @@ pub(crate) async fn serve_replica_append(
         server.send(|permit| ReplicationMsg::Append {
             permit,
             request,
+            repair_to,
             reply,
         }),
     )
