@@ -343,6 +343,17 @@ impl Message for ListTopicsResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct DescribeTopicRequest {
     pub name: String,
+    /// Also ask the brokers holding the active segments' copies for the
+    /// live figures (committed end, each copy's durable end; ADR 0098).
+    /// Off, the answer is the metadata alone, as a producer fetching the
+    /// layout wants it. Sent only when set, so an older broker never sees
+    /// it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub live: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 impl Message for DescribeTopicRequest {

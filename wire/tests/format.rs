@@ -224,3 +224,17 @@ fn a_segment_description_without_the_live_figures_decodes() {
     assert_eq!(segment.committed_end, None);
     assert!(segment.copies.is_empty());
 }
+
+/// `live` is sent only when set: a plain describe keeps its old bytes (the
+/// `describe_topic_request` snapshot), a live one adds the key.
+#[test]
+fn a_live_describe_request_encodes_to_its_frozen_bytes() {
+    use malachi_wire::messages::DescribeTopicRequest;
+    let request = DescribeTopicRequest {
+        name: "orders".into(),
+        live: true,
+    };
+    let bytes = request.encode().unwrap();
+    insta::assert_snapshot!("describe_topic_request_live", hex(&bytes));
+    assert_eq!(DescribeTopicRequest::decode(bytes).unwrap(), request);
+}

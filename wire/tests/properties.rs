@@ -304,7 +304,8 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         name().prop_map(|name| Request::DeleteTopic(DeleteTopicRequest { name })),
         Just(Request::ListTopics(ListTopicsRequest {})),
-        name().prop_map(|name| Request::DescribeTopic(DescribeTopicRequest { name })),
+        (name(), any::<bool>())
+            .prop_map(|(name, live)| Request::DescribeTopic(DescribeTopicRequest { name, live })),
         (name(), any::<u64>()).prop_map(|(topic, range_id)| Request::SplitRange(
             SplitRangeRequest { topic, range_id }
         )),

@@ -191,6 +191,7 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
             "describe_topic",
             Request::DescribeTopic(DescribeTopicRequest {
                 name: "orders".into(),
+                live: false,
             }),
             Response::DescribeTopic(DescribeTopicResponse {
                 topic: description(),

@@ -4,8 +4,9 @@
 //! Both halves of replica-status (api key 105) on the cluster port:
 //! [`serve_replica_status`] answers for the copies this broker holds (from
 //! the data plane, `data::status`), and [`add_live_figures`], run by the
-//! broker answering a describe, asks every broker holding a copy of one of
-//! the topic's active segments, all at once, each at most
+//! broker answering a describe that asks for them (`live`, as `malachi
+//! topic describe` does; a producer fetching the layout does not), asks
+//! every broker holding a copy of one of the topic's active segments, all at once, each at most
 //! [`REPLICA_STATUS_TIMEOUT_MS`]. A broker that does not answer makes its
 //! copies `unreachable`, never the describe fail; the broker answering asks
 //! itself without the network. Sealed segments are not asked about: their
@@ -60,13 +61,19 @@ enum Asked {
 }
 
 /// Fills in each segment's primary, committed end and copies: from the
-/// metadata for sealed segments, by asking the copies' brokers for active
-/// ones. Never fails: what cannot be learned shows as such.
-pub(crate) async fn add_live_figures(shared: &Arc<Shared>, topic: &mut wire::TopicDescription) {
+/// metadata for sealed segments, and, when `live`, by asking the copies'
+/// brokers for active ones (without `live`, an active segment's committed
+/// end is absent and its copies empty: nobody is asked). Never fails: what
+/// cannot be learned shows as such.
+pub(crate) async fn add_live_figures(
+    shared: &Arc<Shared>,
+    topic: &mut wire::TopicDescription,
+    live: bool,
+) {
     // The active segments each broker holds a copy of.
     let mut wanted: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for segment in topic.ranges.iter().flat_map(|r| &r.segments) {
-        if segment.state != "sealed" {
+        if live && segment.state != "sealed" {
             for &node in &segment.replicas {
                 wanted.entry(node).or_default().push(segment.id);
             }
@@ -77,7 +84,11 @@ pub(crate) async fn add_live_figures(shared: &Arc<Shared>, topic: &mut wire::Top
         .map(|(node, segments)| async move { (node, ask(shared, node, segments).await) });
     let answers: HashMap<u64, Asked> = futures::future::join_all(asks).await.into_iter().collect();
     for segment in topic.ranges.iter_mut().flat_map(|r| r.segments.iter_mut()) {
-        fill(segment, &answers);
+        if live || segment.state == "sealed" {
+            fill(segment, &answers);
+        } else {
+            segment.primary = segment.replicas.first().copied();
+        }
     }
 }
 

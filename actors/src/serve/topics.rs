@@ -101,9 +101,10 @@ pub(crate) async fn list_topics(shared: &Arc<Shared>) -> Result<wire::ListTopics
     Ok(wire::ListTopicsResponse { topics })
 }
 
-/// The metadata linearizable, from the leader of the topic's vnode; then
-/// the live figures (committed ends, each copy's durable end) from the
-/// brokers holding the copies, each bounded, none required (ADR 0098).
+/// The metadata linearizable, from the leader of the topic's vnode; then,
+/// if the request asks for them, the live figures (committed ends, each
+/// copy's durable end) from the brokers holding the copies, each bounded,
+/// none required (ADR 0098).
 pub(crate) async fn describe_topic(
     shared: &Arc<Shared>,
     req: wire::DescribeTopicRequest,
@@ -112,7 +113,7 @@ pub(crate) async fn describe_topic(
     match plane.describe(&req.name).await.map_err(not_serving)? {
         Some(d) => {
             let mut topic = describe_to_wire(&d);
-            add_live_figures(shared, &mut topic).await;
+            add_live_figures(shared, &mut topic, req.live).await;
             Ok(wire::DescribeTopicResponse { topic })
         }
         None => Err(ServeError::TopicNotFound { topic: req.name }),
