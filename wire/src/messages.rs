@@ -409,6 +409,10 @@ pub struct SegmentDescription {
     pub bytes: Option<u64>,
     pub created_at_ms: u64,
     pub sealed_at_ms: Option<u64>,
+    /// The writer epoch replica-appends to this segment carry (ADR 0097);
+    /// absent from older brokers (then 0).
+    #[serde(default)]
+    pub epoch: u64,
     /// The node that writes the segment: its first replica. `None` from a
     /// broker that predates the field.
     #[serde(default)]

@@ -121,6 +121,7 @@ fn description() -> impl Strategy<Value = TopicDescription> {
                     bytes,
                     created_at_ms,
                     sealed_at_ms,
+                    epoch: id.rotate_left(7),
                     primary,
                     committed_end,
                     copies,

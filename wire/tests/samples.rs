@@ -49,6 +49,7 @@ fn description() -> TopicDescription {
                     bytes: Some(4096),
                     created_at_ms: 2_000,
                     sealed_at_ms: Some(3_000),
+                    epoch: 4,
                     primary: Some(1),
                     committed_end: Some(10),
                     copies: [1, 2, 3]
@@ -68,6 +69,7 @@ fn description() -> TopicDescription {
                     bytes: None,
                     created_at_ms: 3_000,
                     sealed_at_ms: None,
+                    epoch: 5,
                     primary: Some(2),
                     committed_end: Some(4),
                     copies: vec![

@@ -112,6 +112,7 @@ mod tests {
         let replicated = Arc::new(super::super::replication::Replicated::new(
             "t".into(),
             SegmentId(3),
+            1,
             vec![
                 malachi_cluster::model::NodeId(1),
                 malachi_cluster::model::NodeId(2),
