@@ -109,11 +109,31 @@ pub(crate) async fn serve_replica_append(
         );
     }
     match tokio::time::timeout(timeout, answer).await {
-        Ok(Ok(answer)) => answer,
+        Ok(Ok(answer)) => with_durable_bytes(shared, segment, answer),
         _ => ReplicaAppendResponse::refused(
             ReplicaRefusal::Busy,
             0,
             "the copy did not answer in time",
         ),
     }
+}
+
+/// A written append's answer also tells the copy's durable bytes, from
+/// which the primary reports its lag in bytes (ADR 0098). One append per
+/// segment and follower is in flight, so they are the bytes of the durable
+/// end the answer names.
+fn with_durable_bytes(
+    shared: &Shared,
+    segment: SegmentId,
+    mut answer: ReplicaAppendResponse,
+) -> ReplicaAppendResponse {
+    use malachi_storage::SegmentStore;
+    if answer.refused.is_none() {
+        answer.durable_bytes = shared
+            .store
+            .info(malachi_storage::SegmentId(segment.0))
+            .ok()
+            .map(|info| info.byte_size);
+    }
+    answer
 }

@@ -692,6 +692,7 @@ impl Shipper {
                             durable.saturating_sub(response.durable_end),
                             sent_at.elapsed(),
                         );
+                        report_lag_bytes(&self.storage, node, id, &response);
                     }
                     Some(ReplicaRefusal::NotAtEnd) => {
                         // The follower ends elsewhere (it restarted, or an
@@ -735,4 +736,20 @@ impl Shipper {
         tokio::time::sleep(Duration::from_millis(*retry_ms)).await;
         *retry_ms = (*retry_ms * 2).min(RETRY_MS_MAX);
     }
+}
+
+/// The follower's lag in bytes behind this copy's durable bytes, when its
+/// answer told its own (ADR 0098).
+fn report_lag_bytes(
+    storage: &Storage,
+    node: NodeId,
+    id: malachi_storage::SegmentId,
+    response: &ReplicaAppendResponse,
+) {
+    let (Some(follower), Ok(local)) = (response.durable_bytes, storage.store.info(id)) else {
+        return;
+    };
+    storage
+        .metrics
+        .replica_lag_bytes(node, local.byte_size.saturating_sub(follower));
 }
