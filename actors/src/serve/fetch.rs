@@ -14,7 +14,8 @@ use tokio::time::Instant;
 
 use super::error::ServeError;
 use super::read::{
-    LocalCopies, active_plans, active_segments, read_topic, response_control_bytes, tail_positions,
+    LocalCopies, ReadBudget, active_plans, active_segments, read_topic, response_control_bytes,
+    tail_positions,
 };
 use super::reply::{Failure, not_serving};
 use crate::control::metadata::{MetadataPlane, read_owner};
@@ -59,10 +60,12 @@ pub(crate) async fn fetch(
                 &copies,
                 &shared.store,
                 &start,
-                req.records_max,
                 &mut builder,
-                batch_max,
-                READ_CHUNK_RECORDS,
+                ReadBudget {
+                    records_max: req.records_max,
+                    batch_bytes_max: batch_max,
+                    read_chunk_records: READ_CHUNK_RECORDS,
+                },
             )
         })
         .map_err(|e| e.refusal(frame_max, control))?;

@@ -28,6 +28,16 @@ use malachi_wire::frame::RESPONSE_HEADER_BYTES;
 
 use super::error::ServeError;
 
+/// What one read pass may take: at most `records_max` records and
+/// `batch_bytes_max` block bytes (the first record excepted), read from the
+/// store `read_chunk_records` at a time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadBudget {
+    pub records_max: u32,
+    pub batch_bytes_max: usize,
+    pub read_chunk_records: usize,
+}
+
 /// What one read pass produced.
 #[derive(Debug)]
 pub(crate) struct ReadOutcome {
@@ -351,11 +361,14 @@ pub(crate) fn read_topic(
     copies: &LocalCopies,
     store: &FileStore,
     start: &BTreeMap<RangeId, Position>,
-    records_max: u32,
     out: &mut BatchBuilder,
-    batch_bytes_max: usize,
-    read_chunk_records: usize,
+    budget: ReadBudget,
 ) -> Result<ReadOutcome, ReadError> {
+    let ReadBudget {
+        records_max,
+        batch_bytes_max,
+        read_chunk_records,
+    } = budget;
     let mut positions = BTreeMap::new();
     let mut records = 0u32;
     let mut bytes = 0u64;
@@ -602,10 +615,12 @@ mod tests {
             &LocalCopies::all_local(),
             store,
             start,
-            records_max,
             &mut out,
-            budget,
-            1024,
+            ReadBudget {
+                records_max,
+                batch_bytes_max: budget,
+                read_chunk_records: 1024,
+            },
         )?;
         let batch = out.finish();
         assert_eq!(batch.count(), outcome.records);

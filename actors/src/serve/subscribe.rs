@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use super::error::ServeError;
 use super::fetch::start_positions;
-use super::read::{LocalCopies, active_plans, read_topic, response_control_bytes};
+use super::read::{LocalCopies, ReadBudget, active_plans, read_topic, response_control_bytes};
 use super::reply::{Failure, Outbound, Reply, refusal_frame};
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
@@ -291,10 +291,12 @@ impl PushTask {
                         &copies,
                         &self.shared.store,
                         &positions,
-                        records_credit,
                         &mut builder,
-                        batch_max,
-                        READ_CHUNK_RECORDS,
+                        ReadBudget {
+                            records_max: records_credit,
+                            batch_bytes_max: batch_max,
+                            read_chunk_records: READ_CHUNK_RECORDS,
+                        },
                     )
                 });
                 let (batch, outcome) = match attempt {
