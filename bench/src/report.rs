@@ -368,10 +368,16 @@ pub mod tests {
             row(MALACHI, "consume", "durable", "per write", 600.0),
             row("redis", "consume", "durable", "per write", 150.0),
             row(LOOPBACK, "tcp-bandwidth", "-", "-", 3000.0),
-            rf3_row(120.0, 600.0),
-            row("nats-r3", "produce-p16", "durable", "per write", 1.5),
-            row("nats-r3", "produce-p16", "default", "every 2 min", 40.0),
         ];
+        // The RF=3 rows sort after the single servers of their scenario.
+        rows.splice(
+            6..6,
+            [
+                rf3_row(120.0, 600.0),
+                row("nats-r3", "produce-p16", "durable", "per write", 1.5),
+                row("nats-r3", "produce-p16", "default", "every 2 min", 40.0),
+            ],
+        );
         fill_ratios(&mut rows);
         rows
     }
@@ -441,7 +447,7 @@ pub mod tests {
         assert_eq!(rows[2].ratio_to_raw, Some(0.1));
         // The raw disk is not a ratio of itself, and reads have no raw limit.
         assert_eq!(rows[0].ratio_to_raw, None);
-        assert_eq!(rows[6].ratio_to_raw, None);
+        assert_eq!(rows[9].ratio_to_raw, None);
     }
 
     #[test]
@@ -454,12 +460,12 @@ pub mod tests {
         assert_eq!(peers.get("nats-default"), Some(&5.0));
         assert_eq!(peers.len(), 4);
         assert_eq!(rows[2].malachi_over_this, Some(8.0));
-        assert_eq!(rows[7].malachi_over_this, Some(4.0));
-        assert_eq!(rows[6].ratio_to_peers.get("redis-durable"), Some(&4.0));
+        assert_eq!(rows[10].malachi_over_this, Some(4.0));
+        assert_eq!(rows[9].ratio_to_peers.get("redis-durable"), Some(&4.0));
         // Neither Malachi nor the limits get a ratio to Malachi.
         assert_eq!(rows[1].malachi_over_this, None);
         assert_eq!(rows[0].ratio_to_raw_third, None);
-        assert_eq!(rows[8].malachi_over_this, None);
+        assert_eq!(rows[11].malachi_over_this, None);
     }
 
     #[test]
