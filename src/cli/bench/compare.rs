@@ -678,12 +678,98 @@ async fn run_malachi(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
 
 /// Three Malachi brokers on this machine (this executable as `malachi
 /// broker`, each its own process, port and data directory on the one disk),
-/// one metadata cluster, a topic at RF=3 per producer count. Each row runs in
-/// [`RF3_ROUNDS`] slices, each followed by a raw disk slice of the same
-/// length at the same parallelism and batch size: the row's baseline.
+/// one metadata cluster, a topic at RF=3. A fresh cluster for each producer
+/// count: the store keeps every byte written (there is no retention to free
+/// it), and three copies of a row fill a disk three times as fast. Each row
+/// runs in [`RF3_ROUNDS`] slices, each followed by a raw disk slice of the
+/// same length at the same parallelism and batch size: the row's baseline.
 async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Bench(format!("cannot find this executable: {e}")))?;
+    let version = concat!("malachi ", env!("CARGO_PKG_VERSION"));
+    let write_bytes = MALACHI_BATCH_RECORDS as usize * RECORD_BYTES;
+    let slice = plan.row / RF3_ROUNDS;
+    let mut rows = Vec::new();
+    for &n in &plan.producers {
+        let guards = start_rf3_cluster(plan, notes, &exe).await?;
+        let logs = || {
+            guards
+                .iter()
+                .map(|g| format!("{}: {}", g.name, g.log_tail()))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let output = OutputArgs {
+            broker: guards
+                .first()
+                .map(|g| g.addr.to_string())
+                .unwrap_or_default(),
+            json: true,
+            timeout_ms: MALACHI_TIMEOUT_MS,
+        };
+        notes.progress("malachi rf=3: waiting for the three brokers to see each other");
+        wait_for_brokers(&output, RF3_BROKERS)
+            .await
+            .map_err(|e| CliError::Bench(format!("malachi rf=3: {e} ({})", logs())))?;
+        let topic = format!("bench-rf3-p{n}");
+        create_replicated_topic(&output, &topic)
+            .await
+            .map_err(|e| CliError::Bench(format!("malachi rf=3: {e} ({})", logs())))?;
+        let mut total = LoadOutcome {
+            records: 0,
+            payload_bytes: 0,
+            seconds: 0.0,
+            hist: histogram()?,
+            errors: 0,
+            dropped: 0,
+        };
+        let mut raw = RawTotal::default();
+        for round in 1..=RF3_ROUNDS {
+            notes.progress(&format!(
+                "malachi rf=3 produce, {n} producers, slice {round} of {RF3_ROUNDS}, then the raw disk"
+            ));
+            let load = ProduceLoad {
+                topic: topic.clone(),
+                producers: n,
+                record_size: RECORD_BYTES,
+                batch_records: MALACHI_BATCH_RECORDS,
+                window: MALACHI_WINDOW,
+                duration: slice,
+            };
+            let (outcome, _) = produce_load(&output, &load, true)
+                .await
+                .map_err(|e| CliError::Bench(format!("malachi rf=3 produce ({}): {e}", logs())))?;
+            absorb(&mut total, outcome);
+            let baseline = raw_disk_for(plan, n, write_bytes, slice).await?;
+            raw.add(baseline.mb_per_s, baseline.seconds);
+        }
+        let mut rf3 = row(
+            MALACHI_RF3,
+            scenario(n),
+            Mode::Durable,
+            "per write",
+            n,
+            &total,
+            version,
+        );
+        rf3.replication_factor = RF3_COPIES;
+        rf3.raw_third_mb_per_s = Some(report::raw_third(rf3.mb_per_s, raw.mb_per_s()).0);
+        rf3.version = format!(
+            "{version}, {RF3_BROKERS} brokers; baseline pwrite+fdatasync, {n} files x {write_bytes} B, {RF3_ROUNDS} slices interleaved"
+        );
+        rows.push(rf3);
+        drop(guards);
+    }
+    Ok(rows)
+}
+
+/// Starts the [`RF3_BROKERS`] brokers of one cluster, each with a fresh
+/// directory, and returns once each serves clients.
+async fn start_rf3_cluster(
+    plan: &Plan,
+    notes: &Notes,
+    exe: &std::path::Path,
+) -> Result<Vec<ServerGuard>, CliError> {
     let mut nodes = Vec::new();
     for id in 1..=RF3_BROKERS {
         nodes.push((id, peers::free_port()?, peers::free_port()?));
@@ -719,7 +805,7 @@ async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliErro
         guards.push(
             start_server(
                 format!("malachi broker {id} of {RF3_BROKERS}"),
-                exe.clone(),
+                exe.to_owned(),
                 args,
                 dir,
                 loopback(port),
@@ -728,80 +814,7 @@ async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliErro
             .await?,
         );
     }
-    let logs = |guards: &[ServerGuard]| {
-        guards
-            .iter()
-            .map(|g| format!("{}: {}", g.name, g.log_tail()))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    let output = OutputArgs {
-        broker: guards
-            .first()
-            .map(|g| g.addr.to_string())
-            .unwrap_or_default(),
-        json: true,
-        timeout_ms: MALACHI_TIMEOUT_MS,
-    };
-    notes.progress("malachi rf=3: waiting for the three brokers to see each other");
-    wait_for_brokers(&output, RF3_BROKERS)
-        .await
-        .map_err(|e| CliError::Bench(format!("malachi rf=3: {e} ({})", logs(&guards))))?;
-    let version = concat!("malachi ", env!("CARGO_PKG_VERSION"));
-    let write_bytes = MALACHI_BATCH_RECORDS as usize * RECORD_BYTES;
-    let slice = plan.row / RF3_ROUNDS;
-    let mut rows = Vec::new();
-    for &n in &plan.producers {
-        let topic = format!("bench-rf3-p{n}");
-        create_replicated_topic(&output, &topic)
-            .await
-            .map_err(|e| CliError::Bench(format!("malachi rf=3: {e} ({})", logs(&guards))))?;
-        let mut total = LoadOutcome {
-            records: 0,
-            payload_bytes: 0,
-            seconds: 0.0,
-            hist: histogram()?,
-            errors: 0,
-            dropped: 0,
-        };
-        let mut raw = RawTotal::default();
-        for round in 1..=RF3_ROUNDS {
-            notes.progress(&format!(
-                "malachi rf=3 produce, {n} producers, slice {round} of {RF3_ROUNDS}, then the raw disk"
-            ));
-            let load = ProduceLoad {
-                topic: topic.clone(),
-                producers: n,
-                record_size: RECORD_BYTES,
-                batch_records: MALACHI_BATCH_RECORDS,
-                window: MALACHI_WINDOW,
-                duration: slice,
-            };
-            let (outcome, _) = produce_load(&output, &load, true).await.map_err(|e| {
-                CliError::Bench(format!("malachi rf=3 produce ({}): {e}", logs(&guards)))
-            })?;
-            absorb(&mut total, outcome);
-            let baseline = raw_disk_for(plan, n, write_bytes, slice).await?;
-            raw.add(baseline.mb_per_s, baseline.seconds);
-        }
-        let mut rf3 = row(
-            MALACHI_RF3,
-            scenario(n),
-            Mode::Durable,
-            "per write",
-            n,
-            &total,
-            version,
-        );
-        rf3.replication_factor = RF3_COPIES;
-        rf3.raw_third_mb_per_s = Some(report::raw_third(rf3.mb_per_s, raw.mb_per_s()).0);
-        rf3.version = format!(
-            "{version}, {RF3_BROKERS} brokers; baseline pwrite+fdatasync, {n} files x {write_bytes} B, {RF3_ROUNDS} slices interleaved"
-        );
-        rows.push(rf3);
-    }
-    drop(guards);
-    Ok(rows)
+    Ok(guards)
 }
 
 /// The raw disk slices of one RF=3 row, added up.
