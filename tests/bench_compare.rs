@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_malachi");
 
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 17] = [
     "system",
     "scenario",
     "durability",
@@ -19,6 +19,9 @@ const FIELDS: [&str; 14] = [
     "p99_us",
     "p999_us",
     "ratio_to_raw",
+    "replication_factor",
+    "raw_third_mb_per_s",
+    "ratio_to_raw_third",
     "malachi_over_this",
     "ratio_to_peers",
     "dropped",
@@ -108,7 +111,11 @@ fn given_only_malachi_when_compare_runs_quick_with_json_then_every_line_carries_
         rows.iter()
             .all(|r| r["system"] != "redis" && r["system"] != "nats")
     );
-    assert!(stderr.contains("skipped rf=3"), "{stderr}");
+    // Only the single broker was asked for: no RF=3 rows either.
+    assert!(
+        rows.iter()
+            .all(|r| r["system"] != "malachi-rf3" && r["system"] != "nats-r3")
+    );
     assert!(!stderr.contains("skipped redis"), "{stderr}");
 
     // The same lines went to the results file, with a chart beside it.
@@ -127,6 +134,56 @@ fn given_only_malachi_when_compare_runs_quick_with_json_then_every_line_carries_
         .expect("an .svg chart");
     assert!(std::fs::read_to_string(svg).unwrap().contains("<svg"));
     // Servers and raw files are removed at the end.
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("data")).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn given_only_malachi_rf3_when_compare_runs_then_three_brokers_give_a_row_with_its_raw_third() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = run(
+        &[
+            "--only",
+            "malachi-rf3",
+            "--duration",
+            "800ms",
+            "--producers",
+            "1",
+            "--json",
+            "--dir",
+            "data",
+            "--results-dir",
+            "results",
+        ],
+        dir.path(),
+        None,
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let rf3: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["system"] == "malachi-rf3")
+        .collect();
+    assert_eq!(rf3.len(), 1, "{stdout}");
+    let rf3 = rf3[0];
+    assert_eq!(rf3["scenario"], "produce-p1");
+    assert_eq!(rf3["replication_factor"], 3);
+    assert!(rf3["records"].as_u64().unwrap() > 0, "{rf3}");
+    assert!(rf3["p50_us"].as_u64().unwrap() > 0, "{rf3}");
+    assert!(rf3["p99_us"].as_u64().unwrap() > 0, "{rf3}");
+    let third = rf3["raw_third_mb_per_s"].as_f64().unwrap();
+    let ratio = rf3["ratio_to_raw_third"].as_f64().unwrap();
+    assert!(third > 0.0, "{rf3}");
+    let mb = rf3["mb_per_s"].as_f64().unwrap();
+    assert!((ratio - mb / third).abs() < 1e-9, "{rf3}");
+    // The single broker did not run, so nothing compares with it.
+    assert!(rows.iter().all(|r| r["system"] != "malachi"), "{stdout}");
+    // Three brokers' directories are removed at the end.
     assert_eq!(
         std::fs::read_dir(dir.path().join("data")).unwrap().count(),
         0

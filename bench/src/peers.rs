@@ -7,6 +7,11 @@
 //! can pin the one setting that makes a row "durable": Redis's
 //! `appendfsync always` and NATS's `sync_interval: always`. Losing either
 //! would silently turn a durable comparison into a flattering one.
+//!
+//! The RF=3 rows run NATS as a three-node JetStream cluster on loopback
+//! ([`Peer::NatsR3`], [`nats_cluster_config`]): each node its own client and
+//! route port and store directory, routes to the two others, and the bench
+//! creates its streams with three replicas.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader};
@@ -27,11 +32,16 @@ const REDIS_MAJOR_MIN: u32 = 7;
 /// Debian's 2.9 cannot.
 const NATS_VERSION_MIN: (u32, u32) = (2, 10);
 
+/// Servers of the NATS cluster of the RF=3 rows (and copies of each stream).
+pub const NATS_CLUSTER_NODES: usize = 3;
+
 /// A system compared with Malachi.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Peer {
     Redis,
     Nats,
+    /// [`NATS_CLUSTER_NODES`] NATS servers in one cluster, streams at R3.
+    NatsR3,
 }
 
 impl Peer {
@@ -39,6 +49,15 @@ impl Peer {
         match self {
             Peer::Redis => "redis",
             Peer::Nats => "nats",
+            Peer::NatsR3 => "nats-r3",
+        }
+    }
+
+    /// Copies the peer keeps of each write: the replicas of its streams.
+    pub fn replication_factor(self) -> usize {
+        match self {
+            Peer::Redis | Peer::Nats => 1,
+            Peer::NatsR3 => NATS_CLUSTER_NODES,
         }
     }
 }
@@ -66,7 +85,7 @@ impl Mode {
         match (peer, self) {
             (_, Mode::Durable) => "per write",
             (Peer::Redis, Mode::Default) => "every 1 s",
-            (Peer::Nats, Mode::Default) => "every 2 min",
+            (Peer::Nats | Peer::NatsR3, Mode::Default) => "every 2 min",
         }
     }
 }
@@ -110,6 +129,46 @@ pub fn nats_config(port: u16, dir: &Path, mode: Mode) -> String {
          listen: \"127.0.0.1:{port}\"\n\
          jetstream {{\n  store_dir: \"{store}\"\n{sync}}}\n",
         mode = mode.name(),
+        store = dir.join("jetstream").display(),
+    )
+}
+
+/// The loopback ports of one node of the NATS cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatsNode {
+    /// Where clients connect.
+    pub client_port: u16,
+    /// Where the other nodes' routes connect.
+    pub route_port: u16,
+}
+
+/// The config of node `me` (0-based) of the NATS cluster `nodes`: what
+/// [`nats_config`] writes for one server, plus a server name (JetStream in
+/// a cluster needs one), the cluster's route listener and a route to every
+/// other node. The store lives in `dir`, the node's own directory.
+pub fn nats_cluster_config(nodes: &[NatsNode], me: usize, dir: &Path, mode: Mode) -> String {
+    let sync = match mode {
+        Mode::Durable => "  sync_interval: always\n",
+        Mode::Default => "",
+    };
+    let routes: String = nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != me)
+        .map(|(_, n)| format!("    \"nats-route://127.0.0.1:{}\"\n", n.route_port))
+        .collect();
+    let (client_port, route_port) = nodes
+        .get(me)
+        .map_or((0, 0), |n| (n.client_port, n.route_port));
+    format!(
+        "# written by malachi bench compare ({mode} mode, node {node} of {count})\n\
+         server_name: \"bench-n{node}\"\n\
+         listen: \"127.0.0.1:{client_port}\"\n\
+         jetstream {{\n  store_dir: \"{store}\"\n{sync}}}\n\
+         cluster {{\n  name: \"malachi-bench\"\n  listen: \"127.0.0.1:{route_port}\"\n  routes: [\n{routes}  ]\n}}\n",
+        mode = mode.name(),
+        node = me + 1,
+        count = nodes.len(),
         store = dir.join("jetstream").display(),
     )
 }
@@ -511,6 +570,53 @@ mod tests {
         let config = nats_config(4300, Path::new("/tmp/n"), Mode::Default);
         assert!(config.contains("jetstream {"), "{config}");
         assert!(!config.contains("sync_interval"), "{config}");
+    }
+
+    fn three_nodes() -> Vec<NatsNode> {
+        (0..3)
+            .map(|i| NatsNode {
+                client_port: 4300 + i,
+                route_port: 6300 + i,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_durable_nats_cluster_node_routes_to_the_two_others_and_syncs_always() {
+        let config = nats_cluster_config(&three_nodes(), 1, Path::new("/tmp/n2"), Mode::Durable);
+        insta::assert_snapshot!(config);
+    }
+
+    #[test]
+    fn every_nats_cluster_node_has_its_own_name_ports_and_store() {
+        let nodes = three_nodes();
+        let configs: Vec<String> = (0..3)
+            .map(|i| {
+                nats_cluster_config(&nodes, i, Path::new(&format!("/tmp/n{i}")), Mode::Default)
+            })
+            .collect();
+        for (i, config) in configs.iter().enumerate() {
+            let own = &nodes[i];
+            assert!(
+                config.contains(&format!("server_name: \"bench-n{}\"", i + 1)),
+                "{config}"
+            );
+            assert!(config.contains(&format!("listen: \"127.0.0.1:{}\"", own.client_port)));
+            assert!(config.contains(&format!("store_dir: \"/tmp/n{i}/jetstream\"")));
+            assert!(config.contains("name: \"malachi-bench\""), "{config}");
+            // A route to each other node, none to itself.
+            for (j, other) in nodes.iter().enumerate() {
+                let route = format!("nats-route://127.0.0.1:{}", other.route_port);
+                assert_eq!(
+                    config.contains(&route),
+                    i != j,
+                    "node {i}, route {j}: {config}"
+                );
+            }
+            assert!(!config.contains("sync_interval"), "{config}");
+        }
+        assert_eq!(Peer::NatsR3.replication_factor(), 3);
+        assert_eq!(Mode::Default.fsync(Peer::NatsR3), "every 2 min");
     }
 
     #[test]

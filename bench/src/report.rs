@@ -1,6 +1,13 @@
 //! What `bench compare` prints: one row per system, scenario and durability,
 //! the ratios between them, the issue's targets, and the text table. Pure
 //! functions over numbers, so the rendering is tested on fixed figures.
+//!
+//! Rows are compared within one replication factor: a single Malachi broker
+//! against the single-server peers, three Malachi brokers at RF=3
+//! ([`MALACHI_RF3`]) against the three-node NATS cluster at R3. An RF=3 row
+//! also carries its own raw disk baseline, measured in slices interleaved
+//! with its load, divided by three (every byte is written to the one disk
+//! three times): `ratio_to_raw_third`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,6 +19,10 @@ pub const RAW_DISK: &str = "raw-disk";
 /// `system` of the loopback TCP bandwidth row.
 pub const LOOPBACK: &str = "loopback";
 pub const MALACHI: &str = "malachi";
+/// `system` of three Malachi brokers on one machine, topic at RF=3.
+pub const MALACHI_RF3: &str = "malachi-rf3";
+/// Copies an RF=3 row writes of each record, all on the one disk.
+pub const RF3_COPIES: u32 = 3;
 /// The scenario every target is judged on (16 producers, issue 8).
 pub const TARGET_SCENARIO: &str = "produce-p16";
 
@@ -19,7 +30,8 @@ pub const TARGET_SCENARIO: &str = "produce-p16";
 /// where it does not apply), so scripts can rely on the shape.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
-    /// `malachi`, `redis`, `nats`, `raw-disk` or `loopback`.
+    /// `malachi`, `malachi-rf3`, `redis`, `nats`, `nats-r3`, `raw-disk` or
+    /// `loopback`.
     pub system: String,
     /// `produce-p1`, `produce-p16`, `produce-p64`, `consume`,
     /// `fsync-latency` or `tcp-bandwidth`.
@@ -31,6 +43,10 @@ pub struct Row {
     pub fsync: String,
     /// Concurrent producers (consumers for `consume`, files for `raw-disk`).
     pub clients: usize,
+    /// Copies of each record the system keeps (and writes to the one disk):
+    /// 3 for `malachi-rf3` and `nats-r3`, 1 otherwise. Malachi is compared
+    /// with the peers of its own replication factor.
+    pub replication_factor: u32,
     /// Payload bytes per record (per write for `raw-disk`).
     pub record_bytes: usize,
     pub seconds: f64,
@@ -47,10 +63,20 @@ pub struct Row {
     /// This row's MB/s over the raw disk's at the same parallelism and batch
     /// size (produce rows only).
     pub ratio_to_raw: Option<f64>,
-    /// Malachi's MB/s in the same scenario over this row's (peer rows only).
+    /// RF=3 Malachi rows: the raw disk's MB/s at the same parallelism and
+    /// batch size, measured in slices interleaved with the row's own, divided
+    /// by [`RF3_COPIES`] (what is left for payload when each byte is written
+    /// three times).
+    pub raw_third_mb_per_s: Option<f64>,
+    /// This row's MB/s over `raw_third_mb_per_s` (target: at least 0.6).
+    pub ratio_to_raw_third: Option<f64>,
+    /// The MB/s of Malachi at the same replication factor in the same
+    /// scenario over this row's (peer rows only).
     pub malachi_over_this: Option<f64>,
-    /// On Malachi rows: its MB/s over each peer's in the same scenario, keyed
-    /// `redis-durable`, `redis-default`, `nats-durable`, `nats-default`.
+    /// On Malachi rows: its MB/s over each peer's of the same replication
+    /// factor in the same scenario, keyed `redis-durable`, `redis-default`,
+    /// `nats-durable`, `nats-default` (RF=1) or `nats-r3-durable`,
+    /// `nats-r3-default` (RF=3).
     pub ratio_to_peers: BTreeMap<String, f64>,
     pub errors: u64,
     /// Writes still unacknowledged when the row stopped waiting for them
@@ -65,18 +91,37 @@ impl Row {
         format!("{}-{}", self.system, self.durability)
     }
 
+    fn is_malachi(&self) -> bool {
+        matches!(self.system.as_str(), MALACHI | MALACHI_RF3)
+    }
+
     fn is_peer(&self) -> bool {
-        !matches!(self.system.as_str(), MALACHI | RAW_DISK | LOOPBACK)
+        !self.is_malachi() && !matches!(self.system.as_str(), RAW_DISK | LOOPBACK)
     }
 }
 
+/// A payload bandwidth over a third of a raw disk bandwidth measured beside
+/// it: `(mb_per_s, raw_mb_per_s / 3)`, or none when the raw run moved
+/// nothing.
+pub fn raw_third(mb_per_s: f64, raw_mb_per_s: f64) -> (f64, Option<f64>) {
+    let third = raw_mb_per_s / f64::from(RF3_COPIES);
+    (third, ratio(mb_per_s, third))
+}
+
 /// Fill in `ratio_to_raw` (produce rows over the raw disk row of the same
-/// scenario) and the ratios between Malachi and each peer row of the same
-/// scenario. Ratios are of payload MB/s; a zero denominator gives none.
+/// scenario), `ratio_to_raw_third` (rows that carry their interleaved
+/// baseline) and the ratios between Malachi and each peer row of the same
+/// scenario and replication factor. Ratios are of payload MB/s; a zero
+/// denominator gives none.
 pub fn fill_ratios(rows: &mut [Row]) {
-    let lookup = |rows: &[Row], system: &str, scenario: &str| {
+    let raw = |rows: &[Row], scenario: &str| {
         rows.iter()
-            .find(|r| r.system == system && r.scenario == scenario)
+            .find(|r| r.system == RAW_DISK && r.scenario == scenario)
+            .map(|r| r.mb_per_s)
+    };
+    let malachi = |rows: &[Row], scenario: &str, rf: u32| {
+        rows.iter()
+            .find(|r| r.is_malachi() && r.scenario == scenario && r.replication_factor == rf)
             .map(|r| r.mb_per_s)
     };
     let snapshot = rows.to_vec();
@@ -84,16 +129,23 @@ pub fn fill_ratios(rows: &mut [Row]) {
         let is_produce = row.scenario.starts_with("produce-");
         if is_produce && row.system != RAW_DISK {
             row.ratio_to_raw =
-                lookup(&snapshot, RAW_DISK, &row.scenario).and_then(|raw| ratio(row.mb_per_s, raw));
+                raw(&snapshot, &row.scenario).and_then(|raw| ratio(row.mb_per_s, raw));
         }
+        row.ratio_to_raw_third = row
+            .raw_third_mb_per_s
+            .and_then(|third| ratio(row.mb_per_s, third));
         if row.is_peer() {
-            row.malachi_over_this =
-                lookup(&snapshot, MALACHI, &row.scenario).and_then(|m| ratio(m, row.mb_per_s));
+            row.malachi_over_this = malachi(&snapshot, &row.scenario, row.replication_factor)
+                .and_then(|m| ratio(m, row.mb_per_s));
         }
-        if row.system == MALACHI {
+        if row.is_malachi() {
             row.ratio_to_peers = snapshot
                 .iter()
-                .filter(|p| p.is_peer() && p.scenario == row.scenario)
+                .filter(|p| {
+                    p.is_peer()
+                        && p.scenario == row.scenario
+                        && p.replication_factor == row.replication_factor
+                })
                 .filter_map(|p| ratio(row.mb_per_s, p.mb_per_s).map(|r| (p.peer_key(), r)))
                 .collect();
         }
@@ -105,12 +157,13 @@ fn ratio(numerator: f64, denominator: f64) -> Option<f64> {
 }
 
 /// The text table: one row per line, limits and produce scenarios grouped,
-/// ratios in the last two columns.
+/// ratios in the last columns (`raw/3` is an RF=3 row's interleaved raw
+/// baseline over three, in MB/s).
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<9} {:<14} {:<27} {:>9} {:>11} {:>9} {:>9} {:>9} {:>6} {:>10}",
+        "{:<11} {:<14} {:<27} {:>9} {:>11} {:>9} {:>9} {:>9} {:>6} {:>7} {:>7} {:>10}",
         "system",
         "scenario",
         "durability",
@@ -120,6 +173,8 @@ pub fn table(rows: &[Row]) -> String {
         "p99 us",
         "p999 us",
         "x raw",
+        "raw/3",
+        "x raw/3",
         "malachi x"
     );
     let mut last_scenario = None;
@@ -135,7 +190,7 @@ pub fn table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<9} {:<14} {:<27} {:>9.1} {:>11.0} {:>9} {:>9} {:>9} {:>6} {:>10}",
+            "{:<11} {:<14} {:<27} {:>9.1} {:>11.0} {:>9} {:>9} {:>9} {:>6} {:>7} {:>7} {:>10}",
             row.system,
             row.scenario,
             durability,
@@ -145,6 +200,9 @@ pub fn table(rows: &[Row]) -> String {
             latency(row.p99_us),
             latency(row.p999_us),
             optional(row.ratio_to_raw),
+            row.raw_third_mb_per_s
+                .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}")),
+            optional(row.ratio_to_raw_third),
             optional(row.malachi_over_this),
         );
     }
@@ -189,7 +247,8 @@ impl Target {
     }
 }
 
-/// The issue's targets for Malachi, 16 producers, 1 KiB records, durable.
+/// The issues' targets for Malachi, 16 producers, 1 KiB records, durable
+/// (issue 8's against the peers and the disk, issue 17's at RF=3).
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let malachi = rows
         .iter()
@@ -235,6 +294,14 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
             wanted: 0.7,
             measured: malachi.and_then(|m| m.ratio_to_raw),
         },
+        Target {
+            what: "malachi rf=3 / a third of the raw disk beside it (16 producers)",
+            wanted: 0.6,
+            measured: rows
+                .iter()
+                .find(|r| r.system == MALACHI_RF3 && r.scenario == TARGET_SCENARIO)
+                .and_then(|m| m.ratio_to_raw_third),
+        },
     ]
 }
 
@@ -265,6 +332,11 @@ pub mod tests {
             durability: durability.into(),
             fsync: fsync.into(),
             clients: 16,
+            replication_factor: if system.ends_with("-rf3") || system.ends_with("-r3") {
+                RF3_COPIES
+            } else {
+                1
+            },
             record_bytes: 1024,
             seconds: 5.0,
             records: (mb * 1e6 / 1024.0 * 5.0) as u64,
@@ -274,6 +346,8 @@ pub mod tests {
             p99_us: Some(5_000),
             p999_us: Some(9_000),
             ratio_to_raw: None,
+            raw_third_mb_per_s: None,
+            ratio_to_raw_third: None,
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
             errors: 0,
@@ -295,8 +369,75 @@ pub mod tests {
             row("redis", "consume", "durable", "per write", 150.0),
             row(LOOPBACK, "tcp-bandwidth", "-", "-", 3000.0),
         ];
+        // The RF=3 rows sort after the single servers of their scenario.
+        rows.splice(
+            6..6,
+            [
+                rf3_row(120.0, 600.0),
+                row("nats-r3", "produce-p16", "durable", "per write", 1.5),
+                row("nats-r3", "produce-p16", "default", "every 2 min", 40.0),
+            ],
+        );
         fill_ratios(&mut rows);
         rows
+    }
+
+    /// A Malachi RF=3 row of `mb` MB/s whose interleaved raw slices moved
+    /// `raw` MB/s.
+    pub fn rf3_row(mb: f64, raw: f64) -> Row {
+        let mut rf3 = row(MALACHI_RF3, "produce-p16", "durable", "per write", mb);
+        rf3.raw_third_mb_per_s = Some(raw_third(mb, raw).0);
+        rf3
+    }
+
+    #[test]
+    fn a_third_of_the_raw_disk_is_what_three_copies_leave_for_payload() {
+        assert_eq!(raw_third(120.0, 600.0), (200.0, Some(0.6)));
+        assert_eq!(raw_third(300.0, 450.0), (150.0, Some(2.0)));
+        // A raw run that moved nothing gives no ratio.
+        assert_eq!(raw_third(10.0, 0.0), (0.0, None));
+    }
+
+    #[test]
+    fn an_rf3_row_is_divided_by_its_own_raw_third_and_compared_with_the_r3_peers_only() {
+        let rows = fixed_rows();
+        let rf3 = rows.iter().find(|r| r.system == MALACHI_RF3).unwrap();
+        assert_eq!(rf3.replication_factor, 3);
+        assert_eq!(rf3.raw_third_mb_per_s, Some(200.0));
+        assert_eq!(rf3.ratio_to_raw_third, Some(0.6));
+        // Against the whole raw disk of the limits, as every produce row.
+        assert_eq!(rf3.ratio_to_raw, Some(0.24));
+        let keys: Vec<&str> = rf3.ratio_to_peers.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["nats-r3-default", "nats-r3-durable"]);
+        assert_eq!(rf3.ratio_to_peers["nats-r3-durable"], 80.0);
+        assert_eq!(rf3.ratio_to_peers["nats-r3-default"], 3.0);
+        let nats_r3 = rows
+            .iter()
+            .find(|r| r.system == "nats-r3" && r.durability == "default")
+            .unwrap();
+        assert_eq!(nats_r3.malachi_over_this, Some(3.0));
+        // The single broker is not compared with the cluster, nor the other
+        // way round; rows without an interleaved baseline have no raw third.
+        let single = &rows[1];
+        assert!(single.ratio_to_peers.keys().all(|k| !k.contains("r3")));
+        assert_eq!(single.ratio_to_raw_third, None);
+        assert_eq!(rows[4].malachi_over_this, Some(160.0));
+    }
+
+    #[test]
+    fn the_rf3_target_is_judged_on_the_interleaved_raw_third() {
+        let missed = vec![rf3_row(100.0, 600.0)];
+        let mut missed = missed;
+        fill_ratios(&mut missed);
+        let t = targets(&missed).pop().unwrap();
+        assert_eq!(t.measured, Some(0.5));
+        assert!(t.line().ends_with("measured 0.50: missed"), "{}", t.line());
+        let t = targets(&[]).pop().unwrap();
+        assert!(
+            t.line().ends_with("not measured in this run"),
+            "{}",
+            t.line()
+        );
     }
 
     #[test]
@@ -306,7 +447,7 @@ pub mod tests {
         assert_eq!(rows[2].ratio_to_raw, Some(0.1));
         // The raw disk is not a ratio of itself, and reads have no raw limit.
         assert_eq!(rows[0].ratio_to_raw, None);
-        assert_eq!(rows[6].ratio_to_raw, None);
+        assert_eq!(rows[9].ratio_to_raw, None);
     }
 
     #[test]
@@ -319,11 +460,12 @@ pub mod tests {
         assert_eq!(peers.get("nats-default"), Some(&5.0));
         assert_eq!(peers.len(), 4);
         assert_eq!(rows[2].malachi_over_this, Some(8.0));
-        assert_eq!(rows[7].malachi_over_this, Some(4.0));
-        assert_eq!(rows[6].ratio_to_peers.get("redis-durable"), Some(&4.0));
+        assert_eq!(rows[10].malachi_over_this, Some(4.0));
+        assert_eq!(rows[9].ratio_to_peers.get("redis-durable"), Some(&4.0));
         // Neither Malachi nor the limits get a ratio to Malachi.
         assert_eq!(rows[1].malachi_over_this, None);
-        assert_eq!(rows[8].malachi_over_this, None);
+        assert_eq!(rows[0].ratio_to_raw_third, None);
+        assert_eq!(rows[11].malachi_over_this, None);
     }
 
     #[test]
@@ -356,6 +498,9 @@ pub mod tests {
                 "p99_us",
                 "p999_us",
                 "ratio_to_raw",
+                "replication_factor",
+                "raw_third_mb_per_s",
+                "ratio_to_raw_third",
                 "malachi_over_this",
                 "ratio_to_peers",
             ] {

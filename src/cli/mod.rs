@@ -363,7 +363,8 @@ pub struct BenchCompareArgs {
     /// One JSON object per system, scenario and line; also written to the results directory.
     #[arg(long)]
     pub json: bool,
-    /// Run only these systems (comma-separated: malachi, redis, nats). The limits always run.
+    /// Run only these systems (comma-separated: malachi, malachi-rf3, redis, nats, nats-r3). The
+    /// limits always run.
     #[arg(long, value_delimiter = ',', value_name = "SYSTEMS")]
     pub only: Vec<String>,
     /// How long each row runs [default: 5s with --quick, 20s otherwise].

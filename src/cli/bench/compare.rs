@@ -11,18 +11,25 @@
 //! 2. **Systems.** Each system is a server process this run starts on a free
 //!    loopback port with a fresh data directory (a [`ServerGuard`] kills it
 //!    and removes the directory however the run ends): Malachi (this same
-//!    executable, `malachi broker`, `flush_interval_ms = 0`), then each peer
-//!    twice, durable per write and in its default mode. A peer that is
-//!    missing and cannot be installed is skipped with one line saying why.
+//!    executable, `malachi broker`, `flush_interval_ms = 0`), then three such
+//!    brokers in one cluster with a topic at RF=3 (`malachi-rf3`), then each
+//!    peer twice, durable per write and in its default mode, the last of them
+//!    a three-node NATS cluster with streams at R3 (`nats-r3`). A peer that
+//!    is missing and cannot be installed is skipped with one line saying why.
 //! 3. **Load.** For each producer count, N producers with 1 KiB records keep
 //!    [`WINDOW_RECORDS`] records each unacknowledged for the row's duration.
 //!    Malachi sends them as produce requests of [`MALACHI_BATCH_RECORDS`]
 //!    records (its produce path in `bench.rs`); Redis as pipelined `XADD`s;
 //!    NATS as JetStream publishes with their acks awaited ([`load`]).
-//!    Then one consumer reads back what the 16-producer row wrote.
-//! 4. **Report.** Ratios to the raw disk and between Malachi and each peer,
-//!    a table (or JSON lines, also written to `bench/results/<date>.json`
-//!    with a chart in `<date>.svg`), and the targets.
+//!    Then one consumer reads back what the 16-producer row wrote. The RF=3
+//!    Malachi row runs in [`RF3_ROUNDS`] slices, each followed by a slice of
+//!    the raw disk at the same parallelism and batch size: a third of that
+//!    raw bandwidth is what three copies on the one disk leave for payload,
+//!    and `ratio_to_raw_third` divides by it.
+//! 4. **Report.** Ratios to the raw disk and between Malachi and each peer of
+//!    its replication factor, a table (or JSON lines, also written to
+//!    `bench/results/<date>.json` with a chart in `<date>.svg`), and the
+//!    issues' targets.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -40,8 +47,11 @@ use super::super::error::CliError;
 use super::super::{BenchCompareArgs, OutputArgs};
 use super::load::{self, Producer};
 use super::{AtTail, LoadOutcome, ProduceLoad, consume_load, histogram, micros, produce_load};
-use malachi_bench::peers::{self, InstallPolicy, Mode, Peer, PeerBinary, ServerGuard};
-use malachi_bench::report::{self, LOOPBACK, MALACHI, RAW_DISK, Row};
+use malachi_bench::peers::{
+    self, InstallPolicy, Mode, NATS_CLUSTER_NODES, NatsNode, Peer, PeerBinary, ServerGuard,
+};
+use malachi_bench::report::{self, LOOPBACK, MALACHI, MALACHI_RF3, RAW_DISK, RF3_COPIES, Row};
+use malachi_wire::messages::BrokerState;
 
 /// Bytes of each record's value, for every system.
 pub const RECORD_BYTES: usize = 1024;
@@ -71,7 +81,17 @@ const LOOPBACK_WRITE_BYTES: usize = 1 << 20;
 /// Client request timeout against the bench's own Malachi broker.
 const MALACHI_TIMEOUT_MS: u64 = 60_000;
 /// Systems `--only` accepts.
-pub const SYSTEMS: [&str; 3] = [MALACHI, "redis", "nats"];
+pub const SYSTEMS: [&str; 5] = [MALACHI, MALACHI_RF3, "redis", "nats", "nats-r3"];
+/// Brokers of the RF=3 rows: one cluster, every topic on all of them.
+const RF3_BROKERS: u64 = 3;
+/// Slices an RF=3 row is cut into, each followed by a raw disk slice of the
+/// same length (the interleaved baseline of `ratio_to_raw_third`).
+pub const RF3_ROUNDS: u32 = 4;
+/// How long three fresh brokers may take to see each other and elect their
+/// vnode leaders, and a fresh NATS cluster its JetStream meta leader.
+const CLUSTER_READY_MAX: Duration = Duration::from_secs(60);
+/// Pause between two readiness probes of a fresh cluster.
+const CLUSTER_READY_POLL: Duration = Duration::from_millis(250);
 /// The producer count whose data the consume scenario reads back.
 const CONSUME_SOURCE_PRODUCERS: usize = 16;
 
@@ -189,7 +209,10 @@ pub async fn compare(args: BenchCompareArgs) -> Result<(), CliError> {
     if plan.wants(MALACHI) {
         rows.extend(run_malachi(&plan, &notes).await?);
     }
-    for peer in [Peer::Redis, Peer::Nats] {
+    if plan.wants(MALACHI_RF3) {
+        rows.extend(run_malachi_rf3(&plan, &notes).await?);
+    }
+    for peer in [Peer::Redis, Peer::Nats, Peer::NatsR3] {
         if !plan.wants(peer.name()) {
             continue;
         }
@@ -197,7 +220,7 @@ pub async fn compare(args: BenchCompareArgs) -> Result<(), CliError> {
         let path = std::env::var_os("PATH").unwrap_or_default();
         let located = tokio::task::spawn_blocking(move || match peer {
             Peer::Redis => peers::locate_redis(&path, &install),
-            Peer::Nats => peers::locate_nats(&path, &install),
+            Peer::Nats | Peer::NatsR3 => peers::locate_nats(&path, &install),
         })
         .await
         .map_err(|e| CliError::Bench(format!("locating {}: {e}", peer.name())))?;
@@ -221,12 +244,9 @@ pub async fn compare(args: BenchCompareArgs) -> Result<(), CliError> {
     }
     if plan.wants("redis") || plan.wants("nats") {
         notes.note(
-            "consume: each peer is read back in its durable mode only (reading does not depend on when the writer fsyncs)",
+            "consume: each single-server peer is read back in its durable mode only (reading does not depend on when the writer fsyncs); the RF=3 systems are not read back",
         );
     }
-    notes.note(
-        "skipped rf=3 (three brokers against a three-node NATS cluster): Malachi replication has not landed yet",
-    );
 
     sort_rows(&mut rows);
     report::fill_ratios(&mut rows);
@@ -252,8 +272,9 @@ pub async fn compare(args: BenchCompareArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Order: by scenario as the plan runs them, then the limit, Malachi, the
-/// peers durable before default.
+/// Order: by scenario as the plan runs them, then by replication factor
+/// (the single servers first), then the limit, Malachi, the peers durable
+/// before default.
 fn sort_rows(rows: &mut [Row]) {
     let scenario_rank = |s: &str| -> (u8, usize) {
         match s.strip_prefix("produce-p").and_then(|n| n.parse().ok()) {
@@ -265,9 +286,9 @@ fn sort_rows(rows: &mut [Row]) {
     };
     let system_rank = |s: &str| match s {
         RAW_DISK => 0,
-        MALACHI => 1,
+        MALACHI | MALACHI_RF3 => 1,
         "redis" => 2,
-        "nats" => 3,
+        "nats" | "nats-r3" => 3,
         _ => 4,
     };
     let durability_rank = |d: &str| match d {
@@ -278,6 +299,7 @@ fn sort_rows(rows: &mut [Row]) {
     rows.sort_by_key(|r| {
         (
             scenario_rank(&r.scenario),
+            r.replication_factor,
             system_rank(&r.system),
             durability_rank(&r.durability),
         )
@@ -337,6 +359,7 @@ fn row(
         durability: durability.name().to_owned(),
         fsync: fsync.to_owned(),
         clients,
+        replication_factor: 1,
         record_bytes: RECORD_BYTES,
         seconds: outcome.seconds,
         records: outcome.records,
@@ -346,6 +369,8 @@ fn row(
         p99_us: quantile(outcome, 0.99),
         p999_us: quantile(outcome, 0.999),
         ratio_to_raw: None,
+        raw_third_mb_per_s: None,
+        ratio_to_raw_third: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: outcome.errors,
@@ -377,6 +402,7 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
             durability: Mode::Durable.name().into(),
             fsync: "per write".into(),
             clients: files,
+            replication_factor: 1,
             record_bytes: RECORD_BYTES,
             seconds: raw.seconds,
             // In 1 KiB records' worth, so the row reads like the others.
@@ -387,6 +413,8 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
             p99_us: Some(raw.p99_us),
             p999_us: Some(raw.p999_us),
             ratio_to_raw: None,
+            raw_third_mb_per_s: None,
+            ratio_to_raw_third: None,
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
             errors: 0,
@@ -411,6 +439,7 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         durability: "-".into(),
         fsync: "-".into(),
         clients: 1,
+        replication_factor: 1,
         record_bytes: FSYNC_PROBE_BYTES,
         seconds: fsync.seconds,
         records: fsync.records,
@@ -420,6 +449,8 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         p99_us: Some(fsync.p99_us),
         p999_us: Some(fsync.p999_us),
         ratio_to_raw: None,
+        raw_third_mb_per_s: None,
+        ratio_to_raw_third: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: 0,
@@ -433,6 +464,7 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         durability: "-".into(),
         fsync: "-".into(),
         clients: 1,
+        replication_factor: 1,
         record_bytes: LOOPBACK_WRITE_BYTES,
         seconds: tcp.seconds,
         records: tcp.records,
@@ -442,6 +474,8 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         p99_us: quantile(&tcp, 0.99),
         p999_us: quantile(&tcp, 0.999),
         ratio_to_raw: None,
+        raw_third_mb_per_s: None,
+        ratio_to_raw_third: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: 0,
@@ -456,7 +490,16 @@ async fn raw_disk(
     files: usize,
     write_bytes: usize,
 ) -> Result<super::BenchResult, CliError> {
-    let (dir, duration) = (plan.dir.clone(), plan.raw);
+    raw_disk_for(plan, files, write_bytes, plan.raw).await
+}
+
+async fn raw_disk_for(
+    plan: &Plan,
+    files: usize,
+    write_bytes: usize,
+    duration: Duration,
+) -> Result<super::BenchResult, CliError> {
+    let dir = plan.dir.clone();
     tokio::task::spawn_blocking(move || super::raw_disk(&dir, files, write_bytes, duration, true))
         .await
         .map_err(|e| CliError::Bench(format!("the raw disk run failed: {e}")))?
@@ -633,14 +676,287 @@ async fn run_malachi(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
     Ok(rows)
 }
 
+/// Three Malachi brokers on this machine (this executable as `malachi
+/// broker`, each its own process, port and data directory on the one disk),
+/// one metadata cluster, a topic at RF=3. A fresh cluster for each producer
+/// count: the store keeps every byte written (there is no retention to free
+/// it), and three copies of a row fill a disk three times as fast. Each row
+/// runs in [`RF3_ROUNDS`] slices, each followed by a raw disk slice of the
+/// same length at the same parallelism and batch size: the row's baseline.
+async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Bench(format!("cannot find this executable: {e}")))?;
+    let version = concat!("malachi ", env!("CARGO_PKG_VERSION"));
+    let write_bytes = MALACHI_BATCH_RECORDS as usize * RECORD_BYTES;
+    let slice = plan.row / RF3_ROUNDS;
+    let mut rows = Vec::new();
+    for &n in &plan.producers {
+        let guards = start_rf3_cluster(plan, notes, &exe).await?;
+        let logs = || {
+            guards
+                .iter()
+                .map(|g| format!("{}: {}", g.name, g.log_tail()))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let output = OutputArgs {
+            broker: guards
+                .first()
+                .map(|g| g.addr.to_string())
+                .unwrap_or_default(),
+            json: true,
+            timeout_ms: MALACHI_TIMEOUT_MS,
+        };
+        notes.progress("malachi rf=3: waiting for the three brokers to see each other");
+        wait_for_brokers(&output, RF3_BROKERS)
+            .await
+            .map_err(|e| CliError::Bench(format!("malachi rf=3: {e} ({})", logs())))?;
+        let topic = format!("bench-rf3-p{n}");
+        create_replicated_topic(&output, &topic)
+            .await
+            .map_err(|e| CliError::Bench(format!("malachi rf=3: {e} ({})", logs())))?;
+        let mut total = LoadOutcome {
+            records: 0,
+            payload_bytes: 0,
+            seconds: 0.0,
+            hist: histogram()?,
+            errors: 0,
+            dropped: 0,
+        };
+        let mut raw = RawTotal::default();
+        for round in 1..=RF3_ROUNDS {
+            notes.progress(&format!(
+                "malachi rf=3 produce, {n} producers, slice {round} of {RF3_ROUNDS}, then the raw disk"
+            ));
+            let load = ProduceLoad {
+                topic: topic.clone(),
+                producers: n,
+                record_size: RECORD_BYTES,
+                batch_records: MALACHI_BATCH_RECORDS,
+                window: MALACHI_WINDOW,
+                duration: slice,
+            };
+            let (outcome, _) = produce_load(&output, &load, true)
+                .await
+                .map_err(|e| CliError::Bench(format!("malachi rf=3 produce ({}): {e}", logs())))?;
+            absorb(&mut total, outcome);
+            let baseline = raw_disk_for(plan, n, write_bytes, slice).await?;
+            raw.add(baseline.mb_per_s, baseline.seconds);
+        }
+        let mut rf3 = row(
+            MALACHI_RF3,
+            scenario(n),
+            Mode::Durable,
+            "per write",
+            n,
+            &total,
+            version,
+        );
+        rf3.replication_factor = RF3_COPIES;
+        rf3.raw_third_mb_per_s = Some(report::raw_third(rf3.mb_per_s, raw.mb_per_s()).0);
+        rf3.version = format!(
+            "{version}, {RF3_BROKERS} brokers; baseline pwrite+fdatasync, {n} files x {write_bytes} B, {RF3_ROUNDS} slices interleaved"
+        );
+        rows.push(rf3);
+        drop(guards);
+    }
+    Ok(rows)
+}
+
+/// Starts the [`RF3_BROKERS`] brokers of one cluster, each with a fresh
+/// directory, and returns once each serves clients.
+async fn start_rf3_cluster(
+    plan: &Plan,
+    notes: &Notes,
+    exe: &std::path::Path,
+) -> Result<Vec<ServerGuard>, CliError> {
+    let mut nodes = Vec::new();
+    for id in 1..=RF3_BROKERS {
+        nodes.push((id, peers::free_port()?, peers::free_port()?));
+    }
+    let mut guards: Vec<ServerGuard> = Vec::new();
+    for &(id, port, admin) in &nodes {
+        notes.progress(&format!(
+            "malachi rf=3: starting broker {id} of {RF3_BROKERS}"
+        ));
+        let dir = fresh_dir(plan, &format!("malachi-rf3-{id}-"))?;
+        let config = dir.path().join("broker.toml");
+        std::fs::write(&config, malachi_cluster_config(RF3_BROKERS))
+            .map_err(|e| CliError::Bench(format!("cannot write a broker config: {e}")))?;
+        let mut args: Vec<OsString> = vec![
+            "broker".into(),
+            "--config".into(),
+            config.into_os_string(),
+            "--node-id".into(),
+            id.to_string().into(),
+            "--listen".into(),
+            loopback(port).to_string().into(),
+            "--admin-listen".into(),
+            loopback(admin).to_string().into(),
+            "--data-dir".into(),
+            dir.path().join("data").into_os_string(),
+        ];
+        for &(other, other_port, _) in &nodes {
+            if other != id {
+                args.push("--seed".into());
+                args.push(loopback(other_port).to_string().into());
+            }
+        }
+        guards.push(
+            start_server(
+                format!("malachi broker {id} of {RF3_BROKERS}"),
+                exe.to_owned(),
+                args,
+                dir,
+                loopback(port),
+                "serving clients on",
+            )
+            .await?,
+        );
+    }
+    Ok(guards)
+}
+
+/// The raw disk slices of one RF=3 row, added up.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct RawTotal {
+    /// Megabytes (10^6 bytes) written.
+    mb: f64,
+    seconds: f64,
+}
+
+impl RawTotal {
+    fn add(&mut self, mb_per_s: f64, seconds: f64) {
+        self.mb += mb_per_s * seconds;
+        self.seconds += seconds;
+    }
+
+    /// The slices' bandwidth together: their bytes over their time.
+    fn mb_per_s(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.mb / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Add one slice's outcome to a row's.
+fn absorb(total: &mut LoadOutcome, slice: LoadOutcome) {
+    total.records += slice.records;
+    total.payload_bytes += slice.payload_bytes;
+    total.seconds += slice.seconds;
+    // Both histograms have the same bounds; a value beyond them was already
+    // saturated when it was recorded.
+    let _ = total.hist.add(&slice.hist);
+    total.errors += slice.errors;
+    total.dropped += slice.dropped;
+}
+
+/// Waits until the broker behind `output` sees `brokers` brokers alive.
+async fn wait_for_brokers(output: &OutputArgs, brokers: u64) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        let last = match super::bench_client(output).await {
+            Ok(client) => match client.cluster_status().await {
+                Ok(status) => {
+                    let alive = status
+                        .brokers
+                        .iter()
+                        .filter(|b| b.state == BrokerState::Alive)
+                        .count() as u64;
+                    if alive >= brokers {
+                        return Ok(());
+                    }
+                    format!("{alive} of {brokers} brokers alive")
+                }
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        if started.elapsed() > CLUSTER_READY_MAX {
+            return Err(format!(
+                "the brokers did not form a cluster within {}: {last}",
+                human_duration(CLUSTER_READY_MAX)
+            ));
+        }
+        tokio::time::sleep(CLUSTER_READY_POLL).await;
+    }
+}
+
+/// Creates `topic` with [`RF3_COPIES`] copies and waits until its active
+/// segment has them all, retrying while the fresh cluster elects its vnode
+/// leaders.
+async fn create_replicated_topic(output: &OutputArgs, topic: &str) -> Result<(), String> {
+    let started = Instant::now();
+    let copies = RF3_COPIES as usize;
+    loop {
+        let attempt = async {
+            let client = super::bench_client(output)
+                .await
+                .map_err(|e| e.to_string())?;
+            match client
+                .create_topic(topic, Some(RF3_COPIES as u8), None)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code() == Some(malachi_wire::ErrorCode::TopicExists) => {}
+                Err(e) => return Err(format!("create {topic}: {e}")),
+            }
+            let described = client
+                .describe_topic(topic)
+                .await
+                .map_err(|e| format!("describe {topic}: {e}"))?;
+            let fewest = described
+                .ranges
+                .iter()
+                .flat_map(|r| &r.segments)
+                .filter(|s| s.state == "active")
+                .map(|s| s.replicas.len())
+                .min();
+            match fewest {
+                Some(n) if n >= copies => Ok(()),
+                other => Err(format!(
+                    "{topic}'s active segments have {} copies, not {copies}",
+                    other.map_or_else(|| "no".to_owned(), |n| n.to_string())
+                )),
+            }
+        };
+        let last = match attempt.await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if started.elapsed() > CLUSTER_READY_MAX {
+            return Err(format!(
+                "no topic at RF={copies} within {}: {last}",
+                human_duration(CLUSTER_READY_MAX)
+            ));
+        }
+        tokio::time::sleep(CLUSTER_READY_POLL).await;
+    }
+}
+
+/// The config of each broker of the RF=3 rows: [`malachi_config`]'s store
+/// settings, and a `[cluster]` table naming every broker, so that they share
+/// one metadata cluster (as `malachi dev` and the process tests run them).
+pub fn malachi_cluster_config(brokers: u64) -> String {
+    let nodes: Vec<String> = (1..=brokers).map(|n| n.to_string()).collect();
+    format!(
+        "{}\n[membership]\ncluster_cookie = \"malachi-bench\"\n\n[cluster]\nnodes = [{}]\n",
+        malachi_config(),
+        nodes.join(", ")
+    )
+}
+
 /// The broker config of the comparison: flush as soon as the previous sync
 /// ends (ADR 0011), 16 sync threads, as docs/benchmarks.md runs it.
 pub fn malachi_config() -> &'static str {
     "# written by malachi bench compare\n[store]\nflush_interval_ms = 0\nsync_threads = 16\n"
 }
 
-/// One peer in one mode: a fresh server, the produce scenarios, and in
-/// durable mode the consume scenario.
+/// One peer in one mode: fresh servers (one, or the NATS cluster's three),
+/// the produce scenarios, and in durable mode for a single server the
+/// consume scenario.
 async fn run_peer(
     peer: Peer,
     bin: &PeerBinary,
@@ -648,35 +964,19 @@ async fn run_peer(
     plan: &Plan,
     notes: &Notes,
 ) -> Result<Vec<Row>, CliError> {
-    let dir = fresh_dir(plan, &format!("{}-compare-", peer.name()))?;
-    let port = peers::free_port()?;
-    let config_path = dir.path().join(format!("{}.conf", peer.name()));
-    let (config, args, ready): (String, Vec<OsString>, &'static str) = match peer {
-        Peer::Redis => (
-            peers::redis_config(port, dir.path(), mode),
-            vec![config_path.clone().into_os_string()],
-            "Ready to accept connections",
-        ),
-        Peer::Nats => (
-            peers::nats_config(port, dir.path(), mode),
-            vec!["-c".into(), config_path.clone().into_os_string()],
-            "Server is ready",
-        ),
+    let guards = start_peer(peer, bin, mode, plan).await?;
+    let addrs: Vec<String> = guards.iter().map(|g| g.addr.to_string()).collect();
+    let logs = || {
+        guards
+            .iter()
+            .map(ServerGuard::log_tail)
+            .collect::<Vec<_>>()
+            .join("; ")
     };
-    std::fs::write(&config_path, config)
-        .map_err(|e| CliError::Bench(format!("cannot write {}: {e}", config_path.display())))?;
-    let guard = start_server(
-        format!("{} ({})", peer.name(), mode.name()),
-        bin.path.clone(),
-        args,
-        dir,
-        loopback(port),
-        ready,
-    )
-    .await?;
-    let addr = guard.addr.to_string();
+    let addr = addrs.first().cloned().unwrap_or_default();
     let fsync = mode.fsync(peer);
     let source = plan.consume_source();
+    let consumes = mode == Mode::Durable && peer.replication_factor() == 1;
     let mut rows = Vec::new();
     for &n in &plan.producers {
         notes.progress(&format!(
@@ -687,10 +987,12 @@ async fn run_peer(
         let name = format!("bench-p{n}");
         let outcome = match peer {
             Peer::Redis => produce_redis(&addr, &name, n, plan.row).await,
-            Peer::Nats => produce_nats(&addr, &name, n, plan.row).await,
+            Peer::Nats | Peer::NatsR3 => {
+                produce_nats(&addrs, &name, peer.replication_factor(), n, plan.row).await
+            }
         }
-        .map_err(|e| CliError::Bench(format!("{e} (server says: {})", guard.log_tail())))?;
-        rows.push(row(
+        .map_err(|e| CliError::Bench(format!("{e} (server says: {})", logs())))?;
+        let mut peer_row = row(
             peer.name(),
             scenario(n),
             mode,
@@ -698,24 +1000,26 @@ async fn run_peer(
             n,
             &outcome,
             &bin.version,
-        ));
+        );
+        peer_row.replication_factor = peer.replication_factor() as u32;
+        rows.push(peer_row);
         // Writes dropped uncounted at the end of the drain may still be
         // queued in the server: let it finish them before the next row, so
         // that row measures its own load.
         notes.progress(&format!("{} {} settling", peer.name(), mode.name()));
         settle(peer, &addr, &name).await;
-        if n != source || mode != Mode::Durable {
+        if n != source || !consumes {
             // Free the memory (Redis) and disk a later row would otherwise
             // share with this one's data.
             drop_stream(peer, &addr, &name).await;
         }
     }
-    if mode == Mode::Durable {
+    if consumes {
         notes.progress(&format!("{} consume", peer.name()));
         let name = format!("bench-p{source}");
         let outcome = match peer {
             Peer::Redis => consume_redis(&addr, &name, plan.row).await,
-            Peer::Nats => consume_nats(&addr, &name, plan.row).await,
+            Peer::Nats | Peer::NatsR3 => consume_nats(&addr, &name, plan.row).await,
         }?;
         rows.push(row(
             peer.name(),
@@ -727,8 +1031,72 @@ async fn run_peer(
             &bin.version,
         ));
     }
-    drop(guard);
+    drop(guards);
     Ok(rows)
+}
+
+/// Starts the peer's servers in `mode`, each with a fresh directory and
+/// config file: one server, or for [`Peer::NatsR3`] the
+/// [`NATS_CLUSTER_NODES`] nodes of one cluster, routed to each other.
+async fn start_peer(
+    peer: Peer,
+    bin: &PeerBinary,
+    mode: Mode,
+    plan: &Plan,
+) -> Result<Vec<ServerGuard>, CliError> {
+    let ready = match peer {
+        Peer::Redis => "Ready to accept connections",
+        Peer::Nats | Peer::NatsR3 => "Server is ready",
+    };
+    let nodes: Vec<NatsNode> = match peer {
+        Peer::NatsR3 => (0..NATS_CLUSTER_NODES)
+            .map(|_| {
+                Ok(NatsNode {
+                    client_port: peers::free_port()?,
+                    route_port: peers::free_port()?,
+                })
+            })
+            .collect::<Result<_, CliError>>()?,
+        Peer::Redis | Peer::Nats => vec![NatsNode {
+            client_port: peers::free_port()?,
+            route_port: 0,
+        }],
+    };
+    let mut guards = Vec::with_capacity(nodes.len());
+    for (i, node) in nodes.iter().enumerate() {
+        let dir = fresh_dir(plan, &format!("{}-compare-", peer.name()))?;
+        let port = node.client_port;
+        let config_path = dir.path().join(format!("{}.conf", peer.name()));
+        let (config, args): (String, Vec<OsString>) = match peer {
+            Peer::Redis => (
+                peers::redis_config(port, dir.path(), mode),
+                vec![config_path.clone().into_os_string()],
+            ),
+            Peer::Nats => (
+                peers::nats_config(port, dir.path(), mode),
+                vec!["-c".into(), config_path.clone().into_os_string()],
+            ),
+            Peer::NatsR3 => (
+                peers::nats_cluster_config(&nodes, i, dir.path(), mode),
+                vec!["-c".into(), config_path.clone().into_os_string()],
+            ),
+        };
+        std::fs::write(&config_path, config)
+            .map_err(|e| CliError::Bench(format!("cannot write {}: {e}", config_path.display())))?;
+        let name = if nodes.len() > 1 {
+            format!(
+                "{} ({}, node {} of {})",
+                peer.name(),
+                mode.name(),
+                i + 1,
+                nodes.len()
+            )
+        } else {
+            format!("{} ({})", peer.name(), mode.name())
+        };
+        guards.push(start_server(name, bin.path.clone(), args, dir, loopback(port), ready).await?);
+    }
+    Ok(guards)
 }
 
 fn value() -> Bytes {
@@ -756,19 +1124,37 @@ async fn produce_redis(
     load::drive(all, WINDOW_RECORDS, RECORD_BYTES, duration).await
 }
 
+/// JetStream publishes to a stream of `replicas` copies, the producers
+/// spread round robin over `addrs` (the servers of one cluster). The stream
+/// is created as soon as the cluster accepts it: a fresh cluster elects its
+/// JetStream meta leader first.
 async fn produce_nats(
-    addr: &str,
+    addrs: &[String],
     stream: &str,
+    replicas: usize,
     producers: usize,
     duration: Duration,
 ) -> Result<LoadOutcome, CliError> {
     let fail = |e: String| CliError::Bench(format!("nats: {e}"));
-    let setup = load::jetstream::connect(addr).await.map_err(fail)?;
-    load::jetstream::create_stream(&setup, stream)
-        .await
-        .map_err(fail)?;
+    let first = addrs
+        .first()
+        .ok_or_else(|| fail("no server to connect to".into()))?;
+    let setup = load::jetstream::connect(first).await.map_err(fail)?;
+    let started = Instant::now();
+    loop {
+        match load::jetstream::create_stream(&setup, stream, replicas).await {
+            Ok(()) => break,
+            Err(e) if started.elapsed() > CLUSTER_READY_MAX => {
+                return Err(fail(format!(
+                    "no stream of {replicas} replicas within {}: {e}",
+                    human_duration(CLUSTER_READY_MAX)
+                )));
+            }
+            Err(_) => tokio::time::sleep(CLUSTER_READY_POLL).await,
+        }
+    }
     let mut all: Vec<Producer> = Vec::with_capacity(producers);
-    for _ in 0..producers {
+    for (_, addr) in (0..producers).zip(addrs.iter().cycle()) {
         let context = load::jetstream::connect(addr).await.map_err(fail)?;
         all.push(load::jetstream::producer(
             context,
@@ -829,7 +1215,7 @@ async fn stream_len(peer: Peer, addr: &str, name: &str) -> Option<u64> {
                 .await
                 .ok()
         }
-        Peer::Nats => {
+        Peer::Nats | Peer::NatsR3 => {
             let context = load::jetstream::connect(addr).await.ok()?;
             let stream = context.get_stream(name).await.ok()?;
             Some(stream.cached_info().state.messages)
@@ -848,7 +1234,7 @@ async fn drop_stream(peer: Peer, addr: &str, name: &str) {
                     .await;
             }
         }
-        Peer::Nats => {
+        Peer::Nats | Peer::NatsR3 => {
             if let Ok(context) = load::jetstream::connect(addr).await {
                 let _ = context.delete_stream(name).await;
             }
@@ -869,6 +1255,11 @@ mod tests {
             durability: durability.into(),
             fsync: fsync.into(),
             clients: 16,
+            replication_factor: if system == MALACHI_RF3 || system == "nats-r3" {
+                RF3_COPIES
+            } else {
+                1
+            },
             record_bytes: 1024,
             seconds: 5.0,
             records: (mb * 1e6 / 1024.0 * 5.0) as u64,
@@ -878,6 +1269,8 @@ mod tests {
             p99_us: Some(5_000),
             p999_us: Some(9_000),
             ratio_to_raw: None,
+            raw_third_mb_per_s: None,
+            ratio_to_raw_third: None,
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
             errors: 0,
@@ -901,7 +1294,10 @@ mod tests {
         let plan = Plan::from_args(&args(&["--quick"])).unwrap();
         assert_eq!(plan.row, Duration::from_secs(5));
         assert_eq!(plan.producers, vec![1, 16, 64]);
-        assert_eq!(plan.systems, vec!["malachi", "redis", "nats"]);
+        assert_eq!(
+            plan.systems,
+            vec!["malachi", "malachi-rf3", "redis", "nats", "nats-r3"]
+        );
         assert_eq!(plan.consume_source(), 16);
         assert!(!plan.json);
     }
@@ -912,6 +1308,67 @@ mod tests {
         assert!(plan.wants("malachi") && !plan.wants("redis") && !plan.wants("nats"));
         let err = Plan::from_args(&args(&["--only", "kafka"])).unwrap_err();
         assert!(err.to_string().contains("kafka"), "{err}");
+    }
+
+    #[test]
+    fn the_rf3_systems_can_be_run_alone() {
+        let plan = Plan::from_args(&args(&["--only", "malachi-rf3,nats-r3"])).unwrap();
+        assert!(plan.wants(MALACHI_RF3) && plan.wants("nats-r3"));
+        assert!(!plan.wants(MALACHI) && !plan.wants("nats"));
+    }
+
+    #[test]
+    fn the_rf3_brokers_share_one_cluster_and_the_comparisons_store_settings() {
+        let config = malachi_cluster_config(3);
+        assert!(config.starts_with(malachi_config()), "{config}");
+        assert!(
+            config.contains("\n[cluster]\nnodes = [1, 2, 3]\n"),
+            "{config}"
+        );
+        // Every broker must accept it: it parses as a broker config.
+        let parsed: malachi_actors::BrokerConfig = toml::from_str(&config).unwrap();
+        assert_eq!(parsed.cluster.nodes, vec![1, 2, 3]);
+        assert_eq!(parsed.store.flush_interval_ms, 0);
+    }
+
+    #[test]
+    fn the_raw_slices_of_an_rf3_row_add_up_to_bytes_over_time() {
+        let mut raw = RawTotal::default();
+        assert_eq!(raw.mb_per_s(), 0.0);
+        raw.add(600.0, 1.0);
+        raw.add(300.0, 2.0);
+        // 1,200 MB in 3 s, not the mean of 600 and 300.
+        assert_eq!(raw.mb_per_s(), 400.0);
+        let (third, ratio) = report::raw_third(80.0, raw.mb_per_s());
+        assert!((third - 133.333).abs() < 0.001, "{third}");
+        assert_eq!(ratio, Some(0.6));
+    }
+
+    #[test]
+    fn slices_add_up_to_one_outcome() {
+        let slice = |records: u64, latency: u64| {
+            let mut hist = histogram().unwrap();
+            hist.record(latency).unwrap();
+            LoadOutcome {
+                records,
+                payload_bytes: records * 1024,
+                seconds: 1.0,
+                hist,
+                errors: 1,
+                dropped: 0,
+            }
+        };
+        let mut total = slice(0, 1);
+        total.hist.reset();
+        total.errors = 0;
+        total.seconds = 0.0;
+        absorb(&mut total, slice(100, 1_000));
+        absorb(&mut total, slice(300, 3_000));
+        assert_eq!(total.records, 400);
+        assert_eq!(total.seconds, 2.0);
+        assert_eq!(total.errors, 2);
+        assert_eq!(total.hist.len(), 2);
+        assert_eq!(total.mb_per_s(), 400.0 * 1024.0 / 2.0 / 1e6);
     }
 
     #[test]
@@ -954,6 +1411,8 @@ mod tests {
             row("redis", "produce-p16", "durable", "per write", 1.0),
             row(MALACHI, "produce-p1", "durable", "per write", 1.0),
             row(RAW_DISK, "produce-p16", "durable", "per write", 1.0),
+            row("nats-r3", "produce-p16", "durable", "per write", 1.0),
+            row(MALACHI_RF3, "produce-p16", "durable", "per write", 1.0),
             row(MALACHI, "produce-p16", "durable", "per write", 1.0),
         ];
         sort_rows(&mut rows);
@@ -970,6 +1429,8 @@ mod tests {
                 "produce-p16 redis durable",
                 "produce-p16 redis default",
                 "produce-p16 nats durable",
+                "produce-p16 malachi-rf3 durable",
+                "produce-p16 nats-r3 durable",
                 "consume malachi durable",
             ]
         );

@@ -267,14 +267,19 @@ pub mod jetstream {
         Ok(ContextBuilder::new().timeout(ACK_TIMEOUT).build(client))
     }
 
-    /// A file-backed stream of one subject, one replica, no limits.
-    pub async fn create_stream(context: &Context, name: &str) -> Result<(), String> {
+    /// A file-backed stream of one subject, `replicas` copies (1 on a
+    /// single server, 3 on the RF=3 rows' cluster), no limits.
+    pub async fn create_stream(
+        context: &Context,
+        name: &str,
+        replicas: usize,
+    ) -> Result<(), String> {
         context
             .create_stream(Config {
                 name: name.to_owned(),
                 subjects: vec![subject(name)],
                 storage: StorageType::File,
-                num_replicas: 1,
+                num_replicas: replicas,
                 ..Config::default()
             })
             .await
