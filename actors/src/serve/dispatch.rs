@@ -33,6 +33,7 @@ pub(crate) async fn handle_frame(
                 return Some(redirect_reply(redirect, correlation_id));
             }
             return subscribe(shared, ctx, correlation_id, req)
+                .await
                 .err()
                 .map(|refusal| refusal_frame(correlation_id, &refusal));
         }
