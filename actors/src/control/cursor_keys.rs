@@ -109,13 +109,18 @@ impl CursorKeyState {
         Ok(keys)
     }
 
-    /// Reads the keys; if the cluster has none, proposes the bootstrap
-    /// secret as key 0 and reads them again.
+    /// Takes the keys from this broker's own replica of the ring group if
+    /// it holds them (a restart serves cursors at once, quorum or not);
+    /// else reads them from the group's leader and, if the cluster has
+    /// none, proposes the bootstrap secret as key 0 and reads them again.
     pub(crate) async fn learn(
         &self,
         plane: &dyn MetadataPlane,
         clock: &dyn Clock,
     ) -> Result<Arc<CursorKeys>, LearnError> {
+        if let Some(ring) = plane.cursor_keys_local() {
+            return self.install(&ring);
+        }
         if let Some(ring) = plane.cursor_keys().await? {
             return self.install(&ring);
         }

@@ -61,6 +61,11 @@ pub trait MetadataPlane: Send + Sync + std::fmt::Debug {
     /// ring's group on a vnode plane, read at its leader); `None` until
     /// created (ADR 0096).
     async fn cursor_keys(&self) -> Result<Option<CursorKeyRing>, MetadataError>;
+    /// The cursor keys in this broker's own replica of the group that holds
+    /// them, without a quorum: committed keys, possibly not the newest
+    /// (keys are only ever added, so these still verify what they did).
+    /// `None` when this broker holds no replica or it has no keys yet.
+    fn cursor_keys_local(&self) -> Option<CursorKeyRing>;
     /// Applies a cursor key command (`CreateCursorKey`, `RotateCursorKey`)
     /// in the group that holds the keys.
     async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError>;
@@ -225,6 +230,12 @@ impl MetadataPlane for VnodePlane {
         Ok(self.host.cursor_keys().await?)
     }
 
+    fn cursor_keys_local(&self) -> Option<CursorKeyRing> {
+        self.host
+            .ring_group()
+            .and_then(|group| group.read_local(|s| s.cursor_keys().cloned()))
+    }
+
     async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError> {
         Ok(self.host.propose_ring(cmd).await?)
     }
@@ -348,6 +359,10 @@ impl MetadataPlane for FilePlane {
         Ok(self.state.read().cursor_keys().cloned())
     }
 
+    fn cursor_keys_local(&self) -> Option<CursorKeyRing> {
+        self.state.read().cursor_keys().cloned()
+    }
+
     async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError> {
         self.propose(cmd).await
     }
@@ -417,6 +432,10 @@ impl MetadataPlane for RaftPlane {
 
     async fn cursor_keys(&self) -> Result<Option<CursorKeyRing>, MetadataError> {
         Ok(self.group.read(|s| s.cursor_keys().cloned()).await?)
+    }
+
+    fn cursor_keys_local(&self) -> Option<CursorKeyRing> {
+        self.group.read_local(|s| s.cursor_keys().cloned())
     }
 
     async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError> {
