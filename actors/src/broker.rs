@@ -472,6 +472,31 @@ impl BrokerHandle {
         self.shared.raft.get().map(|r| r.addr)
     }
 
+    /// Rotates the cluster's cursor key (ADR 0096): key `current + 1`, with
+    /// a fresh secret from OS randomness, becomes the one cursors are
+    /// minted under; cursors under the older keys keep verifying. Another
+    /// broker learns the new key when a cursor first names it. Returns the
+    /// new key id; refused if another rotation came first.
+    pub async fn rotate_cursor_key(&self) -> Result<u32, BrokerError> {
+        let mut secret = vec![0u8; SECRET_BYTES];
+        getrandom::fill(&mut secret).map_err(|e| BrokerError::Secret {
+            path: self.shared.config.data_dir.clone(),
+            reason: format!("no os randomness: {e}"),
+        })?;
+        let plane = self.shared.plane()?;
+        self.shared
+            .cursor_keys
+            .rotate(
+                plane.as_ref(),
+                self.shared.clock.as_ref(),
+                CursorSecret::new(secret),
+            )
+            .await
+            .map_err(|e| BrokerError::CursorKeyRotation {
+                reason: e.to_string(),
+            })
+    }
+
     /// The bound admin HTTP port.
     pub fn admin_addr(&self) -> SocketAddr {
         self.shared.admin_addr

@@ -114,3 +114,41 @@ async fn a_fresh_lone_broker_keeps_its_key_in_its_metadata_across_restarts() {
     assert_eq!(values(&rest), [b"b".to_vec()]);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_rotation_old_cursors_still_verify_and_new_ones_carry_the_new_key_id() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let config = BrokerConfig::for_tests(dir.path());
+    let broker = start(config.clone()).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.create_topic("t").await;
+    client.produce("t", &[record("k", "a")]).await.unwrap();
+    let (_, before) = client.fetch("t", None, true, 10, 0).await.unwrap();
+    let key_id = |cursor: &str| {
+        let raw = URL_SAFE_NO_PAD.decode(cursor).unwrap();
+        u32::from_be_bytes(raw[1..5].try_into().unwrap())
+    };
+    assert_eq!(key_id(&before), 0);
+
+    assert_eq!(broker.rotate_cursor_key().await.unwrap(), 1);
+    assert_eq!(broker.rotate_cursor_key().await.unwrap(), 2);
+    client.produce("t", &[record("k", "b")]).await.unwrap();
+    let (rest, after) = client.fetch("t", Some(before), false, 10, 0).await.unwrap();
+    assert_eq!(
+        values(&rest),
+        [b"b".to_vec()],
+        "a key 0 cursor still reads on"
+    );
+    assert_eq!(key_id(&after), 2, "new cursors carry the current key id");
+    drop(client);
+    broker.shutdown().await.unwrap();
+
+    // The rotated keys are the metadata's: a restart verifies key 2 cursors.
+    let broker = start(config).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    client.produce("t", &[record("k", "c")]).await.unwrap();
+    let (rest, _) = client.fetch("t", Some(after), false, 10, 0).await.unwrap();
+    assert_eq!(values(&rest), [b"c".to_vec()]);
+    broker.shutdown().await.unwrap();
+}

@@ -60,7 +60,7 @@ impl std::fmt::Debug for CursorKeyState {
 pub(crate) enum LearnError {
     #[error("{0}")]
     Plane(#[from] crate::common::error::MetadataError),
-    #[error("the cluster refused the bootstrap cursor key: {0}")]
+    #[error("the cluster refused the cursor key: {0}")]
     Refused(malachi_cluster::model::ModelError),
     #[error("the cluster's cursor keys are unusable: {0}")]
     Unusable(malachi_cluster::cursor::CursorKeyError),
@@ -134,6 +134,34 @@ impl CursorKeyState {
             .map_err(LearnError::Refused)?;
         match plane.cursor_keys().await? {
             Some(ring) => self.install(&ring),
+            None => Err(LearnError::Missing),
+        }
+    }
+
+    /// Rotates the cluster's key: proposes key `current + 1` with `secret`
+    /// (drawn by the caller, at the edge) after the current key this broker
+    /// knows, then takes the keys the group holds. Returns the current id.
+    pub(crate) async fn rotate(
+        &self,
+        plane: &dyn MetadataPlane,
+        clock: &dyn Clock,
+        secret: CursorSecret,
+    ) -> Result<u32, LearnError> {
+        let after = match self.known() {
+            Some(keys) => keys.current_id(),
+            None => self.learn(plane, clock).await?.current_id(),
+        };
+        let rotate = Command::RotateCursorKey {
+            after,
+            secret,
+            at_ms: clock.wall_ms(),
+        };
+        plane
+            .propose_cursor_key(rotate)
+            .await?
+            .map_err(LearnError::Refused)?;
+        match plane.cursor_keys().await? {
+            Some(ring) => Ok(self.install(&ring)?.current_id()),
             None => Err(LearnError::Missing),
         }
     }
