@@ -168,7 +168,13 @@ fn not_leader_and_no_quorum_come_back_as_documented() {
             policy: None,
         },
     );
-    let described = until_done(host, &DescribeTopicRequest { name: topic.into() });
+    let described = until_done(
+        host,
+        &DescribeTopicRequest {
+            name: topic.into(),
+            live: false,
+        },
+    );
     let range = described.topic.ranges[0].id;
     let mut rows: Vec<(&str, ErrorCode, Answer)> = Vec::new();
 

@@ -252,7 +252,7 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
         REPLICA_APPEND_API_KEY, ReplicaAppendRequest, ReplicaAppendResponse, ReplicaRefusal,
     };
     let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::three_ready(dir.path());
+    let mut cluster = Cluster::three_ready(dir.path());
     let clients = cluster.clients();
     let b = clients[0].clone();
     ok(malachi(&b, &["topic", "create", "guarded"], ""));
@@ -282,6 +282,10 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
     }
     let before = whole_frames(&std::fs::read(&log).unwrap()).to_vec();
     let end = count_frames(&before);
+    // The segment's writer epoch: the coordinator lease epoch it was opened
+    // under (at least 1), which every replica-append must carry.
+    let epoch = segment_epoch(&b, "guarded", segment);
+    assert!(epoch >= 1, "a segment opened under a lease has its epoch");
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let answers = runtime.block_on(async {
@@ -290,14 +294,17 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
             ClusterCookie::new("test-cookie").unwrap(),
         ));
         transport.set_peer(follower, raft_addr(&b, follower));
-        let send = |segment: u64, first: u64, frames: Vec<u8>| ReplicaAppendRequest {
-            topic: "guarded".into(),
-            segment,
-            epoch: 0,
-            first_offset: first,
-            committed_end: 0,
-            frames: bytes::Bytes::from(frames),
-        };
+        let send_at =
+            |epoch: u64, segment: u64, first: u64, frames: Vec<u8>| ReplicaAppendRequest {
+                topic: "guarded".into(),
+                segment,
+                epoch,
+                first_offset: first,
+                committed_end: 0,
+                frames: bytes::Bytes::from(frames),
+            };
+        let send =
+            |segment: u64, first: u64, frames: Vec<u8>| send_at(epoch, segment, first, frames);
         let mut bad_crc = frame_at(end, "tampered");
         let last = bad_crc.len() - 20;
         bad_crc[last] ^= 0x40;
@@ -326,6 +333,11 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
                 "unknown copy",
                 send(987_654, 0, frame_at(0, "x")),
                 ReplicaRefusal::UnknownCopy,
+            ),
+            (
+                "stale epoch",
+                send_at(epoch - 1, segment, end, frame_at(end, "x")),
+                ReplicaRefusal::StaleEpoch,
             ),
         ];
         let mut answers = Vec::new();
@@ -384,4 +396,373 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
     }
     let records = consume_all(&clients[(follower - 1) as usize], "guarded");
     assert_eq!(records.len() as u64, end + 1);
+
+    // A sealed copy is fenced for good: a split seals the segment, and an
+    // append to it is refused `fenced`, also after the follower restarts.
+    let range = active_ranges(&b, "guarded")[0].to_string();
+    ok(malachi(&b, &["topic", "split", "guarded", &range], ""));
+    let sealed_end = end + 1;
+    let fenced_answer = |cluster: &Cluster| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let transport = TcpTransport::new(TcpTransportConfig::new(
+                99,
+                ClusterCookie::new("test-cookie").unwrap(),
+            ));
+            transport.set_peer(follower, raft_addr(&cluster.clients()[0], follower));
+            let request = ReplicaAppendRequest {
+                topic: "guarded".into(),
+                segment,
+                epoch,
+                first_offset: sealed_end,
+                committed_end: 0,
+                frames: bytes::Bytes::from(frame_at(sealed_end, "late")),
+            };
+            let body = request.encode().unwrap();
+            let raw = transport
+                .call_raw(follower, REPLICA_APPEND_API_KEY, segment, &body, 10_000)
+                .await
+                .unwrap();
+            ReplicaAppendResponse::decode(&raw).unwrap()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = fenced_answer(&cluster);
+        if answer.refused == Some(ReplicaRefusal::Fenced) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an append to a sealed copy was not refused fenced: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let node = &mut cluster.nodes[(follower - 1) as usize];
+    node.kill9();
+    let seeds = node.seeds_among(&clients);
+    node.start(&seeds);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = fenced_answer(&cluster);
+        if answer.refused == Some(ReplicaRefusal::Fenced) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after a restart, an append to a sealed copy was not refused fenced: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = whole_frames(&std::fs::read(&log).unwrap()).to_vec();
+    assert_eq!(
+        count_frames(&after),
+        sealed_end,
+        "nothing was appended past the seal"
+    );
+}
+
+/// The writer epoch of segment `id`, from `topic describe --json`.
+fn segment_epoch(broker: &str, topic: &str, id: u64) -> u64 {
+    let output = ok(malachi(broker, &["topic", "describe", topic, "--json"], ""));
+    let described: Value = serde_json::from_str(&out(&output)).unwrap();
+    described["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["segments"].as_array().unwrap().iter())
+        .find(|s| s["id"].as_u64() == Some(id))
+        .and_then(|s| s["epoch"].as_u64())
+        .expect("describe shows the segment's epoch")
+}
+
+/// The range ids of a topic's active ranges, from `topic describe --json`.
+fn active_ranges(broker: &str, topic: &str) -> Vec<u64> {
+    let output = ok(malachi(broker, &["topic", "describe", topic, "--json"], ""));
+    let described: Value = serde_json::from_str(&out(&output)).unwrap();
+    described["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["state"] == "active")
+        .map(|r| r["id"].as_u64().unwrap())
+        .collect()
+}
+
+/// Regression: a split whose freeze could not reach a quorum answered an
+/// error but left the segment frozen, so every later produce to it timed
+/// out and a later split or merge answered `busy`, until the broker
+/// restarted. Now the freeze answers `no_quorum`, the segment rolls once a
+/// quorum is back, and produce and split work again. At two copies (a
+/// quorum of two) one dead follower is enough, and the metadata groups
+/// (on all three brokers) keep their quorum.
+#[test]
+fn a_split_without_a_quorum_answers_no_quorum_and_leaves_the_range_writable_and_splittable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    let b = clients[0].clone();
+    ok(malachi(
+        &b,
+        &["topic", "create", "thawed", "--replication-factor", "2"],
+        "",
+    ));
+    let (_, replicas) = replica_sets(&b, "thawed")[0].clone();
+    assert_eq!(replicas.len(), 2);
+    let primary = clients[(replicas[0] - 1) as usize].clone();
+    ok(malachi(&primary, &["produce", "thawed"], "a\t1\n"));
+    cluster.nodes[(replicas[1] - 1) as usize].kill9();
+    // A record durable on the primary alone: the freeze must wait for a
+    // quorum to hold it, and cannot.
+    let refused = malachi(
+        &primary,
+        &["produce", "thawed", "--timeout-ms", "3000"],
+        "a\t2\n",
+    );
+    assert!(
+        !refused.status.success(),
+        "a produce without a quorum succeeded"
+    );
+
+    let range = active_ranges(&primary, "thawed")[0].to_string();
+    let refused = malachi(&primary, &["topic", "split", "thawed", &range], "");
+    assert!(
+        !refused.status.success(),
+        "a split without a quorum succeeded"
+    );
+    assert!(
+        err(&refused).contains("quorum"),
+        "the split's refusal names the quorum: {}",
+        err(&refused)
+    );
+
+    let back = &mut cluster.nodes[(replicas[1] - 1) as usize];
+    let seeds = back.seeds_among(&clients);
+    back.start(&seeds);
+    ok(malachi(
+        &primary,
+        &["produce", "thawed", "--timeout-ms", "60000"],
+        "a\t3\n",
+    ));
+    // The frozen segment rolled: the range is still the one active range,
+    // and it splits now (retrying while the roll settles).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ranges = active_ranges(&primary, "thawed");
+        assert_eq!(ranges.len(), 1, "no split happened yet: {ranges:?}");
+        let split = malachi(
+            &primary,
+            &["topic", "split", "thawed", &ranges[0].to_string()],
+            "",
+        );
+        if split.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the range never split again: {}\n{}",
+            err(&split),
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(active_ranges(&primary, "thawed").len(), 2);
+    ok(malachi(&primary, &["produce", "thawed"], "a\t4\n"));
+    let values: Vec<String> = consume_all(&primary, "thawed")
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    // The refused record was durable on the primary and commits once the
+    // follower is back; either way every acknowledged record, in order.
+    assert!(
+        values == ["1", "2", "3", "4"] || values == ["1", "3", "4"],
+        "records read back: {values:?}"
+    );
+}
+
+/// How many whole frames the log of segment `id` holds in `data_dir`.
+fn frames_on_disk(data_dir: &std::path::Path, id: u64) -> u64 {
+    let bytes = std::fs::read(segment_log(data_dir, id)).unwrap_or_default();
+    let (mut at, mut n) = (0, 0u64);
+    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
+        at += len;
+        n += 1;
+    }
+    n
+}
+
+/// Waits until broker `asked` sees broker `node` as `state` in `cluster status`.
+fn wait_member_state(asked: &str, node: u64, state: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let output = malachi(asked, &["cluster", "status", "--json"], "");
+        if output.status.success()
+            && json_lines(&out(&output))
+                .iter()
+                .any(|b| b["node_id"].as_u64() == Some(node) && b["state"] == state)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "broker {asked} never saw broker {node} {state}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// With its primary dead, a topic's sealed segments (and the committed
+/// records of its active ones) are read through a broker that holds
+/// follower copies, a cursor minted there resumes there, and no redirect
+/// points at the dead broker: a produce is refused as retriable instead.
+#[test]
+fn with_the_primary_dead_a_follower_serves_reads_and_nothing_redirects_to_the_dead_broker() {
+    const SEALED: u64 = 60;
+    const TAIL: u64 = 30;
+    const KEYS: u64 = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    let b = clients[0].clone();
+    ok(malachi(&b, &["topic", "create", "survives"], ""));
+    let (first, replicas) = replica_sets(&b, "survives")[0].clone();
+    assert_eq!(replicas.len(), 3);
+    let primary = replicas[0];
+    let follower = replicas[1];
+    let lines: String = (0..SEALED).map(|i| keyed_line(i, KEYS)).collect();
+    ok(malachi(&b, &["produce", "survives"], &lines));
+    // The split seals the first segment; the rest goes to its children.
+    let range = active_ranges(&b, "survives")[0].to_string();
+    ok(malachi(&b, &["topic", "split", "survives", &range], ""));
+    let lines: String = (SEALED..SEALED + TAIL)
+        .map(|i| keyed_line(i, KEYS))
+        .collect();
+    ok(malachi(&b, &["produce", "survives"], &lines));
+    // Both followers hold the sealed segment whole (a quorum acknowledged
+    // it; the other copy may lag a moment).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for &node in &replicas[1..] {
+        let data = cluster.nodes[(node - 1) as usize].data_dir.clone();
+        while frames_on_disk(&data, first) < SEALED {
+            assert!(
+                Instant::now() < deadline,
+                "follower {node} never held the sealed segment"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    cluster.nodes[(primary - 1) as usize].kill9();
+    let reader = clients[(follower - 1) as usize].clone();
+    wait_member_state(&reader, primary, "dead");
+
+    // Every record, read through the follower, in per-key order, once: the
+    // committed tail reaches the follower with the primary's last appends.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let records = loop {
+        let records = consume_all(&reader, "survives");
+        if records.len() as u64 == SEALED + TAIL || Instant::now() > deadline {
+            break records;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_keyed_sequences(&records, KEYS, SEALED + TAIL);
+
+    // A cursor from the follower resumes there.
+    let first_page = malachi(
+        &reader,
+        &["consume", "survives", "--from-start", "--max", "10"],
+        "",
+    );
+    let page = ok(first_page);
+    let cursor = err(&page)
+        .lines()
+        .find_map(|l| l.strip_prefix("cursor: "))
+        .expect("consume prints the cursor")
+        .to_string();
+    let rest = ok(malachi(
+        &reader,
+        &["consume", "survives", "--cursor", &cursor, "--max", "1000"],
+        "",
+    ));
+    assert_eq!(
+        out(&page).lines().count() + out(&rest).lines().count(),
+        (SEALED + TAIL) as usize,
+        "the two pages hold every record once"
+    );
+
+    // A write has nowhere to go until failover: refused, never sent to the
+    // dead broker's address.
+    let refused = malachi(
+        &reader,
+        &["produce", "survives", "--timeout-ms", "3000"],
+        "k0\tlate\n",
+    );
+    assert!(
+        !refused.status.success(),
+        "a produce with a dead primary succeeded"
+    );
+    let dead_addr = &clients[(primary - 1) as usize];
+    assert!(
+        !err(&refused).contains(dead_addr.as_str()),
+        "the refusal sent the client to the dead broker: {}",
+        err(&refused)
+    );
+}
+
+/// A follower down while its segment is written and sealed comes back with
+/// a copy short of the seal; the primary's catch-up fills it up to the seal
+/// (the copy's fence stops appends, not repair), and it ends byte for byte
+/// equal to the primary's, sealed.
+#[test]
+fn a_follower_that_missed_a_sealed_segment_catches_up_to_the_seal_byte_identical() {
+    const LINES: u64 = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    let b = clients[0].clone();
+    ok(malachi(&b, &["topic", "create", "lagging"], ""));
+    let (first, replicas) = replica_sets(&b, "lagging")[0].clone();
+    let (primary, lagging) = (replicas[0], replicas[2]);
+    ok(malachi(&b, &["produce", "lagging"], "k0\t0\n"));
+    cluster.nodes[(lagging - 1) as usize].kill9();
+    let lines: String = (1..LINES).map(|i| keyed_line(i, 1)).collect();
+    ok(malachi(&b, &["produce", "lagging"], &lines));
+    let range = active_ranges(&b, "lagging")[0].to_string();
+    ok(malachi(&b, &["topic", "split", "lagging", &range], ""));
+
+    let node = &mut cluster.nodes[(lagging - 1) as usize];
+    let seeds = node.seeds_among(&clients);
+    node.start(&seeds);
+    let lagging_dir = cluster.nodes[(lagging - 1) as usize].data_dir.clone();
+    let primary_dir = cluster.nodes[(primary - 1) as usize].data_dir.clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while frames_on_disk(&lagging_dir, first) < LINES {
+        assert!(
+            Instant::now() < deadline,
+            "the lagging copy holds {} of {LINES} records\n{}",
+            frames_on_disk(&lagging_dir, first),
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let on_primary = std::fs::read(segment_log(&primary_dir, first)).unwrap();
+    let on_lagging = std::fs::read(segment_log(&lagging_dir, first)).unwrap();
+    assert_eq!(
+        whole_frames(&on_lagging),
+        whole_frames(&on_primary),
+        "the caught-up copy differs from the primary's"
+    );
+    // The caught-up copy is sealed at the recorded length: its seal marker.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let marker = lagging_dir
+        .join("segments")
+        .join(format!("{first:020}.seal"));
+    while !marker.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the caught-up copy was never sealed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

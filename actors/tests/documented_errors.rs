@@ -224,6 +224,7 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
     let late = c
         .call(&DescribeTopicRequest {
             name: "late".into(),
+            live: false,
         })
         .await
         .unwrap();
@@ -244,6 +245,7 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         "no such topic",
         c.call(&DescribeTopicRequest {
             name: "nope".into(),
+            live: false,
         })
         .await,
     );
@@ -251,7 +253,11 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         "describe_topic",
         ErrorCode::TopicNotFound,
         "a name no topic could have",
-        c.call(&DescribeTopicRequest { name: "a b".into() }).await,
+        c.call(&DescribeTopicRequest {
+            name: "a b".into(),
+            live: false,
+        })
+        .await,
     );
 
     // --- split_range, merge_range ---

@@ -118,7 +118,10 @@ async fn segments_roll_by_size_and_a_reader_crosses_them_in_order() {
         sent.extend(records);
     }
     let described = client
-        .call(&malachi_wire::messages::DescribeTopicRequest { name: "big".into() })
+        .call(&malachi_wire::messages::DescribeTopicRequest {
+            name: "big".into(),
+            live: false,
+        })
         .await
         .unwrap();
     let segments = &described.topic.ranges[0].segments;
@@ -157,6 +160,7 @@ async fn segments_roll_by_age() {
         let d = client
             .call(&malachi_wire::messages::DescribeTopicRequest {
                 name: "aging".into(),
+                live: false,
             })
             .await
             .unwrap();
@@ -296,6 +300,7 @@ async fn a_split_then_a_merge_keep_every_record_readable_in_key_order() {
     let root = client
         .call(&DescribeTopicRequest {
             name: "reshaped".into(),
+            live: false,
         })
         .await
         .unwrap()
@@ -366,6 +371,7 @@ async fn merging_a_range_without_an_active_buddy_is_not_buddies() {
     let root = client
         .call(&DescribeTopicRequest {
             name: "single".into(),
+            live: false,
         })
         .await
         .unwrap()
@@ -412,6 +418,7 @@ async fn a_segment_rolls_by_age_only_when_the_brokers_clock_says_so() {
         client
             .call(&DescribeTopicRequest {
                 name: "clocked".into(),
+                live: false,
             })
             .await
             .unwrap()

@@ -19,7 +19,10 @@ const PRODUCER: u64 = 7;
 
 async fn describe(client: &mut TestClient) -> TopicDescription {
     client
-        .call(&DescribeTopicRequest { name: TOPIC.into() })
+        .call(&DescribeTopicRequest {
+            name: TOPIC.into(),
+            live: false,
+        })
         .await
         .unwrap()
         .topic

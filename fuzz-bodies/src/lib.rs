@@ -256,6 +256,29 @@ pub fn replica_append(data: &[u8]) {
             response
         );
     }
+    replica_status(data);
+}
+
+/// A replica-status (api key 105, ADR 0098) as a broker decodes it on the
+/// cluster port, and its answer as the describing broker decodes it: what
+/// decodes re-encodes to itself. Run by the `replica_append` target, which
+/// covers every replication message of the cluster port.
+fn replica_status(data: &[u8]) {
+    use malachi_wire::replica_status::{ReplicaStatusRequest, ReplicaStatusResponse};
+    if let Ok(request) = ReplicaStatusRequest::decode(data) {
+        let again = request.encode().expect("a decoded request re-encodes");
+        assert_eq!(
+            ReplicaStatusRequest::decode(&again).expect("and decodes"),
+            request
+        );
+    }
+    if let Ok(response) = ReplicaStatusResponse::decode(data) {
+        let again = response.encode().expect("a decoded answer re-encodes");
+        assert_eq!(
+            ReplicaStatusResponse::decode(&again).expect("and decodes"),
+            response
+        );
+    }
 }
 
 /// For decoders returning their canonical re-encoding: that re-encoding

@@ -252,6 +252,25 @@ pub fn replica_append() -> Vec<u8> {
     request.encode().map(|b| b.to_vec()).unwrap_or_default()
 }
 
+/// A broker's replica-status answer about one open copy (ADR 0098).
+pub fn replica_status() -> Vec<u8> {
+    use malachi_wire::replica_status::{CopyStatus, ReplicaStatusResponse};
+    ReplicaStatusResponse {
+        copies: vec![CopyStatus {
+            segment: 7,
+            open: true,
+            durable_end: Some(12),
+            durable_bytes: Some(1_024),
+            committed_end: Some(10),
+            leading: true,
+            ..CopyStatus::default()
+        }],
+    }
+    .encode()
+    .map(|b| b.to_vec())
+    .unwrap_or_default()
+}
+
 /// A follower's refusal of a replica-append.
 pub fn replica_refusal() -> Vec<u8> {
     use malachi_wire::replication::{ReplicaAppendResponse, ReplicaRefusal};

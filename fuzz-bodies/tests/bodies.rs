@@ -74,7 +74,7 @@ body_tests! {
     wire_frame: bodies::wire_frame, vec![samples::wire_frame()];
     wire_messages: bodies::wire_messages, vec![samples::wire_messages()];
     fabric_message: bodies::fabric_message, vec![samples::fabric_message()];
-    replica_append: bodies::replica_append, vec![samples::replica_append(), samples::replica_refusal()];
+    replica_append: bodies::replica_append, vec![samples::replica_append(), samples::replica_refusal(), samples::replica_status()];
 }
 
 /// The fabric sample is the one remote message the node actor accepts, and

@@ -76,7 +76,7 @@ pub async fn topic(command: TopicCommand) -> Result<(), CliError> {
         TopicCommand::Describe(args) => {
             let client = connect(&args.output).await?;
             let topic = client
-                .describe_topic(&args.name)
+                .describe_topic_live(&args.name)
                 .await
                 .map_err(|e| CliError::client("topic describe", &args.output.broker, e))?;
             if args.output.json {

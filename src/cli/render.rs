@@ -240,14 +240,30 @@ pub fn describe(topic: &TopicDescription, volatile: Volatile) -> String {
         for segment in &range.segments {
             let _ = writeln!(
                 out,
-                "  segment {} start_offset {} replicas {} {} length {} bytes {}",
+                "  segment {} start_offset {} replicas {} {} length {} bytes {} primary {} committed_end {}",
                 segment.id,
                 segment.start_offset,
                 ids(&segment.replicas),
                 segment.state,
                 opt(&segment.length),
-                opt(&segment.bytes)
+                opt(&segment.bytes),
+                opt(&segment.primary),
+                segment
+                    .committed_end
+                    .map_or_else(|| "unknown".to_owned(), |end| end.to_string()),
             );
+            // A sealed segment's copies are not asked about (ADR 0098):
+            // its seal's length is the committed end.
+            for copy in segment.copies.iter().filter(|c| c.status != "sealed") {
+                let _ = writeln!(
+                    out,
+                    "    copy {} {} durable_end {}",
+                    copy.node,
+                    copy.status,
+                    copy.durable_end
+                        .map_or_else(|| "unknown".to_owned(), |end| end.to_string()),
+                );
+            }
         }
     }
     out
@@ -316,7 +332,9 @@ pub fn cluster_status(status: &ClusterStatusResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use malachi_wire::messages::{BrokerStatus, BrokerTree, RangeDescription, SegmentDescription};
+    use malachi_wire::messages::{
+        BrokerStatus, BrokerTree, CopyDescription, RangeDescription, SegmentDescription,
+    };
 
     fn sample_tree() -> TreeSnapshotResponse {
         let segment = ChildSnapshot {
@@ -399,10 +417,19 @@ mod tests {
                     children: vec![1, 2],
                     segments: vec![SegmentDescription {
                         id: 0,
-                        replicas: vec![1],
+                        replicas: vec![1, 2, 3],
                         state: "sealed".into(),
                         length: Some(10),
                         bytes: Some(4096),
+                        primary: Some(1),
+                        committed_end: Some(10),
+                        copies: [1, 2, 3]
+                            .map(|node| CopyDescription {
+                                node,
+                                status: "sealed".into(),
+                                durable_end: None,
+                            })
+                            .to_vec(),
                         ..SegmentDescription::default()
                     }],
                     ..RangeDescription::default()
@@ -415,8 +442,28 @@ mod tests {
                     parents: vec![0],
                     segments: vec![SegmentDescription {
                         id: 1,
-                        replicas: vec![1],
+                        start_offset: 10,
+                        replicas: vec![2, 3, 1],
                         state: "active".into(),
+                        primary: Some(2),
+                        committed_end: Some(14),
+                        copies: vec![
+                            CopyDescription {
+                                node: 2,
+                                status: "live".into(),
+                                durable_end: Some(15),
+                            },
+                            CopyDescription {
+                                node: 3,
+                                status: "live".into(),
+                                durable_end: Some(14),
+                            },
+                            CopyDescription {
+                                node: 1,
+                                status: "unreachable".into(),
+                                durable_end: None,
+                            },
+                        ],
                         ..SegmentDescription::default()
                     }],
                     ..RangeDescription::default()

@@ -104,6 +104,13 @@ pub enum StorageError {
         offset: u64,
         end: u64,
     },
+    /// A repair run would reach past the seal the copy is filled up to.
+    #[error("segment {segment} is sealed at {seal} records; a run to {end} goes past it")]
+    PastSeal {
+        segment: SegmentId,
+        end: u64,
+        seal: u64,
+    },
     /// The copy holds fewer durable records than the requested seal length.
     #[error("cannot seal segment {segment} at {requested} records: it holds {stored}")]
     SealBeyondEnd {

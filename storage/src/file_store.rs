@@ -706,6 +706,73 @@ impl Drop for FileStore {
     }
 }
 
+impl FileStore {
+    /// The one path of a replica's frames into a copy: `append_frames`
+    /// (`repair: None`) and `repair_frames` (`repair: Some(seal_length)`).
+    fn queue_frames(
+        &self,
+        segment: SegmentId,
+        first: u64,
+        frames: &[u8],
+        repair: Option<u64>,
+    ) -> Result<AppendTicket, StorageError> {
+        let cfg = &self.shared.config;
+        let seg = self.segment(segment)?;
+        if frames.len() > cfg.pending_bytes_max {
+            return Err(StorageError::BatchTooLarge {
+                records: 0,
+                bytes: frames.len(),
+                records_max: cfg.batch_records_max,
+                bytes_max: cfg.pending_bytes_max,
+            });
+        }
+        // Every frame is checked before any byte is queued: a bad run is
+        // refused whole, so the copy never holds half of it.
+        let starts = check_frames(segment, first, frames, cfg)?;
+        let (ticket, wake) = {
+            let mut st = seg.state.lock();
+            match repair {
+                None => check_writable(segment, &st)?,
+                Some(seal) => {
+                    check_repairable(segment, &st)?;
+                    let end = first.saturating_add(starts.len() as u64);
+                    if end > seal {
+                        return Err(StorageError::PastSeal { segment, end, seal });
+                    }
+                }
+            }
+            if first != st.next_offset {
+                return Err(StorageError::NotAtEnd {
+                    segment,
+                    first,
+                    end: st.next_offset,
+                });
+            }
+            if starts.is_empty() {
+                return Ok(AppendTicket::ready(first..first));
+            }
+            if st.pending_bytes > 0 && st.pending_bytes + frames.len() > cfg.pending_bytes_max {
+                return Err(StorageError::Busy {
+                    segment,
+                    pending_bytes: st.pending_bytes,
+                    pending_bytes_max: cfg.pending_bytes_max,
+                });
+            }
+            queue(
+                cfg,
+                &mut st,
+                Batch {
+                    bytes: frames.to_vec(),
+                    starts,
+                    body_crcs: Vec::new(),
+                },
+            )
+        };
+        self.shared.wake(&seg, wake);
+        Ok(self.with_help(ticket, &seg))
+    }
+}
+
 impl SegmentStore for FileStore {
     fn open(&self, segment: SegmentId) -> Result<Recovery, StorageError> {
         if let Ok(seg) = self.segment(segment) {
@@ -859,51 +926,17 @@ impl SegmentStore for FileStore {
         first: u64,
         frames: &[u8],
     ) -> Result<AppendTicket, StorageError> {
-        let cfg = &self.shared.config;
-        let seg = self.segment(segment)?;
-        if frames.len() > cfg.pending_bytes_max {
-            return Err(StorageError::BatchTooLarge {
-                records: 0,
-                bytes: frames.len(),
-                records_max: cfg.batch_records_max,
-                bytes_max: cfg.pending_bytes_max,
-            });
-        }
-        // Every frame is checked before any byte is queued: a bad run is
-        // refused whole, so the copy never holds half of it.
-        let starts = check_frames(segment, first, frames, cfg)?;
-        let (ticket, wake) = {
-            let mut st = seg.state.lock();
-            check_writable(segment, &st)?;
-            if first != st.next_offset {
-                return Err(StorageError::NotAtEnd {
-                    segment,
-                    first,
-                    end: st.next_offset,
-                });
-            }
-            if starts.is_empty() {
-                return Ok(AppendTicket::ready(first..first));
-            }
-            if st.pending_bytes > 0 && st.pending_bytes + frames.len() > cfg.pending_bytes_max {
-                return Err(StorageError::Busy {
-                    segment,
-                    pending_bytes: st.pending_bytes,
-                    pending_bytes_max: cfg.pending_bytes_max,
-                });
-            }
-            queue(
-                cfg,
-                &mut st,
-                Batch {
-                    bytes: frames.to_vec(),
-                    starts,
-                    body_crcs: Vec::new(),
-                },
-            )
-        };
-        self.shared.wake(&seg, wake);
-        Ok(self.with_help(ticket, &seg))
+        self.queue_frames(segment, first, frames, None)
+    }
+
+    fn repair_frames(
+        &self,
+        segment: SegmentId,
+        first: u64,
+        frames: &[u8],
+        seal_length: u64,
+    ) -> Result<AppendTicket, StorageError> {
+        self.queue_frames(segment, first, frames, Some(seal_length))
     }
 
     fn read_frames(
@@ -1228,6 +1261,23 @@ fn readable_end(st: &SegState) -> (u64, u64) {
             st.durable_bytes,
         ),
     }
+}
+
+/// Like [`check_writable`], but a fence does not stop repair.
+fn check_repairable(segment: SegmentId, st: &SegState) -> Result<(), StorageError> {
+    if let Some(reason) = &st.failed {
+        return Err(StorageError::Failed {
+            segment,
+            reason: reason.clone(),
+        });
+    }
+    if let Some(seal) = st.sealed {
+        return Err(StorageError::Sealed {
+            segment,
+            length: seal.length,
+        });
+    }
+    Ok(())
 }
 
 fn check_writable(segment: SegmentId, st: &SegState) -> Result<(), StorageError> {

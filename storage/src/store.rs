@@ -170,6 +170,19 @@ pub trait SegmentStore: Send + Sync {
         frames: &[u8],
     ) -> Result<AppendTicket, StorageError>;
 
+    /// Catch-up of a copy short of its seal: appends a replica's frames as
+    /// [`append_frames`](Self::append_frames) does, and on a fenced copy too
+    /// (a fence stops new appends, not repair), but never past `seal_length`
+    /// (`PastSeal`) and never to a copy already sealed (`Sealed`: it is
+    /// whole).
+    fn repair_frames(
+        &self,
+        segment: SegmentId,
+        first: u64,
+        frames: &[u8],
+        seal_length: u64,
+    ) -> Result<AppendTicket, StorageError>;
+
     /// Reads durable frames from `from` as the bytes on disk (whether
     /// committed or not), at most `bytes_max` of them unless one frame alone
     /// is larger; each frame's CRC is checked after the read.

@@ -303,3 +303,66 @@ proptest! {
         prop_assert_eq!(store.info(SEG).unwrap().assigned, 0);
     }
 }
+
+/// A follower copy left short of its seal (it missed the last records the
+/// quorum acknowledged, then the segment was sealed) is fenced, refuses new
+/// appends, and takes the primary's frames up to the seal through
+/// `repair_frames`, then seals byte-identical to the primary.
+#[test]
+fn a_fenced_short_copy_is_repaired_up_to_its_seal_and_no_further() {
+    let (pdir, fdir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (primary, follower) = (store(pdir.path()), store(fdir.path()));
+    primary.open(SEG).unwrap();
+    follower.open(SEG).unwrap();
+    primary.set_committed(SEG, 0).unwrap();
+    follower.set_committed(SEG, 0).unwrap();
+    let records: Vec<Record> = (0..30).map(record).collect();
+    append_batches(&primary, &[records[..20].to_vec(), records[20..].to_vec()]);
+    // The follower got the first twenty, then was fenced (a seal it could
+    // not make: it is short).
+    let run = primary.read_frames(SEG, 0, 1 << 20).unwrap();
+    let first_twenty = {
+        let mut at = 0;
+        for _ in 0..20 {
+            at += frame::decode(&run.bytes[at..]).unwrap().1;
+        }
+        run.bytes[..at].to_vec()
+    };
+    follower
+        .append_frames(SEG, 0, &first_twenty)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(matches!(
+        follower.seal(SEG, 30),
+        Err(StorageError::SealBeyondEnd { stored: 20, .. })
+    ));
+    assert!(follower.info(SEG).unwrap().fenced);
+    let rest = primary.read_frames(SEG, 20, 1 << 20).unwrap();
+    assert!(matches!(
+        follower.append_frames(SEG, 20, &rest.bytes),
+        Err(StorageError::Fenced { .. })
+    ));
+    // Repair refuses to go past the seal, writing nothing.
+    assert!(matches!(
+        follower.repair_frames(SEG, 20, &rest.bytes, 25),
+        Err(StorageError::PastSeal {
+            end: 30,
+            seal: 25,
+            ..
+        })
+    ));
+    assert_eq!(follower.info(SEG).unwrap().assigned, 20);
+    // Up to the seal it is taken, and the copy then seals.
+    let ticket = follower.repair_frames(SEG, 20, &rest.bytes, 30).unwrap();
+    assert_eq!(ticket.wait().unwrap(), 20..30);
+    follower.seal(SEG, 30).unwrap();
+    // A sealed copy is whole: repair refuses it.
+    assert!(matches!(
+        follower.repair_frames(SEG, 30, &[], 30),
+        Err(StorageError::Sealed { .. })
+    ));
+    primary.seal(SEG, 30).unwrap();
+    drop((primary, follower));
+    assert_eq!(log_bytes(pdir.path(), SEG), log_bytes(fdir.path(), SEG));
+}

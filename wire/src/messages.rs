@@ -343,6 +343,17 @@ impl Message for ListTopicsResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct DescribeTopicRequest {
     pub name: String,
+    /// Also ask the brokers holding the active segments' copies for the
+    /// live figures (committed end, each copy's durable end; ADR 0098).
+    /// Off, the answer is the metadata alone, as a producer fetching the
+    /// layout wants it. Sent only when set, so an older broker never sees
+    /// it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub live: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 impl Message for DescribeTopicRequest {
@@ -398,6 +409,41 @@ pub struct SegmentDescription {
     pub bytes: Option<u64>,
     pub created_at_ms: u64,
     pub sealed_at_ms: Option<u64>,
+    /// The writer epoch replica-appends to this segment carry (ADR 0097);
+    /// absent from older brokers (then 0).
+    #[serde(default)]
+    pub epoch: u64,
+    /// The node that writes the segment: its first replica. `None` from a
+    /// broker that predates the field.
+    #[serde(default)]
+    pub primary: Option<u64>,
+    /// Records committed (durable on a quorum of copies): the seal's
+    /// length once sealed; for an active segment, as its primary reports
+    /// it. `None` when the primary could not be asked (ADR 0098).
+    #[serde(default)]
+    pub committed_end: Option<u64>,
+    /// Each copy, in replica order (the primary's first); empty from a
+    /// broker that predates the field.
+    #[serde(default)]
+    pub copies: Vec<CopyDescription>,
+}
+
+/// One copy of a segment as `topic describe` found it (ADR 0098).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CopyDescription {
+    /// The node holding the copy.
+    pub node: u64,
+    /// `live` (its broker answered with its ends), `not_open` (its broker
+    /// holds no open copy: not opened since it restarted, or not created
+    /// yet), `fenced`, `failed` (its disk failed), `unreachable` (its
+    /// broker did not answer in time), `unknown` (its broker answered
+    /// without the figures: an older version, or an error), or `sealed`
+    /// (the segment is sealed: its copies are not asked, the seal's length
+    /// is the committed end).
+    pub status: String,
+    /// Records durable on the copy, when its broker told.
+    #[serde(default)]
+    pub durable_end: Option<u64>,
 }
 
 impl TopicDescription {
@@ -416,6 +462,10 @@ impl TopicDescription {
             for segment in &range.segments {
                 check_len("replicas", segment.replicas.len(), REPLICAS_MAX)?;
                 check_len("state", segment.state.len(), STATE_BYTES_MAX)?;
+                check_len("copies", segment.copies.len(), REPLICAS_MAX)?;
+                for copy in &segment.copies {
+                    check_len("status", copy.status.len(), STATE_BYTES_MAX)?;
+                }
             }
         }
         Ok(())

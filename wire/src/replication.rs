@@ -86,6 +86,11 @@ pub struct ReplicaAppendResponse {
     /// The refusal's reason, for logs.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// Bytes of the follower's log holding its durable records, when it
+    /// tells (the primary's lag-in-bytes metric); absent from an older
+    /// follower and on a refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable_bytes: Option<u64>,
 }
 
 impl ReplicaAppendResponse {
@@ -94,6 +99,7 @@ impl ReplicaAppendResponse {
             durable_end,
             refused: None,
             message: String::new(),
+            durable_bytes: None,
         }
     }
 
@@ -106,6 +112,7 @@ impl ReplicaAppendResponse {
             durable_end,
             refused: Some(refusal),
             message: message.into(),
+            durable_bytes: None,
         }
     }
 }

@@ -100,3 +100,141 @@ fn replica_append_encodes_to_its_frozen_bytes() {
     let refused = ReplicaAppendResponse::refused(ReplicaRefusal::NotAtEnd, 4, "ends at 4");
     insta::assert_snapshot!("replica_append_refused", hex(&refused.encode().unwrap()));
 }
+
+#[test]
+fn replica_status_encodes_to_its_frozen_bytes() {
+    use malachi_wire::replica_status::{CopyStatus, ReplicaStatusRequest, ReplicaStatusResponse};
+    let request = ReplicaStatusRequest {
+        segments: vec![7, 8],
+    };
+    insta::assert_snapshot!("replica_status_request", hex(&request.encode().unwrap()));
+    let response = ReplicaStatusResponse {
+        copies: vec![
+            CopyStatus {
+                segment: 7,
+                open: true,
+                durable_end: Some(12),
+                durable_bytes: Some(1_024),
+                committed_end: Some(10),
+                leading: true,
+                sealed: false,
+                fenced: false,
+                failed: false,
+            },
+            CopyStatus {
+                segment: 8,
+                ..CopyStatus::default()
+            },
+        ],
+    };
+    insta::assert_snapshot!("replica_status_response", hex(&response.encode().unwrap()));
+}
+
+#[test]
+fn a_replica_append_answer_with_durable_bytes_encodes_to_its_frozen_bytes() {
+    use malachi_wire::replication::ReplicaAppendResponse;
+    let durable = ReplicaAppendResponse {
+        durable_bytes: Some(4_096),
+        ..ReplicaAppendResponse::durable(12)
+    };
+    let bytes = durable.encode().unwrap();
+    insta::assert_snapshot!("replica_append_response_with_bytes", hex(&bytes));
+    assert_eq!(ReplicaAppendResponse::decode(&bytes).unwrap(), durable);
+}
+
+/// A describe answered by a broker that predates `primary`,
+/// `committed_end` and `copies` still decodes: they read as absent.
+#[test]
+fn a_segment_description_without_the_live_figures_decodes() {
+    use malachi_wire::messages::DescribeTopicResponse;
+    #[derive(serde::Serialize)]
+    struct OldSegment {
+        id: u64,
+        start_offset: u64,
+        replicas: Vec<u64>,
+        state: &'static str,
+        length: Option<u64>,
+        bytes: Option<u64>,
+        created_at_ms: u64,
+        sealed_at_ms: Option<u64>,
+    }
+    #[derive(serde::Serialize)]
+    struct OldRange {
+        id: u64,
+        band_start: &'static str,
+        band_end: &'static str,
+        state: &'static str,
+        sealed_at_ms: Option<u64>,
+        parents: Vec<u64>,
+        children: Vec<u64>,
+        created_at_ms: u64,
+        segments: Vec<OldSegment>,
+    }
+    #[derive(serde::Serialize)]
+    struct OldTopic {
+        name: &'static str,
+        incarnation: u64,
+        state: &'static str,
+        sealed_at_ms: Option<u64>,
+        policy: Option<String>,
+        policy_resolved: bool,
+        created_at_ms: u64,
+        ranges: Vec<OldRange>,
+    }
+    #[derive(serde::Serialize)]
+    struct OldResponse {
+        topic: OldTopic,
+    }
+    let old = OldResponse {
+        topic: OldTopic {
+            name: "orders",
+            incarnation: 0,
+            state: "active",
+            sealed_at_ms: None,
+            policy: None,
+            policy_resolved: false,
+            created_at_ms: 1,
+            ranges: vec![OldRange {
+                id: 0,
+                band_start: "0x0000000000000000",
+                band_end: "0x10000000000000000",
+                state: "active",
+                sealed_at_ms: None,
+                parents: vec![],
+                children: vec![],
+                created_at_ms: 1,
+                segments: vec![OldSegment {
+                    id: 7,
+                    start_offset: 0,
+                    replicas: vec![1, 2, 3],
+                    state: "active",
+                    length: None,
+                    bytes: None,
+                    created_at_ms: 1,
+                    sealed_at_ms: None,
+                }],
+            }],
+        },
+    };
+    let bytes = bytes::Bytes::from(rmp_serde::to_vec_named(&old).unwrap());
+    let decoded = DescribeTopicResponse::decode(bytes).unwrap();
+    let segment = &decoded.topic.ranges[0].segments[0];
+    assert_eq!(segment.replicas, vec![1, 2, 3]);
+    assert_eq!(segment.primary, None);
+    assert_eq!(segment.committed_end, None);
+    assert!(segment.copies.is_empty());
+}
+
+/// `live` is sent only when set: a plain describe keeps its old bytes (the
+/// `describe_topic_request` snapshot), a live one adds the key.
+#[test]
+fn a_live_describe_request_encodes_to_its_frozen_bytes() {
+    use malachi_wire::messages::DescribeTopicRequest;
+    let request = DescribeTopicRequest {
+        name: "orders".into(),
+        live: true,
+    };
+    let bytes = request.encode().unwrap();
+    insta::assert_snapshot!("describe_topic_request_live", hex(&bytes));
+    assert_eq!(DescribeTopicRequest::decode(bytes).unwrap(), request);
+}

@@ -83,18 +83,35 @@ fn state() -> impl Strategy<Value = String> {
 }
 
 fn description() -> impl Strategy<Value = TopicDescription> {
+    let copy = (any::<u64>(), state(), option::of(any::<u64>())).prop_map(
+        |(node, status, durable_end)| CopyDescription {
+            node,
+            status,
+            durable_end,
+        },
+    );
     let segment = (
-        any::<u64>(),
-        any::<u64>(),
-        vec(any::<u64>(), 0..4),
-        state(),
-        option::of(any::<u64>()),
-        option::of(any::<u64>()),
-        any::<u64>(),
-        option::of(any::<u64>()),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            vec(any::<u64>(), 0..4),
+            state(),
+            option::of(any::<u64>()),
+            option::of(any::<u64>()),
+            any::<u64>(),
+            option::of(any::<u64>()),
+        ),
+        (
+            option::of(any::<u64>()),
+            option::of(any::<u64>()),
+            vec(copy, 0..4),
+        ),
     )
         .prop_map(
-            |(id, start_offset, replicas, state, length, bytes, created_at_ms, sealed_at_ms)| {
+            |(
+                (id, start_offset, replicas, state, length, bytes, created_at_ms, sealed_at_ms),
+                (primary, committed_end, copies),
+            )| {
                 SegmentDescription {
                     id,
                     start_offset,
@@ -104,6 +121,10 @@ fn description() -> impl Strategy<Value = TopicDescription> {
                     bytes,
                     created_at_ms,
                     sealed_at_ms,
+                    epoch: id.rotate_left(7),
+                    primary,
+                    committed_end,
+                    copies,
                 }
             },
         );
@@ -284,7 +305,8 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         name().prop_map(|name| Request::DeleteTopic(DeleteTopicRequest { name })),
         Just(Request::ListTopics(ListTopicsRequest {})),
-        name().prop_map(|name| Request::DescribeTopic(DescribeTopicRequest { name })),
+        (name(), any::<bool>())
+            .prop_map(|(name, live)| Request::DescribeTopic(DescribeTopicRequest { name, live })),
         (name(), any::<u64>()).prop_map(|(topic, range_id)| Request::SplitRange(
             SplitRangeRequest { topic, range_id }
         )),

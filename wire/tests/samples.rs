@@ -39,16 +39,58 @@ fn description() -> TopicDescription {
             parents: vec![0],
             children: vec![],
             created_at_ms: 2_000,
-            segments: vec![SegmentDescription {
-                id: 7,
-                start_offset: 0,
-                replicas: vec![1, 2, 3],
-                state: "sealed".into(),
-                length: Some(10),
-                bytes: Some(4096),
-                created_at_ms: 2_000,
-                sealed_at_ms: Some(3_000),
-            }],
+            segments: vec![
+                SegmentDescription {
+                    id: 7,
+                    start_offset: 0,
+                    replicas: vec![1, 2, 3],
+                    state: "sealed".into(),
+                    length: Some(10),
+                    bytes: Some(4096),
+                    created_at_ms: 2_000,
+                    sealed_at_ms: Some(3_000),
+                    epoch: 4,
+                    primary: Some(1),
+                    committed_end: Some(10),
+                    copies: [1, 2, 3]
+                        .map(|node| CopyDescription {
+                            node,
+                            status: "sealed".into(),
+                            durable_end: None,
+                        })
+                        .to_vec(),
+                },
+                SegmentDescription {
+                    id: 8,
+                    start_offset: 10,
+                    replicas: vec![2, 3, 1],
+                    state: "active".into(),
+                    length: None,
+                    bytes: None,
+                    created_at_ms: 3_000,
+                    sealed_at_ms: None,
+                    epoch: 5,
+                    primary: Some(2),
+                    committed_end: Some(4),
+                    copies: vec![
+                        CopyDescription {
+                            node: 2,
+                            status: "live".into(),
+                            durable_end: Some(5),
+                        },
+                        CopyDescription {
+                            node: 3,
+                            status: "live".into(),
+                            durable_end: Some(4),
+                        },
+                        CopyDescription {
+                            node: 1,
+                            status: "unreachable".into(),
+                            durable_end: None,
+                        },
+                    ],
+                },
+            ],
         }],
     }
 }
@@ -151,6 +193,7 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
             "describe_topic",
             Request::DescribeTopic(DescribeTopicRequest {
                 name: "orders".into(),
+                live: false,
             }),
             Response::DescribeTopic(DescribeTopicResponse {
                 topic: description(),

@@ -104,6 +104,12 @@ pub fn describe_to_wire(d: &model::TopicDescription) -> wire::TopicDescription {
                         bytes: s.bytes,
                         created_at_ms: s.created_at_ms,
                         sealed_at_ms: s.sealed_at_ms,
+                        epoch: s.epoch,
+                        // The live figures are the describing broker's to
+                        // add (`control::replica_status`).
+                        primary: s.replicas.first().copied(),
+                        committed_end: None,
+                        copies: Vec::new(),
                     })
                     .collect(),
             })

@@ -130,6 +130,21 @@ impl BrokerMetrics {
             .set(rtt.as_secs_f64() * 1_000.0);
     }
 
+    /// A follower's lag behind the primary in bytes, as its last answer
+    /// showed it: the primary's durable log bytes beyond the follower's
+    /// (the copies hold the same frames, so byte positions agree).
+    pub fn replica_lag_bytes(&self, follower: malachi_cluster::model::NodeId, bytes: u64) {
+        self.recorder
+            .register_gauge(
+                &Key::from_parts(
+                    "malachi_replica_lag_bytes",
+                    vec![Label::new("follower", follower.0.to_string())],
+                ),
+                &METADATA,
+            )
+            .set(bytes as f64);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         self.handle.render()

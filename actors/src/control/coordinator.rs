@@ -42,7 +42,7 @@ pub(crate) use super::requests::{CoordError, CoordinatorMsg};
 use crate::control::lease::CoordinatorLease;
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
-use crate::data::segment::{Roller, SegmentActor, SegmentArgs, SegmentMsg};
+use crate::data::segment::{AppendError, Roller, SegmentActor, SegmentArgs, SegmentMsg};
 
 pub(crate) struct CoordinatorActor;
 
@@ -87,6 +87,7 @@ async fn start_segment_within(
                     s.created_at_ms,
                     predecessors(state, s.range, segment),
                     s.replicas.clone(),
+                    s.epoch,
                 )
             })
         })
@@ -103,7 +104,7 @@ async fn start_segment_within(
     {
         found = lookup();
     }
-    let Some((range, start_offset, created_at_ms, predecessors, replicas)) = found else {
+    let Some((range, start_offset, created_at_ms, predecessors, replicas, epoch)) = found else {
         return Err(CoordError::UnknownSegment { segment });
     };
     let Some(storage) = shared.data.supervisor.read().clone() else {
@@ -121,6 +122,7 @@ async fn start_segment_within(
         created_at_ms,
         predecessors,
         replicas,
+        epoch,
     };
     let spec = ChildSpec::worker(
         segment_name(topic, range, segment),
@@ -441,6 +443,12 @@ impl CoordinatorState {
     }
 
     /// Fences the active segment of `range` and returns its durable seal.
+    ///
+    /// A freeze that fails leaves a fenced copy behind, which takes no more
+    /// appends: the segment is thawed here, so its actor rolls it (a seal it
+    /// finishes once a quorum holds its records) and the range goes on in a
+    /// new segment, never frozen for good (`replication.md`: fence only as
+    /// the first step of a seal you will finish).
     async fn freeze(&self, segment: SegmentId) -> Result<SealRecord, CoordError> {
         let freeze_err = |reason: String| CoordError::Freeze { segment, reason };
         let Some(handle) = self.shared.segment(segment) else {
@@ -453,12 +461,18 @@ impl CoordinatorState {
             .send_message(SegmentMsg::Freeze { reply })
             .map_err(|e| freeze_err(e.to_string()))?;
         let bound = std::time::Duration::from_millis(self.shared.config.produce_timeout_ms);
-        match tokio::time::timeout(bound, answer).await {
-            Ok(Ok(Ok(seal))) => Ok(seal),
-            Ok(Ok(Err(e))) => Err(freeze_err(e.to_string())),
-            Ok(Err(_)) => Err(freeze_err("its actor stopped".into())),
-            Err(_) => Err(freeze_err("no answer in time".into())),
-        }
+        let failed = match tokio::time::timeout(bound, answer).await {
+            Ok(Ok(Ok(seal))) => return Ok(seal),
+            Ok(Ok(Err(AppendError::NoQuorum(reason)))) => {
+                CoordError::FreezeNoQuorum { segment, reason }
+            }
+            Ok(Ok(Err(e))) => freeze_err(e.to_string()),
+            Ok(Err(_)) => freeze_err("its actor stopped".into()),
+            Err(_) => freeze_err("no answer in time".into()),
+        };
+        warn!(segment = segment.0, error = %failed, "a freeze failed; the segment rolls instead");
+        self.thaw(segment);
+        Err(failed)
     }
 
     /// Lets a frozen segment whose split or merge failed roll on its own.
@@ -710,8 +724,9 @@ async fn release_segments(shared: &Arc<Shared>, topic: &str, segments: Vec<Segme
 
 /// Seals the follower copies whose segment the metadata records sealed, at
 /// the recorded length, and stops following them. A copy shorter than its
-/// seal is left open and followed (catch-up of a sealed copy is the
-/// healer's); a failure is logged and retried on the next reconcile.
+/// seal is left open and followed: the primary's catch-up fills it up to
+/// the seal and the ReplicationServer seals it then (ADR 0097); a failure
+/// is logged and retried on the next reconcile.
 async fn seal_followed(shared: &Arc<Shared>, to_seal: &[(SegmentId, u64)]) {
     for &(segment, length) in to_seal {
         let store = Arc::clone(&shared.store);

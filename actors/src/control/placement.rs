@@ -36,35 +36,69 @@ pub(crate) struct Redirect {
     pub hint: Option<String>,
 }
 
-/// The primaries of the active segments of `topic` in `state`.
-fn hosts_in_state(
-    state: &malachi_cluster::model::MetadataState,
-    topic: &str,
-) -> Option<Vec<NodeId>> {
+/// Who can serve a topic's records: the primary of each active segment
+/// (`hosts`, where writes go) and the copies of every active segment
+/// (`readers`: brokers holding a copy of each one, which can serve reads
+/// of committed records while no primary is alive).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Servers {
+    pub hosts: Vec<NodeId>,
+    pub readers: Vec<NodeId>,
+}
+
+/// What a request does with a topic's records, which decides who serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Serve {
+    /// Produce, and the splits and merges that freeze active segments: the
+    /// primary only.
+    Write,
+    /// Fetch and subscribe: the primary, or, while no primary is alive, a
+    /// broker holding a copy of every active segment (readers of a
+    /// replicated copy see only committed records, so nothing they read can
+    /// be un-written by a failover).
+    Read,
+}
+
+fn servers_of<'a>(active: impl Iterator<Item = &'a [NodeId]>) -> Servers {
+    let mut hosts: Vec<NodeId> = Vec::new();
+    let mut readers: Option<Vec<NodeId>> = None;
+    for replicas in active {
+        hosts.extend(replicas.first().copied());
+        readers = Some(match readers {
+            None => replicas.to_vec(),
+            Some(held) => held.into_iter().filter(|n| replicas.contains(n)).collect(),
+        });
+    }
+    hosts.sort_unstable();
+    hosts.dedup();
+    let mut readers = readers.unwrap_or_default();
+    readers.sort_unstable();
+    readers.dedup();
+    Servers { hosts, readers }
+}
+
+/// The servers of `topic`'s active segments in `state`.
+fn servers_in_state(state: &malachi_cluster::model::MetadataState, topic: &str) -> Option<Servers> {
     state.topic(topic)?;
-    let mut hosts: Vec<NodeId> = state
+    let segments: Vec<&[NodeId]> = state
         .active_ranges(topic)
         .filter_map(|r| r.last_segment())
         .filter_map(|id| state.segment(id))
         .filter(|s| s.state == SegmentState::Active)
-        .filter_map(|s| s.replicas.first().copied())
+        .map(|s| s.replicas.as_slice())
         .collect();
-    hosts.sort_unstable();
-    hosts.dedup();
-    Some(hosts)
+    Some(servers_of(segments.into_iter()))
 }
 
-fn hosts_in_description(description: &TopicDescription) -> Vec<NodeId> {
-    let mut hosts: Vec<NodeId> = description
+fn servers_in_description(description: &TopicDescription) -> Servers {
+    let segments: Vec<Vec<NodeId>> = description
         .ranges
         .iter()
         .filter(|r| r.state == "active")
         .filter_map(|r| r.segments.last())
-        .filter_map(|s| s.replicas.first().copied().map(NodeId))
+        .map(|s| s.replicas.iter().copied().map(NodeId).collect())
         .collect();
-    hosts.sort_unstable();
-    hosts.dedup();
-    hosts
+    servers_of(segments.iter().map(Vec::as_slice))
 }
 
 /// The client address of broker `node`, as membership knows it.
@@ -76,32 +110,81 @@ fn client_addr_of(shared: &Shared, node: NodeId) -> Option<String> {
         .map(|m| m.client_addr.to_string())
 }
 
-fn redirect(shared: &Shared, topic: &str, hosts: &[NodeId]) -> Redirect {
-    let host = hosts.first().copied();
-    let hint = host.and_then(|h| client_addr_of(shared, h));
-    Redirect {
-        code: ErrorCode::NotLeader,
-        message: match host {
-            Some(host) => format!(
-                "topic {topic} is served by broker {}, not broker {}",
-                host.0, shared.config.node_id
-            ),
-            None => format!("topic {topic} has no active segment"),
-        },
-        hint,
+/// Whether membership calls broker `node` dead. A broker membership does
+/// not know (a lone broker, or one not heard of yet) is not dead.
+fn is_dead(shared: &Shared, node: NodeId) -> bool {
+    if node.0 == shared.config.node_id {
+        return false;
     }
+    let Some(fabric) = shared.fabric() else {
+        return false;
+    };
+    fabric
+        .membership
+        .view()
+        .get(node.0)
+        .is_some_and(|m| !m.state.is_live())
 }
 
-/// `Ok` if this broker serves `topic`'s records (or the topic does not
-/// exist: the normal path answers `topic_not_found`), else where to go.
-pub(crate) async fn serve_here(shared: &Arc<Shared>, topic: &str) -> Result<(), Redirect> {
+/// Where a client of `topic` should go, or what to wait for: the first
+/// live host, else (for a read) the first live reader, never a broker
+/// membership calls dead. With none live, `not_leader` without a hint and
+/// with a pause: the client retries until a failover or a return.
+fn decide(shared: &Shared, topic: &str, servers: &Servers, serve: Serve) -> Result<(), Redirect> {
+    let me = NodeId(shared.config.node_id);
+    if servers.hosts.is_empty() || servers.hosts.contains(&me) {
+        return Ok(());
+    }
+    let live_host = servers.hosts.iter().copied().find(|h| !is_dead(shared, *h));
+    let target = match (live_host, serve) {
+        (Some(host), _) => Some(host),
+        (None, Serve::Write) => None,
+        (None, Serve::Read) => {
+            if servers.readers.contains(&me) {
+                return Ok(());
+            }
+            servers
+                .readers
+                .iter()
+                .copied()
+                .find(|r| !is_dead(shared, *r))
+        }
+    };
+    let hint = target.and_then(|t| client_addr_of(shared, t));
+    let message = match target {
+        Some(target) => format!(
+            "topic {topic} is served by broker {}, not broker {}",
+            target.0, shared.config.node_id
+        ),
+        None => format!(
+            "topic {topic} is served by broker {:?}, which membership calls dead; retry once it returns or fails over",
+            servers.hosts.iter().map(|h| h.0).collect::<Vec<_>>()
+        ),
+    };
+    // Without a hint the error body asks the client to wait before it
+    // retries (`retry_after_ms`), so it does not spin on a dead primary.
+    Err(Redirect {
+        code: ErrorCode::NotLeader,
+        message,
+        hint,
+    })
+}
+
+/// `Ok` if this broker serves `topic`'s records for `serve` (or the topic
+/// does not exist: the normal path answers `topic_not_found`), else where
+/// to go.
+pub(crate) async fn serve_here(
+    shared: &Arc<Shared>,
+    topic: &str,
+    serve: Serve,
+) -> Result<(), Redirect> {
     let me = NodeId(shared.config.node_id);
     let Ok(plane) = shared.plane() else {
         return Ok(());
     };
-    let local = read_owner(plane.as_ref(), topic, |s| hosts_in_state(s, topic));
-    let hosts = match local {
-        Some(hosts) => hosts,
+    let local = read_owner(plane.as_ref(), topic, |s| servers_in_state(s, topic));
+    let servers = match local {
+        Some(servers) => servers,
         None => {
             // A single-state plane's local read is the truth.
             if plane.host().is_none() {
@@ -118,8 +201,8 @@ pub(crate) async fn serve_here(shared: &Arc<Shared>, topic: &str) -> Result<(), 
                     });
                 }
             };
-            let hosts = hosts_in_description(&described);
-            if hosts.contains(&me) {
+            let servers = servers_in_description(&described);
+            if servers.hosts.contains(&me) || servers.readers.contains(&me) {
                 // Hosted here, and the local replica is behind the leader:
                 // let it apply the creation before the data path reads it.
                 let deadline =
@@ -129,13 +212,29 @@ pub(crate) async fn serve_here(shared: &Arc<Shared>, topic: &str) -> Result<(), 
                 {
                     tokio::time::sleep(Duration::from_millis(LOCAL_APPLY_POLL_MS)).await;
                 }
-                return Ok(());
             }
-            hosts
+            servers
         }
     };
-    if hosts.is_empty() || hosts.contains(&me) {
-        return Ok(());
+    decide(shared, topic, &servers, serve)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(ids: &[u64]) -> Vec<NodeId> {
+        ids.iter().copied().map(NodeId).collect()
     }
-    Err(redirect(shared, topic, &hosts))
+
+    #[test]
+    fn hosts_are_the_primaries_and_readers_hold_a_copy_of_every_active_segment() {
+        let a = n(&[1, 2, 3]);
+        let b = n(&[2, 3, 4]);
+        let servers = servers_of([a.as_slice(), b.as_slice()].into_iter());
+        assert_eq!(servers.hosts, n(&[1, 2]));
+        assert_eq!(servers.readers, n(&[2, 3]));
+        let none = servers_of(std::iter::empty());
+        assert!(none.hosts.is_empty() && none.readers.is_empty());
+    }
 }

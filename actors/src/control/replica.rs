@@ -33,21 +33,45 @@ pub(crate) async fn serve_replica_append(
     let segment = SegmentId(request.segment);
     let held = shared.plane().ok().and_then(|plane| {
         read_owner(plane.as_ref(), &request.topic, |state| {
-            state
-                .segment(segment)
-                .map(|s| (s.replicas.iter().skip(1).any(|n| *n == me), s.state))
+            state.segment(segment).map(|s| {
+                (
+                    s.replicas.iter().skip(1).any(|n| *n == me),
+                    s.state,
+                    s.epoch,
+                )
+            })
         })
     });
-    match held {
-        Some((true, SegmentState::Active)) => {}
-        Some((true, SegmentState::Sealed { .. })) => {
+    let repair_to = match held {
+        // A writer epoch older than the segment's: a deposed or misrouted
+        // writer. The metadata is the persistent record of the epoch, so a
+        // restart of this broker does not forget it.
+        Some((true, _, epoch)) if request.epoch < epoch => {
             return ReplicaAppendResponse::refused(
-                ReplicaRefusal::Fenced,
+                ReplicaRefusal::StaleEpoch,
                 0,
-                format!("segment {segment} is sealed"),
+                format!(
+                    "segment {segment} is written at epoch {epoch}; this append carries epoch {}",
+                    request.epoch
+                ),
             );
         }
-        Some((false, _)) | None => {
+        Some((true, SegmentState::Active, epoch)) if request.epoch > epoch => {
+            // An epoch this broker's metadata does not know yet: retriable.
+            return ReplicaAppendResponse::refused(
+                ReplicaRefusal::UnknownCopy,
+                0,
+                format!(
+                    "segment {segment} is at epoch {epoch} here; this append carries the newer epoch {}",
+                    request.epoch
+                ),
+            );
+        }
+        Some((true, SegmentState::Active, _)) => None,
+        // A sealed segment's copy takes frames only up to its seal: the
+        // catch-up of a copy left short (the fence stops appends, not repair).
+        Some((true, SegmentState::Sealed { seal, .. }, _)) => Some(seal.length),
+        Some((false, _, _)) | None => {
             return ReplicaAppendResponse::refused(
                 ReplicaRefusal::UnknownCopy,
                 0,
@@ -57,7 +81,7 @@ pub(crate) async fn serve_replica_append(
                 ),
             );
         }
-    }
+    };
     let Some(server) = shared.data.replication.server.read().clone() else {
         return ReplicaAppendResponse::refused(
             ReplicaRefusal::Busy,
@@ -72,6 +96,7 @@ pub(crate) async fn serve_replica_append(
         server.send(|permit| ReplicationMsg::Append {
             permit,
             request,
+            repair_to,
             reply,
         }),
     )
@@ -84,11 +109,31 @@ pub(crate) async fn serve_replica_append(
         );
     }
     match tokio::time::timeout(timeout, answer).await {
-        Ok(Ok(answer)) => answer,
+        Ok(Ok(answer)) => with_durable_bytes(shared, segment, answer),
         _ => ReplicaAppendResponse::refused(
             ReplicaRefusal::Busy,
             0,
             "the copy did not answer in time",
         ),
     }
+}
+
+/// A written append's answer also tells the copy's durable bytes, from
+/// which the primary reports its lag in bytes (ADR 0098). One append per
+/// segment and follower is in flight, so they are the bytes of the durable
+/// end the answer names.
+fn with_durable_bytes(
+    shared: &Shared,
+    segment: SegmentId,
+    mut answer: ReplicaAppendResponse,
+) -> ReplicaAppendResponse {
+    use malachi_storage::SegmentStore;
+    if answer.refused.is_none() {
+        answer.durable_bytes = shared
+            .store
+            .info(malachi_storage::SegmentId(segment.0))
+            .ok()
+            .map(|info| info.byte_size);
+    }
+    answer
 }

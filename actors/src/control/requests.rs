@@ -26,6 +26,11 @@ pub(crate) enum CoordError {
     UnknownSegment { segment: SegmentId },
     #[error("segment {segment} cannot be sealed now: {reason}")]
     Freeze { segment: SegmentId, reason: String },
+    /// A quorum of the segment's copies did not hold every durable record
+    /// within `replica_ack_timeout_ms`, so it could not be sealed for a split
+    /// or merge (retriable once enough copies are back).
+    #[error("segment {segment} cannot be sealed without a quorum: {reason}")]
+    FreezeNoQuorum { segment: SegmentId, reason: String },
     /// No replica set fits the request and the live brokers.
     #[error("{0}")]
     Placement(#[from] malachi_cluster::placement::PlacementError),

@@ -22,6 +22,7 @@ use malachi_cluster::group::{RpcError, RpcService, TransportServer};
 use malachi_cluster::membership::MembershipView;
 use malachi_cluster::vnodes::broker_api::FORWARD_LIST_API_KEY;
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_wire::replica_status::REPLICA_STATUS_API_KEY;
 use malachi_wire::replication::REPLICA_APPEND_API_KEY;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
@@ -48,8 +49,9 @@ pub(crate) struct VnodesState {
 
 /// What the raft port serves: the host's raft and forwarding keys, plus
 /// the forwarded topic list (key 212), which `VnodeHost` serves through its
-/// broker api, and replica-appends (key 100) for this broker's follower
-/// copies (ADR 0095).
+/// broker api, replica-appends (key 100) for this broker's follower
+/// copies (ADR 0095), and replica-status (key 105) for `topic describe`
+/// (ADR 0098).
 #[derive(Debug)]
 struct BrokerRpc {
     host: Arc<VnodeHost>,
@@ -61,6 +63,9 @@ impl RpcService for BrokerRpc {
     async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
         if api_key == FORWARD_LIST_API_KEY {
             return self.host.serve_list(group_id).await;
+        }
+        if api_key == REPLICA_STATUS_API_KEY {
+            return super::replica_status::serve_replica_status(&self.shared, &body);
         }
         if api_key == REPLICA_APPEND_API_KEY {
             let answer = super::replica::serve_replica_append(&self.shared, body).await;

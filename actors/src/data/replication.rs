@@ -24,10 +24,10 @@
 //! `replica_ack_timeout_ms`. A slow or unreachable follower only stops its
 //! own shipper, which retries with backoff; the quorum goes on without it.
 //!
-//! What is not here yet: fencing and sealing a quorum of copies through the
-//! coordinator (a roll seals at a length the quorum holds, see
-//! `segment.rs`), catch-up of a sealed copy from another one, and writer
-//! epochs beyond the fence (every primary sends epoch 0).
+//! Every replica-append carries the segment's writer epoch from the
+//! metadata; a follower refuses one older than the metadata records
+//! (`stale_epoch`, ADR 0097). What is not here yet: fencing copies on the
+//! coordinator's order (failover, issue 19).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,6 +58,9 @@ pub(crate) const REPLICA_MAILBOX_MAX: usize = 1024;
 const RETRY_MS_MIN: u64 = 20;
 /// The longest pause between two attempts at one follower.
 const RETRY_MS_MAX: u64 = 1_000;
+/// How long a sealed segment's primary keeps shipping to a follower copy
+/// still short of the seal (it was down or slow when the segment sealed).
+const CATCH_UP_AFTER_SEAL_MS_MAX: u64 = 10 * 60 * 1_000;
 
 /// How a primary reaches its followers' ReplicationServers: the cluster
 /// port in production (`TcpReplicaLink`), anything in a test.
@@ -110,6 +113,8 @@ impl ReplicaLink for TcpReplicaLink {
 pub(crate) struct Replicated {
     pub topic: String,
     pub segment: SegmentId,
+    /// The writer epoch every replica-append carries (ADR 0097).
+    pub epoch: u64,
     /// The copies, the primary's first.
     pub replicas: Vec<NodeId>,
     tracker: Mutex<CommitTracker>,
@@ -137,6 +142,7 @@ impl Replicated {
     pub fn new(
         topic: String,
         segment: SegmentId,
+        epoch: u64,
         replicas: Vec<NodeId>,
         durable: u64,
         committed: u64,
@@ -146,6 +152,7 @@ impl Replicated {
         Replicated {
             topic,
             segment,
+            epoch,
             replicas,
             committed: watch::channel(tracker.committed()).0,
             tracker: Mutex::new(tracker),
@@ -280,6 +287,9 @@ pub(crate) enum ReplicationMsg {
     Append {
         permit: Permit,
         request: ReplicaAppendRequest,
+        /// The seal of a sealed segment: the frames are catch-up of a copy
+        /// short of it, taken up to it and no further.
+        repair_to: Option<u64>,
         reply: oneshot::Sender<ReplicaAppendResponse>,
     },
     /// Start shipping a segment this broker leads.
@@ -350,8 +360,9 @@ impl Actor for ReplicationServer {
             ReplicationMsg::Append {
                 permit,
                 request,
+                repair_to,
                 reply,
-            } => follower_append(&state.storage, permit, request, reply),
+            } => follower_append(&state.storage, permit, request, repair_to, reply),
             ReplicationMsg::Lead(replicated) => state.lead(replicated),
         }
         Ok(())
@@ -413,6 +424,7 @@ fn follower_append(
     storage: &Arc<Storage>,
     permit: Permit,
     request: ReplicaAppendRequest,
+    repair_to: Option<u64>,
     reply: oneshot::Sender<ReplicaAppendResponse>,
 ) {
     let store = &storage.store;
@@ -425,16 +437,40 @@ fn follower_append(
             return;
         }
     }
-    storage
-        .replication
-        .followed
-        .lock()
-        .insert(SegmentId(request.segment));
-    if let Err(e) = store.set_committed(id, request.committed_end) {
+    if let Some(seal) = repair_to {
+        // A copy sealed here is whole: say so, whatever was sent.
+        if let Ok(info) = store.info(id)
+            && info.sealed.is_some_and(|s| s.length == seal)
+        {
+            let answer = if request.first_offset + frame_count(&request.frames) > seal {
+                ReplicaAppendResponse::refused(
+                    ReplicaRefusal::Fenced,
+                    seal,
+                    format!("segment {} is sealed at {seal} records", request.segment),
+                )
+            } else {
+                ReplicaAppendResponse::durable(seal)
+            };
+            let _ = reply.send(answer);
+            return;
+        }
+    } else {
+        storage
+            .replication
+            .followed
+            .lock()
+            .insert(SegmentId(request.segment));
+    }
+    let committed = repair_to.unwrap_or(request.committed_end);
+    if let Err(e) = store.set_committed(id, committed) {
         let _ = reply.send(refusal_of(&e, 0));
         return;
     }
-    let ticket = match store.append_frames(id, request.first_offset, &request.frames) {
+    let appended = match repair_to {
+        None => store.append_frames(id, request.first_offset, &request.frames),
+        Some(seal) => store.repair_frames(id, request.first_offset, &request.frames, seal),
+    };
+    let ticket = match appended {
         Ok(ticket) => ticket,
         Err(e) => {
             let end = store.info(id).map_or(0, |i| i.assigned);
@@ -451,6 +487,28 @@ fn follower_append(
             Ok(offsets) => ReplicaAppendResponse::durable(offsets.end),
             Err(e) => refusal_of(&e, 0),
         };
+        // A repaired copy that reached its seal is sealed there: whole,
+        // and fenced for good.
+        if let Some(seal) = repair_to
+            && answer.refused.is_none()
+            && answer.durable_end == seal
+        {
+            let store = Arc::clone(&storage.store);
+            match tokio::task::spawn_blocking(move || store.seal(id, seal)).await {
+                Ok(Ok(_)) => {
+                    info!(
+                        segment = id.0,
+                        length = seal,
+                        "a copy short of its seal caught up and sealed"
+                    );
+                    storage.replication.followed.lock().remove(&SegmentId(id.0));
+                }
+                Ok(Err(e)) => warn!(segment = id.0, error = %e, "cannot seal a caught-up copy"),
+                Err(e) => {
+                    warn!(segment = id.0, error = %e, "the seal task of a caught-up copy failed")
+                }
+            }
+        }
         // Readers of this copy may see more committed records now.
         storage.notify_topic(&topic);
         let _ = reply.send(answer);
@@ -466,12 +524,29 @@ fn refusal_of(e: &StorageError, end: u64) -> ReplicaAppendResponse {
         StorageError::BadFrames { .. }
         | StorageError::RecordTooLarge { .. }
         | StorageError::BatchTooLarge { .. } => ReplicaRefusal::BadFrames,
-        StorageError::Fenced { .. } | StorageError::Sealed { .. } => ReplicaRefusal::Fenced,
+        StorageError::Fenced { .. }
+        | StorageError::Sealed { .. }
+        | StorageError::PastSeal { .. } => ReplicaRefusal::Fenced,
         StorageError::Busy { .. } => ReplicaRefusal::Busy,
         StorageError::NotOpen { .. } => ReplicaRefusal::UnknownCopy,
         _ => ReplicaRefusal::Failed,
     };
     ReplicaAppendResponse::refused(refusal, end, e.to_string())
+}
+
+/// How many whole frames `frames` starts with (a count, for a refusal).
+fn frame_count(frames: &[u8]) -> u64 {
+    let (mut at, mut count) = (0, 0);
+    while at < frames.len() {
+        match malachi_storage::frame::decode(&frames[at..]) {
+            Ok((_, len)) => {
+                at += len;
+                count += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    count
 }
 
 /// Ships one segment's durable frames to one follower.
@@ -502,19 +577,66 @@ impl Shipper {
         // The committed end the follower was last sent.
         let mut told_committed: Option<u64> = None;
         let mut retry_ms = RETRY_MS_MIN;
+        // When the segment actor stopped (its segment sealed), if it did.
+        let mut closed_at: Option<Instant> = None;
+        // Replication-level group commit held the next append already.
+        let mut held = false;
         loop {
-            if self.replicated.is_closed() {
-                return;
-            }
-            let durable = *local.borrow_and_update();
+            // A sealed (or fenced, about to be sealed) segment's follower
+            // still gets every record up to the seal: a copy that lagged
+            // when the quorum moved on catches up, so every copy ends whole
+            // and byte-identical (ADR 0097). Bounded in time: past it, a
+            // copy still short is the healer's.
+            let catch_up = if self.replicated.is_closed() {
+                let since = *closed_at.get_or_insert_with(Instant::now);
+                let Some(target) = self.sealed_length(id) else {
+                    return;
+                };
+                if probed && next >= target {
+                    debug!(segment = %self.replicated.segment, follower = node.0, length = target, "follower copy whole up to the seal");
+                    return;
+                }
+                if since.elapsed() > Duration::from_millis(CATCH_UP_AFTER_SEAL_MS_MAX) {
+                    warn!(segment = %self.replicated.segment, follower = node.0, follower_end = next, length = target, "a follower copy is still short of its seal; catch-up gives up");
+                    return;
+                }
+                Some(target)
+            } else {
+                None
+            };
+            let durable = catch_up.unwrap_or_else(|| *local.borrow_and_update());
             let commit = *committed.borrow_and_update();
-            if probed && next >= durable && told_committed == Some(commit) {
+            if catch_up.is_none() && probed && next >= durable && told_committed == Some(commit) {
                 tokio::select! {
                     changed = local.changed() => if changed.is_err() { return },
                     changed = committed.changed() => if changed.is_err() { return },
                 }
                 continue;
             }
+            // Replication-level group commit (off by default): hold the
+            // next run until enough records wait or the linger passes.
+            let linger_ms = config.replica_group_commit_ms;
+            if linger_ms > 0
+                && !held
+                && catch_up.is_none()
+                && probed
+                && next < durable
+                && durable - next < config.replica_group_commit_records
+            {
+                held = true;
+                let deadline = tokio::time::Instant::now() + Duration::from_millis(linger_ms);
+                while local.borrow_and_update().saturating_sub(next)
+                    < config.replica_group_commit_records
+                {
+                    match tokio::time::timeout_at(deadline, local.changed()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return,
+                        Err(_) => break,
+                    }
+                }
+                continue;
+            }
+            held = false;
             let frames = if probed && next < durable {
                 let store = Arc::clone(&self.storage.store);
                 let read =
@@ -535,7 +657,7 @@ impl Shipper {
             let request = ReplicaAppendRequest {
                 topic: self.replicated.topic.clone(),
                 segment: self.replicated.segment.0,
-                epoch: 0,
+                epoch: self.replicated.epoch,
                 first_offset: next,
                 committed_end: commit,
                 frames,
@@ -570,6 +692,7 @@ impl Shipper {
                             durable.saturating_sub(response.durable_end),
                             sent_at.elapsed(),
                         );
+                        report_lag_bytes(&self.storage, node, id, &response);
                     }
                     Some(ReplicaRefusal::NotAtEnd) => {
                         // The follower ends elsewhere (it restarted, or an
@@ -596,8 +719,37 @@ impl Shipper {
         }
     }
 
+    /// The length a closed segment's copy here is (or is about to be)
+    /// sealed at: its seal, or its durable end once fenced. `None` for a
+    /// copy neither sealed nor fenced (its actor stopped for another
+    /// reason; a restarted actor leads it again).
+    fn sealed_length(&self, id: malachi_storage::SegmentId) -> Option<u64> {
+        let info = self.storage.store.info(id).ok()?;
+        match info.sealed {
+            Some(seal) => Some(seal.length),
+            None if info.fenced => Some(info.durable),
+            None => None,
+        }
+    }
+
     async fn pause(&self, retry_ms: &mut u64) {
         tokio::time::sleep(Duration::from_millis(*retry_ms)).await;
         *retry_ms = (*retry_ms * 2).min(RETRY_MS_MAX);
     }
+}
+
+/// The follower's lag in bytes behind this copy's durable bytes, when its
+/// answer told its own (ADR 0098).
+fn report_lag_bytes(
+    storage: &Storage,
+    node: NodeId,
+    id: malachi_storage::SegmentId,
+    response: &ReplicaAppendResponse,
+) {
+    let (Some(follower), Ok(local)) = (response.durable_bytes, storage.store.info(id)) else {
+        return;
+    };
+    storage
+        .metrics
+        .replica_lag_bytes(node, local.byte_size.saturating_sub(follower));
 }

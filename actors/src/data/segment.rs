@@ -142,6 +142,8 @@ pub(crate) struct SegmentArgs {
     /// The segment's copies, this broker's (the primary's) first. With more
     /// than one, appends are acknowledged once a quorum has fsynced them.
     pub replicas: Vec<NodeId>,
+    /// The segment's writer epoch (ADR 0097), sent with every replica-append.
+    pub epoch: u64,
 }
 
 pub(crate) struct SegmentActor;
@@ -223,6 +225,7 @@ impl Actor for SegmentActor {
             let replicated = Arc::new(Replicated::new(
                 args.topic.clone(),
                 args.segment,
+                args.epoch,
                 args.replicas.clone(),
                 info.durable,
                 committed,

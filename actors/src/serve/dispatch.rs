@@ -15,7 +15,7 @@ use super::error::ServeError;
 use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
 use super::{cluster, fetch, topics, vnodes};
-use crate::control::placement::serve_here;
+use crate::control::placement::{Serve, serve_here};
 use crate::control::shared::Shared;
 
 pub(crate) async fn handle_frame(
@@ -30,7 +30,7 @@ pub(crate) async fn handle_frame(
     };
     let request = match request {
         Request::Subscribe(req) => {
-            if let Err(redirect) = serve_here(shared, &req.topic).await {
+            if let Err(redirect) = serve_here(shared, &req.topic, Serve::Read).await {
                 if let Some(refusal) = forged_cursor(shared, req.cursor.as_deref()).await {
                     return Some(refusal_frame(correlation_id, &refusal));
                 }
@@ -52,14 +52,14 @@ pub(crate) async fn handle_frame(
     // or merge freezes the range's active segments, so it is served there
     // too (elsewhere the freeze could only fail).
     let served = match &request {
-        Request::Produce(req) => Some(req.topic.as_str()),
-        Request::Fetch(req) => Some(req.topic.as_str()),
-        Request::SplitRange(req) => Some(req.topic.as_str()),
-        Request::MergeRange(req) => Some(req.topic.as_str()),
+        Request::Produce(req) => Some((req.topic.as_str(), Serve::Write)),
+        Request::Fetch(req) => Some((req.topic.as_str(), Serve::Read)),
+        Request::SplitRange(req) => Some((req.topic.as_str(), Serve::Write)),
+        Request::MergeRange(req) => Some((req.topic.as_str(), Serve::Write)),
         _ => None,
     };
-    if let Some(topic) = served
-        && let Err(redirect) = serve_here(shared, topic).await
+    if let Some((topic, serve)) = served
+        && let Err(redirect) = serve_here(shared, topic, serve).await
     {
         let cursor = match &request {
             Request::Fetch(req) => req.cursor.as_deref(),

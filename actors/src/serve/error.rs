@@ -323,6 +323,7 @@ fn coord_code(e: &CoordError) -> ErrorCode {
         CoordError::Model(m) => model_code(m),
         CoordError::Metadata(m) => m.error_code(),
         CoordError::Freeze { .. } => ErrorCode::Busy,
+        CoordError::FreezeNoQuorum { .. } => ErrorCode::NoQuorum,
         CoordError::Placement(_) => ErrorCode::InvalidRequest,
         CoordError::Supervision(_)
         | CoordError::Unexpected(_)

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use malachi_cluster::cursor::{Cursor, Position};
-use malachi_cluster::model::RangeId;
+use malachi_cluster::model::{NodeId, RangeId};
 use malachi_wire::batch::BatchBuilder;
 use malachi_wire::messages as wire;
 use tokio::time::Instant;
 
 use super::error::ServeError;
 use super::read::{
-    active_plans, active_segments, read_topic, response_control_bytes, tail_positions,
+    LocalCopies, active_plans, active_segments, read_topic, response_control_bytes, tail_positions,
 };
 use super::reply::{Failure, not_serving};
 use crate::control::metadata::{MetadataPlane, read_owner};
@@ -44,7 +44,12 @@ pub(crate) async fn fetch(
     let frame_max = shared.config.frame_bytes_max;
     loop {
         // Plans are cloned under the metadata lock; the disk is read without it.
-        let plans = read_owner(plane.as_ref(), &topic, |state| active_plans(state, &topic));
+        let me = NodeId(shared.config.node_id);
+        let (plans, copies) = read_owner(plane.as_ref(), &topic, |state| {
+            let plans = active_plans(state, &topic);
+            let copies = LocalCopies::of(state, &plans, me);
+            (plans, copies)
+        });
         // The frame keeps room for a cursor over every range; the block gets
         // the rest. `bytes_max` bounds the block too, except that a first
         // record larger than it comes alone (within the frame), so a big
@@ -56,6 +61,7 @@ pub(crate) async fn fetch(
         let outcome = tokio::task::block_in_place(|| {
             read_topic(
                 &plans,
+                &copies,
                 &shared.store,
                 &start,
                 req.records_max,
@@ -134,16 +140,22 @@ pub(crate) fn start_positions(
             }
             None => None,
         };
-        Ok((incarnation, cursor, active_segments(state, &req.topic)))
+        let copies = LocalCopies::of_active(state, &req.topic, NodeId(shared.config.node_id));
+        Ok((
+            incarnation,
+            cursor,
+            active_segments(state, &req.topic),
+            copies,
+        ))
     })?;
-    let (incarnation, cursor, active) = checked;
+    let (incarnation, cursor, active, copies) = checked;
     let positions = match cursor {
         Some(positions) => positions,
         None if req.from_start => active
             .iter()
             .map(|&(range, _, _)| (range, Position::Start))
             .collect(),
-        None => tokio::task::block_in_place(|| tail_positions(&shared.store, &active))?,
+        None => tokio::task::block_in_place(|| tail_positions(&shared.store, &copies, &active))?,
     };
     Ok((incarnation, positions))
 }

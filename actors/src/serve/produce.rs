@@ -40,7 +40,7 @@ use super::subscribe::ConnCtx;
 use crate::common::budget::{ConnectionBudget, Held};
 use crate::common::convert::IncomingRecord;
 use crate::control::metadata::read_owner;
-use crate::control::placement::serve_here;
+use crate::control::placement::{Serve, serve_here};
 use crate::control::shared::Shared;
 use crate::data::invariants::{check_acknowledged, check_append, check_partial, check_routed};
 use crate::data::producers::{ProducerTag, Verdict};
@@ -285,7 +285,7 @@ impl Sequencer {
         };
         // Records are served by the broker hosting the topic's segments; any
         // other broker answers `not_leader` with that broker's address.
-        if let Err(redirect) = serve_here(&self.shared, &request.topic).await {
+        if let Err(redirect) = serve_here(&self.shared, &request.topic, Serve::Write).await {
             return self.answer(
                 correlation_id,
                 job.slot,

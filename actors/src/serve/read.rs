@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 use malachi_cluster::cursor::{
     CURSOR_BODY_BYTES_MAX, CURSOR_KEY_ID_BYTES, CURSOR_TAG_BYTES, Position,
 };
-use malachi_cluster::model::{MetadataState, RangeId, ReadPlan, SegmentId, position};
+use malachi_cluster::model::{
+    MetadataState, NodeId, RangeId, ReadPlan, SegmentId, SegmentSpan, position,
+};
 use std::ops::ControlFlow;
 
 use malachi_storage::{FileStore, FrameView, SegmentStore, StorageError};
@@ -41,6 +43,17 @@ pub(crate) struct ReadOutcome {
 pub(crate) enum ReadError {
     #[error(transparent)]
     Store(#[from] StorageError),
+    /// A sealed segment the read needs has no copy on this broker, or this
+    /// broker's copy is short of its seal: another broker's copy serves it.
+    #[error(
+        "segment {segment} is not readable here from offset {offset}: {reason}; its copies are on brokers {holders:?}"
+    )]
+    NotHere {
+        segment: SegmentId,
+        offset: u64,
+        reason: &'static str,
+        holders: Vec<u64>,
+    },
     /// The next record alone needs a larger block than a response frame has
     /// room for (it was stored under a larger `frame_bytes_max`, say).
     #[error(
@@ -61,6 +74,13 @@ impl ReadError {
     pub(crate) fn refusal(self, frame_bytes_max: usize, control_bytes: usize) -> ServeError {
         match self {
             ReadError::Store(e) => ServeError::Read(e),
+            ReadError::NotHere { .. } => {
+                ServeError::Redirect(crate::control::placement::Redirect {
+                    code: malachi_wire::ErrorCode::NotLeader,
+                    message: self.to_string(),
+                    hint: None,
+                })
+            }
             ReadError::RecordTooLarge {
                 segment,
                 offset,
@@ -109,29 +129,155 @@ fn store_id(segment: SegmentId) -> malachi_storage::SegmentId {
     malachi_storage::SegmentId(segment.0)
 }
 
+/// Which copies of the segments a read may touch this broker holds, from
+/// the metadata (read under its lock with the plans), so the read path
+/// never creates a copy this broker was never given, and opens a
+/// replicated copy with its readers clamped to committed records.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LocalCopies {
+    me: Option<NodeId>,
+    replicas: BTreeMap<SegmentId, Vec<NodeId>>,
+}
+
+/// What this broker holds of one segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// A copy nobody replicates: its readers see every durable record.
+    Alone,
+    /// One copy of several: its readers see committed records only.
+    Replicated,
+    /// No copy here.
+    Elsewhere,
+}
+
+impl LocalCopies {
+    /// Every segment of `plans` (and `active`), as broker `me` holds them.
+    pub(crate) fn of(state: &MetadataState, plans: &[ReadPlan], me: NodeId) -> LocalCopies {
+        let replicas = plans
+            .iter()
+            .flat_map(|plan| plan.slices.iter())
+            .flat_map(|slice| slice.segments.iter())
+            .filter_map(|span| state.segment(span.segment))
+            .map(|segment| (segment.id, segment.replicas.clone()))
+            .collect();
+        LocalCopies {
+            me: Some(me),
+            replicas,
+        }
+    }
+
+    /// The copies of `topic`'s active segments, as broker `me` holds them.
+    pub(crate) fn of_active(state: &MetadataState, topic: &str, me: NodeId) -> LocalCopies {
+        LocalCopies::of(state, &active_plans(state, topic), me)
+    }
+
+    /// Every copy is held here and nobody replicates it (unit tests).
+    #[cfg(test)]
+    pub(crate) fn all_local() -> LocalCopies {
+        LocalCopies::default()
+    }
+
+    fn held(&self, segment: SegmentId) -> Held {
+        let Some(me) = self.me else {
+            return Held::Alone;
+        };
+        match self.replicas.get(&segment) {
+            Some(replicas) if !replicas.contains(&me) => Held::Elsewhere,
+            Some(replicas) if replicas.len() > 1 => Held::Replicated,
+            // Unknown to the plans' metadata: a lone broker's own copy.
+            _ => Held::Alone,
+        }
+    }
+
+    fn holders(&self, segment: SegmentId) -> Vec<u64> {
+        self.replicas
+            .get(&segment)
+            .map(|r| r.iter().map(|n| n.0).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Opens a copy for reading, if this broker holds one: `Ok(false)` when it
+/// does not. A replicated copy of an active segment nobody has opened yet
+/// (a follower's copy before its first replica-append since a restart)
+/// shows no record until the primary tells it the committed end; one of a
+/// sealed segment shows every record below the seal, which the metadata
+/// records only once a quorum holds them.
+fn open_for_read(
+    store: &FileStore,
+    copies: &LocalCopies,
+    segment: SegmentId,
+    seal_length: Option<u64>,
+) -> Result<bool, StorageError> {
+    match copies.held(segment) {
+        Held::Elsewhere => Ok(false),
+        Held::Alone => {
+            store.open(store_id(segment))?;
+            Ok(true)
+        }
+        Held::Replicated => {
+            let recovery = store.open(store_id(segment))?;
+            match seal_length {
+                Some(length) => {
+                    store.set_committed(store_id(segment), length)?;
+                }
+                None if recovery.info.committed.is_none() => {
+                    store.set_committed(store_id(segment), 0)?;
+                }
+                None => {}
+            }
+            Ok(true)
+        }
+    }
+}
+
 /// Reads a segment copy, opening it first if this broker has not yet (a
-/// sealed segment after a restart). Returns how many records `visit` took.
+/// sealed segment after a restart). Returns how many records `visit` took:
+/// none from an active segment this broker holds no copy of; a sealed one
+/// it holds no copy of is [`ReadError::NotHere`].
 fn read_copy(
     store: &FileStore,
-    segment: SegmentId,
+    copies: &LocalCopies,
+    span: &SegmentSpan,
     from: u64,
     records_max: usize,
     bytes_max: usize,
     visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
-) -> Result<usize, StorageError> {
+) -> Result<usize, ReadError> {
+    let segment = span.segment;
+    let seal_length = span.end_offset.map(|end| end - span.start_offset);
     match store.read_with(store_id(segment), from, records_max, bytes_max, visit) {
         Err(StorageError::NotOpen { .. }) => {
-            store.open(store_id(segment))?;
-            store.read_with(store_id(segment), from, records_max, bytes_max, visit)
+            if !open_for_read(store, copies, segment, seal_length)? {
+                return match seal_length {
+                    Some(_) => Err(ReadError::NotHere {
+                        segment,
+                        offset: span.start_offset + from,
+                        reason: "no copy on this broker",
+                        holders: copies.holders(segment),
+                    }),
+                    None => Ok(0),
+                };
+            }
+            Ok(store.read_with(store_id(segment), from, records_max, bytes_max, visit)?)
         }
-        other => other,
+        other => Ok(other?),
     }
 }
 
-/// The durable length of a segment copy.
-pub(crate) fn durable_length(store: &FileStore, segment: SegmentId) -> Result<u64, StorageError> {
+/// The readable length of a segment copy (0 for one this broker does not hold).
+pub(crate) fn durable_length(
+    store: &FileStore,
+    copies: &LocalCopies,
+    segment: SegmentId,
+) -> Result<u64, StorageError> {
     match store.info(store_id(segment)) {
-        Err(StorageError::NotOpen { .. }) => Ok(store.open(store_id(segment))?.info.length),
+        Err(StorageError::NotOpen { .. }) => {
+            if !open_for_read(store, copies, segment, None)? {
+                return Ok(0);
+            }
+            Ok(store.info(store_id(segment))?.length)
+        }
         other => other.map(|info| info.length),
     }
 }
@@ -164,11 +310,12 @@ pub(crate) fn active_plans(state: &MetadataState, topic: &str) -> Vec<ReadPlan> 
 /// durable end (the tail).
 pub(crate) fn tail_positions(
     store: &FileStore,
+    copies: &LocalCopies,
     active: &[(RangeId, SegmentId, u64)],
 ) -> Result<BTreeMap<RangeId, Position>, StorageError> {
     let mut positions = BTreeMap::new();
     for &(range, segment, start_offset) in active {
-        let length = durable_length(store, segment)?;
+        let length = durable_length(store, copies, segment)?;
         positions.insert(
             range,
             Position::At {
@@ -203,6 +350,7 @@ pub(crate) fn position_for(plan: &ReadPlan, cursor: &BTreeMap<RangeId, Position>
 /// reached (only past records that made it into `out`).
 pub(crate) fn read_topic(
     plans: &[ReadPlan],
+    copies: &LocalCopies,
     store: &FileStore,
     start: &BTreeMap<RangeId, Position>,
     records_max: u32,
@@ -266,7 +414,8 @@ pub(crate) fn read_topic(
             let mut past_end = false;
             let taken = read_copy(
                 store,
-                span.segment,
+                copies,
+                span,
                 offset - span.start_offset,
                 want,
                 room,
@@ -334,7 +483,17 @@ pub(crate) fn read_topic(
                 offset = span.end_offset.unwrap_or(offset);
             } else if taken == 0 && refused.is_none() && !full {
                 if span.end_offset.is_some() {
-                    // A sealed copy shorter than its seal: skip what it lacks
+                    // A replicated copy shorter than its seal: another copy
+                    // serves the read (the primary's catch-up fills this one).
+                    if copies.held(span.segment) == Held::Replicated {
+                        return Err(ReadError::NotHere {
+                            segment: span.segment,
+                            offset,
+                            reason: "this copy is short of its seal",
+                            holders: copies.holders(span.segment),
+                        });
+                    }
+                    // A lone copy shorter than its seal: skip what it lacks
                     // rather than spin (the scrubber repairs such copies).
                     offset = span.end_offset.unwrap_or(offset);
                     continue;
@@ -440,7 +599,16 @@ mod tests {
         budget: usize,
     ) -> Result<(Page, Positions), ReadError> {
         let mut out = BatchBuilder::with_capacity(room, budget);
-        let outcome = read_topic(plans, store, start, records_max, &mut out, budget, 1024)?;
+        let outcome = read_topic(
+            plans,
+            &LocalCopies::all_local(),
+            store,
+            start,
+            records_max,
+            &mut out,
+            budget,
+            1024,
+        )?;
         let batch = out.finish();
         assert_eq!(batch.count(), outcome.records);
         let records = batch

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use malachi_cluster::cursor::{Cursor, Position};
-use malachi_cluster::model::RangeId;
+use malachi_cluster::model::{NodeId, RangeId};
 use malachi_wire::batch::BatchBuilder;
 use malachi_wire::limits::{CREDIT_BYTES_MAX, CREDIT_RECORDS_MAX};
 use malachi_wire::messages::{
@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use super::error::ServeError;
 use super::fetch::start_positions;
-use super::read::{active_plans, read_topic, response_control_bytes};
+use super::read::{LocalCopies, active_plans, read_topic, response_control_bytes};
 use super::reply::{Failure, Outbound, Reply, refusal_frame};
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
@@ -280,8 +280,11 @@ impl PushTask {
             }
             let mut pushed = false;
             if records_credit > 0 && bytes_credit > 0 {
-                let plans = read_owner(plane.as_ref(), &self.topic, |state| {
-                    active_plans(state, &self.topic)
+                let me = NodeId(self.shared.config.node_id);
+                let (plans, copies) = read_owner(plane.as_ref(), &self.topic, |state| {
+                    let plans = active_plans(state, &self.topic);
+                    let copies = LocalCopies::of(state, &plans, me);
+                    (plans, copies)
                 });
                 // The frame keeps room for a cursor over every range. A
                 // record larger than the byte credit goes alone (within the
@@ -294,6 +297,7 @@ impl PushTask {
                 let attempt = tokio::task::block_in_place(|| {
                     read_topic(
                         &plans,
+                        &copies,
                         &self.shared.store,
                         &positions,
                         records_credit,

@@ -114,7 +114,10 @@ impl TestClient {
 /// The ids of `topic`'s active ranges, in the order the topic lists them.
 pub async fn active_ranges(client: &mut TestClient, topic: &str) -> Vec<u64> {
     let described = client
-        .call(&DescribeTopicRequest { name: topic.into() })
+        .call(&DescribeTopicRequest {
+            name: topic.into(),
+            live: false,
+        })
         .await
         .unwrap();
     described

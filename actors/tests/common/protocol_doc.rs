@@ -190,7 +190,7 @@ pub const NOT_PROVOKED: &[(&str, &str, &str)] = &[
     (
         "produce",
         "no_quorum",
-        "provoked in tests/replication.rs (both followers down); here the split and merge before it leave the segment frozen",
+        "provoked in tests/replication.rs (both followers down): a lone broker has no followers",
     ),
     (
         "vnode_split",

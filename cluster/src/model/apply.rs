@@ -275,6 +275,12 @@ impl MetadataState {
         id
     }
 
+    /// The writer epoch of a segment opened now: the group's lease epoch
+    /// (0 in a group that never granted one, such as a lone broker's).
+    fn writer_epoch(&self) -> u64 {
+        self.lease.map_or(0, |lease| lease.epoch)
+    }
+
     fn issue_segment_id(&mut self) -> SegmentId {
         let id = SegmentId(self.next_segment_id);
         self.next_segment_id += 1;
@@ -299,6 +305,7 @@ impl MetadataState {
             replicas,
             state: SegmentState::Active,
             created_at_ms: at_ms,
+            epoch: self.writer_epoch(),
         };
         let range = Range {
             id: range_id,
@@ -473,6 +480,7 @@ impl MetadataState {
                 replicas: next_replicas,
                 state: SegmentState::Active,
                 created_at_ms: at_ms,
+                epoch: self.writer_epoch(),
             },
         );
         if let Some(range) = self.ranges.get_mut(&range_id) {

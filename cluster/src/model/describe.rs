@@ -43,6 +43,9 @@ pub struct SegmentDescription {
     pub bytes: Option<u64>,
     pub created_at_ms: u64,
     pub sealed_at_ms: Option<u64>,
+    /// The segment's writer epoch (ADR 0097).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl MetadataState {
@@ -74,6 +77,7 @@ impl MetadataState {
                             bytes: seal.map(|s| s.bytes),
                             created_at_ms: segment.created_at_ms,
                             sealed_at_ms,
+                            epoch: segment.epoch,
                         }
                     })
                     .collect();

@@ -140,6 +140,13 @@ pub struct Segment {
     pub replicas: Vec<NodeId>,
     pub state: SegmentState,
     pub created_at_ms: u64,
+    /// The writer epoch: the coordinator lease epoch under which the
+    /// segment was opened. Its primary sends it with every replica-append
+    /// and a follower refuses an older one (`stale_epoch`). Fixed for the
+    /// segment's life (a segment never changes writer; ADR 0097). Last,
+    /// with a default, so snapshots from before epochs still decode.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl Segment {
@@ -605,5 +612,58 @@ mod tests {
             MetadataState::restore(&bytes),
             Err(SnapshotError::Inconsistent(_))
         ));
+    }
+
+    #[test]
+    fn a_segment_stored_before_writer_epochs_decodes_at_epoch_zero() {
+        // A segment as snapshots and raft entries held it before epochs:
+        // the same fields, positionally, without the last.
+        #[derive(Serialize)]
+        struct Before {
+            id: SegmentId,
+            range: RangeId,
+            start_offset: u64,
+            replicas: Vec<NodeId>,
+            state: SegmentState,
+            created_at_ms: u64,
+        }
+        let before = Before {
+            id: SegmentId(7),
+            range: RangeId(2),
+            start_offset: 10,
+            replicas: vec![NodeId(1), NodeId(2)],
+            state: SegmentState::Active,
+            created_at_ms: 5,
+        };
+        let bytes = rmp_serde::to_vec(&before).unwrap();
+        let segment: Segment = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(segment.epoch, 0);
+        assert_eq!(segment.id, SegmentId(7));
+        assert_eq!(segment.replicas, vec![NodeId(1), NodeId(2)]);
+    }
+
+    #[test]
+    fn segments_opened_under_a_lease_carry_its_epoch() {
+        use crate::model::command::Command;
+        let mut state = MetadataState::default();
+        state
+            .apply(Command::AcquireLease {
+                holder: 1,
+                duration_ms: 1_000,
+                at_ms: 1,
+            })
+            .unwrap();
+        let epoch = state.lease.map(|l| l.epoch).unwrap();
+        assert!(epoch > 0, "a granted lease has an epoch");
+        state
+            .apply(Command::CreateTopic {
+                topic: "t".into(),
+                initial_ranges: 1,
+                policy: None,
+                replicas: vec![vec![NodeId(1), NodeId(2), NodeId(3)]],
+                at_ms: 2,
+            })
+            .unwrap();
+        assert!(state.segments.values().all(|s| s.epoch == epoch));
     }
 }

@@ -439,9 +439,23 @@ impl Client {
         self.call(None, &ListTopicsRequest {}).await
     }
 
+    /// The topic's metadata: its ranges and segments (what a producer
+    /// routes by).
     pub async fn describe_topic(&self, name: &str) -> Result<TopicDescription, ClientError> {
         let request = DescribeTopicRequest {
             name: name.to_owned(),
+            live: false,
+        };
+        Ok(self.call(Some(name), &request).await?.topic)
+    }
+
+    /// The topic's metadata and the live figures of its active segments:
+    /// the committed end and each copy's durable end, asked by the
+    /// answering broker of the brokers holding the copies (ADR 0098).
+    pub async fn describe_topic_live(&self, name: &str) -> Result<TopicDescription, ClientError> {
+        let request = DescribeTopicRequest {
+            name: name.to_owned(),
+            live: true,
         };
         Ok(self.call(Some(name), &request).await?.topic)
     }

@@ -1,0 +1,317 @@
+//! The live figures of `topic describe` (ADR 0098): each copy's durable end
+//! and each active segment's committed end, which no metadata holds.
+//!
+//! Both halves of replica-status (api key 105) on the cluster port:
+//! [`serve_replica_status`] answers for the copies this broker holds (from
+//! the data plane, `data::status`), and [`add_live_figures`], run by the
+//! broker answering a describe that asks for them (`live`, as `malachi
+//! topic describe` does; a producer fetching the layout does not), asks
+//! every broker holding a copy of one of the topic's active segments, all at once, each at most
+//! [`REPLICA_STATUS_TIMEOUT_MS`]. A broker that does not answer makes its
+//! copies `unreachable`, never the describe fail; the broker answering asks
+//! itself without the network. Sealed segments are not asked about: their
+//! seal's length is the committed end, and their copies show `sealed`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use malachi_cluster::group::{RpcError, TransportError};
+use malachi_wire::messages as wire;
+use malachi_wire::replica_status::{
+    CopyStatus, REPLICA_STATUS_API_KEY, REPLICA_STATUS_SEGMENTS_MAX, ReplicaStatusRequest,
+    ReplicaStatusResponse,
+};
+use tracing::debug;
+
+use crate::control::shared::Shared;
+use crate::data::status::copy_status;
+
+/// How long a describe waits for one broker's replica-status answer. The
+/// brokers are asked at once, so this bounds the describe's extra time.
+pub(crate) const REPLICA_STATUS_TIMEOUT_MS: u64 = 1_500;
+
+/// Answers one replica-status request from this broker's store.
+pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let request = ReplicaStatusRequest::decode(body).map_err(|e| RpcError::Decode {
+        what: "replica_status_request",
+        reason: e.to_string(),
+    })?;
+    let answer = ReplicaStatusResponse {
+        copies: copy_status(&shared.data, &request.segments),
+    };
+    answer
+        .encode()
+        .map(|b| b.to_vec())
+        .map_err(|e| RpcError::Encode {
+            what: "replica_status_response",
+            reason: e.to_string(),
+        })
+}
+
+/// What asking one broker about its copies came to.
+#[derive(Debug)]
+enum Asked {
+    /// It answered: its copies by segment.
+    Answered(HashMap<u64, CopyStatus>),
+    /// It could not be reached, or did not answer in time.
+    Unreachable,
+    /// It answered without the figures (an older broker, or an error).
+    Unknown,
+}
+
+/// Fills in each segment's primary, committed end and copies: from the
+/// metadata for sealed segments, and, when `live`, by asking the copies'
+/// brokers for active ones (without `live`, an active segment's committed
+/// end is absent and its copies empty: nobody is asked). Never fails: what
+/// cannot be learned shows as such.
+pub(crate) async fn add_live_figures(
+    shared: &Arc<Shared>,
+    topic: &mut wire::TopicDescription,
+    live: bool,
+) {
+    // The active segments each broker holds a copy of.
+    let mut wanted: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for segment in topic.ranges.iter().flat_map(|r| &r.segments) {
+        if live && segment.state != "sealed" {
+            for &node in &segment.replicas {
+                wanted.entry(node).or_default().push(segment.id);
+            }
+        }
+    }
+    let asks = wanted
+        .into_iter()
+        .map(|(node, segments)| async move { (node, ask(shared, node, segments).await) });
+    let answers: HashMap<u64, Asked> = futures::future::join_all(asks).await.into_iter().collect();
+    for segment in topic.ranges.iter_mut().flat_map(|r| r.segments.iter_mut()) {
+        if live || segment.state == "sealed" {
+            fill(segment, &answers);
+        } else {
+            segment.primary = segment.replicas.first().copied();
+        }
+    }
+}
+
+/// One segment's figures from the answers.
+fn fill(segment: &mut wire::SegmentDescription, answers: &HashMap<u64, Asked>) {
+    segment.primary = segment.replicas.first().copied();
+    if segment.state == "sealed" {
+        segment.committed_end = segment.length;
+        segment.copies = segment
+            .replicas
+            .iter()
+            .map(|&node| wire::CopyDescription {
+                node,
+                status: "sealed".into(),
+                durable_end: None,
+            })
+            .collect();
+        return;
+    }
+    let status_of = |node: u64| -> Option<&CopyStatus> {
+        match answers.get(&node) {
+            Some(Asked::Answered(copies)) => copies.get(&segment.id),
+            _ => None,
+        }
+    };
+    segment.committed_end = segment
+        .primary
+        .and_then(status_of)
+        .filter(|s| s.open)
+        .and_then(|s| s.committed_end);
+    segment.copies = segment
+        .replicas
+        .iter()
+        .map(|&node| {
+            let (status, durable_end) = match answers.get(&node) {
+                Some(Asked::Answered(_)) => match status_of(node) {
+                    Some(s) if s.open && s.failed => ("failed", s.durable_end),
+                    Some(s) if s.open && s.fenced => ("fenced", s.durable_end),
+                    Some(s) if s.open => ("live", s.durable_end),
+                    Some(_) => ("not_open", None),
+                    None => ("unknown", None),
+                },
+                Some(Asked::Unreachable) => ("unreachable", None),
+                Some(Asked::Unknown) | None => ("unknown", None),
+            };
+            wire::CopyDescription {
+                node,
+                status: status.into(),
+                durable_end,
+            }
+        })
+        .collect();
+}
+
+/// Asks broker `node` about its copies of `segments` (itself without the
+/// network), in requests of at most `REPLICA_STATUS_SEGMENTS_MAX`.
+async fn ask(shared: &Arc<Shared>, node: u64, segments: Vec<u64>) -> Asked {
+    if node == shared.config.node_id {
+        return Asked::Answered(by_segment(copy_status(&shared.data, &segments)));
+    }
+    let Some(raft) = shared.raft.get() else {
+        // A lone broker reaches no other.
+        return Asked::Unreachable;
+    };
+    let chunks = segments.chunks(REPLICA_STATUS_SEGMENTS_MAX).map(|chunk| {
+        let transport = Arc::clone(&raft.transport);
+        let request = ReplicaStatusRequest {
+            segments: chunk.to_vec(),
+        };
+        async move {
+            let body = request.encode().map_err(|e| {
+                debug!(node, error = %e, "cannot encode a replica-status request");
+                Asked::Unknown
+            })?;
+            let answer = transport
+                .call_raw(
+                    node,
+                    REPLICA_STATUS_API_KEY,
+                    0,
+                    &body,
+                    REPLICA_STATUS_TIMEOUT_MS,
+                )
+                .await
+                .map_err(|e| {
+                    debug!(node, error = %e, "replica-status unanswered");
+                    match e {
+                        TransportError::Remote { .. } => Asked::Unknown,
+                        TransportError::Unreachable { .. } | TransportError::Network { .. } => {
+                            Asked::Unreachable
+                        }
+                    }
+                })?;
+            decode(node, &answer)
+        }
+    });
+    let mut copies = HashMap::new();
+    for answer in futures::future::join_all(chunks).await {
+        match answer {
+            Ok(answered) => copies.extend(answered),
+            Err(asked) => return asked,
+        }
+    }
+    Asked::Answered(copies)
+}
+
+fn decode(node: u64, answer: &Bytes) -> Result<HashMap<u64, CopyStatus>, Asked> {
+    ReplicaStatusResponse::decode(answer)
+        .map(|response| by_segment(response.copies))
+        .map_err(|e| {
+            debug!(node, error = %e, "undecodable replica-status answer");
+            Asked::Unknown
+        })
+}
+
+fn by_segment(copies: Vec<CopyStatus>) -> HashMap<u64, CopyStatus> {
+    copies.into_iter().map(|c| (c.segment, c)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(state: &str, replicas: Vec<u64>) -> wire::SegmentDescription {
+        wire::SegmentDescription {
+            id: 7,
+            replicas,
+            state: state.into(),
+            ..wire::SegmentDescription::default()
+        }
+    }
+
+    fn open(durable: u64, committed: u64) -> CopyStatus {
+        CopyStatus {
+            segment: 7,
+            open: true,
+            durable_end: Some(durable),
+            committed_end: Some(committed),
+            ..CopyStatus::default()
+        }
+    }
+
+    fn answered(status: CopyStatus) -> Asked {
+        Asked::Answered(by_segment(vec![status]))
+    }
+
+    fn shown(segment: &wire::SegmentDescription) -> Vec<(u64, String, Option<u64>)> {
+        segment
+            .copies
+            .iter()
+            .map(|c| (c.node, c.status.clone(), c.durable_end))
+            .collect()
+    }
+
+    #[test]
+    fn an_active_segment_shows_the_primarys_committed_end_and_each_copy() {
+        let mut s = segment("active", vec![2, 3, 1]);
+        let answers = HashMap::from([
+            (2, answered(open(10, 9))),
+            (3, answered(open(9, 7))),
+            (1, Asked::Unreachable),
+        ]);
+        fill(&mut s, &answers);
+        assert_eq!(s.primary, Some(2));
+        assert_eq!(s.committed_end, Some(9), "the primary's, not a follower's");
+        assert_eq!(
+            shown(&s),
+            vec![
+                (2, "live".into(), Some(10)),
+                (3, "live".into(), Some(9)),
+                (1, "unreachable".into(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unreachable_primary_leaves_the_committed_end_unknown() {
+        let mut s = segment("active", vec![1, 2, 3]);
+        let closed = CopyStatus {
+            segment: 7,
+            ..CopyStatus::default()
+        };
+        let answers = HashMap::from([
+            (1, Asked::Unreachable),
+            (2, answered(closed)),
+            (3, Asked::Unknown),
+        ]);
+        fill(&mut s, &answers);
+        assert_eq!(s.committed_end, None);
+        assert_eq!(
+            shown(&s),
+            vec![
+                (1, "unreachable".into(), None),
+                (2, "not_open".into(), None),
+                (3, "unknown".into(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sealed_segment_is_committed_to_its_length_and_not_asked() {
+        let mut s = segment("sealed", vec![1, 2, 3]);
+        s.length = Some(42);
+        fill(&mut s, &HashMap::new());
+        assert_eq!(s.primary, Some(1));
+        assert_eq!(s.committed_end, Some(42));
+        assert!(s.copies.iter().all(|c| c.status == "sealed"));
+        assert_eq!(s.copies.len(), 3);
+    }
+
+    #[test]
+    fn a_failed_or_fenced_copy_says_so() {
+        let mut s = segment("active", vec![1, 2]);
+        let failed = CopyStatus {
+            failed: true,
+            ..open(3, 3)
+        };
+        let fenced = CopyStatus {
+            fenced: true,
+            ..open(3, 3)
+        };
+        let answers = HashMap::from([(1, answered(failed)), (2, answered(fenced))]);
+        fill(&mut s, &answers);
+        assert_eq!(s.copies[0].status, "failed");
+        assert_eq!(s.copies[1].status, "fenced");
+    }
+}

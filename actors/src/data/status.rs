@@ -1,0 +1,135 @@
+//! What this broker says about the segment copies it holds (replica-status,
+//! api key 105, ADR 0098): each copy's durable end from the local store,
+//! and, for a segment it leads, the committed end from its quorum tracker.
+//!
+//! A pure read of the store's and the replication registry's state: it
+//! opens nothing (a copy not open since the broker started reports as not
+//! open rather than being recovered for a describe) and writes nothing.
+
+use malachi_cluster::model::SegmentId;
+use malachi_storage::SegmentStore;
+use malachi_wire::replica_status::CopyStatus;
+
+use super::storage::Storage;
+
+/// The status of this broker's copy of each of `segments`, in their order.
+pub(crate) fn copy_status(storage: &Storage, segments: &[u64]) -> Vec<CopyStatus> {
+    segments
+        .iter()
+        .map(|&segment| one(storage, segment))
+        .collect()
+}
+
+fn one(storage: &Storage, segment: u64) -> CopyStatus {
+    let Ok(info) = storage.store.info(malachi_storage::SegmentId(segment)) else {
+        return CopyStatus {
+            segment,
+            ..CopyStatus::default()
+        };
+    };
+    let led = storage
+        .replication
+        .led
+        .lock()
+        .get(&SegmentId(segment))
+        .map(|replicated| replicated.committed());
+    let committed_end = match (led, info.committed) {
+        // The primary's tracker: what a quorum holds.
+        (Some(committed), _) => Some(committed),
+        // A follower copy: the last committed end its primary sent.
+        (None, Some(committed)) => Some(committed),
+        // A copy nobody replicates: its durable records are committed.
+        (None, None) => Some(info.durable),
+    };
+    CopyStatus {
+        segment,
+        open: true,
+        durable_end: Some(info.durable),
+        durable_bytes: Some(info.byte_size),
+        committed_end,
+        leading: led.is_some(),
+        sealed: info.sealed.is_some(),
+        fenced: info.fenced,
+        failed: info.failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::sync::Arc;
+
+    use malachi_storage::{FileStore, Record, StoreConfig};
+
+    use super::*;
+    use crate::common::clock::SystemClock;
+    use crate::common::config::BrokerConfig;
+    use crate::common::metrics::BrokerMetrics;
+
+    fn storage(dir: &std::path::Path) -> Storage {
+        let store = Arc::new(FileStore::open_dir(dir, StoreConfig::default()).unwrap());
+        Storage::new(
+            BrokerConfig::default(),
+            store,
+            Arc::new(SystemClock),
+            Arc::new(BrokerMetrics::new()),
+        )
+    }
+
+    #[test]
+    fn an_open_copy_reports_its_ends_and_an_absent_one_reports_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = storage(dir.path());
+        let id = malachi_storage::SegmentId(7);
+        storage.store.open(id).unwrap();
+        let records = [Record::new(1, "k", "v"), Record::new(1, "k", "w")];
+        storage.store.append(id, &records).unwrap().wait().unwrap();
+        let status = copy_status(&storage, &[7, 8]);
+        assert_eq!(status.len(), 2);
+        let open = &status[0];
+        assert_eq!(open.segment, 7);
+        assert!(open.open);
+        assert_eq!(open.durable_end, Some(2));
+        assert!(open.durable_bytes.unwrap() > 0);
+        // Nobody replicates it: its durable records are committed.
+        assert_eq!(open.committed_end, Some(2));
+        assert!(!open.leading && !open.sealed && !open.fenced && !open.failed);
+        let absent = &status[1];
+        assert_eq!(absent.segment, 8);
+        assert!(!absent.open);
+        assert_eq!(absent.durable_end, None);
+        assert_eq!(absent.committed_end, None);
+    }
+
+    #[test]
+    fn a_led_segment_reports_the_trackers_committed_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = storage(dir.path());
+        let id = malachi_storage::SegmentId(3);
+        storage.store.open(id).unwrap();
+        let records = [Record::new(1, "a", "1"), Record::new(1, "b", "2")];
+        storage.store.append(id, &records).unwrap().wait().unwrap();
+        let replicated = Arc::new(super::super::replication::Replicated::new(
+            "t".into(),
+            SegmentId(3),
+            1,
+            vec![
+                malachi_cluster::model::NodeId(1),
+                malachi_cluster::model::NodeId(2),
+                malachi_cluster::model::NodeId(3),
+            ],
+            2,
+            0,
+        ));
+        storage
+            .replication
+            .led
+            .lock()
+            .insert(SegmentId(3), replicated);
+        let status = copy_status(&storage, &[3]);
+        assert!(status[0].leading);
+        assert_eq!(status[0].durable_end, Some(2));
+        // Only the primary's copy holds the records: nothing is committed.
+        assert_eq!(status[0].committed_end, Some(0));
+    }
+}

@@ -1,0 +1,218 @@
+//! Replica-status (api key 105): what a broker says about the copies of
+//! segments it holds, so that `topic describe`, answered by any broker,
+//! can show each copy's durable end and the primary's committed end.
+//!
+//! Like replica-append, these requests travel between brokers only, on the
+//! authenticated cluster port (ADR 0095), never on the client port. The
+//! request names segments; the answer is one entry per segment named, in
+//! the request's order, each from the answering broker's own store (and,
+//! for a segment it leads, its quorum tracker). Both are named rmp maps
+//! (ADR 0040): a later version may add optional fields. ADR 0098 records
+//! what `topic describe` does with the answers.
+
+use std::io::Cursor;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::WireError;
+use crate::limits::NESTING_DEPTH_MAX;
+
+/// `replica_status`: the copies a broker holds, as it sees them (ADR 0098).
+pub const REPLICA_STATUS_API_KEY: u16 = 105;
+
+/// Segments one replica-status request may name; a describe of more asks
+/// in several requests.
+pub const REPLICA_STATUS_SEGMENTS_MAX: usize = 4096;
+
+/// The segments to report on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ReplicaStatusRequest {
+    /// Segment ids (cluster-wide, from the metadata), at most
+    /// [`REPLICA_STATUS_SEGMENTS_MAX`].
+    pub segments: Vec<u64>,
+}
+
+/// One broker's copy of one segment, as that broker sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CopyStatus {
+    pub segment: u64,
+    /// Whether the broker has the copy open. A copy not opened since the
+    /// broker started (or one it does not hold) reports no ends.
+    pub open: bool,
+    /// Records durable (fsynced) on this copy.
+    #[serde(default)]
+    pub durable_end: Option<u64>,
+    /// Bytes of the log holding those records.
+    #[serde(default)]
+    pub durable_bytes: Option<u64>,
+    /// The committed end: for a segment this broker leads, its quorum
+    /// tracker's; for an unreplicated copy, its durable end; for a
+    /// follower copy, the last one the primary told it.
+    #[serde(default)]
+    pub committed_end: Option<u64>,
+    /// Whether this broker runs the segment's primary side (its writer).
+    #[serde(default)]
+    pub leading: bool,
+    #[serde(default)]
+    pub sealed: bool,
+    #[serde(default)]
+    pub fenced: bool,
+    /// The copy's disk failed; it takes no more appends.
+    #[serde(default)]
+    pub failed: bool,
+}
+
+/// The answer: one entry per segment of the request, in its order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ReplicaStatusResponse {
+    pub copies: Vec<CopyStatus>,
+}
+
+const REQUEST_NAME: &str = "replica_status_request";
+const RESPONSE_NAME: &str = "replica_status_response";
+
+fn check_segments(len: usize) -> Result<(), WireError> {
+    if len > REPLICA_STATUS_SEGMENTS_MAX {
+        return Err(WireError::OverLimit {
+            field: "segments",
+            actual: len,
+            limit: REPLICA_STATUS_SEGMENTS_MAX,
+        });
+    }
+    Ok(())
+}
+
+fn encode<T: Serialize>(value: &T, name: &'static str) -> Result<Bytes, WireError> {
+    rmp_serde::to_vec_named(value)
+        .map(Bytes::from)
+        .map_err(|source| WireError::Encode {
+            message: name,
+            source,
+        })
+}
+
+/// Decodes one whole map, refusing trailing bytes. The length of a list is
+/// checked after decoding; serde caps what it reserves for a declared
+/// length, so an absurd one fails as truncated rather than allocating.
+fn decode<T: DeserializeOwned>(payload: &[u8], name: &'static str) -> Result<T, WireError> {
+    let mut de = rmp_serde::Deserializer::new(Cursor::new(payload));
+    de.set_max_depth(NESTING_DEPTH_MAX);
+    let value = T::deserialize(&mut de).map_err(|source| WireError::Decode {
+        message: name,
+        source,
+    })?;
+    let used = usize::try_from(de.position())
+        .unwrap_or(payload.len())
+        .min(payload.len());
+    if used != payload.len() {
+        return Err(WireError::TrailingBytes {
+            message: name,
+            bytes: payload.len() - used,
+        });
+    }
+    Ok(value)
+}
+
+impl ReplicaStatusRequest {
+    pub fn encode(&self) -> Result<Bytes, WireError> {
+        check_segments(self.segments.len())?;
+        encode(self, REQUEST_NAME)
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<ReplicaStatusRequest, WireError> {
+        let request: ReplicaStatusRequest = decode(payload, REQUEST_NAME)?;
+        check_segments(request.segments.len())?;
+        Ok(request)
+    }
+}
+
+impl ReplicaStatusResponse {
+    pub fn encode(&self) -> Result<Bytes, WireError> {
+        check_segments(self.copies.len())?;
+        encode(self, RESPONSE_NAME)
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<ReplicaStatusResponse, WireError> {
+        let response: ReplicaStatusResponse = decode(payload, RESPONSE_NAME)?;
+        check_segments(response.copies.len())?;
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_request_and_a_response_round_trip() {
+        let request = ReplicaStatusRequest {
+            segments: vec![7, 9],
+        };
+        let bytes = request.encode().unwrap();
+        assert_eq!(ReplicaStatusRequest::decode(&bytes).unwrap(), request);
+        let response = ReplicaStatusResponse {
+            copies: vec![
+                CopyStatus {
+                    segment: 7,
+                    open: true,
+                    durable_end: Some(10),
+                    durable_bytes: Some(640),
+                    committed_end: Some(9),
+                    leading: true,
+                    ..CopyStatus::default()
+                },
+                CopyStatus {
+                    segment: 9,
+                    ..CopyStatus::default()
+                },
+            ],
+        };
+        let bytes = response.encode().unwrap();
+        assert_eq!(ReplicaStatusResponse::decode(&bytes).unwrap(), response);
+        let mut longer = bytes.to_vec();
+        longer.push(0);
+        assert!(ReplicaStatusResponse::decode(&longer).is_err());
+    }
+
+    #[test]
+    fn too_many_segments_are_refused_both_ways() {
+        let request = ReplicaStatusRequest {
+            segments: vec![1; REPLICA_STATUS_SEGMENTS_MAX + 1],
+        };
+        assert!(request.encode().is_err());
+        let bytes = rmp_serde::to_vec_named(&request).unwrap();
+        assert!(ReplicaStatusRequest::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn an_older_copy_entry_without_the_optional_fields_decodes() {
+        #[derive(Serialize)]
+        struct Older {
+            segment: u64,
+            open: bool,
+        }
+        #[derive(Serialize)]
+        struct OlderResponse {
+            copies: Vec<Older>,
+        }
+        let bytes = rmp_serde::to_vec_named(&OlderResponse {
+            copies: vec![Older {
+                segment: 3,
+                open: true,
+            }],
+        })
+        .unwrap();
+        let decoded = ReplicaStatusResponse::decode(&bytes).unwrap();
+        assert_eq!(decoded.copies[0].segment, 3);
+        assert_eq!(decoded.copies[0].durable_end, None);
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(ReplicaStatusRequest::decode(&[0xc1, 0xff, 0x00]).is_err());
+        assert!(ReplicaStatusResponse::decode(&[0x91, 0xdd, 0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+}
