@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use malachi_cluster::cursor::CursorKey;
 use malachi_cluster::membership::Membership;
+use malachi_cluster::model::CursorSecret;
 use malachi_storage::{FileStore, SegmentStore};
 use malachi_supervision::{
     Backoff, ChildKind, ChildSpec, Intensity, Strategy, Supervisor, SupervisorArgs, SupervisorRef,
@@ -30,7 +31,7 @@ use crate::fabric::node::{Fabric, NodeActor, NodeArgs, node_server_spec};
 use crate::maintenance;
 use crate::serve::listener::{AcceptorActor, AcceptorArgs};
 
-/// Bytes of OS randomness in a new cursor secret.
+/// Bytes of OS randomness in a cursor secret this broker proposes.
 const SECRET_BYTES: usize = 32;
 /// How long an ordered shutdown waits for SWIM to tell the others it leaves.
 const LEAVE_WAIT_MS: u64 = 500;
@@ -62,32 +63,23 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> BrokerError + '_ {
     }
 }
 
-/// Reads the cursor secret, or creates it from OS randomness at first start.
-/// This is the broker's only use of randomness.
-fn load_or_create_secret(path: &Path) -> Result<CursorKey, BrokerError> {
+/// The secret this broker proposes as the cluster's cursor key 0 at
+/// bootstrap (ADR 0096): the per-broker secret file of a broker that ran
+/// before cluster keys existed, so the cursors it minted stay valid, else
+/// fresh OS randomness (this is the broker's only use of randomness).
+/// Nothing is written: the cluster's keys live in the ring's group.
+fn bootstrap_cursor_secret(path: &Path) -> Result<CursorSecret, BrokerError> {
     let secret = match std::fs::read(path) {
-        Ok(bytes) => bytes,
+        Ok(bytes) => {
+            info!(path = %path.display(), "proposing the existing cursor secret as the cluster's key 0");
+            bytes
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut bytes = vec![0u8; SECRET_BYTES];
             getrandom::fill(&mut bytes).map_err(|e| BrokerError::Secret {
                 path: path.to_path_buf(),
                 reason: format!("no os randomness: {e}"),
             })?;
-            let tmp = path.with_extension("tmp");
-            {
-                use std::io::Write;
-                use std::os::unix::fs::OpenOptionsExt;
-                let mut file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(&tmp)
-                    .map_err(io_err(&tmp))?;
-                file.write_all(&bytes).map_err(io_err(&tmp))?;
-                file.sync_all().map_err(io_err(&tmp))?;
-            }
-            std::fs::rename(&tmp, path).map_err(io_err(path))?;
             bytes
         }
         Err(e) => return Err(io_err(path)(e)),
@@ -95,7 +87,8 @@ fn load_or_create_secret(path: &Path) -> Result<CursorKey, BrokerError> {
     CursorKey::new(&secret).map_err(|e| BrokerError::Secret {
         path: path.to_path_buf(),
         reason: e.to_string(),
-    })
+    })?;
+    Ok(CursorSecret::new(secret))
 }
 
 /// Where a data dir records the cluster settings its vnode groups were
@@ -390,7 +383,7 @@ impl Broker {
         }
         let data_dir = config.data_dir.clone();
         std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
-        let cursor_key = load_or_create_secret(&config.secret_path())?;
+        let cursor_bootstrap = bootstrap_cursor_secret(&config.secret_path())?;
         check_cluster_settings(&config)?;
         let store = Arc::new(FileStore::open_dir(
             data_dir.join("segments"),
@@ -442,7 +435,7 @@ impl Broker {
             config,
             store,
             clock,
-            cursor_key,
+            cursor_bootstrap,
             client_addr,
             admin_addr,
         ));
@@ -477,6 +470,31 @@ impl BrokerHandle {
     /// The address other brokers reach this broker's raft port on.
     pub fn raft_addr(&self) -> Option<SocketAddr> {
         self.shared.raft.get().map(|r| r.addr)
+    }
+
+    /// Rotates the cluster's cursor key (ADR 0096): key `current + 1`, with
+    /// a fresh secret from OS randomness, becomes the one cursors are
+    /// minted under; cursors under the older keys keep verifying. Another
+    /// broker learns the new key when a cursor first names it. Returns the
+    /// new key id; refused if another rotation came first.
+    pub async fn rotate_cursor_key(&self) -> Result<u32, BrokerError> {
+        let mut secret = vec![0u8; SECRET_BYTES];
+        getrandom::fill(&mut secret).map_err(|e| BrokerError::Secret {
+            path: self.shared.config.data_dir.clone(),
+            reason: format!("no os randomness: {e}"),
+        })?;
+        let plane = self.shared.plane()?;
+        self.shared
+            .cursor_keys
+            .rotate(
+                plane.as_ref(),
+                self.shared.clock.as_ref(),
+                CursorSecret::new(secret),
+            )
+            .await
+            .map_err(|e| BrokerError::CursorKeyRotation {
+                reason: e.to_string(),
+            })
     }
 
     /// The bound admin HTTP port.

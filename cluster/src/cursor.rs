@@ -1,9 +1,18 @@
 //! The opaque cursor a client carries between reads.
 //!
-//! Wire form: `base64url_nopad(version:u8 || body || tag:32)`. The body is the
-//! rmp-serde encoding of the topic name, its incarnation and, per range, the
-//! position reached. The tag is HMAC-SHA256 under the cluster's cursor secret
-//! over a domain label, the version byte and the body.
+//! Wire form (version 2): `base64url_nopad(version:u8 || key_id:u32be ||
+//! body || tag:32)`. The body is the rmp-serde encoding of the topic name,
+//! its incarnation and, per range, the position reached. The tag is
+//! HMAC-SHA256 under the cluster's cursor key `key_id` over a domain label,
+//! the version byte, the key id and the body. The keys live in the ring's
+//! group (`model::CursorKeyRing`, ADR 0096), so every broker of a cluster
+//! verifies the cursors any of them minted; an id the broker does not know
+//! is refused as `UnknownKey`.
+//!
+//! Version 1 (`version || body || tag`, no key id, ADR 0032) is still read:
+//! it is verified under key 0, which a broker upgraded from a per-broker
+//! secret proposes at bootstrap, so cursors minted before the upgrade stay
+//! valid on it.
 //!
 //! A cursor comes back from an untrusted client, so decoding is ordered to do
 //! as little as possible with bytes it has not authenticated: the length is
@@ -22,8 +31,14 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::fmt;
 
-/// The version byte this module writes and the only one it reads.
-pub const CURSOR_VERSION: u8 = 1;
+/// The version byte this module writes.
+pub const CURSOR_VERSION: u8 = 2;
+/// The version before key ids, still read and verified under key 0.
+pub const CURSOR_VERSION_V1: u8 = 1;
+/// The key id a version 1 cursor is verified under.
+pub const CURSOR_V1_KEY_ID: u32 = 0;
+/// The bytes of the key id after the version byte.
+pub const CURSOR_KEY_ID_BYTES: usize = 4;
 /// The most ranges one cursor may carry a position for.
 pub const CURSOR_POSITIONS_MAX: usize = 1024;
 /// The largest body, in bytes: room for the longest topic name and
@@ -33,7 +48,7 @@ pub const CURSOR_BODY_BYTES_MAX: usize = 40 * 1024;
 pub const CURSOR_TAG_BYTES: usize = 32;
 /// The longest encoded cursor, in bytes, checked before anything is decoded.
 pub const CURSOR_ENCODED_BYTES_MAX: usize =
-    (1 + CURSOR_BODY_BYTES_MAX + CURSOR_TAG_BYTES).div_ceil(3) * 4;
+    (1 + CURSOR_KEY_ID_BYTES + CURSOR_BODY_BYTES_MAX + CURSOR_TAG_BYTES).div_ceil(3) * 4;
 /// The shortest cursor secret, in bytes: HMAC-SHA256 is only as strong as its key.
 pub const CURSOR_SECRET_BYTES_MIN: usize = 16;
 /// The longest cursor secret, in bytes.
@@ -113,12 +128,68 @@ impl CursorKey {
         Ok(CursorKey { mac })
     }
 
-    fn mac_over(&self, version: u8, body: &[u8]) -> Hmac<Sha256> {
+    /// The MAC over a cursor's authenticated bytes: the domain label, then
+    /// `header` (the version byte, then the key id in version 2), then the body.
+    fn mac_over(&self, header: &[u8], body: &[u8]) -> Hmac<Sha256> {
         let mut mac = self.mac.clone();
         mac.update(DOMAIN);
-        mac.update(&[version]);
+        mac.update(header);
         mac.update(body);
         mac
+    }
+}
+
+/// The cursor keys a broker knows, by id, and the current one it mints
+/// under: the cluster's `CursorKeyRing` as HMAC keys.
+#[derive(Debug, Clone)]
+pub struct CursorKeys {
+    current: u32,
+    keys: std::collections::BTreeMap<u32, CursorKey>,
+}
+
+impl CursorKeys {
+    /// One key, current.
+    pub fn single(id: u32, key: CursorKey) -> CursorKeys {
+        CursorKeys {
+            current: id,
+            keys: std::collections::BTreeMap::from([(id, key)]),
+        }
+    }
+
+    /// The keys of the cluster's ring, the newest current; `None` for an
+    /// empty ring.
+    pub fn from_ring(
+        ring: &crate::model::CursorKeyRing,
+    ) -> Result<Option<CursorKeys>, CursorKeyError> {
+        let mut keys = std::collections::BTreeMap::new();
+        for entry in &ring.keys {
+            keys.insert(entry.id, CursorKey::new(entry.secret.as_bytes())?);
+        }
+        Ok(ring.current().map(|current| CursorKeys {
+            current: current.id,
+            keys,
+        }))
+    }
+
+    /// The id of the key new cursors are tagged under.
+    pub fn current_id(&self) -> u32 {
+        self.current
+    }
+
+    /// The key of id `id`, if known.
+    pub fn key(&self, id: u32) -> Option<&CursorKey> {
+        self.keys.get(&id)
+    }
+
+    /// Every known id, oldest first.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.keys.keys().copied()
+    }
+
+    fn current_key(&self) -> Result<&CursorKey, EncodeCursorError> {
+        self.keys
+            .get(&self.current)
+            .ok_or(EncodeCursorError::NoCurrentKey { id: self.current })
     }
 }
 
@@ -133,6 +204,11 @@ pub enum InvalidCursor {
     NotBase64,
     #[error("cursor version {found} is not supported")]
     BadVersion { found: u8 },
+    /// The cursor names a key this broker does not know: rotated out, or
+    /// minted by another cluster (or a newer key not learned yet: the
+    /// broker re-reads the keys once before refusing).
+    #[error("cursor key {key_id} is not known to this cluster")]
+    UnknownKey { key_id: u32 },
     #[error("cursor tag does not verify")]
     BadTag,
     #[error("cursor body is malformed")]
@@ -217,6 +293,8 @@ pub enum EncodeCursorError {
     TooLarge { bytes: usize, max: usize },
     #[error("cursor body does not serialize: {0}")]
     Serialize(String),
+    #[error("the current cursor key {id} is not among the keys")]
+    NoCurrentKey { id: u32 },
 }
 
 fn check_shape(body: &Body) -> Result<(), ShapeProblem> {
@@ -236,8 +314,9 @@ fn check_shape(body: &Body) -> Result<(), ShapeProblem> {
 }
 
 impl Cursor {
-    /// The opaque string a client carries.
-    pub fn encode(&self, key: &CursorKey) -> Result<String, EncodeCursorError> {
+    /// The opaque string a client carries, tagged under the current key.
+    pub fn encode(&self, keys: &CursorKeys) -> Result<String, EncodeCursorError> {
+        let key = keys.current_key()?;
         let body = Body {
             topic: self.topic.clone(),
             incarnation: self.incarnation,
@@ -252,12 +331,12 @@ impl Cursor {
                 max: CURSOR_BODY_BYTES_MAX,
             });
         }
-        let tag = key
-            .mac_over(CURSOR_VERSION, &body_bytes)
-            .finalize()
-            .into_bytes();
-        let mut raw = Vec::with_capacity(1 + body_bytes.len() + CURSOR_TAG_BYTES);
-        raw.push(CURSOR_VERSION);
+        let mut header = [0u8; 1 + CURSOR_KEY_ID_BYTES];
+        header[0] = CURSOR_VERSION;
+        header[1..].copy_from_slice(&keys.current_id().to_be_bytes());
+        let tag = key.mac_over(&header, &body_bytes).finalize().into_bytes();
+        let mut raw = Vec::with_capacity(header.len() + body_bytes.len() + CURSOR_TAG_BYTES);
+        raw.extend_from_slice(&header);
         raw.extend_from_slice(&body_bytes);
         raw.extend_from_slice(&tag);
         let encoded = URL_SAFE_NO_PAD.encode(&raw);
@@ -266,7 +345,7 @@ impl Cursor {
     }
 
     /// Decodes and authenticates a cursor, without consulting the metadata.
-    pub fn decode(encoded: &str, key: &CursorKey) -> Result<Cursor, InvalidCursor> {
+    pub fn decode(encoded: &str, keys: &CursorKeys) -> Result<Cursor, InvalidCursor> {
         if encoded.len() > CURSOR_ENCODED_BYTES_MAX {
             return Err(InvalidCursor::TooLong {
                 bytes: encoded.len(),
@@ -280,12 +359,25 @@ impl Cursor {
         if raw.len() < 1 + 1 + CURSOR_TAG_BYTES {
             return Err(InvalidCursor::TooShort);
         }
-        let (&version, rest) = raw.split_first().ok_or(InvalidCursor::TooShort)?;
-        if version != CURSOR_VERSION {
-            return Err(InvalidCursor::BadVersion { found: version });
-        }
+        let (&version, _) = raw.split_first().ok_or(InvalidCursor::TooShort)?;
+        let (header_len, key_id) = match version {
+            CURSOR_VERSION => {
+                if raw.len() < 1 + CURSOR_KEY_ID_BYTES + 1 + CURSOR_TAG_BYTES {
+                    return Err(InvalidCursor::TooShort);
+                }
+                let mut id = [0u8; CURSOR_KEY_ID_BYTES];
+                id.copy_from_slice(&raw[1..1 + CURSOR_KEY_ID_BYTES]);
+                (1 + CURSOR_KEY_ID_BYTES, u32::from_be_bytes(id))
+            }
+            CURSOR_VERSION_V1 => (1, CURSOR_V1_KEY_ID),
+            found => return Err(InvalidCursor::BadVersion { found }),
+        };
+        let key = keys
+            .key(key_id)
+            .ok_or(InvalidCursor::UnknownKey { key_id })?;
+        let (header, rest) = raw.split_at(header_len);
         let (body_bytes, tag) = rest.split_at(rest.len() - CURSOR_TAG_BYTES);
-        key.mac_over(version, body_bytes)
+        key.mac_over(header, body_bytes)
             .verify_slice(tag)
             .map_err(|_| InvalidCursor::BadTag)?;
 
@@ -308,10 +400,10 @@ impl Cursor {
     /// Decodes a cursor and checks it against the current metadata.
     pub fn decode_for(
         encoded: &str,
-        key: &CursorKey,
+        keys: &CursorKeys,
         state: &MetadataState,
     ) -> Result<Cursor, InvalidCursor> {
-        let cursor = Cursor::decode(encoded, key)?;
+        let cursor = Cursor::decode(encoded, keys)?;
         cursor.validate(state)?;
         Ok(cursor)
     }

@@ -5,20 +5,23 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac};
 use malachi_cluster::cursor::{
-    CURSOR_ENCODED_BYTES_MAX, CURSOR_POSITIONS_MAX, CURSOR_VERSION, Cursor, CursorKey,
-    CursorKeyError, EncodeCursorError, InvalidCursor, Position, ShapeProblem, StaleReason,
+    CURSOR_ENCODED_BYTES_MAX, CURSOR_POSITIONS_MAX, CURSOR_VERSION, CURSOR_VERSION_V1, Cursor,
+    CursorKey, CursorKeyError, CursorKeys, EncodeCursorError, InvalidCursor, Position,
+    ShapeProblem, StaleReason,
 };
 use malachi_cluster::model::{
     Command, MetadataState, NodeId, Outcome, RangeId, SealRecord, SegmentId,
 };
+use malachi_cluster::model::{CursorKeyRing, CursorSecret};
 use proptest::prelude::*;
 use sha2::Sha256;
 use std::collections::BTreeMap;
 
 const SECRET: &[u8] = b"a cluster secret of enough bytes";
 
-fn key() -> CursorKey {
-    CursorKey::new(SECRET).unwrap()
+/// The keys of a cluster whose only key, id 0, is `SECRET`.
+fn key() -> CursorKeys {
+    CursorKeys::single(0, CursorKey::new(SECRET).unwrap())
 }
 
 fn cursor(topic: &str, incarnation: u64, positions: &[(u64, Position)]) -> Cursor {
@@ -47,16 +50,26 @@ fn sample() -> Cursor {
 }
 
 /// Builds a correctly tagged cursor around an arbitrary body, as a holder of
-/// the secret could: this pins the wire format and reaches the checks behind the tag.
-fn tagged(version: u8, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(SECRET).unwrap();
+/// `secret` could: this pins the wire format and reaches the checks behind
+/// the tag. Version 2 carries `key_id`; version 1 carries none.
+fn tagged_under(secret: &[u8], version: u8, key_id: u32, body: &[u8]) -> String {
+    let mut header = vec![version];
+    if version != CURSOR_VERSION_V1 {
+        header.extend_from_slice(&key_id.to_be_bytes());
+    }
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).unwrap();
     mac.update(b"malachi-cursor\0");
-    mac.update(&[version]);
+    mac.update(&header);
     mac.update(body);
-    let mut raw = vec![version];
+    let mut raw = header;
     raw.extend_from_slice(body);
     raw.extend_from_slice(&mac.finalize().into_bytes());
     URL_SAFE_NO_PAD.encode(raw)
+}
+
+/// `tagged_under` with `SECRET` as key 0.
+fn tagged(version: u8, body: &[u8]) -> String {
+    tagged_under(SECRET, version, 0, body)
 }
 
 #[test]
@@ -66,12 +79,107 @@ fn a_cursor_round_trips() {
 }
 
 #[test]
-fn the_wire_form_is_version_body_and_tag() {
+fn the_wire_form_is_version_key_id_body_and_tag() {
     let encoded = sample().encode(&key()).unwrap();
     let raw = URL_SAFE_NO_PAD.decode(&encoded).unwrap();
     assert_eq!(raw[0], CURSOR_VERSION);
-    let body = &raw[1..raw.len() - 32];
+    assert_eq!(raw[1..5], 0u32.to_be_bytes(), "the key id, big-endian");
+    let body = &raw[5..raw.len() - 32];
     assert_eq!(tagged(CURSOR_VERSION, body), encoded);
+}
+
+/// The bytes of a cursor, split into its parts, for the snapshot.
+fn layout(encoded: &str) -> String {
+    let raw = URL_SAFE_NO_PAD.decode(encoded).unwrap();
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "encoded: {encoded}\nversion: {}\nkey_id:  {}\nbody:    {}\ntag:     {}\n",
+        hex(&raw[..1]),
+        hex(&raw[1..5]),
+        hex(&raw[5..raw.len() - 32]),
+        hex(&raw[raw.len() - 32..]),
+    )
+}
+
+#[test]
+fn the_wire_form_is_frozen() {
+    let keys = CursorKeys::single(7, CursorKey::new(SECRET).unwrap());
+    insta::assert_snapshot!("cursor_v2", layout(&sample().encode(&keys).unwrap()));
+}
+
+#[test]
+fn a_version_1_cursor_from_before_key_ids_verifies_under_key_0() {
+    let body = rmp_serde::to_vec(&("orders", 3u64, vec![(0u64, Position::Start)])).unwrap();
+    let legacy = tagged(CURSOR_VERSION_V1, &body);
+    let expected = cursor("orders", 3, &[(0, Position::Start)]);
+    assert_eq!(Cursor::decode(&legacy, &key()), Ok(expected.clone()));
+    // After a rotation, key 0 still verifies it.
+    let rotated = ring(&[(0, SECRET), (1, b"the rotated secret of 32 bytes!!")]);
+    assert_eq!(Cursor::decode(&legacy, &rotated), Ok(expected));
+    // A cluster whose keys lack id 0 cannot verify it.
+    let other = CursorKeys::single(1, CursorKey::new(SECRET).unwrap());
+    assert_eq!(
+        Cursor::decode(&legacy, &other),
+        Err(InvalidCursor::UnknownKey { key_id: 0 })
+    );
+}
+
+/// Cursor keys as a broker builds them from the ring group's record.
+fn ring(keys: &[(u32, &[u8])]) -> CursorKeys {
+    let ring = CursorKeyRing {
+        keys: keys
+            .iter()
+            .map(|(id, secret)| malachi_cluster::model::CursorKeyEntry {
+                id: *id,
+                secret: CursorSecret::new(secret.to_vec()),
+                created_at_ms: 0,
+            })
+            .collect(),
+    };
+    CursorKeys::from_ring(&ring).unwrap().unwrap()
+}
+
+#[test]
+fn a_cursor_minted_before_a_rotation_still_verifies_and_new_ones_carry_the_new_id() {
+    let before = ring(&[(0, SECRET)]);
+    let after = ring(&[(0, SECRET), (1, b"the rotated secret of 32 bytes!!")]);
+    assert_eq!(after.current_id(), 1);
+    let old = sample().encode(&before).unwrap();
+    assert_eq!(Cursor::decode(&old, &after), Ok(sample()));
+    let new = sample().encode(&after).unwrap();
+    assert_eq!(
+        URL_SAFE_NO_PAD.decode(&new).unwrap()[1..5],
+        1u32.to_be_bytes()
+    );
+    assert_eq!(Cursor::decode(&new, &after), Ok(sample()));
+    // A broker that has not learned key 1 refuses it as unknown, not forged.
+    assert_eq!(
+        Cursor::decode(&new, &before),
+        Err(InvalidCursor::UnknownKey { key_id: 1 })
+    );
+}
+
+#[test]
+fn a_cursor_relabelled_with_another_key_id_is_refused() {
+    let keys = ring(&[(0, SECRET), (1, b"the rotated secret of 32 bytes!!")]);
+    let mut raw = URL_SAFE_NO_PAD
+        .decode(sample().encode(&keys).unwrap())
+        .unwrap();
+    raw[1..5].copy_from_slice(&0u32.to_be_bytes());
+    assert_eq!(
+        Cursor::decode(&URL_SAFE_NO_PAD.encode(raw), &keys),
+        Err(InvalidCursor::BadTag)
+    );
+}
+
+#[test]
+fn an_unknown_key_id_is_a_typed_refusal() {
+    let body = rmp_serde::to_vec(&("orders", 3u64, vec![(0u64, Position::Start)])).unwrap();
+    let minted = tagged_under(SECRET, CURSOR_VERSION, 42, &body);
+    assert_eq!(
+        Cursor::decode(&minted, &key()),
+        Err(InvalidCursor::UnknownKey { key_id: 42 })
+    );
 }
 
 #[test]
@@ -115,7 +223,10 @@ fn a_truncated_cursor_is_refused() {
 
 #[test]
 fn a_cursor_under_another_secret_is_refused_as_a_bad_tag() {
-    let other = CursorKey::new(b"another secret of enough bytes!!").unwrap();
+    let other = CursorKeys::single(
+        0,
+        CursorKey::new(b"another secret of enough bytes!!").unwrap(),
+    );
     let encoded = sample().encode(&other).unwrap();
     assert_eq!(Cursor::decode(&encoded, &key()), Err(InvalidCursor::BadTag));
 }
@@ -124,10 +235,10 @@ fn a_cursor_under_another_secret_is_refused_as_a_bad_tag() {
 fn an_unknown_version_is_refused() {
     let encoded = sample().encode(&key()).unwrap();
     let mut raw = URL_SAFE_NO_PAD.decode(&encoded).unwrap();
-    raw[0] = 2;
+    raw[0] = 3;
     assert_eq!(
         Cursor::decode(&URL_SAFE_NO_PAD.encode(raw), &key()),
-        Err(InvalidCursor::BadVersion { found: 2 })
+        Err(InvalidCursor::BadVersion { found: 3 })
     );
 }
 
@@ -230,6 +341,7 @@ fn a_short_secret_is_refused() {
 #[test]
 fn a_key_does_not_print_its_secret() {
     assert!(!format!("{:?}", key()).contains("secret"));
+    assert!(!format!("{:?}", CursorKey::new(SECRET).unwrap()).contains("secret"));
 }
 
 // ---------------------------------------------------------------- staleness

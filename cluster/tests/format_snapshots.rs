@@ -16,7 +16,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::group::{GroupConfig, MetadataGroup};
-use malachi_cluster::model::{Command, MetadataState, NodeId, Outcome, SealRecord};
+use malachi_cluster::model::{Command, CursorSecret, MetadataState, NodeId, Outcome, SealRecord};
 use malachi_cluster::ring::{Ring, VnodeId};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -308,6 +308,39 @@ fn the_metadata_state_snapshot_encodes_to_its_frozen_bytes() {
     let state = sample_state();
     let bytes = state.snapshot().unwrap();
     insta::assert_snapshot!("metadata_state", frozen(hex(&bytes), versioned(&bytes)));
+    assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
+}
+
+/// The ring group's state once it holds cursor keys (ADR 0096): the keys
+/// are the last field, absent (not even a nil) from states without them,
+/// so the `metadata_state` snapshot above did not change with them.
+#[test]
+fn the_ring_groups_cursor_keys_encode_to_their_frozen_bytes() {
+    let mut state = MetadataState::default();
+    state.apply(Command::InitRing { vnodes: 2 }).unwrap();
+    for (command, fill) in [(None, 0x11u8), (Some(0u32), 0x22)] {
+        let secret = CursorSecret::new(vec![fill; 16]);
+        let applied = match command {
+            None => state.apply(Command::CreateCursorKey {
+                secret,
+                at_ms: 1_700_000_000_000,
+            }),
+            Some(after) => state.apply(Command::RotateCursorKey {
+                after,
+                secret,
+                at_ms: 1_700_000_100_000,
+            }),
+        };
+        assert!(
+            matches!(applied, Ok(Outcome::CursorKeyCurrent { .. })),
+            "{applied:?}"
+        );
+    }
+    let bytes = state.snapshot().unwrap();
+    insta::assert_snapshot!(
+        "metadata_state_cursor_keys",
+        frozen(hex(&bytes), versioned(&bytes))
+    );
     assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
 }
 

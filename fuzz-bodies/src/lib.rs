@@ -11,7 +11,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // a failed assertion is the finding
 
 use bytes::{Bytes, BytesMut};
-use malachi_cluster::cursor::{Cursor, CursorKey};
+use malachi_cluster::cursor::{Cursor, CursorKey, CursorKeys};
 use malachi_cluster::group::untrusted;
 use malachi_cluster::membership::{NodeIdentity, RoutingHint};
 use malachi_cluster::model::MetadataState;
@@ -84,7 +84,10 @@ pub fn storage_seal(data: &[u8]) {
 /// same bytes as a body signed under the key, so the fuzzer reaches the
 /// deserializer behind the tag.
 pub fn cursor(data: &[u8]) {
-    let key = CursorKey::new(CURSOR_SECRET).expect("a 32-byte secret is valid");
+    let key = CursorKeys::single(
+        0,
+        CursorKey::new(CURSOR_SECRET).expect("a 32-byte secret is valid"),
+    );
     let check = |encoded: &str| {
         if let Ok(cursor) = Cursor::decode(encoded, &key) {
             let again = cursor.encode(&key).expect("a decoded cursor re-encodes");

@@ -7,7 +7,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{Bytes, BytesMut};
 use hmac::{Hmac, Mac};
-use malachi_cluster::cursor::{CURSOR_VERSION, Cursor, CursorKey, Position};
+use malachi_cluster::cursor::{CURSOR_VERSION, Cursor, CursorKey, CursorKeys, Position};
 use malachi_cluster::group::untrusted;
 use malachi_cluster::membership::{NodeIdentity, RoutingHint, VnodeLeader};
 use malachi_cluster::model::{MetadataState, RangeId, SegmentId};
@@ -25,14 +25,17 @@ use tokio_util::codec::Encoder;
 /// under it so the fuzzer reaches the deserializer behind the tag.
 const CURSOR_DOMAIN: &[u8] = b"malachi-cursor\0";
 
-/// `body` as a cursor string: version, body, then the tag the product's key
-/// computes, so `Cursor::decode` authenticates it and deserializes `body`.
+/// `body` as a cursor string: version, key id 0, body, then the tag the
+/// product's key 0 computes, so `Cursor::decode` authenticates it and
+/// deserializes `body`.
 pub fn sign_cursor_body(body: &[u8]) -> String {
     let mut raw = vec![CURSOR_VERSION];
+    raw.extend_from_slice(&0u32.to_be_bytes());
+    let header = raw.clone();
     raw.extend_from_slice(body);
     if let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(CURSOR_SECRET) {
         mac.update(CURSOR_DOMAIN);
-        mac.update(&[CURSOR_VERSION]);
+        mac.update(&header);
         mac.update(body);
         raw.extend_from_slice(&mac.finalize().into_bytes());
     }
@@ -76,6 +79,7 @@ pub fn cursor_body() -> Vec<u8> {
     let Ok(key) = CursorKey::new(CURSOR_SECRET) else {
         return Vec::new();
     };
+    let key = CursorKeys::single(0, key);
     let cursor = Cursor {
         topic: "orders".to_owned(),
         incarnation: 2,
@@ -96,8 +100,8 @@ pub fn cursor_body() -> Vec<u8> {
         return Vec::new();
     };
     let raw = URL_SAFE_NO_PAD.decode(encoded).unwrap_or_default();
-    // Version byte first, 32-byte tag last.
-    raw.get(1..raw.len().saturating_sub(32))
+    // Version byte and key id first, 32-byte tag last.
+    raw.get(5..raw.len().saturating_sub(32))
         .map(<[u8]>::to_vec)
         .unwrap_or_default()
 }

@@ -136,7 +136,10 @@ fn every_sample_decodes() {
     assert!(
         malachi_cluster::membership::RoutingHint::decode(&samples::membership_routing()).is_ok()
     );
-    let key = malachi_cluster::cursor::CursorKey::new(bodies::CURSOR_SECRET).unwrap();
+    let key = malachi_cluster::cursor::CursorKeys::single(
+        0,
+        malachi_cluster::cursor::CursorKey::new(bodies::CURSOR_SECRET).unwrap(),
+    );
     malachi_cluster::cursor::Cursor::decode(
         &samples::sign_cursor_body(&samples::cursor_body()),
         &key,

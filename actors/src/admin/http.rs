@@ -361,7 +361,7 @@ mod tests {
     use super::*;
     use crate::common::clock::SystemClock;
     use crate::common::config::BrokerConfig;
-    use malachi_cluster::cursor::CursorKey;
+    use malachi_cluster::model::CursorSecret;
     use malachi_storage::FileStore;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -386,7 +386,7 @@ mod tests {
             config,
             Arc::new(store),
             Arc::new(SystemClock),
-            CursorKey::new(&[7u8; 32]).unwrap(),
+            CursorSecret::new(vec![7u8; 32]),
             addr,
             addr,
         ));

@@ -208,7 +208,8 @@ pub struct BrokerConfig {
     /// An admin connection that writes nothing for this long while it waits
     /// on its client (no complete request head, an idle keep-alive) is closed.
     pub admin_read_timeout_ms: u64,
-    /// Holds `segments/`, `metadata/` and `cluster.secret`.
+    /// Holds `segments/` and `metadata/` (and, from before ADR 0096, a
+    /// `cluster.secret` the first start proposes as the cluster's cursor key).
     pub data_dir: PathBuf,
     /// A segment rolls once it holds this many durable bytes.
     pub segment_bytes_max: u64,
@@ -278,7 +279,9 @@ pub struct BrokerConfig {
     pub placement_attribute: String,
     /// How long an ordered shutdown may take before the tree is stopped anyway.
     pub shutdown_timeout_ms: u64,
-    /// Where the cursor HMAC secret lives; `data_dir/cluster.secret` if unset.
+    /// A cursor HMAC secret from before cluster-wide keys (ADR 0096): read,
+    /// if it exists, and proposed as the cluster's cursor key 0 at
+    /// bootstrap; never written. `data_dir/cluster.secret` if unset.
     pub cursor_secret_file: Option<PathBuf>,
     /// Which metadata plane to run.
     pub metadata_backend: MetadataBackend,
@@ -635,7 +638,7 @@ impl BrokerConfig {
         self.data_dir.join("membership.incarnation")
     }
 
-    /// Where the cursor secret is kept.
+    /// Where a pre-ADR 0096 cursor secret would be.
     pub fn secret_path(&self) -> PathBuf {
         self.cursor_secret_file
             .clone()

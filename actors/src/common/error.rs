@@ -12,6 +12,9 @@ use malachi_cluster::vnodes::RouteError;
 pub enum BrokerError {
     #[error("invalid configuration: {reason}")]
     Config { reason: String },
+    /// The cluster's cursor key could not be rotated (ADR 0096).
+    #[error("the cursor key was not rotated: {reason}")]
+    CursorKeyRotation { reason: String },
     #[error("cannot bind {what} on {addr}: {source}")]
     Bind {
         what: &'static str,

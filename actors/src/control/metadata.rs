@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
 use malachi_cluster::group::{GroupConfig, MetadataGroup};
-use malachi_cluster::model::{Command, MetadataState, ModelError, Outcome, TopicDescription};
+use malachi_cluster::model::{
+    Command, CursorKeyRing, MetadataState, ModelError, Outcome, TopicDescription,
+};
 use malachi_cluster::ring::VnodeId;
 use malachi_cluster::vnodes::VnodeHost;
 use malachi_cluster::vnodes::broker_api::{TopicSummary, summarize};
@@ -55,6 +57,18 @@ pub trait MetadataPlane: Send + Sync + std::fmt::Debug {
     fn host(&self) -> Option<&Arc<VnodeHost>> {
         None
     }
+    /// The cluster's cursor keys, from the group that holds them (the
+    /// ring's group on a vnode plane, read at its leader); `None` until
+    /// created (ADR 0096).
+    async fn cursor_keys(&self) -> Result<Option<CursorKeyRing>, MetadataError>;
+    /// The cursor keys in this broker's own replica of the group that holds
+    /// them, without a quorum: committed keys, possibly not the newest
+    /// (keys are only ever added, so these still verify what they did).
+    /// `None` when this broker holds no replica or it has no keys yet.
+    fn cursor_keys_local(&self) -> Option<CursorKeyRing>;
+    /// Applies a cursor key command (`CreateCursorKey`, `RotateCursorKey`)
+    /// in the group that holds the keys.
+    async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError>;
     /// Bumped after every command applied on any local replica.
     fn subscribe(&self) -> watch::Receiver<u64>;
     /// Stops the plane; later proposals fail with `Shutdown`.
@@ -212,6 +226,20 @@ impl MetadataPlane for VnodePlane {
         Some(&self.host)
     }
 
+    async fn cursor_keys(&self) -> Result<Option<CursorKeyRing>, MetadataError> {
+        Ok(self.host.cursor_keys().await?)
+    }
+
+    fn cursor_keys_local(&self) -> Option<CursorKeyRing> {
+        self.host
+            .ring_group()
+            .and_then(|group| group.read_local(|s| s.cursor_keys().cloned()))
+    }
+
+    async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError> {
+        Ok(self.host.propose_ring(cmd).await?)
+    }
+
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
     }
@@ -327,6 +355,18 @@ impl MetadataPlane for FilePlane {
         Ok(summarize(&self.state.read()))
     }
 
+    async fn cursor_keys(&self) -> Result<Option<CursorKeyRing>, MetadataError> {
+        Ok(self.state.read().cursor_keys().cloned())
+    }
+
+    fn cursor_keys_local(&self) -> Option<CursorKeyRing> {
+        self.state.read().cursor_keys().cloned()
+    }
+
+    async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError> {
+        self.propose(cmd).await
+    }
+
     fn vnode_of(&self, _topic: &str) -> VnodeId {
         VnodeId(0)
     }
@@ -388,6 +428,18 @@ impl MetadataPlane for RaftPlane {
 
     async fn list(&self) -> Result<Vec<TopicSummary>, MetadataError> {
         Ok(self.group.read(summarize).await?)
+    }
+
+    async fn cursor_keys(&self) -> Result<Option<CursorKeyRing>, MetadataError> {
+        Ok(self.group.read(|s| s.cursor_keys().cloned()).await?)
+    }
+
+    fn cursor_keys_local(&self) -> Option<CursorKeyRing> {
+        self.group.read_local(|s| s.cursor_keys().cloned())
+    }
+
+    async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError> {
+        self.propose(cmd).await
     }
 
     fn vnode_of(&self, _topic: &str) -> VnodeId {

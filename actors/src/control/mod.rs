@@ -6,13 +6,15 @@
 //! actor (`coordinator/<vnode>`) per vnode led here, each holding its
 //! vnode's lease (`lease.rs`) for its timed work. `requests.rs` is what
 //! they are asked; `placement.rs` says which broker serves a topic's
-//! records. `shared.rs` is the broker context the layers above use.
+//! records. `cursor_keys.rs` learns the cluster's cursor keys (ADR 0096).
+//! `shared.rs` is the broker context the layers above use.
 //!
 //! Architecture invariant: `control` names `common`, `data` and `fabric`,
 //! never `serve`, `admin` or `broker`. It starts segment actors and gives
 //! each a `Roller` back to the coordinator, so `data` never names it.
 
 pub(crate) mod coordinator;
+pub(crate) mod cursor_keys;
 pub(crate) mod lease;
 pub(crate) mod manager;
 pub(crate) mod metadata;

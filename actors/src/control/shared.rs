@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use malachi_cluster::cursor::CursorKey;
 use malachi_cluster::group::{TcpTransport, TransportServer};
 use malachi_cluster::model::SegmentId;
 use malachi_cluster::ring::VnodeId;
@@ -25,6 +24,7 @@ use ractor::ActorRef;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::cursor_keys::CursorKeyState;
 use super::metadata::MetadataPlane;
 use super::requests::CoordinatorMsg;
 use crate::common::SupervisorSlot;
@@ -58,7 +58,8 @@ pub(crate) struct Shared {
     /// The same store as `data.store`.
     pub store: Arc<FileStore>,
     pub clock: Arc<dyn Clock>,
-    pub cursor_key: CursorKey,
+    /// The cluster's cursor keys once learned (ADR 0096).
+    pub cursor_keys: CursorKeyState,
     pub metrics: Arc<BrokerMetrics>,
     /// The data plane: segment actors, their supervisor, long-poll notifiers.
     pub data: Arc<Storage>,
@@ -100,7 +101,7 @@ impl Shared {
         config: BrokerConfig,
         store: Arc<FileStore>,
         clock: Arc<dyn Clock>,
-        cursor_key: CursorKey,
+        cursor_bootstrap: malachi_cluster::model::CursorSecret,
         client_addr: SocketAddr,
         admin_addr: SocketAddr,
     ) -> Shared {
@@ -125,7 +126,7 @@ impl Shared {
             config,
             store,
             clock,
-            cursor_key,
+            cursor_keys: CursorKeyState::new(cursor_bootstrap),
             metrics,
             data,
             client_addr,

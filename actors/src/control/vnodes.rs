@@ -11,7 +11,8 @@
 //! `rest_for_one` restarts the coordinator manager after it too.
 //!
 //! With `metadata_backend = "file"` (a lone broker only) it opens a
-//! `FilePlane` instead and serves no raft.
+//! `FilePlane` instead and serves no raft. With either plane it then
+//! starts learning the cluster's cursor keys (`cursor_keys.rs`, ADR 0096).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +43,8 @@ pub(crate) struct VnodesState {
     plane: Arc<dyn MetadataPlane>,
     server: Option<Arc<TransportServer>>,
     peers: Option<JoinHandle<()>>,
+    /// Learns the cluster's cursor keys (ADR 0096); done once they are known.
+    keys: JoinHandle<()>,
 }
 
 /// What the raft port serves: the host's raft and forwarding keys, plus
@@ -77,6 +80,10 @@ impl RpcService for BrokerRpc {
         self.host.serve(api_key, group_id, body).await
     }
 }
+
+/// How long a lone broker's start waits for its cursor keys before it
+/// leaves them to the background learner.
+const LONE_KEYS_WAIT_MS: u64 = 10_000;
 
 /// How often a broker that heard of a newer ring than it holds asks for it
 /// again while the first fetch has not brought it (a ring group without a
@@ -250,6 +257,13 @@ impl Actor for VnodesActor {
             }
         };
         *shared.plane.write() = Some(Arc::clone(&plane));
+        if config.cluster_nodes().len() == 1 {
+            // A lone broker is its own quorum: it learns (or creates) the
+            // keys here, so it is ready only once it can serve cursors.
+            crate::control::cursor_keys::learn_within(&shared, plane.as_ref(), LONE_KEYS_WAIT_MS)
+                .await;
+        }
+        let keys = crate::control::cursor_keys::spawn_learner(&shared, Arc::clone(&plane));
         info!(
             dir = %dir.display(),
             nodes = ?config.cluster_nodes(),
@@ -261,6 +275,7 @@ impl Actor for VnodesActor {
             plane,
             server,
             peers,
+            keys,
         })
     }
 
@@ -273,6 +288,7 @@ impl Actor for VnodesActor {
         if let Some(peers) = state.peers.take() {
             peers.abort();
         }
+        state.keys.abort();
         if let Some(server) = state.server.take() {
             server.shutdown().await;
             if let Some(raft) = state.shared.raft.get() {

@@ -1,7 +1,8 @@
 //! One request from decode to answer: the placement check (records, and the
 //! splits and merges that freeze their segments, are served by the broker
 //! hosting the topic's segments, any other answers `not_leader` with its
-//! address), then the handler of the request's api family. A new client
+//! address, after verifying a fetch's or subscribe's cursor), then the
+//! handler of the request's api family. A new client
 //! operation is one arm here and one function in its family's module.
 
 use std::sync::Arc;
@@ -30,9 +31,13 @@ pub(crate) async fn handle_frame(
     let request = match request {
         Request::Subscribe(req) => {
             if let Err(redirect) = serve_here(shared, &req.topic, Serve::Read).await {
+                if let Some(refusal) = forged_cursor(shared, req.cursor.as_deref()).await {
+                    return Some(refusal_frame(correlation_id, &refusal));
+                }
                 return Some(redirect_reply(redirect, correlation_id));
             }
             return subscribe(shared, ctx, correlation_id, req)
+                .await
                 .err()
                 .map(|refusal| refusal_frame(correlation_id, &refusal));
         }
@@ -56,6 +61,13 @@ pub(crate) async fn handle_frame(
     if let Some((topic, serve)) = served
         && let Err(redirect) = serve_here(shared, topic, serve).await
     {
+        let cursor = match &request {
+            Request::Fetch(req) => req.cursor.as_deref(),
+            _ => None,
+        };
+        if let Some(refusal) = forged_cursor(shared, cursor).await {
+            return Some(refusal_frame(correlation_id, &refusal));
+        }
         return Some(redirect_reply(redirect, correlation_id));
     }
     let name = request.api_key().name();
@@ -64,6 +76,19 @@ pub(crate) async fn handle_frame(
         name,
         handle_request(shared, request).await,
     ))
+}
+
+/// Before a fetch or subscribe is redirected, its cursor is verified here
+/// under the cluster's keys (ADR 0096): a cursor no broker of the cluster
+/// would accept is refused by the first broker it reaches, and a genuine
+/// one is known good before the client is sent on. A broker that has not
+/// learned the keys yet redirects without verifying.
+async fn forged_cursor(shared: &Shared, cursor: Option<&str>) -> Option<ServeError> {
+    let cursor = cursor?;
+    match super::cursors::verify(shared, cursor).await {
+        Err(ServeError::CursorKeyPending) | Ok(_) => None,
+        Err(refused) => Some(refused),
+    }
 }
 
 fn encode_answer(

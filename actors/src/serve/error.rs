@@ -116,6 +116,11 @@ pub(crate) enum ServeError {
     InvalidCursor { reason: String },
     #[error("the cursor belongs to topic {cursor_topic}")]
     CursorOfOtherTopic { cursor_topic: String },
+    /// This broker has not learned the cluster's cursor keys yet (the ring
+    /// group has not committed one, or did not answer): it neither mints
+    /// nor verifies a cursor until it has (ADR 0096).
+    #[error("this broker has not learned the cluster's cursor key yet; retry")]
+    CursorKeyPending,
     #[error("a subscription with correlation id {id} is already open")]
     SubscriptionOpen { id: u32 },
     #[error("at most {subscriptions_max} subscriptions per connection")]
@@ -233,7 +238,7 @@ impl ServeError {
                 ErrorCode::Busy
             }
             ServeError::SubscriptionNotFound { .. } => ErrorCode::SubscriptionNotFound,
-            ServeError::ReplicaQuorum { .. } => ErrorCode::NoQuorum,
+            ServeError::ReplicaQuorum { .. } | ServeError::CursorKeyPending => ErrorCode::NoQuorum,
             ServeError::VnodeNotFound { .. } => ErrorCode::VnodeNotFound,
             ServeError::OtherSplitInProgress { .. } => ErrorCode::SplitInProgress,
             ServeError::ProduceTimeout { .. } | ServeError::CoordinatorSilent { .. } => {

@@ -32,7 +32,12 @@ pub(crate) async fn fetch(
     let wait_ms = u64::from(req.wait_ms).min(shared.config.fetch_wait_ms_max);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let topic = req.topic.clone();
-    let (incarnation, start) = start_positions(shared, plane.as_ref(), &req)?;
+    let keys = super::cursors::keys(shared)?;
+    let verified = match &req.cursor {
+        Some(encoded) => Some(super::cursors::verify(shared, encoded).await?),
+        None => None,
+    };
+    let (incarnation, start) = start_positions(shared, plane.as_ref(), &req, verified)?;
     // Subscribed only for a topic that exists (the map must not grow with
     // names clients make up), and before the first read, so a record made
     // durable between that read and the wait still wakes it.
@@ -87,13 +92,10 @@ pub(crate) async fn fetch(
                 incarnation,
                 positions,
             };
-            let next_cursor =
-                cursor
-                    .encode(&shared.cursor_key)
-                    .map_err(|e| ServeError::Internal {
-                        what: "encode a cursor",
-                        reason: e.to_string(),
-                    })?;
+            let next_cursor = cursor.encode(&keys).map_err(|e| ServeError::Internal {
+                what: "encode a cursor",
+                reason: e.to_string(),
+            })?;
             return Ok(wire::FetchResponse {
                 next_cursor,
                 records: batch,
@@ -109,12 +111,14 @@ pub(crate) async fn fetch(
     }
 }
 
-/// Where a fetch starts: the client's cursor (checked against the metadata),
-/// the start of every range, or the tail.
+/// Where a fetch starts: the client's cursor (`verified`: authenticated
+/// by `cursors::verify`, checked against the metadata here), the start of
+/// every range, or the tail.
 pub(crate) fn start_positions(
     shared: &Shared,
     plane: &dyn MetadataPlane,
     req: &wire::FetchRequest,
+    verified: Option<Cursor>,
 ) -> Result<(u64, BTreeMap<RangeId, Position>), Failure> {
     let checked = read_owner(plane, &req.topic, |state| {
         let Some(topic) = state.topic(&req.topic) else {
@@ -123,13 +127,12 @@ pub(crate) fn start_positions(
             });
         };
         let incarnation = topic.incarnation.0;
-        let cursor = match &req.cursor {
-            Some(encoded) => {
-                let cursor =
-                    Cursor::decode_for(encoded, &shared.cursor_key, state).map_err(|e| {
-                        ServeError::InvalidCursor {
-                            reason: e.to_string(),
-                        }
+        let cursor = match verified {
+            Some(cursor) => {
+                cursor
+                    .validate(state)
+                    .map_err(|e| ServeError::InvalidCursor {
+                        reason: e.to_string(),
                     })?;
                 if cursor.topic != req.topic {
                     return Err(ServeError::CursorOfOtherTopic {

@@ -3,7 +3,8 @@
 //! (`connection.rs`: the pipelined read and write loops and their bounds);
 //! `dispatch.rs` takes each request to its api family's handler:
 //! `produce.rs`, `fetch.rs` (with `read.rs`, read plans to store reads),
-//! `subscribe.rs` (pushes within credit), `topics.rs` (topic and range
+//! `subscribe.rs` (pushes within credit), `cursors.rs` (the cluster's
+//! cursor keys as the client port uses them), `topics.rs` (topic and range
 //! admin), `vnodes.rs` (vnode list and split), `cluster.rs` (tree and
 //! cluster status). `reply.rs` holds what they answer with, `error.rs` the
 //! `ServeError` they refuse with and its one mapping to wire codes.
@@ -14,6 +15,7 @@
 
 pub(crate) mod cluster;
 pub(crate) mod connection;
+pub(crate) mod cursors;
 pub(crate) mod dispatch;
 pub(crate) mod error;
 pub(crate) mod fetch;

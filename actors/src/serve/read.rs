@@ -15,7 +15,9 @@
 
 use std::collections::BTreeMap;
 
-use malachi_cluster::cursor::{CURSOR_BODY_BYTES_MAX, CURSOR_TAG_BYTES, Position};
+use malachi_cluster::cursor::{
+    CURSOR_BODY_BYTES_MAX, CURSOR_KEY_ID_BYTES, CURSOR_TAG_BYTES, Position,
+};
 use malachi_cluster::model::{
     MetadataState, NodeId, RangeId, ReadPlan, SegmentId, SegmentSpan, position,
 };
@@ -128,8 +130,8 @@ pub(crate) fn response_control_bytes(topic: &str, ranges: usize) -> usize {
         .saturating_mul(CURSOR_POSITION_BYTES_MAX)
         .saturating_add(CURSOR_BODY_FIXED_BYTES + topic.len())
         .min(CURSOR_BODY_BYTES_MAX);
-    // Version byte, body and tag, in unpadded base64.
-    let cursor = (1 + body + CURSOR_TAG_BYTES).div_ceil(3) * 4;
+    // Version byte, key id, body and tag, in unpadded base64.
+    let cursor = (1 + CURSOR_KEY_ID_BYTES + body + CURSOR_TAG_BYTES).div_ceil(3) * 4;
     RESPONSE_HEADER_BYTES + CONTROL_FIELDS_BYTES + cursor
 }
 
@@ -553,7 +555,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use malachi_cluster::cursor::{Cursor, CursorKey};
+    use malachi_cluster::cursor::{Cursor, CursorKey, CursorKeys};
     use malachi_cluster::model::{Band, ReadSlice, SegmentSpan};
     use malachi_storage::{Record, StoreConfig};
     use malachi_wire::Message;
@@ -786,7 +788,7 @@ mod tests {
 
     #[test]
     fn the_control_room_holds_the_largest_cursor_over_every_range() {
-        let key = CursorKey::new(&[7; 32]).unwrap();
+        let key = CursorKeys::single(u32::MAX, CursorKey::new(&[7; 32]).unwrap());
         let topic = "t".repeat(malachi_cluster::model::NAME_BYTES_MAX);
         for ranges in [1usize, 2, 10, 100, 500, 800] {
             let positions = (0..ranges as u64)

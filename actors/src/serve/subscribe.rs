@@ -93,13 +93,18 @@ fn push_frame(id: u32, push: &SubscribePush) -> Reply {
 
 /// Accepts a subscription and starts its push task; a refusal is returned
 /// (and becomes an error response on the subscription's id).
-pub(crate) fn subscribe(
+pub(crate) async fn subscribe(
     shared: &Arc<Shared>,
     ctx: &ConnCtx,
     id: u32,
     req: SubscribeRequest,
 ) -> Result<(), Failure> {
     let plane = shared.plane().map_err(ServeError::Metadata)?;
+    super::cursors::keys(shared)?;
+    let verified = match &req.cursor {
+        Some(encoded) => Some(super::cursors::verify(shared, encoded).await?),
+        None => None,
+    };
     let as_fetch = FetchRequest {
         topic: req.topic.clone(),
         cursor: req.cursor.clone(),
@@ -108,7 +113,7 @@ pub(crate) fn subscribe(
         bytes_max: 1,
         wait_ms: 0,
     };
-    let (incarnation, start) = start_positions(shared, plane.as_ref(), &as_fetch)?;
+    let (incarnation, start) = start_positions(shared, plane.as_ref(), &as_fetch, verified)?;
     let sub = Arc::new(Subscription {
         credit: Mutex::new(Credit {
             records: req.credit_records,
@@ -210,7 +215,11 @@ impl PushTask {
             incarnation: self.incarnation,
             positions: positions.clone(),
         };
-        match cursor.encode(&self.shared.cursor_key) {
+        let keys = match super::cursors::keys(&self.shared) {
+            Ok(keys) => keys,
+            Err(refusal) => return refusal_frame(self.id, &refusal),
+        };
+        match cursor.encode(&keys) {
             Ok(next_cursor) => push_frame(
                 self.id,
                 &SubscribePush {

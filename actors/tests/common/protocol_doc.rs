@@ -120,6 +120,16 @@ pub const PROVOKED_BY_THREE_BROKERS: &[(&str, &str)] = &[
 /// the wire is unit-tested in `actors/src/serve/error.rs`.
 pub const NOT_PROVOKED: &[(&str, &str, &str)] = &[
     ("*", "unknown_server_error", "a broker bug or a failed disk"),
+    (
+        "fetch",
+        "no_quorum",
+        "a broker of a cluster whose ring group has no quorum, before it learned the cursor key (tests/cursor_key.rs provokes it with broker processes)",
+    ),
+    (
+        "subscribe",
+        "no_quorum",
+        "a broker of a cluster whose ring group has no quorum, before it learned the cursor key (as fetch)",
+    ),
     ("*", "shutting_down", "a request racing a broker's stop"),
     (
         "*",

@@ -150,6 +150,12 @@ impl MetadataState {
             Command::CommitSplit { parent, child } => self.commit_split(parent, child),
             Command::FinishSplit { parent, child } => self.finish_split(parent, child),
             Command::AbortSplit { parent, child } => self.abort_split(parent, child),
+            Command::CreateCursorKey { secret, at_ms } => self.create_cursor_key(secret, at_ms),
+            Command::RotateCursorKey {
+                after,
+                secret,
+                at_ms,
+            } => self.rotate_cursor_key(after, secret, at_ms),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(

@@ -6,6 +6,7 @@
 
 use super::arc::RingArc;
 use super::control::{Lease, PendingSplit, VnodeSeed};
+use super::cursor_keys::CursorSecret;
 use super::state::{Incarnation, NodeId, RangeId, SealRecord, SegmentId, StoragePolicy};
 use crate::ring::VnodeId;
 use serde::{Deserialize, Serialize};
@@ -141,6 +142,19 @@ pub enum Command {
     FinishSplit { parent: VnodeId, child: VnodeId },
     /// In the ring's group: forgets an uncommitted split (rollback).
     AbortSplit { parent: VnodeId, child: VnodeId },
+    /// In the ring's group: creates the cluster's cursor key 0 with
+    /// `secret` unless a key exists (then a no-op that reports the current
+    /// id). Every broker proposes it at bootstrap; the first wins (ADR 0096).
+    CreateCursorKey { secret: CursorSecret, at_ms: u64 },
+    /// In the ring's group: adds key `after + 1` with `secret` and makes it
+    /// current, keeping the older keys (at most `CURSOR_KEYS_MAX`). Refused
+    /// with `CursorKeyRotated` unless `after` is the current id; the same
+    /// rotation again is a no-op.
+    RotateCursorKey {
+        after: u32,
+        secret: CursorSecret,
+        at_ms: u64,
+    },
 }
 
 impl Command {
@@ -169,7 +183,9 @@ impl Command {
             | Command::BeginSplit { .. }
             | Command::CommitSplit { .. }
             | Command::FinishSplit { .. }
-            | Command::AbortSplit { .. } => None,
+            | Command::AbortSplit { .. }
+            | Command::CreateCursorKey { .. }
+            | Command::RotateCursorKey { .. } => None,
         }
     }
 }
@@ -239,6 +255,10 @@ pub enum Outcome {
     },
     SplitFinished,
     SplitAborted,
+    /// The cluster's current cursor key id (created, rotated, or already so).
+    CursorKeyCurrent {
+        id: u32,
+    },
     /// The command was a repeat of one already applied (a re-seal at the
     /// recorded seal, sealing a sealed topic): nothing changed.
     Unchanged,
@@ -352,6 +372,20 @@ pub enum ModelError {
     SplitNotCommitted { parent: VnodeId, child: VnodeId },
     #[error("the split of {parent} into {child} has committed its ring and cannot abort")]
     SplitCommitted { parent: VnodeId, child: VnodeId },
+    #[error("a cursor secret of {bytes} bytes is not within {min}..={max} bytes")]
+    InvalidCursorSecret {
+        bytes: usize,
+        min: usize,
+        max: usize,
+    },
+    #[error("this group holds no cursor key to rotate")]
+    NoCursorKey,
+    /// A rotation named a key that is no longer the current one: another
+    /// rotation came first.
+    #[error("cursor key {after} is not current (key {current} is): read the keys and rotate again")]
+    CursorKeyRotated { after: u32, current: u32 },
+    #[error("the cursor key id space is exhausted")]
+    CursorKeyIdsExhausted,
 }
 
 impl ModelError {

@@ -15,6 +15,7 @@ mod apply;
 mod arc;
 mod command;
 mod control;
+mod cursor_keys;
 mod describe;
 mod keyspace;
 mod read_plan;
@@ -27,6 +28,7 @@ pub use command::{
     NameRule, Outcome, POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
 };
 pub use control::{LEASE_DURATION_MAX_MS, Lease, PendingSplit, RingRecord, VnodeSeed};
+pub use cursor_keys::{CURSOR_KEYS_MAX, CursorKeyEntry, CursorKeyRing, CursorSecret};
 pub use describe::{RangeDescription, SegmentDescription, TopicDescription};
 pub use keyspace::{Band, BandError, POSITION_BITS, position};
 pub use read_plan::{ReadPlan, ReadSlice, SegmentSpan};

@@ -199,6 +199,11 @@ pub struct MetadataState {
     /// The ring, in the ring's own group only.
     #[serde(default)]
     pub(crate) ring: Option<super::control::RingRecord>,
+    /// The cluster's cursor keys, in the ring's own group only (ADR 0096).
+    /// Left out of the encoding while absent, so a state without keys
+    /// encodes exactly as before they existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cursor_keys: Option<super::cursor_keys::CursorKeyRing>,
 }
 
 /// Why a snapshot cannot be taken or restored.
@@ -332,6 +337,12 @@ impl MetadataState {
             ensure!(
                 record.ring.check().is_ok(),
                 "the ring's arcs do not tile the ring"
+            );
+        }
+        if let Some(keys) = &self.cursor_keys {
+            ensure!(
+                keys.is_well_formed(),
+                "the cursor keys are empty, too many, out of id order or of a bad length"
             );
         }
         for (name, topic) in &self.topics {

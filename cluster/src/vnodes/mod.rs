@@ -44,7 +44,9 @@ use crate::group::{
     GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, RpcError, RpcService,
     TcpTransport, TransportError,
 };
-use crate::model::{Command, ModelError, Outcome, RingArc, RingRecord, TopicDescription};
+use crate::model::{
+    Command, CursorKeyRing, ModelError, Outcome, RingArc, RingRecord, TopicDescription,
+};
 use crate::ring::{RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
 use bytes::Bytes;
 use parking_lot::RwLock;
@@ -203,6 +205,9 @@ enum Query {
     Ring,
     /// The metadata of a fenced part of a vnode's arc, as a split's seed.
     Export { arc: RingArc, id_base: u64 },
+    /// The ring group's cursor keys (ADR 0096). Last, so the variants
+    /// above encode as before.
+    CursorKeys,
 }
 
 /// Tells a broker a ring version exists (api key 216).
@@ -552,6 +557,14 @@ impl VnodeHost {
             vnode: RING_VNODE,
             reason: "the ring group holds no ring after creating one".to_owned(),
         })
+    }
+
+    /// The cluster's cursor keys, read linearizably from the ring group's
+    /// leader; `None` until a broker's bootstrap created them.
+    pub async fn cursor_keys(&self) -> Result<Option<CursorKeyRing>, RouteError> {
+        let query = encode_request(&Query::CursorKeys, RING_VNODE)?;
+        self.route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
+            .await
     }
 
     /// Applies a command in the ring's own group (`InitRing` and the split
@@ -906,6 +919,13 @@ impl VnodeHost {
                     Query::Ring => {
                         let answer = match group.read(|s| s.ring_record().cloned()).await {
                             Ok(record) => Forwarded::Done(record),
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                    Query::CursorKeys => {
+                        let answer = match group.read(|s| s.cursor_keys().cloned()).await {
+                            Ok(keys) => Forwarded::Done(keys),
                             Err(e) => forwarded_error(e),
                         };
                         encode(&answer)
