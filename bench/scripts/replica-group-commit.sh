@@ -46,7 +46,7 @@ TOML
     done
     RUST_LOG=warn "$BIN" broker --node-id "$id" --listen "${clients[$((id - 1))]}" \
       --admin-listen "127.0.0.1:$(free_port)" --config "$root/node-$id.toml" \
-      --data-dir "$root/node-$id" "${seeds[@]}" 2>"$root/node-$id.log" &
+      --data-dir "$root/node-$id" "${seeds[@]}" >"$root/node-$id.out" 2>"$root/node-$id.log" &
     pids+=($!)
   done
   local broker=${clients[0]}
