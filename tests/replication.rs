@@ -426,34 +426,26 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
             ReplicaAppendResponse::decode(&raw).unwrap()
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let answer = fenced_answer(&cluster);
-        if answer.refused == Some(ReplicaRefusal::Fenced) {
-            break;
+    let wait_fenced = |cluster: &Cluster, when: &str, seconds: u64| {
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        loop {
+            let answer = fenced_answer(cluster);
+            if answer.refused == Some(ReplicaRefusal::Fenced) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{when}, an append to a sealed copy was not refused fenced: {answer:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
         }
-        assert!(
-            Instant::now() < deadline,
-            "an append to a sealed copy was not refused fenced: {answer:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    };
+    wait_fenced(&cluster, "once sealed", 30);
     let node = &mut cluster.nodes[(follower - 1) as usize];
     node.kill9();
     let seeds = node.seeds_among(&clients);
     node.start(&seeds);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let answer = fenced_answer(&cluster);
-        if answer.refused == Some(ReplicaRefusal::Fenced) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after a restart, an append to a sealed copy was not refused fenced: {answer:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_fenced(&cluster, "after a restart", 60);
     let after = whole_frames(&std::fs::read(&log).unwrap()).to_vec();
     assert_eq!(
         count_frames(&after),
