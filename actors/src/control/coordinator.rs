@@ -460,7 +460,14 @@ impl CoordinatorState {
             .actor()
             .send_message(SegmentMsg::Freeze { reply })
             .map_err(|e| freeze_err(e.to_string()))?;
-        let bound = std::time::Duration::from_millis(self.shared.config.produce_timeout_ms);
+        // Past the quorum wait inside the freeze, so a missing quorum comes
+        // back as `no_quorum`, not as a timeout.
+        let bound = std::time::Duration::from_millis(
+            self.shared
+                .config
+                .produce_timeout_ms
+                .max(self.shared.config.replica_ack_timeout_ms.saturating_mul(2)),
+        );
         let failed = match tokio::time::timeout(bound, answer).await {
             Ok(Ok(Ok(seal))) => return Ok(seal),
             Ok(Ok(Err(AppendError::NoQuorum(reason)))) => {

@@ -399,6 +399,22 @@ mod tests {
     }
 
     #[test]
+    fn a_freeze_without_a_quorum_is_no_quorum_and_a_busy_freeze_is_busy() {
+        let segment = malachi_cluster::model::SegmentId(7);
+        let no_quorum = ServeError::from(CoordError::FreezeNoQuorum {
+            segment,
+            reason: "records up to 3 are on 1 copy".into(),
+        });
+        assert_eq!(no_quorum.code(), ErrorCode::NoQuorum);
+        assert!(no_quorum.code().retriable());
+        let busy = ServeError::from(CoordError::Freeze {
+            segment,
+            reason: "the segment is rolling".into(),
+        });
+        assert_eq!(busy.code(), ErrorCode::Busy);
+    }
+
+    #[test]
     fn a_redirect_carries_its_hint_and_no_retry_delay() {
         let body = ServeError::Redirect(Redirect {
             code: ErrorCode::NotLeader,
