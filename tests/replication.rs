@@ -668,7 +668,7 @@ fn with_the_primary_dead_a_follower_serves_reads_and_nothing_redirects_to_the_de
     for k in 0..KEYS {
         let read = next.get(format!("k{k}").as_str()).copied().unwrap_or(0);
         assert!(
-            read >= SEALED / KEYS && read <= (SEALED + TAIL) / KEYS,
+            (SEALED / KEYS..=(SEALED + TAIL) / KEYS).contains(&read),
             "key k{k}: {read} records read; the sealed segment alone holds {}",
             SEALED / KEYS
         );
