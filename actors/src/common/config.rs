@@ -15,6 +15,9 @@ use crate::common::error::BrokerError;
 pub const RECORD_VALUE_BYTES_MAX_LIMIT: usize = 32 << 20;
 /// Seeds a broker may be given.
 pub const SEEDS_MAX: usize = 64;
+/// The most replica-appends of one segment a primary may pipeline to one
+/// follower, and so the most early ones a follower holds for it.
+pub const REPLICA_PIPELINE_DEPTH_LIMIT: usize = 64;
 /// Room the storage frame needs besides the value (key, headers, varints).
 const RECORD_OVERHEAD_BYTES: usize = 64 << 10;
 
@@ -264,6 +267,10 @@ pub struct BrokerConfig {
     /// Replica-append bytes in flight to one follower, across its segments:
     /// what a slow follower can cost the primary's memory.
     pub replica_inflight_bytes_max: usize,
+    /// Replica-appends one segment's primary keeps in flight to one
+    /// follower at once (1 ships the next only after the last is answered);
+    /// the follower writes them in offset order (ADR 0099).
+    pub replica_pipeline_depth_max: usize,
     /// Replication-level group commit (off at 0, the default): a primary
     /// holds a follower's next replica-append up to this long, or until
     /// `replica_group_commit_records` records wait, so the follower fsyncs
@@ -345,6 +352,7 @@ impl Default for BrokerConfig {
             replica_ack_timeout_ms: 5_000,
             replica_append_bytes_max: 1 << 20,
             replica_inflight_bytes_max: 16 << 20,
+            replica_pipeline_depth_max: 8,
             replica_group_commit_ms: 0,
             replica_group_commit_records: 20_000,
             default_replication_factor: 3,
@@ -433,6 +441,14 @@ impl BrokerConfig {
             || self.replica_group_commit_records == 0
         {
             return bad("replica_ack_timeout_ms, replica_append_bytes_max, replica_group_commit_records and default_replication_factor must be positive, and replica_inflight_bytes_max at least replica_append_bytes_max".into());
+        }
+        if self.replica_pipeline_depth_max == 0
+            || self.replica_pipeline_depth_max > REPLICA_PIPELINE_DEPTH_LIMIT
+        {
+            return bad(format!(
+                "replica_pipeline_depth_max ({}) must be between 1 and {REPLICA_PIPELINE_DEPTH_LIMIT}: a follower holds at most that many early appends of one segment",
+                self.replica_pipeline_depth_max
+            ));
         }
         if self.replica_group_commit_ms >= self.replica_ack_timeout_ms {
             return bad(format!(

@@ -118,10 +118,10 @@ pub(crate) async fn serve_replica_append(
     }
 }
 
-/// A written append's answer also tells the copy's durable bytes, from
-/// which the primary reports its lag in bytes (ADR 0098). One append per
-/// segment and follower is in flight, so they are the bytes of the durable
-/// end the answer names.
+/// A written append's answer also tells the copy's bytes, from which the
+/// primary reports its lag in bytes (ADR 0098). With appends pipelined
+/// (ADR 0099) they may include later appends not yet durable: the lag in
+/// bytes is a gauge, never an input to the committed end.
 fn with_durable_bytes(
     shared: &Shared,
     segment: SegmentId,

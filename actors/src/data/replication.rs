@@ -13,10 +13,16 @@
 //! **Primary side.** A replicated segment's actor registers a
 //! [`Replicated`] (the segment's commit tracker and watches) and asks this
 //! actor to lead it: one shipper task per follower reads durable frames from
-//! the local copy and sends them, one request in flight per segment and
-//! follower (so a follower writes them in order), up to
+//! the local copy and sends them, up to `replica_pipeline_depth_max`
+//! requests in flight per segment and follower, up to
 //! `replica_append_bytes_max` bytes each, with every follower's in-flight
-//! bytes across segments bounded by `replica_inflight_bytes_max`. Each
+//! bytes across segments bounded by `replica_inflight_bytes_max`. It takes
+//! the answers in the order it sent the requests; a refusal or a lost
+//! answer drops the rest and resends from the follower's end. The cluster
+//! port serves a connection's requests concurrently, so a follower holds an
+//! append that arrives before those it follows (at most
+//! [`REPLICA_PIPELINE_DEPTH_LIMIT`] per segment, [`EARLY_BYTES_MAX`] bytes,
+//! [`EARLY_WAIT_MS`] each) and writes it once they land (ADR 0099). Each
 //! answer's durable end feeds the tracker; the committed end (the Q-th
 //! largest durable end, `quorum.rs`) is published to the copy, so readers see
 //! only committed records, and to the segment actor, which acknowledges a
@@ -29,7 +35,7 @@
 //! (`stale_epoch`, ADR 0097). What is not here yet: fencing copies on the
 //! coordinator's order (failover, issue 19).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -49,6 +55,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::quorum::CommitTracker;
+use crate::common::config::REPLICA_PIPELINE_DEPTH_LIMIT;
 use super::storage::Storage;
 
 /// Replica-appends this broker's ReplicationServer may have queued at once;
@@ -58,6 +65,11 @@ pub(crate) const REPLICA_MAILBOX_MAX: usize = 1024;
 const RETRY_MS_MIN: u64 = 20;
 /// The longest pause between two attempts at one follower.
 const RETRY_MS_MAX: u64 = 1_000;
+/// How long a follower holds an append that arrived before those it
+/// follows; past it, the append is refused `not_at_end`.
+const EARLY_WAIT_MS: u64 = 1_000;
+/// Frame bytes a follower holds in early appends, across segments.
+const EARLY_BYTES_MAX: usize = 64 << 20;
 /// How long a sealed segment's primary keeps shipping to a follower copy
 /// still short of the seal (it was down or slow when the segment sealed).
 const CATCH_UP_AFTER_SEAL_MS_MAX: u64 = 10 * 60 * 1_000;
@@ -294,8 +306,31 @@ pub(crate) enum ReplicationMsg {
     },
     /// Start shipping a segment this broker leads.
     Lead(Arc<Replicated>),
+    /// An early append of `segment` at `first` waited its predecessors out
+    /// long enough: refused, if it is still held.
+    Expire { segment: SegmentId, first: u64 },
 }
 impl ractor::Message for ReplicationMsg {}
+
+/// A replica-append that arrived before the appends it follows (they are
+/// pipelined, and the cluster port serves a connection's requests
+/// concurrently): held, with its mailbox permit, until they land.
+struct Early {
+    permit: Permit,
+    request: ReplicaAppendRequest,
+    repair_to: Option<u64>,
+    reply: oneshot::Sender<ReplicaAppendResponse>,
+}
+
+/// What the follower did with one append.
+enum Outcome {
+    /// Answered already (refused or sealed) or written: nothing held.
+    Done,
+    /// Written: the copy's appended end is now `end`.
+    Appended { end: u64 },
+    /// It starts past the copy's end: hold it until the gap fills.
+    Early(Early, u64),
+}
 
 impl std::fmt::Debug for ReplicationMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -308,6 +343,9 @@ impl std::fmt::Debug for ReplicationMsg {
                 request.frames.len()
             ),
             ReplicationMsg::Lead(r) => write!(f, "Lead(segment {})", r.segment),
+            ReplicationMsg::Expire { segment, first } => {
+                write!(f, "Expire(segment {segment} at {first})")
+            }
         }
     }
 }
@@ -317,6 +355,11 @@ pub(crate) struct ReplicationServer;
 pub(crate) struct ReplicationServerState {
     storage: Arc<Storage>,
     shippers: HashMap<SegmentId, Vec<JoinHandle<()>>>,
+    /// Appends that arrived ahead of their predecessors, per segment by
+    /// first offset; at most [`REPLICA_PIPELINE_DEPTH_LIMIT`] per segment.
+    early: HashMap<SegmentId, std::collections::BTreeMap<u64, Early>>,
+    /// Frame bytes held in `early`, at most [`EARLY_BYTES_MAX`].
+    early_bytes: usize,
 }
 
 #[ractor::async_trait]
@@ -334,6 +377,8 @@ impl Actor for ReplicationServer {
         let mut state = ReplicationServerState {
             storage,
             shippers: HashMap::new(),
+            early: HashMap::new(),
+            early_bytes: 0,
         };
         // A restart leads again every segment its predecessor led.
         let led: Vec<Arc<Replicated>> = state
@@ -352,7 +397,7 @@ impl Actor for ReplicationServer {
 
     async fn handle(
         &self,
-        _myself: ActorRef<ReplicationMsg>,
+        myself: ActorRef<ReplicationMsg>,
         msg: ReplicationMsg,
         state: &mut ReplicationServerState,
     ) -> Result<(), ActorProcessingErr> {
@@ -362,8 +407,17 @@ impl Actor for ReplicationServer {
                 request,
                 repair_to,
                 reply,
-            } => follower_append(&state.storage, permit, request, repair_to, reply),
+            } => state.append(
+                &myself,
+                Early {
+                    permit,
+                    request,
+                    repair_to,
+                    reply,
+                },
+            ),
             ReplicationMsg::Lead(replicated) => state.lead(replicated),
+            ReplicationMsg::Expire { segment, first } => state.expire(segment, first),
         }
         Ok(())
     }
@@ -390,6 +444,115 @@ impl Actor for ReplicationServer {
 }
 
 impl ReplicationServerState {
+    /// Writes one append, or holds it if it arrived early, then writes
+    /// every held append of its segment the copy's new end reaches.
+    fn append(&mut self, myself: &ActorRef<ReplicationMsg>, append: Early) {
+        let segment = SegmentId(append.request.segment);
+        let epoch = append.request.epoch;
+        let mut end = match follower_append(&self.storage, append) {
+            Outcome::Done => return,
+            Outcome::Appended { end } => end,
+            Outcome::Early(early, end) => {
+                self.hold(myself, early, end);
+                return;
+            }
+        };
+        // The gap this append filled may release held ones, in order.
+        loop {
+            let Some(held) = self.early.get_mut(&segment) else {
+                return;
+            };
+            let Some(entry) = held.first_entry() else {
+                self.early.remove(&segment);
+                return;
+            };
+            if *entry.key() > end {
+                return;
+            }
+            let early = entry.remove();
+            self.early_bytes -= early.request.frames.len();
+            if early.request.epoch < epoch {
+                // Held across a newer writer's appends: never written.
+                let answer = ReplicaAppendResponse::refused(
+                    ReplicaRefusal::StaleEpoch,
+                    end,
+                    format!(
+                        "segment {segment} was written at epoch {epoch} while this append of epoch {} waited",
+                        early.request.epoch
+                    ),
+                );
+                let _ = early.reply.send(answer);
+                continue;
+            }
+            // One that starts below the end overlaps: the store refuses it
+            // (`not_at_end`), which tells the primary where the copy ends.
+            match follower_append(&self.storage, early) {
+                Outcome::Appended { end: grown } => end = grown,
+                Outcome::Done => {}
+                Outcome::Early(early, at) => {
+                    // Cannot happen (its start is at most the end), but a
+                    // held append is never dropped unanswered.
+                    self.hold(myself, early, at);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Holds an early append for at most [`EARLY_WAIT_MS`], with at most
+    /// [`REPLICA_PIPELINE_DEPTH_LIMIT`] held per segment.
+    fn hold(&mut self, myself: &ActorRef<ReplicationMsg>, early: Early, end: u64) {
+        let segment = SegmentId(early.request.segment);
+        let first = early.request.first_offset;
+        let bytes = early.request.frames.len();
+        let held = self.early.entry(segment).or_default();
+        if held.len() >= REPLICA_PIPELINE_DEPTH_LIMIT
+            || held.contains_key(&first)
+            || self.early_bytes + bytes > EARLY_BYTES_MAX
+        {
+            let answer = ReplicaAppendResponse::refused(
+                ReplicaRefusal::NotAtEnd,
+                end,
+                format!(
+                    "segment {segment} ends at {end} here; an append at {first} is too far ahead to hold"
+                ),
+            );
+            let _ = early.reply.send(answer);
+            return;
+        }
+        held.insert(first, early);
+        self.early_bytes += bytes;
+        myself.send_after(Duration::from_millis(EARLY_WAIT_MS), move || {
+            ReplicationMsg::Expire { segment, first }
+        });
+    }
+
+    /// An early append whose predecessors never came: `not_at_end`, with
+    /// where the copy ends, so its primary resends from there.
+    fn expire(&mut self, segment: SegmentId, first: u64) {
+        let Some(held) = self.early.get_mut(&segment) else {
+            return;
+        };
+        let Some(early) = held.remove(&first) else {
+            return;
+        };
+        self.early_bytes -= early.request.frames.len();
+        if held.is_empty() {
+            self.early.remove(&segment);
+        }
+        let id = malachi_storage::SegmentId(segment.0);
+        let end = self.storage.store.info(id).map_or(0, |i| i.assigned);
+        debug!(segment = %segment, first, end, "an early replica append expired");
+        let answer = ReplicaAppendResponse::refused(
+            ReplicaRefusal::NotAtEnd,
+            end,
+            format!(
+                "segment {segment} ends at {end} here; the appends before {first} did not arrive in {EARLY_WAIT_MS} ms"
+            ),
+        );
+        let _ = early.reply.send(answer);
+    }
+
     fn lead(&mut self, replicated: Arc<Replicated>) {
         self.shippers
             .retain(|_, shippers| shippers.iter().any(|s| !s.is_finished()));
@@ -418,15 +581,16 @@ impl ReplicationServerState {
     }
 }
 
-/// The follower's side of one replica-append: checked and queued in the
-/// actor's mailbox order, answered by a task after the fsync.
-fn follower_append(
-    storage: &Arc<Storage>,
-    permit: Permit,
-    request: ReplicaAppendRequest,
-    repair_to: Option<u64>,
-    reply: oneshot::Sender<ReplicaAppendResponse>,
-) {
+/// The follower's side of one replica-append: checked and queued in
+/// offset order, answered by a task after the fsync. One that starts past
+/// the copy's end comes back to be held.
+fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
+    let Early {
+        permit,
+        request,
+        repair_to,
+        reply,
+    } = append;
     let store = &storage.store;
     let id = malachi_storage::SegmentId(request.segment);
     if let Err(StorageError::NotOpen { .. }) = store.info(id) {
@@ -434,7 +598,7 @@ fn follower_append(
         // recovers it (a torn tail truncated, damage refused).
         if let Err(e) = tokio::task::block_in_place(|| store.open(id)) {
             let _ = reply.send(refusal_of(&e, 0));
-            return;
+            return Outcome::Done;
         }
     }
     if let Some(seal) = repair_to {
@@ -452,9 +616,23 @@ fn follower_append(
                 ReplicaAppendResponse::durable(seal)
             };
             let _ = reply.send(answer);
-            return;
+            return Outcome::Done;
         }
-    } else {
+    }
+    // A fenced copy is not held: its refusal is `fenced`, now.
+    if let Ok(info) = store.info(id)
+        && request.first_offset > info.assigned
+        && (!info.fenced || repair_to.is_some())
+    {
+        let early = Early {
+            permit,
+            request,
+            repair_to,
+            reply,
+        };
+        return Outcome::Early(early, info.assigned);
+    }
+    if repair_to.is_none() {
         storage
             .replication
             .followed
@@ -464,7 +642,7 @@ fn follower_append(
     let committed = repair_to.unwrap_or(request.committed_end);
     if let Err(e) = store.set_committed(id, committed) {
         let _ = reply.send(refusal_of(&e, 0));
-        return;
+        return Outcome::Done;
     }
     let appended = match repair_to {
         None => store.append_frames(id, request.first_offset, &request.frames),
@@ -476,9 +654,10 @@ fn follower_append(
             let end = store.info(id).map_or(0, |i| i.assigned);
             debug!(segment = request.segment, first = request.first_offset, error = %e, "replica append refused");
             let _ = reply.send(refusal_of(&e, end));
-            return;
+            return Outcome::Done;
         }
     };
+    let end = ticket.offsets().end;
     let storage = Arc::clone(storage);
     let topic = request.topic;
     tokio::spawn(async move {
@@ -513,6 +692,7 @@ fn follower_append(
         storage.notify_topic(&topic);
         let _ = reply.send(answer);
     });
+    Outcome::Appended { end }
 }
 
 /// The typed refusal a store error becomes (one place: ADR 0095).
@@ -549,7 +729,50 @@ fn frame_count(frames: &[u8]) -> u64 {
     count
 }
 
-/// Ships one segment's durable frames to one follower.
+/// One replica-append's answer, with what the shipper knew when it sent it.
+struct Shipped {
+    /// The committed end it told the follower.
+    commit: u64,
+    /// The primary's durable end when it was sent (for the lag).
+    durable: u64,
+    sent_at: Instant,
+    answer: Result<ReplicaAppendResponse, String>,
+}
+
+/// A shipper's requests in flight, oldest first; dropping them (the
+/// shipper ended or was replaced) aborts them, releasing their credit.
+#[derive(Default)]
+struct InFlight(VecDeque<JoinHandle<Shipped>>);
+
+impl InFlight {
+    fn abort_all(&mut self) {
+        for shipped in self.0.drain(..) {
+            shipped.abort();
+        }
+    }
+}
+
+impl std::ops::Deref for InFlight {
+    type Target = VecDeque<JoinHandle<Shipped>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for InFlight {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.abort_all();
+    }
+}
+
+/// Ships one segment's durable frames to one follower, up to
+/// `replica_pipeline_depth_max` requests in flight.
 struct Shipper {
     storage: Arc<Storage>,
     link: Arc<dyn ReplicaLink>,
@@ -563,6 +786,7 @@ impl Shipper {
         let node = self.replicated.replicas[self.copy];
         let config = &self.storage.config;
         let bytes_max = config.replica_append_bytes_max;
+        let depth_max = config.replica_pipeline_depth_max.max(1);
         let window = self
             .storage
             .replication
@@ -570,11 +794,16 @@ impl Shipper {
         let id = malachi_storage::SegmentId(self.replicated.segment.0);
         let mut local = self.replicated.local_durable.subscribe();
         let mut committed = self.replicated.committed.subscribe();
-        // Where the follower ends, as far as the primary knows; the first
-        // request (possibly empty) learns it.
+        // Where the follower ends, as far as its answers tell; the first
+        // request (empty, at 0) learns it.
         let mut next: u64 = 0;
         let mut probed = false;
-        // The committed end the follower was last sent.
+        // Where the next request starts: past every one in flight.
+        let mut next_send: u64 = 0;
+        // The requests sent and not yet answered, oldest first; their
+        // answers are taken in this order (ADR 0099).
+        let mut inflight = InFlight::default();
+        // The committed end the follower was last told.
         let mut told_committed: Option<u64> = None;
         let mut retry_ms = RETRY_MS_MIN;
         // When the segment actor stopped (its segment sealed), if it did.
@@ -606,85 +835,138 @@ impl Shipper {
             };
             let durable = catch_up.unwrap_or_else(|| *local.borrow_and_update());
             let commit = *committed.borrow_and_update();
-            if catch_up.is_none() && probed && next >= durable && told_committed == Some(commit) {
+            let room = inflight.len() < depth_max;
+            let send_probe = !probed && inflight.is_empty();
+            let send_data = probed && room && next_send < durable;
+            let send_commit = probed
+                && inflight.is_empty()
+                && next_send >= durable
+                && told_committed != Some(commit);
+            if send_probe || send_data || send_commit {
+                // Replication-level group commit (off by default): with
+                // nothing in flight, hold the next run until enough records
+                // wait or the linger passes.
+                let linger_ms = config.replica_group_commit_ms;
+                if linger_ms > 0
+                    && !held
+                    && catch_up.is_none()
+                    && send_data
+                    && inflight.is_empty()
+                    && durable - next_send < config.replica_group_commit_records
+                {
+                    held = true;
+                    let deadline = tokio::time::Instant::now() + Duration::from_millis(linger_ms);
+                    while local.borrow_and_update().saturating_sub(next_send)
+                        < config.replica_group_commit_records
+                    {
+                        match tokio::time::timeout_at(deadline, local.changed()).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) => return,
+                            Err(_) => break,
+                        }
+                    }
+                    continue;
+                }
+                held = false;
+                let (first, frames, records) = if send_data {
+                    let store = Arc::clone(&self.storage.store);
+                    let from = next_send;
+                    let read =
+                        tokio::task::spawn_blocking(move || store.read_frames(id, from, bytes_max))
+                            .await;
+                    match read {
+                        Ok(Ok(run)) => {
+                            debug_assert_eq!(run.first, from, "a run starts where it was asked");
+                            (run.first, Bytes::from(run.bytes), run.records)
+                        }
+                        Ok(Err(e)) => {
+                            warn!(segment = %self.replicated.segment, follower = node.0, error = %e, "cannot read frames to ship");
+                            self.pause(&mut retry_ms).await;
+                            continue;
+                        }
+                        Err(_) => return,
+                    }
+                } else if probed {
+                    (next_send, Bytes::new(), 0)
+                } else {
+                    (0, Bytes::new(), 0)
+                };
+                let request = ReplicaAppendRequest {
+                    topic: self.replicated.topic.clone(),
+                    segment: self.replicated.segment.0,
+                    epoch: self.replicated.epoch,
+                    first_offset: first,
+                    committed_end: commit,
+                    frames,
+                };
+                let weight = request
+                    .frames
+                    .len()
+                    .clamp(1, config.replica_inflight_bytes_max);
+                let Ok(credit) = Arc::clone(&window)
+                    .acquire_many_owned(u32::try_from(weight).unwrap_or(u32::MAX))
+                    .await
+                else {
+                    return;
+                };
+                let link = Arc::clone(&self.link);
+                let timeout_ms = config.replica_ack_timeout_ms;
+                let sent_at = Instant::now();
+                inflight.push_back(tokio::spawn(async move {
+                    let answer = link.append(node, &request, timeout_ms).await;
+                    drop(credit);
+                    Shipped {
+                        commit,
+                        durable,
+                        sent_at,
+                        answer,
+                    }
+                }));
+                if probed {
+                    next_send = first + records;
+                }
+                continue;
+            }
+            // Nothing to send now: wait for an answer, more durable
+            // records (while there is room), or a new committed end.
+            let Some(oldest) = inflight.front_mut() else {
                 tokio::select! {
                     changed = local.changed() => if changed.is_err() { return },
                     changed = committed.changed() => if changed.is_err() { return },
                 }
                 continue;
-            }
-            // Replication-level group commit (off by default): hold the
-            // next run until enough records wait or the linger passes.
-            let linger_ms = config.replica_group_commit_ms;
-            if linger_ms > 0
-                && !held
-                && catch_up.is_none()
-                && probed
-                && next < durable
-                && durable - next < config.replica_group_commit_records
-            {
-                held = true;
-                let deadline = tokio::time::Instant::now() + Duration::from_millis(linger_ms);
-                while local.borrow_and_update().saturating_sub(next)
-                    < config.replica_group_commit_records
-                {
-                    match tokio::time::timeout_at(deadline, local.changed()).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => return,
-                        Err(_) => break,
-                    }
-                }
-                continue;
-            }
-            held = false;
-            let frames = if probed && next < durable {
-                let store = Arc::clone(&self.storage.store);
-                let read =
-                    tokio::task::spawn_blocking(move || store.read_frames(id, next, bytes_max))
-                        .await;
-                match read {
-                    Ok(Ok(run)) => Bytes::from(run.bytes),
-                    Ok(Err(e)) => {
-                        warn!(segment = %self.replicated.segment, follower = node.0, error = %e, "cannot read frames to ship");
-                        self.pause(&mut retry_ms).await;
-                        continue;
-                    }
-                    Err(_) => return,
-                }
-            } else {
-                Bytes::new()
             };
-            let request = ReplicaAppendRequest {
-                topic: self.replicated.topic.clone(),
-                segment: self.replicated.segment.0,
-                epoch: self.replicated.epoch,
-                first_offset: next,
-                committed_end: commit,
-                frames,
+            let shipped = tokio::select! {
+                biased;
+                shipped = oldest => shipped,
+                changed = local.changed(), if room && catch_up.is_none() => {
+                    if changed.is_err() { return }
+                    continue;
+                }
             };
-            let weight = request
-                .frames
-                .len()
-                .clamp(1, config.replica_inflight_bytes_max);
-            let Ok(credit) = Arc::clone(&window)
-                .acquire_many_owned(u32::try_from(weight).unwrap_or(u32::MAX))
-                .await
+            inflight.pop_front();
+            let Ok(Shipped {
+                commit,
+                durable,
+                sent_at,
+                answer,
+            }) = shipped
             else {
-                return;
+                // The task was aborted or failed: start over from the end
+                // the follower last told.
+                self.reset(&mut inflight, &mut next_send, next);
+                continue;
             };
-            let sent_at = Instant::now();
-            let answer = self
-                .link
-                .append(node, &request, config.replica_ack_timeout_ms)
-                .await;
-            drop(credit);
             match answer {
                 Ok(response) => match response.refused {
                     None => {
                         retry_ms = RETRY_MS_MIN;
-                        probed = true;
+                        if !probed {
+                            probed = true;
+                            next_send = response.durable_end;
+                        }
                         told_committed = Some(commit);
-                        next = response.durable_end;
+                        next = next.max(response.durable_end);
                         self.replicated
                             .observe(&self.storage, self.copy, response.durable_end);
                         self.storage.metrics.replica_lag(
@@ -695,12 +977,15 @@ impl Shipper {
                         report_lag_bytes(&self.storage, node, id, &response);
                     }
                     Some(ReplicaRefusal::NotAtEnd) => {
-                        // The follower ends elsewhere (it restarted, or an
-                        // earlier request landed after its answer was lost):
-                        // resume from its end. A copy ahead of the primary's
-                        // durable end cannot happen; it is only waited out.
+                        // The follower ends elsewhere (it restarted, an
+                        // earlier request was lost, or one landed after its
+                        // answer was lost): drop what is in flight and
+                        // resume from its end. A copy ahead of the
+                        // primary's durable end cannot happen; it is only
+                        // waited out.
                         probed = true;
                         next = response.durable_end;
+                        self.reset(&mut inflight, &mut next_send, next);
                         if next > durable {
                             warn!(segment = %self.replicated.segment, follower = node.0, follower_end = next, durable, "a follower copy ends past the primary's");
                             self.pause(&mut retry_ms).await;
@@ -708,15 +993,24 @@ impl Shipper {
                     }
                     Some(refusal) => {
                         debug!(segment = %self.replicated.segment, follower = node.0, ?refusal, message = %response.message, "follower refused a replica append");
+                        self.reset(&mut inflight, &mut next_send, next);
                         self.pause(&mut retry_ms).await;
                     }
                 },
                 Err(reason) => {
                     debug!(segment = %self.replicated.segment, follower = node.0, %reason, "follower unreachable");
+                    self.reset(&mut inflight, &mut next_send, next);
                     self.pause(&mut retry_ms).await;
                 }
             }
         }
+    }
+
+    /// Drops every request in flight (their answers no longer matter: the
+    /// follower refuses what overlaps) and resends from `from`.
+    fn reset(&self, inflight: &mut InFlight, next_send: &mut u64, from: u64) {
+        inflight.abort_all();
+        *next_send = from;
     }
 
     /// The length a closed segment's copy here is (or is about to be)
@@ -752,4 +1046,237 @@ fn report_lag_bytes(
     storage
         .metrics
         .replica_lag_bytes(node, local.byte_size.saturating_sub(follower));
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::sync::atomic::AtomicUsize;
+
+    use malachi_storage::{FileStore, Record, StoreConfig};
+
+    use super::*;
+    use crate::common::clock::SystemClock;
+    use crate::common::config::BrokerConfig;
+    use crate::common::metrics::BrokerMetrics;
+
+    const SEGMENT: u64 = 9;
+
+    fn storage(dir: &std::path::Path, config: BrokerConfig) -> Arc<Storage> {
+        let store = Arc::new(FileStore::open_dir(dir, StoreConfig::default()).unwrap());
+        Arc::new(Storage::new(
+            config,
+            store,
+            Arc::new(SystemClock),
+            Arc::new(BrokerMetrics::new()),
+        ))
+    }
+
+    /// A ReplicationServer on `storage`; its bounded ref.
+    async fn server(storage: &Arc<Storage>) -> BoundedRef<ReplicationMsg> {
+        let (_actor, _) = Actor::spawn(None, ReplicationServer, Arc::clone(storage))
+            .await
+            .unwrap();
+        storage.replication.server.read().clone().unwrap()
+    }
+
+    /// The primary's frames of `records` records, one run per record.
+    fn runs(primary: &Storage, records: u64) -> Vec<(u64, Bytes)> {
+        let id = malachi_storage::SegmentId(SEGMENT);
+        (0..records)
+            .map(|at| {
+                let run = primary.store.read_frames(id, at, 1).unwrap();
+                assert_eq!((run.first, run.records), (at, 1));
+                (at, Bytes::from(run.bytes))
+            })
+            .collect()
+    }
+
+    fn primary_with(dir: &std::path::Path, records: u64) -> Arc<Storage> {
+        let primary = storage(dir, BrokerConfig::default());
+        let id = malachi_storage::SegmentId(SEGMENT);
+        primary.store.open(id).unwrap();
+        let batch: Vec<Record> = (0..records)
+            .map(|i| Record::new(1, format!("k{}", i % 3), format!("v{i}")))
+            .collect();
+        primary.store.append(id, &batch).unwrap().wait().unwrap();
+        primary
+    }
+
+    fn request(first: u64, epoch: u64, frames: Bytes) -> ReplicaAppendRequest {
+        ReplicaAppendRequest {
+            topic: "t".into(),
+            segment: SEGMENT,
+            epoch,
+            first_offset: first,
+            committed_end: 0,
+            frames,
+        }
+    }
+
+    async fn send(
+        server: &BoundedRef<ReplicationMsg>,
+        request: ReplicaAppendRequest,
+    ) -> oneshot::Receiver<ReplicaAppendResponse> {
+        let (reply, answer) = oneshot::channel();
+        server
+            .send(|permit| ReplicationMsg::Append {
+                permit,
+                request,
+                repair_to: None,
+                reply,
+            })
+            .await
+            .unwrap();
+        answer
+    }
+
+    fn follower_bytes(follower: &Storage, end: u64) -> Vec<u8> {
+        let id = malachi_storage::SegmentId(SEGMENT);
+        follower.store.read_frames(id, 0, 1 << 20).map_or_else(
+            |_| Vec::new(),
+            |run| {
+                assert_eq!(run.first + run.records, end);
+                run.bytes
+            },
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_writes_appends_that_arrive_out_of_order_in_offset_order() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let primary = primary_with(a.path(), 4);
+        let follower = storage(b.path(), BrokerConfig::default());
+        let server = server(&follower).await;
+        let runs = runs(&primary, 4);
+        // 2 and 3 arrive before 0 and 1: held, then written once 0 and 1 land.
+        let third = send(&server, request(2, 1, runs[2].1.clone())).await;
+        let fourth = send(&server, request(3, 1, runs[3].1.clone())).await;
+        let first = send(&server, request(0, 1, runs[0].1.clone())).await;
+        let second = send(&server, request(1, 1, runs[1].1.clone())).await;
+        for (answer, end) in [(first, 1), (second, 2), (third, 3), (fourth, 4)] {
+            let answer = answer.await.unwrap();
+            assert_eq!(answer.refused, None, "{}", answer.message);
+            assert_eq!(answer.durable_end, end);
+        }
+        let whole: Vec<u8> = runs.iter().flat_map(|(_, b)| b.to_vec()).collect();
+        assert_eq!(follower_bytes(&follower, 4), whole, "byte-identical, in order");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_early_append_whose_gap_never_fills_is_refused_not_at_end_with_the_end() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let primary = primary_with(a.path(), 3);
+        let follower = storage(b.path(), BrokerConfig::default());
+        let server = server(&follower).await;
+        let runs = runs(&primary, 3);
+        let first = send(&server, request(0, 1, runs[0].1.clone())).await;
+        assert_eq!(first.await.unwrap().durable_end, 1);
+        let started = Instant::now();
+        let early = send(&server, request(2, 1, runs[2].1.clone())).await;
+        let answer = early.await.unwrap();
+        assert_eq!(answer.refused, Some(ReplicaRefusal::NotAtEnd));
+        assert_eq!(answer.durable_end, 1, "it names where the copy ends");
+        assert!(started.elapsed() >= Duration::from_millis(EARLY_WAIT_MS));
+        assert_eq!(follower_bytes(&follower, 1), runs[0].1.to_vec(), "nothing past the gap");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_early_append_of_an_older_epoch_is_never_written_after_a_newer_one() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let primary = primary_with(a.path(), 2);
+        let follower = storage(b.path(), BrokerConfig::default());
+        let server = server(&follower).await;
+        let runs = runs(&primary, 2);
+        let stale = send(&server, request(1, 1, runs[1].1.clone())).await;
+        let newer = send(&server, request(0, 2, runs[0].1.clone())).await;
+        assert_eq!(newer.await.unwrap().durable_end, 1);
+        let answer = stale.await.unwrap();
+        assert_eq!(answer.refused, Some(ReplicaRefusal::StaleEpoch));
+        assert_eq!(follower_bytes(&follower, 1), runs[0].1.to_vec());
+    }
+
+    /// A link to a follower's ReplicationServer that delays each request
+    /// by a different amount, so pipelined requests arrive out of order,
+    /// and counts how many are in flight at once.
+    #[derive(Debug)]
+    struct ShuffledLink {
+        follower: BoundedRef<ReplicationMsg>,
+        inflight: AtomicUsize,
+        inflight_peak: AtomicUsize,
+        requests: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl ReplicaLink for ShuffledLink {
+        async fn append(
+            &self,
+            _node: NodeId,
+            request: &ReplicaAppendRequest,
+            _timeout_ms: u64,
+        ) -> Result<ReplicaAppendResponse, String> {
+            let now = self.inflight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.inflight_peak.fetch_max(now, Ordering::SeqCst);
+            let n = self.requests.fetch_add(1, Ordering::SeqCst);
+            // 0, 7, 14, 1, 8, ... ms: later requests often overtake.
+            tokio::time::sleep(Duration::from_millis((n as u64 * 7) % 20)).await;
+            let answer = send(&self.follower, request.clone()).await.await;
+            self.inflight.fetch_sub(1, Ordering::SeqCst);
+            answer.map_err(|e| e.to_string())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_primary_pipelines_appends_and_the_follower_ends_byte_identical_and_committed() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        const RECORDS: u64 = 200;
+        let config = BrokerConfig {
+            // One record per request, so the pipeline has many to overlap.
+            replica_append_bytes_max: 1,
+            replica_pipeline_depth_max: 8,
+            ..BrokerConfig::default()
+        };
+        let primary = storage(a.path(), config);
+        let id = malachi_storage::SegmentId(SEGMENT);
+        primary.store.open(id).unwrap();
+        let follower = storage(b.path(), BrokerConfig::default());
+        let link = Arc::new(ShuffledLink {
+            follower: server(&follower).await,
+            inflight: AtomicUsize::new(0),
+            inflight_peak: AtomicUsize::new(0),
+            requests: AtomicUsize::new(0),
+        });
+        primary
+            .replication
+            .link
+            .set(Arc::clone(&link) as Arc<dyn ReplicaLink>)
+            .unwrap();
+        server(&primary).await;
+        let replicated = Arc::new(Replicated::new(
+            "t".into(),
+            SegmentId(SEGMENT),
+            1,
+            vec![NodeId(1), NodeId(2)],
+            0,
+            0,
+        ));
+        primary.replication.lead(Arc::clone(&replicated));
+        // Records become durable on the primary in small batches while the
+        // shipper runs.
+        for batch in 0..RECORDS / 10 {
+            let records: Vec<Record> = (0..10)
+                .map(|i| Record::new(1, format!("k{}", i % 3), format!("v{batch}-{i}")))
+                .collect();
+            let end = primary.store.append(id, &records).unwrap().wait().unwrap().end;
+            replicated.local_durable(&primary, end);
+        }
+        replicated.wait_committed(RECORDS, 30_000).await.unwrap();
+        let peak = link.inflight_peak.load(Ordering::SeqCst);
+        assert!(peak > 1, "requests were pipelined (peak {peak} in flight)");
+        assert!(peak <= 8, "never more than the depth in flight (peak {peak})");
+        let whole = primary.store.read_frames(id, 0, 1 << 30).unwrap();
+        assert_eq!(whole.records, RECORDS);
+        assert_eq!(follower_bytes(&follower, RECORDS), whole.bytes);
+        replicated.close();
+    }
 }
