@@ -313,7 +313,13 @@ pub async fn produce_load(
                 match producer.next_ack().await {
                     Ok(Some(ack)) => record(ack, &mut hist),
                     Ok(None) => break,
-                    Err(_) => errors += 1,
+                    Err(e) => {
+                        // A failed producer answers every later call with
+                        // the same error: what it holds is not acknowledged.
+                        errors += 1;
+                        tracing::warn!(error = %e, "a bench producer failed while draining");
+                        break;
+                    }
                 }
             }
             Ok::<_, CliError>((hist, errors))

@@ -53,6 +53,18 @@ impl CommitTracker {
         self.committed
     }
 
+    /// Raises copy `copy`'s durable end to at least `durable_end` and
+    /// returns the committed end. The primary's own copy is reported by
+    /// concurrent fsync completions in any order: a smaller end reported
+    /// after a larger one says nothing new, and must not lower it.
+    pub(crate) fn raise(&mut self, copy: usize, durable_end: u64) -> u64 {
+        let end = self
+            .durable
+            .get(copy)
+            .map_or(durable_end, |e| (*e).max(durable_end));
+        self.observe(copy, end)
+    }
+
     pub(crate) fn committed(&self) -> u64 {
         self.committed
     }
@@ -70,6 +82,18 @@ mod tests {
             [1, 2, 2, 3, 3],
             "Q = floor(N/2) + 1"
         );
+    }
+
+    #[test]
+    fn a_primary_end_reported_out_of_order_never_lowers_its_entry() {
+        // Regression: two fsync completions of the primary reported 600
+        // then 500; the follower answered 600. The entry fell to 500 and
+        // the committed end stayed below the last acknowledged record
+        // until the next write (a produce timed out `no_quorum`).
+        let mut tracker = CommitTracker::new(2, 0);
+        tracker.raise(0, 600);
+        tracker.raise(0, 500);
+        assert_eq!(tracker.observe(1, 600), 600);
     }
 
     #[test]

@@ -55,8 +55,8 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::quorum::CommitTracker;
-use crate::common::config::REPLICA_PIPELINE_DEPTH_LIMIT;
 use super::storage::Storage;
+use crate::common::config::REPLICA_PIPELINE_DEPTH_LIMIT;
 
 /// Replica-appends this broker's ReplicationServer may have queued at once;
 /// the cluster port's connection waits for a permit beyond it.
@@ -160,7 +160,7 @@ impl Replicated {
         committed: u64,
     ) -> Replicated {
         let mut tracker = CommitTracker::new(replicas.len(), committed);
-        tracker.observe(0, durable);
+        tracker.raise(0, durable);
         Replicated {
             topic,
             segment,
@@ -178,18 +178,27 @@ impl Replicated {
     }
 
     /// The local copy is durable to `end`: followers may be sent up to it.
+    /// Concurrent fsync completions report in any order; the local end
+    /// only grows.
     pub fn local_durable(&self, storage: &Storage, end: u64) {
         self.local_durable.send_if_modified(|d| {
             let grew = end > *d;
             *d = (*d).max(end);
             grew
         });
-        self.observe(storage, 0, end);
+        let committed = self.tracker.lock().raise(0, end);
+        self.publish(storage, committed);
     }
 
     /// Copy `copy` is durable to `end`; publishes a new committed end.
     fn observe(&self, storage: &Storage, copy: usize, end: u64) {
         let committed = self.tracker.lock().observe(copy, end);
+        self.publish(storage, committed);
+    }
+
+    /// Publishes `committed` if it is news: to the copy's readers, then
+    /// to the waiters.
+    fn publish(&self, storage: &Storage, committed: u64) {
         if committed <= self.committed() {
             return;
         }
@@ -925,11 +934,13 @@ impl Shipper {
                 if probed {
                     next_send = first + records;
                 }
+                tracing::trace!(segment = %self.replicated.segment, follower = node.0, first, records, next_send, durable, inflight = inflight.len(), "replica append sent");
                 continue;
             }
             // Nothing to send now: wait for an answer, more durable
             // records (while there is room), or a new committed end.
             let Some(oldest) = inflight.front_mut() else {
+                tracing::trace!(segment = %self.replicated.segment, follower = node.0, next, next_send, durable, commit, "shipper idle");
                 tokio::select! {
                     changed = local.changed() => if changed.is_err() { return },
                     changed = committed.changed() => if changed.is_err() { return },
@@ -945,6 +956,7 @@ impl Shipper {
                 }
             };
             inflight.pop_front();
+            tracing::trace!(segment = %self.replicated.segment, follower = node.0, answer = ?shipped.as_ref().map(|s| s.answer.as_ref().map(|r| (r.durable_end, r.refused))), next, next_send, inflight = inflight.len(), "replica append answered");
             let Ok(Shipped {
                 commit,
                 durable,
@@ -1160,7 +1172,11 @@ mod tests {
             assert_eq!(answer.durable_end, end);
         }
         let whole: Vec<u8> = runs.iter().flat_map(|(_, b)| b.to_vec()).collect();
-        assert_eq!(follower_bytes(&follower, 4), whole, "byte-identical, in order");
+        assert_eq!(
+            follower_bytes(&follower, 4),
+            whole,
+            "byte-identical, in order"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1178,7 +1194,11 @@ mod tests {
         assert_eq!(answer.refused, Some(ReplicaRefusal::NotAtEnd));
         assert_eq!(answer.durable_end, 1, "it names where the copy ends");
         assert!(started.elapsed() >= Duration::from_millis(EARLY_WAIT_MS));
-        assert_eq!(follower_bytes(&follower, 1), runs[0].1.to_vec(), "nothing past the gap");
+        assert_eq!(
+            follower_bytes(&follower, 1),
+            runs[0].1.to_vec(),
+            "nothing past the gap"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1194,6 +1214,32 @@ mod tests {
         let answer = stale.await.unwrap();
         assert_eq!(answer.refused, Some(ReplicaRefusal::StaleEpoch));
         assert_eq!(follower_bytes(&follower, 1), runs[0].1.to_vec());
+    }
+
+    #[test]
+    fn fsync_completions_reported_out_of_order_still_commit_the_last_record() {
+        // Regression (found by `bench/scripts/replica-pipeline-depth.sh`
+        // at RF=2): the primary's end was set, not raised, so a smaller end
+        // reported after a larger one held the committed end below the
+        // last acknowledged record, and its produce timed out `no_quorum`.
+        let dir = tempfile::tempdir().unwrap();
+        let storage = storage(dir.path(), BrokerConfig::default());
+        storage
+            .store
+            .open(malachi_storage::SegmentId(SEGMENT))
+            .unwrap();
+        let replicated = Replicated::new(
+            "t".into(),
+            SegmentId(SEGMENT),
+            1,
+            vec![NodeId(1), NodeId(2)],
+            0,
+            0,
+        );
+        replicated.local_durable(&storage, 600);
+        replicated.local_durable(&storage, 500);
+        replicated.observe(&storage, 1, 600);
+        assert_eq!(replicated.committed(), 600);
     }
 
     /// A link to a follower's ReplicationServer that delays each request
@@ -1267,13 +1313,22 @@ mod tests {
             let records: Vec<Record> = (0..10)
                 .map(|i| Record::new(1, format!("k{}", i % 3), format!("v{batch}-{i}")))
                 .collect();
-            let end = primary.store.append(id, &records).unwrap().wait().unwrap().end;
+            let end = primary
+                .store
+                .append(id, &records)
+                .unwrap()
+                .wait()
+                .unwrap()
+                .end;
             replicated.local_durable(&primary, end);
         }
         replicated.wait_committed(RECORDS, 30_000).await.unwrap();
         let peak = link.inflight_peak.load(Ordering::SeqCst);
         assert!(peak > 1, "requests were pipelined (peak {peak} in flight)");
-        assert!(peak <= 8, "never more than the depth in flight (peak {peak})");
+        assert!(
+            peak <= 8,
+            "never more than the depth in flight (peak {peak})"
+        );
         let whole = primary.store.read_frames(id, 0, 1 << 30).unwrap();
         assert_eq!(whole.records, RECORDS);
         assert_eq!(follower_bytes(&follower, RECORDS), whole.bytes);
