@@ -102,14 +102,14 @@ impl ReplicaLink for TcpReplicaLink {
         request: &ReplicaAppendRequest,
         timeout_ms: u64,
     ) -> Result<ReplicaAppendResponse, String> {
-        let body = request.encode().map_err(|e| e.to_string())?;
+        let (control, frames) = request.encode_parts().map_err(|e| e.to_string())?;
         let answer = self
             .transport
-            .call_raw(
+            .call_raw_parts(
                 node.0,
                 REPLICA_APPEND_API_KEY,
                 request.segment,
-                &body,
+                &[&control, &frames],
                 timeout_ms,
             )
             .await

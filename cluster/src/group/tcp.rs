@@ -461,6 +461,21 @@ impl TcpTransport {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<Bytes, TransportError> {
+        self.call_raw_parts(target, api_key, group_id, &[body], timeout_ms)
+            .await
+    }
+
+    /// [`call_raw`](Self::call_raw) with a body given in parts, written
+    /// one after another into the request (so a large part, such as
+    /// replica-append frames, is copied once, not once per layer).
+    pub async fn call_raw_parts(
+        &self,
+        target: u64,
+        api_key: u16,
+        group_id: u64,
+        body: &[&[u8]],
+        timeout_ms: u64,
+    ) -> Result<Bytes, TransportError> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let network = |reason: String| TransportError::Network { target, reason };
         let conn = tokio::time::timeout_at(deadline, self.connection(target))
@@ -474,9 +489,12 @@ impl TcpTransport {
             .map_err(|_| network("no free slot on the connection in time".to_owned()))?
             .map_err(|_| network("connection closed".to_owned()))?;
         let correlation_id = conn.next_correlation.fetch_add(1, Ordering::Relaxed);
-        let mut payload = BytesMut::with_capacity(GROUP_ID_BYTES + body.len());
+        let body_bytes: usize = body.iter().map(|part| part.len()).sum();
+        let mut payload = BytesMut::with_capacity(GROUP_ID_BYTES + body_bytes);
         payload.put_u64(group_id);
-        payload.put_slice(body);
+        for part in body {
+            payload.put_slice(part);
+        }
         let (answer_tx, answer_rx) = oneshot::channel();
         conn.pending.lock().insert(correlation_id, answer_tx);
         if conn.is_closed() {
