@@ -41,28 +41,69 @@ fn main() -> ExitCode {
 }
 
 /// Brokers log at info by default; client commands only warn, so their
-/// stdout and stderr stay what scripts parse. `RUST_LOG` overrides both, and
+/// stdout and stderr stay what scripts parse. `malachi dev` shows its banner
+/// and warnings on the terminal and writes its info log to
+/// `DATA_DIR/dev.log`. `RUST_LOG` overrides the levels, and
 /// `MALACHI_LOG_FORMAT=json` switches to JSON lines.
 fn init_logging(command: &Command) {
     use tracing_subscriber::EnvFilter;
-    let default = match command {
-        // openraft narrates every vote and log read at info; operators need
-        // its warnings only.
-        Command::Broker(_) | Command::Dev(_) => "info,openraft=warn",
-        _ => "warn",
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // openraft narrates every vote and log read at info, and warns of
+    // conditions raft rides out (a peer not yet reachable while membership
+    // forms, an election's race); ractor_cluster warns of every node session
+    // that ends, an ordered shutdown's included. Their errors stay; the raft
+    // transport warns itself when a peer's calls fail for seconds, and
+    // membership reports a lost broker (ADR 0100).
+    const QUIET: &str = "openraft=error,ractor_cluster=error";
+    let filter = |default: &str| {
+        EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new(format!("{default},{QUIET}")))
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
     let json = std::env::var("MALACHI_LOG_FORMAT").is_ok_and(|v| v == "json");
-    // A second initialisation cannot happen here; ignoring the error is safe.
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (terminal, file) = match command {
+        Command::Broker(_) => ("info", None),
+        Command::Dev(args) => ("warn", dev_log(&args.data_dir)),
+        _ => ("warn", None),
     };
+    let file_layer = file.map(|file| {
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file));
+        if json {
+            layer.json().with_filter(filter("info")).boxed()
+        } else {
+            layer.with_filter(filter("info")).boxed()
+        }
+    });
+    let terminal_layer = {
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr);
+        if json {
+            layer.json().with_filter(filter(terminal)).boxed()
+        } else {
+            layer.with_filter(filter(terminal)).boxed()
+        }
+    };
+    // A second initialisation cannot happen here; ignoring the error is safe.
+    let _ = tracing_subscriber::registry()
+        .with(terminal_layer)
+        .with(file_layer)
+        .try_init();
+}
+
+/// `malachi dev`'s log file, appended to; none (the terminal only) when it
+/// cannot be opened, which the start then reports.
+fn dev_log(data_dir: &std::path::Path) -> Option<std::fs::File> {
+    std::fs::create_dir_all(data_dir).ok()?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.join("dev.log"))
+        .ok()
 }
 
 async fn run(command: Command) -> Result<(), CliError> {

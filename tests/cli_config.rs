@@ -136,3 +136,28 @@ fn a_broker_that_cannot_bind_its_port_exits_non_zero_with_one_line() {
     let line = one_line_failure(&output);
     assert!(line.contains(&addr), "{line}");
 }
+
+#[test]
+fn a_broker_refuses_a_data_dir_another_node_created_and_names_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let start = |node: &str| {
+        let mut command = Command::new(BIN);
+        for var in ["MALACHI_NODE_ID", "MALACHI_DATA_DIR", "MALACHI_CONFIG"] {
+            command.env_remove(var);
+        }
+        command
+            .args(["broker", "--node-id", node, "--data-dir"])
+            .arg(&data)
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .output()
+            .unwrap()
+    };
+    // Node 2 created it (its first start records the id) ...
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("NODE"), "node_id = 2\n").unwrap();
+    // ... so node 1 is refused before it opens anything.
+    let line = one_line_failure(&start("1"));
+    assert!(line.contains("belongs to node 2, not node 1"), "{line}");
+    assert!(!data.join("segments").exists(), "nothing was opened");
+}

@@ -106,6 +106,59 @@ fn cluster_fingerprint(config: &BrokerConfig) -> String {
     )
 }
 
+/// The file in a data dir naming the node it belongs to.
+const NODE_FILE: &str = "NODE";
+
+/// Refuses to start on a data dir written by another node: its raft logs,
+/// votes and segment copies are that node's, and serving them under this
+/// node's id would let one vote count twice. The first start records the
+/// id; a data dir from before the file existed adopts this node's.
+fn check_node_identity(config: &BrokerConfig) -> Result<(), BrokerError> {
+    let path = config.data_dir.join(NODE_FILE);
+    let wanted = format!("node_id = {}\n", config.node_id);
+    match std::fs::read_to_string(&path) {
+        Ok(recorded) if recorded == wanted => Ok(()),
+        Ok(recorded) => {
+            let owner = recorded
+                .trim()
+                .strip_prefix("node_id = ")
+                .unwrap_or(recorded.trim());
+            Err(BrokerError::Config {
+                reason: format!(
+                    "the data dir {} belongs to node {owner}, not node {}: start node {owner} on it, or give node {} a data dir of its own",
+                    config.data_dir.display(),
+                    config.node_id,
+                    config.node_id
+                ),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            write_durably(&path, wanted.as_bytes())?;
+            Ok(())
+        }
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
+/// Writes `bytes` to `path` through a synced temporary file and a rename,
+/// and syncs the directory, so the file is either absent or whole.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), BrokerError> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+        file.write_all(bytes).map_err(io_err(&tmp))?;
+        file.sync_all().map_err(io_err(&tmp))?;
+    }
+    std::fs::rename(&tmp, path).map_err(io_err(path))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(dir))?;
+    }
+    Ok(())
+}
+
 /// Refuses to start on a data dir whose vnode groups were created under
 /// other cluster settings: the voters this broker would compute no longer
 /// match the groups' memberships, so it could leave a vnode it votes in
@@ -384,6 +437,7 @@ impl Broker {
         let data_dir = config.data_dir.clone();
         std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
         let cursor_bootstrap = bootstrap_cursor_secret(&config.secret_path())?;
+        check_node_identity(&config)?;
         check_cluster_settings(&config)?;
         let store = Arc::new(FileStore::open_dir(
             data_dir.join("segments"),
@@ -700,6 +754,26 @@ pub async fn run_until_signal(config: BrokerConfig) -> Result<(), BrokerError> {
 mod tests {
     use super::*;
     use crate::common::config::ClusterSettings;
+
+    #[test]
+    fn a_data_dir_refuses_a_node_other_than_the_one_that_created_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = BrokerConfig {
+            node_id: 1,
+            ..BrokerConfig::for_tests(dir.path())
+        };
+        check_node_identity(&one).unwrap();
+        check_node_identity(&one).unwrap();
+        let two = BrokerConfig {
+            node_id: 2,
+            ..BrokerConfig::for_tests(dir.path())
+        };
+        let refused = check_node_identity(&two).unwrap_err().to_string();
+        assert!(
+            refused.contains("belongs to node 1, not node 2"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn a_data_dir_refuses_cluster_settings_other_than_those_it_was_created_with() {

@@ -75,6 +75,9 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
         // One metadata cluster: every broker knows every node id, so all
         // compute the same voters for each vnode (ADR 0081).
         layered.broker.cluster.nodes = (1..=u64::from(args.nodes)).collect();
+        // The development cookie, on purpose: nothing to warn of.
+        layered.broker.membership.cluster_cookie =
+            Some(malachi_actors::DEV_CLUSTER_COOKIE.to_owned());
         layered
             .broker
             .validate()
@@ -103,10 +106,14 @@ fn dev_banner(nodes: &[(u64, String, String)], data_dir: &Path) -> String {
             "  node {node_id}  client {client}  admin http://{admin}/\n"
         ));
     }
+    // The default replication factor: 3, or every broker when fewer.
+    let copies = nodes.len().min(3);
+    let quorum = copies / 2 + 1;
     out.push_str(&format!(
-        "  data          {}/node-<id>\n\
-         (metadata is shared: any broker creates, lists and describes any topic; records\n\
-         \x20live on one broker per topic, and the others point clients to it)\n\
+        "  data          {0}/node-<id>\n\
+         \x20 logs          {0}/dev.log (warnings also here)\n\
+         (metadata is shared: any broker creates, lists and describes any topic; a\n\
+         \x20topic's records have {copies} cop{1}, a produce is acknowledged once {quorum} hold it)\n\
          try, in another terminal:\n\
          \x20 malachi cluster status\n\
          \x20 malachi topic create demo\n\
@@ -114,7 +121,8 @@ fn dev_banner(nodes: &[(u64, String, String)], data_dir: &Path) -> String {
          \x20 malachi consume demo --from-start\n\
          \x20 malachi tree --all\n\
          stop with Ctrl-C.",
-        data_dir.display()
+        data_dir.display(),
+        if copies == 1 { "y" } else { "ies" }
     ));
     out
 }

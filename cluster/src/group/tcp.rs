@@ -232,6 +232,9 @@ struct PeerSlot {
 pub struct TcpTransport {
     config: TcpTransportConfig,
     peers: Mutex<BTreeMap<u64, PeerSlot>>,
+    /// How raft RPCs to each peer have fared: what decides whether a
+    /// failure is worth a warning (openraft's own are filtered out).
+    health: Mutex<BTreeMap<u64, PeerHealth>>,
     /// Serializes connection attempts, so concurrent calls to one dead peer
     /// make one attempt, not one each.
     connecting: tokio::sync::Mutex<()>,
@@ -242,6 +245,7 @@ impl TcpTransport {
         TcpTransport {
             config,
             peers: Mutex::new(BTreeMap::new()),
+            health: Mutex::new(BTreeMap::new()),
             connecting: tokio::sync::Mutex::new(()),
         }
     }
@@ -549,9 +553,107 @@ impl GroupTransport for TcpTransport {
         body: Vec<u8>,
         timeout_ms: u64,
     ) -> Result<Vec<u8>, TransportError> {
-        self.call_raw(target, raft_api_key(kind), group_id, &body, timeout_ms)
+        let answer = self
+            .call_raw(target, raft_api_key(kind), group_id, &body, timeout_ms)
             .await
-            .map(|b| b.to_vec())
+            .map(|b| b.to_vec());
+        let now = Instant::now();
+        let verdict = {
+            let mut health = self.health.lock();
+            let peer = health.entry(target).or_default();
+            match &answer {
+                Ok(_) => peer.succeeded(),
+                Err(_) => peer.failed(now),
+            }
+        };
+        let node = self.config.node_id;
+        match (verdict, &answer) {
+            (
+                Verdict::Warn {
+                    failures,
+                    failing_ms,
+                },
+                Err(error),
+            ) => tracing::warn!(
+                node,
+                peer = target,
+                failures,
+                failing_ms,
+                %error,
+                "raft calls to a peer keep failing"
+            ),
+            (Verdict::Recovered { failures }, _) => tracing::info!(
+                node,
+                peer = target,
+                failures,
+                "raft calls to a peer succeed again"
+            ),
+            (_, Err(error)) => {
+                tracing::debug!(node, peer = target, group_id, %error, "raft call failed")
+            }
+            _ => {}
+        }
+        answer
+    }
+}
+
+/// A peer's raft calls fail for this long, without one success, before
+/// the failure is logged as a warning: shorter gaps are a broker starting
+/// (no address gossiped yet), an election's race, or a loaded machine, all
+/// of which raft rides out.
+pub const PEER_FAILING_WARN_MS: u64 = 5_000;
+/// At most one warning per peer in this long while it stays down.
+pub const PEER_WARN_INTERVAL_MS: u64 = 30_000;
+
+/// What one raft call's outcome says about its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Nothing worth more than a debug line.
+    Quiet,
+    /// Failing without a success for at least [`PEER_FAILING_WARN_MS`].
+    Warn { failures: u64, failing_ms: u64 },
+    /// A success after a warning.
+    Recovered { failures: u64 },
+}
+
+/// How raft calls to one peer have fared since its last success.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct PeerHealth {
+    failing_since: Option<Instant>,
+    failures: u64,
+    warned_at: Option<Instant>,
+}
+
+impl PeerHealth {
+    pub(crate) fn failed(&mut self, now: Instant) -> Verdict {
+        self.failures += 1;
+        let since = *self.failing_since.get_or_insert(now);
+        let failing_ms =
+            u64::try_from(now.saturating_duration_since(since).as_millis()).unwrap_or(u64::MAX);
+        let quiet_since_warning = self.warned_at.is_none_or(|at| {
+            now.saturating_duration_since(at) >= Duration::from_millis(PEER_WARN_INTERVAL_MS)
+        });
+        if failing_ms >= PEER_FAILING_WARN_MS && quiet_since_warning {
+            self.warned_at = Some(now);
+            Verdict::Warn {
+                failures: self.failures,
+                failing_ms,
+            }
+        } else {
+            Verdict::Quiet
+        }
+    }
+
+    pub(crate) fn succeeded(&mut self) -> Verdict {
+        let verdict = if self.warned_at.is_some() {
+            Verdict::Recovered {
+                failures: self.failures,
+            }
+        } else {
+            Verdict::Quiet
+        };
+        *self = PeerHealth::default();
+        verdict
     }
 }
 
@@ -1035,5 +1137,41 @@ impl GroupRegistry {
 impl RpcService for GroupRegistry {
     async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
         self.serve_raft(api_key, group_id, &body).await
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_failing_briefly_stays_quiet_and_one_failing_for_long_warns_once_then_recovers() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut peer = PeerHealth::default();
+        // A start-up's or an election's failures: no warning.
+        assert_eq!(peer.failed(at(0)), Verdict::Quiet);
+        assert_eq!(peer.failed(at(4_000)), Verdict::Quiet);
+        assert_eq!(peer.succeeded(), Verdict::Quiet);
+        // A success restarts the clock.
+        assert_eq!(peer.failed(at(6_000)), Verdict::Quiet);
+        assert_eq!(
+            peer.failed(at(11_000)),
+            Verdict::Warn {
+                failures: 2,
+                failing_ms: 5_000
+            }
+        );
+        // Once per interval while it stays down.
+        assert_eq!(peer.failed(at(12_000)), Verdict::Quiet);
+        assert_eq!(
+            peer.failed(at(41_000)),
+            Verdict::Warn {
+                failures: 4,
+                failing_ms: 35_000
+            }
+        );
+        assert_eq!(peer.succeeded(), Verdict::Recovered { failures: 4 });
+        assert_eq!(peer.succeeded(), Verdict::Quiet);
     }
 }

@@ -1159,6 +1159,12 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, RpcError> {
 #[async_trait::async_trait]
 impl RpcService for VnodeHost {
     async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
+        // A stopping host's groups are shutting down: answer for them,
+        // rather than hand a peer's heartbeat to a stopped raft (which
+        // logs it as an error).
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(RpcError::Group(crate::group::GroupError::Stopped));
+        }
         match api_key {
             FORWARD_PROPOSE_API_KEY
             | FORWARD_READ_API_KEY
