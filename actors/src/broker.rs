@@ -438,6 +438,18 @@ impl Broker {
         std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
         let cursor_bootstrap = bootstrap_cursor_secret(&config.secret_path())?;
         check_node_identity(&config)?;
+        if !config.seeds.is_empty()
+            && config.cluster.nodes.is_empty()
+            && config.metadata_backend == crate::common::config::MetadataBackend::Raft
+        {
+            // Not an error (membership alone works), but never silent: these
+            // brokers would each keep their own topics (issue 18).
+            warn!(
+                node = config.node_id,
+                seeds = config.seeds.len(),
+                "seeds are set but [cluster] nodes is not: this broker joins the others' membership yet keeps its own metadata, so topics created elsewhere are not seen here; list every broker's node id in [cluster] nodes (docs/guides/clustering.md)"
+            );
+        }
         check_cluster_settings(&config)?;
         let store = Arc::new(FileStore::open_dir(
             data_dir.join("segments"),
