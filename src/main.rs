@@ -120,6 +120,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Bench(BenchCommand::Consume(args)) => cli::bench::consume(args).await,
         Command::Bench(BenchCommand::Compare(args)) => cli::bench::compare::compare(args).await,
         Command::Bench(BenchCommand::Metadata(args)) => cli::bench::metadata::metadata(args).await,
+        Command::Bench(BenchCommand::Idle(args)) => cli::bench::idle::idle(args).await,
         Command::Bench(BenchCommand::Storage(_)) => Err(CliError::NotImplemented(
             "bench storage runs outside the runtime",
         )),

@@ -516,6 +516,11 @@ impl ServerGuard {
     }
 
     /// The last lines the server printed, for an error message.
+    /// The server's process id (for sampling its CPU and memory).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.dir.path().join("server.out")).unwrap_or_default();
         let lines: Vec<&str> = text.lines().rev().take(3).collect();

@@ -268,6 +268,34 @@ pub enum BenchCommand {
     Compare(BenchCompareArgs),
     /// Metadata load against a running cluster: topic creations, describes and deletes per second.
     Metadata(BenchMetadataArgs),
+    /// What an idle cluster costs: starts brokers with no traffic and reports each one's CPU and memory.
+    Idle(BenchIdleArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Starts the brokers itself (this executable, on loopback ports, in fresh directories \
+    under the temporary directory), waits until they see each other and lets elections settle, then \
+    samples each broker's CPU time and resident memory from /proc over the duration, with no client \
+    traffic. Linux only.\n\n\
+    Example: malachi bench idle --brokers 3 --vnodes 256 --duration 30s"
+)]
+pub struct BenchIdleArgs {
+    /// How many brokers form the cluster (1 to 16).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub brokers: u64,
+    /// Vnodes of the ring (each a raft group on `replicas_per_vnode` brokers).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub vnodes: u32,
+    /// How long to sample, after the settle time.
+    #[arg(long, default_value = "30s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub duration: std::time::Duration,
+    /// How long to wait after the brokers see each other before sampling.
+    #[arg(long, default_value = "10s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub settle: std::time::Duration,
+    /// One JSON object per broker and line instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -566,7 +566,7 @@ fn fresh_dir(plan: &Plan, prefix: &str) -> Result<tempfile::TempDir, CliError> {
         })
 }
 
-async fn start_server(
+pub(super) async fn start_server(
     name: String,
     bin: PathBuf,
     args: Vec<OsString>,
@@ -582,7 +582,7 @@ async fn start_server(
     .map_err(CliError::from)
 }
 
-fn loopback(port: u16) -> SocketAddr {
+pub(super) fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
@@ -854,7 +854,7 @@ fn absorb(total: &mut LoadOutcome, slice: LoadOutcome) {
 }
 
 /// Waits until the broker behind `output` sees `brokers` brokers alive.
-async fn wait_for_brokers(output: &OutputArgs, brokers: u64) -> Result<(), String> {
+pub(super) async fn wait_for_brokers(output: &OutputArgs, brokers: u64) -> Result<(), String> {
     let started = Instant::now();
     loop {
         let last = match super::bench_client(output).await {
