@@ -202,7 +202,8 @@ impl InboundConnections {
     }
 
     /// Inbound connections authenticated and dropped before authenticating,
-    /// since start (for tests and diagnostics).
+    /// since start (for tests).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn counts(&self) -> (u64, u64) {
         (
             self.authenticated_total.load(Ordering::Relaxed),

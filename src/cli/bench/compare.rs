@@ -566,7 +566,7 @@ fn fresh_dir(plan: &Plan, prefix: &str) -> Result<tempfile::TempDir, CliError> {
         })
 }
 
-pub(super) async fn start_server(
+async fn start_server(
     name: String,
     bin: PathBuf,
     args: Vec<OsString>,
@@ -582,7 +582,7 @@ pub(super) async fn start_server(
     .map_err(CliError::from)
 }
 
-pub(super) fn loopback(port: u16) -> SocketAddr {
+fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
@@ -770,23 +770,43 @@ async fn start_rf3_cluster(
     notes: &Notes,
     exe: &std::path::Path,
 ) -> Result<Vec<ServerGuard>, CliError> {
+    start_cluster(
+        exe,
+        RF3_BROKERS,
+        &malachi_cluster_config(RF3_BROKERS),
+        |id| {
+            notes.progress(&format!(
+                "malachi rf=3: starting broker {id} of {RF3_BROKERS}"
+            ));
+            fresh_dir(plan, &format!("malachi-rf3-{id}-"))
+        },
+    )
+    .await
+}
+
+/// Starts `brokers` brokers of one cluster (node ids 1..=N, each the
+/// others' seed, on free loopback ports), each with `config` and the
+/// directory `dir(id)` gives, and returns once each serves clients.
+pub(super) async fn start_cluster(
+    exe: &std::path::Path,
+    brokers: u64,
+    config: &str,
+    mut dir: impl FnMut(u64) -> Result<tempfile::TempDir, CliError>,
+) -> Result<Vec<ServerGuard>, CliError> {
     let mut nodes = Vec::new();
-    for id in 1..=RF3_BROKERS {
+    for id in 1..=brokers {
         nodes.push((id, peers::free_port()?, peers::free_port()?));
     }
     let mut guards: Vec<ServerGuard> = Vec::new();
     for &(id, port, admin) in &nodes {
-        notes.progress(&format!(
-            "malachi rf=3: starting broker {id} of {RF3_BROKERS}"
-        ));
-        let dir = fresh_dir(plan, &format!("malachi-rf3-{id}-"))?;
-        let config = dir.path().join("broker.toml");
-        std::fs::write(&config, malachi_cluster_config(RF3_BROKERS))
+        let dir = dir(id)?;
+        let config_path = dir.path().join("broker.toml");
+        std::fs::write(&config_path, config)
             .map_err(|e| CliError::Bench(format!("cannot write a broker config: {e}")))?;
         let mut args: Vec<OsString> = vec![
             "broker".into(),
             "--config".into(),
-            config.into_os_string(),
+            config_path.into_os_string(),
             "--node-id".into(),
             id.to_string().into(),
             "--listen".into(),
@@ -804,7 +824,7 @@ async fn start_rf3_cluster(
         }
         guards.push(
             start_server(
-                format!("malachi broker {id} of {RF3_BROKERS}"),
+                format!("malachi broker {id} of {brokers}"),
                 exe.to_owned(),
                 args,
                 dir,

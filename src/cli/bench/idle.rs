@@ -6,15 +6,14 @@
 //! (heartbeats, lease renewals, ticks) is what it shows; nothing is
 //! asserted here: the targets live in docs/benchmarks.md.
 
-use std::ffi::OsString;
 use std::time::Instant;
 
-use malachi_bench::peers::{self, ServerGuard};
+use malachi_bench::peers::ServerGuard;
 use serde::Serialize;
 
 use super::super::error::CliError;
 use super::super::{BenchIdleArgs, OutputArgs};
-use super::compare::{loopback, start_server, wait_for_brokers};
+use super::compare::{start_cluster, wait_for_brokers};
 
 /// The most brokers one run starts.
 const IDLE_BROKERS_MAX: u64 = 16;
@@ -47,50 +46,15 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
     }
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Bench(format!("cannot find this executable: {e}")))?;
-    let mut nodes = Vec::new();
-    for id in 1..=args.brokers {
-        nodes.push((id, peers::free_port()?, peers::free_port()?));
-    }
-    let config_text = idle_config(args.brokers, args.vnodes);
-    let mut guards: Vec<(u64, ServerGuard)> = Vec::new();
-    for &(id, port, admin) in &nodes {
-        let dir = tempfile::Builder::new()
+    let config = idle_config(args.brokers, args.vnodes);
+    let guards = start_cluster(&exe, args.brokers, &config, |id| {
+        tempfile::Builder::new()
             .prefix(&format!("malachi-idle-{id}-"))
             .tempdir()
-            .map_err(|e| CliError::Bench(format!("cannot create a directory: {e}")))?;
-        let config = dir.path().join("broker.toml");
-        std::fs::write(&config, &config_text)
-            .map_err(|e| CliError::Bench(format!("cannot write a broker config: {e}")))?;
-        let mut broker_args: Vec<OsString> = vec![
-            "broker".into(),
-            "--config".into(),
-            config.into_os_string(),
-            "--node-id".into(),
-            id.to_string().into(),
-            "--listen".into(),
-            loopback(port).to_string().into(),
-            "--admin-listen".into(),
-            loopback(admin).to_string().into(),
-            "--data-dir".into(),
-            dir.path().join("data").into_os_string(),
-        ];
-        for &(other, other_port, _) in &nodes {
-            if other != id {
-                broker_args.push("--seed".into());
-                broker_args.push(loopback(other_port).to_string().into());
-            }
-        }
-        let guard = start_server(
-            format!("malachi broker {id} of {}", args.brokers),
-            exe.clone(),
-            broker_args,
-            dir,
-            loopback(port),
-            "serving clients on",
-        )
-        .await?;
-        guards.push((id, guard));
-    }
+            .map_err(|e| CliError::Bench(format!("cannot create a directory: {e}")))
+    })
+    .await?;
+    let guards: Vec<(u64, ServerGuard)> = (1..=args.brokers).zip(guards).collect();
     let output = OutputArgs {
         broker: guards
             .first()
