@@ -133,6 +133,19 @@ pub(crate) struct Replicated {
     committed: watch::Sender<u64>,
     local_durable: watch::Sender<u64>,
     closed: AtomicBool,
+    /// The last run of durable frames a shipper read, for the other
+    /// followers' shippers, which usually ask for the same offset next:
+    /// one read of the log per run rather than one per follower. Durable
+    /// frames never change, so a cached run is as good as a fresh read.
+    last_run: Mutex<Option<CachedRun>>,
+}
+
+/// A run of durable frames read from the primary's copy.
+#[derive(Debug, Clone)]
+struct CachedRun {
+    first: u64,
+    records: u64,
+    frames: Bytes,
 }
 
 /// Why a produce was not acknowledged by a quorum in time.
@@ -170,6 +183,7 @@ impl Replicated {
             tracker: Mutex::new(tracker),
             local_durable: watch::channel(durable).0,
             closed: AtomicBool::new(false),
+            last_run: Mutex::new(None),
         }
     }
 
@@ -247,6 +261,19 @@ impl Replicated {
 
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// The cached run starting at `from`, if the last read was one.
+    fn cached_run(&self, from: u64) -> Option<CachedRun> {
+        self.last_run
+            .lock()
+            .as_ref()
+            .filter(|run| run.first == from && run.records > 0)
+            .cloned()
+    }
+
+    fn cache_run(&self, run: CachedRun) {
+        *self.last_run.lock() = Some(run);
     }
 }
 
@@ -877,7 +904,11 @@ impl Shipper {
                     continue;
                 }
                 held = false;
-                let (first, frames, records) = if send_data {
+                let (first, frames, records) = if send_data
+                    && let Some(run) = self.replicated.cached_run(next_send)
+                {
+                    (run.first, run.frames, run.records)
+                } else if send_data {
                     let store = Arc::clone(&self.storage.store);
                     let from = next_send;
                     let read =
@@ -886,7 +917,13 @@ impl Shipper {
                     match read {
                         Ok(Ok(run)) => {
                             debug_assert_eq!(run.first, from, "a run starts where it was asked");
-                            (run.first, Bytes::from(run.bytes), run.records)
+                            let frames = Bytes::from(run.bytes);
+                            self.replicated.cache_run(CachedRun {
+                                first: run.first,
+                                records: run.records,
+                                frames: frames.clone(),
+                            });
+                            (run.first, frames, run.records)
                         }
                         Ok(Err(e)) => {
                             warn!(segment = %self.replicated.segment, follower = node.0, error = %e, "cannot read frames to ship");
@@ -1247,7 +1284,7 @@ mod tests {
     /// and counts how many are in flight at once.
     #[derive(Debug)]
     struct ShuffledLink {
-        follower: BoundedRef<ReplicationMsg>,
+        followers: HashMap<NodeId, BoundedRef<ReplicationMsg>>,
         inflight: AtomicUsize,
         inflight_peak: AtomicUsize,
         requests: AtomicUsize,
@@ -1257,25 +1294,30 @@ mod tests {
     impl ReplicaLink for ShuffledLink {
         async fn append(
             &self,
-            _node: NodeId,
+            node: NodeId,
             request: &ReplicaAppendRequest,
             _timeout_ms: u64,
         ) -> Result<ReplicaAppendResponse, String> {
+            let follower = self.followers.get(&node).ok_or("no such follower")?;
             let now = self.inflight.fetch_add(1, Ordering::SeqCst) + 1;
             self.inflight_peak.fetch_max(now, Ordering::SeqCst);
             let n = self.requests.fetch_add(1, Ordering::SeqCst);
             // 0, 7, 14, 1, 8, ... ms: later requests often overtake.
             tokio::time::sleep(Duration::from_millis((n as u64 * 7) % 20)).await;
-            let answer = send(&self.follower, request.clone()).await.await;
+            let answer = send(follower, request.clone()).await.await;
             self.inflight.fetch_sub(1, Ordering::SeqCst);
             answer.map_err(|e| e.to_string())
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_primary_pipelines_appends_and_the_follower_ends_byte_identical_and_committed() {
-        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    /// A primary with `followers` follower copies behind a shuffling link
+    /// ships `RECORDS` records written in small batches; returns the link,
+    /// the primary's bytes, and each follower's bytes.
+    async fn ship_through_shuffled_link(
+        followers: u64,
+    ) -> (Arc<ShuffledLink>, Vec<u8>, Vec<Vec<u8>>) {
         const RECORDS: u64 = 200;
+        let a = tempfile::tempdir().unwrap();
         let config = BrokerConfig {
             // One record per request, so the pipeline has many to overlap.
             replica_append_bytes_max: 1,
@@ -1285,9 +1327,18 @@ mod tests {
         let primary = storage(a.path(), config);
         let id = malachi_storage::SegmentId(SEGMENT);
         primary.store.open(id).unwrap();
-        let follower = storage(b.path(), BrokerConfig::default());
+        let mut dirs = Vec::new();
+        let mut copies = Vec::new();
+        let mut servers = HashMap::new();
+        for n in 0..followers {
+            let dir = tempfile::tempdir().unwrap();
+            let follower = storage(dir.path(), BrokerConfig::default());
+            servers.insert(NodeId(n + 2), server(&follower).await);
+            copies.push(follower);
+            dirs.push(dir);
+        }
         let link = Arc::new(ShuffledLink {
-            follower: server(&follower).await,
+            followers: servers,
             inflight: AtomicUsize::new(0),
             inflight_peak: AtomicUsize::new(0),
             requests: AtomicUsize::new(0),
@@ -1298,17 +1349,18 @@ mod tests {
             .set(Arc::clone(&link) as Arc<dyn ReplicaLink>)
             .unwrap();
         server(&primary).await;
+        let replicas = (1..=followers + 1).map(NodeId).collect();
         let replicated = Arc::new(Replicated::new(
             "t".into(),
             SegmentId(SEGMENT),
             1,
-            vec![NodeId(1), NodeId(2)],
+            replicas,
             0,
             0,
         ));
         primary.replication.lead(Arc::clone(&replicated));
         // Records become durable on the primary in small batches while the
-        // shipper runs.
+        // shippers run.
         for batch in 0..RECORDS / 10 {
             let records: Vec<Record> = (0..10)
                 .map(|i| Record::new(1, format!("k{}", i % 3), format!("v{batch}-{i}")))
@@ -1323,15 +1375,57 @@ mod tests {
             replicated.local_durable(&primary, end);
         }
         replicated.wait_committed(RECORDS, 30_000).await.unwrap();
+        // Every follower gets everything, not only the quorum's.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for copy in &copies {
+            while copy.store.info(id).map_or(0, |i| i.durable) < RECORDS {
+                assert!(Instant::now() < deadline, "a follower never caught up");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let whole = primary.store.read_frames(id, 0, 1 << 30).unwrap();
+        assert_eq!(whole.records, RECORDS);
+        let bytes = copies.iter().map(|c| follower_bytes(c, RECORDS)).collect();
+        replicated.close();
+        (link, whole.bytes, bytes)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_primary_pipelines_appends_and_the_follower_ends_byte_identical_and_committed() {
+        let (link, primary, followers) = ship_through_shuffled_link(1).await;
         let peak = link.inflight_peak.load(Ordering::SeqCst);
         assert!(peak > 1, "requests were pipelined (peak {peak} in flight)");
         assert!(
             peak <= 8,
             "never more than the depth in flight (peak {peak})"
         );
-        let whole = primary.store.read_frames(id, 0, 1 << 30).unwrap();
-        assert_eq!(whole.records, RECORDS);
-        assert_eq!(follower_bytes(&follower, RECORDS), whole.bytes);
-        replicated.close();
+        assert_eq!(followers, vec![primary]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_followers_sharing_the_primarys_reads_both_end_byte_identical() {
+        let (link, primary, followers) = ship_through_shuffled_link(2).await;
+        let peak = link.inflight_peak.load(Ordering::SeqCst);
+        assert!(
+            peak <= 16,
+            "never more than the depth per follower (peak {peak})"
+        );
+        assert_eq!(followers, vec![primary.clone(), primary]);
+    }
+
+    #[test]
+    fn a_cached_run_serves_only_its_own_offset() {
+        let replicated = Replicated::new("t".into(), SegmentId(1), 1, vec![NodeId(1)], 0, 0);
+        assert!(replicated.cached_run(0).is_none());
+        replicated.cache_run(CachedRun {
+            first: 5,
+            records: 2,
+            frames: Bytes::from_static(b"xy"),
+        });
+        assert!(replicated.cached_run(4).is_none());
+        assert_eq!(
+            replicated.cached_run(5).unwrap().frames,
+            Bytes::from_static(b"xy")
+        );
     }
 }
