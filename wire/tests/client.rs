@@ -952,3 +952,68 @@ async fn a_fenced_producer_stops_and_says_how_much_was_acknowledged() {
     assert_eq!(producer.records_acknowledged(), 2);
     assert_eq!(producer.acknowledged_ordinals(), vec![(0, 2)]);
 }
+
+#[tokio::test]
+async fn a_consumer_retries_a_fetch_refused_as_retriable_until_the_broker_serves_it() {
+    // Regression: a broker that has not yet learned the cluster's cursor key
+    // answers a fetch `no_quorum` (retriable) for a moment after a start;
+    // `malachi consume` gave up on it at once, beyond the client's few quick
+    // retries.
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let counter = refusals.clone();
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        if counter.fetch_add(1, Ordering::SeqCst) < 8 {
+            async move {
+                tx.send(refusal(
+                    frame.correlation_id,
+                    ErrorCode::NoQuorum,
+                    ErrorBody::default(),
+                ))
+                .await
+                .unwrap();
+            }
+            .boxed()
+        } else {
+            serve_five_records(frame, tx)
+        }
+    }))
+    .await;
+    let config = ClientConfig {
+        retries_max: 1,
+        ..quick_config()
+    };
+    let client = Client::connect_with([addr], config).await.unwrap();
+    let mut consumer = client.consume("t", StartAt::Start, ConsumeOptions::default());
+    let mut values = Vec::new();
+    while let Some(item) = consumer.next().await {
+        values.push(item.unwrap().record.value);
+    }
+    assert_eq!(values.len(), 5, "every record, once the broker served");
+    assert!(refusals.load(Ordering::SeqCst) > 8);
+}
+
+#[tokio::test]
+async fn a_consumer_gives_up_on_a_retriable_refusal_after_its_retry_budget() {
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        async move {
+            tx.send(refusal(
+                frame.correlation_id,
+                ErrorCode::NoQuorum,
+                ErrorBody::default(),
+            ))
+            .await
+            .unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let client = Client::connect_with([addr], quick_config()).await.unwrap();
+    let options = ConsumeOptions {
+        retry_ms_max: 300,
+        ..ConsumeOptions::default()
+    };
+    let mut consumer = client.consume("t", StartAt::Start, options);
+    let error = consumer.next().await.unwrap().unwrap_err();
+    assert_eq!(error.code(), Some(ErrorCode::NoQuorum));
+    assert!(consumer.next().await.is_none(), "it ends after the error");
+}

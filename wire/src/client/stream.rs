@@ -49,7 +49,17 @@ pub struct ConsumeOptions {
     /// Stop after this many records. Fetches never ask for more than remain,
     /// so the cursor after the last record is exact.
     pub records_total_max: Option<u64>,
+    /// How long one fetch keeps retrying a retriable refusal (a broker
+    /// still learning the cluster's cursor key, a leader moving, a
+    /// connection lost) before the consumer yields the error. A fetch only
+    /// reads, so a retry is always safe.
+    pub retry_ms_max: u64,
 }
+
+/// The first pause before a fetch is retried.
+const FETCH_RETRY_MS_MIN: u64 = 50;
+/// The longest pause between two tries of a fetch.
+const FETCH_RETRY_MS_MAX: u64 = 1_000;
 
 impl Default for ConsumeOptions {
     fn default() -> ConsumeOptions {
@@ -59,6 +69,7 @@ impl Default for ConsumeOptions {
             follow: false,
             wait_ms: 1_000,
             records_total_max: None,
+            retry_ms_max: 10_000,
         }
     }
 }
@@ -180,7 +191,7 @@ impl Consumer {
                 0
             },
         };
-        let response = self.client.fetch(&request).await?;
+        let response = self.fetch_retrying(&request).await?;
         self.start = None;
         if response.records.is_empty() {
             self.cursor = Some(response.next_cursor);
@@ -192,6 +203,27 @@ impl Consumer {
         self.buffer.extend(response.records.records());
         self.batch_cursor = Some(response.next_cursor);
         Ok(())
+    }
+
+    /// One fetch, retried with backoff while its refusal is retriable, for
+    /// at most `retry_ms_max`.
+    async fn fetch_retrying(&self, request: &FetchRequest) -> Result<FetchResponse, ClientError> {
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.options.retry_ms_max);
+        let mut pause_ms = FETCH_RETRY_MS_MIN;
+        loop {
+            match self.client.fetch(request).await {
+                Err(error)
+                    if error.retriable()
+                        && tokio::time::Instant::now() + Duration::from_millis(pause_ms)
+                            < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                    pause_ms = (pause_ms * 2).min(FETCH_RETRY_MS_MAX);
+                }
+                answer => return answer,
+            }
+        }
     }
 
     /// The consumer as a `futures::Stream`.
