@@ -9,9 +9,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{BIN, err, malachi, out};
@@ -34,14 +32,7 @@ fn dev_starts_three_brokers_with_a_quiet_terminal_and_serves_a_topic() {
         .stderr(Stdio::from(std::fs::File::create(&stderr_path).unwrap()))
         .spawn()
         .unwrap();
-    let stdout = dev.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let _ = tx.send(line);
-        }
-    });
+    let rx = common::lines_of(dev.stdout.take().unwrap());
     let deadline = Instant::now() + BANNER_TIMEOUT;
     let mut banner = String::new();
     while !banner.contains("stop with Ctrl-C.") {

@@ -182,15 +182,7 @@ fn check_cluster_settings(config: &BrokerConfig) -> Result<(), BrokerError> {
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-            let tmp = path.with_extension("tmp");
-            {
-                use std::io::Write;
-                let mut file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
-                file.write_all(wanted.as_bytes()).map_err(io_err(&tmp))?;
-                file.sync_all().map_err(io_err(&tmp))?;
-            }
-            std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
-            Ok(())
+            write_durably(&path, wanted.as_bytes())
         }
         Err(e) => Err(io_err(&path)(e)),
     }

@@ -183,6 +183,19 @@ pub fn one_line_failure(output: &Output) -> String {
     lines[0].to_owned()
 }
 
+/// The lines of a child's stdout, read on a thread of their own so the
+/// child never blocks on a full pipe.
+pub fn lines_of(stdout: std::process::ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
 /// Spawns a broker command with stderr appended to `stderr_log` and waits
 /// until it prints that it serves clients; panics with its log otherwise.
 /// Stdout keeps being drained after the wait, so the broker never blocks on
@@ -200,14 +213,7 @@ pub fn spawn_until_serving(mut command: Command, stderr_log: &Path, what: &str) 
         .stderr(Stdio::from(log))
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let _ = tx.send(line);
-        }
-    });
+    let rx = lines_of(child.stdout.take().unwrap());
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -281,16 +281,7 @@ async fn retries_stop_at_retries_max() {
     let counter = seen.clone();
     let addr = fake_broker(Arc::new(move |frame, tx| {
         counter.fetch_add(1, Ordering::SeqCst);
-        async move {
-            tx.send(refusal(
-                frame.correlation_id,
-                ErrorCode::NoQuorum,
-                ErrorBody::default(),
-            ))
-            .await
-            .unwrap();
-        }
-        .boxed()
+        refuse_no_quorum(frame, tx)
     }))
     .await;
     let config = ClientConfig {
@@ -530,6 +521,23 @@ async fn the_producer_never_has_more_than_its_window_at_the_broker() {
         "{peak} requests were in flight with a window of 2"
     );
     assert_eq!(peak, 2, "the producer did not keep its window full");
+}
+
+/// Refuses every request `no_quorum` (retriable).
+fn refuse_no_quorum(
+    frame: RequestFrame,
+    tx: mpsc::Sender<ResponseFrame>,
+) -> BoxFuture<'static, ()> {
+    async move {
+        tx.send(refusal(
+            frame.correlation_id,
+            ErrorCode::NoQuorum,
+            ErrorBody::default(),
+        ))
+        .await
+        .unwrap();
+    }
+    .boxed()
 }
 
 /// A fake topic of five records served two per fetch; cursors name the next index.
@@ -963,16 +971,7 @@ async fn a_consumer_retries_a_fetch_refused_as_retriable_until_the_broker_serves
     let counter = refusals.clone();
     let addr = fake_broker(Arc::new(move |frame, tx| {
         if counter.fetch_add(1, Ordering::SeqCst) < 8 {
-            async move {
-                tx.send(refusal(
-                    frame.correlation_id,
-                    ErrorCode::NoQuorum,
-                    ErrorBody::default(),
-                ))
-                .await
-                .unwrap();
-            }
-            .boxed()
+            refuse_no_quorum(frame, tx)
         } else {
             serve_five_records(frame, tx)
         }
@@ -994,19 +993,7 @@ async fn a_consumer_retries_a_fetch_refused_as_retriable_until_the_broker_serves
 
 #[tokio::test]
 async fn a_consumer_gives_up_on_a_retriable_refusal_after_its_retry_budget() {
-    let addr = fake_broker(Arc::new(move |frame, tx| {
-        async move {
-            tx.send(refusal(
-                frame.correlation_id,
-                ErrorCode::NoQuorum,
-                ErrorBody::default(),
-            ))
-            .await
-            .unwrap();
-        }
-        .boxed()
-    }))
-    .await;
+    let addr = fake_broker(Arc::new(refuse_no_quorum)).await;
     let client = Client::connect_with([addr], quick_config()).await.unwrap();
     let options = ConsumeOptions {
         retry_ms_max: 300,

@@ -629,17 +629,19 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
     } = append;
     let store = &storage.store;
     let id = malachi_storage::SegmentId(request.segment);
-    if let Err(StorageError::NotOpen { .. }) = store.info(id) {
+    let mut info = store.info(id);
+    if let Err(StorageError::NotOpen { .. }) = info {
         // A copy this broker has not opened since it started: opening
         // recovers it (a torn tail truncated, damage refused).
         if let Err(e) = tokio::task::block_in_place(|| store.open(id)) {
             let _ = reply.send(refusal_of(&e, 0));
             return Outcome::Done;
         }
+        info = store.info(id);
     }
     if let Some(seal) = repair_to {
         // A copy sealed here is whole: say so, whatever was sent.
-        if let Ok(info) = store.info(id)
+        if let Ok(info) = &info
             && info.sealed.is_some_and(|s| s.length == seal)
         {
             let answer = if request.first_offset + frame_count(&request.frames) > seal {
@@ -656,7 +658,7 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
         }
     }
     // A fenced copy is not held: its refusal is `fenced`, now.
-    if let Ok(info) = store.info(id)
+    if let Ok(info) = &info
         && request.first_offset > info.assigned
         && (!info.fenced || repair_to.is_some())
     {
