@@ -47,7 +47,7 @@ fn bench_idle_reports_every_brokers_cpu_and_memory() {
 }
 
 #[test]
-fn bench_idle_refuses_zero_brokers_with_one_line() {
+fn bench_idle_refuses_zero_brokers_or_vnodes_with_one_line() {
     let output = Command::new(BIN)
         .args(["bench", "idle", "--brokers", "0"])
         .output()

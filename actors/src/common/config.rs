@@ -683,6 +683,23 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_pipeline_depth_outside_1_to_64_is_refused_with_its_name() {
+        for depth in [0, REPLICA_PIPELINE_DEPTH_LIMIT + 1] {
+            let config = BrokerConfig {
+                replica_pipeline_depth_max: depth,
+                ..BrokerConfig::default()
+            };
+            let refused = config.validate().unwrap_err().to_string();
+            assert!(refused.contains("replica_pipeline_depth_max"), "{refused}");
+        }
+        let config = BrokerConfig {
+            replica_pipeline_depth_max: REPLICA_PIPELINE_DEPTH_LIMIT,
+            ..BrokerConfig::default()
+        };
+        config.validate().unwrap();
+    }
+
+    #[test]
     fn a_bad_seed_or_attribute_or_timer_is_refused_with_its_name() {
         let config = BrokerConfig {
             seeds: vec!["nowhere".into()],
