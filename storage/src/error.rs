@@ -125,6 +125,13 @@ pub enum StorageError {
         existing: u64,
         requested: u64,
     },
+    /// `truncate_tail` was asked for a copy it may not cut.
+    #[error("cannot cut segment {segment} back to {length} records: {reason}")]
+    NotTruncatable {
+        segment: SegmentId,
+        length: u64,
+        reason: &'static str,
+    },
     /// A seal marker exists but does not decode.
     #[error("invalid seal marker {path}: {reason}")]
     BadMarker { path: PathBuf, reason: &'static str },

@@ -203,6 +203,9 @@ struct SegState {
     fenced: bool,
     sealed: Option<SealInfo>,
     failed: Option<String>,
+    /// The end recovery found when the copy was opened (or a cut left):
+    /// `truncate_tail` cuts only a copy that took no append since.
+    opened_end: u64,
     /// Set for a replicated copy (`set_committed`): the highest offset durable
     /// on a quorum, as the primary last said. Readers see no record at or
     /// above it, and a primary's flushes carry it as `durable_below`.
@@ -563,6 +566,7 @@ impl FileStore {
                 sealed,
                 failed: None,
                 committed: sealed.map(|seal| seal.length),
+                opened_end: records,
             }),
             idle: Condvar::new(),
             index: Mutex::new(IndexState { index, persisted }),
@@ -1034,6 +1038,93 @@ impl SegmentStore for FileStore {
         let committed = st.committed.map_or(end, |c| c.max(end));
         st.committed = Some(committed);
         Ok(committed)
+    }
+
+    fn truncate_tail(&self, segment: SegmentId, length: u64) -> Result<SegmentInfo, StorageError> {
+        let seg = self.segment(segment)?;
+        let refuse = |reason| StorageError::NotTruncatable {
+            segment,
+            length,
+            reason,
+        };
+        let mut st = seg.state.lock();
+        if st.sealed.is_some() || st.fenced || st.failed.is_some() {
+            return Err(refuse("the copy is sealed, fenced or failed"));
+        }
+        if st.committed.is_some() {
+            return Err(refuse("the copy is replicated"));
+        }
+        if st.next_offset != st.opened_end
+            || st.next_offset != st.durable_offset
+            || st.pending_records != 0
+            || st.writing
+            || !st.inflight.is_empty()
+        {
+            return Err(refuse("records were appended since the copy was opened"));
+        }
+        if length > st.durable_offset {
+            return Err(refuse("the copy holds fewer records"));
+        }
+        if length == st.durable_offset {
+            drop(st);
+            return Ok(FileStore::info_of(&seg));
+        }
+        let locate = ReadBudget {
+            records_max: 0,
+            bytes_max: 0,
+        };
+        let end = (st.durable_offset, st.durable_bytes);
+        let (position, _) = self.read_range(&seg, length, end, locate, &mut |_, _, _| {
+            ControlFlow::Break(())
+        })?;
+        let log_path = seg.log_path.clone();
+        let io = |op: &'static str| {
+            let path = log_path.clone();
+            move |e| StorageError::io(op, path, e)
+        };
+        // Everything that can fail without changing the copy goes first.
+        let tail_block = if seg.direct {
+            let base = align_down(position);
+            let mut tail = vec![0u8; (position - base) as usize];
+            seg.log
+                .read_exact_at(&mut tail, base)
+                .map_err(io("read the last block"))?;
+            tail
+        } else {
+            Vec::new()
+        };
+        seg.log.set_len(position).map_err(io("cut the log"))?;
+        st.next_offset = length;
+        st.opened_end = length;
+        st.durable_offset = length;
+        st.pending_first_offset = length;
+        st.durable_bytes = position;
+        st.written_bytes = position;
+        st.tail_block = tail_block;
+        if let Err(e) = seg.log.sync_data() {
+            // As after any failed sync: the copy takes no more appends.
+            st.failed = Some(e.to_string());
+            return Err(io("sync log")(e));
+        }
+        {
+            // The sidecar is derived data: a failed rewrite only costs a rebuild.
+            let mut idx = seg.index.lock();
+            idx.index.truncate(length);
+            let kept = idx.index.entries().len();
+            idx.persisted = idx.persisted.min(kept);
+            let bytes = (kept * crate::index::INDEX_ENTRY_BYTES) as u64;
+            if let Err(e) = seg.idx.set_len(bytes) {
+                warn!(segment = seg.id.0, error = %e, "index sidecar cut failed");
+            }
+        }
+        warn!(
+            segment = seg.id.0,
+            records = length,
+            bytes = position,
+            "cut a torn batch from the end of the log"
+        );
+        drop(st);
+        Ok(FileStore::info_of(&seg))
     }
 
     fn seal(&self, segment: SegmentId, length: u64) -> Result<SealInfo, StorageError> {

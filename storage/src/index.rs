@@ -57,6 +57,12 @@ impl SparseIndex {
         due
     }
 
+    /// Forgets the entries of offsets at or past `offset` (the log was cut there).
+    pub fn truncate(&mut self, offset: u64) {
+        let keep = self.entries.partition_point(|e| e.offset < offset);
+        self.entries.truncate(keep);
+    }
+
     /// The entry with the largest offset at or below `offset`: O(log n).
     pub fn floor(&self, offset: u64) -> Option<IndexEntry> {
         let n = self.entries.partition_point(|e| e.offset <= offset);

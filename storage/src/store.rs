@@ -206,6 +206,15 @@ pub trait SegmentStore: Send + Sync {
     /// Refuses all further appends, persistently.
     fn fence(&self, segment: SegmentId) -> Result<(), StorageError>;
 
+    /// Cuts a copy just opened back to its first `length` records: the
+    /// layer above found the end of the log inside one append's batch,
+    /// which only a write torn by a crash leaves (the batch was one write,
+    /// none of it was synced, so none of it was acknowledged), and drops
+    /// that prefix as recovery drops a torn frame. Refused
+    /// (`NotTruncatable`) once anything was appended after the open, on a
+    /// sealed, fenced, failed or replicated copy, and past the durable end.
+    fn truncate_tail(&self, segment: SegmentId, length: u64) -> Result<SegmentInfo, StorageError>;
+
     /// Scans the copy read-only and reports the first bad frame.
     fn verify(&self, segment: SegmentId) -> Result<VerifyReport, StorageError>;
 

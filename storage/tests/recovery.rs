@@ -327,3 +327,52 @@ fn zeros_to_the_next_block_are_padding_and_other_tails_are_torn() {
         }
     }
 }
+
+/// `truncate_tail` cuts a copy just opened back to a record count (how the
+/// broker drops the prefix of a batch a crash tore): reads, the next append
+/// (a direct write over the cut block), the index sidecar and a later
+/// recovery all see the shorter log. It refuses past the end and once
+/// anything was appended.
+#[test]
+fn a_copy_just_opened_can_be_cut_back_to_a_record_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let all: Vec<Record> = (0..40).map(record).collect();
+    let later: Vec<Record> = (100..120).map(record).collect();
+    {
+        let store = store(dir.path());
+        store.open(SEG).unwrap();
+        append_batches(&store, &[all[..30].to_vec(), all[30..].to_vec()]);
+    }
+    {
+        let store = store(dir.path());
+        store.open(SEG).unwrap();
+        assert!(matches!(
+            store.truncate_tail(SEG, 41),
+            Err(StorageError::NotTruncatable { .. })
+        ));
+        assert_eq!(store.truncate_tail(SEG, 40).unwrap().length, 40);
+        let info = store.truncate_tail(SEG, 33).unwrap();
+        assert_eq!((info.length, info.assigned), (33, 33));
+        let read: Vec<Record> = read_all(&store, SEG)
+            .into_iter()
+            .map(|r| r.record)
+            .collect();
+        assert_eq!(read, all[..33]);
+        let ticket = store.append(SEG, &later).unwrap();
+        assert_eq!(ticket.wait().unwrap(), 33..53);
+        assert!(matches!(
+            store.truncate_tail(SEG, 30),
+            Err(StorageError::NotTruncatable { .. })
+        ));
+    }
+    let store = store(dir.path());
+    let recovery = store.open(SEG).unwrap();
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert!(!recovery.index_rebuilt, "the sidecar was cut with the log");
+    let read: Vec<Record> = read_all(&store, SEG)
+        .into_iter()
+        .map(|r| r.record)
+        .collect();
+    assert_eq!(read, [&all[..33], &later[..]].concat());
+    assert!(store.verify(SEG).unwrap().is_clean());
+}

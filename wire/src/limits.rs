@@ -54,5 +54,10 @@ pub const RANGE_OUTCOMES_MAX: usize = 65_536;
 /// with its last record (ADR 0092). Producers may not set headers with the
 /// `malachi.` prefix; consumers never see this one.
 pub const PRODUCER_HEADER: &str = "malachi.producer";
+/// The reserved record header on the first record of an idempotent batch
+/// of more than one record: the batch's record count (`u32`, little-endian).
+/// A log that ends before that many records follow it ends inside a batch a
+/// crash tore, which recovery cuts (ADR 0092). Consumers never see it.
+pub const PRODUCER_START_HEADER: &str = "malachi.producer-start";
 /// Header names with this prefix are the broker's.
 pub const RESERVED_HEADER_PREFIX: &str = "malachi.";

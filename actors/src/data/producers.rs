@@ -67,6 +67,46 @@ impl ProducerTag {
     }
 }
 
+/// The value of the marker on an idempotent batch's first record
+/// (`PRODUCER_START_HEADER`): the batch's record count, little-endian.
+pub(crate) fn encode_start(records: u32) -> [u8; 4] {
+    records.to_le_bytes()
+}
+
+/// The record count in a start marker (read from a log: untrusted).
+pub(crate) fn decode_start(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// Follows the start markers of the idempotent batches in a log, in offset
+/// order, to tell whether the log ends inside one. A batch is one append,
+/// its offsets contiguous, and a flush writes whole batches with one write:
+/// only a crash during that write (a `kill -9` can stop a `write` part way,
+/// a power loss can persist any of its pages) leaves a prefix of a batch
+/// without the last record that carries its tag. Kept, that prefix would be
+/// stored a second time by the batch's retry, which the table, seeing no
+/// tag, must accept; none of its records was acknowledged (the write was
+/// never synced), so recovery cuts it instead.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchStarts {
+    /// The last start marker seen: its offset and the batch's record count.
+    last: Option<(u64, u32)>,
+}
+
+impl BatchStarts {
+    /// A start marker on the record at `offset` of a batch of `records`.
+    pub(crate) fn observe(&mut self, offset: u64, records: u32) {
+        self.last = Some((offset, records));
+    }
+
+    /// For a log of `end` records: the offset of the batch the end falls
+    /// inside (where the log must be cut), if it does.
+    pub(crate) fn torn(&self, end: u64) -> Option<u64> {
+        let (start, records) = self.last?;
+        (start < end && start.saturating_add(u64::from(records)) > end).then_some(start)
+    }
+}
+
 pub(crate) use crate::common::config::ProducerLimits;
 
 /// Ancestor-stream entries a table keeps, across all its ancestors.
@@ -551,6 +591,37 @@ mod tests {
         // Idle expiry.
         table.record(&tag(9, 1, 7, 1), 2_000_000);
         assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn a_log_that_ends_inside_a_batch_is_cut_at_the_batch_start() {
+        let mut starts = BatchStarts::default();
+        assert_eq!(starts.torn(0), None);
+        assert_eq!(
+            starts.torn(7),
+            None,
+            "no marker: plain records or 1-record batches"
+        );
+        // A batch of 4 at offsets 10..14.
+        starts.observe(10, 4);
+        assert_eq!(starts.torn(14), None, "whole");
+        assert_eq!(starts.torn(20), None, "whole, plain records after it");
+        // A crash tore the write after 2 of its records (the tag rides on
+        // the 4th, so the table never learns the batch was stored): cut
+        // back to its first record, or its retry stores those 2 twice.
+        assert_eq!(starts.torn(12), Some(10));
+        assert_eq!(starts.torn(13), Some(10));
+        assert_eq!(starts.torn(11), Some(10));
+        // The next batch is the one that counts.
+        starts.observe(14, 1000);
+        assert_eq!(starts.torn(14), None, "its marker is not in a log of 14");
+        assert_eq!(starts.torn(500), Some(14));
+        assert_eq!(starts.torn(1014), None);
+        // Offsets near the top cannot overflow the sum.
+        starts.observe(u64::MAX - 1, u32::MAX);
+        assert_eq!(starts.torn(u64::MAX), None);
+        assert_eq!(decode_start(&encode_start(1000)), Some(1000));
+        assert_eq!(decode_start(&[1, 2, 3]), None);
     }
 
     #[test]

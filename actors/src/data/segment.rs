@@ -192,9 +192,14 @@ impl Actor for SegmentActor {
         let id = malachi_storage::SegmentId(args.segment.0);
         // Opening recovers the copy after a crash: a torn tail is truncated,
         // and every acknowledged record was fsynced, so it is still there.
-        let recovery = tokio::task::block_in_place(|| args.storage.store.open(id))?;
+        let mut recovery = tokio::task::block_in_place(|| args.storage.store.open(id))?;
         if recovery.truncated_bytes > 0 {
             warn!(segment = %id, truncated_bytes = recovery.truncated_bytes, "truncated a torn tail");
+        }
+        let (producers, torn) = tokio::task::block_in_place(|| build_producers(&args));
+        if let Some(start) = torn {
+            tokio::task::block_in_place(|| cut_torn_batch(&args, id, start));
+            recovery.info = args.storage.store.info(id)?;
         }
         let handle = SegmentHandle {
             actor: BoundedRef::new(myself, args.storage.config.segment_inflight_max),
@@ -214,7 +219,6 @@ impl Actor for SegmentActor {
             "segment open"
         );
         let first_record_at_ms = (recovery.info.durable > 0).then_some(args.created_at_ms);
-        let producers = tokio::task::block_in_place(|| build_producers(&args));
         let replicated = (args.replicas.len() > 1).then(|| {
             let info = &recovery.info;
             let committed = info.committed.unwrap_or(0);
@@ -699,7 +703,7 @@ impl Handoff {
         let id = malachi_storage::SegmentId(self.args.segment.0);
         let written = tokio::task::spawn_blocking(move || {
             let table = if self.stale {
-                build_producers(&self.args)
+                build_producers(&self.args).0
             } else {
                 self.table
             };
@@ -722,8 +726,9 @@ impl Handoff {
 
 /// The producer table of a segment at open: its predecessors' tables (from
 /// their sidecars, or their logs when a sidecar is missing or damaged), then
-/// every tag in its own log, in order.
-fn build_producers(args: &SegmentArgs) -> ProducerTable {
+/// every tag in its own log, in order. Also where its own log must be cut,
+/// if it ends inside an idempotent batch ([`producers::BatchStarts`]).
+fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
     let limits = args.storage.config.producer_limits();
     let now_ms = args.storage.clock.now_ms();
     let mut table = ProducerTable::new(args.range.0, limits);
@@ -737,13 +742,32 @@ fn build_producers(args: &SegmentArgs) -> ProducerTable {
         });
         predecessor.inherit_into(&mut table, now_ms);
     }
-    scan_tags(
+    let torn = scan_tags(
         &args.storage,
         malachi_storage::SegmentId(args.segment.0),
         &mut table,
         now_ms,
     );
-    table
+    (table, torn)
+}
+
+/// Cuts the copy's log back to `start`, the first record of an idempotent
+/// batch a crash tore (its write was never synced: none of it was
+/// acknowledged). Its tag was lost with its last record, so the table
+/// already has the batch as not stored and takes its retry whole; the cut
+/// keeps that retry from storing the prefix a second time. Only a copy
+/// nobody replicates is cut here.
+fn cut_torn_batch(args: &SegmentArgs, id: malachi_storage::SegmentId, start: u64) {
+    if args.replicas.len() > 1 {
+        warn!(segment = %id, start, "the log ends inside a torn idempotent batch of a replicated copy; left as it is");
+        return;
+    }
+    match args.storage.store.truncate_tail(id, start) {
+        Ok(_) => warn!(segment = %id, start, "cut a torn idempotent batch from the end of the log"),
+        Err(e) => {
+            warn!(segment = %id, start, error = %e, "cannot cut a torn idempotent batch; its retry may store a prefix twice");
+        }
+    }
 }
 
 fn read_sidecar(
@@ -756,39 +780,41 @@ fn read_sidecar(
     producers::decode_sidecar(&bytes, limits).map_err(|e| e.to_string())
 }
 
-/// Applies every producer tag in a copy's log to `table`. A copy this
-/// store cannot read leaves the table as it is, with a warning: retries of
-/// its batches may then be stored twice.
+/// Applies every producer tag in a copy's log to `table`, and returns the
+/// offset of the idempotent batch the log ends inside, if it does. A copy
+/// this store cannot read leaves the table as it is, with a warning:
+/// retries of its batches may then be stored twice.
 fn scan_tags(
     storage: &Storage,
     id: malachi_storage::SegmentId,
     table: &mut ProducerTable,
     now_ms: u64,
-) {
+) -> Option<u64> {
     use malachi_storage::SegmentStore;
-    use malachi_wire::limits::PRODUCER_HEADER;
+    use malachi_wire::limits::{PRODUCER_HEADER, PRODUCER_START_HEADER};
     const SCAN_BYTES: usize = 8 << 20;
     // Every durable record, committed or not: a replicated copy's readers
     // see only committed ones, but a batch durable here and not yet
     // committed is still one a retry must be recognised as.
     let mut from = 0u64;
+    let mut starts = producers::BatchStarts::default();
     loop {
         let run = match storage.store.read_frames(id, from, SCAN_BYTES) {
             Ok(run) => run,
             Err(e) => {
                 warn!(segment = %id, error = %e, "cannot scan the log for producer state");
-                return;
+                return None;
             }
         };
         if run.records == 0 {
-            return;
+            return starts.torn(from);
         }
         let mut at = 0;
         while at < run.bytes.len() {
             // `read_frames` checked every frame it returned.
             let Ok((view, len)) = malachi_storage::frame::decode(&run.bytes[at..]) else {
                 warn!(segment = %id, "a frame read back does not decode");
-                return;
+                return None;
             };
             for (name, value) in &view.headers {
                 if *name == PRODUCER_HEADER
@@ -796,6 +822,11 @@ fn scan_tags(
                     && !table.observe(&tag, now_ms)
                 {
                     warn!(segment = %id, offset = view.offset, "a producer tag of another range; ignored");
+                }
+                if *name == PRODUCER_START_HEADER
+                    && let Some(records) = producers::decode_start(value)
+                {
+                    starts.observe(view.offset, records);
                 }
             }
             at += len;

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use malachi_cluster::model::{MetadataState, RangeId, SegmentId, TopicState, position};
 use malachi_supervision::SupervisionError;
 use malachi_wire::RequestFrame;
-use malachi_wire::limits::{PRODUCER_HEADER, RESERVED_HEADER_PREFIX};
+use malachi_wire::limits::{PRODUCER_HEADER, PRODUCER_START_HEADER, RESERVED_HEADER_PREFIX};
 use malachi_wire::messages::{self as wire, Request};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -43,7 +43,7 @@ use crate::control::metadata::read_owner;
 use crate::control::placement::{Serve, serve_here};
 use crate::control::shared::Shared;
 use crate::data::invariants::{check_acknowledged, check_append, check_partial, check_routed};
-use crate::data::producers::{ProducerTag, Verdict};
+use crate::data::producers::{self, ProducerTag, Verdict};
 use crate::data::segment::{Ack, AppendError, SegmentMsg};
 
 /// Records one append message carries at most (the store's batch bound is larger).
@@ -393,6 +393,18 @@ impl Sequencer {
             last.headers.push(malachi_wire::batch::Header {
                 name: PRODUCER_HEADER.to_owned(),
                 value: Bytes::copy_from_slice(&tag.encode()),
+            });
+        }
+        if let (Some(tag), [first, _, ..]) = (&tag, records.as_mut_slice())
+            && requested <= APPEND_CHUNK_RECORDS
+        {
+            // The first record says how many follow in its append, so
+            // recovery can tell a log that ends inside the batch (a write
+            // torn by a crash) and cut it rather than keep a prefix that the
+            // batch's retry would store again.
+            first.headers.push(malachi_wire::batch::Header {
+                name: PRODUCER_START_HEADER.to_owned(),
+                value: Bytes::copy_from_slice(&producers::encode_start(tag.records)),
             });
         }
         let mut groups: BTreeMap<RangeId, Vec<IncomingRecord>> = BTreeMap::new();

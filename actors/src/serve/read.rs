@@ -541,11 +541,16 @@ fn leak_reason(_e: BatchError) -> &'static str {
 }
 
 /// A stored record's headers as clients see them: without the producer tag
-/// the broker stores with an idempotent batch's last record (ADR 0092). The
-/// broker appends it last, and producers may not set `malachi.` headers.
+/// the broker stores with an idempotent batch's last record, nor the start
+/// marker it stores with its first (ADR 0092). The broker appends either
+/// last, a record carries at most one, and producers may not set `malachi.`
+/// headers.
 fn client_headers<'a, 'b>(headers: &'b [(&'a str, &'a [u8])]) -> &'b [(&'a str, &'a [u8])] {
+    use malachi_wire::limits::{PRODUCER_HEADER, PRODUCER_START_HEADER};
     match headers.split_last() {
-        Some(((name, _), rest)) if *name == malachi_wire::limits::PRODUCER_HEADER => rest,
+        Some(((name, _), rest)) if *name == PRODUCER_HEADER || *name == PRODUCER_START_HEADER => {
+            rest
+        }
         _ => headers,
     }
 }
