@@ -459,6 +459,20 @@ impl ServerGuard {
         addr: SocketAddr,
         ready: Option<&str>,
     ) -> Result<ServerGuard, BenchError> {
+        ServerGuard::start_within(name, bin, args, dir, addr, ready, START_TIMEOUT)
+    }
+
+    /// [`start`](Self::start), waiting at most `timeout` for the server
+    /// (a broker opening thousands of raft groups takes longer than 20 s).
+    pub fn start_within(
+        name: String,
+        bin: &Path,
+        args: &[OsString],
+        dir: tempfile::TempDir,
+        addr: SocketAddr,
+        ready: Option<&str>,
+        timeout: Duration,
+    ) -> Result<ServerGuard, BenchError> {
         let log_path = dir.path().join("server.out");
         let log = std::fs::File::create(&log_path)
             .map_err(|e| BenchError(format!("{name}: cannot create its log: {e}")))?;
@@ -479,11 +493,11 @@ impl ServerGuard {
             child,
             dir,
         };
-        guard.wait_serving(ready)?;
+        guard.wait_serving(ready, timeout)?;
         Ok(guard)
     }
 
-    fn wait_serving(&mut self, ready: Option<&str>) -> Result<(), BenchError> {
+    fn wait_serving(&mut self, ready: Option<&str>, timeout: Duration) -> Result<(), BenchError> {
         let started = Instant::now();
         loop {
             let printed_ready = ready.is_none_or(|line| {
@@ -502,12 +516,12 @@ impl ServerGuard {
                     self.log_tail()
                 )));
             }
-            if started.elapsed() > START_TIMEOUT {
+            if started.elapsed() > timeout {
                 return Err(BenchError(format!(
                     "{} did not listen on {} within {}s: {}",
                     self.name,
                     self.addr,
-                    START_TIMEOUT.as_secs(),
+                    timeout.as_secs(),
                     self.log_tail()
                 )));
             }
@@ -519,6 +533,13 @@ impl ServerGuard {
     /// The server's process id (for sampling its CPU and memory).
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Kills the server at once (SIGKILL) and reaps it; its directory
+    /// stays until the guard is dropped.
+    pub fn kill_now(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn log_tail(&self) -> String {

@@ -21,7 +21,7 @@ use std::fmt;
 /// The vnode count of a fresh ring unless configured otherwise.
 pub const VNODES_DEFAULT: u32 = 16;
 /// The most vnodes a ring may hold, counting those made by splits.
-pub const VNODES_MAX: u32 = 256;
+pub const VNODES_MAX: u32 = 4096;
 /// The raft group id of the ring itself.
 pub const RING_GROUP_ID: u64 = 1 << 32;
 /// Each vnode issues range and segment ids from its own block of
@@ -265,13 +265,13 @@ mod tests {
 
     #[test]
     fn a_fresh_ring_tiles_the_whole_ring() {
-        for count in [1, 2, 3, 7, 16, 255, 256] {
+        for count in [1, 2, 3, 7, 16, 255, 256, 4096] {
             let ring = Ring::new(count).unwrap();
             ring.check().unwrap();
             assert_eq!(ring.len(), count as usize);
         }
         assert!(Ring::new(0).is_err());
-        assert!(Ring::new(257).is_err());
+        assert!(Ring::new(4097).is_err());
     }
 
     #[test]

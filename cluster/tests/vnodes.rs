@@ -164,6 +164,103 @@ async fn a_vnode_leader_killed_gives_way_and_nothing_acknowledged_is_lost() {
     }
 }
 
+/// Waits until every group hosted by `brokers` is quiet (ADR 0101).
+async fn wait_all_quiet(brokers: &[Broker]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let quiet: Vec<(usize, usize)> = brokers
+            .iter()
+            .map(|b| (b.host.quiet_groups(), b.host.registry().all().len()))
+            .collect();
+        if quiet.iter().all(|(q, all)| q == all) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "groups never all went quiet (quiet, hosted): {quiet:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_groups_go_quiet_send_nothing_and_still_take_writes_and_elect() {
+    let mut brokers = start(16).await;
+    create_through(&brokers[0], "warm-up").await;
+    wait_all_quiet(&brokers).await;
+
+    // Quiet: no raft message at all crosses the transport, only the
+    // brokers' liveness probes. Ticking, 16 groups with a 60 ms heartbeat
+    // would send hundreds a second.
+    let before: Vec<_> = brokers.iter().map(|b| b.server.stats()).collect();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for (broker, before) in brokers.iter().zip(&before) {
+        let after = broker.server.stats();
+        let requests = after.requests_served - before.requests_served;
+        assert!(
+            requests <= 5,
+            "node {} served {requests} raft requests in 1.5 s while quiet",
+            broker.id
+        );
+        assert!(
+            after.pings_served > before.pings_served,
+            "node {} was never probed",
+            broker.id
+        );
+    }
+
+    // A quiet leader's quorum lease has lapsed: a write through every
+    // broker still lands (the leader renews it with one heartbeat round).
+    let quiet_writes: Vec<String> = (0..6).map(|i| format!("quiet-{i}")).collect();
+    for (i, topic) in quiet_writes.iter().enumerate() {
+        create_through(&brokers[i % 3], topic).await;
+    }
+    wait_all_quiet(&brokers).await;
+
+    // The broker leading the most vnodes goes away; its groups' followers
+    // learn it from liveness alone (no heartbeat is missed: none was sent),
+    // wake, and elect among themselves.
+    let victim = (0..brokers.len())
+        .max_by_key(|i| brokers[*i].host.led().len())
+        .unwrap();
+    let orphaned = brokers[victim].host.led();
+    assert!(!orphaned.is_empty());
+    let dead = brokers.remove(victim);
+    let dead_id = dead.id;
+    kill(dead).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    for vnode in &orphaned {
+        loop {
+            let leader = brokers.iter().find(|b| b.host.led().contains(vnode));
+            if let Some(leader) = leader {
+                assert_ne!(leader.id, dead_id);
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{vnode} led by the dead node {dead_id} got no new leader"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Everything acknowledged survives, and writes go on through survivors.
+    create_through(&brokers[0], "after-the-loss").await;
+    for topic in quiet_writes.iter().chain([&"warm-up".to_owned()]) {
+        for broker in &brokers {
+            assert!(
+                broker.host.describe(topic).await.unwrap().is_some(),
+                "{topic} was acknowledged and is lost through node {}",
+                broker.id
+            );
+        }
+    }
+    // The survivors go quiet again, with the dead voter still down.
+    wait_all_quiet(&brokers).await;
+    for broker in brokers {
+        kill(broker).await;
+    }
+}
+
 /// A topic that a 4-vnode ring gives to vnode 1 and a 2-vnode ring to vnode 0.
 fn topic_moved_between_rings() -> String {
     let (old, new) = (Ring::new(2).unwrap(), Ring::new(4).unwrap());

@@ -131,7 +131,7 @@ pub fn raft_rpc(data: &[u8]) {
     let Some((&pick, body)) = data.split_first() else {
         return;
     };
-    let api_key = 200 + u16::from(pick % 4);
+    let api_key = 200 + u16::from(pick % 5);
     stable(|b| untrusted::raft_request(api_key, b), body);
     stable(|b| untrusted::raft_response(api_key, b), body);
 }

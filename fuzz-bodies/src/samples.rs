@@ -129,7 +129,7 @@ pub fn raft_vote() -> Vec<u8> {
 /// The raft RPC bodies, each behind the byte that picks its api key.
 pub fn raft_rpc() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    for pick in 0u8..4 {
+    for pick in 0u8..5 {
         let api_key = 200 + u16::from(pick);
         for body in [
             untrusted::samples::raft_request(api_key),

@@ -296,6 +296,16 @@ pub struct BenchIdleArgs {
     /// One JSON object per broker and line instead of text.
     #[arg(long)]
     pub json: bool,
+    /// After sampling, SIGKILL the broker leading the most vnodes and time,
+    /// for each vnode it led, how long until a survivor leads it (one more
+    /// line).
+    #[arg(long)]
+    pub kill_leader: bool,
+    /// A `[cluster]` setting for every broker, as TOML `KEY=VALUE`
+    /// (repeatable), e.g. `--cluster-set quiet_groups=false` to measure
+    /// against groups that always tick.
+    #[arg(long = "cluster-set", value_name = "KEY=VALUE")]
+    pub cluster_set: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -147,7 +147,7 @@ pub struct ClusterSettings {
     /// Where the raft transport listens; the client address's ip with a
     /// free port if unset. Advertised to the others through SWIM.
     pub raft_listen_addr: Option<SocketAddr>,
-    /// Vnodes on the ring (1 to 256). Unset: 16 with several brokers, 1 for
+    /// Vnodes on the ring (1 to 4,096). Unset: 16 with several brokers, 1 for
     /// a lone broker (which gains nothing from more groups to fsync).
     pub vnodes: Option<u32>,
     /// Brokers per vnode group (all brokers when there are fewer).
@@ -165,6 +165,14 @@ pub struct ClusterSettings {
     pub lease_margin_ms: u64,
     /// How often a coordinator renews its lease (below duration - margin).
     pub lease_renew_ms: u64,
+    /// Whether idle vnode groups go quiet (ADR 0101): no raft heartbeats
+    /// or election timers while their leader's broker answers liveness
+    /// probes. Off: every group ticks, as before quiescence.
+    pub quiet_groups: bool,
+    /// Whether an idle vnode leader hands its leadership to the group's
+    /// preferred voter, so leaders spread over the brokers (ADR 0101). Off
+    /// by default until a rare test failure with it on is understood.
+    pub balance_leaders: bool,
 }
 
 impl ClusterSettings {
@@ -191,6 +199,8 @@ impl Default for ClusterSettings {
             lease_duration_ms: 10_000,
             lease_margin_ms: 2_000,
             lease_renew_ms: 2_000,
+            quiet_groups: true,
+            balance_leaders: false,
         }
     }
 }
@@ -747,7 +757,7 @@ mod tests {
         );
         let config = BrokerConfig {
             cluster: ClusterSettings {
-                vnodes: Some(257),
+                vnodes: Some(4097),
                 ..ClusterSettings::default()
             },
             ..BrokerConfig::default()

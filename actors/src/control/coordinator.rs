@@ -23,6 +23,15 @@
 //! work is an audit (`stranded_segments`: active segments on brokers that
 //! are down, which healing will move once the data plane replicates).
 //! Requests need no lease: each is one replicated command, ordered by raft.
+//!
+//! The lease is held only while the vnode holds topics (ADR 0101): a vnode
+//! with none has no continuous work and opens no segment, and renewing a
+//! lease is a raft write every `lease_renew_ms`, the largest idle cost of a
+//! quiet cluster. A coordinator takes the lease when it starts (so the
+//! group's epoch is at least 1 before any segment opens) and its upkeep
+//! gives it up while the vnode holds no topic; a creation on a coordinator
+//! that gave it up takes it again first (waiting at most
+//! `LEASE_FIRST_WAIT_MS`), and a released lease keeps its epoch.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -54,6 +63,23 @@ pub(crate) struct CoordinatorState {
 /// How long starting a segment waits for this broker's replica to apply the
 /// command that created the segment (proposed through another broker).
 const LOCAL_APPLY_WAIT_MS: u64 = 2_000;
+/// How long a creation on a lease-less coordinator waits for the lease
+/// before it goes ahead without it (a predecessor's unexpired lease holds
+/// it back; requests never needed the lease, segments then carry the
+/// group's current epoch).
+const LEASE_FIRST_WAIT_MS: u64 = 2_000;
+/// How often that wait looks at the lease.
+const LEASE_FIRST_POLL_MS: u64 = 5;
+
+/// A coordinator's lease, held only while it has work that needs it.
+enum LeaseSlot {
+    /// A plane without vnode groups (the file plane: one broker, nobody to
+    /// overlap with): continuous work always runs.
+    Unneeded,
+    /// The vnode holds no topic: no lease is held or renewed.
+    Idle,
+    Held(CoordinatorLease),
+}
 
 /// The segment actor's name in the storage supervisor: stable and readable.
 pub(crate) fn segment_name(topic: &str, range: RangeId, segment: SegmentId) -> String {
@@ -322,6 +348,30 @@ impl CoordinatorState {
         self.replicas(primary, previous.clamp(1, live.max(1)), seed)
     }
 
+    /// Waits (at most `LEASE_FIRST_WAIT_MS`) until this broker's replica of
+    /// the vnode has seen a lease granted: the vnode's coordinator takes one
+    /// as it starts, and a topic created before any grant would open its
+    /// segments at writer epoch 0, which no older epoch precedes (ADR 0097).
+    /// A broker without a replica of the vnode does not wait.
+    async fn wait_for_first_lease(&self) {
+        let Ok(plane) = self.shared.plane() else {
+            return;
+        };
+        let Some(group) = plane.host().and_then(|h| h.group(self.vnode)) else {
+            return;
+        };
+        let mut applied = group.subscribe();
+        let deadline =
+            tokio::time::Instant::now() + std::time::Duration::from_millis(LEASE_FIRST_WAIT_MS);
+        while group.read_local(|state| state.lease().is_none()) {
+            let changed = tokio::time::timeout_at(deadline, applied.changed()).await;
+            if !matches!(changed, Ok(Ok(()))) {
+                debug!(vnode = %self.vnode, "no lease granted yet; creating at epoch 0");
+                return;
+            }
+        }
+    }
+
     async fn create_topic(
         &self,
         name: String,
@@ -347,6 +397,7 @@ impl CoordinatorState {
         };
         let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
         let replicas = self.replicas(self.placement(), factor, seed)?;
+        self.wait_for_first_lease().await;
         let outcome = plane
             .propose(Command::CreateTopic {
                 topic: name.clone(),
@@ -903,9 +954,7 @@ pub(crate) fn stranded_segments(
 /// work runs under.
 pub(crate) struct CoordinatorRun {
     logic: CoordinatorState,
-    /// `None` on a plane without vnode groups (the file plane: one broker,
-    /// nobody to overlap with).
-    lease: Option<CoordinatorLease>,
+    lease: LeaseSlot,
     /// Whether the last upkeep tick ran, to log only the transitions.
     upkeep_running: bool,
     /// The stranded segments last reported, to warn only on a change.
@@ -913,24 +962,87 @@ pub(crate) struct CoordinatorRun {
 }
 
 impl CoordinatorRun {
+    /// Starts the lease if it is not held, and waits (bounded) until it is.
+    async fn take_lease(&mut self) {
+        if matches!(self.lease, LeaseSlot::Idle) {
+            let Ok(plane) = self.logic.shared.plane() else {
+                return;
+            };
+            let Some(host) = plane.host() else {
+                return;
+            };
+            let config = self
+                .logic
+                .shared
+                .config
+                .cluster
+                .lease_config(self.logic.shared.config.node_id);
+            match CoordinatorLease::start(Arc::clone(host), self.logic.vnode, config) {
+                Ok(lease) => {
+                    debug!(vnode = %self.logic.vnode, "coordinator lease taken: the vnode holds topics");
+                    self.lease = LeaseSlot::Held(lease);
+                }
+                Err(e) => {
+                    warn!(vnode = %self.logic.vnode, error = %e, "cannot start the coordinator lease");
+                    return;
+                }
+            }
+        }
+        let LeaseSlot::Held(lease) = &self.lease else {
+            return;
+        };
+        let deadline =
+            tokio::time::Instant::now() + std::time::Duration::from_millis(LEASE_FIRST_WAIT_MS);
+        while !lease.holds() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(LEASE_FIRST_POLL_MS)).await;
+        }
+    }
+
+    /// Gives the lease up (the vnode holds no topic any more).
+    fn drop_lease(&mut self) {
+        if let LeaseSlot::Held(lease) = std::mem::replace(&mut self.lease, LeaseSlot::Idle) {
+            debug!(vnode = %self.logic.vnode, "coordinator lease given up: the vnode holds no topic");
+            tokio::spawn(lease.stop());
+        }
+    }
+
     /// The continuous work, run only while the lease holds; a coordinator
     /// that lost its lease (or never got it: a deposed leader, a successor
-    /// waiting out its predecessor's lease) skips it.
+    /// waiting out its predecessor's lease) skips it. A vnode without
+    /// topics has none, and holds no lease.
     async fn upkeep(&mut self) {
-        let allowed = self.lease.as_ref().is_none_or(|lease| lease.holds());
+        let Ok(plane) = self.logic.shared.plane() else {
+            return;
+        };
+        let group = plane.host().and_then(|h| h.group(self.logic.vnode));
+        if let Some(group) = &group {
+            let has_topics = group.read_local(|state| state.topics().next().is_some());
+            match (&self.lease, has_topics) {
+                (LeaseSlot::Idle, true) => self.take_lease().await,
+                (LeaseSlot::Held(_), false) => self.drop_lease(),
+                _ => {}
+            }
+            if !has_topics {
+                return;
+            }
+        }
+        let allowed = match &self.lease {
+            LeaseSlot::Unneeded => true,
+            LeaseSlot::Idle => false,
+            LeaseSlot::Held(lease) => lease.holds(),
+        };
         if allowed != self.upkeep_running {
-            let state = self.lease.as_ref().map(|l| l.state());
+            let state = match &self.lease {
+                LeaseSlot::Held(lease) => Some(lease.state()),
+                _ => None,
+            };
             info!(vnode = %self.logic.vnode, running = allowed, lease = ?state, "coordinator upkeep");
             self.upkeep_running = allowed;
         }
         if !allowed {
             return;
         }
-        let (Ok(plane), Some(fabric)) = (self.logic.shared.plane(), self.logic.shared.fabric())
-        else {
-            return;
-        };
-        let Some(group) = plane.host().and_then(|h| h.group(self.logic.vnode)) else {
+        let (Some(fabric), Some(group)) = (self.logic.shared.fabric(), group) else {
             return;
         };
         let live: BTreeSet<u64> = fabric.membership.view().live().map(|m| m.node_id).collect();
@@ -957,13 +1069,17 @@ impl Actor for CoordinatorActor {
     ) -> Result<CoordinatorRun, ActorProcessingErr> {
         // The vnodes actor started before the manager (rest_for_one order).
         let plane = shared.plane()?;
+        // Taken at once, as a new coordinator's first act: a group that
+        // never granted a lease would open segments at writer epoch 0, which
+        // no older epoch precedes (ADR 0097). The upkeep gives it up while
+        // the vnode holds no topic, and a released lease keeps its epoch.
         let lease = match plane.host() {
-            Some(host) => Some(CoordinatorLease::start(
+            Some(host) => LeaseSlot::Held(CoordinatorLease::start(
                 Arc::clone(host),
                 vnode,
                 shared.config.cluster.lease_config(shared.config.node_id),
             )?),
-            None => None,
+            None => LeaseSlot::Unneeded,
         };
         shared.coordinators.write().insert(vnode, myself.clone());
         // The timer ends with the actor (ractor stops sending to a dead actor).
@@ -986,6 +1102,10 @@ impl Actor for CoordinatorActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             CoordinatorMsg::Upkeep => state.upkeep().await,
+            request @ CoordinatorMsg::CreateTopic { .. } => {
+                state.take_lease().await;
+                state.logic.serve(request).await
+            }
             request => state.logic.serve(request).await,
         }
         Ok(())
@@ -1010,7 +1130,7 @@ impl Actor for CoordinatorActor {
         // The upkeep has stopped with the actor: give the lease up so the
         // next leader's coordinator need not wait it out. Off the stop path:
         // the release is a raft round trip that must not hold up a restart.
-        if let Some(lease) = state.lease.take() {
+        if let LeaseSlot::Held(lease) = std::mem::replace(&mut state.lease, LeaseSlot::Idle) {
             tokio::spawn(lease.stop());
         }
         info!(vnode = %state.logic.vnode, "coordinator stopped");

@@ -69,7 +69,8 @@ pub trait MetadataPlane: Send + Sync + std::fmt::Debug {
     /// Applies a cursor key command (`CreateCursorKey`, `RotateCursorKey`)
     /// in the group that holds the keys.
     async fn propose_cursor_key(&self, cmd: Command) -> Result<Verdict, MetadataError>;
-    /// Bumped after every command applied on any local replica.
+    /// Bumped after every command applied on any local replica, lease
+    /// renewals aside (ADR 0101).
     fn subscribe(&self) -> watch::Receiver<u64>;
     /// Stops the plane; later proposals fail with `Shutdown`.
     async fn shutdown(&self) -> Result<(), MetadataError>;
@@ -151,7 +152,8 @@ async fn watch_applied(host: std::sync::Weak<VnodeHost>, version: watch::Sender<
                 continue;
             }
             added = true;
-            let mut applied = group.subscribe();
+            // Lease renewals change nothing reconciliation reads.
+            let mut applied = group.subscribe_changes();
             let version = version.clone();
             tasks.spawn(async move {
                 while applied.changed().await.is_ok() {

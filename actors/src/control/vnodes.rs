@@ -236,6 +236,10 @@ impl Actor for VnodesActor {
                 host_config.vnode_count = config.vnode_count();
                 host_config.replicas_per_vnode = config.cluster.replicas_per_vnode;
                 host_config.forward_timeout_ms = config.cluster.forward_timeout_ms;
+                if !config.cluster.quiet_groups {
+                    host_config.liveness = None;
+                }
+                host_config.balance_leaders = config.cluster.balance_leaders;
                 let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
                 let listener = raft.listener.try_clone()?;
                 listener.set_nonblocking(true)?;

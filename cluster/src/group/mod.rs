@@ -20,6 +20,7 @@ mod backoff;
 mod frames;
 pub(crate) mod fsio;
 pub mod handshake;
+pub mod liveness;
 mod log_store;
 mod network;
 mod state_machine;
@@ -33,7 +34,7 @@ pub use handshake::{ClusterCookie, HandshakeError};
 pub use network::{GroupTransport, RaftRpcKind, TransportError, UnreachableTransport};
 pub use tcp::{
     FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupRegistry,
-    OPEN_VNODE_API_KEY, RAFT_CONNECTIONS_MAX_DEFAULT, RAFT_FRAME_BYTES_MAX_DEFAULT,
+    OPEN_VNODE_API_KEY, PING_API_KEY, RAFT_CONNECTIONS_MAX_DEFAULT, RAFT_FRAME_BYTES_MAX_DEFAULT,
     RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT, RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT,
     RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT, RING_ANNOUNCE_API_KEY, RpcError, RpcService,
     TcpTransport, TcpTransportConfig, TransportServer, TransportServerConfig, TransportServerStats,
@@ -44,7 +45,7 @@ use crate::model::{Command, MetadataState, ModelError, Outcome};
 use log_store::{LogStore, OpenError};
 use network::{FullSnapshotRequest, NetworkFactory};
 use openraft::async_runtime::WatchReceiver;
-use openraft::errors::{ClientWriteError, Fatal, LinearizableReadError, RaftError};
+use openraft::errors::{ClientWriteError, Fatal, ForwardReason, LinearizableReadError, RaftError};
 use openraft::{BasicNode, Raft, ReadPolicy, ServerState, SnapshotPolicy};
 use state_machine::{Shared, StateMachine};
 use std::collections::BTreeMap;
@@ -116,6 +117,10 @@ impl GroupConfig {
             heartbeat_interval: self.heartbeat_interval_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries.max(1)),
             max_in_snapshot_log_to_keep: self.log_entries_kept_after_snapshot,
+            // A candidate first asks whether it would win (ADR 0101): a
+            // quiet replica refuses while it believes its leader alive, so
+            // an election needs the leader to be gone, not merely silent.
+            enable_pre_vote: Some(true),
             ..Default::default()
         };
         config.validate().map_err(|e| GroupError::Config {
@@ -223,11 +228,36 @@ pub struct GroupStatus {
     pub voters: Vec<u64>,
 }
 
+/// The inputs of the quiet decision (`vnodes::quiet`), as one replica sees
+/// its group now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupPace {
+    /// The group's id.
+    pub group_id: u64,
+    /// This replica's node id.
+    pub node_id: u64,
+    /// Whether this replica leads.
+    pub is_leader: bool,
+    /// The leader this replica knows of.
+    pub leader: Option<u64>,
+    /// The voters of the membership in effect.
+    pub voters: Vec<u64>,
+    /// On a leader, the other voters whose matched log is behind its last
+    /// entry; empty elsewhere.
+    pub behind: Vec<u64>,
+    /// Whether the raft node runs (not stopped, not fatally failed).
+    pub running: bool,
+}
+
 struct Inner {
     raft: Raft<TypeConfig, StateMachine>,
     shared: Arc<Shared>,
     config: GroupConfig,
     stopped: AtomicBool,
+    /// Whether the group is quiet (ADR 0101): its raft ticker is parked (no
+    /// heartbeats, no election timer) and it refuses pre-votes from anyone
+    /// but the leader it believes alive.
+    quiet: AtomicBool,
     /// The log store raft owns, kept so unit tests can fail its disk.
     #[cfg(test)]
     log: LogStore,
@@ -303,6 +333,7 @@ impl MetadataGroup {
                 shared,
                 config,
                 stopped: AtomicBool::new(false),
+                quiet: AtomicBool::new(false),
                 #[cfg(test)]
                 log: log_handle,
             }),
@@ -467,26 +498,28 @@ impl MetadataGroup {
         self.check_running()?;
         let response = self
             .bounded(async {
-                self.inner
-                    .raft
-                    .client_write(Request(cmd))
-                    .await
-                    .map_err(|e| match e {
-                        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-                            GroupError::NotLeader {
-                                leader: f.leader_id,
-                            }
+                let mut refreshed = false;
+                loop {
+                    match self.inner.raft.client_write(Request(cmd.clone())).await {
+                        Ok(response) => return Ok(response),
+                        // A quiet leader's quorum lease has lapsed (no
+                        // heartbeats: ADR 0101), and raft refuses writes
+                        // until a quorum acknowledges it again. The entry
+                        // was never appended, so one heartbeat round (the
+                        // read index's) and one retry are safe.
+                        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+                            if f.reason == ForwardReason::LeaseExpired && !refreshed =>
+                        {
+                            refreshed = true;
+                            self.inner
+                                .raft
+                                .ensure_linearizable(ReadPolicy::ReadIndex)
+                                .await
+                                .map_err(|e| self.read_error(e))?;
                         }
-                        RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => {
-                            GroupError::Discarded {
-                                leader: f.leader_id,
-                            }
-                        }
-                        RaftError::APIError(other) => GroupError::Raft {
-                            reason: other.to_string(),
-                        },
-                        RaftError::Fatal(f) => self.stopped_reason(f.to_string()),
-                    })
+                        Err(e) => return Err(self.write_error(e)),
+                    }
+                }
             })
             .await?;
         match response.data.0 {
@@ -494,6 +527,38 @@ impl MetadataGroup {
             None => Err(GroupError::Raft {
                 reason: "a normal entry was applied without a verdict".to_owned(),
             }),
+        }
+    }
+
+    fn write_error(&self, e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> GroupError {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => GroupError::NotLeader {
+                leader: f.leader_id,
+            },
+            RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => GroupError::Discarded {
+                leader: f.leader_id,
+            },
+            RaftError::APIError(other) => GroupError::Raft {
+                reason: other.to_string(),
+            },
+            RaftError::Fatal(f) => self.stopped_reason(f.to_string()),
+        }
+    }
+
+    fn read_error(
+        &self,
+        e: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>,
+    ) -> GroupError {
+        match e {
+            RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
+                GroupError::NotLeader {
+                    leader: f.leader_id,
+                }
+            }
+            RaftError::APIError(other) => GroupError::Raft {
+                reason: other.to_string(),
+            },
+            RaftError::Fatal(f) => self.stopped_reason(f.to_string()),
         }
     }
 
@@ -509,17 +574,7 @@ impl MetadataGroup {
                 .raft
                 .ensure_linearizable(ReadPolicy::ReadIndex)
                 .await
-                .map_err(|e| match e {
-                    RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
-                        GroupError::NotLeader {
-                            leader: f.leader_id,
-                        }
-                    }
-                    RaftError::APIError(other) => GroupError::Raft {
-                        reason: other.to_string(),
-                    },
-                    RaftError::Fatal(f) => self.stopped_reason(f.to_string()),
-                })
+                .map_err(|e| self.read_error(e))
         })
         .await?;
         Ok(self.read_local(f))
@@ -536,6 +591,13 @@ impl MetadataGroup {
     /// The last applied log index, updated after every applied batch.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.shared.applied_index.subscribe()
+    }
+
+    /// Changes after every applied batch that changed more than the
+    /// coordinator lease (a snapshot installed counts): what follows the
+    /// metadata without waking on every lease renewal.
+    pub fn subscribe_changes(&self) -> watch::Receiver<u64> {
+        self.inner.shared.changes.subscribe()
     }
 
     /// A receiver that changes whenever this replica's view of the leader
@@ -588,6 +650,109 @@ impl MetadataGroup {
             snapshot: m.snapshot.as_ref().map(|id| id.index),
             voters: m.membership_config.membership().voter_ids().collect(),
         }
+    }
+
+    /// What deciding whether the group may be quiet needs, read without
+    /// cloning the metrics (ADR 0101).
+    pub fn pace(&self) -> GroupPace {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        let is_leader = m.state == ServerState::Leader;
+        let behind = match (&m.replication, is_leader) {
+            (Some(matched), true) => m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .filter(|v| *v != self.inner.config.node_id)
+                .filter(|v| {
+                    let index = matched.get(v).and_then(|id| id.as_ref()).map(|id| id.index);
+                    index < m.last_log_index
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        GroupPace {
+            group_id: self.inner.config.group_id,
+            node_id: self.inner.config.node_id,
+            is_leader,
+            leader: m.current_leader,
+            voters: m.membership_config.membership().voter_ids().collect(),
+            behind,
+            running: m.running_state.is_ok() && !self.inner.stopped.load(Ordering::Acquire),
+        }
+    }
+
+    /// Parks (`true`) or resumes (`false`) the group's raft ticker. A quiet
+    /// leader sends no heartbeats and a quiet follower runs no election
+    /// timer; writes and reads still replicate at once. A quiet replica
+    /// also refuses pre-votes from anyone but its leader. Idempotent.
+    pub fn set_quiet(&self, quiet: bool) {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        self.inner.quiet.store(quiet, Ordering::Release);
+        self.inner.raft.runtime_config().tick(!quiet);
+    }
+
+    /// Whether the group is quiet now.
+    pub fn is_quiet(&self) -> bool {
+        self.inner.quiet.load(Ordering::Acquire)
+    }
+
+    /// Sends one heartbeat round now (a leader only; a no-op elsewhere),
+    /// so a replica that just came back learns its leader without
+    /// waiting for an election.
+    pub async fn heartbeat(&self) -> Result<(), GroupError> {
+        self.check_running()?;
+        self.inner
+            .raft
+            .trigger()
+            .heartbeat()
+            .await
+            .map_err(|e| self.stopped_reason(e.to_string()))
+    }
+
+    /// Asks raft to hand leadership to `to` (a leader only; ignored
+    /// elsewhere). Returns at once; the transfer is an election `to` runs.
+    pub async fn transfer_leader(&self, to: u64) -> Result<(), GroupError> {
+        self.check_running()?;
+        self.inner
+            .raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| self.stopped_reason(e.to_string()))
+    }
+
+    /// A quiet replica's answer to a pre-vote, or `None` to let raft judge
+    /// it. While quiet, this replica believes its leader alive (the broker
+    /// answers its liveness probes), so it would not grant a vote to
+    /// anyone else: that is raft's leader lease (dissertation §4.2.3)
+    /// with liveness in place of heartbeats. The believed leader itself is
+    /// judged by raft, so a leader that restarted can win its group back.
+    fn refuse_pre_vote(
+        &self,
+        request: &openraft::raft::VoteRequest<TypeConfig>,
+    ) -> Option<Vec<u8>> {
+        use openraft::vote::RaftLeaderId;
+        if !self.inner.quiet.load(Ordering::Acquire) {
+            return None;
+        }
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        let candidate = *request.vote.leader_id().node_id();
+        if m.current_leader == Some(candidate) {
+            return None;
+        }
+        let refusal: openraft::raft::VoteResponse<TypeConfig> =
+            openraft::raft::VoteResponse::new(m.vote, None, false);
+        tracing::debug!(
+            group = self.inner.config.group_id,
+            candidate,
+            leader = ?m.current_leader,
+            "pre-vote refused: quiet with a live leader"
+        );
+        rmp_serde::to_vec(&refusal).ok()
     }
 
     /// Builds a snapshot now and waits until it covers everything applied
@@ -657,10 +822,18 @@ impl MetadataGroup {
             }
             RaftRpcKind::PreVote => {
                 let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                if let Some(refusal) = self.refuse_pre_vote(&rpc) {
+                    return Ok(refusal);
+                }
                 let resp = raft
                     .pre_vote(rpc)
                     .await
                     .map_err(|e| fatal(e.unwrap_fatal()))?;
+                rmp_serde::to_vec(&resp)
+            }
+            RaftRpcKind::TransferLeader => {
+                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let resp = raft.handle_transfer_leader(rpc).await.map_err(fatal)?;
                 rmp_serde::to_vec(&resp)
             }
             RaftRpcKind::FullSnapshot => {
@@ -785,6 +958,75 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn lease_renewals_advance_the_applied_index_but_not_the_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let group = MetadataGroup::open_single(GroupConfig::new(1, 1, dir.path()))
+            .await
+            .unwrap();
+        let applied = group.subscribe();
+        let changes = group.subscribe_changes();
+        // Let the opening's own membership entry bump the watch first.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (index_before, changes_before) = (*applied.borrow(), *changes.borrow());
+        for at_ms in [1_000, 2_000, 3_000] {
+            let renewal = Command::AcquireLease {
+                holder: 1,
+                duration_ms: 10_000,
+                at_ms,
+            };
+            group.propose(renewal).await.unwrap().unwrap();
+        }
+        assert!(*applied.borrow() >= index_before + 3);
+        assert_eq!(
+            *changes.borrow(),
+            changes_before,
+            "renewals woke the watchers"
+        );
+        group.propose(create("t")).await.unwrap().unwrap();
+        // The watch is bumped after the batch, just after the answer.
+        let mut changes = changes;
+        let noticed = changes.wait_for(|n| *n > changes_before);
+        tokio::time::timeout(Duration::from_secs(5), noticed)
+            .await
+            .expect("a creation went unnoticed")
+            .unwrap();
+        group.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_quiet_replica_refuses_pre_votes_from_all_but_its_leader() {
+        use openraft::raft::{VoteRequest, VoteResponse};
+        let dir = tempfile::tempdir().unwrap();
+        let group = MetadataGroup::open_single(GroupConfig::new(1, 1, dir.path()))
+            .await
+            .unwrap();
+        let term = group.status().term;
+        let from = |candidate: u64| -> VoteRequest<TypeConfig> {
+            VoteRequest::new(types::Vote::new(term + 6, candidate), None)
+        };
+        // Ticking: raft judges every pre-vote.
+        assert!(group.refuse_pre_vote(&from(2)).is_none());
+        group.set_quiet(true);
+        assert!(group.is_quiet());
+        let refusal = group
+            .refuse_pre_vote(&from(2))
+            .expect("refused while quiet");
+        let refusal: VoteResponse<TypeConfig> = rmp_serde::from_slice(&refusal).unwrap();
+        assert!(!refusal.vote_granted);
+        // Through the transport's door too.
+        let body = rmp_serde::to_vec(&from(3)).unwrap();
+        let answer = group.handle_rpc(RaftRpcKind::PreVote, &body).await.unwrap();
+        let answer: VoteResponse<TypeConfig> = rmp_serde::from_slice(&answer).unwrap();
+        assert!(!answer.vote_granted);
+        // The leader it believes alive is judged by raft: a leader that
+        // restarted must be able to win its group back.
+        assert!(group.refuse_pre_vote(&from(1)).is_none());
+        group.set_quiet(false);
+        assert!(group.refuse_pre_vote(&from(2)).is_none());
+        group.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
     async fn the_default_transport_reports_peers_unreachable() {
         use openraft::RaftNetworkV2;
         use openraft::errors::RPCError;
@@ -811,6 +1053,7 @@ mod tests {
             RaftRpcKind::Vote,
             RaftRpcKind::PreVote,
             RaftRpcKind::FullSnapshot,
+            RaftRpcKind::TransferLeader,
         ] {
             assert_eq!(RaftRpcKind::from_tag(kind.tag()), Some(kind));
         }

@@ -28,6 +28,8 @@ pub enum RaftRpcKind {
     Vote,
     PreVote,
     FullSnapshot,
+    /// A leader asks a voter to take over (leader balancing, ADR 0101).
+    TransferLeader,
 }
 
 impl RaftRpcKind {
@@ -38,6 +40,7 @@ impl RaftRpcKind {
             RaftRpcKind::Vote => 2,
             RaftRpcKind::PreVote => 3,
             RaftRpcKind::FullSnapshot => 4,
+            RaftRpcKind::TransferLeader => 5,
         }
     }
 
@@ -48,6 +51,7 @@ impl RaftRpcKind {
             2 => Some(RaftRpcKind::Vote),
             3 => Some(RaftRpcKind::PreVote),
             4 => Some(RaftRpcKind::FullSnapshot),
+            5 => Some(RaftRpcKind::TransferLeader),
             _ => None,
         }
     }
@@ -197,6 +201,16 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.call(RaftRpcKind::PreVote, &rpc, &option)
+            .await
+            .map_err(to_rpc_error)
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        rpc: openraft::raft::TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<openraft::raft::TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(RaftRpcKind::TransferLeader, &rpc, &option)
             .await
             .map_err(to_rpc_error)
     }

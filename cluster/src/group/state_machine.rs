@@ -44,6 +44,10 @@ pub(crate) struct Applied {
 pub(crate) struct Shared {
     pub(crate) applied: RwLock<Applied>,
     pub(crate) applied_index: watch::Sender<u64>,
+    /// Bumped after an applied batch that changed anything but the
+    /// coordinator lease: what reconciliation follows, so a renewal every
+    /// few seconds per vnode does not wake it (ADR 0101).
+    pub(crate) changes: watch::Sender<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -126,10 +130,12 @@ impl StateMachine {
         };
         let index = applied.last_applied.as_ref().map_or(0, |id| id.index);
         let (applied_index, _) = watch::channel(index);
+        let (changes, _) = watch::channel(0);
         Ok(StateMachine {
             shared: Arc::new(Shared {
                 applied: RwLock::new(applied),
                 applied_index,
+                changes,
             }),
             snapshot_path,
             snapshot_bytes_max,
@@ -208,6 +214,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
         let mut last_index = None;
+        let mut changed = false;
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
             let log_id = entry.log_id();
@@ -215,9 +222,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 let mut applied = self.shared.applied.write();
                 let verdict = match entry.payload {
                     EntryPayload::Blank => None,
-                    EntryPayload::Normal(request) => Some(applied.state.apply(request.0)),
+                    EntryPayload::Normal(request) => {
+                        changed |= !request.0.is_lease_only();
+                        Some(applied.state.apply(request.0))
+                    }
                     EntryPayload::Membership(membership) => {
                         applied.membership = StoredMembership::new(Some(log_id), membership);
+                        changed = true;
                         None
                     }
                 };
@@ -231,6 +242,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         if let Some(index) = last_index {
             self.shared.applied_index.send_replace(index);
+        }
+        if changed {
+            self.shared.changes.send_modify(|n| *n = n.wrapping_add(1));
         }
         Ok(())
     }
@@ -260,6 +274,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta.last_log_id.as_ref().map_or(0, |id| id.index)
         };
         self.shared.applied_index.send_replace(index);
+        self.shared.changes.send_modify(|n| *n = n.wrapping_add(1));
         Ok(())
     }
 

@@ -61,6 +61,7 @@ pub fn raft_api_key(kind: RaftRpcKind) -> u16 {
         RaftRpcKind::AppendEntries => 201,
         RaftRpcKind::FullSnapshot => 202,
         RaftRpcKind::PreVote => 203,
+        RaftRpcKind::TransferLeader => 204,
     }
 }
 
@@ -71,6 +72,7 @@ pub fn raft_kind_of(api_key: u16) -> Option<RaftRpcKind> {
         201 => Some(RaftRpcKind::AppendEntries),
         202 => Some(RaftRpcKind::FullSnapshot),
         203 => Some(RaftRpcKind::PreVote),
+        204 => Some(RaftRpcKind::TransferLeader),
         _ => None,
     }
 }
@@ -86,6 +88,9 @@ pub const FORWARD_QUERY_API_KEY: u16 = 214;
 pub const OPEN_VNODE_API_KEY: u16 = 215;
 /// Tells a broker a newer ring version exists; it fetches that ring.
 pub const RING_ANNOUNCE_API_KEY: u16 = 216;
+/// A liveness probe (ADR 0101): answered by the transport server itself,
+/// with an empty body, whatever service it runs.
+pub const PING_API_KEY: u16 = 217;
 
 /// Bytes of the group id in front of every request body.
 const GROUP_ID_BYTES: usize = 8;
@@ -747,6 +752,11 @@ pub struct TransportServerStats {
     /// Log lines written about refusals (at most one per kind per
     /// `refusal_log_interval_ms`).
     pub refusals_logged: u64,
+    /// Requests answered (raft messages and forwarded requests), liveness
+    /// probes not counted.
+    pub requests_served: u64,
+    /// Liveness probes answered (ADR 0101).
+    pub pings_served: u64,
 }
 
 #[derive(Debug, Default)]
@@ -757,6 +767,8 @@ struct Counters {
     refused_handshake: AtomicU64,
     dropped_bad_frame: AtomicU64,
     refusals_logged: AtomicU64,
+    requests_served: AtomicU64,
+    pings_served: AtomicU64,
 }
 
 /// Logs one kind of refusal at most once per interval, counting the ones
@@ -852,6 +864,8 @@ impl TransportServer {
             refused_handshake: c.refused_handshake.load(Ordering::SeqCst),
             dropped_bad_frame: c.dropped_bad_frame.load(Ordering::SeqCst),
             refusals_logged: c.refusals_logged.load(Ordering::SeqCst),
+            requests_served: c.requests_served.load(Ordering::SeqCst),
+            pings_served: c.pings_served.load(Ordering::SeqCst),
         }
     }
 
@@ -1045,6 +1059,11 @@ async fn serve_connection(
                 break;
             }
         };
+        if frame.api_key == PING_API_KEY {
+            counters.pings_served.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counters.requests_served.fetch_add(1, Ordering::Relaxed);
+        }
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             break;
         };
@@ -1063,6 +1082,13 @@ async fn serve_connection(
 
 async fn answer(service: &dyn RpcService, frame: RequestFrame) -> ResponseFrame {
     let correlation_id = frame.correlation_id;
+    if frame.api_key == PING_API_KEY {
+        return ResponseFrame {
+            correlation_id,
+            error_code: ErrorCode::None,
+            payload: Bytes::new(),
+        };
+    }
     if frame.payload.len() < GROUP_ID_BYTES {
         return RpcError::ShortPayload {
             payload_bytes: frame.payload.len(),

@@ -59,7 +59,7 @@ pub fn snapshot_file(bytes: &[u8], bytes_max: u64) -> Result<Vec<u8>, String> {
     encode_tagged(SNAPSHOT_MAGIC, &reencode(&file)?).map_err(|e| e.to_string())
 }
 
-/// The body of a raft request (api keys 200 to 203, after the group id), as
+/// The body of a raft request (api keys 200 to 204, after the group id), as
 /// the group decodes it before handing it to openraft.
 pub fn raft_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
     match raft_kind_of(api_key).ok_or("not a raft api key")? {
@@ -70,10 +70,13 @@ pub fn raft_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
             decode_then_reencode::<VoteRequest<TypeConfig>>(body)
         }
         RaftRpcKind::FullSnapshot => decode_then_reencode::<FullSnapshotRequest>(body),
+        RaftRpcKind::TransferLeader => {
+            decode_then_reencode::<openraft::raft::TransferLeaderRequest<TypeConfig>>(body)
+        }
     }
 }
 
-/// The body of a raft answer (api keys 200 to 203), as the sending side
+/// The body of a raft answer (api keys 200 to 204), as the sending side
 /// decodes it.
 pub fn raft_response(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
     match raft_kind_of(api_key).ok_or("not a raft api key")? {
@@ -84,6 +87,9 @@ pub fn raft_response(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
             decode_then_reencode::<VoteResponse<TypeConfig>>(body)
         }
         RaftRpcKind::FullSnapshot => decode_then_reencode::<SnapshotResponse<TypeConfig>>(body),
+        RaftRpcKind::TransferLeader => {
+            decode_then_reencode::<openraft::raft::TransferLeaderResponse<TypeConfig>>(body)
+        }
     }
 }
 
@@ -150,7 +156,7 @@ pub mod samples {
         encode_tagged(SNAPSHOT_MAGIC, &body).unwrap_or_default()
     }
 
-    /// A raft request body for `api_key` (200 to 203); empty for another key.
+    /// A raft request body for `api_key` (200 to 204); empty for another key.
     pub fn raft_request(api_key: u16) -> Vec<u8> {
         let encoded = match raft_kind_of(api_key) {
             Some(RaftRpcKind::AppendEntries) => {
@@ -165,6 +171,15 @@ pub mod samples {
             Some(RaftRpcKind::Vote | RaftRpcKind::PreVote) => {
                 let request: VoteRequest<TypeConfig> =
                     VoteRequest::new(Vote::new(2, 1), Some(log_id(1, 4)));
+                rmp_serde::to_vec(&request)
+            }
+            Some(RaftRpcKind::TransferLeader) => {
+                let request: openraft::raft::TransferLeaderRequest<TypeConfig> =
+                    openraft::raft::TransferLeaderRequest::new(
+                        Vote::new_committed(2, 1),
+                        2,
+                        Some(log_id(2, 9)),
+                    );
                 rmp_serde::to_vec(&request)
             }
             Some(RaftRpcKind::FullSnapshot) => {
@@ -186,7 +201,7 @@ pub mod samples {
         encoded.unwrap_or_default()
     }
 
-    /// A raft answer body for `api_key` (200 to 203); empty for another key.
+    /// A raft answer body for `api_key` (200 to 204); empty for another key.
     pub fn raft_response(api_key: u16) -> Vec<u8> {
         let encoded = match raft_kind_of(api_key) {
             Some(RaftRpcKind::AppendEntries) => {
@@ -200,6 +215,10 @@ pub mod samples {
             Some(RaftRpcKind::FullSnapshot) => rmp_serde::to_vec(&SnapshotResponse::<TypeConfig> {
                 vote: Vote::new_committed(1, 1),
             }),
+            Some(RaftRpcKind::TransferLeader) => {
+                let accepted: openraft::raft::TransferLeaderResponse<TypeConfig> = Ok(());
+                rmp_serde::to_vec(&accepted)
+            }
             None => return Vec::new(),
         };
         encoded.unwrap_or_default()

@@ -160,6 +160,15 @@ pub enum Command {
 impl Command {
     /// The topic the command acts on, for routing it to its vnode; `None`
     /// for cluster-wide administrative commands.
+    /// Whether the command only renews or gives up the coordinator lease:
+    /// it changes no topic, segment, arc or ring.
+    pub fn is_lease_only(&self) -> bool {
+        matches!(
+            self,
+            Command::AcquireLease { .. } | Command::ReleaseLease { .. }
+        )
+    }
+
     pub fn topic(&self) -> Option<&str> {
         match self {
             Command::CreateTopic { topic, .. }

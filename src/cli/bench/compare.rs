@@ -574,8 +574,20 @@ async fn start_server(
     addr: SocketAddr,
     ready: &'static str,
 ) -> Result<ServerGuard, CliError> {
+    start_server_within(name, bin, args, dir, addr, ready, peers::START_TIMEOUT).await
+}
+
+async fn start_server_within(
+    name: String,
+    bin: PathBuf,
+    args: Vec<OsString>,
+    dir: tempfile::TempDir,
+    addr: SocketAddr,
+    ready: &'static str,
+    timeout: std::time::Duration,
+) -> Result<ServerGuard, CliError> {
     tokio::task::spawn_blocking(move || {
-        ServerGuard::start(name, &bin, &args, dir, addr, Some(ready))
+        ServerGuard::start_within(name, &bin, &args, dir, addr, Some(ready), timeout)
     })
     .await
     .map_err(|e| CliError::Bench(format!("starting a server: {e}")))?
@@ -791,7 +803,18 @@ pub(super) async fn start_cluster(
     exe: &std::path::Path,
     brokers: u64,
     config: &str,
+    dir: impl FnMut(u64) -> Result<tempfile::TempDir, CliError>,
+) -> Result<Vec<ServerGuard>, CliError> {
+    start_cluster_within(exe, brokers, config, dir, peers::START_TIMEOUT).await
+}
+
+/// [`start_cluster`], waiting at most `timeout` for each broker to serve.
+pub(super) async fn start_cluster_within(
+    exe: &std::path::Path,
+    brokers: u64,
+    config: &str,
     mut dir: impl FnMut(u64) -> Result<tempfile::TempDir, CliError>,
+    timeout: std::time::Duration,
 ) -> Result<Vec<ServerGuard>, CliError> {
     let mut nodes = Vec::new();
     for id in 1..=brokers {
@@ -823,13 +846,14 @@ pub(super) async fn start_cluster(
             }
         }
         guards.push(
-            start_server(
+            start_server_within(
                 format!("malachi broker {id} of {brokers}"),
                 exe.to_owned(),
                 args,
                 dir,
                 loopback(port),
                 "serving clients on",
+                timeout,
             )
             .await?,
         );

@@ -6,19 +6,45 @@
 //! (heartbeats, lease renewals, ticks) is what it shows; nothing is
 //! asserted here: the targets live in docs/benchmarks.md.
 
-use std::time::Instant;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use malachi_bench::peers::ServerGuard;
 use serde::Serialize;
 
+use super::super::client::connect;
 use super::super::error::CliError;
 use super::super::{BenchIdleArgs, OutputArgs};
-use super::compare::{start_cluster, wait_for_brokers};
+use super::compare::{start_cluster_within, wait_for_brokers};
 
 /// The most brokers one run starts.
 const IDLE_BROKERS_MAX: u64 = 16;
 /// The most vnodes one run asks for.
 const IDLE_VNODES_MAX: u32 = 65_536;
+/// How long `--kill-leader` waits for every orphaned vnode to be led again.
+const FAILOVER_WAIT_MS: u64 = 60_000;
+/// How much longer a broker may take to start per vnode of the ring.
+const START_MS_PER_VNODE: u64 = 40;
+/// How often the survivors are asked who leads what.
+const FAILOVER_POLL_MS: u64 = 10;
+
+/// How long the vnodes a killed broker led took to be led again.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FailoverRow {
+    pub brokers: u64,
+    pub vnodes: u32,
+    /// The broker killed (SIGKILL): the one leading the most vnodes.
+    pub killed: u64,
+    /// The vnodes it led when it was killed.
+    pub vnodes_led: usize,
+    /// How many of them a survivor led within the wait.
+    pub recovered: usize,
+    /// From the kill to a survivor leading the vnode, over the recovered
+    /// vnodes; `null` when none recovered.
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+}
 
 /// One broker's figures over the sampling window.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -46,13 +72,34 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
     }
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Bench(format!("cannot find this executable: {e}")))?;
-    let config = idle_config(args.brokers, args.vnodes);
-    let guards = start_cluster(&exe, args.brokers, &config, |id| {
-        tempfile::Builder::new()
-            .prefix(&format!("malachi-idle-{id}-"))
-            .tempdir()
-            .map_err(|e| CliError::Bench(format!("cannot create a directory: {e}")))
-    })
+    let mut config = idle_config(args.brokers, args.vnodes);
+    for setting in &args.cluster_set {
+        config.push_str(&cluster_setting_line(setting)?);
+    }
+    // Refuse a bad setting here, with its name, not as a broker that
+    // failed to start.
+    toml::from_str::<malachi_actors::BrokerConfig>(&config).map_err(|e| {
+        CliError::Bench(format!(
+            "--cluster-set: {}",
+            e.message().trim().replace('\n', " ")
+        ))
+    })?;
+    // A broker opens (and on a fresh dir initializes, with fsyncs) every
+    // group it votes in before it serves: about 10 ms each on this class of
+    // disk, so thousands of vnodes need more than the usual 20 s.
+    let start_timeout = Duration::from_millis(20_000 + u64::from(args.vnodes) * START_MS_PER_VNODE);
+    let guards = start_cluster_within(
+        &exe,
+        args.brokers,
+        &config,
+        |id| {
+            tempfile::Builder::new()
+                .prefix(&format!("malachi-idle-{id}-"))
+                .tempdir()
+                .map_err(|e| CliError::Bench(format!("cannot create a directory: {e}")))
+        },
+        start_timeout,
+    )
     .await?;
     let guards: Vec<(u64, ServerGuard)> = (1..=args.brokers).zip(guards).collect();
     let output = OutputArgs {
@@ -90,7 +137,6 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
             seconds,
         });
     }
-    drop(guards);
     for row in &rows {
         if args.json {
             let line = serde_json::to_string(row)
@@ -100,7 +146,113 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
             println!("{}", text_row(row));
         }
     }
+    if args.kill_leader {
+        let mut guards = guards;
+        let row = failover(&mut guards, args.vnodes).await?;
+        if args.json {
+            let line = serde_json::to_string(&row)
+                .map_err(|e| CliError::Bench(format!("cannot encode a row: {e}")))?;
+            println!("{line}");
+        } else {
+            println!("{}", failover_text(&row));
+        }
+    }
     Ok(())
+}
+
+fn output_for(guard: &ServerGuard) -> OutputArgs {
+    OutputArgs {
+        broker: guard.addr.to_string(),
+        json: true,
+        timeout_ms: 2_000,
+    }
+}
+
+/// SIGKILLs the broker leading the most vnodes and times, for each vnode
+/// it led, how long until a survivor's own replica reports that it leads
+/// the vnode.
+async fn failover(guards: &mut [(u64, ServerGuard)], vnodes: u32) -> Result<FailoverRow, CliError> {
+    let bench = |what: &str, e: &dyn std::fmt::Display| CliError::Bench(format!("{what}: {e}"));
+    let brokers = guards.len() as u64;
+    if guards.len() < 2 {
+        return Err(CliError::Bench(
+            "--kill-leader needs at least two brokers".to_owned(),
+        ));
+    }
+    let mut clients = Vec::new();
+    let mut led: Vec<BTreeSet<u32>> = Vec::new();
+    for (id, guard) in guards.iter() {
+        let client = connect(&output_for(guard)).await?;
+        let list = client
+            .vnode_list()
+            .await
+            .map_err(|e| bench(&format!("vnode list at broker {id}"), &e))?;
+        led.push(
+            list.vnodes
+                .iter()
+                .filter(|v| v.leader == Some(*id))
+                .map(|v| v.id)
+                .collect(),
+        );
+        clients.push(client);
+    }
+    let victim = (0..guards.len())
+        .max_by_key(|i| led[*i].len())
+        .unwrap_or_default();
+    let mut pending = led.swap_remove(victim);
+    let killed = guards[victim].0;
+    let vnodes_led = pending.len();
+    drop(clients.swap_remove(victim));
+    guards[victim].1.kill_now();
+    let killed_at = Instant::now();
+    let deadline = killed_at + Duration::from_millis(FAILOVER_WAIT_MS);
+    let mut took_ms = Vec::new();
+    while !pending.is_empty() && Instant::now() < deadline {
+        for client in &clients {
+            let Ok(list) = client.vnode_list().await else {
+                continue;
+            };
+            for v in &list.vnodes {
+                if v.leader == Some(list.node_id) && pending.remove(&v.id) {
+                    took_ms.push(killed_at.elapsed().as_secs_f64() * 1_000.0);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(FAILOVER_POLL_MS)).await;
+    }
+    took_ms.sort_by(f64::total_cmp);
+    Ok(FailoverRow {
+        brokers,
+        vnodes,
+        killed,
+        vnodes_led,
+        recovered: took_ms.len(),
+        p50_ms: percentile(&took_ms, 0.50),
+        p99_ms: percentile(&took_ms, 0.99),
+        max_ms: took_ms.last().copied(),
+    })
+}
+
+/// The `q` quantile of sorted samples (nearest rank), `None` when empty.
+fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+}
+
+fn failover_text(row: &FailoverRow) -> String {
+    let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0} ms"));
+    format!(
+        "broker {} killed: {} of the {} vnodes it led were led again, p50 {}, p99 {}, max {}",
+        row.killed,
+        row.recovered,
+        row.vnodes_led,
+        ms(row.p50_ms),
+        ms(row.p99_ms),
+        ms(row.max_ms)
+    )
 }
 
 /// Each broker's config: one cluster of `brokers` with `vnodes` vnodes.
@@ -110,6 +262,22 @@ pub fn idle_config(brokers: u64, vnodes: u32) -> String {
         "# written by malachi bench idle\n[membership]\ncluster_cookie = \"malachi-bench-idle\"\n\n[cluster]\nnodes = [{}]\nvnodes = {vnodes}\n",
         nodes.join(", ")
     )
+}
+
+/// One `--cluster-set KEY=VALUE` as a line of the `[cluster]` table.
+fn cluster_setting_line(setting: &str) -> Result<String, CliError> {
+    let Some((key, value)) = setting.split_once('=') else {
+        return Err(CliError::Bench(format!(
+            "--cluster-set wants KEY=VALUE, not `{setting}`"
+        )));
+    };
+    let key = key.trim();
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(CliError::Bench(format!(
+            "--cluster-set: `{key}` is not a setting name"
+        )));
+    }
+    Ok(format!("{key} = {}\n", value.trim()))
 }
 
 fn text_row(row: &IdleRow) -> String {
@@ -172,6 +340,46 @@ mod tests {
         );
         let parsed: malachi_actors::BrokerConfig = toml::from_str(&config).unwrap();
         assert_eq!(parsed.cluster.vnodes, Some(256));
+    }
+
+    #[test]
+    fn cluster_settings_become_lines_of_the_cluster_table_and_bad_ones_are_refused() {
+        assert_eq!(
+            cluster_setting_line("quiet_groups=false").unwrap(),
+            "quiet_groups = false\n"
+        );
+        let mut config = idle_config(3, 16);
+        config.push_str(&cluster_setting_line("lease_renew_ms = 8000").unwrap());
+        let parsed: malachi_actors::BrokerConfig = toml::from_str(&config).unwrap();
+        assert_eq!(parsed.cluster.lease_renew_ms, 8000);
+        assert!(cluster_setting_line("no_equals").is_err());
+        assert!(cluster_setting_line("bad key=1").is_err());
+        config.push_str(&cluster_setting_line("no_such_setting=1").unwrap());
+        assert!(toml::from_str::<malachi_actors::BrokerConfig>(&config).is_err());
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let samples: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&samples, 0.50), Some(50.0));
+        assert_eq!(percentile(&samples, 0.99), Some(99.0));
+        assert_eq!(percentile(&[7.0], 0.99), Some(7.0));
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn a_failover_row_reads_as_one_line() {
+        let row = FailoverRow {
+            brokers: 3,
+            vnodes: 256,
+            killed: 1,
+            vnodes_led: 85,
+            recovered: 85,
+            p50_ms: Some(1203.4),
+            p99_ms: Some(1710.0),
+            max_ms: Some(1712.9),
+        };
+        insta::assert_snapshot!(failover_text(&row), @"broker 1 killed: 85 of the 85 vnodes it led were led again, p50 1203 ms, p99 1710 ms, max 1713 ms");
     }
 
     #[test]

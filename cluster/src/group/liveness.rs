@@ -1,0 +1,187 @@
+//! Broker liveness for quiet groups (ADR 0101): which peers answer now.
+//!
+//! A quiet raft group sends no heartbeats, so its followers cannot learn
+//! from silence that their leader is gone. They learn it here instead: one
+//! probe per peer every `probe_every_ms`, whatever the number of groups, on
+//! the raft transport's own connections. A peer is *up* while one of its
+//! answers is younger than `down_after_ms`; a peer never heard from is down,
+//! so a starting broker's groups elect as they always did.
+//!
+//! `LivenessTracker` is the pure decision (time enters as milliseconds);
+//! `spawn_prober` runs it against a `TcpTransport` and publishes the up set
+//! on a watch channel. The probe is answered by the transport server itself
+//! (`PING_API_KEY`), so a broker whose process is gone, or whose raft port
+//! is cut off, stops answering within one probe's timeout.
+
+use super::tcp::{PING_API_KEY, TcpTransport};
+use crate::clock::Clock;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How peers are probed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LivenessSettings {
+    /// How often every peer is probed.
+    pub probe_every_ms: u64,
+    /// How long one probe waits for its answer.
+    pub probe_timeout_ms: u64,
+    /// A peer with no answer younger than this is down.
+    pub down_after_ms: u64,
+}
+
+impl Default for LivenessSettings {
+    /// Probes every 200 ms; a peer is down after 1 s without an answer, so
+    /// a quiet group starts its election about as soon as a group with
+    /// raft's own 300 to 600 ms election timer would, and well within the
+    /// 2 s a leader's loss may take to repair.
+    fn default() -> Self {
+        LivenessSettings {
+            probe_every_ms: 200,
+            probe_timeout_ms: 500,
+            down_after_ms: 1_000,
+        }
+    }
+}
+
+impl LivenessSettings {
+    /// Whether these settings can decide anything: a probe must be able to
+    /// answer before its peer counts as down.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.probe_every_ms == 0 {
+            return Err("probe_every_ms must be positive".to_owned());
+        }
+        if self.probe_timeout_ms == 0 || self.probe_timeout_ms >= self.down_after_ms {
+            return Err("probe_timeout_ms must be positive and below down_after_ms".to_owned());
+        }
+        if self.probe_every_ms >= self.down_after_ms {
+            return Err("probe_every_ms must be below down_after_ms".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// When each peer last answered, and so which are up.
+#[derive(Debug, Clone)]
+pub struct LivenessTracker {
+    node_id: u64,
+    down_after_ms: u64,
+    answered_ms: BTreeMap<u64, u64>,
+}
+
+impl LivenessTracker {
+    pub fn new(node_id: u64, down_after_ms: u64) -> LivenessTracker {
+        LivenessTracker {
+            node_id,
+            down_after_ms,
+            answered_ms: BTreeMap::new(),
+        }
+    }
+
+    /// `peer` answered a probe sent at `sent_ms` (the send time, not the
+    /// arrival: an answer proves the peer was up when it was asked).
+    pub fn answered(&mut self, peer: u64, sent_ms: u64) {
+        let at = self.answered_ms.entry(peer).or_insert(sent_ms);
+        *at = (*at).max(sent_ms);
+    }
+
+    /// The nodes up at `now_ms`: this node, and every peer whose last
+    /// answer is younger than `down_after_ms`.
+    pub fn up(&self, now_ms: u64) -> BTreeSet<u64> {
+        let mut up: BTreeSet<u64> = self
+            .answered_ms
+            .iter()
+            .filter(|(_, at)| now_ms.saturating_sub(**at) < self.down_after_ms)
+            .map(|(peer, _)| *peer)
+            .collect();
+        up.insert(self.node_id);
+        up
+    }
+}
+
+/// Probes `peers` until the returned handle is aborted, and publishes the
+/// up set (this node included) whenever it changes.
+pub fn spawn_prober(
+    transport: Arc<TcpTransport>,
+    node_id: u64,
+    peers: Vec<u64>,
+    settings: LivenessSettings,
+    clock: Arc<dyn Clock>,
+) -> (watch::Receiver<BTreeSet<u64>>, JoinHandle<()>) {
+    let mut tracker = LivenessTracker::new(node_id, settings.down_after_ms);
+    let (tx, rx) = watch::channel(tracker.up(clock.monotonic_ms()));
+    let peers: Vec<u64> = peers.into_iter().filter(|p| *p != node_id).collect();
+    let task = tokio::spawn(async move {
+        let mut round = tokio::time::interval(Duration::from_millis(settings.probe_every_ms));
+        round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            round.tick().await;
+            let sent_ms = clock.monotonic_ms();
+            let probes = peers.iter().map(|peer| {
+                let transport = Arc::clone(&transport);
+                async move {
+                    let answer = transport
+                        .call_raw(*peer, PING_API_KEY, 0, &[], settings.probe_timeout_ms)
+                        .await;
+                    (*peer, answer.is_ok())
+                }
+            });
+            for (peer, ok) in futures::future::join_all(probes).await {
+                if ok {
+                    tracker.answered(peer, sent_ms);
+                }
+            }
+            let up = tracker.up(clock.monotonic_ms());
+            tx.send_if_modified(|current| {
+                if *current == up {
+                    return false;
+                }
+                let gone: Vec<u64> = current.difference(&up).copied().collect();
+                let back: Vec<u64> = up.difference(current).copied().collect();
+                tracing::debug!(node = node_id, ?gone, ?back, "peer liveness changed");
+                *current = up;
+                true
+            });
+            if tx.is_closed() {
+                break;
+            }
+        }
+    });
+    (rx, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_is_up_only_while_its_last_answer_is_younger_than_the_bound() {
+        let mut t = LivenessTracker::new(1, 1_000);
+        assert_eq!(t.up(0), BTreeSet::from([1]), "never heard from: down");
+        t.answered(2, 100);
+        assert_eq!(t.up(100), BTreeSet::from([1, 2]));
+        assert_eq!(t.up(1_099), BTreeSet::from([1, 2]));
+        assert_eq!(t.up(1_100), BTreeSet::from([1]), "1 s without an answer");
+        // A late answer to an old probe does not make it younger.
+        t.answered(2, 50);
+        assert_eq!(t.up(1_100), BTreeSet::from([1]));
+        t.answered(2, 1_200);
+        assert_eq!(t.up(1_300), BTreeSet::from([1, 2]));
+    }
+
+    #[test]
+    fn settings_that_cannot_decide_are_refused() {
+        assert!(LivenessSettings::default().validate().is_ok());
+        let bad = |f: fn(&mut LivenessSettings)| {
+            let mut s = LivenessSettings::default();
+            f(&mut s);
+            s.validate().is_err()
+        };
+        assert!(bad(|s| s.probe_every_ms = 0));
+        assert!(bad(|s| s.probe_timeout_ms = 0));
+        assert!(bad(|s| s.probe_timeout_ms = s.down_after_ms));
+        assert!(bad(|s| s.probe_every_ms = s.down_after_ms));
+    }
+}
