@@ -26,6 +26,7 @@ use crate::control::coordinator::CoordinatorMsg;
 use crate::control::manager::ManagerActor;
 use crate::control::shared::{RaftEndpoint, Shared};
 use crate::control::vnodes::VnodesActor;
+use crate::fabric::formation::{FormArgs, Formed, Plan};
 use crate::fabric::membership::{SwimActor, SwimArgs};
 use crate::fabric::node::{Fabric, NodeActor, NodeArgs, node_server_spec};
 use crate::maintenance;
@@ -91,21 +92,6 @@ fn bootstrap_cursor_secret(path: &Path) -> Result<CursorSecret, BrokerError> {
     Ok(CursorSecret::new(secret))
 }
 
-/// Where a data dir records the cluster settings its vnode groups were
-/// created under.
-const CLUSTER_SETTINGS_FILE: &str = "cluster-settings";
-
-/// The settings that decide which vnodes exist and who votes in each.
-fn cluster_fingerprint(config: &BrokerConfig) -> String {
-    let nodes: Vec<String> = config.cluster_nodes().iter().map(u64::to_string).collect();
-    format!(
-        "nodes={} vnodes={} replicas_per_vnode={}\n",
-        nodes.join(","),
-        config.vnode_count(),
-        config.cluster.replicas_per_vnode
-    )
-}
-
 /// The file in a data dir naming the node it belongs to.
 const NODE_FILE: &str = "NODE";
 
@@ -159,35 +145,6 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// Refuses to start on a data dir whose vnode groups were created under
-/// other cluster settings: the voters this broker would compute no longer
-/// match the groups' memberships, so it could leave a vnode it votes in
-/// unopened (ADR 0081). The first start records the settings.
-fn check_cluster_settings(config: &BrokerConfig) -> Result<(), BrokerError> {
-    if config.metadata_backend != crate::common::config::MetadataBackend::Raft {
-        return Ok(());
-    }
-    let dir = config.data_dir.join("metadata");
-    let path = dir.join(CLUSTER_SETTINGS_FILE);
-    let wanted = cluster_fingerprint(config);
-    match std::fs::read_to_string(&path) {
-        Ok(recorded) if recorded == wanted => Ok(()),
-        Ok(recorded) => Err(BrokerError::Config {
-            reason: format!(
-                "the data dir {} was created with cluster settings `{}`, not `{}`: every broker keeps the [cluster] nodes, vnodes and replicas_per_vnode its data dir was created with",
-                config.data_dir.display(),
-                recorded.trim(),
-                wanted.trim()
-            ),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-            write_durably(&path, wanted.as_bytes())
-        }
-        Err(e) => Err(io_err(&path)(e)),
-    }
-}
-
 /// The address other brokers reach `bound` on: an unspecified ip (0.0.0.0,
 /// ::) is replaced by the configured advertise ip, or loopback.
 fn advertised(bound: SocketAddr, advertise_ip: Option<std::net::IpAddr>) -> SocketAddr {
@@ -206,6 +163,7 @@ fn open_fabric(
     client_addr: SocketAddr,
     admin_addr: SocketAddr,
     raft_addr: SocketAddr,
+    plan: &Plan,
 ) -> Result<Fabric, BrokerError> {
     let settings = &config.membership;
     let swim_socket =
@@ -232,7 +190,7 @@ fn open_fabric(
         admin_addr: Some(advertised(admin_addr, settings.advertise_ip)),
         raft_addr: Some(raft_addr),
         cluster_addr: Some(advertised(cluster_bound, settings.advertise_ip)),
-        attributes: config.attributes.clone(),
+        attributes: card_attributes(config, &plan.card(config.node_id)),
     };
     identity.validate().map_err(|e| BrokerError::Config {
         reason: format!("membership identity: {e}"),
@@ -246,8 +204,15 @@ fn open_fabric(
             crate::common::config::DEV_CLUSTER_COOKIE.to_owned()
         }
     };
+    let membership = malachi_cluster::membership::Membership::new(&identity);
+    let formed = Formed::new(
+        plan,
+        config.node_id,
+        membership.clone(),
+        config.attributes.clone(),
+    );
     Ok(Fabric {
-        membership: malachi_cluster::membership::Membership::new(&identity),
+        membership,
         node_id: config.node_id,
         identity,
         cookie,
@@ -261,7 +226,70 @@ fn open_fabric(
             settings.fabric_connections_max,
             settings.fabric_handshake_timeout_ms,
         ),
+        formed: Arc::new(formed),
     })
+}
+
+/// The operator's attributes plus this broker's cluster card (ADR 0102).
+fn card_attributes(
+    config: &BrokerConfig,
+    card: &malachi_cluster::formation::Card,
+) -> std::collections::BTreeMap<String, String> {
+    let mut attributes = config.attributes.clone();
+    attributes.extend(card.attributes());
+    attributes
+}
+
+/// Finds this broker's cluster before the tree starts (ADR 0102): looks at
+/// the live peers through a short SWIM run, waits for a bootstrap to
+/// form, refuses a cluster that disagrees, and records the outcome. Then
+/// the fabric gossips the final card, and the configuration names the
+/// voters every later component reads.
+async fn find_cluster(
+    config: &mut BrokerConfig,
+    fabric: &mut Fabric,
+    plan: &mut Plan,
+) -> Result<(), BrokerError> {
+    let incarnation_path = config.incarnation_path();
+    let mut identity = fabric.identity.clone();
+    identity.incarnation = tokio::task::block_in_place(|| {
+        crate::fabric::membership::next_incarnation(&incarnation_path)
+    })
+    .map_err(io_err(&incarnation_path))?;
+    let mut rng_seed = [0u8; 8];
+    getrandom::fill(&mut rng_seed).map_err(|e| BrokerError::Config {
+        reason: format!("no os randomness: {e}"),
+    })?;
+    let args = FormArgs {
+        membership: fabric.membership.clone(),
+        socket: fabric
+            .swim_socket
+            .try_clone()
+            .map_err(io_err(&config.data_dir))?,
+        runtime: malachi_cluster::membership::RuntimeArgs {
+            identity,
+            settings: config.membership.swim(),
+            seeds: if plan.looks_around() {
+                crate::fabric::membership::resolve_seeds(&config.seeds).await
+            } else {
+                Vec::new()
+            },
+            rng_seed: u64::from_le_bytes(rng_seed),
+        },
+    };
+    crate::fabric::formation::form(plan, args).await?;
+    fabric.identity.attributes = card_attributes(config, &plan.card(config.node_id));
+    fabric.membership = Membership::new(&fabric.identity);
+    fabric.formed = Arc::new(Formed::new(
+        plan,
+        config.node_id,
+        fabric.membership.clone(),
+        config.attributes.clone(),
+    ));
+    config.cluster.nodes = plan.nodes.clone();
+    config.cluster.vnodes = Some(plan.shape.vnodes);
+    config.cluster.bootstrap_expect = None;
+    Ok(())
 }
 
 fn bind(what: &'static str, addr: SocketAddr) -> Result<Arc<std::net::TcpListener>, BrokerError> {
@@ -430,23 +458,13 @@ impl Broker {
         std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
         let cursor_bootstrap = bootstrap_cursor_secret(&config.secret_path())?;
         check_node_identity(&config)?;
-        if !config.seeds.is_empty()
-            && config.cluster.nodes.is_empty()
-            && config.metadata_backend == crate::common::config::MetadataBackend::Raft
-        {
-            // Not an error (membership alone works), but never silent: these
-            // brokers would each keep their own topics (issue 18).
-            warn!(
-                node = config.node_id,
-                seeds = config.seeds.len(),
-                "seeds are set but [cluster] nodes is not: this broker joins the others' membership yet keeps its own metadata, so topics created elsewhere are not seen here; list every broker's node id in [cluster] nodes (docs/guides/clustering.md)"
-            );
-        }
-        check_cluster_settings(&config)?;
-        let store = Arc::new(FileStore::open_dir(
-            data_dir.join("segments"),
-            config.store_config(),
-        )?);
+        let mut candidate = [0u8; 16];
+        getrandom::fill(&mut candidate).map_err(|e| BrokerError::Config {
+            reason: format!("no os randomness: {e}"),
+        })?;
+        let candidate = malachi_cluster::formation::ClusterId(u128::from_be_bytes(candidate));
+        let mut plan = crate::fabric::formation::plan(&config, candidate)?;
+        let mut config = config;
         let client = bind("client port", config.listen_addr)?;
         let admin = bind("admin port", config.admin_addr)?;
         let client_addr = client.local_addr().map_err(io_err(&data_dir))?;
@@ -488,7 +506,14 @@ impl Broker {
             replication: transport(cookie),
             server: parking_lot::Mutex::new(None),
         };
-        let fabric = open_fabric(&config, client_addr, admin_addr, raft_addr)?;
+        let mut fabric = open_fabric(&config, client_addr, admin_addr, raft_addr, &plan)?;
+        find_cluster(&mut config, &mut fabric, &mut plan).await?;
+        // Segments open only once the cluster is known: a refused start
+        // touches none of them.
+        let store = Arc::new(FileStore::open_dir(
+            data_dir.join("segments"),
+            config.store_config(),
+        )?);
         let shared = Arc::new(Shared::new(
             config,
             store,
@@ -757,7 +782,6 @@ pub async fn run_until_signal(config: BrokerConfig) -> Result<(), BrokerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::config::ClusterSettings;
 
     #[test]
     fn a_data_dir_refuses_a_node_other_than_the_one_that_created_it() {
@@ -777,23 +801,5 @@ mod tests {
             refused.contains("belongs to node 1, not node 2"),
             "{refused}"
         );
-    }
-
-    #[test]
-    fn a_data_dir_refuses_cluster_settings_other_than_those_it_was_created_with() {
-        let dir = tempfile::tempdir().unwrap();
-        let alone = BrokerConfig::for_tests(dir.path());
-        check_cluster_settings(&alone).unwrap();
-        check_cluster_settings(&alone).unwrap();
-        let clustered = BrokerConfig {
-            cluster: ClusterSettings {
-                nodes: vec![1, 2, 3],
-                ..ClusterSettings::default()
-            },
-            ..BrokerConfig::for_tests(dir.path())
-        };
-        let refused = check_cluster_settings(&clustered).unwrap_err().to_string();
-        assert!(refused.contains("nodes=1 vnodes=1"), "{refused}");
-        assert!(refused.contains("nodes=1,2,3 vnodes=16"), "{refused}");
     }
 }

@@ -237,17 +237,23 @@ async fn an_admin_client_sending_a_byte_a_second_is_dropped_after_the_read_timeo
     broker.shutdown().await.unwrap();
 }
 
-/// Two brokers joined by SWIM (each alone in its metadata plane), with
-/// `tune` applied to broker 2, which broker 1 dials (the lower id dials).
+/// Two brokers of one cluster (`[cluster] nodes = [1, 2]`), with `tune`
+/// applied to broker 2, which broker 1 dials (the lower id dials).
 async fn two_brokers(dir: &std::path::Path, tune: impl Fn(&mut BrokerConfig)) -> Vec<BrokerHandle> {
+    let cluster = malachi_actors::ClusterSettings {
+        nodes: vec![1, 2],
+        ..Default::default()
+    };
     let first = start(BrokerConfig {
         node_id: 1,
+        cluster: cluster.clone(),
         ..BrokerConfig::for_tests(dir.join("node-1"))
     })
     .await;
     let mut config = BrokerConfig {
         node_id: 2,
         seeds: vec![first.client_addr().to_string()],
+        cluster,
         ..BrokerConfig::for_tests(dir.join("node-2"))
     };
     tune(&mut config);

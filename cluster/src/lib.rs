@@ -14,7 +14,8 @@
 //! (ADR 0082). `membership` is SWIM. `clock` is the project's one `Clock`.
 //!
 //! The pure core and the I/O around it (ADR 0090). The pure modules are
-//! `model`, `ring`, `cursor` and `placement` (which coordinators a broker
+//! `model`, `ring`, `cursor`, `formation` (how brokers form one cluster,
+//! ADR 0102) and `placement` (which coordinators a broker
 //! runs): deterministic functions of their inputs, with no clock, no
 //! randomness, no filesystem or network, no async runtime, and no path into
 //! the I/O modules `group`, `membership`, `vnodes` or `clock`, which wrap
@@ -23,6 +24,7 @@
 
 // Pure core.
 pub mod cursor;
+pub mod formation;
 pub mod model;
 pub mod placement;
 pub mod ring;

@@ -30,6 +30,9 @@ fn into_broker(mut layered: Layered<BrokerConfig>, args: &BrokerArgs) -> Layered
     if let Some(cookie) = &args.cluster_cookie {
         layered.broker.membership.cluster_cookie = Some(cookie.clone());
     }
+    if let Some(expect) = args.bootstrap_expect {
+        layered.broker.cluster.bootstrap_expect = Some(expect);
+    }
     layered
 }
 
@@ -68,6 +71,7 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
             seeds: (0..args.nodes).filter(|j| *j != i).map(client).collect(),
             attrs: Vec::new(),
             cluster_cookie: None,
+            bootstrap_expect: None,
             check: false,
         };
         let mut layered: Layered<BrokerConfig> =

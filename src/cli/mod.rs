@@ -119,6 +119,12 @@ pub struct BrokerArgs {
     /// sessions with (the same on every broker; a development cookie if unset).
     #[arg(long, env = "MALACHI_CLUSTER_COOKIE", value_name = "COOKIE")]
     pub cluster_cookie: Option<String>,
+    /// Form a new cluster from seeds alone: wait until this many fresh
+    /// brokers (this one included) see each other, then they are the
+    /// cluster's voters. Give it to the first brokers only, all the same N;
+    /// a restarted broker keeps the cluster its data dir records.
+    #[arg(long, env = "MALACHI_BOOTSTRAP_EXPECT", value_name = "N")]
+    pub bootstrap_expect: Option<u32>,
     /// Check the configuration, print it as TOML and exit without starting.
     #[arg(long)]
     pub check: bool,

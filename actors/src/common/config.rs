@@ -142,8 +142,15 @@ pub const CLUSTER_NODES_MAX: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterSettings {
-    /// Every broker's node id, this one included. Empty: this broker alone.
+    /// Every broker's node id, this one included. Empty: this broker alone,
+    /// the nodes its data dir recorded, or those `bootstrap_expect` forms.
     pub nodes: Vec<u64>,
+    /// Form the cluster from seeds alone (ADR 0102): a fresh broker waits
+    /// until this many fresh brokers with the same setting see each other,
+    /// then the lowest node ids among them are the cluster's voters,
+    /// recorded in every data dir. Set on the first brokers only, instead of
+    /// `nodes`; ignored once the data dir records its cluster.
+    pub bootstrap_expect: Option<u32>,
     /// Where the raft transport listens; the client address's ip with a
     /// free port if unset. Advertised to the others through SWIM.
     pub raft_listen_addr: Option<SocketAddr>,
@@ -191,6 +198,7 @@ impl Default for ClusterSettings {
     fn default() -> Self {
         ClusterSettings {
             nodes: Vec::new(),
+            bootstrap_expect: None,
             raft_listen_addr: None,
             vnodes: None,
             replicas_per_vnode: malachi_cluster::vnodes::REPLICAS_PER_VNODE_DEFAULT,
@@ -555,6 +563,34 @@ impl BrokerConfig {
         if nodes.contains(&0) {
             return bad("cluster.nodes must hold positive node ids".into());
         }
+        if let Some(expect) = self.cluster.bootstrap_expect {
+            if expect == 0 || expect as usize > CLUSTER_NODES_MAX {
+                return bad(format!(
+                    "cluster.bootstrap_expect must be between 1 and {CLUSTER_NODES_MAX}"
+                ));
+            }
+            if !self.cluster.nodes.is_empty() {
+                return bad(
+                    "set either cluster.nodes (a fixed list) or cluster.bootstrap_expect (formed from seeds), not both"
+                        .into(),
+                );
+            }
+            if expect > 1 && self.seeds.is_empty() {
+                return bad(format!(
+                    "cluster.bootstrap_expect = {expect} needs seeds: the other brokers' client addresses"
+                ));
+            }
+        }
+        if let Some(key) = self
+            .attributes
+            .keys()
+            .find(|k| k.starts_with(malachi_cluster::formation::RESERVED_ATTRIBUTE_PREFIX))
+        {
+            return bad(format!(
+                "attribute {key:?}: keys starting with {:?} are reserved for the broker itself",
+                malachi_cluster::formation::RESERVED_ATTRIBUTE_PREFIX
+            ));
+        }
         if !self.cluster.nodes.is_empty() && !self.cluster.nodes.contains(&self.node_id) {
             return bad(format!(
                 "cluster.nodes {:?} must include this broker's node_id {}",
@@ -648,15 +684,28 @@ impl BrokerConfig {
         nodes
     }
 
+    /// How many brokers form the cluster from seeds (0: not bootstrapping).
+    pub fn bootstrap_expect(&self) -> u32 {
+        self.cluster.bootstrap_expect.unwrap_or(0)
+    }
+
+    /// The ring's shape this configuration asks for.
+    pub fn shape(&self) -> malachi_cluster::formation::Shape {
+        malachi_cluster::formation::Shape {
+            vnodes: self.vnode_count(),
+            replicas_per_vnode: self.cluster.replicas_per_vnode,
+        }
+    }
+
     /// The vnode count of the ring (ADR 0081: 16 for a cluster, 1 alone).
     pub fn vnode_count(&self) -> u32 {
-        self.cluster
-            .vnodes
-            .unwrap_or(if self.cluster_nodes().len() > 1 {
+        self.cluster.vnodes.unwrap_or(
+            if self.cluster_nodes().len() > 1 || self.bootstrap_expect() > 1 {
                 malachi_cluster::ring::VNODES_DEFAULT
             } else {
                 1
-            })
+            },
+        )
     }
 
     /// Where this broker's last membership incarnation is kept.

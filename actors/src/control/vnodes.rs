@@ -141,16 +141,24 @@ impl RingObserver {
 fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandle<()>> {
     let fabric = shared.fabric()?;
     let mut view = fabric.membership.watch();
+    let formed = Arc::clone(&fabric.formed);
     let host = Arc::clone(host);
     let replication = shared.raft.get().map(|r| Arc::clone(&r.replication));
     Some(tokio::spawn(async move {
         let mut observer = RingObserver::default();
         loop {
             let (learned, gossiped) = {
-                let view = view.borrow_and_update();
+                // A copy, not the borrow: `observe` may publish this
+                // broker's attributes, which takes the view's lock again.
+                let view = view.borrow_and_update().clone();
+                // A broker of another cluster (a data dir from elsewhere,
+                // seeds pointing across clusters) is never a raft or
+                // replication peer, whatever node id it claims (ADR 0102).
+                let foreign = formed.observe(&view, host.node_id());
                 let learned: Vec<(u64, std::net::SocketAddr)> = view
                     .all()
                     .filter(|m| m.node_id != host.node_id() && host.nodes().contains(&m.node_id))
+                    .filter(|m| !foreign.contains(&m.node_id))
                     .filter_map(|m| m.raft_addr.map(|addr| (m.node_id, addr)))
                     .collect();
                 (learned, newest_gossiped_ring(&view, host.node_id()))

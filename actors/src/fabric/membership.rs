@@ -134,7 +134,7 @@ impl Actor for SwimActor {
 
 /// Resolves `host:port` seeds; one that does not resolve is skipped with a
 /// warning (it is retried at the next start).
-async fn resolve_seeds(seeds: &[String]) -> Vec<std::net::SocketAddr> {
+pub(crate) async fn resolve_seeds(seeds: &[String]) -> Vec<std::net::SocketAddr> {
     let mut out = Vec::new();
     for seed in seeds {
         let lookup = tokio::net::lookup_host(seed.as_str());

@@ -153,6 +153,8 @@ pub(crate) struct Fabric {
     pub remote_call_timeout_ms: u64,
     /// The advertised port's connection slots and handshake deadlines.
     pub inbound: Arc<InboundConnections>,
+    /// The cluster this broker belongs to (ADR 0102).
+    pub formed: Arc<super::formation::Formed>,
 }
 
 /// The accepting side of the advertised port: its slots and the

@@ -21,7 +21,8 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tracing::{debug, info, warn};
 
-use super::identity::NodeIdentity;
+use super::MembershipError;
+use super::identity::{IdentityError, NodeIdentity};
 use super::routing::{
     ROUTING_LEADERS_MAX, RoutingError, RoutingHandler, RoutingHint, RoutingTable, VnodeLeader,
 };
@@ -245,6 +246,36 @@ impl MembershipCore {
         self.publish_routing();
         self.settle();
         Ok(())
+    }
+
+    /// Replaces this broker's attributes. foca spreads identities, not
+    /// attribute changes, so a new incarnation of the identity carries them
+    /// (foca's `change_identity`, meant for identities whose metadata
+    /// changes); the routing hint follows the new incarnation.
+    pub fn set_attributes(
+        &mut self,
+        attributes: BTreeMap<String, String>,
+    ) -> Result<(), MembershipError> {
+        let current = self.foca.identity();
+        if current.attributes == attributes {
+            return Ok(());
+        }
+        let mut next = current.clone();
+        next.attributes = attributes;
+        next.incarnation = next.incarnation.saturating_add(1);
+        next.validate()?;
+        let result = self.foca.change_identity(next.clone(), &mut self.runtime);
+        if result.is_ok() {
+            let mut local = Member::from_identity(&next, MemberState::Alive);
+            local.ring_version = self.view.local.ring_version;
+            local.vnodes_led = std::mem::take(&mut self.view.local.vnodes_led);
+            self.view.local = local;
+            if self.routing_published {
+                self.publish_routing();
+            }
+        }
+        self.settle();
+        result.map_err(|e| MembershipError::Identity(IdentityError::Change(e.to_string())))
     }
 
     /// Declares this broker down to the others (ordered shutdown).

@@ -46,6 +46,8 @@ pub const ATTRIBUTE_VALUE_BYTES_MAX: usize = 128;
 /// Why an identity cannot be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
+    #[error("the identity could not be changed: {0}")]
+    Change(String),
     #[error("identity truncated: needed {needed} more bytes")]
     Truncated { needed: usize },
     #[error("identity version {0} is not supported (this build reads version {IDENTITY_VERSION})")]
@@ -422,6 +424,14 @@ mod tests {
         assert_eq!(
             NodeIdentity::decode(&bytes),
             Err(IdentityError::AttributeOrder)
+        );
+    }
+
+    #[test]
+    fn the_formation_cards_node_list_bound_is_the_attribute_value_bound() {
+        assert_eq!(
+            crate::formation::NODES_ATTR_BYTES_MAX,
+            ATTRIBUTE_VALUE_BYTES_MAX
         );
     }
 

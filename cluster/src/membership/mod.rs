@@ -29,6 +29,7 @@ mod routing;
 pub mod runtime;
 mod view;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::{broadcast, watch};
@@ -75,6 +76,8 @@ struct Inner {
     view_tx: watch::Sender<MembershipView>,
     events_tx: broadcast::Sender<MemberEvent>,
     routing_tx: watch::Sender<Option<LocalRouting>>,
+    /// Attributes that replace the identity's (latest wins).
+    attributes_tx: watch::Sender<Option<BTreeMap<String, String>>>,
     leave_tx: watch::Sender<bool>,
 }
 
@@ -96,6 +99,7 @@ impl Membership {
                 view_tx: watch::Sender::new(view),
                 events_tx: broadcast::Sender::new(EVENTS_CAPACITY),
                 routing_tx: watch::Sender::new(None),
+                attributes_tx: watch::Sender::new(None),
                 leave_tx: watch::Sender::new(false),
             }),
         }
@@ -141,6 +145,21 @@ impl Membership {
             ring_version,
             leaders,
         }));
+        Ok(())
+    }
+
+    /// Replaces this broker's attributes: a new incarnation of its identity
+    /// carries them to every member. Level-triggered like the routing: the
+    /// latest call wins, and a restarted runtime starts with it.
+    pub fn set_local_attributes(
+        &self,
+        attributes: BTreeMap<String, String>,
+    ) -> Result<(), MembershipError> {
+        let mut probe = NodeIdentity::seed(self.local().client_addr);
+        probe.node_id = self.local().node_id.max(1);
+        probe.attributes = attributes.clone();
+        probe.validate()?;
+        self.inner.attributes_tx.send_replace(Some(attributes));
         Ok(())
     }
 

@@ -47,7 +47,13 @@ pub async fn run(
     socket: UdpSocket,
     args: RuntimeArgs,
 ) -> Result<(), MembershipError> {
-    let mut core = MembershipCore::new(args.identity, &args.settings, args.rng_seed)?;
+    let mut identity = args.identity;
+    let mut attributes_rx = membership.inner.attributes_tx.subscribe();
+    // Attributes set before this run (a restarted runtime) are this run's.
+    if let Some(attributes) = attributes_rx.borrow_and_update().clone() {
+        identity.attributes = attributes;
+    }
+    let mut core = MembershipCore::new(identity, &args.settings, args.rng_seed)?;
     let mut routing_rx = membership.inner.routing_tx.subscribe();
     let mut leave_rx = membership.inner.leave_tx.subscribe();
     let mut timers: BinaryHeap<Reverse<(Instant, Timer<NodeIdentity>)>> = BinaryHeap::new();
@@ -135,6 +141,17 @@ pub async fn run(
                     && let Err(error) = core.set_routing(routing.ring_version, routing.leaders)
                 {
                     warn!(%error, "routing hint refused");
+                }
+            }
+            changed = attributes_rx.changed() => {
+                if changed.is_err() {
+                    continue;
+                }
+                let attributes = attributes_rx.borrow_and_update().clone();
+                if let Some(attributes) = attributes
+                    && let Err(error) = core.set_attributes(attributes)
+                {
+                    warn!(%error, "attributes not changed");
                 }
             }
             changed = leave_rx.changed() => {

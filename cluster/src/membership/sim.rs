@@ -381,6 +381,36 @@ fn routing_hints_reach_every_member_including_one_that_joins_later() {
 }
 
 #[test]
+fn changed_attributes_reach_every_member_with_the_routing_intact() {
+    let mut sim = three_node_cluster();
+    let leaders = vec![VnodeLeader { vnode: 3, term: 4 }];
+    let node = sim.nodes.get_mut(&1).unwrap();
+    node.core.set_routing(7, leaders.clone()).unwrap();
+    let before = node.core.identity().incarnation;
+    let attributes: BTreeMap<String, String> = [
+        ("zone".to_owned(), "a".to_owned()),
+        ("malachi.cluster".to_owned(), "c:1".to_owned()),
+    ]
+    .into();
+    node.core.set_attributes(attributes.clone()).unwrap();
+    assert_eq!(node.core.identity().incarnation, before + 1);
+    assert_eq!(node.core.view().local.attributes, attributes);
+    // The same attributes again change nothing.
+    node.core.set_attributes(attributes.clone()).unwrap();
+    assert_eq!(node.core.identity().incarnation, before + 1);
+    sim.flush(1);
+    let t = sim.now_ms;
+    sim.run_until(t + 3_000);
+    for observer in [2, 3] {
+        let one = &sim.view(observer).peers[&1];
+        assert_eq!(one.state, MemberState::Alive);
+        assert_eq!(one.attributes, attributes);
+        assert_eq!((one.ring_version, &one.vnodes_led), (7, &leaders));
+    }
+    assert_eq!(sim.live_set(1), BTreeSet::from([1, 2, 3]));
+}
+
+#[test]
 fn garbage_datagrams_are_dropped_without_changing_the_view() {
     let mut sim = three_node_cluster();
     let before = sim.view(1).clone();
