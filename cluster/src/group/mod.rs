@@ -55,10 +55,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use types::{Request, TypeConfig};
 
 /// How often `snapshot_now` repeats its trigger while it waits.
 const SNAPSHOT_RETRIGGER_MS: u64 = 250;
+
+/// How long a stopping group's raft core keeps running after the stop
+/// began (`MetadataGroup::begin_shutdown`): an answer a heartbeat worker or
+/// replication stream took just before it reaches the core, rather than a
+/// core that is gone (which openraft logs as an error). The worker may have
+/// been descheduled in between (tokio's cooperative budget, a full
+/// notification channel), so this narrows a race it cannot close.
+const SHUTDOWN_GRACE_MS: u64 = 20;
 
 /// How one group is opened. `GroupConfig::new` fills every tunable with its
 /// default.
@@ -254,6 +263,14 @@ struct Inner {
     shared: Arc<Shared>,
     config: GroupConfig,
     stopped: AtomicBool,
+    /// Cancelled as the stop begins, before raft's core stops: every call
+    /// in flight into raft returns `GroupError::Stopped` at once, and the
+    /// group's network hands no more answers to raft (`network::Peer`).
+    stopping: CancellationToken,
+    /// When the stop began: the core stops `SHUTDOWN_GRACE_MS` later.
+    stopping_since: std::sync::OnceLock<tokio::time::Instant>,
+    /// Whether `shutdown` stopped (or is stopping) the raft core.
+    core_stopped: AtomicBool,
     /// Whether the group is quiet (ADR 0101): its raft ticker is parked (no
     /// heartbeats, no election timer) and it refuses pre-votes from anyone
     /// but the leader it believes alive.
@@ -319,9 +336,11 @@ impl MetadataGroup {
         let shared = sm.shared();
         #[cfg(test)]
         let log_handle = log.clone();
+        let stopping = CancellationToken::new();
         let network = NetworkFactory {
             group_id: config.group_id,
             transport,
+            stopping: stopping.clone(),
         };
         let raft = Raft::new(config.node_id, raft_config, network, log, sm)
             .await
@@ -333,6 +352,9 @@ impl MetadataGroup {
                 shared,
                 config,
                 stopped: AtomicBool::new(false),
+                stopping,
+                stopping_since: std::sync::OnceLock::new(),
+                core_stopped: AtomicBool::new(false),
                 quiet: AtomicBool::new(false),
                 #[cfg(test)]
                 log: log_handle,
@@ -398,6 +420,10 @@ impl MetadataGroup {
     /// the set must be a pure function of shared configuration.
     pub async fn initialize(&self, voters: &[u64]) -> Result<(), GroupError> {
         self.check_running()?;
+        self.until_stopped(self.initialize_running(voters)).await
+    }
+
+    async fn initialize_running(&self, voters: &[u64]) -> Result<(), GroupError> {
         let raft = &self.inner.raft;
         if raft.is_initialized().await.map_err(|e| fatal_reason(&e))? {
             return Ok(());
@@ -439,11 +465,15 @@ impl MetadataGroup {
     pub async fn wait_for_leader(&self, timeout_ms: u64) -> Result<u64, GroupError> {
         self.check_running()?;
         let wait = self
-            .inner
-            .raft
-            .wait(Some(Duration::from_millis(timeout_ms)))
-            .metrics(|m| m.current_leader.is_some(), "a known leader")
-            .await;
+            .until_stopped(async {
+                Ok(self
+                    .inner
+                    .raft
+                    .wait(Some(Duration::from_millis(timeout_ms)))
+                    .metrics(|m| m.current_leader.is_some(), "a known leader")
+                    .await)
+            })
+            .await?;
         match wait {
             Ok(m) => m.current_leader.ok_or(GroupError::Timeout),
             Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout),
@@ -472,6 +502,28 @@ impl MetadataGroup {
         }
     }
 
+    /// Runs a call into raft unless the group stops first; then the call is
+    /// dropped, never polled again, and answers `GroupError::Stopped`.
+    ///
+    /// openraft logs a call whose answer never came because its core
+    /// stopped as an ERROR ("recv_msg: error: raft stopped", "failed to
+    /// receive from RaftCore"): at an ordered shutdown, a linearizable read
+    /// still waiting for its heartbeat round did exactly that. Such a call
+    /// is expected then, so it must end before the core does.
+    /// `biased`: the stop is checked first on every poll, so a call whose
+    /// answer channel closed is not polled (and does not log) once the stop
+    /// has begun.
+    async fn until_stopped<T>(
+        &self,
+        call: impl Future<Output = Result<T, GroupError>>,
+    ) -> Result<T, GroupError> {
+        tokio::select! {
+            biased;
+            () = self.inner.stopping.cancelled() => Err(GroupError::Stopped),
+            result = call => result,
+        }
+    }
+
     async fn bounded<T>(
         &self,
         fut: impl Future<Output = Result<T, GroupError>>,
@@ -492,12 +544,13 @@ impl MetadataGroup {
 
     /// Linearizable write: replicates the command, applies it, and returns
     /// the model's verdict. A model refusal is `Ok(Err(ModelError))`. After
-    /// `GroupError::Timeout` or `GroupError::Discarded` the command may
-    /// still commit, so a retry must be safe to apply twice.
+    /// `GroupError::Timeout`, `GroupError::Discarded`, or a
+    /// `GroupError::Stopped` that came while it was in flight, the command
+    /// may still commit, so a retry must be safe to apply twice.
     pub async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, GroupError> {
         self.check_running()?;
         let response = self
-            .bounded(async {
+            .until_stopped(self.bounded(async {
                 let mut refreshed = false;
                 loop {
                     match self.inner.raft.client_write(Request(cmd.clone())).await {
@@ -520,7 +573,7 @@ impl MetadataGroup {
                         Err(e) => return Err(self.write_error(e)),
                     }
                 }
-            })
+            }))
             .await?;
         match response.data.0 {
             Some(verdict) => Ok(verdict),
@@ -569,13 +622,13 @@ impl MetadataGroup {
         f: impl FnOnce(&MetadataState) -> R + Send + 'static,
     ) -> Result<R, GroupError> {
         self.check_running()?;
-        self.bounded(async {
+        self.until_stopped(self.bounded(async {
             self.inner
                 .raft
                 .ensure_linearizable(ReadPolicy::ReadIndex)
                 .await
                 .map_err(|e| self.read_error(e))
-        })
+        }))
         .await?;
         Ok(self.read_local(f))
     }
@@ -704,24 +757,30 @@ impl MetadataGroup {
     /// waiting for an election.
     pub async fn heartbeat(&self) -> Result<(), GroupError> {
         self.check_running()?;
-        self.inner
-            .raft
-            .trigger()
-            .heartbeat()
-            .await
-            .map_err(|e| self.stopped_reason(e.to_string()))
+        self.until_stopped(async {
+            self.inner
+                .raft
+                .trigger()
+                .heartbeat()
+                .await
+                .map_err(|e| self.stopped_reason(e.to_string()))
+        })
+        .await
     }
 
     /// Asks raft to hand leadership to `to` (a leader only; ignored
     /// elsewhere). Returns at once; the transfer is an election `to` runs.
     pub async fn transfer_leader(&self, to: u64) -> Result<(), GroupError> {
         self.check_running()?;
-        self.inner
-            .raft
-            .trigger()
-            .transfer_leader(to)
-            .await
-            .map_err(|e| self.stopped_reason(e.to_string()))
+        self.until_stopped(async {
+            self.inner
+                .raft
+                .trigger()
+                .transfer_leader(to)
+                .await
+                .map_err(|e| self.stopped_reason(e.to_string()))
+        })
+        .await
     }
 
     /// A quiet replica's answer to a pre-vote, or `None` to let raft judge
@@ -764,6 +823,10 @@ impl MetadataGroup {
     /// started a moment earlier), after which nothing would build another.
     pub async fn snapshot_now(&self) -> Result<u64, GroupError> {
         self.check_running()?;
+        self.until_stopped(self.snapshot_now_running()).await
+    }
+
+    async fn snapshot_now_running(&self) -> Result<u64, GroupError> {
         let target = self.inner.shared.applied.read().last_applied;
         let deadline =
             std::time::Instant::now() + Duration::from_millis(self.inner.config.request_timeout_ms);
@@ -801,6 +864,15 @@ impl MetadataGroup {
     /// the encoded answer.
     pub async fn handle_rpc(&self, kind: RaftRpcKind, body: &[u8]) -> Result<Vec<u8>, GroupError> {
         self.check_running()?;
+        self.until_stopped(self.handle_rpc_running(kind, body))
+            .await
+    }
+
+    async fn handle_rpc_running(
+        &self,
+        kind: RaftRpcKind,
+        body: &[u8],
+    ) -> Result<Vec<u8>, GroupError> {
         let codec = |e: &dyn std::fmt::Display| GroupError::Codec {
             reason: e.to_string(),
         };
@@ -853,13 +925,32 @@ impl MetadataGroup {
         answer.map_err(|e| codec(&e))
     }
 
-    /// Stops the raft node. Later calls answer `GroupError::Stopped`.
-    /// Dropping every handle without calling this leaves the raft task
-    /// running (and its files open) until the runtime ends, so owners must
-    /// shut a group down before reopening its directory.
+    /// Begins the stop without waiting: later calls, and calls in flight,
+    /// answer `GroupError::Stopped`, and no peer's answer reaches raft any
+    /// more. `shutdown` then stops the raft core. A host stopping many
+    /// groups begins every stop first, so their grace periods overlap.
+    /// Idempotent.
+    pub fn begin_shutdown(&self) {
+        self.inner.stopped.store(true, Ordering::Release);
+        self.inner
+            .stopping_since
+            .get_or_init(tokio::time::Instant::now);
+        self.inner.stopping.cancel();
+    }
+
+    /// Stops the raft node: begins the stop if that has not happened yet,
+    /// lets the grace period pass (`SHUTDOWN_GRACE_MS`), and stops the core.
+    /// Later calls answer `GroupError::Stopped`. Dropping every handle
+    /// without calling this leaves the raft task running (and its files
+    /// open) until the runtime ends, so owners must shut a group down
+    /// before reopening its directory.
     pub async fn shutdown(&self) -> Result<(), GroupError> {
-        if self.inner.stopped.swap(true, Ordering::AcqRel) {
+        if self.inner.core_stopped.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        self.begin_shutdown();
+        if let Some(since) = self.inner.stopping_since.get() {
+            tokio::time::sleep_until(*since + Duration::from_millis(SHUTDOWN_GRACE_MS)).await;
         }
         self.inner
             .raft
@@ -1035,6 +1126,7 @@ mod tests {
         let mut factory = NetworkFactory {
             group_id: 3,
             transport: Arc::new(UnreachableTransport),
+            stopping: CancellationToken::new(),
         };
         let mut peer =
             openraft::RaftNetworkFactory::new_client(&mut factory, 2, &BasicNode::default()).await;
@@ -1044,6 +1136,86 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, RPCError::Unreachable(_)), "{err:?}");
+    }
+
+    /// A transport whose calls never return.
+    #[derive(Debug)]
+    struct SilentTransport;
+
+    #[async_trait::async_trait]
+    impl GroupTransport for SilentTransport {
+        async fn call(
+            &self,
+            _group_id: u64,
+            _target: u64,
+            _kind: RaftRpcKind,
+            _body: Vec<u8>,
+            _timeout_ms: u64,
+        ) -> Result<Vec<u8>, TransportError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stopping_groups_network_fails_its_calls_at_once() {
+        use openraft::RaftNetworkV2;
+        use openraft::errors::RPCError;
+        use openraft::network::RPCOption;
+        use openraft::raft::VoteRequest;
+        let stopping = CancellationToken::new();
+        let mut factory = NetworkFactory {
+            group_id: 3,
+            transport: Arc::new(SilentTransport),
+            stopping: stopping.clone(),
+        };
+        let mut peer =
+            openraft::RaftNetworkFactory::new_client(&mut factory, 2, &BasicNode::default()).await;
+        let call = tokio::spawn(async move {
+            let request: VoteRequest<TypeConfig> = VoteRequest::new(types::Vote::new(1, 1), None);
+            peer.vote(request, RPCOption::new(Duration::from_secs(60)))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!call.is_finished(), "the call waits for its answer");
+        stopping.cancel();
+        let err = tokio::time::timeout(Duration::from_secs(5), call)
+            .await
+            .expect("the call ended with the stop")
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(err, RPCError::Unreachable(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_call_in_flight_when_the_stop_begins_answers_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        // A voter of three whose peers never answer: no leader, ever.
+        let group = MetadataGroup::open(
+            GroupConfig::new(4, 1, dir.path()),
+            Arc::new(SilentTransport),
+        )
+        .await
+        .unwrap();
+        group.initialize(&[1, 2, 3]).await.unwrap();
+        let waiting = {
+            let group = group.clone();
+            tokio::spawn(async move { group.wait_for_leader(60_000).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "no leader yet");
+        group.begin_shutdown();
+        let answer = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the wait ended as the stop began")
+            .unwrap();
+        assert_eq!(answer, Err(GroupError::Stopped));
+        assert_eq!(
+            group.propose(create("late")).await,
+            Err(GroupError::Stopped)
+        );
+        group.shutdown().await.unwrap();
+        // Twice is fine.
+        group.shutdown().await.unwrap();
     }
 
     #[test]

@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 /// Which raft message a request body holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,6 +122,8 @@ pub(crate) struct FullSnapshotRequest {
 pub(crate) struct NetworkFactory {
     pub(crate) group_id: u64,
     pub(crate) transport: Arc<dyn GroupTransport>,
+    /// Cancelled when the group starts to shut down (`MetadataGroup::shutdown`).
+    pub(crate) stopping: CancellationToken,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
@@ -131,6 +134,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             group_id: self.group_id,
             target,
             transport: self.transport.clone(),
+            stopping: self.stopping.clone(),
         }
     }
 }
@@ -140,6 +144,7 @@ pub(crate) struct Peer {
     group_id: u64,
     target: u64,
     transport: Arc<dyn GroupTransport>,
+    stopping: CancellationToken,
 }
 
 fn to_rpc_error(err: TransportError) -> RPCError<TypeConfig> {
@@ -164,10 +169,24 @@ impl Peer {
         };
         let body = rmp_serde::to_vec(request).map_err(|e| network(format!("encode: {e}")))?;
         let timeout_ms = u64::try_from(option.hard_ttl().as_millis()).unwrap_or(u64::MAX);
-        let answer = self
-            .transport
-            .call(self.group_id, self.target, kind, body, timeout_ms)
-            .await?;
+        // Once the group is stopping, no answer goes back to raft: its core
+        // is about to stop, and an answer that reached a heartbeat worker
+        // after that is logged by openraft as an error ("failed to send
+        // HeartbeatProgress to RaftCore"). A call that fails here is one
+        // openraft rides out (a warning its default filter hides), and it
+        // never reaches the transport, so the peer's health is not charged
+        // for this node's own shutdown. `biased`: the stop is checked first
+        // on every poll.
+        let answer = tokio::select! {
+            biased;
+            () = self.stopping.cancelled() => {
+                return Err(TransportError::Unreachable {
+                    target: self.target,
+                    reason: "this node's group is shutting down".to_owned(),
+                });
+            }
+            answer = self.transport.call(self.group_id, self.target, kind, body, timeout_ms) => answer?,
+        };
         rmp_serde::from_slice(&answer).map_err(|e| network(format!("decode: {e}")))
     }
 }

@@ -1043,7 +1043,14 @@ impl VnodeHost {
         for task in self.background.lock().drain(..) {
             task.abort();
         }
-        for group in self.registry.all() {
+        let groups = self.registry.all();
+        // Every group refuses calls and peers' answers first, so their
+        // grace periods overlap: the host's stop waits out one, not one
+        // per group.
+        for group in &groups {
+            group.begin_shutdown();
+        }
+        for group in groups {
             let id = group.status().group_id;
             if let Err(e) = group.shutdown().await {
                 tracing::warn!(group = id, error = %e, "vnode group did not shut down cleanly");
