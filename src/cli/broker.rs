@@ -20,6 +20,9 @@ pub const DEV_ADMIN_PORT: u16 = 8080;
 pub const DEV_NODES_MAX: u32 = 9;
 /// How long a starting broker may take to become ready before we say so.
 const READY_TIMEOUT_MS: u64 = 30_000;
+/// How long `malachi dev`'s brokers may take to see each other live before
+/// we say so.
+const FORMED_TIMEOUT_MS: u64 = 15_000;
 
 /// The cluster keys of the layered configuration belong to the broker's own
 /// configuration too: the command line and the file layer them, the broker
@@ -131,6 +134,24 @@ fn dev_banner(nodes: &[(u64, String, String)], data_dir: &Path) -> String {
     out
 }
 
+/// Waits (bounded) until every broker in `handles` sees all of them live;
+/// whether they did.
+async fn wait_formed(handles: &[(u64, BrokerHandle)], timeout_ms: u64) -> bool {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
+    let formed = || {
+        handles
+            .iter()
+            .all(|(_, handle)| handle.membership().view().live().count() >= handles.len())
+    };
+    while !formed() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    true
+}
+
 async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: bool) -> Result<(), CliError> {
     // Signals are hooked before the brokers start, so a SIGTERM that arrives
     // during start-up still leads to an ordered shutdown.
@@ -185,6 +206,16 @@ async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: bool) -> Result<(), CliEr
         handles.push((node_id, handle));
     }
     if dev {
+        // The banner promises each topic its copies: a coordinator places
+        // them on the brokers its membership shows live, so a topic created
+        // before the brokers see each other got fewer (and a warning).
+        if !wait_formed(&handles, FORMED_TIMEOUT_MS).await {
+            tracing::warn!(
+                brokers = handles.len(),
+                timeout_ms = FORMED_TIMEOUT_MS,
+                "the brokers do not all see each other yet; a topic created now gets fewer copies"
+            );
+        }
         println!("{}", dev_banner(&serving, &data_root));
     }
     let failed = {
