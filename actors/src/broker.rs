@@ -198,9 +198,21 @@ fn open_fabric(
     let cookie = match &settings.cluster_cookie {
         Some(cookie) => cookie.clone(),
         None => {
-            warn!(
-                "no membership.cluster_cookie configured: brokers authenticate each other with the development cookie; set one outside development"
-            );
+            // Expected for a lone broker on loopback (nobody else can dial
+            // it), so not a warning there; anywhere else it is one.
+            let lone_on_loopback = config.seeds.is_empty()
+                && plan.nodes.len() <= 1
+                && !matches!(plan.mode, crate::fabric::formation::Mode::Bootstrap { .. })
+                && config.listen_addr.ip().is_loopback();
+            if lone_on_loopback {
+                info!(
+                    "no membership.cluster_cookie configured: the development cookie is used (set one before other brokers join)"
+                );
+            } else {
+                warn!(
+                    "no membership.cluster_cookie configured: brokers authenticate each other with the development cookie; set one outside development"
+                );
+            }
             crate::common::config::DEV_CLUSTER_COOKIE.to_owned()
         }
     };

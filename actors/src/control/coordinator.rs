@@ -959,11 +959,25 @@ pub(crate) struct CoordinatorRun {
     upkeep_running: bool,
     /// The stranded segments last reported, to warn only on a change.
     stranded: Vec<(String, SegmentId, NodeId)>,
+    /// The release of a lease given up, while it may still be in flight. A
+    /// new lease waits for it: this holder's renewal keeps the epoch, so a
+    /// release landing after the new grant would release the new lease and
+    /// leave the vnode without one until the next renewal (seen as creates
+    /// of up to 2 s on a vnode whose last topic had just gone).
+    releasing: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl CoordinatorRun {
     /// Starts the lease if it is not held, and waits (bounded) until it is.
     async fn take_lease(&mut self) {
+        if matches!(self.lease, LeaseSlot::Idle)
+            && let Some(release) = self.releasing.take()
+        {
+            let wait = std::time::Duration::from_millis(LEASE_FIRST_WAIT_MS);
+            if tokio::time::timeout(wait, release).await.is_err() {
+                debug!(vnode = %self.logic.vnode, "the last release is still in flight; taking the lease anyway");
+            }
+        }
         if matches!(self.lease, LeaseSlot::Idle) {
             let Ok(plane) = self.logic.shared.plane() else {
                 return;
@@ -1002,7 +1016,7 @@ impl CoordinatorRun {
     fn drop_lease(&mut self) {
         if let LeaseSlot::Held(lease) = std::mem::replace(&mut self.lease, LeaseSlot::Idle) {
             debug!(vnode = %self.logic.vnode, "coordinator lease given up: the vnode holds no topic");
-            tokio::spawn(lease.stop());
+            self.releasing = Some(tokio::spawn(lease.stop()));
         }
     }
 
@@ -1091,6 +1105,7 @@ impl Actor for CoordinatorActor {
             lease,
             upkeep_running: false,
             stranded: Vec::new(),
+            releasing: None,
         })
     }
 
