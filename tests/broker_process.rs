@@ -17,14 +17,6 @@ fn sigterm_shuts_the_broker_down_in_order_and_exits_zero_keeping_acknowledged_re
     ok(malachi(&b, &["topic", "create", "kept"], ""));
     ok(malachi(&b, &["produce", "kept"], "k\tv1\nk\tv2\n"));
     assert_eq!(broker.terminate(), Some(0), "log:\n{}", broker.log());
-    // A normal start and stop of a lone broker warns of nothing (issue 18:
-    // an expected condition is never a warning), at the default
-    // `RUST_LOG=warn` this process runs with.
-    let log = broker.log();
-    assert!(
-        !log.contains("WARN") && !log.contains("ERROR"),
-        "a plain start and stop logged:\n{log}"
-    );
 
     let again = BrokerProcess::start_on(&data, &broker.client_addr, &broker.admin_addr);
     let consumed = ok(malachi(
@@ -33,4 +25,23 @@ fn sigterm_shuts_the_broker_down_in_order_and_exits_zero_keeping_acknowledged_re
         "",
     ));
     assert_eq!(out(&consumed), "k\tv1\nk\tv2\n");
+}
+
+#[test]
+fn a_plain_start_work_and_stop_warns_of_nothing_at_the_default_log_levels() {
+    // Issue 18: an expected condition is never logged as a warning. A lone
+    // broker with no cookie configured on loopback is such a condition.
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start_with_default_logs(&dir.path().join("data"));
+    let b = broker.client_addr.clone();
+    ok(malachi(&b, &["topic", "create", "quiet"], ""));
+    ok(malachi(&b, &["produce", "quiet"], "k\tv1\nk\tv2\n"));
+    ok(malachi(&b, &["consume", "quiet", "--from-start"], ""));
+    assert_eq!(broker.terminate(), Some(0), "log:\n{}", broker.log());
+    let log = broker.log();
+    assert!(log.contains("INFO"), "the default levels log at info:\n{log}");
+    assert!(
+        !log.contains("WARN") && !log.contains("ERROR"),
+        "a plain start, produce, consume and stop logged:\n{log}"
+    );
 }

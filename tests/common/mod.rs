@@ -69,13 +69,34 @@ impl BrokerProcess {
 
     /// Start a broker on the given addresses and wait until it serves.
     pub fn start_on(data_dir: &Path, client_addr: &str, admin_addr: &str) -> BrokerProcess {
+        BrokerProcess::start_logging(data_dir, client_addr, admin_addr, Some("warn"))
+    }
+
+    /// Start a broker on fresh free ports with the log levels a user gets
+    /// (`RUST_LOG` unset).
+    #[allow(dead_code)]
+    pub fn start_with_default_logs(data_dir: &Path) -> BrokerProcess {
+        let client = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
+        BrokerProcess::start_logging(data_dir, &client, &admin, None)
+    }
+
+    fn start_logging(
+        data_dir: &Path,
+        client_addr: &str,
+        admin_addr: &str,
+        rust_log: Option<&str>,
+    ) -> BrokerProcess {
         let stderr_log = data_dir.with_extension("broker.log");
         let mut command = Command::new(BIN);
         command
             .args(["broker", "--node-id", "1", "--listen", client_addr])
             .args(["--admin-listen", admin_addr, "--data-dir"])
-            .arg(data_dir)
-            .env("RUST_LOG", "warn");
+            .arg(data_dir);
+        match rust_log {
+            Some(levels) => command.env("RUST_LOG", levels),
+            None => command.env_remove("RUST_LOG"),
+        };
         let child = spawn_until_serving(command, &stderr_log, "the broker");
         BrokerProcess {
             child,
