@@ -39,7 +39,10 @@ fn a_plain_start_work_and_stop_warns_of_nothing_at_the_default_log_levels() {
     ok(malachi(&b, &["consume", "quiet", "--from-start"], ""));
     assert_eq!(broker.terminate(), Some(0), "log:\n{}", broker.log());
     let log = broker.log();
-    assert!(log.contains("INFO"), "the default levels log at info:\n{log}");
+    assert!(
+        log.contains("INFO"),
+        "the default levels log at info:\n{log}"
+    );
     assert!(
         !log.contains("WARN") && !log.contains("ERROR"),
         "a plain start, produce, consume and stop logged:\n{log}"

@@ -363,10 +363,10 @@ pub fn check_peers(me: &Card, peers: &[Card]) -> Result<Option<ClusterId>, Forma
                     ours,
                 });
             }
-            (Some(Mark::Established(theirs)), Some(Mark::New { .. })) => {
-                if ours_nodes.contains(&peer.node_id) {
-                    learned.get_or_insert(theirs);
-                }
+            (Some(Mark::Established(theirs)), Some(Mark::New { .. }))
+                if ours_nodes.contains(&peer.node_id) =>
+            {
+                learned.get_or_insert(theirs);
             }
             _ => {}
         }
