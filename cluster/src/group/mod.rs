@@ -255,6 +255,8 @@ pub struct GroupPace {
     pub group_id: u64,
     /// This replica's node id.
     pub node_id: u64,
+    /// The term this replica is in.
+    pub term: u64,
     /// Whether this replica leads.
     pub is_leader: bool,
     /// The leader this replica knows of.
@@ -737,6 +739,7 @@ impl MetadataGroup {
         GroupPace {
             group_id: self.inner.config.group_id,
             node_id: self.inner.config.node_id,
+            term: m.current_term,
             is_leader,
             leader: m.current_leader,
             voters: m.membership_config.membership().voter_ids().collect(),
@@ -780,6 +783,13 @@ impl MetadataGroup {
 
     /// Asks raft to hand leadership to `to` (a leader only; ignored
     /// elsewhere). Returns at once; the transfer is an election `to` runs.
+    ///
+    /// From then on, until it loses leadership, this leader refuses reads
+    /// and writes (it names `to`) and sends no heartbeats: openraft expects
+    /// followers to elect if the hand-over fails. Quiet followers do not,
+    /// so a caller must call again (to `to` or to another voter with the
+    /// whole log) while this replica still leads the same term; a later
+    /// call replaces the target.
     pub async fn transfer_leader(&self, to: u64) -> Result<(), GroupError> {
         self.check_running()?;
         self.until_stopped(async {
@@ -1238,6 +1248,52 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let running = std::mem::take(&mut *net.groups.write());
+        for group in running.into_values() {
+            group.shutdown().await.unwrap();
+        }
+    }
+
+    /// openraft's hand-over as `vnodes::quiet` relies on it: a leader whose
+    /// hand-over went to a voter that is gone keeps leading but serves
+    /// nothing (it names the target), and handing over again, to a voter
+    /// that can take it, ends that.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hand_over_to_a_voter_that_is_gone_stalls_until_handed_over_again() {
+        let net = Arc::new(MemNet::default());
+        let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let mut groups = BTreeMap::new();
+        for node in 1..=3u64 {
+            let group = open_on(&net, dirs[node as usize - 1].path(), node).await;
+            groups.insert(node, group);
+        }
+        for group in groups.values() {
+            group.initialize(&[1, 2, 3]).await.unwrap();
+        }
+        let leader = propose_through_leader(&groups, create("before")).await;
+        let others: Vec<u64> = (1..=3).filter(|n| *n != leader).collect();
+        let (gone, taker) = (others[0], others[1]);
+        until("every voter has the log", || {
+            groups[&taker].read_local(|s| s.topic("before").is_some())
+                && groups[&gone].read_local(|s| s.topic("before").is_some())
+        })
+        .await;
+        net.cut.write().insert(gone);
+        let term = groups[&leader].pace().term;
+        groups[&leader].transfer_leader(gone).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let stalled = groups[&leader].propose(create("during")).await;
+        assert!(
+            matches!(stalled, Err(GroupError::NotLeader { leader: Some(to) }) if to == gone),
+            "{stalled:?}"
+        );
+        let pace = groups[&leader].pace();
+        assert!(pace.is_leader && pace.term == term, "{pace:?}");
+
+        groups[&leader].transfer_leader(taker).await.unwrap();
+        until("the other voter leads", || groups[&taker].is_leader()).await;
+        let verdict = groups[&taker].propose(create("after")).await.unwrap();
+        assert!(verdict.is_ok(), "{verdict:?}");
         let running = std::mem::take(&mut *net.groups.write());
         for group in running.into_values() {
             group.shutdown().await.unwrap();

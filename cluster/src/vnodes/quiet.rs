@@ -33,6 +33,12 @@ pub const QUIET_CHECK_MS_DEFAULT: u64 = 250;
 pub const TRANSFERS_PER_PASS_MAX: usize = 8;
 /// A group whose leadership was handed over is left alone this long.
 pub const TRANSFER_RETRY_MS: u64 = 10_000;
+/// A leader still leading the term it handed over this long after the
+/// hand-over hands it over again (`handover_target`): the transfer was lost
+/// or its target went away, and until it loses leadership openraft's leader
+/// refuses every request and sends no heartbeats, while quiet followers
+/// never campaign. A hand-over normally completes in one vote round.
+pub const TRANSFER_STALLED_MS: u64 = 1_000;
 
 /// The voter that should lead a group: spread over the voters by group id,
 /// so that with leaders where they belong each broker leads its share of
@@ -59,6 +65,38 @@ pub fn transfer_wanted(pace: &GroupPace, up: &BTreeSet<u64>) -> Option<u64> {
     let ready =
         preferred != pace.node_id && up.contains(&preferred) && !pace.behind.contains(&preferred);
     ready.then_some(preferred)
+}
+
+/// To whom a leader in `pace` whose hand-over stalled should hand its
+/// leadership again: the preferred voter if it is up and has the whole log,
+/// else the first other voter that is. `None` if no other voter can take it
+/// (then no quorum is up either, or one that lags must catch up first).
+pub fn handover_target(pace: &GroupPace, up: &BTreeSet<u64>) -> Option<u64> {
+    if !pace.running || !pace.is_leader {
+        return None;
+    }
+    let ready = |v: &u64| *v != pace.node_id && up.contains(v) && !pace.behind.contains(v);
+    let preferred = preferred_leader(pace.group_id, &pace.voters).filter(ready);
+    let mut others: Vec<u64> = pace.voters.iter().copied().filter(ready).collect();
+    others.sort_unstable();
+    preferred.or_else(|| others.first().copied())
+}
+
+/// One hand-over this broker started: to whom, in which term, and when.
+#[derive(Debug, Clone, Copy)]
+struct Handover {
+    to: u64,
+    term: u64,
+    at: Instant,
+}
+
+/// Whether a hand-over of `pace`'s group stalled: this replica still leads
+/// the term it handed over, `stalled_after` since it did.
+fn handover_stalled(pace: &GroupPace, handover: &Handover, stalled_after: Duration) -> bool {
+    pace.running
+        && pace.is_leader
+        && pace.term == handover.term
+        && handover.at.elapsed() >= stalled_after
 }
 
 /// Whether a replica in `pace` may be quiet, given the nodes `up`.
@@ -93,7 +131,7 @@ pub(super) fn spawn_quiescer(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut before: BTreeSet<u64> = BTreeSet::new();
-        let mut transferred: BTreeMap<u64, Instant> = BTreeMap::new();
+        let mut transferred: BTreeMap<u64, Handover> = BTreeMap::new();
         loop {
             let mut transfers = 0usize;
             let now: BTreeSet<u64> = up.borrow_and_update().clone();
@@ -127,12 +165,44 @@ pub(super) fn spawn_quiescer(
                     {
                         tracing::debug!(error = %e, "heartbeat to a returning peer failed");
                     }
-                    if !balance || transfers >= TRANSFERS_PER_PASS_MAX {
+                    if !balance {
+                        continue;
+                    }
+                    // A stalled hand-over is handed over again whatever
+                    // the pass's budget: the group serves nothing until.
+                    let stalled = transferred.get(&pace.group_id).copied().filter(|h| {
+                        handover_stalled(&pace, h, Duration::from_millis(TRANSFER_STALLED_MS))
+                    });
+                    if let Some(stalled) = stalled {
+                        let to = handover_target(&pace, &now);
+                        tracing::info!(
+                            group = pace.group_id,
+                            from = pace.node_id,
+                            stalled_to = stalled.to,
+                            ?to,
+                            "leadership hand-over stalled; handing over again"
+                        );
+                        transferred.insert(
+                            pace.group_id,
+                            Handover {
+                                to: to.unwrap_or(stalled.to),
+                                term: pace.term,
+                                at: Instant::now(),
+                            },
+                        );
+                        if let Some(to) = to
+                            && let Err(e) = group.transfer_leader(to).await
+                        {
+                            tracing::debug!(error = %e, "leadership transfer failed");
+                        }
+                        continue;
+                    }
+                    if transfers >= TRANSFERS_PER_PASS_MAX {
                         continue;
                     }
                     let recently = transferred
                         .get(&pace.group_id)
-                        .is_some_and(|at| at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
+                        .is_some_and(|h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
                     if let Some(to) = transfer_wanted(&pace, &now)
                         && !recently
                     {
@@ -142,7 +212,14 @@ pub(super) fn spawn_quiescer(
                             to,
                             "handing leadership to the preferred voter"
                         );
-                        transferred.insert(pace.group_id, Instant::now());
+                        transferred.insert(
+                            pace.group_id,
+                            Handover {
+                                to,
+                                term: pace.term,
+                                at: Instant::now(),
+                            },
+                        );
                         transfers += 1;
                         group.set_quiet(false);
                         if let Err(e) = group.transfer_leader(to).await {
@@ -152,7 +229,7 @@ pub(super) fn spawn_quiescer(
                 }
             }
             before = now;
-            transferred.retain(|_, at| at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
+            transferred.retain(|_, h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
             tokio::select! {
                 changed = up.changed() => {
                     if changed.is_err() {
@@ -173,6 +250,7 @@ mod tests {
         GroupPace {
             group_id: 7,
             node_id: 1,
+            term: 3,
             is_leader,
             leader,
             voters: vec![1, 2, 3],
@@ -228,6 +306,53 @@ mod tests {
         let mut preferred_already = pace(true, Some(1), &[]);
         preferred_already.group_id = 6;
         assert_eq!(transfer_wanted(&preferred_already, &all), None);
+    }
+
+    #[test]
+    fn a_stalled_hand_over_goes_to_a_live_caught_up_voter() {
+        // Group 7 of voters 1, 2, 3 prefers 2; this leader is 1.
+        let all = up(&[1, 2, 3]);
+        assert_eq!(handover_target(&pace(true, Some(1), &[]), &all), Some(2));
+        // The preferred voter went away (the case that stalled it): the
+        // other live voter with the whole log takes it.
+        assert_eq!(
+            handover_target(&pace(true, Some(1), &[]), &up(&[1, 3])),
+            Some(3)
+        );
+        assert_eq!(
+            handover_target(&pace(true, Some(1), &[2]), &all),
+            Some(3),
+            "a lagging voter cannot take it"
+        );
+        assert_eq!(
+            handover_target(&pace(true, Some(1), &[3]), &up(&[1, 3])),
+            None
+        );
+        assert_eq!(handover_target(&pace(false, Some(2), &[]), &all), None);
+    }
+
+    #[test]
+    fn a_hand_over_stalls_only_while_this_replica_leads_the_same_term() {
+        let handover = Handover {
+            to: 2,
+            term: 3,
+            at: Instant::now(),
+        };
+        let leading = pace(true, Some(1), &[]);
+        assert!(handover_stalled(&leading, &handover, Duration::ZERO));
+        assert!(
+            !handover_stalled(&leading, &handover, Duration::from_secs(60)),
+            "not yet"
+        );
+        // Handed over: a follower now, or leading a later term again.
+        assert!(!handover_stalled(
+            &pace(false, Some(2), &[]),
+            &handover,
+            Duration::ZERO
+        ));
+        let mut reelected = leading.clone();
+        reelected.term = 4;
+        assert!(!handover_stalled(&reelected, &handover, Duration::ZERO));
     }
 
     #[test]
