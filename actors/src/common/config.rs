@@ -177,8 +177,8 @@ pub struct ClusterSettings {
     /// probes. Off: every group ticks, as before quiescence.
     pub quiet_groups: bool,
     /// Whether an idle vnode leader hands its leadership to the group's
-    /// preferred voter, so leaders spread over the brokers (ADR 0101). Off
-    /// by default until a rare test failure with it on is understood.
+    /// preferred voter, so leaders spread over the brokers (ADR 0101). On
+    /// by default.
     pub balance_leaders: bool,
 }
 
@@ -208,7 +208,7 @@ impl Default for ClusterSettings {
             lease_margin_ms: 2_000,
             lease_renew_ms: 2_000,
             quiet_groups: true,
-            balance_leaders: false,
+            balance_leaders: true,
         }
     }
 }

@@ -126,9 +126,7 @@ pub struct VnodeHostConfig {
     pub quiet_check_ms: u64,
     /// Whether an idle leader hands its leadership to the group's preferred
     /// voter (`quiet::preferred_leader`), so leaders and coordinators
-    /// spread evenly over the brokers. Needs `liveness`. Off by default:
-    /// the vnode split tests lost sight of an acknowledged topic in about
-    /// one run of twenty with it on (ADR 0101, under investigation).
+    /// spread evenly over the brokers. Needs `liveness`. On by default.
     pub balance_leaders: bool,
 }
 
@@ -149,7 +147,7 @@ impl VnodeHostConfig {
             moved_wait_ms: 30_000,
             liveness: Some(LivenessSettings::default()),
             quiet_check_ms: quiet::QUIET_CHECK_MS_DEFAULT,
-            balance_leaders: false,
+            balance_leaders: true,
         }
     }
 }
