@@ -177,8 +177,9 @@ pub struct ClusterSettings {
     /// probes. Off: every group ticks, as before quiescence.
     pub quiet_groups: bool,
     /// Whether an idle vnode leader hands its leadership to the group's
-    /// preferred voter, so leaders spread over the brokers (ADR 0101). On
-    /// by default.
+    /// preferred voter, so leaders spread over the brokers (ADR 0101). Off
+    /// by default: with it on, a leader killed and restarted at once can
+    /// leave a quiet vnode whose replicas name each other as leader.
     pub balance_leaders: bool,
 }
 
@@ -208,7 +209,7 @@ impl Default for ClusterSettings {
             lease_margin_ms: 2_000,
             lease_renew_ms: 2_000,
             quiet_groups: true,
-            balance_leaders: true,
+            balance_leaders: false,
         }
     }
 }

@@ -76,7 +76,9 @@ impl VnodeHost {
         let mut next_voter = 0usize;
         let mut last = String::from("no attempt");
         let mut backoff = self.route_backoff(vnode.group_id());
+        let mut redirects = super::Redirects::default();
         for attempt in 1..=self.config.route_attempts_max {
+            let mut pause_at = None;
             let answer: Forwarded<Vec<TopicSummary>> = if target == self.config.node_id {
                 match self.serve_list(vnode.group_id()).await {
                     Ok(bytes) => {
@@ -106,16 +108,23 @@ impl VnodeHost {
                 Forwarded::NotLeader {
                     leader: Some(leader),
                 } if leader != target => {
-                    target = leader;
-                    continue;
+                    last = format!("node {target} is not the leader; node {leader} is");
+                    if redirects.fresh(target, leader) {
+                        target = leader;
+                        continue;
+                    }
+                    pause_at = Some(leader);
                 }
                 Forwarded::NotLeader { .. } => {}
                 // A list is a read: an unknown outcome is just a retry.
                 Forwarded::Retry { reason } | Forwarded::Unknown { reason, .. } => last = reason,
             }
             tracing::debug!(%vnode, attempt, target, %last, "topic list re-routed");
-            target = voters[next_voter % voters.len()];
-            next_voter += 1;
+            target = pause_at.unwrap_or_else(|| {
+                next_voter += 1;
+                voters[(next_voter - 1) % voters.len()]
+            });
+            redirects.paused();
             tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
         }
         Err(super::RouteError::Unavailable {

@@ -126,7 +126,9 @@ pub struct VnodeHostConfig {
     pub quiet_check_ms: u64,
     /// Whether an idle leader hands its leadership to the group's preferred
     /// voter (`quiet::preferred_leader`), so leaders and coordinators
-    /// spread evenly over the brokers. Needs `liveness`. On by default.
+    /// spread evenly over the brokers. Needs `liveness`. Off by default:
+    /// with it on, a leader killed and restarted at once can leave a quiet
+    /// vnode whose replicas name each other as leader (ADR 0101, item 9).
     pub balance_leaders: bool,
 }
 
@@ -147,7 +149,7 @@ impl VnodeHostConfig {
             moved_wait_ms: 30_000,
             liveness: Some(LivenessSettings::default()),
             quiet_check_ms: quiet::QUIET_CHECK_MS_DEFAULT,
-            balance_leaders: true,
+            balance_leaders: false,
         }
     }
 }
@@ -819,7 +821,9 @@ impl VnodeHost {
         let mut uncertain: Option<String> = None;
         let mut next_voter = 0usize;
         let mut backoff = self.route_backoff(group_id);
+        let mut redirects = Redirects::default();
         for attempt in 1..=self.config.route_attempts_max {
+            let mut pause_at = None;
             let answer: Forwarded<T> = if target == self.config.node_id {
                 self.serve_local(api_key, group_id, body).await
             } else {
@@ -842,16 +846,22 @@ impl VnodeHost {
                     if let Some(leader) = leader
                         && leader != target
                     {
-                        target = leader;
-                        continue;
+                        if redirects.fresh(target, leader) {
+                            target = leader;
+                            continue;
+                        }
+                        pause_at = Some(leader);
                     }
                 }
                 Forwarded::NotLeader {
                     leader: Some(leader),
                 } if leader != target => {
                     last = format!("node {target} is not the leader; node {leader} is");
-                    target = leader;
-                    continue;
+                    if redirects.fresh(target, leader) {
+                        target = leader;
+                        continue;
+                    }
+                    pause_at = Some(leader);
                 }
                 Forwarded::NotLeader { .. } => {
                     if last == "no attempt" {
@@ -861,10 +871,14 @@ impl VnodeHost {
                 Forwarded::Retry { reason } => last = reason,
             }
             tracing::debug!(%vnode, attempt, target, %last, "metadata request re-routed");
-            // No leader known here: try the voters in turn, with a pause so
-            // an election can finish.
-            target = voters[next_voter % voters.len()];
-            next_voter += 1;
+            // No leader known here, or replicas naming each other while an
+            // election settles: pause so it can finish, then ask the named
+            // leader again, or else the voters in turn.
+            target = pause_at.unwrap_or_else(|| {
+                next_voter += 1;
+                voters[(next_voter - 1) % voters.len()]
+            });
+            redirects.paused();
             tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
         }
         Err(settle(
@@ -1241,8 +1255,48 @@ impl RpcService for VnodeHost {
     }
 }
 
+/// The replicas a routed request was redirected between since its last
+/// pause. A redirect back to one of them is a cycle (two replicas naming
+/// each other as leader while an election settles, e.g. a restarted
+/// ex-leader and followers that still name it): it pauses like a missing
+/// leader instead of spending every attempt at once.
+#[derive(Debug, Default)]
+pub(crate) struct Redirects {
+    since_pause: Vec<u64>,
+}
+
+impl Redirects {
+    /// Whether following `from`'s redirect to `to` is new since the last
+    /// pause (follow it at once) rather than a cycle (pause first).
+    pub(crate) fn fresh(&mut self, from: u64, to: u64) -> bool {
+        if self.since_pause.contains(&to) {
+            return false;
+        }
+        self.since_pause.push(from);
+        self.since_pause.push(to);
+        true
+    }
+
+    /// A pause happened: redirects may be followed at once again.
+    pub(crate) fn paused(&mut self) {
+        self.since_pause.clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_redirect_cycle_pauses_and_a_chain_does_not() {
+        let mut redirects = super::Redirects::default();
+        // 1 names 2, 2 names 3: a chain, followed at once.
+        assert!(redirects.fresh(1, 2));
+        assert!(redirects.fresh(2, 3));
+        // 3 names 1 again: a cycle, so pause.
+        assert!(!redirects.fresh(3, 1));
+        redirects.paused();
+        assert!(redirects.fresh(3, 1));
+        assert!(!redirects.fresh(1, 3));
+    }
     use super::*;
     use malachi_wire::error::ErrorCode;
 
