@@ -49,6 +49,15 @@ async fn common_cluster_id(dirs: &[PathBuf]) -> String {
     }
 }
 
+/// The error a start with `config` is refused with.
+async fn refusal(config: BrokerConfig) -> String {
+    Broker::start(config)
+        .await
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
+}
+
 /// Two brokers of a fixed node list [1, 2]; node 2 seeds from node 1.
 async fn pair(root: &Path) -> (BrokerHandle, BrokerHandle, String) {
     let one = Broker::start(config(root, 1, &[1, 2], &[])).await.unwrap();
@@ -73,8 +82,7 @@ async fn a_data_dir_of_another_cluster_is_refused_and_names_both_clusters() {
     // Node 2 of cluster A restarted on node 2's data dir of cluster B.
     let mut foreign = config(a.path(), 2, &[1, 2], &[&a1]);
     foreign.data_dir = b.path().join("node-2");
-    let err = Broker::start(foreign).await.map(|_| ()).unwrap_err();
-    let message = err.to_string();
+    let message = refusal(foreign).await;
     assert!(message.contains("another cluster"), "{message}");
     assert!(message.contains(&a_id), "{message}");
     assert!(message.contains(&b_id), "{message}");
@@ -100,29 +108,17 @@ async fn a_broker_whose_settings_differ_from_the_running_clusters_is_refused() {
 
     let mut more_vnodes = config(root.path(), 3, &[1, 2, 3], &[&one, &two]);
     more_vnodes.cluster.vnodes = Some(32);
-    let message = Broker::start(more_vnodes)
-        .await
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    let message = refusal(more_vnodes).await;
     assert!(message.contains("vnodes=32"), "{message}");
     assert!(message.contains("vnodes=16"), "{message}");
 
     let mut fewer_replicas = config(root.path(), 3, &[1, 2, 3], &[&one, &two]);
     fewer_replicas.cluster.replicas_per_vnode = 1;
-    let message = Broker::start(fewer_replicas)
-        .await
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    let message = refusal(fewer_replicas).await;
     assert!(message.contains("replicas_per_vnode=1"), "{message}");
 
     let other_nodes = config(root.path(), 3, &[1, 2, 3, 4], &[&one, &two]);
-    let message = Broker::start(other_nodes)
-        .await
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    let message = refusal(other_nodes).await;
     assert!(message.contains("[1, 2, 3, 4]"), "{message}");
 
     // None of the refused starts wrote a record: the right settings start.
