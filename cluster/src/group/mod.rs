@@ -1179,6 +1179,23 @@ mod tests {
         }
     }
 
+    /// Voters 1, 2 and 3 of one group on `net`, each in its own dir of
+    /// `dirs`, initialized.
+    async fn three_voters(
+        net: &Arc<MemNet>,
+        dirs: &[tempfile::TempDir],
+    ) -> BTreeMap<u64, MetadataGroup> {
+        let mut groups = BTreeMap::new();
+        for node in 1..=3u64 {
+            let group = open_on(net, dirs[node as usize - 1].path(), node).await;
+            groups.insert(node, group);
+        }
+        for group in groups.values() {
+            group.initialize(&[1, 2, 3]).await.unwrap();
+        }
+        groups
+    }
+
     /// The loss the vnode split test saw with leader balancing (ADR 0101):
     /// every broker restarted, the old leader came back first and, resuming
     /// its old term (openraft's leader restore), answered a read at a read
@@ -1191,14 +1208,7 @@ mod tests {
     async fn a_restarted_leader_never_serves_a_read_that_misses_an_acknowledged_write() {
         let net = Arc::new(MemNet::default());
         let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-        let mut groups = BTreeMap::new();
-        for node in 1..=3u64 {
-            let group = open_on(&net, dirs[node as usize - 1].path(), node).await;
-            groups.insert(node, group);
-        }
-        for group in groups.values() {
-            group.initialize(&[1, 2, 3]).await.unwrap();
-        }
+        let mut groups = three_voters(&net, &dirs).await;
         let leader = propose_through_leader(&groups, create("before")).await;
         let lagging = if leader == 1 { 2 } else { 1 };
         until("the lagging follower applied the first write", || {
@@ -1262,14 +1272,7 @@ mod tests {
     async fn a_hand_over_to_a_voter_that_is_gone_stalls_until_handed_over_again() {
         let net = Arc::new(MemNet::default());
         let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-        let mut groups = BTreeMap::new();
-        for node in 1..=3u64 {
-            let group = open_on(&net, dirs[node as usize - 1].path(), node).await;
-            groups.insert(node, group);
-        }
-        for group in groups.values() {
-            group.initialize(&[1, 2, 3]).await.unwrap();
-        }
+        let groups = three_voters(&net, &dirs).await;
         let leader = propose_through_leader(&groups, create("before")).await;
         let others: Vec<u64> = (1..=3).filter(|n| *n != leader).collect();
         let (gone, taker) = (others[0], others[1]);
