@@ -397,6 +397,8 @@ pub(crate) struct Formed {
     record: Mutex<ClusterRecord>,
     /// Peers already reported as foreign (by node id and incarnation).
     reported: Mutex<std::collections::BTreeSet<(u64, u64)>>,
+    /// The last disagreement with a peer's settings that was logged.
+    disagreement: Mutex<Option<String>>,
 }
 
 impl Formed {
@@ -413,6 +415,7 @@ impl Formed {
             record_path: plan.record_path.clone(),
             record: Mutex::new(plan.record()),
             reported: Mutex::new(Default::default()),
+            disagreement: Mutex::new(None),
         }
     }
 
@@ -427,17 +430,19 @@ impl Formed {
     pub fn observe(&self, view: &MembershipView, me: u64) -> std::collections::BTreeSet<u64> {
         let peers = peer_cards(view, me);
         if self.cluster_id().is_none() {
-            let mut card = self.card.clone();
-            card.mark = Some(Mark::New {
-                candidate: match self.card.mark {
-                    Some(Mark::New { candidate }) => candidate,
-                    _ => ClusterId(0),
-                },
-            });
-            match check_peers(&card, &peers) {
+            // The card says `New` exactly while the id is unknown.
+            match check_peers(&self.card, &peers) {
                 Ok(Some(id)) => self.learn(id),
                 Ok(None) => {}
-                Err(e) => warn!(error = %e, "a peer disagrees with this broker's cluster settings"),
+                Err(e) => {
+                    // Once per distinct disagreement, not per view change.
+                    let message = e.to_string();
+                    let mut last = self.disagreement.lock();
+                    if last.as_deref() != Some(message.as_str()) {
+                        warn!(error = %message, "a peer disagrees with this broker's cluster settings");
+                        *last = Some(message);
+                    }
+                }
             }
         }
         let ours = self.cluster_id();
@@ -523,6 +528,25 @@ mod tests {
         };
         let err = plan(&alone, ClusterId(1)).unwrap_err().to_string();
         assert!(err.contains("--bootstrap-expect"), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_record_is_refused_naming_the_file_and_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metadata").join(CLUSTER_RECORD_FILE);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        for garbage in [
+            "",
+            "nodes=1 vnodes=x replicas_per_vnode=3\n",
+            "\u{0}\u{1}garbage",
+        ] {
+            std::fs::write(&path, garbage).unwrap();
+            let err = plan(&config(dir.path(), 1), ClusterId(1))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("cluster-settings"), "{err}");
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), garbage);
+        }
     }
 
     #[test]
