@@ -7,7 +7,8 @@
 //!   or `new:<candidate>` while it has none (a fresh data dir), with a random
 //!   candidate drawn at this start;
 //! - `malachi.shape`: the ring's vnode count and replicas per vnode;
-//! - `malachi.nodes`: the voters every vnode group is drawn from, once known;
+//! - `malachi.nodes`: the voters every vnode group is drawn from, once known,
+//!   joined by `+` (`cluster status` lists attributes joined by commas);
 //! - `malachi.expect`: the `--bootstrap-expect` count while bootstrapping.
 //!
 //! Two pure functions read the cards, so the same rules run in the broker
@@ -145,7 +146,7 @@ impl Card {
             shape: get(ATTR_SHAPE).and_then(Shape::decode),
             nodes: get(ATTR_NODES).and_then(|text| {
                 let mut nodes = text
-                    .split(',')
+                    .split('+')
                     .map(|n| n.parse::<u64>().ok())
                     .collect::<Option<Vec<u64>>>()?;
                 nodes.sort_unstable();
@@ -167,7 +168,7 @@ impl Card {
         }
         if let Some(nodes) = &self.nodes {
             let list: Vec<String> = nodes.iter().map(u64::to_string).collect();
-            let list = list.join(",");
+            let list = list.join("+");
             if list.len() <= NODES_ATTR_BYTES_MAX {
                 out.push((ATTR_NODES.to_owned(), list));
             }

@@ -760,6 +760,32 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_bootstrap_expect_or_a_reserved_attribute_is_refused_with_its_name() {
+        let refused = |config: BrokerConfig| config.validate().unwrap_err().to_string();
+        let with = |expect: u32, nodes: Vec<u64>, seeds: Vec<String>| BrokerConfig {
+            seeds,
+            cluster: ClusterSettings {
+                bootstrap_expect: Some(expect),
+                nodes,
+                ..ClusterSettings::default()
+            },
+            ..BrokerConfig::for_tests("/tmp/x")
+        };
+        let seed = || vec!["127.0.0.1:4041".to_owned()];
+        assert!(refused(with(0, vec![], seed())).contains("cluster.bootstrap_expect"));
+        assert!(refused(with(100_000, vec![], seed())).contains("cluster.bootstrap_expect"));
+        assert!(refused(with(3, vec![1, 2, 3], seed())).contains("not both"));
+        assert!(refused(with(3, vec![], vec![])).contains("needs seeds"));
+        with(3, vec![], seed()).validate().unwrap();
+        with(1, vec![], vec![]).validate().unwrap();
+        let reserved = BrokerConfig {
+            attributes: [("malachi.cluster".to_owned(), "c:1".to_owned())].into(),
+            ..BrokerConfig::for_tests("/tmp/x")
+        };
+        assert!(refused(reserved).contains("reserved"));
+    }
+
+    #[test]
     fn a_bad_seed_or_attribute_or_timer_is_refused_with_its_name() {
         let config = BrokerConfig {
             seeds: vec!["nowhere".into()],
