@@ -91,6 +91,33 @@ pub struct Ring {
     /// Vnodes by arc start: ordered, so lookup is a floor search.
     by_start: BTreeMap<u64, VnodeEntry>,
     next_vnode: u32,
+    /// The cluster's brokers once one joined or was decommissioned (ADR
+    /// 0104); empty while the cluster is the one it was formed with, whose
+    /// nodes every broker knows from its configuration. Written only when
+    /// non-empty, so a ring of a cluster that never changed encodes as
+    /// before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    members: BTreeMap<u64, MemberState>,
+}
+
+/// What a broker of the cluster is doing (ADR 0104).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum MemberState {
+    /// Hosts vnode replicas and takes new ones.
+    Active,
+    /// Decommissioned: its vnode replicas move to the active brokers, and
+    /// it takes no new ones. Admitting it again makes it active.
+    Decommissioned,
+}
+
+impl MemberState {
+    /// How the state reads in status output.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Active => "active",
+            MemberState::Decommissioned => "decommissioned",
+        }
+    }
 }
 
 impl Ring {
@@ -122,7 +149,44 @@ impl Ring {
             version: 1,
             by_start,
             next_vnode: count,
+            members: BTreeMap::new(),
         })
+    }
+
+    /// The cluster's brokers and their states; empty while the cluster is
+    /// the one it was formed with (see [`Ring::members_or`]).
+    pub fn members(&self) -> &BTreeMap<u64, MemberState> {
+        &self.members
+    }
+
+    /// The brokers of the cluster: the ring's members once any joined or
+    /// was decommissioned, else `formed` (the nodes the cluster was
+    /// formed with, all active).
+    pub fn members_or(&self, formed: &[u64]) -> BTreeMap<u64, MemberState> {
+        if self.members.is_empty() {
+            formed.iter().map(|n| (*n, MemberState::Active)).collect()
+        } else {
+            self.members.clone()
+        }
+    }
+
+    /// Whether the cluster's brokers are still the ones it was formed with.
+    pub fn formed_members(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Sets `node`'s state, first listing `formed` as active members if the
+    /// ring lists none yet. Bumps the version if anything changed, and
+    /// returns whether it did.
+    pub fn set_member(&mut self, formed: &[u64], node: u64, state: MemberState) -> bool {
+        let mut members = self.members_or(formed);
+        if members.get(&node) == Some(&state) {
+            return false;
+        }
+        members.insert(node, state);
+        self.members = members;
+        self.version += 1;
+        true
     }
 
     /// Bumped by every change.
@@ -250,6 +314,11 @@ impl Ring {
         if expected_start != RING_END {
             return not_tiled("the arcs end before the top of the ring".to_owned());
         }
+        if self.members.contains_key(&0) {
+            return Err(RingError::Codec {
+                reason: "node id 0 among the members".to_owned(),
+            });
+        }
         Ok(())
     }
 }
@@ -293,6 +362,39 @@ mod tests {
         assert_eq!(ring.vnode(VnodeId(1)).unwrap().arc.end, 3 << 62);
         ring.check().unwrap();
         assert_eq!(ring.owner_of_position(u64::MAX).id, VnodeId(2));
+    }
+
+    #[test]
+    fn members_start_as_the_formed_nodes_and_each_change_bumps_the_version() {
+        let mut ring = Ring::new(4).unwrap();
+        let unchanged = ring.encode().unwrap();
+        assert!(ring.formed_members());
+        assert_eq!(
+            ring.members_or(&[1, 2]),
+            BTreeMap::from([(1, MemberState::Active), (2, MemberState::Active)])
+        );
+        assert!(ring.set_member(&[1, 2], 3, MemberState::Active));
+        assert_eq!(ring.version(), 2);
+        assert!(
+            !ring.set_member(&[1, 2], 3, MemberState::Active),
+            "idempotent"
+        );
+        assert_eq!(ring.version(), 2);
+        assert!(ring.set_member(&[9], 1, MemberState::Decommissioned));
+        assert_eq!(
+            ring.members_or(&[9]),
+            BTreeMap::from([
+                (1, MemberState::Decommissioned),
+                (2, MemberState::Active),
+                (3, MemberState::Active)
+            ]),
+            "the formed nodes are listed once, by the first change"
+        );
+        assert_eq!(Ring::decode(&ring.encode().unwrap()).unwrap(), ring);
+        // A ring whose members never changed encodes as before members existed.
+        let old: Ring = Ring::decode(&unchanged).unwrap();
+        assert!(old.formed_members());
+        assert_eq!(old.encode().unwrap(), unchanged);
     }
 
     #[test]

@@ -157,7 +157,10 @@ fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandl
                 let foreign = formed.observe(&view, host.node_id());
                 let learned: Vec<(u64, std::net::SocketAddr)> = view
                     .all()
-                    .filter(|m| m.node_id != host.node_id() && host.nodes().contains(&m.node_id))
+                    // Every member of this cluster, whether or not the
+                    // ring lists it yet: a joining broker must be reachable
+                    // before it is admitted (ADR 0104).
+                    .filter(|m| m.node_id != host.node_id())
                     .filter(|m| !foreign.contains(&m.node_id))
                     .filter_map(|m| m.raft_addr.map(|addr| (m.node_id, addr)))
                     .collect();

@@ -106,18 +106,24 @@ impl LivenessTracker {
 pub fn spawn_prober(
     transport: Arc<TcpTransport>,
     node_id: u64,
-    peers: Vec<u64>,
+    peers: Arc<parking_lot::RwLock<Vec<u64>>>,
     settings: LivenessSettings,
     clock: Arc<dyn Clock>,
 ) -> (watch::Receiver<BTreeSet<u64>>, JoinHandle<()>) {
     let mut tracker = LivenessTracker::new(node_id, settings.down_after_ms);
     let (tx, rx) = watch::channel(tracker.up(clock.monotonic_ms()));
-    let peers: Vec<u64> = peers.into_iter().filter(|p| *p != node_id).collect();
     let task = tokio::spawn(async move {
         let mut round = tokio::time::interval(Duration::from_millis(settings.probe_every_ms));
         round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             round.tick().await;
+            // Read each round: the members change as brokers join and leave.
+            let peers: Vec<u64> = peers
+                .read()
+                .iter()
+                .copied()
+                .filter(|p| *p != node_id)
+                .collect();
             let sent_ms = clock.monotonic_ms();
             let probes = peers.iter().map(|peer| {
                 let transport = Arc::clone(&transport);

@@ -33,12 +33,12 @@ pub use frames::{FRAME_READ_CHUNK_BYTES, FrameReadError, read_frame};
 pub use handshake::{ClusterCookie, HandshakeError};
 pub use network::{GroupTransport, RaftRpcKind, TransportError, UnreachableTransport};
 pub use tcp::{
-    FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupRegistry,
-    OPEN_VNODE_API_KEY, PING_API_KEY, RAFT_CONNECTIONS_MAX_DEFAULT, RAFT_FRAME_BYTES_MAX_DEFAULT,
-    RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT, RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT,
-    RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT, RING_ANNOUNCE_API_KEY, RpcError, RpcService,
-    TcpTransport, TcpTransportConfig, TransportServer, TransportServerConfig, TransportServerStats,
-    raft_api_key, raft_kind_of,
+    CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
+    GroupRegistry, OPEN_VNODE_API_KEY, PING_API_KEY, RAFT_CONNECTIONS_MAX_DEFAULT,
+    RAFT_FRAME_BYTES_MAX_DEFAULT, RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT,
+    RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT, RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT, RING_ANNOUNCE_API_KEY,
+    RpcError, RpcService, TcpTransport, TcpTransportConfig, TransportServer, TransportServerConfig,
+    TransportServerStats, raft_api_key, raft_kind_of,
 };
 
 use crate::model::{Command, MetadataState, ModelError, Outcome};
@@ -48,7 +48,7 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, Fatal, ForwardReason, LinearizableReadError, RaftError};
 use openraft::{BasicNode, Raft, ReadPolicy, ServerState, SnapshotPolicy};
 use state_machine::{Shared, StateMachine};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -245,6 +245,25 @@ pub struct GroupStatus {
     pub snapshot: Option<u64>,
     /// The voters of the current membership.
     pub voters: Vec<u64>,
+}
+
+/// How far behind the leader's log a learner may be and still be made a
+/// voter: under writes a learner is always a few entries behind.
+pub const LEARNER_LAG_ENTRIES_MAX: u64 = 64;
+
+/// A group's membership as one replica knows it (ADR 0104).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupMembership {
+    pub voters: BTreeSet<u64>,
+    pub learners: BTreeSet<u64>,
+    /// Learners more than `LEARNER_LAG_ENTRIES_MAX` entries behind the
+    /// leader's log (as the leader sees it; empty elsewhere): not promoted
+    /// until they catch up.
+    pub lagging: BTreeSet<u64>,
+    /// A joint change is under way (or was left half done).
+    pub joint: bool,
+    /// The membership's entry is committed as far as this replica knows.
+    pub committed: bool,
 }
 
 /// The inputs of the quiet decision (`vnodes::quiet`), as one replica sees
@@ -799,6 +818,121 @@ impl MetadataGroup {
                 .transfer_leader(to)
                 .await
                 .map_err(|e| self.stopped_reason(e.to_string()))
+        })
+        .await
+    }
+
+    /// The group's membership as this replica knows it now: voters,
+    /// learners, and whether a joint change is under way (ADR 0104).
+    pub fn membership(&self) -> GroupMembership {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        let membership = m.membership_config.membership();
+        let learners: BTreeSet<u64> = membership.learner_ids().collect();
+        // A leader's view of how far each learner has its log.
+        let lagging = match &m.replication {
+            Some(matched) if m.state == ServerState::Leader => learners
+                .iter()
+                .copied()
+                .filter(|l| {
+                    let index = matched.get(l).and_then(|id| id.as_ref()).map(|id| id.index);
+                    match (index, m.last_log_index) {
+                        (Some(index), Some(last)) => index + LEARNER_LAG_ENTRIES_MAX < last,
+                        (None, Some(_)) => true,
+                        (_, None) => false,
+                    }
+                })
+                .collect(),
+            _ => BTreeSet::new(),
+        };
+        GroupMembership {
+            voters: membership.voter_ids().collect(),
+            learners,
+            lagging,
+            joint: membership.get_joint_config().len() > 1,
+            committed: m.membership_config.log_id() <= &m.local_committed,
+        }
+    }
+
+    /// Adds `node` as a learner (a leader only) and waits, for at most
+    /// `timeout_ms`, until it has caught up with the log. The learner's
+    /// broker must have opened its replica (`VnodeHost` asks it first).
+    /// Idempotent: a node already in the group is left as it is.
+    pub async fn add_learner(&self, node: u64, timeout_ms: u64) -> Result<(), GroupError> {
+        self.check_running()?;
+        let call = async {
+            self.inner
+                .raft
+                .add_learner(node, BasicNode::default(), true)
+                .await
+                .map(|_| ())
+                .map_err(|e| self.write_error(e))
+        };
+        self.until_stopped(async {
+            match tokio::time::timeout(Duration::from_millis(timeout_ms), call).await {
+                Ok(result) => result,
+                Err(_) => Err(GroupError::Timeout),
+            }
+        })
+        .await
+    }
+
+    /// Changes the voters to exactly `voters` (a leader only) through
+    /// openraft's joint consensus, and waits until the final membership
+    /// commits. Voters left out leave the group; every new voter must be
+    /// a learner already. A change interrupted half way (a joint
+    /// membership left behind) is completed by calling again.
+    pub async fn change_voters(
+        &self,
+        voters: &BTreeSet<u64>,
+        timeout_ms: u64,
+    ) -> Result<(), GroupError> {
+        self.check_running()?;
+        if voters.is_empty() {
+            return Err(GroupError::Config {
+                reason: "a group keeps at least one voter".to_owned(),
+            });
+        }
+        let call = async {
+            self.inner
+                .raft
+                .change_membership(voters.clone(), false)
+                .await
+                .map(|_| ())
+                .map_err(|e| self.write_error(e))
+        };
+        self.until_stopped(async {
+            match tokio::time::timeout(Duration::from_millis(timeout_ms), call).await {
+                Ok(result) => result,
+                Err(_) => Err(GroupError::Timeout),
+            }
+        })
+        .await
+    }
+
+    /// Removes learners (a leader only), waiting for the change to commit.
+    pub async fn remove_learners(
+        &self,
+        learners: &BTreeSet<u64>,
+        timeout_ms: u64,
+    ) -> Result<(), GroupError> {
+        self.check_running()?;
+        let call = async {
+            self.inner
+                .raft
+                .change_membership(
+                    openraft::ChangeMembers::RemoveNodes(learners.clone()),
+                    false,
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| self.write_error(e))
+        };
+        self.until_stopped(async {
+            match tokio::time::timeout(Duration::from_millis(timeout_ms), call).await {
+                Ok(result) => result,
+                Err(_) => Err(GroupError::Timeout),
+            }
         })
         .await
     }

@@ -83,9 +83,12 @@ pub const FORWARD_PROPOSE_API_KEY: u16 = 210;
 pub const FORWARD_READ_API_KEY: u16 = 211;
 /// A control read (the ring, a split's export) forwarded to a group's leader.
 pub const FORWARD_QUERY_API_KEY: u16 = 214;
-/// Asks a broker to open (and initialize) its replica of a new vnode: a
-/// split creates the child's group on its voters before the ring names it.
+/// Asks a broker to open its replica of a vnode: a split creates the
+/// child's group on its voters before the ring names it, and a membership
+/// change opens a new voter's replica before adding it (ADR 0104).
 pub const OPEN_VNODE_API_KEY: u16 = 215;
+/// Tells a broker it left a group: its replica closes (ADR 0104).
+pub const CLOSE_VNODE_API_KEY: u16 = 218;
 /// Tells a broker a newer ring version exists; it fetches that ring.
 pub const RING_ANNOUNCE_API_KEY: u16 = 216;
 /// A liveness probe (ADR 0101): answered by the transport server itself,

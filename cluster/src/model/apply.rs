@@ -156,6 +156,12 @@ impl MetadataState {
                 secret,
                 at_ms,
             } => self.rotate_cursor_key(after, secret, at_ms),
+            Command::AdmitNode { node, formed } => self.admit_node(node, &formed),
+            Command::DecommissionNode {
+                node,
+                formed,
+                replicas,
+            } => self.decommission_node(node, &formed, replicas),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(

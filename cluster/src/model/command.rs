@@ -155,6 +155,20 @@ pub enum Command {
         secret: CursorSecret,
         at_ms: u64,
     },
+    /// In the ring's group: makes `node` an active member of the cluster
+    /// (a joining broker, or a decommissioned one coming back). `formed`
+    /// is the cluster's formation nodes, listed first if the ring lists no
+    /// members yet. Idempotent (ADR 0104).
+    AdmitNode { node: u64, formed: Vec<u64> },
+    /// In the ring's group: decommissions `node`: its vnode replicas move
+    /// to the active members. Refused if fewer than
+    /// `min(replicas, active members)` active members would remain, so a
+    /// decommission never lowers the vnodes' replica count. Idempotent.
+    DecommissionNode {
+        node: u64,
+        formed: Vec<u64>,
+        replicas: u32,
+    },
 }
 
 impl Command {
@@ -194,7 +208,9 @@ impl Command {
             | Command::FinishSplit { .. }
             | Command::AbortSplit { .. }
             | Command::CreateCursorKey { .. }
-            | Command::RotateCursorKey { .. } => None,
+            | Command::RotateCursorKey { .. }
+            | Command::AdmitNode { .. }
+            | Command::DecommissionNode { .. } => None,
         }
     }
 }
@@ -395,6 +411,18 @@ pub enum ModelError {
     CursorKeyRotated { after: u32, current: u32 },
     #[error("the cursor key id space is exhausted")]
     CursorKeyIdsExhausted,
+    #[error("node {node} is not a member of the cluster")]
+    NotAMember { node: u64 },
+    #[error(
+        "decommissioning node {node} would leave {remaining} active brokers, fewer than the {needed} the vnodes' replicas need"
+    )]
+    TooFewMembers {
+        node: u64,
+        remaining: usize,
+        needed: usize,
+    },
+    #[error("node id 0 is not a broker")]
+    InvalidNode,
 }
 
 impl ModelError {

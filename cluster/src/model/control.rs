@@ -375,6 +375,58 @@ impl MetadataState {
         Ok(Outcome::RingChanged { version })
     }
 
+    pub(super) fn admit_node(&mut self, node: u64, formed: &[u64]) -> Result<Outcome, ModelError> {
+        if node == 0 {
+            return Err(ModelError::InvalidNode);
+        }
+        let record = self.ring_mut()?;
+        record
+            .ring
+            .set_member(formed, node, crate::ring::MemberState::Active);
+        Ok(Outcome::RingChanged {
+            version: record.ring.version(),
+        })
+    }
+
+    pub(super) fn decommission_node(
+        &mut self,
+        node: u64,
+        formed: &[u64],
+        replicas: u32,
+    ) -> Result<Outcome, ModelError> {
+        use crate::ring::MemberState;
+        let record = self.ring_mut()?;
+        let members = record.ring.members_or(formed);
+        match members.get(&node) {
+            None => return Err(ModelError::NotAMember { node }),
+            Some(MemberState::Decommissioned) => {
+                return Ok(Outcome::RingChanged {
+                    version: record.ring.version(),
+                });
+            }
+            Some(MemberState::Active) => {}
+        }
+        let active = members
+            .values()
+            .filter(|s| **s == MemberState::Active)
+            .count();
+        let needed = (replicas.max(1) as usize).min(active);
+        let remaining = active - 1;
+        if remaining < needed || remaining == 0 {
+            return Err(ModelError::TooFewMembers {
+                node,
+                remaining,
+                needed: needed.max(1),
+            });
+        }
+        record
+            .ring
+            .set_member(formed, node, MemberState::Decommissioned);
+        Ok(Outcome::RingChanged {
+            version: record.ring.version(),
+        })
+    }
+
     fn ring_mut(&mut self) -> Result<&mut RingRecord, ModelError> {
         self.ring.as_mut().ok_or(ModelError::NoRing)
     }

@@ -52,9 +52,15 @@ impl VnodeHost {
         self.config.node_id
     }
 
-    /// Every broker of the cluster, as configured.
-    pub fn nodes(&self) -> &[u64] {
-        &self.config.nodes
+    /// Every broker of the cluster (its members, decommissioned ones
+    /// included, by the ring this broker holds), and this one.
+    pub fn nodes(&self) -> Vec<u64> {
+        let mut nodes: Vec<u64> = self.members().into_keys().collect();
+        if !nodes.contains(&self.config.node_id) {
+            nodes.push(self.config.node_id);
+            nodes.sort_unstable();
+        }
+        nodes
     }
 
     /// A counter bumped whenever this host opens a group (a split's child,
@@ -161,17 +167,18 @@ impl VnodeHost {
     }
 }
 
-/// Decodes the body of a forwarded request (api keys 210 to 216) as
+/// Decodes the body of a forwarded request (api keys 210 to 218) as
 /// `VnodeHost` does when it serves one, and returns its canonical
 /// re-encoding. For the fuzz bodies in `fuzz/bodies`; never panics.
 pub fn decode_forwarded_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
     use crate::group::{
-        FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, OPEN_VNODE_API_KEY,
-        RING_ANNOUNCE_API_KEY,
+        CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
+        OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY,
     };
     match api_key {
         RING_ANNOUNCE_API_KEY => reencode::<super::RingAnnounce>(body),
         OPEN_VNODE_API_KEY => reencode::<super::OpenVnode>(body),
+        CLOSE_VNODE_API_KEY => reencode::<super::CloseVnode>(body),
         FORWARD_PROPOSE_API_KEY => reencode::<crate::model::Command>(body),
         FORWARD_READ_API_KEY => reencode::<super::ReadRequest>(body),
         FORWARD_QUERY_API_KEY => reencode::<super::Query>(body),
@@ -181,22 +188,25 @@ pub fn decode_forwarded_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, St
     }
 }
 
-/// Decodes a forwarded answer (api keys 210 to 216) as the router does, and
+/// Decodes a forwarded answer (api keys 210 to 218) as the router does, and
 /// returns its canonical re-encoding. For the fuzz bodies; never panics.
 pub fn decode_forwarded_answer(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
     use crate::group::{
-        FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, OPEN_VNODE_API_KEY,
-        RING_ANNOUNCE_API_KEY,
+        CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
+        OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY,
     };
     match api_key {
-        RING_ANNOUNCE_API_KEY | OPEN_VNODE_API_KEY => reencode::<Forwarded<()>>(body),
+        RING_ANNOUNCE_API_KEY | OPEN_VNODE_API_KEY | CLOSE_VNODE_API_KEY => {
+            reencode::<Forwarded<()>>(body)
+        }
         FORWARD_PROPOSE_API_KEY => reencode::<Forwarded<super::Verdict>>(body),
         FORWARD_READ_API_KEY => reencode::<Forwarded<super::ReadAnswer>>(body),
         FORWARD_QUERY_API_KEY => {
             // The answer's type follows the query: both decoders run.
             let ring = reencode::<Forwarded<Option<crate::model::RingRecord>>>(body);
             let seed = reencode::<Forwarded<crate::model::VnodeSeed>>(body);
-            ring.or(seed)
+            let membership = reencode::<Forwarded<super::VnodeMembership>>(body);
+            ring.or(seed).or(membership)
         }
         FORWARD_LIST_API_KEY => reencode::<Forwarded<Vec<TopicSummary>>>(body),
         other => Err(format!("api key {other} is not a forwarded request")),
@@ -211,12 +221,19 @@ fn reencode<T: Serialize + serde::de::DeserializeOwned>(body: &[u8]) -> Result<V
 /// Valid forwarded request bodies, for fuzzers and property tests to mutate.
 pub fn sample_forwarded_request(api_key: u16) -> Vec<u8> {
     use crate::group::{
-        FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, OPEN_VNODE_API_KEY,
-        RING_ANNOUNCE_API_KEY,
+        CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
+        OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY,
     };
     let encoded = match api_key {
         RING_ANNOUNCE_API_KEY => rmp_serde::to_vec(&super::RingAnnounce { version: 7 }),
-        OPEN_VNODE_API_KEY => rmp_serde::to_vec(&super::OpenVnode { vnode: VnodeId(3) }),
+        OPEN_VNODE_API_KEY => rmp_serde::to_vec(&super::OpenVnode {
+            vnode: VnodeId(3),
+            voters: Some(vec![1, 2, 3]),
+        }),
+        CLOSE_VNODE_API_KEY => rmp_serde::to_vec(&super::CloseVnode {
+            vnode: VnodeId(3),
+            voters: vec![1, 2, 4],
+        }),
         FORWARD_PROPOSE_API_KEY => rmp_serde::to_vec(&crate::model::Command::DeleteTopic {
             topic: "orders".to_owned(),
         }),
@@ -244,4 +261,4 @@ pub fn sample_forwarded_answer(api_key: u16) -> Vec<u8> {
 }
 
 /// The api keys of the forwarding protocol, in order.
-pub const FORWARDED_API_KEYS: [u16; 6] = [210, 211, 212, 214, 215, 216];
+pub const FORWARDED_API_KEYS: [u16; 7] = [210, 211, 212, 214, 215, 216, 218];

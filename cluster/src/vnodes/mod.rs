@@ -33,6 +33,7 @@
 pub mod broker_api;
 pub mod lease;
 pub mod quiet;
+pub mod rebalance;
 mod split;
 
 pub use crate::placement::{CoordinatorPlan, plan_coordinators};
@@ -42,18 +43,18 @@ use crate::group::fsio;
 use crate::group::liveness::{LivenessSettings, spawn_prober};
 use crate::group::{Backoff, backoff_seed};
 use crate::group::{
-    FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY, GroupConfig, GroupError,
-    GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, RpcError, RpcService,
-    TcpTransport, TransportError,
+    CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
+    GroupConfig, GroupError, GroupMembership, GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY,
+    RING_ANNOUNCE_API_KEY, RpcError, RpcService, TcpTransport, TransportError,
 };
 use crate::model::{
     Command, CursorKeyRing, ModelError, Outcome, RingArc, RingRecord, TopicDescription,
 };
-use crate::ring::{RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
+use crate::ring::{MemberState, RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
 use bytes::Bytes;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,8 +94,12 @@ pub fn voters_for(vnode: VnodeId, nodes: &[u64], replicas: usize) -> Vec<u64> {
 pub struct VnodeHostConfig {
     /// This broker's node id.
     pub node_id: u64,
-    /// Every broker's node id, this one included.
+    /// The nodes the cluster was formed with: its members until the ring
+    /// lists others (ADR 0104). This one included, unless `joined`.
     pub nodes: Vec<u64>,
+    /// This broker joined a running cluster (ADR 0104): it is not among
+    /// `nodes`, initializes no group of its own, and asks to be admitted.
+    pub joined: bool,
     /// Each vnode's group lives in `<data_dir>/vnode-<id>`.
     pub data_dir: PathBuf,
     /// The vnode count of the ring.
@@ -130,6 +135,15 @@ pub struct VnodeHostConfig {
     /// with it on, a leader killed and restarted at once can leave a quiet
     /// vnode whose replicas name each other as leader (ADR 0101, item 9).
     pub balance_leaders: bool,
+    /// How long a member may be dead before its vnode replicas are
+    /// replaced on the other brokers (ADR 0104).
+    pub replace_after_ms: u64,
+    /// How often the groups this broker leads are compared with where the
+    /// members say their replicas belong.
+    pub rebalance_check_ms: u64,
+    /// How long one membership step (a learner's catch-up, a joint change)
+    /// may take before it is tried again.
+    pub membership_step_timeout_ms: u64,
 }
 
 impl VnodeHostConfig {
@@ -150,6 +164,10 @@ impl VnodeHostConfig {
             liveness: Some(LivenessSettings::default()),
             quiet_check_ms: quiet::QUIET_CHECK_MS_DEFAULT,
             balance_leaders: false,
+            joined: false,
+            replace_after_ms: rebalance::REPLACE_AFTER_MS_DEFAULT,
+            rebalance_check_ms: rebalance::REBALANCE_CHECK_MS_DEFAULT,
+            membership_step_timeout_ms: rebalance::MEMBERSHIP_STEP_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -225,6 +243,8 @@ enum Query {
     /// The ring group's cursor keys (ADR 0096). Last, so the variants
     /// above encode as before.
     CursorKeys,
+    /// The group's membership as its leader knows it (ADR 0104).
+    Membership,
 }
 
 /// Tells a broker a ring version exists (api key 216).
@@ -233,10 +253,35 @@ struct RingAnnounce {
     version: u64,
 }
 
-/// Asks a broker to open its replica of a vnode (api key 215).
+/// Asks a broker to open its replica of a vnode (api key 215): a split's
+/// child on its voters (initialized with `voters`), or a vnode (or the
+/// ring's group, `RING_VNODE`) it is about to join as a learner (`voters`
+/// absent: opened empty, it learns everything from the leader).
 #[derive(Debug, Serialize, Deserialize)]
 struct OpenVnode {
     vnode: VnodeId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    voters: Option<Vec<u64>>,
+}
+
+/// Tells a broker it left a group (api key 218): its replica closes and
+/// its directory goes. Sent by the leader once the change that removed it
+/// committed; `voters` are the group's voters then.
+#[derive(Debug, Serialize, Deserialize)]
+struct CloseVnode {
+    vnode: VnodeId,
+    voters: Vec<u64>,
+}
+
+/// A group's membership, as its leader answers `Query::Membership`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VnodeMembership {
+    pub leader: u64,
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    pub joint: bool,
+    /// Whether the leader knows this membership committed.
+    pub committed: bool,
 }
 
 type Verdict = Result<Outcome, ModelError>;
@@ -266,10 +311,20 @@ pub struct VnodeHost {
     background: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// This host, for background work started from `&self`.
     this: std::sync::Weak<VnodeHost>,
+    /// The peers the liveness prober probes: every member but this one,
+    /// kept current as the ring's members change.
+    probe_peers: Arc<RwLock<Vec<u64>>>,
+    /// When each hosted group was opened: a replica left behind by a lost
+    /// close is swept only once it is older than a membership step.
+    opened_at: parking_lot::Mutex<BTreeMap<u64, Instant>>,
+    /// Whether `MOVED_FILE` is written (and the lock its writers take).
+    moved_marked: tokio::sync::Mutex<bool>,
 }
 
 /// Where a broker keeps the newest ring it has learned.
 const RING_FILE: &str = "ring.current";
+/// Present once a group moved on or off this broker (ADR 0104).
+const MOVED_FILE: &str = "groups-moved";
 /// The magic tag of the ring file.
 const RING_FILE_MAGIC: &[u8; 8] = b"MALRING1";
 /// The largest ring file read back (256 vnodes encode to a few KiB).
@@ -293,7 +348,7 @@ impl VnodeHost {
         config: VnodeHostConfig,
         transport: Arc<TcpTransport>,
     ) -> Result<Arc<VnodeHost>, GroupError> {
-        if !config.nodes.contains(&config.node_id) {
+        if !config.joined && !config.nodes.contains(&config.node_id) {
             return Err(GroupError::Config {
                 reason: format!(
                     "node {} is not among the cluster's nodes {:?}",
@@ -316,19 +371,45 @@ impl VnodeHost {
             groups_opened: watch::channel(0).0,
             stopped: AtomicBool::new(false),
             background: parking_lot::Mutex::new(Vec::new()),
+            probe_peers: Arc::new(RwLock::new(Vec::new())),
+            opened_at: parking_lot::Mutex::new(BTreeMap::new()),
+            moved_marked: tokio::sync::Mutex::new(false),
             config,
         });
+        host.update_probe_peers();
         let opened = async {
             let _adopting = host.adopting.lock().await;
-            if host.ring_voters().contains(&host.config.node_id) {
-                host.open_group(RING_GROUP_ID, host.ring_voters()).await?;
+            let ring = host.ring();
+            // Only the ring every broker started from, with the members the
+            // cluster was formed with, says who the voters of a fresh group
+            // are. Past it, groups move by membership changes (ADR 0104): a
+            // replica this broker lacks is opened empty and learns its
+            // membership from its leader, never guessed.
+            let pristine = ring.version() == 1
+                && ring.formed_members()
+                && !host.config.joined
+                && !host.config.data_dir.join(MOVED_FILE).exists();
+            let me = host.config.node_id;
+            let ring_dir = host.config.data_dir.join("ring").exists();
+            let ring_target = host.target_voters(RING_VNODE);
+            if pristine && ring_target.contains(&me) {
+                host.open_group(RING_GROUP_ID, Some(ring_target)).await?;
+            } else if ring_dir || ring_target.contains(&me) {
+                host.open_group(RING_GROUP_ID, None).await?;
             }
-            // The ring's vnodes, and any vnode a split created here before
-            // the ring this broker knows named it.
-            let mut vnodes: BTreeSet<VnodeId> = host.ring().vnodes().map(|v| v.id).collect();
-            vnodes.extend(vnode_dirs(&host.config.data_dir));
+            // The ring's vnodes, and any vnode whose group exists here (a
+            // split's child the ring this broker knows does not name yet,
+            // a replica a membership change gave it).
+            let dirs: BTreeSet<VnodeId> = vnode_dirs(&host.config.data_dir).into_iter().collect();
+            let mut vnodes: BTreeSet<VnodeId> = ring.vnodes().map(|v| v.id).collect();
+            vnodes.extend(dirs.iter().copied());
             for vnode in vnodes {
-                host.open_vnode_locked(vnode).await?;
+                let target = host.target_voters(vnode);
+                if pristine && target.contains(&me) {
+                    host.open_group(vnode.group_id(), Some(target)).await?;
+                } else if dirs.contains(&vnode) || target.contains(&me) {
+                    host.open_group(vnode.group_id(), None).await?;
+                }
             }
             Ok::<(), GroupError>(())
         };
@@ -344,6 +425,9 @@ impl VnodeHost {
         );
         host.spawn_ring_sync();
         host.spawn_quiescence()?;
+        if host.config.joined {
+            host.spawn_admission();
+        }
         Ok(host)
     }
 
@@ -351,6 +435,13 @@ impl VnodeHost {
     /// configuration keeps every group ticking.
     fn spawn_quiescence(self: &Arc<Self>) -> Result<(), GroupError> {
         let Some(settings) = self.config.liveness else {
+            let rebalancer = rebalance::spawn_rebalancer(
+                Arc::downgrade(self),
+                None,
+                self.config.rebalance_check_ms.max(1),
+                self.config.replace_after_ms,
+            );
+            self.background.lock().push(rebalancer);
             return Ok(());
         };
         settings
@@ -359,9 +450,15 @@ impl VnodeHost {
         let (up, prober) = spawn_prober(
             Arc::clone(&self.transport),
             self.config.node_id,
-            self.config.nodes.clone(),
+            Arc::clone(&self.probe_peers),
             settings,
             Arc::new(crate::clock::SystemClock::new()),
+        );
+        let rebalancer = rebalance::spawn_rebalancer(
+            Arc::downgrade(self),
+            Some(up.clone()),
+            self.config.rebalance_check_ms.max(1),
+            self.config.replace_after_ms,
         );
         let quiescer = quiet::spawn_quiescer(
             Arc::downgrade(self),
@@ -369,8 +466,421 @@ impl VnodeHost {
             self.config.quiet_check_ms.max(1),
             self.config.balance_leaders,
         );
-        self.background.lock().extend([prober, quiescer]);
+        self.background
+            .lock()
+            .extend([prober, quiescer, rebalancer]);
         Ok(())
+    }
+
+    /// Probes every member but this broker from now on.
+    fn update_probe_peers(&self) {
+        let me = self.config.node_id;
+        let peers: Vec<u64> = self.nodes().into_iter().filter(|n| *n != me).collect();
+        *self.probe_peers.write() = peers;
+    }
+
+    /// Asks the ring's group, until it answers, to make this broker a
+    /// member (a broker that joined a running cluster, ADR 0104).
+    fn spawn_admission(self: &Arc<Self>) {
+        let host = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let mut backoff = None;
+            loop {
+                let Some(strong) = host.upgrade() else { break };
+                if strong.is_stopped() {
+                    break;
+                }
+                let me = strong.config.node_id;
+                if strong.ring().members().get(&me) == Some(&MemberState::Active) {
+                    break;
+                }
+                let backoff = backoff.get_or_insert_with(|| {
+                    Backoff::new(
+                        RING_SYNC_BACKOFF_MIN_MS,
+                        RING_SYNC_BACKOFF_MAX_MS,
+                        backoff_seed(me, RING_GROUP_ID),
+                    )
+                });
+                match strong.admit(me).await {
+                    Ok(version) => {
+                        tracing::info!(
+                            node = me,
+                            ring_version = version,
+                            "admitted to the cluster"
+                        );
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::info!(node = me, error = %e, "not admitted yet; asking again");
+                    }
+                }
+                drop(strong);
+                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
+            }
+        });
+        self.background.lock().push(task);
+    }
+
+    /// Makes `node` an active member (ADR 0104): its share of the vnode
+    /// replicas moves to it. Returns the ring version that lists it.
+    pub async fn admit(&self, node: u64) -> Result<u64, RouteError> {
+        let cmd = Command::AdmitNode {
+            node,
+            formed: self.config.nodes.clone(),
+        };
+        self.change_members(cmd).await
+    }
+
+    /// Decommissions `node` (ADR 0104): its vnode replicas move to the
+    /// active members. Returns the ring version that says so.
+    pub async fn decommission(&self, node: u64) -> Result<u64, RouteError> {
+        let cmd = Command::DecommissionNode {
+            node,
+            formed: self.config.nodes.clone(),
+            replicas: u32::try_from(self.config.replicas_per_vnode).unwrap_or(u32::MAX),
+        };
+        self.change_members(cmd).await
+    }
+
+    async fn change_members(&self, cmd: Command) -> Result<u64, RouteError> {
+        // A fresh ring group holds no ring yet: create it first.
+        self.ring_record().await?;
+        let version = match self.propose_ring(cmd).await? {
+            Ok(Outcome::RingChanged { version }) => version,
+            Ok(other) => {
+                return Err(RouteError::Failed {
+                    vnode: RING_VNODE,
+                    reason: format!("unexpected outcome {other:?}"),
+                });
+            }
+            Err(refused) => {
+                return Err(RouteError::Failed {
+                    vnode: RING_VNODE,
+                    reason: refused.to_string(),
+                });
+            }
+        };
+        self.refresh_ring().await?;
+        self.announce_ring(version).await;
+        Ok(version)
+    }
+
+    /// The nodes the cluster was formed with.
+    pub fn formation_nodes(&self) -> &[u64] {
+        &self.config.nodes
+    }
+
+    /// Brokers per vnode group.
+    pub fn replicas_per_vnode(&self) -> usize {
+        self.config.replicas_per_vnode
+    }
+
+    /// The cluster's members and their states, by the ring this broker
+    /// holds.
+    pub fn members(&self) -> BTreeMap<u64, MemberState> {
+        self.ring().members_or(&self.config.nodes)
+    }
+
+    /// Where `vnode`'s replicas belong among the active members (the
+    /// ring's group for `RING_VNODE`), by the ring this broker holds. The
+    /// groups' memberships follow it (ADR 0104).
+    pub fn target_voters(&self, vnode: VnodeId) -> Vec<u64> {
+        let eligible = rebalance::eligible(
+            &self.members(),
+            &BTreeSet::new(),
+            self.config.replicas_per_vnode,
+        );
+        rebalance::target_voters(vnode, &eligible, self.config.replicas_per_vnode)
+            .into_iter()
+            .collect()
+    }
+
+    /// Takes one step of moving a group this broker leads toward its
+    /// target (`rebalance::next_step` chose it).
+    pub(crate) async fn take_step(
+        &self,
+        vnode: VnodeId,
+        group: MetadataGroup,
+        step: rebalance::Step,
+    ) {
+        use rebalance::Step;
+        let timeout_ms = self.config.membership_step_timeout_ms;
+        let group_id = group.status().group_id;
+        group.set_quiet(false);
+        let result: Result<(), String> = match &step {
+            Step::Settled => Ok(()),
+            Step::AddLearner { node } => match self.ask_open(*node, vnode, None).await {
+                Ok(()) => group
+                    .add_learner(*node, timeout_ms)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(reason) => Err(reason),
+            },
+            Step::ChangeVoters { voters, removed } => {
+                match group.change_voters(voters, timeout_ms).await {
+                    Ok(()) => {
+                        let body = CloseVnode {
+                            vnode,
+                            voters: voters.iter().copied().collect(),
+                        };
+                        for node in removed {
+                            if let Err(reason) = self.tell_closed(*node, group_id, &body).await {
+                                tracing::info!(group = group_id, node, %reason, "a removed replica was not told to close; it stays idle");
+                            }
+                        }
+                        Ok(())
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            Step::HandOver { to } => group.transfer_leader(*to).await.map_err(|e| e.to_string()),
+            Step::RemoveLearners { nodes } => group
+                .remove_learners(nodes, timeout_ms)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match result {
+            Ok(()) => tracing::info!(group = group_id, ?step, "vnode replicas moved a step"),
+            Err(reason) => {
+                tracing::info!(group = group_id, ?step, %reason, "vnode replica move did not complete; trying again")
+            }
+        }
+    }
+
+    /// Asks `node` to open its replica of `vnode`'s group.
+    async fn ask_open(
+        &self,
+        node: u64,
+        vnode: VnodeId,
+        voters: Option<Vec<u64>>,
+    ) -> Result<(), String> {
+        let group_id = group_of(vnode);
+        if node == self.config.node_id {
+            return self
+                .open_requested(vnode, voters)
+                .await
+                .map_err(|e| e.to_string());
+        }
+        let body = rmp_serde::to_vec(&OpenVnode { vnode, voters }).map_err(|e| e.to_string())?;
+        let bytes = self
+            .transport
+            .call_raw(
+                node,
+                OPEN_VNODE_API_KEY,
+                group_id,
+                &body,
+                self.config.forward_timeout_ms,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        match rmp_serde::from_slice::<Forwarded<()>>(&bytes) {
+            Ok(Forwarded::Done(())) => Ok(()),
+            Ok(other) => Err(format!("{other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    async fn tell_closed(&self, node: u64, group_id: u64, body: &CloseVnode) -> Result<(), String> {
+        let body = rmp_serde::to_vec(body).map_err(|e| e.to_string())?;
+        let bytes = self
+            .transport
+            .call_raw(
+                node,
+                CLOSE_VNODE_API_KEY,
+                group_id,
+                &body,
+                self.config.forward_timeout_ms,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        match rmp_serde::from_slice::<Forwarded<()>>(&bytes) {
+            Ok(Forwarded::Done(())) => Ok(()),
+            Ok(other) => Err(format!("{other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Opens this broker's replica of `vnode`'s group as a peer asked:
+    /// initialized with `voters` (a split's child; this broker must be
+    /// one), or empty, to learn everything from the leader.
+    async fn open_requested(
+        &self,
+        vnode: VnodeId,
+        voters: Option<Vec<u64>>,
+    ) -> Result<(), GroupError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(GroupError::Stopped);
+        }
+        if let Some(voters) = &voters
+            && !voters.contains(&self.config.node_id)
+        {
+            return Err(GroupError::Config {
+                reason: format!(
+                    "node {} is not a voter of {vnode} ({voters:?})",
+                    self.config.node_id
+                ),
+            });
+        }
+        if voters.is_none() {
+            self.mark_moved().await?;
+        }
+        let _adopting = self.adopting.lock().await;
+        let group_id = group_of(vnode);
+        // Asked again: a sweep judging this replica by an older answer
+        // must leave it open.
+        self.opened_at.lock().insert(group_id, Instant::now());
+        self.open_group(group_id, voters).await
+    }
+
+    /// Closes this broker's replica of a group it left and removes its
+    /// directory. Refused for a group it leads or is still a voter of (by
+    /// the voters the leader sent).
+    async fn close_requested(&self, request: CloseVnode) -> Result<(), GroupError> {
+        self.close_unless_reopened(request, None).await
+    }
+
+    /// `close_requested`, unless `opened` is given and the replica was
+    /// opened (or asked to open) again since.
+    async fn close_unless_reopened(
+        &self,
+        request: CloseVnode,
+        opened: impl Into<Option<Instant>>,
+    ) -> Result<(), GroupError> {
+        let opened = opened.into();
+        let me = self.config.node_id;
+        if request.voters.contains(&me) {
+            return Err(GroupError::Config {
+                reason: format!("node {me} is a voter of {} still", request.vnode),
+            });
+        }
+        // From now on this broker never initializes a group from the
+        // formation's voters again (see `open`).
+        self.mark_moved().await?;
+        let _adopting = self.adopting.lock().await;
+        let group_id = group_of(request.vnode);
+        let Some(group) = self.registry.get(group_id) else {
+            return Ok(());
+        };
+        if let Some(opened) = opened
+            && self.opened_at.lock().get(&group_id) != Some(&opened)
+        {
+            return Ok(());
+        }
+        if group.is_leader() {
+            return Err(GroupError::Config {
+                reason: format!("node {me} leads {}", request.vnode),
+            });
+        }
+        group.shutdown().await?;
+        self.registry.remove(group_id);
+        self.opened_at.lock().remove(&group_id);
+        let dir = self.group_dir(group_id);
+        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
+            .await
+            .map_err(|e| GroupError::Raft {
+                reason: e.to_string(),
+            })?
+            .map_err(|e| GroupError::Raft {
+                reason: format!("the replica's directory was not removed: {e}"),
+            })?;
+        tracing::info!(node = me, vnode = %request.vnode, "left the group: replica closed and removed");
+        Ok(())
+    }
+
+    /// Records, durably, that a group moved on or off this broker: from
+    /// then on its start opens only the groups it has, or learns of, and
+    /// never initializes one from the formation's voters, which would
+    /// re-create a group this broker left (ADR 0104).
+    async fn mark_moved(&self) -> Result<(), GroupError> {
+        // One writer at a time: the record is written through one
+        // temporary file.
+        let mut marked = self.moved_marked.lock().await;
+        let path = self.config.data_dir.join(MOVED_FILE);
+        if *marked || path.exists() {
+            *marked = true;
+            return Ok(());
+        }
+        tokio::task::spawn_blocking(move || fsio::write_atomic(&path, b"groups moved\n"))
+            .await
+            .map_err(|e| GroupError::Raft {
+                reason: e.to_string(),
+            })?
+            .map_err(|e| GroupError::Config {
+                reason: format!("cannot record that groups moved: {e:?}"),
+            })?;
+        *marked = true;
+        Ok(())
+    }
+
+    fn group_dir(&self, group_id: u64) -> PathBuf {
+        if group_id == RING_GROUP_ID {
+            self.config.data_dir.join("ring")
+        } else {
+            self.config.data_dir.join(format!("vnode-{group_id}"))
+        }
+    }
+
+    /// Closes the replicas this broker hosts but whose group's leader
+    /// lists it no more (a close that was lost, or sent while this broker
+    /// was down). Only replicas older than a membership step are judged,
+    /// and only by a committed, settled membership, so a learner still
+    /// being added, or a change that may roll back, is never mistaken for
+    /// a removal.
+    pub(crate) async fn sweep_left_groups(&self) {
+        let me = self.config.node_id;
+        let grace = Duration::from_millis(self.config.membership_step_timeout_ms);
+        let candidates: Vec<(u64, Instant)> = self
+            .registry
+            .all()
+            .into_iter()
+            .filter(|g| !g.is_leader())
+            .map(|g| g.status().group_id)
+            .filter_map(|id| {
+                let at = *self.opened_at.lock().get(&id)?;
+                (at.elapsed() >= grace).then_some((id, at))
+            })
+            .collect();
+        for (group_id, opened) in candidates {
+            let Some(vnode) = rebalance::vnode_of(group_id) else {
+                continue;
+            };
+            let Ok(m) = self.membership_of(vnode).await else {
+                continue;
+            };
+            let listed = m.voters.contains(&me) || m.learners.contains(&me);
+            if listed || m.joint || !m.committed || m.leader == me {
+                continue;
+            }
+            tracing::info!(node = me, %vnode, voters = ?m.voters, "this replica's group lists it no more; closing it");
+            let request = CloseVnode {
+                vnode,
+                voters: m.voters,
+            };
+            if let Err(e) = self.close_unless_reopened(request, opened).await {
+                tracing::info!(node = me, %vnode, error = %e, "a replica the group left was not closed");
+            }
+        }
+    }
+
+    /// Every group's membership from its leader (the vnodes of the ring
+    /// this broker holds, and the ring's group, as `RING_VNODE`).
+    pub async fn memberships(&self) -> Vec<(VnodeId, Result<VnodeMembership, RouteError>)> {
+        let mut groups: Vec<VnodeId> = vec![RING_VNODE];
+        groups.extend(self.ring().vnodes().map(|v| v.id));
+        let mut out = Vec::with_capacity(groups.len());
+        for chunk in groups.chunks(16) {
+            let reads = chunk
+                .iter()
+                .map(|vnode| async move { (*vnode, self.membership_of(*vnode).await) });
+            out.extend(futures::future::join_all(reads).await);
+        }
+        out
+    }
+
+    /// One group's membership from its leader.
+    pub async fn membership_of(&self, vnode: VnodeId) -> Result<VnodeMembership, RouteError> {
+        let query = encode_request(&Query::Membership, vnode)?;
+        self.route_group(vnode, FORWARD_QUERY_API_KEY, &query).await
     }
 
     /// Whether `shutdown` has begun.
@@ -420,53 +930,52 @@ impl VnodeHost {
     }
 
     /// Opens this broker's replica of a group if it is not hosted yet, and
-    /// initializes a fresh one with `voters`. Callers hold `adopting`.
-    async fn open_group(&self, group_id: u64, voters: Vec<u64>) -> Result<(), GroupError> {
+    /// initializes a fresh one with `voters` if given (else it learns its
+    /// membership from the leader). Callers hold `adopting`.
+    async fn open_group(&self, group_id: u64, voters: Option<Vec<u64>>) -> Result<(), GroupError> {
         if self.registry.get(group_id).is_some() {
             return Ok(());
         }
         let mut group_config = self.config.group.clone();
         group_config.group_id = group_id;
         group_config.node_id = self.config.node_id;
-        group_config.dir = if group_id == RING_GROUP_ID {
-            self.config.data_dir.join("ring")
-        } else {
-            self.config.data_dir.join(format!("vnode-{group_id}"))
-        };
+        group_config.dir = self.group_dir(group_id);
         let group = MetadataGroup::open(group_config, self.transport.clone()).await?;
         self.registry.insert(group.clone());
+        self.opened_at.lock().insert(group_id, Instant::now());
         self.groups_opened.send_modify(|n| *n += 1);
-        group.initialize(&voters).await
+        match voters {
+            Some(voters) => group.initialize(&voters).await,
+            None => Ok(()),
+        }
     }
 
-    /// Opens this broker's replica of `vnode` if it is one of its voters.
+    /// Opens this broker's replica of `vnode` (a split's child, known from
+    /// a newer ring) if it belongs here: empty, to learn its membership
+    /// from its leader. `Ok(false)` if it does not belong here.
     async fn open_vnode_locked(&self, vnode: VnodeId) -> Result<bool, GroupError> {
-        let voters = self.voters(vnode);
-        if !voters.contains(&self.config.node_id) {
+        if !self.target_voters(vnode).contains(&self.config.node_id) {
             return Ok(false);
         }
-        self.open_group(vnode.group_id(), voters).await?;
+        self.open_group(vnode.group_id(), None).await?;
         Ok(true)
     }
 
-    /// Opens this broker's replica of `vnode` (a split's child) if this
-    /// broker is one of its voters; `Ok(false)` if it is not.
-    pub async fn open_vnode(&self, vnode: VnodeId) -> Result<bool, GroupError> {
-        if self.stopped.load(Ordering::Acquire) {
-            return Err(GroupError::Stopped);
-        }
-        let _adopting = self.adopting.lock().await;
-        self.open_vnode_locked(vnode).await
-    }
-
-    /// The voters of a vnode under this host's configuration.
+    /// The voters of a vnode: its group's, as this broker's replica knows
+    /// them, else where the members say they belong.
     pub fn voters(&self, vnode: VnodeId) -> Vec<u64> {
-        voters_for(vnode, &self.config.nodes, self.config.replicas_per_vnode)
+        if let Some(group) = self.registry.get(group_of(vnode)) {
+            let voters: Vec<u64> = group.membership().voters.into_iter().collect();
+            if !voters.is_empty() {
+                return voters;
+            }
+        }
+        self.target_voters(vnode)
     }
 
     /// The voters of the ring's own group.
     pub fn ring_voters(&self) -> Vec<u64> {
-        self.voters(RING_VOTERS_TAG)
+        self.voters(RING_VNODE)
     }
 
     /// The ring this broker believes current.
@@ -489,9 +998,18 @@ impl VnodeHost {
             return Ok(false);
         }
         // Replicas first: once routing names a vnode, this broker should
-        // already serve its raft messages.
-        for vnode in ring.vnodes() {
-            self.open_vnode_locked(vnode.id).await?;
+        // already serve its raft messages. Computed by the new ring.
+        let previous = std::mem::replace(&mut *self.ring.write(), Arc::new(ring.clone()));
+        let opened = async {
+            for vnode in ring.vnodes() {
+                self.open_vnode_locked(vnode.id).await?;
+            }
+            Ok::<(), GroupError>(())
+        }
+        .await;
+        if let Err(e) = opened {
+            *self.ring.write() = previous;
+            return Err(e);
         }
         let path = self.config.data_dir.join(RING_FILE);
         match ring.encode() {
@@ -524,6 +1042,7 @@ impl VnodeHost {
         let ring = Arc::new(ring);
         *self.ring.write() = Arc::clone(&ring);
         *self.routing_ring.write() = ring;
+        self.update_probe_peers();
         Ok(true)
     }
 
@@ -561,27 +1080,21 @@ impl VnodeHost {
         let Ok(body) = rmp_serde::to_vec(&RingAnnounce { version }) else {
             return;
         };
-        let calls = self
-            .config
-            .nodes
-            .iter()
-            .filter(|n| **n != self.config.node_id)
-            .map(|node| {
-                self.transport.call_raw(
-                    *node,
-                    RING_ANNOUNCE_API_KEY,
-                    RING_GROUP_ID,
-                    &body,
-                    self.config.forward_timeout_ms,
-                )
-            });
-        for (node, result) in self
-            .config
-            .nodes
-            .iter()
-            .filter(|n| **n != self.config.node_id)
-            .zip(futures::future::join_all(calls).await)
-        {
+        let peers: Vec<u64> = self
+            .nodes()
+            .into_iter()
+            .filter(|n| *n != self.config.node_id)
+            .collect();
+        let calls = peers.iter().map(|node| {
+            self.transport.call_raw(
+                *node,
+                RING_ANNOUNCE_API_KEY,
+                RING_GROUP_ID,
+                &body,
+                self.config.forward_timeout_ms,
+            )
+        });
+        for (node, result) in peers.iter().zip(futures::future::join_all(calls).await) {
             if let Err(e) = result {
                 tracing::debug!(node, version, error = %e, "ring announcement not delivered");
             }
@@ -805,11 +1318,11 @@ impl VnodeHost {
         if self.stopped.load(Ordering::Acquire) {
             return Err(RouteError::Stopped);
         }
-        let (group_id, voters) = if vnode == RING_VNODE {
-            (RING_GROUP_ID, self.ring_voters())
-        } else {
-            (vnode.group_id(), self.voters(vnode))
-        };
+        let group_id = group_of(vnode);
+        let mut voters = self.voters(vnode);
+        if voters.is_empty() {
+            voters = self.nodes();
+        }
         let mut target = self
             .registry
             .get(group_id)
@@ -937,14 +1450,17 @@ impl VnodeHost {
         if api_key == OPEN_VNODE_API_KEY {
             let request: OpenVnode =
                 rmp_serde::from_slice(body).map_err(codec("an open vnode request"))?;
-            let answer = match self.open_vnode(request.vnode).await {
-                Ok(true) => Forwarded::Done(()),
-                Ok(false) => Forwarded::Failed {
-                    reason: format!(
-                        "node {} is not a voter of {}",
-                        self.config.node_id, request.vnode
-                    ),
-                },
+            let answer = match self.open_requested(request.vnode, request.voters).await {
+                Ok(()) => Forwarded::Done(()),
+                Err(e) => forwarded_error(e),
+            };
+            return encode(&answer);
+        }
+        if api_key == CLOSE_VNODE_API_KEY {
+            let request: CloseVnode =
+                rmp_serde::from_slice(body).map_err(codec("a close vnode request"))?;
+            let answer = match self.close_requested(request).await {
+                Ok(()) => Forwarded::Done(()),
                 Err(e) => forwarded_error(e),
             };
             return encode(&answer);
@@ -988,6 +1504,24 @@ impl VnodeHost {
                     Query::Ring => {
                         let answer = match group.read(|s| s.ring_record().cloned()).await {
                             Ok(record) => Forwarded::Done(record),
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                    Query::Membership => {
+                        // Through a read, so only a leader (whose view of
+                        // the membership is the group's) answers.
+                        let answer = match group.read(|_| ()).await {
+                            Ok(()) => {
+                                let m: GroupMembership = group.membership();
+                                Forwarded::Done(VnodeMembership {
+                                    leader: self.config.node_id,
+                                    voters: m.voters.into_iter().collect(),
+                                    learners: m.learners.into_iter().collect(),
+                                    joint: m.joint,
+                                    committed: m.committed,
+                                })
+                            }
                             Err(e) => forwarded_error(e),
                         };
                         encode(&answer)
@@ -1112,6 +1646,15 @@ fn vnode_dirs(data_dir: &Path) -> Vec<VnodeId> {
         .filter(|id| *id < crate::ring::VNODES_MAX)
         .map(VnodeId)
         .collect()
+}
+
+/// The raft group a vnode's metadata lives in (`RING_VNODE`: the ring's).
+fn group_of(vnode: VnodeId) -> u64 {
+    if vnode == RING_VNODE {
+        RING_GROUP_ID
+    } else {
+        vnode.group_id()
+    }
 }
 
 fn encode_request<T: Serialize>(value: &T, vnode: VnodeId) -> Result<Vec<u8>, RouteError> {
@@ -1249,6 +1792,7 @@ impl RpcService for VnodeHost {
             | FORWARD_READ_API_KEY
             | FORWARD_QUERY_API_KEY
             | OPEN_VNODE_API_KEY
+            | CLOSE_VNODE_API_KEY
             | RING_ANNOUNCE_API_KEY => self.serve_forwarded(api_key, group_id, &body).await,
             _ => self.registry.serve_raft(api_key, group_id, &body).await,
         }

@@ -18,8 +18,8 @@
 //! (the pending split in the ring's group says where it stood) or, before
 //! step 4, rolled back by `abort_split`.
 
-use super::{OpenVnode, Query, RouteError, VnodeHost, encode_request};
-use crate::group::{FORWARD_QUERY_API_KEY, OPEN_VNODE_API_KEY};
+use super::{Query, RouteError, VnodeHost, encode_request};
+use crate::group::FORWARD_QUERY_API_KEY;
 use crate::model::{Command, ModelError, Outcome, PendingSplit, VnodeSeed};
 use crate::ring::VnodeId;
 
@@ -191,41 +191,13 @@ impl VnodeHost {
     /// succeed for the group to elect. The others open theirs when they
     /// learn the ring that names the child.
     async fn open_on_voters(&self, vnode: VnodeId) -> Result<(), SplitError> {
-        let voters = self.voters(vnode);
-        let body =
-            encode_request(&OpenVnode { vnode }, vnode).map_err(|source| SplitError::Route {
-                step: "open",
-                source,
-            })?;
+        // The child's voters travel with the request, so every voter
+        // initializes the same membership whatever ring it holds (ADR 0104).
+        let voters = self.target_voters(vnode);
         let mut opened = 0usize;
         let mut last = String::new();
         for voter in &voters {
-            let result: Result<(), String> = if *voter == self.config.node_id {
-                match self.open_vnode(vnode).await {
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(e.to_string()),
-                }
-            } else {
-                match self
-                    .transport
-                    .call_raw(
-                        *voter,
-                        OPEN_VNODE_API_KEY,
-                        vnode.group_id(),
-                        &body,
-                        self.config.forward_timeout_ms,
-                    )
-                    .await
-                {
-                    Ok(bytes) => match rmp_serde::from_slice::<super::Forwarded<()>>(&bytes) {
-                        Ok(super::Forwarded::Done(())) => Ok(()),
-                        Ok(other) => Err(format!("{other:?}")),
-                        Err(e) => Err(e.to_string()),
-                    },
-                    Err(e) => Err(e.to_string()),
-                }
-            };
-            match result {
+            match self.ask_open(*voter, vnode, Some(voters.clone())).await {
                 Ok(()) => opened += 1,
                 Err(reason) => {
                     tracing::warn!(%vnode, voter, %reason, "a voter did not open the new vnode");

@@ -1,0 +1,501 @@
+//! Moving vnode replicas to where the cluster's members say they belong
+//! (ADR 0104): a joined broker takes its share, a decommissioned one gives
+//! its share away, and one dead for longer than `replace_after_ms` is
+//! replaced.
+//!
+//! The ring's member list (`Ring::members_or`) is the one input every
+//! broker shares. From it, [`eligible`] keeps the brokers that may hold
+//! replicas (active, and not dead for too long while enough others
+//! remain), and [`target_voters`] names each group's voters among them by
+//! the same rendezvous hash that placed the formation's replicas, so a
+//! cluster that never changed has nothing to move, and one broker more or
+//! less moves only the replicas it gains or loses.
+//!
+//! [`next_step`] is the whole decision for one group, a pure function of
+//! its leader's view: add a missing voter as a learner first (it catches
+//! up before it counts), then change the voters through openraft's joint
+//! consensus, one change at a time, each waited for; a leader that is
+//! itself leaving hands its leadership to a voter that stays first, so the
+//! group is never left to elect among quiet followers. `spawn_rebalancer`
+//! runs it on every group this broker leads, a few groups at a time.
+
+use super::{VnodeHost, voters_for};
+use crate::group::GroupMembership;
+use crate::ring::{MemberState, RING_VNODE, VnodeId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How long a broker may be dead before its vnode replicas are replaced,
+/// unless configured otherwise: long enough for a restart or a reboot.
+pub const REPLACE_AFTER_MS_DEFAULT: u64 = 300_000;
+/// How often every led group is compared with its target.
+pub const REBALANCE_CHECK_MS_DEFAULT: u64 = 1_000;
+/// How many groups one broker changes at once.
+pub const REBALANCE_GROUPS_PARALLEL_MAX: usize = 4;
+/// How often a broker asks the leaders of the groups it hosts but does
+/// not lead whether they still list it (a close that was lost).
+pub const SWEEP_EVERY_MS: u64 = 10_000;
+/// How long one step (a learner's catch-up, a membership change) may take.
+pub const MEMBERSHIP_STEP_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+
+/// The next change one group's leader makes, or none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// The group is where it belongs (or cannot move now).
+    Settled,
+    /// Ask `node` to open its replica, add it as a learner (unless it is
+    /// one), and wait for it to catch up with the log.
+    AddLearner { node: u64 },
+    /// Change the voters to exactly `voters` (joint consensus); `removed`
+    /// leave the group and are told to close their replicas.
+    ChangeVoters {
+        voters: BTreeSet<u64>,
+        removed: BTreeSet<u64>,
+    },
+    /// This leader leaves the group: hand leadership to `to` first; the
+    /// new leader makes the rest of the change.
+    HandOver { to: u64 },
+    /// Learners outside the target (a change that was abandoned) leave.
+    RemoveLearners { nodes: BTreeSet<u64> },
+}
+
+/// The brokers that may hold vnode replicas: the active members, less
+/// those `dead` (down for at least `replace_after_ms`) as long as at least
+/// `min(replicas, active)` remain, so replacing never shrinks a group.
+pub fn eligible(
+    members: &BTreeMap<u64, MemberState>,
+    dead: &BTreeSet<u64>,
+    replicas: usize,
+) -> Vec<u64> {
+    let active: Vec<u64> = members
+        .iter()
+        .filter(|(_, s)| **s == MemberState::Active)
+        .map(|(n, _)| *n)
+        .collect();
+    let alive: Vec<u64> = active
+        .iter()
+        .copied()
+        .filter(|n| !dead.contains(n))
+        .collect();
+    if !alive.is_empty() && alive.len() >= replicas.max(1).min(active.len()) {
+        alive
+    } else {
+        active
+    }
+}
+
+/// The voters `vnode`'s group (or the ring's group, for `RING_VNODE`)
+/// should have among `eligible`.
+pub fn target_voters(vnode: VnodeId, eligible: &[u64], replicas: usize) -> BTreeSet<u64> {
+    if eligible.is_empty() {
+        return BTreeSet::new();
+    }
+    let tag = if vnode == RING_VNODE {
+        super::RING_VOTERS_TAG
+    } else {
+        vnode
+    };
+    voters_for(tag, eligible, replicas).into_iter().collect()
+}
+
+/// What the leader `me` of a group with `current` membership does next to
+/// reach `target`, with `up` the brokers answering now (`me` counts as up).
+pub fn next_step(
+    me: u64,
+    current: &GroupMembership,
+    target: &BTreeSet<u64>,
+    up: &BTreeSet<u64>,
+) -> Step {
+    if target.is_empty() || current.voters.is_empty() {
+        return Step::Settled;
+    }
+    let is_up = |n: &u64| *n == me || up.contains(n);
+    if !target.contains(&me) {
+        // Hand over to a voter that stays and is up; lacking one that
+        // stays (the target shares no voter with the group), first grow
+        // the group with this leader kept. In a joint membership, finish
+        // it first (with this leader kept) and hand over on the next pass.
+        let mut stays = current
+            .voters
+            .iter()
+            .copied()
+            .filter(|v| *v != me && target.contains(v))
+            .peekable();
+        if stays.peek().is_some() {
+            match stays.find(|v| is_up(v)) {
+                Some(to) if !current.joint => return Step::HandOver { to },
+                Some(_) => {}
+                // Every voter that stays is down: wait for one.
+                None => return Step::Settled,
+            }
+        }
+    }
+    let mut wanted = target.clone();
+    wanted.insert(me);
+    // A missing voter joins as a learner; a learner that lags (its replica
+    // may have closed, or be catching up still) is asked again to open and
+    // waited for, so no voter is ever made of a replica without the log.
+    if let Some(node) = wanted.iter().copied().find(|n| {
+        !current.voters.contains(n)
+            && (!current.learners.contains(n) || current.lagging.contains(n))
+    }) {
+        if !is_up(&node) {
+            return Step::Settled;
+        }
+        return Step::AddLearner { node };
+    }
+    if current.voters != wanted || current.joint {
+        // A change needs a quorum of the new voters up, and of the old.
+        let quorum = |set: &BTreeSet<u64>| set.iter().filter(|n| is_up(n)).count() * 2 > set.len();
+        if !quorum(&wanted) || !quorum(&current.voters) {
+            return Step::Settled;
+        }
+        return Step::ChangeVoters {
+            removed: current.voters.difference(&wanted).copied().collect(),
+            voters: wanted,
+        };
+    }
+    let stray: BTreeSet<u64> = current.learners.difference(&wanted).copied().collect();
+    if !stray.is_empty() {
+        return Step::RemoveLearners { nodes: stray };
+    }
+    Step::Settled
+}
+
+/// Which brokers have been down for at least `after`: fed the up set on
+/// every pass, it remembers since when each member was last seen down.
+#[derive(Debug, Default)]
+pub struct DownSince {
+    since: BTreeMap<u64, Instant>,
+}
+
+impl DownSince {
+    /// Notes which `members` are down at `now` and returns those down for
+    /// at least `after`. `me` is never down.
+    pub fn observe(
+        &mut self,
+        me: u64,
+        members: impl Iterator<Item = u64>,
+        up: &BTreeSet<u64>,
+        now: Instant,
+        after: Duration,
+    ) -> BTreeSet<u64> {
+        let mut dead = BTreeSet::new();
+        let mut seen = BTreeSet::new();
+        for member in members {
+            seen.insert(member);
+            if member == me || up.contains(&member) {
+                self.since.remove(&member);
+                continue;
+            }
+            let since = *self.since.entry(member).or_insert(now);
+            if now.duration_since(since) >= after {
+                dead.insert(member);
+            }
+        }
+        self.since.retain(|n, _| seen.contains(n));
+        dead
+    }
+}
+
+/// The vnode a group id names: the ring's group is `RING_VNODE`.
+pub(super) fn vnode_of(group_id: u64) -> Option<VnodeId> {
+    if group_id == crate::ring::RING_GROUP_ID {
+        return Some(RING_VNODE);
+    }
+    u32::try_from(group_id).ok().map(VnodeId)
+}
+
+/// Runs [`next_step`] over the groups `host` leads, every `check_ms`,
+/// until the host stops. `up` is the liveness prober's up set (`None`
+/// without probing: every member counts as up, and none is replaced).
+pub(super) fn spawn_rebalancer(
+    host: Weak<VnodeHost>,
+    up: Option<watch::Receiver<BTreeSet<u64>>>,
+    check_ms: u64,
+    replace_after_ms: u64,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut down = DownSince::default();
+        let mut last_sweep = Instant::now();
+        loop {
+            let worked = {
+                let Some(host) = host.upgrade() else { break };
+                if host.is_stopped() {
+                    break;
+                }
+                let ring = host.ring();
+                let members = ring.members_or(host.formation_nodes());
+                let me = host.node_id();
+                let up_now: BTreeSet<u64> = match &up {
+                    Some(up) => up.borrow().clone(),
+                    None => members.keys().copied().collect(),
+                };
+                let dead = down.observe(
+                    me,
+                    members.keys().copied(),
+                    &up_now,
+                    Instant::now(),
+                    Duration::from_millis(replace_after_ms),
+                );
+                let replicas = host.replicas_per_vnode();
+                let eligible = eligible(&members, &dead, replicas);
+                let mut steps = Vec::new();
+                for group in host.registry().all() {
+                    if !group.is_leader() {
+                        continue;
+                    }
+                    let group_id = group.status().group_id;
+                    let Some(vnode) = vnode_of(group_id) else {
+                        continue;
+                    };
+                    let target = target_voters(vnode, &eligible, replicas);
+                    let step = next_step(me, &group.membership(), &target, &up_now);
+                    if step != Step::Settled {
+                        steps.push((vnode, group, step));
+                    }
+                    if steps.len() >= REBALANCE_GROUPS_PARALLEL_MAX {
+                        break;
+                    }
+                }
+                let worked = !steps.is_empty();
+                let runs = steps
+                    .into_iter()
+                    .map(|(vnode, group, step)| host.take_step(vnode, group, step));
+                futures::future::join_all(runs).await;
+                if last_sweep.elapsed() >= Duration::from_millis(SWEEP_EVERY_MS) {
+                    last_sweep = Instant::now();
+                    host.sweep_left_groups().await;
+                }
+                worked
+            };
+            // Straight on while there is work; else wait for the next check.
+            let pause = if worked { 50 } else { check_ms };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn set(nodes: &[u64]) -> BTreeSet<u64> {
+        nodes.iter().copied().collect()
+    }
+
+    fn group(voters: &[u64], learners: &[u64], joint: bool) -> GroupMembership {
+        GroupMembership {
+            voters: set(voters),
+            learners: set(learners),
+            lagging: BTreeSet::new(),
+            joint,
+            committed: true,
+        }
+    }
+
+    #[test]
+    fn a_new_voter_is_a_learner_first_then_the_voters_change_in_one_joint_step() {
+        let up = set(&[1, 2, 3, 4]);
+        let target = set(&[1, 2, 4]);
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3], &[], false), &target, &up),
+            Step::AddLearner { node: 4 }
+        );
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3], &[4], false), &target, &up),
+            Step::ChangeVoters {
+                voters: set(&[1, 2, 4]),
+                removed: set(&[3]),
+            }
+        );
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 4], &[], false), &target, &up),
+            Step::Settled
+        );
+    }
+
+    #[test]
+    fn a_leaving_leader_hands_over_to_a_voter_that_stays_and_is_up() {
+        let target = set(&[2, 3, 4]);
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3], &[], false), &target, &set(&[2, 3, 4])),
+            Step::HandOver { to: 2 }
+        );
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3], &[], false), &target, &set(&[3, 4])),
+            Step::HandOver { to: 3 },
+            "not to a voter that is down"
+        );
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3], &[], false), &target, &set(&[4])),
+            Step::Settled,
+            "the voters that stay are down: wait"
+        );
+    }
+
+    #[test]
+    fn a_joint_membership_left_behind_is_completed() {
+        let up = set(&[1, 2, 3, 4]);
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3, 4], &[], true), &set(&[1, 2, 4]), &up),
+            Step::ChangeVoters {
+                voters: set(&[1, 2, 4]),
+                removed: set(&[3]),
+            }
+        );
+    }
+
+    #[test]
+    fn nothing_changes_without_a_quorum_up_on_both_sides() {
+        let target = set(&[1, 2, 4]);
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3], &[4], false), &target, &set(&[4])),
+            Step::Settled
+        );
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3], &[], false), &target, &set(&[2, 3])),
+            Step::Settled,
+            "a learner that is down is not added"
+        );
+    }
+
+    #[test]
+    fn a_lagging_learner_is_asked_again_and_not_promoted() {
+        let up = set(&[1, 2, 3, 4]);
+        let mut current = group(&[1, 2, 3], &[4], false);
+        current.lagging = set(&[4]);
+        assert_eq!(
+            next_step(1, &current, &set(&[1, 2, 4]), &up),
+            Step::AddLearner { node: 4 }
+        );
+    }
+
+    #[test]
+    fn stray_learners_leave() {
+        let up = set(&[1, 2, 3, 5]);
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 3], &[5], false), &set(&[1, 2, 3]), &up),
+            Step::RemoveLearners { nodes: set(&[5]) }
+        );
+    }
+
+    #[test]
+    fn the_dead_are_replaced_only_while_enough_others_remain() {
+        let members: BTreeMap<u64, MemberState> = [1, 2, 3, 4]
+            .into_iter()
+            .map(|n| (n, MemberState::Active))
+            .collect();
+        assert_eq!(eligible(&members, &set(&[4]), 3), vec![1, 2, 3]);
+        assert_eq!(
+            eligible(&members, &set(&[3, 4]), 3),
+            vec![1, 2, 3, 4],
+            "two left cannot hold three replicas"
+        );
+        let mut decommissioned = members.clone();
+        decommissioned.insert(2, MemberState::Decommissioned);
+        assert_eq!(
+            eligible(&decommissioned, &BTreeSet::new(), 3),
+            vec![1, 3, 4]
+        );
+    }
+
+    #[test]
+    fn down_since_counts_from_the_first_pass_that_saw_a_member_down() {
+        let mut down = DownSince::default();
+        let start = Instant::now();
+        let after = Duration::from_secs(10);
+        let members = [1u64, 2, 3];
+        assert!(
+            down.observe(1, members.into_iter(), &set(&[2]), start, after)
+                .is_empty()
+        );
+        let later = start + Duration::from_secs(10);
+        assert_eq!(
+            down.observe(1, members.into_iter(), &set(&[2]), later, after),
+            set(&[3])
+        );
+        // Back up: forgotten, and counted afresh the next time.
+        assert!(
+            down.observe(1, members.into_iter(), &set(&[2, 3]), later, after)
+                .is_empty()
+        );
+        assert!(
+            down.observe(1, members.into_iter(), &set(&[2]), later, after)
+                .is_empty()
+        );
+    }
+
+    proptest! {
+        /// From any membership, following the steps (each applied as raft
+        /// would) reaches the target in a bounded number of steps, every
+        /// change is one joint step between sets sharing a quorum's worth
+        /// of overlap, and the group never has fewer voters than it
+        /// started with or the target has.
+        #[test]
+        fn the_steps_reach_the_target(
+            start in proptest::collection::btree_set(1u64..8, 1..5),
+            target in proptest::collection::btree_set(1u64..8, 1..5),
+            leader_pick in 0usize..8,
+        ) {
+            let up: BTreeSet<u64> = (1..8).collect();
+            let mut current = GroupMembership {
+                voters: start.clone(),
+                learners: BTreeSet::new(),
+                lagging: BTreeSet::new(),
+                joint: false,
+                committed: true,
+            };
+            let mut leader = *start.iter().nth(leader_pick % start.len()).unwrap();
+            let floor = start.len().min(target.len());
+            for _ in 0..32 {
+                match next_step(leader, &current, &target, &up) {
+                    Step::Settled => break,
+                    Step::AddLearner { node } => {
+                        prop_assert!(current.learners.insert(node) || current.lagging.remove(&node));
+                    }
+                    Step::ChangeVoters { voters, removed } => {
+                        prop_assert!(voters.iter().all(|v| current.voters.contains(v) || current.learners.contains(v)));
+                        prop_assert!(removed.iter().all(|r| current.voters.contains(r) && !voters.contains(r)));
+                        prop_assert!(voters.contains(&leader), "a leader never removes itself");
+                        current.learners.retain(|l| !voters.contains(l));
+                        current.voters = voters;
+                    }
+                    Step::HandOver { to } => {
+                        prop_assert!(current.voters.contains(&to) && target.contains(&to));
+                        leader = to;
+                    }
+                    Step::RemoveLearners { nodes } => {
+                        for n in nodes {
+                            prop_assert!(current.learners.remove(&n));
+                        }
+                    }
+                }
+                prop_assert!(current.voters.len() >= floor);
+            }
+            prop_assert_eq!(&current.voters, &target);
+            prop_assert!(current.learners.is_empty());
+        }
+
+        /// Replicas spread evenly: with 256 vnodes on 3 to 8 brokers, no
+        /// broker holds more than 1.3 times its fair share (the skew bound
+        /// docs/guides/clustering.md states).
+        #[test]
+        fn replicas_spread_within_the_skew_bound(brokers in 3u64..=8, offset in 0u64..1000) {
+            let nodes: Vec<u64> = (1..=brokers).map(|n| n + offset).collect();
+            let mut held: BTreeMap<u64, usize> = BTreeMap::new();
+            for v in 0..256 {
+                for n in target_voters(VnodeId(v), &nodes, 3) {
+                    *held.entry(n).or_default() += 1;
+                }
+            }
+            let fair = 256.0 * 3.0 / brokers as f64;
+            let most = *held.values().max().unwrap() as f64;
+            prop_assert!(most <= fair * 1.3, "{held:?} fair {fair}");
+        }
+    }
+}
