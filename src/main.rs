@@ -74,7 +74,7 @@ fn init_logging(command: &Command) {
     let json = std::env::var("MALACHI_LOG_FORMAT").is_ok_and(|v| v == "json");
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let (terminal, file) = match command {
-        Command::Broker(_) => ("info", None),
+        Command::Broker(args) if args.action.is_none() => ("info", None),
         Command::Dev(args) => ("warn", dev_log(&args.data_dir)),
         _ => ("warn", None),
     };
@@ -118,6 +118,10 @@ fn dev_log(data_dir: &std::path::Path) -> Option<std::fs::File> {
 
 async fn run(command: Command) -> Result<(), CliError> {
     match command {
+        Command::Broker(cli::BrokerArgs {
+            action: Some(cli::BrokerAction::Decommission(args)),
+            ..
+        }) => cli::client::decommission(args).await,
         Command::Broker(args) => cli::broker::broker(args).await,
         Command::Dev(args) => cli::broker::dev(args).await,
         Command::Topic(command) => cli::client::topic(command).await,

@@ -300,7 +300,9 @@ async fn find_cluster(
     ));
     config.cluster.nodes = plan.nodes.clone();
     config.cluster.vnodes = Some(plan.shape.vnodes);
+    config.cluster.replicas_per_vnode = plan.shape.replicas_per_vnode;
     config.cluster.bootstrap_expect = None;
+    config.cluster.joined = plan.joined;
     Ok(())
 }
 

@@ -213,7 +213,7 @@ pub enum FormationError {
     )]
     ExpectDiffers { node: u64, theirs: u32, ours: u32 },
     #[error(
-        "{expect} brokers bootstrapped the cluster as nodes {nodes:?} without this broker (node {me}): start exactly --bootstrap-expect brokers first; adding a broker to a running cluster is not built yet"
+        "{expect} brokers bootstrapped the cluster as nodes {nodes:?} without this broker (node {me}): start exactly --bootstrap-expect brokers first, then start the others without --bootstrap-expect to join"
     )]
     Excluded {
         me: u64,
@@ -221,13 +221,85 @@ pub enum FormationError {
         nodes: Vec<u64>,
     },
     #[error(
-        "node {node} runs cluster {cluster} over nodes {nodes:?}, which does not list this broker: adding a broker to a running cluster is not built yet; start this broker on the data dir it had, or list it in [cluster] nodes when the cluster is created"
+        "node {node} runs cluster {cluster}, formed by nodes {nodes:?}, which do not include this broker: to join it, start this broker with its seeds and without --bootstrap-expect or [cluster] nodes"
     )]
     Running {
         node: u64,
         cluster: ClusterId,
         nodes: Vec<u64>,
     },
+    #[error(
+        "node {me} formed cluster {cluster} (with nodes {nodes:?}) but its data dir holds no record of it: a broker that lost its data must not vote again. Restore its data dir, or decommission node {me} and join with a new node id"
+    )]
+    LostData {
+        me: u64,
+        cluster: ClusterId,
+        nodes: Vec<u64>,
+    },
+}
+
+/// The cluster a fresh broker joins (ADR 0104): learned from an
+/// established peer's card.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joining {
+    pub cluster_id: ClusterId,
+    /// The nodes the cluster was formed with.
+    pub nodes: Vec<u64>,
+    pub shape: Shape,
+}
+
+/// The decision of a fresh broker with seeds but neither `[cluster] nodes`
+/// nor `--bootstrap-expect`: `None` until an established peer is seen,
+/// then the cluster it joins. `vnodes` is the vnode count the operator
+/// set, if any (the cluster's is adopted otherwise). A node id among the
+/// cluster's formation nodes is refused: that broker lost its data dir.
+pub fn decide_join(
+    me: u64,
+    vnodes: Option<u32>,
+    peers: &[Card],
+) -> Result<Option<Joining>, FormationError> {
+    let mut joining: Option<Joining> = None;
+    for peer in peers {
+        let (Some(Mark::Established(id)), Some(shape), Some(nodes)) =
+            (peer.mark, peer.shape, peer.nodes.as_ref())
+        else {
+            continue;
+        };
+        if let Some(first) = &joining
+            && first.cluster_id != id
+        {
+            return Err(FormationError::ForeignCluster {
+                node: peer.node_id,
+                theirs: id,
+                ours: first.cluster_id,
+            });
+        }
+        if let Some(wanted) = vnodes
+            && wanted != shape.vnodes
+        {
+            return Err(FormationError::ShapeDiffers {
+                node: peer.node_id,
+                theirs: shape,
+                ours: Shape {
+                    vnodes: wanted,
+                    ..shape
+                },
+            });
+        }
+        if nodes.contains(&me) {
+            return Err(FormationError::LostData {
+                me,
+                cluster: id,
+                nodes: nodes.clone(),
+            });
+        }
+        joining.get_or_insert(Joining {
+            cluster_id: id,
+            nodes: nodes.clone(),
+            shape,
+        });
+    }
+    Ok(joining)
 }
 
 /// What a bootstrapping broker does next.
@@ -421,12 +493,17 @@ pub fn is_foreign(ours: Option<ClusterId>, peer: &Card) -> bool {
 /// ```text
 /// nodes=1,2,3 vnodes=16 replicas_per_vnode=3
 /// cluster_id=<32 hex digits>        (once known)
+/// joined=true                       (a broker that joined a running cluster)
 /// ```
+///
+/// `nodes` are the nodes the cluster was formed with; a broker that
+/// joined later is not among them (ADR 0104).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterRecord {
     pub nodes: Vec<u64>,
     pub shape: Shape,
     pub cluster_id: Option<ClusterId>,
+    pub joined: bool,
 }
 
 /// Why a cluster record cannot be read.
@@ -449,6 +526,9 @@ impl ClusterRecord {
         out.push('\n');
         if let Some(id) = self.cluster_id {
             out.push_str(&format!("cluster_id={id}\n"));
+        }
+        if self.joined {
+            out.push_str("joined=true\n");
         }
         out
     }
@@ -492,9 +572,14 @@ impl ClusterRecord {
             }
         }
         let mut cluster_id = None;
+        let mut joined = false;
         for line in lines {
             let line = line.trim();
             if line.is_empty() {
+                continue;
+            }
+            if line == "joined=true" {
+                joined = true;
                 continue;
             }
             let id = line
@@ -510,6 +595,7 @@ impl ClusterRecord {
                 replicas_per_vnode: replicas.ok_or_else(|| bad("no replicas_per_vnode"))?,
             },
             cluster_id,
+            joined,
         })
     }
 }
@@ -677,9 +763,16 @@ mod tests {
             nodes: vec![1, 2, 3],
             shape: SHAPE,
             cluster_id: Some(ClusterId(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef)),
+            joined: false,
         };
         insta::assert_snapshot!("cluster_record", record.render());
         assert_eq!(ClusterRecord::parse(&record.render()).unwrap(), record);
+        let joined = ClusterRecord {
+            joined: true,
+            ..record.clone()
+        };
+        insta::assert_snapshot!("cluster_record_joined", joined.render());
+        assert_eq!(ClusterRecord::parse(&joined.render()).unwrap(), joined);
         // A record from before cluster ids.
         let old = ClusterRecord::parse("nodes=1 vnodes=1 replicas_per_vnode=3\n").unwrap();
         assert_eq!(old.cluster_id, None);
@@ -688,6 +781,36 @@ mod tests {
         assert!(
             ClusterRecord::parse("nodes=1 vnodes=1 replicas_per_vnode=3\ncluster_id=zz").is_err()
         );
+    }
+
+    #[test]
+    fn a_fresh_broker_joins_the_established_cluster_it_sees() {
+        assert_eq!(decide_join(4, None, &[fresh(1, 3)]).unwrap(), None);
+        let joining = decide_join(4, None, &[fresh(5, 3), established(2, 42, &[1, 2, 3])])
+            .unwrap()
+            .unwrap();
+        assert_eq!(joining.cluster_id, ClusterId(42));
+        assert_eq!(joining.nodes, vec![1, 2, 3]);
+        assert_eq!(joining.shape, SHAPE);
+        // Two clusters through the seeds, a vnode count of its own, or a
+        // formation node whose data dir is gone: refused by name.
+        let two = decide_join(
+            4,
+            None,
+            &[
+                established(2, 42, &[1, 2, 3]),
+                established(7, 43, &[7, 8, 9]),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(two, FormationError::ForeignCluster { .. }),
+            "{two}"
+        );
+        let vnodes = decide_join(4, Some(256), &[established(2, 42, &[1, 2, 3])]).unwrap_err();
+        assert!(vnodes.to_string().contains("vnodes=256"), "{vnodes}");
+        let lost = decide_join(3, None, &[established(2, 42, &[1, 2, 3])]).unwrap_err();
+        assert!(lost.to_string().contains("new node id"), "{lost}");
     }
 
     proptest! {

@@ -92,9 +92,30 @@ async fn start_in(
     }
 }
 
-/// Waits until every group's leader reports `want(vnode)` as its voters
-/// and no learner, polling through `via`.
-async fn wait_placed(via: &Broker, want: impl Fn(VnodeId) -> BTreeSet<u64>, what: &str) {
+/// The topics created so far, for which vnodes hold segments (`create`
+/// places every segment on brokers 1 and 2).
+type Created = Arc<parking_lot::Mutex<Vec<String>>>;
+
+/// The brokers holding segment copies of `vnode`'s topics: they keep a
+/// replica of its group, a learner at least (ADR 0104).
+fn holders(via: &Broker, created: &Created, vnode: VnodeId) -> BTreeSet<u64> {
+    let ring = via.host.ring();
+    let has_topics = created.lock().iter().any(|t| ring.owner(t).id == vnode);
+    if has_topics {
+        [1, 2].into()
+    } else {
+        BTreeSet::new()
+    }
+}
+
+/// Waits until every group's leader reports `want(vnode)` as its voters,
+/// and the holders of its segment copies that are no voters as learners.
+async fn wait_placed(
+    via: &Broker,
+    created: &Created,
+    want: impl Fn(VnodeId) -> BTreeSet<u64>,
+    what: &str,
+) {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let memberships = via.host.memberships().await;
@@ -103,8 +124,14 @@ async fn wait_placed(via: &Broker, want: impl Fn(VnodeId) -> BTreeSet<u64>, what
             match membership {
                 Ok(m) => {
                     let voters: BTreeSet<u64> = m.voters.iter().copied().collect();
-                    if voters != want(*vnode) || !m.learners.is_empty() || m.joint {
-                        off.push(format!("{vnode}: {m:?}"));
+                    let learners: BTreeSet<u64> = m.learners.iter().copied().collect();
+                    let wanted = want(*vnode);
+                    let holders: BTreeSet<u64> = holders(via, created, *vnode)
+                        .difference(&wanted)
+                        .copied()
+                        .collect();
+                    if voters != wanted || learners != holders || m.joint {
+                        off.push(format!("{vnode}: {m:?}, holders {holders:?}"));
                     }
                 }
                 Err(e) => off.push(format!("{vnode}: {e}")),
@@ -121,10 +148,21 @@ async fn wait_placed(via: &Broker, want: impl Fn(VnodeId) -> BTreeSet<u64>, what
     }
 }
 
-/// Waits until each broker hosts `share(id)` groups.
-async fn wait_hosting(brokers: &[Broker], share: impl Fn(u64) -> usize, what: &str) {
+/// Waits until each broker hosts exactly the groups it votes in or holds
+/// segment copies of.
+async fn wait_hosting(brokers: &[Broker], created: &Created, eligible: &[u64], what: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        let share = |id: u64| {
+            (0..VNODES)
+                .map(VnodeId)
+                .chain([RING_VNODE])
+                .filter(|v| {
+                    target(*v, eligible).contains(&id)
+                        || holders(&brokers[0], created, *v).contains(&id)
+                })
+                .count()
+        };
         let off: Vec<(u64, usize, usize)> = brokers
             .iter()
             .map(|b| (b.id, b.host.registry().all().len(), share(b.id)))
@@ -166,6 +204,7 @@ async fn a_broker_joins_under_traffic_takes_its_share_and_is_decommissioned_agai
         let listener = listeners.remove(&id).unwrap();
         brokers.push(start(id, listener, &addrs, false).await);
     }
+    let created: Created = Arc::default();
     for n in 0..10 {
         let topic = format!("before-{n}");
         let verdict = brokers[0].host.propose(create(&topic)).await.unwrap();
@@ -173,24 +212,28 @@ async fn a_broker_joins_under_traffic_takes_its_share_and_is_decommissioned_agai
             matches!(verdict, Ok(Outcome::TopicCreated { .. })),
             "{verdict:?}"
         );
+        created.lock().push(topic);
     }
 
     // Metadata traffic through broker 2 all along: every create must land,
     // within the router's own bounded retries.
     let stop = Arc::new(AtomicBool::new(false));
-    let created = Arc::new(AtomicU64::new(0));
+    let count = Arc::new(AtomicU64::new(0));
     let traffic = {
         let host = Arc::clone(&brokers[1].host);
         let stop = Arc::clone(&stop);
+        let count = Arc::clone(&count);
         let created = Arc::clone(&created);
         tokio::spawn(async move {
             let mut failures = Vec::new();
             let mut n = 0u64;
             while !stop.load(Ordering::Acquire) {
                 let topic = format!("during-{n}");
+                // Listed first: a holder is expected a moment early, never late.
+                created.lock().push(topic.clone());
                 match host.propose(create(&topic)).await {
                     Ok(Ok(Outcome::TopicCreated { .. })) => {
-                        created.fetch_add(1, Ordering::AcqRel);
+                        count.fetch_add(1, Ordering::AcqRel);
                     }
                     other => failures.push(format!("{topic}: {other:?}")),
                 }
@@ -206,20 +249,21 @@ async fn a_broker_joins_under_traffic_takes_its_share_and_is_decommissioned_agai
     let listener = listeners.remove(&4).unwrap();
     brokers.push(start(4, listener, &addrs, true).await);
     let four = [1u64, 2, 3, 4];
-    wait_placed(&brokers[0], |v| target(v, &four), "after the join").await;
+    wait_placed(
+        &brokers[0],
+        &created,
+        |v| target(v, &four),
+        "after the join",
+    )
+    .await;
     let members = brokers[0].host.members();
     assert_eq!(members.get(&4), Some(&MemberState::Active));
     // Each broker hosts exactly its share: broker 4 every group it should
-    // vote in, the others none they left (closes travel after the change).
-    let share = |id: u64| {
-        (0..VNODES)
-            .map(VnodeId)
-            .chain([RING_VNODE])
-            .filter(|v| target(*v, &four).contains(&id))
-            .count()
-    };
-    assert!(share(4) > 0);
-    wait_hosting(&brokers, share, "after the join").await;
+    // vote in, the others none they left but for their segment copies
+    // (closes travel after the change).
+    assert!((0..VNODES).any(|v| target(VnodeId(v), &four).contains(&4)));
+    wait_hosting(&brokers, &created, &four, "after the join").await;
+
     // Broker 4 answers for every topic.
     for n in 0..10 {
         let topic = format!("before-{n}");
@@ -230,27 +274,30 @@ async fn a_broker_joins_under_traffic_takes_its_share_and_is_decommissioned_agai
     }
 
     // Decommission broker 1 (through broker 4): everything moves off it.
-    let version = brokers[3].host.decommission(1).await.unwrap();
+    let version = brokers[3].host.decommission(1).await.unwrap().unwrap();
     assert!(version > 1);
     let rest = [2u64, 3, 4];
-    wait_placed(&brokers[1], |v| target(v, &rest), "after decommissioning 1").await;
-    let rest_share = |id: u64| {
-        (0..VNODES)
-            .map(VnodeId)
-            .chain([RING_VNODE])
-            .filter(|v| target(*v, &rest).contains(&id))
-            .count()
-    };
-    assert_eq!(rest_share(1), 0);
-    wait_hosting(&brokers, rest_share, "after decommissioning 1").await;
+    wait_placed(
+        &brokers[1],
+        &created,
+        |v| target(v, &rest),
+        "after decommissioning 1",
+    )
+    .await;
+    // Broker 1 votes nowhere; it keeps learner replicas of the vnodes
+    // whose segment copies it holds, and nothing else.
+    wait_hosting(&brokers, &created, &rest, "after decommissioning 1").await;
+    for group in brokers[0].host.registry().all() {
+        assert!(!group.membership().voters.contains(&1) || group.membership().voters.is_empty());
+    }
 
     stop.store(true, Ordering::Release);
     let failures = traffic.await.unwrap();
     assert!(failures.is_empty(), "requests failed: {failures:#?}");
-    assert!(created.load(Ordering::Acquire) > 0);
+    assert!(count.load(Ordering::Acquire) > 0);
 
     // A decommission that would leave fewer brokers than replicas is refused.
-    let refused = brokers[1].host.decommission(2).await.unwrap_err();
+    let refused = brokers[1].host.decommission(2).await.unwrap().unwrap_err();
     assert!(refused.to_string().contains("fewer than"), "{refused}");
 
     // Broker 1 stops; the cluster carries on without it.
@@ -289,18 +336,17 @@ async fn a_broker_dead_past_replace_after_is_replaced_and_takes_its_share_back_o
         let dir = tempfile::tempdir().unwrap();
         brokers.push(start_in(id, listener, &addrs, false, dir, &ALL, 1_500).await);
     }
+    let created: Created = Arc::default();
     for n in 0..8 {
-        let verdict = brokers[0]
-            .host
-            .propose(create(&format!("t-{n}")))
-            .await
-            .unwrap();
+        let topic = format!("t-{n}");
+        let verdict = brokers[0].host.propose(create(&topic)).await.unwrap();
         assert!(
             matches!(verdict, Ok(Outcome::TopicCreated { .. })),
             "{verdict:?}"
         );
+        created.lock().push(topic);
     }
-    wait_placed(&brokers[0], |v| target(v, &ALL), "as formed").await;
+    wait_placed(&brokers[0], &created, |v| target(v, &ALL), "as formed").await;
 
     // Broker 4 dies; 1.5 s later its replicas are replaced on 1, 2 and 3.
     let four = brokers.pop().unwrap();
@@ -309,6 +355,7 @@ async fn a_broker_dead_past_replace_after_is_replaced_and_takes_its_share_back_o
     let dir = four._dir;
     wait_placed(
         &brokers[0],
+        &created,
         |v| target(v, &[1, 2, 3]),
         "after broker 4 died",
     )
@@ -328,15 +375,14 @@ async fn a_broker_dead_past_replace_after_is_replaced_and_takes_its_share_back_o
     // (nobody told it while it was down), and it takes its share back.
     let listener = TcpListener::bind(addrs[&4]).await.unwrap();
     brokers.push(start_in(4, listener, &addrs, false, dir, &ALL, 1_500).await);
-    wait_placed(&brokers[0], |v| target(v, &ALL), "after broker 4 returned").await;
-    let share = |id: u64| {
-        (0..VNODES)
-            .map(VnodeId)
-            .chain([RING_VNODE])
-            .filter(|v| target(*v, &ALL).contains(&id))
-            .count()
-    };
-    wait_hosting(&brokers, share, "after broker 4 returned").await;
+    wait_placed(
+        &brokers[0],
+        &created,
+        |v| target(v, &ALL),
+        "after broker 4 returned",
+    )
+    .await;
+    wait_hosting(&brokers, &created, &ALL, "after broker 4 returned").await;
     for n in 0..8 {
         assert!(
             brokers[3]

@@ -64,6 +64,7 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
     for i in 0..args.nodes {
         let node_id = u64::from(i) + 1;
         let broker_args = BrokerArgs {
+            action: None,
             config: None,
             node_id: Some(node_id),
             listen: Some(client(i)),

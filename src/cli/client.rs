@@ -447,6 +447,18 @@ pub async fn tree(args: TreeArgs) -> Result<(), CliError> {
 
 pub async fn cluster(command: ClusterCommand) -> Result<(), CliError> {
     match command {
+        ClusterCommand::Members(output) => {
+            let client = connect(&output).await?;
+            let members = client
+                .cluster_members(Default::default())
+                .await
+                .map_err(|e| CliError::client("cluster members", &output.broker, e))?;
+            if output.json {
+                print_json(&members)
+            } else {
+                print_text(&render::cluster_members(&members))
+            }
+        }
         ClusterCommand::Status(output) => {
             let client = connect(&output).await?;
             let status = client
@@ -460,4 +472,91 @@ pub async fn cluster(command: ClusterCommand) -> Result<(), CliError> {
             }
         }
     }
+}
+
+/// How often a waiting decommission reads the members again.
+const DECOMMISSION_POLL_MS: u64 = 1_000;
+
+/// `malachi broker decommission`: records the decommission, then waits
+/// until no vnode group lists the broker and nothing moves (ADR 0104).
+pub async fn decommission(args: crate::cli::DecommissionArgs) -> Result<(), CliError> {
+    use malachi_wire::messages::ClusterMembersRequest;
+    let output = args.output;
+    let client = connect(&output).await?;
+    let request = ClusterMembersRequest {
+        decommission: Some(args.node),
+        admit: None,
+    };
+    let mut members = client
+        .cluster_members(request)
+        .await
+        .map_err(|e| CliError::client("broker decommission", &output.broker, e))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(args.wait_ms);
+    let left = |m: &malachi_wire::messages::ClusterMembersResponse| {
+        m.members
+            .iter()
+            .find(|i| i.node_id == args.node)
+            .map_or(0, |i| i.vnode_replicas)
+    };
+    if !output.json {
+        eprintln!(
+            "node {} is decommissioned; its vnode replicas move to the other brokers",
+            args.node
+        );
+    }
+    while !args.no_wait
+        && (left(&members) > 0 || members.groups_moving > 0 || members.groups_unreachable > 0)
+    {
+        if std::time::Instant::now() >= deadline {
+            return Err(CliError::WaitedOut(format!(
+                "node {} still holds {} vnode replicas after {} ms ({} groups moving, {} unreachable); they go on moving: run `malachi cluster members` to follow them",
+                args.node,
+                left(&members),
+                args.wait_ms,
+                members.groups_moving,
+                members.groups_unreachable
+            )));
+        }
+        if !output.json {
+            eprintln!(
+                "node {}: {} vnode replicas left, {} groups moving",
+                args.node,
+                left(&members),
+                members.groups_moving
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(DECOMMISSION_POLL_MS)).await;
+        members = client
+            .cluster_members(Default::default())
+            .await
+            .map_err(|e| CliError::client("cluster members", &output.broker, e))?;
+    }
+    if output.json {
+        return print_json(&members);
+    }
+    let mut text = render::cluster_members(&members);
+    if args.no_wait {
+        text.push_str(&format!(
+            "node {} is decommissioned; `malachi cluster members` shows its replicas leaving\n",
+            args.node
+        ));
+    } else {
+        let learners = members
+            .members
+            .iter()
+            .find(|i| i.node_id == args.node)
+            .map_or(0, |i| i.vnode_learners);
+        if learners == 0 {
+            text.push_str(&format!(
+                "node {} holds no vnode replicas and takes no new segment copies: it may stop\n",
+                args.node
+            ));
+        } else {
+            text.push_str(&format!(
+                "node {} votes in no vnode group and takes no new segment copies. It still holds segment copies of the topics of {learners} vnodes (it keeps their metadata as a learner). Moving segment copies is not built yet: stopping it now leaves those segments a copy short, and stops writes to the segments it is the primary of until they fail over\n",
+                args.node
+            ));
+        }
+    }
+    print_text(&text)
 }

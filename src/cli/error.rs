@@ -57,6 +57,9 @@ pub enum CliError {
     /// A benchmark failed.
     #[error("bench: {0}")]
     Bench(String),
+    /// A wait for the cluster to settle ran out; the work goes on.
+    #[error("{0}")]
+    WaitedOut(String),
 }
 
 impl CliError {

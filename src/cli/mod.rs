@@ -81,7 +81,11 @@ pub struct OutputArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BrokerArgs {
+    /// Act on a running cluster's broker instead of running one.
+    #[command(subcommand)]
+    pub action: Option<BrokerAction>,
     /// A TOML configuration file. Environment variables (MALACHI_*) override it,
     /// and flags override both.
     #[arg(long, env = "MALACHI_CONFIG", value_name = "FILE")]
@@ -128,6 +132,33 @@ pub struct BrokerArgs {
     /// Check the configuration, print it as TOML and exit without starting.
     #[arg(long)]
     pub check: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BrokerAction {
+    /// Move a broker's vnode replicas to the other brokers, wait until none
+    /// is left on it, then say it may stop.
+    Decommission(DecommissionArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "The broker keeps running and serving while its vnode replicas move; it takes no new\nsegment copies. Segment copies it holds already are not moved (healing, issue 19):\nsegments with a copy there keep their quorum on the other copies.\nErrors: invalid_request (not a member, or too few brokers would remain for the vnodes'\nreplicas)."
+)]
+pub struct DecommissionArgs {
+    /// The broker to decommission, by node id.
+    #[arg(value_name = "NODE_ID")]
+    pub node: u64,
+    /// Return once the decommission is recorded, without waiting for the
+    /// replicas to move.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// How long to wait for the replicas to move before giving up (they go
+    /// on moving).
+    #[arg(long, default_value_t = 600_000, value_name = "MS")]
+    pub wait_ms: u64,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -260,6 +291,9 @@ pub struct ConsumeArgs {
 pub enum ClusterCommand {
     /// The brokers, their state and attributes, and the vnodes each leads.
     Status(OutputArgs),
+    /// The members (active or decommissioned), how many vnode replicas each
+    /// holds, and whether replicas are still moving.
+    Members(OutputArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -286,6 +286,38 @@ pub fn topic_list(topics: &[TopicListing]) -> String {
 }
 
 /// The brokers of the cluster, as the answering broker sees them.
+/// The cluster's members: each broker's state and how many vnode groups
+/// list it, then whether replicas are still moving (ADR 0104).
+pub fn cluster_members(members: &malachi_wire::messages::ClusterMembersResponse) -> String {
+    use malachi_wire::messages::MemberState;
+    let mut out = format!(
+        "answered by node {} at ring version {}\n",
+        members.node_id, members.ring_version
+    );
+    let _ = writeln!(
+        out,
+        "{:<6} {:<15} {:<15} vnode_learners",
+        "node", "state", "vnode_replicas"
+    );
+    for m in &members.members {
+        let state = match m.state {
+            MemberState::Active => "active",
+            MemberState::Decommissioned => "decommissioned",
+        };
+        let _ = writeln!(
+            out,
+            "{:<6} {:<15} {:<15} {}",
+            m.node_id, state, m.vnode_replicas, m.vnode_learners
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} groups, {} moving, {} unreachable",
+        members.groups, members.groups_moving, members.groups_unreachable
+    );
+    out
+}
+
 pub fn cluster_status(status: &ClusterStatusResponse) -> String {
     let mut out = format!("answered by node {}\n", status.node_id);
     let _ = writeln!(
@@ -490,6 +522,33 @@ mod tests {
             }],
         };
         insta::assert_snapshot!(cluster_status(&status));
+    }
+
+    #[test]
+    fn the_cluster_members_show_each_state_and_what_is_still_moving() {
+        use malachi_wire::messages::{ClusterMembersResponse, MemberInfo, MemberState};
+        let members = ClusterMembersResponse {
+            node_id: 2,
+            ring_version: 4,
+            members: vec![
+                MemberInfo {
+                    node_id: 1,
+                    state: MemberState::Decommissioned,
+                    vnode_replicas: 3,
+                    vnode_learners: 5,
+                },
+                MemberInfo {
+                    node_id: 2,
+                    state: MemberState::Active,
+                    vnode_replicas: 17,
+                    vnode_learners: 0,
+                },
+            ],
+            groups: 17,
+            groups_moving: 3,
+            groups_unreachable: 0,
+        };
+        insta::assert_snapshot!(cluster_members(&members));
     }
 
     #[test]

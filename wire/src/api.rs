@@ -39,6 +39,9 @@ pub enum ApiKey {
     VnodeList = 22,
     /// The operator's vnode split (ADR 0082), run from any broker.
     VnodeSplit = 23,
+    /// The cluster's members, where their vnode replicas are, and the
+    /// operator's decommission (ADR 0104), run from any broker.
+    ClusterMembers = 24,
 }
 
 /// A supported version range for one api key, as `api_versions` reports it.
@@ -84,7 +87,7 @@ pub const RESERVED_BLOCKS: &[(u16, u16, &str)] = &[
 
 impl ApiKey {
     /// Every implemented key, in number order.
-    pub const ALL: [ApiKey; 15] = [
+    pub const ALL: [ApiKey; 16] = [
         ApiKey::ApiVersions,
         ApiKey::CreateTopic,
         ApiKey::DeleteTopic,
@@ -100,6 +103,7 @@ impl ApiKey {
         ApiKey::ClusterStatus,
         ApiKey::VnodeList,
         ApiKey::VnodeSplit,
+        ApiKey::ClusterMembers,
     ];
 
     /// The stable number carried in the request frame.
@@ -145,6 +149,7 @@ impl ApiKey {
             ApiKey::ClusterStatus => "cluster_status",
             ApiKey::VnodeList => "vnode_list",
             ApiKey::VnodeSplit => "vnode_split",
+            ApiKey::ClusterMembers => "cluster_members",
         }
     }
 }

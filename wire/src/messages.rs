@@ -1110,6 +1110,93 @@ impl Message for VnodeSplitResponse {
     }
 }
 
+/// The cluster's members and where their vnode replicas are; with
+/// `decommission` (or `admit`), first changes that broker's state (ADR
+/// 0104). At most one of the two.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ClusterMembersRequest {
+    /// Decommission this broker: its vnode replicas move to the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decommission: Option<u64>,
+    /// Make this broker an active member again (or admit it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admit: Option<u64>,
+}
+
+impl Message for ClusterMembersRequest {
+    const NAME: &'static str = "cluster_members_request";
+    fn check(&self) -> Result<(), WireError> {
+        if self.decommission.is_some() && self.admit.is_some() {
+            return Err(WireError::InvalidField {
+                field: "decommission",
+                reason: "at most one of decommission and admit",
+            });
+        }
+        if self.decommission == Some(0) {
+            return Err(WireError::InvalidField {
+                field: "decommission",
+                reason: "node id 0 is not a broker",
+            });
+        }
+        if self.admit == Some(0) {
+            return Err(WireError::InvalidField {
+                field: "admit",
+                reason: "node id 0 is not a broker",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A member's state in the cluster (ADR 0104).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberState {
+    /// Holds vnode replicas and takes new ones.
+    #[default]
+    Active,
+    /// Its vnode replicas move away; it takes no new ones.
+    Decommissioned,
+}
+
+/// One member of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MemberInfo {
+    pub node_id: u64,
+    pub state: MemberState,
+    /// Vnode groups (the ring's own included) whose leader lists it as a
+    /// voter.
+    pub vnode_replicas: u32,
+    /// Vnode groups whose leader lists it as a learner: it keeps their
+    /// metadata for the segment copies it holds, or is catching up to
+    /// become a voter.
+    #[serde(default)]
+    pub vnode_learners: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ClusterMembersResponse {
+    /// The broker that answered.
+    pub node_id: u64,
+    /// The ring version the members were read at.
+    pub ring_version: u64,
+    pub members: Vec<MemberInfo>,
+    /// Vnode groups, the ring's own included.
+    pub groups: u32,
+    /// Groups whose voters are not yet where the members say they belong
+    /// (a change under way).
+    pub groups_moving: u32,
+    /// Groups whose leader did not answer.
+    pub groups_unreachable: u32,
+}
+
+impl Message for ClusterMembersResponse {
+    const NAME: &'static str = "cluster_members_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("members", self.members.len(), BROKERS_MAX)
+    }
+}
+
 // ---------------------------------------------------------------- dispatch
 
 macro_rules! operations {
@@ -1207,4 +1294,5 @@ operations! {
     ClusterStatus => ClusterStatusRequest, ClusterStatusResponse;
     VnodeList => VnodeListRequest, VnodeListResponse;
     VnodeSplit => VnodeSplitRequest, VnodeSplitResponse;
+    ClusterMembers => ClusterMembersRequest, ClusterMembersResponse;
 }

@@ -360,6 +360,34 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
             }),
         ),
         (
+            "cluster_members",
+            Request::ClusterMembers(ClusterMembersRequest {
+                decommission: Some(4),
+                admit: None,
+            }),
+            Response::ClusterMembers(ClusterMembersResponse {
+                node_id: 1,
+                ring_version: 3,
+                members: vec![
+                    MemberInfo {
+                        node_id: 1,
+                        state: MemberState::Active,
+                        vnode_replicas: 17,
+                        vnode_learners: 0,
+                    },
+                    MemberInfo {
+                        node_id: 4,
+                        state: MemberState::Decommissioned,
+                        vnode_replicas: 2,
+                        vnode_learners: 4,
+                    },
+                ],
+                groups: 17,
+                groups_moving: 2,
+                groups_unreachable: 0,
+            }),
+        ),
+        (
             "vnode_split",
             Request::VnodeSplit(VnodeSplitRequest { vnode: 0 }),
             Response::VnodeSplit(VnodeSplitResponse {

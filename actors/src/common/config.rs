@@ -134,6 +134,9 @@ impl MembershipSettings {
 
 /// Brokers a cluster may list in `cluster.nodes`.
 pub const CLUSTER_NODES_MAX: usize = 64;
+/// The shortest `cluster.replace_after_ms`: several liveness windows, so a
+/// broker that restarts is never replaced.
+pub const REPLACE_AFTER_MS_MIN: u64 = 5_000;
 
 /// The metadata cluster: which brokers share the vnodes, how many vnodes
 /// there are and how many brokers replicate each (ADR 0081). Every broker
@@ -181,6 +184,17 @@ pub struct ClusterSettings {
     /// by default: with it on, a leader killed and restarted at once can
     /// leave a quiet vnode whose replicas name each other as leader.
     pub balance_leaders: bool,
+    /// How long a broker may be dead before the vnode replicas it holds
+    /// are replaced on the other brokers (ADR 0104). Long enough for a
+    /// restart; replacing never leaves a group with fewer replicas.
+    pub replace_after_ms: u64,
+    /// How long a fresh broker with seeds only looks for a running
+    /// cluster to join before it refuses to start (ADR 0104).
+    pub join_timeout_ms: u64,
+    /// Set at start, never configured: this broker joined a running
+    /// cluster and is not among `nodes`, the nodes it was formed with.
+    #[serde(skip)]
+    pub joined: bool,
 }
 
 impl ClusterSettings {
@@ -210,6 +224,9 @@ impl Default for ClusterSettings {
             lease_renew_ms: 2_000,
             quiet_groups: true,
             balance_leaders: false,
+            replace_after_ms: malachi_cluster::vnodes::rebalance::REPLACE_AFTER_MS_DEFAULT,
+            join_timeout_ms: 60_000,
+            joined: false,
         }
     }
 }
@@ -607,6 +624,14 @@ impl BrokerConfig {
         }
         if self.cluster.replicas_per_vnode == 0 {
             return bad("cluster.replicas_per_vnode must be positive".into());
+        }
+        if self.cluster.replace_after_ms < REPLACE_AFTER_MS_MIN {
+            return bad(format!(
+                "cluster.replace_after_ms must be at least {REPLACE_AFTER_MS_MIN} ms: a broker down for less is restarting, not gone"
+            ));
+        }
+        if self.cluster.join_timeout_ms == 0 {
+            return bad("cluster.join_timeout_ms must be positive".into());
         }
         if self.cluster.coordinator_poll_ms == 0 || self.cluster.forward_timeout_ms == 0 {
             return bad(

@@ -321,6 +321,18 @@ impl CoordinatorState {
                 zone: self.shared.config.attributes.get(attribute).cloned(),
             });
         }
+        // A decommissioned broker takes no new copies (ADR 0104); this
+        // broker stays a candidate while it still leads the vnode.
+        if let Ok(plane) = self.shared.plane()
+            && let Some(host) = plane.host()
+        {
+            let members = host.members();
+            candidates.retain(|c| {
+                c.node == me
+                    || members.get(&c.node)
+                        != Some(&malachi_cluster::ring::MemberState::Decommissioned)
+            });
+        }
         candidates
     }
 

@@ -251,6 +251,8 @@ impl Actor for VnodesActor {
                     host_config.liveness = None;
                 }
                 host_config.balance_leaders = config.cluster.balance_leaders;
+                host_config.joined = config.cluster.joined;
+                host_config.replace_after_ms = config.cluster.replace_after_ms;
                 let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
                 let listener = raft.listener.try_clone()?;
                 listener.set_nonblocking(true)?;

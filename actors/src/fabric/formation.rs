@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use malachi_cluster::formation::{
     Card, ClusterId, ClusterRecord, Formation, FormationError, Mark, Shape, check_peers,
-    decide_bootstrap,
+    decide_bootstrap, decide_join,
 };
 use malachi_cluster::membership::{Membership, MembershipView, RuntimeArgs, runtime};
 use parking_lot::Mutex;
@@ -55,6 +55,9 @@ pub(crate) enum Mode {
     Recorded,
     /// Not formed yet: wait for `expect` fresh brokers.
     Bootstrap { expect: u32 },
+    /// A fresh broker with seeds only: join the running cluster they lead
+    /// to (ADR 0104).
+    Join,
 }
 
 /// What [`plan`] decided, and [`form`] completes.
@@ -70,11 +73,31 @@ pub(crate) struct Plan {
     pub candidate: ClusterId,
     /// `None` with the file backend, which records nothing.
     pub record_path: Option<PathBuf>,
+    /// This broker joined a running cluster: it is not among `nodes`, the
+    /// cluster's formation nodes (ADR 0104).
+    pub joined: bool,
+    /// The vnode count the operator set, if any (a joining broker adopts
+    /// the cluster's otherwise).
+    pub explicit_vnodes: Option<u32>,
+    /// How long a joining broker looks for its cluster (ADR 0104).
+    pub join_timeout_ms: u64,
 }
 
 impl Plan {
     /// The card this broker gossips while it starts.
     pub fn card(&self, node_id: u64) -> Card {
+        if self.mode == Mode::Join {
+            // Nothing to compare yet: it adopts what it finds.
+            return Card {
+                node_id,
+                mark: Some(Mark::New {
+                    candidate: self.candidate,
+                }),
+                shape: None,
+                nodes: None,
+                expect: None,
+            };
+        }
         Card {
             node_id,
             mark: Some(match self.cluster_id {
@@ -94,7 +117,8 @@ impl Plan {
 
     /// Whether [`form`] must look at the peers before the broker starts.
     pub fn looks_around(&self) -> bool {
-        matches!(self.mode, Mode::Bootstrap { .. })
+        matches!(self.mode, Mode::Bootstrap { .. } | Mode::Join)
+            || self.joined
             || (matches!(self.mode, Mode::Fixed | Mode::Recorded) && self.nodes.len() > 1)
     }
 
@@ -103,6 +127,7 @@ impl Plan {
             nodes: self.nodes.clone(),
             shape: self.shape,
             cluster_id: self.cluster_id,
+            joined: self.joined,
         }
     }
 }
@@ -140,6 +165,9 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
             cluster_id: None,
             candidate,
             record_path: None,
+            joined: false,
+            explicit_vnodes: config.cluster.vnodes,
+            join_timeout_ms: config.cluster.join_timeout_ms,
         });
     }
     let path = config.data_dir.join("metadata").join(CLUSTER_RECORD_FILE);
@@ -160,6 +188,9 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
         cluster_id: None,
         candidate,
         record_path: Some(path),
+        joined: false,
+        explicit_vnodes: config.cluster.vnodes,
+        join_timeout_ms: config.cluster.join_timeout_ms,
     };
     if !config.cluster.nodes.is_empty() {
         plan.mode = if plan.nodes.len() > 1 {
@@ -176,9 +207,10 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
         return Ok(plan);
     }
     if let Some(recorded) = record {
-        if recorded.nodes.len() > 1 {
-            // Formed earlier (bootstrap): the record is the cluster.
-            if !recorded.nodes.contains(&me) {
+        if recorded.nodes.len() > 1 || recorded.joined {
+            // Formed earlier (bootstrap), or joined: the record is the
+            // cluster.
+            if !recorded.joined && !recorded.nodes.contains(&me) {
                 return Err(refused(format!(
                     "the data dir {} records a cluster of nodes {:?} without this node {me}",
                     config.data_dir.display(),
@@ -210,6 +242,7 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
                 nodes: recorded.nodes,
                 shape: recorded.shape,
                 cluster_id: recorded.cluster_id,
+                joined: recorded.joined,
                 ..plan
             });
         }
@@ -236,9 +269,11 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
         return Ok(plan);
     }
     if !config.seeds.is_empty() {
-        return Err(refused(
-            "seeds are set, but neither [cluster] nodes nor --bootstrap-expect: this broker would keep metadata of its own among the others. Start the first brokers with --bootstrap-expect N (the same N on each), or list every broker's node id in [cluster] nodes (docs/guides/clustering.md)".to_owned(),
-        ));
+        // Seeds alone: join the cluster they lead to, or refuse once none
+        // is found (never run alone among others).
+        plan.mode = Mode::Join;
+        plan.nodes = Vec::new();
+        return Ok(plan);
     }
     Ok(plan)
 }
@@ -328,6 +363,36 @@ async fn watch_peers(plan: &mut Plan, me: u64, membership: &Membership) -> Resul
         let peers = peer_cards(&view.borrow_and_update(), me);
         let now = tokio::time::Instant::now();
         match plan.mode {
+            Mode::Join => {
+                if let Some(joining) = decide_join(me, plan.explicit_vnodes, &peers)? {
+                    info!(
+                        cluster = %joining.cluster_id,
+                        formed_by = ?joining.nodes,
+                        shape = %joining.shape,
+                        "joining the running cluster"
+                    );
+                    plan.nodes = joining.nodes;
+                    plan.shape = joining.shape;
+                    plan.cluster_id = Some(joining.cluster_id);
+                    plan.joined = true;
+                    plan.mode = Mode::Recorded;
+                    return Ok(());
+                }
+                if now.duration_since(started) >= Duration::from_millis(plan.join_timeout_ms) {
+                    let seen: Vec<u64> = peers.iter().map(|p| p.node_id).collect();
+                    return Err(refused(format!(
+                        "seeds are set, but neither [cluster] nodes nor --bootstrap-expect, and no running cluster answered through them within {} ms (brokers seen: {seen:?}): to join a cluster, check the seeds; to start a new one, start its first brokers with --bootstrap-expect N (the same N on each), or list every broker's node id in [cluster] nodes (docs/guides/clustering.md)",
+                        plan.join_timeout_ms
+                    )));
+                }
+                if now.duration_since(reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS) {
+                    reported = now;
+                    info!(
+                        seen = ?peers.iter().map(|p| p.node_id).collect::<Vec<_>>(),
+                        "looking for a running cluster to join through the seeds"
+                    );
+                }
+            }
             Mode::Bootstrap { expect } => {
                 let decision = decide_bootstrap(&plan.card(me), expect, &peers)?;
                 if let Formation::Wait { seen } = &decision
@@ -520,14 +585,16 @@ mod tests {
     }
 
     #[test]
-    fn seeds_without_nodes_or_bootstrap_expect_are_refused() {
+    fn seeds_without_nodes_or_bootstrap_expect_join_a_running_cluster() {
         let dir = tempfile::tempdir().unwrap();
-        let alone = BrokerConfig {
+        let joining = BrokerConfig {
             seeds: vec!["127.0.0.1:4041".to_owned()],
             ..config(dir.path(), 1)
         };
-        let err = plan(&alone, ClusterId(1)).unwrap_err().to_string();
-        assert!(err.contains("--bootstrap-expect"), "{err}");
+        let planned = plan(&joining, ClusterId(1)).unwrap();
+        assert_eq!(planned.mode, Mode::Join);
+        assert!(planned.looks_around());
+        assert!(planned.nodes.is_empty());
     }
 
     #[test]
@@ -627,6 +694,7 @@ mod tests {
                 replicas_per_vnode: 3,
             },
             cluster_id: Some(ClusterId(42)),
+            joined: false,
         };
         write_record(&path, &record).unwrap();
         let restarted = BrokerConfig {

@@ -151,6 +151,9 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
         Request::VnodeSplit(req) => vnodes::vnode_split(shared, req.vnode)
             .await
             .map(Response::VnodeSplit),
+        Request::ClusterMembers(req) => vnodes::cluster_members(shared, req)
+            .await
+            .map(Response::ClusterMembers),
         Request::Subscribe(_) | Request::SubscribeCredit(_) => {
             Err(ServeError::SubscriptionMisrouted)
         }

@@ -178,6 +178,9 @@ pub(crate) enum ServeError {
     SplitUnsettled(SplitError),
     #[error("{0}")]
     Split(SplitError),
+    /// The ring's group refused a membership change (ADR 0104).
+    #[error("{0}")]
+    MemberRefused(ModelError),
     #[error("{0}")]
     Route(RouteError),
     #[error("{0}")]
@@ -220,6 +223,7 @@ impl ServeError {
             | ServeError::SequenceConflict { .. }
             | ServeError::ReplicationFactor { .. }
             | ServeError::SingleVnode
+            | ServeError::MemberRefused(_)
             | ServeError::SubscriptionOpen { .. }
             | ServeError::BatchRefused { .. } => ErrorCode::InvalidRequest,
             ServeError::TopicNotFound { .. } | ServeError::TopicDeleted { .. } => {

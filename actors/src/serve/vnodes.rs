@@ -15,9 +15,9 @@
 use std::sync::Arc;
 
 use malachi_cluster::model::RingArc;
-use malachi_cluster::ring::{Ring, VnodeId};
-use malachi_cluster::vnodes::VnodeHost;
+use malachi_cluster::ring::{MemberState, Ring, VnodeId};
 use malachi_cluster::vnodes::lease::Clock as _;
+use malachi_cluster::vnodes::{VnodeHost, rebalance};
 use malachi_wire::messages as wire;
 use tracing::{info, warn};
 
@@ -118,6 +118,89 @@ pub(crate) fn vnode_list(shared: &Arc<Shared>) -> Result<wire::VnodeListResponse
             .vnodes()
             .map(|v| vnode_info(shared, host, v.id, v.arc))
             .collect(),
+    })
+}
+
+/// The cluster's members and where their vnode replicas are, after the
+/// decommission or admission the request asks for (ADR 0104).
+pub(crate) async fn cluster_members(
+    shared: &Arc<Shared>,
+    request: wire::ClusterMembersRequest,
+) -> Result<wire::ClusterMembersResponse, Failure> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let plane = shared.plane().map_err(ServeError::Metadata)?;
+    let Some(host) = plane.host().cloned() else {
+        return Err(ServeError::SingleVnode);
+    };
+    let change = match (request.decommission, request.admit) {
+        (Some(node), _) => {
+            info!(node, by = shared.config.node_id, "decommission requested");
+            Some(host.decommission(node).await)
+        }
+        (None, Some(node)) => {
+            info!(node, by = shared.config.node_id, "admission requested");
+            Some(host.admit(node).await)
+        }
+        (None, None) => None,
+    };
+    match change {
+        Some(change) => {
+            change
+                .map_err(ServeError::from)?
+                .map_err(ServeError::MemberRefused)?;
+        }
+        // A listing reads the ring's group, not this broker's copy.
+        None => {
+            host.refresh_ring().await.map_err(ServeError::from)?;
+        }
+    }
+    let ring = host.ring();
+    let members = host.members();
+    let replicas_per_vnode = host.replicas_per_vnode();
+    let eligible = rebalance::eligible(&members, &BTreeSet::new(), replicas_per_vnode);
+    let mut replicas: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut learners: BTreeMap<u64, u32> = BTreeMap::new();
+    let (mut groups, mut moving, mut unreachable) = (0u32, 0u32, 0u32);
+    for (vnode, membership) in host.memberships().await {
+        groups += 1;
+        let Ok(m) = membership else {
+            unreachable += 1;
+            continue;
+        };
+        for node in &m.voters {
+            *replicas.entry(*node).or_default() += 1;
+        }
+        for node in &m.learners {
+            *learners.entry(*node).or_default() += 1;
+        }
+        let target = rebalance::target_voters(vnode, &eligible, replicas_per_vnode);
+        let voters: BTreeSet<u64> = m.voters.iter().copied().collect();
+        if voters != target || m.joint {
+            moving += 1;
+        }
+    }
+    let mut nodes: BTreeSet<u64> = members.keys().copied().collect();
+    nodes.extend(replicas.keys().copied());
+    nodes.extend(learners.keys().copied());
+    Ok(wire::ClusterMembersResponse {
+        node_id: shared.config.node_id,
+        ring_version: ring.version(),
+        members: nodes
+            .into_iter()
+            .map(|node| wire::MemberInfo {
+                node_id: node,
+                state: match members.get(&node) {
+                    Some(MemberState::Active) => wire::MemberState::Active,
+                    // A replica's holder the ring does not list is leaving.
+                    _ => wire::MemberState::Decommissioned,
+                },
+                vnode_replicas: replicas.get(&node).copied().unwrap_or(0),
+                vnode_learners: learners.get(&node).copied().unwrap_or(0),
+            })
+            .collect(),
+        groups,
+        groups_moving: moving,
+        groups_unreachable: unreachable,
     })
 }
 

@@ -879,7 +879,7 @@ impl MetadataGroup {
 
     /// Changes the voters to exactly `voters` (a leader only) through
     /// openraft's joint consensus, and waits until the final membership
-    /// commits. Voters left out leave the group; every new voter must be
+    /// commits. Voters left out stay as learners; every new voter must be
     /// a learner already. A change interrupted half way (a joint
     /// membership left behind) is completed by calling again.
     pub async fn change_voters(
@@ -896,7 +896,7 @@ impl MetadataGroup {
         let call = async {
             self.inner
                 .raft
-                .change_membership(voters.clone(), false)
+                .change_membership(voters.clone(), true)
                 .await
                 .map(|_| ())
                 .map_err(|e| self.write_error(e))

@@ -261,6 +261,16 @@ impl MetadataState {
         self.segments.get(&id)
     }
 
+    /// Every broker holding a copy of one of this group's segments: each
+    /// needs the group's metadata on its own disk to serve them, so the
+    /// group keeps it as a learner at least (ADR 0104).
+    pub fn copy_holders(&self) -> std::collections::BTreeSet<u64> {
+        self.segments
+            .values()
+            .flat_map(|s| s.replicas.iter().map(|n| n.0))
+            .collect()
+    }
+
     pub fn policy(&self, name: &str) -> Option<&StoragePolicy> {
         self.policies.get(name)
     }

@@ -502,12 +502,16 @@ impl VnodeHost {
                     )
                 });
                 match strong.admit(me).await {
-                    Ok(version) => {
+                    Ok(Ok(version)) => {
                         tracing::info!(
                             node = me,
                             ring_version = version,
                             "admitted to the cluster"
                         );
+                        break;
+                    }
+                    Ok(Err(refused)) => {
+                        tracing::error!(node = me, %refused, "the cluster refused to admit this broker");
                         break;
                     }
                     Err(e) => {
@@ -522,8 +526,9 @@ impl VnodeHost {
     }
 
     /// Makes `node` an active member (ADR 0104): its share of the vnode
-    /// replicas moves to it. Returns the ring version that lists it.
-    pub async fn admit(&self, node: u64) -> Result<u64, RouteError> {
+    /// replicas moves to it. Returns the ring version that lists it, or
+    /// the ring group's refusal.
+    pub async fn admit(&self, node: u64) -> Result<Result<u64, ModelError>, RouteError> {
         let cmd = Command::AdmitNode {
             node,
             formed: self.config.nodes.clone(),
@@ -533,7 +538,7 @@ impl VnodeHost {
 
     /// Decommissions `node` (ADR 0104): its vnode replicas move to the
     /// active members. Returns the ring version that says so.
-    pub async fn decommission(&self, node: u64) -> Result<u64, RouteError> {
+    pub async fn decommission(&self, node: u64) -> Result<Result<u64, ModelError>, RouteError> {
         let cmd = Command::DecommissionNode {
             node,
             formed: self.config.nodes.clone(),
@@ -542,7 +547,7 @@ impl VnodeHost {
         self.change_members(cmd).await
     }
 
-    async fn change_members(&self, cmd: Command) -> Result<u64, RouteError> {
+    async fn change_members(&self, cmd: Command) -> Result<Result<u64, ModelError>, RouteError> {
         // A fresh ring group holds no ring yet: create it first.
         self.ring_record().await?;
         let version = match self.propose_ring(cmd).await? {
@@ -553,16 +558,11 @@ impl VnodeHost {
                     reason: format!("unexpected outcome {other:?}"),
                 });
             }
-            Err(refused) => {
-                return Err(RouteError::Failed {
-                    vnode: RING_VNODE,
-                    reason: refused.to_string(),
-                });
-            }
+            Err(refused) => return Ok(Err(refused)),
         };
         self.refresh_ring().await?;
         self.announce_ring(version).await;
-        Ok(version)
+        Ok(Ok(version))
     }
 
     /// The nodes the cluster was formed with.
@@ -616,16 +616,21 @@ impl VnodeHost {
                     .map_err(|e| e.to_string()),
                 Err(reason) => Err(reason),
             },
-            Step::ChangeVoters { voters, removed } => {
-                match group.change_voters(voters, timeout_ms).await {
+            Step::ChangeVoters { voters } => group
+                .change_voters(voters, timeout_ms)
+                .await
+                .map_err(|e| e.to_string()),
+            Step::HandOver { to } => group.transfer_leader(*to).await.map_err(|e| e.to_string()),
+            Step::RemoveLearners { nodes } => {
+                match group.remove_learners(nodes, timeout_ms).await {
                     Ok(()) => {
                         let body = CloseVnode {
                             vnode,
-                            voters: voters.iter().copied().collect(),
+                            voters: group.membership().voters.into_iter().collect(),
                         };
-                        for node in removed {
+                        for node in nodes {
                             if let Err(reason) = self.tell_closed(*node, group_id, &body).await {
-                                tracing::info!(group = group_id, node, %reason, "a removed replica was not told to close; it stays idle");
+                                tracing::info!(group = group_id, node, %reason, "a removed replica was not told to close; it closes when it next asks");
                             }
                         }
                         Ok(())
@@ -633,11 +638,6 @@ impl VnodeHost {
                     Err(e) => Err(e.to_string()),
                 }
             }
-            Step::HandOver { to } => group.transfer_leader(*to).await.map_err(|e| e.to_string()),
-            Step::RemoveLearners { nodes } => group
-                .remove_learners(nodes, timeout_ms)
-                .await
-                .map_err(|e| e.to_string()),
         };
         match result {
             Ok(()) => tracing::info!(group = group_id, ?step, "vnode replicas moved a step"),

@@ -16,8 +16,12 @@
 //! up before it counts), then change the voters through openraft's joint
 //! consensus, one change at a time, each waited for; a leader that is
 //! itself leaving hands its leadership to a voter that stays first, so the
-//! group is never left to elect among quiet followers. `spawn_rebalancer`
-//! runs it on every group this broker leads, a few groups at a time.
+//! group is never left to elect among quiet followers. A broker that holds
+//! copies of the group's segments keeps (or gets) a learner replica, since
+//! the data path reads a topic's metadata on its own disk; a voter that
+//! leaves becomes a learner, and a learner nobody needs leaves (and closes
+//! its replica) last. `spawn_rebalancer` runs it on every group this
+//! broker leads, a few groups at a time.
 
 use super::{VnodeHost, voters_for};
 use crate::group::GroupMembership;
@@ -35,6 +39,8 @@ pub const REPLACE_AFTER_MS_DEFAULT: u64 = 300_000;
 pub const REBALANCE_CHECK_MS_DEFAULT: u64 = 1_000;
 /// How many groups one broker changes at once.
 pub const REBALANCE_GROUPS_PARALLEL_MAX: usize = 4;
+/// How long a learner nobody needs stays before it is removed.
+pub const LEARNER_LINGER_MS: u64 = 5_000;
 /// How often a broker asks the leaders of the groups it hosts but does
 /// not lead whether they still list it (a close that was lost).
 pub const SWEEP_EVERY_MS: u64 = 10_000;
@@ -49,16 +55,13 @@ pub enum Step {
     /// Ask `node` to open its replica, add it as a learner (unless it is
     /// one), and wait for it to catch up with the log.
     AddLearner { node: u64 },
-    /// Change the voters to exactly `voters` (joint consensus); `removed`
-    /// leave the group and are told to close their replicas.
-    ChangeVoters {
-        voters: BTreeSet<u64>,
-        removed: BTreeSet<u64>,
-    },
-    /// This leader leaves the group: hand leadership to `to` first; the
+    /// Change the voters to exactly `voters` (joint consensus); voters left
+    /// out stay as learners until `RemoveLearners`.
+    ChangeVoters { voters: BTreeSet<u64> },
+    /// This leader leaves the voters: hand leadership to `to` first; the
     /// new leader makes the rest of the change.
     HandOver { to: u64 },
-    /// Learners outside the target (a change that was abandoned) leave.
+    /// Learners nobody needs leave the group and close their replicas.
     RemoveLearners { nodes: BTreeSet<u64> },
 }
 
@@ -102,11 +105,14 @@ pub fn target_voters(vnode: VnodeId, eligible: &[u64], replicas: usize) -> BTree
 }
 
 /// What the leader `me` of a group with `current` membership does next to
-/// reach `target`, with `up` the brokers answering now (`me` counts as up).
+/// reach `target` voters, keeping every broker in `keep` (those holding
+/// copies of the group's segments) at least a learner. `up` are the
+/// brokers answering now (`me` counts as up).
 pub fn next_step(
     me: u64,
     current: &GroupMembership,
     target: &BTreeSet<u64>,
+    keep: &BTreeSet<u64>,
     up: &BTreeSet<u64>,
 ) -> Step {
     if target.is_empty() || current.voters.is_empty() {
@@ -138,10 +144,11 @@ pub fn next_step(
     // A missing voter joins as a learner; a learner that lags (its replica
     // may have closed, or be catching up still) is asked again to open and
     // waited for, so no voter is ever made of a replica without the log.
-    if let Some(node) = wanted.iter().copied().find(|n| {
+    let missing = wanted.iter().copied().find(|n| {
         !current.voters.contains(n)
             && (!current.learners.contains(n) || current.lagging.contains(n))
-    }) {
+    });
+    if let Some(node) = missing {
         if !is_up(&node) {
             return Step::Settled;
         }
@@ -153,12 +160,22 @@ pub fn next_step(
         if !quorum(&wanted) || !quorum(&current.voters) {
             return Step::Settled;
         }
-        return Step::ChangeVoters {
-            removed: current.voters.difference(&wanted).copied().collect(),
-            voters: wanted,
-        };
+        return Step::ChangeVoters { voters: wanted };
     }
-    let stray: BTreeSet<u64> = current.learners.difference(&wanted).copied().collect();
+    // A holder of segment copies that has no replica yet gets a learner.
+    if let Some(node) = keep
+        .iter()
+        .copied()
+        .find(|n| !current.voters.contains(n) && !current.learners.contains(n) && is_up(n))
+    {
+        return Step::AddLearner { node };
+    }
+    let stray: BTreeSet<u64> = current
+        .learners
+        .iter()
+        .copied()
+        .filter(|l| !wanted.contains(l) && !keep.contains(l))
+        .collect();
     if !stray.is_empty() {
         return Step::RemoveLearners { nodes: stray };
     }
@@ -221,6 +238,8 @@ pub(super) fn spawn_rebalancer(
     tokio::spawn(async move {
         let mut down = DownSince::default();
         let mut last_sweep = Instant::now();
+        // Since when each learner (by group) has been one nobody needs.
+        let mut unneeded: BTreeMap<(u64, u64), Instant> = BTreeMap::new();
         loop {
             let worked = {
                 let Some(host) = host.upgrade() else { break };
@@ -253,7 +272,23 @@ pub(super) fn spawn_rebalancer(
                         continue;
                     };
                     let target = target_voters(vnode, &eligible, replicas);
-                    let step = next_step(me, &group.membership(), &target, &up_now);
+                    let membership = group.membership();
+                    let mut keep = group.read_local(|s| s.copy_holders());
+                    // A learner nobody needs lingers a while first: a
+                    // segment placed on it a moment ago may not be applied
+                    // on this leader yet.
+                    let now = Instant::now();
+                    for learner in &membership.learners {
+                        if target.contains(learner) || keep.contains(learner) {
+                            unneeded.remove(&(group_id, *learner));
+                            continue;
+                        }
+                        let since = *unneeded.entry((group_id, *learner)).or_insert(now);
+                        if now.duration_since(since) < Duration::from_millis(LEARNER_LINGER_MS) {
+                            keep.insert(*learner);
+                        }
+                    }
+                    let step = next_step(me, &membership, &target, &keep, &up_now);
                     if step != Step::Settled {
                         steps.push((vnode, group, step));
                     }
@@ -298,41 +333,65 @@ mod tests {
         }
     }
 
+    fn none() -> BTreeSet<u64> {
+        BTreeSet::new()
+    }
+
     #[test]
     fn a_new_voter_is_a_learner_first_then_the_voters_change_in_one_joint_step() {
         let up = set(&[1, 2, 3, 4]);
         let target = set(&[1, 2, 4]);
         assert_eq!(
-            next_step(1, &group(&[1, 2, 3], &[], false), &target, &up),
+            next_step(1, &group(&[1, 2, 3], &[], false), &target, &none(), &up),
             Step::AddLearner { node: 4 }
         );
         assert_eq!(
-            next_step(1, &group(&[1, 2, 3], &[4], false), &target, &up),
+            next_step(1, &group(&[1, 2, 3], &[4], false), &target, &none(), &up),
             Step::ChangeVoters {
                 voters: set(&[1, 2, 4]),
-                removed: set(&[3]),
             }
         );
+        // The voter that left is a learner now; nobody needs it: it goes.
         assert_eq!(
-            next_step(1, &group(&[1, 2, 4], &[], false), &target, &up),
+            next_step(1, &group(&[1, 2, 4], &[3], false), &target, &none(), &up),
+            Step::RemoveLearners { nodes: set(&[3]) }
+        );
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 4], &[], false), &target, &none(), &up),
             Step::Settled
+        );
+    }
+
+    #[test]
+    fn a_holder_of_segment_copies_keeps_or_gets_a_learner_replica() {
+        let up = set(&[1, 2, 3, 4, 5]);
+        let target = set(&[1, 2, 4]);
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 4], &[3], false), &target, &set(&[3]), &up),
+            Step::Settled,
+            "3 holds copies: it stays a learner"
+        );
+        assert_eq!(
+            next_step(1, &group(&[1, 2, 4], &[], false), &target, &set(&[5]), &up),
+            Step::AddLearner { node: 5 }
         );
     }
 
     #[test]
     fn a_leaving_leader_hands_over_to_a_voter_that_stays_and_is_up() {
         let target = set(&[2, 3, 4]);
+        let current = group(&[1, 2, 3], &[], false);
         assert_eq!(
-            next_step(1, &group(&[1, 2, 3], &[], false), &target, &set(&[2, 3, 4])),
+            next_step(1, &current, &target, &none(), &set(&[2, 3, 4])),
             Step::HandOver { to: 2 }
         );
         assert_eq!(
-            next_step(1, &group(&[1, 2, 3], &[], false), &target, &set(&[3, 4])),
+            next_step(1, &current, &target, &none(), &set(&[3, 4])),
             Step::HandOver { to: 3 },
             "not to a voter that is down"
         );
         assert_eq!(
-            next_step(1, &group(&[1, 2, 3], &[], false), &target, &set(&[4])),
+            next_step(1, &current, &target, &none(), &set(&[4])),
             Step::Settled,
             "the voters that stay are down: wait"
         );
@@ -342,10 +401,15 @@ mod tests {
     fn a_joint_membership_left_behind_is_completed() {
         let up = set(&[1, 2, 3, 4]);
         assert_eq!(
-            next_step(1, &group(&[1, 2, 3, 4], &[], true), &set(&[1, 2, 4]), &up),
+            next_step(
+                1,
+                &group(&[1, 2, 3, 4], &[], true),
+                &set(&[1, 2, 4]),
+                &none(),
+                &up
+            ),
             Step::ChangeVoters {
                 voters: set(&[1, 2, 4]),
-                removed: set(&[3]),
             }
         );
     }
@@ -354,11 +418,23 @@ mod tests {
     fn nothing_changes_without_a_quorum_up_on_both_sides() {
         let target = set(&[1, 2, 4]);
         assert_eq!(
-            next_step(1, &group(&[1, 2, 3], &[4], false), &target, &set(&[4])),
+            next_step(
+                1,
+                &group(&[1, 2, 3], &[4], false),
+                &target,
+                &none(),
+                &set(&[4])
+            ),
             Step::Settled
         );
         assert_eq!(
-            next_step(1, &group(&[1, 2, 3], &[], false), &target, &set(&[2, 3])),
+            next_step(
+                1,
+                &group(&[1, 2, 3], &[], false),
+                &target,
+                &none(),
+                &set(&[2, 3])
+            ),
             Step::Settled,
             "a learner that is down is not added"
         );
@@ -370,17 +446,8 @@ mod tests {
         let mut current = group(&[1, 2, 3], &[4], false);
         current.lagging = set(&[4]);
         assert_eq!(
-            next_step(1, &current, &set(&[1, 2, 4]), &up),
+            next_step(1, &current, &set(&[1, 2, 4]), &none(), &up),
             Step::AddLearner { node: 4 }
-        );
-    }
-
-    #[test]
-    fn stray_learners_leave() {
-        let up = set(&[1, 2, 3, 5]);
-        assert_eq!(
-            next_step(1, &group(&[1, 2, 3], &[5], false), &set(&[1, 2, 3]), &up),
-            Step::RemoveLearners { nodes: set(&[5]) }
         );
     }
 
@@ -432,37 +499,37 @@ mod tests {
 
     proptest! {
         /// From any membership, following the steps (each applied as raft
-        /// would) reaches the target in a bounded number of steps, every
-        /// change is one joint step between sets sharing a quorum's worth
-        /// of overlap, and the group never has fewer voters than it
-        /// started with or the target has.
+        /// would) reaches the target voters, with exactly the holders of
+        /// segment copies outside them as learners, in a bounded number of
+        /// steps; a leader never removes itself, and the group never has
+        /// fewer voters than it started with or the target has.
         #[test]
         fn the_steps_reach_the_target(
             start in proptest::collection::btree_set(1u64..8, 1..5),
             target in proptest::collection::btree_set(1u64..8, 1..5),
+            keep in proptest::collection::btree_set(1u64..8, 0..3),
             leader_pick in 0usize..8,
         ) {
             let up: BTreeSet<u64> = (1..8).collect();
             let mut current = GroupMembership {
                 voters: start.clone(),
-                learners: BTreeSet::new(),
-                lagging: BTreeSet::new(),
-                joint: false,
-                committed: true,
+                ..GroupMembership::default()
             };
             let mut leader = *start.iter().nth(leader_pick % start.len()).unwrap();
             let floor = start.len().min(target.len());
-            for _ in 0..32 {
-                match next_step(leader, &current, &target, &up) {
+            for _ in 0..40 {
+                match next_step(leader, &current, &target, &keep, &up) {
                     Step::Settled => break,
                     Step::AddLearner { node } => {
+                        prop_assert!(!current.voters.contains(&node));
                         prop_assert!(current.learners.insert(node) || current.lagging.remove(&node));
                     }
-                    Step::ChangeVoters { voters, removed } => {
+                    Step::ChangeVoters { voters } => {
                         prop_assert!(voters.iter().all(|v| current.voters.contains(v) || current.learners.contains(v)));
-                        prop_assert!(removed.iter().all(|r| current.voters.contains(r) && !voters.contains(r)));
                         prop_assert!(voters.contains(&leader), "a leader never removes itself");
+                        let left: Vec<u64> = current.voters.difference(&voters).copied().collect();
                         current.learners.retain(|l| !voters.contains(l));
+                        current.learners.extend(left);
                         current.voters = voters;
                     }
                     Step::HandOver { to } => {
@@ -471,6 +538,7 @@ mod tests {
                     }
                     Step::RemoveLearners { nodes } => {
                         for n in nodes {
+                            prop_assert!(!keep.contains(&n));
                             prop_assert!(current.learners.remove(&n));
                         }
                     }
@@ -478,7 +546,8 @@ mod tests {
                 prop_assert!(current.voters.len() >= floor);
             }
             prop_assert_eq!(&current.voters, &target);
-            prop_assert!(current.learners.is_empty());
+            let learners: BTreeSet<u64> = keep.difference(&target).copied().collect();
+            prop_assert_eq!(&current.learners, &learners);
         }
 
         /// Replicas spread evenly: with 256 vnodes on 3 to 8 brokers, no

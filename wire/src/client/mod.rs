@@ -525,6 +525,15 @@ impl Client {
         self.call(None, &VnodeSplitRequest { vnode }).await
     }
 
+    /// The cluster's members and where their vnode replicas are, after the
+    /// change `request` asks for, if any (ADR 0104).
+    pub async fn cluster_members(
+        &self,
+        request: ClusterMembersRequest,
+    ) -> Result<ClusterMembersResponse, ClientError> {
+        self.call(None, &request).await
+    }
+
     /// An ordered, idempotent producer with a fresh identity, keeping up to
     /// `window_requests_max` produce requests in flight.
     pub fn producer(&self, topic: &str, window_requests_max: usize) -> Producer {
