@@ -505,6 +505,28 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         "no such vnode",
         c.call(&VnodeSplitRequest { vnode: 9_999 }).await,
     );
+
+    // --- cluster_members ---
+    table.row(
+        "cluster_members",
+        ErrorCode::InvalidRequest,
+        "a decommission of a broker that is no member",
+        c.call(&ClusterMembersRequest {
+            decommission: Some(77),
+            admit: None,
+        })
+        .await,
+    );
+    table.row(
+        "cluster_members",
+        ErrorCode::InvalidRequest,
+        "a decommission of the last active broker",
+        c.call(&ClusterMembersRequest {
+            decommission: Some(1),
+            admit: None,
+        })
+        .await,
+    );
     broker.shutdown().await.unwrap();
 
     let file_dir = tempfile::tempdir().unwrap();
@@ -519,6 +541,12 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         ErrorCode::InvalidRequest,
         "a broker keeping its metadata in one file",
         f.call(&VnodeSplitRequest { vnode: 0 }).await,
+    );
+    table.row(
+        "cluster_members",
+        ErrorCode::InvalidRequest,
+        "a broker keeping its metadata in one file",
+        f.call(&ClusterMembersRequest::default()).await,
     );
     file_broker.shutdown().await.unwrap();
 
@@ -646,6 +674,7 @@ fn the_document_parses_into_every_operation_with_its_errors() {
         "cluster_status",
         "vnode_list",
         "vnode_split",
+        "cluster_members",
     ] {
         assert!(doc.per_op.contains_key(op), "{op} missing: {doc:?}");
     }

@@ -2,7 +2,10 @@
 //! process serves HTTP at all; `/ready` answers 503 until the metadata plane
 //! is open, the coordinator runs and the client port accepts; `/metrics` is
 //! Prometheus text (with restart counts refreshed from a live tree snapshot);
-//! `/api/tree` is the supervision tree as JSON.
+//! `/api/tree` is the supervision tree as JSON; `/api/members` is the
+//! cluster's members and where their vnode replicas are, and `POST
+//! /api/members/<id>/decommission` and `.../admit` change a member's state
+//! (ADR 0104; the same as the client port's `cluster_members`).
 //!
 //! Bounds (config `admin_connections_max`, `admin_read_timeout_ms`):
 //! - [`BoundedListener`] serves at most `admin_connections_max` connections
@@ -34,10 +37,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use malachi_cluster::group::Backoff;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -78,6 +81,9 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/api/tree", get(tree))
+        .route("/api/members", get(members))
+        .route("/api/members/{node}/decommission", post(decommission))
+        .route("/api/members/{node}/admit", post(admit))
         .with_state(shared)
 }
 
@@ -115,6 +121,50 @@ async fn tree(State(shared): State<Arc<Shared>>) -> Response {
     match root.snapshot().await {
         Ok(snapshot) => axum::Json(snapshot).into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn members(State(shared): State<Arc<Shared>>) -> Response {
+    members_answer(&shared, Default::default()).await
+}
+
+async fn decommission(State(shared): State<Arc<Shared>>, Path(node): Path<u64>) -> Response {
+    let request = malachi_wire::messages::ClusterMembersRequest {
+        decommission: Some(node),
+        admit: None,
+    };
+    members_answer(&shared, request).await
+}
+
+async fn admit(State(shared): State<Arc<Shared>>, Path(node): Path<u64>) -> Response {
+    let request = malachi_wire::messages::ClusterMembersRequest {
+        decommission: None,
+        admit: Some(node),
+    };
+    members_answer(&shared, request).await
+}
+
+/// The members as JSON; a refusal as its wire error code and message, with
+/// 400 for a bad request and 503 for anything a retry may cure.
+async fn members_answer(
+    shared: &Arc<Shared>,
+    request: malachi_wire::messages::ClusterMembersRequest,
+) -> Response {
+    use malachi_wire::Message as _;
+    if let Err(e) = request.check() {
+        return (StatusCode::BAD_REQUEST, format!("invalid_request: {e}\n")).into_response();
+    }
+    match crate::serve::vnodes::cluster_members(shared, request).await {
+        Ok(members) => axum::Json(members).into_response(),
+        Err(e) => {
+            let code = e.code();
+            let status = if code == malachi_wire::ErrorCode::InvalidRequest {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (status, format!("{}: {e}\n", code.name())).into_response()
+        }
     }
 }
 

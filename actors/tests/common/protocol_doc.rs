@@ -132,6 +132,11 @@ pub const NOT_PROVOKED: &[(&str, &str, &str)] = &[
     ),
     ("*", "shutting_down", "a request racing a broker's stop"),
     (
+        "cluster_members",
+        "no_quorum",
+        "the ring's group without a quorum (most of the cluster's brokers down); cluster/tests/membership_change.rs runs the same routing",
+    ),
+    (
         "*",
         "timeout",
         "a coordinator or disk slower than its deadline",

@@ -7,6 +7,12 @@
 //! answers is younger than `down_after_ms`; a peer never heard from is down,
 //! so a starting broker's groups elect as they always did.
 //!
+//! A peer whose boot id (the ping's answer, drawn at each start of its
+//! transport server) changes restarted between two probes: it counts as
+//! down for `down_after_ms` from then, exactly as if it had been silent
+//! that long, so the quiet followers of the groups it led wake and elect
+//! rather than keep believing in a leadership the restart ended.
+//!
 //! `LivenessTracker` is the pure decision (time enters as milliseconds);
 //! `spawn_prober` runs it against a `TcpTransport` and publishes the up set
 //! on a watch channel. The probe is answered by the transport server itself
@@ -69,6 +75,10 @@ pub struct LivenessTracker {
     node_id: u64,
     down_after_ms: u64,
     answered_ms: BTreeMap<u64, u64>,
+    /// Each peer's last boot id.
+    boots: BTreeMap<u64, u64>,
+    /// When each peer was last seen with a new boot id.
+    rebooted_ms: BTreeMap<u64, u64>,
 }
 
 impl LivenessTracker {
@@ -77,7 +87,23 @@ impl LivenessTracker {
             node_id,
             down_after_ms,
             answered_ms: BTreeMap::new(),
+            boots: BTreeMap::new(),
+            rebooted_ms: BTreeMap::new(),
         }
+    }
+
+    /// `peer` answered a probe sent at `sent_ms` with boot id `boot`
+    /// (`None`: a broker that sends none). A boot id other than the last
+    /// one seen means the peer restarted: down for `down_after_ms` from
+    /// `sent_ms`.
+    pub fn answered_by(&mut self, peer: u64, sent_ms: u64, boot: Option<u64>) {
+        if let Some(boot) = boot
+            && let Some(before) = self.boots.insert(peer, boot)
+            && before != boot
+        {
+            self.rebooted_ms.insert(peer, sent_ms);
+        }
+        self.answered(peer, sent_ms);
     }
 
     /// `peer` answered a probe sent at `sent_ms` (the send time, not the
@@ -95,6 +121,11 @@ impl LivenessTracker {
             .iter()
             .filter(|(_, at)| now_ms.saturating_sub(**at) < self.down_after_ms)
             .map(|(peer, _)| *peer)
+            .filter(|peer| {
+                self.rebooted_ms
+                    .get(peer)
+                    .is_none_or(|at| now_ms.saturating_sub(*at) >= self.down_after_ms)
+            })
             .collect();
         up.insert(self.node_id);
         up
@@ -131,12 +162,13 @@ pub fn spawn_prober(
                     let answer = transport
                         .call_raw(*peer, PING_API_KEY, 0, &[], settings.probe_timeout_ms)
                         .await;
-                    (*peer, answer.is_ok())
+                    (*peer, answer)
                 }
             });
-            for (peer, ok) in futures::future::join_all(probes).await {
-                if ok {
-                    tracker.answered(peer, sent_ms);
+            for (peer, answer) in futures::future::join_all(probes).await {
+                if let Ok(body) = answer {
+                    let boot = <[u8; 8]>::try_from(&body[..]).ok().map(u64::from_be_bytes);
+                    tracker.answered_by(peer, sent_ms, boot);
                 }
             }
             let up = tracker.up(clock.monotonic_ms());
@@ -175,6 +207,23 @@ mod tests {
         assert_eq!(t.up(1_100), BTreeSet::from([1]));
         t.answered(2, 1_200);
         assert_eq!(t.up(1_300), BTreeSet::from([1, 2]));
+    }
+
+    #[test]
+    fn a_peer_that_restarted_between_probes_is_down_for_the_bound() {
+        let mut t = LivenessTracker::new(1, 1_000);
+        t.answered_by(2, 100, Some(7));
+        t.answered_by(2, 300, Some(7));
+        assert!(t.up(400).contains(&2));
+        // A new boot id: down from its probe for 1 s, though it answers.
+        t.answered_by(2, 500, Some(8));
+        assert!(!t.up(600).contains(&2));
+        t.answered_by(2, 1_400, Some(8));
+        assert!(!t.up(1_450).contains(&2));
+        assert!(t.up(1_500).contains(&2));
+        // A broker that sends no boot id is judged by its answers alone.
+        t.answered_by(3, 1_500, None);
+        assert!(t.up(1_600).contains(&3));
     }
 
     #[test]

@@ -92,7 +92,9 @@ pub const CLOSE_VNODE_API_KEY: u16 = 218;
 /// Tells a broker a newer ring version exists; it fetches that ring.
 pub const RING_ANNOUNCE_API_KEY: u16 = 216;
 /// A liveness probe (ADR 0101): answered by the transport server itself,
-/// with an empty body, whatever service it runs.
+/// whatever service it runs, with its boot id (8 bytes, big-endian): a
+/// number drawn at every server start, so a prober tells a restarted peer
+/// from one that never went away.
 pub const PING_API_KEY: u16 = 217;
 
 /// Bytes of the group id in front of every request body.
@@ -810,6 +812,8 @@ impl RefusalLog {
 struct ServerShared {
     config: TransportServerConfig,
     service: Arc<dyn RpcService>,
+    /// Drawn at start; the answer to every ping.
+    boot_id: u64,
     counters: Counters,
     handshake_log: Mutex<RefusalLog>,
     frame_log: Mutex<RefusalLog>,
@@ -835,7 +839,10 @@ impl TransportServer {
         config: TransportServerConfig,
     ) -> Result<TransportServer, std::io::Error> {
         let addr = listener.local_addr()?;
+        let mut boot = [0u8; 8];
+        getrandom::fill(&mut boot).map_err(|e| std::io::Error::other(e.to_string()))?;
         let shared = Arc::new(ServerShared {
+            boot_id: u64::from_be_bytes(boot),
             handshake_log: Mutex::new(RefusalLog::new(config.refusal_log_interval_ms)),
             frame_log: Mutex::new(RefusalLog::new(config.refusal_log_interval_ms)),
             config,
@@ -1071,9 +1078,10 @@ async fn serve_connection(
             break;
         };
         let service = Arc::clone(&shared.service);
+        let boot_id = shared.boot_id;
         let answers = answers.clone();
         work.spawn(async move {
-            let response = answer(service.as_ref(), frame).await;
+            let response = answer(service.as_ref(), frame, boot_id).await;
             let _ = answers.send(response).await;
             drop(slot);
         });
@@ -1083,13 +1091,13 @@ async fn serve_connection(
     writer.abort();
 }
 
-async fn answer(service: &dyn RpcService, frame: RequestFrame) -> ResponseFrame {
+async fn answer(service: &dyn RpcService, frame: RequestFrame, boot_id: u64) -> ResponseFrame {
     let correlation_id = frame.correlation_id;
     if frame.api_key == PING_API_KEY {
         return ResponseFrame {
             correlation_id,
             error_code: ErrorCode::None,
-            payload: Bytes::new(),
+            payload: Bytes::copy_from_slice(&boot_id.to_be_bytes()),
         };
     }
     if frame.payload.len() < GROUP_ID_BYTES {
