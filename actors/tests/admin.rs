@@ -10,8 +10,14 @@ use malachi_actors::BrokerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    call(addr, "GET", path).await
+}
+
+async fn call(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
@@ -64,6 +70,33 @@ async fn health_ready_metrics_and_tree_are_served() {
     assert_eq!(status, 200);
     let tree: serde_json::Value = serde_json::from_str(&tree).unwrap();
     assert_eq!(tree["name"], "broker");
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_are_listed_and_a_refused_decommission_says_why() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path())).await;
+    let admin = broker.admin_addr();
+    let (status, body) = get(admin, "/api/members").await;
+    assert_eq!(status, 200, "{body}");
+    let members: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(members["members"][0]["node_id"], 1, "{body}");
+    assert_eq!(members["members"][0]["state"], "active", "{body}");
+    assert_eq!(members["groups_moving"], 0, "{body}");
+    // Not a member; the last active broker; node id 0: refused, 400.
+    for path in [
+        "/api/members/77/decommission",
+        "/api/members/1/decommission",
+        "/api/members/0/admit",
+    ] {
+        let (status, body) = call(admin, "POST", path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body.starts_with("invalid_request: "), "{path}: {body}");
+    }
+    // A GET is not a change.
+    assert_eq!(get(admin, "/api/members/77/decommission").await.0, 405);
     broker.shutdown().await.unwrap();
 }
 

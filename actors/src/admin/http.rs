@@ -154,7 +154,11 @@ async fn members_answer(
     if let Err(e) = request.check() {
         return (StatusCode::BAD_REQUEST, format!("invalid_request: {e}\n")).into_response();
     }
-    match crate::serve::vnodes::cluster_members(shared, request).await {
+    // Boxed: the routed reads nest deep enough to exhaust the compiler's
+    // layout depth inside axum's handler types.
+    let answer: Pin<Box<dyn Future<Output = _> + Send + '_>> =
+        Box::pin(crate::serve::vnodes::cluster_members(shared, request));
+    match answer.await {
         Ok(members) => axum::Json(members).into_response(),
         Err(e) => {
             let code = e.code();
