@@ -672,6 +672,16 @@ impl MetadataGroup {
         f(&applied.state)
     }
 
+    /// The group's id.
+    pub fn group_id(&self) -> u64 {
+        self.inner.config.group_id
+    }
+
+    /// The index of the last applied entry, read now (0 before any).
+    pub fn applied_index(&self) -> u64 {
+        *self.inner.shared.applied_index.borrow()
+    }
+
     /// The last applied log index, updated after every applied batch.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.shared.applied_index.subscribe()

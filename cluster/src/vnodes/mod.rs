@@ -829,12 +829,15 @@ impl VnodeHost {
     pub(crate) async fn sweep_left_groups(&self) {
         let me = self.config.node_id;
         let grace = Duration::from_millis(self.config.membership_step_timeout_ms);
+        // Only replicas that are no voter by their own view: a voter is
+        // removed by first becoming a learner (the change reaches it, as
+        // learners are replicated to), so a voter has nothing to ask.
         let candidates: Vec<(u64, Instant)> = self
             .registry
             .all()
             .into_iter()
-            .filter(|g| !g.is_leader())
-            .map(|g| g.status().group_id)
+            .filter(|g| !g.is_leader() && !g.membership().voters.contains(&me))
+            .map(|g| g.group_id())
             .filter_map(|id| {
                 let at = *self.opened_at.lock().get(&id)?;
                 (at.elapsed() >= grace).then_some((id, at))
@@ -1509,20 +1512,25 @@ impl VnodeHost {
                         encode(&answer)
                     }
                     Query::Membership => {
-                        // Through a read, so only a leader (whose view of
-                        // the membership is the group's) answers.
-                        let answer = match group.read(|_| ()).await {
-                            Ok(()) => {
-                                let m: GroupMembership = group.membership();
-                                Forwarded::Done(VnodeMembership {
-                                    leader: self.config.node_id,
-                                    voters: m.voters.into_iter().collect(),
-                                    learners: m.learners.into_iter().collect(),
-                                    joint: m.joint,
-                                    committed: m.committed,
-                                })
+                        // The leader's own view, without a read-index
+                        // round: cheap enough for every broker to ask every
+                        // so often. A deposed leader's answer is at worst
+                        // stale, and its `committed` flag then names a
+                        // membership a quorum once held, which is all a
+                        // reader acts on (`sweep_left_groups`).
+                        let answer = if group.is_leader() {
+                            let m: GroupMembership = group.membership();
+                            Forwarded::Done(VnodeMembership {
+                                leader: self.config.node_id,
+                                voters: m.voters.into_iter().collect(),
+                                learners: m.learners.into_iter().collect(),
+                                joint: m.joint,
+                                committed: m.committed,
+                            })
+                        } else {
+                            Forwarded::NotLeader {
+                                leader: group.status().leader,
                             }
-                            Err(e) => forwarded_error(e),
                         };
                         encode(&answer)
                     }

@@ -39,6 +39,9 @@ pub const REPLACE_AFTER_MS_DEFAULT: u64 = 300_000;
 pub const REBALANCE_CHECK_MS_DEFAULT: u64 = 1_000;
 /// How many groups one broker changes at once.
 pub const REBALANCE_GROUPS_PARALLEL_MAX: usize = 4;
+/// How long a leader waits for its hand-over (an election) before it asks
+/// again.
+pub const HANDOVER_RETRY_MS: u64 = 1_000;
 /// How long a learner nobody needs stays before it is removed.
 pub const LEARNER_LINGER_MS: u64 = 5_000;
 /// How often a broker asks the leaders of the groups it hosts but does
@@ -240,6 +243,12 @@ pub(super) fn spawn_rebalancer(
         let mut last_sweep = Instant::now();
         // Since when each learner (by group) has been one nobody needs.
         let mut unneeded: BTreeMap<(u64, u64), Instant> = BTreeMap::new();
+        // When each group last handed its leadership over: a hand-over is
+        // an election, given time before it is asked for again.
+        let mut handed: BTreeMap<u64, Instant> = BTreeMap::new();
+        // Each led group's segment-copy holders, by the applied index they
+        // were read at: recomputed only when the group applied something.
+        let mut holders: BTreeMap<u64, (u64, BTreeSet<u64>)> = BTreeMap::new();
         loop {
             let worked = {
                 let Some(host) = host.upgrade() else { break };
@@ -263,17 +272,32 @@ pub(super) fn spawn_rebalancer(
                 let replicas = host.replicas_per_vnode();
                 let eligible = eligible(&members, &dead, replicas);
                 let mut steps = Vec::new();
-                for group in host.registry().all() {
-                    if !group.is_leader() {
-                        continue;
-                    }
-                    let group_id = group.status().group_id;
+                let led: Vec<_> = host
+                    .registry()
+                    .all()
+                    .into_iter()
+                    .filter(|g| g.is_leader())
+                    .collect();
+                let led_ids: BTreeSet<u64> = led.iter().map(|g| g.group_id()).collect();
+                holders.retain(|id, _| led_ids.contains(id));
+                handed.retain(|id, _| led_ids.contains(id));
+                unneeded.retain(|(id, _), _| led_ids.contains(id));
+                for group in led {
+                    let group_id = group.group_id();
                     let Some(vnode) = vnode_of(group_id) else {
                         continue;
                     };
                     let target = target_voters(vnode, &eligible, replicas);
                     let membership = group.membership();
-                    let mut keep = group.read_local(|s| s.copy_holders());
+                    let applied = group.applied_index();
+                    let mut keep = match holders.get(&group_id) {
+                        Some((at, set)) if *at == applied => set.clone(),
+                        _ => {
+                            let set = group.read_local(|s| s.copy_holders());
+                            holders.insert(group_id, (applied, set.clone()));
+                            set
+                        }
+                    };
                     // A learner nobody needs lingers a while first: a
                     // segment placed on it a moment ago may not be applied
                     // on this leader yet.
@@ -289,6 +313,14 @@ pub(super) fn spawn_rebalancer(
                         }
                     }
                     let step = next_step(me, &membership, &target, &keep, &up_now);
+                    if let Step::HandOver { .. } = step {
+                        if handed.get(&group_id).is_some_and(|at| {
+                            at.elapsed() < Duration::from_millis(HANDOVER_RETRY_MS)
+                        }) {
+                            continue;
+                        }
+                        handed.insert(group_id, Instant::now());
+                    }
                     if step != Step::Settled {
                         steps.push((vnode, group, step));
                     }
