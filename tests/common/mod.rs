@@ -27,19 +27,30 @@ const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
 
 /// A loopback port free for TCP and UDP (SWIM shares the client port) at
 /// the time of asking, outside the kernel's ephemeral range.
+///
+/// Ports are handed out in sequence from a per-process random start, so one
+/// test process never hands out the same port twice (a port picked for a
+/// broker that has not bound it yet looks free to a second, parallel
+/// test). Picking each port by an independent hash did collide: with about
+/// thirty brokers per test binary over 12,000 ports, one run in a few dozen
+/// gave two brokers the same admin port (CI, `cli_end_to_end`).
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let seed = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
     let span = u64::from(TEST_PORTS.end - TEST_PORTS.start);
-    for _ in 0..10_000 {
+    let start = {
+        static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        *START.get_or_init(|| {
+            let seed = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+            (seed.wrapping_mul(0x94D0_49BB_1331_11EB) >> 32) % span
+        })
+    };
+    for _ in 0..span {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let mixed =
-            (seed ^ n.wrapping_mul(0xBF58_476D_1CE4_E5B9)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        let port = TEST_PORTS.start + ((mixed >> 32) % span) as u16;
+        let port = TEST_PORTS.start + ((start + n) % span) as u16;
         let tcp = TcpListener::bind(("127.0.0.1", port));
         let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
         if tcp.is_ok() && udp.is_ok() {
