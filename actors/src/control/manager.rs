@@ -147,7 +147,7 @@ impl ManagerState {
             .filter_map(|v| {
                 host.group(*v).map(|g| VnodeLeader {
                     vnode: v.0,
-                    term: g.status().term,
+                    term: g.leader_term().1,
                 })
             })
             .collect();

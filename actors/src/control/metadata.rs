@@ -148,7 +148,7 @@ async fn watch_applied(host: std::sync::Weak<VnodeHost>, version: watch::Sender<
         };
         let mut added = false;
         for group in groups {
-            if !watched.insert(group.status().group_id) {
+            if !watched.insert(group.group_id()) {
                 continue;
             }
             added = true;

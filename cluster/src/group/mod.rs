@@ -140,6 +140,11 @@ impl GroupConfig {
             // term's blank entry, once committed, covers every one of them.
             // openraft documents this hazard of `enable_leader_restore`.
             enable_leader_restore: Some(false),
+            // Per-entry stage timestamps are openraft diagnostics we never
+            // read; each of their six ring buffers is preallocated at this
+            // capacity (1,024 by default: ~150 KB per group, 600 MB at
+            // 4,096 vnodes). ADR 0105.
+            log_stage_capacity: Some(LOG_STAGE_CAPACITY),
             ..Default::default()
         };
         config.validate().map_err(|e| GroupError::Config {
@@ -247,6 +252,10 @@ pub struct GroupStatus {
     pub voters: Vec<u64>,
 }
 
+/// The capacity of each of openraft's per-entry stage-timestamp ring buffers
+/// (diagnostics only; see `raft_config`).
+const LOG_STAGE_CAPACITY: u64 = 8;
+
 /// How far behind the leader's log a learner may be and still be made a
 /// voter: under writes a learner is always a few entries behind.
 pub const LEARNER_LAG_ENTRIES_MAX: u64 = 64;
@@ -306,6 +315,10 @@ struct Inner {
     /// heartbeats, no election timer) and it refuses pre-votes from anyone
     /// but the leader it believes alive.
     quiet: AtomicBool,
+    /// Whether the group's election timer is parked because this replica
+    /// should not campaign now (`vnodes::quiet::campaign_wanted`). Unlike
+    /// `quiet`, it refuses no pre-vote.
+    parked: AtomicBool,
     /// The log store raft owns, kept so unit tests can fail its disk.
     #[cfg(test)]
     log: LogStore,
@@ -362,8 +375,20 @@ impl MetadataGroup {
         transport: Arc<dyn GroupTransport>,
     ) -> Result<MetadataGroup, GroupError> {
         let raft_config = Arc::new(config.raft_config()?);
-        let log = LogStore::open(&config.dir, config.group_id, config.entry_bytes_max)?;
-        let sm = StateMachine::open(&config.dir, config.group_id, config.snapshot_bytes_max)?;
+        // Reading and creating the files blocks (reads, fsyncs): off the
+        // async workers, so a broker opening many groups at once opens
+        // them side by side (ADR 0105).
+        let (dir, group_id) = (config.dir.clone(), config.group_id);
+        let (entry_bytes_max, snapshot_bytes_max) = (config.entry_bytes_max, config.snapshot_bytes_max);
+        let (log, sm) = tokio::task::spawn_blocking(move || {
+            let log = LogStore::open(&dir, group_id, entry_bytes_max)?;
+            let sm = StateMachine::open(&dir, group_id, snapshot_bytes_max)?;
+            Ok::<_, OpenError>((log, sm))
+        })
+        .await
+        .map_err(|e| GroupError::Fatal {
+            reason: format!("opening the group's files panicked: {e}"),
+        })??;
         let shared = sm.shared();
         #[cfg(test)]
         let log_handle = log.clone();
@@ -387,6 +412,7 @@ impl MetadataGroup {
                 stopping_since: std::sync::OnceLock::new(),
                 core_stopped: AtomicBool::new(false),
                 quiet: AtomicBool::new(false),
+                parked: AtomicBool::new(false),
                 #[cfg(test)]
                 log: log_handle,
             }),
@@ -730,6 +756,14 @@ impl MetadataGroup {
         !self.inner.stopped.load(Ordering::Acquire) && self.inner.raft.is_leader()
     }
 
+    /// The leader this replica knows of and its term, read without
+    /// cloning the metrics (loops over thousands of groups call this).
+    pub fn leader_term(&self) -> (Option<u64>, u64) {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        (m.current_leader, m.current_term)
+    }
+
     /// The group's raft state now.
     pub fn status(&self) -> GroupStatus {
         let m = self.inner.raft.metrics().borrow_watched().clone();
@@ -786,7 +820,30 @@ impl MetadataGroup {
             return;
         }
         self.inner.quiet.store(quiet, Ordering::Release);
-        self.inner.raft.runtime_config().tick(!quiet);
+        self.retick();
+    }
+
+    /// Parks (`true`) or resumes (`false`) the group's raft ticker because
+    /// this replica should not campaign now (ADR 0105); it answers every
+    /// message as usual. Idempotent.
+    pub fn set_parked(&self, parked: bool) {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        self.inner.parked.store(parked, Ordering::Release);
+        self.retick();
+    }
+
+    /// Whether the group's election timer is parked now.
+    pub fn is_parked(&self) -> bool {
+        self.inner.parked.load(Ordering::Acquire)
+    }
+
+    /// The ticker runs unless the group is quiet or parked.
+    fn retick(&self) {
+        let tick =
+            !self.inner.quiet.load(Ordering::Acquire) && !self.inner.parked.load(Ordering::Acquire);
+        self.inner.raft.runtime_config().tick(tick);
     }
 
     /// Whether the group is quiet now.

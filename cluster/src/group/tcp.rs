@@ -1135,7 +1135,7 @@ impl GroupRegistry {
 
     /// Hosts `group` under its id, replacing any previous one.
     pub fn insert(&self, group: super::MetadataGroup) {
-        let id = group.status().group_id;
+        let id = group.group_id();
         self.groups.write().insert(id, group);
     }
 

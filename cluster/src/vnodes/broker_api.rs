@@ -77,7 +77,7 @@ impl VnodeHost {
         let voters = self.voters(vnode);
         let mut target = self
             .group(vnode)
-            .and_then(|g| g.status().leader)
+            .and_then(|g| g.leader_term().0)
             .unwrap_or(voters[0]);
         let mut next_voter = 0usize;
         let mut last = String::from("no attempt");

@@ -121,6 +121,122 @@ pub fn quiet_wanted(pace: &GroupPace, up: &BTreeSet<u64>) -> bool {
     }
 }
 
+/// How long a voter that is not first in line waits, per place in line,
+/// before it campaigns for a leaderless group anyway (`campaign_wanted`).
+pub const CAMPAIGN_DEFER_MS: u64 = 2_000;
+
+/// At most this many of a broker's groups campaign at once. Thousands
+/// campaigning together (a start, a broker's loss at 4,096 vnodes) queued
+/// their vote requests behind each other past the vote timeout, failed,
+/// and campaigned again: a congestion collapse (ADR 0105).
+pub const CAMPAIGNS_MAX: usize = 64;
+/// How long one group may campaign before it yields its place to the next
+/// and waits as long again.
+pub const CAMPAIGN_SLOT_MS: u64 = 3_000;
+
+/// Whether a replica in `pace` that is not quiet (no live leader) should
+/// run its election timer now, given the nodes `up` and how long the group
+/// has been leaderless here (ADR 0105).
+///
+/// - Not without a quorum of its voters up (itself counted): such an
+///   election cannot win, and thousands of groups campaigning in vain
+///   while peers start (or stay away) were an election storm that starved
+///   the transport and the membership protocol.
+/// - The live voters take turns: the group's preferred leader first if it
+///   is up, then the others in id order, each `CAMPAIGN_DEFER_MS` after the
+///   one before. One campaigner per group means no split votes and leaders
+///   where they belong; the turns bound how long views that disagree about
+///   who is up can leave a group leaderless.
+/// - A replica that is no voter (a learner) is left ticking: openraft never
+///   campaigns with it.
+pub fn campaign_wanted(pace: &GroupPace, up: &BTreeSet<u64>, leaderless_for: Duration) -> bool {
+    if !pace.voters.contains(&pace.node_id) {
+        return true;
+    }
+    let alive = |v: &u64| *v == pace.node_id || up.contains(v);
+    let live = pace.voters.iter().filter(|v| alive(v)).count();
+    if live < pace.voters.len() / 2 + 1 {
+        return false;
+    }
+    let preferred = preferred_leader(pace.group_id, &pace.voters);
+    let mut line: Vec<u64> = preferred.into_iter().filter(alive).collect();
+    let mut others: Vec<u64> = pace
+        .voters
+        .iter()
+        .copied()
+        .filter(|v| alive(v) && Some(*v) != preferred)
+        .collect();
+    others.sort_unstable();
+    line.extend(others);
+    let place = line.iter().position(|v| *v == pace.node_id).unwrap_or(0) as u64;
+    leaderless_for >= Duration::from_millis(place.saturating_mul(CAMPAIGN_DEFER_MS))
+}
+
+/// The groups of one broker allowed to campaign now: at most `max` at once,
+/// each for at most `slot`, after which it waits as long before it may
+/// campaign again, so groups that cannot win do not keep the others out.
+#[derive(Debug)]
+pub struct Campaigns {
+    max: usize,
+    slot: Duration,
+    /// Campaigning groups, since when.
+    running: BTreeMap<u64, Instant>,
+    /// Groups whose slot ran out, since when.
+    resting: BTreeMap<u64, Instant>,
+}
+
+impl Campaigns {
+    pub fn new(max: usize, slot: Duration) -> Campaigns {
+        Campaigns {
+            max: max.max(1),
+            slot,
+            running: BTreeMap::new(),
+            resting: BTreeMap::new(),
+        }
+    }
+
+    /// Whether `group`, which wants to campaign (`wanted`) or not, may run
+    /// its election timer at `now`. A group that stops wanting gives its
+    /// place back at once.
+    pub fn admit(&mut self, group: u64, wanted: bool, now: Instant) -> bool {
+        if !wanted {
+            self.running.remove(&group);
+            self.resting.remove(&group);
+            return false;
+        }
+        if let Some(since) = self.running.get(&group).copied() {
+            if now.saturating_duration_since(since) < self.slot {
+                return true;
+            }
+            self.running.remove(&group);
+            self.resting.insert(group, now);
+            return false;
+        }
+        if let Some(since) = self.resting.get(&group).copied() {
+            if now.saturating_duration_since(since) < self.slot {
+                return false;
+            }
+            self.resting.remove(&group);
+        }
+        if self.running.len() >= self.max {
+            return false;
+        }
+        self.running.insert(group, now);
+        true
+    }
+
+    /// How many groups campaign now.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Forgets the groups `keep` says no.
+    pub fn retain(&mut self, keep: impl Fn(u64) -> bool) {
+        self.running.retain(|g, _| keep(*g));
+        self.resting.retain(|g, _| keep(*g));
+    }
+}
+
 /// Runs `quiet_wanted` over `host`'s groups until the host is dropped or
 /// the up channel closes.
 pub(super) fn spawn_quiescer(
@@ -132,6 +248,8 @@ pub(super) fn spawn_quiescer(
     tokio::spawn(async move {
         let mut before: BTreeSet<u64> = BTreeSet::new();
         let mut transferred: BTreeMap<u64, Handover> = BTreeMap::new();
+        let mut leaderless_since: BTreeMap<u64, Instant> = BTreeMap::new();
+        let mut campaigns = Campaigns::new(CAMPAIGNS_MAX, Duration::from_millis(CAMPAIGN_SLOT_MS));
         loop {
             let mut transfers = 0usize;
             let now: BTreeSet<u64> = up.borrow_and_update().clone();
@@ -147,6 +265,18 @@ pub(super) fn spawn_quiescer(
                         continue;
                     }
                     let quiet = quiet_wanted(&pace, &now);
+                    let campaigning = !quiet && !pace.is_leader;
+                    let wanted = campaigning && {
+                        let since = *leaderless_since.entry(pace.group_id).or_insert_with(Instant::now);
+                        campaign_wanted(&pace, &now, since.elapsed())
+                    };
+                    if !campaigning {
+                        leaderless_since.remove(&pace.group_id);
+                    }
+                    let parked = campaigning && !campaigns.admit(pace.group_id, wanted, Instant::now());
+                    if parked != group.is_parked() {
+                        group.set_parked(parked);
+                    }
                     if quiet != group.is_quiet() {
                         tracing::debug!(
                             group = pace.group_id,
@@ -230,6 +360,10 @@ pub(super) fn spawn_quiescer(
             }
             before = now;
             transferred.retain(|_, h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
+            if let Some(host) = host.upgrade() {
+                leaderless_since.retain(|group_id, _| host.registry().get(*group_id).is_some());
+                campaigns.retain(|group_id| host.registry().get(group_id).is_some());
+            }
             tokio::select! {
                 changed = up.changed() => {
                     if changed.is_err() {
@@ -278,6 +412,59 @@ mod tests {
         assert!(!quiet_wanted(&pace(false, None, &[]), &up(&[1, 2, 3])));
         // Named leader of itself without leading: a restarted replica.
         assert!(!quiet_wanted(&pace(false, Some(1), &[]), &up(&[1, 2, 3])));
+    }
+
+    #[test]
+    fn only_a_quorum_campaigns_and_the_live_voters_take_turns() {
+        // Group 7 of voters 1, 2, 3 prefers 2 (7 % 3 = 1); this replica is 1.
+        let leaderless = pace(false, None, &[]);
+        let all = up(&[1, 2, 3]);
+        let turn = Duration::from_millis(CAMPAIGN_DEFER_MS);
+        // 2 is first in line, 1 second: it waits one turn.
+        assert!(!campaign_wanted(&leaderless, &all, Duration::ZERO));
+        assert!(!campaign_wanted(&leaderless, &all, turn - Duration::from_millis(1)));
+        assert!(campaign_wanted(&leaderless, &all, turn));
+        // The preferred voter is down: 1 is first among the live ones.
+        assert!(campaign_wanted(&leaderless, &up(&[1, 3]), Duration::ZERO));
+        // No quorum up: never, however long it waits; itself counts as up.
+        assert!(!campaign_wanted(&leaderless, &up(&[]), turn * 10));
+        assert!(campaign_wanted(&leaderless, &up(&[3]), Duration::ZERO));
+        // Third in line: 3 waits two turns.
+        let mut third = leaderless.clone();
+        third.node_id = 3;
+        assert!(!campaign_wanted(&third, &all, turn));
+        assert!(campaign_wanted(&third, &all, turn * 2));
+        // A single voter always may; a learner is left alone.
+        let mut single = leaderless.clone();
+        single.voters = vec![1];
+        assert!(campaign_wanted(&single, &up(&[]), Duration::ZERO));
+        let mut learner = leaderless;
+        learner.voters = vec![2, 3, 4];
+        assert!(campaign_wanted(&learner, &up(&[]), Duration::ZERO));
+    }
+
+    #[test]
+    fn at_most_max_groups_campaign_each_for_a_slot_then_rest() {
+        let slot = Duration::from_secs(3);
+        let mut campaigns = Campaigns::new(2, slot);
+        let t0 = Instant::now();
+        assert!(campaigns.admit(1, true, t0));
+        assert!(campaigns.admit(2, true, t0));
+        assert!(!campaigns.admit(3, true, t0), "a third waits");
+        assert_eq!(campaigns.running(), 2);
+        // 1 got its leader: its place goes to 3.
+        assert!(!campaigns.admit(1, false, t0));
+        assert!(campaigns.admit(3, true, t0));
+        // 2's slot runs out: it rests a slot, and 4 takes its place.
+        let t1 = t0 + slot;
+        assert!(!campaigns.admit(2, true, t1));
+        assert!(campaigns.admit(4, true, t1));
+        assert!(!campaigns.admit(2, true, t1 + slot / 2), "still resting");
+        assert!(!campaigns.admit(1, false, t1));
+        // 3 outlived its slot too by now: 2 may come back.
+        let t2 = t1 + slot;
+        assert!(!campaigns.admit(3, true, t2));
+        assert!(campaigns.admit(2, true, t2));
     }
 
     #[test]

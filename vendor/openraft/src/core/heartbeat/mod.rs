@@ -1,0 +1,4 @@
+pub(crate) mod errors;
+pub(crate) mod event;
+pub(crate) mod handle;
+pub(crate) mod worker;

@@ -1,0 +1,3 @@
+//!  # FAQ
+#![doc = include_str!("faq-toc.md")]
+#![doc = include_str!("faq.md")]
