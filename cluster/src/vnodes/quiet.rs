@@ -27,6 +27,12 @@ use tokio::task::JoinHandle;
 /// catches a group that fell behind, learned a leader, or was opened.
 pub const QUIET_CHECK_MS_DEFAULT: u64 = 250;
 
+/// A quiet group is re-judged only on every this many passes (about every
+/// 2 s at the default check) unless the up set changed: a quiet group
+/// changes pace because a peer came or went (the up set), or because it
+/// took a write, whose replication does not wait for the ticker.
+pub const QUIET_SETTLED_PASSES: u64 = 8;
+
 /// At most this many leaderships are handed over per pass, so a start
 /// (where the first broker up wins most elections) does not become an
 /// election storm.
@@ -249,17 +255,27 @@ pub(super) fn spawn_quiescer(
         let mut before: BTreeSet<u64> = BTreeSet::new();
         let mut transferred: BTreeMap<u64, Handover> = BTreeMap::new();
         let mut leaderless_since: BTreeMap<u64, Instant> = BTreeMap::new();
+        let mut passes: u64 = 0;
         let mut campaigns = Campaigns::new(CAMPAIGNS_MAX, Duration::from_millis(CAMPAIGN_SLOT_MS));
         loop {
             let mut transfers = 0usize;
             let now: BTreeSet<u64> = up.borrow_and_update().clone();
             let back: BTreeSet<u64> = now.difference(&before).copied().collect();
+            // A quiet group is re-judged on every change of the up set and
+            // on every `QUIET_SETTLED_PASSES`th pass; the others on every
+            // pass. Judging all of 4,096 groups four times a second was
+            // most of an idle broker's cost (ADR 0105).
+            passes = passes.wrapping_add(1);
+            let full = now != before || passes % QUIET_SETTLED_PASSES == 0;
             {
                 let Some(host) = host.upgrade() else { break };
                 if host.is_stopped() {
                     break;
                 }
                 for group in host.registry().all() {
+                    if !full && group.is_quiet() && !group.is_parked() {
+                        continue;
+                    }
                     let pace = group.pace();
                     if !pace.running {
                         continue;
@@ -360,7 +376,7 @@ pub(super) fn spawn_quiescer(
             }
             before = now;
             transferred.retain(|_, h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
-            if let Some(host) = host.upgrade() {
+            if let Some(host) = host.upgrade().filter(|_| full) {
                 leaderless_since.retain(|group_id, _| host.registry().get(*group_id).is_some());
                 campaigns.retain(|group_id| host.registry().get(group_id).is_some());
             }
