@@ -441,6 +441,9 @@ async fn an_interrupted_split_resumes_from_another_host_and_an_uncommitted_one_r
 
     // Rollback: a split begun and fenced, then aborted before its commit.
     let host = &cluster.broker(0).host;
+    // The ring group creates its ring on first read (`split_vnode` reads
+    // it first; this test proposes the steps itself).
+    host.ring_record().await.unwrap();
     let begun = host
         .propose_ring(Command::BeginSplit { parent })
         .await

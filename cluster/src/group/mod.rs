@@ -379,7 +379,8 @@ impl MetadataGroup {
         // async workers, so a broker opening many groups at once opens
         // them side by side (ADR 0105).
         let (dir, group_id) = (config.dir.clone(), config.group_id);
-        let (entry_bytes_max, snapshot_bytes_max) = (config.entry_bytes_max, config.snapshot_bytes_max);
+        let (entry_bytes_max, snapshot_bytes_max) =
+            (config.entry_bytes_max, config.snapshot_bytes_max);
         let (log, sm) = tokio::task::spawn_blocking(move || {
             let log = LogStore::open(&dir, group_id, entry_bytes_max)?;
             let sm = StateMachine::open(&dir, group_id, snapshot_bytes_max)?;

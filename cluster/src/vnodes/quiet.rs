@@ -127,10 +127,6 @@ pub fn quiet_wanted(pace: &GroupPace, up: &BTreeSet<u64>) -> bool {
     }
 }
 
-/// How long a voter that is not first in line waits, per place in line,
-/// before it campaigns for a leaderless group anyway (`campaign_wanted`).
-pub const CAMPAIGN_DEFER_MS: u64 = 2_000;
-
 /// At most this many of a broker's groups campaign at once. Thousands
 /// campaigning together (a start, a broker's loss at 4,096 vnodes) queued
 /// their vote requests behind each other past the vote timeout, failed,
@@ -141,41 +137,45 @@ pub const CAMPAIGNS_MAX: usize = 64;
 pub const CAMPAIGN_SLOT_MS: u64 = 3_000;
 
 /// Whether a replica in `pace` that is not quiet (no live leader) should
-/// run its election timer now, given the nodes `up` and how long the group
-/// has been leaderless here (ADR 0105).
+/// run its election timer now, given the nodes `up` (ADR 0105): not
+/// without a quorum of its voters up, itself counted. Such an election
+/// cannot win, and thousands of groups campaigning in vain while peers
+/// start (or stay away) were an election storm that starved the transport
+/// and the membership protocol. A replica that is no voter (a learner) is
+/// left ticking: openraft never campaigns with it.
 ///
-/// - Not without a quorum of its voters up (itself counted): such an
-///   election cannot win, and thousands of groups campaigning in vain
-///   while peers start (or stay away) were an election storm that starved
-///   the transport and the membership protocol.
-/// - The live voters take turns: the group's preferred leader first if it
-///   is up, then the others in id order, each `CAMPAIGN_DEFER_MS` after the
-///   one before. One campaigner per group means no split votes and leaders
-///   where they belong; the turns bound how long views that disagree about
-///   who is up can leave a group leaderless.
-/// - A replica that is no voter (a learner) is left ticking: openraft never
-///   campaigns with it.
-pub fn campaign_wanted(pace: &GroupPace, up: &BTreeSet<u64>, leaderless_for: Duration) -> bool {
+/// Every live voter campaigns, not one chosen in turn: openraft's initial
+/// membership entry carries the id of the replica that wrote it, so on a
+/// fresh group only the voter with the greatest id can win the first
+/// election, and a chosen campaigner that cannot win holds the group up.
+pub fn campaign_wanted(pace: &GroupPace, up: &BTreeSet<u64>) -> bool {
     if !pace.voters.contains(&pace.node_id) {
         return true;
     }
-    let alive = |v: &u64| *v == pace.node_id || up.contains(v);
-    let live = pace.voters.iter().filter(|v| alive(v)).count();
-    if live < pace.voters.len() / 2 + 1 {
-        return false;
-    }
-    let preferred = preferred_leader(pace.group_id, &pace.voters);
-    let mut line: Vec<u64> = preferred.into_iter().filter(alive).collect();
-    let mut others: Vec<u64> = pace
+    let live = pace
         .voters
         .iter()
-        .copied()
-        .filter(|v| alive(v) && Some(*v) != preferred)
-        .collect();
-    others.sort_unstable();
-    line.extend(others);
-    let place = line.iter().position(|v| *v == pace.node_id).unwrap_or(0) as u64;
-    leaderless_for >= Duration::from_millis(place.saturating_mul(CAMPAIGN_DEFER_MS))
+        .filter(|v| **v == pace.node_id || up.contains(v))
+        .count();
+    live > pace.voters.len() / 2
+}
+
+/// Whether a replica in `pace` should have its election timer parked now:
+/// it has no live leader and may not campaign (`campaign_wanted`), or may
+/// but `campaigns` has no place for it yet. Every judged group goes through
+/// `campaigns`, so one that found its leader gives its place back (one that
+/// kept its place from an election long past was made to rest a slot when
+/// its leader later died, and failover took 4 s instead of 1).
+pub fn parked_wanted(
+    campaigns: &mut Campaigns,
+    pace: &GroupPace,
+    up: &BTreeSet<u64>,
+    now: Instant,
+) -> bool {
+    let campaigning = !pace.is_leader && !quiet_wanted(pace, up);
+    let wanted = campaigning && campaign_wanted(pace, up);
+    let admitted = campaigns.admit(pace.group_id, wanted, now);
+    campaigning && !admitted
 }
 
 /// The groups of one broker allowed to campaign now: at most `max` at once,
@@ -254,7 +254,6 @@ pub(super) fn spawn_quiescer(
     tokio::spawn(async move {
         let mut before: BTreeSet<u64> = BTreeSet::new();
         let mut transferred: BTreeMap<u64, Handover> = BTreeMap::new();
-        let mut leaderless_since: BTreeMap<u64, Instant> = BTreeMap::new();
         let mut passes: u64 = 0;
         let mut campaigns = Campaigns::new(CAMPAIGNS_MAX, Duration::from_millis(CAMPAIGN_SLOT_MS));
         loop {
@@ -281,15 +280,7 @@ pub(super) fn spawn_quiescer(
                         continue;
                     }
                     let quiet = quiet_wanted(&pace, &now);
-                    let campaigning = !quiet && !pace.is_leader;
-                    let wanted = campaigning && {
-                        let since = *leaderless_since.entry(pace.group_id).or_insert_with(Instant::now);
-                        campaign_wanted(&pace, &now, since.elapsed())
-                    };
-                    if !campaigning {
-                        leaderless_since.remove(&pace.group_id);
-                    }
-                    let parked = campaigning && !campaigns.admit(pace.group_id, wanted, Instant::now());
+                    let parked = parked_wanted(&mut campaigns, &pace, &now, Instant::now());
                     if parked != group.is_parked() {
                         group.set_parked(parked);
                     }
@@ -377,7 +368,6 @@ pub(super) fn spawn_quiescer(
             before = now;
             transferred.retain(|_, h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
             if let Some(host) = host.upgrade().filter(|_| full) {
-                leaderless_since.retain(|group_id, _| host.registry().get(*group_id).is_some());
                 campaigns.retain(|group_id| host.registry().get(group_id).is_some());
             }
             tokio::select! {
@@ -431,32 +421,21 @@ mod tests {
     }
 
     #[test]
-    fn only_a_quorum_campaigns_and_the_live_voters_take_turns() {
-        // Group 7 of voters 1, 2, 3 prefers 2 (7 % 3 = 1); this replica is 1.
+    fn only_a_replica_that_sees_a_quorum_of_its_voters_campaigns() {
         let leaderless = pace(false, None, &[]);
-        let all = up(&[1, 2, 3]);
-        let turn = Duration::from_millis(CAMPAIGN_DEFER_MS);
-        // 2 is first in line, 1 second: it waits one turn.
-        assert!(!campaign_wanted(&leaderless, &all, Duration::ZERO));
-        assert!(!campaign_wanted(&leaderless, &all, turn - Duration::from_millis(1)));
-        assert!(campaign_wanted(&leaderless, &all, turn));
-        // The preferred voter is down: 1 is first among the live ones.
-        assert!(campaign_wanted(&leaderless, &up(&[1, 3]), Duration::ZERO));
-        // No quorum up: never, however long it waits; itself counts as up.
-        assert!(!campaign_wanted(&leaderless, &up(&[]), turn * 10));
-        assert!(campaign_wanted(&leaderless, &up(&[3]), Duration::ZERO));
-        // Third in line: 3 waits two turns.
-        let mut third = leaderless.clone();
-        third.node_id = 3;
-        assert!(!campaign_wanted(&third, &all, turn));
-        assert!(campaign_wanted(&third, &all, turn * 2));
+        assert!(campaign_wanted(&leaderless, &up(&[1, 2, 3])));
+        assert!(campaign_wanted(&leaderless, &up(&[1, 3])));
+        // Itself counts as up, whatever the up set says.
+        assert!(campaign_wanted(&leaderless, &up(&[3])));
+        assert!(!campaign_wanted(&leaderless, &up(&[])));
+        assert!(!campaign_wanted(&leaderless, &up(&[4, 5])));
         // A single voter always may; a learner is left alone.
         let mut single = leaderless.clone();
         single.voters = vec![1];
-        assert!(campaign_wanted(&single, &up(&[]), Duration::ZERO));
+        assert!(campaign_wanted(&single, &up(&[])));
         let mut learner = leaderless;
         learner.voters = vec![2, 3, 4];
-        assert!(campaign_wanted(&learner, &up(&[]), Duration::ZERO));
+        assert!(campaign_wanted(&learner, &up(&[])));
     }
 
     #[test]
@@ -481,6 +460,49 @@ mod tests {
         let t2 = t1 + slot;
         assert!(!campaigns.admit(3, true, t2));
         assert!(campaigns.admit(2, true, t2));
+    }
+
+    #[test]
+    fn a_group_that_found_its_leader_campaigns_at_once_when_it_loses_it() {
+        let slot = Duration::from_secs(3);
+        let mut campaigns = Campaigns::new(1, slot);
+        let all = up(&[1, 2, 3]);
+        let t0 = Instant::now();
+        let leaderless = pace(false, None, &[]);
+        assert!(!parked_wanted(&mut campaigns, &leaderless, &all, t0));
+        // Another group waits for the only place.
+        let mut other = leaderless.clone();
+        other.group_id = 8;
+        assert!(parked_wanted(&mut campaigns, &other, &all, t0));
+        // Group 7 elects 2: quiet, and its place goes to group 8.
+        let led = pace(false, Some(2), &[]);
+        assert!(!parked_wanted(&mut campaigns, &led, &all, t0));
+        assert!(!parked_wanted(&mut campaigns, &other, &all, t0));
+        assert!(
+            !parked_wanted(&mut campaigns, &other, &all, t0),
+            "found its leader too"
+        );
+        assert!(!parked_wanted(
+            &mut campaigns,
+            &pace(false, Some(3), &[]),
+            &up(&[1, 2, 3]),
+            t0
+        ));
+        let mut led8 = led.clone();
+        led8.group_id = 8;
+        assert!(!parked_wanted(&mut campaigns, &led8, &all, t0));
+        // Long after, 2 dies: group 7 campaigns at once, no slot to rest.
+        let later = t0 + slot * 10;
+        assert!(!parked_wanted(&mut campaigns, &led, &up(&[1, 3]), later));
+        // Without a quorum up it stays parked.
+        assert!(parked_wanted(&mut campaigns, &led, &up(&[1]), later));
+        // A leader never parks.
+        assert!(!parked_wanted(
+            &mut campaigns,
+            &pace(true, Some(1), &[]),
+            &up(&[1]),
+            later
+        ));
     }
 
     #[test]

@@ -75,6 +75,15 @@ impl VnodeHost {
     /// acknowledged is lost: commands for the moving half are refused with
     /// the retriable `Moved` from the fence until the ring names the child.
     pub async fn split_vnode(&self, parent: VnodeId) -> Result<(VnodeId, VnodeId), SplitError> {
+        // The ring group creates its ring on first read; a split asked
+        // for before anything read it (a cluster just formed) must not be
+        // refused for want of one.
+        self.ring_record()
+            .await
+            .map_err(|source| SplitError::Route {
+                step: "begin",
+                source,
+            })?;
         let begun = verdict(
             "begin",
             self.propose_ring(Command::BeginSplit { parent }).await,
