@@ -30,33 +30,91 @@ async fn start(vnode_count: u32) -> Vec<Broker> {
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let mut brokers = Vec::new();
     for (listener, id) in listeners.into_iter().zip(NODES) {
-        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
-            id,
-            test_cookie(),
-        )));
-        for (peer, addr) in NODES.iter().zip(&addrs) {
-            if *peer != id {
-                transport.set_peer(*peer, *addr);
-            }
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = VnodeHostConfig::new(id, NODES.to_vec(), dir.path());
-        config.vnode_count = vnode_count;
-        config.group.election_timeout_min_ms = 300;
-        config.group.election_timeout_max_ms = 600;
-        config.group.heartbeat_interval_ms = 60;
-        let host = VnodeHost::open(config, transport).await.unwrap();
-        let server =
-            TransportServer::start(listener, host.clone(), server_config(id, 64 * 1024 * 1024))
-                .unwrap();
-        brokers.push(Broker {
-            id,
-            host,
-            server,
-            _dir: dir,
-        });
+        brokers.push(open_broker(id, listener, &addrs, vnode_count).await);
     }
     brokers
+}
+
+async fn open_broker(
+    id: u64,
+    listener: TcpListener,
+    addrs: &[std::net::SocketAddr],
+    vnode_count: u32,
+) -> Broker {
+    let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
+        id,
+        test_cookie(),
+    )));
+    for (peer, addr) in NODES.iter().zip(addrs) {
+        if *peer != id {
+            transport.set_peer(*peer, *addr);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = VnodeHostConfig::new(id, NODES.to_vec(), dir.path());
+    config.vnode_count = vnode_count;
+    config.group.election_timeout_min_ms = 300;
+    config.group.election_timeout_max_ms = 600;
+    config.group.heartbeat_interval_ms = 60;
+    let host = VnodeHost::open(config, transport).await.unwrap();
+    let server =
+        TransportServer::start(listener, host.clone(), server_config(id, 64 * 1024 * 1024))
+            .unwrap();
+    Broker {
+        id,
+        host,
+        server,
+        _dir: dir,
+    }
+}
+
+/// ADR 0105: a replica without a quorum of its voters up does not
+/// campaign (thousands of groups campaigning against peers still starting
+/// were an election storm), and campaigns once a quorum is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn groups_without_a_quorum_up_do_not_campaign_and_elect_once_one_is() {
+    let mut listeners = Vec::new();
+    for _ in NODES {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let mut listeners = listeners.into_iter();
+    let first = open_broker(1, listeners.next().unwrap(), &addrs, 16).await;
+    // Alone: its peers' ports accept but nobody answers a probe.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let groups = first.host.registry().all();
+    assert_eq!(groups.len(), 17, "16 vnodes and the ring's group");
+    for group in &groups {
+        assert!(
+            group.is_parked(),
+            "group {} campaigns alone",
+            group.group_id()
+        );
+        assert!(!group.is_leader());
+    }
+    // A second broker makes a quorum for every group: all elect.
+    let second = open_broker(2, listeners.next().unwrap(), &addrs, 16).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let leaderless: Vec<u64> = first
+            .host
+            .registry()
+            .all()
+            .iter()
+            .filter(|g| g.leader_term().0.is_none() || g.is_parked())
+            .map(|g| g.group_id())
+            .collect();
+        if leaderless.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "groups never elected (or stayed parked) with a quorum up: {leaderless:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    kill(first).await;
+    kill(second).await;
 }
 
 async fn kill(broker: Broker) {

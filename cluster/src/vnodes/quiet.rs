@@ -265,7 +265,7 @@ pub(super) fn spawn_quiescer(
             // pass. Judging all of 4,096 groups four times a second was
             // most of an idle broker's cost (ADR 0105).
             passes = passes.wrapping_add(1);
-            let full = now != before || passes % QUIET_SETTLED_PASSES == 0;
+            let full = now != before || passes.is_multiple_of(QUIET_SETTLED_PASSES);
             {
                 let Some(host) = host.upgrade() else { break };
                 if host.is_stopped() {
@@ -277,6 +277,8 @@ pub(super) fn spawn_quiescer(
                     }
                     let pace = group.pace();
                     if !pace.running {
+                        // A stopped group campaigns no more: its place goes.
+                        campaigns.admit(pace.group_id, false, Instant::now());
                         continue;
                     }
                     let quiet = quiet_wanted(&pace, &now);
