@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use crate::frame::FrameError;
 use crate::store::SegmentId;
-
 /// Everything that can go wrong in the storage layer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StorageError {
@@ -117,6 +116,13 @@ pub enum StorageError {
         segment: SegmentId,
         requested: u64,
         stored: u64,
+    },
+    /// A coordinator's order older than one the copy has taken.
+    #[error("segment {segment} took order epoch {seen:?}; this order carries {order:?}")]
+    StaleOrder {
+        segment: SegmentId,
+        seen: crate::store::OrderEpoch,
+        order: crate::store::OrderEpoch,
     },
     /// The copy is already sealed at another length.
     #[error("segment {segment} is already sealed at {existing} records, not {requested}")]

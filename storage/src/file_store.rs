@@ -58,7 +58,7 @@ use crate::marker;
 use crate::record::RecordParts;
 use crate::scan::{self, FrameReader, Next};
 use crate::store::{
-    FrameRun, Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
+    FenceInfo, FrameRun, OrderEpoch, Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
 };
 use crate::ticket::{AppendTicket, Completion};
 
@@ -160,6 +160,8 @@ struct Segment {
     /// Signalled whenever a flush finishes.
     idle: Condvar,
     index: Mutex<IndexState>,
+    /// Serializes a copy's coordinator orders (`fence_order`).
+    ordering: Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -201,6 +203,9 @@ struct SegState {
     /// Set by sync, seal and close: flush now regardless of triggers.
     force_flush: bool,
     fenced: bool,
+    /// The newest coordinator's order epoch taken (kept in the fence
+    /// marker; the default before any).
+    order: OrderEpoch,
     sealed: Option<SealInfo>,
     failed: Option<String>,
     /// The end recovery found when the copy was opened (or a cut left):
@@ -432,7 +437,9 @@ impl FileStore {
             .map_err(|e| StorageError::io("stat log", &log_path, e))?
             .len();
         let sealed = marker::read_seal(&self.seal_path(id))?;
-        let fenced = sealed.is_some() || self.fence_path(id).exists();
+        let order = marker::read_fence(&self.fence_path(id))?;
+        let fenced = sealed.is_some() || order.is_some();
+        let order = order.unwrap_or_default();
         let mut truncated_bytes = 0;
         let mut short_of_seal = false;
         let mut index_rebuilt = false;
@@ -563,6 +570,7 @@ impl FileStore {
                 timer_armed: false,
                 force_flush: false,
                 fenced,
+                order,
                 sealed,
                 failed: None,
                 committed: sealed.map(|seal| seal.length),
@@ -570,6 +578,7 @@ impl FileStore {
             }),
             idle: Condvar::new(),
             index: Mutex::new(IndexState { index, persisted }),
+            ordering: Mutex::new(()),
         };
         let info = FileStore::info_of(&segment);
         debug!(
@@ -1198,6 +1207,56 @@ impl SegmentStore for FileStore {
         marker::write_atomically(&self.shared.dir, &path, &[])?;
         debug!(segment = segment.0, "fenced");
         Ok(())
+    }
+
+    fn fence_order(
+        &self,
+        segment: SegmentId,
+        order: OrderEpoch,
+    ) -> Result<FenceInfo, StorageError> {
+        let seg = self.segment(segment)?;
+        // Orders of one copy are serialized by the marker lock, so two
+        // racing orders cannot write their markers in the wrong order.
+        let _ordering = seg.ordering.lock();
+        let (seen, fenced) = {
+            let st = seg.state.lock();
+            (st.order, st.fenced)
+        };
+        if order.is_stale_against(seen) {
+            return Err(StorageError::StaleOrder {
+                segment,
+                seen,
+                order,
+            });
+        }
+        if order != seen || !fenced {
+            // Fence in memory first, so nothing new is queued while the
+            // marker is written; the marker makes fence and epoch durable
+            // before the answer.
+            seg.state.lock().fenced = true;
+            marker::write_atomically(
+                &self.shared.dir,
+                &self.fence_path(segment),
+                &marker::encode_fence(order),
+            )?;
+            seg.state.lock().order = order;
+            debug!(segment = segment.0, group = order.group, term = order.term, "fenced by order");
+        }
+        // Whatever was queued before the fence becomes durable (or fails)
+        // before the answer, never after it.
+        self.drain(&seg);
+        let st = seg.state.lock();
+        Ok(FenceInfo {
+            durable: st.durable_offset,
+            durable_bytes: st.durable_bytes,
+            sealed: st.sealed,
+            order: st.order,
+            failed: st.failed.is_some(),
+        })
+    }
+
+    fn order_epoch(&self, segment: SegmentId) -> Result<OrderEpoch, StorageError> {
+        Ok(self.segment(segment)?.state.lock().order)
     }
 
     fn verify(&self, segment: SegmentId) -> Result<VerifyReport, StorageError> {

@@ -2,18 +2,87 @@
 //!
 //! `<id>.seal` is 32 bytes: magic "MLS1", version u32 (1), length u64
 //! (records), byte_size u64, crc32 u32 of bytes 0..24, reserved u32 (zero).
-//! `<id>.fence` is an empty file whose existence is the fence.
+//! `<id>.fence`'s existence is the fence. Written by a plain `fence` it is
+//! empty; written by a coordinator's fence order (ADR 0106) it is 32 bytes
+//! that remember the order's epoch across restarts: magic "MLF1", version
+//! u32 (1), group u64, term u64, crc32 u32 of bytes 0..24, reserved u32
+//! (zero). An empty marker reads as the default epoch.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::Path;
 
 use crate::error::StorageError;
-use crate::store::SealInfo;
+use crate::store::{OrderEpoch, SealInfo};
 
 const SEAL_MAGIC: [u8; 4] = *b"MLS1";
 const SEAL_VERSION: u32 = 1;
 pub const SEAL_MARKER_BYTES: usize = 32;
+
+const FENCE_MAGIC: [u8; 4] = *b"MLF1";
+const FENCE_VERSION: u32 = 1;
+pub const FENCE_MARKER_BYTES: usize = 32;
+
+/// The fence marker's bytes for an order of epoch `order`.
+pub fn encode_fence(order: OrderEpoch) -> [u8; FENCE_MARKER_BYTES] {
+    let mut out = [0u8; FENCE_MARKER_BYTES];
+    out[0..4].copy_from_slice(&FENCE_MAGIC);
+    out[4..8].copy_from_slice(&FENCE_VERSION.to_le_bytes());
+    out[8..16].copy_from_slice(&order.group.to_le_bytes());
+    out[16..24].copy_from_slice(&order.term.to_le_bytes());
+    let crc = crc32fast::hash(&out[0..24]);
+    out[24..28].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Decodes a fence marker's bytes (untrusted: read from disk). An empty
+/// marker (a plain fence, or one written before orders had epochs) is the
+/// default epoch.
+pub fn decode_fence(bytes: &[u8]) -> Result<OrderEpoch, &'static str> {
+    if bytes.is_empty() {
+        return Ok(OrderEpoch::default());
+    }
+    if bytes.len() != FENCE_MARKER_BYTES {
+        return Err("wrong size");
+    }
+    if bytes[0..4] != FENCE_MAGIC {
+        return Err("bad magic");
+    }
+    let word = |at: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_le_bytes(a)
+    };
+    let version = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    if version != FENCE_VERSION {
+        return Err("unknown version");
+    }
+    let crc = u32::from_le_bytes([bytes[24], bytes[25], bytes[26], bytes[27]]);
+    if crc != crc32fast::hash(&bytes[0..24]) {
+        return Err("checksum mismatch");
+    }
+    if bytes[28..32] != [0; 4] {
+        return Err("reserved bytes not zero");
+    }
+    Ok(OrderEpoch {
+        group: word(8),
+        term: word(16),
+    })
+}
+
+/// The order epoch a fence marker at `path` holds: `None` without a marker.
+pub(crate) fn read_fence(path: &Path) -> Result<Option<OrderEpoch>, StorageError> {
+    match fs::read(path) {
+        Ok(bytes) => decode_fence(&bytes)
+            .map(Some)
+            .map_err(|reason| StorageError::BadMarker {
+                path: path.to_owned(),
+                reason,
+            }),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StorageError::io("read fence marker", path, e)),
+    }
+}
 
 /// The seal marker's bytes for `info`.
 pub fn encode_seal(info: SealInfo) -> [u8; SEAL_MARKER_BYTES] {
@@ -93,6 +162,27 @@ pub fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), Sto
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fence_marker_round_trips_and_an_empty_one_is_the_default_epoch() {
+        let order = OrderEpoch { group: 7, term: 42 };
+        assert_eq!(decode_fence(&encode_fence(order)).unwrap(), order);
+        assert_eq!(decode_fence(&[]).unwrap(), OrderEpoch::default());
+        let mut bytes = encode_fence(order);
+        bytes[17] ^= 1;
+        assert_eq!(decode_fence(&bytes), Err("checksum mismatch"));
+        assert_eq!(decode_fence(&bytes[..5]), Err("wrong size"));
+    }
+
+    #[test]
+    fn fence_marker_bytes_are_stable() {
+        let bytes = encode_fence(OrderEpoch { group: 3, term: 9 });
+        insta::assert_snapshot!(hex(&bytes));
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
 
     #[test]
     fn seal_marker_round_trips() {

@@ -57,6 +57,41 @@ pub struct SegmentInfo {
     pub failed: bool,
 }
 
+/// The epoch of a coordinator's data-plane order (fence, seal, repair;
+/// ADR 0106): the vnode group that sent it and the raft term its leader
+/// held. A copy remembers the newest it has seen, in its fence marker, and
+/// refuses an order of the same group with an older term, so a deposed
+/// coordinator cannot act on a copy its successor has reached. Orders of
+/// another group (a vnode split moved the topic) are taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord, Hash)]
+pub struct OrderEpoch {
+    pub group: u64,
+    pub term: u64,
+}
+
+impl OrderEpoch {
+    /// Whether this order is older than `seen`, the newest the copy took.
+    pub fn is_stale_against(self, seen: OrderEpoch) -> bool {
+        self.group == seen.group && self.term < seen.term
+    }
+}
+
+/// What a fence order found, after the fence and a drain: nothing queued
+/// before the fence becomes durable after this answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceInfo {
+    /// Records durable on the copy, not clamped to any seal.
+    pub durable: u64,
+    pub durable_bytes: u64,
+    pub sealed: Option<SealInfo>,
+    /// The newest order epoch the copy has taken (this one, or a newer
+    /// one of another group).
+    pub order: OrderEpoch,
+    /// The copy's disk failed: its durable records still count (and can be
+    /// read), but it takes no repair.
+    pub failed: bool,
+}
+
 /// Whole frames as they lie in a log: `records` frames from offset `first`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameRun {
@@ -205,6 +240,16 @@ pub trait SegmentStore: Send + Sync {
 
     /// Refuses all further appends, persistently.
     fn fence(&self, segment: SegmentId) -> Result<(), StorageError>;
+    /// A coordinator's fence order: refuses `StaleOrder` if the copy took
+    /// a newer order of the same group; otherwise records `order` in the
+    /// fence marker (fsynced), fences, waits until nothing is in flight, and
+    /// reports the durable end. Idempotent; works on a sealed copy too.
+    fn fence_order(&self, segment: SegmentId, order: OrderEpoch)
+    -> Result<FenceInfo, StorageError>;
+
+    /// The newest order epoch the copy has taken (the default before any).
+    fn order_epoch(&self, segment: SegmentId) -> Result<OrderEpoch, StorageError>;
+
 
     /// Cuts a copy just opened back to its first `length` records: the
     /// layer above found the end of the log inside one append's batch,

@@ -121,3 +121,88 @@ fn a_fence_refuses_appends_and_survives_reopen() {
         Err(StorageError::Fenced { .. })
     ));
 }
+
+fn order(group: u64, term: u64) -> malachi_storage::OrderEpoch {
+    malachi_storage::OrderEpoch { group, term }
+}
+
+#[test]
+fn a_fence_order_reports_everything_queued_before_it_as_durable_and_refuses_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    store.open(SEG).unwrap();
+    // Queued and not waited for: the fence's drain must cover it.
+    let tickets: Vec<_> = (0..4)
+        .map(|i| store.append(SEG, &[record(i)]).unwrap())
+        .collect();
+    let fenced = store.fence_order(SEG, order(1, 5)).unwrap();
+    assert_eq!(fenced.durable, 4, "the drain makes queued appends durable");
+    assert_eq!(fenced.durable_bytes, store.info(SEG).unwrap().byte_size);
+    assert_eq!(fenced.order, order(1, 5));
+    assert!(!fenced.failed);
+    assert!(fenced.sealed.is_none());
+    for ticket in tickets {
+        ticket.wait().unwrap();
+    }
+    assert!(matches!(
+        store.append(SEG, &[record(9)]),
+        Err(StorageError::Fenced { .. })
+    ));
+    // Idempotent: the same order again answers the same.
+    assert_eq!(store.fence_order(SEG, order(1, 5)).unwrap(), fenced);
+}
+
+#[test]
+fn an_older_order_of_the_same_group_is_refused_even_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = filled(dir.path(), 3);
+        store.fence_order(SEG, order(1, 7)).unwrap();
+        assert!(matches!(
+            store.fence_order(SEG, order(1, 6)),
+            Err(StorageError::StaleOrder { .. })
+        ));
+    }
+    let store = store(dir.path());
+    let recovery = store.open(SEG).unwrap();
+    assert!(recovery.info.fenced);
+    assert_eq!(store.order_epoch(SEG).unwrap(), order(1, 7));
+    match store.fence_order(SEG, order(1, 6)) {
+        Err(StorageError::StaleOrder { seen, order: o, .. }) => {
+            assert_eq!((seen, o), (order(1, 7), order(1, 6)));
+        }
+        other => panic!("expected StaleOrder, got {other:?}"),
+    }
+    // A newer term is taken and remembered; another group's order is
+    // taken whatever its term (a vnode split moved the topic).
+    assert_eq!(store.fence_order(SEG, order(1, 8)).unwrap().order, order(1, 8));
+    assert_eq!(store.fence_order(SEG, order(2, 1)).unwrap().order, order(2, 1));
+    drop(store);
+    let store = common::store(dir.path());
+    store.open(SEG).unwrap();
+    assert_eq!(store.order_epoch(SEG).unwrap(), order(2, 1));
+}
+
+#[test]
+fn a_plain_fence_marker_reads_as_the_default_order_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = filled(dir.path(), 2);
+        store.fence(SEG).unwrap();
+    }
+    let store = store(dir.path());
+    store.open(SEG).unwrap();
+    assert_eq!(store.order_epoch(SEG).unwrap(), order(0, 0));
+    let fenced = store.fence_order(SEG, order(4, 2)).unwrap();
+    assert_eq!((fenced.durable, fenced.order), (2, order(4, 2)));
+}
+
+#[test]
+fn a_fence_order_on_a_sealed_copy_reports_the_seal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = filled(dir.path(), 6);
+    let seal = store.seal(SEG, 4).unwrap();
+    let fenced = store.fence_order(SEG, order(1, 1)).unwrap();
+    assert_eq!(fenced.sealed, Some(seal));
+    assert_eq!(fenced.durable, 6, "the durable end is not clamped");
+}
