@@ -12,6 +12,7 @@
 pub(crate) mod invariants;
 pub(crate) mod producers;
 pub(crate) mod quorum;
+pub(crate) mod recovery;
 pub(crate) mod replication;
 pub(crate) mod segment;
 pub(crate) mod status;
