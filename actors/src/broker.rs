@@ -438,7 +438,7 @@ fn build_tree(
         .child(storage)
         .child(ChildSpec::supervisor(metadata))
         .child(ChildSpec::supervisor(membership))
-        .child(ChildSpec::supervisor(maintenance::supervisor()))
+        .child(ChildSpec::supervisor(maintenance::supervisor(shared)))
         .child(listener)
         .child(ChildSpec::worker(
             "admin_http",

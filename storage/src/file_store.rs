@@ -58,7 +58,8 @@ use crate::marker;
 use crate::record::RecordParts;
 use crate::scan::{self, FrameReader, Next};
 use crate::store::{
-    FenceInfo, FrameRun, OrderEpoch, Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
+    FenceInfo, FrameRun, OrderEpoch, Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore,
+    StoreConfig, VerifyReport,
 };
 use crate::ticket::{AppendTicket, Completion};
 
@@ -1240,7 +1241,12 @@ impl SegmentStore for FileStore {
                 &marker::encode_fence(order),
             )?;
             seg.state.lock().order = order;
-            debug!(segment = segment.0, group = order.group, term = order.term, "fenced by order");
+            debug!(
+                segment = segment.0,
+                group = order.group,
+                term = order.term,
+                "fenced by order"
+            );
         }
         // Whatever was queued before the fence becomes durable (or fails)
         // before the answer, never after it.

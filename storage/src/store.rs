@@ -250,7 +250,6 @@ pub trait SegmentStore: Send + Sync {
     /// The newest order epoch the copy has taken (the default before any).
     fn order_epoch(&self, segment: SegmentId) -> Result<OrderEpoch, StorageError>;
 
-
     /// Cuts a copy just opened back to its first `length` records: the
     /// layer above found the end of the log inside one append's batch,
     /// which only a write torn by a crash leaves (the batch was one write,

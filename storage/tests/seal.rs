@@ -175,8 +175,14 @@ fn an_older_order_of_the_same_group_is_refused_even_after_a_restart() {
     }
     // A newer term is taken and remembered; another group's order is
     // taken whatever its term (a vnode split moved the topic).
-    assert_eq!(store.fence_order(SEG, order(1, 8)).unwrap().order, order(1, 8));
-    assert_eq!(store.fence_order(SEG, order(2, 1)).unwrap().order, order(2, 1));
+    assert_eq!(
+        store.fence_order(SEG, order(1, 8)).unwrap().order,
+        order(1, 8)
+    );
+    assert_eq!(
+        store.fence_order(SEG, order(2, 1)).unwrap().order,
+        order(2, 1)
+    );
     drop(store);
     let store = common::store(dir.path());
     store.open(SEG).unwrap();

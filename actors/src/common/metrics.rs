@@ -39,6 +39,11 @@ pub(crate) struct BrokerMetrics {
     pub replica_quorum_acks: Counter,
     /// Produces answered `no_quorum`: not on a quorum within the bound.
     pub replica_no_quorum: Counter,
+    /// Segments this broker sealed without their primary (issue 19).
+    pub failovers: Counter,
+    /// From a failover's start (its primary found failed) to its seal
+    /// recorded and the copies sealed.
+    pub failover_seconds: Histogram,
 }
 
 impl std::fmt::Debug for BrokerMetrics {
@@ -80,6 +85,9 @@ impl BrokerMetrics {
             connections_frame_timed_out: counter("malachi_connections_frame_timed_out_total"),
             replica_quorum_acks: counter("malachi_replica_quorum_acks_total"),
             replica_no_quorum: counter("malachi_replica_no_quorum_total"),
+            failovers: counter("malachi_failovers_total"),
+            failover_seconds: recorder
+                .register_histogram(&Key::from_name("malachi_failover_seconds"), &METADATA),
             recorder,
             handle,
         }

@@ -485,8 +485,14 @@ impl CoordinatorState {
             .await?
         {
             Ok(Outcome::SegmentRolled { next, .. }) => next,
-            // A repeated roll (the segment actor restarted mid-roll) is done already.
-            Err(ModelError::AlreadyRolled { successor, .. }) => successor,
+            // A repeated roll (the segment actor restarted mid-roll) is done
+            // already, but only if it recorded this very seal: a failover
+            // may have sealed the segment elsewhere, at another length, and
+            // this copy must then not be sealed at its own.
+            Err(ModelError::AlreadyRolled { successor, .. }) => {
+                self.same_seal(&topic, segment, seal)?;
+                successor
+            }
             Ok(other) => return Err(CoordError::Unexpected(format!("{other:?}"))),
             Err(e) => return Err(e.into()),
         };
@@ -503,6 +509,108 @@ impl CoordinatorState {
         }
         info!(topic = %topic, sealed = segment.0, next = next.0, length = seal.length, "segment rolled");
         Ok(next)
+    }
+
+    /// Fails if `segment` is recorded sealed at anything but `seal`.
+    fn same_seal(
+        &self,
+        topic: &str,
+        segment: SegmentId,
+        seal: SealRecord,
+    ) -> Result<(), CoordError> {
+        let plane = self.shared.plane()?;
+        let recorded = read_owner(plane.as_ref(), topic, |s| {
+            s.segment(segment).and_then(|s| s.seal())
+        });
+        match recorded {
+            Some(recorded) if recorded == seal => Ok(()),
+            Some(recorded) => Err(CoordError::Model(ModelError::AlreadySealed {
+                segment,
+                recorded,
+            })),
+            None => Err(CoordError::UnknownSegment { segment }),
+        }
+    }
+
+    /// Records a failover's seal (issue 19, ADR 0106): `segment`, whose
+    /// primary is gone, sealed at `seal`, which `complete` copies hold, and
+    /// its successor opened on live brokers outside `failed`, its primary
+    /// one of the complete copies (this broker if it is one: the new
+    /// primary rebuilds its producer table from its own copy of the sealed
+    /// segment). A segment already rolled at this very seal is done; at
+    /// another, it is an error. A sealed topic's segment is only sealed.
+    pub(crate) async fn fail_over(
+        &self,
+        topic: &str,
+        segment: SegmentId,
+        seal: SealRecord,
+        complete: &[u64],
+        failed: &BTreeSet<u64>,
+    ) -> Result<Option<SegmentId>, CoordError> {
+        let plane = self.shared.plane()?;
+        let copies = read_owner(plane.as_ref(), topic, |s| {
+            s.segment(segment).map(|s| s.replicas.len())
+        })
+        .ok_or(CoordError::UnknownSegment { segment })?;
+        let Some(primary) = crate::data::recovery::successor_primary(complete, self.node().0)
+        else {
+            return Err(CoordError::Unexpected(format!(
+                "segment {segment} has no complete copy to lead its successor"
+            )));
+        };
+        let candidates: Vec<Candidate> = self
+            .candidates()
+            .into_iter()
+            .filter(|c| !failed.contains(&c.node))
+            .collect();
+        let factor = copies.clamp(1, candidates.len().max(1));
+        let next_replicas: Vec<NodeId> =
+            choose_replicas(primary, &candidates, factor, segment.0.wrapping_add(1))?
+                .into_iter()
+                .map(NodeId)
+                .collect();
+        let proposed = plane
+            .propose(Command::RollSegment {
+                topic: topic.to_string(),
+                segment,
+                seal,
+                next_replicas: next_replicas.clone(),
+                at_ms: self.shared.clock.now_ms(),
+            })
+            .await?;
+        let next = match proposed {
+            Ok(Outcome::SegmentRolled { next, .. }) => next,
+            Err(ModelError::AlreadyRolled { successor, .. }) => {
+                self.same_seal(topic, segment, seal)?;
+                successor
+            }
+            // No successor where the topic is sealed or the range was split
+            // or merged: the segment is sealed, and that is all.
+            Err(ModelError::TopicSealed { .. } | ModelError::RangeNotActive { .. }) => {
+                match plane
+                    .propose(Command::SealSegment {
+                        topic: topic.to_string(),
+                        segment,
+                        seal,
+                        at_ms: self.shared.clock.now_ms(),
+                    })
+                    .await?
+                {
+                    Ok(_) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(other) => return Err(CoordError::Unexpected(format!("{other:?}"))),
+            Err(e) => return Err(e.into()),
+        };
+        let leads = read_owner(plane.as_ref(), topic, |s| {
+            s.segment(next).and_then(|s| s.replicas.first().copied())
+        });
+        if leads == Some(self.node()) {
+            start_segment(&self.shared, topic, next).await?;
+        }
+        info!(%topic, sealed = segment.0, next = next.0, length = seal.length, replicas = ?next_replicas, "segment failed over");
+        Ok(Some(next))
     }
 
     /// Fences the active segment of `range` and returns its durable seal.
@@ -828,6 +936,36 @@ async fn seal_followed(shared: &Arc<Shared>, to_seal: &[(SegmentId, u64)]) {
     }
 }
 
+/// Seals this broker's copy of a segment it wrote and that was sealed
+/// without it, at the recorded length: reads are clamped to it from now on
+/// (the bytes past it stay until settling cuts them). A copy shorter than
+/// the seal is left for healing; a failure is logged.
+async fn seal_deposed(shared: &Arc<Shared>, segment: SegmentId, length: u64) {
+    let store = Arc::clone(&shared.store);
+    let id = malachi_storage::SegmentId(segment.0);
+    let sealed = tokio::task::spawn_blocking(move || {
+        let info = store.info(id)?;
+        if info.durable < length || info.sealed.is_some() {
+            return Ok(false);
+        }
+        store.seal(id, length).map(|_| true)
+    })
+    .await;
+    match sealed {
+        Ok(Ok(true)) => info!(
+            segment = segment.0,
+            length, "a deposed writer's copy sealed at the recorded length"
+        ),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => {
+            warn!(segment = segment.0, length, error = %e, "cannot seal a deposed writer's copy")
+        }
+        Err(e) => {
+            warn!(segment = segment.0, error = %e, "the seal task of a deposed writer's copy failed")
+        }
+    }
+}
+
 /// Stops a segment actor. One already gone (it stopped, or its supervisor
 /// restarted without it) is what was wanted, so a failure is only noted.
 async fn stop_segment_actor(storage: &malachi_supervision::SupervisorRef, name: &str) {
@@ -868,8 +1006,34 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
         .copied()
         .collect();
     let mut to_seal: Vec<(SegmentId, u64)> = Vec::new();
+    // Writers of segments sealed without them (a failover while this
+    // broker was cut off): stopped, their copies sealed at the record.
+    let mut deposed: Vec<(String, RangeId, SegmentId, u64)> = Vec::new();
     plane.view_each(&mut |state| {
         known.extend(running.iter().filter(|id| state.segment(**id).is_some()));
+        for topic in state.topics() {
+            for range in state.active_ranges(&topic.name) {
+                // The last few segments: a deposed writer's segment is the
+                // one before the newest, or a little older if the range
+                // rolled again since.
+                let recent = &range.segments[range.segments.len().saturating_sub(4)..];
+                for pair in recent.windows(2) {
+                    let (id, next) = (pair[0], pair[1]);
+                    if !running.contains(&id) {
+                        continue;
+                    }
+                    let led_elsewhere = state
+                        .segment(next)
+                        .and_then(|s| s.replicas.first())
+                        .is_some_and(|primary| *primary != node);
+                    if let Some(seal) = state.segment(id).and_then(|s| s.seal())
+                        && led_elsewhere
+                    {
+                        deposed.push((topic.name.clone(), range.id, id, seal.length));
+                    }
+                }
+            }
+        }
         for topic in state.topics() {
             for range in state.active_ranges(&topic.name) {
                 let Some(id) = range.last_segment() else {
@@ -892,6 +1056,18 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
         }
     });
     seal_followed(shared, &to_seal).await;
+    let storage = shared.data.supervisor.read().clone();
+    if !deposed.is_empty()
+        && let Some(storage) = storage
+    {
+        for (topic, range, segment, length) in deposed {
+            let name = segment_name(&topic, range, segment);
+            info!(segment = %name, length, "stopping the writer of a segment sealed without it");
+            stop_segment_actor(&storage, &name).await;
+            shared.data.segments.lock().remove(&segment);
+            seal_deposed(shared, segment, length).await;
+        }
+    }
     for (topic, segment) in wanted {
         if shared.segment(segment).is_none() {
             // No wait for the replica: this view already held the segment,
@@ -960,6 +1136,59 @@ pub(crate) fn stranded_segments(
         }
     }
     stranded
+}
+
+/// Whether a broker counts as failed for a failover: declared dead by
+/// SWIM, or suspected by SWIM *and* down by the raft port's liveness
+/// prober (two signals, about a second after it stops answering, where
+/// SWIM's dead takes several). A broker neither knows of is not failed.
+pub(crate) fn primary_failed(
+    swim: Option<malachi_cluster::membership::MemberState>,
+    up: Option<bool>,
+) -> bool {
+    use malachi_cluster::membership::MemberState;
+    match swim {
+        Some(MemberState::Dead) => true,
+        Some(MemberState::Suspect) | None => up == Some(false),
+        Some(MemberState::Alive) => false,
+    }
+}
+
+/// The segments to fail over: the newest segment of each active range,
+/// still active, with more than one copy, whose primary `failed` says is
+/// gone (an unreplicated segment has no other copy to go on from).
+pub(crate) fn failover_candidates(
+    state: &MetadataState,
+    failed: &dyn Fn(u64) -> bool,
+) -> Vec<crate::maintenance::failover::Candidate> {
+    let mut out = Vec::new();
+    for topic in state.topics() {
+        for range in state.active_ranges(&topic.name) {
+            let Some(segment) = range.last_segment().and_then(|id| state.segment(id)) else {
+                continue;
+            };
+            if segment.state != SegmentState::Active || segment.replicas.len() < 2 {
+                continue;
+            }
+            let Some(primary) = segment.replicas.first() else {
+                continue;
+            };
+            if !failed(primary.0) {
+                continue;
+            }
+            out.push(crate::maintenance::failover::Candidate {
+                topic: topic.name.clone(),
+                segment: segment.id,
+                failed: segment
+                    .replicas
+                    .iter()
+                    .map(|n| n.0)
+                    .filter(|n| failed(*n))
+                    .collect(),
+            });
+        }
+    }
+    out
 }
 
 /// A running coordinator: the request logic, and the lease its continuous
@@ -1032,6 +1261,52 @@ impl CoordinatorRun {
         }
     }
 
+    /// Hands the failover actor the segments whose primary failed, under
+    /// this coordinator's order epoch (its group's id and the raft term it
+    /// leads in). Not gated on the lease (ADR 0106): a failover's orders
+    /// are fenced by that epoch on the copies, and its seal is a raft
+    /// command, so a deposed leader's overlap cannot do harm, and waiting
+    /// out a dead coordinator's lease would add seconds to every failover.
+    fn request_failovers(&self, group: &malachi_cluster::group::MetadataGroup) {
+        let shared = &self.logic.shared;
+        let me = shared.config.node_id;
+        let (leader, term) = group.leader_term();
+        if leader != Some(me) {
+            return;
+        }
+        let Some(fabric) = shared.fabric() else {
+            return;
+        };
+        let view = fabric.membership.view();
+        let up = shared
+            .plane()
+            .ok()
+            .and_then(|plane| plane.host().and_then(|h| h.up_nodes()));
+        let failed = |node: u64| {
+            node != me
+                && primary_failed(
+                    view.get(node).map(|m| m.state),
+                    up.as_ref().map(|u| u.contains(&node)),
+                )
+        };
+        let candidates = group.read_local(|state| failover_candidates(state, &failed));
+        if candidates.is_empty() {
+            return;
+        }
+        let Some(failover) = shared.failover.read().clone() else {
+            return;
+        };
+        let order = malachi_wire::replica_order::OrderEpoch {
+            group: group.group_id(),
+            term,
+        };
+        let _ = failover.send_message(crate::maintenance::failover::FailoverMsg::Ensure {
+            vnode: self.logic.vnode,
+            order,
+            candidates,
+        });
+    }
+
     /// The continuous work, run only while the lease holds; a coordinator
     /// that lost its lease (or never got it: a deposed leader, a successor
     /// waiting out its predecessor's lease) skips it. A vnode without
@@ -1051,6 +1326,7 @@ impl CoordinatorRun {
             if !has_topics {
                 return;
             }
+            self.request_failovers(group);
         }
         let allowed = match &self.lease {
             LeaseSlot::Unneeded => true,

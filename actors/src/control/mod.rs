@@ -20,6 +20,7 @@ pub(crate) mod manager;
 pub(crate) mod metadata;
 pub(crate) mod placement;
 pub(crate) mod replica;
+pub(crate) mod replica_order;
 pub(crate) mod replica_status;
 pub(crate) mod requests;
 pub(crate) mod shared;

@@ -67,10 +67,33 @@ pub(crate) async fn serve_replica_append(
                 ),
             );
         }
-        Some((true, SegmentState::Active, _)) => None,
+        // A coordinator's recovery, before the seal is recorded: only into
+        // a copy fenced by an order at least as new (never mixed with a
+        // live primary's stream), and never past the length it decided.
+        Some((true, SegmentState::Active, _)) => match request.repair {
+            Some(repair) => match repairable(shared, segment, repair).await {
+                Ok(()) => Some(repair.to),
+                Err(refused) => return refused,
+            },
+            None => None,
+        },
         // A sealed segment's copy takes frames only up to its seal: the
         // catch-up of a copy left short (the fence stops appends, not repair).
-        Some((true, SegmentState::Sealed { seal, .. }, _)) => Some(seal.length),
+        Some((true, SegmentState::Sealed { seal, .. }, _)) => {
+            if let Some(repair) = request.repair
+                && repair.to != seal.length
+            {
+                return ReplicaAppendResponse::refused(
+                    ReplicaRefusal::Fenced,
+                    0,
+                    format!(
+                        "segment {segment} is recorded sealed at {}; this repair goes to {}",
+                        seal.length, repair.to
+                    ),
+                );
+            }
+            Some(seal.length)
+        }
         Some((false, _, _)) | None => {
             return ReplicaAppendResponse::refused(
                 ReplicaRefusal::UnknownCopy,
@@ -136,4 +159,51 @@ fn with_durable_bytes(
             .map(|info| info.byte_size);
     }
     answer
+}
+
+/// Whether a recovery's repair may write into this broker's copy of an
+/// active segment: the copy is fenced, by an order no newer than the
+/// repair's (a deposed coordinator's repair is refused once its successor
+/// fenced the copy).
+async fn repairable(
+    shared: &Arc<Shared>,
+    segment: SegmentId,
+    repair: malachi_wire::replication::RepairOrder,
+) -> Result<(), ReplicaAppendResponse> {
+    use malachi_storage::{SegmentStore, StorageError};
+    let store = Arc::clone(&shared.store);
+    let id = malachi_storage::SegmentId(segment.0);
+    let order = super::replica_order::store_order(repair.order);
+    let checked = tokio::task::spawn_blocking(move || {
+        if let Err(StorageError::NotOpen { .. }) = store.info(id) {
+            store.open(id)?;
+        }
+        let info = store.info(id)?;
+        let seen = store.order_epoch(id)?;
+        Ok::<_, StorageError>((info.fenced, info.assigned, seen))
+    })
+    .await;
+    match checked {
+        Ok(Ok((true, _, seen))) if !order.is_stale_against(seen) => Ok(()),
+        Ok(Ok((true, end, seen))) => Err(ReplicaAppendResponse::refused(
+            ReplicaRefusal::StaleEpoch,
+            end,
+            format!("segment {segment} took a newer order ({seen:?}) than this repair's"),
+        )),
+        Ok(Ok((false, end, _))) => Err(ReplicaAppendResponse::refused(
+            ReplicaRefusal::Fenced,
+            end,
+            format!("segment {segment}: a repair needs a fenced copy"),
+        )),
+        Ok(Err(e)) => Err(ReplicaAppendResponse::refused(
+            ReplicaRefusal::Failed,
+            0,
+            e.to_string(),
+        )),
+        Err(e) => Err(ReplicaAppendResponse::refused(
+            ReplicaRefusal::Failed,
+            0,
+            format!("the store task failed: {e}"),
+        )),
+    }
 }

@@ -72,6 +72,9 @@ pub(crate) struct Shared {
     /// The coordinator of each vnode this broker leads, registered by the
     /// coordinator itself while it runs.
     pub coordinators: RwLock<BTreeMap<VnodeId, ActorRef<CoordinatorMsg>>>,
+    /// The failover actor (`maintenance/failover`), registered by itself
+    /// while it runs; coordinators hand it the segments to fail over.
+    pub failover: RwLock<Option<ActorRef<crate::maintenance::failover::FailoverMsg>>>,
     /// The `coordinator_manager` supervisor, which the manager adds
     /// coordinators to.
     pub coordinator_sup: RwLock<Option<SupervisorRef>>,
@@ -134,6 +137,7 @@ impl Shared {
             plane: RwLock::new(None),
             coordinator: RwLock::new(None),
             coordinators: RwLock::new(BTreeMap::new()),
+            failover: RwLock::new(None),
             coordinator_sup: RwLock::new(None),
             root: SupervisorSlot::default(),
             listener: RwLock::new(None),

@@ -67,6 +67,11 @@ impl RpcService for BrokerRpc {
         if api_key == REPLICA_STATUS_API_KEY {
             return super::replica_status::serve_replica_status(&self.shared, &body);
         }
+        if let Some(answer) =
+            super::replica_order::serve_order(&self.shared, api_key, body.clone()).await
+        {
+            return answer;
+        }
         if api_key == REPLICA_APPEND_API_KEY {
             let answer = super::replica::serve_replica_append(&self.shared, body).await;
             return answer

@@ -212,7 +212,10 @@ mod tests {
                 source: 2
             }
         );
-        assert_eq!(short_copies(&[answer(3, 7), failed, answer(2, 9)], 9), vec![3]);
+        assert_eq!(
+            short_copies(&[answer(3, 7), failed, answer(2, 9)], 9),
+            vec![3]
+        );
         assert_eq!(
             complete_copies(&[answer(3, 7), failed, answer(2, 9)], 9),
             vec![2]

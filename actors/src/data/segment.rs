@@ -734,6 +734,15 @@ fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
     let mut table = ProducerTable::new(args.range.0, limits);
     for (segment, range) in &args.predecessors {
         let id = malachi_storage::SegmentId(segment.0);
+        // After a failover this broker was a follower of the predecessor
+        // and may not have opened its copy since it started; the sidecar is
+        // only ever written by the primary that rolled, so the table comes
+        // from this copy's log.
+        if let Err(malachi_storage::StorageError::NotOpen { .. }) = args.storage.store.info(id)
+            && let Err(e) = args.storage.store.open(id)
+        {
+            warn!(segment = %id, error = %e, "cannot open a predecessor copy for its producer state");
+        }
         let predecessor = read_sidecar(&args.storage, id, limits).unwrap_or_else(|reason| {
             warn!(segment = %id, %reason, "no producer sidecar; rebuilding from the log");
             let mut rebuilt = ProducerTable::new(range.0, limits);

@@ -322,6 +322,8 @@ pub struct VnodeHost {
     opened_at: parking_lot::Mutex<BTreeMap<u64, Instant>>,
     /// Whether `MOVED_FILE` is written (and the lock its writers take).
     moved_marked: tokio::sync::Mutex<bool>,
+    /// The liveness prober's up set (this broker included), once it runs.
+    up: std::sync::OnceLock<watch::Receiver<BTreeSet<u64>>>,
 }
 
 /// Where a broker keeps the newest ring it has learned.
@@ -377,6 +379,7 @@ impl VnodeHost {
             probe_peers: Arc::new(RwLock::new(Vec::new())),
             opened_at: parking_lot::Mutex::new(BTreeMap::new()),
             moved_marked: tokio::sync::Mutex::new(false),
+            up: std::sync::OnceLock::new(),
             config,
         });
         host.update_probe_peers();
@@ -469,6 +472,7 @@ impl VnodeHost {
             settings,
             Arc::new(crate::clock::SystemClock::new()),
         );
+        let _ = self.up.set(up.clone());
         let rebalancer = rebalance::spawn_rebalancer(
             Arc::downgrade(self),
             Some(up.clone()),
@@ -592,6 +596,13 @@ impl VnodeHost {
 
     /// The cluster's members and their states, by the ring this broker
     /// holds.
+    /// The brokers the liveness prober finds up now (this one included):
+    /// a faster signal than SWIM's, about one second after a broker stops
+    /// answering. `None` where no prober runs.
+    pub fn up_nodes(&self) -> Option<BTreeSet<u64>> {
+        self.up.get().map(|up| up.borrow().clone())
+    }
+
     pub fn members(&self) -> BTreeMap<u64, MemberState> {
         self.ring().members_or(&self.config.nodes)
     }

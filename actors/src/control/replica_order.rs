@@ -1,0 +1,383 @@
+//! A coordinator's data-plane orders on the cluster port (issue 19, ADR
+//! 0106): fence (api key 103), catch-up (101) and seal (102), both halves.
+//!
+//! The serving half answers for the copies this broker holds, each order
+//! checked against the metadata this broker knows (it must hold a copy of
+//! the segment) and against the newest order epoch the copy has taken
+//! (`SegmentStore::fence_order`, remembered in the fence marker across
+//! restarts), so a deposed coordinator cannot act on a copy its successor
+//! reached. The asking half ([`OrderClient`]) is what the failover actor
+//! uses; an order to this broker itself is served without the network, by
+//! the same functions. Repair writes travel as replica-appends carrying a
+//! `RepairOrder` (`replica.rs`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use malachi_cluster::group::RpcError;
+use malachi_cluster::model::{NodeId, SegmentId, SegmentState};
+use malachi_storage::{SegmentStore, StorageError};
+use malachi_wire::replica_order::{
+    CATCH_UP_API_KEY, CATCH_UP_BYTES_MAX, CatchUpRequest, CatchUpResponse, FENCE_API_KEY,
+    FenceRequest, FenceResponse, OrderEpoch, OrderRefusal, SEAL_API_KEY, SealRequest, SealResponse,
+    SealedAt,
+};
+use malachi_wire::replication::{
+    REPLICA_APPEND_API_KEY, ReplicaAppendRequest, ReplicaAppendResponse,
+};
+use tracing::debug;
+
+use crate::control::metadata::read_owner;
+use crate::control::shared::Shared;
+
+/// How long one order waits for its answer (a fence waits for the copy's
+/// drain, an fsync at most).
+pub(crate) const ORDER_TIMEOUT_MS: u64 = 2_000;
+
+/// The storage layer's epoch for a wire one.
+pub(crate) fn store_order(order: OrderEpoch) -> malachi_storage::OrderEpoch {
+    malachi_storage::OrderEpoch {
+        group: order.group,
+        term: order.term,
+    }
+}
+
+fn wire_order(order: malachi_storage::OrderEpoch) -> OrderEpoch {
+    OrderEpoch {
+        group: order.group,
+        term: order.term,
+    }
+}
+
+/// What the metadata this broker knows says of its copy of `segment`.
+enum Held {
+    /// This broker holds a copy; the segment's state.
+    Yes(SegmentState),
+    No,
+}
+
+fn held(shared: &Shared, topic: &str, segment: SegmentId) -> Held {
+    let me = NodeId(shared.config.node_id);
+    let found = shared.plane().ok().and_then(|plane| {
+        read_owner(plane.as_ref(), topic, |state| {
+            state
+                .segment(segment)
+                .map(|s| (s.replicas.contains(&me), s.state))
+        })
+    });
+    match found {
+        Some((true, state)) => Held::Yes(state),
+        _ => Held::No,
+    }
+}
+
+/// Runs a blocking store call off the async workers, opening the copy
+/// first if this broker has not opened it since it started.
+async fn on_copy<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    segment: SegmentId,
+    call: impl FnOnce(
+        &malachi_storage::FileStore,
+        malachi_storage::SegmentId,
+    ) -> Result<T, StorageError>
+    + Send
+    + 'static,
+) -> Result<T, StorageError> {
+    let store = Arc::clone(&shared.store);
+    let id = malachi_storage::SegmentId(segment.0);
+    tokio::task::spawn_blocking(move || {
+        if let Err(StorageError::NotOpen { .. }) = store.info(id) {
+            store.open(id)?;
+        }
+        call(&store, id)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(StorageError::Failed {
+            segment: id,
+            reason: format!("the store task failed: {e}"),
+        })
+    })
+}
+
+/// Answers a fence order: the copy takes no more appends from its primary,
+/// and says how far it is durable once nothing queued is in flight.
+pub(crate) async fn serve_fence(shared: &Arc<Shared>, body: &[u8]) -> FenceResponse {
+    let request = match FenceRequest::decode(body) {
+        Ok(request) => request,
+        Err(e) => {
+            return FenceResponse::refused(
+                OrderRefusal::InvalidRequest,
+                OrderEpoch::default(),
+                e.to_string(),
+            );
+        }
+    };
+    let segment = SegmentId(request.segment);
+    if let Held::No = held(shared, &request.topic, segment) {
+        return FenceResponse::refused(
+            OrderRefusal::UnknownCopy,
+            request.order,
+            format!(
+                "broker {} holds no copy of segment {segment} of {}",
+                shared.config.node_id, request.topic
+            ),
+        );
+    }
+    let order = store_order(request.order);
+    match on_copy(shared, segment, move |store, id| {
+        store.fence_order(id, order)
+    })
+    .await
+    {
+        Ok(info) => {
+            let mut answer =
+                FenceResponse::fenced(info.durable, info.durable_bytes, wire_order(info.order));
+            if let Some(seal) = info.sealed {
+                answer = answer.with_seal(SealedAt {
+                    length: seal.length,
+                    bytes: seal.byte_size,
+                });
+            }
+            if info.failed {
+                // Its records count (and can be read): the answer carries
+                // its ends, marked failed so nothing repairs it.
+                answer.refused = Some(OrderRefusal::Failed);
+                answer.message = format!("segment {segment}: the copy's disk failed");
+            }
+            debug!(
+                segment = segment.0,
+                durable = info.durable,
+                ?order,
+                "copy fenced by order"
+            );
+            answer
+        }
+        Err(StorageError::StaleOrder { seen, .. }) => FenceResponse::refused(
+            OrderRefusal::StaleOrder,
+            wire_order(seen),
+            format!("segment {segment} took a newer order ({seen:?})"),
+        ),
+        Err(e) => FenceResponse::refused(OrderRefusal::Failed, request.order, e.to_string()),
+    }
+}
+
+/// Answers a catch-up: the copy's durable frames from `from`, verbatim
+/// (clamped to its seal), at most `bytes_max` bytes.
+pub(crate) async fn serve_catch_up(shared: &Arc<Shared>, body: &[u8]) -> CatchUpResponse {
+    let request = match CatchUpRequest::decode(body) {
+        Ok(request) => request,
+        Err(e) => return CatchUpResponse::refused(OrderRefusal::InvalidRequest, 0, e.to_string()),
+    };
+    let segment = SegmentId(request.segment);
+    if let Held::No = held(shared, &request.topic, segment) {
+        return CatchUpResponse::refused(
+            OrderRefusal::UnknownCopy,
+            0,
+            format!(
+                "broker {} holds no copy of segment {segment}",
+                shared.config.node_id
+            ),
+        );
+    }
+    let (from, bytes_max) = (
+        request.from,
+        usize::try_from(request.bytes_max.min(CATCH_UP_BYTES_MAX)).unwrap_or(1 << 20),
+    );
+    let read = on_copy(shared, segment, move |store, id| {
+        let info = store.info(id)?;
+        let run = store.read_frames(id, from, bytes_max)?;
+        Ok((info.durable, run))
+    })
+    .await;
+    match read {
+        Ok((durable, run)) => CatchUpResponse::frames(run.first, durable, Bytes::from(run.bytes)),
+        Err(e @ StorageError::OffsetOutOfRange { end, .. }) => {
+            CatchUpResponse::refused(OrderRefusal::Short, end, e.to_string())
+        }
+        Err(e) => CatchUpResponse::refused(OrderRefusal::Failed, 0, e.to_string()),
+    }
+}
+
+/// Answers a seal order: only at the seal the metadata records (a copy is
+/// never sealed at a length the metadata does not hold), idempotent.
+pub(crate) async fn serve_seal(shared: &Arc<Shared>, body: &[u8]) -> SealResponse {
+    let request = match SealRequest::decode(body) {
+        Ok(request) => request,
+        Err(e) => return SealResponse::refused(OrderRefusal::InvalidRequest, 0, e.to_string()),
+    };
+    let segment = SegmentId(request.segment);
+    let recorded = match held(shared, &request.topic, segment) {
+        Held::No => {
+            return SealResponse::refused(
+                OrderRefusal::UnknownCopy,
+                0,
+                format!(
+                    "broker {} holds no copy of segment {segment}",
+                    shared.config.node_id
+                ),
+            );
+        }
+        Held::Yes(SegmentState::Sealed { seal, .. }) => seal,
+        // The seal is recorded and not applied here yet: retriable.
+        Held::Yes(SegmentState::Active) => {
+            return SealResponse::refused(
+                OrderRefusal::Busy,
+                0,
+                format!("segment {segment} is not sealed in this broker's metadata yet"),
+            );
+        }
+    };
+    if recorded.length != request.length {
+        return SealResponse::refused(
+            OrderRefusal::SealMismatch,
+            0,
+            format!(
+                "segment {segment} is recorded sealed at {}, not {}",
+                recorded.length, request.length
+            ),
+        );
+    }
+    let order = store_order(request.order);
+    let length = request.length;
+    let sealed = on_copy(shared, segment, move |store, id| {
+        let seen = store.order_epoch(id)?;
+        if order.is_stale_against(seen) {
+            return Err(StorageError::StaleOrder {
+                segment: id,
+                seen,
+                order,
+            });
+        }
+        let info = store.info(id)?;
+        if info.durable < length && info.sealed.is_none() {
+            return Err(StorageError::SealBeyondEnd {
+                segment: id,
+                requested: length,
+                stored: info.durable,
+            });
+        }
+        store.seal(id, length).map(|seal| (info.durable, seal))
+    })
+    .await;
+    match sealed {
+        Ok((durable, seal)) => {
+            shared.data.replication.followed.lock().remove(&segment);
+            SealResponse::sealed(
+                durable,
+                SealedAt {
+                    length: seal.length,
+                    bytes: seal.byte_size,
+                },
+            )
+        }
+        Err(e @ StorageError::SealBeyondEnd { stored, .. }) => {
+            SealResponse::refused(OrderRefusal::Short, stored, e.to_string())
+        }
+        Err(e @ StorageError::AlreadySealed { .. }) => {
+            SealResponse::refused(OrderRefusal::SealMismatch, 0, e.to_string())
+        }
+        Err(e @ StorageError::StaleOrder { .. }) => {
+            SealResponse::refused(OrderRefusal::StaleOrder, 0, e.to_string())
+        }
+        Err(e) => SealResponse::refused(OrderRefusal::Failed, 0, e.to_string()),
+    }
+}
+
+/// Routes the order keys of the cluster port (`BrokerRpc::serve`).
+pub(crate) async fn serve_order(
+    shared: &Arc<Shared>,
+    api_key: u16,
+    body: Bytes,
+) -> Option<Result<Vec<u8>, RpcError>> {
+    let encoded = match api_key {
+        FENCE_API_KEY => serve_fence(shared, &body).await.encode(),
+        CATCH_UP_API_KEY => serve_catch_up(shared, &body).await.encode(),
+        SEAL_API_KEY => serve_seal(shared, &body).await.encode(),
+        _ => return None,
+    };
+    Some(encoded.map(|b| b.to_vec()).map_err(|e| RpcError::Encode {
+        what: "replica_order_response",
+        reason: e.to_string(),
+    }))
+}
+
+/// The asking half: sends orders to the brokers holding copies, this one
+/// included (served locally, by the same functions).
+#[derive(Clone)]
+pub(crate) struct OrderClient {
+    pub shared: Arc<Shared>,
+}
+
+impl OrderClient {
+    async fn call(&self, node: u64, api_key: u16, body: Bytes) -> Result<Bytes, String> {
+        if node == self.shared.config.node_id {
+            let answer = match api_key {
+                REPLICA_APPEND_API_KEY => super::replica::serve_replica_append(&self.shared, body)
+                    .await
+                    .encode(),
+                _ => match serve_order(&self.shared, api_key, body).await {
+                    Some(Ok(bytes)) => Ok(Bytes::from(bytes)),
+                    Some(Err(e)) => return Err(e.to_string()),
+                    None => return Err(format!("no local order {api_key}")),
+                },
+            };
+            return answer.map_err(|e| e.to_string());
+        }
+        let Some(raft) = self.shared.raft.get() else {
+            return Err("this broker has no cluster port".into());
+        };
+        raft.transport
+            .call_raw(node, api_key, 0, &body, ORDER_TIMEOUT_MS)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    pub(crate) async fn fence(
+        &self,
+        node: u64,
+        request: &FenceRequest,
+    ) -> Result<FenceResponse, String> {
+        let body = request.encode().map_err(|e| e.to_string())?;
+        let answer = self.call(node, FENCE_API_KEY, body).await?;
+        FenceResponse::decode(&answer).map_err(|e| e.to_string())
+    }
+
+    pub(crate) async fn catch_up(
+        &self,
+        node: u64,
+        request: &CatchUpRequest,
+    ) -> Result<CatchUpResponse, String> {
+        let body = request.encode().map_err(|e| e.to_string())?;
+        let answer = self.call(node, CATCH_UP_API_KEY, body).await?;
+        CatchUpResponse::decode(answer).map_err(|e| e.to_string())
+    }
+
+    pub(crate) async fn seal(
+        &self,
+        node: u64,
+        request: &SealRequest,
+    ) -> Result<SealResponse, String> {
+        let body = request.encode().map_err(|e| e.to_string())?;
+        let answer = self.call(node, SEAL_API_KEY, body).await?;
+        SealResponse::decode(&answer).map_err(|e| e.to_string())
+    }
+
+    pub(crate) async fn repair(
+        &self,
+        node: u64,
+        request: &ReplicaAppendRequest,
+    ) -> Result<ReplicaAppendResponse, String> {
+        let body = request.encode().map_err(|e| e.to_string())?;
+        let answer = self.call(node, REPLICA_APPEND_API_KEY, body).await?;
+        ReplicaAppendResponse::decode(&answer).map_err(|e| e.to_string())
+    }
+}
+
+impl std::fmt::Debug for OrderClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrderClient")
+            .field("node", &self.shared.config.node_id)
+            .finish()
+    }
+}

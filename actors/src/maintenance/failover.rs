@@ -1,0 +1,506 @@
+//! `maintenance/failover`: seals a segment whose primary is gone and opens
+//! its successor on live brokers (issue 19, ADR 0106).
+//!
+//! A vnode's coordinator finds the candidates (the newest segment of an
+//! active range, replicated, its primary failed by membership) and hands
+//! them here with its order epoch: its vnode group's id and the raft term
+//! it leads in. This actor runs one task per segment, at most
+//! [`FAILOVERS_MAX`] at once. A task:
+//!
+//! 1. fences every copy, each drained before it answers, until N − Q + 1
+//!    answered (`recovery::seal_decision`);
+//! 2. seals at the largest durable end among them, which covers every
+//!    acknowledged record, and fills the answering copies short of it from
+//!    the copy that holds it (catch-up reads, repair writes), until a
+//!    quorum of copies is complete;
+//! 3. records the seal and the successor (`CoordinatorState::fail_over`),
+//!    whose primary is a complete copy;
+//! 4. seals the complete copies at the recorded length.
+//!
+//! Every step is idempotent, so a task that fails retries from the start,
+//! and a coordinator that takes over re-runs it: its fences, under a newer
+//! term, make its predecessor's orders refused by the copies it reached.
+//! A task is never dropped because the primary came back: a fence is only
+//! ever the first step of a seal that is finished (`replication.md`). It
+//! stops when the segment is sealed, when its topic is gone, or when this
+//! broker no longer leads the vnode at the order's term (the successor's
+//! coordinator resumes it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use malachi_cluster::model::{SealRecord, SegmentId, SegmentState};
+use malachi_cluster::ring::VnodeId;
+use malachi_wire::replica_order::{
+    CATCH_UP_BYTES_MAX, CatchUpRequest, FenceRequest, OrderEpoch, OrderRefusal, SealRequest,
+};
+use malachi_wire::replication::{RepairOrder, ReplicaAppendRequest};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::control::coordinator::CoordinatorState;
+use crate::control::metadata::read_owner;
+use crate::control::replica_order::OrderClient;
+use crate::control::shared::Shared;
+use crate::data::quorum::quorum;
+use crate::data::recovery::{
+    FenceAnswer, SealDecision, complete_copies, seal_decision, short_copies,
+};
+
+/// Failovers this broker runs at once; more wait for the next `Ensure`.
+pub(crate) const FAILOVERS_MAX: usize = 16;
+/// The first pause after a failed attempt; it doubles up to the max.
+const RETRY_FIRST_MS: u64 = 100;
+const RETRY_MAX_MS: u64 = 2_000;
+/// Repair rounds one attempt makes for one copy before it starts over
+/// (a bound, not an expectation: a copy is short by at most the
+/// primary's shipping window).
+const REPAIR_ROUNDS_MAX: usize = 4_096;
+
+/// One segment to fail over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub topic: String,
+    pub segment: SegmentId,
+    /// The brokers found failed (the primary, at least): the successor
+    /// goes elsewhere.
+    pub failed: BTreeSet<u64>,
+}
+
+pub(crate) enum FailoverMsg {
+    /// `vnode`'s coordinator, leading at `order`, wants these failed over.
+    /// Starts a task for each not running; a task of an older order for
+    /// the same segment is replaced. Segments left out keep running.
+    Ensure {
+        vnode: VnodeId,
+        order: OrderEpoch,
+        candidates: Vec<Candidate>,
+    },
+    /// A task ended (done, or no longer this broker's to run).
+    Ended {
+        segment: SegmentId,
+        order: OrderEpoch,
+    },
+}
+
+impl ractor::Message for FailoverMsg {}
+
+pub(crate) struct FailoverActor;
+
+struct Task {
+    order: OrderEpoch,
+    handle: JoinHandle<()>,
+}
+
+pub(crate) struct FailoverState {
+    shared: Arc<Shared>,
+    tasks: BTreeMap<SegmentId, Task>,
+}
+
+#[ractor::async_trait]
+impl Actor for FailoverActor {
+    type Msg = FailoverMsg;
+    type State = FailoverState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<FailoverMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<FailoverState, ActorProcessingErr> {
+        *shared.failover.write() = Some(myself);
+        Ok(FailoverState {
+            shared,
+            tasks: BTreeMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<FailoverMsg>,
+        msg: FailoverMsg,
+        state: &mut FailoverState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            FailoverMsg::Ensure {
+                vnode,
+                order,
+                candidates,
+            } => {
+                for candidate in candidates {
+                    let segment = candidate.segment;
+                    if let Some(task) = state.tasks.get(&segment) {
+                        if task.order >= order && !task.handle.is_finished() {
+                            continue;
+                        }
+                        task.handle.abort();
+                    }
+                    if state.tasks.len() >= FAILOVERS_MAX && !state.tasks.contains_key(&segment) {
+                        debug!(segment = segment.0, "failover deferred: too many running");
+                        continue;
+                    }
+                    info!(topic = %candidate.topic, segment = segment.0, failed = ?candidate.failed, term = order.term, "failover started");
+                    let shared = Arc::clone(&state.shared);
+                    let me = myself.clone();
+                    let handle = tokio::spawn(async move {
+                        run(&shared, vnode, order, &candidate).await;
+                        let _ = me.send_message(FailoverMsg::Ended { segment, order });
+                    });
+                    state.tasks.insert(segment, Task { order, handle });
+                }
+            }
+            FailoverMsg::Ended { segment, order } => {
+                if state.tasks.get(&segment).is_some_and(|t| t.order == order) {
+                    state.tasks.remove(&segment);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<FailoverMsg>,
+        state: &mut FailoverState,
+    ) -> Result<(), ActorProcessingErr> {
+        for task in state.tasks.values() {
+            task.handle.abort();
+        }
+        let mut slot = state.shared.failover.write();
+        if slot.as_ref().is_some_and(|r| r.get_id() == myself.get_id()) {
+            *slot = None;
+        }
+        Ok(())
+    }
+}
+
+/// What one attempt came to.
+enum Attempt {
+    /// The seal is recorded (by this task or before it) and the complete
+    /// copies are sealed.
+    Done(SealRecord),
+    /// Nothing for this broker to do: the topic is gone, or another
+    /// coordinator leads the vnode now.
+    NotOurs(&'static str),
+}
+
+/// Runs one failover until it is done or no longer this broker's.
+async fn run(shared: &Arc<Shared>, vnode: VnodeId, order: OrderEpoch, candidate: &Candidate) {
+    let started = Instant::now();
+    let mut pause = RETRY_FIRST_MS;
+    let mut attempts: u64 = 0;
+    loop {
+        attempts += 1;
+        match attempt(shared, vnode, order, candidate).await {
+            Ok(Attempt::Done(seal)) => {
+                let elapsed = started.elapsed();
+                shared.metrics.failovers.increment(1);
+                shared
+                    .metrics
+                    .failover_seconds
+                    .record(elapsed.as_secs_f64());
+                info!(
+                    topic = %candidate.topic,
+                    segment = candidate.segment.0,
+                    length = seal.length,
+                    attempts,
+                    elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+                    "failover finished"
+                );
+                return;
+            }
+            Ok(Attempt::NotOurs(why)) => {
+                info!(topic = %candidate.topic, segment = candidate.segment.0, why, "failover left");
+                return;
+            }
+            Err(reason) => {
+                // Expected while copies are unreachable: at debug, then at
+                // warn once it lasts.
+                if attempts % 10 == 0 {
+                    warn!(topic = %candidate.topic, segment = candidate.segment.0, attempts, %reason, "failover not done yet");
+                } else {
+                    debug!(topic = %candidate.topic, segment = candidate.segment.0, attempts, %reason, "failover attempt failed");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        pause = (pause * 2).min(RETRY_MAX_MS);
+    }
+}
+
+/// The segment as this broker's metadata holds it.
+struct Known {
+    replicas: Vec<u64>,
+    state: SegmentState,
+    epoch: u64,
+}
+
+fn known(shared: &Shared, topic: &str, segment: SegmentId) -> Option<Known> {
+    let plane = shared.plane().ok()?;
+    read_owner(plane.as_ref(), topic, |state| {
+        state.segment(segment).map(|s| Known {
+            replicas: s.replicas.iter().map(|n| n.0).collect(),
+            state: s.state,
+            epoch: s.epoch,
+        })
+    })
+}
+
+/// Whether this broker still leads `vnode` at the order's term.
+fn still_leads(shared: &Shared, vnode: VnodeId, order: OrderEpoch) -> bool {
+    let Ok(plane) = shared.plane() else {
+        return false;
+    };
+    let Some(group) = plane.host().and_then(|h| h.group(vnode)) else {
+        return false;
+    };
+    group.leader_term() == (Some(shared.config.node_id), order.term)
+}
+
+async fn attempt(
+    shared: &Arc<Shared>,
+    vnode: VnodeId,
+    order: OrderEpoch,
+    candidate: &Candidate,
+) -> Result<Attempt, String> {
+    let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
+    let client = OrderClient {
+        shared: Arc::clone(shared),
+    };
+    let Some(known) = known(shared, topic, segment) else {
+        return Ok(Attempt::NotOurs("the segment is gone"));
+    };
+    if let SegmentState::Sealed { seal, .. } = known.state {
+        // Recorded (by this task's earlier attempt, or by anyone): make the
+        // copies that hold it say so.
+        seal_copies(&client, topic, segment, order, &known.replicas, seal).await;
+        return Ok(Attempt::Done(seal));
+    }
+    if !still_leads(shared, vnode, order) {
+        return Ok(Attempt::NotOurs(
+            "this broker no longer leads the vnode at the order's term",
+        ));
+    }
+    // 1. Fence every copy at once; the answers of those that answer count.
+    let request = FenceRequest {
+        topic: topic.to_string(),
+        segment: segment.0,
+        order,
+    };
+    let fences = known.replicas.iter().map(|&node| {
+        let client = client.clone();
+        let request = request.clone();
+        async move { (node, client.fence(node, &request).await) }
+    });
+    let mut answers: Vec<FenceAnswer> = Vec::new();
+    for (node, answer) in futures::future::join_all(fences).await {
+        match answer {
+            Ok(answer) => match answer.refused {
+                None | Some(OrderRefusal::Failed)
+                    if answer.durable_end > 0 || answer.refused.is_none() =>
+                {
+                    answers.push(FenceAnswer {
+                        node,
+                        durable_end: answer.durable_end,
+                        durable_bytes: answer.durable_bytes,
+                        sealed: answer.sealed.map(|s| (s.length, s.bytes)),
+                        failed: answer.refused.is_some(),
+                    });
+                }
+                Some(OrderRefusal::StaleOrder) => {
+                    return Ok(Attempt::NotOurs("a copy took a newer coordinator's order"));
+                }
+                Some(refusal) => {
+                    debug!(node, segment = segment.0, ?refusal, message = %answer.message, "fence refused");
+                }
+                None => {}
+            },
+            Err(e) => debug!(node, segment = segment.0, error = %e, "fence unanswered"),
+        }
+    }
+    let n = known.replicas.len();
+    let (length, bytes, source) = match seal_decision(n, &answers) {
+        SealDecision::Wait { answered, needed } => {
+            return Err(format!(
+                "{answered} of the {needed} fence answers a seal needs"
+            ));
+        }
+        SealDecision::Conflict { seals } => {
+            warn!(
+                topic,
+                segment = segment.0,
+                ?seals,
+                "copies carry different seals; the failover stops here"
+            );
+            return Err(format!("copies sealed at different lengths: {seals:?}"));
+        }
+        SealDecision::Seal {
+            length,
+            bytes,
+            source,
+        } => (length, bytes, source),
+    };
+    debug_assert!(
+        answers
+            .iter()
+            .all(|a| a.sealed.is_some() || a.durable_end <= length),
+        "the seal is the largest durable end answered"
+    );
+    // 2. Fill the short copies from the source.
+    let mut complete = complete_copies(&answers, length);
+    for node in short_copies(&answers, length) {
+        let from = answers
+            .iter()
+            .find(|a| a.node == node)
+            .map_or(0, |a| a.durable_end);
+        match repair(
+            &client,
+            topic,
+            segment,
+            order,
+            known.epoch,
+            source,
+            node,
+            from,
+            length,
+        )
+        .await
+        {
+            Ok(()) => complete.push(node),
+            Err(e) => debug!(node, segment = segment.0, error = %e, "repair failed"),
+        }
+    }
+    complete.sort_unstable();
+    complete.dedup();
+    if complete.len() < quorum(n) {
+        return Err(format!(
+            "{} complete copies of the {} a seal needs",
+            complete.len(),
+            quorum(n)
+        ));
+    }
+    if !still_leads(shared, vnode, order) {
+        return Ok(Attempt::NotOurs(
+            "this broker no longer leads the vnode at the order's term",
+        ));
+    }
+    // 3. Record the seal and the successor.
+    let seal = SealRecord { length, bytes };
+    let coordinator = CoordinatorState::new(Arc::clone(shared), vnode);
+    coordinator
+        .fail_over(topic, segment, seal, &complete, &candidate.failed)
+        .await
+        .map_err(|e| format!("cannot record the seal: {e}"))?;
+    // 4. The complete copies carry the recorded seal.
+    seal_copies(&client, topic, segment, order, &complete, seal).await;
+    Ok(Attempt::Done(seal))
+}
+
+/// Fills `node`'s copy from `from` up to `length` records with `source`'s
+/// frames, verbatim; the copy seals itself once it holds them all.
+#[allow(clippy::too_many_arguments)]
+async fn repair(
+    client: &OrderClient,
+    topic: &str,
+    segment: SegmentId,
+    order: OrderEpoch,
+    writer_epoch: u64,
+    source: u64,
+    node: u64,
+    from: u64,
+    length: u64,
+) -> Result<(), String> {
+    let mut at = from;
+    for _ in 0..REPAIR_ROUNDS_MAX {
+        if at >= length {
+            return Ok(());
+        }
+        let run = client
+            .catch_up(
+                source,
+                &CatchUpRequest {
+                    topic: topic.to_string(),
+                    segment: segment.0,
+                    order,
+                    from: at,
+                    bytes_max: CATCH_UP_BYTES_MAX,
+                },
+            )
+            .await?;
+        if let Some(refusal) = run.refused {
+            return Err(format!(
+                "catch-up from {source} refused ({refusal:?}): {}",
+                run.message
+            ));
+        }
+        if run.frames.is_empty() || run.first_offset != at {
+            return Err(format!(
+                "catch-up from {source} brought nothing at {at} (its end is {})",
+                run.durable_end
+            ));
+        }
+        let answer = client
+            .repair(
+                node,
+                &ReplicaAppendRequest {
+                    topic: topic.to_string(),
+                    segment: segment.0,
+                    epoch: writer_epoch,
+                    first_offset: at,
+                    committed_end: 0,
+                    repair: Some(RepairOrder { to: length, order }),
+                    frames: Bytes::clone(&run.frames),
+                },
+            )
+            .await?;
+        if let Some(refusal) = answer.refused {
+            return Err(format!(
+                "repair of {node} refused ({refusal:?}): {}",
+                answer.message
+            ));
+        }
+        if answer.durable_end <= at {
+            return Err(format!("repair of {node} made no progress at {at}"));
+        }
+        at = answer.durable_end;
+    }
+    Err(format!(
+        "repair of {node} not done after {REPAIR_ROUNDS_MAX} rounds"
+    ))
+}
+
+/// Tells each of `nodes` to seal its copy at the recorded seal. Best
+/// effort: a copy that misses it is sealed by its broker's reconcile or
+/// the next settling pass.
+async fn seal_copies(
+    client: &OrderClient,
+    topic: &str,
+    segment: SegmentId,
+    order: OrderEpoch,
+    nodes: &[u64],
+    seal: SealRecord,
+) {
+    let request = SealRequest {
+        topic: topic.to_string(),
+        segment: segment.0,
+        order,
+        length: seal.length,
+    };
+    let seals = nodes.iter().map(|&node| {
+        let client = client.clone();
+        let request = request.clone();
+        async move { (node, client.seal(node, &request).await) }
+    });
+    for (node, answer) in futures::future::join_all(seals).await {
+        match answer {
+            Ok(answer) if answer.refused.is_none() => {}
+            Ok(answer) => {
+                debug!(node, segment = segment.0, refusal = ?answer.refused, message = %answer.message, "seal order refused")
+            }
+            Err(e) => debug!(node, segment = segment.0, error = %e, "seal order unanswered"),
+        }
+    }
+}

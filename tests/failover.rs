@@ -1,0 +1,329 @@
+//! Failover (issue 19, ADR 0106): a segment's primary SIGKILLed under
+//! pipelined producers is sealed without it at a length that covers every
+//! acknowledged record, and the range goes on in a successor on the live
+//! brokers. The CLI is run with its default flags, as users run it: the
+//! producers pipeline, retry, and give up after the default 10 s delivery
+//! timeout, so the failover must finish well inside that.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::keyed::*;
+use common::{err, malachi, ok, out};
+use serde_json::Value;
+
+const PRODUCERS: u64 = 4;
+const LINES: u64 = 24_000;
+const KEYS: u64 = 16;
+const CHUNK: u64 = 400;
+
+/// One segment of `topic describe --json`.
+#[derive(Debug, Clone)]
+struct Described {
+    id: u64,
+    range: u64,
+    replicas: Vec<u64>,
+    state: String,
+    length: Option<u64>,
+}
+
+fn describe(broker: &str, topic: &str) -> Vec<Described> {
+    let output = ok(malachi(broker, &["topic", "describe", topic, "--json"], ""));
+    let described: Value = serde_json::from_str(&out(&output)).unwrap();
+    let mut segments = Vec::new();
+    for range in described["ranges"].as_array().unwrap() {
+        for segment in range["segments"].as_array().unwrap() {
+            segments.push(Described {
+                id: segment["id"].as_u64().unwrap(),
+                range: range["id"].as_u64().unwrap_or(0),
+                replicas: segment["replicas"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.as_u64().unwrap())
+                    .collect(),
+                state: segment["state"].as_str().unwrap_or("").to_string(),
+                length: segment["length"].as_u64(),
+            });
+        }
+    }
+    segments
+}
+
+fn segment_log(data_dir: &Path, id: u64) -> PathBuf {
+    data_dir.join("segments").join(format!("{id:020}.log"))
+}
+
+/// The whole frames at the start of a copy's log (a direct write pads the
+/// last block), and how many.
+fn frames(data_dir: &Path, id: u64) -> (Vec<u8>, u64) {
+    let bytes = std::fs::read(segment_log(data_dir, id)).unwrap_or_default();
+    let (mut at, mut n) = (0, 0u64);
+    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
+        at += len;
+        n += 1;
+    }
+    (bytes[..at].to_vec(), n)
+}
+
+/// Producer `p`'s line `i`: its own keys, so each producer's per-key
+/// sequences can be checked apart.
+fn line(p: u64, i: u64) -> String {
+    format!("p{p}k{}\t{}\n", i % KEYS, i / KEYS)
+}
+
+/// Every producer's records: per key 0, 1, 2, ... in order, each once,
+/// `LINES` per producer; probe records are left out.
+fn assert_every_producer_exactly_once(records: &[(String, String)], through: &str) {
+    let mut next: HashMap<&str, u64> = HashMap::new();
+    let mut per_producer: HashMap<String, u64> = HashMap::new();
+    for (at, (key, value)) in records.iter().enumerate() {
+        if key.starts_with("probe") {
+            continue;
+        }
+        let expected = next.entry(key.as_str()).or_default();
+        let got: u64 = value.parse().unwrap_or_else(|_| panic!("value {value:?}"));
+        assert_eq!(
+            got, *expected,
+            "through {through}, record {at}: key {key} has {got} where {expected} comes next (a duplicate, gap or reordering)"
+        );
+        *expected += 1;
+        let producer = key.split('k').next().unwrap_or("").to_string();
+        *per_producer.entry(producer).or_default() += 1;
+    }
+    for p in 0..PRODUCERS {
+        assert_eq!(
+            per_producer.get(&format!("p{p}")).copied().unwrap_or(0),
+            LINES,
+            "through {through}: records of producer {p}"
+        );
+    }
+}
+
+#[test]
+fn the_primary_sigkilled_under_four_producers_fails_over_and_every_acked_record_is_read_once_in_key_order()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    ok(malachi(&clients[0], &["topic", "create", "failover"], ""));
+    let first = describe(&clients[0], "failover");
+    assert_eq!(first.len(), 1);
+    let old = first[0].clone();
+    assert_eq!(old.replicas.len(), 3, "the default replication factor is 3");
+    let primary = old.replicas[0];
+    // The producers bootstrap through brokers that stay up.
+    let survivors: Vec<String> = clients
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i as u64 + 1 != primary)
+        .map(|(_, c)| c.clone())
+        .collect();
+
+    let written: Vec<Arc<AtomicU64>> = (0..PRODUCERS)
+        .map(|_| Arc::new(AtomicU64::new(0)))
+        .collect();
+    let mut children = Vec::new();
+    let mut writers = Vec::new();
+    for p in 0..PRODUCERS {
+        let broker = &survivors[(p as usize) % survivors.len()];
+        // Default flags: pipelined, retried, 10 s delivery timeout.
+        let mut child = spawn_malachi(broker, &["produce", "failover"]);
+        let mut stdin = child.stdin.take().unwrap();
+        let written = Arc::clone(&written[p as usize]);
+        writers.push(std::thread::spawn(move || {
+            let mut i = 0;
+            while i < LINES {
+                let chunk: String = (i..(i + CHUNK).min(LINES)).map(|j| line(p, j)).collect();
+                if stdin.write_all(chunk.as_bytes()).is_err() || stdin.flush().is_err() {
+                    written.store(LINES, Ordering::Relaxed);
+                    return;
+                }
+                i = (i + CHUNK).min(LINES);
+                written.store(i, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(40));
+            }
+        }));
+        children.push(child);
+    }
+    while written
+        .iter()
+        .any(|w| w.load(Ordering::Relaxed) < LINES / 3)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cluster.nodes[(primary - 1) as usize].kill9();
+    let killed = Instant::now();
+
+    // How long until a produce is acknowledged again: a one-record produce
+    // every 100 ms, each given one second.
+    let probing = Arc::new(AtomicBool::new(true));
+    let probe = {
+        let broker = survivors[0].clone();
+        let probing = Arc::clone(&probing);
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while probing.load(Ordering::Relaxed) {
+                let answer = malachi(
+                    &broker,
+                    &["produce", "failover", "--timeout-ms", "1000"],
+                    &format!("probe\t{n}\n"),
+                );
+                if answer.status.success() {
+                    return Some(killed.elapsed());
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None
+        })
+    };
+
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    let mut outputs = Vec::new();
+    for child in children {
+        outputs.push(wait_output(child, Duration::from_secs(300)));
+    }
+    probing.store(false, Ordering::Relaxed);
+    let first_ack = probe.join().unwrap();
+    for (p, output) in outputs.iter().enumerate() {
+        assert!(
+            output.status.success(),
+            "producer {p} failed: {}\n{}",
+            err(output),
+            cluster
+                .logs()
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("failover"))
+                .take(60)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert_eq!(
+            out(output),
+            format!("{LINES} of {LINES} records acknowledged by failover\n"),
+            "producer {p}: {}",
+            err(output)
+        );
+    }
+    let failed_over_after = cluster
+        .logs()
+        .lines()
+        .any(|l| l.contains("segment failed over"));
+    assert!(
+        failed_over_after,
+        "no broker logged the failover\n{}",
+        cluster.logs()
+    );
+    println!(
+        "primary {primary} killed; first acknowledged produce after {:?}",
+        first_ack
+    );
+    assert!(
+        first_ack.is_some(),
+        "no produce was acknowledged after the kill"
+    );
+
+    // The metadata: the old segment sealed, its successor on the range
+    // led by a copy of it, with no copy on the dead broker.
+    let now = describe(&survivors[0], "failover");
+    let sealed = now.iter().find(|s| s.id == old.id).unwrap().clone();
+    assert_eq!(sealed.state, "sealed", "{now:?}");
+    let seal = sealed.length.expect("a sealed segment has a length");
+    let successor = now
+        .iter()
+        .find(|s| s.range == old.range && s.id > old.id)
+        .unwrap_or_else(|| panic!("no successor of segment {}: {now:?}", old.id))
+        .clone();
+    assert!(
+        !successor.replicas.contains(&primary),
+        "the successor has a copy on the dead broker: {successor:?}"
+    );
+    assert!(
+        old.replicas.contains(&successor.replicas[0]),
+        "the successor's primary held no copy of the sealed segment: {successor:?}"
+    );
+
+    // Every record acknowledged is read once, in key order, through every
+    // live broker.
+    for broker in &survivors {
+        let records = consume_all(broker, "failover");
+        assert_every_producer_exactly_once(&records, broker);
+    }
+
+    // The surviving copies of the sealed segment agree byte for byte and
+    // neither holds a frame past the seal.
+    let copies: Vec<(u64, (Vec<u8>, u64))> = old
+        .replicas
+        .iter()
+        .filter(|n| **n != primary)
+        .map(|n| {
+            (
+                *n,
+                frames(&cluster.nodes[(*n - 1) as usize].data_dir, old.id),
+            )
+        })
+        .collect();
+    for (node, (_, count)) in &copies {
+        assert_eq!(
+            *count, seal,
+            "copy on broker {node} holds {count} frames; the seal is {seal}"
+        );
+    }
+    assert_eq!(copies[0].1.0, copies[1].1.0, "the surviving copies differ");
+
+    // The old primary returns: it runs no writer for the sealed segment,
+    // and reads through it are still exactly once (its copy is clamped at
+    // the seal, whatever it held past it).
+    let node = &mut cluster.nodes[(primary - 1) as usize];
+    let seeds = node.seeds_among(&clients);
+    node.start(&seeds);
+    let returned = clients[(primary - 1) as usize].clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let records = consume_all(&returned, "failover");
+        let ours = records
+            .iter()
+            .filter(|(k, _)| !k.starts_with("probe"))
+            .count() as u64;
+        if ours == PRODUCERS * LINES {
+            assert_every_producer_exactly_once(&records, &returned);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the returned primary reads {ours} records, not {}",
+            PRODUCERS * LINES
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // It may start that writer from its replica's stale view at first; it
+    // stops it once the replica has applied the seal.
+    let writer = format!("/{} ", old.id);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tree = out(&ok(malachi(&returned, &["tree"], "")));
+        if !tree
+            .lines()
+            .any(|l| l.contains("segment/") && l.contains(&writer))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the returned primary runs a writer of the sealed segment:\n{tree}\n{}",
+            cluster.nodes[(primary - 1) as usize].log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
