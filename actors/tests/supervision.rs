@@ -171,8 +171,8 @@ async fn the_tree_has_the_documented_shape() {
             "admin_http"
         ]
     );
-    // Empty until failover, healing, the scrubber, retention and the
-    // orphan sweeper land there.
+    // The failover worker, so far (healing, the scrubber, retention and
+    // the orphan sweeper go there next).
     let maintenance = tree
         .child("maintenance")
         .unwrap()
@@ -183,7 +183,12 @@ async fn the_tree_has_the_documented_shape() {
         maintenance.strategy,
         malachi_supervision::Strategy::OneForOne
     );
-    assert!(maintenance.children.is_empty());
+    let workers: Vec<_> = maintenance
+        .children
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(workers, ["failover"]);
     for child in ["swim", "node_server", "node"] {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
     }

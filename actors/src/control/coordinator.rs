@@ -1160,7 +1160,7 @@ pub(crate) fn primary_failed(
 pub(crate) fn failover_candidates(
     state: &MetadataState,
     failed: &dyn Fn(u64) -> bool,
-) -> Vec<crate::maintenance::failover::Candidate> {
+) -> Vec<crate::control::requests::Candidate> {
     let mut out = Vec::new();
     for topic in state.topics() {
         for range in state.active_ranges(&topic.name) {
@@ -1176,7 +1176,7 @@ pub(crate) fn failover_candidates(
             if !failed(primary.0) {
                 continue;
             }
-            out.push(crate::maintenance::failover::Candidate {
+            out.push(crate::control::requests::Candidate {
                 topic: topic.name.clone(),
                 segment: segment.id,
                 failed: segment
@@ -1300,7 +1300,7 @@ impl CoordinatorRun {
             group: group.group_id(),
             term,
         };
-        let _ = failover.send_message(crate::maintenance::failover::FailoverMsg::Ensure {
+        let _ = failover.send_message(crate::control::requests::FailoverMsg::Ensure {
             vnode: self.logic.vnode,
             order,
             candidates,
@@ -1457,6 +1457,64 @@ mod tests {
                 at_ms: 1,
             })
             .unwrap();
+    }
+
+    #[test]
+    fn a_primary_is_failed_when_swim_says_dead_or_both_signals_say_down() {
+        use malachi_cluster::membership::MemberState::{Alive, Dead, Suspect};
+        assert!(primary_failed(Some(Dead), None));
+        assert!(primary_failed(Some(Dead), Some(true)));
+        assert!(primary_failed(Some(Suspect), Some(false)));
+        // One signal alone is not a failure: timeouts are not failures.
+        assert!(!primary_failed(Some(Suspect), Some(true)));
+        assert!(!primary_failed(Some(Suspect), None));
+        assert!(!primary_failed(Some(Alive), Some(false)));
+        assert!(primary_failed(None, Some(false)));
+        assert!(!primary_failed(None, None));
+    }
+
+    fn create_replicated(state: &mut MetadataState, topic: &str, replicas: &[u64]) {
+        state
+            .apply(Command::CreateTopic {
+                topic: topic.into(),
+                initial_ranges: 1,
+                policy: None,
+                replicas: vec![replicas.iter().copied().map(NodeId).collect()],
+                at_ms: 1,
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn only_the_newest_active_replicated_segment_of_a_failed_primary_fails_over() {
+        let mut state = MetadataState::new();
+        create_replicated(&mut state, "led-by-two", &[2, 1, 3]);
+        create_replicated(&mut state, "led-by-one", &[1, 2, 3]);
+        create_replicated(&mut state, "alone-on-two", &[2]);
+        let failed = |node: u64| node == 2;
+        let found = failover_candidates(&state, &failed);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].topic, "led-by-two");
+        assert_eq!(found[0].failed, BTreeSet::from([2]));
+        // Once rolled, the sealed segment is not a candidate; its successor
+        // (led by 1) is not either.
+        let segment = found[0].segment;
+        state
+            .apply(Command::RollSegment {
+                topic: "led-by-two".into(),
+                segment,
+                seal: SealRecord {
+                    length: 0,
+                    bytes: 0,
+                },
+                next_replicas: vec![NodeId(1), NodeId(3)],
+                at_ms: 2,
+            })
+            .unwrap();
+        assert!(failover_candidates(&state, &failed).is_empty());
+        // A sealed topic's active segment is not in an active range.
+        let nobody = |_: u64| false;
+        assert!(failover_candidates(&state, &nobody).is_empty());
     }
 
     #[test]

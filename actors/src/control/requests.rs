@@ -3,8 +3,12 @@
 //! Kept apart from the actors so the broker context can hold a
 //! coordinator's handle without naming its logic.
 
+use std::collections::BTreeSet;
+
 use malachi_cluster::model::{ModelError, RangeId, SealRecord, SegmentId};
+use malachi_cluster::ring::VnodeId;
 use malachi_supervision::SupervisionError;
+use malachi_wire::replica_order::OrderEpoch;
 use ractor::RpcReplyPort;
 
 use crate::common::error::MetadataError;
@@ -77,3 +81,33 @@ pub(crate) enum CoordinatorMsg {
     Upkeep,
 }
 impl ractor::Message for CoordinatorMsg {}
+
+/// One segment to fail over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub topic: String,
+    pub segment: SegmentId,
+    /// The brokers found failed (the primary, at least): the successor
+    /// goes elsewhere.
+    pub failed: BTreeSet<u64>,
+}
+
+/// What coordinators send the failover actor (`maintenance/failover.rs`),
+/// kept here so the control plane names no module above it.
+pub(crate) enum FailoverMsg {
+    /// `vnode`'s coordinator, leading at `order`, wants these failed over.
+    /// Starts a task for each not running; a task of an older order for
+    /// the same segment is replaced. Segments left out keep running.
+    Ensure {
+        vnode: VnodeId,
+        order: OrderEpoch,
+        candidates: Vec<Candidate>,
+    },
+    /// A task ended (done, or no longer this broker's to run).
+    Ended {
+        segment: SegmentId,
+        order: OrderEpoch,
+    },
+}
+
+impl ractor::Message for FailoverMsg {}

@@ -74,7 +74,7 @@ pub(crate) struct Shared {
     pub coordinators: RwLock<BTreeMap<VnodeId, ActorRef<CoordinatorMsg>>>,
     /// The failover actor (`maintenance/failover`), registered by itself
     /// while it runs; coordinators hand it the segments to fail over.
-    pub failover: RwLock<Option<ActorRef<crate::maintenance::failover::FailoverMsg>>>,
+    pub failover: RwLock<Option<ActorRef<crate::control::requests::FailoverMsg>>>,
     /// The `coordinator_manager` supervisor, which the manager adds
     /// coordinators to.
     pub coordinator_sup: RwLock<Option<SupervisorRef>>,

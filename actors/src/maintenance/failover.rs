@@ -44,6 +44,7 @@ use tracing::{debug, info, warn};
 use crate::control::coordinator::CoordinatorState;
 use crate::control::metadata::read_owner;
 use crate::control::replica_order::OrderClient;
+pub(crate) use crate::control::requests::{Candidate, FailoverMsg};
 use crate::control::shared::Shared;
 use crate::data::quorum::quorum;
 use crate::data::recovery::{
@@ -59,34 +60,6 @@ const RETRY_MAX_MS: u64 = 2_000;
 /// (a bound, not an expectation: a copy is short by at most the
 /// primary's shipping window).
 const REPAIR_ROUNDS_MAX: usize = 4_096;
-
-/// One segment to fail over.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Candidate {
-    pub topic: String,
-    pub segment: SegmentId,
-    /// The brokers found failed (the primary, at least): the successor
-    /// goes elsewhere.
-    pub failed: BTreeSet<u64>,
-}
-
-pub(crate) enum FailoverMsg {
-    /// `vnode`'s coordinator, leading at `order`, wants these failed over.
-    /// Starts a task for each not running; a task of an older order for
-    /// the same segment is replaced. Segments left out keep running.
-    Ensure {
-        vnode: VnodeId,
-        order: OrderEpoch,
-        candidates: Vec<Candidate>,
-    },
-    /// A task ended (done, or no longer this broker's to run).
-    Ended {
-        segment: SegmentId,
-        order: OrderEpoch,
-    },
-}
-
-impl ractor::Message for FailoverMsg {}
 
 pub(crate) struct FailoverActor;
 
