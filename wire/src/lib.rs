@@ -19,6 +19,7 @@ pub mod error;
 pub mod frame;
 pub mod limits;
 pub mod messages;
+pub mod replica_order;
 pub mod replica_status;
 pub mod replication;
 

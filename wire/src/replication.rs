@@ -34,10 +34,28 @@ pub struct ReplicaAppendRequest {
     /// The highest offset durable on a quorum, as the primary knows it:
     /// the follower's readers see no record at or above it.
     pub committed_end: u64,
+    /// Set by a coordinator's recovery (failover): the frames repair a
+    /// fenced copy up to `to` records, under that order's epoch. Absent on
+    /// a primary's shipping; older brokers ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<RepairOrder>,
     /// Whole frames, as the primary's log holds them; may be empty (a
     /// heartbeat carrying `committed_end`, or a probe of the follower's end).
     #[serde(skip)]
     pub frames: Bytes,
+}
+
+/// A recovery's repair of a fenced copy (issue 19): the frames of a
+/// replica-append that carries it fill the copy up to `to` records, and no
+/// further, under the coordinator's order epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepairOrder {
+    /// The records the repaired copy holds at most: the seal the recovery
+    /// decided.
+    pub to: u64,
+    /// The epoch of the coordinator's order; the copy refuses one older
+    /// than it has seen.
+    pub order: crate::replica_order::OrderEpoch,
 }
 
 /// Why a follower copy refused a replica-append; nothing was written.
@@ -234,11 +252,38 @@ mod tests {
             epoch: 3,
             first_offset: 10,
             committed_end: 8,
+            repair: None,
             frames: Bytes::from_static(b"MLR1 frames"),
         };
         let bytes = request.encode().unwrap();
         assert!(bytes.ends_with(b"MLR1 frames"));
         assert_eq!(ReplicaAppendRequest::decode(bytes).unwrap(), request);
+    }
+
+    #[test]
+    fn a_repair_order_round_trips_and_is_absent_from_a_shipping() {
+        use crate::replica_order::OrderEpoch;
+        let shipping = ReplicaAppendRequest {
+            topic: "orders".into(),
+            segment: 7,
+            epoch: 3,
+            first_offset: 10,
+            committed_end: 8,
+            repair: None,
+            frames: Bytes::from_static(b"MLR1 frames"),
+        };
+        let plain = shipping.encode().unwrap();
+        assert!(!plain.windows(6).any(|w| w == b"repair"));
+        let repair = ReplicaAppendRequest {
+            repair: Some(RepairOrder {
+                to: 12,
+                order: OrderEpoch { group: 4, term: 9 },
+            }),
+            ..shipping
+        };
+        let bytes = repair.encode().unwrap();
+        assert!(bytes.ends_with(b"MLR1 frames"));
+        assert_eq!(ReplicaAppendRequest::decode(bytes).unwrap(), repair);
     }
 
     #[test]
@@ -263,6 +308,7 @@ mod tests {
             epoch: 0,
             first_offset: 0,
             committed_end: 0,
+            repair: None,
             frames: Bytes::new(),
         };
         assert!(request.encode().is_err());

@@ -92,6 +92,7 @@ fn replica_append_encodes_to_its_frozen_bytes() {
         epoch: 3,
         first_offset: 10,
         committed_end: 8,
+        repair: None,
         frames: bytes::Bytes::from_static(b"MLR1"),
     };
     insta::assert_snapshot!("replica_append_request", hex(&request.encode().unwrap()));
@@ -140,6 +141,106 @@ fn a_replica_append_answer_with_durable_bytes_encodes_to_its_frozen_bytes() {
     let bytes = durable.encode().unwrap();
     insta::assert_snapshot!("replica_append_response_with_bytes", hex(&bytes));
     assert_eq!(ReplicaAppendResponse::decode(&bytes).unwrap(), durable);
+}
+
+/// A recovery's repair (issue 19) adds `repair` after `committed_end`; a
+/// primary's shipping keeps the `replica_append_request` bytes.
+#[test]
+fn a_replica_append_with_a_repair_order_encodes_to_its_frozen_bytes() {
+    use malachi_wire::replica_order::OrderEpoch;
+    use malachi_wire::replication::{RepairOrder, ReplicaAppendRequest};
+    let request = ReplicaAppendRequest {
+        topic: "orders".into(),
+        segment: 7,
+        epoch: 3,
+        first_offset: 10,
+        committed_end: 8,
+        repair: Some(RepairOrder {
+            to: 12,
+            order: OrderEpoch { group: 4, term: 9 },
+        }),
+        frames: bytes::Bytes::from_static(b"MLR1"),
+    };
+    let bytes = request.encode().unwrap();
+    insta::assert_snapshot!("replica_append_request_repair", hex(&bytes));
+    assert_eq!(ReplicaAppendRequest::decode(bytes).unwrap(), request);
+}
+
+/// Fence (103), catch-up (101) and seal (102), the coordinator's orders to
+/// a segment's copies (issue 19), and their answers.
+#[test]
+fn replica_orders_encode_to_their_frozen_bytes() {
+    use malachi_wire::replica_order::{
+        CatchUpRequest, CatchUpResponse, FenceRequest, FenceResponse, OrderEpoch, OrderRefusal,
+        SealRequest, SealResponse, SealedAt,
+    };
+    let order = OrderEpoch { group: 4, term: 9 };
+    let sealed = SealedAt {
+        length: 12,
+        bytes: 768,
+    };
+
+    let fence = FenceRequest {
+        topic: "orders".into(),
+        segment: 7,
+        order,
+    };
+    let bytes = fence.encode().unwrap();
+    insta::assert_snapshot!("fence_request", hex(&bytes));
+    assert_eq!(FenceRequest::decode(&bytes).unwrap(), fence);
+    let fenced = FenceResponse::fenced(12, 768, order);
+    let bytes = fenced.encode().unwrap();
+    insta::assert_snapshot!("fence_response", hex(&bytes));
+    assert_eq!(FenceResponse::decode(&bytes).unwrap(), fenced);
+    let fenced_sealed = FenceResponse::fenced(12, 768, order).with_seal(sealed);
+    let bytes = fenced_sealed.encode().unwrap();
+    insta::assert_snapshot!("fence_response_sealed", hex(&bytes));
+    assert_eq!(FenceResponse::decode(&bytes).unwrap(), fenced_sealed);
+    let stale = FenceResponse::refused(
+        OrderRefusal::StaleOrder,
+        OrderEpoch { group: 4, term: 10 },
+        "term 10 seen",
+    );
+    let bytes = stale.encode().unwrap();
+    insta::assert_snapshot!("fence_refused", hex(&bytes));
+    assert_eq!(FenceResponse::decode(&bytes).unwrap(), stale);
+
+    let catch_up = CatchUpRequest {
+        topic: "orders".into(),
+        segment: 7,
+        order,
+        from: 10,
+        bytes_max: 1 << 20,
+    };
+    let bytes = catch_up.encode().unwrap();
+    insta::assert_snapshot!("catch_up_request", hex(&bytes));
+    assert_eq!(CatchUpRequest::decode(&bytes).unwrap(), catch_up);
+    let frames = CatchUpResponse::frames(10, 12, bytes::Bytes::from_static(b"MLR1"));
+    let bytes = frames.encode().unwrap();
+    insta::assert_snapshot!("catch_up_response", hex(&bytes));
+    assert_eq!(CatchUpResponse::decode(bytes).unwrap(), frames);
+    let refused = CatchUpResponse::refused(OrderRefusal::UnknownCopy, 0, "no copy");
+    let bytes = refused.encode().unwrap();
+    insta::assert_snapshot!("catch_up_refused", hex(&bytes));
+    assert_eq!(CatchUpResponse::decode(bytes).unwrap(), refused);
+
+    let seal = SealRequest {
+        topic: "orders".into(),
+        segment: 7,
+        order,
+        length: 12,
+    };
+    let bytes = seal.encode().unwrap();
+    insta::assert_snapshot!("seal_request", hex(&bytes));
+    assert_eq!(SealRequest::decode(&bytes).unwrap(), seal);
+    let done = SealResponse::sealed(12, sealed);
+    let bytes = done.encode().unwrap();
+    insta::assert_snapshot!("seal_response", hex(&bytes));
+    assert_eq!(SealResponse::decode(&bytes).unwrap(), done);
+    let short = SealResponse::refused(OrderRefusal::Short, 10, "durable to 10");
+    let bytes = short.encode().unwrap();
+    insta::assert_snapshot!("seal_refused", hex(&bytes));
+    assert_eq!(SealResponse::decode(&bytes).unwrap(), short);
 }
 
 /// A describe answered by a broker that predates `primary`,
