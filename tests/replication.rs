@@ -301,6 +301,7 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
                 epoch,
                 first_offset: first,
                 committed_end: 0,
+                repair: None,
                 frames: bytes::Bytes::from(frames),
             };
         let send =
@@ -416,6 +417,7 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
                 epoch,
                 first_offset: sealed_end,
                 committed_end: 0,
+                repair: None,
                 frames: bytes::Bytes::from(frame_at(sealed_end, "late")),
             };
             let body = request.encode().unwrap();

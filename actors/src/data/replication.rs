@@ -945,6 +945,7 @@ impl Shipper {
                     epoch: self.replicated.epoch,
                     first_offset: first,
                     committed_end: commit,
+                    repair: None,
                     frames,
                 };
                 let weight = request
@@ -1161,6 +1162,7 @@ mod tests {
             epoch,
             first_offset: first,
             committed_end: 0,
+            repair: None,
             frames,
         }
     }
