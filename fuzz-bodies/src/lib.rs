@@ -238,7 +238,8 @@ fn wire_response(key: ApiKey, payload: Bytes) {
 
 /// A replica-append (api key 100) as a follower decodes it on the cluster
 /// port, and its answer as the primary decodes it: what decodes re-encodes
-/// to itself. The frames are checked by the store that writes them
+/// to itself; then the other replication messages of the cluster port
+/// (replica-status, and the coordinator's fence, catch-up and seal). The frames are checked by the store that writes them
 /// (`storage_frame` reaches that decoder).
 pub fn replica_append(data: &[u8]) {
     use malachi_wire::replication::{ReplicaAppendRequest, ReplicaAppendResponse};
@@ -257,6 +258,7 @@ pub fn replica_append(data: &[u8]) {
         );
     }
     replica_status(data);
+    replica_order(data);
 }
 
 /// A replica-status (api key 105, ADR 0098) as a broker decodes it on the
@@ -278,6 +280,51 @@ fn replica_status(data: &[u8]) {
             ReplicaStatusResponse::decode(&again).expect("and decodes"),
             response
         );
+    }
+}
+
+/// The coordinator's orders (issue 19) as a copy's broker decodes them on
+/// the cluster port, fence (api key 103), catch-up (101) and seal (102),
+/// and their answers as the coordinator decodes them: what decodes
+/// re-encodes to itself. Run by the `replica_append` target, which covers
+/// every replication message of the cluster port; a catch-up answer's
+/// frames are the store's to check (`storage_frame`).
+fn replica_order(data: &[u8]) {
+    use malachi_wire::replica_order::{
+        CatchUpRequest, CatchUpResponse, FenceRequest, FenceResponse, SealRequest, SealResponse,
+    };
+    if let Ok(request) = FenceRequest::decode(data) {
+        let again = request.encode().expect("a decoded request re-encodes");
+        assert_eq!(FenceRequest::decode(&again).expect("and decodes"), request);
+    }
+    if let Ok(response) = FenceResponse::decode(data) {
+        let again = response.encode().expect("a decoded answer re-encodes");
+        assert_eq!(
+            FenceResponse::decode(&again).expect("and decodes"),
+            response
+        );
+    }
+    if let Ok(request) = CatchUpRequest::decode(data) {
+        let again = request.encode().expect("a decoded request re-encodes");
+        assert_eq!(
+            CatchUpRequest::decode(&again).expect("and decodes"),
+            request
+        );
+    }
+    if let Ok(response) = CatchUpResponse::decode(Bytes::copy_from_slice(data)) {
+        let again = response.encode().expect("a decoded answer re-encodes");
+        assert_eq!(
+            CatchUpResponse::decode(again).expect("and decodes"),
+            response
+        );
+    }
+    if let Ok(request) = SealRequest::decode(data) {
+        let again = request.encode().expect("a decoded request re-encodes");
+        assert_eq!(SealRequest::decode(&again).expect("and decodes"), request);
+    }
+    if let Ok(response) = SealResponse::decode(data) {
+        let again = response.encode().expect("a decoded answer re-encodes");
+        assert_eq!(SealResponse::decode(&again).expect("and decodes"), response);
     }
 }
 

@@ -247,6 +247,7 @@ pub fn replica_append() -> Vec<u8> {
         epoch: 1,
         first_offset: 0,
         committed_end: 0,
+        repair: None,
         frames: Bytes::from(storage_frame()),
     };
     request.encode().map(|b| b.to_vec()).unwrap_or_default()
@@ -278,4 +279,71 @@ pub fn replica_refusal() -> Vec<u8> {
         .encode()
         .map(|b| b.to_vec())
         .unwrap_or_default()
+}
+
+/// A replica-append repairing a fenced copy under a coordinator's order
+/// (issue 19).
+pub fn replica_repair() -> Vec<u8> {
+    use malachi_wire::replica_order::OrderEpoch;
+    use malachi_wire::replication::{RepairOrder, ReplicaAppendRequest};
+    let request = ReplicaAppendRequest {
+        topic: "orders".into(),
+        segment: 7,
+        epoch: 1,
+        first_offset: 0,
+        committed_end: 0,
+        repair: Some(RepairOrder {
+            to: 1,
+            order: OrderEpoch { group: 4, term: 9 },
+        }),
+        frames: Bytes::from(storage_frame()),
+    };
+    request.encode().map(|b| b.to_vec()).unwrap_or_default()
+}
+
+/// The coordinator's orders (issue 19) and a copy's answers to them: a
+/// fence and a sealed copy's fence answer, a catch-up and an answer
+/// carrying one stored frame, a seal and a `short` refusal of one.
+pub fn replica_orders() -> Vec<Vec<u8>> {
+    use malachi_wire::replica_order::{
+        CATCH_UP_BYTES_MAX, CatchUpRequest, CatchUpResponse, FenceRequest, FenceResponse,
+        OrderEpoch, OrderRefusal, SealRequest, SealResponse, SealedAt,
+    };
+    let order = OrderEpoch { group: 4, term: 9 };
+    let sealed = SealedAt {
+        length: 1,
+        bytes: storage_frame().len() as u64,
+    };
+    let encoded = [
+        FenceRequest {
+            topic: "orders".into(),
+            segment: 7,
+            order,
+        }
+        .encode(),
+        FenceResponse::fenced(1, sealed.bytes, order)
+            .with_seal(sealed)
+            .encode(),
+        CatchUpRequest {
+            topic: "orders".into(),
+            segment: 7,
+            order,
+            from: 0,
+            bytes_max: CATCH_UP_BYTES_MAX,
+        }
+        .encode(),
+        CatchUpResponse::frames(0, 1, Bytes::from(storage_frame())).encode(),
+        SealRequest {
+            topic: "orders".into(),
+            segment: 7,
+            order,
+            length: 1,
+        }
+        .encode(),
+        SealResponse::refused(OrderRefusal::Short, 0, "durable to 0").encode(),
+    ];
+    encoded
+        .into_iter()
+        .map(|b| b.map(|b| b.to_vec()).unwrap_or_default())
+        .collect()
 }

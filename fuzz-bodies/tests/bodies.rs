@@ -74,7 +74,7 @@ body_tests! {
     wire_frame: bodies::wire_frame, vec![samples::wire_frame()];
     wire_messages: bodies::wire_messages, vec![samples::wire_messages()];
     fabric_message: bodies::fabric_message, vec![samples::fabric_message()];
-    replica_append: bodies::replica_append, vec![samples::replica_append(), samples::replica_refusal(), samples::replica_status()];
+    replica_append: bodies::replica_append, [vec![samples::replica_append(), samples::replica_refusal(), samples::replica_status(), samples::replica_repair()], samples::replica_orders()].concat();
 }
 
 /// The fabric sample is the one remote message the node actor accepts, and
@@ -120,6 +120,24 @@ fn every_sample_decodes() {
     )
     .unwrap();
     untrusted::raft_vote(&samples::raft_vote()).unwrap();
+    {
+        use malachi_wire::replica_order::{
+            CatchUpRequest, CatchUpResponse, FenceRequest, FenceResponse, SealRequest, SealResponse,
+        };
+        use malachi_wire::replication::ReplicaAppendRequest;
+        let repair = ReplicaAppendRequest::decode(samples::replica_repair().into()).unwrap();
+        assert!(repair.repair.is_some());
+        let orders = samples::replica_orders();
+        FenceRequest::decode(&orders[0]).unwrap();
+        assert!(FenceResponse::decode(&orders[1]).unwrap().sealed.is_some());
+        CatchUpRequest::decode(&orders[2]).unwrap();
+        let frames = CatchUpResponse::decode(orders[3].clone().into())
+            .unwrap()
+            .frames;
+        assert!(malachi_storage::frame::decode(&frames).is_ok());
+        SealRequest::decode(&orders[4]).unwrap();
+        assert!(SealResponse::decode(&orders[5]).unwrap().refused.is_some());
+    }
     for sample in samples::raft_rpc() {
         let api_key = 200 + u16::from(sample[0]);
         let request = untrusted::raft_request(api_key, &sample[1..]);
