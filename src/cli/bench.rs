@@ -20,6 +20,7 @@ use super::error::CliError;
 use super::{BenchConsumeArgs, BenchProduceArgs, OutputArgs};
 
 pub mod compare;
+pub mod failover;
 pub mod idle;
 mod load;
 pub mod metadata;

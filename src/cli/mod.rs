@@ -310,6 +310,25 @@ pub enum BenchCommand {
     Metadata(BenchMetadataArgs),
     /// What an idle cluster costs: starts brokers with no traffic and reports each one's CPU and memory.
     Idle(BenchIdleArgs),
+    /// How long writes stop when a primary is SIGKILLed: starts three brokers per trial and times the kill to the first acknowledged produce.
+    Failover(BenchFailoverArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Each trial starts three brokers (this executable, on loopback ports, in fresh \
+    directories under the temporary directory) with the default membership timings, creates a topic \
+    with three copies, keeps one-record produces going through a broker that stays up, SIGKILLs the \
+    segment's primary and times the kill to the first produce acknowledged after it. Linux only.\n\n\
+    Example: malachi bench failover --trials 20"
+)]
+pub struct BenchFailoverArgs {
+    /// How many kills to time (1 to 200), each on a fresh cluster.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub trials: u32,
+    /// One JSON object with the figures and every sample instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

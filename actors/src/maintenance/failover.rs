@@ -26,7 +26,7 @@
 //! broker no longer leads the vnode at the order's term (the successor's
 //! coordinator resumes it).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
