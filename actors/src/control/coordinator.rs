@@ -21,8 +21,11 @@
 //! (`vnode_lease.rs`, ADR 0082): a deposed leader that still believes it
 //! leads stops it before the lease can pass to its successor. Today that
 //! work is an audit (`stranded_segments`: active segments on brokers that
-//! are down, which healing will move once the data plane replicates).
-//! Requests need no lease: each is one replicated command, ordered by raft.
+//! are down). Requests need no lease: each is one replicated command,
+//! ordered by raft. Failover is not gated on the lease either (ADR 0106):
+//! each upkeep tick, while this broker leads the vnode's group, hands the
+//! segments whose primary failed to `maintenance/failover` under the
+//! group's raft term, which fences its orders on the copies.
 //!
 //! The lease is held only while the vnode holds topics (ADR 0101): a vnode
 //! with none has no continuous work and opens no segment, and renewing a
@@ -1138,6 +1141,57 @@ pub(crate) fn stranded_segments(
     stranded
 }
 
+/// Wakes `myself`'s upkeep as soon as the brokers SWIM does not call alive,
+/// or the liveness prober's up set, change: a failover then starts within
+/// moments of its primary looking failed, not at the next tick (up to
+/// `coordinator_poll_ms` later).
+fn spawn_failure_watch(
+    shared: &Arc<Shared>,
+    myself: ActorRef<CoordinatorMsg>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    use malachi_cluster::membership::{MemberState, MembershipView};
+    let fabric = shared.fabric()?;
+    let mut view = fabric.membership.watch();
+    let mut up = shared
+        .plane()
+        .ok()
+        .and_then(|plane| plane.host().and_then(|h| h.up_watch()));
+    let not_alive = |view: &MembershipView| -> BTreeSet<u64> {
+        view.all()
+            .filter(|m| m.state != MemberState::Alive)
+            .map(|m| m.node_id)
+            .collect()
+    };
+    Some(tokio::spawn(async move {
+        let mut last = (
+            not_alive(&view.borrow_and_update()),
+            up.as_mut().map(|u| u.borrow_and_update().clone()),
+        );
+        loop {
+            let up_changed = async {
+                match up.as_mut() {
+                    Some(up) => up.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = view.changed() => if changed.is_err() { return },
+                alive = up_changed => if !alive { up = None; },
+            }
+            let now = (
+                not_alive(&view.borrow_and_update()),
+                up.as_mut().map(|u| u.borrow_and_update().clone()),
+            );
+            if now != last {
+                last = now;
+                if myself.send_message(CoordinatorMsg::Upkeep).is_err() {
+                    return;
+                }
+            }
+        }
+    }))
+}
+
 /// Whether a broker counts as failed for a failover: declared dead by
 /// SWIM, or suspected by SWIM *and* down by the raft port's liveness
 /// prober (two signals, about a second after it stops answering, where
@@ -1206,6 +1260,9 @@ pub(crate) struct CoordinatorRun {
     /// leave the vnode without one until the next renewal (seen as creates
     /// of up to 2 s on a vnode whose last topic had just gone).
     releasing: Option<tokio::task::JoinHandle<()>>,
+    /// Wakes the upkeep when a broker starts to look failed
+    /// (`spawn_failure_watch`); aborted when the coordinator stops.
+    failures: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl CoordinatorRun {
@@ -1387,6 +1444,7 @@ impl Actor for CoordinatorActor {
         // The timer ends with the actor (ractor stops sending to a dead actor).
         let every = std::time::Duration::from_millis(shared.config.cluster.coordinator_poll_ms);
         myself.send_interval(every, || CoordinatorMsg::Upkeep);
+        let failures = spawn_failure_watch(&shared, myself.clone());
         info!(%vnode, "coordinator started");
         Ok(CoordinatorRun {
             logic: CoordinatorState::new(shared, vnode),
@@ -1394,6 +1452,7 @@ impl Actor for CoordinatorActor {
             upkeep_running: false,
             stranded: Vec::new(),
             releasing: None,
+            failures,
         })
     }
 
@@ -1429,6 +1488,9 @@ impl Actor for CoordinatorActor {
             {
                 coordinators.remove(&state.logic.vnode);
             }
+        }
+        if let Some(failures) = state.failures.take() {
+            failures.abort();
         }
         // The upkeep has stopped with the actor: give the lease up so the
         // next leader's coordinator need not wait it out. Off the stop path:

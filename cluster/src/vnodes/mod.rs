@@ -603,6 +603,11 @@ impl VnodeHost {
         self.up.get().map(|up| up.borrow().clone())
     }
 
+    /// A receiver of the liveness prober's up set, where a prober runs.
+    pub fn up_watch(&self) -> Option<watch::Receiver<BTreeSet<u64>>> {
+        self.up.get().cloned()
+    }
+
     pub fn members(&self) -> BTreeMap<u64, MemberState> {
         self.ring().members_or(&self.config.nodes)
     }

@@ -27,6 +27,8 @@ const PROBE_EVERY_MS: u64 = 50;
 /// How long one probe produce may take.
 const PROBE_TIMEOUT_MS: u64 = 1_000;
 const BROKERS: u64 = 3;
+/// Starts of one trial's cluster before it gives up.
+const START_ATTEMPTS: u32 = 3;
 
 /// The figures of a run.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -95,19 +97,31 @@ pub async fn failover(args: BenchFailoverArgs) -> Result<(), CliError> {
 /// One cluster, one kill; `None` when writes never came back.
 async fn one_trial(exe: &std::path::Path) -> Result<Option<Duration>, CliError> {
     let bench = |what: &str, e: &dyn std::fmt::Display| CliError::Bench(format!("{what}: {e}"));
-    let mut guards = start_cluster_within(
-        exe,
-        BROKERS,
-        &malachi_cluster_config(BROKERS),
-        |id| {
-            tempfile::Builder::new()
-                .prefix(&format!("malachi-failover-{id}-"))
-                .tempdir()
-                .map_err(|e| CliError::Bench(format!("cannot create a directory: {e}")))
-        },
-        Duration::from_secs(30),
-    )
-    .await?;
+    // A port picked free may be taken by another process before the broker
+    // binds it (a shared machine): such a start is tried again.
+    let mut started = Err(CliError::Bench("never started".into()));
+    for _ in 0..START_ATTEMPTS {
+        started = start_cluster_within(
+            exe,
+            BROKERS,
+            &malachi_cluster_config(BROKERS),
+            |id| {
+                tempfile::Builder::new()
+                    .prefix(&format!("malachi-failover-{id}-"))
+                    .tempdir()
+                    .map_err(|e| CliError::Bench(format!("cannot create a directory: {e}")))
+            },
+            Duration::from_secs(30),
+        )
+        .await;
+        match &started {
+            Err(CliError::Bench(reason)) if reason.contains("Address already in use") => {
+                eprintln!("a start lost its port to another process; starting again");
+            }
+            _ => break,
+        }
+    }
+    let mut guards = started?;
     let output = |i: usize, timeout_ms: u64| OutputArgs {
         broker: guards[i].addr.to_string(),
         json: true,
