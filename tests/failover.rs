@@ -285,6 +285,8 @@ fn the_primary_sigkilled_under_four_producers_fails_over_and_every_acked_record_
     // The old primary returns: it runs no writer for the sealed segment,
     // and reads through it are still exactly once (its copy is clamped at
     // the seal, whatever it held past it).
+    let (_, held_at_kill) = frames(&cluster.nodes[(primary - 1) as usize].data_dir, old.id);
+    println!("the dead primary's copy held {held_at_kill} frames; the seal is {seal}");
     let node = &mut cluster.nodes[(primary - 1) as usize];
     let seeds = node.seeds_among(&clients);
     node.start(&seeds);
@@ -307,6 +309,28 @@ fn the_primary_sigkilled_under_four_producers_fails_over_and_every_acked_record_
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // Its copy of the sealed segment is settled: cut back to exactly the
+    // seal, byte for byte the survivors' (whatever it held past the seal,
+    // never acknowledged, is gone).
+    let old_primary_dir = cluster.nodes[(primary - 1) as usize].data_dir.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (bytes, count) = frames(&old_primary_dir, old.id);
+        let on_disk = std::fs::metadata(segment_log(&old_primary_dir, old.id))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        if count == seal && bytes == copies[0].1.0 && on_disk == bytes.len() as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the returned primary's copy holds {count} frames ({on_disk} bytes on disk); the seal is {seal} ({} bytes)\n{}",
+            copies[0].1.0.len(),
+            cluster.nodes[(primary - 1) as usize].log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // It may start that writer from its replica's stale view at first; it
     // stops it once the replica has applied the seal.
     let writer = format!("/{} ", old.id);

@@ -1261,6 +1261,79 @@ impl SegmentStore for FileStore {
         })
     }
 
+    fn cut_to_seal(&self, segment: SegmentId) -> Result<u64, StorageError> {
+        let seg = self.segment(segment)?;
+        let mut st = seg.state.lock();
+        let Some(seal) = st.sealed else {
+            return Err(StorageError::NotTruncatable {
+                segment,
+                length: st.durable_offset,
+                reason: "the copy is not sealed",
+            });
+        };
+        // Sealing fenced and drained the copy: nothing is in flight.
+        debug_assert!(st.inflight.is_empty() && st.pending_records == 0);
+        let log_path = seg.log_path.clone();
+        let io = |op: &'static str| {
+            let path = log_path.clone();
+            move |e| StorageError::io(op, path, e)
+        };
+        let file_len = seg.log.metadata().map_err(io("stat log"))?.len();
+        if st.durable_offset <= seal.length && file_len <= seal.byte_size {
+            return Ok(0);
+        }
+        if st.durable_offset < seal.length {
+            // Short of its seal, and longer on disk only by padding: filling
+            // it is repair's job, not a cut's.
+            return Ok(0);
+        }
+        let position = seal.byte_size;
+        let tail_block = if seg.direct {
+            let base = align_down(position);
+            let mut tail = vec![0u8; (position - base) as usize];
+            seg.log
+                .read_exact_at(&mut tail, base)
+                .map_err(io("read the last block"))?;
+            tail
+        } else {
+            Vec::new()
+        };
+        seg.log
+            .set_len(position)
+            .map_err(io("cut the log at its seal"))?;
+        if let Err(e) = seg.log.sync_data() {
+            st.failed = Some(e.to_string());
+            return Err(io("sync log")(e));
+        }
+        st.next_offset = seal.length;
+        st.opened_end = seal.length;
+        st.durable_offset = seal.length;
+        st.pending_first_offset = seal.length;
+        st.durable_bytes = position;
+        st.written_bytes = position;
+        st.tail_block = tail_block;
+        drop(st);
+        {
+            let mut idx = seg.index.lock();
+            idx.index.truncate(seal.length);
+            let kept = idx.index.entries().len();
+            idx.persisted = idx.persisted.min(kept);
+            let bytes = (kept * crate::index::INDEX_ENTRY_BYTES) as u64;
+            if let Err(e) = seg.idx.set_len(bytes) {
+                warn!(segment = seg.id.0, error = %e, "index sidecar cut failed");
+            }
+        }
+        let cut = file_len.saturating_sub(position);
+        debug!(
+            segment = segment.0,
+            length = seal.length,
+            bytes = position,
+            cut,
+            "cut to its seal"
+        );
+        Ok(cut)
+    }
+
     fn order_epoch(&self, segment: SegmentId) -> Result<OrderEpoch, StorageError> {
         Ok(self.segment(segment)?.state.lock().order)
     }

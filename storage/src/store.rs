@@ -259,6 +259,13 @@ pub trait SegmentStore: Send + Sync {
     /// sealed, fenced, failed or replicated copy, and past the durable end.
     fn truncate_tail(&self, segment: SegmentId, length: u64) -> Result<SegmentInfo, StorageError>;
 
+    /// Settles a sealed copy that holds more than its seal (the seed's
+    /// SealedOverrun: a writer's tail past the seal another copy's failover
+    /// decided): cuts the log back to the seal's bytes, durably, so the copy
+    /// is its seal and nothing more. Returns the bytes cut (0 when there was
+    /// no overrun). Refused (`NotTruncatable`) on a copy that is not sealed.
+    fn cut_to_seal(&self, segment: SegmentId) -> Result<u64, StorageError>;
+
     /// Scans the copy read-only and reports the first bad frame.
     fn verify(&self, segment: SegmentId) -> Result<VerifyReport, StorageError>;
 

@@ -212,3 +212,33 @@ fn a_fence_order_on_a_sealed_copy_reports_the_seal() {
     assert_eq!(fenced.sealed, Some(seal));
     assert_eq!(fenced.durable, 6, "the durable end is not clamped");
 }
+
+#[test]
+fn a_copy_sealed_below_its_end_is_cut_to_exactly_its_seal_and_stays_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let three: u64 = (0..3).map(|i| frame_len(&record(i))).sum();
+    {
+        let store = filled(dir.path(), 8);
+        assert!(matches!(
+            store.cut_to_seal(SEG),
+            Err(StorageError::NotTruncatable { .. })
+        ));
+        let seal = store.seal(SEG, 3).unwrap();
+        assert_eq!(seal.byte_size, three);
+        let cut = store.cut_to_seal(SEG).unwrap();
+        assert!(cut > 0);
+        assert_eq!(std::fs::metadata(store.log_path(SEG)).unwrap().len(), three);
+        assert_eq!(read_all(&store, SEG).len(), 3);
+        // Idempotent.
+        assert_eq!(store.cut_to_seal(SEG).unwrap(), 0);
+        let info = store.info(SEG).unwrap();
+        assert_eq!((info.length, info.durable, info.byte_size), (3, 3, three));
+    }
+    let store = store(dir.path());
+    let recovery = store.open(SEG).unwrap();
+    assert_eq!(recovery.info.length, 3);
+    assert!(!recovery.short_of_seal);
+    assert_eq!(std::fs::metadata(store.log_path(SEG)).unwrap().len(), three);
+    let values: Vec<u64> = read_all(&store, SEG).iter().map(|r| r.offset).collect();
+    assert_eq!(values, vec![0, 1, 2]);
+}

@@ -939,32 +939,53 @@ async fn seal_followed(shared: &Arc<Shared>, to_seal: &[(SegmentId, u64)]) {
     }
 }
 
-/// Seals this broker's copy of a segment it wrote and that was sealed
-/// without it, at the recorded length: reads are clamped to it from now on
-/// (the bytes past it stay until settling cuts them). A copy shorter than
-/// the seal is left for healing; a failure is logged.
-async fn seal_deposed(shared: &Arc<Shared>, segment: SegmentId, length: u64) {
+/// Settles this broker's copy of a segment it wrote and that was sealed
+/// without it (the seed's SealedOverrun): sealed at the recorded length,
+/// so reads are clamped to it, then cut back to it, so the bytes past the
+/// seal (never acknowledged: the seal covers every acknowledged record) are
+/// gone. A copy shorter than the seal is left for healing. Returns whether
+/// the copy is settled; a failure is logged and retried on a later pass.
+async fn seal_deposed(shared: &Arc<Shared>, segment: SegmentId, length: u64) -> bool {
     let store = Arc::clone(&shared.store);
     let id = malachi_storage::SegmentId(segment.0);
-    let sealed = tokio::task::spawn_blocking(move || {
-        let info = store.info(id)?;
-        if info.durable < length || info.sealed.is_some() {
-            return Ok(false);
+    let settled = tokio::task::spawn_blocking(move || {
+        if let Err(malachi_storage::StorageError::NotOpen { .. }) = store.info(id) {
+            if !store.log_path(id).exists() {
+                // No copy here (it was never written, or healing moved it).
+                return Ok((true, 0));
+            }
+            store.open(id)?;
         }
-        store.seal(id, length).map(|_| true)
+        let info = store.info(id)?;
+        if info.sealed.is_none() {
+            if info.durable < length {
+                return Ok((false, 0));
+            }
+            store.seal(id, length)?;
+        }
+        store.cut_to_seal(id).map(|cut| (true, cut))
     })
     .await;
-    match sealed {
-        Ok(Ok(true)) => info!(
-            segment = segment.0,
-            length, "a deposed writer's copy sealed at the recorded length"
-        ),
-        Ok(Ok(false)) => {}
+    match settled {
+        Ok(Ok((true, cut))) => {
+            if cut > 0 {
+                info!(
+                    segment = segment.0,
+                    length,
+                    cut_bytes = cut,
+                    "a deposed writer's copy cut to the recorded seal"
+                );
+            }
+            true
+        }
+        Ok(Ok((false, _))) => false,
         Ok(Err(e)) => {
-            warn!(segment = segment.0, length, error = %e, "cannot seal a deposed writer's copy")
+            warn!(segment = segment.0, length, error = %e, "cannot settle a deposed writer's copy");
+            false
         }
         Err(e) => {
-            warn!(segment = segment.0, error = %e, "the seal task of a deposed writer's copy failed")
+            warn!(segment = segment.0, error = %e, "the settle task of a deposed writer's copy failed");
+            false
         }
     }
 }
@@ -999,6 +1020,7 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     let node = NodeId(shared.config.node_id);
     let mut wanted: Vec<(String, SegmentId)> = Vec::new();
     let running: Vec<SegmentId> = shared.data.segments.lock().keys().copied().collect();
+    let settled: BTreeSet<SegmentId> = shared.settled.lock().clone();
     let mut known: std::collections::BTreeSet<SegmentId> = std::collections::BTreeSet::new();
     let followed: Vec<SegmentId> = shared
         .data
@@ -1022,14 +1044,18 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
                 let recent = &range.segments[range.segments.len().saturating_sub(4)..];
                 for pair in recent.windows(2) {
                     let (id, next) = (pair[0], pair[1]);
-                    if !running.contains(&id) {
+                    let Some(segment) = state.segment(id) else {
+                        continue;
+                    };
+                    let wrote_it = segment.replicas.first() == Some(&node);
+                    if !running.contains(&id) && (!wrote_it || settled.contains(&id)) {
                         continue;
                     }
                     let led_elsewhere = state
                         .segment(next)
                         .and_then(|s| s.replicas.first())
                         .is_some_and(|primary| *primary != node);
-                    if let Some(seal) = state.segment(id).and_then(|s| s.seal())
+                    if let Some(seal) = segment.seal()
                         && led_elsewhere
                     {
                         deposed.push((topic.name.clone(), range.id, id, seal.length));
@@ -1064,11 +1090,15 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
         && let Some(storage) = storage
     {
         for (topic, range, segment, length) in deposed {
-            let name = segment_name(&topic, range, segment);
-            info!(segment = %name, length, "stopping the writer of a segment sealed without it");
-            stop_segment_actor(&storage, &name).await;
-            shared.data.segments.lock().remove(&segment);
-            seal_deposed(shared, segment, length).await;
+            if running.contains(&segment) {
+                let name = segment_name(&topic, range, segment);
+                info!(segment = %name, length, "stopping the writer of a segment sealed without it");
+                stop_segment_actor(&storage, &name).await;
+                shared.data.segments.lock().remove(&segment);
+            }
+            if seal_deposed(shared, segment, length).await {
+                shared.settled.lock().insert(segment);
+            }
         }
     }
     for (topic, segment) in wanted {

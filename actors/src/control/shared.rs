@@ -75,6 +75,10 @@ pub(crate) struct Shared {
     /// The failover actor (`maintenance/failover`), registered by itself
     /// while it runs; coordinators hand it the segments to fail over.
     pub failover: RwLock<Option<ActorRef<crate::control::requests::FailoverMsg>>>,
+    /// Copies of segments this broker wrote and that were sealed without it,
+    /// already settled at their seal (`coordinator::reconcile`), so a pass
+    /// does not open them again.
+    pub settled: parking_lot::Mutex<std::collections::BTreeSet<malachi_cluster::model::SegmentId>>,
     /// The `coordinator_manager` supervisor, which the manager adds
     /// coordinators to.
     pub coordinator_sup: RwLock<Option<SupervisorRef>>,
@@ -138,6 +142,7 @@ impl Shared {
             coordinator: RwLock::new(None),
             coordinators: RwLock::new(BTreeMap::new()),
             failover: RwLock::new(None),
+            settled: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
             coordinator_sup: RwLock::new(None),
             root: SupervisorSlot::default(),
             listener: RwLock::new(None),
