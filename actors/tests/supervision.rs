@@ -171,8 +171,8 @@ async fn the_tree_has_the_documented_shape() {
             "admin_http"
         ]
     );
-    // The failover worker, so far (healing, the scrubber, retention and
-    // the orphan sweeper go there next).
+    // Failover and healing, so far (the scrubber, retention and the
+    // orphan sweeper go there next).
     let maintenance = tree
         .child("maintenance")
         .unwrap()
@@ -188,7 +188,7 @@ async fn the_tree_has_the_documented_shape() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(workers, ["failover"]);
+    assert_eq!(workers, ["failover", "healer"]);
     for child in ["swim", "node_server", "node"] {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
     }

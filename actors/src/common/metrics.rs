@@ -44,6 +44,10 @@ pub(crate) struct BrokerMetrics {
     /// From a failover's start (its primary found failed) to its seal
     /// recorded and the copies sealed.
     pub failover_seconds: Histogram,
+    /// Sealed segment copies re-created on another broker (issue 19).
+    pub heals: Counter,
+    /// Bytes those heals copied.
+    pub heal_bytes: Counter,
 }
 
 impl std::fmt::Debug for BrokerMetrics {
@@ -88,6 +92,8 @@ impl BrokerMetrics {
             failovers: counter("malachi_failovers_total"),
             failover_seconds: recorder
                 .register_histogram(&Key::from_name("malachi_failover_seconds"), &METADATA),
+            heals: counter("malachi_heals_total"),
+            heal_bytes: counter("malachi_heal_bytes_total"),
             recorder,
             handle,
         }

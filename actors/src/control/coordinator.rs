@@ -606,9 +606,25 @@ impl CoordinatorState {
             Ok(other) => return Err(CoordError::Unexpected(format!("{other:?}"))),
             Err(e) => return Err(e.into()),
         };
-        let leads = read_owner(plane.as_ref(), topic, |s| {
-            s.segment(next).and_then(|s| s.replicas.first().copied())
+        let (leads, range) = read_owner(plane.as_ref(), topic, |s| {
+            (
+                s.segment(next).and_then(|s| s.replicas.first().copied()),
+                s.segment(segment).map(|s| s.range),
+            )
         });
+        // A writer of the sealed segment here (its primary was alive after
+        // all, or a follower was gone) stops: its segment is sealed.
+        if self.shared.segment(segment).is_some()
+            && let (Some(range), Some(storage)) =
+                (range, self.shared.data.supervisor.read().clone())
+        {
+            let name = segment_name(topic, range, segment);
+            tokio::spawn(async move {
+                if let Err(e) = storage.terminate_child(&name).await {
+                    debug!(segment = %name, error = %e, "the sealed segment's writer already stopped");
+                }
+            });
+        }
         if leads == Some(self.node()) {
             start_segment(&self.shared, topic, next).await?;
         }
@@ -1244,6 +1260,7 @@ pub(crate) fn primary_failed(
 pub(crate) fn failover_candidates(
     state: &MetadataState,
     failed: &dyn Fn(u64) -> bool,
+    gone: &dyn Fn(u64) -> bool,
 ) -> Vec<crate::control::requests::Candidate> {
     let mut out = Vec::new();
     for topic in state.topics() {
@@ -1257,7 +1274,11 @@ pub(crate) fn failover_candidates(
             let Some(primary) = segment.replicas.first() else {
                 continue;
             };
-            if !failed(primary.0) {
+            // The primary failed, or a follower has been gone past
+            // `replace_after_ms`: sealing and rolling onto a full replica
+            // set restores full replication of the active tail.
+            let follower_gone = segment.replicas.iter().skip(1).any(|n| gone(n.0));
+            if !failed(primary.0) && !follower_gone {
                 continue;
             }
             out.push(crate::control::requests::Candidate {
@@ -1267,9 +1288,45 @@ pub(crate) fn failover_candidates(
                     .replicas
                     .iter()
                     .map(|n| n.0)
-                    .filter(|n| failed(*n))
+                    .filter(|n| failed(*n) || gone(*n))
                     .collect(),
             });
+        }
+    }
+    out
+}
+
+/// Heals asked for per upkeep tick at most; the rest wait for later ticks.
+const HEAL_CANDIDATES_MAX: usize = 64;
+
+/// The sealed segments with a copy on a broker `gone` (down for longer
+/// than `replace_after_ms`): each gets a new copy elsewhere (the healer).
+pub(crate) fn heal_candidates(
+    state: &MetadataState,
+    gone: &BTreeSet<u64>,
+) -> Vec<crate::control::requests::HealCandidate> {
+    let mut out = Vec::new();
+    if gone.is_empty() {
+        return out;
+    }
+    for topic in state.topics() {
+        for range in topic.ranges.iter().filter_map(|id| state.range(*id)) {
+            for segment in range.segments.iter().filter_map(|id| state.segment(*id)) {
+                if segment.seal().is_none() {
+                    continue;
+                }
+                if let Some(lost) = segment.replicas.iter().find(|n| gone.contains(&n.0)) {
+                    out.push(crate::control::requests::HealCandidate {
+                        topic: topic.name.clone(),
+                        segment: segment.id,
+                        lost: lost.0,
+                        gone: gone.clone(),
+                    });
+                    if out.len() >= HEAL_CANDIDATES_MAX {
+                        return out;
+                    }
+                }
+            }
         }
     }
     out
@@ -1293,6 +1350,9 @@ pub(crate) struct CoordinatorRun {
     /// Wakes the upkeep when a broker starts to look failed
     /// (`spawn_failure_watch`); aborted when the coordinator stops.
     failures: Option<tokio::task::JoinHandle<()>>,
+    /// Since when each broker has looked failed: gone past
+    /// `replace_after_ms`, its copies are healed elsewhere.
+    down: malachi_cluster::vnodes::rebalance::DownSince,
 }
 
 impl CoordinatorRun {
@@ -1354,7 +1414,7 @@ impl CoordinatorRun {
     /// are fenced by that epoch on the copies, and its seal is a raft
     /// command, so a deposed leader's overlap cannot do harm, and waiting
     /// out a dead coordinator's lease would add seconds to every failover.
-    fn request_failovers(&self, group: &malachi_cluster::group::MetadataGroup) {
+    fn request_failovers(&mut self, group: &malachi_cluster::group::MetadataGroup) {
         let shared = &self.logic.shared;
         let me = shared.config.node_id;
         let (leader, term) = group.leader_term();
@@ -1376,22 +1436,44 @@ impl CoordinatorRun {
                     up.as_ref().map(|u| u.contains(&node)),
                 )
         };
-        let candidates = group.read_local(|state| failover_candidates(state, &failed));
-        if candidates.is_empty() {
-            return;
-        }
-        let Some(failover) = shared.failover.read().clone() else {
-            return;
-        };
+        let members: Vec<u64> = view.all().map(|m| m.node_id).collect();
+        let up_now: BTreeSet<u64> = members.iter().copied().filter(|n| !failed(*n)).collect();
+        let gone = self.down.observe(
+            me,
+            members.into_iter(),
+            &up_now,
+            std::time::Instant::now(),
+            std::time::Duration::from_millis(shared.config.cluster.replace_after_ms),
+        );
+        let is_gone = |node: u64| gone.contains(&node);
+        let (candidates, heals) = group.read_local(|state| {
+            (
+                failover_candidates(state, &failed, &is_gone),
+                heal_candidates(state, &gone),
+            )
+        });
         let order = malachi_wire::replica_order::OrderEpoch {
             group: group.group_id(),
             term,
         };
-        let _ = failover.send_message(crate::control::requests::FailoverMsg::Ensure {
-            vnode: self.logic.vnode,
-            order,
-            candidates,
-        });
+        if !candidates.is_empty()
+            && let Some(failover) = shared.failover.read().clone()
+        {
+            let _ = failover.send_message(crate::control::requests::FailoverMsg::Ensure {
+                vnode: self.logic.vnode,
+                order,
+                candidates,
+            });
+        }
+        if !heals.is_empty()
+            && let Some(healer) = shared.healer.read().clone()
+        {
+            let _ = healer.send_message(crate::control::requests::HealMsg::Ensure {
+                vnode: self.logic.vnode,
+                order,
+                candidates: heals,
+            });
+        }
     }
 
     /// The continuous work, run only while the lease holds; a coordinator
@@ -1483,6 +1565,7 @@ impl Actor for CoordinatorActor {
             stranded: Vec::new(),
             releasing: None,
             failures,
+            down: malachi_cluster::vnodes::rebalance::DownSince::default(),
         })
     }
 
@@ -1584,7 +1667,8 @@ mod tests {
         create_replicated(&mut state, "led-by-one", &[1, 2, 3]);
         create_replicated(&mut state, "alone-on-two", &[2]);
         let failed = |node: u64| node == 2;
-        let found = failover_candidates(&state, &failed);
+        let none = |_: u64| false;
+        let found = failover_candidates(&state, &failed, &none);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].topic, "led-by-two");
         assert_eq!(found[0].failed, BTreeSet::from([2]));
@@ -1603,10 +1687,21 @@ mod tests {
                 at_ms: 2,
             })
             .unwrap();
-        assert!(failover_candidates(&state, &failed).is_empty());
-        // A sealed topic's active segment is not in an active range.
+        assert!(failover_candidates(&state, &failed, &none).is_empty());
         let nobody = |_: u64| false;
-        assert!(failover_candidates(&state, &nobody).is_empty());
+        assert!(failover_candidates(&state, &nobody, &none).is_empty());
+        // A follower gone past the bound: "led-by-one" (1, 2, 3) rolls onto
+        // a full set, with 2 among the failed.
+        let gone_two = |node: u64| node == 2;
+        let found = failover_candidates(&state, &nobody, &gone_two);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].topic, "led-by-one");
+        assert_eq!(found[0].failed, BTreeSet::from([2]));
+        // The sealed segment of "led-by-two" held a copy on 2: healed.
+        let heals = heal_candidates(&state, &BTreeSet::from([2]));
+        assert_eq!(heals.len(), 1, "{heals:?}");
+        assert_eq!((heals[0].segment, heals[0].lost), (segment, 2));
+        assert!(heal_candidates(&state, &BTreeSet::new()).is_empty());
     }
 
     #[test]

@@ -363,6 +363,34 @@ impl OrderClient {
         SealResponse::decode(&answer).map_err(|e| e.to_string())
     }
 
+    /// What `node` says of its copy of `segment` (replica-status, 105).
+    pub(crate) async fn status(
+        &self,
+        node: u64,
+        segment: SegmentId,
+    ) -> Result<malachi_wire::replica_status::CopyStatus, String> {
+        use malachi_wire::replica_status::{
+            REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse,
+        };
+        let mut copies = if node == self.shared.config.node_id {
+            crate::data::status::copy_status(&self.shared.data, &[segment.0])
+        } else {
+            let body = ReplicaStatusRequest {
+                segments: vec![segment.0],
+            }
+            .encode()
+            .map_err(|e| e.to_string())?;
+            let answer = self.call(node, REPLICA_STATUS_API_KEY, body).await?;
+            ReplicaStatusResponse::decode(&answer)
+                .map_err(|e| e.to_string())?
+                .copies
+        };
+        copies
+            .pop()
+            .filter(|c| c.segment == segment.0)
+            .ok_or_else(|| format!("broker {node} said nothing of segment {segment}"))
+    }
+
     pub(crate) async fn repair(
         &self,
         node: u64,

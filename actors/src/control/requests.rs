@@ -111,3 +111,29 @@ pub(crate) enum FailoverMsg {
 }
 
 impl ractor::Message for FailoverMsg {}
+
+/// One sealed segment copy to re-create elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HealCandidate {
+    pub topic: String,
+    pub segment: SegmentId,
+    /// The holder gone for longer than `replace_after_ms`.
+    pub lost: u64,
+    /// Every broker gone that long: no new copy goes there.
+    pub gone: BTreeSet<u64>,
+}
+
+/// What coordinators send the healer (`maintenance/healer.rs`).
+pub(crate) enum HealMsg {
+    /// `vnode`'s coordinator, leading at `order`, wants these copies
+    /// re-created. Starts a task for each segment not healing already.
+    Ensure {
+        vnode: VnodeId,
+        order: OrderEpoch,
+        candidates: Vec<HealCandidate>,
+    },
+    /// A task ended.
+    Ended { segment: SegmentId },
+}
+
+impl ractor::Message for HealMsg {}

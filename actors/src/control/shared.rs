@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     /// The failover actor (`maintenance/failover`), registered by itself
     /// while it runs; coordinators hand it the segments to fail over.
     pub failover: RwLock<Option<ActorRef<crate::control::requests::FailoverMsg>>>,
+    /// The healer (`maintenance/healer`), registered by itself while it runs.
+    pub healer: RwLock<Option<ActorRef<crate::control::requests::HealMsg>>>,
     /// Copies of segments this broker wrote and that were sealed without it,
     /// already settled at their seal (`coordinator::reconcile`), so a pass
     /// does not open them again.
@@ -142,6 +144,7 @@ impl Shared {
             coordinator: RwLock::new(None),
             coordinators: RwLock::new(BTreeMap::new()),
             failover: RwLock::new(None),
+            healer: RwLock::new(None),
             settled: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
             coordinator_sup: RwLock::new(None),
             root: SupervisorSlot::default(),

@@ -4,9 +4,10 @@
 //! - `failover` (issue 19, ADR 0106): seals a segment whose primary is gone
 //!   and opens its successor on live brokers, for the coordinators of the
 //!   vnodes this broker leads.
+//! - `healer` (issue 19, ADR 0106): re-creates a sealed segment's copy whose
+//!   holder has been gone longer than `replace_after_ms` on another broker.
 //!
-//! Planned here, not built yet: `self_healing` (re-replicate copies lost
-//! with a broker), `scrubber` (re-read sealed copies against their
+//! Planned here, not built yet: `scrubber` (re-read sealed copies against their
 //! checksums), `retention` (seal and delete by age and size) and
 //! `orphan_sweeper` (delete the files of segments no metadata knows, once
 //! the delete is committed everywhere). Adding one changes this function
@@ -19,14 +20,22 @@ use malachi_supervision::{ChildSpec, Strategy, SupervisorArgs};
 use crate::control::shared::Shared;
 
 pub(crate) mod failover;
+pub(crate) mod healer;
 
 /// The `maintenance` supervisor and its workers (OTP's default restart
 /// intensity).
 pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
     let failover_shared = Arc::clone(shared);
-    SupervisorArgs::new("maintenance", Strategy::OneForOne).child(ChildSpec::worker(
-        "failover",
-        || failover::FailoverActor,
-        move || Arc::clone(&failover_shared),
-    ))
+    let healer_shared = Arc::clone(shared);
+    SupervisorArgs::new("maintenance", Strategy::OneForOne)
+        .child(ChildSpec::worker(
+            "failover",
+            || failover::FailoverActor,
+            move || Arc::clone(&failover_shared),
+        ))
+        .child(ChildSpec::worker(
+            "healer",
+            || healer::HealerActor,
+            move || Arc::clone(&healer_shared),
+        ))
 }

@@ -1,0 +1,421 @@
+//! `maintenance/healer`: re-creates the copy of a sealed segment whose
+//! holder has been gone for longer than `replace_after_ms` (issue 19, ADR
+//! 0106).
+//!
+//! The coordinators of the vnodes this broker leads hand it the copies to
+//! heal, with their order epoch. A task per segment (at most [`HEALS_MAX`]
+//! at once):
+//!
+//! 1. picks a new holder among the live brokers holding no copy, and a
+//!    source among the surviving holders (preferring this broker: no
+//!    network for the reads);
+//! 2. copies the sealed segment from the source to the new holder, frames
+//!    verbatim (catch-up reads, repair writes, every frame's CRC checked by
+//!    the writing store), at most [`HEAL_BYTES_PER_SECOND`] so producers
+//!    do not starve; the new copy seals itself at the seal;
+//! 3. verifies the new copy (sealed, at the recorded length and bytes);
+//! 4. records it with `ReplaceReplica`, in the lost holder's place.
+//!
+//! Every step is idempotent: a task that fails starts over, and a new
+//! holder's partial copy is extended, not rewritten. The lost holder's
+//! copy, if its broker ever returns, is no longer in the metadata (the
+//! orphan sweeper, not built yet, deletes such files).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use malachi_cluster::model::{Command, NodeId, Outcome, SealRecord, SegmentId, SegmentState};
+use malachi_cluster::ring::VnodeId;
+use malachi_wire::replica_order::{CATCH_UP_BYTES_MAX, CatchUpRequest, OrderEpoch};
+use malachi_wire::replication::{RepairOrder, ReplicaAppendRequest};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::control::metadata::read_owner;
+use crate::control::replica_order::OrderClient;
+pub(crate) use crate::control::requests::{HealCandidate, HealMsg};
+use crate::control::shared::Shared;
+
+/// Heals this broker runs at once; more wait for the next `Ensure`.
+pub(crate) const HEALS_MAX: usize = 4;
+/// The copy rate of all heals of one task, so producers keep the disk.
+pub(crate) const HEAL_BYTES_PER_SECOND: u64 = 64 << 20;
+const RETRY_FIRST_MS: u64 = 200;
+const RETRY_MAX_MS: u64 = 5_000;
+
+pub(crate) struct HealerActor;
+
+pub(crate) struct HealerState {
+    shared: Arc<Shared>,
+    tasks: BTreeMap<SegmentId, JoinHandle<()>>,
+}
+
+#[ractor::async_trait]
+impl Actor for HealerActor {
+    type Msg = HealMsg;
+    type State = HealerState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<HealMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<HealerState, ActorProcessingErr> {
+        *shared.healer.write() = Some(myself);
+        Ok(HealerState {
+            shared,
+            tasks: BTreeMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<HealMsg>,
+        msg: HealMsg,
+        state: &mut HealerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            HealMsg::Ensure {
+                vnode,
+                order,
+                candidates,
+            } => {
+                for candidate in candidates {
+                    let segment = candidate.segment;
+                    if state.tasks.get(&segment).is_some_and(|t| !t.is_finished()) {
+                        continue;
+                    }
+                    if state.tasks.len() >= HEALS_MAX && !state.tasks.contains_key(&segment) {
+                        continue;
+                    }
+                    info!(topic = %candidate.topic, segment = segment.0, lost = candidate.lost, "heal started");
+                    let shared = Arc::clone(&state.shared);
+                    let me = myself.clone();
+                    let handle = tokio::spawn(async move {
+                        run(&shared, vnode, order, &candidate).await;
+                        let _ = me.send_message(HealMsg::Ended { segment });
+                    });
+                    state.tasks.insert(segment, handle);
+                }
+            }
+            HealMsg::Ended { segment } => {
+                if state
+                    .tasks
+                    .get(&segment)
+                    .is_some_and(JoinHandle::is_finished)
+                {
+                    state.tasks.remove(&segment);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<HealMsg>,
+        state: &mut HealerState,
+    ) -> Result<(), ActorProcessingErr> {
+        for task in state.tasks.values() {
+            task.abort();
+        }
+        let mut slot = state.shared.healer.write();
+        if slot.as_ref().is_some_and(|r| r.get_id() == myself.get_id()) {
+            *slot = None;
+        }
+        Ok(())
+    }
+}
+
+enum Attempt {
+    Healed { node: u64, bytes: u64 },
+    NotNeeded(&'static str),
+}
+
+async fn run(shared: &Arc<Shared>, vnode: VnodeId, order: OrderEpoch, candidate: &HealCandidate) {
+    let started = Instant::now();
+    let mut pause = RETRY_FIRST_MS;
+    let mut attempts: u64 = 0;
+    loop {
+        attempts += 1;
+        match attempt(shared, vnode, order, candidate).await {
+            Ok(Attempt::Healed { node, bytes }) => {
+                let elapsed = started.elapsed();
+                shared.metrics.heals.increment(1);
+                shared.metrics.heal_bytes.increment(bytes);
+                info!(
+                    topic = %candidate.topic,
+                    segment = candidate.segment.0,
+                    lost = candidate.lost,
+                    new = node,
+                    bytes,
+                    elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+                    "segment copy healed"
+                );
+                return;
+            }
+            Ok(Attempt::NotNeeded(why)) => {
+                debug!(segment = candidate.segment.0, why, "heal not needed");
+                return;
+            }
+            Err(reason) => {
+                if attempts % 10 == 0 {
+                    warn!(topic = %candidate.topic, segment = candidate.segment.0, attempts, %reason, "heal not done yet");
+                } else {
+                    debug!(segment = candidate.segment.0, attempts, %reason, "heal attempt failed");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        pause = (pause * 2).min(RETRY_MAX_MS);
+    }
+}
+
+/// The new holder for a copy of a segment held by `replicas`: a live
+/// candidate holding none, chosen by the segment id so concurrent heals
+/// spread. `None` when every live broker holds one.
+pub(crate) fn new_holder(
+    candidates: &[u64],
+    replicas: &[u64],
+    gone: &std::collections::BTreeSet<u64>,
+    segment: u64,
+) -> Option<u64> {
+    let mut free: Vec<u64> = candidates
+        .iter()
+        .copied()
+        .filter(|n| !replicas.contains(n) && !gone.contains(n))
+        .collect();
+    free.sort_unstable();
+    free.dedup();
+    if free.is_empty() {
+        return None;
+    }
+    let at = usize::try_from(segment % free.len() as u64).unwrap_or(0);
+    free.get(at).copied()
+}
+
+async fn attempt(
+    shared: &Arc<Shared>,
+    vnode: VnodeId,
+    order: OrderEpoch,
+    candidate: &HealCandidate,
+) -> Result<Attempt, String> {
+    let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
+    let plane = shared.plane().map_err(|e| e.to_string())?;
+    let known = read_owner(plane.as_ref(), topic, |state| {
+        state.segment(segment).map(|s| {
+            (
+                s.replicas.iter().map(|n| n.0).collect::<Vec<u64>>(),
+                s.state,
+                s.epoch,
+            )
+        })
+    });
+    let Some((replicas, state, writer_epoch)) = known else {
+        return Ok(Attempt::NotNeeded("the segment is gone"));
+    };
+    let SegmentState::Sealed { seal, .. } = state else {
+        return Ok(Attempt::NotNeeded("the segment is not sealed"));
+    };
+    if !replicas.contains(&candidate.lost) {
+        return Ok(Attempt::NotNeeded("the lost copy was replaced already"));
+    }
+    let group = plane.host().and_then(|h| h.group(vnode));
+    if group.is_none_or(|g| g.leader_term() != (Some(shared.config.node_id), order.term)) {
+        return Ok(Attempt::NotNeeded(
+            "this broker no longer leads the vnode at the order's term",
+        ));
+    }
+    let live: Vec<u64> = match shared.fabric() {
+        Some(fabric) => fabric
+            .membership
+            .view()
+            .live()
+            .filter(|m| m.state == malachi_cluster::membership::MemberState::Alive)
+            .map(|m| m.node_id)
+            .collect(),
+        None => Vec::new(),
+    };
+    let Some(node) = new_holder(&live, &replicas, &candidate.gone, segment.0) else {
+        return Err("no live broker without a copy to heal onto".into());
+    };
+    let me = shared.config.node_id;
+    let sources: Vec<u64> = replicas
+        .iter()
+        .copied()
+        .filter(|n| !candidate.gone.contains(n) && live.contains(n))
+        .collect();
+    let source = if sources.contains(&me) {
+        me
+    } else {
+        *sources.first().ok_or("no surviving copy to heal from")?
+    };
+    let client = OrderClient {
+        shared: Arc::clone(shared),
+    };
+    let bytes = copy_sealed(
+        &client,
+        topic,
+        segment,
+        order,
+        writer_epoch,
+        source,
+        node,
+        seal,
+    )
+    .await?;
+    verify(&client, node, segment, seal).await?;
+    match plane
+        .propose(Command::ReplaceReplica {
+            topic: topic.to_string(),
+            segment,
+            old: NodeId(candidate.lost),
+            new: NodeId(node),
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Ok(Outcome::ReplicaReplaced { .. }) => Ok(Attempt::Healed { node, bytes }),
+        Ok(other) => Err(format!("unexpected outcome {other:?}")),
+        Err(malachi_cluster::model::ModelError::WrongReplica { .. }) => {
+            Ok(Attempt::NotNeeded("the lost copy was replaced already"))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Copies `source`'s sealed copy to `node`, from wherever `node`'s copy
+/// ends, paced to [`HEAL_BYTES_PER_SECOND`]. Returns the bytes sent.
+#[allow(clippy::too_many_arguments)]
+async fn copy_sealed(
+    client: &OrderClient,
+    topic: &str,
+    segment: SegmentId,
+    order: OrderEpoch,
+    writer_epoch: u64,
+    source: u64,
+    node: u64,
+    seal: SealRecord,
+) -> Result<u64, String> {
+    // Where the new copy ends: an empty request is answered with its end.
+    let probe = ReplicaAppendRequest {
+        topic: topic.to_string(),
+        segment: segment.0,
+        epoch: writer_epoch,
+        first_offset: 0,
+        committed_end: 0,
+        repair: Some(RepairOrder {
+            to: seal.length,
+            order,
+        }),
+        frames: bytes::Bytes::new(),
+    };
+    let answer = client.repair(node, &probe).await?;
+    let mut at = match answer.refused {
+        None => answer.durable_end,
+        Some(malachi_wire::replication::ReplicaRefusal::NotAtEnd) => answer.durable_end,
+        Some(refusal) => {
+            return Err(format!(
+                "the new holder {node} refused ({refusal:?}): {}",
+                answer.message
+            ));
+        }
+    };
+    let mut sent = 0u64;
+    while at < seal.length {
+        let started = Instant::now();
+        let run = client
+            .catch_up(
+                source,
+                &CatchUpRequest {
+                    topic: topic.to_string(),
+                    segment: segment.0,
+                    order,
+                    from: at,
+                    bytes_max: CATCH_UP_BYTES_MAX,
+                },
+            )
+            .await?;
+        if let Some(refusal) = run.refused {
+            return Err(format!(
+                "catch-up from {source} refused ({refusal:?}): {}",
+                run.message
+            ));
+        }
+        if run.frames.is_empty() || run.first_offset != at {
+            return Err(format!("catch-up from {source} brought nothing at {at}"));
+        }
+        let len = run.frames.len() as u64;
+        let answer = client
+            .repair(
+                node,
+                &ReplicaAppendRequest {
+                    first_offset: at,
+                    frames: run.frames,
+                    ..probe.clone()
+                },
+            )
+            .await?;
+        if let Some(refusal) = answer.refused {
+            return Err(format!(
+                "the new holder {node} refused ({refusal:?}): {}",
+                answer.message
+            ));
+        }
+        if answer.durable_end <= at {
+            return Err(format!("the new holder {node} made no progress at {at}"));
+        }
+        at = answer.durable_end;
+        sent += len;
+        // Pace: this run's bytes at the heal rate.
+        let due = Duration::from_secs_f64(len as f64 / HEAL_BYTES_PER_SECOND as f64);
+        if let Some(rest) = due.checked_sub(started.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+    }
+    Ok(sent)
+}
+
+/// The new copy is whole: sealed at the recorded length, with the
+/// recorded bytes.
+async fn verify(
+    client: &OrderClient,
+    node: u64,
+    segment: SegmentId,
+    seal: SealRecord,
+) -> Result<(), String> {
+    let status = client.status(node, segment).await?;
+    if status.sealed
+        && status.durable_end == Some(seal.length)
+        && status.durable_bytes == Some(seal.bytes)
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "the new copy on {node} is not whole yet: sealed {}, {:?} records, {:?} bytes; the seal is {} records, {} bytes",
+            status.sealed, status.durable_end, status.durable_bytes, seal.length, seal.bytes
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn a_new_holder_is_live_holds_no_copy_and_is_not_gone() {
+        let gone = BTreeSet::from([2]);
+        assert_eq!(new_holder(&[1, 2, 3, 4], &[1, 2, 3], &gone, 7), Some(4));
+        assert_eq!(new_holder(&[1, 3], &[1, 2, 3], &gone, 7), None);
+        // Spread by segment over the free brokers.
+        let free = [1, 2, 3, 4, 5, 6];
+        let picks: BTreeSet<u64> = (0..10)
+            .filter_map(|s| new_holder(&free, &[1, 2, 3], &BTreeSet::new(), s))
+            .collect();
+        assert_eq!(picks, BTreeSet::from([4, 5, 6]));
+    }
+}

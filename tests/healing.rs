@@ -1,0 +1,181 @@
+//! Self-healing (issue 19, ADR 0106): with four brokers and three copies
+//! per segment, a broker gone for longer than `replace_after_ms` has its
+//! sealed segments' copies re-created on the fourth broker, byte for byte,
+//! and the active segments it followed roll onto a full replica set.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, ClusterNode};
+use common::keyed::*;
+use common::{malachi, ok, out};
+use serde_json::Value;
+
+const LINES: u64 = 600;
+const KEYS: u64 = 12;
+
+/// (segment id, range id, replicas, state, length) of every segment.
+fn segments(broker: &str, topic: &str) -> Vec<(u64, u64, Vec<u64>, String, Option<u64>)> {
+    let output = ok(malachi(broker, &["topic", "describe", topic, "--json"], ""));
+    let described: Value = serde_json::from_str(&out(&output)).unwrap();
+    let mut all = Vec::new();
+    for range in described["ranges"].as_array().unwrap() {
+        for segment in range["segments"].as_array().unwrap() {
+            all.push((
+                segment["id"].as_u64().unwrap(),
+                range["id"].as_u64().unwrap_or(0),
+                segment["replicas"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.as_u64().unwrap())
+                    .collect(),
+                segment["state"].as_str().unwrap_or("").to_string(),
+                segment["length"].as_u64(),
+            ));
+        }
+    }
+    all
+}
+
+fn segment_log(data_dir: &Path, id: u64) -> PathBuf {
+    data_dir.join("segments").join(format!("{id:020}.log"))
+}
+
+fn frames(data_dir: &Path, id: u64) -> (Vec<u8>, u64) {
+    let bytes = std::fs::read(segment_log(data_dir, id)).unwrap_or_default();
+    let (mut at, mut n) = (0, 0u64);
+    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
+        at += len;
+        n += 1;
+    }
+    (bytes[..at].to_vec(), n)
+}
+
+#[test]
+fn with_four_brokers_a_dead_brokers_copies_are_re_created_on_the_fourth() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = [1u64, 2, 3, 4];
+    let mut nodes: Vec<ClusterNode> = ids
+        .iter()
+        .map(|id| {
+            ClusterNode::with_cluster_settings(dir.path(), *id, &ids, "replace_after_ms = 5000\n")
+        })
+        .collect();
+    let clients: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
+    for node in &mut nodes {
+        let seeds: Vec<String> = clients
+            .iter()
+            .filter(|c| **c != node.client)
+            .cloned()
+            .collect();
+        node.start(&seeds);
+    }
+    let mut cluster = Cluster { nodes };
+    cluster.wait_for_coordinators(16);
+    let b = clients[0].clone();
+    ok(malachi(&b, &["topic", "create", "healing"], ""));
+    let lines: String = (0..LINES / 2).map(|i| keyed_line(i, KEYS)).collect();
+    ok(malachi(&b, &["produce", "healing"], &lines));
+    // The split seals the first segment (three copies); the rest goes to
+    // the two halves.
+    let first = segments(&b, "healing")[0].clone();
+    ok(malachi(
+        &b,
+        &["topic", "split", "healing", &first.1.to_string()],
+        "",
+    ));
+    let lines: String = (LINES / 2..LINES).map(|i| keyed_line(i, KEYS)).collect();
+    ok(malachi(&b, &["produce", "healing"], &lines));
+    let sealed = segments(&b, "healing")
+        .into_iter()
+        .find(|s| s.0 == first.0)
+        .unwrap();
+    assert_eq!(sealed.3, "sealed");
+    let seal = sealed.4.unwrap();
+    assert_eq!(sealed.2.len(), 3);
+    // A follower of the sealed segment dies for good.
+    let victim = sealed.2[2];
+    let spare = *ids.iter().find(|n| !sealed.2.contains(n)).unwrap();
+    // Its copy is whole before the kill (a quorum acknowledged it; the
+    // third copy may lag a moment).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while frames(&cluster.nodes[(victim - 1) as usize].data_dir, first.0).1 < seal {
+        assert!(
+            Instant::now() < deadline,
+            "the victim never held the sealed segment"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster.nodes[(victim - 1) as usize].kill9();
+    let killed = Instant::now();
+    let asked = clients[(spare - 1) as usize].clone();
+
+    // Healed: the sealed segment's copy moves to the spare broker, in the
+    // victim's place, and it is the survivors' byte for byte.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let now = segments(&asked, "healing");
+        let s = now.iter().find(|s| s.0 == first.0).unwrap();
+        if !s.2.contains(&victim) {
+            assert!(
+                s.2.contains(&spare),
+                "healed onto {:?}, not the spare {spare}",
+                s.2
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sealed segment still names the dead broker: {now:?}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    println!("healed {:?} after the kill", killed.elapsed());
+    let survivor = *sealed.2.iter().find(|n| **n != victim).unwrap();
+    let (expected, count) = frames(&cluster.nodes[(survivor - 1) as usize].data_dir, first.0);
+    assert_eq!(count, seal);
+    let (healed, healed_count) = frames(&cluster.nodes[(spare - 1) as usize].data_dir, first.0);
+    assert_eq!(
+        healed_count, seal,
+        "the new copy holds {healed_count} frames"
+    );
+    assert_eq!(healed, expected, "the new copy differs from a survivor's");
+
+    // The active segments the victim held a copy of rolled onto full
+    // replica sets of live brokers.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = segments(&asked, "healing");
+        let stale: Vec<_> = now
+            .iter()
+            .filter(|s| s.3 != "sealed" && (s.2.contains(&victim) || s.2.len() < 3))
+            .collect();
+        if stale.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "active segments still on the dead broker or short of copies: {stale:?}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // Nothing acknowledged was lost: every record once, in key order,
+    // through every live broker, and the range takes writes.
+    let more: String = (LINES..LINES + KEYS).map(|i| keyed_line(i, KEYS)).collect();
+    ok(malachi(&asked, &["produce", "healing"], &more));
+    for (i, broker) in clients.iter().enumerate() {
+        if i as u64 + 1 == victim {
+            continue;
+        }
+        let records = consume_all(broker, "healing");
+        assert_keyed_sequences(&records, KEYS, LINES + KEYS);
+    }
+    assert!(cluster.logs().contains("segment copy healed"));
+}
