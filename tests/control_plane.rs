@@ -119,6 +119,44 @@ fn describe(nodes: &[Node], broker: &str, topic: &str) -> Value {
     described
 }
 
+/// `now` describes the topic `before` did, except that a segment led by
+/// `dead` may be sealed now, followed in its range by segments on brokers
+/// other than `dead`.
+fn assert_same_but_failed_over(before: &Value, now: &Value, dead: u64, what: &str) {
+    let ranges = |v: &Value| v["ranges"].as_array().cloned().unwrap_or_default();
+    let (was, is) = (ranges(before), ranges(now));
+    assert_eq!(was.len(), is.len(), "{what}: ranges changed");
+    for (old, new) in was.iter().zip(&is) {
+        assert_eq!(old["id"], new["id"], "{what}");
+        let old_segments = old["segments"].as_array().cloned().unwrap_or_default();
+        let new_segments = new["segments"].as_array().cloned().unwrap_or_default();
+        assert!(
+            new_segments.len() >= old_segments.len(),
+            "{what}: segments lost"
+        );
+        for (a, b) in old_segments.iter().zip(&new_segments) {
+            let led_by_dead = a["replicas"][0].as_u64() == Some(dead);
+            if a == b {
+                continue;
+            }
+            assert!(
+                led_by_dead,
+                "{what}: segment {} changed: {a} -> {b}",
+                a["id"]
+            );
+            assert_eq!(a["id"], b["id"], "{what}");
+            assert_eq!(b["state"], "sealed", "{what}: {b}");
+        }
+        for extra in &new_segments[old_segments.len()..] {
+            let replicas = extra["replicas"].as_array().cloned().unwrap_or_default();
+            assert!(
+                !replicas.iter().any(|n| n.as_u64() == Some(dead)),
+                "{what}: a successor on the dead broker: {extra}"
+            );
+        }
+    }
+}
+
 /// The names `topic list --json` shows through `broker`.
 fn list(nodes: &[Node], broker: &str) -> BTreeSet<String> {
     let output = until_ok(nodes, broker, &["topic", "list", "--json"], "");
@@ -350,15 +388,18 @@ fn killing_a_vnode_leader_loses_nothing_acknowledged_and_the_survivors_carry_on(
         }
     }
 
-    // Every acknowledged topic is still there, described as before, through
-    // each survivor.
+    // Every acknowledged topic is still there, described as before through
+    // each survivor, but for failover (ADR 0106): a segment the dead broker
+    // led may have been sealed and followed by a successor on the live
+    // brokers.
     for node in nodes.iter().filter(|n| n.node_id != leader) {
         for (topic, described) in &before {
-            assert_eq!(
-                &describe(&nodes, &node.client, topic),
+            let now = describe(&nodes, &node.client, topic);
+            assert_same_but_failed_over(
                 described,
-                "{topic} via node {}",
-                node.node_id
+                &now,
+                leader,
+                &format!("{topic} via node {}", node.node_id),
             );
         }
     }

@@ -542,6 +542,11 @@ impl ServerGuard {
         let _ = self.child.wait();
     }
 
+    /// The server's whole log so far (empty if it cannot be read).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.out")).unwrap_or_default()
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.dir.path().join("server.out")).unwrap_or_default();
         let lines: Vec<&str> = text.lines().rev().take(3).collect();

@@ -21,6 +21,7 @@ use super::{BenchConsumeArgs, BenchProduceArgs, OutputArgs};
 
 pub mod compare;
 pub mod failover;
+pub mod heal;
 pub mod idle;
 mod load;
 pub mod metadata;

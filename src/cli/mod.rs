@@ -312,6 +312,29 @@ pub enum BenchCommand {
     Idle(BenchIdleArgs),
     /// How long writes stop when a primary is SIGKILLed: starts three brokers per trial and times the kill to the first acknowledged produce.
     Failover(BenchFailoverArgs),
+    /// What healing a gone broker's copies costs: its rate against the disk's, and producer throughput during it.
+    Heal(BenchHealArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Starts four brokers (this executable, on loopback ports, in fresh directories under \
+    the temporary directory) with replace_after_ms at its 5 s minimum, fills a topic for --fill and \
+    seals its segment, measures producer throughput on a second topic for --measure, SIGKILLs a holder \
+    of the sealed segment and measures the same load again while the healer re-creates that copy on \
+    the fourth broker. Linux only.\n\n\
+    Example: malachi bench heal --fill 20s --measure 5s"
+)]
+pub struct BenchHealArgs {
+    /// How long to fill the topic whose segment is healed.
+    #[arg(long, default_value = "20s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub fill: std::time::Duration,
+    /// How long each producer-throughput measurement lasts.
+    #[arg(long, default_value = "5s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub measure: std::time::Duration,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
