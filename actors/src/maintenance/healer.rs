@@ -11,8 +11,9 @@
 //!    network for the reads);
 //! 2. copies the sealed segment from the source to the new holder, frames
 //!    verbatim (catch-up reads, repair writes, every frame's CRC checked by
-//!    the writing store), at most [`HEAL_BYTES_PER_SECOND`] so producers
-//!    do not starve; the new copy seals itself at the seal;
+//!    the writing store), all heals of the broker together at most
+//!    [`HEAL_BYTES_PER_SECOND`] so producers do not starve; the new copy
+//!    seals itself at the seal;
 //! 3. verifies the new copy (sealed, at the recorded length and bytes);
 //! 4. records it with `ReplaceReplica`, in the lost holder's place.
 //!
@@ -40,8 +41,37 @@ use crate::control::shared::Shared;
 
 /// Heals this broker runs at once; more wait for the next `Ensure`.
 pub(crate) const HEALS_MAX: usize = 4;
-/// The copy rate of all heals of one task, so producers keep the disk.
+/// The copy rate of all the heals this broker runs together, so producers
+/// keep most of the disk.
 pub(crate) const HEAL_BYTES_PER_SECOND: u64 = 64 << 20;
+
+/// The broker-wide pace of heals: each run of frames reserves its share of
+/// [`HEAL_BYTES_PER_SECOND`] and waits until the reservation ends.
+#[derive(Debug)]
+pub(crate) struct Pacer {
+    next: parking_lot::Mutex<Instant>,
+    bytes_per_second: u64,
+}
+
+impl Pacer {
+    pub(crate) fn new(bytes_per_second: u64) -> Pacer {
+        Pacer {
+            next: parking_lot::Mutex::new(Instant::now()),
+            bytes_per_second: bytes_per_second.max(1),
+        }
+    }
+
+    /// Reserves `bytes` at `now` and returns when the reservation ends:
+    /// back to back with the previous one, or from `now` if the pacer was
+    /// idle.
+    pub(crate) fn reserve(&self, bytes: u64, now: Instant) -> Instant {
+        let mut next = self.next.lock();
+        let start = (*next).max(now);
+        let end = start + Duration::from_secs_f64(bytes as f64 / self.bytes_per_second as f64);
+        *next = end;
+        end
+    }
+}
 const RETRY_FIRST_MS: u64 = 200;
 const RETRY_MAX_MS: u64 = 5_000;
 
@@ -49,6 +79,7 @@ pub(crate) struct HealerActor;
 
 pub(crate) struct HealerState {
     shared: Arc<Shared>,
+    pacer: Arc<Pacer>,
     tasks: BTreeMap<SegmentId, JoinHandle<()>>,
 }
 
@@ -66,6 +97,7 @@ impl Actor for HealerActor {
         *shared.healer.write() = Some(myself);
         Ok(HealerState {
             shared,
+            pacer: Arc::new(Pacer::new(HEAL_BYTES_PER_SECOND)),
             tasks: BTreeMap::new(),
         })
     }
@@ -92,9 +124,10 @@ impl Actor for HealerActor {
                     }
                     info!(topic = %candidate.topic, segment = segment.0, lost = candidate.lost, "heal started");
                     let shared = Arc::clone(&state.shared);
+                    let pacer = Arc::clone(&state.pacer);
                     let me = myself.clone();
                     let handle = tokio::spawn(async move {
-                        run(&shared, vnode, order, &candidate).await;
+                        run(&shared, &pacer, vnode, order, &candidate).await;
                         let _ = me.send_message(HealMsg::Ended { segment });
                     });
                     state.tasks.insert(segment, handle);
@@ -134,13 +167,19 @@ enum Attempt {
     NotNeeded(&'static str),
 }
 
-async fn run(shared: &Arc<Shared>, vnode: VnodeId, order: OrderEpoch, candidate: &HealCandidate) {
+async fn run(
+    shared: &Arc<Shared>,
+    pacer: &Pacer,
+    vnode: VnodeId,
+    order: OrderEpoch,
+    candidate: &HealCandidate,
+) {
     let started = Instant::now();
     let mut pause = RETRY_FIRST_MS;
     let mut attempts: u64 = 0;
     loop {
         attempts += 1;
-        match attempt(shared, vnode, order, candidate).await {
+        match attempt(shared, pacer, vnode, order, candidate).await {
             Ok(Attempt::Healed { node, bytes }) => {
                 let elapsed = started.elapsed();
                 shared.metrics.heals.increment(1);
@@ -198,6 +237,7 @@ pub(crate) fn new_holder(
 
 async fn attempt(
     shared: &Arc<Shared>,
+    pacer: &Pacer,
     vnode: VnodeId,
     order: OrderEpoch,
     candidate: &HealCandidate,
@@ -257,6 +297,7 @@ async fn attempt(
     };
     let bytes = copy_sealed(
         &client,
+        pacer,
         topic,
         segment,
         order,
@@ -287,10 +328,11 @@ async fn attempt(
 }
 
 /// Copies `source`'s sealed copy to `node`, from wherever `node`'s copy
-/// ends, paced to [`HEAL_BYTES_PER_SECOND`]. Returns the bytes sent.
+/// ends, paced by `pacer`. Returns the bytes sent.
 #[allow(clippy::too_many_arguments)]
 async fn copy_sealed(
     client: &OrderClient,
+    pacer: &Pacer,
     topic: &str,
     segment: SegmentId,
     order: OrderEpoch,
@@ -325,7 +367,6 @@ async fn copy_sealed(
     };
     let mut sent = 0u64;
     while at < seal.length {
-        let started = Instant::now();
         let run = client
             .catch_up(
                 source,
@@ -369,11 +410,10 @@ async fn copy_sealed(
         }
         at = answer.durable_end;
         sent += len;
-        // Pace: this run's bytes at the heal rate.
-        let due = Duration::from_secs_f64(len as f64 / HEAL_BYTES_PER_SECOND as f64);
-        if let Some(rest) = due.checked_sub(started.elapsed()) {
-            tokio::time::sleep(rest).await;
-        }
+        // Pace: this run's bytes at the broker's heal rate, shared by
+        // every heal it runs.
+        let until = pacer.reserve(len, Instant::now());
+        tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
     }
     Ok(sent)
 }
@@ -405,6 +445,18 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+
+    #[test]
+    fn the_pacer_spreads_every_heals_bytes_over_the_shared_rate() {
+        let pacer = Pacer::new(1_000);
+        let now = Instant::now();
+        // Two heals reserve at once: the second waits for the first.
+        assert_eq!(pacer.reserve(500, now), now + Duration::from_millis(500));
+        assert_eq!(pacer.reserve(500, now), now + Duration::from_millis(1_000));
+        // Idle since: a reservation starts now, not in the past.
+        let later = now + Duration::from_secs(5);
+        assert_eq!(pacer.reserve(1_000, later), later + Duration::from_secs(1));
+    }
 
     #[test]
     fn a_new_holder_is_live_holds_no_copy_and_is_not_gone() {
