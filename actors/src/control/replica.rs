@@ -42,6 +42,9 @@ pub(crate) async fn serve_replica_append(
             })
         })
     });
+    // Only a seal the metadata records is placed on the copy when a repair
+    // reaches it; a failover's repair comes before the record.
+    let mut seal_at_end = true;
     let repair_to = match held {
         // A writer epoch older than the segment's: a deposed or misrouted
         // writer. The metadata is the persistent record of the epoch, so a
@@ -72,7 +75,10 @@ pub(crate) async fn serve_replica_append(
         // live primary's stream), and never past the length it decided.
         Some((true, SegmentState::Active, _)) => match request.repair {
             Some(repair) => match repairable(shared, segment, repair).await {
-                Ok(()) => Some(repair.to),
+                Ok(()) => {
+                    seal_at_end = false;
+                    Some(repair.to)
+                }
                 Err(refused) => return refused,
             },
             None => None,
@@ -127,6 +133,7 @@ pub(crate) async fn serve_replica_append(
             permit,
             request,
             repair_to,
+            seal_at_end,
             reply,
         }),
     )

@@ -336,8 +336,15 @@ pub(crate) enum ReplicationMsg {
         permit: Permit,
         request: ReplicaAppendRequest,
         /// The seal of a sealed segment: the frames are catch-up of a copy
-        /// short of it, taken up to it and no further.
+        /// short of it, taken up to it and no further. Or, for an active
+        /// segment, the length a coordinator's failover decided.
         repair_to: Option<u64>,
+        /// Whether the copy seals itself once it holds `repair_to` records:
+        /// only where the metadata records that seal. A failover's repair
+        /// comes before the record, and a copy sealed then at a length a
+        /// successor coordinator does not record could never be filled (the
+        /// seal model's counterexample, ADR 0107).
+        seal_at_end: bool,
         reply: oneshot::Sender<ReplicaAppendResponse>,
     },
     /// Start shipping a segment this broker leads.
@@ -355,6 +362,7 @@ struct Early {
     permit: Permit,
     request: ReplicaAppendRequest,
     repair_to: Option<u64>,
+    seal_at_end: bool,
     reply: oneshot::Sender<ReplicaAppendResponse>,
 }
 
@@ -442,6 +450,7 @@ impl Actor for ReplicationServer {
                 permit,
                 request,
                 repair_to,
+                seal_at_end,
                 reply,
             } => state.append(
                 &myself,
@@ -449,6 +458,7 @@ impl Actor for ReplicationServer {
                     permit,
                     request,
                     repair_to,
+                    seal_at_end,
                     reply,
                 },
             ),
@@ -625,6 +635,7 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
         permit,
         request,
         repair_to,
+        seal_at_end,
         reply,
     } = append;
     let store = &storage.store;
@@ -666,6 +677,7 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
             permit,
             request,
             repair_to,
+            seal_at_end,
             reply,
         };
         return Outcome::Early(early, info.assigned);
@@ -677,7 +689,13 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
             .lock()
             .insert(SegmentId(request.segment));
     }
-    let committed = repair_to.unwrap_or(request.committed_end);
+    // A recorded seal is committed; a failover's repair length is not yet
+    // (a successor coordinator may record a shorter one), so readers of
+    // this copy see nothing new until the seal order.
+    let committed = match repair_to {
+        Some(seal) if seal_at_end => seal,
+        _ => request.committed_end,
+    };
     if let Err(e) = store.set_committed(id, committed) {
         let _ = reply.send(refusal_of(&e, 0));
         return Outcome::Done;
@@ -707,6 +725,7 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
         // A repaired copy that reached its seal is sealed there: whole,
         // and fenced for good.
         if let Some(seal) = repair_to
+            && seal_at_end
             && answer.refused.is_none()
             && answer.durable_end == seal
         {
@@ -1177,6 +1196,7 @@ mod tests {
                 permit,
                 request,
                 repair_to: None,
+                seal_at_end: false,
                 reply,
             })
             .await

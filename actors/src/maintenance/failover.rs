@@ -192,7 +192,7 @@ async fn run(shared: &Arc<Shared>, vnode: VnodeId, order: OrderEpoch, candidate:
             Err(reason) => {
                 // Expected while copies are unreachable: at debug, then at
                 // warn once it lasts.
-                if attempts % 10 == 0 {
+                if attempts.is_multiple_of(10) {
                     warn!(topic = %candidate.topic, segment = candidate.segment.0, attempts, %reason, "failover not done yet");
                 } else {
                     debug!(topic = %candidate.topic, segment = candidate.segment.0, attempts, %reason, "failover attempt failed");

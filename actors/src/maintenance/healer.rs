@@ -200,7 +200,7 @@ async fn run(
                 return;
             }
             Err(reason) => {
-                if attempts % 10 == 0 {
+                if attempts.is_multiple_of(10) {
                     warn!(topic = %candidate.topic, segment = candidate.segment.0, attempts, %reason, "heal not done yet");
                 } else {
                     debug!(segment = candidate.segment.0, attempts, %reason, "heal attempt failed");
