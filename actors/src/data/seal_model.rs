@@ -97,7 +97,11 @@
 //! failures (`FenceAnswer::failed` is never set), torn or unsynced writes,
 //! the producer table (invariant 8), readers and the committed end they
 //! see (invariant 2), the writer epoch of replica-appends, a vnode split
-//! (the order's group never changes), a deposed coordinator that records
+//! (the order's group never changes), an attempt retried within one term
+//! (`failover.rs` fences and decides again on a failed attempt; the model
+//! decides once per term, and a retry is a restart into the next term,
+//! whose older orders the copies can then refuse), a deposed coordinator
+//! that records
 //! (raft refuses a deposed leader's write; `still_leads` is checked before
 //! it), each broker's own lagging view of the metadata (one view here),
 //! more than one segment (the successor is a start offset and a primary),
@@ -180,16 +184,17 @@ pub(crate) struct Record {
 
 /// One copy's store: its durable log and its markers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Copy {
+pub(crate) struct CopyState {
     pub log: Vec<Record>,
     pub fenced: bool,
     /// The newest order this copy took (its fence marker).
     pub order: OrderEpoch,
-    /// The store's seal: a length, once a seal order or settling reached it.
+    /// The store's seal: a length, once a seal order, settling or (by
+    /// [`RepairEnd`]) a repair placed it.
     pub seal: Option<u64>,
 }
 
-impl Copy {
+impl CopyState {
     fn end(&self) -> u64 {
         self.log.len() as u64
     }
@@ -201,7 +206,7 @@ impl Copy {
 
     /// Takes a fence order unless it is stale; a copy remembers the newest.
     fn take(&mut self, order: OrderEpoch) -> bool {
-        if order.is_stale_against(self.order) {
+        if self.refuses(order) {
             return false;
         }
         self.order = self.order.max(order);
@@ -300,7 +305,7 @@ pub(crate) enum Action {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct SealState {
-    pub copies: [Copy; COPIES],
+    pub copies: [CopyState; COPIES],
     pub primary: Primary,
     pub coordinator: Coordinator,
     pub network: BTreeSet<Msg>,
@@ -338,7 +343,7 @@ impl SealState {
         if !self.primary.up {
             return;
         }
-        let ends = self.copies.each_ref().map(Copy::end);
+        let ends = self.copies.each_ref().map(CopyState::end);
         self.acked = self.acked.max(committed_end(&ends));
     }
 }
@@ -654,7 +659,7 @@ impl Model for SealModel {
     type Action = Action;
 
     fn init_states(&self) -> Vec<SealState> {
-        let copy = Copy {
+        let copy = CopyState {
             log: Vec::new(),
             fenced: false,
             order: OrderEpoch::default(),
