@@ -2,7 +2,8 @@
 //! actor per open segment copy (`segment.rs`), and the state they share
 //! (`storage.rs`), and the `replication` ReplicationServer (`replication.rs`:
 //! the follower's replica-append and the primary's shippers, over the
-//! quorum arithmetic of `quorum.rs`), and what this broker tells of the
+//! quorum arithmetic of `quorum.rs`), the pure seal decisions of a failover
+//! (`recovery.rs`, model-checked by `seal_model.rs`), and what this broker tells of the
 //! copies it holds (`status.rs`, replica-status, ADR 0098).
 //!
 //! Architecture invariant: this module names only `common`. A segment actor
@@ -14,6 +15,8 @@ pub(crate) mod producers;
 pub(crate) mod quorum;
 pub(crate) mod recovery;
 pub(crate) mod replication;
+#[cfg(test)]
+mod seal_model;
 pub(crate) mod segment;
 pub(crate) mod status;
 pub(crate) mod storage;

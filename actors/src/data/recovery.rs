@@ -22,8 +22,9 @@ pub(crate) fn fence_quorum(copies: usize) -> usize {
     copies - quorum(copies) + 1
 }
 
-/// One copy's answer to a fence order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One copy's answer to a fence order. Ordered and hashable so the seal
+/// model (`seal_model.rs`) can keep answers in its states and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct FenceAnswer {
     pub node: u64,
     /// Records durable on the copy after the fence's drain.
