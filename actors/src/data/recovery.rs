@@ -30,8 +30,8 @@ pub(crate) struct FenceAnswer {
     /// Records durable on the copy after the fence's drain.
     pub durable_end: u64,
     pub durable_bytes: u64,
-    /// A seal the copy already carries (length, bytes): placed by a seal
-    /// order after the seal was recorded, or by a repair that reached it.
+    /// A seal the copy already carries (length, bytes): placed only at a
+    /// recorded seal (a seal order, or the catch-up of a sealed segment).
     pub sealed: Option<(u64, u64)>,
     /// The copy's disk failed: its records count and can be read, but it
     /// takes no repair and cannot be a complete copy.
@@ -56,10 +56,11 @@ pub(crate) enum SealDecision {
 
 /// The seal the answers of a segment of `copies` copies decide.
 ///
-/// A seal a copy already carries is adopted: it was placed only once the
-/// same length was decided (by this coordinator or a predecessor whose work
-/// this one resumes), so a retry never seals a copy at two lengths. A
-/// copy's answer counts once however often it repeats.
+/// A seal a copy already carries is adopted: a copy is sealed only at a
+/// seal the metadata recorded (a seal order, a recorded seal's catch-up;
+/// ADR 0107), so it is the seal, whoever decided it, and a resumed
+/// failover never seals a copy at two lengths. A copy's answer counts once
+/// however often it repeats.
 pub(crate) fn seal_decision(copies: usize, answers: &[FenceAnswer]) -> SealDecision {
     let mut seen: Vec<&FenceAnswer> = Vec::with_capacity(answers.len());
     for answer in answers {

@@ -78,11 +78,12 @@
 //! repairs 1 up to 2, which seals it at 2; the deposed term's repair then
 //! reaches copy 2, which took no newer order, and seals it at 1. The
 //! recorded seal will be 2, and copy 2 is a short copy that says it is
-//! whole and that no repair can fill. So the model checks the rules with
-//! [`RepairEnd::SealIfRecorded`] (a repair seals only at a recorded seal),
-//! under which every property holds, and
+//! whole and that no repair can fill. The code now follows
+//! [`RepairEnd::SealIfRecorded`] (a repair seals only at a recorded seal;
+//! `ReplicationMsg::Append::seal_at_end`), under which every property
+//! holds, and
 //! `a_repair_that_seals_before_the_record_seals_copies_at_two_lengths`
-//! keeps the counterexample for the rules as they are.
+//! keeps the old rule as a seeded bug.
 //!
 //! It is a step-interleaving model of one state rather than stateright's
 //! actor model: the properties speak of all copies, the metadata and the
@@ -861,7 +862,7 @@ mod tests {
         first_counterexample(
             model,
             STORE_SEALS_AGREE,
-            "a repair seals its copy (main today)",
+            "a repair seals its copy (the rule before the fix)",
         );
     }
 }

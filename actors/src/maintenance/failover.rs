@@ -373,7 +373,8 @@ async fn attempt(
 }
 
 /// Fills `node`'s copy from `from` up to `length` records with `source`'s
-/// frames, verbatim; the copy seals itself once it holds them all.
+/// frames, verbatim. The copy stays fenced and unsealed: the seal order
+/// after the record seals it.
 #[allow(clippy::too_many_arguments)]
 async fn repair(
     client: &OrderClient,
