@@ -17,8 +17,11 @@ use serde_json::Value;
 const LINES: u64 = 600;
 const KEYS: u64 = 12;
 
-/// (segment id, range id, replicas, state, length) of every segment.
-fn segments(broker: &str, topic: &str) -> Vec<(u64, u64, Vec<u64>, String, Option<u64>)> {
+/// One segment: (segment id, range id, replicas, state, length).
+type Described = (u64, u64, Vec<u64>, String, Option<u64>);
+
+/// Every segment of `topic`, as `topic describe --json` shows it.
+fn segments(broker: &str, topic: &str) -> Vec<Described> {
     let output = ok(malachi(broker, &["topic", "describe", topic, "--json"], ""));
     let described: Value = serde_json::from_str(&out(&output)).unwrap();
     let mut all = Vec::new();

@@ -1241,7 +1241,7 @@ fn spawn_failure_watch(
 /// Whether a broker counts as failed for a failover: declared dead by
 /// SWIM, or suspected by SWIM *and* down by the raft port's liveness
 /// prober (two signals, about a second after it stops answering, where
-/// SWIM's dead takes several). A broker neither knows of is not failed.
+/// SWIM's dead takes several). A broker SWIM does not know is not failed.
 pub(crate) fn primary_failed(
     swim: Option<malachi_cluster::membership::MemberState>,
     up: Option<bool>,
@@ -1249,8 +1249,12 @@ pub(crate) fn primary_failed(
     use malachi_cluster::membership::MemberState;
     match swim {
         Some(MemberState::Dead) => true,
-        Some(MemberState::Suspect) | None => up == Some(false),
-        Some(MemberState::Alive) => false,
+        Some(MemberState::Suspect) => up == Some(false),
+        // Not known to SWIM yet (the coordinators start before membership,
+        // and the prober counts every peer down until it answers): never
+        // failed on the prober's word alone, or every start would fail
+        // over the segments its peers lead.
+        Some(MemberState::Alive) | None => false,
     }
 }
 
@@ -1644,7 +1648,8 @@ mod tests {
         assert!(!primary_failed(Some(Suspect), Some(true)));
         assert!(!primary_failed(Some(Suspect), None));
         assert!(!primary_failed(Some(Alive), Some(false)));
-        assert!(primary_failed(None, Some(false)));
+        // Unknown to SWIM (a broker that just started): not failed.
+        assert!(!primary_failed(None, Some(false)));
         assert!(!primary_failed(None, None));
     }
 
