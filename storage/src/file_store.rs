@@ -321,7 +321,8 @@ impl FileStore {
         self.shared.dir.join(format!("{}.idx", segment.file_stem()))
     }
 
-    fn seal_path(&self, segment: SegmentId) -> PathBuf {
+    /// Path of a segment's seal marker (present once the copy is sealed).
+    pub fn seal_path(&self, segment: SegmentId) -> PathBuf {
         self.shared
             .dir
             .join(format!("{}.seal", segment.file_stem()))

@@ -3,12 +3,15 @@
 //! (`storage.rs`), and the `replication` ReplicationServer (`replication.rs`:
 //! the follower's replica-append and the primary's shippers, over the
 //! quorum arithmetic of `quorum.rs`), and what this broker tells of the
-//! copies it holds (`status.rs`, replica-status, ADR 0098).
+//! copies it holds (`status.rs`, replica-status, ADR 0098), and damaged
+//! or missing copies opened in quarantine and reported (`damage.rs`, ADR
+//! 0108).
 //!
 //! Architecture invariant: this module names only `common`. A segment actor
 //! reaches the control plane through the [`segment::Roller`] it was started
 //! with, never by naming the coordinator.
 
+pub(crate) mod damage;
 pub(crate) mod invariants;
 pub(crate) mod producers;
 pub(crate) mod quorum;
