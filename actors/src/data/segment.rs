@@ -210,7 +210,8 @@ impl Actor for SegmentActor {
             warn!(segment = %id, truncated_bytes = recovery.truncated_bytes, "truncated a torn tail");
         }
         let (producers, torn) = tokio::task::block_in_place(|| build_producers(&args));
-        if let Some(start) = torn {
+        // A quarantined copy is never cut: it rolls away as it is.
+        if let Some(start) = torn.filter(|_| recovery.info.lost.is_none()) {
             tokio::task::block_in_place(|| cut_torn_batch(&args, id, start));
             recovery.info = args.storage.store.info(id)?;
         }

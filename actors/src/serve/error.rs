@@ -157,9 +157,7 @@ pub(crate) enum ServeError {
     StoreFailed { segment: SegmentId, reason: String },
     /// Records a read needs are gone: the only copy that held them is
     /// damaged or missing (ADR 0108). Offsets are the range's.
-    #[error(
-        "data loss: topic {topic} range {range} lost records {from}..{to} (segment {segment}): {reason}"
-    )]
+    #[error("topic {topic} range {range} lost records {from}..{to} (segment {segment}): {reason}")]
     DataLoss {
         topic: String,
         range: u64,
@@ -468,7 +466,7 @@ mod tests {
         assert_eq!(body.retry_after_ms, None);
         assert_eq!(
             body.message,
-            "data loss: topic orders range 0 lost records 93..200 (segment s3): the copy is damaged"
+            "topic orders range 0 lost records 93..200 (segment s3): the copy is damaged"
         );
     }
 

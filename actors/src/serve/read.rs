@@ -457,20 +457,25 @@ pub(crate) fn read_topic(
         let spans: Vec<_> = plan
             .slices
             .iter()
-            .flat_map(|slice| slice.segments.iter().map(move |span| (slice.band, span)))
+            .flat_map(|slice| {
+                slice
+                    .segments
+                    .iter()
+                    .map(move |span| (slice.band, slice.range, span))
+            })
             .collect();
         let mut index = match pos {
             Position::Start => 0,
             Position::At { segment, .. } => spans
                 .iter()
-                .position(|(_, span)| span.segment == segment)
+                .position(|(_, _, span)| span.segment == segment)
                 .unwrap_or(spans.len()),
         };
         let mut offset = match pos {
-            Position::Start => spans.first().map_or(0, |(_, span)| span.start_offset),
+            Position::Start => spans.first().map_or(0, |(_, _, span)| span.start_offset),
             Position::At { offset, .. } => offset,
         };
-        while let Some((band, span)) = spans.get(index) {
+        while let Some((band, slice_range, span)) = spans.get(index) {
             pos = Position::At {
                 segment: span.segment,
                 offset,
@@ -479,7 +484,7 @@ pub(crate) fn read_topic(
                 && offset >= end
             {
                 index += 1;
-                if let Some((_, next)) = spans.get(index) {
+                if let Some((_, _, next)) = spans.get(index) {
                     offset = next.start_offset;
                 }
                 continue;
@@ -561,7 +566,7 @@ pub(crate) fn read_topic(
                         break;
                     }
                     return Err(ReadError::Lost {
-                        range: plan.range,
+                        range: *slice_range,
                         segment: span.segment,
                         from: span.start_offset + from,
                         to: span.start_offset + to,
@@ -603,7 +608,7 @@ pub(crate) fn read_topic(
                         break;
                     }
                     return Err(ReadError::Lost {
-                        range: plan.range,
+                        range: *slice_range,
                         segment: span.segment,
                         from: offset,
                         to: span.end_offset.unwrap_or(offset),
