@@ -103,8 +103,13 @@ fn own_sealed_copy(shared: &Shared, me: u64, segment: &mut wire::SegmentDescript
     if segment.state != "sealed" {
         return;
     }
-    let Some((status, durable_end)) = sealed_copy_health(&shared.data, segment.id, length, bytes)
-    else {
+    let Some((status, durable_end)) = sealed_copy_health(
+        &shared.data,
+        segment.id,
+        length,
+        bytes,
+        segment.replicas.len() == 1,
+    ) else {
         return;
     };
     for copy in segment.copies.iter_mut().filter(|c| c.node == me) {

@@ -66,10 +66,16 @@ pub(crate) fn sealed_copy_health(
     segment: u64,
     length: u64,
     bytes: u64,
+    alone: bool,
 ) -> Option<(&'static str, Option<u64>)> {
     let id = malachi_storage::SegmentId(segment);
     let mut info = storage.store.info(id);
-    if info.is_err() && storage.store.log_path(id).exists() && !storage.store.seal_path(id).exists()
+    // A copy of several short of its seal is caught up from another (and
+    // is no data loss): only a lone copy is opened to be checked.
+    if alone
+        && info.is_err()
+        && storage.store.log_path(id).exists()
+        && !storage.store.seal_path(id).exists()
     {
         // Sealed in the metadata, with no seal marker on the copy: a roll
         // away from a damaged copy leaves it so (or a crash before the
@@ -161,20 +167,20 @@ mod tests {
         let bytes = storage.store.info(id).unwrap().byte_size;
         storage.store.seal(id, 2).unwrap();
         storage.store.close(id).unwrap();
-        assert_eq!(sealed_copy_health(&storage, 5, 2, bytes), None);
+        assert_eq!(sealed_copy_health(&storage, 5, 2, bytes, true), None);
         assert_eq!(
-            sealed_copy_health(&storage, 5, 3, bytes + 1),
+            sealed_copy_health(&storage, 5, 3, bytes + 1, true),
             Some(("short", None))
         );
         assert_eq!(
-            sealed_copy_health(&storage, 6, 2, bytes),
+            sealed_copy_health(&storage, 6, 2, bytes, true),
             Some(("missing", None))
         );
         // Open, the store's own check counts.
         storage.store.open(id).unwrap();
         storage.store.check_seal(id, 4).unwrap();
         assert_eq!(
-            sealed_copy_health(&storage, 5, 4, bytes),
+            sealed_copy_health(&storage, 5, 4, bytes, true),
             Some(("short", Some(2)))
         );
     }
