@@ -507,6 +507,71 @@ mod tests {
     }
 
     #[test]
+    fn a_sealed_segments_damaged_or_missing_copy_shows_on_a_line_of_its_own() {
+        let topic = TopicDescription {
+            name: "orders".into(),
+            state: "active".into(),
+            created_at_ms: 1_700_000_000_000,
+            ranges: vec![RangeDescription {
+                id: 0,
+                band_start: "0x0000000000000000".into(),
+                band_end: "0x10000000000000000".into(),
+                state: "active".into(),
+                segments: vec![
+                    SegmentDescription {
+                        id: 0,
+                        replicas: vec![1],
+                        state: "sealed".into(),
+                        length: Some(200),
+                        bytes: Some(5993),
+                        primary: Some(1),
+                        committed_end: Some(200),
+                        copies: vec![CopyDescription {
+                            node: 1,
+                            status: "damaged".into(),
+                            durable_end: Some(93),
+                        }],
+                        ..SegmentDescription::default()
+                    },
+                    SegmentDescription {
+                        id: 2,
+                        start_offset: 200,
+                        replicas: vec![1],
+                        state: "sealed".into(),
+                        length: Some(30),
+                        bytes: Some(900),
+                        primary: Some(1),
+                        committed_end: Some(30),
+                        copies: vec![CopyDescription {
+                            node: 1,
+                            status: "missing".into(),
+                            durable_end: None,
+                        }],
+                        ..SegmentDescription::default()
+                    },
+                    SegmentDescription {
+                        id: 3,
+                        start_offset: 230,
+                        replicas: vec![1],
+                        state: "active".into(),
+                        primary: Some(1),
+                        committed_end: Some(3),
+                        copies: vec![CopyDescription {
+                            node: 1,
+                            status: "live".into(),
+                            durable_end: Some(3),
+                        }],
+                        ..SegmentDescription::default()
+                    },
+                ],
+                ..RangeDescription::default()
+            }],
+            ..TopicDescription::default()
+        };
+        insta::assert_snapshot!(describe(&topic, Volatile(false)));
+    }
+
+    #[test]
     fn the_cluster_status_shows_each_broker_on_a_line() {
         let status = ClusterStatusResponse {
             node_id: 1,

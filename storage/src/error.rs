@@ -77,6 +77,15 @@ pub enum StorageError {
         offset: u64,
         reason: FrameError,
     },
+    /// A read reached records the copy should hold and cannot give: it is
+    /// damaged past `from` or shorter than its seal (ADR 0108).
+    #[error("segment {segment} lost records {from}..{to}: {reason}")]
+    Lost {
+        segment: SegmentId,
+        from: u64,
+        to: u64,
+        reason: String,
+    },
     /// A replica append did not start at the copy's end: `first > end` is a
     /// gap, `first < end` an overlap. Nothing was written.
     #[error("segment {segment} ends at {end}: an append at {first} would leave a gap or overlap")]

@@ -58,8 +58,8 @@ use crate::marker;
 use crate::record::RecordParts;
 use crate::scan::{self, FrameReader, Next};
 use crate::store::{
-    FenceInfo, FrameRun, OrderEpoch, Recovery, SealInfo, SegmentId, SegmentInfo, SegmentStore,
-    StoreConfig, VerifyReport,
+    FenceInfo, FrameRun, Loss, OrderEpoch, Recovery, SealInfo, SegmentId, SegmentInfo,
+    SegmentStore, StoreConfig, VerifyReport,
 };
 use crate::ticket::{AppendTicket, Completion};
 
@@ -209,6 +209,8 @@ struct SegState {
     order: OrderEpoch,
     sealed: Option<SealInfo>,
     failed: Option<String>,
+    /// Records the copy should hold and cannot give, and why (ADR 0108).
+    lost: Option<(Loss, String)>,
     /// The end recovery found when the copy was opened (or a cut left):
     /// `truncate_tail` cuts only a copy that took no append since.
     opened_end: u64,
@@ -319,7 +321,8 @@ impl FileStore {
         self.shared.dir.join(format!("{}.idx", segment.file_stem()))
     }
 
-    fn seal_path(&self, segment: SegmentId) -> PathBuf {
+    /// Path of a segment's seal marker (present once the copy is sealed).
+    pub fn seal_path(&self, segment: SegmentId) -> PathBuf {
         self.shared
             .dir
             .join(format!("{}.seal", segment.file_stem()))
@@ -393,6 +396,7 @@ impl FileStore {
             sealed: st.sealed,
             fenced: st.fenced,
             failed: st.failed.is_some(),
+            lost: st.lost.as_ref().map(|(loss, _)| *loss),
         }
     }
 
@@ -410,10 +414,17 @@ impl FileStore {
         }
     }
 
-    fn open_segment(&self, id: SegmentId) -> Result<(Segment, Recovery), StorageError> {
+    fn open_segment(
+        &self,
+        id: SegmentId,
+        quarantine: bool,
+    ) -> Result<(Segment, Recovery), StorageError> {
         let cfg = &self.shared.config;
         let log_path = self.log_path(id);
         let idx_path = self.index_path(id);
+        let log_missing = !log_path
+            .try_exists()
+            .map_err(|e| StorageError::io("stat log", &log_path, e))?;
         let log = OpenOptions::new()
             .read(true)
             .write(true)
@@ -443,6 +454,8 @@ impl FileStore {
         let order = order.unwrap_or_default();
         let mut truncated_bytes = 0;
         let mut short_of_seal = false;
+        let mut lost: Option<(Loss, String)> = None;
+        let mut failed: Option<String> = None;
         let mut index_rebuilt = false;
         let io_err = |op: &'static str| {
             let path = log_path.clone();
@@ -482,17 +495,45 @@ impl FileStore {
                     cfg.read_chunk_bytes,
                 )
                 .map_err(io_err("scan log"))?;
-                if let (Some(bad), Some(later)) = (report.first_bad, report.later_flush) {
-                    error!(segment = id.0, position = bad.position, offset = bad.offset, later_position = later.position, reason = %bad.error, "segment damaged in the middle; left untouched");
-                    return Err(StorageError::Damaged {
-                        segment: id,
-                        position: bad.position,
-                        offset: bad.offset,
-                        reason: bad.error,
-                        later_position: later.position,
-                    });
-                }
-                if let Some(seal) = sealed {
+                let damaged = match (report.first_bad, report.later_flush) {
+                    (Some(bad), Some(later)) => Some((bad, later)),
+                    _ => None,
+                };
+                if let Some((bad, later)) = damaged {
+                    error!(segment = id.0, position = bad.position, offset = bad.offset, later_position = later.position, reason = %bad.error, quarantine, "segment damaged in the middle; left untouched");
+                    if !quarantine {
+                        return Err(StorageError::Damaged {
+                            segment: id,
+                            position: bad.position,
+                            offset: bad.offset,
+                            reason: bad.error,
+                            later_position: later.position,
+                        });
+                    }
+                    // Quarantine: nothing is cut or rewritten. The records
+                    // from the bad frame to the last valid one after it are
+                    // what the copy can no longer give.
+                    let last = scan::last_offset_from(
+                        &log,
+                        later.position,
+                        file_len,
+                        cfg.read_chunk_bytes,
+                    )
+                    .map_err(io_err("scan past the damage"))?;
+                    let to = quarantine_end(bad.offset, later, last, sealed);
+                    let reason = format!(
+                        "the copy is damaged at byte {} (offset {}): {}",
+                        bad.position, bad.offset, bad.error
+                    );
+                    failed = Some(reason.clone());
+                    lost = Some((
+                        Loss {
+                            from: report.records,
+                            to,
+                        },
+                        reason,
+                    ));
+                } else if let Some(seal) = sealed {
                     // Never truncate a sealed copy: a partially readable copy
                     // beats a shorter one, and repair comes from a replica.
                     warn!(
@@ -502,6 +543,22 @@ impl FileStore {
                         "sealed copy shorter than its seal"
                     );
                     short_of_seal = true;
+                    if report.records < seal.length {
+                        lost = Some((
+                            Loss {
+                                from: report.records,
+                                to: seal.length,
+                            },
+                            if log_missing {
+                                "the copy's log is missing".to_string()
+                            } else {
+                                format!(
+                                    "the copy holds {} of the {} records of its seal",
+                                    report.records, seal.length
+                                )
+                            },
+                        ));
+                    }
                 } else if let Some(bad) = report.first_bad {
                     if padding_after(&log, report.valid_bytes, file_len)
                         .map_err(io_err("read the log's tail"))?
@@ -521,7 +578,8 @@ impl FileStore {
                 }
                 let loaded = SparseIndex::load(&idx_path, cfg.index_interval_bytes, u64::MAX)
                     .map_err(|e| StorageError::io("read index", &idx_path, e))?;
-                if loaded.as_ref() != Some(&report.index) {
+                // A quarantined copy's files are left as they were found.
+                if failed.is_none() && loaded.as_ref() != Some(&report.index) {
                     report
                         .index
                         .write_all(&idx)
@@ -573,7 +631,8 @@ impl FileStore {
                 fenced,
                 order,
                 sealed,
-                failed: None,
+                failed,
+                lost,
                 committed: sealed.map(|seal| seal.length),
                 opened_end: records,
             }),
@@ -596,6 +655,7 @@ impl FileStore {
                 truncated_bytes,
                 index_rebuilt,
                 short_of_seal,
+                log_missing,
             },
         ))
     }
@@ -795,9 +855,10 @@ impl SegmentStore for FileStore {
                 truncated_bytes: 0,
                 index_rebuilt: false,
                 short_of_seal: false,
+                log_missing: false,
             });
         }
-        let (seg, recovery) = self.open_segment(segment)?;
+        let (seg, recovery) = self.open_segment(segment, false)?;
         let mut segments = self.shared.segments.lock();
         if let Some(existing) = segments.get(&segment) {
             // A concurrent open won; its scan saw the same bytes.
@@ -808,6 +869,51 @@ impl SegmentStore for FileStore {
         }
         segments.insert(segment, Arc::new(seg));
         Ok(recovery)
+    }
+
+    fn open_quarantined(&self, segment: SegmentId) -> Result<Recovery, StorageError> {
+        if let Ok(seg) = self.segment(segment) {
+            return Ok(Recovery {
+                info: FileStore::info_of(&seg),
+                truncated_bytes: 0,
+                index_rebuilt: false,
+                short_of_seal: false,
+                log_missing: false,
+            });
+        }
+        let (seg, recovery) = self.open_segment(segment, true)?;
+        let mut segments = self.shared.segments.lock();
+        if let Some(existing) = segments.get(&segment) {
+            return Ok(Recovery {
+                info: FileStore::info_of(existing),
+                ..recovery
+            });
+        }
+        segments.insert(segment, Arc::new(seg));
+        Ok(recovery)
+    }
+
+    fn check_seal(&self, segment: SegmentId, length: u64) -> Result<Option<Loss>, StorageError> {
+        let seg = self.segment(segment)?;
+        let mut st = seg.state.lock();
+        if st.durable_offset < length {
+            let short = Loss {
+                from: st.durable_offset,
+                to: length,
+            };
+            let lost = match st.lost.take() {
+                Some((loss, reason)) => (loss.union(short), reason),
+                None => (
+                    short,
+                    format!(
+                        "the copy holds {} of the {} records of its seal",
+                        st.durable_offset, length
+                    ),
+                ),
+            };
+            st.lost = Some(lost);
+        }
+        Ok(st.lost.as_ref().map(|(loss, _)| *loss))
     }
 
     fn append<R: RecordParts>(
@@ -909,7 +1015,21 @@ impl SegmentStore for FileStore {
         visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
     ) -> Result<usize, StorageError> {
         let seg = self.segment(segment)?;
-        let end = readable_end(&seg.state.lock());
+        let (end, lost) = {
+            let st = seg.state.lock();
+            (readable_end(&st), st.lost.clone())
+        };
+        if let Some((loss, reason)) = lost
+            && from >= end.0
+            && from < loss.to
+        {
+            return Err(StorageError::Lost {
+                segment,
+                from: loss.from,
+                to: loss.to,
+                reason,
+            });
+        }
         if from > end.0 {
             return Err(StorageError::OffsetOutOfRange {
                 segment,
@@ -1473,6 +1593,23 @@ fn check_frames(
         at += len;
     }
     Ok(starts)
+}
+
+/// Where a quarantined copy's loss ends: past the last valid frame found
+/// after the damage, past the `durable_below` it carries (records below it
+/// were acknowledged), and at the seal if the copy has one.
+fn quarantine_end(
+    bad_offset: u64,
+    later: scan::LaterFrame,
+    last_offset: Option<u64>,
+    sealed: Option<SealInfo>,
+) -> u64 {
+    let seen = last_offset
+        .map_or(later.offset, |last| last.max(later.offset))
+        .saturating_add(1)
+        .max(later.durable_below)
+        .max(bad_offset.saturating_add(1));
+    sealed.map_or(seen, |seal| seal.length.max(seen))
 }
 
 /// The readable end: durable records, clamped to the seal and, on a

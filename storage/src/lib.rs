@@ -25,7 +25,7 @@ pub use frame::{FrameError, FrameView};
 pub use record::{Record, RecordParts, StoredRecord};
 pub use scan::{BadFrame, LaterFrame};
 pub use store::{
-    FLUSH_PIPELINE_DEPTH_MAX, FenceInfo, FrameRun, OrderEpoch, Recovery, SealInfo, SealPolicy,
-    SealReason, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
+    FLUSH_PIPELINE_DEPTH_MAX, FenceInfo, FrameRun, Loss, OrderEpoch, Recovery, SealInfo,
+    SealPolicy, SealReason, SegmentId, SegmentInfo, SegmentStore, StoreConfig, VerifyReport,
 };
 pub use ticket::AppendTicket;

@@ -247,6 +247,23 @@ pub(crate) fn scan_log(
 /// log after the bad frame: magic, bounds and CRC hold, and the offset is one
 /// the bytes in between could have carried. Returns the first such frame and
 /// the first one written by a later flush.
+/// The offset of the last frame of the valid run that starts at `start`
+/// (a frame boundary, such as a [`LaterFrame`]'s position), read up to
+/// `end`: the run stops at the first frame that does not decode.
+pub(crate) fn last_offset_from(
+    file: &File,
+    start: u64,
+    end: u64,
+    chunk_bytes: usize,
+) -> io::Result<Option<u64>> {
+    let mut reader = FrameReader::new(file, start, end, chunk_bytes);
+    let mut last = None;
+    while let Next::Frame { view, .. } = reader.next_frame()? {
+        last = Some(view.offset);
+    }
+    Ok(last)
+}
+
 pub(crate) fn find_valid_after(
     file: &File,
     bad: BadFrame,

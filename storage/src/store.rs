@@ -55,6 +55,38 @@ pub struct SegmentInfo {
     pub fenced: bool,
     /// Set after a failed write or fdatasync: the copy takes no more appends.
     pub failed: bool,
+    /// Records this copy should hold and cannot give: damage in the middle
+    /// of the log (a quarantined copy) or a copy shorter than its seal.
+    pub lost: Option<Loss>,
+}
+
+/// Records a copy should hold and cannot give back, offsets `from..to` of
+/// the segment (ADR 0108): the first is the copy's readable end, so every
+/// record below it is intact and readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loss {
+    pub from: u64,
+    pub to: u64,
+}
+
+impl Loss {
+    /// Whether a read from `offset` reaches lost records.
+    pub fn covers(&self, offset: u64) -> bool {
+        (self.from..self.to).contains(&offset)
+    }
+
+    /// How many records are lost.
+    pub fn records(&self) -> u64 {
+        self.to.saturating_sub(self.from)
+    }
+
+    /// The loss grown to cover `other` too.
+    pub fn union(self, other: Loss) -> Loss {
+        Loss {
+            from: self.from.min(other.from),
+            to: self.to.max(other.to),
+        }
+    }
 }
 
 /// The epoch of a coordinator's data-plane order (fence, seal, repair;
@@ -110,6 +142,9 @@ pub struct Recovery {
     pub index_rebuilt: bool,
     /// A sealed copy was shorter than its seal: it holds `info.length` records.
     pub short_of_seal: bool,
+    /// The log file did not exist: it was created empty. For a copy the
+    /// metadata records as holding records, that is a missing copy.
+    pub log_missing: bool,
 }
 
 /// The result of `verify`: a read-only scan that repairs nothing.
@@ -142,6 +177,22 @@ pub trait SegmentStore: Send + Sync {
     /// Opens a segment copy, creating it if absent, or recovers it after a
     /// crash: a torn tail is truncated, damage in the middle is an error.
     fn open(&self, segment: SegmentId) -> Result<Recovery, StorageError>;
+
+    /// Opens a copy [`open`](Self::open) refuses as `Damaged`, in
+    /// quarantine (ADR 0108): nothing on disk is changed, the copy is
+    /// latched failed (it takes no appends and no repair), its readable end
+    /// is the intact prefix before the first bad frame, and the records from
+    /// there to the last valid frame after the damage (at least the
+    /// `durable_below` that frame carries) are reported lost in
+    /// [`SegmentInfo::lost`]. A read that reaches them is `Lost`. A copy that
+    /// opens cleanly opens as `open` would.
+    fn open_quarantined(&self, segment: SegmentId) -> Result<Recovery, StorageError>;
+
+    /// Checks an open copy against the seal the metadata recorded: a copy
+    /// holding fewer than `length` records (short, or its log deleted) has
+    /// the records it lacks recorded lost, so a read of them is `Lost` and
+    /// never a silent short read. Returns the copy's loss, if any.
+    fn check_seal(&self, segment: SegmentId, length: u64) -> Result<Option<Loss>, StorageError>;
 
     /// Appends a batch. Offsets are assigned at once and are contiguous; the
     /// ticket completes after the fdatasync that covers the batch.
@@ -425,7 +476,18 @@ mod tests {
             sealed: None,
             fenced: false,
             failed,
+            lost: None,
         }
+    }
+
+    #[test]
+    fn a_loss_covers_its_offsets_and_grows_by_union() {
+        let loss = Loss { from: 3, to: 7 };
+        assert!(!loss.covers(2));
+        assert!(loss.covers(3) && loss.covers(6));
+        assert!(!loss.covers(7));
+        assert_eq!(loss.records(), 4);
+        assert_eq!(loss.union(Loss { from: 5, to: 9 }), Loss { from: 3, to: 9 });
     }
 
     #[test]

@@ -78,13 +78,17 @@ pub enum ErrorCode {
     /// 42: the range holds no state for this producer (it never wrote here,
     /// or its state expired) and the sequence is not 0. Start a new epoch.
     UnknownProducer,
+    /// 50: records the request needs are gone: the only copy that held them
+    /// is damaged or missing. The message names the topic, range and
+    /// offsets. Not retriable: retrying reads the same loss.
+    DataLoss,
     /// A number this build does not know. Treated as not retriable.
     Unknown(u16),
 }
 
 impl ErrorCode {
     /// Every known code, in number order (used by tests and the docs table).
-    pub const KNOWN: [ErrorCode; 29] = [
+    pub const KNOWN: [ErrorCode; 30] = [
         ErrorCode::None,
         ErrorCode::UnknownServerError,
         ErrorCode::InvalidRequest,
@@ -114,6 +118,7 @@ impl ErrorCode {
         ErrorCode::ProducerFenced,
         ErrorCode::SequenceGap,
         ErrorCode::UnknownProducer,
+        ErrorCode::DataLoss,
     ];
 
     /// The stable number carried on the wire.
@@ -148,6 +153,7 @@ impl ErrorCode {
             ErrorCode::ProducerFenced => 40,
             ErrorCode::SequenceGap => 41,
             ErrorCode::UnknownProducer => 42,
+            ErrorCode::DataLoss => 50,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -215,6 +221,7 @@ impl ErrorCode {
             ErrorCode::ProducerFenced => "producer_fenced",
             ErrorCode::SequenceGap => "sequence_gap",
             ErrorCode::UnknownProducer => "unknown_producer",
+            ErrorCode::DataLoss => "data_loss",
             ErrorCode::Unknown(_) => "unknown",
         }
     }

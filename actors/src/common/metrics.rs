@@ -48,6 +48,13 @@ pub(crate) struct BrokerMetrics {
     pub heals: Counter,
     /// Bytes those heals copied.
     pub heal_bytes: Counter,
+    /// Copies on this broker found damaged or missing records (ADR 0108),
+    /// since the broker started.
+    pub copies_lost: Gauge,
+    /// Records those copies lost: with one copy, acknowledged records gone.
+    pub data_loss_records: Counter,
+    /// The copies counted in `copies_lost`, so each counts once.
+    lost_copies: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for BrokerMetrics {
@@ -57,6 +64,18 @@ impl std::fmt::Debug for BrokerMetrics {
 }
 
 impl BrokerMetrics {
+    /// Counts a copy of `segment` found to have lost `records` records;
+    /// `false` if it was counted already (the copy was opened again).
+    pub fn copy_lost(&self, segment: u64, records: u64) -> bool {
+        let mut lost = self.lost_copies.lock();
+        if !lost.insert(segment) {
+            return false;
+        }
+        self.copies_lost.set(lost.len() as f64);
+        self.data_loss_records.increment(records);
+        true
+    }
+
     pub fn new() -> BrokerMetrics {
         let builder = PrometheusBuilder::new();
         // The matcher is a fixed, valid name and the buckets are non-empty,
@@ -81,6 +100,9 @@ impl BrokerMetrics {
             append_latency_seconds: recorder
                 .register_histogram(&Key::from_name("malachi_append_latency_seconds"), &METADATA),
             open_segments: gauge("malachi_open_segments"),
+            copies_lost: gauge("malachi_copies_lost"),
+            data_loss_records: counter("malachi_data_loss_records_total"),
+            lost_copies: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
             connections: gauge("malachi_connections"),
             request_bytes_in_use: gauge("malachi_request_bytes_in_use"),
             response_bytes_in_use: gauge("malachi_response_bytes_in_use"),

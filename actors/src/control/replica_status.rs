@@ -25,7 +25,7 @@ use malachi_wire::replica_status::{
 use tracing::debug;
 
 use crate::control::shared::Shared;
-use crate::data::status::copy_status;
+use crate::data::status::{copy_status, sealed_copy_health};
 
 /// How long a describe waits for one broker's replica-status answer. The
 /// brokers are asked at once, so this bounds the describe's extra time.
@@ -83,12 +83,38 @@ pub(crate) async fn add_live_figures(
         .into_iter()
         .map(|(node, segments)| async move { (node, ask(shared, node, segments).await) });
     let answers: HashMap<u64, Asked> = futures::future::join_all(asks).await.into_iter().collect();
+    let me = shared.config.node_id;
     for segment in topic.ranges.iter_mut().flat_map(|r| r.segments.iter_mut()) {
         if live || segment.state == "sealed" {
             fill(segment, &answers);
+            own_sealed_copy(shared, me, segment);
         } else {
             segment.primary = segment.replicas.first().copied();
         }
+    }
+}
+
+/// This broker's copy of a sealed segment, checked against its seal (ADR
+/// 0108): a damaged, missing or short copy shows as such, not as `sealed`.
+fn own_sealed_copy(shared: &Shared, me: u64, segment: &mut wire::SegmentDescription) {
+    let (Some(length), Some(bytes)) = (segment.length, segment.bytes) else {
+        return;
+    };
+    if segment.state != "sealed" {
+        return;
+    }
+    let Some((status, durable_end)) = sealed_copy_health(
+        &shared.data,
+        segment.id,
+        length,
+        bytes,
+        segment.replicas.len() == 1,
+    ) else {
+        return;
+    };
+    for copy in segment.copies.iter_mut().filter(|c| c.node == me) {
+        copy.status = status.into();
+        copy.durable_end = durable_end;
     }
 }
 

@@ -181,6 +181,7 @@ mod tests {
             }),
             fenced: sealed.is_some(),
             failed: false,
+            lost: None,
         }
     }
 

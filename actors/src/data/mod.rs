@@ -3,13 +3,16 @@
 //! (`storage.rs`), and the `replication` ReplicationServer (`replication.rs`:
 //! the follower's replica-append and the primary's shippers, over the
 //! quorum arithmetic of `quorum.rs`), the pure seal decisions of a failover
-//! (`recovery.rs`, model-checked by `seal_model.rs`), and what this broker tells of the
-//! copies it holds (`status.rs`, replica-status, ADR 0098).
+//! (`recovery.rs`, model-checked by `seal_model.rs`), what this broker tells
+//! of the copies it holds (`status.rs`, replica-status, ADR 0098), and
+//! damaged or missing copies opened in quarantine and reported
+//! (`damage.rs`, ADR 0108).
 //!
 //! Architecture invariant: this module names only `common`. A segment actor
 //! reaches the control plane through the [`segment::Roller`] it was started
 //! with, never by naming the coordinator.
 
+pub(crate) mod damage;
 pub(crate) mod invariants;
 pub(crate) mod producers;
 pub(crate) mod quorum;

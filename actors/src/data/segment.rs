@@ -192,12 +192,26 @@ impl Actor for SegmentActor {
         let id = malachi_storage::SegmentId(args.segment.0);
         // Opening recovers the copy after a crash: a torn tail is truncated,
         // and every acknowledged record was fsynced, so it is still there.
-        let mut recovery = tokio::task::block_in_place(|| args.storage.store.open(id))?;
+        // A damaged copy opens in quarantine, latched failed (ADR 0108): it
+        // rolls away below, and the broker serves on.
+        let mut recovery = tokio::task::block_in_place(|| {
+            super::damage::open_copy(
+                &args.storage.store,
+                Some(&args.storage.metrics),
+                args.segment,
+                None,
+                super::damage::CopyOf {
+                    topic: Some(&args.topic),
+                    range: Some(args.range),
+                },
+            )
+        })?;
         if recovery.truncated_bytes > 0 {
             warn!(segment = %id, truncated_bytes = recovery.truncated_bytes, "truncated a torn tail");
         }
         let (producers, torn) = tokio::task::block_in_place(|| build_producers(&args));
-        if let Some(start) = torn {
+        // A quarantined copy is never cut: it rolls away as it is.
+        if let Some(start) = torn.filter(|_| recovery.info.lost.is_none()) {
             tokio::task::block_in_place(|| cut_torn_batch(&args, id, start));
             recovery.info = args.storage.store.info(id)?;
         }
@@ -636,11 +650,21 @@ async fn roll(
     let info = storage.store.info(store_id).map_err(|e| {
         warn!(segment = %store_id, error = %e, "cannot read segment info to roll");
     })?;
+    // A quarantined copy is sealed past the records it lost (ADR 0108):
+    // their offsets stay theirs, and a read of them is `data_loss`.
     let seal = SealRecord {
-        length: info.length,
+        length: super::damage::seal_length(info.length, info.lost),
         bytes: info.byte_size,
     };
+    if let Some(lost) = info.lost {
+        warn!(segment = %store_id, lost_from = lost.from, lost_to = lost.to, seal = seal.length, "rolling away from a copy that lost records");
+    }
     match roller.roll(topic, segment, seal).await {
+        Ok(_next) if info.lost.is_some() => {
+            // The copy lacks records below its seal: no marker claims it
+            // holds them, and its files stay as they were found.
+            Ok(())
+        }
         Ok(_next) => {
             let store = Arc::clone(&storage.store);
             // The seal marker makes the copy's length match the metadata on disk.
@@ -739,7 +763,16 @@ fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
         // only ever written by the primary that rolled, so the table comes
         // from this copy's log.
         if let Err(malachi_storage::StorageError::NotOpen { .. }) = args.storage.store.info(id)
-            && let Err(e) = args.storage.store.open(id)
+            && let Err(e) = super::damage::open_copy(
+                &args.storage.store,
+                Some(&args.storage.metrics),
+                *segment,
+                None,
+                super::damage::CopyOf {
+                    topic: Some(&args.topic),
+                    range: Some(*range),
+                },
+            )
         {
             warn!(segment = %id, error = %e, "cannot open a predecessor copy for its producer state");
         }

@@ -54,6 +54,61 @@ fn one(storage: &Storage, segment: u64) -> CopyStatus {
     }
 }
 
+/// How this broker's copy of a sealed segment stands against the seal the
+/// metadata recorded (`length` records, `bytes` bytes; ADR 0108): `None`
+/// for a copy that looks whole, else its status and the records it holds
+/// when known: `damaged` (quarantined, records lost past the damage),
+/// `missing` (no log file, or opened with none), `short` (fewer records or
+/// bytes than its seal). A copy not open is judged by its log's size and
+/// its seal marker; only one without a marker is opened to be checked.
+pub(crate) fn sealed_copy_health(
+    storage: &Storage,
+    segment: u64,
+    length: u64,
+    bytes: u64,
+    alone: bool,
+) -> Option<(&'static str, Option<u64>)> {
+    let id = malachi_storage::SegmentId(segment);
+    let mut info = storage.store.info(id);
+    // A copy of several short of its seal is caught up from another (and
+    // is no data loss): only a lone copy is opened to be checked.
+    if alone
+        && info.is_err()
+        && storage.store.log_path(id).exists()
+        && !storage.store.seal_path(id).exists()
+    {
+        // Sealed in the metadata, with no seal marker on the copy: a roll
+        // away from a damaged copy leaves it so (or a crash before the
+        // marker). Rare, so the copy is opened and checked.
+        info = super::damage::open_copy(
+            &storage.store,
+            Some(&storage.metrics),
+            SegmentId(segment),
+            Some(length),
+            super::damage::CopyOf::default(),
+        )
+        .map(|recovery| recovery.info);
+    }
+    match info {
+        Ok(info) => {
+            let lost = info.lost?;
+            let status = if info.failed {
+                "damaged"
+            } else if info.durable == 0 && lost.from == 0 {
+                "missing"
+            } else {
+                "short"
+            };
+            Some((status, Some(info.durable.min(length))))
+        }
+        Err(_) => match std::fs::metadata(storage.store.log_path(id)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(("missing", None)),
+            Ok(meta) if meta.len() < bytes => Some(("short", None)),
+            _ => None,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -99,6 +154,35 @@ mod tests {
         assert!(!absent.open);
         assert_eq!(absent.durable_end, None);
         assert_eq!(absent.committed_end, None);
+    }
+
+    #[test]
+    fn a_sealed_copy_is_judged_against_its_seal_without_being_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = storage(dir.path());
+        let id = malachi_storage::SegmentId(5);
+        storage.store.open(id).unwrap();
+        let records = [Record::new(1, "a", "1"), Record::new(1, "b", "2")];
+        storage.store.append(id, &records).unwrap().wait().unwrap();
+        let bytes = storage.store.info(id).unwrap().byte_size;
+        storage.store.seal(id, 2).unwrap();
+        storage.store.close(id).unwrap();
+        assert_eq!(sealed_copy_health(&storage, 5, 2, bytes, true), None);
+        assert_eq!(
+            sealed_copy_health(&storage, 5, 3, bytes + 1, true),
+            Some(("short", None))
+        );
+        assert_eq!(
+            sealed_copy_health(&storage, 6, 2, bytes, true),
+            Some(("missing", None))
+        );
+        // Open, the store's own check counts.
+        storage.store.open(id).unwrap();
+        storage.store.check_seal(id, 4).unwrap();
+        assert_eq!(
+            sealed_copy_health(&storage, 5, 4, bytes, true),
+            Some(("short", Some(2)))
+        );
     }
 
     #[test]

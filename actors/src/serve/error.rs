@@ -155,6 +155,17 @@ pub(crate) enum ServeError {
     /// The store failed the append.
     #[error("{reason}")]
     StoreFailed { segment: SegmentId, reason: String },
+    /// Records a read needs are gone: the only copy that held them is
+    /// damaged or missing (ADR 0108). Offsets are the range's.
+    #[error("topic {topic} range {range} lost records {from}..{to} (segment {segment}): {reason}")]
+    DataLoss {
+        topic: String,
+        range: u64,
+        segment: SegmentId,
+        from: u64,
+        to: u64,
+        reason: String,
+    },
     /// A store read failed.
     #[error("{0}")]
     Read(#[from] StorageError),
@@ -257,6 +268,7 @@ impl ServeError {
             ServeError::Route(e) => route_code(e),
             ServeError::Split(e) => split_code(e),
             ServeError::Redirect(r) => r.code,
+            ServeError::DataLoss { .. } => ErrorCode::DataLoss,
             ServeError::NoActiveRange { .. }
             | ServeError::SubscriptionMisrouted
             | ServeError::StoreFailed { .. }
@@ -437,6 +449,25 @@ mod tests {
         })
         .body();
         assert_eq!(body.retry_after_ms, Some(RETRY_AFTER_MS_DEFAULT));
+    }
+
+    #[test]
+    fn lost_records_are_data_loss_naming_the_topic_range_and_offsets() {
+        let served = ServeError::DataLoss {
+            topic: "orders".into(),
+            range: 0,
+            segment: SegmentId(3),
+            from: 93,
+            to: 200,
+            reason: "the copy is damaged".into(),
+        };
+        assert_eq!(served.code(), ErrorCode::DataLoss);
+        let body = served.body();
+        assert_eq!(body.retry_after_ms, None);
+        assert_eq!(
+            body.message,
+            "topic orders range 0 lost records 93..200 (segment s3): the copy is damaged"
+        );
     }
 
     #[test]

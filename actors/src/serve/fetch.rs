@@ -48,7 +48,7 @@ pub(crate) async fn fetch(
         let me = NodeId(shared.config.node_id);
         let (plans, copies) = read_owner(plane.as_ref(), &topic, |state| {
             let plans = active_plans(state, &topic);
-            let copies = LocalCopies::of(state, &plans, me);
+            let copies = LocalCopies::of(state, &plans, me).with_metrics(&shared.metrics);
             (plans, copies)
         });
         // The frame keeps room for a cursor over every range; the block gets
@@ -73,7 +73,7 @@ pub(crate) async fn fetch(
                 },
             )
         })
-        .map_err(|e| e.refusal(frame_max, control))?;
+        .map_err(|e| e.refusal(&topic, frame_max, control))?;
         let (batch, positions, records, bytes) = (
             builder.finish(),
             outcome.positions,
@@ -143,7 +143,8 @@ pub(crate) fn start_positions(
             }
             None => None,
         };
-        let copies = LocalCopies::of_active(state, &req.topic, NodeId(shared.config.node_id));
+        let copies = LocalCopies::of_active(state, &req.topic, NodeId(shared.config.node_id))
+            .with_metrics(&shared.metrics);
         Ok((
             incarnation,
             cursor,

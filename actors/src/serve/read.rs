@@ -22,6 +22,7 @@ use malachi_cluster::model::{
     MetadataState, NodeId, RangeId, ReadPlan, SegmentId, SegmentSpan, position,
 };
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use malachi_storage::{FileStore, FrameView, SegmentStore, StorageError};
 use malachi_wire::WireError;
@@ -29,6 +30,8 @@ use malachi_wire::batch::{BatchBuilder, BatchError, RecordRef, varint_bytes};
 use malachi_wire::frame::RESPONSE_HEADER_BYTES;
 
 use super::error::ServeError;
+use crate::common::metrics::BrokerMetrics;
+use crate::data::damage::{CopyOf, open_copy};
 
 /// What one read pass may take: at most `records_max` records and
 /// `batch_bytes_max` block bytes (the first record excepted), read from the
@@ -64,6 +67,16 @@ pub(crate) enum ReadError {
         reason: &'static str,
         holders: Vec<u64>,
     },
+    /// The records `from..to` of `range` (range offsets) are gone: the
+    /// only copy that held them is damaged or missing (ADR 0108).
+    #[error("range {range} lost records {from}..{to} (segment {segment}): {reason}")]
+    Lost {
+        range: RangeId,
+        segment: SegmentId,
+        from: u64,
+        to: u64,
+        reason: String,
+    },
     /// The next record alone needs a larger block than a response frame has
     /// room for (it was stored under a larger `frame_bytes_max`, say).
     #[error(
@@ -81,9 +94,28 @@ impl ReadError {
     /// The refusal a client sees: a record too large for any response is
     /// `frame_too_large`, naming the frame it would need (its block plus
     /// `control_bytes`) and the limit.
-    pub(crate) fn refusal(self, frame_bytes_max: usize, control_bytes: usize) -> ServeError {
+    pub(crate) fn refusal(
+        self,
+        topic: &str,
+        frame_bytes_max: usize,
+        control_bytes: usize,
+    ) -> ServeError {
         match self {
             ReadError::Store(e) => ServeError::Read(e),
+            ReadError::Lost {
+                range,
+                segment,
+                from,
+                to,
+                reason,
+            } => ServeError::DataLoss {
+                topic: topic.to_string(),
+                range: range.0,
+                segment,
+                from,
+                to,
+                reason,
+            },
             ReadError::NotHere { .. } => {
                 ServeError::Redirect(crate::control::placement::Redirect {
                     code: malachi_wire::ErrorCode::NotLeader,
@@ -147,6 +179,8 @@ fn store_id(segment: SegmentId) -> malachi_storage::SegmentId {
 pub(crate) struct LocalCopies {
     me: Option<NodeId>,
     replicas: BTreeMap<SegmentId, Vec<NodeId>>,
+    /// Where a copy found damaged or short is counted (ADR 0108).
+    metrics: Option<Arc<BrokerMetrics>>,
 }
 
 /// What this broker holds of one segment.
@@ -173,7 +207,14 @@ impl LocalCopies {
         LocalCopies {
             me: Some(me),
             replicas,
+            metrics: None,
         }
+    }
+
+    /// Counts the losses the reads find in `metrics`.
+    pub(crate) fn with_metrics(mut self, metrics: &Arc<BrokerMetrics>) -> LocalCopies {
+        self.metrics = Some(Arc::clone(metrics));
+        self
     }
 
     /// The copies of `topic`'s active segments, as broker `me` holds them.
@@ -219,14 +260,20 @@ fn open_for_read(
     segment: SegmentId,
     seal_length: Option<u64>,
 ) -> Result<bool, StorageError> {
+    let metrics = copies.metrics.as_deref();
+    let of = CopyOf::default();
     match copies.held(segment) {
         Held::Elsewhere => Ok(false),
         Held::Alone => {
-            store.open(store_id(segment))?;
+            // The only copy: checked against the seal the metadata recorded,
+            // so a short or missing one reports its loss (ADR 0108).
+            open_copy(store, metrics, segment, seal_length, of)?;
             Ok(true)
         }
         Held::Replicated => {
-            let recovery = store.open(store_id(segment))?;
+            // One copy of several: one short of its seal is caught up from
+            // another, so only damage is reported here.
+            let recovery = open_copy(store, metrics, segment, None, of)?;
             match seal_length {
                 Some(length) => {
                     store.set_committed(store_id(segment), length)?;
@@ -269,7 +316,31 @@ fn read_copy(
                     None => Ok(0),
                 };
             }
-            Ok(store.read_with(store_id(segment), from, records_max, bytes_max, visit)?)
+            lost_elsewhere(
+                copies,
+                span,
+                store.read_with(store_id(segment), from, records_max, bytes_max, visit),
+            )
+        }
+        other => lost_elsewhere(copies, span, other),
+    }
+}
+
+/// A replicated copy's lost records are served by another copy; a lone
+/// copy's are the caller's to report.
+fn lost_elsewhere(
+    copies: &LocalCopies,
+    span: &SegmentSpan,
+    read: Result<usize, StorageError>,
+) -> Result<usize, ReadError> {
+    match read {
+        Err(StorageError::Lost { from, .. }) if copies.held(span.segment) == Held::Replicated => {
+            Err(ReadError::NotHere {
+                segment: span.segment,
+                offset: span.start_offset + from,
+                reason: "this copy lost records",
+                holders: copies.holders(span.segment),
+            })
         }
         other => Ok(other?),
     }
@@ -386,20 +457,25 @@ pub(crate) fn read_topic(
         let spans: Vec<_> = plan
             .slices
             .iter()
-            .flat_map(|slice| slice.segments.iter().map(move |span| (slice.band, span)))
+            .flat_map(|slice| {
+                slice
+                    .segments
+                    .iter()
+                    .map(move |span| (slice.band, slice.range, span))
+            })
             .collect();
         let mut index = match pos {
             Position::Start => 0,
             Position::At { segment, .. } => spans
                 .iter()
-                .position(|(_, span)| span.segment == segment)
+                .position(|(_, _, span)| span.segment == segment)
                 .unwrap_or(spans.len()),
         };
         let mut offset = match pos {
-            Position::Start => spans.first().map_or(0, |(_, span)| span.start_offset),
+            Position::Start => spans.first().map_or(0, |(_, _, span)| span.start_offset),
             Position::At { offset, .. } => offset,
         };
-        while let Some((band, span)) = spans.get(index) {
+        while let Some((band, slice_range, span)) = spans.get(index) {
             pos = Position::At {
                 segment: span.segment,
                 offset,
@@ -408,7 +484,7 @@ pub(crate) fn read_topic(
                 && offset >= end
             {
                 index += 1;
-                if let Some((_, next)) = spans.get(index) {
+                if let Some((_, _, next)) = spans.get(index) {
                     offset = next.start_offset;
                 }
                 continue;
@@ -425,7 +501,7 @@ pub(crate) fn read_topic(
             let mut refused: Option<BatchError> = None;
             let mut too_large: Option<ReadError> = None;
             let mut past_end = false;
-            let taken = read_copy(
+            let read = read_copy(
                 store,
                 copies,
                 span,
@@ -478,7 +554,27 @@ pub(crate) fn read_topic(
                     offset = at + 1;
                     ControlFlow::Continue(())
                 },
-            )?;
+            );
+            let taken = match read {
+                Ok(taken) => taken,
+                Err(ReadError::Store(StorageError::Lost {
+                    from, to, reason, ..
+                })) => {
+                    // What was read before the loss is answered first; the
+                    // next read, from here, gets the loss (ADR 0108).
+                    if records > 0 {
+                        break;
+                    }
+                    return Err(ReadError::Lost {
+                        range: *slice_range,
+                        segment: span.segment,
+                        from: span.start_offset + from,
+                        to: span.start_offset + to,
+                        reason,
+                    });
+                }
+                Err(e) => return Err(e),
+            };
             if let Some(e) = too_large {
                 return Err(e);
             }
@@ -506,10 +602,18 @@ pub(crate) fn read_topic(
                             holders: copies.holders(span.segment),
                         });
                     }
-                    // A lone copy shorter than its seal: skip what it lacks
-                    // rather than spin (the scrubber repairs such copies).
-                    offset = span.end_offset.unwrap_or(offset);
-                    continue;
+                    // A lone copy shorter than its seal: its records are
+                    // gone, which is data loss, never a silent skip.
+                    if records > 0 {
+                        break;
+                    }
+                    return Err(ReadError::Lost {
+                        range: *slice_range,
+                        segment: span.segment,
+                        from: offset,
+                        to: span.end_offset.unwrap_or(offset),
+                        reason: "the copy is shorter than its seal".to_string(),
+                    });
                 }
                 break;
             }
@@ -787,7 +891,7 @@ mod tests {
             block_bytes,
             room_bytes,
         }
-        .refusal(room + 100, 100);
+        .refusal("t", room + 100, 100);
         assert_eq!(refusal.code(), malachi_wire::ErrorCode::FrameTooLarge);
     }
 

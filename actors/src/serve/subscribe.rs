@@ -283,7 +283,8 @@ impl PushTask {
                 let me = NodeId(self.shared.config.node_id);
                 let (plans, copies) = read_owner(plane.as_ref(), &self.topic, |state| {
                     let plans = active_plans(state, &self.topic);
-                    let copies = LocalCopies::of(state, &plans, me);
+                    let copies =
+                        LocalCopies::of(state, &plans, me).with_metrics(&self.shared.metrics);
                     (plans, copies)
                 });
                 // The frame keeps room for a cursor over every range. A
@@ -311,7 +312,7 @@ impl PushTask {
                 let (batch, outcome) = match attempt {
                     Ok(outcome) => (builder.finish(), outcome),
                     Err(e) => {
-                        let refusal = e.refusal(frame_max, control);
+                        let refusal = e.refusal(&self.topic, frame_max, control);
                         let failed = refusal_frame(self.id, &refusal);
                         let _ = self.send(failed).await;
                         break;

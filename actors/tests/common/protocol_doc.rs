@@ -132,6 +132,16 @@ pub const NOT_PROVOKED: &[(&str, &str, &str)] = &[
     ),
     ("*", "shutting_down", "a request racing a broker's stop"),
     (
+        "fetch",
+        "data_loss",
+        "a segment copy damaged or deleted on disk at RF=1 (tests/damage.rs provokes it with broker processes)",
+    ),
+    (
+        "subscribe",
+        "data_loss",
+        "a segment copy damaged or deleted on disk at RF=1 (as fetch)",
+    ),
+    (
         "cluster_members",
         "no_quorum",
         "the ring's group without a quorum (most of the cluster's brokers down); cluster/tests/membership_change.rs runs the same routing",
