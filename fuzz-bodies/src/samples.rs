@@ -266,6 +266,7 @@ pub fn replica_status() -> Vec<u8> {
             leading: true,
             ..CopyStatus::default()
         }],
+        scrub: Vec::new(),
     }
     .encode()
     .map(|b| b.to_vec())

@@ -334,6 +334,105 @@ impl FileStore {
             .join(format!("{}.fence", segment.file_stem()))
     }
 
+    /// Where copies set aside for a rebuild keep their files (ADR 0110).
+    pub fn aside_dir(&self) -> PathBuf {
+        self.shared.dir.join("aside")
+    }
+
+    /// Sets a broken copy aside so it can be rebuilt from another copy
+    /// (ADR 0110): closes it if open and moves its log, index and seal
+    /// marker into [`aside_dir`](Self::aside_dir), durably, so that the
+    /// next `open` starts an empty copy. The fence marker stays: the
+    /// newest order epoch the copy took is never forgotten.
+    ///
+    /// The first copy set aside is kept (the broken bytes, for forensics,
+    /// until [`discard_aside`](Self::discard_aside)): a later set-aside of
+    /// the same segment, a rebuild that did not finish, is deleted instead.
+    /// Returns whether anything was moved.
+    pub fn set_aside(&self, segment: SegmentId) -> Result<bool, StorageError> {
+        match self.close(segment) {
+            Ok(()) | Err(StorageError::NotOpen { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let aside = self.aside_dir();
+        std::fs::create_dir_all(&aside)
+            .map_err(|e| StorageError::io("create the aside directory", &aside, e))?;
+        let kept = self.aside_files(segment).next().is_some();
+        let mut moved = false;
+        for from in [
+            self.log_path(segment),
+            self.index_path(segment),
+            self.seal_path(segment),
+        ] {
+            let exists = from
+                .try_exists()
+                .map_err(|e| StorageError::io("stat", &from, e))?;
+            if !exists {
+                continue;
+            }
+            if kept {
+                std::fs::remove_file(&from)
+                    .map_err(|e| StorageError::io("remove a partial rebuild", &from, e))?;
+            } else {
+                let name = from.file_name().map(PathBuf::from).unwrap_or_default();
+                let to = aside.join(name);
+                std::fs::rename(&from, &to)
+                    .map_err(|e| StorageError::io("set a copy aside", &from, e))?;
+                moved = true;
+            }
+        }
+        for dir in [&self.shared.dir, &aside] {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| StorageError::io("sync store directory", dir, e))?;
+        }
+        Ok(moved)
+    }
+
+    /// The files of `segment`'s copy set aside, if any.
+    fn aside_files(&self, segment: SegmentId) -> impl Iterator<Item = PathBuf> + use<> {
+        let aside = self.aside_dir();
+        ["log", "idx", "seal"]
+            .map(|ext| aside.join(format!("{}.{ext}", segment.file_stem())))
+            .into_iter()
+            .filter(|p| p.exists())
+    }
+
+    /// Whether a copy of `segment` is set aside.
+    pub fn is_aside(&self, segment: SegmentId) -> bool {
+        self.aside_files(segment).next().is_some()
+    }
+
+    /// Deletes the copy of `segment` set aside, once its rebuild is whole.
+    /// Returns the bytes freed.
+    pub fn discard_aside(&self, segment: SegmentId) -> Result<u64, StorageError> {
+        let mut freed = 0;
+        for path in self.aside_files(segment) {
+            freed += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            std::fs::remove_file(&path)
+                .map_err(|e| StorageError::io("discard a copy set aside", &path, e))?;
+        }
+        Ok(freed)
+    }
+
+    /// The segments with a copy set aside, by id.
+    pub fn aside_segments(&self) -> Vec<SegmentId> {
+        let Ok(entries) = std::fs::read_dir(self.aside_dir()) else {
+            return Vec::new();
+        };
+        let mut out: Vec<SegmentId> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let name = e.file_name();
+                let stem = name.to_str()?.split('.').next()?.to_string();
+                stem.parse::<u64>().ok().map(SegmentId)
+            })
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// Rebuilds the sidecar index of an open segment from its log.
     pub fn rebuild_index(&self, segment: SegmentId) -> Result<(), StorageError> {
         let seg = self.segment(segment)?;

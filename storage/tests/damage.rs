@@ -152,3 +152,64 @@ fn a_copy_shorter_than_the_seal_the_metadata_recorded_reports_the_difference_los
         Some(Loss { from: 12, to: 15 })
     );
 }
+
+/// A broken copy is set aside and rebuilt from an intact one, byte for
+/// byte; the broken bytes stay aside until discarded (ADR 0110).
+#[test]
+fn a_damaged_copy_set_aside_is_rebuilt_byte_identical_from_an_intact_copy() {
+    let good_dir = tempfile::tempdir().unwrap();
+    let (good_bytes, starts) = write_log(good_dir.path());
+    let good = store(good_dir.path());
+    good.open(SEG).unwrap();
+    good.seal(SEG, 12).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut broken = good_bytes.clone();
+    broken[starts[5] as usize + 20] ^= 0x10;
+    let log_path = dir.path().join(format!("{}.log", SEG.file_stem()));
+    write_log(dir.path());
+    fs::write(&log_path, &broken).unwrap();
+    let store = store(dir.path());
+    assert!(store.open_quarantined(SEG).unwrap().info.failed);
+
+    assert!(store.set_aside(SEG).unwrap());
+    assert!(store.is_aside(SEG));
+    assert_eq!(store.aside_segments(), vec![SEG]);
+    assert!(!log_path.exists());
+    let fresh = store.open(SEG).unwrap();
+    assert!(fresh.log_missing);
+    assert_eq!((fresh.info.length, fresh.info.failed), (0, false));
+
+    // Half a rebuild, then set aside again: the first (broken) copy is the
+    // one kept aside, the partial rebuild is dropped.
+    let run = good.read_frames(SEG, 0, 1).unwrap();
+    store
+        .repair_frames(SEG, 0, &run.bytes, 12)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(!store.set_aside(SEG).unwrap());
+    let aside_log = store.aside_dir().join(format!("{}.log", SEG.file_stem()));
+    assert_eq!(fs::read(&aside_log).unwrap(), broken);
+
+    // The whole rebuild.
+    store.open(SEG).unwrap();
+    let mut at = 0;
+    while at < 12 {
+        let run = good.read_frames(SEG, at, 100).unwrap();
+        at = store
+            .repair_frames(SEG, at, &run.bytes, 12)
+            .unwrap()
+            .wait()
+            .unwrap()
+            .end;
+    }
+    store.seal(SEG, 12).unwrap();
+    assert!(store.verify(SEG).unwrap().is_clean());
+    drop(store);
+    assert_eq!(fs::read(&log_path).unwrap(), good_bytes);
+    let store = common::store(dir.path());
+    assert!(store.discard_aside(SEG).unwrap() >= broken.len() as u64);
+    assert!(!store.is_aside(SEG));
+    assert!(store.aside_segments().is_empty());
+}

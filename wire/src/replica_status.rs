@@ -32,6 +32,35 @@ pub struct ReplicaStatusRequest {
     /// Segment ids (cluster-wide, from the metadata), at most
     /// [`REPLICA_STATUS_SEGMENTS_MAX`].
     pub segments: Vec<u64>,
+    /// Sealed copies whose scrub verdict the asker wants (ADR 0110): each
+    /// with the seal the metadata recorded, which the copy is judged
+    /// against. Absent from a request that names none, so the encoding of
+    /// a describe's request is unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scrub: Vec<ScrubSeal>,
+}
+
+/// A sealed segment and the seal its metadata recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ScrubSeal {
+    pub segment: u64,
+    /// Records the seal covers.
+    pub length: u64,
+    /// Bytes of log those records span.
+    pub bytes: u64,
+}
+
+/// What the broker's scrubber last found of one sealed copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ScrubVerdict {
+    pub segment: u64,
+    /// `pending` (queued, not read yet), `intact` (every frame's CRC good,
+    /// exactly the seal's records and bytes), `damaged` (a bad frame),
+    /// `missing` (no log) or `short` (fewer records or bytes than the seal).
+    pub verdict: String,
+    /// Why, for a verdict other than `pending` and `intact`.
+    #[serde(default)]
+    pub detail: String,
 }
 
 /// One broker's copy of one segment, as that broker sees it.
@@ -68,6 +97,9 @@ pub struct CopyStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ReplicaStatusResponse {
     pub copies: Vec<CopyStatus>,
+    /// One verdict per entry of the request's `scrub`, in its order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scrub: Vec<ScrubVerdict>,
 }
 
 const REQUEST_NAME: &str = "replica_status_request";
@@ -118,12 +150,14 @@ fn decode<T: DeserializeOwned>(payload: &[u8], name: &'static str) -> Result<T, 
 impl ReplicaStatusRequest {
     pub fn encode(&self) -> Result<Bytes, WireError> {
         check_segments(self.segments.len())?;
+        check_segments(self.scrub.len())?;
         encode(self, REQUEST_NAME)
     }
 
     pub fn decode(payload: &[u8]) -> Result<ReplicaStatusRequest, WireError> {
         let request: ReplicaStatusRequest = decode(payload, REQUEST_NAME)?;
         check_segments(request.segments.len())?;
+        check_segments(request.scrub.len())?;
         Ok(request)
     }
 }
@@ -131,12 +165,14 @@ impl ReplicaStatusRequest {
 impl ReplicaStatusResponse {
     pub fn encode(&self) -> Result<Bytes, WireError> {
         check_segments(self.copies.len())?;
+        check_segments(self.scrub.len())?;
         encode(self, RESPONSE_NAME)
     }
 
     pub fn decode(payload: &[u8]) -> Result<ReplicaStatusResponse, WireError> {
         let response: ReplicaStatusResponse = decode(payload, RESPONSE_NAME)?;
         check_segments(response.copies.len())?;
+        check_segments(response.scrub.len())?;
         Ok(response)
     }
 }
@@ -150,6 +186,7 @@ mod tests {
     fn a_request_and_a_response_round_trip() {
         let request = ReplicaStatusRequest {
             segments: vec![7, 9],
+            scrub: vec![],
         };
         let bytes = request.encode().unwrap();
         assert_eq!(ReplicaStatusRequest::decode(&bytes).unwrap(), request);
@@ -169,6 +206,7 @@ mod tests {
                     ..CopyStatus::default()
                 },
             ],
+            scrub: vec![],
         };
         let bytes = response.encode().unwrap();
         assert_eq!(ReplicaStatusResponse::decode(&bytes).unwrap(), response);
@@ -181,6 +219,7 @@ mod tests {
     fn too_many_segments_are_refused_both_ways() {
         let request = ReplicaStatusRequest {
             segments: vec![1; REPLICA_STATUS_SEGMENTS_MAX + 1],
+            scrub: vec![],
         };
         assert!(request.encode().is_err());
         let bytes = rmp_serde::to_vec_named(&request).unwrap();
@@ -208,6 +247,37 @@ mod tests {
         let decoded = ReplicaStatusResponse::decode(&bytes).unwrap();
         assert_eq!(decoded.copies[0].segment, 3);
         assert_eq!(decoded.copies[0].durable_end, None);
+    }
+
+    #[test]
+    fn scrub_seals_and_verdicts_round_trip_and_are_bounded() {
+        let request = ReplicaStatusRequest {
+            segments: vec![],
+            scrub: vec![ScrubSeal {
+                segment: 4,
+                length: 10,
+                bytes: 700,
+            }],
+        };
+        let bytes = request.encode().unwrap();
+        assert_eq!(ReplicaStatusRequest::decode(&bytes).unwrap(), request);
+        let response = ReplicaStatusResponse {
+            copies: vec![],
+            scrub: vec![ScrubVerdict {
+                segment: 4,
+                verdict: "damaged".into(),
+                detail: "a bad frame at byte 64".into(),
+            }],
+        };
+        let bytes = response.encode().unwrap();
+        assert_eq!(ReplicaStatusResponse::decode(&bytes).unwrap(), response);
+        let over = ReplicaStatusRequest {
+            segments: vec![],
+            scrub: vec![ScrubSeal::default(); REPLICA_STATUS_SEGMENTS_MAX + 1],
+        };
+        assert!(over.encode().is_err());
+        let raw = rmp_serde::to_vec_named(&over).unwrap();
+        assert!(ReplicaStatusRequest::decode(&raw).is_err());
     }
 
     #[test]

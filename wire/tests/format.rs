@@ -107,6 +107,7 @@ fn replica_status_encodes_to_its_frozen_bytes() {
     use malachi_wire::replica_status::{CopyStatus, ReplicaStatusRequest, ReplicaStatusResponse};
     let request = ReplicaStatusRequest {
         segments: vec![7, 8],
+        scrub: vec![],
     };
     insta::assert_snapshot!("replica_status_request", hex(&request.encode().unwrap()));
     let response = ReplicaStatusResponse {
@@ -127,8 +128,40 @@ fn replica_status_encodes_to_its_frozen_bytes() {
                 ..CopyStatus::default()
             },
         ],
+        scrub: vec![],
     };
     insta::assert_snapshot!("replica_status_response", hex(&response.encode().unwrap()));
+}
+
+#[test]
+fn a_scrub_request_and_its_verdicts_encode_to_their_frozen_bytes() {
+    use malachi_wire::replica_status::{
+        ReplicaStatusRequest, ReplicaStatusResponse, ScrubSeal, ScrubVerdict,
+    };
+    let request = ReplicaStatusRequest {
+        segments: vec![],
+        scrub: vec![ScrubSeal {
+            segment: 7,
+            length: 12,
+            bytes: 1_024,
+        }],
+    };
+    insta::assert_snapshot!(
+        "replica_status_scrub_request",
+        hex(&request.encode().unwrap())
+    );
+    let response = ReplicaStatusResponse {
+        copies: vec![],
+        scrub: vec![ScrubVerdict {
+            segment: 7,
+            verdict: "short".into(),
+            detail: "10 of 12 records".into(),
+        }],
+    };
+    insta::assert_snapshot!(
+        "replica_status_scrub_response",
+        hex(&response.encode().unwrap())
+    );
 }
 
 #[test]

@@ -138,6 +138,12 @@ pub const CLUSTER_NODES_MAX: usize = 64;
 /// broker that restarts is never replaced.
 pub const REPLACE_AFTER_MS_MIN: u64 = 5_000;
 
+/// A sealed copy is re-read once a day by default: ZFS and Ceph scrub
+/// weekly to monthly, and the scrubber's rate bounds what it costs.
+pub const SCRUB_INTERVAL_MS_DEFAULT: u64 = 24 * 60 * 60 * 1_000;
+/// The shortest `cluster.scrub_interval_ms`.
+pub const SCRUB_INTERVAL_MS_MIN: u64 = 1_000;
+
 /// The metadata cluster: which brokers share the vnodes, how many vnodes
 /// there are and how many brokers replicate each (ADR 0081). Every broker
 /// of a cluster must be given the same `nodes`, `vnodes` and
@@ -191,6 +197,11 @@ pub struct ClusterSettings {
     /// How long a fresh broker with seeds only looks for a running
     /// cluster to join before it refuses to start (ADR 0104).
     pub join_timeout_ms: u64,
+    /// How long a scrub's verdict that a sealed copy is intact stands
+    /// before the copy is read again (ADR 0110). Coordinators ask about
+    /// their sealed copies every quarter of it (1 to 30 s); a broken copy
+    /// is rebuilt from an intact one.
+    pub scrub_interval_ms: u64,
     /// Set at start, never configured: this broker joined a running
     /// cluster and is not among `nodes`, the nodes it was formed with.
     #[serde(skip)]
@@ -226,6 +237,7 @@ impl Default for ClusterSettings {
             balance_leaders: false,
             replace_after_ms: malachi_cluster::vnodes::rebalance::REPLACE_AFTER_MS_DEFAULT,
             join_timeout_ms: 60_000,
+            scrub_interval_ms: SCRUB_INTERVAL_MS_DEFAULT,
             joined: false,
         }
     }
@@ -628,6 +640,11 @@ impl BrokerConfig {
         if self.cluster.replace_after_ms < REPLACE_AFTER_MS_MIN {
             return bad(format!(
                 "cluster.replace_after_ms must be at least {REPLACE_AFTER_MS_MIN} ms: a broker down for less is restarting, not gone"
+            ));
+        }
+        if self.cluster.scrub_interval_ms < SCRUB_INTERVAL_MS_MIN {
+            return bad(format!(
+                "cluster.scrub_interval_ms must be at least {SCRUB_INTERVAL_MS_MIN} ms"
             ));
         }
         if self.cluster.join_timeout_ms == 0 {

@@ -48,6 +48,12 @@ pub(crate) struct BrokerMetrics {
     pub heals: Counter,
     /// Bytes those heals copied.
     pub heal_bytes: Counter,
+    /// Bytes of sealed copies the scrubber re-read (ADR 0110).
+    pub scrub_bytes: Counter,
+    /// Sealed copies the scrubber found damaged, missing or short.
+    pub scrub_broken: Counter,
+    /// Broken copies rebuilt in place from an intact copy (ADR 0110).
+    pub rebuilds: Counter,
     /// Copies on this broker found damaged or missing records (ADR 0108),
     /// since the broker started.
     pub copies_lost: Gauge,
@@ -116,6 +122,9 @@ impl BrokerMetrics {
                 .register_histogram(&Key::from_name("malachi_failover_seconds"), &METADATA),
             heals: counter("malachi_heals_total"),
             heal_bytes: counter("malachi_heal_bytes_total"),
+            scrub_bytes: counter("malachi_scrub_bytes_total"),
+            scrub_broken: counter("malachi_scrub_broken_total"),
+            rebuilds: counter("malachi_rebuilds_total"),
             recorder,
             handle,
         }

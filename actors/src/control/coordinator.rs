@@ -1325,6 +1325,7 @@ pub(crate) fn heal_candidates(
                         segment: segment.id,
                         lost: lost.0,
                         gone: gone.clone(),
+                        rebuild: false,
                     });
                     if out.len() >= HEAL_CANDIDATES_MAX {
                         return out;
@@ -1334,6 +1335,50 @@ pub(crate) fn heal_candidates(
         }
     }
     out
+}
+
+/// Sealed segments one scrub poll asks about at most; the next poll goes
+/// on after the last one asked.
+pub(crate) const SCRUB_TARGETS_MAX: usize = 1_024;
+
+/// How often a coordinator asks for the scrub verdicts of its sealed
+/// copies: a quarter of `scrub_interval_ms`, between 1 and 30 s.
+pub(crate) fn scrub_poll_ms(scrub_interval_ms: u64) -> u64 {
+    (scrub_interval_ms / 4).clamp(1_000, 30_000)
+}
+
+/// Up to `max` sealed segments of `state`, in id order from just after
+/// `after` (wrapping to the start), each with its recorded seal and its
+/// holders, and the id to go on after next time.
+pub(crate) fn scrub_targets(
+    state: &MetadataState,
+    after: u64,
+    max: usize,
+) -> (Vec<crate::control::requests::ScrubTarget>, u64) {
+    let mut sealed: Vec<crate::control::requests::ScrubTarget> = Vec::new();
+    for topic in state.topics() {
+        for range in topic.ranges.iter().filter_map(|id| state.range(*id)) {
+            for segment in range.segments.iter().filter_map(|id| state.segment(*id)) {
+                if let Some(seal) = segment.seal() {
+                    sealed.push(crate::control::requests::ScrubTarget {
+                        topic: topic.name.clone(),
+                        segment: segment.id,
+                        seal,
+                        replicas: segment.replicas.iter().map(|n| n.0).collect(),
+                    });
+                }
+            }
+        }
+    }
+    sealed.sort_by_key(|t| t.segment.0);
+    let start = sealed.partition_point(|t| t.segment.0 <= after);
+    let mut out: Vec<_> = sealed[start..].iter().take(max).cloned().collect();
+    if out.len() < max {
+        let more = max - out.len();
+        out.extend(sealed[..start].iter().take(more).cloned());
+    }
+    let next = out.last().map_or(0, |t| t.segment.0);
+    (out, next)
 }
 
 /// A running coordinator: the request logic, and the lease its continuous
@@ -1357,6 +1402,10 @@ pub(crate) struct CoordinatorRun {
     /// Since when each broker has looked failed: gone past
     /// `replace_after_ms`, its copies are healed elsewhere.
     down: malachi_cluster::vnodes::rebalance::DownSince,
+    /// When the healer was last asked to poll the scrub verdicts, and the
+    /// last segment asked about (ADR 0110).
+    scrubbed_at: Option<std::time::Instant>,
+    scrub_after: u64,
 }
 
 impl CoordinatorRun {
@@ -1478,6 +1527,24 @@ impl CoordinatorRun {
                 candidates: heals,
             });
         }
+        let poll = std::time::Duration::from_millis(scrub_poll_ms(
+            shared.config.cluster.scrub_interval_ms,
+        ));
+        if self.scrubbed_at.is_none_or(|at| at.elapsed() >= poll)
+            && let Some(healer) = shared.healer.read().clone()
+        {
+            self.scrubbed_at = Some(std::time::Instant::now());
+            let (targets, next) =
+                group.read_local(|state| scrub_targets(state, self.scrub_after, SCRUB_TARGETS_MAX));
+            self.scrub_after = next;
+            if !targets.is_empty() {
+                let _ = healer.send_message(crate::control::requests::HealMsg::Scrub {
+                    vnode: self.logic.vnode,
+                    order,
+                    targets,
+                });
+            }
+        }
     }
 
     /// The continuous work, run only while the lease holds; a coordinator
@@ -1570,6 +1637,8 @@ impl Actor for CoordinatorActor {
             releasing: None,
             failures,
             down: malachi_cluster::vnodes::rebalance::DownSince::default(),
+            scrubbed_at: None,
+            scrub_after: 0,
         })
     }
 

@@ -377,6 +377,7 @@ impl OrderClient {
         } else {
             let body = ReplicaStatusRequest {
                 segments: vec![segment.0],
+                scrub: Vec::new(),
             }
             .encode()
             .map_err(|e| e.to_string())?;
@@ -389,6 +390,45 @@ impl OrderClient {
             .pop()
             .filter(|c| c.segment == segment.0)
             .ok_or_else(|| format!("broker {node} said nothing of segment {segment}"))
+    }
+
+    /// The scrub verdicts of `node`'s copies of `seals` (ADR 0110), in
+    /// their order.
+    pub(crate) async fn scrub(
+        &self,
+        node: u64,
+        seals: &[malachi_wire::replica_status::ScrubSeal],
+    ) -> Result<Vec<malachi_wire::replica_status::ScrubVerdict>, String> {
+        use malachi_wire::replica_status::{
+            REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse,
+        };
+        let verdicts = if node == self.shared.config.node_id {
+            crate::data::scrub::verdicts(&self.shared.data, seals)
+        } else {
+            let body = ReplicaStatusRequest {
+                segments: Vec::new(),
+                scrub: seals.to_vec(),
+            }
+            .encode()
+            .map_err(|e| e.to_string())?;
+            let answer = self.call(node, REPLICA_STATUS_API_KEY, body).await?;
+            ReplicaStatusResponse::decode(&answer)
+                .map_err(|e| e.to_string())?
+                .scrub
+        };
+        if verdicts.len() != seals.len()
+            || verdicts
+                .iter()
+                .zip(seals)
+                .any(|(v, s)| v.segment != s.segment)
+        {
+            return Err(format!(
+                "broker {node} answered {} scrub verdicts for {} copies, or out of order",
+                verdicts.len(),
+                seals.len()
+            ));
+        }
+        Ok(verdicts)
     }
 
     pub(crate) async fn repair(

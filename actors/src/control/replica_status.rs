@@ -39,6 +39,7 @@ pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u
     })?;
     let answer = ReplicaStatusResponse {
         copies: copy_status(&shared.data, &request.segments),
+        scrub: crate::data::scrub::verdicts(&shared.data, &request.scrub),
     };
     answer
         .encode()
@@ -183,6 +184,7 @@ async fn ask(shared: &Arc<Shared>, node: u64, segments: Vec<u64>) -> Asked {
         let transport = Arc::clone(&raft.transport);
         let request = ReplicaStatusRequest {
             segments: chunk.to_vec(),
+            scrub: Vec::new(),
         };
         async move {
             let body = request.encode().map_err(|e| {

@@ -117,10 +117,23 @@ impl ractor::Message for FailoverMsg {}
 pub(crate) struct HealCandidate {
     pub topic: String,
     pub segment: SegmentId,
-    /// The holder gone for longer than `replace_after_ms`.
+    /// The holder gone for longer than `replace_after_ms`, or, for a
+    /// rebuild, the live holder whose copy is broken.
     pub lost: u64,
     /// Every broker gone that long: no new copy goes there.
     pub gone: BTreeSet<u64>,
+    /// The copy on `lost` is broken, its broker live: rebuild it there from
+    /// an intact copy, the replica set unchanged (ADR 0110).
+    pub rebuild: bool,
+}
+
+/// A sealed segment whose copies a coordinator wants scrubbed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ScrubTarget {
+    pub topic: String,
+    pub segment: SegmentId,
+    pub seal: malachi_cluster::model::SealRecord,
+    pub replicas: Vec<u64>,
 }
 
 /// What coordinators send the healer (`maintenance/healer.rs`).
@@ -134,6 +147,15 @@ pub(crate) enum HealMsg {
     },
     /// A task ended.
     Ended { segment: SegmentId },
+    /// `vnode`'s coordinator, leading at `order`, wants the scrub verdicts
+    /// of these sealed segments' copies; the broken ones are rebuilt.
+    Scrub {
+        vnode: VnodeId,
+        order: OrderEpoch,
+        targets: Vec<ScrubTarget>,
+    },
+    /// A scrub poll of `vnode` ended.
+    ScrubEnded { vnode: VnodeId },
 }
 
 impl ractor::Message for HealMsg {}

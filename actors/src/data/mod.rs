@@ -18,6 +18,7 @@ pub(crate) mod producers;
 pub(crate) mod quorum;
 pub(crate) mod recovery;
 pub(crate) mod replication;
+pub(crate) mod scrub;
 #[cfg(test)]
 mod seal_model;
 pub(crate) mod segment;

@@ -640,15 +640,37 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
     } = append;
     let store = &storage.store;
     let id = malachi_storage::SegmentId(request.segment);
+    // A repair to a recorded seal is what rebuilds a broken copy of a
+    // sealed segment (ADR 0110): one the scrubber found broken, one
+    // quarantined, or one whose open finds damage.
+    let rebuilding = repair_to.is_some() && seal_at_end;
     let mut info = store.info(id);
+    let mut damaged_at_open = false;
     if let Err(StorageError::NotOpen { .. }) = info {
         // A copy this broker has not opened since it started: opening
         // recovers it (a torn tail truncated, damage refused).
-        if let Err(e) = tokio::task::block_in_place(|| store.open(id)) {
-            let _ = reply.send(refusal_of(&e, 0));
-            return Outcome::Done;
+        match tokio::task::block_in_place(|| store.open(id)) {
+            Ok(_) => {}
+            Err(StorageError::Damaged { .. }) if rebuilding => damaged_at_open = true,
+            Err(e) => {
+                let _ = reply.send(refusal_of(&e, 0));
+                return Outcome::Done;
+            }
         }
         info = store.info(id);
+    }
+    if rebuilding
+        && (damaged_at_open
+            || storage.scrub.book.lock().is_broken(request.segment)
+            || info.as_ref().is_ok_and(|i| i.failed || i.lost.is_some()))
+    {
+        match tokio::task::block_in_place(|| set_aside_for_rebuild(storage, id)) {
+            Ok(()) => info = store.info(id),
+            Err(e) => {
+                let _ = reply.send(refusal_of(&e, 0));
+                return Outcome::Done;
+            }
+        }
     }
     if let Some(seal) = repair_to {
         // A copy sealed here is whole: say so, whatever was sent.
@@ -732,11 +754,20 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
             let store = Arc::clone(&storage.store);
             match tokio::task::spawn_blocking(move || store.seal(id, seal)).await {
                 Ok(Ok(_)) => {
-                    info!(
-                        segment = id.0,
-                        length = seal,
-                        "a copy short of its seal caught up and sealed"
-                    );
+                    if storage.store.is_aside(id) {
+                        storage.metrics.rebuilds.increment(1);
+                        info!(
+                            segment = id.0,
+                            length = seal,
+                            "a broken copy was rebuilt from an intact copy and sealed"
+                        );
+                    } else {
+                        info!(
+                            segment = id.0,
+                            length = seal,
+                            "a copy short of its seal caught up and sealed"
+                        );
+                    }
                     storage.replication.followed.lock().remove(&SegmentId(id.0));
                 }
                 Ok(Err(e)) => warn!(segment = id.0, error = %e, "cannot seal a caught-up copy"),
@@ -750,6 +781,24 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
         let _ = reply.send(answer);
     });
     Outcome::Appended { end }
+}
+
+/// Sets a broken copy aside and opens an empty one in its place, which the
+/// repair then fills from an intact copy (ADR 0110). The broken original
+/// stays aside until the rebuilt copy scrubs intact.
+fn set_aside_for_rebuild(
+    storage: &Storage,
+    id: malachi_storage::SegmentId,
+) -> Result<(), StorageError> {
+    let moved = storage.store.set_aside(id)?;
+    storage.scrub.book.lock().forget(id.0);
+    storage.store.open(id)?;
+    warn!(
+        segment = id.0,
+        original_kept = moved,
+        "rebuilding a broken copy of a sealed segment from an intact copy"
+    );
+    Ok(())
 }
 
 /// The typed refusal a store error becomes (one place: ADR 0095).

@@ -43,6 +43,8 @@ pub(crate) struct Storage {
     /// Quorum replication: the link to followers, the ReplicationServer,
     /// the segments this broker leads.
     pub replication: ReplicationState,
+    /// What the scrubber found of the sealed copies here (ADR 0110).
+    pub scrub: super::scrub::ScrubState,
 }
 
 impl Storage {
@@ -61,6 +63,7 @@ impl Storage {
             segments: Mutex::new(HashMap::new()),
             topics: Mutex::new(HashMap::new()),
             replication: ReplicationState::default(),
+            scrub: super::scrub::ScrubState::default(),
         }
     }
 

@@ -81,6 +81,8 @@ pub(crate) struct HealerState {
     shared: Arc<Shared>,
     pacer: Arc<Pacer>,
     tasks: BTreeMap<SegmentId, JoinHandle<()>>,
+    /// The scrub poll running for each vnode (ADR 0110).
+    scrubs: BTreeMap<VnodeId, JoinHandle<()>>,
 }
 
 #[ractor::async_trait]
@@ -99,6 +101,7 @@ impl Actor for HealerActor {
             shared,
             pacer: Arc::new(Pacer::new(HEAL_BYTES_PER_SECOND)),
             tasks: BTreeMap::new(),
+            scrubs: BTreeMap::new(),
         })
     }
 
@@ -133,6 +136,38 @@ impl Actor for HealerActor {
                     state.tasks.insert(segment, handle);
                 }
             }
+            HealMsg::Scrub {
+                vnode,
+                order,
+                targets,
+            } => {
+                if state.scrubs.get(&vnode).is_some_and(|t| !t.is_finished()) {
+                    return Ok(());
+                }
+                let shared = Arc::clone(&state.shared);
+                let me = myself.clone();
+                let handle = tokio::spawn(async move {
+                    let candidates = scrub_poll(&shared, &targets).await;
+                    if !candidates.is_empty() {
+                        let _ = me.send_message(HealMsg::Ensure {
+                            vnode,
+                            order,
+                            candidates,
+                        });
+                    }
+                    let _ = me.send_message(HealMsg::ScrubEnded { vnode });
+                });
+                state.scrubs.insert(vnode, handle);
+            }
+            HealMsg::ScrubEnded { vnode } => {
+                if state
+                    .scrubs
+                    .get(&vnode)
+                    .is_some_and(JoinHandle::is_finished)
+                {
+                    state.scrubs.remove(&vnode);
+                }
+            }
             HealMsg::Ended { segment } => {
                 if state
                     .tasks
@@ -151,7 +186,7 @@ impl Actor for HealerActor {
         myself: ActorRef<HealMsg>,
         state: &mut HealerState,
     ) -> Result<(), ActorProcessingErr> {
-        for task in state.tasks.values() {
+        for task in state.tasks.values().chain(state.scrubs.values()) {
             task.abort();
         }
         let mut slot = state.shared.healer.write();
@@ -179,11 +214,16 @@ async fn run(
     let mut attempts: u64 = 0;
     loop {
         attempts += 1;
-        match attempt(shared, pacer, vnode, order, candidate).await {
+        match attempt(shared, pacer, vnode, order, candidate, attempts).await {
             Ok(Attempt::Healed { node, bytes }) => {
                 let elapsed = started.elapsed();
                 shared.metrics.heals.increment(1);
                 shared.metrics.heal_bytes.increment(bytes);
+                let what = if candidate.rebuild {
+                    "segment copy rebuilt in place"
+                } else {
+                    "segment copy healed"
+                };
                 info!(
                     topic = %candidate.topic,
                     segment = candidate.segment.0,
@@ -191,7 +231,8 @@ async fn run(
                     new = node,
                     bytes,
                     elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-                    "segment copy healed"
+                    rebuild = candidate.rebuild,
+                    "{what}"
                 );
                 return;
             }
@@ -241,6 +282,7 @@ async fn attempt(
     vnode: VnodeId,
     order: OrderEpoch,
     candidate: &HealCandidate,
+    attempts: u64,
 ) -> Result<Attempt, String> {
     let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
     let plane = shared.plane().map_err(|e| e.to_string())?;
@@ -278,19 +320,32 @@ async fn attempt(
             .collect(),
         None => Vec::new(),
     };
-    let Some(node) = new_holder(&live, &replicas, &candidate.gone, segment.0) else {
-        return Err("no live broker without a copy to heal onto".into());
+    let node = if candidate.rebuild {
+        // A broken copy on a live broker is rebuilt where it is (ADR 0110).
+        if !live.contains(&candidate.lost) {
+            return Err(format!(
+                "broker {} holding the broken copy is not alive",
+                candidate.lost
+            ));
+        }
+        candidate.lost
+    } else {
+        new_holder(&live, &replicas, &candidate.gone, segment.0)
+            .ok_or("no live broker without a copy to heal onto")?
     };
     let me = shared.config.node_id;
     let sources: Vec<u64> = replicas
         .iter()
         .copied()
-        .filter(|n| !candidate.gone.contains(n) && live.contains(n))
+        .filter(|n| !candidate.gone.contains(n) && live.contains(n) && *n != candidate.lost)
         .collect();
-    let source = if sources.contains(&me) {
+    // This broker's own copy first (no network for the reads), then, after
+    // a failed attempt, each source in turn: a source may be broken too.
+    let source = if attempts <= 1 && sources.contains(&me) {
         me
     } else {
-        *sources.first().ok_or("no surviving copy to heal from")?
+        let at = usize::try_from(attempts % (sources.len().max(1) as u64)).unwrap_or(0);
+        *sources.get(at).ok_or("no surviving copy to heal from")?
     };
     let client = OrderClient {
         shared: Arc::clone(shared),
@@ -308,6 +363,9 @@ async fn attempt(
     )
     .await?;
     verify(&client, node, segment, seal).await?;
+    if candidate.rebuild {
+        return Ok(Attempt::Healed { node, bytes });
+    }
     match plane
         .propose(Command::ReplaceReplica {
             topic: topic.to_string(),
@@ -325,6 +383,77 @@ async fn attempt(
         }
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Asks every live holder of `targets` for its scrub verdicts (ADR 0110)
+/// and returns the broken copies to rebuild in place. A holder that does
+/// not answer is asked again at the next poll.
+async fn scrub_poll(
+    shared: &Arc<Shared>,
+    targets: &[crate::control::requests::ScrubTarget],
+) -> Vec<HealCandidate> {
+    use malachi_wire::replica_status::{REPLICA_STATUS_SEGMENTS_MAX, ScrubSeal};
+    let live: std::collections::BTreeSet<u64> = match shared.fabric() {
+        Some(fabric) => fabric
+            .membership
+            .view()
+            .live()
+            .filter(|m| m.state == malachi_cluster::membership::MemberState::Alive)
+            .map(|m| m.node_id)
+            .collect(),
+        None => std::iter::once(shared.config.node_id).collect(),
+    };
+    let mut by_holder: BTreeMap<u64, Vec<&crate::control::requests::ScrubTarget>> = BTreeMap::new();
+    for target in targets {
+        for holder in &target.replicas {
+            if live.contains(holder) {
+                by_holder.entry(*holder).or_default().push(target);
+            }
+        }
+    }
+    let client = OrderClient {
+        shared: Arc::clone(shared),
+    };
+    let mut broken = Vec::new();
+    for (holder, held) in by_holder {
+        for chunk in held.chunks(REPLICA_STATUS_SEGMENTS_MAX) {
+            let seals: Vec<ScrubSeal> = chunk
+                .iter()
+                .map(|t| ScrubSeal {
+                    segment: t.segment.0,
+                    length: t.seal.length,
+                    bytes: t.seal.bytes,
+                })
+                .collect();
+            let verdicts = match client.scrub(holder, &seals).await {
+                Ok(verdicts) => verdicts,
+                Err(e) => {
+                    debug!(holder, error = %e, "no scrub verdicts from a holder this poll");
+                    break;
+                }
+            };
+            for (target, verdict) in chunk.iter().zip(verdicts) {
+                if matches!(verdict.verdict.as_str(), "damaged" | "missing" | "short") {
+                    info!(
+                        topic = %target.topic,
+                        segment = target.segment.0,
+                        holder,
+                        verdict = %verdict.verdict,
+                        detail = %verdict.detail,
+                        "a sealed copy scrubbed broken; rebuilding it"
+                    );
+                    broken.push(HealCandidate {
+                        topic: target.topic.clone(),
+                        segment: target.segment,
+                        lost: holder,
+                        gone: std::collections::BTreeSet::new(),
+                        rebuild: true,
+                    });
+                }
+            }
+        }
+    }
+    broken
 }
 
 /// Copies `source`'s sealed copy to `node`, from wherever `node`'s copy

@@ -5,10 +5,12 @@
 //!   and opens its successor on live brokers, for the coordinators of the
 //!   vnodes this broker leads.
 //! - `healer` (issue 19, ADR 0106): re-creates a sealed segment's copy whose
-//!   holder has been gone longer than `replace_after_ms` on another broker.
+//!   holder has been gone longer than `replace_after_ms` on another broker,
+//!   and rebuilds in place a copy the scrubber found broken (ADR 0110).
+//! - `scrubber` (ADR 0110): re-reads the sealed copies coordinators ask
+//!   about against their recorded seals, at a bounded rate.
 //!
-//! Planned here, not built yet: `scrubber` (re-read sealed copies against their
-//! checksums), `retention` (seal and delete by age and size) and
+//! Planned here, not built yet: `retention` (seal and delete by age and size) and
 //! `orphan_sweeper` (delete the files of segments no metadata knows, once
 //! the delete is committed everywhere). Adding one changes this function
 //! and no tree above it.
@@ -21,12 +23,14 @@ use crate::control::shared::Shared;
 
 pub(crate) mod failover;
 pub(crate) mod healer;
+pub(crate) mod scrubber;
 
 /// The `maintenance` supervisor and its workers (OTP's default restart
 /// intensity).
 pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
     let failover_shared = Arc::clone(shared);
     let healer_shared = Arc::clone(shared);
+    let scrubber_shared = Arc::clone(shared);
     SupervisorArgs::new("maintenance", Strategy::OneForOne)
         .child(ChildSpec::worker(
             "failover",
@@ -37,5 +41,10 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
             "healer",
             || healer::HealerActor,
             move || Arc::clone(&healer_shared),
+        ))
+        .child(ChildSpec::worker(
+            "scrubber",
+            || scrubber::ScrubberActor,
+            move || Arc::clone(&scrubber_shared),
         ))
 }
