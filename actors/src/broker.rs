@@ -734,6 +734,16 @@ impl BrokerHandle {
         self.shared.fabric().map(|fabric| fabric.inbound.counts())
     }
 
+    /// Test hook: the free bytes the space worker sees on the data volume
+    /// from its next poll (`None`: the volume's own, ADR 0111).
+    pub fn set_free_bytes(&self, free_bytes: Option<u64>) {
+        let source: Arc<dyn crate::data::space::FreeSpace> = match free_bytes {
+            Some(bytes) => Arc::new(crate::data::space::FixedSpace(bytes)),
+            None => Arc::new(crate::data::space::VolumeSpace),
+        };
+        *self.shared.data.free_space.write() = source;
+    }
+
     /// Test hook: makes the named segment actor fail.
     pub async fn poison_segment(&self, name: &str) -> Result<(), BrokerError> {
         let storage = self.shared.data.supervisor.read().clone();

@@ -550,6 +550,52 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
     );
     file_broker.shutdown().await.unwrap();
 
+    // --- storage_full: a broker whose volume is below min_free_bytes ---
+    let full_dir = tempfile::tempdir().unwrap();
+    let mut full_config = BrokerConfig::for_tests(full_dir.path());
+    full_config.store.min_free_bytes = u64::MAX / 2;
+    // Never ready (its volume is full): started without waiting for it.
+    let full_broker = malachi_actors::Broker::start(full_config).await.unwrap();
+    let mut full = TestClient::connect(full_broker.client_addr()).await;
+    assert!(
+        eventually(10_000, async || {
+            let created = full
+                .call(&CreateTopicRequest {
+                    name: "full".into(),
+                    replication_factor: None,
+                    policy: None,
+                })
+                .await;
+            matches!(
+                created,
+                Ok(_)
+                    | Err(Refused {
+                        code: ErrorCode::TopicExists,
+                        ..
+                    })
+            )
+        })
+        .await
+    );
+    let mut got = full.produce("full", &[record("k", "v")]).await;
+    for _ in 0..100 {
+        if got
+            .as_ref()
+            .is_err_and(|r| r.code == ErrorCode::StorageFull)
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        got = full.produce("full", &[record("k", "v")]).await;
+    }
+    table.row(
+        "produce",
+        ErrorCode::StorageFull,
+        "a broker whose data volume is below store.min_free_bytes",
+        got,
+    );
+    full_broker.shutdown().await.unwrap();
+
     // --- busy: a broker at connections_max says so, on id 0 ---
     let busy_dir = tempfile::tempdir().unwrap();
     let busy_broker = start(BrokerConfig {

@@ -159,6 +159,21 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    /// Whether the volume ran out of space (`ENOSPC`), directly or as the
+    /// cause a failed copy was latched with: the broker stops taking records
+    /// rather than rolling onto the same full volume (ADR 0111).
+    pub fn is_no_space(&self) -> bool {
+        const ENOSPC: i32 = 28;
+        match self {
+            StorageError::Io { source, .. } => {
+                source.raw_os_error() == Some(ENOSPC) || source.kind() == io::ErrorKind::StorageFull
+            }
+            // A latched failure keeps its cause as text only.
+            StorageError::Failed { reason, .. } => reason.contains("(os error 28)"),
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         StorageError::Io {
             op,

@@ -20,14 +20,17 @@ fn a_failed_write_fails_its_waiters_and_latches_the_segment() {
     let store = store(dir.path());
     store.open(SEG).unwrap();
     let ticket = store.append(SEG, &[record(0)]).unwrap();
-    assert!(matches!(ticket.wait(), Err(StorageError::Io { .. })));
+    let error = ticket.wait().unwrap_err();
+    assert!(matches!(error, StorageError::Io { .. }));
+    // A full volume is told apart from other failures (ADR 0111).
+    assert!(error.is_no_space(), "{error}");
     let info = store.info(SEG).unwrap();
     assert!(info.failed);
     assert_eq!(info.length, 0, "a failed flush published a durable length");
-    assert!(matches!(
-        store.append(SEG, &[record(1)]),
-        Err(StorageError::Failed { .. })
-    ));
+    match store.append(SEG, &[record(1)]) {
+        Err(e @ StorageError::Failed { .. }) => assert!(e.is_no_space(), "{e}"),
+        other => panic!("expected the latched failure, got {other:?}"),
+    }
     assert_eq!(
         SealPolicy::default().decide(&info, 0, 0),
         Some(SealReason::Failure)

@@ -82,13 +82,17 @@ pub enum ErrorCode {
     /// is damaged or missing. The message names the topic, range and
     /// offsets. Not retriable: retrying reads the same loss.
     DataLoss,
+    /// 51: the broker's data volume is below `store.min_free_bytes` (or ran
+    /// out): it takes no records until space is freed, and then takes them
+    /// again by itself. Not retriable: an operator must free space.
+    StorageFull,
     /// A number this build does not know. Treated as not retriable.
     Unknown(u16),
 }
 
 impl ErrorCode {
     /// Every known code, in number order (used by tests and the docs table).
-    pub const KNOWN: [ErrorCode; 30] = [
+    pub const KNOWN: [ErrorCode; 31] = [
         ErrorCode::None,
         ErrorCode::UnknownServerError,
         ErrorCode::InvalidRequest,
@@ -119,6 +123,7 @@ impl ErrorCode {
         ErrorCode::SequenceGap,
         ErrorCode::UnknownProducer,
         ErrorCode::DataLoss,
+        ErrorCode::StorageFull,
     ];
 
     /// The stable number carried on the wire.
@@ -154,6 +159,7 @@ impl ErrorCode {
             ErrorCode::SequenceGap => 41,
             ErrorCode::UnknownProducer => 42,
             ErrorCode::DataLoss => 50,
+            ErrorCode::StorageFull => 51,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -222,6 +228,7 @@ impl ErrorCode {
             ErrorCode::SequenceGap => "sequence_gap",
             ErrorCode::UnknownProducer => "unknown_producer",
             ErrorCode::DataLoss => "data_loss",
+            ErrorCode::StorageFull => "storage_full",
             ErrorCode::Unknown(_) => "unknown",
         }
     }

@@ -36,7 +36,16 @@ pub struct StoreSettings {
     /// (ADR 0012). Off, freshly written records stay in the page cache for
     /// tailing consumers at the cost of that copy.
     pub direct_io: bool,
+    /// Below this many free bytes on the data dir's volume the broker takes
+    /// no records (`storage_full`) and is not ready, until a quarter more
+    /// is free again (ADR 0111). The margin keeps the metadata groups, on
+    /// the same volume, writing. 0: only a write's `ENOSPC` stops it.
+    pub min_free_bytes: u64,
 }
+
+/// The default `store.min_free_bytes`: room for the metadata groups and
+/// the flushes already in flight when the guard trips.
+pub const MIN_FREE_BYTES_DEFAULT: u64 = 128 << 20;
 
 impl Default for StoreSettings {
     fn default() -> Self {
@@ -46,6 +55,7 @@ impl Default for StoreSettings {
             sync_threads: 4,
             pending_bytes_max: store.pending_bytes_max,
             direct_io: store.direct_io,
+            min_free_bytes: MIN_FREE_BYTES_DEFAULT,
         }
     }
 }

@@ -54,6 +54,10 @@ pub(crate) struct BrokerMetrics {
     pub scrub_broken: Counter,
     /// Broken copies rebuilt in place from an intact copy (ADR 0110).
     pub rebuilds: Counter,
+    /// Free bytes on the data volume at the last poll (ADR 0111).
+    pub storage_free_bytes: Gauge,
+    /// 1 while the data volume takes no records (`storage_full`), else 0.
+    pub storage_full: Gauge,
     /// Copies on this broker found damaged or missing records (ADR 0108),
     /// since the broker started.
     pub copies_lost: Gauge,
@@ -125,6 +129,8 @@ impl BrokerMetrics {
             scrub_bytes: counter("malachi_scrub_bytes_total"),
             scrub_broken: counter("malachi_scrub_broken_total"),
             rebuilds: counter("malachi_rebuilds_total"),
+            storage_free_bytes: gauge("malachi_storage_free_bytes"),
+            storage_full: gauge("malachi_storage_full"),
             recorder,
             handle,
         }

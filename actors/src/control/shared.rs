@@ -187,5 +187,6 @@ impl Shared {
             && self.coordinator.read().is_some()
             && self.root.read().is_some()
             && self.accepting.load(Ordering::SeqCst)
+            && !self.data.space.is_full()
     }
 }

@@ -22,5 +22,6 @@ pub(crate) mod scrub;
 #[cfg(test)]
 mod seal_model;
 pub(crate) mod segment;
+pub(crate) mod space;
 pub(crate) mod status;
 pub(crate) mod storage;

@@ -52,7 +52,7 @@ use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::quorum::CommitTracker;
 use super::storage::Storage;
@@ -742,7 +742,12 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
         let _permit = permit;
         let answer = match ticket.await {
             Ok(offsets) => ReplicaAppendResponse::durable(offsets.end),
-            Err(e) => refusal_of(&e, 0),
+            Err(e) => {
+                if e.is_no_space() && storage.space.note_no_space(storage.clock.now_ms()) {
+                    error!(segment = id.0, error = %e, "the data volume is full; records are refused until space is freed");
+                }
+                refusal_of(&e, 0)
+            }
         };
         // A repaired copy that reached its seal is sealed there: whole,
         // and fenced for good.

@@ -70,6 +70,9 @@ pub(crate) enum AppendError {
     /// once a quorum holds the records).
     #[error("{0}")]
     NoQuorum(String),
+    /// The data volume ran out of space (ADR 0111).
+    #[error("storage full: {0}")]
+    StorageFull(String),
 }
 
 /// How an append was acknowledged.
@@ -461,7 +464,16 @@ impl SegmentActor {
                         // Whatever fenced it, this segment is done: roll it
                         // (a send fails only if this actor is stopping).
                         let _ = myself.send_message(SegmentMsg::CheckRoll);
-                        AppendError::Rolled
+                        if e.is_no_space() {
+                            state
+                                .args
+                                .storage
+                                .space
+                                .note_no_space(state.args.storage.clock.now_ms());
+                            AppendError::StorageFull(e.to_string())
+                        } else {
+                            AppendError::Rolled
+                        }
                     }
                     StorageError::Busy { .. } => AppendError::Busy(e.to_string()),
                     StorageError::RecordTooLarge { .. } | StorageError::BatchTooLarge { .. } => {
@@ -537,6 +549,16 @@ impl SegmentActor {
                     shared.metrics.bytes_produced.increment(bytes);
                     shared.notify_topic(&topic);
                     Ok(Ack::Stored(offsets))
+                }
+                Err(e) if e.is_no_space() => {
+                    // A full volume: the copy is latched failed and rolls
+                    // once, but no more records come until space is freed
+                    // (ADR 0111), so no roll follows another.
+                    if shared.space.note_no_space(shared.clock.now_ms()) {
+                        error!(error = %e, "the data volume is full; records are refused until space is freed");
+                    }
+                    let _ = myself.send_message(SegmentMsg::ProducersStale);
+                    Err(AppendError::StorageFull(e.to_string()))
                 }
                 Err(e) => {
                     warn!(error = %e, "group commit failed; the segment will roll");

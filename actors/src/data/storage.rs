@@ -45,6 +45,11 @@ pub(crate) struct Storage {
     pub replication: ReplicationState,
     /// What the scrubber found of the sealed copies here (ADR 0110).
     pub scrub: super::scrub::ScrubState,
+    /// Whether the data volume may take more records (ADR 0111).
+    pub space: super::space::SpaceGuard,
+    /// Where the space worker learns the volume's free bytes (a test may
+    /// swap in its own figures).
+    pub free_space: RwLock<Arc<dyn super::space::FreeSpace>>,
 }
 
 impl Storage {
@@ -55,7 +60,6 @@ impl Storage {
         metrics: Arc<BrokerMetrics>,
     ) -> Storage {
         Storage {
-            config,
             store,
             clock,
             metrics,
@@ -64,6 +68,9 @@ impl Storage {
             topics: Mutex::new(HashMap::new()),
             replication: ReplicationState::default(),
             scrub: super::scrub::ScrubState::default(),
+            space: super::space::SpaceGuard::new(config.store.min_free_bytes),
+            free_space: RwLock::new(Arc::new(super::space::VolumeSpace)),
+            config,
         }
     }
 

@@ -9,6 +9,8 @@
 //!   and rebuilds in place a copy the scrubber found broken (ADR 0110).
 //! - `scrubber` (ADR 0110): re-reads the sealed copies coordinators ask
 //!   about against their recorded seals, at a bounded rate.
+//! - `space` (ADR 0111): polls the data volume's free bytes; below
+//!   `store.min_free_bytes` the broker refuses records until space returns.
 //!
 //! Planned here, not built yet: `retention` (seal and delete by age and size) and
 //! `orphan_sweeper` (delete the files of segments no metadata knows, once
@@ -24,6 +26,7 @@ use crate::control::shared::Shared;
 pub(crate) mod failover;
 pub(crate) mod healer;
 pub(crate) mod scrubber;
+pub(crate) mod space;
 
 /// The `maintenance` supervisor and its workers (OTP's default restart
 /// intensity).
@@ -31,6 +34,7 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
     let failover_shared = Arc::clone(shared);
     let healer_shared = Arc::clone(shared);
     let scrubber_shared = Arc::clone(shared);
+    let space_shared = Arc::clone(shared);
     SupervisorArgs::new("maintenance", Strategy::OneForOne)
         .child(ChildSpec::worker(
             "failover",
@@ -46,5 +50,10 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
             "scrubber",
             || scrubber::ScrubberActor,
             move || Arc::clone(&scrubber_shared),
+        ))
+        .child(ChildSpec::worker(
+            "space",
+            || space::SpaceActor,
+            move || Arc::clone(&space_shared),
         ))
 }

@@ -166,6 +166,17 @@ pub(crate) enum ServeError {
         to: u64,
         reason: String,
     },
+    /// The data volume is below `store.min_free_bytes`, or ran out (ADR
+    /// 0111): no records are taken until space is freed.
+    #[error(
+        "storage full: the data volume of broker {node} has {free} free, below store.min_free_bytes ({min_free_bytes} bytes); records are taken again once {resume_bytes} bytes are free"
+    )]
+    StorageFull {
+        node: u64,
+        free: String,
+        min_free_bytes: u64,
+        resume_bytes: u64,
+    },
     /// A store read failed.
     #[error("{0}")]
     Read(#[from] StorageError),
@@ -269,6 +280,7 @@ impl ServeError {
             ServeError::Split(e) => split_code(e),
             ServeError::Redirect(r) => r.code,
             ServeError::DataLoss { .. } => ErrorCode::DataLoss,
+            ServeError::StorageFull { .. } => ErrorCode::StorageFull,
             ServeError::NoActiveRange { .. }
             | ServeError::SubscriptionMisrouted
             | ServeError::StoreFailed { .. }

@@ -292,6 +292,15 @@ impl Sequencer {
                 redirect_reply(redirect, correlation_id),
             );
         }
+        // A full volume refuses at once: no append, no roll (ADR 0111).
+        if self.shared.data.space.is_full() {
+            let refusal = storage_full(&self.shared);
+            return self.answer(
+                correlation_id,
+                job.slot,
+                refusal_frame(correlation_id, &refusal),
+            );
+        }
         let deadline =
             Instant::now() + Duration::from_millis(self.shared.config.produce_timeout_ms);
         let records = match incoming(&self.shared, request.records) {
@@ -560,8 +569,9 @@ impl Sequencer {
         lane.segment = Some(segment);
         lane.topic = topic;
         let events = self.events_tx.clone();
+        let shared = Arc::clone(&self.shared);
         tokio::spawn(async move {
-            let outcome = await_answer(&part, segment, answer, timeout_ms).await;
+            let outcome = await_answer(&shared, &part, segment, answer, timeout_ms).await;
             let _ = events.send(Event { part, outcome });
         });
         Sent::Done
@@ -780,6 +790,7 @@ enum Sent {
 
 /// Waits for the segment's answer to one part.
 async fn await_answer(
+    shared: &Shared,
     part: &Part,
     segment: SegmentId,
     answer: oneshot::Receiver<Result<Ack, AppendError>>,
@@ -814,6 +825,20 @@ async fn await_answer(
         Ok(Ok(Err(AppendError::NoQuorum(reason)))) => {
             Outcome::Failed(ServeError::ReplicaQuorum { segment, reason })
         }
+        Ok(Ok(Err(AppendError::StorageFull(_)))) => Outcome::Failed(storage_full(shared)),
+    }
+}
+
+/// The refusal of a produce while the data volume is full (ADR 0111).
+pub(crate) fn storage_full(shared: &Shared) -> ServeError {
+    let space = &shared.data.space;
+    ServeError::StorageFull {
+        node: shared.config.node_id,
+        free: space
+            .free_bytes()
+            .map_or_else(|| "no space".to_string(), |b| format!("{b} bytes")),
+        min_free_bytes: space.min_free_bytes(),
+        resume_bytes: space.resume_bytes(),
     }
 }
 

@@ -1,0 +1,102 @@
+//! `maintenance/space`: polls the free bytes of the data dir's volume and
+//! feeds the broker's [`SpaceGuard`](crate::data::space::SpaceGuard)
+//! (issue 19, ADR 0111): below `store.min_free_bytes` the broker takes no
+//! records and is not ready; a quarter more free and it takes them again,
+//! without a restart. One log line per change, never one per poll.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use crate::control::shared::Shared;
+use crate::data::space::Change;
+
+/// How often the volume is asked. A burst between two polls is what the
+/// `min_free_bytes` margin is for; a write's `ENOSPC` trips the guard at
+/// once regardless.
+pub(crate) const SPACE_POLL_MS: u64 = 1_000;
+
+pub(crate) struct SpaceActor;
+
+/// The worker takes no messages: it polls.
+#[derive(Debug)]
+pub(crate) enum SpaceMsg {}
+
+impl ractor::Message for SpaceMsg {}
+
+pub(crate) struct SpaceState {
+    task: JoinHandle<()>,
+}
+
+#[ractor::async_trait]
+impl Actor for SpaceActor {
+    type Msg = SpaceMsg;
+    type State = SpaceState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<SpaceMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<SpaceState, ActorProcessingErr> {
+        Ok(SpaceState {
+            task: tokio::spawn(run(shared)),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SpaceMsg>,
+        state: &mut SpaceState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.task.abort();
+        Ok(())
+    }
+}
+
+async fn run(shared: Arc<Shared>) {
+    let dir = shared.config.data_dir.clone();
+    let mut unreadable = false;
+    loop {
+        let source = Arc::clone(&*shared.data.free_space.read());
+        let polled = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            move || source.free_bytes(&dir)
+        })
+        .await;
+        match polled {
+            Ok(Ok(free)) => {
+                unreadable = false;
+                let guard = &shared.data.space;
+                shared.metrics.storage_free_bytes.set(free as f64);
+                match guard.observe(free, shared.data.clock.now_ms()) {
+                    Change::BecameFull => error!(
+                        dir = %dir.display(),
+                        free_bytes = free,
+                        min_free_bytes = guard.min_free_bytes(),
+                        "the data volume is nearly full; produces are refused (storage_full) until space is freed"
+                    ),
+                    Change::Recovered => info!(
+                        dir = %dir.display(),
+                        free_bytes = free,
+                        "the data volume has space again; produces are taken"
+                    ),
+                    Change::None => {}
+                }
+                shared
+                    .metrics
+                    .storage_full
+                    .set(if guard.is_full() { 1.0 } else { 0.0 });
+            }
+            Ok(Err(e)) if !unreadable => {
+                unreadable = true;
+                warn!(dir = %dir.display(), error = %e, "cannot read the data volume's free space");
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(SPACE_POLL_MS)).await;
+    }
+}
