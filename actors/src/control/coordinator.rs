@@ -1588,12 +1588,32 @@ impl CoordinatorRun {
             return;
         };
         let live: BTreeSet<u64> = fabric.membership.view().live().map(|m| m.node_id).collect();
-        let stranded = group.read_local(|state| stranded_segments(state, &live));
-        if stranded != self.stranded {
-            for (topic, segment, node) in &stranded {
-                warn!(vnode = %self.logic.vnode, topic = %topic, segment = segment.0, node = node.0, "active segment on a broker that is down");
+        let stranded = group.read_local(|state| {
+            stranded_segments(state, &live)
+                .into_iter()
+                .map(|(topic, segment, node)| {
+                    let copies = state.segment(segment).map_or(1, |s| s.replicas.len());
+                    (topic, segment, node, copies)
+                })
+                .collect::<Vec<_>>()
+        });
+        let now: Vec<(String, SegmentId, NodeId)> = stranded
+            .iter()
+            .map(|(t, s, n, _)| (t.clone(), *s, *n))
+            .collect();
+        if now != self.stranded {
+            for (topic, segment, node, copies) in &stranded {
+                if *copies > 1 {
+                    // Expected: the failover (or, for a follower gone past
+                    // replace_after_ms, the roll) moves it; a broker's stop
+                    // in an ordered shutdown looks the same.
+                    info!(vnode = %self.logic.vnode, topic = %topic, segment = segment.0, node = node.0, copies, "active segment has a copy on a broker that is down");
+                } else {
+                    // Its only copy: no failover can serve it.
+                    warn!(vnode = %self.logic.vnode, topic = %topic, segment = segment.0, node = node.0, "active segment's only copy is on a broker that is down");
+                }
             }
-            self.stranded = stranded;
+            self.stranded = now;
         }
     }
 }
