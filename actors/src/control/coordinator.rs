@@ -306,11 +306,21 @@ impl CoordinatorState {
     fn candidates(&self) -> Vec<Candidate> {
         let me = self.shared.config.node_id;
         let attribute = &self.shared.config.placement_attribute;
+        // A broker whose volume is full takes no new copies (ADR 0111);
+        // this one knows its own state first-hand.
+        let mut full: BTreeSet<u64> = BTreeSet::new();
         let mut candidates: Vec<Candidate> = match self.shared.fabric() {
             Some(fabric) => fabric
                 .membership
                 .view()
                 .live()
+                .filter(|m| {
+                    let room = crate::data::space::has_room(&m.attributes);
+                    if !room {
+                        full.insert(m.node_id);
+                    }
+                    room || m.node_id == me
+                })
                 .map(|m| Candidate {
                     node: m.node_id,
                     zone: m.attributes.get(attribute).cloned(),
@@ -318,7 +328,16 @@ impl CoordinatorState {
                 .collect(),
             None => Vec::new(),
         };
-        if !candidates.iter().any(|c| c.node == me) {
+        if self.shared.data.space.is_full() {
+            candidates.retain(|c| c.node != me);
+            if candidates.is_empty() {
+                // Alone and full: the copies stay here, refused at produce.
+                candidates.push(Candidate {
+                    node: me,
+                    zone: self.shared.config.attributes.get(attribute).cloned(),
+                });
+            }
+        } else if !candidates.iter().any(|c| c.node == me) {
             candidates.push(Candidate {
                 node: me,
                 zone: self.shared.config.attributes.get(attribute).cloned(),
@@ -347,7 +366,9 @@ impl CoordinatorState {
         factor: usize,
         seed: u64,
     ) -> Result<Vec<NodeId>, CoordError> {
-        let chosen = choose_replicas(primary.0, &self.candidates(), factor, seed)?;
+        let candidates = self.candidates();
+        let primary = primary_with_room(primary.0, &candidates, seed);
+        let chosen = choose_replicas(primary, &candidates, factor, seed)?;
         Ok(chosen.into_iter().map(NodeId).collect())
     }
 
@@ -1337,6 +1358,24 @@ pub(crate) fn heal_candidates(
     out
 }
 
+/// The primary of a new segment: `wanted` if it may take copies, else the
+/// candidate `seed` picks (a full broker's vnodes place their segments on
+/// brokers with room, ADR 0111).
+pub(crate) fn primary_with_room(
+    wanted: u64,
+    candidates: &[malachi_cluster::placement::Candidate],
+    seed: u64,
+) -> u64 {
+    if candidates.is_empty() || candidates.iter().any(|c| c.node == wanted) {
+        return wanted;
+    }
+    let mut nodes: Vec<u64> = candidates.iter().map(|c| c.node).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let at = usize::try_from(seed % nodes.len() as u64).unwrap_or(0);
+    nodes[at]
+}
+
 /// Sealed segments one scrub poll asks about at most; the next poll goes
 /// on after the last one asked.
 pub(crate) const SCRUB_TARGETS_MAX: usize = 1_024;
@@ -1499,9 +1538,20 @@ impl CoordinatorRun {
             std::time::Duration::from_millis(shared.config.cluster.replace_after_ms),
         );
         let is_gone = |node: u64| gone.contains(&node);
+        // A broker whose volume is full is failed over like a failed one,
+        // and its followed segments roll (ADR 0111); its sealed copies stay
+        // (they are read, not written), so it is not `gone`.
+        let full: BTreeSet<u64> = view
+            .all()
+            .filter(|m| !crate::data::space::has_room(&m.attributes))
+            .map(|m| m.node_id)
+            .chain(shared.data.space.is_full().then_some(me))
+            .collect();
+        let failed_or_full = |node: u64| failed(node) || full.contains(&node);
+        let gone_or_full = |node: u64| is_gone(node) || full.contains(&node);
         let (candidates, heals) = group.read_local(|state| {
             (
-                failover_candidates(state, &failed, &is_gone),
+                failover_candidates(state, &failed_or_full, &gone_or_full),
                 heal_candidates(state, &gone),
             )
         });

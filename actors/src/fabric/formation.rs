@@ -558,6 +558,11 @@ impl Formed {
         card.mark = Some(Mark::Established(id));
         let mut attributes = self.operator_attributes.clone();
         attributes.extend(card.attributes());
+        // The space worker's word on the volume stays (ADR 0111).
+        let storage = crate::data::space::STORAGE_ATTRIBUTE;
+        if let Some(full) = self.membership.local().attributes.get(storage) {
+            attributes.insert(storage.to_owned(), full.clone());
+        }
         if let Err(e) = self.membership.set_local_attributes(attributes) {
             warn!(error = %e, "cannot gossip the learned cluster id");
         }

@@ -57,6 +57,28 @@ impl Actor for SpaceActor {
     }
 }
 
+/// Tells the cluster whether this broker's volume is full: its membership
+/// attribute, set or cleared only when it differs from what it shows.
+fn advertise(shared: &Shared, full: bool) {
+    use crate::data::space::{STORAGE_ATTRIBUTE, STORAGE_FULL};
+    let Some(fabric) = shared.fabric() else {
+        return;
+    };
+    let mut attributes = fabric.membership.local().attributes;
+    let shown = !crate::data::space::has_room(&attributes);
+    if shown == full {
+        return;
+    }
+    if full {
+        attributes.insert(STORAGE_ATTRIBUTE.to_owned(), STORAGE_FULL.to_owned());
+    } else {
+        attributes.remove(STORAGE_ATTRIBUTE);
+    }
+    if let Err(e) = fabric.membership.set_local_attributes(attributes) {
+        warn!(error = %e, "cannot tell the cluster whether the data volume is full");
+    }
+}
+
 async fn run(shared: Arc<Shared>) {
     let dir = shared.config.data_dir.clone();
     let mut unreadable = false;
@@ -90,6 +112,7 @@ async fn run(shared: Arc<Shared>) {
                     .metrics
                     .storage_full
                     .set(if guard.is_full() { 1.0 } else { 0.0 });
+                advertise(&shared, guard.is_full());
             }
             Ok(Err(e)) if !unreadable => {
                 unreadable = true;

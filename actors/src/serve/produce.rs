@@ -292,9 +292,21 @@ impl Sequencer {
                 redirect_reply(redirect, correlation_id),
             );
         }
-        // A full volume refuses at once: no append, no roll (ADR 0111).
+        // A full volume refuses at once: no append, no roll (ADR 0111). A
+        // replicated segment moves to brokers with room: retriable there.
         if self.shared.data.space.is_full() {
-            let refusal = storage_full(&self.shared);
+            let refusal = if replicated_here(&self.shared, &request.topic) {
+                ServeError::Redirect(crate::control::placement::Redirect {
+                    code: malachi_wire::ErrorCode::NotLeader,
+                    message: format!(
+                        "broker {}'s data volume is full; the topic's segments move to brokers with room",
+                        self.shared.config.node_id
+                    ),
+                    hint: None,
+                })
+            } else {
+                storage_full(&self.shared)
+            };
             return self.answer(
                 correlation_id,
                 job.slot,
@@ -827,6 +839,21 @@ async fn await_answer(
         }
         Ok(Ok(Err(AppendError::StorageFull(_)))) => Outcome::Failed(storage_full(shared)),
     }
+}
+
+/// Whether an active segment of `topic` has copies on other brokers, which
+/// a failover moves it to when this broker's volume is full.
+fn replicated_here(shared: &Shared, topic: &str) -> bool {
+    let Ok(plane) = shared.plane() else {
+        return false;
+    };
+    read_owner(plane.as_ref(), topic, |state| {
+        state
+            .active_ranges(topic)
+            .filter_map(|r| r.last_segment())
+            .filter_map(|id| state.segment(id))
+            .any(|s| s.replicas.len() > 1)
+    })
 }
 
 /// The refusal of a produce while the data volume is full (ADR 0111).
