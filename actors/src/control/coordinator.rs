@@ -315,7 +315,7 @@ impl CoordinatorState {
                 .view()
                 .live()
                 .filter(|m| {
-                    let room = crate::data::space::has_room(&m.attributes);
+                    let room = crate::common::volume::has_room(&m.attributes);
                     if !room {
                         full.insert(m.node_id);
                     }
@@ -1543,7 +1543,7 @@ impl CoordinatorRun {
         // (they are read, not written), so it is not `gone`.
         let full: BTreeSet<u64> = view
             .all()
-            .filter(|m| !crate::data::space::has_room(&m.attributes))
+            .filter(|m| !crate::common::volume::has_room(&m.attributes))
             .map(|m| m.node_id)
             .chain(shared.data.space.is_full().then_some(me))
             .collect();

@@ -15,18 +15,6 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// The membership attribute a broker whose volume is full carries, so that
-/// coordinators place no new copies on it and move its active segments
-/// (ADR 0111).
-pub(crate) const STORAGE_ATTRIBUTE: &str = "malachi.storage";
-/// Its value while full; the attribute is absent otherwise.
-pub(crate) const STORAGE_FULL: &str = "full";
-
-/// Whether a broker with these membership attributes has room for copies.
-pub(crate) fn has_room(attributes: &std::collections::BTreeMap<String, String>) -> bool {
-    attributes.get(STORAGE_ATTRIBUTE).map(String::as_str) != Some(STORAGE_FULL)
-}
-
 /// How the guard learns the free bytes of a volume.
 pub(crate) trait FreeSpace: Send + Sync + std::fmt::Debug {
     /// Bytes an unprivileged writer may still use on `dir`'s volume.

@@ -559,7 +559,7 @@ impl Formed {
         let mut attributes = self.operator_attributes.clone();
         attributes.extend(card.attributes());
         // The space worker's word on the volume stays (ADR 0111).
-        let storage = crate::data::space::STORAGE_ATTRIBUTE;
+        let storage = crate::common::volume::STORAGE_ATTRIBUTE;
         if let Some(full) = self.membership.local().attributes.get(storage) {
             attributes.insert(storage.to_owned(), full.clone());
         }

@@ -60,12 +60,12 @@ impl Actor for SpaceActor {
 /// Tells the cluster whether this broker's volume is full: its membership
 /// attribute, set or cleared only when it differs from what it shows.
 fn advertise(shared: &Shared, full: bool) {
-    use crate::data::space::{STORAGE_ATTRIBUTE, STORAGE_FULL};
+    use crate::common::volume::{STORAGE_ATTRIBUTE, STORAGE_FULL};
     let Some(fabric) = shared.fabric() else {
         return;
     };
     let mut attributes = fabric.membership.local().attributes;
-    let shown = !crate::data::space::has_room(&attributes);
+    let shown = !crate::common::volume::has_room(&attributes);
     if shown == full {
         return;
     }
