@@ -98,6 +98,9 @@ struct Found {
     seal: ScrubSeal,
     verdict: Verdict,
     at: Instant,
+    /// When a coordinator last asked: a verdict nobody asks about any more
+    /// (its segment deleted, its copy moved) is forgotten.
+    asked: Instant,
 }
 
 /// The verdicts found and the copies waiting for the scrubber.
@@ -111,10 +114,11 @@ impl ScrubBook {
     /// The verdict on `seal`'s copy as of `now`, queuing it when there is
     /// none fresh: `None` means pending.
     fn ask(&mut self, seal: ScrubSeal, now: Instant, fresh_for: Duration) -> Option<Verdict> {
-        if let Some(found) = self.found.get(&seal.segment)
+        if let Some(found) = self.found.get_mut(&seal.segment)
             && found.seal == seal
             && (found.verdict.is_broken() || now.duration_since(found.at) < fresh_for)
         {
+            found.asked = now;
             return Some(found.verdict.clone());
         }
         if self.queue.len() < SCRUB_QUEUE_MAX
@@ -137,8 +141,22 @@ impl ScrubBook {
                 seal,
                 verdict,
                 at: now,
+                asked: now,
             },
         );
+    }
+
+    /// Forgets the verdicts nobody asked about for `unasked_for`, so the
+    /// book holds what coordinators still ask about, not every copy ever
+    /// scrubbed.
+    pub(crate) fn prune(&mut self, now: Instant, unasked_for: Duration) {
+        self.found
+            .retain(|_, f| now.duration_since(f.asked) < unasked_for);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn known(&self) -> usize {
+        self.found.len()
     }
 
     /// Whether the last verdict on `segment`'s copy found it broken.
@@ -302,6 +320,22 @@ mod tests {
         book.record(SEAL, Verdict::Intact, now);
         let other = ScrubSeal { length: 11, ..SEAL };
         assert_eq!(book.ask(other, now, fresh), None);
+    }
+
+    #[test]
+    fn verdicts_nobody_asks_about_are_forgotten() {
+        let mut book = ScrubBook::default();
+        let now = Instant::now();
+        let fresh = Duration::from_secs(60);
+        book.record(SEAL, Verdict::Intact, now);
+        let other = ScrubSeal { segment: 2, ..SEAL };
+        book.record(other, Verdict::Intact, now);
+        // Segment 1 is asked about again later; segment 2 never is.
+        let later = now + Duration::from_secs(50);
+        assert_eq!(book.ask(SEAL, later, fresh), Some(Verdict::Intact));
+        book.prune(now + Duration::from_secs(100), Duration::from_secs(90));
+        assert_eq!(book.known(), 1);
+        assert_eq!(book.ask(SEAL, later, fresh), Some(Verdict::Intact));
     }
 
     #[test]

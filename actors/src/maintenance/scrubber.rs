@@ -66,7 +66,16 @@ impl Actor for ScrubberActor {
 async fn run(shared: Arc<Shared>) {
     let storage = Arc::clone(&shared.data);
     let pacer = Pacer::new(SCRUB_BYTES_PER_SECOND);
+    // Coordinators ask about every sealed copy at least once per
+    // `scrub_interval_ms` (they poll a quarter of it, round-robin): a
+    // verdict unasked for twice that is of a copy no longer held.
+    let interval = Duration::from_millis(shared.config.cluster.scrub_interval_ms);
     loop {
+        storage
+            .scrub
+            .book
+            .lock()
+            .prune(Instant::now(), interval.saturating_mul(2));
         let next = storage.scrub.book.lock().next();
         let Some(seal) = next else {
             let _ = tokio::time::timeout(
