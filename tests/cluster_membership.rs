@@ -454,6 +454,44 @@ fn a_fourth_broker_joins_under_metadata_traffic_and_a_decommissioned_one_leaves(
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("fewer than"), "{stderr}");
 
+    // Its segment copies move (ADR 0112): the topic produced to through
+    // broker 4 soon names broker 1 in no segment, and reads back whole.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let described: Value = serde_json::from_str(&out(&ok(malachi(
+            &nodes[1].client,
+            &["topic", "describe", "before-1", "--json"],
+            "",
+        ))))
+        .unwrap();
+        let names_one = described["ranges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["segments"].as_array().unwrap().iter())
+            .any(|s| {
+                s["replicas"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|n| n.as_u64() == Some(1))
+            });
+        if !names_one {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "before-1 still names broker 1: {described}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let consumed = out(&ok(malachi(
+        &nodes[2].client,
+        &["consume", "before-1", "--from-start"],
+        "",
+    )));
+    assert_eq!(consumed, "k\ta\nk\tb\n");
+
     // Broker 1 stops; the cluster carries on without it.
     nodes[0].signal(libc::SIGTERM);
     let _ = nodes[0].child.take().unwrap().wait();

@@ -553,7 +553,7 @@ pub async fn decommission(args: crate::cli::DecommissionArgs) -> Result<(), CliE
             ));
         } else {
             text.push_str(&format!(
-                "node {} votes in no vnode group and takes no new segment copies. It still holds segment copies of the topics of {learners} vnodes (it keeps their metadata as a learner). Moving segment copies is not built yet: stopping it now leaves those segments a copy short, and stops writes to the segments it is the primary of until they fail over\n",
+                "node {} votes in no vnode group and takes no new segment copies. It still holds segment copies of the topics of {learners} vnodes (it keeps their metadata as a learner); they are moving: its active segments roll onto the other brokers and its sealed copies are re-created there. It may stop once `malachi cluster members` shows it with no vnode learners\n",
                 args.node
             ));
         }

@@ -143,7 +143,7 @@ pub enum BrokerAction {
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "The broker keeps running and serving while its vnode replicas move; it takes no new\nsegment copies. Segment copies it holds already are not moved (healing, issue 19):\nsegments with a copy there keep their quorum on the other copies.\nErrors: invalid_request (not a member, or too few brokers would remain for the vnodes'\nreplicas)."
+    after_help = "The broker keeps running and serving while its vnode replicas move; it takes no new\nsegment copies. The segment copies it holds move: its active segments roll onto the\nother brokers and its sealed copies are re-created there (ADR 0112).\nErrors: invalid_request (not a member, or too few brokers would remain for the vnodes'\nreplicas)."
 )]
 pub struct DecommissionArgs {
     /// The broker to decommission, by node id.

@@ -1547,12 +1547,31 @@ impl CoordinatorRun {
             .map(|m| m.node_id)
             .chain(shared.data.space.is_full().then_some(me))
             .collect();
-        let failed_or_full = |node: u64| failed(node) || full.contains(&node);
-        let gone_or_full = |node: u64| is_gone(node) || full.contains(&node);
+        // A decommissioned broker's copies move too (issue 18, ADR 0112):
+        // its active segments roll off it as a failed broker's do, and its
+        // sealed copies are re-created elsewhere as a gone broker's are,
+        // read from it while it still runs.
+        let leaving: BTreeSet<u64> = shared
+            .plane()
+            .ok()
+            .and_then(|plane| plane.host().map(|host| host.members()))
+            .map(|members| {
+                members
+                    .into_iter()
+                    .filter(|(_, s)| *s == malachi_cluster::ring::MemberState::Decommissioned)
+                    .map(|(node, _)| node)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let failed_or_full =
+            |node: u64| failed(node) || full.contains(&node) || leaving.contains(&node);
+        let gone_or_full =
+            |node: u64| is_gone(node) || full.contains(&node) || leaving.contains(&node);
+        let moving: BTreeSet<u64> = gone.union(&leaving).copied().collect();
         let (candidates, heals) = group.read_local(|state| {
             (
                 failover_candidates(state, &failed_or_full, &gone_or_full),
-                heal_candidates(state, &gone),
+                heal_candidates(state, &moving),
             )
         });
         let order = malachi_wire::replica_order::OrderEpoch {

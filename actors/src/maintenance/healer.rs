@@ -337,7 +337,9 @@ async fn attempt(
     let sources: Vec<u64> = replicas
         .iter()
         .copied()
-        .filter(|n| !candidate.gone.contains(n) && live.contains(n) && *n != candidate.lost)
+        // Any live holder but a broken copy's: a decommissioned broker's
+        // copy is a good source while it runs (a gone one is not alive).
+        .filter(|n| live.contains(n) && !(candidate.rebuild && *n == candidate.lost))
         .collect();
     // This broker's own copy first (no network for the reads), then, after
     // a failed attempt, each source in turn: a source may be broken too.
