@@ -441,10 +441,14 @@ fn a_fourth_broker_joins_under_metadata_traffic_and_a_decommissioned_one_leaves(
         &["broker", "decommission", "1"],
         "",
     )));
-    // It holds segment copies, whose moving is healing's work (issue 19):
-    // the CLI says so rather than that it may stop.
-    assert!(text.contains("node 1 votes in no vnode group"), "{text}");
-    assert!(text.contains("still holds segment copies"), "{text}");
+    // It held segment copies: the CLI waited until they had moved (ADR
+    // 0112) and then says it may stop.
+    assert!(
+        text.contains(
+            "node 1 holds no vnode replicas and takes no new segment copies: it may stop"
+        ),
+        "{text}"
+    );
     let after = members(&nodes[1]);
     assert_eq!(member(&after, 1)["state"], "decommissioned", "{after}");
     assert_eq!(member(&after, 1)["vnode_replicas"], 0, "{after}");
@@ -454,8 +458,8 @@ fn a_fourth_broker_joins_under_metadata_traffic_and_a_decommissioned_one_leaves(
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("fewer than"), "{stderr}");
 
-    // Its segment copies move (ADR 0112): the topic produced to through
-    // broker 4 soon names broker 1 in no segment, and reads back whole.
+    // Its segment copies moved (ADR 0112): the topic produced to through
+    // broker 4 names broker 1 in no segment, and reads back whole.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let described: Value = serde_json::from_str(&out(&ok(malachi(

@@ -478,7 +478,9 @@ pub async fn cluster(command: ClusterCommand) -> Result<(), CliError> {
 const DECOMMISSION_POLL_MS: u64 = 1_000;
 
 /// `malachi broker decommission`: records the decommission, then waits
-/// until no vnode group lists the broker and nothing moves (ADR 0104).
+/// until no vnode group lists the broker and nothing moves (ADR 0104),
+/// its segment copies included (ADR 0112: it keeps a learner of a vnode
+/// while one of its topics' segments names it).
 pub async fn decommission(args: crate::cli::DecommissionArgs) -> Result<(), CliError> {
     use malachi_wire::messages::ClusterMembersRequest;
     let output = args.output;
@@ -498,6 +500,12 @@ pub async fn decommission(args: crate::cli::DecommissionArgs) -> Result<(), CliE
             .find(|i| i.node_id == args.node)
             .map_or(0, |i| i.vnode_replicas)
     };
+    let copies_of = |m: &malachi_wire::messages::ClusterMembersResponse| {
+        m.members
+            .iter()
+            .find(|i| i.node_id == args.node)
+            .map_or(0, |i| i.vnode_learners)
+    };
     if !output.json {
         eprintln!(
             "node {} is decommissioned; its vnode replicas move to the other brokers",
@@ -505,13 +513,17 @@ pub async fn decommission(args: crate::cli::DecommissionArgs) -> Result<(), CliE
         );
     }
     while !args.no_wait
-        && (left(&members) > 0 || members.groups_moving > 0 || members.groups_unreachable > 0)
+        && (left(&members) > 0
+            || copies_of(&members) > 0
+            || members.groups_moving > 0
+            || members.groups_unreachable > 0)
     {
         if std::time::Instant::now() >= deadline {
             return Err(CliError::WaitedOut(format!(
-                "node {} still holds {} vnode replicas after {} ms ({} groups moving, {} unreachable); they go on moving: run `malachi cluster members` to follow them",
+                "node {} still holds {} vnode replicas and segment copies of the topics of {} vnodes after {} ms ({} groups moving, {} unreachable); they go on moving: run `malachi cluster members` to follow them",
                 args.node,
                 left(&members),
+                copies_of(&members),
                 args.wait_ms,
                 members.groups_moving,
                 members.groups_unreachable
@@ -519,9 +531,10 @@ pub async fn decommission(args: crate::cli::DecommissionArgs) -> Result<(), CliE
         }
         if !output.json {
             eprintln!(
-                "node {}: {} vnode replicas left, {} groups moving",
+                "node {}: {} vnode replicas left, segment copies of {} vnodes' topics left, {} groups moving",
                 args.node,
                 left(&members),
+                copies_of(&members),
                 members.groups_moving
             );
         }
