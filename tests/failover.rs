@@ -10,12 +10,12 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
+use common::copies::{frames, segment_log};
 use common::keyed::*;
 use common::{err, malachi, ok, out};
 use serde_json::Value;
@@ -56,22 +56,6 @@ fn describe(broker: &str, topic: &str) -> Vec<Described> {
         }
     }
     segments
-}
-
-fn segment_log(data_dir: &Path, id: u64) -> PathBuf {
-    data_dir.join("segments").join(format!("{id:020}.log"))
-}
-
-/// The whole frames at the start of a copy's log (a direct write pads the
-/// last block), and how many.
-fn frames(data_dir: &Path, id: u64) -> (Vec<u8>, u64) {
-    let bytes = std::fs::read(segment_log(data_dir, id)).unwrap_or_default();
-    let (mut at, mut n) = (0, 0u64);
-    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
-        at += len;
-        n += 1;
-    }
-    (bytes[..at].to_vec(), n)
 }
 
 /// Producer `p`'s line `i`: its own keys, so each producer's per-key

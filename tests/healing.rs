@@ -6,10 +6,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, ClusterNode};
+use common::copies::frames;
 use common::keyed::*;
 use common::{malachi, ok, out};
 use serde_json::Value;
@@ -42,20 +42,6 @@ fn segments(broker: &str, topic: &str) -> Vec<Described> {
         }
     }
     all
-}
-
-fn segment_log(data_dir: &Path, id: u64) -> PathBuf {
-    data_dir.join("segments").join(format!("{id:020}.log"))
-}
-
-fn frames(data_dir: &Path, id: u64) -> (Vec<u8>, u64) {
-    let bytes = std::fs::read(segment_log(data_dir, id)).unwrap_or_default();
-    let (mut at, mut n) = (0, 0u64);
-    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
-        at += len;
-        n += 1;
-    }
-    (bytes[..at].to_vec(), n)
 }
 
 #[test]

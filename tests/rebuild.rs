@@ -8,10 +8,10 @@
 mod common;
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, ClusterNode};
+use common::copies::{frames, segment_log};
 use common::keyed::*;
 use common::{malachi, ok, out};
 use serde_json::Value;
@@ -43,21 +43,6 @@ fn first_segment(broker: &str, topic: &str) -> (u64, u64, Vec<u64>, String, Opti
     }
     all.sort_by_key(|s| s.0);
     all.remove(0)
-}
-
-fn segment_log(data_dir: &Path, id: u64) -> PathBuf {
-    data_dir.join("segments").join(format!("{id:020}.log"))
-}
-
-/// The log's whole frames and their count.
-fn frames(data_dir: &Path, id: u64) -> (Vec<u8>, u64) {
-    let bytes = std::fs::read(segment_log(data_dir, id)).unwrap_or_default();
-    let (mut at, mut n) = (0, 0u64);
-    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
-        at += len;
-        n += 1;
-    }
-    (bytes[..at].to_vec(), n)
 }
 
 #[test]

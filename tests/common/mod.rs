@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod cluster;
+pub mod copies;
 pub mod keyed;
 
 use std::io::{BufRead, BufReader, Write};

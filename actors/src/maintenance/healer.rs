@@ -310,16 +310,7 @@ async fn attempt(
             "this broker no longer leads the vnode at the order's term",
         ));
     }
-    let live: Vec<u64> = match shared.fabric() {
-        Some(fabric) => fabric
-            .membership
-            .view()
-            .live()
-            .filter(|m| m.state == malachi_cluster::membership::MemberState::Alive)
-            .map(|m| m.node_id)
-            .collect(),
-        None => Vec::new(),
-    };
+    let live = alive(shared);
     let node = if candidate.rebuild {
         // A broken copy on a live broker is rebuilt where it is (ADR 0110).
         if !live.contains(&candidate.lost) {
@@ -387,6 +378,20 @@ async fn attempt(
     }
 }
 
+/// The brokers SWIM calls alive (this one alone without membership), by id.
+fn alive(shared: &Shared) -> Vec<u64> {
+    match shared.fabric() {
+        Some(fabric) => fabric
+            .membership
+            .view()
+            .live()
+            .filter(|m| m.state == malachi_cluster::membership::MemberState::Alive)
+            .map(|m| m.node_id)
+            .collect(),
+        None => vec![shared.config.node_id],
+    }
+}
+
 /// Asks every live holder of `targets` for its scrub verdicts (ADR 0110)
 /// and returns the broken copies to rebuild in place. A holder that does
 /// not answer is asked again at the next poll.
@@ -395,16 +400,7 @@ async fn scrub_poll(
     targets: &[crate::control::requests::ScrubTarget],
 ) -> Vec<HealCandidate> {
     use malachi_wire::replica_status::{REPLICA_STATUS_SEGMENTS_MAX, ScrubSeal};
-    let live: std::collections::BTreeSet<u64> = match shared.fabric() {
-        Some(fabric) => fabric
-            .membership
-            .view()
-            .live()
-            .filter(|m| m.state == malachi_cluster::membership::MemberState::Alive)
-            .map(|m| m.node_id)
-            .collect(),
-        None => std::iter::once(shared.config.node_id).collect(),
-    };
+    let live = alive(shared);
     let mut by_holder: BTreeMap<u64, Vec<&crate::control::requests::ScrubTarget>> = BTreeMap::new();
     for target in targets {
         for holder in &target.replicas {
@@ -435,7 +431,11 @@ async fn scrub_poll(
                 }
             };
             for (target, verdict) in chunk.iter().zip(verdicts) {
-                if matches!(verdict.verdict.as_str(), "damaged" | "missing" | "short") {
+                // A segment's only copy has nothing to be rebuilt from: its
+                // loss is reported as data loss (ADR 0108), not healed.
+                if target.replicas.len() > 1
+                    && matches!(verdict.verdict.as_str(), "damaged" | "missing" | "short")
+                {
                     info!(
                         topic = %target.topic,
                         segment = target.segment.0,

@@ -102,7 +102,7 @@ async fn run(shared: Arc<Shared>) {
                     seal_length = seal.length,
                     seal_bytes = seal.bytes,
                     verdict = ?verdict,
-                    "scrub found a broken sealed copy; it will be rebuilt from an intact copy"
+                    "scrub found a broken sealed copy; a replicated one is rebuilt from an intact copy"
                 );
             }
         } else {
