@@ -744,6 +744,23 @@ impl BrokerHandle {
         *self.shared.data.free_space.write() = source;
     }
 
+    /// Test hook: while `hold` is set, failovers on this broker stop after
+    /// their fences (before the seal is decided); returns how many have
+    /// stopped there since start.
+    pub fn hold_failovers(&self, hold: bool) -> u64 {
+        use std::sync::atomic::Ordering;
+        self.shared.failover_hold.hold.store(hold, Ordering::SeqCst);
+        self.shared.failover_hold.held.load(Ordering::SeqCst)
+    }
+
+    /// Test hook: the failovers stopped after their fences since start.
+    pub fn failovers_held(&self) -> u64 {
+        self.shared
+            .failover_hold
+            .held
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Test hook: makes the named segment actor fail.
     pub async fn poison_segment(&self, name: &str) -> Result<(), BrokerError> {
         let storage = self.shared.data.supervisor.read().clone();

@@ -1420,6 +1420,58 @@ pub(crate) fn scrub_targets(
     (out, next)
 }
 
+/// Active segments probed per probe at most; the next probe goes on after
+/// the last one asked.
+pub(crate) const PROBE_TARGETS_MAX: usize = 1_024;
+
+/// How often a coordinator has the copies of its active replicated
+/// segments probed for an orphaned fence or a copy latched failed: five
+/// upkeep ticks, between 1 and 30 s. A segment is failed over only when
+/// stuck at two probes in a row, so a roll in progress (a second or less)
+/// is never taken for one.
+pub(crate) fn fence_probe_ms(coordinator_poll_ms: u64) -> u64 {
+    coordinator_poll_ms.saturating_mul(5).clamp(1_000, 30_000)
+}
+
+/// Up to `max` active replicated segments of `state` (the newest of each
+/// active range), in id order from just after `after`, wrapping; those in
+/// `skip` (failing over already) are left out. Also the id to go on after.
+pub(crate) fn probe_targets(
+    state: &MetadataState,
+    skip: &BTreeSet<SegmentId>,
+    after: u64,
+    max: usize,
+) -> (Vec<crate::control::requests::ProbeTarget>, u64) {
+    let mut active: Vec<crate::control::requests::ProbeTarget> = Vec::new();
+    for topic in state.topics() {
+        for range in state.active_ranges(&topic.name) {
+            let Some(segment) = range.last_segment().and_then(|id| state.segment(id)) else {
+                continue;
+            };
+            if segment.state != SegmentState::Active
+                || segment.replicas.len() < 2
+                || skip.contains(&segment.id)
+            {
+                continue;
+            }
+            active.push(crate::control::requests::ProbeTarget {
+                topic: topic.name.clone(),
+                segment: segment.id,
+                replicas: segment.replicas.iter().map(|n| n.0).collect(),
+            });
+        }
+    }
+    active.sort_by_key(|t| t.segment.0);
+    let start = active.partition_point(|t| t.segment.0 <= after);
+    let mut out: Vec<_> = active[start..].iter().take(max).cloned().collect();
+    if out.len() < max {
+        let more = max - out.len();
+        out.extend(active[..start].iter().take(more).cloned());
+    }
+    let next = out.last().map_or(0, |t| t.segment.0);
+    (out, next)
+}
+
 /// A running coordinator: the request logic, and the lease its continuous
 /// work runs under.
 pub(crate) struct CoordinatorRun {
@@ -1445,6 +1497,10 @@ pub(crate) struct CoordinatorRun {
     /// last segment asked about (ADR 0110).
     scrubbed_at: Option<std::time::Instant>,
     scrub_after: u64,
+    /// When the failover actor was last asked to probe this vnode's active
+    /// segments for an orphaned fence, and the last segment asked about.
+    probed_at: Option<std::time::Instant>,
+    probe_after: u64,
 }
 
 impl CoordinatorRun {
@@ -1584,7 +1640,7 @@ impl CoordinatorRun {
             let _ = failover.send_message(crate::control::requests::FailoverMsg::Ensure {
                 vnode: self.logic.vnode,
                 order,
-                candidates,
+                candidates: candidates.clone(),
             });
         }
         if !heals.is_empty()
@@ -1595,6 +1651,26 @@ impl CoordinatorRun {
                 order,
                 candidates: heals,
             });
+        }
+        let probe_every = std::time::Duration::from_millis(fence_probe_ms(
+            shared.config.cluster.coordinator_poll_ms,
+        ));
+        if self.probed_at.is_none_or(|at| at.elapsed() >= probe_every)
+            && let Some(failover) = shared.failover.read().clone()
+        {
+            self.probed_at = Some(std::time::Instant::now());
+            let skip: BTreeSet<SegmentId> = candidates.iter().map(|c| c.segment).collect();
+            let (targets, next) = group.read_local(|state| {
+                probe_targets(state, &skip, self.probe_after, PROBE_TARGETS_MAX)
+            });
+            self.probe_after = next;
+            if !targets.is_empty() {
+                let _ = failover.send_message(crate::control::requests::FailoverMsg::Probe {
+                    vnode: self.logic.vnode,
+                    order,
+                    targets,
+                });
+            }
         }
         let poll = std::time::Duration::from_millis(scrub_poll_ms(
             shared.config.cluster.scrub_interval_ms,
@@ -1728,6 +1804,8 @@ impl Actor for CoordinatorActor {
             down: malachi_cluster::vnodes::rebalance::DownSince::default(),
             scrubbed_at: None,
             scrub_after: 0,
+            probed_at: None,
+            probe_after: 0,
         })
     }
 

@@ -369,14 +369,28 @@ impl OrderClient {
         node: u64,
         segment: SegmentId,
     ) -> Result<malachi_wire::replica_status::CopyStatus, String> {
+        self.statuses(node, &[segment.0])
+            .await?
+            .pop()
+            .ok_or_else(|| format!("broker {node} said nothing of segment {segment}"))
+    }
+
+    /// What `node` says of its copies of `segments` (at most
+    /// `REPLICA_STATUS_SEGMENTS_MAX`), in their order. A probe: it opens
+    /// and fences nothing.
+    pub(crate) async fn statuses(
+        &self,
+        node: u64,
+        segments: &[u64],
+    ) -> Result<Vec<malachi_wire::replica_status::CopyStatus>, String> {
         use malachi_wire::replica_status::{
             REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse,
         };
-        let mut copies = if node == self.shared.config.node_id {
-            crate::data::status::copy_status(&self.shared.data, &[segment.0])
+        let copies = if node == self.shared.config.node_id {
+            crate::data::status::copy_status(&self.shared.data, segments)
         } else {
             let body = ReplicaStatusRequest {
-                segments: vec![segment.0],
+                segments: segments.to_vec(),
                 scrub: Vec::new(),
             }
             .encode()
@@ -386,10 +400,16 @@ impl OrderClient {
                 .map_err(|e| e.to_string())?
                 .copies
         };
-        copies
-            .pop()
-            .filter(|c| c.segment == segment.0)
-            .ok_or_else(|| format!("broker {node} said nothing of segment {segment}"))
+        if copies.len() != segments.len()
+            || copies.iter().zip(segments).any(|(c, s)| c.segment != *s)
+        {
+            return Err(format!(
+                "broker {node} answered {} copy statuses for {} segments, or out of order",
+                copies.len(),
+                segments.len()
+            ));
+        }
+        Ok(copies)
     }
 
     /// The scrub verdicts of `node`'s copies of `seals` (ADR 0110), in

@@ -108,6 +108,28 @@ pub(crate) enum FailoverMsg {
         segment: SegmentId,
         order: OrderEpoch,
     },
+    /// `vnode`'s coordinator, leading at `order`, wants the copies of these
+    /// active segments probed (replica-status, never a fence) for a fence
+    /// left by a failover that did not finish, or a copy latched failed.
+    Probe {
+        vnode: VnodeId,
+        order: OrderEpoch,
+        targets: Vec<ProbeTarget>,
+    },
+    /// A probe's findings: the segments with a copy fenced or failed.
+    Probed {
+        vnode: VnodeId,
+        order: OrderEpoch,
+        stuck: Vec<Candidate>,
+    },
+}
+
+/// An active replicated segment whose copies a coordinator wants probed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProbeTarget {
+    pub topic: String,
+    pub segment: SegmentId,
+    pub replicas: Vec<u64>,
 }
 
 impl ractor::Message for FailoverMsg {}

@@ -102,6 +102,20 @@ pub(crate) struct Shared {
     pub cluster: std::sync::OnceLock<Arc<Fabric>>,
     /// The raft transport's endpoint, set once at broker start.
     pub raft: std::sync::OnceLock<Arc<RaftEndpoint>>,
+    /// Test hook: failovers hold after their fences while set.
+    #[cfg(feature = "testing")]
+    pub failover_hold: FailoverHold,
+}
+
+/// Test hook (`BrokerHandle::hold_failovers`): while `hold` is set, a
+/// failover stops after its fences, before it decides the seal, so a test
+/// can change the coordinator in the middle of one. `held` counts the
+/// failovers that stopped there.
+#[cfg(feature = "testing")]
+#[derive(Debug, Default)]
+pub(crate) struct FailoverHold {
+    pub hold: AtomicBool,
+    pub held: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -157,6 +171,8 @@ impl Shared {
             budgets,
             cluster: std::sync::OnceLock::new(),
             raft: std::sync::OnceLock::new(),
+            #[cfg(feature = "testing")]
+            failover_hold: FailoverHold::default(),
         }
     }
 

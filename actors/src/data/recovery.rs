@@ -153,6 +153,46 @@ pub(crate) fn successor_primary(complete: &[u64], preferred: u64) -> Option<u64>
     complete.iter().min().copied()
 }
 
+/// What a probe (replica-status, no fence) found of one copy of a segment
+/// the metadata says is active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProbedCopy {
+    pub node: u64,
+    pub fenced: bool,
+    pub failed: bool,
+    pub sealed: bool,
+}
+
+/// Whether an active segment's copies show a failover left unfinished (an
+/// orphaned fence: a coordinator fenced copies and lost its leadership
+/// before recording the seal, while the primary stayed or came back, so no
+/// failover trigger fires again) or a copy latched failed. Either way only
+/// the coordinator's rule, a failover at its own order, resolves it; a
+/// probe itself never fences. `None` when nothing is stuck, else the
+/// brokers whose copy failed (the successor goes elsewhere).
+pub(crate) fn stuck_copies(copies: &[ProbedCopy]) -> Option<std::collections::BTreeSet<u64>> {
+    // A copy sealed while the metadata still says active is a roll being
+    // recorded right now: its seal order follows the commit.
+    if copies.iter().any(|c| c.sealed) {
+        return None;
+    }
+    copies
+        .iter()
+        .any(|c| c.fenced || c.failed)
+        .then(|| copies.iter().filter(|c| c.failed).map(|c| c.node).collect())
+}
+
+/// The segments to fail over after a probe: stuck now and at the probe
+/// before (`previous`), at least a probe interval apart, so a roll or a
+/// split's freeze in progress (which fences the primary's copy for a
+/// moment) is never taken for an orphan.
+pub(crate) fn confirmed_stuck(
+    previous: &std::collections::BTreeSet<u64>,
+    now: &std::collections::BTreeSet<u64>,
+) -> Vec<u64> {
+    previous.intersection(now).copied().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -167,6 +207,47 @@ mod tests {
             sealed: None,
             failed: false,
         }
+    }
+
+    fn probed(node: u64, fenced: bool, failed: bool, sealed: bool) -> ProbedCopy {
+        ProbedCopy {
+            node,
+            fenced,
+            failed,
+            sealed,
+        }
+    }
+
+    #[test]
+    fn an_active_segment_with_a_fenced_or_failed_copy_is_stuck_unless_a_copy_is_sealed() {
+        let healthy = [
+            probed(1, false, false, false),
+            probed(2, false, false, false),
+        ];
+        assert_eq!(stuck_copies(&healthy), None);
+        let orphaned = [
+            probed(1, false, false, false),
+            probed(2, true, false, false),
+        ];
+        assert_eq!(
+            stuck_copies(&orphaned),
+            Some(std::collections::BTreeSet::new())
+        );
+        let failed = [
+            probed(1, false, false, false),
+            probed(3, false, true, false),
+        ];
+        assert_eq!(stuck_copies(&failed), Some([3].into()));
+        let rolling = [probed(1, true, false, true), probed(2, true, false, false)];
+        assert_eq!(stuck_copies(&rolling), None);
+    }
+
+    #[test]
+    fn only_a_segment_stuck_at_two_probes_in_a_row_is_failed_over() {
+        let previous: std::collections::BTreeSet<u64> = [4, 5].into();
+        let now: std::collections::BTreeSet<u64> = [5, 6].into();
+        assert_eq!(confirmed_stuck(&previous, &now), vec![5]);
+        assert!(confirmed_stuck(&std::collections::BTreeSet::new(), &now).is_empty());
     }
 
     #[test]

@@ -25,8 +25,16 @@
 //! stops when the segment is sealed, when its topic is gone, or when this
 //! broker no longer leads the vnode at the order's term (the successor's
 //! coordinator resumes it).
+//!
+//! A successor resumes it even when the primary came back, so that nothing
+//! fails any more (the seed's OrphanedFence): every few seconds the
+//! coordinator has this actor probe the copies of its active replicated
+//! segments (replica-status: a probe never fences), and a segment with a
+//! copy fenced or latched failed at two probes in a row is failed over at
+//! the coordinator's own order (`recovery::stuck_copies`,
+//! `recovery::confirmed_stuck`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,11 +52,12 @@ use tracing::{debug, info, warn};
 use crate::control::coordinator::CoordinatorState;
 use crate::control::metadata::read_owner;
 use crate::control::replica_order::OrderClient;
-pub(crate) use crate::control::requests::{Candidate, FailoverMsg};
+pub(crate) use crate::control::requests::{Candidate, FailoverMsg, ProbeTarget};
 use crate::control::shared::Shared;
 use crate::data::quorum::quorum;
 use crate::data::recovery::{
-    FenceAnswer, SealDecision, complete_copies, seal_decision, short_copies,
+    FenceAnswer, ProbedCopy, SealDecision, complete_copies, confirmed_stuck, seal_decision,
+    short_copies, stuck_copies,
 };
 
 /// Failovers this broker runs at once; more wait for the next `Ensure`.
@@ -71,6 +80,43 @@ struct Task {
 pub(crate) struct FailoverState {
     shared: Arc<Shared>,
     tasks: BTreeMap<SegmentId, Task>,
+    /// The probe running, if any: one at a time, whichever vnode asked.
+    probing: Option<JoinHandle<()>>,
+    /// Per vnode, the segments its last probe found stuck.
+    suspects: BTreeMap<VnodeId, BTreeSet<u64>>,
+}
+
+impl FailoverState {
+    /// Starts a task for each candidate not running at `order` or newer.
+    fn ensure(
+        &mut self,
+        myself: &ActorRef<FailoverMsg>,
+        vnode: VnodeId,
+        order: OrderEpoch,
+        candidates: Vec<Candidate>,
+    ) {
+        for candidate in candidates {
+            let segment = candidate.segment;
+            if let Some(task) = self.tasks.get(&segment) {
+                if task.order >= order && !task.handle.is_finished() {
+                    continue;
+                }
+                task.handle.abort();
+            }
+            if self.tasks.len() >= FAILOVERS_MAX && !self.tasks.contains_key(&segment) {
+                debug!(segment = segment.0, "failover deferred: too many running");
+                continue;
+            }
+            info!(topic = %candidate.topic, segment = segment.0, failed = ?candidate.failed, term = order.term, "failover started");
+            let shared = Arc::clone(&self.shared);
+            let me = myself.clone();
+            let handle = tokio::spawn(async move {
+                run(&shared, vnode, order, &candidate).await;
+                let _ = me.send_message(FailoverMsg::Ended { segment, order });
+            });
+            self.tasks.insert(segment, Task { order, handle });
+        }
+    }
 }
 
 #[ractor::async_trait]
@@ -88,6 +134,8 @@ impl Actor for FailoverActor {
         Ok(FailoverState {
             shared,
             tasks: BTreeMap::new(),
+            probing: None,
+            suspects: BTreeMap::new(),
         })
     }
 
@@ -102,33 +150,57 @@ impl Actor for FailoverActor {
                 vnode,
                 order,
                 candidates,
-            } => {
-                for candidate in candidates {
-                    let segment = candidate.segment;
-                    if let Some(task) = state.tasks.get(&segment) {
-                        if task.order >= order && !task.handle.is_finished() {
-                            continue;
-                        }
-                        task.handle.abort();
-                    }
-                    if state.tasks.len() >= FAILOVERS_MAX && !state.tasks.contains_key(&segment) {
-                        debug!(segment = segment.0, "failover deferred: too many running");
-                        continue;
-                    }
-                    info!(topic = %candidate.topic, segment = segment.0, failed = ?candidate.failed, term = order.term, "failover started");
-                    let shared = Arc::clone(&state.shared);
-                    let me = myself.clone();
-                    let handle = tokio::spawn(async move {
-                        run(&shared, vnode, order, &candidate).await;
-                        let _ = me.send_message(FailoverMsg::Ended { segment, order });
-                    });
-                    state.tasks.insert(segment, Task { order, handle });
-                }
-            }
+            } => state.ensure(&myself, vnode, order, candidates),
             FailoverMsg::Ended { segment, order } => {
                 if state.tasks.get(&segment).is_some_and(|t| t.order == order) {
                     state.tasks.remove(&segment);
                 }
+            }
+            FailoverMsg::Probe {
+                vnode,
+                order,
+                targets,
+            } => {
+                if state.probing.as_ref().is_some_and(|p| !p.is_finished()) {
+                    debug!(vnode = %vnode, "a probe is still running; this one is skipped");
+                    return Ok(());
+                }
+                let shared = Arc::clone(&state.shared);
+                let me = myself.clone();
+                state.probing = Some(tokio::spawn(async move {
+                    let stuck = probe(&shared, &targets).await;
+                    let _ = me.send_message(FailoverMsg::Probed {
+                        vnode,
+                        order,
+                        stuck,
+                    });
+                }));
+            }
+            FailoverMsg::Probed {
+                vnode,
+                order,
+                stuck,
+            } => {
+                let now: BTreeSet<u64> = stuck.iter().map(|c| c.segment.0).collect();
+                let previous = state
+                    .suspects
+                    .insert(vnode, now.clone())
+                    .unwrap_or_default();
+                let confirmed = confirmed_stuck(&previous, &now);
+                let resume: Vec<Candidate> = stuck
+                    .into_iter()
+                    .filter(|c| confirmed.contains(&c.segment.0))
+                    .filter(|c| {
+                        !state
+                            .tasks
+                            .get(&c.segment)
+                            .is_some_and(|t| !t.handle.is_finished())
+                    })
+                    .collect();
+                for candidate in &resume {
+                    info!(topic = %candidate.topic, segment = candidate.segment.0, failed = ?candidate.failed, "an active segment's copy stays fenced or failed; finishing its failover");
+                }
+                state.ensure(&myself, vnode, order, resume);
             }
         }
         Ok(())
@@ -142,6 +214,9 @@ impl Actor for FailoverActor {
         for task in state.tasks.values() {
             task.handle.abort();
         }
+        if let Some(probing) = &state.probing {
+            probing.abort();
+        }
         let mut slot = state.shared.failover.write();
         if slot.as_ref().is_some_and(|r| r.get_id() == myself.get_id()) {
             *slot = None;
@@ -151,6 +226,53 @@ impl Actor for FailoverActor {
 }
 
 /// What one attempt came to.
+/// Probes the copies of `targets` (one replica-status request per holder
+/// and chunk; a holder that does not answer counts as neither fenced nor
+/// failed) and returns the segments with a copy fenced or failed.
+async fn probe(shared: &Arc<Shared>, targets: &[ProbeTarget]) -> Vec<Candidate> {
+    use malachi_wire::replica_status::REPLICA_STATUS_SEGMENTS_MAX;
+    let client = OrderClient {
+        shared: Arc::clone(shared),
+    };
+    let mut by_holder: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for target in targets {
+        for holder in &target.replicas {
+            by_holder.entry(*holder).or_default().push(target.segment.0);
+        }
+    }
+    let mut found: BTreeMap<u64, Vec<ProbedCopy>> = BTreeMap::new();
+    for (holder, segments) in by_holder {
+        for chunk in segments.chunks(REPLICA_STATUS_SEGMENTS_MAX) {
+            let copies = match client.statuses(holder, chunk).await {
+                Ok(copies) => copies,
+                Err(e) => {
+                    debug!(holder, error = %e, "no copy statuses from a holder this probe");
+                    break;
+                }
+            };
+            for copy in copies {
+                found.entry(copy.segment).or_default().push(ProbedCopy {
+                    node: holder,
+                    fenced: copy.fenced,
+                    failed: copy.failed,
+                    sealed: copy.sealed,
+                });
+            }
+        }
+    }
+    targets
+        .iter()
+        .filter_map(|target| {
+            let copies = found.get(&target.segment.0)?;
+            stuck_copies(copies).map(|failed| Candidate {
+                topic: target.topic.clone(),
+                segment: target.segment,
+                failed,
+            })
+        })
+        .collect()
+}
+
 enum Attempt {
     /// The seal is recorded (by this task or before it) and the complete
     /// copies are sealed.
@@ -292,6 +414,24 @@ async fn attempt(
                 None => {}
             },
             Err(e) => debug!(node, segment = segment.0, error = %e, "fence unanswered"),
+        }
+    }
+    #[cfg(feature = "testing")]
+    if shared
+        .failover_hold
+        .hold
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        shared
+            .failover_hold
+            .held
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        while shared
+            .failover_hold
+            .hold
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
     let n = known.replicas.len();

@@ -1,0 +1,285 @@
+//! The coordinator changes in the middle of a failover (issue 19, ADR
+//! 0113): three brokers in this process, RF=3.
+//!
+//! The primary stops; the vnode's new coordinator fences the two other
+//! copies and is held there (a test hook) before it decides the seal. The
+//! primary comes back, so nothing looks failed any more, and the holding
+//! coordinator stops: its failover dies with it, and the copies it fenced
+//! would stay fenced for good (the seed's OrphanedFence). The next
+//! coordinator finds them by probing (never by fencing) and finishes the
+//! failover at its own order. The test checks that the failover finished
+//! once, that every copy, the returning ones included, ends at exactly the
+//! recorded seal with the same bytes, and that every acknowledged record
+//! is read back once in key order.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_wire::messages::{CreateTopicRequest, DescribeTopicRequest, SegmentDescription};
+
+fn config(dir: &Path, node_id: u64, seeds: &[std::net::SocketAddr]) -> BrokerConfig {
+    BrokerConfig {
+        node_id,
+        seeds: seeds.iter().map(|a| a.to_string()).collect(),
+        cluster: ClusterSettings {
+            nodes: vec![1, 2, 3],
+            // Probes every second (five ticks): an orphaned fence is found
+            // within a few seconds.
+            coordinator_poll_ms: 200,
+            ..ClusterSettings::default()
+        },
+        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
+    }
+}
+
+fn data_dir(root: &Path, node: u64) -> PathBuf {
+    root.join(format!("node-{node}"))
+}
+
+/// The whole frames of a copy's log, and how many.
+fn frames(root: &Path, node: u64, segment: u64) -> (Vec<u8>, u64) {
+    let path = data_dir(root, node)
+        .join("segments")
+        .join(format!("{segment:020}.log"));
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let (mut at, mut n) = (0, 0u64);
+    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
+        at += len;
+        n += 1;
+    }
+    (bytes[..at].to_vec(), n)
+}
+
+async fn segments(client: &mut TestClient, topic: &str) -> Option<Vec<SegmentDescription>> {
+    let described = client
+        .call(&DescribeTopicRequest {
+            name: topic.into(),
+            live: false,
+        })
+        .await
+        .ok()?;
+    let range = described
+        .topic
+        .ranges
+        .iter()
+        .find(|r| r.state == "active")?;
+    Some(range.segments.clone())
+}
+
+fn failovers_total(broker: &BrokerHandle) -> u64 {
+    broker
+        .metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("malachi_failovers_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+async fn read_all(client: &mut TestClient, topic: &str) -> Vec<malachi_wire::batch::Record> {
+    let mut got = Vec::new();
+    let (page, mut cursor) = client.fetch(topic, None, true, 100, 0).await.unwrap();
+    got.extend(page);
+    loop {
+        let (page, next) = client
+            .fetch(topic, Some(cursor.clone()), false, 100, 0)
+            .await
+            .unwrap();
+        cursor = next;
+        if page.is_empty() {
+            break;
+        }
+        got.extend(page);
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
+    let two = Broker::start(config(root.path(), 2, &[one.client_addr()]))
+        .await
+        .unwrap();
+    let three = Broker::start(config(
+        root.path(),
+        3,
+        &[one.client_addr(), two.client_addr()],
+    ))
+    .await
+    .unwrap();
+    let mut brokers: Vec<Option<BrokerHandle>> = vec![Some(one), Some(two), Some(three)];
+    for b in brokers.iter().flatten() {
+        assert!(
+            b.wait_ready(30_000).await,
+            "broker {} never ready",
+            b.node_id()
+        );
+    }
+    let addr = |brokers: &Vec<Option<BrokerHandle>>, node: u64| {
+        brokers[(node - 1) as usize]
+            .as_ref()
+            .map(|b| b.client_addr())
+            .unwrap()
+    };
+    let mut admin = TestClient::connect(addr(&brokers, 1)).await;
+    assert!(
+        eventually(30_000, async || {
+            admin
+                .call(&CreateTopicRequest {
+                    name: "orphan".into(),
+                    replication_factor: Some(3),
+                    policy: None,
+                })
+                .await
+                .is_ok()
+        })
+        .await,
+        "the topic was never created"
+    );
+    let first = segments(&mut admin, "orphan").await.unwrap();
+    let first = first.last().unwrap().clone();
+    assert_eq!(first.replicas.len(), 3);
+    let primary = first.replicas[0];
+    let before: Vec<_> = (0..30)
+        .map(|i| record(&format!("k{}", i % 4), &format!("a{i}")))
+        .collect();
+    let mut to_primary = TestClient::connect(addr(&brokers, primary)).await;
+    assert!(
+        eventually(10_000, async || to_primary
+            .produce("orphan", &before)
+            .await
+            .is_ok())
+        .await,
+        "the first records were never acknowledged"
+    );
+    drop(to_primary);
+
+    // Every failover holds after its fences from now on.
+    for b in brokers.iter().flatten() {
+        b.hold_failovers(true);
+    }
+    // The primary stops: a coordinator on another broker fences the two
+    // other copies and holds.
+    let stopped = brokers[(primary - 1) as usize].take().unwrap();
+    stopped.shutdown().await.unwrap();
+    let mut holder = None;
+    for _ in 0..600 {
+        holder = brokers
+            .iter()
+            .flatten()
+            .find(|b| b.failovers_held() > 0)
+            .map(|b| b.node_id());
+        if holder.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let holder = holder.expect("no coordinator ever started the failover");
+    assert_ne!(holder, primary);
+    let other = [1, 2, 3]
+        .into_iter()
+        .find(|n| *n != primary && *n != holder)
+        .unwrap();
+    brokers[(other - 1) as usize]
+        .as_ref()
+        .unwrap()
+        .hold_failovers(false);
+
+    // The primary comes back (nothing looks failed now), and the holding
+    // coordinator stops with its failover unfinished.
+    let back = Broker::start(config(root.path(), primary, &[addr(&brokers, other)]))
+        .await
+        .unwrap();
+    assert!(back.wait_ready(30_000).await, "the primary never came back");
+    brokers[(primary - 1) as usize] = Some(back);
+    let deposed = brokers[(holder - 1) as usize].take().unwrap();
+    deposed.shutdown().await.unwrap();
+
+    // The next coordinator finds the orphaned fence and finishes.
+    let mut to_other = TestClient::connect(addr(&brokers, other)).await;
+    let mut sealed = None;
+    for _ in 0..600 {
+        if let Some(now) = segments(&mut to_other, "orphan").await
+            && let Some(s) = now.iter().find(|s| s.id == first.id && s.state == "sealed")
+            && now.last().is_some_and(|last| last.id != first.id)
+        {
+            sealed = Some((s.clone(), now.last().unwrap().clone()));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (sealed, next) = sealed.expect("the orphaned fence was never resolved");
+    let length = sealed.length.unwrap();
+    assert!(
+        length >= before.len() as u64,
+        "the seal ({length}) drops acknowledged records"
+    );
+
+    // Producers go on in the successor.
+    let after: Vec<_> = (0..30)
+        .map(|i| record(&format!("k{}", i % 4), &format!("b{i}")))
+        .collect();
+    let mut to_next = TestClient::connect(addr(&brokers, next.replicas[0])).await;
+    assert!(
+        eventually(20_000, async || to_next
+            .produce("orphan", &after)
+            .await
+            .is_ok())
+        .await,
+        "records were not acknowledged after the failover"
+    );
+
+    // The deposed coordinator's broker comes back too.
+    let returned = Broker::start(config(root.path(), holder, &[addr(&brokers, other)]))
+        .await
+        .unwrap();
+    assert!(returned.wait_ready(30_000).await);
+    brokers[(holder - 1) as usize] = Some(returned);
+
+    // Every copy ends at exactly the recorded seal, with the same bytes: no
+    // copy was sealed or cut at another length.
+    let mut settled = false;
+    for _ in 0..300 {
+        let copies: Vec<(Vec<u8>, u64)> = [1, 2, 3]
+            .into_iter()
+            .map(|n| frames(root.path(), n, first.id))
+            .collect();
+        if copies
+            .iter()
+            .all(|(bytes, n)| *n == length && *bytes == copies[0].0)
+        {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let counts: Vec<u64> = [1, 2, 3]
+        .into_iter()
+        .map(|n| frames(root.path(), n, first.id).1)
+        .collect();
+    assert!(
+        settled,
+        "copies of the sealed segment are {counts:?} frames, the seal {length}"
+    );
+
+    // The failover finished once.
+    let finished: u64 = brokers.iter().flatten().map(failovers_total).sum();
+    assert_eq!(finished, 1, "the failover finished {finished} times");
+
+    // Every acknowledged record once, in key order.
+    let got = read_all(&mut to_next, "orphan").await;
+    let mut sent = before.clone();
+    sent.extend(after);
+    assert_eq!(by_key(&got), by_key(&sent));
+
+    for broker in brokers.into_iter().flatten() {
+        broker.shutdown().await.unwrap();
+    }
+}
