@@ -267,6 +267,7 @@ pub fn replica_status() -> Vec<u8> {
             ..CopyStatus::default()
         }],
         scrub: Vec::new(),
+        health: Vec::new(),
     }
     .encode()
     .map(|b| b.to_vec())

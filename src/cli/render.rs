@@ -252,9 +252,13 @@ pub fn describe(topic: &TopicDescription, volatile: Volatile) -> String {
                     .committed_end
                     .map_or_else(|| "unknown".to_owned(), |end| end.to_string()),
             );
-            // A sealed segment's copies are not asked about (ADR 0098):
-            // its seal's length is the committed end.
-            for copy in segment.copies.iter().filter(|c| c.status != "sealed") {
+            // A sealed segment's committed end is its seal's length (ADR
+            // 0098); its copies are listed only when one is not intact
+            // (short, over, damaged, missing, healing, unreachable), so a
+            // long chain of healthy segments stays one line each.
+            for copy in segment.copies.iter().filter(|c| {
+                c.status != "sealed" && !(segment.state == "sealed" && c.status == "intact")
+            }) {
                 let _ = writeln!(
                     out,
                     "    copy {} {} durable_end {}",

@@ -38,6 +38,11 @@ pub struct ReplicaStatusRequest {
     /// a describe's request is unchanged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scrub: Vec<ScrubSeal>,
+    /// Sealed copies whose health the asker wants now, from what the
+    /// broker knows without reading them (a describe; issue 19): each with
+    /// its recorded seal. Absent from a request that names none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sealed: Vec<ScrubSeal>,
 }
 
 /// A sealed segment and the seal its metadata recorded.
@@ -61,6 +66,25 @@ pub struct ScrubVerdict {
     /// Why, for a verdict other than `pending` and `intact`.
     #[serde(default)]
     pub detail: String,
+}
+
+/// How one broker's copy of a sealed segment stands against its recorded
+/// seal, from what the broker knows without reading the copy: its open
+/// state, its log's size, its scrubber's last verdict, and a rebuild in
+/// progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SealedHealth {
+    pub segment: u64,
+    /// `intact` (nothing wrong known: exactly the seal, as far as the
+    /// broker knows; its scrubber checks every frame), `short` (fewer
+    /// records or bytes than the seal), `over` (more records than the seal:
+    /// a deposed writer's tail, cut when it settles), `damaged` (a bad
+    /// frame), `missing` (no log) or `healing` (being rebuilt from an
+    /// intact copy).
+    pub health: String,
+    /// Records the copy holds, when known.
+    #[serde(default)]
+    pub durable_end: Option<u64>,
 }
 
 /// One broker's copy of one segment, as that broker sees it.
@@ -100,6 +124,9 @@ pub struct ReplicaStatusResponse {
     /// One verdict per entry of the request's `scrub`, in its order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scrub: Vec<ScrubVerdict>,
+    /// One health per entry of the request's `sealed`, in its order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health: Vec<SealedHealth>,
 }
 
 const REQUEST_NAME: &str = "replica_status_request";
@@ -151,6 +178,7 @@ impl ReplicaStatusRequest {
     pub fn encode(&self) -> Result<Bytes, WireError> {
         check_segments(self.segments.len())?;
         check_segments(self.scrub.len())?;
+        check_segments(self.sealed.len())?;
         encode(self, REQUEST_NAME)
     }
 
@@ -158,6 +186,7 @@ impl ReplicaStatusRequest {
         let request: ReplicaStatusRequest = decode(payload, REQUEST_NAME)?;
         check_segments(request.segments.len())?;
         check_segments(request.scrub.len())?;
+        check_segments(request.sealed.len())?;
         Ok(request)
     }
 }
@@ -166,6 +195,7 @@ impl ReplicaStatusResponse {
     pub fn encode(&self) -> Result<Bytes, WireError> {
         check_segments(self.copies.len())?;
         check_segments(self.scrub.len())?;
+        check_segments(self.health.len())?;
         encode(self, RESPONSE_NAME)
     }
 
@@ -173,6 +203,7 @@ impl ReplicaStatusResponse {
         let response: ReplicaStatusResponse = decode(payload, RESPONSE_NAME)?;
         check_segments(response.copies.len())?;
         check_segments(response.scrub.len())?;
+        check_segments(response.health.len())?;
         Ok(response)
     }
 }
@@ -186,7 +217,7 @@ mod tests {
     fn a_request_and_a_response_round_trip() {
         let request = ReplicaStatusRequest {
             segments: vec![7, 9],
-            scrub: vec![],
+            ..ReplicaStatusRequest::default()
         };
         let bytes = request.encode().unwrap();
         assert_eq!(ReplicaStatusRequest::decode(&bytes).unwrap(), request);
@@ -206,7 +237,7 @@ mod tests {
                     ..CopyStatus::default()
                 },
             ],
-            scrub: vec![],
+            ..ReplicaStatusResponse::default()
         };
         let bytes = response.encode().unwrap();
         assert_eq!(ReplicaStatusResponse::decode(&bytes).unwrap(), response);
@@ -219,7 +250,7 @@ mod tests {
     fn too_many_segments_are_refused_both_ways() {
         let request = ReplicaStatusRequest {
             segments: vec![1; REPLICA_STATUS_SEGMENTS_MAX + 1],
-            scrub: vec![],
+            ..ReplicaStatusRequest::default()
         };
         assert!(request.encode().is_err());
         let bytes = rmp_serde::to_vec_named(&request).unwrap();
@@ -258,6 +289,7 @@ mod tests {
                 length: 10,
                 bytes: 700,
             }],
+            ..ReplicaStatusRequest::default()
         };
         let bytes = request.encode().unwrap();
         assert_eq!(ReplicaStatusRequest::decode(&bytes).unwrap(), request);
@@ -268,12 +300,21 @@ mod tests {
                 verdict: "damaged".into(),
                 detail: "a bad frame at byte 64".into(),
             }],
+            ..ReplicaStatusResponse::default()
         };
         let bytes = response.encode().unwrap();
         assert_eq!(ReplicaStatusResponse::decode(&bytes).unwrap(), response);
         let over = ReplicaStatusRequest {
             segments: vec![],
             scrub: vec![ScrubSeal::default(); REPLICA_STATUS_SEGMENTS_MAX + 1],
+            ..ReplicaStatusRequest::default()
+        };
+        assert!(over.encode().is_err());
+        let raw = rmp_serde::to_vec_named(&over).unwrap();
+        assert!(ReplicaStatusRequest::decode(&raw).is_err());
+        let over = ReplicaStatusRequest {
+            sealed: vec![ScrubSeal::default(); REPLICA_STATUS_SEGMENTS_MAX + 1],
+            ..ReplicaStatusRequest::default()
         };
         assert!(over.encode().is_err());
         let raw = rmp_serde::to_vec_named(&over).unwrap();

@@ -107,7 +107,7 @@ fn replica_status_encodes_to_its_frozen_bytes() {
     use malachi_wire::replica_status::{CopyStatus, ReplicaStatusRequest, ReplicaStatusResponse};
     let request = ReplicaStatusRequest {
         segments: vec![7, 8],
-        scrub: vec![],
+        ..ReplicaStatusRequest::default()
     };
     insta::assert_snapshot!("replica_status_request", hex(&request.encode().unwrap()));
     let response = ReplicaStatusResponse {
@@ -128,7 +128,7 @@ fn replica_status_encodes_to_its_frozen_bytes() {
                 ..CopyStatus::default()
             },
         ],
-        scrub: vec![],
+        ..ReplicaStatusResponse::default()
     };
     insta::assert_snapshot!("replica_status_response", hex(&response.encode().unwrap()));
 }
@@ -145,6 +145,7 @@ fn a_scrub_request_and_its_verdicts_encode_to_their_frozen_bytes() {
             length: 12,
             bytes: 1_024,
         }],
+        ..ReplicaStatusRequest::default()
     };
     insta::assert_snapshot!(
         "replica_status_scrub_request",
@@ -157,9 +158,41 @@ fn a_scrub_request_and_its_verdicts_encode_to_their_frozen_bytes() {
             verdict: "short".into(),
             detail: "10 of 12 records".into(),
         }],
+        ..ReplicaStatusResponse::default()
     };
     insta::assert_snapshot!(
         "replica_status_scrub_response",
+        hex(&response.encode().unwrap())
+    );
+}
+
+#[test]
+fn a_sealed_health_request_and_its_answers_encode_to_their_frozen_bytes() {
+    use malachi_wire::replica_status::{
+        ReplicaStatusRequest, ReplicaStatusResponse, ScrubSeal, SealedHealth,
+    };
+    let request = ReplicaStatusRequest {
+        sealed: vec![ScrubSeal {
+            segment: 7,
+            length: 12,
+            bytes: 1_024,
+        }],
+        ..ReplicaStatusRequest::default()
+    };
+    insta::assert_snapshot!(
+        "replica_status_sealed_request",
+        hex(&request.encode().unwrap())
+    );
+    let response = ReplicaStatusResponse {
+        health: vec![SealedHealth {
+            segment: 7,
+            health: "healing".into(),
+            durable_end: Some(10),
+        }],
+        ..ReplicaStatusResponse::default()
+    };
+    insta::assert_snapshot!(
+        "replica_status_sealed_response",
         hex(&response.encode().unwrap())
     );
 }

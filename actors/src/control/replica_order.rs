@@ -391,7 +391,7 @@ impl OrderClient {
         } else {
             let body = ReplicaStatusRequest {
                 segments: segments.to_vec(),
-                scrub: Vec::new(),
+                ..ReplicaStatusRequest::default()
             }
             .encode()
             .map_err(|e| e.to_string())?;
@@ -428,6 +428,7 @@ impl OrderClient {
             let body = ReplicaStatusRequest {
                 segments: Vec::new(),
                 scrub: seals.to_vec(),
+                ..ReplicaStatusRequest::default()
             }
             .encode()
             .map_err(|e| e.to_string())?;

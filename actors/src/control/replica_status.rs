@@ -20,12 +20,12 @@ use malachi_cluster::group::{RpcError, TransportError};
 use malachi_wire::messages as wire;
 use malachi_wire::replica_status::{
     CopyStatus, REPLICA_STATUS_API_KEY, REPLICA_STATUS_SEGMENTS_MAX, ReplicaStatusRequest,
-    ReplicaStatusResponse,
+    ReplicaStatusResponse, ScrubSeal, SealedHealth,
 };
 use tracing::debug;
 
 use crate::control::shared::Shared;
-use crate::data::status::{copy_status, sealed_copy_health};
+use crate::data::status::{copy_status, sealed_copy_health, sealed_health};
 
 /// How long a describe waits for one broker's replica-status answer. The
 /// brokers are asked at once, so this bounds the describe's extra time.
@@ -40,6 +40,7 @@ pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u
     let answer = ReplicaStatusResponse {
         copies: copy_status(&shared.data, &request.segments),
         scrub: crate::data::scrub::verdicts(&shared.data, &request.scrub),
+        health: crate::data::status::sealed_health(&shared.data, &request.sealed),
     };
     answer
         .encode()
@@ -80,19 +81,111 @@ pub(crate) async fn add_live_figures(
             }
         }
     }
+    // The sealed copies each broker holds, with their seals: a live
+    // describe shows each copy's health (issue 19).
+    let mut sealed: BTreeMap<u64, Vec<ScrubSeal>> = BTreeMap::new();
+    for segment in topic.ranges.iter().flat_map(|r| &r.segments) {
+        if let (true, "sealed", Some(length), Some(bytes)) =
+            (live, segment.state.as_str(), segment.length, segment.bytes)
+        {
+            for &node in &segment.replicas {
+                sealed.entry(node).or_default().push(ScrubSeal {
+                    segment: segment.id,
+                    length,
+                    bytes,
+                });
+            }
+        }
+    }
     let asks = wanted
         .into_iter()
         .map(|(node, segments)| async move { (node, ask(shared, node, segments).await) });
-    let answers: HashMap<u64, Asked> = futures::future::join_all(asks).await.into_iter().collect();
+    let health_asks = sealed
+        .into_iter()
+        .map(|(node, seals)| async move { (node, ask_health(shared, node, seals).await) });
+    let (answers, health) = futures::future::join(
+        futures::future::join_all(asks),
+        futures::future::join_all(health_asks),
+    )
+    .await;
+    let answers: HashMap<u64, Asked> = answers.into_iter().collect();
+    let health: HashMap<u64, Option<HashMap<u64, SealedHealth>>> = health.into_iter().collect();
     let me = shared.config.node_id;
     for segment in topic.ranges.iter_mut().flat_map(|r| r.segments.iter_mut()) {
         if live || segment.state == "sealed" {
             fill(segment, &answers);
+            if live {
+                fill_health(segment, &health);
+            }
             own_sealed_copy(shared, me, segment);
         } else {
             segment.primary = segment.replicas.first().copied();
         }
     }
+}
+
+/// A sealed segment's copies from their brokers' health answers: each
+/// copy's health word (`intact`, `short`, `over`, `damaged`, `missing`,
+/// `healing`), or `unreachable` for a broker that did not answer.
+fn fill_health(
+    segment: &mut wire::SegmentDescription,
+    health: &HashMap<u64, Option<HashMap<u64, SealedHealth>>>,
+) {
+    if segment.state != "sealed" {
+        return;
+    }
+    for copy in &mut segment.copies {
+        match health.get(&copy.node) {
+            Some(Some(answers)) => {
+                if let Some(found) = answers.get(&segment.id) {
+                    copy.status.clone_from(&found.health);
+                    copy.durable_end = found.durable_end;
+                }
+            }
+            Some(None) => copy.status = "unreachable".into(),
+            None => {}
+        }
+    }
+}
+
+/// Asks broker `node` how its copies of the sealed `seals` stand (itself
+/// without the network); `None` when it did not answer.
+async fn ask_health(
+    shared: &Arc<Shared>,
+    node: u64,
+    seals: Vec<ScrubSeal>,
+) -> Option<HashMap<u64, SealedHealth>> {
+    let by_segment =
+        |health: Vec<SealedHealth>| health.into_iter().map(|h| (h.segment, h)).collect();
+    if node == shared.config.node_id {
+        return Some(by_segment(sealed_health(&shared.data, &seals)));
+    }
+    let raft = shared.raft.get()?;
+    let mut found = HashMap::new();
+    for chunk in seals.chunks(REPLICA_STATUS_SEGMENTS_MAX) {
+        let request = ReplicaStatusRequest {
+            sealed: chunk.to_vec(),
+            ..ReplicaStatusRequest::default()
+        };
+        let body = request.encode().ok()?;
+        let answer = raft
+            .transport
+            .call_raw(
+                node,
+                REPLICA_STATUS_API_KEY,
+                0,
+                &body,
+                REPLICA_STATUS_TIMEOUT_MS,
+            )
+            .await
+            .map_err(|e| debug!(node, error = %e, "sealed health unanswered"))
+            .ok()?;
+        let response = ReplicaStatusResponse::decode(&answer)
+            .map_err(|e| debug!(node, error = %e, "undecodable sealed health"))
+            .ok()?;
+        found.extend(by_segment(response.health));
+    }
+    Some(found)
 }
 
 /// This broker's copy of a sealed segment, checked against its seal (ADR
@@ -113,7 +206,12 @@ fn own_sealed_copy(shared: &Shared, me: u64, segment: &mut wire::SegmentDescript
     ) else {
         return;
     };
-    for copy in segment.copies.iter_mut().filter(|c| c.node == me) {
+    // A copy being healed is short until it is whole: it says so.
+    for copy in segment
+        .copies
+        .iter_mut()
+        .filter(|c| c.node == me && c.status != "healing")
+    {
         copy.status = status.into();
         copy.durable_end = durable_end;
     }
@@ -184,7 +282,7 @@ async fn ask(shared: &Arc<Shared>, node: u64, segments: Vec<u64>) -> Asked {
         let transport = Arc::clone(&raft.transport);
         let request = ReplicaStatusRequest {
             segments: chunk.to_vec(),
-            scrub: Vec::new(),
+            ..ReplicaStatusRequest::default()
         };
         async move {
             let body = request.encode().map_err(|e| {
@@ -311,6 +409,33 @@ mod tests {
                 (1, "unreachable".into(), None),
                 (2, "not_open".into(), None),
                 (3, "unknown".into(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_live_describe_shows_each_sealed_copys_health_or_unreachable() {
+        let mut s = segment("sealed", vec![1, 2, 3]);
+        s.length = Some(42);
+        fill(&mut s, &HashMap::new());
+        let word = |health: &str, end: u64| {
+            Some(HashMap::from([(
+                7,
+                SealedHealth {
+                    segment: 7,
+                    health: health.into(),
+                    durable_end: Some(end),
+                },
+            )]))
+        };
+        let health = HashMap::from([(1, word("intact", 42)), (2, word("healing", 17)), (3, None)]);
+        fill_health(&mut s, &health);
+        assert_eq!(
+            shown(&s),
+            vec![
+                (1, "intact".into(), Some(42)),
+                (2, "healing".into(), Some(17)),
+                (3, "unreachable".into(), None),
             ]
         );
     }

@@ -292,9 +292,30 @@ pub(crate) struct ReplicationState {
     /// The follower copies this broker has open and not yet sealed: the
     /// control plane seals each once the metadata records its seal.
     pub followed: Mutex<std::collections::BTreeSet<SegmentId>>,
+    /// Copies of sealed segments being filled from another copy (a heal or
+    /// a rebuild, ADR 0110): when their last repair append came. A describe
+    /// shows such a copy `healing` until it is sealed whole.
+    pub healing: Mutex<HashMap<u64, std::time::Instant>>,
 }
 
+/// How long after its last repair append an unsealed copy of a sealed
+/// segment still counts as healing (the healer's rounds come far faster).
+pub(crate) const HEALING_QUIET_MS: u64 = 10_000;
+
+/// Copies tracked as healing at most (a heal runs per segment, four at
+/// once per broker, so this is never reached in practice).
+const HEALING_TRACKED_MAX: usize = 4_096;
+
 impl ReplicationState {
+    /// Whether this broker's copy of `segment` took a repair toward its
+    /// recorded seal lately (and so is being healed or rebuilt).
+    pub fn is_healing(&self, segment: u64, now: std::time::Instant) -> bool {
+        let mut healing = self.healing.lock();
+        let quiet = std::time::Duration::from_millis(HEALING_QUIET_MS);
+        healing.retain(|_, at| now.duration_since(*at) < quiet);
+        healing.contains_key(&segment)
+    }
+
     fn window(&self, node: NodeId, bytes_max: usize) -> Arc<Semaphore> {
         Arc::clone(
             self.windows
@@ -644,6 +665,13 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
     // sealed segment (ADR 0110): one the scrubber found broken, one
     // quarantined, or one whose open finds damage.
     let rebuilding = repair_to.is_some() && seal_at_end;
+    if rebuilding {
+        let mut healing = storage.replication.healing.lock();
+        // Bounded: one entry per copy being filled, and heals are few.
+        if healing.len() < HEALING_TRACKED_MAX || healing.contains_key(&request.segment) {
+            healing.insert(request.segment, std::time::Instant::now());
+        }
+    }
     let mut info = store.info(id);
     let mut damaged_at_open = false;
     if let Err(StorageError::NotOpen { .. }) = info {

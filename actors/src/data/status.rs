@@ -109,6 +109,58 @@ pub(crate) fn sealed_copy_health(
     }
 }
 
+/// The health of this broker's copies of `seals` (sealed segments, each
+/// with its recorded seal), in their order, from what it knows without
+/// reading them: `healing` while a repair fills it toward its seal, the
+/// scrubber's verdict when that found it broken, what
+/// [`sealed_copy_health`] finds of its state and size, `over` when it
+/// holds more records than its seal (a deposed writer's tail not yet cut),
+/// else `intact`.
+pub(crate) fn sealed_health(
+    storage: &Storage,
+    seals: &[malachi_wire::replica_status::ScrubSeal],
+) -> Vec<malachi_wire::replica_status::SealedHealth> {
+    let now = std::time::Instant::now();
+    seals
+        .iter()
+        .map(|seal| {
+            let info = storage
+                .store
+                .info(malachi_storage::SegmentId(seal.segment))
+                .ok();
+            let whole = info
+                .as_ref()
+                .is_some_and(|i| i.sealed.is_some_and(|s| s.length == seal.length));
+            let durable_end = info.as_ref().map(|i| i.durable);
+            let (health, durable_end) = if !whole
+                && storage.replication.is_healing(seal.segment, now)
+            {
+                ("healing", durable_end)
+            } else if storage.scrub.book.lock().is_broken(seal.segment) {
+                match sealed_copy_health(storage, seal.segment, seal.length, seal.bytes, false) {
+                    Some((status, end)) => (status, end),
+                    None => ("damaged", durable_end),
+                }
+            } else if let Some((status, end)) =
+                sealed_copy_health(storage, seal.segment, seal.length, seal.bytes, false)
+            {
+                (status, end)
+            } else if durable_end.is_some_and(|end| end < seal.length) {
+                ("short", durable_end)
+            } else if durable_end.is_some_and(|end| end > seal.length) {
+                ("over", durable_end)
+            } else {
+                ("intact", durable_end.map(|end| end.min(seal.length)))
+            };
+            malachi_wire::replica_status::SealedHealth {
+                segment: seal.segment,
+                health: health.into(),
+                durable_end,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -183,6 +235,53 @@ mod tests {
             sealed_copy_health(&storage, 5, 4, bytes, true),
             Some(("short", Some(2)))
         );
+    }
+
+    #[test]
+    fn a_sealed_copys_health_is_intact_short_over_missing_or_healing() {
+        use malachi_wire::replica_status::ScrubSeal;
+        let dir = tempfile::tempdir().unwrap();
+        let storage = storage(dir.path());
+        let id = malachi_storage::SegmentId(5);
+        storage.store.open(id).unwrap();
+        let records = [
+            Record::new(1, "a", "1"),
+            Record::new(1, "b", "2"),
+            Record::new(1, "c", "3"),
+        ];
+        storage.store.append(id, &records).unwrap().wait().unwrap();
+        let bytes = storage.store.info(id).unwrap().byte_size;
+        let seal = |length: u64| ScrubSeal {
+            segment: 5,
+            length,
+            bytes,
+        };
+        let words = |seals: &[ScrubSeal]| -> Vec<(String, Option<u64>)> {
+            sealed_health(&storage, seals)
+                .into_iter()
+                .map(|h| (h.health, h.durable_end))
+                .collect()
+        };
+        // Three records held: a seal of 3 is intact, of 4 short, of 2 over
+        // (a deposed writer's tail, before it settles).
+        assert_eq!(words(&[seal(3)]), vec![("intact".into(), Some(3))]);
+        assert_eq!(words(&[seal(4)]), vec![("short".into(), Some(3))]);
+        assert_eq!(words(&[seal(2)]), vec![("over".into(), Some(3))]);
+        let absent = ScrubSeal {
+            segment: 6,
+            length: 2,
+            bytes,
+        };
+        assert_eq!(words(&[absent]), vec![("missing".into(), None)]);
+        // A copy taking repairs toward its seal is healing until sealed.
+        storage
+            .replication
+            .healing
+            .lock()
+            .insert(5, std::time::Instant::now());
+        assert_eq!(words(&[seal(4)]), vec![("healing".into(), Some(3))]);
+        storage.store.seal(id, 3).unwrap();
+        assert_eq!(words(&[seal(3)]), vec![("intact".into(), Some(3))]);
     }
 
     #[test]
