@@ -260,4 +260,22 @@ fn one_broker_a_deleted_sealed_segment_is_reported_not_read_short() {
     other_topic_serves(&broker, "other", 1);
     let (_, metrics) = admin_get(&broker, "/metrics");
     assert!(metrics.contains("malachi_copies_lost 1"), "{metrics}");
+    // The scrubber, asked by the coordinator at its first upkeep, finds the
+    // copy missing too: the copy health metric counts it (issue 19).
+    let mut metrics = String::new();
+    for _ in 0..60 {
+        metrics = admin_get(&broker, "/metrics").1;
+        if metrics.contains("malachi_copies{health=\"missing\"} 1") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        metrics.contains("malachi_copies{health=\"missing\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("malachi_copies{health=\"intact\"}"),
+        "every health word is exported: {metrics}"
+    );
 }

@@ -151,6 +151,42 @@ fn a_corrupted_and_a_deleted_follower_copy_are_rebuilt_byte_identical() {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
+    // Describe shows every copy of the sealed segment intact again, as
+    // each holder tells it.
+    let health = || -> Vec<(u64, String)> {
+        let output = ok(malachi(
+            &b,
+            &["topic", "describe", "scrubbed", "--json"],
+            "",
+        ));
+        let described: Value = serde_json::from_str(&out(&output)).unwrap();
+        described["ranges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["segments"].as_array().unwrap().iter())
+            .filter(|s| s["id"].as_u64() == Some(first.0))
+            .flat_map(|s| s["copies"].as_array().unwrap().iter())
+            .map(|c| {
+                (
+                    c["node"].as_u64().unwrap(),
+                    c["status"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let shown = health();
+        if shown.len() == 3 && shown.iter().all(|(_, status)| status == "intact") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "describe shows the rebuilt copies as {shown:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     let logs = cluster.logs();
     assert!(logs.contains("scrub found a broken sealed copy"), "{logs}");
     assert!(logs.contains("segment copy rebuilt in place"), "{logs}");

@@ -253,12 +253,18 @@ pub fn describe(topic: &TopicDescription, volatile: Volatile) -> String {
                     .map_or_else(|| "unknown".to_owned(), |end| end.to_string()),
             );
             // A sealed segment's committed end is its seal's length (ADR
-            // 0098); its copies are listed only when one is not intact
-            // (short, over, damaged, missing, healing, unreachable), so a
-            // long chain of healthy segments stays one line each.
-            for copy in segment.copies.iter().filter(|c| {
-                c.status != "sealed" && !(segment.state == "sealed" && c.status == "intact")
-            }) {
+            // 0098); its copies are listed only when one of them is not
+            // intact (short, over, damaged, missing, healing,
+            // unreachable), so a long chain of healthy segments stays one
+            // line each.
+            let healthy = |status: &str| status == "sealed" || status == "intact";
+            let listed =
+                segment.state != "sealed" || segment.copies.iter().any(|c| !healthy(&c.status));
+            for copy in segment
+                .copies
+                .iter()
+                .filter(|c| listed && c.status != "sealed")
+            {
                 let _ = writeln!(
                     out,
                     "    copy {} {} durable_end {}",
@@ -567,6 +573,61 @@ mod tests {
                         }],
                         ..SegmentDescription::default()
                     },
+                ],
+                ..RangeDescription::default()
+            }],
+            ..TopicDescription::default()
+        };
+        insta::assert_snapshot!(describe(&topic, Volatile(false)));
+    }
+
+    #[test]
+    fn a_sealed_segment_lists_its_copies_only_when_one_is_not_intact() {
+        let copy = |node: u64, status: &str, end: u64| CopyDescription {
+            node,
+            status: status.into(),
+            durable_end: Some(end),
+        };
+        let sealed = |id: u64, start: u64, copies: Vec<CopyDescription>| SegmentDescription {
+            id,
+            start_offset: start,
+            replicas: vec![1, 2, 3],
+            state: "sealed".into(),
+            length: Some(900),
+            bytes: Some(57_600),
+            primary: Some(1),
+            committed_end: Some(900),
+            copies,
+            ..SegmentDescription::default()
+        };
+        let topic = TopicDescription {
+            name: "orders".into(),
+            state: "active".into(),
+            created_at_ms: 1_700_000_000_000,
+            ranges: vec![RangeDescription {
+                id: 0,
+                band_start: "0x0000000000000000".into(),
+                band_end: "0x10000000000000000".into(),
+                state: "active".into(),
+                segments: vec![
+                    sealed(
+                        0,
+                        0,
+                        vec![
+                            copy(1, "intact", 900),
+                            copy(2, "intact", 900),
+                            copy(3, "intact", 900),
+                        ],
+                    ),
+                    sealed(
+                        4,
+                        900,
+                        vec![
+                            copy(1, "intact", 900),
+                            copy(2, "healing", 512),
+                            copy(3, "over", 950),
+                        ],
+                    ),
                 ],
                 ..RangeDescription::default()
             }],

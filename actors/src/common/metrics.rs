@@ -18,6 +18,15 @@ const APPEND_LATENCY_BUCKETS: &[f64] = &[
     0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// The health words `malachi_copies` counts copies by (issue 19): sealed
+/// copies by their scrub verdict (`intact`, `short`, `damaged`,
+/// `missing`), copies being filled toward their seal (`healing`), and open
+/// copies of active segments `fenced` (by a failover not yet recorded) or
+/// `failed` (their disk failed).
+pub(crate) const COPY_HEALTH_WORDS: &[&str] = &[
+    "intact", "short", "damaged", "missing", "healing", "fenced", "failed",
+];
+
 /// Handles of every metric the broker updates.
 pub(crate) struct BrokerMetrics {
     recorder: PrometheusRecorder,
@@ -194,6 +203,20 @@ impl BrokerMetrics {
                 &METADATA,
             )
             .set(bytes as f64);
+    }
+
+    /// `malachi_copies{health="..."}`: this broker's copies by health,
+    /// every word of [`COPY_HEALTH_WORDS`] set (0 when none), so a word
+    /// that empties reads 0, not its last count.
+    pub fn copy_health(&self, counts: &std::collections::BTreeMap<&'static str, u64>) {
+        for word in COPY_HEALTH_WORDS {
+            self.recorder
+                .register_gauge(
+                    &Key::from_parts("malachi_copies", vec![Label::new("health", *word)]),
+                    &METADATA,
+                )
+                .set(counts.get(word).copied().unwrap_or(0) as f64);
+        }
     }
 
     /// The Prometheus text exposition of every metric.

@@ -353,7 +353,52 @@ mod tests {
         })
     }
 
+    fn probes() -> impl Strategy<Value = Vec<ProbedCopy>> {
+        proptest::collection::vec((1u64..6, any::<bool>(), any::<bool>(), any::<bool>()), 0..6)
+            .prop_map(|copies| {
+                copies
+                    .into_iter()
+                    .map(|(node, fenced, failed, sealed)| probed(node, fenced, failed, sealed))
+                    .collect()
+            })
+    }
+
     proptest! {
+        /// The probe's plan is a pure function of what it saw: a sealed
+        /// copy means a roll is being recorded (never stuck); otherwise a
+        /// segment is stuck exactly when a copy is fenced or failed, and
+        /// only failed copies' brokers are kept off the successor.
+        #[test]
+        fn the_probe_plan_follows_the_copies_alone(copies in probes()) {
+            let plan = stuck_copies(&copies);
+            prop_assert_eq!(&plan, &stuck_copies(&copies), "deterministic");
+            if copies.iter().any(|c| c.sealed) {
+                prop_assert_eq!(plan, None);
+            } else if let Some(failed) = plan {
+                prop_assert!(copies.iter().any(|c| c.fenced || c.failed));
+                let expected: std::collections::BTreeSet<u64> =
+                    copies.iter().filter(|c| c.failed).map(|c| c.node).collect();
+                prop_assert_eq!(failed, expected);
+            } else {
+                prop_assert!(copies.iter().all(|c| !c.fenced && !c.failed));
+            }
+        }
+
+        /// Confirmation needs both probes, and confirming twice changes
+        /// nothing (idempotent).
+        #[test]
+        fn a_confirmed_orphan_was_stuck_at_both_probes(
+            previous in proptest::collection::btree_set(0u64..20, 0..10),
+            now in proptest::collection::btree_set(0u64..20, 0..10),
+        ) {
+            let confirmed = confirmed_stuck(&previous, &now);
+            for segment in &confirmed {
+                prop_assert!(previous.contains(segment) && now.contains(segment));
+            }
+            let again: std::collections::BTreeSet<u64> = confirmed.iter().copied().collect();
+            prop_assert_eq!(confirmed_stuck(&again, &again), confirmed);
+        }
+
         /// Any N − Q + 1 answers seal at or above every acknowledged end.
         #[test]
         fn any_fence_quorum_covers_every_acknowledged_record((n, mut ends, order) in histories()) {

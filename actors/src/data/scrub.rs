@@ -159,6 +159,22 @@ impl ScrubBook {
         self.found.len()
     }
 
+    /// The copies with a verdict, by its word (`intact`, `damaged`,
+    /// `missing`, `short`).
+    pub(crate) fn counts(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        let mut counts = std::collections::BTreeMap::new();
+        for found in self.found.values() {
+            let word = match found.verdict {
+                Verdict::Intact => "intact",
+                Verdict::Damaged(_) => "damaged",
+                Verdict::Missing => "missing",
+                Verdict::Short { .. } => "short",
+            };
+            *counts.entry(word).or_insert(0) += 1;
+        }
+        counts
+    }
+
     /// Whether the last verdict on `segment`'s copy found it broken.
     pub(crate) fn is_broken(&self, segment: u64) -> bool {
         self.found
@@ -207,19 +223,25 @@ pub(crate) fn verdicts(storage: &Storage, seals: &[ScrubSeal]) -> Vec<ScrubVerdi
 /// records lost, is damaged whatever its bytes say now.
 pub(crate) fn scrub_one(storage: &Storage, seal: ScrubSeal) -> (Verdict, u64) {
     let id = malachi_storage::SegmentId(seal.segment);
+    // An open copy reads through its descriptor: a log deleted under it
+    // is found by its path (and a copy opened without its log, in
+    // quarantine, is missing, not damaged).
+    if !storage.store.log_path(id).exists() {
+        return (Verdict::Missing, 0);
+    }
     if let Ok(info) = storage.store.info(id)
         && (info.failed || info.lost.is_some())
     {
+        // Opened in quarantine with nothing of its log: missing, as
+        // `status::sealed_copy_health` says it.
+        if !info.failed && info.durable == 0 && info.lost.is_some_and(|l| l.from == 0) {
+            return (Verdict::Missing, 0);
+        }
         let why = match info.lost {
             Some(loss) => format!("quarantined: records {} to {} lost", loss.from, loss.to),
             None => "latched failed".to_string(),
         };
         return (Verdict::Damaged(why), 0);
-    }
-    // An open copy reads through its descriptor: a log deleted under it
-    // is found by its path.
-    if !storage.store.log_path(id).exists() {
-        return (Verdict::Missing, 0);
     }
     let report = storage.store.verify(id);
     let read = report.as_ref().map_or(0, |r| r.scanned_bytes);

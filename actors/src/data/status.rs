@@ -109,6 +109,39 @@ pub(crate) fn sealed_copy_health(
     }
 }
 
+/// This broker's copies by health word, for `malachi_copies`: sealed
+/// copies by their scrub verdict, copies healing, and the open copies of
+/// active segments (led or followed) that are fenced or failed.
+pub(crate) fn copy_health_counts(
+    storage: &Storage,
+) -> std::collections::BTreeMap<&'static str, u64> {
+    let now = std::time::Instant::now();
+    let mut counts = storage.scrub.book.lock().counts();
+    let healing: Vec<u64> = storage.replication.healing.lock().keys().copied().collect();
+    let healing = healing
+        .into_iter()
+        .filter(|s| storage.replication.is_healing(*s, now))
+        .count() as u64;
+    if healing > 0 {
+        counts.insert("healing", healing);
+    }
+    let mut active: std::collections::BTreeSet<u64> =
+        storage.segments.lock().keys().map(|s| s.0).collect();
+    active.extend(storage.replication.followed.lock().iter().map(|s| s.0));
+    for segment in active {
+        if let Ok(info) = storage.store.info(malachi_storage::SegmentId(segment))
+            && info.sealed.is_none()
+        {
+            if info.failed {
+                *counts.entry("failed").or_insert(0) += 1;
+            } else if info.fenced {
+                *counts.entry("fenced").or_insert(0) += 1;
+            }
+        }
+    }
+    counts
+}
+
 /// The health of this broker's copies of `seals` (sealed segments, each
 /// with its recorded seal), in their order, from what it knows without
 /// reading them: `healing` while a repair fills it toward its seal, the

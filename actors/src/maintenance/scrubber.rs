@@ -10,6 +10,8 @@
 //! A broken copy is counted and logged once; the coordinator's healer
 //! rebuilds it from an intact copy. A copy that reads intact again after a
 //! rebuild has its broken original, kept aside until then, deleted.
+//! It also keeps `malachi_copies{health}`, this broker's copies by health,
+//! up to date (once a second).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,7 +72,15 @@ async fn run(shared: Arc<Shared>) {
     // `scrub_interval_ms` (they poll a quarter of it, round-robin): a
     // verdict unasked for twice that is of a copy no longer held.
     let interval = Duration::from_millis(shared.config.cluster.scrub_interval_ms);
+    let mut counted_at: Option<Instant> = None;
     loop {
+        // `malachi_copies{health}`, refreshed at most once a second.
+        if counted_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(IDLE_WAIT_MS)) {
+            counted_at = Some(Instant::now());
+            shared
+                .metrics
+                .copy_health(&crate::data::status::copy_health_counts(&storage));
+        }
         storage
             .scrub
             .book
