@@ -182,3 +182,51 @@ async fn brokers_bootstrapped_from_seeds_share_metadata_and_restart_from_their_r
     assert!(record(&dirs[1]).contains(&id));
     two.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joined_broker_that_lost_its_data_dir_is_refused_under_its_old_id() {
+    let root = tempfile::tempdir().unwrap();
+    let (one, two, _) = pair(root.path()).await;
+    // Node 3 joins with seeds alone (ADR 0104).
+    let joiner = config(root.path(), 3, &[], &[&one, &two]);
+    let three = Broker::start(joiner.clone()).await.unwrap();
+    // Once the ring lists it, the running members gossip it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = [&one, &two].iter().all(|b| {
+            b.membership()
+                .local()
+                .attributes
+                .get(malachi_cluster::formation::ATTR_MEMBERS)
+                .is_some_and(|m| m.split('+').any(|n| n == "3"))
+        });
+        if listed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 was never gossiped as a member"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    three.shutdown().await.unwrap();
+    // Its data dir is lost; the same id with an empty one is refused: its
+    // raft votes and logs are gone, and it must not vote again.
+    std::fs::remove_dir_all(&joiner.data_dir).unwrap();
+    let refused = refusal(joiner.clone()).await;
+    assert!(
+        refused.contains("lists node 3 as a member") && refused.contains("new node id"),
+        "{refused}"
+    );
+    assert!(
+        !joiner.data_dir.join("metadata/cluster-settings").exists(),
+        "a refused start records no cluster"
+    );
+    // A new id joins the same cluster.
+    let four = Broker::start(config(root.path(), 4, &[], &[&one, &two]))
+        .await
+        .unwrap();
+    for broker in [four, two, one] {
+        broker.shutdown().await.unwrap();
+    }
+}

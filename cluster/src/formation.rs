@@ -35,6 +35,10 @@ pub const ATTR_CLUSTER: &str = "malachi.cluster";
 pub const ATTR_SHAPE: &str = "malachi.shape";
 /// The attribute carrying the voters, once known.
 pub const ATTR_NODES: &str = "malachi.nodes";
+/// The attribute carrying every member the ring lists (founders, brokers
+/// that joined, decommissioned ones), once the broker runs: a fresh data
+/// dir under one of those ids lost its data (issue 18).
+pub const ATTR_MEMBERS: &str = "malachi.members";
 /// The attribute carrying `--bootstrap-expect` while bootstrapping.
 pub const ATTR_EXPECT: &str = "malachi.expect";
 /// Attribute keys the broker reserves for itself; operators may not set them.
@@ -133,6 +137,36 @@ pub struct Card {
     /// list is too long for one attribute).
     pub nodes: Option<Vec<u64>>,
     pub expect: Option<u32>,
+    /// Every member the ring lists, sorted (absent until the broker runs,
+    /// or when the list is too long for one attribute).
+    pub members: Option<Vec<u64>>,
+}
+
+/// A sorted id list as an attribute value (`1+2+3`), or `None` when it is
+/// longer than an attribute may be.
+fn encode_ids(ids: &[u64]) -> Option<String> {
+    let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+    let list = list.join("+");
+    (list.len() <= NODES_ATTR_BYTES_MAX).then_some(list)
+}
+
+fn decode_ids(text: &str) -> Option<Vec<u64>> {
+    let mut ids = text
+        .split('+')
+        .map(|n| n.parse::<u64>().ok())
+        .collect::<Option<Vec<u64>>>()?;
+    ids.sort_unstable();
+    ids.dedup();
+    Some(ids)
+}
+
+/// The `malachi.members` attribute for `members` (sorted here), or `None`
+/// when the list is too long to gossip.
+pub fn members_attribute(members: &[u64]) -> Option<(String, String)> {
+    let mut sorted = members.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    encode_ids(&sorted).map(|list| (ATTR_MEMBERS.to_owned(), list))
 }
 
 impl Card {
@@ -144,16 +178,9 @@ impl Card {
             node_id,
             mark: get(ATTR_CLUSTER).and_then(Mark::decode),
             shape: get(ATTR_SHAPE).and_then(Shape::decode),
-            nodes: get(ATTR_NODES).and_then(|text| {
-                let mut nodes = text
-                    .split('+')
-                    .map(|n| n.parse::<u64>().ok())
-                    .collect::<Option<Vec<u64>>>()?;
-                nodes.sort_unstable();
-                nodes.dedup();
-                Some(nodes)
-            }),
+            nodes: get(ATTR_NODES).and_then(decode_ids),
             expect: get(ATTR_EXPECT).and_then(|n| n.parse().ok()),
+            members: get(ATTR_MEMBERS).and_then(decode_ids),
         }
     }
 
@@ -166,15 +193,14 @@ impl Card {
         if let Some(shape) = self.shape {
             out.push((ATTR_SHAPE.to_owned(), shape.encode()));
         }
-        if let Some(nodes) = &self.nodes {
-            let list: Vec<String> = nodes.iter().map(u64::to_string).collect();
-            let list = list.join("+");
-            if list.len() <= NODES_ATTR_BYTES_MAX {
-                out.push((ATTR_NODES.to_owned(), list));
-            }
+        if let Some(list) = self.nodes.as_deref().and_then(encode_ids) {
+            out.push((ATTR_NODES.to_owned(), list));
         }
         if let Some(expect) = self.expect {
             out.push((ATTR_EXPECT.to_owned(), expect.to_string()));
+        }
+        if let Some(list) = self.members.as_deref().and_then(encode_ids) {
+            out.push((ATTR_MEMBERS.to_owned(), list));
         }
         out
     }
@@ -236,6 +262,14 @@ pub enum FormationError {
         cluster: ClusterId,
         nodes: Vec<u64>,
     },
+    #[error(
+        "node {node} of cluster {cluster} lists node {me} as a member (it joined earlier), but this broker's data dir holds no record of it: a broker that lost its data must not come back under its old id, its raft votes and logs gone. Restore its data dir, or start it with a new node id (and decommission node {me})"
+    )]
+    LostMembership {
+        me: u64,
+        node: u64,
+        cluster: ClusterId,
+    },
 }
 
 /// The cluster a fresh broker joins (ADR 0104): learned from an
@@ -291,6 +325,13 @@ pub fn decide_join(
                 me,
                 cluster: id,
                 nodes: nodes.clone(),
+            });
+        }
+        if peer.members.as_ref().is_some_and(|m| m.contains(&me)) {
+            return Err(FormationError::LostMembership {
+                me,
+                node: peer.node_id,
+                cluster: id,
             });
         }
         joining.get_or_insert(Joining {
@@ -619,6 +660,7 @@ mod tests {
             shape: Some(SHAPE),
             nodes: None,
             expect: Some(expect),
+            members: None,
         }
     }
 
@@ -629,6 +671,7 @@ mod tests {
             shape: Some(SHAPE),
             nodes: Some(nodes.to_vec()),
             expect: None,
+            members: None,
         }
     }
 
@@ -811,6 +854,22 @@ mod tests {
         assert!(vnodes.to_string().contains("vnodes=256"), "{vnodes}");
         let lost = decide_join(3, None, &[established(2, 42, &[1, 2, 3])]).unwrap_err();
         assert!(lost.to_string().contains("new node id"), "{lost}");
+        // A broker that joined later and lost its data dir: the running
+        // members list it, so it is refused too.
+        let listing = Card {
+            members: Some(vec![1, 2, 3, 4]),
+            ..established(2, 42, &[1, 2, 3])
+        };
+        let attrs: BTreeMap<String, String> = listing.attributes().into_iter().collect();
+        assert_eq!(Card::from_attributes(2, &attrs), listing);
+        let wiped = decide_join(4, None, &[listing.clone()]).unwrap_err();
+        assert!(
+            matches!(wiped, FormationError::LostMembership { me: 4, node: 2, .. }),
+            "{wiped}"
+        );
+        assert!(wiped.to_string().contains("new node id"), "{wiped}");
+        // A new id still joins.
+        assert!(decide_join(5, None, &[listing]).unwrap().is_some());
     }
 
     proptest! {

@@ -151,6 +151,11 @@ impl ManagerState {
                 })
             })
             .collect();
+        // Every member the ring lists, so a fresh data dir under one of
+        // their ids is refused at join (issue 18).
+        fabric
+            .formed
+            .advertise_members(ring.members().keys().copied().collect());
         let routing = (ring.version(), leaders);
         if self.published.as_ref() == Some(&routing) {
             return;

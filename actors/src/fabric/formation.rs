@@ -96,6 +96,7 @@ impl Plan {
                 shape: None,
                 nodes: None,
                 expect: None,
+                members: None,
             };
         }
         Card {
@@ -112,6 +113,7 @@ impl Plan {
                 Mode::Bootstrap { expect } => Some(expect),
                 _ => None,
             },
+            members: None,
         }
     }
 
@@ -464,6 +466,8 @@ pub(crate) struct Formed {
     reported: Mutex<std::collections::BTreeSet<(u64, u64)>>,
     /// The last disagreement with a peer's settings that was logged.
     disagreement: Mutex<Option<String>>,
+    /// The ring's members as last gossiped (`malachi.members`).
+    members: Mutex<Option<Vec<u64>>>,
 }
 
 impl Formed {
@@ -481,6 +485,32 @@ impl Formed {
             record: Mutex::new(plan.record()),
             reported: Mutex::new(Default::default()),
             disagreement: Mutex::new(None),
+            members: Mutex::new(None),
+        }
+    }
+
+    /// Gossips every member the ring lists (`malachi.members`), when it
+    /// changed: a fresh data dir started under one of those ids is then
+    /// refused at join (`FormationError::LostMembership`, issue 18).
+    pub(crate) fn advertise_members(&self, members: Vec<u64>) {
+        {
+            let mut known = self.members.lock();
+            if known.as_ref() == Some(&members) {
+                return;
+            }
+            *known = Some(members.clone());
+        }
+        let mut attributes = self.membership.local().attributes;
+        match malachi_cluster::formation::members_attribute(&members) {
+            Some((key, value)) => {
+                attributes.insert(key, value);
+            }
+            None => {
+                attributes.remove(malachi_cluster::formation::ATTR_MEMBERS);
+            }
+        }
+        if let Err(e) = self.membership.set_local_attributes(attributes) {
+            warn!(error = %e, "cannot gossip the cluster's members");
         }
     }
 
@@ -558,10 +588,16 @@ impl Formed {
         card.mark = Some(Mark::Established(id));
         let mut attributes = self.operator_attributes.clone();
         attributes.extend(card.attributes());
-        // The space worker's word on the volume stays (ADR 0111).
-        let storage = crate::common::volume::STORAGE_ATTRIBUTE;
-        if let Some(full) = self.membership.local().attributes.get(storage) {
-            attributes.insert(storage.to_owned(), full.clone());
+        // The space worker's word on the volume (ADR 0111) and the members
+        // list stay.
+        let local = self.membership.local().attributes;
+        for kept in [
+            crate::common::volume::STORAGE_ATTRIBUTE,
+            malachi_cluster::formation::ATTR_MEMBERS,
+        ] {
+            if let Some(value) = local.get(kept) {
+                attributes.insert(kept.to_owned(), value.clone());
+            }
         }
         if let Err(e) = self.membership.set_local_attributes(attributes) {
             warn!(error = %e, "cannot gossip the learned cluster id");

@@ -191,10 +191,10 @@ impl Actor for FailoverActor {
                     .into_iter()
                     .filter(|c| confirmed.contains(&c.segment.0))
                     .filter(|c| {
-                        !state
+                        state
                             .tasks
                             .get(&c.segment)
-                            .is_some_and(|t| !t.handle.is_finished())
+                            .is_none_or(|t| t.handle.is_finished())
                     })
                     .collect();
                 for candidate in &resume {
