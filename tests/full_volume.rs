@@ -641,6 +641,23 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     let records = consume_all(&clients[(full - 1) as usize], "refilled");
     assert_exactly_once_in_key_order(&records, &[LINES_AFTER], "refilled");
 
+    // The first topic's active segment, left on two brokers by the
+    // failover, rolls onto a full set of three again once the broker has
+    // room (`failover_candidates`' restore rule): a loss of copies never
+    // outlives the fault.
+    let restored = wait_until(
+        cluster,
+        Duration::from_secs(60),
+        "the first topic's active segment never got its third copy back",
+        || {
+            describe(&clients[0], TOPIC)
+                .iter()
+                .filter(|s| s.state == "active")
+                .all(|s| s.replicas.len() == 3 && s.replicas.contains(&full))
+        },
+    );
+    println!("{TOPIC} back to three copies {restored:?} after the recovery");
+
     // And the first topic goes on taking records, all of them still read
     // once in key order through every broker.
     let lines: String = (0..LINES_AFTER).map(|i| line(PRODUCERS, i)).collect();

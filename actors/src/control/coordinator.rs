@@ -493,7 +493,8 @@ impl CoordinatorState {
     ) -> Result<SegmentId, CoordError> {
         let plane = self.shared.plane()?;
         let (range, copies) = read_owner(plane.as_ref(), &topic, |s| {
-            s.segment(segment).map(|s| (s.range, s.replicas.len()))
+            s.segment(segment)
+                .map(|found| (found.range, wanted_copies(s, &topic)))
         })
         .unzip();
         let next_replicas =
@@ -573,7 +574,7 @@ impl CoordinatorState {
     ) -> Result<Option<SegmentId>, CoordError> {
         let plane = self.shared.plane()?;
         let copies = read_owner(plane.as_ref(), topic, |s| {
-            s.segment(segment).map(|s| s.replicas.len())
+            s.segment(segment).map(|_| wanted_copies(s, topic))
         })
         .ok_or(CoordError::UnknownSegment { segment })?;
         let Some(primary) = crate::data::recovery::successor_primary(complete, self.node().0)
@@ -702,11 +703,12 @@ impl CoordinatorState {
         }
     }
 
-    /// How many copies `segment` has.
+    /// How many copies `segment`'s successors get: as many as the topic's
+    /// segments have at most (`wanted_copies`).
     fn copies(&self, topic: &str, segment: SegmentId) -> Result<usize, CoordError> {
         let plane = self.shared.plane()?;
         read_owner(plane.as_ref(), topic, |state| {
-            state.segment(segment).map(|s| s.replicas.len())
+            state.segment(segment).map(|_| wanted_copies(state, topic))
         })
         .ok_or(CoordError::UnknownSegment { segment })
     }
@@ -1286,24 +1288,39 @@ pub(crate) fn failover_candidates(
     state: &MetadataState,
     failed: &dyn Fn(u64) -> bool,
     gone: &dyn Fn(u64) -> bool,
+    restore: &Restore,
 ) -> Vec<crate::control::requests::Candidate> {
     let mut out = Vec::new();
     for topic in state.topics() {
+        let wanted = wanted_copies(state, &topic.name);
         for range in state.active_ranges(&topic.name) {
             let Some(segment) = range.last_segment().and_then(|id| state.segment(id)) else {
                 continue;
             };
-            if segment.state != SegmentState::Active || segment.replicas.len() < 2 {
+            if segment.state != SegmentState::Active {
                 continue;
             }
             let Some(primary) = segment.replicas.first() else {
                 continue;
             };
+            // An active segment with fewer copies than the topic's others
+            // (a failover left it short of brokers), whose primary is
+            // sound, rolls onto a full set once the live brokers can hold
+            // one: NorthGuard's way, segments are cheap. Not before it is
+            // `restore.after_ms` old, so a broker that comes and goes
+            // costs a roll at most that often.
+            let short = segment.replicas.len() < wanted
+                && restore.placeable >= wanted
+                && !failed(primary.0)
+                && restore.now_ms.saturating_sub(segment.created_at_ms) >= restore.after_ms;
+            if segment.replicas.len() < 2 && !short {
+                continue;
+            }
             // The primary failed, or a follower has been gone past
             // `replace_after_ms`: sealing and rolling onto a full replica
             // set restores full replication of the active tail.
             let follower_gone = segment.replicas.iter().skip(1).any(|n| gone(n.0));
-            if !failed(primary.0) && !follower_gone {
+            if !failed(primary.0) && !follower_gone && !short {
                 continue;
             }
             out.push(crate::control::requests::Candidate {
@@ -1319,6 +1336,39 @@ pub(crate) fn failover_candidates(
         }
     }
     out
+}
+
+/// When an active segment short of copies rolls onto a full set
+/// (`failover_candidates`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Restore {
+    /// Live brokers that may take a new copy (not failed, full or leaving).
+    pub placeable: usize,
+    pub now_ms: u64,
+    /// The least age of a short segment that rolls.
+    pub after_ms: u64,
+}
+
+/// How long a short active segment lives before it rolls onto a full set.
+pub(crate) const RESTORE_AFTER_MS: u64 = 10_000;
+
+/// The copies a segment of `topic` should have: the most any of its
+/// segments has (the metadata keeps no factor of its own; a failover onto
+/// fewer live brokers leaves the earlier segments, healed, at the factor).
+pub(crate) fn wanted_copies(state: &MetadataState, topic: &str) -> usize {
+    state
+        .topic(topic)
+        .map(|t| {
+            t.ranges
+                .iter()
+                .filter_map(|id| state.range(*id))
+                .flat_map(|r| r.segments.iter().filter_map(|id| state.segment(*id)))
+                .map(|s| s.replicas.len())
+                .max()
+                .unwrap_or(1)
+        })
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// Heals asked for per upkeep tick at most; the rest wait for later ticks.
@@ -1624,9 +1674,20 @@ impl CoordinatorRun {
         let gone_or_full =
             |node: u64| is_gone(node) || full.contains(&node) || leaving.contains(&node);
         let moving: BTreeSet<u64> = gone.union(&leaving).copied().collect();
+        let placeable = self
+            .logic
+            .candidates()
+            .iter()
+            .filter(|c| !failed_or_full(c.node) && !is_gone(c.node))
+            .count();
+        let restore = Restore {
+            placeable,
+            now_ms: shared.clock.now_ms(),
+            after_ms: RESTORE_AFTER_MS,
+        };
         let (candidates, heals) = group.read_local(|state| {
             (
-                failover_candidates(state, &failed_or_full, &gone_or_full),
+                failover_candidates(state, &failed_or_full, &gone_or_full, &restore),
                 heal_candidates(state, &moving),
             )
         });
@@ -1901,6 +1962,59 @@ mod tests {
             .unwrap();
     }
 
+    const NO_RESTORE: Restore = Restore {
+        placeable: 0,
+        now_ms: 0,
+        after_ms: u64::MAX,
+    };
+
+    #[test]
+    fn a_segment_left_short_of_copies_rolls_onto_a_full_set_once_brokers_can_hold_one() {
+        let mut state = MetadataState::new();
+        create_replicated(&mut state, "t", &[1, 2, 3]);
+        let first = state
+            .active_ranges("t")
+            .next()
+            .unwrap()
+            .last_segment()
+            .unwrap();
+        // A failover left the successor on two brokers.
+        state
+            .apply(Command::RollSegment {
+                topic: "t".into(),
+                segment: first,
+                seal: SealRecord {
+                    length: 5,
+                    bytes: 50,
+                },
+                next_replicas: vec![NodeId(2), NodeId(3)],
+                at_ms: 1_000,
+            })
+            .unwrap();
+        assert_eq!(wanted_copies(&state, "t"), 3);
+        let nobody = |_: u64| false;
+        let restore = |placeable: usize, now_ms: u64| Restore {
+            placeable,
+            now_ms,
+            after_ms: RESTORE_AFTER_MS,
+        };
+        // Two brokers can hold copies: nothing to gain.
+        assert!(failover_candidates(&state, &nobody, &nobody, &restore(2, 60_000)).is_empty());
+        // Three can, but the segment is young: not yet.
+        assert!(failover_candidates(&state, &nobody, &nobody, &restore(3, 5_000)).is_empty());
+        // Three can and it is old enough: it rolls, nobody failed.
+        let found = failover_candidates(&state, &nobody, &nobody, &restore(3, 60_000));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].failed.is_empty());
+        // Its primary failed: the failover's own rule applies instead.
+        let two = |node: u64| node == 2;
+        let found = failover_candidates(&state, &two, &nobody, &restore(3, 60_000));
+        assert_eq!(found[0].failed, BTreeSet::from([2]));
+        // An unreplicated topic never wants more.
+        create_replicated(&mut state, "one", &[1]);
+        assert_eq!(wanted_copies(&state, "one"), 1);
+    }
+
     #[test]
     fn only_the_newest_active_replicated_segment_of_a_failed_primary_fails_over() {
         let mut state = MetadataState::new();
@@ -1909,7 +2023,7 @@ mod tests {
         create_replicated(&mut state, "alone-on-two", &[2]);
         let failed = |node: u64| node == 2;
         let none = |_: u64| false;
-        let found = failover_candidates(&state, &failed, &none);
+        let found = failover_candidates(&state, &failed, &none, &NO_RESTORE);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].topic, "led-by-two");
         assert_eq!(found[0].failed, BTreeSet::from([2]));
@@ -1928,13 +2042,13 @@ mod tests {
                 at_ms: 2,
             })
             .unwrap();
-        assert!(failover_candidates(&state, &failed, &none).is_empty());
+        assert!(failover_candidates(&state, &failed, &none, &NO_RESTORE).is_empty());
         let nobody = |_: u64| false;
-        assert!(failover_candidates(&state, &nobody, &none).is_empty());
+        assert!(failover_candidates(&state, &nobody, &none, &NO_RESTORE).is_empty());
         // A follower gone past the bound: "led-by-one" (1, 2, 3) rolls onto
         // a full set, with 2 among the failed.
         let gone_two = |node: u64| node == 2;
-        let found = failover_candidates(&state, &nobody, &gone_two);
+        let found = failover_candidates(&state, &nobody, &gone_two, &NO_RESTORE);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].topic, "led-by-one");
         assert_eq!(found[0].failed, BTreeSet::from([2]));
