@@ -1139,8 +1139,13 @@ impl Shipper {
                         probed = true;
                         next = response.durable_end;
                         self.reset(&mut inflight, &mut next_send, next);
-                        if next > durable {
-                            warn!(segment = %self.replicated.segment, follower = node.0, follower_end = next, durable, "a follower copy ends past the primary's");
+                        // Against the primary's durable end now, not the one
+                        // this request was sent at: with appends pipelined,
+                        // the follower may well hold what became durable
+                        // here after the send.
+                        let durable_now = *local.borrow();
+                        if next > durable.max(durable_now) {
+                            warn!(segment = %self.replicated.segment, follower = node.0, follower_end = next, durable = durable_now, "a follower copy ends past the primary's");
                             self.pause(&mut retry_ms).await;
                         }
                     }

@@ -799,7 +799,13 @@ fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
             warn!(segment = %id, error = %e, "cannot open a predecessor copy for its producer state");
         }
         let predecessor = read_sidecar(&args.storage, id, limits).unwrap_or_else(|reason| {
-            warn!(segment = %id, %reason, "no producer sidecar; rebuilding from the log");
+            if args.storage.store.producers_path(id).exists() {
+                warn!(segment = %id, %reason, "the producer sidecar cannot be read; rebuilding from the log");
+            } else {
+                // Expected after a failover: only the primary that rolled
+                // writes a sidecar, and this broker followed the segment.
+                debug!(segment = %id, "no producer sidecar; rebuilding from the log");
+            }
             let mut rebuilt = ProducerTable::new(range.0, limits);
             scan_tags(&args.storage, id, &mut rebuilt, now_ms);
             rebuilt

@@ -78,8 +78,9 @@ impl Member {
 pub enum MemberEventKind {
     /// First seen alive.
     Joined,
-    /// Came back with a higher incarnation (a restart, or a rejoin after it
-    /// was declared dead): anything learned about the old one is void.
+    /// Came back with a higher incarnation (a restart, a rejoin after it
+    /// was declared dead, or new attributes, which SWIM spreads as a new
+    /// incarnation): anything learned about the old one is void.
     Restarted,
     /// Suspected of being down.
     Suspect,
