@@ -862,7 +862,7 @@ mod tests {
         };
         let attrs: BTreeMap<String, String> = listing.attributes().into_iter().collect();
         assert_eq!(Card::from_attributes(2, &attrs), listing);
-        let wiped = decide_join(4, None, &[listing.clone()]).unwrap_err();
+        let wiped = decide_join(4, None, std::slice::from_ref(&listing)).unwrap_err();
         assert!(
             matches!(wiped, FormationError::LostMembership { me: 4, node: 2, .. }),
             "{wiped}"
