@@ -2,7 +2,9 @@
 //! feeds the broker's [`SpaceGuard`](crate::data::space::SpaceGuard)
 //! (issue 19, ADR 0111): below `store.min_free_bytes` the broker takes no
 //! records and is not ready; a quarter more free and it takes them again,
-//! without a restart. One log line per change, never one per poll.
+//! without a restart. One log line per change, never one per poll. With
+//! room again it also reopens the raft replicas a refused write stopped
+//! (`VnodeHost::reopen_stopped_by_full_volume`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,6 +84,8 @@ fn advertise(shared: &Shared, full: bool) {
 async fn run(shared: Arc<Shared>) {
     let dir = shared.config.data_dir.clone();
     let mut unreadable = false;
+    // The raft replicas seen stopped by a full volume at the last poll.
+    let mut raft_stopped: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
     loop {
         let source = Arc::clone(&*shared.data.free_space.read());
         let polled = tokio::task::spawn_blocking({
@@ -113,6 +117,36 @@ async fn run(shared: Arc<Shared>) {
                     .storage_full
                     .set(if guard.is_full() { 1.0 } else { 0.0 });
                 advertise(&shared, guard.is_full());
+                // A raft replica whose write the volume refused is
+                // stopped. A newly stopped one counts as a write's ENOSPC
+                // (the guard holds the volume full, 10 s doubling); with
+                // room again it reopens from its files, as at a restart
+                // (nothing it failed to write was acknowledged).
+                if let Ok(plane) = shared.plane()
+                    && let Some(host) = plane.host()
+                {
+                    let stopped = host.stopped_by_full_volume();
+                    if stopped.difference(&raft_stopped).next().is_some()
+                        && guard.note_no_space(shared.data.clock.now_ms())
+                    {
+                        error!(
+                            dir = %dir.display(),
+                            groups = stopped.len(),
+                            "the data volume refused a raft log write; produces are refused (storage_full) and those replicas stopped until space is freed"
+                        );
+                    }
+                    raft_stopped = stopped;
+                    if !guard.is_full() && !raft_stopped.is_empty() {
+                        let reopened = host.reopen_stopped_by_full_volume().await;
+                        if reopened > 0 {
+                            info!(
+                                reopened,
+                                "raft replicas a full volume had stopped run again"
+                            );
+                        }
+                        raft_stopped = host.stopped_by_full_volume();
+                    }
+                }
             }
             Ok(Err(e)) if !unreadable => {
                 unreadable = true;

@@ -188,3 +188,13 @@ mod tests {
         );
     }
 }
+
+/// Whether `err` says the volume has no room (a full disk or an exhausted
+/// quota): the one storage failure a raft replica may recover from in
+/// place, once space returns, since nothing it wrote was acknowledged.
+pub(crate) fn is_no_space(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}

@@ -78,12 +78,25 @@ struct Inner {
     /// Set after a failed write: the file's tail is then unknown, so every
     /// later operation fails rather than build on it.
     failed: Option<String>,
+    /// Test hook: the next operation fails with a full volume's error.
+    #[cfg(test)]
+    full_for_test: bool,
 }
 
 /// The on-disk log store; clones share one file.
 #[derive(Debug, Clone)]
 pub(crate) struct LogStore {
     inner: Arc<Mutex<Inner>>,
+    /// Set when a write failed for want of space (`fsio::is_no_space`).
+    no_space: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LogStore {
+    /// The flag set when a write failed for want of space: the group that
+    /// owns this store may then be reopened once space returns.
+    pub(crate) fn no_space(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.no_space)
+    }
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> OpenError + '_ {
@@ -162,7 +175,10 @@ impl LogStore {
                 vote,
                 entry_bytes_max,
                 failed: None,
+                #[cfg(test)]
+                full_for_test: false,
             })),
+            no_space: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
 }
@@ -302,10 +318,26 @@ impl LogStore {
         f: impl FnOnce(&mut Inner) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
         let inner = self.inner.clone();
+        let no_space = Arc::clone(&self.no_space);
         tokio::task::spawn_blocking(move || {
             let mut inner = inner.lock();
             inner.check()?;
-            f(&mut inner).map_err(|e| inner.fail(op, e))
+            #[cfg(test)]
+            let f = {
+                let full = inner.full_for_test;
+                move |inner: &mut Inner| {
+                    if full {
+                        return Err(io::Error::from(io::ErrorKind::StorageFull));
+                    }
+                    f(inner)
+                }
+            };
+            f(&mut inner).map_err(|e| {
+                if super::fsio::is_no_space(&e) {
+                    no_space.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                inner.fail(op, e)
+            })
         })
         .await
         .map_err(|e| io::Error::other(format!("{op} did not finish: {e}")))?
@@ -317,6 +349,11 @@ impl LogStore {
     /// Makes every later operation fail as if the disk had failed.
     pub(crate) fn break_disk(&self) {
         self.inner.lock().failed = Some("injected disk failure".to_owned());
+    }
+
+    /// Makes the next operation fail as a full volume's write does.
+    pub(crate) fn fill_disk(&self) {
+        self.inner.lock().full_for_test = true;
     }
 }
 

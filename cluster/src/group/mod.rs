@@ -11,6 +11,9 @@
 //! node for good. The group logs it as fatal and answers every later call
 //! with `GroupError::Fatal`; it is never restarted in place, because a
 //! replica whose disk lied must be replaced through a membership change.
+//! One failure is the exception: a write refused for want of space
+//! (`stopped_by_full_volume`) wrote nothing acknowledged, and the vnode
+//! host reopens such a replica from its files once space returns.
 //!
 //! Architecture invariant: the state machine applies commands through
 //! `MetadataState::apply` only, in log order, so replicas that apply the same
@@ -319,6 +322,8 @@ struct Inner {
     /// should not campaign now (`vnodes::quiet::campaign_wanted`). Unlike
     /// `quiet`, it refuses no pre-vote.
     parked: AtomicBool,
+    /// Set when the log store's write failed for want of space.
+    log_no_space: Arc<AtomicBool>,
     /// The log store raft owns, kept so unit tests can fail its disk.
     #[cfg(test)]
     log: LogStore,
@@ -350,6 +355,21 @@ fn fatal_reason(fatal: &Fatal<TypeConfig>) -> GroupError {
 }
 
 impl MetadataGroup {
+    /// Whether a write of this replica's log or snapshot failed for want of
+    /// space, which stopped it. Nothing it failed to write was
+    /// acknowledged, so once space returns the replica can be reopened from
+    /// its files (a torn tail is cut as after a crash), unlike a replica
+    /// whose disk failed otherwise (see the failure policy above).
+    pub fn stopped_by_full_volume(&self) -> bool {
+        self.inner.log_no_space.load(Ordering::SeqCst)
+            || self.inner.shared.no_space.load(Ordering::SeqCst)
+    }
+
+    /// The directory holding this replica's files.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.inner.config.dir
+    }
+
     /// Opens (or creates) the on-disk log, vote and snapshot in `dir`. On a
     /// fresh dir it initializes a single-voter membership `{node_id}`; on an
     /// existing dir it recovers. Returns once this node is leader and the
@@ -391,6 +411,7 @@ impl MetadataGroup {
             reason: format!("opening the group's files panicked: {e}"),
         })??;
         let shared = sm.shared();
+        let log_no_space = log.no_space();
         #[cfg(test)]
         let log_handle = log.clone();
         let stopping = CancellationToken::new();
@@ -414,6 +435,7 @@ impl MetadataGroup {
                 core_stopped: AtomicBool::new(false),
                 quiet: AtomicBool::new(false),
                 parked: AtomicBool::new(false),
+                log_no_space,
                 #[cfg(test)]
                 log: log_handle,
             }),
@@ -1525,6 +1547,49 @@ mod tests {
         let err = group.read(|s| s.topics().count()).await.unwrap_err();
         assert!(matches!(err, GroupError::Fatal { .. }), "{err:?}");
         assert!(!group.is_leader());
+    }
+
+    #[tokio::test]
+    async fn a_write_refused_for_want_of_space_stops_the_group_and_its_files_reopen_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = GroupConfig::new(1, 1, dir.path());
+        config.election_timeout_min_ms = 100;
+        config.election_timeout_max_ms = 200;
+        config.heartbeat_interval_ms = 30;
+        let group = MetadataGroup::open_single(config.clone()).await.unwrap();
+        group.propose(create("before")).await.unwrap().unwrap();
+        assert!(!group.stopped_by_full_volume());
+        group.inner.log.fill_disk();
+        let err = group.propose(create("during")).await.unwrap_err();
+        assert!(matches!(err, GroupError::Fatal { .. }), "{err:?}");
+        // Told apart from a disk that failed otherwise: it may reopen.
+        assert!(group.stopped_by_full_volume());
+        let _ = group.shutdown().await;
+        // Reopened from its files, as at a restart: what was committed is
+        // there, and it takes writes again.
+        let group = MetadataGroup::open_single(config).await.unwrap();
+        assert!(!group.stopped_by_full_volume());
+        assert_eq!(
+            group
+                .read(|s| s.topics().map(|t| t.name.clone()).collect::<Vec<_>>())
+                .await
+                .unwrap(),
+            vec!["before".to_string()]
+        );
+        group.propose(create("after")).await.unwrap().unwrap();
+        group.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_disk_failure_is_not_taken_for_a_full_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let group = MetadataGroup::open_single(GroupConfig::new(1, 1, dir.path()))
+            .await
+            .unwrap();
+        group.inner.log.break_disk();
+        let _ = group.propose(create("during")).await;
+        assert!(!group.stopped_by_full_volume());
+        let _ = group.shutdown().await;
     }
 
     #[tokio::test]

@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     /// coordinator lease: what reconciliation follows, so a renewal every
     /// few seconds per vnode does not wake it (ADR 0101).
     pub(crate) changes: watch::Sender<u64>,
+    /// Set when a snapshot write failed for want of space.
+    pub(crate) no_space: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -136,6 +138,7 @@ impl StateMachine {
                 applied: RwLock::new(applied),
                 applied_index,
                 changes,
+                no_space: std::sync::atomic::AtomicBool::new(false),
             }),
             snapshot_path,
             snapshot_bytes_max,
@@ -169,6 +172,11 @@ impl StateMachine {
     }
 
     fn logged(&self, op: &str, err: io::Error) -> io::Error {
+        if fsio::is_no_space(&err) {
+            self.shared
+                .no_space
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         tracing::error!(group = self.group_id, op, error = %err, "state machine storage failed; this replica is now fatal");
         err
     }

@@ -307,6 +307,9 @@ pub struct VnodeHost {
     /// Serializes opening replicas and adopting rings, so one group
     /// directory is never opened twice.
     adopting: tokio::sync::Mutex<()>,
+    /// Replicas closed because a full volume stopped them, not yet opened
+    /// again (`reopen_stopped_by_full_volume`).
+    closed_by_full_volume: parking_lot::Mutex<BTreeSet<u64>>,
     /// Bumped whenever a group is opened, so `watch_led` watches it too.
     groups_opened: watch::Sender<u64>,
     stopped: AtomicBool,
@@ -373,6 +376,7 @@ impl VnodeHost {
             registry,
             transport,
             adopting: tokio::sync::Mutex::new(()),
+            closed_by_full_volume: parking_lot::Mutex::new(BTreeSet::new()),
             groups_opened: watch::channel(0).0,
             stopped: AtomicBool::new(false),
             background: parking_lot::Mutex::new(Vec::new()),
@@ -961,6 +965,72 @@ impl VnodeHost {
                 tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
             }
         });
+    }
+
+    /// The groups whose replica here a write refused for want of space
+    /// stopped, open or closed awaiting a reopen.
+    pub fn stopped_by_full_volume(&self) -> BTreeSet<u64> {
+        let mut stopped: BTreeSet<u64> = self
+            .registry
+            .all()
+            .into_iter()
+            .filter(MetadataGroup::stopped_by_full_volume)
+            .map(|g| g.group_id())
+            .collect();
+        stopped.extend(self.closed_by_full_volume.lock().iter().copied());
+        stopped
+    }
+
+    /// Reopens, from their files, this broker's replicas that a write
+    /// refused for want of space stopped (`stopped_by_full_volume`), as a
+    /// restart would: the caller knows the volume has room again. Returns
+    /// how many were reopened; one that fails to open stays closed and is
+    /// tried again at the next call.
+    pub async fn reopen_stopped_by_full_volume(&self) -> usize {
+        let stopped: Vec<MetadataGroup> = self
+            .registry
+            .all()
+            .into_iter()
+            .filter(MetadataGroup::stopped_by_full_volume)
+            .collect();
+        let closed: Vec<u64> = self.closed_by_full_volume.lock().iter().copied().collect();
+        if stopped.is_empty() && closed.is_empty() {
+            return 0;
+        }
+        let _adopting = self.adopting.lock().await;
+        let mut reopened = 0;
+        for group in stopped {
+            let group_id = group.group_id();
+            if let Err(e) = group.shutdown().await {
+                tracing::debug!(group = group_id, error = %e, "a replica stopped by a full volume did not stop cleanly");
+            }
+            if self
+                .registry
+                .get(group_id)
+                .is_some_and(|g| g.stopped_by_full_volume())
+            {
+                self.registry.remove(group_id);
+            }
+            self.closed_by_full_volume.lock().insert(group_id);
+        }
+        let pending: Vec<u64> = self.closed_by_full_volume.lock().iter().copied().collect();
+        for group_id in pending {
+            match self.open_group(group_id, None).await {
+                Ok(()) => {
+                    self.closed_by_full_volume.lock().remove(&group_id);
+                    reopened += 1;
+                    tracing::info!(
+                        node = self.config.node_id,
+                        group = group_id,
+                        "reopened a raft replica a full volume had stopped"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(group = group_id, error = %e, "cannot reopen a raft replica a full volume had stopped; trying again later");
+                }
+            }
+        }
+        reopened
     }
 
     /// Opens this broker's replica of a group if it is not hosted yet, and
