@@ -454,7 +454,18 @@ impl CoordinatorState {
         let placed = self.placement();
         for segment in segments {
             if placed == self.node() {
-                start_segment(&self.shared, &name, segment).await?;
+                match start_segment(&self.shared, &name, segment).await {
+                    Ok(()) => {}
+                    // Committed through the leader, not applied here yet
+                    // (this broker's replica is catching up: it restarted,
+                    // or reopened after a full volume). The topic exists;
+                    // reconciliation starts its segment once the replica
+                    // applies it, and a produce before then is redirected.
+                    Err(CoordError::UnknownSegment { .. }) => {
+                        info!(topic = %name, segment = segment.0, "topic created; its segment starts once this broker's replica applies the create");
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         info!(topic = %name, vnode = %self.vnode, node = placed.0, incarnation = incarnation.0, "topic created");
@@ -970,6 +981,13 @@ async fn seal_followed(shared: &Arc<Shared>, to_seal: &[(SegmentId, u64)]) {
                     length, "follower copy shorter than its seal"
                 );
             }
+            Ok(Err(e)) if e.is_no_space() => {
+                // The volume filled since the pass began: the guard holds
+                // it full, and a pass after it has room seals the copy.
+                shared.data.space.note_no_space(shared.clock.now_ms());
+                debug!(segment = segment.0, length, error = %e, "a follower copy waits for room to be sealed");
+                return;
+            }
             Ok(Err(e)) => {
                 warn!(segment = segment.0, length, error = %e, "cannot seal a follower copy")
             }
@@ -1018,6 +1036,11 @@ async fn seal_deposed(shared: &Arc<Shared>, segment: SegmentId, length: u64) -> 
             true
         }
         Ok(Ok((false, _))) => false,
+        Ok(Err(e)) if e.is_no_space() => {
+            shared.data.space.note_no_space(shared.clock.now_ms());
+            debug!(segment = segment.0, length, error = %e, "a deposed writer's copy waits for room to be settled");
+            false
+        }
         Ok(Err(e)) => {
             warn!(segment = segment.0, length, error = %e, "cannot settle a deposed writer's copy");
             false
@@ -1123,9 +1146,17 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
             }
         }
     });
-    seal_followed(shared, &to_seal).await;
+    // Sealing and settling write markers and cut logs: while the volume is
+    // full they would only fail, once per copy on every pass (hundreds of
+    // lines a second under metadata traffic), so they wait for room; a
+    // later pass does them.
+    let full = shared.data.space.is_full();
+    if !full {
+        seal_followed(shared, &to_seal).await;
+    }
     let storage = shared.data.supervisor.read().clone();
     if !deposed.is_empty()
+        && !full
         && let Some(storage) = storage
     {
         for (topic, range, segment, length) in deposed {

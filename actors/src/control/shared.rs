@@ -204,5 +204,13 @@ impl Shared {
             && self.root.read().is_some()
             && self.accepting.load(Ordering::SeqCst)
             && !self.data.space.is_full()
+            // A raft replica a full volume stopped is not serving until
+            // the space worker reopens it.
+            && self
+                .plane
+                .read()
+                .as_ref()
+                .and_then(|plane| plane.host().map(|h| h.stopped_by_full_volume().is_empty()))
+                .unwrap_or(true)
     }
 }

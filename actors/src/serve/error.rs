@@ -169,12 +169,13 @@ pub(crate) enum ServeError {
     /// The data volume is below `store.min_free_bytes`, or ran out (ADR
     /// 0111): no records are taken until space is freed.
     #[error(
-        "storage full: the data volume of broker {node} has {free} free, below store.min_free_bytes ({min_free_bytes} bytes); records are taken again once {resume_bytes} bytes are free"
+        "storage full: the data volume of broker {node} {state}; records are taken again once {resume_bytes} bytes are free"
     )]
     StorageFull {
         node: u64,
-        free: String,
-        min_free_bytes: u64,
+        /// What the broker knows of its volume: the free bytes below the
+        /// line, or a write refused for want of space.
+        state: String,
         resume_bytes: u64,
     },
     /// A store read failed.

@@ -295,18 +295,7 @@ impl Sequencer {
         // A full volume refuses at once: no append, no roll (ADR 0111). A
         // replicated segment moves to brokers with room: retriable there.
         if self.shared.data.space.is_full() {
-            let refusal = if replicated_here(&self.shared, &request.topic) {
-                ServeError::Redirect(crate::control::placement::Redirect {
-                    code: malachi_wire::ErrorCode::NotLeader,
-                    message: format!(
-                        "broker {}'s data volume is full; the topic's segments move to brokers with room",
-                        self.shared.config.node_id
-                    ),
-                    hint: None,
-                })
-            } else {
-                storage_full(&self.shared)
-            };
+            let refusal = full_refusal(&self.shared, replicated_here(&self.shared, &request.topic));
             return self.answer(
                 correlation_id,
                 job.slot,
@@ -837,7 +826,31 @@ async fn await_answer(
         Ok(Ok(Err(AppendError::NoQuorum(reason)))) => {
             Outcome::Failed(ServeError::ReplicaQuorum { segment, reason })
         }
-        Ok(Ok(Err(AppendError::StorageFull(_)))) => Outcome::Failed(storage_full(shared)),
+        // A write met the full volume: a replicated segment fails over to
+        // brokers with room, so the producer retries there, as at
+        // admission.
+        Ok(Ok(Err(AppendError::StorageFull(_)))) => {
+            let replicated = shared.data.replication.led.lock().contains_key(&segment);
+            Outcome::Failed(full_refusal(shared, replicated))
+        }
+    }
+}
+
+/// The refusal of a produce while this broker's volume is full: for a
+/// replicated topic, a retriable `not_leader` without a hint (a failover
+/// moves its segments to brokers with room); else `storage_full`.
+fn full_refusal(shared: &Shared, replicated: bool) -> ServeError {
+    if replicated {
+        ServeError::Redirect(crate::control::placement::Redirect {
+            code: malachi_wire::ErrorCode::NotLeader,
+            message: format!(
+                "broker {}'s data volume is full; the topic's segments move to brokers with room",
+                shared.config.node_id
+            ),
+            hint: None,
+        })
+    } else {
+        storage_full(shared)
     }
 }
 
@@ -859,12 +872,19 @@ fn replicated_here(shared: &Shared, topic: &str) -> bool {
 /// The refusal of a produce while the data volume is full (ADR 0111).
 pub(crate) fn storage_full(shared: &Shared) -> ServeError {
     let space = &shared.data.space;
+    // Full because a write met `ENOSPC` while the last poll still saw
+    // room: say so, rather than quote a figure above the line.
+    let min = space.min_free_bytes();
+    let state = match space.free_bytes() {
+        Some(b) if b >= min => format!(
+            "refused a write for want of space (its last poll saw {b} bytes free; store.min_free_bytes is {min})"
+        ),
+        Some(b) => format!("has {b} bytes free, below store.min_free_bytes ({min} bytes)"),
+        None => format!("has no space, below store.min_free_bytes ({min} bytes)"),
+    };
     ServeError::StorageFull {
         node: shared.config.node_id,
-        free: space
-            .free_bytes()
-            .map_or_else(|| "no space".to_string(), |b| format!("{b} bytes")),
-        min_free_bytes: space.min_free_bytes(),
+        state,
         resume_bytes: space.resume_bytes(),
     }
 }
