@@ -136,6 +136,13 @@ async fn start_segment_within(
     let Some((range, start_offset, created_at_ms, predecessors, replicas, epoch)) = found else {
         return Err(CoordError::UnknownSegment { segment });
     };
+    // The writer runs on the segment's primary only (its reconciliation
+    // starts it there): a successor or a new topic placed on another
+    // broker (this one full or leaving) gets none here.
+    if replicas.first().map(|n| n.0) != Some(shared.config.node_id) {
+        debug!(%topic, segment = segment.0, primary = ?replicas.first(), "the segment is led elsewhere; no writer here");
+        return Ok(());
+    }
     let Some(storage) = shared.data.supervisor.read().clone() else {
         return Err(CoordError::Supervision(SupervisionError::NotRunning));
     };
@@ -343,17 +350,20 @@ impl CoordinatorState {
                 zone: self.shared.config.attributes.get(attribute).cloned(),
             });
         }
-        // A decommissioned broker takes no new copies (ADR 0104); this
-        // broker stays a candidate while it still leads the vnode.
+        // A decommissioned broker takes no new copies (ADR 0104), this one
+        // included when another can (it still leads vnodes while their
+        // replicas move, and must place their segments elsewhere).
         if let Ok(plane) = self.shared.plane()
             && let Some(host) = plane.host()
         {
             let members = host.members();
-            candidates.retain(|c| {
-                c.node == me
-                    || members.get(&c.node)
-                        != Some(&malachi_cluster::ring::MemberState::Decommissioned)
-            });
+            let leaving = |node: u64| {
+                members.get(&node) == Some(&malachi_cluster::ring::MemberState::Decommissioned)
+            };
+            candidates.retain(|c| c.node == me || !leaving(c.node));
+            if leaving(me) && candidates.iter().any(|c| c.node != me) {
+                candidates.retain(|c| c.node != me);
+            }
         }
         candidates
     }

@@ -151,6 +151,12 @@ impl ManagerState {
                 })
             })
             .collect();
+        // Decommissioned: its unreplicated active segments roll away.
+        let me = self.shared.config.node_id;
+        self.shared.data.leaving.store(
+            ring.members().get(&me) == Some(&malachi_cluster::ring::MemberState::Decommissioned),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         // Every member the ring lists, so a fresh data dir under one of
         // their ids is refused at join (issue 18).
         fabric

@@ -22,7 +22,7 @@ use malachi_storage::{SegmentStore, StorageError};
 use malachi_supervision::{BoundedRef, Permit};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use super::invariants::{Violation, check_append, check_durable};
 use super::producers::{self, ProducerTable, ProducerTag, Verdict};
@@ -177,6 +177,10 @@ impl SegmentState {
 }
 
 /// How often an idle segment checks whether it has aged out.
+/// The least age of an unreplicated segment that rolls off a
+/// decommissioned broker.
+const LEAVING_ROLL_AGE_MS: u64 = 10_000;
+
 fn tick_interval(age_ms: u64) -> Duration {
     Duration::from_millis((age_ms / 4).clamp(5, 1_000))
 }
@@ -594,9 +598,24 @@ impl SegmentActor {
             .config
             .seal_policy()
             .decide(&info, age_from, now_ms);
-        let must = info.fenced || info.sealed.is_some() || reason.is_some();
+        // On a decommissioned broker an unreplicated segment rolls away
+        // (its successor goes to a broker that stays; a replicated one
+        // fails over instead), once it is `LEAVING_ROLL_AGE_MS` old, so a
+        // successor placed back here (no other broker) rolls again only
+        // that often.
+        let leaving = state.args.replicas.len() <= 1
+            && state
+                .args
+                .storage
+                .leaving
+                .load(std::sync::atomic::Ordering::Relaxed)
+            && now_ms.saturating_sub(state.args.created_at_ms) >= LEAVING_ROLL_AGE_MS;
+        let must = info.fenced || info.sealed.is_some() || reason.is_some() || leaving;
         if !must {
             return Ok(());
+        }
+        if leaving {
+            info!(segment = %state.store_id(), "this broker is decommissioned: its unreplicated segment rolls onto a broker that stays");
         }
         debug!(segment = %state.store_id(), ?reason, bytes = info.byte_size, "rolling segment");
         state.rolling = true;
@@ -780,6 +799,15 @@ fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
     let mut table = ProducerTable::new(args.range.0, limits);
     for (segment, range) in &args.predecessors {
         let id = malachi_storage::SegmentId(segment.0);
+        // A predecessor this broker holds no copy of (the successor was
+        // placed off a full or decommissioned broker): opening it would
+        // create an empty copy that reads as lost records. Its producers'
+        // state is not carried over (a retry of a batch it stored is taken
+        // as new; ADR 0112).
+        if !args.storage.store.log_path(id).exists() {
+            info!(segment = %id, successor = args.segment.0, "no local copy of the predecessor; its idempotent producers start afresh here");
+            continue;
+        }
         // After a failover this broker was a follower of the predecessor
         // and may not have opened its copy since it started; the sidecar is
         // only ever written by the primary that rolled, so the table comes

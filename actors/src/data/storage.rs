@@ -50,6 +50,10 @@ pub(crate) struct Storage {
     /// Where the space worker learns the volume's free bytes (a test may
     /// swap in its own figures).
     pub free_space: RwLock<Arc<dyn super::space::FreeSpace>>,
+    /// This broker is decommissioned (ADR 0112): its unreplicated active
+    /// segments roll away (a replicated one fails over instead). Set by
+    /// the control plane from the ring's members.
+    pub leaving: std::sync::atomic::AtomicBool,
 }
 
 impl Storage {
@@ -70,6 +74,7 @@ impl Storage {
             scrub: super::scrub::ScrubState::default(),
             space: super::space::SpaceGuard::new(config.store.min_free_bytes),
             free_space: RwLock::new(Arc::new(super::space::VolumeSpace)),
+            leaving: std::sync::atomic::AtomicBool::new(false),
             config,
         }
     }

@@ -288,14 +288,24 @@ async fn attempt(
     let plane = shared.plane().map_err(|e| e.to_string())?;
     let known = read_owner(plane.as_ref(), topic, |state| {
         state.segment(segment).map(|s| {
+            // The primary of the range's newest segment: the broker that
+            // serves the range's reads, and best placed to hold its
+            // sealed copies too.
+            let serving = state
+                .range(s.range)
+                .and_then(|r| r.last_segment())
+                .and_then(|id| state.segment(id))
+                .and_then(|last| last.replicas.first())
+                .map(|n| n.0);
             (
                 s.replicas.iter().map(|n| n.0).collect::<Vec<u64>>(),
                 s.state,
                 s.epoch,
+                serving,
             )
         })
     });
-    let Some((replicas, state, writer_epoch)) = known else {
+    let Some((replicas, state, writer_epoch, serving)) = known else {
         return Ok(Attempt::NotNeeded("the segment is gone"));
     };
     let SegmentState::Sealed { seal, .. } = state else {
@@ -321,7 +331,9 @@ async fn attempt(
         }
         candidate.lost
     } else {
-        new_holder(&live, &replicas, &candidate.gone, segment.0)
+        serving
+            .filter(|n| live.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n))
+            .or_else(|| new_holder(&live, &replicas, &candidate.gone, segment.0))
             .ok_or("no live broker without a copy to heal onto")?
     };
     let me = shared.config.node_id;
