@@ -26,6 +26,7 @@ pub mod handshake;
 pub mod liveness;
 mod log_store;
 mod network;
+mod runtime;
 mod state_machine;
 mod tcp;
 mod types;

@@ -42,6 +42,8 @@ openraft::declare_raft_types!(
         R = Response,
         NodeId = u64,
         Node = openraft::BasicNode,
+        // tokio, with boxed channel messages: 28 KB less per group (ADR 0114).
+        AsyncRuntime = super::runtime::BoxedTokioRuntime,
 );
 
 pub(crate) type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
