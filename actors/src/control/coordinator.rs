@@ -763,6 +763,13 @@ impl CoordinatorState {
                 // The metadata's seal still clamps reads to `seal.length`;
                 // only the copy on disk lacks its marker (recovery reads the
                 // length from the metadata again).
+                Ok(Err(e)) if e.is_no_space() => info!(
+                    topic,
+                    segment = segment.0,
+                    length = seal.length,
+                    error = %e,
+                    "no room for the seal marker; metadata still clamps reads"
+                ),
                 Ok(Err(e)) => warn!(
                     topic,
                     segment = segment.0,

@@ -803,6 +803,9 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
                     }
                     storage.replication.followed.lock().remove(&SegmentId(id.0));
                 }
+                Ok(Err(e)) if e.is_no_space() => {
+                    info!(segment = id.0, error = %e, "no room to seal a caught-up copy; it is sealed once there is")
+                }
                 Ok(Err(e)) => warn!(segment = id.0, error = %e, "cannot seal a caught-up copy"),
                 Err(e) => {
                     warn!(segment = id.0, error = %e, "the seal task of a caught-up copy failed")

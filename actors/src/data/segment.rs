@@ -711,8 +711,15 @@ async fn roll(
             // The seal marker makes the copy's length match the metadata on disk.
             let sealed =
                 tokio::task::spawn_blocking(move || store.seal(store_id, seal.length)).await;
-            if !matches!(sealed, Ok(Ok(_))) {
-                warn!(segment = %store_id, "cannot write the seal marker; metadata still clamps reads");
+            match sealed {
+                Ok(Ok(_)) => {}
+                // Expected on a full volume (the guard already says so).
+                Ok(Err(e)) if e.is_no_space() => {
+                    info!(segment = %store_id, error = %e, "no room for the seal marker; metadata still clamps reads");
+                }
+                _ => {
+                    warn!(segment = %store_id, "cannot write the seal marker; metadata still clamps reads")
+                }
             }
             Ok(())
         }
@@ -783,6 +790,10 @@ impl Handoff {
         .await;
         match written {
             Ok(Ok(())) => {}
+            // Expected on a full volume: the table is rebuilt from the log.
+            Ok(Err(e)) if e.is_no_space() => {
+                info!(segment = %id, error = %e, "no room for the producer sidecar; it is rebuilt from the log when needed")
+            }
             Ok(Err(e)) => warn!(segment = %id, error = %e, "cannot write the producer sidecar"),
             Err(e) => warn!(segment = %id, error = %e, "the producer sidecar task failed"),
         }
