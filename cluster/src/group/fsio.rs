@@ -145,6 +145,16 @@ pub(crate) fn decode_tagged<'a>(
     }
 }
 
+/// Whether `err` says the volume has no room (a full disk or an exhausted
+/// quota): the one storage failure a raft replica may recover from in
+/// place, once space returns, since nothing it wrote was acknowledged.
+pub(crate) fn is_no_space(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,14 +197,4 @@ mod tests {
             Err(TaggedError::TrailingBytes)
         );
     }
-}
-
-/// Whether `err` says the volume has no room (a full disk or an exhausted
-/// quota): the one storage failure a raft replica may recover from in
-/// place, once space returns, since nothing it wrote was acknowledged.
-pub(crate) fn is_no_space(err: &std::io::Error) -> bool {
-    matches!(
-        err.kind(),
-        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
-    )
 }
