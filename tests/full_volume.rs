@@ -63,6 +63,31 @@ struct Rig {
 }
 
 impl Rig {
+    /// Three brokers, each on a tmpfs of its own with `min_free_bytes` at
+    /// `MIN_FREE_BYTES`, their coordinators running.
+    fn start() -> Rig {
+        let mut rig = Rig {
+            cluster: None,
+            mounts: Vec::new(),
+            dir: Some(tempfile::tempdir().unwrap()),
+        };
+        // `ClusterNode` keeps broker N's data in `node-N` under the root.
+        let root = rig.root().to_owned();
+        for id in 1..=3u64 {
+            rig.mount(&root.join(format!("node-{id}")));
+        }
+        // The `[cluster]` lines end the config file, so a table after them
+        // is the file's own: the line a quarter of each 64 MiB volume (the
+        // default 128 MiB would be more than the volume).
+        rig.cluster = Some(Cluster::three_with(
+            &root,
+            &format!("\n[store]\nmin_free_bytes = {MIN_FREE_BYTES}\n"),
+        ));
+        rig.cluster()
+            .wait_for_coordinators(common::cluster::VNODES_DEFAULT);
+        rig
+    }
+
     fn cluster(&self) -> &Cluster {
         self.cluster.as_ref().unwrap()
     }
@@ -345,25 +370,8 @@ fn interesting_lines(cluster: &Cluster) -> String {
 #[test]
 fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_recovers_it() {
     let started = Instant::now();
-    let mut rig = Rig {
-        cluster: None,
-        mounts: Vec::new(),
-        dir: Some(tempfile::tempdir().unwrap()),
-    };
-    // `ClusterNode` keeps broker N's data in `node-N` under the root.
-    let root = rig.root().to_owned();
-    for id in 1..=3u64 {
-        rig.mount(&root.join(format!("node-{id}")));
-    }
-    // The `[cluster]` lines end the config file, so a table after them is
-    // the file's own: the line a quarter of each 64 MiB volume (the default
-    // 128 MiB would be more than the volume).
-    rig.cluster = Some(Cluster::three_with(
-        &root,
-        &format!("\n[store]\nmin_free_bytes = {MIN_FREE_BYTES}\n"),
-    ));
+    let rig = Rig::start();
     let cluster = rig.cluster();
-    cluster.wait_for_coordinators(common::cluster::VNODES_DEFAULT);
     let clients = cluster.clients();
     let admin_of = |node: u64| cluster.nodes[(node - 1) as usize].admin.clone();
     let dir_of = |node: u64| cluster.nodes[(node - 1) as usize].data_dir.clone();
@@ -1079,21 +1087,8 @@ fn message_of(line: &str) -> String {
 fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_and_recovers_without_a_restart()
  {
     let started = Instant::now();
-    let mut rig = Rig {
-        cluster: None,
-        mounts: Vec::new(),
-        dir: Some(tempfile::tempdir().unwrap()),
-    };
-    let root = rig.root().to_owned();
-    for id in 1..=3u64 {
-        rig.mount(&root.join(format!("node-{id}")));
-    }
-    rig.cluster = Some(Cluster::three_with(
-        &root,
-        &format!("\n[store]\nmin_free_bytes = {MIN_FREE_BYTES}\n"),
-    ));
+    let mut rig = Rig::start();
     let cluster = rig.cluster();
-    cluster.wait_for_coordinators(common::cluster::VNODES_DEFAULT);
     let clients = cluster.clients();
     let admin_of = |node: u64| cluster.nodes[(node - 1) as usize].admin.clone();
     let dir_of = |node: u64| cluster.nodes[(node - 1) as usize].data_dir.clone();

@@ -134,20 +134,7 @@ async fn a_full_primary_fails_over_to_brokers_with_room_and_producers_move_on() 
         .await,
         "records were not acknowledged after the failover"
     );
-    let mut got = Vec::new();
-    let (page, mut cursor) = to_new.fetch("moving", None, true, 100, 0).await.unwrap();
-    got.extend(page);
-    loop {
-        let (page, next) = to_new
-            .fetch("moving", Some(cursor.clone()), false, 100, 0)
-            .await
-            .unwrap();
-        cursor = next;
-        if page.is_empty() {
-            break;
-        }
-        got.extend(page);
-    }
+    let got = read_all(&mut to_new, "moving").await;
     let mut sent = before.clone();
     sent.extend(after);
     assert_eq!(by_key(&got), by_key(&sent));

@@ -15,7 +15,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use malachi_cluster::group::{RpcError, TransportError};
 use malachi_wire::messages as wire;
 use malachi_wire::replica_status::{
@@ -24,7 +23,7 @@ use malachi_wire::replica_status::{
 };
 use tracing::debug;
 
-use crate::control::shared::Shared;
+use crate::control::shared::{RaftEndpoint, Shared};
 use crate::data::status::{copy_status, sealed_copy_health, sealed_health};
 
 /// How long a describe waits for one broker's replica-status answer. The
@@ -167,22 +166,7 @@ async fn ask_health(
             sealed: chunk.to_vec(),
             ..ReplicaStatusRequest::default()
         };
-        let body = request.encode().ok()?;
-        let answer = raft
-            .transport
-            .call_raw(
-                node,
-                REPLICA_STATUS_API_KEY,
-                0,
-                &body,
-                REPLICA_STATUS_TIMEOUT_MS,
-            )
-            .await
-            .map_err(|e| debug!(node, error = %e, "sealed health unanswered"))
-            .ok()?;
-        let response = ReplicaStatusResponse::decode(&answer)
-            .map_err(|e| debug!(node, error = %e, "undecodable sealed health"))
-            .ok()?;
+        let response = call(raft, node, &request).await.ok()?;
         found.extend(by_segment(response.health));
     }
     Some(found)
@@ -279,35 +263,14 @@ async fn ask(shared: &Arc<Shared>, node: u64, segments: Vec<u64>) -> Asked {
         return Asked::Unreachable;
     };
     let chunks = segments.chunks(REPLICA_STATUS_SEGMENTS_MAX).map(|chunk| {
-        let transport = Arc::clone(&raft.transport);
         let request = ReplicaStatusRequest {
             segments: chunk.to_vec(),
             ..ReplicaStatusRequest::default()
         };
         async move {
-            let body = request.encode().map_err(|e| {
-                debug!(node, error = %e, "cannot encode a replica-status request");
-                Asked::Unknown
-            })?;
-            let answer = transport
-                .call_raw(
-                    node,
-                    REPLICA_STATUS_API_KEY,
-                    0,
-                    &body,
-                    REPLICA_STATUS_TIMEOUT_MS,
-                )
+            call(raft, node, &request)
                 .await
-                .map_err(|e| {
-                    debug!(node, error = %e, "replica-status unanswered");
-                    match e {
-                        TransportError::Remote { .. } => Asked::Unknown,
-                        TransportError::Unreachable { .. } | TransportError::Network { .. } => {
-                            Asked::Unreachable
-                        }
-                    }
-                })?;
-            decode(node, &answer)
+                .map(|response| by_segment(response.copies))
         }
     });
     let mut copies = HashMap::new();
@@ -320,13 +283,40 @@ async fn ask(shared: &Arc<Shared>, node: u64, segments: Vec<u64>) -> Asked {
     Asked::Answered(copies)
 }
 
-fn decode(node: u64, answer: &Bytes) -> Result<HashMap<u64, CopyStatus>, Asked> {
-    ReplicaStatusResponse::decode(answer)
-        .map(|response| by_segment(response.copies))
+/// One replica-status round trip to broker `node`, bounded by
+/// `REPLICA_STATUS_TIMEOUT_MS`: an error is what the asking came to.
+async fn call(
+    raft: &RaftEndpoint,
+    node: u64,
+    request: &ReplicaStatusRequest,
+) -> Result<ReplicaStatusResponse, Asked> {
+    let body = request.encode().map_err(|e| {
+        debug!(node, error = %e, "cannot encode a replica-status request");
+        Asked::Unknown
+    })?;
+    let answer = raft
+        .transport
+        .call_raw(
+            node,
+            REPLICA_STATUS_API_KEY,
+            0,
+            &body,
+            REPLICA_STATUS_TIMEOUT_MS,
+        )
+        .await
         .map_err(|e| {
-            debug!(node, error = %e, "undecodable replica-status answer");
-            Asked::Unknown
-        })
+            debug!(node, error = %e, "replica-status unanswered");
+            match e {
+                TransportError::Remote { .. } => Asked::Unknown,
+                TransportError::Unreachable { .. } | TransportError::Network { .. } => {
+                    Asked::Unreachable
+                }
+            }
+        })?;
+    ReplicaStatusResponse::decode(&answer).map_err(|e| {
+        debug!(node, error = %e, "undecodable replica-status answer");
+        Asked::Unknown
+    })
 }
 
 fn by_segment(copies: Vec<CopyStatus>) -> HashMap<u64, CopyStatus> {

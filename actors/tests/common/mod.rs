@@ -111,22 +111,56 @@ impl TestClient {
     }
 }
 
-/// The ids of `topic`'s active ranges, in the order the topic lists them.
-pub async fn active_ranges(client: &mut TestClient, topic: &str) -> Vec<u64> {
-    let described = client
+/// `topic` as a describe without live figures shows it.
+pub async fn describe(client: &mut TestClient, topic: &str) -> Result<TopicDescription, Refused> {
+    client
         .call(&DescribeTopicRequest {
             name: topic.into(),
             live: false,
         })
         .await
-        .unwrap();
-    described
-        .topic
+        .map(|d| d.topic)
+}
+
+/// The ids of `topic`'s active ranges, in the order the topic lists them.
+pub async fn active_ranges(client: &mut TestClient, topic: &str) -> Vec<u64> {
+    describe(client, topic)
+        .await
+        .unwrap()
         .ranges
         .iter()
         .filter(|r| r.state == "active")
         .map(|r| r.id)
         .collect()
+}
+
+/// Every segment of `topic`, range by range, each range's in order.
+pub async fn segments(
+    client: &mut TestClient,
+    topic: &str,
+) -> Result<Vec<SegmentDescription>, Refused> {
+    Ok(describe(client, topic)
+        .await?
+        .ranges
+        .into_iter()
+        .flat_map(|r| r.segments)
+        .collect())
+}
+
+/// Every record of `topic` from the start, through one broker.
+pub async fn read_all(client: &mut TestClient, topic: &str) -> Vec<Record> {
+    let (mut got, mut cursor) = client.fetch(topic, None, true, 100, 0).await.unwrap();
+    loop {
+        let (page, next) = client
+            .fetch(topic, Some(cursor.clone()), false, 100, 0)
+            .await
+            .unwrap();
+        cursor = next;
+        if page.is_empty() {
+            return got;
+        }
+        got.extend(page);
+    }
 }
 
 pub fn decode<Op: Operation>(frame: ResponseFrame) -> Result<Op::Response, Refused> {
