@@ -1,0 +1,73 @@
+//! A set of sequence numbers kept as disjoint ranges, so a pass that reads a
+//! key in order costs one entry however many records it reads.
+
+use std::collections::BTreeMap;
+
+/// Sequence numbers as disjoint, non-adjacent inclusive ranges.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SeqSet {
+    /// Range start to range end (inclusive). Invariant: ranges neither
+    /// overlap nor touch (`end + 1 < next start`).
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl SeqSet {
+    pub(crate) fn contains(&self, seq: u64) -> bool {
+        self.ranges
+            .range(..=seq)
+            .next_back()
+            .is_some_and(|(_, &end)| seq <= end)
+    }
+
+    /// Adds `seq`; false if it was already there.
+    pub(crate) fn insert(&mut self, seq: u64) -> bool {
+        if self.contains(seq) {
+            return false;
+        }
+        let mut start = seq;
+        let mut end = seq;
+        if let Some(before) = seq.checked_sub(1)
+            && let Some((&s, &e)) = self.ranges.range(..=before).next_back()
+            && e == before
+        {
+            start = s;
+        }
+        if let Some(after) = seq.checked_add(1)
+            && let Some(e) = self.ranges.remove(&after)
+        {
+            end = e;
+        }
+        self.ranges.insert(start, end);
+        debug_assert!(self.contains(seq));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SeqSet;
+
+    #[test]
+    fn in_order_inserts_keep_one_range() {
+        let mut set = SeqSet::default();
+        for seq in 0..100 {
+            assert!(set.insert(seq));
+        }
+        assert_eq!(set.ranges.len(), 1);
+        assert!(set.contains(0) && set.contains(99) && !set.contains(100));
+    }
+
+    #[test]
+    fn a_filled_gap_merges_both_sides() {
+        let mut set = SeqSet::default();
+        assert!(set.insert(1));
+        assert!(set.insert(3));
+        assert!(!set.contains(2));
+        assert!(set.insert(2));
+        assert!(!set.insert(2));
+        assert_eq!(set.ranges.len(), 1);
+        assert!(set.insert(u64::MAX));
+        assert!(set.insert(0));
+        assert_eq!(set.ranges.len(), 2);
+    }
+}
