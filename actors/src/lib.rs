@@ -44,8 +44,8 @@ mod serve;
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use common::clock::{Clock, ManualClock, SystemClock};
 pub use common::config::{
-    BrokerConfig, ClusterSettings, DEV_CLUSTER_COOKIE, MembershipSettings, MetadataBackend,
-    StoreSettings,
+    BrokerConfig, ClusterSettings, DEV_CLUSTER_COOKIE, MaintenanceSettings, MembershipSettings,
+    MetadataBackend, StoreSettings,
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;

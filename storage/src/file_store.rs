@@ -286,7 +286,10 @@ impl FileStore {
                 .map_err(|e| StorageError::io("spawn sync thread", "", e))?;
             workers.push(handle);
         }
-        Ok(FileStore { shared, workers })
+        let store = FileStore { shared, workers };
+        // A removal a crash cut short finishes before any copy opens.
+        store.finish_removals()?;
+        Ok(store)
     }
 
     pub fn dir(&self) -> &Path {
@@ -328,7 +331,7 @@ impl FileStore {
             .join(format!("{}.seal", segment.file_stem()))
     }
 
-    fn fence_path(&self, segment: SegmentId) -> PathBuf {
+    pub(crate) fn fence_path(&self, segment: SegmentId) -> PathBuf {
         self.shared
             .dir
             .join(format!("{}.fence", segment.file_stem()))

@@ -15,6 +15,7 @@ pub mod frame;
 pub mod index;
 pub mod marker;
 mod record;
+mod removal;
 pub mod scan;
 mod store;
 mod ticket;

@@ -31,6 +31,12 @@ use crate::error::WireError;
 use crate::limits::{NAME_BYTES_MAX, NESTING_DEPTH_MAX};
 use crate::replication::REFUSAL_MESSAGE_BYTES_MAX;
 
+/// Drop copies (106, issue 21, ADR 0115): the segments named are no longer
+/// in the metadata (a deleted topic, retention); remove their copies.
+pub const DROP_COPIES_API_KEY: u16 = 106;
+/// The most segment ids one drop order names.
+pub const DROP_COPIES_SEGMENTS_MAX: usize = 4096;
+
 /// `catch_up`: read a copy's durable frames from an offset.
 pub const CATCH_UP_API_KEY: u16 = 101;
 /// `seal`: seal a copy at a length.
@@ -304,6 +310,36 @@ impl SealResponse {
     }
 }
 
+/// Drop copies (106): sent by a vnode's coordinator once a delete of the
+/// segments committed. The holder checks with the topic's vnode that none
+/// is listed before it removes anything, so a stale or misdirected order
+/// removes nothing that is still wanted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropCopiesRequest {
+    /// The segments' topic (a name): whose vnode the holder asks.
+    pub topic: String,
+    /// The segment ids, at most [`DROP_COPIES_SEGMENTS_MAX`].
+    pub segments: Vec<u64>,
+}
+
+/// A holder's answer to a drop order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropCopiesResponse {
+    /// The segments whose copies this broker removed (or never held).
+    pub removed: Vec<u64>,
+    /// The segments the metadata still lists: kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<u64>,
+    /// Bytes the removals freed.
+    pub freed_bytes: u64,
+    /// Why nothing was removed (the vnode could not be asked, a disk
+    /// error), for logs; empty on success.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+const DROP_COPIES_REQUEST_NAME: &str = "drop_copies_request";
+const DROP_COPIES_RESPONSE_NAME: &str = "drop_copies_response";
 const FENCE_REQUEST_NAME: &str = "fence_request";
 const FENCE_RESPONSE_NAME: &str = "fence_response";
 const CATCH_UP_REQUEST_NAME: &str = "catch_up_request";
@@ -543,6 +579,60 @@ impl SealResponse {
     /// over [`REFUSAL_MESSAGE_BYTES_MAX`] is refused.
     pub fn decode(payload: &[u8]) -> Result<SealResponse, WireError> {
         let response: SealResponse = decode(payload, SEAL_RESPONSE_NAME)?;
+        check_message(&response.message)?;
+        Ok(response)
+    }
+}
+
+/// A list of segment ids: at most [`DROP_COPIES_SEGMENTS_MAX`].
+fn check_segments(segments: &[u64]) -> Result<(), WireError> {
+    if segments.len() > DROP_COPIES_SEGMENTS_MAX {
+        return Err(WireError::InvalidField {
+            field: "segments",
+            reason: "more segment ids than one drop order may name",
+        });
+    }
+    Ok(())
+}
+
+impl DropCopiesRequest {
+    /// The bounds: a topic name, and at most [`DROP_COPIES_SEGMENTS_MAX`] ids.
+    fn check(&self) -> Result<(), WireError> {
+        check_topic(&self.topic)?;
+        check_segments(&self.segments)
+    }
+
+    /// Encodes the request as a named map, after checking its bounds.
+    pub fn encode(&self) -> Result<Bytes, WireError> {
+        self.check()?;
+        encode(self, DROP_COPIES_REQUEST_NAME)
+    }
+
+    /// Decodes one whole map (trailing bytes are refused) and checks its bounds.
+    pub fn decode(payload: &[u8]) -> Result<DropCopiesRequest, WireError> {
+        let request: DropCopiesRequest = decode(payload, DROP_COPIES_REQUEST_NAME)?;
+        request.check()?;
+        Ok(request)
+    }
+}
+
+impl DropCopiesResponse {
+    /// Encodes the answer, its message cut to [`REFUSAL_MESSAGE_BYTES_MAX`].
+    pub fn encode(&self) -> Result<Bytes, WireError> {
+        check_segments(&self.removed)?;
+        check_segments(&self.kept)?;
+        let shown = DropCopiesResponse {
+            message: cut_message(&self.message),
+            ..self.clone()
+        };
+        encode(&shown, DROP_COPIES_RESPONSE_NAME)
+    }
+
+    /// Decodes one whole map (trailing bytes are refused) and checks its bounds.
+    pub fn decode(payload: &[u8]) -> Result<DropCopiesResponse, WireError> {
+        let response: DropCopiesResponse = decode(payload, DROP_COPIES_RESPONSE_NAME)?;
+        check_segments(&response.removed)?;
+        check_segments(&response.kept)?;
         check_message(&response.message)?;
         Ok(response)
     }
@@ -819,6 +909,50 @@ mod tests {
                 OrderRefusal::Busy
             ]
         );
+    }
+
+    #[test]
+    fn a_drop_order_round_trips_and_refuses_too_many_ids_both_ways() {
+        let order = DropCopiesRequest {
+            topic: "orders".into(),
+            segments: vec![3, 4],
+        };
+        let bytes = order.encode().unwrap();
+        assert_eq!(DropCopiesRequest::decode(&bytes).unwrap(), order);
+        let answer = DropCopiesResponse {
+            removed: vec![3],
+            kept: vec![4],
+            freed_bytes: 10,
+            message: String::new(),
+        };
+        assert_eq!(
+            DropCopiesResponse::decode(&answer.encode().unwrap()).unwrap(),
+            answer
+        );
+        let many = DropCopiesRequest {
+            topic: "orders".into(),
+            segments: vec![1; DROP_COPIES_SEGMENTS_MAX + 1],
+        };
+        assert!(matches!(
+            many.encode(),
+            Err(WireError::InvalidField {
+                field: "segments",
+                ..
+            })
+        ));
+        let raw = encode(&many, DROP_COPIES_REQUEST_NAME).unwrap();
+        assert!(matches!(
+            DropCopiesRequest::decode(&raw),
+            Err(WireError::InvalidField {
+                field: "segments",
+                ..
+            })
+        ));
+        let trailing = [bytes.as_ref(), &[0xc0]].concat();
+        assert!(matches!(
+            DropCopiesRequest::decode(&trailing),
+            Err(WireError::TrailingBytes { .. })
+        ));
     }
 
     #[test]

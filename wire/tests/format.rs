@@ -237,8 +237,8 @@ fn a_replica_append_with_a_repair_order_encodes_to_its_frozen_bytes() {
 #[test]
 fn replica_orders_encode_to_their_frozen_bytes() {
     use malachi_wire::replica_order::{
-        CatchUpRequest, CatchUpResponse, FenceRequest, FenceResponse, OrderEpoch, OrderRefusal,
-        SealRequest, SealResponse, SealedAt,
+        CatchUpRequest, CatchUpResponse, DropCopiesRequest, DropCopiesResponse, FenceRequest,
+        FenceResponse, OrderEpoch, OrderRefusal, SealRequest, SealResponse, SealedAt,
     };
     let order = OrderEpoch { group: 4, term: 9 };
     let sealed = SealedAt {
@@ -307,6 +307,23 @@ fn replica_orders_encode_to_their_frozen_bytes() {
     let bytes = short.encode().unwrap();
     insta::assert_snapshot!("seal_refused", hex(&bytes));
     assert_eq!(SealResponse::decode(&bytes).unwrap(), short);
+
+    let drop = DropCopiesRequest {
+        topic: "orders".into(),
+        segments: vec![7, 8],
+    };
+    let bytes = drop.encode().unwrap();
+    insta::assert_snapshot!("drop_copies_request", hex(&bytes));
+    assert_eq!(DropCopiesRequest::decode(&bytes).unwrap(), drop);
+    let dropped = DropCopiesResponse {
+        removed: vec![7],
+        kept: vec![8],
+        freed_bytes: 4096,
+        message: String::new(),
+    };
+    let bytes = dropped.encode().unwrap();
+    insta::assert_snapshot!("drop_copies_response", hex(&bytes));
+    assert_eq!(DropCopiesResponse::decode(&bytes).unwrap(), dropped);
 }
 
 /// A describe answered by a broker that predates `primary`,

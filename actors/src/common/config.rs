@@ -253,6 +253,35 @@ impl Default for ClusterSettings {
     }
 }
 
+/// The default `maintenance.orphan_sweep_ms`.
+pub const ORPHAN_SWEEP_MS_DEFAULT: u64 = 60_000;
+/// The default `maintenance.orphan_grace_ms`.
+pub const ORPHAN_GRACE_MS_DEFAULT: u64 = 60_000;
+/// The shortest `maintenance.orphan_sweep_ms`: each pass asks every vnode.
+pub const ORPHAN_SWEEP_MS_MIN: u64 = 1_000;
+
+/// The broker's upkeep of its data on disk (issue 21, ADR 0115).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MaintenanceSettings {
+    /// How often the orphan sweeper looks for copies whose segment no
+    /// metadata lists. A pass with a candidate asks every vnode; it removes
+    /// nothing unless all of them answered.
+    pub orphan_sweep_ms: u64,
+    /// A copy whose files changed this recently is never an orphan
+    /// candidate, whatever the metadata says.
+    pub orphan_grace_ms: u64,
+}
+
+impl Default for MaintenanceSettings {
+    fn default() -> Self {
+        MaintenanceSettings {
+            orphan_sweep_ms: ORPHAN_SWEEP_MS_DEFAULT,
+            orphan_grace_ms: ORPHAN_GRACE_MS_DEFAULT,
+        }
+    }
+}
+
 /// Everything a single broker needs to start. Defaults serve a development
 /// broker on loopback.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -358,6 +387,8 @@ pub struct BrokerConfig {
     pub membership: MembershipSettings,
     /// The metadata cluster (vnodes, voters, the raft port).
     pub cluster: ClusterSettings,
+    /// The upkeep of the data on disk: orphan sweeps (ADR 0115).
+    pub maintenance: MaintenanceSettings,
 }
 
 /// Bounds of one range's idempotent-producer table (ADR 0092).
@@ -422,6 +453,7 @@ impl Default for BrokerConfig {
             attributes: BTreeMap::new(),
             membership: MembershipSettings::default(),
             cluster: ClusterSettings::default(),
+            maintenance: MaintenanceSettings::default(),
         }
     }
 }
@@ -655,6 +687,11 @@ impl BrokerConfig {
         if self.cluster.scrub_interval_ms < SCRUB_INTERVAL_MS_MIN {
             return bad(format!(
                 "cluster.scrub_interval_ms must be at least {SCRUB_INTERVAL_MS_MIN} ms"
+            ));
+        }
+        if self.maintenance.orphan_sweep_ms < ORPHAN_SWEEP_MS_MIN {
+            return bad(format!(
+                "maintenance.orphan_sweep_ms must be at least {ORPHAN_SWEEP_MS_MIN} ms: each pass asks every vnode"
             ));
         }
         if self.cluster.join_timeout_ms == 0 {

@@ -63,6 +63,14 @@ pub(crate) struct BrokerMetrics {
     pub scrub_broken: Counter,
     /// Broken copies rebuilt in place from an intact copy (ADR 0110).
     pub rebuilds: Counter,
+    /// Copies this broker removed because the metadata no longer lists
+    /// their segment: a deleted topic, retention, or an orphan (ADR 0115).
+    pub copies_removed: Counter,
+    /// Bytes those removals freed.
+    pub copies_removed_bytes: Counter,
+    /// Orphan sweeps skipped because a vnode did not answer or the ring
+    /// moved while they were asked (ADR 0115).
+    pub orphan_sweeps_skipped: Counter,
     /// Free bytes on the data volume at the last poll (ADR 0111).
     pub storage_free_bytes: Gauge,
     /// 1 while the data volume takes no records (`storage_full`), else 0.
@@ -138,6 +146,9 @@ impl BrokerMetrics {
             scrub_bytes: counter("malachi_scrub_bytes_total"),
             scrub_broken: counter("malachi_scrub_broken_total"),
             rebuilds: counter("malachi_rebuilds_total"),
+            copies_removed: counter("malachi_copies_removed_total"),
+            copies_removed_bytes: counter("malachi_copies_removed_bytes_total"),
+            orphan_sweeps_skipped: counter("malachi_orphan_sweeps_skipped_total"),
             storage_free_bytes: gauge("malachi_storage_free_bytes"),
             storage_full: gauge("malachi_storage_full"),
             recorder,

@@ -484,6 +484,11 @@ impl CoordinatorState {
 
     async fn delete_topic(&self, name: String) -> Result<(), CoordError> {
         let plane = self.shared.plane()?;
+        // Who holds what, read before the delete forgets it: the drop
+        // orders go to them once it commits (ADR 0115).
+        let holders = read_owner(plane.as_ref(), &name, |s| {
+            super::removal::holders_of(s, &name)
+        });
         let outcome = plane
             .propose(Command::DeleteTopic {
                 topic: name.clone(),
@@ -500,7 +505,10 @@ impl CoordinatorState {
         // two may race; both steps tolerate the other having run first.
         let shared = Arc::clone(&self.shared);
         let topic = name.clone();
-        tokio::spawn(async move { release_segments(&shared, &topic, segments).await });
+        tokio::spawn(async move {
+            release_segments(&shared, &topic, segments).await;
+            super::removal::send_drop_orders(&shared, &topic, holders).await;
+        });
         self.shared.forget_topic(&name);
         info!(topic = %name, "topic deleted");
         Ok(())
@@ -1209,12 +1217,24 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
         .into_iter()
         .filter(|id| !known.contains(id))
         .collect();
+    // The copy stays on disk (a drop order or the orphan sweep removes
+    // it, ADR 0115); only the actor and its open handle are released.
+    stop_segment_actors(shared, &orphans).await;
+    Ok(())
+}
+
+/// Stops the writers of `segments` (of deleted segments: found by their
+/// id suffix, since the name's range is no longer in the metadata) and
+/// closes their copies.
+pub(crate) async fn stop_segment_actors(shared: &Arc<Shared>, segments: &[SegmentId]) {
+    if segments.is_empty() {
+        return;
+    }
     let storage = shared.data.supervisor.read().clone();
-    if !orphans.is_empty()
-        && let Some(storage) = storage
+    if let Some(storage) = storage
         && let Ok(snapshot) = storage.snapshot().await
     {
-        for segment in orphans {
+        for segment in segments {
             let suffix = format!("/{}", segment.0);
             for child in &snapshot.children {
                 if child.name.starts_with("segment/") && child.name.ends_with(&suffix) {
@@ -1222,13 +1242,12 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
                     stop_segment_actor(&storage, &child.name).await;
                 }
             }
-            shared.data.segments.lock().remove(&segment);
-            // The copy stays on disk (the orphan sweeper's job); only its
-            // open handle is released.
-            close_copy(&shared.store, segment).await;
         }
     }
-    Ok(())
+    for &segment in segments {
+        shared.data.segments.lock().remove(&segment);
+        close_copy(&shared.store, segment).await;
+    }
 }
 
 /// The active segments of `state` placed on a broker outside `live` (dead

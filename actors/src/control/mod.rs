@@ -19,6 +19,7 @@ pub(crate) mod lease;
 pub(crate) mod manager;
 pub(crate) mod metadata;
 pub(crate) mod placement;
+pub(crate) mod removal;
 pub(crate) mod replica;
 pub(crate) mod replica_order;
 pub(crate) mod replica_status;

@@ -18,9 +18,9 @@ use malachi_cluster::group::RpcError;
 use malachi_cluster::model::{NodeId, SegmentId, SegmentState};
 use malachi_storage::{SegmentStore, StorageError};
 use malachi_wire::replica_order::{
-    CATCH_UP_API_KEY, CATCH_UP_BYTES_MAX, CatchUpRequest, CatchUpResponse, FENCE_API_KEY,
-    FenceRequest, FenceResponse, OrderEpoch, OrderRefusal, SEAL_API_KEY, SealRequest, SealResponse,
-    SealedAt,
+    CATCH_UP_API_KEY, CATCH_UP_BYTES_MAX, CatchUpRequest, CatchUpResponse, DROP_COPIES_API_KEY,
+    DropCopiesRequest, DropCopiesResponse, FENCE_API_KEY, FenceRequest, FenceResponse, OrderEpoch,
+    OrderRefusal, SEAL_API_KEY, SealRequest, SealResponse, SealedAt,
 };
 use malachi_wire::replication::{
     REPLICA_APPEND_API_KEY, ReplicaAppendRequest, ReplicaAppendResponse,
@@ -294,6 +294,11 @@ pub(crate) async fn serve_order(
         FENCE_API_KEY => serve_fence(shared, &body).await.encode(),
         CATCH_UP_API_KEY => serve_catch_up(shared, &body).await.encode(),
         SEAL_API_KEY => serve_seal(shared, &body).await.encode(),
+        // Boxed: its future (a vnode query, actor stops, file removals)
+        // would otherwise be laid out inside every caller of the router.
+        DROP_COPIES_API_KEY => Box::pin(super::removal::serve_drop_copies(shared, &body))
+            .await
+            .encode(),
         _ => return None,
     };
     Some(encoded.map(|b| b.to_vec()).map_err(|e| RpcError::Encode {
@@ -450,6 +455,17 @@ impl OrderClient {
             ));
         }
         Ok(verdicts)
+    }
+
+    /// A drop order to `node` (api key 106, ADR 0115).
+    pub(crate) async fn drop_copies(
+        &self,
+        node: u64,
+        request: &DropCopiesRequest,
+    ) -> Result<DropCopiesResponse, String> {
+        let body = request.encode().map_err(|e| e.to_string())?;
+        let answer = self.call(node, DROP_COPIES_API_KEY, body).await?;
+        DropCopiesResponse::decode(&answer).map_err(|e| e.to_string())
     }
 
     pub(crate) async fn repair(

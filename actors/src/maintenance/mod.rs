@@ -11,11 +11,12 @@
 //!   about against their recorded seals, at a bounded rate.
 //! - `space` (ADR 0111): polls the data volume's free bytes; below
 //!   `store.min_free_bytes` the broker refuses records until space returns.
+//! - `sweeper` (ADR 0115): removes the copies of segments no vnode lists,
+//!   once every vnode answered (a deleted topic's copies a drop order
+//!   missed).
 //!
-//! Planned here, not built yet: `retention` (seal and delete by age and size) and
-//! `orphan_sweeper` (delete the files of segments no metadata knows, once
-//! the delete is committed everywhere). Adding one changes this function
-//! and no tree above it.
+//! Planned here, not built yet: `retention` (seal and delete by age and
+//! size). Adding one changes this function and no tree above it.
 
 use std::sync::Arc;
 
@@ -27,6 +28,7 @@ pub(crate) mod failover;
 pub(crate) mod healer;
 pub(crate) mod scrubber;
 pub(crate) mod space;
+pub(crate) mod sweeper;
 
 /// The `maintenance` supervisor and its workers (OTP's default restart
 /// intensity).
@@ -35,6 +37,7 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
     let healer_shared = Arc::clone(shared);
     let scrubber_shared = Arc::clone(shared);
     let space_shared = Arc::clone(shared);
+    let sweeper_shared = Arc::clone(shared);
     SupervisorArgs::new("maintenance", Strategy::OneForOne)
         .child(ChildSpec::worker(
             "failover",
@@ -55,5 +58,10 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
             "space",
             || space::SpaceActor,
             move || Arc::clone(&space_shared),
+        ))
+        .child(ChildSpec::worker(
+            "sweeper",
+            || sweeper::SweeperActor,
+            move || Arc::clone(&sweeper_shared),
         ))
 }

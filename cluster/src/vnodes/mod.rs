@@ -248,6 +248,52 @@ enum Query {
     CursorKeys,
     /// The group's membership as its leader knows it (ADR 0104).
     Membership,
+    /// Which of these segment ids the group's metadata lists (ADR 0115):
+    /// the orphan sweeper's and a drop order's check. Last, so the
+    /// variants above encode as before. With a topic, a group whose arc
+    /// does not hold it (or holds it fenced) refuses rather than answer
+    /// "none": only the topic's own vnode can say its segments are gone.
+    ListsSegments {
+        topic: Option<String>,
+        segments: Vec<u64>,
+    },
+}
+
+/// The most segment ids one `ListsSegments` query carries.
+pub const LISTS_SEGMENTS_MAX: usize = 4096;
+
+/// What every vnode said of a set of segment ids (ADR 0115).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentListing {
+    /// The ids some vnode lists.
+    pub listed: BTreeSet<u64>,
+    /// The vnodes asked; all of them answered.
+    pub vnodes_asked: usize,
+}
+
+/// Why the cluster's answer about a set of segments is not whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListingError {
+    /// A vnode did not answer: nothing may be judged unlisted.
+    #[error("vnode {vnode} did not answer: {source}")]
+    Silent {
+        vnode: VnodeId,
+        #[source]
+        source: RouteError,
+    },
+    /// The ring changed (or a vnode split was under way) while the vnodes
+    /// were asked: a topic may have moved between two answers.
+    #[error(
+        "the ring changed while the vnodes were asked (version {before} to {after}, split pending: {pending})"
+    )]
+    RingMoved {
+        before: u64,
+        after: u64,
+        pending: bool,
+    },
+    /// More ids than one query carries.
+    #[error("{count} segment ids asked at once; at most {LISTS_SEGMENTS_MAX}")]
+    TooMany { count: usize },
 }
 
 /// Tells a broker a ring version exists (api key 216).
@@ -1248,6 +1294,96 @@ impl VnodeHost {
             .await
     }
 
+    /// Which of `segments` one vnode's metadata lists, read linearizably
+    /// from its leader (ADR 0115).
+    pub async fn segments_listed_by(
+        &self,
+        vnode: VnodeId,
+        segments: &[u64],
+    ) -> Result<Vec<u64>, RouteError> {
+        self.ask_listed(vnode, None, segments).await
+    }
+
+    /// Which of `segments`, all of `topic`, the topic's own vnode lists
+    /// (ADR 0115): a vnode that does not hold the topic refuses, so "not
+    /// listed" always comes from the one group that could list them.
+    pub async fn topic_segments_listed(
+        &self,
+        topic: &str,
+        segments: &[u64],
+    ) -> Result<Vec<u64>, RouteError> {
+        let vnode = self.ring().owner(topic).id;
+        self.ask_listed(vnode, Some(topic.to_owned()), segments)
+            .await
+    }
+
+    async fn ask_listed(
+        &self,
+        vnode: VnodeId,
+        topic: Option<String>,
+        segments: &[u64],
+    ) -> Result<Vec<u64>, RouteError> {
+        let query = encode_request(
+            &Query::ListsSegments {
+                topic,
+                segments: segments.to_vec(),
+            },
+            vnode,
+        )?;
+        self.route_group(vnode, FORWARD_QUERY_API_KEY, &query).await
+    }
+
+    /// Which of `segments` any vnode lists: every vnode of the ring, and
+    /// the ring's own group, is asked (ADR 0115, the seed's orphan rule).
+    /// Whole or nothing: a vnode that does not answer, or a ring that
+    /// changes or has a split pending while they are asked, is an error,
+    /// and then no id may be judged unlisted.
+    pub async fn segments_listed(&self, segments: &[u64]) -> Result<SegmentListing, ListingError> {
+        if segments.len() > LISTS_SEGMENTS_MAX {
+            return Err(ListingError::TooMany {
+                count: segments.len(),
+            });
+        }
+        let silent = |vnode, source| ListingError::Silent { vnode, source };
+        let before = self
+            .ring_record()
+            .await
+            .map_err(|e| silent(RING_VNODE, e))?;
+        if before.pending.is_some() {
+            let v = before.ring.version();
+            return Err(ListingError::RingMoved {
+                before: v,
+                after: v,
+                pending: true,
+            });
+        }
+        let mut vnodes: Vec<VnodeId> = before.ring.vnodes().map(|v| v.id).collect();
+        vnodes.push(RING_VNODE);
+        let mut listed = BTreeSet::new();
+        for &vnode in &vnodes {
+            let answer = self
+                .segments_listed_by(vnode, segments)
+                .await
+                .map_err(|e| silent(vnode, e))?;
+            listed.extend(answer);
+        }
+        let after = self
+            .ring_record()
+            .await
+            .map_err(|e| silent(RING_VNODE, e))?;
+        if after.ring.version() != before.ring.version() || after.pending.is_some() {
+            return Err(ListingError::RingMoved {
+                before: before.ring.version(),
+                after: after.ring.version(),
+                pending: after.pending.is_some(),
+            });
+        }
+        Ok(SegmentListing {
+            listed,
+            vnodes_asked: vnodes.len(),
+        })
+    }
+
     /// Applies a command in the ring's own group (`InitRing` and the split
     /// steps; `split_vnode` and `abort_split` are the usual way in).
     pub async fn propose_ring(&self, cmd: Command) -> Result<Verdict, RouteError> {
@@ -1639,6 +1775,31 @@ impl VnodeHost {
                             Forwarded::NotLeader {
                                 leader: group.leader_term().0,
                             }
+                        };
+                        encode(&answer)
+                    }
+                    Query::ListsSegments { topic, segments } => {
+                        let read = group
+                            .read(move |s| {
+                                if let Some(topic) = &topic {
+                                    s.check_topic_route(topic)?;
+                                }
+                                Ok::<_, ModelError>(
+                                    segments
+                                        .into_iter()
+                                        .filter(|id| {
+                                            s.segment(crate::model::SegmentId(*id)).is_some()
+                                        })
+                                        .collect::<Vec<u64>>(),
+                                )
+                            })
+                            .await;
+                        let answer = match read {
+                            Ok(Ok(listed)) => Forwarded::Done(listed),
+                            Ok(Err(refused)) => Forwarded::Failed {
+                                reason: refused.to_string(),
+                            },
+                            Err(e) => forwarded_error(e),
                         };
                         encode(&answer)
                     }
