@@ -217,6 +217,17 @@ pub enum InvalidCursor {
     Shape(ShapeProblem),
     #[error("cursor is stale: {0}")]
     Stale(StaleReason),
+    /// The cursor points into records retention deleted (ADR 0115). The
+    /// earliest position still held in that range's read plan is
+    /// `earliest_offset` of `earliest_segment`.
+    #[error(
+        "cursor points into records retention deleted: the earliest retained record of range {range} is offset {earliest_offset} of segment {earliest_segment}; read from the start"
+    )]
+    Expired {
+        range: RangeId,
+        earliest_segment: SegmentId,
+        earliest_offset: u64,
+    },
 }
 
 /// A body that decodes but is not a cursor this module would write.
@@ -282,6 +293,33 @@ impl fmt::Display for StaleReason {
             }
         }
     }
+}
+
+/// `Some(Expired)` when `segment`, missing from `range`'s read plan, is one
+/// retention removed from a range of that plan: a genuine cursor names
+/// only segments that existed, and of a live topic's segments only
+/// retention removes any.
+fn expired_in_plan(
+    state: &MetadataState,
+    range: RangeId,
+    segment: SegmentId,
+) -> Option<InvalidCursor> {
+    let plan = state.read_plan(range)?;
+    let removed = plan.slices.iter().any(|slice| {
+        state
+            .range(slice.range)
+            .and_then(|r| r.expired)
+            .is_some_and(|e| segment <= e.through)
+    });
+    if !removed {
+        return None;
+    }
+    let first = plan.slices.iter().flat_map(|s| s.segments.iter()).next()?;
+    Some(InvalidCursor::Expired {
+        range,
+        earliest_segment: first.segment,
+        earliest_offset: first.start_offset,
+    })
 }
 
 /// Why a cursor cannot be encoded: the caller built one larger than a reader would accept.
@@ -432,6 +470,9 @@ impl Cursor {
                     .iter()
                     .any(|s| s.segments.iter().any(|x| x.segment == segment))
             });
+            if !in_plan && let Some(expired) = expired_in_plan(state, range.id, segment) {
+                return Err(expired);
+            }
             let Some(found) = state.segment(segment).filter(|_| in_plan) else {
                 return stale(StaleReason::UnknownSegment {
                     range: range_id,

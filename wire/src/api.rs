@@ -42,6 +42,12 @@ pub enum ApiKey {
     /// The cluster's members, where their vnode replicas are, and the
     /// operator's decommission (ADR 0104), run from any broker.
     ClusterMembers = 24,
+    /// Defines or redefines a storage policy (ADR 0115).
+    PutPolicy = 25,
+    /// The cluster's storage policies, or one by name.
+    ListPolicies = 26,
+    /// Removes a storage policy definition.
+    DeletePolicy = 27,
 }
 
 /// A supported version range for one api key, as `api_versions` reports it.
@@ -57,7 +63,7 @@ pub const RESERVED: &[(u16, &str)] = &[
     (101, "catch_up"),
     (102, "seal"),
     (103, "fence"),
-    (104, "delete_copy"),
+    (104, "drop_copies"),
     (105, "replica_status"),
     (200, "vote"),
     (201, "append_entries"),
@@ -87,7 +93,7 @@ pub const RESERVED_BLOCKS: &[(u16, u16, &str)] = &[
 
 impl ApiKey {
     /// Every implemented key, in number order.
-    pub const ALL: [ApiKey; 16] = [
+    pub const ALL: [ApiKey; 19] = [
         ApiKey::ApiVersions,
         ApiKey::CreateTopic,
         ApiKey::DeleteTopic,
@@ -104,6 +110,9 @@ impl ApiKey {
         ApiKey::VnodeList,
         ApiKey::VnodeSplit,
         ApiKey::ClusterMembers,
+        ApiKey::PutPolicy,
+        ApiKey::ListPolicies,
+        ApiKey::DeletePolicy,
     ];
 
     /// The stable number carried in the request frame.
@@ -150,6 +159,9 @@ impl ApiKey {
             ApiKey::VnodeList => "vnode_list",
             ApiKey::VnodeSplit => "vnode_split",
             ApiKey::ClusterMembers => "cluster_members",
+            ApiKey::PutPolicy => "put_policy",
+            ApiKey::ListPolicies => "list_policies",
+            ApiKey::DeletePolicy => "delete_policy",
         }
     }
 }

@@ -39,6 +39,9 @@ pub enum ErrorCode {
     NotBuddies,
     /// 15: the cursor is malformed, forged, or from another incarnation.
     InvalidCursor,
+    /// 19: the cursor points into records retention deleted; the message
+    /// names the earliest retained position (ADR 0115).
+    CursorExpired,
     /// 16: the named storage policy does not exist.
     PolicyNotFound,
     /// 17: a subscribe_credit named a subscription this connection does not have.
@@ -92,7 +95,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every known code, in number order (used by tests and the docs table).
-    pub const KNOWN: [ErrorCode; 31] = [
+    pub const KNOWN: [ErrorCode; 32] = [
         ErrorCode::None,
         ErrorCode::UnknownServerError,
         ErrorCode::InvalidRequest,
@@ -106,6 +109,7 @@ impl ErrorCode {
         ErrorCode::RangeNotFound,
         ErrorCode::NotBuddies,
         ErrorCode::InvalidCursor,
+        ErrorCode::CursorExpired,
         ErrorCode::PolicyNotFound,
         ErrorCode::SubscriptionNotFound,
         ErrorCode::VnodeNotFound,
@@ -142,6 +146,7 @@ impl ErrorCode {
             ErrorCode::RangeNotFound => 13,
             ErrorCode::NotBuddies => 14,
             ErrorCode::InvalidCursor => 15,
+            ErrorCode::CursorExpired => 19,
             ErrorCode::PolicyNotFound => 16,
             ErrorCode::SubscriptionNotFound => 17,
             ErrorCode::VnodeNotFound => 18,
@@ -211,6 +216,7 @@ impl ErrorCode {
             ErrorCode::RangeNotFound => "range_not_found",
             ErrorCode::NotBuddies => "not_buddies",
             ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::CursorExpired => "cursor_expired",
             ErrorCode::PolicyNotFound => "policy_not_found",
             ErrorCode::SubscriptionNotFound => "subscription_not_found",
             ErrorCode::VnodeNotFound => "vnode_not_found",
@@ -366,6 +372,7 @@ mod tests {
         assert!(ErrorCode::Timeout.retriable());
         assert!(ErrorCode::NoQuorum.retriable());
         assert!(!ErrorCode::InvalidCursor.retriable());
+        assert!(!ErrorCode::CursorExpired.retriable());
         assert!(!ErrorCode::TopicNotFound.retriable());
         assert!(!ErrorCode::UnknownServerError.retriable());
     }

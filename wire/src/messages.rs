@@ -303,6 +303,121 @@ impl Message for DeleteTopicResponse {
     }
 }
 
+/// The most placement constraints one storage policy carries.
+pub const POLICY_CONSTRAINTS_MAX: usize = 16;
+/// The longest placement constraint, in bytes.
+pub const POLICY_CONSTRAINT_BYTES_MAX: usize = 256;
+/// The most policies one `list_policies` answer carries.
+pub const POLICIES_MAX: usize = 4096;
+
+/// A storage policy (ADR 0115): a name, a retention rule and placement
+/// constraints. Unset retention bounds keep data for ever.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PolicyDescription {
+    pub name: String,
+    /// Sealed segments go once sealed this long.
+    #[serde(default)]
+    pub retention_age_ms: Option<u64>,
+    /// The oldest sealed segments go while a topic's sealed bytes exceed this.
+    #[serde(default)]
+    pub retention_bytes: Option<u64>,
+    /// Placement constraint expressions over broker attributes.
+    #[serde(default)]
+    pub placement: Vec<String>,
+}
+
+impl PolicyDescription {
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)?;
+        check_len("placement", self.placement.len(), POLICY_CONSTRAINTS_MAX)?;
+        for constraint in &self.placement {
+            check_len("placement", constraint.len(), POLICY_CONSTRAINT_BYTES_MAX)?;
+        }
+        Ok(())
+    }
+}
+
+/// `put_policy` (25): defines or redefines a storage policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PutPolicyRequest {
+    pub policy: PolicyDescription,
+}
+
+impl Message for PutPolicyRequest {
+    const NAME: &'static str = "put_policy_request";
+    fn check(&self) -> Result<(), WireError> {
+        self.policy.check()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PutPolicyResponse {
+    pub name: String,
+}
+
+impl Message for PutPolicyResponse {
+    const NAME: &'static str = "put_policy_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)
+    }
+}
+
+/// `list_policies` (26): every policy, or the one named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ListPoliciesRequest {
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl Message for ListPoliciesRequest {
+    const NAME: &'static str = "list_policies_request";
+    fn check(&self) -> Result<(), WireError> {
+        if let Some(name) = &self.name {
+            check_name("name", name)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ListPoliciesResponse {
+    pub policies: Vec<PolicyDescription>,
+}
+
+impl Message for ListPoliciesResponse {
+    const NAME: &'static str = "list_policies_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("policies", self.policies.len(), POLICIES_MAX)?;
+        self.policies.iter().try_for_each(PolicyDescription::check)
+    }
+}
+
+/// `delete_policy` (27): removes a policy definition. Topics naming it
+/// keep the name, which then holds their data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DeletePolicyRequest {
+    pub name: String,
+}
+
+impl Message for DeletePolicyRequest {
+    const NAME: &'static str = "delete_policy_request";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DeletePolicyResponse {
+    pub name: String,
+}
+
+impl Message for DeletePolicyResponse {
+    const NAME: &'static str = "delete_policy_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_name("name", &self.name)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ListTopicsRequest {}
 
@@ -1295,4 +1410,7 @@ operations! {
     VnodeList => VnodeListRequest, VnodeListResponse;
     VnodeSplit => VnodeSplitRequest, VnodeSplitResponse;
     ClusterMembers => ClusterMembersRequest, ClusterMembersResponse;
+    PutPolicy => PutPolicyRequest, PutPolicyResponse;
+    ListPolicies => ListPoliciesRequest, ListPoliciesResponse;
+    DeletePolicy => DeletePolicyRequest, DeletePolicyResponse;
 }

@@ -31,9 +31,9 @@ use crate::error::WireError;
 use crate::limits::{NAME_BYTES_MAX, NESTING_DEPTH_MAX};
 use crate::replication::REFUSAL_MESSAGE_BYTES_MAX;
 
-/// Drop copies (106, issue 21, ADR 0115): the segments named are no longer
+/// Drop copies (104, issue 21, ADR 0115): the segments named are no longer
 /// in the metadata (a deleted topic, retention); remove their copies.
-pub const DROP_COPIES_API_KEY: u16 = 106;
+pub const DROP_COPIES_API_KEY: u16 = 104;
 /// The most segment ids one drop order names.
 pub const DROP_COPIES_SEGMENTS_MAX: usize = 4096;
 
@@ -310,7 +310,7 @@ impl SealResponse {
     }
 }
 
-/// Drop copies (106): sent by a vnode's coordinator once a delete of the
+/// Drop copies (104): sent by a vnode's coordinator once a delete of the
 /// segments committed. The holder checks with the topic's vnode that none
 /// is listed before it removes anything, so a stale or misdirected order
 /// removes nothing that is still wanted.

@@ -388,6 +388,43 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
             }),
         ),
         (
+            "put_policy",
+            Request::PutPolicy(PutPolicyRequest {
+                policy: PolicyDescription {
+                    name: "week".into(),
+                    retention_age_ms: Some(604_800_000),
+                    retention_bytes: Some(1 << 30),
+                    placement: vec!["distinct(zone) >= 2".into()],
+                },
+            }),
+            Response::PutPolicy(PutPolicyResponse {
+                name: "week".into(),
+            }),
+        ),
+        (
+            "list_policies",
+            Request::ListPolicies(ListPoliciesRequest {
+                name: Some("week".into()),
+            }),
+            Response::ListPolicies(ListPoliciesResponse {
+                policies: vec![PolicyDescription {
+                    name: "week".into(),
+                    retention_age_ms: Some(604_800_000),
+                    retention_bytes: None,
+                    placement: Vec::new(),
+                }],
+            }),
+        ),
+        (
+            "delete_policy",
+            Request::DeletePolicy(DeletePolicyRequest {
+                name: "week".into(),
+            }),
+            Response::DeletePolicy(DeletePolicyResponse {
+                name: "week".into(),
+            }),
+        ),
+        (
             "vnode_split",
             Request::VnodeSplit(VnodeSplitRequest { vnode: 0 }),
             Response::VnodeSplit(VnodeSplitResponse {

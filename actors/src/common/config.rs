@@ -257,6 +257,10 @@ impl Default for ClusterSettings {
 pub const ORPHAN_SWEEP_MS_DEFAULT: u64 = 60_000;
 /// The default `maintenance.orphan_grace_ms`.
 pub const ORPHAN_GRACE_MS_DEFAULT: u64 = 60_000;
+/// The default `maintenance.retention_sweep_ms`.
+pub const RETENTION_SWEEP_MS_DEFAULT: u64 = 60_000;
+/// The shortest `maintenance.retention_sweep_ms`.
+pub const RETENTION_SWEEP_MS_MIN: u64 = 100;
 /// The shortest `maintenance.orphan_sweep_ms`: each pass asks every vnode.
 pub const ORPHAN_SWEEP_MS_MIN: u64 = 1_000;
 
@@ -271,6 +275,12 @@ pub struct MaintenanceSettings {
     /// A copy whose files changed this recently is never an orphan
     /// candidate, whatever the metadata says.
     pub orphan_grace_ms: u64,
+    /// How often each vnode's coordinator applies its topics' retention.
+    pub retention_sweep_ms: u64,
+    /// The age backstop for a topic naming a policy no definition backs:
+    /// its sealed segments go once sealed this long. Unset (the default),
+    /// such a topic keeps all of its data.
+    pub unresolved_policy_age_ms: Option<u64>,
 }
 
 impl Default for MaintenanceSettings {
@@ -278,6 +288,8 @@ impl Default for MaintenanceSettings {
         MaintenanceSettings {
             orphan_sweep_ms: ORPHAN_SWEEP_MS_DEFAULT,
             orphan_grace_ms: ORPHAN_GRACE_MS_DEFAULT,
+            retention_sweep_ms: RETENTION_SWEEP_MS_DEFAULT,
+            unresolved_policy_age_ms: None,
         }
     }
 }
@@ -692,6 +704,11 @@ impl BrokerConfig {
         if self.maintenance.orphan_sweep_ms < ORPHAN_SWEEP_MS_MIN {
             return bad(format!(
                 "maintenance.orphan_sweep_ms must be at least {ORPHAN_SWEEP_MS_MIN} ms: each pass asks every vnode"
+            ));
+        }
+        if self.maintenance.retention_sweep_ms < RETENTION_SWEEP_MS_MIN {
+            return bad(format!(
+                "maintenance.retention_sweep_ms must be at least {RETENTION_SWEEP_MS_MIN} ms"
             ));
         }
         if self.cluster.join_timeout_ms == 0 {

@@ -71,6 +71,8 @@ pub(crate) struct BrokerMetrics {
     /// Orphan sweeps skipped because a vnode did not answer or the ring
     /// moved while they were asked (ADR 0115).
     pub orphan_sweeps_skipped: Counter,
+    /// Sealed segments retention expired (ADR 0115).
+    pub segments_expired: Counter,
     /// Free bytes on the data volume at the last poll (ADR 0111).
     pub storage_free_bytes: Gauge,
     /// 1 while the data volume takes no records (`storage_full`), else 0.
@@ -149,6 +151,7 @@ impl BrokerMetrics {
             copies_removed: counter("malachi_copies_removed_total"),
             copies_removed_bytes: counter("malachi_copies_removed_bytes_total"),
             orphan_sweeps_skipped: counter("malachi_orphan_sweeps_skipped_total"),
+            segments_expired: counter("malachi_segments_expired_total"),
             storage_free_bytes: gauge("malachi_storage_free_bytes"),
             storage_full: gauge("malachi_storage_full"),
             recorder,
@@ -228,6 +231,24 @@ impl BrokerMetrics {
                 )
                 .set(counts.get(word).copied().unwrap_or(0) as f64);
         }
+    }
+
+    /// `malachi_topic_policy_unresolved{topic,policy}`: 1 while the topic
+    /// names a policy no definition backs (it keeps all of its data), 0
+    /// once it resolves (ADR 0115).
+    pub fn policy_unresolved(&self, topic: &str, policy: &str, unresolved: bool) {
+        self.recorder
+            .register_gauge(
+                &Key::from_parts(
+                    "malachi_topic_policy_unresolved",
+                    vec![
+                        Label::new("topic", topic.to_owned()),
+                        Label::new("policy", policy.to_owned()),
+                    ],
+                ),
+                &METADATA,
+            )
+            .set(if unresolved { 1.0 } else { 0.0 });
     }
 
     /// The Prometheus text exposition of every metric.

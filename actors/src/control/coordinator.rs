@@ -1618,6 +1618,11 @@ pub(crate) struct CoordinatorRun {
     /// segments for an orphaned fence, and the last segment asked about.
     probed_at: Option<std::time::Instant>,
     probe_after: u64,
+    /// When the last retention pass started, the pass while it runs, and
+    /// the topics it found naming an unresolved policy (ADR 0115).
+    retained_at: Option<std::time::Instant>,
+    retention: Option<tokio::task::JoinHandle<super::retention::Unresolved>>,
+    unresolved: super::retention::Unresolved,
 }
 
 impl CoordinatorRun {
@@ -1857,6 +1862,7 @@ impl CoordinatorRun {
         if !allowed {
             return;
         }
+        self.retention().await;
         let (Some(fabric), Some(group)) = (self.logic.shared.fabric(), group) else {
             return;
         };
@@ -1888,6 +1894,43 @@ impl CoordinatorRun {
             }
             self.stranded = now;
         }
+    }
+}
+
+impl CoordinatorRun {
+    /// Starts a retention pass every `maintenance.retention_sweep_ms`, on
+    /// a task (its proposals and drop orders would hold the mailbox), one
+    /// at a time; a finished pass's unresolved topics set the gauge.
+    async fn retention(&mut self) {
+        if let Some(task) = &self.retention {
+            if !task.is_finished() {
+                return;
+            }
+            if let Some(task) = self.retention.take()
+                && let Ok(unresolved) = task.await
+            {
+                let metrics = &self.logic.shared.metrics;
+                for (topic, policy) in self.unresolved.difference(&unresolved) {
+                    metrics.policy_unresolved(topic, policy, false);
+                }
+                for (topic, policy) in &unresolved {
+                    metrics.policy_unresolved(topic, policy, true);
+                }
+                self.unresolved = unresolved;
+            }
+        }
+        let every = std::time::Duration::from_millis(
+            self.logic.shared.config.maintenance.retention_sweep_ms,
+        );
+        if self.retained_at.is_some_and(|at| at.elapsed() < every) {
+            return;
+        }
+        self.retained_at = Some(std::time::Instant::now());
+        let shared = Arc::clone(&self.logic.shared);
+        let vnode = self.logic.vnode;
+        self.retention = Some(tokio::spawn(super::retention::retention_pass(
+            shared, vnode,
+        )));
     }
 }
 
@@ -1934,6 +1977,9 @@ impl Actor for CoordinatorActor {
             scrub_after: 0,
             probed_at: None,
             probe_after: 0,
+            retained_at: None,
+            retention: None,
+            unresolved: Default::default(),
         })
     }
 
@@ -1972,6 +2018,11 @@ impl Actor for CoordinatorActor {
         }
         if let Some(failures) = state.failures.take() {
             failures.abort();
+        }
+        // A retention pass runs under this coordinator's lease: it stops
+        // with it (a proposal it made still commits or not, as any).
+        if let Some(retention) = state.retention.take() {
+            retention.abort();
         }
         // The upkeep has stopped with the actor: give the lease up so the
         // next leader's coordinator need not wait it out. Off the stop path:

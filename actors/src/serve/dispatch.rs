@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 use super::error::ServeError;
 use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
-use super::{cluster, fetch, topics, vnodes};
+use super::{cluster, fetch, policies, topics, vnodes};
 use crate::control::placement::{Serve, serve_here};
 use crate::control::shared::Shared;
 
@@ -154,6 +154,15 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
         Request::ClusterMembers(req) => vnodes::cluster_members(shared, req)
             .await
             .map(Response::ClusterMembers),
+        Request::PutPolicy(req) => policies::put_policy(shared, req)
+            .await
+            .map(Response::PutPolicy),
+        Request::ListPolicies(req) => policies::list_policies(shared, req)
+            .await
+            .map(Response::ListPolicies),
+        Request::DeletePolicy(req) => policies::delete_policy(shared, req)
+            .await
+            .map(Response::DeletePolicy),
         Request::Subscribe(_) | Request::SubscribeCredit(_) => {
             Err(ServeError::SubscriptionMisrouted)
         }

@@ -114,6 +114,16 @@ pub(crate) enum ServeError {
     NoActiveRange { topic: String },
     #[error("{reason}")]
     InvalidCursor { reason: String },
+    /// The cursor points into records retention deleted (ADR 0115); the
+    /// reason names the earliest retained position.
+    #[error("{reason}")]
+    CursorExpired { reason: String },
+    #[error("no storage policy {name}")]
+    PolicyNotFound { name: String },
+    #[error("invalid storage policy {name}: {reason}")]
+    InvalidPolicy { name: String, reason: String },
+    #[error("{0}")]
+    Policy(#[from] crate::control::policies::PolicyError),
     #[error("the cursor belongs to topic {cursor_topic}")]
     CursorOfOtherTopic { cursor_topic: String },
     /// This broker has not learned the cluster's cursor keys yet (the ring
@@ -261,6 +271,10 @@ impl ServeError {
             ServeError::InvalidCursor { .. } | ServeError::CursorOfOtherTopic { .. } => {
                 ErrorCode::InvalidCursor
             }
+            ServeError::CursorExpired { .. } => ErrorCode::CursorExpired,
+            ServeError::PolicyNotFound { .. } => ErrorCode::PolicyNotFound,
+            ServeError::InvalidPolicy { .. } => ErrorCode::InvalidRequest,
+            ServeError::Policy(e) => policy_code(e),
             ServeError::TooManySubscriptions { .. } | ServeError::SegmentBusy { .. } => {
                 ErrorCode::Busy
             }
@@ -344,6 +358,15 @@ fn model_code(e: &ModelError) -> ErrorCode {
         ModelError::AlreadySealed { .. } => ErrorCode::AlreadySealed,
         ModelError::NoSuchPolicy { .. } => ErrorCode::PolicyNotFound,
         _ => ErrorCode::InvalidRequest,
+    }
+}
+
+fn policy_code(e: &crate::control::policies::PolicyError) -> ErrorCode {
+    use crate::control::policies::PolicyError;
+    match e {
+        PolicyError::Metadata(m) => m.error_code(),
+        PolicyError::Route(r) => route_code(r),
+        PolicyError::Model(m) => model_code(m),
     }
 }
 

@@ -129,11 +129,16 @@ pub(crate) fn start_positions(
         let incarnation = topic.incarnation.0;
         let cursor = match verified {
             Some(cursor) => {
-                cursor
-                    .validate(state)
-                    .map_err(|e| ServeError::InvalidCursor {
+                cursor.validate(state).map_err(|e| match e {
+                    malachi_cluster::cursor::InvalidCursor::Expired { .. } => {
+                        ServeError::CursorExpired {
+                            reason: e.to_string(),
+                        }
+                    }
+                    e => ServeError::InvalidCursor {
                         reason: e.to_string(),
-                    })?;
+                    },
+                })?;
                 if cursor.topic != req.topic {
                     return Err(ServeError::CursorOfOtherTopic {
                         cursor_topic: cursor.topic,

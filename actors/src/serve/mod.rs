@@ -20,6 +20,7 @@ pub(crate) mod dispatch;
 pub(crate) mod error;
 pub(crate) mod fetch;
 pub(crate) mod listener;
+pub(crate) mod policies;
 pub(crate) mod produce;
 pub(crate) mod read;
 pub(crate) mod reply;

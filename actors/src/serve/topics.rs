@@ -113,6 +113,14 @@ pub(crate) async fn describe_topic(
     match plane.describe(&req.name).await.map_err(not_serving)? {
         Some(d) => {
             let mut topic = describe_to_wire(&d);
+            // Policies live in the ring's group, not the topic's vnode
+            // (ADR 0115): whether the name resolves is asked there. If the
+            // ring's group does not answer, the vnode's own word stands.
+            if let Some(name) = &topic.policy
+                && let Ok(all) = crate::control::policies::policies(shared).await
+            {
+                topic.policy_resolved = all.contains_key(name);
+            }
             add_live_figures(shared, &mut topic, req.live).await;
             Ok(wire::DescribeTopicResponse { topic })
         }

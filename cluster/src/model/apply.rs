@@ -162,6 +162,7 @@ impl MetadataState {
                 formed,
                 replicas,
             } => self.decommission_node(node, &formed, replicas),
+            Command::ExpireSegments { topic, segments } => self.expire_segments(&topic, &segments),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(
@@ -322,6 +323,7 @@ impl MetadataState {
             children: Vec::new(),
             segments: vec![segment_id],
             created_at_ms: at_ms,
+            expired: None,
         };
         self.segments.insert(segment_id, segment);
         self.ranges.insert(range_id, range);

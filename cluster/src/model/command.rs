@@ -169,6 +169,16 @@ pub enum Command {
         formed: Vec<u64>,
         replicas: u32,
     },
+    /// Retention (ADR 0115): forgets these sealed segments of the topic, in
+    /// order. Each must be the first segment its range still lists, and
+    /// every range its range succeeded must list none, so a key's history
+    /// only ever loses its oldest records. Refused whole otherwise. The
+    /// data plane then removes their copies. Last, so the variants above
+    /// encode as before.
+    ExpireSegments {
+        topic: String,
+        segments: Vec<SegmentId>,
+    },
 }
 
 impl Command {
@@ -192,7 +202,8 @@ impl Command {
             | Command::SealSegment { topic, .. }
             | Command::SplitRange { topic, .. }
             | Command::MergeRanges { topic, .. }
-            | Command::ReplaceReplica { topic, .. } => Some(topic),
+            | Command::ReplaceReplica { topic, .. }
+            | Command::ExpireSegments { topic, .. } => Some(topic),
             Command::PutPolicy { .. }
             | Command::RemovePolicy { .. }
             | Command::AssignArc { .. }
@@ -287,6 +298,11 @@ pub enum Outcome {
     /// The command was a repeat of one already applied (a re-seal at the
     /// recorded seal, sealing a sealed topic): nothing changed.
     Unchanged,
+    /// Retention forgot these segments (ADR 0115); the data plane removes
+    /// their copies. Last, so the variants above encode as before.
+    SegmentsExpired {
+        segments: Vec<SegmentId>,
+    },
 }
 
 /// A refused command. The state is left exactly as it was.
@@ -423,6 +439,9 @@ pub enum ModelError {
     },
     #[error("node id 0 is not a broker")]
     InvalidNode,
+    /// Retention may not forget this segment now (ADR 0115).
+    #[error("segment {segment} cannot expire: {reason}")]
+    NotExpirable { segment: SegmentId, reason: String },
 }
 
 impl ModelError {

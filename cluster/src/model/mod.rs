@@ -19,6 +19,7 @@ mod cursor_keys;
 mod describe;
 mod keyspace;
 mod read_plan;
+mod retention;
 mod state;
 
 pub use apply::validate_name as validate_topic_name;
@@ -32,8 +33,9 @@ pub use cursor_keys::{CURSOR_KEYS_MAX, CursorKeyEntry, CursorKeyRing, CursorSecr
 pub use describe::{RangeDescription, SegmentDescription, TopicDescription};
 pub use keyspace::{Band, BandError, POSITION_BITS, position};
 pub use read_plan::{ReadPlan, ReadSlice, SegmentSpan};
+pub use retention::{EXPIRE_SEGMENTS_MAX, RetentionRule};
 pub use state::{
-    Incarnation, InvariantViolation, MetadataState, NodeId, Range, RangeId, RangeState,
+    Expired, Incarnation, InvariantViolation, MetadataState, NodeId, Range, RangeId, RangeState,
     SNAPSHOT_VERSION, SealRecord, Segment, SegmentId, SegmentState, SnapshotError, StoragePolicy,
     Topic, TopicState,
 };

@@ -99,8 +99,25 @@ pub struct Range {
     /// The ranges that succeeded this one, set when it is sealed.
     pub children: Vec<RangeId>,
     /// The range's segments in offset order; all but the last are sealed.
+    /// Retention removes them from the front (ADR 0115): a sealed range
+    /// whose every segment expired lists none.
     pub segments: Vec<SegmentId>,
     pub created_at_ms: u64,
+    /// What retention has removed from the front of `segments`: the last
+    /// segment it removed and the offset the retained records start at.
+    /// Last, with a default and left out while absent, so states from
+    /// before retention encode and decode as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired: Option<Expired>,
+}
+
+/// The front of a range retention removed (ADR 0115).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expired {
+    /// The newest segment removed: every segment of the range up to it is gone.
+    pub through: SegmentId,
+    /// The range's first retained offset (the end of `through`).
+    pub end_offset: u64,
 }
 
 impl Range {
@@ -273,6 +290,12 @@ impl MetadataState {
 
     pub fn policy(&self, name: &str) -> Option<&StoragePolicy> {
         self.policies.get(name)
+    }
+
+    /// Every storage policy this group holds, by name. The cluster's
+    /// policies live in the ring's group (ADR 0115).
+    pub fn policies(&self) -> &BTreeMap<String, StoragePolicy> {
+        &self.policies
     }
 
     /// The active ranges of a topic in keyspace order.
@@ -510,8 +533,11 @@ impl MetadataState {
 
     fn check_range_segments(&self, range: &Range) -> Result<(), InvariantViolation> {
         let id = range.id;
-        ensure!(!range.segments.is_empty(), "range {id} has no segment");
-        let mut next_offset = Some(0u64);
+        ensure!(
+            !range.segments.is_empty() || (range.expired.is_some() && !range.is_active()),
+            "range {id} has no segment"
+        );
+        let mut next_offset = Some(range.expired.map_or(0, |e| e.end_offset));
         for (i, segment_id) in range.segments.iter().enumerate() {
             let segment = self.segments.get(segment_id);
             let Some(segment) = segment else {

@@ -257,6 +257,8 @@ enum Query {
         topic: Option<String>,
         segments: Vec<u64>,
     },
+    /// The cluster's storage policies: the ring group's (ADR 0115).
+    Policies,
 }
 
 /// The most segment ids one `ListsSegments` query carries.
@@ -1384,6 +1386,16 @@ impl VnodeHost {
         })
     }
 
+    /// The cluster's storage policies, read linearizably from the ring
+    /// group's leader (ADR 0115). Defined and removed with `propose_ring`.
+    pub async fn policies(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, crate::model::StoragePolicy>, RouteError> {
+        let query = encode_request(&Query::Policies, RING_VNODE)?;
+        self.route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
+            .await
+    }
+
     /// Applies a command in the ring's own group (`InitRing` and the split
     /// steps; `split_vnode` and `abort_split` are the usual way in).
     pub async fn propose_ring(&self, cmd: Command) -> Result<Verdict, RouteError> {
@@ -1799,6 +1811,13 @@ impl VnodeHost {
                             Ok(Err(refused)) => Forwarded::Failed {
                                 reason: refused.to_string(),
                             },
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                    Query::Policies => {
+                        let answer = match group.read(|s| s.policies().clone()).await {
+                            Ok(policies) => Forwarded::Done(policies),
                             Err(e) => forwarded_error(e),
                         };
                         encode(&answer)

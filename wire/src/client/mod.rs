@@ -435,6 +435,33 @@ impl Client {
         self.call(Some(name), &request).await
     }
 
+    /// Defines or redefines a storage policy (ADR 0115).
+    pub async fn put_policy(
+        &self,
+        policy: PolicyDescription,
+    ) -> Result<PutPolicyResponse, ClientError> {
+        self.call(None, &PutPolicyRequest { policy }).await
+    }
+
+    /// The cluster's storage policies, or the one named.
+    pub async fn list_policies(
+        &self,
+        name: Option<&str>,
+    ) -> Result<ListPoliciesResponse, ClientError> {
+        let request = ListPoliciesRequest {
+            name: name.map(str::to_owned),
+        };
+        self.call(None, &request).await
+    }
+
+    /// Removes a storage policy definition.
+    pub async fn delete_policy(&self, name: &str) -> Result<DeletePolicyResponse, ClientError> {
+        let request = DeletePolicyRequest {
+            name: name.to_owned(),
+        };
+        self.call(None, &request).await
+    }
+
     pub async fn list_topics(&self) -> Result<ListTopicsResponse, ClientError> {
         self.call(None, &ListTopicsRequest {}).await
     }

@@ -1,0 +1,53 @@
+//! Storage policies as cluster-wide admin objects (issue 21, ADR 0115):
+//! defined, listed and removed in the ring's own raft group, beside the
+//! ring and the cursor keys, never in a topic's vnode. A broker without
+//! vnodes (the file or single-group backends) keeps them in its one group.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use malachi_cluster::model::{Command, ModelError, Outcome, StoragePolicy};
+use malachi_cluster::vnodes::RouteError;
+
+use super::shared::Shared;
+use crate::common::error::MetadataError;
+
+/// Why a policy could not be read or changed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum PolicyError {
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// The cluster's policies, read linearizably where they are kept.
+pub(crate) async fn policies(
+    shared: &Arc<Shared>,
+) -> Result<BTreeMap<String, StoragePolicy>, PolicyError> {
+    let plane = shared.plane()?;
+    if let Some(host) = plane.host() {
+        return Ok(host.policies().await?);
+    }
+    let mut all = BTreeMap::new();
+    plane.view_each(&mut |state| {
+        all.extend(state.policies().iter().map(|(k, v)| (k.clone(), v.clone())));
+    });
+    Ok(all)
+}
+
+/// Defines, redefines or removes a policy (`PutPolicy`, `RemovePolicy`).
+pub(crate) async fn propose(shared: &Arc<Shared>, cmd: Command) -> Result<Outcome, PolicyError> {
+    debug_assert!(matches!(
+        cmd,
+        Command::PutPolicy { .. } | Command::RemovePolicy { .. }
+    ));
+    let plane = shared.plane()?;
+    let verdict = match plane.host() {
+        Some(host) => host.propose_ring(cmd).await?,
+        None => plane.propose(cmd).await?,
+    };
+    Ok(verdict?)
+}
