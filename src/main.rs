@@ -130,6 +130,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Tree(output) => cli::client::tree(output).await,
         Command::Cluster(command) => cli::client::cluster(command).await,
         Command::Vnode(command) => cli::vnode::vnode(command).await,
+        Command::Policy(command) => cli::policy::policy(command).await,
         Command::Bench(BenchCommand::Produce(args)) => cli::bench::produce(args).await,
         Command::Bench(BenchCommand::Consume(args)) => cli::bench::consume(args).await,
         Command::Bench(BenchCommand::Compare(args)) => cli::bench::compare::compare(args).await,

@@ -463,3 +463,77 @@ fn produce_sends_a_line_as_soon_as_it_is_typed_not_only_at_the_end_of_stdin() {
         out(&output)
     );
 }
+
+#[test]
+fn policies_are_created_listed_described_resolved_and_deleted() {
+    let running = start();
+    let b = running.addr();
+    // A topic may name a policy before it exists: it keeps all its data.
+    ok(malachi(
+        b,
+        &["topic", "create", "e2e-kept", "--policy", "week"],
+        "",
+    ));
+    let before = json_lines(&out(&ok(malachi(
+        b,
+        &["topic", "describe", "e2e-kept", "--json"],
+        "",
+    ))));
+    assert_eq!(before[0]["policy_resolved"], false);
+
+    let created = ok(malachi(
+        b,
+        &[
+            "policy",
+            "create",
+            "week",
+            "--retention-age",
+            "7d",
+            "--retention-bytes",
+            "10GiB",
+        ],
+        "",
+    ));
+    assert_eq!(out(&created), "policy week defined\n");
+    let listed = out(&ok(malachi(b, &["policy", "list"], "")));
+    assert_eq!(
+        listed,
+        "week  retention_age=7d  retention_bytes=10737418240  placement=-\n"
+    );
+    let described = json_lines(&out(&ok(malachi(
+        b,
+        &["policy", "describe", "week", "--json"],
+        "",
+    ))));
+    assert_eq!(described[0]["retention_age_ms"], 604_800_000u64);
+    assert_eq!(described[0]["retention_bytes"], 10_737_418_240u64);
+    let after = json_lines(&out(&ok(malachi(
+        b,
+        &["topic", "describe", "e2e-kept", "--json"],
+        "",
+    ))));
+    assert_eq!(after[0]["policy_resolved"], true);
+
+    let deleted = ok(malachi(b, &["policy", "delete", "week"], ""));
+    assert_eq!(out(&deleted), "deleted policy week\n");
+    assert_eq!(
+        out(&ok(malachi(b, &["policy", "list"], ""))),
+        "no policies\n"
+    );
+    // Describing or deleting a policy that does not exist is one line
+    // naming the typed error.
+    for form in [
+        &["policy", "describe", "week"][..],
+        &["policy", "delete", "week"],
+    ] {
+        let line = one_line_failure(&malachi(b, form, ""));
+        assert!(line.contains("policy_not_found"), "{form:?}: {line}");
+    }
+    // A zero bound is refused before it reaches the broker.
+    let refused = malachi(
+        b,
+        &["policy", "create", "none", "--retention-age", "0s"],
+        "",
+    );
+    assert_eq!(refused.status.code(), Some(2));
+}

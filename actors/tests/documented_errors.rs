@@ -527,6 +527,38 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         })
         .await,
     );
+    // --- put_policy, list_policies, delete_policy ---
+    table.row(
+        "put_policy",
+        ErrorCode::InvalidRequest,
+        "a retention age of 0",
+        c.call(&PutPolicyRequest {
+            policy: PolicyDescription {
+                name: "zero".into(),
+                retention_age_ms: Some(0),
+                ..PolicyDescription::default()
+            },
+        })
+        .await,
+    );
+    table.row(
+        "list_policies",
+        ErrorCode::PolicyNotFound,
+        "a policy nobody defined",
+        c.call(&ListPoliciesRequest {
+            name: Some("nobody".into()),
+        })
+        .await,
+    );
+    table.row(
+        "delete_policy",
+        ErrorCode::PolicyNotFound,
+        "a policy nobody defined",
+        c.call(&DeletePolicyRequest {
+            name: "nobody".into(),
+        })
+        .await,
+    );
     broker.shutdown().await.unwrap();
 
     let file_dir = tempfile::tempdir().unwrap();
@@ -721,6 +753,9 @@ fn the_document_parses_into_every_operation_with_its_errors() {
         "vnode_list",
         "vnode_split",
         "cluster_members",
+        "put_policy",
+        "list_policies",
+        "delete_policy",
     ] {
         assert!(doc.per_op.contains_key(op), "{op} missing: {doc:?}");
     }

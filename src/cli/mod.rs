@@ -9,6 +9,7 @@ pub mod broker;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod policy;
 pub mod records;
 pub mod render;
 pub mod vnode;
@@ -61,6 +62,9 @@ pub enum Command {
     /// The vnode ring: list it, split a vnode.
     #[command(subcommand)]
     Vnode(vnode::VnodeCommand),
+    /// Storage policies: retention and placement rules topics name.
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
     /// Load generators and side-by-side comparisons.
     #[command(subcommand)]
     Bench(BenchCommand),

@@ -153,6 +153,31 @@ pub const NOT_PROVOKED: &[(&str, &str, &str)] = &[
     ),
     ("*", "unauthorized", "authentication is not built yet"),
     (
+        "fetch",
+        "cursor_expired",
+        "a cursor into segments retention deleted (actors/tests/retention.rs provokes it under a manual clock)",
+    ),
+    (
+        "subscribe",
+        "cursor_expired",
+        "a cursor into segments retention deleted (as fetch)",
+    ),
+    (
+        "put_policy",
+        "no_quorum",
+        "the ring's group without a quorum (as cluster_members)",
+    ),
+    (
+        "list_policies",
+        "no_quorum",
+        "the ring's group without a quorum (as cluster_members)",
+    ),
+    (
+        "delete_policy",
+        "no_quorum",
+        "the ring's group without a quorum (as cluster_members)",
+    ),
+    (
         "create_topic",
         "outcome_unknown",
         "a proposal lost to a leader change",
