@@ -188,7 +188,10 @@ async fn the_tree_has_the_documented_shape() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(workers, ["failover", "healer", "scrubber", "space", "sweeper"]);
+    assert_eq!(
+        workers,
+        ["failover", "healer", "scrubber", "space", "sweeper"]
+    );
     for child in ["swim", "node_server", "node"] {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
     }

@@ -436,6 +436,41 @@ impl FileStore {
         out
     }
 
+    /// Rewrites `segment`'s sidecar index from its log: the scrubber's
+    /// repair of an index that disagrees with the log or is gone (issue
+    /// 21). An open copy's is rebuilt in place ([`rebuild_index`](Self::rebuild_index));
+    /// a closed copy's log is scanned read-only and the index written to a
+    /// temporary file, synced and renamed over the sidecar, so a crash
+    /// leaves the old index or the new one, never half of one. The index is
+    /// derived data: the log is never touched.
+    pub fn repair_index(&self, segment: SegmentId) -> Result<(), StorageError> {
+        match self.rebuild_index(segment) {
+            Err(StorageError::NotOpen { .. }) => {}
+            other => return other,
+        }
+        let cfg = &self.shared.config;
+        let log_path = self.log_path(segment);
+        let log = File::open(&log_path).map_err(|e| StorageError::io("open log", &log_path, e))?;
+        let end = log
+            .metadata()
+            .map_err(|e| StorageError::io("stat log", &log_path, e))?
+            .len();
+        let report = scan::scan_log(&log, end, cfg.index_interval_bytes, cfg.read_chunk_bytes)
+            .map_err(|e| StorageError::io("scan log", &log_path, e))?;
+        let idx_path = self.index_path(segment);
+        let tmp = idx_path.with_extension("idx.tmp");
+        let written = File::create(&tmp).and_then(|f| {
+            report.index.write_all(&f)?;
+            f.sync_all()
+        });
+        written.map_err(|e| StorageError::io("write index", &tmp, e))?;
+        std::fs::rename(&tmp, &idx_path)
+            .map_err(|e| StorageError::io("replace index", &idx_path, e))?;
+        File::open(&self.shared.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StorageError::io("sync store directory", &self.shared.dir, e))
+    }
+
     /// Rebuilds the sidecar index of an open segment from its log.
     pub fn rebuild_index(&self, segment: SegmentId) -> Result<(), StorageError> {
         let seg = self.segment(segment)?;

@@ -266,6 +266,59 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_index_of_a_closed_or_open_copy_is_repaired_from_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open_dir(
+            dir.path(),
+            StoreConfig {
+                index_interval_bytes: 64,
+                ..StoreConfig::default()
+            },
+        )
+        .unwrap();
+        write_copy(&store, SegmentId(6), 200, true);
+        let before = std::fs::read(store.index_path(SegmentId(6))).unwrap();
+        assert!(before.len() > 32, "the copy has a sparse index");
+        for open in [false, true] {
+            if !open {
+                store.close(SegmentId(6)).unwrap();
+            } else {
+                store.open(SegmentId(6)).unwrap();
+            }
+            // Flip a byte in the middle of the index.
+            let mut bad = before.clone();
+            let at = bad.len() / 2;
+            bad[at] ^= 0x5a;
+            std::fs::write(store.index_path(SegmentId(6)), &bad).unwrap();
+            assert!(store.verify(SegmentId(6)).unwrap().index_entries_bad > 0);
+            store.repair_index(SegmentId(6)).unwrap();
+            assert_eq!(store.verify(SegmentId(6)).unwrap().index_entries_bad, 0);
+            assert_eq!(
+                std::fs::read(store.index_path(SegmentId(6))).unwrap(),
+                before
+            );
+        }
+        // The records still read, from the middle.
+        store.open(SegmentId(6)).ok();
+        let mut seen = Vec::new();
+        store
+            .read_with(SegmentId(6), 150, 10, 1 << 20, &mut |view| {
+                seen.push(view.offset);
+                std::ops::ControlFlow::Continue(())
+            })
+            .unwrap();
+        assert_eq!(seen, (150..160).collect::<Vec<_>>());
+        // A missing index is written again.
+        store.close(SegmentId(6)).unwrap();
+        std::fs::remove_file(store.index_path(SegmentId(6))).unwrap();
+        store.repair_index(SegmentId(6)).unwrap();
+        assert_eq!(
+            std::fs::read(store.index_path(SegmentId(6))).unwrap(),
+            before
+        );
+    }
+
+    #[test]
     fn foreign_names_in_the_store_directory_are_left_alone() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());

@@ -63,6 +63,8 @@ pub(crate) struct BrokerMetrics {
     pub scrub_broken: Counter,
     /// Broken copies rebuilt in place from an intact copy (ADR 0110).
     pub rebuilds: Counter,
+    /// Index sidecars the scrubber found bad and rebuilt from their log.
+    pub scrub_index_repairs: Counter,
     /// Copies this broker removed because the metadata no longer lists
     /// their segment: a deleted topic, retention, or an orphan (ADR 0115).
     pub copies_removed: Counter,
@@ -148,6 +150,7 @@ impl BrokerMetrics {
             scrub_bytes: counter("malachi_scrub_bytes_total"),
             scrub_broken: counter("malachi_scrub_broken_total"),
             rebuilds: counter("malachi_rebuilds_total"),
+            scrub_index_repairs: counter("malachi_scrub_index_repairs_total"),
             copies_removed: counter("malachi_copies_removed_total"),
             copies_removed_bytes: counter("malachi_copies_removed_bytes_total"),
             orphan_sweeps_skipped: counter("malachi_orphan_sweeps_skipped_total"),

@@ -221,13 +221,17 @@ pub(crate) fn verdicts(storage: &Storage, seals: &[ScrubSeal]) -> Vec<ScrubVerdi
 
 /// Reads one copy and judges it. A copy open and latched failed, or with
 /// records lost, is damaged whatever its bytes say now.
-pub(crate) fn scrub_one(storage: &Storage, seal: ScrubSeal) -> (Verdict, u64) {
+///
+/// The third figure counts the copy's index entries that do not point at
+/// the frame they name (the index is derived: a bad one is rebuilt
+/// locally, never a reason to rebuild the copy).
+pub(crate) fn scrub_one(storage: &Storage, seal: ScrubSeal) -> (Verdict, u64, u64) {
     let id = malachi_storage::SegmentId(seal.segment);
     // An open copy reads through its descriptor: a log deleted under it
     // is found by its path (and a copy opened without its log, in
     // quarantine, is missing, not damaged).
     if !storage.store.log_path(id).exists() {
-        return (Verdict::Missing, 0);
+        return (Verdict::Missing, 0, 0);
     }
     if let Ok(info) = storage.store.info(id)
         && (info.failed || info.lost.is_some())
@@ -235,17 +239,18 @@ pub(crate) fn scrub_one(storage: &Storage, seal: ScrubSeal) -> (Verdict, u64) {
         // Opened in quarantine with nothing of its log: missing, as
         // `status::sealed_copy_health` says it.
         if !info.failed && info.durable == 0 && info.lost.is_some_and(|l| l.from == 0) {
-            return (Verdict::Missing, 0);
+            return (Verdict::Missing, 0, 0);
         }
         let why = match info.lost {
             Some(loss) => format!("quarantined: records {} to {} lost", loss.from, loss.to),
             None => "latched failed".to_string(),
         };
-        return (Verdict::Damaged(why), 0);
+        return (Verdict::Damaged(why), 0, 0);
     }
     let report = storage.store.verify(id);
     let read = report.as_ref().map_or(0, |r| r.scanned_bytes);
-    (judge(report.as_ref(), seal), read)
+    let index_bad = report.as_ref().map_or(0, |r| r.index_entries_bad);
+    (judge(report.as_ref(), seal), read, index_bad)
 }
 
 /// The scrub state a broker shares between the replica-status answer, the

@@ -10,6 +10,8 @@
 //! A broken copy is counted and logged once; the coordinator's healer
 //! rebuilds it from an intact copy. A copy that reads intact again after a
 //! rebuild has its broken original, kept aside until then, deleted.
+//! An index sidecar whose entries do not point at the frames they name is
+//! rebuilt from the copy's own log (the index is derived data; issue 21).
 //! It also keeps `malachi_copies{health}`, this broker's copies by health,
 //! up to date (once a second).
 
@@ -96,13 +98,32 @@ async fn run(shared: Arc<Shared>) {
             continue;
         };
         let scanned = Arc::clone(&storage);
-        let Ok((verdict, read)) =
+        let Ok((verdict, read, index_bad)) =
             tokio::task::spawn_blocking(move || scrub_one(&scanned, seal)).await
         else {
             continue;
         };
         shared.metrics.scrub_bytes.increment(read);
         let id = malachi_storage::SegmentId(seal.segment);
+        if index_bad > 0 {
+            // The index is derived from the log: rebuilt here, from this
+            // copy's own log, whatever the log's verdict (issue 21).
+            let store = Arc::clone(&storage.store);
+            match tokio::task::spawn_blocking(move || store.repair_index(id)).await {
+                Ok(Ok(())) => {
+                    shared.metrics.scrub_index_repairs.increment(1);
+                    info!(
+                        segment = seal.segment,
+                        bad_entries = index_bad,
+                        "scrub found a bad index sidecar and rebuilt it from the log"
+                    );
+                }
+                Ok(Err(e)) => {
+                    warn!(segment = seal.segment, error = %e, "cannot rebuild a bad index sidecar")
+                }
+                Err(e) => warn!(segment = seal.segment, error = %e, "the index repair task failed"),
+            }
+        }
         if verdict.is_broken() {
             let was = storage.scrub.book.lock().is_broken(seal.segment);
             if !was {

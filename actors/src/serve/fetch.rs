@@ -48,7 +48,9 @@ pub(crate) async fn fetch(
         let me = NodeId(shared.config.node_id);
         let (plans, copies) = read_owner(plane.as_ref(), &topic, |state| {
             let plans = active_plans(state, &topic);
-            let copies = LocalCopies::of(state, &plans, me).with_metrics(&shared.metrics);
+            let copies = LocalCopies::of(state, &plans, me)
+                .with_metrics(&shared.metrics)
+                .without_broken(&shared.data.scrub.book.lock());
             (plans, copies)
         });
         // The frame keeps room for a cursor over every range; the block gets
@@ -149,7 +151,8 @@ pub(crate) fn start_positions(
             None => None,
         };
         let copies = LocalCopies::of_active(state, &req.topic, NodeId(shared.config.node_id))
-            .with_metrics(&shared.metrics);
+            .with_metrics(&shared.metrics)
+            .without_broken(&shared.data.scrub.book.lock());
         Ok((
             incarnation,
             cursor,

@@ -181,6 +181,9 @@ pub(crate) struct LocalCopies {
     replicas: BTreeMap<SegmentId, Vec<NodeId>>,
     /// Where a copy found damaged or short is counted (ADR 0108).
     metrics: Option<Arc<BrokerMetrics>>,
+    /// This broker's copies of replicated segments the scrubber found
+    /// broken: out of the read path until rebuilt (issue 21).
+    broken: std::collections::BTreeSet<SegmentId>,
 }
 
 /// What this broker holds of one segment.
@@ -208,12 +211,27 @@ impl LocalCopies {
             me: Some(me),
             replicas,
             metrics: None,
+            broken: Default::default(),
         }
     }
 
     /// Counts the losses the reads find in `metrics`.
     pub(crate) fn with_metrics(mut self, metrics: &Arc<BrokerMetrics>) -> LocalCopies {
         self.metrics = Some(Arc::clone(metrics));
+        self
+    }
+
+    /// Takes this broker's copies the scrubber found broken out of the read
+    /// path, where another copy can serve (issue 21): a read that needs one
+    /// is sent on, as for a copy short of its seal. A lone copy stays: its
+    /// reader gets the loss, never a silent skip.
+    pub(crate) fn without_broken(mut self, book: &crate::data::scrub::ScrubBook) -> LocalCopies {
+        self.broken = self
+            .replicas
+            .keys()
+            .copied()
+            .filter(|id| self.held(*id) == Held::Replicated && book.is_broken(id.0))
+            .collect();
         self
     }
 
@@ -303,6 +321,14 @@ fn read_copy(
 ) -> Result<usize, ReadError> {
     let segment = span.segment;
     let seal_length = span.end_offset.map(|end| end - span.start_offset);
+    if copies.broken.contains(&segment) {
+        return Err(ReadError::NotHere {
+            segment,
+            offset: span.start_offset + from,
+            reason: "this copy failed its scrub and is being rebuilt",
+            holders: copies.holders(segment),
+        });
+    }
     match store.read_with(store_id(segment), from, records_max, bytes_max, visit) {
         Err(StorageError::NotOpen { .. }) => {
             if !open_for_read(store, copies, segment, seal_length)? {
@@ -766,6 +792,88 @@ mod tests {
             .map(|i| format!("k{i}"))
             .find(|k| band.contains(position(k.as_bytes())) == inside)
             .unwrap()
+    }
+
+    #[test]
+    fn a_replicated_copy_the_scrubber_found_broken_is_out_of_the_read_path() {
+        use crate::data::scrub::{ScrubBook, Verdict};
+        use malachi_wire::replica_status::ScrubSeal;
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        append(&store, 1, &[("a", 8), ("b", 8)]);
+        append(&store, 2, &[("c", 8)]);
+        let plans = [ReadPlan {
+            range: RangeId(1),
+            slices: vec![slice(
+                1,
+                Band::FULL,
+                vec![span(1, 0, Some(2)), span(2, 2, None)],
+            )],
+        }];
+        let me = NodeId(1);
+        let replicated = LocalCopies {
+            me: Some(me),
+            replicas: [
+                (SegmentId(1), vec![NodeId(1), NodeId(2), NodeId(3)]),
+                (SegmentId(2), vec![NodeId(1), NodeId(2), NodeId(3)]),
+            ]
+            .into(),
+            ..LocalCopies::default()
+        };
+        let mut book = ScrubBook::default();
+        let seal = ScrubSeal {
+            segment: 1,
+            length: 2,
+            bytes: 0,
+        };
+        book.record(
+            seal,
+            Verdict::Damaged("a flipped byte".into()),
+            std::time::Instant::now(),
+        );
+        let read = |copies: &LocalCopies| {
+            let mut out = BatchBuilder::with_capacity(ROOM, BUDGET);
+            read_topic(
+                &plans,
+                copies,
+                &store,
+                &BTreeMap::new(),
+                &mut out,
+                ReadBudget {
+                    records_max: 10,
+                    batch_bytes_max: BUDGET,
+                    read_chunk_records: 1024,
+                },
+            )
+            .map(|o| o.records)
+        };
+        let out = replicated.clone().without_broken(&book);
+        match read(&out) {
+            Err(ReadError::NotHere {
+                segment,
+                reason,
+                holders,
+                ..
+            }) => {
+                assert_eq!(segment, SegmentId(1));
+                assert!(reason.contains("scrub"), "{reason}");
+                assert_eq!(holders, vec![1, 2, 3]);
+            }
+            other => panic!("a broken copy was read: {other:?}"),
+        }
+        // A lone copy is never taken out: its reader gets what it holds.
+        let lone = LocalCopies {
+            me: Some(me),
+            replicas: [(SegmentId(1), vec![me]), (SegmentId(2), vec![me])].into(),
+            ..LocalCopies::default()
+        }
+        .without_broken(&book);
+        assert!(lone.broken.is_empty());
+        // Once the verdict is gone (rebuilt), the copy reads again.
+        book.forget(1);
+        let healed = replicated.without_broken(&book);
+        assert!(healed.broken.is_empty());
+        assert_eq!(read(&healed).unwrap(), read(&lone).unwrap());
     }
 
     #[test]
