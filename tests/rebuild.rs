@@ -2,7 +2,8 @@
 //! brokers and three copies per segment, a follower's sealed copy
 //! corrupted mid-file, and another's deleted, are found by the scrubber and
 //! rebuilt byte-identical from an intact copy, on the brokers that hold
-//! them, while the brokers keep serving.
+//! them, while the brokers keep serving; the third copy's bad index
+//! sidecar is rebuilt from its own log (issue 21).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -117,6 +118,15 @@ fn a_corrupted_and_a_deleted_follower_copy_are_rebuilt_byte_identical() {
     file.sync_all().unwrap();
     drop(file);
     std::fs::remove_file(segment_log(&dir_of(deleted), first.0)).unwrap();
+    // And the third copy's index sidecar gets a flipped byte: the index is
+    // derived, so its own broker rebuilds it from the log (issue 21).
+    let index = segment_log(&dir_of(holders[0]), first.0).with_extension("idx");
+    let index_before = std::fs::read(&index).unwrap();
+    assert!(index_before.len() >= 32, "the copy has a sparse index");
+    let mut bad = index_before.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x40;
+    std::fs::write(&index, &bad).unwrap();
 
     // Found by the scrubber and rebuilt in place, byte for byte, the
     // replica set unchanged.
@@ -187,7 +197,20 @@ fn a_corrupted_and_a_deleted_follower_copy_are_rebuilt_byte_identical() {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read(&index).unwrap() != index_before {
+        assert!(
+            Instant::now() < deadline,
+            "the bad index was never rebuilt\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     let logs = cluster.logs();
+    assert!(
+        logs.contains("scrub found a bad index sidecar and rebuilt it from the log"),
+        "{logs}"
+    );
     assert!(logs.contains("scrub found a broken sealed copy"), "{logs}");
     assert!(logs.contains("segment copy rebuilt in place"), "{logs}");
 
