@@ -23,6 +23,7 @@
 //! source file, and that every module of this file is classified.
 
 // Pure core.
+pub mod constraints;
 pub mod cursor;
 pub mod formation;
 pub mod model;

@@ -369,15 +369,23 @@ impl CoordinatorState {
     }
 
     /// The replica set of a new segment with `factor` copies, its primary
-    /// this vnode's placement; `seed` spreads the followers.
+    /// this vnode's placement; `seed` spreads the followers. A storage
+    /// policy with placement constraints (`policy`) chooses the set over
+    /// the brokers' attributes instead (ADR 0116), its primary then the
+    /// preferred first copy.
     fn replicas(
         &self,
+        policy: Option<&str>,
         primary: NodeId,
         factor: usize,
         seed: u64,
     ) -> Result<Vec<NodeId>, CoordError> {
         let candidates = self.candidates();
         let primary = primary_with_room(primary.0, &candidates, seed);
+        let constraints = self.constraints(policy);
+        if !constraints.is_empty() {
+            return self.constrained(&candidates, &[], &[primary], factor, seed, &constraints);
+        }
         let chosen = choose_replicas(primary, &candidates, factor, seed)?;
         Ok(chosen.into_iter().map(NodeId).collect())
     }
@@ -386,12 +394,101 @@ impl CoordinatorState {
     /// the live brokers allow (at least the primary's), primary `primary`.
     fn successor_replicas(
         &self,
+        topic: &str,
         primary: NodeId,
         previous: usize,
         seed: u64,
     ) -> Result<Vec<NodeId>, CoordError> {
         let live = self.candidates().len();
-        self.replicas(primary, previous.clamp(1, live.max(1)), seed)
+        let policy = self.policy_of(topic);
+        self.replicas(
+            policy.as_deref(),
+            primary,
+            previous.clamp(1, live.max(1)),
+            seed,
+        )
+    }
+
+    /// The policy name `topic` points at, from this broker's replica.
+    fn policy_of(&self, topic: &str) -> Option<String> {
+        let plane = self.shared.plane().ok()?;
+        read_owner(plane.as_ref(), topic, |s| {
+            s.topic(topic).and_then(|t| t.policy.clone())
+        })
+    }
+
+    /// The placement constraints of the policy `policy` names, as this
+    /// broker last read the cluster's policies; none for an unresolved
+    /// name (it holds data, and places as a topic without a policy).
+    fn constraints(&self, policy: Option<&str>) -> Vec<malachi_cluster::constraints::Constraint> {
+        let Some(name) = policy else {
+            return Vec::new();
+        };
+        let texts = self
+            .shared
+            .policy_cache
+            .read()
+            .get(name)
+            .map(|p| p.placement.clone())
+            .unwrap_or_default();
+        match malachi_cluster::constraints::parse_all(&texts) {
+            Ok(constraints) => constraints,
+            Err(e) => {
+                // `put_policy` refuses what does not parse: a policy from
+                // an older broker, say. Placed as without constraints.
+                warn!(policy = name, error = %e, "a policy's placement constraint does not parse; ignored");
+                Vec::new()
+            }
+        }
+    }
+
+    /// A replica set chosen by placement constraints over the candidates'
+    /// gossiped attributes (ADR 0116).
+    fn constrained(
+        &self,
+        candidates: &[Candidate],
+        fixed: &[u64],
+        preferred: &[u64],
+        factor: usize,
+        seed: u64,
+        constraints: &[malachi_cluster::constraints::Constraint],
+    ) -> Result<Vec<NodeId>, CoordError> {
+        let attributes: std::collections::BTreeMap<
+            u64,
+            std::collections::BTreeMap<String, String>,
+        > = match self.shared.fabric() {
+            Some(fabric) => fabric
+                .membership
+                .view()
+                .live()
+                .map(|m| (m.node_id, m.attributes.clone()))
+                .collect(),
+            None => std::collections::BTreeMap::new(),
+        };
+        let me = self.shared.config.node_id;
+        let brokers: Vec<malachi_cluster::constraints::Broker> = candidates
+            .iter()
+            .map(|c| malachi_cluster::constraints::Broker {
+                node: c.node,
+                attributes: if c.node == me {
+                    self.shared.config.attributes.clone()
+                } else {
+                    attributes.get(&c.node).cloned().unwrap_or_default()
+                },
+            })
+            .collect();
+        let placed = malachi_cluster::constraints::place(
+            fixed,
+            preferred,
+            &brokers,
+            factor,
+            seed,
+            constraints,
+        )?;
+        if !placed.relaxed.is_empty() {
+            info!(vnode = %self.vnode, relaxed = ?placed.relaxed, nodes = ?placed.nodes, "no replica set meets these soft placement constraints; placed without them");
+        }
+        Ok(placed.nodes.into_iter().map(NodeId).collect())
     }
 
     /// Waits (at most `LEASE_FIRST_WAIT_MS`) until this broker's replica of
@@ -442,7 +539,7 @@ impl CoordinatorState {
             }
         };
         let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
-        let replicas = self.replicas(self.placement(), factor, seed)?;
+        let replicas = self.replicas(policy.as_deref(), self.placement(), factor, seed)?;
         self.wait_for_first_lease().await;
         let outcome = plane
             .propose(Command::CreateTopic {
@@ -526,8 +623,12 @@ impl CoordinatorState {
                 .map(|found| (found.range, wanted_copies(s, &topic)))
         })
         .unzip();
-        let next_replicas =
-            self.successor_replicas(self.node(), copies.unwrap_or(1), segment.0.wrapping_add(1))?;
+        let next_replicas = self.successor_replicas(
+            &topic,
+            self.node(),
+            copies.unwrap_or(1),
+            segment.0.wrapping_add(1),
+        )?;
         let next = match plane
             .propose(Command::RollSegment {
                 topic: topic.clone(),
@@ -618,11 +719,17 @@ impl CoordinatorState {
             .filter(|c| !failed.contains(&c.node))
             .collect();
         let factor = copies.clamp(1, candidates.len().max(1));
-        let next_replicas: Vec<NodeId> =
-            choose_replicas(primary, &candidates, factor, segment.0.wrapping_add(1))?
+        let seed = segment.0.wrapping_add(1);
+        let constraints = self.constraints(self.policy_of(topic).as_deref());
+        let next_replicas: Vec<NodeId> = if constraints.is_empty() {
+            choose_replicas(primary, &candidates, factor, seed)?
                 .into_iter()
                 .map(NodeId)
-                .collect();
+                .collect()
+        } else {
+            // The new primary holds a complete copy: it stays, first.
+            self.constrained(&candidates, &[primary], &[], factor, seed, &constraints)?
+        };
         let proposed = plane
             .propose(Command::RollSegment {
                 topic: topic.to_string(),
@@ -804,8 +911,8 @@ impl CoordinatorState {
     async fn split(&self, topic: String, range: RangeId) -> Result<(RangeId, RangeId), CoordError> {
         let segment = self.active_segment(&topic, range)?;
         let copies = self.copies(&topic, segment)?;
-        let lower_replicas = self.successor_replicas(self.node(), copies, segment.0 ^ 1)?;
-        let upper_replicas = self.successor_replicas(self.node(), copies, segment.0 ^ 2)?;
+        let lower_replicas = self.successor_replicas(&topic, self.node(), copies, segment.0 ^ 1)?;
+        let upper_replicas = self.successor_replicas(&topic, self.node(), copies, segment.0 ^ 2)?;
         let seal = self.freeze(segment).await?;
         let plane = self.shared.plane()?;
         let proposed = plane
@@ -873,8 +980,12 @@ impl CoordinatorState {
         let copies = self
             .copies(&topic, lower_segment)?
             .max(self.copies(&topic, upper_segment)?);
-        let replicas =
-            self.successor_replicas(self.node(), copies, lower_segment.0 ^ upper_segment.0)?;
+        let replicas = self.successor_replicas(
+            &topic,
+            self.node(),
+            copies,
+            lower_segment.0 ^ upper_segment.0,
+        )?;
         let lower_seal = self.freeze(lower_segment).await?;
         let upper_seal = match self.freeze(upper_segment).await {
             Ok(seal) => seal,

@@ -28,13 +28,18 @@ pub(crate) async fn policies(
     shared: &Arc<Shared>,
 ) -> Result<BTreeMap<String, StoragePolicy>, PolicyError> {
     let plane = shared.plane()?;
-    if let Some(host) = plane.host() {
-        return Ok(host.policies().await?);
-    }
-    let mut all = BTreeMap::new();
-    plane.view_each(&mut |state| {
-        all.extend(state.policies().iter().map(|(k, v)| (k.clone(), v.clone())));
-    });
+    let all = match plane.host() {
+        Some(host) => host.policies().await?,
+        None => {
+            let mut all = BTreeMap::new();
+            plane.view_each(&mut |state| {
+                all.extend(state.policies().iter().map(|(k, v)| (k.clone(), v.clone())));
+            });
+            all
+        }
+    };
+    // What placement reads without a round trip.
+    *shared.policy_cache.write() = all.clone();
     Ok(all)
 }
 
@@ -49,5 +54,11 @@ pub(crate) async fn propose(shared: &Arc<Shared>, cmd: Command) -> Result<Outcom
         Some(host) => host.propose_ring(cmd).await?,
         None => plane.propose(cmd).await?,
     };
-    Ok(verdict?)
+    let outcome = verdict?;
+    // Refresh the cache at once, so a topic created next through this
+    // broker is placed by the new definition.
+    if let Err(e) = policies(shared).await {
+        tracing::debug!(error = %e, "policies not re-read after a change; the next retention pass does");
+    }
+    Ok(outcome)
 }

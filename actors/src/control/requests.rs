@@ -38,6 +38,9 @@ pub(crate) enum CoordError {
     /// No replica set fits the request and the live brokers.
     #[error("{0}")]
     Placement(#[from] malachi_cluster::placement::PlacementError),
+    /// The topic's storage policy's placement constraints (ADR 0116).
+    #[error("{0}")]
+    Constraints(#[from] malachi_cluster::constraints::PlaceError),
 }
 
 pub(crate) enum CoordinatorMsg {

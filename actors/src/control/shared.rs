@@ -81,6 +81,12 @@ pub(crate) struct Shared {
     /// already settled at their seal (`coordinator::reconcile`), so a pass
     /// does not open them again.
     pub settled: parking_lot::Mutex<std::collections::BTreeSet<malachi_cluster::model::SegmentId>>,
+    /// The cluster's storage policies as this broker last read them from
+    /// the ring's group (every retention pass, and each policy change made
+    /// through this broker): what placement reads without a round trip
+    /// (ADR 0115, 0116).
+    pub policy_cache:
+        RwLock<std::collections::BTreeMap<String, malachi_cluster::model::StoragePolicy>>,
     /// The `coordinator_manager` supervisor, which the manager adds
     /// coordinators to.
     pub coordinator_sup: RwLock<Option<SupervisorRef>>,
@@ -160,6 +166,7 @@ impl Shared {
             failover: RwLock::new(None),
             healer: RwLock::new(None),
             settled: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
+            policy_cache: RwLock::new(std::collections::BTreeMap::new()),
             coordinator_sup: RwLock::new(None),
             root: SupervisorSlot::default(),
             listener: RwLock::new(None),

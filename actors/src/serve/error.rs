@@ -376,7 +376,7 @@ fn coord_code(e: &CoordError) -> ErrorCode {
         CoordError::Metadata(m) => m.error_code(),
         CoordError::Freeze { .. } => ErrorCode::Busy,
         CoordError::FreezeNoQuorum { .. } => ErrorCode::NoQuorum,
-        CoordError::Placement(_) => ErrorCode::InvalidRequest,
+        CoordError::Placement(_) | CoordError::Constraints(_) => ErrorCode::InvalidRequest,
         CoordError::Supervision(_)
         | CoordError::Unexpected(_)
         | CoordError::UnknownSegment { .. } => ErrorCode::UnknownServerError,

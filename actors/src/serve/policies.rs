@@ -32,6 +32,12 @@ pub(crate) async fn put_policy(
             reason: "a retention bound of 0 would delete every sealed segment at once; leave it unset to keep data".into(),
         });
     }
+    if let Err(e) = malachi_cluster::constraints::parse_all(&policy.placement) {
+        return Err(ServeError::InvalidPolicy {
+            name: policy.name,
+            reason: e.to_string(),
+        });
+    }
     let name = policy.name.clone();
     propose(
         shared,
