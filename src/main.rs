@@ -138,6 +138,9 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Bench(BenchCommand::Idle(args)) => cli::bench::idle::idle(args).await,
         Command::Bench(BenchCommand::Failover(args)) => cli::bench::failover::failover(args).await,
         Command::Bench(BenchCommand::Heal(args)) => cli::bench::heal::heal(args).await,
+        Command::Bench(BenchCommand::Maintenance(args)) => {
+            cli::bench::maintenance::maintenance(args).await
+        }
         Command::Bench(BenchCommand::Storage(_)) => Err(CliError::NotImplemented(
             "bench storage runs outside the runtime",
         )),

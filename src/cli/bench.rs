@@ -24,6 +24,7 @@ pub mod failover;
 pub mod heal;
 pub mod idle;
 mod load;
+pub mod maintenance;
 pub mod metadata;
 
 /// The longest benchmark accepted: a typo like `30m` for `30s` should not

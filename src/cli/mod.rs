@@ -318,6 +318,28 @@ pub enum BenchCommand {
     Failover(BenchFailoverArgs),
     /// What healing a gone broker's copies costs: its rate against the disk's, and producer throughput during it.
     Heal(BenchHealArgs),
+    /// What retention and the scrubber cost producers: throughput with them busy against without, alternating.
+    Maintenance(BenchMaintenanceArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Each round starts two fresh three-broker clusters one after the other (this executable,     on loopback ports, in fresh directories under the temporary directory): one with the default upkeep     and no storage policy, one scrubbing every sealed copy every second and expiring by a 32 MiB     retention policy every second. Segments roll at 8 MiB. Each is warmed up, then its producer     throughput measured; the order alternates by round. Linux only.\n\n\
+    Example: malachi bench maintenance --rounds 3 --warmup 10s --measure 10s"
+)]
+pub struct BenchMaintenanceArgs {
+    /// Rounds of one cluster without and one with upkeep.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
+    /// How long to produce before measuring (sealed segments to scrub and expire).
+    #[arg(long, default_value = "10s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub warmup: std::time::Duration,
+    /// How long each producer-throughput measurement lasts.
+    #[arg(long, default_value = "10s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub measure: std::time::Duration,
+    /// One JSON object per measurement and a summary line instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
