@@ -417,29 +417,8 @@ impl CoordinatorState {
         })
     }
 
-    /// The placement constraints of the policy `policy` names, as this
-    /// broker last read the cluster's policies; none for an unresolved
-    /// name (it holds data, and places as a topic without a policy).
     fn constraints(&self, policy: Option<&str>) -> Vec<malachi_cluster::constraints::Constraint> {
-        let Some(name) = policy else {
-            return Vec::new();
-        };
-        let texts = self
-            .shared
-            .policy_cache
-            .read()
-            .get(name)
-            .map(|p| p.placement.clone())
-            .unwrap_or_default();
-        match malachi_cluster::constraints::parse_all(&texts) {
-            Ok(constraints) => constraints,
-            Err(e) => {
-                // `put_policy` refuses what does not parse: a policy from
-                // an older broker, say. Placed as without constraints.
-                warn!(policy = name, error = %e, "a policy's placement constraint does not parse; ignored");
-                Vec::new()
-            }
-        }
+        policy_constraints(&self.shared, policy)
     }
 
     /// A replica set chosen by placement constraints over the candidates'
@@ -453,30 +432,8 @@ impl CoordinatorState {
         seed: u64,
         constraints: &[malachi_cluster::constraints::Constraint],
     ) -> Result<Vec<NodeId>, CoordError> {
-        let attributes: std::collections::BTreeMap<
-            u64,
-            std::collections::BTreeMap<String, String>,
-        > = match self.shared.fabric() {
-            Some(fabric) => fabric
-                .membership
-                .view()
-                .live()
-                .map(|m| (m.node_id, m.attributes.clone()))
-                .collect(),
-            None => std::collections::BTreeMap::new(),
-        };
-        let me = self.shared.config.node_id;
-        let brokers: Vec<malachi_cluster::constraints::Broker> = candidates
-            .iter()
-            .map(|c| malachi_cluster::constraints::Broker {
-                node: c.node,
-                attributes: if c.node == me {
-                    self.shared.config.attributes.clone()
-                } else {
-                    attributes.get(&c.node).cloned().unwrap_or_default()
-                },
-            })
-            .collect();
+        let nodes: Vec<u64> = candidates.iter().map(|c| c.node).collect();
+        let brokers = brokers_with_attributes(&self.shared, &nodes);
         let placed = malachi_cluster::constraints::place(
             fixed,
             preferred,
@@ -1437,6 +1394,63 @@ fn spawn_failure_watch(
             }
         }
     }))
+}
+
+/// The placement constraints of the policy `policy` names, as this broker
+/// last read the cluster's policies (ADR 0116); none for no policy or an
+/// unresolved name (such a topic places as one without a policy).
+pub(crate) fn policy_constraints(
+    shared: &Shared,
+    policy: Option<&str>,
+) -> Vec<malachi_cluster::constraints::Constraint> {
+    let Some(name) = policy else {
+        return Vec::new();
+    };
+    let texts = shared
+        .policy_cache
+        .read()
+        .get(name)
+        .map(|p| p.placement.clone())
+        .unwrap_or_default();
+    match malachi_cluster::constraints::parse_all(&texts) {
+        Ok(constraints) => constraints,
+        Err(e) => {
+            // `put_policy` refuses what does not parse: a policy from an
+            // older broker, say. Placed as without constraints.
+            warn!(policy = name, error = %e, "a policy's placement constraint does not parse; ignored");
+            Vec::new()
+        }
+    }
+}
+
+/// `nodes` with their gossiped attributes (this broker's own from its
+/// configuration), for constrained placement.
+pub(crate) fn brokers_with_attributes(
+    shared: &Shared,
+    nodes: &[u64],
+) -> Vec<malachi_cluster::constraints::Broker> {
+    let gossiped: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, String>> =
+        match shared.fabric() {
+            Some(fabric) => fabric
+                .membership
+                .view()
+                .live()
+                .map(|m| (m.node_id, m.attributes.clone()))
+                .collect(),
+            None => std::collections::BTreeMap::new(),
+        };
+    let me = shared.config.node_id;
+    nodes
+        .iter()
+        .map(|&node| malachi_cluster::constraints::Broker {
+            node,
+            attributes: if node == me {
+                shared.config.attributes.clone()
+            } else {
+                gossiped.get(&node).cloned().unwrap_or_default()
+            },
+        })
+        .collect()
 }
 
 /// Whether a broker counts as failed for a failover: declared dead by

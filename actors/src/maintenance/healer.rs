@@ -276,6 +276,47 @@ pub(crate) fn new_holder(
     free.get(at).copied()
 }
 
+/// The new holder under the topic's placement constraints (ADR 0116):
+/// the surviving copies stay (they are the set's fixed part), the range's
+/// serving broker is preferred, and a hard constraint no live broker can
+/// meet leaves the copy unhealed (retried) rather than broken.
+fn constrained_holder(
+    shared: &Shared,
+    live: &[u64],
+    replicas: &[u64],
+    candidate: &HealCandidate,
+    serving: Option<u64>,
+    segment: u64,
+    constraints: &[malachi_cluster::constraints::Constraint],
+) -> Result<u64, String> {
+    let survivors: Vec<u64> = replicas
+        .iter()
+        .copied()
+        .filter(|n| *n != candidate.lost && !candidate.gone.contains(n))
+        .collect();
+    let pool: Vec<u64> = live
+        .iter()
+        .copied()
+        .filter(|n| survivors.contains(n) || (!replicas.contains(n) && !candidate.gone.contains(n)))
+        .collect();
+    let brokers = crate::control::coordinator::brokers_with_attributes(shared, &pool);
+    let preferred: Vec<u64> = serving.into_iter().collect();
+    let placed = malachi_cluster::constraints::place(
+        &survivors,
+        &preferred,
+        &brokers,
+        survivors.len() + 1,
+        segment,
+        constraints,
+    )
+    .map_err(|e| format!("no broker to heal onto: {e}"))?;
+    placed
+        .nodes
+        .into_iter()
+        .find(|n| !survivors.contains(n))
+        .ok_or_else(|| "no live broker without a copy to heal onto".to_owned())
+}
+
 async fn attempt(
     shared: &Arc<Shared>,
     pacer: &Pacer,
@@ -286,6 +327,9 @@ async fn attempt(
 ) -> Result<Attempt, String> {
     let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
     let plane = shared.plane().map_err(|e| e.to_string())?;
+    let policy = read_owner(plane.as_ref(), topic, |state| {
+        state.topic(topic).and_then(|t| t.policy.clone())
+    });
     let known = read_owner(plane.as_ref(), topic, |state| {
         state.segment(segment).map(|s| {
             // The primary of the range's newest segment: the broker that
@@ -331,10 +375,26 @@ async fn attempt(
         }
         candidate.lost
     } else {
-        serving
-            .filter(|n| live.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n))
-            .or_else(|| new_holder(&live, &replicas, &candidate.gone, segment.0))
-            .ok_or("no live broker without a copy to heal onto")?
+        let constraints =
+            crate::control::coordinator::policy_constraints(shared, policy.as_deref());
+        if constraints.is_empty() {
+            serving
+                .filter(|n| {
+                    live.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n)
+                })
+                .or_else(|| new_holder(&live, &replicas, &candidate.gone, segment.0))
+                .ok_or("no live broker without a copy to heal onto")?
+        } else {
+            constrained_holder(
+                shared,
+                &live,
+                &replicas,
+                candidate,
+                serving,
+                segment.0,
+                &constraints,
+            )?
+        }
     };
     let me = shared.config.node_id;
     let sources: Vec<u64> = replicas
