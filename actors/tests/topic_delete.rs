@@ -23,6 +23,7 @@ fn config(dir: &Path, node_id: u64, seeds: &[std::net::SocketAddr]) -> BrokerCon
         maintenance: MaintenanceSettings {
             orphan_sweep_ms: 1_000,
             orphan_grace_ms: 0,
+            ..MaintenanceSettings::default()
         },
         ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
     }
@@ -209,21 +210,23 @@ async fn copies_a_delete_missed_are_swept_only_once_every_vnode_answers() {
     .unwrap();
     let _ = std::fs::remove_file(store_dir(root.path(), 3).join(format!("{first:020}.idx")));
 
-    // An orphan on broker 1: a copy of a segment no vnode ever listed.
+    // Broker 2 stops too: broker 1 is alone, no vnode has a quorum, so
+    // none answers.
+    let one_addr = addr(&brokers, 1);
+    brokers[1].take().unwrap().shutdown().await.unwrap();
+    let one = brokers[0].as_ref().unwrap();
+    // An orphan on broker 1 (written only now: with a quorum up, the next
+    // sweep would remove it at once): a copy of a segment no vnode ever
+    // listed. Its sweeps are skipped and the orphan stays.
     let orphan = 1u64 << 40;
     std::fs::write(
         store_dir(root.path(), 1).join(format!("{orphan:020}.log")),
         b"not a segment anyone knows",
     )
     .unwrap();
-    // Broker 2 stops too: broker 1 is alone, no vnode has a quorum, so
-    // none answers. Its sweeps are skipped and the orphan stays.
-    let one_addr = addr(&brokers, 1);
-    brokers[1].take().unwrap().shutdown().await.unwrap();
-    let one = brokers[0].as_ref().unwrap();
     let skipped_before = counter(one, "malachi_orphan_sweeps_skipped_total");
     assert!(
-        eventually(30_000, async || counter(
+        eventually(60_000, async || counter(
             one,
             "malachi_orphan_sweeps_skipped_total"
         ) >= skipped_before + 2)
