@@ -195,7 +195,7 @@ fn age(ms: u64) -> String {
         ("m", 60_000),
         ("s", 1_000),
     ] {
-        if ms % size == 0 {
+        if ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
