@@ -22,6 +22,10 @@ const T0: u64 = 1_000_000;
 const ROLL_MS: u64 = 60_000;
 
 async fn start(dir: &Path, clock: Arc<ManualClock>) -> BrokerHandle {
+    start_with(dir, clock, None).await
+}
+
+async fn start_with(dir: &Path, clock: Arc<ManualClock>, backstop_ms: Option<u64>) -> BrokerHandle {
     let config = BrokerConfig {
         segment_age_ms: ROLL_MS,
         cluster: ClusterSettings {
@@ -30,6 +34,7 @@ async fn start(dir: &Path, clock: Arc<ManualClock>) -> BrokerHandle {
         },
         maintenance: MaintenanceSettings {
             retention_sweep_ms: 100,
+            unresolved_policy_age_ms: backstop_ms,
             ..MaintenanceSettings::default()
         },
         ..BrokerConfig::for_tests(dir)
@@ -256,6 +261,46 @@ async fn an_unresolved_policy_keeps_everything_until_a_size_bound_resolves_it() 
         ) == Some(0.0))
         .await,
         "the metric still names a resolved policy"
+    );
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_age_backstop_bounds_a_topic_whose_policy_nobody_defined() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    // Unset by default; set here to 150 s.
+    let broker = start_with(dir.path(), clock.clone(), Some(150_000)).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    create(&mut client, "orphaned", "nobody").await;
+    let sent = sealed_batches(&mut client, &clock, "orphaned", 3).await;
+    let before = segments(&mut client, "orphaned").await.unwrap();
+    // Sealed at +60, +120 and +180 s; at +220 s the first is 160 s old.
+    clock.advance_ms(40_000);
+    assert!(
+        eventually(10_000, async || segments(&mut client, "orphaned")
+            .await
+            .unwrap()
+            .len()
+            == 3)
+        .await,
+        "the backstop never expired the oldest segment"
+    );
+    assert_eq!(
+        segments(&mut client, "orphaned").await.unwrap()[0].id,
+        before[1].id
+    );
+    let got = read_all(&mut client, "orphaned").await;
+    assert_eq!(by_key(&got), by_key(&sent[10..]));
+    // Still unresolved, and named so.
+    assert_eq!(
+        metric(
+            &broker,
+            "malachi_topic_policy_unresolved",
+            &["topic=\"orphaned\"", "policy=\"nobody\""]
+        ),
+        Some(1.0)
     );
     broker.shutdown().await.unwrap();
 }
