@@ -1159,7 +1159,9 @@ async fn close_copy(store: &Arc<malachi_storage::FileStore>, segment: SegmentId)
     let store = Arc::clone(store);
     let id = malachi_storage::SegmentId(segment.0);
     match tokio::task::spawn_blocking(move || store.close(id)).await {
-        Ok(Ok(_)) => {}
+        // Closed already: a delete's release and reconcile (or a drop
+        // order) race to it, and either may come first.
+        Ok(Ok(_)) | Ok(Err(malachi_storage::StorageError::NotOpen { .. })) => {}
         Ok(Err(e)) => warn!(segment = segment.0, error = %e, "cannot close a segment copy"),
         Err(e) => warn!(segment = segment.0, error = %e, "the close task failed"),
     }
