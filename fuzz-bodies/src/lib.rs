@@ -284,14 +284,16 @@ fn replica_status(data: &[u8]) {
 }
 
 /// The coordinator's orders (issue 19) as a copy's broker decodes them on
-/// the cluster port, fence (api key 103), catch-up (101) and seal (102),
+/// the cluster port, fence (api key 103), catch-up (101), seal (102) and
+/// drop-copies (104, ADR 0115),
 /// and their answers as the coordinator decodes them: what decodes
 /// re-encodes to itself. Run by the `replica_append` target, which covers
 /// every replication message of the cluster port; a catch-up answer's
 /// frames are the store's to check (`storage_frame`).
 fn replica_order(data: &[u8]) {
     use malachi_wire::replica_order::{
-        CatchUpRequest, CatchUpResponse, FenceRequest, FenceResponse, SealRequest, SealResponse,
+        CatchUpRequest, CatchUpResponse, DropCopiesRequest, DropCopiesResponse, FenceRequest,
+        FenceResponse, SealRequest, SealResponse,
     };
     if let Ok(request) = FenceRequest::decode(data) {
         let again = request.encode().expect("a decoded request re-encodes");
@@ -325,6 +327,20 @@ fn replica_order(data: &[u8]) {
     if let Ok(response) = SealResponse::decode(data) {
         let again = response.encode().expect("a decoded answer re-encodes");
         assert_eq!(SealResponse::decode(&again).expect("and decodes"), response);
+    }
+    if let Ok(request) = DropCopiesRequest::decode(data) {
+        let again = request.encode().expect("a decoded request re-encodes");
+        assert_eq!(
+            DropCopiesRequest::decode(&again).expect("and decodes"),
+            request
+        );
+    }
+    if let Ok(response) = DropCopiesResponse::decode(data) {
+        let again = response.encode().expect("a decoded answer re-encodes");
+        assert_eq!(
+            DropCopiesResponse::decode(&again).expect("and decodes"),
+            response
+        );
     }
 }
 

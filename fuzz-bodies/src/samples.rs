@@ -305,11 +305,12 @@ pub fn replica_repair() -> Vec<u8> {
 
 /// The coordinator's orders (issue 19) and a copy's answers to them: a
 /// fence and a sealed copy's fence answer, a catch-up and an answer
-/// carrying one stored frame, a seal and a `short` refusal of one.
+/// carrying one stored frame, a seal and a `short` refusal of one, a drop
+/// order and its answer (ADR 0115).
 pub fn replica_orders() -> Vec<Vec<u8>> {
     use malachi_wire::replica_order::{
-        CATCH_UP_BYTES_MAX, CatchUpRequest, CatchUpResponse, FenceRequest, FenceResponse,
-        OrderEpoch, OrderRefusal, SealRequest, SealResponse, SealedAt,
+        CATCH_UP_BYTES_MAX, CatchUpRequest, CatchUpResponse, DropCopiesRequest, DropCopiesResponse,
+        FenceRequest, FenceResponse, OrderEpoch, OrderRefusal, SealRequest, SealResponse, SealedAt,
     };
     let order = OrderEpoch { group: 4, term: 9 };
     let sealed = SealedAt {
@@ -343,6 +344,18 @@ pub fn replica_orders() -> Vec<Vec<u8>> {
         }
         .encode(),
         SealResponse::refused(OrderRefusal::Short, 0, "durable to 0").encode(),
+        DropCopiesRequest {
+            topic: "orders".into(),
+            segments: vec![7, 8],
+        }
+        .encode(),
+        DropCopiesResponse {
+            removed: vec![7],
+            kept: vec![8],
+            freed_bytes: 4096,
+            message: String::new(),
+        }
+        .encode(),
     ];
     encoded
         .into_iter()
