@@ -17,7 +17,8 @@
 //! (`control.rs`). The driver prints JSON lines on stdout for the runner:
 //! `{"event":"ready"}` once the topic exists, `{"event":"stats",...}` every
 //! `--stats-every-ms`, `{"event":"final_done",...}` after the final read,
-//! and `{"event":"summary",...}` last. Diagnostics go to stderr.
+//! and `{"event":"summary",...}` last. Diagnostics go to stderr, with the
+//! wire client's logs as `RUST_LOG` selects them.
 //!
 //! Exit codes: 0 the run ended with a complete final read; 4 the final read
 //! did not reach the end of the log (the history then has no `final_read`,
@@ -130,6 +131,16 @@ fn say(value: &Value) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The wire client's own logs (a produce attempt's error, a hint
+    // followed) explain what a producer session saw: `RUST_LOG` picks them,
+    // e.g. `warn,malachi_wire::client::producer=debug`.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
