@@ -10,7 +10,10 @@
 //! - `final` runs once the producers have stopped and the cluster is
 //!   healed: it reads from the start until the log has nothing more
 //!   (`FINAL_EMPTY_FETCHES` long polls in a row come back empty), then logs
-//!   `final_read`.
+//!   `final_read`;
+//! - `live`, too, once the producers have stopped, reads on to the end of
+//!   the log and logs `final_read` for its pass from the start: two final
+//!   readers, one that followed the run and one that reads it afresh.
 //!
 //! Every delivered record is logged as `read` with the batch's
 //! `next_cursor`. A record whose value is not `"key:seq"` is logged with
@@ -225,21 +228,29 @@ pub struct ConsumerSettings {
     pub topic: String,
     /// Where in the broker list its first client starts.
     pub rotation: usize,
+    /// After the stop, how long `live` may take to read on to the end of
+    /// the log.
+    pub tail_timeout_ms: u64,
 }
 
-/// Runs a live or resuming consumer until `stop`.
+/// Runs a live or resuming consumer until `stop`. The driver stops the
+/// consumers only once the producers have stopped and drained, so at the
+/// stop `live` reads on to the end of the log and logs `final_read` for
+/// its pass: a pass from the start that saw the whole run, judged for
+/// lost writes even when a fresh read from the start cannot finish.
 pub async fn run(
     settings: ConsumerSettings,
     brokers: Brokers,
     history: Arc<History>,
     stats: Arc<Stats>,
     stop: watch::Receiver<bool>,
-) {
+) -> Option<FinalOutcome> {
     let ConsumerSettings {
         name,
         role,
         topic,
         rotation,
+        tail_timeout_ms,
     } = settings;
     let mut reader = Reader {
         name,
@@ -263,7 +274,22 @@ pub async fn run(
         ),
     };
     let mut next_resume = resume_every.map(|every| Instant::now() + every);
-    while !*stop.borrow() {
+    loop {
+        if *stop.borrow() {
+            return match role {
+                Role::Live => Some(
+                    read_to_end(
+                        &mut reader,
+                        &mut position,
+                        &history,
+                        &stats,
+                        tail_timeout_ms,
+                    )
+                    .await,
+                ),
+                Role::Resumer { .. } => None,
+            };
+        }
         if let (Some(at), Some(every)) = (next_resume, resume_every)
             && Instant::now() >= at
         {
@@ -296,7 +322,7 @@ pub async fn run(
                 }
             }
             Fetched::Batch(_) | Fetched::Failed(_) => {}
-            Fetched::Stopped => return,
+            Fetched::Stopped => {}
         }
     }
 }
@@ -309,10 +335,6 @@ pub async fn final_read(
     stats: Arc<Stats>,
     timeout_ms: u64,
 ) -> FinalOutcome {
-    let started = Instant::now();
-    let deadline = started + Duration::from_millis(timeout_ms);
-    // Never stopped from outside: the deadline bounds it.
-    let (_keep, stop) = watch::channel(false);
     let mut reader = Reader {
         name: "final".to_owned(),
         topic,
@@ -321,26 +343,47 @@ pub async fn final_read(
         rotation: 0,
         failures: 0,
     };
-    let mut position = Position(None);
+    read_to_end(
+        &mut reader,
+        &mut Position(None),
+        &history,
+        &stats,
+        timeout_ms,
+    )
+    .await
+}
+
+/// Reads on from `position` until the log has nothing more
+/// (`FINAL_EMPTY_FETCHES` empty long polls in a row), then logs
+/// `final_read` for the reader's pass; gives up after `timeout_ms`
+/// without logging it.
+async fn read_to_end(
+    reader: &mut Reader,
+    position: &mut Position,
+    history: &History,
+    stats: &Stats,
+    timeout_ms: u64,
+) -> FinalOutcome {
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(timeout_ms);
+    // Never stopped from outside: the deadline bounds it.
+    let (_keep, stop) = watch::channel(false);
     let mut records = 0u64;
     let mut empty_in_a_row = 0u32;
     let mut last_error = None;
-    let fetch_bound = Duration::from_millis(timeout_ms);
     loop {
-        if Instant::now() >= deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             return FinalOutcome {
                 complete: false,
                 records,
                 millis: started.elapsed().as_millis() as u64,
-                error: Some(last_error.unwrap_or_else(|| "the final read timed out".to_owned())),
+                error: Some(
+                    last_error.unwrap_or_else(|| "the read to the end timed out".to_owned()),
+                ),
             };
         }
-        let fetched = tokio::time::timeout(
-            fetch_bound,
-            reader.fetch(&mut position, &history, &stats, &stop),
-        )
-        .await;
-        match fetched {
+        match tokio::time::timeout(left, reader.fetch(position, history, stats, &stop)).await {
             Ok(Fetched::Batch(0)) => {
                 empty_in_a_row += 1;
                 if empty_in_a_row >= FINAL_EMPTY_FETCHES {
@@ -361,7 +404,7 @@ pub async fn final_read(
     }
     history.log(|t_ms| Event::FinalRead {
         t_ms,
-        consumer: "final".to_owned(),
+        consumer: reader.name.clone(),
     });
     FinalOutcome {
         complete: true,

@@ -9,8 +9,10 @@
 //!   `resumer` does too, going back to an old saved cursor every
 //!   `--resume-every-ms`;
 //! - at the end (`--duration-s`, or the runner's `final` command) the
-//!   producers stop and drain, the consumers stop, and consumer `final`
-//!   reads the log from the start to its end and logs `final_read`.
+//!   producers stop and drain; then `live` reads on to the end of the log
+//!   and logs `final_read` for its pass, the resumer stops, and consumer
+//!   `final` reads the log afresh from the start to its end and logs
+//!   `final_read`.
 //!
 //! With `--control-stdin` the runner sends its nemesis, heal, reconverged
 //! and copies events on stdin and the driver stamps and logs them
@@ -250,8 +252,10 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         drop(control_tx);
     }
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
+    let (stop_producers, producers_stop) = watch::channel(false);
+    let (stop_consumers, consumers_stop) = watch::channel(false);
+    let mut producers = Vec::new();
+    let mut consumers = Vec::new();
     for p in 0..cli.producers {
         let name = format!("p{p}");
         let settings = ProducerSettings {
@@ -266,15 +270,15 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
             drain_timeout_ms: cli.drain_timeout_ms,
             rotation: p,
         };
-        tasks.push(tokio::spawn(producer::run(
+        producers.push(tokio::spawn(producer::run(
             settings,
             brokers.clone(),
             history.clone(),
             stats.clone(),
-            stop_rx.clone(),
+            producers_stop.clone(),
         )));
     }
-    let consumers = [
+    let roles = [
         ("live", Role::Live),
         (
             "resumer",
@@ -284,19 +288,20 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
             },
         ),
     ];
-    for (i, (name, role)) in consumers.into_iter().enumerate() {
+    for (i, (name, role)) in roles.into_iter().enumerate() {
         let settings = ConsumerSettings {
             name: name.to_owned(),
             role,
             topic: cli.topic.clone(),
             rotation: i + 1,
+            tail_timeout_ms: cli.final_timeout_ms,
         };
-        tasks.push(tokio::spawn(consumer::run(
+        consumers.push(tokio::spawn(consumer::run(
             settings,
             brokers.clone(),
             history.clone(),
             stats.clone(),
-            stop_rx.clone(),
+            consumers_stop.clone(),
         )));
     }
 
@@ -324,11 +329,21 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         }
     }
 
-    // Stop: producers drain (their outstanding records get outcomes), the
-    // consumers stop, then the final read.
-    let _ = stop_tx.send(true);
-    for task in tasks {
+    // Stop: the producers drain (their outstanding records get outcomes);
+    // only then the consumers stop (`live` reading on to the end of the
+    // log first), so every acknowledgement precedes their final reads; then
+    // the fresh final read.
+    let _ = stop_producers.send(true);
+    for task in producers {
         let _ = task.await;
+    }
+    history.flush()?;
+    let _ = stop_consumers.send(true);
+    let mut live_final = None;
+    for task in consumers {
+        if let Ok(Some(outcome)) = task.await {
+            live_final = Some(outcome);
+        }
     }
     history.flush()?;
     let outcome = if ended_early {
@@ -375,6 +390,7 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         "brokers": cli.brokers,
         "seed": cli.seed,
         "final": outcome,
+        "live_final": live_final,
         "stats": stats.to_json(),
     });
     if let Some(path) = &cli.summary {
