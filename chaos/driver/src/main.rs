@@ -364,9 +364,13 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         .await
     };
     history.flush()?;
-    say(
-        &json!({"event": "final_done", "t_ms": history.elapsed_ms(), "final": outcome, "stats": stats.to_json()}),
-    );
+    say(&json!({
+        "event": "final_done",
+        "t_ms": history.elapsed_ms(),
+        "final": outcome,
+        "live_final": live_final,
+        "stats": stats.to_json(),
+    }));
 
     // The runner may still log its copies look; then `end`.
     if cli.control_stdin && !ended_early {
