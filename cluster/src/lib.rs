@@ -15,8 +15,8 @@
 //!
 //! The pure core and the I/O around it (ADR 0090). The pure modules are
 //! `model`, `ring`, `cursor`, `formation` (how brokers form one cluster,
-//! ADR 0102) and `placement` (which coordinators a broker
-//! runs): deterministic functions of their inputs, with no clock, no
+//! ADR 0102), `placement` (which coordinators a broker runs) and
+//! `constraints` (storage policies' placement, ADR 0116): deterministic functions of their inputs, with no clock, no
 //! randomness, no filesystem or network, no async runtime, and no path into
 //! the I/O modules `group`, `membership`, `vnodes` or `clock`, which wrap
 //! them. `tests/purity.rs` checks both halves of that rule on every pure

@@ -1,5 +1,6 @@
 //! The pure core stays pure (ADR 0090). `lib.rs` splits the crate's modules
-//! into the pure core (`model`, `ring`, `cursor`, `formation`, `placement`) and the I/O
+//! into the pure core (`model`, `ring`, `cursor`, `formation`, `placement`,
+//! `constraints`) and the I/O
 //! around it (`group`, `membership`, `vnodes`, `clock`). Every source file
 //! of the pure core must:
 //! - import nothing impure: no clock, randomness, filesystem, network,
@@ -16,7 +17,14 @@
 use std::path::{Path, PathBuf};
 
 /// The modules of the pure core, as `lib.rs` declares them.
-const PURE_MODULES: [&str; 5] = ["cursor", "formation", "model", "placement", "ring"];
+const PURE_MODULES: [&str; 6] = [
+    "constraints",
+    "cursor",
+    "formation",
+    "model",
+    "placement",
+    "ring",
+];
 /// The modules that do I/O (or read time), which wrap the pure core.
 const IO_MODULES: [&str; 4] = ["clock", "group", "membership", "vnodes"];
 
