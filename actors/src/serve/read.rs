@@ -19,7 +19,7 @@ use malachi_cluster::cursor::{
     CURSOR_BODY_BYTES_MAX, CURSOR_KEY_ID_BYTES, CURSOR_TAG_BYTES, Position,
 };
 use malachi_cluster::model::{
-    MetadataState, NodeId, RangeId, ReadPlan, SegmentId, SegmentSpan, position,
+    Band, MetadataState, NodeId, RangeId, ReadPlan, ReadSlice, SegmentId, SegmentSpan, position,
 };
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -434,18 +434,138 @@ pub(crate) fn tail_positions(
     Ok(positions)
 }
 
-/// The position a cursor gives an active range: its own entry, else the
-/// furthest entry of an ancestor in its read plan (the cursor predates a
-/// split or merge), else the start.
-pub(crate) fn position_for(plan: &ReadPlan, cursor: &BTreeMap<RangeId, Position>) -> Position {
-    if let Some(found) = cursor.get(&plan.range) {
-        return *found;
+/// What one cursor entry says a reader of a plan was delivered: per slice
+/// of the plan it speaks for (the slices of ranges no younger than the
+/// entry's whose band meets the entry's), the range offset below which
+/// every record of the entry's band was delivered (`u64::MAX`: the whole
+/// slice).
+#[derive(Debug, Clone)]
+struct Delivered {
+    band: Band,
+    done: BTreeMap<RangeId, u64>,
+}
+
+impl Delivered {
+    /// The entry `position` of range `entry`, whose band within the plan
+    /// is `band`. A position in a segment the plan does not hold (never
+    /// after `Cursor::validate`) counts as past every slice it speaks for.
+    fn of(plan: &ReadPlan, entry: RangeId, band: Band, position: Position) -> Delivered {
+        let at = match position {
+            Position::Start => None,
+            Position::At { segment, offset } => Some(
+                plan.slices
+                    .iter()
+                    .find(|s| s.segments.iter().any(|x| x.segment == segment))
+                    .map_or((RangeId(u64::MAX), u64::MAX), |s| (s.range, offset)),
+            ),
+        };
+        let done = plan
+            .slices
+            .iter()
+            .filter(|s| s.range <= entry && s.band.intersect(&band).is_some())
+            .map(|s| {
+                let done = match at {
+                    None => 0,
+                    Some((range, _)) if s.range < range => u64::MAX,
+                    Some((range, offset)) if s.range == range => offset,
+                    Some(_) => 0,
+                };
+                (s.range, done)
+            })
+            .collect();
+        Delivered { band, done }
     }
-    plan.slices
-        .iter()
-        .rev()
-        .find_map(|slice| cursor.get(&slice.range).copied())
-        .unwrap_or(Position::Start)
+
+    fn below(&self, range: RangeId) -> u64 {
+        self.done.get(&range).copied().unwrap_or(0)
+    }
+}
+
+/// Where a reader of one plan resumes, from every cursor entry that speaks
+/// for it: the plan's own (a linear position in the plan), and those of
+/// ranges in the plan (a cursor minted before a split or merge: for a
+/// merge, one per parent, each with its own progress; issue 20, F3).
+/// Each entry is evidence of what was delivered; a record is skipped only
+/// if some entry covering its key says it was delivered, and each slice
+/// is read from an offset no entry needs anything below.
+#[derive(Debug, Clone)]
+struct Resume {
+    own: Option<Delivered>,
+    ancestors: Vec<(RangeId, Position, Delivered)>,
+}
+
+impl Resume {
+    fn new(plan: &ReadPlan, cursor: &BTreeMap<RangeId, Position>) -> Resume {
+        let band_of = |range: RangeId| {
+            plan.slices
+                .iter()
+                .find(|s| s.range == range)
+                .map(|s| s.band)
+        };
+        let own = cursor.get(&plan.range).and_then(|position| {
+            let band = band_of(plan.range)?;
+            Some(Delivered::of(plan, plan.range, band, *position))
+        });
+        let ancestors = plan
+            .slices
+            .iter()
+            .filter(|s| s.range != plan.range)
+            .filter_map(|s| {
+                let position = *cursor.get(&s.range)?;
+                Some((
+                    s.range,
+                    position,
+                    Delivered::of(plan, s.range, s.band, position),
+                ))
+            })
+            .collect();
+        Resume { own, ancestors }
+    }
+
+    /// The offset of `slice` below which every record of its band was
+    /// delivered, by every entry's account put together.
+    fn start(&self, slice: &ReadSlice) -> u64 {
+        let own = self.own.as_ref().map_or(0, |d| d.below(slice.range));
+        // The ancestors' entries speak only for their bands: the least of
+        // them counts only if together they cover the slice's band.
+        let covering: Vec<&Delivered> = self
+            .ancestors
+            .iter()
+            .map(|(_, _, d)| d)
+            .filter(|d| d.done.contains_key(&slice.range))
+            .collect();
+        let mut bands: Vec<Band> = covering
+            .iter()
+            .filter_map(|d| d.band.intersect(&slice.band))
+            .collect();
+        bands.sort_by_key(Band::start);
+        let mut reach = u128::from(slice.band.start());
+        for band in &bands {
+            if u128::from(band.start()) <= reach {
+                reach = reach.max(band.end_exclusive());
+            }
+        }
+        let ancestors = if reach >= slice.band.end_exclusive() {
+            covering
+                .iter()
+                .map(|d| d.below(slice.range))
+                .min()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        own.max(ancestors)
+    }
+
+    /// Whether the record at range offset `offset` of `range`, key
+    /// position `key`, was delivered already.
+    fn delivered(&self, range: RangeId, offset: u64, key: u64) -> bool {
+        self.own.as_ref().is_some_and(|d| offset < d.below(range))
+            || self
+                .ancestors
+                .iter()
+                .any(|(_, _, d)| d.band.contains(key) && offset < d.below(range))
+    }
 }
 
 /// Reads every plan (one per active range) from `start` into `out`, at most
@@ -474,11 +594,7 @@ pub(crate) fn read_topic(
     // The budget refused a record: nothing more goes in.
     let mut full = false;
     for plan in plans {
-        let mut pos = position_for(plan, start);
-        if full || records >= records_max {
-            positions.insert(plan.range, pos);
-            continue;
-        }
+        let resume = Resume::new(plan, start);
         // The plan as one ordered list of (band, segment span).
         let spans: Vec<_> = plan
             .slices
@@ -490,17 +606,47 @@ pub(crate) fn read_topic(
                     .map(move |span| (slice.band, slice.range, span))
             })
             .collect();
-        let mut index = match pos {
-            Position::Start => 0,
-            Position::At { segment, .. } => spans
-                .iter()
-                .position(|(_, _, span)| span.segment == segment)
-                .unwrap_or(spans.len()),
+        let slice_start: BTreeMap<RangeId, u64> = plan
+            .slices
+            .iter()
+            .map(|slice| (slice.range, resume.start(slice)))
+            .collect();
+        let from = |range: RangeId, span: &SegmentSpan| {
+            span.start_offset
+                .max(slice_start.get(&range).copied().unwrap_or(0))
         };
-        let mut offset = match pos {
-            Position::Start => spans.first().map_or(0, |(_, _, span)| span.start_offset),
-            Position::At { offset, .. } => offset,
+        // The first span with anything left to deliver, and where in it.
+        let first = spans.iter().position(|(_, range, span)| {
+            span.end_offset.is_none_or(|end| from(*range, span) < end)
+        });
+        let (mut index, mut offset, mut pos) = match first {
+            Some(i) => {
+                let (_, range, span) = spans[i];
+                let offset = from(range, span);
+                (
+                    i,
+                    offset,
+                    Position::At {
+                        segment: span.segment,
+                        offset,
+                    },
+                )
+            }
+            None => (
+                spans.len(),
+                0,
+                spans
+                    .last()
+                    .map_or(Position::Start, |(_, _, span)| Position::At {
+                        segment: span.segment,
+                        offset: span.end_offset.unwrap_or(span.start_offset),
+                    }),
+            ),
         };
+        if full || records >= records_max {
+            insert_positions(&mut positions, plan, &resume, &spans, index, pos);
+            continue;
+        }
         while let Some((band, slice_range, span)) = spans.get(index) {
             pos = Position::At {
                 segment: span.segment,
@@ -510,8 +656,8 @@ pub(crate) fn read_topic(
                 && offset >= end
             {
                 index += 1;
-                if let Some((_, _, next)) = spans.get(index) {
-                    offset = next.start_offset;
+                if let Some((_, next_range, next)) = spans.get(index) {
+                    offset = from(*next_range, next);
                 }
                 continue;
             }
@@ -540,7 +686,8 @@ pub(crate) fn read_topic(
                         past_end = true;
                         return ControlFlow::Break(());
                     }
-                    if band.contains(position(view.key)) {
+                    let key = position(view.key);
+                    if band.contains(key) && !resume.delivered(*slice_range, at, key) {
                         let record = RecordRef {
                             timestamp_ms: Some(view.timestamp_ms),
                             key: view.key,
@@ -648,13 +795,43 @@ pub(crate) fn read_topic(
                 offset,
             };
         }
-        positions.insert(plan.range, pos);
+        insert_positions(&mut positions, plan, &resume, &spans, index, pos);
     }
     Ok(ReadOutcome {
         positions,
         records,
         bytes,
     })
+}
+
+/// Records where a reader of `plan` stands: its own linear position, and
+/// the entries of ranges in the plan that still say more than it does for
+/// part of its band (a merge's other parent, ahead of the reader), so a
+/// cursor minted before a merge loses neither parent's progress. Those are
+/// dropped once the reader has passed them, and left out, at the cost of
+/// records delivered again, never lost, if the cursor would grow past
+/// `CURSOR_POSITIONS_MAX`.
+fn insert_positions(
+    positions: &mut BTreeMap<RangeId, Position>,
+    plan: &ReadPlan,
+    resume: &Resume,
+    spans: &[(Band, RangeId, &SegmentSpan)],
+    index: usize,
+    pos: Position,
+) {
+    positions.insert(plan.range, pos);
+    for (range, position, _) in &resume.ancestors {
+        let Position::At { segment, .. } = position else {
+            continue;
+        };
+        let ahead = spans
+            .iter()
+            .position(|(_, _, span)| span.segment == *segment)
+            .is_some_and(|at| at >= index);
+        if ahead && positions.len() < malachi_cluster::cursor::CURSOR_POSITIONS_MAX {
+            positions.insert(*range, *position);
+        }
+    }
 }
 
 /// The block `out` would be with `record` added.
@@ -792,6 +969,110 @@ mod tests {
             .map(|i| format!("k{i}"))
             .find(|k| band.contains(position(k.as_bytes())) == inside)
             .unwrap()
+    }
+
+    /// Keys whose position falls in `band`, distinct.
+    fn keys_in(band: Band, n: usize) -> Vec<String> {
+        (0..)
+            .map(|i| format!("k{i}"))
+            .filter(|k| band.contains(position(k.as_bytes())))
+            .take(n)
+            .collect()
+    }
+
+    /// A cursor minted after a split, resumed after its two children
+    /// merged (issue 20, F3): each parent's remaining records are read
+    /// from its own position, none skipped and none again, and a reader
+    /// stopped part way through loses neither parent's progress.
+    #[test]
+    fn a_cursor_from_before_a_merge_resumes_each_parent_from_its_own_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let lower = Band::new(0, 63).unwrap();
+        let upper = Band::new(1 << 63, 63).unwrap();
+        let (low, high) = (keys_in(lower, 6), keys_in(upper, 6));
+        // Values sized by a running number name every record.
+        let mut next = 1;
+        let mut records = |keys: &[String]| -> Vec<(String, usize)> {
+            keys.iter()
+                .map(|k| {
+                    next += 1;
+                    (k.clone(), next)
+                })
+                .collect()
+        };
+        let parent = records(&[low[0].clone(), high[0].clone()]);
+        let left = records(&low[1..6]);
+        let right = records(&high[1..5]);
+        let merged = records(&[low[0].clone(), high[0].clone(), low[1].clone()]);
+        let stored = |store: &FileStore, segment, rs: &[(String, usize)]| {
+            let refs: Vec<(&str, usize)> = rs.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+            append(store, segment, &refs);
+        };
+        stored(&store, 1, &parent);
+        stored(&store, 2, &left);
+        stored(&store, 3, &right);
+        stored(&store, 4, &merged);
+        let plan = ReadPlan {
+            range: RangeId(4),
+            slices: vec![
+                slice(1, Band::FULL, vec![span(1, 0, Some(2))]),
+                slice(2, lower, vec![span(2, 0, Some(5))]),
+                slice(3, upper, vec![span(3, 0, Some(4))]),
+                slice(4, Band::FULL, vec![span(4, 0, None)]),
+            ],
+        };
+        // Minted while ranges 2 and 3 were active: 2 read to offset 3,
+        // 3 to offset 1 (the parent read whole by both).
+        let cursor: Positions = [
+            (
+                RangeId(2),
+                Position::At {
+                    segment: SegmentId(2),
+                    offset: 3,
+                },
+            ),
+            (
+                RangeId(3),
+                Position::At {
+                    segment: SegmentId(3),
+                    offset: 1,
+                },
+            ),
+        ]
+        .into();
+        let expected: Page = left[3..]
+            .iter()
+            .chain(&right[1..])
+            .chain(&merged)
+            .map(|(k, n)| (k.as_bytes().to_vec(), *n))
+            .collect();
+        // In one read.
+        let (all, _) = read(
+            &store,
+            std::slice::from_ref(&plan),
+            &cursor,
+            100,
+            ROOM,
+            ROOM,
+        )
+        .unwrap();
+        assert_eq!(all, expected);
+        // One record a read, following the cursors it returns.
+        let mut at = cursor.clone();
+        let mut got: Page = Vec::new();
+        for _ in 0..100 {
+            let (page, next) =
+                read(&store, std::slice::from_ref(&plan), &at, 1, ROOM, ROOM).unwrap();
+            if page.is_empty() {
+                break;
+            }
+            got.extend(page);
+            at = next;
+        }
+        assert_eq!(got, expected);
+        // Once past the parents, the cursor carries only the merged range.
+        assert_eq!(at.keys().copied().collect::<Vec<_>>(), vec![RangeId(4)]);
     }
 
     #[test]
