@@ -37,16 +37,22 @@ pub const RECORD_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// The largest produce request a benchmark builds, in block bytes.
 const BATCH_BYTES_MAX: usize = 15 * 1024 * 1024;
 
-/// Parse `30s`, `500ms`, `2m`, `1h` or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
+/// Splits `500ms` into its number and its unit (`""` when there is none);
+/// `None` when it does not start with a number that fits a `u64`. Shared
+/// by the duration and size flags.
+pub fn number_and_unit(text: &str) -> Option<(u64, &str)> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s, 500ms or 2m"))?;
+    Some((number.parse().ok()?, unit))
+}
+
+/// Parse `30s`, `500ms`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (n, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("{text:?} is not a duration like 30s, 500ms or 2m"))?;
     let duration = match unit {
         "ms" => Duration::from_millis(n),
         "" | "s" => Duration::from_secs(n),

@@ -48,7 +48,8 @@ pub fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
     })
 }
 
-fn print_text(text: &str) -> Result<(), CliError> {
+/// Writes `text` to stdout as it is (the text forms of the client commands).
+pub fn print_text(text: &str) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())

@@ -9,7 +9,8 @@ use malachi_wire::messages::PolicyDescription;
 use serde_json::json;
 
 use super::OutputArgs;
-use super::client::{connect, print_json};
+use super::bench::number_and_unit;
+use super::client::{connect, print_json, print_text};
 use super::error::CliError;
 
 #[derive(Debug, Subcommand)]
@@ -59,13 +60,8 @@ pub struct PolicyNameArgs {
 /// into milliseconds; 0 is refused (it would delete every sealed segment).
 pub fn parse_age(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s, 12h or 7d"))?;
+    let (n, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("{text:?} is not a duration like 30s, 12h or 7d"))?;
     let unit_ms: u64 = match unit {
         "ms" => 1,
         "" | "s" => 1_000,
@@ -94,13 +90,8 @@ pub fn parse_age(text: &str) -> Result<u64, String> {
 /// `KB`..`TB`, `B`) into bytes; 0 is refused.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size like 512MiB or 10GB"))?;
+    let (n, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("{text:?} is not a size like 512MiB or 10GB"))?;
     let unit_bytes: u64 = match unit {
         "" | "B" => 1,
         "KiB" => 1 << 10,
@@ -225,17 +216,6 @@ fn render(policies: &[PolicyDescription]) -> String {
         );
     }
     out
-}
-
-fn print_text(text: &str) -> Result<(), CliError> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|source| CliError::Io {
-            action: "write stdout",
-            source,
-        })
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use malachi_wire::messages::{VnodeInfo, VnodeListResponse, VnodeSplitResponse};
 
 use super::OutputArgs;
-use super::client::{connect, print_json};
+use super::client::{connect, print_json, print_text};
 use super::error::CliError;
 
 /// The least a split is waited for: it is a dozen replicated steps and an
@@ -71,17 +71,6 @@ pub async fn vnode(command: VnodeCommand) -> Result<(), CliError> {
             }
         }
     }
-}
-
-fn print_text(text: &str) -> Result<(), CliError> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|source| CliError::Io {
-            action: "write stdout",
-            source,
-        })
 }
 
 const HEADER: [&str; 6] = ["vnode", "arc", "leader", "term", "replicas", "lease"];
