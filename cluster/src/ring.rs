@@ -86,6 +86,7 @@ pub enum RingError {
 /// The ring: versioned, serializable, the same on every broker that holds
 /// the same version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "RingRepr")]
 pub struct Ring {
     version: u64,
     /// Vnodes by arc start: ordered, so lookup is a floor search.
@@ -93,12 +94,70 @@ pub struct Ring {
     next_vnode: u32,
     /// The cluster's brokers once one joined or was decommissioned (ADR
     /// 0104); empty while the cluster is the one it was formed with, whose
-    /// nodes every broker knows from its configuration. Written only when
-    /// non-empty, so a ring of a cluster that never changed encodes as
-    /// before.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// nodes every broker knows from its configuration.
+    #[serde(default)]
     members: BTreeMap<u64, MemberState>,
+    /// What places vnode replicas (ADR 0121).
+    #[serde(default)]
+    placement: RingPlacement,
 }
+
+/// The inputs of vnode placement the ring carries (ADR 0121).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct RingPlacement {
+    /// Each broker's attributes as it last committed them: what vnode
+    /// placement constraints read, the same on every broker holding this
+    /// version (gossiped attributes may differ for a while).
+    attributes: BTreeMap<u64, BTreeMap<String, String>>,
+    /// The placement constraints of vnode replicas: those of the storage
+    /// policy named [`VNODES_POLICY`]. Empty: rendezvous hashing alone.
+    vnode_placement: Vec<String>,
+}
+
+impl RingPlacement {
+    fn is_empty(&self) -> bool {
+        self.attributes.is_empty() && self.vnode_placement.is_empty()
+    }
+}
+
+/// How a ring is encoded. The encoding is positional (MessagePack arrays),
+/// so optional fields are left out only from the end: `members` is written
+/// when it or anything after it is non-empty, and a ring that never used
+/// the later fields encodes exactly as before them.
+#[derive(Serialize)]
+struct RingRepr {
+    version: u64,
+    by_start: BTreeMap<u64, VnodeEntry>,
+    next_vnode: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    members: Option<BTreeMap<u64, MemberState>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    placement: Option<RingPlacement>,
+}
+
+impl From<Ring> for RingRepr {
+    fn from(ring: Ring) -> RingRepr {
+        let placement = (!ring.placement.is_empty()).then_some(ring.placement);
+        let members = (placement.is_some() || !ring.members.is_empty()).then_some(ring.members);
+        RingRepr {
+            version: ring.version,
+            by_start: ring.by_start,
+            next_vnode: ring.next_vnode,
+            members,
+            placement,
+        }
+    }
+}
+
+/// The storage policy whose placement constraints place vnode replicas
+/// (ADR 0121); its retention rule, if any, applies to topics bound to it
+/// like any policy's.
+pub const VNODES_POLICY: &str = "vnodes";
+/// Attributes one member may commit to the ring (a gossiped identity
+/// carries as many).
+pub const MEMBER_ATTRIBUTES_MAX: usize = 32;
+/// Longest attribute key or value a member may commit, in bytes.
+pub const MEMBER_ATTRIBUTE_BYTES_MAX: usize = 128;
 
 /// What a broker of the cluster is doing (ADR 0104).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -150,6 +209,7 @@ impl Ring {
             by_start,
             next_vnode: count,
             members: BTreeMap::new(),
+            placement: RingPlacement::default(),
         })
     }
 
@@ -185,6 +245,38 @@ impl Ring {
         }
         members.insert(node, state);
         self.members = members;
+        self.version += 1;
+        true
+    }
+
+    /// The attributes `node` committed, if it did.
+    pub fn attributes_of(&self, node: u64) -> Option<&BTreeMap<String, String>> {
+        self.placement.attributes.get(&node)
+    }
+
+    /// Records `node`'s attributes. Bumps the version if they changed, and
+    /// returns whether they did.
+    pub fn set_attributes(&mut self, node: u64, attributes: BTreeMap<String, String>) -> bool {
+        if self.placement.attributes.get(&node) == Some(&attributes) {
+            return false;
+        }
+        self.placement.attributes.insert(node, attributes);
+        self.version += 1;
+        true
+    }
+
+    /// The placement constraints of vnode replicas (empty: none).
+    pub fn vnode_placement(&self) -> &[String] {
+        &self.placement.vnode_placement
+    }
+
+    /// Sets the placement constraints of vnode replicas. Bumps the version
+    /// if they changed, and returns whether they did.
+    pub fn set_vnode_placement(&mut self, constraints: Vec<String>) -> bool {
+        if self.placement.vnode_placement == constraints {
+            return false;
+        }
+        self.placement.vnode_placement = constraints;
         self.version += 1;
         true
     }

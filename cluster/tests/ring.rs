@@ -146,3 +146,135 @@ fn an_arc_that_would_orphan_a_topic_is_refused() {
     // Without an arc a vnode owns the whole ring (a lone broker's group).
     assert!(state.apply(create("anything-goes")).is_ok());
 }
+
+fn vnodes_policy(placement: &[&str]) -> Command {
+    Command::PutPolicy {
+        policy: malachi_cluster::model::StoragePolicy {
+            name: malachi_cluster::ring::VNODES_POLICY.to_owned(),
+            retention_age_ms: None,
+            retention_bytes: None,
+            placement: placement.iter().map(|c| (*c).to_owned()).collect(),
+        },
+    }
+}
+
+fn ring_of(state: &MetadataState) -> Ring {
+    state.ring_record().unwrap().ring.clone()
+}
+
+/// ADR 0121: the `vnodes` policy's constraints reach the ring, whether put
+/// before or after the ring exists, and leave it when the policy goes;
+/// every change bumps the ring's version and a repeat changes nothing.
+#[test]
+fn the_vnodes_policy_places_its_constraints_in_the_ring() {
+    let mut state = MetadataState::new();
+    state
+        .apply(vnodes_policy(&["distinct(zone) >= 3"]))
+        .unwrap();
+    state.apply(Command::InitRing { vnodes: 4 }).unwrap();
+    let ring = ring_of(&state);
+    assert_eq!(ring.vnode_placement(), ["distinct(zone) >= 3"]);
+    let version = ring.version();
+
+    state
+        .apply(vnodes_policy(&["distinct(zone) >= 2"]))
+        .unwrap();
+    assert_eq!(ring_of(&state).vnode_placement(), ["distinct(zone) >= 2"]);
+    assert_eq!(ring_of(&state).version(), version + 1);
+    assert_eq!(
+        state
+            .apply(vnodes_policy(&["distinct(zone) >= 2"]))
+            .unwrap(),
+        Outcome::Unchanged
+    );
+    assert_eq!(ring_of(&state).version(), version + 1);
+
+    // Another policy's constraints are not the vnodes'.
+    let mut other = vnodes_policy(&["zone == a"]);
+    if let Command::PutPolicy { policy } = &mut other {
+        policy.name = "other".to_owned();
+    }
+    state.apply(other).unwrap();
+    assert_eq!(ring_of(&state).vnode_placement(), ["distinct(zone) >= 2"]);
+
+    state
+        .apply(Command::RemovePolicy {
+            name: malachi_cluster::ring::VNODES_POLICY.to_owned(),
+        })
+        .unwrap();
+    assert!(ring_of(&state).vnode_placement().is_empty());
+    assert_eq!(ring_of(&state).version(), version + 2);
+}
+
+/// ADR 0121: a member's attributes are committed to the ring, bounded;
+/// the same attributes again change nothing.
+#[test]
+fn member_attributes_are_committed_to_the_ring_and_bounded() {
+    let mut state = MetadataState::new();
+    let zone = |z: &str| BTreeMap::from([("zone".to_owned(), z.to_owned())]);
+    let set = |node: u64, attributes: BTreeMap<String, String>| Command::SetMemberAttributes {
+        node,
+        attributes,
+    };
+    assert_eq!(state.apply(set(1, zone("a"))), Err(ModelError::NoRing));
+    state.apply(Command::InitRing { vnodes: 4 }).unwrap();
+    let version = ring_of(&state).version();
+    state.apply(set(1, zone("a"))).unwrap();
+    assert_eq!(ring_of(&state).attributes_of(1), Some(&zone("a")));
+    assert_eq!(ring_of(&state).version(), version + 1);
+    state.apply(set(1, zone("a"))).unwrap();
+    assert_eq!(ring_of(&state).version(), version + 1);
+    state.apply(set(1, zone("b"))).unwrap();
+    assert_eq!(ring_of(&state).attributes_of(1), Some(&zone("b")));
+
+    assert_eq!(state.apply(set(0, zone("a"))), Err(ModelError::InvalidNode));
+    let too_many: BTreeMap<String, String> = (0..=malachi_cluster::ring::MEMBER_ATTRIBUTES_MAX)
+        .map(|i| (format!("k{i}"), "v".to_owned()))
+        .collect();
+    assert!(matches!(
+        state.apply(set(2, too_many)),
+        Err(ModelError::InvalidAttributes { node: 2, .. })
+    ));
+    let long = BTreeMap::from([(
+        "zone".to_owned(),
+        "x".repeat(malachi_cluster::ring::MEMBER_ATTRIBUTE_BYTES_MAX + 1),
+    )]);
+    assert!(matches!(
+        state.apply(set(2, long)),
+        Err(ModelError::InvalidAttributes { node: 2, .. })
+    ));
+    let empty_key = BTreeMap::from([(String::new(), "a".to_owned())]);
+    assert!(matches!(
+        state.apply(set(2, empty_key)),
+        Err(ModelError::InvalidAttributes { node: 2, .. })
+    ));
+    assert_eq!(ring_of(&state).attributes_of(2), None);
+}
+
+/// A ring that never recorded attributes or vnode constraints encodes as
+/// before ADR 0121 (the fields are left out), and one that did round-trips.
+#[test]
+fn ring_attributes_and_vnode_placement_round_trip_and_are_left_out_when_empty() {
+    let plain = Ring::new(4).unwrap();
+    let mut placed = plain.clone();
+    assert!(placed.set_attributes(3, BTreeMap::from([("zone".to_owned(), "c".to_owned())])));
+    assert!(placed.set_vnode_placement(vec!["distinct(zone) >= 3".to_owned()]));
+    assert!(placed.encode().unwrap().len() > plain.encode().unwrap().len());
+    assert_eq!(Ring::decode(&placed.encode().unwrap()).unwrap(), placed);
+    assert_eq!(Ring::decode(&plain.encode().unwrap()).unwrap(), plain);
+    assert_eq!(placed.version(), plain.version() + 2);
+}
+
+/// The encoding is positional: a ring with attributes but no members (a
+/// cluster never changed) still decodes, members and all.
+#[test]
+fn a_ring_with_attributes_and_no_members_round_trips() {
+    let mut ring = Ring::new(4).unwrap();
+    ring.set_attributes(1, BTreeMap::from([("zone".to_owned(), "a".to_owned())]));
+    assert_eq!(Ring::decode(&ring.encode().unwrap()).unwrap(), ring);
+    let mut members = Ring::new(4).unwrap();
+    members.set_member(&[1, 2], 3, malachi_cluster::ring::MemberState::Active);
+    assert_eq!(Ring::decode(&members.encode().unwrap()).unwrap(), members);
+    members.set_vnode_placement(vec!["distinct(zone) >= 2".to_owned()]);
+    assert_eq!(Ring::decode(&members.encode().unwrap()).unwrap(), members);
+}

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use malachi_cluster::model::{Command, ModelError, Outcome, StoragePolicy};
+use malachi_cluster::ring::VNODES_POLICY;
 use malachi_cluster::vnodes::RouteError;
 
 use super::shared::Shared;
@@ -49,12 +50,27 @@ pub(crate) async fn propose(shared: &Arc<Shared>, cmd: Command) -> Result<Outcom
         cmd,
         Command::PutPolicy { .. } | Command::RemovePolicy { .. }
     ));
+    let vnodes = match &cmd {
+        Command::PutPolicy { policy } => policy.name == VNODES_POLICY,
+        Command::RemovePolicy { name } => name == VNODES_POLICY,
+        _ => false,
+    };
     let plane = shared.plane()?;
     let verdict = match plane.host() {
         Some(host) => host.propose_ring(cmd).await?,
         None => plane.propose(cmd).await?,
     };
     let outcome = verdict?;
+    // The `vnodes` policy's constraints live in the ring too (ADR 0121):
+    // every broker's rebalancer learns them with the ring, at once.
+    if vnodes && let Some(host) = plane.host() {
+        match host.refresh_ring().await {
+            Ok(ring) => host.announce_ring(ring.version()).await,
+            Err(e) => {
+                tracing::debug!(error = %e, "the ring not re-read after a vnodes policy change; ring sync spreads it")
+            }
+        }
+    }
     // Refresh the cache at once, so a topic created next through this
     // broker is placed by the new definition.
     if let Err(e) = policies(shared).await {

@@ -258,6 +258,7 @@ impl Actor for VnodesActor {
                 host_config.balance_leaders = config.cluster.balance_leaders;
                 host_config.joined = config.cluster.joined;
                 host_config.replace_after_ms = config.cluster.replace_after_ms;
+                host_config.attributes = config.attributes.clone();
                 let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
                 let listener = raft.listener.try_clone()?;
                 listener.set_nonblocking(true)?;

@@ -173,8 +173,10 @@ pub(crate) async fn cluster_members(
         for node in &m.learners {
             *learners.entry(*node).or_default() += 1;
         }
-        let target = rebalance::target_voters(vnode, &eligible, replicas_per_vnode);
         let voters: BTreeSet<u64> = m.voters.iter().copied().collect();
+        // Constraints no eligible set meets leave a group where it is.
+        let target = rebalance::placed_voters(vnode, &eligible, replicas_per_vnode, &ring)
+            .unwrap_or_else(|_| voters.clone());
         if voters != target || m.joint {
             moving += 1;
         }

@@ -163,6 +163,9 @@ impl MetadataState {
                 replicas,
             } => self.decommission_node(node, &formed, replicas),
             Command::ExpireSegments { topic, segments } => self.expire_segments(&topic, &segments),
+            Command::SetMemberAttributes { node, attributes } => {
+                self.set_member_attributes(node, attributes)
+            }
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(
@@ -665,12 +668,16 @@ impl MetadataState {
             return Ok(Outcome::Unchanged);
         }
         self.policies.insert(policy.name.clone(), policy);
+        self.sync_vnode_placement();
         Ok(Outcome::PolicyPut)
     }
 
     fn remove_policy(&mut self, name: &str) -> Result<Outcome, ModelError> {
         match self.policies.remove(name) {
-            Some(_) => Ok(Outcome::PolicyRemoved),
+            Some(_) => {
+                self.sync_vnode_placement();
+                Ok(Outcome::PolicyRemoved)
+            }
             None => Err(ModelError::NoSuchPolicy {
                 name: name.to_owned(),
             }),

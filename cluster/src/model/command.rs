@@ -179,6 +179,16 @@ pub enum Command {
         topic: String,
         segments: Vec<SegmentId>,
     },
+    /// In the ring's group: records `node`'s attributes (ADR 0121), the
+    /// input of vnode placement constraints. Each broker proposes its own
+    /// when the ring's differ from its configuration. At most
+    /// [`crate::ring::MEMBER_ATTRIBUTES_MAX`] of them, each key and value
+    /// at most [`crate::ring::MEMBER_ATTRIBUTE_BYTES_MAX`] bytes.
+    /// Idempotent.
+    SetMemberAttributes {
+        node: u64,
+        attributes: std::collections::BTreeMap<String, String>,
+    },
 }
 
 impl Command {
@@ -221,7 +231,8 @@ impl Command {
             | Command::CreateCursorKey { .. }
             | Command::RotateCursorKey { .. }
             | Command::AdmitNode { .. }
-            | Command::DecommissionNode { .. } => None,
+            | Command::DecommissionNode { .. }
+            | Command::SetMemberAttributes { .. } => None,
         }
     }
 }
@@ -442,6 +453,9 @@ pub enum ModelError {
     /// Retention may not forget this segment now (ADR 0115).
     #[error("segment {segment} cannot expire: {reason}")]
     NotExpirable { segment: SegmentId, reason: String },
+    /// A member's attributes break the ring's bounds (ADR 0121).
+    #[error("attributes of node {node}: {reason}")]
+    InvalidAttributes { node: u64, reason: String },
 }
 
 impl ModelError {

@@ -20,7 +20,9 @@
 use super::arc::RingArc;
 use super::command::{ModelError, Outcome};
 use super::state::{MetadataState, Range, RangeId, Segment, SegmentId, StoragePolicy, Topic};
-use crate::ring::{Ring, VnodeId};
+use crate::ring::{
+    MEMBER_ATTRIBUTE_BYTES_MAX, MEMBER_ATTRIBUTES_MAX, Ring, VNODES_POLICY, VnodeId,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -372,7 +374,58 @@ impl MetadataState {
             pending: None,
             next_child,
         });
+        // A `vnodes` policy put before the ring existed places it too.
+        self.sync_vnode_placement();
+        let version = self.ring.as_ref().map_or(version, |r| r.ring.version());
         Ok(Outcome::RingChanged { version })
+    }
+
+    /// Copies the placement constraints of the policy named
+    /// [`VNODES_POLICY`] into the ring (ADR 0121), so every broker's
+    /// rebalancer reads them with the ring it already holds. No ring yet:
+    /// nothing to do (`init_ring` calls this again).
+    pub(super) fn sync_vnode_placement(&mut self) {
+        let constraints = self
+            .policies
+            .get(VNODES_POLICY)
+            .map(|p| p.placement.clone())
+            .unwrap_or_default();
+        if let Some(record) = self.ring.as_mut() {
+            record.ring.set_vnode_placement(constraints);
+        }
+    }
+
+    /// Records `node`'s attributes in the ring (ADR 0121), bounded like
+    /// a gossiped identity's.
+    pub(super) fn set_member_attributes(
+        &mut self,
+        node: u64,
+        attributes: BTreeMap<String, String>,
+    ) -> Result<Outcome, ModelError> {
+        if node == 0 {
+            return Err(ModelError::InvalidNode);
+        }
+        let invalid = |reason: String| ModelError::InvalidAttributes { node, reason };
+        if attributes.len() > MEMBER_ATTRIBUTES_MAX {
+            return Err(invalid(format!(
+                "{} attributes, at most {MEMBER_ATTRIBUTES_MAX}",
+                attributes.len()
+            )));
+        }
+        if let Some((key, _)) = attributes.iter().find(|(k, v)| {
+            k.is_empty()
+                || k.len() > MEMBER_ATTRIBUTE_BYTES_MAX
+                || v.len() > MEMBER_ATTRIBUTE_BYTES_MAX
+        }) {
+            return Err(invalid(format!(
+                "key {key:?}: keys are 1 to {MEMBER_ATTRIBUTE_BYTES_MAX} bytes, values at most {MEMBER_ATTRIBUTE_BYTES_MAX}"
+            )));
+        }
+        let record = self.ring_mut()?;
+        record.ring.set_attributes(node, attributes);
+        Ok(Outcome::RingChanged {
+            version: record.ring.version(),
+        })
     }
 
     pub(super) fn admit_node(&mut self, node: u64, formed: &[u64]) -> Result<Outcome, ModelError> {

@@ -147,6 +147,9 @@ pub struct VnodeHostConfig {
     /// How long one membership step (a learner's catch-up, a joint change)
     /// may take before it is tried again.
     pub membership_step_timeout_ms: u64,
+    /// This broker's attributes (zone, rack, ...), committed to the ring
+    /// where vnode placement constraints read them (ADR 0121).
+    pub attributes: BTreeMap<String, String>,
 }
 
 impl VnodeHostConfig {
@@ -171,6 +174,7 @@ impl VnodeHostConfig {
             replace_after_ms: rebalance::REPLACE_AFTER_MS_DEFAULT,
             rebalance_check_ms: rebalance::REBALANCE_CHECK_MS_DEFAULT,
             membership_step_timeout_ms: rebalance::MEMBERSHIP_STEP_TIMEOUT_MS_DEFAULT,
+            attributes: BTreeMap::new(),
         }
     }
 }
@@ -498,6 +502,7 @@ impl VnodeHost {
         if host.config.joined {
             host.spawn_admission();
         }
+        host.spawn_attribute_publisher();
         Ok(host)
     }
 
@@ -596,6 +601,58 @@ impl VnodeHost {
         self.background.lock().push(task);
     }
 
+    /// Commits this broker's configured attributes to the ring once they
+    /// differ from what the ring holds (a first start, or a restart with
+    /// new attributes; ADR 0121), retrying with backoff until the ring's
+    /// group takes them. A broker with no attributes the ring does not
+    /// list either has nothing to commit.
+    fn spawn_attribute_publisher(self: &Arc<Self>) {
+        let host = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let mut backoff = None;
+            loop {
+                let Some(strong) = host.upgrade() else { break };
+                if strong.is_stopped() {
+                    break;
+                }
+                let me = strong.config.node_id;
+                let wanted = &strong.config.attributes;
+                let committed = strong.ring().attributes_of(me).cloned();
+                if committed.as_ref() == Some(wanted) || (committed.is_none() && wanted.is_empty())
+                {
+                    break;
+                }
+                let backoff = backoff.get_or_insert_with(|| {
+                    Backoff::new(
+                        RING_SYNC_BACKOFF_MIN_MS,
+                        RING_SYNC_BACKOFF_MAX_MS,
+                        backoff_seed(me, RING_GROUP_ID),
+                    )
+                });
+                let cmd = Command::SetMemberAttributes {
+                    node: me,
+                    attributes: wanted.clone(),
+                };
+                match strong.change_members(cmd).await {
+                    Ok(Ok(version)) => {
+                        tracing::info!(node = me, ring_version = version, attributes = ?wanted, "attributes committed to the ring");
+                        break;
+                    }
+                    Ok(Err(refused)) => {
+                        tracing::error!(node = me, %refused, "the ring refused this broker's attributes; vnode placement does not see them");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(node = me, error = %e, "attributes not committed yet; trying again");
+                    }
+                }
+                drop(strong);
+                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
+            }
+        });
+        self.background.lock().push(task);
+    }
+
     /// Makes `node` an active member (ADR 0104): its share of the vnode
     /// replicas moves to it. Returns the ring version that lists it, or
     /// the ring group's refusal.
@@ -673,7 +730,13 @@ impl VnodeHost {
             &BTreeSet::new(),
             self.config.replicas_per_vnode,
         );
-        rebalance::target_voters(vnode, &eligible, self.config.replicas_per_vnode)
+        let replicas = self.config.replicas_per_vnode;
+        let ring = self.ring();
+        // Constraints no eligible set meets leave the groups where they
+        // are (the rebalancer moves nothing); this answer falls back to
+        // rendezvous hashing.
+        rebalance::placed_voters(vnode, &eligible, replicas, &ring)
+            .unwrap_or_else(|_| rebalance::target_voters(vnode, &eligible, replicas))
             .into_iter()
             .collect()
     }

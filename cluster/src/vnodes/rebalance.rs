@@ -107,6 +107,58 @@ pub fn target_voters(vnode: VnodeId, eligible: &[u64], replicas: usize) -> BTree
     voters_for(tag, eligible, replicas).into_iter().collect()
 }
 
+/// The voters `vnode`'s group should have among `eligible` under the
+/// ring's vnode placement constraints (ADR 0121): [`target_voters`] when
+/// the ring has none; else the set [`crate::constraints::place`] chooses
+/// over the attributes the members committed to the ring, with the
+/// rendezvous voters preferred, so constraints those already meet move
+/// nothing. A pure function of the ring and `eligible`: every leader the
+/// group ever has computes the same set. An error names a hard constraint
+/// no set of eligible brokers meets; the group then stays as it is.
+pub fn placed_voters(
+    vnode: VnodeId,
+    eligible: &[u64],
+    replicas: usize,
+    ring: &crate::ring::Ring,
+) -> Result<BTreeSet<u64>, PlacementRefused> {
+    let hashed = target_voters(vnode, eligible, replicas);
+    if ring.vnode_placement().is_empty() || hashed.is_empty() {
+        return Ok(hashed);
+    }
+    let constraints = crate::constraints::parse_all(ring.vnode_placement())
+        .map_err(|e| PlacementRefused(e.to_string()))?;
+    let brokers: Vec<crate::constraints::Broker> = eligible
+        .iter()
+        .map(|node| crate::constraints::Broker {
+            node: *node,
+            attributes: ring.attributes_of(*node).cloned().unwrap_or_default(),
+        })
+        .collect();
+    let preferred: Vec<u64> = hashed.iter().copied().collect();
+    let tag = if vnode == RING_VNODE {
+        super::RING_VOTERS_TAG
+    } else {
+        vnode
+    };
+    let factor = replicas.max(1).min(eligible.len());
+    crate::constraints::place(
+        &[],
+        &preferred,
+        &brokers,
+        factor,
+        u64::from(tag.0),
+        &constraints,
+    )
+    .map(|placed| placed.nodes.into_iter().collect())
+    .map_err(|e| PlacementRefused(e.to_string()))
+}
+
+/// Why [`placed_voters`] chose no set: the ring's vnode placement
+/// constraints cannot be met by the eligible brokers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("vnode placement: {0}")]
+pub struct PlacementRefused(pub String);
+
 /// What the leader `me` of a group with `current` membership does next to
 /// reach `target` voters, keeping every broker in `keep` (those holding
 /// copies of the group's segments) at least a learner. `up` are the
@@ -249,6 +301,13 @@ pub(super) fn spawn_rebalancer(
         // Each led group's segment-copy holders, by the applied index they
         // were read at: recomputed only when the group applied something.
         let mut holders: BTreeMap<u64, (u64, BTreeSet<u64>)> = BTreeMap::new();
+        // Each led group's target, by the ring version and eligible
+        // brokers it was computed from.
+        #[allow(clippy::type_complexity)]
+        let mut targets: BTreeMap<
+            u64,
+            ((u64, Vec<u64>), Result<BTreeSet<u64>, PlacementRefused>),
+        > = BTreeMap::new();
         loop {
             let worked = {
                 let Some(host) = host.upgrade() else { break };
@@ -280,6 +339,7 @@ pub(super) fn spawn_rebalancer(
                     .collect();
                 let led_ids: BTreeSet<u64> = led.iter().map(|g| g.group_id()).collect();
                 holders.retain(|id, _| led_ids.contains(id));
+                targets.retain(|id, _| led_ids.contains(id));
                 handed.retain(|id, _| led_ids.contains(id));
                 unneeded.retain(|(id, _), _| led_ids.contains(id));
                 for group in led {
@@ -287,7 +347,23 @@ pub(super) fn spawn_rebalancer(
                     let Some(vnode) = vnode_of(group_id) else {
                         continue;
                     };
-                    let target = target_voters(vnode, &eligible, replicas);
+                    // Placement under constraints may weigh many sets:
+                    // computed again only when its inputs change.
+                    let inputs = (ring.version(), eligible.clone());
+                    let target = match targets.get(&group_id) {
+                        Some((at, target)) if *at == inputs => target.clone(),
+                        _ => {
+                            let target = placed_voters(vnode, &eligible, replicas, &ring);
+                            if let Err(refused) = &target {
+                                tracing::warn!(%vnode, ring_version = ring.version(), %refused, "the vnode placement constraints cannot be met; the group stays where it is");
+                            }
+                            targets.insert(group_id, (inputs, target.clone()));
+                            target
+                        }
+                    };
+                    let Ok(target) = target else {
+                        continue;
+                    };
                     let membership = group.membership();
                     let applied = group.applied_index();
                     let mut keep = match holders.get(&group_id) {
@@ -529,7 +605,121 @@ mod tests {
         );
     }
 
+    fn zoned_ring(zones: &[(u64, &str)], placement: &[&str]) -> crate::ring::Ring {
+        let mut ring = crate::ring::Ring::new(16).unwrap();
+        for (node, zone) in zones {
+            ring.set_attributes(
+                *node,
+                BTreeMap::from([("zone".to_owned(), (*zone).to_owned())]),
+            );
+        }
+        ring.set_vnode_placement(placement.iter().map(|c| (*c).to_owned()).collect());
+        ring
+    }
+
+    const ZONES: [(u64, &str); 4] = [(1, "a"), (2, "a"), (3, "b"), (4, "c")];
+
+    #[test]
+    fn without_vnode_constraints_placement_is_rendezvous_hashing() {
+        let ring = zoned_ring(&ZONES, &[]);
+        let nodes = [1, 2, 3, 4];
+        for v in (0..16).map(VnodeId).chain([RING_VNODE]) {
+            assert_eq!(
+                placed_voters(v, &nodes, 3, &ring).unwrap(),
+                target_voters(v, &nodes, 3)
+            );
+        }
+    }
+
+    #[test]
+    fn vnode_constraints_span_the_zones_and_keep_hashed_sets_that_meet_them() {
+        let nodes = [1, 2, 3, 4];
+        let ring = zoned_ring(&ZONES, &["distinct(zone) >= 3"]);
+        let mut moved = 0;
+        for v in (0..16).map(VnodeId).chain([RING_VNODE]) {
+            let placed = placed_voters(v, &nodes, 3, &ring).unwrap();
+            let zones: BTreeSet<&str> = placed
+                .iter()
+                .map(|n| ZONES.iter().find(|(m, _)| m == n).unwrap().1)
+                .collect();
+            assert_eq!(placed.len(), 3, "{v}: {placed:?}");
+            assert_eq!(zones.len(), 3, "{v}: {placed:?}");
+            let hashed = target_voters(v, &nodes, 3);
+            if hashed.contains(&3) && hashed.contains(&4) {
+                assert_eq!(
+                    placed, hashed,
+                    "{v}: a hashed set meeting the constraint stays"
+                );
+            } else {
+                moved += 1;
+            }
+        }
+        // The hash alone puts some group in two zones: the constraint moves it.
+        assert!(moved > 0);
+    }
+
+    #[test]
+    fn vnode_constraints_no_eligible_set_meets_are_refused_and_a_soft_one_is_relaxed() {
+        let nodes = [1, 2, 3];
+        let hard = zoned_ring(&ZONES, &["distinct(zone) >= 3"]);
+        assert!(placed_voters(VnodeId(0), &nodes, 3, &hard).is_err());
+        let soft = zoned_ring(&ZONES, &["soft: distinct(zone) >= 3"]);
+        assert_eq!(
+            placed_voters(VnodeId(0), &nodes, 3, &soft).unwrap(),
+            set(&[1, 2, 3])
+        );
+        // Fewer eligible brokers than replicas: all of them, as hashing does.
+        let two = zoned_ring(&ZONES, &["soft: distinct(zone) >= 2"]);
+        assert_eq!(
+            placed_voters(VnodeId(0), &[1, 3], 3, &two).unwrap(),
+            set(&[1, 3])
+        );
+        // A broker that committed no attributes is a zone of its own.
+        let unzoned = zoned_ring(&[(1, "a"), (2, "a")], &["distinct(zone) >= 3"]);
+        let placed = placed_voters(VnodeId(0), &[1, 2, 3, 4], 3, &unzoned).unwrap();
+        assert!(placed.contains(&3) && placed.contains(&4), "{placed:?}");
+        assert!(placed_voters(VnodeId(0), &nodes, 3, &unzoned).is_err());
+    }
+
     proptest! {
+        /// ADR 0121: vnode placement under a hard `distinct(zone) >= k`
+        /// is a pure function of the ring and the eligible brokers (their
+        /// order does not matter), never breaks the constraint, and is
+        /// refused only when no set of eligible brokers meets it.
+        #[test]
+        fn vnode_placement_is_deterministic_and_never_breaks_a_hard_constraint(
+            zones in proptest::collection::vec(0u8..4, 1..8),
+            k in 1usize..4,
+            vnode in 0u32..64,
+        ) {
+            let names = ["a", "b", "c", "d"];
+            let zoned: Vec<(u64, &str)> = zones
+                .iter()
+                .enumerate()
+                .map(|(i, z)| (i as u64 + 1, names[*z as usize]))
+                .collect();
+            let constraint = format!("distinct(zone) >= {k}");
+            let ring = zoned_ring(&zoned, &[constraint.as_str()]);
+            let nodes: Vec<u64> = zoned.iter().map(|(n, _)| *n).collect();
+            let mut reversed = nodes.clone();
+            reversed.reverse();
+            let placed = placed_voters(VnodeId(vnode), &nodes, 3, &ring);
+            prop_assert_eq!(&placed, &placed_voters(VnodeId(vnode), &reversed, 3, &ring));
+            let factor = nodes.len().min(3);
+            let distinct_available: BTreeSet<&str> = zoned.iter().map(|(_, z)| *z).collect();
+            match placed {
+                Ok(set) => {
+                    prop_assert_eq!(set.len(), factor);
+                    let spanned: BTreeSet<&str> = set
+                        .iter()
+                        .map(|n| zoned.iter().find(|(m, _)| m == n).unwrap().1)
+                        .collect();
+                    prop_assert!(spanned.len() >= k, "{:?} spans {:?}", set, spanned);
+                }
+                Err(_) => prop_assert!(distinct_available.len().min(factor) < k),
+            }
+        }
+
         /// From any membership, following the steps (each applied as raft
         /// would) reaches the target voters, with exactly the holders of
         /// segment copies outside them as learners, in a bounded number of
