@@ -14,7 +14,9 @@ use std::path::Path;
 use common::*;
 use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_wire::ErrorCode;
-use malachi_wire::messages::{CreateTopicRequest, PolicyDescription, PutPolicyRequest};
+use malachi_wire::messages::{
+    CreateTopicRequest, PolicyDescription, PutPolicyRequest, VnodeListRequest,
+};
 
 const ZONES: [&str; 4] = ["a", "a", "b", "c"];
 
@@ -179,6 +181,73 @@ async fn a_policys_placement_constraints_choose_every_segments_copies() {
         .unwrap_err();
     assert_eq!(bad.code, ErrorCode::InvalidRequest);
     assert!(bad.message.contains("spread(zone)"), "{}", bad.message);
+    for broker in brokers {
+        broker.shutdown().await.unwrap();
+    }
+}
+
+/// ADR 0121: the `vnodes` policy places the metadata plane's replicas
+/// too. Each broker commits its zone to the ring; once the policy asks
+/// for three zones, every vnode's group spans them, as `vnode_list`
+/// reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_vnodes_policy_spreads_every_vnodes_replicas_over_the_zones() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
+    let two = Broker::start(config(root.path(), 2, &[&one]))
+        .await
+        .unwrap();
+    let three = Broker::start(config(root.path(), 3, &[&one, &two]))
+        .await
+        .unwrap();
+    let four = Broker::start(config(root.path(), 4, &[&one, &two, &three]))
+        .await
+        .unwrap();
+    let brokers = [one, two, three, four];
+    for b in &brokers {
+        assert!(b.wait_ready(30_000).await, "broker {} never ready", b.node_id());
+    }
+    let mut client = TestClient::connect(brokers[0].client_addr()).await;
+    let spans = async |client: &mut TestClient| -> Option<Vec<(u32, Vec<u64>)>> {
+        let list = client.call(&VnodeListRequest {}).await.ok()?;
+        Some(
+            list.vnodes
+                .into_iter()
+                .map(|v| (v.id, v.replicas))
+                .collect(),
+        )
+    };
+    let before = spans(&mut client).await.unwrap();
+    assert!(
+        before.iter().any(|(_, r)| zones_of(r).len() < 3),
+        "rendezvous hashing already spans three zones everywhere: {before:?}"
+    );
+    assert!(
+        eventually(30_000, async || put(
+            &mut client,
+            "vnodes",
+            &["distinct(zone) >= 3"]
+        )
+        .await
+        .is_ok())
+        .await
+    );
+    let mut last = Vec::new();
+    let placed = eventually(90_000, async || {
+        match spans(&mut client).await {
+            Some(list) => {
+                let done = list
+                    .iter()
+                    .all(|(_, r)| r.len() == 3 && zones_of(r).len() == 3);
+                last = list;
+                done
+            }
+            None => false,
+        }
+    })
+    .await;
+    assert!(placed, "vnodes not spread over three zones: {last:?}");
     for broker in brokers {
         broker.shutdown().await.unwrap();
     }
