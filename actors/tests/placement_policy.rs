@@ -206,7 +206,11 @@ async fn the_vnodes_policy_spreads_every_vnodes_replicas_over_the_zones() {
         .unwrap();
     let brokers = [one, two, three, four];
     for b in &brokers {
-        assert!(b.wait_ready(30_000).await, "broker {} never ready", b.node_id());
+        assert!(
+            b.wait_ready(30_000).await,
+            "broker {} never ready",
+            b.node_id()
+        );
     }
     let mut client = TestClient::connect(brokers[0].client_addr()).await;
     let spans = async |client: &mut TestClient| -> Option<Vec<(u32, Vec<u64>)>> {
@@ -234,17 +238,15 @@ async fn the_vnodes_policy_spreads_every_vnodes_replicas_over_the_zones() {
         .await
     );
     let mut last = Vec::new();
-    let placed = eventually(90_000, async || {
-        match spans(&mut client).await {
-            Some(list) => {
-                let done = list
-                    .iter()
-                    .all(|(_, r)| r.len() == 3 && zones_of(r).len() == 3);
-                last = list;
-                done
-            }
-            None => false,
+    let placed = eventually(90_000, async || match spans(&mut client).await {
+        Some(list) => {
+            let done = list
+                .iter()
+                .all(|(_, r)| r.len() == 3 && zones_of(r).len() == 3);
+            last = list;
+            done
         }
+        None => false,
     })
     .await;
     assert!(placed, "vnodes not spread over three zones: {last:?}");
