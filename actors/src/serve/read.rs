@@ -243,10 +243,17 @@ impl LocalCopies {
         }
     }
 
-    /// Serves `chunk`'s records of its (sealed) segment from it, in place
-    /// of any run of that segment held before.
+    /// Serves `chunk`'s records of its (sealed) segment from it: joined to
+    /// the run of that segment held before if it starts where that one
+    /// ends (a pass that read through one run reads on into the next), in
+    /// its place otherwise.
     pub(crate) fn with_remote(mut self, chunk: RemoteChunk) -> LocalCopies {
-        self.remote.insert(chunk.segment(), chunk);
+        let segment = chunk.segment();
+        let joined = match self.remote.remove(&segment) {
+            Some(before) => before.join(chunk),
+            None => chunk,
+        };
+        self.remote.insert(segment, joined);
         self
     }
 
@@ -1299,7 +1306,8 @@ mod tests {
         // stops where the run ends.
         let one = malachi_storage::frame::decode(&all).unwrap().1;
         let chunk = RemoteChunk::parse(SegmentId(1), 0, 3, all.slice(..one)).unwrap();
-        let (keys, outcome) = read(&copies.with_remote(chunk), &BTreeMap::new());
+        let copies = copies.with_remote(chunk);
+        let (keys, outcome) = read(&copies, &BTreeMap::new());
         assert_eq!(keys, vec![b"a".to_vec()]);
         let blocked = outcome.blocked.unwrap();
         assert_eq!((blocked.segment, blocked.from), (SegmentId(1), 1));
@@ -1310,6 +1318,15 @@ mod tests {
                 offset: 1
             }
         );
+        // The next run, from where that one ends, is joined to it: a read
+        // from the start goes through both.
+        let rest = RemoteChunk::parse(SegmentId(1), 1, 3, all.slice(one..)).unwrap();
+        let (keys, outcome) = read(&copies.with_remote(rest), &BTreeMap::new());
+        assert_eq!(
+            keys,
+            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
+        );
+        assert!(outcome.blocked.is_none());
     }
 
     #[test]

@@ -13,8 +13,10 @@
 //! [`LocalCopies`], where `read_copy` visits it exactly like a local copy.
 //! So one broker serves the whole read, in the segment's order.
 //!
-//! Bounds: one chunk per segment at a time, of at most the read's byte
-//! budget (at least [`REMOTE_CHUNK_BYTES_MIN`]) and never more than
+//! Bounds: one run per segment at a time (a run that starts where the
+//! last ended is joined to it, so a pass started again from the read's
+//! start goes through both), each asked of at most the read's byte budget
+//! (at least [`REMOTE_CHUNK_BYTES_MIN`]) and never more than
 //! `CATCH_UP_BYTES_MAX`; [`REMOTE_CHUNKS_PER_READ_MAX`] chunks per read;
 //! [`REMOTE_HOLDERS_TRIED_MAX`] holders tried per chunk, each within
 //! [`REMOTE_READ_TIMEOUT_MS`]. Only sealed segments are read from
@@ -114,6 +116,24 @@ impl RemoteChunk {
             end: offset,
             frames: frames.slice(..at),
         })
+    }
+
+    /// `next` after this run when it starts where this one ends (both of
+    /// one segment, both checked), else `next` alone. The joined run
+    /// holds both runs' bytes: at most `REMOTE_CHUNKS_PER_READ_MAX` answers.
+    pub(crate) fn join(self, next: RemoteChunk) -> RemoteChunk {
+        if self.segment != next.segment || self.end != next.first {
+            return next;
+        }
+        let mut frames = bytes::BytesMut::with_capacity(self.frames.len() + next.frames.len());
+        frames.extend_from_slice(&self.frames);
+        frames.extend_from_slice(&next.frames);
+        RemoteChunk {
+            segment: self.segment,
+            first: self.first,
+            end: next.end,
+            frames: frames.freeze(),
+        }
     }
 
     /// The segment the run is of.
@@ -456,6 +476,20 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_run_that_starts_where_the_last_ends_is_joined_to_it() {
+        let bytes = frames(10, 4);
+        let first = RemoteChunk::parse(SEGMENT, 10, 100, Bytes::from(frames(10, 4))).unwrap();
+        let next = RemoteChunk::parse(SEGMENT, 14, 100, Bytes::from(frames(14, 2))).unwrap();
+        let joined = first.clone().join(next);
+        assert!(joined.covers(10) && joined.covers(15) && !joined.covers(16));
+        assert_eq!(joined.bytes(), bytes.len() + frames(14, 2).len());
+        assert_eq!(keys(&joined, 13, 100, 1 << 20), ["k13", "k14", "k15"]);
+        // A run elsewhere in the segment replaces it.
+        let apart = RemoteChunk::parse(SEGMENT, 20, 100, Bytes::from(frames(20, 1))).unwrap();
+        assert_eq!(first.join(apart.clone()), apart);
     }
 
     #[test]
