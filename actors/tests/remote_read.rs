@@ -18,7 +18,10 @@ use std::path::Path;
 use common::*;
 use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_wire::batch::Record;
-use malachi_wire::messages::{CreateTopicRequest, PolicyDescription, PutPolicyRequest};
+use malachi_wire::messages::{
+    CreateTopicRequest, PolicyDescription, PutPolicyRequest, SubscribePush, SubscribeRequest,
+};
+use malachi_wire::{ErrorCode, Message};
 
 const ZONES: [&str; 4] = ["a", "a", "b", "b"];
 const TOPIC: &str = "moved";
@@ -118,6 +121,37 @@ async fn read_from_start(client: &mut TestClient) -> Result<Vec<Record>, Refused
     panic!("the read never reached the end");
 }
 
+/// Every record from the start as a subscription pushes them, with
+/// credit for all of them.
+async fn subscribe_from_start(client: &mut TestClient, records: usize) -> Vec<Record> {
+    let request = SubscribeRequest {
+        topic: TOPIC.into(),
+        cursor: None,
+        from_start: true,
+        credit_records: u32::try_from(records).unwrap(),
+        credit_bytes: 1 << 20,
+    };
+    let id = client.send_raw(12, request.encode().unwrap()).await;
+    let mut got = Vec::new();
+    while got.len() < records {
+        let frame = client.recv().await.expect("connection closed");
+        assert_eq!(frame.correlation_id, id);
+        assert_eq!(
+            frame.error_code,
+            ErrorCode::None,
+            "the subscription was refused: {:?}",
+            malachi_wire::ErrorBody::decode(frame.payload).unwrap_or_default()
+        );
+        got.extend(
+            SubscribePush::decode(frame.payload)
+                .unwrap()
+                .records
+                .records(),
+        );
+    }
+    got
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sealed_segment_with_no_copy_on_the_serving_broker_is_read_from_its_holders() {
     init_tracing();
@@ -196,6 +230,11 @@ async fn a_sealed_segment_with_no_copy_on_the_serving_broker_is_read_from_its_ho
         .unwrap_or_else(|e| panic!("the read from the start was refused: {e:?}"));
     assert_eq!(read.len(), produced.len());
     assert_eq!(by_key(&read), by_key(&produced));
+    // A subscription from the start reads them too.
+    let mut subscriber = TestClient::connect(addr_of(&brokers, serving)).await;
+    let pushed = subscribe_from_start(&mut subscriber, produced.len()).await;
+    assert_eq!(by_key(&pushed), by_key(&produced));
+    drop(subscriber);
 
     // With broker 1 gone, broker 2 serves every zone-a segment's records.
     drop(client);
