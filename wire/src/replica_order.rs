@@ -195,7 +195,9 @@ pub struct CatchUpRequest {
     pub topic: String,
     /// The segment id (cluster-wide, from the metadata).
     pub segment: u64,
-    /// The order's epoch; the copy refuses one older than it has seen.
+    /// The order's epoch, for logs: catch-up only reads and is not
+    /// order-gated, and a broker reading a sealed segment to serve a fetch
+    /// sends the zero epoch (ADR 0118).
     pub order: OrderEpoch,
     /// The offset of the first record to read.
     pub from: u64,

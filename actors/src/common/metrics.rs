@@ -57,6 +57,9 @@ pub(crate) struct BrokerMetrics {
     pub heals: Counter,
     /// Bytes those heals copied.
     pub heal_bytes: Counter,
+    /// Frame bytes of sealed segments this broker read from their holders
+    /// to serve a fetch or subscription (ADR 0118).
+    pub remote_read_bytes: Counter,
     /// Bytes of sealed copies the scrubber re-read (ADR 0110).
     pub scrub_bytes: Counter,
     /// Sealed copies the scrubber found damaged, missing or short.
@@ -147,6 +150,7 @@ impl BrokerMetrics {
                 .register_histogram(&Key::from_name("malachi_failover_seconds"), &METADATA),
             heals: counter("malachi_heals_total"),
             heal_bytes: counter("malachi_heal_bytes_total"),
+            remote_read_bytes: counter("malachi_remote_read_bytes_total"),
             scrub_bytes: counter("malachi_scrub_bytes_total"),
             scrub_broken: counter("malachi_scrub_broken_total"),
             rebuilds: counter("malachi_rebuilds_total"),

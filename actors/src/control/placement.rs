@@ -112,7 +112,7 @@ fn client_addr_of(shared: &Shared, node: NodeId) -> Option<String> {
 
 /// Whether membership calls broker `node` dead. A broker membership does
 /// not know (a lone broker, or one not heard of yet) is not dead.
-fn is_dead(shared: &Shared, node: NodeId) -> bool {
+pub(crate) fn is_dead(shared: &Shared, node: NodeId) -> bool {
     if node.0 == shared.config.node_id {
         return false;
     }

@@ -163,7 +163,10 @@ pub(crate) async fn serve_fence(shared: &Arc<Shared>, body: &[u8]) -> FenceRespo
 }
 
 /// Answers a catch-up: the copy's durable frames from `from`, verbatim
-/// (clamped to its seal), at most `bytes_max` bytes.
+/// (clamped to its seal), at most `bytes_max` bytes. It only reads, so it
+/// is not order-gated: besides coordinators' recoveries and the healer, a
+/// broker serving a fetch reads the sealed segments it holds no copy of
+/// with it (ADR 0118).
 pub(crate) async fn serve_catch_up(shared: &Arc<Shared>, body: &[u8]) -> CatchUpResponse {
     let request = match CatchUpRequest::decode(body) {
         Ok(request) => request,

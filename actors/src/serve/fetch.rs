@@ -1,6 +1,8 @@
 //! `fetch`: read a topic from a cursor (or its start, or its tail) across
 //! segments and epochs, within the request's and the frame's budgets, with
 //! long poll: an empty read waits (bounded) for records to become durable.
+//! The sealed segments this broker holds no usable copy of are read from
+//! their holders through it (`remote.rs`, ADR 0118).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use super::read::{
     LocalCopies, ReadBudget, active_plans, active_segments, read_topic, response_control_bytes,
     tail_positions,
 };
+use super::remote::{chunk_bytes, read_through_holders};
 use super::reply::{Failure, not_serving};
 use crate::control::metadata::{MetadataPlane, read_owner};
 use crate::control::shared::Shared;
@@ -60,30 +63,39 @@ pub(crate) async fn fetch(
         let control = response_control_bytes(&topic, plans.len());
         let frame_room = frame_max.saturating_sub(control);
         let batch_max = (req.bytes_max as usize).min(frame_room);
-        let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
-        let outcome = tokio::task::block_in_place(|| {
-            read_topic(
-                &plans,
-                &copies,
-                &shared.store,
-                &start,
-                &mut builder,
-                ReadBudget {
-                    records_max: req.records_max,
-                    batch_bytes_max: batch_max,
-                    read_chunk_records: READ_CHUNK_RECORDS,
-                },
-            )
+        // A sealed segment this broker cannot read is read from a holder
+        // (ADR 0118), so this broker serves the whole read.
+        let read = read_through_holders(shared, &topic, copies, chunk_bytes(batch_max), |copies| {
+            let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
+            let outcome = tokio::task::block_in_place(|| {
+                read_topic(
+                    &plans,
+                    copies,
+                    &shared.store,
+                    &start,
+                    &mut builder,
+                    ReadBudget {
+                        records_max: req.records_max,
+                        batch_bytes_max: batch_max,
+                        read_chunk_records: READ_CHUNK_RECORDS,
+                    },
+                )
+            })?;
+            Ok((outcome, builder))
         })
+        .await
         .map_err(|e| e.refusal(&topic, frame_max, control))?;
         let (batch, positions, records, bytes) = (
-            builder.finish(),
-            outcome.positions,
-            outcome.records,
-            outcome.bytes,
+            read.out.finish(),
+            read.outcome.positions,
+            read.outcome.records,
+            read.outcome.bytes,
         );
         let expired = Instant::now() >= deadline;
-        if records > 0 || expired {
+        // Records read from a holder that were none of this range's still
+        // moved the cursor: answered at once, so the next fetch goes on
+        // from there rather than reading them again.
+        if records > 0 || expired || read.moved {
             shared
                 .metrics
                 .records_consumed

@@ -2,8 +2,9 @@
 //! accepts and starts one `connection/<peer>` actor per socket
 //! (`connection.rs`: the pipelined read and write loops and their bounds);
 //! `dispatch.rs` takes each request to its api family's handler:
-//! `produce.rs`, `fetch.rs` (with `read.rs`, read plans to store reads),
-//! `subscribe.rs` (pushes within credit), `cursors.rs` (the cluster's
+//! `produce.rs`, `fetch.rs` (with `read.rs`, read plans to store reads,
+//! and `remote.rs`, a sealed segment's records from the brokers holding
+//! it when this one holds no usable copy), `subscribe.rs` (pushes within credit), `cursors.rs` (the cluster's
 //! cursor keys as the client port uses them), `topics.rs` (topic and range
 //! admin), `vnodes.rs` (vnode list and split), `cluster.rs` (tree and
 //! cluster status). `reply.rs` holds what they answer with, `error.rs` the
@@ -23,6 +24,7 @@ pub(crate) mod listener;
 pub(crate) mod policies;
 pub(crate) mod produce;
 pub(crate) mod read;
+pub(crate) mod remote;
 pub(crate) mod reply;
 pub(crate) mod subscribe;
 pub(crate) mod topics;

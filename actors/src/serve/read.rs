@@ -30,6 +30,7 @@ use malachi_wire::batch::{BatchBuilder, BatchError, RecordRef, varint_bytes};
 use malachi_wire::frame::RESPONSE_HEADER_BYTES;
 
 use super::error::ServeError;
+use super::remote::{RemoteChunk, RemoteChunkError};
 use crate::common::metrics::BrokerMetrics;
 use crate::data::damage::{CopyOf, open_copy};
 
@@ -49,6 +50,31 @@ pub(crate) struct ReadOutcome {
     pub positions: BTreeMap<RangeId, Position>,
     pub records: u32,
     pub bytes: u64,
+    /// A range's read stopped at a segment this broker cannot read (the
+    /// first such, if several): its position is where it stopped, and the
+    /// records before it and the other ranges' are answered.
+    pub blocked: Option<Blocked>,
+}
+
+/// Where a read pass stopped because this broker cannot read a segment
+/// itself: it holds no copy of it, or a copy short of its seal, lost or
+/// broken. Another broker's copy serves it: for a sealed segment, through
+/// this one (`remote.rs`, ADR 0118).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "segment {segment} is not readable here from offset {offset}: {reason}; its copies are on brokers {holders:?}"
+)]
+pub(crate) struct Blocked {
+    pub segment: SegmentId,
+    /// The range offset the read stopped at.
+    pub offset: u64,
+    /// The same position as a segment offset.
+    pub from: u64,
+    /// The segment's recorded length once sealed; `None` while active (then
+    /// no other broker's copy is read through this one).
+    pub seal_length: Option<u64>,
+    pub reason: &'static str,
+    pub holders: Vec<u64>,
 }
 
 /// Why a read pass produced nothing to answer with.
@@ -57,16 +83,13 @@ pub(crate) enum ReadError {
     #[error(transparent)]
     Store(#[from] StorageError),
     /// A sealed segment the read needs has no copy on this broker, or this
-    /// broker's copy is short of its seal: another broker's copy serves it.
-    #[error(
-        "segment {segment} is not readable here from offset {offset}: {reason}; its copies are on brokers {holders:?}"
-    )]
-    NotHere {
-        segment: SegmentId,
-        offset: u64,
-        reason: &'static str,
-        holders: Vec<u64>,
-    },
+    /// broker's copy is short of its seal, and no holder served it.
+    #[error(transparent)]
+    NotHere(Blocked),
+    /// Frames a holder sent for a sealed segment failed their check when
+    /// read again (ADR 0118).
+    #[error(transparent)]
+    Remote(#[from] RemoteChunkError),
     /// The records `from..to` of `range` (range offsets) are gone: the
     /// only copy that held them is damaged or missing (ADR 0108).
     #[error("range {range} lost records {from}..{to} (segment {segment}): {reason}")]
@@ -116,7 +139,7 @@ impl ReadError {
                 to,
                 reason,
             },
-            ReadError::NotHere { .. } => {
+            ReadError::NotHere(_) | ReadError::Remote(_) => {
                 ServeError::Redirect(crate::control::placement::Redirect {
                     code: malachi_wire::ErrorCode::NotLeader,
                     message: self.to_string(),
@@ -184,6 +207,10 @@ pub(crate) struct LocalCopies {
     /// This broker's copies of replicated segments the scrubber found
     /// broken: out of the read path until rebuilt (issue 21).
     broken: std::collections::BTreeSet<SegmentId>,
+    /// Runs of sealed segments' frames read from their holders, at most one
+    /// per segment (`remote.rs`, ADR 0118): consulted before this broker's
+    /// own copy.
+    remote: BTreeMap<SegmentId, RemoteChunk>,
 }
 
 /// What this broker holds of one segment.
@@ -212,7 +239,22 @@ impl LocalCopies {
             replicas,
             metrics: None,
             broken: Default::default(),
+            remote: BTreeMap::new(),
         }
+    }
+
+    /// Serves `chunk`'s records of its (sealed) segment from it: joined to
+    /// the run of that segment held before if it starts where that one
+    /// ends (a pass that read through one run reads on into the next), in
+    /// its place otherwise.
+    pub(crate) fn with_remote(mut self, chunk: RemoteChunk) -> LocalCopies {
+        let segment = chunk.segment();
+        let joined = match self.remote.remove(&segment) {
+            Some(before) => before.join(chunk),
+            None => chunk,
+        };
+        self.remote.insert(segment, joined);
+        self
     }
 
     /// Counts the losses the reads find in `metrics`.
@@ -309,7 +351,8 @@ fn open_for_read(
 /// Reads a segment copy, opening it first if this broker has not yet (a
 /// sealed segment after a restart). Returns how many records `visit` took:
 /// none from an active segment this broker holds no copy of; a sealed one
-/// it holds no copy of is [`ReadError::NotHere`].
+/// it holds no usable copy of is read from a run of its frames a holder
+/// sent (`LocalCopies::with_remote`), or else is [`ReadError::NotHere`].
 fn read_copy(
     store: &FileStore,
     copies: &LocalCopies,
@@ -321,34 +364,43 @@ fn read_copy(
 ) -> Result<usize, ReadError> {
     let segment = span.segment;
     let seal_length = span.end_offset.map(|end| end - span.start_offset);
-    if copies.broken.contains(&segment) {
-        return Err(ReadError::NotHere {
+    let blocked = |reason| {
+        ReadError::NotHere(Blocked {
             segment,
             offset: span.start_offset + from,
-            reason: "this copy failed its scrub and is being rebuilt",
+            from,
+            seal_length,
+            reason,
             holders: copies.holders(segment),
-        });
+        })
+    };
+    // A sealed segment's records a holder sent: only reads of a segment
+    // this broker could not read itself fetch them.
+    if seal_length.is_some()
+        && let Some(chunk) = copies.remote.get(&segment)
+        && chunk.covers(from)
+    {
+        return Ok(chunk.visit(from, records_max, bytes_max, visit)?);
+    }
+    if copies.broken.contains(&segment) {
+        return Err(blocked("this copy failed its scrub and is being rebuilt"));
     }
     match store.read_with(store_id(segment), from, records_max, bytes_max, visit) {
         Err(StorageError::NotOpen { .. }) => {
             if !open_for_read(store, copies, segment, seal_length)? {
                 return match seal_length {
-                    Some(_) => Err(ReadError::NotHere {
-                        segment,
-                        offset: span.start_offset + from,
-                        reason: "no copy on this broker",
-                        holders: copies.holders(segment),
-                    }),
+                    Some(_) => Err(blocked("no copy on this broker")),
                     None => Ok(0),
                 };
             }
             lost_elsewhere(
                 copies,
                 span,
+                from,
                 store.read_with(store_id(segment), from, records_max, bytes_max, visit),
             )
         }
-        other => lost_elsewhere(copies, span, other),
+        other => lost_elsewhere(copies, span, from, other),
     }
 }
 
@@ -357,16 +409,19 @@ fn read_copy(
 fn lost_elsewhere(
     copies: &LocalCopies,
     span: &SegmentSpan,
+    from: u64,
     read: Result<usize, StorageError>,
 ) -> Result<usize, ReadError> {
     match read {
-        Err(StorageError::Lost { from, .. }) if copies.held(span.segment) == Held::Replicated => {
-            Err(ReadError::NotHere {
+        Err(StorageError::Lost { .. }) if copies.held(span.segment) == Held::Replicated => {
+            Err(ReadError::NotHere(Blocked {
                 segment: span.segment,
                 offset: span.start_offset + from,
+                from,
+                seal_length: span.end_offset.map(|end| end - span.start_offset),
                 reason: "this copy lost records",
                 holders: copies.holders(span.segment),
-            })
+            }))
         }
         other => Ok(other?),
     }
@@ -591,6 +646,7 @@ pub(crate) fn read_topic(
     let mut positions = BTreeMap::new();
     let mut records = 0u32;
     let mut bytes = 0u64;
+    let mut blocked: Option<Blocked> = None;
     // The budget refused a record: nothing more goes in.
     let mut full = false;
     for plan in plans {
@@ -746,6 +802,13 @@ pub(crate) fn read_topic(
                         reason,
                     });
                 }
+                // This range stops here; what was read before, and the
+                // other ranges, are answered (the caller may fetch the
+                // segment from a holder and read again).
+                Err(ReadError::NotHere(here)) => {
+                    blocked.get_or_insert(here);
+                    break;
+                }
                 Err(e) => return Err(e),
             };
             if let Some(e) = too_large {
@@ -768,12 +831,15 @@ pub(crate) fn read_topic(
                     // A replicated copy shorter than its seal: another copy
                     // serves the read (the primary's catch-up fills this one).
                     if copies.held(span.segment) == Held::Replicated {
-                        return Err(ReadError::NotHere {
+                        blocked.get_or_insert(Blocked {
                             segment: span.segment,
                             offset,
+                            from: offset - span.start_offset,
+                            seal_length: span.end_offset.map(|end| end - span.start_offset),
                             reason: "this copy is short of its seal",
                             holders: copies.holders(span.segment),
                         });
+                        break;
                     }
                     // A lone copy shorter than its seal: its records are
                     // gone, which is data loss, never a silent skip.
@@ -801,6 +867,7 @@ pub(crate) fn read_topic(
         positions,
         records,
         bytes,
+        blocked,
     })
 }
 
@@ -1126,11 +1193,13 @@ mod tests {
                     read_chunk_records: 1024,
                 },
             )
-            .map(|o| o.records)
+            .unwrap()
         };
         let out = replicated.clone().without_broken(&book);
-        match read(&out) {
-            Err(ReadError::NotHere {
+        let outcome = read(&out);
+        assert_eq!(outcome.records, 0);
+        match outcome.blocked {
+            Some(Blocked {
                 segment,
                 reason,
                 holders,
@@ -1154,7 +1223,110 @@ mod tests {
         book.forget(1);
         let healed = replicated.without_broken(&book);
         assert!(healed.broken.is_empty());
-        assert_eq!(read(&healed).unwrap(), read(&lone).unwrap());
+        assert_eq!(read(&healed).records, read(&lone).records);
+        assert!(read(&healed).blocked.is_none());
+    }
+
+    /// Chaos finding F1: a sealed segment with no copy on the serving
+    /// broker stops the read there (not an error: the records before it
+    /// are answered), and a run of its frames from a holder is read like a
+    /// local copy, up to its seal and no further, before the local active
+    /// segment.
+    #[test]
+    fn a_sealed_segment_held_elsewhere_is_read_from_a_holders_frames() {
+        use malachi_storage::SegmentStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let holder_dir = tempfile::tempdir().unwrap();
+        let holder = self::store(&holder_dir);
+        // The holder's copy of segment 1 runs past the seal at 3 records.
+        append(&holder, 1, &[("a", 8), ("b", 8), ("c", 8), ("x", 8)]);
+        append(&store, 2, &[("d", 8)]);
+        let plans = [ReadPlan {
+            range: RangeId(1),
+            slices: vec![slice(
+                1,
+                Band::FULL,
+                vec![span(1, 0, Some(3)), span(2, 3, None)],
+            )],
+        }];
+        let copies = LocalCopies {
+            me: Some(NodeId(1)),
+            replicas: [
+                (SegmentId(1), vec![NodeId(2), NodeId(3)]),
+                (SegmentId(2), vec![NodeId(1)]),
+            ]
+            .into(),
+            ..LocalCopies::default()
+        };
+        let read = |copies: &LocalCopies, start: &Positions| {
+            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
+            let outcome = read_topic(
+                &plans,
+                copies,
+                &store,
+                start,
+                &mut out,
+                ReadBudget {
+                    records_max: 100,
+                    batch_bytes_max: ROOM,
+                    read_chunk_records: 1024,
+                },
+            )
+            .unwrap();
+            let keys: Vec<Vec<u8>> = out
+                .finish()
+                .records()
+                .into_iter()
+                .map(|r| r.key.to_vec())
+                .collect();
+            (keys, outcome)
+        };
+        let (keys, outcome) = read(&copies, &BTreeMap::new());
+        assert!(keys.is_empty());
+        let blocked = outcome.blocked.unwrap();
+        assert_eq!(
+            (blocked.segment, blocked.from, blocked.seal_length),
+            (SegmentId(1), 0, Some(3))
+        );
+        assert_eq!(blocked.holders, vec![2, 3]);
+        // A run of two records: read, then the read stops after them.
+        let run = holder
+            .read_frames(malachi_storage::SegmentId(1), 0, 1 << 20)
+            .unwrap();
+        let all = bytes::Bytes::from(run.bytes);
+        let chunk = RemoteChunk::parse(SegmentId(1), 0, 3, all.clone()).unwrap();
+        let (keys, outcome) = read(&copies.clone().with_remote(chunk), &BTreeMap::new());
+        assert_eq!(
+            keys,
+            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
+        );
+        assert!(outcome.blocked.is_none());
+        // A run that ends before the seal: the read answers what it has and
+        // stops where the run ends.
+        let one = malachi_storage::frame::decode(&all).unwrap().1;
+        let chunk = RemoteChunk::parse(SegmentId(1), 0, 3, all.slice(..one)).unwrap();
+        let copies = copies.with_remote(chunk);
+        let (keys, outcome) = read(&copies, &BTreeMap::new());
+        assert_eq!(keys, vec![b"a".to_vec()]);
+        let blocked = outcome.blocked.unwrap();
+        assert_eq!((blocked.segment, blocked.from), (SegmentId(1), 1));
+        assert_eq!(
+            outcome.positions[&RangeId(1)],
+            Position::At {
+                segment: SegmentId(1),
+                offset: 1
+            }
+        );
+        // The next run, from where that one ends, is joined to it: a read
+        // from the start goes through both.
+        let rest = RemoteChunk::parse(SegmentId(1), 1, 3, all.slice(one..)).unwrap();
+        let (keys, outcome) = read(&copies.with_remote(rest), &BTreeMap::new());
+        assert_eq!(
+            keys,
+            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
+        );
+        assert!(outcome.blocked.is_none());
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! carried. With no credit, nothing is pushed: credit, not TCP, is the flow
 //! control, and pushes share the connection's bounded outbound queue. A
 //! cancel ends the subscription with a push flagged `last`; an error frame
-//! on the subscription's id ends it too (the topic was deleted).
+//! on the subscription's id ends it too (the topic was deleted). Each push
+//! reads as a fetch does, the sealed segments this broker holds no usable
+//! copy of through their holders (`remote.rs`, ADR 0118).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use tokio::sync::Notify;
 use super::error::ServeError;
 use super::fetch::start_positions;
 use super::read::{LocalCopies, ReadBudget, active_plans, read_topic, response_control_bytes};
+use super::remote::{chunk_bytes, read_through_holders};
 use super::reply::{Failure, Outbound, Reply, refusal_frame};
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
@@ -294,23 +297,35 @@ impl PushTask {
                 let control = response_control_bytes(&self.topic, plans.len());
                 let frame_room = frame_max.saturating_sub(control);
                 let batch_max = (bytes_credit as usize).min(frame_room);
-                let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
-                let attempt = tokio::task::block_in_place(|| {
-                    read_topic(
-                        &plans,
-                        &copies,
-                        &self.shared.store,
-                        &positions,
-                        &mut builder,
-                        ReadBudget {
-                            records_max: records_credit,
-                            batch_bytes_max: batch_max,
-                            read_chunk_records: READ_CHUNK_RECORDS,
-                        },
-                    )
-                });
-                let (batch, outcome) = match attempt {
-                    Ok(outcome) => (builder.finish(), outcome),
+                // A sealed segment this broker cannot read is read from a
+                // holder (ADR 0118).
+                let attempt = read_through_holders(
+                    &self.shared,
+                    &self.topic,
+                    copies,
+                    chunk_bytes(batch_max),
+                    |copies| {
+                        let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
+                        let outcome = tokio::task::block_in_place(|| {
+                            read_topic(
+                                &plans,
+                                copies,
+                                &self.shared.store,
+                                &positions,
+                                &mut builder,
+                                ReadBudget {
+                                    records_max: records_credit,
+                                    batch_bytes_max: batch_max,
+                                    read_chunk_records: READ_CHUNK_RECORDS,
+                                },
+                            )
+                        })?;
+                        Ok((outcome, builder))
+                    },
+                )
+                .await;
+                let (batch, outcome, moved) = match attempt {
+                    Ok(read) => (read.out.finish(), read.outcome, read.moved),
                     Err(e) => {
                         let refusal = e.refusal(&self.topic, frame_max, control);
                         let failed = refusal_frame(self.id, &refusal);
@@ -318,6 +333,13 @@ impl PushTask {
                         break;
                     }
                 };
+                if outcome.records == 0 && moved {
+                    // Records of a holder's run, none of this range's: read
+                    // on from past them without waiting.
+                    positions = outcome.positions;
+                    sequence -= 1;
+                    continue;
+                }
                 if outcome.records > 0 {
                     {
                         let mut credit = self.sub.credit.lock();

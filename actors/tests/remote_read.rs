@@ -1,0 +1,251 @@
+//! Reading a sealed segment the serving broker holds no copy of (chaos
+//! finding F1, ADR 0118): four brokers in two zones, a topic of two copies
+//! whose policy first keeps them in zone `a`, then in zone `b`. Small
+//! segments roll often, so once the policy moves the topic is served by a
+//! broker of zone `b`, which holds no copy of the sealed segments written
+//! before. A read from the start through it must still return every
+//! record, each key's in the order produced (the older segments' records
+//! fetched from their holders over the cluster port), and from the other
+//! holder once the first is gone.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::*;
+use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_wire::batch::Record;
+use malachi_wire::messages::{
+    CreateTopicRequest, PolicyDescription, PutPolicyRequest, SubscribePush, SubscribeRequest,
+};
+use malachi_wire::{ErrorCode, Message};
+
+const ZONES: [&str; 4] = ["a", "a", "b", "b"];
+const TOPIC: &str = "moved";
+const KEYS: usize = 5;
+/// Small enough that a few produces roll the segment.
+const SEGMENT_BYTES_MAX: u64 = 2048;
+
+fn config(dir: &Path, node_id: u64, seeds: &[&BrokerHandle]) -> BrokerConfig {
+    BrokerConfig {
+        node_id,
+        seeds: seeds.iter().map(|b| b.client_addr().to_string()).collect(),
+        attributes: BTreeMap::from([("zone".to_owned(), ZONES[(node_id - 1) as usize].to_owned())]),
+        cluster: ClusterSettings {
+            nodes: vec![1, 2, 3, 4],
+            ..ClusterSettings::default()
+        },
+        segment_bytes_max: SEGMENT_BYTES_MAX,
+        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
+    }
+}
+
+/// Defines the policy through every broker: each refreshes its own cache
+/// of the policies (what placement reads) when it proposes a change.
+async fn put_zone(brokers: &[&BrokerHandle], zone: &str) {
+    let placement = vec![format!("zone in ({zone})")];
+    for broker in brokers {
+        let mut client = TestClient::connect(broker.client_addr()).await;
+        assert!(
+            eventually(30_000, async || client
+                .call(&PutPolicyRequest {
+                    policy: PolicyDescription {
+                        name: "zoned".into(),
+                        placement: placement.clone(),
+                        ..PolicyDescription::default()
+                    },
+                })
+                .await
+                .is_ok())
+            .await
+        );
+    }
+}
+
+fn addr_of(brokers: &[&BrokerHandle], node: u64) -> std::net::SocketAddr {
+    brokers
+        .iter()
+        .find(|b| b.node_id() == node)
+        .unwrap()
+        .client_addr()
+}
+
+/// The primary of `TOPIC`'s active segment, once one is active.
+async fn primary(client: &mut TestClient) -> Option<(u64, Vec<u64>)> {
+    let segments = segments(client, TOPIC).await.ok()?;
+    let active = segments.iter().find(|s| s.state == "active")?;
+    Some((*active.replicas.first()?, active.replicas.clone()))
+}
+
+/// Produces `records` through the topic's primary, retrying refusals (a
+/// roll in progress, a primary moving): a refused produce wrote nothing.
+async fn produce(brokers: &[&BrokerHandle], client: &mut TestClient, records: &[Record]) {
+    for _ in 0..200 {
+        if let Some((node, _)) = primary(client).await {
+            let mut writer = TestClient::connect(addr_of(brokers, node)).await;
+            if writer.produce(TOPIC, records).await.is_ok() {
+                return;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("a produce was never acknowledged");
+}
+
+fn batch(round: usize, n: usize) -> Vec<Record> {
+    (0..n)
+        .map(|i| {
+            let key = format!("k{}", i % KEYS);
+            record(&key, &format!("{round}-{i}"))
+        })
+        .collect()
+}
+
+/// Every record from the start through `client`, seven at a time, so the
+/// read crosses each sealed segment in several fetches.
+async fn read_from_start(client: &mut TestClient) -> Result<Vec<Record>, Refused> {
+    let (mut got, mut cursor) = client.fetch(TOPIC, None, true, 7, 0).await?;
+    for _ in 0..1_000 {
+        let (page, next) = client
+            .fetch(TOPIC, Some(cursor.clone()), false, 7, 0)
+            .await?;
+        if page.is_empty() && next == cursor {
+            return Ok(got);
+        }
+        cursor = next;
+        got.extend(page);
+    }
+    panic!("the read never reached the end");
+}
+
+/// Every record from the start as a subscription pushes them, with
+/// credit for all of them.
+async fn subscribe_from_start(client: &mut TestClient, records: usize) -> Vec<Record> {
+    let request = SubscribeRequest {
+        topic: TOPIC.into(),
+        cursor: None,
+        from_start: true,
+        credit_records: u32::try_from(records).unwrap(),
+        credit_bytes: 1 << 20,
+    };
+    let id = client.send_raw(12, request.encode().unwrap()).await;
+    let mut got = Vec::new();
+    while got.len() < records {
+        let frame = client.recv().await.expect("connection closed");
+        assert_eq!(frame.correlation_id, id);
+        assert_eq!(
+            frame.error_code,
+            ErrorCode::None,
+            "the subscription was refused: {:?}",
+            malachi_wire::ErrorBody::decode(frame.payload).unwrap_or_default()
+        );
+        got.extend(
+            SubscribePush::decode(frame.payload)
+                .unwrap()
+                .records
+                .records(),
+        );
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sealed_segment_with_no_copy_on_the_serving_broker_is_read_from_its_holders() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
+    let two = Broker::start(config(root.path(), 2, &[&one]))
+        .await
+        .unwrap();
+    let three = Broker::start(config(root.path(), 3, &[&one, &two]))
+        .await
+        .unwrap();
+    let four = Broker::start(config(root.path(), 4, &[&one, &two, &three]))
+        .await
+        .unwrap();
+    for b in [&one, &two, &three, &four] {
+        assert!(
+            b.wait_ready(30_000).await,
+            "broker {} never ready",
+            b.node_id()
+        );
+    }
+    let brokers = [&one, &two, &three, &four];
+    let mut client = TestClient::connect(one.client_addr()).await;
+    put_zone(&brokers, "a").await;
+    // Every broker gossips its zone before placement can use it.
+    assert!(
+        eventually(30_000, async || client
+            .call(&CreateTopicRequest {
+                name: TOPIC.into(),
+                replication_factor: Some(2),
+                policy: Some("zoned".into()),
+            })
+            .await
+            .is_ok())
+        .await
+    );
+    let mut produced = Vec::new();
+    let in_zone =
+        |replicas: &[u64], zone: &str| replicas.iter().all(|n| ZONES[(*n - 1) as usize] == zone);
+    let (_, replicas) = primary(&mut client).await.unwrap();
+    assert!(in_zone(&replicas, "a"), "{replicas:?}");
+    for round in 0..12 {
+        let records = batch(round, 10);
+        produce(&brokers, &mut client, &records).await;
+        produced.extend(records);
+    }
+    let zone_a: Vec<_> = segments(&mut client, TOPIC)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.state == "sealed")
+        .collect();
+    assert!(!zone_a.is_empty(), "the segment never rolled");
+
+    // The policy moves to zone b: the next rolls place the segments there.
+    put_zone(&brokers, "b").await;
+    let mut round = 12;
+    loop {
+        assert!(round < 200, "no segment was ever placed in zone b");
+        let records = batch(round, 10);
+        produce(&brokers, &mut client, &records).await;
+        produced.extend(records);
+        round += 1;
+        let (_, replicas) = primary(&mut client).await.unwrap();
+        if in_zone(&replicas, "b") {
+            break;
+        }
+    }
+    // A last roll, if the last produce started one, settles.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (serving, replicas) = primary(&mut client).await.unwrap();
+    assert!(in_zone(&replicas, "b"), "{replicas:?}");
+    let mut reader = TestClient::connect(addr_of(&brokers, serving)).await;
+    let read = read_from_start(&mut reader)
+        .await
+        .unwrap_or_else(|e| panic!("the read from the start was refused: {e:?}"));
+    assert_eq!(read.len(), produced.len());
+    assert_eq!(by_key(&read), by_key(&produced));
+    // A subscription from the start reads them too.
+    let mut subscriber = TestClient::connect(addr_of(&brokers, serving)).await;
+    let pushed = subscribe_from_start(&mut subscriber, produced.len()).await;
+    assert_eq!(by_key(&pushed), by_key(&produced));
+    drop(subscriber);
+
+    // With broker 1 gone, broker 2 serves every zone-a segment's records.
+    drop(client);
+    drop(reader);
+    one.shutdown().await.unwrap();
+    let mut reader = TestClient::connect(addr_of(&[&two, &three, &four], serving)).await;
+    let read = read_from_start(&mut reader)
+        .await
+        .unwrap_or_else(|e| panic!("the read without broker 1 was refused: {e:?}"));
+    assert_eq!(by_key(&read), by_key(&produced));
+    for broker in [two, three, four] {
+        broker.shutdown().await.unwrap();
+    }
+}
