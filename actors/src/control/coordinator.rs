@@ -54,9 +54,7 @@ pub(crate) use super::requests::{CoordError, CoordinatorMsg};
 use crate::control::lease::CoordinatorLease;
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
-use crate::data::lineage::{
-    ANCESTRY_DEPTH_MAX, ANCESTRY_SEGMENTS_MAX, Ancestor, Ancestry, Sealed,
-};
+use crate::data::lineage::{ANCESTRY_DEPTH_MAX, ANCESTRY_SEGMENTS_MAX, Ancestor, Ancestry, Sealed};
 use crate::data::segment::{AppendError, Roller, SegmentActor, SegmentArgs, SegmentMsg};
 
 pub(crate) struct CoordinatorActor;

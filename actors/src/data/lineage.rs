@@ -198,7 +198,9 @@ impl<'a> Lineage<'a> {
             }
             // Expected after a failover: only the primary that rolled
             // writes a sidecar, and this broker followed the segment.
-            Err(_) => debug!(segment = %id, depth, "no producer sidecar; rebuilding it from the ancestors and the log"),
+            Err(_) => {
+                debug!(segment = %id, depth, "no producer sidecar; rebuilding it from the ancestors and the log")
+            }
         }
         let mut table = ProducerTable::new(ancestor.range.0, self.limits);
         let mut whole = true;
@@ -390,7 +392,10 @@ pub(crate) mod fixture {
             .iter()
             .map(|(producer, sequence)| Record {
                 headers: vec![
-                    (PRODUCER_START_HEADER.into(), producers::encode_start(1).to_vec()),
+                    (
+                        PRODUCER_START_HEADER.into(),
+                        producers::encode_start(1).to_vec(),
+                    ),
                     (
                         PRODUCER_HEADER.into(),
                         tag(*producer, *sequence).encode().to_vec(),
@@ -537,7 +542,12 @@ mod tests {
         let table = start(&storage, &ancestry);
         assert_eq!(table.check(&tag(Y, 1), 1), Verdict::Append);
         assert!(!has_sidecar(&storage, 2));
-        assert!(!storage.store.log_path(malachi_storage::SegmentId(1)).exists());
+        assert!(
+            !storage
+                .store
+                .log_path(malachi_storage::SegmentId(1))
+                .exists()
+        );
     }
 
     /// X's verdict for its next batch at the end of a chain of `chain`
