@@ -2313,6 +2313,53 @@ mod tests {
     }
 
     #[test]
+    fn the_ancestry_lists_each_roll_with_its_seal_back_to_the_depth_bound() {
+        let mut state = MetadataState::new();
+        create_replicated(&mut state, "t", &[1, 2, 3]);
+        let range = state.active_ranges("t").next().unwrap().id;
+        let rolls = ANCESTRY_DEPTH_MAX as u64 + 5;
+        for i in 0..rolls {
+            let segment = state.range(range).unwrap().last_segment().unwrap();
+            state
+                .apply(Command::RollSegment {
+                    topic: "t".into(),
+                    segment,
+                    seal: SealRecord {
+                        length: i,
+                        bytes: 0,
+                    },
+                    next_replicas: vec![NodeId(1), NodeId(2), NodeId(3)],
+                    at_ms: 10 + i,
+                })
+                .unwrap();
+        }
+        let segments = state.range(range).unwrap().segments.clone();
+        let n = segments.len();
+        let found = ancestry(&state, range, segments[n - 1]);
+        assert_eq!(found.direct, vec![segments[n - 2]]);
+        assert_eq!(found.segments.len(), ANCESTRY_DEPTH_MAX);
+        let newest = &found.segments[&segments[n - 2]];
+        assert_eq!(newest.range, range);
+        assert_eq!(
+            newest.sealed,
+            Some(Sealed {
+                at_ms: 10 + rolls - 1,
+                length: rolls - 1,
+            })
+        );
+        assert_eq!(newest.predecessors, vec![segments[n - 3]]);
+        // The oldest listed names its predecessor, which is past the bound.
+        let oldest = n - 1 - ANCESTRY_DEPTH_MAX;
+        assert_eq!(
+            found.segments[&segments[oldest]].predecessors,
+            vec![segments[oldest - 1]]
+        );
+        assert!(!found.segments.contains_key(&segments[oldest - 1]));
+        // A topic's first segment descends from nothing.
+        assert_eq!(ancestry(&state, range, segments[0]), Ancestry::default());
+    }
+
+    #[test]
     fn only_the_newest_active_replicated_segment_of_a_failed_primary_fails_over() {
         let mut state = MetadataState::new();
         create_replicated(&mut state, "led-by-two", &[2, 1, 3]);
