@@ -36,7 +36,7 @@
 //! that gave it up takes it again first (waiting at most
 //! `LEASE_FIRST_WAIT_MS`), and a released lease keeps its epoch.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use malachi_cluster::model::{
@@ -54,6 +54,7 @@ pub(crate) use super::requests::{CoordError, CoordinatorMsg};
 use crate::control::lease::CoordinatorLease;
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
+use crate::data::lineage::{ANCESTRY_DEPTH_MAX, ANCESTRY_SEGMENTS_MAX, Ancestor, Ancestry, Sealed};
 use crate::data::segment::{AppendError, Roller, SegmentActor, SegmentArgs, SegmentMsg};
 
 pub(crate) struct CoordinatorActor;
@@ -114,7 +115,7 @@ async fn start_segment_within(
                     s.range,
                     s.start_offset,
                     s.created_at_ms,
-                    predecessors(state, s.range, segment),
+                    ancestry(state, s.range, segment),
                     s.replicas.clone(),
                     s.epoch,
                 )
@@ -133,7 +134,7 @@ async fn start_segment_within(
     {
         found = lookup();
     }
-    let Some((range, start_offset, created_at_ms, predecessors, replicas, epoch)) = found else {
+    let Some((range, start_offset, created_at_ms, ancestry, replicas, epoch)) = found else {
         return Err(CoordError::UnknownSegment { segment });
     };
     // The writer runs on the segment's primary only (its reconciliation
@@ -156,7 +157,7 @@ async fn start_segment_within(
         segment,
         start_offset,
         created_at_ms,
-        predecessors,
+        ancestry,
         replicas,
         epoch,
     };
@@ -198,6 +199,57 @@ fn predecessors(
             })
             .collect(),
     }
+}
+
+/// The producer-state ancestry of `segment` of `range` (ADR 0119): its
+/// predecessors, theirs, and so on, each with its range, seal and own
+/// predecessors, up to `ANCESTRY_DEPTH_MAX` generations and
+/// `ANCESTRY_SEGMENTS_MAX` segments, so a broker that never held a
+/// sidecar of them (it followed them, and a failover made it the primary)
+/// rebuilds the table their primaries held.
+pub(crate) fn ancestry(state: &MetadataState, range: RangeId, segment: SegmentId) -> Ancestry {
+    let direct = predecessors(state, range, segment);
+    let mut ancestry = Ancestry {
+        direct: direct.iter().map(|(s, _)| *s).collect(),
+        segments: BTreeMap::new(),
+    };
+    let mut generation = direct;
+    for _ in 0..ANCESTRY_DEPTH_MAX {
+        let mut next = Vec::new();
+        for (ancestor, ancestor_range) in generation {
+            if ancestry.segments.len() >= ANCESTRY_SEGMENTS_MAX {
+                return ancestry;
+            }
+            if ancestry.segments.contains_key(&ancestor) {
+                continue;
+            }
+            let Some(found) = state.segment(ancestor) else {
+                continue;
+            };
+            let sealed = match found.state {
+                SegmentState::Sealed { seal, at_ms } => Some(Sealed {
+                    at_ms,
+                    length: seal.length,
+                }),
+                SegmentState::Active => None,
+            };
+            let before = predecessors(state, ancestor_range, ancestor);
+            ancestry.segments.insert(
+                ancestor,
+                Ancestor {
+                    range: ancestor_range,
+                    sealed,
+                    predecessors: before.iter().map(|(s, _)| *s).collect(),
+                },
+            );
+            next.extend(before);
+        }
+        if next.is_empty() {
+            break;
+        }
+        generation = next;
+    }
+    ancestry
 }
 
 /// The [`Roller`] the control plane gives each segment actor: a roll goes
@@ -2258,6 +2310,53 @@ mod tests {
         // An unreplicated topic never wants more.
         create_replicated(&mut state, "one", &[1]);
         assert_eq!(wanted_copies(&state, "one"), 1);
+    }
+
+    #[test]
+    fn the_ancestry_lists_each_roll_with_its_seal_back_to_the_depth_bound() {
+        let mut state = MetadataState::new();
+        create_replicated(&mut state, "t", &[1, 2, 3]);
+        let range = state.active_ranges("t").next().unwrap().id;
+        let rolls = ANCESTRY_DEPTH_MAX as u64 + 5;
+        for i in 0..rolls {
+            let segment = state.range(range).unwrap().last_segment().unwrap();
+            state
+                .apply(Command::RollSegment {
+                    topic: "t".into(),
+                    segment,
+                    seal: SealRecord {
+                        length: i,
+                        bytes: 0,
+                    },
+                    next_replicas: vec![NodeId(1), NodeId(2), NodeId(3)],
+                    at_ms: 10 + i,
+                })
+                .unwrap();
+        }
+        let segments = state.range(range).unwrap().segments.clone();
+        let n = segments.len();
+        let found = ancestry(&state, range, segments[n - 1]);
+        assert_eq!(found.direct, vec![segments[n - 2]]);
+        assert_eq!(found.segments.len(), ANCESTRY_DEPTH_MAX);
+        let newest = &found.segments[&segments[n - 2]];
+        assert_eq!(newest.range, range);
+        assert_eq!(
+            newest.sealed,
+            Some(Sealed {
+                at_ms: 10 + rolls - 1,
+                length: rolls - 1,
+            })
+        );
+        assert_eq!(newest.predecessors, vec![segments[n - 3]]);
+        // The oldest listed names its predecessor, which is past the bound.
+        let oldest = n - 1 - ANCESTRY_DEPTH_MAX;
+        assert_eq!(
+            found.segments[&segments[oldest]].predecessors,
+            vec![segments[oldest - 1]]
+        );
+        assert!(!found.segments.contains_key(&segments[oldest - 1]));
+        // A topic's first segment descends from nothing.
+        assert_eq!(ancestry(&state, range, segments[0]), Ancestry::default());
     }
 
     #[test]

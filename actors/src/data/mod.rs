@@ -6,7 +6,8 @@
 //! (`recovery.rs`, model-checked by `seal_model.rs`), what this broker tells
 //! of the copies it holds (`status.rs`, replica-status, ADR 0098), and
 //! damaged or missing copies opened in quarantine and reported
-//! (`damage.rs`, ADR 0108).
+//! (`damage.rs`, ADR 0108), and where an opening segment's producer table
+//! comes from (`lineage.rs`, ADR 0119).
 //!
 //! Architecture invariant: this module names only `common`. A segment actor
 //! reaches the control plane through the [`segment::Roller`] it was started
@@ -14,6 +15,7 @@
 
 pub(crate) mod damage;
 pub(crate) mod invariants;
+pub(crate) mod lineage;
 pub(crate) mod producers;
 pub(crate) mod quorum;
 pub(crate) mod recovery;

@@ -25,7 +25,8 @@ use tokio::sync::oneshot;
 use tracing::{debug, error, info, warn};
 
 use super::invariants::{Violation, check_append, check_durable};
-use super::producers::{self, ProducerTable, ProducerTag, Verdict};
+use super::lineage::{self, Ancestry, Lineage};
+use super::producers::{ProducerTable, ProducerTag, Verdict};
 use super::replication::Replicated;
 use super::storage::{SegmentHandle, Storage};
 use crate::common::convert::IncomingRecord;
@@ -137,11 +138,11 @@ pub(crate) struct SegmentArgs {
     pub segment: SegmentId,
     pub start_offset: u64,
     pub created_at_ms: u64,
-    /// The segments this one succeeds, with their ranges: the previous
-    /// segment of the range after a roll, the parents' last segments for
-    /// the first segment of a split child or a merge. Their producer state
-    /// is where this segment's starts.
-    pub predecessors: Vec<(SegmentId, RangeId)>,
+    /// The segments this one succeeds (the previous segment of the range
+    /// after a roll, the parents' last segments for the first segment of a
+    /// split child or a merge) and their own ancestors, from the metadata.
+    /// Their producer state is where this segment's starts (ADR 0119).
+    pub ancestry: Ancestry,
     /// The segment's copies, this broker's (the primary's) first. With more
     /// than one, appends are acknowledged once a quorum has fsynced them.
     pub replicas: Vec<NodeId>,
@@ -779,84 +780,32 @@ impl Handoff {
             } else {
                 self.table
             };
-            let store = &self.args.storage.store;
-            let path = store.producers_path(id);
-            malachi_storage::marker::write_atomically(
-                store.dir(),
-                &path,
-                &producers::encode_sidecar(&table),
-            )
+            lineage::write_sidecar(&self.args.storage, id, &table);
         })
         .await;
-        match written {
-            Ok(Ok(())) => {}
-            // Expected on a full volume: the table is rebuilt from the log.
-            Ok(Err(e)) if e.is_no_space() => {
-                info!(segment = %id, error = %e, "no room for the producer sidecar; it is rebuilt from the log when needed")
-            }
-            Ok(Err(e)) => warn!(segment = %id, error = %e, "cannot write the producer sidecar"),
-            Err(e) => warn!(segment = %id, error = %e, "the producer sidecar task failed"),
+        if let Err(e) = written {
+            warn!(segment = %id, error = %e, "the producer sidecar task failed");
         }
     }
 }
 
-/// The producer table of a segment at open: its predecessors' tables (from
-/// their sidecars, or their logs when a sidecar is missing or damaged), then
-/// every tag in its own log, in order. Also where its own log must be cut,
-/// if it ends inside an idempotent batch ([`producers::BatchStarts`]).
+/// The producer table of a segment at open: its predecessors' final
+/// tables (from their sidecars, or rebuilt from their ancestors and logs
+/// when a sidecar is missing or damaged; `lineage.rs`), then every tag in
+/// its own log, in order. Also where its own log must be cut, if it ends
+/// inside an idempotent batch ([`producers::BatchStarts`]).
 fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
-    let limits = args.storage.config.producer_limits();
     let now_ms = args.storage.clock.now_ms();
-    let mut table = ProducerTable::new(args.range.0, limits);
-    for (segment, range) in &args.predecessors {
-        let id = malachi_storage::SegmentId(segment.0);
-        // A predecessor this broker holds no copy of (the successor was
-        // placed off a full or decommissioned broker): opening it would
-        // create an empty copy that reads as lost records. Its producers'
-        // state is not carried over (a retry of a batch it stored is taken
-        // as new; ADR 0112).
-        if !args.storage.store.log_path(id).exists() {
-            info!(segment = %id, successor = args.segment.0, "no local copy of the predecessor; its idempotent producers start afresh here");
-            continue;
-        }
-        // After a failover this broker was a follower of the predecessor
-        // and may not have opened its copy since it started; the sidecar is
-        // only ever written by the primary that rolled, so the table comes
-        // from this copy's log.
-        if let Err(malachi_storage::StorageError::NotOpen { .. }) = args.storage.store.info(id)
-            && let Err(e) = super::damage::open_copy(
-                &args.storage.store,
-                Some(&args.storage.metrics),
-                *segment,
-                None,
-                super::damage::CopyOf {
-                    topic: Some(&args.topic),
-                    range: Some(*range),
-                },
-            )
-        {
-            warn!(segment = %id, error = %e, "cannot open a predecessor copy for its producer state");
-        }
-        let predecessor = read_sidecar(&args.storage, id, limits).unwrap_or_else(|reason| {
-            if args.storage.store.producers_path(id).exists() {
-                warn!(segment = %id, %reason, "the producer sidecar cannot be read; rebuilding from the log");
-            } else {
-                // Expected after a failover: only the primary that rolled
-                // writes a sidecar, and this broker followed the segment.
-                debug!(segment = %id, "no producer sidecar; rebuilding from the log");
-            }
-            let mut rebuilt = ProducerTable::new(range.0, limits);
-            scan_tags(&args.storage, id, &mut rebuilt, now_ms);
-            rebuilt
-        });
-        predecessor.inherit_into(&mut table, now_ms);
-    }
-    let torn = scan_tags(
+    let mut table =
+        Lineage::new(&args.storage, &args.topic, &args.ancestry, now_ms).start_table(args.range);
+    let torn = lineage::scan_tags(
         &args.storage,
         malachi_storage::SegmentId(args.segment.0),
         &mut table,
         now_ms,
-    );
+        None,
+    )
+    .unwrap_or(None);
     (table, torn)
 }
 
@@ -879,67 +828,61 @@ fn cut_torn_batch(args: &SegmentArgs, id: malachi_storage::SegmentId, start: u64
     }
 }
 
-fn read_sidecar(
-    storage: &Storage,
-    id: malachi_storage::SegmentId,
-    limits: producers::ProducerLimits,
-) -> Result<ProducerTable, String> {
-    let path = storage.store.producers_path(id);
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    producers::decode_sidecar(&bytes, limits).map_err(|e| e.to_string())
-}
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::lineage::fixture::*;
+    use super::*;
 
-/// Applies every producer tag in a copy's log to `table`, and returns the
-/// offset of the idempotent batch the log ends inside, if it does. A copy
-/// this store cannot read leaves the table as it is, with a warning:
-/// retries of its batches may then be stored twice.
-fn scan_tags(
-    storage: &Storage,
-    id: malachi_storage::SegmentId,
-    table: &mut ProducerTable,
-    now_ms: u64,
-) -> Option<u64> {
-    use malachi_storage::SegmentStore;
-    use malachi_wire::limits::{PRODUCER_HEADER, PRODUCER_START_HEADER};
-    const SCAN_BYTES: usize = 8 << 20;
-    // Every durable record, committed or not: a replicated copy's readers
-    // see only committed ones, but a batch durable here and not yet
-    // committed is still one a retry must be recognised as.
-    let mut from = 0u64;
-    let mut starts = producers::BatchStarts::default();
-    loop {
-        let run = match storage.store.read_frames(id, from, SCAN_BYTES) {
-            Ok(run) => run,
-            Err(e) => {
-                warn!(segment = %id, error = %e, "cannot scan the log for producer state");
-                return None;
-            }
+    #[derive(Debug)]
+    struct NoRoll;
+
+    #[async_trait::async_trait]
+    impl Roller for NoRoll {
+        async fn roll(&self, _: &str, _: SegmentId, _: SealRecord) -> Result<SegmentId, String> {
+            Err("no roll in this test".into())
+        }
+    }
+
+    /// Chaos finding F2: after a failover the new primary followed every
+    /// earlier segment and holds no sidecar of any. A producer whose last
+    /// batch is two segments back must still be known, or its client starts
+    /// a new epoch and stores a batch a second time.
+    #[test]
+    fn a_failover_successor_knows_a_producer_last_seen_before_its_predecessor() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = storage(dir.path());
+        let now = storage.clock.now_ms();
+        // A: producer 1's batches 0..=4; B: producer 2's only. No sidecars.
+        copy(&storage, 1, &[(1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]);
+        copy(&storage, 2, &[(2, 0), (2, 1)]);
+        storage.store.open(malachi_storage::SegmentId(3)).unwrap();
+        let args = SegmentArgs {
+            storage: Arc::clone(&storage),
+            roller: Arc::new(NoRoll),
+            topic: "t".into(),
+            range: RANGE,
+            segment: SegmentId(3),
+            start_offset: 7,
+            created_at_ms: now,
+            ancestry: ancestry(
+                &[2],
+                vec![
+                    (1, sealed(now - 2_000, 5, &[])),
+                    (2, sealed(now - 1_000, 2, &[1])),
+                ],
+            ),
+            replicas: vec![NodeId(1), NodeId(2), NodeId(3)],
+            epoch: 1,
         };
-        if run.records == 0 {
-            return starts.torn(from);
-        }
-        let mut at = 0;
-        while at < run.bytes.len() {
-            // `read_frames` checked every frame it returned.
-            let Ok((view, len)) = malachi_storage::frame::decode(&run.bytes[at..]) else {
-                warn!(segment = %id, "a frame read back does not decode");
-                return None;
-            };
-            for (name, value) in &view.headers {
-                if *name == PRODUCER_HEADER
-                    && let Some(tag) = ProducerTag::decode(value)
-                    && !table.observe(&tag, now_ms)
-                {
-                    warn!(segment = %id, offset = view.offset, "a producer tag of another range; ignored");
-                }
-                if *name == PRODUCER_START_HEADER
-                    && let Some(records) = producers::decode_start(value)
-                {
-                    starts.observe(view.offset, records);
-                }
-            }
-            at += len;
-        }
-        from += run.records;
+        let (table, torn) = build_producers(&args);
+        assert_eq!(torn, None);
+        // The next sequence is stored, the retry of the last is a duplicate.
+        assert_eq!(table.check(&tag(1, 5), 1), Verdict::Append);
+        assert_eq!(
+            table.check(&tag(1, 4), 1),
+            Verdict::Duplicate { records: 1 }
+        );
+        assert_eq!(table.check(&tag(2, 2), 1), Verdict::Append);
     }
 }
