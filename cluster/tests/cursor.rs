@@ -373,6 +373,7 @@ fn topic_with_a_split() -> (MetadataState, RangeId, RangeId, SegmentId) {
             lower_replicas: vec![NodeId(1)],
             upper_replicas: vec![NodeId(2)],
             at_ms: 1,
+            segment: None,
         })
         .unwrap()
     else {
