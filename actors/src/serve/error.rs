@@ -356,6 +356,10 @@ fn model_code(e: &ModelError) -> ErrorCode {
         }
         ModelError::NotBuddies { .. } | ModelError::NoBuddy { .. } => ErrorCode::NotBuddies,
         ModelError::AlreadySealed { .. } => ErrorCode::AlreadySealed,
+        // A split or merge whose frozen segment a failover rolled meanwhile
+        // (F6), after its own retries: the range moved on, a retry freezes
+        // the successor.
+        ModelError::AlreadyRolled { .. } => ErrorCode::Busy,
         ModelError::NoSuchPolicy { .. } => ErrorCode::PolicyNotFound,
         _ => ErrorCode::InvalidRequest,
     }
