@@ -462,10 +462,16 @@ fn a_cursor_naming_a_range_of_another_topic_is_stale() {
     else {
         panic!()
     };
-    let c = cursor("orders", incarnation(&state), &[(ranges[0].0, Position::Start)]);
+    let c = cursor(
+        "orders",
+        incarnation(&state),
+        &[(ranges[0].0, Position::Start)],
+    );
     assert_eq!(
         c.validate(&state),
-        Err(InvalidCursor::Stale(StaleReason::UnknownRange { range: ranges[0] }))
+        Err(InvalidCursor::Stale(StaleReason::UnknownRange {
+            range: ranges[0]
+        }))
     );
 }
 
@@ -521,7 +527,11 @@ fn a_cursor_from_a_newer_state_is_behind_not_stale_and_validates_once_caught_up(
             range: RangeId(77)
         }))
     );
-    let newer = cursor("orders", incarnation(&state) + 1, &[(upper.0, Position::Start)]);
+    let newer = cursor(
+        "orders",
+        incarnation(&state) + 1,
+        &[(upper.0, Position::Start)],
+    );
     assert!(matches!(
         newer.validate(&state),
         Err(InvalidCursor::ReplicaBehind(

@@ -399,8 +399,7 @@ fn a_split_whose_frozen_segment_failed_over_meanwhile_is_refused_and_seals_nothi
 fn a_merge_whose_frozen_segment_failed_over_meanwhile_is_refused_and_seals_nothing() {
     let mut state = MetadataState::new();
     let (ranges, segments) = create(&mut state, "t", 2);
-    let Outcome::SegmentRolled { next, .. } = roll(&mut state, "t", segments[1], 5).unwrap()
-    else {
+    let Outcome::SegmentRolled { next, .. } = roll(&mut state, "t", segments[1], 5).unwrap() else {
         panic!()
     };
     let merge_of = |upper_segment| Command::MergeRanges {
@@ -734,7 +733,11 @@ fn a_split_logged_before_it_named_its_segment_decodes_and_seals_the_newest() {
     };
     // The old encoding: the same array without its last element (a nil).
     let mut old = rmp_serde::to_vec(&cmd).unwrap();
-    assert_eq!(old.pop(), Some(0xc0), "the new field is encoded last, as nil");
+    assert_eq!(
+        old.pop(),
+        Some(0xc0),
+        "the new field is encoded last, as nil"
+    );
     let header = old.iter().position(|b| *b == 0x97).unwrap();
     old[header] = 0x96;
     let decoded: Command = rmp_serde::from_slice(&old).unwrap();

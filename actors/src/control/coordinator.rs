@@ -633,8 +633,8 @@ impl CoordinatorState {
         let plane = self.shared.plane()?;
         let known = || read_owner(plane.as_ref(), topic, |s| s.segment(segment).is_some());
         let mut applied = plane.subscribe();
-        let deadline = tokio::time::Instant::now()
-            + std::time::Duration::from_millis(LOCAL_APPLY_WAIT_MS);
+        let deadline =
+            tokio::time::Instant::now() + std::time::Duration::from_millis(LOCAL_APPLY_WAIT_MS);
         while !known() {
             match tokio::time::timeout_at(deadline, applied.changed()).await {
                 Ok(Ok(())) => {}
