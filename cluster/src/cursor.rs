@@ -217,6 +217,13 @@ pub enum InvalidCursor {
     Shape(ShapeProblem),
     #[error("cursor is stale: {0}")]
     Stale(StaleReason),
+    /// The cursor names what this replica of the metadata has not issued
+    /// yet (a range or segment id past its counters, a newer incarnation):
+    /// it was minted from a newer state than this replica has applied
+    /// (chaos finding F5). Not a verdict on the cursor: validate it again
+    /// once the replica has caught up.
+    #[error("this broker's metadata is behind the cursor: {0}")]
+    ReplicaBehind(StaleReason),
     /// The cursor points into records retention deleted (ADR 0115). The
     /// earliest position still held in that range's read plan is
     /// `earliest_offset` of `earliest_segment`.
@@ -320,6 +327,23 @@ fn expired_in_plan(
         earliest_segment: first.segment,
         earliest_offset: first.start_offset,
     })
+}
+
+/// Whether `reason`, found by validating a cursor of `incarnation` against
+/// `state`, concerns something `state` has not issued yet: the cursor was
+/// minted from a newer state of the same group than this replica has
+/// applied.
+fn not_issued(state: &MetadataState, incarnation: u64, reason: StaleReason) -> bool {
+    match reason {
+        StaleReason::TopicGone | StaleReason::IncarnationChanged { .. } => {
+            incarnation >= state.next_incarnation
+        }
+        StaleReason::UnknownRange { range } => range.0 >= state.next_range_id,
+        StaleReason::UnknownSegment { segment, .. } => segment.0 >= state.next_segment_id,
+        // A segment's start never moves and its end is set once: any
+        // state that knows the segment judges the offset alike.
+        StaleReason::OffsetOutOfSegment { .. } => false,
+    }
 }
 
 /// Why a cursor cannot be encoded: the caller built one larger than a reader would accept.
@@ -447,9 +471,21 @@ impl Cursor {
     }
 
     /// Refuses a cursor whose topic, incarnation, ranges or segments no longer
-    /// match the metadata.
+    /// match the metadata. A mismatch `state` cannot judge because it has
+    /// not yet issued what the cursor names is `ReplicaBehind`, never
+    /// `Stale`: a replica behind the broker that minted the cursor must not
+    /// call it stale. Ids only grow (`next_*` counters), and a range's read
+    /// plan only gains segments (retention aside: `Expired`), so a
+    /// mismatch over an id the replica has issued is one a newer state
+    /// would show too.
     pub fn validate(&self, state: &MetadataState) -> Result<(), InvalidCursor> {
-        let stale = |reason| Err(InvalidCursor::Stale(reason));
+        let stale = |reason| {
+            Err(if not_issued(state, self.incarnation, reason) {
+                InvalidCursor::ReplicaBehind(reason)
+            } else {
+                InvalidCursor::Stale(reason)
+            })
+        };
         let Some(topic) = state.topic(&self.topic) else {
             return stale(StaleReason::TopicGone);
         };

@@ -373,6 +373,7 @@ fn topic_with_a_split() -> (MetadataState, RangeId, RangeId, SegmentId) {
             lower_replicas: vec![NodeId(1)],
             upper_replicas: vec![NodeId(2)],
             at_ms: 1,
+            segment: None,
         })
         .unwrap()
     else {
@@ -447,15 +448,96 @@ fn a_cursor_of_a_recreated_topic_is_stale() {
 }
 
 #[test]
-fn a_cursor_naming_an_unknown_range_is_stale() {
-    let (state, _, _, _) = topic_with_a_split();
-    let c = cursor("orders", incarnation(&state), &[(77, Position::Start)]);
+fn a_cursor_naming_a_range_of_another_topic_is_stale() {
+    let (mut state, _, _, _) = topic_with_a_split();
+    let Outcome::TopicCreated { ranges, .. } = state
+        .apply(Command::CreateTopic {
+            topic: "other".into(),
+            initial_ranges: 1,
+            policy: None,
+            replicas: vec![vec![NodeId(1)]],
+            at_ms: 2,
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let c = cursor(
+        "orders",
+        incarnation(&state),
+        &[(ranges[0].0, Position::Start)],
+    );
     assert_eq!(
         c.validate(&state),
         Err(InvalidCursor::Stale(StaleReason::UnknownRange {
+            range: ranges[0]
+        }))
+    );
+}
+
+/// Chaos finding F5: a cursor minted by the broker that had applied a
+/// failover's roll was validated, seconds later, against another broker's
+/// replica that had not, and refused as stale (`invalid_cursor`, which a
+/// client must not retry). What the replica has not issued yet (a range
+/// or segment id past its counters) makes it `ReplicaBehind`, and the
+/// same cursor validates once the replica has applied the roll.
+#[test]
+fn a_cursor_from_a_newer_state_is_behind_not_stale_and_validates_once_caught_up() {
+    let (mut state, _, upper, upper_segment) = topic_with_a_split();
+    let behind = state.clone();
+    let Outcome::SegmentRolled { next, .. } = state
+        .apply(Command::RollSegment {
+            topic: "orders".into(),
+            segment: upper_segment,
+            seal: SealRecord {
+                length: 4,
+                bytes: 40,
+            },
+            next_replicas: vec![NodeId(3)],
+            at_ms: 2,
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let c = cursor(
+        "orders",
+        incarnation(&state),
+        &[(
+            upper.0,
+            Position::At {
+                segment: next,
+                offset: 6,
+            },
+        )],
+    );
+    assert_eq!(
+        c.validate(&behind),
+        Err(InvalidCursor::ReplicaBehind(StaleReason::UnknownSegment {
+            range: upper,
+            segment: next
+        }))
+    );
+    assert_eq!(c.validate(&state), Ok(()));
+    // A range or incarnation the replica has not issued is behind too.
+    let unissued = cursor("orders", incarnation(&state), &[(77, Position::Start)]);
+    assert_eq!(
+        unissued.validate(&state),
+        Err(InvalidCursor::ReplicaBehind(StaleReason::UnknownRange {
             range: RangeId(77)
         }))
     );
+    let newer = cursor(
+        "orders",
+        incarnation(&state) + 1,
+        &[(upper.0, Position::Start)],
+    );
+    assert!(matches!(
+        newer.validate(&state),
+        Err(InvalidCursor::ReplicaBehind(
+            StaleReason::IncarnationChanged { .. }
+        ))
+    ));
 }
 
 #[test]

@@ -53,6 +53,7 @@ fn representative_state() -> MetadataState {
             lower_replicas: nodes(&[2, 3, 4]),
             upper_replicas: nodes(&[3, 4, 1]),
             at_ms: 3_000,
+            segment: None,
         },
         Command::MergeRanges {
             topic: "orders".into(),
@@ -68,6 +69,8 @@ fn representative_state() -> MetadataState {
             },
             replicas: nodes(&[4, 1, 2]),
             at_ms: 4_000,
+            lower_segment: None,
+            upper_segment: None,
         },
     ];
     for command in commands {

@@ -47,6 +47,7 @@ fn split(
         lower_replicas: nodes(&[1, 2]),
         upper_replicas: nodes(&[2, 3]),
         at_ms: 20,
+        segment: None,
     })
 }
 
@@ -64,6 +65,8 @@ fn merge(
         upper_seal: seal(2),
         replicas: nodes(&[4]),
         at_ms: 30,
+        lower_segment: None,
+        upper_segment: None,
     })
 }
 
@@ -349,6 +352,86 @@ fn splitting_a_range_whose_segment_was_sealed_at_another_length_is_refused() {
     assert_eq!(state.snapshot().unwrap(), before);
 }
 
+/// Chaos finding F6: a coordinator froze segment 541 (23 records), a
+/// failover rolled it to 542 before the split's proposal applied, and the
+/// split then sealed 542, which holds nothing, at 541's figures. A split
+/// names the segment its seal was computed from and is refused, changing
+/// nothing, once that segment is no longer the range's newest.
+#[test]
+fn a_split_whose_frozen_segment_failed_over_meanwhile_is_refused_and_seals_nothing() {
+    let mut state = MetadataState::new();
+    let (ranges, segments) = create(&mut state, "t", 1);
+    let frozen = segments[0];
+    // The failover: the frozen segment is sealed at 23 and rolled.
+    let Outcome::SegmentRolled { next, .. } = roll(&mut state, "t", frozen, 23).unwrap() else {
+        panic!()
+    };
+    let split_of = |segment| Command::SplitRange {
+        topic: "t".into(),
+        range: ranges[0],
+        seal: seal(23),
+        lower_replicas: nodes(&[1, 2]),
+        upper_replicas: nodes(&[2, 3]),
+        at_ms: 20,
+        segment: Some(segment),
+    };
+    assert_eq!(
+        refused(&mut state, split_of(frozen)),
+        ModelError::AlreadyRolled {
+            segment: frozen,
+            successor: next
+        }
+    );
+    assert_eq!(state.segment(next).unwrap().seal(), None);
+    assert!(state.range(ranges[0]).unwrap().is_active());
+    // A split that froze the successor seals the successor, at its own seal.
+    let mut own = split_of(next);
+    if let Command::SplitRange { seal: s, .. } = &mut own {
+        *s = seal(0);
+    }
+    state.apply(own).unwrap();
+    assert_eq!(state.segment(next).unwrap().seal(), Some(seal(0)));
+    assert_eq!(state.segment(frozen).unwrap().seal(), Some(seal(23)));
+}
+
+/// F6 for a merge: each half names the segment its seal was computed from.
+#[test]
+fn a_merge_whose_frozen_segment_failed_over_meanwhile_is_refused_and_seals_nothing() {
+    let mut state = MetadataState::new();
+    let (ranges, segments) = create(&mut state, "t", 2);
+    let Outcome::SegmentRolled { next, .. } = roll(&mut state, "t", segments[1], 5).unwrap() else {
+        panic!()
+    };
+    let merge_of = |upper_segment| Command::MergeRanges {
+        topic: "t".into(),
+        lower: ranges[0],
+        upper: ranges[1],
+        lower_seal: seal(1),
+        upper_seal: seal(5),
+        replicas: nodes(&[4]),
+        at_ms: 30,
+        lower_segment: Some(segments[0]),
+        upper_segment: Some(upper_segment),
+    };
+    assert_eq!(
+        refused(&mut state, merge_of(segments[1])),
+        ModelError::AlreadyRolled {
+            segment: segments[1],
+            successor: next
+        }
+    );
+    assert_eq!(state.segment(segments[0]).unwrap().seal(), None);
+    assert_eq!(state.segment(next).unwrap().seal(), None);
+    // A segment of another range is no segment of this one.
+    assert_eq!(
+        refused(&mut state, merge_of(segments[0])),
+        ModelError::NoSuchSegment {
+            topic: "t".into(),
+            segment: segments[0]
+        }
+    );
+}
+
 #[test]
 fn merging_the_two_halves_of_a_split_opens_the_parent_band_again() {
     let mut state = MetadataState::new();
@@ -388,6 +471,8 @@ fn merging_neighbours_that_are_not_buddies_is_refused() {
         upper_seal: seal(1),
         replicas: nodes(&[1]),
         at_ms: 0,
+        lower_segment: None,
+        upper_segment: None,
     };
     assert_eq!(
         refused(&mut state, cmd),
@@ -630,4 +715,35 @@ fn a_truncated_snapshot_is_refused() {
     let mut bytes = state.snapshot().unwrap();
     bytes.truncate(bytes.len() / 2);
     assert!(MetadataState::restore(&bytes).is_err());
+}
+
+/// A split or merge logged before commands named their frozen segments
+/// still decodes (the fields are last and defaulted), and replays as it
+/// did: it seals the range's newest segment.
+#[test]
+fn a_split_logged_before_it_named_its_segment_decodes_and_seals_the_newest() {
+    let cmd = Command::SplitRange {
+        topic: "t".into(),
+        range: RangeId(0),
+        seal: seal(2),
+        lower_replicas: nodes(&[1]),
+        upper_replicas: nodes(&[2]),
+        at_ms: 20,
+        segment: None,
+    };
+    // The old encoding: the same array without its last element (a nil).
+    let mut old = rmp_serde::to_vec(&cmd).unwrap();
+    assert_eq!(
+        old.pop(),
+        Some(0xc0),
+        "the new field is encoded last, as nil"
+    );
+    let header = old.iter().position(|b| *b == 0x97).unwrap();
+    old[header] = 0x96;
+    let decoded: Command = rmp_serde::from_slice(&old).unwrap();
+    assert_eq!(decoded, cmd);
+    let mut state = MetadataState::new();
+    let (_, segments) = create(&mut state, "t", 1);
+    state.apply(decoded).unwrap();
+    assert_eq!(state.segment(segments[0]).unwrap().seal(), Some(seal(2)));
 }

@@ -709,6 +709,7 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
             lower_replicas: nodes([1, 2]),
             upper_replicas: nodes([3, 4]),
             at_ms,
+            segment: None,
         },
         Op::Merge {
             topic,
@@ -743,6 +744,8 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
                 upper_seal: seal(lengths.1, 0),
                 replicas: nodes([5]),
                 at_ms,
+                lower_segment: None,
+                upper_segment: None,
             }
         }
         Op::Replace {
@@ -1073,6 +1076,7 @@ fn a_split_child_reads_its_parent_slice_before_its_own_records() {
             lower_replicas: nodes([1]),
             upper_replicas: nodes([2]),
             at_ms: 1,
+            segment: None,
         })
         .unwrap();
     let Outcome::RangeSplit { upper, .. } = split else {

@@ -121,6 +121,7 @@ fn seed_and_narrow_move_exactly_the_upper_topics_and_repeat_as_no_ops() {
             lower_replicas: vec![NodeId(3)],
             upper_replicas: vec![NodeId(1)],
             at_ms: 6,
+            segment: None,
         })
         .unwrap();
     let original = parent.clone();
@@ -523,6 +524,7 @@ fn command_for(op: &Op, topic: &str, state: &MetadataState) -> Command {
                 lower_replicas: vec![NodeId(1)],
                 upper_replicas: vec![NodeId(2)],
                 at_ms: 8,
+                segment: None,
             }
         }
     }

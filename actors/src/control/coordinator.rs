@@ -74,6 +74,9 @@ const LOCAL_APPLY_WAIT_MS: u64 = 2_000;
 const LEASE_FIRST_WAIT_MS: u64 = 2_000;
 /// How often that wait looks at the lease.
 const LEASE_FIRST_POLL_MS: u64 = 5;
+/// How many times a split or merge freezes and proposes again when the
+/// segment it froze was rolled (a failover) before its proposal applied.
+const RESHAPE_ATTEMPTS_MAX: u32 = 3;
 
 /// A coordinator's lease, held only while it has work that needs it.
 enum LeaseSlot {
@@ -675,6 +678,24 @@ impl CoordinatorState {
         Ok(next)
     }
 
+    /// Waits (at most `LOCAL_APPLY_WAIT_MS`) until this broker's replica
+    /// knows `segment`: after a split or merge lost a race with a roll
+    /// another broker proposed, so its next attempt freezes the successor.
+    async fn wait_known(&self, topic: &str, segment: SegmentId) -> Result<(), CoordError> {
+        let plane = self.shared.plane()?;
+        let known = || read_owner(plane.as_ref(), topic, |s| s.segment(segment).is_some());
+        let mut applied = plane.subscribe();
+        let deadline =
+            tokio::time::Instant::now() + std::time::Duration::from_millis(LOCAL_APPLY_WAIT_MS);
+        while !known() {
+            match tokio::time::timeout_at(deadline, applied.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(CoordError::UnknownSegment { segment }),
+            }
+        }
+        Ok(())
+    }
+
     /// Fails if `segment` is recorded sealed at anything but `seal`.
     fn same_seal(
         &self,
@@ -917,7 +938,34 @@ impl CoordinatorState {
         Ok(())
     }
 
+    /// Splits `range`: freezes its active segment and records the split
+    /// with that segment's seal. The proposal names the frozen segment, so
+    /// if a failover rolled it meanwhile the model refuses the split
+    /// (`AlreadyRolled`) rather than seal the successor at the frozen
+    /// segment's seal (chaos finding F6); the split is then tried again on
+    /// the successor, at most `RESHAPE_ATTEMPTS_MAX` times in all.
     async fn split(&self, topic: String, range: RangeId) -> Result<(RangeId, RangeId), CoordError> {
+        let mut attempt = 1;
+        loop {
+            match self.split_once(&topic, range).await {
+                Err(CoordError::Model(ModelError::AlreadyRolled { segment, successor }))
+                    if attempt < RESHAPE_ATTEMPTS_MAX =>
+                {
+                    info!(%topic, range = range.0, segment = segment.0, successor = successor.0, attempt, "the frozen segment was rolled under the split; splitting again");
+                    self.wait_known(&topic, successor).await?;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn split_once(
+        &self,
+        topic: &str,
+        range: RangeId,
+    ) -> Result<(RangeId, RangeId), CoordError> {
+        let topic = topic.to_string();
         let segment = self.active_segment(&topic, range)?;
         let copies = self.copies(&topic, segment)?;
         let lower_replicas = self.successor_replicas(&topic, self.node(), copies, segment.0 ^ 1)?;
@@ -932,6 +980,7 @@ impl CoordinatorState {
                 lower_replicas,
                 upper_replicas,
                 at_ms: self.shared.clock.now_ms(),
+                segment: Some(segment),
             })
             .await;
         let outcome = match proposed {
@@ -965,11 +1014,35 @@ impl CoordinatorState {
         Ok((lower, upper))
     }
 
+    /// Merges `range` with its buddy, as `split` does: the proposal names
+    /// both frozen segments, and a merge that lost a race with a roll is
+    /// tried again, at most `RESHAPE_ATTEMPTS_MAX` times in all.
     async fn merge(
         &self,
         topic: String,
         range: RangeId,
     ) -> Result<(RangeId, RangeId, RangeId), CoordError> {
+        let mut attempt = 1;
+        loop {
+            match self.merge_once(&topic, range).await {
+                Err(CoordError::Model(ModelError::AlreadyRolled { segment, successor }))
+                    if attempt < RESHAPE_ATTEMPTS_MAX =>
+                {
+                    info!(%topic, range = range.0, segment = segment.0, successor = successor.0, attempt, "a frozen segment was rolled under the merge; merging again");
+                    self.wait_known(&topic, successor).await?;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn merge_once(
+        &self,
+        topic: &str,
+        range: RangeId,
+    ) -> Result<(RangeId, RangeId, RangeId), CoordError> {
+        let topic = topic.to_string();
         let plane = self.shared.plane()?;
         let (lower, upper) = read_owner(plane.as_ref(), &topic, |state| {
             let found = active_range(state, &topic, range)?;
@@ -1012,6 +1085,8 @@ impl CoordinatorState {
                 upper_seal,
                 replicas,
                 at_ms: self.shared.clock.now_ms(),
+                lower_segment: Some(lower_segment),
+                upper_segment: Some(upper_segment),
             })
             .await;
         let outcome = match proposed {

@@ -118,6 +118,12 @@ pub(crate) enum ServeError {
     /// reason names the earliest retained position.
     #[error("{reason}")]
     CursorExpired { reason: String },
+    /// This broker's replica of the topic's metadata is behind the cursor
+    /// (it names a range or segment the replica has not applied yet) and
+    /// did not catch up within `waited_ms` (F5, ADR 0120): retriable, never
+    /// `invalid_cursor`.
+    #[error("{reason}; it did not catch up within {waited_ms} ms: retry")]
+    MetadataBehind { reason: String, waited_ms: u64 },
     #[error("no storage policy {name}")]
     PolicyNotFound { name: String },
     #[error("invalid storage policy {name}: {reason}")]
@@ -275,9 +281,9 @@ impl ServeError {
             ServeError::PolicyNotFound { .. } => ErrorCode::PolicyNotFound,
             ServeError::InvalidPolicy { .. } => ErrorCode::InvalidRequest,
             ServeError::Policy(e) => policy_code(e),
-            ServeError::TooManySubscriptions { .. } | ServeError::SegmentBusy { .. } => {
-                ErrorCode::Busy
-            }
+            ServeError::TooManySubscriptions { .. }
+            | ServeError::SegmentBusy { .. }
+            | ServeError::MetadataBehind { .. } => ErrorCode::Busy,
             ServeError::SubscriptionNotFound { .. } => ErrorCode::SubscriptionNotFound,
             ServeError::ReplicaQuorum { .. } | ServeError::CursorKeyPending => ErrorCode::NoQuorum,
             ServeError::VnodeNotFound { .. } => ErrorCode::VnodeNotFound,
@@ -356,6 +362,10 @@ fn model_code(e: &ModelError) -> ErrorCode {
         }
         ModelError::NotBuddies { .. } | ModelError::NoBuddy { .. } => ErrorCode::NotBuddies,
         ModelError::AlreadySealed { .. } => ErrorCode::AlreadySealed,
+        // A split or merge whose frozen segment a failover rolled meanwhile
+        // (F6), after its own retries: the range moved on, a retry freezes
+        // the successor.
+        ModelError::AlreadyRolled { .. } => ErrorCode::Busy,
         ModelError::NoSuchPolicy { .. } => ErrorCode::PolicyNotFound,
         _ => ErrorCode::InvalidRequest,
     }

@@ -40,7 +40,7 @@ pub(crate) async fn fetch(
         Some(encoded) => Some(super::cursors::verify(shared, encoded).await?),
         None => None,
     };
-    let (incarnation, start) = start_positions(shared, plane.as_ref(), &req, verified)?;
+    let (incarnation, start) = caught_up_start(shared, plane.as_ref(), &req, verified).await?;
     // Subscribed only for a topic that exists (the map must not grow with
     // names clients make up), and before the first read, so a record made
     // durable between that read and the wait still wakes it.
@@ -125,10 +125,47 @@ pub(crate) async fn fetch(
     }
 }
 
+/// How long a read waits for this broker's metadata replica to apply what
+/// a cursor names before it answers the retriable `busy` (F5, ADR 0120).
+const CURSOR_CATCH_UP_WAIT_MS: u64 = 1_000;
+
+/// `start_positions`, waiting (at most `CURSOR_CATCH_UP_WAIT_MS`) while
+/// this broker's replica of the metadata is behind the cursor: a cursor
+/// another broker minted from a newer state (a failover's successor
+/// segment, a split's ranges) is judged only once this replica has
+/// applied that state, and never refused as stale before (chaos finding
+/// F5).
+pub(crate) async fn caught_up_start(
+    shared: &Shared,
+    plane: &dyn MetadataPlane,
+    req: &wire::FetchRequest,
+    verified: Option<Cursor>,
+) -> Result<(u64, BTreeMap<RangeId, Position>), Failure> {
+    let mut applied = plane.subscribe();
+    let deadline = Instant::now() + Duration::from_millis(CURSOR_CATCH_UP_WAIT_MS);
+    loop {
+        match start_positions(shared, plane, req, verified.clone()) {
+            Err(ServeError::MetadataBehind { reason, .. }) => {
+                // Woken by every command a local replica applies; the
+                // deadline bounds the wait whatever happens.
+                let woke = tokio::time::timeout_at(deadline, applied.changed()).await;
+                if !matches!(woke, Ok(Ok(()))) {
+                    tracing::debug!(topic = %req.topic, %reason, "the metadata replica stayed behind a cursor");
+                    return Err(ServeError::MetadataBehind {
+                        reason,
+                        waited_ms: CURSOR_CATCH_UP_WAIT_MS,
+                    });
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Where a fetch starts: the client's cursor (`verified`: authenticated
 /// by `cursors::verify`, checked against the metadata here), the start of
 /// every range, or the tail.
-pub(crate) fn start_positions(
+fn start_positions(
     shared: &Shared,
     plane: &dyn MetadataPlane,
     req: &wire::FetchRequest,
@@ -147,6 +184,12 @@ pub(crate) fn start_positions(
                     malachi_cluster::cursor::InvalidCursor::Expired { .. } => {
                         ServeError::CursorExpired {
                             reason: e.to_string(),
+                        }
+                    }
+                    malachi_cluster::cursor::InvalidCursor::ReplicaBehind(_) => {
+                        ServeError::MetadataBehind {
+                            reason: e.to_string(),
+                            waited_ms: 0,
                         }
                     }
                     e => ServeError::InvalidCursor {

@@ -404,6 +404,49 @@ fn read_copy(
     }
 }
 
+/// A read from past this copy's readable end (chaos finding F5). Cursors
+/// are minted from what some copy served, so this is never a bad request:
+/// a replicated copy is behind the copy that served it (a primary just
+/// restarted, whose committed end is 0 until its followers answer again,
+/// or a follower whose primary has not yet told it the committed end).
+/// Of an active segment, nothing is readable here yet: the read takes no
+/// record and a fetch long-polls from the same position. Of a sealed one,
+/// the copy is short of its seal: another copy serves the read. A lone
+/// copy past whose end a cursor points lost the records between (ADR 0108).
+fn past_end(
+    copies: &LocalCopies,
+    span: &SegmentSpan,
+    from: u64,
+    end: u64,
+) -> Result<usize, ReadError> {
+    match (copies.held(span.segment), span.end_offset) {
+        // Offsets within the segment: `read_topic` names the range.
+        (Held::Alone, _) => Err(ReadError::Store(StorageError::Lost {
+            segment: store_id(span.segment),
+            from: end,
+            to: span
+                .end_offset
+                .map_or(from, |seal_end| seal_end - span.start_offset),
+            reason: "the copy ends before a position a reader was given".to_string(),
+        })),
+        (_, None) => {
+            tracing::debug!(
+                segment = %span.segment, from, end,
+                "a cursor is past this copy's committed end; nothing to read here yet"
+            );
+            Ok(0)
+        }
+        (_, Some(seal_end)) => Err(ReadError::NotHere(Blocked {
+            segment: span.segment,
+            offset: span.start_offset + from,
+            from,
+            seal_length: Some(seal_end - span.start_offset),
+            reason: "this copy is short of its seal",
+            holders: copies.holders(span.segment),
+        })),
+    }
+}
+
 /// A replicated copy's lost records are served by another copy; a lone
 /// copy's are the caller's to report.
 fn lost_elsewhere(
@@ -413,6 +456,9 @@ fn lost_elsewhere(
     read: Result<usize, StorageError>,
 ) -> Result<usize, ReadError> {
     match read {
+        Err(StorageError::OffsetOutOfRange { offset, end, .. }) => {
+            past_end(copies, span, offset, end)
+        }
         Err(StorageError::Lost { .. }) if copies.held(span.segment) == Held::Replicated => {
             Err(ReadError::NotHere(Blocked {
                 segment: span.segment,
@@ -1140,6 +1186,105 @@ mod tests {
         assert_eq!(got, expected);
         // Once past the parents, the cursor carries only the merged range.
         assert_eq!(at.keys().copied().collect::<Vec<_>>(), vec![RangeId(4)]);
+    }
+
+    /// Chaos finding F5: right after a primary restarted, its copy of the
+    /// active segment shows no record (committed end 0) until its
+    /// followers answer again, while readers hold cursors past that. Such a
+    /// read takes nothing and keeps its position (a fetch long-polls), and
+    /// of a sealed segment it is sent on to another copy: never an
+    /// `offset ... is past the end` store error (`unknown_server_error`).
+    #[test]
+    fn a_cursor_past_a_restarted_copys_committed_end_reads_nothing_and_keeps_its_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        append(&store, 7, &[("a", 8), ("b", 8), ("c", 8), ("d", 8)]);
+        // The restart: the copy is closed and opened again by the read.
+        store.close(malachi_storage::SegmentId(7)).unwrap();
+        let me = NodeId(2);
+        let replicated = LocalCopies {
+            me: Some(me),
+            replicas: [(SegmentId(7), vec![NodeId(2), NodeId(1)])].into(),
+            ..LocalCopies::default()
+        };
+        let plan = |end: Option<u64>| ReadPlan {
+            range: RangeId(3),
+            slices: vec![slice(3, Band::FULL, vec![span(7, 100, end)])],
+        };
+        let cursor: Positions = [(
+            RangeId(3),
+            Position::At {
+                segment: SegmentId(7),
+                offset: 102,
+            },
+        )]
+        .into();
+        let read = |plan: &ReadPlan, copies: &LocalCopies| {
+            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
+            read_topic(
+                std::slice::from_ref(plan),
+                copies,
+                &store,
+                &cursor,
+                &mut out,
+                ReadBudget {
+                    records_max: 10,
+                    batch_bytes_max: ROOM,
+                    read_chunk_records: 1024,
+                },
+            )
+        };
+        let outcome = read(&plan(None), &replicated).unwrap();
+        assert_eq!(outcome.records, 0);
+        assert_eq!(outcome.positions, cursor, "the reader keeps its position");
+        // Sealed meanwhile, at the length the other copies hold: this copy
+        // is short of it (its committed end clamps it), another serves it.
+        match read(&plan(Some(100 + 6)), &replicated) {
+            Ok(ReadOutcome {
+                records: 0,
+                blocked: Some(blocked),
+                ..
+            }) => {
+                assert_eq!(blocked.segment, SegmentId(7));
+                assert_eq!(blocked.holders, vec![2, 1]);
+                assert_eq!(blocked.reason, "this copy is short of its seal");
+            }
+            other => panic!("expected the read to be sent on, got {other:?}"),
+        }
+        // A lone copy that ends before a position it served lost records.
+        store.close(malachi_storage::SegmentId(7)).unwrap();
+        let lone = LocalCopies {
+            me: Some(me),
+            replicas: [(SegmentId(7), vec![me])].into(),
+            ..LocalCopies::default()
+        };
+        let far: Positions = [(
+            RangeId(3),
+            Position::At {
+                segment: SegmentId(7),
+                offset: 109,
+            },
+        )]
+        .into();
+        let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
+        let lost = read_topic(
+            std::slice::from_ref(&plan(None)),
+            &lone,
+            &store,
+            &far,
+            &mut out,
+            ReadBudget {
+                records_max: 10,
+                batch_bytes_max: ROOM,
+                read_chunk_records: 1024,
+            },
+        );
+        match lost {
+            Err(ReadError::Lost {
+                range, from, to, ..
+            }) => assert_eq!((range, from, to), (RangeId(3), 104, 109)),
+            other => panic!("expected a loss, got {other:?}"),
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::error::ServeError;
-use super::fetch::start_positions;
+use super::fetch::caught_up_start;
 use super::read::{LocalCopies, ReadBudget, active_plans, read_topic, response_control_bytes};
 use super::remote::{chunk_bytes, read_through_holders};
 use super::reply::{Failure, Outbound, Reply, refusal_frame};
@@ -116,7 +116,7 @@ pub(crate) async fn subscribe(
         bytes_max: 1,
         wait_ms: 0,
     };
-    let (incarnation, start) = start_positions(shared, plane.as_ref(), &as_fetch, verified)?;
+    let (incarnation, start) = caught_up_start(shared, plane.as_ref(), &as_fetch, verified).await?;
     let sub = Arc::new(Subscription {
         credit: Mutex::new(Credit {
             records: req.credit_records,

@@ -110,7 +110,15 @@ impl MetadataState {
                 lower_replicas,
                 upper_replicas,
                 at_ms,
-            } => self.split_range(&topic, range, seal, lower_replicas, upper_replicas, at_ms),
+                segment,
+            } => self.split_range(
+                &topic,
+                range,
+                (segment, seal),
+                lower_replicas,
+                upper_replicas,
+                at_ms,
+            ),
             Command::MergeRanges {
                 topic,
                 lower,
@@ -119,10 +127,12 @@ impl MetadataState {
                 upper_seal,
                 replicas,
                 at_ms,
+                lower_segment,
+                upper_segment,
             } => self.merge_ranges(
                 &topic,
                 [lower, upper],
-                [lower_seal, upper_seal],
+                [(lower_segment, lower_seal), (upper_segment, upper_seal)],
                 replicas,
                 at_ms,
             ),
@@ -251,8 +261,19 @@ impl MetadataState {
         }
     }
 
-    /// The seal step for the newest segment of an active range.
-    fn seal_step_of_range(&self, range: &Range, seal: SealRecord) -> Result<SealStep, ModelError> {
+    /// The seal step for the newest segment of an active range, which must
+    /// be `frozen` when the command names the segment its seal was computed
+    /// from: a seal is recorded only for the segment it was taken from
+    /// (chaos finding F6: a failover rolled the range between a split's
+    /// freeze and its proposal, and the split sealed the successor, which
+    /// holds nothing, at its predecessor's length). `None` (a command
+    /// logged before commands named it) seals the newest, as it always did.
+    fn seal_step_of_range(
+        &self,
+        range: &Range,
+        frozen: Option<SegmentId>,
+        seal: SealRecord,
+    ) -> Result<SealStep, ModelError> {
         let segment = range.last_segment().and_then(|id| self.segments.get(&id));
         // Every range is created with a segment and segments leave only with their topic.
         assert!(
@@ -260,10 +281,32 @@ impl MetadataState {
             "range {} has no newest segment",
             range.id
         );
-        match segment {
-            Some(segment) => Self::seal_step(segment, seal),
-            None => Err(ModelError::RangeNotActive { range: range.id }),
+        let Some(segment) = segment else {
+            return Err(ModelError::RangeNotActive { range: range.id });
+        };
+        if let Some(frozen) = frozen
+            && frozen != segment.id
+        {
+            if !range.segments.contains(&frozen) {
+                return Err(ModelError::NoSuchSegment {
+                    topic: range.topic.clone(),
+                    segment: frozen,
+                });
+            }
+            return Err(ModelError::AlreadyRolled {
+                segment: frozen,
+                successor: segment.id,
+            });
         }
+        let step = Self::seal_step(segment, seal)?;
+        // The negative space: whatever the command named, the seal lands
+        // on the segment it was computed from.
+        assert!(
+            frozen.is_none_or(|frozen| step.seal_now.is_none_or(|sealed| sealed == frozen)),
+            "a seal computed from {frozen:?} would be recorded for {:?}",
+            step.seal_now
+        );
+        Ok(step)
     }
 
     fn apply_seal(&mut self, step: SealStep, seal: SealRecord, at_ms: u64) {
@@ -525,7 +568,7 @@ impl MetadataState {
         &mut self,
         topic: &str,
         range: RangeId,
-        seal: SealRecord,
+        (frozen, seal): (Option<SegmentId>, SealRecord),
         lower_replicas: Vec<NodeId>,
         upper_replicas: Vec<NodeId>,
         at_ms: u64,
@@ -543,7 +586,7 @@ impl MetadataState {
                 max: ACTIVE_RANGES_PER_TOPIC_MAX,
             });
         }
-        let step = self.seal_step_of_range(parent, seal)?;
+        let step = self.seal_step_of_range(parent, frozen, seal)?;
         validate_replicas(&lower_replicas)?;
         validate_replicas(&upper_replicas)?;
         reserve(self.next_range_id, 2, IdKind::Range)?;
@@ -577,7 +620,7 @@ impl MetadataState {
         &mut self,
         topic: &str,
         pair: [RangeId; 2],
-        seals: [SealRecord; 2],
+        seals: [(Option<SegmentId>, SealRecord); 2],
         replicas: Vec<NodeId>,
         at_ms: u64,
     ) -> Result<Outcome, ModelError> {
@@ -597,14 +640,15 @@ impl MetadataState {
                 upper: upper_id,
             });
         };
-        let lower_step = self.seal_step_of_range(lower, seals[0])?;
-        let upper_step = self.seal_step_of_range(upper, seals[1])?;
+        let [(lower_frozen, lower_seal), (upper_frozen, upper_seal)] = seals;
+        let lower_step = self.seal_step_of_range(lower, lower_frozen, lower_seal)?;
+        let upper_step = self.seal_step_of_range(upper, upper_frozen, upper_seal)?;
         validate_replicas(&replicas)?;
         reserve(self.next_range_id, 1, IdKind::Range)?;
         reserve(self.next_segment_id, 1, IdKind::Segment)?;
 
-        self.apply_seal(lower_step, seals[0], at_ms);
-        self.apply_seal(upper_step, seals[1], at_ms);
+        self.apply_seal(lower_step, lower_seal, at_ms);
+        self.apply_seal(upper_step, upper_seal, at_ms);
         let merged_id = RangeId(self.next_range_id);
         self.retire_range(lower_id, vec![merged_id], at_ms);
         self.retire_range(upper_id, vec![merged_id], at_ms);

@@ -65,6 +65,14 @@ pub enum Command {
     },
     /// Seals `range` and its newest segment at `seal`, and opens its two
     /// halves, each with a first segment on the given replicas.
+    ///
+    /// `segment` is the segment `seal` was computed from (the one the
+    /// coordinator froze): unless it is still the range's newest, the
+    /// command is refused with `AlreadyRolled` and changes nothing, so a
+    /// seal is never recorded for a segment it was not taken from (a
+    /// failover may roll the range between the freeze and the proposal;
+    /// chaos finding F6). `None`, in commands logged before the field
+    /// existed, seals the newest segment whatever it is, as they did.
     SplitRange {
         topic: String,
         range: RangeId,
@@ -72,9 +80,14 @@ pub enum Command {
         lower_replicas: Vec<NodeId>,
         upper_replicas: Vec<NodeId>,
         at_ms: u64,
+        /// Last and defaulted, so log entries without it still decode.
+        #[serde(default)]
+        segment: Option<SegmentId>,
     },
     /// Seals two active buddy ranges (the two halves of one aligned band) and
     /// their newest segments, and opens the range covering that band.
+    /// `lower_segment` and `upper_segment` name the segments the seals were
+    /// computed from, as `segment` does for `SplitRange`.
     MergeRanges {
         topic: String,
         lower: RangeId,
@@ -83,6 +96,11 @@ pub enum Command {
         upper_seal: SealRecord,
         replicas: Vec<NodeId>,
         at_ms: u64,
+        /// Last and defaulted, so log entries without them still decode.
+        #[serde(default)]
+        lower_segment: Option<SegmentId>,
+        #[serde(default)]
+        upper_segment: Option<SegmentId>,
     },
     /// Replaces node `old` by node `new` in a segment's replica set, in place.
     ReplaceReplica {

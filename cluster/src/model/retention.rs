@@ -362,6 +362,7 @@ mod tests {
                 lower_replicas: vec![NodeId(1)],
                 upper_replicas: vec![NodeId(1)],
                 at_ms: 2 * HOUR,
+                segment: None,
             })
             .unwrap();
         let Outcome::RangeSplit { lower_segment, .. } = outcome else {

@@ -629,6 +629,8 @@ mod tests {
             },
             replicas: vec![NodeId(1)],
             at_ms: 1,
+            lower_segment: None,
+            upper_segment: None,
         };
         state.apply(cmd).unwrap();
         state.ranges.get_mut(&RangeId(2)).unwrap().parents.reverse();
