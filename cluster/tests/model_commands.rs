@@ -632,6 +632,141 @@ fn replacing_with_a_node_already_in_the_set_is_refused() {
     );
 }
 
+/// A topic whose one segment failed over onto two brokers, sealed there
+/// (chaos finding F1): the sealed segment short of the factor.
+fn short_sealed(state: &mut MetadataState) -> SegmentId {
+    let (_, segments) = create(state, "t", 1);
+    let rolled = state.apply(Command::RollSegment {
+        topic: "t".into(),
+        segment: segments[0],
+        seal: seal(5),
+        next_replicas: nodes(&[2, 1]),
+        at_ms: 20,
+    });
+    let Ok(Outcome::SegmentRolled { next, .. }) = rolled else {
+        panic!("unexpected outcome {rolled:?}");
+    };
+    seal_segment(state, "t", next, seal(3)).unwrap();
+    next
+}
+
+#[test]
+fn adding_a_replica_to_a_short_sealed_segment_appends_it_after_the_primary() {
+    let mut state = MetadataState::new();
+    let segment = short_sealed(&mut state);
+    let cmd = Command::AddReplica {
+        topic: "t".into(),
+        segment,
+        new: NodeId(3),
+        factor: 3,
+    };
+    assert_eq!(state.apply(cmd), Ok(Outcome::ReplicaAdded { segment }));
+    assert_eq!(state.segment(segment).unwrap().replicas, nodes(&[2, 1, 3]));
+}
+
+#[test]
+fn adding_a_replica_to_an_active_segment_is_refused() {
+    let mut state = MetadataState::new();
+    let (_, segments) = create(&mut state, "t", 1);
+    let cmd = Command::AddReplica {
+        topic: "t".into(),
+        segment: segments[0],
+        new: NodeId(4),
+        factor: 4,
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::SegmentNotSealed {
+            segment: segments[0]
+        }
+    );
+}
+
+#[test]
+fn adding_a_node_that_already_holds_a_copy_is_refused() {
+    let mut state = MetadataState::new();
+    let segment = short_sealed(&mut state);
+    let cmd = Command::AddReplica {
+        topic: "t".into(),
+        segment,
+        new: NodeId(1),
+        factor: 3,
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::ReplicaPresent {
+            segment,
+            node: NodeId(1)
+        }
+    );
+}
+
+#[test]
+fn adding_a_replica_to_a_segment_at_its_factor_is_refused() {
+    let mut state = MetadataState::new();
+    let segment = short_sealed(&mut state);
+    let add = |node: u64| Command::AddReplica {
+        topic: "t".into(),
+        segment,
+        new: NodeId(node),
+        factor: 3,
+    };
+    assert_eq!(state.apply(add(3)), Ok(Outcome::ReplicaAdded { segment }));
+    // A second healer (or a deposed one's late commit) wanting the same
+    // factor: refused, so no segment goes past it.
+    assert_eq!(
+        refused(&mut state, add(4)),
+        ModelError::AtFactor { segment, factor: 3 }
+    );
+    assert_eq!(state.segment(segment).unwrap().replicas, nodes(&[2, 1, 3]));
+}
+
+#[test]
+fn adding_a_replica_past_the_set_size_limit_is_refused() {
+    use malachi_cluster::model::REPLICA_SET_SIZE_MAX;
+    let mut state = MetadataState::new();
+    let segment = short_sealed(&mut state);
+    let cmd = Command::AddReplica {
+        topic: "t".into(),
+        segment,
+        new: NodeId(3),
+        factor: u32::try_from(REPLICA_SET_SIZE_MAX).unwrap() + 1,
+    };
+    assert_eq!(
+        refused(&mut state, cmd),
+        ModelError::TooManyReplicas {
+            count: REPLICA_SET_SIZE_MAX + 1,
+            max: REPLICA_SET_SIZE_MAX
+        }
+    );
+}
+
+#[test]
+fn adding_node_zero_or_to_an_unknown_segment_is_refused() {
+    let mut state = MetadataState::new();
+    let segment = short_sealed(&mut state);
+    let zero = Command::AddReplica {
+        topic: "t".into(),
+        segment,
+        new: NodeId(0),
+        factor: 3,
+    };
+    assert_eq!(refused(&mut state, zero), ModelError::InvalidNode);
+    let unknown = Command::AddReplica {
+        topic: "t".into(),
+        segment: SegmentId(segment.0 + 100),
+        new: NodeId(3),
+        factor: 3,
+    };
+    assert_eq!(
+        refused(&mut state, unknown),
+        ModelError::NoSuchSegment {
+            topic: "t".into(),
+            segment: SegmentId(segment.0 + 100)
+        }
+    );
+}
+
 #[test]
 fn a_segment_of_another_topic_is_not_found() {
     let mut state = MetadataState::new();

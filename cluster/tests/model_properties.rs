@@ -336,6 +336,42 @@ impl Reference {
                 }
                 Ok(Outcome::ReplicaReplaced { segment: *segment })
             }
+            Command::AddReplica {
+                topic,
+                segment,
+                new,
+                factor,
+            } => {
+                let t = self
+                    .topics
+                    .get(topic)
+                    .ok_or_else(|| ModelError::NoSuchTopic {
+                        topic: topic.clone(),
+                    })?;
+                let (ri, si) = self.find_segment(topic, segment.0).ok_or_else(|| {
+                    ModelError::NoSuchSegment {
+                        topic: topic.clone(),
+                        segment: *segment,
+                    }
+                })?;
+                let s = &t.ranges[ri].segments[si];
+                if s.seal.is_none() {
+                    return Err(ModelError::SegmentNotSealed { segment: *segment });
+                }
+                if s.replicas.contains(&new.0) {
+                    return Err(ModelError::ReplicaPresent {
+                        segment: *segment,
+                        node: *new,
+                    });
+                }
+                if s.replicas.len() >= *factor as usize {
+                    return Err(ModelError::AtFactor {
+                        segment: *segment,
+                        factor: *factor,
+                    });
+                }
+                Ok(Outcome::ReplicaAdded { segment: *segment })
+            }
             _ => unreachable!("not generated"),
         }
     }
@@ -479,6 +515,16 @@ impl Reference {
                     }
                 }
             }
+            Command::AddReplica {
+                topic,
+                segment,
+                new,
+                ..
+            } => {
+                let (ri, si) = self.find_segment(topic, segment.0).unwrap();
+                let s = &mut self.topics.get_mut(topic).unwrap().ranges[ri].segments[si];
+                s.replicas.push(new.0);
+            }
             _ => {}
         }
         let _ = outcome;
@@ -542,6 +588,12 @@ enum Op {
         old: usize,
         new: u64,
     },
+    Add {
+        topic: usize,
+        target: Target,
+        new: u64,
+        factor: u32,
+    },
 }
 
 /// How an operation chooses the id it acts on.
@@ -577,8 +629,10 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (topic.clone(), target(), 0u64..5).prop_map(|(topic, target, length)| Op::Split { topic, target, length }),
         5 => (topic.clone(), any::<usize>(), prop::bool::weighted(0.8), (0u64..5, 0u64..5))
             .prop_map(|(topic, pick, buddy, lengths)| Op::Merge { topic, pick, buddy, lengths }),
-        2 => (topic, target(), any::<usize>(), 1u64..7)
+        2 => (topic.clone(), target(), any::<usize>(), 1u64..7)
             .prop_map(|(topic, target, old, new)| Op::Replace { topic, target, old, new }),
+        2 => (topic, target(), 1u64..7, 1u32..6)
+            .prop_map(|(topic, target, new, factor)| Op::Add { topic, target, new, factor }),
     ]
 }
 
@@ -765,6 +819,17 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
                 new: NodeId(new),
             }
         }
+        Op::Add {
+            topic,
+            target,
+            new,
+            factor,
+        } => Command::AddReplica {
+            topic: name(topic),
+            segment: segment_of(topic, target).0,
+            new: NodeId(new),
+            factor,
+        },
     }
 }
 

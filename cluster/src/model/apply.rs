@@ -176,6 +176,12 @@ impl MetadataState {
             Command::SetMemberAttributes { node, attributes } => {
                 self.set_member_attributes(node, attributes)
             }
+            Command::AddReplica {
+                topic,
+                segment,
+                new,
+                factor,
+            } => self.add_replica(&topic, segment, new, factor),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(
@@ -690,6 +696,44 @@ impl MetadataState {
             *slot = new;
         }
         Ok(Outcome::ReplicaReplaced { segment })
+    }
+
+    /// Appends `new` to a sealed segment's replica set (ADR 0117), while
+    /// it has fewer than `factor` copies. At the end, so the primary and
+    /// the order placement chose are kept; only sealed, so no writer ever
+    /// sees its followers change.
+    fn add_replica(
+        &mut self,
+        topic: &str,
+        segment: SegmentId,
+        new: NodeId,
+        factor: u32,
+    ) -> Result<Outcome, ModelError> {
+        self.existing_topic(topic)?;
+        let found = self.segment_of_topic(topic, segment)?;
+        if !matches!(found.state, SegmentState::Sealed { .. }) {
+            return Err(ModelError::SegmentNotSealed { segment });
+        }
+        if new.0 == 0 {
+            return Err(ModelError::InvalidNode);
+        }
+        let wanted = usize::try_from(factor).unwrap_or(usize::MAX);
+        if wanted > REPLICA_SET_SIZE_MAX {
+            return Err(ModelError::TooManyReplicas {
+                count: wanted,
+                max: REPLICA_SET_SIZE_MAX,
+            });
+        }
+        if found.replicas.contains(&new) {
+            return Err(ModelError::ReplicaPresent { segment, node: new });
+        }
+        if found.replicas.len() >= wanted {
+            return Err(ModelError::AtFactor { segment, factor });
+        }
+        if let Some(found) = self.segments.get_mut(&segment) {
+            found.replicas.push(new);
+        }
+        Ok(Outcome::ReplicaAdded { segment })
     }
 
     fn put_policy(&mut self, policy: StoragePolicy) -> Result<Outcome, ModelError> {

@@ -207,6 +207,21 @@ pub enum Command {
         node: u64,
         attributes: std::collections::BTreeMap<String, String>,
     },
+    /// Appends node `new` to a sealed segment's replica set, after the
+    /// copies already there (so the primary and their order are kept): a
+    /// healer made a copy there to bring a segment a failover left short
+    /// back to its topic's `factor` (ADR 0117). Refused unless the segment
+    /// is sealed, if `new` holds a copy already, if the set already has
+    /// `factor` copies (so two healers racing, or a deposed one's late
+    /// commit, never take a segment past the factor) and if `factor`
+    /// exceeds `REPLICA_SET_SIZE_MAX`. Last, so the variants above encode
+    /// as before.
+    AddReplica {
+        topic: String,
+        segment: SegmentId,
+        new: NodeId,
+        factor: u32,
+    },
 }
 
 impl Command {
@@ -231,7 +246,8 @@ impl Command {
             | Command::SplitRange { topic, .. }
             | Command::MergeRanges { topic, .. }
             | Command::ReplaceReplica { topic, .. }
-            | Command::ExpireSegments { topic, .. } => Some(topic),
+            | Command::ExpireSegments { topic, .. }
+            | Command::AddReplica { topic, .. } => Some(topic),
             Command::PutPolicy { .. }
             | Command::RemovePolicy { .. }
             | Command::AssignArc { .. }
@@ -331,6 +347,11 @@ pub enum Outcome {
     /// their copies. Last, so the variants above encode as before.
     SegmentsExpired {
         segments: Vec<SegmentId>,
+    },
+    /// A copy was added to the sealed segment's replica set (ADR 0117).
+    /// Last, so the variants above encode as before.
+    ReplicaAdded {
+        segment: SegmentId,
     },
 }
 
@@ -474,6 +495,15 @@ pub enum ModelError {
     /// A member's attributes break the ring's bounds (ADR 0121).
     #[error("attributes of node {node}: {reason}")]
     InvalidAttributes { node: u64, reason: String },
+    /// Only a sealed segment's replica set grows (ADR 0117): an active
+    /// one's followers are the writer's, fixed for its life. Last, so the
+    /// variants above encode as before.
+    #[error("segment {segment} is not sealed")]
+    SegmentNotSealed { segment: SegmentId },
+    /// An `AddReplica` found the set at its factor already: another copy
+    /// was added first.
+    #[error("segment {segment} already has the {factor} copies of its factor")]
+    AtFactor { segment: SegmentId, factor: u32 },
 }
 
 impl ModelError {
