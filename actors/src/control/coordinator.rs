@@ -1695,34 +1695,74 @@ pub(crate) fn wanted_copies(state: &MetadataState, topic: &str) -> usize {
 /// Heals asked for per upkeep tick at most; the rest wait for later ticks.
 const HEAL_CANDIDATES_MAX: usize = 64;
 
-/// The sealed segments with a copy on a broker `gone` (down for longer
-/// than `replace_after_ms`): each gets a new copy elsewhere (the healer).
+/// The sealed segments the healer should give a new copy, at most
+/// [`HEAL_CANDIDATES_MAX`]:
+///
+/// - first, those with a copy on a broker `gone` (down for longer than
+///   `replace_after_ms`, or leaving): the copy is re-created elsewhere
+///   (`HealKind::Replace`);
+/// - then those with fewer copies than their topic's factor
+///   (`wanted_copies`), which a failover placed on the brokers it could
+///   reach: a copy is added (`HealKind::Add`, ADR 0117), but only while a
+///   `placeable` broker (live, with room, not leaving) holds none, so a
+///   cluster still short of brokers asks for nothing the healer cannot do.
+///
+/// Replacements come first: a copy on a gone broker is a copy lost, a
+/// short segment's copies are all there.
 pub(crate) fn heal_candidates(
     state: &MetadataState,
     gone: &BTreeSet<u64>,
+    placeable: &BTreeSet<u64>,
 ) -> Vec<crate::control::requests::HealCandidate> {
+    use crate::control::requests::{HealCandidate, HealKind};
     let mut out = Vec::new();
-    if gone.is_empty() {
-        return out;
+    let sealed = || {
+        state.topics().flat_map(move |topic| {
+            topic
+                .ranges
+                .iter()
+                .filter_map(|id| state.range(*id))
+                .flat_map(|range| range.segments.iter().filter_map(|id| state.segment(*id)))
+                .filter(|segment| segment.seal().is_some())
+                .map(move |segment| (topic, segment))
+        })
+    };
+    if !gone.is_empty() {
+        for (topic, segment) in sealed() {
+            if let Some(lost) = segment.replicas.iter().find(|n| gone.contains(&n.0)) {
+                out.push(HealCandidate {
+                    topic: topic.name.clone(),
+                    segment: segment.id,
+                    kind: HealKind::Replace { lost: lost.0 },
+                    gone: gone.clone(),
+                });
+                if out.len() >= HEAL_CANDIDATES_MAX {
+                    return out;
+                }
+            }
+        }
     }
-    for topic in state.topics() {
-        for range in topic.ranges.iter().filter_map(|id| state.range(*id)) {
-            for segment in range.segments.iter().filter_map(|id| state.segment(*id)) {
-                if segment.seal().is_none() {
-                    continue;
-                }
-                if let Some(lost) = segment.replicas.iter().find(|n| gone.contains(&n.0)) {
-                    out.push(crate::control::requests::HealCandidate {
-                        topic: topic.name.clone(),
-                        segment: segment.id,
-                        lost: lost.0,
-                        gone: gone.clone(),
-                        rebuild: false,
-                    });
-                    if out.len() >= HEAL_CANDIDATES_MAX {
-                        return out;
-                    }
-                }
+    let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
+    for (topic, segment) in sealed() {
+        let factor = *wanted
+            .entry(topic.name.as_str())
+            .or_insert_with(|| wanted_copies(state, &topic.name));
+        let short = segment.replicas.len() < factor;
+        // A copy on a gone broker is replaced first (above); the set is
+        // judged short again once that is done.
+        let losing = segment.replicas.iter().any(|n| gone.contains(&n.0));
+        let room = placeable
+            .iter()
+            .any(|n| !segment.replicas.iter().any(|r| r.0 == *n));
+        if short && !losing && room {
+            out.push(HealCandidate {
+                topic: topic.name.clone(),
+                segment: segment.id,
+                kind: HealKind::Add,
+                gone: gone.clone(),
+            });
+            if out.len() >= HEAL_CANDIDATES_MAX {
+                return out;
             }
         }
     }
@@ -2000,21 +2040,24 @@ impl CoordinatorRun {
         let gone_or_full =
             |node: u64| is_gone(node) || full.contains(&node) || leaving.contains(&node);
         let moving: BTreeSet<u64> = gone.union(&leaving).copied().collect();
-        let placeable = self
+        // The brokers that may take a new copy: live, with room, not
+        // leaving. A short sealed segment is healed only onto one of them.
+        let placeable: BTreeSet<u64> = self
             .logic
             .candidates()
             .iter()
-            .filter(|c| !failed_or_full(c.node) && !is_gone(c.node))
-            .count();
+            .map(|c| c.node)
+            .filter(|n| !failed_or_full(*n) && !is_gone(*n))
+            .collect();
         let restore = Restore {
-            placeable,
+            placeable: placeable.len(),
             now_ms: shared.clock.now_ms(),
             after_ms: RESTORE_AFTER_MS,
         };
         let (candidates, heals) = group.read_local(|state| {
             (
                 failover_candidates(state, &failed_or_full, &gone_or_full, &restore),
-                heal_candidates(state, &moving),
+                heal_candidates(state, &moving, &placeable),
             )
         });
         let order = malachi_wire::replica_order::OrderEpoch {
@@ -2294,6 +2337,7 @@ mod tests {
     use malachi_cluster::model::{Command, NodeId};
 
     use super::*;
+    use crate::control::requests::HealKind;
 
     fn create(state: &mut MetadataState, topic: &str, node: u64) {
         state
@@ -2472,10 +2516,125 @@ mod tests {
         assert_eq!(found[0].topic, "led-by-one");
         assert_eq!(found[0].failed, BTreeSet::from([2]));
         // The sealed segment of "led-by-two" held a copy on 2: healed.
-        let heals = heal_candidates(&state, &BTreeSet::from([2]));
+        let heals = heal_candidates(&state, &BTreeSet::from([2]), &BTreeSet::new());
         assert_eq!(heals.len(), 1, "{heals:?}");
-        assert_eq!((heals[0].segment, heals[0].lost), (segment, 2));
-        assert!(heal_candidates(&state, &BTreeSet::new()).is_empty());
+        assert_eq!(
+            (heals[0].segment, heals[0].kind),
+            (segment, HealKind::Replace { lost: 2 })
+        );
+        assert!(heal_candidates(&state, &BTreeSet::new(), &BTreeSet::new()).is_empty());
+    }
+
+    /// Rolls the newest segment of `topic`'s one range onto `next` and
+    /// returns the segment it sealed.
+    fn roll_onto(state: &mut MetadataState, topic: &str, next: &[u64]) -> SegmentId {
+        let segment = state
+            .active_ranges(topic)
+            .next()
+            .unwrap()
+            .last_segment()
+            .unwrap();
+        state
+            .apply(Command::RollSegment {
+                topic: topic.into(),
+                segment,
+                seal: SealRecord {
+                    length: 5,
+                    bytes: 50,
+                },
+                next_replicas: next.iter().copied().map(NodeId).collect(),
+                at_ms: 1_000,
+            })
+            .unwrap();
+        segment
+    }
+
+    fn kinds(heals: &[crate::control::requests::HealCandidate]) -> Vec<(SegmentId, HealKind)> {
+        heals.iter().map(|h| (h.segment, h.kind)).collect()
+    }
+
+    #[test]
+    fn a_sealed_segment_a_failover_left_short_gets_a_copy_added_regression_f1() {
+        let mut state = MetadataState::new();
+        create_replicated(&mut state, "t", &[1, 2, 3]);
+        // A failover placed the successor on the two brokers it reached;
+        // later the short segment rolled onto a full set (`Restore`).
+        let full = roll_onto(&mut state, "t", &[2, 1]);
+        let short = roll_onto(&mut state, "t", &[1, 2, 3]);
+        let everyone = BTreeSet::from([1, 2, 3]);
+        let heals = heal_candidates(&state, &BTreeSet::new(), &everyone);
+        // The short sealed segment, not the sealed one at the factor nor
+        // the active one.
+        assert_eq!(kinds(&heals), vec![(short, HealKind::Add)]);
+        assert_ne!(short, full);
+        assert_eq!(heals[0].topic, "t");
+    }
+
+    #[test]
+    fn a_short_sealed_segment_waits_for_a_broker_that_can_take_a_copy() {
+        let mut state = MetadataState::new();
+        create_replicated(&mut state, "t", &[1, 2, 3]);
+        roll_onto(&mut state, "t", &[2, 1]);
+        roll_onto(&mut state, "t", &[1, 2, 3]);
+        // Broker 3 is down, full or leaving: the holders are all there is.
+        let holders = BTreeSet::from([1, 2]);
+        assert!(heal_candidates(&state, &BTreeSet::new(), &holders).is_empty());
+        assert!(heal_candidates(&state, &BTreeSet::new(), &BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn an_active_segment_short_of_the_factor_is_not_a_heal_candidate() {
+        let mut state = MetadataState::new();
+        create_replicated(&mut state, "t", &[1, 2, 3]);
+        let full = roll_onto(&mut state, "t", &[2, 1]);
+        // The active [2, 1] is the failover's (`Restore` rolls it); the
+        // sealed one holds its three copies.
+        let everyone = BTreeSet::from([1, 2, 3, 4]);
+        assert!(heal_candidates(&state, &BTreeSet::new(), &everyone).is_empty());
+        assert_eq!(state.segment(full).unwrap().replicas.len(), 3);
+    }
+
+    #[test]
+    fn a_copy_on_a_gone_broker_is_replaced_before_any_copy_is_added() {
+        let mut state = MetadataState::new();
+        create_replicated(&mut state, "t", &[1, 2, 3]);
+        let full = roll_onto(&mut state, "t", &[2, 1]);
+        let short = roll_onto(&mut state, "t", &[1, 2, 3]);
+        let gone = BTreeSet::from([1]);
+        // Both sealed segments hold a copy on gone broker 1: each replaced,
+        // the short one not added to until that is done.
+        let heals = heal_candidates(&state, &gone, &BTreeSet::from([2, 3, 4]));
+        assert_eq!(
+            kinds(&heals),
+            vec![
+                (full, HealKind::Replace { lost: 1 }),
+                (short, HealKind::Replace { lost: 1 })
+            ]
+        );
+        // A gone broker holding no copy of the short one: it is added to.
+        let gone = BTreeSet::from([3]);
+        let heals = heal_candidates(&state, &gone, &BTreeSet::from([1, 2, 4]));
+        assert_eq!(
+            kinds(&heals),
+            vec![
+                (full, HealKind::Replace { lost: 3 }),
+                (short, HealKind::Add)
+            ]
+        );
+    }
+
+    #[test]
+    fn heal_candidates_stop_at_their_bound() {
+        let mut state = MetadataState::new();
+        for t in 0..HEAL_CANDIDATES_MAX + 5 {
+            let topic = format!("t{t}");
+            create_replicated(&mut state, &topic, &[1, 2, 3]);
+            roll_onto(&mut state, &topic, &[2, 1]);
+            roll_onto(&mut state, &topic, &[1, 2, 3]);
+        }
+        let heals = heal_candidates(&state, &BTreeSet::new(), &BTreeSet::from([1, 2, 3]));
+        assert_eq!(heals.len(), HEAL_CANDIDATES_MAX);
+        assert!(heals.iter().all(|h| h.kind == HealKind::Add));
     }
 
     #[test]

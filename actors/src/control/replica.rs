@@ -101,7 +101,8 @@ pub(crate) async fn serve_replica_append(
             Some(seal.length)
         }
         // A healer building a new copy of a sealed segment here, before
-        // `ReplaceReplica` names this broker: frames up to the seal only.
+        // `ReplaceReplica` or `AddReplica` names this broker: frames up to
+        // the seal only.
         Some((false, SegmentState::Sealed { seal, .. }, _))
             if request.repair.is_some_and(|r| r.to == seal.length) =>
         {

@@ -137,19 +137,54 @@ pub(crate) struct ProbeTarget {
 
 impl ractor::Message for FailoverMsg {}
 
-/// One sealed segment copy to re-create elsewhere.
+/// One sealed segment copy to make.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HealCandidate {
     pub topic: String,
     pub segment: SegmentId,
-    /// The holder gone for longer than `replace_after_ms`, or, for a
-    /// rebuild, the live holder whose copy is broken.
-    pub lost: u64,
-    /// Every broker gone that long: no new copy goes there.
+    /// Which copy, and where it goes.
+    pub kind: HealKind,
+    /// Every broker gone for longer than `replace_after_ms`: no new copy
+    /// goes there.
     pub gone: BTreeSet<u64>,
-    /// The copy on `lost` is broken, its broker live: rebuild it there from
+}
+
+/// What a heal does to a sealed segment's replica set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HealKind {
+    /// The copy on `lost`, a broker gone for longer than
+    /// `replace_after_ms`, is re-created on a live broker holding none,
+    /// which takes `lost`'s place in the set (`ReplaceReplica`).
+    Replace { lost: u64 },
+    /// The copy on `holder`, a live broker, is broken: rebuilt there from
     /// an intact copy, the replica set unchanged (ADR 0110).
-    pub rebuild: bool,
+    Rebuild { holder: u64 },
+    /// The segment has fewer copies than its topic's factor (a failover
+    /// placed it on the brokers it could reach): a new copy on a live
+    /// broker holding none joins the end of the set (`AddReplica`, ADR
+    /// 0117).
+    Add,
+}
+
+impl HealKind {
+    /// The broker whose copy the heal stands in for or rebuilds; `None`
+    /// for an added copy.
+    pub(crate) fn holder(self) -> Option<u64> {
+        match self {
+            HealKind::Replace { lost } => Some(lost),
+            HealKind::Rebuild { holder } => Some(holder),
+            HealKind::Add => None,
+        }
+    }
+
+    /// The word logs and metrics name the heal by.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            HealKind::Replace { .. } => "replace",
+            HealKind::Rebuild { .. } => "rebuild",
+            HealKind::Add => "add",
+        }
+    }
 }
 
 /// A sealed segment whose copies a coordinator wants scrubbed.

@@ -1,32 +1,49 @@
-//! `maintenance/healer`: re-creates the copy of a sealed segment whose
-//! holder has been gone for longer than `replace_after_ms` (issue 19, ADR
-//! 0106).
+//! `maintenance/healer`: makes new copies of sealed segments (issue 19,
+//! ADR 0106, 0110, 0117). A heal is one of three kinds (`HealKind`):
+//!
+//! - **replace**: a holder has been gone for longer than
+//!   `replace_after_ms`; its copy is re-created on a live broker holding
+//!   none, which takes its place in the replica set (`ReplaceReplica`);
+//! - **rebuild**: the scrubber found a live holder's copy broken; it is
+//!   rebuilt where it is, the replica set unchanged (ADR 0110);
+//! - **add**: the segment has fewer copies than its topic's factor (a
+//!   failover placed it on the brokers it could reach, chaos finding F1);
+//!   a live broker holding none gets a copy, appended to the set
+//!   (`AddReplica`, ADR 0117).
 //!
 //! The coordinators of the vnodes this broker leads hand it the copies to
-//! heal, with their order epoch. A task per segment (at most [`HEALS_MAX`]
+//! make, with their order epoch. A task per segment (at most [`HEALS_MAX`]
 //! at once):
 //!
-//! 1. picks a new holder among the live brokers holding no copy, and a
-//!    source among the surviving holders (preferring this broker: no
-//!    network for the reads);
+//! 1. picks the new holder (for a replace or an add: among the live brokers
+//!    holding no copy, under the topic's placement constraints with the
+//!    other copies as the set's fixed part, ADR 0116), and a source among
+//!    the live holders (preferring this broker: no network for the reads);
 //! 2. copies the sealed segment from the source to the new holder, frames
 //!    verbatim (catch-up reads, repair writes, every frame's CRC checked by
 //!    the writing store), all heals of the broker together at most
 //!    [`HEAL_BYTES_PER_SECOND`] so producers do not starve; the new copy
 //!    seals itself at the seal;
 //! 3. verifies the new copy (sealed, at the recorded length and bytes);
-//! 4. records it with `ReplaceReplica`, in the lost holder's place.
+//! 4. records it: `ReplaceReplica` in the lost holder's place, or
+//!    `AddReplica` at the end of the set, bounded by the factor so two
+//!    heals never take a segment past it.
 //!
-//! Every step is idempotent: a task that fails starts over, and a new
-//! holder's partial copy is extended, not rewritten. The lost holder's
-//! copy, if its broker ever returns, is no longer in the metadata (the
-//! orphan sweeper, not built yet, deletes such files).
+//! Every step is idempotent: a task that fails starts over, a new holder's
+//! partial copy is extended, not rewritten, and a task that finds its copy
+//! recorded already (the lost holder replaced, the factor reached) ends as
+//! not needed. A replace waits for a broker to heal onto; an add with none
+//! ends at once, and the coordinator asks again while one could take it.
+//! The lost holder's copy, if its broker ever returns, is no longer in the
+//! metadata, and the orphan sweep removes it (ADR 0115).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use malachi_cluster::model::{Command, NodeId, Outcome, SealRecord, SegmentId, SegmentState};
+use malachi_cluster::model::{
+    Command, ModelError, NodeId, Outcome, SealRecord, SegmentId, SegmentState,
+};
 use malachi_cluster::ring::VnodeId;
 use malachi_wire::replica_order::{CATCH_UP_BYTES_MAX, CatchUpRequest, OrderEpoch};
 use malachi_wire::replication::{RepairOrder, ReplicaAppendRequest};
@@ -36,7 +53,7 @@ use tracing::{debug, info, warn};
 
 use crate::control::metadata::read_owner;
 use crate::control::replica_order::OrderClient;
-pub(crate) use crate::control::requests::{HealCandidate, HealMsg};
+pub(crate) use crate::control::requests::{HealCandidate, HealKind, HealMsg};
 use crate::control::shared::Shared;
 
 /// Heals this broker runs at once; more wait for the next `Ensure`.
@@ -74,6 +91,9 @@ impl Pacer {
 }
 const RETRY_FIRST_MS: u64 = 200;
 const RETRY_MAX_MS: u64 = 5_000;
+/// Attempts an add makes before it gives its slot up (ADR 0117): no copy
+/// is lost while it waits, and the coordinator asks again next tick.
+const ADD_ATTEMPTS_MAX: u64 = 5;
 
 pub(crate) struct HealerActor;
 
@@ -125,7 +145,13 @@ impl Actor for HealerActor {
                     if state.tasks.len() >= HEALS_MAX && !state.tasks.contains_key(&segment) {
                         continue;
                     }
-                    info!(topic = %candidate.topic, segment = segment.0, lost = candidate.lost, "heal started");
+                    info!(
+                        topic = %candidate.topic,
+                        segment = segment.0,
+                        kind = candidate.kind.name(),
+                        holder = candidate.kind.holder(),
+                        "heal started"
+                    );
                     let shared = Arc::clone(&state.shared);
                     let pacer = Arc::clone(&state.pacer);
                     let me = myself.clone();
@@ -219,25 +245,29 @@ async fn run(
                 let elapsed = started.elapsed();
                 shared.metrics.heals.increment(1);
                 shared.metrics.heal_bytes.increment(bytes);
-                let what = if candidate.rebuild {
-                    "segment copy rebuilt in place"
-                } else {
-                    "segment copy healed"
+                let what = match candidate.kind {
+                    HealKind::Replace { .. } => "segment copy healed",
+                    HealKind::Rebuild { .. } => "segment copy rebuilt in place",
+                    HealKind::Add => "segment copy added",
                 };
                 info!(
                     topic = %candidate.topic,
                     segment = candidate.segment.0,
-                    lost = candidate.lost,
+                    kind = candidate.kind.name(),
+                    holder = candidate.kind.holder(),
                     new = node,
                     bytes,
                     elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-                    rebuild = candidate.rebuild,
                     "{what}"
                 );
                 return;
             }
             Ok(Attempt::NotNeeded(why)) => {
                 debug!(segment = candidate.segment.0, why, "heal not needed");
+                return;
+            }
+            Err(reason) if candidate.kind == HealKind::Add && attempts >= ADD_ATTEMPTS_MAX => {
+                warn!(topic = %candidate.topic, segment = candidate.segment.0, attempts, %reason, "copy not added; the coordinator will ask again");
                 return;
             }
             Err(reason) => {
@@ -277,7 +307,8 @@ pub(crate) fn new_holder(
 }
 
 /// The new holder under the topic's placement constraints (ADR 0116):
-/// the surviving copies stay (they are the set's fixed part), the range's
+/// the surviving copies stay (they are the set's fixed part: for an added
+/// copy, every copy), the range's
 /// serving broker is preferred, and a hard constraint no live broker can
 /// meet leaves the copy unhealed (retried) rather than broken.
 fn constrained_holder(
@@ -289,10 +320,11 @@ fn constrained_holder(
     segment: u64,
     constraints: &[malachi_cluster::constraints::Constraint],
 ) -> Result<u64, String> {
+    // Every copy but the one replaced (none for an added copy).
     let survivors: Vec<u64> = replicas
         .iter()
         .copied()
-        .filter(|n| *n != candidate.lost && !candidate.gone.contains(n))
+        .filter(|n| Some(*n) != candidate.kind.holder() && !candidate.gone.contains(n))
         .collect();
     let pool: Vec<u64> = live
         .iter()
@@ -346,17 +378,29 @@ async fn attempt(
                 s.state,
                 s.epoch,
                 serving,
+                crate::control::coordinator::wanted_copies(state, topic),
             )
         })
     });
-    let Some((replicas, state, writer_epoch, serving)) = known else {
+    let Some((replicas, state, writer_epoch, serving, factor)) = known else {
         return Ok(Attempt::NotNeeded("the segment is gone"));
     };
     let SegmentState::Sealed { seal, .. } = state else {
         return Ok(Attempt::NotNeeded("the segment is not sealed"));
     };
-    if !replicas.contains(&candidate.lost) {
-        return Ok(Attempt::NotNeeded("the lost copy was replaced already"));
+    match candidate.kind {
+        HealKind::Replace { lost } if !replicas.contains(&lost) => {
+            return Ok(Attempt::NotNeeded("the lost copy was replaced already"));
+        }
+        HealKind::Rebuild { holder } if !replicas.contains(&holder) => {
+            return Ok(Attempt::NotNeeded("the broken copy is no longer listed"));
+        }
+        // A retried task whose copy was recorded already, or another
+        // heal's: the segment is at its factor.
+        HealKind::Add if replicas.len() >= factor => {
+            return Ok(Attempt::NotNeeded("the segment has its factor's copies"));
+        }
+        _ => {}
     }
     let group = plane.host().and_then(|h| h.group(vnode));
     if group.is_none_or(|g| g.leader_term() != (Some(shared.config.node_id), order.term)) {
@@ -365,25 +409,24 @@ async fn attempt(
         ));
     }
     let live = alive(shared);
-    let node = if candidate.rebuild {
+    let node = if let HealKind::Rebuild { holder } = candidate.kind {
         // A broken copy on a live broker is rebuilt where it is (ADR 0110).
-        if !live.contains(&candidate.lost) {
+        if !live.contains(&holder) {
             return Err(format!(
-                "broker {} holding the broken copy is not alive",
-                candidate.lost
+                "broker {holder} holding the broken copy is not alive"
             ));
         }
-        candidate.lost
+        holder
     } else {
         let constraints =
             crate::control::coordinator::policy_constraints(shared, policy.as_deref());
-        if constraints.is_empty() {
+        let chosen = if constraints.is_empty() {
             serving
                 .filter(|n| {
                     live.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n)
                 })
                 .or_else(|| new_holder(&live, &replicas, &candidate.gone, segment.0))
-                .ok_or("no live broker without a copy to heal onto")?
+                .ok_or_else(|| "no live broker without a copy to heal onto".to_owned())
         } else {
             constrained_holder(
                 shared,
@@ -393,8 +436,24 @@ async fn attempt(
                 serving,
                 segment.0,
                 &constraints,
-            )?
+            )
+        };
+        match chosen {
+            Ok(node) => node,
+            // A lost copy is worth waiting for; an added one is not: the
+            // coordinator asks again while a broker could take one, so
+            // this task gives its slot up instead of holding it.
+            Err(_) if candidate.kind == HealKind::Add => {
+                return Ok(Attempt::NotNeeded(
+                    "no live broker without a copy to add one onto",
+                ));
+            }
+            Err(e) => return Err(e),
         }
+    };
+    let rebuilt = match candidate.kind {
+        HealKind::Rebuild { holder } => Some(holder),
+        HealKind::Replace { .. } | HealKind::Add => None,
     };
     let me = shared.config.node_id;
     let sources: Vec<u64> = replicas
@@ -402,7 +461,7 @@ async fn attempt(
         .copied()
         // Any live holder but a broken copy's: a decommissioned broker's
         // copy is a good source while it runs (a gone one is not alive).
-        .filter(|n| live.contains(n) && !(candidate.rebuild && *n == candidate.lost))
+        .filter(|n| live.contains(n) && Some(*n) != rebuilt)
         .collect();
     // This broker's own copy first (no network for the reads), then, after
     // a failed attempt, each source in turn: a source may be broken too.
@@ -428,23 +487,35 @@ async fn attempt(
     )
     .await?;
     verify(&client, node, segment, seal).await?;
-    if candidate.rebuild {
-        return Ok(Attempt::Healed { node, bytes });
-    }
-    match plane
-        .propose(Command::ReplaceReplica {
+    let command = match candidate.kind {
+        HealKind::Rebuild { .. } => return Ok(Attempt::Healed { node, bytes }),
+        HealKind::Replace { lost } => Command::ReplaceReplica {
             topic: topic.to_string(),
             segment,
-            old: NodeId(candidate.lost),
+            old: NodeId(lost),
             new: NodeId(node),
-        })
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        Ok(Outcome::ReplicaReplaced { .. }) => Ok(Attempt::Healed { node, bytes }),
+        },
+        HealKind::Add => Command::AddReplica {
+            topic: topic.to_string(),
+            segment,
+            new: NodeId(node),
+            factor: u32::try_from(factor).unwrap_or(u32::MAX),
+        },
+    };
+    match plane.propose(command).await.map_err(|e| e.to_string())? {
+        Ok(Outcome::ReplicaReplaced { .. } | Outcome::ReplicaAdded { .. }) => {
+            Ok(Attempt::Healed { node, bytes })
+        }
         Ok(other) => Err(format!("unexpected outcome {other:?}")),
-        Err(malachi_cluster::model::ModelError::WrongReplica { .. }) => {
+        Err(ModelError::WrongReplica { .. }) => {
             Ok(Attempt::NotNeeded("the lost copy was replaced already"))
+        }
+        // Recorded already (an earlier commit whose answer was lost), or
+        // another heal brought the segment to its factor first.
+        Err(ModelError::ReplicaPresent { .. } | ModelError::AtFactor { .. })
+            if candidate.kind == HealKind::Add =>
+        {
+            Ok(Attempt::NotNeeded("the copy was added already"))
         }
         Err(e) => Err(e.to_string()),
     }
@@ -519,9 +590,8 @@ async fn scrub_poll(
                     broken.push(HealCandidate {
                         topic: target.topic.clone(),
                         segment: target.segment,
-                        lost: holder,
+                        kind: HealKind::Rebuild { holder },
                         gone: std::collections::BTreeSet::new(),
-                        rebuild: true,
                     });
                 }
             }
