@@ -1,7 +1,10 @@
 //! Self-healing (issue 19, ADR 0106): with four brokers and three copies
 //! per segment, a broker gone for longer than `replace_after_ms` has its
 //! sealed segments' copies re-created on the fourth broker, byte for byte,
-//! and the active segments it followed roll onto a full replica set.
+//! and the active segments it followed roll onto a full replica set. With
+//! three, a segment a failover placed on the two brokers it reached gets
+//! its third copy once the third broker returns (chaos finding F1, ADR
+//! 0117).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -167,4 +170,113 @@ fn with_four_brokers_a_dead_brokers_copies_are_re_created_on_the_fourth() {
         assert_keyed_sequences(&records, KEYS, LINES + KEYS);
     }
     assert!(cluster.logs().contains("segment copy healed"));
+}
+
+/// Regression for chaos finding F1: a failover on three brokers places the
+/// successor on the two it can reach; once the third returns the short
+/// segment rolls onto a full set (sealed with two copies) and the healer
+/// adds the third copy, so every sealed segment ends at the topic's factor
+/// with byte-identical copies, and every broker reads every record.
+#[test]
+fn with_three_brokers_a_segment_a_failover_left_on_two_gets_its_third_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::three_ready(dir.path());
+    let clients = cluster.clients();
+    let topic = "short";
+    ok(malachi(&clients[0], &["topic", "create", topic], ""));
+    let lines: String = (0..LINES / 2).map(|i| keyed_line(i, KEYS)).collect();
+    ok(malachi(&clients[0], &["produce", topic], &lines));
+    let first = segments(&clients[0], topic);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].2.len(), 3, "the default replication factor is 3");
+    let victim = first[0].2[0];
+    let survivor = clients[(first[0].2[1] - 1) as usize].clone();
+    cluster.nodes[(victim - 1) as usize].kill9();
+
+    // The failover seals the first segment and opens its successor on the
+    // two live brokers.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let successor = loop {
+        let now = segments(&survivor, topic);
+        if let Some(next) = now.iter().find(|s| s.0 != first[0].0 && s.3 != "sealed") {
+            assert_eq!(next.2.len(), 2, "the successor of a failover: {now:?}");
+            assert!(!next.2.contains(&victim), "{now:?}");
+            break next.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failover: {now:?}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let lines: String = (LINES / 2..LINES).map(|i| keyed_line(i, KEYS)).collect();
+    ok(malachi(&survivor, &["produce", topic], &lines));
+
+    // The victim returns: the short active segment rolls onto a full set
+    // (`RESTORE_AFTER_MS` after it opened), sealed with two copies, and
+    // the healer adds the third.
+    let node = &mut cluster.nodes[(victim - 1) as usize];
+    let seeds = node.seeds_among(&clients);
+    node.start(&seeds);
+    let returned = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let sealed = loop {
+        let now = segments(&survivor, topic);
+        let sealed: Vec<Described> = now.iter().filter(|s| s.3 == "sealed").cloned().collect();
+        let done =
+            sealed.iter().any(|s| s.0 == successor.0) && sealed.iter().all(|s| s.2.len() == 3);
+        if done {
+            break sealed;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sealed segments short of three copies: {now:?}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    println!(
+        "every sealed segment at three copies {:?} after the return",
+        returned.elapsed()
+    );
+    let added = sealed.iter().find(|s| s.0 == successor.0).unwrap();
+    // Appended after the two it had, so its primary and order are kept.
+    assert_eq!(&added.2[..2], &successor.2[..], "{added:?}");
+    assert_eq!(added.2[2], victim, "{added:?}");
+
+    // Every copy of every sealed segment holds exactly the seal, byte for
+    // byte the same (the returned broker's copy of the first segment is
+    // cut back to its seal first).
+    for segment in &sealed {
+        let seal = segment.4.expect("a sealed segment has a length");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let copies: Vec<(Vec<u8>, u64)> = segment
+                .2
+                .iter()
+                .map(|n| frames(&cluster.nodes[(*n - 1) as usize].data_dir, segment.0))
+                .collect();
+            if copies.iter().all(|c| c.1 == seal && c.0 == copies[0].0) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "copies of segment {} differ or miss the seal {seal}: {:?} frames",
+                segment.0,
+                copies.iter().map(|c| c.1).collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    // Nothing acknowledged was lost: every record once, in key order,
+    // through every broker, and the range takes writes.
+    let more: String = (LINES..LINES + KEYS).map(|i| keyed_line(i, KEYS)).collect();
+    ok(malachi(&survivor, &["produce", topic], &more));
+    for broker in &clients {
+        let records = consume_all(broker, topic);
+        assert_keyed_sequences(&records, KEYS, LINES + KEYS);
+    }
+    assert!(cluster.logs().contains("segment copy added"));
 }
