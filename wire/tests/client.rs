@@ -1004,3 +1004,101 @@ async fn a_consumer_gives_up_on_a_retriable_refusal_after_its_retry_budget() {
     assert_eq!(error.code(), Some(ErrorCode::NoQuorum));
     assert!(consumer.next().await.is_none(), "it ends after the error");
 }
+
+/// Regression (chaos finding F2, seed 2718): a batch whose first attempt
+/// got no answer (stored, for all the producer knows) was sent again under
+/// the new epoch an `unknown_producer` of a later batch started, and the
+/// range stored it twice. Now the session ends instead of sending it under
+/// another epoch, and says why.
+#[tokio::test]
+async fn a_batch_with_an_unknown_outcome_is_never_sent_again_under_a_new_epoch() {
+    // (epoch, sequence, first record's value) of every arrival.
+    let seen: Arc<std::sync::Mutex<Vec<(u64, u64, Vec<u8>)>>> = Arc::default();
+    let log = seen.clone();
+    let first_epoch: Arc<std::sync::Mutex<Option<u64>>> = Arc::default();
+    let addr = fake_broker(Arc::new(move |frame, tx| {
+        let request = produce_of(&frame);
+        let producer = request.producer.expect("the producer tags every request");
+        let value = request
+            .records
+            .records()
+            .first()
+            .map(|r| r.value.to_vec())
+            .unwrap_or_default();
+        let attempt = {
+            let mut seen = log.lock().unwrap();
+            seen.push((producer.epoch, producer.sequence, value));
+            seen.iter()
+                .filter(|(e, s, _)| *e == producer.epoch && *s == producer.sequence)
+                .count()
+        };
+        let epoch0 = *first_epoch.lock().unwrap().get_or_insert(producer.epoch);
+        // The first batch is stored but its answer is lost; the second is
+        // refused as if the range had lost the producer (a failover); the
+        // range then knows only the newer epoch.
+        let answer = match (producer.epoch == epoch0, producer.sequence, attempt) {
+            (true, 0, 1) => None,
+            (true, 1, _) => Some(Some(ErrorCode::UnknownProducer)),
+            (true, _, _) => Some(Some(ErrorCode::ProducerFenced)),
+            (false, _, _) => Some(None),
+        };
+        async move {
+            let Some(code) = answer else {
+                // No answer: the client's request times out.
+                return;
+            };
+            let frame = match code {
+                None => ok(
+                    frame.correlation_id,
+                    &ProduceResponse {
+                        records_acknowledged: request.records.count(),
+                        ranges: Vec::new(),
+                    },
+                ),
+                Some(code) => refusal(
+                    frame.correlation_id,
+                    code,
+                    ErrorBody {
+                        message: "refused".into(),
+                        leader_hint: None,
+                        retry_after_ms: Some(1),
+                        ranges: None,
+                    },
+                ),
+            };
+            tx.send(frame).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let config = ClientConfig {
+        request_timeout_ms: 300,
+        ..quick_config()
+    };
+    let client = Client::connect_with([addr], config).await.unwrap();
+    let mut producer = client.producer("t", 4);
+    producer.set_delivery_timeout(Duration::from_secs(10));
+    let mut result = Ok(());
+    for n in 0..2 {
+        let batch =
+            RecordBatch::from_records(&[Record::new("k", format!("batch-{n}"))], 1 << 20).unwrap();
+        if let Err(e) = producer.send(batch).await {
+            result = Err(e);
+            break;
+        }
+    }
+    let error = match result {
+        Err(e) => e,
+        Ok(()) => producer.flush().await.unwrap_err(),
+    };
+    assert!(error.to_string().contains("unknown outcome"), "{error}");
+    let seen = seen.lock().unwrap().clone();
+    let epoch0 = seen[0].0;
+    let first_value = seen[0].2.clone();
+    assert!(
+        !seen
+            .iter()
+            .any(|(epoch, _, value)| *epoch != epoch0 && *value == first_value),
+        "the first batch went out again under a new epoch: {seen:?}"
+    );
+}

@@ -485,7 +485,9 @@ async fn attempt(
             Ok(()) => complete.push(node),
             // At info: a failover that cannot seal for want of this
             // repair must say why in the logs a run keeps (chaos F4).
-            Err(e) => info!(node, segment = segment.0, from, length, error = %e, "a short copy's repair failed; the failover tries again"),
+            Err(e) => {
+                info!(node, segment = segment.0, from, length, error = %e, "a short copy's repair failed; the failover tries again")
+            }
         }
     }
     complete.sort_unstable();

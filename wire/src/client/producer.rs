@@ -154,6 +154,12 @@ struct Entry {
     created: Instant,
     attempts: u32,
     last_error: Option<String>,
+    /// The epoch of an attempt whose outcome is unknown (no answer in
+    /// time, or the connection closed after the send): the range may have
+    /// stored it. Such a batch may be sent again only under that epoch,
+    /// where the range answers a repeat as a duplicate; under a newer one
+    /// it would be stored a second time (chaos finding F2, seed 2718).
+    uncertain_epoch: Option<u64>,
 }
 
 type Answer = (u64, Result<ProduceResponse, ClientError>, Duration);
@@ -256,6 +262,7 @@ impl Producer {
             created: Instant::now(),
             attempts: 0,
             last_error: None,
+            uncertain_epoch: None,
         };
         self.next_entry += 1;
         self.queue.push_back(entry);
@@ -321,6 +328,28 @@ impl Producer {
                 message: message.clone(),
             }),
         }
+    }
+
+    /// After the epoch moved on: a batch not yet acknowledged whose earlier
+    /// attempt under an older epoch has an unknown outcome would be sent
+    /// again under the new epoch, where the range cannot tell it from a new
+    /// batch and would store it twice. The session ends instead, its
+    /// unacknowledged records reported as not known to be stored.
+    fn refuse_if_uncertain(&mut self, error: &ClientError) -> Result<(), ClientError> {
+        let epoch = self.identity.epoch;
+        let uncertain = self
+            .queue
+            .iter()
+            .any(|e| e.state != State::Acked && e.uncertain_epoch.is_some_and(|u| u < epoch));
+        if !uncertain {
+            return Ok(());
+        }
+        let cause = ClientError::ProduceFailed {
+            message: format!(
+                "the producer's epoch moved on ({error}) while a batch sent under an older epoch has an unknown outcome; sending it again could store it twice"
+            ),
+        };
+        Err(self.fail(&cause))
     }
 
     fn fail(&mut self, error: &ClientError) -> ClientError {
@@ -463,6 +492,7 @@ impl Producer {
                 created: template.created,
                 attempts: template.attempts,
                 last_error: template.last_error.clone(),
+                uncertain_epoch: template.uncertain_epoch,
             };
             self.next_entry += 1;
             self.queue.insert(at, entry);
@@ -597,6 +627,11 @@ impl Producer {
     async fn on_error(&mut self, i: usize, error: ClientError) -> Result<(), ClientError> {
         let addr = self.client.addr_for(Some(&self.topic));
         debug!(topic = %self.topic, %error, "produce attempt failed");
+        if outcome_unknown(&error)
+            && let Some((_, _, epoch)) = self.queue[i].assigned
+        {
+            self.queue[i].uncertain_epoch.get_or_insert(epoch);
+        }
         match error.code() {
             // Sent ahead of a part the range has not stored: again, after it.
             Some(ErrorCode::SequenceGap) => {
@@ -619,6 +654,15 @@ impl Producer {
             // The range forgot this producer (its state expired): a new
             // epoch, with every range's sequence from 0 again.
             Some(ErrorCode::UnknownProducer) => {
+                // A refusal of an attempt under an epoch already left
+                // behind: the new epoch's sends carry these records.
+                if self.queue[i]
+                    .assigned
+                    .is_some_and(|(_, _, epoch)| epoch < self.identity.epoch)
+                {
+                    unassign(&mut self.queue[i]);
+                    return self.refuse_if_uncertain(&error);
+                }
                 self.identity.epoch = (self.identity.epoch + 1).max(wall_ms());
                 self.next_sequence.clear();
                 for entry in self.queue.iter_mut() {
@@ -628,17 +672,18 @@ impl Producer {
                 }
                 unassign(&mut self.queue[i]);
                 self.queue[i].last_error = Some(error.to_string());
-                Ok(())
+                self.refuse_if_uncertain(&error)
             }
             // Fenced by a session of our own (after a new epoch above) is a
-            // part still tagged with the old epoch: send it again.
+            // part still tagged with the old epoch: send it again, unless
+            // an earlier attempt of it may have been stored.
             Some(ErrorCode::ProducerFenced)
                 if self.queue[i]
                     .assigned
                     .is_some_and(|(_, _, epoch)| epoch < self.identity.epoch) =>
             {
                 unassign(&mut self.queue[i]);
-                Ok(())
+                self.refuse_if_uncertain(&error)
             }
             _ if error.retriable() || is_timeout(&error) => {
                 self.reroute_connection(&addr, &error);
@@ -648,6 +693,14 @@ impl Producer {
             _ => Err(self.fail(&error)),
         }
     }
+}
+
+/// Whether an attempt that failed this way may still have been stored.
+fn outcome_unknown(error: &ClientError) -> bool {
+    matches!(
+        error,
+        ClientError::Timeout { .. } | ClientError::ConnectionClosed { .. }
+    )
 }
 
 fn unassign(entry: &mut Entry) {
