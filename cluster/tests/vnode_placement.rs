@@ -161,6 +161,9 @@ async fn vnode_replicas_follow_the_vnodes_policys_constraints() {
     }
 
     propose(&brokers[1], policy(&["distinct(zone) >= 3"])).await;
+    // The announcement is fetched in the background: read the ring here.
+    let ring = brokers[0].host.refresh_ring().await.unwrap();
+    assert_eq!(ring.vnode_placement(), ["distinct(zone) >= 3"]);
     let spans_three = |v: VnodeId| {
         let placed = brokers[0].host.target_voters(v);
         placed.into_iter().collect::<BTreeSet<u64>>()

@@ -1013,7 +1013,8 @@ async fn a_consumer_gives_up_on_a_retriable_refusal_after_its_retry_budget() {
 #[tokio::test]
 async fn a_batch_with_an_unknown_outcome_is_never_sent_again_under_a_new_epoch() {
     // (epoch, sequence, first record's value) of every arrival.
-    let seen: Arc<std::sync::Mutex<Vec<(u64, u64, Vec<u8>)>>> = Arc::default();
+    type Arrivals = Arc<std::sync::Mutex<Vec<(u64, u64, Vec<u8>)>>>;
+    let seen: Arrivals = Arc::default();
     let log = seen.clone();
     let first_epoch: Arc<std::sync::Mutex<Option<u64>>> = Arc::default();
     let addr = fake_broker(Arc::new(move |frame, tx| {

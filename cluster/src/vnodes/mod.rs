@@ -558,55 +558,54 @@ impl VnodeHost {
     /// Asks the ring's group, until it answers, to make this broker a
     /// member (a broker that joined a running cluster, ADR 0104).
     fn spawn_admission(self: &Arc<Self>) {
-        let host = Arc::downgrade(self);
-        let task = tokio::spawn(async move {
-            let mut backoff = None;
-            loop {
-                let Some(strong) = host.upgrade() else { break };
-                if strong.is_stopped() {
-                    break;
-                }
-                let me = strong.config.node_id;
-                if strong.ring().members().get(&me) == Some(&MemberState::Active) {
-                    break;
-                }
-                let backoff = backoff.get_or_insert_with(|| {
-                    Backoff::new(
-                        RING_SYNC_BACKOFF_MIN_MS,
-                        RING_SYNC_BACKOFF_MAX_MS,
-                        backoff_seed(me, RING_GROUP_ID),
-                    )
-                });
-                match strong.admit(me).await {
-                    Ok(Ok(version)) => {
-                        tracing::info!(
-                            node = me,
-                            ring_version = version,
-                            "admitted to the cluster"
-                        );
-                        break;
-                    }
-                    Ok(Err(refused)) => {
-                        tracing::error!(node = me, %refused, "the cluster refused to admit this broker");
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::info!(node = me, error = %e, "not admitted yet; asking again");
-                    }
-                }
-                drop(strong);
-                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
+        self.spawn_ring_change("admission", |host| async move {
+            let me = host.config.node_id;
+            if host.ring().members().get(&me) == Some(&MemberState::Active) {
+                return None;
             }
+            Some(
+                host.admit(me)
+                    .await
+                    .map(|taken| taken.map(|version| (version, "admitted to the cluster"))),
+            )
         });
-        self.background.lock().push(task);
     }
 
     /// Commits this broker's configured attributes to the ring once they
     /// differ from what the ring holds (a first start, or a restart with
-    /// new attributes; ADR 0121), retrying with backoff until the ring's
-    /// group takes them. A broker with no attributes the ring does not
-    /// list either has nothing to commit.
+    /// new attributes; ADR 0121). A broker with no attributes the ring
+    /// does not list either has nothing to commit.
     fn spawn_attribute_publisher(self: &Arc<Self>) {
+        self.spawn_ring_change("attributes", |host| async move {
+            let me = host.config.node_id;
+            let wanted = host.config.attributes.clone();
+            let committed = host.ring().attributes_of(me).cloned();
+            if committed.as_ref() == Some(&wanted) || (committed.is_none() && wanted.is_empty()) {
+                return None;
+            }
+            let cmd = Command::SetMemberAttributes {
+                node: me,
+                attributes: wanted,
+            };
+            Some(
+                host.change_members(cmd).await.map(|taken| {
+                    taken.map(|version| (version, "attributes committed to the ring"))
+                }),
+            )
+        });
+    }
+
+    /// Runs `change` until it is done: `None` (nothing to change), the ring
+    /// group's verdict (taken, with the version and what to log; or
+    /// refused, logged as an error), or, while the group cannot be reached,
+    /// again after a backoff.
+    fn spawn_ring_change<F, Fut>(self: &Arc<Self>, what: &'static str, change: F)
+    where
+        F: Fn(Arc<VnodeHost>) -> Fut + Send + 'static,
+        Fut: std::future::Future<
+                Output = Option<Result<Result<(u64, &'static str), ModelError>, RouteError>>,
+            > + Send,
+    {
         let host = Arc::downgrade(self);
         let task = tokio::spawn(async move {
             let mut backoff = None;
@@ -616,12 +615,6 @@ impl VnodeHost {
                     break;
                 }
                 let me = strong.config.node_id;
-                let wanted = &strong.config.attributes;
-                let committed = strong.ring().attributes_of(me).cloned();
-                if committed.as_ref() == Some(wanted) || (committed.is_none() && wanted.is_empty())
-                {
-                    break;
-                }
                 let backoff = backoff.get_or_insert_with(|| {
                     Backoff::new(
                         RING_SYNC_BACKOFF_MIN_MS,
@@ -629,21 +622,18 @@ impl VnodeHost {
                         backoff_seed(me, RING_GROUP_ID),
                     )
                 });
-                let cmd = Command::SetMemberAttributes {
-                    node: me,
-                    attributes: wanted.clone(),
-                };
-                match strong.change_members(cmd).await {
-                    Ok(Ok(version)) => {
-                        tracing::info!(node = me, ring_version = version, attributes = ?wanted, "attributes committed to the ring");
+                match change(Arc::clone(&strong)).await {
+                    None => break,
+                    Some(Ok(Ok((version, done)))) => {
+                        tracing::info!(node = me, ring_version = version, "{done}");
                         break;
                     }
-                    Ok(Err(refused)) => {
-                        tracing::error!(node = me, %refused, "the ring refused this broker's attributes; vnode placement does not see them");
+                    Some(Ok(Err(refused))) => {
+                        tracing::error!(node = me, what, %refused, "the ring's group refused this broker's change");
                         break;
                     }
-                    Err(e) => {
-                        tracing::debug!(node = me, error = %e, "attributes not committed yet; trying again");
+                    Some(Err(e)) => {
+                        tracing::info!(node = me, what, error = %e, "the ring's group not reached yet; asking again");
                     }
                 }
                 drop(strong);
