@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use common::*;
-use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_wire::ErrorCode;
 use malachi_wire::messages::{
     CreateTopicRequest, PolicyDescription, PutPolicyRequest, VnodeListRequest,
@@ -65,24 +65,8 @@ fn zones_of(replicas: &[u64]) -> BTreeSet<&'static str> {
 async fn a_policys_placement_constraints_choose_every_segments_copies() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
-    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
-    let two = Broker::start(config(root.path(), 2, &[&one]))
-        .await
-        .unwrap();
-    let three = Broker::start(config(root.path(), 3, &[&one, &two]))
-        .await
-        .unwrap();
-    let four = Broker::start(config(root.path(), 4, &[&one, &two, &three]))
-        .await
-        .unwrap();
-    let brokers = [one, two, three, four];
-    for b in &brokers {
-        assert!(
-            b.wait_ready(30_000).await,
-            "broker {} never ready",
-            b.node_id()
-        );
-    }
+    let brokers: [BrokerHandle; 4] =
+        start_seeded(|node_id, seeds| config(root.path(), node_id, seeds)).await;
     let mut client = TestClient::connect(brokers[0].client_addr()).await;
     // Every broker gossips its zone before placement can use it.
     assert!(
@@ -194,24 +178,8 @@ async fn a_policys_placement_constraints_choose_every_segments_copies() {
 async fn the_vnodes_policy_spreads_every_vnodes_replicas_over_the_zones() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
-    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
-    let two = Broker::start(config(root.path(), 2, &[&one]))
-        .await
-        .unwrap();
-    let three = Broker::start(config(root.path(), 3, &[&one, &two]))
-        .await
-        .unwrap();
-    let four = Broker::start(config(root.path(), 4, &[&one, &two, &three]))
-        .await
-        .unwrap();
-    let brokers = [one, two, three, four];
-    for b in &brokers {
-        assert!(
-            b.wait_ready(30_000).await,
-            "broker {} never ready",
-            b.node_id()
-        );
-    }
+    let brokers: [BrokerHandle; 4] =
+        start_seeded(|node_id, seeds| config(root.path(), node_id, seeds)).await;
     let mut client = TestClient::connect(brokers[0].client_addr()).await;
     let spans = async |client: &mut TestClient| -> Option<Vec<(u32, Vec<u64>)>> {
         let list = client.call(&VnodeListRequest {}).await.ok()?;

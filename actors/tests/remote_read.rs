@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::*;
-use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_wire::batch::Record;
 use malachi_wire::messages::{
     CreateTopicRequest, PolicyDescription, PutPolicyRequest, SubscribePush, SubscribeRequest,
@@ -156,23 +156,8 @@ async fn subscribe_from_start(client: &mut TestClient, records: usize) -> Vec<Re
 async fn a_sealed_segment_with_no_copy_on_the_serving_broker_is_read_from_its_holders() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
-    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
-    let two = Broker::start(config(root.path(), 2, &[&one]))
-        .await
-        .unwrap();
-    let three = Broker::start(config(root.path(), 3, &[&one, &two]))
-        .await
-        .unwrap();
-    let four = Broker::start(config(root.path(), 4, &[&one, &two, &three]))
-        .await
-        .unwrap();
-    for b in [&one, &two, &three, &four] {
-        assert!(
-            b.wait_ready(30_000).await,
-            "broker {} never ready",
-            b.node_id()
-        );
-    }
+    let [one, two, three, four] =
+        start_seeded(|node_id, seeds| config(root.path(), node_id, seeds)).await;
     let brokers = [&one, &two, &three, &four];
     let mut client = TestClient::connect(one.client_addr()).await;
     put_zone(&brokers, "a").await;

@@ -232,3 +232,27 @@ pub fn by_key(records: &[Record]) -> std::collections::BTreeMap<Vec<u8>, Vec<Vec
     map
 }
 pub mod protocol_doc;
+
+/// Starts brokers `1..=N` one after another, each given those before it as
+/// seeds (`config(node_id, seeds)`), and waits until every one is ready.
+pub async fn start_seeded<const N: usize>(
+    config: impl Fn(u64, &[&BrokerHandle]) -> BrokerConfig,
+) -> [BrokerHandle; N] {
+    let mut brokers: Vec<BrokerHandle> = Vec::with_capacity(N);
+    for node_id in 1..=N as u64 {
+        let seeds: Vec<&BrokerHandle> = brokers.iter().collect();
+        let broker = Broker::start(config(node_id, &seeds)).await.unwrap();
+        brokers.push(broker);
+    }
+    for b in &brokers {
+        assert!(
+            b.wait_ready(30_000).await,
+            "broker {} never ready",
+            b.node_id()
+        );
+    }
+    let Ok(brokers) = <[BrokerHandle; N]>::try_from(brokers) else {
+        unreachable!("N brokers were started")
+    };
+    brokers
+}
