@@ -854,6 +854,34 @@ async fn a_goodbye_frame_on_correlation_id_zero_is_reported_as_the_brokers_refus
 }
 
 /// The sequences a fake broker saw, in arrival order, and an answer rule.
+/// The answer to a produce: acknowledged whole, or refused with `code`
+/// (retry after 1 ms).
+fn produce_answer(
+    correlation_id: u32,
+    request: &ProduceRequest,
+    code: Option<ErrorCode>,
+) -> ResponseFrame {
+    match code {
+        None => ok(
+            correlation_id,
+            &ProduceResponse {
+                records_acknowledged: request.records.count(),
+                ranges: Vec::new(),
+            },
+        ),
+        Some(code) => refusal(
+            correlation_id,
+            code,
+            ErrorBody {
+                message: "refused".into(),
+                leader_hint: None,
+                retry_after_ms: Some(1),
+                ranges: None,
+            },
+        ),
+    }
+}
+
 async fn recording_broker(
     answer: impl Fn(u64, usize) -> Option<ErrorCode> + Send + Sync + 'static,
 ) -> (String, Arc<std::sync::Mutex<Vec<u64>>>) {
@@ -872,25 +900,7 @@ async fn recording_broker(
         };
         let refusal_code = answer(producer.sequence, attempt);
         async move {
-            let frame = match refusal_code {
-                None => ok(
-                    frame.correlation_id,
-                    &ProduceResponse {
-                        records_acknowledged: request.records.count(),
-                        ranges: Vec::new(),
-                    },
-                ),
-                Some(code) => refusal(
-                    frame.correlation_id,
-                    code,
-                    ErrorBody {
-                        message: "refused".into(),
-                        leader_hint: None,
-                        retry_after_ms: Some(1),
-                        ranges: None,
-                    },
-                ),
-            };
+            let frame = produce_answer(frame.correlation_id, &request, refusal_code);
             tx.send(frame).await.unwrap();
         }
         .boxed()
@@ -1048,25 +1058,7 @@ async fn a_batch_with_an_unknown_outcome_is_never_sent_again_under_a_new_epoch()
                 // No answer: the client's request times out.
                 return;
             };
-            let frame = match code {
-                None => ok(
-                    frame.correlation_id,
-                    &ProduceResponse {
-                        records_acknowledged: request.records.count(),
-                        ranges: Vec::new(),
-                    },
-                ),
-                Some(code) => refusal(
-                    frame.correlation_id,
-                    code,
-                    ErrorBody {
-                        message: "refused".into(),
-                        leader_hint: None,
-                        retry_after_ms: Some(1),
-                        ranges: None,
-                    },
-                ),
-            };
+            let frame = produce_answer(frame.correlation_id, &request, code);
             tx.send(frame).await.unwrap();
         }
         .boxed()
