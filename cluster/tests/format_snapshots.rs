@@ -303,6 +303,24 @@ fn the_ring_encodes_to_its_frozen_bytes() {
     assert_eq!(Ring::decode(&bytes).unwrap(), ring);
 }
 
+/// A ring carrying vnode placement (ADR 0121): members written (empty)
+/// because a later field is, then the attributes and the constraints.
+#[test]
+fn a_ring_with_vnode_placement_encodes_to_its_frozen_bytes() {
+    let mut ring = Ring::new(2).unwrap();
+    ring.set_attributes(
+        3,
+        std::collections::BTreeMap::from([("zone".to_owned(), "c".to_owned())]),
+    );
+    ring.set_vnode_placement(vec!["distinct(zone) >= 3".to_owned()]);
+    let bytes = ring.encode().unwrap();
+    insta::assert_snapshot!(
+        "ring_with_placement",
+        frozen(hex(&bytes), versioned(&bytes))
+    );
+    assert_eq!(Ring::decode(&bytes).unwrap(), ring);
+}
+
 #[test]
 fn the_metadata_state_snapshot_encodes_to_its_frozen_bytes() {
     let state = sample_state();
