@@ -106,6 +106,15 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         .metrics
         .open_segments
         .set(shared.data.segments.lock().len() as f64);
+    // Read at the scrape, not when the lease last changed: a broker resumed
+    // after a pause must not show a lease its clock has run out.
+    shared.lease_probes.lock().retain(|vnode, probe| {
+        let held = probe.holds();
+        shared
+            .metrics
+            .coordinator_lease_held(vnode.0, held.unwrap_or(false));
+        held.is_some()
+    });
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         shared.metrics.render(),

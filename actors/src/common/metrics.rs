@@ -226,6 +226,21 @@ impl BrokerMetrics {
             .set(bytes as f64);
     }
 
+    /// `malachi_coordinator_lease_held{vnode="N"}`: 1 while this broker's
+    /// coordinator holds vnode N's lease on its continuous work, by the
+    /// holder's own clock at this moment; 0 otherwise.
+    pub fn coordinator_lease_held(&self, vnode: u32, held: bool) {
+        self.recorder
+            .register_gauge(
+                &Key::from_parts(
+                    "malachi_coordinator_lease_held",
+                    vec![Label::new("vnode", vnode.to_string())],
+                ),
+                &METADATA,
+            )
+            .set(if held { 1.0 } else { 0.0 });
+    }
+
     /// `malachi_copies{health="..."}`: this broker's copies by health,
     /// every word of [`COPY_HEALTH_WORDS`] set (0 when none), so a word
     /// that empties reads 0, not its last count.

@@ -1945,6 +1945,11 @@ impl CoordinatorRun {
                 .lease_config(self.logic.shared.config.node_id);
             match CoordinatorLease::start(Arc::clone(host), self.logic.vnode, config) {
                 Ok(lease) => {
+                    self.logic
+                        .shared
+                        .lease_probes
+                        .lock()
+                        .insert(self.logic.vnode, lease.probe());
                     debug!(vnode = %self.logic.vnode, "coordinator lease taken: the vnode holds topics");
                     self.lease = LeaseSlot::Held(lease);
                 }
@@ -2249,11 +2254,15 @@ impl Actor for CoordinatorActor {
         // no older epoch precedes (ADR 0097). The upkeep gives it up while
         // the vnode holds no topic, and a released lease keeps its epoch.
         let lease = match plane.host() {
-            Some(host) => LeaseSlot::Held(CoordinatorLease::start(
-                Arc::clone(host),
-                vnode,
-                shared.config.cluster.lease_config(shared.config.node_id),
-            )?),
+            Some(host) => {
+                let lease = CoordinatorLease::start(
+                    Arc::clone(host),
+                    vnode,
+                    shared.config.cluster.lease_config(shared.config.node_id),
+                )?;
+                shared.lease_probes.lock().insert(vnode, lease.probe());
+                LeaseSlot::Held(lease)
+            }
             None => LeaseSlot::Unneeded,
         };
         shared.coordinators.write().insert(vnode, myself.clone());

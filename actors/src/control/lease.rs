@@ -24,6 +24,7 @@ use malachi_cluster::vnodes::lease::{
     Clock, LeaseConfig, LeaseConfigError, LeaseGroup, LeaseHandle, LeaseKeeper, LeaseState,
     SystemClock, VnodeLeaseGroup, spawn_lease_keeper,
 };
+use parking_lot::Mutex;
 use tracing::debug;
 
 /// How often the renew loop republishes the lease state (real time), so a
@@ -32,8 +33,8 @@ const LEASE_TICK_MS: u64 = 200;
 
 /// The lease a coordinator holds on its vnode's continuous work.
 pub(crate) struct CoordinatorLease {
-    /// `None` once `stop` took it.
-    handle: Option<LeaseHandle>,
+    /// `None` once `stop` took it. Shared with [`LeaseProbe`]s.
+    handle: Arc<Mutex<Option<LeaseHandle>>>,
     group: Arc<dyn LeaseGroup>,
     holder: u64,
 }
@@ -42,7 +43,7 @@ impl std::fmt::Debug for CoordinatorLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CoordinatorLease")
             .field("holder", &self.holder)
-            .field("state", &self.handle.as_ref().map(LeaseHandle::state))
+            .field("state", &self.handle.lock().as_ref().map(LeaseHandle::state))
             .finish_non_exhaustive()
     }
 }
@@ -69,7 +70,7 @@ impl CoordinatorLease {
         let keeper = LeaseKeeper::new(config)?;
         let handle = spawn_lease_keeper(keeper, Arc::clone(&group), clock, tick_ms);
         Ok(CoordinatorLease {
-            handle: Some(handle),
+            handle: Arc::new(Mutex::new(Some(handle))),
             group,
             holder: config.holder,
         })
@@ -77,21 +78,28 @@ impl CoordinatorLease {
 
     /// Whether continuous work may run now (read from the clock at the call).
     pub(crate) fn holds(&self) -> bool {
-        self.handle.as_ref().is_some_and(LeaseHandle::holds)
+        self.handle.lock().as_ref().is_some_and(LeaseHandle::holds)
     }
 
     /// The lease now.
     pub(crate) fn state(&self) -> LeaseState {
         self.handle
+            .lock()
             .as_ref()
             .map_or(LeaseState::Waiting, LeaseHandle::state)
+    }
+
+    /// A read-only view of this lease for `/metrics`, which outlives
+    /// neither the lease nor its stop.
+    pub(crate) fn probe(&self) -> LeaseProbe {
+        LeaseProbe(Arc::downgrade(&self.handle))
     }
 
     /// Stops renewing and, once the work has stopped (the caller stops it
     /// first), releases the lease so a successor need not wait it out.
     /// Best effort: an unreachable group lets the lease run out instead.
-    pub(crate) async fn stop(mut self) {
-        let Some(handle) = self.handle.take() else {
+    pub(crate) async fn stop(self) {
+        let Some(handle) = self.handle.lock().take() else {
             return;
         };
         let epoch = match handle.state() {
@@ -119,9 +127,25 @@ impl Drop for CoordinatorLease {
     /// A coordinator that crashed (no graceful `stop`) must not leave its
     /// renew loop running: its restarted successor starts its own.
     fn drop(&mut self) {
-        if let Some(handle) = &self.handle {
+        if let Some(handle) = self.handle.lock().as_ref() {
             handle.abort();
         }
+    }
+}
+
+/// Whether a coordinator's lease is held, read at the moment of asking
+/// (its holder's monotonic clock against its deadline), for
+/// `malachi_coordinator_lease_held`: what lets an outside observer (the
+/// chaos harness) check that no two brokers hold one vnode's lease at once.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseProbe(std::sync::Weak<Mutex<Option<LeaseHandle>>>);
+
+impl LeaseProbe {
+    /// `None` once the lease is gone (its coordinator dropped it).
+    pub(crate) fn holds(&self) -> Option<bool> {
+        let handle = self.0.upgrade()?;
+        let held = handle.lock().as_ref().is_some_and(LeaseHandle::holds);
+        Some(held)
     }
 }
 

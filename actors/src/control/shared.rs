@@ -72,6 +72,10 @@ pub(crate) struct Shared {
     /// The coordinator of each vnode this broker leads, registered by the
     /// coordinator itself while it runs.
     pub coordinators: RwLock<BTreeMap<VnodeId, ActorRef<CoordinatorMsg>>>,
+    /// Each vnode's coordinator lease on this broker, registered by the
+    /// coordinator when it takes one; `/metrics` reads them
+    /// (`malachi_coordinator_lease_held`).
+    pub lease_probes: parking_lot::Mutex<BTreeMap<VnodeId, crate::control::lease::LeaseProbe>>,
     /// The failover actor (`maintenance/failover`), registered by itself
     /// while it runs; coordinators hand it the segments to fail over.
     pub failover: RwLock<Option<ActorRef<crate::control::requests::FailoverMsg>>>,
@@ -163,6 +167,7 @@ impl Shared {
             plane: RwLock::new(None),
             coordinator: RwLock::new(None),
             coordinators: RwLock::new(BTreeMap::new()),
+            lease_probes: parking_lot::Mutex::new(BTreeMap::new()),
             failover: RwLock::new(None),
             healer: RwLock::new(None),
             settled: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
