@@ -762,8 +762,10 @@ mod tests {
             }
         );
         // A state holding an old lease restores and keeps counting.
-        let mut state = MetadataState::default();
-        state.lease = Some(lease);
+        let state = MetadataState {
+            lease: Some(lease),
+            ..MetadataState::default()
+        };
         let mut state = MetadataState::restore(&state.snapshot().unwrap()).unwrap();
         let Ok(crate::model::command::Outcome::LeaseGranted { lease }) = state.apply(new) else {
             panic!()

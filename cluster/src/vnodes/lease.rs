@@ -50,7 +50,9 @@ pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub struct LeaseConfig {
     /// The holder's node id.
     pub holder: u64,
-    /// How long each grant lasts in the group's view.
+    /// How long each grant or renewal lasts, counted from before it was
+    /// proposed; another must see the lease unrenewed this long (on its
+    /// own monotonic clock) before it may take it.
     pub duration_ms: u64,
     /// How much earlier than another may take the lease the holder gives
     /// up: covers the rate drift of two brokers' monotonic clocks over one
