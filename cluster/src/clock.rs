@@ -7,7 +7,7 @@
 //! never reads a clock: time reaches it inside commands.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Time as the broker sees it.
@@ -56,11 +56,12 @@ impl Clock for SystemClock {
 }
 
 /// A clock that moves only when told to (tests). Its wall clock may be
-/// offset from its monotonic one, to play skew between brokers.
+/// offset from its monotonic one, to play skew between brokers, and may
+/// jump on its own, to play a stepped wall clock (NTP, an operator).
 #[derive(Debug, Default)]
 pub struct ManualClock {
     now_ms: AtomicU64,
-    wall_offset_ms: i64,
+    wall_offset_ms: AtomicI64,
 }
 
 impl ManualClock {
@@ -73,8 +74,14 @@ impl ManualClock {
     pub fn skewed(now_ms: u64, wall_offset_ms: i64) -> ManualClock {
         ManualClock {
             now_ms: AtomicU64::new(now_ms),
-            wall_offset_ms,
+            wall_offset_ms: AtomicI64::new(wall_offset_ms),
         }
+    }
+
+    /// Steps the wall clock alone by `delta_ms` (back when negative); the
+    /// monotonic clock does not move.
+    pub fn jump_wall_ms(&self, delta_ms: i64) {
+        self.wall_offset_ms.fetch_add(delta_ms, Ordering::SeqCst);
     }
 
     /// Moves both clocks forward.
@@ -90,7 +97,7 @@ impl Clock for ManualClock {
 
     fn wall_ms(&self) -> u64 {
         self.monotonic_ms()
-            .saturating_add_signed(self.wall_offset_ms)
+            .saturating_add_signed(self.wall_offset_ms.load(Ordering::SeqCst))
     }
 }
 
@@ -106,6 +113,11 @@ mod tests {
         clock.advance_ms(50);
         assert_eq!((clock.monotonic_ms(), clock.wall_ms()), (1_050, 750));
         assert_eq!(ManualClock::new(5).wall_ms(), 5);
+        clock.jump_wall_ms(-60_000);
+        assert_eq!(clock.monotonic_ms(), 1_050);
+        assert_eq!(clock.wall_ms(), 0, "a wall clock before 1970 saturates");
+        clock.jump_wall_ms(70_000);
+        assert_eq!((clock.monotonic_ms(), clock.wall_ms()), (1_050, 10_750));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Coordinator leases: a holder that fails to renew stops (reports `Lost`)
-//! before any other holder can acquire. The pure keeper and its renew loop
+//! before any other holder can acquire, whatever the brokers' wall clocks
+//! do (ADR 0122). The pure keeper and its renew loop
 //! run on simulated clocks against the model; the last test runs the loop
 //! against a real vnode group on three brokers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,6 +14,7 @@ use malachi_cluster::vnodes::lease::{
 };
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use parking_lot::Mutex;
+use proptest::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -97,13 +99,13 @@ fn a_holder_that_fails_to_renew_reports_lost_before_another_can_acquire() {
                 clock1.advance_ms(latency_ms);
                 clock2.advance_ms(latency_ms);
                 if let Ok(answer) = group.apply(cmd) {
-                    one.on_answer(&answer, sent);
+                    deliver(&mut one, &answer, sent, clock1.monotonic_ms());
                 }
                 next_renew = sent + 250;
             }
             let (cmd, sent) = two.request(&clock2);
             let answer = group.apply(cmd).unwrap();
-            two.on_answer(&answer, sent);
+            deliver(&mut two, &answer, sent, clock2.monotonic_ms());
             let t = clock1.monotonic_ms();
             if lost_at.is_none() && matches!(one.state(t), LeaseState::Lost { .. }) {
                 lost_at = Some(t);
@@ -142,7 +144,12 @@ fn a_late_answer_never_extends_a_lease_beyond_its_own_send_time() {
     let (cmd, sent) = keeper.request(&clock);
     // The answer arrives 700 ms later: validity still counts from `sent`.
     clock.advance_ms(700);
-    keeper.on_answer(&group.apply(cmd).unwrap(), sent);
+    deliver(
+        &mut keeper,
+        &group.apply(cmd).unwrap(),
+        sent,
+        clock.monotonic_ms(),
+    );
     assert_eq!(
         keeper.state(clock.monotonic_ms()),
         LeaseState::Held {
@@ -162,9 +169,214 @@ fn a_late_answer_never_extends_a_lease_beyond_its_own_send_time() {
             holder: 2,
             duration_ms: 1_000,
             at_ms: clock.wall_ms(),
+            waited_for: None,
         })
         .unwrap();
     assert!(matches!(two, Ok(Outcome::LeaseGranted { .. })), "{two:?}");
+}
+
+/// Hands `keeper` the group's answer to a request sent at `sent_ms`,
+/// received at `received_ms` (both on the keeper's monotonic clock).
+fn deliver(
+    keeper: &mut LeaseKeeper,
+    answer: &Result<Outcome, ModelError>,
+    sent_ms: u64,
+    received_ms: u64,
+) {
+    keeper.on_answer(answer, sent_ms, received_ms);
+}
+
+/// Which broker's wall clock a scenario steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Holder,
+    Acquirer,
+}
+
+/// Holder 1 takes the lease and renews it; holder 2 tries to take it all
+/// along. At 1.5 s `jump` steps one broker's wall clock; at 3 s holder 1 is
+/// cut off. Both brokers' monotonic clocks run at one rate; holder 2's wall
+/// clock is `skew_ms` off holder 1's from the start. Asserts at every 10 ms
+/// step that at most one keeper holds, and that holder 2 holds at last, no
+/// sooner than a full duration after holder 1's last renewal was recorded
+/// (it cannot know of it sooner) and not much later.
+fn handover(jump: Option<(Side, i64)>, skew_ms: i64) {
+    let what = format!("jump {jump:?}, skew {skew_ms} ms");
+    let start = 1_000_000u64;
+    let group = ModelGroup::default();
+    let clock1 = ManualClock::new(start);
+    let clock2 = ManualClock::skewed(start, skew_ms);
+    let mut one = LeaseKeeper::new(config(1)).unwrap();
+    let mut two = LeaseKeeper::new(config(2)).unwrap();
+    let (mut next1, mut next2) = (start, start + 500);
+    let mut last_renewal = None;
+    let mut acquired_at = None;
+    while clock1.monotonic_ms() < start + 8_000 {
+        let now = clock1.monotonic_ms();
+        if now == start + 1_500 {
+            match jump {
+                Some((Side::Holder, delta)) => clock1.jump_wall_ms(delta),
+                Some((Side::Acquirer, delta)) => clock2.jump_wall_ms(delta),
+                None => {}
+            }
+        }
+        if now == start + 3_000 {
+            *group.cut.lock() = Some(1);
+        }
+        if now >= next1 {
+            let (cmd, sent) = one.request(&clock1);
+            if let Ok(answer) = group.apply(cmd) {
+                if matches!(answer, Ok(Outcome::LeaseGranted { .. })) {
+                    last_renewal = Some(now);
+                }
+                deliver(&mut one, &answer, sent, clock1.monotonic_ms());
+            }
+            next1 = sent + 250;
+        }
+        if now >= next2 {
+            let (cmd, sent) = two.request(&clock2);
+            let answer = group.apply(cmd).unwrap();
+            deliver(&mut two, &answer, sent, clock2.monotonic_ms());
+            next2 = sent + 250;
+        }
+        let (h1, h2) = (one.holds(now), two.holds(clock2.monotonic_ms()));
+        assert!(!(h1 && h2), "{what}: both hold at {}", now - start);
+        if h2 && acquired_at.is_none() {
+            acquired_at = Some(now);
+        }
+        clock1.advance_ms(10);
+        clock2.advance_ms(10);
+    }
+    let last = last_renewal.unwrap();
+    let acquired = acquired_at.unwrap_or_else(|| panic!("{what}: holder 2 never acquired"));
+    assert!(
+        acquired >= last + 1_000,
+        "{what}: acquired at {} only {} ms after the last renewal",
+        acquired - start,
+        acquired - last
+    );
+    assert!(
+        acquired <= last + 1_000 + 2 * 250 + 20,
+        "{what}: acquired at {}, {} ms after the last renewal",
+        acquired - start,
+        acquired - last
+    );
+}
+
+#[test]
+fn a_holders_wall_clock_jumping_back_never_lets_another_in_early() {
+    // The holder's renewals then carry times before the grant they renew.
+    handover(Some((Side::Holder, -60_000)), 0);
+    handover(Some((Side::Holder, -15_000)), 0);
+    handover(Some((Side::Acquirer, -60_000)), 0);
+}
+
+#[test]
+fn a_wall_clock_jumping_forward_never_lets_another_in_early() {
+    // The acquirer's requests then carry times past the holder's expiry.
+    handover(Some((Side::Acquirer, 60_000)), 0);
+    handover(Some((Side::Acquirer, 15_000)), 0);
+    handover(Some((Side::Holder, 60_000)), 0);
+}
+
+#[test]
+fn another_acquires_a_duration_after_it_saw_the_last_renewal_whatever_the_skew() {
+    // Skews far beyond the 200 ms margin, either way, stable all along.
+    for skew_ms in [0, 150, -150, 5_000, -5_000, 3_600_000] {
+        handover(None, skew_ms);
+    }
+}
+
+/// One step of the interleavings the property below explores.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Keeper `i` sends its request (if it has none in flight).
+    Send(usize),
+    /// The group applies keeper `i`'s request in flight.
+    Apply(usize),
+    /// Keeper `i` receives the group's answer.
+    Deliver(usize),
+    /// Keeper `i`'s request or answer is lost.
+    Lose(usize),
+    /// Time passes, at one rate on both brokers.
+    Advance(u64),
+    /// Broker `i`'s wall clock steps by the given milliseconds.
+    Jump(usize, i64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0..2usize).prop_map(Step::Send),
+        3 => (0..2usize).prop_map(Step::Apply),
+        3 => (0..2usize).prop_map(Step::Deliver),
+        1 => (0..2usize).prop_map(Step::Lose),
+        4 => (1..400u64).prop_map(Step::Advance),
+        1 => (0..2usize, -60_000i64..60_000).prop_map(|(i, d)| Step::Jump(i, d)),
+    ]
+}
+
+/// A request in flight, and then its answer.
+#[derive(Debug, Default)]
+struct InFlight {
+    request: Option<(Command, u64)>,
+    answer: Option<(Result<Outcome, ModelError>, u64)>,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever the order in which two keepers' requests are sent, applied,
+    /// answered or lost, and however their wall clocks jump, never do both
+    /// hold the lease at once.
+    #[test]
+    fn never_two_holders_whatever_the_interleaving_and_the_wall_clocks(
+        steps in proptest::collection::vec(step(), 1..300),
+    ) {
+        let mut state = MetadataState::new();
+        let clocks = [ManualClock::new(1_000_000), ManualClock::new(1_000_000)];
+        let mut keepers = [
+            LeaseKeeper::new(config(1)).unwrap(),
+            LeaseKeeper::new(config(2)).unwrap(),
+        ];
+        let mut flights = [InFlight::default(), InFlight::default()];
+        for (n, step) in steps.iter().enumerate() {
+            match *step {
+                Step::Send(i) => {
+                    let f = &mut flights[i];
+                    if f.request.is_none() && f.answer.is_none() {
+                        f.request = Some(keepers[i].request(&clocks[i]));
+                    }
+                }
+                Step::Apply(i) => {
+                    if let Some((cmd, sent)) = flights[i].request.take() {
+                        flights[i].answer = Some((state.apply(cmd), sent));
+                    }
+                }
+                Step::Deliver(i) => {
+                    if let Some((answer, sent)) = flights[i].answer.take() {
+                        let now = clocks[i].monotonic_ms();
+                        deliver(&mut keepers[i], &answer, sent, now);
+                    }
+                }
+                Step::Lose(i) => {
+                    if flights[i].request.take().is_none() {
+                        flights[i].answer = None;
+                    }
+                }
+                Step::Advance(ms) => {
+                    for clock in &clocks {
+                        clock.advance_ms(ms);
+                    }
+                }
+                Step::Jump(i, delta) => clocks[i].jump_wall_ms(delta),
+            }
+            let now = clocks[0].monotonic_ms();
+            prop_assert!(
+                !(keepers[0].holds(now) && keepers[1].holds(now)),
+                "both hold after step {n} ({step:?})"
+            );
+        }
+    }
 }
 
 /// Waits (real time) until `check` holds.
@@ -202,17 +414,13 @@ async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
         })
         .await;
     }
-    // Cut off: renewals fail from now on.
+    // Cut off: renewals fail from now on. Another keeper, driven by hand,
+    // tries all along: it must see the lease unrenewed for a whole
+    // duration before it may take it.
     *group.cut.lock() = Some(1);
-    let other = |clock: &ManualClock| {
-        group.apply(Command::AcquireLease {
-            holder: 2,
-            duration_ms: 1_000,
-            at_ms: clock.wall_ms(),
-        })
-    };
+    let mut other = LeaseKeeper::new(config(2)).unwrap();
     let mut reported_lost = false;
-    for _ in 0..60 {
+    for _ in 0..80 {
         clock.advance_ms(25);
         if !handle.holds() && !reported_lost {
             // Simulated time stands still while the loop reports it.
@@ -222,8 +430,10 @@ async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
             .await;
             reported_lost = true;
         }
-        let acquired = matches!(other(&clock), Ok(Ok(Outcome::LeaseGranted { .. })));
-        if acquired {
+        let (cmd, sent) = other.request(clock.as_ref());
+        let answer = group.apply(cmd).unwrap();
+        deliver(&mut other, &answer, sent, clock.monotonic_ms());
+        if other.holds(clock.monotonic_ms()) {
             assert!(
                 reported_lost,
                 "another acquired before the holder reported lost"

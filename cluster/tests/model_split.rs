@@ -339,47 +339,70 @@ fn the_ring_group_runs_one_split_at_a_time_and_repeats_each_step_safely() {
     assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
 }
 
-#[test]
-fn a_lease_passes_to_another_holder_only_after_it_expired_by_the_commands_times() {
-    let mut state = MetadataState::new();
-    let acquire = |holder, at_ms| Command::AcquireLease {
+fn acquire(holder: u64, at_ms: u64, waited_for: Option<u64>) -> Command {
+    Command::AcquireLease {
         holder,
         duration_ms: 1_000,
         at_ms,
-    };
-    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 100)) else {
+        waited_for,
+    }
+}
+
+/// The generation a refusal reports (what a waiter observes).
+fn held_generation(answer: Result<Outcome, ModelError>) -> u64 {
+    match answer {
+        Err(ModelError::LeaseHeld { generation, .. }) => generation,
+        other => panic!("not refused as held: {other:?}"),
+    }
+}
+
+#[test]
+fn another_holder_takes_the_lease_only_after_waiting_out_its_current_generation() {
+    let mut state = MetadataState::new();
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 100, None)) else {
         panic!()
     };
+    assert_eq!((lease.holder, lease.epoch, lease.generation), (1, 1, 1));
+    // The commands' times decide nothing: long past the stamps' expiry,
+    // another holder that did not wait is refused, and told what it saw.
     assert_eq!(
-        (lease.holder, lease.epoch, lease.expires_at_ms()),
-        (1, 1, 1_100)
-    );
-    assert_eq!(
-        state.apply(acquire(2, 1_099)),
+        state.apply(acquire(2, 1_000_000, None)),
         Err(ModelError::LeaseHeld {
             holder: 1,
-            expires_at_ms: 1_100
+            expires_at_ms: 1_100,
+            generation: 1,
+            duration_ms: 1_000,
         })
     );
-    // A renewal keeps the epoch and extends the lease.
-    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 900)) else {
+    // A renewal keeps the epoch and raises the generation, even stamped
+    // long before the grant (a wall clock that jumped back).
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 5, None)) else {
         panic!()
     };
-    assert_eq!((lease.epoch, lease.expires_at_ms()), (1, 1_900));
-    assert!(matches!(
-        state.apply(acquire(2, 1_500)),
-        Err(ModelError::LeaseHeld { .. })
-    ));
-    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(2, 1_900)) else {
+    assert_eq!((lease.epoch, lease.generation), (1, 2));
+    // A wait on a generation the holder has since renewed past is stale.
+    assert_eq!(held_generation(state.apply(acquire(2, 0, Some(1)))), 2);
+    assert_eq!(held_generation(state.apply(acquire(2, 0, Some(3)))), 2);
+    // Waiting out the current one takes it: a new epoch.
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(2, 0, Some(2))) else {
+        panic!()
+    };
+    assert_eq!((lease.holder, lease.epoch, lease.generation), (2, 2, 3));
+    // The old holder cannot take it back without waiting in turn.
+    assert_eq!(held_generation(state.apply(acquire(1, 9_999_999, None))), 3);
+    assert_eq!(held_generation(state.apply(acquire(1, 0, Some(2)))), 3);
+    let bytes = state.snapshot().unwrap();
+    assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
+}
+
+#[test]
+fn a_released_lease_passes_on_at_once_and_a_stale_release_does_nothing() {
+    let mut state = MetadataState::new();
+    state.apply(acquire(1, 100, None)).unwrap();
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(2, 0, Some(1))) else {
         panic!()
     };
     assert_eq!((lease.holder, lease.epoch), (2, 2));
-    // The old holder cannot take it back while it lives.
-    assert!(matches!(
-        state.apply(acquire(1, 2_000)),
-        Err(ModelError::LeaseHeld { holder: 2, .. })
-    ));
-    // A release by the holder frees it at once; a stale release does nothing.
     assert_eq!(
         state.apply(Command::ReleaseLease {
             holder: 1,
@@ -394,15 +417,28 @@ fn a_lease_passes_to_another_holder_only_after_it_expired_by_the_commands_times(
         }),
         Ok(Outcome::LeaseReleased)
     );
-    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 2_000)) else {
+    // No wait after a release, whatever the times.
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 0, None)) else {
         panic!()
     };
     assert_eq!((lease.holder, lease.epoch), (1, 3));
+    // The same holder after a release takes a new epoch too.
+    state
+        .apply(Command::ReleaseLease {
+            holder: 1,
+            epoch: 3,
+        })
+        .unwrap();
+    let Ok(Outcome::LeaseGranted { lease }) = state.apply(acquire(1, 0, None)) else {
+        panic!()
+    };
+    assert_eq!((lease.holder, lease.epoch), (1, 4));
     assert!(matches!(
         state.apply(Command::AcquireLease {
             holder: 1,
             duration_ms: 0,
-            at_ms: 1
+            at_ms: 1,
+            waited_for: None,
         }),
         Err(ModelError::InvalidLease { .. })
     ));

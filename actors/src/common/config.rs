@@ -186,8 +186,9 @@ pub struct ClusterSettings {
     /// How long a coordinator's lease on its vnode's continuous work lasts
     /// in the group's view (ADR 0082).
     pub lease_duration_ms: u64,
-    /// How much earlier than the group the holder stops its work: must
-    /// exceed the wall-clock skew between brokers.
+    /// How much earlier than another may take the lease the holder stops
+    /// its work: covers the rate drift of two brokers' monotonic clocks
+    /// over one duration (wall clocks play no part, ADR 0122).
     pub lease_margin_ms: u64,
     /// How often a coordinator renews its lease (below duration - margin).
     pub lease_renew_ms: u64,

@@ -7,7 +7,8 @@
 //! lease recorded in its own vnode's group (`Command::AcquireLease`), and
 //! stops before the lease can pass to another: `LeaseHandle::holds` reads
 //! the holder's monotonic clock against a deadline a safety margin before
-//! the group's expiry. Request-driven work (create, delete, roll, split,
+//! another may take it, which another does only after seeing the lease
+//! unrenewed for a whole duration on its own monotonic clock (ADR 0122). Request-driven work (create, delete, roll, split,
 //! merge) needs no lease: each of those is one replicated command, which
 //! raft orders whoever proposes it.
 //!
@@ -181,12 +182,14 @@ mod tests {
                     holder,
                     duration_ms,
                     at_ms,
+                    ..
                 } => Ok(Ok(Outcome::LeaseGranted {
                     lease: Lease {
                         holder,
                         epoch: 1,
                         granted_at_ms: at_ms,
                         duration_ms,
+                        generation: 1,
                     },
                 })),
                 Command::ReleaseLease { epoch, .. } => {

@@ -40,9 +40,12 @@ fn vnode_info(shared: &Shared, host: &VnodeHost, vnode: VnodeId, arc: RingArc) -
     if let Some(group) = host.group(vnode) {
         let status = group.status();
         (leader, term) = (status.leader, status.term);
-        // The model compares only the times commands carry (holders' wall
-        // clocks); a grant that has run out by this broker's wall clock is
-        // not reported as held.
+        // An informational view only: a grant that has run out by the
+        // wall-clock stamps the commands carry, read against this broker's
+        // wall clock, is not reported as held. Wall clocks jump and differ
+        // between brokers, so this may be wrong for a while; no safety
+        // decision reads it (the group and the holders judge the lease on
+        // monotonic time only, ADR 0122).
         let now_ms = malachi_cluster::vnodes::lease::SystemClock::new().wall_ms();
         lease_holder = group.read_local(|s| {
             s.lease()

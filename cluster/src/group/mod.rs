@@ -1632,6 +1632,7 @@ mod tests {
                 holder: 1,
                 duration_ms: 10_000,
                 at_ms,
+                waited_for: None,
             };
             group.propose(renewal).await.unwrap().unwrap();
         }

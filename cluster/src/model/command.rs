@@ -136,13 +136,21 @@ pub enum Command {
     /// Last step, in the old vnode: drops the fenced part of the arc and
     /// every topic in it, keeping `keep`. A no-op once narrowed.
     NarrowArc { keep: RingArc },
-    /// Grants or renews the group's coordinator lease to `holder` at `at_ms`
-    /// (the proposer's clock). Another holder is refused with `LeaseHeld`
-    /// until `granted_at_ms + duration_ms` by the commands' times.
+    /// Grants or renews the group's coordinator lease to `holder`. While
+    /// another holds it, refused with `LeaseHeld` (naming its generation)
+    /// unless `waited_for` is that generation: the proposer saw it
+    /// unchanged for a whole `duration_ms` on its own monotonic clock
+    /// (ADR 0122). `at_ms` (the proposer's wall clock) is recorded for
+    /// display and decides nothing.
     AcquireLease {
         holder: u64,
         duration_ms: u64,
         at_ms: u64,
+        /// Last, with a default and left out while absent, so commands
+        /// from before it decode and a request without it encodes as
+        /// before.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waited_for: Option<u64>,
     },
     /// Gives the lease up early; a no-op unless `holder` holds `epoch`.
     ReleaseLease { holder: u64, epoch: u64 },
@@ -449,8 +457,22 @@ pub enum ModelError {
     InvalidSeed { reason: String },
     #[error("lease duration {duration_ms} ms is not within 1..={max_ms} ms")]
     InvalidLease { duration_ms: u64, max_ms: u64 },
-    #[error("the lease is held by node {holder} until {expires_at_ms} ms")]
-    LeaseHeld { holder: u64, expires_at_ms: u64 },
+    /// Another holds the lease. `generation` is what a would-be holder
+    /// must see unchanged for `duration_ms` of its own monotonic clock
+    /// before it names it in `waited_for`; `expires_at_ms` is by the
+    /// commands' wall-clock stamps, informational only.
+    #[error(
+        "the lease is held by node {holder} (generation {generation}, {duration_ms} ms a grant; by wall-clock stamps until {expires_at_ms} ms)"
+    )]
+    LeaseHeld {
+        holder: u64,
+        expires_at_ms: u64,
+        /// Last, with defaults, so refusals from before them decode.
+        #[serde(default)]
+        generation: u64,
+        #[serde(default)]
+        duration_ms: u64,
+    },
     #[error("this group holds no ring")]
     NoRing,
     #[error("the ring refused: {reason}")]

@@ -13,9 +13,12 @@
 //! 4. `NarrowArc` in the old group: it drops the moved topics and keeps the
 //!    lower half only.
 //!
-//! A lease (`AcquireLease`) is judged only by the times the commands carry:
-//! the machine never reads a clock. Its holder measures its own deadline
-//! from before it proposed (see `vnodes::lease`).
+//! A lease (`AcquireLease`) is judged by no clock at all (ADR 0122): the
+//! machine counts grants and renewals (`Lease::generation`), and another
+//! holder takes the lease only by naming the generation it saw unchanged
+//! for a whole duration on its own monotonic clock. The times the commands
+//! carry are recorded for display only. The holder measures its own
+//! deadline from before it proposed (see `vnodes::lease`).
 
 use super::arc::RingArc;
 use super::command::{ModelError, Outcome};
@@ -55,17 +58,33 @@ pub struct Lease {
     /// The holder's node id.
     pub holder: u64,
     /// Raised whenever the lease passes to a holder afresh (another holder,
-    /// or the same after it lapsed): a fencing token for the work done under it.
+    /// or any holder after a release): a fencing token for the work done
+    /// under it.
     pub epoch: u64,
-    /// The `at_ms` of the command that granted or last renewed it.
+    /// The `at_ms` of the command that granted or last renewed it: the
+    /// proposer's wall clock, for display only (ADR 0122).
     pub granted_at_ms: u64,
+    /// How long the holder counts each grant or renewal valid for (on its
+    /// monotonic clock), and so how long another must see `generation`
+    /// unchanged before it may take the lease; 0 once released.
     pub duration_ms: u64,
+    /// Raised by every grant and renewal: what another holder waits out.
+    /// Last, with a default, so leases recorded before it decode (as 0).
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl Lease {
-    /// The first time, in the group's view, at which another may acquire it.
+    /// When the lease runs out by the wall-clock stamps of the commands:
+    /// informational only, since wall clocks may jump or differ between
+    /// brokers; no decision reads it (ADR 0122).
     pub fn expires_at_ms(&self) -> u64 {
         self.granted_at_ms.saturating_add(self.duration_ms)
+    }
+
+    /// Whether its holder gave it up (`ReleaseLease`): anyone may take it.
+    pub fn is_released(&self) -> bool {
+        self.duration_ms == 0
     }
 }
 
@@ -302,11 +321,18 @@ impl MetadataState {
         Ok(Outcome::VnodeSeeded)
     }
 
+    /// Grants or renews the lease (ADR 0122). Free (never granted, or
+    /// released): granted afresh. Held by `holder`: renewed, same epoch.
+    /// Held by another: granted afresh only if `waited_for` names the
+    /// current generation, which the proposer saw unchanged for a whole
+    /// `duration_ms` on its own monotonic clock; refused otherwise, with
+    /// that generation so it can start waiting. `at_ms` decides nothing.
     pub(super) fn acquire_lease(
         &mut self,
         holder: u64,
         duration_ms: u64,
         at_ms: u64,
+        waited_for: Option<u64>,
     ) -> Result<Outcome, ModelError> {
         if duration_ms == 0 || duration_ms > LEASE_DURATION_MAX_MS {
             return Err(ModelError::InvalidLease {
@@ -314,33 +340,32 @@ impl MetadataState {
                 max_ms: LEASE_DURATION_MAX_MS,
             });
         }
-        let lease = match self.lease {
-            // A renewal of a live lease keeps its epoch; the grant time
-            // never moves back even if the holder's wall clock did.
-            Some(current) if current.holder == holder && at_ms < current.expires_at_ms() => Lease {
-                holder,
-                epoch: current.epoch,
-                granted_at_ms: current.granted_at_ms.max(at_ms),
-                duration_ms,
-            },
-            Some(current) if at_ms < current.expires_at_ms() => {
+        let generation = self
+            .lease
+            .map_or(0, |current| current.generation)
+            .saturating_add(1);
+        let epoch = match self.lease {
+            None => 1,
+            Some(current) if current.is_released() => current.epoch.saturating_add(1),
+            Some(current) if current.holder == holder => current.epoch,
+            Some(current) if waited_for == Some(current.generation) => {
+                current.epoch.saturating_add(1)
+            }
+            Some(current) => {
                 return Err(ModelError::LeaseHeld {
                     holder: current.holder,
                     expires_at_ms: current.expires_at_ms(),
+                    generation: current.generation,
+                    duration_ms: current.duration_ms,
                 });
             }
-            Some(current) => Lease {
-                holder,
-                epoch: current.epoch.saturating_add(1),
-                granted_at_ms: at_ms.max(current.expires_at_ms()),
-                duration_ms,
-            },
-            None => Lease {
-                holder,
-                epoch: 1,
-                granted_at_ms: at_ms,
-                duration_ms,
-            },
+        };
+        let lease = Lease {
+            holder,
+            epoch,
+            granted_at_ms: at_ms,
+            duration_ms,
+            generation,
         };
         self.lease = Some(lease);
         Ok(Outcome::LeaseGranted { lease })
@@ -349,7 +374,8 @@ impl MetadataState {
     pub(super) fn release_lease(&mut self, holder: u64, epoch: u64) -> Result<Outcome, ModelError> {
         match self.lease {
             Some(lease) if lease.holder == holder && lease.epoch == epoch => {
-                // Expired at once, keeping the epoch so the next grant raises it.
+                // Free at once, keeping the epoch so the next grant raises
+                // it, and the generation so it keeps counting up.
                 self.lease = Some(Lease {
                     duration_ms: 0,
                     ..lease

@@ -681,6 +681,99 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_an_acquire_lease_and_a_refusal_from_before_generations_decode() {
+        use crate::model::command::{Command, ModelError};
+        use crate::model::control::Lease;
+        // The shapes before ADR 0122, encoded positionally as they were.
+        #[derive(Serialize)]
+        struct OldLease {
+            holder: u64,
+            epoch: u64,
+            granted_at_ms: u64,
+            duration_ms: u64,
+        }
+        #[derive(Serialize)]
+        enum OldCommand {
+            AcquireLease {
+                holder: u64,
+                duration_ms: u64,
+                at_ms: u64,
+            },
+        }
+        #[derive(Serialize)]
+        enum OldError {
+            LeaseHeld { holder: u64, expires_at_ms: u64 },
+        }
+        let bytes = rmp_serde::to_vec(&OldLease {
+            holder: 3,
+            epoch: 4,
+            granted_at_ms: 5,
+            duration_ms: 6,
+        })
+        .unwrap();
+        let lease: Lease = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(
+            lease,
+            Lease {
+                holder: 3,
+                epoch: 4,
+                granted_at_ms: 5,
+                duration_ms: 6,
+                generation: 0,
+            }
+        );
+        let old = OldCommand::AcquireLease {
+            holder: 3,
+            duration_ms: 10_000,
+            at_ms: 7,
+        };
+        let bytes = rmp_serde::to_vec(&old).unwrap();
+        let cmd: Command = rmp_serde::from_slice(&bytes).unwrap();
+        let new = Command::AcquireLease {
+            holder: 3,
+            duration_ms: 10_000,
+            at_ms: 7,
+            waited_for: None,
+        };
+        assert_eq!(cmd, new);
+        // And a request that waited for nothing encodes as before, so an
+        // older broker still decodes it.
+        assert_eq!(rmp_serde::to_vec(&new).unwrap(), bytes);
+        let waited = Command::AcquireLease {
+            holder: 3,
+            duration_ms: 10_000,
+            at_ms: 7,
+            waited_for: Some(9),
+        };
+        let bytes = rmp_serde::to_vec(&waited).unwrap();
+        assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), waited);
+        let bytes = rmp_serde::to_vec(&OldError::LeaseHeld {
+            holder: 3,
+            expires_at_ms: 8,
+        })
+        .unwrap();
+        assert_eq!(
+            rmp_serde::from_slice::<ModelError>(&bytes).unwrap(),
+            ModelError::LeaseHeld {
+                holder: 3,
+                expires_at_ms: 8,
+                generation: 0,
+                duration_ms: 0,
+            }
+        );
+        // A state holding an old lease restores and keeps counting.
+        let state = MetadataState {
+            lease: Some(lease),
+            ..MetadataState::default()
+        };
+        let mut state = MetadataState::restore(&state.snapshot().unwrap()).unwrap();
+        let Ok(crate::model::command::Outcome::LeaseGranted { lease }) = state.apply(new) else {
+            panic!()
+        };
+        assert_eq!((lease.epoch, lease.generation), (4, 1));
+    }
+
+    #[test]
     fn segments_opened_under_a_lease_carry_its_epoch() {
         use crate::model::command::Command;
         let mut state = MetadataState::default();
@@ -689,6 +782,7 @@ mod tests {
                 holder: 1,
                 duration_ms: 1_000,
                 at_ms: 1,
+                waited_for: None,
             })
             .unwrap();
         let epoch = state.lease.map(|l| l.epoch).unwrap();

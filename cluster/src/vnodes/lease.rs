@@ -1,16 +1,34 @@
 //! Coordinator leases: a coordinator's continuous work (retention, healing,
 //! rebalancing) runs only while it holds the lease of its own group.
 //!
-//! The group records the lease (`Command::AcquireLease`, judged by the
-//! times the commands carry, never a clock of its own): another holder is
-//! refused until `granted_at_ms + duration_ms`. The holder, for its part,
-//! counts its lease as valid only until `sent + duration - safety_margin`
-//! on its own monotonic clock, where `sent` is read *before* it proposed.
-//! The grant's `at_ms` is stamped no earlier than `sent`, so the holder
-//! stops at least `safety_margin` before the group lets anyone else in,
-//! provided the brokers' wall clocks differ by less than the margin. A
-//! holder that fails to renew therefore reports `Lost` before the lease can
-//! pass (ADR 0082).
+//! No wall clock takes part in any decision (ADR 0122, replacing the
+//! wall-clock rule of ADR 0082): wall clocks jump and differ between
+//! brokers; each broker's monotonic clock only drifts in rate, slightly.
+//!
+//! - The group (`Command::AcquireLease`) counts every grant and renewal in
+//!   `Lease::generation`. The holder renews freely; another is refused with
+//!   `LeaseHeld { generation, .. }` unless its request names that very
+//!   generation in `waited_for`.
+//! - The holder counts its lease valid until `sent + duration - margin` on
+//!   its monotonic clock, `sent` read *before* it proposed the grant or
+//!   renewal the group answered.
+//! - A would-be holder that is refused notes the generation and the
+//!   monotonic time the *answer arrived* (the holder's renewal may have
+//!   been recorded after it sent its own request). It names the generation
+//!   in `waited_for` once it has seen it unchanged for a whole `duration`
+//!   (the longer of its own and the holder's); a refusal showing another
+//!   generation starts the wait again.
+//!
+//! Why at most one holds: say B's request naming generation `g` is granted.
+//! Then no renewal after `g` was recorded, so every grant the old holder H
+//! acted on was sent (at `sent`) before `g` was recorded, hence before B
+//! received the refusal showing `g`. B proposes a `duration` after that
+//! receipt, and holds only after its grant's answer: at least `duration`
+//! after H's last `sent`. H stopped at `sent + duration - margin`. The
+//! margin covers the two monotonic clocks' rate drift over one duration,
+//! nothing else; no two brokers' wall clocks are ever compared. The price:
+//! after a holder dies, another takes over a full duration (plus up to a
+//! renewal period) after its first refusal, whatever the commands' stamps.
 //!
 //! Time reaches this logic only through `Clock` (the project's one clock,
 //! `crate::clock`), so tests drive it with `ManualClock`. `LeaseKeeper` is
@@ -32,10 +50,13 @@ pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub struct LeaseConfig {
     /// The holder's node id.
     pub holder: u64,
-    /// How long each grant lasts in the group's view.
+    /// How long each grant or renewal lasts, counted from before it was
+    /// proposed; another must see the lease unrenewed this long (on its
+    /// own monotonic clock) before it may take it.
     pub duration_ms: u64,
-    /// How much earlier than the group the holder gives up: must exceed
-    /// the wall-clock skew between brokers.
+    /// How much earlier than another may take the lease the holder gives
+    /// up: covers the rate drift of two brokers' monotonic clocks over one
+    /// duration (wall clocks play no part).
     pub safety_margin_ms: u64,
     /// How often the holder renews; below `duration_ms - safety_margin_ms`
     /// so a renewal lands before the holder's own deadline.
@@ -81,12 +102,26 @@ pub enum LeaseState {
     Lost { epoch: u64 },
 }
 
+/// A generation another holder was seen holding, waited out before the
+/// lease may be taken from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wait {
+    generation: u64,
+    /// How long to see it unchanged: the longer of this holder's duration
+    /// and the one the group recorded with it.
+    wait_ms: u64,
+    /// The monotonic time the answer first showing it arrived.
+    since_ms: u64,
+}
+
 /// The pure lease logic of one holder.
 #[derive(Debug, Clone)]
 pub struct LeaseKeeper {
     config: LeaseConfig,
     /// The epoch last granted and the monotonic time it is valid until.
     held: Option<(u64, u64)>,
+    /// The other holder's generation being waited out, if refused.
+    waiting: Option<Wait>,
 }
 
 impl LeaseKeeper {
@@ -111,7 +146,11 @@ impl LeaseKeeper {
                 window_ms,
             });
         }
-        Ok(LeaseKeeper { config, held: None })
+        Ok(LeaseKeeper {
+            config,
+            held: None,
+            waiting: None,
+        })
     }
 
     pub fn config(&self) -> &LeaseConfig {
@@ -119,30 +158,70 @@ impl LeaseKeeper {
     }
 
     /// The command to propose now, and the monotonic time read before it,
-    /// which `on_answer` needs back.
+    /// which `on_answer` needs back. It names the generation it waited out
+    /// once it saw it unchanged long enough.
     pub fn request(&self, clock: &dyn Clock) -> (Command, u64) {
         let sent_ms = clock.monotonic_ms();
+        let waited_for = self
+            .waiting
+            .filter(|w| sent_ms.saturating_sub(w.since_ms) >= w.wait_ms)
+            .map(|w| w.generation);
         let cmd = Command::AcquireLease {
             holder: self.config.holder,
             duration_ms: self.config.duration_ms,
+            // Display only: the group decides nothing by it.
             at_ms: clock.wall_ms(),
+            waited_for,
         };
         (cmd, sent_ms)
     }
 
-    /// Records the group's answer to a request sent at `sent_ms`. A refusal
-    /// or a failed proposal changes nothing: the lease then simply runs out
-    /// on this holder's clock.
-    pub fn on_answer(&mut self, answer: &Result<Outcome, ModelError>, sent_ms: u64) {
-        if let Ok(Outcome::LeaseGranted { lease }) = answer {
-            self.on_grant(lease, sent_ms);
+    /// Records the group's answer to a request sent at `sent_ms`, received
+    /// at `received_ms` (both monotonic). A grant extends the lease from
+    /// `sent_ms`; a refusal starts (or goes on with) the wait on the
+    /// generation it shows, from `received_ms`, and ends any lease this
+    /// holder still counted on. A failed proposal changes nothing: the
+    /// lease then simply runs out on this holder's clock.
+    pub fn on_answer(
+        &mut self,
+        answer: &Result<Outcome, ModelError>,
+        sent_ms: u64,
+        received_ms: u64,
+    ) {
+        match answer {
+            Ok(Outcome::LeaseGranted { lease }) => self.on_grant(lease, sent_ms),
+            Err(ModelError::LeaseHeld {
+                holder,
+                generation,
+                duration_ms,
+                ..
+            }) if *holder != self.config.holder => {
+                self.on_refusal(*generation, *duration_ms, received_ms)
+            }
+            _ => {}
         }
+    }
+
+    fn on_refusal(&mut self, generation: u64, duration_ms: u64, received_ms: u64) {
+        // Another holds it now: whatever this holder counted on is gone.
+        if let Some((epoch, until)) = self.held {
+            self.held = Some((epoch, until.min(received_ms)));
+        }
+        if self.waiting.is_some_and(|w| w.generation == generation) {
+            return;
+        }
+        self.waiting = Some(Wait {
+            generation,
+            wait_ms: self.config.duration_ms.max(duration_ms),
+            since_ms: received_ms,
+        });
     }
 
     fn on_grant(&mut self, lease: &Lease, sent_ms: u64) {
         if lease.holder != self.config.holder {
             return;
         }
+        self.waiting = None;
         let valid_until = sent_ms
             .saturating_add(lease.duration_ms)
             .saturating_sub(self.config.safety_margin_ms);
@@ -294,7 +373,10 @@ pub fn spawn_lease_keeper(
                         }
                     };
                     match &answer {
-                        Ok(verdict) => keeper.lock().on_answer(verdict, sent_ms),
+                        Ok(verdict) => {
+                            let received_ms = clock.monotonic_ms();
+                            keeper.lock().on_answer(verdict, sent_ms, received_ms)
+                        }
                         Err(reason) => {
                             tracing::debug!(holder, %reason, "lease renewal did not reach the group")
                         }
