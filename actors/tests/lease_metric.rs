@@ -98,7 +98,11 @@ async fn each_vnode_lease_shows_held_on_one_broker_and_moves_when_it_stops() {
     for _ in 0..10 {
         let now = holders(&all).await;
         for (vnode, brokers) in &now {
-            assert_eq!(brokers.len(), 1, "vnode {vnode}'s lease held by {brokers:?}");
+            assert_eq!(
+                brokers.len(),
+                1,
+                "vnode {vnode}'s lease held by {brokers:?}"
+            );
         }
         seen = now;
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -106,8 +110,9 @@ async fn each_vnode_lease_shows_held_on_one_broker_and_moves_when_it_stops() {
 
     // The broker holding a lease stops: another broker takes it over.
     let (vnode, brokers) = seen.iter().next().map(|(v, b)| (v.clone(), b[0])).unwrap();
-    let (stopping, rest): (Vec<BrokerHandle>, Vec<BrokerHandle>) =
-        [b1, b2, b3].into_iter().partition(|b| b.node_id() == brokers);
+    let (stopping, rest): (Vec<BrokerHandle>, Vec<BrokerHandle>) = [b1, b2, b3]
+        .into_iter()
+        .partition(|b| b.node_id() == brokers);
     for b in stopping {
         b.shutdown().await.unwrap();
     }

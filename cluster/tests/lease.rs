@@ -40,7 +40,7 @@ struct ModelGroup {
 
 impl ModelGroup {
     fn apply(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String> {
-        if let Command::AcquireLease { holder, .. } = &cmd
+        if let Command::AcquireLeaseWaited { holder, .. } = &cmd
             && *self.cut.lock() == Some(*holder)
         {
             return Err(format!("node {holder} is cut off"));
@@ -165,7 +165,7 @@ fn a_late_answer_never_extends_a_lease_beyond_its_own_send_time() {
     // Released after the work stopped, another may take it at once.
     group.apply(keeper.release().unwrap()).unwrap().unwrap();
     let two = group
-        .apply(Command::AcquireLease {
+        .apply(Command::AcquireLeaseWaited {
             holder: 2,
             duration_ms: 1_000,
             at_ms: clock.wall_ms(),

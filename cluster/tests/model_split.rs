@@ -340,7 +340,7 @@ fn the_ring_group_runs_one_split_at_a_time_and_repeats_each_step_safely() {
 }
 
 fn acquire(holder: u64, at_ms: u64, waited_for: Option<u64>) -> Command {
-    Command::AcquireLease {
+    Command::AcquireLeaseWaited {
         holder,
         duration_ms: 1_000,
         at_ms,
@@ -434,7 +434,7 @@ fn a_released_lease_passes_on_at_once_and_a_stale_release_does_nothing() {
     };
     assert_eq!((lease.holder, lease.epoch), (1, 4));
     assert!(matches!(
-        state.apply(Command::AcquireLease {
+        state.apply(Command::AcquireLeaseWaited {
             holder: 1,
             duration_ms: 0,
             at_ms: 1,

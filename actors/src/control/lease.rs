@@ -4,7 +4,7 @@
 //! coordinator until it hears a higher term. Work a coordinator does on a
 //! timer, without a request that raft would serialize, must not overlap
 //! with its successor's, so it runs only while the coordinator holds a
-//! lease recorded in its own vnode's group (`Command::AcquireLease`), and
+//! lease recorded in its own vnode's group (`Command::AcquireLeaseWaited`), and
 //! stops before the lease can pass to another: `LeaseHandle::holds` reads
 //! the holder's monotonic clock against a deadline a safety margin before
 //! another may take it, which another does only after seeing the lease
@@ -44,7 +44,10 @@ impl std::fmt::Debug for CoordinatorLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CoordinatorLease")
             .field("holder", &self.holder)
-            .field("state", &self.handle.lock().as_ref().map(LeaseHandle::state))
+            .field(
+                "state",
+                &self.handle.lock().as_ref().map(LeaseHandle::state),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -178,7 +181,7 @@ mod tests {
                 return Err("unreachable".into());
             }
             match cmd {
-                Command::AcquireLease {
+                Command::AcquireLeaseWaited {
                     holder,
                     duration_ms,
                     at_ms,

@@ -1628,7 +1628,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let (index_before, changes_before) = (*applied.borrow(), *changes.borrow());
         for at_ms in [1_000, 2_000, 3_000] {
-            let renewal = Command::AcquireLease {
+            let renewal = Command::AcquireLeaseWaited {
                 holder: 1,
                 duration_ms: 10_000,
                 at_ms,

@@ -153,6 +153,11 @@ impl MetadataState {
                 holder,
                 duration_ms,
                 at_ms,
+            } => self.acquire_lease_stamped(holder, duration_ms, at_ms),
+            Command::AcquireLeaseWaited {
+                holder,
+                duration_ms,
+                at_ms,
                 waited_for,
             } => self.acquire_lease(holder, duration_ms, at_ms, waited_for),
             Command::ReleaseLease { holder, epoch } => self.release_lease(holder, epoch),

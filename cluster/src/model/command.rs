@@ -136,21 +136,15 @@ pub enum Command {
     /// Last step, in the old vnode: drops the fenced part of the arc and
     /// every topic in it, keeping `keep`. A no-op once narrowed.
     NarrowArc { keep: RingArc },
-    /// Grants or renews the group's coordinator lease to `holder`. While
-    /// another holds it, refused with `LeaseHeld` (naming its generation)
-    /// unless `waited_for` is that generation: the proposer saw it
-    /// unchanged for a whole `duration_ms` on its own monotonic clock
-    /// (ADR 0122). `at_ms` (the proposer's wall clock) is recorded for
-    /// display and decides nothing.
+    /// The lease request of brokers from before ADR 0122, judged by the
+    /// wall-clock stamps the commands carry: another holder is refused
+    /// until `granted_at_ms + duration_ms`. No broker proposes it any more;
+    /// it keeps the rule it was applied under, so a log replays to the
+    /// state its replicas' snapshots hold (`AcquireLeaseWaited` replaces it).
     AcquireLease {
         holder: u64,
         duration_ms: u64,
         at_ms: u64,
-        /// Last, with a default and left out while absent, so commands
-        /// from before it decode and a request without it encodes as
-        /// before.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        waited_for: Option<u64>,
     },
     /// Gives the lease up early; a no-op unless `holder` holds `epoch`.
     ReleaseLease { holder: u64, epoch: u64 },
@@ -230,6 +224,18 @@ pub enum Command {
         new: NodeId,
         factor: u32,
     },
+    /// Grants or renews the group's coordinator lease to `holder` (ADR
+    /// 0122). While another holds it, refused with `LeaseHeld` (naming its
+    /// generation) unless `waited_for` is that generation: the proposer saw
+    /// it unchanged for a whole `duration_ms` on its own monotonic clock.
+    /// `at_ms` (the proposer's wall clock) is recorded for display and
+    /// decides nothing. Last, so the variants above encode as before.
+    AcquireLeaseWaited {
+        holder: u64,
+        duration_ms: u64,
+        at_ms: u64,
+        waited_for: Option<u64>,
+    },
 }
 
 impl Command {
@@ -240,7 +246,9 @@ impl Command {
     pub fn is_lease_only(&self) -> bool {
         matches!(
             self,
-            Command::AcquireLease { .. } | Command::ReleaseLease { .. }
+            Command::AcquireLease { .. }
+                | Command::AcquireLeaseWaited { .. }
+                | Command::ReleaseLease { .. }
         )
     }
 
@@ -264,6 +272,7 @@ impl Command {
             | Command::SeedVnode { .. }
             | Command::NarrowArc { .. }
             | Command::AcquireLease { .. }
+            | Command::AcquireLeaseWaited { .. }
             | Command::ReleaseLease { .. }
             | Command::InitRing { .. }
             | Command::BeginSplit { .. }

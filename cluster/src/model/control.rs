@@ -371,6 +371,65 @@ impl MetadataState {
         Ok(Outcome::LeaseGranted { lease })
     }
 
+    /// `AcquireLease`, the rule before ADR 0122, kept so a log replays to
+    /// the state it was applied to (a replica restored from an older
+    /// snapshot and one replaying the log agree): judged by the commands'
+    /// wall-clock stamps. The generation is left alone while the group has
+    /// never seen an `AcquireLeaseWaited` (it is 0 in every snapshot of
+    /// those days) and raised after, so a waiter sees such a renewal too.
+    pub(super) fn acquire_lease_stamped(
+        &mut self,
+        holder: u64,
+        duration_ms: u64,
+        at_ms: u64,
+    ) -> Result<Outcome, ModelError> {
+        if duration_ms == 0 || duration_ms > LEASE_DURATION_MAX_MS {
+            return Err(ModelError::InvalidLease {
+                duration_ms,
+                max_ms: LEASE_DURATION_MAX_MS,
+            });
+        }
+        let generation = match self.lease {
+            Some(current) if current.generation > 0 => current.generation.saturating_add(1),
+            _ => 0,
+        };
+        let lease = match self.lease {
+            // A renewal of a live lease keeps its epoch; the grant time
+            // never moves back even if the holder's wall clock did.
+            Some(current) if current.holder == holder && at_ms < current.expires_at_ms() => Lease {
+                holder,
+                epoch: current.epoch,
+                granted_at_ms: current.granted_at_ms.max(at_ms),
+                duration_ms,
+                generation,
+            },
+            Some(current) if at_ms < current.expires_at_ms() => {
+                return Err(ModelError::LeaseHeld {
+                    holder: current.holder,
+                    expires_at_ms: current.expires_at_ms(),
+                    generation: current.generation,
+                    duration_ms: current.duration_ms,
+                });
+            }
+            Some(current) => Lease {
+                holder,
+                epoch: current.epoch.saturating_add(1),
+                granted_at_ms: at_ms.max(current.expires_at_ms()),
+                duration_ms,
+                generation,
+            },
+            None => Lease {
+                holder,
+                epoch: 1,
+                granted_at_ms: at_ms,
+                duration_ms,
+                generation,
+            },
+        };
+        self.lease = Some(lease);
+        Ok(Outcome::LeaseGranted { lease })
+    }
+
     pub(super) fn release_lease(&mut self, holder: u64, epoch: u64) -> Result<Outcome, ModelError> {
         match self.lease {
             Some(lease) if lease.holder == holder && lease.epoch == epoch => {

@@ -682,7 +682,7 @@ mod tests {
 
     #[test]
     fn a_lease_an_acquire_lease_and_a_refusal_from_before_generations_decode() {
-        use crate::model::command::{Command, ModelError};
+        use crate::model::command::{Command, ModelError, Outcome};
         use crate::model::control::Lease;
         // The shapes before ADR 0122, encoded positionally as they were.
         #[derive(Serialize)]
@@ -729,17 +729,14 @@ mod tests {
         };
         let bytes = rmp_serde::to_vec(&old).unwrap();
         let cmd: Command = rmp_serde::from_slice(&bytes).unwrap();
-        let new = Command::AcquireLease {
+        let stamped = Command::AcquireLease {
             holder: 3,
             duration_ms: 10_000,
             at_ms: 7,
-            waited_for: None,
         };
-        assert_eq!(cmd, new);
-        // And a request that waited for nothing encodes as before, so an
-        // older broker still decodes it.
-        assert_eq!(rmp_serde::to_vec(&new).unwrap(), bytes);
-        let waited = Command::AcquireLease {
+        assert_eq!(cmd, stamped);
+        assert_eq!(rmp_serde::to_vec(&stamped).unwrap(), bytes);
+        let waited = Command::AcquireLeaseWaited {
             holder: 3,
             duration_ms: 10_000,
             at_ms: 7,
@@ -761,16 +758,65 @@ mod tests {
                 duration_ms: 0,
             }
         );
-        // A state holding an old lease restores and keeps counting.
+        // A state holding an old lease restores; an old-format request
+        // replays by the rule it was applied under (the wall-clock stamps:
+        // another holder gets in once the stamps pass the expiry) and
+        // leaves the generation at 0, as in the snapshots of those days.
         let state = MetadataState {
             lease: Some(lease),
             ..MetadataState::default()
         };
-        let mut state = MetadataState::restore(&state.snapshot().unwrap()).unwrap();
-        let Ok(crate::model::command::Outcome::LeaseGranted { lease }) = state.apply(new) else {
-            panic!()
+        let restored = MetadataState::restore(&state.snapshot().unwrap()).unwrap();
+        let mut replayed = restored.clone();
+        let Ok(Outcome::LeaseGranted { lease: renewed }) = replayed.apply(Command::AcquireLease {
+            holder: 3,
+            duration_ms: 10_000,
+            at_ms: 8,
+        }) else {
+            panic!("an old-format renewal is granted")
+        };
+        assert_eq!(
+            (renewed.epoch, renewed.generation, renewed.granted_at_ms),
+            (4, 0, 8)
+        );
+        let Ok(Outcome::LeaseGranted { lease: taken }) = replayed.apply(Command::AcquireLease {
+            holder: 5,
+            duration_ms: 10_000,
+            at_ms: 10_008,
+        }) else {
+            panic!("an old-format takeover past the stamps' expiry is granted")
+        };
+        assert_eq!((taken.holder, taken.epoch, taken.generation), (5, 5, 0));
+        // The new request on the same restored lease counts generations
+        // from there, and another holder must wait for one.
+        let mut state = restored;
+        let Ok(Outcome::LeaseGranted { lease }) = state.apply(Command::AcquireLeaseWaited {
+            holder: 3,
+            duration_ms: 10_000,
+            at_ms: 9,
+            waited_for: None,
+        }) else {
+            panic!("a renewal is granted")
         };
         assert_eq!((lease.epoch, lease.generation), (4, 1));
+        assert!(matches!(
+            state.apply(Command::AcquireLeaseWaited {
+                holder: 5,
+                duration_ms: 10_000,
+                at_ms: 1 << 40,
+                waited_for: None,
+            }),
+            Err(ModelError::LeaseHeld { generation: 1, .. })
+        ));
+        // An old-format request after that raises the generation too.
+        let Ok(Outcome::LeaseGranted { lease }) = state.apply(Command::AcquireLease {
+            holder: 3,
+            duration_ms: 10_000,
+            at_ms: 10,
+        }) else {
+            panic!("an old-format renewal is granted")
+        };
+        assert_eq!(lease.generation, 2);
     }
 
     #[test]
@@ -778,7 +824,7 @@ mod tests {
         use crate::model::command::Command;
         let mut state = MetadataState::default();
         state
-            .apply(Command::AcquireLease {
+            .apply(Command::AcquireLeaseWaited {
                 holder: 1,
                 duration_ms: 1_000,
                 at_ms: 1,

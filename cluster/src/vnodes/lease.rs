@@ -5,7 +5,7 @@
 //! wall-clock rule of ADR 0082): wall clocks jump and differ between
 //! brokers; each broker's monotonic clock only drifts in rate, slightly.
 //!
-//! - The group (`Command::AcquireLease`) counts every grant and renewal in
+//! - The group (`Command::AcquireLeaseWaited`) counts every grant and renewal in
 //!   `Lease::generation`. The holder renews freely; another is refused with
 //!   `LeaseHeld { generation, .. }` unless its request names that very
 //!   generation in `waited_for`.
@@ -166,7 +166,7 @@ impl LeaseKeeper {
             .waiting
             .filter(|w| sent_ms.saturating_sub(w.since_ms) >= w.wait_ms)
             .map(|w| w.generation);
-        let cmd = Command::AcquireLease {
+        let cmd = Command::AcquireLeaseWaited {
             holder: self.config.holder,
             duration_ms: self.config.duration_ms,
             // Display only: the group decides nothing by it.
