@@ -55,7 +55,7 @@ use crate::control::lease::CoordinatorLease;
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
 use crate::data::lineage::{ANCESTRY_DEPTH_MAX, ANCESTRY_SEGMENTS_MAX, Ancestor, Ancestry, Sealed};
-use crate::data::segment::{AppendError, Roller, SegmentActor, SegmentArgs, SegmentMsg};
+use crate::data::segment::{AppendError, RollError, Roller, SegmentActor, SegmentArgs, SegmentMsg};
 
 pub(crate) struct CoordinatorActor;
 
@@ -270,9 +270,11 @@ impl Roller for CoordinatorRoller {
         topic: &str,
         segment: SegmentId,
         seal: SealRecord,
-    ) -> Result<SegmentId, String> {
+    ) -> Result<SegmentId, RollError> {
         let Some(coordinator) = self.shared.coordinator.read().clone() else {
-            return Err("the coordinator manager is not running".into());
+            return Err(RollError::Transient(
+                "the coordinator manager is not running".into(),
+            ));
         };
         let answer = ractor::call_t!(
             coordinator,
@@ -286,9 +288,52 @@ impl Roller for CoordinatorRoller {
         );
         match answer {
             Ok(Ok(next)) => Ok(next),
-            Ok(Err(e)) => Err(format!("roll refused: {e}")),
-            Err(e) => Err(format!("roll request failed: {e}")),
+            Ok(Err(e)) => Err(roll_refusal(&e)),
+            Err(e) => Err(RollError::Transient(format!("roll request failed: {e}"))),
         }
+    }
+
+    fn settle(&self, topic: &str, _range: RangeId, segment: SegmentId) {
+        let first = self
+            .shared
+            .refused
+            .lock()
+            .insert(segment, topic.to_string())
+            .is_none();
+        // Reconcile settles it; it runs on every applied change and on the
+        // slow timer anyway, so only the first report asks for a pass now.
+        if first && let Some(manager) = self.shared.coordinator.read().clone() {
+            let _ = manager.send_message(CoordinatorMsg::Reconcile);
+        }
+    }
+}
+
+/// Whether a coordinator's refusal of a roll is for good: the one place a
+/// `CoordError` becomes a [`RollError`] (chaos finding F7).
+///
+/// For good: the metadata has the segment sealed without this writer
+/// (`RangeNotActive`: its range was split or merged away, which seals its
+/// last segment; `AlreadySealed`: a failover sealed it at another length),
+/// its topic sealed, or the segment or its topic gone. Anything else may
+/// pass on a later attempt: a timeout, a missing quorum, a ring being
+/// re-read (`is_misrouted`), a lease, and `UnknownSegment`, which the roll
+/// answers when this broker's replica has not applied what the leader
+/// committed yet (a failover's seal, the successor), so the writer of a
+/// segment sealed elsewhere while this broker was cut off is settled by
+/// `reconcile` once its replica catches up.
+pub(crate) fn roll_refusal(e: &CoordError) -> RollError {
+    let reason = format!("roll refused: {e}");
+    match e {
+        CoordError::Model(
+            ModelError::RangeNotActive { .. }
+            | ModelError::AlreadySealed { .. }
+            | ModelError::AlreadyRolled { .. }
+            | ModelError::TopicSealed { .. }
+            | ModelError::NoSuchTopic { .. }
+            | ModelError::NoSuchRange { .. }
+            | ModelError::NoSuchSegment { .. },
+        ) => RollError::Permanent(reason),
+        _ => RollError::Transient(reason),
     }
 }
 
@@ -865,7 +910,7 @@ impl CoordinatorState {
         if let Some(handle) = self.shared.segment(segment) {
             // An actor that stopped meanwhile has nothing left to thaw: its
             // successor starts unfrozen.
-            let _ = handle.actor.actor().send_message(SegmentMsg::RollFailed);
+            let _ = handle.actor.actor().send_message(SegmentMsg::Thaw);
         }
     }
 
@@ -1305,6 +1350,7 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     let mut wanted: Vec<(String, SegmentId)> = Vec::new();
     let running: Vec<SegmentId> = shared.data.segments.lock().keys().copied().collect();
     let settled: BTreeSet<SegmentId> = shared.settled.lock().clone();
+    let refused: BTreeMap<SegmentId, String> = shared.refused.lock().clone();
     let mut known: std::collections::BTreeSet<SegmentId> = std::collections::BTreeSet::new();
     let followed: Vec<SegmentId> = shared
         .data
@@ -1345,6 +1391,11 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
                         deposed.push((topic.name.clone(), range.id, id, seal.length));
                     }
                 }
+            }
+        }
+        for found in refused_sealed(state, &refused, &running) {
+            if !deposed.iter().any(|d| d.2 == found.2) {
+                deposed.push(found);
             }
         }
         for topic in state.topics() {
@@ -1417,7 +1468,37 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     // The copy stays on disk (a drop order or the orphan sweep removes
     // it, ADR 0115); only the actor and its open handle are released.
     stop_segment_actors(shared, &orphans).await;
+    // A refused writer that stopped (settled above, an orphan, or gone on
+    // its own) is no longer waiting; a restarted one reports again.
+    if !refused.is_empty() {
+        let open: BTreeSet<SegmentId> = shared.data.segments.lock().keys().copied().collect();
+        shared.refused.lock().retain(|id, _| open.contains(id));
+    }
     Ok(())
+}
+
+/// The writers running here (`running`) whose roll the metadata refused for
+/// good (`refused`, with their topics) and that `state` records sealed:
+/// each with its range and recorded seal length, to stop and settle as a
+/// deposed writer. Their range may be split or merged away, so not active
+/// and not among the ranges `reconcile` scans for deposed writers (chaos
+/// finding F7). A segment not sealed in this view is left for a later pass
+/// (this replica is behind); one unknown to every view is an orphan.
+fn refused_sealed(
+    state: &MetadataState,
+    refused: &BTreeMap<SegmentId, String>,
+    running: &[SegmentId],
+) -> Vec<(String, RangeId, SegmentId, u64)> {
+    refused
+        .iter()
+        .filter(|(id, _)| running.contains(id))
+        .filter_map(|(&id, topic)| {
+            let segment = state.segment(id)?;
+            let range = state.range(segment.range)?;
+            let seal = segment.seal()?;
+            (range.topic == *topic).then(|| (topic.clone(), range.id, id, seal.length))
+        })
+        .collect()
 }
 
 /// Stops the writers of `segments` (of deleted segments: found by their
@@ -2556,6 +2637,86 @@ mod tests {
             })
             .unwrap();
         segment
+    }
+
+    /// Chaos finding F7: the writer of a segment whose range was split
+    /// away had its roll refused (`RangeNotActive`) for good, and nothing
+    /// settled it: reconcile looked for deposed writers in active ranges
+    /// only. A refused writer is found in any range, at the recorded seal.
+    #[test]
+    fn a_refused_writer_of_a_split_range_is_settled_at_the_recorded_seal() {
+        let mut state = MetadataState::new();
+        create(&mut state, "t", 1);
+        let range = state.active_ranges("t").next().unwrap().id;
+        let frozen = state.range(range).unwrap().last_segment().unwrap();
+        let seal = SealRecord {
+            length: 7,
+            bytes: 70,
+        };
+        state
+            .apply(Command::SplitRange {
+                topic: "t".into(),
+                range,
+                seal,
+                lower_replicas: vec![NodeId(1)],
+                upper_replicas: vec![NodeId(1)],
+                at_ms: 2,
+                segment: Some(frozen),
+            })
+            .unwrap();
+        assert!(!state.range(range).unwrap().is_active());
+        // The refusal is for good, so the writer is handed over.
+        assert!(matches!(
+            roll_refusal(&CoordError::Model(ModelError::RangeNotActive { range })),
+            RollError::Permanent(_)
+        ));
+        let refused: BTreeMap<SegmentId, String> = [(frozen, "t".to_string())].into();
+        assert_eq!(
+            refused_sealed(&state, &refused, &[frozen]),
+            vec![("t".to_string(), range, frozen, 7)]
+        );
+        // Not a writer running here, or another topic's segment: nothing.
+        assert!(refused_sealed(&state, &refused, &[]).is_empty());
+        let other: BTreeMap<SegmentId, String> = [(frozen, "u".to_string())].into();
+        assert!(refused_sealed(&state, &other, &[frozen]).is_empty());
+        // A segment still active in this view (the replica is behind) waits.
+        let child = state.active_ranges("t").next().unwrap();
+        let active = child.last_segment().unwrap();
+        let waiting: BTreeMap<SegmentId, String> = [(active, "t".to_string())].into();
+        assert!(refused_sealed(&state, &waiting, &[active]).is_empty());
+    }
+
+    #[test]
+    fn only_refusals_the_metadata_will_repeat_are_for_good() {
+        let segment = SegmentId(4);
+        let permanent = [
+            ModelError::AlreadySealed {
+                segment,
+                recorded: SealRecord {
+                    length: 1,
+                    bytes: 1,
+                },
+            },
+            ModelError::NoSuchTopic { topic: "t".into() },
+        ];
+        for e in permanent {
+            assert!(matches!(
+                roll_refusal(&CoordError::Model(e)),
+                RollError::Permanent(_)
+            ));
+        }
+        // A lagging replica, a timeout, a stale ring: asked again.
+        let transient = [
+            CoordError::UnknownSegment { segment },
+            CoordError::Unexpected("timeout".into()),
+            CoordError::Model(ModelError::WrongVnode {
+                topic: "t".into(),
+                arc: malachi_cluster::model::RingArc::FULL,
+            }),
+        ];
+        for e in transient {
+            assert!(matches!(roll_refusal(&e), RollError::Transient(_)), "{e}");
+        }
     }
 
     fn kinds(heals: &[crate::control::requests::HealCandidate]) -> Vec<(SegmentId, HealKind)> {

@@ -85,6 +85,13 @@ pub(crate) struct Shared {
     /// already settled at their seal (`coordinator::reconcile`), so a pass
     /// does not open them again.
     pub settled: parking_lot::Mutex<std::collections::BTreeSet<malachi_cluster::model::SegmentId>>,
+    /// Writers here whose roll the metadata refused for good (a segment
+    /// sealed without them: its range split or merged away, a failover
+    /// elsewhere), each with its topic, reported through their `Roller`:
+    /// `coordinator::reconcile` stops them and settles their copies at the
+    /// recorded seal (chaos finding F7).
+    pub refused:
+        parking_lot::Mutex<std::collections::BTreeMap<malachi_cluster::model::SegmentId, String>>,
     /// The cluster's storage policies as this broker last read them from
     /// the ring's group (every retention pass, and each policy change made
     /// through this broker): what placement reads without a round trip
@@ -171,6 +178,7 @@ impl Shared {
             failover: RwLock::new(None),
             healer: RwLock::new(None),
             settled: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
+            refused: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
             policy_cache: RwLock::new(std::collections::BTreeMap::new()),
             coordinator_sup: RwLock::new(None),
             root: SupervisorSlot::default(),

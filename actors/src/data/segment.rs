@@ -39,14 +39,38 @@ use crate::common::convert::IncomingRecord;
 #[async_trait::async_trait]
 pub(crate) trait Roller: Send + Sync + std::fmt::Debug {
     /// Seals `segment` of `topic` at `seal` and returns the range's next
-    /// segment once the metadata commits it; a refusal or a timeout is the
-    /// reason, for the log (the actor tries again later).
+    /// segment once the metadata commits it. A refusal says whether asking
+    /// again can succeed ([`RollError`]).
     async fn roll(
         &self,
         topic: &str,
         segment: SegmentId,
         seal: SealRecord,
-    ) -> Result<SegmentId, String>;
+    ) -> Result<SegmentId, RollError>;
+
+    /// `segment`'s roll was refused for good: its copy here is the control
+    /// plane's to settle, sealed at the metadata's seal and its writer
+    /// stopped (or, the segment gone from the metadata, its writer
+    /// stopped). The writer never seals it itself: only the metadata knows
+    /// the seal. Called again on each refusal; repeats are no-ops.
+    fn settle(&self, topic: &str, range: RangeId, segment: SegmentId);
+}
+
+/// Why a segment did not roll.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RollError {
+    /// Asking again may succeed: a timeout, no quorum yet, a coordinator
+    /// not running, this broker's metadata replica behind the leader's.
+    /// The next attempt comes on the next tick.
+    #[error("{0}")]
+    Transient(String),
+    /// The metadata will not roll this segment however often it is asked:
+    /// it was sealed without this writer (a failover, a split or merge),
+    /// its topic was sealed, or it or its topic is gone. The copy is
+    /// handed to [`Roller::settle`], and asked about again only after a
+    /// backoff (`ROLL_BACKOFF_FIRST_MS`, doubling to `ROLL_BACKOFF_MAX_MS`).
+    #[error("{0}")]
+    Permanent(String),
 }
 
 /// Why an append was not made durable.
@@ -97,10 +121,17 @@ pub(crate) enum SegmentMsg {
         producer: Option<ProducerTag>,
         reply: AppendReply,
     },
-    /// Check the seal policy (after a durable append, and on a timer).
+    /// Check the seal policy (after a durable append, a refused append).
     CheckRoll,
-    /// The roll task ended without rolling; allow another attempt.
-    RollFailed,
+    /// The timer's `CheckRoll`: also the only one to retry a roll that
+    /// failed for a transient reason.
+    Tick,
+    /// The roll task ended without rolling; another attempt comes after a
+    /// delay that depends on the refusal.
+    RollFailed(RollError),
+    /// A freeze whose split or merge failed is lifted: the fenced copy
+    /// rolls on its own, at once.
+    Thaw,
     /// A group commit failed: rebuild the producer table from the log
     /// before handing it on.
     ProducersStale,
@@ -120,7 +151,9 @@ impl std::fmt::Debug for SegmentMsg {
         match self {
             SegmentMsg::Append { records, .. } => write!(f, "Append({} records)", records.len()),
             SegmentMsg::CheckRoll => f.write_str("CheckRoll"),
-            SegmentMsg::RollFailed => f.write_str("RollFailed"),
+            SegmentMsg::Tick => f.write_str("Tick"),
+            SegmentMsg::RollFailed(e) => write!(f, "RollFailed({e:?})"),
+            SegmentMsg::Thaw => f.write_str("Thaw"),
             SegmentMsg::ProducersStale => f.write_str("ProducersStale"),
             SegmentMsg::Freeze { .. } => f.write_str("Freeze"),
             #[cfg(feature = "testing")]
@@ -154,7 +187,15 @@ pub(crate) struct SegmentActor;
 
 pub(crate) struct SegmentState {
     args: SegmentArgs,
+    /// A roll task or a freeze is under way.
     rolling: bool,
+    /// The copy is frozen for a split or merge (and `rolling`): only a
+    /// thaw of that freeze lifts it.
+    frozen: bool,
+    /// The last roll failed and the copy stays fenced: the next attempt
+    /// waits for `Retry`'s due time, and appends are answered `Rolled`
+    /// meanwhile.
+    retry: Option<Retry>,
     /// The offset the store must give this segment's next append: the end
     /// of the previous one (appends go through this actor only, in mailbox
     /// order), from the copy's `assigned` at open.
@@ -177,11 +218,68 @@ impl SegmentState {
     }
 }
 
-/// How often an idle segment checks whether it has aged out.
 /// The least age of an unreplicated segment that rolls off a
 /// decommissioned broker.
 const LEAVING_ROLL_AGE_MS: u64 = 10_000;
 
+/// After a roll refused for good, the wait before asking again: it doubles
+/// with each refusal, up to `ROLL_BACKOFF_MAX_MS`. The control plane
+/// settles such a copy meanwhile and stops its writer; the attempts only
+/// cover a settle that could not happen yet (this broker's metadata
+/// replica behind, a full volume).
+const ROLL_BACKOFF_FIRST_MS: u64 = 1_000;
+const ROLL_BACKOFF_MAX_MS: u64 = 60_000;
+
+/// A failed roll's next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Retry {
+    /// After a refusal for good, no attempt before this (the storage
+    /// clock's monotonic time); a transient failure waits for the next
+    /// tick instead (`due`).
+    at_ms: u64,
+    /// Failures in a row of the same kind.
+    failures: u32,
+    /// Whether they were refusals for good.
+    permanent: bool,
+}
+
+impl Retry {
+    /// The attempt after `error`, given the one before (`None`: the first
+    /// failure). A refusal for good backs off; a transient failure is
+    /// tried again on the next tick, as before, but no longer at once on
+    /// each append the fence refuses (the chaos run's hot loop, F7).
+    fn after(previous: Option<Retry>, error: &RollError, now_ms: u64) -> Retry {
+        let permanent = matches!(error, RollError::Permanent(_));
+        let failures = match previous {
+            Some(p) if p.permanent == permanent => p.failures.saturating_add(1),
+            _ => 1,
+        };
+        let delay_ms = if permanent {
+            ROLL_BACKOFF_FIRST_MS
+                .saturating_mul(1u64 << (failures - 1).min(16))
+                .min(ROLL_BACKOFF_MAX_MS)
+        } else {
+            0
+        };
+        Retry {
+            at_ms: now_ms.saturating_add(delay_ms),
+            failures,
+            permanent,
+        }
+    }
+
+    /// Whether the next attempt may start now: on a tick after a transient
+    /// failure, once `at_ms` has passed after a refusal for good.
+    fn due(&self, now_ms: u64, tick: bool) -> bool {
+        if self.permanent {
+            now_ms >= self.at_ms
+        } else {
+            tick
+        }
+    }
+}
+
+/// How often an idle segment checks whether it has aged out.
 fn tick_interval(age_ms: u64) -> Duration {
     Duration::from_millis((age_ms / 4).clamp(5, 1_000))
 }
@@ -262,6 +360,8 @@ impl Actor for SegmentActor {
         Ok(SegmentState {
             args,
             rolling: false,
+            frozen: false,
+            retry: None,
             next_offset: recovery.info.assigned,
             first_record_at_ms,
             producers,
@@ -278,7 +378,7 @@ impl Actor for SegmentActor {
         // The timer ends with the actor (ractor stops sending to a dead actor).
         myself.send_interval(
             tick_interval(state.args.storage.config.segment_age_ms),
-            || SegmentMsg::CheckRoll,
+            || SegmentMsg::Tick,
         );
         // A copy fenced or failed before a crash must roll before it can take appends.
         myself.send_message(SegmentMsg::CheckRoll)?;
@@ -309,8 +409,18 @@ impl Actor for SegmentActor {
                     reply,
                 },
             ),
-            SegmentMsg::CheckRoll => self.check_roll(myself, state)?,
-            SegmentMsg::RollFailed => state.rolling = false,
+            SegmentMsg::CheckRoll => self.check_roll(myself, state, false)?,
+            SegmentMsg::Tick => self.check_roll(myself, state, true)?,
+            SegmentMsg::RollFailed(error) => self.roll_failed(state, error),
+            SegmentMsg::Thaw => {
+                // Only a freeze's own thaw: a freeze refused because a
+                // roll was under way must not free that roll's flag.
+                if state.frozen {
+                    state.frozen = false;
+                    state.rolling = false;
+                    state.retry = None;
+                }
+            }
             SegmentMsg::ProducersStale => state.producers_stale = true,
             SegmentMsg::Freeze { reply } => {
                 if state.rolling {
@@ -322,6 +432,7 @@ impl Actor for SegmentActor {
                 // From here on this actor only refuses appends; the
                 // coordinator stops it once the split or merge commits.
                 state.rolling = true;
+                state.frozen = true;
                 let store = Arc::clone(&state.args.storage.store);
                 let id = state.store_id();
                 if let Err(e) = store.fence(id) {
@@ -408,7 +519,9 @@ impl SegmentActor {
             producer,
             reply,
         } = append;
-        if state.rolling {
+        // A copy rolling, or fenced and waiting to try its roll again,
+        // takes no appends: they go to the range's next active segment.
+        if state.rolling || state.retry.is_some() {
             let _ = reply.send(Err(AppendError::Rolled));
             return;
         }
@@ -582,13 +695,21 @@ impl SegmentActor {
         &self,
         myself: ActorRef<SegmentMsg>,
         state: &mut SegmentState,
+        tick: bool,
     ) -> Result<(), ActorProcessingErr> {
         if state.rolling {
             return Ok(());
         }
+        let clock = &state.args.storage.clock;
+        if state
+            .retry
+            .is_some_and(|retry| !retry.due(clock.monotonic_ms(), tick))
+        {
+            return Ok(());
+        }
         let store = &state.args.storage.store;
         let info = store.info(state.store_id())?;
-        let now_ms = state.args.storage.clock.now_ms();
+        let now_ms = clock.now_ms();
         let age_from = state
             .first_record_at_ms
             .unwrap_or(now_ms)
@@ -632,7 +753,7 @@ impl SegmentActor {
         let handoff = Handoff::of(state);
         let replicated = state.replicated.clone();
         tokio::spawn(async move {
-            if roll(
+            if let Err(error) = roll(
                 &storage,
                 roller.as_ref(),
                 &topic,
@@ -642,12 +763,43 @@ impl SegmentActor {
                 replicated.as_deref(),
             )
             .await
-            .is_err()
             {
-                let _ = myself.send_message(SegmentMsg::RollFailed);
+                let _ = myself.send_message(SegmentMsg::RollFailed(error));
             }
         });
         Ok(())
+    }
+
+    /// A roll failed: the copy stays fenced until the next attempt, which
+    /// `Retry::after` times. A refusal for good hands the copy to the
+    /// control plane to settle, and is logged at warn once, then at debug.
+    fn roll_failed(&self, state: &mut SegmentState, error: RollError) {
+        state.rolling = false;
+        let now_ms = state.args.storage.clock.monotonic_ms();
+        let retry = Retry::after(state.retry, &error, now_ms);
+        state.retry = Some(retry);
+        let segment = state.store_id();
+        let retry_in_ms = retry.at_ms - now_ms;
+        match &error {
+            RollError::Permanent(reason) => {
+                if retry.failures == 1 {
+                    warn!(%segment, %reason, retry_in_ms, "roll refused for good; the copy is left to the control plane to settle at the metadata's seal");
+                } else {
+                    debug!(%segment, %reason, failures = retry.failures, retry_in_ms, "roll refused again");
+                }
+                state
+                    .args
+                    .roller
+                    .settle(&state.args.topic, state.args.range, state.args.segment);
+            }
+            RollError::Transient(reason) => {
+                if retry.failures == 1 {
+                    warn!(%segment, %reason, "roll failed");
+                } else {
+                    debug!(%segment, %reason, failures = retry.failures, "roll failed again");
+                }
+            }
+        }
     }
 }
 
@@ -672,7 +824,7 @@ async fn roll(
     store_id: malachi_storage::SegmentId,
     handoff: Handoff,
     replicated: Option<&Replicated>,
-) -> Result<(), ()> {
+) -> Result<(), RollError> {
     // Everything appended before the fence becomes durable (or fails) first.
     // A failed sync leaves `length` at what was durable: the seal is still
     // right, so the failure is only logged.
@@ -683,15 +835,15 @@ async fn roll(
     }
     let timeout_ms = storage.config.replica_ack_timeout_ms;
     if let Err(reason) = quorum_holds_all(storage, store_id, replicated, timeout_ms).await {
-        warn!(segment = %store_id, %reason, "cannot roll yet");
-        return Err(());
+        return Err(RollError::Transient(format!("cannot roll yet: {reason}")));
     }
     // The successor starts from this table: it is on disk before the roll
     // can commit.
     handoff.write().await;
-    let info = storage.store.info(store_id).map_err(|e| {
-        warn!(segment = %store_id, error = %e, "cannot read segment info to roll");
-    })?;
+    let info = storage
+        .store
+        .info(store_id)
+        .map_err(|e| RollError::Transient(format!("cannot read segment info to roll: {e}")))?;
     // A quarantined copy is sealed past the records it lost (ADR 0108):
     // their offsets stay theirs, and a read of them is `data_loss`.
     let seal = SealRecord {
@@ -724,10 +876,7 @@ async fn roll(
             }
             Ok(())
         }
-        Err(reason) => {
-            warn!(segment = %store_id, %reason, "roll failed");
-            Err(())
-        }
+        Err(error) => Err(error),
     }
 }
 
@@ -839,9 +988,173 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Roller for NoRoll {
-        async fn roll(&self, _: &str, _: SegmentId, _: SealRecord) -> Result<SegmentId, String> {
-            Err("no roll in this test".into())
+        async fn roll(&self, _: &str, _: SegmentId, _: SealRecord) -> Result<SegmentId, RollError> {
+            Err(RollError::Transient("no roll in this test".into()))
         }
+
+        fn settle(&self, _: &str, _: RangeId, _: SegmentId) {}
+    }
+
+    /// A roller the metadata refuses for good, as it refused the writers
+    /// of segments split or merged away in the chaos run (finding F7).
+    #[derive(Debug, Default)]
+    struct Refusing {
+        calls: std::sync::atomic::AtomicUsize,
+        settles: parking_lot::Mutex<Vec<(String, RangeId, SegmentId)>>,
+    }
+
+    impl Refusing {
+        fn calls(&self) -> usize {
+            self.calls.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Roller for Refusing {
+        async fn roll(&self, _: &str, _: SegmentId, _: SealRecord) -> Result<SegmentId, RollError> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err(RollError::Permanent(
+                "roll refused: range r10 is not active".into(),
+            ))
+        }
+
+        fn settle(&self, topic: &str, range: RangeId, segment: SegmentId) {
+            self.settles.lock().push((topic.into(), range, segment));
+        }
+    }
+
+    fn handle_of(storage: &Storage) -> BoundedRef<SegmentMsg> {
+        storage.segments.lock()[&SegmentId(3)].actor.clone()
+    }
+
+    fn record() -> IncomingRecord {
+        IncomingRecord {
+            timestamp_ms: 1,
+            key: "k".into(),
+            value: "v".into(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// Chaos finding F7: a writer whose roll the metadata refuses for good
+    /// (its range was split away) asked again on every tick, and at once
+    /// after every append its fence refused, for minutes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_roll_refused_for_good_is_not_asked_again_every_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(crate::common::clock::ManualClock::new(1_000_000));
+        let config = crate::common::config::BrokerConfig {
+            // A tick every 10 ms.
+            segment_age_ms: 40,
+            ..crate::common::config::BrokerConfig::for_tests(dir.path())
+        };
+        let store = Arc::new(
+            malachi_storage::FileStore::open_dir(
+                dir.path(),
+                malachi_storage::StoreConfig::default(),
+            )
+            .unwrap(),
+        );
+        let storage = Arc::new(Storage::new(
+            config,
+            store,
+            clock.clone(),
+            Arc::new(crate::common::metrics::BrokerMetrics::new()),
+        ));
+        // A copy fenced by a freeze (or a roll before a crash): it must roll.
+        let id = malachi_storage::SegmentId(3);
+        storage.store.open(id).unwrap();
+        storage
+            .store
+            .append(id, &[malachi_storage::Record::new(1, "k", "v")])
+            .unwrap()
+            .wait()
+            .unwrap();
+        storage.store.fence(id).unwrap();
+        storage.store.close(id).unwrap();
+        let roller = Arc::new(Refusing::default());
+        let args = SegmentArgs {
+            storage: Arc::clone(&storage),
+            roller: roller.clone(),
+            topic: "t".into(),
+            range: RANGE,
+            segment: SegmentId(3),
+            start_offset: 0,
+            created_at_ms: 1_000_000,
+            ancestry: Ancestry::default(),
+            replicas: vec![NodeId(1)],
+            epoch: 1,
+        };
+        let (actor, handle) = Actor::spawn(None, SegmentActor, args).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // About 30 ticks, and producers retrying on the refused copy.
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let (reply, answer) = oneshot::channel();
+            handle_of(&storage)
+                .try_send(|permit| SegmentMsg::Append {
+                    permit,
+                    records: Arc::new(vec![record()]),
+                    bytes: 1,
+                    producer: None,
+                    reply,
+                })
+                .unwrap();
+            assert!(matches!(answer.await.unwrap(), Err(AppendError::Rolled)));
+        }
+        assert_eq!(roller.calls(), 1, "asked again before its backoff");
+        // Handed to the control plane to settle, once per refusal.
+        assert_eq!(
+            *roller.settles.lock(),
+            vec![("t".to_string(), RANGE, SegmentId(3))]
+        );
+        // Then asked again after 1 s, 2 s, 4 s: never more often.
+        let mut expected = 1;
+        for (waited_ms, asks) in [
+            (999, false),
+            (1, true),
+            (1_999, false),
+            (1, true),
+            (4_000, true),
+        ] {
+            clock.advance_ms(waited_ms);
+            // Many ticks.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            expected += usize::from(asks);
+            assert_eq!(roller.calls(), expected, "after {waited_ms} ms more");
+        }
+        assert_eq!(roller.settles.lock().len(), expected);
+        // The fenced copy took nothing meanwhile.
+        assert_eq!(storage.store.info(id).unwrap().length, 1);
+        actor.stop(None);
+        handle.await.unwrap();
+    }
+
+    #[test]
+    fn a_refusal_for_good_backs_off_to_a_minute_and_a_transient_failure_waits_for_a_tick() {
+        let refused = RollError::Permanent("refused".into());
+        let mut retry = None;
+        let mut delays = Vec::new();
+        for _ in 0..9 {
+            let next = Retry::after(retry, &refused, 0);
+            delays.push(next.at_ms);
+            retry = Some(next);
+        }
+        assert_eq!(
+            delays,
+            [
+                1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000, 60_000
+            ]
+        );
+        let stuck = Retry::after(None, &refused, 0);
+        assert!(!stuck.due(999, true));
+        assert!(stuck.due(1_000, false));
+        // A transient failure after refusals counts afresh, and is tried
+        // again on the next tick only, not on each refused append.
+        let transient = Retry::after(Some(stuck), &RollError::Transient("timeout".into()), 5);
+        assert_eq!(transient.failures, 1);
+        assert!(!transient.due(u64::MAX, false));
+        assert!(transient.due(5, true));
     }
 
     /// Chaos finding F2: after a failover the new primary followed every
