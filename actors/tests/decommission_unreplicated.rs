@@ -12,19 +12,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::{Broker, BrokerConfig, BrokerHandle};
 use malachi_wire::messages::{ClusterMembersRequest, CreateTopicRequest};
 
 fn config(dir: &Path, node_id: u64, seeds: &[&BrokerHandle]) -> BrokerConfig {
-    BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|b| b.client_addr().to_string()).collect(),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3, 4],
-            ..ClusterSettings::default()
-        },
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
-    }
+    cluster_config(dir, node_id, seeds, &[1, 2, 3, 4])
 }
 
 /// Every record of `topic` from the start, following the segments across

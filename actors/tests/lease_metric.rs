@@ -13,20 +13,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use common::*;
-use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::{BrokerConfig, BrokerHandle};
 use malachi_wire::messages::CreateTopicRequest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn config(dir: &Path, node_id: u64, seeds: &[&BrokerHandle]) -> BrokerConfig {
-    BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|b| b.client_addr().to_string()).collect(),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3],
-            ..ClusterSettings::default()
-        },
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
-    }
+    cluster_config(dir, node_id, seeds, &[1, 2, 3])
 }
 
 async fn metrics(addr: SocketAddr) -> String {

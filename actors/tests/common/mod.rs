@@ -256,3 +256,22 @@ pub async fn start_seeded<const N: usize>(
     };
     brokers
 }
+
+/// A test broker `node_id` of a cluster formed of `nodes`, with `seeds`
+/// as its seeds and its data under `dir/node-<id>`.
+pub fn cluster_config(
+    dir: &std::path::Path,
+    node_id: u64,
+    seeds: &[&BrokerHandle],
+    nodes: &[u64],
+) -> BrokerConfig {
+    BrokerConfig {
+        node_id,
+        seeds: seeds.iter().map(|b| b.client_addr().to_string()).collect(),
+        cluster: malachi_actors::ClusterSettings {
+            nodes: nodes.to_vec(),
+            ..malachi_actors::ClusterSettings::default()
+        },
+        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
+    }
+}
