@@ -332,6 +332,48 @@ fn the_metadata_state_snapshot_encodes_to_its_frozen_bytes() {
 /// The ring group's state once it holds cursor keys (ADR 0096): the keys
 /// are the last field, absent (not even a nil) from states without them,
 /// so the `metadata_state` snapshot above did not change with them.
+/// The lease request of ADR 0122 (a raft log entry) and a state holding a
+/// lease it granted, with its generation: both frozen, so a change to
+/// either encoding shows here.
+#[test]
+fn a_waited_lease_request_and_its_lease_encode_to_their_frozen_bytes() {
+    let cmd = Command::AcquireLeaseWaited {
+        holder: 2,
+        duration_ms: 10_000,
+        at_ms: 1_700_000_000_000,
+        waited_for: Some(7),
+    };
+    let bytes = rmp_serde::to_vec(&cmd).unwrap();
+    insta::assert_snapshot!(
+        "acquire_lease_waited",
+        frozen(hex(&bytes), render(&parse(&bytes)))
+    );
+    assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), cmd);
+
+    let mut state = MetadataState::default();
+    for at_ms in [1_000, 2_000] {
+        state
+            .apply(Command::AcquireLeaseWaited {
+                holder: 2,
+                duration_ms: 10_000,
+                at_ms,
+                waited_for: None,
+            })
+            .unwrap();
+    }
+    let bytes = state.snapshot().unwrap();
+    insta::assert_snapshot!(
+        "metadata_state_with_lease",
+        frozen(hex(&bytes), versioned(&bytes))
+    );
+    let restored = MetadataState::restore(&bytes).unwrap();
+    assert_eq!(restored, state);
+    assert_eq!(
+        restored.lease().map(|l| (l.epoch, l.generation)),
+        Some((1, 2))
+    );
+}
+
 #[test]
 fn the_ring_groups_cursor_keys_encode_to_their_frozen_bytes() {
     let mut state = MetadataState::default();
