@@ -220,6 +220,14 @@ pub struct CatchUpResponse {
     /// The refusal's reason, for logs.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The copy's readable end when it answered: the records its own
+    /// readers may see (committed ones for a replicated copy, the seal for
+    /// a sealed one). A broker reading an *active* segment it holds no copy
+    /// of serves only the frames below it (ADR 0123). `None` from a broker
+    /// that predates the field: such an answer is never used for an active
+    /// segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readable_end: Option<u64>,
     /// Whole frames as the copy's log holds them, after the map (like
     /// ReplicaAppendRequest's frames): zero-copy slice on decode. Empty on
     /// a refusal, and when `from` is the copy's durable end.
@@ -235,8 +243,15 @@ impl CatchUpResponse {
             durable_end,
             refused: None,
             message: String::new(),
+            readable_end: None,
             frames,
         }
+    }
+
+    /// The same answer, saying the copy's readable end.
+    pub fn with_readable_end(mut self, readable_end: u64) -> CatchUpResponse {
+        self.readable_end = Some(readable_end);
+        self
     }
 
     /// A refusal, with the copy's durable end (0 when unknown).
@@ -250,6 +265,7 @@ impl CatchUpResponse {
             durable_end,
             refused: Some(refusal),
             message: message.into(),
+            readable_end: None,
             frames: Bytes::new(),
         }
     }

@@ -285,6 +285,13 @@ fn replica_orders_encode_to_their_frozen_bytes() {
     let bytes = frames.encode().unwrap();
     insta::assert_snapshot!("catch_up_response", hex(&bytes));
     assert_eq!(CatchUpResponse::decode(bytes).unwrap(), frames);
+    // With the readable end (ADR 0123): one more key; the answer above,
+    // without it, keeps its bytes, and an old answer decodes to `None`.
+    let readable =
+        CatchUpResponse::frames(10, 12, bytes::Bytes::from_static(b"MLR1")).with_readable_end(11);
+    let bytes = readable.encode().unwrap();
+    insta::assert_snapshot!("catch_up_response_readable_end", hex(&bytes));
+    assert_eq!(CatchUpResponse::decode(bytes).unwrap(), readable);
     let refused = CatchUpResponse::refused(OrderRefusal::UnknownCopy, 0, "no copy");
     let bytes = refused.encode().unwrap();
     insta::assert_snapshot!("catch_up_refused", hex(&bytes));

@@ -190,11 +190,15 @@ pub(crate) async fn serve_catch_up(shared: &Arc<Shared>, body: &[u8]) -> CatchUp
     let read = on_copy(shared, segment, move |store, id| {
         let info = store.info(id)?;
         let run = store.read_frames(id, from, bytes_max)?;
-        Ok((info.durable, run))
+        Ok((info, run))
     })
     .await;
     match read {
-        Ok((durable, run)) => CatchUpResponse::frames(run.first, durable, Bytes::from(run.bytes)),
+        // The readable end is taken before the frames are read: it only
+        // grows, so every record below it is among the frames' records or
+        // before them (ADR 0123).
+        Ok((info, run)) => CatchUpResponse::frames(run.first, info.durable, Bytes::from(run.bytes))
+            .with_readable_end(info.length),
         Err(e @ StorageError::OffsetOutOfRange { end, .. }) => {
             CatchUpResponse::refused(OrderRefusal::Short, end, e.to_string())
         }

@@ -16,10 +16,10 @@ use tokio::time::Instant;
 
 use super::error::ServeError;
 use super::read::{
-    LocalCopies, ReadBudget, active_plans, active_segments, read_topic, response_control_bytes,
-    tail_positions,
+    LocalCopies, ReadBudget, TailElsewhere, active_plans, active_segments, read_topic,
+    response_control_bytes, tail_positions,
 };
-use super::remote::{chunk_bytes, read_through_holders};
+use super::remote::{REMOTE_ACTIVE_POLL_MS, read_through_holders};
 use super::reply::{Failure, not_serving};
 use crate::control::metadata::{MetadataPlane, read_owner};
 use crate::control::shared::Shared;
@@ -56,6 +56,7 @@ pub(crate) async fn fetch(
                 .without_broken(&shared.data.scrub.book.lock());
             (plans, copies)
         });
+        let remote_active = copies.reads_active_elsewhere(&plans);
         // The frame keeps room for a cursor over every range; the block gets
         // the rest. `bytes_max` bounds the block too, except that a first
         // record larger than it comes alone (within the frame), so a big
@@ -63,9 +64,9 @@ pub(crate) async fn fetch(
         let control = response_control_bytes(&topic, plans.len());
         let frame_room = frame_max.saturating_sub(control);
         let batch_max = (req.bytes_max as usize).min(frame_room);
-        // A sealed segment this broker cannot read is read from a holder
-        // (ADR 0118), so this broker serves the whole read.
-        let read = read_through_holders(shared, &topic, copies, chunk_bytes(batch_max), |copies| {
+        // A segment this broker cannot read is read from a holder (ADR
+        // 0118, 0123), so this broker serves the whole read.
+        let read = read_through_holders(shared, &topic, copies, batch_max, |copies| {
             let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
             let outcome = tokio::task::block_in_place(|| {
                 read_topic(
@@ -115,8 +116,15 @@ pub(crate) async fn fetch(
                 records: batch,
             });
         }
+        // Another broker's appends to an active segment read through this
+        // one do not wake `durable`: a timer does (ADR 0123).
+        let look_again = if remote_active {
+            deadline.min(Instant::now() + Duration::from_millis(REMOTE_ACTIVE_POLL_MS))
+        } else {
+            deadline
+        };
         tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => {}
+            _ = tokio::time::sleep_until(look_again) => {}
             _ = durable.changed() => {}
             _ = shared.draining.cancelled() => {
                 return Err(ServeError::Draining);
@@ -145,6 +153,19 @@ pub(crate) async fn caught_up_start(
     let deadline = Instant::now() + Duration::from_millis(CURSOR_CATCH_UP_WAIT_MS);
     loop {
         match start_positions(shared, plane, req, verified.clone()) {
+            Ok((incarnation, mut positions, elsewhere)) => {
+                for tail in elsewhere {
+                    let end = super::remote::readable_end(shared, &tail).await?;
+                    positions.insert(
+                        tail.range,
+                        Position::At {
+                            segment: tail.segment,
+                            offset: tail.start_offset + end,
+                        },
+                    );
+                }
+                return Ok((incarnation, positions));
+            }
             Err(ServeError::MetadataBehind { reason, .. }) => {
                 // Woken by every command a local replica applies; the
                 // deadline bounds the wait whatever happens.
@@ -157,10 +178,15 @@ pub(crate) async fn caught_up_start(
                     });
                 }
             }
-            other => return other,
+            Err(e) => return Err(e),
         }
     }
 }
+
+/// A fetch's start as this broker's metadata and copies give it: the
+/// topic's incarnation, the positions, and the tail ranges another broker
+/// must say the end of.
+type StartPositions = (u64, BTreeMap<RangeId, Position>, Vec<TailElsewhere>);
 
 /// Where a fetch starts: the client's cursor (`verified`: authenticated
 /// by `cursors::verify`, checked against the metadata here), the start of
@@ -170,7 +196,7 @@ fn start_positions(
     plane: &dyn MetadataPlane,
     req: &wire::FetchRequest,
     verified: Option<Cursor>,
-) -> Result<(u64, BTreeMap<RangeId, Position>), Failure> {
+) -> Result<StartPositions, Failure> {
     let checked = read_owner(plane, &req.topic, |state| {
         let Some(topic) = state.topic(&req.topic) else {
             return Err(ServeError::TopicNotFound {
@@ -216,13 +242,16 @@ fn start_positions(
         ))
     })?;
     let (incarnation, cursor, active, copies) = checked;
-    let positions = match cursor {
-        Some(positions) => positions,
-        None if req.from_start => active
-            .iter()
-            .map(|&(range, _, _)| (range, Position::Start))
-            .collect(),
+    let (positions, elsewhere) = match cursor {
+        Some(positions) => (positions, Vec::new()),
+        None if req.from_start => (
+            active
+                .iter()
+                .map(|&(range, _, _)| (range, Position::Start))
+                .collect(),
+            Vec::new(),
+        ),
         None => tokio::task::block_in_place(|| tail_positions(&shared.store, &copies, &active))?,
     };
-    Ok((incarnation, positions))
+    Ok((incarnation, positions, elsewhere))
 }

@@ -50,31 +50,50 @@ pub(crate) struct ReadOutcome {
     pub positions: BTreeMap<RangeId, Position>,
     pub records: u32,
     pub bytes: u64,
-    /// A range's read stopped at a segment this broker cannot read (the
-    /// first such, if several): its position is where it stopped, and the
-    /// records before it and the other ranges' are answered.
-    pub blocked: Option<Blocked>,
+    /// The ranges whose read stopped at a segment this broker cannot read
+    /// itself, at most one entry per range, in the plans' order: each
+    /// range's position is where it stopped, and the records before it and
+    /// the other ranges' are answered.
+    pub blocked: Vec<Blocked>,
 }
 
 /// Where a read pass stopped because this broker cannot read a segment
 /// itself: it holds no copy of it, or a copy short of its seal, lost or
-/// broken. Another broker's copy serves it: for a sealed segment, through
-/// this one (`remote.rs`, ADR 0118).
+/// broken. Another broker's copy serves it, through this one (`remote.rs`:
+/// a sealed segment's frames up to its seal, ADR 0118; an active one's up
+/// to its holder's readable end, ADR 0123).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "segment {segment} is not readable here from offset {offset}: {reason}; its copies are on brokers {holders:?}"
+    "{}segment {segment} is not readable here from offset {offset}: {reason}; its copies are on brokers {holders:?}",
+    range.map(|r| format!("range {} of the topic: ", r.0)).unwrap_or_default()
 )]
 pub(crate) struct Blocked {
+    /// The range whose read stopped (`read_topic` names it).
+    pub range: Option<RangeId>,
     pub segment: SegmentId,
     /// The range offset the read stopped at.
     pub offset: u64,
     /// The same position as a segment offset.
     pub from: u64,
-    /// The segment's recorded length once sealed; `None` while active (then
-    /// no other broker's copy is read through this one).
+    /// The segment's recorded length once sealed; `None` while active
+    /// (then a holder's copy is read only up to its readable end).
     pub seal_length: Option<u64>,
     pub reason: &'static str,
     pub holders: Vec<u64>,
+}
+
+impl Blocked {
+    /// What a client is told when nothing else can be answered: the
+    /// retriable `not_leader` without a hint, with `retry_after_ms`, naming
+    /// the range and segment (a hint to a holder would be wrong: a holder
+    /// not serving the topic sends the client back here).
+    pub(crate) fn refusal(self) -> ServeError {
+        ServeError::Redirect(crate::control::placement::Redirect {
+            code: malachi_wire::ErrorCode::NotLeader,
+            message: self.to_string(),
+            hint: None,
+        })
+    }
 }
 
 /// Why a read pass produced nothing to answer with.
@@ -82,8 +101,9 @@ pub(crate) struct Blocked {
 pub(crate) enum ReadError {
     #[error(transparent)]
     Store(#[from] StorageError),
-    /// A sealed segment the read needs has no copy on this broker, or this
-    /// broker's copy is short of its seal, and no holder served it.
+    /// A segment the read needs has no copy on this broker (or, sealed, this
+    /// broker's copy is short of its seal or broken), and no holder served
+    /// it: retriable, naming the range (ADR 0123).
     #[error(transparent)]
     NotHere(Blocked),
     /// Frames a holder sent for a sealed segment failed their check when
@@ -139,13 +159,12 @@ impl ReadError {
                 to,
                 reason,
             },
-            ReadError::NotHere(_) | ReadError::Remote(_) => {
-                ServeError::Redirect(crate::control::placement::Redirect {
-                    code: malachi_wire::ErrorCode::NotLeader,
-                    message: self.to_string(),
-                    hint: None,
-                })
-            }
+            ReadError::NotHere(blocked) => blocked.refusal(),
+            ReadError::Remote(_) => ServeError::Redirect(crate::control::placement::Redirect {
+                code: malachi_wire::ErrorCode::NotLeader,
+                message: self.to_string(),
+                hint: None,
+            }),
             ReadError::RecordTooLarge {
                 segment,
                 offset,
@@ -277,6 +296,17 @@ impl LocalCopies {
         self
     }
 
+    /// Whether a read of these plans may need an active segment's records
+    /// from another broker (ADR 0123): its long poll is then woken by a
+    /// timer too, as this broker's own appends do not signal them.
+    pub(crate) fn reads_active_elsewhere(&self, plans: &[ReadPlan]) -> bool {
+        plans
+            .iter()
+            .flat_map(|plan| plan.slices.iter())
+            .flat_map(|slice| slice.segments.iter())
+            .any(|span| span.end_offset.is_none() && self.held(span.segment) == Held::Elsewhere)
+    }
+
     /// The copies of `topic`'s active segments, as broker `me` holds them.
     pub(crate) fn of_active(state: &MetadataState, topic: &str, me: NodeId) -> LocalCopies {
         LocalCopies::of(state, &active_plans(state, topic), me)
@@ -366,6 +396,7 @@ fn read_copy(
     let seal_length = span.end_offset.map(|end| end - span.start_offset);
     let blocked = |reason| {
         ReadError::NotHere(Blocked {
+            range: None,
             segment,
             offset: span.start_offset + from,
             from,
@@ -374,24 +405,37 @@ fn read_copy(
             holders: copies.holders(segment),
         })
     };
-    // A sealed segment's records a holder sent: only reads of a segment
-    // this broker could not read itself fetch them.
-    if seal_length.is_some()
-        && let Some(chunk) = copies.remote.get(&segment)
-        && chunk.covers(from)
-    {
-        return Ok(chunk.visit(from, records_max, bytes_max, visit)?);
+    // A segment's records a holder sent: only reads of a segment this
+    // broker could not read itself fetch them.
+    if let Some(chunk) = copies.remote.get(&segment) {
+        if chunk.covers(from) {
+            return Ok(chunk.visit(from, records_max, bytes_max, visit)?);
+        }
+        // An active segment's holder had nothing readable past `from` when
+        // it answered: the read is at the range's end for now (ADR 0123).
+        if seal_length.is_none() && chunk.reached_readable_end(from) {
+            return Ok(0);
+        }
     }
     if copies.broken.contains(&segment) {
         return Err(blocked("this copy failed its scrub and is being rebuilt"));
     }
+    // The metadata names other holders: a file this broker still has of the
+    // segment (a copy since moved away) is never what a reader gets.
+    if copies.held(segment) == Held::Elsewhere {
+        return Err(blocked(match seal_length {
+            Some(_) => "no copy on this broker",
+            None => "no copy of this active segment on this broker",
+        }));
+    }
     match store.read_with(store_id(segment), from, records_max, bytes_max, visit) {
         Err(StorageError::NotOpen { .. }) => {
             if !open_for_read(store, copies, segment, seal_length)? {
-                return match seal_length {
-                    Some(_) => Err(blocked("no copy on this broker")),
-                    None => Ok(0),
-                };
+                // Never `Ok(0)` for an active segment held elsewhere: that
+                // was a silent end of the range short of its committed
+                // records (issue 36). Its holder is read through this
+                // broker (`remote.rs`), or the read says it cannot.
+                return Err(blocked("no copy on this broker"));
             }
             lost_elsewhere(
                 copies,
@@ -437,6 +481,7 @@ fn past_end(
             Ok(0)
         }
         (_, Some(seal_end)) => Err(ReadError::NotHere(Blocked {
+            range: None,
             segment: span.segment,
             offset: span.start_offset + from,
             from,
@@ -461,6 +506,7 @@ fn lost_elsewhere(
         }
         Err(StorageError::Lost { .. }) if copies.held(span.segment) == Held::Replicated => {
             Err(ReadError::NotHere(Blocked {
+                range: None,
                 segment: span.segment,
                 offset: span.start_offset + from,
                 from,
@@ -514,15 +560,38 @@ pub(crate) fn active_plans(state: &MetadataState, topic: &str) -> Vec<ReadPlan> 
         .collect()
 }
 
+/// An active segment a tail reader's start needs from another broker: this
+/// one holds no copy of it, so its readable end is asked of its holders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TailElsewhere {
+    pub range: RangeId,
+    pub segment: SegmentId,
+    pub start_offset: u64,
+    /// Primary first.
+    pub holders: Vec<u64>,
+}
+
 /// Where a reader of `topic` that has no cursor starts: each active range's
-/// durable end (the tail).
+/// readable end (the tail). The ranges whose active segment this broker
+/// holds no copy of are left out and listed: their end is another broker's
+/// to say (ADR 0123), never taken as 0.
 pub(crate) fn tail_positions(
     store: &FileStore,
     copies: &LocalCopies,
     active: &[(RangeId, SegmentId, u64)],
-) -> Result<BTreeMap<RangeId, Position>, StorageError> {
+) -> Result<(BTreeMap<RangeId, Position>, Vec<TailElsewhere>), StorageError> {
     let mut positions = BTreeMap::new();
+    let mut elsewhere = Vec::new();
     for &(range, segment, start_offset) in active {
+        if copies.held(segment) == Held::Elsewhere {
+            elsewhere.push(TailElsewhere {
+                range,
+                segment,
+                start_offset,
+                holders: copies.holders(segment),
+            });
+            continue;
+        }
         let length = durable_length(store, copies, segment)?;
         positions.insert(
             range,
@@ -532,7 +601,7 @@ pub(crate) fn tail_positions(
             },
         );
     }
-    Ok(positions)
+    Ok((positions, elsewhere))
 }
 
 /// What one cursor entry says a reader of a plan was delivered: per slice
@@ -692,7 +761,7 @@ pub(crate) fn read_topic(
     let mut positions = BTreeMap::new();
     let mut records = 0u32;
     let mut bytes = 0u64;
-    let mut blocked: Option<Blocked> = None;
+    let mut blocked: Vec<Blocked> = Vec::new();
     // The budget refused a record: nothing more goes in.
     let mut full = false;
     for plan in plans {
@@ -851,8 +920,9 @@ pub(crate) fn read_topic(
                 // This range stops here; what was read before, and the
                 // other ranges, are answered (the caller may fetch the
                 // segment from a holder and read again).
-                Err(ReadError::NotHere(here)) => {
-                    blocked.get_or_insert(here);
+                Err(ReadError::NotHere(mut here)) => {
+                    here.range = Some(*slice_range);
+                    blocked.push(here);
                     break;
                 }
                 Err(e) => return Err(e),
@@ -877,7 +947,8 @@ pub(crate) fn read_topic(
                     // A replicated copy shorter than its seal: another copy
                     // serves the read (the primary's catch-up fills this one).
                     if copies.held(span.segment) == Held::Replicated {
-                        blocked.get_or_insert(Blocked {
+                        blocked.push(Blocked {
+                            range: Some(*slice_range),
                             segment: span.segment,
                             offset,
                             from: offset - span.start_offset,
@@ -1242,9 +1313,10 @@ mod tests {
         match read(&plan(Some(100 + 6)), &replicated) {
             Ok(ReadOutcome {
                 records: 0,
-                blocked: Some(blocked),
+                blocked,
                 ..
-            }) => {
+            }) if blocked.len() == 1 => {
+                let blocked = &blocked[0];
                 assert_eq!(blocked.segment, SegmentId(7));
                 assert_eq!(blocked.holders, vec![2, 1]);
                 assert_eq!(blocked.reason, "this copy is short of its seal");
@@ -1343,16 +1415,16 @@ mod tests {
         let out = replicated.clone().without_broken(&book);
         let outcome = read(&out);
         assert_eq!(outcome.records, 0);
-        match outcome.blocked {
+        match outcome.blocked.first() {
             Some(Blocked {
                 segment,
                 reason,
                 holders,
                 ..
             }) => {
-                assert_eq!(segment, SegmentId(1));
+                assert_eq!(*segment, SegmentId(1));
                 assert!(reason.contains("scrub"), "{reason}");
-                assert_eq!(holders, vec![1, 2, 3]);
+                assert_eq!(*holders, vec![1, 2, 3]);
             }
             other => panic!("a broken copy was read: {other:?}"),
         }
@@ -1369,7 +1441,7 @@ mod tests {
         let healed = replicated.without_broken(&book);
         assert!(healed.broken.is_empty());
         assert_eq!(read(&healed).records, read(&lone).records);
-        assert!(read(&healed).blocked.is_none());
+        assert!(read(&healed).blocked.is_empty());
     }
 
     /// Chaos finding F1: a sealed segment with no copy on the serving
@@ -1429,7 +1501,7 @@ mod tests {
         };
         let (keys, outcome) = read(&copies, &BTreeMap::new());
         assert!(keys.is_empty());
-        let blocked = outcome.blocked.unwrap();
+        let blocked = outcome.blocked.first().cloned().unwrap();
         assert_eq!(
             (blocked.segment, blocked.from, blocked.seal_length),
             (SegmentId(1), 0, Some(3))
@@ -1440,21 +1512,33 @@ mod tests {
             .read_frames(malachi_storage::SegmentId(1), 0, 1 << 20)
             .unwrap();
         let all = bytes::Bytes::from(run.bytes);
-        let chunk = RemoteChunk::parse(SegmentId(1), 0, 3, all.clone()).unwrap();
+        let chunk = RemoteChunk::parse(
+            SegmentId(1),
+            0,
+            super::super::remote::RunEnd::Seal(3),
+            all.clone(),
+        )
+        .unwrap();
         let (keys, outcome) = read(&copies.clone().with_remote(chunk), &BTreeMap::new());
         assert_eq!(
             keys,
             vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
         );
-        assert!(outcome.blocked.is_none());
+        assert!(outcome.blocked.is_empty());
         // A run that ends before the seal: the read answers what it has and
         // stops where the run ends.
         let one = malachi_storage::frame::decode(&all).unwrap().1;
-        let chunk = RemoteChunk::parse(SegmentId(1), 0, 3, all.slice(..one)).unwrap();
+        let chunk = RemoteChunk::parse(
+            SegmentId(1),
+            0,
+            super::super::remote::RunEnd::Seal(3),
+            all.slice(..one),
+        )
+        .unwrap();
         let copies = copies.with_remote(chunk);
         let (keys, outcome) = read(&copies, &BTreeMap::new());
         assert_eq!(keys, vec![b"a".to_vec()]);
-        let blocked = outcome.blocked.unwrap();
+        let blocked = outcome.blocked.first().cloned().unwrap();
         assert_eq!((blocked.segment, blocked.from), (SegmentId(1), 1));
         assert_eq!(
             outcome.positions[&RangeId(1)],
@@ -1465,13 +1549,125 @@ mod tests {
         );
         // The next run, from where that one ends, is joined to it: a read
         // from the start goes through both.
-        let rest = RemoteChunk::parse(SegmentId(1), 1, 3, all.slice(one..)).unwrap();
+        let rest = RemoteChunk::parse(
+            SegmentId(1),
+            1,
+            super::super::remote::RunEnd::Seal(3),
+            all.slice(one..),
+        )
+        .unwrap();
         let (keys, outcome) = read(&copies.with_remote(rest), &BTreeMap::new());
         assert_eq!(
             keys,
             vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
         );
-        assert!(outcome.blocked.is_none());
+        assert!(outcome.blocked.is_empty());
+    }
+
+    /// Issue 36: a topic whose ranges' active segments have different
+    /// primaries. The serving broker holds no copy of range 2's active
+    /// segment: the read must stop there and say so (blocked, so it is
+    /// read from a holder or refused), never end the range silently; with
+    /// a holder's run it reads that range up to the holder's readable end
+    /// (committed records only), and at that end it has nothing more for
+    /// now without being blocked.
+    #[test]
+    fn an_active_segment_held_elsewhere_is_never_a_silent_end_of_its_range() {
+        use super::super::remote::RunEnd;
+        use malachi_storage::SegmentStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let holder_dir = tempfile::tempdir().unwrap();
+        let holder = self::store(&holder_dir);
+        let (low, high) = (Band::new(0, 63).unwrap(), Band::new(1 << 63, 63).unwrap());
+        append(&store, 1, &[(&key_in(low, true), 8)]);
+        // The primary of range 2's segment holds three records, two of
+        // them committed.
+        let highs = keys_in(high, 3);
+        append(
+            &holder,
+            2,
+            &[(&highs[0], 8), (&highs[1], 8), (&highs[2], 8)],
+        );
+        let plans = [
+            ReadPlan {
+                range: RangeId(1),
+                slices: vec![slice(1, low, vec![span(1, 0, None)])],
+            },
+            ReadPlan {
+                range: RangeId(2),
+                slices: vec![slice(2, high, vec![span(2, 0, None)])],
+            },
+        ];
+        let copies = LocalCopies {
+            me: Some(NodeId(1)),
+            replicas: [
+                (SegmentId(1), vec![NodeId(1)]),
+                (SegmentId(2), vec![NodeId(2), NodeId(3)]),
+            ]
+            .into(),
+            ..LocalCopies::default()
+        };
+        assert!(copies.reads_active_elsewhere(&plans));
+        let read = |copies: &LocalCopies| {
+            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
+            let outcome = read_topic(
+                &plans,
+                copies,
+                &store,
+                &BTreeMap::new(),
+                &mut out,
+                ReadBudget {
+                    records_max: 100,
+                    batch_bytes_max: ROOM,
+                    read_chunk_records: 1024,
+                },
+            )
+            .unwrap();
+            (out.finish().records().len(), outcome)
+        };
+        let (records, outcome) = read(&copies);
+        assert_eq!(records, 1, "range 1's record is answered");
+        assert_eq!(outcome.blocked.len(), 1, "range 2 is blocked, not empty");
+        let blocked = &outcome.blocked[0];
+        assert_eq!(
+            (blocked.range, blocked.segment, blocked.seal_length),
+            (Some(RangeId(2)), SegmentId(2), None)
+        );
+        assert_eq!(blocked.holders, vec![2, 3], "the primary is asked first");
+        assert!(blocked.to_string().starts_with("range 2 of the topic"));
+        // The holder's run, cut at its readable end of 2.
+        let run = holder
+            .read_frames(malachi_storage::SegmentId(2), 0, 1 << 20)
+            .unwrap();
+        let chunk = RemoteChunk::parse(
+            SegmentId(2),
+            0,
+            RunEnd::Readable(2),
+            bytes::Bytes::from(run.bytes),
+        )
+        .unwrap();
+        let (records, outcome) = read(&copies.clone().with_remote(chunk));
+        assert_eq!(
+            records, 3,
+            "range 1's record and range 2's two committed ones"
+        );
+        assert!(
+            outcome.blocked.is_empty(),
+            "at the readable end, nothing more for now"
+        );
+        assert_eq!(
+            outcome.positions[&RangeId(2)],
+            Position::At {
+                segment: SegmentId(2),
+                offset: 2
+            }
+        );
+        // A file of the segment this broker still has (a copy since moved
+        // away) is never read: the metadata says who holds it.
+        append(&store, 2, &[(&highs[0], 8)]);
+        let (records, outcome) = read(&copies);
+        assert_eq!((records, outcome.blocked.len()), (1, 1));
     }
 
     #[test]

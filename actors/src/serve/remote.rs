@@ -1,27 +1,37 @@
-//! Reading a sealed segment's records from a broker that holds a copy
-//! (chaos finding F1, ADR 0118).
+//! Reading a segment's records from a broker that holds a copy: a sealed
+//! one (chaos finding F1, ADR 0118) or an active one (issue 36, ADR 0123).
 //!
-//! A fetch or subscription is served by the primary of the topic's active
-//! segments, but the sealed segments behind them were placed on their own:
-//! the serving broker may hold no copy of one (or a copy short of its seal,
-//! lost or broken). A read pass then stops at that segment
-//! ([`Blocked`](super::read::Blocked)), and [`read_through_holders`] asks a
-//! live holder for a bounded run of the segment's frames with the cluster
-//! port's catch-up read (api key 101, which is not order-gated: it only
-//! reads), checks every frame's CRC and offset ([`RemoteChunk::parse`]),
-//! and runs the pass again with that run of frames in the read's
-//! [`LocalCopies`], where `read_copy` visits it exactly like a local copy.
-//! So one broker serves the whole read, in the segment's order.
+//! A fetch or subscription is served by one broker, but a topic's segments
+//! live on their own replica sets: the serving broker may hold no copy of a
+//! sealed segment (or one short of its seal, lost or broken), and, once a
+//! topic's ranges have different primaries, no copy of another range's
+//! active segment. A read pass then stops at each such segment
+//! ([`Blocked`](super::read::Blocked), one per range), and
+//! [`read_through_holders`] asks live holders, concurrently, for a bounded
+//! run of each segment's frames with the cluster port's catch-up read (api
+//! key 101, which is not order-gated: it only reads), checks every frame's
+//! CRC and offset ([`RemoteChunk::parse`]), and runs the pass again with
+//! those runs in the read's [`LocalCopies`], where `read_copy` visits them
+//! exactly like a local copy. So one broker serves the whole read, each
+//! range in its segments' order.
+//!
+//! A run is cut where the copy's readers stop: at the seal the metadata
+//! records for a sealed segment; at the readable end the holder answered
+//! with for an active one (its committed records, never one a failover
+//! could take back), and an active segment's primary is asked first. A
+//! run that reached that readable end means the range is read to its end
+//! for now: the pass takes nothing more from it, and a fetch long-polls.
 //!
 //! Bounds: one run per segment at a time (a run that starts where the
 //! last ended is joined to it, so a pass started again from the read's
-//! start goes through both), each asked of at most the read's byte budget
-//! (at least [`REMOTE_CHUNK_BYTES_MIN`]) and never more than
-//! `CATCH_UP_BYTES_MAX`; [`REMOTE_CHUNKS_PER_READ_MAX`] chunks per read;
-//! [`REMOTE_HOLDERS_TRIED_MAX`] holders tried per chunk, each within
-//! [`REMOTE_READ_TIMEOUT_MS`]. Only sealed segments are read from
-//! elsewhere (immutable, with a recorded length the chunk is cut at); an
-//! active segment's records are only ever read from this broker's copy.
+//! start goes through both); at most [`REMOTE_SEGMENTS_PER_ROUND_MAX`]
+//! segments asked per round and [`REMOTE_ROUNDS_PER_READ_MAX`] rounds per
+//! read; each run asks for a share of the read's byte budget (at least
+//! [`REMOTE_CHUNK_BYTES_MIN`], never more than `CATCH_UP_BYTES_MAX`), and
+//! one read holds at most [`REMOTE_READ_BYTES_MAX`] of runs;
+//! [`REMOTE_HOLDERS_TRIED_MAX`] holders tried per run, each within
+//! [`REMOTE_READ_TIMEOUT_MS`], and a segment no holder served is not asked
+//! again within the read.
 
 use std::sync::Arc;
 
@@ -35,7 +45,8 @@ use malachi_wire::replica_order::{
 use std::ops::ControlFlow;
 use tracing::debug;
 
-use super::read::{Blocked, LocalCopies, ReadError, ReadOutcome};
+use super::error::ServeError;
+use super::read::{Blocked, LocalCopies, ReadError, ReadOutcome, TailElsewhere};
 use crate::control::placement::is_dead;
 use crate::control::shared::Shared;
 
@@ -43,8 +54,16 @@ use crate::control::shared::Shared;
 /// budget (a subscription with one byte of credit), so a band-filtered
 /// ancestor is not crossed a frame per round trip.
 pub(crate) const REMOTE_CHUNK_BYTES_MIN: u64 = 64 << 10;
-/// Chunks one read fetches at most before it answers with what it has.
-pub(crate) const REMOTE_CHUNKS_PER_READ_MAX: usize = 4;
+/// Rounds of runs one read fetches at most before it answers with what it
+/// has.
+pub(crate) const REMOTE_ROUNDS_PER_READ_MAX: usize = 4;
+/// Segments (so ranges) one round asks holders for at most, concurrently.
+pub(crate) const REMOTE_SEGMENTS_PER_ROUND_MAX: usize = 16;
+/// Frame bytes of runs one read holds at most.
+pub(crate) const REMOTE_READ_BYTES_MAX: u64 = 4 << 20;
+/// How often a long poll that reads an active segment from another broker
+/// looks again: that broker's appends do not wake this one's readers.
+pub(crate) const REMOTE_ACTIVE_POLL_MS: u64 = 100;
 /// Holders one chunk is asked of at most.
 pub(crate) const REMOTE_HOLDERS_TRIED_MAX: usize = 3;
 /// How long one holder has to answer.
@@ -62,60 +81,108 @@ pub(crate) enum RemoteChunkError {
         #[source]
         source: FrameError,
     },
-    /// The run holds no frame below the segment's seal.
+    /// The run holds no frame below the end its readers stop at.
     #[error(
-        "segment {segment}: a holder sent no record from offset {first} below the seal at {seal_length}"
+        "segment {segment}: a holder sent no record from offset {first} below the readable end {end_max}"
     )]
     Empty {
         segment: SegmentId,
         first: u64,
-        seal_length: u64,
+        end_max: u64,
     },
+    /// A holder's answer about an active segment did not say its readable
+    /// end (a broker that predates ADR 0123): its frames may hold records
+    /// not yet committed, so none is served.
+    #[error("segment {segment}: a holder's answer does not say its readable end")]
+    NoReadableEnd { segment: SegmentId },
 }
 
-/// A run of a sealed segment's frames read from a holder: offsets
-/// `first..end` (segment offsets, `end` at most the seal), each frame
-/// checked when the run arrived and again as it is visited.
+/// Where a run of frames is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunEnd {
+    /// At the seal the metadata records (of a sealed segment).
+    Seal(u64),
+    /// At the readable end the holder answered with (of an active
+    /// segment: its committed records).
+    Readable(u64),
+}
+
+impl RunEnd {
+    fn offset(self) -> u64 {
+        match self {
+            RunEnd::Seal(end) | RunEnd::Readable(end) => end,
+        }
+    }
+}
+
+/// A run of a segment's frames read from a holder: offsets `first..end`
+/// (segment offsets, `end` at most the seal, or the holder's readable end
+/// of an active segment), each frame checked when the run arrived and again
+/// as it is visited.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RemoteChunk {
     segment: SegmentId,
     first: u64,
     end: u64,
+    /// Of an active segment: the holder's readable end when it answered.
+    readable_end: Option<u64>,
     frames: Bytes,
 }
 
 impl RemoteChunk {
     /// Checks `frames`, a holder's answer from segment offset `first`:
     /// every frame decodes with its CRC intact and carries the next
-    /// offset; frames at or past `seal_length` are cut off, never served.
+    /// offset; frames at or past `end_max` are cut off, never served. An
+    /// active segment's holder may have nothing past `first` yet (an empty
+    /// run that reached its readable end); a sealed one's must.
     pub(crate) fn parse(
         segment: SegmentId,
         first: u64,
-        seal_length: u64,
+        end_max: RunEnd,
         frames: Bytes,
     ) -> Result<RemoteChunk, RemoteChunkError> {
+        let limit = end_max.offset();
         let (mut at, mut offset) = (0usize, first);
-        while at < frames.len() && offset < seal_length {
+        while at < frames.len() && offset < limit {
             let rest = frames.get(at..).unwrap_or_default();
             let (view, len) = decode_at(segment, offset, rest)?;
             drop(view);
             at += len;
             offset += 1;
         }
-        if offset == first {
+        let caught_up = matches!(end_max, RunEnd::Readable(end) if first >= end);
+        if offset == first && !caught_up {
             return Err(RemoteChunkError::Empty {
                 segment,
                 first,
-                seal_length,
+                end_max: limit,
             });
         }
-        debug_assert!(offset <= seal_length);
+        assert!(
+            offset <= limit.max(first),
+            "a run never reaches past where its readers stop"
+        );
         Ok(RemoteChunk {
             segment,
             first,
             end: offset,
+            readable_end: match end_max {
+                RunEnd::Readable(end) => Some(end),
+                RunEnd::Seal(_) => None,
+            },
             frames: frames.slice(..at),
         })
+    }
+
+    /// The run reached its holder's readable end at `from`: an active
+    /// segment's reader has nothing more to read there for now.
+    pub(crate) fn reached_readable_end(&self, from: u64) -> bool {
+        from == self.end && self.readable_end.is_some_and(|end| from >= end)
+    }
+
+    /// Records the run holds.
+    pub(crate) fn records(&self) -> u64 {
+        self.end - self.first
     }
 
     /// `next` after this run when it starts where this one ends (both of
@@ -132,6 +199,7 @@ impl RemoteChunk {
             segment: self.segment,
             first: self.first,
             end: next.end,
+            readable_end: next.readable_end,
             frames: frames.freeze(),
         }
     }
@@ -216,7 +284,7 @@ fn decode_at(
 }
 
 /// What [`read_through_holders`] answers with: the last pass's outcome and
-/// what it wrote, and whether a chunk from a holder moved the read (so an
+/// what it wrote, and whether a run from a holder moved the read (so an
 /// answer with no record still carries a cursor further on).
 pub(crate) struct ThroughHolders<T> {
     pub outcome: ReadOutcome,
@@ -225,68 +293,94 @@ pub(crate) struct ThroughHolders<T> {
 }
 
 /// Runs read passes (`pass`: one `read_topic` into a fresh output) until
-/// one is not blocked on a sealed segment this broker cannot read, fetching
-/// a chunk of that segment from a live holder before each further pass, at
-/// most [`REMOTE_CHUNKS_PER_READ_MAX`] times. A pass blocked with nothing to
-/// answer, and no chunk to be had, is [`ReadError::NotHere`]: retriable.
+/// one is blocked on no segment a holder can still serve, fetching, before
+/// each further pass, a run of every segment the last pass was blocked on
+/// from their live holders (concurrently), within the bounds of the module
+/// doc. A pass blocked with nothing to answer, and no run to be had, is
+/// [`ReadError::NotHere`] naming the first blocked range: retriable, never
+/// an empty answer that looks like the end of the log.
 pub(crate) async fn read_through_holders<T>(
     shared: &Arc<Shared>,
     topic: &str,
     copies: LocalCopies,
-    chunk_bytes: u64,
+    budget_bytes: usize,
     mut pass: impl FnMut(&LocalCopies) -> Result<(ReadOutcome, T), ReadError>,
 ) -> Result<ThroughHolders<T>, ReadError> {
     let mut copies = copies;
     let mut moved = false;
-    let mut chunks = 0usize;
+    let mut rounds = 0usize;
+    let mut held_bytes = 0u64;
+    // Segments no holder served in this read: not asked again.
+    let mut unserved: std::collections::BTreeSet<SegmentId> = Default::default();
     loop {
         let (outcome, out) = pass(&copies)?;
-        let Some(blocked) = outcome.blocked.clone() else {
-            return Ok(ThroughHolders {
-                outcome,
-                out,
-                moved,
-            });
-        };
-        let chunk = match blocked.seal_length {
-            Some(seal_length) if chunks < REMOTE_CHUNKS_PER_READ_MAX => {
-                fetch_chunk(shared, topic, &blocked, seal_length, chunk_bytes).await
+        let wanted: Vec<Blocked> = outcome
+            .blocked
+            .iter()
+            .filter(|b| !unserved.contains(&b.segment))
+            .take(REMOTE_SEGMENTS_PER_ROUND_MAX)
+            .cloned()
+            .collect();
+        let room = REMOTE_READ_BYTES_MAX.saturating_sub(held_bytes);
+        if wanted.is_empty() || rounds >= REMOTE_ROUNDS_PER_READ_MAX || room == 0 {
+            return finish(outcome, out, moved);
+        }
+        rounds += 1;
+        let share = round_share(budget_bytes, wanted.len(), room);
+        let runs = futures::future::join_all(
+            wanted
+                .iter()
+                .map(|blocked| fetch_chunk(shared, topic, blocked, share)),
+        )
+        .await;
+        for (blocked, run) in wanted.iter().zip(runs) {
+            match run {
+                Some(run) => {
+                    held_bytes += run.bytes() as u64;
+                    moved |= run.records() > 0;
+                    copies = copies.with_remote(run);
+                }
+                None => {
+                    unserved.insert(blocked.segment);
+                }
             }
-            _ => None,
-        };
-        match chunk {
-            Some(chunk) => {
-                chunks += 1;
-                moved = true;
-                copies = copies.with_remote(chunk);
-            }
-            None if outcome.records > 0 || moved => {
-                return Ok(ThroughHolders {
-                    outcome,
-                    out,
-                    moved,
-                });
-            }
-            None => return Err(ReadError::NotHere(blocked)),
         }
     }
 }
 
-/// The frame bytes one chunk asks for: the read's budget, within
-/// [`REMOTE_CHUNK_BYTES_MIN`] and `CATCH_UP_BYTES_MAX`.
-pub(crate) fn chunk_bytes(budget_bytes: usize) -> u64 {
-    u64::try_from(budget_bytes)
-        .unwrap_or(u64::MAX)
+/// The answer of a read whose last pass is final: its records, or, if it
+/// has none to give and moved nowhere while a range could not be read,
+/// that range's retriable refusal.
+fn finish<T>(outcome: ReadOutcome, out: T, moved: bool) -> Result<ThroughHolders<T>, ReadError> {
+    match outcome.blocked.first() {
+        Some(blocked) if outcome.records == 0 && !moved => Err(ReadError::NotHere(blocked.clone())),
+        _ => Ok(ThroughHolders {
+            outcome,
+            out,
+            moved,
+        }),
+    }
+}
+
+/// The frame bytes each of `segments` runs of one round asks for: a share
+/// of the read's budget, within [`REMOTE_CHUNK_BYTES_MIN`] and
+/// `CATCH_UP_BYTES_MAX`, and never more than the `room` the read has left
+/// (whole frames: a run may run past it by one frame).
+pub(crate) fn round_share(budget_bytes: usize, segments: usize, room: u64) -> u64 {
+    let budget = u64::try_from(budget_bytes).unwrap_or(u64::MAX);
+    let segments = u64::try_from(segments.max(1)).unwrap_or(u64::MAX);
+    (budget / segments)
         .clamp(REMOTE_CHUNK_BYTES_MIN, CATCH_UP_BYTES_MAX)
+        .min((room / segments).max(1))
 }
 
 /// A run of `blocked`'s segment from its first live holder that answers
-/// with good frames, or `None` (each failure logged at debug).
+/// with good frames (an active segment's primary first: the replicas are
+/// in that order), or `None` (each failure logged at debug).
 async fn fetch_chunk(
     shared: &Arc<Shared>,
     topic: &str,
     blocked: &Blocked,
-    seal_length: u64,
     bytes_max: u64,
 ) -> Option<RemoteChunk> {
     let raft = shared.raft.get()?;
@@ -327,21 +421,7 @@ async fn fetch_chunk(
                 continue;
             }
         };
-        if let Some(refusal) = answer.refused {
-            debug!(segment = blocked.segment.0, holder, ?refusal, message = %answer.message, "a holder refused a remote read");
-            continue;
-        }
-        if answer.first_offset != blocked.from {
-            debug!(
-                segment = blocked.segment.0,
-                holder,
-                from = blocked.from,
-                first_offset = answer.first_offset,
-                "a holder answered a remote read from another offset"
-            );
-            continue;
-        }
-        match RemoteChunk::parse(blocked.segment, blocked.from, seal_length, answer.frames) {
+        match checked_run(blocked, answer) {
             Ok(chunk) => {
                 shared
                     .metrics
@@ -351,18 +431,133 @@ async fn fetch_chunk(
                     segment = blocked.segment.0,
                     holder,
                     from = chunk.first,
-                    records = chunk.end - chunk.first,
+                    records = chunk.records(),
                     bytes = chunk.bytes(),
-                    "read a sealed segment's records from a holder"
+                    active = blocked.seal_length.is_none(),
+                    "read a segment's records from a holder"
                 );
                 return Some(chunk);
             }
-            Err(error) => {
-                tracing::warn!(segment = blocked.segment.0, holder, %error, "a holder's frames for a remote read are bad; trying another");
+            Err(why) => {
+                debug!(segment = blocked.segment.0, holder, %why, "a holder's answer to a remote read cannot be served; trying another");
             }
         }
     }
     None
+}
+
+/// The readable end of `tail`'s active segment as its holders say it
+/// (primary first: its committed end; a follower's is the last one its
+/// primary told it, never more), for a tail reader's start on a broker
+/// holding no copy (ADR 0123). No holder answering is the range's
+/// retriable refusal: a tail taken as 0 would read the segment from its
+/// start.
+pub(crate) async fn readable_end(shared: &Shared, tail: &TailElsewhere) -> Result<u64, ServeError> {
+    use malachi_wire::replica_status::{
+        REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse,
+    };
+    let me = shared.config.node_id;
+    let request = ReplicaStatusRequest {
+        segments: vec![tail.segment.0],
+        ..ReplicaStatusRequest::default()
+    };
+    let body = request.encode().map_err(|e| ServeError::Internal {
+        what: "encode a replica status request",
+        reason: e.to_string(),
+    })?;
+    if let Some(raft) = shared.raft.get() {
+        let holders = tail
+            .holders
+            .iter()
+            .copied()
+            .filter(|&h| h != me && !is_dead(shared, NodeId(h)))
+            .take(REMOTE_HOLDERS_TRIED_MAX);
+        for holder in holders {
+            let answer = raft
+                .replication
+                .call_raw(
+                    holder,
+                    REPLICA_STATUS_API_KEY,
+                    0,
+                    &body,
+                    REMOTE_READ_TIMEOUT_MS,
+                )
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| ReplicaStatusResponse::decode(&bytes).map_err(|e| e.to_string()));
+            let end = match answer {
+                Ok(answer) => answer
+                    .copies
+                    .into_iter()
+                    .find(|c| c.segment == tail.segment.0)
+                    .and_then(|c| c.committed_end),
+                Err(error) => {
+                    debug!(segment = tail.segment.0, holder, %error, "a holder did not say its readable end");
+                    None
+                }
+            };
+            if let Some(end) = end {
+                return Ok(end);
+            }
+        }
+    }
+    let blocked = Blocked {
+        range: Some(tail.range),
+        segment: tail.segment,
+        offset: tail.start_offset,
+        from: 0,
+        seal_length: None,
+        reason: "no holder of this active segment said where its records end",
+        holders: tail.holders.clone(),
+    };
+    Err(blocked.refusal())
+}
+
+/// Why one holder's answer to a remote read is not served.
+#[derive(Debug, thiserror::Error)]
+enum Unserved {
+    #[error("refused ({refusal:?}): {message}")]
+    Refused {
+        refusal: malachi_wire::replica_order::OrderRefusal,
+        message: String,
+    },
+    #[error("answered from offset {first_offset}, not {from}")]
+    OtherOffset { first_offset: u64, from: u64 },
+    #[error(transparent)]
+    Bad(#[from] RemoteChunkError),
+}
+
+/// The run a holder's `answer` to `blocked`'s read gives, cut where the
+/// segment's readers stop: its seal, or (active) the readable end the
+/// holder answered with.
+fn checked_run(blocked: &Blocked, answer: CatchUpResponse) -> Result<RemoteChunk, Unserved> {
+    if let Some(refusal) = answer.refused {
+        return Err(Unserved::Refused {
+            refusal,
+            message: answer.message,
+        });
+    }
+    if answer.first_offset != blocked.from {
+        return Err(Unserved::OtherOffset {
+            first_offset: answer.first_offset,
+            from: blocked.from,
+        });
+    }
+    let end_max = match (blocked.seal_length, answer.readable_end) {
+        (Some(seal_length), _) => RunEnd::Seal(seal_length),
+        (None, Some(readable_end)) => RunEnd::Readable(readable_end),
+        (None, None) => {
+            return Err(Unserved::Bad(RemoteChunkError::NoReadableEnd {
+                segment: blocked.segment,
+            }));
+        }
+    };
+    Ok(RemoteChunk::parse(
+        blocked.segment,
+        blocked.from,
+        end_max,
+        answer.frames,
+    )?)
 }
 
 #[cfg(test)]
@@ -398,7 +593,8 @@ mod tests {
 
     #[test]
     fn good_frames_from_a_holder_are_visited_in_order_from_the_offset_asked() {
-        let chunk = RemoteChunk::parse(SEGMENT, 10, 100, Bytes::from(frames(10, 5))).unwrap();
+        let chunk =
+            RemoteChunk::parse(SEGMENT, 10, RunEnd::Seal(100), Bytes::from(frames(10, 5))).unwrap();
         assert!(chunk.covers(10) && chunk.covers(14) && !chunk.covers(15) && !chunk.covers(9));
         assert_eq!(
             keys(&chunk, 10, 100, 1 << 20),
@@ -412,21 +608,22 @@ mod tests {
     #[test]
     fn a_chunk_is_cut_at_the_seal_and_never_read_past_it() {
         let bytes = frames(10, 5);
-        let chunk = RemoteChunk::parse(SEGMENT, 10, 13, Bytes::from(bytes.clone())).unwrap();
+        let chunk =
+            RemoteChunk::parse(SEGMENT, 10, RunEnd::Seal(13), Bytes::from(bytes.clone())).unwrap();
         assert!(chunk.covers(12) && !chunk.covers(13));
         assert!(chunk.bytes() < bytes.len());
         assert_eq!(keys(&chunk, 10, 100, 1 << 20), ["k10", "k11", "k12"]);
         // Nothing below the seal at all is refused.
         assert_eq!(
-            RemoteChunk::parse(SEGMENT, 10, 10, Bytes::from(bytes)),
+            RemoteChunk::parse(SEGMENT, 10, RunEnd::Seal(10), Bytes::from(bytes)),
             Err(RemoteChunkError::Empty {
                 segment: SEGMENT,
                 first: 10,
-                seal_length: 10
+                end_max: 10
             })
         );
         assert!(matches!(
-            RemoteChunk::parse(SEGMENT, 10, 100, Bytes::new()),
+            RemoteChunk::parse(SEGMENT, 10, RunEnd::Seal(100), Bytes::new()),
             Err(RemoteChunkError::Empty { .. })
         ));
     }
@@ -437,7 +634,8 @@ mod tests {
         // A flipped byte in the last frame's value.
         let last = bytes.len() - 21;
         bytes[last] ^= 0x40;
-        let refused = RemoteChunk::parse(SEGMENT, 10, 100, Bytes::from(bytes)).unwrap_err();
+        let refused =
+            RemoteChunk::parse(SEGMENT, 10, RunEnd::Seal(100), Bytes::from(bytes)).unwrap_err();
         assert!(
             matches!(
                 refused,
@@ -453,7 +651,7 @@ mod tests {
         let bytes = frames(10, 3);
         let torn = Bytes::from(bytes[..bytes.len() - 1].to_vec());
         assert!(matches!(
-            RemoteChunk::parse(SEGMENT, 10, 100, torn),
+            RemoteChunk::parse(SEGMENT, 10, RunEnd::Seal(100), torn),
             Err(RemoteChunkError::Frame {
                 offset: 12,
                 source: FrameError::Incomplete { .. },
@@ -464,7 +662,9 @@ mod tests {
 
     #[test]
     fn frames_of_other_offsets_than_asked_are_refused() {
-        let refused = RemoteChunk::parse(SEGMENT, 11, 100, Bytes::from(frames(10, 3))).unwrap_err();
+        let refused =
+            RemoteChunk::parse(SEGMENT, 11, RunEnd::Seal(100), Bytes::from(frames(10, 3)))
+                .unwrap_err();
         assert!(matches!(
             refused,
             RemoteChunkError::Frame {
@@ -481,21 +681,133 @@ mod tests {
     #[test]
     fn a_run_that_starts_where_the_last_ends_is_joined_to_it() {
         let bytes = frames(10, 4);
-        let first = RemoteChunk::parse(SEGMENT, 10, 100, Bytes::from(frames(10, 4))).unwrap();
-        let next = RemoteChunk::parse(SEGMENT, 14, 100, Bytes::from(frames(14, 2))).unwrap();
+        let first =
+            RemoteChunk::parse(SEGMENT, 10, RunEnd::Seal(100), Bytes::from(frames(10, 4))).unwrap();
+        let next =
+            RemoteChunk::parse(SEGMENT, 14, RunEnd::Seal(100), Bytes::from(frames(14, 2))).unwrap();
         let joined = first.clone().join(next);
         assert!(joined.covers(10) && joined.covers(15) && !joined.covers(16));
         assert_eq!(joined.bytes(), bytes.len() + frames(14, 2).len());
         assert_eq!(keys(&joined, 13, 100, 1 << 20), ["k13", "k14", "k15"]);
         // A run elsewhere in the segment replaces it.
-        let apart = RemoteChunk::parse(SEGMENT, 20, 100, Bytes::from(frames(20, 1))).unwrap();
+        let apart =
+            RemoteChunk::parse(SEGMENT, 20, RunEnd::Seal(100), Bytes::from(frames(20, 1))).unwrap();
         assert_eq!(first.join(apart.clone()), apart);
     }
 
     #[test]
-    fn a_chunk_asks_for_the_read_budget_within_its_bounds() {
-        assert_eq!(chunk_bytes(1), REMOTE_CHUNK_BYTES_MIN);
-        assert_eq!(chunk_bytes(300 << 10), 300 << 10);
-        assert_eq!(chunk_bytes(usize::MAX), CATCH_UP_BYTES_MAX);
+    fn a_round_shares_the_read_budget_within_its_bounds() {
+        let room = REMOTE_READ_BYTES_MAX;
+        assert_eq!(round_share(1, 1, room), REMOTE_CHUNK_BYTES_MIN);
+        assert_eq!(round_share(300 << 10, 1, room), 300 << 10);
+        assert_eq!(round_share(usize::MAX, 1, room), CATCH_UP_BYTES_MAX);
+        // Several ranges share the budget, each at least the minimum.
+        assert_eq!(round_share(1 << 20, 4, room), 256 << 10);
+        assert_eq!(round_share(1 << 20, 16, room), REMOTE_CHUNK_BYTES_MIN);
+        // The read's room left bounds every run of the round.
+        assert_eq!(round_share(1 << 20, 2, 100 << 10), 50 << 10);
+        assert_eq!(round_share(1 << 20, 2, 1), 1);
+    }
+
+    #[test]
+    fn an_active_segments_run_is_cut_at_the_holders_readable_end() {
+        // The holder's copy holds 5 records, 3 of them committed.
+        let bytes = frames(10, 5);
+        let run =
+            RemoteChunk::parse(SEGMENT, 10, RunEnd::Readable(13), Bytes::from(bytes)).unwrap();
+        assert_eq!(keys(&run, 10, 100, 1 << 20), ["k10", "k11", "k12"]);
+        assert!(!run.covers(13));
+        // Read to the readable end: nothing more there for now.
+        assert!(run.reached_readable_end(13));
+        assert!(!run.reached_readable_end(12));
+    }
+
+    #[test]
+    fn an_active_segments_holder_with_nothing_new_is_a_run_at_its_end() {
+        let caught_up =
+            RemoteChunk::parse(SEGMENT, 13, RunEnd::Readable(13), Bytes::new()).unwrap();
+        assert_eq!(caught_up.records(), 0);
+        assert!(caught_up.reached_readable_end(13));
+        // A sealed segment's holder that sends nothing below the seal is bad.
+        assert!(matches!(
+            RemoteChunk::parse(SEGMENT, 13, RunEnd::Seal(20), Bytes::new()),
+            Err(RemoteChunkError::Empty { .. })
+        ));
+        // So is an active one's that sends nothing below its readable end.
+        assert!(matches!(
+            RemoteChunk::parse(SEGMENT, 13, RunEnd::Readable(20), Bytes::new()),
+            Err(RemoteChunkError::Empty { .. })
+        ));
+        // A run cut by bytes, short of the readable end, is not at the end.
+        let short = RemoteChunk::parse(
+            SEGMENT,
+            10,
+            RunEnd::Readable(20),
+            Bytes::from(frames(10, 2)),
+        )
+        .unwrap();
+        assert!(!short.reached_readable_end(12));
+    }
+
+    fn blocked(seal_length: Option<u64>) -> Blocked {
+        Blocked {
+            range: Some(malachi_cluster::model::RangeId(3)),
+            segment: SEGMENT,
+            offset: 110,
+            from: 10,
+            seal_length,
+            reason: "no copy on this broker",
+            holders: vec![2, 3],
+        }
+    }
+
+    #[test]
+    fn an_answer_without_a_readable_end_is_never_served_for_an_active_segment() {
+        // A broker older than ADR 0123 sends its durable frames only.
+        let old = CatchUpResponse::frames(10, 15, Bytes::from(frames(10, 5)));
+        assert!(matches!(
+            checked_run(&blocked(None), old.clone()),
+            Err(Unserved::Bad(RemoteChunkError::NoReadableEnd { .. }))
+        ));
+        // The same answer serves a sealed segment, cut at its seal.
+        let sealed = checked_run(&blocked(Some(12)), old).unwrap();
+        assert_eq!(sealed.records(), 2);
+        // With the readable end, an active segment's run stops there.
+        let new = CatchUpResponse::frames(10, 15, Bytes::from(frames(10, 5))).with_readable_end(14);
+        assert_eq!(checked_run(&blocked(None), new).unwrap().records(), 4);
+        // An answer from another offset is not served.
+        let other =
+            CatchUpResponse::frames(11, 15, Bytes::from(frames(11, 2))).with_readable_end(14);
+        assert!(matches!(
+            checked_run(&blocked(None), other),
+            Err(Unserved::OtherOffset { .. })
+        ));
+    }
+
+    #[test]
+    fn the_refusal_of_a_read_that_cannot_reach_a_range_names_the_range() {
+        let outcome = ReadOutcome {
+            positions: Default::default(),
+            records: 0,
+            bytes: 0,
+            blocked: vec![blocked(None)],
+        };
+        let Err(ReadError::NotHere(refused)) = finish(outcome, (), false) else {
+            panic!("a read with nothing to answer and a range it cannot reach is refused");
+        };
+        assert!(
+            refused
+                .to_string()
+                .starts_with("range 3 of the topic: segment"),
+            "{refused}"
+        );
+        // With records of other ranges to give, they are answered.
+        let outcome = ReadOutcome {
+            positions: Default::default(),
+            records: 2,
+            bytes: 20,
+            blocked: vec![blocked(None)],
+        };
+        assert!(finish(outcome, (), false).is_ok());
     }
 }

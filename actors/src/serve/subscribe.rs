@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use malachi_cluster::cursor::{Cursor, Position};
 use malachi_cluster::model::{NodeId, RangeId};
@@ -29,7 +30,7 @@ use tokio::sync::Notify;
 use super::error::ServeError;
 use super::fetch::caught_up_start;
 use super::read::{LocalCopies, ReadBudget, active_plans, read_topic, response_control_bytes};
-use super::remote::{chunk_bytes, read_through_holders};
+use super::remote::{REMOTE_ACTIVE_POLL_MS, read_through_holders};
 use super::reply::{Failure, Outbound, Reply, refusal_frame};
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
@@ -282,14 +283,19 @@ impl PushTask {
                 break;
             }
             let mut pushed = false;
+            // Whether the read needs another broker's active segment, whose
+            // appends do not wake `durable` here: a timer does (ADR 0123).
+            let mut remote_active = false;
             if records_credit > 0 && bytes_credit > 0 {
                 let me = NodeId(self.shared.config.node_id);
                 let (plans, copies) = read_owner(plane.as_ref(), &self.topic, |state| {
                     let plans = active_plans(state, &self.topic);
-                    let copies =
-                        LocalCopies::of(state, &plans, me).with_metrics(&self.shared.metrics);
+                    let copies = LocalCopies::of(state, &plans, me)
+                        .with_metrics(&self.shared.metrics)
+                        .without_broken(&self.shared.data.scrub.book.lock());
                     (plans, copies)
                 });
+                remote_active = copies.reads_active_elsewhere(&plans);
                 // The frame keeps room for a cursor over every range. A
                 // record larger than the byte credit goes alone (within the
                 // frame), so it cannot stall the subscription; one too large
@@ -299,12 +305,8 @@ impl PushTask {
                 let batch_max = (bytes_credit as usize).min(frame_room);
                 // A sealed segment this broker cannot read is read from a
                 // holder (ADR 0118).
-                let attempt = read_through_holders(
-                    &self.shared,
-                    &self.topic,
-                    copies,
-                    chunk_bytes(batch_max),
-                    |copies| {
+                let attempt =
+                    read_through_holders(&self.shared, &self.topic, copies, batch_max, |copies| {
                         let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
                         let outcome = tokio::task::block_in_place(|| {
                             read_topic(
@@ -321,9 +323,8 @@ impl PushTask {
                             )
                         })?;
                         Ok((outcome, builder))
-                    },
-                )
-                .await;
+                    })
+                    .await;
                 let (batch, outcome, moved) = match attempt {
                     Ok(read) => (read.out.finish(), read.outcome, read.moved),
                     Err(e) => {
@@ -367,6 +368,7 @@ impl PushTask {
                     _ = self.shared.draining.cancelled() => break,
                     _ = self.sub.wake.notified() => {}
                     _ = durable.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(REMOTE_ACTIVE_POLL_MS)), if remote_active => {}
                 }
             }
         }
