@@ -60,6 +60,9 @@ pub(crate) struct BrokerMetrics {
     /// Frame bytes of sealed segments this broker read from their holders
     /// to serve a fetch or subscription (ADR 0118).
     pub remote_read_bytes: Counter,
+    /// Copies of this broker found damaged as a read met them (a frame
+    /// failed its check); the read went to another holder (issue 36).
+    pub read_damage: Counter,
     /// Bytes of sealed copies the scrubber re-read (ADR 0110).
     pub scrub_bytes: Counter,
     /// Sealed copies the scrubber found damaged, missing or short.
@@ -151,6 +154,7 @@ impl BrokerMetrics {
             heals: counter("malachi_heals_total"),
             heal_bytes: counter("malachi_heal_bytes_total"),
             remote_read_bytes: counter("malachi_remote_read_bytes_total"),
+            read_damage: counter("malachi_read_damage_total"),
             scrub_bytes: counter("malachi_scrub_bytes_total"),
             scrub_broken: counter("malachi_scrub_broken_total"),
             rebuilds: counter("malachi_rebuilds_total"),

@@ -19,7 +19,8 @@ use malachi_cluster::cursor::{
     CURSOR_BODY_BYTES_MAX, CURSOR_KEY_ID_BYTES, CURSOR_TAG_BYTES, Position,
 };
 use malachi_cluster::model::{
-    Band, MetadataState, NodeId, RangeId, ReadPlan, ReadSlice, SegmentId, SegmentSpan, position,
+    Band, MetadataState, NodeId, RangeId, ReadPlan, ReadSlice, SealRecord, SegmentId, SegmentSpan,
+    position,
 };
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -80,6 +81,10 @@ pub(crate) struct Blocked {
     pub seal_length: Option<u64>,
     pub reason: &'static str,
     pub holders: Vec<u64>,
+    /// This broker's copy failed a frame check on read (a bad CRC, say):
+    /// what the check found. The read goes on from another holder, and
+    /// the copy is marked damaged for its rebuild (issue 36).
+    pub damage: Option<String>,
 }
 
 impl Blocked {
@@ -230,6 +235,9 @@ pub(crate) struct LocalCopies {
     /// per segment (`remote.rs`, ADR 0118): consulted before this broker's
     /// own copy.
     remote: BTreeMap<SegmentId, RemoteChunk>,
+    /// The recorded seals of the sealed segments, for the verdict on a
+    /// copy found damaged on read.
+    seals: BTreeMap<SegmentId, SealRecord>,
 }
 
 /// What this broker holds of one segment.
@@ -246,19 +254,25 @@ enum Held {
 impl LocalCopies {
     /// Every segment of `plans` (and `active`), as broker `me` holds them.
     pub(crate) fn of(state: &MetadataState, plans: &[ReadPlan], me: NodeId) -> LocalCopies {
-        let replicas = plans
+        let segments: Vec<_> = plans
             .iter()
             .flat_map(|plan| plan.slices.iter())
             .flat_map(|slice| slice.segments.iter())
             .filter_map(|span| state.segment(span.segment))
-            .map(|segment| (segment.id, segment.replicas.clone()))
             .collect();
         LocalCopies {
             me: Some(me),
-            replicas,
+            replicas: segments
+                .iter()
+                .map(|segment| (segment.id, segment.replicas.clone()))
+                .collect(),
             metrics: None,
             broken: Default::default(),
             remote: BTreeMap::new(),
+            seals: segments
+                .iter()
+                .filter_map(|segment| Some((segment.id, segment.seal()?)))
+                .collect(),
         }
     }
 
@@ -316,6 +330,11 @@ impl LocalCopies {
     #[cfg(test)]
     pub(crate) fn all_local() -> LocalCopies {
         LocalCopies::default()
+    }
+
+    /// The seal the metadata recorded for `segment`, if sealed.
+    pub(crate) fn seal_of(&self, segment: SegmentId) -> Option<SealRecord> {
+        self.seals.get(&segment).copied()
     }
 
     fn held(&self, segment: SegmentId) -> Held {
@@ -403,6 +422,7 @@ fn read_copy(
             seal_length,
             reason,
             holders: copies.holders(segment),
+            damage: None,
         })
     };
     // A segment's records a holder sent: only reads of a segment this
@@ -420,6 +440,14 @@ fn read_copy(
     if copies.broken.contains(&segment) {
         return Err(blocked("this copy failed its scrub and is being rebuilt"));
     }
+    // A run from a holder further on (this copy failed a frame check
+    // there): this copy is read only up to where the run starts.
+    let records_max = match copies.remote.get(&segment) {
+        Some(chunk) if chunk.first() > from => {
+            records_max.min(usize::try_from(chunk.first() - from).unwrap_or(usize::MAX))
+        }
+        _ => records_max,
+    };
     // The metadata names other holders: a file this broker still has of the
     // segment (a copy since moved away) is never what a reader gets.
     if copies.held(segment) == Held::Elsewhere {
@@ -488,6 +516,7 @@ fn past_end(
             seal_length: Some(seal_end - span.start_offset),
             reason: "this copy is short of its seal",
             holders: copies.holders(span.segment),
+            damage: None,
         })),
     }
 }
@@ -504,6 +533,22 @@ fn lost_elsewhere(
         Err(StorageError::OffsetOutOfRange { offset, end, .. }) => {
             past_end(copies, span, offset, end)
         }
+        // A frame of this copy failed its check as it was read: another
+        // copy serves the read at once, and the caller marks this one
+        // damaged for its rebuild (issue 36). A lone copy's damage is the
+        // reader's loss to hear of, never a silent skip.
+        Err(e @ StorageError::Corrupt { .. }) if copies.held(span.segment) == Held::Replicated => {
+            Err(ReadError::NotHere(Blocked {
+                range: None,
+                segment: span.segment,
+                offset: span.start_offset + from,
+                from,
+                seal_length: span.end_offset.map(|end| end - span.start_offset),
+                reason: "this copy failed a frame check on read",
+                holders: copies.holders(span.segment),
+                damage: Some(e.to_string()),
+            }))
+        }
         Err(StorageError::Lost { .. }) if copies.held(span.segment) == Held::Replicated => {
             Err(ReadError::NotHere(Blocked {
                 range: None,
@@ -513,6 +558,7 @@ fn lost_elsewhere(
                 seal_length: span.end_offset.map(|end| end - span.start_offset),
                 reason: "this copy lost records",
                 holders: copies.holders(span.segment),
+                damage: None,
             }))
         }
         other => Ok(other?),
@@ -921,7 +967,16 @@ pub(crate) fn read_topic(
                 // other ranges, are answered (the caller may fetch the
                 // segment from a holder and read again).
                 Err(ReadError::NotHere(mut here)) => {
+                    // Records visited before a frame failed its check are
+                    // in `out`: the range stops after them, and a holder
+                    // is asked from there.
                     here.range = Some(*slice_range);
+                    here.offset = offset;
+                    here.from = offset - span.start_offset;
+                    pos = Position::At {
+                        segment: span.segment,
+                        offset,
+                    };
                     blocked.push(here);
                     break;
                 }
@@ -955,6 +1010,7 @@ pub(crate) fn read_topic(
                             seal_length: span.end_offset.map(|end| end - span.start_offset),
                             reason: "this copy is short of its seal",
                             holders: copies.holders(span.segment),
+                            damage: None,
                         });
                         break;
                     }
@@ -1668,6 +1724,132 @@ mod tests {
         append(&store, 2, &[(&highs[0], 8)]);
         let (records, outcome) = read(&copies);
         assert_eq!((records, outcome.blocked.len()), (1, 1));
+    }
+
+    /// Issue 36: a byte flipped in this broker's open copy of a sealed
+    /// segment of several copies. The read answers the records before the
+    /// bad frame and stops there, marking the damage (the caller records
+    /// the verdict and asks a holder): never `unknown_server_error`, which
+    /// stopped every reader with two intact copies elsewhere. With a
+    /// holder's run from the bad record on, the read is whole.
+    #[test]
+    fn a_frame_that_fails_its_check_on_read_sends_the_read_to_another_holder() {
+        use super::super::remote::RunEnd;
+        use malachi_storage::SegmentStore;
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let holder_dir = tempfile::tempdir().unwrap();
+        let holder = self::store(&holder_dir);
+        let records = [("a", 8), ("b", 8), ("c", 8), ("d", 8)];
+        append(&store, 1, &records);
+        append(&holder, 1, &records);
+        let id = malachi_storage::SegmentId(1);
+        // Open for reading as a replicated copy, then rot a byte inside the
+        // third frame's value.
+        let copies = LocalCopies {
+            me: Some(NodeId(1)),
+            replicas: [(SegmentId(1), vec![NodeId(2), NodeId(1), NodeId(3)])].into(),
+            ..LocalCopies::default()
+        };
+        let plans = [ReadPlan {
+            range: RangeId(1),
+            slices: vec![slice(1, Band::FULL, vec![span(1, 0, Some(4))])],
+        }];
+        let read = |copies: &LocalCopies| {
+            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
+            let outcome = read_topic(
+                &plans,
+                copies,
+                &store,
+                &BTreeMap::new(),
+                &mut out,
+                ReadBudget {
+                    records_max: 100,
+                    batch_bytes_max: ROOM,
+                    read_chunk_records: 1024,
+                },
+            )
+            .unwrap();
+            let keys: Vec<Vec<u8>> = out
+                .finish()
+                .records()
+                .into_iter()
+                .map(|r| r.key.to_vec())
+                .collect();
+            (keys, outcome)
+        };
+        assert_eq!(read(&copies).0.len(), 4);
+        let frames = store.read_frames(id, 0, 1 << 20).unwrap().bytes;
+        let two = malachi_storage::frame::decode(&frames).unwrap().1
+            + malachi_storage::frame::decode(
+                &frames[malachi_storage::frame::decode(&frames).unwrap().1..],
+            )
+            .unwrap()
+            .1;
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .open(store.log_path(id))
+            .unwrap();
+        log.write_all_at(&[0xFF], (two + 20) as u64).unwrap();
+        drop(log);
+        let (keys, outcome) = read(&copies);
+        assert_eq!(
+            keys,
+            vec![b"a".to_vec(), b"b".to_vec()],
+            "the records before the damage"
+        );
+        assert_eq!(outcome.blocked.len(), 1);
+        let blocked = &outcome.blocked[0];
+        assert_eq!(
+            (blocked.segment, blocked.from, blocked.offset),
+            (SegmentId(1), 2, 2)
+        );
+        assert!(
+            blocked.damage.is_some(),
+            "the damage is reported: {blocked:?}"
+        );
+        assert_eq!(
+            outcome.positions[&RangeId(1)],
+            Position::At {
+                segment: SegmentId(1),
+                offset: 2
+            }
+        );
+        // A holder's run from the bad record on makes the read whole.
+        let run = holder.read_frames(id, 2, 1 << 20).unwrap();
+        let chunk = RemoteChunk::parse(
+            SegmentId(1),
+            2,
+            RunEnd::Seal(4),
+            bytes::Bytes::from(run.bytes),
+        )
+        .unwrap();
+        let (keys, outcome) = read(&copies.clone().with_remote(chunk));
+        assert_eq!(keys.len(), 4);
+        assert!(outcome.blocked.is_empty());
+        // A lone copy's damage is its reader's to hear of, never skipped.
+        let (_, lone) = {
+            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
+            let lone = LocalCopies::all_local();
+            let outcome = read_topic(
+                &plans,
+                &lone,
+                &store,
+                &BTreeMap::new(),
+                &mut out,
+                ReadBudget {
+                    records_max: 100,
+                    batch_bytes_max: ROOM,
+                    read_chunk_records: 1024,
+                },
+            );
+            ((), outcome)
+        };
+        assert!(
+            matches!(lone, Err(ReadError::Store(StorageError::Corrupt { .. }))),
+            "{lone:?}"
+        );
     }
 
     #[test]

@@ -180,6 +180,11 @@ impl RemoteChunk {
         from == self.end && self.readable_end.is_some_and(|end| from >= end)
     }
 
+    /// The segment offset of the run's first record.
+    pub(crate) fn first(&self) -> u64 {
+        self.first
+    }
+
     /// Records the run holds.
     pub(crate) fn records(&self) -> u64 {
         self.end - self.first
@@ -314,6 +319,17 @@ pub(crate) async fn read_through_holders<T>(
     let mut unserved: std::collections::BTreeSet<SegmentId> = Default::default();
     loop {
         let (outcome, out) = pass(&copies)?;
+        for blocked in &outcome.blocked {
+            if let Some(damage) = &blocked.damage {
+                mark_damaged(
+                    shared,
+                    topic,
+                    blocked,
+                    damage,
+                    copies.seal_of(blocked.segment),
+                );
+            }
+        }
         let wanted: Vec<Blocked> = outcome
             .blocked
             .iter()
@@ -346,6 +362,46 @@ pub(crate) async fn read_through_holders<T>(
             }
         }
     }
+}
+
+/// Marks this broker's copy of `blocked`'s segment damaged, found so on
+/// read (issue 36): logged once, counted, and, for a sealed copy, recorded
+/// as the scrubber's verdict would be, so reads leave it at once
+/// (`LocalCopies::without_broken`), `topic describe` shows it `damaged`,
+/// and the coordinator's next scrub ask has it rebuilt from an intact
+/// copy (ADR 0110), as a scrub would.
+fn mark_damaged(
+    shared: &Shared,
+    topic: &str,
+    blocked: &Blocked,
+    damage: &str,
+    seal: Option<malachi_cluster::model::SealRecord>,
+) {
+    use crate::data::scrub::Verdict;
+    let segment = blocked.segment;
+    let Some(seal) = seal else {
+        // An active follower copy: its primary's catch-up repairs it.
+        tracing::warn!(topic, segment = segment.0, offset = blocked.offset, %damage, "a replicated copy of an active segment failed a frame check on read; the read went to another holder");
+        shared.metrics.read_damage.increment(1);
+        return;
+    };
+    let seal = malachi_wire::replica_status::ScrubSeal {
+        segment: segment.0,
+        length: seal.length,
+        bytes: seal.bytes,
+    };
+    let mut book = shared.data.scrub.book.lock();
+    if book.is_broken(segment.0) {
+        return;
+    }
+    book.record(
+        seal,
+        Verdict::Damaged(format!("found on read: {damage}")),
+        std::time::Instant::now(),
+    );
+    drop(book);
+    shared.metrics.read_damage.increment(1);
+    tracing::warn!(topic, segment = segment.0, offset = blocked.offset, %damage, "a sealed copy failed a frame check on read; the read went to another holder and the copy is marked damaged for its rebuild");
 }
 
 /// The answer of a read whose last pass is final: its records, or, if it
@@ -509,6 +565,7 @@ pub(crate) async fn readable_end(shared: &Shared, tail: &TailElsewhere) -> Resul
         seal_length: None,
         reason: "no holder of this active segment said where its records end",
         holders: tail.holders.clone(),
+        damage: None,
     };
     Err(blocked.refusal())
 }
@@ -758,6 +815,7 @@ mod tests {
             seal_length,
             reason: "no copy on this broker",
             holders: vec![2, 3],
+            damage: None,
         }
     }
 
