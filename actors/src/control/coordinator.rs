@@ -163,6 +163,9 @@ async fn start_segment_within(
         ancestry,
         replicas,
         epoch,
+        holders: Arc::new(super::replica_order::OrderClient {
+            shared: Arc::clone(shared),
+        }),
     };
     let spec = ChildSpec::worker(
         segment_name(topic, range, segment),
@@ -243,6 +246,7 @@ pub(crate) fn ancestry(state: &MetadataState, range: RangeId, segment: SegmentId
                     range: ancestor_range,
                     sealed,
                     predecessors: before.iter().map(|(s, _)| *s).collect(),
+                    holders: found.replicas.clone(),
                 },
             );
             next.extend(before);

@@ -29,6 +29,7 @@ use tracing::debug;
 
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
+use crate::data::lineage::HolderReads;
 
 /// How long one order waits for its answer (a fence waits for the copy's
 /// drain, an fsync at most).
@@ -319,6 +320,39 @@ pub(crate) async fn serve_order(
 #[derive(Clone)]
 pub(crate) struct OrderClient {
     pub shared: Arc<Shared>,
+}
+
+/// A segment reads an ancestor it holds no whole copy of from a holder
+/// with the catch-up read (ADR 0124): it only reads, so it carries no
+/// order, as a remote read does (ADR 0118); each call within
+/// `ORDER_TIMEOUT_MS`.
+#[async_trait::async_trait]
+impl HolderReads for OrderClient {
+    async fn read(
+        &self,
+        topic: &str,
+        segment: SegmentId,
+        holder: NodeId,
+        from: u64,
+        bytes_max: u64,
+    ) -> Result<(u64, Bytes), String> {
+        let request = CatchUpRequest {
+            topic: topic.to_string(),
+            segment: segment.0,
+            order: OrderEpoch::default(),
+            from,
+            bytes_max,
+        };
+        let answer = self.catch_up(holder.0, &request).await?;
+        if let Some(refusal) = answer.refused {
+            return Err(format!("{refusal:?}: {}", answer.message));
+        }
+        Ok((answer.first_offset, answer.frames))
+    }
+
+    fn live(&self, holder: NodeId) -> bool {
+        !super::placement::is_dead(&self.shared, holder)
+    }
 }
 
 impl OrderClient {

@@ -20,11 +20,22 @@
 //! than `producer_idle_expiry_ms` ago (every producer it could name has
 //! expired) and at the ancestry's edge. A table rebuilt whole is written as
 //! that ancestor's sidecar, so the next open here stops at it.
+//!
+//! An ancestor this broker holds no copy of (or a copy short of its seal,
+//! or one it cannot read to the end) is read from a live holder's copy
+//! instead (ADR 0124): the first pass ([`Lineage::start_table`]) names it
+//! in [`Lineage::wanted`], [`fetch_own_tags`] reads its frames up to the
+//! seal from a holder with the cluster port's catch-up read and takes
+//! their tags exactly as the local scan does, and a second pass, given
+//! those tags, inherits through it as through a local copy. The segment
+//! takes no idempotent batch until then (`segment.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use malachi_cluster::model::{RangeId, SegmentId};
+use bytes::Bytes;
+use malachi_cluster::model::{NodeId, RangeId, SegmentId};
 use malachi_storage::SegmentStore;
+use malachi_storage::frame::FrameError;
 use tracing::{debug, info, warn};
 
 use super::producers::{self, ProducerLimits, ProducerTable, ProducerTag};
@@ -56,6 +67,18 @@ pub(crate) struct Ancestor {
     pub sealed: Option<Sealed>,
     /// The segments whose tables this one started from.
     pub predecessors: Vec<SegmentId>,
+    /// The brokers the metadata records as holding a copy: where its
+    /// frames are read from when this broker has no whole copy.
+    pub holders: Vec<NodeId>,
+}
+
+impl Ancestor {
+    /// Whether a holder's copy can stand in for this broker's: the segment
+    /// is sealed (its frames are cut at the seal) and another broker holds
+    /// it.
+    fn fetchable(&self, me: u64) -> bool {
+        self.sealed.is_some() && self.holders.iter().any(|h| h.0 != me)
+    }
 }
 
 /// The segments an opening segment's producer table descends from.
@@ -79,32 +102,67 @@ struct Built {
     whole: bool,
 }
 
+/// The tags of ancestors' logs read from their holders ([`fetch_own_tags`]),
+/// each as a table of its own range's stream.
+pub(crate) type Fetched = BTreeMap<SegmentId, ProducerTable>;
+
 /// Rebuilds the final tables of one opening segment's ancestors, each at
 /// most once.
 pub(crate) struct Lineage<'a> {
     storage: &'a Storage,
     topic: &'a str,
     ancestry: &'a Ancestry,
+    fetched: &'a Fetched,
     limits: ProducerLimits,
     now_ms: u64,
     built: BTreeMap<SegmentId, Built>,
+    /// Ancestors whose copy here is missing or not whole, and which a
+    /// holder could stand in for.
+    wanted: BTreeSet<SegmentId>,
 }
 
 impl<'a> Lineage<'a> {
+    /// A lineage that reads every ancestor from this broker's copies.
+    #[cfg(test)]
     pub(crate) fn new(
         storage: &'a Storage,
         topic: &'a str,
         ancestry: &'a Ancestry,
         now_ms: u64,
     ) -> Lineage<'a> {
+        static NONE: Fetched = BTreeMap::new();
+        Lineage::with_fetched(storage, topic, ancestry, &NONE, now_ms)
+    }
+
+    /// A lineage that reads the ancestors in `fetched` from those tags
+    /// rather than from this broker's copies.
+    pub(crate) fn with_fetched(
+        storage: &'a Storage,
+        topic: &'a str,
+        ancestry: &'a Ancestry,
+        fetched: &'a Fetched,
+        now_ms: u64,
+    ) -> Lineage<'a> {
         Lineage {
             storage,
             topic,
             ancestry,
+            fetched,
             limits: storage.config.producer_limits(),
             now_ms,
             built: BTreeMap::new(),
+            wanted: BTreeSet::new(),
         }
+    }
+
+    /// After [`Self::start_table`]: the ancestors it could not read whole
+    /// here and a holder could stand in for, with what the metadata says of
+    /// them. Empty: the table is complete as far as this broker can tell.
+    pub(crate) fn wanted(&self) -> Vec<(SegmentId, Ancestor)> {
+        self.wanted
+            .iter()
+            .filter_map(|s| self.ancestry.segments.get(s).map(|a| (*s, a.clone())))
+            .collect()
     }
 
     /// The table an opening segment of `range` starts from: its direct
@@ -131,8 +189,8 @@ impl<'a> Lineage<'a> {
 
     fn build(&mut self, segment: SegmentId, depth: usize) -> Built {
         let id = malachi_storage::SegmentId(segment.0);
-        let store = &self.storage.store;
-        let Some(ancestor) = self.ancestry.segments.get(&segment) else {
+        let ancestry: &'a Ancestry = self.ancestry;
+        let Some(ancestor) = ancestry.segments.get(&segment) else {
             // Past the ancestry's bound (or gone from the metadata): only
             // a sidecar held here speaks for it.
             return match read_sidecar(self.storage, id, self.limits) {
@@ -159,17 +217,58 @@ impl<'a> Lineage<'a> {
                 whole: true,
             };
         }
-        // A segment this broker holds no copy of (placed off a full or
-        // decommissioned broker): opening it would create an empty copy
-        // that reads as lost records. Its producers' state is not carried
-        // over (a retry of a batch it stored is taken as new; ADR 0112).
-        if !store.log_path(id).exists() {
-            info!(segment = %id, topic = self.topic, "no local copy of the predecessor; its idempotent producers start afresh here");
+        if let Some(own) = self.fetched.get(&segment) {
+            // Its log's tags, read from a holder's copy up to the seal.
+            let (mut table, whole) = self.inherited(ancestor, depth);
+            own.replay_into(&mut table);
+            return Built {
+                table: Some(table),
+                whole,
+            };
+        }
+        // A segment this broker holds no copy of (its successor placed on
+        // a broker that never held it): opening it would create an empty
+        // copy that reads as lost records. A holder's copy stands in.
+        if !self.storage.store.log_path(id).exists() {
+            if ancestor.fetchable(self.storage.config.node_id) {
+                debug!(segment = %id, topic = self.topic, "no local copy of the predecessor; its producer state is read from a holder");
+                self.wanted.insert(segment);
+                // Its own ancestors may be wanted too: find them now, so
+                // one round of fetches covers them all.
+                self.inherited(ancestor, depth);
+            } else {
+                warn!(segment = %id, topic = self.topic, holders = ?ancestor.holders, sealed = ancestor.sealed.is_some(), "no copy of the predecessor here and no holder to read it from; its idempotent producers start afresh here");
+            }
             return Built {
                 table: None,
                 whole: false,
             };
         }
+        self.build_from_copy(segment, ancestor, depth)
+    }
+
+    /// The predecessors' final tables of `ancestor`, inherited in order
+    /// into a table of its range, and whether each was read whole.
+    fn inherited(&mut self, ancestor: &Ancestor, depth: usize) -> (ProducerTable, bool) {
+        let mut table = ProducerTable::new(ancestor.range.0, self.limits);
+        let mut whole = true;
+        if depth < ANCESTRY_DEPTH_MAX {
+            for predecessor in &ancestor.predecessors {
+                let built = self.final_table(*predecessor, depth + 1);
+                whole &= built.whole;
+                if let Some(inherited) = built.table {
+                    inherited.inherit_into(&mut table, self.now_ms);
+                }
+            }
+        }
+        (table, whole)
+    }
+
+    /// `ancestor`'s final table from this broker's copy of it (its sidecar,
+    /// or its predecessors' tables and its log).
+    fn build_from_copy(&mut self, segment: SegmentId, ancestor: &Ancestor, depth: usize) -> Built {
+        let id = malachi_storage::SegmentId(segment.0);
+        let store = &self.storage.store;
         // After a failover this broker was a follower of the segment and
         // may not have opened its copy since it started.
         if let Err(malachi_storage::StorageError::NotOpen { .. }) = store.info(id)
@@ -202,17 +301,7 @@ impl<'a> Lineage<'a> {
                 debug!(segment = %id, depth, "no producer sidecar; rebuilding it from the ancestors and the log")
             }
         }
-        let mut table = ProducerTable::new(ancestor.range.0, self.limits);
-        let mut whole = true;
-        if depth < ANCESTRY_DEPTH_MAX {
-            for predecessor in &ancestor.predecessors {
-                let built = self.final_table(*predecessor, depth + 1);
-                whole &= built.whole;
-                if let Some(inherited) = built.table {
-                    inherited.inherit_into(&mut table, self.now_ms);
-                }
-            }
-        }
+        let (mut table, mut whole) = self.inherited(ancestor, depth);
         // No batch of a sealed segment is later than its seal: its tags
         // are seen then at the latest, so they expire no sooner than on
         // the primary that stored them.
@@ -220,17 +309,21 @@ impl<'a> Lineage<'a> {
             .sealed
             .map_or(self.now_ms, |s| s.at_ms.min(self.now_ms));
         let end = ancestor.sealed.map(|s| s.length);
-        match store.info(id) {
-            Ok(info) if info.lost.is_none() && end.is_none_or(|end| info.durable >= end) => {}
+        let mut copy_whole = match store.info(id) {
+            Ok(info) if info.lost.is_none() && end.is_none_or(|end| info.durable >= end) => true,
             Ok(info) => {
-                warn!(segment = %id, durable = info.durable, seal = ?end, lost = info.lost.is_some(), "the copy is short of its seal; its producer table is rebuilt from what it holds");
-                whole = false;
+                warn!(segment = %id, durable = info.durable, seal = ?end, lost = info.lost.is_some(), "the copy is short of its seal; its producer table is read from a holder if one answers");
+                false
             }
-            Err(_) => whole = false,
-        }
+            Err(_) => false,
+        };
         if scan_tags(self.storage, id, &mut table, seen_ms, end).is_err() {
-            whole = false;
+            copy_whole = false;
         }
+        if !copy_whole && ancestor.fetchable(self.storage.config.node_id) {
+            self.wanted.insert(segment);
+        }
+        whole &= copy_whole;
         if whole && ancestor.sealed.is_some() {
             write_sidecar(self.storage, id, &table);
         }
@@ -290,7 +383,6 @@ pub(crate) fn scan_tags(
     seen_ms: u64,
     end: Option<u64>,
 ) -> Result<Option<u64>, ScanCut> {
-    use malachi_wire::limits::{PRODUCER_HEADER, PRODUCER_START_HEADER};
     const SCAN_BYTES: usize = 8 << 20;
     // Every durable record, committed or not: a replicated copy's readers
     // see only committed ones, but a batch durable here and not yet
@@ -321,23 +413,194 @@ pub(crate) fn scan_tags(
             if end.is_some_and(|end| view.offset >= end) {
                 return Ok(None);
             }
-            for (name, value) in &view.headers {
-                if *name == PRODUCER_HEADER
-                    && let Some(tag) = ProducerTag::decode(value)
-                    && !table.observe(&tag, seen_ms)
-                {
-                    warn!(segment = %id, offset = view.offset, "a producer tag of another range; ignored");
-                }
-                if *name == PRODUCER_START_HEADER
-                    && let Some(records) = producers::decode_start(value)
-                {
-                    starts.observe(view.offset, records);
-                }
-            }
+            observe_frame(id, &view, table, &mut starts, seen_ms);
             at += len;
         }
         from += run.records;
     }
+}
+
+/// Applies one frame's producer tag to `table` and its batch-start marker
+/// to `starts`: the one reading of a log's tags, local or a holder's.
+fn observe_frame(
+    id: malachi_storage::SegmentId,
+    view: &malachi_storage::FrameView<'_>,
+    table: &mut ProducerTable,
+    starts: &mut producers::BatchStarts,
+    seen_ms: u64,
+) {
+    use malachi_wire::limits::{PRODUCER_HEADER, PRODUCER_START_HEADER};
+    for (name, value) in &view.headers {
+        if *name == PRODUCER_HEADER
+            && let Some(tag) = ProducerTag::decode(value)
+            && !table.observe(&tag, seen_ms)
+        {
+            warn!(segment = %id, offset = view.offset, "a producer tag of another range; ignored");
+        }
+        if *name == PRODUCER_START_HEADER
+            && let Some(records) = producers::decode_start(value)
+        {
+            starts.observe(view.offset, records);
+        }
+    }
+}
+
+// ------------------------------------------------- ancestors read from holders
+
+/// Frame bytes asked of a holder per call (the catch-up read's own bound).
+pub(crate) const HOLDER_READ_BYTES_MAX: u64 = malachi_wire::replica_order::CATCH_UP_BYTES_MAX;
+/// Holders of one ancestor asked at most, per run of its frames.
+pub(crate) const HOLDERS_TRIED_MAX: usize = 3;
+
+/// How a segment reads a sealed ancestor's frames from a broker holding a
+/// copy: the control plane implements it with the cluster port's catch-up
+/// read (`control::replica_order::OrderClient`), each call within its own
+/// timeout; a test gives any other.
+#[async_trait::async_trait]
+pub(crate) trait HolderReads: Send + Sync + std::fmt::Debug {
+    /// A run of whole frames of `segment` of `topic` from `holder`'s copy,
+    /// starting at offset `from` and about `bytes_max` long: the offset
+    /// its first frame carries, and the frames.
+    async fn read(
+        &self,
+        topic: &str,
+        segment: SegmentId,
+        holder: NodeId,
+        from: u64,
+        bytes_max: u64,
+    ) -> Result<(u64, Bytes), String>;
+
+    /// Whether `holder` is worth asking (membership does not call it dead).
+    fn live(&self, _holder: NodeId) -> bool {
+        true
+    }
+}
+
+/// Why an ancestor's tags could not be read from its holders.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FetchError {
+    #[error("segment {segment} is not sealed in the ancestry: no seal to read up to")]
+    NotSealed { segment: SegmentId },
+    #[error(
+        "segment {segment}: no holder of {holders:?} answered with good frames from offset {from} (last: {last})"
+    )]
+    NoHolder {
+        segment: SegmentId,
+        holders: Vec<NodeId>,
+        from: u64,
+        last: String,
+    },
+}
+
+/// The tags of sealed `segment`'s log, read from its live holders' copies
+/// up to its seal, as a table of its range's stream seen at its seal
+/// ([`ProducerTable::replay_into`] applies it). Each run of frames is
+/// checked (CRC, consecutive offsets) as it is scanned; a holder that
+/// refuses, answers from another offset or sends a bad frame is passed
+/// over for the next, at most [`HOLDERS_TRIED_MAX`] of them per run. Every
+/// answer moves the read on by at least one record, so at most the seal's
+/// length of calls are made, each bounded by the reader's timeout.
+pub(crate) async fn fetch_own_tags(
+    reads: &dyn HolderReads,
+    topic: &str,
+    me: u64,
+    segment: SegmentId,
+    ancestor: &Ancestor,
+    limits: ProducerLimits,
+    now_ms: u64,
+) -> Result<ProducerTable, FetchError> {
+    let sealed = ancestor.sealed.ok_or(FetchError::NotSealed { segment })?;
+    let seen_ms = sealed.at_ms.min(now_ms);
+    let mut table = ProducerTable::new(ancestor.range.0, limits);
+    let holders: Vec<NodeId> = ancestor
+        .holders
+        .iter()
+        .copied()
+        .filter(|h| h.0 != me && reads.live(*h))
+        .take(HOLDERS_TRIED_MAX)
+        .collect();
+    let (mut from, mut first_holder) = (0u64, 0usize);
+    let mut last = String::from("no live holder");
+    while from < sealed.length {
+        let mut moved = false;
+        for i in 0..holders.len() {
+            let holder = holders[(first_holder + i) % holders.len()];
+            let (first, frames) = match reads
+                .read(topic, segment, holder, from, HOLDER_READ_BYTES_MAX)
+                .await
+            {
+                Ok(answer) => answer,
+                Err(e) => {
+                    debug!(segment = segment.0, holder = holder.0, from, error = %e, "a holder did not answer for the producer state");
+                    last = e;
+                    continue;
+                }
+            };
+            if first != from {
+                last = format!("broker {holder} answered from offset {first}");
+                continue;
+            }
+            let (next, bad) =
+                scan_frames(segment, from, sealed.length, &frames, &mut table, seen_ms);
+            if let Some(bad) = &bad {
+                warn!(segment = segment.0, holder = holder.0, offset = next, error = %bad, "a holder's frame for the producer state is bad; reading on from another");
+                last = bad.to_string();
+            }
+            if next > from {
+                from = next;
+                moved = true;
+                // A holder that sent a bad frame is asked last next time.
+                first_holder = (first_holder + i + usize::from(bad.is_some())) % holders.len();
+                break;
+            }
+        }
+        if !moved {
+            return Err(FetchError::NoHolder {
+                segment,
+                holders,
+                from,
+                last,
+            });
+        }
+    }
+    Ok(table)
+}
+
+/// Applies the tags of the frames in `frames` (a holder's answer from
+/// segment offset `first`) to `table`, up to offset `seal_length`. Returns
+/// the offset after the last good frame, and why the next one is bad if a
+/// frame before the seal does not decode, fails its CRC or carries another
+/// offset than its place requires (its tags and every later frame's are
+/// not taken).
+pub(crate) fn scan_frames(
+    segment: SegmentId,
+    first: u64,
+    seal_length: u64,
+    frames: &[u8],
+    table: &mut ProducerTable,
+    seen_ms: u64,
+) -> (u64, Option<FrameError>) {
+    let id = malachi_storage::SegmentId(segment.0);
+    let mut starts = producers::BatchStarts::default();
+    let (mut at, mut offset) = (0usize, first);
+    while at < frames.len() && offset < seal_length {
+        let rest = frames.get(at..).unwrap_or_default();
+        let (view, len) = match malachi_storage::frame::decode(rest) {
+            Ok(decoded) => decoded,
+            Err(e) => return (offset, Some(e)),
+        };
+        if view.offset != offset {
+            let mismatch = FrameError::OffsetMismatch {
+                found: view.offset,
+                expected: offset,
+            };
+            return (offset, Some(mismatch));
+        }
+        observe_frame(id, &view, table, &mut starts, seen_ms);
+        at += len;
+        offset += 1;
+    }
+    (offset, None)
 }
 
 /// Segment copies with producer tags in their logs, for the tests here and
@@ -417,6 +680,49 @@ pub(crate) mod fixture {
             range: RANGE,
             sealed: Some(Sealed { at_ms, length }),
             predecessors: predecessors.iter().map(|s| SegmentId(*s)).collect(),
+            holders: Vec::new(),
+        }
+    }
+
+    /// Holders of segment copies, each a store of its own, as the cluster
+    /// port's catch-up read serves them.
+    #[derive(Debug, Default)]
+    pub(crate) struct Holders {
+        pub copies: BTreeMap<u64, Arc<Storage>>,
+        /// Holders whose answers have a byte of their last frame flipped.
+        pub corrupt: std::collections::BTreeSet<u64>,
+        /// Every call, as (holder, from).
+        pub calls: parking_lot::Mutex<Vec<(u64, u64)>>,
+    }
+
+    #[async_trait::async_trait]
+    impl HolderReads for Holders {
+        async fn read(
+            &self,
+            _topic: &str,
+            segment: SegmentId,
+            holder: NodeId,
+            from: u64,
+            bytes_max: u64,
+        ) -> Result<(u64, Bytes), String> {
+            self.calls.lock().push((holder.0, from));
+            let Some(copy) = self.copies.get(&holder.0) else {
+                return Err(format!("broker {holder} does not answer"));
+            };
+            let run = copy
+                .store
+                .read_frames(
+                    malachi_storage::SegmentId(segment.0),
+                    from,
+                    bytes_max as usize,
+                )
+                .map_err(|e| e.to_string())?;
+            let mut bytes = run.bytes;
+            if self.corrupt.contains(&holder.0) && !bytes.is_empty() {
+                let last = bytes.len() - 3;
+                bytes[last] ^= 0x40;
+            }
+            Ok((run.first, Bytes::from(bytes)))
         }
     }
 
@@ -434,6 +740,8 @@ pub(crate) mod fixture {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::sync::Arc;
+
     use super::fixture::*;
     use super::*;
     use crate::data::producers::Verdict;
@@ -576,5 +884,185 @@ mod tests {
         // segments is the last one read.
         assert_eq!(at_the_end_of_a_chain(bound + 1), Verdict::Append);
         assert_eq!(at_the_end_of_a_chain(bound + 2), Verdict::Unknown);
+    }
+
+    /// A second broker's store holding segment 1 (X's batches 0..=2); this
+    /// broker holds only segment 2 (Y's), the ancestry names broker 2 (and
+    /// any of `others`) as 1's holders.
+    fn a_predecessor_held_elsewhere(
+        here: &std::path::Path,
+        there: &std::path::Path,
+        others: &[u64],
+    ) -> (Arc<Storage>, Arc<Storage>, Ancestry) {
+        let storage = storage(here);
+        let holder = storage_of_node(there, 2);
+        copy(&holder, 1, &[(X, 0), (X, 1), (X, 2)]);
+        copy(&storage, 2, &[(Y, 0), (Y, 1)]);
+        let mut first = sealed(NOW - 2 * 3_600_000, 3, &[]);
+        first.holders = std::iter::once(2)
+            .chain(others.iter().copied())
+            .map(NodeId)
+            .collect();
+        let mut second = sealed(NOW - 3_600_000, 2, &[1]);
+        second.holders = vec![NodeId(1)];
+        (
+            storage,
+            holder,
+            ancestry(&[2], vec![(1, first), (2, second)]),
+        )
+    }
+
+    fn storage_of_node(dir: &std::path::Path, node_id: u64) -> Arc<Storage> {
+        let store = Arc::new(
+            malachi_storage::FileStore::open_dir(dir, malachi_storage::StoreConfig::default())
+                .unwrap(),
+        );
+        let config = crate::common::config::BrokerConfig {
+            node_id,
+            producer_idle_expiry_ms: DAY_MS,
+            ..crate::common::config::BrokerConfig::for_tests(dir)
+        };
+        Arc::new(Storage::new(
+            config,
+            store,
+            Arc::new(crate::common::clock::SystemClock),
+            Arc::new(crate::common::metrics::BrokerMetrics::new()),
+        ))
+    }
+
+    /// The first pass, a fetch of what it wants from `holders`, and the
+    /// second pass with what the fetch read.
+    async fn start_through_holders(
+        storage: &Storage,
+        ancestry: &Ancestry,
+        holders: &Holders,
+    ) -> (Vec<SegmentId>, Result<ProducerTable, FetchError>) {
+        let mut lineage = Lineage::new(storage, "t", ancestry, NOW);
+        lineage.start_table(RANGE);
+        let wanted = lineage.wanted();
+        let mut fetched = Fetched::new();
+        for (segment, ancestor) in &wanted {
+            let limits = storage.config.producer_limits();
+            match fetch_own_tags(holders, "t", 1, *segment, ancestor, limits, NOW).await {
+                Ok(tags) => {
+                    fetched.insert(*segment, tags);
+                }
+                Err(e) => return (wanted.iter().map(|w| w.0).collect(), Err(e)),
+            }
+        }
+        let table = Lineage::with_fetched(storage, "t", ancestry, &fetched, NOW).start_table(RANGE);
+        (wanted.iter().map(|w| w.0).collect(), Ok(table))
+    }
+
+    #[tokio::test]
+    async fn an_ancestor_with_no_copy_here_is_read_from_a_holder() {
+        let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (storage, holder, ancestry) =
+            a_predecessor_held_elsewhere(here.path(), there.path(), &[]);
+        // Without the holder's copy X is unknown here: it must not start
+        // afresh silently, so the first pass wants segment 1.
+        let mut alone = Lineage::new(&storage, "t", &ancestry, NOW);
+        let table = alone.start_table(RANGE);
+        assert_eq!(table.check(&tag(X, 3), 1), Verdict::Unknown);
+        assert_eq!(
+            alone.wanted().iter().map(|w| w.0).collect::<Vec<_>>(),
+            [SegmentId(1)]
+        );
+        let holders = Holders {
+            copies: BTreeMap::from([(2, holder)]),
+            ..Holders::default()
+        };
+        let (wanted, table) = start_through_holders(&storage, &ancestry, &holders).await;
+        assert_eq!(wanted, [SegmentId(1)]);
+        let table = table.unwrap();
+        assert_eq!(table.check(&tag(X, 3), 1), Verdict::Append);
+        assert_eq!(
+            table.check(&tag(X, 2), 1),
+            Verdict::Duplicate { records: 1 }
+        );
+        assert_eq!(table.check(&tag(Y, 2), 1), Verdict::Append);
+        // Segment 2's table is whole now and written down; no copy of
+        // segment 1 (nor a sidecar for it) was made here.
+        assert!(has_sidecar(&storage, 2) && !has_sidecar(&storage, 1));
+        assert!(
+            !storage
+                .store
+                .log_path(malachi_storage::SegmentId(1))
+                .exists()
+        );
+    }
+
+    #[tokio::test]
+    async fn no_holder_answering_is_an_error_and_never_a_fresh_start() {
+        let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (storage, _holder, ancestry) =
+            a_predecessor_held_elsewhere(here.path(), there.path(), &[3]);
+        let holders = Holders::default();
+        let (wanted, table) = start_through_holders(&storage, &ancestry, &holders).await;
+        assert_eq!(wanted, [SegmentId(1)]);
+        assert!(
+            matches!(&table, Err(FetchError::NoHolder { segment: SegmentId(1), from: 0, holders, .. }) if holders == &[NodeId(2), NodeId(3)]),
+            "{table:?}"
+        );
+        assert_eq!(*holders.calls.lock(), [(2, 0), (3, 0)]);
+        // Nothing half-built was written down for the segment after it.
+        assert!(!has_sidecar(&storage, 2));
+    }
+
+    #[tokio::test]
+    async fn a_holder_with_bad_frames_is_passed_over_for_the_next() {
+        let (here, there, third) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let (storage, holder, ancestry) =
+            a_predecessor_held_elsewhere(here.path(), there.path(), &[3]);
+        let good = storage_of_node(third.path(), 3);
+        copy(&good, 1, &[(X, 0), (X, 1), (X, 2)]);
+        let holders = Holders {
+            copies: BTreeMap::from([(2, holder), (3, good)]),
+            corrupt: [2].into(),
+            ..Holders::default()
+        };
+        let (_, table) = start_through_holders(&storage, &ancestry, &holders).await;
+        let table = table.unwrap();
+        assert_eq!(
+            table.check(&tag(X, 2), 1),
+            Verdict::Duplicate { records: 1 }
+        );
+        assert_eq!(table.check(&tag(X, 3), 1), Verdict::Append);
+        // Broker 2's first two frames were good: the read went on from the
+        // bad one at broker 3.
+        assert_eq!(*holders.calls.lock(), [(2, 0), (3, 2)]);
+    }
+
+    #[test]
+    fn frames_past_the_seal_or_out_of_place_give_no_tags() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = storage(dir.path());
+        copy(&storage, 1, &[(X, 0), (X, 1), (X, 2)]);
+        let run = storage
+            .store
+            .read_frames(malachi_storage::SegmentId(1), 0, 1 << 20)
+            .unwrap();
+        let limits = storage.config.producer_limits();
+        // Cut at a seal of 2: batch 2 is not the segment's.
+        let mut table = ProducerTable::new(RANGE.0, limits);
+        let (next, bad) = scan_frames(SegmentId(1), 0, 2, &run.bytes, &mut table, NOW);
+        assert_eq!((next, bad), (2, None));
+        assert_eq!(table.check(&tag(X, 2), 1), Verdict::Append);
+        // Frames from 0 answered for offset 1: none is taken.
+        let mut table = ProducerTable::new(RANGE.0, limits);
+        let (next, bad) = scan_frames(SegmentId(1), 1, 3, &run.bytes, &mut table, NOW);
+        assert_eq!(next, 1);
+        assert!(matches!(
+            bad,
+            Some(FrameError::OffsetMismatch {
+                found: 0,
+                expected: 1
+            })
+        ));
+        assert_eq!(table.check(&tag(X, 1), 1), Verdict::Unknown);
     }
 }

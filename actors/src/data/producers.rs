@@ -258,6 +258,26 @@ impl ProducerTable {
         true
     }
 
+    /// Records every entry of this table's own stream in `table`, as if
+    /// the tags they came from were observed there: `self` holds the tags
+    /// of one segment's log (the last of each producer, which is what
+    /// observing them all in order leaves), read from a holder's copy.
+    pub(crate) fn replay_into(&self, table: &mut ProducerTable) {
+        for ((range, producer_id), e) in &self.streams {
+            if *range != self.own_range {
+                continue;
+            }
+            let tag = ProducerTag {
+                producer_id: *producer_id,
+                epoch: e.epoch,
+                range: *range,
+                sequence: e.last_sequence,
+                records: e.last_records,
+            };
+            table.observe(&tag, e.last_seen_ms);
+        }
+    }
+
     /// Forgets producers idle past the expiry, then the least recently seen
     /// beyond the count bounds.
     fn bound(&mut self, now_ms: u64) {

@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, error, info, warn};
 
 use super::invariants::{Violation, check_append, check_durable};
-use super::lineage::{self, Ancestry, Lineage};
+use super::lineage::{self, Ancestor, Ancestry, Fetched, HolderReads, Lineage};
 use super::producers::{ProducerTable, ProducerTag, Verdict};
 use super::replication::Replicated;
 use super::storage::{SegmentHandle, Storage};
@@ -135,6 +135,9 @@ pub(crate) enum SegmentMsg {
     /// A group commit failed: rebuild the producer table from the log
     /// before handing it on.
     ProducersStale,
+    /// The producer table, complete with the ancestors read from their
+    /// holders (ADR 0124): idempotent batches are taken from now on.
+    ProducersReady(ProducerTable),
     /// Fence the copy and answer its durable seal, for a split or merge
     /// that seals this segment itself (no roll follows).
     Freeze {
@@ -155,6 +158,7 @@ impl std::fmt::Debug for SegmentMsg {
             SegmentMsg::RollFailed(e) => write!(f, "RollFailed({e:?})"),
             SegmentMsg::Thaw => f.write_str("Thaw"),
             SegmentMsg::ProducersStale => f.write_str("ProducersStale"),
+            SegmentMsg::ProducersReady(_) => f.write_str("ProducersReady"),
             SegmentMsg::Freeze { .. } => f.write_str("Freeze"),
             #[cfg(feature = "testing")]
             SegmentMsg::Poison => f.write_str("Poison"),
@@ -181,6 +185,9 @@ pub(crate) struct SegmentArgs {
     pub replicas: Vec<NodeId>,
     /// The segment's writer epoch (ADR 0097), sent with every replica-append.
     pub epoch: u64,
+    /// How an ancestor this broker holds no whole copy of is read from a
+    /// holder, for its producer state (ADR 0124).
+    pub holders: Arc<dyn HolderReads>,
 }
 
 pub(crate) struct SegmentActor;
@@ -208,6 +215,10 @@ pub(crate) struct SegmentState {
     /// A group commit failed: the table may name batches that are not in
     /// the log, so it is rebuilt from the log before it is handed on.
     producers_stale: bool,
+    /// Ancestors' producer state is still being read from their holders:
+    /// the table lacks it, so idempotent batches are refused (`busy`,
+    /// retriable) and the table is not handed on as a sidecar.
+    producers_pending: bool,
     /// The quorum state of a replicated segment (`None` with one copy).
     replicated: Option<Arc<Replicated>>,
 }
@@ -315,7 +326,12 @@ impl Actor for SegmentActor {
         if recovery.truncated_bytes > 0 {
             warn!(segment = %id, truncated_bytes = recovery.truncated_bytes, "truncated a torn tail");
         }
-        let (producers, torn) = tokio::task::block_in_place(|| build_producers(&args));
+        let (producers, torn, wanted) =
+            tokio::task::block_in_place(|| build_producers(&args, &Fetched::new()));
+        let producers_pending = !wanted.is_empty();
+        if producers_pending {
+            tokio::spawn(fetch_producers(args.clone(), wanted, myself.clone()));
+        }
         // A quarantined copy is never cut: it rolls away as it is.
         if let Some(start) = torn.filter(|_| recovery.info.lost.is_none()) {
             tokio::task::block_in_place(|| cut_torn_batch(&args, id, start));
@@ -366,6 +382,7 @@ impl Actor for SegmentActor {
             first_record_at_ms,
             producers,
             producers_stale: false,
+            producers_pending,
             replicated,
         })
     }
@@ -422,6 +439,12 @@ impl Actor for SegmentActor {
                 }
             }
             SegmentMsg::ProducersStale => state.producers_stale = true,
+            SegmentMsg::ProducersReady(table) => {
+                if state.producers_pending {
+                    state.producers = table;
+                    state.producers_pending = false;
+                }
+            }
             SegmentMsg::Freeze { reply } => {
                 if state.rolling {
                     let _ = reply.send(Err(AppendError::Busy(
@@ -523,6 +546,15 @@ impl SegmentActor {
         // takes no appends: they go to the range's next active segment.
         if state.rolling || state.retry.is_some() {
             let _ = reply.send(Err(AppendError::Rolled));
+            return;
+        }
+        if producer.is_some() && state.producers_pending {
+            // The table lacks an ancestor's producers: a batch judged now
+            // could be a retry stored there, or refused as unknown.
+            let _ = reply.send(Err(AppendError::Busy(
+                "the range's producer state is being read from its predecessors' holders; retry"
+                    .into(),
+            )));
             return;
         }
         if let Some(tag) = &producer {
@@ -907,6 +939,9 @@ struct Handoff {
     args: SegmentArgs,
     table: ProducerTable,
     stale: bool,
+    /// The table lacks ancestors still read from their holders: written
+    /// down it would speak for producers it does not know.
+    pending: bool,
 }
 
 impl Handoff {
@@ -915,6 +950,7 @@ impl Handoff {
             args: state.args.clone(),
             table: state.producers.clone(),
             stale: state.producers_stale,
+            pending: state.producers_pending,
         }
     }
 
@@ -923,9 +959,17 @@ impl Handoff {
     /// table from this segment's log.
     async fn write(self) {
         let id = malachi_storage::SegmentId(self.args.segment.0);
+        if self.pending {
+            info!(segment = %id, "no producer sidecar: the predecessors' producer state was still being read; successors rebuild it");
+            return;
+        }
         let written = tokio::task::spawn_blocking(move || {
             let table = if self.stale {
-                build_producers(&self.args).0
+                let (table, _, wanted) = build_producers(&self.args, &Fetched::new());
+                if !wanted.is_empty() {
+                    return;
+                }
+                table
             } else {
                 self.table
             };
@@ -938,15 +982,108 @@ impl Handoff {
     }
 }
 
+/// How long a segment goes on asking its ancestors' holders for their
+/// producer state before it gives up on the ones none answered for and
+/// starts their producers afresh (logged as an error): every holder of a
+/// sealed segment unreachable for this long is more than the replication
+/// factor covers, and idempotent batches are refused meanwhile.
+pub(crate) const PRODUCERS_FETCH_WAIT_MS_MAX: u64 = 60_000;
+/// The pause after a round of asking that left an ancestor unread, doubled
+/// after each such round up to `PRODUCERS_FETCH_RETRY_MS_MAX`.
+const PRODUCERS_FETCH_RETRY_MS_FIRST: u64 = 100;
+const PRODUCERS_FETCH_RETRY_MS_MAX: u64 = 5_000;
+
+/// Reads the `wanted` ancestors' tags from their holders (ADR 0124), in
+/// rounds until every one answered or `PRODUCERS_FETCH_WAIT_MS_MAX` has
+/// passed, rebuilds the table with them and hands it to the segment's
+/// actor, which refuses idempotent batches until then.
+async fn fetch_producers(
+    args: SegmentArgs,
+    wanted: Vec<(SegmentId, Ancestor)>,
+    myself: ActorRef<SegmentMsg>,
+) {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(PRODUCERS_FETCH_WAIT_MS_MAX);
+    let (me, limits) = (
+        args.storage.config.node_id,
+        args.storage.config.producer_limits(),
+    );
+    let mut fetched = Fetched::new();
+    let mut retry_ms = PRODUCERS_FETCH_RETRY_MS_FIRST;
+    loop {
+        for (ancestor, of) in &wanted {
+            if fetched.contains_key(ancestor) {
+                continue;
+            }
+            let now_ms = args.storage.clock.now_ms();
+            let read = lineage::fetch_own_tags(
+                args.holders.as_ref(),
+                &args.topic,
+                me,
+                *ancestor,
+                of,
+                limits,
+                now_ms,
+            );
+            match tokio::time::timeout_at(deadline, read).await {
+                Ok(Ok(table)) => {
+                    fetched.insert(*ancestor, table);
+                }
+                Ok(Err(e)) => {
+                    info!(segment = args.segment.0, ancestor = ancestor.0, error = %e, "an ancestor's producer state could not be read from a holder yet")
+                }
+                Err(_) => break,
+            }
+        }
+        if fetched.len() == wanted.len() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(retry_ms)).await;
+        retry_ms = (retry_ms * 2).min(PRODUCERS_FETCH_RETRY_MS_MAX);
+    }
+    let missing: Vec<u64> = wanted
+        .iter()
+        .map(|(s, _)| s.0)
+        .filter(|s| !fetched.contains_key(&SegmentId(*s)))
+        .collect();
+    if missing.is_empty() {
+        info!(
+            segment = args.segment.0,
+            ancestors = wanted.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "the predecessors' producer state was read from their holders"
+        );
+    } else {
+        error!(segment = args.segment.0, topic = %args.topic, ?missing, wait_ms = PRODUCERS_FETCH_WAIT_MS_MAX, "no holder of these ancestors answered; their idempotent producers start afresh here, and a retry of a batch they stored may be stored again");
+    }
+    let built = tokio::task::spawn_blocking(move || build_producers(&args, &fetched).0).await;
+    match built {
+        Ok(table) => {
+            // A stopped actor (rolled meanwhile) needs no table.
+            let _ = myself.send_message(SegmentMsg::ProducersReady(table));
+        }
+        // The segment goes on refusing idempotent batches until it rolls
+        // (its successor asks again): never a table short of them.
+        Err(e) => error!(error = %e, "the producer table rebuild failed"),
+    }
+}
+
 /// The producer table of a segment at open: its predecessors' final
 /// tables (from their sidecars, or rebuilt from their ancestors and logs
-/// when a sidecar is missing or damaged; `lineage.rs`), then every tag in
-/// its own log, in order. Also where its own log must be cut, if it ends
-/// inside an idempotent batch ([`producers::BatchStarts`]).
-fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
+/// when a sidecar is missing or damaged, or from the tags in `fetched`,
+/// read from holders; `lineage.rs`), then every tag in its own log, in
+/// order. Also where its own log must be cut, if it ends inside an
+/// idempotent batch ([`producers::BatchStarts`]), and the ancestors a
+/// holder's copy must stand in for (empty: the table is complete).
+fn build_producers(
+    args: &SegmentArgs,
+    fetched: &Fetched,
+) -> (ProducerTable, Option<u64>, Vec<(SegmentId, Ancestor)>) {
     let now_ms = args.storage.clock.now_ms();
-    let mut table =
-        Lineage::new(&args.storage, &args.topic, &args.ancestry, now_ms).start_table(args.range);
+    let mut lineage =
+        Lineage::with_fetched(&args.storage, &args.topic, &args.ancestry, fetched, now_ms);
+    let mut table = lineage.start_table(args.range);
+    let wanted = lineage.wanted();
     let torn = lineage::scan_tags(
         &args.storage,
         malachi_storage::SegmentId(args.segment.0),
@@ -955,7 +1092,7 @@ fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
         None,
     )
     .unwrap_or(None);
-    (table, torn)
+    (table, torn, wanted)
 }
 
 /// Cuts the copy's log back to `start`, the first record of an idempotent
@@ -1084,6 +1221,7 @@ mod tests {
             ancestry: Ancestry::default(),
             replicas: vec![NodeId(1)],
             epoch: 1,
+            holders: Arc::new(Holders::default()),
         };
         let (actor, handle) = Actor::spawn(None, SegmentActor, args).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1187,8 +1325,10 @@ mod tests {
             ),
             replicas: vec![NodeId(1), NodeId(2), NodeId(3)],
             epoch: 1,
+            holders: Arc::new(Holders::default()),
         };
-        let (table, torn) = build_producers(&args);
+        let (table, torn, wanted) = build_producers(&args, &Fetched::new());
+        assert!(wanted.is_empty());
         assert_eq!(torn, None);
         // The next sequence is stored, the retry of the last is a duplicate.
         assert_eq!(table.check(&tag(1, 5), 1), Verdict::Append);
@@ -1197,5 +1337,130 @@ mod tests {
             Verdict::Duplicate { records: 1 }
         );
         assert_eq!(table.check(&tag(2, 2), 1), Verdict::Append);
+    }
+
+    /// Segment 3 of `RANGE` opening on a broker (node 1) that holds no copy
+    /// of its predecessor, segment 1 (producer 1's batches 0..=2), which
+    /// broker 2 holds if `held`.
+    async fn open_without_the_predecessor(
+        here: &std::path::Path,
+        there: &std::path::Path,
+        held: bool,
+    ) -> (
+        Arc<Storage>,
+        ActorRef<SegmentMsg>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let storage = storage(here);
+        let holder = storage_of(there, 2);
+        copy(&holder, 1, &[(1, 0), (1, 1), (1, 2)]);
+        let id = malachi_storage::SegmentId(3);
+        storage.store.open(id).unwrap();
+        storage.store.close(id).unwrap();
+        let now = storage.clock.now_ms();
+        let mut predecessor = sealed(now - 1_000, 3, &[]);
+        predecessor.holders = vec![NodeId(2)];
+        let copies = if held {
+            std::collections::BTreeMap::from([(2, holder)])
+        } else {
+            std::collections::BTreeMap::new()
+        };
+        let args = SegmentArgs {
+            storage: Arc::clone(&storage),
+            roller: Arc::new(NoRoll),
+            topic: "t".into(),
+            range: RANGE,
+            segment: SegmentId(3),
+            start_offset: 3,
+            created_at_ms: now,
+            ancestry: ancestry(&[1], vec![(1, predecessor)]),
+            replicas: vec![NodeId(1)],
+            epoch: 1,
+            holders: Arc::new(Holders {
+                copies,
+                ..Holders::default()
+            }),
+        };
+        let (actor, handle) = Actor::spawn(None, SegmentActor, args).await.unwrap();
+        (storage, actor, handle)
+    }
+
+    fn storage_of(dir: &std::path::Path, node_id: u64) -> Arc<Storage> {
+        let store = Arc::new(
+            malachi_storage::FileStore::open_dir(dir, malachi_storage::StoreConfig::default())
+                .unwrap(),
+        );
+        let config = crate::common::config::BrokerConfig {
+            node_id,
+            producer_idle_expiry_ms: DAY_MS,
+            ..crate::common::config::BrokerConfig::for_tests(dir)
+        };
+        Arc::new(Storage::new(
+            config,
+            store,
+            Arc::new(crate::common::clock::SystemClock),
+            Arc::new(crate::common::metrics::BrokerMetrics::new()),
+        ))
+    }
+
+    async fn append(storage: &Storage, producer: Option<ProducerTag>) -> Result<Ack, AppendError> {
+        let (reply, answer) = oneshot::channel();
+        handle_of(storage)
+            .try_send(|permit| SegmentMsg::Append {
+                permit,
+                records: Arc::new(vec![record()]),
+                bytes: 1,
+                producer,
+                reply,
+            })
+            .unwrap();
+        answer.await.unwrap()
+    }
+
+    /// Issue 36: a successor placed on a broker without its predecessor's
+    /// copy took idempotent batches at once with none of the predecessor's
+    /// producers: a retry was stored twice, a next sequence refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_successor_without_its_predecessors_copy_takes_its_producers_from_a_holder() {
+        let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (storage, actor, handle) =
+            open_without_the_predecessor(here.path(), there.path(), true).await;
+        let mut answer = Err(AppendError::Busy(String::new()));
+        for _ in 0..500 {
+            answer = append(&storage, Some(tag(1, 2))).await;
+            if !matches!(answer, Err(AppendError::Busy(_))) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            matches!(answer, Ok(Ack::Duplicate { records: 1 })),
+            "{answer:?}"
+        );
+        assert!(matches!(
+            append(&storage, Some(tag(1, 3))).await,
+            Ok(Ack::Stored(_))
+        ));
+        actor.stop(None);
+        handle.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_no_holder_answering_idempotent_batches_are_refused_retriably_not_taken_afresh() {
+        let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (storage, actor, handle) =
+            open_without_the_predecessor(here.path(), there.path(), false).await;
+        for _ in 0..5 {
+            // A retry of a batch the predecessor stored, and a first batch.
+            for producer in [tag(1, 2), tag(2, 0)] {
+                let answer = append(&storage, Some(producer)).await;
+                assert!(matches!(answer, Err(AppendError::Busy(_))), "{answer:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Records of no producer are taken meanwhile.
+        assert!(matches!(append(&storage, None).await, Ok(Ack::Stored(_))));
+        actor.stop(None);
+        handle.await.unwrap();
     }
 }
