@@ -982,28 +982,33 @@ impl Handoff {
     }
 }
 
-/// How long a segment goes on asking its ancestors' holders for their
-/// producer state before it gives up on the ones none answered for and
-/// starts their producers afresh (logged as an error): every holder of a
-/// sealed segment unreachable for this long is more than the replication
-/// factor covers, and idempotent batches are refused meanwhile.
+/// How long a segment asks its ancestors' holders for their producer state
+/// before it says, as an error, that idempotent batches stay refused until
+/// one answers: every holder of a sealed segment unreachable for this long
+/// is more than the replication factor covers. It never gives up and starts
+/// them afresh: that would let a retry of a batch an ancestor stored be
+/// stored again (safety before availability; ADR 0124).
 pub(crate) const PRODUCERS_FETCH_WAIT_MS_MAX: u64 = 60_000;
+/// How long one ancestor's read from its holders may take in one round.
+const PRODUCERS_FETCH_ROUND_MS_MAX: u64 = 30_000;
 /// The pause after a round of asking that left an ancestor unread, doubled
 /// after each such round up to `PRODUCERS_FETCH_RETRY_MS_MAX`.
 const PRODUCERS_FETCH_RETRY_MS_FIRST: u64 = 100;
 const PRODUCERS_FETCH_RETRY_MS_MAX: u64 = 5_000;
 
 /// Reads the `wanted` ancestors' tags from their holders (ADR 0124), in
-/// rounds until every one answered or `PRODUCERS_FETCH_WAIT_MS_MAX` has
-/// passed, rebuilds the table with them and hands it to the segment's
-/// actor, which refuses idempotent batches until then.
+/// rounds until every one answered (an error is logged once
+/// `PRODUCERS_FETCH_WAIT_MS_MAX` has passed), rebuilds the table with them
+/// and hands it to the segment's actor, which refuses idempotent batches
+/// until then. A segment that rolls meanwhile stops this task with it.
 async fn fetch_producers(
     args: SegmentArgs,
     wanted: Vec<(SegmentId, Ancestor)>,
     myself: ActorRef<SegmentMsg>,
 ) {
     let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(PRODUCERS_FETCH_WAIT_MS_MAX);
+    let warn_at = tokio::time::Instant::now() + Duration::from_millis(PRODUCERS_FETCH_WAIT_MS_MAX);
+    let mut warned = false;
     let (me, limits) = (
         args.storage.config.node_id,
         args.storage.config.producer_limits(),
@@ -1025,37 +1030,45 @@ async fn fetch_producers(
                 limits,
                 now_ms,
             );
-            match tokio::time::timeout_at(deadline, read).await {
+            match tokio::time::timeout(Duration::from_millis(PRODUCERS_FETCH_ROUND_MS_MAX), read)
+                .await
+            {
                 Ok(Ok(table)) => {
                     fetched.insert(*ancestor, table);
                 }
                 Ok(Err(e)) => {
                     info!(segment = args.segment.0, ancestor = ancestor.0, error = %e, "an ancestor's producer state could not be read from a holder yet")
                 }
-                Err(_) => break,
+                Err(_) => {
+                    info!(
+                        segment = args.segment.0,
+                        ancestor = ancestor.0,
+                        "reading an ancestor's producer state from its holders timed out; asking again"
+                    )
+                }
             }
         }
-        if fetched.len() == wanted.len() || tokio::time::Instant::now() >= deadline {
+        if fetched.len() == wanted.len() {
             break;
+        }
+        if !warned && tokio::time::Instant::now() >= warn_at {
+            warned = true;
+            error!(segment = args.segment.0, topic = %args.topic, wait_ms = PRODUCERS_FETCH_WAIT_MS_MAX, "no holder of some ancestors answered; idempotent batches to this range stay refused (busy) until one does");
         }
         tokio::time::sleep(Duration::from_millis(retry_ms)).await;
         retry_ms = (retry_ms * 2).min(PRODUCERS_FETCH_RETRY_MS_MAX);
     }
-    let missing: Vec<u64> = wanted
-        .iter()
-        .map(|(s, _)| s.0)
-        .filter(|s| !fetched.contains_key(&SegmentId(*s)))
-        .collect();
-    if missing.is_empty() {
-        info!(
-            segment = args.segment.0,
-            ancestors = wanted.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "the predecessors' producer state was read from their holders"
-        );
-    } else {
-        error!(segment = args.segment.0, topic = %args.topic, ?missing, wait_ms = PRODUCERS_FETCH_WAIT_MS_MAX, "no holder of these ancestors answered; their idempotent producers start afresh here, and a retry of a batch they stored may be stored again");
-    }
+    assert_eq!(
+        fetched.len(),
+        wanted.len(),
+        "a table is built only with every wanted ancestor read"
+    );
+    info!(
+        segment = args.segment.0,
+        ancestors = wanted.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "the predecessors' producer state was read from their holders"
+    );
     let built = tokio::task::spawn_blocking(move || build_producers(&args, &fetched).0).await;
     match built {
         Ok(table) => {
