@@ -11,6 +11,12 @@
 //!
 //! The store knows segments by id only, not by topic: the metadata's
 //! owner asks, so this module needs no metadata.
+//!
+//! Broken verdicts survive a restart (issue 36): the book keeps them in
+//! [`SCRUB_BROKEN_FILE`] in the data dir, rewritten atomically whenever the
+//! set of broken copies changes (rare: a copy found broken, or its rebuild
+//! started), and read back at boot. Intact verdicts are not kept: they
+//! expire anyway, and a copy read again after a restart loses nothing.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -27,12 +33,22 @@ pub(crate) const SCRUB_QUEUE_MAX: usize = 4_096;
 /// consumers keep most of the disk.
 pub(crate) const SCRUB_BYTES_PER_SECOND: u64 = 32 << 20;
 
+/// The file in the data dir holding the broken verdicts across restarts.
+pub(crate) const SCRUB_BROKEN_FILE: &str = "scrub-broken.json";
+/// Broken verdicts the file holds at most: beyond it the oldest are left
+/// out (they are found again by the next scrub).
+pub(crate) const SCRUB_BROKEN_KEPT_MAX: usize = 4_096;
+
 /// The scrubber's finding about one copy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum Verdict {
     Intact,
-    /// A bad frame inside the sealed bytes, or a copy quarantined at open.
-    Damaged(String),
+    /// A bad frame inside the sealed bytes, or a copy quarantined at open
+    /// (or found damaged on read).
+    Damaged {
+        detail: String,
+    },
     /// No log file.
     Missing,
     /// Fewer records or bytes than the seal.
@@ -50,7 +66,7 @@ impl Verdict {
     fn wire(&self, segment: u64) -> ScrubVerdict {
         let (verdict, detail) = match self {
             Verdict::Intact => ("intact", String::new()),
-            Verdict::Damaged(why) => ("damaged", why.clone()),
+            Verdict::Damaged { detail: why } => ("damaged", why.clone()),
             Verdict::Missing => ("missing", "no log file".to_string()),
             Verdict::Short { records, bytes } => {
                 ("short", format!("{records} records in {bytes} bytes"))
@@ -74,15 +90,21 @@ pub(crate) fn judge(report: Result<&VerifyReport, &StorageError>, seal: ScrubSea
         Err(StorageError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Verdict::Missing;
         }
-        Err(e) => return Verdict::Damaged(format!("cannot read the copy: {e}")),
+        Err(e) => {
+            return Verdict::Damaged {
+                detail: format!("cannot read the copy: {e}"),
+            };
+        }
     };
     if let Some(bad) = report.first_bad
         && bad.position < seal.bytes
     {
-        return Verdict::Damaged(format!(
-            "a bad frame at byte {} (offset {}): {}",
-            bad.position, bad.offset, bad.error
-        ));
+        return Verdict::Damaged {
+            detail: format!(
+                "a bad frame at byte {} (offset {}): {}",
+                bad.position, bad.offset, bad.error
+            ),
+        };
     }
     if report.records < seal.length || report.valid_bytes < seal.bytes {
         return Verdict::Short {
@@ -108,6 +130,18 @@ struct Found {
 pub(crate) struct ScrubBook {
     found: HashMap<u64, Found>,
     queue: VecDeque<ScrubSeal>,
+    /// Where the broken verdicts are kept across restarts; `None` in tests
+    /// that need no file.
+    kept_at: Option<std::path::PathBuf>,
+}
+
+/// One broken verdict as [`SCRUB_BROKEN_FILE`] holds it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct KeptVerdict {
+    pub segment: u64,
+    pub length: u64,
+    pub bytes: u64,
+    pub verdict: Verdict,
 }
 
 impl ScrubBook {
@@ -135,7 +169,8 @@ impl ScrubBook {
     }
 
     pub(crate) fn record(&mut self, seal: ScrubSeal, verdict: Verdict, now: Instant) {
-        self.found.insert(
+        let broken = verdict.is_broken();
+        let was = self.found.insert(
             seal.segment,
             Found {
                 seal,
@@ -144,14 +179,102 @@ impl ScrubBook {
                 asked: now,
             },
         );
+        if broken || was.is_some_and(|f| f.verdict.is_broken()) {
+            self.keep();
+        }
+    }
+
+    /// A book that keeps its broken verdicts in `dir`'s
+    /// [`SCRUB_BROKEN_FILE`], with those the file held (a restart's):
+    /// each trusted as found now, until its copy is rebuilt.
+    pub(crate) fn kept_in(dir: &std::path::Path, now: Instant) -> ScrubBook {
+        let path = dir.join(SCRUB_BROKEN_FILE);
+        let mut book = ScrubBook {
+            kept_at: Some(path.clone()),
+            ..ScrubBook::default()
+        };
+        let kept: Vec<KeptVerdict> = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                // A verdict lost is found again by the next scrub: never a
+                // reason not to start.
+                tracing::warn!(path = %path.display(), error = %e, "the kept scrub verdicts do not decode; the scrubber finds them again");
+                Vec::new()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the kept scrub verdicts; the scrubber finds them again");
+                Vec::new()
+            }
+        };
+        for k in kept.into_iter().filter(|k| k.verdict.is_broken()) {
+            let seal = ScrubSeal {
+                segment: k.segment,
+                length: k.length,
+                bytes: k.bytes,
+            };
+            book.found.insert(
+                k.segment,
+                Found {
+                    seal,
+                    verdict: k.verdict,
+                    at: now,
+                    asked: now,
+                },
+            );
+        }
+        book
+    }
+
+    /// The broken verdicts, as the file keeps them, in segment order.
+    pub(crate) fn broken(&self) -> Vec<KeptVerdict> {
+        let mut kept: Vec<KeptVerdict> = self
+            .found
+            .values()
+            .filter(|f| f.verdict.is_broken())
+            .map(|f| KeptVerdict {
+                segment: f.seal.segment,
+                length: f.seal.length,
+                bytes: f.seal.bytes,
+                verdict: f.verdict.clone(),
+            })
+            .collect();
+        kept.sort_by_key(|k| k.segment);
+        kept.truncate(SCRUB_BROKEN_KEPT_MAX);
+        kept
+    }
+
+    /// Rewrites the file of broken verdicts (atomically: a crash leaves the
+    /// old file or the new one). A failure is logged: the verdicts are then
+    /// kept in memory only, as before issue 36, and found again by a scrub
+    /// after a restart.
+    fn keep(&self) {
+        let Some(path) = &self.kept_at else {
+            return;
+        };
+        let Some(dir) = path.parent() else {
+            return;
+        };
+        let written = serde_json::to_vec_pretty(&self.broken())
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| {
+                malachi_storage::marker::write_atomically(dir, path, &bytes)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "cannot keep the broken scrub verdicts across a restart");
+        }
     }
 
     /// Forgets the verdicts nobody asked about for `unasked_for`, so the
     /// book holds what coordinators still ask about, not every copy ever
     /// scrubbed.
     pub(crate) fn prune(&mut self, now: Instant, unasked_for: Duration) {
+        let before = self.broken().len();
         self.found
             .retain(|_, f| now.duration_since(f.asked) < unasked_for);
+        if self.broken().len() != before {
+            self.keep();
+        }
     }
 
     #[cfg(test)]
@@ -166,7 +289,7 @@ impl ScrubBook {
         for found in self.found.values() {
             let word = match found.verdict {
                 Verdict::Intact => "intact",
-                Verdict::Damaged(_) => "damaged",
+                Verdict::Damaged { .. } => "damaged",
                 Verdict::Missing => "missing",
                 Verdict::Short { .. } => "short",
             };
@@ -184,7 +307,13 @@ impl ScrubBook {
 
     /// Forgets the verdict on `segment`'s copy: it is being rebuilt.
     pub(crate) fn forget(&mut self, segment: u64) {
-        self.found.remove(&segment);
+        if self
+            .found
+            .remove(&segment)
+            .is_some_and(|f| f.verdict.is_broken())
+        {
+            self.keep();
+        }
     }
 
     #[cfg(test)]
@@ -245,7 +374,7 @@ pub(crate) fn scrub_one(storage: &Storage, seal: ScrubSeal) -> (Verdict, u64, u6
             Some(loss) => format!("quarantined: records {} to {} lost", loss.from, loss.to),
             None => "latched failed".to_string(),
         };
-        return (Verdict::Damaged(why), 0, 0);
+        return (Verdict::Damaged { detail: why }, 0, 0);
     }
     let report = storage.store.verify(id);
     let read = report.as_ref().map_or(0, |r| r.scanned_bytes);
@@ -260,6 +389,17 @@ pub(crate) struct ScrubState {
     pub book: parking_lot::Mutex<ScrubBook>,
     /// Wakes the scrubber when copies are queued.
     pub wake: tokio::sync::Notify,
+}
+
+impl ScrubState {
+    /// The scrub state of a broker whose data dir is `dir`: the broken
+    /// verdicts it kept before a restart are back (issue 36).
+    pub(crate) fn kept_in(dir: &std::path::Path) -> ScrubState {
+        ScrubState {
+            book: parking_lot::Mutex::new(ScrubBook::kept_in(dir, Instant::now())),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -299,7 +439,7 @@ mod tests {
         assert_eq!(judge(Ok(&report(10, 1_000, None)), SEAL), Verdict::Intact);
         assert!(matches!(
             judge(Ok(&report(5, 500, Some(500))), SEAL),
-            Verdict::Damaged(_)
+            Verdict::Damaged { .. }
         ));
         // A bad frame past the seal's bytes is an overrun's tail, not damage.
         assert_eq!(
@@ -363,6 +503,104 @@ mod tests {
         book.prune(now + Duration::from_secs(100), Duration::from_secs(90));
         assert_eq!(book.known(), 1);
         assert_eq!(book.ask(SEAL, later, fresh), Some(Verdict::Intact));
+    }
+
+    /// Issue 36: scrub verdicts were kept in memory only, so a restart
+    /// made a broken copy look intact until the next (daily) scrub.
+    #[test]
+    fn broken_verdicts_survive_a_restart_and_a_rebuild_forgets_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = Instant::now();
+        let seal = |segment| ScrubSeal {
+            segment,
+            length: 10,
+            bytes: 400,
+        };
+        let mut book = ScrubBook::kept_in(dir.path(), now);
+        book.record(seal(7), Verdict::Intact, now);
+        book.record(
+            seal(9),
+            Verdict::Damaged {
+                detail: "found on read: bad crc".into(),
+            },
+            now,
+        );
+        book.record(
+            seal(11),
+            Verdict::Short {
+                records: 4,
+                bytes: 160,
+            },
+            now,
+        );
+        drop(book);
+        // The restart.
+        let mut book = ScrubBook::kept_in(dir.path(), now);
+        assert!(book.is_broken(9) && book.is_broken(11));
+        assert!(!book.is_broken(7), "intact verdicts are not kept");
+        let fresh = Duration::from_secs(60);
+        assert_eq!(
+            book.ask(seal(9), now, fresh),
+            Some(Verdict::Damaged {
+                detail: "found on read: bad crc".into()
+            }),
+            "a coordinator's ask gets the kept verdict, so the copy is rebuilt"
+        );
+        // Its rebuild starts: forgotten, also after the next restart.
+        book.forget(9);
+        drop(book);
+        let book = ScrubBook::kept_in(dir.path(), now);
+        assert!(!book.is_broken(9) && book.is_broken(11));
+    }
+
+    #[test]
+    fn a_kept_verdicts_file_that_does_not_decode_is_no_reason_not_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(SCRUB_BROKEN_FILE), b"{not json").unwrap();
+        let book = ScrubBook::kept_in(dir.path(), Instant::now());
+        assert_eq!(book.known(), 0);
+    }
+
+    #[test]
+    fn the_kept_verdicts_format_is_frozen() {
+        let mut book = ScrubBook::default();
+        let now = Instant::now();
+        book.record(
+            ScrubSeal {
+                segment: 3,
+                length: 12,
+                bytes: 480,
+            },
+            Verdict::Damaged {
+                detail: "a bad frame at byte 100 (offset 2): bad crc".into(),
+            },
+            now,
+        );
+        book.record(
+            ScrubSeal {
+                segment: 5,
+                length: 8,
+                bytes: 320,
+            },
+            Verdict::Short {
+                records: 6,
+                bytes: 240,
+            },
+            now,
+        );
+        book.record(
+            ScrubSeal {
+                segment: 6,
+                length: 8,
+                bytes: 320,
+            },
+            Verdict::Missing,
+            now,
+        );
+        insta::assert_snapshot!(
+            "scrub_broken_file",
+            serde_json::to_string_pretty(&book.broken()).unwrap()
+        );
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl Storage {
             segments: Mutex::new(HashMap::new()),
             topics: Mutex::new(HashMap::new()),
             replication: ReplicationState::default(),
-            scrub: super::scrub::ScrubState::default(),
+            scrub: super::scrub::ScrubState::kept_in(&config.data_dir),
             space: super::space::SpaceGuard::new(config.store.min_free_bytes),
             free_space: RwLock::new(Arc::new(super::space::VolumeSpace)),
             leaving: std::sync::atomic::AtomicBool::new(false),

@@ -1449,7 +1449,9 @@ mod tests {
         };
         book.record(
             seal,
-            Verdict::Damaged("a flipped byte".into()),
+            Verdict::Damaged {
+                detail: "a flipped byte".into(),
+            },
             std::time::Instant::now(),
         );
         let read = |copies: &LocalCopies| {

@@ -396,7 +396,9 @@ fn mark_damaged(
     }
     book.record(
         seal,
-        Verdict::Damaged(format!("found on read: {damage}")),
+        Verdict::Damaged {
+            detail: format!("found on read: {damage}"),
+        },
         std::time::Instant::now(),
     );
     drop(book);
