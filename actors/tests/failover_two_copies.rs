@@ -93,7 +93,11 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     .unwrap();
     let mut brokers: Vec<Option<BrokerHandle>> = vec![Some(one), Some(two), Some(three)];
     for b in brokers.iter().flatten() {
-        assert!(b.wait_ready(30_000).await, "broker {} never ready", b.node_id());
+        assert!(
+            b.wait_ready(30_000).await,
+            "broker {} never ready",
+            b.node_id()
+        );
     }
     let mut admin = TestClient::connect(brokers[0].as_ref().unwrap().client_addr()).await;
     assert!(
@@ -147,7 +151,9 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     // 2. The lost broker comes back, and at once the successor's primary
     // stops: one broker is down, one live copy of the successor is left.
     let live: Vec<SocketAddr> = brokers.iter().flatten().map(|b| b.client_addr()).collect();
-    let back = Broker::start(config(root.path(), lost, &live)).await.unwrap();
+    let back = Broker::start(config(root.path(), lost, &live))
+        .await
+        .unwrap();
     brokers[(lost - 1) as usize] = Some(back);
     let victim = successor.replicas[0];
     let stopped = brokers[(victim - 1) as usize].take().unwrap();
@@ -156,7 +162,10 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
 
     // 3. Writes resume within the bound: the survivor seals alone.
     let third = batch("c", 30);
-    let resumed = eventually(WRITES_BACK_MS, async || produce_once(&brokers, &third).await).await;
+    let resumed = eventually(WRITES_BACK_MS, async || {
+        produce_once(&brokers, &third).await
+    })
+    .await;
     let took = stopped_at.elapsed();
     assert!(
         resumed,
@@ -171,9 +180,8 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     let primary = brokers[(now.replicas[0] - 1) as usize].as_ref().unwrap();
     let mut reader = TestClient::connect(primary.client_addr()).await;
     let got = read_all(&mut reader, TOPIC).await;
-    let values = |records: &[Record]| -> Vec<Vec<u8>> {
-        records.iter().map(|r| r.value.to_vec()).collect()
-    };
+    let values =
+        |records: &[Record]| -> Vec<Vec<u8>> { records.iter().map(|r| r.value.to_vec()).collect() };
     assert_eq!(values(&got), values(&sent));
 
     for broker in brokers.into_iter().flatten() {
