@@ -394,7 +394,6 @@ impl SealState {
             }
         }
     }
-
 }
 
 impl SealModel {
@@ -909,7 +908,11 @@ mod tests {
         let checker = SealModel::real(2, 3).checker().spawn_bfs().join();
         let explored = explore(&checker, started, "the actors' rules, 2 copies, 3 records");
         checker.assert_properties();
-        assert!(explored.unique > 1_000, "only {} states explored", explored.unique);
+        assert!(
+            explored.unique > 1_000,
+            "only {} states explored",
+            explored.unique
+        );
     }
 
     /// The rule before ADR 0125 (a quorum of complete copies) is safe at
@@ -966,7 +969,11 @@ mod tests {
             record_rule: RecordRule::One,
             ..SealModel::real(3, 2)
         };
-        first_counterexample(model, SEAL_ON_ENOUGH_COPIES, "seeded bug, record on one copy");
+        first_counterexample(
+            model,
+            SEAL_ON_ENOUGH_COPIES,
+            "seeded bug, record on one copy",
+        );
     }
 
     #[test]

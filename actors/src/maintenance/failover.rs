@@ -558,13 +558,16 @@ async fn fence_copies(
             Err(e) => debug!(node, segment, error = %e, "fence unanswered"),
         }
         if linger_until.is_none() && answers.len() >= enough {
-            linger_until = Some(
-                tokio::time::Instant::now() + Duration::from_millis(FENCE_LINGER_MS),
-            );
+            linger_until =
+                Some(tokio::time::Instant::now() + Duration::from_millis(FENCE_LINGER_MS));
         }
     }
     if !pending.is_empty() {
-        debug!(segment, unanswered = pending.len(), "fences left unanswered past the linger");
+        debug!(
+            segment,
+            unanswered = pending.len(),
+            "fences left unanswered past the linger"
+        );
     }
     Some(answers)
 }

@@ -339,7 +339,9 @@ fn signal(pid: u32, name: &str) -> Result<(), CliError> {
         .status()
         .map_err(|e| CliError::Bench(format!("cannot run kill -{name}: {e}")))?;
     if !status.success() {
-        return Err(CliError::Bench(format!("kill -{name} {pid} failed: {status}")));
+        return Err(CliError::Bench(format!(
+            "kill -{name} {pid} failed: {status}"
+        )));
     }
     Ok(())
 }
