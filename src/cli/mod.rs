@@ -383,6 +383,12 @@ pub struct BenchFailoverArgs {
     /// How long a paused primary stays paused.
     #[arg(long, default_value = "10s", value_parser = bench::parse_duration, value_name = "DURATION")]
     pub pause_for: std::time::Duration,
+    /// Producers loading a second topic (64 records of 512 bytes a batch) from before the fault to the end of the trial.
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub load_producers: u32,
+    /// The brokers' SWIM probe period, instead of the default (to compare false suspicions).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=5_000))]
+    pub probe_period_ms: Option<u64>,
     /// One JSON object with the figures and every sample instead of text.
     #[arg(long)]
     pub json: bool,

@@ -33,6 +33,9 @@ const PROBE_TIMEOUT_MS: u64 = 1_000;
 const BROKERS: u64 = 3;
 /// Starts of one trial's cluster before it gives up.
 const START_ATTEMPTS: u32 = 3;
+/// The load producers' batches.
+const LOAD_BATCH_RECORDS: usize = 64;
+const LOAD_RECORD_BYTES: usize = 512;
 
 /// What the trial does to the primary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -102,7 +105,7 @@ pub async fn failover(args: BenchFailoverArgs) -> Result<(), CliError> {
     let mut failovers = Vec::new();
     let (mut after_resume, mut false_suspicions) = (0u32, 0u64);
     for trial in 1..=args.trials {
-        let result = one_trial(&exe, args.fault, args.pause_for).await?;
+        let result = one_trial(&exe, &args).await?;
         after_resume += u32::from(result.after_resume);
         false_suspicions += result.false_suspicions;
         let failover_ms = result.failed_over.map(|d| d.as_secs_f64() * 1_000.0);
@@ -171,11 +174,18 @@ pub async fn failover(args: BenchFailoverArgs) -> Result<(), CliError> {
 }
 
 /// One cluster, one fault.
-async fn one_trial(
-    exe: &std::path::Path,
-    fault: Fault,
-    pause_for: Duration,
-) -> Result<Trial, CliError> {
+async fn one_trial(exe: &std::path::Path, args: &BenchFailoverArgs) -> Result<Trial, CliError> {
+    let (fault, pause_for) = (args.fault, args.pause_for);
+    let mut config = malachi_cluster_config(BROKERS);
+    if let Some(period) = args.probe_period_ms {
+        // The default round trip (300 ms), kept below the period.
+        let rtt = (period * 3 / 5).min(300);
+        config = config.replacen(
+            "[membership]\n",
+            &format!("[membership]\nprobe_period_ms = {period}\nprobe_rtt_ms = {rtt}\n"),
+            1,
+        );
+    }
     let bench = |what: &str, e: &dyn std::fmt::Display| CliError::Bench(format!("{what}: {e}"));
     // A port picked free may be taken by another process before the broker
     // binds it (a shared machine): such a start is tried again.
@@ -184,7 +194,7 @@ async fn one_trial(
         started = start_cluster_within(
             exe,
             BROKERS,
-            &malachi_cluster_config(BROKERS),
+            &config,
             |id| {
                 tempfile::Builder::new()
                     .prefix(&format!("malachi-failover-{id}-"))
@@ -229,6 +239,7 @@ async fn one_trial(
         .and_then(|r| r.segments.last())
         .and_then(|s| Some((*s.replicas.first()?, s.id)))
         .ok_or_else(|| CliError::Bench("the topic has no segment".into()))?;
+    let load = start_load(&admin, &output(0, 10_000), args.load_producers).await?;
     drop(admin);
     let victim = usize::try_from(primary.saturating_sub(1)).unwrap_or(0);
     let survivor = (0..guards.len()).find(|i| *i != victim).unwrap_or(0);
@@ -275,6 +286,9 @@ async fn one_trial(
         }
         tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
     }
+    for producer in load {
+        producer.abort();
+    }
     let after_resume = fault == Fault::Pause && resumed;
     if !resumed {
         signal(pid, "CONT")?;
@@ -305,6 +319,44 @@ async fn one_trial(
         after_resume,
         false_suspicions,
     })
+}
+
+/// Starts `producers` tasks producing to a topic of their own, errors
+/// ignored, until aborted: load on every broker through the fault.
+async fn start_load(
+    admin: &malachi_wire::Client,
+    output: &OutputArgs,
+    producers: u32,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, CliError> {
+    if producers == 0 {
+        return Ok(Vec::new());
+    }
+    let deadline = Instant::now() + Duration::from_millis(CREATE_WAIT_MS);
+    while let Err(e) = admin.create_topic("load", Some(3), None).await {
+        if Instant::now() > deadline {
+            return Err(CliError::Bench(format!("create the load topic: {e}")));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let value = "v".repeat(LOAD_RECORD_BYTES);
+    let records: Vec<Record> = (0..LOAD_BATCH_RECORDS)
+        .map(|i| Record::new(format!("k{i}"), value.clone()))
+        .collect();
+    let batch = RecordBatch::from_records(records.iter(), 1 << 20)
+        .map_err(|e| CliError::Bench(format!("encode the load batch: {e}")))?;
+    let mut tasks = Vec::new();
+    for _ in 0..producers {
+        let client = connect(output).await?;
+        let batch = batch.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                if client.produce("load", batch.clone()).await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
+                }
+            }
+        }));
+    }
+    Ok(tasks)
 }
 
 /// Polls a survivor's describe until segment `active` is no longer the
