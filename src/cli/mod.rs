@@ -368,13 +368,27 @@ pub struct BenchHealArgs {
     after_help = "Each trial starts three brokers (this executable, on loopback ports, in fresh \
     directories under the temporary directory) with the default membership timings, creates a topic \
     with three copies, keeps one-record produces going through a broker that stays up, SIGKILLs the \
-    segment's primary and times the kill to the first produce acknowledged after it. Linux only.\n\n\
-    Example: malachi bench failover --trials 20"
+    segment's primary (or SIGSTOPs it, with --fault pause, and SIGCONTs it after --pause-for) and \
+    times the fault to the first produce acknowledged after it. It also counts false suspicions: \
+    membership events that call a broker other than the faulted one suspect. Linux only.\n\n\
+    Example: malachi bench failover --trials 20 --fault pause --pause-for 10s"
 )]
 pub struct BenchFailoverArgs {
-    /// How many kills to time (1 to 200), each on a fresh cluster.
+    /// How many faults to time (1 to 200), each on a fresh cluster.
     #[arg(long, default_value_t = 20, value_name = "N")]
     pub trials: u32,
+    /// What happens to the primary: killed (SIGKILL) or paused (SIGSTOP, then SIGCONT).
+    #[arg(long, value_enum, default_value_t = bench::failover::Fault::Kill)]
+    pub fault: bench::failover::Fault,
+    /// How long a paused primary stays paused.
+    #[arg(long, default_value = "10s", value_parser = bench::parse_duration, value_name = "DURATION")]
+    pub pause_for: std::time::Duration,
+    /// Producers loading a second topic (64 records of 512 bytes a batch) from before the fault to the end of the trial.
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub load_producers: u32,
+    /// The brokers' SWIM probe period, instead of the default (to compare false suspicions).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=5_000))]
+    pub probe_period_ms: Option<u64>,
     /// One JSON object with the figures and every sample instead of text.
     #[arg(long)]
     pub json: bool,

@@ -1755,8 +1755,13 @@ pub(crate) struct Restore {
     pub after_ms: u64,
 }
 
-/// How long a short active segment lives before it rolls onto a full set.
-pub(crate) const RESTORE_AFTER_MS: u64 = 10_000;
+/// How long a short active segment lives before it rolls onto a full set:
+/// a bound on how often a broker that comes and goes makes a range roll,
+/// not a wait for anything. At 10 s, a successor left on two copies by a
+/// failover kept them for 10 s after the third broker was back, and
+/// losing one more copy then stopped writes (chaos F4); now the factor
+/// comes back within about a second of the broker's return (ADR 0125).
+pub(crate) const RESTORE_AFTER_MS: u64 = 1_000;
 
 /// The copies a segment of `topic` should have: the most any of its
 /// segments has (the metadata keeps no factor of its own; a failover onto
@@ -2510,8 +2515,13 @@ mod tests {
         };
         // Two brokers can hold copies: nothing to gain.
         assert!(failover_candidates(&state, &nobody, &nobody, &restore(2, 60_000)).is_empty());
-        // Three can, but the segment is young: not yet.
-        assert!(failover_candidates(&state, &nobody, &nobody, &restore(3, 5_000)).is_empty());
+        // Three can, but the segment is younger than the bound: not yet.
+        assert!(failover_candidates(&state, &nobody, &nobody, &restore(3, 1_500)).is_empty());
+        // A second after its start it rolls (ADR 0125; it was 10 s).
+        assert_eq!(
+            failover_candidates(&state, &nobody, &nobody, &restore(3, 2_000)).len(),
+            1
+        );
         // Three can and it is old enough: it rolls, nobody failed.
         let found = failover_candidates(&state, &nobody, &nobody, &restore(3, 60_000));
         assert_eq!(found.len(), 1, "{found:?}");

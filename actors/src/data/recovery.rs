@@ -38,6 +38,23 @@ pub(crate) struct FenceAnswer {
     pub failed: bool,
 }
 
+/// Complete copies (holding every record up to the seal, sound) a seal
+/// may be recorded on: N − Q + 1, as many as the fence answers it was
+/// decided on (ADR 0125, the seed's "at two replicas, the one left").
+///
+/// Every acknowledged record is at or below the seal, so each complete
+/// copy holds all of them: one would keep them. The bound asks for as many
+/// as the decision needed, so that every copy whose answer counted ends
+/// complete (the short ones are repaired from the source first), and the
+/// records past the last acknowledgement, which the seal makes readable,
+/// rest on N − Q + 1 copies. For odd N that is Q, as before; for even N it
+/// is one less (1 of 2, 2 of 4): a segment left with Q − 1 live copies can
+/// be sealed and its range write again, where requiring Q stopped it until
+/// a lost copy came back (chaos finding F4).
+pub(crate) fn seal_copies_needed(copies: usize) -> usize {
+    fence_quorum(copies)
+}
+
 /// What to do with the answers so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SealDecision {
@@ -130,7 +147,7 @@ pub(crate) fn short_copies(answers: &[FenceAnswer], length: u64) -> Vec<u64> {
 }
 
 /// Copies that hold every record up to `length` and are sound: a seal may
-/// be recorded once `quorum(copies)` of them exist (invariant 4).
+/// be recorded once [`seal_copies_needed`] of them exist.
 pub(crate) fn complete_copies(answers: &[FenceAnswer], length: u64) -> Vec<u64> {
     let mut complete: Vec<u64> = answers
         .iter()
@@ -259,6 +276,21 @@ mod tests {
         assert_eq!(fence_quorum(5), 3);
         for n in 1..=9 {
             assert!(fence_quorum(n) + quorum(n) > n, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn a_seal_is_recorded_on_as_many_complete_copies_as_it_was_decided_on() {
+        assert_eq!(seal_copies_needed(1), 1);
+        // At two copies the one left is enough (it was quorum(2) = 2).
+        assert_eq!(seal_copies_needed(2), 1);
+        assert_eq!(seal_copies_needed(3), 2);
+        assert_eq!(seal_copies_needed(4), 2);
+        assert_eq!(seal_copies_needed(5), 3);
+        for n in 1..=9 {
+            assert_eq!(seal_copies_needed(n), fence_quorum(n), "n = {n}");
+            assert!(seal_copies_needed(n) <= quorum(n), "n = {n}");
+            assert!(seal_copies_needed(n) >= 1, "n = {n}");
         }
     }
 

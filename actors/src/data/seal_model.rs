@@ -12,8 +12,9 @@
 //!
 //! # What is modelled
 //!
-//! One segment of three copies: copy 0 is the primary, 1 and 2 follow;
-//! node ids are the copy indexes. A record is `(offset, incarnation)`: the
+//! One segment of N copies, three or two (a failover's successor on the
+//! two brokers left, chaos F4, ADR 0125): copy 0 is the primary, the
+//! others follow; node ids are the copy indexes. A record is `(offset, incarnation)`: the
 //! primary's incarnation goes up at each restart, so two copies holding
 //! different records at one offset would show.
 //!
@@ -42,8 +43,8 @@
 //!   any seal it carries. Once the answers decide a seal
 //!   ([`seal_decision`], [`SealRule`]) it orders each of the
 //!   [`short_copies`] repaired from the decision's source; once
-//!   [`quorum`] of the [`complete_copies`] are known it records the seal
-//!   and the successor (starting at the seal, its primary
+//!   [`seal_copies_needed`] (N − Q + 1) of the [`complete_copies`] are
+//!   known it records the seal and the successor (starting at the seal, its primary
 //!   [`successor_primary`]) and orders the complete copies sealed.
 //! - **A repair** (catch-up from the source, then `repair_frames` at the
 //!   copy's end) is taken, before a seal is recorded, only by a copy fenced
@@ -92,6 +93,19 @@
 //! (with every answer and ship a message of its own, two records and two
 //! terms passed 12 GB before finishing).
 //!
+//! # The seal on N − Q + 1 complete copies (ADR 0125)
+//!
+//! The coordinator records once N − Q + 1 copies are complete
+//! ([`RecordRule::Real`]), not a quorum of them ([`RecordRule::Quorum`],
+//! the rule before). Two invariants say what that must keep: every
+//! acknowledged record is held, as it was acknowledged, by a follower
+//! (followers never crash here, so that copy outlives the primary), and
+//! a recorded seal is held by N − Q + 1 copies. Both hold at three and at
+//! two copies; at two, a seal is recorded with the primary's copy never
+//! having answered, which the quorum rule never reaches (the F4 stall);
+//! recording on the source alone ([`RecordRule::One`]) is a seeded bug
+//! the second invariant catches.
+//!
 //! # What is not
 //!
 //! Bytes and frames (a record is 10 bytes), follower crashes, disk
@@ -118,12 +132,11 @@ use stateright::{Checker, HasDiscoveries, Model, Property};
 
 use super::quorum::{committed_end, quorum};
 use super::recovery::{
-    FenceAnswer, SealDecision, complete_copies, fence_quorum, seal_decision, short_copies,
-    successor_primary,
+    FenceAnswer, SealDecision, complete_copies, fence_quorum, seal_copies_needed, seal_decision,
+    short_copies, successor_primary,
 };
 
-/// Copies of the segment; copy 0 is the primary.
-const COPIES: usize = 3;
+/// Copy 0 is the primary.
 const PRIMARY: usize = 0;
 /// Bytes of one record: the model counts records, and bytes follow.
 const RECORD_BYTES: u64 = 10;
@@ -148,6 +161,20 @@ pub(crate) enum SealRule {
     OneAnswer,
 }
 
+/// How many complete copies the coordinator needs before it records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecordRule {
+    /// [`seal_copies_needed`]: N − Q + 1, what the failover actor runs
+    /// (ADR 0125).
+    Real,
+    /// The rule before ADR 0125: [`quorum`] complete copies. Safe, but at
+    /// two copies it cannot record without the lost one (chaos F4).
+    Quorum,
+    /// Seeded bug: record on the source alone, before any short copy is
+    /// repaired.
+    One,
+}
+
 /// What a copy does when a repair has filled it up to the repair's length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RepairEnd {
@@ -165,6 +192,8 @@ pub(crate) enum RepairEnd {
 /// The model's bounds and rules.
 #[derive(Debug, Clone)]
 pub(crate) struct SealModel {
+    /// Copies of the segment (2 or 3 here; N).
+    pub copies: usize,
     /// Records the primary appends at most, over all its incarnations.
     pub records_max: u64,
     /// Terms the coordinator runs (2: it restarts once).
@@ -172,6 +201,7 @@ pub(crate) struct SealModel {
     /// Whether the crashed primary may restart (else it stops for good).
     pub restart: bool,
     pub rule: SealRule,
+    pub record_rule: RecordRule,
     pub repair_end: RepairEnd,
 }
 
@@ -212,6 +242,11 @@ impl CopyState {
         }
         self.order = self.order.max(order);
         true
+    }
+
+    /// Whether this copy's first records are `records`.
+    fn holds(&self, records: &[Record]) -> bool {
+        self.log.get(..records.len()) == Some(records)
     }
 
     fn seal_at(&mut self, length: u64) {
@@ -306,7 +341,7 @@ pub(crate) enum Action {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct SealState {
-    pub copies: [CopyState; COPIES],
+    pub copies: Vec<CopyState>,
     pub primary: Primary,
     pub coordinator: Coordinator,
     pub network: BTreeSet<Msg>,
@@ -315,6 +350,8 @@ pub(crate) struct SealState {
     pub successor: Option<Successor>,
     /// Ghost: the highest end ever acknowledged to a producer.
     pub acked: u64,
+    /// Ghost: the records acknowledged, as they were when acknowledged.
+    pub acked_records: Vec<Record>,
     /// Ghost: a record of a different length was attempted (refused).
     pub record_refused: bool,
     /// Ghost: a copy was cut down to the seal.
@@ -344,8 +381,18 @@ impl SealState {
         if !self.primary.up {
             return;
         }
-        let ends = self.copies.each_ref().map(CopyState::end);
+        let ends: Vec<u64> = self.copies.iter().map(CopyState::end).collect();
         self.acked = self.acked.max(committed_end(&ends));
+        let known = self.acked_records.len();
+        if self.acked as usize > known {
+            // A quorum holds the committed end, and copies agree: any copy
+            // that long holds the records acknowledged now.
+            let holder = self.copies.iter().find(|c| c.end() >= self.acked);
+            if let Some(holder) = holder {
+                let more = &holder.log[known..self.acked as usize];
+                self.acked_records.extend_from_slice(more);
+            }
+        }
     }
 }
 
@@ -353,13 +400,24 @@ impl SealModel {
     /// The model of the actors' rules: a three-copy segment, a coordinator
     /// that restarts once, a primary that may crash and come back; repairs
     /// seal only at a recorded seal (see "What it found").
-    pub(crate) fn real(records_max: u64) -> SealModel {
+    pub(crate) fn real(copies: usize, records_max: u64) -> SealModel {
         SealModel {
+            copies,
             records_max,
             terms_max: 2,
             restart: true,
             rule: SealRule::Real,
+            record_rule: RecordRule::Real,
             repair_end: RepairEnd::SealIfRecorded,
+        }
+    }
+
+    /// Complete copies the coordinator waits for before it records.
+    fn record_needs(&self) -> usize {
+        match self.record_rule {
+            RecordRule::Real => seal_copies_needed(self.copies),
+            RecordRule::Quorum => quorum(self.copies),
+            RecordRule::One => 1,
         }
     }
 
@@ -367,7 +425,7 @@ impl SealModel {
     fn decide(&self, answers: &[FenceAnswer]) -> Option<(u64, u64)> {
         let copies = match self.rule {
             SealRule::OneAnswer => 1,
-            SealRule::Real | SealRule::Smallest => COPIES,
+            SealRule::Real | SealRule::Smallest => self.copies,
         };
         match seal_decision(copies, answers) {
             SealDecision::Seal { length, source, .. } => {
@@ -543,7 +601,7 @@ impl SealModel {
         }
         let end = state.copies[node as usize].end();
         if end < length {
-            let source = (0..COPIES as u64).find(|&s| {
+            let source = (0..state.copies.len() as u64).find(|&s| {
                 state.up(s)
                     && state.copies[s as usize].seal == Some(length)
                     && state.copies[s as usize].end() >= length
@@ -581,7 +639,7 @@ impl SealModel {
                 c.term > 0
                     && !c.recorded
                     && c.decision.is_some_and(|d| {
-                        complete_copies(&c.answers, d.length).len() >= quorum(COPIES)
+                        complete_copies(&c.answers, d.length).len() >= self.record_needs()
                     })
             }
             Action::Deliver(_) => true,
@@ -599,6 +657,17 @@ impl SealModel {
         vec![
             Property::<SealModel>::always(NO_ACKED_LOSS, |_, s| {
                 s.recorded.is_none_or(|seal| seal >= s.acked)
+            }),
+            Property::<SealModel>::always(ACKED_HELD, |_, s| {
+                // A follower never crashes here, so one holding them keeps
+                // them whatever becomes of the primary.
+                s.copies.iter().skip(1).any(|c| c.holds(&s.acked_records))
+            }),
+            Property::<SealModel>::always(SEAL_ON_ENOUGH_COPIES, |m, s| {
+                s.recorded.is_none_or(|seal| {
+                    let held = s.copies.iter().filter(|c| c.end() >= seal).count();
+                    held >= seal_copies_needed(m.copies)
+                })
             }),
             Property::<SealModel>::always(STORE_SEALS_AGREE, |_, s| {
                 let mut seals = s.copies.iter().filter_map(|c| c.seal);
@@ -628,13 +697,16 @@ impl SealModel {
                 }
             }),
             Property::<SealModel>::always(NO_SEAL_REWRITE, |_, s| !s.record_refused),
-            Property::<SealModel>::always(DECIDED_ON_A_FENCE_QUORUM, |_, s| {
+            Property::<SealModel>::always(DECIDED_ON_A_FENCE_QUORUM, |m, s| {
                 let c = &s.coordinator;
                 c.decision.is_none()
                     || c.answers.iter().any(|a| a.sealed.is_some())
-                    || c.answers.len() >= fence_quorum(COPIES)
+                    || c.answers.len() >= fence_quorum(m.copies)
             }),
             Property::<SealModel>::sometimes(SEAL_RECORDED, |_, s| s.recorded.is_some()),
+            Property::<SealModel>::sometimes(SEALED_WITHOUT_THE_PRIMARY, |_, s| {
+                s.recorded.is_some() && !s.copies[PRIMARY].fenced
+            }),
             Property::<SealModel>::sometimes(OVERRUN_CUT, |_, s| s.cut),
             Property::<SealModel>::sometimes(ACKED_AND_SEALED, |m, s| {
                 s.acked == m.records_max && s.recorded.is_some()
@@ -644,6 +716,10 @@ impl SealModel {
 }
 
 const NO_ACKED_LOSS: &str = "a recorded seal covers every acknowledged record";
+const ACKED_HELD: &str = "every acknowledged record is held, as acknowledged, by a follower";
+const SEAL_ON_ENOUGH_COPIES: &str = "a recorded seal is held by N - Q + 1 copies";
+const SEALED_WITHOUT_THE_PRIMARY: &str =
+    "a seal is recorded though the primary's copy never answered";
 const STORE_SEALS_AGREE: &str = "copies are sealed at one length, the recorded one once recorded";
 const COPIES_AGREE: &str = "copies agree on every offset they both hold";
 const ONE_SEGMENT_PER_OFFSET: &str =
@@ -667,7 +743,7 @@ impl Model for SealModel {
             seal: None,
         };
         vec![SealState {
-            copies: [copy.clone(), copy.clone(), copy],
+            copies: vec![copy; self.copies],
             primary: Primary {
                 up: true,
                 incarnation: 0,
@@ -683,25 +759,30 @@ impl Model for SealModel {
             recorded: None,
             successor: None,
             acked: 0,
+            acked_records: Vec::new(),
             record_refused: false,
             cut: false,
         }]
     }
 
     fn actions(&self, state: &SealState, actions: &mut Vec<Action>) {
+        let followers = (1..self.copies as u64).map(Action::Ship);
         let candidates = [
             Action::Append,
-            Action::Ship(1),
-            Action::Ship(2),
             Action::Crash,
             Action::Restart,
             Action::Failover,
             Action::Record,
         ];
-        actions.extend(candidates.into_iter().filter(|a| self.enabled(state, a)));
+        actions.extend(
+            candidates
+                .into_iter()
+                .chain(followers)
+                .filter(|a| self.enabled(state, a)),
+        );
         actions.extend(state.network.iter().map(|&m| Action::Deliver(m)));
         actions.extend(
-            (0..COPIES as u64)
+            (0..self.copies as u64)
                 .map(Action::Settle)
                 .filter(|a| self.enabled(state, a)),
         );
@@ -746,11 +827,12 @@ impl Model for SealModel {
                     // Recorded (by a predecessor): make the copies say so.
                     Some(length) => {
                         c.recorded = true;
-                        SealModel::seal_copies(&mut state, &[0, 1, 2], length);
+                        let all: Vec<u64> = (0..self.copies as u64).collect();
+                        SealModel::seal_copies(&mut state, &all, length);
                     }
                     None => {
                         let order = c.order();
-                        for to in 0..COPIES as u64 {
+                        for to in 0..self.copies as u64 {
                             state.network.insert(Msg::Fence { to, order });
                         }
                     }
@@ -800,19 +882,59 @@ mod tests {
     /// (a guard, not a target: the run below explores about 166,000).
     const UNIQUE_STATES_MIN: usize = 100_000;
 
-    /// Every property over every state reachable with three records, two
-    /// coordinator terms and a primary that may crash and restart.
+    /// Every property over every state reachable with three copies, three
+    /// records, two coordinator terms and a primary that may crash and
+    /// restart.
     #[test]
     fn every_property_holds_over_every_reachable_state() {
         let started = Instant::now();
-        let checker = SealModel::real(3).checker().spawn_bfs().join();
-        let explored = explore(&checker, started, "the actors' rules, 3 records");
+        let checker = SealModel::real(3, 3).checker().spawn_bfs().join();
+        let explored = explore(&checker, started, "the actors' rules, 3 copies, 3 records");
         checker.assert_properties();
         assert!(
             explored.unique > UNIQUE_STATES_MIN,
             "only {} states explored",
             explored.unique
         );
+    }
+
+    /// Two copies (a failover's successor on the two brokers left, chaos
+    /// F4): the seal is recorded on N − Q + 1 = 1 complete copy, the
+    /// survivor, and still covers and keeps every acknowledged record;
+    /// it is recorded with the primary's copy never answering.
+    #[test]
+    fn at_two_copies_the_survivor_alone_seals_and_loses_nothing() {
+        let started = Instant::now();
+        let checker = SealModel::real(2, 3).checker().spawn_bfs().join();
+        let explored = explore(&checker, started, "the actors' rules, 2 copies, 3 records");
+        checker.assert_properties();
+        assert!(
+            explored.unique > 1_000,
+            "only {} states explored",
+            explored.unique
+        );
+    }
+
+    /// The rule before ADR 0125 (a quorum of complete copies) is safe at
+    /// two copies but never records a seal without the primary's copy:
+    /// the range stops for as long as that broker is gone (chaos F4).
+    #[test]
+    fn at_two_copies_a_quorum_of_complete_copies_waits_for_the_lost_one() {
+        let started = Instant::now();
+        let model = SealModel {
+            record_rule: RecordRule::Quorum,
+            ..SealModel::real(2, 3)
+        };
+        let checker = model.checker().spawn_bfs().join();
+        explore(&checker, started, "2 copies, a quorum of complete copies");
+        assert!(checker.discovery(SEAL_RECORDED).is_some(), "never sealed");
+        assert!(
+            checker.discovery(SEALED_WITHOUT_THE_PRIMARY).is_none(),
+            "sealed without the primary's copy"
+        );
+        for safety in [NO_ACKED_LOSS, ACKED_HELD, STORE_SEALS_AGREE, COPIES_AGREE] {
+            assert!(checker.discovery(safety).is_none(), "{safety}");
+        }
     }
 
     fn first_counterexample(model: SealModel, property: &'static str, what: &str) {
@@ -834,16 +956,31 @@ mod tests {
     fn sealing_at_the_smallest_end_loses_an_acknowledged_record() {
         let model = SealModel {
             rule: SealRule::Smallest,
-            ..SealModel::real(2)
+            ..SealModel::real(3, 2)
         };
         first_counterexample(model, NO_ACKED_LOSS, "seeded bug, seal at the smallest end");
+    }
+
+    /// Seeded bug: recording before the short copies are repaired leaves
+    /// the records the seal makes readable on the source alone.
+    #[test]
+    fn recording_on_the_source_alone_leaves_the_seal_on_too_few_copies() {
+        let model = SealModel {
+            record_rule: RecordRule::One,
+            ..SealModel::real(3, 2)
+        };
+        first_counterexample(
+            model,
+            SEAL_ON_ENOUGH_COPIES,
+            "seeded bug, record on one copy",
+        );
     }
 
     #[test]
     fn deciding_on_one_fence_answer_loses_an_acknowledged_record() {
         let model = SealModel {
             rule: SealRule::OneAnswer,
-            ..SealModel::real(2)
+            ..SealModel::real(3, 2)
         };
         first_counterexample(model, NO_ACKED_LOSS, "seeded bug, decide on one answer");
     }
@@ -857,7 +994,7 @@ mod tests {
     fn a_repair_that_seals_before_the_record_seals_copies_at_two_lengths() {
         let model = SealModel {
             repair_end: RepairEnd::Seal,
-            ..SealModel::real(2)
+            ..SealModel::real(3, 2)
         };
         first_counterexample(
             model,

@@ -11,8 +11,8 @@
 //!    answered (`recovery::seal_decision`);
 //! 2. seals at the largest durable end among them, which covers every
 //!    acknowledged record, and fills the answering copies short of it from
-//!    the copy that holds it (catch-up reads, repair writes), until a
-//!    quorum of copies is complete;
+//!    the copy that holds it (catch-up reads, repair writes), until
+//!    N − Q + 1 copies are complete (ADR 0125);
 //! 3. records the seal and the successor (`CoordinatorState::fail_over`),
 //!    whose primary is a complete copy;
 //! 4. seals the complete copies at the recorded length.
@@ -54,10 +54,9 @@ use crate::control::metadata::read_owner;
 use crate::control::replica_order::OrderClient;
 pub(crate) use crate::control::requests::{Candidate, FailoverMsg, ProbeTarget};
 use crate::control::shared::Shared;
-use crate::data::quorum::quorum;
 use crate::data::recovery::{
-    FenceAnswer, ProbedCopy, SealDecision, complete_copies, confirmed_stuck, seal_decision,
-    short_copies, stuck_copies,
+    FenceAnswer, ProbedCopy, SealDecision, complete_copies, confirmed_stuck, fence_quorum,
+    seal_copies_needed, seal_decision, short_copies, stuck_copies,
 };
 
 /// Failovers this broker runs at once; more wait for the next `Ensure`.
@@ -65,6 +64,10 @@ pub(crate) const FAILOVERS_MAX: usize = 16;
 /// The first pause after a failed attempt; it doubles up to the max.
 const RETRY_FIRST_MS: u64 = 100;
 const RETRY_MAX_MS: u64 = 2_000;
+/// How long the fences of an attempt wait for the copies still silent
+/// once enough answered to decide the seal: a live copy answers within
+/// milliseconds, and its answer saves a repair; a paused one never does.
+const FENCE_LINGER_MS: u64 = 100;
 /// Repair rounds one attempt makes for one copy before it starts over
 /// (a bound, not an expectation: a copy is short by at most the
 /// primary's shipping window).
@@ -385,37 +388,9 @@ async fn attempt(
         segment: segment.0,
         order,
     };
-    let fences = known.replicas.iter().map(|&node| {
-        let client = client.clone();
-        let request = request.clone();
-        async move { (node, client.fence(node, &request).await) }
-    });
-    let mut answers: Vec<FenceAnswer> = Vec::new();
-    for (node, answer) in futures::future::join_all(fences).await {
-        match answer {
-            Ok(answer) => match answer.refused {
-                None | Some(OrderRefusal::Failed)
-                    if answer.durable_end > 0 || answer.refused.is_none() =>
-                {
-                    answers.push(FenceAnswer {
-                        node,
-                        durable_end: answer.durable_end,
-                        durable_bytes: answer.durable_bytes,
-                        sealed: answer.sealed.map(|s| (s.length, s.bytes)),
-                        failed: answer.refused.is_some(),
-                    });
-                }
-                Some(OrderRefusal::StaleOrder) => {
-                    return Ok(Attempt::NotOurs("a copy took a newer coordinator's order"));
-                }
-                Some(refusal) => {
-                    debug!(node, segment = segment.0, ?refusal, message = %answer.message, "fence refused");
-                }
-                None => {}
-            },
-            Err(e) => debug!(node, segment = segment.0, error = %e, "fence unanswered"),
-        }
-    }
+    let Some(answers) = fence_copies(&client, &request, &known.replicas).await else {
+        return Ok(Attempt::NotOurs("a copy took a newer coordinator's order"));
+    };
     #[cfg(feature = "testing")]
     if shared
         .failover_hold
@@ -492,13 +467,20 @@ async fn attempt(
     }
     complete.sort_unstable();
     complete.dedup();
-    if complete.len() < quorum(n) {
+    // N − Q + 1 complete copies, as many as the decision's answers (ADR
+    // 0125): at two copies the survivor alone, which holds every
+    // acknowledged record.
+    let needed = seal_copies_needed(n);
+    if complete.len() < needed {
         return Err(format!(
-            "{} complete copies of the {} a seal needs",
+            "{} complete copies of the {needed} a seal needs",
             complete.len(),
-            quorum(n)
         ));
     }
+    debug_assert!(
+        complete.iter().all(|node| known.replicas.contains(node)),
+        "complete copies are copies of the segment"
+    );
     if !still_leads(shared, vnode, order) {
         return Ok(Attempt::NotOurs(
             "this broker no longer leads the vnode at the order's term",
@@ -514,6 +496,80 @@ async fn attempt(
     // 4. The complete copies carry the recorded seal.
     seal_copies(&client, topic, segment, order, &complete, seal).await;
     Ok(Attempt::Done(seal))
+}
+
+/// Fences every copy of `replicas` at once and returns the answers that
+/// count, or `None` when a copy took a newer coordinator's order. Answers
+/// are taken as they come: once N − Q + 1 copies answered (enough to
+/// decide), the others get [`FENCE_LINGER_MS`] more, not the whole
+/// `ORDER_TIMEOUT_MS`. A paused broker holds its connections open and
+/// answers nothing, so waiting for every fence cost each attempt 2 s
+/// where a killed one refuses at once (ADR 0125). A fence left unanswered
+/// may still reach its copy later; a fence is idempotent, and the seal
+/// order or the copy's reconcile after the record settles it.
+async fn fence_copies(
+    client: &OrderClient,
+    request: &FenceRequest,
+    replicas: &[u64],
+) -> Option<Vec<FenceAnswer>> {
+    use futures::StreamExt;
+    let segment = request.segment;
+    let mut pending: futures::stream::FuturesUnordered<_> = replicas
+        .iter()
+        .map(|&node| {
+            let client = client.clone();
+            let request = request.clone();
+            async move { (node, client.fence(node, &request).await) }
+        })
+        .collect();
+    let enough = fence_quorum(replicas.len());
+    let mut answers: Vec<FenceAnswer> = Vec::with_capacity(replicas.len());
+    let mut linger_until: Option<tokio::time::Instant> = None;
+    loop {
+        let next = match linger_until {
+            None => pending.next().await,
+            Some(until) => match tokio::time::timeout_at(until, pending.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+        };
+        let Some((node, answer)) = next else {
+            break;
+        };
+        match answer {
+            Ok(answer) => match answer.refused {
+                None | Some(OrderRefusal::Failed)
+                    if answer.durable_end > 0 || answer.refused.is_none() =>
+                {
+                    answers.push(FenceAnswer {
+                        node,
+                        durable_end: answer.durable_end,
+                        durable_bytes: answer.durable_bytes,
+                        sealed: answer.sealed.map(|s| (s.length, s.bytes)),
+                        failed: answer.refused.is_some(),
+                    });
+                }
+                Some(OrderRefusal::StaleOrder) => return None,
+                Some(refusal) => {
+                    debug!(node, segment, ?refusal, message = %answer.message, "fence refused");
+                }
+                None => {}
+            },
+            Err(e) => debug!(node, segment, error = %e, "fence unanswered"),
+        }
+        if linger_until.is_none() && answers.len() >= enough {
+            linger_until =
+                Some(tokio::time::Instant::now() + Duration::from_millis(FENCE_LINGER_MS));
+        }
+    }
+    if !pending.is_empty() {
+        debug!(
+            segment,
+            unanswered = pending.len(),
+            "fences left unanswered past the linger"
+        );
+    }
+    Some(answers)
 }
 
 /// Fills `node`'s copy from `from` up to `length` records with `source`'s
