@@ -450,11 +450,15 @@ impl Producer {
                     return Ok(false);
                 }
                 Err(error @ ClientError::Deadline { .. }) => {
+                    // The entry's delivery timeout is (about to be) over:
+                    // the pass after it reports it, naming the lookup.
                     let part = self.lookup_part(&error);
-                    self.queue[i].waiting_for = Some(part);
-                    self.queue[i].last_error = Some(error.to_string());
-                    // The entry's delivery timeout has passed: the next
-                    // pass reports it, naming the lookup.
+                    let entry = &mut self.queue[i];
+                    entry.waiting_for = Some(part);
+                    entry.last_error = Some(error.to_string());
+                    entry.state = State::Unsent {
+                        not_before: deadline,
+                    };
                     return Ok(false);
                 }
                 Err(error) => return Err(self.fail(&error)),
