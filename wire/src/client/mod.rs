@@ -237,6 +237,27 @@ const DISCOVERY_TIMEOUT_MS: u64 = 1_000;
 /// The least time between two such questions.
 const DISCOVERY_INTERVAL_MS: u64 = 5_000;
 
+/// The failure a call that ran out of time reports, and the broker it came
+/// from: the last one (`error`, at `addr`) if a broker answered it, else
+/// the latest refusal a broker answered (a live broker that said why, such
+/// as `no_quorum` naming a vnode with no leader, tells more than the
+/// brokers that were down or the attempt the deadline cut off), else the
+/// last one.
+fn telling(
+    previous: Vec<(String, ClientError)>,
+    addr: String,
+    error: ClientError,
+) -> (String, ClientError) {
+    if matches!(error, ClientError::Server { .. }) {
+        return (addr, error);
+    }
+    previous
+        .into_iter()
+        .rev()
+        .find(|(_, e)| matches!(e, ClientError::Server { .. }))
+        .unwrap_or((addr, error))
+}
+
 /// How long is left until `deadline`, in milliseconds rounded up (a call
 /// that has spent a few microseconds still reports its whole timeout).
 fn left_ms(deadline: Instant) -> u64 {
@@ -481,15 +502,16 @@ impl Client {
         let api = O::API_KEY.name();
         let mut addr = self.addr_for(topic);
         let mut attempt: u32 = 0;
-        // The failure that made the call retry: when the last attempt is
-        // cut off by the deadline, it is what the call was waiting out.
-        let mut previous: Option<(String, ClientError)> = None;
+        // The last failure at each broker tried (one entry per known
+        // broker at most): when an attempt is cut off by the deadline,
+        // that broker's earlier refusal is what the call was waiting out.
+        let mut previous: Vec<(String, ClientError)> = Vec::new();
         loop {
             let error = match self.attempt::<O>(&addr, payload.clone(), deadline).await {
                 Ok(response) => return Ok(response),
                 Err(error) if error.retriable() && attempt < config.retries_max => error,
                 Err(error @ ClientError::Timeout { .. }) if attempt > 0 => {
-                    let (at, last) = previous.unwrap_or((addr, error));
+                    let (at, last) = telling(previous, addr, error);
                     return Err(self.deadline_error(api, &at, last, attempt + 1));
                 }
                 Err(error) => return Err(error),
@@ -518,11 +540,15 @@ impl Client {
                 backoff_ms(config, attempt, error.retry_after_ms())
             };
             if Instant::now() + Duration::from_millis(wait_ms) >= deadline {
-                return Err(self.deadline_error(api, &failed_at, error, attempt));
+                let (at, last) = telling(previous, failed_at, error);
+                return Err(self.deadline_error(api, &at, last, attempt));
             }
             debug!(api, %error, attempt, wait_ms, "retrying");
             tokio::time::sleep(Duration::from_millis(wait_ms)).await;
-            previous = Some((failed_at, error));
+            previous.retain(|(at, _)| *at != failed_at);
+            if previous.len() < KNOWN_ADDRS_MAX {
+                previous.push((failed_at, error));
+            }
         }
     }
 

@@ -395,7 +395,7 @@ impl Producer {
                             .clone()
                             .unwrap_or_else(|| "room in the window".to_owned());
                         let message = format!(
-                            "records to topic {} were not acknowledged within {}ms after {} attempts: waiting for {part}; last error: {reason}",
+                            "records to topic {} were not acknowledged within {}ms ({} produce attempts): waiting for {part}; last error: {reason}",
                             self.topic,
                             self.delivery_timeout.as_millis(),
                             entry.attempts
@@ -607,22 +607,18 @@ impl Producer {
     /// connection failure or an answer that did not come in time (a
     /// primary cut off from this client), to the next broker the client
     /// knows, which says where the topic's writes go now (ADR 0126).
-    async fn reroute_connection(&self, addr: &str, error: &ClientError) {
-        // Several attempts in flight fail together: the first one's
-        // reroute stands, the others' answers are about a broker the
-        // topic no longer goes to.
-        if self.client.addr_for(Some(&self.topic)) != addr {
-            return;
-        }
-        if let Some(hint) = error.leader_hint() {
-            self.client.learn(hint);
-            self.client.remember(Some(&self.topic), hint);
-        } else if error.look_elsewhere() || is_timeout(error) {
-            let deadline = Instant::now() + self.delivery_timeout;
-            let next = self.client.elsewhere(addr, deadline.into()).await;
-            debug!(topic = %self.topic, from = %addr, to = %next, %error, "asking another broker");
-            self.client.remember(Some(&self.topic), &next);
-        }
+    ///
+    /// It borrows only the client (`Sync`), not the producer, across its
+    /// await: the producer's futures keep it `Send` but not `Sync`.
+    async fn reroute_connection(&mut self, addr: &str, error: &ClientError) {
+        reroute(
+            &self.client,
+            &self.topic,
+            self.delivery_timeout,
+            addr,
+            error,
+        )
+        .await;
     }
 
     /// What a failed metadata lookup of the topic waited for.
@@ -763,6 +759,31 @@ impl Producer {
             }
             _ => Err(self.fail(&error)),
         }
+    }
+}
+
+/// [`Producer::reroute_connection`] over the client alone.
+async fn reroute(
+    client: &Client,
+    topic: &str,
+    delivery_timeout: Duration,
+    addr: &str,
+    error: &ClientError,
+) {
+    // Several attempts in flight fail together: the first one's reroute
+    // stands, the others' answers are about a broker the topic no longer
+    // goes to.
+    if client.addr_for(Some(topic)) != addr {
+        return;
+    }
+    if let Some(hint) = error.leader_hint() {
+        client.learn(hint);
+        client.remember(Some(topic), hint);
+    } else if error.look_elsewhere() || is_timeout(error) {
+        let deadline = Instant::now() + delivery_timeout;
+        let next = client.elsewhere(addr, deadline.into()).await;
+        debug!(%topic, from = %addr, to = %next, %error, "asking another broker");
+        client.remember(Some(topic), &next);
     }
 }
 
