@@ -16,7 +16,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
+use common::cluster::{Cluster, ClusterNode};
+use common::keyed::{spawn_malachi, wait_output};
 use common::{err, malachi, ok};
 
 /// The status code of GET `path` on an admin port, or 0 if it did not answer.
@@ -89,10 +90,8 @@ fn produce_with_two_of_three_brokers_down_keeps_its_deadline_and_names_the_part(
     assert!(stderr.contains("20000ms"), "{stderr}");
 }
 
-#[test]
-fn a_topic_with_three_copies_is_created_right_after_every_broker_is_ready() {
-    let root = tempfile::tempdir().unwrap();
-    let cluster = Cluster::three(root.path());
+/// Waits until every broker of `cluster` answers `/ready`.
+fn wait_all_ready(cluster: &Cluster) {
     let deadline = Instant::now() + Duration::from_secs(60);
     for node in &cluster.nodes {
         while admin_status(&node.admin, "/ready") != 200 {
@@ -105,8 +104,70 @@ fn a_topic_with_three_copies_is_created_right_after_every_broker_is_ready() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let output = malachi(
-        &cluster.nodes[0].client,
+}
+
+/// `topic create NAME --replication-factor 3` through `broker`.
+fn create_three(broker: &str, name: &str) -> std::process::Output {
+    malachi(
+        broker,
+        &[
+            "topic",
+            "create",
+            name,
+            "--replication-factor",
+            "3",
+            "--timeout-ms",
+            "20000",
+        ],
+        "",
+    )
+}
+
+#[test]
+fn a_topic_with_three_copies_is_created_right_after_every_broker_is_ready() {
+    let root = tempfile::tempdir().unwrap();
+    let cluster = Cluster::three(root.path());
+    wait_all_ready(&cluster);
+    let output = create_three(&cluster.nodes[0].client, "first");
+    assert!(
+        output.status.success(),
+        "refused right after /ready: {}",
+        err(&output)
+    );
+}
+
+/// The refusal the issue met ("needs 3 live brokers; 2 are live") made
+/// deterministic: two of three configured brokers run, `topic create
+/// --replication-factor 3` is under way, and the third broker starts. The
+/// command retries the retriable refusal and succeeds once the third is
+/// live, within its `--timeout-ms`. (It was `invalid_request`, at once.)
+#[test]
+fn topic_create_waits_within_its_deadline_for_a_broker_not_live_yet() {
+    let root = tempfile::tempdir().unwrap();
+    let ids = [1, 2, 3];
+    let mut nodes: Vec<ClusterNode> = ids
+        .iter()
+        .map(|id| ClusterNode::new(root.path(), *id, &ids))
+        .collect();
+    let clients: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
+    for node in nodes.iter_mut().take(2) {
+        let seeds = node.seeds_among(&clients);
+        node.start(&seeds);
+    }
+    let cluster = Cluster { nodes };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for node in cluster.nodes.iter().take(2) {
+        while admin_status(&node.admin, "/ready") != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "node {} never ready",
+                node.node_id
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let create = spawn_malachi(
+        &clients[0],
         &[
             "topic",
             "create",
@@ -114,13 +175,31 @@ fn a_topic_with_three_copies_is_created_right_after_every_broker_is_ready() {
             "--replication-factor",
             "3",
             "--timeout-ms",
-            "20000",
+            "30000",
         ],
-        "",
     );
+    // The refusal is retried: the command is still running a second later
+    // (it used to exit at once with `invalid_request`).
+    let mut create = create;
+    let waited = Instant::now();
+    while waited.elapsed() < Duration::from_millis(1_000) {
+        if create.try_wait().unwrap().is_some() {
+            let output = create.wait_with_output().unwrap();
+            panic!(
+                "topic create ended while a broker was missing: {}",
+                err(&output)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cluster = cluster;
+    let seeds = cluster.nodes[2].seeds_among(&clients);
+    cluster.nodes[2].start(&seeds);
+    let output = wait_output(create, Duration::from_secs(40));
     assert!(
         output.status.success(),
-        "refused right after /ready: {}",
-        err(&output)
+        "refused while the third broker started: {}\n{}",
+        err(&output),
+        cluster.logs()
     );
 }
