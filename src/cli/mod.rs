@@ -74,8 +74,7 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct OutputArgs {
     /// The address (host:port) of any broker of the cluster, or several
-    /// separated by commas: a request a broker cannot serve (no quorum,
-    /// down) is tried at the next.
+    /// separated by commas.
     #[arg(long, env = "MALACHI_BROKER", default_value = BROKER_ADDR_DEFAULT, value_name = "ADDR")]
     pub broker: String,
     /// Print one JSON object per line with stable field names instead of text.
