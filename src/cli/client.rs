@@ -22,15 +22,31 @@ const STDIN_BUFFER_BYTES: usize = 1024 * 1024;
 /// The longest stdin line accepted, in bytes (a record larger than this is a mistake).
 const INPUT_LINE_BYTES_MAX: usize = 8 * 1024 * 1024;
 
-/// Open a client on `output.broker` with its timeout.
+/// Retries of one request within its deadline: the deadline
+/// (`--timeout-ms`) is what bounds a command, so a retriable refusal (a
+/// topic created before every broker is seen live, a failover under way)
+/// is retried until it runs out.
+const CLI_RETRIES_MAX: u32 = 10_000;
+
+/// Open a client on `output.broker` (one address, or several separated by
+/// commas) with its timeout: each call, its retries included, takes at
+/// most `--timeout-ms`.
 pub async fn connect(output: &OutputArgs) -> Result<Client, CliError> {
     let config = ClientConfig {
         client_name: concat!("malachi-cli/", env!("CARGO_PKG_VERSION")).to_owned(),
         request_timeout_ms: output.timeout_ms,
         connect_timeout_ms: output.timeout_ms.min(5_000),
+        retries_max: CLI_RETRIES_MAX,
         ..ClientConfig::default()
     };
-    Client::connect_with([output.broker.clone()], config)
+    let addrs: Vec<String> = output
+        .broker
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .collect();
+    Client::connect_with(addrs, config)
         .await
         .map_err(|e| CliError::client("connect", &output.broker, e))
 }

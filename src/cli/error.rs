@@ -69,7 +69,7 @@ impl CliError {
         match &source {
             ClientError::Connect { addr: to, .. }
             | ClientError::ConnectTimeout { addr: to, .. }
-                if to != addr =>
+                if !addr.split(',').any(|a| a.trim() == to) =>
             {
                 CliError::HostUnreachable {
                     action,

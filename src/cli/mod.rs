@@ -73,7 +73,8 @@ pub enum Command {
 /// Where the broker is and how to print: shared by every client command.
 #[derive(Debug, Clone, Args)]
 pub struct OutputArgs {
-    /// The address (host:port) of any broker of the cluster.
+    /// The address (host:port) of any broker of the cluster, or several
+    /// separated by commas.
     #[arg(long, env = "MALACHI_BROKER", default_value = BROKER_ADDR_DEFAULT, value_name = "ADDR")]
     pub broker: String,
     /// Print one JSON object per line with stable field names instead of text.

@@ -280,7 +280,11 @@ async fn retries_stop_at_retries_max() {
     let seen = Arc::new(AtomicUsize::new(0));
     let counter = seen.clone();
     let addr = fake_broker(Arc::new(move |frame, tx| {
-        counter.fetch_add(1, Ordering::SeqCst);
+        // Only the produce attempts count (the client also asks this
+        // broker, the only one it knows, for the cluster's others).
+        if frame.api_key == ApiKey::Produce.code() {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
         refuse_no_quorum(frame, tx)
     }))
     .await;
@@ -1094,4 +1098,249 @@ async fn a_batch_with_an_unknown_outcome_is_never_sent_again_under_a_new_epoch()
             .any(|(epoch, _, value)| *epoch != epoch0 && *value == first_value),
         "the first batch went out again under a new epoch: {seen:?}"
     );
+}
+
+// ------------------------------------------- moving off an isolated primary
+
+/// A fake broker that acknowledges every produce and counts them.
+async fn acking_broker(count: Arc<AtomicUsize>) -> String {
+    fake_broker(Arc::new(move |frame, tx| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let request = produce_of(&frame);
+            let frame = produce_answer(frame.correlation_id, &request, None);
+            tx.send(frame).await.unwrap();
+        }
+        .boxed()
+    }))
+    .await
+}
+
+/// A fake old primary cut off from its followers: every produce is
+/// refused `no_quorum` (retriable, no hint), as an isolated primary
+/// answers; `cluster_status` lists `others` as the cluster's brokers.
+async fn isolated_primary(produces: Arc<AtomicUsize>, others: Vec<String>) -> String {
+    fake_broker(Arc::new(move |frame, tx| {
+        let others = others.clone();
+        let produces = produces.clone();
+        async move {
+            if frame.api_key == ApiKey::ClusterStatus.code() {
+                let status = ClusterStatusResponse {
+                    node_id: 1,
+                    brokers: others
+                        .iter()
+                        .enumerate()
+                        .map(|(i, addr)| BrokerStatus {
+                            node_id: i as u64 + 2,
+                            client_addr: addr.clone(),
+                            ..BrokerStatus::default()
+                        })
+                        .collect(),
+                };
+                tx.send(ok(frame.correlation_id, &status)).await.unwrap();
+                return;
+            }
+            produces.fetch_add(1, Ordering::SeqCst);
+            refuse_no_quorum(frame, tx).await;
+        }
+        .boxed()
+    }))
+    .await
+}
+
+/// Regression (issue 36): an isolated primary answers `no_quorum`, and the
+/// client retried there, waiting out the whole partition although the
+/// cluster had failed the segment over. It now asks the next broker it
+/// knows, which serves the topic.
+#[tokio::test]
+async fn a_call_refused_no_quorum_goes_to_the_next_known_broker() {
+    let old_seen = Arc::new(AtomicUsize::new(0));
+    let old = isolated_primary(old_seen.clone(), Vec::new()).await;
+    let new_seen = Arc::new(AtomicUsize::new(0));
+    let new = acking_broker(new_seen.clone()).await;
+    let client = Client::connect_with([old, new], quick_config())
+        .await
+        .unwrap();
+
+    let ack = client.produce("t", batch_of(2)).await.unwrap();
+
+    assert_eq!(ack.records_acknowledged, 2);
+    assert_eq!(
+        old_seen.load(Ordering::SeqCst),
+        1,
+        "one attempt at the old primary"
+    );
+    assert_eq!(new_seen.load(Ordering::SeqCst), 1);
+    // The topic now goes to the broker that served it.
+    client.produce("t", batch_of(1)).await.unwrap();
+    assert_eq!(old_seen.load(Ordering::SeqCst), 1);
+    assert_eq!(new_seen.load(Ordering::SeqCst), 2);
+}
+
+/// A client given only the old primary's address learns the others from
+/// its `cluster_status` and moves there.
+#[tokio::test]
+async fn a_client_that_knows_only_the_isolated_primary_learns_the_other_brokers() {
+    let new_seen = Arc::new(AtomicUsize::new(0));
+    let new = acking_broker(new_seen.clone()).await;
+    let old_seen = Arc::new(AtomicUsize::new(0));
+    let old = isolated_primary(old_seen.clone(), vec![new]).await;
+    let client = Client::connect_with([old], quick_config()).await.unwrap();
+
+    let ack = client.produce("t", batch_of(3)).await.unwrap();
+
+    assert_eq!(ack.records_acknowledged, 3);
+    assert_eq!(old_seen.load(Ordering::SeqCst), 1);
+    assert_eq!(new_seen.load(Ordering::SeqCst), 1);
+}
+
+/// The idempotent producer moves too, keeping its sequences: the batch
+/// refused `no_quorum` by the old primary is stored once, at the new one.
+#[tokio::test]
+async fn the_producer_moves_off_a_primary_that_answers_no_quorum() {
+    let new_seen = Arc::new(AtomicUsize::new(0));
+    let new = acking_broker(new_seen.clone()).await;
+    let old_seen = Arc::new(AtomicUsize::new(0));
+    let old = isolated_primary(old_seen.clone(), vec![new]).await;
+    let client = Client::connect_with([old], quick_config()).await.unwrap();
+    let mut producer = client.producer("t", 4);
+
+    for _ in 0..5 {
+        producer.send(batch_of(2)).await.unwrap();
+    }
+    assert_eq!(producer.flush().await.unwrap(), 10);
+    assert!(old_seen.load(Ordering::SeqCst) >= 1);
+    assert_eq!(
+        new_seen.load(Ordering::SeqCst),
+        5,
+        "each batch once at the new primary"
+    );
+}
+
+/// A producer whose answers stop coming (a primary cut off from this client
+/// alone) asks another broker rather than waiting on the silent one.
+#[tokio::test]
+async fn the_producer_moves_off_a_primary_that_does_not_answer() {
+    let silent_seen = Arc::new(AtomicUsize::new(0));
+    let counter = silent_seen.clone();
+    let silent = fake_broker(Arc::new(move |_frame, _tx| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        // Never answers.
+        futures::future::pending().boxed()
+    }))
+    .await;
+    let new_seen = Arc::new(AtomicUsize::new(0));
+    let new = acking_broker(new_seen.clone()).await;
+    let config = ClientConfig {
+        request_timeout_ms: 200,
+        ..quick_config()
+    };
+    let client = Client::connect_with([silent, new], config).await.unwrap();
+    let mut producer = client.producer("t", 1);
+    producer.set_delivery_timeout(Duration::from_secs(10));
+
+    producer.send(batch_of(2)).await.unwrap();
+    assert_eq!(producer.flush().await.unwrap(), 2);
+    assert_eq!(silent_seen.load(Ordering::SeqCst), 1);
+    assert_eq!(new_seen.load(Ordering::SeqCst), 1);
+}
+
+// ------------------------------------------------------------- deadlines
+
+/// Regression (issue 36): a call retried a retriable refusal `retries_max`
+/// times whatever its timeout, so a command with `--timeout-ms 20000` ran
+/// for a minute. Retries now stop at the call's deadline, and the error
+/// names what the call was waiting for.
+#[tokio::test]
+async fn a_calls_retries_stop_at_its_deadline_and_name_the_part_it_waited_for() {
+    let addr = fake_broker(Arc::new(refuse_no_quorum)).await;
+    let config = ClientConfig {
+        request_timeout_ms: 300,
+        retries_max: 100_000,
+        backoff_initial_ms: 5,
+        backoff_max_ms: 5,
+        ..quick_config()
+    };
+    let client = Client::connect_with([addr], config).await.unwrap();
+
+    let started = std::time::Instant::now();
+    let error = client.produce("t", batch_of(1)).await.unwrap_err();
+    let took = started.elapsed();
+
+    assert!(
+        took >= Duration::from_millis(250),
+        "gave up early: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1_300),
+        "the deadline was not kept: {took:?}"
+    );
+    assert!(
+        matches!(
+            error,
+            ClientError::Deadline {
+                api: "produce",
+                timeout_ms: 300,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), Some(ErrorCode::NoQuorum));
+    assert!(!error.retriable());
+    let text = error.to_string();
+    assert!(text.contains("a quorum"), "{text}");
+    assert!(text.contains("within the deadline of 300ms"), "{text}");
+}
+
+/// Regression (issue 36): the producer's lookup of the topic's layout was
+/// a call of its own, retried past the producer's delivery timeout. It now
+/// ends with the delivery timeout, and the failure says it was the lookup.
+#[tokio::test]
+async fn the_producers_metadata_lookup_is_bounded_by_its_delivery_timeout_and_named() {
+    let addr = fake_broker(Arc::new(|frame, tx| {
+        async move {
+            assert_eq!(frame.api_key, ApiKey::DescribeTopic.code());
+            tx.send(refusal(
+                frame.correlation_id,
+                ErrorCode::Busy,
+                ErrorBody {
+                    message: "vnode 3 has no leader".into(),
+                    retry_after_ms: Some(1),
+                    ..ErrorBody::default()
+                },
+            ))
+            .await
+            .unwrap();
+        }
+        .boxed()
+    }))
+    .await;
+    let config = ClientConfig {
+        request_timeout_ms: 300,
+        retries_max: 100_000,
+        backoff_initial_ms: 5,
+        backoff_max_ms: 5,
+        ..quick_config()
+    };
+    let client = Client::connect_with([addr], config).await.unwrap();
+    // A topic the fake does not describe itself: every lookup is refused.
+    let mut producer = client.producer("u", 1);
+
+    let started = std::time::Instant::now();
+    let result = async {
+        producer.send(batch_of(1)).await?;
+        producer.flush().await
+    }
+    .await;
+    let took = started.elapsed();
+
+    let error = result.unwrap_err();
+    assert!(
+        took < Duration::from_millis(1_300),
+        "the deadline was not kept: {took:?}"
+    );
+    let text = error.to_string();
+    assert!(text.contains("the metadata lookup of topic u"), "{text}");
+    assert!(text.contains("vnode 3 has no leader"), "{text}");
 }

@@ -413,6 +413,24 @@ impl CoordinatorState {
         }
     }
 
+    /// The brokers of the cluster that take segment copies, live or not:
+    /// the ring's active members (the configured nodes until the ring
+    /// records members).
+    fn active_members(&self) -> usize {
+        let configured = self.shared.config.cluster_nodes().len();
+        let Ok(plane) = self.shared.plane() else {
+            return configured;
+        };
+        let Some(host) = plane.host() else {
+            return configured;
+        };
+        host.members()
+            .values()
+            .filter(|state| **state == malachi_cluster::ring::MemberState::Active)
+            .count()
+            .max(1)
+    }
+
     /// The live brokers segments may be placed on, with their zones.
     fn candidates(&self) -> Vec<Candidate> {
         let me = self.shared.config.node_id;
@@ -599,6 +617,14 @@ impl CoordinatorState {
                 wanted.min(live)
             }
         };
+        // More copies than the cluster has brokers is a mistake of the
+        // request; more than are live now is not: a broker not seen live
+        // yet (just started, or down a while) can make it possible, and
+        // the placement refusal below is answered retriable (ADR 0126).
+        let members = self.active_members();
+        if factor > members {
+            return Err(CoordError::FactorAboveCluster { factor, members });
+        }
         let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
         let replicas = self.replicas(policy.as_deref(), self.placement(), factor, seed)?;
         self.wait_for_first_lease().await;

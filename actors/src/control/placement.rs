@@ -170,6 +170,20 @@ fn decide(shared: &Shared, topic: &str, servers: &Servers, serve: Serve) -> Resu
     })
 }
 
+/// Where writes of `topic` go now, if this broker's replica of the
+/// metadata says another broker is their primary and membership knows its
+/// address: for a primary whose append found no quorum because its segment
+/// was failed over meanwhile, so the client goes to the new primary at
+/// once instead of retrying a deposed one (ADR 0126). Local metadata only:
+/// no wait.
+pub(crate) fn moved_primary(shared: &Shared, topic: &str) -> Option<Redirect> {
+    let plane = shared.plane().ok()?;
+    let servers = read_owner(plane.as_ref(), topic, |s| servers_in_state(s, topic))?;
+    decide(shared, topic, &servers, Serve::Write)
+        .err()
+        .filter(|redirect| redirect.hint.is_some())
+}
+
 /// `Ok` if this broker serves `topic`'s records for `serve` (or the topic
 /// does not exist: the normal path answers `topic_not_found`), else where
 /// to go.

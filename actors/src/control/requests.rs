@@ -38,6 +38,10 @@ pub(crate) enum CoordError {
     /// No replica set fits the request and the live brokers.
     #[error("{0}")]
     Placement(#[from] malachi_cluster::placement::PlacementError),
+    /// An explicit replication factor above the cluster's brokers (live or
+    /// not): no wait makes it possible.
+    #[error("a replication factor of {factor} needs {factor} brokers; the cluster has {members}")]
+    FactorAboveCluster { factor: usize, members: usize },
     /// The topic's storage policy's placement constraints (ADR 0116).
     #[error("{0}")]
     Constraints(#[from] malachi_cluster::constraints::PlaceError),

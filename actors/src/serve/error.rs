@@ -8,6 +8,7 @@
 //! read: keep them lowercase and stable.
 
 use malachi_cluster::model::{ModelError, SegmentId};
+use malachi_cluster::placement::PlacementError;
 use malachi_cluster::ring::VnodeId;
 use malachi_cluster::vnodes::{RouteError, SplitError};
 use malachi_storage::StorageError;
@@ -386,7 +387,14 @@ fn coord_code(e: &CoordError) -> ErrorCode {
         CoordError::Metadata(m) => m.error_code(),
         CoordError::Freeze { .. } => ErrorCode::Busy,
         CoordError::FreezeNoQuorum { .. } => ErrorCode::NoQuorum,
-        CoordError::Placement(_) | CoordError::Constraints(_) => ErrorCode::InvalidRequest,
+        // Fewer brokers live than the copies asked for, though the
+        // cluster has enough: one not seen live yet (just started) or down
+        // for now. Retriable: the client waits for it within its deadline
+        // (ADR 0126).
+        CoordError::Placement(PlacementError::TooFewBrokers { .. }) => ErrorCode::NoQuorum,
+        CoordError::Placement(_)
+        | CoordError::Constraints(_)
+        | CoordError::FactorAboveCluster { .. } => ErrorCode::InvalidRequest,
         CoordError::Supervision(_)
         | CoordError::Unexpected(_)
         | CoordError::UnknownSegment { .. } => ErrorCode::UnknownServerError,
@@ -474,6 +482,26 @@ mod tests {
             reason: "the segment is rolling".into(),
         });
         assert_eq!(busy.code(), ErrorCode::Busy);
+    }
+
+    #[test]
+    fn too_few_live_brokers_is_retriable_and_too_few_brokers_is_not() {
+        let live = ServeError::from(CoordError::Placement(PlacementError::TooFewBrokers {
+            factor: 3,
+            live: 2,
+        }));
+        assert_eq!(live.code(), ErrorCode::NoQuorum);
+        assert_eq!(live.body().retry_after_ms, Some(RETRY_AFTER_MS_DEFAULT));
+        assert_eq!(
+            live.body().message,
+            "a replication factor of 3 needs 3 live brokers; 2 are live"
+        );
+        let cluster = ServeError::from(CoordError::FactorAboveCluster {
+            factor: 4,
+            members: 3,
+        });
+        assert_eq!(cluster.code(), ErrorCode::InvalidRequest);
+        assert_eq!(cluster.body().retry_after_ms, None);
     }
 
     #[test]

@@ -40,7 +40,7 @@ use super::subscribe::ConnCtx;
 use crate::common::budget::{ConnectionBudget, Held};
 use crate::common::convert::IncomingRecord;
 use crate::control::metadata::read_owner;
-use crate::control::placement::{Serve, serve_here};
+use crate::control::placement::{Serve, moved_primary, serve_here};
 use crate::control::shared::Shared;
 use crate::data::invariants::{check_acknowledged, check_append, check_partial, check_routed};
 use crate::data::producers::{self, ProducerTag, Verdict};
@@ -725,7 +725,21 @@ impl Sequencer {
                 message: tally.error.as_ref().map(|e| e.body().message),
             })
             .collect();
-        let first_error = ranges.values().find_map(|t| t.error.as_ref());
+        let mut first_error = ranges.values().find_map(|t| t.error.as_ref());
+        // A primary that found no quorum may have been deposed meanwhile
+        // (a failover while it was cut off): if its replica of the metadata
+        // already names the new primary, the client is sent there rather
+        // than told to retry here (ADR 0126). Only when nothing was
+        // acknowledged, so the answer stays a plain redirect.
+        let moved = match first_error {
+            Some(ServeError::ReplicaQuorum { .. }) if acknowledged == 0 => {
+                moved_primary(&self.shared, &topic).map(ServeError::Redirect)
+            }
+            _ => None,
+        };
+        if moved.is_some() {
+            first_error = moved.as_ref();
+        }
         let frame = match first_error {
             None => {
                 let response = wire::Response::Produce(wire::ProduceResponse {

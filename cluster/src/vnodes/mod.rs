@@ -117,6 +117,13 @@ pub struct VnodeHostConfig {
     /// How many times a request is re-routed (leader changes, stale ring)
     /// before the router gives up with `RouteError::Unavailable`.
     pub route_attempts_max: u32,
+    /// How long one request may keep being re-routed, whatever attempts
+    /// are left: a vnode with no leader (a majority of its voters down) is
+    /// answered `Unavailable` within this, so a client waiting on the
+    /// lookup gets an answer that names the vnode before its own deadline
+    /// (ADR 0126). Attempts to unreachable voters each took up to
+    /// `forward_timeout_ms`, so the attempt bound alone allowed minutes.
+    pub route_timeout_ms: u64,
     /// The first pause before re-routing a request that found no leader;
     /// later pauses double (with jitter) up to `route_retry_backoff_max_ms`.
     pub route_retry_backoff_ms: u64,
@@ -164,6 +171,7 @@ impl VnodeHostConfig {
             replicas_per_vnode: REPLICAS_PER_VNODE_DEFAULT,
             forward_timeout_ms: 5_000,
             route_attempts_max: 50,
+            route_timeout_ms: 10_000,
             route_retry_backoff_ms: 50,
             route_retry_backoff_max_ms: 200,
             moved_wait_ms: 30_000,
@@ -1647,7 +1655,10 @@ impl VnodeHost {
         let mut next_voter = 0usize;
         let mut backoff = self.route_backoff(group_id);
         let mut redirects = Redirects::default();
+        let deadline = Instant::now() + Duration::from_millis(self.config.route_timeout_ms);
+        let mut attempts = 0;
         for attempt in 1..=self.config.route_attempts_max {
+            attempts = attempt;
             let mut pause_at = None;
             let answer: Forwarded<T> = if target == self.config.node_id {
                 self.serve_local(api_key, group_id, body).await
@@ -1704,14 +1715,19 @@ impl VnodeHost {
                 voters[(next_voter - 1) % voters.len()]
             });
             redirects.paused();
-            tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
+            let pause = Duration::from_millis(backoff.next_delay_ms());
+            if Instant::now() + pause >= deadline {
+                last = format!("{last} (gave up after {} ms)", self.config.route_timeout_ms);
+                break;
+            }
+            tokio::time::sleep(pause).await;
         }
         Err(settle(
             vnode,
             uncertain,
             RouteError::Unavailable {
                 vnode,
-                attempts: self.config.route_attempts_max,
+                attempts,
                 last,
             },
         ))

@@ -100,19 +100,25 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    pub(crate) async fn open(addr: &str, config: &ClientConfig) -> Result<Connection, ClientError> {
+    /// Opens a connection to `addr`, the TCP connect bounded by
+    /// `connect_timeout_ms` (the config's, or less when a call's deadline
+    /// is nearer).
+    pub(crate) async fn open(
+        addr: &str,
+        config: &ClientConfig,
+        connect_timeout_ms: u64,
+    ) -> Result<Connection, ClientError> {
         let connect = TcpStream::connect(addr);
-        let stream =
-            tokio::time::timeout(Duration::from_millis(config.connect_timeout_ms), connect)
-                .await
-                .map_err(|_| ClientError::ConnectTimeout {
-                    addr: addr.to_owned(),
-                    timeout_ms: config.connect_timeout_ms,
-                })?
-                .map_err(|source| ClientError::Connect {
-                    addr: addr.to_owned(),
-                    source,
-                })?;
+        let stream = tokio::time::timeout(Duration::from_millis(connect_timeout_ms), connect)
+            .await
+            .map_err(|_| ClientError::ConnectTimeout {
+                addr: addr.to_owned(),
+                timeout_ms: connect_timeout_ms,
+            })?
+            .map_err(|source| ClientError::Connect {
+                addr: addr.to_owned(),
+                source,
+            })?;
         // Small request frames must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
         let (read_half, write_half) = stream.into_split();

@@ -3,6 +3,22 @@
 //! exponential backoff, follow `not_leader` and `moved` hints, and time out
 //! cleanly.
 //!
+//! Deadlines: a call's `request_timeout_ms` bounds the whole call, its
+//! retries, reconnections and backoffs included; each attempt gets what is
+//! left. A call that runs out while retrying fails with
+//! [`ClientError::Deadline`], which names the part it was waiting for (the
+//! connection, the answer, a quorum, the topic's leader).
+//!
+//! Where a request goes: the broker last hinted for its topic, else the
+//! default broker. A broker that cannot serve the topic now without naming
+//! who can (`no_quorum`, `not_leader` without a hint, `shutting_down`, or a
+//! connection that fails) sends the next attempt to the next broker the
+//! client knows: the bootstrap addresses, every hinted address, and, when
+//! it knows no other, the brokers the answering one lists in
+//! `cluster_status`. A primary cut off from its followers answers
+//! `no_quorum` while the others fail its segments over; asking them is how
+//! a client finds the new primary (ADR 0126).
+//!
 //! Delivery: a retried request may have been applied by the broker before the
 //! failure was seen (a lost connection, a `timeout` code), so `produce` is
 //! at-least-once under retries until idempotent produce (the reserved
@@ -17,6 +33,8 @@ mod stream;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use tracing::{debug, info};
@@ -36,13 +54,15 @@ pub use stream::{
 pub struct ClientConfig {
     /// A free-form name sent in `api_versions`.
     pub client_name: String,
-    /// How long one attempt of one request may take, window wait included.
+    /// How long one call may take: its first attempt (window wait
+    /// included), and its retries, reconnections and backoffs together.
     pub request_timeout_ms: u64,
     /// How long opening a TCP connection may take.
     pub connect_timeout_ms: u64,
     /// Requests awaiting a response on one connection (the window).
     pub inflight_requests_max: usize,
-    /// Retries after the first attempt, for retriable errors.
+    /// Retries after the first attempt, for retriable errors, within the
+    /// call's deadline (`request_timeout_ms`).
     pub retries_max: u32,
     /// The first backoff; it doubles per retry.
     pub backoff_initial_ms: u64,
@@ -89,6 +109,20 @@ pub enum ClientError {
     ConnectionClosed { addr: String },
     #[error("{api} got no response within {timeout_ms}ms")]
     Timeout { api: &'static str, timeout_ms: u64 },
+    /// The call's deadline passed while it was retrying. `part` names what
+    /// it was waiting for then (the connection to a broker, a broker's
+    /// answer, a quorum, the topic's leader, a metadata lookup); `last` is
+    /// the failure of the last attempt.
+    #[error(
+        "{api}: {part} did not come within the deadline of {timeout_ms}ms ({attempts} attempts); last error: {last}"
+    )]
+    Deadline {
+        api: &'static str,
+        part: String,
+        timeout_ms: u64,
+        attempts: u32,
+        last: Box<ClientError>,
+    },
     #[error("broker refused {api}: {code}: {message}")]
     Server {
         api: &'static str,
@@ -119,6 +153,7 @@ impl ClientError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             ClientError::Server { code, .. } => Some(*code),
+            ClientError::Deadline { last, .. } => last.code(),
             _ => None,
         }
     }
@@ -150,6 +185,84 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// Whether the broker that gave this answer cannot serve the request
+    /// now and does not say who can: the next attempt asks another broker
+    /// (an isolated primary answers `no_quorum` while the others fail its
+    /// segments over; a broker that is down does not answer at all).
+    fn look_elsewhere(&self) -> bool {
+        match self {
+            ClientError::Connect { .. }
+            | ClientError::ConnectTimeout { .. }
+            | ClientError::ConnectionClosed { .. } => true,
+            ClientError::Server {
+                code: ErrorCode::NoQuorum | ErrorCode::ShuttingDown,
+                ..
+            } => true,
+            ClientError::Server {
+                code: ErrorCode::NotLeader,
+                leader_hint,
+                ..
+            } => leader_hint.is_none(),
+            _ => false,
+        }
+    }
+
+    /// What a call that failed this way was waiting for, for
+    /// [`ClientError::Deadline`].
+    fn part(&self, addr: &str) -> String {
+        match self {
+            ClientError::Connect { addr, .. }
+            | ClientError::ConnectTimeout { addr, .. }
+            | ClientError::ConnectionClosed { addr } => format!("the connection to {addr}"),
+            ClientError::Timeout { .. } => format!("the answer of {addr}"),
+            ClientError::Server { code, .. } => match code {
+                ErrorCode::NoQuorum => format!("a quorum (no_quorum at {addr})"),
+                ErrorCode::NotLeader | ErrorCode::Moved => {
+                    format!("the topic's leader ({code} at {addr})")
+                }
+                _ => format!("a success ({code} at {addr})"),
+            },
+            ClientError::Deadline { part, .. } => part.clone(),
+            _ => format!("an answer of {addr}"),
+        }
+    }
+}
+
+/// Addresses a client remembers (bootstrap, hints, brokers listed by
+/// `cluster_status`): the bound of the list it looks through.
+const KNOWN_ADDRS_MAX: usize = 256;
+/// How long asking a broker for the cluster's brokers may take.
+const DISCOVERY_TIMEOUT_MS: u64 = 1_000;
+/// The least time between two such questions.
+const DISCOVERY_INTERVAL_MS: u64 = 5_000;
+
+/// The failure a call that ran out of time reports, and the broker it came
+/// from: the last one (`error`, at `addr`) if a broker answered it, else
+/// the latest refusal a broker answered (a live broker that said why, such
+/// as `no_quorum` naming a vnode with no leader, tells more than the
+/// brokers that were down or the attempt the deadline cut off), else the
+/// last one.
+fn telling(
+    previous: Vec<(String, ClientError)>,
+    addr: String,
+    error: ClientError,
+) -> (String, ClientError) {
+    if matches!(error, ClientError::Server { .. }) {
+        return (addr, error);
+    }
+    previous
+        .into_iter()
+        .rev()
+        .find(|(_, e)| matches!(e, ClientError::Server { .. }))
+        .unwrap_or((addr, error))
+}
+
+/// How long is left until `deadline`, in milliseconds rounded up (a call
+/// that has spent a few microseconds still reports its whole timeout).
+fn left_ms(deadline: Instant) -> u64 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    u64::try_from(left.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX)
 }
 
 /// The backoff before retry number `attempt` (1-based): the initial backoff
@@ -172,7 +285,6 @@ pub struct Client {
 #[derive(Debug)]
 struct Inner {
     config: ClientConfig,
-    bootstrap: Vec<String>,
     state: Mutex<RouteState>,
 }
 
@@ -183,6 +295,11 @@ struct RouteState {
     default_addr: String,
     /// The last hinted owner of each topic.
     topics: HashMap<String, String>,
+    /// Every broker address known, bootstrap first: where a request goes
+    /// when the broker it went to cannot serve it and names nobody.
+    known: Vec<String>,
+    /// When the brokers were last asked for the cluster's brokers.
+    discovered_at: Option<Instant>,
 }
 
 impl Client {
@@ -207,13 +324,15 @@ impl Client {
         let client = Client {
             inner: Arc::new(Inner {
                 config,
-                bootstrap: bootstrap.clone(),
                 state: Mutex::new(RouteState {
                     default_addr: first,
                     ..RouteState::default()
                 }),
             }),
         };
+        for addr in &bootstrap {
+            client.learn(addr);
+        }
         let mut last_error = ClientError::NoAddress;
         for addr in &bootstrap {
             match client.connection(addr).await {
@@ -252,6 +371,22 @@ impl Client {
 
     /// The open connection to `addr`, opening (and negotiating) it if needed.
     async fn connection(&self, addr: &str) -> Result<Arc<Connection>, ClientError> {
+        let deadline = Instant::now()
+            + Duration::from_millis(
+                self.inner
+                    .config
+                    .connect_timeout_ms
+                    .saturating_add(self.inner.config.request_timeout_ms),
+            );
+        self.connection_until(addr, deadline).await
+    }
+
+    /// [`Client::connection`], opening and negotiating before `deadline`.
+    async fn connection_until(
+        &self,
+        addr: &str,
+        deadline: Instant,
+    ) -> Result<Arc<Connection>, ClientError> {
         {
             let mut state = self.state();
             if let Some(existing) = state.connections.get(addr) {
@@ -266,8 +401,11 @@ impl Client {
                 });
             }
         }
-        let connection = Arc::new(Connection::open(addr, &self.inner.config).await?);
-        self.negotiate(&connection).await?;
+        let config = &self.inner.config;
+        let connect_timeout_ms = config.connect_timeout_ms.min(left_ms(deadline));
+        let connection = Arc::new(Connection::open(addr, config, connect_timeout_ms).await?);
+        let negotiate_timeout_ms = config.request_timeout_ms.min(left_ms(deadline));
+        self.negotiate(&connection, negotiate_timeout_ms).await?;
         info!(addr = %addr, "connected to broker");
         let mut state = self.state();
         // Another task may have connected meanwhile; keep the first one.
@@ -281,12 +419,15 @@ impl Client {
 
     /// `api_versions` first on every connection; keys with no common version
     /// are then refused locally with [`ClientError::Unsupported`].
-    async fn negotiate(&self, connection: &Connection) -> Result<(), ClientError> {
+    async fn negotiate(&self, connection: &Connection, timeout_ms: u64) -> Result<(), ClientError> {
         let request = ApiVersionsRequest {
             client_name: self.inner.config.client_name.clone(),
             versions: ApiVersion::supported(),
         };
-        let response: ApiVersionsResponse = self.exchange(connection, &request).await?;
+        let payload = request.encode()?;
+        let response: ApiVersionsResponse = self
+            .exchange_payload::<ApiVersionsRequest>(connection, payload, timeout_ms)
+            .await?;
         let mut unsupported = Vec::new();
         for ours in ApiVersion::supported() {
             let theirs = response
@@ -310,72 +451,122 @@ impl Client {
         Ok(())
     }
 
-    /// One attempt of one request on one connection.
-    async fn exchange<O: Operation>(
-        &self,
-        connection: &Connection,
-        request: &O,
-    ) -> Result<O::Response, ClientError> {
-        let payload = request.encode()?;
-        self.exchange_payload::<O>(connection, payload).await
-    }
-
+    /// One attempt of one request on one connection, within `timeout_ms`.
     async fn exchange_payload<O: Operation>(
         &self,
         connection: &Connection,
         payload: Bytes,
+        timeout_ms: u64,
     ) -> Result<O::Response, ClientError> {
-        let frame = connection
-            .call(O::API_KEY, payload, self.inner.config.request_timeout_ms)
-            .await?;
+        let frame = connection.call(O::API_KEY, payload, timeout_ms).await?;
         decode_response::<O>(frame.error_code, frame.payload, connection.addr())
     }
 
+    /// One attempt at `addr`, connecting first if needed, before `deadline`.
+    async fn attempt<O: Operation>(
+        &self,
+        addr: &str,
+        payload: Bytes,
+        deadline: Instant,
+    ) -> Result<O::Response, ClientError> {
+        let connection = self.connection_until(addr, deadline).await?;
+        let timeout_ms = self.inner.config.request_timeout_ms.min(left_ms(deadline));
+        self.exchange_payload::<O>(&connection, payload, timeout_ms)
+            .await
+    }
+
     /// Send any request, with routing, retries and hint following. `topic`
-    /// names the topic the request concerns, so hints are remembered per topic.
+    /// names the topic the request concerns, so hints are remembered per
+    /// topic. The whole call, retries included, takes at most
+    /// `request_timeout_ms`.
     pub async fn call<O: Operation>(
         &self,
         topic: Option<&str>,
         request: &O,
     ) -> Result<O::Response, ClientError> {
+        let deadline = Instant::now() + Duration::from_millis(self.inner.config.request_timeout_ms);
+        self.call_until(topic, request, deadline).await
+    }
+
+    /// [`Client::call`], done or given up by `deadline`: retries stop when
+    /// the next one could not start before it, and the last attempt's wait
+    /// for an answer ends at it.
+    pub async fn call_until<O: Operation>(
+        &self,
+        topic: Option<&str>,
+        request: &O,
+        deadline: Instant,
+    ) -> Result<O::Response, ClientError> {
         let payload = request.encode()?;
         let config = &self.inner.config;
+        let api = O::API_KEY.name();
         let mut addr = self.addr_for(topic);
         let mut attempt: u32 = 0;
+        // The last failure at each broker tried (one entry per known
+        // broker at most): when an attempt is cut off by the deadline,
+        // that broker's earlier refusal is what the call was waiting out.
+        let mut previous: Vec<(String, ClientError)> = Vec::new();
         loop {
-            let result = match self.connection(&addr).await {
-                Ok(connection) => {
-                    self.exchange_payload::<O>(&connection, payload.clone())
-                        .await
-                }
-                Err(error) => Err(error),
-            };
-            let error = match result {
+            let error = match self.attempt::<O>(&addr, payload.clone(), deadline).await {
                 Ok(response) => return Ok(response),
                 Err(error) if error.retriable() && attempt < config.retries_max => error,
+                Err(error @ ClientError::Timeout { .. }) if attempt > 0 => {
+                    let (at, last) = telling(previous, addr, error);
+                    return Err(self.deadline_error(api, &at, last, attempt + 1));
+                }
                 Err(error) => return Err(error),
             };
             attempt += 1;
-            if let Some(hint) = error.leader_hint() {
+            let failed_at = addr.clone();
+            let follow_at_once = if let Some(hint) = error.leader_hint() {
                 // A hint is fresh routing information: follow it at once.
-                debug!(api = O::API_KEY.name(), from = %addr, to = %hint, attempt, "following hint");
+                debug!(api, from = %addr, to = %hint, attempt, "following hint");
                 addr = hint.to_owned();
+                self.learn(&addr);
                 self.remember(topic, &addr);
-                if attempt == 1 {
-                    continue;
+                attempt == 1
+            } else {
+                if error.look_elsewhere() {
+                    let next = self.elsewhere(&addr, deadline).await;
+                    debug!(api, from = %addr, to = %next, %error, "asking another broker");
+                    addr = next;
+                    self.remember(topic, &addr);
                 }
-            } else if matches!(
-                error,
-                ClientError::Connect { .. }
-                    | ClientError::ConnectTimeout { .. }
-                    | ClientError::ConnectionClosed { .. }
-            ) {
-                addr = self.next_bootstrap(&addr);
-                self.remember(topic, &addr);
+                false
+            };
+            let wait_ms = if follow_at_once {
+                0
+            } else {
+                backoff_ms(config, attempt, error.retry_after_ms())
+            };
+            if Instant::now() + Duration::from_millis(wait_ms) >= deadline {
+                let (at, last) = telling(previous, failed_at, error);
+                return Err(self.deadline_error(api, &at, last, attempt));
             }
-            let wait_ms = backoff_ms(config, attempt, error.retry_after_ms());
-            debug!(api = O::API_KEY.name(), %error, attempt, wait_ms, "retrying");
+            debug!(api, %error, attempt, wait_ms, "retrying");
             tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+            previous.retain(|(at, _)| *at != failed_at);
+            if previous.len() < KNOWN_ADDRS_MAX {
+                previous.push((failed_at, error));
+            }
+        }
+    }
+
+    /// The error of a call whose deadline passed after `attempts` attempts
+    /// ending with `last` (at `addr`).
+    fn deadline_error(
+        &self,
+        api: &'static str,
+        addr: &str,
+        last: ClientError,
+        attempts: u32,
+    ) -> ClientError {
+        ClientError::Deadline {
+            api,
+            part: last.part(addr),
+            timeout_ms: self.inner.config.request_timeout_ms,
+            attempts,
+            last: Box::new(last),
         }
     }
 
@@ -390,17 +581,81 @@ impl Client {
         }
     }
 
-    /// The bootstrap address after `addr` (round robin), for a broker that went away.
-    fn next_bootstrap(&self, addr: &str) -> String {
-        let bootstrap = &self.inner.bootstrap;
-        let next = bootstrap
+    /// Adds `addr` to the brokers this client knows (at most
+    /// `KNOWN_ADDRS_MAX`; the bootstrap addresses come first).
+    fn learn(&self, addr: &str) {
+        let mut state = self.state();
+        if state.known.len() < KNOWN_ADDRS_MAX && !state.known.iter().any(|a| a == addr) {
+            state.known.push(addr.to_owned());
+        }
+    }
+
+    /// The known broker after `addr` (round robin), for a broker that
+    /// cannot serve a request and names nobody who can. A client that
+    /// knows no other asks `addr` (or any broker it is connected to) for
+    /// the cluster's brokers first, at most every `DISCOVERY_INTERVAL_MS`.
+    async fn elsewhere(&self, addr: &str, deadline: Instant) -> String {
+        if self.state().known.iter().all(|a| a == addr) {
+            self.discover(addr, deadline).await;
+        }
+        self.next_known(addr)
+    }
+
+    /// Learns the client addresses of the brokers `cluster_status` lists,
+    /// asking a broker this client has an open connection to (`addr`
+    /// first), within `DISCOVERY_TIMEOUT_MS` and `deadline`.
+    async fn discover(&self, addr: &str, deadline: Instant) {
+        let connection = {
+            let mut state = self.state();
+            let now = Instant::now();
+            if state.discovered_at.is_some_and(|at| {
+                now.saturating_duration_since(at) < Duration::from_millis(DISCOVERY_INTERVAL_MS)
+            }) {
+                return;
+            }
+            state.discovered_at = Some(now);
+            let open = |a: &str| state.connections.get(a).filter(|c| !c.is_closed()).cloned();
+            open(addr).or_else(|| state.connections.values().find(|c| !c.is_closed()).cloned())
+        };
+        let Some(connection) = connection else {
+            return;
+        };
+        let timeout_ms = DISCOVERY_TIMEOUT_MS.min(left_ms(deadline));
+        let Ok(payload) = ClusterStatusRequest {}.encode() else {
+            return;
+        };
+        match self
+            .exchange_payload::<ClusterStatusRequest>(&connection, payload, timeout_ms)
+            .await
+        {
+            Ok(status) => {
+                for broker in &status.brokers {
+                    if !broker.client_addr.is_empty() {
+                        self.learn(&broker.client_addr);
+                    }
+                }
+                debug!(
+                    from = connection.addr(),
+                    brokers = status.brokers.len(),
+                    "learned the cluster's brokers"
+                );
+            }
+            Err(error) => {
+                debug!(from = connection.addr(), %error, "could not learn the cluster's brokers")
+            }
+        }
+    }
+
+    /// The known broker after `addr`, without asking for more: for a
+    /// connection that failed (nothing to ask).
+    fn next_known(&self, addr: &str) -> String {
+        let state = self.state();
+        let known = &state.known;
+        let next = known
             .iter()
             .position(|a| a == addr)
-            .map_or(0, |i| (i + 1) % bootstrap.len());
-        bootstrap
-            .get(next)
-            .cloned()
-            .unwrap_or_else(|| addr.to_owned())
+            .map_or(0, |i| (i + 1) % known.len().max(1));
+        known.get(next).cloned().unwrap_or_else(|| addr.to_owned())
     }
 
     // ------------------------------------------------------------ operations
@@ -608,10 +863,11 @@ impl Client {
         };
         let payload = request.encode()?;
         let config = &self.inner.config;
+        let deadline = Instant::now() + Duration::from_millis(config.request_timeout_ms);
         let mut addr = self.addr_for(Some(topic));
         let mut attempt = 0;
         loop {
-            let result = match self.connection(&addr).await {
+            let result = match self.connection_until(&addr, deadline).await {
                 Ok(connection) => Subscription::open(connection, payload.clone(), config).await,
                 Err(error) => Err(error),
             };
@@ -623,9 +879,16 @@ impl Client {
             attempt += 1;
             if let Some(hint) = error.leader_hint() {
                 addr = hint.to_owned();
+                self.learn(&addr);
+                self.remember(Some(topic), &addr);
+            } else if error.look_elsewhere() {
+                addr = self.elsewhere(&addr, deadline).await;
                 self.remember(Some(topic), &addr);
             }
             let wait_ms = backoff_ms(config, attempt, error.retry_after_ms());
+            if Instant::now() + Duration::from_millis(wait_ms) >= deadline {
+                return Err(self.deadline_error("subscribe", &addr, error, attempt));
+            }
             tokio::time::sleep(Duration::from_millis(wait_ms)).await;
         }
     }

@@ -154,6 +154,10 @@ struct Entry {
     created: Instant,
     attempts: u32,
     last_error: Option<String>,
+    /// What the entry waited for when its last attempt failed (the
+    /// topic's metadata, a connection, a quorum, an answer): the part a
+    /// delivery timeout names.
+    waiting_for: Option<String>,
     /// The epoch of an attempt whose outcome is unknown (no answer in
     /// time, or the connection closed after the send): the range may have
     /// stored it. Such a batch may be sent again only under that epoch,
@@ -162,7 +166,8 @@ struct Entry {
     uncertain_epoch: Option<u64>,
 }
 
-type Answer = (u64, Result<ProduceResponse, ClientError>, Duration);
+/// An attempt's entry id, the broker it went to, its outcome and latency.
+type Answer = (u64, String, Result<ProduceResponse, ClientError>, Duration);
 
 /// Keeps up to `window_requests_max` produce requests in flight on one
 /// topic, in order, retrying each until it is acknowledged or its delivery
@@ -262,6 +267,7 @@ impl Producer {
             created: Instant::now(),
             attempts: 0,
             last_error: None,
+            waiting_for: None,
             uncertain_epoch: None,
         };
         self.next_entry += 1;
@@ -384,8 +390,13 @@ impl Producer {
                             .last_error
                             .clone()
                             .unwrap_or_else(|| "the window stayed full".to_owned());
+                        let part = entry
+                            .waiting_for
+                            .clone()
+                            .unwrap_or_else(|| "room in the window".to_owned());
                         let message = format!(
-                            "records were not acknowledged within {}ms after {} attempts; last error: {reason}",
+                            "records to topic {} were not acknowledged within {}ms ({} produce attempts): waiting for {part}; last error: {reason}",
+                            self.topic,
                             self.delivery_timeout.as_millis(),
                             entry.attempts
                         );
@@ -415,7 +426,17 @@ impl Producer {
     /// entry backs off).
     async fn assign(&mut self, i: usize) -> Result<bool, ClientError> {
         if self.layout.is_none() {
-            match self.client.describe_topic(&self.topic).await {
+            let deadline = self.queue[i].created + self.delivery_timeout;
+            let request = DescribeTopicRequest {
+                name: self.topic.clone(),
+                live: false,
+            };
+            let described = self
+                .client
+                .call_until(Some(&self.topic), &request, deadline.into())
+                .await
+                .map(|response| response.topic);
+            match described {
                 Ok(description) => match Layout::from_description(&description) {
                     Ok(layout) => self.layout = Some(layout),
                     Err(reason) => {
@@ -424,7 +445,20 @@ impl Producer {
                     }
                 },
                 Err(error) if error.retriable() || is_timeout(&error) => {
-                    self.back_off(i, &error);
+                    let part = self.lookup_part(&error);
+                    self.back_off(i, &error, part);
+                    return Ok(false);
+                }
+                Err(error @ ClientError::Deadline { .. }) => {
+                    // The entry's delivery timeout is (about to be) over:
+                    // the pass after it reports it, naming the lookup.
+                    let part = self.lookup_part(&error);
+                    let entry = &mut self.queue[i];
+                    entry.waiting_for = Some(part);
+                    entry.last_error = Some(error.to_string());
+                    entry.state = State::Unsent {
+                        not_before: deadline,
+                    };
                     return Ok(false);
                 }
                 Err(error) => return Err(self.fail(&error)),
@@ -492,6 +526,7 @@ impl Producer {
                 created: template.created,
                 attempts: template.attempts,
                 last_error: template.last_error.clone(),
+                waiting_for: template.waiting_for.clone(),
                 uncertain_epoch: template.uncertain_epoch,
             };
             self.next_entry += 1;
@@ -522,25 +557,36 @@ impl Producer {
             Ok(payload) => payload,
             Err(error) => {
                 let error = ClientError::from(error);
-                self.back_off(i, &error);
+                self.back_off(i, &error, "the request's encoding".to_owned());
                 return;
             }
         };
         let addr = self.client.addr_for(Some(&self.topic));
-        let submitted = match self.client.connection(&addr).await {
+        let deadline = (entry.created + self.delivery_timeout).into();
+        let submitted = match self.client.connection_until(&addr, deadline).await {
             Ok(connection) => connection.submit(ApiKey::Produce, payload).await,
             Err(error) => Err(error),
         };
         let submitted = match submitted {
             Ok(submitted) => submitted,
             Err(error) => {
-                self.reroute_connection(&addr, &error);
-                self.back_off(i, &error);
+                self.reroute_connection(&addr, &error).await;
+                let part = error.part(&addr);
+                self.back_off(i, &error, part);
                 return;
             }
         };
+        let entry = &self.queue[i];
         let id = entry.id;
-        let timeout_ms = self.client.config().request_timeout_ms;
+        // The answer is awaited no longer than the entry may still wait.
+        let left =
+            (entry.created + self.delivery_timeout).saturating_duration_since(Instant::now());
+        let timeout_ms = self
+            .client
+            .config()
+            .request_timeout_ms
+            .min(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+            .max(1);
         let started = Instant::now();
         self.queue[i].state = State::InFlight;
         self.queue[i].attempts += 1;
@@ -552,27 +598,40 @@ impl Producer {
                 }
                 Err(error) => Err(error),
             };
-            (id, result, started.elapsed())
+            (id, addr, result, started.elapsed())
         }));
     }
 
-    /// After a connection failure, the next attempt goes to the next
-    /// bootstrap broker; after a hint, to the hinted one.
-    fn reroute_connection(&self, addr: &str, error: &ClientError) {
-        if let Some(hint) = error.leader_hint() {
-            self.client.remember(Some(&self.topic), hint);
-        } else if matches!(
+    /// After a hint, the next attempt goes to the hinted broker. After a
+    /// refusal that names nobody (`no_quorum`: an isolated primary), a
+    /// connection failure or an answer that did not come in time (a
+    /// primary cut off from this client), to the next broker the client
+    /// knows, which says where the topic's writes go now (ADR 0126).
+    ///
+    /// It borrows only the client (`Sync`), not the producer, across its
+    /// await: the producer's futures keep it `Send` but not `Sync`.
+    async fn reroute_connection(&mut self, addr: &str, error: &ClientError) {
+        reroute(
+            &self.client,
+            &self.topic,
+            self.delivery_timeout,
+            addr,
             error,
-            ClientError::Connect { .. }
-                | ClientError::ConnectTimeout { .. }
-                | ClientError::ConnectionClosed { .. }
-        ) {
-            let next = self.client.next_bootstrap(addr);
-            self.client.remember(Some(&self.topic), &next);
-        }
+        )
+        .await;
     }
 
-    fn back_off(&mut self, i: usize, error: &ClientError) {
+    /// What a failed metadata lookup of the topic waited for.
+    fn lookup_part(&self, error: &ClientError) -> String {
+        let addr = self.client.addr_for(Some(&self.topic));
+        format!(
+            "the metadata lookup of topic {} (describe_topic: {})",
+            self.topic,
+            error.part(&addr)
+        )
+    }
+
+    fn back_off(&mut self, i: usize, error: &ClientError, part: String) {
         let config = self.client.config().clone();
         let entry = &mut self.queue[i];
         let wait = backoff_ms(&config, entry.attempts.max(1), error.retry_after_ms());
@@ -580,6 +639,7 @@ impl Producer {
             not_before: Instant::now() + Duration::from_millis(wait),
         };
         entry.last_error = Some(error.to_string());
+        entry.waiting_for = Some(part);
     }
 
     /// Takes one answer and acts on it; returns the acknowledgement it brought.
@@ -597,7 +657,7 @@ impl Producer {
             tokio::time::sleep_until(wait.into()).await;
             return Ok(None);
         }
-        let Some((id, result, latency)) = self.inflight.next().await else {
+        let Some((id, from, result, latency)) = self.inflight.next().await else {
             return Ok(None);
         };
         let Some(i) = self.queue.iter().position(|e| e.id == id) else {
@@ -618,14 +678,19 @@ impl Producer {
                 }))
             }
             Err(error) => {
-                self.on_error(i, error).await?;
+                self.on_error(i, &from, error).await?;
                 Ok(None)
             }
         }
     }
 
-    async fn on_error(&mut self, i: usize, error: ClientError) -> Result<(), ClientError> {
-        let addr = self.client.addr_for(Some(&self.topic));
+    /// Acts on the failure of entry `i`'s attempt at broker `addr`.
+    async fn on_error(
+        &mut self,
+        i: usize,
+        addr: &str,
+        error: ClientError,
+    ) -> Result<(), ClientError> {
         debug!(topic = %self.topic, %error, "produce attempt failed");
         if outcome_unknown(&error)
             && let Some((_, _, epoch)) = self.queue[i].assigned
@@ -635,7 +700,8 @@ impl Producer {
         match error.code() {
             // Sent ahead of a part the range has not stored: again, after it.
             Some(ErrorCode::SequenceGap) => {
-                self.back_off(i, &error);
+                let part = error.part(addr);
+                self.back_off(i, &error, part);
                 Ok(())
             }
             // The range was split or merged and this part was not stored:
@@ -686,12 +752,38 @@ impl Producer {
                 self.refuse_if_uncertain(&error)
             }
             _ if error.retriable() || is_timeout(&error) => {
-                self.reroute_connection(&addr, &error);
-                self.back_off(i, &error);
+                self.reroute_connection(addr, &error).await;
+                let part = error.part(addr);
+                self.back_off(i, &error, part);
                 Ok(())
             }
             _ => Err(self.fail(&error)),
         }
+    }
+}
+
+/// [`Producer::reroute_connection`] over the client alone.
+async fn reroute(
+    client: &Client,
+    topic: &str,
+    delivery_timeout: Duration,
+    addr: &str,
+    error: &ClientError,
+) {
+    // Several attempts in flight fail together: the first one's reroute
+    // stands, the others' answers are about a broker the topic no longer
+    // goes to.
+    if client.addr_for(Some(topic)) != addr {
+        return;
+    }
+    if let Some(hint) = error.leader_hint() {
+        client.learn(hint);
+        client.remember(Some(topic), hint);
+    } else if error.look_elsewhere() || is_timeout(error) {
+        let deadline = Instant::now() + delivery_timeout;
+        let next = client.elsewhere(addr, deadline.into()).await;
+        debug!(%topic, from = %addr, to = %next, %error, "asking another broker");
+        client.remember(Some(topic), &next);
     }
 }
 
