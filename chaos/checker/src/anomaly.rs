@@ -105,6 +105,25 @@ pub enum Anomaly {
         line: u64,
         t_ms: u64,
     },
+    /// A final read reached the end of the log without records another
+    /// final read delivered: the readers (one pinned to each broker, the
+    /// fresh `final`, `live`) did not all see one log.
+    ReadDiffersByBroker {
+        /// The final reader that came up short.
+        consumer: String,
+        /// The broker it started at, for a reader pinned to one.
+        broker: Option<String>,
+        /// Records (key and seq) other final reads delivered and it did not.
+        missing: u64,
+        /// How many of them were acknowledged writes (each also `lost`).
+        missing_acked: u64,
+        /// A few of them, as `key:seq`, in key and seq order.
+        examples: Vec<String>,
+        /// The final readers that delivered at least one of them.
+        seen_by: Vec<String>,
+        /// Its `final_read` line.
+        line: u64,
+    },
     /// No acknowledged write within the bound after a heal.
     SlowRecovery {
         event: String,
@@ -129,7 +148,8 @@ impl Anomaly {
             | Anomaly::ReadOfFailedWrite { line, .. }
             | Anomaly::CursorBackwards { line, .. }
             | Anomaly::CopiesDiverge { line, .. }
-            | Anomaly::ShortCopy { line, .. } => *line,
+            | Anomaly::ShortCopy { line, .. }
+            | Anomaly::ReadDiffersByBroker { line, .. } => *line,
             Anomaly::SlowRecovery { heal_line, .. } => *heal_line,
         }
     }
@@ -145,6 +165,7 @@ impl Anomaly {
             Anomaly::CursorBackwards { .. } => "cursor_backwards",
             Anomaly::CopiesDiverge { .. } => "copies_diverge",
             Anomaly::ShortCopy { .. } => "short_copy",
+            Anomaly::ReadDiffersByBroker { .. } => "read_differs_by_broker",
             Anomaly::SlowRecovery { .. } => "slow_recovery",
         }
     }
@@ -255,6 +276,25 @@ impl Anomaly {
                 "topic {topic:?} segment {segment}: {broker}'s copy holds {valid_len} valid \
                  bytes of {seal_len} sealed"
             ),
+            Anomaly::ReadDiffersByBroker {
+                consumer,
+                broker,
+                missing,
+                missing_acked,
+                examples,
+                seen_by,
+                ..
+            } => {
+                let started = broker
+                    .as_ref()
+                    .map_or(String::new(), |b| format!(" (started at {b})"));
+                format!(
+                    "{consumer}{started} reached the end of the log without {missing} records \
+                     ({missing_acked} acknowledged) that {} delivered, e.g. {}",
+                    seen_by.join(", "),
+                    examples.join(", ")
+                )
+            }
             Anomaly::SlowRecovery {
                 event,
                 target,

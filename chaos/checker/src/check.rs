@@ -114,6 +114,19 @@ struct LostEntry {
     line: u64,
 }
 
+/// What one final read delivered, kept to compare the final reads at the
+/// end: a few ranges per key.
+#[derive(Debug)]
+struct FinalSet {
+    consumer: String,
+    broker: Option<String>,
+    line: u64,
+    keys: HashMap<Id, SeqSet>,
+}
+
+/// Examples of missing records an anomaly names.
+const EXAMPLES_MAX: usize = 5;
+
 /// Judges a history fed to it line by line; [`Checker::finish`] gives the
 /// report. [`check`] and [`check_path`](crate::check_path) drive it over a
 /// reader or a file.
@@ -138,6 +151,7 @@ pub struct Checker {
     passes: u64,
     resumes_from_unknown_cursor: u64,
     final_reads: Vec<FinalRead>,
+    final_sets: Vec<FinalSet>,
     copies_checked: u64,
     lost: BTreeMap<(Id, u64), LostEntry>,
 
@@ -188,6 +202,7 @@ impl Checker {
             passes: 0,
             resumes_from_unknown_cursor: 0,
             final_reads: Vec::new(),
+            final_sets: Vec::new(),
             copies_checked: 0,
             lost: BTreeMap::new(),
             nemesis_events: BTreeMap::new(),
@@ -258,7 +273,9 @@ impl Checker {
                 self.on_resume(&consumer, cursor);
                 Ok(())
             }
-            Event::FinalRead { consumer, .. } => self.on_final_read(&consumer),
+            Event::FinalRead {
+                consumer, broker, ..
+            } => self.on_final_read(&consumer, broker),
             Event::Copies {
                 topic,
                 segment,
@@ -632,7 +649,7 @@ impl Checker {
         }
     }
 
-    fn on_final_read(&mut self, consumer: &str) -> Result<(), CheckError> {
+    fn on_final_read(&mut self, consumer: &str, broker: Option<String>) -> Result<(), CheckError> {
         let line = self.line;
         let consumer_id = self.consumer_id(consumer);
         let state = &mut self.consumers[consumer_id as usize].1;
@@ -699,10 +716,87 @@ impl Checker {
         }
         self.final_reads.push(FinalRead {
             consumer: consumer.to_owned(),
+            broker: broker.clone(),
             line,
             records: pass.delivered,
         });
+        self.final_sets.push(FinalSet {
+            consumer: consumer.to_owned(),
+            broker,
+            line,
+            keys: pass
+                .keys
+                .into_iter()
+                .map(|(id, key_pass)| (id, key_pass.delivered))
+                .collect(),
+        });
         Ok(())
+    }
+
+    /// Every final read must hold what every other one delivered: the
+    /// producers stopped and drained before the first of them began, so
+    /// they all read one log to its end, wherever they started. A reader
+    /// short of the others is one anomaly, with how many records it lacks
+    /// and which readers delivered them.
+    fn compare_final_reads(&mut self) {
+        let sets = std::mem::take(&mut self.final_sets);
+        for (j, short) in sets.iter().enumerate() {
+            let mut missing: BTreeMap<Id, SeqSet> = BTreeMap::new();
+            let mut seen_by = Vec::new();
+            for (i, other) in sets.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let mut lacked = false;
+                for (&key_id, seqs) in &other.keys {
+                    let have = short.keys.get(&key_id);
+                    for seq in seqs.iter() {
+                        if !have.is_some_and(|have| have.contains(seq)) {
+                            missing.entry(key_id).or_default().insert(seq);
+                            lacked = true;
+                        }
+                    }
+                }
+                if lacked {
+                    seen_by.push(other.consumer.clone());
+                }
+            }
+            if missing.is_empty() {
+                continue;
+            }
+            let (count, acked, examples) = self.describe_missing(&missing);
+            self.anomalies.push(Anomaly::ReadDiffersByBroker {
+                consumer: short.consumer.clone(),
+                broker: short.broker.clone(),
+                missing: count,
+                missing_acked: acked,
+                examples,
+                seen_by,
+                line: short.line,
+            });
+        }
+    }
+
+    /// Records missing from a final read: how many, how many of them were
+    /// acknowledged, and the first few as `key:seq` in key and seq order.
+    fn describe_missing(&self, missing: &BTreeMap<Id, SeqSet>) -> (u64, u64, Vec<String>) {
+        let mut keys: Vec<(Id, &SeqSet)> = missing.iter().map(|(&id, set)| (id, set)).collect();
+        keys.sort_by(|a, b| self.keys[a.0 as usize].cmp(&self.keys[b.0 as usize]));
+        let (mut count, mut acked) = (0, 0);
+        let mut examples = Vec::new();
+        for (key_id, seqs) in keys {
+            count += seqs.len();
+            let writes = &self.writes[key_id as usize];
+            for seq in seqs.iter() {
+                if writes.get(&seq).and_then(Write::acked_line).is_some() {
+                    acked += 1;
+                }
+                if examples.len() < EXAMPLES_MAX {
+                    examples.push(format!("{}:{seq}", self.keys[key_id as usize]));
+                }
+            }
+        }
+        (count, acked, examples)
     }
 
     /// Ends the history and judges what could only be judged at its end.
@@ -728,6 +822,7 @@ impl Checker {
                 bound_ms: self.config.recovery_bound_ms,
             });
         }
+        self.compare_final_reads();
         for ((key_id, seq), entry) in std::mem::take(&mut self.lost) {
             self.anomalies.push(Anomaly::Lost {
                 key: self.keys[key_id as usize].clone(),

@@ -65,7 +65,14 @@ pub enum Event {
         cursor: String,
     },
     /// The consumer's read from the start reached the end of the log.
-    FinalRead { t_ms: u64, consumer: String },
+    FinalRead {
+        t_ms: u64,
+        consumer: String,
+        /// The broker the reader started at (its only bootstrap address),
+        /// for a reader pinned to one broker; absent for the others.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        broker: Option<String>,
+    },
     /// The end-of-run look at every copy of one sealed segment.
     Copies {
         t_ms: u64,

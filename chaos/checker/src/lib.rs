@@ -30,7 +30,7 @@
 //! | `produce_unknown` | `client`, `key`, `seq`, `error` | a timeout or a lost connection: the write may or may not have landed |
 //! | `read` | `consumer`, `key`, `seq`, `value`, `cursor` | a consumer was delivered a record; `cursor` is the opaque cursor the broker returned after it (the batch's `next_cursor`) |
 //! | `resume` | `consumer`, `cursor` | the consumer restarts from a cursor it saved earlier |
-//! | `final_read` | `consumer` | the consumer's read from the start reached the end of the log |
+//! | `final_read` | `consumer`, `broker` (optional) | the consumer's read from the start reached the end of the log; `broker` is where a reader pinned to one broker started |
 //! | `copies` | `topic`, `segment`, `seal_len`, `digests` | the end-of-run look at every copy of one sealed segment: `digests` maps each broker that should hold a copy to `{valid_len, crc32}`, the copy's valid bytes and the CRC-32 (IEEE) of its first `min(valid_len, seal_len)` bytes; a missing copy is listed with `valid_len` 0 |
 //! | `nemesis` | `event`, `target`, `detail` (optional) | a fault starts: `event` is its kind (`kill`, `pause`, `partition`, ...), `target` what it hits |
 //! | `heal` | `event` | the oldest open fault of that kind is healed |
@@ -99,6 +99,15 @@
 //! 9. **`slow_recovery`**: after a `heal`, the first `produce_ok` (of any
 //!    client) comes more than `recovery_bound_ms` later, or never. The
 //!    harness keeps producing after the last heal.
+//! 10. **`read_differs_by_broker`**: at the end of the history, a final
+//!     read's pass lacks a (key, seq) that another final read's pass
+//!     delivered, acknowledged or not. The producers stop and drain before
+//!     the first final read, so every final reader reads one log to its
+//!     end, whichever broker it started at (the harness pins one reader to
+//!     each broker): a reader that found "the end" short of another is one
+//!     anomaly, naming how many records it lacks, how many of them were
+//!     acknowledged (each of those is also `lost`), a few of them, and the
+//!     readers that delivered them.
 //!
 //! One delivery yields at most one position anomaly, tried in the order
 //! cursor, duplicate, order; `never_written` and `read_of_failed_write`

@@ -117,6 +117,9 @@ pub struct WriteCounts {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FinalRead {
     pub consumer: String,
+    /// The broker the reader started at, for a reader pinned to one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broker: Option<String>,
     /// The `final_read` line.
     pub line: u64,
     /// Records delivered in that pass.

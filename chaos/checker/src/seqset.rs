@@ -19,6 +19,19 @@ impl SeqSet {
             .is_some_and(|(_, &end)| seq <= end)
     }
 
+    /// Every seq in the set, ascending.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ranges.iter().flat_map(|(&start, &end)| start..=end)
+    }
+
+    /// How many seqs the set holds.
+    pub(crate) fn len(&self) -> u64 {
+        self.ranges
+            .iter()
+            .map(|(&start, &end)| end - start + 1)
+            .sum()
+    }
+
     /// Adds `seq`; false if it was already there.
     pub(crate) fn insert(&mut self, seq: u64) -> bool {
         if self.contains(seq) {
@@ -55,6 +68,17 @@ mod tests {
         }
         assert_eq!(set.ranges.len(), 1);
         assert!(set.contains(0) && set.contains(99) && !set.contains(100));
+    }
+
+    #[test]
+    fn iteration_gives_every_seq_once_in_order() {
+        let mut set = SeqSet::default();
+        for seq in [5, 1, 2, 9, 3] {
+            set.insert(seq);
+        }
+        assert_eq!(set.iter().collect::<Vec<_>>(), vec![1, 2, 3, 5, 9]);
+        assert_eq!(set.len(), 5);
+        assert_eq!(SeqSet::default().len(), 0);
     }
 
     #[test]

@@ -83,6 +83,107 @@ fn given_a_final_read_that_found_nothing_should_find_every_acked_write_lost() {
 }
 
 #[test]
+fn given_a_pinned_reader_short_of_the_others_should_find_the_read_differs_by_broker() {
+    // Three writes acknowledged, one of unknown outcome that landed. The
+    // reader pinned to b2 reached "the end" without two of them: the
+    // acknowledged seq 2 (so also lost) and the unknown seq 3, which only
+    // a comparison of the readers can catch.
+    let mut h = History::new();
+    h.write("k1", 1).write("k1", 2);
+    h.send("k1", 3).unknown("k1", 3);
+    h.write("k2", 1);
+    for key_seq in [("k1", 1), ("k1", 2), ("k1", 3), ("k2", 1)] {
+        h.read("final-b1", key_seq.0, key_seq.1);
+    }
+    h.final_read_at("final-b1", "10.77.9.11:4040");
+    h.read("final-b2", "k1", 1).read("final-b2", "k2", 1);
+    h.final_read_at("final-b2", "10.77.9.12:4040");
+    let short_line = h.last_line();
+    for key_seq in [("k1", 1), ("k1", 2), ("k1", 3), ("k2", 1)] {
+        h.read("final", key_seq.0, key_seq.1);
+    }
+    h.final_read("final");
+    let report = h.check();
+    let differs: Vec<&Anomaly> = report
+        .anomalies
+        .iter()
+        .filter(|a| a.kind() == "read_differs_by_broker")
+        .collect();
+    assert_eq!(
+        differs,
+        vec![&Anomaly::ReadDiffersByBroker {
+            consumer: "final-b2".into(),
+            broker: Some("10.77.9.12:4040".into()),
+            missing: 2,
+            missing_acked: 1,
+            examples: vec!["k1:2".into(), "k1:3".into()],
+            seen_by: vec!["final-b1".into(), "final".into()],
+            line: short_line,
+        }]
+    );
+    // The acknowledged one is lost for that reader alone; nothing else.
+    assert_eq!(report.anomaly_counts.get("lost"), Some(&1));
+    assert_eq!(report.anomalies.len(), 2);
+    assert_eq!(
+        report.final_reads[1].broker.as_deref(),
+        Some("10.77.9.12:4040")
+    );
+    assert_eq!(report.verdict, Verdict::Anomalous);
+}
+
+#[test]
+fn given_a_record_of_unknown_outcome_seen_by_one_reader_only_should_find_the_reader_short() {
+    // No acknowledged write is missing, so nothing is lost: the difference
+    // alone makes the run anomalous. `live`, which followed the run, is a
+    // final reader like the pinned ones.
+    let mut h = History::new();
+    h.write("k1", 1);
+    h.send("k1", 2).unknown("k1", 2);
+    h.read("live", "k1", 1)
+        .read("live", "k1", 2)
+        .final_read("live");
+    h.read("final-b1", "k1", 1);
+    h.final_read_at("final-b1", "b1:4040");
+    let anomalies = h.check().anomalies;
+    assert!(
+        matches!(
+            &anomalies[..],
+            [Anomaly::ReadDiffersByBroker { consumer, missing: 1, missing_acked: 0, seen_by, .. }]
+                if consumer == "final-b1" && seen_by == &vec!["live".to_owned()]
+        ),
+        "{anomalies:?}"
+    );
+}
+
+#[test]
+fn given_final_reads_that_agree_in_another_order_should_find_no_difference() {
+    // Pinned readers may be served by different brokers and see keys
+    // interleaved differently; only what they delivered is compared.
+    let mut h = History::new();
+    h.write("k1", 1).write("k2", 1).write("k1", 2);
+    h.read("final-b1", "k1", 1)
+        .read("final-b1", "k2", 1)
+        .read("final-b1", "k1", 2);
+    h.read("final-b2", "k2", 1)
+        .read("final-b2", "k1", 1)
+        .read("final-b2", "k1", 2);
+    h.final_read_at("final-b1", "b1:4040");
+    h.final_read_at("final-b2", "b2:4040");
+    h.final_read("final");
+    let report = h.check();
+    // `final` read nothing: short of both, and every write lost for it.
+    assert_eq!(
+        report.anomaly_counts.get("read_differs_by_broker"),
+        Some(&1)
+    );
+    assert_eq!(report.anomaly_counts.get("lost"), Some(&3));
+    let mut h2 = History::new();
+    h2.lines = h.lines[..h.lines.len() - 1].to_vec();
+    h2.t_ms = h.t_ms;
+    assert_eq!(h2.check().anomalies, vec![]);
+}
+
+#[test]
 fn given_writes_not_acknowledged_when_missing_from_the_final_read_should_not_be_lost() {
     let mut h = History::new();
     h.write("k1", 1);

@@ -41,6 +41,20 @@ impl Brokers {
         Brokers { addrs, config }
     }
 
+    /// The same limits with `addr` as the only broker: a client of it
+    /// always starts there (a pinned final reader).
+    pub fn only(&self, addr: &str) -> Brokers {
+        Brokers {
+            addrs: vec![addr.to_owned()],
+            config: self.config.clone(),
+        }
+    }
+
+    /// Every broker's address, in the order given.
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
     /// The broker list starting at `rotation` (mod its length).
     pub fn rotated(&self, rotation: usize) -> Vec<String> {
         let n = self.addrs.len();

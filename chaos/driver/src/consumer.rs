@@ -70,6 +70,11 @@ pub enum Role {
 /// What the final read found.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FinalOutcome {
+    /// The reader's name in the history.
+    pub consumer: String,
+    /// The one broker it started at, for a pinned reader.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broker: Option<String>,
     /// Whether it reached the end of the log (and logged `final_read`).
     pub complete: bool,
     pub records: u64,
@@ -103,6 +108,9 @@ struct Reader {
     client: Option<Client>,
     rotation: usize,
     failures: u32,
+    /// For a reader pinned to one broker: its address, logged with its
+    /// `final_read`.
+    pinned: Option<String>,
 }
 
 /// What one fetch gave.
@@ -259,6 +267,7 @@ pub async fn run(
         client: None,
         rotation,
         failures: 0,
+        pinned: None,
     };
     let mut position = Position(None);
     let mut saved: VecDeque<String> = VecDeque::new();
@@ -327,21 +336,33 @@ pub async fn run(
     }
 }
 
-/// Reads the whole log from the start, once, for at most `timeout_ms`.
+/// Reads the whole log from the start, once, for at most `timeout_ms`, as
+/// consumer `name`. With `pinned`, every client the reader opens has that
+/// one broker as its only bootstrap address: the read begins there each
+/// time and goes elsewhere only where the broker's answers send it (the
+/// hints the client follows), so it shows what a consumer that starts at
+/// that broker gets. Without, it rotates over `brokers` like the others.
 pub async fn final_read(
+    name: String,
+    pinned: Option<String>,
     topic: String,
     brokers: Brokers,
     history: Arc<History>,
     stats: Arc<Stats>,
     timeout_ms: u64,
 ) -> FinalOutcome {
+    let brokers = match &pinned {
+        Some(addr) => brokers.only(addr),
+        None => brokers,
+    };
     let mut reader = Reader {
-        name: "final".to_owned(),
+        name,
         topic,
         brokers,
         client: None,
         rotation: 0,
         failures: 0,
+        pinned,
     };
     read_to_end(
         &mut reader,
@@ -375,6 +396,8 @@ async fn read_to_end(
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return FinalOutcome {
+                consumer: reader.name.clone(),
+                broker: reader.pinned.clone(),
                 complete: false,
                 records,
                 millis: started.elapsed().as_millis() as u64,
@@ -405,8 +428,11 @@ async fn read_to_end(
     history.log(|t_ms| Event::FinalRead {
         t_ms,
         consumer: reader.name.clone(),
+        broker: reader.pinned.clone(),
     });
     FinalOutcome {
+        consumer: reader.name.clone(),
+        broker: reader.pinned.clone(),
         complete: true,
         records,
         millis: started.elapsed().as_millis() as u64,

@@ -12,7 +12,10 @@
 //!   producers stop and drain; then `live` reads on to the end of the log
 //!   and logs `final_read` for its pass, the resumer stops, and consumer
 //!   `final` reads the log afresh from the start to its end and logs
-//!   `final_read`.
+//!   `final_read`; then one fresh reader per broker, `final-b1` for the
+//!   first of `--brokers` and so on, each starting at that broker alone
+//!   (following only the hints its answers give), does the same, all at
+//!   once.
 //!
 //! With `--control-stdin` the runner sends its nemesis, heal, reconverged
 //! and copies events on stdin and the driver stamps and logs them
@@ -22,10 +25,10 @@
 //! and `{"event":"summary",...}` last. Diagnostics go to stderr, with the
 //! wire client's logs as `RUST_LOG` selects them.
 //!
-//! Exit codes: 0 the run ended with a complete final read; 4 the final read
-//! did not reach the end of the log (the history then has no `final_read`,
-//! and the checker calls the run vacuous: the runner reports it as an
-//! anomaly of its own); 1 the driver could not run (no broker, no topic, a
+//! Exit codes: 0 the run ended with every final read complete; 4 a final
+//! read did not reach the end of the log (the history then has no
+//! `final_read` of that reader; the runner reports it as an anomaly of its
+//! own); 1 the driver could not run (no broker, no topic, a
 //! history it could not write).
 
 mod brokers;
@@ -346,22 +349,18 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         }
     }
     history.flush()?;
-    let outcome = if ended_early {
-        FinalOutcome {
+    let (outcome, by_broker) = if ended_early {
+        let outcome = FinalOutcome {
+            consumer: "final".to_owned(),
+            broker: None,
             complete: false,
             records: 0,
             millis: 0,
             error: Some("the runner ended the run before the final read".to_owned()),
-        }
+        };
+        (outcome, Vec::new())
     } else {
-        consumer::final_read(
-            cli.topic.clone(),
-            brokers.clone(),
-            history.clone(),
-            stats.clone(),
-            cli.final_timeout_ms,
-        )
-        .await
+        final_reads(&cli, &brokers, &history, &stats).await
     };
     history.flush()?;
     say(&json!({
@@ -369,6 +368,7 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         "t_ms": history.elapsed_ms(),
         "final": outcome,
         "live_final": live_final,
+        "by_broker": by_broker,
         "stats": stats.to_json(),
     }));
 
@@ -395,6 +395,7 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         "seed": cli.seed,
         "final": outcome,
         "live_final": live_final,
+        "by_broker": by_broker,
         "stats": stats.to_json(),
     });
     if let Some(path) = &cli.summary {
@@ -404,5 +405,61 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         }
     }
     say(&summary);
-    Ok(outcome)
+    let complete = outcome.complete && by_broker.iter().all(|o| o.complete);
+    Ok(FinalOutcome {
+        complete,
+        ..outcome
+    })
+}
+
+/// The fresh reads from the start once the run has stopped: `final`,
+/// which rotates over the brokers like every other task, then one reader
+/// pinned to each broker (`final-b1` for the first of `--brokers`, ...),
+/// all at once. Each logs its own `final_read`, so the checker judges
+/// every one for lost writes and compares what they delivered: a broker
+/// that serves a read short of the log shows as its reader's difference.
+async fn final_reads(
+    cli: &Cli,
+    brokers: &Brokers,
+    history: &Arc<History>,
+    stats: &Arc<Stats>,
+) -> (FinalOutcome, Vec<FinalOutcome>) {
+    let outcome = consumer::final_read(
+        "final".to_owned(),
+        None,
+        cli.topic.clone(),
+        brokers.clone(),
+        history.clone(),
+        stats.clone(),
+        cli.final_timeout_ms,
+    )
+    .await;
+    let pinned: Vec<_> = brokers
+        .addrs()
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            tokio::spawn(consumer::final_read(
+                format!("final-b{}", i + 1),
+                Some(addr.clone()),
+                cli.topic.clone(),
+                brokers.clone(),
+                history.clone(),
+                stats.clone(),
+                cli.final_timeout_ms,
+            ))
+        })
+        .collect();
+    let mut by_broker = Vec::with_capacity(pinned.len());
+    for (i, task) in pinned.into_iter().enumerate() {
+        by_broker.push(task.await.unwrap_or_else(|error| FinalOutcome {
+            consumer: format!("final-b{}", i + 1),
+            broker: brokers.addrs().get(i).cloned(),
+            complete: false,
+            records: 0,
+            millis: 0,
+            error: Some(format!("the reader's task failed: {error}")),
+        }));
+    }
+    (outcome, by_broker)
 }

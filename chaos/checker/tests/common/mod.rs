@@ -104,6 +104,14 @@ impl History {
         self.event("final_read", json!({"consumer": consumer}))
     }
 
+    /// The final read of a reader pinned to one broker.
+    pub fn final_read_at(&mut self, consumer: &str, broker: &str) -> &mut Self {
+        self.event(
+            "final_read",
+            json!({"consumer": consumer, "broker": broker}),
+        )
+    }
+
     pub fn nemesis(&mut self, event: &str, target: &str) -> &mut Self {
         self.event(
             "nemesis",
