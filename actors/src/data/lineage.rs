@@ -88,6 +88,9 @@ pub(crate) struct Lineage<'a> {
     limits: ProducerLimits,
     now_ms: u64,
     built: BTreeMap<SegmentId, Built>,
+    /// Whether the topic keeps several copies: an ancestor's copy that is
+    /// short or damaged here is then repaired, not lost (ADR 0127).
+    replicated: bool,
 }
 
 impl<'a> Lineage<'a> {
@@ -104,7 +107,14 @@ impl<'a> Lineage<'a> {
             limits: storage.config.producer_limits(),
             now_ms,
             built: BTreeMap::new(),
+            replicated: false,
         }
+    }
+
+    /// Tells whether the topic keeps several copies of each segment.
+    pub(crate) fn replicated(mut self, replicated: bool) -> Lineage<'a> {
+        self.replicated = replicated;
+        self
     }
 
     /// The table an opening segment of `range` starts from: its direct
@@ -181,6 +191,7 @@ impl<'a> Lineage<'a> {
                 super::damage::CopyOf {
                     topic: Some(self.topic),
                     range: Some(ancestor.range),
+                    replicated: self.replicated,
                 },
             )
         {

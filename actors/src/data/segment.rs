@@ -309,6 +309,7 @@ impl Actor for SegmentActor {
                 super::damage::CopyOf {
                     topic: Some(&args.topic),
                     range: Some(args.range),
+                    replicated: args.replicas.len() > 1,
                 },
             )
         })?;
@@ -946,7 +947,9 @@ impl Handoff {
 fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
     let now_ms = args.storage.clock.now_ms();
     let mut table =
-        Lineage::new(&args.storage, &args.topic, &args.ancestry, now_ms).start_table(args.range);
+        Lineage::new(&args.storage, &args.topic, &args.ancestry, now_ms)
+            .replicated(args.replicas.len() > 1)
+            .start_table(args.range);
     let torn = lineage::scan_tags(
         &args.storage,
         malachi_storage::SegmentId(args.segment.0),
