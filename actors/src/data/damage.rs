@@ -173,7 +173,10 @@ mod tests {
         report(Some(&metrics), SegmentId(4), loss, "test", of);
         report(Some(&metrics), SegmentId(4), loss, "test", of);
         let text = metrics.render();
-        assert!(text.contains("malachi_copy_repair_records_total 3"), "{text}");
+        assert!(
+            text.contains("malachi_copy_repair_records_total 3"),
+            "{text}"
+        );
         assert!(text.contains("malachi_data_loss_records_total 0"), "{text}");
         assert!(text.contains("malachi_copies_lost 0"), "{text}");
     }

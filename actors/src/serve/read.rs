@@ -1360,10 +1360,7 @@ mod tests {
         .with_metrics(&metrics);
         read_with(&lone);
         let text = metrics.render();
-        assert!(
-            text.contains("malachi_data_loss_records_total 3"),
-            "{text}"
-        );
+        assert!(text.contains("malachi_data_loss_records_total 3"), "{text}");
     }
 
     #[test]
