@@ -296,6 +296,13 @@ impl Actor for SegmentActor {
         args: SegmentArgs,
     ) -> Result<SegmentState, ActorProcessingErr> {
         let id = malachi_storage::SegmentId(args.segment.0);
+        #[cfg(feature = "testing")]
+        {
+            let mut starts = args.storage.writer_starts.lock();
+            if starts.len() < super::storage::WRITER_STARTS_TRACKED_MAX {
+                starts.push(args.segment.0);
+            }
+        }
         // Opening recovers the copy after a crash: a torn tail is truncated,
         // and every acknowledged record was fsynced, so it is still there.
         // A damaged copy opens in quarantine, latched failed (ADR 0108): it
@@ -946,10 +953,9 @@ impl Handoff {
 /// inside an idempotent batch ([`producers::BatchStarts`]).
 fn build_producers(args: &SegmentArgs) -> (ProducerTable, Option<u64>) {
     let now_ms = args.storage.clock.now_ms();
-    let mut table =
-        Lineage::new(&args.storage, &args.topic, &args.ancestry, now_ms)
-            .replicated(args.replicas.len() > 1)
-            .start_table(args.range);
+    let mut table = Lineage::new(&args.storage, &args.topic, &args.ancestry, now_ms)
+        .replicated(args.replicas.len() > 1)
+        .start_table(args.range);
     let torn = lineage::scan_tags(
         &args.storage,
         malachi_storage::SegmentId(args.segment.0),
