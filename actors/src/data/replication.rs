@@ -1461,6 +1461,52 @@ mod tests {
         assert!(follower.space.is_full(), "the broker is at its line");
     }
 
+    /// Issue 36 ("Space"): a heal's or rebuild's repair toward a recorded
+    /// seal stops at the free-space line as a follower's append does; a
+    /// failover's repair (to a length not yet recorded, bounded by what
+    /// the primary had in flight) is let through and counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_heal_stops_at_the_free_space_line_and_a_failover_repair_does_not() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let primary = primary_with(a.path(), 2);
+        let runs = runs(&primary, 2);
+        let frame = runs[0].1.len() as u64;
+        let line = 1 << 20;
+        let mut config = BrokerConfig::default();
+        config.store.min_free_bytes = line;
+        let follower = storage(b.path(), config);
+        let mark = follower.space.mark();
+        follower.space.observe_since(line + frame / 2, mark, 0);
+        let server = server(&follower).await;
+        let repair = |first: u64, frames: Bytes, seal_at_end: bool| {
+            let (reply, answer) = oneshot::channel();
+            let server = server.clone();
+            async move {
+                server
+                    .send(|permit| ReplicationMsg::Append {
+                        permit,
+                        request: request(first, 1, frames),
+                        repair_to: Some(2),
+                        seal_at_end,
+                        reply,
+                    })
+                    .await
+                    .unwrap();
+                answer.await.unwrap()
+            }
+        };
+        let heal = repair(0, runs[0].1.clone(), true).await;
+        assert_eq!(heal.refused, Some(ReplicaRefusal::Busy), "{}", heal.message);
+        let id = malachi_storage::SegmentId(SEGMENT);
+        assert_eq!(follower.store.info(id).unwrap().assigned, 0);
+        assert!(follower.space.is_full());
+        // A failover's repair of a fenced copy goes through even so.
+        follower.store.fence(id).unwrap();
+        let failover = repair(0, runs[0].1.clone(), false).await;
+        assert_eq!(failover.refused, None, "{}", failover.message);
+        assert_eq!(failover.durable_end, 1);
+    }
+
     #[test]
     fn fsync_completions_reported_out_of_order_still_commit_the_last_record() {
         // Regression (found by `bench/scripts/replica-pipeline-depth.sh`
