@@ -558,7 +558,10 @@ fn with_room(shared: &Shared, live: &[u64]) -> Vec<u64> {
     };
     live.iter()
         .copied()
-        .filter(|n| !full.contains(n) && !(*n == me && shared.data.space.is_full()))
+        .filter(|n| {
+            let full_here = *n == me && shared.data.space.is_full();
+            !full.contains(n) && !full_here
+        })
         .collect()
 }
 
