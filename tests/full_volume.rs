@@ -1644,6 +1644,18 @@ fn a_followers_appends_stop_at_the_line_between_two_polls() {
         &follower_dir.join("filler"),
         MIN_FREE_BYTES + ABOVE_LINE_BYTES,
     );
+    // The filler is another writer: the broker's guard sees it at its next
+    // poll (within a second), and reckons its own writes from there.
+    let admin = cluster.nodes[(follower - 1) as usize].admin.clone();
+    wait_until(
+        cluster,
+        MOVE_TIMEOUT,
+        "the follower never polled its volume",
+        || {
+            gauge(&admin, "malachi_storage_free_bytes")
+                <= (MIN_FREE_BYTES + ABOVE_LINE_BYTES) as f64
+        },
+    );
     println!(
         "broker {follower} follows segment {} with {} bytes free",
         first[0].id,

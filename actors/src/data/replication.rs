@@ -750,7 +750,7 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
         let _ = reply.send(refusal_of(&e, 0));
         return Outcome::Done;
     }
-    if let Err(refused) = room_for(storage, &request, repair_to, seal_at_end) {
+    if let Err(refused) = room_for(storage, &request) {
         let end = store.info(id).map_or(0, |i| i.assigned);
         let _ = reply.send(ReplicaAppendResponse::refused(
             ReplicaRefusal::Busy,
@@ -830,24 +830,16 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
 
 /// Whether the volume has room for an append's frames above the free-space
 /// line (`store.min_free_bytes`, ADR 0111), checked against the bytes about
-/// to be written (ADR 0127). A follower's append and a heal's or rebuild's
-/// repair are refused past it with the message given back: `busy`, which
-/// the primary's shipper and the healer retry, and which never reaches the
-/// volume, so the copy is not latched failed by an `ENOSPC`. A failover's
-/// repair (to a length not yet recorded) is let through and counted: it is
-/// bounded by what the primary had in flight, and the seal needs it.
-fn room_for(
-    storage: &Storage,
-    request: &ReplicaAppendRequest,
-    repair_to: Option<u64>,
-    seal_at_end: bool,
-) -> Result<(), String> {
+/// to be written (ADR 0127). A follower's append, a heal's or rebuild's
+/// repair and a failover's repair are refused past it with the message
+/// given back: `busy`, which the primary's shipper, the healer and the
+/// failover retry, and which never reaches the volume, so the copy is not
+/// latched failed by an `ENOSPC`. A failover's repair is not exempt: a
+/// copy far behind takes a whole segment's tail that way (found by
+/// `tests/full_volume.rs`), and the failover seals on the other copies.
+fn room_for(storage: &Storage, request: &ReplicaAppendRequest) -> Result<(), String> {
     let bytes = request.frames.len() as u64;
     if bytes == 0 {
-        return Ok(());
-    }
-    if repair_to.is_some() && !seal_at_end {
-        storage.space.took(bytes);
         return Ok(());
     }
     let refused = storage.space.try_take(bytes).err().map(|no_room| {
@@ -1462,11 +1454,10 @@ mod tests {
     }
 
     /// Issue 36 ("Space"): a heal's or rebuild's repair toward a recorded
-    /// seal stops at the free-space line as a follower's append does; a
-    /// failover's repair (to a length not yet recorded, bounded by what
-    /// the primary had in flight) is let through and counted.
+    /// seal, and a failover's repair toward a length not yet recorded,
+    /// stop at the free-space line as a follower's append does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_heal_stops_at_the_free_space_line_and_a_failover_repair_does_not() {
+    async fn heals_and_failover_repairs_stop_at_the_free_space_line() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let primary = primary_with(a.path(), 2);
         let runs = runs(&primary, 2);
@@ -1500,11 +1491,18 @@ mod tests {
         let id = malachi_storage::SegmentId(SEGMENT);
         assert_eq!(follower.store.info(id).unwrap().assigned, 0);
         assert!(follower.space.is_full());
-        // A failover's repair of a fenced copy goes through even so.
+        // A failover's repair of a fenced copy stops there too.
         follower.store.fence(id).unwrap();
         let failover = repair(0, runs[0].1.clone(), false).await;
-        assert_eq!(failover.refused, None, "{}", failover.message);
-        assert_eq!(failover.durable_end, 1);
+        assert_eq!(
+            failover.refused,
+            Some(ReplicaRefusal::Busy),
+            "{}",
+            failover.message
+        );
+        let info = follower.store.info(id).unwrap();
+        assert_eq!(info.assigned, 0);
+        assert!(!info.failed);
     }
 
     #[test]

@@ -168,13 +168,6 @@ impl SpaceGuard {
         Ok(())
     }
 
-    /// Counts `bytes` written without asking (a write the line does not
-    /// stop, such as a failover's bounded repair), so the reckoning stays
-    /// true.
-    pub(crate) fn took(&self, bytes: u64) {
-        self.taken.fetch_add(bytes, Ordering::AcqRel);
-    }
-
     /// Feeds one poll's free bytes, at `now_ms`, for a poll that began
     /// when nothing had been taken since the last (unit tests).
     #[cfg(test)]
@@ -319,7 +312,9 @@ mod tests {
         );
         // A poll that began before a write counts it against its figure.
         let mark = guard.mark();
-        guard.took(100);
+        guard.full.store(false, Ordering::Release);
+        assert_eq!(guard.try_take(100), Ok(()));
+        guard.full.store(true, Ordering::Release);
         assert_eq!(guard.observe_since(1_300, mark, 0), Change::Recovered);
         assert_eq!(guard.reckoned_free_bytes(), Some(1_200));
         assert_eq!(guard.try_take(200), Ok(()));
