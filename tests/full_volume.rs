@@ -1614,3 +1614,98 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
         interesting_lines(cluster)
     );
 }
+
+/// Issue 36 ("Space"; ADR 0127): a follower whose volume is just above the
+/// line takes replica appends only up to it, checked against the bytes
+/// each append writes, not once a poll. Producers write several times the
+/// room above the line within a second or two; the follower's free bytes,
+/// sampled every millisecond, never fall more than a little below the
+/// line (its index and metadata writes, and the tmpfs's page rounding),
+/// its refused appends are retried rather than failing its copy, and the
+/// producers' records are all acknowledged (the other two copies commit
+/// them).
+#[test]
+fn a_followers_appends_stop_at_the_line_between_two_polls() {
+    const ABOVE_LINE_BYTES: u64 = 2 << 20;
+    const SLACK_BYTES: u64 = 1 << 20;
+    const VALUE_BYTES: usize = 8 << 10;
+    const RECORDS: u64 = 600;
+    let rig = Rig::start();
+    let cluster = rig.cluster();
+    let clients = cluster.clients();
+    let dir_of = |node: u64| cluster.nodes[(node - 1) as usize].data_dir.clone();
+    ok(malachi(&clients[0], &["topic", "create", TOPIC], ""));
+    let first = describe(&clients[0], TOPIC);
+    let follower = first[0].replicas[1];
+    let primary = first[0].replicas[0];
+    let follower_dir = dir_of(follower);
+    fill(
+        &follower_dir,
+        &follower_dir.join("filler"),
+        MIN_FREE_BYTES + ABOVE_LINE_BYTES,
+    );
+    // The filler is another writer: the broker's guard sees it at its next
+    // poll (within a second), and reckons its own writes from there.
+    let admin = cluster.nodes[(follower - 1) as usize].admin.clone();
+    wait_until(
+        cluster,
+        MOVE_TIMEOUT,
+        "the follower never polled its volume",
+        || {
+            gauge(&admin, "malachi_storage_free_bytes")
+                <= (MIN_FREE_BYTES + ABOVE_LINE_BYTES) as f64
+        },
+    );
+    println!(
+        "broker {follower} follows segment {} with {} bytes free",
+        first[0].id,
+        volume(&follower_dir).0
+    );
+    // The follower's free bytes, every millisecond, while producers run.
+    let done = Arc::new(AtomicBool::new(false));
+    let lowest = Arc::new(AtomicU64::new(u64::MAX));
+    let sampler = {
+        let (done, lowest, dir) = (Arc::clone(&done), Arc::clone(&lowest), follower_dir.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                lowest.fetch_min(volume(&dir).0, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let value = "v".repeat(VALUE_BYTES);
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let mut child = spawn_malachi(&clients[(primary - 1) as usize], &["produce", TOPIC]);
+            let mut stdin = child.stdin.take().unwrap();
+            let input: String = (0..RECORDS)
+                .map(|i| format!("p{p}k{}\t{i}-{value}\n", i % KEYS))
+                .collect();
+            let writer = std::thread::spawn(move || {
+                let _ = stdin.write_all(input.as_bytes());
+            });
+            (child, writer)
+        })
+        .collect();
+    for (child, writer) in producers {
+        writer.join().unwrap();
+        let output = wait_output(child, Duration::from_secs(120));
+        assert!(
+            output.status.success(),
+            "a producer failed: {}",
+            err(&output)
+        );
+    }
+    done.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let lowest = lowest.load(Ordering::Relaxed);
+    println!(
+        "the follower's volume had {lowest} bytes free at its lowest (line {MIN_FREE_BYTES}); producers wrote {} bytes",
+        PRODUCERS * RECORDS * VALUE_BYTES as u64
+    );
+    assert!(
+        lowest + SLACK_BYTES >= MIN_FREE_BYTES,
+        "the follower's appends ate the margin: {lowest} bytes free at the lowest, the line {MIN_FREE_BYTES}\n{}",
+        interesting_lines(cluster)
+    );
+}

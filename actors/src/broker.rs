@@ -744,6 +744,12 @@ impl BrokerHandle {
         *self.shared.data.free_space.write() = source;
     }
 
+    /// Test hook: the segments a writer (segment actor) started for on this
+    /// broker since it started, in order.
+    pub fn writer_starts(&self) -> Vec<u64> {
+        self.shared.data.writer_starts.lock().clone()
+    }
+
     /// Test hook: while `hold` is set, failovers on this broker stop after
     /// their fences (before the seal is decided); returns how many have
     /// stopped there since start.

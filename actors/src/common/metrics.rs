@@ -92,6 +92,12 @@ pub(crate) struct BrokerMetrics {
     pub data_loss_records: Counter,
     /// The copies counted in `copies_lost`, so each counts once.
     lost_copies: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
+    /// Records that copies of replicated segments on this broker were
+    /// found short of (or lost to damage) while other copies hold them:
+    /// repaired, never data loss (ADR 0127).
+    pub copy_repair_records: Counter,
+    /// The copies counted in `copy_repair_records`, so each counts once.
+    repaired_copies: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for BrokerMetrics {
@@ -99,6 +105,9 @@ impl std::fmt::Debug for BrokerMetrics {
         f.debug_struct("BrokerMetrics").finish_non_exhaustive()
     }
 }
+
+/// Copies `copy_repaired` remembers, so each is counted once.
+pub const REPAIRED_COPIES_TRACKED_MAX: usize = 65_536;
 
 impl BrokerMetrics {
     /// Counts a copy of `segment` found to have lost `records` records;
@@ -110,6 +119,23 @@ impl BrokerMetrics {
         }
         self.copies_lost.set(lost.len() as f64);
         self.data_loss_records.increment(records);
+        true
+    }
+
+    /// Counts a copy of a replicated `segment` found short of `records`
+    /// records that other copies hold; `false` if it was counted already.
+    /// At most [`REPAIRED_COPIES_TRACKED_MAX`] copies are remembered; past
+    /// it the memory starts over (a copy reopened then counts twice, which
+    /// a repair counter can afford and a loss counter could not).
+    pub fn copy_repaired(&self, segment: u64, records: u64) -> bool {
+        let mut repaired = self.repaired_copies.lock();
+        if repaired.len() >= REPAIRED_COPIES_TRACKED_MAX {
+            repaired.clear();
+        }
+        if !repaired.insert(segment) {
+            return false;
+        }
+        self.copy_repair_records.increment(records);
         true
     }
 
@@ -140,6 +166,8 @@ impl BrokerMetrics {
             copies_lost: gauge("malachi_copies_lost"),
             data_loss_records: counter("malachi_data_loss_records_total"),
             lost_copies: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
+            copy_repair_records: counter("malachi_copy_repair_records_total"),
+            repaired_copies: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
             connections: gauge("malachi_connections"),
             request_bytes_in_use: gauge("malachi_request_bytes_in_use"),
             response_bytes_in_use: gauge("malachi_response_bytes_in_use"),

@@ -1423,7 +1423,10 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
                 }
             }
         }
-        for found in refused_sealed(state, &refused, &running) {
+        let found = refused_sealed(state, &refused, &running)
+            .into_iter()
+            .chain(sealed_writers(state, &running, node));
+        for found in found {
             if !deposed.iter().any(|d| d.2 == found.2) {
                 deposed.push(found);
             }
@@ -1474,7 +1477,25 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
             }
         }
     }
+    // A writer restarting on a copy it wrote before (this broker was down
+    // or cut off) may be one a failover sealed meanwhile, which this
+    // replica has not applied yet: its leader says first (ADR 0127).
+    // One the leader records sealed is a deposed writer's copy: settled
+    // now, from the recorded seal, without waiting for this replica to
+    // apply it (the range may have rolled, split or merged since, and be
+    // no longer among those scanned above).
+    let (held, sealed) = sealed_at_leader(shared, &wanted).await;
+    if !full {
+        for (segment, length) in sealed {
+            if seal_deposed(shared, segment, length).await {
+                shared.settled.lock().insert(segment);
+            }
+        }
+    }
     for (topic, segment) in wanted {
+        if held.contains(&segment) {
+            continue;
+        }
         if shared.segment(segment).is_none() {
             // No wait for the replica: this view already held the segment,
             // so a miss now means it was deleted. Waiting would hold the
@@ -1529,6 +1550,120 @@ fn refused_sealed(
             (range.topic == *topic).then(|| (topic.clone(), range.id, id, seal.length))
         })
         .collect()
+}
+
+/// The writers running here (`running`) of segments `state` records sealed
+/// and continued by a successor led by another broker (a failover sealed
+/// them while this broker was down or cut off): each with its topic, range
+/// and recorded seal length, to stop and settle as a deposed writer, however
+/// many segments the range rolled since (issue 36: a deposed writer's copy
+/// stayed past its seal for minutes when its segment was no longer among
+/// the range's last few). A segment whose successor is led here is this
+/// writer's own roll, which stops it itself.
+fn sealed_writers(
+    state: &MetadataState,
+    running: &[SegmentId],
+    node: NodeId,
+) -> Vec<(String, RangeId, SegmentId, u64)> {
+    running
+        .iter()
+        .filter_map(|&id| {
+            let segment = state.segment(id)?;
+            let seal = segment.seal()?;
+            let range = state.range(segment.range)?;
+            let at = range.segments.iter().position(|s| *s == id)?;
+            let next = state.segment(*range.segments.get(at + 1)?)?;
+            (next.replicas.first() != Some(&node))
+                .then(|| (range.topic.clone(), range.id, id, seal.length))
+        })
+        .collect()
+}
+
+/// How long reconcile waits for a vnode's leader to say whether the
+/// segments a restarting writer would take are still active.
+const LEADER_CONFIRM_MS: u64 = 2_000;
+
+/// Of the active segments reconcile would start a writer for (`wanted`),
+/// those whose copy this broker wrote before (its log exists and the store
+/// has not opened it since the broker started: a restart, or a return from
+/// a partition) and that the topic's vnode leader does not record active,
+/// or whose leader could not say within [`LEADER_CONFIRM_MS`] (a later pass
+/// asks again): no writer starts for them. This broker's replica may not
+/// have applied a failover's seal yet, and a writer started on it would
+/// open the deposed copy and take produces past the seal (issue 36). A new
+/// segment (no log yet) and a lone copy (nobody else can seal it) start
+/// without asking. Also returns those the leader records sealed, with
+/// their recorded seal length, to settle.
+async fn sealed_at_leader(
+    shared: &Arc<Shared>,
+    wanted: &[(String, SegmentId)],
+) -> (BTreeSet<SegmentId>, Vec<(SegmentId, u64)>) {
+    let mut held = BTreeSet::new();
+    let mut sealed = Vec::new();
+    let Ok(plane) = shared.plane() else {
+        return (held, sealed);
+    };
+    let mut asked: BTreeMap<&str, Vec<SegmentId>> = BTreeMap::new();
+    for (topic, segment) in wanted {
+        let id = malachi_storage::SegmentId(segment.0);
+        let restarting = shared.segment(*segment).is_none()
+            && shared.store.info(id).is_err()
+            && shared.store.log_path(id).exists();
+        let replicated = read_owner(plane.as_ref(), topic, |state| {
+            state
+                .segment(*segment)
+                .is_some_and(|s| s.replicas.len() > 1)
+        });
+        if restarting && replicated {
+            asked.entry(topic.as_str()).or_default().push(*segment);
+        }
+    }
+    let timeout = std::time::Duration::from_millis(LEADER_CONFIRM_MS);
+    let answers = futures::future::join_all(asked.into_iter().map(|(topic, segments)| {
+        let plane = Arc::clone(&plane);
+        async move {
+            let described = tokio::time::timeout(timeout, plane.describe(topic)).await;
+            (topic, segments, described)
+        }
+    }))
+    .await;
+    for (topic, segments, described) in answers {
+        // Each segment the leader knows: whether it is active, and its
+        // recorded seal length if sealed.
+        let states: BTreeMap<u64, (bool, Option<u64>)> = match described {
+            Ok(Ok(Some(description))) => description
+                .ranges
+                .iter()
+                .flat_map(|r| r.segments.iter())
+                .map(|s| (s.id, (s.state == "active", s.length)))
+                .collect(),
+            Ok(Ok(None)) => BTreeMap::new(),
+            Ok(Err(e)) => {
+                debug!(%topic, error = %e, "the topic's leader cannot say whether a restarting writer's segment is active; asked again at the next pass");
+                BTreeMap::new()
+            }
+            Err(_) => {
+                debug!(%topic, "the topic's leader did not say in time whether a restarting writer's segment is active; asked again at the next pass");
+                BTreeMap::new()
+            }
+        };
+        for segment in segments {
+            match states.get(&segment.0) {
+                Some((true, _)) => continue,
+                Some((false, Some(length))) => {
+                    info!(%topic, segment = segment.0, length, "the leader records this writer's segment sealed without it; no writer restarts, its copy is settled at the seal");
+                    sealed.push((segment, *length));
+                }
+                _ => {
+                    // Debug: a pass runs on every applied change, and this one
+                    // repeats until the replica applies the seal.
+                    debug!(%topic, segment = segment.0, "no writer restarts on this copy: the leader did not say its segment is active");
+                }
+            }
+            held.insert(segment);
+        }
+    }
+    (held, sealed)
 }
 
 /// Stops the writers of `segments` (of deleted segments: found by their

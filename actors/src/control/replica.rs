@@ -106,6 +106,18 @@ pub(crate) async fn serve_replica_append(
         Some((false, SegmentState::Sealed { seal, .. }, _))
             if request.repair.is_some_and(|r| r.to == seal.length) =>
         {
+            // A broker at its free-space line takes no new copy, not even
+            // the empty file a heal's first request would open (ADR 0127).
+            if shared.data.space.is_full() {
+                return ReplicaAppendResponse::refused(
+                    ReplicaRefusal::Busy,
+                    0,
+                    format!(
+                        "broker {}'s data volume is at its free-space line; it takes no new copy of segment {segment}",
+                        me.0
+                    ),
+                );
+            }
             Some(seal.length)
         }
         Some((false, _, _)) | None => {

@@ -2,14 +2,22 @@
 //! never silent. A copy the store refuses as damaged is opened in
 //! quarantine (latched failed, its intact prefix readable), a copy is
 //! checked against the seal the metadata recorded, and whatever a copy
-//! lost is reported once: an `error!` line with the copy's fields, the
-//! `malachi_copies_lost` gauge and the `malachi_data_loss_records_total`
-//! counter. A read that reaches the lost records gets the store's `Lost`,
-//! which the client sees as `data_loss`.
+//! lacks is reported once.
+//!
+//! What it is reported as depends on whether other copies exist (ADR
+//! 0127). A lone copy's loss is data loss: an `error!` line with the copy's
+//! fields, the `malachi_copies_lost` gauge and the
+//! `malachi_data_loss_records_total` counter, and a read that reaches the
+//! lost records gets the store's `Lost`, which the client sees as
+//! `data_loss`. One copy of several that is short or damaged lost nothing
+//! the topic holds: every acknowledged record is on a quorum, the read path
+//! sends its readers to another copy, and the scrubber and healer rebuild
+//! it (ADR 0110). It is a `warn!` line and
+//! `malachi_copy_repair_records_total`, never an alarm.
 
 use malachi_cluster::model::{RangeId, SegmentId};
 use malachi_storage::{FileStore, Loss, Recovery, SegmentStore, StorageError};
-use tracing::error;
+use tracing::{error, warn};
 
 use crate::common::metrics::BrokerMetrics;
 
@@ -18,6 +26,9 @@ use crate::common::metrics::BrokerMetrics;
 pub(crate) struct CopyOf<'a> {
     pub topic: Option<&'a str>,
     pub range: Option<RangeId>,
+    /// Whether the metadata records other copies of the segment: then what
+    /// this one lacks is repaired from them, not lost (ADR 0127).
+    pub replicated: bool,
 }
 
 /// Why a copy lost records, as the log line says it.
@@ -62,8 +73,9 @@ pub(crate) fn open_copy(
     Ok(recovery)
 }
 
-/// Logs and counts a copy's loss, once per copy (the first report wins; a
-/// report without metrics, from a unit test, always logs).
+/// Logs and counts what a copy lacks, once per copy (the first report
+/// wins; a report without metrics, from a unit test, always logs): as data
+/// loss for a lone copy, as a repair for one of several.
 pub(crate) fn report(
     metrics: Option<&BrokerMetrics>,
     segment: SegmentId,
@@ -71,6 +83,22 @@ pub(crate) fn report(
     cause: &str,
     of: CopyOf<'_>,
 ) {
+    if of.replicated {
+        let first = metrics.is_none_or(|m| m.copy_repaired(segment.0, loss.records()));
+        if first {
+            warn!(
+                segment = segment.0,
+                topic = of.topic.unwrap_or("?"),
+                range = of.range.map(|r| r.0),
+                short_from = loss.from,
+                short_to = loss.to,
+                short_records = loss.records(),
+                %cause,
+                "a segment copy is short of its seal or damaged; other copies hold those records, readers are sent to them and the copy is repaired from them"
+            );
+        }
+        return;
+    }
     let first = metrics.is_none_or(|m| m.copy_lost(segment.0, loss.records()));
     if first {
         error!(
@@ -132,5 +160,24 @@ mod tests {
         let text = metrics.render();
         assert!(text.contains("malachi_copies_lost 2"), "{text}");
         assert!(text.contains("malachi_data_loss_records_total 6"), "{text}");
+    }
+
+    #[test]
+    fn a_short_copy_of_several_is_a_repair_not_data_loss() {
+        let metrics = BrokerMetrics::new();
+        let of = CopyOf {
+            replicated: true,
+            ..CopyOf::default()
+        };
+        let loss = Loss { from: 2, to: 5 };
+        report(Some(&metrics), SegmentId(4), loss, "test", of);
+        report(Some(&metrics), SegmentId(4), loss, "test", of);
+        let text = metrics.render();
+        assert!(
+            text.contains("malachi_copy_repair_records_total 3"),
+            "{text}"
+        );
+        assert!(text.contains("malachi_data_loss_records_total 0"), "{text}");
+        assert!(text.contains("malachi_copies_lost 0"), "{text}");
     }
 }

@@ -119,6 +119,9 @@ pub(crate) struct Lineage<'a> {
     /// Ancestors whose copy here is missing or not whole, and which a
     /// holder could stand in for.
     wanted: BTreeSet<SegmentId>,
+    /// Whether the topic keeps several copies: an ancestor's copy that is
+    /// short or damaged here is then repaired, not lost (ADR 0127).
+    replicated: bool,
 }
 
 impl<'a> Lineage<'a> {
@@ -152,6 +155,7 @@ impl<'a> Lineage<'a> {
             now_ms,
             built: BTreeMap::new(),
             wanted: BTreeSet::new(),
+            replicated: false,
         }
     }
 
@@ -163,6 +167,12 @@ impl<'a> Lineage<'a> {
             .iter()
             .filter_map(|s| self.ancestry.segments.get(s).map(|a| (*s, a.clone())))
             .collect()
+    }
+
+    /// Tells whether the topic keeps several copies of each segment.
+    pub(crate) fn replicated(mut self, replicated: bool) -> Lineage<'a> {
+        self.replicated = replicated;
+        self
     }
 
     /// The table an opening segment of `range` starts from: its direct
@@ -280,6 +290,7 @@ impl<'a> Lineage<'a> {
                 super::damage::CopyOf {
                     topic: Some(self.topic),
                     range: Some(ancestor.range),
+                    replicated: self.replicated,
                 },
             )
         {

@@ -750,6 +750,15 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
         let _ = reply.send(refusal_of(&e, 0));
         return Outcome::Done;
     }
+    if let Err(refused) = room_for(storage, &request) {
+        let end = store.info(id).map_or(0, |i| i.assigned);
+        let _ = reply.send(ReplicaAppendResponse::refused(
+            ReplicaRefusal::Busy,
+            end,
+            refused,
+        ));
+        return Outcome::Done;
+    }
     let appended = match repair_to {
         None => store.append_frames(id, request.first_offset, &request.frames),
         Some(seal) => store.repair_frames(id, request.first_offset, &request.frames, seal),
@@ -817,6 +826,39 @@ fn follower_append(storage: &Arc<Storage>, append: Early) -> Outcome {
         let _ = reply.send(answer);
     });
     Outcome::Appended { end }
+}
+
+/// Whether the volume has room for an append's frames above the free-space
+/// line (`store.min_free_bytes`, ADR 0111), checked against the bytes about
+/// to be written (ADR 0127). A follower's append, a heal's or rebuild's
+/// repair and a failover's repair are refused past it with the message
+/// given back: `busy`, which the primary's shipper, the healer and the
+/// failover retry, and which never reaches the volume, so the copy is not
+/// latched failed by an `ENOSPC`. A failover's repair is not exempt: a
+/// copy far behind takes a whole segment's tail that way (found by
+/// `tests/full_volume.rs`), and the failover seals on the other copies.
+fn room_for(storage: &Storage, request: &ReplicaAppendRequest) -> Result<(), String> {
+    let bytes = request.frames.len() as u64;
+    if bytes == 0 {
+        return Ok(());
+    }
+    let refused = storage.space.try_take(bytes).err().map(|no_room| {
+        let line = storage.space.min_free_bytes();
+        if no_room.became_full {
+            error!(
+                segment = request.segment,
+                free_bytes = no_room.free_bytes,
+                min_free_bytes = line,
+                bytes,
+                "the data volume reached its free-space line; replica appends, heals and produces are refused until space is freed"
+            );
+        }
+        format!(
+            "the data volume has {} bytes free, {bytes} more would cross the free-space line of {line}",
+            no_room.free_bytes
+        )
+    });
+    refused.map_or(Ok(()), Err)
 }
 
 /// Sets a broken copy aside and opens an empty one in its place, which the
@@ -1365,6 +1407,102 @@ mod tests {
         let answer = stale.await.unwrap();
         assert_eq!(answer.refused, Some(ReplicaRefusal::StaleEpoch));
         assert_eq!(follower_bytes(&follower, 1), runs[0].1.to_vec());
+    }
+
+    /// Issue 36 ("Space"): a follower's appends between two polls of the
+    /// volume stop at the free-space line, checked against the bytes each
+    /// is about to write: the one that would cross it is refused `busy`
+    /// (the primary retries it and counts the copy as not answering), and
+    /// the copy is never written past the line nor latched failed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_refuses_appends_that_would_cross_the_free_space_line_retriably() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let primary = primary_with(a.path(), 4);
+        let runs = runs(&primary, 4);
+        let frame = runs[0].1.len() as u64;
+        let line = 1 << 20;
+        let mut config = BrokerConfig::default();
+        config.store.min_free_bytes = line;
+        let follower = storage(b.path(), config);
+        // The last poll saw room for two and a half frames above the line.
+        let mark = follower.space.mark();
+        follower
+            .space
+            .observe_since(line + 2 * frame + frame / 2, mark, 0);
+        let server = server(&follower).await;
+        for (at, frames) in runs.iter().take(2) {
+            let answer = send(&server, request(*at, 1, frames.clone())).await;
+            let answer = answer.await.unwrap();
+            assert_eq!(answer.refused, None, "{}", answer.message);
+            assert_eq!(answer.durable_end, at + 1);
+        }
+        let third = send(&server, request(2, 1, runs[2].1.clone())).await;
+        let answer = third.await.unwrap();
+        assert_eq!(
+            answer.refused,
+            Some(ReplicaRefusal::Busy),
+            "{}",
+            answer.message
+        );
+        assert!(ReplicaRefusal::Busy.retriable());
+        assert_eq!(answer.durable_end, 2, "it names where the copy ends");
+        let id = malachi_storage::SegmentId(SEGMENT);
+        let info = follower.store.info(id).unwrap();
+        assert!(!info.failed, "the copy is not latched failed");
+        assert_eq!(info.assigned, 2, "nothing written past the line");
+        assert!(follower.space.is_full(), "the broker is at its line");
+    }
+
+    /// Issue 36 ("Space"): a heal's or rebuild's repair toward a recorded
+    /// seal, and a failover's repair toward a length not yet recorded,
+    /// stop at the free-space line as a follower's append does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heals_and_failover_repairs_stop_at_the_free_space_line() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let primary = primary_with(a.path(), 2);
+        let runs = runs(&primary, 2);
+        let frame = runs[0].1.len() as u64;
+        let line = 1 << 20;
+        let mut config = BrokerConfig::default();
+        config.store.min_free_bytes = line;
+        let follower = storage(b.path(), config);
+        let mark = follower.space.mark();
+        follower.space.observe_since(line + frame / 2, mark, 0);
+        let server = server(&follower).await;
+        let repair = |first: u64, frames: Bytes, seal_at_end: bool| {
+            let (reply, answer) = oneshot::channel();
+            let server = server.clone();
+            async move {
+                server
+                    .send(|permit| ReplicationMsg::Append {
+                        permit,
+                        request: request(first, 1, frames),
+                        repair_to: Some(2),
+                        seal_at_end,
+                        reply,
+                    })
+                    .await
+                    .unwrap();
+                answer.await.unwrap()
+            }
+        };
+        let heal = repair(0, runs[0].1.clone(), true).await;
+        assert_eq!(heal.refused, Some(ReplicaRefusal::Busy), "{}", heal.message);
+        let id = malachi_storage::SegmentId(SEGMENT);
+        assert_eq!(follower.store.info(id).unwrap().assigned, 0);
+        assert!(follower.space.is_full());
+        // A failover's repair of a fenced copy stops there too.
+        follower.store.fence(id).unwrap();
+        let failover = repair(0, runs[0].1.clone(), false).await;
+        assert_eq!(
+            failover.refused,
+            Some(ReplicaRefusal::Busy),
+            "{}",
+            failover.message
+        );
+        let info = follower.store.info(id).unwrap();
+        assert_eq!(info.assigned, 0);
+        assert!(!info.failed);
     }
 
     #[test]

@@ -307,6 +307,13 @@ impl Actor for SegmentActor {
         args: SegmentArgs,
     ) -> Result<SegmentState, ActorProcessingErr> {
         let id = malachi_storage::SegmentId(args.segment.0);
+        #[cfg(feature = "testing")]
+        {
+            let mut starts = args.storage.writer_starts.lock();
+            if starts.len() < super::storage::WRITER_STARTS_TRACKED_MAX {
+                starts.push(args.segment.0);
+            }
+        }
         // Opening recovers the copy after a crash: a torn tail is truncated,
         // and every acknowledged record was fsynced, so it is still there.
         // A damaged copy opens in quarantine, latched failed (ADR 0108): it
@@ -320,6 +327,7 @@ impl Actor for SegmentActor {
                 super::damage::CopyOf {
                     topic: Some(&args.topic),
                     range: Some(args.range),
+                    replicated: args.replicas.len() > 1,
                 },
             )
         })?;
@@ -1094,7 +1102,8 @@ fn build_producers(
 ) -> (ProducerTable, Option<u64>, Vec<(SegmentId, Ancestor)>) {
     let now_ms = args.storage.clock.now_ms();
     let mut lineage =
-        Lineage::with_fetched(&args.storage, &args.topic, &args.ancestry, fetched, now_ms);
+        Lineage::with_fetched(&args.storage, &args.topic, &args.ancestry, fetched, now_ms)
+            .replicated(args.replicas.len() > 1);
     let mut table = lineage.start_table(args.range);
     let wanted = lineage.wanted();
     let torn = lineage::scan_tags(

@@ -77,7 +77,22 @@ pub(crate) struct SpaceGuard {
     full: AtomicBool,
     /// The last free bytes observed (`u64::MAX` before the first poll).
     free: AtomicU64,
+    /// Bytes let in by [`SpaceGuard::try_take`] since the process started.
+    taken: AtomicU64,
+    /// `taken` when the last poll's figure was read: what was taken since
+    /// is not in that figure yet.
+    taken_at_poll: AtomicU64,
     no_space: parking_lot::Mutex<NoSpace>,
+}
+
+/// A write the line refused: what the guard saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NoRoom {
+    /// The free bytes the guard reckons with: the last poll's, less the
+    /// bytes taken since (`None` while full from a write's `ENOSPC`).
+    pub free_bytes: u64,
+    /// Whether this refusal made the guard full (log it once).
+    pub became_full: bool,
 }
 
 impl SpaceGuard {
@@ -86,6 +101,8 @@ impl SpaceGuard {
             min_free_bytes,
             full: AtomicBool::new(false),
             free: AtomicU64::new(u64::MAX),
+            taken: AtomicU64::new(0),
+            taken_at_poll: AtomicU64::new(0),
             no_space: parking_lot::Mutex::new(NoSpace::default()),
         }
     }
@@ -110,9 +127,60 @@ impl SpaceGuard {
         Some(self.free.load(Ordering::Relaxed)).filter(|f| *f != u64::MAX)
     }
 
-    /// Feeds one poll's free bytes, at `now_ms`.
+    /// The bytes taken so far: read just before a poll asks the volume,
+    /// and handed to [`SpaceGuard::observe_since`] with its answer.
+    pub(crate) fn mark(&self) -> u64 {
+        self.taken.load(Ordering::Acquire)
+    }
+
+    /// The free bytes the guard reckons with now: the last poll's, less
+    /// what was taken since (`None` before the first poll).
+    pub(crate) fn reckoned_free_bytes(&self) -> Option<u64> {
+        let since = self
+            .taken
+            .load(Ordering::Acquire)
+            .saturating_sub(self.taken_at_poll.load(Ordering::Acquire));
+        self.free_bytes().map(|free| free.saturating_sub(since))
+    }
+
+    /// Asks to write `bytes` to the volume. Refused while full, and when
+    /// the write would leave less than the line free: the guard is then
+    /// full (the next poll decides when it is not, as for a poll below the
+    /// line). Before the first poll nothing is known, and nothing refused.
+    pub(crate) fn try_take(&self, bytes: u64) -> Result<(), NoRoom> {
+        let free = self.reckoned_free_bytes();
+        if self.is_full() {
+            return Err(NoRoom {
+                free_bytes: free.unwrap_or(0),
+                became_full: false,
+            });
+        }
+        if let Some(free) = free
+            && free.saturating_sub(bytes) < self.min_free_bytes
+        {
+            let became_full = !self.full.swap(true, Ordering::AcqRel);
+            return Err(NoRoom {
+                free_bytes: free,
+                became_full,
+            });
+        }
+        self.taken.fetch_add(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Feeds one poll's free bytes, at `now_ms`, for a poll that began
+    /// when nothing had been taken since the last (unit tests).
+    #[cfg(test)]
     pub(crate) fn observe(&self, free: u64, now_ms: u64) -> Change {
+        self.observe_since(free, self.mark(), now_ms)
+    }
+
+    /// Feeds one poll's free bytes, at `now_ms`; `mark` is what
+    /// [`SpaceGuard::mark`] said just before the volume was asked, so the
+    /// bytes taken while it answered still count against the figure.
+    pub(crate) fn observe_since(&self, free: u64, mark: u64, now_ms: u64) -> Change {
         self.free.store(free.min(u64::MAX - 1), Ordering::Relaxed);
+        self.taken_at_poll.store(mark, Ordering::Release);
         let full = self.is_full();
         let held = now_ms < self.no_space.lock().hold_until_ms;
         if !full && free < self.min_free_bytes {
@@ -214,6 +282,43 @@ mod tests {
             now += NO_SPACE_HOLD_MS_MAX + 1;
             assert_eq!(guard.observe(10_000, now), Change::Recovered);
         }
+    }
+
+    #[test]
+    fn writes_between_two_polls_stop_at_the_line_not_at_the_next_poll() {
+        let guard = SpaceGuard::new(1_000);
+        // Nothing known before the first poll: nothing refused.
+        assert_eq!(guard.try_take(1_000_000), Ok(()));
+        let mark = guard.mark();
+        assert_eq!(guard.observe_since(1_500, mark, 0), Change::None);
+        assert_eq!(guard.try_take(300), Ok(()));
+        assert_eq!(guard.reckoned_free_bytes(), Some(1_200));
+        // 1,200 free less 300 would cross the line of 1,000: refused, and
+        // the guard is full until a poll sees the space back.
+        assert_eq!(
+            guard.try_take(300),
+            Err(NoRoom {
+                free_bytes: 1_200,
+                became_full: true
+            })
+        );
+        assert!(guard.is_full());
+        assert_eq!(
+            guard.try_take(1),
+            Err(NoRoom {
+                free_bytes: 1_200,
+                became_full: false
+            })
+        );
+        // A poll that began before a write counts it against its figure.
+        let mark = guard.mark();
+        guard.full.store(false, Ordering::Release);
+        assert_eq!(guard.try_take(100), Ok(()));
+        guard.full.store(true, Ordering::Release);
+        assert_eq!(guard.observe_since(1_300, mark, 0), Change::Recovered);
+        assert_eq!(guard.reckoned_free_bytes(), Some(1_200));
+        assert_eq!(guard.try_take(200), Ok(()));
+        assert!(guard.try_take(1).is_err());
     }
 
     #[test]

@@ -54,7 +54,15 @@ pub(crate) struct Storage {
     /// segments roll away (a replicated one fails over instead). Set by
     /// the control plane from the ring's members.
     pub leaving: std::sync::atomic::AtomicBool,
+    /// Test hook: the segments a writer started for, in order (at most
+    /// [`WRITER_STARTS_TRACKED_MAX`]).
+    #[cfg(feature = "testing")]
+    pub writer_starts: Mutex<Vec<u64>>,
 }
+
+/// Writer starts the test hook remembers.
+#[cfg(feature = "testing")]
+pub(crate) const WRITER_STARTS_TRACKED_MAX: usize = 4_096;
 
 impl Storage {
     pub fn new(
@@ -75,6 +83,8 @@ impl Storage {
             space: super::space::SpaceGuard::new(config.store.min_free_bytes),
             free_space: RwLock::new(Arc::new(super::space::VolumeSpace)),
             leaving: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(feature = "testing")]
+            writer_starts: Mutex::new(Vec::new()),
             config,
         }
     }

@@ -309,11 +309,12 @@ pub(crate) fn new_holder(
 /// The new holder under the topic's placement constraints (ADR 0116):
 /// the surviving copies stay (they are the set's fixed part: for an added
 /// copy, every copy), the range's
-/// serving broker is preferred, and a hard constraint no live broker can
-/// meet leaves the copy unhealed (retried) rather than broken.
+/// serving broker is preferred, the new holder is one of `roomy` (the live
+/// brokers with room), and a hard constraint no such broker can meet
+/// leaves the copy unhealed (retried) rather than broken.
 fn constrained_holder(
     shared: &Shared,
-    live: &[u64],
+    (live, roomy): (&[u64], &[u64]),
     replicas: &[u64],
     candidate: &HealCandidate,
     serving: Option<u64>,
@@ -329,7 +330,10 @@ fn constrained_holder(
     let pool: Vec<u64> = live
         .iter()
         .copied()
-        .filter(|n| survivors.contains(n) || (!replicas.contains(n) && !candidate.gone.contains(n)))
+        .filter(|n| {
+            survivors.contains(n)
+                || (roomy.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n))
+        })
         .collect();
     let brokers = crate::control::coordinator::brokers_with_attributes(shared, &pool);
     let preferred: Vec<u64> = serving.into_iter().collect();
@@ -409,6 +413,9 @@ async fn attempt(
         ));
     }
     let live = alive(shared);
+    // A new copy goes only to a broker with room (ADR 0127): one at its
+    // free-space line would refuse it at the line anyway.
+    let roomy = with_room(shared, &live);
     let node = if let HealKind::Rebuild { holder } = candidate.kind {
         // A broken copy on a live broker is rebuilt where it is (ADR 0110).
         if !live.contains(&holder) {
@@ -423,14 +430,14 @@ async fn attempt(
         let chosen = if constraints.is_empty() {
             serving
                 .filter(|n| {
-                    live.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n)
+                    roomy.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n)
                 })
-                .or_else(|| new_holder(&live, &replicas, &candidate.gone, segment.0))
+                .or_else(|| new_holder(&roomy, &replicas, &candidate.gone, segment.0))
                 .ok_or_else(|| "no live broker without a copy to heal onto".to_owned())
         } else {
             constrained_holder(
                 shared,
-                &live,
+                (&live, &roomy),
                 &replicas,
                 candidate,
                 serving,
@@ -533,6 +540,29 @@ fn alive(shared: &Shared) -> Vec<u64> {
             .collect(),
         None => vec![shared.config.node_id],
     }
+}
+
+/// Those of `live` whose volume has room for a new copy: not marked full
+/// in membership (ADR 0111), and this broker not full by its own guard.
+fn with_room(shared: &Shared, live: &[u64]) -> Vec<u64> {
+    let me = shared.config.node_id;
+    let full: std::collections::BTreeSet<u64> = match shared.fabric() {
+        Some(fabric) => fabric
+            .membership
+            .view()
+            .all()
+            .filter(|m| !crate::common::volume::has_room(&m.attributes))
+            .map(|m| m.node_id)
+            .collect(),
+        None => std::collections::BTreeSet::new(),
+    };
+    live.iter()
+        .copied()
+        .filter(|n| {
+            let full_here = *n == me && shared.data.space.is_full();
+            !full.contains(n) && !full_here
+        })
+        .collect()
 }
 
 /// Asks every live holder of `targets` for its scrub verdicts (ADR 0110)

@@ -88,6 +88,9 @@ async fn run(shared: Arc<Shared>) {
     let mut raft_stopped: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
     loop {
         let source = Arc::clone(&*shared.data.free_space.read());
+        // What was written before the volume is asked is in its answer;
+        // what is written while it answers is counted against it.
+        let mark = shared.data.space.mark();
         let polled = tokio::task::spawn_blocking({
             let dir = dir.clone();
             move || source.free_bytes(&dir)
@@ -98,7 +101,7 @@ async fn run(shared: Arc<Shared>) {
                 unreadable = false;
                 let guard = &shared.data.space;
                 shared.metrics.storage_free_bytes.set(free as f64);
-                match guard.observe(free, shared.data.clock.now_ms()) {
+                match guard.observe_since(free, mark, shared.data.clock.now_ms()) {
                     Change::BecameFull => error!(
                         dir = %dir.display(),
                         free_bytes = free,

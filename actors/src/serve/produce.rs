@@ -294,7 +294,18 @@ impl Sequencer {
         }
         // A full volume refuses at once: no append, no roll (ADR 0111). A
         // replicated segment moves to brokers with room: retriable there.
-        if self.shared.data.space.is_full() {
+        // The batch's bytes count against the free-space line until the
+        // next poll, as a follower's appends do (ADR 0127).
+        let bytes = request.records.encoded_bytes() as u64;
+        if let Err(no_room) = self.shared.data.space.try_take(bytes) {
+            if no_room.became_full {
+                tracing::error!(
+                    free_bytes = no_room.free_bytes,
+                    min_free_bytes = self.shared.data.space.min_free_bytes(),
+                    bytes,
+                    "the data volume reached its free-space line; produces, replica appends and heals are refused until space is freed"
+                );
+            }
             let refusal = full_refusal(&self.shared, replicated_here(&self.shared, &request.topic));
             return self.answer(
                 correlation_id,
@@ -886,12 +897,13 @@ fn replicated_here(shared: &Shared, topic: &str) -> bool {
 /// The refusal of a produce while the data volume is full (ADR 0111).
 pub(crate) fn storage_full(shared: &Shared) -> ServeError {
     let space = &shared.data.space;
-    // Full because a write met `ENOSPC` while the last poll still saw
-    // room: say so, rather than quote a figure above the line.
+    // Full because a write met `ENOSPC`, or would have crossed the line,
+    // while the last poll still saw room: say so, rather than quote a
+    // figure above the line as if it were below.
     let min = space.min_free_bytes();
-    let state = match space.free_bytes() {
+    let state = match space.reckoned_free_bytes() {
         Some(b) if b >= min => format!(
-            "refused a write for want of space (its last poll saw {b} bytes free; store.min_free_bytes is {min})"
+            "refused a write for want of space (about {b} bytes free, and the write would cross store.min_free_bytes of {min}, or the volume refused it)"
         ),
         Some(b) => format!("has {b} bytes free, below store.min_free_bytes ({min} bytes)"),
         None => format!("has no space, below store.min_free_bytes ({min} bytes)"),

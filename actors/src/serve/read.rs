@@ -381,7 +381,12 @@ fn open_for_read(
         }
         Held::Replicated => {
             // One copy of several: one short of its seal is caught up from
-            // another, so only damage is reported here.
+            // another, so only damage is reported here, and what it lacks
+            // (damage, or less than its own seal marker says) as a repair.
+            let of = CopyOf {
+                replicated: true,
+                ..of
+            };
             let recovery = open_copy(store, metrics, segment, None, of)?;
             match seal_length {
                 Some(length) => {
@@ -1413,6 +1418,77 @@ mod tests {
             }) => assert_eq!((range, from, to), (RangeId(3), 104, 109)),
             other => panic!("expected a loss, got {other:?}"),
         }
+    }
+
+    /// Issue 36 ("false data-loss alarms"): a follower's copy of a sealed
+    /// segment whose log ends short of its own seal marker lacks records
+    /// the other copies hold. Opening it for a read reports a repair, not
+    /// data loss; a lone copy in the same state is still data loss.
+    #[test]
+    fn a_short_copy_of_a_replicated_segment_is_counted_as_a_repair_not_data_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let id = malachi_storage::SegmentId(7);
+        append(&store, 7, &[("a", 8), ("b", 8)]);
+        let kept = store.info(id).unwrap().byte_size;
+        append(&store, 7, &[("c", 8), ("d", 8), ("e", 8)]);
+        store.seal(id, 5).unwrap();
+        store.close(id).unwrap();
+        // The log loses its last three records under the seal marker.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(store.log_path(id))
+            .unwrap()
+            .set_len(kept)
+            .unwrap();
+        let plan = ReadPlan {
+            range: RangeId(3),
+            slices: vec![slice(3, Band::FULL, vec![span(7, 0, Some(5))])],
+        };
+        let read_with = |copies: &LocalCopies| {
+            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
+            let _ = read_topic(
+                std::slice::from_ref(&plan),
+                copies,
+                &store,
+                &BTreeMap::new(),
+                &mut out,
+                ReadBudget {
+                    records_max: 10,
+                    batch_bytes_max: ROOM,
+                    read_chunk_records: 1024,
+                },
+            );
+        };
+        let metrics = Arc::new(BrokerMetrics::new());
+        let follower = LocalCopies {
+            me: Some(NodeId(2)),
+            replicas: [(SegmentId(7), vec![NodeId(1), NodeId(2), NodeId(3)])].into(),
+            ..LocalCopies::default()
+        }
+        .with_metrics(&metrics);
+        read_with(&follower);
+        let text = metrics.render();
+        assert!(
+            !text.contains("malachi_data_loss_records_total 3"),
+            "a copy of several is no data loss: {text}"
+        );
+        assert!(
+            text.contains("malachi_copy_repair_records_total 3"),
+            "{text}"
+        );
+        // The same copy, alone: its records are gone.
+        store.close(id).unwrap();
+        let metrics = Arc::new(BrokerMetrics::new());
+        let lone = LocalCopies {
+            me: Some(NodeId(2)),
+            replicas: [(SegmentId(7), vec![NodeId(2)])].into(),
+            ..LocalCopies::default()
+        }
+        .with_metrics(&metrics);
+        read_with(&lone);
+        let text = metrics.render();
+        assert!(text.contains("malachi_data_loss_records_total 3"), "{text}");
     }
 
     #[test]
