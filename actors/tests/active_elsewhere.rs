@@ -23,8 +23,7 @@ use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_cluster::model::position;
 use malachi_wire::batch::Record;
 use malachi_wire::messages::{
-    CreateTopicRequest, PolicyDescription, PutPolicyRequest, SplitRangeRequest, SubscribePush,
-    SubscribeRequest,
+    CreateTopicRequest, SplitRangeRequest, SubscribePush, SubscribeRequest,
 };
 use malachi_wire::{ErrorCode, Message};
 
@@ -45,36 +44,6 @@ fn config(dir: &Path, node_id: u64, seeds: &[&BrokerHandle]) -> BrokerConfig {
         segment_bytes_max: SEGMENT_BYTES_MAX,
         ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
     }
-}
-
-/// Defines the policy through every broker: each refreshes its own cache
-/// of the policies (what placement reads) when it proposes a change.
-async fn put_zone(brokers: &[&BrokerHandle], zone: &str) {
-    let placement = vec![format!("zone in ({zone})")];
-    for broker in brokers {
-        let mut client = TestClient::connect(broker.client_addr()).await;
-        assert!(
-            eventually(30_000, async || client
-                .call(&PutPolicyRequest {
-                    policy: PolicyDescription {
-                        name: "zoned".into(),
-                        placement: placement.clone(),
-                        ..PolicyDescription::default()
-                    },
-                })
-                .await
-                .is_ok())
-            .await
-        );
-    }
-}
-
-fn addr_of(brokers: &[&BrokerHandle], node: u64) -> std::net::SocketAddr {
-    brokers
-        .iter()
-        .find(|b| b.node_id() == node)
-        .unwrap()
-        .client_addr()
 }
 
 /// The active ranges' (id, band start, primary, replicas), in keyspace
@@ -161,22 +130,6 @@ async fn reader_at(brokers: &[&BrokerHandle], broker: &BrokerHandle) -> TestClie
         }
     }
     panic!("no broker served the topic's reads");
-}
-
-/// Every record from the start through `client`, seven at a time.
-async fn read_from_start(client: &mut TestClient) -> Result<Vec<Record>, Refused> {
-    let (mut got, mut cursor) = client.fetch(TOPIC, None, true, 7, 0).await?;
-    for _ in 0..2_000 {
-        let (page, next) = client
-            .fetch(TOPIC, Some(cursor.clone()), false, 7, 0)
-            .await?;
-        if page.is_empty() && next == cursor {
-            return Ok(got);
-        }
-        cursor = next;
-        got.extend(page);
-    }
-    panic!("the read never reached the end");
 }
 
 /// Every record from the start as a subscription pushes them.
@@ -300,12 +253,14 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
     // record, each key's in the order produced.
     for broker in brokers {
         let mut reader = reader_at(&brokers, broker).await;
-        let read = read_from_start(&mut reader).await.unwrap_or_else(|e| {
-            panic!(
-                "the read through broker {} was refused: {e:?}",
-                broker.node_id()
-            )
-        });
+        let read = read_from_start(&mut reader, TOPIC, 7)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the read through broker {} was refused: {e:?}",
+                    broker.node_id()
+                )
+            });
         assert_eq!(
             read.len(),
             produced.len(),
@@ -357,4 +312,10 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
     for broker in [one, two, three, four, five] {
         broker.shutdown().await.unwrap();
     }
+}
+
+/// The zone policy, through every broker.
+async fn put_zone(brokers: &[&BrokerHandle], zone: &str) {
+    let addrs = brokers.iter().map(|b| b.client_addr());
+    put_placement(addrs, "zoned", &[format!("zone in ({zone})")]).await;
 }

@@ -37,36 +37,11 @@ fn log_of(root: &Path, node: u64, segment: u64) -> PathBuf {
         .join(format!("{segment:020}.log"))
 }
 
-fn addr_of(brokers: &[&BrokerHandle], node: u64) -> std::net::SocketAddr {
-    brokers
-        .iter()
-        .find(|b| b.node_id() == node)
-        .unwrap()
-        .client_addr()
-}
-
 /// The primary of the topic's active segment.
 async fn primary(client: &mut TestClient) -> Option<u64> {
     let segments = segments(client, TOPIC).await.ok()?;
     let active = segments.iter().find(|s| s.state == "active")?;
     active.replicas.first().copied()
-}
-
-/// Every record from the start through `client`, seven at a time; the
-/// first refusal is returned.
-async fn read_from_start(client: &mut TestClient) -> Result<Vec<Record>, Refused> {
-    let (mut got, mut cursor) = client.fetch(TOPIC, None, true, 7, 0).await?;
-    for _ in 0..1_000 {
-        let (page, next) = client
-            .fetch(TOPIC, Some(cursor.clone()), false, 7, 0)
-            .await?;
-        if page.is_empty() && next == cursor {
-            return Ok(got);
-        }
-        cursor = next;
-        got.extend(page);
-    }
-    panic!("the read never reached the end");
 }
 
 /// How broker `node`'s copy of `segment` stands, as `topic describe`
@@ -140,7 +115,7 @@ async fn a_byte_flipped_in_the_serving_copy_is_read_around_reported_and_rebuilt(
     // Right after the start a broker may not have learned the cursor key
     // yet (`no_quorum`, retriable).
     assert!(
-        eventually(30_000, async || read_from_start(&mut reader)
+        eventually(30_000, async || read_from_start(&mut reader, TOPIC, 7)
             .await
             .is_ok_and(|read| read.len() == produced.len()))
         .await
@@ -161,7 +136,7 @@ async fn a_byte_flipped_in_the_serving_copy_is_read_around_reported_and_rebuilt(
     // Every read through every broker stays whole, in per-key order.
     for broker in brokers {
         let mut reader = TestClient::connect(broker.client_addr()).await;
-        let read = match read_from_start(&mut reader).await {
+        let read = match read_from_start(&mut reader, TOPIC, 7).await {
             // A broker that does not serve the topic sends the client on,
             // as `not_leader` with the server's address.
             Err(refused) if refused.code == malachi_wire::ErrorCode::NotLeader => {
@@ -172,7 +147,7 @@ async fn a_byte_flipped_in_the_serving_copy_is_read_around_reported_and_rebuilt(
                     "{refused:?}"
                 );
                 let mut reader = TestClient::connect(addr_of(&brokers, serving)).await;
-                read_from_start(&mut reader).await
+                read_from_start(&mut reader, TOPIC, 7).await
             }
             other => other,
         };
@@ -220,7 +195,7 @@ async fn a_byte_flipped_in_the_serving_copy_is_read_around_reported_and_rebuilt(
         copy_status(&mut client, sealed.id, serving).await
     );
     let mut reader = TestClient::connect(addr_of(&brokers, serving)).await;
-    let read = read_from_start(&mut reader).await.unwrap();
+    let read = read_from_start(&mut reader, TOPIC, 7).await.unwrap();
     assert_eq!(by_key(&read), by_key(&produced));
     drop((client, reader));
     for broker in [one, two, three] {

@@ -56,28 +56,6 @@ fn config(dir: &Path, node_id: u64, seeds: &[&BrokerHandle]) -> BrokerConfig {
     }
 }
 
-/// Defines the policy through every live broker: each refreshes its own
-/// cache of the policies (what placement reads) when it proposes a change.
-async fn put_zone(brokers: &[Option<BrokerHandle>], zone: &str) {
-    let placement = vec![format!("soft: zone in ({zone})")];
-    for broker in brokers.iter().flatten() {
-        let mut client = TestClient::connect(broker.client_addr()).await;
-        assert!(
-            eventually(30_000, async || client
-                .call(&PutPolicyRequest {
-                    policy: PolicyDescription {
-                        name: "zoned".into(),
-                        placement: placement.clone(),
-                        ..PolicyDescription::default()
-                    },
-                })
-                .await
-                .is_ok())
-            .await
-        );
-    }
-}
-
 async fn admin(brokers: &[Option<BrokerHandle>]) -> TestClient {
     TestClient::connect(brokers.iter().flatten().next().unwrap().client_addr()).await
 }
@@ -366,4 +344,10 @@ async fn producer_state_follows_a_roll_a_failover_and_a_split_onto_brokers_witho
     for broker in brokers.into_iter().flatten() {
         broker.shutdown().await.unwrap();
     }
+}
+
+/// The soft zone policy, through every live broker.
+async fn put_zone(brokers: &[Option<BrokerHandle>], zone: &str) {
+    let addrs = brokers.iter().flatten().map(|b| b.client_addr());
+    put_placement(addrs, "zoned", &[format!("soft: zone in ({zone})")]).await;
 }

@@ -18,9 +18,7 @@ use std::path::Path;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_wire::batch::Record;
-use malachi_wire::messages::{
-    CreateTopicRequest, PolicyDescription, PutPolicyRequest, SubscribePush, SubscribeRequest,
-};
+use malachi_wire::messages::{CreateTopicRequest, SubscribePush, SubscribeRequest};
 use malachi_wire::{ErrorCode, Message};
 
 const ZONES: [&str; 4] = ["a", "a", "b", "b"];
@@ -41,36 +39,6 @@ fn config(dir: &Path, node_id: u64, seeds: &[&BrokerHandle]) -> BrokerConfig {
         segment_bytes_max: SEGMENT_BYTES_MAX,
         ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
     }
-}
-
-/// Defines the policy through every broker: each refreshes its own cache
-/// of the policies (what placement reads) when it proposes a change.
-async fn put_zone(brokers: &[&BrokerHandle], zone: &str) {
-    let placement = vec![format!("zone in ({zone})")];
-    for broker in brokers {
-        let mut client = TestClient::connect(broker.client_addr()).await;
-        assert!(
-            eventually(30_000, async || client
-                .call(&PutPolicyRequest {
-                    policy: PolicyDescription {
-                        name: "zoned".into(),
-                        placement: placement.clone(),
-                        ..PolicyDescription::default()
-                    },
-                })
-                .await
-                .is_ok())
-            .await
-        );
-    }
-}
-
-fn addr_of(brokers: &[&BrokerHandle], node: u64) -> std::net::SocketAddr {
-    brokers
-        .iter()
-        .find(|b| b.node_id() == node)
-        .unwrap()
-        .client_addr()
 }
 
 /// The primary of `TOPIC`'s active segment, once one is active.
@@ -102,23 +70,6 @@ fn batch(round: usize, n: usize) -> Vec<Record> {
             record(&key, &format!("{round}-{i}"))
         })
         .collect()
-}
-
-/// Every record from the start through `client`, seven at a time, so the
-/// read crosses each sealed segment in several fetches.
-async fn read_from_start(client: &mut TestClient) -> Result<Vec<Record>, Refused> {
-    let (mut got, mut cursor) = client.fetch(TOPIC, None, true, 7, 0).await?;
-    for _ in 0..1_000 {
-        let (page, next) = client
-            .fetch(TOPIC, Some(cursor.clone()), false, 7, 0)
-            .await?;
-        if page.is_empty() && next == cursor {
-            return Ok(got);
-        }
-        cursor = next;
-        got.extend(page);
-    }
-    panic!("the read never reached the end");
 }
 
 /// Every record from the start as a subscription pushes them, with
@@ -210,7 +161,7 @@ async fn a_sealed_segment_with_no_copy_on_the_serving_broker_is_read_from_its_ho
     let (serving, replicas) = primary(&mut client).await.unwrap();
     assert!(in_zone(&replicas, "b"), "{replicas:?}");
     let mut reader = TestClient::connect(addr_of(&brokers, serving)).await;
-    let read = read_from_start(&mut reader)
+    let read = read_from_start(&mut reader, TOPIC, 7)
         .await
         .unwrap_or_else(|e| panic!("the read from the start was refused: {e:?}"));
     assert_eq!(read.len(), produced.len());
@@ -226,11 +177,17 @@ async fn a_sealed_segment_with_no_copy_on_the_serving_broker_is_read_from_its_ho
     drop(reader);
     one.shutdown().await.unwrap();
     let mut reader = TestClient::connect(addr_of(&[&two, &three, &four], serving)).await;
-    let read = read_from_start(&mut reader)
+    let read = read_from_start(&mut reader, TOPIC, 7)
         .await
         .unwrap_or_else(|e| panic!("the read without broker 1 was refused: {e:?}"));
     assert_eq!(by_key(&read), by_key(&produced));
     for broker in [two, three, four] {
         broker.shutdown().await.unwrap();
     }
+}
+
+/// The zone policy, through every broker.
+async fn put_zone(brokers: &[&BrokerHandle], zone: &str) {
+    let addrs = brokers.iter().map(|b| b.client_addr());
+    put_placement(addrs, "zoned", &[format!("zone in ({zone})")]).await;
 }

@@ -147,6 +147,64 @@ pub async fn segments(
         .collect())
 }
 
+/// Every record of `topic` from the start through `client`, `page`
+/// records a fetch (so a read crosses each segment in several), until a
+/// fetch brings nothing and leaves the cursor where it was; the first
+/// refusal is returned.
+pub async fn read_from_start(
+    client: &mut TestClient,
+    topic: &str,
+    page: u32,
+) -> Result<Vec<Record>, Refused> {
+    let (mut got, mut cursor) = client.fetch(topic, None, true, page, 0).await?;
+    for _ in 0..10_000 {
+        let (records, next) = client
+            .fetch(topic, Some(cursor.clone()), false, page, 0)
+            .await?;
+        if records.is_empty() && next == cursor {
+            return Ok(got);
+        }
+        cursor = next;
+        got.extend(records);
+    }
+    panic!("the read of {topic} never reached the end");
+}
+
+/// The client address of broker `node` among `brokers`.
+pub fn addr_of(brokers: &[&BrokerHandle], node: u64) -> SocketAddr {
+    brokers
+        .iter()
+        .find(|b| b.node_id() == node)
+        .unwrap()
+        .client_addr()
+}
+
+/// Defines policy `name` with `placement` through every broker of
+/// `addrs`: each refreshes its own cache of the policies (what placement
+/// reads) when it proposes a change.
+pub async fn put_placement(
+    addrs: impl IntoIterator<Item = SocketAddr>,
+    name: &str,
+    placement: &[String],
+) {
+    for addr in addrs {
+        let mut client = TestClient::connect(addr).await;
+        assert!(
+            eventually(30_000, async || client
+                .call(&PutPolicyRequest {
+                    policy: PolicyDescription {
+                        name: name.into(),
+                        placement: placement.to_vec(),
+                        ..PolicyDescription::default()
+                    },
+                })
+                .await
+                .is_ok())
+            .await
+        );
+    }
+}
+
 /// Every record of `topic` from the start, through one broker.
 pub async fn read_all(client: &mut TestClient, topic: &str) -> Vec<Record> {
     let (mut got, mut cursor) = client.fetch(topic, None, true, 100, 0).await.unwrap();
