@@ -1209,6 +1209,37 @@ mod tests {
         panic!("the reader never reached the end");
     }
 
+    /// One read pass of `plans` from `start` with room for every record:
+    /// the keys it answered and its outcome.
+    fn pass(
+        store: &FileStore,
+        plans: &[ReadPlan],
+        copies: &LocalCopies,
+        start: &Positions,
+    ) -> (Vec<Vec<u8>>, ReadOutcome) {
+        let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
+        let outcome = read_topic(
+            plans,
+            copies,
+            store,
+            start,
+            &mut out,
+            ReadBudget {
+                records_max: 100,
+                batch_bytes_max: ROOM,
+                read_chunk_records: 1024,
+            },
+        )
+        .unwrap();
+        let keys = out
+            .finish()
+            .records()
+            .into_iter()
+            .map(|r| r.key.to_vec())
+            .collect();
+        (keys, outcome)
+    }
+
     fn key_in(band: Band, inside: bool) -> String {
         (0..)
             .map(|i| format!("k{i}"))
@@ -1610,29 +1641,7 @@ mod tests {
             .into(),
             ..LocalCopies::default()
         };
-        let read = |copies: &LocalCopies, start: &Positions| {
-            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
-            let outcome = read_topic(
-                &plans,
-                copies,
-                &store,
-                start,
-                &mut out,
-                ReadBudget {
-                    records_max: 100,
-                    batch_bytes_max: ROOM,
-                    read_chunk_records: 1024,
-                },
-            )
-            .unwrap();
-            let keys: Vec<Vec<u8>> = out
-                .finish()
-                .records()
-                .into_iter()
-                .map(|r| r.key.to_vec())
-                .collect();
-            (keys, outcome)
-        };
+        let read = |copies: &LocalCopies, start: &Positions| pass(&store, &plans, copies, start);
         let (keys, outcome) = read(&copies, &BTreeMap::new());
         assert!(keys.is_empty());
         let blocked = outcome.blocked.first().cloned().unwrap();
@@ -1744,21 +1753,8 @@ mod tests {
         };
         assert!(copies.reads_active_elsewhere(&plans));
         let read = |copies: &LocalCopies| {
-            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
-            let outcome = read_topic(
-                &plans,
-                copies,
-                &store,
-                &BTreeMap::new(),
-                &mut out,
-                ReadBudget {
-                    records_max: 100,
-                    batch_bytes_max: ROOM,
-                    read_chunk_records: 1024,
-                },
-            )
-            .unwrap();
-            (out.finish().records().len(), outcome)
+            let (keys, outcome) = pass(&store, &plans, copies, &BTreeMap::new());
+            (keys.len(), outcome)
         };
         let (records, outcome) = read(&copies);
         assert_eq!(records, 1, "range 1's record is answered");
@@ -1834,29 +1830,7 @@ mod tests {
             range: RangeId(1),
             slices: vec![slice(1, Band::FULL, vec![span(1, 0, Some(4))])],
         }];
-        let read = |copies: &LocalCopies| {
-            let mut out = BatchBuilder::with_capacity(ROOM, ROOM);
-            let outcome = read_topic(
-                &plans,
-                copies,
-                &store,
-                &BTreeMap::new(),
-                &mut out,
-                ReadBudget {
-                    records_max: 100,
-                    batch_bytes_max: ROOM,
-                    read_chunk_records: 1024,
-                },
-            )
-            .unwrap();
-            let keys: Vec<Vec<u8>> = out
-                .finish()
-                .records()
-                .into_iter()
-                .map(|r| r.key.to_vec())
-                .collect();
-            (keys, outcome)
-        };
+        let read = |copies: &LocalCopies| pass(&store, &plans, copies, &BTreeMap::new());
         assert_eq!(read(&copies).0.len(), 4);
         let frames = store.read_frames(id, 0, 1 << 20).unwrap().bytes;
         let two = malachi_storage::frame::decode(&frames).unwrap().1
