@@ -1245,6 +1245,37 @@ async fn the_producer_moves_off_a_primary_that_does_not_answer() {
     assert_eq!(new_seen.load(Ordering::SeqCst), 1);
 }
 
+/// Issue 36: a call that timed out at a paused primary (its connection
+/// open, nothing answered) left the topic routed there, so every later
+/// call waited out the whole pause (11.6 s in each trial of `malachi bench
+/// failover --fault pause`). The timed-out call is still not retried, but
+/// the next one goes to another broker the client knows.
+#[tokio::test]
+async fn after_a_timeout_the_next_call_goes_to_another_broker() {
+    let silent_seen = Arc::new(AtomicUsize::new(0));
+    let counter = silent_seen.clone();
+    let silent = fake_broker(Arc::new(move |_frame, _tx| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        // Never answers.
+        futures::future::pending().boxed()
+    }))
+    .await;
+    let other_seen = Arc::new(AtomicUsize::new(0));
+    let other = acking_broker(other_seen.clone()).await;
+    let config = ClientConfig {
+        request_timeout_ms: 200,
+        ..quick_config()
+    };
+    let client = Client::connect_with([silent, other], config).await.unwrap();
+
+    let error = client.produce("t", batch_of(1)).await.unwrap_err();
+    assert!(matches!(error, ClientError::Timeout { .. }), "{error:?}");
+    assert_eq!(silent_seen.load(Ordering::SeqCst), 1, "not retried");
+    client.produce("t", batch_of(1)).await.unwrap();
+    assert_eq!(silent_seen.load(Ordering::SeqCst), 1);
+    assert_eq!(other_seen.load(Ordering::SeqCst), 1);
+}
+
 // ------------------------------------------------------------- deadlines
 
 /// Regression (issue 36): a call retried a retriable refusal `retries_max`

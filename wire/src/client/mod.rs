@@ -510,7 +510,18 @@ impl Client {
             let error = match self.attempt::<O>(&addr, payload.clone(), deadline).await {
                 Ok(response) => return Ok(response),
                 Err(error) if error.retriable() && attempt < config.retries_max => error,
-                Err(error @ ClientError::Timeout { .. }) if attempt > 0 => {
+                Err(error @ ClientError::Timeout { .. }) => {
+                    // Not retried (the broker may have applied it), but the
+                    // next call of this topic goes to another broker: a
+                    // paused or cut-off primary holds its connections open
+                    // and answers nothing, and a client that stayed with it
+                    // waited out the whole pause (issue 36). The other
+                    // broker sends it on to the new primary once the segment
+                    // failed over, or back here until then.
+                    self.route_away(topic, &addr);
+                    if attempt == 0 {
+                        return Err(error);
+                    }
                     let (at, last) = telling(previous, addr, error);
                     return Err(self.deadline_error(api, &at, last, attempt + 1));
                 }
@@ -567,6 +578,16 @@ impl Client {
             timeout_ms: self.inner.config.request_timeout_ms,
             attempts,
             last: Box::new(last),
+        }
+    }
+
+    /// Routes `topic`'s next call to the next broker this client knows
+    /// after `addr`, if it knows another.
+    fn route_away(&self, topic: Option<&str>, addr: &str) {
+        let next = self.next_known(addr);
+        if next != addr {
+            debug!(from = %addr, to = %next, "no timely answer; the next call goes elsewhere");
+            self.remember(topic, &next);
         }
     }
 
