@@ -751,7 +751,9 @@ impl Checker {
                 for (&key_id, seqs) in &other.keys {
                     let have = short.keys.get(&key_id);
                     for seq in seqs.iter() {
-                        if !have.is_some_and(|have| have.contains(seq)) {
+                        if !have.is_some_and(|have| have.contains(seq))
+                            && !self.known_only_after(key_id, seq, short.line)
+                        {
                             missing.entry(key_id).or_default().insert(seq);
                             lacked = true;
                         }
@@ -774,6 +776,28 @@ impl Checker {
                 seen_by,
                 line: short.line,
             });
+        }
+    }
+
+    /// Whether nothing in the history shows `key_id`'s `seq` in the log
+    /// before `line`: it was neither acknowledged nor delivered to anyone
+    /// before it. A reader that ended at `line` may then rightly lack it: a
+    /// write of unknown outcome can be committed after the reader's last
+    /// poll (a slow quorum, a failover's seal), and a reader cannot have
+    /// missed what was not there yet.
+    fn known_only_after(&self, key_id: Id, seq: u64, line: u64) -> bool {
+        let Some(write) = self.writes[key_id as usize].get(&seq) else {
+            return false;
+        };
+        let acked = write.acked_line();
+        let read = write.first_read.map(|(read_line, _)| read_line);
+        match (acked, read) {
+            (None, None) => false,
+            (a, r) => a
+                .into_iter()
+                .chain(r)
+                .min()
+                .is_some_and(|known| known > line),
         }
     }
 

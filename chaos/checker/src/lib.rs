@@ -107,7 +107,10 @@
 //!     each broker): a reader that found "the end" short of another is one
 //!     anomaly, naming how many records it lacks, how many of them were
 //!     acknowledged (each of those is also `lost`), a few of them, and the
-//!     readers that delivered them.
+//!     readers that delivered them. A record nothing showed in the log
+//!     before the short reader's end (neither acknowledged nor delivered to
+//!     anyone) is not counted: a write of unknown outcome may be committed
+//!     after that reader's last poll (a slow quorum, a failover's seal).
 //!
 //! One delivery yields at most one position anomaly, tried in the order
 //! cursor, duplicate, order; `never_written` and `read_of_failed_write`

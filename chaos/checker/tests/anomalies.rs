@@ -132,6 +132,24 @@ fn given_a_pinned_reader_short_of_the_others_should_find_the_read_differs_by_bro
 }
 
 #[test]
+fn given_a_write_of_unknown_outcome_first_seen_after_a_reader_ended_should_not_find_it_short() {
+    // `live` ended its read before anyone saw k1:2 (unknown outcome): it
+    // may have been committed after `live`'s last poll (a slow quorum or a
+    // failover's seal), so `live` lacking it is no difference between
+    // brokers (seen in `20261205T171426Z-short-seed42`). A reader that
+    // ended after another had delivered it is short (the test below).
+    let mut h = History::new();
+    h.write("k1", 1);
+    h.send("k1", 2).unknown("k1", 2);
+    h.read("live", "k1", 1).final_read("live");
+    h.read("final", "k1", 1).read("final", "k1", 2);
+    h.final_read("final");
+    let report = h.check();
+    assert_eq!(report.anomalies, vec![]);
+    assert_eq!(report.verdict, Verdict::Clean);
+}
+
+#[test]
 fn given_a_record_of_unknown_outcome_seen_by_one_reader_only_should_find_the_reader_short() {
     // No acknowledged write is missing, so nothing is lost: the difference
     // alone makes the run anomalous. `live`, which followed the run, is a
