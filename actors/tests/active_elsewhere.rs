@@ -22,10 +22,7 @@ use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_cluster::model::position;
 use malachi_wire::batch::Record;
-use malachi_wire::messages::{
-    CreateTopicRequest, SplitRangeRequest, SubscribePush, SubscribeRequest,
-};
-use malachi_wire::{ErrorCode, Message};
+use malachi_wire::messages::{CreateTopicRequest, SplitRangeRequest};
 
 const ZONES: [&str; 5] = ["a", "a", "b", "b", "c"];
 const TOPIC: &str = "spread";
@@ -130,39 +127,6 @@ async fn reader_at(brokers: &[&BrokerHandle], broker: &BrokerHandle) -> TestClie
         }
     }
     panic!("no broker served the topic's reads");
-}
-
-/// Every record from the start as a subscription pushes them.
-async fn subscribe_from_start(client: &mut TestClient, records: usize) -> Vec<Record> {
-    let request = SubscribeRequest {
-        topic: TOPIC.into(),
-        cursor: None,
-        from_start: true,
-        credit_records: u32::try_from(records).unwrap(),
-        credit_bytes: 1 << 20,
-    };
-    let id = client.send_raw(12, request.encode().unwrap()).await;
-    let mut got = Vec::new();
-    while got.len() < records {
-        let frame = tokio::time::timeout(std::time::Duration::from_secs(30), client.recv())
-            .await
-            .unwrap_or_else(|_| panic!("the subscription stalled at {} of {records}", got.len()))
-            .expect("connection closed");
-        assert_eq!(frame.correlation_id, id);
-        assert_eq!(
-            frame.error_code,
-            ErrorCode::None,
-            "the subscription was refused: {:?}",
-            malachi_wire::ErrorBody::decode(frame.payload).unwrap_or_default()
-        );
-        got.extend(
-            SubscribePush::decode(frame.payload)
-                .unwrap()
-                .records
-                .records(),
-        );
-    }
-    got
 }
 
 fn in_zone(replicas: &[u64], zone: &str) -> bool {
@@ -271,7 +235,7 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
     }
     // A subscription through broker 5, which holds no copy of anything.
     let mut subscriber = reader_at(&brokers, &five).await;
-    let pushed = subscribe_from_start(&mut subscriber, produced.len()).await;
+    let pushed = subscribe_from_start(&mut subscriber, TOPIC, produced.len()).await;
     assert_eq!(by_key(&pushed), by_key(&produced));
     drop(subscriber);
 

@@ -69,25 +69,8 @@ fn failovers_total(broker: &BrokerHandle) -> u64 {
 async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
-    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
-    let two = Broker::start(config(root.path(), 2, &[one.client_addr()]))
-        .await
-        .unwrap();
-    let three = Broker::start(config(
-        root.path(),
-        3,
-        &[one.client_addr(), two.client_addr()],
-    ))
-    .await
-    .unwrap();
-    let mut brokers: Vec<Option<BrokerHandle>> = vec![Some(one), Some(two), Some(three)];
-    for b in brokers.iter().flatten() {
-        assert!(
-            b.wait_ready(30_000).await,
-            "broker {} never ready",
-            b.node_id()
-        );
-    }
+    let mut brokers =
+        start_stoppable(3, |node_id, seeds| config(root.path(), node_id, seeds)).await;
     let addr = |brokers: &Vec<Option<BrokerHandle>>, node: u64| {
         brokers[(node - 1) as usize]
             .as_ref()

@@ -80,25 +80,8 @@ fn batch(tag: &str, n: usize) -> Vec<Record> {
 async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
-    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
-    let two = Broker::start(config(root.path(), 2, &[one.client_addr()]))
-        .await
-        .unwrap();
-    let three = Broker::start(config(
-        root.path(),
-        3,
-        &[one.client_addr(), two.client_addr()],
-    ))
-    .await
-    .unwrap();
-    let mut brokers: Vec<Option<BrokerHandle>> = vec![Some(one), Some(two), Some(three)];
-    for b in brokers.iter().flatten() {
-        assert!(
-            b.wait_ready(30_000).await,
-            "broker {} never ready",
-            b.node_id()
-        );
-    }
+    let mut brokers =
+        start_stoppable(3, |node_id, seeds| config(root.path(), node_id, seeds)).await;
     let mut admin = TestClient::connect(brokers[0].as_ref().unwrap().client_addr()).await;
     assert!(
         eventually(30_000, async || {

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_wire::ErrorCode;
 use malachi_wire::batch::Record;
 use malachi_wire::messages::*;
@@ -106,25 +106,8 @@ async fn send(
 async fn a_retry_after_a_failover_is_a_duplicate_for_a_producer_last_seen_rolls_ago() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
-    let one = Broker::start(config(root.path(), 1, &[])).await.unwrap();
-    let two = Broker::start(config(root.path(), 2, &[one.client_addr()]))
-        .await
-        .unwrap();
-    let three = Broker::start(config(
-        root.path(),
-        3,
-        &[one.client_addr(), two.client_addr()],
-    ))
-    .await
-    .unwrap();
-    let mut brokers: Vec<Option<BrokerHandle>> = vec![Some(one), Some(two), Some(three)];
-    for b in brokers.iter().flatten() {
-        assert!(
-            b.wait_ready(30_000).await,
-            "broker {} never ready",
-            b.node_id()
-        );
-    }
+    let mut brokers =
+        start_stoppable(3, |node_id, seeds| config(root.path(), node_id, seeds)).await;
     let mut admin = TestClient::connect(brokers[0].as_ref().unwrap().client_addr()).await;
     assert!(
         eventually(30_000, async || {

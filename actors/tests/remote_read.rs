@@ -18,8 +18,7 @@ use std::path::Path;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_wire::batch::Record;
-use malachi_wire::messages::{CreateTopicRequest, SubscribePush, SubscribeRequest};
-use malachi_wire::{ErrorCode, Message};
+use malachi_wire::messages::CreateTopicRequest;
 
 const ZONES: [&str; 4] = ["a", "a", "b", "b"];
 const TOPIC: &str = "moved";
@@ -70,37 +69,6 @@ fn batch(round: usize, n: usize) -> Vec<Record> {
             record(&key, &format!("{round}-{i}"))
         })
         .collect()
-}
-
-/// Every record from the start as a subscription pushes them, with
-/// credit for all of them.
-async fn subscribe_from_start(client: &mut TestClient, records: usize) -> Vec<Record> {
-    let request = SubscribeRequest {
-        topic: TOPIC.into(),
-        cursor: None,
-        from_start: true,
-        credit_records: u32::try_from(records).unwrap(),
-        credit_bytes: 1 << 20,
-    };
-    let id = client.send_raw(12, request.encode().unwrap()).await;
-    let mut got = Vec::new();
-    while got.len() < records {
-        let frame = client.recv().await.expect("connection closed");
-        assert_eq!(frame.correlation_id, id);
-        assert_eq!(
-            frame.error_code,
-            ErrorCode::None,
-            "the subscription was refused: {:?}",
-            malachi_wire::ErrorBody::decode(frame.payload).unwrap_or_default()
-        );
-        got.extend(
-            SubscribePush::decode(frame.payload)
-                .unwrap()
-                .records
-                .records(),
-        );
-    }
-    got
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -168,7 +136,7 @@ async fn a_sealed_segment_with_no_copy_on_the_serving_broker_is_read_from_its_ho
     assert_eq!(by_key(&read), by_key(&produced));
     // A subscription from the start reads them too.
     let mut subscriber = TestClient::connect(addr_of(&brokers, serving)).await;
-    let pushed = subscribe_from_start(&mut subscriber, produced.len()).await;
+    let pushed = subscribe_from_start(&mut subscriber, TOPIC, produced.len()).await;
     assert_eq!(by_key(&pushed), by_key(&produced));
     drop(subscriber);
 

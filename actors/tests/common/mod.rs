@@ -147,6 +147,65 @@ pub async fn segments(
         .collect())
 }
 
+/// Starts brokers 1 to `n`, each seeded with the client addresses of those
+/// started before it, and waits until every one is ready; kept as options
+/// so a test can stop one and start it again in its place.
+pub async fn start_stoppable(
+    n: u64,
+    config: impl Fn(u64, &[SocketAddr]) -> BrokerConfig,
+) -> Vec<Option<BrokerHandle>> {
+    let mut brokers: Vec<Option<BrokerHandle>> = Vec::new();
+    for node_id in 1..=n {
+        let seeds: Vec<SocketAddr> = brokers.iter().flatten().map(|b| b.client_addr()).collect();
+        brokers.push(Some(Broker::start(config(node_id, &seeds)).await.unwrap()));
+    }
+    for b in brokers.iter().flatten() {
+        assert!(
+            b.wait_ready(30_000).await,
+            "broker {} never ready",
+            b.node_id()
+        );
+    }
+    brokers
+}
+
+/// Every record from the start as a subscription pushes them.
+pub async fn subscribe_from_start(
+    client: &mut TestClient,
+    topic: &str,
+    records: usize,
+) -> Vec<Record> {
+    let request = SubscribeRequest {
+        topic: topic.into(),
+        cursor: None,
+        from_start: true,
+        credit_records: u32::try_from(records).unwrap(),
+        credit_bytes: 1 << 20,
+    };
+    let id = client.send_raw(12, request.encode().unwrap()).await;
+    let mut got = Vec::new();
+    while got.len() < records {
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(30), client.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the subscription stalled at {} of {records}", got.len()))
+            .expect("connection closed");
+        assert_eq!(frame.correlation_id, id);
+        assert_eq!(
+            frame.error_code,
+            ErrorCode::None,
+            "the subscription was refused: {:?}",
+            ErrorBody::decode(frame.payload).unwrap_or_default()
+        );
+        got.extend(
+            SubscribePush::decode(frame.payload)
+                .unwrap()
+                .records
+                .records(),
+        );
+    }
+    got
+}
+
 /// Every record of `topic` from the start through `client`, `page`
 /// records a fetch (so a read crosses each segment in several), until a
 /// fetch brings nothing and leaves the cursor where it was; the first
