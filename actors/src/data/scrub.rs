@@ -269,10 +269,13 @@ impl ScrubBook {
     /// book holds what coordinators still ask about, not every copy ever
     /// scrubbed.
     pub(crate) fn prune(&mut self, now: Instant, unasked_for: Duration) {
-        let before = self.broken().len();
+        let broken =
+            |found: &HashMap<u64, Found>| found.values().filter(|f| f.verdict.is_broken()).count();
+        let before = broken(&self.found);
         self.found
             .retain(|_, f| now.duration_since(f.asked) < unasked_for);
-        if self.broken().len() != before {
+        // The file is rewritten only when a broken verdict was forgotten.
+        if broken(&self.found) != before {
             self.keep();
         }
     }
