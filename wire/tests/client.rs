@@ -1276,6 +1276,107 @@ async fn after_a_timeout_the_next_call_goes_to_another_broker() {
     assert_eq!(other_seen.load(Ordering::SeqCst), 1);
 }
 
+/// A fake survivor of a paused primary: its first `stale` produces are
+/// refused `not_leader` naming `old` (the failover is not recorded yet),
+/// the rest name `new`.
+async fn survivor_hinting(
+    seen: Arc<AtomicUsize>,
+    stale: usize,
+    old: String,
+    new: String,
+) -> String {
+    fake_broker(Arc::new(move |frame, tx| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        let hint = if n < stale { old.clone() } else { new.clone() };
+        async move {
+            let body = ErrorBody {
+                message: "not the leader".into(),
+                leader_hint: Some(hint),
+                retry_after_ms: None,
+                ranges: None,
+            };
+            tx.send(refusal(frame.correlation_id, ErrorCode::NotLeader, body))
+                .await
+                .unwrap();
+        }
+        .boxed()
+    }))
+    .await
+}
+
+/// A fake paused primary: it accepts connections, answers `api_versions`
+/// (the fake does) and nothing else.
+async fn silent_broker(seen: Arc<AtomicUsize>) -> String {
+    fake_broker(Arc::new(move |_frame, _tx| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        futures::future::pending().boxed()
+    }))
+    .await
+}
+
+/// Regression (issue 36, ADR 0128): after a timeout at a paused primary the
+/// next call went to another broker, which named the paused one until its
+/// failover was recorded; the client followed that hint at once and waited
+/// out a second timeout (first acknowledgement after a pause at p50 2.1 s).
+/// A hint naming a broker that just timed out is now answered by asking the
+/// hinting broker again, until it names the new primary.
+#[tokio::test]
+async fn a_hint_back_to_a_broker_that_just_timed_out_is_not_followed() {
+    let silent_seen = Arc::new(AtomicUsize::new(0));
+    let silent = silent_broker(silent_seen.clone()).await;
+    let new_seen = Arc::new(AtomicUsize::new(0));
+    let new = acking_broker(new_seen.clone()).await;
+    let survivor_seen = Arc::new(AtomicUsize::new(0));
+    let survivor = survivor_hinting(survivor_seen.clone(), 2, silent.clone(), new).await;
+    let config = ClientConfig {
+        request_timeout_ms: 600,
+        ..quick_config()
+    };
+    let client = Client::connect_with([silent, survivor], config)
+        .await
+        .unwrap();
+
+    let error = client.produce("t", batch_of(1)).await.unwrap_err();
+    assert!(matches!(error, ClientError::Timeout { .. }), "{error:?}");
+    let ack = client.produce("t", batch_of(1)).await.unwrap();
+
+    assert_eq!(ack.records_acknowledged, 1);
+    assert_eq!(silent_seen.load(Ordering::SeqCst), 1, "not asked again");
+    assert_eq!(
+        survivor_seen.load(Ordering::SeqCst),
+        3,
+        "asked until it named the new one"
+    );
+    assert_eq!(new_seen.load(Ordering::SeqCst), 1);
+}
+
+/// The same for the pipelined producer: its batch, timed out at the paused
+/// primary, goes to a survivor and waits there for the new primary's name.
+#[tokio::test]
+async fn the_producer_does_not_follow_a_hint_back_to_a_broker_that_just_timed_out() {
+    let silent_seen = Arc::new(AtomicUsize::new(0));
+    let silent = silent_broker(silent_seen.clone()).await;
+    let new_seen = Arc::new(AtomicUsize::new(0));
+    let new = acking_broker(new_seen.clone()).await;
+    let survivor_seen = Arc::new(AtomicUsize::new(0));
+    let survivor = survivor_hinting(survivor_seen.clone(), 2, silent.clone(), new).await;
+    let config = ClientConfig {
+        request_timeout_ms: 200,
+        ..quick_config()
+    };
+    let client = Client::connect_with([silent, survivor], config)
+        .await
+        .unwrap();
+    let mut producer = client.producer("t", 1);
+    producer.set_delivery_timeout(Duration::from_secs(10));
+
+    producer.send(batch_of(2)).await.unwrap();
+    assert_eq!(producer.flush().await.unwrap(), 2);
+    assert_eq!(silent_seen.load(Ordering::SeqCst), 1, "not asked again");
+    assert_eq!(survivor_seen.load(Ordering::SeqCst), 3);
+    assert_eq!(new_seen.load(Ordering::SeqCst), 1);
+}
+
 // ------------------------------------------------------------- deadlines
 
 /// Regression (issue 36): a call retried a retriable refusal `retries_max`

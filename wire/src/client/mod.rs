@@ -29,6 +29,7 @@
 mod connection;
 mod producer;
 mod stream;
+mod suspects;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,6 +49,7 @@ pub use producer::{ProduceAck, Producer, ProducerIdentity};
 pub use stream::{
     ConsumeOptions, ConsumedRecord, Consumer, StartAt, Subscription, SubscriptionBatch,
 };
+use suspects::{SUSPECT_MS, SUSPECT_POLL_MS, Suspects};
 
 /// The client's limits. Every field is a bound; units are in the names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +170,12 @@ impl ClientError {
             | ClientError::ConnectionClosed { .. } => true,
             _ => false,
         }
+    }
+
+    /// Whether the broker answered (a refusal is an answer): one that
+    /// answers is not paused.
+    fn answered(&self) -> bool {
+        matches!(self, ClientError::Server { .. })
     }
 
     fn leader_hint(&self) -> Option<&str> {
@@ -300,6 +308,9 @@ struct RouteState {
     known: Vec<String>,
     /// When the brokers were last asked for the cluster's brokers.
     discovered_at: Option<Instant>,
+    /// Brokers that just let a request time out: hints naming them are
+    /// not followed for a while (ADR 0128).
+    suspects: Suspects,
 }
 
 impl Client {
@@ -502,12 +513,19 @@ impl Client {
         let api = O::API_KEY.name();
         let mut addr = self.addr_for(topic);
         let mut attempt: u32 = 0;
+        // Attempts that asked again because the hint named a suspect; not
+        // counted in `attempt`, bounded by the suspicion's length.
+        let mut polls: u64 = 0;
         // The last failure at each broker tried (one entry per known
         // broker at most): when an attempt is cut off by the deadline,
         // that broker's earlier refusal is what the call was waiting out.
         let mut previous: Vec<(String, ClientError)> = Vec::new();
         loop {
-            let error = match self.attempt::<O>(&addr, payload.clone(), deadline).await {
+            let result = self.attempt::<O>(&addr, payload.clone(), deadline).await;
+            if result.as_ref().map_or_else(ClientError::answered, |_| true) {
+                self.acquit(&addr);
+            }
+            let error = match result {
                 Ok(response) => return Ok(response),
                 Err(error) if error.retriable() && attempt < config.retries_max => error,
                 Err(error @ ClientError::Timeout { .. }) => {
@@ -527,8 +545,28 @@ impl Client {
                 }
                 Err(error) => return Err(error),
             };
-            attempt += 1;
             let failed_at = addr.clone();
+            if let Some(hint) = error.leader_hint()
+                && self.suspected(hint)
+            {
+                // The broker that answered still names one that just let
+                // a request time out: its failover is not recorded yet.
+                // Ask the answering broker again rather than wait out a
+                // second timeout at the silent one (ADR 0128).
+                polls += 1;
+                assert!(
+                    polls <= SUSPECT_MS / SUSPECT_POLL_MS + 2,
+                    "suspect polls bounded"
+                );
+                debug!(api, at = %addr, hint = %hint, polls, "the hint names a suspected broker");
+                if Instant::now() + Duration::from_millis(SUSPECT_POLL_MS) >= deadline {
+                    let (at, last) = telling(previous, failed_at, error);
+                    return Err(self.deadline_error(api, &at, last, attempt + 1));
+                }
+                tokio::time::sleep(Duration::from_millis(SUSPECT_POLL_MS)).await;
+                continue;
+            }
+            attempt += 1;
             let follow_at_once = if let Some(hint) = error.leader_hint() {
                 // A hint is fresh routing information: follow it at once.
                 debug!(api, from = %addr, to = %hint, attempt, "following hint");
@@ -581,14 +619,31 @@ impl Client {
         }
     }
 
-    /// Routes `topic`'s next call to the next broker this client knows
-    /// after `addr`, if it knows another.
+    /// `addr` let a request time out: suspects it, and routes `topic`'s
+    /// next call to the next broker this client knows after `addr`, if it
+    /// knows another.
     fn route_away(&self, topic: Option<&str>, addr: &str) {
+        self.suspect(addr);
         let next = self.next_known(addr);
         if next != addr {
             debug!(from = %addr, to = %next, "no timely answer; the next call goes elsewhere");
             self.remember(topic, &next);
         }
+    }
+
+    /// `addr` let a request time out (ADR 0128).
+    fn suspect(&self, addr: &str) {
+        self.state().suspects.suspect(addr, Instant::now());
+    }
+
+    /// Whether a hint naming `addr` is not to be followed now (ADR 0128).
+    fn suspected(&self, addr: &str) -> bool {
+        self.state().suspects.suspected(addr, Instant::now())
+    }
+
+    /// `addr` answered something: it is not paused.
+    fn acquit(&self, addr: &str) {
+        self.state().suspects.acquit(addr);
     }
 
     fn remember(&self, topic: Option<&str>, addr: &str) {

@@ -25,6 +25,7 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::debug;
 
+use super::suspects::SUSPECT_POLL_MS;
 use super::{Client, ClientError, backoff_ms, decode_response};
 use crate::api::ApiKey;
 use crate::batch::{BatchBuilder, RecordBatch};
@@ -634,7 +635,14 @@ impl Producer {
     fn back_off(&mut self, i: usize, error: &ClientError, part: String) {
         let config = self.client.config().clone();
         let entry = &mut self.queue[i];
-        let wait = backoff_ms(&config, entry.attempts.max(1), error.retry_after_ms());
+        let wait = if error
+            .leader_hint()
+            .is_some_and(|h| self.client.suspected(h))
+        {
+            SUSPECT_POLL_MS
+        } else {
+            backoff_ms(&config, entry.attempts.max(1), error.retry_after_ms())
+        };
         entry.state = State::Unsent {
             not_before: Instant::now() + Duration::from_millis(wait),
         };
@@ -663,6 +671,9 @@ impl Producer {
         let Some(i) = self.queue.iter().position(|e| e.id == id) else {
             return Ok(None);
         };
+        if result.as_ref().map_or_else(ClientError::answered, |_| true) {
+            self.client.acquit(&from);
+        }
         match result {
             Ok(_response) => {
                 let entry = &mut self.queue[i];
@@ -773,10 +784,19 @@ async fn reroute(
     // Several attempts in flight fail together: the first one's reroute
     // stands, the others' answers are about a broker the topic no longer
     // goes to.
+    if is_timeout(error) {
+        client.suspect(addr);
+    }
     if client.addr_for(Some(topic)) != addr {
         return;
     }
     if let Some(hint) = error.leader_hint() {
+        if client.suspected(hint) {
+            // Asked again here after the backoff, not at the silent broker
+            // it names (ADR 0128).
+            debug!(%topic, at = %addr, %hint, "the hint names a suspected broker");
+            return;
+        }
         client.learn(hint);
         client.remember(Some(topic), hint);
     } else if error.look_elsewhere() || is_timeout(error) {
