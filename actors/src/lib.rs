@@ -3,32 +3,37 @@
 //! [`Broker::start`] builds the tree of the design's `layout.md` on
 //! `malachi-supervision` (`broker::build_tree`), and the modules follow it:
 //! a root `broker` supervisor over `storage` (`data`: one segment actor per
-//! open segment copy of a shared `FileStore`), `metadata` (`control`: the
+//! active segment this broker is the primary of, over a shared `FileStore`,
+//! and the ReplicationServer, `storage/replication`, which ships a primary's
+//! frames and writes a follower's copies), `metadata` (`control`: the
 //! `vnodes` actor owning this broker's vnode replicas, each an openraft
 //! group, and the raft port; then the coordinator manager, which runs a
 //! `coordinator/<vnode>` carrying topic, roll, split and merge logic for
 //! each vnode this broker leads), `membership` (`fabric`: SWIM and the
-//! ractor_cluster node fabric), `maintenance` (empty today: failover,
-//! healing, the scrubber, retention and the orphan sweeper are planned),
-//! `listener` (`serve`: an acceptor, one temporary actor per client
-//! connection, and a handler module per api family) and `admin_http`
-//! (`admin`: health, readiness, Prometheus metrics and the live tree as
-//! JSON). `common` holds the leaves (config, errors, clock, metrics,
+//! ractor_cluster node fabric), `maintenance` (failover, the healer, the
+//! scrubber, the free-space poller and the orphan sweeper; retention runs in
+//! each coordinator), `listener` (`serve`: an acceptor, one temporary actor
+//! per client connection, and a handler module per api family) and
+//! `admin_http` (`admin`: health, readiness, Prometheus metrics and the live
+//! tree as JSON). `common` holds the leaves (config, errors, clock, metrics,
 //! conversions). A module names only those below it; no top-level module
 //! imports one that imports it back (`tests/module_cycles.rs`).
 //!
 //! The produce path runs connection, then the key's range's active segment
-//! actor, then the store's group commit, and acknowledges only after the
-//! fsync (`docs/life-of-a-produce.md`); each segment has one copy (quorum
-//! replication is planned). The consume path reads the stored copies by
-//! cursor across segments and epochs, with long poll (`fetch`) or pushes
-//! within credit (`subscribe`).
+//! actor, then the store's group commit, and acknowledges only after a
+//! quorum of the segment's N copies (3 by default) has fsynced the records
+//! (`docs/life-of-a-produce.md`, `docs/life-of-a-replicated-produce.md`).
+//! When a primary dies its segments fail over: sealed on the surviving
+//! copies, their successors opened on live brokers (ADR 0106). The consume
+//! path reads the stored copies by cursor across segments and epochs, with
+//! long poll (`fetch`) or pushes within credit (`subscribe`).
 //!
 //! Boundaries: this crate owns no on-disk format (storage does), no wire
 //! format (wire does) and no metadata semantics (cluster's model does); it
 //! wires them together, bounds every queue, and turns every failure into a
 //! typed wire error. Time reaches the coordinator and segment actors through
-//! [`Clock`]; randomness is used once, to create the cursor secret. The
+//! [`Clock`]; OS randomness is drawn only for the cursor keys, the cluster
+//! id a first start proposes and the seed of SWIM's random choices. The
 //! binary (`malachi broker`) layers its configuration into [`BrokerConfig`]
 //! and calls [`Broker::start`] (or [`run_until_signal`]).
 

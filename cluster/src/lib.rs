@@ -11,7 +11,8 @@
 //! names to vnodes, and `vnodes` hosts a broker's vnode replicas, routes
 //! any metadata request to its vnode's leader (ADR 0080), keeps the ring in
 //! a raft group of its own, splits vnodes and grants coordinator leases
-//! (ADR 0082). `membership` is SWIM. `clock` is the project's one `Clock`.
+//! (ADR 0082, ADR 0083). `membership` is SWIM. `clock` is the project's one
+//! `Clock`.
 //!
 //! The pure core and the I/O around it (ADR 0090). The pure modules are
 //! `model`, `ring`, `cursor`, `formation` (how brokers form one cluster,

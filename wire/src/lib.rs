@@ -9,7 +9,10 @@
 //! snapshot are the wire's own mirror types, which the broker fills in. Cursors
 //! are opaque strings here; only the broker can read them. The record batch
 //! block is validated (CRC, structure) and then carried as its original bytes,
-//! so storage and replication pass it on without re-encoding it.
+//! so storage and replication pass it on without re-encoding it. Brokers'
+//! own requests on the cluster port live here too: replica-append
+//! ([`replication`]), the coordinator's orders to copies ([`replica_order`])
+//! and replica-status ([`replica_status`]).
 //! `docs/protocol.md` describes the format byte by byte.
 
 pub mod api;
