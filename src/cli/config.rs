@@ -29,7 +29,7 @@ pub const CONFIG_FILE_BYTES_MAX: u64 = 1024 * 1024;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layered<T> {
     pub broker: T,
-    /// Brokers to join through (not used until cluster membership lands).
+    /// Brokers whose SWIM addresses lead to the cluster, to form it or join it (ADR 0102).
     pub seeds: Vec<String>,
     /// Operator-given attributes (zone, rack, ...) for placement.
     pub attributes: BTreeMap<String, String>,
