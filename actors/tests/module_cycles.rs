@@ -256,7 +256,9 @@ fn blank_literals(code: &str) -> String {
             if bytes.get(i + 1 + hashes) == Some(&b'"') {
                 let close = format!("\"{}", "#".repeat(hashes));
                 let body = i + 2 + hashes;
-                let end = code[body..].find(&close).map_or(code.len(), |e| body + e + close.len());
+                let end = code[body..]
+                    .find(&close)
+                    .map_or(code.len(), |e| body + e + close.len());
                 out.push_str(&" ".repeat(end - i));
                 i = end;
                 continue;
@@ -438,7 +440,10 @@ fn siblings_named(parent: &str, relative: &str, source: &str) -> BTreeSet<String
 
 /// The graph of the sibling modules under `parent` (`control`, `data`).
 fn file_graph(files: &[(String, String)], parent: &str) -> Graph {
-    let nodes: BTreeSet<String> = files.iter().filter_map(|(p, _)| node_in(parent, p)).collect();
+    let nodes: BTreeSet<String> = files
+        .iter()
+        .filter_map(|(p, _)| node_in(parent, p))
+        .collect();
     let mut graph: Graph = nodes.iter().map(|m| (m.clone(), BTreeMap::new())).collect();
     for (path, source) in files {
         let Some(from) = node_in(parent, path) else {
@@ -667,7 +672,10 @@ fn is_known_storage_circle(cycle: &[String]) -> bool {
 #[test]
 fn a_crafted_file_cycle_through_super_and_crate_paths_is_reported() {
     let files = crafted(&[
-        ("control/mod.rs", "pub(crate) mod removal;\npub(crate) mod coordinator;\n"),
+        (
+            "control/mod.rs",
+            "pub(crate) mod removal;\npub(crate) mod coordinator;\n",
+        ),
         (
             "control/removal.rs",
             "use super::shared::Shared;\nfn f() { super::coordinator::stop(); }\n",
@@ -709,7 +717,10 @@ fn a_crafted_inline_test_module_resolves_super_one_level_deeper() {
             "data/recovery.rs",
             "use super::quorum::quorum;\n#[cfg(test)]\nmod tests {\n    use super::*;\n    fn f() { let _ = format!(\"{{\"); let _ = super::super::segment::X; }\n}\n",
         ),
-        ("data/quorum.rs", "// super::recovery is named in a comment only\nfn q() { let _ = \"super::recovery\"; }\n"),
+        (
+            "data/quorum.rs",
+            "// super::recovery is named in a comment only\nfn q() { let _ = \"super::recovery\"; }\n",
+        ),
         ("data/segment.rs", "use super::quorum::CommitTracker;\n"),
     ]);
     let graph = file_graph(&files, "data");
