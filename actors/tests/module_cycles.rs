@@ -11,7 +11,14 @@
 //! from the file's own top-level module, and fails naming the cycle and the
 //! files that close it.
 //!
-//! The checker is tested on crafted sources first, so it cannot pass by
+//! Inside `control` and `data` the same holds one level down: each file or
+//! folder module (`control/removal.rs`, `control/coordinator/`) is a node,
+//! and a file names a sibling through `crate::control::<sibling>` or
+//! through `super::` paths that resolve to the parent (inline `mod tests`
+//! blocks counted). A circle of files is one job split in the wrong place:
+//! the shared piece belongs in a lower file both can name.
+//!
+//! The checkers are tested on crafted sources first, so they cannot pass by
 //! finding nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -205,6 +212,257 @@ fn describe(cycle: &[String], graph: &Graph) -> String {
     text
 }
 
+/// The sibling module of `parent` a file under `parent/` belongs to
+/// (`control/coordinator/topics.rs` and `control/coordinator.rs` are both
+/// `coordinator`); `None` outside `parent` and for `parent/mod.rs`.
+fn node_in(parent: &str, relative: &str) -> Option<String> {
+    let relative = relative.trim_start_matches("./");
+    let rest = relative.strip_prefix(parent)?.strip_prefix('/')?;
+    if rest == "mod.rs" {
+        return None;
+    }
+    let first = rest.split('/').next()?;
+    Some(first.trim_end_matches(".rs").to_owned())
+}
+
+/// The module path a file is (`control/coordinator/mod.rs` is
+/// `[control, coordinator]`, `control/replica.rs` is `[control, replica]`).
+fn file_module_path(relative: &str) -> Vec<String> {
+    let relative = relative.trim_start_matches("./");
+    let mut parts: Vec<String> = relative
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_owned)
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The code with string and character literals blanked, so that braces
+/// inside them (`format!("{topic}")`) do not count as blocks.
+fn blank_literals(code: &str) -> String {
+    let bytes = code.as_bytes();
+    let mut out = String::with_capacity(code.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let raw = c == b'r'
+            && (i == 0 || !is_ident(bytes[i - 1] as char))
+            && matches!(bytes.get(i + 1), Some(b'"' | b'#'));
+        if raw {
+            let hashes = bytes[i + 1..].iter().take_while(|b| **b == b'#').count();
+            if bytes.get(i + 1 + hashes) == Some(&b'"') {
+                let close = format!("\"{}", "#".repeat(hashes));
+                let body = i + 2 + hashes;
+                let end = code[body..]
+                    .find(&close)
+                    .map_or(code.len(), |e| body + e + close.len());
+                out.push_str(&" ".repeat(end - i));
+                i = end;
+                continue;
+            }
+        }
+        if c == b'"' {
+            let mut j = i + 1;
+            while j < bytes.len() && bytes[j] != b'"' {
+                j += if bytes[j] == b'\\' { 2 } else { 1 };
+            }
+            let end = (j + 1).min(bytes.len());
+            out.push_str(&" ".repeat(end - i));
+            i = end;
+            continue;
+        }
+        if c == b'\'' && matches!(bytes.get(i + 2), Some(b'\'')) {
+            out.push_str("   ");
+            i += 3;
+            continue;
+        }
+        let ch = code[i..].chars().next().unwrap_or_default();
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// How many inline modules (`mod tests { .. }`) enclose each byte of
+/// `code` (literals blanked).
+fn inline_module_depths(code: &str) -> Vec<usize> {
+    let mut depths = vec![0; code.len() + 1];
+    let mut braces = 0usize;
+    let mut open_mods: Vec<usize> = Vec::new();
+    let mut pending_mod = false;
+    let mut i = 0;
+    while i < code.len() {
+        let rest = &code[i..];
+        let at_word = i == 0 || !code[..i].chars().next_back().is_some_and(is_ident);
+        if at_word && rest.starts_with("mod") && rest[3..].starts_with(char::is_whitespace) {
+            let after = rest[3..].trim_start();
+            let name = ident(after);
+            let tail = after[name.len()..].trim_start();
+            pending_mod = !name.is_empty() && tail.starts_with('{');
+        }
+        let c = rest.chars().next().unwrap_or_default();
+        match c {
+            '{' => {
+                braces += 1;
+                if pending_mod {
+                    open_mods.push(braces);
+                    pending_mod = false;
+                }
+            }
+            '}' => {
+                if open_mods.last() == Some(&braces) {
+                    open_mods.pop();
+                }
+                braces = braces.saturating_sub(1);
+            }
+            ';' => pending_mod = false,
+            _ => {}
+        }
+        for d in &mut depths[i..i + c.len_utf8()] {
+            *d = open_mods.len();
+        }
+        i += c.len_utf8();
+    }
+    depths[code.len()] = open_mods.len();
+    depths
+}
+
+/// The paths a `{...}` group at the start of `text` lists, each as its
+/// first two names (`{a::X, b, c::{d, e}}` gives `[a, X]`, `[b]`,
+/// `[c, d]`, `[c, e]`).
+fn group_paths(text: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut depth = 0usize;
+    let mut item_start = None;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' if depth == 0 => {
+                depth = 1;
+                item_start = Some(i + 1);
+            }
+            '{' => depth += 1,
+            '}' | ',' if depth == 1 => {
+                if let Some(start) = item_start.take() {
+                    out.extend(path_heads(text[start..].trim_start()));
+                }
+                if c == '}' {
+                    break;
+                }
+                item_start = Some(i + 1);
+            }
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The first two names of the path at the start of `text`, expanding a
+/// group (`a::{b, c}`) into one path per member.
+fn path_heads(text: &str) -> Vec<Vec<String>> {
+    if text.starts_with('{') {
+        return group_paths(text);
+    }
+    let first = ident(text);
+    if first.is_empty() {
+        return Vec::new();
+    }
+    let Some(rest) = text[first.len()..].strip_prefix("::") else {
+        return vec![vec![first.to_owned()]];
+    };
+    if rest.starts_with('{') {
+        return group_paths(rest)
+            .into_iter()
+            .map(|tail| {
+                let mut path = vec![first.to_owned()];
+                path.extend(tail.into_iter().take(1));
+                path
+            })
+            .collect();
+    }
+    let second = ident(rest);
+    let mut path = vec![first.to_owned()];
+    if !second.is_empty() {
+        path.push(second.to_owned());
+    }
+    vec![path]
+}
+
+/// The siblings under `parent` a file names, by `crate::<parent>::x` or
+/// by `super::` paths that resolve to `parent` (or to the crate root and
+/// then `parent`).
+fn siblings_named(parent: &str, relative: &str, source: &str) -> BTreeSet<String> {
+    let code = blank_literals(&strip_comments(source));
+    let depths = inline_module_depths(&code);
+    let own = file_module_path(relative);
+    let mut named = BTreeSet::new();
+    let mut add = |base: &[String], heads: Vec<Vec<String>>| {
+        for head in heads {
+            let mut full: Vec<String> = base.to_vec();
+            full.extend(head);
+            if full.len() >= 2 && full[0] == parent {
+                named.insert(full[1].clone());
+            }
+        }
+    };
+    for (at, _) in code.match_indices("crate::") {
+        if code[..at].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        add(&[], path_heads(&code[at + "crate::".len()..]));
+    }
+    for (at, _) in code.match_indices("super::") {
+        let before = code[..at].trim_end_matches("super::");
+        if before.len() != at || code[..at].chars().next_back().is_some_and(is_ident) {
+            continue; // the tail of a longer chain, counted from its start
+        }
+        let mut rest = &code[at..];
+        let mut ups = 0;
+        while let Some(after) = rest.strip_prefix("super::") {
+            ups += 1;
+            rest = after;
+        }
+        // The module the code sits in: the file's, then its inline modules.
+        let inline = depths[at];
+        let mut here: Vec<String> = own.clone();
+        here.extend((0..inline).map(|_| "<inline>".to_owned()));
+        if ups > here.len() {
+            continue;
+        }
+        here.truncate(here.len() - ups);
+        add(&here, path_heads(rest));
+    }
+    named
+}
+
+/// The graph of the sibling modules under `parent` (`control`, `data`).
+fn file_graph(files: &[(String, String)], parent: &str) -> Graph {
+    let nodes: BTreeSet<String> = files
+        .iter()
+        .filter_map(|(p, _)| node_in(parent, p))
+        .collect();
+    let mut graph: Graph = nodes.iter().map(|m| (m.clone(), BTreeMap::new())).collect();
+    for (path, source) in files {
+        let Some(from) = node_in(parent, path) else {
+            continue;
+        };
+        for to in siblings_named(parent, path, source) {
+            if to != from && nodes.contains(&to) {
+                graph
+                    .entry(from.clone())
+                    .or_default()
+                    .entry(to)
+                    .or_default()
+                    .insert(path.clone());
+            }
+        }
+    }
+    graph
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
@@ -360,4 +618,122 @@ fn a_crafted_layered_graph_passes_and_comments_and_root_items_make_no_edge() {
         ["data", "serve"],
         "{graph:?}"
     );
+}
+
+#[test]
+fn the_files_of_control_and_data_have_no_import_cycle() {
+    let files = crate_sources();
+    // Gate against a vacuous pass: edges this layout certainly has.
+    let expected = [
+        ("control", "coordinator", "shared"),
+        ("control", "replica_order", "shared"),
+        ("data", "segment", "producers"),
+        ("data", "replication", "quorum"),
+    ];
+    for (parent, from, to) in expected {
+        let graph = file_graph(&files, parent);
+        assert!(
+            graph.get(from).is_some_and(|e| e.contains_key(to)),
+            "the checker found no edge {parent}/{from} -> {to}: {graph:?}"
+        );
+    }
+    let mut report = Vec::new();
+    for parent in ["control", "data"] {
+        let graph = file_graph(&files, parent);
+        for cycle in cycles(&graph) {
+            if parent == "data" && is_known_storage_circle(&cycle) {
+                continue;
+            }
+            report.push(format!("in {parent}: {}", describe(&cycle, &graph)));
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+}
+
+/// The circles `data` still has, each through `data/storage.rs`: the
+/// shared `Storage` context holds the segment handles, the replication
+/// and scrub state, and the files that define them take the context. Left
+/// for the change that moves those types below `storage.rs` (another
+/// helper's file while this checker was written); the list may only
+/// shrink: a circle through any other file, or a longer one, fails.
+const KNOWN_DATA_CIRCLES: [&[&str]; 3] = [
+    &["lineage", "segment", "storage"],
+    &["replication", "storage"],
+    &["scrub", "storage"],
+];
+
+fn is_known_storage_circle(cycle: &[String]) -> bool {
+    let members: BTreeSet<&str> = cycle.iter().map(String::as_str).collect();
+    KNOWN_DATA_CIRCLES
+        .iter()
+        .any(|known| members == known.iter().copied().collect())
+}
+
+#[test]
+fn a_crafted_file_cycle_through_super_and_crate_paths_is_reported() {
+    let files = crafted(&[
+        (
+            "control/mod.rs",
+            "pub(crate) mod removal;\npub(crate) mod coordinator;\n",
+        ),
+        (
+            "control/removal.rs",
+            "use super::shared::Shared;\nfn f() { super::coordinator::stop(); }\n",
+        ),
+        (
+            "control/coordinator/mod.rs",
+            "mod topics;\nuse crate::control::{shared::Shared, requests};\n",
+        ),
+        (
+            "control/coordinator/topics.rs",
+            "use super::mod_item;\nfn g() { super::super::removal::holders_of(); }\n",
+        ),
+        ("control/shared.rs", "use crate::data::storage::Storage;\n"),
+        ("control/requests.rs", ""),
+    ]);
+    let graph = file_graph(&files, "control");
+    // A folder module is one node; `super::` in topics.rs is the folder.
+    assert_eq!(
+        graph.keys().collect::<Vec<_>>(),
+        ["coordinator", "removal", "requests", "shared"],
+        "{graph:?}"
+    );
+    assert_eq!(
+        graph["coordinator"].keys().collect::<Vec<_>>(),
+        ["removal", "requests", "shared"],
+        "{graph:?}"
+    );
+    let found = cycles(&graph);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let text = describe(&found[0], &graph);
+    assert!(text.contains("control/coordinator/topics.rs"), "{text}");
+    assert!(text.contains("control/removal.rs"), "{text}");
+}
+
+#[test]
+fn a_crafted_inline_test_module_resolves_super_one_level_deeper() {
+    let files = crafted(&[
+        (
+            "data/recovery.rs",
+            "use super::quorum::quorum;\n#[cfg(test)]\nmod tests {\n    use super::*;\n    fn f() { let _ = format!(\"{{\"); let _ = super::super::segment::X; }\n}\n",
+        ),
+        (
+            "data/quorum.rs",
+            "// super::recovery is named in a comment only\nfn q() { let _ = \"super::recovery\"; }\n",
+        ),
+        ("data/segment.rs", "use super::quorum::CommitTracker;\n"),
+    ]);
+    let graph = file_graph(&files, "data");
+    assert!(cycles(&graph).is_empty(), "{graph:?}");
+    assert_eq!(
+        graph["recovery"].keys().collect::<Vec<_>>(),
+        ["quorum", "segment"],
+        "{graph:?}"
+    );
+    assert!(graph["quorum"].is_empty(), "{graph:?}");
+    // The same test module naming recovery back closes a circle.
+    let mut files = files;
+    files[2].1.push_str("fn r() { super::recovery::plan(); }\n");
+    let graph = file_graph(&files, "data");
+    assert_eq!(cycles(&graph).len(), 1, "{graph:?}");
 }

@@ -1,8 +1,8 @@
 //! The cluster's cursor keys on this broker (ADR 0096): learned from the
 //! metadata plane before the broker mints or verifies a cursor.
 //!
-//! At start (`spawn_learner`, run by the `vnodes` actor once the plane is
-//! open) the broker reads the keys from the group that holds them (the
+//! At start (`cursor_learner.rs`, run by the `vnodes` actor once the plane
+//! is open) the broker reads the keys from the group that holds them (the
 //! ring's group) and, if the cluster has none yet, proposes its bootstrap
 //! secret as key 0: the first proposal to commit wins, the others are
 //! no-ops. It retries with a bounded backoff until the keys are known.
@@ -17,25 +17,18 @@
 //! port's use of the keys (the refusals) is `serve::cursors`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use malachi_cluster::cursor::CursorKeys;
-use malachi_cluster::group::{Backoff, backoff_seed};
 use malachi_cluster::model::{Command, CursorKeyRing, CursorSecret};
 use parking_lot::RwLock;
-use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::common::clock::Clock;
 use crate::control::metadata::MetadataPlane;
-use crate::control::shared::Shared;
 
 /// The shortest pause between two reads of the keys on behalf of cursors
 /// naming an unknown key id, so forged ids cannot turn into a read storm.
 pub(crate) const CURSOR_KEYS_REFRESH_MIN_MS: u64 = 1_000;
-/// The first and the longest pause of the start-up learner's retries.
-const LEARN_BACKOFF_MIN_MS: u64 = 100;
-const LEARN_BACKOFF_MAX_MS: u64 = 2_000;
 
 /// The keys this broker knows, and what it proposes if the cluster has none.
 pub(crate) struct CursorKeyState {
@@ -187,56 +180,4 @@ impl CursorKeyState {
             Err(e) => debug!(error = %e, "cursor keys not refreshed"),
         }
     }
-}
-
-/// Learns the keys now, waiting at most `wait_ms` (a lone broker's start:
-/// it is its own quorum). A failure is left to the background learner.
-pub(crate) async fn learn_within(shared: &Shared, plane: &dyn MetadataPlane, wait_ms: u64) {
-    let learned = tokio::time::timeout(
-        Duration::from_millis(wait_ms),
-        shared.cursor_keys.learn(plane, shared.clock.as_ref()),
-    )
-    .await;
-    match learned {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            warn!(error = %e, "cursor keys not learned at start; retrying in the background")
-        }
-        Err(_) => warn!(
-            wait_ms,
-            "cursor keys not learned at start; retrying in the background"
-        ),
-    }
-}
-
-/// Learns the keys in the background, retrying with backoff until they are
-/// known. The task ends then, or when the broker context is dropped.
-pub(crate) fn spawn_learner(shared: &Arc<Shared>, plane: Arc<dyn MetadataPlane>) -> JoinHandle<()> {
-    let weak = Arc::downgrade(shared);
-    let node = shared.config.node_id;
-    tokio::spawn(async move {
-        let mut backoff = Backoff::new(
-            LEARN_BACKOFF_MIN_MS,
-            LEARN_BACKOFF_MAX_MS,
-            backoff_seed(node, u64::from(u32::from_be_bytes(*b"ckey"))),
-        );
-        loop {
-            let Some(shared) = weak.upgrade() else { return };
-            if shared.cursor_keys.known().is_some() {
-                return;
-            }
-            match shared
-                .cursor_keys
-                .learn(plane.as_ref(), shared.clock.as_ref())
-                .await
-            {
-                Ok(_) => return,
-                Err(e) => {
-                    debug!(node, error = %e, "cursor keys not learned yet; retrying")
-                }
-            }
-            drop(shared);
-            tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
-        }
-    })
 }

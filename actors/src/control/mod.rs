@@ -2,12 +2,24 @@
 //!
 //! `vnodes.rs` (`metadata/vnodes`) opens this broker's vnode replicas and
 //! the metadata plane (`metadata.rs`) and serves the raft port; after it,
-//! `manager.rs` (`coordinator_manager/manager`) runs one `coordinator.rs`
-//! actor (`coordinator/<vnode>`) per vnode led here, each holding its
-//! vnode's lease (`lease.rs`) for its timed work. `requests.rs` is what
-//! they are asked; `placement.rs` says which broker serves a topic's
-//! records. `cursor_keys.rs` learns the cluster's cursor keys (ADR 0096).
-//! `shared.rs` is the broker context the layers above use.
+//! `manager.rs` (`coordinator_manager/manager`) runs one coordinator actor
+//! (`coordinator/`, a folder with a file per job) per vnode led here, each
+//! holding its vnode's lease (`lease.rs`) for its timed work. `requests.rs`
+//! is what they are asked; `placement.rs` says which broker serves a
+//! topic's records. `cursor_keys.rs` holds the cluster's cursor keys and
+//! `cursor_learner.rs` learns them (ADR 0096). `shared.rs` is the broker
+//! context the layers above use.
+//!
+//! The coordinator's orders to copies: `replica_order.rs` (fence, catch-up,
+//! seal and the [`OrderClient`](replica_order::OrderClient) that sends
+//! them), `replica.rs` (repair appends), `order_epoch.rs` (the epoch they
+//! carry), `removal.rs` (dropping copies the metadata no longer lists) and
+//! `drop_orders.rs` (asking holders to); `segment_stop.rs` stops segment
+//! actors for all of them. `retention.rs` expires old segments.
+//!
+//! Inside this folder files name each other without a circle
+//! (`actors/tests/module_cycles.rs`): a piece two files share lives in a
+//! lower file both name.
 //!
 //! Architecture invariant: `control` names `common`, `data` and `fabric`,
 //! never `serve`, `admin` or `broker`. It starts segment actors and gives
@@ -15,9 +27,12 @@
 
 pub(crate) mod coordinator;
 pub(crate) mod cursor_keys;
+pub(crate) mod cursor_learner;
+pub(crate) mod drop_orders;
 pub(crate) mod lease;
 pub(crate) mod manager;
 pub(crate) mod metadata;
+pub(crate) mod order_epoch;
 pub(crate) mod placement;
 pub(crate) mod policies;
 pub(crate) mod removal;
@@ -26,5 +41,6 @@ pub(crate) mod replica_order;
 pub(crate) mod replica_status;
 pub(crate) mod requests;
 pub(crate) mod retention;
+pub(crate) mod segment_stop;
 pub(crate) mod shared;
 pub(crate) mod vnodes;

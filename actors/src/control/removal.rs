@@ -4,7 +4,8 @@
 //! Two ways in, one rule: a copy is removed only after the metadata has
 //! been asked and does not list its segment.
 //! - **Drop orders** (cluster api key 106). Once a topic's delete commits,
-//!   its coordinator sends every holder the segments it held. The holder
+//!   its coordinator sends every holder the segments it held
+//!   (`drop_orders.rs`). The holder
 //!   asks the topic's own vnode, linearizably, which of them it still
 //!   lists (a vnode that does not hold the topic refuses rather than
 //!   answer "none"), and removes the others.
@@ -25,9 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use malachi_cluster::model::SegmentId;
-use malachi_wire::replica_order::{
-    DROP_COPIES_SEGMENTS_MAX, DropCopiesRequest, DropCopiesResponse,
-};
+use malachi_wire::replica_order::{DropCopiesRequest, DropCopiesResponse};
 use tracing::{debug, info, warn};
 
 use super::shared::Shared;
@@ -150,7 +149,7 @@ pub(crate) async fn remove_copies(
     for &id in segments {
         let segment = SegmentId(id);
         if shared.data.segments.lock().contains_key(&segment) {
-            super::coordinator::stop_segment_actors(shared, &[segment]).await;
+            super::segment_stop::stop_segment_actors(shared, &[segment]).await;
         }
         shared.data.replication.followed.lock().remove(&segment);
         shared.settled.lock().remove(&segment);
@@ -184,42 +183,6 @@ pub(crate) async fn remove_copies(
         }
     }
     (removed, freed, None)
-}
-
-/// Sends drop orders for a deleted topic's segments to the brokers that
-/// held them (this one included, served locally). A holder that does not
-/// answer is left to its orphan sweep.
-pub(crate) async fn send_drop_orders(
-    shared: &Arc<Shared>,
-    topic: &str,
-    holders: BTreeMap<u64, Vec<u64>>,
-) {
-    let orders = super::replica_order::OrderClient {
-        shared: Arc::clone(shared),
-    };
-    for (node, segments) in holders {
-        for chunk in segments.chunks(DROP_COPIES_SEGMENTS_MAX) {
-            let request = DropCopiesRequest {
-                topic: topic.to_owned(),
-                segments: chunk.to_vec(),
-            };
-            match orders.drop_copies(node, &request).await {
-                Ok(answer) if answer.message.is_empty() => debug!(
-                    %topic,
-                    node,
-                    removed = answer.removed.len(),
-                    freed_bytes = answer.freed_bytes,
-                    "a holder removed a deleted topic's copies"
-                ),
-                Ok(answer) => {
-                    info!(%topic, node, reason = %answer.message, "a holder kept a deleted topic's copies for now; its orphan sweep removes them")
-                }
-                Err(reason) => {
-                    info!(%topic, node, %reason, "a holder did not take a drop order; its orphan sweep removes the copies")
-                }
-            }
-        }
-    }
 }
 
 /// The holders of every copy of `topic`'s segments, by broker, from a

@@ -200,7 +200,7 @@ async fn repairable(
     use malachi_storage::{SegmentStore, StorageError};
     let store = Arc::clone(&shared.store);
     let id = malachi_storage::SegmentId(segment.0);
-    let order = super::replica_order::store_order(repair.order);
+    let order = super::order_epoch::store_order(repair.order);
     let checked = tokio::task::spawn_blocking(move || {
         if let Err(StorageError::NotOpen { .. }) = store.info(id) {
             store.open(id)?;

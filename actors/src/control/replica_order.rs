@@ -28,27 +28,13 @@ use malachi_wire::replication::{
 use tracing::debug;
 
 use crate::control::metadata::read_owner;
+use crate::control::order_epoch::{store_order, wire_order};
 use crate::control::shared::Shared;
 use crate::data::lineage::HolderReads;
 
 /// How long one order waits for its answer (a fence waits for the copy's
 /// drain, an fsync at most).
 pub(crate) const ORDER_TIMEOUT_MS: u64 = 2_000;
-
-/// The storage layer's epoch for a wire one.
-pub(crate) fn store_order(order: OrderEpoch) -> malachi_storage::OrderEpoch {
-    malachi_storage::OrderEpoch {
-        group: order.group,
-        term: order.term,
-    }
-}
-
-fn wire_order(order: malachi_storage::OrderEpoch) -> OrderEpoch {
-    OrderEpoch {
-        group: order.group,
-        term: order.term,
-    }
-}
 
 /// What the metadata this broker knows says of its copy of `segment`.
 enum Held {

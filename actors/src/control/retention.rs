@@ -95,7 +95,7 @@ pub(crate) async fn retention_pass(shared: Arc<Shared>, vnode: VnodeId) -> Unres
                     .segments_expired
                     .increment(segments.len() as u64);
                 info!(%topic, expired = count, "retention expired sealed segments");
-                super::removal::send_drop_orders(&shared, &topic, holders).await;
+                super::drop_orders::send_drop_orders(&shared, &topic, holders).await;
             }
             Ok(Ok(other)) => warn!(%topic, outcome = ?other, "retention got an unexpected outcome"),
             Ok(Err(refused)) => {

@@ -283,10 +283,14 @@ impl Actor for VnodesActor {
         if config.cluster_nodes().len() == 1 {
             // A lone broker is its own quorum: it learns (or creates) the
             // keys here, so it is ready only once it can serve cursors.
-            crate::control::cursor_keys::learn_within(&shared, plane.as_ref(), LONE_KEYS_WAIT_MS)
-                .await;
+            crate::control::cursor_learner::learn_within(
+                &shared,
+                plane.as_ref(),
+                LONE_KEYS_WAIT_MS,
+            )
+            .await;
         }
-        let keys = crate::control::cursor_keys::spawn_learner(&shared, Arc::clone(&plane));
+        let keys = crate::control::cursor_learner::spawn_learner(&shared, Arc::clone(&plane));
         info!(
             dir = %dir.display(),
             nodes = ?config.cluster_nodes(),

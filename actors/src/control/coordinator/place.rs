@@ -1,0 +1,314 @@
+//! Where a segment's copies go: the live brokers with room that are not
+//! leaving, the replica set chosen among them (by zone, or by a storage
+//! policy's placement constraints, ADR 0116), and the primary.
+
+use std::collections::BTreeSet;
+
+use malachi_cluster::model::NodeId;
+use malachi_cluster::placement::{Candidate, choose_replicas};
+use tracing::{info, warn};
+
+use super::{CoordError, CoordinatorState};
+use crate::control::metadata::read_owner;
+use crate::control::shared::Shared;
+
+impl CoordinatorState {
+    /// Where new segments of this vnode's topics go: this broker if it holds
+    /// a replica of the vnode (the data path reads it locally), else the
+    /// vnode's first voter. Deterministic for a given coordinating broker.
+    pub(super) fn placement(&self) -> NodeId {
+        let Ok(plane) = self.shared.plane() else {
+            return self.node();
+        };
+        match plane.host() {
+            Some(host) => {
+                let voters = host.voters(self.vnode);
+                if voters.contains(&self.shared.config.node_id) {
+                    self.node()
+                } else {
+                    voters.first().copied().map_or(self.node(), NodeId)
+                }
+            }
+            None => self.node(),
+        }
+    }
+
+    /// The brokers of the cluster that take segment copies, live or not:
+    /// the ring's active members (the configured nodes until the ring
+    /// records members).
+    pub(super) fn active_members(&self) -> usize {
+        let configured = self.shared.config.cluster_nodes().len();
+        let Ok(plane) = self.shared.plane() else {
+            return configured;
+        };
+        let Some(host) = plane.host() else {
+            return configured;
+        };
+        host.members()
+            .values()
+            .filter(|state| **state == malachi_cluster::ring::MemberState::Active)
+            .count()
+            .max(1)
+    }
+
+    /// The live brokers segments may be placed on, with their zones.
+    pub(super) fn candidates(&self) -> Vec<Candidate> {
+        let me = self.shared.config.node_id;
+        let attribute = &self.shared.config.placement_attribute;
+        // A broker whose volume is full takes no new copies (ADR 0111);
+        // this one knows its own state first-hand.
+        let mut full: BTreeSet<u64> = BTreeSet::new();
+        let mut candidates: Vec<Candidate> = match self.shared.fabric() {
+            Some(fabric) => fabric
+                .membership
+                .view()
+                .live()
+                .filter(|m| {
+                    let room = crate::common::volume::has_room(&m.attributes);
+                    if !room {
+                        full.insert(m.node_id);
+                    }
+                    room || m.node_id == me
+                })
+                .map(|m| Candidate {
+                    node: m.node_id,
+                    zone: m.attributes.get(attribute).cloned(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        if self.shared.data.space.is_full() {
+            candidates.retain(|c| c.node != me);
+            if candidates.is_empty() {
+                // Alone and full: the copies stay here, refused at produce.
+                candidates.push(Candidate {
+                    node: me,
+                    zone: self.shared.config.attributes.get(attribute).cloned(),
+                });
+            }
+        } else if !candidates.iter().any(|c| c.node == me) {
+            candidates.push(Candidate {
+                node: me,
+                zone: self.shared.config.attributes.get(attribute).cloned(),
+            });
+        }
+        // A decommissioned broker takes no new copies (ADR 0104), this one
+        // included when another can (it still leads vnodes while their
+        // replicas move, and must place their segments elsewhere).
+        if let Ok(plane) = self.shared.plane()
+            && let Some(host) = plane.host()
+        {
+            let members = host.members();
+            let leaving = |node: u64| {
+                members.get(&node) == Some(&malachi_cluster::ring::MemberState::Decommissioned)
+            };
+            candidates.retain(|c| c.node == me || !leaving(c.node));
+            if leaving(me) && candidates.iter().any(|c| c.node != me) {
+                candidates.retain(|c| c.node != me);
+            }
+        }
+        candidates
+    }
+
+    /// The replica set of a new segment with `factor` copies, its primary
+    /// this vnode's placement; `seed` spreads the followers. A storage
+    /// policy with placement constraints (`policy`) chooses the set over
+    /// the brokers' attributes instead (ADR 0116), its primary then the
+    /// preferred first copy.
+    pub(super) fn replicas(
+        &self,
+        policy: Option<&str>,
+        primary: NodeId,
+        factor: usize,
+        seed: u64,
+    ) -> Result<Vec<NodeId>, CoordError> {
+        let candidates = self.candidates();
+        let primary = primary_with_room(primary.0, &candidates, seed);
+        let constraints = self.constraints(policy);
+        if !constraints.is_empty() {
+            return self.constrained(&candidates, &[], &[primary], factor, seed, &constraints);
+        }
+        let chosen = choose_replicas(primary, &candidates, factor, seed)?;
+        Ok(placed(chosen, factor))
+    }
+
+    /// A successor's replica set: as many copies as `previous` had, or as
+    /// the live brokers allow (at least the primary's), primary `primary`.
+    pub(super) fn successor_replicas(
+        &self,
+        topic: &str,
+        primary: NodeId,
+        previous: usize,
+        seed: u64,
+    ) -> Result<Vec<NodeId>, CoordError> {
+        let live = self.candidates().len();
+        let policy = self.policy_of(topic);
+        self.replicas(
+            policy.as_deref(),
+            primary,
+            previous.clamp(1, live.max(1)),
+            seed,
+        )
+    }
+
+    /// The policy name `topic` points at, from this broker's replica.
+    pub(super) fn policy_of(&self, topic: &str) -> Option<String> {
+        let plane = self.shared.plane().ok()?;
+        read_owner(plane.as_ref(), topic, |s| {
+            s.topic(topic).and_then(|t| t.policy.clone())
+        })
+    }
+
+    pub(super) fn constraints(
+        &self,
+        policy: Option<&str>,
+    ) -> Vec<malachi_cluster::constraints::Constraint> {
+        policy_constraints(&self.shared, policy)
+    }
+
+    /// A replica set chosen by placement constraints over the candidates'
+    /// gossiped attributes (ADR 0116).
+    pub(super) fn constrained(
+        &self,
+        candidates: &[Candidate],
+        fixed: &[u64],
+        preferred: &[u64],
+        factor: usize,
+        seed: u64,
+        constraints: &[malachi_cluster::constraints::Constraint],
+    ) -> Result<Vec<NodeId>, CoordError> {
+        let nodes: Vec<u64> = candidates.iter().map(|c| c.node).collect();
+        let brokers = brokers_with_attributes(&self.shared, &nodes);
+        let found = malachi_cluster::constraints::place(
+            fixed,
+            preferred,
+            &brokers,
+            factor,
+            seed,
+            constraints,
+        )?;
+        if !found.relaxed.is_empty() {
+            info!(vnode = %self.vnode, relaxed = ?found.relaxed, nodes = ?found.nodes, "no replica set meets these soft placement constraints; placed without them");
+        }
+        Ok(placed(found.nodes, factor))
+    }
+}
+
+/// The placement constraints of the policy `policy` names, as this broker
+/// last read the cluster's policies (ADR 0116); none for no policy or an
+/// unresolved name (such a topic places as one without a policy).
+pub(crate) fn policy_constraints(
+    shared: &Shared,
+    policy: Option<&str>,
+) -> Vec<malachi_cluster::constraints::Constraint> {
+    let Some(name) = policy else {
+        return Vec::new();
+    };
+    let texts = shared
+        .policy_cache
+        .read()
+        .get(name)
+        .map(|p| p.placement.clone())
+        .unwrap_or_default();
+    match malachi_cluster::constraints::parse_all(&texts) {
+        Ok(constraints) => constraints,
+        Err(e) => {
+            // `put_policy` refuses what does not parse: a policy from an
+            // older broker, say. Placed as without constraints.
+            warn!(policy = name, error = %e, "a policy's placement constraint does not parse; ignored");
+            Vec::new()
+        }
+    }
+}
+
+/// `nodes` with their gossiped attributes (this broker's own from its
+/// configuration), for constrained placement.
+pub(crate) fn brokers_with_attributes(
+    shared: &Shared,
+    nodes: &[u64],
+) -> Vec<malachi_cluster::constraints::Broker> {
+    let gossiped: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, String>> =
+        match shared.fabric() {
+            Some(fabric) => fabric
+                .membership
+                .view()
+                .live()
+                .map(|m| (m.node_id, m.attributes.clone()))
+                .collect(),
+            None => std::collections::BTreeMap::new(),
+        };
+    let me = shared.config.node_id;
+    nodes
+        .iter()
+        .map(|&node| malachi_cluster::constraints::Broker {
+            node,
+            attributes: if node == me {
+                shared.config.attributes.clone()
+            } else {
+                gossiped.get(&node).cloned().unwrap_or_default()
+            },
+        })
+        .collect()
+}
+
+/// The primary of a new segment: `wanted` if it may take copies, else the
+/// candidate `seed` picks (a full broker's vnodes place their segments on
+/// brokers with room, ADR 0111).
+pub(crate) fn primary_with_room(
+    wanted: u64,
+    candidates: &[malachi_cluster::placement::Candidate],
+    seed: u64,
+) -> u64 {
+    if candidates.is_empty() || candidates.iter().any(|c| c.node == wanted) {
+        return wanted;
+    }
+    let mut nodes: Vec<u64> = candidates.iter().map(|c| c.node).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let at = usize::try_from(seed % nodes.len() as u64).unwrap_or(0);
+    nodes[at]
+}
+
+/// A replica set as placed: `nodes`, checked to be `factor` distinct
+/// brokers, the size the placement was asked for. A broker listed twice
+/// would count its one copy twice toward a quorum; a short set would
+/// commit on fewer copies than the topic was promised.
+pub(super) fn placed(nodes: Vec<u64>, factor: usize) -> Vec<NodeId> {
+    assert_eq!(
+        nodes.len(),
+        factor,
+        "a replica set is placed at the wanted size: {nodes:?}"
+    );
+    let distinct: BTreeSet<u64> = nodes.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        nodes.len(),
+        "a replica set's brokers are distinct: {nodes:?}"
+    );
+    nodes.into_iter().map(NodeId).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placed_set_of_distinct_brokers_at_the_factor_keeps_its_order() {
+        assert_eq!(
+            placed(vec![3, 1, 2], 3),
+            vec![NodeId(3), NodeId(1), NodeId(2)]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "a replica set's brokers are distinct")]
+    fn a_placed_set_naming_a_broker_twice_panics() {
+        placed(vec![1, 2, 1], 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "a replica set is placed at the wanted size")]
+    fn a_placed_set_short_of_the_factor_panics() {
+        placed(vec![1, 2], 3);
+    }
+}
