@@ -87,10 +87,43 @@ struct Pass {
     /// Pass 0 begins at the start of the log; a resumed pass at a cursor.
     from_start: bool,
     cursor: String,
-    /// For a resumed pass: per key, the highest seq read with its cursor.
-    floor: HashMap<Id, u64>,
+    /// For a resumed pass: per key, the seqs that precede its cursor.
+    floor: HashMap<Id, SeqSet>,
     keys: HashMap<Id, KeyPass>,
+    /// Per key, the seqs delivered, in delivery order: what precedes each
+    /// cursor the pass is given (`CursorAt::count`).
+    order: HashMap<Id, Vec<u64>>,
     delivered: u64,
+}
+
+impl Pass {
+    fn new(number: u32, from_start: bool, cursor: String, floor: HashMap<Id, SeqSet>) -> Pass {
+        Pass {
+            number,
+            from_start,
+            cursor,
+            floor,
+            keys: HashMap::new(),
+            order: HashMap::new(),
+            delivered: 0,
+        }
+    }
+}
+
+/// What precedes a cursor, per key, as the pass that was given it saw it:
+/// the pass's floor and its first `count` deliveries of the key.
+#[derive(Debug, Clone, Copy)]
+struct CursorAt {
+    consumer: Id,
+    pass: u32,
+    count: usize,
+}
+
+/// A finished pass, kept for the cursors it was given.
+#[derive(Debug, Default)]
+struct PassRecord {
+    floor: HashMap<Id, SeqSet>,
+    order: HashMap<Id, Vec<u64>>,
 }
 
 #[derive(Debug, Default)]
@@ -98,6 +131,37 @@ struct Consumer {
     pass: Option<Pass>,
     passes: u32,
     finished: bool,
+    /// Every finished pass, by number.
+    history: Vec<PassRecord>,
+}
+
+impl Consumer {
+    /// Keeps what a finished pass saw, for a later resume from one of its
+    /// cursors.
+    fn keep(&mut self, pass: &mut Pass) {
+        let index = pass.number as usize;
+        if self.history.len() <= index {
+            self.history.resize_with(index + 1, PassRecord::default);
+        }
+        self.history[index] = PassRecord {
+            floor: std::mem::take(&mut pass.floor),
+            order: std::mem::take(&mut pass.order),
+        };
+    }
+
+    /// The seqs of `key` that precede the cursor `at` names.
+    fn before(&self, at: CursorAt, key: Id) -> SeqSet {
+        let Some(record) = self.history.get(at.pass as usize) else {
+            return SeqSet::default();
+        };
+        let mut before = record.floor.get(&key).cloned().unwrap_or_default();
+        if let Some(order) = record.order.get(&key) {
+            for &seq in &order[..at.count.min(order.len())] {
+                before.insert(seq);
+            }
+        }
+        before
+    }
 }
 
 #[derive(Debug)]
@@ -142,9 +206,13 @@ pub struct Checker {
     writes: Vec<BTreeMap<u64, Write>>,
     consumer_ids: HashMap<String, Id>,
     consumers: Vec<(String, Consumer)>,
-    /// (cursor digest, key) to the highest seq of that key read with that
-    /// cursor: one flat map, no allocation per cursor.
-    cursors: BTreeMap<(u64, Id), u64>,
+    /// (cursor digest, key) to where the cursor was given: the seqs of the
+    /// key that precede it are those its pass delivered up to then and
+    /// those before the cursor that pass resumed from. Not merely the
+    /// highest seq read: a record of unknown outcome may land after higher
+    /// seqs of its key, and a cursor given before it landed is rightly
+    /// followed by it.
+    cursors: BTreeMap<(u64, Id), CursorAt>,
 
     counts: WriteCounts,
     records_read: u64,
@@ -519,10 +587,6 @@ impl Checker {
         let consumer_id = self.consumer_id(consumer);
         let key_id = self.key_id(key);
 
-        // Remember what this cursor comes after, for a later resume from it.
-        let highest = self.cursors.entry((digest(cursor), key_id)).or_insert(seq);
-        *highest = (*highest).max(seq);
-
         // The consumer's pass: its first read opens pass 0, from the start.
         let state = &mut self.consumers[consumer_id as usize].1;
         if state.pass.is_none() {
@@ -532,14 +596,7 @@ impl Checker {
                     consumer: consumer.to_owned(),
                 });
             }
-            state.pass = Some(Pass {
-                number: state.passes,
-                from_start: true,
-                cursor: String::new(),
-                floor: HashMap::new(),
-                keys: HashMap::new(),
-                delivered: 0,
-            });
+            state.pass = Some(Pass::new(state.passes, true, String::new(), HashMap::new()));
             state.passes += 1;
             self.passes += 1;
         }
@@ -589,7 +646,16 @@ impl Checker {
             return Ok(());
         };
         pass.delivered += 1;
-        let floor = pass.floor.get(&key_id).copied();
+        // Remember what this cursor comes after, for a later resume from it.
+        let order = pass.order.entry(key_id).or_default();
+        order.push(seq);
+        let at = CursorAt {
+            consumer: consumer_id,
+            pass: pass.number,
+            count: order.len(),
+        };
+        self.cursors.insert((digest(cursor), key_id), at);
+        let floor = pass.floor.get(&key_id);
         let key_pass = pass.keys.entry(key_id).or_default();
         let writes = &self.writes[key_id as usize];
         if let Some(found) = place(key_pass, pass.from_start, floor, writes, seq, line, t_ms) {
@@ -605,23 +671,19 @@ impl Checker {
             self.end_pass(consumer_id, old);
         }
         let cursor_digest = digest(&cursor);
-        let floor: HashMap<Id, u64> = self
+        let floor: HashMap<Id, SeqSet> = self
             .cursors
             .range((cursor_digest, 0)..=(cursor_digest, Id::MAX))
-            .map(|(&(_, key_id), &seq)| (key_id, seq))
+            .map(|(&(_, key_id), &at)| {
+                let giver = &self.consumers[at.consumer as usize].1;
+                (key_id, giver.before(at, key_id))
+            })
             .collect();
         if floor.is_empty() {
             self.resumes_from_unknown_cursor += 1;
         }
         let state = &mut self.consumers[consumer_id as usize].1;
-        state.pass = Some(Pass {
-            number: state.passes,
-            from_start: false,
-            cursor,
-            floor,
-            keys: HashMap::new(),
-            delivered: 0,
-        });
+        state.pass = Some(Pass::new(state.passes, false, cursor, floor));
         state.passes += 1;
         state.finished = false;
         self.passes += 1;
@@ -629,7 +691,8 @@ impl Checker {
 
     /// Ends a pass that is not a final read: records it went past and never
     /// delivered are order anomalies.
-    fn end_pass(&mut self, consumer_id: Id, pass: Pass) {
+    fn end_pass(&mut self, consumer_id: Id, mut pass: Pass) {
+        self.consumers[consumer_id as usize].1.keep(&mut pass);
         let consumer = &self.consumers[consumer_id as usize].0;
         let mut keys: Vec<_> = pass.keys.iter().collect();
         keys.sort_by_key(|(id, _)| **id);
@@ -667,14 +730,7 @@ impl Checker {
                 let number = state.passes;
                 state.passes += 1;
                 self.passes += 1;
-                Pass {
-                    number,
-                    from_start: true,
-                    cursor: String::new(),
-                    floor: HashMap::new(),
-                    keys: HashMap::new(),
-                    delivered: 0,
-                }
+                Pass::new(number, true, String::new(), HashMap::new())
             }
         };
         if !pass.from_start {
@@ -960,21 +1016,22 @@ impl Found {
 fn place(
     key_pass: &mut KeyPass,
     from_start: bool,
-    floor: Option<u64>,
+    floor: Option<&SeqSet>,
     writes: &BTreeMap<u64, Write>,
     seq: u64,
     line: u64,
     t_ms: u64,
 ) -> Option<Found> {
-    if let Some(cursor_seq) = floor
-        && seq <= cursor_seq
+    if let Some(before) = floor
+        && before.contains(seq)
     {
         key_pass.delivered.insert(seq);
         return Some(Found::CursorBackwards {
             delivered_seq: seq,
-            cursor_seq,
+            cursor_seq: before.max().unwrap_or(seq),
         });
     }
+    let floor = floor.and_then(SeqSet::max);
     if key_pass.delivered.contains(seq) {
         return Some(Found::Duplicate { seq });
     }
@@ -1003,7 +1060,16 @@ fn place(
         _ => {
             // Forward: note every record that had to come between the last
             // one this pass holds for the key and this one.
-            let behind = key_pass.max_seq.or(floor);
+            let behind = match (key_pass.max_seq, floor) {
+                (Some(delivered), Some(floor)) => Some(delivered.max(floor)),
+                (delivered, floor) => delivered.or(floor),
+            };
+            // Below the cursor's highest seq yet not before it: a record of
+            // unknown outcome that landed after the cursor was given.
+            // Nothing had to come between it and anything.
+            if behind.is_some_and(|b| seq < b) {
+                return None;
+            }
             if (behind.is_some() || from_start)
                 && let Some(this) = writes.get(&seq)
             {

@@ -87,10 +87,14 @@
 //! 5. **`read_of_failed_write`**: a delivered record whose write got
 //!    `produce_fail`, in either order of the two lines.
 //! 6. **`cursor_backwards`**: a cursor comes after every record read with
-//!    it. After a `resume` from cursor C, a delivery of (key, seq) with seq
-//!    at or below the highest seq of that key read with C redelivers what
-//!    precedes C. A resume from a cursor no read carried sets no floor and
-//!    is counted in the report.
+//!    it. After a `resume` from cursor C, a delivery of (key, seq) that
+//!    precedes C redelivers it: one the pass that was given C delivered
+//!    before it (up to its last read carrying C), or one that preceded the
+//!    cursor that pass resumed from. A lower seq than one read with C is not
+//!    enough: a record of unknown outcome may land after higher seqs of its
+//!    key (a failed session's batch applied late), and then rightly follows
+//!    a cursor given before it landed. A resume from a cursor no read
+//!    carried sets no floor and is counted in the report.
 //! 7. **`copies_diverge`**: in a `copies` event, the copies with `valid_len
 //!    >= seal_len` (full copies) do not all have the same `crc32`.
 //! 8. **`short_copy`**: in a `copies` event, a copy with `valid_len <

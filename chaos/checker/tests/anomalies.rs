@@ -418,6 +418,68 @@ fn given_a_resume_when_a_record_before_the_cursor_is_delivered_should_find_curso
     );
 }
 
+/// Regression (the five-broker long run `20261205T184229Z-long-seed3605`):
+/// a failed session's batch of unknown outcome (seq 2) was applied after
+/// the next session's seq 3, and a cursor given after seq 3 was followed,
+/// rightly, by seq 2. The old rule (anything at or below the highest seq
+/// read with the cursor) called that 16 times `cursor_backwards`.
+#[test]
+fn given_a_late_record_of_unknown_outcome_after_the_cursor_should_not_find_cursor_backwards() {
+    let mut h = History::new();
+    h.write("k1", 1)
+        .send("k1", 2)
+        .unknown("k1", 2)
+        .write("k1", 3);
+    h.read("c", "k1", 1).read("c", "k1", 3);
+    // Seq 2 lands now, after 3, and the pass reads it.
+    h.read("c", "k1", 2);
+    h.resume("c", &cursor("k1", 3));
+    h.read("c", "k1", 2);
+    assert_eq!(h.check().anomalies, vec![]);
+    // Resuming from the cursor given with seq 2 floors it, and seq 1 and 3.
+    let mut h = History::new();
+    h.write("k1", 1)
+        .send("k1", 2)
+        .unknown("k1", 2)
+        .write("k1", 3);
+    h.read("c", "k1", 1).read("c", "k1", 3).read("c", "k1", 2);
+    h.resume("c", &cursor("k1", 2));
+    h.read("c", "k1", 3);
+    let anomalies = h.check().anomalies;
+    assert!(
+        matches!(
+            &anomalies[..],
+            [Anomaly::CursorBackwards {
+                cursor_seq: 3,
+                delivered_seq: 3,
+                ..
+            }]
+        ),
+        "{anomalies:?}"
+    );
+}
+
+/// A pass resumed from C1 gives C2: what preceded C1 precedes C2 too.
+#[test]
+fn given_a_second_resume_should_floor_what_preceded_the_first_cursor() {
+    let mut h = History::new();
+    h.write("k1", 1).write("k1", 2).write("k1", 3);
+    h.read("c", "k1", 1).read("c", "k1", 2);
+    h.resume("c", &cursor("k1", 2)).read("c", "k1", 3);
+    h.resume("c", &cursor("k1", 3)).read("c", "k1", 1);
+    let anomalies = h.check().anomalies;
+    assert!(
+        matches!(
+            &anomalies[..],
+            [Anomaly::CursorBackwards {
+                delivered_seq: 1,
+                ..
+            }]
+        ),
+        "{anomalies:?}"
+    );
+}
+
 #[test]
 fn given_a_cursor_carried_by_a_whole_batch_should_floor_every_key_in_it() {
     let mut h = History::new();
