@@ -149,13 +149,19 @@ impl Consumer {
         };
     }
 
-    /// The seqs of `key` that precede the cursor `at` names.
+    /// The seqs of `key` that precede the cursor `at` names: from the
+    /// pass that was given it, finished or still reading (another
+    /// consumer's pass at the same position is given the same cursor).
     fn before(&self, at: CursorAt, key: Id) -> SeqSet {
-        let Some(record) = self.history.get(at.pass as usize) else {
-            return SeqSet::default();
+        let (floor, order) = match &self.pass {
+            Some(pass) if pass.number == at.pass => (pass.floor.get(&key), pass.order.get(&key)),
+            _ => match self.history.get(at.pass as usize) {
+                Some(record) => (record.floor.get(&key), record.order.get(&key)),
+                None => return SeqSet::default(),
+            },
         };
-        let mut before = record.floor.get(&key).cloned().unwrap_or_default();
-        if let Some(order) = record.order.get(&key) {
+        let mut before = floor.cloned().unwrap_or_default();
+        if let Some(order) = order {
             for &seq in &order[..at.count.min(order.len())] {
                 before.insert(seq);
             }

@@ -459,6 +459,24 @@ fn given_a_late_record_of_unknown_outcome_after_the_cursor_should_not_find_curso
     );
 }
 
+/// Two consumers at one position are given the same cursor: a resume from
+/// it is floored by whichever was given it last, even while that one's
+/// pass is still reading.
+#[test]
+fn given_a_cursor_another_consumer_is_still_reading_with_should_floor_the_resume() {
+    let mut h = History::new();
+    h.write("k1", 1).write("k1", 2).write("k1", 3);
+    h.read("r", "k1", 1)
+        .read("live", "k1", 1)
+        .read("live", "k1", 2);
+    h.resume("r", &cursor("k1", 2)).read("r", "k1", 2);
+    let anomalies = h.check().anomalies;
+    assert!(
+        matches!(&anomalies[..], [Anomaly::CursorBackwards { consumer, delivered_seq: 2, .. }] if consumer == "r"),
+        "{anomalies:?}"
+    );
+}
+
 /// A pass resumed from C1 gives C2: what preceded C1 precedes C2 too.
 #[test]
 fn given_a_second_resume_should_floor_what_preceded_the_first_cursor() {
