@@ -175,6 +175,12 @@ fn the_adr_index_lists_every_decision_record() {
     let (listed, present) = adr_listing(&dir, &index);
     let unlisted: Vec<_> = present.difference(&listed).collect();
     let dangling: Vec<_> = listed.difference(&present).collect();
-    assert!(unlisted.is_empty(), "ADRs missing from docs/adr/README.md: {unlisted:?}");
-    assert!(dangling.is_empty(), "docs/adr/README.md lists missing files: {dangling:?}");
+    assert!(
+        unlisted.is_empty(),
+        "ADRs missing from docs/adr/README.md: {unlisted:?}"
+    );
+    assert!(
+        dangling.is_empty(),
+        "docs/adr/README.md lists missing files: {dangling:?}"
+    );
 }

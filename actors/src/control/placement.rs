@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use malachi_cluster::model::{NodeId, SegmentState, TopicDescription};
+use malachi_cluster::model::{NodeId, RangeId, SegmentState, TopicDescription};
 use malachi_wire::ErrorCode;
 
 use crate::control::metadata::read_owner;
@@ -168,6 +168,33 @@ fn decide(shared: &Shared, topic: &str, servers: &Servers, serve: Serve) -> Resu
         message,
         hint,
     })
+}
+
+/// The refusal of a part of `range` of `topic` that `primary`, another
+/// broker, writes: `not_leader` naming it, or, while membership calls it
+/// dead or does not know its address, naming nobody (the client waits for
+/// its return or a failover).
+pub(crate) fn range_redirect(
+    shared: &Shared,
+    topic: &str,
+    range: RangeId,
+    primary: NodeId,
+) -> Redirect {
+    assert_ne!(
+        primary.0, shared.config.node_id,
+        "a redirect names another broker"
+    );
+    let hint = (!is_dead(shared, primary))
+        .then(|| client_addr_of(shared, primary))
+        .flatten();
+    Redirect {
+        code: ErrorCode::NotLeader,
+        message: format!(
+            "range {} of topic {topic} is written by broker {}, not broker {}",
+            range.0, primary.0, shared.config.node_id
+        ),
+        hint,
+    }
 }
 
 /// Where writes of `topic` go now, if this broker's replica of the

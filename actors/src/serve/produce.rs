@@ -40,7 +40,7 @@ use super::subscribe::ConnCtx;
 use crate::common::budget::{ConnectionBudget, Held};
 use crate::common::convert::IncomingRecord;
 use crate::control::metadata::read_owner;
-use crate::control::placement::{Serve, moved_primary, serve_here};
+use crate::control::placement::{Serve, moved_primary, range_redirect, serve_here};
 use crate::control::shared::Shared;
 use crate::data::invariants::{check_acknowledged, check_append, check_partial, check_routed};
 use crate::data::producers::{self, ProducerTag, Verdict};
@@ -513,11 +513,15 @@ impl Sequencer {
                 state
                     .range(part.range)
                     .filter(|r| r.is_active())
-                    .and_then(|r| r.last_segment()),
+                    .and_then(|r| r.last_segment())
+                    .map(|id| {
+                        let primary = state.segment(id).and_then(|s| s.replicas.first().copied());
+                        (id, primary)
+                    }),
             )
         });
-        let segment = match active {
-            Ok(Some(segment)) => segment,
+        let (segment, primary) = match active {
+            Ok(Some(found)) => found,
             Ok(None) => return self.reroute(part, &topic),
             Err(refusal) => {
                 self.resolve(part, Outcome::Failed(refusal));
@@ -530,6 +534,17 @@ impl Sequencer {
             return Sent::Deferred;
         }
         let Some(handle) = self.shared.segment(segment) else {
+            // Another broker writes this range (a topic's ranges may have
+            // different primaries): say which, at once. Held here, the part
+            // waited out its deadline for a writer that never starts here,
+            // and the client timed out (issue 36, five brokers).
+            if let Some(primary) = primary
+                && primary.0 != self.shared.config.node_id
+            {
+                let redirect = range_redirect(&self.shared, &topic, part.range, primary);
+                self.resolve(part, Outcome::Failed(ServeError::Redirect(redirect)));
+                return Sent::Done;
+            }
             // The segment actor is starting (after a roll or a restart).
             lane.waiting.insert(part.ticket, part);
             return Sent::Deferred;

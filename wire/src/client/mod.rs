@@ -240,6 +240,9 @@ impl ClientError {
 /// Addresses a client remembers (bootstrap, hints, brokers listed by
 /// `cluster_status`): the bound of the list it looks through.
 const KNOWN_ADDRS_MAX: usize = 256;
+/// Per-range routes a client keeps at most; past it they are forgotten
+/// together and learned again from the brokers' hints.
+const RANGE_ROUTES_MAX: usize = 4_096;
 /// How long asking a broker for the cluster's brokers may take.
 const DISCOVERY_TIMEOUT_MS: u64 = 1_000;
 /// The least time between two such questions.
@@ -303,6 +306,9 @@ struct RouteState {
     default_addr: String,
     /// The last hinted owner of each topic.
     topics: HashMap<String, String>,
+    /// The last hinted primary of a topic's range, for the producer, which
+    /// sends one range per request.
+    ranges: HashMap<(String, u64), String>,
     /// Every broker address known, bootstrap first: where a request goes
     /// when the broker it went to cannot serve it and names nobody.
     known: Vec<String>,
@@ -378,6 +384,32 @@ impl Client {
             .and_then(|t| state.topics.get(t))
             .unwrap_or(&state.default_addr)
             .clone()
+    }
+
+    /// Where parts of one range of `topic` go: the broker last hinted for
+    /// that range, else the topic's. A topic's ranges may have different
+    /// primaries; routing the whole topic to one broker bounced the
+    /// producer between them (issue 36).
+    fn addr_for_range(&self, topic: &str, range: u64) -> String {
+        let state = self.state();
+        state
+            .ranges
+            .get(&(topic.to_owned(), range))
+            .or_else(|| state.topics.get(topic))
+            .unwrap_or(&state.default_addr)
+            .clone()
+    }
+
+    /// Remembers where `range` of `topic` is written; the routes kept are
+    /// bounded (`RANGE_ROUTES_MAX`): past it, the topic's route serves.
+    fn remember_range(&self, topic: &str, range: u64, addr: &str) {
+        let mut state = self.state();
+        let key = (topic.to_owned(), range);
+        if state.ranges.len() >= RANGE_ROUTES_MAX && !state.ranges.contains_key(&key) {
+            state.ranges.clear();
+        }
+        state.ranges.insert(key, addr.to_owned());
+        debug_assert!(state.ranges.len() <= RANGE_ROUTES_MAX);
     }
 
     /// The open connection to `addr`, opening (and negotiating) it if needed.

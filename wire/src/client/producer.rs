@@ -562,7 +562,7 @@ impl Producer {
                 return;
             }
         };
-        let addr = self.client.addr_for(Some(&self.topic));
+        let addr = self.client.addr_for_range(&self.topic, range);
         let deadline = (entry.created + self.delivery_timeout).into();
         let submitted = match self.client.connection_until(&addr, deadline).await {
             Ok(connection) => connection.submit(ApiKey::Produce, payload).await,
@@ -571,7 +571,7 @@ impl Producer {
         let submitted = match submitted {
             Ok(submitted) => submitted,
             Err(error) => {
-                self.reroute_connection(&addr, &error).await;
+                self.reroute_connection(range, &addr, &error).await;
                 let part = error.part(&addr);
                 self.back_off(i, &error, part);
                 return;
@@ -611,10 +611,10 @@ impl Producer {
     ///
     /// It borrows only the client (`Sync`), not the producer, across its
     /// await: the producer's futures keep it `Send` but not `Sync`.
-    async fn reroute_connection(&mut self, addr: &str, error: &ClientError) {
+    async fn reroute_connection(&mut self, range: u64, addr: &str, error: &ClientError) {
         reroute(
             &self.client,
-            &self.topic,
+            (&self.topic, range),
             self.delivery_timeout,
             addr,
             error,
@@ -763,7 +763,10 @@ impl Producer {
                 self.refuse_if_uncertain(&error)
             }
             _ if error.retriable() || is_timeout(&error) => {
-                self.reroute_connection(addr, &error).await;
+                // An entry refused before its range was assigned has none:
+                // it is routed as the topic's range 0 would be.
+                let range = self.queue[i].assigned.map_or(0, |(range, _, _)| range);
+                self.reroute_connection(range, addr, &error).await;
                 let part = error.part(addr);
                 self.back_off(i, &error, part);
                 Ok(())
@@ -773,21 +776,23 @@ impl Producer {
     }
 }
 
-/// [`Producer::reroute_connection`] over the client alone.
+/// [`Producer::reroute_connection`] over the client alone. Routes are per
+/// range: a topic's ranges may be written by different brokers, and a hint
+/// about one range says nothing of the others.
 async fn reroute(
     client: &Client,
-    topic: &str,
+    (topic, range): (&str, u64),
     delivery_timeout: Duration,
     addr: &str,
     error: &ClientError,
 ) {
     // Several attempts in flight fail together: the first one's reroute
-    // stands, the others' answers are about a broker the topic no longer
+    // stands, the others' answers are about a broker the range no longer
     // goes to.
     if is_timeout(error) {
         client.suspect(addr);
     }
-    if client.addr_for(Some(topic)) != addr {
+    if client.addr_for_range(topic, range) != addr {
         return;
     }
     if let Some(hint) = error.leader_hint() {
@@ -798,12 +803,12 @@ async fn reroute(
             return;
         }
         client.learn(hint);
-        client.remember(Some(topic), hint);
+        client.remember_range(topic, range, hint);
     } else if error.look_elsewhere() || is_timeout(error) {
         let deadline = Instant::now() + delivery_timeout;
         let next = client.elsewhere(addr, deadline.into()).await;
-        debug!(%topic, from = %addr, to = %next, %error, "asking another broker");
-        client.remember(Some(topic), &next);
+        debug!(%topic, range, from = %addr, to = %next, %error, "asking another broker");
+        client.remember_range(topic, range, &next);
     }
 }
 
