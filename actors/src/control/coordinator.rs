@@ -1302,7 +1302,7 @@ async fn seal_deposed(shared: &Arc<Shared>, segment: SegmentId, length: u64) -> 
     let id = malachi_storage::SegmentId(segment.0);
     let settled = tokio::task::spawn_blocking(move || {
         if let Err(malachi_storage::StorageError::NotOpen { .. }) = store.info(id) {
-            if !store.log_path(id).exists() {
+            if !store.has_copy(id) {
                 // No copy here (it was never written, or healing moved it).
                 return Ok((true, 0));
             }
@@ -1357,7 +1357,7 @@ async fn stop_segment_actor(storage: &malachi_supervision::SupervisorRef, name: 
 
 /// Releases the store's open handle of a segment copy whose actor stopped.
 /// A failure leaves a file open until shutdown, no data at risk: logged.
-async fn close_copy(store: &Arc<malachi_storage::FileStore>, segment: SegmentId) {
+async fn close_copy(store: &Arc<dyn SegmentStore>, segment: SegmentId) {
     let store = Arc::clone(store);
     let id = malachi_storage::SegmentId(segment.0);
     match tokio::task::spawn_blocking(move || store.close(id)).await {
@@ -1608,7 +1608,7 @@ async fn sealed_at_leader(
         let id = malachi_storage::SegmentId(segment.0);
         let restarting = shared.segment(*segment).is_none()
             && shared.store.info(id).is_err()
-            && shared.store.log_path(id).exists();
+            && shared.store.has_copy(id);
         let replicated = read_owner(plane.as_ref(), topic, |state| {
             state
                 .segment(*segment)

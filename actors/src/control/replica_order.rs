@@ -78,7 +78,7 @@ async fn on_copy<T: Send + 'static>(
     shared: &Arc<Shared>,
     segment: SegmentId,
     call: impl FnOnce(
-        &malachi_storage::FileStore,
+        &dyn SegmentStore,
         malachi_storage::SegmentId,
     ) -> Result<T, StorageError>
     + Send

@@ -239,7 +239,7 @@ impl<'a> Lineage<'a> {
         // A segment this broker holds no copy of (its successor placed on
         // a broker that never held it): opening it would create an empty
         // copy that reads as lost records. A holder's copy stands in.
-        if !self.storage.store.log_path(id).exists() {
+        if !self.storage.store.has_copy(id) {
             if ancestor.fetchable(self.storage.config.node_id) {
                 debug!(segment = %id, topic = self.topic, "no local copy of the predecessor; its producer state is read from a holder");
                 self.wanted.insert(segment);
@@ -297,18 +297,18 @@ impl<'a> Lineage<'a> {
             warn!(segment = %id, error = %e, "cannot open a predecessor copy for its producer state");
         }
         match read_sidecar(self.storage, id, self.limits) {
-            Ok(table) => {
+            Ok(Some(table)) => {
                 return Built {
                     table: Some(table),
                     whole: true,
                 };
             }
-            Err(reason) if store.producers_path(id).exists() => {
+            Err(reason) => {
                 warn!(segment = %id, %reason, "the producer sidecar cannot be read; rebuilding it");
             }
             // Expected after a failover: only the primary that rolled
             // writes a sidecar, and this broker followed the segment.
-            Err(_) => {
+            Ok(None) => {
                 debug!(segment = %id, depth, "no producer sidecar; rebuilding it from the ancestors and the log")
             }
         }
@@ -345,20 +345,18 @@ impl<'a> Lineage<'a> {
     }
 }
 
-/// Writes `table` as `id`'s sidecar, atomically. A failure is logged: the
+/// Writes `table` as `id`'s sidecar (kept by the store beside the copy),
+/// atomically. A failure is logged: the
 /// table is rebuilt the next time it is needed.
 pub(crate) fn write_sidecar(
     storage: &Storage,
     id: malachi_storage::SegmentId,
     table: &ProducerTable,
 ) {
-    let store = &storage.store;
-    let path = store.producers_path(id);
-    match malachi_storage::marker::write_atomically(
-        store.dir(),
-        &path,
-        &producers::encode_sidecar(table),
-    ) {
+    match storage
+        .store
+        .write_sidecar(id, &producers::encode_sidecar(table))
+    {
         Ok(()) => debug!(segment = %id, "producer sidecar written"),
         // Expected on a full volume: the table is rebuilt when needed.
         Err(e) if e.is_no_space() => {
@@ -368,14 +366,18 @@ pub(crate) fn write_sidecar(
     }
 }
 
+/// `id`'s producer sidecar, `None` when it has none.
 fn read_sidecar(
     storage: &Storage,
     id: malachi_storage::SegmentId,
     limits: ProducerLimits,
-) -> Result<ProducerTable, String> {
-    let path = storage.store.producers_path(id);
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    producers::decode_sidecar(&bytes, limits).map_err(|e| e.to_string())
+) -> Result<Option<ProducerTable>, String> {
+    let Some(bytes) = storage.store.read_sidecar(id).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    producers::decode_sidecar(&bytes, limits)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// The copy could not be read to its end; the tags read so far are applied.

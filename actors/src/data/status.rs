@@ -74,8 +74,8 @@ pub(crate) fn sealed_copy_health(
     // is no data loss): only a lone copy is opened to be checked.
     if alone
         && info.is_err()
-        && storage.store.log_path(id).exists()
-        && !storage.store.seal_path(id).exists()
+        && storage.store.has_copy(id)
+        && !storage.store.has_seal_marker(id)
     {
         // Sealed in the metadata, with no seal marker on the copy: a roll
         // away from a damaged copy leaves it so (or a crash before the
@@ -101,9 +101,9 @@ pub(crate) fn sealed_copy_health(
             };
             Some((status, Some(info.durable.min(length))))
         }
-        Err(_) => match std::fs::metadata(storage.store.log_path(id)) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(("missing", None)),
-            Ok(meta) if meta.len() < bytes => Some(("short", None)),
+        Err(_) => match storage.store.copy_bytes(id) {
+            Ok(None) => Some(("missing", None)),
+            Ok(Some(len)) if len < bytes => Some(("short", None)),
             _ => None,
         },
     }

@@ -25,7 +25,7 @@ use malachi_cluster::model::{
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use malachi_storage::{FileStore, FrameView, SegmentStore, StorageError};
+use malachi_storage::{FrameView, SegmentStore, StorageError};
 use malachi_wire::WireError;
 use malachi_wire::batch::{BatchBuilder, BatchError, RecordRef, varint_bytes};
 use malachi_wire::frame::RESPONSE_HEADER_BYTES;
