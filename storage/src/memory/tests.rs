@@ -3,7 +3,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::frame::FrameError;
 use crate::record::Record;
-use crate::store::SegmentStore;
+use crate::store::{OrderEpoch, SegmentStore};
 
 const SEG: SegmentId = SegmentId(7);
 
