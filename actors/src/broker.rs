@@ -9,7 +9,6 @@ use std::time::Duration;
 use malachi_cluster::cursor::CursorKey;
 use malachi_cluster::membership::Membership;
 use malachi_cluster::model::CursorSecret;
-use malachi_storage::SegmentStore;
 use malachi_supervision::{
     Backoff, ChildKind, ChildSpec, Intensity, Strategy, Supervisor, SupervisorArgs, SupervisorRef,
     SupervisorSnapshot,

@@ -175,7 +175,7 @@ impl VerifyReport {
 
 /// The storage layer's contract. Implementations must be safe to share
 /// between threads; `append` must not block on I/O (it returns a ticket).
-pub trait SegmentStore: Send + Sync {
+pub trait SegmentStore: Send + Sync + fmt::Debug {
     /// Opens a segment copy, creating it if absent, or recovers it after a
     /// crash: a torn tail is truncated, damage in the middle is an error.
     fn open(&self, segment: SegmentId) -> Result<Recovery, StorageError>;

@@ -90,7 +90,7 @@ async fn on_copy<T: Send + 'static>(
         if let Err(StorageError::NotOpen { .. }) = store.info(id) {
             store.open(id)?;
         }
-        call(&store, id)
+        call(store.as_ref(), id)
     })
     .await
     .unwrap_or_else(|e| {

@@ -34,7 +34,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use malachi_cluster::model::{NodeId, RangeId, SegmentId};
-use malachi_storage::SegmentStore;
 use malachi_storage::frame::FrameError;
 use tracing::{debug, info, warn};
 
@@ -204,11 +203,11 @@ impl<'a> Lineage<'a> {
             // Past the ancestry's bound (or gone from the metadata): only
             // a sidecar held here speaks for it.
             return match read_sidecar(self.storage, id, self.limits) {
-                Ok(table) => Built {
+                Ok(Some(table)) => Built {
                     table: Some(table),
                     whole: true,
                 },
-                Err(_) => {
+                Ok(None) | Err(_) => {
                     debug!(segment = %id, "an ancestor past the ancestry bound has no sidecar here; its producers are not carried on");
                     Built {
                         table: None,
@@ -283,7 +282,7 @@ impl<'a> Lineage<'a> {
         // may not have opened its copy since it started.
         if let Err(malachi_storage::StorageError::NotOpen { .. }) = store.info(id)
             && let Err(e) = super::damage::open_copy(
-                store,
+                store.as_ref(),
                 Some(&self.storage.metrics),
                 segment,
                 None,
@@ -684,7 +683,7 @@ pub(crate) mod fixture {
             storage.store.append(id, &records).unwrap().wait().unwrap();
         }
         storage.store.seal(id, records.len() as u64).unwrap();
-        assert!(!storage.store.producers_path(id).exists());
+        assert!(storage.store.read_sidecar(id).unwrap().is_none());
     }
 
     /// A sealed ancestor of `RANGE`.
@@ -770,8 +769,9 @@ mod tests {
     fn has_sidecar(storage: &Storage, segment: u64) -> bool {
         storage
             .store
-            .producers_path(malachi_storage::SegmentId(segment))
-            .exists()
+            .read_sidecar(malachi_storage::SegmentId(segment))
+            .unwrap()
+            .is_some()
     }
 
     /// A (X's batches), B (Y's only), both sealed an hour ago, no sidecars.
@@ -808,7 +808,8 @@ mod tests {
         start(&storage, &ancestry);
         assert!(has_sidecar(&storage, 1) && has_sidecar(&storage, 2));
         // The next open stops at B's sidecar: A's log is not needed.
-        std::fs::remove_file(storage.store.log_path(malachi_storage::SegmentId(1))).unwrap();
+        let log = format!("{}.log", malachi_storage::SegmentId(1).file_stem());
+        std::fs::remove_file(dir.path().join(log)).unwrap();
         let table = start(&storage, &ancestry);
         assert_eq!(table.check(&tag(X, 3), 1), Verdict::Append);
         assert_eq!(
@@ -864,10 +865,7 @@ mod tests {
         assert_eq!(table.check(&tag(Y, 1), 1), Verdict::Append);
         assert!(!has_sidecar(&storage, 2));
         assert!(
-            !storage
-                .store
-                .log_path(malachi_storage::SegmentId(1))
-                .exists()
+            !storage.store.has_copy(malachi_storage::SegmentId(1))
         );
     }
 
@@ -998,10 +996,7 @@ mod tests {
         // segment 1 (nor a sidecar for it) was made here.
         assert!(has_sidecar(&storage, 2) && !has_sidecar(&storage, 1));
         assert!(
-            !storage
-                .store
-                .log_path(malachi_storage::SegmentId(1))
-                .exists()
+            !storage.store.has_copy(malachi_storage::SegmentId(1))
         );
     }
 

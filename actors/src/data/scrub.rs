@@ -21,7 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use malachi_storage::{SegmentStore, StorageError, VerifyReport};
+use malachi_storage::{StorageError, VerifyReport};
 use malachi_wire::replica_status::{ScrubSeal, ScrubVerdict};
 
 use super::storage::Storage;

@@ -7,7 +7,6 @@
 //! open rather than being recovered for a describe) and writes nothing.
 
 use malachi_cluster::model::SegmentId;
-use malachi_storage::SegmentStore;
 use malachi_wire::replica_status::CopyStatus;
 
 use super::storage::Storage;
@@ -81,7 +80,7 @@ pub(crate) fn sealed_copy_health(
         // away from a damaged copy leaves it so (or a crash before the
         // marker). Rare, so the copy is opened and checked.
         info = super::damage::open_copy(
-            &storage.store,
+            storage.store.as_ref(),
             Some(&storage.metrics),
             SegmentId(segment),
             Some(length),
