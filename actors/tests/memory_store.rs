@@ -130,7 +130,11 @@ async fn a_follower_whose_memory_store_crashes_loses_no_acknowledged_record() {
         brokers.push(Some(start_on(config, &stores[node_id as usize - 1]).await));
     }
     for b in brokers.iter().flatten() {
-        assert!(b.wait_ready(30_000).await, "broker {} never ready", b.node_id());
+        assert!(
+            b.wait_ready(30_000).await,
+            "broker {} never ready",
+            b.node_id()
+        );
     }
     let mut admin = TestClient::connect(brokers[0].as_ref().unwrap().client_addr()).await;
     assert!(
@@ -182,7 +186,10 @@ async fn a_follower_whose_memory_store_crashes_loses_no_acknowledged_record() {
     let live: Vec<SocketAddr> = brokers.iter().flatten().map(|b| b.client_addr()).collect();
     let config = cluster_node(root.path(), follower, &live);
     let back = start_on(config, store).await;
-    assert!(back.wait_ready(30_000).await, "the follower never came back");
+    assert!(
+        back.wait_ready(30_000).await,
+        "the follower never came back"
+    );
     brokers[follower as usize - 1] = Some(back);
 
     let third = batch("c", 30);

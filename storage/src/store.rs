@@ -5,9 +5,9 @@ use std::ops::ControlFlow;
 
 use crate::error::StorageError;
 use crate::frame::FrameView;
-use crate::record::{RecordBatch, StoredRecord};
 #[cfg(doc)]
 use crate::record::RecordParts;
+use crate::record::{RecordBatch, StoredRecord};
 use crate::scan::{BadFrame, LaterFrame};
 use crate::ticket::AppendTicket;
 

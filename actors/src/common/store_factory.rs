@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use malachi_storage::{FileStore, SegmentStore, StorageError, StoreConfig};
 
-type Open =
-    dyn Fn(&Path, StoreConfig) -> Result<Arc<dyn SegmentStore>, StorageError> + Send + Sync;
+type Open = dyn Fn(&Path, StoreConfig) -> Result<Arc<dyn SegmentStore>, StorageError> + Send + Sync;
 
 /// Opens the broker's segment store at start, given the segments directory
 /// and the store settings of the broker's configuration.

@@ -77,10 +77,7 @@ fn held(shared: &Shared, topic: &str, segment: SegmentId) -> Held {
 async fn on_copy<T: Send + 'static>(
     shared: &Arc<Shared>,
     segment: SegmentId,
-    call: impl FnOnce(
-        &dyn SegmentStore,
-        malachi_storage::SegmentId,
-    ) -> Result<T, StorageError>
+    call: impl FnOnce(&dyn SegmentStore, malachi_storage::SegmentId) -> Result<T, StorageError>
     + Send
     + 'static,
 ) -> Result<T, StorageError> {

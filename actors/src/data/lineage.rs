@@ -864,9 +864,7 @@ mod tests {
         let table = start(&storage, &ancestry);
         assert_eq!(table.check(&tag(Y, 1), 1), Verdict::Append);
         assert!(!has_sidecar(&storage, 2));
-        assert!(
-            !storage.store.has_copy(malachi_storage::SegmentId(1))
-        );
+        assert!(!storage.store.has_copy(malachi_storage::SegmentId(1)));
     }
 
     /// X's verdict for its next batch at the end of a chain of `chain`
@@ -995,9 +993,7 @@ mod tests {
         // Segment 2's table is whole now and written down; no copy of
         // segment 1 (nor a sidecar for it) was made here.
         assert!(has_sidecar(&storage, 2) && !has_sidecar(&storage, 1));
-        assert!(
-            !storage.store.has_copy(malachi_storage::SegmentId(1))
-        );
+        assert!(!storage.store.has_copy(malachi_storage::SegmentId(1)));
     }
 
     #[tokio::test]

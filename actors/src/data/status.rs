@@ -71,11 +71,7 @@ pub(crate) fn sealed_copy_health(
     let mut info = storage.store.info(id);
     // A copy of several short of its seal is caught up from another (and
     // is no data loss): only a lone copy is opened to be checked.
-    if alone
-        && info.is_err()
-        && storage.store.has_copy(id)
-        && !storage.store.has_seal_marker(id)
-    {
+    if alone && info.is_err() && storage.store.has_copy(id) && !storage.store.has_seal_marker(id) {
         // Sealed in the metadata, with no seal marker on the copy: a roll
         // away from a damaged copy leaves it so (or a crash before the
         // marker). Rare, so the copy is opened and checked.

@@ -251,7 +251,9 @@ fn start_positions(
                 .collect(),
             Vec::new(),
         ),
-        None => tokio::task::block_in_place(|| tail_positions(shared.store.as_ref(), &copies, &active))?,
+        None => {
+            tokio::task::block_in_place(|| tail_positions(shared.store.as_ref(), &copies, &active))?
+        }
     };
     Ok((incarnation, positions, elsewhere))
 }

@@ -1112,9 +1112,9 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use malachi_storage::FileStore;
     use malachi_cluster::cursor::{Cursor, CursorKey, CursorKeys};
     use malachi_cluster::model::{Band, ReadSlice, SegmentSpan};
+    use malachi_storage::FileStore;
     use malachi_storage::{Record, StoreConfig};
     use malachi_wire::Message;
     use malachi_wire::messages::{FetchResponse, SubscribePush};

@@ -196,7 +196,11 @@ impl MemoryStore {
             let body_crc = frame::encode_unsealed(&mut frames, record);
             frame::seal_frame(&mut frames[start..], offset, durable_below, body_crc);
         }
-        debug!(records = records.len(), bytes = batch_bytes, "memory append framed");
+        debug!(
+            records = records.len(),
+            bytes = batch_bytes,
+            "memory append framed"
+        );
         Ok(frames)
     }
 }

@@ -314,12 +314,13 @@ impl SegmentStore for MemoryStore {
         };
         let (mut at, mut taken) = (0usize, 0usize);
         while at < bytes.len() {
-            let (view, len) = frame::decode(&bytes[at..]).map_err(|reason| StorageError::Corrupt {
-                segment,
-                position: at as u64,
-                offset: from + taken as u64,
-                reason,
-            })?;
+            let (view, len) =
+                frame::decode(&bytes[at..]).map_err(|reason| StorageError::Corrupt {
+                    segment,
+                    position: at as u64,
+                    offset: from + taken as u64,
+                    reason,
+                })?;
             if taken > 0 && at + len > bytes_max {
                 break;
             }

@@ -129,10 +129,17 @@ fn frames_replicate_between_memory_and_file_stores() {
     let memory = store(4);
     memory.open(SEG).unwrap();
     file.open(SEG).unwrap();
-    memory.append(SEG, &batch(0, 5, 32)).unwrap().wait().unwrap();
+    memory
+        .append(SEG, &batch(0, 5, 32))
+        .unwrap()
+        .wait()
+        .unwrap();
     let run = memory.read_frames(SEG, 0, 1 << 20).unwrap();
     assert_eq!(run.records, 5);
-    file.append_frames(SEG, 0, &run.bytes).unwrap().wait().unwrap();
+    file.append_frames(SEG, 0, &run.bytes)
+        .unwrap()
+        .wait()
+        .unwrap();
     let back = file.read_frames(SEG, 2, 1 << 20).unwrap();
     memory.close(SEG).unwrap();
     memory.remove_copy(SEG).unwrap();
@@ -141,7 +148,11 @@ fn frames_replicate_between_memory_and_file_stores() {
         memory.append_frames(SEG, 2, &back.bytes),
         Err(StorageError::NotAtEnd { .. })
     ));
-    memory.append_frames(SEG, 0, &run.bytes).unwrap().wait().unwrap();
+    memory
+        .append_frames(SEG, 0, &run.bytes)
+        .unwrap()
+        .wait()
+        .unwrap();
     assert_eq!(read_all(&memory), batch(0, 5, 32));
 }
 
@@ -156,7 +167,10 @@ fn a_copy_set_aside_opens_empty_and_is_discarded_once() {
     assert_eq!(store.open(SEG).unwrap().info.length, 0);
     assert!(store.discard_aside(SEG).unwrap() > 0);
     assert_eq!(store.local_copies().unwrap(), vec![SEG]);
-    assert_eq!(store.read_sidecar(SEG).unwrap().as_deref(), Some(&b"producers"[..]));
+    assert_eq!(
+        store.read_sidecar(SEG).unwrap().as_deref(),
+        Some(&b"producers"[..])
+    );
     assert!(store.remove_copy(SEG).unwrap() > 0);
     assert!(store.local_copies().unwrap().is_empty());
 }
