@@ -9,7 +9,6 @@ use std::time::Duration;
 use malachi_cluster::cursor::CursorKey;
 use malachi_cluster::membership::Membership;
 use malachi_cluster::model::CursorSecret;
-use malachi_storage::{FileStore, SegmentStore};
 use malachi_supervision::{
     Backoff, ChildKind, ChildSpec, Intensity, Strategy, Supervisor, SupervisorArgs, SupervisorRef,
     SupervisorSnapshot,
@@ -22,6 +21,7 @@ use crate::admin::http::{AdminActor, AdminArgs};
 use crate::common::clock::{Clock, SystemClock};
 use crate::common::config::BrokerConfig;
 use crate::common::error::BrokerError;
+use crate::common::store_factory::StoreFactory;
 use crate::control::coordinator::CoordinatorMsg;
 use crate::control::manager::ManagerActor;
 use crate::control::shared::{RaftEndpoint, Shared};
@@ -460,6 +460,17 @@ impl Broker {
         config: BrokerConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<BrokerHandle, BrokerError> {
+        Broker::start_with_store(config, clock, StoreFactory::default()).await
+    }
+
+    /// Starts a broker as [`start_with_clock`](Self::start_with_clock) does,
+    /// on the segment store `store` opens (ADR 0131) instead of a
+    /// `FileStore` over `data_dir/segments`.
+    pub async fn start_with_store(
+        config: BrokerConfig,
+        clock: Arc<dyn Clock>,
+        store: StoreFactory,
+    ) -> Result<BrokerHandle, BrokerError> {
         config.validate()?;
         if tokio::runtime::Handle::current().runtime_flavor()
             != tokio::runtime::RuntimeFlavor::MultiThread
@@ -524,10 +535,7 @@ impl Broker {
         find_cluster(&mut config, &mut fabric, &mut plan).await?;
         // Segments open only once the cluster is known: a refused start
         // touches none of them.
-        let store = Arc::new(FileStore::open_dir(
-            data_dir.join("segments"),
-            config.store_config(),
-        )?);
+        let store = store.open(&data_dir.join("segments"), config.store_config())?;
         let shared = Arc::new(Shared::new(
             config,
             store,

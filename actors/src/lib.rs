@@ -3,9 +3,9 @@
 //! [`Broker::start`] builds the tree of the design's `layout.md` on
 //! `malachi-supervision` (`broker::build_tree`), and the modules follow it:
 //! a root `broker` supervisor over `storage` (`data`: one segment actor per
-//! active segment this broker is the primary of, over a shared `FileStore`,
-//! and the ReplicationServer, `storage/replication`, which ships a primary's
-//! frames and writes a follower's copies), `metadata` (`control`: the
+//! active segment this broker is the primary of, over a shared `SegmentStore`
+//! (a `FileStore` by default), and the ReplicationServer, `storage/replication`,
+//! which ships a primary's frames and writes a follower's copies), `metadata` (`control`: the
 //! `vnodes` actor owning this broker's vnode replicas, each an openraft
 //! group, and the raft port; then the coordinator manager, which runs a
 //! `coordinator/<vnode>` carrying topic, roll, split and merge logic for
@@ -54,6 +54,7 @@ pub use common::config::{
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;
+pub use common::store_factory::StoreFactory;
 
 /// The decoders of what a peer broker sends over the node fabric, public
 /// only for the fuzz targets in `fuzz/` (through `fuzz-bodies/`): the same

@@ -711,7 +711,7 @@ fn append_retrying(
     busy: &AtomicU64,
 ) -> Result<AppendTicket, StorageError> {
     loop {
-        match store.append(segment, records) {
+        match store.append(segment, &records) {
             Err(StorageError::Busy { .. }) => {
                 busy.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(BUSY_BACKOFF);

@@ -55,7 +55,7 @@ use crate::error::StorageError;
 use crate::frame::{self, FrameError, FrameView};
 use crate::index::{IndexEntry, SparseIndex};
 use crate::marker;
-use crate::record::RecordParts;
+use crate::record::RecordBatch;
 use crate::scan::{self, FrameReader, Next};
 use crate::store::{
     FenceInfo, FrameRun, Loss, OrderEpoch, Recovery, SealInfo, SegmentId, SegmentInfo,
@@ -1053,10 +1053,10 @@ impl SegmentStore for FileStore {
         Ok(st.lost.as_ref().map(|(loss, _)| *loss))
     }
 
-    fn append<R: RecordParts>(
+    fn append(
         &self,
         segment: SegmentId,
-        records: &[R],
+        records: &dyn RecordBatch,
     ) -> Result<AppendTicket, StorageError> {
         let cfg = &self.shared.config;
         let seg = self.segment(segment)?;
@@ -1064,7 +1064,7 @@ impl SegmentStore for FileStore {
         let mut starts = Vec::with_capacity(records.len());
         let mut body_crcs = Vec::with_capacity(records.len());
         let mut batch_bytes = 0usize;
-        for record in records {
+        for record in records.iter() {
             let payload = frame::payload_len(record).unwrap_or(usize::MAX);
             if payload > cfg.record_bytes_max {
                 return Err(StorageError::RecordTooLarge {
@@ -1083,7 +1083,7 @@ impl SegmentStore for FileStore {
             });
         }
         frames.reserve_exact(batch_bytes);
-        for record in records {
+        for record in records.iter() {
             starts.push(frames.len());
             body_crcs.push(frame::encode_unsealed(&mut frames, record));
         }
@@ -1627,6 +1627,60 @@ impl SegmentStore for FileStore {
         self.shared.segments.lock().remove(&segment);
         trimmed
     }
+
+    fn copy_bytes(&self, segment: SegmentId) -> Result<Option<u64>, StorageError> {
+        let path = self.log_path(segment);
+        match std::fs::metadata(&path) {
+            Ok(meta) => Ok(Some(meta.len())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StorageError::io("stat log", &path, e)),
+        }
+    }
+
+    fn has_seal_marker(&self, segment: SegmentId) -> bool {
+        self.seal_path(segment).exists()
+    }
+
+    fn read_sidecar(&self, segment: SegmentId) -> Result<Option<Vec<u8>>, StorageError> {
+        let path = self.producers_path(segment);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StorageError::io("read sidecar", &path, e)),
+        }
+    }
+
+    fn write_sidecar(&self, segment: SegmentId, bytes: &[u8]) -> Result<(), StorageError> {
+        marker::write_atomically(&self.shared.dir, &self.producers_path(segment), bytes)
+    }
+
+    fn set_aside(&self, segment: SegmentId) -> Result<bool, StorageError> {
+        FileStore::set_aside(self, segment)
+    }
+
+    fn is_aside(&self, segment: SegmentId) -> bool {
+        FileStore::is_aside(self, segment)
+    }
+
+    fn discard_aside(&self, segment: SegmentId) -> Result<u64, StorageError> {
+        FileStore::discard_aside(self, segment)
+    }
+
+    fn repair_index(&self, segment: SegmentId) -> Result<(), StorageError> {
+        FileStore::repair_index(self, segment)
+    }
+
+    fn remove_copy(&self, segment: SegmentId) -> Result<u64, StorageError> {
+        FileStore::remove_copy(self, segment)
+    }
+
+    fn local_copies(&self) -> Result<Vec<SegmentId>, StorageError> {
+        FileStore::local_copies(self)
+    }
+
+    fn copy_modified(&self, segment: SegmentId) -> Option<std::time::SystemTime> {
+        FileStore::copy_modified(self, segment)
+    }
 }
 
 impl Shared {
@@ -1688,7 +1742,7 @@ fn stored_end(st: &SegState) -> (u64, u64) {
 /// Checks a replica's run of frames: each decodes (magic, bounds, CRC,
 /// structure), fits `record_bytes_max`, and carries the next offset from
 /// `first`. Returns where each frame starts.
-fn check_frames(
+pub(crate) fn check_frames(
     segment: SegmentId,
     first: u64,
     frames: &[u8],

@@ -89,7 +89,7 @@ impl FrameView<'_> {
 }
 
 /// The payload size of a record's frame, or `None` if it overflows `usize`.
-pub fn payload_len(record: &impl RecordParts) -> Option<usize> {
+pub fn payload_len(record: &(impl RecordParts + ?Sized)) -> Option<usize> {
     let mut len = PAYLOAD_FIXED_BYTES
         .checked_add(record.key().len())?
         .checked_add(record.value().len())?;
@@ -118,7 +118,10 @@ pub fn encode(buf: &mut Vec<u8>, offset: u64, durable_below: u64, record: &Recor
 ///
 /// The store encodes a batch outside its segment lock with this and finishes
 /// each frame with [`seal_frame`] once the flush that writes it is known.
-pub(crate) fn encode_unsealed(buf: &mut Vec<u8>, record: &impl RecordParts) -> crc32fast::Hasher {
+pub(crate) fn encode_unsealed(
+    buf: &mut Vec<u8>,
+    record: &(impl RecordParts + ?Sized),
+) -> crc32fast::Hasher {
     let payload = payload_len(record).unwrap_or(usize::MAX);
     assert!(
         payload <= FRAME_PAYLOAD_BYTES_MAX,

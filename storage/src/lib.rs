@@ -14,6 +14,7 @@ mod file_store;
 pub mod frame;
 pub mod index;
 pub mod marker;
+mod memory;
 mod record;
 mod removal;
 pub mod scan;
@@ -23,7 +24,8 @@ mod ticket;
 pub use error::StorageError;
 pub use file_store::{FileStore, StoreStats};
 pub use frame::{FrameError, FrameView};
-pub use record::{Record, RecordParts, StoredRecord};
+pub use memory::{CrashReport, MemoryStore};
+pub use record::{Record, RecordBatch, RecordParts, StoredRecord};
 pub use scan::{BadFrame, LaterFrame};
 pub use store::{
     FLUSH_PIPELINE_DEPTH_MAX, FenceInfo, FrameRun, Loss, OrderEpoch, Recovery, SealInfo,

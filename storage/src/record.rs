@@ -62,3 +62,55 @@ pub struct StoredRecord {
     pub offset: u64,
     pub record: Record,
 }
+
+/// A batch of records an append frames, seen one record at a time as
+/// `&dyn RecordParts`: what keeps [`SegmentStore::append`] callable on a
+/// `dyn SegmentStore` (a generic `&[R]` would not be) while the batch is
+/// still framed straight from the caller's buffers, with nothing copied or
+/// allocated to hand it over (ADR 0131).
+///
+/// [`SegmentStore::append`]: crate::SegmentStore::append
+pub trait RecordBatch {
+    /// How many records the batch holds.
+    fn len(&self) -> usize;
+    /// Record `i`; `i < len()`.
+    fn record(&self, i: usize) -> &dyn RecordParts;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl dyn RecordBatch + '_ {
+    /// The records in order.
+    pub fn iter(&self) -> impl Iterator<Item = &dyn RecordParts> + '_ {
+        (0..self.len()).map(move |i| self.record(i))
+    }
+}
+
+impl<R: RecordParts> RecordBatch for &[R] {
+    fn len(&self) -> usize {
+        <[R]>::len(self)
+    }
+    fn record(&self, i: usize) -> &dyn RecordParts {
+        &self[i]
+    }
+}
+
+impl<R: RecordParts> RecordBatch for Vec<R> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn record(&self, i: usize) -> &dyn RecordParts {
+        &self[i]
+    }
+}
+
+impl<R: RecordParts, const N: usize> RecordBatch for [R; N] {
+    fn len(&self) -> usize {
+        N
+    }
+    fn record(&self, i: usize) -> &dyn RecordParts {
+        &self[i]
+    }
+}

@@ -5,7 +5,9 @@ use std::ops::ControlFlow;
 
 use crate::error::StorageError;
 use crate::frame::FrameView;
-use crate::record::{RecordParts, StoredRecord};
+#[cfg(doc)]
+use crate::record::RecordParts;
+use crate::record::{RecordBatch, StoredRecord};
 use crate::scan::{BadFrame, LaterFrame};
 use crate::ticket::AppendTicket;
 
@@ -173,7 +175,7 @@ impl VerifyReport {
 
 /// The storage layer's contract. Implementations must be safe to share
 /// between threads; `append` must not block on I/O (it returns a ticket).
-pub trait SegmentStore: Send + Sync {
+pub trait SegmentStore: Send + Sync + fmt::Debug {
     /// Opens a segment copy, creating it if absent, or recovers it after a
     /// crash: a torn tail is truncated, damage in the middle is an error.
     fn open(&self, segment: SegmentId) -> Result<Recovery, StorageError>;
@@ -196,12 +198,13 @@ pub trait SegmentStore: Send + Sync {
 
     /// Appends a batch. Offsets are assigned at once and are contiguous; the
     /// ticket completes after the fdatasync that covers the batch.
-    /// Records are anything that can lend its parts ([`RecordParts`]), and
-    /// are framed (copied) before this returns.
-    fn append<R: RecordParts>(
+    /// Records are anything that can lend its parts ([`RecordParts`]) in a
+    /// [`RecordBatch`] (a `Vec`, an array, a `&[R]`), and are framed
+    /// (copied) before this returns.
+    fn append(
         &self,
         segment: SegmentId,
-        records: &[R],
+        records: &dyn RecordBatch,
     ) -> Result<AppendTicket, StorageError>;
 
     /// A ticket that completes when everything appended so far is durable.
@@ -325,6 +328,60 @@ pub trait SegmentStore: Send + Sync {
 
     /// Flushes what is pending and forgets the segment.
     fn close(&self, segment: SegmentId) -> Result<(), StorageError>;
+
+    // Copies as wholes, open or not: what the broker's maintenance (status,
+    // scrub, healing, removal, producer state) asks of a store without
+    // naming its files (ADR 0131).
+
+    /// The bytes of `segment`'s log at rest, `None` when there is no copy
+    /// (never written, removed, or set aside).
+    fn copy_bytes(&self, segment: SegmentId) -> Result<Option<u64>, StorageError>;
+
+    /// Whether the store holds a copy of `segment` (its log exists).
+    fn has_copy(&self, segment: SegmentId) -> bool {
+        matches!(self.copy_bytes(segment), Ok(Some(_)))
+    }
+
+    /// Whether the copy's seal is recorded at rest (its seal marker), open
+    /// or not.
+    fn has_seal_marker(&self, segment: SegmentId) -> bool;
+
+    /// The bytes the layer above keeps beside a copy (the broker's producer
+    /// state, ADR 0092), `None` when none were written. The store never
+    /// interprets them; [`remove_copy`](Self::remove_copy) removes them.
+    fn read_sidecar(&self, segment: SegmentId) -> Result<Option<Vec<u8>>, StorageError>;
+
+    /// Replaces the sidecar of `segment` atomically and durably.
+    fn write_sidecar(&self, segment: SegmentId, bytes: &[u8]) -> Result<(), StorageError>;
+
+    /// Sets a broken copy aside to be rebuilt from another (ADR 0110):
+    /// closes it and moves its log and seal away, so the next `open` starts
+    /// an empty copy; the newest order epoch it took is kept. The first copy
+    /// set aside is kept until [`discard_aside`](Self::discard_aside); a
+    /// later one is deleted. Returns whether anything was moved.
+    fn set_aside(&self, segment: SegmentId) -> Result<bool, StorageError>;
+
+    /// Whether a copy of `segment` is set aside.
+    fn is_aside(&self, segment: SegmentId) -> bool;
+
+    /// Deletes the copy set aside, once its rebuild is whole; returns the
+    /// bytes freed.
+    fn discard_aside(&self, segment: SegmentId) -> Result<u64, StorageError>;
+
+    /// Rewrites the copy's derived index from its log (a store without one
+    /// has nothing to do).
+    fn repair_index(&self, segment: SegmentId) -> Result<(), StorageError>;
+
+    /// Removes everything of `segment`'s copy for good, crash-safely,
+    /// closing it first; returns the bytes freed (0 for no copy).
+    fn remove_copy(&self, segment: SegmentId) -> Result<u64, StorageError>;
+
+    /// The segments the store holds anything of (open or not, set aside or
+    /// not), in id order.
+    fn local_copies(&self) -> Result<Vec<SegmentId>, StorageError>;
+
+    /// When anything of `segment`'s copy last changed.
+    fn copy_modified(&self, segment: SegmentId) -> Option<std::time::SystemTime>;
 }
 
 /// Why a segment should roll.

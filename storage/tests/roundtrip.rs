@@ -176,8 +176,8 @@ fn pending_bytes_beyond_the_limit_get_busy() {
     let store = FileStore::open_dir(dir.path(), cfg).unwrap();
     store.open(SEG).unwrap();
     let r = Record::new(0, "k", vec![0u8; 900]);
-    let _a = store.append(SEG, std::slice::from_ref(&r)).unwrap();
-    let _b = store.append(SEG, std::slice::from_ref(&r)).unwrap();
+    let _a = store.append(SEG, &std::slice::from_ref(&r)).unwrap();
+    let _b = store.append(SEG, &std::slice::from_ref(&r)).unwrap();
     assert!(matches!(
         store.append(SEG, &[r]),
         Err(StorageError::Busy { .. })

@@ -9,6 +9,7 @@ pub(crate) mod convert;
 pub(crate) mod error;
 pub(crate) mod metrics;
 pub(crate) mod refusal;
+pub(crate) mod store_factory;
 pub(crate) mod volume;
 
 /// A supervisor's handle, published at each of its starts and read by

@@ -177,7 +177,6 @@ fn with_durable_bytes(
     segment: SegmentId,
     mut answer: ReplicaAppendResponse,
 ) -> ReplicaAppendResponse {
-    use malachi_storage::SegmentStore;
     if answer.refused.is_none() {
         answer.durable_bytes = shared
             .store
@@ -197,7 +196,7 @@ async fn repairable(
     segment: SegmentId,
     repair: malachi_wire::replication::RepairOrder,
 ) -> Result<(), ReplicaAppendResponse> {
-    use malachi_storage::{SegmentStore, StorageError};
+    use malachi_storage::StorageError;
     let store = Arc::clone(&shared.store);
     let id = malachi_storage::SegmentId(segment.0);
     let order = super::order_epoch::store_order(repair.order);

@@ -63,10 +63,7 @@ fn held(shared: &Shared, topic: &str, segment: SegmentId) -> Held {
 async fn on_copy<T: Send + 'static>(
     shared: &Arc<Shared>,
     segment: SegmentId,
-    call: impl FnOnce(
-        &malachi_storage::FileStore,
-        malachi_storage::SegmentId,
-    ) -> Result<T, StorageError>
+    call: impl FnOnce(&dyn SegmentStore, malachi_storage::SegmentId) -> Result<T, StorageError>
     + Send
     + 'static,
 ) -> Result<T, StorageError> {
@@ -76,7 +73,7 @@ async fn on_copy<T: Send + 'static>(
         if let Err(StorageError::NotOpen { .. }) = store.info(id) {
             store.open(id)?;
         }
-        call(&store, id)
+        call(store.as_ref(), id)
     })
     .await
     .unwrap_or_else(|e| {

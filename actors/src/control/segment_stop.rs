@@ -26,7 +26,7 @@ pub(crate) async fn stop_segment_actor(storage: &malachi_supervision::Supervisor
 
 /// Releases the store's open handle of a segment copy whose actor stopped.
 /// A failure leaves a file open until shutdown, no data at risk: logged.
-pub(crate) async fn close_copy(store: &Arc<malachi_storage::FileStore>, segment: SegmentId) {
+pub(crate) async fn close_copy(store: &Arc<dyn SegmentStore>, segment: SegmentId) {
     let store = Arc::clone(store);
     let id = malachi_storage::SegmentId(segment.0);
     match tokio::task::spawn_blocking(move || store.close(id)).await {

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use malachi_cluster::group::{TcpTransport, TransportServer};
 use malachi_cluster::model::SegmentId;
 use malachi_cluster::ring::VnodeId;
-use malachi_storage::FileStore;
+use malachi_storage::SegmentStore;
 use malachi_supervision::SupervisorRef;
 use parking_lot::{Mutex, RwLock};
 use ractor::ActorRef;
@@ -56,7 +56,7 @@ pub(crate) struct RaftEndpoint {
 pub(crate) struct Shared {
     pub config: BrokerConfig,
     /// The same store as `data.store`.
-    pub store: Arc<FileStore>,
+    pub store: Arc<dyn SegmentStore>,
     pub clock: Arc<dyn Clock>,
     /// The cluster's cursor keys once learned (ADR 0096).
     pub cursor_keys: CursorKeyState,
@@ -139,7 +139,7 @@ impl Shared {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: BrokerConfig,
-        store: Arc<FileStore>,
+        store: Arc<dyn SegmentStore>,
         clock: Arc<dyn Clock>,
         cursor_bootstrap: malachi_cluster::model::CursorSecret,
         client_addr: SocketAddr,

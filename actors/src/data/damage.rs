@@ -16,7 +16,7 @@
 //! `malachi_copy_repair_records_total`, never an alarm.
 
 use malachi_cluster::model::{RangeId, SegmentId};
-use malachi_storage::{FileStore, Loss, Recovery, SegmentStore, StorageError};
+use malachi_storage::{Loss, Recovery, SegmentStore, StorageError};
 use tracing::{error, warn};
 
 use crate::common::metrics::BrokerMetrics;
@@ -45,7 +45,7 @@ fn cause(recovery: &Recovery, damage: Option<&StorageError>) -> String {
 /// segment sealed at `seal_length` records, checked against that seal.
 /// A loss found is reported (once per copy).
 pub(crate) fn open_copy(
-    store: &FileStore,
+    store: &dyn SegmentStore,
     metrics: Option<&BrokerMetrics>,
     segment: SegmentId,
     seal_length: Option<u64>,

@@ -34,7 +34,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use malachi_cluster::model::{NodeId, RangeId, SegmentId};
-use malachi_storage::SegmentStore;
 use malachi_storage::frame::FrameError;
 use tracing::{debug, info, warn};
 
@@ -204,11 +203,11 @@ impl<'a> Lineage<'a> {
             // Past the ancestry's bound (or gone from the metadata): only
             // a sidecar held here speaks for it.
             return match read_sidecar(self.storage, id, self.limits) {
-                Ok(table) => Built {
+                Ok(Some(table)) => Built {
                     table: Some(table),
                     whole: true,
                 },
-                Err(_) => {
+                Ok(None) | Err(_) => {
                     debug!(segment = %id, "an ancestor past the ancestry bound has no sidecar here; its producers are not carried on");
                     Built {
                         table: None,
@@ -239,7 +238,7 @@ impl<'a> Lineage<'a> {
         // A segment this broker holds no copy of (its successor placed on
         // a broker that never held it): opening it would create an empty
         // copy that reads as lost records. A holder's copy stands in.
-        if !self.storage.store.log_path(id).exists() {
+        if !self.storage.store.has_copy(id) {
             if ancestor.fetchable(self.storage.config.node_id) {
                 debug!(segment = %id, topic = self.topic, "no local copy of the predecessor; its producer state is read from a holder");
                 self.wanted.insert(segment);
@@ -283,7 +282,7 @@ impl<'a> Lineage<'a> {
         // may not have opened its copy since it started.
         if let Err(malachi_storage::StorageError::NotOpen { .. }) = store.info(id)
             && let Err(e) = super::damage::open_copy(
-                store,
+                store.as_ref(),
                 Some(&self.storage.metrics),
                 segment,
                 None,
@@ -297,18 +296,18 @@ impl<'a> Lineage<'a> {
             warn!(segment = %id, error = %e, "cannot open a predecessor copy for its producer state");
         }
         match read_sidecar(self.storage, id, self.limits) {
-            Ok(table) => {
+            Ok(Some(table)) => {
                 return Built {
                     table: Some(table),
                     whole: true,
                 };
             }
-            Err(reason) if store.producers_path(id).exists() => {
+            Err(reason) => {
                 warn!(segment = %id, %reason, "the producer sidecar cannot be read; rebuilding it");
             }
             // Expected after a failover: only the primary that rolled
             // writes a sidecar, and this broker followed the segment.
-            Err(_) => {
+            Ok(None) => {
                 debug!(segment = %id, depth, "no producer sidecar; rebuilding it from the ancestors and the log")
             }
         }
@@ -345,20 +344,18 @@ impl<'a> Lineage<'a> {
     }
 }
 
-/// Writes `table` as `id`'s sidecar, atomically. A failure is logged: the
+/// Writes `table` as `id`'s sidecar (kept by the store beside the copy),
+/// atomically. A failure is logged: the
 /// table is rebuilt the next time it is needed.
 pub(crate) fn write_sidecar(
     storage: &Storage,
     id: malachi_storage::SegmentId,
     table: &ProducerTable,
 ) {
-    let store = &storage.store;
-    let path = store.producers_path(id);
-    match malachi_storage::marker::write_atomically(
-        store.dir(),
-        &path,
-        &producers::encode_sidecar(table),
-    ) {
+    match storage
+        .store
+        .write_sidecar(id, &producers::encode_sidecar(table))
+    {
         Ok(()) => debug!(segment = %id, "producer sidecar written"),
         // Expected on a full volume: the table is rebuilt when needed.
         Err(e) if e.is_no_space() => {
@@ -368,14 +365,18 @@ pub(crate) fn write_sidecar(
     }
 }
 
+/// `id`'s producer sidecar, `None` when it has none.
 fn read_sidecar(
     storage: &Storage,
     id: malachi_storage::SegmentId,
     limits: ProducerLimits,
-) -> Result<ProducerTable, String> {
-    let path = storage.store.producers_path(id);
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    producers::decode_sidecar(&bytes, limits).map_err(|e| e.to_string())
+) -> Result<Option<ProducerTable>, String> {
+    let Some(bytes) = storage.store.read_sidecar(id).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    producers::decode_sidecar(&bytes, limits)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// The copy could not be read to its end; the tags read so far are applied.
@@ -682,7 +683,7 @@ pub(crate) mod fixture {
             storage.store.append(id, &records).unwrap().wait().unwrap();
         }
         storage.store.seal(id, records.len() as u64).unwrap();
-        assert!(!storage.store.producers_path(id).exists());
+        assert!(storage.store.read_sidecar(id).unwrap().is_none());
     }
 
     /// A sealed ancestor of `RANGE`.
@@ -768,8 +769,9 @@ mod tests {
     fn has_sidecar(storage: &Storage, segment: u64) -> bool {
         storage
             .store
-            .producers_path(malachi_storage::SegmentId(segment))
-            .exists()
+            .read_sidecar(malachi_storage::SegmentId(segment))
+            .unwrap()
+            .is_some()
     }
 
     /// A (X's batches), B (Y's only), both sealed an hour ago, no sidecars.
@@ -806,7 +808,8 @@ mod tests {
         start(&storage, &ancestry);
         assert!(has_sidecar(&storage, 1) && has_sidecar(&storage, 2));
         // The next open stops at B's sidecar: A's log is not needed.
-        std::fs::remove_file(storage.store.log_path(malachi_storage::SegmentId(1))).unwrap();
+        let log = format!("{}.log", malachi_storage::SegmentId(1).file_stem());
+        std::fs::remove_file(dir.path().join(log)).unwrap();
         let table = start(&storage, &ancestry);
         assert_eq!(table.check(&tag(X, 3), 1), Verdict::Append);
         assert_eq!(
@@ -861,12 +864,7 @@ mod tests {
         let table = start(&storage, &ancestry);
         assert_eq!(table.check(&tag(Y, 1), 1), Verdict::Append);
         assert!(!has_sidecar(&storage, 2));
-        assert!(
-            !storage
-                .store
-                .log_path(malachi_storage::SegmentId(1))
-                .exists()
-        );
+        assert!(!storage.store.has_copy(malachi_storage::SegmentId(1)));
     }
 
     /// X's verdict for its next batch at the end of a chain of `chain`
@@ -995,12 +993,7 @@ mod tests {
         // Segment 2's table is whole now and written down; no copy of
         // segment 1 (nor a sidecar for it) was made here.
         assert!(has_sidecar(&storage, 2) && !has_sidecar(&storage, 1));
-        assert!(
-            !storage
-                .store
-                .log_path(malachi_storage::SegmentId(1))
-                .exists()
-        );
+        assert!(!storage.store.has_copy(malachi_storage::SegmentId(1)));
     }
 
     #[tokio::test]

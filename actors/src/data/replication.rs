@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use malachi_cluster::group::TcpTransport;
 use malachi_cluster::model::{NodeId, SegmentId};
-use malachi_storage::{SegmentStore, StorageError};
+use malachi_storage::StorageError;
 use malachi_supervision::{BoundedRef, Permit};
 use malachi_wire::replication::{
     REPLICA_APPEND_API_KEY, ReplicaAppendRequest, ReplicaAppendResponse, ReplicaRefusal,

@@ -21,7 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use malachi_storage::{SegmentStore, StorageError, VerifyReport};
+use malachi_storage::{StorageError, VerifyReport};
 use malachi_wire::replica_status::{ScrubSeal, ScrubVerdict};
 
 use super::storage::Storage;
@@ -362,7 +362,7 @@ pub(crate) fn scrub_one(storage: &Storage, seal: ScrubSeal) -> (Verdict, u64, u6
     // An open copy reads through its descriptor: a log deleted under it
     // is found by its path (and a copy opened without its log, in
     // quarantine, is missing, not damaged).
-    if !storage.store.log_path(id).exists() {
+    if !storage.store.has_copy(id) {
         return (Verdict::Missing, 0, 0);
     }
     if let Ok(info) = storage.store.info(id)

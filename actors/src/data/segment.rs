@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use malachi_cluster::model::{NodeId, RangeId, SealRecord, SegmentId};
-use malachi_storage::{SegmentStore, StorageError};
+use malachi_storage::StorageError;
 
 use malachi_supervision::{BoundedRef, Permit};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -320,7 +320,7 @@ impl Actor for SegmentActor {
         // rolls away below, and the broker serves on.
         let mut recovery = tokio::task::block_in_place(|| {
             super::damage::open_copy(
-                &args.storage.store,
+                args.storage.store.as_ref(),
                 Some(&args.storage.metrics),
                 args.segment,
                 None,
@@ -611,7 +611,7 @@ impl SegmentActor {
             .args
             .storage
             .store
-            .append(state.store_id(), records.as_slice())
+            .append(state.store_id(), &records.as_slice())
         {
             Ok(ticket) => ticket,
             Err(e) => {

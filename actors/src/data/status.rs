@@ -7,7 +7,6 @@
 //! open rather than being recovered for a describe) and writes nothing.
 
 use malachi_cluster::model::SegmentId;
-use malachi_storage::SegmentStore;
 use malachi_wire::replica_status::CopyStatus;
 
 use super::storage::Storage;
@@ -72,16 +71,12 @@ pub(crate) fn sealed_copy_health(
     let mut info = storage.store.info(id);
     // A copy of several short of its seal is caught up from another (and
     // is no data loss): only a lone copy is opened to be checked.
-    if alone
-        && info.is_err()
-        && storage.store.log_path(id).exists()
-        && !storage.store.seal_path(id).exists()
-    {
+    if alone && info.is_err() && storage.store.has_copy(id) && !storage.store.has_seal_marker(id) {
         // Sealed in the metadata, with no seal marker on the copy: a roll
         // away from a damaged copy leaves it so (or a crash before the
         // marker). Rare, so the copy is opened and checked.
         info = super::damage::open_copy(
-            &storage.store,
+            storage.store.as_ref(),
             Some(&storage.metrics),
             SegmentId(segment),
             Some(length),
@@ -101,9 +96,9 @@ pub(crate) fn sealed_copy_health(
             };
             Some((status, Some(info.durable.min(length))))
         }
-        Err(_) => match std::fs::metadata(storage.store.log_path(id)) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(("missing", None)),
-            Ok(meta) if meta.len() < bytes => Some(("short", None)),
+        Err(_) => match storage.store.copy_bytes(id) {
+            Ok(None) => Some(("missing", None)),
+            Ok(Some(len)) if len < bytes => Some(("short", None)),
             _ => None,
         },
     }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use malachi_cluster::model::SegmentId;
-use malachi_storage::FileStore;
+use malachi_storage::SegmentStore;
 use malachi_supervision::{BoundedRef, SupervisorRef};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
@@ -32,7 +32,9 @@ pub(crate) struct SegmentHandle {
 #[derive(Debug)]
 pub(crate) struct Storage {
     pub config: BrokerConfig,
-    pub store: Arc<FileStore>,
+    /// The segment store: a `FileStore` unless the broker was started on
+    /// another (ADR 0131).
+    pub store: Arc<dyn SegmentStore>,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<BrokerMetrics>,
     /// The `storage` supervisor, published at each of its starts.
@@ -67,7 +69,7 @@ pub(crate) const WRITER_STARTS_TRACKED_MAX: usize = 4_096;
 impl Storage {
     pub fn new(
         config: BrokerConfig,
-        store: Arc<FileStore>,
+        store: Arc<dyn SegmentStore>,
         clock: Arc<dyn Clock>,
         metrics: Arc<BrokerMetrics>,
     ) -> Storage {

@@ -72,7 +72,7 @@ pub(crate) async fn fetch(
                 read_topic(
                     &plans,
                     copies,
-                    &shared.store,
+                    shared.store.as_ref(),
                     &start,
                     &mut builder,
                     ReadBudget {
@@ -251,7 +251,9 @@ fn start_positions(
                 .collect(),
             Vec::new(),
         ),
-        None => tokio::task::block_in_place(|| tail_positions(&shared.store, &copies, &active))?,
+        None => {
+            tokio::task::block_in_place(|| tail_positions(shared.store.as_ref(), &copies, &active))?
+        }
     };
     Ok((incarnation, positions, elsewhere))
 }

@@ -25,7 +25,7 @@ use malachi_cluster::model::{
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use malachi_storage::{FileStore, FrameView, SegmentStore, StorageError};
+use malachi_storage::{FrameView, SegmentStore, StorageError};
 use malachi_wire::WireError;
 use malachi_wire::batch::{BatchBuilder, BatchError, RecordRef, varint_bytes};
 use malachi_wire::frame::RESPONSE_HEADER_BYTES;
@@ -364,7 +364,7 @@ impl LocalCopies {
 /// sealed segment shows every record below the seal, which the metadata
 /// records only once a quorum holds them.
 fn open_for_read(
-    store: &FileStore,
+    store: &dyn SegmentStore,
     copies: &LocalCopies,
     segment: SegmentId,
     seal_length: Option<u64>,
@@ -408,7 +408,7 @@ fn open_for_read(
 /// it holds no usable copy of is read from a run of its frames a holder
 /// sent (`LocalCopies::with_remote`), or else is [`ReadError::NotHere`].
 fn read_copy(
-    store: &FileStore,
+    store: &dyn SegmentStore,
     copies: &LocalCopies,
     span: &SegmentSpan,
     from: u64,
@@ -572,7 +572,7 @@ fn lost_elsewhere(
 
 /// The readable length of a segment copy (0 for one this broker does not hold).
 pub(crate) fn durable_length(
-    store: &FileStore,
+    store: &dyn SegmentStore,
     copies: &LocalCopies,
     segment: SegmentId,
 ) -> Result<u64, StorageError> {
@@ -627,7 +627,7 @@ pub(crate) struct TailElsewhere {
 /// holds no copy of are left out and listed: their end is another broker's
 /// to say (ADR 0123), never taken as 0.
 pub(crate) fn tail_positions(
-    store: &FileStore,
+    store: &dyn SegmentStore,
     copies: &LocalCopies,
     active: &[(RangeId, SegmentId, u64)],
 ) -> Result<(BTreeMap<RangeId, Position>, Vec<TailElsewhere>), StorageError> {
@@ -799,7 +799,7 @@ impl Resume {
 pub(crate) fn read_topic(
     plans: &[ReadPlan],
     copies: &LocalCopies,
-    store: &FileStore,
+    store: &dyn SegmentStore,
     start: &BTreeMap<RangeId, Position>,
     out: &mut BatchBuilder,
     budget: ReadBudget,
@@ -1114,6 +1114,7 @@ mod tests {
     use super::*;
     use malachi_cluster::cursor::{Cursor, CursorKey, CursorKeys};
     use malachi_cluster::model::{Band, ReadSlice, SegmentSpan};
+    use malachi_storage::FileStore;
     use malachi_storage::{Record, StoreConfig};
     use malachi_wire::Message;
     use malachi_wire::messages::{FetchResponse, SubscribePush};

@@ -312,7 +312,7 @@ impl PushTask {
                             read_topic(
                                 &plans,
                                 copies,
-                                &self.shared.store,
+                                self.shared.store.as_ref(),
                                 &positions,
                                 &mut builder,
                                 ReadBudget {

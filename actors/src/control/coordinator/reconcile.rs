@@ -18,7 +18,6 @@ use super::settle::{Deposed, Here, Scan};
 use crate::common::error::MetadataError;
 use crate::control::metadata::{MetadataPlane, read_owner};
 use crate::control::segment_stop::{segment_name, stop_segment_actor, stop_segment_actors};
-use malachi_storage::SegmentStore;
 
 use crate::control::shared::Shared;
 
@@ -190,7 +189,7 @@ pub(super) async fn seal_deposed(shared: &Arc<Shared>, segment: SegmentId, lengt
     let id = malachi_storage::SegmentId(segment.0);
     let settled = tokio::task::spawn_blocking(move || {
         if let Err(malachi_storage::StorageError::NotOpen { .. }) = store.info(id) {
-            if !store.log_path(id).exists() {
+            if !store.has_copy(id) {
                 // No copy here (it was never written, or healing moved it).
                 return Ok((true, 0));
             }
@@ -305,7 +304,7 @@ fn restarting_replicated<'a>(
         let id = malachi_storage::SegmentId(segment.0);
         let restarting = shared.segment(*segment).is_none()
             && shared.store.info(id).is_err()
-            && shared.store.log_path(id).exists();
+            && shared.store.has_copy(id);
         let replicated = read_owner(plane, topic, |state| {
             state
                 .segment(*segment)

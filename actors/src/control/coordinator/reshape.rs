@@ -9,7 +9,6 @@ use std::sync::Arc;
 use malachi_cluster::model::{
     Band, Command, MetadataState, ModelError, Outcome, Range, RangeId, SealRecord, SegmentId,
 };
-use malachi_storage::SegmentStore;
 use tracing::{info, warn};
 
 use super::heal::wanted_copies;
