@@ -330,14 +330,10 @@ async fn proposals_and_reads_after_shutdown_are_refused_as_stopped() {
     let group = open(dir.path()).await;
     let clone = group.clone();
     group.shutdown().await.unwrap();
-    assert_eq!(
-        clone.propose(create("late")).await.unwrap_err(),
-        GroupError::Stopped
-    );
-    assert_eq!(
-        clone.read(|s| s.topics().count()).await.unwrap_err(),
-        GroupError::Stopped
-    );
+    let late = clone.propose(create("late")).await.unwrap_err();
+    assert!(matches!(late, GroupError::Stopped), "{late:?}");
+    let read = clone.read(|s| s.topics().count()).await.unwrap_err();
+    assert!(matches!(read, GroupError::Stopped), "{read:?}");
     assert!(!clone.is_leader());
     assert!(!GroupError::Stopped.is_fatal());
     // A second shutdown is harmless.

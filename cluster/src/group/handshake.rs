@@ -84,7 +84,7 @@ pub enum HandshakeError {
     #[error("the peer answered as node {got}, expected node {expected}")]
     WrongNode { expected: u64, got: u64 },
     #[error("no randomness for a nonce: {0}")]
-    Randomness(#[source] getrandom::Error),
+    Randomness(getrandom::Error),
 }
 
 fn nonce() -> Result<[u8; NONCE_BYTES], HandshakeError> {

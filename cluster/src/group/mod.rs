@@ -1690,11 +1690,9 @@ mod tests {
             .await
             .expect("the wait ended as the stop began")
             .unwrap();
-        assert_eq!(answer, Err(GroupError::Stopped));
-        assert_eq!(
-            group.propose(create("late")).await,
-            Err(GroupError::Stopped)
-        );
+        assert!(matches!(answer, Err(GroupError::Stopped)), "{answer:?}");
+        let late = group.propose(create("late")).await;
+        assert!(matches!(late, Err(GroupError::Stopped)), "{late:?}");
         group.shutdown().await.unwrap();
         // Twice is fine.
         group.shutdown().await.unwrap();

@@ -695,14 +695,14 @@ pub enum RpcError {
     Decode {
         what: &'static str,
         #[source]
-        source: Arc<rmp_serde::decode::Error>,
+        source: Arc<dyn std::error::Error + Send + Sync>,
     },
     /// The answer could not be encoded.
     #[error("cannot encode {what}: {source}")]
     Encode {
         what: &'static str,
         #[source]
-        source: Arc<rmp_serde::encode::Error>,
+        source: Arc<dyn std::error::Error + Send + Sync>,
     },
     /// The group refused or failed the request.
     #[error(transparent)]
@@ -845,7 +845,7 @@ impl TransportServer {
     ) -> Result<TransportServer, std::io::Error> {
         let addr = listener.local_addr()?;
         let mut boot = [0u8; 8];
-        getrandom::fill(&mut boot).map_err(std::io::Error::other)?;
+        getrandom::fill(&mut boot).map_err(|e| std::io::Error::other(e.to_string()))?;
         let shared = Arc::new(ServerShared {
             boot_id: u64::from_be_bytes(boot),
             handshake_log: Mutex::new(RefusalLog::new(config.refusal_log_interval_ms)),
