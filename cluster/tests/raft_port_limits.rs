@@ -7,8 +7,8 @@
 use bytes::Bytes;
 use malachi_cluster::group::handshake::{CLIENT_PROOF_BYTES, SERVER_HELLO_BYTES, client_handshake};
 use malachi_cluster::group::{
-    ClusterCookie, FrameReadError, RpcService, TcpTransport, TcpTransportConfig, TransportError, UnreachableCause, HandshakeError,
-    TransportServer, TransportServerConfig, read_frame,
+    ClusterCookie, FrameReadError, HandshakeError, RpcService, TcpTransport, TcpTransportConfig,
+    TransportError, TransportServer, TransportServerConfig, UnreachableCause, read_frame,
 };
 use std::sync::Arc;
 use std::time::Duration;

@@ -271,7 +271,9 @@ pub(crate) fn fatal_error(fatal: &Fatal<TypeConfig>) -> GroupError {
 }
 
 /// The group error of a refused `initialize`.
-pub(crate) fn initialize_error(e: RaftError<TypeConfig, InitializeError<TypeConfig>>) -> GroupError {
+pub(crate) fn initialize_error(
+    e: RaftError<TypeConfig, InitializeError<TypeConfig>>,
+) -> GroupError {
     match e {
         RaftError::Fatal(f) => fatal_error(&f),
         RaftError::APIError(api) => GroupError::refused(Refusal::Raft(api.into())),

@@ -19,11 +19,11 @@
 //! Entries are also held in memory: a metadata log is short because it is
 //! purged after every snapshot.
 
+use super::error::{Corruption, GroupError};
 use super::fsio::{
     self, FrameRead, MAGIC_BYTES, TaggedError, decode_tagged, encode_frame, encode_tagged,
     read_frame,
 };
-use super::error::{Corruption, GroupError};
 use super::types::{Entry, LogId, TypeConfig, Vote};
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};

@@ -37,11 +37,12 @@ pub use backoff::{Backoff, backoff_delay_ms, backoff_seed};
 pub use error::{
     CodecError, ConfigProblem, Corruption, FatalCause, GroupError, RaftFault, Refusal,
 };
-pub use fsio::TaggedError;
 pub use frames::{FRAME_READ_CHUNK_BYTES, FrameReadError, read_frame};
+pub use fsio::TaggedError;
 pub use handshake::{ClusterCookie, HandshakeError};
 pub use network::{
-    GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause, UnreachableTransport,
+    GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause,
+    UnreachableTransport,
 };
 pub use tcp::{
     CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
@@ -1185,21 +1186,18 @@ mod tests {
             body: &[u8],
         ) -> Result<Vec<u8>, TransportError> {
             let group = self.net.groups.read().get(&target).cloned();
-            let group = group.ok_or_else(|| TransportError::Unreachable {
+            let group = group.ok_or(TransportError::Unreachable {
                 target,
                 cause: UnreachableCause::Down,
             })?;
-            group
-                .handle_rpc(kind, body)
-                .await
-                .map_err(|e| {
-                    let refusal = RpcError::Group(e);
-                    TransportError::Remote {
-                        target,
-                        code: refusal.code(),
-                        peer_message: refusal.to_string(),
-                    }
-                })
+            group.handle_rpc(kind, body).await.map_err(|e| {
+                let refusal = RpcError::Group(e);
+                TransportError::Remote {
+                    target,
+                    code: refusal.code(),
+                    peer_message: refusal.to_string(),
+                }
+            })
         }
 
         /// Sends the part of an append at or below `cap`.

@@ -232,8 +232,8 @@ impl Peer {
             target: self.target,
             fault,
         };
-        let body = rmp_serde::to_vec(request)
-            .map_err(|e| network(NetworkFault::Encode(Arc::new(e))))?;
+        let body =
+            rmp_serde::to_vec(request).map_err(|e| network(NetworkFault::Encode(Arc::new(e))))?;
         let timeout_ms = u64::try_from(option.hard_ttl().as_millis()).unwrap_or(u64::MAX);
         // Once the group is stopping, no answer goes back to raft: its core
         // is about to stop, and an answer that reached a heartbeat worker

@@ -32,9 +32,7 @@
 use super::backoff::{backoff_delay_ms, backoff_seed};
 use super::frames::{FrameReadError, read_frame};
 use super::handshake::{ClusterCookie, HandshakeError, client_handshake, serve_handshake};
-use super::network::{
-    GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause,
-};
+use super::network::{GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::SinkExt;
 use malachi_wire::error::ErrorCode;

@@ -7,13 +7,13 @@
 //! can check the round trip: feeding that re-encoding back must decode and
 //! re-encode to the same bytes. None of them panics on any input.
 
+use super::error::Corruption;
 use super::fsio::{encode_frame, encode_tagged};
 use super::log_store::{LOG_MAGIC, VOTE_MAGIC, decode_log, decode_vote};
 use super::network::FullSnapshotRequest;
 use super::state_machine::{SNAPSHOT_MAGIC, decode_snapshot_file};
 use super::types::TypeConfig;
 use super::{RaftRpcKind, raft_kind_of};
-use super::error::Corruption;
 use crate::model::{MetadataState, SnapshotError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
@@ -77,8 +77,8 @@ pub fn raft_log(
 ) -> Result<Vec<u8>, UntrustedError> {
     let log = decode_log(bytes, group_id, entry_bytes_max, Path::new("fuzz"))
         .map_err(|(offset, problem)| UntrustedError::Corrupt { offset, problem })?;
-    let mut out = super::log_store::header_bytes(group_id, log.last_purged)
-        .map_err(frame("header"))?;
+    let mut out =
+        super::log_store::header_bytes(group_id, log.last_purged).map_err(frame("header"))?;
     for (entry, _) in log.entries.values() {
         let body = reencode(entry)?;
         encode_frame(&body, &mut out).map_err(frame("entry"))?;

@@ -45,8 +45,8 @@ use crate::group::fsio;
 use crate::group::liveness::{LivenessSettings, spawn_prober};
 use crate::group::{Backoff, backoff_seed};
 use crate::group::{
-    CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
-    ConfigProblem, GroupConfig, GroupError, GroupMembership, GroupRegistry, MetadataGroup,
+    CLOSE_VNODE_API_KEY, ConfigProblem, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY,
+    FORWARD_READ_API_KEY, GroupConfig, GroupError, GroupMembership, GroupRegistry, MetadataGroup,
     OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, Refusal, RpcError, RpcService, TcpTransport,
     TransportError,
 };
