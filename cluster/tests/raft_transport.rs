@@ -184,7 +184,7 @@ async fn three_groups_elect_replicate_and_survive_the_loss_of_a_leader() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_to_a_dead_peer_fails_fast_as_unreachable_and_backs_off() {
-    use malachi_cluster::group::{GroupTransport, RaftRpcKind, TransportError};
+    use malachi_cluster::group::{GroupTransport, RaftRpcKind, TransportError, UnreachableCause};
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
@@ -204,8 +204,8 @@ async fn a_call_to_a_dead_peer_fails_fast_as_unreachable_and_backs_off() {
         .await
         .unwrap_err();
     match second {
-        TransportError::Unreachable { reason, .. } => {
-            assert!(reason.contains("backing off"), "{reason}")
+        TransportError::Unreachable { cause, .. } => {
+            assert!(matches!(cause, UnreachableCause::BackingOff), "{cause}")
         }
         other => panic!("{other:?}"),
     }
@@ -234,7 +234,12 @@ async fn a_request_for_a_group_not_hosted_is_refused_remotely() {
         .await
         .unwrap_err();
     match err {
-        TransportError::Remote { reason, .. } => assert!(reason.contains("group 7"), "{reason}"),
+        TransportError::Remote {
+            code, peer_message, ..
+        } => {
+            assert_eq!(code, malachi_wire::error::ErrorCode::NotLeader);
+            assert!(peer_message.contains("group 7"), "{peer_message}");
+        }
         other => panic!("{other:?}"),
     }
     // The connection stays usable after a refusal.

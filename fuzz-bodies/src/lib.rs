@@ -346,7 +346,7 @@ fn replica_order(data: &[u8]) {
 
 /// For decoders returning their canonical re-encoding: that re-encoding
 /// decodes again to the same re-encoding.
-fn stable(decode: impl Fn(&[u8]) -> Result<Vec<u8>, String>, data: &[u8]) {
+fn stable<E: std::fmt::Display>(decode: impl Fn(&[u8]) -> Result<Vec<u8>, E>, data: &[u8]) {
     if let Ok(canonical) = decode(data) {
         match decode(&canonical) {
             Ok(again) => assert_eq!(again, canonical, "re-encoding is not stable"),

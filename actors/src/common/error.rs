@@ -3,8 +3,10 @@
 //! leaf module so every layer can name them without naming the others.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use malachi_cluster::group::GroupError;
+use malachi_cluster::model::SnapshotError;
 use malachi_cluster::vnodes::RouteError;
 
 /// Why a broker could not start or stop cleanly. Messages are lowercase.
@@ -42,27 +44,56 @@ pub enum BrokerError {
     Signal(std::io::Error),
 }
 
-/// Why the metadata plane could not serve a request.
+/// Why the metadata plane could not serve a request. The cluster's error
+/// is kept whole as the `#[source]`; [`MetadataError::error_code`] is the
+/// one place it becomes a wire code.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MetadataError {
-    #[error("metadata i/o error on {path}: {reason}")]
-    Io { path: PathBuf, reason: String },
-    #[error("metadata snapshot in {path} is unreadable: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
+    #[error("metadata i/o error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    #[error("metadata snapshot in {path} is unreadable: {source}")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: Arc<SnapshotError>,
+    },
     #[error("the metadata plane is shut down")]
     Shutdown,
     #[error("the metadata plane is not open yet")]
     NotOpen,
-    #[error("metadata group error: {reason}")]
-    Group { reason: String, fatal: bool },
+    #[error("metadata group error: {source}")]
+    Group {
+        #[source]
+        source: PlaneFault,
+    },
     /// No leader of the topic's vnode answered in time (an election, a
     /// partition): the request may be retried.
-    #[error("metadata unavailable: {reason}")]
-    Unavailable { reason: String },
+    #[error("metadata unavailable: {source}")]
+    Unavailable {
+        #[source]
+        source: RouteError,
+    },
     /// A change was proposed but its outcome is unknown (a leader change
     /// discarded it, or its commit was not seen in time): it may exist.
-    #[error("metadata change outcome unknown: {reason}")]
-    OutcomeUnknown { reason: String },
+    #[error("metadata change outcome unknown: {source}")]
+    OutcomeUnknown {
+        #[source]
+        source: PlaneFault,
+    },
+}
+
+/// The cluster error under a [`MetadataError`]: a group's (the file
+/// backend and a local replica) or a routed request's.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PlaneFault {
+    #[error(transparent)]
+    Group(GroupError),
+    #[error(transparent)]
+    Route(RouteError),
 }
 
 impl From<GroupError> for MetadataError {
@@ -70,11 +101,10 @@ impl From<GroupError> for MetadataError {
         match e {
             GroupError::Stopped => MetadataError::Shutdown,
             GroupError::Discarded { .. } => MetadataError::OutcomeUnknown {
-                reason: e.to_string(),
+                source: PlaneFault::Group(e),
             },
             other => MetadataError::Group {
-                fatal: other.is_fatal(),
-                reason: other.to_string(),
+                source: PlaneFault::Group(other),
             },
         }
     }
@@ -84,15 +114,12 @@ impl From<RouteError> for MetadataError {
     fn from(e: RouteError) -> MetadataError {
         match e {
             RouteError::Stopped => MetadataError::Shutdown,
-            RouteError::Unavailable { .. } => MetadataError::Unavailable {
-                reason: e.to_string(),
-            },
+            RouteError::Unavailable { .. } => MetadataError::Unavailable { source: e },
             RouteError::OutcomeUnknown { .. } => MetadataError::OutcomeUnknown {
-                reason: e.to_string(),
+                source: PlaneFault::Route(e),
             },
             RouteError::Unroutable | RouteError::Failed { .. } => MetadataError::Group {
-                reason: e.to_string(),
-                fatal: false,
+                source: PlaneFault::Route(e),
             },
         }
     }
@@ -110,5 +137,11 @@ impl MetadataError {
             | MetadataError::Corrupt { .. }
             | MetadataError::Group { .. } => ErrorCode::UnknownServerError,
         }
+    }
+
+    /// Whether the replica behind this error can no longer serve (its
+    /// storage is damaged, or raft stopped for good).
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, MetadataError::Group { source: PlaneFault::Group(g) } if g.is_fatal())
     }
 }

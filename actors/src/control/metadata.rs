@@ -275,14 +275,14 @@ impl FilePlane {
     pub fn open(dir: &Path) -> Result<FilePlane, MetadataError> {
         let io = |path: &Path, e: std::io::Error| MetadataError::Io {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            source: Arc::new(e),
         };
         fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let path = dir.join(STATE_FILE);
         let state = match fs::read(&path) {
             Ok(bytes) => MetadataState::restore(&bytes).map_err(|e| MetadataError::Corrupt {
                 path: path.clone(),
-                reason: e.to_string(),
+                source: Arc::new(e),
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => MetadataState::new(),
             Err(e) => return Err(io(&path, e)),
@@ -301,11 +301,11 @@ impl FilePlane {
         let tmp = self.dir.join("state.bin.tmp");
         let io = |path: &Path, e: std::io::Error| MetadataError::Io {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            source: Arc::new(e),
         };
         let bytes = state.snapshot().map_err(|e| MetadataError::Corrupt {
             path: path.clone(),
-            reason: e.to_string(),
+            source: Arc::new(e),
         })?;
         let mut file = fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
         file.write_all(&bytes).map_err(|e| io(&tmp, e))?;

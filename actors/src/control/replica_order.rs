@@ -294,7 +294,7 @@ pub(crate) async fn serve_order(
     };
     Some(encoded.map(|b| b.to_vec()).map_err(|e| RpcError::Encode {
         what: "replica_order_response",
-        reason: e.to_string(),
+        source: std::sync::Arc::new(e),
     }))
 }
 

@@ -34,7 +34,7 @@ pub(crate) const REPLICA_STATUS_TIMEOUT_MS: u64 = 1_500;
 pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u8>, RpcError> {
     let request = ReplicaStatusRequest::decode(body).map_err(|e| RpcError::Decode {
         what: "replica_status_request",
-        reason: e.to_string(),
+        source: std::sync::Arc::new(e),
     })?;
     let answer = ReplicaStatusResponse {
         copies: copy_status(&shared.data, &request.segments),
@@ -46,7 +46,7 @@ pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u
         .map(|b| b.to_vec())
         .map_err(|e| RpcError::Encode {
             what: "replica_status_response",
-            reason: e.to_string(),
+            source: std::sync::Arc::new(e),
         })
 }
 

@@ -79,7 +79,7 @@ impl RpcService for BrokerRpc {
                 .map(|b| b.to_vec())
                 .map_err(|e| RpcError::Encode {
                     what: "replica_append_response",
-                    reason: e.to_string(),
+                    source: std::sync::Arc::new(e),
                 });
         }
         self.host.serve(api_key, group_id, body).await

@@ -106,25 +106,18 @@ pub(crate) fn encode_tagged(magic: &[u8; MAGIC_BYTES], body: &[u8]) -> io::Resul
 }
 
 /// Why a tagged file could not be read back.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum TaggedError {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TaggedError {
+    #[error("unknown magic tag")]
     BadMagic,
+    #[error("file is shorter than its frame")]
     Short,
+    #[error("checksum mismatch")]
     BadChecksum,
+    #[error("frame length {len} exceeds the limit")]
     TooLong { len: u64 },
+    #[error("bytes after the frame")]
     TrailingBytes,
-}
-
-impl std::fmt::Display for TaggedError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TaggedError::BadMagic => write!(f, "unknown magic tag"),
-            TaggedError::Short => write!(f, "file is shorter than its frame"),
-            TaggedError::BadChecksum => write!(f, "checksum mismatch"),
-            TaggedError::TooLong { len } => write!(f, "frame length {len} exceeds the limit"),
-            TaggedError::TrailingBytes => write!(f, "bytes after the frame"),
-        }
-    }
 }
 
 /// The body of a tagged file.

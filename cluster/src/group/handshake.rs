@@ -84,12 +84,12 @@ pub enum HandshakeError {
     #[error("the peer answered as node {got}, expected node {expected}")]
     WrongNode { expected: u64, got: u64 },
     #[error("no randomness for a nonce: {0}")]
-    Randomness(String),
+    Randomness(getrandom::Error),
 }
 
 fn nonce() -> Result<[u8; NONCE_BYTES], HandshakeError> {
     let mut bytes = [0u8; NONCE_BYTES];
-    getrandom::fill(&mut bytes).map_err(|e| HandshakeError::Randomness(e.to_string()))?;
+    getrandom::fill(&mut bytes).map_err(HandshakeError::Randomness)?;
     Ok(bytes)
 }
 

@@ -55,18 +55,41 @@ impl Default for LivenessSettings {
 impl LivenessSettings {
     /// Whether these settings can decide anything: a probe must be able to
     /// answer before its peer counts as down.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LivenessError> {
         if self.probe_every_ms == 0 {
-            return Err("probe_every_ms must be positive".to_owned());
+            return Err(LivenessError::ZeroProbeInterval);
         }
         if self.probe_timeout_ms == 0 || self.probe_timeout_ms >= self.down_after_ms {
-            return Err("probe_timeout_ms must be positive and below down_after_ms".to_owned());
+            return Err(LivenessError::ProbeTimeout {
+                probe_timeout_ms: self.probe_timeout_ms,
+                down_after_ms: self.down_after_ms,
+            });
         }
         if self.probe_every_ms >= self.down_after_ms {
-            return Err("probe_every_ms must be below down_after_ms".to_owned());
+            return Err(LivenessError::ProbeInterval {
+                probe_every_ms: self.probe_every_ms,
+                down_after_ms: self.down_after_ms,
+            });
         }
         Ok(())
     }
+}
+
+/// Liveness settings that cannot decide anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LivenessError {
+    #[error("probe_every_ms must be positive")]
+    ZeroProbeInterval,
+    #[error("probe_timeout_ms must be positive and below down_after_ms")]
+    ProbeTimeout {
+        probe_timeout_ms: u64,
+        down_after_ms: u64,
+    },
+    #[error("probe_every_ms must be below down_after_ms")]
+    ProbeInterval {
+        probe_every_ms: u64,
+        down_after_ms: u64,
+    },
 }
 
 /// When each peer last answered, and so which are up.

@@ -19,6 +19,7 @@
 //! Entries are also held in memory: a metadata log is short because it is
 //! purged after every snapshot.
 
+use super::error::{Corruption, GroupError};
 use super::fsio::{
     self, FrameRead, MAGIC_BYTES, TaggedError, decode_tagged, encode_frame, encode_tagged,
     read_frame,
@@ -49,12 +50,32 @@ const SMALL_FRAME_BYTES_MAX: u64 = 64 * 1024;
 pub(crate) enum OpenError {
     #[error("i/o on {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    #[error("{path} is corrupt at byte {offset}: {reason}")]
+    #[error("{path} is corrupt at byte {offset}: {problem}")]
     Corrupt {
         path: PathBuf,
         offset: u64,
-        reason: String,
+        problem: Corruption,
     },
+}
+
+impl From<OpenError> for GroupError {
+    fn from(err: OpenError) -> GroupError {
+        match err {
+            OpenError::Io { path, source } => GroupError::Io {
+                path,
+                source: Arc::new(source),
+            },
+            OpenError::Corrupt {
+                path,
+                offset,
+                problem,
+            } => GroupError::Storage {
+                path,
+                offset,
+                problem,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -147,10 +168,10 @@ impl LogStore {
             entries,
             end: at,
         } = decode_log(&bytes, group_id, entry_bytes_max, &log_path).map_err(
-            |(offset, reason)| OpenError::Corrupt {
+            |(offset, problem)| OpenError::Corrupt {
                 path: log_path.clone(),
                 offset: offset as u64,
-                reason,
+                problem,
             },
         )?;
         let mut file = OpenOptions::new()
@@ -200,20 +221,23 @@ pub(crate) fn decode_log(
     group_id: u64,
     entry_bytes_max: u64,
     log_path: &Path,
-) -> Result<DecodedLog, (usize, String)> {
-    let corrupt = |offset: usize, reason: String| (offset, reason);
+) -> Result<DecodedLog, (usize, Corruption)> {
+    let corrupt = |offset: usize, problem: Corruption| (offset, problem);
     let header_body = decode_tagged(
         LOG_MAGIC,
         bytes.get(..header_end(bytes)).unwrap_or(bytes),
         SMALL_FRAME_BYTES_MAX,
     )
-    .map_err(|e: TaggedError| corrupt(0, format!("log header: {e}")))?;
+    .map_err(|e: TaggedError| corrupt(0, Corruption::LogHeaderFrame(e)))?;
     let header: Header = rmp_serde::from_slice(header_body)
-        .map_err(|e| corrupt(MAGIC_BYTES, format!("log header: {e}")))?;
+        .map_err(|e| corrupt(MAGIC_BYTES, Corruption::LogHeader(Arc::new(e))))?;
     if header.group_id != group_id {
         return Err(corrupt(
             MAGIC_BYTES,
-            format!("log belongs to group {} not {group_id}", header.group_id),
+            Corruption::OtherGroup {
+                found: header.group_id,
+                expected: group_id,
+            },
         ));
     }
     let mut at = header_end(bytes);
@@ -234,7 +258,7 @@ pub(crate) fn decode_log(
         match read_frame(bytes, at, entry_bytes_max) {
             FrameRead::Whole { body, next } => {
                 let entry: Entry = rmp_serde::from_slice(body)
-                    .map_err(|e| corrupt(at, format!("undecodable entry: {e}")))?;
+                    .map_err(|e| corrupt(at, Corruption::Entry(Arc::new(e))))?;
                 let index = entry.index();
                 // The first entry of a fresh log may start anywhere a
                 // snapshot install left the purge point; after it they
@@ -243,7 +267,10 @@ pub(crate) fn decode_log(
                 {
                     return Err(corrupt(
                         at,
-                        format!("entry index {index} where {expected_index} was expected"),
+                        Corruption::IndexGap {
+                            found: index,
+                            expected: expected_index,
+                        },
                     ));
                 }
                 expected_index = index + 1;
@@ -259,15 +286,15 @@ pub(crate) fn decode_log(
                 break;
             }
             FrameRead::BadChecksum { .. } => {
-                return Err(corrupt(
-                    at,
-                    "entry checksum mismatch before the end of the log".to_owned(),
-                ));
+                return Err(corrupt(at, Corruption::EntryChecksum));
             }
             FrameRead::TooLong { len } => {
                 return Err(corrupt(
                     at,
-                    format!("entry length {len} exceeds {entry_bytes_max}"),
+                    Corruption::EntryTooLong {
+                        len,
+                        entry_bytes_max,
+                    },
                 ));
             }
         }
@@ -294,19 +321,19 @@ fn read_vote_file(path: &Path) -> Result<Option<Vote>, OpenError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_at(path)(e)),
     };
-    let corrupt = |reason: String| OpenError::Corrupt {
+    let corrupt = |problem: Corruption| OpenError::Corrupt {
         path: path.to_path_buf(),
         offset: 0,
-        reason,
+        problem,
     };
     decode_vote(&bytes).map(Some).map_err(corrupt)
 }
 
 /// Decodes a vote file's bytes (untrusted: read from disk).
-pub(crate) fn decode_vote(bytes: &[u8]) -> Result<Vote, String> {
-    let body = decode_tagged(VOTE_MAGIC, bytes, SMALL_FRAME_BYTES_MAX)
-        .map_err(|e| format!("vote: {e}"))?;
-    rmp_serde::from_slice(body).map_err(|e| format!("vote: {e}"))
+pub(crate) fn decode_vote(bytes: &[u8]) -> Result<Vote, Corruption> {
+    let body =
+        decode_tagged(VOTE_MAGIC, bytes, SMALL_FRAME_BYTES_MAX).map_err(Corruption::VoteFrame)?;
+    rmp_serde::from_slice(body).map_err(|e| Corruption::Vote(Arc::new(e)))
 }
 
 impl LogStore {

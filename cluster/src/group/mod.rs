@@ -20,6 +20,7 @@
 //! log hold byte-identical snapshots.
 
 mod backoff;
+mod error;
 mod frames;
 pub(crate) mod fsio;
 pub mod handshake;
@@ -33,9 +34,16 @@ mod types;
 pub mod untrusted;
 
 pub use backoff::{Backoff, backoff_delay_ms, backoff_seed};
+pub use error::{
+    CodecError, ConfigProblem, Corruption, FatalCause, GroupError, RaftFault, Refusal,
+};
 pub use frames::{FRAME_READ_CHUNK_BYTES, FrameReadError, read_frame};
+pub use fsio::TaggedError;
 pub use handshake::{ClusterCookie, HandshakeError};
-pub use network::{GroupTransport, RaftRpcKind, TransportError, UnreachableTransport};
+pub use network::{
+    GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause,
+    UnreachableTransport,
+};
 pub use tcp::{
     CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
     GroupRegistry, OPEN_VNODE_API_KEY, PING_API_KEY, RAFT_CONNECTIONS_MAX_DEFAULT,
@@ -46,6 +54,7 @@ pub use tcp::{
 };
 
 use crate::model::{Command, MetadataState, ModelError, Outcome};
+use error::{fatal_error, initialize_error};
 use log_store::{LogStore, OpenError};
 use network::{FullSnapshotRequest, NetworkFactory};
 use openraft::async_runtime::WatchReceiver;
@@ -151,81 +160,9 @@ impl GroupConfig {
             log_stage_capacity: Some(LOG_STAGE_CAPACITY),
             ..Default::default()
         };
-        config.validate().map_err(|e| GroupError::Config {
-            reason: e.to_string(),
-        })
-    }
-}
-
-/// Why a group operation failed. The model's own refusals are not here:
-/// `propose` returns them as its inner `Err`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GroupError {
-    /// The group's files could not be read or written while opening.
-    #[error("storage i/o on {path}: {reason}")]
-    Io { path: PathBuf, reason: String },
-    /// A group file is damaged in a way recovery must not paper over.
-    #[error("storage corrupt: {path} at byte {offset}: {reason}")]
-    Storage {
-        path: PathBuf,
-        offset: u64,
-        reason: String,
-    },
-    /// This replica is not the leader; `leader` is the one it knows of.
-    #[error("not the leader; the leader is {leader:?}")]
-    NotLeader { leader: Option<u64> },
-    /// The entry was discarded by a leader change after it was appended: it
-    /// may or may not commit, so a retry must be deduplicated.
-    #[error("the proposal was discarded by a leader change; its outcome is unknown")]
-    Discarded { leader: Option<u64> },
-    /// The operation did not finish within its bound (`open_timeout_ms` or
-    /// `request_timeout_ms`). A timed-out proposal may still commit.
-    #[error("timed out")]
-    Timeout,
-    /// The raft node stopped on an unrecoverable error (a storage error or a
-    /// panic). The replica must be replaced, not restarted.
-    #[error("the group is fatally stopped: {reason}")]
-    Fatal { reason: String },
-    /// The group was shut down.
-    #[error("the group is shut down")]
-    Stopped,
-    /// A message could not be encoded or decoded.
-    #[error("codec: {reason}")]
-    Codec { reason: String },
-    /// The config is invalid.
-    #[error("invalid config: {reason}")]
-    Config { reason: String },
-    /// Raft refused the request for a reason other than leadership.
-    #[error("raft refused: {reason}")]
-    Raft { reason: String },
-}
-
-impl GroupError {
-    /// Whether this replica can no longer serve: its storage is damaged or
-    /// raft stopped on an unrecoverable error. A supervisor must replace
-    /// such a replica (decisions §2), not restart it in place.
-    pub fn is_fatal(&self) -> bool {
-        matches!(self, GroupError::Storage { .. } | GroupError::Fatal { .. })
-    }
-}
-
-impl From<OpenError> for GroupError {
-    fn from(err: OpenError) -> GroupError {
-        match err {
-            OpenError::Io { path, source } => GroupError::Io {
-                path,
-                reason: source.to_string(),
-            },
-            OpenError::Corrupt {
-                path,
-                offset,
-                reason,
-            } => GroupError::Storage {
-                path,
-                offset,
-                reason,
-            },
-        }
+        config
+            .validate()
+            .map_err(|e| GroupError::config(ConfigProblem::Raft(e.into())))
     }
 }
 
@@ -346,15 +283,6 @@ pub struct MetadataGroup {
     inner: Arc<Inner>,
 }
 
-fn fatal_reason(fatal: &Fatal<TypeConfig>) -> GroupError {
-    match fatal {
-        Fatal::Stopped => GroupError::Stopped,
-        other => GroupError::Fatal {
-            reason: other.to_string(),
-        },
-    }
-}
-
 impl MetadataGroup {
     /// Whether a write of this replica's log or snapshot failed for want of
     /// space, which stopped it. Nothing it failed to write was
@@ -409,7 +337,7 @@ impl MetadataGroup {
         })
         .await
         .map_err(|e| GroupError::Fatal {
-            reason: format!("opening the group's files panicked: {e}"),
+            cause: FatalCause::OpenPanicked(Arc::new(e)),
         })??;
         let shared = sm.shared();
         let log_no_space = log.no_space();
@@ -423,7 +351,7 @@ impl MetadataGroup {
         };
         let raft = Raft::new(config.node_id, raft_config, network, log, sm)
             .await
-            .map_err(|e| fatal_reason(&e))?;
+            .map_err(|e| fatal_error(&e))?;
         tracing::info!(group = config.group_id, node = config.node_id, dir = %config.dir.display(), "metadata group opened");
         Ok(MetadataGroup {
             inner: Arc::new(Inner {
@@ -447,15 +375,10 @@ impl MetadataGroup {
         let raft = &self.inner.raft;
         let node_id = self.inner.config.node_id;
         let timeout_ms = self.inner.config.open_timeout_ms;
-        let initialized = raft.is_initialized().await.map_err(|e| fatal_reason(&e))?;
+        let initialized = raft.is_initialized().await.map_err(|e| fatal_error(&e))?;
         if !initialized {
             let members = BTreeMap::from([(node_id, BasicNode::default())]);
-            raft.initialize(members).await.map_err(|e| match e {
-                RaftError::Fatal(f) => fatal_reason(&f),
-                RaftError::APIError(api) => GroupError::Raft {
-                    reason: api.to_string(),
-                },
-            })?;
+            raft.initialize(members).await.map_err(initialize_error)?;
             tracing::info!(
                 group = self.inner.config.group_id,
                 node = node_id,
@@ -489,7 +412,7 @@ impl MetadataGroup {
                 );
                 Err(GroupError::Timeout)
             }
-            Err(other) => Err(self.stopped_reason(other.to_string())),
+            Err(other) => Err(self.stopped_reason(other.into())),
         }
     }
 
@@ -506,7 +429,7 @@ impl MetadataGroup {
 
     async fn initialize_running(&self, voters: &[u64]) -> Result<(), GroupError> {
         let raft = &self.inner.raft;
-        if raft.is_initialized().await.map_err(|e| fatal_reason(&e))? {
+        if raft.is_initialized().await.map_err(|e| fatal_error(&e))? {
             return Ok(());
         }
         let members: BTreeMap<u64, BasicNode> = voters
@@ -514,12 +437,10 @@ impl MetadataGroup {
             .map(|id| (*id, BasicNode::default()))
             .collect();
         if !members.contains_key(&self.inner.config.node_id) {
-            return Err(GroupError::Config {
-                reason: format!(
-                    "node {} is not among the voters {voters:?} it initializes",
-                    self.inner.config.node_id
-                ),
-            });
+            return Err(GroupError::config(ConfigProblem::NotAmongVoters {
+                node: self.inner.config.node_id,
+                voters: voters.to_vec(),
+            }));
         }
         match raft.initialize(members).await {
             Ok(()) => {
@@ -534,10 +455,7 @@ impl MetadataGroup {
             // A peer's entries arrived between the check and the call: the
             // membership exists, which is all this wanted.
             Err(RaftError::APIError(openraft::errors::InitializeError::NotAllowed(_))) => Ok(()),
-            Err(RaftError::APIError(api)) => Err(GroupError::Raft {
-                reason: api.to_string(),
-            }),
-            Err(RaftError::Fatal(f)) => Err(fatal_reason(&f)),
+            Err(e) => Err(initialize_error(e)),
         }
     }
 
@@ -558,18 +476,20 @@ impl MetadataGroup {
         match wait {
             Ok(m) => m.current_leader.ok_or(GroupError::Timeout),
             Err(openraft::metrics::WaitError::Timeout(..)) => Err(GroupError::Timeout),
-            Err(other) => Err(self.stopped_reason(other.to_string())),
+            Err(other) => Err(self.stopped_reason(other.into())),
         }
     }
 
     /// The error to report when raft stopped underneath a call.
-    fn stopped_reason(&self, fallback: String) -> GroupError {
+    fn stopped_reason(&self, fallback: RaftFault) -> GroupError {
         if self.inner.stopped.load(Ordering::Acquire) {
             return GroupError::Stopped;
         }
         match &self.inner.raft.metrics().borrow_watched().running_state {
-            Err(fatal) => fatal_reason(fatal),
-            Ok(()) => GroupError::Fatal { reason: fallback },
+            Err(fatal) => fatal_error(fatal),
+            Ok(()) => GroupError::Fatal {
+                cause: FatalCause::Raft(fallback),
+            },
         }
     }
 
@@ -578,7 +498,7 @@ impl MetadataGroup {
             return Err(GroupError::Stopped);
         }
         match &self.inner.raft.metrics().borrow_watched().running_state {
-            Err(fatal) => Err(fatal_reason(fatal)),
+            Err(fatal) => Err(fatal_error(fatal)),
             Ok(()) => Ok(()),
         }
     }
@@ -658,9 +578,7 @@ impl MetadataGroup {
             .await?;
         match response.data.0 {
             Some(verdict) => Ok(verdict),
-            None => Err(GroupError::Raft {
-                reason: "a normal entry was applied without a verdict".to_owned(),
-            }),
+            None => Err(GroupError::refused(Refusal::NoVerdict)),
         }
     }
 
@@ -672,10 +590,8 @@ impl MetadataGroup {
             RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => GroupError::Discarded {
                 leader: f.leader_id,
             },
-            RaftError::APIError(other) => GroupError::Raft {
-                reason: other.to_string(),
-            },
-            RaftError::Fatal(f) => self.stopped_reason(f.to_string()),
+            RaftError::APIError(other) => GroupError::refused(Refusal::Raft(other.into())),
+            RaftError::Fatal(f) => self.stopped_reason(f.into()),
         }
     }
 
@@ -689,10 +605,8 @@ impl MetadataGroup {
                     leader: f.leader_id,
                 }
             }
-            RaftError::APIError(other) => GroupError::Raft {
-                reason: other.to_string(),
-            },
-            RaftError::Fatal(f) => self.stopped_reason(f.to_string()),
+            RaftError::APIError(other) => GroupError::refused(Refusal::Raft(other.into())),
+            RaftError::Fatal(f) => self.stopped_reason(f.into()),
         }
     }
 
@@ -886,7 +800,7 @@ impl MetadataGroup {
                 .trigger()
                 .heartbeat()
                 .await
-                .map_err(|e| self.stopped_reason(e.to_string()))
+                .map_err(|e| self.stopped_reason(e.into()))
         })
         .await
     }
@@ -908,7 +822,7 @@ impl MetadataGroup {
                 .trigger()
                 .transfer_leader(to)
                 .await
-                .map_err(|e| self.stopped_reason(e.to_string()))
+                .map_err(|e| self.stopped_reason(e.into()))
         })
         .await
     }
@@ -980,9 +894,7 @@ impl MetadataGroup {
     ) -> Result<(), GroupError> {
         self.check_running()?;
         if voters.is_empty() {
-            return Err(GroupError::Config {
-                reason: "a group keeps at least one voter".to_owned(),
-            });
+            return Err(GroupError::config(ConfigProblem::NoVoters));
         }
         let call = async {
             self.inner
@@ -1081,7 +993,7 @@ impl MetadataGroup {
                 .trigger()
                 .snapshot()
                 .await
-                .map_err(|e| self.stopped_reason(e.to_string()))?;
+                .map_err(|e| self.stopped_reason(e.into()))?;
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let slice = left.min(Duration::from_millis(SNAPSHOT_RETRIGGER_MS));
             let waited = self
@@ -1100,7 +1012,7 @@ impl MetadataGroup {
                         return Err(GroupError::Timeout);
                     }
                 }
-                Err(other) => return Err(self.stopped_reason(other.to_string())),
+                Err(other) => return Err(self.stopped_reason(other.into())),
             }
         }
     }
@@ -1118,14 +1030,12 @@ impl MetadataGroup {
         kind: RaftRpcKind,
         body: &[u8],
     ) -> Result<Vec<u8>, GroupError> {
-        let codec = |e: &dyn std::fmt::Display| GroupError::Codec {
-            reason: e.to_string(),
-        };
+        let codec = |e: CodecError| GroupError::Codec { source: e };
         let raft = &self.inner.raft;
-        let fatal = |e: Fatal<TypeConfig>| self.stopped_reason(e.to_string());
+        let fatal = |e: Fatal<TypeConfig>| self.stopped_reason(e.into());
         let answer = match kind {
             RaftRpcKind::AppendEntries => {
-                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(e.into()))?;
                 let resp = raft
                     .append_entries(rpc)
                     .await
@@ -1133,12 +1043,12 @@ impl MetadataGroup {
                 rmp_serde::to_vec(&resp)
             }
             RaftRpcKind::Vote => {
-                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(e.into()))?;
                 let resp = raft.vote(rpc).await.map_err(|e| fatal(e.unwrap_fatal()))?;
                 rmp_serde::to_vec(&resp)
             }
             RaftRpcKind::PreVote => {
-                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(e.into()))?;
                 if let Some(refusal) = self.refuse_pre_vote(&rpc) {
                     return Ok(refusal);
                 }
@@ -1149,13 +1059,13 @@ impl MetadataGroup {
                 rmp_serde::to_vec(&resp)
             }
             RaftRpcKind::TransferLeader => {
-                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                let rpc = rmp_serde::from_slice(body).map_err(|e| codec(e.into()))?;
                 let resp = raft.handle_transfer_leader(rpc).await.map_err(fatal)?;
                 rmp_serde::to_vec(&resp)
             }
             RaftRpcKind::FullSnapshot => {
                 let req: FullSnapshotRequest =
-                    rmp_serde::from_slice(body).map_err(|e| codec(&e))?;
+                    rmp_serde::from_slice(body).map_err(|e| codec(e.into()))?;
                 let snapshot = types::Snapshot {
                     meta: req.meta,
                     snapshot: req.data,
@@ -1167,7 +1077,7 @@ impl MetadataGroup {
                 rmp_serde::to_vec(&resp)
             }
         };
-        answer.map_err(|e| codec(&e))
+        answer.map_err(|e| codec(e.into()))
     }
 
     /// Begins the stop without waiting: later calls, and calls in flight,
@@ -1202,7 +1112,7 @@ impl MetadataGroup {
             .shutdown()
             .await
             .map_err(|e| GroupError::Fatal {
-                reason: format!("raft task did not join: {e}"),
+                cause: FatalCause::NotJoined(Arc::new(e)),
             })?;
         tracing::info!(
             group = self.inner.config.group_id,
@@ -1276,17 +1186,18 @@ mod tests {
             body: &[u8],
         ) -> Result<Vec<u8>, TransportError> {
             let group = self.net.groups.read().get(&target).cloned();
-            let group = group.ok_or_else(|| TransportError::Unreachable {
+            let group = group.ok_or(TransportError::Unreachable {
                 target,
-                reason: "down".to_owned(),
+                cause: UnreachableCause::Down,
             })?;
-            group
-                .handle_rpc(kind, body)
-                .await
-                .map_err(|e| TransportError::Remote {
+            group.handle_rpc(kind, body).await.map_err(|e| {
+                let refusal = RpcError::Group(e);
+                TransportError::Remote {
                     target,
-                    reason: e.to_string(),
-                })
+                    code: refusal.code(),
+                    peer_message: refusal.to_string(),
+                }
+            })
         }
 
         /// Sends the part of an append at or below `cap`.
@@ -1303,7 +1214,7 @@ mod tests {
             if rpc.prev_log_id.is_some_and(|prev| prev.index > cap) {
                 return Err(TransportError::Unreachable {
                     target,
-                    reason: "beyond the cap".to_owned(),
+                    cause: UnreachableCause::Down,
                 });
             }
             let before = rpc.entries.len();
@@ -1347,7 +1258,7 @@ mod tests {
                 if cut.contains(&self.from) || cut.contains(&target) {
                     return Err(TransportError::Unreachable {
                         target,
-                        reason: "cut".to_owned(),
+                        cause: UnreachableCause::Down,
                     });
                 }
             }
@@ -1777,11 +1688,9 @@ mod tests {
             .await
             .expect("the wait ended as the stop began")
             .unwrap();
-        assert_eq!(answer, Err(GroupError::Stopped));
-        assert_eq!(
-            group.propose(create("late")).await,
-            Err(GroupError::Stopped)
-        );
+        assert!(matches!(answer, Err(GroupError::Stopped)), "{answer:?}");
+        let late = group.propose(create("late")).await;
+        assert!(matches!(late, Err(GroupError::Stopped)), "{late:?}");
         group.shutdown().await.unwrap();
         // Twice is fine.
         group.shutdown().await.unwrap();

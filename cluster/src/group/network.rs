@@ -9,7 +9,9 @@
 //! A single-voter group never sends anything; `UnreachableTransport` is its
 //! default.
 
+use super::handshake::HandshakeError;
 use super::types::{SnapshotBytes, TypeConfig, Vote};
+use malachi_wire::error::ErrorCode;
 use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{
@@ -59,18 +61,81 @@ impl RaftRpcKind {
 }
 
 /// Why a transport could not deliver a request or bring back its answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum TransportError {
     /// The target cannot be reached now; raft backs off and retries.
-    #[error("node {target} is unreachable: {reason}")]
-    Unreachable { target: u64, reason: String },
+    #[error("node {target} is unreachable: {cause}")]
+    Unreachable {
+        target: u64,
+        #[source]
+        cause: UnreachableCause,
+    },
     /// The request may or may not have arrived.
-    #[error("network error to node {target}: {reason}")]
-    Network { target: u64, reason: String },
+    #[error("network error to node {target}: {fault}")]
+    Network {
+        target: u64,
+        #[source]
+        fault: NetworkFault,
+    },
     /// The target received the request and refused it (for example its
-    /// group is stopped).
-    #[error("node {target} refused the request: {reason}")]
-    Remote { target: u64, reason: String },
+    /// group is stopped): `code` is the refusal's wire code and
+    /// `peer_message` the text the peer sent with it.
+    #[error("node {target} refused the request: {code}: {peer_message}")]
+    Remote {
+        target: u64,
+        code: ErrorCode,
+        peer_message: String,
+    },
+}
+
+/// Why no connection to a peer could carry a request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UnreachableCause {
+    #[error("this group has no transport")]
+    NoTransport,
+    #[error("this node's group is shutting down")]
+    ShuttingDown,
+    #[error("no address known")]
+    NoAddress,
+    #[error("backing off after a failed connect")]
+    BackingOff,
+    #[error("{0}")]
+    Connect(#[source] Arc<std::io::Error>),
+    #[error("connect timed out")]
+    ConnectTimedOut,
+    /// The server closed the connection during the handshake, which is how
+    /// a server answers a proof made with another cookie.
+    #[error("the server closed the handshake (a different cluster cookie?): {0}")]
+    HandshakeClosed(#[source] Arc<HandshakeError>),
+    #[error("handshake failed: {0}")]
+    Handshake(#[source] Arc<HandshakeError>),
+    #[error("handshake timed out")]
+    HandshakeTimedOut,
+    /// The peer's group is not running (an in-memory test transport).
+    #[error("down")]
+    Down,
+}
+
+/// What went wrong after a connection took a request: it may have arrived.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NetworkFault {
+    #[error("encode: {0}")]
+    Encode(#[source] Arc<rmp_serde::encode::Error>),
+    #[error("decode: {0}")]
+    Decode(#[source] Arc<rmp_serde::decode::Error>),
+    #[error("no free slot on the connection in time")]
+    NoSlot,
+    #[error("connection closed")]
+    Closed,
+    #[error("connection closed before the request was sent")]
+    ClosedBeforeSent,
+    #[error("connection closed while waiting for the answer")]
+    ClosedAwaitingAnswer,
+    #[error("no answer within {timeout_ms} ms")]
+    NoAnswer { timeout_ms: u64 },
+    /// An in-memory test transport cut the request short.
+    #[error("{0}")]
+    Injected(&'static str),
 }
 
 /// Carries a group's raft messages to peers. A later wire-framed transport
@@ -105,7 +170,7 @@ impl GroupTransport for UnreachableTransport {
     ) -> Result<Vec<u8>, TransportError> {
         Err(TransportError::Unreachable {
             target,
-            reason: "this group has no transport".to_owned(),
+            cause: UnreachableCause::NoTransport,
         })
     }
 }
@@ -163,11 +228,12 @@ impl Peer {
         request: &Req,
         option: &RPCOption,
     ) -> Result<Resp, TransportError> {
-        let network = |reason: String| TransportError::Network {
+        let network = |fault: NetworkFault| TransportError::Network {
             target: self.target,
-            reason,
+            fault,
         };
-        let body = rmp_serde::to_vec(request).map_err(|e| network(format!("encode: {e}")))?;
+        let body =
+            rmp_serde::to_vec(request).map_err(|e| network(NetworkFault::Encode(Arc::new(e))))?;
         let timeout_ms = u64::try_from(option.hard_ttl().as_millis()).unwrap_or(u64::MAX);
         // Once the group is stopping, no answer goes back to raft: its core
         // is about to stop, and an answer that reached a heartbeat worker
@@ -182,12 +248,12 @@ impl Peer {
             () = self.stopping.cancelled() => {
                 return Err(TransportError::Unreachable {
                     target: self.target,
-                    reason: "this node's group is shutting down".to_owned(),
+                    cause: UnreachableCause::ShuttingDown,
                 });
             }
             answer = self.transport.call(self.group_id, self.target, kind, body, timeout_ms) => answer?,
         };
-        rmp_serde::from_slice(&answer).map_err(|e| network(format!("decode: {e}")))
+        rmp_serde::from_slice(&answer).map_err(|e| network(NetworkFault::Decode(Arc::new(e))))
     }
 }
 

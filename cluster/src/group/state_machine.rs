@@ -10,6 +10,7 @@
 //! replaced atomically. The applied index is therefore durable exactly when
 //! a snapshot is.
 
+use super::error::Corruption;
 use super::fsio::{self, MAGIC_BYTES, decode_tagged, encode_tagged};
 use super::log_store::OpenError;
 use super::types::{
@@ -81,10 +82,10 @@ fn read_snapshot_file(path: &Path, bytes_max: u64) -> Result<Option<SnapshotFile
             });
         }
     };
-    let corrupt = |reason: String| OpenError::Corrupt {
+    let corrupt = |problem: Corruption| OpenError::Corrupt {
         path: path.to_path_buf(),
         offset: 0,
-        reason,
+        problem,
     };
     decode_snapshot_file(&bytes, bytes_max)
         .map(Some)
@@ -94,10 +95,13 @@ fn read_snapshot_file(path: &Path, bytes_max: u64) -> Result<Option<SnapshotFile
 /// Decodes a snapshot file's bytes (untrusted: read from disk) into its
 /// metadata and the model's snapshot bytes, which `MetadataState::restore`
 /// then checks.
-pub(crate) fn decode_snapshot_file(bytes: &[u8], bytes_max: u64) -> Result<SnapshotFile, String> {
+pub(crate) fn decode_snapshot_file(
+    bytes: &[u8],
+    bytes_max: u64,
+) -> Result<SnapshotFile, Corruption> {
     let body =
-        decode_tagged(SNAPSHOT_MAGIC, bytes, bytes_max).map_err(|e| format!("snapshot: {e}"))?;
-    rmp_serde::from_slice(body).map_err(|e| format!("snapshot: {e}"))
+        decode_tagged(SNAPSHOT_MAGIC, bytes, bytes_max).map_err(Corruption::SnapshotFrame)?;
+    rmp_serde::from_slice(body).map_err(|e| Corruption::Snapshot(Arc::new(e)))
 }
 
 impl StateMachine {
@@ -121,7 +125,7 @@ impl StateMachine {
                 let state = MetadataState::restore(&file.data).map_err(|e| OpenError::Corrupt {
                     path: snapshot_path.clone(),
                     offset: 0,
-                    reason: format!("snapshot state: {e}"),
+                    problem: Corruption::SnapshotState(Arc::new(e)),
                 })?;
                 Applied {
                     state,

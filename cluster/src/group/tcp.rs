@@ -32,7 +32,7 @@
 use super::backoff::{backoff_delay_ms, backoff_seed};
 use super::frames::{FrameReadError, read_frame};
 use super::handshake::{ClusterCookie, HandshakeError, client_handshake, serve_handshake};
-use super::network::{GroupTransport, RaftRpcKind, TransportError};
+use super::network::{GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::SinkExt;
 use malachi_wire::error::ErrorCode;
@@ -293,7 +293,7 @@ impl TcpTransport {
     }
 
     async fn connection(&self, target: u64) -> Result<Arc<Conn>, TransportError> {
-        let unreachable = |reason: String| TransportError::Unreachable { target, reason };
+        let unreachable = |cause: UnreachableCause| TransportError::Unreachable { target, cause };
         if let Some(conn) = self.live(target)? {
             return Ok(conn);
         }
@@ -306,14 +306,14 @@ impl TcpTransport {
             let peers = self.peers.lock();
             let slot = peers
                 .get(&target)
-                .ok_or_else(|| unreachable("no address known".to_owned()))?;
+                .ok_or_else(|| unreachable(UnreachableCause::NoAddress))?;
             if let Some(at) = slot.retry_at
                 && Instant::now() < at
             {
-                return Err(unreachable("backing off after a failed connect".to_owned()));
+                return Err(unreachable(UnreachableCause::BackingOff));
             }
             slot.addr
-                .ok_or_else(|| unreachable("no address known".to_owned()))?
+                .ok_or_else(|| unreachable(UnreachableCause::NoAddress))?
         };
         let connected = tokio::time::timeout(
             Duration::from_millis(self.config.connect_timeout_ms),
@@ -322,8 +322,10 @@ impl TcpTransport {
         .await;
         let mut stream = match connected {
             Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Err(self.failed_connect(target, e.to_string())),
-            Err(_) => return Err(self.failed_connect(target, "connect timed out".to_owned())),
+            Ok(Err(e)) => {
+                return Err(self.failed_connect(target, UnreachableCause::Connect(Arc::new(e))));
+            }
+            Err(_) => return Err(self.failed_connect(target, UnreachableCause::ConnectTimedOut)),
         };
         let _ = stream.set_nodelay(true);
         let shaken = tokio::time::timeout(
@@ -339,15 +341,15 @@ impl TcpTransport {
         match shaken {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
-                let reason = match e {
-                    HandshakeError::Io(_) => format!(
-                        "the server closed the handshake (a different cluster cookie?): {e}"
-                    ),
-                    e => format!("handshake failed: {e}"),
+                let cause = match e {
+                    HandshakeError::Io(_) => UnreachableCause::HandshakeClosed(Arc::new(e)),
+                    e => UnreachableCause::Handshake(Arc::new(e)),
                 };
-                return Err(self.failed_connect(target, reason));
+                return Err(self.failed_connect(target, cause));
             }
-            Err(_) => return Err(self.failed_connect(target, "handshake timed out".to_owned())),
+            Err(_) => {
+                return Err(self.failed_connect(target, UnreachableCause::HandshakeTimedOut));
+            }
         }
         let conn = Arc::new(self.spawn_conn(stream));
         let mut peers = self.peers.lock();
@@ -364,7 +366,7 @@ impl TcpTransport {
         let Some(slot) = peers.get_mut(&target) else {
             return Err(TransportError::Unreachable {
                 target,
-                reason: "no address known".to_owned(),
+                cause: UnreachableCause::NoAddress,
             });
         };
         match &slot.conn {
@@ -377,7 +379,7 @@ impl TcpTransport {
         }
     }
 
-    fn failed_connect(&self, target: u64, reason: String) -> TransportError {
+    fn failed_connect(&self, target: u64, cause: UnreachableCause) -> TransportError {
         let mut peers = self.peers.lock();
         if let Some(slot) = peers.get_mut(&target) {
             let backoff_ms = backoff_delay_ms(
@@ -388,9 +390,9 @@ impl TcpTransport {
             );
             slot.failures = slot.failures.saturating_add(1);
             slot.retry_at = Some(Instant::now() + Duration::from_millis(backoff_ms));
-            tracing::debug!(node = self.config.node_id, peer = target, backoff_ms, %reason, "raft connect failed");
+            tracing::debug!(node = self.config.node_id, peer = target, backoff_ms, error = %cause, "raft connect failed");
         }
-        TransportError::Unreachable { target, reason }
+        TransportError::Unreachable { target, cause }
     }
 
     fn spawn_conn(&self, stream: TcpStream) -> Conn {
@@ -491,17 +493,17 @@ impl TcpTransport {
         timeout_ms: u64,
     ) -> Result<Bytes, TransportError> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-        let network = |reason: String| TransportError::Network { target, reason };
+        let network = |fault: NetworkFault| TransportError::Network { target, fault };
         let conn = tokio::time::timeout_at(deadline, self.connection(target))
             .await
             .map_err(|_| TransportError::Unreachable {
                 target,
-                reason: "connect timed out".to_owned(),
+                cause: UnreachableCause::ConnectTimedOut,
             })??;
         let _slot = tokio::time::timeout_at(deadline, Arc::clone(&conn.slots).acquire_owned())
             .await
-            .map_err(|_| network("no free slot on the connection in time".to_owned()))?
-            .map_err(|_| network("connection closed".to_owned()))?;
+            .map_err(|_| network(NetworkFault::NoSlot))?
+            .map_err(|_| network(NetworkFault::Closed))?;
         let correlation_id = conn.next_correlation.fetch_add(1, Ordering::Relaxed);
         let body_bytes: usize = body.iter().map(|part| part.len()).sum();
         let mut payload = BytesMut::with_capacity(GROUP_ID_BYTES + body_bytes);
@@ -514,7 +516,7 @@ impl TcpTransport {
         if conn.is_closed() {
             conn.pending.lock().remove(&correlation_id);
             self.drop_conn(target, &conn);
-            return Err(network("connection closed".to_owned()));
+            return Err(network(NetworkFault::Closed));
         }
         let frame = RequestFrame {
             api_key,
@@ -525,29 +527,22 @@ impl TcpTransport {
         if !matches!(sent, Ok(Ok(()))) {
             conn.pending.lock().remove(&correlation_id);
             self.drop_conn(target, &conn);
-            return Err(network(
-                "connection closed before the request was sent".to_owned(),
-            ));
+            return Err(network(NetworkFault::ClosedBeforeSent));
         }
         match tokio::time::timeout_at(deadline, answer_rx).await {
             Ok(Ok(frame)) if frame.error_code == ErrorCode::None => Ok(frame.payload),
             Ok(Ok(frame)) => Err(TransportError::Remote {
                 target,
-                reason: format!(
-                    "{}: {}",
-                    frame.error_code,
-                    String::from_utf8_lossy(&frame.payload)
-                ),
+                code: frame.error_code,
+                peer_message: String::from_utf8_lossy(&frame.payload).into_owned(),
             }),
             Ok(Err(_)) => {
                 self.drop_conn(target, &conn);
-                Err(network(
-                    "connection closed while waiting for the answer".to_owned(),
-                ))
+                Err(network(NetworkFault::ClosedAwaitingAnswer))
             }
             Err(_) => {
                 conn.pending.lock().remove(&correlation_id);
-                Err(network(format!("no answer within {timeout_ms} ms")))
+                Err(network(NetworkFault::NoAnswer { timeout_ms }))
             }
         }
     }
@@ -679,7 +674,7 @@ pub trait RpcService: Send + Sync + std::fmt::Debug + 'static {
 /// whose error code is [`RpcError::code`] and whose payload is the message
 /// as UTF-8 (the encoding both ends of this build read); `code` is the one
 /// place a refusal becomes a wire code. Messages are lowercase.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum RpcError {
     /// The payload does not start with the 8-byte group id.
     #[error("the payload is shorter than a group id")]
@@ -694,11 +689,19 @@ pub enum RpcError {
     #[error("group {group_id} is not hosted here")]
     NotHosted { group_id: u64 },
     /// The request body could not be decoded as what its api key names.
-    #[error("cannot decode {what}: {reason}")]
-    Decode { what: &'static str, reason: String },
+    #[error("cannot decode {what}: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
     /// The answer could not be encoded.
-    #[error("cannot encode {what}: {reason}")]
-    Encode { what: &'static str, reason: String },
+    #[error("cannot encode {what}: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
     /// The group refused or failed the request.
     #[error(transparent)]
     Group(#[from] super::GroupError),

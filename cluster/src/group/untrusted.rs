@@ -7,13 +7,14 @@
 //! can check the round trip: feeding that re-encoding back must decode and
 //! re-encode to the same bytes. None of them panics on any input.
 
+use super::error::Corruption;
 use super::fsio::{encode_frame, encode_tagged};
 use super::log_store::{LOG_MAGIC, VOTE_MAGIC, decode_log, decode_vote};
 use super::network::FullSnapshotRequest;
 use super::state_machine::{SNAPSHOT_MAGIC, decode_snapshot_file};
 use super::types::TypeConfig;
 use super::{RaftRpcKind, raft_kind_of};
-use crate::model::MetadataState;
+use crate::model::{MetadataState, SnapshotError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
@@ -21,48 +22,88 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::path::Path;
 
-fn reencode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
-    rmp_serde::to_vec(value).map_err(|e| format!("re-encode: {e}"))
+/// Why untrusted bytes were refused, or their decoding did not re-encode.
+#[derive(Debug, thiserror::Error)]
+pub enum UntrustedError {
+    /// A group file is damaged (`offset` is 0 for the vote and snapshot files).
+    #[error("corrupt at {offset}: {problem}")]
+    Corrupt { offset: usize, problem: Corruption },
+    /// The model refused the state a snapshot holds.
+    #[error("snapshot state: {0}")]
+    SnapshotState(#[source] SnapshotError),
+    /// A raft message body did not decode.
+    #[error("{0}")]
+    Decode(#[from] rmp_serde::decode::Error),
+    #[error("re-encode: {0}")]
+    Reencode(#[from] rmp_serde::encode::Error),
+    /// A frame or tagged file could not be written back.
+    #[error("re-encode {what}: {source}")]
+    Frame {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("api key {api_key} is not a raft api key")]
+    NotRaft { api_key: u16 },
+    #[error("api key {api_key} is not a forwarded request")]
+    NotForwarded { api_key: u16 },
 }
 
-fn decode_then_reencode<T: Serialize + DeserializeOwned>(bytes: &[u8]) -> Result<Vec<u8>, String> {
-    let value: T = rmp_serde::from_slice(bytes).map_err(|e| e.to_string())?;
+fn corrupt(problem: Corruption) -> UntrustedError {
+    UntrustedError::Corrupt { offset: 0, problem }
+}
+
+fn frame(what: &'static str) -> impl FnOnce(std::io::Error) -> UntrustedError {
+    move |source| UntrustedError::Frame { what, source }
+}
+
+fn reencode<T: Serialize>(value: &T) -> Result<Vec<u8>, UntrustedError> {
+    Ok(rmp_serde::to_vec(value)?)
+}
+
+fn decode_then_reencode<T: Serialize + DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<Vec<u8>, UntrustedError> {
+    let value: T = rmp_serde::from_slice(bytes)?;
     reencode(&value)
 }
 
 /// A group's `log` file, as `LogStore::open` reads it: the re-encoding holds
 /// the header and every whole entry, without the torn tail recovery drops.
-pub fn raft_log(bytes: &[u8], group_id: u64, entry_bytes_max: u64) -> Result<Vec<u8>, String> {
+pub fn raft_log(
+    bytes: &[u8],
+    group_id: u64,
+    entry_bytes_max: u64,
+) -> Result<Vec<u8>, UntrustedError> {
     let log = decode_log(bytes, group_id, entry_bytes_max, Path::new("fuzz"))
-        .map_err(|(offset, reason)| format!("corrupt at {offset}: {reason}"))?;
-    let header = super::log_store::header_bytes(group_id, log.last_purged)
-        .map_err(|e| format!("re-encode header: {e}"))?;
-    let mut out = header;
+        .map_err(|(offset, problem)| UntrustedError::Corrupt { offset, problem })?;
+    let mut out =
+        super::log_store::header_bytes(group_id, log.last_purged).map_err(frame("header"))?;
     for (entry, _) in log.entries.values() {
         let body = reencode(entry)?;
-        encode_frame(&body, &mut out).map_err(|e| format!("re-encode entry: {e}"))?;
+        encode_frame(&body, &mut out).map_err(frame("entry"))?;
     }
     Ok(out)
 }
 
 /// A group's `vote` file, as `LogStore::open` reads it.
-pub fn raft_vote(bytes: &[u8]) -> Result<Vec<u8>, String> {
-    let vote = decode_vote(bytes)?;
-    encode_tagged(VOTE_MAGIC, &reencode(&vote)?).map_err(|e| e.to_string())
+pub fn raft_vote(bytes: &[u8]) -> Result<Vec<u8>, UntrustedError> {
+    let vote = decode_vote(bytes).map_err(corrupt)?;
+    encode_tagged(VOTE_MAGIC, &reencode(&vote)?).map_err(frame("vote"))
 }
 
 /// A group's `snapshot` file, as `StateMachine::open` reads it, including
 /// the model's check of the state it holds (`MetadataState::restore`).
-pub fn snapshot_file(bytes: &[u8], bytes_max: u64) -> Result<Vec<u8>, String> {
-    let file = decode_snapshot_file(bytes, bytes_max)?;
-    MetadataState::restore(&file.data).map_err(|e| format!("snapshot state: {e}"))?;
-    encode_tagged(SNAPSHOT_MAGIC, &reencode(&file)?).map_err(|e| e.to_string())
+pub fn snapshot_file(bytes: &[u8], bytes_max: u64) -> Result<Vec<u8>, UntrustedError> {
+    let file = decode_snapshot_file(bytes, bytes_max).map_err(corrupt)?;
+    MetadataState::restore(&file.data).map_err(UntrustedError::SnapshotState)?;
+    encode_tagged(SNAPSHOT_MAGIC, &reencode(&file)?).map_err(frame("snapshot"))
 }
 
 /// The body of a raft request (api keys 200 to 204, after the group id), as
 /// the group decodes it before handing it to openraft.
-pub fn raft_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
-    match raft_kind_of(api_key).ok_or("not a raft api key")? {
+pub fn raft_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, UntrustedError> {
+    match raft_kind_of(api_key).ok_or(UntrustedError::NotRaft { api_key })? {
         RaftRpcKind::AppendEntries => {
             decode_then_reencode::<AppendEntriesRequest<TypeConfig>>(body)
         }
@@ -78,8 +119,8 @@ pub fn raft_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
 
 /// The body of a raft answer (api keys 200 to 204), as the sending side
 /// decodes it.
-pub fn raft_response(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
-    match raft_kind_of(api_key).ok_or("not a raft api key")? {
+pub fn raft_response(api_key: u16, body: &[u8]) -> Result<Vec<u8>, UntrustedError> {
+    match raft_kind_of(api_key).ok_or(UntrustedError::NotRaft { api_key })? {
         RaftRpcKind::AppendEntries => {
             decode_then_reencode::<AppendEntriesResponse<TypeConfig>>(body)
         }

@@ -9,6 +9,7 @@
 //! protocol of keys 210 and 211 is unchanged.
 
 use super::{Forwarded, VnodeHost};
+use crate::group::untrusted::UntrustedError;
 use crate::group::{GroupError, RpcError, TcpTransport};
 use crate::model::{MetadataState, TopicState};
 use crate::ring::VnodeId;
@@ -162,7 +163,7 @@ impl VnodeHost {
         };
         rmp_serde::to_vec(&answer).map_err(|e| RpcError::Encode {
             what: "a topic list",
-            reason: e.to_string(),
+            source: Arc::new(e),
         })
     }
 }
@@ -170,7 +171,7 @@ impl VnodeHost {
 /// Decodes the body of a forwarded request (api keys 210 to 218) as
 /// `VnodeHost` does when it serves one, and returns its canonical
 /// re-encoding. For the fuzz bodies in `fuzz/bodies`; never panics.
-pub fn decode_forwarded_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
+pub fn decode_forwarded_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, UntrustedError> {
     use crate::group::{
         CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
         OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY,
@@ -184,13 +185,13 @@ pub fn decode_forwarded_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, St
         FORWARD_QUERY_API_KEY => reencode::<super::Query>(body),
         // A list request has no body: the group id says everything.
         FORWARD_LIST_API_KEY => Ok(Vec::new()),
-        other => Err(format!("api key {other} is not a forwarded request")),
+        api_key => Err(UntrustedError::NotForwarded { api_key }),
     }
 }
 
 /// Decodes a forwarded answer (api keys 210 to 218) as the router does, and
 /// returns its canonical re-encoding. For the fuzz bodies; never panics.
-pub fn decode_forwarded_answer(api_key: u16, body: &[u8]) -> Result<Vec<u8>, String> {
+pub fn decode_forwarded_answer(api_key: u16, body: &[u8]) -> Result<Vec<u8>, UntrustedError> {
     use crate::group::{
         CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
         OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY,
@@ -209,13 +210,15 @@ pub fn decode_forwarded_answer(api_key: u16, body: &[u8]) -> Result<Vec<u8>, Str
             ring.or(seed).or(membership)
         }
         FORWARD_LIST_API_KEY => reencode::<Forwarded<Vec<TopicSummary>>>(body),
-        other => Err(format!("api key {other} is not a forwarded request")),
+        api_key => Err(UntrustedError::NotForwarded { api_key }),
     }
 }
 
-fn reencode<T: Serialize + serde::de::DeserializeOwned>(body: &[u8]) -> Result<Vec<u8>, String> {
-    let value: T = rmp_serde::from_slice(body).map_err(|e| e.to_string())?;
-    rmp_serde::to_vec(&value).map_err(|e| format!("re-encode: {e}"))
+fn reencode<T: Serialize + serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<Vec<u8>, UntrustedError> {
+    let value: T = rmp_serde::from_slice(body)?;
+    Ok(rmp_serde::to_vec(&value)?)
 }
 
 /// Valid forwarded request bodies, for fuzzers and property tests to mutate.

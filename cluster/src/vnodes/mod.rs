@@ -35,17 +35,20 @@ pub mod lease;
 pub mod quiet;
 pub mod rebalance;
 mod split;
+mod step_error;
 
 pub use crate::placement::{CoordinatorPlan, plan_coordinators};
 pub use split::SplitError;
+use step_error::StepError;
 
 use crate::group::fsio;
 use crate::group::liveness::{LivenessSettings, spawn_prober};
 use crate::group::{Backoff, backoff_seed};
 use crate::group::{
-    CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
-    GroupConfig, GroupError, GroupMembership, GroupRegistry, MetadataGroup, OPEN_VNODE_API_KEY,
-    RING_ANNOUNCE_API_KEY, RpcError, RpcService, TcpTransport, TransportError,
+    CLOSE_VNODE_API_KEY, ConfigProblem, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY,
+    FORWARD_READ_API_KEY, GroupConfig, GroupError, GroupMembership, GroupRegistry, MetadataGroup,
+    OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, Refusal, RpcError, RpcService, TcpTransport,
+    TransportError,
 };
 use crate::model::{
     Command, CursorKeyRing, ModelError, Outcome, RingArc, RingRecord, TopicDescription,
@@ -417,16 +420,13 @@ impl VnodeHost {
         transport: Arc<TcpTransport>,
     ) -> Result<Arc<VnodeHost>, GroupError> {
         if !config.joined && !config.nodes.contains(&config.node_id) {
-            return Err(GroupError::Config {
-                reason: format!(
-                    "node {} is not among the cluster's nodes {:?}",
-                    config.node_id, config.nodes
-                ),
-            });
+            return Err(GroupError::config(ConfigProblem::NotAClusterNode {
+                node: config.node_id,
+                nodes: config.nodes.clone(),
+            }));
         }
-        let fresh = Ring::new(config.vnode_count).map_err(|e| GroupError::Config {
-            reason: e.to_string(),
-        })?;
+        let fresh = Ring::new(config.vnode_count)
+            .map_err(|e| GroupError::config(ConfigProblem::Ring(e)))?;
         let ring = Arc::new(load_ring(&config.data_dir.join(RING_FILE)).unwrap_or(fresh));
         let registry = Arc::new(GroupRegistry::new());
         let host = Arc::new_cyclic(|this| VnodeHost {
@@ -529,7 +529,7 @@ impl VnodeHost {
         };
         settings
             .validate()
-            .map_err(|reason| GroupError::Config { reason })?;
+            .map_err(|e| GroupError::config(ConfigProblem::Liveness(e)))?;
         let (up, prober) = spawn_prober(
             Arc::clone(&self.transport),
             self.config.node_id,
@@ -751,20 +751,20 @@ impl VnodeHost {
         let timeout_ms = self.config.membership_step_timeout_ms;
         let group_id = group.group_id();
         group.set_quiet(false);
-        let result: Result<(), String> = match &step {
+        let result: Result<(), StepError> = match &step {
             Step::Settled => Ok(()),
             Step::AddLearner { node } => match self.ask_open(*node, vnode, None).await {
                 Ok(()) => group
                     .add_learner(*node, timeout_ms)
                     .await
-                    .map_err(|e| e.to_string()),
-                Err(reason) => Err(reason),
+                    .map_err(StepError::from),
+                Err(e) => Err(e),
             },
             Step::ChangeVoters { voters } => group
                 .change_voters(voters, timeout_ms)
                 .await
-                .map_err(|e| e.to_string()),
-            Step::HandOver { to } => group.transfer_leader(*to).await.map_err(|e| e.to_string()),
+                .map_err(StepError::from),
+            Step::HandOver { to } => group.transfer_leader(*to).await.map_err(StepError::from),
             Step::RemoveLearners { nodes } => {
                 match group.remove_learners(nodes, timeout_ms).await {
                     Ok(()) => {
@@ -773,20 +773,20 @@ impl VnodeHost {
                             voters: group.membership().voters.into_iter().collect(),
                         };
                         for node in nodes {
-                            if let Err(reason) = self.tell_closed(*node, group_id, &body).await {
-                                tracing::info!(group = group_id, node, %reason, "a removed replica was not told to close; it closes when it next asks");
+                            if let Err(e) = self.tell_closed(*node, group_id, &body).await {
+                                tracing::info!(group = group_id, node, error = %e, "a removed replica was not told to close; it closes when it next asks");
                             }
                         }
                         Ok(())
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(StepError::from(e)),
                 }
             }
         };
         match result {
             Ok(()) => tracing::info!(group = group_id, ?step, "vnode replicas moved a step"),
-            Err(reason) => {
-                tracing::info!(group = group_id, ?step, %reason, "vnode replica move did not complete; trying again")
+            Err(e) => {
+                tracing::info!(group = group_id, ?step, error = %e, "vnode replica move did not complete; trying again")
             }
         }
     }
@@ -797,15 +797,12 @@ impl VnodeHost {
         node: u64,
         vnode: VnodeId,
         voters: Option<Vec<u64>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StepError> {
         let group_id = group_of(vnode);
         if node == self.config.node_id {
-            return self
-                .open_requested(vnode, voters)
-                .await
-                .map_err(|e| e.to_string());
+            return Ok(self.open_requested(vnode, voters).await?);
         }
-        let body = rmp_serde::to_vec(&OpenVnode { vnode, voters }).map_err(|e| e.to_string())?;
+        let body = rmp_serde::to_vec(&OpenVnode { vnode, voters })?;
         let bytes = self
             .transport
             .call_raw(
@@ -815,17 +812,20 @@ impl VnodeHost {
                 &body,
                 self.config.forward_timeout_ms,
             )
-            .await
-            .map_err(|e| e.to_string())?;
-        match rmp_serde::from_slice::<Forwarded<()>>(&bytes) {
-            Ok(Forwarded::Done(())) => Ok(()),
-            Ok(other) => Err(format!("{other:?}")),
-            Err(e) => Err(e.to_string()),
+            .await?;
+        match rmp_serde::from_slice::<Forwarded<()>>(&bytes)? {
+            Forwarded::Done(()) => Ok(()),
+            answer => Err(StepError::Refused { node, answer }),
         }
     }
 
-    async fn tell_closed(&self, node: u64, group_id: u64, body: &CloseVnode) -> Result<(), String> {
-        let body = rmp_serde::to_vec(body).map_err(|e| e.to_string())?;
+    async fn tell_closed(
+        &self,
+        node: u64,
+        group_id: u64,
+        body: &CloseVnode,
+    ) -> Result<(), StepError> {
+        let body = rmp_serde::to_vec(body)?;
         let bytes = self
             .transport
             .call_raw(
@@ -835,12 +835,10 @@ impl VnodeHost {
                 &body,
                 self.config.forward_timeout_ms,
             )
-            .await
-            .map_err(|e| e.to_string())?;
-        match rmp_serde::from_slice::<Forwarded<()>>(&bytes) {
-            Ok(Forwarded::Done(())) => Ok(()),
-            Ok(other) => Err(format!("{other:?}")),
-            Err(e) => Err(e.to_string()),
+            .await?;
+        match rmp_serde::from_slice::<Forwarded<()>>(&bytes)? {
+            Forwarded::Done(()) => Ok(()),
+            answer => Err(StepError::Refused { node, answer }),
         }
     }
 
@@ -858,12 +856,11 @@ impl VnodeHost {
         if let Some(voters) = &voters
             && !voters.contains(&self.config.node_id)
         {
-            return Err(GroupError::Config {
-                reason: format!(
-                    "node {} is not a voter of {vnode} ({voters:?})",
-                    self.config.node_id
-                ),
-            });
+            return Err(GroupError::config(ConfigProblem::NotAVnodeVoter {
+                node: self.config.node_id,
+                vnode,
+                voters: voters.clone(),
+            }));
         }
         if voters.is_none() {
             self.mark_moved().await?;
@@ -893,9 +890,10 @@ impl VnodeHost {
         let opened = opened.into();
         let me = self.config.node_id;
         if request.voters.contains(&me) {
-            return Err(GroupError::Config {
-                reason: format!("node {me} is a voter of {} still", request.vnode),
-            });
+            return Err(GroupError::config(ConfigProblem::StillAVoter {
+                node: me,
+                vnode: request.vnode,
+            }));
         }
         // From now on this broker never initializes a group from the
         // formation's voters again (see `open`).
@@ -911,9 +909,10 @@ impl VnodeHost {
             return Ok(());
         }
         if group.is_leader() {
-            return Err(GroupError::Config {
-                reason: format!("node {me} leads {}", request.vnode),
-            });
+            return Err(GroupError::config(ConfigProblem::Leads {
+                node: me,
+                vnode: request.vnode,
+            }));
         }
         group.shutdown().await?;
         self.registry.remove(group_id);
@@ -921,12 +920,8 @@ impl VnodeHost {
         let dir = self.group_dir(group_id);
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
             .await
-            .map_err(|e| GroupError::Raft {
-                reason: e.to_string(),
-            })?
-            .map_err(|e| GroupError::Raft {
-                reason: format!("the replica's directory was not removed: {e}"),
-            })?;
+            .map_err(|e| GroupError::refused(Refusal::Task(Arc::new(e))))?
+            .map_err(|e| GroupError::refused(Refusal::DirNotRemoved(Arc::new(e))))?;
         tracing::info!(node = me, vnode = %request.vnode, "left the group: replica closed and removed");
         Ok(())
     }
@@ -946,12 +941,8 @@ impl VnodeHost {
         }
         tokio::task::spawn_blocking(move || fsio::write_atomic(&path, b"groups moved\n"))
             .await
-            .map_err(|e| GroupError::Raft {
-                reason: e.to_string(),
-            })?
-            .map_err(|e| GroupError::Config {
-                reason: format!("cannot record that groups moved: {e:?}"),
-            })?;
+            .map_err(|e| GroupError::refused(Refusal::Task(Arc::new(e))))?
+            .map_err(|e| GroupError::config(ConfigProblem::MovedNotRecorded(Arc::new(e))))?;
         *marked = true;
         Ok(())
     }
@@ -1764,7 +1755,7 @@ impl VnodeHost {
         let codec = |what: &'static str| {
             move |e: rmp_serde::decode::Error| RpcError::Decode {
                 what,
-                reason: e.to_string(),
+                source: Arc::new(e),
             }
         };
         if api_key == RING_ANNOUNCE_API_KEY {
@@ -1981,15 +1972,19 @@ fn load_ring(path: &Path) -> Option<Ring> {
             return None;
         }
     };
-    let decoded = fsio::decode_tagged(RING_FILE_MAGIC, &bytes, RING_FILE_BYTES_MAX)
-        .map_err(|e| format!("{e:?}"))
-        .and_then(|body| Ring::decode(body).map_err(|e| e.to_string()));
-    match decoded {
-        Ok(ring) => Some(ring),
-        Err(reason) => {
+    let body = match fsio::decode_tagged(RING_FILE_MAGIC, &bytes, RING_FILE_BYTES_MAX) {
+        Ok(body) => body,
+        Err(e) => {
             // Only a cache of the ring group's ring: start from the fresh
             // ring and fetch the current one.
-            tracing::warn!(path = %path.display(), %reason, "the kept ring is damaged; fetching it");
+            tracing::warn!(path = %path.display(), error = %e, "the kept ring is damaged; fetching it");
+            return None;
+        }
+    };
+    match Ring::decode(body) {
+        Ok(ring) => Some(ring),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "the kept ring is damaged; fetching it");
             None
         }
     }
@@ -2139,7 +2134,7 @@ fn proposal_error<T>(e: GroupError) -> Forwarded<T> {
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, RpcError> {
     rmp_serde::to_vec(value).map_err(|e| RpcError::Encode {
         what: "a forwarded answer",
-        reason: e.to_string(),
+        source: Arc::new(e),
     })
 }
 

@@ -208,9 +208,9 @@ impl VnodeHost {
         for voter in &voters {
             match self.ask_open(*voter, vnode, Some(voters.clone())).await {
                 Ok(()) => opened += 1,
-                Err(reason) => {
-                    tracing::warn!(%vnode, voter, %reason, "a voter did not open the new vnode");
-                    last = reason;
+                Err(e) => {
+                    tracing::warn!(%vnode, voter, error = %e, "a voter did not open the new vnode");
+                    last = e.to_string();
                 }
             }
         }
