@@ -7,6 +7,8 @@ pub(crate) mod clock;
 pub(crate) mod config;
 pub(crate) mod convert;
 pub(crate) mod error;
+#[cfg(feature = "testing")]
+pub(crate) mod faults;
 pub(crate) mod metrics;
 pub(crate) mod refusal;
 pub(crate) mod volume;

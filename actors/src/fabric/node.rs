@@ -690,6 +690,8 @@ async fn dial_loop(fabric: Arc<Fabric>) {
                 }
             }
         }
+        #[cfg(feature = "testing")]
+        crate::common::faults::trip(fabric.identity.client_addr, "node");
         let server = fabric.node_server.read().clone();
         let Some(server) = server else { continue };
         let connected = match sessions(&server).await {

@@ -76,6 +76,8 @@ async fn run(shared: Arc<Shared>) {
     let interval = Duration::from_millis(shared.config.cluster.scrub_interval_ms);
     let mut counted_at: Option<Instant> = None;
     loop {
+        #[cfg(feature = "testing")]
+        crate::common::faults::trip(shared.client_addr, "scrubber");
         // `malachi_copies{health}`, refreshed at most once a second.
         if counted_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(IDLE_WAIT_MS)) {
             counted_at = Some(Instant::now());

@@ -87,6 +87,8 @@ async fn run(shared: Arc<Shared>) {
     // The raft replicas seen stopped by a full volume at the last poll.
     let mut raft_stopped: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
     loop {
+        #[cfg(feature = "testing")]
+        crate::common::faults::trip(shared.client_addr, "space");
         let source = Arc::clone(&*shared.data.free_space.read());
         // What was written before the volume is asked is in its answer;
         // what is written while it answers is counted against it.

@@ -58,6 +58,8 @@ async fn run(shared: Arc<Shared>) {
     let every = Duration::from_millis(shared.config.maintenance.orphan_sweep_ms);
     loop {
         tokio::time::sleep(every).await;
+        #[cfg(feature = "testing")]
+        crate::common::faults::trip(shared.client_addr, "sweeper");
         match sweep_orphans(&shared).await {
             SweepOutcome::Nothing => {}
             outcome => debug!(?outcome, "orphan sweep"),
