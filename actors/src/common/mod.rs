@@ -12,6 +12,7 @@ pub(crate) mod faults;
 pub(crate) mod metrics;
 pub(crate) mod refusal;
 pub(crate) mod volume;
+pub(crate) mod watched;
 
 /// A supervisor's handle, published at each of its starts and read by
 /// whoever needs it later (the root by the admin port and the node fabric).
