@@ -161,7 +161,10 @@ mod tests {
     #[tokio::test]
     async fn a_watched_task_that_panics_fails_its_actor() {
         let exit = failure_of(true).await;
-        assert!(exit.contains("the work task panicked: the work broke"), "{exit}");
+        assert!(
+            exit.contains("the work task panicked: the work broke"),
+            "{exit}"
+        );
     }
 
     #[tokio::test]

@@ -79,8 +79,8 @@ use tracing::{debug, info, warn};
 
 use crate::common::SupervisorSlot;
 use crate::common::convert::tree_to_wire;
-use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
+use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 
 /// The process-group scope of broker actors reachable over the fabric.
 pub(crate) const PG_SCOPE: &str = "malachi";
