@@ -800,6 +800,34 @@ impl BrokerHandle {
             .map_err(|_| BrokerError::TreeFailed)
     }
 
+    /// Test hook: kills the actor at `path` in the tree (child names from
+    /// the root down, e.g. `["maintenance", "healer"]`), as a crash would:
+    /// it ends at once, abnormally, and its `post_stop` does not run.
+    pub async fn kill_actor(&self, path: &[&str]) -> Result<(), BrokerError> {
+        let (last, parents) = path.split_last().ok_or(BrokerError::TreeFailed)?;
+        let mut supervisor = self.root.clone();
+        for name in parents {
+            let cell = supervisor
+                .child(name)
+                .await?
+                .ok_or(BrokerError::TreeFailed)?;
+            supervisor = SupervisorRef::from_actor(cell.into());
+        }
+        let cell = supervisor
+            .child(last)
+            .await?
+            .ok_or(BrokerError::TreeFailed)?;
+        cell.kill();
+        Ok(())
+    }
+
+    /// Test hook: the next pass of `worker`'s background work panics, as a
+    /// bug in it would (`scrubber`, `space`, `sweeper`, and `node` for its
+    /// dial loop; see `common::faults`).
+    pub fn fail_work(&self, worker: &str) {
+        crate::common::faults::arm(self.shared.client_addr, worker);
+    }
+
     /// Test hook: makes the acceptor fail.
     pub async fn poison_acceptor(&self) -> Result<(), BrokerError> {
         let listener = self.shared.listener.read().clone();

@@ -7,10 +7,13 @@ pub(crate) mod clock;
 pub(crate) mod config;
 pub(crate) mod convert;
 pub(crate) mod error;
+#[cfg(feature = "testing")]
+pub(crate) mod faults;
 pub(crate) mod metrics;
 pub(crate) mod refusal;
 pub(crate) mod store_factory;
 pub(crate) mod volume;
+pub(crate) mod watched;
 
 /// A supervisor's handle, published at each of its starts and read by
 /// whoever needs it later (the root by the admin port and the node fabric).

@@ -427,6 +427,17 @@ pub(crate) struct ReplicationServerState {
     early_bytes: usize,
 }
 
+/// The shippers end with the state, after a stop, a failure or a kill
+/// alike (ractor runs `post_stop` only after a stop): a restart leads the
+/// same segments again, and two shippers to one copy would race.
+impl Drop for ReplicationServerState {
+    fn drop(&mut self) {
+        for shipper in self.shippers.values().flatten() {
+            shipper.abort();
+        }
+    }
+}
+
 #[ractor::async_trait]
 impl Actor for ReplicationServer {
     type Msg = ReplicationMsg;
@@ -494,11 +505,6 @@ impl Actor for ReplicationServer {
         myself: ActorRef<ReplicationMsg>,
         state: &mut ReplicationServerState,
     ) -> Result<(), ActorProcessingErr> {
-        for (_, shippers) in state.shippers.drain() {
-            for shipper in shippers {
-                shipper.abort();
-            }
-        }
         let mut server = state.storage.replication.server.write();
         if server
             .as_ref()

@@ -81,8 +81,17 @@ impl Actor for SwimActor {
         info!(incarnation, seeds = args.seeds.len(), "swim starting");
         let membership = fabric.membership.clone();
         let task = tokio::spawn(async move {
-            let result = runtime::run(membership, socket, args).await;
-            let _ = myself.send_message(SwimMsg::Exited(result.err().map(|e| e.to_string())));
+            // A panic ends the runtime as surely as an error: reported the
+            // same way, or the actor would stay "running" without SWIM.
+            let run = std::panic::AssertUnwindSafe(runtime::run(membership, socket, args));
+            let error = match futures::FutureExt::catch_unwind(run).await {
+                Ok(result) => result.err().map(|e| e.to_string()),
+                Err(panic) => Some(format!(
+                    "the swim runtime panicked: {}",
+                    crate::common::watched::panic_text(panic.as_ref())
+                )),
+            };
+            let _ = myself.send_message(SwimMsg::Exited(error));
         });
         *fabric.swim_task.lock() = Some(task.abort_handle());
         fabric.swim_running.store(true, Ordering::SeqCst);

@@ -75,12 +75,12 @@ use ractor_cluster::{NodeServer, NodeServerMessage};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::common::SupervisorSlot;
 use crate::common::convert::tree_to_wire;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
+use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 
 /// The process-group scope of broker actors reachable over the fabric.
 pub(crate) const PG_SCOPE: &str = "malachi";
@@ -453,6 +453,9 @@ pub(crate) enum NodeMsg {
     /// This broker's supervision tree, as an encoded
     /// `wire::TreeSnapshotResponse`.
     TreeSnapshot(RpcReplyPort<Vec<u8>>),
+    /// One of the actor's loops (accept, dial) ended: the actor fails, and
+    /// its restart starts both again. Local only: never serialized.
+    LoopEnded(TaskEnded),
 }
 
 impl ractor::Message for NodeMsg {
@@ -468,6 +471,7 @@ impl ractor::Message for NodeMsg {
                 reply,
                 metadata: None,
             }),
+            NodeMsg::LoopEnded(_) => Err(BoxedDowncastErr),
         }
     }
 
@@ -546,15 +550,9 @@ pub(crate) struct NodeArgs {
 pub(crate) struct NodeState {
     fabric: Arc<Fabric>,
     root: SupervisorSlot,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Drop for NodeState {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
+    /// The accept and dial loops, watched; aborted with the state (a
+    /// stop, a failure or a kill alike).
+    _loops: [Watched; 2],
 }
 
 #[ractor::async_trait]
@@ -571,8 +569,18 @@ impl Actor for NodeActor {
         let listener = fabric.cluster_listener.try_clone()?;
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        let accept = tokio::spawn(accept_loop(Arc::clone(&fabric), listener));
-        let dial = tokio::spawn(dial_loop(Arc::clone(&fabric)));
+        let accept = spawn_watched(
+            myself.clone(),
+            "node accept",
+            accept_loop(Arc::clone(&fabric), listener),
+            NodeMsg::LoopEnded,
+        );
+        let dial = spawn_watched(
+            myself.clone(),
+            "node dial",
+            dial_loop(Arc::clone(&fabric)),
+            NodeMsg::LoopEnded,
+        );
         ractor::pg::join_scoped(
             PG_SCOPE.to_owned(),
             node_group(fabric.node_id),
@@ -581,7 +589,7 @@ impl Actor for NodeActor {
         Ok(NodeState {
             fabric,
             root,
-            tasks: vec![accept, dial],
+            _loops: [accept, dial],
         })
     }
 
@@ -614,6 +622,7 @@ impl Actor for NodeActor {
                     let _ = reply.send(bytes);
                 });
             }
+            NodeMsg::LoopEnded(ended) => return Err(Box::new(ended)),
         }
         Ok(())
     }
@@ -690,6 +699,8 @@ async fn dial_loop(fabric: Arc<Fabric>) {
                 }
             }
         }
+        #[cfg(feature = "testing")]
+        crate::common::faults::trip(fabric.identity.client_addr, "node");
         let server = fabric.node_server.read().clone();
         let Some(server) = server else { continue };
         let connected = match sessions(&server).await {

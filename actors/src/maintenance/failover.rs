@@ -89,6 +89,20 @@ pub(crate) struct FailoverState {
     suspects: BTreeMap<VnodeId, BTreeSet<u64>>,
 }
 
+/// The failovers and the probe end with the state, after a stop, a
+/// failure or a kill alike (ractor runs `post_stop` only after a stop): the
+/// restarted actor's coordinators ask for them again.
+impl Drop for FailoverState {
+    fn drop(&mut self) {
+        for task in self.tasks.values() {
+            task.handle.abort();
+        }
+        if let Some(probing) = &self.probing {
+            probing.abort();
+        }
+    }
+}
+
 impl FailoverState {
     /// Starts a task for each candidate not running at `order` or newer.
     fn ensure(
@@ -98,6 +112,8 @@ impl FailoverState {
         order: OrderEpoch,
         candidates: Vec<Candidate>,
     ) {
+        // A task that panicked sent no `Ended`: it must not hold a slot.
+        self.tasks.retain(|_, task| !task.handle.is_finished());
         for candidate in candidates {
             let segment = candidate.segment;
             if let Some(task) = self.tasks.get(&segment) {
@@ -214,12 +230,6 @@ impl Actor for FailoverActor {
         myself: ActorRef<FailoverMsg>,
         state: &mut FailoverState,
     ) -> Result<(), ActorProcessingErr> {
-        for task in state.tasks.values() {
-            task.handle.abort();
-        }
-        if let Some(probing) = &state.probing {
-            probing.abort();
-        }
         let mut slot = state.shared.failover.write();
         if slot.as_ref().is_some_and(|r| r.get_id() == myself.get_id()) {
             *slot = None;

@@ -105,6 +105,17 @@ pub(crate) struct HealerState {
     scrubs: BTreeMap<VnodeId, JoinHandle<()>>,
 }
 
+/// The heals and scrub polls end with the state, after a stop, a failure
+/// or a kill alike (ractor runs `post_stop` only after a stop): the
+/// restarted actor's coordinators ask for them again.
+impl Drop for HealerState {
+    fn drop(&mut self) {
+        for task in self.tasks.values().chain(self.scrubs.values()) {
+            task.abort();
+        }
+    }
+}
+
 #[ractor::async_trait]
 impl Actor for HealerActor {
     type Msg = HealMsg;
@@ -137,6 +148,9 @@ impl Actor for HealerActor {
                 order,
                 candidates,
             } => {
+                // A heal that panicked sent no `Ended`: it must not hold
+                // one of the `HEALS_MAX` slots.
+                state.tasks.retain(|_, task| !task.is_finished());
                 for candidate in candidates {
                     let segment = candidate.segment;
                     if state.tasks.get(&segment).is_some_and(|t| !t.is_finished()) {
@@ -212,9 +226,6 @@ impl Actor for HealerActor {
         myself: ActorRef<HealMsg>,
         state: &mut HealerState,
     ) -> Result<(), ActorProcessingErr> {
-        for task in state.tasks.values().chain(state.scrubs.values()) {
-            task.abort();
-        }
         let mut slot = state.shared.healer.write();
         if slot.as_ref().is_some_and(|r| r.get_id() == myself.get_id()) {
             *slot = None;

@@ -14,14 +14,21 @@
 //! rebuilt from the copy's own log (the index is derived data; issue 21).
 //! It also keeps `malachi_copies{health}`, this broker's copies by health,
 //! up to date (once a second).
+//!
+//! The queue is worked by a loop rather than by messages: it waits on the
+//! book's wake-up and paces itself between copies, and a handler that
+//! waited there would hold up the actor's stop. The actor watches the
+//! loop ([`spawn_watched`]): if it panics or ends, the actor fails and
+//! its supervisor restarts both.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use malachi_wire::replica_status::ScrubSeal;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 use crate::control::shared::Shared;
 use crate::data::scrub::{SCRUB_BYTES_PER_SECOND, scrub_one};
 use crate::maintenance::healer::Pacer;
@@ -31,14 +38,18 @@ const IDLE_WAIT_MS: u64 = 1_000;
 
 pub(crate) struct ScrubberActor;
 
-/// The scrubber takes no messages: its work arrives through the book.
+/// The scrubber's work arrives through the book; its one message is the
+/// end of the loop that works it.
 #[derive(Debug)]
-pub(crate) enum ScrubberMsg {}
+pub(crate) enum ScrubberMsg {
+    LoopEnded(TaskEnded),
+}
 
 impl ractor::Message for ScrubberMsg {}
 
+/// The loop, aborted with the state (a stop, a failure or a kill).
 pub(crate) struct ScrubberState {
-    task: JoinHandle<()>,
+    _scrub: Watched,
 }
 
 #[ractor::async_trait]
@@ -49,21 +60,25 @@ impl Actor for ScrubberActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<ScrubberMsg>,
+        myself: ActorRef<ScrubberMsg>,
         shared: Arc<Shared>,
     ) -> Result<ScrubberState, ActorProcessingErr> {
         Ok(ScrubberState {
-            task: tokio::spawn(run(shared)),
+            _scrub: spawn_watched(myself, "scrub", run(shared), ScrubberMsg::LoopEnded),
         })
     }
 
-    async fn post_stop(
+    /// The loop never ends on its own: an end is a failure, and a restart
+    /// starts it again.
+    async fn handle(
         &self,
         _myself: ActorRef<ScrubberMsg>,
-        state: &mut ScrubberState,
+        message: ScrubberMsg,
+        _state: &mut ScrubberState,
     ) -> Result<(), ActorProcessingErr> {
-        state.task.abort();
-        Ok(())
+        match message {
+            ScrubberMsg::LoopEnded(ended) => Err(Box::new(ended)),
+        }
     }
 }
 
@@ -76,6 +91,8 @@ async fn run(shared: Arc<Shared>) {
     let interval = Duration::from_millis(shared.config.cluster.scrub_interval_ms);
     let mut counted_at: Option<Instant> = None;
     loop {
+        #[cfg(feature = "testing")]
+        crate::common::faults::trip(shared.client_addr, "scrubber");
         // `malachi_copies{health}`, refreshed at most once a second.
         if counted_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(IDLE_WAIT_MS)) {
             counted_at = Some(Instant::now());
@@ -97,70 +114,83 @@ async fn run(shared: Arc<Shared>) {
             .await;
             continue;
         };
-        let scanned = Arc::clone(&storage);
-        let Ok((verdict, read, index_bad)) =
-            tokio::task::spawn_blocking(move || scrub_one(&scanned, seal)).await
-        else {
+        let Some(read) = scrub(&shared, seal).await else {
             continue;
         };
-        shared.metrics.scrub_bytes.increment(read);
-        let id = malachi_storage::SegmentId(seal.segment);
-        if index_bad > 0 {
-            // The index is derived from the log: rebuilt here, from this
-            // copy's own log, whatever the log's verdict (issue 21).
-            let store = Arc::clone(&storage.store);
-            match tokio::task::spawn_blocking(move || store.repair_index(id)).await {
-                Ok(Ok(())) => {
-                    shared.metrics.scrub_index_repairs.increment(1);
-                    info!(
-                        segment = seal.segment,
-                        bad_entries = index_bad,
-                        "scrub found a bad index sidecar and rebuilt it from the log"
-                    );
-                }
-                Ok(Err(e)) => {
-                    warn!(segment = seal.segment, error = %e, "cannot rebuild a bad index sidecar")
-                }
-                Err(e) => warn!(segment = seal.segment, error = %e, "the index repair task failed"),
-            }
-        }
-        if verdict.is_broken() {
-            let was = storage.scrub.book.lock().is_broken(seal.segment);
-            if !was {
-                shared.metrics.scrub_broken.increment(1);
-                warn!(
-                    segment = seal.segment,
-                    seal_length = seal.length,
-                    seal_bytes = seal.bytes,
-                    verdict = ?verdict,
-                    "scrub found a broken sealed copy; a replicated one is rebuilt from an intact copy"
-                );
-            }
-        } else {
-            debug!(
-                segment = seal.segment,
-                bytes = read,
-                "scrubbed a sealed copy: intact"
-            );
-            if storage.store.is_aside(id) {
-                match storage.store.discard_aside(id) {
-                    Ok(freed) => info!(
-                        segment = seal.segment,
-                        freed_bytes = freed,
-                        "a rebuilt copy reads intact; its broken original is deleted"
-                    ),
-                    Err(e) => {
-                        warn!(segment = seal.segment, error = %e, "cannot delete a broken copy set aside")
-                    }
-                }
-            }
-        }
-        storage
-            .scrub
-            .book
-            .lock()
-            .record(seal, verdict.clone(), Instant::now());
         let until = pacer.reserve(read, Instant::now());
         tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+    }
+}
+
+/// Scrubs one sealed copy and records its verdict; the bytes read, or
+/// `None` if the scan itself could not run.
+async fn scrub(shared: &Arc<Shared>, seal: ScrubSeal) -> Option<u64> {
+    let storage = Arc::clone(&shared.data);
+    let scanned = Arc::clone(&storage);
+    let (verdict, read, index_bad) = tokio::task::spawn_blocking(move || scrub_one(&scanned, seal))
+        .await
+        .ok()?;
+    shared.metrics.scrub_bytes.increment(read);
+    let id = malachi_storage::SegmentId(seal.segment);
+    if index_bad > 0 {
+        repair_index(shared, seal, index_bad).await;
+    }
+    if verdict.is_broken() {
+        let was = storage.scrub.book.lock().is_broken(seal.segment);
+        if !was {
+            shared.metrics.scrub_broken.increment(1);
+            warn!(
+                segment = seal.segment,
+                seal_length = seal.length,
+                seal_bytes = seal.bytes,
+                verdict = ?verdict,
+                "scrub found a broken sealed copy; a replicated one is rebuilt from an intact copy"
+            );
+        }
+    } else {
+        debug!(
+            segment = seal.segment,
+            bytes = read,
+            "scrubbed a sealed copy: intact"
+        );
+        if storage.store.is_aside(id) {
+            match storage.store.discard_aside(id) {
+                Ok(freed) => info!(
+                    segment = seal.segment,
+                    freed_bytes = freed,
+                    "a rebuilt copy reads intact; its broken original is deleted"
+                ),
+                Err(e) => {
+                    warn!(segment = seal.segment, error = %e, "cannot delete a broken copy set aside")
+                }
+            }
+        }
+    }
+    storage
+        .scrub
+        .book
+        .lock()
+        .record(seal, verdict.clone(), Instant::now());
+    Some(read)
+}
+
+/// The index is derived from the log: rebuilt from this copy's own log,
+/// whatever the log's verdict (issue 21).
+async fn repair_index(shared: &Shared, seal: ScrubSeal, index_bad: u64) {
+    let store = Arc::clone(&shared.data.store);
+    let id = malachi_storage::SegmentId(seal.segment);
+    match tokio::task::spawn_blocking(move || store.repair_index(id)).await {
+        Ok(Ok(())) => {
+            shared.metrics.scrub_index_repairs.increment(1);
+            info!(
+                segment = seal.segment,
+                bad_entries = index_bad,
+                "scrub found a bad index sidecar and rebuilt it from the log"
+            );
+        }
+        Ok(Err(e)) => {
+            warn!(segment = seal.segment, error = %e, "cannot rebuild a bad index sidecar")
+        }
+        Err(e) => warn!(segment = seal.segment, error = %e, "the index repair task failed"),
     }
 }

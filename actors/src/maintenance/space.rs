@@ -4,13 +4,15 @@
 //! records and is not ready; a quarter more free and it takes them again,
 //! without a restart. One log line per change, never one per poll. With
 //! room again it also reopens the raft replicas a refused write stopped
-//! (`VnodeHost::reopen_stopped_by_full_volume`).
+//! (`VnodeHost::reopen_stopped_by_full_volume`). Each poll is a message
+//! the actor sends itself after the previous one, so a poll that panics
+//! fails the actor and its supervisor restarts the polling (ADR 0130).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 use crate::control::shared::Shared;
@@ -23,14 +25,22 @@ pub(crate) const SPACE_POLL_MS: u64 = 1_000;
 
 pub(crate) struct SpaceActor;
 
-/// The worker takes no messages: it polls.
+/// The worker's timer: each poll schedules the next one, so a slow poll
+/// never queues a second behind it.
 #[derive(Debug)]
-pub(crate) enum SpaceMsg {}
+pub(crate) enum SpaceMsg {
+    Poll,
+}
 
 impl ractor::Message for SpaceMsg {}
 
 pub(crate) struct SpaceState {
-    task: JoinHandle<()>,
+    shared: Arc<Shared>,
+    /// The last poll could not read the volume (logged once per run of
+    /// failures).
+    unreadable: bool,
+    /// The raft replicas seen stopped by a full volume at the last poll.
+    raft_stopped: BTreeSet<u64>,
 }
 
 #[ractor::async_trait]
@@ -41,20 +51,33 @@ impl Actor for SpaceActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<SpaceMsg>,
+        myself: ActorRef<SpaceMsg>,
         shared: Arc<Shared>,
     ) -> Result<SpaceState, ActorProcessingErr> {
+        myself.send_message(SpaceMsg::Poll)?;
         Ok(SpaceState {
-            task: tokio::spawn(run(shared)),
+            shared,
+            unreadable: false,
+            raft_stopped: BTreeSet::new(),
         })
     }
 
-    async fn post_stop(
+    /// One poll, in the actor: a panic in it fails the actor, and its
+    /// supervisor restarts it (and so the polling).
+    async fn handle(
         &self,
-        _myself: ActorRef<SpaceMsg>,
+        myself: ActorRef<SpaceMsg>,
+        message: SpaceMsg,
         state: &mut SpaceState,
     ) -> Result<(), ActorProcessingErr> {
-        state.task.abort();
+        match message {
+            SpaceMsg::Poll => {
+                #[cfg(feature = "testing")]
+                crate::common::faults::trip(state.shared.client_addr, "space");
+                state.poll().await;
+                myself.send_after(Duration::from_millis(SPACE_POLL_MS), || SpaceMsg::Poll);
+            }
+        }
         Ok(())
     }
 }
@@ -81,12 +104,11 @@ fn advertise(shared: &Shared, full: bool) {
     }
 }
 
-async fn run(shared: Arc<Shared>) {
-    let dir = shared.config.data_dir.clone();
-    let mut unreadable = false;
-    // The raft replicas seen stopped by a full volume at the last poll.
-    let mut raft_stopped: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
-    loop {
+impl SpaceState {
+    /// Asks the volume for its free bytes and feeds the guard.
+    async fn poll(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        let dir = shared.config.data_dir.clone();
         let source = Arc::clone(&*shared.data.free_space.read());
         // What was written before the volume is asked is in its answer;
         // what is written while it answers is counted against it.
@@ -98,7 +120,7 @@ async fn run(shared: Arc<Shared>) {
         .await;
         match polled {
             Ok(Ok(free)) => {
-                unreadable = false;
+                self.unreadable = false;
                 let guard = &shared.data.space;
                 shared.metrics.storage_free_bytes.set(free as f64);
                 match guard.observe_since(free, mark, shared.data.clock.now_ms()) {
@@ -120,43 +142,48 @@ async fn run(shared: Arc<Shared>) {
                     .storage_full
                     .set(if guard.is_full() { 1.0 } else { 0.0 });
                 advertise(&shared, guard.is_full());
-                // A raft replica whose write the volume refused is
-                // stopped. A newly stopped one counts as a write's ENOSPC
-                // (the guard holds the volume full, 10 s doubling); with
-                // room again it reopens from its files, as at a restart
-                // (nothing it failed to write was acknowledged).
-                if let Ok(plane) = shared.plane()
-                    && let Some(host) = plane.host()
-                {
-                    let stopped = host.stopped_by_full_volume();
-                    if stopped.difference(&raft_stopped).next().is_some()
-                        && guard.note_no_space(shared.data.clock.now_ms())
-                    {
-                        error!(
-                            dir = %dir.display(),
-                            groups = stopped.len(),
-                            "the data volume refused a raft log write; produces are refused (storage_full) and those replicas stopped until space is freed"
-                        );
-                    }
-                    raft_stopped = stopped;
-                    if !guard.is_full() && !raft_stopped.is_empty() {
-                        let reopened = host.reopen_stopped_by_full_volume().await;
-                        if reopened > 0 {
-                            info!(
-                                reopened,
-                                "raft replicas a full volume had stopped run again"
-                            );
-                        }
-                        raft_stopped = host.stopped_by_full_volume();
-                    }
-                }
+                self.follow_raft(&shared).await;
             }
-            Ok(Err(e)) if !unreadable => {
-                unreadable = true;
+            Ok(Err(e)) if !self.unreadable => {
+                self.unreadable = true;
                 warn!(dir = %dir.display(), error = %e, "cannot read the data volume's free space");
             }
             _ => {}
         }
-        tokio::time::sleep(Duration::from_millis(SPACE_POLL_MS)).await;
+    }
+
+    /// A raft replica whose write the volume refused is stopped. A newly
+    /// stopped one counts as a write's ENOSPC (the guard holds the volume
+    /// full, 10 s doubling); with room again it reopens from its files, as
+    /// at a restart (nothing it failed to write was acknowledged).
+    async fn follow_raft(&mut self, shared: &Shared) {
+        let Ok(plane) = shared.plane() else {
+            return;
+        };
+        let Some(host) = plane.host() else {
+            return;
+        };
+        let guard = &shared.data.space;
+        let stopped = host.stopped_by_full_volume();
+        if stopped.difference(&self.raft_stopped).next().is_some()
+            && guard.note_no_space(shared.data.clock.now_ms())
+        {
+            error!(
+                dir = %shared.config.data_dir.display(),
+                groups = stopped.len(),
+                "the data volume refused a raft log write; produces are refused (storage_full) and those replicas stopped until space is freed"
+            );
+        }
+        self.raft_stopped = stopped;
+        if !guard.is_full() && !self.raft_stopped.is_empty() {
+            let reopened = host.reopen_stopped_by_full_volume().await;
+            if reopened > 0 {
+                info!(
+                    reopened,
+                    "raft replicas a full volume had stopped run again"
+                );
+            }
+            self.raft_stopped = host.stopped_by_full_volume();
+        }
     }
 }

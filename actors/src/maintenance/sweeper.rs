@@ -4,12 +4,14 @@
 //! The decisions are `control::removal`'s: a copy on disk that nothing
 //! here uses is put to every vnode of the ring, and removed only if every
 //! vnode answered and none lists it. This worker only paces the passes
-//! and keeps their outcome for the log.
+//! and keeps their outcome for the log. Each pass is a message the actor
+//! sends itself after the previous one, so a pass that panics fails the
+//! actor and its supervisor restarts the sweeping.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
@@ -18,14 +20,28 @@ use crate::control::shared::Shared;
 
 pub(crate) struct SweeperActor;
 
-/// The sweeper takes no messages: it runs on its own timer.
+/// The sweeper's timer: the next pass is due.
 #[derive(Debug)]
-pub(crate) enum SweeperMsg {}
+pub(crate) enum SweeperMsg {
+    Sweep,
+}
 
 impl ractor::Message for SweeperMsg {}
 
 pub(crate) struct SweeperState {
-    task: JoinHandle<()>,
+    shared: Arc<Shared>,
+    every: Duration,
+    /// The timer of the next pass: it holds the actor's cell, so it goes
+    /// with the state rather than outliving it by up to a period.
+    next: Timer,
+}
+
+type Timer = JoinHandle<Result<(), MessagingErr<SweeperMsg>>>;
+
+impl Drop for SweeperState {
+    fn drop(&mut self) {
+        self.next.abort();
+    }
 }
 
 #[ractor::async_trait]
@@ -36,31 +52,36 @@ impl Actor for SweeperActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<SweeperMsg>,
+        myself: ActorRef<SweeperMsg>,
         shared: Arc<Shared>,
     ) -> Result<SweeperState, ActorProcessingErr> {
+        let every = Duration::from_millis(shared.config.maintenance.orphan_sweep_ms);
+        // One period after the start, then one after each pass ends.
+        let next = myself.send_after(every, || SweeperMsg::Sweep);
         Ok(SweeperState {
-            task: tokio::spawn(run(shared)),
+            shared,
+            every,
+            next,
         })
     }
 
-    async fn post_stop(
+    async fn handle(
         &self,
-        _myself: ActorRef<SweeperMsg>,
+        myself: ActorRef<SweeperMsg>,
+        message: SweeperMsg,
         state: &mut SweeperState,
     ) -> Result<(), ActorProcessingErr> {
-        state.task.abort();
-        Ok(())
-    }
-}
-
-async fn run(shared: Arc<Shared>) {
-    let every = Duration::from_millis(shared.config.maintenance.orphan_sweep_ms);
-    loop {
-        tokio::time::sleep(every).await;
-        match sweep_orphans(&shared).await {
-            SweepOutcome::Nothing => {}
-            outcome => debug!(?outcome, "orphan sweep"),
+        match message {
+            SweeperMsg::Sweep => {
+                #[cfg(feature = "testing")]
+                crate::common::faults::trip(state.shared.client_addr, "sweeper");
+                match sweep_orphans(&state.shared).await {
+                    SweepOutcome::Nothing => {}
+                    outcome => debug!(?outcome, "orphan sweep"),
+                }
+                state.next = myself.send_after(state.every, || SweeperMsg::Sweep);
+            }
         }
+        Ok(())
     }
 }
