@@ -1377,6 +1377,119 @@ async fn the_producer_does_not_follow_a_hint_back_to_a_broker_that_just_timed_ou
     assert_eq!(new_seen.load(Ordering::SeqCst), 1);
 }
 
+/// The description of topic "two": two ranges, 1 (the lower half of the
+/// keyspace) and 2 (the upper).
+fn two_range_topic() -> DescribeTopicResponse {
+    let range = |id: u64, start: &str, end: &str| RangeDescription {
+        id,
+        band_start: start.into(),
+        band_end: end.into(),
+        state: "active".into(),
+        ..RangeDescription::default()
+    };
+    DescribeTopicResponse {
+        topic: TopicDescription {
+            name: "two".into(),
+            ranges: vec![
+                range(1, "0x0000000000000000", "0x8000000000000000"),
+                range(2, "0x8000000000000000", "0x10000000000000000"),
+            ],
+            ..TopicDescription::default()
+        },
+    }
+}
+
+/// A fake primary of range `mine` of topic "two": it acknowledges that
+/// range's parts and refuses the other's `not_leader` naming `other`
+/// (read once `other` is known), counting each.
+async fn range_primary(
+    mine: u64,
+    other: Arc<std::sync::Mutex<String>>,
+    acked: Arc<AtomicUsize>,
+    refused: Arc<AtomicUsize>,
+) -> String {
+    fake_broker(Arc::new(move |frame, tx| {
+        let other = other.lock().unwrap().clone();
+        let (acked, refused) = (acked.clone(), refused.clone());
+        async move {
+            if frame.api_key == ApiKey::DescribeTopic.code() {
+                tx.send(ok(frame.correlation_id, &two_range_topic()))
+                    .await
+                    .unwrap();
+                return;
+            }
+            let request = produce_of(&frame);
+            let range = request.producer.as_ref().map(|p| p.range).unwrap();
+            if range == mine {
+                acked.fetch_add(1, Ordering::SeqCst);
+                let answer = produce_answer(frame.correlation_id, &request, None);
+                tx.send(answer).await.unwrap();
+                return;
+            }
+            refused.fetch_add(1, Ordering::SeqCst);
+            let body = ErrorBody {
+                message: format!("range {range} of topic two is written by another broker"),
+                leader_hint: Some(other),
+                retry_after_ms: None,
+                ranges: None,
+            };
+            tx.send(refusal(frame.correlation_id, ErrorCode::NotLeader, body))
+                .await
+                .unwrap();
+        }
+        .boxed()
+    }))
+    .await
+}
+
+/// Regression (issue 36, the five-broker long run): the producer routed a
+/// whole topic to one broker, so when its ranges had different primaries
+/// every hint about one range moved the other's parts too, and the
+/// producer bounced between the two brokers. Routes are now per range:
+/// each broker refuses the other's range once, then never sees it again.
+#[tokio::test]
+async fn the_producer_routes_each_range_to_its_own_primary() {
+    let (a_addr, b_addr) = (
+        Arc::new(std::sync::Mutex::new(String::new())),
+        Arc::new(std::sync::Mutex::new(String::new())),
+    );
+    let (a_acked, a_refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (b_acked, b_refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let a = range_primary(1, b_addr.clone(), a_acked.clone(), a_refused.clone()).await;
+    let b = range_primary(2, a_addr.clone(), b_acked.clone(), b_refused.clone()).await;
+    *a_addr.lock().unwrap() = a.clone();
+    *b_addr.lock().unwrap() = b.clone();
+    let client = Client::connect_with([a, b], quick_config()).await.unwrap();
+    let mut producer = client.producer("two", 4);
+    producer.set_delivery_timeout(Duration::from_secs(10));
+
+    // Keys spread over both halves of the keyspace, one record a batch.
+    let batches = 40;
+    for i in 0..batches {
+        let record = Record::new(format!("key-{i}"), format!("v{i}"));
+        producer
+            .send(RecordBatch::from_records([&record], 1 << 20).unwrap())
+            .await
+            .unwrap();
+    }
+    assert_eq!(producer.flush().await.unwrap(), batches as u64);
+
+    let (lower, upper) = (
+        a_acked.load(Ordering::SeqCst),
+        b_acked.load(Ordering::SeqCst),
+    );
+    assert_eq!(lower + upper, batches, "each batch acknowledged once");
+    assert!(
+        lower > 0 && upper > 0,
+        "both ranges written: {lower} and {upper}"
+    );
+    let bounced = a_refused.load(Ordering::SeqCst) + b_refused.load(Ordering::SeqCst);
+    assert!(
+        bounced <= 4,
+        "parts sent to the other range's primary {bounced} times"
+    );
+}
+
 // ------------------------------------------------------------- deadlines
 
 /// Regression (issue 36): a call retried a retriable refusal `retries_max`
