@@ -21,6 +21,7 @@ use std::path::Path;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
 use malachi_cluster::model::position;
+use malachi_wire::ErrorCode;
 use malachi_wire::batch::Record;
 use malachi_wire::messages::{CreateTopicRequest, SplitRangeRequest};
 
@@ -84,7 +85,9 @@ fn batch(keys: &[String], round: usize, n: usize) -> Vec<Record> {
 /// names it ("topic t is served by broker 2, not broker 1"); the client
 /// follows the hint with that broker's address.
 fn served_by(refused: &Refused) -> Option<u64> {
-    let rest = refused.message.split("is served by broker ").nth(1)?;
+    let rest = ["is served by broker ", "is written by broker "]
+        .iter()
+        .find_map(|said| refused.message.split(said).nth(1))?;
     rest.split(',').next()?.trim().parse().ok()
 }
 
@@ -207,6 +210,18 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
         ranges[0].2, ranges[1].2,
         "the ranges' active segments have different primaries: {ranges:?}"
     );
+    // Records of the upper range sent to the lower range's primary are
+    // refused at once, naming the upper range's primary. Before, the broker
+    // held them for a writer that never starts there until the produce
+    // timed out, and a producer of both ranges stalled (the five-broker
+    // long run, issue 36).
+    let mut at_lower = TestClient::connect(addr_of(&brokers, ranges[0].2)).await;
+    let refused = at_lower
+        .produce(TOPIC, &batch(&upper, 98, 2))
+        .await
+        .expect_err("the lower range's primary does not write the upper range");
+    assert_eq!(refused.code, ErrorCode::NotLeader, "{refused:?}");
+    assert_eq!(served_by(&refused), Some(ranges[1].2), "{refused:?}");
     // The lower range is written again: its active segment, still in
     // zone a, holds records no zone-b broker has a copy of.
     let records = batch(&lower, 99, 3);
