@@ -378,6 +378,18 @@ impl CoordinatorState {
             copies,
             lower_segment.0 ^ upper_segment.0,
         )?;
+        // Both halves' writers must run here before either is frozen: a
+        // freeze that cannot be finished rolls the half it froze, and a
+        // merge retried against a buddy written elsewhere rolled the other
+        // half once a retry, stalling its writes (the five-broker long run).
+        for segment in [lower_segment, upper_segment] {
+            if self.shared.segment(segment).is_none() {
+                return Err(CoordError::Freeze {
+                    segment,
+                    reason: "its writer does not run on this broker".into(),
+                });
+            }
+        }
         let lower_seal = self.freeze(lower_segment).await?;
         let upper_seal = match self.freeze(upper_segment).await {
             Ok(seal) => seal,
