@@ -37,39 +37,6 @@ impl SeqSet {
         self.ranges.last_key_value().map(|(_, &end)| end)
     }
 
-    /// Adds every seq of `other`.
-    pub(crate) fn extend(&mut self, other: &SeqSet) {
-        for (&start, &end) in &other.ranges {
-            self.insert_range(start, end);
-        }
-    }
-
-    /// Adds `start..=end`, merging with the ranges it overlaps or touches.
-    fn insert_range(&mut self, start: u64, end: u64) {
-        debug_assert!(start <= end);
-        let mut start = start;
-        let mut end = end;
-        // A range that begins at or before `start` and reaches it.
-        if let Some((&s, &e)) = self.ranges.range(..=start).next_back()
-            && e.saturating_add(1) >= start
-        {
-            start = s;
-            end = end.max(e);
-        }
-        // Every range that begins inside or just after the new one.
-        let inside: Vec<u64> = self
-            .ranges
-            .range(start..=end.saturating_add(1))
-            .map(|(&s, _)| s)
-            .collect();
-        for s in inside {
-            if let Some(e) = self.ranges.remove(&s) {
-                end = end.max(e);
-            }
-        }
-        self.ranges.insert(start, end);
-    }
-
     /// Adds `seq`; false if it was already there.
     pub(crate) fn insert(&mut self, seq: u64) -> bool {
         if self.contains(seq) {
@@ -109,23 +76,13 @@ mod tests {
     }
 
     #[test]
-    fn extending_merges_overlapping_and_touching_ranges() {
-        let mut a = SeqSet::default();
-        for seq in [1, 2, 3, 10, 11, 20] {
-            a.insert(seq);
+    fn the_highest_seq_is_the_last_ranges_end() {
+        let mut set = SeqSet::default();
+        assert_eq!(set.max(), None);
+        for seq in [3, 1, 9, 4] {
+            set.insert(seq);
         }
-        let mut b = SeqSet::default();
-        for seq in [4, 5, 9, 12, 30] {
-            b.insert(seq);
-        }
-        a.extend(&b);
-        assert_eq!(
-            a.iter().collect::<Vec<_>>(),
-            vec![1, 2, 3, 4, 5, 9, 10, 11, 12, 20, 30]
-        );
-        assert_eq!(a.ranges.len(), 4, "{:?}", a.ranges);
-        assert_eq!(a.max(), Some(30));
-        assert_eq!(SeqSet::default().max(), None);
+        assert_eq!(set.max(), Some(9));
     }
 
     #[test]
