@@ -1222,13 +1222,7 @@ async fn the_producer_moves_off_a_primary_that_answers_no_quorum() {
 #[tokio::test]
 async fn the_producer_moves_off_a_primary_that_does_not_answer() {
     let silent_seen = Arc::new(AtomicUsize::new(0));
-    let counter = silent_seen.clone();
-    let silent = fake_broker(Arc::new(move |_frame, _tx| {
-        counter.fetch_add(1, Ordering::SeqCst);
-        // Never answers.
-        futures::future::pending().boxed()
-    }))
-    .await;
+    let silent = silent_broker(silent_seen.clone()).await;
     let new_seen = Arc::new(AtomicUsize::new(0));
     let new = acking_broker(new_seen.clone()).await;
     let config = ClientConfig {
@@ -1253,13 +1247,7 @@ async fn the_producer_moves_off_a_primary_that_does_not_answer() {
 #[tokio::test]
 async fn after_a_timeout_the_next_call_goes_to_another_broker() {
     let silent_seen = Arc::new(AtomicUsize::new(0));
-    let counter = silent_seen.clone();
-    let silent = fake_broker(Arc::new(move |_frame, _tx| {
-        counter.fetch_add(1, Ordering::SeqCst);
-        // Never answers.
-        futures::future::pending().boxed()
-    }))
-    .await;
+    let silent = silent_broker(silent_seen.clone()).await;
     let other_seen = Arc::new(AtomicUsize::new(0));
     let other = acking_broker(other_seen.clone()).await;
     let config = ClientConfig {
