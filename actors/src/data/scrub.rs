@@ -184,6 +184,28 @@ impl ScrubBook {
         }
     }
 
+    /// Records the verdict of a scan that began at `started`, unless it
+    /// would clear a broken verdict found since (damage found on read while
+    /// the scan ran): the scan may have read the copy before the damage,
+    /// and its "intact" would undo the mark and the rebuild. The next scan
+    /// judges the copy again.
+    pub(crate) fn record_scanned(
+        &mut self,
+        seal: ScrubSeal,
+        verdict: Verdict,
+        started: Instant,
+        now: Instant,
+    ) {
+        let newer_broken = self
+            .found
+            .get(&seal.segment)
+            .is_some_and(|f| f.verdict.is_broken() && f.at >= started);
+        if newer_broken && !verdict.is_broken() {
+            return;
+        }
+        self.record(seal, verdict, now);
+    }
+
     /// A book that keeps its broken verdicts in `dir`'s
     /// [`SCRUB_BROKEN_FILE`], with those the file held (a restart's):
     /// each trusted as found now, until its copy is rebuilt.
@@ -436,6 +458,30 @@ mod tests {
         length: 10,
         bytes: 1_000,
     };
+
+    /// Regression: a scan that began before damage was found on read
+    /// recorded "intact" over the damage mark, and the copy was not rebuilt
+    /// (`damage_on_read` failed once in nine runs).
+    #[test]
+    fn a_scan_begun_before_damage_was_found_does_not_clear_the_mark() {
+        let started = Instant::now();
+        let found = started + std::time::Duration::from_millis(5);
+        let done = found + std::time::Duration::from_millis(5);
+        let mut book = ScrubBook::default();
+        book.record(
+            SEAL,
+            Verdict::Damaged {
+                detail: "found on read".into(),
+            },
+            found,
+        );
+        book.record_scanned(SEAL, Verdict::Intact, started, done);
+        assert!(book.is_broken(SEAL.segment), "the newer damage mark stands");
+        // A scan begun after the mark judges the copy again.
+        let later = done + std::time::Duration::from_millis(5);
+        book.record_scanned(SEAL, Verdict::Intact, later, later);
+        assert!(!book.is_broken(SEAL.segment));
+    }
 
     #[test]
     fn a_copy_is_judged_against_its_recorded_seal() {

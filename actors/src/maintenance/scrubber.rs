@@ -127,6 +127,7 @@ async fn run(shared: Arc<Shared>) {
 async fn scrub(shared: &Arc<Shared>, seal: ScrubSeal) -> Option<u64> {
     let storage = Arc::clone(&shared.data);
     let scanned = Arc::clone(&storage);
+    let started = Instant::now();
     let (verdict, read, index_bad) = tokio::task::spawn_blocking(move || scrub_one(&scanned, seal))
         .await
         .ok()?;
@@ -170,7 +171,7 @@ async fn scrub(shared: &Arc<Shared>, seal: ScrubSeal) -> Option<u64> {
         .scrub
         .book
         .lock()
-        .record(seal, verdict.clone(), Instant::now());
+        .record_scanned(seal, verdict.clone(), started, Instant::now());
     Some(read)
 }
 
