@@ -264,9 +264,35 @@ pub async fn put_placement(
     }
 }
 
-/// Every record of `topic` from the start, through one broker.
+/// How long `read_all` retries a retriable refusal of its first fetch.
+const READ_ALL_RETRY_MS: u64 = 10_000;
+
+/// Every record of `topic` from the start, through one broker. The first
+/// fetch is retried while it is refused as retriable: a broker that just
+/// started answers `no_quorum` until it has learned the cluster's cursor
+/// key, which under a loaded test run can take more than a moment.
 pub async fn read_all(client: &mut TestClient, topic: &str) -> Vec<Record> {
-    let (mut got, mut cursor) = client.fetch(topic, None, true, 100, 0).await.unwrap();
+    let mut first = None;
+    let mut last = None;
+    let fetched = eventually(READ_ALL_RETRY_MS, async || {
+        match client.fetch(topic, None, true, 100, 0).await {
+            Ok(page) => {
+                first = Some(page);
+                true
+            }
+            Err(refused) if refused.code.retriable() => {
+                last = Some(refused);
+                false
+            }
+            Err(refused) => panic!("the read of {topic} was refused: {refused:?}"),
+        }
+    })
+    .await;
+    assert!(
+        fetched,
+        "the read of {topic} was refused until the end: {last:?}"
+    );
+    let (mut got, mut cursor) = first.expect("fetched");
     loop {
         let (page, next) = client
             .fetch(topic, Some(cursor.clone()), false, 100, 0)
