@@ -1302,6 +1302,24 @@ async fn silent_broker(seen: Arc<AtomicUsize>) -> String {
     .await
 }
 
+/// A paused primary, a survivor that names it twice before it names the
+/// new primary, and the new primary; a client bootstrapped at the paused
+/// one. The counters: the paused one's, the survivor's, the new one's.
+async fn after_a_pause(request_timeout_ms: u64) -> (Client, [Arc<AtomicUsize>; 3]) {
+    let seen = [(); 3].map(|_| Arc::new(AtomicUsize::new(0)));
+    let silent = silent_broker(seen[0].clone()).await;
+    let new = acking_broker(seen[2].clone()).await;
+    let survivor = survivor_hinting(seen[1].clone(), 2, silent.clone(), new).await;
+    let config = ClientConfig {
+        request_timeout_ms,
+        ..quick_config()
+    };
+    let client = Client::connect_with([silent, survivor], config)
+        .await
+        .unwrap();
+    (client, seen)
+}
+
 /// Regression (issue 36, ADR 0128): after a timeout at a paused primary the
 /// next call went to another broker, which named the paused one until its
 /// failover was recorded; the client followed that hint at once and waited
@@ -1310,19 +1328,7 @@ async fn silent_broker(seen: Arc<AtomicUsize>) -> String {
 /// hinting broker again, until it names the new primary.
 #[tokio::test]
 async fn a_hint_back_to_a_broker_that_just_timed_out_is_not_followed() {
-    let silent_seen = Arc::new(AtomicUsize::new(0));
-    let silent = silent_broker(silent_seen.clone()).await;
-    let new_seen = Arc::new(AtomicUsize::new(0));
-    let new = acking_broker(new_seen.clone()).await;
-    let survivor_seen = Arc::new(AtomicUsize::new(0));
-    let survivor = survivor_hinting(survivor_seen.clone(), 2, silent.clone(), new).await;
-    let config = ClientConfig {
-        request_timeout_ms: 600,
-        ..quick_config()
-    };
-    let client = Client::connect_with([silent, survivor], config)
-        .await
-        .unwrap();
+    let (client, [silent_seen, survivor_seen, new_seen]) = after_a_pause(600).await;
 
     let error = client.produce("t", batch_of(1)).await.unwrap_err();
     assert!(matches!(error, ClientError::Timeout { .. }), "{error:?}");
@@ -1342,19 +1348,7 @@ async fn a_hint_back_to_a_broker_that_just_timed_out_is_not_followed() {
 /// primary, goes to a survivor and waits there for the new primary's name.
 #[tokio::test]
 async fn the_producer_does_not_follow_a_hint_back_to_a_broker_that_just_timed_out() {
-    let silent_seen = Arc::new(AtomicUsize::new(0));
-    let silent = silent_broker(silent_seen.clone()).await;
-    let new_seen = Arc::new(AtomicUsize::new(0));
-    let new = acking_broker(new_seen.clone()).await;
-    let survivor_seen = Arc::new(AtomicUsize::new(0));
-    let survivor = survivor_hinting(survivor_seen.clone(), 2, silent.clone(), new).await;
-    let config = ClientConfig {
-        request_timeout_ms: 200,
-        ..quick_config()
-    };
-    let client = Client::connect_with([silent, survivor], config)
-        .await
-        .unwrap();
+    let (client, [silent_seen, survivor_seen, new_seen]) = after_a_pause(200).await;
     let mut producer = client.producer("t", 1);
     producer.set_delivery_timeout(Duration::from_secs(10));
 
