@@ -151,12 +151,7 @@ fn graph_of(files: &[(String, String)]) -> Graph {
         };
         for to in modules_named(path, source) {
             if to != from && modules.contains(&to) {
-                graph
-                    .entry(from.clone())
-                    .or_default()
-                    .entry(to)
-                    .or_default()
-                    .insert(path.clone());
+                add_edge(&mut graph, &from, to, path);
             }
         }
     }
@@ -451,16 +446,21 @@ fn file_graph(files: &[(String, String)], parent: &str) -> Graph {
         };
         for to in siblings_named(parent, path, source) {
             if to != from && nodes.contains(&to) {
-                graph
-                    .entry(from.clone())
-                    .or_default()
-                    .entry(to)
-                    .or_default()
-                    .insert(path.clone());
+                add_edge(&mut graph, &from, to, path);
             }
         }
     }
     graph
+}
+
+/// Records that `path` makes an edge from `from` to `to`.
+fn add_edge(graph: &mut Graph, from: &str, to: String, path: &str) {
+    graph
+        .entry(from.to_owned())
+        .or_default()
+        .entry(to)
+        .or_default()
+        .insert(path.to_owned());
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
