@@ -848,7 +848,7 @@ fn retry_within(
 /// A topic name with `prefix` whose metadata vnode `vnode` owns, on the
 /// brokers' ring of `VNODES_DEFAULT` vnodes (never split here).
 fn topic_on_vnode(prefix: &str, vnode: u32) -> String {
-    let ring = malachi_cluster::ring::Ring::new(common::cluster::VNODES_DEFAULT as u32).unwrap();
+    let ring = malachi_core::ring::Ring::new(common::cluster::VNODES_DEFAULT as u32).unwrap();
     (0..)
         .map(|i| format!("{prefix}-{vnode}-{i}"))
         .find(|name| ring.owner(name).id.0 == vnode)

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use malachi_cluster::cursor::CursorKey;
-use malachi_cluster::membership::Membership;
-use malachi_cluster::model::CursorSecret;
+use malachi_core::cursor::CursorKey;
+use malachi_core::model::CursorSecret;
+use malachi_membership::Membership;
 use malachi_supervision::{
     Backoff, ChildKind, ChildSpec, Intensity, Strategy, Supervisor, SupervisorArgs, SupervisorRef,
     SupervisorSnapshot,
@@ -40,9 +40,10 @@ const LEAVE_WAIT_MS: u64 = 500;
 /// A membership handle for a broker whose fabric is missing, which
 /// `Broker::start` rules out; kept total rather than panicking.
 fn unreachable_membership() -> Membership {
-    Membership::new(&malachi_cluster::membership::NodeIdentity::seed(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-    ))
+    Membership::new(&malachi_membership::NodeIdentity::seed(SocketAddr::from((
+        [127, 0, 0, 1],
+        0,
+    ))))
 }
 
 /// The broker's entry point.
@@ -183,7 +184,7 @@ fn open_fabric(
             addr: cluster_bind,
             source,
         })?;
-    let identity = malachi_cluster::membership::NodeIdentity {
+    let identity = malachi_membership::NodeIdentity {
         node_id: config.node_id,
         incarnation: 0,
         client_addr: advertised(client_addr, settings.advertise_ip),
@@ -216,7 +217,7 @@ fn open_fabric(
             crate::common::config::DEV_CLUSTER_COOKIE.to_owned()
         }
     };
-    let membership = malachi_cluster::membership::Membership::new(&identity);
+    let membership = malachi_membership::Membership::new(&identity);
     let formed = Formed::new(
         plan,
         config.node_id,
@@ -245,7 +246,7 @@ fn open_fabric(
 /// The operator's attributes plus this broker's cluster card (ADR 0102).
 fn card_attributes(
     config: &BrokerConfig,
-    card: &malachi_cluster::formation::Card,
+    card: &malachi_core::formation::Card,
 ) -> std::collections::BTreeMap<String, String> {
     let mut attributes = config.attributes.clone();
     attributes.extend(card.attributes());
@@ -278,7 +279,7 @@ async fn find_cluster(
             .swim_socket
             .try_clone()
             .map_err(io_err(&config.data_dir))?,
-        runtime: malachi_cluster::membership::RuntimeArgs {
+        runtime: malachi_membership::RuntimeArgs {
             identity,
             settings: config.membership.swim(),
             seeds: if plan.looks_around() {
@@ -487,7 +488,7 @@ impl Broker {
         getrandom::fill(&mut candidate).map_err(|e| BrokerError::Config {
             reason: format!("no os randomness: {e}"),
         })?;
-        let candidate = malachi_cluster::formation::ClusterId(u128::from_be_bytes(candidate));
+        let candidate = malachi_core::formation::ClusterId(u128::from_be_bytes(candidate));
         let mut plan = crate::fabric::formation::plan(&config, candidate)?;
         let mut config = config;
         let client = bind("client port", config.listen_addr)?;

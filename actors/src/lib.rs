@@ -64,6 +64,6 @@ pub mod untrusted {
     pub use crate::fabric::node::{accepts_remote_message, decode_tree_reply};
 }
 pub use control::metadata::{FilePlane, MetadataError, MetadataPlane, RaftPlane, VnodePlane};
-pub use malachi_cluster::membership::{
+pub use malachi_membership::{
     Member, MemberEvent, MemberEventKind, MemberState, Membership, MembershipView, VnodeLeader,
 };

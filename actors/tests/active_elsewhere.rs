@@ -20,7 +20,7 @@ use std::path::Path;
 
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
-use malachi_cluster::model::position;
+use malachi_core::model::position;
 use malachi_wire::ErrorCode;
 use malachi_wire::batch::Record;
 use malachi_wire::messages::{CreateTopicRequest, SplitRangeRequest};

@@ -11,7 +11,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use common::*;
 use hmac::{Hmac, Mac};
 use malachi_actors::BrokerConfig;
-use malachi_cluster::cursor::{Cursor, CursorKey, CursorKeys, Position};
+use malachi_core::cursor::{Cursor, CursorKey, CursorKeys, Position};
 use sha2::Sha256;
 
 const OLD_SECRET: &[u8] = b"a secret from before key ids!!!!";

@@ -197,7 +197,7 @@ async fn a_joined_broker_that_lost_its_data_dir_is_refused_under_its_old_id() {
             b.membership()
                 .local()
                 .attributes
-                .get(malachi_cluster::formation::ATTR_MEMBERS)
+                .get(malachi_core::formation::ATTR_MEMBERS)
                 .is_some_and(|m| m.split('+').any(|n| n == "3"))
         });
         if listed {

@@ -56,7 +56,7 @@ fn band(range: &RangeDescription) -> (u128, u128) {
 
 fn in_band(range: &RangeDescription, key: &str) -> bool {
     let (start, end) = band(range);
-    let position = u128::from(malachi_cluster::model::position(key.as_bytes()));
+    let position = u128::from(malachi_core::model::position(key.as_bytes()));
     start <= position && position < end
 }
 

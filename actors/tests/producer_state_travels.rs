@@ -206,7 +206,7 @@ impl Findings {
 /// A range's band as `[start, end)` in u128 (the top band ends at 2^64).
 fn holds_key(range: &RangeDescription, key: &str) -> bool {
     let parse = |text: &str| u128::from_str_radix(text.strip_prefix("0x").unwrap(), 16).unwrap();
-    let position = u128::from(malachi_cluster::model::position(key.as_bytes()));
+    let position = u128::from(malachi_core::model::position(key.as_bytes()));
     parse(&range.band_start) <= position && position < parse(&range.band_end)
 }
 

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::group::{GroupConfig, MetadataGroup};
-use malachi_cluster::model::{Command, NodeId};
+use malachi_core::model::{Command, NodeId};
 use std::time::Instant;
 
 #[tokio::main]

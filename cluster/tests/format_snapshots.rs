@@ -16,8 +16,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::group::{GroupConfig, MetadataGroup};
-use malachi_cluster::model::{Command, CursorSecret, MetadataState, NodeId, Outcome, SealRecord};
-use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_core::model::{Command, CursorSecret, MetadataState, NodeId, Outcome, SealRecord};
+use malachi_core::ring::{Ring, VnodeId};
 use std::fmt::Write as _;
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::group::{Corruption, GroupConfig, GroupError, MetadataGroup};
-use malachi_cluster::model::{Command, ModelError, NodeId, Outcome};
+use malachi_core::model::{Command, ModelError, NodeId, Outcome};
 use std::fs::OpenOptions;
 use std::path::Path;
 

@@ -6,13 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
-use malachi_cluster::model::{Command, MetadataState, ModelError, Outcome};
-use malachi_cluster::ring::VnodeId;
 use malachi_cluster::vnodes::lease::{
     Clock, LeaseConfig, LeaseConfigError, LeaseGroup, LeaseKeeper, LeaseState, ManualClock,
     SystemClock, VnodeLeaseGroup, spawn_lease_keeper,
 };
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_core::model::{Command, MetadataState, ModelError, Outcome};
+use malachi_core::ring::VnodeId;
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use std::sync::Arc;

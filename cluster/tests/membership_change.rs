@@ -8,9 +8,9 @@ mod common;
 
 use common::create;
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
-use malachi_cluster::model::Outcome;
-use malachi_cluster::ring::{MemberState, RING_VNODE, VnodeId};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_core::model::Outcome;
+use malachi_core::ring::{MemberState, RING_VNODE, VnodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;

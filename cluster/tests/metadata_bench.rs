@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
-use malachi_cluster::model::{Command, NodeId};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_core::model::{Command, NodeId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;

@@ -6,7 +6,7 @@ use malachi_cluster::group::{
     GroupConfig, GroupError, GroupRegistry, MetadataGroup, TcpTransport, TcpTransportConfig,
     TransportServer,
 };
-use malachi_cluster::model::{Command, NodeId};
+use malachi_core::model::{Command, NodeId};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;

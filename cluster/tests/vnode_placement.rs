@@ -6,10 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
-use malachi_cluster::model::{Command, StoragePolicy};
-use malachi_cluster::ring::{RING_VNODE, VNODES_POLICY, VnodeId};
 use malachi_cluster::vnodes::rebalance::target_voters;
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_core::model::{Command, StoragePolicy};
+use malachi_core::ring::{RING_VNODE, VNODES_POLICY, VnodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;

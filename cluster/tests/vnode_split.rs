@@ -7,9 +7,9 @@ mod common;
 
 use common::create;
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
-use malachi_cluster::model::{Command, ModelError, Outcome, RingArc};
-use malachi_cluster::ring::{Ring, VnodeId};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig, plan_coordinators};
+use malachi_core::model::{Command, ModelError, Outcome, RingArc};
+use malachi_core::ring::{Ring, VnodeId};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -6,9 +6,9 @@ mod common;
 
 use common::create;
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
-use malachi_cluster::model::{ModelError, Outcome, RingArc};
-use malachi_cluster::ring::{Ring, VnodeId};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_core::model::{ModelError, Outcome, RingArc};
+use malachi_core::ring::{Ring, VnodeId};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;

@@ -11,12 +11,12 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // a failed assertion is the finding
 
 use bytes::{Bytes, BytesMut};
-use malachi_cluster::cursor::{Cursor, CursorKey, CursorKeys};
 use malachi_cluster::group::untrusted;
-use malachi_cluster::membership::{NodeIdentity, RoutingHint};
-use malachi_cluster::model::MetadataState;
-use malachi_cluster::ring::Ring;
 use malachi_cluster::vnodes::broker_api;
+use malachi_core::cursor::{Cursor, CursorKey, CursorKeys};
+use malachi_core::model::MetadataState;
+use malachi_core::ring::Ring;
+use malachi_membership::{NodeIdentity, RoutingHint};
 use malachi_storage::frame;
 use malachi_storage::index::{INDEX_ENTRY_BYTES, SparseIndex};
 use malachi_storage::marker;

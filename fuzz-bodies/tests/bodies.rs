@@ -111,7 +111,7 @@ fn every_sample_decodes() {
     use malachi_cluster::group::untrusted;
     assert!(malachi_storage::frame::decode(&samples::storage_frame()).is_ok());
     assert!(malachi_storage::marker::decode_seal(&samples::storage_seal()).is_ok());
-    assert!(malachi_cluster::model::MetadataState::restore(&samples::metadata_snapshot()).is_ok());
+    assert!(malachi_core::model::MetadataState::restore(&samples::metadata_snapshot()).is_ok());
     untrusted::snapshot_file(&samples::snapshot_file(), bodies::SNAPSHOT_BYTES_MAX).unwrap();
     untrusted::raft_log(
         &samples::raft_log(),
@@ -147,20 +147,13 @@ fn every_sample_decodes() {
             "raft sample for {api_key}"
         );
     }
-    assert!(malachi_cluster::ring::Ring::decode(&samples::ring()).is_ok());
-    assert!(
-        malachi_cluster::membership::NodeIdentity::decode(&samples::membership_identity()).is_ok()
-    );
-    assert!(
-        malachi_cluster::membership::RoutingHint::decode(&samples::membership_routing()).is_ok()
-    );
-    let key = malachi_cluster::cursor::CursorKeys::single(
+    assert!(malachi_core::ring::Ring::decode(&samples::ring()).is_ok());
+    assert!(malachi_membership::NodeIdentity::decode(&samples::membership_identity()).is_ok());
+    assert!(malachi_membership::RoutingHint::decode(&samples::membership_routing()).is_ok());
+    let key = malachi_core::cursor::CursorKeys::single(
         0,
-        malachi_cluster::cursor::CursorKey::new(bodies::CURSOR_SECRET).unwrap(),
+        malachi_core::cursor::CursorKey::new(bodies::CURSOR_SECRET).unwrap(),
     );
-    malachi_cluster::cursor::Cursor::decode(
-        &samples::sign_cursor_body(&samples::cursor_body()),
-        &key,
-    )
-    .unwrap();
+    malachi_core::cursor::Cursor::decode(&samples::sign_cursor_body(&samples::cursor_body()), &key)
+        .unwrap();
 }

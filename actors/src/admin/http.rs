@@ -424,7 +424,7 @@ mod tests {
     use super::*;
     use crate::common::clock::SystemClock;
     use crate::common::config::BrokerConfig;
-    use malachi_cluster::model::CursorSecret;
+    use malachi_core::model::CursorSecret;
     use malachi_storage::FileStore;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

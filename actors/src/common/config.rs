@@ -112,7 +112,7 @@ pub struct MembershipSettings {
 
 impl Default for MembershipSettings {
     fn default() -> Self {
-        let swim = malachi_cluster::membership::SwimSettings::default();
+        let swim = malachi_membership::SwimSettings::default();
         MembershipSettings {
             probe_period_ms: swim.probe_period_ms,
             probe_rtt_ms: swim.probe_rtt_ms,
@@ -131,8 +131,8 @@ impl Default for MembershipSettings {
 
 impl MembershipSettings {
     /// The SWIM timers these settings ask for.
-    pub fn swim(&self) -> malachi_cluster::membership::SwimSettings {
-        malachi_cluster::membership::SwimSettings {
+    pub fn swim(&self) -> malachi_membership::SwimSettings {
+        malachi_membership::SwimSettings {
             probe_period_ms: self.probe_period_ms,
             probe_rtt_ms: self.probe_rtt_ms,
             suspect_timeout_ms: self.suspect_timeout_ms,
@@ -669,11 +669,11 @@ impl BrokerConfig {
         if let Some(key) = self
             .attributes
             .keys()
-            .find(|k| k.starts_with(malachi_cluster::formation::RESERVED_ATTRIBUTE_PREFIX))
+            .find(|k| k.starts_with(malachi_core::formation::RESERVED_ATTRIBUTE_PREFIX))
         {
             return bad(format!(
                 "attribute {key:?}: keys starting with {:?} are reserved for the broker itself",
-                malachi_cluster::formation::RESERVED_ATTRIBUTE_PREFIX
+                malachi_core::formation::RESERVED_ATTRIBUTE_PREFIX
             ));
         }
         if !self.cluster.nodes.is_empty() && !self.cluster.nodes.contains(&self.node_id) {
@@ -683,10 +683,10 @@ impl BrokerConfig {
             ));
         }
         let vnodes = self.vnode_count();
-        if vnodes == 0 || vnodes > malachi_cluster::ring::VNODES_MAX {
+        if vnodes == 0 || vnodes > malachi_core::ring::VNODES_MAX {
             return bad(format!(
                 "cluster.vnodes must be between 1 and {}",
-                malachi_cluster::ring::VNODES_MAX
+                malachi_core::ring::VNODES_MAX
             ));
         }
         if self.cluster.replicas_per_vnode == 0 {
@@ -735,7 +735,7 @@ impl BrokerConfig {
             );
         }
         // The identity codec's bounds: refuse at start what could not be gossiped.
-        let probe = malachi_cluster::membership::NodeIdentity {
+        let probe = malachi_membership::NodeIdentity {
             node_id: self.node_id,
             incarnation: 0,
             client_addr: self.listen_addr,
@@ -798,8 +798,8 @@ impl BrokerConfig {
     }
 
     /// The ring's shape this configuration asks for.
-    pub fn shape(&self) -> malachi_cluster::formation::Shape {
-        malachi_cluster::formation::Shape {
+    pub fn shape(&self) -> malachi_core::formation::Shape {
+        malachi_core::formation::Shape {
             vnodes: self.vnode_count(),
             replicas_per_vnode: self.cluster.replicas_per_vnode,
         }
@@ -809,7 +809,7 @@ impl BrokerConfig {
     pub fn vnode_count(&self) -> u32 {
         self.cluster.vnodes.unwrap_or(
             if self.cluster_nodes().len() > 1 || self.bootstrap_expect() > 1 {
-                malachi_cluster::ring::VNODES_DEFAULT
+                malachi_core::ring::VNODES_DEFAULT
             } else {
                 1
             },

@@ -2,7 +2,7 @@
 //! The wire crate depends on neither supervision nor cluster, so the broker,
 //! which sees both sides, fills the mirrors in.
 
-use malachi_cluster::model;
+use malachi_core::model;
 use malachi_supervision as sup;
 use malachi_wire::messages as wire;
 

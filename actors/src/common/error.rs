@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use malachi_cluster::group::GroupError;
-use malachi_cluster::model::SnapshotError;
 use malachi_cluster::vnodes::RouteError;
+use malachi_core::model::SnapshotError;
 
 /// Why a broker could not start or stop cleanly. Messages are lowercase.
 #[derive(Debug, thiserror::Error)]

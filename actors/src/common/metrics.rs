@@ -224,7 +224,7 @@ impl BrokerMetrics {
     /// and the answer's round trip.
     pub fn replica_lag(
         &self,
-        follower: malachi_cluster::model::NodeId,
+        follower: malachi_core::model::NodeId,
         records: u64,
         rtt: std::time::Duration,
     ) {
@@ -246,7 +246,7 @@ impl BrokerMetrics {
     /// A follower's lag behind the primary in bytes, as its last answer
     /// showed it: the primary's durable log bytes beyond the follower's
     /// (the copies hold the same frames, so byte positions agree).
-    pub fn replica_lag_bytes(&self, follower: malachi_cluster::model::NodeId, bytes: u64) {
+    pub fn replica_lag_bytes(&self, follower: malachi_core::model::NodeId, bytes: u64) {
         self.recorder
             .register_gauge(
                 &Key::from_parts(

@@ -13,13 +13,13 @@
 //! refused as `invalid_cursor`.
 //!
 //! Boundaries: this module holds keys and talks to the plane; the codec is
-//! `malachi_cluster::cursor`, the command is the model's, and the client
+//! `malachi_core::cursor`, the command is the model's, and the client
 //! port's use of the keys (the refusals) is `serve::cursors`.
 
 use std::sync::Arc;
 
-use malachi_cluster::cursor::CursorKeys;
-use malachi_cluster::model::{Command, CursorKeyRing, CursorSecret};
+use malachi_core::cursor::CursorKeys;
+use malachi_core::model::{Command, CursorKeyRing, CursorSecret};
 use parking_lot::RwLock;
 use tracing::{debug, info, warn};
 
@@ -54,9 +54,9 @@ pub(crate) enum LearnError {
     #[error("{0}")]
     Plane(#[from] crate::common::error::MetadataError),
     #[error("the cluster refused the cursor key: {0}")]
-    Refused(malachi_cluster::model::ModelError),
+    Refused(malachi_core::model::ModelError),
     #[error("the cluster's cursor keys are unusable: {0}")]
-    Unusable(malachi_cluster::cursor::CursorKeyError),
+    Unusable(malachi_core::cursor::CursorKeyError),
     #[error("the cluster holds no cursor key after creating one")]
     Missing,
 }

@@ -18,13 +18,13 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::model::Command;
-use malachi_cluster::ring::VnodeId;
 use malachi_cluster::vnodes::VnodeHost;
 use malachi_cluster::vnodes::lease::{
     Clock, LeaseConfig, LeaseConfigError, LeaseGroup, LeaseHandle, LeaseKeeper, LeaseState,
     SystemClock, VnodeLeaseGroup, spawn_lease_keeper,
 };
+use malachi_core::model::Command;
+use malachi_core::ring::VnodeId;
 use parking_lot::Mutex;
 use tracing::debug;
 
@@ -159,7 +159,7 @@ mod tests {
     use std::time::Duration;
 
     use malachi_cluster::clock::ManualClock;
-    use malachi_cluster::model::{Lease, ModelError, Outcome};
+    use malachi_core::model::{Lease, ModelError, Outcome};
     use parking_lot::Mutex;
 
     use super::*;

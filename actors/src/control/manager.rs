@@ -25,9 +25,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use malachi_cluster::membership::VnodeLeader;
-use malachi_cluster::ring::{Ring, VnodeId};
 use malachi_cluster::vnodes::plan_coordinators;
+use malachi_core::ring::{Ring, VnodeId};
+use malachi_membership::VnodeLeader;
 use malachi_supervision::{ChildSpec, Restart};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
@@ -154,7 +154,7 @@ impl ManagerState {
         // Decommissioned: its unreplicated active segments roll away.
         let me = self.shared.config.node_id;
         self.shared.data.leaving.store(
-            ring.members().get(&me) == Some(&malachi_cluster::ring::MemberState::Decommissioned),
+            ring.members().get(&me) == Some(&malachi_core::ring::MemberState::Decommissioned),
             std::sync::atomic::Ordering::Relaxed,
         );
         // Every member the ring lists, so a fresh data dir under one of

@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
 use malachi_cluster::group::{GroupConfig, MetadataGroup};
-use malachi_cluster::model::{
-    Command, CursorKeyRing, MetadataState, ModelError, Outcome, TopicDescription,
-};
-use malachi_cluster::ring::VnodeId;
 use malachi_cluster::vnodes::VnodeHost;
 use malachi_cluster::vnodes::broker_api::{TopicSummary, summarize};
+use malachi_core::model::{
+    Command, CursorKeyRing, MetadataState, ModelError, Outcome, TopicDescription,
+};
+use malachi_core::ring::VnodeId;
 use parking_lot::RwLock;
 use tokio::sync::{Mutex, watch};
 
@@ -466,7 +466,7 @@ mod tests {
             topic: topic.into(),
             initial_ranges: 1,
             policy: None,
-            replicas: vec![vec![malachi_cluster::model::NodeId(1)]],
+            replicas: vec![vec![malachi_core::model::NodeId(1)]],
             at_ms: 7,
         }
     }

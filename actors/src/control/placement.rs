@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use malachi_cluster::model::{NodeId, RangeId, SegmentState, TopicDescription};
+use malachi_core::model::{NodeId, RangeId, SegmentState, TopicDescription};
 use malachi_wire::ErrorCode;
 
 use crate::control::metadata::read_owner;
@@ -78,7 +78,7 @@ fn servers_of<'a>(active: impl Iterator<Item = &'a [NodeId]>) -> Servers {
 }
 
 /// The servers of `topic`'s active segments in `state`.
-fn servers_in_state(state: &malachi_cluster::model::MetadataState, topic: &str) -> Option<Servers> {
+fn servers_in_state(state: &malachi_core::model::MetadataState, topic: &str) -> Option<Servers> {
     state.topic(topic)?;
     let segments: Vec<&[NodeId]> = state
         .active_ranges(topic)

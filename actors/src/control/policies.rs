@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use malachi_cluster::model::{Command, ModelError, Outcome, StoragePolicy};
-use malachi_cluster::ring::VNODES_POLICY;
 use malachi_cluster::vnodes::RouteError;
+use malachi_core::model::{Command, ModelError, Outcome, StoragePolicy};
+use malachi_core::ring::VNODES_POLICY;
 
 use super::shared::Shared;
 use crate::common::error::MetadataError;

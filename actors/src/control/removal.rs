@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use malachi_cluster::model::SegmentId;
+use malachi_core::model::SegmentId;
 use malachi_wire::replica_order::{DropCopiesRequest, DropCopiesResponse};
 use tracing::{debug, info, warn};
 
@@ -188,7 +188,7 @@ pub(crate) async fn remove_copies(
 /// The holders of every copy of `topic`'s segments, by broker, from a
 /// state that still lists the topic.
 pub(crate) fn holders_of(
-    state: &malachi_cluster::model::MetadataState,
+    state: &malachi_core::model::MetadataState,
     topic: &str,
 ) -> BTreeMap<u64, Vec<u64>> {
     let mut holders: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
@@ -318,7 +318,7 @@ mod tests {
 
     #[test]
     fn holders_are_gathered_per_broker_over_every_range() {
-        use malachi_cluster::model::{Command, MetadataState, NodeId};
+        use malachi_core::model::{Command, MetadataState, NodeId};
         let mut state = MetadataState::new();
         state
             .apply(Command::CreateTopic {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use malachi_cluster::model::{NodeId, SegmentId, SegmentState};
+use malachi_core::model::{NodeId, SegmentId, SegmentState};
 use malachi_wire::replication::{ReplicaAppendRequest, ReplicaAppendResponse, ReplicaRefusal};
 
 use crate::control::metadata::read_owner;

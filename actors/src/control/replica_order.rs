@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use malachi_cluster::group::RpcError;
-use malachi_cluster::model::{NodeId, SegmentId, SegmentState};
+use malachi_core::model::{NodeId, SegmentId, SegmentState};
 use malachi_storage::{SegmentStore, StorageError};
 use malachi_wire::replica_order::{
     CATCH_UP_API_KEY, CATCH_UP_BYTES_MAX, CatchUpRequest, CatchUpResponse, DROP_COPIES_API_KEY,

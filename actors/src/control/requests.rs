@@ -5,8 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use malachi_cluster::model::{ModelError, RangeId, SealRecord, SegmentId};
-use malachi_cluster::ring::VnodeId;
+use malachi_core::model::{ModelError, RangeId, SealRecord, SegmentId};
+use malachi_core::ring::VnodeId;
 use malachi_supervision::SupervisionError;
 use malachi_wire::replica_order::OrderEpoch;
 use ractor::RpcReplyPort;
@@ -37,14 +37,14 @@ pub(crate) enum CoordError {
     FreezeNoQuorum { segment: SegmentId, reason: String },
     /// No replica set fits the request and the live brokers.
     #[error("{0}")]
-    Placement(#[from] malachi_cluster::placement::PlacementError),
+    Placement(#[from] malachi_core::placement::PlacementError),
     /// An explicit replication factor above the cluster's brokers (live or
     /// not): no wait makes it possible.
     #[error("a replication factor of {factor} needs {factor} brokers; the cluster has {members}")]
     FactorAboveCluster { factor: usize, members: usize },
     /// The topic's storage policy's placement constraints (ADR 0116).
     #[error("{0}")]
-    Constraints(#[from] malachi_cluster::constraints::PlaceError),
+    Constraints(#[from] malachi_core::constraints::PlaceError),
 }
 
 pub(crate) enum CoordinatorMsg {
@@ -196,7 +196,7 @@ impl HealKind {
 pub(crate) struct ScrubTarget {
     pub topic: String,
     pub segment: SegmentId,
-    pub seal: malachi_cluster::model::SealRecord,
+    pub seal: malachi_core::model::SealRecord,
     pub replicas: Vec<u64>,
 }
 

@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use malachi_cluster::model::{Command, EXPIRE_SEGMENTS_MAX, Outcome, RetentionRule};
-use malachi_cluster::ring::VnodeId;
+use malachi_core::model::{Command, EXPIRE_SEGMENTS_MAX, Outcome, RetentionRule};
+use malachi_core::ring::VnodeId;
 use tracing::{debug, info, warn};
 
 use super::shared::Shared;

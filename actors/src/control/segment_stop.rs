@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::model::{RangeId, SegmentId};
+use malachi_core::model::{RangeId, SegmentId};
 use malachi_storage::SegmentStore;
 use tracing::{debug, info, warn};
 

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use malachi_cluster::group::{TcpTransport, TransportServer};
-use malachi_cluster::model::SegmentId;
-use malachi_cluster::ring::VnodeId;
+use malachi_core::model::SegmentId;
+use malachi_core::ring::VnodeId;
 use malachi_storage::SegmentStore;
 use malachi_supervision::SupervisorRef;
 use parking_lot::{Mutex, RwLock};
@@ -84,20 +84,20 @@ pub(crate) struct Shared {
     /// Copies of segments this broker wrote and that were sealed without it,
     /// already settled at their seal (`coordinator::reconcile`), so a pass
     /// does not open them again.
-    pub settled: parking_lot::Mutex<std::collections::BTreeSet<malachi_cluster::model::SegmentId>>,
+    pub settled: parking_lot::Mutex<std::collections::BTreeSet<malachi_core::model::SegmentId>>,
     /// Writers here whose roll the metadata refused for good (a segment
     /// sealed without them: its range split or merged away, a failover
     /// elsewhere), each with its topic, reported through their `Roller`:
     /// `coordinator::reconcile` stops them and settles their copies at the
     /// recorded seal (chaos finding F7).
     pub refused:
-        parking_lot::Mutex<std::collections::BTreeMap<malachi_cluster::model::SegmentId, String>>,
+        parking_lot::Mutex<std::collections::BTreeMap<malachi_core::model::SegmentId, String>>,
     /// The cluster's storage policies as this broker last read them from
     /// the ring's group (every retention pass, and each policy change made
     /// through this broker): what placement reads without a round trip
     /// (ADR 0115, 0116).
     pub policy_cache:
-        RwLock<std::collections::BTreeMap<String, malachi_cluster::model::StoragePolicy>>,
+        RwLock<std::collections::BTreeMap<String, malachi_core::model::StoragePolicy>>,
     /// The `coordinator_manager` supervisor, which the manager adds
     /// coordinators to.
     pub coordinator_sup: RwLock<Option<SupervisorRef>>,
@@ -141,7 +141,7 @@ impl Shared {
         config: BrokerConfig,
         store: Arc<dyn SegmentStore>,
         clock: Arc<dyn Clock>,
-        cursor_bootstrap: malachi_cluster::model::CursorSecret,
+        cursor_bootstrap: malachi_core::model::CursorSecret,
         client_addr: SocketAddr,
         admin_addr: SocketAddr,
     ) -> Shared {

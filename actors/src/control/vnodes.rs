@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use malachi_cluster::group::{RpcError, RpcService, TransportServer};
-use malachi_cluster::membership::MembershipView;
 use malachi_cluster::vnodes::broker_api::FORWARD_LIST_API_KEY;
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_membership::MembershipView;
 use malachi_wire::replica_status::REPLICA_STATUS_API_KEY;
 use malachi_wire::replication::REPLICA_APPEND_API_KEY;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -331,7 +331,7 @@ impl Actor for VnodesActor {
 mod tests {
     use std::collections::BTreeMap;
 
-    use malachi_cluster::membership::{Member, MemberState};
+    use malachi_membership::{Member, MemberState};
 
     use super::*;
 

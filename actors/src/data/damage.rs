@@ -15,7 +15,7 @@
 //! it (ADR 0110). It is a `warn!` line and
 //! `malachi_copy_repair_records_total`, never an alarm.
 
-use malachi_cluster::model::{RangeId, SegmentId};
+use malachi_core::model::{RangeId, SegmentId};
 use malachi_storage::{Loss, Recovery, SegmentStore, StorageError};
 use tracing::{error, warn};
 

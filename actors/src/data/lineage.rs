@@ -33,7 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use malachi_cluster::model::{NodeId, RangeId, SegmentId};
+use malachi_core::model::{NodeId, RangeId, SegmentId};
 use malachi_storage::frame::FrameError;
 use tracing::{debug, info, warn};
 

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use malachi_cluster::group::TcpTransport;
-use malachi_cluster::model::{NodeId, SegmentId};
+use malachi_core::model::{NodeId, SegmentId};
 use malachi_storage::StorageError;
 use malachi_supervision::{BoundedRef, Permit};
 use malachi_wire::replication::{

@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use malachi_cluster::model::{NodeId, RangeId, SealRecord, SegmentId};
+use malachi_core::model::{NodeId, RangeId, SealRecord, SegmentId};
 use malachi_storage::StorageError;
 
 use malachi_supervision::{BoundedRef, Permit};

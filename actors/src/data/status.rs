@@ -6,7 +6,7 @@
 //! opens nothing (a copy not open since the broker started reports as not
 //! open rather than being recovered for a describe) and writes nothing.
 
-use malachi_cluster::model::SegmentId;
+use malachi_core::model::SegmentId;
 use malachi_wire::replica_status::CopyStatus;
 
 use super::storage::Storage;
@@ -325,9 +325,9 @@ mod tests {
             SegmentId(3),
             1,
             vec![
-                malachi_cluster::model::NodeId(1),
-                malachi_cluster::model::NodeId(2),
-                malachi_cluster::model::NodeId(3),
+                malachi_core::model::NodeId(1),
+                malachi_core::model::NodeId(2),
+                malachi_core::model::NodeId(3),
             ],
             2,
             0,

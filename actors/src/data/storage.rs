@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use malachi_cluster::model::SegmentId;
+use malachi_core::model::SegmentId;
 use malachi_storage::SegmentStore;
 use malachi_supervision::{BoundedRef, SupervisorRef};
 use parking_lot::{Mutex, RwLock};

@@ -9,7 +9,7 @@
 //!   of these are refused: such a broker would be silently alone among
 //!   others.
 //! - [`form`] runs SWIM for a moment before the supervision tree starts,
-//!   reads the live peers' cards (`malachi_cluster::formation`), waits for
+//!   reads the live peers' cards (`malachi_core::formation`), waits for
 //!   a bootstrap to complete, refuses a cluster whose id, shape or voters
 //!   differ, and records what it decided before any vnode group opens.
 //! - [`Formed`] is what the rest of the broker reads afterwards: the card
@@ -19,11 +19,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use malachi_cluster::formation::{
+use malachi_core::formation::{
     Card, ClusterId, ClusterRecord, Formation, FormationError, Mark, Shape, check_peers,
     decide_bootstrap, decide_join,
 };
-use malachi_cluster::membership::{Membership, MembershipView, RuntimeArgs, runtime};
+use malachi_membership::{Membership, MembershipView, RuntimeArgs, runtime};
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
@@ -501,12 +501,12 @@ impl Formed {
             *known = Some(members.clone());
         }
         let mut attributes = self.membership.local().attributes;
-        match malachi_cluster::formation::members_attribute(&members) {
+        match malachi_core::formation::members_attribute(&members) {
             Some((key, value)) => {
                 attributes.insert(key, value);
             }
             None => {
-                attributes.remove(malachi_cluster::formation::ATTR_MEMBERS);
+                attributes.remove(malachi_core::formation::ATTR_MEMBERS);
             }
         }
         if let Err(e) = self.membership.set_local_attributes(attributes) {
@@ -544,7 +544,7 @@ impl Formed {
         let mut foreign = std::collections::BTreeSet::new();
         for member in view.live().filter(|m| m.node_id != me) {
             let card = Card::from_attributes(member.node_id, &member.attributes);
-            if malachi_cluster::formation::is_foreign(ours, &card) {
+            if malachi_core::formation::is_foreign(ours, &card) {
                 foreign.insert(member.node_id);
                 if self
                     .reported
@@ -593,7 +593,7 @@ impl Formed {
         let local = self.membership.local().attributes;
         for kept in [
             crate::common::volume::STORAGE_ATTRIBUTE,
-            malachi_cluster::formation::ATTR_MEMBERS,
+            malachi_core::formation::ATTR_MEMBERS,
         ] {
             if let Some(value) = local.get(kept) {
                 attributes.insert(kept.to_owned(), value.clone());
@@ -668,7 +668,7 @@ mod tests {
             .build()
             .unwrap();
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let identity = malachi_cluster::membership::NodeIdentity {
+        let identity = malachi_membership::NodeIdentity {
             node_id: 1,
             incarnation: 1,
             client_addr: socket.local_addr().unwrap(),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use malachi_cluster::membership::{RuntimeArgs, runtime};
+use malachi_membership::{RuntimeArgs, runtime};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{info, warn};
 

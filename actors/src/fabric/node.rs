@@ -63,7 +63,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use malachi_cluster::group::{Backoff, backoff_seed};
-use malachi_cluster::membership::{Member, MemberState, Membership, NodeIdentity};
+use malachi_membership::{Member, MemberState, Membership, NodeIdentity};
 use malachi_wire::WireError;
 use malachi_wire::messages::{self as wire, Message as _};
 use parking_lot::{Mutex, RwLock};

@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use malachi_cluster::model::{SealRecord, SegmentId, SegmentState};
-use malachi_cluster::ring::VnodeId;
+use malachi_core::model::{SealRecord, SegmentId, SegmentState};
+use malachi_core::ring::VnodeId;
 use malachi_wire::replica_order::{
     CATCH_UP_BYTES_MAX, CatchUpRequest, FenceRequest, OrderEpoch, OrderRefusal, SealRequest,
 };

@@ -41,10 +41,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use malachi_cluster::model::{
+use malachi_core::model::{
     Command, ModelError, NodeId, Outcome, SealRecord, SegmentId, SegmentState,
 };
-use malachi_cluster::ring::VnodeId;
+use malachi_core::ring::VnodeId;
 use malachi_wire::replica_order::{CATCH_UP_BYTES_MAX, CatchUpRequest, OrderEpoch};
 use malachi_wire::replication::{RepairOrder, ReplicaAppendRequest};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -330,7 +330,7 @@ fn constrained_holder(
     candidate: &HealCandidate,
     serving: Option<u64>,
     segment: u64,
-    constraints: &[malachi_cluster::constraints::Constraint],
+    constraints: &[malachi_core::constraints::Constraint],
 ) -> Result<u64, String> {
     // Every copy but the one replaced (none for an added copy).
     let survivors: Vec<u64> = replicas
@@ -348,7 +348,7 @@ fn constrained_holder(
         .collect();
     let brokers = crate::control::coordinator::brokers_with_attributes(shared, &pool);
     let preferred: Vec<u64> = serving.into_iter().collect();
-    let placed = malachi_cluster::constraints::place(
+    let placed = malachi_core::constraints::place(
         &survivors,
         &preferred,
         &brokers,
@@ -546,7 +546,7 @@ fn alive(shared: &Shared) -> Vec<u64> {
             .membership
             .view()
             .live()
-            .filter(|m| m.state == malachi_cluster::membership::MemberState::Alive)
+            .filter(|m| m.state == malachi_membership::MemberState::Alive)
             .map(|m| m.node_id)
             .collect(),
         None => vec![shared.config.node_id],

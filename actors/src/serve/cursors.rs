@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::cursor::{Cursor, CursorKeys, InvalidCursor};
+use malachi_core::cursor::{Cursor, CursorKeys, InvalidCursor};
 use tracing::debug;
 
 use super::error::ServeError;

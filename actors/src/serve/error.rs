@@ -7,10 +7,10 @@
 //! of a retriable code). Messages are part of what operators and tests
 //! read: keep them lowercase and stable.
 
-use malachi_cluster::model::{ModelError, SegmentId};
-use malachi_cluster::placement::PlacementError;
-use malachi_cluster::ring::VnodeId;
 use malachi_cluster::vnodes::{RouteError, SplitError};
+use malachi_core::model::{ModelError, SegmentId};
+use malachi_core::placement::PlacementError;
+use malachi_core::ring::VnodeId;
 use malachi_storage::StorageError;
 use malachi_wire::limits::MESSAGE_BYTES_MAX;
 use malachi_wire::{ErrorBody, ErrorCode, WireError};
@@ -470,7 +470,7 @@ mod tests {
 
     #[test]
     fn a_freeze_without_a_quorum_is_no_quorum_and_a_busy_freeze_is_busy() {
-        let segment = malachi_cluster::model::SegmentId(7);
+        let segment = malachi_core::model::SegmentId(7);
         let no_quorum = ServeError::from(CoordError::FreezeNoQuorum {
             segment,
             reason: "records up to 3 are on 1 copy".into(),

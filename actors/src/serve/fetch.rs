@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use malachi_cluster::cursor::{Cursor, Position};
-use malachi_cluster::model::{NodeId, RangeId};
+use malachi_core::cursor::{Cursor, Position};
+use malachi_core::model::{NodeId, RangeId};
 use malachi_wire::batch::BatchBuilder;
 use malachi_wire::messages as wire;
 use tokio::time::Instant;
@@ -207,12 +207,12 @@ fn start_positions(
         let cursor = match verified {
             Some(cursor) => {
                 cursor.validate(state).map_err(|e| match e {
-                    malachi_cluster::cursor::InvalidCursor::Expired { .. } => {
+                    malachi_core::cursor::InvalidCursor::Expired { .. } => {
                         ServeError::CursorExpired {
                             reason: e.to_string(),
                         }
                     }
-                    malachi_cluster::cursor::InvalidCursor::ReplicaBehind(_) => {
+                    malachi_core::cursor::InvalidCursor::ReplicaBehind(_) => {
                         ServeError::MetadataBehind {
                             reason: e.to_string(),
                             waited_ms: 0,

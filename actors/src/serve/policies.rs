@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::model::{Command, StoragePolicy};
+use malachi_core::model::{Command, StoragePolicy};
 use malachi_wire::messages as wire;
 
 use super::error::ServeError;
@@ -32,7 +32,7 @@ pub(crate) async fn put_policy(
             reason: "a retention bound of 0 would delete every sealed segment at once; leave it unset to keep data".into(),
         });
     }
-    if let Err(e) = malachi_cluster::constraints::parse_all(&policy.placement) {
+    if let Err(e) = malachi_core::constraints::parse_all(&policy.placement) {
         return Err(ServeError::InvalidPolicy {
             name: policy.name,
             reason: e.to_string(),

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use malachi_cluster::model::{MetadataState, RangeId, SegmentId, TopicState, position};
+use malachi_core::model::{MetadataState, RangeId, SegmentId, TopicState, position};
 use malachi_supervision::SupervisionError;
 use malachi_wire::RequestFrame;
 use malachi_wire::limits::{PRODUCER_HEADER, PRODUCER_START_HEADER, RESERVED_HEADER_PREFIX};

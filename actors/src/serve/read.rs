@@ -15,10 +15,10 @@
 
 use std::collections::BTreeMap;
 
-use malachi_cluster::cursor::{
+use malachi_core::cursor::{
     CURSOR_BODY_BYTES_MAX, CURSOR_KEY_ID_BYTES, CURSOR_TAG_BYTES, Position,
 };
-use malachi_cluster::model::{
+use malachi_core::model::{
     Band, MetadataState, NodeId, RangeId, ReadPlan, ReadSlice, SealRecord, SegmentId, SegmentSpan,
     position,
 };
@@ -1073,7 +1073,7 @@ fn insert_positions(
             .iter()
             .position(|(_, _, span)| span.segment == *segment)
             .is_some_and(|at| at >= index);
-        if ahead && positions.len() < malachi_cluster::cursor::CURSOR_POSITIONS_MAX {
+        if ahead && positions.len() < malachi_core::cursor::CURSOR_POSITIONS_MAX {
             positions.insert(*range, *position);
         }
     }
@@ -1112,8 +1112,8 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use malachi_cluster::cursor::{Cursor, CursorKey, CursorKeys};
-    use malachi_cluster::model::{Band, ReadSlice, SegmentSpan};
+    use malachi_core::cursor::{Cursor, CursorKey, CursorKeys};
+    use malachi_core::model::{Band, ReadSlice, SegmentSpan};
     use malachi_storage::FileStore;
     use malachi_storage::{Record, StoreConfig};
     use malachi_wire::Message;
@@ -2035,7 +2035,7 @@ mod tests {
     #[test]
     fn the_control_room_holds_the_largest_cursor_over_every_range() {
         let key = CursorKeys::single(u32::MAX, CursorKey::new(&[7; 32]).unwrap());
-        let topic = "t".repeat(malachi_cluster::model::NAME_BYTES_MAX);
+        let topic = "t".repeat(malachi_core::model::NAME_BYTES_MAX);
         for ranges in [1usize, 2, 10, 100, 500, 800] {
             let positions = (0..ranges as u64)
                 .map(|i| {

@@ -36,7 +36,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use malachi_cluster::model::{NodeId, SegmentId};
+use malachi_core::model::{NodeId, SegmentId};
 use malachi_storage::FrameView;
 use malachi_storage::frame::{self, FrameError};
 use malachi_wire::replica_order::{
@@ -375,7 +375,7 @@ fn mark_damaged(
     topic: &str,
     blocked: &Blocked,
     damage: &str,
-    seal: Option<malachi_cluster::model::SealRecord>,
+    seal: Option<malachi_core::model::SealRecord>,
 ) {
     use crate::data::scrub::Verdict;
     let segment = blocked.segment;
@@ -810,7 +810,7 @@ mod tests {
 
     fn blocked(seal_length: Option<u64>) -> Blocked {
         Blocked {
-            range: Some(malachi_cluster::model::RangeId(3)),
+            range: Some(malachi_core::model::RangeId(3)),
             segment: SEGMENT,
             offset: 110,
             from: 10,

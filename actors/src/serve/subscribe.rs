@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use malachi_cluster::cursor::{Cursor, Position};
-use malachi_cluster::model::{NodeId, RangeId};
+use malachi_core::cursor::{Cursor, Position};
+use malachi_core::model::{NodeId, RangeId};
 use malachi_wire::batch::BatchBuilder;
 use malachi_wire::limits::{CREDIT_BYTES_MAX, CREDIT_RECORDS_MAX};
 use malachi_wire::messages::{

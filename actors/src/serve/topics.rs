@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use malachi_cluster::model::RangeId;
+use malachi_core::model::RangeId;
 use malachi_wire::messages as wire;
 use tokio::time::Instant;
 

@@ -14,10 +14,10 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::model::RingArc;
-use malachi_cluster::ring::{MemberState, Ring, VnodeId};
 use malachi_cluster::vnodes::lease::Clock as _;
 use malachi_cluster::vnodes::{VnodeHost, rebalance};
+use malachi_core::model::RingArc;
+use malachi_core::ring::{MemberState, Ring, VnodeId};
 use malachi_wire::messages as wire;
 use tracing::{info, warn};
 
@@ -269,8 +269,8 @@ pub(crate) async fn vnode_split(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use malachi_cluster::model::{ModelError, RING_END};
     use malachi_cluster::vnodes::{RouteError, SplitError};
+    use malachi_core::model::{ModelError, RING_END};
     use malachi_wire::ErrorCode;
 
     #[test]

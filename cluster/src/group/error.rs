@@ -11,8 +11,8 @@
 
 use super::fsio::TaggedError;
 use super::types::TypeConfig;
-use crate::model::SnapshotError;
-use crate::ring::{RingError, VnodeId};
+use malachi_core::model::SnapshotError;
+use malachi_core::ring::{RingError, VnodeId};
 use openraft::errors::{
     ClientWriteError, Fatal, InitializeError, LinearizableReadError, RaftError,
 };

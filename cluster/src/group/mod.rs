@@ -53,9 +53,9 @@ pub use tcp::{
     TransportServerStats, raft_api_key, raft_kind_of,
 };
 
-use crate::model::{Command, MetadataState, ModelError, Outcome};
 use error::{fatal_error, initialize_error};
 use log_store::{LogStore, OpenError};
+use malachi_core::model::{Command, MetadataState, ModelError, Outcome};
 use network::{FullSnapshotRequest, NetworkFactory};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, Fatal, ForwardReason, LinearizableReadError, RaftError};
@@ -1126,7 +1126,7 @@ impl MetadataGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::NodeId;
+    use malachi_core::model::NodeId;
     use openraft::StorageError;
     use openraft::testing::log::{StoreBuilder, Suite};
 

@@ -16,8 +16,8 @@ use super::log_store::OpenError;
 use super::types::{
     LogId, Response, Snapshot, SnapshotBytes, SnapshotMeta, StoredMembership, TypeConfig,
 };
-use crate::model::MetadataState;
 use futures::{Stream, StreamExt};
+use malachi_core::model::MetadataState;
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};

@@ -1,7 +1,7 @@
 //! The openraft type configuration. Everything openraft-shaped stays in this
 //! module tree (`group`), so that an alpha bump touches nothing else.
 
-use crate::model::{Command, ModelError, Outcome};
+use malachi_core::model::{Command, ModelError, Outcome};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

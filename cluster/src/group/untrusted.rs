@@ -14,7 +14,7 @@ use super::network::FullSnapshotRequest;
 use super::state_machine::{SNAPSHOT_MAGIC, decode_snapshot_file};
 use super::types::TypeConfig;
 use super::{RaftRpcKind, raft_kind_of};
-use crate::model::{MetadataState, SnapshotError};
+use malachi_core::model::{MetadataState, SnapshotError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
@@ -145,7 +145,7 @@ pub mod samples {
     use super::super::log_store::header_bytes;
     use super::super::types::{Entry, LogId, Request, Vote};
     use super::*;
-    use crate::model::Command;
+    use malachi_core::model::Command;
     use openraft::entry::RaftEntry;
     use openraft::vote::leader_id_adv::LeaderId;
 

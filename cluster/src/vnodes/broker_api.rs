@@ -11,8 +11,8 @@
 use super::{Forwarded, VnodeHost};
 use crate::group::untrusted::UntrustedError;
 use crate::group::{GroupError, RpcError, TcpTransport};
-use crate::model::{MetadataState, TopicState};
-use crate::ring::VnodeId;
+use malachi_core::model::{MetadataState, TopicState};
+use malachi_core::ring::VnodeId;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,7 +180,7 @@ pub fn decode_forwarded_request(api_key: u16, body: &[u8]) -> Result<Vec<u8>, Un
         RING_ANNOUNCE_API_KEY => reencode::<super::RingAnnounce>(body),
         OPEN_VNODE_API_KEY => reencode::<super::OpenVnode>(body),
         CLOSE_VNODE_API_KEY => reencode::<super::CloseVnode>(body),
-        FORWARD_PROPOSE_API_KEY => reencode::<crate::model::Command>(body),
+        FORWARD_PROPOSE_API_KEY => reencode::<malachi_core::model::Command>(body),
         FORWARD_READ_API_KEY => reencode::<super::ReadRequest>(body),
         FORWARD_QUERY_API_KEY => reencode::<super::Query>(body),
         // A list request has no body: the group id says everything.
@@ -204,8 +204,8 @@ pub fn decode_forwarded_answer(api_key: u16, body: &[u8]) -> Result<Vec<u8>, Unt
         FORWARD_READ_API_KEY => reencode::<Forwarded<super::ReadAnswer>>(body),
         FORWARD_QUERY_API_KEY => {
             // The answer's type follows the query: both decoders run.
-            let ring = reencode::<Forwarded<Option<crate::model::RingRecord>>>(body);
-            let seed = reencode::<Forwarded<crate::model::VnodeSeed>>(body);
+            let ring = reencode::<Forwarded<Option<malachi_core::model::RingRecord>>>(body);
+            let seed = reencode::<Forwarded<malachi_core::model::VnodeSeed>>(body);
             let membership = reencode::<Forwarded<super::VnodeMembership>>(body);
             ring.or(seed).or(membership)
         }
@@ -237,7 +237,7 @@ pub fn sample_forwarded_request(api_key: u16) -> Vec<u8> {
             vnode: VnodeId(3),
             voters: vec![1, 2, 4],
         }),
-        FORWARD_PROPOSE_API_KEY => rmp_serde::to_vec(&crate::model::Command::DeleteTopic {
+        FORWARD_PROPOSE_API_KEY => rmp_serde::to_vec(&malachi_core::model::Command::DeleteTopic {
             topic: "orders".to_owned(),
         }),
         FORWARD_READ_API_KEY => rmp_serde::to_vec(&super::ReadRequest {

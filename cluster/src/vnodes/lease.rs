@@ -36,8 +36,8 @@
 //! runs it in a renew loop against a `LeaseGroup`.
 
 use super::VnodeHost;
-use crate::model::{Command, Lease, ModelError, Outcome};
-use crate::ring::VnodeId;
+use malachi_core::model::{Command, Lease, ModelError, Outcome};
+use malachi_core::ring::VnodeId;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,7 +126,7 @@ pub struct LeaseKeeper {
 
 impl LeaseKeeper {
     pub fn new(config: LeaseConfig) -> Result<LeaseKeeper, LeaseConfigError> {
-        let max_ms = crate::model::LEASE_DURATION_MAX_MS;
+        let max_ms = malachi_core::model::LEASE_DURATION_MAX_MS;
         if config.duration_ms > max_ms {
             return Err(LeaseConfigError::Duration {
                 duration_ms: config.duration_ms,

@@ -37,7 +37,7 @@ pub mod rebalance;
 mod split;
 mod step_error;
 
-pub use crate::placement::{CoordinatorPlan, plan_coordinators};
+pub use malachi_core::placement::{CoordinatorPlan, plan_coordinators};
 pub use split::SplitError;
 use step_error::StepError;
 
@@ -50,11 +50,11 @@ use crate::group::{
     OPEN_VNODE_API_KEY, RING_ANNOUNCE_API_KEY, Refusal, RpcError, RpcService, TcpTransport,
     TransportError,
 };
-use crate::model::{
+use bytes::Bytes;
+use malachi_core::model::{
     Command, CursorKeyRing, ModelError, Outcome, RingArc, RingRecord, TopicDescription,
 };
-use crate::ring::{MemberState, RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
-use bytes::Bytes;
+use malachi_core::ring::{MemberState, RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -170,7 +170,7 @@ impl VnodeHostConfig {
             nodes,
             group: GroupConfig::new(0, node_id, data_dir.clone()),
             data_dir,
-            vnode_count: crate::ring::VNODES_DEFAULT,
+            vnode_count: malachi_core::ring::VNODES_DEFAULT,
             replicas_per_vnode: REPLICAS_PER_VNODE_DEFAULT,
             forward_timeout_ms: 5_000,
             route_attempts_max: 50,
@@ -1442,7 +1442,8 @@ impl VnodeHost {
     /// group's leader (ADR 0115). Defined and removed with `propose_ring`.
     pub async fn policies(
         &self,
-    ) -> Result<std::collections::BTreeMap<String, crate::model::StoragePolicy>, RouteError> {
+    ) -> Result<std::collections::BTreeMap<String, malachi_core::model::StoragePolicy>, RouteError>
+    {
         let query = encode_request(&Query::Policies, RING_VNODE)?;
         self.route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
             .await
@@ -1860,7 +1861,7 @@ impl VnodeHost {
                                     segments
                                         .into_iter()
                                         .filter(|id| {
-                                            s.segment(crate::model::SegmentId(*id)).is_some()
+                                            s.segment(malachi_core::model::SegmentId(*id)).is_some()
                                         })
                                         .collect::<Vec<u64>>(),
                                 )
@@ -2003,7 +2004,7 @@ fn vnode_dirs(data_dir: &Path) -> Vec<VnodeId> {
                 .and_then(|name| name.strip_prefix("vnode-"))
                 .and_then(|id| id.parse::<u32>().ok())
         })
-        .filter(|id| *id < crate::ring::VNODES_MAX)
+        .filter(|id| *id < malachi_core::ring::VNODES_MAX)
         .map(VnodeId)
         .collect()
 }

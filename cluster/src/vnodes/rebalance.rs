@@ -25,7 +25,7 @@
 
 use super::{VnodeHost, voters_for};
 use crate::group::GroupMembership;
-use crate::ring::{MemberState, RING_VNODE, VnodeId};
+use malachi_core::ring::{MemberState, RING_VNODE, VnodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -109,7 +109,7 @@ pub fn target_voters(vnode: VnodeId, eligible: &[u64], replicas: usize) -> BTree
 
 /// The voters `vnode`'s group should have among `eligible` under the
 /// ring's vnode placement constraints (ADR 0121): [`target_voters`] when
-/// the ring has none; else the set [`crate::constraints::place`] chooses
+/// the ring has none; else the set [`malachi_core::constraints::place`] chooses
 /// over the attributes the members committed to the ring, with the
 /// rendezvous voters preferred, so constraints those already meet move
 /// nothing. A pure function of the ring and `eligible`: every leader the
@@ -119,17 +119,17 @@ pub fn placed_voters(
     vnode: VnodeId,
     eligible: &[u64],
     replicas: usize,
-    ring: &crate::ring::Ring,
+    ring: &malachi_core::ring::Ring,
 ) -> Result<BTreeSet<u64>, PlacementRefused> {
     let hashed = target_voters(vnode, eligible, replicas);
     if ring.vnode_placement().is_empty() || hashed.is_empty() {
         return Ok(hashed);
     }
-    let constraints = crate::constraints::parse_all(ring.vnode_placement())
+    let constraints = malachi_core::constraints::parse_all(ring.vnode_placement())
         .map_err(|e| PlacementRefused(e.to_string()))?;
-    let brokers: Vec<crate::constraints::Broker> = eligible
+    let brokers: Vec<malachi_core::constraints::Broker> = eligible
         .iter()
-        .map(|node| crate::constraints::Broker {
+        .map(|node| malachi_core::constraints::Broker {
             node: *node,
             attributes: ring.attributes_of(*node).cloned().unwrap_or_default(),
         })
@@ -141,7 +141,7 @@ pub fn placed_voters(
         vnode
     };
     let factor = replicas.max(1).min(eligible.len());
-    crate::constraints::place(
+    malachi_core::constraints::place(
         &[],
         &preferred,
         &brokers,
@@ -275,7 +275,7 @@ impl DownSince {
 
 /// The vnode a group id names: the ring's group is `RING_VNODE`.
 pub(super) fn vnode_of(group_id: u64) -> Option<VnodeId> {
-    if group_id == crate::ring::RING_GROUP_ID {
+    if group_id == malachi_core::ring::RING_GROUP_ID {
         return Some(RING_VNODE);
     }
     u32::try_from(group_id).ok().map(VnodeId)
@@ -605,8 +605,8 @@ mod tests {
         );
     }
 
-    fn zoned_ring(zones: &[(u64, &str)], placement: &[&str]) -> crate::ring::Ring {
-        let mut ring = crate::ring::Ring::new(16).unwrap();
+    fn zoned_ring(zones: &[(u64, &str)], placement: &[&str]) -> malachi_core::ring::Ring {
+        let mut ring = malachi_core::ring::Ring::new(16).unwrap();
         for (node, zone) in zones {
             ring.set_attributes(
                 *node,

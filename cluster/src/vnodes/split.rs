@@ -20,8 +20,8 @@
 
 use super::{Query, RouteError, VnodeHost, encode_request};
 use crate::group::FORWARD_QUERY_API_KEY;
-use crate::model::{Command, ModelError, Outcome, PendingSplit, VnodeSeed};
-use crate::ring::VnodeId;
+use malachi_core::model::{Command, ModelError, Outcome, PendingSplit, VnodeSeed};
+use malachi_core::ring::VnodeId;
 
 /// Why a split (or its rollback) stopped. Every step before it is kept, and
 /// calling `split_vnode` again resumes from there.
@@ -136,7 +136,7 @@ impl VnodeHost {
     /// seed the child's group with it.
     async fn fence_and_seed(&self, split: &PendingSplit) -> Result<(), SplitError> {
         let parent = split.parent;
-        let whole = crate::model::RingArc {
+        let whole = malachi_core::model::RingArc {
             start: split.lower.start,
             end: split.upper.end,
         };

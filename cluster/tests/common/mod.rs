@@ -1,6 +1,6 @@
 //! Helpers shared by the cluster crate's integration tests.
 
-use malachi_cluster::model::{Command, NodeId};
+use malachi_core::model::{Command, NodeId};
 
 /// A creation of `topic` with two ranges, placed on brokers 1 and 2, at a
 /// fixed time so every test applies the same command.

@@ -444,10 +444,10 @@ mod tests {
     #[test]
     fn a_suspicion_of_another_broker_than_the_faulted_one_is_false() {
         let log = "\
-2026-12-05T15:00:00Z  INFO malachi_cluster::membership::core: membership node_id=2 incarnation=0 event=Suspect
-2026-12-05T15:00:01Z  INFO malachi_cluster::membership::core: membership node_id=1 incarnation=0 event=Suspect
-2026-12-05T15:00:02Z  INFO malachi_cluster::membership::core: membership node_id=3 incarnation=1 event=Alive
-2026-12-05T15:00:03Z  INFO malachi_cluster::membership::core: \u{1b}[3mmembership\u{1b}[0m \u{1b}[3mnode_id\u{1b}[0m\u{1b}[2m=\u{1b}[0m3 \u{1b}[3mevent\u{1b}[0m\u{1b}[2m=\u{1b}[0mSuspect";
+2026-12-05T15:00:00Z  INFO malachi_membership::core: membership node_id=2 incarnation=0 event=Suspect
+2026-12-05T15:00:01Z  INFO malachi_membership::core: membership node_id=1 incarnation=0 event=Suspect
+2026-12-05T15:00:02Z  INFO malachi_membership::core: membership node_id=3 incarnation=1 event=Alive
+2026-12-05T15:00:03Z  INFO malachi_membership::core: \u{1b}[3mmembership\u{1b}[0m \u{1b}[3mnode_id\u{1b}[0m\u{1b}[2m=\u{1b}[0m3 \u{1b}[3mevent\u{1b}[0m\u{1b}[2m=\u{1b}[0mSuspect";
         assert_eq!(false_suspicions(log, 2), 2);
         assert_eq!(false_suspicions(log, 1), 2);
         assert_eq!(false_suspicions(log, 3), 2);

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use malachi_cluster::model::{MetadataState, RangeId, SegmentId, SegmentState};
+use malachi_core::model::{MetadataState, RangeId, SegmentId, SegmentState};
 
 use crate::data::lineage::{ANCESTRY_DEPTH_MAX, ANCESTRY_SEGMENTS_MAX, Ancestor, Ancestry, Sealed};
 
@@ -88,7 +88,7 @@ pub(crate) fn ancestry(state: &MetadataState, range: RangeId, segment: SegmentId
 
 #[cfg(test)]
 mod tests {
-    use malachi_cluster::model::{Command, NodeId, SealRecord};
+    use malachi_core::model::{Command, NodeId, SealRecord};
 
     use super::*;
     use crate::control::coordinator::fixture::create_replicated;

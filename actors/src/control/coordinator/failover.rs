@@ -5,8 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use malachi_cluster::model::{Command, ModelError, NodeId, Outcome, SealRecord, SegmentId};
-use malachi_cluster::placement::{Candidate, choose_replicas};
+use malachi_core::model::{Command, ModelError, NodeId, Outcome, SealRecord, SegmentId};
+use malachi_core::placement::{Candidate, choose_replicas};
 use tracing::{debug, info};
 
 use super::heal::wanted_copies;

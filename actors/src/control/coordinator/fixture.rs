@@ -1,7 +1,7 @@
 //! Metadata states for the coordinator's unit tests.
 #![allow(clippy::unwrap_used)]
 
-use malachi_cluster::model::{Command, MetadataState, NodeId, SealRecord, SegmentId};
+use malachi_core::model::{Command, MetadataState, NodeId, SealRecord, SegmentId};
 
 pub(super) fn create(state: &mut MetadataState, topic: &str, node: u64) {
     state

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use malachi_cluster::model::{MetadataState, NodeId, SegmentId, SegmentState};
+use malachi_core::model::{MetadataState, NodeId, SegmentId, SegmentState};
 
 /// The active segments of `state` placed on a broker outside `live` (dead
 /// by membership, or never a member): their records are unavailable until
@@ -40,10 +40,10 @@ pub(crate) fn stranded_segments(
 /// prober (two signals, about a second after it stops answering, where
 /// SWIM's dead takes several). A broker SWIM does not know is not failed.
 pub(crate) fn primary_failed(
-    swim: Option<malachi_cluster::membership::MemberState>,
+    swim: Option<malachi_membership::MemberState>,
     up: Option<bool>,
 ) -> bool {
-    use malachi_cluster::membership::MemberState;
+    use malachi_membership::MemberState;
     match swim {
         Some(MemberState::Dead) => true,
         Some(MemberState::Suspect) => up == Some(false),
@@ -229,7 +229,7 @@ pub(crate) fn heal_candidates(
 
 #[cfg(test)]
 mod tests {
-    use malachi_cluster::model::{Command, NodeId, SealRecord};
+    use malachi_core::model::{Command, NodeId, SealRecord};
 
     use super::*;
     use crate::control::coordinator::fixture::{create, create_replicated, roll_onto};
@@ -237,7 +237,7 @@ mod tests {
 
     #[test]
     fn a_primary_is_failed_when_swim_says_dead_or_both_signals_say_down() {
-        use malachi_cluster::membership::MemberState::{Alive, Dead, Suspect};
+        use malachi_membership::MemberState::{Alive, Dead, Suspect};
         assert!(primary_failed(Some(Dead), None));
         assert!(primary_failed(Some(Dead), Some(true)));
         assert!(primary_failed(Some(Suspect), Some(false)));

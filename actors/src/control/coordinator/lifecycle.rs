@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::model::{MetadataState, ModelError, NodeId, RangeId, SealRecord, SegmentId};
+use malachi_core::model::{MetadataState, ModelError, NodeId, RangeId, SealRecord, SegmentId};
 use malachi_supervision::{ChildSpec, Restart, SupervisionError};
 use tracing::debug;
 
@@ -209,7 +209,7 @@ pub(crate) fn roll_refusal(e: &CoordError) -> RollError {
 
 #[cfg(test)]
 mod tests {
-    use malachi_cluster::model::SealRecord;
+    use malachi_core::model::SealRecord;
 
     use super::*;
 
@@ -238,7 +238,7 @@ mod tests {
             CoordError::Unexpected("timeout".into()),
             CoordError::Model(ModelError::WrongVnode {
                 topic: "t".into(),
-                arc: malachi_cluster::model::RingArc::FULL,
+                arc: malachi_core::model::RingArc::FULL,
             }),
         ];
         for e in transient {

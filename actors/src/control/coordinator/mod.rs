@@ -65,8 +65,8 @@ mod upkeep;
 
 use std::sync::Arc;
 
-use malachi_cluster::model::{NodeId, SegmentId};
-use malachi_cluster::ring::VnodeId;
+use malachi_core::model::{NodeId, SegmentId};
+use malachi_core::ring::VnodeId;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::info;
 

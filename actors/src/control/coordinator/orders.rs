@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use malachi_cluster::group::MetadataGroup;
-use malachi_cluster::membership::MembershipView;
-use malachi_cluster::model::SegmentId;
-use malachi_cluster::ring::MemberState;
+use malachi_core::model::SegmentId;
+use malachi_core::ring::MemberState;
+use malachi_membership::MembershipView;
 use malachi_wire::replica_order::OrderEpoch;
 
 use super::CoordinatorRun;

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use malachi_cluster::model::NodeId;
-use malachi_cluster::placement::{Candidate, choose_replicas};
+use malachi_core::model::NodeId;
+use malachi_core::placement::{Candidate, choose_replicas};
 use tracing::{info, warn};
 
 use super::{CoordError, CoordinatorState};
@@ -46,7 +46,7 @@ impl CoordinatorState {
         };
         host.members()
             .values()
-            .filter(|state| **state == malachi_cluster::ring::MemberState::Active)
+            .filter(|state| **state == malachi_core::ring::MemberState::Active)
             .count()
             .max(1)
     }
@@ -100,7 +100,7 @@ impl CoordinatorState {
         {
             let members = host.members();
             let leaving = |node: u64| {
-                members.get(&node) == Some(&malachi_cluster::ring::MemberState::Decommissioned)
+                members.get(&node) == Some(&malachi_core::ring::MemberState::Decommissioned)
             };
             candidates.retain(|c| c.node == me || !leaving(c.node));
             if leaving(me) && candidates.iter().any(|c| c.node != me) {
@@ -162,7 +162,7 @@ impl CoordinatorState {
     pub(super) fn constraints(
         &self,
         policy: Option<&str>,
-    ) -> Vec<malachi_cluster::constraints::Constraint> {
+    ) -> Vec<malachi_core::constraints::Constraint> {
         policy_constraints(&self.shared, policy)
     }
 
@@ -175,11 +175,11 @@ impl CoordinatorState {
         preferred: &[u64],
         factor: usize,
         seed: u64,
-        constraints: &[malachi_cluster::constraints::Constraint],
+        constraints: &[malachi_core::constraints::Constraint],
     ) -> Result<Vec<NodeId>, CoordError> {
         let nodes: Vec<u64> = candidates.iter().map(|c| c.node).collect();
         let brokers = brokers_with_attributes(&self.shared, &nodes);
-        let found = malachi_cluster::constraints::place(
+        let found = malachi_core::constraints::place(
             fixed,
             preferred,
             &brokers,
@@ -200,7 +200,7 @@ impl CoordinatorState {
 pub(crate) fn policy_constraints(
     shared: &Shared,
     policy: Option<&str>,
-) -> Vec<malachi_cluster::constraints::Constraint> {
+) -> Vec<malachi_core::constraints::Constraint> {
     let Some(name) = policy else {
         return Vec::new();
     };
@@ -210,7 +210,7 @@ pub(crate) fn policy_constraints(
         .get(name)
         .map(|p| p.placement.clone())
         .unwrap_or_default();
-    match malachi_cluster::constraints::parse_all(&texts) {
+    match malachi_core::constraints::parse_all(&texts) {
         Ok(constraints) => constraints,
         Err(e) => {
             // `put_policy` refuses what does not parse: a policy from an
@@ -226,7 +226,7 @@ pub(crate) fn policy_constraints(
 pub(crate) fn brokers_with_attributes(
     shared: &Shared,
     nodes: &[u64],
-) -> Vec<malachi_cluster::constraints::Broker> {
+) -> Vec<malachi_core::constraints::Broker> {
     let gossiped: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, String>> =
         match shared.fabric() {
             Some(fabric) => fabric
@@ -240,7 +240,7 @@ pub(crate) fn brokers_with_attributes(
     let me = shared.config.node_id;
     nodes
         .iter()
-        .map(|&node| malachi_cluster::constraints::Broker {
+        .map(|&node| malachi_core::constraints::Broker {
             node,
             attributes: if node == me {
                 shared.config.attributes.clone()
@@ -256,7 +256,7 @@ pub(crate) fn brokers_with_attributes(
 /// brokers with room, ADR 0111).
 pub(crate) fn primary_with_room(
     wanted: u64,
-    candidates: &[malachi_cluster::placement::Candidate],
+    candidates: &[malachi_core::placement::Candidate],
     seed: u64,
 ) -> u64 {
     if candidates.is_empty() || candidates.iter().any(|c| c.node == wanted) {

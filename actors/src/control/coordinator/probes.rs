@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use malachi_cluster::model::{MetadataState, SegmentId, SegmentState};
+use malachi_core::model::{MetadataState, SegmentId, SegmentState};
 
 /// Sealed segments one scrub poll asks about at most; the next poll goes
 /// on after the last one asked.

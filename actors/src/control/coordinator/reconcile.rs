@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use malachi_cluster::model::{NodeId, SegmentId, TopicDescription};
+use malachi_core::model::{NodeId, SegmentId, TopicDescription};
 use tokio::time::error::Elapsed;
 use tracing::{debug, info, warn};
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::model::{
+use malachi_core::model::{
     Band, Command, MetadataState, ModelError, Outcome, Range, RangeId, SealRecord, SegmentId,
 };
 use tracing::{info, warn};
@@ -508,7 +508,7 @@ pub(super) fn assert_tiles(parent: Band, lower: Band, upper: Band) {
 
 #[cfg(test)]
 mod tests {
-    use malachi_cluster::model::{Command, NodeId};
+    use malachi_core::model::{Command, NodeId};
 
     use super::*;
     use crate::control::coordinator::fixture::create;

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use malachi_cluster::model::{MetadataState, NodeId, RangeId, SegmentId, SegmentState};
+use malachi_core::model::{MetadataState, NodeId, RangeId, SegmentId, SegmentState};
 
 /// A writer to stop and settle: its topic, range, segment and recorded
 /// seal length.
@@ -173,7 +173,7 @@ pub(super) fn sealed_writers(
 
 #[cfg(test)]
 mod tests {
-    use malachi_cluster::model::{Command, ModelError, SealRecord};
+    use malachi_core::model::{Command, ModelError, SealRecord};
 
     use super::*;
     use crate::control::coordinator::CoordError;

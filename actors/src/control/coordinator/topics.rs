@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use malachi_cluster::model::{Command, Outcome, SegmentId};
+use malachi_core::model::{Command, Outcome, SegmentId};
 use tracing::{debug, info, warn};
 
 use super::lease_slot::LEASE_FIRST_WAIT_MS;

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use malachi_cluster::model::{NodeId, SegmentId};
+use malachi_core::model::{NodeId, SegmentId};
 use ractor::ActorRef;
 use tracing::{info, warn};
 
@@ -131,7 +131,7 @@ pub(super) fn spawn_failure_watch(
     shared: &Arc<Shared>,
     myself: ActorRef<CoordinatorMsg>,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    use malachi_cluster::membership::{MemberState, MembershipView};
+    use malachi_membership::{MemberState, MembershipView};
     let fabric = shared.fabric()?;
     let mut view = fabric.membership.watch();
     let mut up = shared

@@ -2,8 +2,8 @@
 //! vnode refuses a topic outside its arc.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use malachi_cluster::model::{Command, MetadataState, ModelError, NodeId, Outcome, RingArc};
-use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_core::model::{Command, MetadataState, ModelError, NodeId, Outcome, RingArc};
+use malachi_core::ring::{Ring, VnodeId};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -134,7 +134,7 @@ fn an_arc_that_would_orphan_a_topic_is_refused() {
     let (low, _high) = names_in_halves();
     let mut state = MetadataState::new();
     state.apply(create(&low)).unwrap();
-    let upper = RingArc::new(1 << 63, malachi_cluster::model::RING_END).unwrap();
+    let upper = RingArc::new(1 << 63, malachi_core::model::RING_END).unwrap();
     assert!(matches!(
         state.apply(Command::AssignArc {
             arc: upper,
@@ -149,8 +149,8 @@ fn an_arc_that_would_orphan_a_topic_is_refused() {
 
 fn vnodes_policy(placement: &[&str]) -> Command {
     Command::PutPolicy {
-        policy: malachi_cluster::model::StoragePolicy {
-            name: malachi_cluster::ring::VNODES_POLICY.to_owned(),
+        policy: malachi_core::model::StoragePolicy {
+            name: malachi_core::ring::VNODES_POLICY.to_owned(),
             retention_age_ms: None,
             retention_bytes: None,
             placement: placement.iter().map(|c| (*c).to_owned()).collect(),
@@ -199,7 +199,7 @@ fn the_vnodes_policy_places_its_constraints_in_the_ring() {
 
     state
         .apply(Command::RemovePolicy {
-            name: malachi_cluster::ring::VNODES_POLICY.to_owned(),
+            name: malachi_core::ring::VNODES_POLICY.to_owned(),
         })
         .unwrap();
     assert!(ring_of(&state).vnode_placement().is_empty());
@@ -228,7 +228,7 @@ fn member_attributes_are_committed_to_the_ring_and_bounded() {
     assert_eq!(ring_of(&state).attributes_of(1), Some(&zone("b")));
 
     assert_eq!(state.apply(set(0, zone("a"))), Err(ModelError::InvalidNode));
-    let too_many: BTreeMap<String, String> = (0..=malachi_cluster::ring::MEMBER_ATTRIBUTES_MAX)
+    let too_many: BTreeMap<String, String> = (0..=malachi_core::ring::MEMBER_ATTRIBUTES_MAX)
         .map(|i| (format!("k{i}"), "v".to_owned()))
         .collect();
     assert!(matches!(
@@ -237,7 +237,7 @@ fn member_attributes_are_committed_to_the_ring_and_bounded() {
     ));
     let long = BTreeMap::from([(
         "zone".to_owned(),
-        "x".repeat(malachi_cluster::ring::MEMBER_ATTRIBUTE_BYTES_MAX + 1),
+        "x".repeat(malachi_core::ring::MEMBER_ATTRIBUTE_BYTES_MAX + 1),
     )]);
     assert!(matches!(
         state.apply(set(2, long)),
@@ -273,7 +273,7 @@ fn a_ring_with_attributes_and_no_members_round_trips() {
     ring.set_attributes(1, BTreeMap::from([("zone".to_owned(), "a".to_owned())]));
     assert_eq!(Ring::decode(&ring.encode().unwrap()).unwrap(), ring);
     let mut members = Ring::new(4).unwrap();
-    members.set_member(&[1, 2], 3, malachi_cluster::ring::MemberState::Active);
+    members.set_member(&[1, 2], 3, malachi_core::ring::MemberState::Active);
     assert_eq!(Ring::decode(&members.encode().unwrap()).unwrap(), members);
     members.set_vnode_placement(vec!["distinct(zone) >= 2".to_owned()]);
     assert_eq!(Ring::decode(&members.encode().unwrap()).unwrap(), members);

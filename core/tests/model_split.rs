@@ -7,10 +7,10 @@
 mod common;
 
 use common::create;
-use malachi_cluster::model::{
+use malachi_core::model::{
     Command, MetadataState, ModelError, NodeId, Outcome, RingArc, SealRecord, ring_position,
 };
-use malachi_cluster::ring::{Ring, VnodeId};
+use malachi_core::ring::{Ring, VnodeId};
 use proptest::prelude::*;
 
 /// A vnode owning `arc` with the given topics.
@@ -515,7 +515,7 @@ type TopicShape = (String, Vec<RangeShape>);
 
 /// A topic's description without its ids and incarnation, which the two
 /// halves and a single reference vnode issue from different counters.
-fn shape(d: Option<malachi_cluster::model::TopicDescription>) -> Option<TopicShape> {
+fn shape(d: Option<malachi_core::model::TopicDescription>) -> Option<TopicShape> {
     d.map(|d| {
         let ranges = d
             .ranges
@@ -549,7 +549,7 @@ fn command_for(op: &Op, topic: &str, state: &MetadataState) -> Command {
             let range = state
                 .active_ranges(topic)
                 .next()
-                .map_or(malachi_cluster::model::RangeId(u64::MAX), |r| r.id);
+                .map_or(malachi_core::model::RangeId(u64::MAX), |r| r.id);
             Command::SplitRange {
                 topic: topic.to_owned(),
                 range,

@@ -8,7 +8,7 @@
 //! merges and read plans that cover each key's history exactly once, oldest first.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use malachi_cluster::model::{
+use malachi_core::model::{
     Band, Command, Incarnation, MetadataState, ModelError, NodeId, Outcome, RangeId, SealRecord,
     SegmentId,
 };
@@ -838,12 +838,7 @@ fn resolve(reference: &Reference, op: &Op, at_ms: u64) -> Command {
 /// Positions worth probing in a topic: every active band's edges and middle,
 /// the ends of the keyspace, and a few fixed keys' positions.
 fn probe_positions(state: &MetadataState, topic: &str) -> Vec<u64> {
-    let mut positions = vec![
-        0,
-        u64::MAX,
-        1 << 63,
-        malachi_cluster::model::position(b"k1"),
-    ];
+    let mut positions = vec![0, u64::MAX, 1 << 63, malachi_core::model::position(b"k1")];
     for topic in state.topic(topic).iter() {
         for id in &topic.ranges {
             let band = state.range(*id).unwrap().band;

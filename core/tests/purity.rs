@@ -1,14 +1,16 @@
-//! The pure core stays pure (ADR 0090). `lib.rs` splits the crate's modules
-//! into the pure core (`model`, `ring`, `cursor`, `formation`, `placement`,
-//! `constraints`) and the I/O
-//! around it (`group`, `membership`, `vnodes`, `clock`). Every source file
-//! of the pure core must:
-//! - import nothing impure: no clock, randomness, filesystem, network,
-//!   environment, thread or process, no async runtime or async code, no
-//!   raft or SWIM library, no hash-ordered collection, no shared mutable
-//!   state (`static mut`, locks, `OnceLock`);
-//! - reach no I/O module: every `crate::` path (grouped imports included)
-//!   names a pure module, and no `super::` path names an I/O one.
+//! The pure core stays pure (ADR 0090, ADR 0132). `malachi-core` is the
+//! pure core; the I/O around it lives in other crates (`malachi-cluster`:
+//! `clock`, `group`, `vnodes`; `malachi-membership`). Purity is enforced
+//! twice:
+//! - by the manifest: `core/Cargo.toml` depends on no async runtime, raft,
+//!   SWIM, randomness or storage crate, and on no other crate of ours, so
+//!   the compiler refuses an impure import (checked below, so a dependency
+//!   added later fails here with the reason);
+//! - by the sources, for what a manifest cannot forbid: no clock,
+//!   filesystem, network, environment, thread or process from `std`, no
+//!   async code, no hash-ordered collection, no shared mutable state
+//!   (`static mut`, locks, `OnceLock`), and every `crate::` path names a
+//!   module of this crate.
 //!
 //! A test over crafted sources shows the checker catches each kind of
 //! violation, so a checker that silently stopped matching would fail too.
@@ -25,7 +27,8 @@ const PURE_MODULES: [&str; 6] = [
     "placement",
     "ring",
 ];
-/// The modules that do I/O (or read time), which wrap the pure core.
+/// The I/O modules of the crates that wrap the pure core: no path of the
+/// core may name one.
 const IO_MODULES: [&str; 4] = ["clock", "group", "membership", "vnodes"];
 
 /// Words no pure source may use (matched as whole paths or identifiers).
@@ -269,7 +272,7 @@ fn every_pure_source_imports_nothing_impure_and_no_io_module() {
 }
 
 #[test]
-fn every_module_of_the_crate_is_classified_pure_or_io() {
+fn every_module_of_the_crate_is_a_listed_pure_module() {
     let lib = strip_comments(&std::fs::read_to_string(src().join("lib.rs")).unwrap());
     let mut declared: Vec<String> = lib
         .lines()
@@ -283,15 +286,11 @@ fn every_module_of_the_crate_is_classified_pure_or_io() {
         })
         .collect();
     declared.sort();
-    let mut classified: Vec<String> = PURE_MODULES
-        .iter()
-        .chain(IO_MODULES.iter())
-        .map(|m| (*m).to_owned())
-        .collect();
+    let mut classified: Vec<String> = PURE_MODULES.iter().map(|m| (*m).to_owned()).collect();
     classified.sort();
     assert_eq!(
         declared, classified,
-        "a module of lib.rs is not classified in tests/purity.rs (pure core or I/O)"
+        "a module of lib.rs is not listed in tests/purity.rs: the core holds only pure modules"
     );
 }
 
@@ -356,4 +355,60 @@ use std::fmt;
 fn randomish(operand: u64) -> u64 { operand.rotate_left(7) }
 "#;
     assert_eq!(rules(clean), Vec::<(usize, String)>::new());
+}
+
+/// The only crates the core may depend on: serialisation, errors, hashing
+/// and MACs. None of them does I/O, reads a clock or draws randomness.
+const ALLOWED_DEPENDENCIES: [&str; 7] = [
+    "base64",
+    "hmac",
+    "rmp-serde",
+    "serde",
+    "sha2",
+    "thiserror",
+    "xxhash-rust",
+];
+
+/// The names under `[dependencies]` of a manifest.
+fn dependencies_of(manifest: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            inside = line == "[dependencies]";
+            continue;
+        }
+        if inside && !line.is_empty() && !line.starts_with('#') {
+            let name = line.split(['=', '.', ' ']).next().unwrap_or_default();
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    names
+}
+
+#[test]
+fn the_manifest_depends_on_no_impure_crate() {
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    assert!(
+        !manifest.contains("[target."),
+        "no target-specific dependencies in the pure core"
+    );
+    let deps = dependencies_of(&manifest);
+    let unexpected: Vec<&String> = deps
+        .iter()
+        .filter(|d| !ALLOWED_DEPENDENCIES.contains(&d.as_str()))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "the pure core may not depend on {unexpected:?}: move the code that needs it to malachi-cluster or malachi-membership"
+    );
+}
+
+#[test]
+fn the_manifest_check_reads_dependencies_only() {
+    let crafted = "[package]\nname = \"x\"\n[dependencies]\nserde.workspace = true\ntokio = \"1\"\n# a comment\n[dev-dependencies]\nproptest.workspace = true\n";
+    assert_eq!(dependencies_of(crafted), vec!["serde", "tokio"]);
 }

@@ -1,7 +1,7 @@
 //! The text `malachi topic describe` prints and the JSON `--json` prints, pinned.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use malachi_cluster::model::{
+use malachi_core::model::{
     Command, MetadataState, NodeId, RangeId, SealRecord, SegmentId, StoragePolicy,
 };
 

@@ -4,15 +4,15 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac};
-use malachi_cluster::cursor::{
+use malachi_core::cursor::{
     CURSOR_ENCODED_BYTES_MAX, CURSOR_POSITIONS_MAX, CURSOR_VERSION, CURSOR_VERSION_V1, Cursor,
     CursorKey, CursorKeyError, CursorKeys, EncodeCursorError, InvalidCursor, Position,
     ShapeProblem, StaleReason,
 };
-use malachi_cluster::model::{
+use malachi_core::model::{
     Command, MetadataState, NodeId, Outcome, RangeId, SealRecord, SegmentId,
 };
-use malachi_cluster::model::{CursorKeyRing, CursorSecret};
+use malachi_core::model::{CursorKeyRing, CursorSecret};
 use proptest::prelude::*;
 use sha2::Sha256;
 use std::collections::BTreeMap;
@@ -129,7 +129,7 @@ fn ring(keys: &[(u32, &[u8])]) -> CursorKeys {
     let ring = CursorKeyRing {
         keys: keys
             .iter()
-            .map(|(id, secret)| malachi_cluster::model::CursorKeyEntry {
+            .map(|(id, secret)| malachi_core::model::CursorKeyEntry {
                 id: *id,
                 secret: CursorSecret::new(secret.to_vec()),
                 created_at_ms: 0,

@@ -1,7 +1,7 @@
 //! One behaviour per test for each metadata command.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use malachi_cluster::model::{
+use malachi_core::model::{
     Band, Command, MetadataState, ModelError, NodeId, Outcome, RangeId, RangeState, SealRecord,
     SegmentId, SegmentState, StoragePolicy, TopicState, position,
 };
@@ -723,7 +723,7 @@ fn adding_a_replica_to_a_segment_at_its_factor_is_refused() {
 
 #[test]
 fn adding_a_replica_past_the_set_size_limit_is_refused() {
-    use malachi_cluster::model::REPLICA_SET_SIZE_MAX;
+    use malachi_core::model::REPLICA_SET_SIZE_MAX;
     let mut state = MetadataState::new();
     let segment = short_sealed(&mut state);
     let cmd = Command::AddReplica {

@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn the_formation_cards_node_list_bound_is_the_attribute_value_bound() {
         assert_eq!(
-            crate::formation::NODES_ATTR_BYTES_MAX,
+            malachi_core::formation::NODES_ATTR_BYTES_MAX,
             ATTRIBUTE_VALUE_BYTES_MAX
         );
     }
