@@ -364,7 +364,7 @@ fn build_tree(
         |s| {
             // A restarted storage supervisor has lost its dynamic children:
             // the coordinator starts them again from the metadata.
-            if let Some(coordinator) = s.coordinator.read().clone() {
+            if let Some(coordinator) = s.actors.manager().get() {
                 let _ = coordinator.send_message(CoordinatorMsg::Reconcile);
             }
         },
@@ -381,7 +381,8 @@ fn build_tree(
             || ManagerActor,
             move || Arc::clone(&manager_shared),
         ));
-    let coordinators = published_supervisor(coordinators, shared, |s| &s.coordinator_sup, |_| {});
+    let coordinators =
+        published_supervisor(coordinators, shared, |s| &s.actors.coordinator_sup, |_| {});
     let metadata = SupervisorArgs::new("metadata", Strategy::RestForOne)
         .child(ChildSpec::worker(
             "vnodes",
@@ -399,7 +400,7 @@ fn build_tree(
         || AcceptorActor,
         move || acceptor_args.clone(),
     ));
-    let listener = published_supervisor(listener, shared, |s| &s.listener, |_| {});
+    let listener = published_supervisor(listener, shared, |s| &s.actors.listener, |_| {});
 
     // SWIM, then the node server, then the node actor that feeds it and
     // dials peers: a restarted node server restarts the node actor too.
@@ -411,7 +412,7 @@ fn build_tree(
         };
         let node = NodeArgs {
             fabric: Arc::clone(&fabric),
-            root: Arc::clone(&shared.root),
+            root: Arc::clone(&shared.actors.root),
         };
         membership = membership
             .child(ChildSpec::worker(
@@ -545,7 +546,7 @@ impl Broker {
             client_addr,
             admin_addr,
         ));
-        let _ = shared.cluster.set(Arc::new(fabric));
+        let _ = shared.links.fabric.set(Arc::new(fabric));
         let _ =
             shared
                 .data
@@ -554,10 +555,10 @@ impl Broker {
                 .set(Arc::new(crate::data::replication::TcpReplicaLink {
                     transport: Arc::clone(&raft.replication),
                 }));
-        let _ = shared.raft.set(Arc::new(raft));
+        let _ = shared.links.raft.set(Arc::new(raft));
         let tree = build_tree(&shared, client, admin);
         let (root, join) = SupervisorRef::spawn(tree).await?;
-        *shared.root.write() = Some(root.clone());
+        *shared.actors.root.write() = Some(root.clone());
         info!(%client_addr, %admin_addr, node_id = shared.config.node_id, "broker started");
         Ok(BrokerHandle {
             shared,
@@ -575,7 +576,7 @@ impl BrokerHandle {
 
     /// The address other brokers reach this broker's raft port on.
     pub fn raft_addr(&self) -> Option<SocketAddr> {
-        self.shared.raft.get().map(|r| r.addr)
+        self.shared.links.raft.get().map(|r| r.addr)
     }
 
     /// Rotates the cluster's cursor key (ADR 0096): key `current + 1`, with
@@ -591,6 +592,7 @@ impl BrokerHandle {
         })?;
         let plane = self.shared.plane()?;
         self.shared
+            .memory
             .cursor_keys
             .rotate(
                 plane.as_ref(),
@@ -652,18 +654,21 @@ impl BrokerHandle {
 
     /// Requests read from clients and not yet answered, over all connections.
     pub fn requests_inflight(&self) -> usize {
-        self.shared.requests_inflight.load(Ordering::SeqCst)
+        self.shared.port.requests_inflight.load(Ordering::SeqCst)
     }
 
     /// The most requests one connection ever had in flight (bounded by
     /// `connection_inflight_max`).
     pub fn connection_inflight_peak(&self) -> usize {
-        self.shared.connection_inflight_peak.load(Ordering::SeqCst)
+        self.shared
+            .port
+            .connection_inflight_peak
+            .load(Ordering::SeqCst)
     }
 
     /// Client connections being served.
     pub fn connections(&self) -> usize {
-        self.shared.connections.load(Ordering::SeqCst)
+        self.shared.port.connections.load(Ordering::SeqCst)
     }
 
     /// The Prometheus text `/metrics` serves.
@@ -687,19 +692,19 @@ impl BrokerHandle {
         let bound = Duration::from_millis(self.shared.config.shutdown_timeout_ms);
         let deadline = tokio::time::Instant::now() + bound;
         info!("shutdown: stop accepting");
-        self.shared.accepting.store(false, Ordering::SeqCst);
-        let listener = self.shared.listener.read().clone();
+        self.shared.port.accepting.store(false, Ordering::SeqCst);
+        let listener = self.shared.actors.listener.read().clone();
         if let Some(listener) = listener {
             let _ = listener.terminate_child("acceptor").await;
         }
         info!("shutdown: finish in-flight requests");
-        self.shared.draining.cancel();
-        while self.shared.connections.load(Ordering::SeqCst) > 0
+        self.shared.port.draining.cancel();
+        while self.shared.port.connections.load(Ordering::SeqCst) > 0
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        if self.shared.connections.load(Ordering::SeqCst) > 0 {
+        if self.shared.port.connections.load(Ordering::SeqCst) > 0 {
             warn!("shutdown: connections still open at the deadline");
         }
         info!("shutdown: sync segments");
@@ -724,7 +729,7 @@ impl BrokerHandle {
             }
         }
         info!("shutdown: stop the tree");
-        *self.shared.root.write() = None;
+        *self.shared.actors.root.write() = None;
         let stopped = self.root.stop(bound.as_millis() as u64).await;
         if let Some(join) = self.join.take() {
             let _ = tokio::time::timeout(bound, join).await;
@@ -789,7 +794,7 @@ impl BrokerHandle {
 
     /// Test hook: makes the connection actor of client `peer` fail.
     pub async fn poison_connection(&self, peer: SocketAddr) -> Result<(), BrokerError> {
-        let listener = self.shared.listener.read().clone();
+        let listener = self.shared.actors.listener.read().clone();
         let listener = listener.ok_or(BrokerError::TreeFailed)?;
         let cell = listener
             .child(&format!("connection/{peer}"))
@@ -831,7 +836,7 @@ impl BrokerHandle {
 
     /// Test hook: makes the acceptor fail.
     pub async fn poison_acceptor(&self) -> Result<(), BrokerError> {
-        let listener = self.shared.listener.read().clone();
+        let listener = self.shared.actors.listener.read().clone();
         let listener = listener.ok_or(BrokerError::TreeFailed)?;
         let cell = listener
             .child("acceptor")

@@ -257,6 +257,7 @@ macro_rules! restart_tests {
 restart_tests! {
     replication: &["storage", "replication"], Crash::Kill, true;
     coordinator: &["metadata", "coordinator_manager", "coordinator/0"], Crash::Kill, false;
+    manager_watcher: &["metadata", "coordinator_manager", "manager"], Crash::Work("leadership_watcher"), false;
     vnodes: &["metadata", "vnodes"], Crash::Kill, false;
     failover: &["maintenance", "failover"], Crash::Kill, true;
     healer: &["maintenance", "healer"], Crash::Kill, true;

@@ -96,7 +96,7 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    let root = shared.root.read().clone();
+    let root = shared.actors.root.read().clone();
     if let Some(root) = root
         && let Ok(snapshot) = root.snapshot().await
     {
@@ -108,7 +108,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         .set(shared.data.segments.lock().len() as f64);
     // Read at the scrape, not when the lease last changed: a broker resumed
     // after a pause must not show a lease its clock has run out.
-    shared.lease_probes.lock().retain(|vnode, probe| {
+    shared.memory.lease_probes.lock().retain(|vnode, probe| {
         let held = probe.holds();
         shared
             .metrics
@@ -123,7 +123,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn tree(State(shared): State<Arc<Shared>>) -> Response {
-    let root = shared.root.read().clone();
+    let root = shared.actors.root.read().clone();
     let Some(root) = root else {
         return (StatusCode::SERVICE_UNAVAILABLE, "tree not running\n").into_response();
     };
@@ -458,6 +458,7 @@ mod tests {
         assert_eq!(status(addr, "/ready").await, 503);
         // Serving clients alone is not enough: the metadata plane is not open.
         shared
+            .port
             .accepting
             .store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(status(addr, "/ready").await, 503);

@@ -3,6 +3,7 @@
 //! the wire's types. Nothing here names another module of this crate.
 
 pub(crate) mod budget;
+pub(crate) mod client_port;
 pub(crate) mod clock;
 pub(crate) mod config;
 pub(crate) mod convert;

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use malachi_cluster::group::{Backoff, backoff_seed};
-use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::control::metadata::MetadataPlane;
@@ -22,7 +21,10 @@ const LEARN_BACKOFF_MAX_MS: u64 = 2_000;
 pub(crate) async fn learn_within(shared: &Shared, plane: &dyn MetadataPlane, wait_ms: u64) {
     let learned = tokio::time::timeout(
         Duration::from_millis(wait_ms),
-        shared.cursor_keys.learn(plane, shared.clock.as_ref()),
+        shared
+            .memory
+            .cursor_keys
+            .learn(plane, shared.clock.as_ref()),
     )
     .await;
     match learned {
@@ -37,12 +39,16 @@ pub(crate) async fn learn_within(shared: &Shared, plane: &dyn MetadataPlane, wai
     }
 }
 
-/// Learns the keys in the background, retrying with backoff until they are
-/// known. The task ends then, or when the broker context is dropped.
-pub(crate) fn spawn_learner(shared: &Arc<Shared>, plane: Arc<dyn MetadataPlane>) -> JoinHandle<()> {
+/// Learns the keys, retrying with backoff until they are known; ends then,
+/// or when the broker context is dropped. The `vnodes` actor runs it as a
+/// watched task.
+pub(crate) fn learner(
+    shared: &Arc<Shared>,
+    plane: Arc<dyn MetadataPlane>,
+) -> impl Future<Output = ()> + Send + 'static {
     let weak = Arc::downgrade(shared);
     let node = shared.config.node_id;
-    tokio::spawn(async move {
+    async move {
         let mut backoff = Backoff::new(
             LEARN_BACKOFF_MIN_MS,
             LEARN_BACKOFF_MAX_MS,
@@ -50,10 +56,11 @@ pub(crate) fn spawn_learner(shared: &Arc<Shared>, plane: Arc<dyn MetadataPlane>)
         );
         loop {
             let Some(shared) = weak.upgrade() else { return };
-            if shared.cursor_keys.known().is_some() {
+            if shared.memory.cursor_keys.known().is_some() {
                 return;
             }
             match shared
+                .memory
                 .cursor_keys
                 .learn(plane.as_ref(), shared.clock.as_ref())
                 .await
@@ -66,5 +73,5 @@ pub(crate) fn spawn_learner(shared: &Arc<Shared>, plane: Arc<dyn MetadataPlane>)
             drop(shared);
             tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
         }
-    })
+    }
 }

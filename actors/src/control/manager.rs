@@ -30,9 +30,9 @@ use malachi_core::ring::{Ring, VnodeId};
 use malachi_membership::VnodeLeader;
 use malachi_supervision::{ChildSpec, Restart};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::common::watched::{Watched, spawn_watched};
 use crate::control::coordinator::{CoordinatorActor, CoordinatorMsg, CoordinatorState, reconcile};
 use crate::control::shared::Shared;
 
@@ -44,7 +44,8 @@ pub(crate) struct ManagerState {
     running: BTreeSet<VnodeId>,
     /// Feeds `Replan` and `Reconcile` from leadership, applied changes and
     /// the slow timer.
-    watcher: Option<JoinHandle<()>>,
+    /// Aborted when the state is dropped, after a stop or a failure alike.
+    watcher: Option<Watched>,
     /// Which of `Replan` and `Reconcile` are queued, so a burst of events
     /// queues one of each, not one per event: the mailbox stays bounded.
     queued: Arc<Queued>,
@@ -73,7 +74,10 @@ fn topic_of(msg: &CoordinatorMsg) -> Option<&str> {
         CoordinatorMsg::Roll { topic, .. }
         | CoordinatorMsg::Split { topic, .. }
         | CoordinatorMsg::Merge { topic, .. } => Some(topic),
-        CoordinatorMsg::Reconcile | CoordinatorMsg::Replan | CoordinatorMsg::Upkeep => None,
+        CoordinatorMsg::Reconcile
+        | CoordinatorMsg::Replan
+        | CoordinatorMsg::Upkeep
+        | CoordinatorMsg::TaskEnded(_) => None,
     }
 }
 
@@ -94,7 +98,7 @@ impl ManagerState {
     /// Brings the running coordinators to the vnodes led here, and publishes
     /// them through membership.
     async fn replan(&mut self) {
-        let Some(sup) = self.shared.coordinator_sup.read().clone() else {
+        let Some(sup) = self.shared.actors.coordinator_sup.read().clone() else {
             return;
         };
         let (ring, led) = match self.leadership() {
@@ -107,7 +111,7 @@ impl ManagerState {
             if let Err(e) = sup.terminate_child(&coordinator_name(vnode)).await {
                 warn!(%vnode, error = %e, "cannot stop a coordinator");
             }
-            self.shared.coordinators.write().remove(&vnode);
+            self.shared.actors.coordinators().forget(vnode);
             self.running.remove(&vnode);
         }
         for vnode in plan.start {
@@ -196,7 +200,7 @@ impl ManagerState {
             // now rather than serve this request around it.
             self.replan().await;
         }
-        let coordinator = self.shared.coordinators.read().get(&vnode).cloned();
+        let coordinator = self.shared.actors.coordinators().get(vnode);
         let msg = match coordinator {
             Some(coordinator) => match coordinator.send_message(msg) {
                 Ok(()) => return,
@@ -218,13 +222,18 @@ fn watch(
     shared: &Arc<Shared>,
     myself: ActorRef<CoordinatorMsg>,
     queued: Arc<Queued>,
-) -> Option<JoinHandle<()>> {
+) -> Option<Watched> {
     let plane = shared.plane().ok()?;
     let poll = Duration::from_millis(shared.config.cluster.coordinator_poll_ms);
     let mut led = plane.host().map(|h| h.watch_led(poll.as_millis() as u64));
     let mut applied = plane.subscribe();
-    Some(tokio::spawn(async move {
+    let actor = myself.clone();
+    #[cfg(feature = "testing")]
+    let broker = shared.client_addr;
+    let work = async move {
         loop {
+            #[cfg(feature = "testing")]
+            crate::common::faults::trip(broker, "leadership_watcher");
             let mut changed = false;
             tokio::select! {
                 Ok(()) = async {
@@ -247,7 +256,13 @@ fn watch(
                 let _ = myself.send_message(CoordinatorMsg::Reconcile);
             }
         }
-    }))
+    };
+    Some(spawn_watched(
+        actor,
+        "leadership_watcher",
+        work,
+        CoordinatorMsg::TaskEnded,
+    ))
 }
 
 #[ractor::async_trait]
@@ -263,7 +278,7 @@ impl Actor for ManagerActor {
     ) -> Result<ManagerState, ActorProcessingErr> {
         // The vnodes actor started before this one (rest_for_one order).
         shared.plane()?;
-        *shared.coordinator.write() = Some(myself);
+        shared.actors.manager().register(myself);
         Ok(ManagerState {
             shared,
             running: BTreeSet::new(),
@@ -304,6 +319,7 @@ impl Actor for ManagerActor {
                 // supervisor restarts it, which reconciles again.
                 reconcile(&state.shared).await?;
             }
+            CoordinatorMsg::TaskEnded(ended) => return Err(ended.into()),
             request => state.dispatch(request).await,
         }
         Ok(())
@@ -311,13 +327,12 @@ impl Actor for ManagerActor {
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<CoordinatorMsg>,
+        myself: ActorRef<CoordinatorMsg>,
         state: &mut ManagerState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(watcher) = state.watcher.take() {
-            watcher.abort();
-        }
-        *state.shared.coordinator.write() = None;
+        // Dropping the watcher aborts it.
+        state.watcher = None;
+        state.shared.actors.manager().unregister(&myself);
         Ok(())
     }
 }

@@ -40,7 +40,7 @@ pub(crate) async fn policies(
         }
     };
     // What placement reads without a round trip.
-    *shared.policy_cache.write() = all.clone();
+    *shared.memory.policy_cache.write() = all.clone();
     Ok(all)
 }
 

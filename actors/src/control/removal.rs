@@ -152,7 +152,7 @@ pub(crate) async fn remove_copies(
             super::segment_stop::stop_segment_actors(shared, &[segment]).await;
         }
         shared.data.replication.followed.lock().remove(&segment);
-        shared.settled.lock().remove(&segment);
+        shared.memory.settled.lock().remove(&segment);
         let store = Arc::clone(&shared.store);
         let removal =
             tokio::task::spawn_blocking(move || store.remove_copy(malachi_storage::SegmentId(id)))

@@ -353,7 +353,7 @@ impl OrderClient {
             };
             return answer.map_err(|e| e.to_string());
         }
-        let Some(raft) = self.shared.raft.get() else {
+        let Some(raft) = self.shared.links.raft.get() else {
             return Err("this broker has no cluster port".into());
         };
         raft.transport

@@ -159,7 +159,7 @@ async fn ask_health(
     if node == shared.config.node_id {
         return Some(by_segment(sealed_health(&shared.data, &seals)));
     }
-    let raft = shared.raft.get()?;
+    let raft = shared.links.raft.get()?;
     let mut found = HashMap::new();
     for chunk in seals.chunks(REPLICA_STATUS_SEGMENTS_MAX) {
         let request = ReplicaStatusRequest {
@@ -258,7 +258,7 @@ async fn ask(shared: &Arc<Shared>, node: u64, segments: Vec<u64>) -> Asked {
     if node == shared.config.node_id {
         return Asked::Answered(by_segment(copy_status(&shared.data, &segments)));
     }
-    let Some(raft) = shared.raft.get() else {
+    let Some(raft) = shared.links.raft.get() else {
         // A lone broker reaches no other.
         return Asked::Unreachable;
     };

@@ -86,6 +86,9 @@ pub(crate) enum CoordinatorMsg {
     /// Run the coordinator's continuous work, if it holds its lease (the
     /// coordinator's own timer).
     Upkeep,
+    /// A task the actor watches ended (`common::watched`): the actor fails
+    /// on it and its supervisor restarts it, task and all.
+    TaskEnded(crate::common::watched::TaskEnded),
 }
 impl ractor::Message for CoordinatorMsg {}
 

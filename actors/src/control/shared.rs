@@ -1,33 +1,37 @@
 //! The broker context of the control plane and the layers above it
-//! (`serve`, `admin`, `broker`): the metadata plane once open, the
-//! coordinator manager and coordinators, the raft endpoint, the node fabric,
-//! the data plane's [`Storage`], lifecycle flags and counters. One `Shared`
-//! per broker, never process-global, so several brokers share a test
-//! process.
+//! (`serve`, `admin`, `maintenance`, `broker`), split by reader:
+//! - `port` ([`ClientPortState`]): the client port's flags, counters and
+//!   memory budgets, read by `serve` and the broker's lifecycle;
+//! - `memory` ([`ControlMemory`]): what the control plane remembers between
+//!   passes (cursor keys, leases held, settled and refused copies, the
+//!   policy cache);
+//! - `actors` ([`ActorRegistry`]): the metadata plane and the long-lived
+//!   actors others send to, each registered by itself while it runs;
+//! - `links` ([`ClusterLinks`]): membership, the node fabric and the raft
+//!   endpoint;
+//! beside what every layer reads: configuration, clock, metrics and the
+//! data plane's [`Storage`]. One `Shared` per broker, never
+//! process-global, so several brokers share a test process.
 //!
 //! Lower layers never see it: a segment actor gets the data plane's
 //! [`Storage`] and a [`Roller`](crate::data::segment::Roller), the
-//! membership actors get the [`Fabric`] and the root's [`SupervisorSlot`].
+//! membership actors get the [`Fabric`] and the root's supervisor slot.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use malachi_cluster::group::{TcpTransport, TransportServer};
 use malachi_core::model::SegmentId;
-use malachi_core::ring::VnodeId;
 use malachi_storage::SegmentStore;
-use malachi_supervision::SupervisorRef;
-use parking_lot::{Mutex, RwLock};
-use ractor::ActorRef;
+use parking_lot::Mutex;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use super::cursor_keys::CursorKeyState;
+use super::memory::ControlMemory;
 use super::metadata::MetadataPlane;
-use super::requests::CoordinatorMsg;
-use crate::common::SupervisorSlot;
+use super::registry::ActorRegistry;
+use crate::common::client_port::ClientPortState;
 use crate::common::clock::Clock;
 use crate::common::config::BrokerConfig;
 use crate::common::error::MetadataError;
@@ -52,73 +56,35 @@ pub(crate) struct RaftEndpoint {
     pub server: Mutex<Option<Arc<TransportServer>>>,
 }
 
+/// Membership, the node fabric and the raft transport's endpoint: how this
+/// broker reaches the others. Each is set once at broker start.
+#[derive(Debug, Default)]
+pub(crate) struct ClusterLinks {
+    pub fabric: std::sync::OnceLock<Arc<Fabric>>,
+    pub raft: std::sync::OnceLock<Arc<RaftEndpoint>>,
+}
+
+/// The broker's context, split by reader: the client port's state
+/// (`port`), the control plane's memory (`memory`), the registry of its
+/// long-lived actors (`actors`) and its links to the other brokers
+/// (`links`), beside what every layer reads (configuration, clock,
+/// metrics, the data plane). A layer that needs one part is given that
+/// part's `Arc`, not the whole.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub config: BrokerConfig,
     /// The same store as `data.store`.
     pub store: Arc<dyn SegmentStore>,
     pub clock: Arc<dyn Clock>,
-    /// The cluster's cursor keys once learned (ADR 0096).
-    pub cursor_keys: CursorKeyState,
     pub metrics: Arc<BrokerMetrics>,
     /// The data plane: segment actors, their supervisor, long-poll notifiers.
     pub data: Arc<Storage>,
     pub client_addr: SocketAddr,
     pub admin_addr: SocketAddr,
-    pub plane: RwLock<Option<Arc<dyn MetadataPlane>>>,
-    /// The coordinator manager: the front door of every coordinator request
-    /// on this broker (it hands each to the coordinator of the topic's vnode).
-    pub coordinator: RwLock<Option<ActorRef<CoordinatorMsg>>>,
-    /// The coordinator of each vnode this broker leads, registered by the
-    /// coordinator itself while it runs.
-    pub coordinators: RwLock<BTreeMap<VnodeId, ActorRef<CoordinatorMsg>>>,
-    /// Each vnode's coordinator lease on this broker, registered by the
-    /// coordinator when it takes one; `/metrics` reads them
-    /// (`malachi_coordinator_lease_held`).
-    pub lease_probes: parking_lot::Mutex<BTreeMap<VnodeId, crate::control::lease::LeaseProbe>>,
-    /// The failover actor (`maintenance/failover`), registered by itself
-    /// while it runs; coordinators hand it the segments to fail over.
-    pub failover: RwLock<Option<ActorRef<crate::control::requests::FailoverMsg>>>,
-    /// The healer (`maintenance/healer`), registered by itself while it runs.
-    pub healer: RwLock<Option<ActorRef<crate::control::requests::HealMsg>>>,
-    /// Copies of segments this broker wrote and that were sealed without it,
-    /// already settled at their seal (`coordinator::reconcile`), so a pass
-    /// does not open them again.
-    pub settled: parking_lot::Mutex<std::collections::BTreeSet<malachi_core::model::SegmentId>>,
-    /// Writers here whose roll the metadata refused for good (a segment
-    /// sealed without them: its range split or merged away, a failover
-    /// elsewhere), each with its topic, reported through their `Roller`:
-    /// `coordinator::reconcile` stops them and settles their copies at the
-    /// recorded seal (chaos finding F7).
-    pub refused:
-        parking_lot::Mutex<std::collections::BTreeMap<malachi_core::model::SegmentId, String>>,
-    /// The cluster's storage policies as this broker last read them from
-    /// the ring's group (every retention pass, and each policy change made
-    /// through this broker): what placement reads without a round trip
-    /// (ADR 0115, 0116).
-    pub policy_cache:
-        RwLock<std::collections::BTreeMap<String, malachi_core::model::StoragePolicy>>,
-    /// The `coordinator_manager` supervisor, which the manager adds
-    /// coordinators to.
-    pub coordinator_sup: RwLock<Option<SupervisorRef>>,
-    /// The root supervisor, shared with the node fabric (`tree --all`).
-    pub root: SupervisorSlot,
-    pub listener: RwLock<Option<SupervisorRef>>,
-    /// Set once the acceptor serves; cleared when shutdown begins.
-    pub accepting: AtomicBool,
-    /// Cancelled when an ordered shutdown begins: connections stop reading.
-    pub draining: CancellationToken,
-    pub connections: AtomicUsize,
-    /// Requests read from clients and not yet answered, over all connections.
-    pub requests_inflight: AtomicUsize,
-    /// The highest `requests_inflight` one connection ever reached.
-    pub connection_inflight_peak: AtomicUsize,
-    /// The client port's broker-wide memory budgets.
-    pub budgets: crate::common::budget::Budgets,
-    /// Membership and the node fabric, set once at broker start.
-    pub cluster: std::sync::OnceLock<Arc<Fabric>>,
-    /// The raft transport's endpoint, set once at broker start.
-    pub raft: std::sync::OnceLock<Arc<RaftEndpoint>>,
+    pub port: Arc<ClientPortState>,
+    pub memory: Arc<ControlMemory>,
+    pub actors: Arc<ActorRegistry>,
+    pub links: ClusterLinks,
     /// Test hook: failovers hold after their fences while set.
     #[cfg(feature = "testing")]
     pub failover_hold: FailoverHold,
@@ -131,7 +97,7 @@ pub(crate) struct Shared {
 #[cfg(feature = "testing")]
 #[derive(Debug, Default)]
 pub(crate) struct FailoverHold {
-    pub hold: AtomicBool,
+    pub hold: std::sync::atomic::AtomicBool,
     pub held: std::sync::atomic::AtomicU64,
 }
 
@@ -166,43 +132,26 @@ impl Shared {
             config,
             store,
             clock,
-            cursor_keys: CursorKeyState::new(cursor_bootstrap),
             metrics,
             data,
             client_addr,
             admin_addr,
-            plane: RwLock::new(None),
-            coordinator: RwLock::new(None),
-            coordinators: RwLock::new(BTreeMap::new()),
-            lease_probes: parking_lot::Mutex::new(BTreeMap::new()),
-            failover: RwLock::new(None),
-            healer: RwLock::new(None),
-            settled: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
-            refused: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
-            policy_cache: RwLock::new(std::collections::BTreeMap::new()),
-            coordinator_sup: RwLock::new(None),
-            root: SupervisorSlot::default(),
-            listener: RwLock::new(None),
-            accepting: AtomicBool::new(false),
-            draining: CancellationToken::new(),
-            connections: AtomicUsize::new(0),
-            requests_inflight: AtomicUsize::new(0),
-            connection_inflight_peak: AtomicUsize::new(0),
-            budgets,
-            cluster: std::sync::OnceLock::new(),
-            raft: std::sync::OnceLock::new(),
+            port: Arc::new(ClientPortState::new(budgets)),
+            memory: Arc::new(ControlMemory::new(CursorKeyState::new(cursor_bootstrap))),
+            actors: Arc::new(ActorRegistry::default()),
+            links: ClusterLinks::default(),
             #[cfg(feature = "testing")]
             failover_hold: FailoverHold::default(),
         }
     }
 
     pub fn plane(&self) -> Result<Arc<dyn MetadataPlane>, MetadataError> {
-        self.plane.read().clone().ok_or(MetadataError::NotOpen)
+        self.actors.plane()
     }
 
     /// Membership and the node fabric, once the broker started.
     pub fn fabric(&self) -> Option<Arc<Fabric>> {
-        self.cluster.get().cloned()
+        self.links.fabric.get().cloned()
     }
 
     pub fn segment(&self, id: SegmentId) -> Option<SegmentHandle> {
@@ -219,17 +168,16 @@ impl Shared {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.plane.read().is_some()
-            && self.coordinator.read().is_some()
-            && self.root.read().is_some()
-            && self.accepting.load(Ordering::SeqCst)
+        self.actors.plane_is_open()
+            && self.actors.manager().get().is_some()
+            && self.actors.root().is_some()
+            && self.port.accepting.load(Ordering::SeqCst)
             && !self.data.space.is_full()
             // A raft replica a full volume stopped is not serving until
             // the space worker reopens it.
             && self
-                .plane
-                .read()
-                .as_ref()
+                .plane()
+                .ok()
                 .and_then(|plane| plane.host().map(|h| h.stopped_by_full_volume().is_empty()))
                 .unwrap_or(true)
     }

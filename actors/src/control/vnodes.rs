@@ -25,26 +25,33 @@ use malachi_membership::MembershipView;
 use malachi_wire::replica_status::REPLICA_STATUS_API_KEY;
 use malachi_wire::replication::REPLICA_APPEND_API_KEY;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::common::config::MetadataBackend;
+use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 use crate::control::metadata::{FilePlane, MetadataPlane, VnodePlane};
 use crate::control::shared::Shared;
 
 pub(crate) struct VnodesActor;
 
 #[derive(Debug)]
-pub(crate) enum VnodesMsg {}
+pub(crate) enum VnodesMsg {
+    /// A task the actor watches ended (`common::watched`): the actor fails
+    /// on it and its supervisor restarts it, tasks and all.
+    TaskEnded(TaskEnded),
+}
 impl ractor::Message for VnodesMsg {}
 
 pub(crate) struct VnodesState {
     shared: Arc<Shared>,
     plane: Arc<dyn MetadataPlane>,
     server: Option<Arc<TransportServer>>,
-    peers: Option<JoinHandle<()>>,
-    /// Learns the cluster's cursor keys (ADR 0096); done once they are known.
-    keys: JoinHandle<()>,
+    /// Follows membership into the transport and the ring. Watched tasks
+    /// are aborted when the state is dropped, after a stop or a failure.
+    _peers: Option<Watched>,
+    /// Learns the cluster's cursor keys (ADR 0096); parks once they are
+    /// known, so only a panic reports an end.
+    _keys: Watched,
 }
 
 /// What the raft port serves: the host's raft and forwarding keys, plus
@@ -143,13 +150,17 @@ impl RingObserver {
 /// manager), so a broker learns a split without waiting to be refused as
 /// misrouted. The view is level-triggered, so a burst of routing events is
 /// read as one.
-fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandle<()>> {
+fn follow_peers(
+    myself: ActorRef<VnodesMsg>,
+    shared: &Arc<Shared>,
+    host: &Arc<VnodeHost>,
+) -> Option<Watched> {
     let fabric = shared.fabric()?;
     let mut view = fabric.membership.watch();
     let formed = Arc::clone(&fabric.formed);
     let host = Arc::clone(host);
-    let replication = shared.raft.get().map(|r| Arc::clone(&r.replication));
-    Some(tokio::spawn(async move {
+    let replication = shared.links.raft.get().map(|r| Arc::clone(&r.replication));
+    let work = async move {
         let mut observer = RingObserver::default();
         loop {
             let (learned, gossiped) = {
@@ -207,7 +218,16 @@ fn follow_peers(shared: &Arc<Shared>, host: &Arc<VnodeHost>) -> Option<JoinHandl
                 () = retry => {}
             }
         }
-    }))
+        // Membership outlives every restart: its end means the broker is
+        // stopping, which is no failure of this actor.
+        std::future::pending::<()>().await;
+    };
+    Some(spawn_watched(
+        myself,
+        "follow_peers",
+        work,
+        VnodesMsg::TaskEnded,
+    ))
 }
 
 #[ractor::async_trait]
@@ -218,19 +238,19 @@ impl Actor for VnodesActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<VnodesMsg>,
+        myself: ActorRef<VnodesMsg>,
         shared: Arc<Shared>,
     ) -> Result<VnodesState, ActorProcessingErr> {
         // A crashed predecessor left its plane and raft server published
         // (post_stop does not run after a failure): stop them before
         // reopening the same files, so two raft nodes never share one log.
-        let stale = shared.plane.write().take();
+        let stale = shared.actors.close_plane();
         if let Some(stale) = stale
             && let Err(e) = stale.shutdown().await
         {
             warn!(error = %e, "cannot shut down the crashed predecessor's metadata plane");
         }
-        let raft = shared.raft.get().cloned();
+        let raft = shared.links.raft.get().cloned();
         if let Some(raft) = &raft {
             let stale = raft.server.lock().take();
             if let Some(stale) = stale {
@@ -275,11 +295,11 @@ impl Actor for VnodesActor {
                     ),
                 )?);
                 *raft.server.lock() = Some(Arc::clone(&server));
-                let peers = follow_peers(&shared, &host);
+                let peers = follow_peers(myself.clone(), &shared, &host);
                 (Arc::new(VnodePlane::new(host)), Some(server), peers)
             }
         };
-        *shared.plane.write() = Some(Arc::clone(&plane));
+        shared.actors.open_plane(Arc::clone(&plane));
         if config.cluster_nodes().len() == 1 {
             // A lone broker is its own quorum: it learns (or creates) the
             // keys here, so it is ready only once it can serve cursors.
@@ -290,7 +310,17 @@ impl Actor for VnodesActor {
             )
             .await;
         }
-        let keys = crate::control::cursor_learner::spawn_learner(&shared, Arc::clone(&plane));
+        let learn = crate::control::cursor_learner::learner(&shared, Arc::clone(&plane));
+        let keys = spawn_watched(
+            myself.clone(),
+            "cursor_key_learner",
+            async move {
+                learn.await;
+                // Learned: nothing more to do, and no failure to report.
+                std::future::pending::<()>().await;
+            },
+            VnodesMsg::TaskEnded,
+        );
         info!(
             dir = %dir.display(),
             nodes = ?config.cluster_nodes(),
@@ -301,9 +331,20 @@ impl Actor for VnodesActor {
             shared,
             plane,
             server,
-            peers,
-            keys,
+            _peers: peers,
+            _keys: keys,
         })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<VnodesMsg>,
+        msg: VnodesMsg,
+        _state: &mut VnodesState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            VnodesMsg::TaskEnded(ended) => Err(ended.into()),
+        }
     }
 
     async fn post_stop(
@@ -311,14 +352,10 @@ impl Actor for VnodesActor {
         _myself: ActorRef<VnodesMsg>,
         state: &mut VnodesState,
     ) -> Result<(), ActorProcessingErr> {
-        *state.shared.plane.write() = None;
-        if let Some(peers) = state.peers.take() {
-            peers.abort();
-        }
-        state.keys.abort();
+        state.shared.actors.close_plane();
         if let Some(server) = state.server.take() {
             server.shutdown().await;
-            if let Some(raft) = state.shared.raft.get() {
+            if let Some(raft) = state.shared.links.raft.get() {
                 raft.server.lock().take();
             }
         }

@@ -149,7 +149,7 @@ impl Actor for FailoverActor {
         myself: ActorRef<FailoverMsg>,
         shared: Arc<Shared>,
     ) -> Result<FailoverState, ActorProcessingErr> {
-        *shared.failover.write() = Some(myself);
+        shared.actors.failover().register(myself);
         Ok(FailoverState {
             shared,
             tasks: BTreeMap::new(),
@@ -230,10 +230,7 @@ impl Actor for FailoverActor {
         myself: ActorRef<FailoverMsg>,
         state: &mut FailoverState,
     ) -> Result<(), ActorProcessingErr> {
-        let mut slot = state.shared.failover.write();
-        if slot.as_ref().is_some_and(|r| r.get_id() == myself.get_id()) {
-            *slot = None;
-        }
+        state.shared.actors.failover().unregister(&myself);
         Ok(())
     }
 }

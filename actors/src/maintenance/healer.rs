@@ -127,7 +127,7 @@ impl Actor for HealerActor {
         myself: ActorRef<HealMsg>,
         shared: Arc<Shared>,
     ) -> Result<HealerState, ActorProcessingErr> {
-        *shared.healer.write() = Some(myself);
+        shared.actors.healer().register(myself);
         Ok(HealerState {
             shared,
             pacer: Arc::new(Pacer::new(HEAL_BYTES_PER_SECOND)),
@@ -226,10 +226,7 @@ impl Actor for HealerActor {
         myself: ActorRef<HealMsg>,
         state: &mut HealerState,
     ) -> Result<(), ActorProcessingErr> {
-        let mut slot = state.shared.healer.write();
-        if slot.as_ref().is_some_and(|r| r.get_id() == myself.get_id()) {
-            *slot = None;
-        }
+        state.shared.actors.healer().unregister(&myself);
         Ok(())
     }
 }

@@ -16,7 +16,7 @@ pub(crate) async fn tree_snapshot(
     shared: &Arc<Shared>,
     req: wire::TreeSnapshotRequest,
 ) -> Result<wire::TreeSnapshotResponse, Failure> {
-    let Some(root) = shared.root.read().clone() else {
+    let Some(root) = shared.actors.root.read().clone() else {
         return Err(ServeError::TreeDown);
     };
     let snapshot = root.snapshot().await.map_err(|e| ServeError::TreeSilent {
@@ -25,7 +25,7 @@ pub(crate) async fn tree_snapshot(
     // With `all`, every other broker's tree comes over the node fabric; one
     // that cannot answer is listed as unreachable.
     let brokers = match shared.fabric() {
-        Some(fabric) if req.all => gather_trees(&fabric, &shared.root).await,
+        Some(fabric) if req.all => gather_trees(&fabric, &shared.actors.root).await,
         _ => Vec::new(),
     };
     Ok(wire::TreeSnapshotResponse {

@@ -77,7 +77,7 @@ struct ConnectionCount(Arc<Shared>);
 
 impl Drop for ConnectionCount {
     fn drop(&mut self) {
-        let now = self.0.connections.fetch_sub(1, Ordering::SeqCst) - 1;
+        let now = self.0.port.connections.fetch_sub(1, Ordering::SeqCst) - 1;
         self.0.metrics.connections.set(now as f64);
     }
 }
@@ -98,7 +98,7 @@ impl Actor for ConnectionActor {
             .lock()
             .take()
             .ok_or("a connection actor cannot be restarted: its socket is gone")?;
-        let now = args.shared.connections.fetch_add(1, Ordering::SeqCst) + 1;
+        let now = args.shared.port.connections.fetch_add(1, Ordering::SeqCst) + 1;
         args.shared.metrics.connections.set(now as f64);
         let count = ConnectionCount(Arc::clone(&args.shared));
         let cancel = CancellationToken::new();
@@ -188,7 +188,7 @@ impl FrameReader {
                         Some(held) => held,
                         None => {
                             let bytes = LEN_BYTES + 6 + frame.payload.len();
-                            budget.request(&shared.budgets, bytes).await
+                            budget.request(&shared.port.budgets, bytes).await
                         }
                     };
                     return ReadOutcome::Frame(frame, held);
@@ -202,7 +202,7 @@ impl FrameReader {
                     u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
                         as usize;
                 let total = LEN_BYTES + declared;
-                held = Some(budget.request(&shared.budgets, total).await);
+                held = Some(budget.request(&shared.port.budgets, total).await);
                 // Time spent waiting for budget is the broker's, not the client's.
                 deadline = Some(Instant::now() + self.frame_timeout);
                 self.buf.reserve(total - self.buf.len());
@@ -376,7 +376,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
         let permit = tokio::select! {
             biased;
             _ = cancel.cancelled() => break,
-            _ = shared.draining.cancelled() => break,
+            _ = shared.port.draining.cancelled() => break,
             permit = Arc::clone(&permits).acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => break,
@@ -389,7 +389,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
         let next = tokio::select! {
             biased;
             _ = cancel.cancelled() => break,
-            _ = shared.draining.cancelled() => break,
+            _ = shared.port.draining.cancelled() => break,
             next = reader.next(&shared, &budget, is_idle) => next,
         };
         let used = inflight_max - permits.available_permits();
@@ -431,8 +431,8 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                 let response_held = tokio::select! {
                     biased;
                     _ = cancel.cancelled() => break,
-                    _ = shared.draining.cancelled() => break,
-                    held = budget.response(&shared.budgets, estimate) => held,
+                    _ = shared.port.draining.cancelled() => break,
+                    held = budget.response(&shared.port.budgets, estimate) => held,
                 };
                 let mut slot = Inflight::new(&shared, permit, used);
                 slot.budget = Some(response_held);
@@ -491,7 +491,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
                     if let Some(held) = slot.budget.as_mut() {
                         tokio::select! {
                             _ = ctx.cancel.cancelled() => return,
-                            _ = budget.grow_response(&shared.budgets, held, reply_bytes(&frame)) => {}
+                            _ = budget.grow_response(&shared.port.budgets, held, reply_bytes(&frame)) => {}
                         }
                     }
                     let _ = ctx

@@ -15,6 +15,7 @@ use crate::control::shared::Shared;
 /// broker that has not learned them yet.
 pub(crate) fn keys(shared: &Shared) -> Result<Arc<CursorKeys>, ServeError> {
     shared
+        .memory
         .cursor_keys
         .known()
         .ok_or(ServeError::CursorKeyPending)
@@ -33,6 +34,7 @@ pub(crate) async fn verify(shared: &Shared, encoded: &str) -> Result<Cursor, Ser
             if let Ok(plane) = shared.plane() {
                 debug!(key_id, "a cursor names an unknown key: reading the keys");
                 shared
+                    .memory
                     .cursor_keys
                     .refresh(plane.as_ref(), shared.clock.as_ref())
                     .await;

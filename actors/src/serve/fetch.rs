@@ -126,7 +126,7 @@ pub(crate) async fn fetch(
         tokio::select! {
             _ = tokio::time::sleep_until(look_again) => {}
             _ = durable.changed() => {}
-            _ = shared.draining.cancelled() => {
+            _ = shared.port.draining.cancelled() => {
                 return Err(ServeError::Draining);
             }
         }

@@ -63,7 +63,7 @@ impl Actor for AcceptorActor {
         let token = cancel.clone();
         let shared = Arc::clone(&args.shared);
         tokio::spawn(accept_loop(shared, listener, token));
-        args.shared.accepting.store(true, Ordering::SeqCst);
+        args.shared.port.accepting.store(true, Ordering::SeqCst);
         Ok(AcceptorState {
             shared: args.shared,
             _cancel: cancel.drop_guard(),
@@ -87,7 +87,7 @@ impl Actor for AcceptorActor {
         _myself: ActorRef<AcceptorMsg>,
         state: &mut AcceptorState,
     ) -> Result<(), ActorProcessingErr> {
-        state.shared.accepting.store(false, Ordering::SeqCst);
+        state.shared.port.accepting.store(false, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -131,7 +131,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, cancel: Cancell
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = shared.draining.cancelled() => return,
+            _ = shared.port.draining.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         let (stream, peer) = match accepted {
@@ -143,14 +143,14 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, cancel: Cancell
                 continue;
             }
         };
-        if shared.connections.load(Ordering::SeqCst) >= shared.config.connections_max {
+        if shared.port.connections.load(Ordering::SeqCst) >= shared.config.connections_max {
             refuse(&stream, &busy);
             shared.metrics.connections_refused.increment(1);
             refusals.refused(shared.config.connections_max);
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let Some(listener_sup) = shared.listener.read().clone() else {
+        let Some(listener_sup) = shared.actors.listener.read().clone() else {
             continue;
         };
         let args = ConnectionArgs {

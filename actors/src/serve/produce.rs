@@ -809,7 +809,7 @@ impl Sequencer {
             if let Some(held) = slot.budget.as_mut() {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = budget.grow_response(&shared.budgets, held, super::connection::reply_bytes(&frame)) => {}
+                    _ = budget.grow_response(&shared.port.budgets, held, super::connection::reply_bytes(&frame)) => {}
                 }
             }
             let _ = tx

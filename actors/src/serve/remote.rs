@@ -441,7 +441,7 @@ async fn fetch_chunk(
     blocked: &Blocked,
     bytes_max: u64,
 ) -> Option<RemoteChunk> {
-    let raft = shared.raft.get()?;
+    let raft = shared.links.raft.get()?;
     let me = shared.config.node_id;
     let request = CatchUpRequest {
         topic: topic.to_string(),
@@ -523,7 +523,7 @@ pub(crate) async fn readable_end(shared: &Shared, tail: &TailElsewhere) -> Resul
         what: "encode a replica status request",
         reason: e.to_string(),
     })?;
-    if let Some(raft) = shared.raft.get() {
+    if let Some(raft) = shared.links.raft.get() {
         let holders = tail
             .holders
             .iter()

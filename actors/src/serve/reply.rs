@@ -30,8 +30,9 @@ pub(crate) struct Inflight {
 
 impl Inflight {
     pub(crate) fn new(shared: &Arc<Shared>, permit: OwnedSemaphorePermit, used: usize) -> Inflight {
-        shared.requests_inflight.fetch_add(1, Ordering::SeqCst);
+        shared.port.requests_inflight.fetch_add(1, Ordering::SeqCst);
         shared
+            .port
             .connection_inflight_peak
             .fetch_max(used, Ordering::SeqCst);
         Inflight {
@@ -44,7 +45,10 @@ impl Inflight {
 
 impl Drop for Inflight {
     fn drop(&mut self) {
-        self.shared.requests_inflight.fetch_sub(1, Ordering::SeqCst);
+        self.shared
+            .port
+            .requests_inflight
+            .fetch_sub(1, Ordering::SeqCst);
     }
 }
 

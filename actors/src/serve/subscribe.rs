@@ -365,7 +365,7 @@ impl PushTask {
                 sequence -= 1;
                 tokio::select! {
                     _ = self.cancel.cancelled() => break,
-                    _ = self.shared.draining.cancelled() => break,
+                    _ = self.shared.port.draining.cancelled() => break,
                     _ = self.sub.wake.notified() => {}
                     _ = durable.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(REMOTE_ACTIVE_POLL_MS)), if remote_active => {}

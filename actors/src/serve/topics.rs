@@ -31,7 +31,7 @@ async fn call_coordinator<R: Send + 'static>(
     // for the new one (bounded) rather than fail the request. The request is
     // built only once a manager took it, so it never runs twice.
     let coordinator = loop {
-        if let Some(coordinator) = shared.coordinator.read().clone()
+        if let Some(coordinator) = shared.actors.manager().get()
             && coordinator.get_status() == ractor::ActorStatus::Running
         {
             break coordinator;

@@ -55,6 +55,7 @@ impl CoordinatorRun {
                 Ok(lease) => {
                     self.logic
                         .shared
+                        .memory
                         .lease_probes
                         .lock()
                         .insert(self.logic.vnode, lease.probe());

@@ -141,7 +141,7 @@ impl Roller for CoordinatorRoller {
         segment: SegmentId,
         seal: SealRecord,
     ) -> Result<SegmentId, RollError> {
-        let Some(coordinator) = self.shared.coordinator.read().clone() else {
+        let Some(coordinator) = self.shared.actors.manager().get() else {
             return Err(RollError::Transient(
                 "the coordinator manager is not running".into(),
             ));
@@ -166,13 +166,14 @@ impl Roller for CoordinatorRoller {
     fn settle(&self, topic: &str, _range: RangeId, segment: SegmentId) {
         let first = self
             .shared
+            .memory
             .refused
             .lock()
             .insert(segment, topic.to_string())
             .is_none();
         // Reconcile settles it; it runs on every applied change and on the
         // slow timer anyway, so only the first report asks for a pass now.
-        if first && let Some(manager) = self.shared.coordinator.read().clone() {
+        if first && let Some(manager) = self.shared.actors.manager().get() {
             let _ = manager.send_message(CoordinatorMsg::Reconcile);
         }
     }

@@ -135,7 +135,10 @@ impl CoordinatorState {
             } => {
                 let _ = reply.send(self.merge(topic, range).await);
             }
-            CoordinatorMsg::Reconcile | CoordinatorMsg::Replan | CoordinatorMsg::Upkeep => {}
+            CoordinatorMsg::Reconcile
+            | CoordinatorMsg::Replan
+            | CoordinatorMsg::Upkeep
+            | CoordinatorMsg::TaskEnded(_) => {}
         }
     }
 }
@@ -202,12 +205,16 @@ impl Actor for CoordinatorActor {
                     vnode,
                     shared.config.cluster.lease_config(shared.config.node_id),
                 )?;
-                shared.lease_probes.lock().insert(vnode, lease.probe());
+                shared
+                    .memory
+                    .lease_probes
+                    .lock()
+                    .insert(vnode, lease.probe());
                 LeaseSlot::Held(lease)
             }
             None => LeaseSlot::Unneeded,
         };
-        shared.coordinators.write().insert(vnode, myself.clone());
+        shared.actors.coordinators().register(vnode, myself.clone());
         // The timer ends with the actor (ractor stops sending to a dead actor).
         let every = std::time::Duration::from_millis(shared.config.cluster.coordinator_poll_ms);
         myself.send_interval(every, || CoordinatorMsg::Upkeep);
@@ -240,6 +247,7 @@ impl Actor for CoordinatorActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             CoordinatorMsg::Upkeep => state.upkeep().await,
+            CoordinatorMsg::TaskEnded(ended) => return Err(ended.into()),
             request @ CoordinatorMsg::CreateTopic { .. } => {
                 state.take_lease().await;
                 state.logic.serve(request).await
@@ -254,17 +262,14 @@ impl Actor for CoordinatorActor {
         myself: ActorRef<CoordinatorMsg>,
         state: &mut CoordinatorRun,
     ) -> Result<(), ActorProcessingErr> {
-        {
-            let mut coordinators = state.logic.shared.coordinators.write();
-            // A restarted successor may have registered already: remove only
-            // this actor's own entry.
-            if coordinators
-                .get(&state.logic.vnode)
-                .is_some_and(|c| c.get_id() == myself.get_id())
-            {
-                coordinators.remove(&state.logic.vnode);
-            }
-        }
+        // A restarted successor may have registered already: remove only
+        // this actor's own entry.
+        state
+            .logic
+            .shared
+            .actors
+            .coordinators()
+            .unregister(state.logic.vnode, &myself);
         if let Some(failures) = state.failures.take() {
             failures.abort();
         }

@@ -162,19 +162,17 @@ impl CoordinatorRun {
         candidates: &[Candidate],
         heals: Vec<HealCandidate>,
     ) {
-        if !candidates.is_empty()
-            && let Some(failover) = shared.failover.read().clone()
-        {
-            let _ = failover.send_message(FailoverMsg::Ensure {
+        // Neither running (restarting) is fine: the next pass hands them
+        // the same candidates again.
+        if !candidates.is_empty() {
+            shared.actors.failover().tell(FailoverMsg::Ensure {
                 vnode: self.logic.vnode,
                 order,
                 candidates: candidates.to_vec(),
             });
         }
-        if !heals.is_empty()
-            && let Some(healer) = shared.healer.read().clone()
-        {
-            let _ = healer.send_message(HealMsg::Ensure {
+        if !heals.is_empty() {
+            shared.actors.healer().tell(HealMsg::Ensure {
                 vnode: self.logic.vnode,
                 order,
                 candidates: heals,
@@ -195,7 +193,7 @@ impl CoordinatorRun {
             shared.config.cluster.coordinator_poll_ms,
         ));
         if self.probed_at.is_none_or(|at| at.elapsed() >= probe_every)
-            && let Some(failover) = shared.failover.read().clone()
+            && let Some(failover) = shared.actors.failover().get()
         {
             self.probed_at = Some(std::time::Instant::now());
             let skip: BTreeSet<SegmentId> = candidates.iter().map(|c| c.segment).collect();
@@ -220,7 +218,7 @@ impl CoordinatorRun {
             shared.config.cluster.scrub_interval_ms,
         ));
         if self.scrubbed_at.is_none_or(|at| at.elapsed() >= poll)
-            && let Some(healer) = shared.healer.read().clone()
+            && let Some(healer) = shared.actors.healer().get()
         {
             self.scrubbed_at = Some(std::time::Instant::now());
             let (targets, next) =

@@ -205,6 +205,7 @@ pub(crate) fn policy_constraints(
         return Vec::new();
     };
     let texts = shared
+        .memory
         .policy_cache
         .read()
         .get(name)

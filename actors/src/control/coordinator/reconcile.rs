@@ -31,8 +31,8 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     let here = Here {
         node: NodeId(shared.config.node_id),
         running: shared.data.segments.lock().keys().copied().collect(),
-        settled: shared.settled.lock().clone(),
-        refused: shared.refused.lock().clone(),
+        settled: shared.memory.settled.lock().clone(),
+        refused: shared.memory.refused.lock().clone(),
         followed: shared
             .data
             .replication
@@ -64,7 +64,7 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     if !full {
         for (segment, length) in sealed {
             if seal_deposed(shared, segment, length).await {
-                shared.settled.lock().insert(segment);
+                shared.memory.settled.lock().insert(segment);
             }
         }
     }
@@ -81,7 +81,11 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
     // its own) is no longer waiting; a restarted one reports again.
     if !here.refused.is_empty() {
         let open: BTreeSet<SegmentId> = shared.data.segments.lock().keys().copied().collect();
-        shared.refused.lock().retain(|id, _| open.contains(id));
+        shared
+            .memory
+            .refused
+            .lock()
+            .retain(|id, _| open.contains(id));
     }
     Ok(())
 }
@@ -102,7 +106,7 @@ async fn settle_deposed(shared: &Arc<Shared>, running: &[SegmentId], deposed: Ve
             shared.data.segments.lock().remove(&segment);
         }
         if seal_deposed(shared, segment, length).await {
-            shared.settled.lock().insert(segment);
+            shared.memory.settled.lock().insert(segment);
         }
     }
 }
