@@ -302,215 +302,107 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
         shared.config.connection_request_bytes_max,
         shared.config.connection_response_bytes_max,
     );
-    // No codec and no buffer on the write side: each response goes out as
-    // its header, control map and block in one vectored write, so the block
-    // is never copied.
-    let mut writer = wr;
-    let permits = Arc::new(Semaphore::new(inflight_max));
     let subscriptions = Arc::new(Subscriptions::default());
     // One slot more than the permits, for the final error of an unframeable stream.
-    let (tx, mut rx) = mpsc::channel::<Outbound>(inflight_max + 1);
-
+    let (tx, rx) = mpsc::channel::<Outbound>(inflight_max + 1);
+    let ctx = ConnCtx {
+        tx,
+        subscriptions,
+        cancel: cancel.clone(),
+    };
     // Produce requests go, in the order they are read, to the connection's
     // sequencer, which hands them to each range's writer in that order.
     let produce = spawn_sequencer(
         Arc::clone(&shared),
-        ConnCtx {
-            tx: tx.clone(),
-            subscriptions: Arc::clone(&subscriptions),
-            cancel: cancel.clone(),
-        },
+        ctx.clone(),
         budget.clone(),
         inflight_max,
     );
+    let write_task = tokio::spawn(write_loop(wr, rx, cancel.clone(), frame_max));
+    let mut conn = Conn {
+        shared: Arc::clone(&shared),
+        budget: budget.clone(),
+        permits: Arc::new(Semaphore::new(inflight_max)),
+        inflight_max,
+        ctx,
+        produce,
+        refused_versions: Vec::new(),
+        peer,
+    };
+    conn.read_loop(&mut reader).await;
+    // Finish in-flight requests: their responses go out before the socket
+    // closes, once every sender of the write queue is gone.
+    drop(conn);
+    let finished = drain_writes(&shared, &cancel, write_task).await;
+    if budget.held_peak_bytes() >= TRIM_AFTER_BYTES {
+        trim_soon();
+    }
+    if finished {
+        linger(reader, &cancel).await;
+    }
+}
 
-    let write_cancel = cancel.clone();
-    let write_task = tokio::spawn(async move {
-        loop {
-            let next = tokio::select! {
-                biased;
-                _ = write_cancel.cancelled() => break,
-                next = rx.recv() => next,
-            };
-            let Some(out) = next else { break };
-            let reply = &out.frame;
-            // The frame limit is checked before any byte of the frame is written.
-            let parts = match encode_response_parts(
-                reply.correlation_id,
-                reply.error_code,
-                reply.control.clone(),
-                reply.block.clone(),
-                frame_max,
-            ) {
-                Ok(parts) => parts,
-                Err(e) => {
-                    debug!(error = %e, "cannot encode a response; closing");
-                    write_cancel.cancel();
-                    break;
-                }
-            };
-            let mut buf = parts.into_buf();
-            let sent = tokio::select! {
-                _ = write_cancel.cancelled() => break,
-                sent = writer.write_all_buf(&mut buf) => sent,
-            };
-            if let Err(e) = sent {
-                debug!(error = %e, "cannot write a response; closing");
-                write_cancel.cancel();
-                break;
-            }
-            // `out` (its permit and its response budget) is dropped only
-            // now, after the write.
-        }
-        // Every response is out: send FIN, so the client reads them all
-        // before it sees the end of the stream.
-        if !write_cancel.is_cancelled() {
-            let _ = writer.shutdown().await;
-        }
-    });
-
-    // The keys the client's `api_versions` shares no version with: answered
-    // with `unsupported_version` until another `api_versions` says otherwise.
-    let mut refused_versions: Vec<VersionMismatch> = Vec::new();
+/// The writer: each response goes out as its header, control map and block
+/// in one vectored write (no codec, no buffer), so the block is never
+/// copied. The frame limit is checked before any byte of a frame is
+/// written.
+async fn write_loop(
+    mut writer: tokio::net::tcp::OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Outbound>,
+    cancel: CancellationToken,
+    frame_max: usize,
+) {
     loop {
-        let permit = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => break,
-            _ = shared.port.draining.cancelled() => break,
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
-        // Idle: the reader's own permit is the only one out, and no
-        // subscription is open (pushes hold no permit).
-        let is_idle =
-            || permits.available_permits() + 1 == inflight_max && subscriptions.is_empty();
         let next = tokio::select! {
             biased;
             _ = cancel.cancelled() => break,
-            _ = shared.port.draining.cancelled() => break,
-            next = reader.next(&shared, &budget, is_idle) => next,
+            next = rx.recv() => next,
         };
-        let used = inflight_max - permits.available_permits();
-        match next {
-            ReadOutcome::Closed => break,
-            ReadOutcome::Idle => {
-                shared.metrics.connections_idle_closed.increment(1);
-                debug!(
-                    ?peer,
-                    idle_timeout_ms = shared.config.idle_timeout_ms,
-                    "idle connection closed"
-                );
+        let Some(out) = next else { break };
+        let reply = &out.frame;
+        let parts = match encode_response_parts(
+            reply.correlation_id,
+            reply.error_code,
+            reply.control.clone(),
+            reply.block.clone(),
+            frame_max,
+        ) {
+            Ok(parts) => parts,
+            Err(e) => {
+                debug!(error = %e, "cannot encode a response; closing");
+                cancel.cancel();
                 break;
             }
-            ReadOutcome::SlowFrame => {
-                shared.metrics.connections_frame_timed_out.increment(1);
-                debug!(
-                    ?peer,
-                    frame_read_timeout_ms = shared.config.frame_read_timeout_ms,
-                    "partial frame timed out; connection closed"
-                );
-                break;
-            }
-            ReadOutcome::Invalid(e) => {
-                // The stream cannot be framed any more: answer once, then close.
-                let frame = error_frame(0, e.error_code(), e.to_string());
-                let slot = Some(Inflight::new(&shared, permit, used));
-                tokio::select! {
-                    _ = cancel.cancelled() => {}
-                    _ = tx.send(Outbound { frame, _slot: slot }) => {}
-                }
-                break;
-            }
-            ReadOutcome::Frame(request, request_held) => {
-                // Take the answer's budget before handling the request: a
-                // client that does not read its answers runs out of it, and
-                // then this loop waits here and stops reading its socket.
-                let estimate = response_estimate(&shared, &request);
-                let response_held = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => break,
-                    _ = shared.port.draining.cancelled() => break,
-                    held = budget.response(&shared.port.budgets, estimate) => held,
-                };
-                let mut slot = Inflight::new(&shared, permit, used);
-                slot.budget = Some(response_held);
-                // Negotiation is a property of the connection, so it is
-                // settled here, in read order: a request pipelined right
-                // behind an `api_versions` already obeys it.
-                if request.api_key == ApiKey::ApiVersions as u16 {
-                    if let Ok(Request::ApiVersions(req)) =
-                        Request::decode(request.api_key, request.payload.clone())
-                    {
-                        refused_versions = versions_without_overlap(&req.versions);
-                    }
-                } else if let Some(mismatch) = refused_versions
-                    .iter()
-                    .find(|m| m.ours.api_key == request.api_key)
-                {
-                    let frame = error_frame(
-                        request.correlation_id,
-                        ErrorCode::UnsupportedVersion,
-                        mismatch.to_string(),
-                    );
-                    drop(request_held);
-                    tokio::select! {
-                        biased;
-                        _ = cancel.cancelled() => break,
-                        _ = tx.send(Outbound { frame, _slot: Some(slot) }) => {}
-                    }
-                    continue;
-                }
-                if request.api_key == ApiKey::Produce as u16 {
-                    let job = ProduceJob {
-                        frame: request,
-                        slot,
-                        request_held,
-                    };
-                    tokio::select! {
-                        biased;
-                        _ = cancel.cancelled() => break,
-                        sent = produce.send(job) => if sent.is_err() { break },
-                    }
-                    continue;
-                }
-                let shared = Arc::clone(&shared);
-                let budget = budget.clone();
-                let ctx = ConnCtx {
-                    tx: tx.clone(),
-                    subscriptions: Arc::clone(&subscriptions),
-                    cancel: cancel.clone(),
-                };
-                tokio::spawn(async move {
-                    // A subscribe answers through its pushes, not here.
-                    let answer = handle_frame(&shared, &ctx, request).await;
-                    // The request's bytes are no longer held.
-                    drop(request_held);
-                    let Some(frame) = answer else { return };
-                    if let Some(held) = slot.budget.as_mut() {
-                        tokio::select! {
-                            _ = ctx.cancel.cancelled() => return,
-                            _ = budget.grow_response(&shared.port.budgets, held, reply_bytes(&frame)) => {}
-                        }
-                    }
-                    let _ = ctx
-                        .tx
-                        .send(Outbound {
-                            frame,
-                            _slot: Some(slot),
-                        })
-                        .await;
-                });
-            }
+        };
+        let mut buf = parts.into_buf();
+        let sent = tokio::select! {
+            _ = cancel.cancelled() => break,
+            sent = writer.write_all_buf(&mut buf) => sent,
+        };
+        if let Err(e) = sent {
+            debug!(error = %e, "cannot write a response; closing");
+            cancel.cancel();
+            break;
         }
+        // `out` (its permit and its response budget) is dropped only now,
+        // after the write.
     }
-    // Finish in-flight requests: their responses go out before the socket closes.
-    drop(produce);
-    drop(tx);
+    // Every response is out: send FIN, so the client reads them all before
+    // it sees the end of the stream.
+    if !cancel.is_cancelled() {
+        let _ = writer.shutdown().await;
+    }
+}
+
+/// Waits, within `shutdown_timeout_ms`, for the writer to send every
+/// response still queued; true if it did.
+async fn drain_writes(
+    shared: &Shared,
+    cancel: &CancellationToken,
+    mut write_task: tokio::task::JoinHandle<()>,
+) -> bool {
     let bound = Duration::from_millis(shared.config.shutdown_timeout_ms);
-    let mut write_task = write_task;
-    let finished = tokio::select! {
+    tokio::select! {
         _ = cancel.cancelled() => {
             write_task.abort();
             false
@@ -521,16 +413,13 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
             }
             done.is_ok()
         }
-    };
-    if budget.held_peak_bytes() >= TRIM_AFTER_BYTES {
-        trim_soon();
     }
-    if !finished {
-        return;
-    }
-    // Closing a socket with unread input makes the kernel send a reset,
-    // which may destroy responses the client has not read yet. Discard what
-    // the client still sends, for a short bounded time, until it closes.
+}
+
+/// Closing a socket with unread input makes the kernel send a reset, which
+/// may destroy responses the client has not read yet. Discard what the
+/// client still sends, for a short bounded time, until it closes.
+async fn linger(reader: FrameReader, cancel: &CancellationToken) {
     let mut rd = reader.rd;
     drop(reader.buf);
     let mut sink = [0u8; 4096];
@@ -546,6 +435,212 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
             },
         }
     }
+}
+
+/// Whether the read loop goes on after a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Next,
+    Stop,
+}
+
+/// The read side of one connection: what each frame read needs.
+struct Conn {
+    shared: Arc<Shared>,
+    budget: ConnectionBudget,
+    /// `connection_inflight_max` permits; a request holds one until its
+    /// answer is written.
+    permits: Arc<Semaphore>,
+    inflight_max: usize,
+    ctx: ConnCtx,
+    produce: mpsc::Sender<ProduceJob>,
+    /// The keys the client's `api_versions` shares no version with:
+    /// answered with `unsupported_version` until another `api_versions`
+    /// says otherwise.
+    refused_versions: Vec<VersionMismatch>,
+    peer: Option<SocketAddr>,
+}
+
+impl Conn {
+    /// Reads frames until the client closes, a deadline passes, the stream
+    /// cannot be framed, or the connection is cancelled or drained.
+    async fn read_loop(&mut self, reader: &mut FrameReader) {
+        let shared = Arc::clone(&self.shared);
+        let cancel = self.ctx.cancel.clone();
+        loop {
+            let permit = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = shared.port.draining.cancelled() => return,
+                permit = Arc::clone(&self.permits).acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
+            // Idle: the reader's own permit is the only one out, and no
+            // subscription is open (pushes hold no permit).
+            let permits = Arc::clone(&self.permits);
+            let subscriptions = Arc::clone(&self.ctx.subscriptions);
+            let inflight_max = self.inflight_max;
+            let is_idle =
+                || permits.available_permits() + 1 == inflight_max && subscriptions.is_empty();
+            let next = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = shared.port.draining.cancelled() => return,
+                next = reader.next(&shared, &self.budget, is_idle) => next,
+            };
+            let used = self.inflight_max - self.permits.available_permits();
+            let flow = match next {
+                ReadOutcome::Closed => Flow::Stop,
+                ReadOutcome::Idle => {
+                    shared.metrics.connections_idle_closed.increment(1);
+                    debug!(
+                        peer = ?self.peer,
+                        idle_timeout_ms = shared.config.idle_timeout_ms,
+                        "idle connection closed"
+                    );
+                    Flow::Stop
+                }
+                ReadOutcome::SlowFrame => {
+                    shared.metrics.connections_frame_timed_out.increment(1);
+                    debug!(
+                        peer = ?self.peer,
+                        frame_read_timeout_ms = shared.config.frame_read_timeout_ms,
+                        "partial frame timed out; connection closed"
+                    );
+                    Flow::Stop
+                }
+                ReadOutcome::Invalid(e) => {
+                    // The stream cannot be framed any more: answer once, then close.
+                    let frame = error_frame(0, e.error_code(), e.to_string());
+                    let slot = Some(Inflight::new(&shared, permit, used));
+                    self.send(Outbound { frame, _slot: slot }).await;
+                    Flow::Stop
+                }
+                ReadOutcome::Frame(request, held) => self.take(request, held, permit, used).await,
+            };
+            if flow == Flow::Stop {
+                return;
+            }
+        }
+    }
+
+    /// Queues `out` for the writer, unless the connection is cancelled.
+    async fn send(&self, out: Outbound) -> Flow {
+        tokio::select! {
+            biased;
+            _ = self.ctx.cancel.cancelled() => Flow::Stop,
+            _ = self.ctx.tx.send(out) => Flow::Next,
+        }
+    }
+
+    /// One request read: its answer's budget, then version negotiation, then
+    /// the produce sequencer or a task of its own.
+    async fn take(
+        &mut self,
+        request: RequestFrame,
+        request_held: Held,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        used: usize,
+    ) -> Flow {
+        let shared = Arc::clone(&self.shared);
+        // Take the answer's budget before handling the request: a client
+        // that does not read its answers runs out of it, and then this
+        // loop waits here and stops reading its socket.
+        let estimate = response_estimate(&shared, &request);
+        let response_held = tokio::select! {
+            biased;
+            _ = self.ctx.cancel.cancelled() => return Flow::Stop,
+            _ = shared.port.draining.cancelled() => return Flow::Stop,
+            held = self.budget.response(&shared.port.budgets, estimate) => held,
+        };
+        let mut slot = Inflight::new(&shared, permit, used);
+        slot.budget = Some(response_held);
+        if let Some(frame) = self.negotiate(&request) {
+            drop(request_held);
+            return self
+                .send(Outbound {
+                    frame,
+                    _slot: Some(slot),
+                })
+                .await;
+        }
+        if request.api_key == ApiKey::Produce as u16 {
+            let job = ProduceJob {
+                frame: request,
+                slot,
+                request_held,
+            };
+            return tokio::select! {
+                biased;
+                _ = self.ctx.cancel.cancelled() => Flow::Stop,
+                sent = self.produce.send(job) => if sent.is_err() { Flow::Stop } else { Flow::Next },
+            };
+        }
+        tokio::spawn(answer(
+            shared,
+            self.ctx.clone(),
+            self.budget.clone(),
+            request,
+            request_held,
+            slot,
+        ));
+        Flow::Next
+    }
+
+    /// Negotiation is a property of the connection, so it is settled here,
+    /// in read order: a request pipelined right behind an `api_versions`
+    /// already obeys it. The refusal to send, if the request's key shares
+    /// no version with the client.
+    fn negotiate(&mut self, request: &RequestFrame) -> Option<Reply> {
+        if request.api_key == ApiKey::ApiVersions as u16 {
+            if let Ok(Request::ApiVersions(req)) =
+                Request::decode(request.api_key, request.payload.clone())
+            {
+                self.refused_versions = versions_without_overlap(&req.versions);
+            }
+            return None;
+        }
+        let mismatch = self
+            .refused_versions
+            .iter()
+            .find(|m| m.ours.api_key == request.api_key)?;
+        Some(error_frame(
+            request.correlation_id,
+            ErrorCode::UnsupportedVersion,
+            mismatch.to_string(),
+        ))
+    }
+}
+
+/// Handles one request in its own task and queues its answer (a subscribe
+/// answers through its pushes, not here).
+async fn answer(
+    shared: Arc<Shared>,
+    ctx: ConnCtx,
+    budget: ConnectionBudget,
+    request: RequestFrame,
+    request_held: Held,
+    mut slot: Inflight,
+) {
+    let answer = handle_frame(&shared, &ctx, request).await;
+    // The request's bytes are no longer held.
+    drop(request_held);
+    let Some(frame) = answer else { return };
+    if let Some(held) = slot.budget.as_mut() {
+        tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            _ = budget.grow_response(&shared.port.budgets, held, reply_bytes(&frame)) => {}
+        }
+    }
+    let _ = ctx
+        .tx
+        .send(Outbound {
+            frame,
+            _slot: Some(slot),
+        })
+        .await;
 }
 
 /// A key the broker implements whose versions do not overlap the ones the

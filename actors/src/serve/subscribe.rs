@@ -71,6 +71,7 @@ impl Subscriptions {
 
 /// What a request handler may use of its connection (subscriptions push
 /// through it).
+#[derive(Clone)]
 pub(crate) struct ConnCtx {
     pub tx: tokio::sync::mpsc::Sender<Outbound>,
     pub subscriptions: Arc<Subscriptions>,
