@@ -499,6 +499,17 @@ impl BrokerConfig {
     /// Refuses a configuration the broker cannot serve safely, with a message
     /// that names the field.
     pub fn validate(&self) -> Result<(), BrokerError> {
+        self.validate_identity()?;
+        self.validate_limits()?;
+        self.validate_budgets()?;
+        self.validate_membership()?;
+        self.validate_cluster()?;
+        self.validate_intervals()?;
+        self.validate_codecs()
+    }
+
+    /// Who this broker is and where it keeps its data.
+    fn validate_identity(&self) -> Result<(), BrokerError> {
         let bad = |reason: String| Err(BrokerError::Config { reason });
         if self.node_id == 0 {
             return bad("node_id must be positive".into());
@@ -506,6 +517,12 @@ impl BrokerConfig {
         if self.data_dir.as_os_str().is_empty() {
             return bad("data_dir must be set".into());
         }
+        Ok(())
+    }
+
+    /// Segments, frames, records, in-flight windows and replication.
+    fn validate_limits(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
         if self.segment_bytes_max == 0 || self.segment_age_ms == 0 {
             return bad("segment_bytes_max and segment_age_ms must be positive".into());
         }
@@ -565,6 +582,12 @@ impl BrokerConfig {
         if self.frame_read_timeout_ms == 0 || self.idle_timeout_ms == 0 {
             return bad("frame_read_timeout_ms and idle_timeout_ms must be positive".into());
         }
+        Ok(())
+    }
+
+    /// The client port's per-connection caps and broker-wide budgets.
+    fn validate_budgets(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
         // A connection must be able to hold one whole frame each way, and
         // the broker one connection's worth, or a frame could never be read.
         for (field, cap, budget_field, budget) in [
@@ -591,6 +614,12 @@ impl BrokerConfig {
                 return bad(format!("{budget_field} must be at most 1 TiB"));
             }
         }
+        Ok(())
+    }
+
+    /// SWIM, the admin port, the node fabric, the cookie and the seeds.
+    fn validate_membership(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
         self.membership
             .swim()
             .validate()
@@ -639,6 +668,12 @@ impl BrokerConfig {
                     .into(),
             );
         }
+        Ok(())
+    }
+
+    /// How the cluster is formed: its nodes, bootstrap and attributes.
+    fn validate_cluster(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
         let nodes = self.cluster_nodes();
         if nodes.len() > CLUSTER_NODES_MAX {
             return bad(format!(
@@ -682,6 +717,12 @@ impl BrokerConfig {
                 self.cluster.nodes, self.node_id
             ));
         }
+        Ok(())
+    }
+
+    /// The ring, replicas, maintenance intervals, leases and the backend.
+    fn validate_intervals(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
         let vnodes = self.vnode_count();
         if vnodes == 0 || vnodes > malachi_core::ring::VNODES_MAX {
             return bad(format!(
@@ -728,12 +769,17 @@ impl BrokerConfig {
                 "cluster.lease_duration_ms, lease_margin_ms and lease_renew_ms: {e}"
             ));
         }
-        if nodes.len() > 1 && self.metadata_backend == MetadataBackend::File {
+        if self.cluster_nodes().len() > 1 && self.metadata_backend == MetadataBackend::File {
             return bad(
                 "metadata_backend = \"file\" serves a lone broker only; cluster.nodes lists several"
                     .into(),
             );
         }
+        Ok(())
+    }
+
+    /// What the identity codec and the store can encode.
+    fn validate_codecs(&self) -> Result<(), BrokerError> {
         // The identity codec's bounds: refuse at start what could not be gossiped.
         let probe = malachi_membership::NodeIdentity {
             node_id: self.node_id,
