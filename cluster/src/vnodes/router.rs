@@ -1,0 +1,892 @@
+//! The router: a metadata request runs on this broker if it leads the
+//! vnode, else it is forwarded to the leader it knows of, following
+//! `NotLeader` hints and re-fetching the ring on a misrouted answer, each
+//! attempt and the whole route bounded. Also what this broker serves to
+//! other brokers' forwarded requests (`RpcService`).
+
+use super::*;
+
+/// Whether an answer is a vnode's refusal of a topic it does not (or no
+/// longer) serve: outside its arc, or in a part a split is moving.
+pub(super) trait RefusesRoute {
+    fn is_misrouted(&self) -> bool;
+}
+
+impl RefusesRoute for Verdict {
+    fn is_misrouted(&self) -> bool {
+        matches!(self, Err(e) if e.is_misrouted())
+    }
+}
+
+impl RefusesRoute for ReadAnswer {
+    fn is_misrouted(&self) -> bool {
+        matches!(self, Err(e) if e.is_misrouted())
+    }
+}
+
+impl<T> Forwarded<T> {
+    pub(super) fn noting(self, last: &mut String, reason: String) -> Forwarded<T> {
+        *last = reason;
+        self
+    }
+}
+
+impl VnodeHost {
+    /// Opens (or recovers) this broker's replica of the ring's group and of
+    /// every vnode whose voters include this broker, and initializes the
+    /// membership of fresh ones. Routes by the newest ring this broker kept
+    /// on disk (a fresh ring of `vnode_count` the first time) and fetches
+    /// the current ring from the ring's group in the background. Returns
+    /// without waiting for elections.
+    pub async fn open(
+        config: VnodeHostConfig,
+        transport: Arc<TcpTransport>,
+    ) -> Result<Arc<VnodeHost>, GroupError> {
+        if !config.joined && !config.nodes.contains(&config.node_id) {
+            return Err(GroupError::config(ConfigProblem::NotAClusterNode {
+                node: config.node_id,
+                nodes: config.nodes.clone(),
+            }));
+        }
+        let fresh = Ring::new(config.vnode_count)
+            .map_err(|e| GroupError::config(ConfigProblem::Ring(e)))?;
+        let ring = Arc::new(load_ring(&config.data_dir.join(RING_FILE)).unwrap_or(fresh));
+        let registry = Arc::new(GroupRegistry::new());
+        let host = Arc::new_cyclic(|this| VnodeHost {
+            this: this.clone(),
+            ring: RwLock::new(Arc::clone(&ring)),
+            routing_ring: RwLock::new(ring),
+            registry,
+            transport,
+            adopting: tokio::sync::Mutex::new(()),
+            closed_by_full_volume: parking_lot::Mutex::new(BTreeSet::new()),
+            groups_opened: watch::channel(0).0,
+            stopped: AtomicBool::new(false),
+            background: parking_lot::Mutex::new(Vec::new()),
+            probe_peers: Arc::new(RwLock::new(Vec::new())),
+            opened_at: parking_lot::Mutex::new(BTreeMap::new()),
+            moved_marked: tokio::sync::Mutex::new(false),
+            up: std::sync::OnceLock::new(),
+            config,
+        });
+        host.update_probe_peers();
+        let opened = async {
+            let _adopting = host.adopting.lock().await;
+            let ring = host.ring();
+            // Only the ring every broker started from, with the members the
+            // cluster was formed with, says who the voters of a fresh group
+            // are. Past it, groups move by membership changes (ADR 0104): a
+            // replica this broker lacks is opened empty and learns its
+            // membership from its leader, never guessed.
+            let pristine = ring.version() == 1
+                && ring.formed_members()
+                && !host.config.joined
+                && !host.config.data_dir.join(MOVED_FILE).exists();
+            let me = host.config.node_id;
+            let ring_dir = host.config.data_dir.join("ring").exists();
+            let ring_target = host.target_voters(RING_VNODE);
+            if pristine && ring_target.contains(&me) {
+                host.open_group(RING_GROUP_ID, Some(ring_target)).await?;
+            } else if ring_dir || ring_target.contains(&me) {
+                host.open_group(RING_GROUP_ID, None).await?;
+            }
+            // The ring's vnodes, and any vnode whose group exists here (a
+            // split's child the ring this broker knows does not name yet,
+            // a replica a membership change gave it).
+            let dirs: BTreeSet<VnodeId> = vnode_dirs(&host.config.data_dir).into_iter().collect();
+            let mut vnodes: BTreeSet<VnodeId> = ring.vnodes().map(|v| v.id).collect();
+            vnodes.extend(dirs.iter().copied());
+            // Opened side by side, a bounded number at a time: opening a
+            // group is mostly waiting for its files' fsyncs, which the disk
+            // absorbs together, and one at a time 4,096 vnodes took minutes
+            // to start (ADR 0105).
+            let opens = vnodes.into_iter().filter_map(|vnode| {
+                let target = host.target_voters(vnode);
+                if pristine && target.contains(&me) {
+                    Some((vnode.group_id(), Some(target)))
+                } else if dirs.contains(&vnode) || target.contains(&me) {
+                    Some((vnode.group_id(), None))
+                } else {
+                    None
+                }
+            });
+            use futures::{StreamExt, TryStreamExt};
+            futures::stream::iter(opens)
+                .map(|(group_id, voters)| host.open_group(group_id, voters))
+                .buffer_unordered(GROUPS_OPENING_MAX)
+                .try_collect::<()>()
+                .await?;
+            Ok::<(), GroupError>(())
+        };
+        if let Err(e) = opened.await {
+            host.shutdown().await;
+            return Err(e);
+        }
+        tracing::info!(
+            node = host.config.node_id,
+            groups = host.registry.all().len(),
+            ring_version = host.ring().version(),
+            "vnode replicas open"
+        );
+        host.spawn_ring_sync();
+        host.spawn_quiescence()?;
+        if host.config.joined {
+            host.spawn_admission();
+        }
+        host.spawn_attribute_publisher();
+        Ok(host)
+    }
+
+    /// Starts probing peers and quieting idle groups (ADR 0101), unless the
+    /// configuration keeps every group ticking.
+    pub(super) fn spawn_quiescence(self: &Arc<Self>) -> Result<(), GroupError> {
+        let Some(settings) = self.config.liveness else {
+            let rebalancer = rebalance::spawn_rebalancer(
+                Arc::downgrade(self),
+                None,
+                self.config.rebalance_check_ms.max(1),
+                self.config.replace_after_ms,
+            );
+            self.background.lock().push(rebalancer);
+            return Ok(());
+        };
+        settings
+            .validate()
+            .map_err(|e| GroupError::config(ConfigProblem::Liveness(e)))?;
+        let (up, prober) = spawn_prober(
+            Arc::clone(&self.transport),
+            self.config.node_id,
+            Arc::clone(&self.probe_peers),
+            settings,
+            Arc::new(crate::clock::SystemClock::new()),
+        );
+        let _ = self.up.set(up.clone());
+        let rebalancer = rebalance::spawn_rebalancer(
+            Arc::downgrade(self),
+            Some(up.clone()),
+            self.config.rebalance_check_ms.max(1),
+            self.config.replace_after_ms,
+        );
+        let quiescer = quiet::spawn_quiescer(
+            Arc::downgrade(self),
+            up,
+            self.config.quiet_check_ms.max(1),
+            self.config.balance_leaders,
+        );
+        self.background
+            .lock()
+            .extend([prober, quiescer, rebalancer]);
+        Ok(())
+    }
+
+    /// Probes every member but this broker from now on.
+    pub(super) fn update_probe_peers(&self) {
+        let me = self.config.node_id;
+        let peers: Vec<u64> = self.nodes().into_iter().filter(|n| *n != me).collect();
+        *self.probe_peers.write() = peers;
+    }
+
+    /// Asks the ring's group, until it answers, to make this broker a
+    /// member (a broker that joined a running cluster, ADR 0104).
+    pub(super) fn spawn_admission(self: &Arc<Self>) {
+        self.spawn_ring_change("admission", |host| async move {
+            let me = host.config.node_id;
+            if host.ring().members().get(&me) == Some(&MemberState::Active) {
+                return None;
+            }
+            Some(
+                host.admit(me)
+                    .await
+                    .map(|taken| taken.map(|version| (version, "admitted to the cluster"))),
+            )
+        });
+    }
+
+    /// Commits this broker's configured attributes to the ring once they
+    /// differ from what the ring holds (a first start, or a restart with
+    /// new attributes; ADR 0121). A broker with no attributes the ring
+    /// does not list either has nothing to commit.
+    pub(super) fn spawn_attribute_publisher(self: &Arc<Self>) {
+        self.spawn_ring_change("attributes", |host| async move {
+            let me = host.config.node_id;
+            let wanted = host.config.attributes.clone();
+            let committed = host.ring().attributes_of(me).cloned();
+            if committed.as_ref() == Some(&wanted) || (committed.is_none() && wanted.is_empty()) {
+                return None;
+            }
+            let cmd = Command::SetMemberAttributes {
+                node: me,
+                attributes: wanted,
+            };
+            Some(
+                host.change_members(cmd).await.map(|taken| {
+                    taken.map(|version| (version, "attributes committed to the ring"))
+                }),
+            )
+        });
+    }
+
+    /// The nodes the cluster was formed with.
+    pub fn formation_nodes(&self) -> &[u64] {
+        &self.config.nodes
+    }
+
+    /// Brokers per vnode group.
+    pub fn replicas_per_vnode(&self) -> usize {
+        self.config.replicas_per_vnode
+    }
+
+    /// The cluster's members and their states, by the ring this broker
+    /// holds.
+    /// The brokers the liveness prober finds up now (this one included):
+    /// a faster signal than SWIM's, about one second after a broker stops
+    /// answering. `None` where no prober runs.
+    pub fn up_nodes(&self) -> Option<BTreeSet<u64>> {
+        self.up.get().map(|up| up.borrow().clone())
+    }
+
+    /// A receiver of the liveness prober's up set, where a prober runs.
+    pub fn up_watch(&self) -> Option<watch::Receiver<BTreeSet<u64>>> {
+        self.up.get().cloned()
+    }
+
+    pub fn members(&self) -> BTreeMap<u64, MemberState> {
+        self.ring().members_or(&self.config.nodes)
+    }
+
+    /// Whether `shutdown` has begun.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// How many hosted groups are quiet now (ADR 0101).
+    pub fn quiet_groups(&self) -> usize {
+        self.registry.all().iter().filter(|g| g.is_quiet()).count()
+    }
+
+    /// Stops every hosted group.
+    pub async fn shutdown(&self) {
+        self.stopped.store(true, Ordering::Release);
+        for task in self.background.lock().drain(..) {
+            task.abort();
+        }
+        let groups = self.registry.all();
+        // Every group refuses calls and peers' answers first, so their
+        // grace periods overlap: the host's stop waits out one, not one
+        // per group.
+        for group in &groups {
+            group.begin_shutdown();
+        }
+        for group in groups {
+            let id = group.group_id();
+            if let Err(e) = group.shutdown().await {
+                tracing::warn!(group = id, error = %e, "vnode group did not shut down cleanly");
+            }
+            self.registry.remove(id);
+        }
+    }
+}
+
+pub(super) fn forwarded_error<T>(e: GroupError) -> Forwarded<T> {
+    match e {
+        GroupError::NotLeader { leader } => Forwarded::NotLeader { leader },
+        GroupError::Discarded { leader } => Forwarded::NotLeader { leader },
+        GroupError::Timeout | GroupError::Raft { .. } | GroupError::Stopped => Forwarded::Retry {
+            reason: e.to_string(),
+        },
+        other => Forwarded::Failed {
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// How a route that failed ends: as `OutcomeUnknown` if an earlier attempt
+/// may have applied the request, else as `failed`.
+pub(super) fn settle(vnode: VnodeId, uncertain: Option<String>, failed: RouteError) -> RouteError {
+    match uncertain {
+        Some(reason) => RouteError::OutcomeUnknown { vnode, reason },
+        None => failed,
+    }
+}
+
+/// A proposal's failure as it travels back: one that may still commit
+/// (timed out, or discarded by a leader change) is `Unknown`, so the router
+/// can tell it from a refusal.
+pub(super) fn proposal_error<T>(e: GroupError) -> Forwarded<T> {
+    match e {
+        GroupError::Discarded { leader } => Forwarded::Unknown {
+            leader,
+            reason: e.to_string(),
+        },
+        GroupError::Timeout => Forwarded::Unknown {
+            leader: None,
+            reason: "the proposal timed out".to_owned(),
+        },
+        other => forwarded_error(other),
+    }
+}
+
+pub(super) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, RpcError> {
+    rmp_serde::to_vec(value).map_err(|e| RpcError::Encode {
+        what: "a forwarded answer",
+        source: Arc::new(e),
+    })
+}
+
+pub(super) fn encode_request<T: Serialize>(
+    value: &T,
+    vnode: VnodeId,
+) -> Result<Vec<u8>, RouteError> {
+    rmp_serde::to_vec(value).map_err(|e| RouteError::Failed {
+        vnode,
+        reason: e.to_string(),
+    })
+}
+
+#[async_trait::async_trait]
+impl RpcService for VnodeHost {
+    async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
+        // A stopping host's groups are shutting down: answer for them,
+        // rather than hand a peer's heartbeat to a stopped raft (which
+        // logs it as an error).
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(RpcError::Group(crate::group::GroupError::Stopped));
+        }
+        match api_key {
+            FORWARD_PROPOSE_API_KEY
+            | FORWARD_READ_API_KEY
+            | FORWARD_QUERY_API_KEY
+            | OPEN_VNODE_API_KEY
+            | CLOSE_VNODE_API_KEY
+            | RING_ANNOUNCE_API_KEY => self.serve_forwarded(api_key, group_id, &body).await,
+            _ => self.registry.serve_raft(api_key, group_id, &body).await,
+        }
+    }
+}
+
+/// The replicas a routed request was redirected between since its last
+/// pause. A redirect back to one of them is a cycle (two replicas naming
+/// each other as leader while an election settles, e.g. a restarted
+/// ex-leader and followers that still name it): it pauses like a missing
+/// leader instead of spending every attempt at once.
+#[derive(Debug, Default)]
+pub(crate) struct Redirects {
+    since_pause: Vec<u64>,
+}
+
+impl Redirects {
+    /// Whether following `from`'s redirect to `to` is new since the last
+    /// pause (follow it at once) rather than a cycle (pause first).
+    pub(crate) fn fresh(&mut self, from: u64, to: u64) -> bool {
+        if self.since_pause.contains(&to) {
+            return false;
+        }
+        self.since_pause.push(from);
+        self.since_pause.push(to);
+        true
+    }
+
+    /// A pause happened: redirects may be followed at once again.
+    pub(crate) fn paused(&mut self) {
+        self.since_pause.clear();
+    }
+}
+
+impl VnodeHost {
+    /// Which of `segments` one vnode's metadata lists, read linearizably
+    /// from its leader (ADR 0115).
+    pub async fn segments_listed_by(
+        &self,
+        vnode: VnodeId,
+        segments: &[u64],
+    ) -> Result<Vec<u64>, RouteError> {
+        self.ask_listed(vnode, None, segments).await
+    }
+
+    /// Which of `segments`, all of `topic`, the topic's own vnode lists
+    /// (ADR 0115): a vnode that does not hold the topic refuses, so "not
+    /// listed" always comes from the one group that could list them.
+    pub async fn topic_segments_listed(
+        &self,
+        topic: &str,
+        segments: &[u64],
+    ) -> Result<Vec<u64>, RouteError> {
+        let vnode = self.ring().owner(topic).id;
+        self.ask_listed(vnode, Some(topic.to_owned()), segments)
+            .await
+    }
+
+    pub(super) async fn ask_listed(
+        &self,
+        vnode: VnodeId,
+        topic: Option<String>,
+        segments: &[u64],
+    ) -> Result<Vec<u64>, RouteError> {
+        let query = encode_request(
+            &Query::ListsSegments {
+                topic,
+                segments: segments.to_vec(),
+            },
+            vnode,
+        )?;
+        self.route_group(vnode, FORWARD_QUERY_API_KEY, &query).await
+    }
+
+    /// Which of `segments` any vnode lists: every vnode of the ring, and
+    /// the ring's own group, is asked (ADR 0115, the seed's orphan rule).
+    /// Whole or nothing: a vnode that does not answer, or a ring that
+    /// changes or has a split pending while they are asked, is an error,
+    /// and then no id may be judged unlisted.
+    pub async fn segments_listed(&self, segments: &[u64]) -> Result<SegmentListing, ListingError> {
+        if segments.len() > LISTS_SEGMENTS_MAX {
+            return Err(ListingError::TooMany {
+                count: segments.len(),
+            });
+        }
+        let silent = |vnode, source| ListingError::Silent { vnode, source };
+        let before = self
+            .ring_record()
+            .await
+            .map_err(|e| silent(RING_VNODE, e))?;
+        if before.pending.is_some() {
+            let v = before.ring.version();
+            return Err(ListingError::RingMoved {
+                before: v,
+                after: v,
+                pending: true,
+            });
+        }
+        let mut vnodes: Vec<VnodeId> = before.ring.vnodes().map(|v| v.id).collect();
+        vnodes.push(RING_VNODE);
+        let mut listed = BTreeSet::new();
+        for &vnode in &vnodes {
+            let answer = self
+                .segments_listed_by(vnode, segments)
+                .await
+                .map_err(|e| silent(vnode, e))?;
+            listed.extend(answer);
+        }
+        let after = self
+            .ring_record()
+            .await
+            .map_err(|e| silent(RING_VNODE, e))?;
+        if after.ring.version() != before.ring.version() || after.pending.is_some() {
+            return Err(ListingError::RingMoved {
+                before: before.ring.version(),
+                after: after.ring.version(),
+                pending: after.pending.is_some(),
+            });
+        }
+        Ok(SegmentListing {
+            listed,
+            vnodes_asked: vnodes.len(),
+        })
+    }
+
+    /// Applies `cmd` on the vnode owning its topic, wherever its leader is.
+    pub async fn propose(&self, cmd: Command) -> Result<Verdict, RouteError> {
+        let topic = cmd.topic().ok_or(RouteError::Unroutable)?.to_owned();
+        let body = encode_request(&cmd, VnodeId(0))?;
+        self.route(&topic, FORWARD_PROPOSE_API_KEY, body).await
+    }
+
+    /// A linearizable description of `topic` from its vnode's leader.
+    pub async fn describe(&self, topic: &str) -> Result<Option<TopicDescription>, RouteError> {
+        let body = encode_request(
+            &ReadRequest {
+                topic: topic.to_owned(),
+            },
+            VnodeId(0),
+        )?;
+        let answer: ReadAnswer = self.route(topic, FORWARD_READ_API_KEY, body).await?;
+        // Still refused once `moved_wait_ms` ran out: no ring this broker
+        // could fetch leads to a vnode serving the topic.
+        answer.map_err(|refused| RouteError::Unavailable {
+            vnode: self.routing_ring.read().owner(topic).id,
+            attempts: self.config.route_attempts_max,
+            last: refused.to_string(),
+        })
+    }
+
+    /// Sends `cmd` to `vnode` without consulting the ring: the path a
+    /// broker with a wrong ring takes (the vnode's own arc check answers),
+    /// and the path of commands that name no topic (leases, split steps).
+    pub async fn propose_to(&self, vnode: VnodeId, cmd: Command) -> Result<Verdict, RouteError> {
+        let body = encode_request(&cmd, vnode)?;
+        self.route_group(vnode, FORWARD_PROPOSE_API_KEY, &body)
+            .await
+    }
+
+    /// Routes by the ring, following misrouted answers (`WrongVnode`: the
+    /// vnode no longer owns the topic; `Moved`: a split is moving it) to
+    /// the current ring, for at most `moved_wait_ms`.
+    pub(super) async fn route<T: serde::de::DeserializeOwned + RefusesRoute>(
+        &self,
+        topic: &str,
+        api_key: u16,
+        body: Vec<u8>,
+    ) -> Result<T, RouteError> {
+        let deadline = Instant::now() + Duration::from_millis(self.config.moved_wait_ms);
+        let mut backoff = self.route_backoff(xxhash_rust::xxh3::xxh3_64(topic.as_bytes()));
+        loop {
+            let routing = Arc::clone(&self.routing_ring.read());
+            let vnode = routing.owner(topic).id;
+            let answer = self.route_group::<T>(vnode, api_key, &body).await?;
+            if !answer.is_misrouted() {
+                return Ok(answer);
+            }
+            if Instant::now() >= deadline {
+                return Ok(answer);
+            }
+            let current = self.ring();
+            if !Arc::ptr_eq(&current, &routing) {
+                // This broker already knows a newer ring than it routed by.
+                tracing::info!(%vnode, topic, version = current.version(), "misrouted: routing by the current ring");
+                *self.routing_ring.write() = current;
+                continue;
+            }
+            tracing::info!(%vnode, topic, version = routing.version(), "misrouted: fetching the ring");
+            match self.refresh_ring().await {
+                Ok(fetched) => *self.routing_ring.write() = Arc::clone(&fetched),
+                Err(e) => tracing::debug!(%vnode, error = %e, "ring fetch failed"),
+            }
+            if self.ring().version() == routing.version() {
+                // A split is between its fence and its ring commit (or the
+                // ring group is out of reach): wait for it.
+                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
+            }
+        }
+    }
+
+    /// The backoff of one re-routing loop about `subject` (a group, a
+    /// topic): exponential with jitter, seeded by this node and the subject.
+    pub(crate) fn route_backoff(&self, subject: u64) -> Backoff {
+        Backoff::new(
+            self.config.route_retry_backoff_ms,
+            self.config.route_retry_backoff_max_ms,
+            backoff_seed(self.config.node_id, subject),
+        )
+    }
+
+    /// Sends a request to the leader of `vnode`'s group (or of the ring's
+    /// group for `RING_VNODE`), following `NotLeader` hints and trying the
+    /// group's voters in turn, for at most `route_attempts_max` attempts.
+    pub(super) async fn route_group<T: serde::de::DeserializeOwned>(
+        &self,
+        vnode: VnodeId,
+        api_key: u16,
+        body: &[u8],
+    ) -> Result<T, RouteError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(RouteError::Stopped);
+        }
+        let group_id = group_of(vnode);
+        let mut voters = self.voters(vnode);
+        if voters.is_empty() {
+            voters = self.nodes();
+        }
+        let mut target = self
+            .registry
+            .get(group_id)
+            .and_then(|g| g.leader_term().0)
+            .unwrap_or(voters[0]);
+        let mut last = String::from("no attempt");
+        // Set once an attempt may have applied the request: from then on a
+        // final failure is `OutcomeUnknown`, never a refusal.
+        let mut uncertain: Option<String> = None;
+        let mut next_voter = 0usize;
+        let mut backoff = self.route_backoff(group_id);
+        let mut redirects = Redirects::default();
+        let deadline = Instant::now() + Duration::from_millis(self.config.route_timeout_ms);
+        let mut attempts = 0;
+        for attempt in 1..=self.config.route_attempts_max {
+            attempts = attempt;
+            let mut pause_at = None;
+            let answer: Forwarded<T> = if target == self.config.node_id {
+                self.serve_local(api_key, group_id, body).await
+            } else {
+                self.forward_to(target, api_key, group_id, body, &mut last)
+                    .await
+            };
+            match answer {
+                Forwarded::Done(value) => return Ok(value),
+                Forwarded::Failed { reason } => {
+                    return Err(settle(
+                        vnode,
+                        uncertain,
+                        RouteError::Failed { vnode, reason },
+                    ));
+                }
+                Forwarded::Unknown { leader, reason } => {
+                    tracing::debug!(%vnode, attempt, target, %reason, "metadata request outcome unknown");
+                    last = reason.clone();
+                    uncertain = Some(reason);
+                    if let Some(leader) = leader
+                        && leader != target
+                    {
+                        if redirects.fresh(target, leader) {
+                            target = leader;
+                            continue;
+                        }
+                        pause_at = Some(leader);
+                    }
+                }
+                Forwarded::NotLeader {
+                    leader: Some(leader),
+                } if leader != target => {
+                    last = format!("node {target} is not the leader; node {leader} is");
+                    if redirects.fresh(target, leader) {
+                        target = leader;
+                        continue;
+                    }
+                    pause_at = Some(leader);
+                }
+                Forwarded::NotLeader { .. } => {
+                    if last == "no attempt" {
+                        last = format!("node {target} knows no leader");
+                    }
+                }
+                Forwarded::Retry { reason } => last = reason,
+            }
+            tracing::debug!(%vnode, attempt, target, %last, "metadata request re-routed");
+            // No leader known here, or replicas naming each other while an
+            // election settles: pause so it can finish, then ask the named
+            // leader again, or else the voters in turn.
+            target = pause_at.unwrap_or_else(|| {
+                next_voter += 1;
+                voters[(next_voter - 1) % voters.len()]
+            });
+            redirects.paused();
+            let pause = Duration::from_millis(backoff.next_delay_ms());
+            if Instant::now() + pause >= deadline {
+                last = format!("{last} (gave up after {} ms)", self.config.route_timeout_ms);
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        Err(settle(
+            vnode,
+            uncertain,
+            RouteError::Unavailable {
+                vnode,
+                attempts,
+                last,
+            },
+        ))
+    }
+
+    /// Serves a forwarded request on this broker's replica.
+    pub(super) async fn serve_local<T: serde::de::DeserializeOwned>(
+        &self,
+        api_key: u16,
+        group_id: u64,
+        body: &[u8],
+    ) -> Forwarded<T> {
+        // Locally the answer is encoded and decoded like a remote one, so
+        // both paths are the same code; metadata answers are small.
+        let encoded = match self.serve_forwarded(api_key, group_id, body).await {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                return Forwarded::Failed {
+                    reason: e.to_string(),
+                };
+            }
+        };
+        rmp_serde::from_slice(&encoded).unwrap_or_else(|e| Forwarded::Failed {
+            reason: format!("undecodable local answer: {e}"),
+        })
+    }
+
+    pub(super) async fn serve_forwarded(
+        &self,
+        api_key: u16,
+        group_id: u64,
+        body: &[u8],
+    ) -> Result<Vec<u8>, RpcError> {
+        let codec = |what: &'static str| {
+            move |e: rmp_serde::decode::Error| RpcError::Decode {
+                what,
+                source: Arc::new(e),
+            }
+        };
+        if api_key == RING_ANNOUNCE_API_KEY {
+            let announced: RingAnnounce =
+                rmp_serde::from_slice(body).map_err(codec("a ring announce"))?;
+            if let Some(host) = self.this.upgrade() {
+                host.observe_ring_version(announced.version);
+            }
+            return encode(&Forwarded::Done(()));
+        }
+        if api_key == OPEN_VNODE_API_KEY {
+            let request: OpenVnode =
+                rmp_serde::from_slice(body).map_err(codec("an open vnode request"))?;
+            let answer = match self.open_requested(request.vnode, request.voters).await {
+                Ok(()) => Forwarded::Done(()),
+                Err(e) => forwarded_error(e),
+            };
+            return encode(&answer);
+        }
+        if api_key == CLOSE_VNODE_API_KEY {
+            let request: CloseVnode =
+                rmp_serde::from_slice(body).map_err(codec("a close vnode request"))?;
+            let answer = match self.close_requested(request).await {
+                Ok(()) => Forwarded::Done(()),
+                Err(e) => forwarded_error(e),
+            };
+            return encode(&answer);
+        }
+        let Some(group) = self.registry.get(group_id) else {
+            // Not a replica: no leader to name.
+            return encode(&Forwarded::<()>::NotLeader { leader: None });
+        };
+        match api_key {
+            FORWARD_PROPOSE_API_KEY => {
+                let cmd: Command =
+                    rmp_serde::from_slice(body).map_err(codec("a forwarded command"))?;
+                let answer = match self.propose_here(&group, group_id, cmd).await {
+                    Ok(verdict) => Forwarded::Done(verdict),
+                    Err(e) => proposal_error(e),
+                };
+                encode(&answer)
+            }
+            FORWARD_READ_API_KEY => {
+                let request: ReadRequest =
+                    rmp_serde::from_slice(body).map_err(codec("a forwarded read"))?;
+                let read = group
+                    .read(move |s| {
+                        s.check_topic_route(&request.topic)
+                            .map(|()| s.describe_topic(&request.topic))
+                    })
+                    .await;
+                // Outside the arc, or being moved by a split, the answer is
+                // the refusal: a reader routing by an older ring must not
+                // take "absent" here for an answer.
+                let answer: Forwarded<ReadAnswer> = match read {
+                    Ok(answer) => Forwarded::Done(answer),
+                    Err(e) => forwarded_error(e),
+                };
+                encode(&answer)
+            }
+            FORWARD_QUERY_API_KEY => {
+                let query: Query =
+                    rmp_serde::from_slice(body).map_err(codec("a forwarded query"))?;
+                match query {
+                    Query::Ring => {
+                        let answer = match group.read(|s| s.ring_record().cloned()).await {
+                            Ok(record) => Forwarded::Done(record),
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                    Query::Membership => {
+                        // The leader's own view, without a read-index
+                        // round: cheap enough for every broker to ask every
+                        // so often. A deposed leader's answer is at worst
+                        // stale, and its `committed` flag then names a
+                        // membership a quorum once held, which is all a
+                        // reader acts on (`sweep_left_groups`).
+                        let answer = if group.is_leader() {
+                            let m: GroupMembership = group.membership();
+                            Forwarded::Done(VnodeMembership {
+                                leader: self.config.node_id,
+                                voters: m.voters.into_iter().collect(),
+                                learners: m.learners.into_iter().collect(),
+                                joint: m.joint,
+                                committed: m.committed,
+                            })
+                        } else {
+                            Forwarded::NotLeader {
+                                leader: group.leader_term().0,
+                            }
+                        };
+                        encode(&answer)
+                    }
+                    Query::ListsSegments { topic, segments } => {
+                        let read = group
+                            .read(move |s| {
+                                if let Some(topic) = &topic {
+                                    s.check_topic_route(topic)?;
+                                }
+                                Ok::<_, ModelError>(
+                                    segments
+                                        .into_iter()
+                                        .filter(|id| {
+                                            s.segment(malachi_core::model::SegmentId(*id)).is_some()
+                                        })
+                                        .collect::<Vec<u64>>(),
+                                )
+                            })
+                            .await;
+                        let answer = match read {
+                            Ok(Ok(listed)) => Forwarded::Done(listed),
+                            Ok(Err(refused)) => Forwarded::Failed {
+                                reason: refused.to_string(),
+                            },
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                    Query::Policies => {
+                        let answer = match group.read(|s| s.policies().clone()).await {
+                            Ok(policies) => Forwarded::Done(policies),
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                    Query::CursorKeys => {
+                        let answer = match group.read(|s| s.cursor_keys().cloned()).await {
+                            Ok(keys) => Forwarded::Done(keys),
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                    Query::Export { arc, id_base } => {
+                        let read = group
+                            .read(move |s| {
+                                (s.fence() == Some(arc)).then(|| s.export_arc(arc, id_base))
+                            })
+                            .await;
+                        let answer = match read {
+                            Ok(Some(seed)) => Forwarded::Done(seed),
+                            Ok(None) => Forwarded::Failed {
+                                reason: format!("the arc {arc} is not fenced; nothing exported"),
+                            },
+                            Err(e) => forwarded_error(e),
+                        };
+                        encode(&answer)
+                    }
+                }
+            }
+            other => Err(RpcError::NotForwarded { api_key: other }),
+        }
+    }
+
+    /// Proposes on this broker's replica, first recording the vnode's arc
+    /// if the group has none yet.
+    pub(super) async fn propose_here(
+        &self,
+        group: &MetadataGroup,
+        group_id: u64,
+        cmd: Command,
+    ) -> Result<Verdict, GroupError> {
+        if cmd.topic().is_some() && group.read_local(|s| s.arc()).is_none() {
+            let vnode = u32::try_from(group_id)
+                .ok()
+                .and_then(|id| self.ring().vnode(VnodeId(id)).copied());
+            if let Some(vnode) = vnode {
+                let arc = vnode.arc;
+                let id_base = vnode.id.id_base();
+                match group.propose(Command::AssignArc { arc, id_base }).await? {
+                    Ok(_) => tracing::info!(group = group_id, %arc, "vnode arc recorded"),
+                    // The group already holds a topic outside this arc (a
+                    // lone broker's group 0 from before vnodes): leave it
+                    // unenforced rather than refuse its own topics.
+                    Err(refused) => {
+                        tracing::warn!(group = group_id, %refused, "vnode arc not recorded")
+                    }
+                }
+            }
+        }
+        group.propose(cmd).await
+    }
+}
