@@ -8,6 +8,8 @@
 //! - `formation`: how brokers form one cluster (ADR 0102).
 //! - `placement`: which coordinators a broker runs.
 //! - `constraints`: storage policies' placement (ADR 0116).
+//! - `plan`: the control plane's planners: what to fail over, heal and
+//!   probe.
 //!
 //! Everything here is a deterministic function of its inputs: no clock, no
 //! randomness, no filesystem or network, no async runtime. The manifest
@@ -19,4 +21,5 @@ pub mod cursor;
 pub mod formation;
 pub mod model;
 pub mod placement;
+pub mod plan;
 pub mod ring;

@@ -19,12 +19,13 @@
 use std::path::{Path, PathBuf};
 
 /// The modules of the pure core, as `lib.rs` declares them.
-const PURE_MODULES: [&str; 6] = [
+const PURE_MODULES: [&str; 7] = [
     "constraints",
     "cursor",
     "formation",
     "model",
     "placement",
+    "plan",
     "ring",
 ];
 /// The I/O modules of the crates that wrap the pure core: no path of the

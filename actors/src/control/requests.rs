@@ -3,8 +3,6 @@
 //! Kept apart from the actors so the broker context can hold a
 //! coordinator's handle without naming its logic.
 
-use std::collections::BTreeSet;
-
 use malachi_core::model::{ModelError, RangeId, SealRecord, SegmentId};
 use malachi_core::ring::VnodeId;
 use malachi_supervision::SupervisionError;
@@ -92,15 +90,7 @@ pub(crate) enum CoordinatorMsg {
 }
 impl ractor::Message for CoordinatorMsg {}
 
-/// One segment to fail over.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Candidate {
-    pub topic: String,
-    pub segment: SegmentId,
-    /// The brokers found failed (the primary, at least): the successor
-    /// goes elsewhere.
-    pub failed: BTreeSet<u64>,
-}
+pub(crate) use malachi_core::plan::{Candidate, HealCandidate, HealKind, ProbeTarget, ScrubTarget};
 
 /// What coordinators send the failover actor (`maintenance/failover.rs`),
 /// kept here so the control plane names no module above it.
@@ -134,74 +124,7 @@ pub(crate) enum FailoverMsg {
     },
 }
 
-/// An active replicated segment whose copies a coordinator wants probed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ProbeTarget {
-    pub topic: String,
-    pub segment: SegmentId,
-    pub replicas: Vec<u64>,
-}
-
 impl ractor::Message for FailoverMsg {}
-
-/// One sealed segment copy to make.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HealCandidate {
-    pub topic: String,
-    pub segment: SegmentId,
-    /// Which copy, and where it goes.
-    pub kind: HealKind,
-    /// Every broker gone for longer than `replace_after_ms`: no new copy
-    /// goes there.
-    pub gone: BTreeSet<u64>,
-}
-
-/// What a heal does to a sealed segment's replica set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HealKind {
-    /// The copy on `lost`, a broker gone for longer than
-    /// `replace_after_ms`, is re-created on a live broker holding none,
-    /// which takes `lost`'s place in the set (`ReplaceReplica`).
-    Replace { lost: u64 },
-    /// The copy on `holder`, a live broker, is broken: rebuilt there from
-    /// an intact copy, the replica set unchanged (ADR 0110).
-    Rebuild { holder: u64 },
-    /// The segment has fewer copies than its topic's factor (a failover
-    /// placed it on the brokers it could reach): a new copy on a live
-    /// broker holding none joins the end of the set (`AddReplica`, ADR
-    /// 0117).
-    Add,
-}
-
-impl HealKind {
-    /// The broker whose copy the heal stands in for or rebuilds; `None`
-    /// for an added copy.
-    pub(crate) fn holder(self) -> Option<u64> {
-        match self {
-            HealKind::Replace { lost } => Some(lost),
-            HealKind::Rebuild { holder } => Some(holder),
-            HealKind::Add => None,
-        }
-    }
-
-    /// The word logs and metrics name the heal by.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            HealKind::Replace { .. } => "replace",
-            HealKind::Rebuild { .. } => "rebuild",
-            HealKind::Add => "add",
-        }
-    }
-}
-
-/// A sealed segment whose copies a coordinator wants scrubbed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ScrubTarget {
-    pub topic: String,
-    pub segment: SegmentId,
-    pub seal: malachi_core::model::SealRecord,
-    pub replicas: Vec<u64>,
-}
 
 /// What coordinators send the healer (`maintenance/healer.rs`).
 pub(crate) enum HealMsg {

@@ -91,7 +91,7 @@ mod tests {
     use malachi_core::model::{Command, NodeId, SealRecord};
 
     use super::*;
-    use crate::control::coordinator::fixture::create_replicated;
+    use malachi_core::plan::fixture::create_replicated;
 
     #[test]
     fn the_ancestry_lists_each_roll_with_its_seal_back_to_the_depth_bound() {

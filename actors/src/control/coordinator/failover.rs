@@ -9,12 +9,12 @@ use malachi_core::model::{Command, ModelError, NodeId, Outcome, SealRecord, Segm
 use malachi_core::placement::{Candidate, choose_replicas};
 use tracing::{debug, info};
 
-use super::heal::wanted_copies;
 use super::lifecycle::start_segment;
 use super::place::placed;
 use super::{CoordError, CoordinatorState};
 use crate::control::metadata::read_owner;
 use crate::control::segment_stop::segment_name;
+use malachi_core::plan::heal::wanted_copies;
 
 impl CoordinatorState {
     /// Records a failover's seal (issue 19, ADR 0106): `segment`, whose

@@ -45,18 +45,16 @@
 //! broker's actors and copies match the metadata, `settle.rs` says which
 //! deposed writers to settle; `upkeep.rs` is the timed work under the
 //! lease (`lease_slot.rs`), `orders.rs` its orders to the failover actor
-//! and the healer, decided by `heal.rs` and `probes.rs`.
+//! and the healer, decided by the pure planners of `malachi_core::plan`
+//! (`failed.rs` judges which brokers count as failed).
 
 mod ancestry;
+mod failed;
 mod failover;
-#[cfg(test)]
-mod fixture;
-mod heal;
 mod lease_slot;
 mod lifecycle;
 mod orders;
 mod place;
-mod probes;
 mod reconcile;
 mod reshape;
 mod settle;
@@ -70,7 +68,6 @@ use malachi_core::ring::VnodeId;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::info;
 
-pub(crate) use self::heal::wanted_copies;
 use self::lease_slot::LeaseSlot;
 pub(crate) use self::place::{brokers_with_attributes, policy_constraints};
 pub(crate) use self::reconcile::reconcile;
@@ -79,6 +76,7 @@ pub(crate) use super::requests::{CoordError, CoordinatorMsg};
 use crate::control::lease::CoordinatorLease;
 use crate::control::order_epoch::OrderEpochs;
 use crate::control::shared::Shared;
+pub(crate) use malachi_core::plan::heal::wanted_copies;
 
 pub(crate) struct CoordinatorActor;
 

@@ -13,15 +13,14 @@ use malachi_membership::MembershipView;
 use malachi_wire::replica_order::OrderEpoch;
 
 use super::CoordinatorRun;
-use super::heal::{
-    RESTORE_AFTER_MS, Restore, failover_candidates, heal_candidates, primary_failed,
-};
-use super::probes::{
+use super::failed::primary_failed;
+use crate::control::requests::{Candidate, FailoverMsg, HealCandidate, HealMsg};
+use crate::control::shared::Shared;
+use malachi_core::plan::heal::{RESTORE_AFTER_MS, Restore, failover_candidates, heal_candidates};
+use malachi_core::plan::probes::{
     PROBE_TARGETS_MAX, SCRUB_TARGETS_MAX, fence_probe_ms, probe_targets, scrub_poll_ms,
     scrub_targets,
 };
-use crate::control::requests::{Candidate, FailoverMsg, HealCandidate, HealMsg};
-use crate::control::shared::Shared;
 
 /// Who looks failed, gone, full or leaving, as this broker sees it now.
 #[derive(Debug, Default)]

@@ -11,12 +11,12 @@ use malachi_core::model::{
 };
 use tracing::{info, warn};
 
-use super::heal::wanted_copies;
 use super::lifecycle::{LOCAL_APPLY_WAIT_MS, start_segment};
 use super::{CoordError, CoordinatorState};
 use crate::control::metadata::read_owner;
 use crate::control::segment_stop::{segment_name, stop_segment_actor};
 use crate::data::segment::{AppendError, SegmentMsg};
+use malachi_core::plan::heal::wanted_copies;
 
 /// How many times a split or merge freezes and proposes again when the
 /// segment it froze was rolled (a failover) before its proposal applied.
@@ -511,7 +511,7 @@ mod tests {
     use malachi_core::model::{Command, NodeId};
 
     use super::*;
-    use crate::control::coordinator::fixture::create;
+    use malachi_core::plan::fixture::create;
 
     #[test]
     fn a_band_s_halves_tile_it() {

@@ -177,9 +177,9 @@ mod tests {
 
     use super::*;
     use crate::control::coordinator::CoordError;
-    use crate::control::coordinator::fixture::create;
     use crate::control::coordinator::lifecycle::roll_refusal;
     use crate::data::segment::RollError;
+    use malachi_core::plan::fixture::create;
 
     /// Chaos finding F7: the writer of a segment whose range was split
     /// away had its roll refused (`RangeNotActive`) for good, and nothing

@@ -10,10 +10,10 @@ use malachi_core::model::{NodeId, SegmentId};
 use ractor::ActorRef;
 use tracing::{info, warn};
 
-use super::heal::stranded_segments;
 use super::lease_slot::LeaseSlot;
 use super::{CoordinatorMsg, CoordinatorRun};
 use crate::control::shared::Shared;
+use malachi_core::plan::heal::stranded_segments;
 
 impl CoordinatorRun {
     /// The continuous work, run only while the lease holds; a coordinator

@@ -5,32 +5,32 @@
 
 use std::collections::BTreeSet;
 
-use malachi_core::model::{MetadataState, SegmentId, SegmentState};
+use crate::model::{MetadataState, SegmentId, SegmentState};
 
 /// Sealed segments one scrub poll asks about at most; the next poll goes
 /// on after the last one asked.
-pub(crate) const SCRUB_TARGETS_MAX: usize = 1_024;
+pub const SCRUB_TARGETS_MAX: usize = 1_024;
 
 /// How often a coordinator asks for the scrub verdicts of its sealed
 /// copies: a quarter of `scrub_interval_ms`, between 1 and 30 s.
-pub(crate) fn scrub_poll_ms(scrub_interval_ms: u64) -> u64 {
+pub fn scrub_poll_ms(scrub_interval_ms: u64) -> u64 {
     (scrub_interval_ms / 4).clamp(1_000, 30_000)
 }
 
 /// Up to `max` sealed segments of `state`, in id order from just after
 /// `after` (wrapping to the start), each with its recorded seal and its
 /// holders, and the id to go on after next time.
-pub(crate) fn scrub_targets(
+pub fn scrub_targets(
     state: &MetadataState,
     after: u64,
     max: usize,
-) -> (Vec<crate::control::requests::ScrubTarget>, u64) {
-    let mut sealed: Vec<crate::control::requests::ScrubTarget> = Vec::new();
+) -> (Vec<super::ScrubTarget>, u64) {
+    let mut sealed: Vec<super::ScrubTarget> = Vec::new();
     for topic in state.topics() {
         for range in topic.ranges.iter().filter_map(|id| state.range(*id)) {
             for segment in range.segments.iter().filter_map(|id| state.segment(*id)) {
                 if let Some(seal) = segment.seal() {
-                    sealed.push(crate::control::requests::ScrubTarget {
+                    sealed.push(super::ScrubTarget {
                         topic: topic.name.clone(),
                         segment: segment.id,
                         seal,
@@ -53,27 +53,27 @@ pub(crate) fn scrub_targets(
 
 /// Active segments probed per probe at most; the next probe goes on after
 /// the last one asked.
-pub(crate) const PROBE_TARGETS_MAX: usize = 1_024;
+pub const PROBE_TARGETS_MAX: usize = 1_024;
 
 /// How often a coordinator has the copies of its active replicated
 /// segments probed for an orphaned fence or a copy latched failed: five
 /// upkeep ticks, between 1 and 30 s. A segment is failed over only when
 /// stuck at two probes in a row, so a roll in progress (a second or less)
 /// is never taken for one.
-pub(crate) fn fence_probe_ms(coordinator_poll_ms: u64) -> u64 {
+pub fn fence_probe_ms(coordinator_poll_ms: u64) -> u64 {
     coordinator_poll_ms.saturating_mul(5).clamp(1_000, 30_000)
 }
 
 /// Up to `max` active replicated segments of `state` (the newest of each
 /// active range), in id order from just after `after`, wrapping; those in
 /// `skip` (failing over already) are left out. Also the id to go on after.
-pub(crate) fn probe_targets(
+pub fn probe_targets(
     state: &MetadataState,
     skip: &BTreeSet<SegmentId>,
     after: u64,
     max: usize,
-) -> (Vec<crate::control::requests::ProbeTarget>, u64) {
-    let mut active: Vec<crate::control::requests::ProbeTarget> = Vec::new();
+) -> (Vec<super::ProbeTarget>, u64) {
+    let mut active: Vec<super::ProbeTarget> = Vec::new();
     for topic in state.topics() {
         for range in state.active_ranges(&topic.name) {
             let Some(segment) = range.last_segment().and_then(|id| state.segment(id)) else {
@@ -85,7 +85,7 @@ pub(crate) fn probe_targets(
             {
                 continue;
             }
-            active.push(crate::control::requests::ProbeTarget {
+            active.push(super::ProbeTarget {
                 topic: topic.name.clone(),
                 segment: segment.id,
                 replicas: segment.replicas.iter().map(|n| n.0).collect(),

@@ -6,13 +6,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use malachi_core::model::{MetadataState, NodeId, SegmentId, SegmentState};
+use crate::model::{MetadataState, NodeId, SegmentId, SegmentState};
 
 /// The active segments of `state` placed on a broker outside `live` (dead
 /// by membership, or never a member): their records are unavailable until
 /// that broker returns. What the coordinator's upkeep reports today; healing
 /// (moving them) needs data-plane replication.
-pub(crate) fn stranded_segments(
+pub fn stranded_segments(
     state: &MetadataState,
     live: &BTreeSet<u64>,
 ) -> Vec<(String, SegmentId, NodeId)> {
@@ -35,35 +35,15 @@ pub(crate) fn stranded_segments(
     stranded
 }
 
-/// Whether a broker counts as failed for a failover: declared dead by
-/// SWIM, or suspected by SWIM *and* down by the raft port's liveness
-/// prober (two signals, about a second after it stops answering, where
-/// SWIM's dead takes several). A broker SWIM does not know is not failed.
-pub(crate) fn primary_failed(
-    swim: Option<malachi_membership::MemberState>,
-    up: Option<bool>,
-) -> bool {
-    use malachi_membership::MemberState;
-    match swim {
-        Some(MemberState::Dead) => true,
-        Some(MemberState::Suspect) => up == Some(false),
-        // Not known to SWIM yet (the coordinators start before membership,
-        // and the prober counts every peer down until it answers): never
-        // failed on the prober's word alone, or every start would fail
-        // over the segments its peers lead.
-        Some(MemberState::Alive) | None => false,
-    }
-}
-
 /// The segments to fail over: the newest segment of each active range,
 /// still active, with more than one copy, whose primary `failed` says is
 /// gone (an unreplicated segment has no other copy to go on from).
-pub(crate) fn failover_candidates(
+pub fn failover_candidates(
     state: &MetadataState,
     failed: &dyn Fn(u64) -> bool,
     gone: &dyn Fn(u64) -> bool,
     restore: &Restore,
-) -> Vec<crate::control::requests::Candidate> {
+) -> Vec<super::Candidate> {
     let mut out = Vec::new();
     for topic in state.topics() {
         let wanted = wanted_copies(state, &topic.name);
@@ -97,7 +77,7 @@ pub(crate) fn failover_candidates(
             if !failed(primary.0) && !follower_gone && !short {
                 continue;
             }
-            out.push(crate::control::requests::Candidate {
+            out.push(super::Candidate {
                 topic: topic.name.clone(),
                 segment: segment.id,
                 failed: segment
@@ -115,7 +95,7 @@ pub(crate) fn failover_candidates(
 /// When an active segment short of copies rolls onto a full set
 /// (`failover_candidates`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Restore {
+pub struct Restore {
     /// Live brokers that may take a new copy (not failed, full or leaving).
     pub placeable: usize,
     pub now_ms: u64,
@@ -129,12 +109,12 @@ pub(crate) struct Restore {
 /// failover kept them for 10 s after the third broker was back, and
 /// losing one more copy then stopped writes (chaos F4); now the factor
 /// comes back within about a second of the broker's return (ADR 0125).
-pub(crate) const RESTORE_AFTER_MS: u64 = 1_000;
+pub const RESTORE_AFTER_MS: u64 = 1_000;
 
 /// The copies a segment of `topic` should have: the most any of its
 /// segments has (the metadata keeps no factor of its own; a failover onto
 /// fewer live brokers leaves the earlier segments, healed, at the factor).
-pub(crate) fn wanted_copies(state: &MetadataState, topic: &str) -> usize {
+pub fn wanted_copies(state: &MetadataState, topic: &str) -> usize {
     state
         .topic(topic)
         .map(|t| {
@@ -167,12 +147,12 @@ const HEAL_CANDIDATES_MAX: usize = 64;
 ///
 /// Replacements come first: a copy on a gone broker is a copy lost, a
 /// short segment's copies are all there.
-pub(crate) fn heal_candidates(
+pub fn heal_candidates(
     state: &MetadataState,
     gone: &BTreeSet<u64>,
     placeable: &BTreeSet<u64>,
-) -> Vec<crate::control::requests::HealCandidate> {
-    use crate::control::requests::{HealCandidate, HealKind};
+) -> Vec<super::HealCandidate> {
+    use super::{HealCandidate, HealKind};
     let mut out = Vec::new();
     let sealed = || {
         state.topics().flat_map(move |topic| {
@@ -229,26 +209,11 @@ pub(crate) fn heal_candidates(
 
 #[cfg(test)]
 mod tests {
-    use malachi_core::model::{Command, NodeId, SealRecord};
+    use crate::model::{Command, NodeId, SealRecord};
 
     use super::*;
-    use crate::control::coordinator::fixture::{create, create_replicated, roll_onto};
-    use crate::control::requests::HealKind;
-
-    #[test]
-    fn a_primary_is_failed_when_swim_says_dead_or_both_signals_say_down() {
-        use malachi_membership::MemberState::{Alive, Dead, Suspect};
-        assert!(primary_failed(Some(Dead), None));
-        assert!(primary_failed(Some(Dead), Some(true)));
-        assert!(primary_failed(Some(Suspect), Some(false)));
-        // One signal alone is not a failure: timeouts are not failures.
-        assert!(!primary_failed(Some(Suspect), Some(true)));
-        assert!(!primary_failed(Some(Suspect), None));
-        assert!(!primary_failed(Some(Alive), Some(false)));
-        // Unknown to SWIM (a broker that just started): not failed.
-        assert!(!primary_failed(None, Some(false)));
-        assert!(!primary_failed(None, None));
-    }
+    use crate::plan::HealKind;
+    use crate::plan::fixture::{create, create_replicated, roll_onto};
 
     const NO_RESTORE: Restore = Restore {
         placeable: 0,
@@ -355,7 +320,7 @@ mod tests {
         assert!(heal_candidates(&state, &BTreeSet::new(), &BTreeSet::new()).is_empty());
     }
 
-    fn kinds(heals: &[crate::control::requests::HealCandidate]) -> Vec<(SegmentId, HealKind)> {
+    fn kinds(heals: &[crate::plan::HealCandidate]) -> Vec<(SegmentId, HealKind)> {
         heals.iter().map(|h| (h.segment, h.kind)).collect()
     }
 

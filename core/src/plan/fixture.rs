@@ -1,9 +1,10 @@
-//! Metadata states for the coordinator's unit tests.
+//! Metadata states for the planners' and the coordinator's unit tests
+//! (the `fixtures` feature shares them with `malachi-actors`' tests).
 #![allow(clippy::unwrap_used)]
 
-use malachi_core::model::{Command, MetadataState, NodeId, SealRecord, SegmentId};
+use crate::model::{Command, MetadataState, NodeId, SealRecord, SegmentId};
 
-pub(super) fn create(state: &mut MetadataState, topic: &str, node: u64) {
+pub fn create(state: &mut MetadataState, topic: &str, node: u64) {
     state
         .apply(Command::CreateTopic {
             topic: topic.into(),
@@ -15,7 +16,7 @@ pub(super) fn create(state: &mut MetadataState, topic: &str, node: u64) {
         .unwrap();
 }
 
-pub(super) fn create_replicated(state: &mut MetadataState, topic: &str, replicas: &[u64]) {
+pub fn create_replicated(state: &mut MetadataState, topic: &str, replicas: &[u64]) {
     state
         .apply(Command::CreateTopic {
             topic: topic.into(),
@@ -29,7 +30,7 @@ pub(super) fn create_replicated(state: &mut MetadataState, topic: &str, replicas
 
 /// Rolls the newest segment of `topic`'s one range onto `next` and
 /// returns the segment it sealed.
-pub(super) fn roll_onto(state: &mut MetadataState, topic: &str, next: &[u64]) -> SegmentId {
+pub fn roll_onto(state: &mut MetadataState, topic: &str, next: &[u64]) -> SegmentId {
     let segment = state
         .active_ranges(topic)
         .next()
