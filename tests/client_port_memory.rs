@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -18,12 +18,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
-use common::{BIN, free_port, spawn_until_serving};
+use common::{bin, free_port, spawn_until_serving};
+use malachi_testkit::wait::eventually_blocking;
 use malachi_wire::batch::{BatchBuilder, Record};
 use malachi_wire::messages::{CreateTopicRequest, FetchRequest, Operation, ProduceRequest};
 use malachi_wire::{ErrorCode, Message, ResponseFrame};
 
 const MIB: usize = 1 << 20;
+/// How often a wait checks the broker's figures.
+const POLL: Duration = Duration::from_millis(100);
 
 /// A broker process started with a config file; killed when dropped.
 struct BrokerProcess {
@@ -53,7 +56,7 @@ fn start_with(data_dir: &Path, extra: &str) -> BrokerProcess {
     let config = data_dir.with_extension("toml");
     std::fs::write(&config, extra).unwrap();
     let stderr_log = data_dir.with_extension("broker.log");
-    let mut command = std::process::Command::new(BIN);
+    let mut command = std::process::Command::new(bin());
     command
         .args(["broker", "--node-id", "1", "--listen", &client_addr])
         .args(["--admin-listen", &admin_addr, "--config"])
@@ -109,17 +112,6 @@ fn metric(broker: &BrokerProcess, name: &str) -> Option<f64> {
     stream.read_to_string(&mut text).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    check()
 }
 
 fn request_frame(api_key: u16, correlation_id: u32, payload: &[u8]) -> Vec<u8> {
@@ -244,7 +236,7 @@ fn partial_frames_of_300_connections_raise_the_brokers_rss_by_less_than_the_requ
     // Closed, the connections return what they held.
     drop(held);
     assert!(
-        eventually(Duration::from_secs(20), || metric(
+        eventually_blocking(Duration::from_secs(20), POLL, || metric(
             &broker,
             "malachi_request_bytes_in_use"
         ) == Some(0.0)),
@@ -370,7 +362,7 @@ fn clients_that_pipeline_fetches_and_never_read_hold_no_more_than_the_response_b
     // They close: the budget returns to 0 and so does the memory.
     drop(greedy);
     assert!(
-        eventually(Duration::from_secs(20), || metric(
+        eventually_blocking(Duration::from_secs(20), POLL, || metric(
             &broker,
             "malachi_response_bytes_in_use"
         ) == Some(0.0)),
@@ -378,7 +370,7 @@ fn clients_that_pipeline_fetches_and_never_read_hold_no_more_than_the_response_b
         metric(&broker, "malachi_response_bytes_in_use")
     );
     let mut after = rss_bytes(&broker);
-    let back = eventually(Duration::from_secs(10), || {
+    let back = eventually_blocking(Duration::from_secs(10), POLL, || {
         after = rss_bytes(&broker);
         after < before + 32 * MIB
     });

@@ -12,14 +12,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{BIN, free_port, malachi, ok, out, spawn_until_serving};
+use common::{bin, free_port, malachi, ok, out, spawn_until_serving};
+use malachi_testkit::wait::Wait;
 use serde_json::Value;
 
 /// SWIM timers of these tests (milliseconds).
@@ -77,7 +78,7 @@ impl Node {
     /// The command that starts this broker with `seeds`, `attrs` and
     /// `extra` flags.
     fn command(&self, seeds: &[String], attrs: &[&str], extra: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(bin());
         command
             .args(["broker", "--node-id", &self.node_id.to_string()])
             .args(["--listen", &self.client, "--admin-listen", &self.admin])
@@ -174,20 +175,17 @@ fn entry(statuses: &[Value], node_id: u64) -> Value {
 
 /// Waits (bounded) until `check` holds for `observer`'s cluster status.
 fn wait_for(observer: &Node, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let statuses = status(observer);
-        if check(&statuses) {
-            return statuses;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {} never saw {what}; last status: {statuses:?}\nits log:\n{}",
-            observer.node_id,
-            observer.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let what = format!("node {} sees {what}", observer.node_id);
+    Wait::new(what, CONVERGE, Duration::from_millis(100))
+        .context(|| format!("its log:\n{}", observer.log()))
+        .until_blocking(|| {
+            let statuses = status(observer);
+            if check(&statuses) {
+                Ok(statuses)
+            } else {
+                Err(statuses)
+            }
+        })
 }
 
 fn all_alive(ids: &[u64]) -> impl Fn(&[Value]) -> bool + '_ {
@@ -324,20 +322,17 @@ fn member(members: &Value, node_id: u64) -> Value {
 
 /// Waits (bounded) until `check` holds for the members `observer` reports.
 fn wait_members(observer: &Node, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let members = members(observer);
-        if check(&members) {
-            return members;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {} never saw {what}; last members: {members}\nits log:\n{}",
-            observer.node_id,
-            observer.log()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let what = format!("node {} sees {what} among the members", observer.node_id);
+    Wait::new(what, Duration::from_secs(120), Duration::from_millis(250))
+        .context(|| format!("its log:\n{}", observer.log()))
+        .until_blocking(|| {
+            let members = members(observer);
+            if check(&members) {
+                Ok(members)
+            } else {
+                Err(members)
+            }
+        })
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! timeout, so the failover must finish well inside that.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::collections::HashMap;
 use std::io::Write;

@@ -16,7 +16,7 @@
 //! saying so, rather than pass without testing anything.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -31,6 +31,7 @@ use common::cluster::Cluster;
 use common::copies::frames;
 use common::keyed::{consume_all, spawn_malachi, wait_output};
 use common::{err, malachi, ok, out};
+use malachi_testkit::wait::Wait;
 use serde_json::Value;
 
 const TOPIC: &str = "filling";
@@ -315,26 +316,20 @@ fn assert_exactly_once_in_key_order(records: &[(String, String)], expected: &[u6
     );
 }
 
-/// Polls `done` every 100 ms until it holds, failing with `what` (and the
-/// brokers' logs) past `limit`; returns how long it took.
-fn wait_until(
+/// Waits (the kit's wait, polled every 100 ms) until `done` holds, failing
+/// with `what` and the brokers' interesting lines past `limit`; returns how
+/// long it took.
+fn timed_wait(
     cluster: &Cluster,
     limit: Duration,
     what: &str,
-    mut done: impl FnMut() -> bool,
+    done: impl FnMut() -> bool,
 ) -> Duration {
     let start = Instant::now();
-    loop {
-        if done() {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{what} (waited {limit:?})\n{}",
-            interesting_lines(cluster)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    Wait::new(what, limit, Duration::from_millis(100))
+        .context(|| interesting_lines(cluster))
+        .until_blocking(done);
+    start.elapsed()
 }
 
 /// The brokers' warnings, errors, and volume and failover lines (past
@@ -453,13 +448,13 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     );
 
     // Not ready within a poll or two.
-    let not_ready_after = wait_until(cluster, MOVE_TIMEOUT, "the full broker stays ready", || {
+    let not_ready_after = timed_wait(cluster, MOVE_TIMEOUT, "the full broker stays ready", || {
         admin_status(&admin_of(full), "/ready") == 503
     });
     // The active segment moves: sealed, its successor on the brokers with
     // room, led by one that held a copy.
     let mut successor = None;
-    let moved_after = wait_until(
+    let moved_after = timed_wait(
         cluster,
         MOVE_TIMEOUT,
         "the full broker's active segment never moved to the brokers with room",
@@ -510,7 +505,7 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     // The full broker says so: to the cluster, on /ready, in its metrics,
     // and in one log line.
     for asked in &clients {
-        wait_until(
+        timed_wait(
             cluster,
             MOVE_TIMEOUT,
             &format!("{asked} never saw broker {full} as full"),
@@ -586,14 +581,14 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     std::fs::remove_file(&filler).unwrap();
     let freed = Instant::now();
     println!("filler deleted; {} bytes free", volume(&full_dir).0);
-    let ready_after = wait_until(
+    let ready_after = timed_wait(
         cluster,
         RECOVER_TIMEOUT,
         "the broker never became ready again after space was freed",
         || admin_status(&admin_of(full), "/ready") == 200,
     );
     for asked in &clients {
-        wait_until(
+        timed_wait(
             cluster,
             RECOVER_TIMEOUT,
             &format!("{asked} still sees broker {full} as full"),
@@ -640,7 +635,7 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
         out(&answer),
         format!("{LINES_AFTER} of {LINES_AFTER} records acknowledged by refilled\n")
     );
-    wait_until(
+    timed_wait(
         cluster,
         RECOVER_TIMEOUT,
         "the recovered broker's copy of the new topic never held its records",
@@ -653,7 +648,7 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     // failover, rolls onto a full set of three again once the broker has
     // room (`failover_candidates`' restore rule): a loss of copies never
     // outlives the fault.
-    let restored = wait_until(
+    let restored = timed_wait(
         cluster,
         Duration::from_secs(60),
         "the first topic's active segment never got its third copy back",
@@ -1128,7 +1123,7 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
             )
         })
         .collect();
-    wait_until(
+    timed_wait(
         cluster,
         MOVE_TIMEOUT,
         "the producers never got going",
@@ -1426,7 +1421,7 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
     std::fs::remove_file(&filler).unwrap();
     let freed = Instant::now();
     stop_producers.store(true, Ordering::Relaxed);
-    let ready_after = wait_until(
+    let ready_after = timed_wait(
         cluster,
         RECOVER_TIMEOUT,
         "the broker never became ready again after space was freed",
@@ -1647,7 +1642,7 @@ fn a_followers_appends_stop_at_the_line_between_two_polls() {
     // The filler is another writer: the broker's guard sees it at its next
     // poll (within a second), and reckons its own writes from there.
     let admin = cluster.nodes[(follower - 1) as usize].admin.clone();
-    wait_until(
+    timed_wait(
         cluster,
         MOVE_TIMEOUT,
         "the follower never polled its volume",

@@ -7,7 +7,7 @@
 //! 0117).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::time::{Duration, Instant};
 

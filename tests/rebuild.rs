@@ -6,7 +6,7 @@
 //! sidecar is rebuilt from its own log (issue 21).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! The CLI is run with its default flags, as users run it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::cluster::Cluster;
 use common::keyed::*;
 use common::{err, malachi, ok, out};
+use malachi_testkit::wait::wait_until_blocking;
 use serde_json::Value;
 
 /// The replica sets of a topic's segments, oldest first (node ids, the
@@ -605,22 +606,19 @@ fn frames_on_disk(data_dir: &std::path::Path, id: u64) -> u64 {
 
 /// Waits until broker `asked` sees broker `node` as `state` in `cluster status`.
 fn wait_member_state(asked: &str, node: u64, state: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let output = malachi(asked, &["cluster", "status", "--json"], "");
-        if output.status.success()
-            && json_lines(&out(&output))
-                .iter()
-                .any(|b| b["node_id"].as_u64() == Some(node) && b["state"] == state)
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "broker {asked} never saw broker {node} {state}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let what = format!("broker {asked} sees broker {node} {state}");
+    wait_until_blocking(
+        &what,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let output = malachi(asked, &["cluster", "status", "--json"], "");
+            output.status.success()
+                && json_lines(&out(&output))
+                    .iter()
+                    .any(|b| b["node_id"].as_u64() == Some(node) && b["state"] == state)
+        },
+    );
 }
 
 /// With its primary dead, a topic's sealed segments (and the committed

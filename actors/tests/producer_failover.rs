@@ -19,7 +19,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::{BrokerConfig, BrokerHandle};
 use malachi_wire::ErrorCode;
 use malachi_wire::batch::Record;
 use malachi_wire::messages::*;
@@ -31,16 +31,9 @@ const EPOCH: u64 = 3;
 
 fn config(dir: &Path, node_id: u64, seeds: &[SocketAddr]) -> BrokerConfig {
     BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|a| a.to_string()).collect(),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3],
-            coordinator_poll_ms: 200,
-            ..ClusterSettings::default()
-        },
         // Batches of ~900 bytes: a 4 KiB segment rolls every few.
         segment_bytes_max: 4 * 1024,
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
+        ..three_node_config(dir, node_id, seeds)
     }
 }
 

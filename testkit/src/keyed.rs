@@ -1,0 +1,137 @@
+//! Keyed record sequences: the input a keyed writer feeds a producer, and
+//! the per-key order checker that reads them back (each key's values 0, 1,
+//! 2, ... in order, each once: no loss, duplicate or reordering).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::wait::wait_until_blocking;
+
+/// Input line `i` (0-based) of a keyed sequence over `keys` keys:
+/// `k<i % keys>\t<i / keys>\n`.
+pub fn keyed_line(i: u64, keys: u64) -> String {
+    format!("k{}\t{}\n", i % keys, i / keys)
+}
+
+/// The records are input lines `0..lines` of a keyed sequence over `keys`
+/// keys: under each key, its values 0, 1, 2, ... in order, each once.
+pub fn assert_keyed_sequences(records: &[(String, String)], keys: u64, lines: u64) {
+    let mut next: HashMap<&str, u64> = HashMap::new();
+    for (at, (key, value)) in records.iter().enumerate() {
+        let expected = next.entry(key.as_str()).or_default();
+        let got: u64 = value.parse().unwrap_or_else(|_| panic!("value {value:?}"));
+        assert_eq!(
+            got, *expected,
+            "record {at}: key {key} has {got} where {expected} comes next (a duplicate, gap or reordering)"
+        );
+        *expected += 1;
+    }
+    for k in 0..keys {
+        let per_key = lines / keys + u64::from(k < lines % keys);
+        let key = format!("k{k}");
+        assert_eq!(
+            next.get(key.as_str()).copied().unwrap_or(0),
+            per_key,
+            "records read under {key}"
+        );
+    }
+    assert_eq!(records.len() as u64, lines, "records read in all");
+}
+
+/// Values grouped by key, each key's in the order they were read: two
+/// reads hold the same records in the same per-key order when their maps
+/// are equal (the order across keys is free).
+pub fn by_key<K: Ord, V>(records: impl IntoIterator<Item = (K, V)>) -> BTreeMap<K, Vec<V>> {
+    let mut map = BTreeMap::<K, Vec<V>>::new();
+    for (key, value) in records {
+        map.entry(key).or_default().push(value);
+    }
+    map
+}
+
+/// A thread writing lines `0..lines` (as `line(i)` makes them) to a
+/// producer's stdin in chunks of `chunk`, counting what it has written so
+/// a test can wait for a point of the input (to kill a broker there).
+#[derive(Debug)]
+pub struct KeyedWriter {
+    written: Arc<AtomicU64>,
+    lines: u64,
+    thread: JoinHandle<std::io::Result<u64>>,
+}
+
+impl KeyedWriter {
+    /// Starts writing. `pace` is slept between chunks: it spreads the input
+    /// over the faults the test injects (pacing, not synchronisation). A
+    /// failed write (the producer stopped) ends the writer; it counts every
+    /// line as written so no wait on it hangs, and [`KeyedWriter::join`]
+    /// returns the error. Dropping `stdin` at the end ends the input.
+    pub fn spawn<W, L>(mut stdin: W, lines: u64, chunk: u64, pace: Duration, line: L) -> KeyedWriter
+    where
+        W: Write + Send + 'static,
+        L: Fn(u64) -> String + Send + 'static,
+    {
+        let written = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&written);
+        let thread = std::thread::spawn(move || {
+            let mut i = 0;
+            while i < lines {
+                let end = (i + chunk).min(lines);
+                let text: String = (i..end).map(&line).collect();
+                if let Err(e) = stdin
+                    .write_all(text.as_bytes())
+                    .and_then(|()| stdin.flush())
+                {
+                    counter.store(lines, Ordering::Relaxed);
+                    return Err(e);
+                }
+                i = end;
+                counter.store(i, Ordering::Relaxed);
+                std::thread::sleep(pace);
+            }
+            Ok(lines)
+        });
+        KeyedWriter {
+            written,
+            lines,
+            thread,
+        }
+    }
+
+    /// How many lines were written so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    /// A handle on the count, for a wait over several writers.
+    pub fn counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.written)
+    }
+
+    /// Blocks until at least `n` lines were written (or the writer ended);
+    /// returns how many were.
+    pub fn wait_written(&self, n: u64) -> u64 {
+        let what = format!("{n} of {} lines are written", self.lines);
+        wait_until_blocking(
+            &what,
+            Duration::from_secs(120),
+            Duration::from_millis(2),
+            || {
+                let now = self.written();
+                if now >= n { Ok(now) } else { Err(now) }
+            },
+        )
+    }
+
+    /// Waits for the writer to end: the lines written, or the write error
+    /// that stopped it.
+    pub fn join(self) -> std::io::Result<u64> {
+        match self.thread.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
