@@ -12,8 +12,6 @@ use malachi_testkit::process as common;
 
 use std::io::Write;
 use std::process::Output;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::keyed::*;
@@ -46,6 +44,7 @@ impl Running {
 
     fn kill9_and_restart(&mut self, down_for: Duration) {
         self.broker.kill9();
+        // Fault timing: the broker stays down while the producer retries.
         std::thread::sleep(down_for);
         let client = self.broker.client_addr.clone();
         let admin = self.broker.admin_addr.clone();
@@ -63,34 +62,16 @@ fn default_produce_from_stdin_outlasts_a_kill_9_and_stores_every_line_once_in_ke
     ok(malachi(&b, &["topic", "create", "cli-kill9"], ""));
 
     let mut child = spawn_malachi(&b, &["produce", "cli-kill9", "--timeout-ms", "30000"]);
-    let mut stdin = child.stdin.take().unwrap();
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let written = written.clone();
-        std::thread::spawn(move || {
-            let mut i = 0;
-            while i < LINES {
-                let mut chunk = String::new();
-                for j in i..(i + CHUNK).min(LINES) {
-                    chunk.push_str(&keyed_line(j, KEYS));
-                }
-                stdin.write_all(chunk.as_bytes()).unwrap();
-                stdin.flush().unwrap();
-                i = (i + CHUNK).min(LINES);
-                written.store(i, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            // Dropping stdin ends the input.
-        })
-    };
+    let stdin = child.stdin.take().unwrap();
+    let writer = KeyedWriter::spawn(stdin, LINES, CHUNK, Duration::from_millis(10), |j| {
+        keyed_line(j, KEYS)
+    });
     // Kill twice in the middle of the input.
     let mut at_restarts = Vec::new();
     for fifths in [1, 3] {
-        while written.load(Ordering::Relaxed) < LINES * fifths / 5 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        writer.wait_written(LINES * fifths / 5);
         running.kill9_and_restart(Duration::from_millis(300));
-        at_restarts.push(written.load(Ordering::Relaxed));
+        at_restarts.push(writer.written());
     }
     let at_restart = *at_restarts.last().unwrap();
     writer.join().unwrap();
@@ -349,28 +330,13 @@ fn a_wide_window_outlasts_a_kill_9_with_many_requests_in_flight() {
             "30000",
         ],
     );
-    let mut stdin = child.stdin.take().unwrap();
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let written = written.clone();
-        std::thread::spawn(move || {
-            let mut i = 0;
-            while i < LINES {
-                let chunk: String = (i..(i + CHUNK).min(LINES))
-                    .map(|j| keyed_line(j, KEYS))
-                    .collect();
-                stdin.write_all(chunk.as_bytes()).unwrap();
-                i = (i + CHUNK).min(LINES);
-                written.store(i, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
-    while written.load(Ordering::Relaxed) < LINES / 2 {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let stdin = child.stdin.take().unwrap();
+    let writer = KeyedWriter::spawn(stdin, LINES, CHUNK, Duration::from_millis(20), |j| {
+        keyed_line(j, KEYS)
+    });
+    writer.wait_written(LINES / 2);
     running.kill9_and_restart(Duration::from_millis(200));
-    let at_restart = written.load(Ordering::Relaxed);
+    let at_restart = writer.written();
     writer.join().unwrap();
     let output = ok(wait_output(child, Duration::from_secs(60)));
     println!("broker restarted with {at_restart} of {LINES} lines written");

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
 use common::{bin, free_port, spawn_until_serving};
-use malachi_testkit::wait::eventually_blocking;
+use malachi_testkit::wait::{Wait, eventually_blocking};
 use malachi_wire::batch::{BatchBuilder, Record};
 use malachi_wire::messages::{CreateTopicRequest, FetchRequest, Operation, ProduceRequest};
 use malachi_wire::{ErrorCode, Message, ResponseFrame};
@@ -74,6 +74,28 @@ fn start_with(data_dir: &Path, extra: &str) -> BrokerProcess {
 }
 
 /// The broker's resident set, in bytes.
+/// The broker's RSS once two readings 250 ms apart are within 1 MiB (its
+/// start-up allocations done), or the last reading after 5 s: the
+/// baseline the test measures growth from.
+fn settled_rss(broker: &BrokerProcess) -> usize {
+    let mut last = rss_bytes(broker);
+    let settled = Wait::new(
+        "the RSS settles",
+        Duration::from_secs(5),
+        Duration::from_millis(250),
+    )
+    .try_until_blocking(|| {
+        let now = rss_bytes(broker);
+        let before = std::mem::replace(&mut last, now);
+        if now.abs_diff(before) < MIB {
+            Ok(now)
+        } else {
+            Err(now)
+        }
+    });
+    settled.unwrap_or(last)
+}
+
 fn rss_bytes(broker: &BrokerProcess) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{}/status", broker.child.id())).unwrap();
     let line = status
@@ -172,8 +194,7 @@ fn partial_frames_of_300_connections_raise_the_brokers_rss_by_less_than_the_requ
             16 * MIB
         ),
     );
-    std::thread::sleep(Duration::from_millis(500));
-    let before = rss_bytes(&broker);
+    let before = settled_rss(&broker);
 
     // 300 connections each declare a 16 MiB produce frame and send 4 MiB
     // of it (each write bounded by a timeout: one the broker does not read
@@ -306,8 +327,7 @@ fn clients_that_pipeline_fetches_and_never_read_hold_no_more_than_the_response_b
         assert_eq!(fetched.error_code, ErrorCode::None);
         assert!(fetched.payload.len() > 3 * MIB, "{}", fetched.payload.len());
     }
-    std::thread::sleep(Duration::from_millis(500));
-    let before = rss_bytes(&broker);
+    let before = settled_rss(&broker);
 
     // The greedy clients pipeline fetches and read none. Each stops once its
     // writes stall (the broker stopped reading it) or after 2,000.

@@ -413,10 +413,14 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
             let mut i = 0;
             while i < LINES {
                 if i >= 3 * LINES / 4 {
-                    let deadline = Instant::now() + MOVE_TIMEOUT + Duration::from_secs(10);
-                    while !moved.load(Ordering::Relaxed) && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
+                    // Held until the segment moved, or past the bound (the
+                    // test then fails on the move, not here).
+                    let _ = Wait::new(
+                        "the segment moved",
+                        MOVE_TIMEOUT + Duration::from_secs(10),
+                        Duration::from_millis(10),
+                    )
+                    .try_until_blocking(|| moved.load(Ordering::Relaxed));
                 }
                 let chunk: String = (i..(i + CHUNK).min(LINES)).map(|j| line(p, j)).collect();
                 if stdin.write_all(chunk.as_bytes()).is_err() || stdin.flush().is_err() {
@@ -430,12 +434,16 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
         }));
         children.push(child);
     }
-    while written
-        .iter()
-        .any(|w| w.load(Ordering::Relaxed) < LINES / 4)
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    timed_wait(
+        cluster,
+        MOVE_TIMEOUT,
+        "every producer wrote a quarter",
+        || {
+            written
+                .iter()
+                .all(|w| w.load(Ordering::Relaxed) >= LINES / 4)
+        },
+    );
 
     // The volume fills: a plain file leaves less than the line free.
     let full_dir = dir_of(full);
@@ -1137,12 +1145,14 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
     // Metadata traffic through every broker: topic creates, each broker's
     // on a thread of its own so a slow one does not hold the others up.
     let stop_metadata = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
     let creators: Vec<_> = (0..3 * CREATORS_PER_BROKER)
         .map(|c| {
             let node = c % 3 + 1;
             let thread = c / 3;
             let broker = clients[(node - 1) as usize].clone();
             let stop = Arc::clone(&stop_metadata);
+            let answered = Arc::clone(&answered);
             let filled_at = Arc::clone(&filled_at);
             std::thread::spawn(move || {
                 // (topic, after the fill?, created?, how long, error)
@@ -1169,14 +1179,19 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
                         None => (false, "did not finish in 15 s".to_owned()),
                     };
                     outcomes.push((topic, during, created, took, error));
+                    answered.fetch_add(1, Ordering::Relaxed);
                     n += 1;
+                    // Pacing: a create every 150 ms per thread is the
+                    // metadata traffic the fill meets.
                     std::thread::sleep(Duration::from_millis(150));
                 }
                 outcomes
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    timed_wait(cluster, MOVE_TIMEOUT, "the creators got going", || {
+        answered.load(Ordering::Relaxed) >= 3 * CREATORS_PER_BROKER
+    });
 
     // The volume fills to the last byte, while the producers write and the
     // metadata groups append.

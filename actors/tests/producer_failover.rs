@@ -158,17 +158,17 @@ async fn a_retry_after_a_failover_is_a_duplicate_for_a_producer_last_seen_rolls_
     stopped.shutdown().await.unwrap();
     let mut admin =
         TestClient::connect(brokers.iter().flatten().next().unwrap().client_addr()).await;
-    let mut after = None;
-    for _ in 0..600 {
-        if let Some((leader, now)) = active(&mut admin).await
-            && now.id != before.id
-        {
-            after = Some((leader, now));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (leader, _) = after.expect("the segment never failed over");
+    let what = "the segment fails over";
+    let leader = wait_until(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        async || match active(&mut admin).await {
+            Some((leader, now)) if now.id != before.id => Ok(leader),
+            other => Err(other),
+        },
+    )
+    .await;
     assert_ne!(leader, primary);
 
     // X's retry of its last acknowledged batch is a duplicate, its next

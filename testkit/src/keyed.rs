@@ -135,3 +135,61 @@ impl KeyedWriter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_back(lines: impl Iterator<Item = u64>, keys: u64) -> Vec<(String, String)> {
+        lines
+            .map(|i| {
+                let line = keyed_line(i, keys);
+                let (key, value) = line.trim_end().split_once('\t').unwrap();
+                (key.to_owned(), value.to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_checker_accepts_each_keys_values_in_order_whatever_the_interleaving() {
+        let mut records = read_back(0..10, 3);
+        // Keys interleave freely: move k1's first record to the end.
+        let first_k1 = records.remove(1);
+        records.push(first_k1.clone());
+        let result = std::panic::catch_unwind(|| assert_keyed_sequences(&records, 3, 10));
+        assert!(result.is_err(), "k1 out of order was accepted");
+        let in_order = read_back(0..10, 3);
+        assert_keyed_sequences(&in_order, 3, 10);
+    }
+
+    #[test]
+    fn the_checker_refuses_a_duplicate_and_a_loss() {
+        let mut duplicated = read_back(0..10, 3);
+        duplicated.insert(4, duplicated[3].clone());
+        assert!(std::panic::catch_unwind(|| assert_keyed_sequences(&duplicated, 3, 10)).is_err());
+        let lost = read_back(0..9, 3);
+        assert!(std::panic::catch_unwind(|| assert_keyed_sequences(&lost, 3, 10)).is_err());
+    }
+
+    #[test]
+    fn the_writer_writes_every_line_in_chunks_and_counts_them() {
+        #[derive(Clone, Default)]
+        struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let writer = KeyedWriter::spawn(sink.clone(), 100, 7, Duration::ZERO, |i| keyed_line(i, 4));
+        assert!(writer.wait_written(50) >= 50);
+        assert_eq!(writer.join().unwrap(), 100);
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let expected: String = (0..100).map(|i| keyed_line(i, 4)).collect();
+        assert_eq!(text, expected);
+    }
+}

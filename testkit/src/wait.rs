@@ -216,3 +216,78 @@ pub fn eventually_blocking(timeout: Duration, poll: Duration, check: impl FnMut(
         .try_until_blocking(check)
         .is_ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLL: Duration = Duration::from_millis(1);
+
+    #[tokio::test]
+    async fn a_wait_returns_the_value_once_the_check_holds() {
+        let mut polls = 0;
+        let got = wait_until("the third poll", Duration::from_secs(5), POLL, async || {
+            polls += 1;
+            if polls == 3 { Ok(polls) } else { Err(polls) }
+        })
+        .await;
+        assert_eq!(got, 3);
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_wait_names_what_it_awaited_and_the_last_value_seen() {
+        let mut polls = 0;
+        let timed_out = Wait::new("the answer is 42", Duration::from_millis(30), POLL)
+            .try_until(async || {
+                polls += 1;
+                if polls > 1_000_000 {
+                    Ok(())
+                } else {
+                    Err(polls)
+                }
+            })
+            .await
+            .unwrap_err();
+        let message = timed_out.to_string();
+        assert!(
+            message.contains("waiting until the answer is 42"),
+            "{message}"
+        );
+        assert!(
+            message.ends_with(&format!("last observed: {polls}")),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_blocking_wait_panics_with_its_context_past_the_deadline() {
+        let panic = std::panic::catch_unwind(|| {
+            Wait::new("never", Duration::from_millis(20), POLL)
+                .context(|| "the brokers' logs".to_owned())
+                .until_blocking(|| None::<u8>)
+        })
+        .unwrap_err();
+        let message = panic.downcast_ref::<String>().unwrap();
+        assert!(
+            message.contains("waiting until never; last observed: None"),
+            "{message}"
+        );
+        assert!(message.ends_with("the brokers' logs"), "{message}");
+    }
+
+    #[test]
+    fn eventually_answers_whether_the_check_held_in_time() {
+        let start = Instant::now();
+        let late = start + Duration::from_millis(20);
+        assert!(eventually_blocking(
+            Duration::from_secs(5),
+            POLL,
+            || Instant::now() > late
+        ));
+        assert!(!eventually_blocking(
+            Duration::from_millis(20),
+            POLL,
+            || false
+        ));
+    }
+}

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, SinkExt, StreamExt};
 use malachi_testkit::fake::{fake_broker, ok, refusal};
+use malachi_testkit::wait::wait_until;
 use malachi_wire::client::{ConsumeOptions, StartAt};
 use malachi_wire::messages::*;
 use malachi_wire::{
@@ -262,15 +263,17 @@ async fn a_request_without_a_timely_answer_fails_with_a_typed_timeout_and_is_not
 
 #[tokio::test]
 async fn a_late_answer_after_a_timeout_does_not_disturb_the_same_connection() {
+    let late_sent = Arc::new(AtomicUsize::new(0));
+    let sent = late_sent.clone();
     let addr = fake_broker(Arc::new(move |frame, tx| {
+        let sent = sent.clone();
         async move {
-            let delay = if frame.api_key == ApiKey::Produce.code() {
-                250
-            } else {
-                10
-            };
+            let produce = frame.api_key == ApiKey::Produce.code();
+            // Fault timing: the produce is answered after the client's
+            // 100 ms timeout.
+            let delay = if produce { 250 } else { 10 };
             tokio::time::sleep(Duration::from_millis(delay)).await;
-            let response = if frame.api_key == ApiKey::Produce.code() {
+            let response = if produce {
                 ok(
                     frame.correlation_id,
                     &ProduceResponse {
@@ -282,6 +285,9 @@ async fn a_late_answer_after_a_timeout_does_not_disturb_the_same_connection() {
                 ok(frame.correlation_id, &ListTopicsResponse::default())
             };
             tx.send(response).await.unwrap();
+            if produce {
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
         }
         .boxed()
     }))
@@ -296,8 +302,15 @@ async fn a_late_answer_after_a_timeout_does_not_disturb_the_same_connection() {
         client.produce("t", batch_of(1)).await,
         Err(ClientError::Timeout { .. })
     ));
-    // Wait for the late answer to arrive and be dropped, then use the connection.
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // Once the late answer is on its way, use the connection: it arrives
+    // before the next answer on the same stream, and must be dropped.
+    wait_until(
+        "the fake broker sent the late answer",
+        Duration::from_secs(5),
+        Duration::from_millis(5),
+        async || late_sent.load(Ordering::SeqCst) == 1,
+    )
+    .await;
     let listed = client.list_topics().await.unwrap();
     assert!(listed.topics.is_empty());
 }
@@ -696,6 +709,8 @@ async fn a_key_the_broker_shares_no_version_with_is_refused_without_sending() {
         ),
         "{error:?}"
     );
+    // An absence (nothing reaches the broker), watched for 20 ms: there is
+    // no condition to wait on.
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(others.load(Ordering::SeqCst), 0, "the request was sent");
 }

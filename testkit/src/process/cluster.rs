@@ -189,42 +189,47 @@ impl Cluster {
     /// `coordinator/V` actor for each of the `vnodes` vnodes: then every
     /// vnode has a leader that serves metadata commands.
     pub fn wait_for_coordinators(&self, vnodes: u64) {
-        let what = format!("one coordinator runs for each of {vnodes} vnodes");
-        Wait::new(what, READY_TIMEOUT, Duration::from_millis(100))
-            .context(|| self.logs())
-            .until_blocking(|| {
-                let (running, count) = self.coordinators();
-                if running.len() as u64 == vnodes && count == vnodes {
-                    Ok(())
-                } else {
-                    Err(format!("{running:?} ({count} actors)"))
-                }
-            });
+        wait_for_coordinators(&self.nodes, vnodes);
     }
+}
 
-    /// The vnodes whose `coordinator/V` actor `malachi tree` of the
-    /// brokers shows, and how many such actors run in all.
-    fn coordinators(&self) -> (BTreeSet<u64>, u64) {
-        let mut running = BTreeSet::new();
-        let mut count = 0;
-        for node in &self.nodes {
-            let output = malachi(&node.client, &["tree"], "");
-            if !output.status.success() {
-                continue;
+/// [`Cluster::wait_for_coordinators`] over brokers not held as a `Cluster`.
+pub fn wait_for_coordinators(nodes: &[ClusterNode], vnodes: u64) {
+    let what = format!("one coordinator runs for each of {vnodes} vnodes");
+    Wait::new(what, READY_TIMEOUT, Duration::from_millis(100))
+        .context(|| logs(nodes))
+        .until_blocking(|| {
+            let (running, count) = coordinators(nodes);
+            if running.len() as u64 == vnodes && count == vnodes {
+                Ok(())
+            } else {
+                Err(format!("{running:?} ({count} actors)"))
             }
-            for line in out(&output).lines() {
-                if let Some(at) = line.find("coordinator/") {
-                    let rest = &line[at + "coordinator/".len()..];
-                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                    if let Ok(vnode) = digits.parse::<u64>() {
-                        running.insert(vnode);
-                        count += 1;
-                    }
+        });
+}
+
+/// The vnodes whose `coordinator/V` actor `malachi tree` of the brokers
+/// shows, and how many such actors run in all.
+fn coordinators(nodes: &[ClusterNode]) -> (BTreeSet<u64>, u64) {
+    let mut running = BTreeSet::new();
+    let mut count = 0;
+    for node in nodes {
+        let output = malachi(&node.client, &["tree"], "");
+        if !output.status.success() {
+            continue;
+        }
+        for line in out(&output).lines() {
+            if let Some(at) = line.find("coordinator/") {
+                let rest = &line[at + "coordinator/".len()..];
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                if let Ok(vnode) = digits.parse::<u64>() {
+                    running.insert(vnode);
+                    count += 1;
                 }
             }
         }
-        (running, count)
     }
+    (running, count)
 }
 
 /// Every broker's log, for a failure message.
