@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::keyed::*;
 use common::{BrokerProcess, err, free_port, malachi, ok, out};
+use malachi_testkit::wait::wait_until_blocking;
 
 /// A broker on fixed addresses, so it can be restarted where clients expect it.
 struct Running {
@@ -161,18 +162,7 @@ fn produce_with_an_oversized_line(
     let head: String = (0..before).map(line).collect();
     stdin.write_all(head.as_bytes()).unwrap();
     stdin.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let stored = consume_all(b, topic).len() as u64;
-        if stored == before {
-            break;
-        }
-        assert!(
-            stored < before && Instant::now() < deadline,
-            "{stored} of {before} stored"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_stored(b, topic, before);
     let big = "x".repeat(VALUE_BYTES_MAX + 1);
     let big_line = if json {
         format!("{{\"key\":\"k0\",\"value\":\"{big}\"}}\n")
@@ -265,18 +255,7 @@ fn a_topic_deleted_mid_way_stops_produce_with_the_lines_acknowledged_before_it()
     let head: String = (0..BEFORE).map(line).collect();
     stdin.write_all(head.as_bytes()).unwrap();
     stdin.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let stored = consume_all(&b, "cli-deleted").len() as u64;
-        if stored == BEFORE {
-            break;
-        }
-        assert!(
-            stored < BEFORE && Instant::now() < deadline,
-            "{stored} of {BEFORE} stored"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_stored(&b, "cli-deleted", BEFORE);
     ok(malachi(&b, &["topic", "delete", "cli-deleted"], ""));
     let tail: String = (BEFORE..BEFORE + 1_000).map(line).collect();
     let _ = stdin.write_all(tail.as_bytes());
@@ -348,4 +327,20 @@ fn a_wide_window_outlasts_a_kill_9_with_many_requests_in_flight() {
     );
     let records = consume_all(&b, "cli-window-kill9");
     assert_keyed_sequences(&records, KEYS, LINES);
+}
+
+/// Waits until `topic` holds `lines` records (records stored so far as the
+/// last observation); more than that fails at once.
+fn wait_stored(broker: &str, topic: &str, lines: u64) {
+    let what = format!("{lines} records of {topic} are stored");
+    wait_until_blocking(
+        &what,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || {
+            let stored = consume_all(broker, topic).len() as u64;
+            assert!(stored <= lines, "{stored} of {lines} stored");
+            if stored == lines { Ok(()) } else { Err(stored) }
+        },
+    );
 }

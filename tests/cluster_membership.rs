@@ -615,20 +615,17 @@ fn tree_all_shows_every_broker_and_reports_a_killed_one_unreachable_without_fail
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = three(dir.path());
     // The node fabric connects once membership has spread the addresses.
-    let deadline = Instant::now() + CONVERGE;
-    let trees = loop {
-        let output = ok(malachi(&nodes[0].client, &["tree", "--all", "--json"], ""));
-        let trees = json_lines(&out(&output));
-        if trees.len() == 3 && trees.iter().all(|t| t["root"].is_object()) {
-            break trees;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never got three trees: {trees:?}\n{}",
-            nodes[0].log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let trees = Wait::new("three trees", CONVERGE, Duration::from_millis(200))
+        .context(|| nodes[0].log())
+        .until_blocking(|| {
+            let output = ok(malachi(&nodes[0].client, &["tree", "--all", "--json"], ""));
+            let trees = json_lines(&out(&output));
+            if trees.len() == 3 && trees.iter().all(|t| t["root"].is_object()) {
+                Ok(trees)
+            } else {
+                Err(trees)
+            }
+        });
     for (tree, id) in trees.iter().zip([1u64, 2, 3]) {
         assert_eq!(tree["node_id"], id);
         assert_eq!(tree["root"]["name"], "broker");
