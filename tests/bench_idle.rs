@@ -4,15 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::process::Command;
 
-use common::{BIN, err, out};
+use common::{bin, err, out};
 
 #[test]
 fn bench_idle_reports_every_brokers_cpu_and_memory() {
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .args([
             "bench",
             "idle",
@@ -62,7 +62,7 @@ fn bench_idle_reports_every_brokers_cpu_and_memory() {
 
 #[test]
 fn bench_idle_refuses_zero_brokers_or_vnodes_with_one_line() {
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .args(["bench", "idle", "--brokers", "0"])
         .output()
         .unwrap();
@@ -75,7 +75,7 @@ fn bench_idle_refuses_zero_brokers_or_vnodes_with_one_line() {
 
 #[test]
 fn bench_idle_refuses_an_unknown_cluster_setting_before_starting_brokers() {
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .args(["bench", "idle", "--cluster-set", "no_such_setting=1"])
         .output()
         .unwrap();

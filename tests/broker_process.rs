@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use common::{BrokerProcess, malachi, ok, out};
 

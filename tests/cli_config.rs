@@ -5,15 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{BIN, err, one_line_failure, out};
+use common::{bin, err, one_line_failure, out};
 
 fn check(config: Option<&Path>, env: &[(&str, &str)], flags: &[&str]) -> Output {
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(bin());
     command.arg("broker");
     if let Some(config) = config {
         command.arg("--config").arg(config);
@@ -120,7 +120,7 @@ fn a_broker_that_cannot_bind_its_port_exits_non_zero_with_one_line() {
     let addr = taken.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let admin = format!("127.0.0.1:{}", common::free_port());
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .args([
             "broker",
             "--listen",
@@ -142,7 +142,7 @@ fn a_broker_refuses_a_data_dir_another_node_created_and_names_both() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let start = |node: &str| {
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(bin());
         for var in ["MALACHI_NODE_ID", "MALACHI_DATA_DIR", "MALACHI_CONFIG"] {
             command.env_remove(var);
         }

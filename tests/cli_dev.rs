@@ -9,12 +9,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BIN, err, malachi, out};
+use common::{bin, err, malachi, out};
 
 const BANNER_TIMEOUT: Duration = Duration::from_secs(60);
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -24,7 +24,7 @@ fn dev_starts_three_brokers_with_a_quiet_terminal_and_serves_a_topic() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let stderr_path = dir.path().join("stderr");
-    let mut dev = Command::new(BIN)
+    let mut dev = Command::new(bin())
         .args(["dev", "--data-dir"])
         .arg(&data)
         .env_remove("RUST_LOG")

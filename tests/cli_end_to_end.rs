@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use common::{BrokerProcess, err, malachi, ok, one_line_failure, out};
 use serde_json::Value;
@@ -314,7 +314,7 @@ fn follow_prints_new_records_as_they_come_and_the_cursor_on_ctrl_c() {
     let running = start();
     let b = running.addr();
     ok(malachi(b, &["topic", "create", "e2e-follow"], ""));
-    let mut follower = Command::new(common::BIN)
+    let mut follower = Command::new(common::bin())
         .args([
             "consume",
             "e2e-follow",
@@ -428,7 +428,7 @@ fn produce_sends_a_line_as_soon_as_it_is_typed_not_only_at_the_end_of_stdin() {
     let running = start();
     let b = running.addr();
     ok(malachi(b, &["topic", "create", "e2e-typed"], ""));
-    let mut producer = Command::new(common::BIN)
+    let mut producer = Command::new(common::bin())
         .args(["produce", "e2e-typed", "--broker", b])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -4,14 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::process::Command;
 
-use common::{BIN, err, one_line_failure, out};
+use common::{bin, err, one_line_failure, out};
 
 fn help(args: &[&str]) -> String {
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(bin());
     // clap shows an environment variable's value in help when it is set;
     // the snapshot must not depend on the caller's shell.
     for (name, _) in std::env::vars() {
@@ -163,7 +163,7 @@ fn the_broker_forms_of_cli_md_parse() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("broker.toml");
     std::fs::write(&config, "node_id = 3\n").unwrap();
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .args(["broker", "--config"])
         .arg(&config)
         .args([
@@ -192,7 +192,7 @@ fn the_broker_forms_of_cli_md_parse() {
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", err(&output));
-    let dev = Command::new(BIN)
+    let dev = Command::new(bin())
         .args(["dev", "--nodes", "1", "--data-dir", "d", "--help"])
         .output()
         .unwrap();

@@ -8,16 +8,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::Write;
 use std::process::Output;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::keyed::*;
 use common::{BrokerProcess, err, free_port, malachi, ok, out};
+use malachi_testkit::wait::wait_until_blocking;
 
 /// A broker on fixed addresses, so it can be restarted where clients expect it.
 struct Running {
@@ -46,6 +45,7 @@ impl Running {
 
     fn kill9_and_restart(&mut self, down_for: Duration) {
         self.broker.kill9();
+        // Fault timing: the broker stays down while the producer retries.
         std::thread::sleep(down_for);
         let client = self.broker.client_addr.clone();
         let admin = self.broker.admin_addr.clone();
@@ -63,34 +63,16 @@ fn default_produce_from_stdin_outlasts_a_kill_9_and_stores_every_line_once_in_ke
     ok(malachi(&b, &["topic", "create", "cli-kill9"], ""));
 
     let mut child = spawn_malachi(&b, &["produce", "cli-kill9", "--timeout-ms", "30000"]);
-    let mut stdin = child.stdin.take().unwrap();
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let written = written.clone();
-        std::thread::spawn(move || {
-            let mut i = 0;
-            while i < LINES {
-                let mut chunk = String::new();
-                for j in i..(i + CHUNK).min(LINES) {
-                    chunk.push_str(&keyed_line(j, KEYS));
-                }
-                stdin.write_all(chunk.as_bytes()).unwrap();
-                stdin.flush().unwrap();
-                i = (i + CHUNK).min(LINES);
-                written.store(i, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            // Dropping stdin ends the input.
-        })
-    };
+    let stdin = child.stdin.take().unwrap();
+    let writer = KeyedWriter::spawn(stdin, LINES, CHUNK, Duration::from_millis(10), |j| {
+        keyed_line(j, KEYS)
+    });
     // Kill twice in the middle of the input.
     let mut at_restarts = Vec::new();
     for fifths in [1, 3] {
-        while written.load(Ordering::Relaxed) < LINES * fifths / 5 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        writer.wait_written(LINES * fifths / 5);
         running.kill9_and_restart(Duration::from_millis(300));
-        at_restarts.push(written.load(Ordering::Relaxed));
+        at_restarts.push(writer.written());
     }
     let at_restart = *at_restarts.last().unwrap();
     writer.join().unwrap();
@@ -180,18 +162,7 @@ fn produce_with_an_oversized_line(
     let head: String = (0..before).map(line).collect();
     stdin.write_all(head.as_bytes()).unwrap();
     stdin.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let stored = consume_all(b, topic).len() as u64;
-        if stored == before {
-            break;
-        }
-        assert!(
-            stored < before && Instant::now() < deadline,
-            "{stored} of {before} stored"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_stored(b, topic, before);
     let big = "x".repeat(VALUE_BYTES_MAX + 1);
     let big_line = if json {
         format!("{{\"key\":\"k0\",\"value\":\"{big}\"}}\n")
@@ -284,18 +255,7 @@ fn a_topic_deleted_mid_way_stops_produce_with_the_lines_acknowledged_before_it()
     let head: String = (0..BEFORE).map(line).collect();
     stdin.write_all(head.as_bytes()).unwrap();
     stdin.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let stored = consume_all(&b, "cli-deleted").len() as u64;
-        if stored == BEFORE {
-            break;
-        }
-        assert!(
-            stored < BEFORE && Instant::now() < deadline,
-            "{stored} of {BEFORE} stored"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_stored(&b, "cli-deleted", BEFORE);
     ok(malachi(&b, &["topic", "delete", "cli-deleted"], ""));
     let tail: String = (BEFORE..BEFORE + 1_000).map(line).collect();
     let _ = stdin.write_all(tail.as_bytes());
@@ -349,28 +309,13 @@ fn a_wide_window_outlasts_a_kill_9_with_many_requests_in_flight() {
             "30000",
         ],
     );
-    let mut stdin = child.stdin.take().unwrap();
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let written = written.clone();
-        std::thread::spawn(move || {
-            let mut i = 0;
-            while i < LINES {
-                let chunk: String = (i..(i + CHUNK).min(LINES))
-                    .map(|j| keyed_line(j, KEYS))
-                    .collect();
-                stdin.write_all(chunk.as_bytes()).unwrap();
-                i = (i + CHUNK).min(LINES);
-                written.store(i, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
-    while written.load(Ordering::Relaxed) < LINES / 2 {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let stdin = child.stdin.take().unwrap();
+    let writer = KeyedWriter::spawn(stdin, LINES, CHUNK, Duration::from_millis(20), |j| {
+        keyed_line(j, KEYS)
+    });
+    writer.wait_written(LINES / 2);
     running.kill9_and_restart(Duration::from_millis(200));
-    let at_restart = written.load(Ordering::Relaxed);
+    let at_restart = writer.written();
     writer.join().unwrap();
     let output = ok(wait_output(child, Duration::from_secs(60)));
     println!("broker restarted with {at_restart} of {LINES} lines written");
@@ -382,4 +327,20 @@ fn a_wide_window_outlasts_a_kill_9_with_many_requests_in_flight() {
     );
     let records = consume_all(&b, "cli-window-kill9");
     assert_keyed_sequences(&records, KEYS, LINES);
+}
+
+/// Waits until `topic` holds `lines` records (records stored so far as the
+/// last observation); more than that fails at once.
+fn wait_stored(broker: &str, topic: &str, lines: u64) {
+    let what = format!("{lines} records of {topic} are stored");
+    wait_until_blocking(
+        &what,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || {
+            let stored = consume_all(broker, topic).len() as u64;
+            assert!(stored <= lines, "{stored} of {lines} stored");
+            if stored == lines { Ok(()) } else { Err(stored) }
+        },
+    );
 }

@@ -10,7 +10,7 @@
 //!   is retriable, and the command retries it within its deadline.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use common::cluster::{Cluster, ClusterNode};
 use common::keyed::{spawn_malachi, wait_output};
 use common::{err, malachi, ok};
+use malachi_testkit::wait::{Wait, wait_until_blocking};
 
 /// The status code of GET `path` on an admin port, or 0 if it did not answer.
 fn admin_status(admin: &str, path: &str) -> u16 {
@@ -92,17 +93,11 @@ fn produce_with_two_of_three_brokers_down_keeps_its_deadline_and_names_the_part(
 
 /// Waits until every broker of `cluster` answers `/ready`.
 fn wait_all_ready(cluster: &Cluster) {
-    let deadline = Instant::now() + Duration::from_secs(60);
     for node in &cluster.nodes {
-        while admin_status(&node.admin, "/ready") != 200 {
-            assert!(
-                Instant::now() < deadline,
-                "node {} never ready\n{}",
-                node.node_id,
-                cluster.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = format!("node {} answers /ready", node.node_id);
+        Wait::new(what, Duration::from_secs(60), Duration::from_millis(20))
+            .context(|| cluster.logs())
+            .until_blocking(|| admin_status(&node.admin, "/ready") == 200);
     }
 }
 
@@ -155,16 +150,14 @@ fn topic_create_waits_within_its_deadline_for_a_broker_not_live_yet() {
         node.start(&seeds);
     }
     let cluster = Cluster { nodes };
-    let deadline = Instant::now() + Duration::from_secs(60);
     for node in cluster.nodes.iter().take(2) {
-        while admin_status(&node.admin, "/ready") != 200 {
-            assert!(
-                Instant::now() < deadline,
-                "node {} never ready",
-                node.node_id
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = format!("node {} answers /ready", node.node_id);
+        wait_until_blocking(
+            &what,
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+            || admin_status(&node.admin, "/ready") == 200,
+        );
     }
     let create = spawn_malachi(
         &clients[0],
@@ -179,7 +172,8 @@ fn topic_create_waits_within_its_deadline_for_a_broker_not_live_yet() {
         ],
     );
     // The refusal is retried: the command is still running a second later
-    // (it used to exit at once with `invalid_request`).
+    // (it used to exit at once with `invalid_request`). An absence, watched
+    // for a second: there is no condition to wait on.
     let mut create = create;
     let waited = Instant::now();
     while waited.elapsed() < Duration::from_millis(1_000) {

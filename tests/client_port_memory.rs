@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -18,12 +18,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
-use common::{BIN, free_port, spawn_until_serving};
+use common::{bin, free_port, spawn_until_serving};
+use malachi_testkit::wait::{Wait, eventually_blocking};
 use malachi_wire::batch::{BatchBuilder, Record};
 use malachi_wire::messages::{CreateTopicRequest, FetchRequest, Operation, ProduceRequest};
 use malachi_wire::{ErrorCode, Message, ResponseFrame};
 
 const MIB: usize = 1 << 20;
+/// How often a wait checks the broker's figures.
+const POLL: Duration = Duration::from_millis(100);
 
 /// A broker process started with a config file; killed when dropped.
 struct BrokerProcess {
@@ -53,7 +56,7 @@ fn start_with(data_dir: &Path, extra: &str) -> BrokerProcess {
     let config = data_dir.with_extension("toml");
     std::fs::write(&config, extra).unwrap();
     let stderr_log = data_dir.with_extension("broker.log");
-    let mut command = std::process::Command::new(BIN);
+    let mut command = std::process::Command::new(bin());
     command
         .args(["broker", "--node-id", "1", "--listen", &client_addr])
         .args(["--admin-listen", &admin_addr, "--config"])
@@ -71,6 +74,28 @@ fn start_with(data_dir: &Path, extra: &str) -> BrokerProcess {
 }
 
 /// The broker's resident set, in bytes.
+/// The broker's RSS once two readings 250 ms apart are within 1 MiB (its
+/// start-up allocations done), or the last reading after 5 s: the
+/// baseline the test measures growth from.
+fn settled_rss(broker: &BrokerProcess) -> usize {
+    let mut last = rss_bytes(broker);
+    let settled = Wait::new(
+        "the RSS settles",
+        Duration::from_secs(5),
+        Duration::from_millis(250),
+    )
+    .try_until_blocking(|| {
+        let now = rss_bytes(broker);
+        let before = std::mem::replace(&mut last, now);
+        if now.abs_diff(before) < MIB {
+            Ok(now)
+        } else {
+            Err(now)
+        }
+    });
+    settled.unwrap_or(last)
+}
+
 fn rss_bytes(broker: &BrokerProcess) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{}/status", broker.child.id())).unwrap();
     let line = status
@@ -109,17 +134,6 @@ fn metric(broker: &BrokerProcess, name: &str) -> Option<f64> {
     stream.read_to_string(&mut text).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    check()
 }
 
 fn request_frame(api_key: u16, correlation_id: u32, payload: &[u8]) -> Vec<u8> {
@@ -180,8 +194,7 @@ fn partial_frames_of_300_connections_raise_the_brokers_rss_by_less_than_the_requ
             16 * MIB
         ),
     );
-    std::thread::sleep(Duration::from_millis(500));
-    let before = rss_bytes(&broker);
+    let before = settled_rss(&broker);
 
     // 300 connections each declare a 16 MiB produce frame and send 4 MiB
     // of it (each write bounded by a timeout: one the broker does not read
@@ -244,7 +257,7 @@ fn partial_frames_of_300_connections_raise_the_brokers_rss_by_less_than_the_requ
     // Closed, the connections return what they held.
     drop(held);
     assert!(
-        eventually(Duration::from_secs(20), || metric(
+        eventually_blocking(Duration::from_secs(20), POLL, || metric(
             &broker,
             "malachi_request_bytes_in_use"
         ) == Some(0.0)),
@@ -314,8 +327,7 @@ fn clients_that_pipeline_fetches_and_never_read_hold_no_more_than_the_response_b
         assert_eq!(fetched.error_code, ErrorCode::None);
         assert!(fetched.payload.len() > 3 * MIB, "{}", fetched.payload.len());
     }
-    std::thread::sleep(Duration::from_millis(500));
-    let before = rss_bytes(&broker);
+    let before = settled_rss(&broker);
 
     // The greedy clients pipeline fetches and read none. Each stops once its
     // writes stall (the broker stopped reading it) or after 2,000.
@@ -370,7 +382,7 @@ fn clients_that_pipeline_fetches_and_never_read_hold_no_more_than_the_response_b
     // They close: the budget returns to 0 and so does the memory.
     drop(greedy);
     assert!(
-        eventually(Duration::from_secs(20), || metric(
+        eventually_blocking(Duration::from_secs(20), POLL, || metric(
             &broker,
             "malachi_response_bytes_in_use"
         ) == Some(0.0)),
@@ -378,7 +390,7 @@ fn clients_that_pipeline_fetches_and_never_read_hold_no_more_than_the_response_b
         metric(&broker, "malachi_response_bytes_in_use")
     );
     let mut after = rss_bytes(&broker);
-    let back = eventually(Duration::from_secs(10), || {
+    let back = eventually_blocking(Duration::from_secs(10), POLL, || {
         after = rss_bytes(&broker);
         after < before + 32 * MIB
     });

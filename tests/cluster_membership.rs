@@ -12,14 +12,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{BIN, free_port, malachi, ok, out, spawn_until_serving};
+use common::{bin, free_port, malachi, ok, out, spawn_until_serving};
+use malachi_testkit::wait::Wait;
 use serde_json::Value;
 
 /// SWIM timers of these tests (milliseconds).
@@ -77,7 +78,7 @@ impl Node {
     /// The command that starts this broker with `seeds`, `attrs` and
     /// `extra` flags.
     fn command(&self, seeds: &[String], attrs: &[&str], extra: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(bin());
         command
             .args(["broker", "--node-id", &self.node_id.to_string()])
             .args(["--listen", &self.client, "--admin-listen", &self.admin])
@@ -174,20 +175,17 @@ fn entry(statuses: &[Value], node_id: u64) -> Value {
 
 /// Waits (bounded) until `check` holds for `observer`'s cluster status.
 fn wait_for(observer: &Node, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let statuses = status(observer);
-        if check(&statuses) {
-            return statuses;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {} never saw {what}; last status: {statuses:?}\nits log:\n{}",
-            observer.node_id,
-            observer.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let what = format!("node {} sees {what}", observer.node_id);
+    Wait::new(what, CONVERGE, Duration::from_millis(100))
+        .context(|| format!("its log:\n{}", observer.log()))
+        .until_blocking(|| {
+            let statuses = status(observer);
+            if check(&statuses) {
+                Ok(statuses)
+            } else {
+                Err(statuses)
+            }
+        })
 }
 
 fn all_alive(ids: &[u64]) -> impl Fn(&[Value]) -> bool + '_ {
@@ -324,20 +322,17 @@ fn member(members: &Value, node_id: u64) -> Value {
 
 /// Waits (bounded) until `check` holds for the members `observer` reports.
 fn wait_members(observer: &Node, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let members = members(observer);
-        if check(&members) {
-            return members;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {} never saw {what}; last members: {members}\nits log:\n{}",
-            observer.node_id,
-            observer.log()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let what = format!("node {} sees {what} among the members", observer.node_id);
+    Wait::new(what, Duration::from_secs(120), Duration::from_millis(250))
+        .context(|| format!("its log:\n{}", observer.log()))
+        .until_blocking(|| {
+            let members = members(observer);
+            if check(&members) {
+                Ok(members)
+            } else {
+                Err(members)
+            }
+        })
 }
 
 #[test]
@@ -620,20 +615,17 @@ fn tree_all_shows_every_broker_and_reports_a_killed_one_unreachable_without_fail
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = three(dir.path());
     // The node fabric connects once membership has spread the addresses.
-    let deadline = Instant::now() + CONVERGE;
-    let trees = loop {
-        let output = ok(malachi(&nodes[0].client, &["tree", "--all", "--json"], ""));
-        let trees = json_lines(&out(&output));
-        if trees.len() == 3 && trees.iter().all(|t| t["root"].is_object()) {
-            break trees;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never got three trees: {trees:?}\n{}",
-            nodes[0].log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let trees = Wait::new("three trees", CONVERGE, Duration::from_millis(200))
+        .context(|| nodes[0].log())
+        .until_blocking(|| {
+            let output = ok(malachi(&nodes[0].client, &["tree", "--all", "--json"], ""));
+            let trees = json_lines(&out(&output));
+            if trees.len() == 3 && trees.iter().all(|t| t["root"].is_object()) {
+                Ok(trees)
+            } else {
+                Err(trees)
+            }
+        });
     for (tree, id) in trees.iter().zip([1u64, 2, 3]) {
         assert_eq!(tree["node_id"], id);
         assert_eq!(tree["root"]["name"], "broker");

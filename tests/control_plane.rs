@@ -12,16 +12,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Output;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::cluster::{Cluster, ClusterNode, logs};
+use common::cluster::{Cluster, ClusterNode, logs, wait_for_coordinators};
 use common::{err, malachi, ok, out};
+use malachi_testkit::wait::Wait;
 use serde_json::Value;
 
 /// Generous liveness bounds: the machine is shared and noisy.
@@ -52,52 +53,41 @@ fn json_lines(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// A wait until `what` within the liveness bound, checking every 100 ms,
+/// failing with the brokers' logs.
+fn converge<'a>(what: &str, nodes: &'a [Node]) -> Wait<'a> {
+    Wait::new(what, CONVERGE, Duration::from_millis(100)).context(move || logs(nodes))
+}
+
 /// Runs `malachi ARGS` against `broker` until it succeeds or the deadline
-/// passes. `done` may also accept a failure (a retried create whose first
-/// attempt was applied finds the topic there).
+/// passes.
 fn until_ok(nodes: &[Node], broker: &str, args: &[&str], stdin: &str) -> Output {
-    let deadline = Instant::now() + CONVERGE;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    let what = format!("`malachi {}` via {broker} succeeds", args.join(" "));
+    converge(&what, nodes).until_blocking(|| {
         let output = malachi(broker, args, stdin);
         if output.status.success() {
-            return output;
+            Ok(output)
+        } else {
+            Err(err(&output))
         }
-        assert!(
-            Instant::now() < deadline,
-            "`malachi {}` via {broker} never succeeded ({attempt} attempts); last: {}\n{}",
-            args.join(" "),
-            err(&output),
-            logs(nodes)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
 }
 
 /// Creates `topic` through `broker`, retrying while the cluster is not
 /// ready. A retry that finds the topic already there means an earlier
 /// attempt was applied (its answer was lost), which is success.
 fn create(nodes: &[Node], broker: &str, topic: &str) {
-    let deadline = Instant::now() + CONVERGE;
     let mut attempt = 0;
-    loop {
+    converge(&format!("{topic} is created via {broker}"), nodes).until_blocking(|| {
         attempt += 1;
         let output = malachi(broker, &["topic", "create", topic], "");
-        if output.status.success() {
-            return;
-        }
         let stderr = err(&output);
-        if attempt > 1 && stderr.contains("exists") {
-            return;
+        if output.status.success() || (attempt > 1 && stderr.contains("exists")) {
+            Ok(())
+        } else {
+            Err(stderr)
         }
-        assert!(
-            Instant::now() < deadline,
-            "creating {topic} via {broker} never succeeded; last: {stderr}\n{}",
-            logs(nodes)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
 }
 
 /// `topic describe --json` of `topic` through `broker`.
@@ -196,8 +186,8 @@ fn leaders(broker: &str) -> BTreeMap<u64, BTreeSet<u64>> {
 /// Waits until, as `observer` sees it, exactly one broker among `alive`
 /// leads `vnode`, and returns it.
 fn leader_of(nodes: &[Node], observer: &str, vnode: u64, alive: &[u64]) -> u64 {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
+    let what = format!("exactly one broker among {alive:?} leads vnode {vnode}");
+    converge(&what, nodes).until_blocking(|| {
         let led = leaders(observer);
         let holders: Vec<u64> = led
             .iter()
@@ -205,15 +195,11 @@ fn leader_of(nodes: &[Node], observer: &str, vnode: u64, alive: &[u64]) -> u64 {
             .map(|(id, _)| *id)
             .collect();
         if holders.len() == 1 {
-            return holders[0];
+            Ok(holders[0])
+        } else {
+            Err(led)
         }
-        assert!(
-            Instant::now() < deadline,
-            "no single leader of vnode {vnode} among {alive:?}; status: {led:?}\n{}",
-            logs(nodes)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
 }
 
 /// Every actor of `broker`'s tree (`tree --json`): name to restarts.
@@ -278,31 +264,12 @@ fn topics_created_through_any_broker_are_described_identically_through_every_oth
 
     // `malachi tree` shows each broker's vnodes actor, its coordinator
     // manager, and one coordinator per vnode it leads: 16 over the three.
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let mut coordinators = BTreeSet::new();
-        for node in &nodes {
-            let tree = out(&ok(malachi(&node.client, &["tree"], "")));
-            for name in ["vnodes", "coordinator_manager", "manager"] {
-                assert!(tree.contains(name), "{name} missing:\n{tree}");
-            }
-            for line in tree.lines() {
-                if let Some(at) = line.find("coordinator/") {
-                    let rest = &line[at + "coordinator/".len()..];
-                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                    coordinators.insert((node.node_id, digits.parse::<u64>().unwrap()));
-                }
-            }
+    wait_for_coordinators(&nodes, VNODES);
+    for node in &nodes {
+        let tree = out(&ok(malachi(&node.client, &["tree"], "")));
+        for name in ["vnodes", "coordinator_manager", "manager"] {
+            assert!(tree.contains(name), "{name} missing:\n{tree}");
         }
-        let vnodes_run: BTreeSet<u64> = coordinators.iter().map(|(_, v)| *v).collect();
-        if coordinators.len() == VNODES as usize && vnodes_run.len() == VNODES as usize {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "coordinators never ran once per vnode: {coordinators:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -13,15 +13,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cluster::{Cluster, ClusterNode, logs};
 use common::{err, malachi, one_line_failure, out};
+use malachi_testkit::wait::Wait;
 use serde_json::Value;
 
 /// Generous liveness bounds.
@@ -47,32 +48,23 @@ fn vnode_list(broker: &str) -> Option<Value> {
     serde_json::from_str(out(&output).trim()).ok()
 }
 
-/// Polls `check` every 100 ms until it holds, or fails with `what`.
-fn wait_until(nodes: &[Node], what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + CONVERGE;
-    while !check() {
-        assert!(Instant::now() < deadline, "never: {what}\n{}", logs(nodes));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// A wait until `what` within the liveness bound, checking every 100 ms,
+/// failing with the brokers' logs.
+fn converge<'a>(what: &str, nodes: &'a [Node]) -> Wait<'a> {
+    Wait::new(what, CONVERGE, Duration::from_millis(100)).context(move || logs(nodes))
 }
 
 /// `topic describe --json` of `topic` through `broker`, retried while the
 /// cluster settles.
 fn describe(nodes: &[Node], broker: &str, topic: &str) -> Value {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
+    converge(&format!("{topic} is described via {broker}"), nodes).until_blocking(|| {
         let output = malachi(broker, &["topic", "describe", topic, "--json"], "");
         if output.status.success() {
-            return serde_json::from_str(out(&output).trim()).unwrap();
+            Ok(serde_json::from_str::<Value>(out(&output).trim()).unwrap())
+        } else {
+            Err(err(&output))
         }
-        assert!(
-            Instant::now() < deadline,
-            "describing {topic} via {broker} never succeeded: {}\n{}",
-            err(&output),
-            logs(nodes)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
 }
 
 /// The vnode whose id block a described topic's ranges come from.
@@ -89,7 +81,7 @@ fn topics_created_during_a_vnode_split_all_survive_and_every_broker_learns_the_n
 
     // Every broker routes by the same ring and knows a leader for every vnode.
     let mut before = None;
-    wait_until(&nodes, "every vnode has a leader on every broker", || {
+    converge("every vnode has a leader on every broker", &nodes).until_blocking(|| {
         let lists: Vec<Option<Value>> = clients.iter().map(|c| vnode_list(c)).collect();
         let ready = lists.iter().all(|l| {
             l.as_ref().is_some_and(|l| {
@@ -137,9 +129,8 @@ fn topics_created_during_a_vnode_split_all_survive_and_every_broker_learns_the_n
             })
         })
         .collect();
-    wait_until(&nodes, "every creator had a creation acknowledged", || {
-        started.load(Ordering::SeqCst) == clients.len()
-    });
+    converge("every creator had a creation acknowledged", &nodes)
+        .until_blocking(|| started.load(Ordering::SeqCst) == clients.len());
 
     let split = malachi(&clients[1], &["vnode", "split", "0", "--json"], "");
     split_done.store(true, Ordering::SeqCst);
@@ -195,34 +186,30 @@ fn topics_created_during_a_vnode_split_all_survive_and_every_broker_learns_the_n
     // announcement), runs a coordinator for each vnode, and each whose vnode
     // holds topics holds its lease.
     let mut rings = Vec::new();
-    wait_until(
-        &nodes,
-        "every broker lists the new ring with leases held",
-        || {
-            let lists: Vec<Option<Value>> = clients.iter().map(|c| vnode_list(c)).collect();
-            let settled = lists.iter().all(|l| {
-                l.as_ref().is_some_and(|l| {
-                    let vnodes = l["vnodes"].as_array().unwrap();
-                    l["ring_version"] == version_after
-                        && vnodes.len() == VNODES + 1
-                        && vnodes.iter().any(|v| v["id"] == child)
-                        && vnodes.iter().all(|v| {
-                            // A coordinator holds its lease only while its
-                            // vnode holds topics (ADR 0101): the split vnode
-                            // and its child do; the others may be empty.
-                            let holds_topics = v["id"] == 0 || v["id"] == child;
-                            v["leader"].is_u64()
-                                && (v["lease_holder"] == v["leader"]
-                                    || (!holds_topics && v["lease_holder"].is_null()))
-                        })
-                })
-            });
-            if settled {
-                rings = lists.into_iter().flatten().collect();
-            }
-            settled
-        },
-    );
+    converge("every broker lists the new ring with leases held", &nodes).until_blocking(|| {
+        let lists: Vec<Option<Value>> = clients.iter().map(|c| vnode_list(c)).collect();
+        let settled = lists.iter().all(|l| {
+            l.as_ref().is_some_and(|l| {
+                let vnodes = l["vnodes"].as_array().unwrap();
+                l["ring_version"] == version_after
+                    && vnodes.len() == VNODES + 1
+                    && vnodes.iter().any(|v| v["id"] == child)
+                    && vnodes.iter().all(|v| {
+                        // A coordinator holds its lease only while its
+                        // vnode holds topics (ADR 0101): the split vnode
+                        // and its child do; the others may be empty.
+                        let holds_topics = v["id"] == 0 || v["id"] == child;
+                        v["leader"].is_u64()
+                            && (v["lease_holder"] == v["leader"]
+                                || (!holds_topics && v["lease_holder"].is_null()))
+                    })
+            })
+        });
+        if settled {
+            rings = lists.into_iter().flatten().collect();
+        }
+        settled
+    });
     let arcs = |ring: &Value| -> Vec<(u64, u64, u64)> {
         let mut arcs: Vec<(u64, u64, u64)> = ring["vnodes"]
             .as_array()
@@ -261,34 +248,30 @@ fn topics_created_during_a_vnode_split_all_survive_and_every_broker_learns_the_n
     // Topics created after the split land on the new ring too.
     for (i, broker) in clients.iter().enumerate() {
         let topic = format!("after-{i}");
-        let deadline = Instant::now() + CONVERGE;
-        loop {
+        converge(&format!("{topic} is created via {broker}"), &nodes).until_blocking(|| {
             let output = malachi(broker, &["topic", "create", &topic], "");
-            if output.status.success() || err(&output).contains("exists") {
-                break;
+            let error = err(&output);
+            if output.status.success() || error.contains("exists") {
+                Ok(())
+            } else {
+                Err(error)
             }
-            assert!(Instant::now() < deadline, "{}", err(&output));
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        });
         // The copies' live figures (`status`, `durable_end`) come from the
         // brokers at the moment of each describe: a copy still opening on
         // one broker is `not_open` through the first describe and `live`
         // through the next. Wait for the brokers to agree.
-        let deadline = Instant::now() + CONVERGE;
-        loop {
+        converge(&format!("every broker describes {topic} alike"), &nodes).until_blocking(|| {
             let first = describe(&nodes, &clients[0], &topic);
             let others: Vec<Value> = clients[1..]
                 .iter()
                 .map(|other| describe(&nodes, other, &topic))
                 .collect();
             if others.iter().all(|d| *d == first) {
-                break;
+                Ok(())
+            } else {
+                Err(format!("{first} vs {others:?}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{topic} is described differently: {first} vs {others:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        });
     }
 }

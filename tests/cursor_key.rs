@@ -4,7 +4,7 @@
 //! raw frames where the test must see which broker answered.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -8,7 +8,7 @@
 //! answers `no_quorum` once `replica_ack_timeout_ms` passed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 #[path = "../actors/tests/common/protocol_doc.rs"]
 mod protocol_doc;
 

@@ -26,7 +26,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{BrokerProcess, free_port};
+use malachi_testkit::wait::wait_until_blocking;
 use malachi_wire::client::{ConsumeOptions, Producer, StartAt};
 use malachi_wire::{Client, ClientConfig, Record, RecordBatch};
 
@@ -185,8 +186,9 @@ fn acknowledged_records_survive_repeated_kill_9_in_order_and_without_duplicates(
         std::thread::sleep(rng.between_ms(0, 100));
         broker = BrokerProcess::start_on(&data, &client_addr, &admin_addr);
     }
-    // Let the producers run against the last incarnation for a moment.
-    std::thread::sleep(Duration::from_millis(300));
+    // The producers run against the last incarnation until it has
+    // acknowledged some of their writes.
+    last_incarnation_acknowledges(&acks);
     stop.store(true, Ordering::Relaxed);
     runtime.block_on(async {
         for task in tasks {
@@ -433,7 +435,7 @@ fn pipelined_idempotent_producers_survive_kill_9_exactly_once_and_in_key_order()
         std::thread::sleep(rng.between_ms(0, 300));
         broker = BrokerProcess::start_on(&data, &client_addr, &admin_addr);
     }
-    std::thread::sleep(Duration::from_millis(500));
+    last_incarnation_acknowledges(&acks);
     stop.store(true, Ordering::Relaxed);
     let logs: Vec<PipelinedLog> = runtime.block_on(async {
         let mut logs = Vec::new();
@@ -536,4 +538,16 @@ fn pipelined_idempotent_producers_survive_kill_9_exactly_once_and_in_key_order()
         order.len()
     );
     drop(broker);
+}
+
+/// Waits until the broker's last incarnation has acknowledged writes: the
+/// producers' count of acknowledgements moves past where it stood.
+fn last_incarnation_acknowledges(acks: &AtomicU64) {
+    let at_restart = acks.load(Ordering::Relaxed);
+    wait_until_blocking(
+        "the last incarnation acknowledges writes",
+        Duration::from_secs(60),
+        Duration::from_millis(10),
+        || acks.load(Ordering::Relaxed) > at_restart,
+    );
 }

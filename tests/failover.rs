@@ -6,18 +6,18 @@
 //! timeout, so the failover must finish well inside that.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::copies::{frames, segment_log};
 use common::keyed::*;
 use common::{err, malachi, ok, out};
+use malachi_testkit::wait::{Wait, wait_until_blocking};
 use serde_json::Value;
 
 const PRODUCERS: u64 = 4;
@@ -112,37 +112,21 @@ fn the_primary_sigkilled_under_four_producers_fails_over_and_every_acked_record_
         .map(|(_, c)| c.clone())
         .collect();
 
-    let written: Vec<Arc<AtomicU64>> = (0..PRODUCERS)
-        .map(|_| Arc::new(AtomicU64::new(0)))
-        .collect();
     let mut children = Vec::new();
     let mut writers = Vec::new();
     for p in 0..PRODUCERS {
         let broker = &survivors[(p as usize) % survivors.len()];
         // Default flags: pipelined, retried, 10 s delivery timeout.
         let mut child = spawn_malachi(broker, &["produce", "failover"]);
-        let mut stdin = child.stdin.take().unwrap();
-        let written = Arc::clone(&written[p as usize]);
-        writers.push(std::thread::spawn(move || {
-            let mut i = 0;
-            while i < LINES {
-                let chunk: String = (i..(i + CHUNK).min(LINES)).map(|j| line(p, j)).collect();
-                if stdin.write_all(chunk.as_bytes()).is_err() || stdin.flush().is_err() {
-                    written.store(LINES, Ordering::Relaxed);
-                    return;
-                }
-                i = (i + CHUNK).min(LINES);
-                written.store(i, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(40));
-            }
+        let stdin = child.stdin.take().unwrap();
+        let pace = Duration::from_millis(40);
+        writers.push(KeyedWriter::spawn(stdin, LINES, CHUNK, pace, move |j| {
+            line(p, j)
         }));
         children.push(child);
     }
-    while written
-        .iter()
-        .any(|w| w.load(Ordering::Relaxed) < LINES / 3)
-    {
-        std::thread::sleep(Duration::from_millis(5));
+    for writer in &writers {
+        writer.wait_written(LINES / 3);
     }
     cluster.nodes[(primary - 1) as usize].kill9();
     let killed = Instant::now();
@@ -171,8 +155,9 @@ fn the_primary_sigkilled_under_four_producers_fails_over_and_every_acked_record_
         })
     };
 
+    // A produce that stopped is reported below, with its stderr.
     for writer in writers {
-        writer.join().unwrap();
+        let _ = writer.join();
     }
     let mut outputs = Vec::new();
     for child in children {
@@ -275,63 +260,64 @@ fn the_primary_sigkilled_under_four_producers_fails_over_and_every_acked_record_
     let seeds = node.seeds_among(&clients);
     node.start(&seeds);
     let returned = clients[(primary - 1) as usize].clone();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let records = consume_all(&returned, "failover");
-        let ours = records
-            .iter()
-            .filter(|(k, _)| !k.starts_with("probe"))
-            .count() as u64;
-        if ours == PRODUCERS * LINES {
-            assert_every_producer_exactly_once(&records, &returned);
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the returned primary reads {ours} records, not {}",
-            PRODUCERS * LINES
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let what = format!(
+        "the returned primary reads all {} records (records read)",
+        PRODUCERS * LINES
+    );
+    let records = wait_until_blocking(
+        &what,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let records = consume_all(&returned, "failover");
+            let ours = records
+                .iter()
+                .filter(|(k, _)| !k.starts_with("probe"))
+                .count() as u64;
+            if ours == PRODUCERS * LINES {
+                Ok(records)
+            } else {
+                Err(ours)
+            }
+        },
+    );
+    assert_every_producer_exactly_once(&records, &returned);
     // Its copy of the sealed segment is settled: cut back to exactly the
     // seal, byte for byte the survivors' (whatever it held past the seal,
     // never acknowledged, is gone).
     let old_primary_dir = cluster.nodes[(primary - 1) as usize].data_dir.clone();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (bytes, count) = frames(&old_primary_dir, old.id);
-        let on_disk = std::fs::metadata(segment_log(&old_primary_dir, old.id))
-            .map(|m| m.len())
-            .unwrap_or(0);
-        if count == seal && bytes == copies[0].1.0 && on_disk == bytes.len() as u64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the returned primary's copy holds {count} frames ({on_disk} bytes on disk); the seal is {seal} ({} bytes)\n{}",
-            copies[0].1.0.len(),
-            cluster.nodes[(primary - 1) as usize].log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let what = format!(
+        "the returned primary's copy is the seal's {seal} frames ({} bytes), as (frames, bytes on disk)",
+        copies[0].1.0.len()
+    );
+    Wait::new(what, Duration::from_secs(30), Duration::from_millis(200))
+        .context(|| cluster.nodes[(primary - 1) as usize].log())
+        .until_blocking(|| {
+            let (bytes, count) = frames(&old_primary_dir, old.id);
+            let on_disk = std::fs::metadata(segment_log(&old_primary_dir, old.id))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            if count == seal && bytes == copies[0].1.0 && on_disk == bytes.len() as u64 {
+                Ok(())
+            } else {
+                Err((count, on_disk))
+            }
+        });
 
     // It may start that writer from its replica's stale view at first; it
     // stops it once the replica has applied the seal.
     let writer = format!("/{} ", old.id);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    Wait::new(
+        "the returned primary runs no writer of the sealed segment",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+    )
+    .context(|| cluster.nodes[(primary - 1) as usize].log())
+    .until_blocking(|| {
         let tree = out(&ok(malachi(&returned, &["tree"], "")));
-        if !tree
+        let writing = tree
             .lines()
-            .any(|l| l.contains("segment/") && l.contains(&writer))
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the returned primary runs a writer of the sealed segment:\n{tree}\n{}",
-            cluster.nodes[(primary - 1) as usize].log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+            .any(|l| l.contains("segment/") && l.contains(&writer));
+        if writing { Err(tree) } else { Ok(()) }
+    });
 }

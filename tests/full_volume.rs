@@ -16,7 +16,7 @@
 //! saying so, rather than pass without testing anything.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -31,6 +31,7 @@ use common::cluster::Cluster;
 use common::copies::frames;
 use common::keyed::{consume_all, spawn_malachi, wait_output};
 use common::{err, malachi, ok, out};
+use malachi_testkit::wait::Wait;
 use serde_json::Value;
 
 const TOPIC: &str = "filling";
@@ -315,26 +316,20 @@ fn assert_exactly_once_in_key_order(records: &[(String, String)], expected: &[u6
     );
 }
 
-/// Polls `done` every 100 ms until it holds, failing with `what` (and the
-/// brokers' logs) past `limit`; returns how long it took.
-fn wait_until(
+/// Waits (the kit's wait, polled every 100 ms) until `done` holds, failing
+/// with `what` and the brokers' interesting lines past `limit`; returns how
+/// long it took.
+fn timed_wait(
     cluster: &Cluster,
     limit: Duration,
     what: &str,
-    mut done: impl FnMut() -> bool,
+    done: impl FnMut() -> bool,
 ) -> Duration {
     let start = Instant::now();
-    loop {
-        if done() {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{what} (waited {limit:?})\n{}",
-            interesting_lines(cluster)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    Wait::new(what, limit, Duration::from_millis(100))
+        .context(|| interesting_lines(cluster))
+        .until_blocking(done);
+    start.elapsed()
 }
 
 /// The brokers' warnings, errors, and volume and failover lines (past
@@ -418,10 +413,14 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
             let mut i = 0;
             while i < LINES {
                 if i >= 3 * LINES / 4 {
-                    let deadline = Instant::now() + MOVE_TIMEOUT + Duration::from_secs(10);
-                    while !moved.load(Ordering::Relaxed) && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
+                    // Held until the segment moved, or past the bound (the
+                    // test then fails on the move, not here).
+                    let _ = Wait::new(
+                        "the segment moved",
+                        MOVE_TIMEOUT + Duration::from_secs(10),
+                        Duration::from_millis(10),
+                    )
+                    .try_until_blocking(|| moved.load(Ordering::Relaxed));
                 }
                 let chunk: String = (i..(i + CHUNK).min(LINES)).map(|j| line(p, j)).collect();
                 if stdin.write_all(chunk.as_bytes()).is_err() || stdin.flush().is_err() {
@@ -435,12 +434,16 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
         }));
         children.push(child);
     }
-    while written
-        .iter()
-        .any(|w| w.load(Ordering::Relaxed) < LINES / 4)
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    timed_wait(
+        cluster,
+        MOVE_TIMEOUT,
+        "every producer wrote a quarter",
+        || {
+            written
+                .iter()
+                .all(|w| w.load(Ordering::Relaxed) >= LINES / 4)
+        },
+    );
 
     // The volume fills: a plain file leaves less than the line free.
     let full_dir = dir_of(full);
@@ -453,13 +456,13 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     );
 
     // Not ready within a poll or two.
-    let not_ready_after = wait_until(cluster, MOVE_TIMEOUT, "the full broker stays ready", || {
+    let not_ready_after = timed_wait(cluster, MOVE_TIMEOUT, "the full broker stays ready", || {
         admin_status(&admin_of(full), "/ready") == 503
     });
     // The active segment moves: sealed, its successor on the brokers with
     // room, led by one that held a copy.
     let mut successor = None;
-    let moved_after = wait_until(
+    let moved_after = timed_wait(
         cluster,
         MOVE_TIMEOUT,
         "the full broker's active segment never moved to the brokers with room",
@@ -510,7 +513,7 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     // The full broker says so: to the cluster, on /ready, in its metrics,
     // and in one log line.
     for asked in &clients {
-        wait_until(
+        timed_wait(
             cluster,
             MOVE_TIMEOUT,
             &format!("{asked} never saw broker {full} as full"),
@@ -586,14 +589,14 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     std::fs::remove_file(&filler).unwrap();
     let freed = Instant::now();
     println!("filler deleted; {} bytes free", volume(&full_dir).0);
-    let ready_after = wait_until(
+    let ready_after = timed_wait(
         cluster,
         RECOVER_TIMEOUT,
         "the broker never became ready again after space was freed",
         || admin_status(&admin_of(full), "/ready") == 200,
     );
     for asked in &clients {
-        wait_until(
+        timed_wait(
             cluster,
             RECOVER_TIMEOUT,
             &format!("{asked} still sees broker {full} as full"),
@@ -640,7 +643,7 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
         out(&answer),
         format!("{LINES_AFTER} of {LINES_AFTER} records acknowledged by refilled\n")
     );
-    wait_until(
+    timed_wait(
         cluster,
         RECOVER_TIMEOUT,
         "the recovered broker's copy of the new topic never held its records",
@@ -653,7 +656,7 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
     // failover, rolls onto a full set of three again once the broker has
     // room (`failover_candidates`' restore rule): a loss of copies never
     // outlives the fault.
-    let restored = wait_until(
+    let restored = timed_wait(
         cluster,
         Duration::from_secs(60),
         "the first topic's active segment never got its third copy back",
@@ -1128,7 +1131,7 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
             )
         })
         .collect();
-    wait_until(
+    timed_wait(
         cluster,
         MOVE_TIMEOUT,
         "the producers never got going",
@@ -1142,12 +1145,14 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
     // Metadata traffic through every broker: topic creates, each broker's
     // on a thread of its own so a slow one does not hold the others up.
     let stop_metadata = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
     let creators: Vec<_> = (0..3 * CREATORS_PER_BROKER)
         .map(|c| {
             let node = c % 3 + 1;
             let thread = c / 3;
             let broker = clients[(node - 1) as usize].clone();
             let stop = Arc::clone(&stop_metadata);
+            let answered = Arc::clone(&answered);
             let filled_at = Arc::clone(&filled_at);
             std::thread::spawn(move || {
                 // (topic, after the fill?, created?, how long, error)
@@ -1174,14 +1179,19 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
                         None => (false, "did not finish in 15 s".to_owned()),
                     };
                     outcomes.push((topic, during, created, took, error));
+                    answered.fetch_add(1, Ordering::Relaxed);
                     n += 1;
+                    // Pacing: a create every 150 ms per thread is the
+                    // metadata traffic the fill meets.
                     std::thread::sleep(Duration::from_millis(150));
                 }
                 outcomes
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    timed_wait(cluster, MOVE_TIMEOUT, "the creators got going", || {
+        answered.load(Ordering::Relaxed) >= 3 * CREATORS_PER_BROKER
+    });
 
     // The volume fills to the last byte, while the producers write and the
     // metadata groups append.
@@ -1426,7 +1436,7 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
     std::fs::remove_file(&filler).unwrap();
     let freed = Instant::now();
     stop_producers.store(true, Ordering::Relaxed);
-    let ready_after = wait_until(
+    let ready_after = timed_wait(
         cluster,
         RECOVER_TIMEOUT,
         "the broker never became ready again after space was freed",
@@ -1647,7 +1657,7 @@ fn a_followers_appends_stop_at_the_line_between_two_polls() {
     // The filler is another writer: the broker's guard sees it at its next
     // poll (within a second), and reckons its own writes from there.
     let admin = cluster.nodes[(follower - 1) as usize].admin.clone();
-    wait_until(
+    timed_wait(
         cluster,
         MOVE_TIMEOUT,
         "the follower never polled its volume",

@@ -7,7 +7,7 @@
 //! 0117).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use common::cluster::{Cluster, ClusterNode};
 use common::copies::frames;
 use common::keyed::*;
 use common::{malachi, ok, out};
+use malachi_testkit::wait::{Wait, wait_until_blocking};
 use serde_json::Value;
 
 const LINES: u64 = 600;
@@ -94,39 +95,38 @@ fn with_four_brokers_a_dead_brokers_copies_are_re_created_on_the_fourth() {
     let spare = *ids.iter().find(|n| !sealed.2.contains(n)).unwrap();
     // Its copy is whole before the kill (a quorum acknowledged it; the
     // third copy may lag a moment).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while frames(&cluster.nodes[(victim - 1) as usize].data_dir, first.0).1 < seal {
-        assert!(
-            Instant::now() < deadline,
-            "the victim never held the sealed segment"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let victim_dir = cluster.nodes[(victim - 1) as usize].data_dir.clone();
+    Wait::new(
+        "the victim holds the sealed segment",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+    )
+    .until_blocking(|| frames(&victim_dir, first.0).1 >= seal);
     cluster.nodes[(victim - 1) as usize].kill9();
     let killed = Instant::now();
     let asked = clients[(spare - 1) as usize].clone();
 
     // Healed: the sealed segment's copy moves to the spare broker, in the
     // victim's place, and it is the survivors' byte for byte.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    let healed_onto = Wait::new(
+        "the sealed segment no longer names the dead broker",
+        Duration::from_secs(90),
+        Duration::from_millis(250),
+    )
+    .context(|| cluster.logs())
+    .until_blocking(|| {
         let now = segments(&asked, "healing");
         let s = now.iter().find(|s| s.0 == first.0).unwrap();
-        if !s.2.contains(&victim) {
-            assert!(
-                s.2.contains(&spare),
-                "healed onto {:?}, not the spare {spare}",
-                s.2
-            );
-            break;
+        if s.2.contains(&victim) {
+            Err(now.clone())
+        } else {
+            Ok(s.2.clone())
         }
-        assert!(
-            Instant::now() < deadline,
-            "the sealed segment still names the dead broker: {now:?}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    });
+    assert!(
+        healed_onto.contains(&spare),
+        "healed onto {healed_onto:?}, not the spare {spare}"
+    );
     println!("healed {:?} after the kill", killed.elapsed());
     let survivor = *sealed.2.iter().find(|n| **n != victim).unwrap();
     let (expected, count) = frames(&cluster.nodes[(survivor - 1) as usize].data_dir, first.0);
@@ -140,23 +140,19 @@ fn with_four_brokers_a_dead_brokers_copies_are_re_created_on_the_fourth() {
 
     // The active segments the victim held a copy of rolled onto full
     // replica sets of live brokers.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let now = segments(&asked, "healing");
-        let stale: Vec<_> = now
-            .iter()
+    Wait::new(
+        "no active segment is on the dead broker or short of copies",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+    )
+    .context(|| cluster.logs())
+    .until_blocking(|| {
+        let stale: Vec<_> = segments(&asked, "healing")
+            .into_iter()
             .filter(|s| s.3 != "sealed" && (s.2.contains(&victim) || s.2.len() < 3))
             .collect();
-        if stale.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "active segments still on the dead broker or short of copies: {stale:?}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+        if stale.is_empty() { Ok(()) } else { Err(stale) }
+    });
 
     // Nothing acknowledged was lost: every record once, in key order,
     // through every live broker, and the range takes writes.
@@ -195,21 +191,23 @@ fn with_three_brokers_a_segment_a_failover_left_on_two_gets_its_third_copy() {
 
     // The failover seals the first segment and opens its successor on the
     // two live brokers.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let successor = loop {
+    let successor = Wait::new(
+        "a failover",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+    )
+    .context(|| cluster.logs())
+    .until_blocking(|| {
         let now = segments(&survivor, topic);
-        if let Some(next) = now.iter().find(|s| s.0 != first[0].0 && s.3 != "sealed") {
-            assert_eq!(next.2.len(), 2, "the successor of a failover: {now:?}");
-            assert!(!next.2.contains(&victim), "{now:?}");
-            break next.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no failover: {now:?}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        let next = now.iter().find(|s| s.0 != first[0].0 && s.3 != "sealed");
+        next.cloned().ok_or(now)
+    });
+    assert_eq!(
+        successor.2.len(),
+        2,
+        "the successor of a failover: {successor:?}"
+    );
+    assert!(!successor.2.contains(&victim), "{successor:?}");
     let lines: String = (LINES / 2..LINES).map(|i| keyed_line(i, KEYS)).collect();
     ok(malachi(&survivor, &["produce", topic], &lines));
 
@@ -220,22 +218,19 @@ fn with_three_brokers_a_segment_a_failover_left_on_two_gets_its_third_copy() {
     let seeds = node.seeds_among(&clients);
     node.start(&seeds);
     let returned = Instant::now();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let sealed = loop {
+    let sealed = Wait::new(
+        "the successor is sealed and every sealed segment has three copies",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+    )
+    .context(|| cluster.logs())
+    .until_blocking(|| {
         let now = segments(&survivor, topic);
         let sealed: Vec<Described> = now.iter().filter(|s| s.3 == "sealed").cloned().collect();
         let done =
             sealed.iter().any(|s| s.0 == successor.0) && sealed.iter().all(|s| s.2.len() == 3);
-        if done {
-            break sealed;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sealed segments short of three copies: {now:?}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    };
+        if done { Ok(sealed) } else { Err(now) }
+    });
     println!(
         "every sealed segment at three copies {:?} after the return",
         returned.elapsed()
@@ -250,24 +245,27 @@ fn with_three_brokers_a_segment_a_failover_left_on_two_gets_its_third_copy() {
     // cut back to its seal first).
     for segment in &sealed {
         let seal = segment.4.expect("a sealed segment has a length");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let copies: Vec<(Vec<u8>, u64)> = segment
-                .2
-                .iter()
-                .map(|n| frames(&cluster.nodes[(*n - 1) as usize].data_dir, segment.0))
-                .collect();
-            if copies.iter().all(|c| c.1 == seal && c.0 == copies[0].0) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "copies of segment {} differ or miss the seal {seal}: {:?} frames",
-                segment.0,
-                copies.iter().map(|c| c.1).collect::<Vec<_>>()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let what = format!(
+            "the copies of segment {} are alike at the seal {seal} (frames held)",
+            segment.0
+        );
+        wait_until_blocking(
+            &what,
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || {
+                let copies: Vec<(Vec<u8>, u64)> = segment
+                    .2
+                    .iter()
+                    .map(|n| frames(&cluster.nodes[(*n - 1) as usize].data_dir, segment.0))
+                    .collect();
+                if copies.iter().all(|c| c.1 == seal && c.0 == copies[0].0) {
+                    Ok(())
+                } else {
+                    Err(copies.iter().map(|c| c.1).collect::<Vec<_>>())
+                }
+            },
+        );
     }
 
     // Nothing acknowledged was lost: every record once, in key order,

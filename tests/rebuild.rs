@@ -6,15 +6,16 @@
 //! sidecar is rebuilt from its own log (issue 21).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cluster::{Cluster, ClusterNode};
 use common::copies::{frames, segment_log};
 use common::keyed::*;
 use common::{malachi, ok, out};
+use malachi_testkit::wait::{Wait, wait_until_blocking};
 use serde_json::Value;
 
 const LINES: u64 = 600;
@@ -87,15 +88,10 @@ fn a_corrupted_and_a_deleted_follower_copy_are_rebuilt_byte_identical() {
     assert_eq!(holders.len(), 3);
     let dir_of = |node: u64| cluster.nodes[(node - 1) as usize].data_dir.clone();
     // Every copy whole first (the third may lag a quorum's acknowledgement).
-    let deadline = Instant::now() + Duration::from_secs(30);
     for node in &holders {
-        while frames(&dir_of(*node), first.0).1 < seal {
-            assert!(
-                Instant::now() < deadline,
-                "broker {node} never held the seal"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let what = format!("broker {node} holds the seal");
+        Wait::new(what, Duration::from_secs(30), Duration::from_millis(100))
+            .until_blocking(|| frames(&dir_of(*node), first.0).1 >= seal);
     }
     let (expected, count) = frames(&dir_of(holders[0]), first.0);
     assert_eq!(count, seal);
@@ -130,20 +126,18 @@ fn a_corrupted_and_a_deleted_follower_copy_are_rebuilt_byte_identical() {
 
     // Found by the scrubber and rebuilt in place, byte for byte, the
     // replica set unchanged.
-    let deadline = Instant::now() + Duration::from_secs(60);
     for node in [corrupted, deleted] {
-        loop {
-            let (bytes, n) = frames(&dir_of(node), first.0);
-            if n == seal && bytes == expected {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "broker {node}'s copy is not rebuilt: {n} of {seal} frames\n{}",
-                cluster.logs()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        let what = format!("broker {node}'s copy is rebuilt to the seal {seal} (frames held)");
+        Wait::new(what, Duration::from_secs(60), Duration::from_millis(250))
+            .context(|| cluster.logs())
+            .until_blocking(|| {
+                let (bytes, n) = frames(&dir_of(node), first.0);
+                if n == seal && bytes == expected {
+                    Ok(())
+                } else {
+                    Err(n)
+                }
+            });
     }
     assert_eq!(first_segment(&b, "scrubbed").2, holders);
     // The corrupted original was kept aside until the rebuild scrubbed
@@ -152,15 +146,13 @@ fn a_corrupted_and_a_deleted_follower_copy_are_rebuilt_byte_identical() {
         .join("segments")
         .join("aside")
         .join(format!("{:020}.log", first.0));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while aside.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the broken original is still aside\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    Wait::new(
+        "the broken original aside is deleted",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+    )
+    .context(|| cluster.logs())
+    .until_blocking(|| !aside.exists());
     // Describe shows every copy of the sealed segment intact again, as
     // each holder tells it.
     let health = || -> Vec<(u64, String)> {
@@ -185,27 +177,24 @@ fn a_corrupted_and_a_deleted_follower_copy_are_rebuilt_byte_identical() {
             })
             .collect()
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let shown = health();
-        if shown.len() == 3 && shown.iter().all(|(_, status)| status == "intact") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "describe shows the rebuilt copies as {shown:?}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::fs::read(&index).unwrap() != index_before {
-        assert!(
-            Instant::now() < deadline,
-            "the bad index was never rebuilt\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let what = "describe shows the three rebuilt copies intact";
+    wait_until_blocking(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || {
+            let shown = health();
+            let intact = shown.len() == 3 && shown.iter().all(|(_, status)| status == "intact");
+            if intact { Ok(()) } else { Err(shown) }
+        },
+    );
+    Wait::new(
+        "the bad index is rebuilt",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+    )
+    .context(|| cluster.logs())
+    .until_blocking(|| std::fs::read(&index).unwrap() == index_before);
     let logs = cluster.logs();
     assert!(
         logs.contains("scrub found a bad index sidecar and rebuilt it from the log"),

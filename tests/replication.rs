@@ -3,18 +3,20 @@
 //! The CLI is run with its default flags, as users run it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::keyed::*;
 use common::{err, malachi, ok, out};
+use malachi_testkit::wait::{Wait, wait_until_blocking};
 use serde_json::Value;
+
+/// How long a copy may take to settle, and how often a wait checks.
+const SETTLE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(100);
 
 /// The replica sets of a topic's segments, oldest first (node ids, the
 /// primary's first), from `topic describe --json`.
@@ -59,38 +61,20 @@ fn a_topic_gets_three_copies_and_keeps_every_acknowledged_record_in_key_order_th
     let follower = replicas[2];
 
     let mut child = spawn_malachi(&b, &["produce", "replicated", "--timeout-ms", "60000"]);
-    let mut stdin = child.stdin.take().unwrap();
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let written = written.clone();
-        std::thread::spawn(move || {
-            let mut i = 0;
-            while i < LINES {
-                let mut chunk = String::new();
-                for j in i..(i + CHUNK).min(LINES) {
-                    chunk.push_str(&keyed_line(j, KEYS));
-                }
-                // A produce that stopped is reported below, with its stderr.
-                if stdin.write_all(chunk.as_bytes()).is_err() || stdin.flush().is_err() {
-                    written.store(LINES, Ordering::Relaxed);
-                    return;
-                }
-                i = (i + CHUNK).min(LINES);
-                written.store(i, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
-    while written.load(Ordering::Relaxed) < LINES / 3 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let stdin = child.stdin.take().unwrap();
+    let writer = KeyedWriter::spawn(stdin, LINES, CHUNK, Duration::from_millis(20), |j| {
+        keyed_line(j, KEYS)
+    });
+    writer.wait_written(LINES / 3);
     let node = &mut cluster.nodes[(follower - 1) as usize];
     node.kill9();
-    let killed_at = written.load(Ordering::Relaxed);
+    let killed_at = writer.written();
+    // Fault timing: the follower stays down for half a second of writes.
     std::thread::sleep(Duration::from_millis(500));
     let seeds = node.seeds_among(&clients);
     node.start(&seeds);
-    writer.join().unwrap();
+    // A produce that stopped is reported below, with its stderr.
+    let _ = writer.join();
     let output = wait_output(child, Duration::from_secs(300));
     assert!(
         output.status.success(),
@@ -272,14 +256,9 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
         }
         n
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count_frames(&std::fs::read(&log).unwrap_or_default()) < 10 {
-        assert!(
-            Instant::now() < deadline,
-            "the follower never held ten records"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_blocking("the follower holds ten records", SETTLE, POLL, || {
+        count_frames(&std::fs::read(&log).unwrap_or_default()) >= 10
+    });
     let before = whole_frames(&std::fs::read(&log).unwrap()).to_vec();
     let end = count_frames(&before);
     // The segment's writer epoch: the coordinator lease epoch it was opened
@@ -386,15 +365,9 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
     assert_eq!(whole_frames(&after), &before[..]);
     // And the follower still serves: a record produced now reaches it.
     ok(malachi(&b, &["produce", "guarded"], "k\tlast\n"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count_frames(&std::fs::read(&log).unwrap()) < end + 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the follower stopped taking appends\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    Wait::new("the follower takes the next append", SETTLE, POLL)
+        .context(|| cluster.logs())
+        .until_blocking(|| count_frames(&std::fs::read(&log).unwrap()) > end);
     let records = consume_all(&clients[(follower - 1) as usize], "guarded");
     assert_eq!(records.len() as u64, end + 1);
 
@@ -429,18 +402,16 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
         })
     };
     let wait_fenced = |cluster: &Cluster, when: &str, seconds: u64| {
-        let deadline = Instant::now() + Duration::from_secs(seconds);
-        loop {
+        let what = format!("{when}, an append to a sealed copy is refused fenced");
+        let deadline = Duration::from_secs(seconds);
+        wait_until_blocking(&what, deadline, Duration::from_millis(200), || {
             let answer = fenced_answer(cluster);
             if answer.refused == Some(ReplicaRefusal::Fenced) {
-                return;
+                Ok(())
+            } else {
+                Err(answer)
             }
-            assert!(
-                Instant::now() < deadline,
-                "{when}, an append to a sealed copy was not refused fenced: {answer:?}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        });
     };
     wait_fenced(&cluster, "once sealed", 30);
     let node = &mut cluster.nodes[(follower - 1) as usize];
@@ -605,22 +576,19 @@ fn frames_on_disk(data_dir: &std::path::Path, id: u64) -> u64 {
 
 /// Waits until broker `asked` sees broker `node` as `state` in `cluster status`.
 fn wait_member_state(asked: &str, node: u64, state: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let output = malachi(asked, &["cluster", "status", "--json"], "");
-        if output.status.success()
-            && json_lines(&out(&output))
-                .iter()
-                .any(|b| b["node_id"].as_u64() == Some(node) && b["state"] == state)
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "broker {asked} never saw broker {node} {state}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let what = format!("broker {asked} sees broker {node} {state}");
+    wait_until_blocking(
+        &what,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let output = malachi(asked, &["cluster", "status", "--json"], "");
+            output.status.success()
+                && json_lines(&out(&output))
+                    .iter()
+                    .any(|b| b["node_id"].as_u64() == Some(node) && b["state"] == state)
+        },
+    );
 }
 
 /// With its primary dead, a topic's sealed segments (and the committed
@@ -652,16 +620,12 @@ fn with_the_primary_dead_a_follower_serves_reads_and_nothing_redirects_to_the_de
     ok(malachi(&b, &["produce", "survives"], &lines));
     // Both followers hold the sealed segment whole (a quorum acknowledged
     // it; the other copy may lag a moment).
-    let deadline = Instant::now() + Duration::from_secs(30);
     for &node in &replicas[1..] {
         let data = cluster.nodes[(node - 1) as usize].data_dir.clone();
-        while frames_on_disk(&data, first) < SEALED {
-            assert!(
-                Instant::now() < deadline,
-                "follower {node} never held the sealed segment"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let what = format!("follower {node} holds the sealed segment");
+        wait_until_blocking(&what, SETTLE, POLL, || {
+            frames_on_disk(&data, first) >= SEALED
+        });
     }
 
     cluster.nodes[(primary - 1) as usize].kill9();
@@ -761,16 +725,13 @@ fn a_follower_that_missed_a_sealed_segment_catches_up_to_the_seal_byte_identical
     node.start(&seeds);
     let lagging_dir = cluster.nodes[(lagging - 1) as usize].data_dir.clone();
     let primary_dir = cluster.nodes[(primary - 1) as usize].data_dir.clone();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while frames_on_disk(&lagging_dir, first) < LINES {
-        assert!(
-            Instant::now() < deadline,
-            "the lagging copy holds {} of {LINES} records\n{}",
-            frames_on_disk(&lagging_dir, first),
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let what = format!("the lagging copy holds all {LINES} records (records held)");
+    Wait::new(what, Duration::from_secs(60), Duration::from_millis(200))
+        .context(|| cluster.logs())
+        .until_blocking(|| {
+            let held = frames_on_disk(&lagging_dir, first);
+            if held >= LINES { Ok(()) } else { Err(held) }
+        });
     let on_primary = std::fs::read(segment_log(&primary_dir, first)).unwrap();
     let on_lagging = std::fs::read(segment_log(&lagging_dir, first)).unwrap();
     assert_eq!(
@@ -779,15 +740,10 @@ fn a_follower_that_missed_a_sealed_segment_catches_up_to_the_seal_byte_identical
         "the caught-up copy differs from the primary's"
     );
     // The caught-up copy is sealed at the recorded length: its seal marker.
-    let deadline = Instant::now() + Duration::from_secs(30);
     let marker = lagging_dir
         .join("segments")
         .join(format!("{first:020}.seal"));
-    while !marker.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the caught-up copy was never sealed"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_blocking("the caught-up copy is sealed", SETTLE, POLL, || {
+        marker.exists()
+    });
 }

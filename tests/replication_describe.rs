@@ -5,7 +5,7 @@
 //! lag in bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::{malachi, ok, out};
+use malachi_testkit::wait::Wait;
 use serde_json::Value;
 
 /// How long the copies may take to settle once the records are acknowledged.
@@ -100,25 +101,22 @@ fn describe_shows_the_primary_the_committed_end_and_each_copy_and_a_dead_followe
 
     // Every broker answers a describe; the figures settle once both
     // followers hold every record (a quorum acknowledged them already).
-    let deadline = Instant::now() + SETTLE;
-    let (segment, replica_set) = loop {
-        let asked = &clients[1];
-        let segment = only_segment(&describe_json(asked, "described"));
-        let replica_set = replicas(&segment);
-        let settled = segment["committed_end"].as_u64() == Some(RECORDS)
-            && copies(&segment)
-                .iter()
-                .all(|(_, status, end)| status == "live" && *end == Some(RECORDS));
-        if settled {
-            break (segment, replica_set);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the copies never settled at {RECORDS}: {segment}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let what = format!("the copies settle at {RECORDS}");
+    let (segment, replica_set) = Wait::new(what, SETTLE, Duration::from_millis(200))
+        .context(|| cluster.logs())
+        .until_blocking(|| {
+            let segment = only_segment(&describe_json(&clients[1], "described"));
+            let replica_set = replicas(&segment);
+            let settled = segment["committed_end"].as_u64() == Some(RECORDS)
+                && copies(&segment)
+                    .iter()
+                    .all(|(_, status, end)| status == "live" && *end == Some(RECORDS));
+            if settled {
+                Ok((segment, replica_set))
+            } else {
+                Err(segment)
+            }
+        });
     assert_eq!(replica_set.len(), 3, "RF=3 by default: {segment}");
     assert_eq!(
         segment["primary"].as_u64(),

@@ -8,13 +8,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use malachi_testkit::process as common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::{malachi, ok, out};
 use malachi_actors::{Broker, BrokerConfig};
+use malachi_testkit::wait::wait_until;
 use malachi_wire::{Client, Record, RecordBatch};
 use serde_json::Value;
 
@@ -62,17 +63,19 @@ async fn malachi_tree_shows_a_restarted_segment_actor_with_its_count_and_reason(
     let name = segment["name"].as_str().unwrap().to_owned();
 
     broker.poison_segment(&name).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let after = loop {
-        let tree = tree_json(addr.clone()).await;
-        if find(&tree["root"], &name)
-            .is_some_and(|s| s["restarts"] == 1 && s["status"] == "running")
-        {
-            break tree;
-        }
-        assert!(Instant::now() < deadline, "no restart shown: {tree}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let what = "the tree shows the segment restarted once and running";
+    let after = wait_until(
+        what,
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || {
+            let tree = tree_json(addr.clone()).await;
+            let restarted = find(&tree["root"], &name)
+                .is_some_and(|s| s["restarts"] == 1 && s["status"] == "running");
+            if restarted { Ok(tree) } else { Err(tree) }
+        },
+    )
+    .await;
     let segment = find(&after["root"], &name).unwrap();
     assert_eq!(segment["status"], "running");
     assert!(segment["last_exit_reason"].is_string(), "{segment}");

@@ -228,6 +228,7 @@ async fn a_client_that_disconnects_mid_frame_is_cleaned_up() {
         let mut stream = TcpStream::connect(broker.client_addr()).await.unwrap();
         stream.write_all(&frame).await.unwrap();
         stream.flush().await.unwrap();
+        // Fault timing: the half frame is read before the socket closes.
         tokio::time::sleep(Duration::from_millis(50)).await;
     } // dropped: the socket closes mid-frame
     assert!(eventually(5_000, async || broker.connections() == 0).await);
@@ -280,6 +281,7 @@ async fn a_client_that_never_reads_cannot_grow_the_brokers_queues_past_their_bou
         "the queue never filled: {} in flight",
         broker.requests_inflight()
     );
+    // Sampling the bound over 400 ms, not waiting on a change.
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(broker.requests_inflight() <= inflight_max);

@@ -141,17 +141,21 @@ async fn a_decommissioned_brokers_unreplicated_topic_moves_to_a_broker_that_stay
 
     // Its active segment rolls onto a broker that stays, and its sealed
     // copy is re-created there: no segment names it any more.
-    let mut moved = None;
-    for _ in 0..900 {
-        let now = segments(&mut to_other, "solo").await.unwrap();
-        if now.len() > 1 && now.iter().all(|s| !s.replicas.contains(&leaving)) {
-            moved = Some(now);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let moved =
-        moved.unwrap_or_else(|| panic!("broker {leaving}'s unreplicated topic never moved off it"));
+    let what = format!("broker {leaving}'s unreplicated topic moves off it");
+    let moved = wait_until(
+        &what,
+        Duration::from_secs(90),
+        Duration::from_millis(100),
+        async || {
+            let now = segments(&mut to_other, "solo").await.unwrap();
+            if now.len() > 1 && now.iter().all(|s| !s.replicas.contains(&leaving)) {
+                Ok(now)
+            } else {
+                Err(now)
+            }
+        },
+    )
+    .await;
     let active = moved.last().unwrap();
     assert_eq!(active.state, "active");
     assert_ne!(active.replicas, vec![leaving]);

@@ -20,57 +20,21 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::{Broker, BrokerHandle};
 use malachi_wire::messages::CreateTopicRequest;
-
-fn config(dir: &Path, node_id: u64, seeds: &[std::net::SocketAddr]) -> BrokerConfig {
-    BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|a| a.to_string()).collect(),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3],
-            // Probes every second (five ticks): an orphaned fence is found
-            // within a few seconds.
-            coordinator_poll_ms: 200,
-            ..ClusterSettings::default()
-        },
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
-    }
-}
 
 fn data_dir(root: &Path, node: u64) -> PathBuf {
     root.join(format!("node-{node}"))
-}
-
-/// The whole frames of a copy's log, and how many.
-fn frames(root: &Path, node: u64, segment: u64) -> (Vec<u8>, u64) {
-    let path = data_dir(root, node)
-        .join("segments")
-        .join(format!("{segment:020}.log"));
-    let bytes = std::fs::read(path).unwrap_or_default();
-    let (mut at, mut n) = (0, 0u64);
-    while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
-        at += len;
-        n += 1;
-    }
-    (bytes[..at].to_vec(), n)
-}
-
-fn failovers_total(broker: &BrokerHandle) -> u64 {
-    broker
-        .metrics_text()
-        .lines()
-        .find_map(|l| l.strip_prefix("malachi_failovers_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
-    let mut brokers =
-        start_stoppable(3, |node_id, seeds| config(root.path(), node_id, seeds)).await;
+    let mut brokers = start_stoppable(3, |node_id, seeds| {
+        three_node_config(root.path(), node_id, seeds)
+    })
+    .await;
     let addr = |brokers: &Vec<Option<BrokerHandle>>, node: u64| {
         brokers[(node - 1) as usize]
             .as_ref()
@@ -143,9 +107,13 @@ async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal()
 
     // The primary comes back (nothing looks failed now), and the holding
     // coordinator stops with its failover unfinished.
-    let back = Broker::start(config(root.path(), primary, &[addr(&brokers, other)]))
-        .await
-        .unwrap();
+    let back = Broker::start(three_node_config(
+        root.path(),
+        primary,
+        &[addr(&brokers, other)],
+    ))
+    .await
+    .unwrap();
     assert!(back.wait_ready(30_000).await, "the primary never came back");
     brokers[(primary - 1) as usize] = Some(back);
     let deposed = brokers[(holder - 1) as usize].take().unwrap();
@@ -188,13 +156,21 @@ async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal()
     // The failover finished once. Counted before the third broker is
     // back: from then the successor, on two copies, rolls onto three
     // within about a second (ADR 0125), and that roll is a failover too.
-    let finished: u64 = brokers.iter().flatten().map(failovers_total).sum();
+    let finished: u64 = brokers
+        .iter()
+        .flatten()
+        .map(|b| counter(b, "malachi_failovers_total"))
+        .sum();
     assert_eq!(finished, 1, "the failover finished {finished} times");
 
     // The deposed coordinator's broker comes back too.
-    let returned = Broker::start(config(root.path(), holder, &[addr(&brokers, other)]))
-        .await
-        .unwrap();
+    let returned = Broker::start(three_node_config(
+        root.path(),
+        holder,
+        &[addr(&brokers, other)],
+    ))
+    .await
+    .unwrap();
     assert!(returned.wait_ready(30_000).await);
     brokers[(holder - 1) as usize] = Some(returned);
 
@@ -204,7 +180,7 @@ async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal()
     for _ in 0..300 {
         let copies: Vec<(Vec<u8>, u64)> = [1, 2, 3]
             .into_iter()
-            .map(|n| frames(root.path(), n, first.id))
+            .map(|n| copies::frames(&data_dir(root.path(), n), first.id))
             .collect();
         if copies
             .iter()
@@ -217,7 +193,7 @@ async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal()
     }
     let counts: Vec<u64> = [1, 2, 3]
         .into_iter()
-        .map(|n| frames(root.path(), n, first.id).1)
+        .map(|n| copies::frames(&data_dir(root.path(), n), first.id).1)
         .collect();
     assert!(
         settled,

@@ -15,11 +15,10 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::*;
-use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::Broker;
 use malachi_wire::batch::Record;
 use malachi_wire::messages::*;
 
@@ -29,59 +28,14 @@ const TOPIC: &str = "two";
 /// failover`); this is a debug build on a shared machine, with slack.
 const WRITES_BACK_MS: u64 = 8_000;
 
-fn config(dir: &Path, node_id: u64, seeds: &[SocketAddr]) -> BrokerConfig {
-    BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|a| a.to_string()).collect(),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3],
-            coordinator_poll_ms: 200,
-            ..ClusterSettings::default()
-        },
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
-    }
-}
-
-/// The range's active segment as a live broker describes it.
-async fn active(brokers: &[Option<BrokerHandle>]) -> Option<SegmentDescription> {
-    for broker in brokers.iter().flatten() {
-        let mut client = TestClient::connect(broker.client_addr()).await;
-        if let Ok(all) = segments(&mut client, TOPIC).await
-            && let Some(last) = all.into_iter().find(|s| s.state == "active")
-        {
-            return Some(last);
-        }
-    }
-    None
-}
-
-/// Produces `records` at the active segment's primary, if it is live and
-/// takes them; whether they were acknowledged.
-async fn produce_once(brokers: &[Option<BrokerHandle>], records: &[Record]) -> bool {
-    let Some(segment) = active(brokers).await else {
-        return false;
-    };
-    let Some(primary) = brokers[(segment.replicas[0] - 1) as usize].as_ref() else {
-        return false;
-    };
-    let mut client = TestClient::connect(primary.client_addr()).await;
-    tokio::time::timeout(Duration::from_secs(2), client.produce(TOPIC, records))
-        .await
-        .is_ok_and(|r| r.is_ok())
-}
-
-fn batch(tag: &str, n: usize) -> Vec<Record> {
-    (0..n)
-        .map(|i| record(&format!("k{}", i % 3), &format!("{tag}-{i}")))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
-    let mut brokers =
-        start_stoppable(3, |node_id, seeds| config(root.path(), node_id, seeds)).await;
+    let mut brokers = start_stoppable(3, |node_id, seeds| {
+        three_node_config(root.path(), node_id, seeds)
+    })
+    .await;
     let mut admin = TestClient::connect(brokers[0].as_ref().unwrap().client_addr()).await;
     assert!(
         eventually(30_000, async || {
@@ -99,15 +53,15 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     );
     drop(admin);
     let mut sent: Vec<Record> = Vec::new();
-    let first = batch("a", 30);
+    let first = keyed_batch("a", 30, 3);
     assert!(
-        eventually(10_000, async || produce_once(&brokers, &first).await).await,
+        eventually(10_000, async || produce_once(&brokers, TOPIC, &first).await).await,
         "the first records were never acknowledged"
     );
     sent.extend(first);
 
     // 1. The primary stops: its segment fails over onto the two others.
-    let before = active(&brokers).await.unwrap();
+    let before = active_segment(&brokers, TOPIC).await.unwrap();
     assert_eq!(before.replicas.len(), 3, "{before:?}");
     let lost = before.replicas[0];
     let stopped = brokers[(lost - 1) as usize].take().unwrap();
@@ -115,7 +69,9 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     let mut successor = None;
     assert!(
         eventually(30_000, async || {
-            successor = active(&brokers).await.filter(|s| s.id != before.id);
+            successor = active_segment(&brokers, TOPIC)
+                .await
+                .filter(|s| s.id != before.id);
             successor.is_some()
         })
         .await,
@@ -124,9 +80,11 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     let successor = successor.unwrap();
     assert_eq!(successor.replicas.len(), 2, "{successor:?}");
     assert!(!successor.replicas.contains(&lost), "{successor:?}");
-    let second = batch("b", 30);
+    let second = keyed_batch("b", 30, 3);
     assert!(
-        eventually(10_000, async || produce_once(&brokers, &second).await).await,
+        eventually(10_000, async || produce_once(&brokers, TOPIC, &second)
+            .await)
+        .await,
         "no write after the first failover"
     );
     sent.extend(second);
@@ -134,7 +92,7 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     // 2. The lost broker comes back, and at once the successor's primary
     // stops: one broker is down, one live copy of the successor is left.
     let live: Vec<SocketAddr> = brokers.iter().flatten().map(|b| b.client_addr()).collect();
-    let back = Broker::start(config(root.path(), lost, &live))
+    let back = Broker::start(three_node_config(root.path(), lost, &live))
         .await
         .unwrap();
     brokers[(lost - 1) as usize] = Some(back);
@@ -144,9 +102,9 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     let stopped_at = Instant::now();
 
     // 3. Writes resume within the bound: the survivor seals alone.
-    let third = batch("c", 30);
+    let third = keyed_batch("c", 30, 3);
     let resumed = eventually(WRITES_BACK_MS, async || {
-        produce_once(&brokers, &third).await
+        produce_once(&brokers, TOPIC, &third).await
     })
     .await;
     let took = stopped_at.elapsed();
@@ -156,7 +114,7 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
     );
     eprintln!("writes resumed {} ms after the loss", took.as_millis());
     sent.extend(third);
-    let now = active(&brokers).await.unwrap();
+    let now = active_segment(&brokers, TOPIC).await.unwrap();
     assert!(!now.replicas.contains(&victim), "{now:?}");
 
     // 4. Every acknowledged record once, in order, through the new primary.

@@ -6,9 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use malachi_actors::{Broker, BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_testkit::wait::wait_until;
 
 fn config(dir: &Path, node_id: u64, nodes: &[u64], seeds: &[&BrokerHandle]) -> BrokerConfig {
     BrokerConfig {
@@ -29,24 +30,29 @@ fn record(data_dir: &Path) -> String {
 /// Waits until every broker's data dir records the same cluster id, and
 /// returns it.
 async fn common_cluster_id(dirs: &[PathBuf]) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ids: Vec<Option<String>> = dirs
-            .iter()
-            .map(|d| {
-                record(d)
-                    .lines()
-                    .find_map(|l| l.strip_prefix("cluster_id=").map(str::to_owned))
-            })
-            .collect();
-        if let Some(Some(first)) = ids.first()
-            && ids.iter().all(|id| id.as_ref() == Some(first))
-        {
-            return first.clone();
-        }
-        assert!(Instant::now() < deadline, "no common cluster id: {ids:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = "the brokers record one common cluster id";
+    wait_until(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let ids: Vec<Option<String>> = dirs
+                .iter()
+                .map(|d| {
+                    record(d)
+                        .lines()
+                        .find_map(|l| l.strip_prefix("cluster_id=").map(str::to_owned))
+                })
+                .collect();
+            match ids.first() {
+                Some(Some(first)) if ids.iter().all(|id| id.as_ref() == Some(first)) => {
+                    Ok(first.clone())
+                }
+                _ => Err(ids),
+            }
+        },
+    )
+    .await
 }
 
 /// The error a start with `config` is refused with.
@@ -191,24 +197,22 @@ async fn a_joined_broker_that_lost_its_data_dir_is_refused_under_its_old_id() {
     let joiner = config(root.path(), 3, &[], &[&one, &two]);
     let three = Broker::start(joiner.clone()).await.unwrap();
     // Once the ring lists it, the running members gossip it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed = [&one, &two].iter().all(|b| {
-            b.membership()
-                .local()
-                .attributes
-                .get(malachi_core::formation::ATTR_MEMBERS)
-                .is_some_and(|m| m.split('+').any(|n| n == "3"))
-        });
-        if listed {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node 3 was never gossiped as a member"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = "the running members gossip node 3 as a member";
+    wait_until(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            [&one, &two].iter().all(|b| {
+                b.membership()
+                    .local()
+                    .attributes
+                    .get(malachi_core::formation::ATTR_MEMBERS)
+                    .is_some_and(|m| m.split('+').any(|n| n == "3"))
+            })
+        },
+    )
+    .await;
     three.shutdown().await.unwrap();
     // Its data dir is lost; the same id with an empty one is refused: its
     // raft votes and logs are gone, and it must not vote again.

@@ -97,6 +97,7 @@ async fn each_vnode_lease_shows_held_on_one_broker_and_moves_when_it_stops() {
             );
         }
         seen = now;
+        // Sampling an invariant over two seconds, not waiting on a change.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 

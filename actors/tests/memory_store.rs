@@ -9,12 +9,9 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
-use malachi_actors::{
-    Broker, BrokerConfig, BrokerHandle, ClusterSettings, StoreFactory, SystemClock,
-};
+use malachi_actors::{Broker, BrokerConfig, BrokerHandle, StoreFactory, SystemClock};
 use malachi_storage::{MemoryStore, SegmentId, SegmentStore, StoreConfig};
 use malachi_wire::batch::Record;
 use malachi_wire::messages::*;
@@ -30,12 +27,6 @@ async fn start_on(config: BrokerConfig, store: &Arc<MemoryStore>) -> BrokerHandl
     Broker::start_with_store(config, Arc::new(SystemClock), factory)
         .await
         .unwrap()
-}
-
-fn batch(tag: &str, n: usize) -> Vec<Record> {
-    (0..n)
-        .map(|i| record(&format!("k{}", i % 5), &format!("{tag}-{i}")))
-        .collect()
 }
 
 /// No log file was written under the broker's data dir: the records are
@@ -60,7 +51,7 @@ async fn a_broker_on_the_memory_store_reads_back_every_acknowledged_record_in_ke
     client.create_topic(TOPIC).await;
     let mut sent = Vec::new();
     for n in 0..8 {
-        let records = batch(&format!("b{n}"), 25);
+        let records = keyed_batch(&format!("b{n}"), 25, 5);
         assert_eq!(client.produce(TOPIC, &records).await.unwrap(), 25);
         sent.extend(records);
     }
@@ -70,47 +61,6 @@ async fn a_broker_on_the_memory_store_reads_back_every_acknowledged_record_in_ke
     assert!(!store.local_copies().unwrap().is_empty());
     assert!(no_log_files(dir.path()));
     broker.shutdown().await.unwrap();
-}
-
-fn cluster_node(dir: &Path, node_id: u64, seeds: &[SocketAddr]) -> BrokerConfig {
-    BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|a| a.to_string()).collect(),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3],
-            coordinator_poll_ms: 200,
-            ..ClusterSettings::default()
-        },
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
-    }
-}
-
-/// The range's active segment as a live broker describes it.
-async fn active(brokers: &[Option<BrokerHandle>]) -> Option<SegmentDescription> {
-    for broker in brokers.iter().flatten() {
-        let mut client = TestClient::connect(broker.client_addr()).await;
-        if let Ok(all) = segments(&mut client, TOPIC).await
-            && let Some(last) = all.into_iter().find(|s| s.state == "active")
-        {
-            return Some(last);
-        }
-    }
-    None
-}
-
-/// Produces `records` at the active segment's primary; whether they were
-/// acknowledged.
-async fn produce_once(brokers: &[Option<BrokerHandle>], records: &[Record]) -> bool {
-    let Some(segment) = active(brokers).await else {
-        return false;
-    };
-    let Some(primary) = brokers[(segment.replicas[0] - 1) as usize].as_ref() else {
-        return false;
-    };
-    let mut client = TestClient::connect(primary.client_addr()).await;
-    tokio::time::timeout(Duration::from_secs(2), client.produce(TOPIC, records))
-        .await
-        .is_ok_and(|r| r.is_ok())
 }
 
 /// Three brokers, each on its own memory store, RF=3. A follower's store
@@ -126,7 +76,7 @@ async fn a_follower_whose_memory_store_crashes_loses_no_acknowledged_record() {
     let mut brokers: Vec<Option<BrokerHandle>> = Vec::new();
     for node_id in 1..=3u64 {
         let seeds: Vec<SocketAddr> = brokers.iter().flatten().map(|b| b.client_addr()).collect();
-        let config = cluster_node(root.path(), node_id, &seeds);
+        let config = three_node_config(root.path(), node_id, &seeds);
         brokers.push(Some(start_on(config, &stores[node_id as usize - 1]).await));
     }
     for b in brokers.iter().flatten() {
@@ -153,19 +103,23 @@ async fn a_follower_whose_memory_store_crashes_loses_no_acknowledged_record() {
     );
     drop(admin);
     let mut sent = Vec::new();
-    let first = batch("a", 30);
-    assert!(eventually(10_000, async || produce_once(&brokers, &first).await).await);
+    let first = keyed_batch("a", 30, 5);
+    assert!(eventually(10_000, async || produce_once(&brokers, TOPIC, &first).await).await);
     sent.extend(first);
 
     // The follower's disk stops syncing; the two others acknowledge.
-    let segment = active(&brokers).await.unwrap();
+    let segment = active_segment(&brokers, TOPIC).await.unwrap();
     assert_eq!(segment.replicas.len(), 3, "{segment:?}");
     let follower = segment.replicas[2];
     let store = &stores[follower as usize - 1];
     let id = SegmentId(segment.id);
     store.hold_syncs();
-    let second = batch("b", 30);
-    assert!(eventually(10_000, async || produce_once(&brokers, &second).await).await);
+    let second = keyed_batch("b", 30, 5);
+    assert!(
+        eventually(10_000, async || produce_once(&brokers, TOPIC, &second)
+            .await)
+        .await
+    );
     sent.extend(second);
     assert!(
         eventually(10_000, async || store.written(id).len() as u64
@@ -184,7 +138,7 @@ async fn a_follower_whose_memory_store_crashes_loses_no_acknowledged_record() {
         .await
         .unwrap();
     let live: Vec<SocketAddr> = brokers.iter().flatten().map(|b| b.client_addr()).collect();
-    let config = cluster_node(root.path(), follower, &live);
+    let config = three_node_config(root.path(), follower, &live);
     let back = start_on(config, store).await;
     assert!(
         back.wait_ready(30_000).await,
@@ -192,10 +146,10 @@ async fn a_follower_whose_memory_store_crashes_loses_no_acknowledged_record() {
     );
     brokers[follower as usize - 1] = Some(back);
 
-    let third = batch("c", 30);
-    assert!(eventually(15_000, async || produce_once(&brokers, &third).await).await);
+    let third = keyed_batch("c", 30, 5);
+    assert!(eventually(15_000, async || produce_once(&brokers, TOPIC, &third).await).await);
     sent.extend(third);
-    let now = active(&brokers).await.unwrap();
+    let now = active_segment(&brokers, TOPIC).await.unwrap();
     let primary = brokers[(now.replicas[0] - 1) as usize].as_ref().unwrap();
     let mut reader = TestClient::connect(primary.client_addr()).await;
     let got = read_all(&mut reader, TOPIC).await;

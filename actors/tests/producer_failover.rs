@@ -19,7 +19,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::{BrokerConfig, BrokerHandle};
 use malachi_wire::ErrorCode;
 use malachi_wire::batch::Record;
 use malachi_wire::messages::*;
@@ -31,16 +31,9 @@ const EPOCH: u64 = 3;
 
 fn config(dir: &Path, node_id: u64, seeds: &[SocketAddr]) -> BrokerConfig {
     BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|a| a.to_string()).collect(),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3],
-            coordinator_poll_ms: 200,
-            ..ClusterSettings::default()
-        },
         // Batches of ~900 bytes: a 4 KiB segment rolls every few.
         segment_bytes_max: 4 * 1024,
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
+        ..three_node_config(dir, node_id, seeds)
     }
 }
 
@@ -165,17 +158,17 @@ async fn a_retry_after_a_failover_is_a_duplicate_for_a_producer_last_seen_rolls_
     stopped.shutdown().await.unwrap();
     let mut admin =
         TestClient::connect(brokers.iter().flatten().next().unwrap().client_addr()).await;
-    let mut after = None;
-    for _ in 0..600 {
-        if let Some((leader, now)) = active(&mut admin).await
-            && now.id != before.id
-        {
-            after = Some((leader, now));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (leader, _) = after.expect("the segment never failed over");
+    let what = "the segment fails over";
+    let leader = wait_until(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        async || match active(&mut admin).await {
+            Some((leader, now)) if now.id != before.id => Ok(leader),
+            other => Err(other),
+        },
+    )
+    .await;
     assert_ne!(leader, primary);
 
     // X's retry of its last acknowledged batch is a duplicate, its next

@@ -124,10 +124,27 @@ async fn a_sealed_segment_with_no_copy_on_the_serving_broker_is_read_from_its_ho
             break;
         }
     }
-    // A last roll, if the last produce started one, settles.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let (serving, replicas) = primary(&mut client).await.unwrap();
-    assert!(in_zone(&replicas, "b"), "{replicas:?}");
+    // A last roll, if the last produce started one, settles: the same
+    // primary, in zone b, on two checks in a row.
+    let mut seen = None;
+    let serving = wait_until(
+        "the active segment settles in zone b",
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_millis(250),
+        async || {
+            let now = primary(&mut client).await;
+            let previous = std::mem::replace(&mut seen, now.clone());
+            match now {
+                Some((serving, replicas))
+                    if previous == Some((serving, replicas.clone())) && in_zone(&replicas, "b") =>
+                {
+                    Ok(serving)
+                }
+                other => Err(other),
+            }
+        },
+    )
+    .await;
     let mut reader = TestClient::connect(addr_of(&brokers, serving)).await;
     let read = read_from_start(&mut reader, TOPIC, 7)
         .await

@@ -212,6 +212,7 @@ async fn an_unresolved_policy_keeps_everything_until_a_size_bound_resolves_it() 
         .await,
         "the unresolved policy never showed in the metric"
     );
+    // An absence (nothing expires), watched for half a second of passes.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let held = segments(&mut client, "sized").await.unwrap();
     assert!(held.len() >= 5, "{held:?}");

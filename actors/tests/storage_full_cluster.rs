@@ -90,16 +90,21 @@ async fn a_full_primary_fails_over_to_brokers_with_room_and_producers_move_on() 
 
     // The primary's volume fills.
     brokers[(primary - 1) as usize].set_free_bytes(Some(0));
-    let mut moved = None;
-    for _ in 0..300 {
-        let now = active_segment(&mut admin, "moving").await;
-        if now.id != first.id && !now.replicas.contains(&primary) {
-            moved = Some(now);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let moved = moved.expect("the full primary's segment never moved to brokers with room");
+    let what = "the full primary's segment moves to brokers with room";
+    let moved = wait_until(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let now = active_segment(&mut admin, "moving").await;
+            if now.id != first.id && !now.replicas.contains(&primary) {
+                Ok(now)
+            } else {
+                Err(now)
+            }
+        },
+    )
+    .await;
     assert!(!brokers[(primary - 1) as usize].is_ready());
     // A produce sent to the full broker is told to go elsewhere, retriably.
     let refused = to_primary

@@ -13,13 +13,16 @@ use malachi_cluster::vnodes::lease::{
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use malachi_core::model::{Command, MetadataState, ModelError, Outcome};
 use malachi_core::ring::VnodeId;
+use malachi_testkit::wait::wait_until;
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 const WAIT: Duration = Duration::from_secs(30);
+/// How often a wait checks (real time).
+const POLL: Duration = Duration::from_millis(5);
 
 fn config(holder: u64) -> LeaseConfig {
     LeaseConfig {
@@ -379,15 +382,6 @@ proptest! {
     }
 }
 
-/// Waits (real time) until `check` holds.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
     let group = Arc::new(ModelGroup::default());
@@ -399,7 +393,7 @@ async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
         2,
     );
     let mut states = handle.watch();
-    eventually("the first grant", || {
+    wait_until("the first grant", WAIT, POLL, async || {
         matches!(*states.borrow(), LeaseState::Held { .. })
     })
     .await;
@@ -408,7 +402,7 @@ async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
     for _ in 0..20 {
         clock.advance_ms(50);
         let now = clock.monotonic_ms();
-        eventually("a renewal", || match handle.state() {
+        wait_until("a renewal", WAIT, POLL, async || match handle.state() {
             LeaseState::Held { valid_until_ms, .. } => valid_until_ms > now + 400,
             _ => false,
         })
@@ -424,7 +418,7 @@ async fn the_renew_loop_reports_lost_when_cut_off_before_another_acquires() {
         clock.advance_ms(25);
         if !handle.holds() && !reported_lost {
             // Simulated time stands still while the loop reports it.
-            eventually("the loop to report lost", || {
+            wait_until("the loop to report lost", WAIT, POLL, async || {
                 matches!(*states.borrow_and_update(), LeaseState::Lost { .. })
             })
             .await;
@@ -500,13 +494,10 @@ async fn a_lease_in_a_vnode_group_is_exclusive_and_passes_on_when_its_holder_sto
         )
     };
     let first = lease(0);
-    let deadline = Instant::now() + WAIT;
-    while !first.holds() {
-        assert!(Instant::now() < deadline, "no lease granted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("a lease is granted", WAIT, POLL, async || first.holds()).await;
     let second = lease(1);
-    // While the first renews, the second never holds.
+    // While the first renews, the second never holds: an absence, watched
+    // for a second (no condition to wait on).
     for _ in 0..40 {
         assert!(!second.holds(), "two holders at once");
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -515,11 +506,7 @@ async fn a_lease_in_a_vnode_group_is_exclusive_and_passes_on_when_its_holder_sto
     // The first stops renewing (a coordinator that stopped or hung): it
     // gives up on its own clock, then the second takes over.
     first.stop().await;
-    let deadline = Instant::now() + WAIT;
-    while !second.holds() {
-        assert!(Instant::now() < deadline, "the lease never passed on");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("the lease passes on", WAIT, POLL, async || second.holds()).await;
     let LeaseState::Held { epoch, .. } = second.state() else {
         panic!()
     };

@@ -11,11 +11,12 @@ use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use malachi_core::model::Outcome;
 use malachi_core::ring::{MemberState, RING_VNODE, VnodeId};
+use malachi_testkit::wait::wait_until;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 const FORMED: [u64; 3] = [1, 2, 3];
@@ -116,8 +117,9 @@ async fn wait_placed(
     want: impl Fn(VnodeId) -> BTreeSet<u64>,
     what: &str,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    let what = format!("every group is placed {what}");
+    let (deadline, poll) = (Duration::from_secs(90), Duration::from_millis(200));
+    wait_until(&what, deadline, poll, async || {
         let memberships = via.host.memberships().await;
         let mut off = Vec::new();
         for (vnode, membership) in &memberships {
@@ -137,22 +139,17 @@ async fn wait_placed(
                 Err(e) => off.push(format!("{vnode}: {e}")),
             }
         }
-        if off.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: groups not placed in time: {off:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        if off.is_empty() { Ok(()) } else { Err(off) }
+    })
+    .await;
 }
 
 /// Waits until each broker hosts exactly the groups it votes in or holds
 /// segment copies of.
 async fn wait_hosting(brokers: &[Broker], created: &Created, eligible: &[u64], what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let what = format!("each broker hosts its share of the groups {what} (broker, hosted, share)");
+    let (deadline, poll) = (Duration::from_secs(60), Duration::from_millis(100));
+    wait_until(&what, deadline, poll, async || {
         let share = |id: u64| {
             (0..VNODES)
                 .map(VnodeId)
@@ -168,15 +165,9 @@ async fn wait_hosting(brokers: &[Broker], created: &Created, eligible: &[u64], w
             .map(|b| (b.id, b.host.registry().all().len(), share(b.id)))
             .filter(|(_, hosted, share)| hosted != share)
             .collect();
-        if off.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: (broker, hosted, share): {off:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if off.is_empty() { Ok(()) } else { Err(off) }
+    })
+    .await;
 }
 
 fn target(vnode: VnodeId, eligible: &[u64]) -> BTreeSet<u64> {

@@ -148,6 +148,7 @@ async fn brokers_stopping_one_by_one_under_reads_and_writes_log_no_error() {
             }));
         }
     }
+    // Pacing: the load runs for a moment before the shutdown meets it.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // As `malachi dev` does: the last broker first, each in the order the
@@ -157,6 +158,7 @@ async fn brokers_stopping_one_by_one_under_reads_and_writes_log_no_error() {
         tokio::time::timeout(Duration::from_secs(30), broker.host.shutdown())
             .await
             .expect("a host shut down within 30 s");
+        // Pacing: the survivors run a moment without it, as under `dev`.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     running.store(false, Ordering::Relaxed);

@@ -10,10 +10,15 @@ use malachi_cluster::group::{
     ClusterCookie, FrameReadError, HandshakeError, RpcService, TcpTransport, TcpTransportConfig,
     TransportError, TransportServer, TransportServerConfig, UnreachableCause, read_frame,
 };
+use malachi_testkit::wait::wait_until;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+/// How long a wait may take, and how often it checks.
+const WAIT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(50);
 
 const SERVER: u64 = 2;
 const CLIENT: u64 = 1;
@@ -48,17 +53,6 @@ fn client(server: &TransportServer, secret: &str) -> TcpTransport {
     let transport = TcpTransport::new(TcpTransportConfig::new(CLIENT, cookie(secret)));
     transport.set_peer(SERVER, server.local_addr());
     transport
-}
-
-/// Waits (polling, up to 20 s) until `done` holds.
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..400 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting until {what}");
 }
 
 /// Whether the server closed `stream`: a read ends (EOF or reset) within
@@ -118,9 +112,12 @@ async fn a_flood_past_the_connection_limit_is_refused_while_a_peer_keeps_being_s
         );
     }
     let refused = FLOOD - (LIMIT - 1);
-    eventually("the server refused the flood past its limit", || {
-        server.stats().refused_over_limit as usize >= refused
-    })
+    wait_until(
+        "the server refused the flood past its limit",
+        WAIT,
+        POLL,
+        async || server.stats().refused_over_limit as usize >= refused,
+    )
     .await;
     let stats = server.stats();
     assert_eq!(stats.refused_over_limit as usize, refused, "{stats:?}");
@@ -152,7 +149,7 @@ async fn a_flood_past_the_connection_limit_is_refused_while_a_peer_keeps_being_s
         "the peer kept its connection"
     );
     // The flood's slots come back once its sockets close.
-    eventually("the flood's connections closed", || {
+    wait_until("the flood's connections closed", WAIT, POLL, async || {
         server.stats().connections_open == 1
     })
     .await;
@@ -176,9 +173,12 @@ async fn a_slowloris_in_the_handshake_is_dropped_after_the_handshake_timeout() {
     // The dribble would take 77 s; the server must cut it well before.
     let _ = tokio::time::timeout(Duration::from_secs(3), dribble).await;
     assert!(closed_by_server(&mut stream, Duration::from_secs(10)).await);
-    eventually("the handshake refusal was counted", || {
-        server.stats().refused_handshake == 1
-    })
+    wait_until(
+        "the handshake refusal was counted",
+        WAIT,
+        POLL,
+        async || server.stats().refused_handshake == 1,
+    )
     .await;
     assert_eq!(server.stats().connections_open, 0);
 }
@@ -206,7 +206,7 @@ async fn a_slowloris_inside_a_frame_is_dropped_after_the_frame_read_timeout() {
     };
     let _ = tokio::time::timeout(Duration::from_secs(3), dribble).await;
     assert!(closed_by_server(&mut stream, Duration::from_secs(10)).await);
-    eventually("the dropped frame was counted", || {
+    wait_until("the dropped frame was counted", WAIT, POLL, async || {
         server.stats().dropped_bad_frame == 1
     })
     .await;
@@ -253,7 +253,7 @@ async fn a_wrong_cookie_or_garbage_is_refused_and_logged_without_the_secret() {
         .await
         .unwrap_err();
     assert!(matches!(err, TransportError::Unreachable { .. }), "{err:?}");
-    eventually("the wrong cookie was refused", || {
+    wait_until("the wrong cookie was refused", WAIT, POLL, async || {
         server.stats().refused_handshake == 1
     })
     .await;
@@ -262,7 +262,7 @@ async fn a_wrong_cookie_or_garbage_is_refused_and_logged_without_the_secret() {
     let mut raw = TcpStream::connect(server.local_addr()).await.unwrap();
     raw.write_all(&[0xAB; CLIENT_PROOF_BYTES]).await.unwrap();
     assert!(closed_by_server(&mut raw, Duration::from_secs(10)).await);
-    eventually("the garbage was refused", || {
+    wait_until("the garbage was refused", WAIT, POLL, async || {
         server.stats().refused_handshake == 2
     })
     .await;

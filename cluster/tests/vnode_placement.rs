@@ -10,10 +10,11 @@ use malachi_cluster::vnodes::rebalance::target_voters;
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use malachi_core::model::{Command, StoragePolicy};
 use malachi_core::ring::{RING_VNODE, VNODES_POLICY, VnodeId};
+use malachi_testkit::wait::wait_until;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 const NODES: [u64; 4] = [1, 2, 3, 4];
@@ -71,8 +72,9 @@ fn groups() -> impl Iterator<Item = VnodeId> {
 /// Waits until every group's voters, as its leader reports them, are
 /// `want(vnode)` and no change is under way.
 async fn wait_voters(via: &Broker, want: impl Fn(VnodeId) -> BTreeSet<u64>, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    let what = format!("every group's voters are placed {what}");
+    let (deadline, poll) = (Duration::from_secs(120), Duration::from_millis(200));
+    wait_until(&what, deadline, poll, async || {
         let mut off = Vec::new();
         for (vnode, membership) in via.host.memberships().await {
             match membership {
@@ -85,12 +87,9 @@ async fn wait_voters(via: &Broker, want: impl Fn(VnodeId) -> BTreeSet<u64>, what
                 Err(e) => off.push(format!("{vnode}: {e}")),
             }
         }
-        if off.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {off:#?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        if off.is_empty() { Ok(()) } else { Err(off) }
+    })
+    .await;
 }
 
 fn policy(placement: &[&str]) -> Command {
@@ -139,26 +138,25 @@ async fn vnode_replicas_follow_the_vnodes_policys_constraints() {
     wait_voters(&brokers[0], hashed, "formed").await;
 
     // Every broker commits its zone to the ring.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let ring = brokers[0].host.refresh_ring().await.unwrap();
-        let committed: Vec<Option<String>> = NODES
-            .iter()
-            .map(|n| ring.attributes_of(*n).and_then(|a| a.get("zone").cloned()))
-            .collect();
-        if committed
-            .iter()
-            .zip(NODES)
-            .all(|(z, n)| z.as_deref() == Some(zone(n)))
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "attributes not committed: {committed:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (deadline, poll) = (Duration::from_secs(60), Duration::from_millis(100));
+    wait_until(
+        "every broker's zone is committed",
+        deadline,
+        poll,
+        async || {
+            let ring = brokers[0].host.refresh_ring().await.unwrap();
+            let committed: Vec<Option<String>> = NODES
+                .iter()
+                .map(|n| ring.attributes_of(*n).and_then(|a| a.get("zone").cloned()))
+                .collect();
+            let all = committed
+                .iter()
+                .zip(NODES)
+                .all(|(z, n)| z.as_deref() == Some(zone(n)));
+            if all { Ok(()) } else { Err(committed) }
+        },
+    )
+    .await;
 
     propose(&brokers[1], policy(&["distinct(zone) >= 3"])).await;
     // The announcement is fetched in the background: read the ring here.
@@ -174,12 +172,15 @@ async fn vnode_replicas_follow_the_vnodes_policys_constraints() {
     }
     wait_voters(&brokers[0], spans_three, "under distinct(zone) >= 3").await;
     // Every broker computes the same target from its own ring copy.
-    for b in &brokers[1..] {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while groups().any(|v| b.host.target_voters(v) != brokers[0].host.target_voters(v)) {
-            assert!(Instant::now() < deadline, "a broker's ring lags");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    for (i, b) in brokers.iter().enumerate().skip(1) {
+        let what = format!("broker {}'s ring catches up", i + 1);
+        wait_until(
+            &what,
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            async || groups().all(|v| b.host.target_voters(v) == brokers[0].host.target_voters(v)),
+        )
+        .await;
     }
 
     // Without the policy, back to hashing.

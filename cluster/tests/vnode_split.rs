@@ -10,17 +10,20 @@ use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig, plan_coordinators};
 use malachi_core::model::{Command, ModelError, Outcome, RingArc};
 use malachi_core::ring::{Ring, VnodeId};
+use malachi_testkit::wait::wait_until;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 const NODES: [u64; 3] = [1, 2, 3];
 const VNODES: u32 = 4;
 /// The longest any wait in these tests may take on a loaded machine.
 const WAIT: Duration = Duration::from_secs(30);
+/// How often a wait checks.
+const POLL: Duration = Duration::from_millis(25);
 
 struct Broker {
     id: u64,
@@ -92,17 +95,12 @@ impl Cluster {
     }
 
     async fn restart(&mut self, i: usize) {
-        let deadline = Instant::now() + WAIT;
-        let listener = loop {
-            match TcpListener::bind(self.addrs[i]).await {
-                Ok(l) => break l,
-                Err(e) if Instant::now() < deadline => {
-                    eprintln!("rebinding {}: {e}", self.addrs[i]);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("cannot rebind {}: {e}", self.addrs[i]),
-            }
-        };
+        let addr = self.addrs[i];
+        let what = format!("{addr} can be bound again");
+        let listener = wait_until(&what, WAIT, Duration::from_millis(50), async || {
+            TcpListener::bind(addr).await
+        })
+        .await;
         let broker = self.open(i, listener).await;
         self.brokers[i] = Some(broker);
     }
@@ -131,19 +129,6 @@ fn topics_in(arc: RingArc, prefix: &str, count: usize) -> Vec<String> {
         .filter(|t| arc.holds_topic(t))
         .take(count)
         .collect()
-}
-
-/// Polls `check` until it holds, or fails the test after `WAIT`.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 /// Every topic is described through every running broker.
@@ -177,10 +162,11 @@ async fn a_split_while_topics_are_created_concurrently_keeps_every_acknowledged_
 
     // Creators through every broker, half of their topics in the moving half.
     let stop = Arc::new(AtomicBool::new(false));
+    let created = Arc::new(AtomicUsize::new(0));
     let mut creators = Vec::new();
     for (b, broker) in cluster.running().enumerate() {
         let host = Arc::clone(&broker.host);
-        let stop = Arc::clone(&stop);
+        let (stop, created) = (Arc::clone(&stop), Arc::clone(&created));
         creators.push(tokio::spawn(async move {
             let moving = topics_in(upper, &format!("during-{b}-up"), 1000);
             let staying = topics_in(lower, &format!("during-{b}-low"), 1000);
@@ -197,18 +183,33 @@ async fn a_split_while_topics_are_created_concurrently_keeps_every_acknowledged_
                         Ok(Err(ModelError::TopicExists { .. })) => {}
                         other => panic!("creating {topic} failed: {other:?}"),
                     }
+                    created.fetch_add(1, Ordering::AcqRel);
                 }
             }
             acknowledged
         }));
     }
     // Let the creators get going, then split while they run.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let going = cluster.running().count() * 2;
+    wait_until(
+        "the creators have created a few topics",
+        WAIT,
+        POLL,
+        async || created.load(Ordering::Acquire) >= going,
+    )
+    .await;
     let (kept, child) = cluster.broker(0).host.split_vnode(parent).await.unwrap();
     assert_eq!(kept, parent);
     assert_eq!(child, VnodeId(VNODES));
     // Keep creating after the split so the new ring is used too.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at_split = created.load(Ordering::Acquire);
+    wait_until(
+        "the creators create more after the split",
+        WAIT,
+        POLL,
+        async || created.load(Ordering::Acquire) >= at_split + going,
+    )
+    .await;
     stop.store(true, Ordering::Release);
     let mut acknowledged = before.clone();
     for creator in creators {
@@ -287,18 +288,14 @@ async fn a_command_routed_by_the_pre_split_ring_is_refused_then_lands_on_the_chi
         .map(|b| b.host.watch_led(600_000))
         .collect();
     let (_, child) = cluster.broker(0).host.split_vnode(parent).await.unwrap();
-    let deadline = Instant::now() + WAIT;
-    let leader_at = loop {
-        if let Some(at) = watches.iter().position(|w| w.borrow().contains(&child)) {
-            break at;
-        }
-        assert!(Instant::now() < deadline, "no watch saw the child's leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let leader_at = wait_until("a watch sees the child's leader", WAIT, POLL, async || {
+        watches.iter().position(|w| w.borrow().contains(&child))
+    })
+    .await;
     // The leader learns the new ring from the split's announcement, and
     // its coordinator manager then starts the child's coordinator.
     let host = Arc::clone(&cluster.broker(leader_at).host);
-    eventually("the child's leader learns the ring", || {
+    wait_until("the child's leader learns the ring", WAIT, POLL, || {
         let host = Arc::clone(&host);
         async move { host.ring().vnode(child).is_some() }
     })
@@ -347,7 +344,7 @@ async fn a_command_routed_by_the_pre_split_ring_is_refused_then_lands_on_the_chi
         .running()
         .find_map(|b| b.host.group(child))
         .expect("some broker hosts the child");
-    eventually("the child applies the topic", || {
+    wait_until("the child applies the topic", WAIT, POLL, || {
         let g = child_group.clone();
         let topic = topic.clone();
         async move { g.read_local(|s| s.topic(&topic).is_some()) }
@@ -385,12 +382,12 @@ async fn the_ring_survives_a_restart_of_every_host_and_a_stale_host_catches_up()
     // Back with the old ring, it catches up in the background, opens its
     // replica of the child and the child's log reaches it.
     let stale = Arc::clone(&cluster.broker(2).host);
-    eventually("node 3 learns the split ring", || {
+    wait_until("node 3 learns the split ring", WAIT, POLL, || {
         let host = Arc::clone(&stale);
         async move { host.ring().version() == 2 }
     })
     .await;
-    eventually("node 3 replicates the child", || {
+    wait_until("node 3 replicates the child", WAIT, POLL, || {
         let host = Arc::clone(&stale);
         let late = late.clone();
         async move {

@@ -9,6 +9,7 @@ use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use malachi_core::model::{ModelError, Outcome, RingArc};
 use malachi_core::ring::{Ring, VnodeId};
+use malachi_testkit::wait::wait_until;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -80,7 +81,8 @@ async fn groups_without_a_quorum_up_do_not_campaign_and_elect_once_one_is() {
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let mut listeners = listeners.into_iter();
     let first = open_broker(1, listeners.next().unwrap(), &addrs, 16).await;
-    // Alone: its peers' ports accept but nobody answers a probe.
+    // Alone: its peers' ports accept but nobody answers a probe. An
+    // absence (no campaign), watched for 1.5 s.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let groups = first.host.registry().all();
     assert_eq!(groups.len(), 17, "16 vnodes and the ring's group");
@@ -224,21 +226,20 @@ async fn a_vnode_leader_killed_gives_way_and_nothing_acknowledged_is_lost() {
 
 /// Waits until every group hosted by `brokers` is quiet (ADR 0101).
 async fn wait_all_quiet(brokers: &[Broker]) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = "every hosted group is quiet (quiet, hosted)";
+    let (deadline, poll) = (Duration::from_secs(20), Duration::from_millis(50));
+    wait_until(what, deadline, poll, async || {
         let quiet: Vec<(usize, usize)> = brokers
             .iter()
             .map(|b| (b.host.quiet_groups(), b.host.registry().all().len()))
             .collect();
         if quiet.iter().all(|(q, all)| q == all) {
-            return;
+            Ok(())
+        } else {
+            Err(quiet)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "groups never all went quiet (quiet, hosted): {quiet:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

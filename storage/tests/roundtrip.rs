@@ -114,6 +114,7 @@ fn with_a_long_interval_an_append_waits_for_the_record_trigger_or_a_sync() {
     let store = FileStore::open_dir(dir.path(), cfg).unwrap();
     store.open(SEG).unwrap();
     let lone = store.append(SEG, &[record(0)]).unwrap();
+    // An absence (no flush before a trigger), watched for 100 ms.
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(!lone.is_complete(), "flushed before any trigger fired");
     assert_eq!(

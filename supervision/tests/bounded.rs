@@ -7,8 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use malachi_supervision::{BoundedRef, Permit, SupervisionError};
+use malachi_testkit::wait::wait_until;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::Semaphore;
+
+/// How long a wait may take, and how often it checks.
+const WAIT: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(2);
 
 /// A worker that blocks on a gate before finishing each message, so messages
 /// pile up exactly as they would behind a slow disk.
@@ -88,7 +93,10 @@ async fn try_send_is_refused_with_busy_once_inflight_max_messages_are_outstandin
     assert_eq!(refused, SupervisionError::Busy { inflight_max: 4 });
     assert_eq!(bounded.inflight(), 4);
     gate.add_permits(4);
-    wait_until(|| bounded.inflight() == 0).await;
+    wait_until("no message is in flight", WAIT, POLL, async || {
+        bounded.inflight() == 0
+    })
+    .await;
     assert_eq!(
         handled.load(Ordering::SeqCst),
         4,
@@ -110,21 +118,28 @@ async fn send_waits_for_credit_instead_of_growing_the_mailbox() {
         })
     };
 
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        bounded.inflight(),
-        2,
+    wait_until("two messages are in flight", WAIT, POLL, async || {
+        bounded.inflight() == 2
+    })
+    .await;
+    assert!(
+        !producer.is_finished(),
         "the producer is held back at the bound"
     );
-    assert!(!producer.is_finished());
 
     gate.add_permits(50);
     tokio::time::timeout(Duration::from_secs(5), producer)
         .await
         .unwrap()
         .unwrap();
-    wait_until(|| handled.load(Ordering::SeqCst) == 50).await;
-    wait_until(|| bounded.inflight() == 0).await;
+    wait_until("all 50 messages are handled", WAIT, POLL, async || {
+        handled.load(Ordering::SeqCst) == 50
+    })
+    .await;
+    wait_until("no message is in flight", WAIT, POLL, async || {
+        bounded.inflight() == 0
+    })
+    .await;
     bounded.actor().stop(None);
 }
 
@@ -157,7 +172,10 @@ async fn credit_returns_when_the_actor_dies_with_messages_queued() {
 
     bounded.actor().kill();
 
-    wait_until(|| bounded.inflight() == 0).await;
+    wait_until("no message is in flight", WAIT, POLL, async || {
+        bounded.inflight() == 0
+    })
+    .await;
     assert_eq!(
         bounded.try_send(GatedMsg::Work).unwrap_err(),
         SupervisionError::NotRunning
@@ -167,15 +185,4 @@ async fn credit_returns_when_the_actor_dies_with_messages_queued() {
         0,
         "a refused send does not leak its credit"
     );
-}
-
-async fn wait_until<F: Fn() -> bool>(cond: F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "condition never held"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }

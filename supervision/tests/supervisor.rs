@@ -156,6 +156,8 @@ async fn restarts_older_than_the_period_do_not_count_towards_intensity() {
     for _ in 0..3 {
         poke(&sup, "a", ProbeMsg::Crash).await;
         assert_eq!(probes.take(1).await, vec![started("a")]);
+        // Fault timing, not synchronisation: the restart ages past the
+        // 100 ms period before the next crash.
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     let snap = sup.snapshot().await.unwrap();
@@ -554,7 +556,11 @@ async fn snapshot_shows_a_busy_nested_supervisor_as_unresponsive() {
     let inner_ref = SupervisorRef::from_actor(root.child("inner").await.unwrap().unwrap().into());
 
     poke(&inner_ref, "trigger", ProbeMsg::Crash).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_for_snapshot(&root, |s| {
+        s.child("inner")
+            .is_some_and(|c| c.status == ChildStatus::Unresponsive)
+    })
+    .await;
     let t0 = Instant::now();
     let snap = root.snapshot().await.unwrap();
 

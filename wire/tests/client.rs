@@ -1,5 +1,5 @@
-//! The client against in-process fake brokers: tokio listeners in the test
-//! that speak the server side of the codec.
+//! The client against in-process fake brokers (`malachi_testkit::fake`):
+//! tokio listeners in the test that speak the server side of the codec.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,6 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, SinkExt, StreamExt};
+use malachi_testkit::fake::{fake_broker, ok, refusal};
+use malachi_testkit::wait::wait_until;
 use malachi_wire::client::{ConsumeOptions, StartAt};
 use malachi_wire::messages::*;
 use malachi_wire::{
@@ -19,90 +21,6 @@ use malachi_wire::{
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
-
-type Handler =
-    Arc<dyn Fn(RequestFrame, mpsc::Sender<ResponseFrame>) -> BoxFuture<'static, ()> + Send + Sync>;
-
-/// Start a fake broker. It answers `api_versions` itself and hands every
-/// other request to `handler` in a task of its own, so answers can overtake
-/// each other.
-async fn fake_broker(handler: Handler) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let (read_half, write_half) = socket.into_split();
-                let mut requests = FramedRead::new(read_half, ServerCodec::default());
-                let mut responses = FramedWrite::new(write_half, ServerCodec::default());
-                let (tx, mut rx) = mpsc::channel::<ResponseFrame>(1024);
-                tokio::spawn(async move {
-                    while let Some(frame) = rx.recv().await {
-                        if responses.send(frame).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-                while let Some(Ok(frame)) = requests.next().await {
-                    if frame.api_key == ApiKey::ApiVersions.code() {
-                        let versions = ApiVersionsResponse {
-                            node_id: 1,
-                            versions: ApiVersion::supported(),
-                        };
-                        tx.send(ok(frame.correlation_id, &versions)).await.unwrap();
-                        continue;
-                    }
-                    if frame.api_key == ApiKey::DescribeTopic.code()
-                        && DescribeTopicRequest::decode(frame.payload.clone())
-                            .is_ok_and(|r| r.name == "t")
-                    {
-                        // One range over the whole keyspace, as a producer routes by.
-                        tx.send(ok(frame.correlation_id, &one_range_topic()))
-                            .await
-                            .unwrap();
-                        continue;
-                    }
-                    tokio::spawn(handler(frame, tx.clone()));
-                }
-            });
-        }
-    });
-    addr
-}
-
-/// The description a fake broker gives of any topic: range 1, the whole keyspace.
-fn one_range_topic() -> DescribeTopicResponse {
-    DescribeTopicResponse {
-        topic: TopicDescription {
-            name: "t".into(),
-            ranges: vec![RangeDescription {
-                id: 1,
-                band_start: "0x0000000000000000".into(),
-                band_end: "0x10000000000000000".into(),
-                state: "active".into(),
-                ..RangeDescription::default()
-            }],
-            ..TopicDescription::default()
-        },
-    }
-}
-
-fn ok(correlation_id: u32, message: &impl Message) -> ResponseFrame {
-    ResponseFrame {
-        correlation_id,
-        error_code: ErrorCode::None,
-        payload: message.encode().unwrap(),
-    }
-}
-
-fn refusal(correlation_id: u32, code: ErrorCode, body: ErrorBody) -> ResponseFrame {
-    ResponseFrame {
-        correlation_id,
-        error_code: code,
-        payload: body.encode().unwrap(),
-    }
-}
 
 fn batch_of(count: usize) -> RecordBatch {
     let records: Vec<Record> = (0..count)
@@ -345,15 +263,17 @@ async fn a_request_without_a_timely_answer_fails_with_a_typed_timeout_and_is_not
 
 #[tokio::test]
 async fn a_late_answer_after_a_timeout_does_not_disturb_the_same_connection() {
+    let late_sent = Arc::new(AtomicUsize::new(0));
+    let sent = late_sent.clone();
     let addr = fake_broker(Arc::new(move |frame, tx| {
+        let sent = sent.clone();
         async move {
-            let delay = if frame.api_key == ApiKey::Produce.code() {
-                250
-            } else {
-                10
-            };
+            let produce = frame.api_key == ApiKey::Produce.code();
+            // Fault timing: the produce is answered after the client's
+            // 100 ms timeout.
+            let delay = if produce { 250 } else { 10 };
             tokio::time::sleep(Duration::from_millis(delay)).await;
-            let response = if frame.api_key == ApiKey::Produce.code() {
+            let response = if produce {
                 ok(
                     frame.correlation_id,
                     &ProduceResponse {
@@ -365,6 +285,9 @@ async fn a_late_answer_after_a_timeout_does_not_disturb_the_same_connection() {
                 ok(frame.correlation_id, &ListTopicsResponse::default())
             };
             tx.send(response).await.unwrap();
+            if produce {
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
         }
         .boxed()
     }))
@@ -379,8 +302,15 @@ async fn a_late_answer_after_a_timeout_does_not_disturb_the_same_connection() {
         client.produce("t", batch_of(1)).await,
         Err(ClientError::Timeout { .. })
     ));
-    // Wait for the late answer to arrive and be dropped, then use the connection.
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // Once the late answer is on its way, use the connection: it arrives
+    // before the next answer on the same stream, and must be dropped.
+    wait_until(
+        "the fake broker sent the late answer",
+        Duration::from_secs(5),
+        Duration::from_millis(5),
+        async || late_sent.load(Ordering::SeqCst) == 1,
+    )
+    .await;
     let listed = client.list_topics().await.unwrap();
     assert!(listed.topics.is_empty());
 }
@@ -779,6 +709,8 @@ async fn a_key_the_broker_shares_no_version_with_is_refused_without_sending() {
         ),
         "{error:?}"
     );
+    // An absence (nothing reaches the broker), watched for 20 ms: there is
+    // no condition to wait on.
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(others.load(Ordering::SeqCst), 0, "the request was sent");
 }

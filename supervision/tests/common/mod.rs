@@ -9,6 +9,7 @@ use malachi_supervision::{
     Backoff, ChildSpec, Intensity, Restart, SupervisionError, SupervisorArgs, SupervisorRef,
     SupervisorSnapshot,
 };
+use malachi_testkit::wait::wait_until;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -233,23 +234,23 @@ pub async fn poke(sup: &SupervisorRef, child: &str, msg: ProbeMsg) {
     cell.send_message(msg).unwrap();
 }
 
-/// Poll snapshots until `cond` holds, failing after a bound.
+/// Poll snapshots until `cond` holds, failing after a bound with the last
+/// snapshot.
 pub async fn wait_for_snapshot<F>(sup: &SupervisorRef, cond: F) -> SupervisorSnapshot
 where
     F: Fn(&SupervisorSnapshot) -> bool,
 {
-    let deadline = Instant::now() + Duration::from_millis(EVENT_WAIT_MS);
-    loop {
-        let snap = sup.snapshot().await.unwrap();
-        if cond(&snap) {
-            return snap;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "condition never held; last snapshot: {snap:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let deadline = Duration::from_millis(EVENT_WAIT_MS);
+    wait_until(
+        "the snapshot shows the condition",
+        deadline,
+        Duration::from_millis(5),
+        async || {
+            let snap = sup.snapshot().await.unwrap();
+            if cond(&snap) { Ok(snap) } else { Err(snap) }
+        },
+    )
+    .await
 }
 
 /// An actor that spawns a supervisor linked to itself and reports the

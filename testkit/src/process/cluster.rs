@@ -7,9 +7,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{BIN, free_port, malachi, out, spawn_until_serving};
+use super::{bin, free_port, malachi, out, spawn_until_serving};
+use crate::wait::Wait;
 
 /// The vnode count of a cluster with the default settings.
 pub const VNODES_DEFAULT: u64 = 16;
@@ -69,7 +70,7 @@ impl ClusterNode {
 
     /// Starts (or restarts) the broker and waits until it serves.
     pub fn start(&mut self, seeds: &[String]) {
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(bin());
         command
             .args(["broker", "--node-id", &self.node_id.to_string()])
             .args(["--listen", &self.client, "--admin-listen", &self.admin])
@@ -188,38 +189,47 @@ impl Cluster {
     /// `coordinator/V` actor for each of the `vnodes` vnodes: then every
     /// vnode has a leader that serves metadata commands.
     pub fn wait_for_coordinators(&self, vnodes: u64) {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            let mut running = BTreeSet::new();
-            let mut count = 0;
-            for node in &self.nodes {
-                let output = malachi(&node.client, &["tree"], "");
-                if !output.status.success() {
-                    continue;
-                }
-                for line in out(&output).lines() {
-                    if let Some(at) = line.find("coordinator/") {
-                        let rest = &line[at + "coordinator/".len()..];
-                        let digits: String =
-                            rest.chars().take_while(char::is_ascii_digit).collect();
-                        if let Ok(vnode) = digits.parse::<u64>() {
-                            running.insert(vnode);
-                            count += 1;
-                        }
-                    }
-                }
-            }
+        wait_for_coordinators(&self.nodes, vnodes);
+    }
+}
+
+/// [`Cluster::wait_for_coordinators`] over brokers not held as a `Cluster`.
+pub fn wait_for_coordinators(nodes: &[ClusterNode], vnodes: u64) {
+    let what = format!("one coordinator runs for each of {vnodes} vnodes");
+    Wait::new(what, READY_TIMEOUT, Duration::from_millis(100))
+        .context(|| logs(nodes))
+        .until_blocking(|| {
+            let (running, count) = coordinators(nodes);
             if running.len() as u64 == vnodes && count == vnodes {
-                return;
+                Ok(())
+            } else {
+                Err(format!("{running:?} ({count} actors)"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "coordinators never ran once per vnode: {running:?} ({count} actors)\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+        });
+}
+
+/// The vnodes whose `coordinator/V` actor `malachi tree` of the brokers
+/// shows, and how many such actors run in all.
+fn coordinators(nodes: &[ClusterNode]) -> (BTreeSet<u64>, u64) {
+    let mut running = BTreeSet::new();
+    let mut count = 0;
+    for node in nodes {
+        let output = malachi(&node.client, &["tree"], "");
+        if !output.status.success() {
+            continue;
+        }
+        for line in out(&output).lines() {
+            if let Some(at) = line.find("coordinator/") {
+                let rest = &line[at + "coordinator/".len()..];
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                if let Ok(vnode) = digits.parse::<u64>() {
+                    running.insert(vnode);
+                    count += 1;
+                }
+            }
         }
     }
+    (running, count)
 }
 
 /// Every broker's log, for a failure message.

@@ -1,21 +1,47 @@
-//! Helpers for the process-level tests: run the built `malachi` binary as a
-//! broker and as a client, on ports chosen free by the test.
+//! Brokers as processes, for the process-level tests of the root crate:
+//! run the built `malachi` binary as a broker and as a client, on ports
+//! chosen free by the test.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
-
+pub mod cli;
 pub mod cluster;
-pub mod copies;
-pub mod keyed;
+pub use crate::copies;
+
+/// The keyed sequences and the CLI's side of them, as the process tests
+/// used them under one name.
+pub mod keyed {
+    pub use super::cli::{consume_all, json_lines, spawn_malachi, wait_output};
+    pub use crate::keyed::{KeyedWriter, assert_keyed_sequences, keyed_line};
+}
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
-/// The binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_malachi");
+use crate::wait::wait_until_blocking;
+
+/// The binary under test: `malachi` next to the test binary's `deps/`
+/// folder, where cargo builds a package's binaries before its integration
+/// tests (`CARGO_BIN_EXE_malachi` is only known to the test crate itself).
+pub fn bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let test = std::env::current_exe().expect("the test binary's path");
+        let profile = test
+            .parent()
+            .and_then(Path::parent)
+            .expect("a test binary under target/<profile>/deps");
+        let bin = profile.join(format!("malachi{}", std::env::consts::EXE_SUFFIX));
+        assert!(
+            bin.exists(),
+            "{} is missing: run the tests through cargo, which builds it",
+            bin.display()
+        );
+        bin
+    })
+}
 /// How long a broker may take to print its serving line.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -86,7 +112,6 @@ impl BrokerProcess {
 
     /// Start a broker on fresh free ports with the log levels a user gets
     /// (`RUST_LOG` unset).
-    #[allow(dead_code)]
     pub fn start_with_default_logs(data_dir: &Path) -> BrokerProcess {
         let client = format!("127.0.0.1:{}", free_port());
         let admin = format!("127.0.0.1:{}", free_port());
@@ -100,7 +125,7 @@ impl BrokerProcess {
         rust_log: Option<&str>,
     ) -> BrokerProcess {
         let stderr_log = data_dir.with_extension("broker.log");
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(bin());
         command
             .args(["broker", "--node-id", "1", "--listen", client_addr])
             .args(["--admin-listen", admin_addr, "--data-dir"])
@@ -133,14 +158,14 @@ impl BrokerProcess {
         #[allow(unsafe_code)]
         let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
         assert_eq!(rc, 0, "kill(SIGTERM) failed");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "the broker ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = &mut self.child;
+        wait_until_blocking(
+            "the broker exits on SIGTERM",
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || child.try_wait().unwrap().ok_or("running"),
+        )
+        .code()
     }
 
     /// The broker's stderr so far.
@@ -160,7 +185,7 @@ impl Drop for BrokerProcess {
 
 /// Run `malachi ARGS` with `stdin`, against `broker` (via MALACHI_BROKER).
 pub fn malachi(broker: &str, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .args(args)
         .env("MALACHI_BROKER", broker)
         .env_remove("RUST_LOG")
