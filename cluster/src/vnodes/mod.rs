@@ -31,6 +31,7 @@
 //! (ADR 0082).
 
 pub mod broker_api;
+mod features;
 pub mod lease;
 pub mod quiet;
 pub mod rebalance;
@@ -160,6 +161,12 @@ pub struct VnodeHostConfig {
     /// This broker's attributes (zone, rack, ...), committed to the ring
     /// where vnode placement constraints read them (ADR 0121).
     pub attributes: BTreeMap<String, String>,
+    /// What this broker advertises to the ring's feature table (ADR 0134):
+    /// its binary's version string, logical version and feature names.
+    /// Tests set them apart from the binary's to play another version.
+    pub binary_version: String,
+    pub logical_version: u32,
+    pub supported_features: Vec<String>,
 }
 
 impl VnodeHostConfig {
@@ -186,6 +193,9 @@ impl VnodeHostConfig {
             rebalance_check_ms: rebalance::REBALANCE_CHECK_MS_DEFAULT,
             membership_step_timeout_ms: rebalance::MEMBERSHIP_STEP_TIMEOUT_MS_DEFAULT,
             attributes: BTreeMap::new(),
+            binary_version: env!("CARGO_PKG_VERSION").to_owned(),
+            logical_version: malachi_core::model::LOGICAL_VERSION,
+            supported_features: malachi_core::model::Feature::supported_names(),
         }
     }
 }
@@ -390,6 +400,9 @@ pub struct VnodeHost {
     moved_marked: tokio::sync::Mutex<bool>,
     /// The liveness prober's up set (this broker included), once it runs.
     up: std::sync::OnceLock<watch::Receiver<BTreeSet<u64>>>,
+    /// The feature table as this broker last read it from the ring's
+    /// group (ADR 0134): what the writer gates consult.
+    features: RwLock<Arc<malachi_core::model::FeatureTable>>,
 }
 
 /// Where a broker keeps the newest ring it has learned.
@@ -444,6 +457,7 @@ impl VnodeHost {
             opened_at: parking_lot::Mutex::new(BTreeMap::new()),
             moved_marked: tokio::sync::Mutex::new(false),
             up: std::sync::OnceLock::new(),
+            features: RwLock::new(Arc::default()),
             config,
         });
         host.update_probe_peers();
@@ -495,7 +509,7 @@ impl VnodeHost {
                 .await?;
             Ok::<(), GroupError>(())
         };
-        if let Err(e) = opened.await {
+        if let Err(e) = opened.await.and_then(|()| host.check_local_features()) {
             host.shutdown().await;
             return Err(e);
         }
@@ -511,6 +525,8 @@ impl VnodeHost {
             host.spawn_admission();
         }
         host.spawn_attribute_publisher();
+        host.spawn_feature_advertiser();
+        host.spawn_feature_watch();
         Ok(host)
     }
 
@@ -570,6 +586,13 @@ impl VnodeHost {
             let me = host.config.node_id;
             if host.ring().members().get(&me) == Some(&MemberState::Active) {
                 return None;
+            }
+            // A binary lacking what the cluster finalized is not admitted
+            // (ADR 0134): its advertisement is refused first.
+            match host.advertise_features().await {
+                Ok(Ok(_)) => {}
+                Ok(Err(refused)) => return Some(Ok(Err(refused))),
+                Err(e) => return Some(Err(e)),
             }
             Some(
                 host.admit(me)
@@ -1321,6 +1344,7 @@ impl VnodeHost {
                 .route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
                 .await?;
             if let Some(record) = record {
+                *self.features.write() = Arc::new(record.features.clone());
                 return Ok(record);
             }
             // A fresh ring group: create the ring every broker starts from.
