@@ -456,6 +456,21 @@ fn the_feature_table_and_its_commands_encode_to_their_frozen_bytes() {
     );
 }
 
+/// The file a broker keeps what its cluster finalized in (ADR 0134): a
+/// magic tag, then the record.
+#[test]
+fn the_finalized_features_file_encodes_to_its_frozen_bytes() {
+    use malachi_cluster::vnodes::FinalizedRecord;
+    let record = FinalizedRecord {
+        version: 1,
+        features: ["split_merge_segments".to_owned(), "zeta".to_owned()].into(),
+    };
+    let bytes = record.encode().unwrap();
+    insta::assert_snapshot!("finalized_features_file", hex(&bytes));
+    assert_eq!(FinalizedRecord::decode(&bytes), Some(record));
+    assert_eq!(FinalizedRecord::decode(&bytes[..bytes.len() - 1]), None);
+}
+
 // ---------------------------------------------------------------------------
 // A metadata group's files.
 

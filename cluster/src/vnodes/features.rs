@@ -10,7 +10,55 @@ use malachi_core::model::{
     Command, Feature, FeatureInactive, FeatureTable, ModelError, Outcome, decommissioned,
 };
 
+use serde::{Deserialize, Serialize};
+
 use super::{RouteError, VnodeHost};
+use crate::group::fsio;
+
+/// Where a broker keeps what its cluster finalized (ADR 0134), so that a
+/// binary lacking it is refused at start before any group replays a log.
+pub const FINALIZED_FILE: &str = "features.finalized";
+const FINALIZED_FILE_MAGIC: &[u8; 8] = b"MALFEAT1";
+/// The largest finalized file read back (256 names of 64 bytes fit).
+const FINALIZED_FILE_BYTES_MAX: u64 = 64 * 1024;
+
+/// What a broker's data dir records its cluster finalized. Only grows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalizedRecord {
+    /// The finalized cluster version.
+    pub version: u32,
+    /// The finalized features.
+    pub features: BTreeSet<String>,
+}
+
+impl FinalizedRecord {
+    fn of(table: &FeatureTable) -> FinalizedRecord {
+        FinalizedRecord {
+            version: table.version(),
+            features: table.finalized(),
+        }
+    }
+
+    /// Both records together: the higher version, every feature.
+    fn union(&self, other: &FinalizedRecord) -> FinalizedRecord {
+        FinalizedRecord {
+            version: self.version.max(other.version),
+            features: self.features.union(&other.features).cloned().collect(),
+        }
+    }
+
+    /// The file's bytes: a magic tag, then the rmp-serde body.
+    pub fn encode(&self) -> std::io::Result<Vec<u8>> {
+        let body = rmp_serde::to_vec(self).map_err(std::io::Error::other)?;
+        fsio::encode_tagged(FINALIZED_FILE_MAGIC, &body)
+    }
+
+    /// The record a file holds; `None` for a damaged one.
+    pub fn decode(bytes: &[u8]) -> Option<FinalizedRecord> {
+        let body = fsio::decode_tagged(FINALIZED_FILE_MAGIC, bytes, FINALIZED_FILE_BYTES_MAX).ok()?;
+        rmp_serde::from_slice(body).ok()
+    }
+}
 
 /// The longest a broker's writer gates go without re-reading the feature
 /// table: a broker hosting a replica of the ring's group re-reads it from
@@ -18,12 +66,46 @@ use super::{RouteError, VnodeHost};
 pub const FEATURE_REFRESH_MS: u64 = 2_000;
 use crate::group::{ConfigProblem, GroupError};
 
+/// What the file at `path` records; empty if there is none. A damaged
+/// file is logged and read as empty: the ring group's refusal of the
+/// advertisement still stands behind it.
+pub(super) fn load_finalized(path: &std::path::Path) -> FinalizedRecord {
+    match std::fs::read(path) {
+        Ok(bytes) => FinalizedRecord::decode(&bytes).unwrap_or_else(|| {
+            tracing::warn!(path = %path.display(), "the finalized features file is damaged");
+            FinalizedRecord::default()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => FinalizedRecord::default(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "the finalized features file is unreadable");
+            FinalizedRecord::default()
+        }
+    }
+}
+
 impl VnodeHost {
     /// The feature table as this broker last read it from the ring's
     /// group. Every binary that advertises supports the baseline, so before
     /// the first read the baseline counts as active (a pristine table).
     pub fn features(&self) -> Arc<FeatureTable> {
         Arc::clone(&self.features.read())
+    }
+
+    /// Takes `table` as the one the gates read, first keeping what it
+    /// finalized in this broker's data dir (only ever growing).
+    pub(super) fn adopt_features(&self, table: FeatureTable) {
+        let seen = FinalizedRecord::of(&table);
+        let mut kept = self.finalized_kept.lock();
+        let merged = kept.union(&seen);
+        if merged != *kept {
+            let path = self.config.data_dir.join(FINALIZED_FILE);
+            match merged.encode().and_then(|bytes| fsio::write_atomic(&path, &bytes)) {
+                Ok(()) => *kept = merged,
+                Err(e) => tracing::warn!(node = self.config.node_id, error = %e, "what the cluster finalized was not kept on disk"),
+            }
+        }
+        drop(kept);
+        *self.features.write() = Arc::new(table);
     }
 
     /// The writer gate: `Ok` only while `feature` is active in the table
@@ -132,11 +214,36 @@ impl VnodeHost {
         Ok(verdict)
     }
 
-    /// Refuses to start a broker whose binary lacks what its local replica
-    /// of the ring's group says the cluster finalized (a downgrade past
-    /// finalize), naming the feature. A broker without that replica learns
-    /// it from the ring group's refusal of its advertisement instead.
+    /// Refuses to start a broker whose binary lacks what its data dir
+    /// records, or its replica of the ring's group says, the cluster
+    /// finalized (a downgrade past finalize), naming the feature. A broker
+    /// with neither learns it from the ring group's refusal of its
+    /// advertisement instead.
     pub(super) fn check_local_features(&self) -> Result<(), GroupError> {
+        let kept = self.finalized_kept.lock().clone();
+        let me = self.config.node_id;
+        let refused = if let Some(feature) = kept
+            .features
+            .iter()
+            .find(|f| !self.config.supported_features.contains(f))
+        {
+            Some(ModelError::FeatureFinalized {
+                node: me,
+                feature: feature.clone(),
+            })
+        } else if self.config.logical_version < kept.version {
+            Some(ModelError::VersionFinalized {
+                node: me,
+                logical: self.config.logical_version,
+                version: kept.version,
+            })
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
+            tracing::error!(node = me, %refused, "refusing to start: this binary lacks what the cluster finalized");
+            return Err(GroupError::config(ConfigProblem::FeatureRefused(refused)));
+        }
         let Some(group) = self.ring_group() else {
             return Ok(());
         };
@@ -185,7 +292,7 @@ impl VnodeHost {
                 let changes = match strong.ring_group() {
                     Some(group) => {
                         if let Some(table) = group.read_local(|s| s.features().cloned()) {
-                            *strong.features.write() = Arc::new(table);
+                            strong.adopt_features(table);
                         }
                         Some(group.subscribe_changes())
                     }

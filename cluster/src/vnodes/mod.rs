@@ -32,6 +32,7 @@
 
 pub mod broker_api;
 mod features;
+pub use features::{FEATURE_REFRESH_MS, FINALIZED_FILE, FinalizedRecord};
 pub mod lease;
 pub mod quiet;
 pub mod rebalance;
@@ -403,6 +404,8 @@ pub struct VnodeHost {
     /// The feature table as this broker last read it from the ring's
     /// group (ADR 0134): what the writer gates consult.
     features: RwLock<Arc<malachi_core::model::FeatureTable>>,
+    /// What this broker's data dir records the cluster finalized.
+    finalized_kept: parking_lot::Mutex<features::FinalizedRecord>,
 }
 
 /// Where a broker keeps the newest ring it has learned.
@@ -458,6 +461,9 @@ impl VnodeHost {
             moved_marked: tokio::sync::Mutex::new(false),
             up: std::sync::OnceLock::new(),
             features: RwLock::new(Arc::default()),
+            finalized_kept: parking_lot::Mutex::new(features::load_finalized(
+                &config.data_dir.join(features::FINALIZED_FILE),
+            )),
             config,
         });
         host.update_probe_peers();
@@ -1344,7 +1350,7 @@ impl VnodeHost {
                 .route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
                 .await?;
             if let Some(record) = record {
-                *self.features.write() = Arc::new(record.features.clone());
+                self.adopt_features(record.features.clone());
                 return Ok(record);
             }
             // A fresh ring group: create the ring every broker starts from.

@@ -194,6 +194,15 @@ impl FeatureTable {
         self.version
     }
 
+    /// The names of the finalized features.
+    pub fn finalized(&self) -> BTreeSet<String> {
+        self.activated
+            .iter()
+            .filter(|(_, finalized)| **finalized)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Each broker's advertisement.
     pub fn members(&self) -> &BTreeMap<u64, Advertised> {
         &self.members
