@@ -63,7 +63,7 @@ impl FinalizedRecord {
 /// The longest a broker's writer gates go without re-reading the feature
 /// table: a broker hosting a replica of the ring's group re-reads it from
 /// that replica on every change as well.
-pub const FEATURE_REFRESH_MS: u64 = 2_000;
+pub const FEATURE_REFRESH_MS: u64 = 5_000;
 use crate::group::{ConfigProblem, GroupError};
 
 /// What the file at `path` records; empty if there is none. A damaged
