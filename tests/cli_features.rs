@@ -55,8 +55,9 @@ fn cluster_version_and_feature_list_activate_finalize_end_to_end() {
     assert_eq!(value["brokers"][0]["node_id"], 1, "{json}");
     let json = out(&ok(malachi(b, &["feature", "list", "--json"], "")));
     assert!(
-        json.lines().any(|l| l.contains("\"name\":\"waited_lease\"")
-            && l.contains("\"state\":\"finalized\"")),
+        json.lines()
+            .any(|l| l.contains("\"name\":\"waited_lease\"")
+                && l.contains("\"state\":\"finalized\"")),
         "{json}"
     );
 }

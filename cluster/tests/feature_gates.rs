@@ -76,7 +76,11 @@ async fn stop(broker: Broker) -> tempfile::TempDir {
 }
 
 /// Waits until the ring group's table, read through `via`, meets `done`.
-async fn wait_table(via: &VnodeHost, what: &str, done: impl Fn(&FeatureTable) -> bool) -> FeatureTable {
+async fn wait_table(
+    via: &VnodeHost,
+    what: &str,
+    done: impl Fn(&FeatureTable) -> bool,
+) -> FeatureTable {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(table) = via.feature_table().await
@@ -133,8 +137,14 @@ async fn a_feature_activates_once_every_broker_has_it_and_after_finalize_a_broke
     // Broker 3 upgraded: zeta is available, and activates.
     let dir = stop(brokers.pop().unwrap()).await;
     brokers.push(start(3, &addrs, dir, true).await);
-    wait_table(&one, "broker 3 advertising zeta", |t| advertised(t, 3, true)).await;
-    assert_eq!(zeta(&one.feature_table().await.unwrap()), FeatureState::Available);
+    wait_table(&one, "broker 3 advertising zeta", |t| {
+        advertised(t, 3, true)
+    })
+    .await;
+    assert_eq!(
+        zeta(&one.feature_table().await.unwrap()),
+        FeatureState::Available
+    );
     assert_eq!(
         one.activate_feature(ZETA).await.unwrap(),
         Ok(Outcome::FeatureActivated {
@@ -167,7 +177,10 @@ async fn a_feature_activates_once_every_broker_has_it_and_after_finalize_a_broke
     // It has learned of the finalize (and kept it in its data dir).
     let deadline = Instant::now() + Duration::from_secs(30);
     while zeta(&three.host.features()) != FeatureState::Finalized {
-        assert!(Instant::now() < deadline, "broker 3 never applied the finalize");
+        assert!(
+            Instant::now() < deadline,
+            "broker 3 never applied the finalize"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let dir = stop(three).await;

@@ -51,7 +51,12 @@ fn to_wire(
             node_id: *node,
             binary: a.binary.clone(),
             logical: a.logical,
-            supported: a.supported.iter().take(malachi_wire::limits::FEATURES_MAX).cloned().collect(),
+            supported: a
+                .supported
+                .iter()
+                .take(malachi_wire::limits::FEATURES_MAX)
+                .cloned()
+                .collect(),
         })
         .collect();
     let features = table

@@ -55,7 +55,8 @@ impl FinalizedRecord {
 
     /// The record a file holds; `None` for a damaged one.
     pub fn decode(bytes: &[u8]) -> Option<FinalizedRecord> {
-        let body = fsio::decode_tagged(FINALIZED_FILE_MAGIC, bytes, FINALIZED_FILE_BYTES_MAX).ok()?;
+        let body =
+            fsio::decode_tagged(FINALIZED_FILE_MAGIC, bytes, FINALIZED_FILE_BYTES_MAX).ok()?;
         rmp_serde::from_slice(body).ok()
     }
 }
@@ -99,9 +100,14 @@ impl VnodeHost {
         let merged = kept.union(&seen);
         if merged != *kept {
             let path = self.config.data_dir.join(FINALIZED_FILE);
-            match merged.encode().and_then(|bytes| fsio::write_atomic(&path, &bytes)) {
+            match merged
+                .encode()
+                .and_then(|bytes| fsio::write_atomic(&path, &bytes))
+            {
                 Ok(()) => *kept = merged,
-                Err(e) => tracing::warn!(node = self.config.node_id, error = %e, "what the cluster finalized was not kept on disk"),
+                Err(e) => {
+                    tracing::warn!(node = self.config.node_id, error = %e, "what the cluster finalized was not kept on disk")
+                }
             }
         }
         drop(kept);
@@ -127,7 +133,10 @@ impl VnodeHost {
 
     /// Proposes `cmd` (an activation or a finalize) in the ring's group and
     /// re-reads the table, so this broker's gates follow at once.
-    async fn change_features(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, RouteError> {
+    async fn change_features(
+        &self,
+        cmd: Command,
+    ) -> Result<Result<Outcome, ModelError>, RouteError> {
         // A fresh ring group holds no ring, and so no table, yet.
         self.ring_record().await?;
         let verdict = self.propose_ring(cmd).await?;
@@ -140,7 +149,11 @@ impl VnodeHost {
         &self,
         feature: &str,
     ) -> Result<Result<Outcome, ModelError>, RouteError> {
-        tracing::info!(node = self.config.node_id, feature, "feature activation requested");
+        tracing::info!(
+            node = self.config.node_id,
+            feature,
+            "feature activation requested"
+        );
         self.change_features(Command::ActivateFeature {
             feature: feature.to_owned(),
         })
@@ -191,7 +204,11 @@ impl VnodeHost {
             if let Ok(Outcome::FeaturesAdvertised { deactivated }) = &verdict
                 && !deactivated.is_empty()
             {
-                tracing::warn!(node = self.config.node_id, ?deactivated, "this broker lacks active features: they are inactive until every broker supports them again");
+                tracing::warn!(
+                    node = self.config.node_id,
+                    ?deactivated,
+                    "this broker lacks active features: they are inactive until every broker supports them again"
+                );
             }
             verdict
         };
@@ -207,8 +224,12 @@ impl VnodeHost {
             .collect();
         for feature in table.auto_activations(&known, &self.decommissioned()) {
             match self.activate_feature(feature.name()).await? {
-                Ok(_) => tracing::info!(node = self.config.node_id, %feature, "feature activated: every broker supports it"),
-                Err(e) => tracing::info!(node = self.config.node_id, %feature, refused = %e, "feature not activated"),
+                Ok(_) => {
+                    tracing::info!(node = self.config.node_id, %feature, "feature activated: every broker supports it")
+                }
+                Err(e) => {
+                    tracing::info!(node = self.config.node_id, %feature, refused = %e, "feature not activated")
+                }
             }
         }
         Ok(verdict)

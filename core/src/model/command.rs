@@ -396,11 +396,18 @@ pub enum Outcome {
     },
     /// A broker's advertisement was recorded; `deactivated` names the
     /// active features it lacked, now inactive (ADR 0134).
-    FeaturesAdvertised { deactivated: Vec<String> },
+    FeaturesAdvertised {
+        deactivated: Vec<String>,
+    },
     /// The feature is active from now on.
-    FeatureActivated { feature: String },
+    FeatureActivated {
+        feature: String,
+    },
     /// These features are finalized; the cluster version is `version`.
-    FeaturesFinalized { features: Vec<String>, version: u32 },
+    FeaturesFinalized {
+        features: Vec<String>,
+        version: u32,
+    },
 }
 
 /// A refused command. The state is left exactly as it was.
@@ -577,7 +584,11 @@ pub enum ModelError {
     #[error(
         "node {node} runs logical version {logical}, below the finalized cluster version {version}: a downgrade past finalize is refused"
     )]
-    VersionFinalized { node: u64, logical: u32, version: u32 },
+    VersionFinalized {
+        node: u64,
+        logical: u32,
+        version: u32,
+    },
     /// Not every member supports the feature, so it cannot be activated.
     #[error("feature {feature} is not available: brokers {missing:?} do not support it")]
     FeatureUnavailable { feature: String, missing: Vec<u64> },

@@ -258,8 +258,13 @@ impl FeatureTable {
             .collect()
     }
 
-    fn counted<'a>(&'a self, gone: &'a BTreeSet<u64>) -> impl Iterator<Item = (&'a u64, &'a Advertised)> {
-        self.members.iter().filter(move |(node, _)| !gone.contains(node))
+    fn counted<'a>(
+        &'a self,
+        gone: &'a BTreeSet<u64>,
+    ) -> impl Iterator<Item = (&'a u64, &'a Advertised)> {
+        self.members
+            .iter()
+            .filter(move |(node, _)| !gone.contains(node))
     }
 
     /// The counted brokers that do not support `name`.
@@ -274,7 +279,11 @@ impl FeatureTable {
     /// feature or is older than the finalized version; otherwise every
     /// active, unfinalized feature it lacks is deactivated (a downgrade
     /// before finalize), and their names returned.
-    pub fn advertise(&mut self, node: u64, advertised: Advertised) -> Result<Vec<String>, ModelError> {
+    pub fn advertise(
+        &mut self,
+        node: u64,
+        advertised: Advertised,
+    ) -> Result<Vec<String>, ModelError> {
         check_advertised(node, &advertised)?;
         if let Some((feature, _)) = self
             .activated

@@ -926,7 +926,10 @@ impl Client {
 
     /// The cluster's versions and feature states, after the activation or
     /// finalize `request` asks for, if any (ADR 0134).
-    pub async fn features(&self, request: FeaturesRequest) -> Result<FeaturesResponse, ClientError> {
+    pub async fn features(
+        &self,
+        request: FeaturesRequest,
+    ) -> Result<FeaturesResponse, ClientError> {
         self.call(None, &request).await
     }
 
