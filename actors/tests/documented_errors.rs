@@ -527,6 +527,17 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         })
         .await,
     );
+    // --- features ---
+    table.row(
+        "features",
+        ErrorCode::FeatureUnavailable,
+        "activating a feature no broker supports",
+        c.call(&FeaturesRequest {
+            activate: Some("no_such_feature".into()),
+            finalize: false,
+        })
+        .await,
+    );
     // --- put_policy, list_policies, delete_policy ---
     table.row(
         "put_policy",
@@ -579,6 +590,12 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         ErrorCode::InvalidRequest,
         "a broker keeping its metadata in one file",
         f.call(&ClusterMembersRequest::default()).await,
+    );
+    table.row(
+        "features",
+        ErrorCode::InvalidRequest,
+        "a broker keeping its metadata in one file",
+        f.call(&FeaturesRequest::default()).await,
     );
     file_broker.shutdown().await.unwrap();
 
@@ -756,6 +773,7 @@ fn the_document_parses_into_every_operation_with_its_errors() {
         "put_policy",
         "list_policies",
         "delete_policy",
+        "features",
     ] {
         assert!(doc.per_op.contains_key(op), "{op} missing: {doc:?}");
     }

@@ -404,6 +404,73 @@ fn the_ring_groups_cursor_keys_encode_to_their_frozen_bytes() {
     assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
 }
 
+/// The ring group's state once it holds a feature table (ADR 0134), and
+/// the three commands that change it (raft log entries): the table is the
+/// ring record's last field, absent while pristine, so the snapshots above
+/// did not change with it.
+#[test]
+fn the_feature_table_and_its_commands_encode_to_their_frozen_bytes() {
+    let mut state = MetadataState::default();
+    state.apply(Command::InitRing { vnodes: 2 }).unwrap();
+    let advertise = |node: u64, extra: &[&str]| Command::AdvertiseFeatures {
+        node,
+        binary: "0.1.0".to_owned(),
+        logical: 1,
+        supported: ["waited_lease", "lease_generation", "split_merge_segments"]
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect(),
+    };
+    let commands = [
+        ("advertise_features", advertise(1, &["zeta"])),
+        ("advertise_features_2", advertise(2, &["zeta"])),
+        (
+            "activate_feature",
+            Command::ActivateFeature {
+                feature: "zeta".to_owned(),
+            },
+        ),
+        ("finalize_features", Command::FinalizeFeatures),
+    ];
+    for (name, cmd) in commands {
+        let bytes = rmp_serde::to_vec(&cmd).unwrap();
+        if name != "advertise_features_2" {
+            insta::assert_snapshot!(name, frozen(hex(&bytes), render(&parse(&bytes))));
+        }
+        assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), cmd);
+        state.apply(cmd).unwrap();
+    }
+    let bytes = state.snapshot().unwrap();
+    insta::assert_snapshot!(
+        "metadata_state_features",
+        frozen(hex(&bytes), versioned(&bytes))
+    );
+    let restored = MetadataState::restore(&bytes).unwrap();
+    assert_eq!(restored, state);
+    let table = restored.features().unwrap();
+    assert_eq!(table.version(), 1);
+    assert_eq!(
+        table.state_of("zeta", &Default::default()),
+        malachi_core::model::FeatureState::Finalized
+    );
+}
+
+/// The file a broker keeps what its cluster finalized in (ADR 0134): a
+/// magic tag, then the record.
+#[test]
+fn the_finalized_features_file_encodes_to_its_frozen_bytes() {
+    use malachi_cluster::vnodes::FinalizedRecord;
+    let record = FinalizedRecord {
+        version: 1,
+        features: ["split_merge_segments".to_owned(), "zeta".to_owned()].into(),
+    };
+    let bytes = record.encode().unwrap();
+    insta::assert_snapshot!("finalized_features_file", hex(&bytes));
+    assert_eq!(FinalizedRecord::decode(&bytes), Some(record));
+    assert_eq!(FinalizedRecord::decode(&bytes[..bytes.len() - 1]), None);
+}
+
 // ---------------------------------------------------------------------------
 // A metadata group's files.
 

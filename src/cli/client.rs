@@ -476,6 +476,7 @@ pub async fn cluster(command: ClusterCommand) -> Result<(), CliError> {
                 print_text(&render::cluster_members(&members))
             }
         }
+        ClusterCommand::Version(output) => super::feature::cluster_version(output).await,
         ClusterCommand::Status(output) => {
             let client = connect(&output).await?;
             let status = client

@@ -9,6 +9,7 @@ pub mod broker;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod feature;
 pub mod policy;
 pub mod records;
 pub mod render;
@@ -65,6 +66,9 @@ pub enum Command {
     /// Storage policies: retention and placement rules topics name.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
+    /// Feature gates: list them, activate one, finalize an upgrade.
+    #[command(subcommand)]
+    Feature(feature::FeatureCommand),
     /// Load generators and side-by-side comparisons.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -299,6 +303,9 @@ pub enum ClusterCommand {
     /// The members (active or decommissioned), how many vnode replicas each
     /// holds, and whether replicas are still moving.
     Members(OutputArgs),
+    /// The finalized cluster version, and each broker's binary version,
+    /// logical version and supported features.
+    Version(OutputArgs),
 }
 
 #[derive(Debug, Subcommand)]

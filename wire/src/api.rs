@@ -48,6 +48,9 @@ pub enum ApiKey {
     ListPolicies = 26,
     /// Removes a storage policy definition.
     DeletePolicy = 27,
+    /// The cluster's versions and feature states; activates or finalizes
+    /// features (ADR 0134).
+    Features = 28,
 }
 
 /// A supported version range for one api key, as `api_versions` reports it.
@@ -93,7 +96,7 @@ pub const RESERVED_BLOCKS: &[(u16, u16, &str)] = &[
 
 impl ApiKey {
     /// Every implemented key, in number order.
-    pub const ALL: [ApiKey; 19] = [
+    pub const ALL: [ApiKey; 20] = [
         ApiKey::ApiVersions,
         ApiKey::CreateTopic,
         ApiKey::DeleteTopic,
@@ -113,6 +116,7 @@ impl ApiKey {
         ApiKey::PutPolicy,
         ApiKey::ListPolicies,
         ApiKey::DeletePolicy,
+        ApiKey::Features,
     ];
 
     /// The stable number carried in the request frame.
@@ -162,6 +166,7 @@ impl ApiKey {
             ApiKey::PutPolicy => "put_policy",
             ApiKey::ListPolicies => "list_policies",
             ApiKey::DeletePolicy => "delete_policy",
+            ApiKey::Features => "features",
         }
     }
 }

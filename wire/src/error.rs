@@ -89,13 +89,17 @@ pub enum ErrorCode {
     /// out): it takes no records until space is freed, and then takes them
     /// again by itself. Not retriable: an operator must free space.
     StorageFull,
+    /// 33: a feature gate refused (ADR 0134): `features` asked to activate
+    /// a feature some broker does not support. Not retriable until every
+    /// broker runs a binary that supports it.
+    FeatureUnavailable,
     /// A number this build does not know. Treated as not retriable.
     Unknown(u16),
 }
 
 impl ErrorCode {
     /// Every known code, in number order (used by tests and the docs table).
-    pub const KNOWN: [ErrorCode; 32] = [
+    pub const KNOWN: [ErrorCode; 33] = [
         ErrorCode::None,
         ErrorCode::UnknownServerError,
         ErrorCode::InvalidRequest,
@@ -123,6 +127,7 @@ impl ErrorCode {
         ErrorCode::AlreadySealed,
         ErrorCode::Unauthorized,
         ErrorCode::SplitInProgress,
+        ErrorCode::FeatureUnavailable,
         ErrorCode::ProducerFenced,
         ErrorCode::SequenceGap,
         ErrorCode::UnknownProducer,
@@ -160,6 +165,7 @@ impl ErrorCode {
             ErrorCode::AlreadySealed => 30,
             ErrorCode::Unauthorized => 31,
             ErrorCode::SplitInProgress => 32,
+            ErrorCode::FeatureUnavailable => 33,
             ErrorCode::ProducerFenced => 40,
             ErrorCode::SequenceGap => 41,
             ErrorCode::UnknownProducer => 42,
@@ -230,6 +236,7 @@ impl ErrorCode {
             ErrorCode::AlreadySealed => "already_sealed",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::SplitInProgress => "split_in_progress",
+            ErrorCode::FeatureUnavailable => "feature_unavailable",
             ErrorCode::ProducerFenced => "producer_fenced",
             ErrorCode::SequenceGap => "sequence_gap",
             ErrorCode::UnknownProducer => "unknown_producer",

@@ -28,6 +28,11 @@ pub const SEGMENTS_MAX: usize = 65_536;
 pub const REPLICAS_MAX: usize = 16;
 /// Brokers in a cluster status.
 pub const BROKERS_MAX: usize = 4096;
+/// Features in a `features` response, and that one broker advertises
+/// (ADR 0134; the ring's table keeps at most 256 a broker).
+pub const FEATURES_MAX: usize = 256;
+/// The longest feature name.
+pub const FEATURE_NAME_BYTES_MAX: usize = 64;
 /// Attributes of one broker.
 pub const ATTRIBUTES_MAX: usize = 64;
 /// Vnodes one broker leads.

@@ -1312,6 +1312,78 @@ impl Message for ClusterMembersResponse {
     }
 }
 
+/// `features` (28): the cluster's versions and feature states (ADR 0134);
+/// with `activate` or `finalize`, first changes them. At most one of the two.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct FeaturesRequest {
+    /// Activate this available feature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activate: Option<String>,
+    /// Finalize every active feature: a broker lacking one is refused from
+    /// then on, so a downgrade past it is impossible.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finalize: bool,
+}
+
+impl Message for FeaturesRequest {
+    const NAME: &'static str = "features_request";
+    fn check(&self) -> Result<(), WireError> {
+        if self.activate.is_some() && self.finalize {
+            return Err(WireError::InvalidField {
+                field: "activate",
+                reason: "at most one of activate and finalize",
+            });
+        }
+        if let Some(name) = &self.activate {
+            check_len("activate", name.len(), FEATURE_NAME_BYTES_MAX)?;
+        }
+        Ok(())
+    }
+}
+
+/// A feature's name and where it stands: `unavailable` (some broker does
+/// not support it), `available`, `active` (writers emit it) or `finalized`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct FeatureInfo {
+    pub name: String,
+    pub state: String,
+    /// The brokers that do not support it.
+    #[serde(default)]
+    pub missing: Vec<u64>,
+}
+
+/// What one broker advertised: its binary's version string, its logical
+/// version and the features it supports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct BrokerVersion {
+    pub node_id: u64,
+    pub binary: String,
+    pub logical: u32,
+    pub supported: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct FeaturesResponse {
+    /// The broker that answered.
+    pub node_id: u64,
+    /// The finalized cluster version: 0 until an operator finalizes.
+    pub cluster_version: u32,
+    pub brokers: Vec<BrokerVersion>,
+    pub features: Vec<FeatureInfo>,
+}
+
+impl Message for FeaturesResponse {
+    const NAME: &'static str = "features_response";
+    fn check(&self) -> Result<(), WireError> {
+        check_len("brokers", self.brokers.len(), BROKERS_MAX)?;
+        check_len("features", self.features.len(), FEATURES_MAX)?;
+        for broker in &self.brokers {
+            check_len("supported", broker.supported.len(), FEATURES_MAX)?;
+        }
+        Ok(())
+    }
+}
+
 // ---------------------------------------------------------------- dispatch
 
 macro_rules! operations {
@@ -1413,4 +1485,5 @@ operations! {
     PutPolicy => PutPolicyRequest, PutPolicyResponse;
     ListPolicies => ListPoliciesRequest, ListPoliciesResponse;
     DeletePolicy => DeletePolicyRequest, DeletePolicyResponse;
+    Features => FeaturesRequest, FeaturesResponse;
 }

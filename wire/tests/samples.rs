@@ -425,6 +425,35 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
             }),
         ),
         (
+            "features",
+            Request::Features(FeaturesRequest {
+                activate: Some("split_merge_segments".into()),
+                finalize: false,
+            }),
+            Response::Features(FeaturesResponse {
+                node_id: 1,
+                cluster_version: 1,
+                brokers: vec![BrokerVersion {
+                    node_id: 1,
+                    binary: "0.1.0".into(),
+                    logical: 1,
+                    supported: vec!["waited_lease".into(), "split_merge_segments".into()],
+                }],
+                features: vec![
+                    FeatureInfo {
+                        name: "split_merge_segments".into(),
+                        state: "active".into(),
+                        missing: Vec::new(),
+                    },
+                    FeatureInfo {
+                        name: "users".into(),
+                        state: "unavailable".into(),
+                        missing: vec![2],
+                    },
+                ],
+            }),
+        ),
+        (
             "vnode_split",
             Request::VnodeSplit(VnodeSplitRequest { vnode: 0 }),
             Response::VnodeSplit(VnodeSplitResponse {

@@ -57,6 +57,17 @@ pub trait MetadataPlane: Send + Sync + std::fmt::Debug {
     fn host(&self) -> Option<&Arc<VnodeHost>> {
         None
     }
+    /// The writer gate (ADR 0134): `Ok` while `feature` is active. A plane
+    /// without vnodes holds no feature table and keeps the baseline.
+    fn require(
+        &self,
+        feature: malachi_core::model::Feature,
+    ) -> Result<(), malachi_core::model::FeatureInactive> {
+        match self.host() {
+            Some(host) => host.require(feature),
+            None => malachi_core::model::FeatureTable::default().require(feature),
+        }
+    }
     /// The cluster's cursor keys, from the group that holds them (the
     /// ring's group on a vnode plane, read at its leader); `None` until
     /// created (ADR 0096).

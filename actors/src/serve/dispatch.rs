@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 use super::error::ServeError;
 use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
-use super::{cluster, fetch, policies, topics, vnodes};
+use super::{cluster, features, fetch, policies, topics, vnodes};
 use crate::control::placement::{Serve, serve_here};
 use crate::control::shared::Shared;
 
@@ -163,6 +163,9 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
         Request::DeletePolicy(req) => policies::delete_policy(shared, req)
             .await
             .map(Response::DeletePolicy),
+        Request::Features(req) => features::features(shared, req)
+            .await
+            .map(Response::Features),
         Request::Subscribe(_) | Request::SubscribeCredit(_) => {
             Err(ServeError::SubscriptionMisrouted)
         }

@@ -221,6 +221,9 @@ pub(crate) enum ServeError {
     /// The ring's group refused a membership change (ADR 0104).
     #[error("{0}")]
     MemberRefused(ModelError),
+    /// The ring's group refused a feature activation or finalize (ADR 0134).
+    #[error("{0}")]
+    FeatureRefused(ModelError),
     #[error("{0}")]
     Route(RouteError),
     #[error("{0}")]
@@ -301,6 +304,10 @@ impl ServeError {
             ServeError::Route(e) => route_code(e),
             ServeError::Split(e) => split_code(e),
             ServeError::Redirect(r) => r.code,
+            ServeError::FeatureRefused(ModelError::FeatureUnavailable { .. }) => {
+                ErrorCode::FeatureUnavailable
+            }
+            ServeError::FeatureRefused(_) => ErrorCode::InvalidRequest,
             ServeError::DataLoss { .. } => ErrorCode::DataLoss,
             ServeError::StorageFull { .. } => ErrorCode::StorageFull,
             ServeError::NoActiveRange { .. }

@@ -19,6 +19,7 @@ pub(crate) mod connection;
 pub(crate) mod cursors;
 pub(crate) mod dispatch;
 pub(crate) mod error;
+pub(crate) mod features;
 pub(crate) mod fetch;
 pub(crate) mod listener;
 pub(crate) mod policies;

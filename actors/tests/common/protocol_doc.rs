@@ -178,6 +178,11 @@ pub const NOT_PROVOKED: &[(&str, &str, &str)] = &[
         "the ring's group without a quorum (as cluster_members)",
     ),
     (
+        "features",
+        "no_quorum",
+        "the ring's group without a quorum (as cluster_members)",
+    ),
+    (
         "create_topic",
         "outcome_unknown",
         "a proposal lost to a leader change",

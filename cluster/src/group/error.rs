@@ -174,6 +174,10 @@ pub enum ConfigProblem {
     Leads { node: u64, vnode: VnodeId },
     #[error("cannot record that groups moved: {0}")]
     MovedNotRecorded(#[source] Arc<std::io::Error>),
+    /// This broker's binary lacks what the cluster finalized (ADR 0134):
+    /// a downgrade past finalize, refused at start.
+    #[error("this broker cannot start in this cluster: {0}")]
+    FeatureRefused(#[source] malachi_core::model::ModelError),
 }
 
 /// Why raft refused or could not run a request (not a leadership matter).

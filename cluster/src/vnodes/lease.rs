@@ -264,6 +264,12 @@ impl LeaseKeeper {
 pub trait LeaseGroup: Send + Sync + 'static {
     /// Proposes `cmd`; `Err` when the group could not be reached.
     async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String>;
+
+    /// The writer gate of the waited lease request (ADR 0134): `Err` while
+    /// `Feature::WaitedLease` is not active, and then nothing is proposed.
+    fn waited_lease(&self) -> Result<(), malachi_core::model::FeatureInactive> {
+        Ok(())
+    }
 }
 
 /// A vnode's group, through any broker's router.
@@ -280,6 +286,10 @@ impl LeaseGroup for VnodeLeaseGroup {
             .propose_to(self.vnode, cmd)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    fn waited_lease(&self) -> Result<(), malachi_core::model::FeatureInactive> {
+        self.host.require(malachi_core::model::Feature::WaitedLease)
     }
 }
 
@@ -361,7 +371,18 @@ pub fn spawn_lease_keeper(
             };
             let mut next_renew_ms = 0u64;
             loop {
-                if clock.monotonic_ms() >= next_renew_ms {
+                let gate = group.waited_lease();
+                if let Err(inactive) = &gate
+                    && clock.monotonic_ms() >= next_renew_ms
+                {
+                    // No fallback: the request before it (`AcquireLease`)
+                    // is the wall-clock rule ADR 0122 retired. The lease
+                    // runs out and the work pauses until the feature is
+                    // active again (ADR 0134).
+                    tracing::warn!(holder, %inactive, "lease not renewed: its request is gated");
+                    next_renew_ms = clock.monotonic_ms().saturating_add(renew_every_ms);
+                }
+                if gate.is_ok() && clock.monotonic_ms() >= next_renew_ms {
                     let (cmd, sent_ms) = keeper.lock().request(clock.as_ref());
                     let proposal = group.propose(cmd);
                     tokio::pin!(proposal);

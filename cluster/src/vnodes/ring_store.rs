@@ -318,6 +318,7 @@ impl VnodeHost {
                 .route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
                 .await?;
             if let Some(record) = record {
+                self.adopt_features(record.features.clone());
                 return Ok(record);
             }
             // A fresh ring group: create the ring every broker starts from.

@@ -31,262 +31,6 @@ impl<T> Forwarded<T> {
     }
 }
 
-impl VnodeHost {
-    /// Opens (or recovers) this broker's replica of the ring's group and of
-    /// every vnode whose voters include this broker, and initializes the
-    /// membership of fresh ones. Routes by the newest ring this broker kept
-    /// on disk (a fresh ring of `vnode_count` the first time) and fetches
-    /// the current ring from the ring's group in the background. Returns
-    /// without waiting for elections.
-    pub async fn open(
-        config: VnodeHostConfig,
-        transport: Arc<TcpTransport>,
-    ) -> Result<Arc<VnodeHost>, GroupError> {
-        if !config.joined && !config.nodes.contains(&config.node_id) {
-            return Err(GroupError::config(ConfigProblem::NotAClusterNode {
-                node: config.node_id,
-                nodes: config.nodes.clone(),
-            }));
-        }
-        let fresh = Ring::new(config.vnode_count)
-            .map_err(|e| GroupError::config(ConfigProblem::Ring(e)))?;
-        let ring = Arc::new(load_ring(&config.data_dir.join(RING_FILE)).unwrap_or(fresh));
-        let registry = Arc::new(GroupRegistry::new());
-        let host = Arc::new_cyclic(|this| VnodeHost {
-            this: this.clone(),
-            ring: RwLock::new(Arc::clone(&ring)),
-            routing_ring: RwLock::new(ring),
-            registry,
-            transport,
-            adopting: tokio::sync::Mutex::new(()),
-            closed_by_full_volume: parking_lot::Mutex::new(BTreeSet::new()),
-            groups_opened: watch::channel(0).0,
-            stopped: AtomicBool::new(false),
-            background: parking_lot::Mutex::new(Vec::new()),
-            probe_peers: Arc::new(RwLock::new(Vec::new())),
-            opened_at: parking_lot::Mutex::new(BTreeMap::new()),
-            moved_marked: tokio::sync::Mutex::new(false),
-            up: std::sync::OnceLock::new(),
-            config,
-        });
-        host.update_probe_peers();
-        let opened = async {
-            let _adopting = host.adopting.lock().await;
-            let ring = host.ring();
-            // Only the ring every broker started from, with the members the
-            // cluster was formed with, says who the voters of a fresh group
-            // are. Past it, groups move by membership changes (ADR 0104): a
-            // replica this broker lacks is opened empty and learns its
-            // membership from its leader, never guessed.
-            let pristine = ring.version() == 1
-                && ring.formed_members()
-                && !host.config.joined
-                && !host.config.data_dir.join(MOVED_FILE).exists();
-            let me = host.config.node_id;
-            let ring_dir = host.config.data_dir.join("ring").exists();
-            let ring_target = host.target_voters(RING_VNODE);
-            if pristine && ring_target.contains(&me) {
-                host.open_group(RING_GROUP_ID, Some(ring_target)).await?;
-            } else if ring_dir || ring_target.contains(&me) {
-                host.open_group(RING_GROUP_ID, None).await?;
-            }
-            // The ring's vnodes, and any vnode whose group exists here (a
-            // split's child the ring this broker knows does not name yet,
-            // a replica a membership change gave it).
-            let dirs: BTreeSet<VnodeId> = vnode_dirs(&host.config.data_dir).into_iter().collect();
-            let mut vnodes: BTreeSet<VnodeId> = ring.vnodes().map(|v| v.id).collect();
-            vnodes.extend(dirs.iter().copied());
-            // Opened side by side, a bounded number at a time: opening a
-            // group is mostly waiting for its files' fsyncs, which the disk
-            // absorbs together, and one at a time 4,096 vnodes took minutes
-            // to start (ADR 0105).
-            let opens = vnodes.into_iter().filter_map(|vnode| {
-                let target = host.target_voters(vnode);
-                if pristine && target.contains(&me) {
-                    Some((vnode.group_id(), Some(target)))
-                } else if dirs.contains(&vnode) || target.contains(&me) {
-                    Some((vnode.group_id(), None))
-                } else {
-                    None
-                }
-            });
-            use futures::{StreamExt, TryStreamExt};
-            futures::stream::iter(opens)
-                .map(|(group_id, voters)| host.open_group(group_id, voters))
-                .buffer_unordered(GROUPS_OPENING_MAX)
-                .try_collect::<()>()
-                .await?;
-            Ok::<(), GroupError>(())
-        };
-        if let Err(e) = opened.await {
-            host.shutdown().await;
-            return Err(e);
-        }
-        tracing::info!(
-            node = host.config.node_id,
-            groups = host.registry.all().len(),
-            ring_version = host.ring().version(),
-            "vnode replicas open"
-        );
-        host.spawn_ring_sync();
-        host.spawn_quiescence()?;
-        if host.config.joined {
-            host.spawn_admission();
-        }
-        host.spawn_attribute_publisher();
-        Ok(host)
-    }
-
-    /// Starts probing peers and quieting idle groups (ADR 0101), unless the
-    /// configuration keeps every group ticking.
-    pub(super) fn spawn_quiescence(self: &Arc<Self>) -> Result<(), GroupError> {
-        let Some(settings) = self.config.liveness else {
-            let rebalancer = rebalance::spawn_rebalancer(
-                Arc::downgrade(self),
-                None,
-                self.config.rebalance_check_ms.max(1),
-                self.config.replace_after_ms,
-            );
-            self.background.lock().push(rebalancer);
-            return Ok(());
-        };
-        settings
-            .validate()
-            .map_err(|e| GroupError::config(ConfigProblem::Liveness(e)))?;
-        let (up, prober) = spawn_prober(
-            Arc::clone(&self.transport),
-            self.config.node_id,
-            Arc::clone(&self.probe_peers),
-            settings,
-            Arc::new(crate::clock::SystemClock::new()),
-        );
-        let _ = self.up.set(up.clone());
-        let rebalancer = rebalance::spawn_rebalancer(
-            Arc::downgrade(self),
-            Some(up.clone()),
-            self.config.rebalance_check_ms.max(1),
-            self.config.replace_after_ms,
-        );
-        let quiescer = quiet::spawn_quiescer(
-            Arc::downgrade(self),
-            up,
-            self.config.quiet_check_ms.max(1),
-            self.config.balance_leaders,
-        );
-        self.background
-            .lock()
-            .extend([prober, quiescer, rebalancer]);
-        Ok(())
-    }
-
-    /// Probes every member but this broker from now on.
-    pub(super) fn update_probe_peers(&self) {
-        let me = self.config.node_id;
-        let peers: Vec<u64> = self.nodes().into_iter().filter(|n| *n != me).collect();
-        *self.probe_peers.write() = peers;
-    }
-
-    /// Asks the ring's group, until it answers, to make this broker a
-    /// member (a broker that joined a running cluster, ADR 0104).
-    pub(super) fn spawn_admission(self: &Arc<Self>) {
-        self.spawn_ring_change("admission", |host| async move {
-            let me = host.config.node_id;
-            if host.ring().members().get(&me) == Some(&MemberState::Active) {
-                return None;
-            }
-            Some(
-                host.admit(me)
-                    .await
-                    .map(|taken| taken.map(|version| (version, "admitted to the cluster"))),
-            )
-        });
-    }
-
-    /// Commits this broker's configured attributes to the ring once they
-    /// differ from what the ring holds (a first start, or a restart with
-    /// new attributes; ADR 0121). A broker with no attributes the ring
-    /// does not list either has nothing to commit.
-    pub(super) fn spawn_attribute_publisher(self: &Arc<Self>) {
-        self.spawn_ring_change("attributes", |host| async move {
-            let me = host.config.node_id;
-            let wanted = host.config.attributes.clone();
-            let committed = host.ring().attributes_of(me).cloned();
-            if committed.as_ref() == Some(&wanted) || (committed.is_none() && wanted.is_empty()) {
-                return None;
-            }
-            let cmd = Command::SetMemberAttributes {
-                node: me,
-                attributes: wanted,
-            };
-            Some(
-                host.change_members(cmd).await.map(|taken| {
-                    taken.map(|version| (version, "attributes committed to the ring"))
-                }),
-            )
-        });
-    }
-
-    /// The nodes the cluster was formed with.
-    pub fn formation_nodes(&self) -> &[u64] {
-        &self.config.nodes
-    }
-
-    /// Brokers per vnode group.
-    pub fn replicas_per_vnode(&self) -> usize {
-        self.config.replicas_per_vnode
-    }
-
-    /// The cluster's members and their states, by the ring this broker
-    /// holds.
-    /// The brokers the liveness prober finds up now (this one included):
-    /// a faster signal than SWIM's, about one second after a broker stops
-    /// answering. `None` where no prober runs.
-    pub fn up_nodes(&self) -> Option<BTreeSet<u64>> {
-        self.up.get().map(|up| up.borrow().clone())
-    }
-
-    /// A receiver of the liveness prober's up set, where a prober runs.
-    pub fn up_watch(&self) -> Option<watch::Receiver<BTreeSet<u64>>> {
-        self.up.get().cloned()
-    }
-
-    pub fn members(&self) -> BTreeMap<u64, MemberState> {
-        self.ring().members_or(&self.config.nodes)
-    }
-
-    /// Whether `shutdown` has begun.
-    pub fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
-    }
-
-    /// How many hosted groups are quiet now (ADR 0101).
-    pub fn quiet_groups(&self) -> usize {
-        self.registry.all().iter().filter(|g| g.is_quiet()).count()
-    }
-
-    /// Stops every hosted group.
-    pub async fn shutdown(&self) {
-        self.stopped.store(true, Ordering::Release);
-        for task in self.background.lock().drain(..) {
-            task.abort();
-        }
-        let groups = self.registry.all();
-        // Every group refuses calls and peers' answers first, so their
-        // grace periods overlap: the host's stop waits out one, not one
-        // per group.
-        for group in &groups {
-            group.begin_shutdown();
-        }
-        for group in groups {
-            let id = group.group_id();
-            if let Err(e) = group.shutdown().await {
-                tracing::warn!(group = id, error = %e, "vnode group did not shut down cleanly");
-            }
-            self.registry.remove(id);
-        }
-    }
-}
-
 pub(super) fn forwarded_error<T>(e: GroupError) -> Forwarded<T> {
     match e {
         GroupError::NotLeader { leader } => Forwarded::NotLeader { leader },
@@ -888,5 +632,48 @@ impl VnodeHost {
             }
         }
         group.propose(cmd).await
+    }
+}
+
+impl VnodeHost {
+    /// Sends a request to `target`'s forwarding service and decodes its
+    /// answer. A transport failure reads as "no leader known", with its
+    /// reason kept in `last` for the final error.
+    pub(super) async fn forward_to<T: serde::de::DeserializeOwned>(
+        &self,
+        target: u64,
+        api_key: u16,
+        group_id: u64,
+        body: &[u8],
+        last: &mut String,
+    ) -> Forwarded<T> {
+        match self
+            .transport
+            .call_raw(
+                target,
+                api_key,
+                group_id,
+                body,
+                self.config.forward_timeout_ms,
+            )
+            .await
+        {
+            Ok(bytes) => rmp_serde::from_slice(&bytes).unwrap_or_else(|e| Forwarded::Retry {
+                reason: format!("undecodable answer: {e}"),
+            }),
+            // A proposal whose connection failed may have reached the
+            // leader before it did: its outcome is unknown.
+            Err(e @ TransportError::Network { .. }) if api_key == FORWARD_PROPOSE_API_KEY => {
+                Forwarded::Unknown {
+                    leader: None,
+                    reason: e.to_string(),
+                }
+            }
+            Err(
+                e @ (TransportError::Unreachable { .. }
+                | TransportError::Network { .. }
+                | TransportError::Remote { .. }),
+            ) => Forwarded::NotLeader { leader: None }.noting(last, e.to_string()),
+        }
     }
 }

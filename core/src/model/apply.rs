@@ -188,6 +188,21 @@ impl MetadataState {
                 new,
                 factor,
             } => self.add_replica(&topic, segment, new, factor),
+            Command::AdvertiseFeatures {
+                node,
+                binary,
+                logical,
+                supported,
+            } => self.advertise_features(
+                node,
+                super::features::Advertised {
+                    binary,
+                    logical,
+                    supported: supported.into_iter().collect(),
+                },
+            ),
+            Command::ActivateFeature { feature } => self.activate_feature(&feature),
+            Command::FinalizeFeatures => self.finalize_features(),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(

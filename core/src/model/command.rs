@@ -236,6 +236,27 @@ pub enum Command {
         at_ms: u64,
         waited_for: Option<u64>,
     },
+    /// In the ring's group: records `node`'s binary version, logical
+    /// version and supported features (ADR 0134). Each broker proposes it
+    /// on start. Refused with `FeatureFinalized` if it lacks a finalized
+    /// feature and `VersionFinalized` if its logical version is below the
+    /// finalized cluster version; otherwise any active, unfinalized feature
+    /// it lacks is deactivated (a downgrade before finalize). Last, so the
+    /// variants above encode as before.
+    AdvertiseFeatures {
+        node: u64,
+        binary: String,
+        logical: u32,
+        supported: Vec<String>,
+    },
+    /// In the ring's group: makes an available feature active. Refused
+    /// with `FeatureUnavailable` unless every member advertised it; a
+    /// no-op if already active.
+    ActivateFeature { feature: String },
+    /// In the ring's group: finalizes every active feature and ratchets
+    /// the cluster version to the members' lowest logical version. From
+    /// then on a broker lacking one of them is refused.
+    FinalizeFeatures,
 }
 
 impl Command {
@@ -283,7 +304,10 @@ impl Command {
             | Command::RotateCursorKey { .. }
             | Command::AdmitNode { .. }
             | Command::DecommissionNode { .. }
-            | Command::SetMemberAttributes { .. } => None,
+            | Command::SetMemberAttributes { .. }
+            | Command::AdvertiseFeatures { .. }
+            | Command::ActivateFeature { .. }
+            | Command::FinalizeFeatures => None,
         }
     }
 }
@@ -369,6 +393,20 @@ pub enum Outcome {
     /// Last, so the variants above encode as before.
     ReplicaAdded {
         segment: SegmentId,
+    },
+    /// A broker's advertisement was recorded; `deactivated` names the
+    /// active features it lacked, now inactive (ADR 0134).
+    FeaturesAdvertised {
+        deactivated: Vec<String>,
+    },
+    /// The feature is active from now on.
+    FeatureActivated {
+        feature: String,
+    },
+    /// These features are finalized; the cluster version is `version`.
+    FeaturesFinalized {
+        features: Vec<String>,
+        version: u32,
     },
 }
 
@@ -535,6 +573,28 @@ pub enum ModelError {
     /// was added first.
     #[error("segment {segment} already has the {factor} copies of its factor")]
     AtFactor { segment: SegmentId, factor: u32 },
+    /// A broker lacks a feature the cluster finalized (ADR 0134): its
+    /// binary is older than the cluster, and a downgrade past finalize is
+    /// refused.
+    #[error(
+        "node {node} does not support feature {feature}, which this cluster finalized: a downgrade past finalize is refused; run a binary that supports {feature}"
+    )]
+    FeatureFinalized { node: u64, feature: String },
+    /// A broker's logical version is below the finalized cluster version.
+    #[error(
+        "node {node} runs logical version {logical}, below the finalized cluster version {version}: a downgrade past finalize is refused"
+    )]
+    VersionFinalized {
+        node: u64,
+        logical: u32,
+        version: u32,
+    },
+    /// Not every member supports the feature, so it cannot be activated.
+    #[error("feature {feature} is not available: brokers {missing:?} do not support it")]
+    FeatureUnavailable { feature: String, missing: Vec<u64> },
+    /// A broker's advertisement breaks the table's bounds.
+    #[error("features of node {node}: {reason}")]
+    InvalidFeatures { node: u64, reason: String },
 }
 
 impl ModelError {

@@ -22,6 +22,7 @@
 
 use super::arc::RingArc;
 use super::command::{ModelError, Outcome};
+use super::features::FeatureTable;
 use super::state::{MetadataState, Range, RangeId, Segment, SegmentId, StoragePolicy, Topic};
 use crate::ring::{
     MEMBER_ATTRIBUTE_BYTES_MAX, MEMBER_ATTRIBUTES_MAX, Ring, VNODES_POLICY, VnodeId,
@@ -111,6 +112,11 @@ pub struct RingRecord {
     /// exist with a stale seed) is never reused.
     #[serde(default)]
     pub next_child: u32,
+    /// The cluster's versions and feature states (ADR 0134). Last, with a
+    /// default, and left out while nothing changed it, so a ring record
+    /// from before it encodes and decodes as before.
+    #[serde(default, skip_serializing_if = "FeatureTable::is_pristine")]
+    pub features: FeatureTable,
 }
 
 fn ring_error(e: crate::ring::RingError) -> ModelError {
@@ -458,6 +464,7 @@ impl MetadataState {
             ring,
             pending: None,
             next_child,
+            features: FeatureTable::default(),
         });
         // A `vnodes` policy put before the ring existed places it too.
         self.sync_vnode_placement();

@@ -17,6 +17,7 @@ mod command;
 mod control;
 mod cursor_keys;
 mod describe;
+mod features;
 mod keyspace;
 mod read_plan;
 mod retention;
@@ -31,6 +32,11 @@ pub use command::{
 pub use control::{LEASE_DURATION_MAX_MS, Lease, PendingSplit, RingRecord, VnodeSeed};
 pub use cursor_keys::{CURSOR_KEYS_MAX, CursorKeyEntry, CursorKeyRing, CursorSecret};
 pub use describe::{RangeDescription, SegmentDescription, TopicDescription};
+pub use features::{
+    Activation, Advertised, BASELINE_FEATURES, BINARY_VERSION_BYTES_MAX, FEATURE_NAME_BYTES_MAX,
+    FEATURES_ADVERTISED_MAX, Feature, FeatureInactive, FeatureState, FeatureTable, LOGICAL_VERSION,
+    SUPPORTED_FEATURES, decommissioned,
+};
 pub use keyspace::{Band, BandError, POSITION_BITS, position};
 pub use read_plan::{ReadPlan, ReadSlice, SegmentSpan};
 pub use retention::{EXPIRE_SEGMENTS_MAX, RetentionRule};

@@ -924,6 +924,15 @@ impl Client {
         self.call(None, &request).await
     }
 
+    /// The cluster's versions and feature states, after the activation or
+    /// finalize `request` asks for, if any (ADR 0134).
+    pub async fn features(
+        &self,
+        request: FeaturesRequest,
+    ) -> Result<FeaturesResponse, ClientError> {
+        self.call(None, &request).await
+    }
+
     /// An ordered, idempotent producer with a fresh identity, keeping up to
     /// `window_requests_max` produce requests in flight.
     pub fn producer(&self, topic: &str, window_requests_max: usize) -> Producer {

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::lifecycle::{LOCAL_APPLY_WAIT_MS, start_segment};
 use super::{CoordError, CoordinatorState};
-use crate::control::metadata::read_owner;
+use crate::control::metadata::{MetadataPlane, read_owner};
 use crate::control::segment_stop::{segment_name, stop_segment_actor};
 use crate::data::segment::{AppendError, SegmentMsg};
 use malachi_core::plan::heal::wanted_copies;
@@ -21,6 +21,19 @@ use malachi_core::plan::heal::wanted_copies;
 /// How many times a split or merge freezes and proposes again when the
 /// segment it froze was rolled (a failover) before its proposal applied.
 pub(super) const RESHAPE_ATTEMPTS_MAX: u32 = 3;
+
+/// A split's or merge's `segment` fields, written only while
+/// `Feature::SplitMergeSegments` is active (ADR 0134); left out (`None`)
+/// otherwise, as brokers wrote them before the fields existed.
+fn gated(plane: &dyn MetadataPlane, segment: SegmentId) -> Option<SegmentId> {
+    match plane.require(malachi_core::model::Feature::SplitMergeSegments) {
+        Ok(()) => Some(segment),
+        Err(inactive) => {
+            warn!(%segment, %inactive, "split or merge proposed without its segment fields");
+            None
+        }
+    }
+}
 
 impl CoordinatorState {
     pub(super) async fn roll(
@@ -289,7 +302,7 @@ impl CoordinatorState {
                 lower_replicas,
                 upper_replicas,
                 at_ms: self.shared.clock.now_ms(),
-                segment: Some(segment),
+                segment: gated(plane.as_ref(), segment),
             })
             .await;
         let outcome = match proposed {
@@ -407,8 +420,8 @@ impl CoordinatorState {
                 upper_seal,
                 replicas,
                 at_ms: self.shared.clock.now_ms(),
-                lower_segment: Some(lower_segment),
-                upper_segment: Some(upper_segment),
+                lower_segment: gated(plane.as_ref(), lower_segment),
+                upper_segment: gated(plane.as_ref(), upper_segment),
             })
             .await;
         let outcome = match proposed {
