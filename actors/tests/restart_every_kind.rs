@@ -258,6 +258,7 @@ restart_tests! {
     replication: &["storage", "replication"], Crash::Kill, true;
     coordinator: &["metadata", "coordinator_manager", "coordinator/0"], Crash::Kill, false;
     vnodes: &["metadata", "vnodes"], Crash::Kill, false;
+    orders: &["metadata", "orders"], Crash::Kill, true;
     failover: &["maintenance", "failover"], Crash::Kill, true;
     healer: &["maintenance", "healer"], Crash::Kill, true;
     scrubber: &["maintenance", "scrubber"], Crash::Work("scrubber"), false;

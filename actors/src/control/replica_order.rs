@@ -1,5 +1,9 @@
-//! A coordinator's data-plane orders on the cluster port (issue 19, ADR
-//! 0106): fence (api key 103), catch-up (101) and seal (102), both halves.
+//! A coordinator's data-plane orders (issue 19, ADR 0106): fence (api key
+//! 103), catch-up (101) and seal (102), both halves. Fence, seal, drop
+//! copies and replica status travel over the node fabric (ractor_cluster,
+//! ADR 0133; served by `order_server.rs`), and on the cluster port when the
+//! fabric has no session to the peer; catch-up carries frames and stays on
+//! the cluster port.
 //!
 //! The serving half answers for the copies this broker holds, each order
 //! checked against the metadata this broker knows (it must hold a copy of
@@ -12,6 +16,7 @@
 //! `RepairOrder` (`replica.rs`).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use malachi_cluster::group::RpcError;
@@ -35,6 +40,41 @@ use crate::data::lineage::HolderReads;
 /// How long one order waits for its answer (a fence waits for the copy's
 /// drain, an fsync at most).
 pub(crate) const ORDER_TIMEOUT_MS: u64 = 2_000;
+
+/// The node-fabric behaviour that serves orders (`order_server.rs`): its
+/// actor is in the process group `orders/<node_id>`.
+pub(crate) const ORDERS_BEHAVIOUR: &str = "orders";
+
+/// The orders that travel over the node fabric (ADR 0133), by their name
+/// there and their cluster-port api key (still served, the fallback).
+/// Catch-up (101) and replica-append (100) carry frames and stay on the
+/// cluster port.
+const FABRIC_ORDERS: [(&str, u16); 4] = [
+    ("fence", FENCE_API_KEY),
+    ("seal", SEAL_API_KEY),
+    ("drop_copies", DROP_COPIES_API_KEY),
+    (
+        "replica_status",
+        malachi_wire::replica_status::REPLICA_STATUS_API_KEY,
+    ),
+];
+
+/// The cluster-port api key of the fabric order named `variant`.
+pub(crate) fn api_key_of(variant: &str) -> Option<u16> {
+    FABRIC_ORDERS
+        .iter()
+        .find(|(name, _)| *name == variant)
+        .map(|(_, key)| *key)
+}
+
+/// The fabric name of the order with cluster-port api key `api_key`, if it
+/// travels over the fabric.
+pub(crate) fn variant_of(api_key: u16) -> Option<&'static str> {
+    FABRIC_ORDERS
+        .iter()
+        .find(|(_, key)| *key == api_key)
+        .map(|(name, _)| *name)
+}
 
 /// What the metadata this broker knows says of its copy of `segment`.
 enum Held {
@@ -353,11 +393,30 @@ impl OrderClient {
             };
             return answer.map_err(|e| e.to_string());
         }
+        let deadline = Instant::now() + Duration::from_millis(ORDER_TIMEOUT_MS);
+        if let Some(variant) = variant_of(api_key)
+            && let Some(fabric) = self.shared.fabric()
+        {
+            let timeout = Duration::from_millis(ORDER_TIMEOUT_MS);
+            let sent = fabric.calls.call(ORDERS_BEHAVIOUR, node, variant, body.to_vec(), timeout);
+            match sent.await {
+                Ok(answer) => return Ok(Bytes::from(answer)),
+                // Not carried (no session yet, or lost with it): the order
+                // is idempotent, so the cluster port may take it, within
+                // what is left of its deadline (ADR 0133).
+                Err(error) if error.is_unreachable() => {
+                    fabric.calls.count_bypassed();
+                    debug!(node, variant, %error, "order sent on the cluster port instead");
+                }
+                Err(error) => return Err(error.to_string()),
+            }
+        }
         let Some(raft) = self.shared.raft.get() else {
             return Err("this broker has no cluster port".into());
         };
+        let left_ms = deadline.saturating_duration_since(Instant::now()).as_millis() as u64;
         raft.transport
-            .call_raw(node, api_key, 0, &body, ORDER_TIMEOUT_MS)
+            .call_raw(node, api_key, 0, &body, left_ms.max(1))
             .await
             .map_err(|e| e.to_string())
     }

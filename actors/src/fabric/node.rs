@@ -155,6 +155,8 @@ pub(crate) struct Fabric {
     pub inbound: Arc<InboundConnections>,
     /// The cluster this broker belongs to (ADR 0102).
     pub formed: Arc<super::formation::Formed>,
+    /// Calls to behaviours on other brokers, bounded (ADR 0133).
+    pub calls: super::remote::RemoteCalls,
 }
 
 /// The accepting side of the advertised port: its slots and the
