@@ -784,6 +784,7 @@ impl BrokerHandle {
                 variant,
                 body,
                 Duration::from_millis(timeout_ms),
+                Duration::from_millis(crate::control::replica_order::ORDER_SESSION_WAIT_MS),
             )
             .await
             .map_err(|e| e.to_string())

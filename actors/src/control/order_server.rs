@@ -26,12 +26,29 @@ use crate::fabric::remote::{self, RemoteCall, RemoteMsg};
 
 /// Orders one broker serves at once, from every peer together.
 pub(crate) const ORDERS_SERVED_INFLIGHT_MAX: usize = 64;
+/// How often the actor joins its process group again. ractor_cluster
+/// tells peers of group changes once, in control messages a reconnect may
+/// lose, and a leave names actors by pid only; joining again is a no-op
+/// for the group here and makes every session announce the membership
+/// anew, so a peer that lost it (or dropped it for another actor's leave,
+/// ADR 0133) has it back within this.
+pub(crate) const ORDERS_REJOIN_MS: u64 = 250;
 
 pub(crate) struct OrderServer;
 
 pub(crate) struct OrderServerState {
     shared: Arc<Shared>,
     serving: Arc<Semaphore>,
+    /// The periodic join, aborted with the state (a stop or a failure).
+    _rejoin: AbortOnDrop,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[ractor::async_trait]
@@ -45,10 +62,20 @@ impl Actor for OrderServer {
         myself: ActorRef<RemoteMsg>,
         shared: Arc<Shared>,
     ) -> Result<OrderServerState, ActorProcessingErr> {
-        remote::join(ORDERS_BEHAVIOUR, shared.config.node_id, myself.get_cell());
+        let (node_id, cell) = (shared.config.node_id, myself.get_cell());
+        remote::join(ORDERS_BEHAVIOUR, node_id, cell.clone());
+        let rejoin = tokio::spawn(async move {
+            let period = std::time::Duration::from_millis(ORDERS_REJOIN_MS);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            loop {
+                tick.tick().await;
+                remote::join(ORDERS_BEHAVIOUR, node_id, cell.clone());
+            }
+        });
         Ok(OrderServerState {
             shared,
             serving: Arc::new(Semaphore::new(ORDERS_SERVED_INFLIGHT_MAX)),
+            _rejoin: AbortOnDrop(rejoin),
         })
     }
 

@@ -41,6 +41,13 @@ use crate::data::lineage::HolderReads;
 /// drain, an fsync at most).
 pub(crate) const ORDER_TIMEOUT_MS: u64 = 2_000;
 
+/// How long an order to a live peer with no fabric proxy waits for one
+/// before it takes the cluster port: longer than the order server's
+/// re-announcement of its group (`order_server::ORDERS_REJOIN_MS`), well
+/// within [`ORDER_TIMEOUT_MS`]. An order to a peer membership does not
+/// call live takes the cluster port at once.
+pub(crate) const ORDER_SESSION_WAIT_MS: u64 = 600;
+
 /// The node-fabric behaviour that serves orders (`order_server.rs`): its
 /// actor is in the process group `orders/<node_id>`.
 pub(crate) const ORDERS_BEHAVIOUR: &str = "orders";
@@ -398,7 +405,21 @@ impl OrderClient {
             && let Some(fabric) = self.shared.fabric()
         {
             let timeout = Duration::from_millis(ORDER_TIMEOUT_MS);
-            let sent = fabric.calls.call(ORDERS_BEHAVIOUR, node, variant, body.to_vec(), timeout);
+            let live = fabric
+                .membership
+                .view()
+                .peers
+                .get(&node)
+                .is_some_and(|m| m.state.is_live());
+            let session_wait = Duration::from_millis(if live { ORDER_SESSION_WAIT_MS } else { 0 });
+            let sent = fabric.calls.call(
+                ORDERS_BEHAVIOUR,
+                node,
+                variant,
+                body.to_vec(),
+                timeout,
+                session_wait,
+            );
             match sent.await {
                 Ok(answer) => return Ok(Bytes::from(answer)),
                 // Not carried (no session yet, or lost with it): the order

@@ -53,6 +53,8 @@ pub(crate) const ORDER_BYTES_MAX: usize = 1 << 20;
 pub(crate) const CALLS_INFLIGHT_MAX: usize = 32;
 /// How many times a call whose session closed under it is sent, in all.
 pub(crate) const CALL_ATTEMPTS_MAX: u32 = 3;
+/// How often a call waiting for a peer's proxy looks for it again.
+const SESSION_POLL_MS: u64 = 25;
 /// The wait before sending a call again, so a reconnecting session can
 /// come back (ractor_cluster re-announces process groups on reconnect).
 const RETRY_DELAY_MS: u64 = 50;
@@ -177,6 +179,8 @@ pub(crate) struct RemoteCalls {
     message_bytes_max: usize,
     calls_inflight_max: usize,
     attempts_max: u32,
+    /// Whether an actor in this process may serve a call (unit tests only).
+    local_members: bool,
     /// One entry per peer ever called: bounded by the cluster's brokers.
     slots: Mutex<HashMap<u64, Arc<Semaphore>>>,
     /// Calls answered by a peer over the fabric.
@@ -197,6 +201,7 @@ impl RemoteCalls {
             message_bytes_max,
             calls_inflight_max,
             attempts_max,
+            local_members: false,
             slots: Mutex::new(HashMap::new()),
             answered_total: AtomicU64::new(0),
             resent_total: AtomicU64::new(0),
@@ -205,8 +210,21 @@ impl RemoteCalls {
         }
     }
 
+    /// These limits, served by actors in this process too (unit tests).
+    #[cfg(test)]
+    fn in_process(message_bytes_max: usize, calls_inflight_max: usize, attempts_max: u32) -> Self {
+        RemoteCalls {
+            local_members: true,
+            ..RemoteCalls::new(message_bytes_max, calls_inflight_max, attempts_max)
+        }
+    }
+
     /// Calls `variant` of `behaviour` on broker `peer` with `body`, within
     /// `timeout`; the peer's encoded answer.
+    ///
+    /// A peer with no proxy yet is waited for up to `session_wait` (within
+    /// the deadline), polled every [`SESSION_POLL_MS`]: a session that is
+    /// reconnecting, or a group membership a peer is announcing again.
     pub(crate) async fn call(
         &self,
         behaviour: &str,
@@ -214,6 +232,7 @@ impl RemoteCalls {
         variant: &str,
         body: Vec<u8>,
         timeout: Duration,
+        session_wait: Duration,
     ) -> Result<Vec<u8>, RemoteError> {
         if body.len() > self.message_bytes_max {
             return Err(RemoteError::TooLarge {
@@ -224,10 +243,12 @@ impl RemoteCalls {
         }
         let deadline = Instant::now() + timeout;
         let _slot = self.slot(peer, deadline).await?;
+        let wait_until = deadline.min(Instant::now() + session_wait);
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let Some(actor) = member(behaviour, peer) else {
+            let found = self.member_by(behaviour, peer, wait_until).await;
+            let Some(actor) = found else {
                 if attempts == 1 {
                     return Err(RemoteError::NoSession {
                         peer,
@@ -245,6 +266,8 @@ impl RemoteCalls {
                     from_wire: false,
                 })
             };
+            let local = actor.get_id().is_local();
+            debug!(peer, behaviour, variant, attempts, local, "remote call");
             match actor.call(request, Some(left)).await {
                 Ok(CallResult::Success(answer)) => return self.answered(peer, variant, answer),
                 Ok(CallResult::Timeout) => {
@@ -264,6 +287,23 @@ impl RemoteCalls {
             self.resent_total.fetch_add(1, Ordering::Relaxed);
             debug!(peer, behaviour, variant, attempts, "remote call lost; sending it again");
             tokio::time::sleep_until(retry_at).await;
+        }
+    }
+
+    /// `behaviour`'s actor on `peer`, polled for until `wait_until`.
+    async fn member_by(
+        &self,
+        behaviour: &str,
+        peer: u64,
+        wait_until: Instant,
+    ) -> Option<ActorRef<RemoteMsg>> {
+        loop {
+            let found = member(behaviour, peer, self.local_members);
+            let next = Instant::now() + Duration::from_millis(SESSION_POLL_MS);
+            if found.is_some() || next > wait_until {
+                return found;
+            }
+            tokio::time::sleep_until(next).await;
         }
     }
 
@@ -339,10 +379,14 @@ impl Default for RemoteCalls {
 }
 
 /// The actor serving `behaviour` on broker `peer`: a proxy of it that
-/// crossed a fabric session, or failing that the actor itself when that
-/// broker runs in this process (tests, `malachi dev`).
-fn member(behaviour: &str, peer: u64) -> Option<ActorRef<RemoteMsg>> {
+/// crossed a fabric session. With `local`, failing that, the actor itself
+/// when it runs in this process (the unit tests below). Without it, a
+/// broker in the same process (tests, `malachi dev`) is reached over the
+/// fabric too, so a test sees the path production takes, and the caller's
+/// fallback when the fabric has no proxy.
+fn member(behaviour: &str, peer: u64, local: bool) -> Option<ActorRef<RemoteMsg>> {
     let mut members = ractor::pg::get_scoped_members(&PG_SCOPE.to_owned(), &group(behaviour, peer));
+    members.retain(|cell| local || !cell.get_id().is_local());
     members.sort_by_key(|cell| cell.get_id().is_local());
     members.into_iter().next().map(ActorRef::from)
 }
@@ -353,9 +397,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_over_the_size_limit_is_refused_before_it_is_sent() {
-        let calls = RemoteCalls::new(16, 4, 3);
+        let calls = RemoteCalls::in_process(16, 4, 3);
         let refused = calls
-            .call("orders", 7, "seal", vec![0; 17], Duration::from_secs(1))
+            .call("orders", 7, "seal", vec![0; 17], Duration::from_secs(1), Duration::ZERO)
             .await;
         assert_eq!(
             refused,
@@ -369,14 +413,14 @@ mod tests {
 
     #[tokio::test]
     async fn calls_to_one_peer_are_bounded_and_other_peers_are_not_held() {
-        let calls = RemoteCalls::new(64, 2, 3);
+        let calls = RemoteCalls::in_process(64, 2, 3);
         let deadline = Instant::now() + Duration::from_secs(1);
         let _a = calls.slot(7, deadline).await.unwrap();
         let _b = calls.slot(7, deadline).await.unwrap();
         // The third call to peer 7 waits for a slot and gives up at its
         // deadline, before looking for the peer at all.
         let held = calls
-            .call("orders", 7, "seal", vec![1], Duration::from_millis(50))
+            .call("orders", 7, "seal", vec![1], Duration::from_millis(50), Duration::ZERO)
             .await;
         assert_eq!(
             held,
@@ -387,12 +431,12 @@ mod tests {
         );
         // Peer 8 has its own slots: its call goes on (and finds no session).
         let other = calls
-            .call("orders", 8, "seal", vec![1], Duration::from_millis(50))
+            .call("orders", 8, "seal", vec![1], Duration::from_millis(50), Duration::ZERO)
             .await;
         assert!(matches!(other, Err(RemoteError::NoSession { peer: 8, .. })), "{other:?}");
         drop(_a);
         let freed = calls
-            .call("orders", 7, "seal", vec![1], Duration::from_millis(50))
+            .call("orders", 7, "seal", vec![1], Duration::from_millis(50), Duration::ZERO)
             .await;
         assert!(matches!(freed, Err(RemoteError::NoSession { peer: 7, .. })), "{freed:?}");
     }
@@ -457,12 +501,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn no_more_than_calls_inflight_max_calls_reach_one_peer_at_once() {
         let (seen, actor) = probe(9_001, 0, 30).await;
-        let calls = Arc::new(RemoteCalls::new(64, 2, 3));
+        let calls = Arc::new(RemoteCalls::in_process(64, 2, 3));
         let sent = (0..8u8).map(|i| {
             let calls = Arc::clone(&calls);
             async move {
                 calls
-                    .call("probe", 9_001, "echo", vec![i], Duration::from_secs(10))
+                    .call("probe", 9_001, "echo", vec![i], Duration::from_secs(10), Duration::ZERO)
                     .await
             }
         });
@@ -477,9 +521,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_lost_with_its_session_is_sent_again_within_attempts_max() {
         let (seen, actor) = probe(9_002, 2, 0).await;
-        let calls = RemoteCalls::new(64, 2, 3);
+        let calls = RemoteCalls::in_process(64, 2, 3);
         let answer = calls
-            .call("probe", 9_002, "echo", vec![5], Duration::from_secs(5))
+            .call("probe", 9_002, "echo", vec![5], Duration::from_secs(5), Duration::ZERO)
             .await;
         assert_eq!(answer, Ok(vec![5]));
         assert_eq!(seen.calls.load(Ordering::SeqCst), 3, "sent three times");
@@ -487,7 +531,7 @@ mod tests {
         // Lost more often than attempts_max: a typed error, no endless loop.
         let (_, lossy) = probe(9_003, 10, 0).await;
         let lost = calls
-            .call("probe", 9_003, "echo", vec![5], Duration::from_secs(5))
+            .call("probe", 9_003, "echo", vec![5], Duration::from_secs(5), Duration::ZERO)
             .await;
         assert_eq!(lost, Err(RemoteError::Lost { peer: 9_003, attempts: 3 }));
         actor.stop(None);
@@ -497,9 +541,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_that_times_out_is_not_sent_again() {
         let (seen, actor) = probe(9_004, 0, 2_000).await;
-        let calls = RemoteCalls::new(64, 2, 3);
+        let calls = RemoteCalls::in_process(64, 2, 3);
         let answer = calls
-            .call("probe", 9_004, "echo", vec![5], Duration::from_millis(100))
+            .call("probe", 9_004, "echo", vec![5], Duration::from_millis(100), Duration::ZERO)
             .await;
         assert_eq!(answer, Err(RemoteError::Timeout { peer: 9_004, timeout_ms: 100 }));
         assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
