@@ -746,6 +746,28 @@ impl BrokerHandle {
 
 #[cfg(feature = "testing")]
 impl BrokerHandle {
+    /// Test hook: starts the actor guide's example behaviour, the
+    /// `greeter` (`fabric/greeter.rs`), as a child of the root supervisor.
+    pub async fn start_greeter(&self) -> Result<(), BrokerError> {
+        let root = self.shared.root.read().clone().ok_or(BrokerError::Config {
+            reason: "the tree is not running".into(),
+        })?;
+        root.start_child(crate::fabric::greeter::spec(self.node_id()))
+            .await
+            .map(|_| ())
+            .map_err(|e| BrokerError::Config {
+                reason: format!("cannot start the greeter: {e}"),
+            })
+    }
+
+    /// Test hook: greets broker `peer`'s `greeter` over the node fabric.
+    pub async fn greet(&self, peer: u64) -> Result<String, String> {
+        let fabric = self.shared.fabric().ok_or("no node fabric")?;
+        crate::fabric::greeter::greet(&fabric, peer)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// Test hook: orders this broker served from peers over the node
     /// fabric, by name (ADR 0133).
     pub fn fabric_orders_served(&self) -> std::collections::BTreeMap<String, u64> {

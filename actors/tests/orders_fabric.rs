@@ -236,6 +236,36 @@ async fn a_failover_fences_and_seals_over_the_node_fabric_and_repeats_are_harmle
     }
 }
 
+/// The actor guide's example (`fabric/greeter.rs`): an actor on each
+/// broker that answers its peers over the node fabric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_guides_greeter_answers_its_peer_over_the_node_fabric() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let brokers = start_stoppable(2, |node_id, seeds| BrokerConfig {
+        cluster: ClusterSettings {
+            nodes: vec![1, 2],
+            ..ClusterSettings::default()
+        },
+        ..config(root.path(), node_id, seeds)
+    })
+    .await;
+    let (one, two) = (brokers[0].as_ref().unwrap(), brokers[1].as_ref().unwrap());
+    one.start_greeter().await.unwrap();
+    two.start_greeter().await.unwrap();
+    assert!(
+        eventually(20_000, async || one.greet(2).await.as_deref()
+            == Ok("hello 1 from 2"))
+        .await,
+        "{:?}",
+        one.greet(2).await
+    );
+    assert_eq!(two.greet(1).await.as_deref(), Ok("hello 2 from 1"));
+    for broker in brokers.into_iter().flatten() {
+        broker.shutdown().await.unwrap();
+    }
+}
+
 /// Runs `call` `samples` times, one after another; its p50, p99 and max.
 async fn time(samples: usize, mut call: impl AsyncFnMut() -> bool) -> String {
     let mut took = Vec::with_capacity(samples);

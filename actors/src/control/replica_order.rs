@@ -435,7 +435,9 @@ impl OrderClient {
         let Some(raft) = self.shared.raft.get() else {
             return Err("this broker has no cluster port".into());
         };
-        let left_ms = deadline.saturating_duration_since(Instant::now()).as_millis() as u64;
+        let left_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
         raft.transport
             .call_raw(node, api_key, 0, &body, left_ms.max(1))
             .await

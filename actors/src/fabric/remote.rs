@@ -69,11 +69,7 @@ pub(crate) fn group(behaviour: &str, node_id: u64) -> String {
 /// mirrors the group to every connected broker. The actor leaves it when
 /// it stops.
 pub(crate) fn join(behaviour: &str, node_id: u64, cell: ActorCell) {
-    ractor::pg::join_scoped(
-        PG_SCOPE.to_owned(),
-        group(behaviour, node_id),
-        vec![cell],
-    );
+    ractor::pg::join_scoped(PG_SCOPE.to_owned(), group(behaviour, node_id), vec![cell]);
 }
 
 /// A request to a distributed behaviour's actor, local or from a peer.
@@ -146,7 +142,9 @@ pub(crate) enum RemoteError {
         bytes: usize,
         bytes_max: usize,
     },
-    #[error("{calls_inflight_max} calls to broker {peer} are in flight; none ended within the deadline")]
+    #[error(
+        "{calls_inflight_max} calls to broker {peer} are in flight; none ended within the deadline"
+    )]
     InflightFull {
         peer: u64,
         calls_inflight_max: usize,
@@ -195,7 +193,11 @@ pub(crate) struct RemoteCalls {
 }
 
 impl RemoteCalls {
-    pub(crate) fn new(message_bytes_max: usize, calls_inflight_max: usize, attempts_max: u32) -> Self {
+    pub(crate) fn new(
+        message_bytes_max: usize,
+        calls_inflight_max: usize,
+        attempts_max: u32,
+    ) -> Self {
         assert!(message_bytes_max > 0 && calls_inflight_max > 0 && attempts_max > 0);
         RemoteCalls {
             message_bytes_max,
@@ -255,7 +257,10 @@ impl RemoteCalls {
                         behaviour: behaviour.to_owned(),
                     });
                 }
-                return Err(RemoteError::Lost { peer, attempts: attempts - 1 });
+                return Err(RemoteError::Lost {
+                    peer,
+                    attempts: attempts - 1,
+                });
             };
             let left = deadline.saturating_duration_since(Instant::now());
             let request = |reply| {
@@ -285,7 +290,10 @@ impl RemoteCalls {
                 return Err(RemoteError::Lost { peer, attempts });
             }
             self.resent_total.fetch_add(1, Ordering::Relaxed);
-            debug!(peer, behaviour, variant, attempts, "remote call lost; sending it again");
+            debug!(
+                peer,
+                behaviour, variant, attempts, "remote call lost; sending it again"
+            );
             tokio::time::sleep_until(retry_at).await;
         }
     }
@@ -308,7 +316,11 @@ impl RemoteCalls {
     }
 
     /// A slot for one call to `peer`, waited for until `deadline`.
-    async fn slot(&self, peer: u64, deadline: Instant) -> Result<OwnedSemaphorePermit, RemoteError> {
+    async fn slot(
+        &self,
+        peer: u64,
+        deadline: Instant,
+    ) -> Result<OwnedSemaphorePermit, RemoteError> {
         let slots = Arc::clone(
             self.slots
                 .lock()
@@ -399,7 +411,14 @@ mod tests {
     async fn a_request_over_the_size_limit_is_refused_before_it_is_sent() {
         let calls = RemoteCalls::in_process(16, 4, 3);
         let refused = calls
-            .call("orders", 7, "seal", vec![0; 17], Duration::from_secs(1), Duration::ZERO)
+            .call(
+                "orders",
+                7,
+                "seal",
+                vec![0; 17],
+                Duration::from_secs(1),
+                Duration::ZERO,
+            )
             .await;
         assert_eq!(
             refused,
@@ -420,7 +439,14 @@ mod tests {
         // The third call to peer 7 waits for a slot and gives up at its
         // deadline, before looking for the peer at all.
         let held = calls
-            .call("orders", 7, "seal", vec![1], Duration::from_millis(50), Duration::ZERO)
+            .call(
+                "orders",
+                7,
+                "seal",
+                vec![1],
+                Duration::from_millis(50),
+                Duration::ZERO,
+            )
             .await;
         assert_eq!(
             held,
@@ -431,14 +457,34 @@ mod tests {
         );
         // Peer 8 has its own slots: its call goes on (and finds no session).
         let other = calls
-            .call("orders", 8, "seal", vec![1], Duration::from_millis(50), Duration::ZERO)
+            .call(
+                "orders",
+                8,
+                "seal",
+                vec![1],
+                Duration::from_millis(50),
+                Duration::ZERO,
+            )
             .await;
-        assert!(matches!(other, Err(RemoteError::NoSession { peer: 8, .. })), "{other:?}");
+        assert!(
+            matches!(other, Err(RemoteError::NoSession { peer: 8, .. })),
+            "{other:?}"
+        );
         drop(_a);
         let freed = calls
-            .call("orders", 7, "seal", vec![1], Duration::from_millis(50), Duration::ZERO)
+            .call(
+                "orders",
+                7,
+                "seal",
+                vec![1],
+                Duration::from_millis(50),
+                Duration::ZERO,
+            )
             .await;
-        assert!(matches!(freed, Err(RemoteError::NoSession { peer: 7, .. })), "{freed:?}");
+        assert!(
+            matches!(freed, Err(RemoteError::NoSession { peer: 7, .. })),
+            "{freed:?}"
+        );
     }
 
     /// A behaviour for the tests: answers each call after `work`, on a
@@ -506,7 +552,14 @@ mod tests {
             let calls = Arc::clone(&calls);
             async move {
                 calls
-                    .call("probe", 9_001, "echo", vec![i], Duration::from_secs(10), Duration::ZERO)
+                    .call(
+                        "probe",
+                        9_001,
+                        "echo",
+                        vec![i],
+                        Duration::from_secs(10),
+                        Duration::ZERO,
+                    )
                     .await
             }
         });
@@ -514,7 +567,11 @@ mod tests {
         for (i, answer) in answers.into_iter().enumerate() {
             assert_eq!(answer, Ok(vec![i as u8]));
         }
-        assert_eq!(seen.peak.load(Ordering::SeqCst), 2, "calls_inflight_max held");
+        assert_eq!(
+            seen.peak.load(Ordering::SeqCst),
+            2,
+            "calls_inflight_max held"
+        );
         actor.stop(None);
     }
 
@@ -523,7 +580,14 @@ mod tests {
         let (seen, actor) = probe(9_002, 2, 0).await;
         let calls = RemoteCalls::in_process(64, 2, 3);
         let answer = calls
-            .call("probe", 9_002, "echo", vec![5], Duration::from_secs(5), Duration::ZERO)
+            .call(
+                "probe",
+                9_002,
+                "echo",
+                vec![5],
+                Duration::from_secs(5),
+                Duration::ZERO,
+            )
             .await;
         assert_eq!(answer, Ok(vec![5]));
         assert_eq!(seen.calls.load(Ordering::SeqCst), 3, "sent three times");
@@ -531,9 +595,22 @@ mod tests {
         // Lost more often than attempts_max: a typed error, no endless loop.
         let (_, lossy) = probe(9_003, 10, 0).await;
         let lost = calls
-            .call("probe", 9_003, "echo", vec![5], Duration::from_secs(5), Duration::ZERO)
+            .call(
+                "probe",
+                9_003,
+                "echo",
+                vec![5],
+                Duration::from_secs(5),
+                Duration::ZERO,
+            )
             .await;
-        assert_eq!(lost, Err(RemoteError::Lost { peer: 9_003, attempts: 3 }));
+        assert_eq!(
+            lost,
+            Err(RemoteError::Lost {
+                peer: 9_003,
+                attempts: 3
+            })
+        );
         actor.stop(None);
         lossy.stop(None);
     }
@@ -543,9 +620,22 @@ mod tests {
         let (seen, actor) = probe(9_004, 0, 2_000).await;
         let calls = RemoteCalls::in_process(64, 2, 3);
         let answer = calls
-            .call("probe", 9_004, "echo", vec![5], Duration::from_millis(100), Duration::ZERO)
+            .call(
+                "probe",
+                9_004,
+                "echo",
+                vec![5],
+                Duration::from_millis(100),
+                Duration::ZERO,
+            )
             .await;
-        assert_eq!(answer, Err(RemoteError::Timeout { peer: 9_004, timeout_ms: 100 }));
+        assert_eq!(
+            answer,
+            Err(RemoteError::Timeout {
+                peer: 9_004,
+                timeout_ms: 100
+            })
+        );
         assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
         actor.stop(None);
     }
