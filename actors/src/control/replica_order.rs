@@ -401,36 +401,8 @@ impl OrderClient {
             return answer.map_err(|e| e.to_string());
         }
         let deadline = Instant::now() + Duration::from_millis(ORDER_TIMEOUT_MS);
-        if let Some(variant) = variant_of(api_key)
-            && let Some(fabric) = self.shared.fabric()
-        {
-            let timeout = Duration::from_millis(ORDER_TIMEOUT_MS);
-            let live = fabric
-                .membership
-                .view()
-                .peers
-                .get(&node)
-                .is_some_and(|m| m.state.is_live());
-            let session_wait = Duration::from_millis(if live { ORDER_SESSION_WAIT_MS } else { 0 });
-            let sent = fabric.calls.call(
-                ORDERS_BEHAVIOUR,
-                node,
-                variant,
-                body.to_vec(),
-                timeout,
-                session_wait,
-            );
-            match sent.await {
-                Ok(answer) => return Ok(Bytes::from(answer)),
-                // Not carried (no session yet, or lost with it): the order
-                // is idempotent, so the cluster port may take it, within
-                // what is left of its deadline (ADR 0133).
-                Err(error) if error.is_unreachable() => {
-                    fabric.calls.count_bypassed();
-                    debug!(node, variant, %error, "order sent on the cluster port instead");
-                }
-                Err(error) => return Err(error.to_string()),
-            }
+        if let Some(answer) = self.over_fabric(node, api_key, &body).await {
+            return answer;
         }
         let Some(raft) = self.shared.raft.get() else {
             return Err("this broker has no cluster port".into());
@@ -442,6 +414,47 @@ impl OrderClient {
             .call_raw(node, api_key, 0, &body, left_ms.max(1))
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// Sends an order that travels over the node fabric there; `None`
+    /// when the fabric did not carry it (no proxy of the peer's order
+    /// server, or the call lost with its session) and the cluster port
+    /// should: the order is idempotent, so both carrying it is harmless
+    /// (ADR 0133). A peer membership calls live is waited for up to
+    /// [`ORDER_SESSION_WAIT_MS`]; another is not.
+    async fn over_fabric(
+        &self,
+        node: u64,
+        api_key: u16,
+        body: &Bytes,
+    ) -> Option<Result<Bytes, String>> {
+        let variant = variant_of(api_key)?;
+        let fabric = self.shared.fabric()?;
+        let live = fabric
+            .membership
+            .view()
+            .peers
+            .get(&node)
+            .is_some_and(|m| m.state.is_live());
+        let session_wait = Duration::from_millis(if live { ORDER_SESSION_WAIT_MS } else { 0 });
+        let timeout = Duration::from_millis(ORDER_TIMEOUT_MS);
+        let sent = fabric.calls.call(
+            ORDERS_BEHAVIOUR,
+            node,
+            variant,
+            body.to_vec(),
+            timeout,
+            session_wait,
+        );
+        match sent.await {
+            Ok(answer) => Some(Ok(Bytes::from(answer))),
+            Err(error) if error.is_unreachable() => {
+                fabric.calls.count_bypassed();
+                debug!(node, variant, %error, "order sent on the cluster port instead");
+                None
+            }
+            Err(error) => Some(Err(error.to_string())),
+        }
     }
 
     pub(crate) async fn fence(
