@@ -77,13 +77,12 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
+use super::remote::PG_SCOPE;
 use crate::common::SupervisorSlot;
 use crate::common::convert::tree_to_wire;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 
-/// The process-group scope of broker actors reachable over the fabric.
-pub(crate) const PG_SCOPE: &str = "malachi";
 /// The serialized name of [`NodeMsg::TreeSnapshot`].
 const TREE_SNAPSHOT: &str = "tree_snapshot";
 /// How often `node` compares sessions with membership and dials what is missing.

@@ -43,8 +43,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::node::PG_SCOPE;
-
+/// The process-group scope of broker actors reachable over the fabric.
+pub(crate) const PG_SCOPE: &str = "malachi";
 /// The largest order body or answer carried over the fabric: a drop order
 /// or a replica-status request of 4096 segments is about 40 KiB, a status
 /// answer for as many copies a few hundred KiB.
