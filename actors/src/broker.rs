@@ -752,7 +752,10 @@ impl BrokerHandle {
         let root = self.shared.root.read().clone().ok_or(BrokerError::Config {
             reason: "the tree is not running".into(),
         })?;
-        root.start_child(crate::fabric::greeter::spec(self.node_id()))
+        let fabric = self.shared.fabric().ok_or(BrokerError::Config {
+            reason: "no node fabric".into(),
+        })?;
+        root.start_child(crate::fabric::greeter::spec(fabric.me()))
             .await
             .map(|_| ())
             .map_err(|e| BrokerError::Config {
@@ -798,11 +801,12 @@ impl BrokerHandle {
         timeout_ms: u64,
     ) -> Result<Vec<u8>, String> {
         let fabric = self.shared.fabric().ok_or("no node fabric")?;
+        let (to, _) = fabric.peer(node);
         fabric
             .calls
             .call(
                 crate::control::replica_order::ORDERS_BEHAVIOUR,
-                node,
+                to,
                 variant,
                 body,
                 Duration::from_millis(timeout_ms),

@@ -1,6 +1,6 @@
 //! The serving half of the coordinator's orders over the node fabric (ADR
 //! 0133): `metadata/orders`, one actor per broker in the process group
-//! `orders/<node_id>` (scope `malachi`), which ractor_cluster mirrors to
+//! `orders/<node_id>@<fabric addr>` (scope `malachi`), which ractor_cluster mirrors to
 //! every connected broker. It answers fence, seal, drop-copies and
 //! replica-status (which carries the scrub requests) with the same
 //! functions the cluster port runs (`replica_order.rs`,
@@ -62,14 +62,21 @@ impl Actor for OrderServer {
         myself: ActorRef<RemoteMsg>,
         shared: Arc<Shared>,
     ) -> Result<OrderServerState, ActorProcessingErr> {
-        let (node_id, cell) = (shared.config.node_id, myself.get_cell());
-        remote::join(ORDERS_BEHAVIOUR, node_id, cell.clone());
+        let me = shared.fabric().map_or(
+            remote::Peer {
+                node_id: shared.config.node_id,
+                addr: None,
+            },
+            |fabric| fabric.me(),
+        );
+        let cell = myself.get_cell();
+        remote::join(ORDERS_BEHAVIOUR, me, cell.clone());
         let rejoin = tokio::spawn(async move {
             let period = std::time::Duration::from_millis(ORDERS_REJOIN_MS);
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             loop {
                 tick.tick().await;
-                remote::join(ORDERS_BEHAVIOUR, node_id, cell.clone());
+                remote::join(ORDERS_BEHAVIOUR, me, cell.clone());
             }
         });
         Ok(OrderServerState {

@@ -49,7 +49,7 @@ pub(crate) const ORDER_TIMEOUT_MS: u64 = 2_000;
 pub(crate) const ORDER_SESSION_WAIT_MS: u64 = 600;
 
 /// The node-fabric behaviour that serves orders (`order_server.rs`): its
-/// actor is in the process group `orders/<node_id>`.
+/// actor is in the process group `orders/<node_id>@<fabric addr>`.
 pub(crate) const ORDERS_BEHAVIOUR: &str = "orders";
 
 /// The orders that travel over the node fabric (ADR 0133), by their name
@@ -430,17 +430,12 @@ impl OrderClient {
     ) -> Option<Result<Bytes, String>> {
         let variant = variant_of(api_key)?;
         let fabric = self.shared.fabric()?;
-        let live = fabric
-            .membership
-            .view()
-            .peers
-            .get(&node)
-            .is_some_and(|m| m.state.is_live());
+        let (to, live) = fabric.peer(node);
         let session_wait = Duration::from_millis(if live { ORDER_SESSION_WAIT_MS } else { 0 });
         let timeout = Duration::from_millis(ORDER_TIMEOUT_MS);
         let sent = fabric.calls.call(
             ORDERS_BEHAVIOUR,
-            node,
+            to,
             variant,
             body.to_vec(),
             timeout,

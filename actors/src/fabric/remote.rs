@@ -1,7 +1,7 @@
 //! Calls between actors on different brokers over the node fabric
 //! (ractor_cluster), bounded (ADR 0133). A distributed behaviour is an actor
 //! on each broker that takes [`RemoteMsg`] and joins the process group
-//! `<behaviour>/<node_id>` ([`join`]); a peer reaches it with
+//! `<behaviour>/<node_id>@<fabric addr>` ([`join`]); a peer reaches it with
 //! [`RemoteCalls::call`], naming the behaviour, the target node and a
 //! request (a variant name and its encoded body). No api key is needed:
 //! the variant names the request, and the body is the behaviour's own
@@ -31,6 +31,7 @@
 //! is already slow.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -59,17 +60,29 @@ const SESSION_POLL_MS: u64 = 25;
 /// come back (ractor_cluster re-announces process groups on reconnect).
 const RETRY_DELAY_MS: u64 = 50;
 
-/// The process group of `behaviour`'s actor on broker `node_id`. Scoped by
-/// node id so several brokers in one process do not share a group.
-pub(crate) fn group(behaviour: &str, node_id: u64) -> String {
-    format!("{behaviour}/{node_id}")
+/// A broker as the fabric finds it: its node id and the fabric address it
+/// advertises (from membership). Both name its groups, so two clusters in
+/// one process (tests) never share one: ractor's groups are process-global,
+/// and every node server in a process re-exports every actor in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Peer {
+    pub node_id: u64,
+    pub addr: Option<SocketAddr>,
 }
 
-/// Joins `cell` to `behaviour`'s group for broker `node_id`; ractor_cluster
+/// The process group of `behaviour`'s actor on broker `peer`.
+pub(crate) fn group(behaviour: &str, peer: Peer) -> String {
+    match peer.addr {
+        Some(addr) => format!("{behaviour}/{}@{addr}", peer.node_id),
+        None => format!("{behaviour}/{}", peer.node_id),
+    }
+}
+
+/// Joins `cell` to `behaviour`'s group for broker `me`; ractor_cluster
 /// mirrors the group to every connected broker. The actor leaves it when
 /// it stops.
-pub(crate) fn join(behaviour: &str, node_id: u64, cell: ActorCell) {
-    ractor::pg::join_scoped(PG_SCOPE.to_owned(), group(behaviour, node_id), vec![cell]);
+pub(crate) fn join(behaviour: &str, me: Peer, cell: ActorCell) {
+    ractor::pg::join_scoped(PG_SCOPE.to_owned(), group(behaviour, me), vec![cell]);
 }
 
 /// A request to a distributed behaviour's actor, local or from a peer.
@@ -230,12 +243,13 @@ impl RemoteCalls {
     pub(crate) async fn call(
         &self,
         behaviour: &str,
-        peer: u64,
+        to: Peer,
         variant: &str,
         body: Vec<u8>,
         timeout: Duration,
         session_wait: Duration,
     ) -> Result<Vec<u8>, RemoteError> {
+        let peer = to.node_id;
         if body.len() > self.message_bytes_max {
             return Err(RemoteError::TooLarge {
                 what: "request",
@@ -249,7 +263,7 @@ impl RemoteCalls {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let found = self.member_by(behaviour, peer, wait_until).await;
+            let found = self.member_by(behaviour, to, wait_until).await;
             let Some(actor) = found else {
                 if attempts == 1 {
                     return Err(RemoteError::NoSession {
@@ -302,7 +316,7 @@ impl RemoteCalls {
     async fn member_by(
         &self,
         behaviour: &str,
-        peer: u64,
+        peer: Peer,
         wait_until: Instant,
     ) -> Option<ActorRef<RemoteMsg>> {
         loop {
@@ -396,7 +410,7 @@ impl Default for RemoteCalls {
 /// broker in the same process (tests, `malachi dev`) is reached over the
 /// fabric too, so a test sees the path production takes, and the caller's
 /// fallback when the fabric has no proxy.
-fn member(behaviour: &str, peer: u64, local: bool) -> Option<ActorRef<RemoteMsg>> {
+fn member(behaviour: &str, peer: Peer, local: bool) -> Option<ActorRef<RemoteMsg>> {
     let mut members = ractor::pg::get_scoped_members(&PG_SCOPE.to_owned(), &group(behaviour, peer));
     members.retain(|cell| local || !cell.get_id().is_local());
     members.sort_by_key(|cell| cell.get_id().is_local());
@@ -407,13 +421,20 @@ fn member(behaviour: &str, peer: u64, local: bool) -> Option<ActorRef<RemoteMsg>
 mod tests {
     use super::*;
 
+    fn at(node_id: u64) -> Peer {
+        Peer {
+            node_id,
+            addr: None,
+        }
+    }
+
     #[tokio::test]
     async fn a_request_over_the_size_limit_is_refused_before_it_is_sent() {
         let calls = RemoteCalls::in_process(16, 4, 3);
         let refused = calls
             .call(
                 "orders",
-                7,
+                at(7),
                 "seal",
                 vec![0; 17],
                 Duration::from_secs(1),
@@ -441,7 +462,7 @@ mod tests {
         let held = calls
             .call(
                 "orders",
-                7,
+                at(7),
                 "seal",
                 vec![1],
                 Duration::from_millis(50),
@@ -459,7 +480,7 @@ mod tests {
         let other = calls
             .call(
                 "orders",
-                8,
+                at(8),
                 "seal",
                 vec![1],
                 Duration::from_millis(50),
@@ -474,7 +495,7 @@ mod tests {
         let freed = calls
             .call(
                 "orders",
-                7,
+                at(7),
                 "seal",
                 vec![1],
                 Duration::from_millis(50),
@@ -540,7 +561,7 @@ mod tests {
         let seen = Arc::new(Seen::default());
         let args = (Arc::clone(&seen), lose, Duration::from_millis(work_ms));
         let (actor, _) = ractor::Actor::spawn(None, Probe, args).await.unwrap();
-        join("probe", node, actor.get_cell());
+        join("probe", at(node), actor.get_cell());
         (seen, actor)
     }
 
@@ -554,7 +575,7 @@ mod tests {
                 calls
                     .call(
                         "probe",
-                        9_001,
+                        at(9_001),
                         "echo",
                         vec![i],
                         Duration::from_secs(10),
@@ -582,7 +603,7 @@ mod tests {
         let answer = calls
             .call(
                 "probe",
-                9_002,
+                at(9_002),
                 "echo",
                 vec![5],
                 Duration::from_secs(5),
@@ -597,7 +618,7 @@ mod tests {
         let lost = calls
             .call(
                 "probe",
-                9_003,
+                at(9_003),
                 "echo",
                 vec![5],
                 Duration::from_secs(5),
@@ -622,7 +643,7 @@ mod tests {
         let answer = calls
             .call(
                 "probe",
-                9_004,
+                at(9_004),
                 "echo",
                 vec![5],
                 Duration::from_millis(100),
