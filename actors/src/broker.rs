@@ -240,6 +240,7 @@ fn open_fabric(
             settings.fabric_handshake_timeout_ms,
         ),
         formed: Arc::new(formed),
+        calls: crate::fabric::remote::RemoteCalls::default(),
     })
 }
 
@@ -383,13 +384,21 @@ fn build_tree(
         ));
     let coordinators =
         published_supervisor(coordinators, shared, |s| &s.actors.coordinator_sup, |_| {});
+    // Last, so its restart restarts nothing else: it serves the orders of
+    // other brokers' coordinators from the node fabric (ADR 0133).
+    let orders_shared = Arc::clone(shared);
     let metadata = SupervisorArgs::new("metadata", Strategy::RestForOne)
         .child(ChildSpec::worker(
             "vnodes",
             || VnodesActor,
             move || Arc::clone(&vnodes_shared),
         ))
-        .child(coordinators);
+        .child(coordinators)
+        .child(ChildSpec::worker(
+            "orders",
+            || crate::control::order_server::OrderServer,
+            move || Arc::clone(&orders_shared),
+        ));
 
     let acceptor_args = AcceptorArgs {
         shared: Arc::clone(shared),
@@ -742,6 +751,93 @@ impl BrokerHandle {
 
 #[cfg(feature = "testing")]
 impl BrokerHandle {
+    /// Test hook: starts the actor guide's example behaviour, the
+    /// `greeter` (`fabric/greeter.rs`), as a child of the root supervisor.
+    pub async fn start_greeter(&self) -> Result<(), BrokerError> {
+        let root = self.shared.actors.root.read().clone().ok_or(BrokerError::Config {
+            reason: "the tree is not running".into(),
+        })?;
+        let fabric = self.shared.fabric().ok_or(BrokerError::Config {
+            reason: "no node fabric".into(),
+        })?;
+        root.start_child(crate::fabric::greeter::spec(fabric.me()))
+            .await
+            .map(|_| ())
+            .map_err(|e| BrokerError::Config {
+                reason: format!("cannot start the greeter: {e}"),
+            })
+    }
+
+    /// Test hook: greets broker `peer`'s `greeter` over the node fabric.
+    pub async fn greet(&self, peer: u64) -> Result<String, String> {
+        let fabric = self.shared.fabric().ok_or("no node fabric")?;
+        crate::fabric::greeter::greet(&fabric, peer)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Test hook: orders this broker served from peers over the node
+    /// fabric, by name (ADR 0133).
+    pub fn fabric_orders_served(&self) -> std::collections::BTreeMap<String, u64> {
+        self.shared
+            .fabric()
+            .map(|fabric| fabric.calls.served())
+            .unwrap_or_default()
+    }
+
+    /// Test hook: this broker's calls over the node fabric that a peer
+    /// answered, that were sent again after their session closed, and
+    /// that went to the cluster port instead.
+    pub fn fabric_call_counts(&self) -> (u64, u64, u64) {
+        self.shared
+            .fabric()
+            .map(|fabric| fabric.calls.counts())
+            .unwrap_or_default()
+    }
+
+    /// Test hook: sends the order `variant` (`fence`, `seal`,
+    /// `drop_copies`, `replica_status`) with the encoded `body` to broker
+    /// `node` over the node fabric only, within `timeout_ms`.
+    pub async fn order_over_fabric(
+        &self,
+        node: u64,
+        variant: &str,
+        body: Vec<u8>,
+        timeout_ms: u64,
+    ) -> Result<Vec<u8>, String> {
+        let fabric = self.shared.fabric().ok_or("no node fabric")?;
+        let (to, _) = fabric.peer(node);
+        fabric
+            .calls
+            .call(
+                crate::control::replica_order::ORDERS_BEHAVIOUR,
+                to,
+                variant,
+                body,
+                Duration::from_millis(timeout_ms),
+                Duration::from_millis(crate::control::replica_order::ORDER_SESSION_WAIT_MS),
+            )
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Test hook: sends `body` with `api_key` to broker `node` on the
+    /// cluster port, within `timeout_ms`.
+    pub async fn call_cluster_port(
+        &self,
+        node: u64,
+        api_key: u16,
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<Vec<u8>, String> {
+        let raft = self.shared.links.raft.get().ok_or("no cluster port")?;
+        raft.transport
+            .call_raw(node, api_key, 0, body, timeout_ms)
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|e| e.to_string())
+    }
+
     /// Test hook: inbound node fabric connections authenticated, and dropped
     /// before authenticating, since start; `None` without a fabric.
     pub fn fabric_inbound_counts(&self) -> Option<(u64, u64)> {

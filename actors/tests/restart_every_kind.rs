@@ -259,6 +259,7 @@ restart_tests! {
     coordinator: &["metadata", "coordinator_manager", "coordinator/0"], Crash::Kill, false;
     manager_watcher: &["metadata", "coordinator_manager", "manager"], Crash::Work("leadership_watcher"), false;
     vnodes: &["metadata", "vnodes"], Crash::Kill, false;
+    orders: &["metadata", "orders"], Crash::Kill, true;
     failover: &["maintenance", "failover"], Crash::Kill, true;
     healer: &["maintenance", "healer"], Crash::Kill, true;
     scrubber: &["maintenance", "scrubber"], Crash::Work("scrubber"), false;

@@ -196,6 +196,12 @@ async fn the_tree_has_the_documented_shape() {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");
     }
     assert!(tree.descendant(&["metadata", "vnodes"]).is_some());
+    // Last under metadata: its restart restarts nothing else (ADR 0133).
+    let metadata = tree.child("metadata").unwrap().supervisor.as_ref().unwrap();
+    assert_eq!(
+        metadata.children.last().map(|c| c.name.as_str()),
+        Some("orders")
+    );
     // The ReplicationServer starts before any segment actor.
     let storage = tree.child("storage").unwrap().supervisor.as_ref().unwrap();
     assert_eq!(

@@ -156,12 +156,21 @@ async fn a_deleted_topics_copies_leave_every_broker_and_other_topics_stay() {
             files_of(root.path(), node, &gone)
         );
     }
-    let removed: u64 = brokers
-        .iter()
-        .flatten()
-        .map(|b| counter(b, "malachi_copies_removed_total"))
-        .sum();
-    assert_eq!(removed, 3 * gone.len() as u64, "one removal per copy");
+    // A removal is counted just after its files go: wait for the count.
+    let removed = || -> u64 {
+        brokers
+            .iter()
+            .flatten()
+            .map(|b| counter(b, "malachi_copies_removed_total"))
+            .sum()
+    };
+    let expected = 3 * gone.len() as u64;
+    assert!(
+        eventually(5_000, async || removed() >= expected).await,
+        "removals counted: {}",
+        removed()
+    );
+    assert_eq!(removed(), expected, "one removal per copy");
     // The other topic's copies and records are untouched.
     for node in 1..=3 {
         assert!(!files_of(root.path(), node, &kept).is_empty());

@@ -12,7 +12,8 @@
 //!
 //! The coordinator's orders to copies: `replica_order.rs` (fence, catch-up,
 //! seal and the [`OrderClient`](replica_order::OrderClient) that sends
-//! them), `replica.rs` (repair appends), `order_epoch.rs` (the epoch they
+//! them, over the node fabric where it can, ADR 0133), `order_server.rs`
+//! (`metadata/orders`, which serves them from the fabric), `replica.rs` (repair appends), `order_epoch.rs` (the epoch they
 //! carry), `removal.rs` (dropping copies the metadata no longer lists) and
 //! `drop_orders.rs` (asking holders to); `segment_stop.rs` stops segment
 //! actors for all of them. `retention.rs` expires old segments.
@@ -34,6 +35,7 @@ pub(crate) mod manager;
 pub(crate) mod memory;
 pub(crate) mod metadata;
 pub(crate) mod order_epoch;
+pub(crate) mod order_server;
 pub(crate) mod placement;
 pub(crate) mod policies;
 pub(crate) mod registry;

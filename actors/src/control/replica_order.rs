@@ -1,5 +1,9 @@
-//! A coordinator's data-plane orders on the cluster port (issue 19, ADR
-//! 0106): fence (api key 103), catch-up (101) and seal (102), both halves.
+//! A coordinator's data-plane orders (issue 19, ADR 0106): fence (api key
+//! 103), catch-up (101) and seal (102), both halves. Fence, seal, drop
+//! copies and replica status travel over the node fabric (ractor_cluster,
+//! ADR 0133; served by `order_server.rs`), and on the cluster port when the
+//! fabric has no session to the peer; catch-up carries frames and stays on
+//! the cluster port.
 //!
 //! The serving half answers for the copies this broker holds, each order
 //! checked against the metadata this broker knows (it must hold a copy of
@@ -12,6 +16,7 @@
 //! `RepairOrder` (`replica.rs`).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use malachi_cluster::group::RpcError;
@@ -35,6 +40,48 @@ use crate::data::lineage::HolderReads;
 /// How long one order waits for its answer (a fence waits for the copy's
 /// drain, an fsync at most).
 pub(crate) const ORDER_TIMEOUT_MS: u64 = 2_000;
+
+/// How long an order to a live peer with no fabric proxy waits for one
+/// before it takes the cluster port: longer than the order server's
+/// re-announcement of its group (`order_server::ORDERS_REJOIN_MS`), well
+/// within [`ORDER_TIMEOUT_MS`]. An order to a peer membership does not
+/// call live takes the cluster port at once.
+pub(crate) const ORDER_SESSION_WAIT_MS: u64 = 600;
+
+/// The node-fabric behaviour that serves orders (`order_server.rs`): its
+/// actor is in the process group `orders/<node_id>@<fabric addr>`.
+pub(crate) const ORDERS_BEHAVIOUR: &str = "orders";
+
+/// The orders that travel over the node fabric (ADR 0133), by their name
+/// there and their cluster-port api key (still served, the fallback).
+/// Catch-up (101) and replica-append (100) carry frames and stay on the
+/// cluster port.
+const FABRIC_ORDERS: [(&str, u16); 4] = [
+    ("fence", FENCE_API_KEY),
+    ("seal", SEAL_API_KEY),
+    ("drop_copies", DROP_COPIES_API_KEY),
+    (
+        "replica_status",
+        malachi_wire::replica_status::REPLICA_STATUS_API_KEY,
+    ),
+];
+
+/// The cluster-port api key of the fabric order named `variant`.
+pub(crate) fn api_key_of(variant: &str) -> Option<u16> {
+    FABRIC_ORDERS
+        .iter()
+        .find(|(name, _)| *name == variant)
+        .map(|(_, key)| *key)
+}
+
+/// The fabric name of the order with cluster-port api key `api_key`, if it
+/// travels over the fabric.
+pub(crate) fn variant_of(api_key: u16) -> Option<&'static str> {
+    FABRIC_ORDERS
+        .iter()
+        .find(|(_, key)| *key == api_key)
+        .map(|(name, _)| *name)
+}
 
 /// What the metadata this broker knows says of its copy of `segment`.
 enum Held {
@@ -353,13 +400,56 @@ impl OrderClient {
             };
             return answer.map_err(|e| e.to_string());
         }
+        let deadline = Instant::now() + Duration::from_millis(ORDER_TIMEOUT_MS);
+        if let Some(answer) = self.over_fabric(node, api_key, &body).await {
+            return answer;
+        }
         let Some(raft) = self.shared.links.raft.get() else {
             return Err("this broker has no cluster port".into());
         };
+        let left_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
         raft.transport
-            .call_raw(node, api_key, 0, &body, ORDER_TIMEOUT_MS)
+            .call_raw(node, api_key, 0, &body, left_ms.max(1))
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// Sends an order that travels over the node fabric there; `None`
+    /// when the fabric did not carry it (no proxy of the peer's order
+    /// server, or the call lost with its session) and the cluster port
+    /// should: the order is idempotent, so both carrying it is harmless
+    /// (ADR 0133). A peer membership calls live is waited for up to
+    /// [`ORDER_SESSION_WAIT_MS`]; another is not.
+    async fn over_fabric(
+        &self,
+        node: u64,
+        api_key: u16,
+        body: &Bytes,
+    ) -> Option<Result<Bytes, String>> {
+        let variant = variant_of(api_key)?;
+        let fabric = self.shared.fabric()?;
+        let (to, live) = fabric.peer(node);
+        let session_wait = Duration::from_millis(if live { ORDER_SESSION_WAIT_MS } else { 0 });
+        let timeout = Duration::from_millis(ORDER_TIMEOUT_MS);
+        let sent = fabric.calls.call(
+            ORDERS_BEHAVIOUR,
+            to,
+            variant,
+            body.to_vec(),
+            timeout,
+            session_wait,
+        );
+        match sent.await {
+            Ok(answer) => Some(Ok(Bytes::from(answer))),
+            Err(error) if error.is_unreachable() => {
+                fabric.calls.count_bypassed();
+                debug!(node, variant, %error, "order sent on the cluster port instead");
+                None
+            }
+            Err(error) => Some(Err(error.to_string())),
+        }
     }
 
     pub(crate) async fn fence(

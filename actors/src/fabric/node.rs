@@ -77,13 +77,12 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
+use super::remote::{PG_SCOPE, Peer};
 use crate::common::SupervisorSlot;
 use crate::common::convert::tree_to_wire;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 
-/// The process-group scope of broker actors reachable over the fabric.
-pub(crate) const PG_SCOPE: &str = "malachi";
 /// The serialized name of [`NodeMsg::TreeSnapshot`].
 const TREE_SNAPSHOT: &str = "tree_snapshot";
 /// How often `node` compares sessions with membership and dials what is missing.
@@ -155,6 +154,29 @@ pub(crate) struct Fabric {
     pub inbound: Arc<InboundConnections>,
     /// The cluster this broker belongs to (ADR 0102).
     pub formed: Arc<super::formation::Formed>,
+    /// Calls to behaviours on other brokers, bounded (ADR 0133).
+    pub calls: super::remote::RemoteCalls,
+}
+
+impl Fabric {
+    /// This broker as the fabric finds it.
+    pub(crate) fn me(&self) -> Peer {
+        Peer {
+            node_id: self.node_id,
+            addr: self.identity.cluster_addr,
+        }
+    }
+
+    /// Broker `node_id` as membership knows it, and whether it is live.
+    pub(crate) fn peer(&self, node_id: u64) -> (Peer, bool) {
+        let view = self.membership.view();
+        let member = view.peers.get(&node_id);
+        let peer = Peer {
+            node_id,
+            addr: member.and_then(|m| m.cluster_addr),
+        };
+        (peer, member.is_some_and(|m| m.state.is_live()))
+    }
 }
 
 /// The accepting side of the advertised port: its slots and the
