@@ -593,9 +593,12 @@ fn a_killed_broker_restarted_with_its_node_id_rejoins_with_its_data_and_new_attr
     for node in [&nodes[0], &restarted, &nodes[2]] {
         let statuses = wait_for(node, "node 2 back with its new attributes", |s| {
             let two = entry(s, 2);
+            // The restarted broker sees itself at once and its peers a
+            // moment later: wait for all three, not only for itself.
             two["state"] == "alive"
                 && two["attributes"]["rack"] == "moved"
                 && two["incarnation"].as_u64().is_some_and(|i| i > before)
+                && all_alive(&[1, 2, 3])(s)
         });
         assert!(all_alive(&[1, 2, 3])(&statuses), "{statuses:?}");
     }
