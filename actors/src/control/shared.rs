@@ -8,9 +8,10 @@
 //! - `actors` ([`ActorRegistry`]): the metadata plane and the long-lived
 //!   actors others send to, each registered by itself while it runs;
 //! - `links` ([`ClusterLinks`]): membership, the node fabric and the raft
-//!   endpoint;
-//! beside what every layer reads: configuration, clock, metrics and the
-//! data plane's [`Storage`]. One `Shared` per broker, never
+//!   endpoint.
+//!
+//! Beside them, what every layer reads: configuration, clock, metrics and
+//! the data plane's [`Storage`]. One `Shared` per broker, never
 //! process-global, so several brokers share a test process.
 //!
 //! Lower layers never see it: a segment actor gets the data plane's
