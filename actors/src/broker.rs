@@ -754,9 +754,15 @@ impl BrokerHandle {
     /// Test hook: starts the actor guide's example behaviour, the
     /// `greeter` (`fabric/greeter.rs`), as a child of the root supervisor.
     pub async fn start_greeter(&self) -> Result<(), BrokerError> {
-        let root = self.shared.actors.root.read().clone().ok_or(BrokerError::Config {
-            reason: "the tree is not running".into(),
-        })?;
+        let root = self
+            .shared
+            .actors
+            .root
+            .read()
+            .clone()
+            .ok_or(BrokerError::Config {
+                reason: "the tree is not running".into(),
+            })?;
         let fabric = self.shared.fabric().ok_or(BrokerError::Config {
             reason: "no node fabric".into(),
         })?;

@@ -20,7 +20,6 @@ use std::time::Instant;
 use common::*;
 use malachi_actors::Broker;
 use malachi_wire::batch::Record;
-use malachi_wire::messages::*;
 
 const TOPIC: &str = "two";
 /// From the successor's primary's loss to the first write acknowledged
@@ -36,22 +35,7 @@ async fn a_successor_on_two_copies_fails_over_on_the_one_left() {
         three_node_config(root.path(), node_id, seeds)
     })
     .await;
-    let mut admin = TestClient::connect(brokers[0].as_ref().unwrap().client_addr()).await;
-    assert!(
-        eventually(30_000, async || {
-            admin
-                .call(&CreateTopicRequest {
-                    name: TOPIC.into(),
-                    replication_factor: Some(3),
-                    policy: None,
-                })
-                .await
-                .is_ok()
-        })
-        .await,
-        "the topic was never created"
-    );
-    drop(admin);
+    create_replicated_topic(brokers[0].as_ref().unwrap().client_addr(), TOPIC, 3).await;
     let mut sent: Vec<Record> = Vec::new();
     let first = keyed_batch("a", 30, 3);
     assert!(

@@ -14,7 +14,6 @@ use common::*;
 use malachi_actors::{Broker, BrokerConfig, BrokerHandle, StoreFactory, SystemClock};
 use malachi_storage::{MemoryStore, SegmentId, SegmentStore, StoreConfig};
 use malachi_wire::batch::Record;
-use malachi_wire::messages::*;
 
 const TOPIC: &str = "mem";
 
@@ -86,22 +85,7 @@ async fn a_follower_whose_memory_store_crashes_loses_no_acknowledged_record() {
             b.node_id()
         );
     }
-    let mut admin = TestClient::connect(brokers[0].as_ref().unwrap().client_addr()).await;
-    assert!(
-        eventually(30_000, async || {
-            admin
-                .call(&CreateTopicRequest {
-                    name: TOPIC.into(),
-                    replication_factor: Some(3),
-                    policy: None,
-                })
-                .await
-                .is_ok()
-        })
-        .await,
-        "the topic was never created"
-    );
-    drop(admin);
+    create_replicated_topic(brokers[0].as_ref().unwrap().client_addr(), TOPIC, 3).await;
     let mut sent = Vec::new();
     let first = keyed_batch("a", 30, 5);
     assert!(eventually(10_000, async || produce_once(&brokers, TOPIC, &first).await).await);

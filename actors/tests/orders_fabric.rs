@@ -86,22 +86,7 @@ async fn a_failover_fences_and_seals_over_the_node_fabric_and_repeats_are_harmle
     let root = tempfile::tempdir().unwrap();
     let mut brokers =
         start_stoppable(3, |node_id, seeds| config(root.path(), node_id, seeds)).await;
-    let mut admin = TestClient::connect(brokers[0].as_ref().unwrap().client_addr()).await;
-    assert!(
-        eventually(30_000, async || {
-            admin
-                .call(&CreateTopicRequest {
-                    name: TOPIC.into(),
-                    replication_factor: Some(3),
-                    policy: None,
-                })
-                .await
-                .is_ok()
-        })
-        .await,
-        "the topic was never created"
-    );
-    drop(admin);
+    create_replicated_topic(brokers[0].as_ref().unwrap().client_addr(), TOPIC, 3).await;
     let records: Vec<_> = (0..20).map(|i| record("k", &format!("v{i}"))).collect();
     let before = {
         let mut found = None;

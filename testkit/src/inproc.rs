@@ -118,6 +118,27 @@ impl TestClient {
     }
 }
 
+/// Creates `topic` with `replication_factor` copies through the broker at
+/// `addr`, retrying for up to 30 s while a new cluster settles; panics if
+/// it never succeeds.
+pub async fn create_replicated_topic(addr: SocketAddr, topic: &str, replication_factor: u8) {
+    let mut admin = TestClient::connect(addr).await;
+    assert!(
+        eventually(30_000, async || {
+            admin
+                .call(&CreateTopicRequest {
+                    name: topic.into(),
+                    replication_factor: Some(replication_factor),
+                    policy: None,
+                })
+                .await
+                .is_ok()
+        })
+        .await,
+        "the topic {topic} was never created"
+    );
+}
+
 /// `topic` as a describe without live figures shows it.
 pub async fn describe(client: &mut TestClient, topic: &str) -> Result<TopicDescription, Refused> {
     client
