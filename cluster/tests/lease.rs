@@ -57,6 +57,11 @@ impl LeaseGroup for ModelGroup {
     async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String> {
         self.apply(cmd)
     }
+
+    fn recorded_epoch_of(&self, holder: u64) -> Option<u64> {
+        let lease = self.state.lock().lease()?;
+        (lease.holder == holder && !lease.is_released()).then_some(lease.epoch)
+    }
 }
 
 #[test]
@@ -380,6 +385,66 @@ proptest! {
             );
         }
     }
+}
+
+/// Chaos finding F11: a stopped keeper's release landed after the same
+/// holder's next keeper had re-acquired the same epoch, released the new
+/// grant, and another broker took the lease at once while the new keeper
+/// still counted it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_of_an_earlier_keeper_does_not_release_the_next_keepers_grant() {
+    let group = Arc::new(ModelGroup::default());
+    let clock = Arc::new(ManualClock::new(10_000));
+    let first = spawn_lease_keeper(
+        LeaseKeeper::new(config(1)).unwrap(),
+        group.clone(),
+        clock.clone(),
+        2,
+    );
+    let mut states = first.watch();
+    wait_until("the first keeper's grant", WAIT, POLL, async || {
+        matches!(*states.borrow(), LeaseState::Held { .. })
+    })
+    .await;
+    let LeaseState::Held { epoch: old, .. } = first.state() else {
+        panic!("the first keeper holds no lease");
+    };
+    // The first keeper stops; its release is still on its way.
+    first.stop().await;
+    let late_release = Command::ReleaseLease {
+        holder: 1,
+        epoch: old,
+    };
+    let second = spawn_lease_keeper(
+        LeaseKeeper::new(config(1)).unwrap(),
+        group.clone(),
+        clock.clone(),
+        2,
+    );
+    let mut states = second.watch();
+    wait_until("the second keeper's grant", WAIT, POLL, async || {
+        matches!(*states.borrow(), LeaseState::Held { .. })
+    })
+    .await;
+    let LeaseState::Held { epoch: new, .. } = second.state() else {
+        panic!("the second keeper holds no lease");
+    };
+    assert!(new > old, "the second keeper's grant reuses epoch {old}");
+    // The late release arrives: it names the old grant and changes nothing.
+    assert_eq!(group.apply(late_release).unwrap(), Ok(Outcome::Unchanged));
+    let lease = group.state.lock().lease().unwrap();
+    assert!(!lease.is_released(), "the next keeper's grant was released");
+    // So another holder is still refused.
+    let mut other = LeaseKeeper::new(config(2)).unwrap();
+    let (cmd, _) = other.request(clock.as_ref());
+    assert!(
+        matches!(
+            group.apply(cmd).unwrap(),
+            Err(ModelError::LeaseHeld { holder: 1, .. })
+        ),
+        "another holder took a lease the next keeper holds"
+    );
+    second.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -270,6 +270,12 @@ pub trait LeaseGroup: Send + Sync + 'static {
     fn waited_lease(&self) -> Result<(), malachi_core::model::FeatureInactive> {
         Ok(())
     }
+
+    /// The epoch of a live grant the group records for `holder`, as this
+    /// broker last applied it; `None` if it records none (or cannot say).
+    fn recorded_epoch_of(&self, _holder: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// A vnode's group, through any broker's router.
@@ -290,6 +296,11 @@ impl LeaseGroup for VnodeLeaseGroup {
 
     fn waited_lease(&self) -> Result<(), malachi_core::model::FeatureInactive> {
         self.host.require(malachi_core::model::Feature::WaitedLease)
+    }
+
+    fn recorded_epoch_of(&self, holder: u64) -> Option<u64> {
+        let lease = self.host.group(self.vnode)?.read_local(|s| s.lease())?;
+        (lease.holder == holder && !lease.is_released()).then_some(lease.epoch)
     }
 }
 
@@ -369,6 +380,19 @@ pub fn spawn_lease_keeper(
                     changed
                 });
             };
+            // A grant the group still records for this holder belongs to an
+            // earlier keeper (a stopped coordinator, or this broker before a
+            // restart), whose release may still be on its way: released
+            // first, this keeper's own grant gets a new epoch, and that
+            // release, naming the old one, changes nothing (F11).
+            if let Some(epoch) = group.recorded_epoch_of(holder) {
+                tracing::info!(
+                    holder,
+                    epoch,
+                    "releasing an earlier keeper's grant before acquiring"
+                );
+                let _ = group.propose(Command::ReleaseLease { holder, epoch }).await;
+            }
             let mut next_renew_ms = 0u64;
             loop {
                 let gate = group.waited_lease();
