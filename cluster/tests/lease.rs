@@ -401,7 +401,7 @@ async fn a_late_release_of_an_earlier_keeper_does_not_release_the_next_keepers_g
         clock.clone(),
         2,
     );
-    let mut states = first.watch();
+    let states = first.watch();
     wait_until("the first keeper's grant", WAIT, POLL, async || {
         matches!(*states.borrow(), LeaseState::Held { .. })
     })
@@ -421,7 +421,7 @@ async fn a_late_release_of_an_earlier_keeper_does_not_release_the_next_keepers_g
         clock.clone(),
         2,
     );
-    let mut states = second.watch();
+    let states = second.watch();
     wait_until("the second keeper's grant", WAIT, POLL, async || {
         matches!(*states.borrow(), LeaseState::Held { .. })
     })
@@ -435,7 +435,7 @@ async fn a_late_release_of_an_earlier_keeper_does_not_release_the_next_keepers_g
     let lease = group.state.lock().lease().unwrap();
     assert!(!lease.is_released(), "the next keeper's grant was released");
     // So another holder is still refused.
-    let mut other = LeaseKeeper::new(config(2)).unwrap();
+    let other = LeaseKeeper::new(config(2)).unwrap();
     let (cmd, _) = other.request(clock.as_ref());
     assert!(
         matches!(
