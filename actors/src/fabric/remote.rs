@@ -596,35 +596,28 @@ mod tests {
         actor.stop(None);
     }
 
+    /// Calls the probe on `peer` with `echo` of `[5]`, waiting for no session.
+    async fn echo(
+        calls: &RemoteCalls,
+        peer: u64,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, RemoteError> {
+        calls
+            .call("probe", at(peer), "echo", vec![5], timeout, Duration::ZERO)
+            .await
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_lost_with_its_session_is_sent_again_within_attempts_max() {
         let (seen, actor) = probe(9_002, 2, 0).await;
         let calls = RemoteCalls::in_process(64, 2, 3);
-        let answer = calls
-            .call(
-                "probe",
-                at(9_002),
-                "echo",
-                vec![5],
-                Duration::from_secs(5),
-                Duration::ZERO,
-            )
-            .await;
+        let answer = echo(&calls, 9_002, Duration::from_secs(5)).await;
         assert_eq!(answer, Ok(vec![5]));
         assert_eq!(seen.calls.load(Ordering::SeqCst), 3, "sent three times");
         assert_eq!(calls.counts(), (1, 2, 0));
         // Lost more often than attempts_max: a typed error, no endless loop.
         let (_, lossy) = probe(9_003, 10, 0).await;
-        let lost = calls
-            .call(
-                "probe",
-                at(9_003),
-                "echo",
-                vec![5],
-                Duration::from_secs(5),
-                Duration::ZERO,
-            )
-            .await;
+        let lost = echo(&calls, 9_003, Duration::from_secs(5)).await;
         assert_eq!(
             lost,
             Err(RemoteError::Lost {
@@ -640,16 +633,7 @@ mod tests {
     async fn a_call_that_times_out_is_not_sent_again() {
         let (seen, actor) = probe(9_004, 0, 2_000).await;
         let calls = RemoteCalls::in_process(64, 2, 3);
-        let answer = calls
-            .call(
-                "probe",
-                at(9_004),
-                "echo",
-                vec![5],
-                Duration::from_millis(100),
-                Duration::ZERO,
-            )
-            .await;
+        let answer = echo(&calls, 9_004, Duration::from_millis(100)).await;
         assert_eq!(
             answer,
             Err(RemoteError::Timeout {
