@@ -11,6 +11,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::StorageError;
 use crate::store::{OrderEpoch, SealInfo};
@@ -141,10 +142,27 @@ pub(crate) fn read_seal(path: &Path) -> Result<Option<SealInfo>, StorageError> {
     }
 }
 
+/// Tells apart the temporary files of writes that run at once.
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The temporary file one write of `path` goes through: its own, never
+/// shared with another write. Regression: it was `<stem>.tmp`, one file for
+/// a segment's seal, fence and producer markers alike, so a fence written
+/// while a seal was renamed its empty file over `.seal` (a marker of the
+/// wrong size, a copy that no longer opened after a restart).
+fn tmp_path(path: &Path) -> std::path::PathBuf {
+    let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{seq}.tmp"));
+    path.with_file_name(name)
+}
+
 /// Writes `<tmp>`, fsyncs it, renames it over `path` and fsyncs the directory,
-/// so a crash leaves either no marker or the whole marker.
+/// so a crash leaves either no marker or the whole marker. Writes that run
+/// at once, of one marker or of several, each go through a file of their
+/// own: the marker is always one write's whole bytes.
 pub fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
-    let tmp = path.with_extension("tmp");
+    let tmp = tmp_path(path);
     let write = || -> std::io::Result<()> {
         let mut file = OpenOptions::new()
             .write(true)
@@ -178,6 +196,48 @@ mod tests {
     fn fence_marker_bytes_are_stable() {
         let bytes = encode_fence(OrderEpoch { group: 3, term: 9 });
         insta::assert_snapshot!(hex(&bytes));
+    }
+
+    /// Regression (CI, cursor_key): a seal and a fence of one segment
+    /// written at once shared `<stem>.tmp`, and the seal marker was left
+    /// empty. Written at once from several threads, every marker read is
+    /// always one write's whole bytes.
+    #[test]
+    fn markers_of_one_segment_written_at_once_are_always_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let seal = dir.path().join("0001.seal");
+        let fence = dir.path().join("0001.fence");
+        let info = SealInfo {
+            length: 7,
+            byte_size: 99,
+        };
+        write_atomically(dir.path(), &seal, &encode_seal(info)).unwrap();
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    for _ in 0..200 {
+                        write_atomically(dir.path(), &seal, &encode_seal(info)).unwrap();
+                    }
+                });
+                scope.spawn(|| {
+                    for term in 0..200 {
+                        let order = OrderEpoch { group: 1, term };
+                        write_atomically(dir.path(), &fence, &encode_fence(order)).unwrap();
+                    }
+                });
+            }
+            scope.spawn(|| {
+                for _ in 0..400 {
+                    assert_eq!(read_seal(&seal).unwrap(), Some(info));
+                }
+            });
+        });
+        let left: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|name| name.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "no temporary file is left: {left:?}");
     }
 
     fn hex(bytes: &[u8]) -> String {
