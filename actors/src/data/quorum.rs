@@ -30,6 +30,9 @@ pub(crate) fn committed_end(durable: &[u64]) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CommitTracker {
     durable: Vec<u64>,
+    /// Which copies reported their durable end since this tracker began
+    /// (a reopened primary knows nothing of its followers until they answer).
+    heard: Vec<bool>,
     committed: u64,
 }
 
@@ -40,14 +43,25 @@ impl CommitTracker {
         assert!(copies >= 1, "a segment has at least its primary's copy");
         CommitTracker {
             durable: vec![0; copies],
+            heard: vec![false; copies],
             committed,
         }
+    }
+
+    /// Whether a quorum of copies has reported since the tracker began:
+    /// only then is the committed end as high as what was acknowledged
+    /// before (a reopened primary's is 0 until its followers answer).
+    pub(crate) fn settled(&self) -> bool {
+        self.heard.iter().filter(|h| **h).count() >= quorum(self.durable.len())
     }
 
     /// Records copy `copy`'s durable end and returns the committed end.
     pub(crate) fn observe(&mut self, copy: usize, durable_end: u64) -> u64 {
         if let Some(end) = self.durable.get_mut(copy) {
             *end = durable_end;
+        }
+        if let Some(heard) = self.heard.get_mut(copy) {
+            *heard = true;
         }
         self.committed = self.committed.max(committed_end(&self.durable));
         self.committed
@@ -94,6 +108,23 @@ mod tests {
         tracker.raise(0, 600);
         tracker.raise(0, 500);
         assert_eq!(tracker.observe(1, 600), 600);
+    }
+
+    #[test]
+    fn a_reopened_tracker_is_settled_once_a_quorum_has_reported() {
+        // Regression (CI, cursor_key): a primary restarted with committed
+        // end 0 answered a resuming reader "nothing more" before its
+        // followers had told it their ends.
+        let mut tracker = CommitTracker::new(3, 0);
+        tracker.raise(0, 15);
+        assert!(!tracker.settled(), "the primary alone is not a quorum of 3");
+        assert_eq!(tracker.committed(), 0);
+        tracker.observe(2, 15);
+        assert!(tracker.settled());
+        assert_eq!(tracker.committed(), 15);
+        let mut alone = CommitTracker::new(1, 0);
+        alone.raise(0, 4);
+        assert!(alone.settled(), "one copy is its own quorum");
     }
 
     #[test]

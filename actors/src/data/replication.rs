@@ -191,6 +191,13 @@ impl Replicated {
         *self.committed.borrow()
     }
 
+    /// Whether a quorum of copies has reported since this primary opened
+    /// the segment: before that, its committed end may be below records
+    /// acknowledged before a restart.
+    pub fn settled(&self) -> bool {
+        self.tracker.lock().settled()
+    }
+
     /// The local copy is durable to `end`: followers may be sent up to it.
     /// Concurrent fsync completions report in any order; the local end
     /// only grows.
@@ -335,6 +342,13 @@ impl ReplicationState {
             // (or the next lead) picks the registry up.
             let _ = server.try_send(|_permit| ReplicationMsg::Lead(replicated));
         }
+    }
+
+    /// Whether this broker leads `segment` and has heard a quorum of its
+    /// copies since it opened it: a primary's read at its committed end
+    /// means "nothing more" only then.
+    pub fn settled(&self, segment: SegmentId) -> bool {
+        self.led.lock().get(&segment).is_some_and(|r| r.settled())
     }
 
     /// The segment's actor stopped: its shippers end.

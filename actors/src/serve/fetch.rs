@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::error::ServeError;
 use super::read::{
-    LocalCopies, ReadBudget, TailElsewhere, active_plans, active_segments, read_topic,
+    LocalCopies, ReadBudget, ReadError, TailElsewhere, active_plans, active_segments, read_topic,
     response_control_bytes, tail_positions,
 };
 use super::remote::{REMOTE_ACTIVE_POLL_MS, read_through_holders};
@@ -53,7 +53,8 @@ pub(crate) async fn fetch(
             let plans = active_plans(state, &topic);
             let copies = LocalCopies::of(state, &plans, me)
                 .with_metrics(&shared.metrics)
-                .without_broken(&shared.data.scrub.book.lock());
+                .without_broken(&shared.data.scrub.book.lock())
+                .with_unsettled(|segment| shared.data.replication.settled(segment));
             (plans, copies)
         });
         let remote_active = copies.reads_active_elsewhere(&plans);
@@ -84,8 +85,19 @@ pub(crate) async fn fetch(
             })?;
             Ok((outcome, builder))
         })
-        .await
-        .map_err(|e| e.refusal(&topic, frame_max, control))?;
+        .await;
+        let read = match read {
+            Ok(read) => read,
+            // A restarted primary's committed end is settling: a long poll
+            // waits for it (its rise wakes `durable`); at the deadline the
+            // reader gets the retriable refusal, never a false "nothing
+            // more" (ADR 0139).
+            Err(ReadError::Unsettled { .. }) if Instant::now() < deadline => {
+                wait_for_records(shared, &mut durable, deadline, remote_active).await?;
+                continue;
+            }
+            Err(e) => return Err(e.refusal(&topic, frame_max, control).into()),
+        };
         let (batch, positions, records, bytes) = (
             read.out.finish(),
             read.outcome.positions,
@@ -116,20 +128,28 @@ pub(crate) async fn fetch(
                 records: batch,
             });
         }
-        // Another broker's appends to an active segment read through this
-        // one do not wake `durable`: a timer does (ADR 0123).
-        let look_again = if remote_active {
-            deadline.min(Instant::now() + Duration::from_millis(REMOTE_ACTIVE_POLL_MS))
-        } else {
-            deadline
-        };
-        tokio::select! {
-            _ = tokio::time::sleep_until(look_again) => {}
-            _ = durable.changed() => {}
-            _ = shared.port.draining.cancelled() => {
-                return Err(ServeError::Draining);
-            }
-        }
+        wait_for_records(shared, &mut durable, deadline, remote_active).await?;
+    }
+}
+
+/// Waits for more records of the topic (`durable`), at most to `deadline`.
+async fn wait_for_records(
+    shared: &Arc<Shared>,
+    durable: &mut tokio::sync::watch::Receiver<u64>,
+    deadline: Instant,
+    remote_active: bool,
+) -> Result<(), ServeError> {
+    // Another broker's appends to an active segment read through this
+    // one do not wake `durable`: a timer does (ADR 0123).
+    let look_again = if remote_active {
+        deadline.min(Instant::now() + Duration::from_millis(REMOTE_ACTIVE_POLL_MS))
+    } else {
+        deadline
+    };
+    tokio::select! {
+        _ = tokio::time::sleep_until(look_again) => Ok(()),
+        _ = durable.changed() => Ok(()),
+        _ = shared.port.draining.cancelled() => Err(ServeError::Draining),
     }
 }
 

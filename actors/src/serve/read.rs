@@ -111,6 +111,13 @@ pub(crate) enum ReadError {
     /// it: retriable, naming the range (ADR 0123).
     #[error(transparent)]
     NotHere(Blocked),
+    /// The primary of an active segment has nothing past its committed end,
+    /// which it has not yet settled with its copies since it reopened the
+    /// segment: records acknowledged before may lie past it (ADR 0139).
+    #[error(
+        "segment {segment}'s committed end is not yet settled with a quorum of its copies since this broker reopened it; retry"
+    )]
+    Unsettled { segment: SegmentId },
     /// Frames a holder sent for a sealed segment failed their check when
     /// read again (ADR 0118).
     #[error(transparent)]
@@ -165,6 +172,10 @@ impl ReadError {
                 reason,
             },
             ReadError::NotHere(blocked) => blocked.refusal(),
+            ReadError::Unsettled { segment } => ServeError::ReplicaQuorum {
+                segment,
+                reason: self.to_string(),
+            },
             ReadError::Remote(_) => ServeError::Redirect(crate::control::placement::Redirect {
                 code: malachi_wire::ErrorCode::NotLeader,
                 message: self.to_string(),
@@ -238,6 +249,10 @@ pub(crate) struct LocalCopies {
     /// The recorded seals of the sealed segments, for the verdict on a
     /// copy found damaged on read.
     seals: BTreeMap<SegmentId, SealRecord>,
+    /// Active segments this broker is the primary of whose committed end
+    /// is not yet settled (reopened, a quorum of copies not yet heard): a
+    /// read that finds nothing there cannot say the range ends there.
+    unsettled: std::collections::BTreeSet<SegmentId>,
 }
 
 /// What this broker holds of one segment.
@@ -273,7 +288,26 @@ impl LocalCopies {
                 .iter()
                 .filter_map(|segment| Some((segment.id, segment.seal()?)))
                 .collect(),
+            unsettled: Default::default(),
         }
+    }
+
+    /// Marks the active replicated segments this broker is the primary of
+    /// and whose committed end `settled` does not vouch for (ADR 0139).
+    pub(crate) fn with_unsettled(mut self, settled: impl Fn(SegmentId) -> bool) -> LocalCopies {
+        let me = self.me;
+        self.unsettled = self
+            .replicas
+            .iter()
+            .filter(|(id, replicas)| {
+                replicas.len() > 1
+                    && replicas.first() == me.as_ref()
+                    && !self.seals.contains_key(id)
+            })
+            .map(|(id, _)| *id)
+            .filter(|id| !settled(*id))
+            .collect();
+        self
     }
 
     /// Serves `chunk`'s records of its (sealed) segment from it: joined to
@@ -408,6 +442,25 @@ fn open_for_read(
 /// it holds no usable copy of is read from a run of its frames a holder
 /// sent (`LocalCopies::with_remote`), or else is [`ReadError::NotHere`].
 fn read_copy(
+    store: &dyn SegmentStore,
+    copies: &LocalCopies,
+    span: &SegmentSpan,
+    from: u64,
+    records_max: usize,
+    bytes_max: usize,
+    visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
+) -> Result<usize, ReadError> {
+    let taken = read_held_copy(store, copies, span, from, records_max, bytes_max, visit)?;
+    if taken == 0 && span.end_offset.is_none() && copies.unsettled.contains(&span.segment) {
+        return Err(ReadError::Unsettled {
+            segment: span.segment,
+        });
+    }
+    Ok(taken)
+}
+
+/// [`read_copy`] before the check of a reopened primary's committed end.
+fn read_held_copy(
     store: &dyn SegmentStore,
     copies: &LocalCopies,
     span: &SegmentSpan,
@@ -1401,6 +1454,21 @@ mod tests {
         let outcome = read(&plan(None), &replicated).unwrap();
         assert_eq!(outcome.records, 0);
         assert_eq!(outcome.positions, cursor, "the reader keeps its position");
+        // Regression (CI, cursor_key): this broker is the primary, and until
+        // a quorum of copies has answered since the reopen its committed end
+        // may be below acknowledged records: the read is the retriable
+        // `no_quorum`, never "nothing more" (ADR 0139).
+        let unsettled = replicated.clone().with_unsettled(|_| false);
+        match read(&plan(None), &unsettled) {
+            Err(ReadError::Unsettled { segment }) => assert_eq!(segment, SegmentId(7)),
+            other => panic!("expected an unsettled refusal, got {other:?}"),
+        }
+        let refusal = read(&plan(None), &unsettled)
+            .unwrap_err()
+            .refusal("t", 1 << 20, 0);
+        assert_eq!(refusal.code(), malachi_wire::ErrorCode::NoQuorum);
+        let settled = replicated.clone().with_unsettled(|_| true);
+        assert_eq!(read(&plan(None), &settled).unwrap().records, 0);
         // Sealed meanwhile, at the length the other copies hold: this copy
         // is short of it (its committed end clamps it), another serves it.
         match read(&plan(Some(100 + 6)), &replicated) {
