@@ -96,7 +96,7 @@ pub(crate) async fn fetch(
                 wait_for_records(shared, &mut durable, deadline, remote_active).await?;
                 continue;
             }
-            Err(e) => return Err(e.refusal(&topic, frame_max, control).into()),
+            Err(e) => return Err(e.refusal(&topic, frame_max, control)),
         };
         let (batch, positions, records, bytes) = (
             read.out.finish(),
