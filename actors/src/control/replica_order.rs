@@ -322,7 +322,7 @@ pub(crate) async fn serve_seal(shared: &Arc<Shared>, body: &[u8]) -> SealRespons
     }
 }
 
-/// Routes the order keys of the cluster port (`BrokerRpc::serve`).
+/// Routes the order keys of the cluster port (`cluster_port.rs`).
 pub(crate) async fn serve_order(
     shared: &Arc<Shared>,
     api_key: u16,

@@ -28,6 +28,7 @@ use malachi_storage::SegmentStore;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use super::cluster_port::PortCounts;
 use super::cursor_keys::CursorKeyState;
 use super::memory::ControlMemory;
 use super::metadata::MetadataPlane;
@@ -55,6 +56,8 @@ pub(crate) struct RaftEndpoint {
     /// still here (post_stop does not run after a failure) and is stopped
     /// before a new one serves the same listener.
     pub server: Mutex<Option<Arc<TransportServer>>>,
+    /// Requests the port served, by api key (`cluster_port.rs`).
+    pub port_counts: PortCounts,
 }
 
 /// Membership, the node fabric and the raft transport's endpoint: how this
