@@ -17,10 +17,9 @@
 //! A refusal is an [`RpcError`]; the transport maps it to its wire code
 //! (`RpcError::code`, the cluster port's one mapping, as
 //! `serve/error.rs` is the client port's). Each request served is counted
-//! by api key ([`PortCounts`]), so a test can tell which path an order
+//! by api key (`shared::PortCounts`), so a test can tell which path an order
 //! took.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -32,7 +31,6 @@ use malachi_wire::replica_order::{
 };
 use malachi_wire::replica_status::REPLICA_STATUS_API_KEY;
 use malachi_wire::replication::REPLICA_APPEND_API_KEY;
-use parking_lot::Mutex;
 
 use crate::control::shared::Shared;
 
@@ -59,25 +57,6 @@ pub(crate) fn route(api_key: u16) -> Route {
         CATCH_UP_API_KEY | SEAL_API_KEY | FENCE_API_KEY | DROP_COPIES_API_KEY => Route::Order,
         REPLICA_APPEND_API_KEY => Route::ReplicaAppend,
         _ => Route::Host,
-    }
-}
-
-/// Requests this broker's cluster port served, by api key: one entry per
-/// key ever served, so bounded by the keys the port knows.
-#[derive(Debug, Default)]
-pub(crate) struct PortCounts {
-    served: Mutex<BTreeMap<u16, u64>>,
-}
-
-impl PortCounts {
-    fn count(&self, api_key: u16) {
-        *self.served.lock().entry(api_key).or_default() += 1;
-    }
-
-    /// Requests with `api_key` served since the broker started.
-    #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn served(&self, api_key: u16) -> u64 {
-        self.served.lock().get(&api_key).copied().unwrap_or(0)
     }
 }
 
@@ -152,7 +131,7 @@ mod tests {
 
     #[test]
     fn counts_are_kept_per_key() {
-        let counts = PortCounts::default();
+        let counts = crate::control::shared::PortCounts::default();
         counts.count(105);
         counts.count(105);
         counts.count(100);
