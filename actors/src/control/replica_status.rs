@@ -31,6 +31,7 @@ use tracing::debug;
 use crate::control::replica_order::over_fabric;
 use crate::control::shared::{ClusterLinks, Shared};
 use crate::data::status::{copy_status, sealed_copy_health, sealed_health};
+use crate::data::storage::Storage;
 use crate::fabric::remote::RemoteError;
 
 /// How long a describe waits for one broker's replica-status answer. The
@@ -38,15 +39,15 @@ use crate::fabric::remote::RemoteError;
 pub(crate) const REPLICA_STATUS_TIMEOUT_MS: u64 = 1_500;
 
 /// Answers one replica-status request from this broker's store.
-pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+pub(crate) fn serve_replica_status(data: &Storage, body: &[u8]) -> Result<Vec<u8>, RpcError> {
     let request = ReplicaStatusRequest::decode(body).map_err(|e| RpcError::Decode {
         what: "replica_status_request",
         source: std::sync::Arc::new(e),
     })?;
     let answer = ReplicaStatusResponse {
-        copies: copy_status(&shared.data, &request.segments),
-        scrub: crate::data::scrub::verdicts(&shared.data, &request.scrub),
-        health: crate::data::status::sealed_health(&shared.data, &request.sealed),
+        copies: copy_status(data, &request.segments),
+        scrub: crate::data::scrub::verdicts(data, &request.scrub),
+        health: crate::data::status::sealed_health(data, &request.sealed),
     };
     answer
         .encode()
