@@ -541,6 +541,7 @@ impl Broker {
             transport: transport(cookie.clone()),
             replication: transport(cookie),
             server: parking_lot::Mutex::new(None),
+            port_counts: Default::default(),
         };
         let mut fabric = open_fabric(&config, client_addr, admin_addr, raft_addr, &plan)?;
         find_cluster(&mut config, &mut fabric, &mut plan).await?;
@@ -842,6 +843,16 @@ impl BrokerHandle {
             .await
             .map(|b| b.to_vec())
             .map_err(|e| e.to_string())
+    }
+
+    /// Test hook: requests with `api_key` this broker's cluster port
+    /// served since start (`control/cluster_port.rs`).
+    pub fn cluster_port_served(&self, api_key: u16) -> u64 {
+        self.shared
+            .links
+            .raft
+            .get()
+            .map_or(0, |raft| raft.port_counts.served(api_key))
     }
 
     /// Test hook: inbound node fabric connections authenticated, and dropped

@@ -22,7 +22,9 @@ use malachi_wire::messages::*;
 use malachi_wire::replica_order::{
     FenceRequest, FenceResponse, OrderEpoch, SEAL_API_KEY, SealRequest, SealResponse,
 };
-use malachi_wire::replica_status::{ReplicaStatusRequest, ReplicaStatusResponse};
+use malachi_wire::replica_status::{
+    REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse,
+};
 
 const TOPIC: &str = "orders";
 /// Seal orders timed per path.
@@ -215,6 +217,81 @@ async fn a_failover_fences_and_seals_over_the_node_fabric_and_repeats_are_harmle
     .await;
     eprintln!("seal order over the node fabric: {fabric}");
     eprintln!("seal order over the cluster port: {port}");
+
+    for broker in brokers.into_iter().flatten() {
+        broker.shutdown().await.unwrap();
+    }
+}
+
+/// A live `topic describe` asks the copies' brokers for replica status
+/// over the node fabric (ADR 0133), not on the cluster port: the port's
+/// key 105 serves nothing while describes run, and every copy answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_describe_asks_replica_status_over_the_node_fabric() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let brokers = start_stoppable(3, |node_id, seeds| config(root.path(), node_id, seeds)).await;
+    create_replicated_topic(brokers[0].as_ref().unwrap().client_addr(), TOPIC, 3).await;
+    let mut active = None;
+    assert!(
+        eventually(10_000, async || {
+            active = topic_segments(&brokers).await.into_iter().next();
+            active.is_some()
+        })
+        .await
+    );
+    let active = active.unwrap();
+    let primary = brokers[(active.replicas[0] - 1) as usize].as_ref().unwrap();
+    let mut client = TestClient::connect(primary.client_addr()).await;
+    let records: Vec<_> = (0..5).map(|i| record("k", &format!("v{i}"))).collect();
+    assert!(client.produce(TOPIC, &records).await.is_ok());
+    assert!(
+        eventually(20_000, async || fabric_meshed(&brokers).await).await,
+        "the node fabric never connected every pair"
+    );
+
+    let port_served = |brokers: &[Option<BrokerHandle>]| -> u64 {
+        brokers
+            .iter()
+            .flatten()
+            .map(|b| b.cluster_port_served(REPLICA_STATUS_API_KEY))
+            .sum()
+    };
+    let (by_port, by_fabric) = (port_served(&brokers), served(&brokers, "replica_status"));
+    const DESCRIBES: usize = 5;
+    for _ in 0..DESCRIBES {
+        let described = client
+            .call(&DescribeTopicRequest {
+                name: TOPIC.into(),
+                live: true,
+            })
+            .await
+            .unwrap()
+            .topic;
+        let segment = described
+            .ranges
+            .iter()
+            .flat_map(|r| &r.segments)
+            .find(|s| s.id == active.id)
+            .unwrap();
+        let statuses: Vec<&str> = segment.copies.iter().map(|c| c.status.as_str()).collect();
+        assert_eq!(statuses, ["live"; 3], "{segment:?}");
+        assert!(
+            segment.committed_end >= Some(records.len() as u64),
+            "{segment:?}"
+        );
+    }
+    // Each describe asked the two other holders; coordinators' probes
+    // may add more, over the fabric too.
+    assert!(
+        served(&brokers, "replica_status") >= by_fabric + 2 * DESCRIBES as u64,
+        "the describes' replica-status asks did not cross the fabric"
+    );
+    assert_eq!(
+        port_served(&brokers),
+        by_port,
+        "a replica-status ask went on the cluster port"
+    );
 
     for broker in brokers.into_iter().flatten() {
         broker.shutdown().await.unwrap();

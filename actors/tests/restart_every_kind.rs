@@ -8,7 +8,8 @@
 //! (`BrokerHandle::kill_actor`): the actor ends at once, abnormally, as a
 //! panic in its handler would end it. The kinds whose work runs in a loop
 //! of their own (the scrubber, the space poll, the orphan sweeper, the
-//! node fabric's dial loop) are crashed in that work instead
+//! node fabric's dial loop, the client port's accept loop, the admin
+//! port's server) are crashed in that work too
 //! (`BrokerHandle::fail_work`): a panic in a loop the actor does not watch
 //! is the failure the tree would not see, and these tests are how it is
 //! seen.
@@ -212,7 +213,10 @@ async fn crash_and_restart(name: &str, kind: Kind) {
     assert_eq!(before.status, ChildStatus::Running, "{name}: {before:?}");
     match kind.crash {
         Crash::Kill => victim.kill_actor(kind.path).await.unwrap(),
-        Crash::Work(worker) => victim.fail_work(worker),
+        Crash::Work(worker) => {
+            victim.fail_work(worker);
+            wake(victim, worker).await;
+        }
     }
     let restarted = eventually(RESTART_WAIT_MS, async || {
         child_at(victim, kind.path).await.is_some_and(|now| {
@@ -244,6 +248,18 @@ async fn crash_and_restart(name: &str, kind: Kind) {
     }
 }
 
+/// Wakes a loop that waits for a connection, so its armed fault trips:
+/// the accept loops (`acceptor`, `admin_http`) get one connection.
+async fn wake(victim: &BrokerHandle, worker: &str) {
+    let port = match worker {
+        "acceptor" => victim.client_addr(),
+        "admin_http" => victim.admin_addr(),
+        _ => return,
+    };
+    // The connection is dropped at once; the accept is what trips.
+    let _ = tokio::net::TcpStream::connect(port).await;
+}
+
 macro_rules! restart_tests {
     ($($test:ident: $path:expr, $crash:expr, $cluster:expr;)*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -268,5 +284,7 @@ restart_tests! {
     swim: &["membership", "swim"], Crash::Kill, true;
     node: &["membership", "node"], Crash::Work("node"), true;
     acceptor: &["listener", "acceptor"], Crash::Kill, false;
+    acceptor_loop: &["listener", "acceptor"], Crash::Work("acceptor"), false;
     admin_http: &["admin_http"], Crash::Kill, false;
+    admin_http_loop: &["admin_http"], Crash::Work("admin_http"), false;
 }

@@ -1,4 +1,6 @@
-//! `admin_http`: the admin port (axum). `/health` answers 200 while the
+//! `admin_http`: the admin port (axum), served by a task the actor watches
+//! (`common::watched`): if the server panics or ends on its own, the actor
+//! fails and its supervisor restarts it. `/health` answers 200 while the
 //! process serves HTTP at all; `/ready` answers 503 until the metadata plane
 //! is open, the coordinator runs and the client port accepts; `/metrics` is
 //! Prometheus text (with restart counts refreshed from a live tree snapshot);
@@ -50,6 +52,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
+use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 use crate::control::shared::Shared;
 
 /// The first retry of a failed accept (out of file descriptors, say) waits
@@ -66,13 +69,20 @@ pub(crate) struct AdminArgs {
 }
 
 #[derive(Debug)]
-pub(crate) enum AdminMsg {}
+pub(crate) enum AdminMsg {
+    /// The server's task ended: the actor fails on it.
+    TaskEnded(TaskEnded),
+}
 impl ractor::Message for AdminMsg {}
 
 pub(crate) struct AdminActor;
 
 pub(crate) struct AdminState {
+    /// Cancelled first when the state is dropped: the server stops taking
+    /// connections and lets those under way finish.
     _cancel: DropGuard,
+    /// The server; aborted when the state is dropped.
+    _serve: Watched,
 }
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -192,6 +202,10 @@ pub(crate) struct BoundedListener {
     read_timeout: Duration,
     refusals: RefusalLog,
     accept_failures: Backoff,
+    /// Test hook: the broker whose armed `admin_http` fault an accept
+    /// trips (`common::faults`).
+    #[cfg(feature = "testing")]
+    fault_key: Option<SocketAddr>,
 }
 
 impl BoundedListener {
@@ -216,6 +230,18 @@ impl BoundedListener {
             read_timeout,
             refusals: RefusalLog::new(REFUSAL_LOG_INTERVAL_MS),
             accept_failures: Backoff::new(ACCEPT_BACKOFF_MIN_MS, ACCEPT_BACKOFF_MAX_MS, seed),
+            #[cfg(feature = "testing")]
+            fault_key: None,
+        }
+    }
+
+    /// Test hook: each accept trips the `admin_http` fault armed for the
+    /// broker serving clients on `broker`.
+    #[cfg(feature = "testing")]
+    fn with_fault_key(self, broker: SocketAddr) -> BoundedListener {
+        BoundedListener {
+            fault_key: Some(broker),
+            ..self
         }
     }
 }
@@ -250,6 +276,10 @@ impl axum::serve::Listener for BoundedListener {
                 }
                 continue;
             };
+            #[cfg(feature = "testing")]
+            if let Some(broker) = self.fault_key {
+                crate::common::faults::trip(broker, "admin_http");
+            }
             let _ = stream.set_nodelay(true);
             return (DeadlineIo::new(stream, slot, self.read_timeout), peer);
         }
@@ -392,7 +422,7 @@ impl Actor for AdminActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<AdminMsg>,
+        myself: ActorRef<AdminMsg>,
         args: AdminArgs,
     ) -> Result<AdminState, ActorProcessingErr> {
         let socket = args.socket.try_clone()?;
@@ -402,20 +432,43 @@ impl Actor for AdminActor {
             args.shared.config.admin_connections_max,
             Duration::from_millis(args.shared.config.admin_read_timeout_ms),
         );
+        #[cfg(feature = "testing")]
+        let listener = listener.with_fault_key(args.shared.client_addr);
         let cancel = CancellationToken::new();
         let token = cancel.clone();
         let app = router(args.shared);
-        tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                warn!(error = %e, "admin http server stopped");
-            }
-        });
+        let serve = spawn_watched(
+            myself,
+            "admin_http_server",
+            async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(token.clone().cancelled_owned())
+                    .await;
+                if let Err(e) = served {
+                    warn!(error = %e, "admin http server stopped");
+                }
+                if token.is_cancelled() {
+                    // Stopped by this actor's stop: no failure.
+                    std::future::pending::<()>().await;
+                }
+            },
+            AdminMsg::TaskEnded,
+        );
         Ok(AdminState {
             _cancel: cancel.drop_guard(),
+            _serve: serve,
         })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<AdminMsg>,
+        msg: AdminMsg,
+        _state: &mut AdminState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AdminMsg::TaskEnded(ended) => Err(ended.into()),
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The control plane: the `metadata` subtree (rest_for_one).
 //!
 //! `vnodes.rs` (`metadata/vnodes`) opens this broker's vnode replicas and
-//! the metadata plane (`metadata.rs`) and serves the raft port; after it,
+//! the metadata plane (`metadata.rs`) and serves the raft port, whose
+//! requests `cluster_port.rs` routes to their handlers; after it,
 //! `manager.rs` (`coordinator_manager/manager`) runs one coordinator actor
 //! (`coordinator/`, a folder with a file per job) per vnode led here, each
 //! holding its vnode's lease (`lease.rs`) for its timed work. `requests.rs`
@@ -26,6 +27,7 @@
 //! never `serve`, `admin` or `broker`. It starts segment actors and gives
 //! each a `Roller` back to the coordinator, so `data` never names it.
 
+pub(crate) mod cluster_port;
 pub(crate) mod coordinator;
 pub(crate) mod cursor_keys;
 pub(crate) mod cursor_learner;

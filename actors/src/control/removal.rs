@@ -149,7 +149,7 @@ pub(crate) async fn remove_copies(
     for &id in segments {
         let segment = SegmentId(id);
         if shared.data.segments.lock().contains_key(&segment) {
-            super::segment_stop::stop_segment_actors(shared, &[segment]).await;
+            super::segment_stop::stop_segment_actors(&shared.data, &[segment]).await;
         }
         shared.data.replication.followed.lock().remove(&segment);
         shared.memory.settled.lock().remove(&segment);

@@ -36,6 +36,8 @@ use crate::control::metadata::read_owner;
 use crate::control::order_epoch::{store_order, wire_order};
 use crate::control::shared::Shared;
 use crate::data::lineage::HolderReads;
+use crate::fabric::node::Fabric;
+use crate::fabric::remote::RemoteError;
 
 /// How long one order waits for its answer (a fence waits for the copy's
 /// drain, an fsync at most).
@@ -322,7 +324,7 @@ pub(crate) async fn serve_seal(shared: &Arc<Shared>, body: &[u8]) -> SealRespons
     }
 }
 
-/// Routes the order keys of the cluster port (`BrokerRpc::serve`).
+/// Routes the order keys of the cluster port (`cluster_port.rs`).
 pub(crate) async fn serve_order(
     shared: &Arc<Shared>,
     api_key: u16,
@@ -416,12 +418,9 @@ impl OrderClient {
             .map_err(|e| e.to_string())
     }
 
-    /// Sends an order that travels over the node fabric there; `None`
-    /// when the fabric did not carry it (no proxy of the peer's order
-    /// server, or the call lost with its session) and the cluster port
-    /// should: the order is idempotent, so both carrying it is harmless
-    /// (ADR 0133). A peer membership calls live is waited for up to
-    /// [`ORDER_SESSION_WAIT_MS`]; another is not.
+    /// Sends an order that travels over the node fabric there, within
+    /// [`ORDER_TIMEOUT_MS`]; `None` when the fabric did not carry it and
+    /// the cluster port should ([`over_fabric`]).
     async fn over_fabric(
         &self,
         node: u64,
@@ -430,26 +429,9 @@ impl OrderClient {
     ) -> Option<Result<Bytes, String>> {
         let variant = variant_of(api_key)?;
         let fabric = self.shared.fabric()?;
-        let (to, live) = fabric.peer(node);
-        let session_wait = Duration::from_millis(if live { ORDER_SESSION_WAIT_MS } else { 0 });
         let timeout = Duration::from_millis(ORDER_TIMEOUT_MS);
-        let sent = fabric.calls.call(
-            ORDERS_BEHAVIOUR,
-            to,
-            variant,
-            body.to_vec(),
-            timeout,
-            session_wait,
-        );
-        match sent.await {
-            Ok(answer) => Some(Ok(Bytes::from(answer))),
-            Err(error) if error.is_unreachable() => {
-                fabric.calls.count_bypassed();
-                debug!(node, variant, %error, "order sent on the cluster port instead");
-                None
-            }
-            Err(error) => Some(Err(error.to_string())),
-        }
+        let sent = over_fabric(&fabric, node, variant, body.to_vec(), timeout).await?;
+        Some(sent.map(Bytes::from).map_err(|e| e.to_string()))
     }
 
     pub(crate) async fn fence(
@@ -590,6 +572,40 @@ impl OrderClient {
         let body = request.encode().map_err(|e| e.to_string())?;
         let answer = self.call(node, REPLICA_APPEND_API_KEY, body).await?;
         ReplicaAppendResponse::decode(&answer).map_err(|e| e.to_string())
+    }
+}
+
+/// Sends the fabric order `variant` (with its encoded `body`) to broker
+/// `node`'s order server over the node fabric, within `timeout`; `None`
+/// when the fabric did not carry it (no proxy of the peer's order server,
+/// or the call lost with its session) and the cluster port should: every
+/// fabric order is idempotent, so both carrying it is harmless (ADR 0133).
+/// A peer membership calls live is waited for up to
+/// [`ORDER_SESSION_WAIT_MS`] (within `timeout`); another is not.
+pub(crate) async fn over_fabric(
+    fabric: &Fabric,
+    node: u64,
+    variant: &'static str,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Option<Result<Vec<u8>, RemoteError>> {
+    debug_assert!(
+        api_key_of(variant).is_some(),
+        "{variant} is no fabric order"
+    );
+    let (to, live) = fabric.peer(node);
+    let session_wait = Duration::from_millis(if live { ORDER_SESSION_WAIT_MS } else { 0 });
+    let sent = fabric
+        .calls
+        .call(ORDERS_BEHAVIOUR, to, variant, body, timeout, session_wait);
+    match sent.await {
+        Ok(answer) => Some(Ok(answer)),
+        Err(error) if error.is_unreachable() => {
+            fabric.calls.count_bypassed();
+            debug!(node, variant, %error, "order sent on the cluster port instead");
+            None
+        }
+        Err(error) => Some(Err(error)),
     }
 }
 

@@ -1,7 +1,9 @@
 //! The live figures of `topic describe` (ADR 0098): each copy's durable end
 //! and each active segment's committed end, which no metadata holds.
 //!
-//! Both halves of replica-status (api key 105) on the cluster port:
+//! Both halves of replica-status, asked over the node fabric (the
+//! `replica_status` order, ADR 0133) and on the cluster port (api key 105)
+//! when the fabric has no session to the broker asked ([`ask_status`]):
 //! [`serve_replica_status`] answers for the copies this broker holds (from
 //! the data plane, `data::status`), and [`add_live_figures`], run by the
 //! broker answering a describe that asks for them (`live`, as `malachi
@@ -14,6 +16,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use malachi_cluster::group::{RpcError, TransportError};
 use malachi_wire::messages as wire;
@@ -23,23 +28,26 @@ use malachi_wire::replica_status::{
 };
 use tracing::debug;
 
-use crate::control::shared::{RaftEndpoint, Shared};
+use crate::control::replica_order::over_fabric;
+use crate::control::shared::{ClusterLinks, Shared};
 use crate::data::status::{copy_status, sealed_copy_health, sealed_health};
+use crate::data::storage::Storage;
+use crate::fabric::remote::RemoteError;
 
 /// How long a describe waits for one broker's replica-status answer. The
 /// brokers are asked at once, so this bounds the describe's extra time.
 pub(crate) const REPLICA_STATUS_TIMEOUT_MS: u64 = 1_500;
 
 /// Answers one replica-status request from this broker's store.
-pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+pub(crate) fn serve_replica_status(data: &Storage, body: &[u8]) -> Result<Vec<u8>, RpcError> {
     let request = ReplicaStatusRequest::decode(body).map_err(|e| RpcError::Decode {
         what: "replica_status_request",
         source: std::sync::Arc::new(e),
     })?;
     let answer = ReplicaStatusResponse {
-        copies: copy_status(&shared.data, &request.segments),
-        scrub: crate::data::scrub::verdicts(&shared.data, &request.scrub),
-        health: crate::data::status::sealed_health(&shared.data, &request.sealed),
+        copies: copy_status(data, &request.segments),
+        scrub: crate::data::scrub::verdicts(data, &request.scrub),
+        health: crate::data::status::sealed_health(data, &request.sealed),
     };
     answer
         .encode()
@@ -159,14 +167,13 @@ async fn ask_health(
     if node == shared.config.node_id {
         return Some(by_segment(sealed_health(&shared.data, &seals)));
     }
-    let raft = shared.links.raft.get()?;
     let mut found = HashMap::new();
     for chunk in seals.chunks(REPLICA_STATUS_SEGMENTS_MAX) {
         let request = ReplicaStatusRequest {
             sealed: chunk.to_vec(),
             ..ReplicaStatusRequest::default()
         };
-        let response = call(raft, node, &request).await.ok()?;
+        let response = call(&shared.links, node, &request).await.ok()?;
         found.extend(by_segment(response.health));
     }
     Some(found)
@@ -258,17 +265,13 @@ async fn ask(shared: &Arc<Shared>, node: u64, segments: Vec<u64>) -> Asked {
     if node == shared.config.node_id {
         return Asked::Answered(by_segment(copy_status(&shared.data, &segments)));
     }
-    let Some(raft) = shared.links.raft.get() else {
-        // A lone broker reaches no other.
-        return Asked::Unreachable;
-    };
     let chunks = segments.chunks(REPLICA_STATUS_SEGMENTS_MAX).map(|chunk| {
         let request = ReplicaStatusRequest {
             segments: chunk.to_vec(),
             ..ReplicaStatusRequest::default()
         };
         async move {
-            call(raft, node, &request)
+            call(&shared.links, node, &request)
                 .await
                 .map(|response| by_segment(response.copies))
         }
@@ -286,37 +289,136 @@ async fn ask(shared: &Arc<Shared>, node: u64, segments: Vec<u64>) -> Asked {
 /// One replica-status round trip to broker `node`, bounded by
 /// `REPLICA_STATUS_TIMEOUT_MS`: an error is what the asking came to.
 async fn call(
-    raft: &RaftEndpoint,
+    links: &ClusterLinks,
     node: u64,
     request: &ReplicaStatusRequest,
 ) -> Result<ReplicaStatusResponse, Asked> {
-    let body = request.encode().map_err(|e| {
-        debug!(node, error = %e, "cannot encode a replica-status request");
-        Asked::Unknown
-    })?;
-    let answer = raft
-        .transport
-        .call_raw(
-            node,
-            REPLICA_STATUS_API_KEY,
-            0,
-            &body,
-            REPLICA_STATUS_TIMEOUT_MS,
-        )
+    ask_status(links, node, request, REPLICA_STATUS_TIMEOUT_MS, Lane::Raft)
         .await
         .map_err(|e| {
             debug!(node, error = %e, "replica-status unanswered");
             match e {
-                TransportError::Remote { .. } => Asked::Unknown,
-                TransportError::Unreachable { .. } | TransportError::Network { .. } => {
-                    Asked::Unreachable
+                StatusError::Unreachable { .. } => Asked::Unreachable,
+                StatusError::Encode { .. } | StatusError::Unanswered { .. } => Asked::Unknown,
+            }
+        })
+}
+
+/// The cluster port's connections a replica-status ask falls back to:
+/// raft's (a describe), or the replication ones (a read, which must not
+/// queue behind raft's heartbeats nor they behind it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Raft,
+    Replication,
+}
+
+/// Why broker `node` gave no replica-status answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StatusError {
+    #[error("cannot encode a replica-status request: {reason}")]
+    Encode { reason: String },
+    /// Not reached, or no answer within the deadline.
+    #[error("broker {node} is unreachable: {reason}")]
+    Unreachable { node: u64, reason: String },
+    /// It answered, but not with replica-status figures (a refusal, an
+    /// undecodable answer).
+    #[error("broker {node} answered no replica status: {reason}")]
+    Unanswered { node: u64, reason: String },
+}
+
+/// Asks broker `node` for replica status within `timeout_ms`: over the
+/// node fabric (ADR 0133), and on the cluster port's `lane` when the
+/// fabric has no session to it or lost the call, within what is left of
+/// the deadline. Replica status only reads, so an ask carried twice is
+/// harmless.
+pub(crate) async fn ask_status(
+    links: &ClusterLinks,
+    node: u64,
+    request: &ReplicaStatusRequest,
+    timeout_ms: u64,
+    lane: Lane,
+) -> Result<ReplicaStatusResponse, StatusError> {
+    let body = request.encode().map_err(|e| StatusError::Encode {
+        reason: e.to_string(),
+    })?;
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    let fabric = links.fabric.get();
+    let carried = match fabric {
+        Some(fabric) => {
+            let timeout = Duration::from_millis(timeout_ms);
+            over_fabric(fabric, node, REPLICA_STATUS_VARIANT, body.to_vec(), timeout).await
+        }
+        None => None,
+    };
+    let answer = match carried {
+        Some(Ok(answer)) => Bytes::from(answer),
+        Some(Err(error)) => return Err(fabric_error(node, &error)),
+        None => on_port(links, node, &body, deadline, lane).await?,
+    };
+    ReplicaStatusResponse::decode(&answer).map_err(|e| StatusError::Unanswered {
+        node,
+        reason: e.to_string(),
+    })
+}
+
+/// The name replica-status travels under on the node fabric.
+const REPLICA_STATUS_VARIANT: &str = "replica_status";
+
+/// What a fabric call's failure says of the peer.
+fn fabric_error(node: u64, error: &RemoteError) -> StatusError {
+    match error {
+        RemoteError::Refused { .. } | RemoteError::TooLarge { .. } => StatusError::Unanswered {
+            node,
+            reason: error.to_string(),
+        },
+        RemoteError::Timeout { .. }
+        | RemoteError::InflightFull { .. }
+        | RemoteError::NoSession { .. }
+        | RemoteError::Lost { .. } => StatusError::Unreachable {
+            node,
+            reason: error.to_string(),
+        },
+    }
+}
+
+/// The cluster port's half of [`ask_status`], until `deadline`.
+async fn on_port(
+    links: &ClusterLinks,
+    node: u64,
+    body: &[u8],
+    deadline: Instant,
+    lane: Lane,
+) -> Result<Bytes, StatusError> {
+    let Some(raft) = links.raft.get() else {
+        // A lone broker reaches no other.
+        return Err(StatusError::Unreachable {
+            node,
+            reason: "this broker has no cluster port".into(),
+        });
+    };
+    let transport = match lane {
+        Lane::Raft => &raft.transport,
+        Lane::Replication => &raft.replication,
+    };
+    let left_ms = deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis() as u64;
+    transport
+        .call_raw(node, REPLICA_STATUS_API_KEY, 0, body, left_ms.max(1))
+        .await
+        .map_err(|e| match e {
+            TransportError::Remote { .. } => StatusError::Unanswered {
+                node,
+                reason: e.to_string(),
+            },
+            TransportError::Unreachable { .. } | TransportError::Network { .. } => {
+                StatusError::Unreachable {
+                    node,
+                    reason: e.to_string(),
                 }
             }
-        })?;
-    ReplicaStatusResponse::decode(&answer).map_err(|e| {
-        debug!(node, error = %e, "undecodable replica-status answer");
-        Asked::Unknown
-    })
+        })
 }
 
 fn by_segment(copies: Vec<CopyStatus>) -> HashMap<u64, CopyStatus> {

@@ -9,7 +9,7 @@ use malachi_core::model::{RangeId, SegmentId};
 use malachi_storage::SegmentStore;
 use tracing::{debug, info, warn};
 
-use super::shared::Shared;
+use crate::data::storage::Storage;
 
 /// The segment actor's name in the storage supervisor: stable and readable.
 pub(crate) fn segment_name(topic: &str, range: RangeId, segment: SegmentId) -> String {
@@ -41,11 +41,11 @@ pub(crate) async fn close_copy(store: &Arc<dyn SegmentStore>, segment: SegmentId
 /// Stops the writers of `segments` (of deleted segments: found by their
 /// id suffix, since the name's range is no longer in the metadata) and
 /// closes their copies.
-pub(crate) async fn stop_segment_actors(shared: &Arc<Shared>, segments: &[SegmentId]) {
+pub(crate) async fn stop_segment_actors(data: &Storage, segments: &[SegmentId]) {
     if segments.is_empty() {
         return;
     }
-    let storage = shared.data.supervisor.read().clone();
+    let storage = data.supervisor.read().clone();
     if let Some(storage) = storage
         && let Ok(snapshot) = storage.snapshot().await
     {
@@ -60,7 +60,7 @@ pub(crate) async fn stop_segment_actors(shared: &Arc<Shared>, segments: &[Segmen
         }
     }
     for &segment in segments {
-        shared.data.segments.lock().remove(&segment);
-        close_copy(&shared.store, segment).await;
+        data.segments.lock().remove(&segment);
+        close_copy(&data.store, segment).await;
     }
 }

@@ -18,6 +18,7 @@
 //! [`Storage`] and a [`Roller`](crate::data::segment::Roller), the
 //! membership actors get the [`Fabric`] and the root's supervisor slot.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -55,6 +56,27 @@ pub(crate) struct RaftEndpoint {
     /// still here (post_stop does not run after a failure) and is stopped
     /// before a new one serves the same listener.
     pub server: Mutex<Option<Arc<TransportServer>>>,
+    /// Requests the port served, by api key (`cluster_port.rs`).
+    pub port_counts: PortCounts,
+}
+
+/// Requests this broker's cluster port served, by api key: one entry per
+/// key ever served, so bounded by the keys the port knows.
+#[derive(Debug, Default)]
+pub(crate) struct PortCounts {
+    served: Mutex<BTreeMap<u16, u64>>,
+}
+
+impl PortCounts {
+    pub(crate) fn count(&self, api_key: u16) {
+        *self.served.lock().entry(api_key).or_default() += 1;
+    }
+
+    /// Requests with `api_key` served since the broker started.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn served(&self, api_key: u16) -> u64 {
+        self.served.lock().get(&api_key).copied().unwrap_or(0)
+    }
 }
 
 /// Membership, the node fabric and the raft transport's endpoint: how this

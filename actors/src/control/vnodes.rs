@@ -2,7 +2,8 @@
 //!
 //! In `pre_start` it opens a `VnodeHost` (the replica of every vnode whose
 //! voters include this broker, each an openraft group under
-//! `data_dir/metadata/vnode-<id>`), serves the raft port with it, keeps the
+//! `data_dir/metadata/vnode-<id>`), serves the raft port with it (what
+//! each request goes to is `cluster_port.rs`'s job), keeps the
 //! transport's peer addresses current from membership, fetches a newer ring
 //! when a peer gossips one (`observe_ring_version`), and publishes the
 //! plane to the broker's shared state, so the coordinator manager, started
@@ -17,18 +18,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use malachi_cluster::group::{RpcError, RpcService, TransportServer};
-use malachi_cluster::vnodes::broker_api::FORWARD_LIST_API_KEY;
+use malachi_cluster::group::{RpcService, TransportServer};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use malachi_membership::MembershipView;
-use malachi_wire::replica_status::REPLICA_STATUS_API_KEY;
-use malachi_wire::replication::REPLICA_APPEND_API_KEY;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, info, warn};
 
 use crate::common::config::MetadataBackend;
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
+use crate::control::cluster_port::ClusterPort;
 use crate::control::metadata::{FilePlane, MetadataPlane, VnodePlane};
 use crate::control::shared::Shared;
 
@@ -52,45 +50,6 @@ pub(crate) struct VnodesState {
     /// Learns the cluster's cursor keys (ADR 0096); parks once they are
     /// known, so only a panic reports an end.
     _keys: Watched,
-}
-
-/// What the raft port serves: the host's raft and forwarding keys, plus
-/// the forwarded topic list (key 212), which `VnodeHost` serves through its
-/// broker api, replica-appends (key 100) for this broker's follower
-/// copies (ADR 0095), and replica-status (key 105) for `topic describe`
-/// (ADR 0098).
-#[derive(Debug)]
-struct BrokerRpc {
-    host: Arc<VnodeHost>,
-    shared: Arc<Shared>,
-}
-
-#[async_trait::async_trait]
-impl RpcService for BrokerRpc {
-    async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
-        if api_key == FORWARD_LIST_API_KEY {
-            return self.host.serve_list(group_id).await;
-        }
-        if api_key == REPLICA_STATUS_API_KEY {
-            return super::replica_status::serve_replica_status(&self.shared, &body);
-        }
-        if let Some(answer) =
-            super::replica_order::serve_order(&self.shared, api_key, body.clone()).await
-        {
-            return answer;
-        }
-        if api_key == REPLICA_APPEND_API_KEY {
-            let answer = super::replica::serve_replica_append(&self.shared, body).await;
-            return answer
-                .encode()
-                .map(|b| b.to_vec())
-                .map_err(|e| RpcError::Encode {
-                    what: "replica_append_response",
-                    source: std::sync::Arc::new(e),
-                });
-        }
-        self.host.serve(api_key, group_id, body).await
-    }
 }
 
 /// How long a lone broker's start waits for its cursor keys before it
@@ -283,10 +242,8 @@ impl Actor for VnodesActor {
                 let listener = raft.listener.try_clone()?;
                 listener.set_nonblocking(true)?;
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                let service: Arc<dyn RpcService> = Arc::new(BrokerRpc {
-                    host: Arc::clone(&host),
-                    shared: Arc::clone(&shared),
-                });
+                let service: Arc<dyn RpcService> =
+                    Arc::new(ClusterPort::new(Arc::clone(&host), Arc::clone(&shared)));
                 let server = Arc::new(TransportServer::start(
                     listener,
                     service,

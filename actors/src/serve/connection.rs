@@ -514,7 +514,7 @@ impl Conn {
                 ReadOutcome::Invalid(e) => {
                     // The stream cannot be framed any more: answer once, then close.
                     let frame = error_frame(0, e.error_code(), e.to_string());
-                    let slot = Some(Inflight::new(&shared, permit, used));
+                    let slot = Some(Inflight::new(&shared.port, permit, used));
                     self.send(Outbound { frame, _slot: slot }).await;
                     Flow::Stop
                 }
@@ -555,7 +555,7 @@ impl Conn {
             _ = shared.port.draining.cancelled() => return Flow::Stop,
             held = self.budget.response(&shared.port.budgets, estimate) => held,
         };
-        let mut slot = Inflight::new(&shared, permit, used);
+        let mut slot = Inflight::new(&shared.port, permit, used);
         slot.budget = Some(response_held);
         if let Some(frame) = self.negotiate(&request) {
             drop(request_held);

@@ -163,7 +163,7 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
         Request::DeletePolicy(req) => policies::delete_policy(shared, req)
             .await
             .map(Response::DeletePolicy),
-        Request::Features(req) => features::features(shared, req)
+        Request::Features(req) => features::features(&shared.actors, shared.config.node_id, req)
             .await
             .map(Response::Features),
         Request::Subscribe(_) | Request::SubscribeCredit(_) => {

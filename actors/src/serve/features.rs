@@ -3,20 +3,21 @@
 //! feature's state, read from the ring's group; `activate` and `finalize`
 //! change them first. Any broker answers.
 
-use std::sync::Arc;
-
 use malachi_core::model::FeatureTable;
 use malachi_wire::messages as wire;
 
 use super::error::ServeError;
 use super::reply::Failure;
-use crate::control::shared::Shared;
+use crate::control::registry::ActorRegistry;
 
+/// Answers a `features` request through this broker's metadata plane
+/// (`actors`); `node_id` is this broker's, for the advertisement it shows.
 pub(crate) async fn features(
-    shared: &Arc<Shared>,
+    actors: &ActorRegistry,
+    node_id: u64,
     request: wire::FeaturesRequest,
 ) -> Result<wire::FeaturesResponse, Failure> {
-    let plane = shared.plane().map_err(ServeError::Metadata)?;
+    let plane = actors.plane().map_err(ServeError::Metadata)?;
     let Some(host) = plane.host().cloned() else {
         return Err(ServeError::SingleVnode);
     };
@@ -31,11 +32,7 @@ pub(crate) async fn features(
             .map_err(ServeError::FeatureRefused)?;
     }
     let table = host.feature_table().await.map_err(ServeError::from)?;
-    Ok(to_wire(
-        shared.config.node_id,
-        &table,
-        &host.decommissioned(),
-    ))
+    Ok(to_wire(node_id, &table, &host.decommissioned()))
 }
 
 fn to_wire(

@@ -1,5 +1,9 @@
 //! `listener/acceptor`: accepts client connections and starts one temporary
 //! `connection/<peer>` actor per socket under the `listener` supervisor.
+//! The accept loop is a task the acceptor watches (`common::watched`): if
+//! it panics or ends, the acceptor fails and its supervisor restarts it,
+//! loop and all (it ends on its own only once the broker drains, and then
+//! parks).
 //!
 //! The socket is bound once by `Broker::start` (so its address is known
 //! before the tree starts and survives an acceptor restart); each acceptor
@@ -19,9 +23,9 @@ use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
+use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 use crate::control::shared::Shared;
 use crate::serve::connection::{ConnectionActor, ConnectionArgs};
 
@@ -33,6 +37,8 @@ pub(crate) struct AcceptorArgs {
 
 #[derive(Debug)]
 pub(crate) enum AcceptorMsg {
+    /// The accept loop ended: the acceptor fails on it.
+    TaskEnded(TaskEnded),
     #[cfg(feature = "testing")]
     Poison,
 }
@@ -42,7 +48,9 @@ pub(crate) struct AcceptorActor;
 
 pub(crate) struct AcceptorState {
     shared: Arc<Shared>,
-    _cancel: DropGuard,
+    /// The accept loop; aborted (its listener clone closed) when the
+    /// state is dropped, after a stop or a failure alike.
+    _accept: Watched,
 }
 
 #[ractor::async_trait]
@@ -53,20 +61,28 @@ impl Actor for AcceptorActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<AcceptorMsg>,
+        myself: ActorRef<AcceptorMsg>,
         args: AcceptorArgs,
     ) -> Result<AcceptorState, ActorProcessingErr> {
         let socket = args.socket.try_clone()?;
         socket.set_nonblocking(true)?;
         let listener = TcpListener::from_std(socket)?;
-        let cancel = CancellationToken::new();
-        let token = cancel.clone();
         let shared = Arc::clone(&args.shared);
-        tokio::spawn(accept_loop(shared, listener, token));
+        let accept = spawn_watched(
+            myself,
+            "accept_loop",
+            async move {
+                accept_loop(shared, listener).await;
+                // It returns once the broker drains: no failure, and the
+                // tree's stop follows.
+                std::future::pending::<()>().await;
+            },
+            AcceptorMsg::TaskEnded,
+        );
         args.shared.port.accepting.store(true, Ordering::SeqCst);
         Ok(AcceptorState {
             shared: args.shared,
-            _cancel: cancel.drop_guard(),
+            _accept: accept,
         })
     }
 
@@ -77,6 +93,7 @@ impl Actor for AcceptorActor {
         _state: &mut AcceptorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            AcceptorMsg::TaskEnded(ended) => Err(ended.into()),
             #[cfg(feature = "testing")]
             AcceptorMsg::Poison => Err("acceptor poisoned by a test".into()),
         }
@@ -122,7 +139,8 @@ impl Refusals {
     }
 }
 
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, cancel: CancellationToken) {
+/// Accepts clients until the broker drains.
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     let busy = busy_frame();
     let mut refusals = Refusals {
         since_log: 0,
@@ -130,7 +148,6 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, cancel: Cancell
     };
     loop {
         let accepted = tokio::select! {
-            _ = cancel.cancelled() => return,
             _ = shared.port.draining.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
@@ -143,6 +160,8 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, cancel: Cancell
                 continue;
             }
         };
+        #[cfg(feature = "testing")]
+        crate::common::faults::trip(shared.client_addr, "acceptor");
         if shared.port.connections.load(Ordering::SeqCst) >= shared.config.connections_max {
             refuse(&stream, &busy);
             shared.metrics.connections_refused.increment(1);

@@ -511,52 +511,41 @@ async fn fetch_chunk(
 /// retriable refusal: a tail taken as 0 would read the segment from its
 /// start.
 pub(crate) async fn readable_end(shared: &Shared, tail: &TailElsewhere) -> Result<u64, ServeError> {
-    use malachi_wire::replica_status::{
-        REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse,
-    };
+    use crate::control::replica_status::{Lane, ask_status};
+    use malachi_wire::replica_status::ReplicaStatusRequest;
     let me = shared.config.node_id;
     let request = ReplicaStatusRequest {
         segments: vec![tail.segment.0],
         ..ReplicaStatusRequest::default()
     };
-    let body = request.encode().map_err(|e| ServeError::Internal {
-        what: "encode a replica status request",
-        reason: e.to_string(),
-    })?;
-    if let Some(raft) = shared.links.raft.get() {
-        let holders = tail
-            .holders
-            .iter()
-            .copied()
-            .filter(|&h| h != me && !is_dead(shared, NodeId(h)))
-            .take(REMOTE_HOLDERS_TRIED_MAX);
-        for holder in holders {
-            let answer = raft
-                .replication
-                .call_raw(
-                    holder,
-                    REPLICA_STATUS_API_KEY,
-                    0,
-                    &body,
-                    REMOTE_READ_TIMEOUT_MS,
-                )
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|bytes| ReplicaStatusResponse::decode(&bytes).map_err(|e| e.to_string()));
-            let end = match answer {
-                Ok(answer) => answer
-                    .copies
-                    .into_iter()
-                    .find(|c| c.segment == tail.segment.0)
-                    .and_then(|c| c.committed_end),
-                Err(error) => {
-                    debug!(segment = tail.segment.0, holder, %error, "a holder did not say its readable end");
-                    None
-                }
-            };
-            if let Some(end) = end {
-                return Ok(end);
+    let holders = tail
+        .holders
+        .iter()
+        .copied()
+        .filter(|&h| h != me && !is_dead(shared, NodeId(h)))
+        .take(REMOTE_HOLDERS_TRIED_MAX);
+    for holder in holders {
+        let answer = ask_status(
+            &shared.links,
+            holder,
+            &request,
+            REMOTE_READ_TIMEOUT_MS,
+            Lane::Replication,
+        )
+        .await;
+        let end = match answer {
+            Ok(answer) => answer
+                .copies
+                .into_iter()
+                .find(|c| c.segment == tail.segment.0)
+                .and_then(|c| c.committed_end),
+            Err(error) => {
+                debug!(segment = tail.segment.0, holder, %error, "a holder did not say its readable end");
+                None
             }
+        };
+        if let Some(end) = end {
+            return Ok(end);
         }
     }
     let blocked = Blocked {

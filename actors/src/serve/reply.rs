@@ -14,8 +14,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::error;
 
 use super::error::{ServeError, error_body};
+use crate::common::client_port::ClientPortState;
 use crate::control::placement::Redirect;
-use crate::control::shared::Shared;
 
 /// A handler's refusal.
 pub(crate) type Failure = ServeError;
@@ -23,20 +23,22 @@ pub(crate) type Failure = ServeError;
 /// One request's slot: a connection permit, counted broker-wide, and the
 /// response budget its answer holds until written (`common::budget`).
 pub(crate) struct Inflight {
-    shared: Arc<Shared>,
+    port: Arc<ClientPortState>,
     _permit: OwnedSemaphorePermit,
     pub(crate) budget: Option<crate::common::budget::Held>,
 }
 
 impl Inflight {
-    pub(crate) fn new(shared: &Arc<Shared>, permit: OwnedSemaphorePermit, used: usize) -> Inflight {
-        shared.port.requests_inflight.fetch_add(1, Ordering::SeqCst);
-        shared
-            .port
-            .connection_inflight_peak
+    pub(crate) fn new(
+        port: &Arc<ClientPortState>,
+        permit: OwnedSemaphorePermit,
+        used: usize,
+    ) -> Inflight {
+        port.requests_inflight.fetch_add(1, Ordering::SeqCst);
+        port.connection_inflight_peak
             .fetch_max(used, Ordering::SeqCst);
         Inflight {
-            shared: Arc::clone(shared),
+            port: Arc::clone(port),
             _permit: permit,
             budget: None,
         }
@@ -45,10 +47,7 @@ impl Inflight {
 
 impl Drop for Inflight {
     fn drop(&mut self) {
-        self.shared
-            .port
-            .requests_inflight
-            .fetch_sub(1, Ordering::SeqCst);
+        self.port.requests_inflight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

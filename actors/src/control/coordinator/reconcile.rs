@@ -76,7 +76,7 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
         .collect();
     // The copy stays on disk (a drop order or the orphan sweep removes
     // it, ADR 0115); only the actor and its open handle are released.
-    stop_segment_actors(shared, &orphans).await;
+    stop_segment_actors(&shared.data, &orphans).await;
     // A refused writer that stopped (settled above, an orphan, or gone on
     // its own) is no longer waiting; a restarted one reports again.
     if !here.refused.is_empty() {
