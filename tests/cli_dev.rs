@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{bin, err, malachi, out};
+use malachi_testkit::wait::{Wait, wait_until_blocking};
 
 const BANNER_TIMEOUT: Duration = Duration::from_secs(60);
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -63,19 +64,19 @@ fn dev_starts_three_brokers_with_a_quiet_terminal_and_serves_a_topic() {
     // What the banner suggests works, through another broker than the
     // one the topic is created on.
     let broker = "127.0.0.1:4040";
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        let created = malachi(broker, &["topic", "create", "demo"], "");
-        if created.status.success() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "topic create kept failing: {}",
-            err(&created)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_blocking(
+        "topic create through dev's second broker",
+        READY_TIMEOUT,
+        Duration::from_millis(200),
+        || {
+            let created = malachi(broker, &["topic", "create", "demo"], "");
+            if created.status.success() {
+                Ok(())
+            } else {
+                Err(err(&created))
+            }
+        },
+    );
     let produced = malachi(
         "127.0.0.1:4041",
         &["produce", "demo"],
@@ -116,16 +117,18 @@ fn dev_starts_three_brokers_with_a_quiet_terminal_and_serves_a_topic() {
     let _ = Command::new("kill")
         .args(["-INT", &dev.id().to_string()])
         .status();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = dev.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
+    let status = Wait::new(
+        "dev to stop on SIGINT",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+    )
+    .try_until_blocking(|| dev.try_wait().unwrap());
+    let status = match status {
+        Ok(status) => status,
+        Err(timed_out) => {
             let _ = dev.kill();
-            panic!("dev did not stop on SIGINT");
+            panic!("{timed_out}");
         }
-        std::thread::sleep(Duration::from_millis(100));
     };
     assert!(status.success(), "dev exited with {status}");
     // The child is gone, so its stdout ends and the reader's channel closes.

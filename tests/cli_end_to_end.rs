@@ -9,6 +9,7 @@
 use malachi_testkit::process as common;
 
 use common::{BrokerProcess, err, malachi, ok, one_line_failure, out};
+use malachi_testkit::wait::wait_until_blocking;
 use serde_json::Value;
 
 /// A broker of its own for each test, stopped when the test ends (a
@@ -423,7 +424,7 @@ fn split_then_merge_changes_the_ranges_describe_shows_and_keeps_every_record() {
 fn produce_sends_a_line_as_soon_as_it_is_typed_not_only_at_the_end_of_stdin() {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let running = start();
     let b = running.addr();
@@ -438,22 +439,23 @@ fn produce_sends_a_line_as_soon_as_it_is_typed_not_only_at_the_end_of_stdin() {
     let mut stdin = producer.stdin.take().unwrap();
     stdin.write_all(b"k\ttyped\n").unwrap();
     stdin.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen = out(&ok(malachi(
-            b,
-            &["consume", "e2e-typed", "--from-start"],
-            "",
-        )));
-        if seen == "k\ttyped\n" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the typed line was not sent while stdin stayed open"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_blocking(
+        "the typed line sent while stdin stays open",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            let seen = out(&ok(malachi(
+                b,
+                &["consume", "e2e-typed", "--from-start"],
+                "",
+            )));
+            if seen == "k\ttyped\n" {
+                Ok(())
+            } else {
+                Err(seen)
+            }
+        },
+    );
     drop(stdin);
     let output = producer.wait_with_output().unwrap();
     assert!(output.status.success(), "{}", err(&output));

@@ -455,8 +455,12 @@ fn a_fourth_broker_joins_under_metadata_traffic_and_a_decommissioned_one_leaves(
 
     // Its segment copies moved (ADR 0112): the topic produced to through
     // broker 4 names broker 1 in no segment, and reads back whole.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    Wait::new(
+        "before-1 to name broker 1 in no segment",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+    )
+    .until_blocking(|| {
         let described: Value = serde_json::from_str(&out(&ok(malachi(
             &nodes[1].client,
             &["topic", "describe", "before-1", "--json"],
@@ -475,15 +479,12 @@ fn a_fourth_broker_joins_under_metadata_traffic_and_a_decommissioned_one_leaves(
                     .iter()
                     .any(|n| n.as_u64() == Some(1))
             });
-        if !names_one {
-            break;
+        if names_one {
+            Err(described.to_string())
+        } else {
+            Ok(())
         }
-        assert!(
-            Instant::now() < deadline,
-            "before-1 still names broker 1: {described}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    });
     let consumed = out(&ok(malachi(
         &nodes[2].client,
         &["consume", "before-1", "--from-start"],
@@ -523,21 +524,22 @@ fn a_stopped_broker_is_suspected_then_declared_dead_and_is_alive_again_after_sig
     let stopped_at = Instant::now();
     nodes[2].signal(libc::SIGSTOP);
     let mut seen_suspect = None;
-    let dead_at = loop {
+    let dead_at = Wait::new(
+        "node 3 declared dead",
+        CONVERGE.saturating_sub(stopped_at.elapsed()),
+        Duration::from_millis(50),
+    )
+    .until_blocking(|| {
         let statuses = status(&nodes[0]);
         match state_of(&statuses, 3).as_deref() {
             Some("suspect") => {
                 seen_suspect.get_or_insert_with(Instant::now);
+                Err(format!("{statuses:?}"))
             }
-            Some("dead") => break Instant::now(),
-            _ => {}
+            Some("dead") => Ok(Instant::now()),
+            _ => Err(format!("{statuses:?}")),
         }
-        assert!(
-            stopped_at.elapsed() < CONVERGE,
-            "node 3 never declared dead: {statuses:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    });
     let suspect_at = seen_suspect.expect("node 3 was suspected before it was declared dead");
     // Dead comes no sooner than the configured suspect timeout after
     // suspicion began (it began at or before we first saw it).

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{BrokerProcess, err, malachi, ok, out};
+use malachi_testkit::wait::wait_until_blocking;
 
 /// The segments of `topic` as `topic describe --json` gives them:
 /// (range, segment id, state).
@@ -262,17 +263,18 @@ fn one_broker_a_deleted_sealed_segment_is_reported_not_read_short() {
     assert!(metrics.contains("malachi_copies_lost 1"), "{metrics}");
     // The scrubber, asked by the coordinator at its first upkeep, finds the
     // copy missing too: the copy health metric counts it (issue 19).
-    let mut metrics = String::new();
-    for _ in 0..60 {
-        metrics = admin_get(&broker, "/metrics").1;
-        if metrics.contains("malachi_copies{health=\"missing\"} 1") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    assert!(
-        metrics.contains("malachi_copies{health=\"missing\"} 1"),
-        "{metrics}"
+    let metrics = wait_until_blocking(
+        "the scrubber's missing copy in the health metric",
+        Duration::from_secs(15),
+        Duration::from_millis(250),
+        || {
+            let metrics = admin_get(&broker, "/metrics").1;
+            if metrics.contains("malachi_copies{health=\"missing\"} 1") {
+                Ok(metrics)
+            } else {
+                Err(metrics)
+            }
+        },
     );
     assert!(
         metrics.contains("malachi_copies{health=\"intact\"}"),

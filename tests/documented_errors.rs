@@ -15,7 +15,9 @@ mod protocol_doc;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use malachi_testkit::wait::{Wait, wait_until_blocking};
 
 use bytes::{Bytes, BytesMut};
 use common::cluster::Cluster;
@@ -121,34 +123,38 @@ fn produce(topic: &str) -> ProduceRequest {
 /// Retries `call` until it succeeds: a fresh cluster's groups may still be
 /// settling their leaders.
 fn until_done<O: Operation>(addr: &str, request: &O) -> O::Response {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let answer = Raw::connect(addr).call(request);
-        if answer.code == ErrorCode::None {
-            return O::Response::decode(answer.payload).unwrap();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never succeeded: {} {}",
-            O::API_KEY.name(),
-            answer.code.name(),
-            answer.body.message
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let payload = wait_until_blocking(
+        &format!("{} to succeed", O::API_KEY.name()),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            let answer = Raw::connect(addr).call(request);
+            match answer.code {
+                ErrorCode::None => Ok(answer.payload),
+                code => Err(format!("{} {}", code.name(), answer.body.message)),
+            }
+        },
+    );
+    O::Response::decode(payload).unwrap()
 }
 
-/// Repeats `call` until its code is not retriable-while-settling, or the
-/// deadline: a broker that just lost its peers may first time out.
+/// Repeats `call` until its code is `want`, or the deadline: a broker that
+/// just lost its peers may first time out. The last answer is the caller's
+/// to judge.
 fn settled<O: Operation>(addr: &str, request: &O, want: ErrorCode) -> Answer {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let mut last = None;
+    let _ = Wait::new(
+        format!("{} to answer {}", O::API_KEY.name(), want.name()),
+        Duration::from_secs(60),
+        Duration::from_millis(300),
+    )
+    .try_until_blocking(|| {
         let answer = Raw::connect(addr).call(request);
-        if answer.code == want || Instant::now() >= deadline {
-            return answer;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
+        let done = answer.code == want;
+        last = Some(answer);
+        done
+    });
+    last.expect("the check ran at least once")
 }
 
 #[test]

@@ -802,18 +802,14 @@ fn raft_logs(data_dir: &Path) -> HashMap<PathBuf, u64> {
 fn malachi_within(broker: &str, args: &[&str], limit: Duration) -> Option<std::process::Output> {
     let mut child = spawn_malachi(broker, args);
     drop(child.stdin.take());
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return Some(child.wait_with_output().unwrap());
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let exited = Wait::new("malachi to finish", limit, Duration::from_millis(20))
+        .try_until_blocking(|| child.try_wait().unwrap());
+    if exited.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        return None;
     }
+    Some(child.wait_with_output().unwrap())
 }
 
 /// `topic create NAME` through `broker`: done (or done before: a retry

@@ -108,41 +108,39 @@ fn a_topic_gets_three_copies_and_keeps_every_acknowledged_record_in_key_order_th
     // The restarted follower caught up: once every broker stopped in order,
     // its copy is the primary's byte for byte.
     let primary = replicas[0];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let same = loop {
-        let a = std::fs::read(segment_log(
-            &cluster.nodes[(primary - 1) as usize].data_dir,
-            segment,
-        ))
-        .unwrap();
-        let f = std::fs::read(segment_log(
-            &cluster.nodes[(follower - 1) as usize].data_dir,
-            segment,
-        ))
-        .unwrap_or_default();
-        // Compare whole frames only: a direct write pads the last block.
-        let frames = |bytes: &[u8]| {
-            let mut at = 0;
-            while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
-                at += len;
-            }
-            bytes[..at].to_vec()
-        };
-        let (a, f) = (frames(&a), frames(&f));
-        if a == f && !a.is_empty() {
-            break true;
+    // Compare whole frames only: a direct write pads the last block.
+    let frames = |bytes: &[u8]| {
+        let mut at = 0;
+        while let Ok((_, len)) = malachi_storage::frame::decode(&bytes[at..]) {
+            at += len;
         }
-        if Instant::now() > deadline {
-            println!("primary {} bytes, follower {} bytes", a.len(), f.len());
-            break false;
-        }
-        std::thread::sleep(Duration::from_millis(200));
+        bytes[..at].to_vec()
     };
-    assert!(
-        same,
-        "the follower's copy differs from the primary's\n{}",
-        cluster.logs()
-    );
+    let log_of = |node: u64| {
+        std::fs::read(segment_log(
+            &cluster.nodes[(node - 1) as usize].data_dir,
+            segment,
+        ))
+        .unwrap_or_default()
+    };
+    Wait::new(
+        "the follower's copy equal to the primary's",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+    )
+    .context(|| cluster.logs())
+    .until_blocking(|| {
+        let (a, f) = (frames(&log_of(primary)), frames(&log_of(follower)));
+        if a == f && !a.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "primary {} bytes, follower {} bytes",
+                a.len(),
+                f.len()
+            ))
+        }
+    });
 }
 
 #[test]
@@ -525,29 +523,31 @@ fn a_split_without_a_quorum_answers_no_quorum_and_leaves_the_range_writable_and_
     ));
     // The frozen segment rolled: the range is still the one active range,
     // and it splits now (retrying while the roll settles).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !first.status.success() {
-        let ranges = active_ranges(&primary, "thawed");
-        // A split whose answer the deadline cut may have happened.
-        if ranges.len() == 2 {
-            break;
-        }
-        assert_eq!(ranges.len(), 1, "no split happened yet: {ranges:?}");
-        let split = malachi(
-            &primary,
-            &["topic", "split", "thawed", &ranges[0].to_string()],
-            "",
-        );
-        if split.status.success() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the range never split again: {}\n{}",
-            err(&split),
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(500));
+    if !first.status.success() {
+        Wait::new(
+            "the range split again",
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+        )
+        .context(|| cluster.logs())
+        .until_blocking(|| {
+            let ranges = active_ranges(&primary, "thawed");
+            // A split whose answer the deadline cut may have happened.
+            if ranges.len() == 2 {
+                return Ok(());
+            }
+            assert_eq!(ranges.len(), 1, "no split happened yet: {ranges:?}");
+            let split = malachi(
+                &primary,
+                &["topic", "split", "thawed", &ranges[0].to_string()],
+                "",
+            );
+            if split.status.success() {
+                Ok(())
+            } else {
+                Err(err(&split))
+            }
+        });
     }
     assert_eq!(active_ranges(&primary, "thawed").len(), 2);
     ok(malachi(&primary, &["produce", "thawed"], "a\t4\n"));

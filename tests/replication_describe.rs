@@ -207,31 +207,30 @@ fn a_primary_shows_each_followers_lag_in_bytes_on_its_metrics() {
     let primary = &cluster.nodes[(replica_set[0] - 1) as usize];
     // Once the followers caught up, the primary's last answer from each
     // shows them zero bytes behind (the copies hold the same frames).
-    let deadline = Instant::now() + SETTLE;
-    loop {
+    let text = Wait::new(
+        format!("zero lag in bytes for followers {:?}", &replica_set[1..]),
+        SETTLE,
+        Duration::from_millis(200),
+    )
+    .until_blocking(|| {
         let text = metrics(&primary.admin);
         let lags: Vec<Option<f64>> = replica_set[1..]
             .iter()
             .map(|&f| follower_gauge(&text, "malachi_replica_lag_bytes", f))
             .collect();
         if lags.iter().all(|lag| *lag == Some(0.0)) {
-            for &follower in &replica_set[1..] {
-                assert!(
-                    follower_gauge(&text, "malachi_replica_lag_records", follower).is_some(),
-                    "the lag in records is there too:\n{text}"
-                );
-            }
-            break;
+            return Ok(text);
         }
+        let replica_lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("malachi_replica"))
+            .collect();
+        Err(format!("{lags:?}\n{}", replica_lines.join("\n")))
+    });
+    for &follower in &replica_set[1..] {
         assert!(
-            Instant::now() < deadline,
-            "no zero lag in bytes for followers {:?}: {lags:?}\n{}",
-            &replica_set[1..],
-            text.lines()
-                .filter(|l| l.contains("malachi_replica"))
-                .collect::<Vec<_>>()
-                .join("\n")
+            follower_gauge(&text, "malachi_replica_lag_records", follower).is_some(),
+            "the lag in records is there too:\n{text}"
         );
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
