@@ -37,6 +37,7 @@ pub(crate) mod manager;
 pub(crate) mod memory;
 pub(crate) mod metadata;
 pub(crate) mod order_epoch;
+pub(crate) mod order_error;
 pub(crate) mod order_server;
 pub(crate) mod placement;
 pub(crate) mod policies;

@@ -18,8 +18,10 @@ use std::time::Duration;
 use malachi_core::model::{NodeId, RangeId, SegmentState, TopicDescription};
 use malachi_wire::ErrorCode;
 
-use crate::control::metadata::read_owner;
-use crate::control::shared::Shared;
+use crate::common::error::MetadataError;
+use crate::control::metadata::{MetadataPlane, read_owner};
+use crate::control::registry::ActorRegistry;
+use crate::control::shared::{ClusterLinks, Shared};
 
 /// How long a broker that hosts a topic waits for its own replica to apply
 /// the topic's creation before serving anyway (the normal path then answers).
@@ -34,6 +36,34 @@ pub(crate) struct Redirect {
     pub code: ErrorCode,
     pub message: String,
     pub hint: Option<String>,
+}
+
+/// What placement decisions read: who this broker is, the metadata plane
+/// (through the registry: it may reopen) and membership. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct PlacementView {
+    pub me: NodeId,
+    pub actors: Arc<ActorRegistry>,
+    pub links: Arc<ClusterLinks>,
+}
+
+impl PlacementView {
+    pub fn of(shared: &Shared) -> PlacementView {
+        PlacementView {
+            me: NodeId(shared.config.node_id),
+            actors: Arc::clone(&shared.actors),
+            links: Arc::clone(&shared.links),
+        }
+    }
+
+    pub fn plane(&self) -> Result<Arc<dyn MetadataPlane>, MetadataError> {
+        self.actors.plane()
+    }
+
+    /// Whether membership calls broker `node` dead.
+    pub fn is_dead(&self, node: NodeId) -> bool {
+        self.links.is_dead(self.me, node)
+    }
 }
 
 /// Who can serve a topic's records: the primary of each active segment
@@ -102,8 +132,8 @@ fn servers_in_description(description: &TopicDescription) -> Servers {
 }
 
 /// The client address of broker `node`, as membership knows it.
-fn client_addr_of(shared: &Shared, node: NodeId) -> Option<String> {
-    let fabric = shared.fabric()?;
+fn client_addr_of(view: &PlacementView, node: NodeId) -> Option<String> {
+    let fabric = view.links.fabric.get()?;
     let view = fabric.membership.view();
     view.all()
         .find(|m| m.node_id == node.0)
@@ -113,29 +143,24 @@ fn client_addr_of(shared: &Shared, node: NodeId) -> Option<String> {
 /// Whether membership calls broker `node` dead. A broker membership does
 /// not know (a lone broker, or one not heard of yet) is not dead.
 pub(crate) fn is_dead(shared: &Shared, node: NodeId) -> bool {
-    if node.0 == shared.config.node_id {
-        return false;
-    }
-    let Some(fabric) = shared.fabric() else {
-        return false;
-    };
-    fabric
-        .membership
-        .view()
-        .get(node.0)
-        .is_some_and(|m| !m.state.is_live())
+    shared.links.is_dead(NodeId(shared.config.node_id), node)
 }
 
 /// Where a client of `topic` should go, or what to wait for: the first
 /// live host, else (for a read) the first live reader, never a broker
 /// membership calls dead. With none live, `not_leader` without a hint and
 /// with a pause: the client retries until a failover or a return.
-fn decide(shared: &Shared, topic: &str, servers: &Servers, serve: Serve) -> Result<(), Redirect> {
-    let me = NodeId(shared.config.node_id);
+fn decide(
+    view: &PlacementView,
+    topic: &str,
+    servers: &Servers,
+    serve: Serve,
+) -> Result<(), Redirect> {
+    let me = view.me;
     if servers.hosts.is_empty() || servers.hosts.contains(&me) {
         return Ok(());
     }
-    let live_host = servers.hosts.iter().copied().find(|h| !is_dead(shared, *h));
+    let live_host = servers.hosts.iter().copied().find(|h| !view.is_dead(*h));
     let target = match (live_host, serve) {
         (Some(host), _) => Some(host),
         (None, Serve::Write) => None,
@@ -143,18 +168,14 @@ fn decide(shared: &Shared, topic: &str, servers: &Servers, serve: Serve) -> Resu
             if servers.readers.contains(&me) {
                 return Ok(());
             }
-            servers
-                .readers
-                .iter()
-                .copied()
-                .find(|r| !is_dead(shared, *r))
+            servers.readers.iter().copied().find(|r| !view.is_dead(*r))
         }
     };
-    let hint = target.and_then(|t| client_addr_of(shared, t));
+    let hint = target.and_then(|t| client_addr_of(view, t));
     let message = match target {
         Some(target) => format!(
             "topic {topic} is served by broker {}, not broker {}",
-            target.0, shared.config.node_id
+            target.0, me.0
         ),
         None => format!(
             "topic {topic} is served by broker {:?}, which membership calls dead; retry once it returns or fails over",
@@ -175,23 +196,20 @@ fn decide(shared: &Shared, topic: &str, servers: &Servers, serve: Serve) -> Resu
 /// dead or does not know its address, naming nobody (the client waits for
 /// its return or a failover).
 pub(crate) fn range_redirect(
-    shared: &Shared,
+    view: &PlacementView,
     topic: &str,
     range: RangeId,
     primary: NodeId,
 ) -> Redirect {
-    assert_ne!(
-        primary.0, shared.config.node_id,
-        "a redirect names another broker"
-    );
-    let hint = (!is_dead(shared, primary))
-        .then(|| client_addr_of(shared, primary))
+    assert_ne!(primary, view.me, "a redirect names another broker");
+    let hint = (!view.is_dead(primary))
+        .then(|| client_addr_of(view, primary))
         .flatten();
     Redirect {
         code: ErrorCode::NotLeader,
         message: format!(
             "range {} of topic {topic} is written by broker {}, not broker {}",
-            range.0, primary.0, shared.config.node_id
+            range.0, primary.0, view.me.0
         ),
         hint,
     }
@@ -203,10 +221,10 @@ pub(crate) fn range_redirect(
 /// was failed over meanwhile, so the client goes to the new primary at
 /// once instead of retrying a deposed one (ADR 0126). Local metadata only:
 /// no wait.
-pub(crate) fn moved_primary(shared: &Shared, topic: &str) -> Option<Redirect> {
-    let plane = shared.plane().ok()?;
+pub(crate) fn moved_primary(view: &PlacementView, topic: &str) -> Option<Redirect> {
+    let plane = view.plane().ok()?;
     let servers = read_owner(plane.as_ref(), topic, |s| servers_in_state(s, topic))?;
-    decide(shared, topic, &servers, Serve::Write)
+    decide(view, topic, &servers, Serve::Write)
         .err()
         .filter(|redirect| redirect.hint.is_some())
 }
@@ -215,12 +233,12 @@ pub(crate) fn moved_primary(shared: &Shared, topic: &str) -> Option<Redirect> {
 /// does not exist: the normal path answers `topic_not_found`), else where
 /// to go.
 pub(crate) async fn serve_here(
-    shared: &Arc<Shared>,
+    view: &PlacementView,
     topic: &str,
     serve: Serve,
 ) -> Result<(), Redirect> {
-    let me = NodeId(shared.config.node_id);
-    let Ok(plane) = shared.plane() else {
+    let me = view.me;
+    let Ok(plane) = view.plane() else {
         return Ok(());
     };
     let local = read_owner(plane.as_ref(), topic, |s| servers_in_state(s, topic));
@@ -257,7 +275,7 @@ pub(crate) async fn serve_here(
             servers
         }
     };
-    decide(shared, topic, &servers, serve)
+    decide(view, topic, &servers, serve)
 }
 
 #[cfg(test)]

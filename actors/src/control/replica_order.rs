@@ -34,6 +34,7 @@ use tracing::debug;
 
 use crate::control::metadata::read_owner;
 use crate::control::order_epoch::{store_order, wire_order};
+use crate::control::order_error::OrderError;
 use crate::control::shared::Shared;
 use crate::data::lineage::HolderReads;
 use crate::fabric::node::Fabric;
@@ -375,9 +376,18 @@ impl HolderReads for OrderClient {
             from,
             bytes_max,
         };
-        let answer = self.catch_up(holder.0, &request).await?;
+        // The lineage reader takes any error as text (`HolderReads`).
+        let answer = self
+            .catch_up(holder.0, &request)
+            .await
+            .map_err(|e| e.to_string())?;
         if let Some(refusal) = answer.refused {
-            return Err(format!("{refusal:?}: {}", answer.message));
+            return Err(OrderError::Refused {
+                node: holder.0,
+                refusal,
+                message: answer.message,
+            }
+            .to_string());
         }
         Ok((answer.first_offset, answer.frames))
     }
@@ -388,26 +398,30 @@ impl HolderReads for OrderClient {
 }
 
 impl OrderClient {
-    async fn call(&self, node: u64, api_key: u16, body: Bytes) -> Result<Bytes, String> {
+    async fn call(&self, node: u64, api_key: u16, body: Bytes) -> Result<Bytes, OrderError> {
         if node == self.shared.config.node_id {
             let answer = match api_key {
                 REPLICA_APPEND_API_KEY => super::replica::serve_replica_append(&self.shared, body)
                     .await
-                    .encode(),
+                    .encode()
+                    .map_err(|source| OrderError::Encode {
+                        what: "replica_append_response",
+                        source,
+                    }),
                 _ => match serve_order(&self.shared, api_key, body).await {
                     Some(Ok(bytes)) => Ok(Bytes::from(bytes)),
-                    Some(Err(e)) => return Err(e.to_string()),
-                    None => return Err(format!("no local order {api_key}")),
+                    Some(Err(e)) => Err(OrderError::Local(e)),
+                    None => Err(OrderError::NoLocalOrder { api_key }),
                 },
             };
-            return answer.map_err(|e| e.to_string());
+            return answer;
         }
         let deadline = Instant::now() + Duration::from_millis(ORDER_TIMEOUT_MS);
         if let Some(answer) = self.over_fabric(node, api_key, &body).await {
             return answer;
         }
         let Some(raft) = self.shared.links.raft.get() else {
-            return Err("this broker has no cluster port".into());
+            return Err(OrderError::NoClusterPort);
         };
         let left_ms = deadline
             .saturating_duration_since(Instant::now())
@@ -415,7 +429,7 @@ impl OrderClient {
         raft.transport
             .call_raw(node, api_key, 0, &body, left_ms.max(1))
             .await
-            .map_err(|e| e.to_string())
+            .map_err(OrderError::Port)
     }
 
     /// Sends an order that travels over the node fabric there, within
@@ -426,42 +440,42 @@ impl OrderClient {
         node: u64,
         api_key: u16,
         body: &Bytes,
-    ) -> Option<Result<Bytes, String>> {
+    ) -> Option<Result<Bytes, OrderError>> {
         let variant = variant_of(api_key)?;
         let fabric = self.shared.fabric()?;
         let timeout = Duration::from_millis(ORDER_TIMEOUT_MS);
         let sent = over_fabric(&fabric, node, variant, body.to_vec(), timeout).await?;
-        Some(sent.map(Bytes::from).map_err(|e| e.to_string()))
+        Some(sent.map(Bytes::from).map_err(OrderError::Fabric))
     }
 
     pub(crate) async fn fence(
         &self,
         node: u64,
         request: &FenceRequest,
-    ) -> Result<FenceResponse, String> {
-        let body = request.encode().map_err(|e| e.to_string())?;
+    ) -> Result<FenceResponse, OrderError> {
+        let body = request.encode().map_err(encode("fence_request"))?;
         let answer = self.call(node, FENCE_API_KEY, body).await?;
-        FenceResponse::decode(&answer).map_err(|e| e.to_string())
+        FenceResponse::decode(&answer).map_err(decode(node, "fence_response"))
     }
 
     pub(crate) async fn catch_up(
         &self,
         node: u64,
         request: &CatchUpRequest,
-    ) -> Result<CatchUpResponse, String> {
-        let body = request.encode().map_err(|e| e.to_string())?;
+    ) -> Result<CatchUpResponse, OrderError> {
+        let body = request.encode().map_err(encode("catch_up_request"))?;
         let answer = self.call(node, CATCH_UP_API_KEY, body).await?;
-        CatchUpResponse::decode(answer).map_err(|e| e.to_string())
+        CatchUpResponse::decode(answer).map_err(decode(node, "catch_up_response"))
     }
 
     pub(crate) async fn seal(
         &self,
         node: u64,
         request: &SealRequest,
-    ) -> Result<SealResponse, String> {
-        let body = request.encode().map_err(|e| e.to_string())?;
+    ) -> Result<SealResponse, OrderError> {
+        let body = request.encode().map_err(encode("seal_request"))?;
         let answer = self.call(node, SEAL_API_KEY, body).await?;
-        SealResponse::decode(&answer).map_err(|e| e.to_string())
+        SealResponse::decode(&answer).map_err(decode(node, "seal_response"))
     }
 
     /// What `node` says of its copy of `segment` (replica-status, 105).
@@ -469,11 +483,11 @@ impl OrderClient {
         &self,
         node: u64,
         segment: SegmentId,
-    ) -> Result<malachi_wire::replica_status::CopyStatus, String> {
+    ) -> Result<malachi_wire::replica_status::CopyStatus, OrderError> {
         self.statuses(node, &[segment.0])
             .await?
             .pop()
-            .ok_or_else(|| format!("broker {node} said nothing of segment {segment}"))
+            .ok_or(OrderError::Silent { node, segment })
     }
 
     /// What `node` says of its copies of `segments` (at most
@@ -483,7 +497,7 @@ impl OrderClient {
         &self,
         node: u64,
         segments: &[u64],
-    ) -> Result<Vec<malachi_wire::replica_status::CopyStatus>, String> {
+    ) -> Result<Vec<malachi_wire::replica_status::CopyStatus>, OrderError> {
         use malachi_wire::replica_status::{
             REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse,
         };
@@ -495,20 +509,22 @@ impl OrderClient {
                 ..ReplicaStatusRequest::default()
             }
             .encode()
-            .map_err(|e| e.to_string())?;
+            .map_err(encode("replica_status_request"))?;
             let answer = self.call(node, REPLICA_STATUS_API_KEY, body).await?;
             ReplicaStatusResponse::decode(&answer)
-                .map_err(|e| e.to_string())?
+                .map_err(decode(node, "replica_status_response"))?
                 .copies
         };
         if copies.len() != segments.len()
             || copies.iter().zip(segments).any(|(c, s)| c.segment != *s)
         {
-            return Err(format!(
-                "broker {node} answered {} copy statuses for {} segments, or out of order",
-                copies.len(),
-                segments.len()
-            ));
+            return Err(OrderError::Mismatch {
+                node,
+                what: "copy statuses",
+                answered: copies.len(),
+                asked: segments.len(),
+                of: "segments",
+            });
         }
         Ok(copies)
     }
@@ -519,7 +535,7 @@ impl OrderClient {
         &self,
         node: u64,
         seals: &[malachi_wire::replica_status::ScrubSeal],
-    ) -> Result<Vec<malachi_wire::replica_status::ScrubVerdict>, String> {
+    ) -> Result<Vec<malachi_wire::replica_status::ScrubVerdict>, OrderError> {
         use malachi_wire::replica_status::{
             REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse,
         };
@@ -532,10 +548,10 @@ impl OrderClient {
                 ..ReplicaStatusRequest::default()
             }
             .encode()
-            .map_err(|e| e.to_string())?;
+            .map_err(encode("replica_status_request"))?;
             let answer = self.call(node, REPLICA_STATUS_API_KEY, body).await?;
             ReplicaStatusResponse::decode(&answer)
-                .map_err(|e| e.to_string())?
+                .map_err(decode(node, "replica_status_response"))?
                 .scrub
         };
         if verdicts.len() != seals.len()
@@ -544,11 +560,13 @@ impl OrderClient {
                 .zip(seals)
                 .any(|(v, s)| v.segment != s.segment)
         {
-            return Err(format!(
-                "broker {node} answered {} scrub verdicts for {} copies, or out of order",
-                verdicts.len(),
-                seals.len()
-            ));
+            return Err(OrderError::Mismatch {
+                node,
+                what: "scrub verdicts",
+                answered: verdicts.len(),
+                asked: seals.len(),
+                of: "copies",
+            });
         }
         Ok(verdicts)
     }
@@ -558,21 +576,31 @@ impl OrderClient {
         &self,
         node: u64,
         request: &DropCopiesRequest,
-    ) -> Result<DropCopiesResponse, String> {
-        let body = request.encode().map_err(|e| e.to_string())?;
+    ) -> Result<DropCopiesResponse, OrderError> {
+        let body = request.encode().map_err(encode("drop_copies_request"))?;
         let answer = self.call(node, DROP_COPIES_API_KEY, body).await?;
-        DropCopiesResponse::decode(&answer).map_err(|e| e.to_string())
+        DropCopiesResponse::decode(&answer).map_err(decode(node, "drop_copies_response"))
     }
 
     pub(crate) async fn repair(
         &self,
         node: u64,
         request: &ReplicaAppendRequest,
-    ) -> Result<ReplicaAppendResponse, String> {
-        let body = request.encode().map_err(|e| e.to_string())?;
+    ) -> Result<ReplicaAppendResponse, OrderError> {
+        let body = request.encode().map_err(encode("replica_append_request"))?;
         let answer = self.call(node, REPLICA_APPEND_API_KEY, body).await?;
-        ReplicaAppendResponse::decode(&answer).map_err(|e| e.to_string())
+        ReplicaAppendResponse::decode(&answer).map_err(decode(node, "replica_append_response"))
     }
+}
+
+/// The error of a request `what` that did not encode.
+fn encode(what: &'static str) -> impl FnOnce(malachi_wire::WireError) -> OrderError {
+    move |source| OrderError::Encode { what, source }
+}
+
+/// The error of broker `node`'s answer `what` that did not decode.
+fn decode(node: u64, what: &'static str) -> impl FnOnce(malachi_wire::WireError) -> OrderError {
+    move |source| OrderError::Decode { node, what, source }
 }
 
 /// Sends the fabric order `variant` (with its encoded `body`) to broker

@@ -24,10 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use malachi_cluster::group::{TcpTransport, TransportServer};
-use malachi_core::model::SegmentId;
+use malachi_core::model::{NodeId, SegmentId};
 use malachi_storage::SegmentStore;
 use parking_lot::Mutex;
-use tokio::sync::watch;
 
 use super::cursor_keys::CursorKeyState;
 use super::memory::ControlMemory;
@@ -87,6 +86,25 @@ pub(crate) struct ClusterLinks {
     pub raft: std::sync::OnceLock<Arc<RaftEndpoint>>,
 }
 
+impl ClusterLinks {
+    /// Whether membership calls broker `node` dead, as broker `me` sees
+    /// it. A broker membership does not know (a lone broker, or one not
+    /// heard of yet) is not dead, nor is `me`.
+    pub fn is_dead(&self, me: NodeId, node: NodeId) -> bool {
+        if node == me {
+            return false;
+        }
+        let Some(fabric) = self.fabric.get() else {
+            return false;
+        };
+        fabric
+            .membership
+            .view()
+            .get(node.0)
+            .is_some_and(|m| !m.state.is_live())
+    }
+}
+
 /// The broker's context, split by reader: the client port's state
 /// (`port`), the control plane's memory (`memory`), the registry of its
 /// long-lived actors (`actors`) and its links to the other brokers
@@ -107,7 +125,7 @@ pub(crate) struct Shared {
     pub port: Arc<ClientPortState>,
     pub memory: Arc<ControlMemory>,
     pub actors: Arc<ActorRegistry>,
-    pub links: ClusterLinks,
+    pub links: Arc<ClusterLinks>,
     /// Test hook: failovers hold after their fences while set.
     #[cfg(feature = "testing")]
     pub failover_hold: FailoverHold,
@@ -162,7 +180,7 @@ impl Shared {
             port: Arc::new(ClientPortState::new(budgets)),
             memory: Arc::new(ControlMemory::new(CursorKeyState::new(cursor_bootstrap))),
             actors: Arc::new(ActorRegistry::default()),
-            links: ClusterLinks::default(),
+            links: Arc::new(ClusterLinks::default()),
             #[cfg(feature = "testing")]
             failover_hold: FailoverHold::default(),
         }
@@ -179,11 +197,6 @@ impl Shared {
 
     pub fn segment(&self, id: SegmentId) -> Option<SegmentHandle> {
         self.data.segment(id)
-    }
-
-    /// A receiver that changes whenever records of `topic` become durable.
-    pub fn watch_topic(&self, topic: &str) -> watch::Receiver<u64> {
-        self.data.watch_topic(topic)
     }
 
     pub fn forget_topic(&self, topic: &str) {

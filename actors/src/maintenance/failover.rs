@@ -51,7 +51,9 @@ use tracing::{debug, info, warn};
 
 use crate::control::coordinator::CoordinatorState;
 use crate::control::metadata::read_owner;
+use crate::control::order_error::OrderError;
 use crate::control::replica_order::OrderClient;
+use crate::control::requests::CoordError;
 pub(crate) use crate::control::requests::{Candidate, FailoverMsg, ProbeTarget};
 use crate::control::shared::Shared;
 use crate::data::recovery::{
@@ -235,6 +237,44 @@ impl Actor for FailoverActor {
     }
 }
 
+/// Why a failover attempt did not finish; the failover tries again.
+#[derive(Debug, thiserror::Error)]
+enum FailoverError {
+    #[error("{answered} of the {needed} fence answers a seal needs")]
+    FencesShort { answered: usize, needed: usize },
+    #[error("copies sealed at different lengths: {seals:?}")]
+    SealsDiffer { seals: Vec<(u64, u64)> },
+    #[error("{complete} complete copies of the {needed} a seal needs")]
+    CopiesShort { complete: usize, needed: usize },
+    #[error("cannot record the seal: {0}")]
+    Record(#[source] CoordError),
+}
+
+/// Why a short copy's repair stopped; the failover tries again.
+#[derive(Debug, thiserror::Error)]
+enum RepairError {
+    #[error(transparent)]
+    Order(#[from] OrderError),
+    #[error("catch-up from {from_node} refused ({refusal:?}): {message}")]
+    CatchUpRefused {
+        from_node: u64,
+        refusal: OrderRefusal,
+        message: String,
+    },
+    #[error("catch-up from {from_node} brought nothing at {at} (its end is {end})")]
+    CatchUpEmpty { from_node: u64, at: u64, end: u64 },
+    #[error("repair of {node} refused ({refusal:?}): {message}")]
+    Refused {
+        node: u64,
+        refusal: malachi_wire::replication::ReplicaRefusal,
+        message: String,
+    },
+    #[error("repair of {node} made no progress at {at}")]
+    Stalled { node: u64, at: u64 },
+    #[error("repair of {node} not done after {rounds} rounds")]
+    Unfinished { node: u64, rounds: usize },
+}
+
 /// What one attempt came to.
 /// Probes the copies of `targets` (one replica-status request per holder
 /// and chunk; a holder that does not answer counts as neither fenced nor
@@ -370,7 +410,7 @@ async fn attempt(
     vnode: VnodeId,
     order: OrderEpoch,
     candidate: &Candidate,
-) -> Result<Attempt, String> {
+) -> Result<Attempt, FailoverError> {
     let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
     let client = OrderClient {
         shared: Arc::clone(shared),
@@ -419,9 +459,7 @@ async fn attempt(
     let n = known.replicas.len();
     let (length, bytes, source) = match seal_decision(n, &answers) {
         SealDecision::Wait { answered, needed } => {
-            return Err(format!(
-                "{answered} of the {needed} fence answers a seal needs"
-            ));
+            return Err(FailoverError::FencesShort { answered, needed });
         }
         SealDecision::Conflict { seals } => {
             warn!(
@@ -430,7 +468,7 @@ async fn attempt(
                 ?seals,
                 "copies carry different seals; the failover stops here"
             );
-            return Err(format!("copies sealed at different lengths: {seals:?}"));
+            return Err(FailoverError::SealsDiffer { seals });
         }
         SealDecision::Seal {
             length,
@@ -479,10 +517,10 @@ async fn attempt(
     // acknowledged record.
     let needed = seal_copies_needed(n);
     if complete.len() < needed {
-        return Err(format!(
-            "{} complete copies of the {needed} a seal needs",
-            complete.len(),
-        ));
+        return Err(FailoverError::CopiesShort {
+            complete: complete.len(),
+            needed,
+        });
     }
     debug_assert!(
         complete.iter().all(|node| known.replicas.contains(node)),
@@ -499,7 +537,7 @@ async fn attempt(
     coordinator
         .fail_over(topic, segment, seal, &complete, &candidate.failed)
         .await
-        .map_err(|e| format!("cannot record the seal: {e}"))?;
+        .map_err(FailoverError::Record)?;
     // 4. The complete copies carry the recorded seal.
     seal_copies(&client, topic, segment, order, &complete, seal).await;
     Ok(Attempt::Done(seal))
@@ -593,7 +631,7 @@ async fn repair(
     node: u64,
     from: u64,
     length: u64,
-) -> Result<(), String> {
+) -> Result<(), RepairError> {
     let mut at = from;
     for _ in 0..REPAIR_ROUNDS_MAX {
         if at >= length {
@@ -612,16 +650,18 @@ async fn repair(
             )
             .await?;
         if let Some(refusal) = run.refused {
-            return Err(format!(
-                "catch-up from {source} refused ({refusal:?}): {}",
-                run.message
-            ));
+            return Err(RepairError::CatchUpRefused {
+                from_node: source,
+                refusal,
+                message: run.message,
+            });
         }
         if run.frames.is_empty() || run.first_offset != at {
-            return Err(format!(
-                "catch-up from {source} brought nothing at {at} (its end is {})",
-                run.durable_end
-            ));
+            return Err(RepairError::CatchUpEmpty {
+                from_node: source,
+                at,
+                end: run.durable_end,
+            });
         }
         let answer = client
             .repair(
@@ -638,19 +678,21 @@ async fn repair(
             )
             .await?;
         if let Some(refusal) = answer.refused {
-            return Err(format!(
-                "repair of {node} refused ({refusal:?}): {}",
-                answer.message
-            ));
+            return Err(RepairError::Refused {
+                node,
+                refusal,
+                message: answer.message,
+            });
         }
         if answer.durable_end <= at {
-            return Err(format!("repair of {node} made no progress at {at}"));
+            return Err(RepairError::Stalled { node, at });
         }
         at = answer.durable_end;
     }
-    Err(format!(
-        "repair of {node} not done after {REPAIR_ROUNDS_MAX} rounds"
-    ))
+    Err(RepairError::Unfinished {
+        node,
+        rounds: REPAIR_ROUNDS_MAX,
+    })
 }
 
 /// Tells each of `nodes` to seal its copy at the recorded seal. Best
@@ -683,5 +725,52 @@ async fn seal_copies(
             }
             Err(e) => debug!(node, segment = segment.0, error = %e, "seal order unanswered"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failover_errors_say_what_the_strings_they_replaced_said() {
+        assert_eq!(
+            FailoverError::FencesShort {
+                answered: 1,
+                needed: 2
+            }
+            .to_string(),
+            "1 of the 2 fence answers a seal needs"
+        );
+        assert_eq!(
+            FailoverError::SealsDiffer {
+                seals: vec![(3, 30), (4, 40)]
+            }
+            .to_string(),
+            "copies sealed at different lengths: [(3, 30), (4, 40)]"
+        );
+        assert_eq!(
+            RepairError::CatchUpEmpty {
+                from_node: 2,
+                at: 5,
+                end: 5
+            }
+            .to_string(),
+            "catch-up from 2 brought nothing at 5 (its end is 5)"
+        );
+        assert_eq!(
+            RepairError::Unfinished {
+                node: 3,
+                rounds: REPAIR_ROUNDS_MAX
+            }
+            .to_string(),
+            format!("repair of 3 not done after {REPAIR_ROUNDS_MAX} rounds")
+        );
+        let silent = OrderError::Silent {
+            node: 1,
+            segment: SegmentId(7),
+        };
+        let text = silent.to_string();
+        assert_eq!(RepairError::from(silent).to_string(), text);
     }
 }

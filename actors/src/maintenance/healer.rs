@@ -51,7 +51,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::common::error::MetadataError;
 use crate::control::metadata::read_owner;
+use crate::control::order_error::OrderError;
 use crate::control::replica_order::OrderClient;
 pub(crate) use crate::control::requests::{HealCandidate, HealKind, HealMsg};
 use crate::control::shared::Shared;
@@ -320,6 +322,54 @@ pub(crate) fn new_holder(
 /// serving broker is preferred, the new holder is one of `roomy` (the live
 /// brokers with room), and a hard constraint no such broker can meet
 /// leaves the copy unhealed (retried) rather than broken.
+/// Why a heal attempt did not finish; the heal tries again.
+#[derive(Debug, thiserror::Error)]
+enum HealError {
+    #[error(transparent)]
+    Order(#[from] OrderError),
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("unexpected outcome {0:?}")]
+    Unexpected(Box<Outcome>),
+    #[error("no broker to heal onto: {0}")]
+    NoPlacement(#[source] malachi_core::constraints::PlaceError),
+    #[error("no live broker without a copy to heal onto")]
+    NoNewHolder,
+    #[error("broker {holder} holding the broken copy is not alive")]
+    HolderDead { holder: u64 },
+    #[error("no surviving copy to heal from")]
+    NoSource,
+    #[error("the new holder {node} refused ({refusal:?}): {message}")]
+    HolderRefused {
+        node: u64,
+        refusal: malachi_wire::replication::ReplicaRefusal,
+        message: String,
+    },
+    #[error("the new holder {node} made no progress at {at}")]
+    HolderStalled { node: u64, at: u64 },
+    #[error("catch-up from {from_node} refused ({refusal:?}): {message}")]
+    CatchUpRefused {
+        from_node: u64,
+        refusal: malachi_wire::replica_order::OrderRefusal,
+        message: String,
+    },
+    #[error("catch-up from {from_node} brought nothing at {at}")]
+    CatchUpEmpty { from_node: u64, at: u64 },
+    #[error(
+        "the new copy on {node} is not whole yet: sealed {sealed}, {durable_end:?} records, {durable_bytes:?} bytes; the seal is {length} records, {bytes} bytes"
+    )]
+    NotWhole {
+        node: u64,
+        sealed: bool,
+        durable_end: Option<u64>,
+        durable_bytes: Option<u64>,
+        length: u64,
+        bytes: u64,
+    },
+}
+
 fn constrained_holder(
     shared: &Shared,
     (live, roomy): (&[u64], &[u64]),
@@ -328,7 +378,7 @@ fn constrained_holder(
     serving: Option<u64>,
     segment: u64,
     constraints: &[malachi_core::constraints::Constraint],
-) -> Result<u64, String> {
+) -> Result<u64, HealError> {
     // Every copy but the one replaced (none for an added copy).
     let survivors: Vec<u64> = replicas
         .iter()
@@ -353,12 +403,12 @@ fn constrained_holder(
         segment,
         constraints,
     )
-    .map_err(|e| format!("no broker to heal onto: {e}"))?;
+    .map_err(HealError::NoPlacement)?;
     placed
         .nodes
         .into_iter()
         .find(|n| !survivors.contains(n))
-        .ok_or_else(|| "no live broker without a copy to heal onto".to_owned())
+        .ok_or(HealError::NoNewHolder)
 }
 
 async fn attempt(
@@ -368,9 +418,9 @@ async fn attempt(
     order: OrderEpoch,
     candidate: &HealCandidate,
     attempts: u64,
-) -> Result<Attempt, String> {
+) -> Result<Attempt, HealError> {
     let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
-    let plane = shared.plane().map_err(|e| e.to_string())?;
+    let plane = shared.plane()?;
     let policy = read_owner(plane.as_ref(), topic, |state| {
         state.topic(topic).and_then(|t| t.policy.clone())
     });
@@ -427,9 +477,7 @@ async fn attempt(
     let node = if let HealKind::Rebuild { holder } = candidate.kind {
         // A broken copy on a live broker is rebuilt where it is (ADR 0110).
         if !live.contains(&holder) {
-            return Err(format!(
-                "broker {holder} holding the broken copy is not alive"
-            ));
+            return Err(HealError::HolderDead { holder });
         }
         holder
     } else {
@@ -441,7 +489,7 @@ async fn attempt(
                     roomy.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n)
                 })
                 .or_else(|| new_holder(&roomy, &replicas, &candidate.gone, segment.0))
-                .ok_or_else(|| "no live broker without a copy to heal onto".to_owned())
+                .ok_or(HealError::NoNewHolder)
         } else {
             constrained_holder(
                 shared,
@@ -484,7 +532,7 @@ async fn attempt(
         me
     } else {
         let at = usize::try_from(attempts % (sources.len().max(1) as u64)).unwrap_or(0);
-        *sources.get(at).ok_or("no surviving copy to heal from")?
+        *sources.get(at).ok_or(HealError::NoSource)?
     };
     let client = OrderClient {
         shared: Arc::clone(shared),
@@ -517,11 +565,11 @@ async fn attempt(
             factor: u32::try_from(factor).unwrap_or(u32::MAX),
         },
     };
-    match plane.propose(command).await.map_err(|e| e.to_string())? {
+    match plane.propose(command).await? {
         Ok(Outcome::ReplicaReplaced { .. } | Outcome::ReplicaAdded { .. }) => {
             Ok(Attempt::Healed { node, bytes })
         }
-        Ok(other) => Err(format!("unexpected outcome {other:?}")),
+        Ok(other) => Err(HealError::Unexpected(Box::new(other))),
         Err(ModelError::WrongReplica { .. }) => {
             Ok(Attempt::NotNeeded("the lost copy was replaced already"))
         }
@@ -532,7 +580,7 @@ async fn attempt(
         {
             Ok(Attempt::NotNeeded("the copy was added already"))
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(HealError::Model(e)),
     }
 }
 
@@ -651,7 +699,7 @@ async fn copy_sealed(
     source: u64,
     node: u64,
     seal: SealRecord,
-) -> Result<u64, String> {
+) -> Result<u64, HealError> {
     // Where the new copy ends: an empty request is answered with its end.
     let probe = ReplicaAppendRequest {
         topic: topic.to_string(),
@@ -670,10 +718,11 @@ async fn copy_sealed(
         None => answer.durable_end,
         Some(malachi_wire::replication::ReplicaRefusal::NotAtEnd) => answer.durable_end,
         Some(refusal) => {
-            return Err(format!(
-                "the new holder {node} refused ({refusal:?}): {}",
-                answer.message
-            ));
+            return Err(HealError::HolderRefused {
+                node,
+                refusal,
+                message: answer.message,
+            });
         }
     };
     let mut sent = 0u64;
@@ -691,13 +740,17 @@ async fn copy_sealed(
             )
             .await?;
         if let Some(refusal) = run.refused {
-            return Err(format!(
-                "catch-up from {source} refused ({refusal:?}): {}",
-                run.message
-            ));
+            return Err(HealError::CatchUpRefused {
+                from_node: source,
+                refusal,
+                message: run.message,
+            });
         }
         if run.frames.is_empty() || run.first_offset != at {
-            return Err(format!("catch-up from {source} brought nothing at {at}"));
+            return Err(HealError::CatchUpEmpty {
+                from_node: source,
+                at,
+            });
         }
         let len = run.frames.len() as u64;
         let answer = client
@@ -711,13 +764,14 @@ async fn copy_sealed(
             )
             .await?;
         if let Some(refusal) = answer.refused {
-            return Err(format!(
-                "the new holder {node} refused ({refusal:?}): {}",
-                answer.message
-            ));
+            return Err(HealError::HolderRefused {
+                node,
+                refusal,
+                message: answer.message,
+            });
         }
         if answer.durable_end <= at {
-            return Err(format!("the new holder {node} made no progress at {at}"));
+            return Err(HealError::HolderStalled { node, at });
         }
         at = answer.durable_end;
         sent += len;
@@ -736,7 +790,7 @@ async fn verify(
     node: u64,
     segment: SegmentId,
     seal: SealRecord,
-) -> Result<(), String> {
+) -> Result<(), HealError> {
     let status = client.status(node, segment).await?;
     if status.sealed
         && status.durable_end == Some(seal.length)
@@ -744,10 +798,14 @@ async fn verify(
     {
         Ok(())
     } else {
-        Err(format!(
-            "the new copy on {node} is not whole yet: sealed {}, {:?} records, {:?} bytes; the seal is {} records, {} bytes",
-            status.sealed, status.durable_end, status.durable_bytes, seal.length, seal.bytes
-        ))
+        Err(HealError::NotWhole {
+            node,
+            sealed: status.sealed,
+            durable_end: status.durable_end,
+            durable_bytes: status.durable_bytes,
+            length: seal.length,
+            bytes: seal.bytes,
+        })
     }
 }
 
@@ -756,6 +814,34 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+
+    #[test]
+    fn heal_errors_say_what_the_strings_they_replaced_said() {
+        let not_whole = HealError::NotWhole {
+            node: 4,
+            sealed: false,
+            durable_end: Some(3),
+            durable_bytes: None,
+            length: 5,
+            bytes: 50,
+        };
+        assert_eq!(
+            not_whole.to_string(),
+            "the new copy on 4 is not whole yet: sealed false, Some(3) records, None bytes; the seal is 5 records, 50 bytes"
+        );
+        assert_eq!(
+            HealError::CatchUpEmpty {
+                from_node: 2,
+                at: 9
+            }
+            .to_string(),
+            "catch-up from 2 brought nothing at 9"
+        );
+        assert_eq!(
+            HealError::HolderDead { holder: 3 }.to_string(),
+            "broker 3 holding the broken copy is not alive"
+        );
+    }
 
     #[test]
     fn the_pacer_spreads_every_heals_bytes_over_the_shared_rate() {

@@ -31,6 +31,7 @@ use tokio_util::codec::Decoder;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::debug;
 
+use super::context::{ProduceCtx, ReadCtx};
 use super::dispatch::handle_frame;
 use super::produce::{ProduceJob, spawn_sequencer};
 use super::reply::{Inflight, Outbound, Reply, error_frame};
@@ -305,7 +306,9 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     let subscriptions = Arc::new(Subscriptions::default());
     // One slot more than the permits, for the final error of an unframeable stream.
     let (tx, rx) = mpsc::channel::<Outbound>(inflight_max + 1);
+    // What the read and produce paths use of the broker, built once here.
     let ctx = ConnCtx {
+        read: Arc::new(ReadCtx::of(&shared)),
         tx,
         subscriptions,
         cancel: cancel.clone(),
@@ -313,7 +316,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     // Produce requests go, in the order they are read, to the connection's
     // sequencer, which hands them to each range's writer in that order.
     let produce = spawn_sequencer(
-        Arc::clone(&shared),
+        Arc::new(ProduceCtx::of(&shared)),
         ctx.clone(),
         budget.clone(),
         inflight_max,

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use malachi_core::cursor::{Cursor, CursorKeys, InvalidCursor};
 use tracing::debug;
 
+use super::context::ReadCtx;
 use super::error::ServeError;
-use crate::control::shared::Shared;
 
 /// The keys to mint and verify cursors with, or the retriable refusal of a
 /// broker that has not learned them yet.
-pub(crate) fn keys(shared: &Shared) -> Result<Arc<CursorKeys>, ServeError> {
-    shared
+pub(crate) fn keys(broker: &ReadCtx) -> Result<Arc<CursorKeys>, ServeError> {
+    broker
         .memory
         .cursor_keys
         .known()
@@ -24,22 +24,22 @@ pub(crate) fn keys(shared: &Shared) -> Result<Arc<CursorKeys>, ServeError> {
 /// Authenticates `encoded` under the cluster's keys (not yet against the
 /// metadata: `Cursor::validate` does that under the metadata lock). A key
 /// id this broker does not know makes it re-read the keys once first.
-pub(crate) async fn verify(shared: &Shared, encoded: &str) -> Result<Cursor, ServeError> {
+pub(crate) async fn verify(broker: &ReadCtx, encoded: &str) -> Result<Cursor, ServeError> {
     let refused = |e: InvalidCursor| ServeError::InvalidCursor {
         reason: e.to_string(),
     };
-    let held = keys(shared)?;
+    let held = keys(broker)?;
     match Cursor::decode(encoded, &held) {
         Err(InvalidCursor::UnknownKey { key_id }) => {
-            if let Ok(plane) = shared.plane() {
+            if let Ok(plane) = broker.place.plane() {
                 debug!(key_id, "a cursor names an unknown key: reading the keys");
-                shared
+                broker
                     .memory
                     .cursor_keys
-                    .refresh(plane.as_ref(), shared.clock.as_ref())
+                    .refresh(plane.as_ref(), broker.clock.as_ref())
                     .await;
             }
-            let fresh = keys(shared)?;
+            let fresh = keys(broker)?;
             Cursor::decode(encoded, &fresh).map_err(refused)
         }
         other => other.map_err(refused),

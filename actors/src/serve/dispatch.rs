@@ -11,6 +11,7 @@ use malachi_wire::RequestFrame;
 use malachi_wire::messages::{self as wire, ApiVersion, Request, Response};
 use tracing::{debug, warn};
 
+use super::context::ReadCtx;
 use super::error::ServeError;
 use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
@@ -30,19 +31,19 @@ pub(crate) async fn handle_frame(
     };
     let request = match request {
         Request::Subscribe(req) => {
-            if let Err(redirect) = serve_here(shared, &req.topic, Serve::Read).await {
-                if let Some(refusal) = forged_cursor(shared, req.cursor.as_deref()).await {
+            if let Err(redirect) = serve_here(&ctx.read.place, &req.topic, Serve::Read).await {
+                if let Some(refusal) = forged_cursor(&ctx.read, req.cursor.as_deref()).await {
                     return Some(refusal_frame(correlation_id, &refusal));
                 }
                 return Some(redirect_reply(redirect, correlation_id));
             }
-            return subscribe(shared, ctx, correlation_id, req)
+            return subscribe(ctx, correlation_id, req)
                 .await
                 .err()
                 .map(|refusal| refusal_frame(correlation_id, &refusal));
         }
         Request::SubscribeCredit(req) => {
-            let answer = credit(shared, ctx, req).map(Response::SubscribeCredit);
+            let answer = credit(ctx, req).map(Response::SubscribeCredit);
             return Some(encode_answer(correlation_id, "subscribe_credit", answer));
         }
         other => other,
@@ -59,13 +60,13 @@ pub(crate) async fn handle_frame(
         _ => None,
     };
     if let Some((topic, serve)) = served
-        && let Err(redirect) = serve_here(shared, topic, serve).await
+        && let Err(redirect) = serve_here(&ctx.read.place, topic, serve).await
     {
         let cursor = match &request {
             Request::Fetch(req) => req.cursor.as_deref(),
             _ => None,
         };
-        if let Some(refusal) = forged_cursor(shared, cursor).await {
+        if let Some(refusal) = forged_cursor(&ctx.read, cursor).await {
             return Some(refusal_frame(correlation_id, &refusal));
         }
         return Some(redirect_reply(redirect, correlation_id));
@@ -74,7 +75,7 @@ pub(crate) async fn handle_frame(
     Some(encode_answer(
         correlation_id,
         name,
-        handle_request(shared, request).await,
+        handle_request(shared, &ctx.read, request).await,
     ))
 }
 
@@ -83,9 +84,9 @@ pub(crate) async fn handle_frame(
 /// would accept is refused by the first broker it reaches, and a genuine
 /// one is known good before the client is sent on. A broker that has not
 /// learned the keys yet redirects without verifying.
-async fn forged_cursor(shared: &Shared, cursor: Option<&str>) -> Option<ServeError> {
+async fn forged_cursor(read: &ReadCtx, cursor: Option<&str>) -> Option<ServeError> {
     let cursor = cursor?;
-    match super::cursors::verify(shared, cursor).await {
+    match super::cursors::verify(read, cursor).await {
         Err(ServeError::CursorKeyPending) | Ok(_) => None,
         Err(refused) => Some(refused),
     }
@@ -115,7 +116,11 @@ fn encode_answer(
     }
 }
 
-async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Response, Failure> {
+async fn handle_request(
+    shared: &Arc<Shared>,
+    read: &ReadCtx,
+    request: Request,
+) -> Result<Response, Failure> {
     match request {
         Request::ApiVersions(_) => Ok(Response::ApiVersions(wire::ApiVersionsResponse {
             node_id: shared.config.node_id,
@@ -142,7 +147,7 @@ async fn handle_request(shared: &Arc<Shared>, request: Request) -> Result<Respon
             what: "route a produce",
             reason: "produce requests go through the connection's sequencer".into(),
         }),
-        Request::Fetch(req) => fetch::fetch(shared, req).await.map(Response::Fetch),
+        Request::Fetch(req) => fetch::fetch(read, req).await.map(Response::Fetch),
         Request::TreeSnapshot(req) => cluster::tree_snapshot(shared, req)
             .await
             .map(Response::TreeSnapshot),

@@ -5,15 +5,15 @@
 //! their holders through it (`remote.rs`, ADR 0118).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use malachi_core::cursor::{Cursor, Position};
-use malachi_core::model::{NodeId, RangeId};
+use malachi_core::model::RangeId;
 use malachi_wire::batch::BatchBuilder;
 use malachi_wire::messages as wire;
 use tokio::time::Instant;
 
+use super::context::ReadCtx;
 use super::error::ServeError;
 use super::read::{
     LocalCopies, ReadBudget, ReadError, TailElsewhere, active_plans, active_segments, read_topic,
@@ -22,39 +22,38 @@ use super::read::{
 use super::remote::{REMOTE_ACTIVE_POLL_MS, read_through_holders};
 use super::reply::{Failure, not_serving};
 use crate::control::metadata::{MetadataPlane, read_owner};
-use crate::control::shared::Shared;
 
 /// Records one store read returns at most.
 const READ_CHUNK_RECORDS: usize = 1024;
 
 pub(crate) async fn fetch(
-    shared: &Arc<Shared>,
+    broker: &ReadCtx,
     req: wire::FetchRequest,
 ) -> Result<wire::FetchResponse, Failure> {
-    let plane = shared.plane().map_err(not_serving)?;
-    let wait_ms = u64::from(req.wait_ms).min(shared.config.fetch_wait_ms_max);
+    let plane = broker.place.plane().map_err(not_serving)?;
+    let wait_ms = u64::from(req.wait_ms).min(broker.fetch_wait_ms_max);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let topic = req.topic.clone();
-    let keys = super::cursors::keys(shared)?;
+    let keys = super::cursors::keys(broker)?;
     let verified = match &req.cursor {
-        Some(encoded) => Some(super::cursors::verify(shared, encoded).await?),
+        Some(encoded) => Some(super::cursors::verify(broker, encoded).await?),
         None => None,
     };
-    let (incarnation, start) = caught_up_start(shared, plane.as_ref(), &req, verified).await?;
+    let (incarnation, start) = caught_up_start(broker, plane.as_ref(), &req, verified).await?;
     // Subscribed only for a topic that exists (the map must not grow with
     // names clients make up), and before the first read, so a record made
     // durable between that read and the wait still wakes it.
-    let mut durable = shared.watch_topic(&req.topic);
-    let frame_max = shared.config.frame_bytes_max;
+    let mut durable = broker.data.watch_topic(&req.topic);
+    let frame_max = broker.frame_bytes_max;
     loop {
         // Plans are cloned under the metadata lock; the disk is read without it.
-        let me = NodeId(shared.config.node_id);
+        let me = broker.place.me;
         let (plans, copies) = read_owner(plane.as_ref(), &topic, |state| {
             let plans = active_plans(state, &topic);
             let copies = LocalCopies::of(state, &plans, me)
-                .with_metrics(&shared.metrics)
-                .without_broken(&shared.data.scrub.book.lock())
-                .with_unsettled(|segment| shared.data.replication.settled(segment));
+                .with_metrics(&broker.metrics)
+                .without_broken(&broker.data.scrub.book.lock())
+                .with_unsettled(|segment| broker.data.replication.settled(segment));
             (plans, copies)
         });
         let remote_active = copies.reads_active_elsewhere(&plans);
@@ -67,13 +66,13 @@ pub(crate) async fn fetch(
         let batch_max = (req.bytes_max as usize).min(frame_room);
         // A segment this broker cannot read is read from a holder (ADR
         // 0118, 0123), so this broker serves the whole read.
-        let read = read_through_holders(shared, &topic, copies, batch_max, |copies| {
+        let read = read_through_holders(broker, &topic, copies, batch_max, |copies| {
             let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
             let outcome = tokio::task::block_in_place(|| {
                 read_topic(
                     &plans,
                     copies,
-                    shared.store.as_ref(),
+                    broker.store.as_ref(),
                     &start,
                     &mut builder,
                     ReadBudget {
@@ -93,7 +92,7 @@ pub(crate) async fn fetch(
             // reader gets the retriable refusal, never a false "nothing
             // more" (ADR 0139).
             Err(ReadError::Unsettled { .. }) if Instant::now() < deadline => {
-                wait_for_records(shared, &mut durable, deadline, remote_active).await?;
+                wait_for_records(broker, &mut durable, deadline, remote_active).await?;
                 continue;
             }
             Err(e) => return Err(e.refusal(&topic, frame_max, control)),
@@ -109,11 +108,11 @@ pub(crate) async fn fetch(
         // moved the cursor: answered at once, so the next fetch goes on
         // from there rather than reading them again.
         if records > 0 || expired || read.moved {
-            shared
+            broker
                 .metrics
                 .records_consumed
                 .increment(u64::from(records));
-            shared.metrics.bytes_consumed.increment(bytes);
+            broker.metrics.bytes_consumed.increment(bytes);
             let cursor = Cursor {
                 topic: topic.clone(),
                 incarnation,
@@ -128,13 +127,13 @@ pub(crate) async fn fetch(
                 records: batch,
             });
         }
-        wait_for_records(shared, &mut durable, deadline, remote_active).await?;
+        wait_for_records(broker, &mut durable, deadline, remote_active).await?;
     }
 }
 
 /// Waits for more records of the topic (`durable`), at most to `deadline`.
 async fn wait_for_records(
-    shared: &Arc<Shared>,
+    broker: &ReadCtx,
     durable: &mut tokio::sync::watch::Receiver<u64>,
     deadline: Instant,
     remote_active: bool,
@@ -149,7 +148,7 @@ async fn wait_for_records(
     tokio::select! {
         _ = tokio::time::sleep_until(look_again) => Ok(()),
         _ = durable.changed() => Ok(()),
-        _ = shared.port.draining.cancelled() => Err(ServeError::Draining),
+        _ = broker.draining.cancelled() => Err(ServeError::Draining),
     }
 }
 
@@ -164,7 +163,7 @@ const CURSOR_CATCH_UP_WAIT_MS: u64 = 1_000;
 /// applied that state, and never refused as stale before (chaos finding
 /// F5).
 pub(crate) async fn caught_up_start(
-    shared: &Shared,
+    broker: &ReadCtx,
     plane: &dyn MetadataPlane,
     req: &wire::FetchRequest,
     verified: Option<Cursor>,
@@ -172,10 +171,10 @@ pub(crate) async fn caught_up_start(
     let mut applied = plane.subscribe();
     let deadline = Instant::now() + Duration::from_millis(CURSOR_CATCH_UP_WAIT_MS);
     loop {
-        match start_positions(shared, plane, req, verified.clone()) {
+        match start_positions(broker, plane, req, verified.clone()) {
             Ok((incarnation, mut positions, elsewhere)) => {
                 for tail in elsewhere {
-                    let end = super::remote::readable_end(shared, &tail).await?;
+                    let end = super::remote::readable_end(broker, &tail).await?;
                     positions.insert(
                         tail.range,
                         Position::At {
@@ -212,7 +211,7 @@ type StartPositions = (u64, BTreeMap<RangeId, Position>, Vec<TailElsewhere>);
 /// by `cursors::verify`, checked against the metadata here), the start of
 /// every range, or the tail.
 fn start_positions(
-    shared: &Shared,
+    broker: &ReadCtx,
     plane: &dyn MetadataPlane,
     req: &wire::FetchRequest,
     verified: Option<Cursor>,
@@ -251,9 +250,9 @@ fn start_positions(
             }
             None => None,
         };
-        let copies = LocalCopies::of_active(state, &req.topic, NodeId(shared.config.node_id))
-            .with_metrics(&shared.metrics)
-            .without_broken(&shared.data.scrub.book.lock());
+        let copies = LocalCopies::of_active(state, &req.topic, broker.place.me)
+            .with_metrics(&broker.metrics)
+            .without_broken(&broker.data.scrub.book.lock());
         Ok((
             incarnation,
             cursor,
@@ -272,7 +271,7 @@ fn start_positions(
             Vec::new(),
         ),
         None => {
-            tokio::task::block_in_place(|| tail_positions(shared.store.as_ref(), &copies, &active))?
+            tokio::task::block_in_place(|| tail_positions(broker.store.as_ref(), &copies, &active))?
         }
     };
     Ok((incarnation, positions, elsewhere))

@@ -1,7 +1,8 @@
 //! The client port: the `listener` subtree. `listener.rs` (`listener/acceptor`)
 //! accepts and starts one `connection/<peer>` actor per socket
 //! (`connection.rs`: the pipelined read and write loops and their bounds);
-//! `dispatch.rs` takes each request to its api family's handler:
+//! `dispatch.rs` takes each request to its api family's handler (the read
+//! and produce paths get only what they use: `context.rs`):
 //! `produce.rs`, `fetch.rs` (with `read.rs`, read plans to store reads,
 //! and `remote.rs`, a sealed segment's records from the brokers holding
 //! it when this one holds no usable copy), `subscribe.rs` (pushes within credit), `cursors.rs` (the cluster's
@@ -12,10 +13,12 @@
 //!
 //! Architecture invariant: `serve` is the only module that speaks the client
 //! protocol; it reaches the layers below through the broker context
-//! (`control::shared::Shared`), and nothing below names it.
+//! (`control::shared::Shared`), narrowed for the read and produce paths
+//! (`context.rs`), and nothing below names it.
 
 pub(crate) mod cluster;
 pub(crate) mod connection;
+pub(crate) mod context;
 pub(crate) mod cursors;
 pub(crate) mod dispatch;
 pub(crate) mod error;

@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::context::ProduceCtx;
 use super::error::ServeError;
 use super::reply::{Inflight, Outbound, Reply, body_frame, redirect_reply, refusal_frame};
 use super::subscribe::ConnCtx;
@@ -41,7 +42,6 @@ use crate::common::budget::{ConnectionBudget, Held};
 use crate::common::convert::IncomingRecord;
 use crate::control::metadata::read_owner;
 use crate::control::placement::{Serve, moved_primary, range_redirect, serve_here};
-use crate::control::shared::Shared;
 use crate::data::invariants::{check_acknowledged, check_append, check_partial, check_routed};
 use crate::data::producers::{self, ProducerTag, Verdict};
 use crate::data::segment::{Ack, AppendError, SegmentMsg};
@@ -65,7 +65,7 @@ pub(crate) struct ProduceJob {
 /// sender, in the order they were read. It ends once the sender is dropped
 /// and every request it took is answered, or when the connection is cancelled.
 pub(crate) fn spawn_sequencer(
-    shared: Arc<Shared>,
+    broker: Arc<ProduceCtx>,
     ctx: ConnCtx,
     budget: ConnectionBudget,
     capacity: usize,
@@ -73,7 +73,7 @@ pub(crate) fn spawn_sequencer(
     let (tx, rx) = mpsc::channel(capacity.max(1));
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let sequencer = Sequencer {
-        shared,
+        broker,
         ctx,
         budget,
         lanes: HashMap::new(),
@@ -164,7 +164,7 @@ struct Event {
 }
 
 struct Sequencer {
-    shared: Arc<Shared>,
+    broker: Arc<ProduceCtx>,
     ctx: ConnCtx,
     budget: ConnectionBudget,
     lanes: HashMap<RangeId, Lane>,
@@ -247,7 +247,7 @@ impl Sequencer {
         let Some(lane) = self.lanes.get(&range) else {
             return true;
         };
-        let Ok(plane) = self.shared.plane() else {
+        let Ok(plane) = self.broker.place.plane() else {
             return false;
         };
         let active = read_owner(plane.as_ref(), &lane.topic, |state| {
@@ -285,7 +285,7 @@ impl Sequencer {
         };
         // Records are served by the broker hosting the topic's segments; any
         // other broker answers `not_leader` with that broker's address.
-        if let Err(redirect) = serve_here(&self.shared, &request.topic, Serve::Write).await {
+        if let Err(redirect) = serve_here(&self.broker.place, &request.topic, Serve::Write).await {
             return self.answer(
                 correlation_id,
                 job.slot,
@@ -297,25 +297,24 @@ impl Sequencer {
         // The batch's bytes count against the free-space line until the
         // next poll, as a follower's appends do (ADR 0127).
         let bytes = request.records.encoded_bytes() as u64;
-        if let Err(no_room) = self.shared.data.space.try_take(bytes) {
+        if let Err(no_room) = self.broker.data.space.try_take(bytes) {
             if no_room.became_full {
                 tracing::error!(
                     free_bytes = no_room.free_bytes,
-                    min_free_bytes = self.shared.data.space.min_free_bytes(),
+                    min_free_bytes = self.broker.data.space.min_free_bytes(),
                     bytes,
                     "the data volume reached its free-space line; produces, replica appends and heals are refused until space is freed"
                 );
             }
-            let refusal = full_refusal(&self.shared, replicated_here(&self.shared, &request.topic));
+            let refusal = full_refusal(&self.broker, replicated_here(&self.broker, &request.topic));
             return self.answer(
                 correlation_id,
                 job.slot,
                 refusal_frame(correlation_id, &refusal),
             );
         }
-        let deadline =
-            Instant::now() + Duration::from_millis(self.shared.config.produce_timeout_ms);
-        let records = match incoming(&self.shared, request.records) {
+        let deadline = Instant::now() + Duration::from_millis(self.broker.produce_timeout_ms);
+        let records = match incoming(&self.broker, request.records) {
             Ok(records) => records,
             Err(refusal) => {
                 return self.answer(
@@ -345,13 +344,13 @@ impl Sequencer {
     async fn admit(&mut self, admitted: Admitted) -> Result<(), Admitted> {
         if Instant::now() >= admitted.deadline {
             let refusal = ServeError::ProduceTimeout {
-                timeout_ms: self.shared.config.produce_timeout_ms,
+                timeout_ms: self.broker.produce_timeout_ms,
             };
             let id = admitted.correlation_id;
             self.answer(id, admitted.slot, refusal_frame(id, &refusal));
             return Ok(());
         }
-        let plane = match self.shared.plane() {
+        let plane = match self.broker.place.plane() {
             Ok(plane) => plane,
             Err(e) => {
                 let id = admitted.correlation_id;
@@ -490,7 +489,7 @@ impl Sequencer {
     /// lane (to be sent in ticket order), or resolves it (its deadline
     /// passed). A part whose range is no longer active is routed again.
     async fn submit(&mut self, part: Part) -> Sent {
-        let timeout_ms = self.shared.config.produce_timeout_ms;
+        let timeout_ms = self.broker.produce_timeout_ms;
         if Instant::now() >= part.deadline {
             self.resolve(
                 part,
@@ -501,7 +500,7 @@ impl Sequencer {
         let Some(topic) = self.pending.get(&part.request).map(|p| p.topic.clone()) else {
             return Sent::Done;
         };
-        let plane = match self.shared.plane() {
+        let plane = match self.broker.place.plane() {
             Ok(plane) => plane,
             Err(e) => {
                 self.resolve(part, Outcome::Failed(ServeError::Metadata(e)));
@@ -533,15 +532,15 @@ impl Sequencer {
             lane.waiting.insert(part.ticket, part);
             return Sent::Deferred;
         }
-        let Some(handle) = self.shared.segment(segment) else {
+        let Some(handle) = self.broker.data.segment(segment) else {
             // Another broker writes this range (a topic's ranges may have
             // different primaries): say which, at once. Held here, the part
             // waited out its deadline for a writer that never starts here,
             // and the client timed out (issue 36, five brokers).
             if let Some(primary) = primary
-                && primary.0 != self.shared.config.node_id
+                && primary.0 != self.broker.place.me.0
             {
-                let redirect = range_redirect(&self.shared, &topic, part.range, primary);
+                let redirect = range_redirect(&self.broker.place, &topic, part.range, primary);
                 self.resolve(part, Outcome::Failed(ServeError::Redirect(redirect)));
                 return Sent::Done;
             }
@@ -596,9 +595,9 @@ impl Sequencer {
         lane.segment = Some(segment);
         lane.topic = topic;
         let events = self.events_tx.clone();
-        let shared = Arc::clone(&self.shared);
+        let broker = Arc::clone(&self.broker);
         tokio::spawn(async move {
-            let outcome = await_answer(&shared, &part, segment, answer, timeout_ms).await;
+            let outcome = await_answer(&broker, &part, segment, answer, timeout_ms).await;
             let _ = events.send(Event { part, outcome });
         });
         Sent::Done
@@ -609,7 +608,7 @@ impl Sequencer {
     /// to the active range holding its first key, whose producer state
     /// knows the old range's stream (and answers duplicate or moved).
     fn reroute(&mut self, part: Part, topic: &str) -> Sent {
-        let Ok(plane) = self.shared.plane() else {
+        let Ok(plane) = self.broker.place.plane() else {
             self.resolve(part, Outcome::Failed(ServeError::CoordinatorDown));
             return Sent::Done;
         };
@@ -759,7 +758,7 @@ impl Sequencer {
         // acknowledged, so the answer stays a plain redirect.
         let moved = match first_error {
             Some(ServeError::ReplicaQuorum { .. }) if acknowledged == 0 => {
-                moved_primary(&self.shared, &topic).map(ServeError::Redirect)
+                moved_primary(&self.broker.place, &topic).map(ServeError::Redirect)
             }
             _ => None,
         };
@@ -801,7 +800,7 @@ impl Sequencer {
 
     /// Queues an answer for the writer (growing its response budget first).
     fn answer(&self, _correlation_id: u32, mut slot: Inflight, frame: Reply) {
-        let shared = Arc::clone(&self.shared);
+        let broker = Arc::clone(&self.broker);
         let budget = self.budget.clone();
         let tx = self.ctx.tx.clone();
         let cancel = self.ctx.cancel.clone();
@@ -809,7 +808,7 @@ impl Sequencer {
             if let Some(held) = slot.budget.as_mut() {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = budget.grow_response(&shared.port.budgets, held, super::connection::reply_bytes(&frame)) => {}
+                    _ = budget.grow_response(&broker.port.budgets, held, super::connection::reply_bytes(&frame)) => {}
                 }
             }
             let _ = tx
@@ -831,7 +830,7 @@ enum Sent {
 
 /// Waits for the segment's answer to one part.
 async fn await_answer(
-    shared: &Shared,
+    broker: &ProduceCtx,
     part: &Part,
     segment: SegmentId,
     answer: oneshot::Receiver<Result<Ack, AppendError>>,
@@ -870,8 +869,8 @@ async fn await_answer(
         // brokers with room, so the producer retries there, as at
         // admission.
         Ok(Ok(Err(AppendError::StorageFull(_)))) => {
-            let replicated = shared.data.replication.led.lock().contains_key(&segment);
-            Outcome::Failed(full_refusal(shared, replicated))
+            let replicated = broker.data.replication.led.lock().contains_key(&segment);
+            Outcome::Failed(full_refusal(broker, replicated))
         }
     }
 }
@@ -879,25 +878,25 @@ async fn await_answer(
 /// The refusal of a produce while this broker's volume is full: for a
 /// replicated topic, a retriable `not_leader` without a hint (a failover
 /// moves its segments to brokers with room); else `storage_full`.
-fn full_refusal(shared: &Shared, replicated: bool) -> ServeError {
+fn full_refusal(broker: &ProduceCtx, replicated: bool) -> ServeError {
     if replicated {
         ServeError::Redirect(crate::control::placement::Redirect {
             code: malachi_wire::ErrorCode::NotLeader,
             message: format!(
                 "broker {}'s data volume is full; the topic's segments move to brokers with room",
-                shared.config.node_id
+                broker.place.me.0
             ),
             hint: None,
         })
     } else {
-        storage_full(shared)
+        storage_full(broker)
     }
 }
 
 /// Whether an active segment of `topic` has copies on other brokers, which
 /// a failover moves it to when this broker's volume is full.
-fn replicated_here(shared: &Shared, topic: &str) -> bool {
-    let Ok(plane) = shared.plane() else {
+fn replicated_here(broker: &ProduceCtx, topic: &str) -> bool {
+    let Ok(plane) = broker.place.plane() else {
         return false;
     };
     read_owner(plane.as_ref(), topic, |state| {
@@ -910,8 +909,8 @@ fn replicated_here(shared: &Shared, topic: &str) -> bool {
 }
 
 /// The refusal of a produce while the data volume is full (ADR 0111).
-pub(crate) fn storage_full(shared: &Shared) -> ServeError {
-    let space = &shared.data.space;
+pub(crate) fn storage_full(broker: &ProduceCtx) -> ServeError {
+    let space = &broker.data.space;
     // Full because a write met `ENOSPC`, or would have crossed the line,
     // while the last poll still saw room: say so, rather than quote a
     // figure above the line as if it were below.
@@ -924,7 +923,7 @@ pub(crate) fn storage_full(shared: &Shared) -> ServeError {
         None => format!("has no space, below store.min_free_bytes ({min} bytes)"),
     };
     ServeError::StorageFull {
-        node: shared.config.node_id,
+        node: broker.place.me.0,
         state,
         resume_bytes: space.resume_bytes(),
     }
@@ -974,11 +973,11 @@ fn producer_refusal(part: &Part, verdict: Verdict) -> ServeError {
 /// The request's records, checked: every record has a key (ADR 0063), a
 /// value within `record_value_bytes_max`, and no reserved header.
 fn incoming(
-    shared: &Shared,
+    broker: &ProduceCtx,
     batch: malachi_wire::batch::RecordBatch,
 ) -> Result<Vec<IncomingRecord>, ServeError> {
-    let value_max = shared.config.record_value_bytes_max;
-    let now_ms = shared.clock.now_ms();
+    let value_max = broker.record_value_bytes_max;
+    let now_ms = broker.clock.now_ms();
     let incoming = batch.records();
     let mut records = Vec::with_capacity(incoming.len());
     for (index, record) in incoming.into_iter().enumerate() {

@@ -33,8 +33,6 @@
 //! [`REMOTE_READ_TIMEOUT_MS`], and a segment no holder served is not asked
 //! again within the read.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use malachi_core::model::{NodeId, SegmentId};
 use malachi_storage::FrameView;
@@ -45,10 +43,9 @@ use malachi_wire::replica_order::{
 use std::ops::ControlFlow;
 use tracing::debug;
 
+use super::context::ReadCtx;
 use super::error::ServeError;
 use super::read::{Blocked, LocalCopies, ReadError, ReadOutcome, TailElsewhere};
-use crate::control::placement::is_dead;
-use crate::control::shared::Shared;
 
 /// The least frame bytes one chunk asks for, however small the read's
 /// budget (a subscription with one byte of credit), so a band-filtered
@@ -305,7 +302,7 @@ pub(crate) struct ThroughHolders<T> {
 /// [`ReadError::NotHere`] naming the first blocked range: retriable, never
 /// an empty answer that looks like the end of the log.
 pub(crate) async fn read_through_holders<T>(
-    shared: &Arc<Shared>,
+    broker: &ReadCtx,
     topic: &str,
     copies: LocalCopies,
     budget_bytes: usize,
@@ -322,7 +319,7 @@ pub(crate) async fn read_through_holders<T>(
         for blocked in &outcome.blocked {
             if let Some(damage) = &blocked.damage {
                 mark_damaged(
-                    shared,
+                    broker,
                     topic,
                     blocked,
                     damage,
@@ -346,7 +343,7 @@ pub(crate) async fn read_through_holders<T>(
         let runs = futures::future::join_all(
             wanted
                 .iter()
-                .map(|blocked| fetch_chunk(shared, topic, blocked, share)),
+                .map(|blocked| fetch_chunk(broker, topic, blocked, share)),
         )
         .await;
         for (blocked, run) in wanted.iter().zip(runs) {
@@ -371,7 +368,7 @@ pub(crate) async fn read_through_holders<T>(
 /// and the coordinator's next scrub ask has it rebuilt from an intact
 /// copy (ADR 0110), as a scrub would.
 fn mark_damaged(
-    shared: &Shared,
+    broker: &ReadCtx,
     topic: &str,
     blocked: &Blocked,
     damage: &str,
@@ -382,7 +379,7 @@ fn mark_damaged(
     let Some(seal) = seal else {
         // An active follower copy: its primary's catch-up repairs it.
         tracing::warn!(topic, segment = segment.0, offset = blocked.offset, %damage, "a replicated copy of an active segment failed a frame check on read; the read went to another holder");
-        shared.metrics.read_damage.increment(1);
+        broker.metrics.read_damage.increment(1);
         return;
     };
     let seal = malachi_wire::replica_status::ScrubSeal {
@@ -390,7 +387,7 @@ fn mark_damaged(
         length: seal.length,
         bytes: seal.bytes,
     };
-    let mut book = shared.data.scrub.book.lock();
+    let mut book = broker.data.scrub.book.lock();
     if book.is_broken(segment.0) {
         return;
     }
@@ -402,7 +399,7 @@ fn mark_damaged(
         std::time::Instant::now(),
     );
     drop(book);
-    shared.metrics.read_damage.increment(1);
+    broker.metrics.read_damage.increment(1);
     tracing::warn!(topic, segment = segment.0, offset = blocked.offset, %damage, "a sealed copy failed a frame check on read; the read went to another holder and the copy is marked damaged for its rebuild");
 }
 
@@ -436,13 +433,13 @@ pub(crate) fn round_share(budget_bytes: usize, segments: usize, room: u64) -> u6
 /// with good frames (an active segment's primary first: the replicas are
 /// in that order), or `None` (each failure logged at debug).
 async fn fetch_chunk(
-    shared: &Arc<Shared>,
+    broker: &ReadCtx,
     topic: &str,
     blocked: &Blocked,
     bytes_max: u64,
 ) -> Option<RemoteChunk> {
-    let raft = shared.links.raft.get()?;
-    let me = shared.config.node_id;
+    let raft = broker.place.links.raft.get()?;
+    let me = broker.place.me.0;
     let request = CatchUpRequest {
         topic: topic.to_string(),
         segment: blocked.segment.0,
@@ -463,7 +460,7 @@ async fn fetch_chunk(
         .holders
         .iter()
         .copied()
-        .filter(|&h| h != me && !is_dead(shared, NodeId(h)))
+        .filter(|&h| h != me && !broker.place.is_dead(NodeId(h)))
         .take(REMOTE_HOLDERS_TRIED_MAX);
     for holder in holders {
         let answer = raft
@@ -481,7 +478,7 @@ async fn fetch_chunk(
         };
         match checked_run(blocked, answer) {
             Ok(chunk) => {
-                shared
+                broker
                     .metrics
                     .remote_read_bytes
                     .increment(chunk.bytes() as u64);
@@ -510,10 +507,13 @@ async fn fetch_chunk(
 /// holding no copy (ADR 0123). No holder answering is the range's
 /// retriable refusal: a tail taken as 0 would read the segment from its
 /// start.
-pub(crate) async fn readable_end(shared: &Shared, tail: &TailElsewhere) -> Result<u64, ServeError> {
+pub(crate) async fn readable_end(
+    broker: &ReadCtx,
+    tail: &TailElsewhere,
+) -> Result<u64, ServeError> {
     use crate::control::replica_status::{Lane, ask_status};
     use malachi_wire::replica_status::ReplicaStatusRequest;
-    let me = shared.config.node_id;
+    let me = broker.place.me.0;
     let request = ReplicaStatusRequest {
         segments: vec![tail.segment.0],
         ..ReplicaStatusRequest::default()
@@ -522,11 +522,11 @@ pub(crate) async fn readable_end(shared: &Shared, tail: &TailElsewhere) -> Resul
         .holders
         .iter()
         .copied()
-        .filter(|&h| h != me && !is_dead(shared, NodeId(h)))
+        .filter(|&h| h != me && !broker.place.is_dead(NodeId(h)))
         .take(REMOTE_HOLDERS_TRIED_MAX);
     for holder in holders {
         let answer = ask_status(
-            &shared.links,
+            &broker.place.links,
             holder,
             &request,
             REMOTE_READ_TIMEOUT_MS,

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use malachi_core::cursor::{Cursor, Position};
-use malachi_core::model::{NodeId, RangeId};
+use malachi_core::model::RangeId;
 use malachi_wire::batch::BatchBuilder;
 use malachi_wire::limits::{CREDIT_BYTES_MAX, CREDIT_RECORDS_MAX};
 use malachi_wire::messages::{
@@ -27,13 +27,13 @@ use malachi_wire::{ErrorCode, Message, RecordBatch};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use super::context::ReadCtx;
 use super::error::ServeError;
 use super::fetch::caught_up_start;
 use super::read::{LocalCopies, ReadBudget, active_plans, read_topic, response_control_bytes};
 use super::remote::{REMOTE_ACTIVE_POLL_MS, read_through_holders};
 use super::reply::{Failure, Outbound, Reply, refusal_frame};
 use crate::control::metadata::read_owner;
-use crate::control::shared::Shared;
 
 /// Subscriptions one connection may hold at once.
 pub(crate) const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 16;
@@ -70,9 +70,11 @@ impl Subscriptions {
 }
 
 /// What a request handler may use of its connection (subscriptions push
-/// through it).
+/// through it), and what its reads use of the broker (`read`, built once
+/// per connection).
 #[derive(Clone)]
 pub(crate) struct ConnCtx {
+    pub read: Arc<ReadCtx>,
     pub tx: tokio::sync::mpsc::Sender<Outbound>,
     pub subscriptions: Arc<Subscriptions>,
     pub cancel: tokio_util::sync::CancellationToken,
@@ -99,15 +101,15 @@ fn push_frame(id: u32, push: &SubscribePush) -> Reply {
 /// Accepts a subscription and starts its push task; a refusal is returned
 /// (and becomes an error response on the subscription's id).
 pub(crate) async fn subscribe(
-    shared: &Arc<Shared>,
     ctx: &ConnCtx,
     id: u32,
     req: SubscribeRequest,
 ) -> Result<(), Failure> {
-    let plane = shared.plane().map_err(ServeError::Metadata)?;
-    super::cursors::keys(shared)?;
+    let broker = &ctx.read;
+    let plane = broker.place.plane().map_err(ServeError::Metadata)?;
+    super::cursors::keys(broker)?;
     let verified = match &req.cursor {
-        Some(encoded) => Some(super::cursors::verify(shared, encoded).await?),
+        Some(encoded) => Some(super::cursors::verify(broker, encoded).await?),
         None => None,
     };
     let as_fetch = FetchRequest {
@@ -118,7 +120,7 @@ pub(crate) async fn subscribe(
         bytes_max: 1,
         wait_ms: 0,
     };
-    let (incarnation, start) = caught_up_start(shared, plane.as_ref(), &as_fetch, verified).await?;
+    let (incarnation, start) = caught_up_start(broker, plane.as_ref(), &as_fetch, verified).await?;
     let sub = Arc::new(Subscription {
         credit: Mutex::new(Credit {
             records: req.credit_records,
@@ -139,7 +141,7 @@ pub(crate) async fn subscribe(
         map.insert(id, Arc::clone(&sub));
     }
     let task = PushTask {
-        shared: Arc::clone(shared),
+        broker: Arc::clone(broker),
         tx: ctx.tx.clone(),
         cancel: ctx.cancel.clone(),
         subscriptions: Arc::clone(&ctx.subscriptions),
@@ -154,7 +156,6 @@ pub(crate) async fn subscribe(
 
 /// Adds credit to, or cancels, a subscription of this connection.
 pub(crate) fn credit(
-    _shared: &Arc<Shared>,
     ctx: &ConnCtx,
     req: SubscribeCreditRequest,
 ) -> Result<SubscribeCreditResponse, Failure> {
@@ -190,7 +191,7 @@ pub(crate) fn credit(
 }
 
 struct PushTask {
-    shared: Arc<Shared>,
+    broker: Arc<ReadCtx>,
     tx: tokio::sync::mpsc::Sender<Outbound>,
     cancel: tokio_util::sync::CancellationToken,
     subscriptions: Arc<Subscriptions>,
@@ -220,7 +221,7 @@ impl PushTask {
             incarnation: self.incarnation,
             positions: positions.clone(),
         };
-        let keys = match super::cursors::keys(&self.shared) {
+        let keys = match super::cursors::keys(&self.broker) {
             Ok(keys) => keys,
             Err(refusal) => return refusal_frame(self.id, &refusal),
         };
@@ -252,7 +253,7 @@ impl PushTask {
             self.subscriptions.remove(self.id);
             return;
         }
-        let frame_max = self.shared.config.frame_bytes_max;
+        let frame_max = self.broker.frame_bytes_max;
         loop {
             sequence += 1;
             if self.sub.cancelled.load(Ordering::SeqCst) {
@@ -260,12 +261,12 @@ impl PushTask {
                 let _ = self.send(last).await;
                 break;
             }
-            let mut durable = self.shared.watch_topic(&self.topic);
+            let mut durable = self.broker.data.watch_topic(&self.topic);
             let (records_credit, bytes_credit) = {
                 let credit = self.sub.credit.lock();
                 (credit.records, credit.bytes)
             };
-            let Ok(plane) = self.shared.plane() else {
+            let Ok(plane) = self.broker.place.plane() else {
                 break;
             };
             let alive = read_owner(plane.as_ref(), &self.topic, |state| {
@@ -288,12 +289,12 @@ impl PushTask {
             // appends do not wake `durable` here: a timer does (ADR 0123).
             let mut remote_active = false;
             if records_credit > 0 && bytes_credit > 0 {
-                let me = NodeId(self.shared.config.node_id);
+                let me = self.broker.place.me;
                 let (plans, copies) = read_owner(plane.as_ref(), &self.topic, |state| {
                     let plans = active_plans(state, &self.topic);
                     let copies = LocalCopies::of(state, &plans, me)
-                        .with_metrics(&self.shared.metrics)
-                        .without_broken(&self.shared.data.scrub.book.lock());
+                        .with_metrics(&self.broker.metrics)
+                        .without_broken(&self.broker.data.scrub.book.lock());
                     (plans, copies)
                 });
                 remote_active = copies.reads_active_elsewhere(&plans);
@@ -307,13 +308,13 @@ impl PushTask {
                 // A sealed segment this broker cannot read is read from a
                 // holder (ADR 0118).
                 let attempt =
-                    read_through_holders(&self.shared, &self.topic, copies, batch_max, |copies| {
+                    read_through_holders(&self.broker, &self.topic, copies, batch_max, |copies| {
                         let mut builder = BatchBuilder::with_capacity(frame_room, batch_max);
                         let outcome = tokio::task::block_in_place(|| {
                             read_topic(
                                 &plans,
                                 copies,
-                                self.shared.store.as_ref(),
+                                self.broker.store.as_ref(),
                                 &positions,
                                 &mut builder,
                                 ReadBudget {
@@ -349,11 +350,11 @@ impl PushTask {
                         let block = u32::try_from(batch.encoded_bytes()).unwrap_or(u32::MAX);
                         credit.bytes = credit.bytes.saturating_sub(block);
                     }
-                    self.shared
+                    self.broker
                         .metrics
                         .records_consumed
                         .increment(u64::from(outcome.records));
-                    self.shared.metrics.bytes_consumed.increment(outcome.bytes);
+                    self.broker.metrics.bytes_consumed.increment(outcome.bytes);
                     positions = outcome.positions;
                     let frame = self.push(sequence, &positions, batch, false);
                     if !self.send(frame).await {
@@ -366,7 +367,7 @@ impl PushTask {
                 sequence -= 1;
                 tokio::select! {
                     _ = self.cancel.cancelled() => break,
-                    _ = self.shared.port.draining.cancelled() => break,
+                    _ = self.broker.draining.cancelled() => break,
                     _ = self.sub.wake.notified() => {}
                     _ = durable.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(REMOTE_ACTIVE_POLL_MS)), if remote_active => {}
