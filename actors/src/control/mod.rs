@@ -1,7 +1,8 @@
 //! The control plane: the `metadata` subtree (rest_for_one).
 //!
 //! `vnodes.rs` (`metadata/vnodes`) opens this broker's vnode replicas and
-//! the metadata plane (`metadata.rs`) and serves the raft port; after it,
+//! the metadata plane (`metadata.rs`) and serves the raft port, keeping
+//! the host's loops and replicas running (`host_loops.rs`); after it,
 //! `manager.rs` (`coordinator_manager/manager`) runs one coordinator actor
 //! (`coordinator/`, a folder with a file per job) per vnode led here, each
 //! holding its vnode's lease (`lease.rs`) for its timed work. `requests.rs`
@@ -30,6 +31,7 @@ pub(crate) mod coordinator;
 pub(crate) mod cursor_keys;
 pub(crate) mod cursor_learner;
 pub(crate) mod drop_orders;
+pub(crate) mod host_loops;
 pub(crate) mod lease;
 pub(crate) mod manager;
 pub(crate) mod memory;

@@ -13,6 +13,10 @@
 //! With `metadata_backend = "file"` (a lone broker only) it opens a
 //! `FilePlane` instead and serves no raft. With either plane it then
 //! starts learning the cluster's cursor keys (`cursor_keys.rs`, ADR 0096).
+//!
+//! It runs the host's loops and reopens its fatally stopped replicas
+//! (`host_loops.rs`, ADR 0135): a loop that ends is restarted, and past a
+//! budget, or when a replica cannot be reopened, the actor fails.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +33,7 @@ use tracing::{debug, info, warn};
 
 use crate::common::config::MetadataBackend;
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
+use crate::control::host_loops::{FATAL_CHECK_MS, HostWork};
 use crate::control::metadata::{FilePlane, MetadataPlane, VnodePlane};
 use crate::control::shared::Shared;
 
@@ -39,6 +44,11 @@ pub(crate) enum VnodesMsg {
     /// A task the actor watches ended (`common::watched`): the actor fails
     /// on it and its supervisor restarts it, tasks and all.
     TaskEnded(TaskEnded),
+    /// One of the host's loops ended (`host_loops.rs`): restarted within
+    /// its budget.
+    LoopEnded(TaskEnded),
+    /// Time to look for fatally stopped replicas (every `FATAL_CHECK_MS`).
+    CheckGroups,
 }
 impl ractor::Message for VnodesMsg {}
 
@@ -52,6 +62,8 @@ pub(crate) struct VnodesState {
     /// Learns the cluster's cursor keys (ADR 0096); parks once they are
     /// known, so only a panic reports an end.
     _keys: Watched,
+    /// The vnode host's loops and replicas (`None` with the file plane).
+    host_work: Option<HostWork<VnodesMsg>>,
 }
 
 /// What the raft port serves: the host's raft and forwarding keys, plus
@@ -259,46 +271,60 @@ impl Actor for VnodesActor {
         }
         let dir = shared.config.data_dir.join("metadata");
         let config = &shared.config;
-        let (plane, server, peers): (Arc<dyn MetadataPlane>, _, _) = match config.metadata_backend {
-            MetadataBackend::File => (
-                Arc::new(tokio::task::block_in_place(|| FilePlane::open(&dir))?),
-                None,
-                None,
-            ),
-            MetadataBackend::Raft => {
-                let raft = raft.ok_or("the raft endpoint is not set up")?;
-                let mut host_config =
-                    VnodeHostConfig::new(config.node_id, config.cluster_nodes(), dir.clone());
-                host_config.vnode_count = config.vnode_count();
-                host_config.replicas_per_vnode = config.cluster.replicas_per_vnode;
-                host_config.forward_timeout_ms = config.cluster.forward_timeout_ms;
-                if !config.cluster.quiet_groups {
-                    host_config.liveness = None;
+        let (plane, server, peers, host_work): (Arc<dyn MetadataPlane>, _, _, _) =
+            match config.metadata_backend {
+                MetadataBackend::File => (
+                    Arc::new(tokio::task::block_in_place(|| FilePlane::open(&dir))?),
+                    None,
+                    None,
+                    None,
+                ),
+                MetadataBackend::Raft => {
+                    let raft = raft.ok_or("the raft endpoint is not set up")?;
+                    let mut host_config =
+                        VnodeHostConfig::new(config.node_id, config.cluster_nodes(), dir.clone());
+                    host_config.vnode_count = config.vnode_count();
+                    host_config.replicas_per_vnode = config.cluster.replicas_per_vnode;
+                    host_config.forward_timeout_ms = config.cluster.forward_timeout_ms;
+                    if !config.cluster.quiet_groups {
+                        host_config.liveness = None;
+                    }
+                    host_config.balance_leaders = config.cluster.balance_leaders;
+                    host_config.joined = config.cluster.joined;
+                    host_config.replace_after_ms = config.cluster.replace_after_ms;
+                    host_config.attributes = config.attributes.clone();
+                    host_config.owner_runs_loops = true;
+                    let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
+                    let listener = raft.listener.try_clone()?;
+                    listener.set_nonblocking(true)?;
+                    let listener = tokio::net::TcpListener::from_std(listener)?;
+                    let service: Arc<dyn RpcService> = Arc::new(BrokerRpc {
+                        host: Arc::clone(&host),
+                        shared: Arc::clone(&shared),
+                    });
+                    let server = Arc::new(TransportServer::start(
+                        listener,
+                        service,
+                        malachi_cluster::group::TransportServerConfig::for_transport(
+                            raft.transport.config(),
+                        ),
+                    )?);
+                    *raft.server.lock() = Some(Arc::clone(&server));
+                    let peers = follow_peers(myself.clone(), &shared, &host);
+                    let work = HostWork::start(
+                        Arc::clone(&host),
+                        myself.clone(),
+                        VnodesMsg::LoopEnded,
+                        Arc::clone(&shared.metrics),
+                    );
+                    // The timer ends with the actor.
+                    myself.send_interval(Duration::from_millis(FATAL_CHECK_MS), || {
+                        VnodesMsg::CheckGroups
+                    });
+                    let plane = Arc::new(VnodePlane::new(host));
+                    (plane, Some(server), peers, Some(work))
                 }
-                host_config.balance_leaders = config.cluster.balance_leaders;
-                host_config.joined = config.cluster.joined;
-                host_config.replace_after_ms = config.cluster.replace_after_ms;
-                host_config.attributes = config.attributes.clone();
-                let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
-                let listener = raft.listener.try_clone()?;
-                listener.set_nonblocking(true)?;
-                let listener = tokio::net::TcpListener::from_std(listener)?;
-                let service: Arc<dyn RpcService> = Arc::new(BrokerRpc {
-                    host: Arc::clone(&host),
-                    shared: Arc::clone(&shared),
-                });
-                let server = Arc::new(TransportServer::start(
-                    listener,
-                    service,
-                    malachi_cluster::group::TransportServerConfig::for_transport(
-                        raft.transport.config(),
-                    ),
-                )?);
-                *raft.server.lock() = Some(Arc::clone(&server));
-                let peers = follow_peers(myself.clone(), &shared, &host);
-                (Arc::new(VnodePlane::new(host)), Some(server), peers)
-            }
-        };
+            };
         shared.actors.open_plane(Arc::clone(&plane));
         if config.cluster_nodes().len() == 1 {
             // A lone broker is its own quorum: it learns (or creates) the
@@ -333,6 +359,7 @@ impl Actor for VnodesActor {
             server,
             _peers: peers,
             _keys: keys,
+            host_work,
         })
     }
 
@@ -340,10 +367,14 @@ impl Actor for VnodesActor {
         &self,
         _myself: ActorRef<VnodesMsg>,
         msg: VnodesMsg,
-        _state: &mut VnodesState,
+        state: &mut VnodesState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            VnodesMsg::TaskEnded(ended) => Err(ended.into()),
+        match (msg, state.host_work.as_mut()) {
+            (VnodesMsg::TaskEnded(ended), _) => Err(ended.into()),
+            (VnodesMsg::LoopEnded(ended), Some(work)) => Ok(work.loop_ended(ended)?),
+            (VnodesMsg::LoopEnded(ended), None) => Err(ended.into()),
+            (VnodesMsg::CheckGroups, Some(work)) => Ok(work.check_groups().await?),
+            (VnodesMsg::CheckGroups, None) => Ok(()),
         }
     }
 

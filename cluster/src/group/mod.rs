@@ -65,7 +65,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -239,8 +239,14 @@ pub struct GroupPace {
     pub running: bool,
 }
 
+/// Numbers every group opened in this process (`MetadataGroup::serial`).
+static GROUPS_OPENED: AtomicU64 = AtomicU64::new(0);
+
 struct Inner {
     raft: Raft<TypeConfig, StateMachine>,
+    /// Tells this opening of the group from a later reopening of the same
+    /// group id (after a fatal stop, a full volume, a move away and back).
+    serial: u64,
     shared: Arc<Shared>,
     config: GroupConfig,
     stopped: AtomicBool,
@@ -262,8 +268,8 @@ struct Inner {
     parked: AtomicBool,
     /// Set when the log store's write failed for want of space.
     log_no_space: Arc<AtomicBool>,
-    /// The log store raft owns, kept so unit tests can fail its disk.
-    #[cfg(test)]
+    /// The log store raft owns, kept so tests can fail its disk.
+    #[cfg(any(test, feature = "testing"))]
     log: LogStore,
 }
 
@@ -341,7 +347,7 @@ impl MetadataGroup {
         })??;
         let shared = sm.shared();
         let log_no_space = log.no_space();
-        #[cfg(test)]
+        #[cfg(any(test, feature = "testing"))]
         let log_handle = log.clone();
         let stopping = CancellationToken::new();
         let network = NetworkFactory {
@@ -356,6 +362,7 @@ impl MetadataGroup {
         Ok(MetadataGroup {
             inner: Arc::new(Inner {
                 raft,
+                serial: GROUPS_OPENED.fetch_add(1, Ordering::Relaxed),
                 shared,
                 config,
                 stopped: AtomicBool::new(false),
@@ -365,7 +372,7 @@ impl MetadataGroup {
                 quiet: AtomicBool::new(false),
                 parked: AtomicBool::new(false),
                 log_no_space,
-                #[cfg(test)]
+                #[cfg(any(test, feature = "testing"))]
                 log: log_handle,
             }),
         })
@@ -491,6 +498,33 @@ impl MetadataGroup {
                 cause: FatalCause::Raft(fallback),
             },
         }
+    }
+
+    /// Which opening of its group this handle is: unique in the process, so
+    /// a watcher keyed by it watches a reopened replica too.
+    pub fn serial(&self) -> u64 {
+        self.inner.serial
+    }
+
+    /// Why raft stopped underneath this replica on its own (a storage
+    /// error, a panic in its core), if it did; `None` while it runs and
+    /// after a stop this handle asked for. Its owner replaces such a
+    /// replica (`VnodeHost::reopen_fatal`): nothing restarts it in place.
+    pub fn fatal(&self) -> Option<GroupError> {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        match &self.inner.raft.metrics().borrow_watched().running_state {
+            Err(fatal) => Some(fatal_error(fatal)),
+            Ok(()) => None,
+        }
+    }
+
+    /// Test hook: every later operation of this replica's log store fails
+    /// as a failed disk's would, so its next write stops raft fatally.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn break_disk_for_tests(&self) {
+        self.inner.log.break_disk();
     }
 
     fn check_running(&self) -> Result<(), GroupError> {
