@@ -3,9 +3,9 @@
 //!
 //! The host's loops (`HostLoop`: ring sync, quiescer, rebalancer) run as
 //! tasks the actor watches (`common::watched`): when one ends, by a return
-//! or a panic, the actor is told and starts it again, at most
+//! or a panic, the actor is told and starts it again, each loop at most
 //! `LOOP_RESTARTS_MAX` times within `LOOP_RESTARTS_PERIOD_MS`; past that
-//! it fails, and its supervisor restarts it, host and all.
+//! the actor fails, and its supervisor restarts it, host and all.
 //!
 //! A replica whose raft stopped fatally (a storage error, a panic in its
 //! core) is found every `FATAL_CHECK_MS` and reopened from its files
@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use crate::common::metrics::BrokerMetrics;
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 
-/// How many times the host's loops may be restarted within
+/// How many times one of the host's loops may be restarted within
 /// `LOOP_RESTARTS_PERIOD_MS` before the actor fails instead.
 pub(crate) const LOOP_RESTARTS_MAX: u32 = 5;
 /// The window `LOOP_RESTARTS_MAX` counts restarts in.
@@ -51,9 +51,9 @@ pub(crate) enum HostWorkError {
     /// A loop ended with the host stopped underneath it.
     #[error("the {task} loop ended because the vnode host stopped")]
     HostStopped { task: &'static str },
-    /// The loops ended too often.
+    /// A loop ended too often.
     #[error(
-        "the vnode host's loops ended more than {LOOP_RESTARTS_MAX} times within {LOOP_RESTARTS_PERIOD_MS} ms; last: {last}"
+        "a vnode host loop ended more than {LOOP_RESTARTS_MAX} times within {LOOP_RESTARTS_PERIOD_MS} ms; last: {last}"
     )]
     LoopRestartsExceeded { last: TaskEnded },
     /// Replicas stopped fatally too often.
@@ -78,7 +78,8 @@ pub(crate) struct HostWork<M: Message> {
     metrics: Arc<BrokerMetrics>,
     /// Each loop's task; aborted when dropped, with the actor's state.
     loops: BTreeMap<HostLoop, Watched>,
-    loop_restarts: RestartWindow,
+    /// Each loop's recent restarts.
+    loop_restarts: BTreeMap<HostLoop, RestartWindow>,
     group_reopens: RestartWindow,
 }
 
@@ -97,10 +98,7 @@ impl<M: Message> HostWork<M> {
             ended,
             metrics,
             loops: BTreeMap::new(),
-            loop_restarts: RestartWindow::new(Intensity {
-                restarts_max: LOOP_RESTARTS_MAX,
-                period_ms: LOOP_RESTARTS_PERIOD_MS,
-            }),
+            loop_restarts: BTreeMap::new(),
             group_reopens: RestartWindow::new(Intensity {
                 restarts_max: GROUP_REOPENS_MAX,
                 period_ms: GROUP_REOPENS_PERIOD_MS,
@@ -133,10 +131,16 @@ impl<M: Message> HostWork<M> {
         if self.host.is_stopped() {
             return Err(HostWorkError::HostStopped { task: ended.task });
         }
-        if self.loop_restarts.record(Instant::now()) {
+        let restarts = self.loop_restarts.entry(which).or_insert_with(|| {
+            RestartWindow::new(Intensity {
+                restarts_max: LOOP_RESTARTS_MAX,
+                period_ms: LOOP_RESTARTS_PERIOD_MS,
+            })
+        });
+        if restarts.record(Instant::now()) {
             return Err(HostWorkError::LoopRestartsExceeded { last: ended });
         }
-        warn!(task = ended.task, how = %ended.how, restarts = self.loop_restarts.len(), "a vnode host loop ended; restarting it");
+        warn!(task = ended.task, how = %ended.how, restarts = restarts.len(), "a vnode host loop ended; restarting it");
         self.metrics.count_vnode_work_restart(which.name());
         self.run(which);
         Ok(())

@@ -271,60 +271,60 @@ impl Actor for VnodesActor {
         }
         let dir = shared.config.data_dir.join("metadata");
         let config = &shared.config;
-        let (plane, server, peers, host_work): (Arc<dyn MetadataPlane>, _, _, _) =
-            match config.metadata_backend {
-                MetadataBackend::File => (
-                    Arc::new(tokio::task::block_in_place(|| FilePlane::open(&dir))?),
-                    None,
-                    None,
-                    None,
-                ),
-                MetadataBackend::Raft => {
-                    let raft = raft.ok_or("the raft endpoint is not set up")?;
-                    let mut host_config =
-                        VnodeHostConfig::new(config.node_id, config.cluster_nodes(), dir.clone());
-                    host_config.vnode_count = config.vnode_count();
-                    host_config.replicas_per_vnode = config.cluster.replicas_per_vnode;
-                    host_config.forward_timeout_ms = config.cluster.forward_timeout_ms;
-                    if !config.cluster.quiet_groups {
-                        host_config.liveness = None;
-                    }
-                    host_config.balance_leaders = config.cluster.balance_leaders;
-                    host_config.joined = config.cluster.joined;
-                    host_config.replace_after_ms = config.cluster.replace_after_ms;
-                    host_config.attributes = config.attributes.clone();
-                    host_config.owner_runs_loops = true;
-                    let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
-                    let listener = raft.listener.try_clone()?;
-                    listener.set_nonblocking(true)?;
-                    let listener = tokio::net::TcpListener::from_std(listener)?;
-                    let service: Arc<dyn RpcService> = Arc::new(BrokerRpc {
-                        host: Arc::clone(&host),
-                        shared: Arc::clone(&shared),
-                    });
-                    let server = Arc::new(TransportServer::start(
-                        listener,
-                        service,
-                        malachi_cluster::group::TransportServerConfig::for_transport(
-                            raft.transport.config(),
-                        ),
-                    )?);
-                    *raft.server.lock() = Some(Arc::clone(&server));
-                    let peers = follow_peers(myself.clone(), &shared, &host);
-                    let work = HostWork::start(
-                        Arc::clone(&host),
-                        myself.clone(),
-                        VnodesMsg::LoopEnded,
-                        Arc::clone(&shared.metrics),
-                    );
-                    // The timer ends with the actor.
-                    myself.send_interval(Duration::from_millis(FATAL_CHECK_MS), || {
-                        VnodesMsg::CheckGroups
-                    });
-                    let plane = Arc::new(VnodePlane::new(host));
-                    (plane, Some(server), peers, Some(work))
+        let (plane, server, peers): (Arc<dyn MetadataPlane>, _, _) = match config.metadata_backend {
+            MetadataBackend::File => (
+                Arc::new(tokio::task::block_in_place(|| FilePlane::open(&dir))?),
+                None,
+                None,
+            ),
+            MetadataBackend::Raft => {
+                let raft = raft.ok_or("the raft endpoint is not set up")?;
+                let mut host_config =
+                    VnodeHostConfig::new(config.node_id, config.cluster_nodes(), dir.clone());
+                host_config.vnode_count = config.vnode_count();
+                host_config.replicas_per_vnode = config.cluster.replicas_per_vnode;
+                host_config.forward_timeout_ms = config.cluster.forward_timeout_ms;
+                if !config.cluster.quiet_groups {
+                    host_config.liveness = None;
                 }
-            };
+                host_config.balance_leaders = config.cluster.balance_leaders;
+                host_config.joined = config.cluster.joined;
+                host_config.replace_after_ms = config.cluster.replace_after_ms;
+                host_config.attributes = config.attributes.clone();
+                // Its loops are this actor's to run (`host_work` below).
+                host_config.owner_runs_loops = true;
+                let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
+                let listener = raft.listener.try_clone()?;
+                listener.set_nonblocking(true)?;
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                let service: Arc<dyn RpcService> = Arc::new(BrokerRpc {
+                    host: Arc::clone(&host),
+                    shared: Arc::clone(&shared),
+                });
+                let server = Arc::new(TransportServer::start(
+                    listener,
+                    service,
+                    malachi_cluster::group::TransportServerConfig::for_transport(
+                        raft.transport.config(),
+                    ),
+                )?);
+                *raft.server.lock() = Some(Arc::clone(&server));
+                let peers = follow_peers(myself.clone(), &shared, &host);
+                (Arc::new(VnodePlane::new(host)), Some(server), peers)
+            }
+        };
+        let host_work = plane.host().map(|host| {
+            // The timer ends with the actor.
+            myself.send_interval(Duration::from_millis(FATAL_CHECK_MS), || {
+                VnodesMsg::CheckGroups
+            });
+            HostWork::start(
+                Arc::clone(host),
+                myself.clone(),
+                VnodesMsg::LoopEnded,
+                Arc::clone(&shared.metrics),
+            )
+        });
         shared.actors.open_plane(Arc::clone(&plane));
         if config.cluster_nodes().len() == 1 {
             // A lone broker is its own quorum: it learns (or creates) the
