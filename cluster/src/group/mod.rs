@@ -9,11 +9,13 @@
 //!
 //! Failure policy (docs/design/decisions §2): a storage error stops the raft
 //! node for good. The group logs it as fatal and answers every later call
-//! with `GroupError::Fatal`; it is never restarted in place, because a
-//! replica whose disk lied must be replaced through a membership change.
-//! One failure is the exception: a write refused for want of space
-//! (`stopped_by_full_volume`) wrote nothing acknowledged, and the vnode
-//! host reopens such a replica from its files once space returns.
+//! with `GroupError::Fatal`; this handle never restarts it. Its owner
+//! does (ADR 0135): the vnode host replaces a replica found `fatal` by
+//! reopening it from its files, as a restart would, and the `vnodes`
+//! actor escalates a reopen that fails, so a dead group never stays
+//! behind a running tree. A write refused for want of space
+//! (`stopped_by_full_volume`) wrote nothing acknowledged; the vnode host
+//! reopens such a replica only once space returns (ADR 0111).
 //!
 //! Architecture invariant: the state machine applies commands through
 //! `MetadataState::apply` only, in log order, so replicas that apply the same
