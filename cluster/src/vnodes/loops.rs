@@ -8,7 +8,8 @@
 //! Without it (tests that open a host alone) `open` spawns them itself,
 //! unwatched, as before.
 //!
-//! `LoopFaults` lets a test make a loop's next pass panic
+//! `LoopSignals` ends every loop when the host stops (as the abort of an
+//! unwatched loop did), and lets a test make a loop's next pass panic
 //! (`VnodeHost::fail_loop`, `testing` feature), as a bug in it would.
 
 use super::VnodeHost;
@@ -52,35 +53,44 @@ impl HostLoop {
     }
 }
 
-/// The loops a test armed to panic at their next pass. Empty, and one
-/// atomic load a pass, unless a test arms it.
+/// What the host tells its loops from outside: that it stopped, and
+/// which loops a test armed to panic at their next pass (none, and one
+/// atomic load a pass, unless a test arms one).
 #[derive(Debug, Default)]
-pub(super) struct LoopFaults {
+pub(super) struct LoopSignals {
     armed: AtomicU8,
-    /// Set when the host stops, so a parked loop ends with it.
     stopped: AtomicBool,
-    /// Wakes a parked loop (the ring sync once it fetched) to trip or end.
+    /// Wakes the loops waiting on either.
     changed: Notify,
 }
 
-impl LoopFaults {
-    /// Resolves once `which` is armed (left armed, for `trip`) or the
-    /// host stopped: where a loop that has done its work parks.
-    pub(super) async fn parked(self: Arc<Self>, which: HostLoop) {
+impl LoopSignals {
+    /// Resolves once `check` holds, re-checked whenever a signal changes.
+    async fn until(&self, check: impl Fn(&LoopSignals) -> bool) {
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.armed.load(Ordering::Acquire) & which.bit() != 0
-                || self.stopped.load(Ordering::Acquire)
-            {
+            if check(self) {
                 return;
             }
             notified.await;
         }
     }
 
-    /// Wakes every parked loop to end: the host stopped.
+    /// Resolves once `which` is armed (left armed, for `trip`): where a
+    /// loop that has done its work (the ring sync) parks.
+    pub(super) async fn armed(self: Arc<Self>, which: HostLoop) {
+        self.until(|s| s.armed.load(Ordering::Acquire) & which.bit() != 0)
+            .await;
+    }
+
+    /// Resolves once the host stopped.
+    async fn stopped(self: Arc<Self>) {
+        self.until(|s| s.stopped.load(Ordering::Acquire)).await;
+    }
+
+    /// Ends every loop: the host stopped.
     pub(super) fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
         self.changed.notify_waiters();
@@ -97,9 +107,21 @@ impl VnodeHost {
     }
 
     /// `which`, to be run by the host's owner: it returns when the host
-    /// stops or goes (or the liveness prober it follows ended), and
-    /// otherwise only by a panic. Run at most one of each at a time.
+    /// stops (dropped there, mid-pass, as an abort would) or goes (or, for
+    /// the quiescer, the liveness prober it follows ended), and otherwise
+    /// only by a panic. Run at most one of each at a time.
     pub fn run_loop(self: &Arc<Self>, which: HostLoop) -> BoxFuture<'static, ()> {
+        let stopped = Arc::clone(&self.signals).stopped();
+        let work = self.loop_work(which);
+        Box::pin(async move {
+            tokio::select! {
+                () = work => {}
+                () = stopped => {}
+            }
+        })
+    }
+
+    fn loop_work(self: &Arc<Self>, which: HostLoop) -> BoxFuture<'static, ()> {
         let host = Arc::downgrade(self);
         match which {
             HostLoop::RingSync => Box::pin(VnodeHost::run_ring_sync(host)),
@@ -110,6 +132,7 @@ impl VnodeHost {
                     self.config.quiet_check_ms.max(1),
                     self.config.balance_leaders,
                 )),
+                // Never asked for: `loops` names no quiescer here.
                 None => Box::pin(std::future::ready(())),
             },
             HostLoop::Rebalancer => Box::pin(super::rebalance::run_rebalancer(
@@ -135,15 +158,50 @@ impl VnodeHost {
     /// Test hook: the next pass of `which` panics, as a bug in it would.
     #[cfg(any(test, feature = "testing"))]
     pub fn fail_loop(&self, which: HostLoop) {
-        self.faults.armed.fetch_or(which.bit(), Ordering::AcqRel);
-        self.faults.changed.notify_waiters();
+        self.signals.armed.fetch_or(which.bit(), Ordering::AcqRel);
+        self.signals.changed.notify_waiters();
     }
 
     /// Panics, once, if a test armed `which` (`fail_loop`).
     pub(super) fn trip(&self, which: HostLoop) {
-        let was = self.faults.armed.fetch_and(!which.bit(), Ordering::AcqRel);
+        let was = self.signals.armed.fetch_and(!which.bit(), Ordering::AcqRel);
         if was & which.bit() != 0 {
             panic!("{}: a fault armed by a test", which.name());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_loop_is_found_by_its_name_and_has_a_bit_of_its_own() {
+        let mut bits = 0u8;
+        for which in HostLoop::ALL {
+            assert_eq!(HostLoop::named(which.name()), Some(which));
+            assert_eq!(bits & which.bit(), 0, "{which:?} shares a bit");
+            bits |= which.bit();
+        }
+        assert_eq!(HostLoop::named("scrubber"), None);
+    }
+
+    #[tokio::test]
+    async fn an_armed_loop_and_a_stop_wake_the_loops_waiting_on_them() {
+        let signals = Arc::new(LoopSignals::default());
+        let armed = tokio::spawn(Arc::clone(&signals).armed(HostLoop::RingSync));
+        let stopped = tokio::spawn(Arc::clone(&signals).stopped());
+        signals
+            .armed
+            .fetch_or(HostLoop::Quiescer.bit(), Ordering::AcqRel);
+        signals.changed.notify_waiters();
+        signals
+            .armed
+            .fetch_or(HostLoop::RingSync.bit(), Ordering::AcqRel);
+        signals.changed.notify_waiters();
+        armed.await.unwrap();
+        assert!(!stopped.is_finished());
+        signals.stop();
+        stopped.await.unwrap();
     }
 }

@@ -413,8 +413,9 @@ pub struct VnodeHost {
     /// The liveness prober and the ring changes (and, unless the owner
     /// runs them, the `HostLoop`s), aborted at shutdown.
     background: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Loops a test armed to panic (`fail_loop`).
-    faults: Arc<loops::LoopFaults>,
+    /// Tells the `HostLoop`s the host stopped, or a test armed one to
+    /// panic (`fail_loop`).
+    signals: Arc<loops::LoopSignals>,
     /// This host, for background work started from `&self`.
     this: std::sync::Weak<VnodeHost>,
     /// The peers the liveness prober probes: every member but this one,
@@ -466,7 +467,7 @@ impl VnodeHost {
             groups_opened: watch::channel(0).0,
             stopped: AtomicBool::new(false),
             background: parking_lot::Mutex::new(Vec::new()),
-            faults: Arc::default(),
+            signals: Arc::default(),
             probe_peers: Arc::new(RwLock::new(Vec::new())),
             opened_at: parking_lot::Mutex::new(BTreeMap::new()),
             moved_marked: tokio::sync::Mutex::new(false),
@@ -666,7 +667,7 @@ impl VnodeHost {
     /// Stops every hosted group.
     pub async fn shutdown(&self) {
         self.stopped.store(true, Ordering::Release);
-        self.faults.stop();
+        self.signals.stop();
         for task in self.background.lock().drain(..) {
             task.abort();
         }

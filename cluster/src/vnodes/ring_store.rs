@@ -181,10 +181,10 @@ impl VnodeHost {
         // Fetched: its work is done, and a loop that returns has ended.
         // It parks until the host stops (or a test fails it).
         let Some(strong) = host.upgrade() else { return };
-        let faults = Arc::clone(&strong.faults);
+        let signals = Arc::clone(&strong.signals);
         drop(strong);
-        faults.parked(HostLoop::RingSync).await;
-        if let Some(strong) = host.upgrade().filter(|h| !h.is_stopped()) {
+        signals.armed(HostLoop::RingSync).await;
+        if let Some(strong) = host.upgrade() {
             strong.trip(HostLoop::RingSync);
         }
     }
