@@ -942,9 +942,31 @@ impl BrokerHandle {
 
     /// Test hook: the next pass of `worker`'s background work panics, as a
     /// bug in it would (`scrubber`, `space`, `sweeper`, and `node` for its
-    /// dial loop; see `common::faults`).
+    /// dial loop; see `common::faults`; and the vnode host's loops by their
+    /// `HostLoop` names: `ring_sync`, `quiescer`, `rebalancer`).
     pub fn fail_work(&self, worker: &str) {
+        use malachi_cluster::vnodes::HostLoop;
+        if let Some(which) = HostLoop::named(worker) {
+            if let Some(host) = self.vnode_host() {
+                host.fail_loop(which);
+            }
+            return;
+        }
         crate::common::faults::arm(self.shared.client_addr, worker);
+    }
+
+    /// Test hook: the raft replica here of the vnode that owns `topic` has
+    /// its disk fail: its next write stops it fatally. Returns its group id.
+    pub fn break_vnode_disk(&self, topic: &str) -> Option<u64> {
+        let host = self.vnode_host()?;
+        let group = host.group(host.ring().owner(topic).id)?;
+        group.break_disk_for_tests();
+        Some(group.group_id())
+    }
+
+    fn vnode_host(&self) -> Option<Arc<malachi_cluster::vnodes::VnodeHost>> {
+        let plane = self.shared.plane().ok()?;
+        plane.host().cloned()
     }
 
     /// Test hook: makes the acceptor fail.

@@ -305,6 +305,17 @@ impl BrokerMetrics {
             .set(if unresolved { 1.0 } else { 0.0 });
     }
 
+    /// Counts one restart of the vnode host's work `work` (a loop the
+    /// `vnodes` actor restarted, or `raft_group` for a fatally stopped
+    /// replica it reopened): `malachi_vnode_work_restarts_total{work}`.
+    pub fn count_vnode_work_restart(&self, work: &'static str) {
+        let key = Key::from_parts(
+            "malachi_vnode_work_restarts_total",
+            vec![Label::new("work", work)],
+        );
+        self.recorder.register_counter(&key, &METADATA).increment(1);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         self.handle.render()

@@ -2,7 +2,8 @@
 //!
 //! `vnodes.rs` (`metadata/vnodes`) opens this broker's vnode replicas and
 //! the metadata plane (`metadata.rs`) and serves the raft port, whose
-//! requests `cluster_port.rs` routes to their handlers; after it,
+//! requests `cluster_port.rs` routes to their handlers, keeping the
+//! host's loops and replicas running (`host_loops.rs`); after it,
 //! `manager.rs` (`coordinator_manager/manager`) runs one coordinator actor
 //! (`coordinator/`, a folder with a file per job) per vnode led here, each
 //! holding its vnode's lease (`lease.rs`) for its timed work. `requests.rs`
@@ -32,6 +33,7 @@ pub(crate) mod coordinator;
 pub(crate) mod cursor_keys;
 pub(crate) mod cursor_learner;
 pub(crate) mod drop_orders;
+pub(crate) mod host_loops;
 pub(crate) mod lease;
 pub(crate) mod manager;
 pub(crate) mod memory;

@@ -14,6 +14,10 @@
 //! With `metadata_backend = "file"` (a lone broker only) it opens a
 //! `FilePlane` instead and serves no raft. With either plane it then
 //! starts learning the cluster's cursor keys (`cursor_keys.rs`, ADR 0096).
+//!
+//! It runs the host's loops and reopens its fatally stopped replicas
+//! (`host_loops.rs`, ADR 0135): a loop that ends is restarted, and past a
+//! budget, or when a replica cannot be reopened, the actor fails.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +31,7 @@ use tracing::{debug, info, warn};
 use crate::common::config::MetadataBackend;
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 use crate::control::cluster_port::ClusterPort;
+use crate::control::host_loops::{FATAL_CHECK_MS, HostWork};
 use crate::control::metadata::{FilePlane, MetadataPlane, VnodePlane};
 use crate::control::shared::Shared;
 
@@ -37,6 +42,11 @@ pub(crate) enum VnodesMsg {
     /// A task the actor watches ended (`common::watched`): the actor fails
     /// on it and its supervisor restarts it, tasks and all.
     TaskEnded(TaskEnded),
+    /// One of the host's loops ended (`host_loops.rs`): restarted within
+    /// its budget.
+    LoopEnded(TaskEnded),
+    /// Time to look for fatally stopped replicas (every `FATAL_CHECK_MS`).
+    CheckGroups,
 }
 impl ractor::Message for VnodesMsg {}
 
@@ -50,6 +60,8 @@ pub(crate) struct VnodesState {
     /// Learns the cluster's cursor keys (ADR 0096); parks once they are
     /// known, so only a panic reports an end.
     _keys: Watched,
+    /// The vnode host's loops and replicas (`None` with the file plane).
+    host_work: Option<HostWork<VnodesMsg>>,
 }
 
 /// How long a lone broker's start waits for its cursor keys before it
@@ -238,6 +250,8 @@ impl Actor for VnodesActor {
                 host_config.joined = config.cluster.joined;
                 host_config.replace_after_ms = config.cluster.replace_after_ms;
                 host_config.attributes = config.attributes.clone();
+                // Its loops are this actor's to run (`host_work` below).
+                host_config.owner_runs_loops = true;
                 let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
                 let listener = raft.listener.try_clone()?;
                 listener.set_nonblocking(true)?;
@@ -256,6 +270,18 @@ impl Actor for VnodesActor {
                 (Arc::new(VnodePlane::new(host)), Some(server), peers)
             }
         };
+        let host_work = plane.host().map(|host| {
+            // The timer ends with the actor.
+            myself.send_interval(Duration::from_millis(FATAL_CHECK_MS), || {
+                VnodesMsg::CheckGroups
+            });
+            HostWork::start(
+                Arc::clone(host),
+                myself.clone(),
+                VnodesMsg::LoopEnded,
+                Arc::clone(&shared.metrics),
+            )
+        });
         shared.actors.open_plane(Arc::clone(&plane));
         if config.cluster_nodes().len() == 1 {
             // A lone broker is its own quorum: it learns (or creates) the
@@ -290,6 +316,7 @@ impl Actor for VnodesActor {
             server,
             _peers: peers,
             _keys: keys,
+            host_work,
         })
     }
 
@@ -297,10 +324,14 @@ impl Actor for VnodesActor {
         &self,
         _myself: ActorRef<VnodesMsg>,
         msg: VnodesMsg,
-        _state: &mut VnodesState,
+        state: &mut VnodesState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            VnodesMsg::TaskEnded(ended) => Err(ended.into()),
+        match (msg, state.host_work.as_mut()) {
+            (VnodesMsg::TaskEnded(ended), _) => Err(ended.into()),
+            (VnodesMsg::LoopEnded(ended), Some(work)) => Ok(work.loop_ended(ended)?),
+            (VnodesMsg::LoopEnded(ended), None) => Err(ended.into()),
+            (VnodesMsg::CheckGroups, Some(work)) => Ok(work.check_groups().await?),
+            (VnodesMsg::CheckGroups, None) => Ok(()),
         }
     }
 

@@ -371,13 +371,16 @@ impl LogStore {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl LogStore {
     /// Makes every later operation fail as if the disk had failed.
     pub(crate) fn break_disk(&self) {
         self.inner.lock().failed = Some("injected disk failure".to_owned());
     }
+}
 
+#[cfg(test)]
+impl LogStore {
     /// Makes the next operation fail as a full volume's write does.
     pub(crate) fn fill_disk(&self) {
         self.inner.lock().full_for_test = true;

@@ -9,11 +9,13 @@
 //!
 //! Failure policy (docs/design/decisions §2): a storage error stops the raft
 //! node for good. The group logs it as fatal and answers every later call
-//! with `GroupError::Fatal`; it is never restarted in place, because a
-//! replica whose disk lied must be replaced through a membership change.
-//! One failure is the exception: a write refused for want of space
-//! (`stopped_by_full_volume`) wrote nothing acknowledged, and the vnode
-//! host reopens such a replica from its files once space returns.
+//! with `GroupError::Fatal`; this handle never restarts it. Its owner
+//! does (ADR 0135): the vnode host replaces a replica found `fatal` by
+//! reopening it from its files, as a restart would, and the `vnodes`
+//! actor escalates a reopen that fails, so a dead group never stays
+//! behind a running tree. A write refused for want of space
+//! (`stopped_by_full_volume`) wrote nothing acknowledged; the vnode host
+//! reopens such a replica only once space returns (ADR 0111).
 //!
 //! Architecture invariant: the state machine applies commands through
 //! `MetadataState::apply` only, in log order, so replicas that apply the same
@@ -65,7 +67,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -239,8 +241,14 @@ pub struct GroupPace {
     pub running: bool,
 }
 
+/// Numbers every group opened in this process (`MetadataGroup::serial`).
+static GROUPS_OPENED: AtomicU64 = AtomicU64::new(0);
+
 struct Inner {
     raft: Raft<TypeConfig, StateMachine>,
+    /// Tells this opening of the group from a later reopening of the same
+    /// group id (after a fatal stop, a full volume, a move away and back).
+    serial: u64,
     shared: Arc<Shared>,
     config: GroupConfig,
     stopped: AtomicBool,
@@ -262,8 +270,8 @@ struct Inner {
     parked: AtomicBool,
     /// Set when the log store's write failed for want of space.
     log_no_space: Arc<AtomicBool>,
-    /// The log store raft owns, kept so unit tests can fail its disk.
-    #[cfg(test)]
+    /// The log store raft owns, kept so tests can fail its disk.
+    #[cfg(any(test, feature = "testing"))]
     log: LogStore,
 }
 
@@ -341,7 +349,7 @@ impl MetadataGroup {
         })??;
         let shared = sm.shared();
         let log_no_space = log.no_space();
-        #[cfg(test)]
+        #[cfg(any(test, feature = "testing"))]
         let log_handle = log.clone();
         let stopping = CancellationToken::new();
         let network = NetworkFactory {
@@ -356,6 +364,7 @@ impl MetadataGroup {
         Ok(MetadataGroup {
             inner: Arc::new(Inner {
                 raft,
+                serial: GROUPS_OPENED.fetch_add(1, Ordering::Relaxed),
                 shared,
                 config,
                 stopped: AtomicBool::new(false),
@@ -365,7 +374,7 @@ impl MetadataGroup {
                 quiet: AtomicBool::new(false),
                 parked: AtomicBool::new(false),
                 log_no_space,
-                #[cfg(test)]
+                #[cfg(any(test, feature = "testing"))]
                 log: log_handle,
             }),
         })
@@ -491,6 +500,33 @@ impl MetadataGroup {
                 cause: FatalCause::Raft(fallback),
             },
         }
+    }
+
+    /// Which opening of its group this handle is: unique in the process, so
+    /// a watcher keyed by it watches a reopened replica too.
+    pub fn serial(&self) -> u64 {
+        self.inner.serial
+    }
+
+    /// Why raft stopped underneath this replica on its own (a storage
+    /// error, a panic in its core), if it did; `None` while it runs and
+    /// after a stop this handle asked for. Its owner replaces such a
+    /// replica (`VnodeHost::reopen_fatal`): nothing restarts it in place.
+    pub fn fatal(&self) -> Option<GroupError> {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        match &self.inner.raft.metrics().borrow_watched().running_state {
+            Err(fatal) => Some(fatal_error(fatal)),
+            Ok(()) => None,
+        }
+    }
+
+    /// Test hook: every later operation of this replica's log store fails
+    /// as a failed disk's would, so its next write stops raft fatally.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn break_disk_for_tests(&self) {
+        self.inner.log.break_disk();
     }
 
     fn check_running(&self) -> Result<(), GroupError> {

@@ -400,6 +400,55 @@ impl VnodeHost {
         reopened
     }
 
+    /// The hosted groups whose raft stopped on its own (`MetadataGroup::
+    /// fatal`), other than for want of space: those wait for the volume to
+    /// have room (`reopen_stopped_by_full_volume`).
+    pub fn fatal_groups(&self) -> Vec<(u64, GroupError)> {
+        self.registry
+            .all()
+            .into_iter()
+            .filter(|g| !g.stopped_by_full_volume())
+            .filter_map(|g| g.fatal().map(|e| (g.group_id(), e)))
+            .collect()
+    }
+
+    /// Replaces this broker's replica of `group_id`, stopped fatally, by
+    /// reopening it from its files, as a restart would: what it committed
+    /// is on disk, and its log store checks what it reads. `Ok(false)` if
+    /// the group is no longer hosted here or is not fatal (any more); an
+    /// error if it cannot be reopened, which its owner escalates (a dead
+    /// group is never left behind a running tree).
+    pub async fn reopen_fatal(&self, group_id: u64) -> Result<bool, GroupError> {
+        let _adopting = self.adopting.lock().await;
+        let Some(group) = self.registry.get(group_id) else {
+            return Ok(false);
+        };
+        if group.stopped_by_full_volume() {
+            return Ok(false);
+        }
+        let Some(fatal) = group.fatal() else {
+            return Ok(false);
+        };
+        tracing::warn!(node = self.config.node_id, group = group_id, error = %fatal, "a raft replica stopped fatally; reopening it from its files");
+        if let Err(e) = group.shutdown().await {
+            tracing::debug!(group = group_id, error = %e, "a fatally stopped replica did not stop cleanly");
+        }
+        self.registry.remove(group_id);
+        self.open_group(group_id, None).await?;
+        assert!(
+            self.registry
+                .get(group_id)
+                .is_some_and(|g| g.serial() != group.serial()),
+            "group {group_id} was not replaced by a new replica"
+        );
+        tracing::info!(
+            node = self.config.node_id,
+            group = group_id,
+            "reopened a raft replica that had stopped fatally"
+        );
+        Ok(true)
+    }
+
     /// Opens this broker's replica of a group if it is not hosted yet, and
     /// initializes a fresh one with `voters` if given (else it learns its
     /// membership from the leader). Callers hold `adopting`.
@@ -510,10 +559,13 @@ impl VnodeHost {
     }
 
     /// Forwards the leadership changes of hosted groups not in `watched`
-    /// to `changed`, and adds them to `watched`.
+    /// to `changed`, and adds them to `watched`. Keyed by each opening
+    /// (`MetadataGroup::serial`), so a reopened replica is watched again.
     pub(super) fn watch_new_groups(&self, watched: &mut BTreeSet<u64>, changed: &Arc<Notify>) {
-        for group in self.registry.all() {
-            if !watched.insert(group.group_id()) {
+        let groups = self.registry.all();
+        watched.retain(|serial| groups.iter().any(|g| g.serial() == *serial));
+        for group in groups {
+            if !watched.insert(group.serial()) {
                 continue;
             }
             let mut leader = group.watch_leader();

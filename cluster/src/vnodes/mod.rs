@@ -34,13 +34,16 @@
 //! ring, its group and how a newer one is adopted), `group_set.rs` (the
 //! groups hosted here, opened and closed as replicas move, and which are
 //! led), `router.rs` (routing and forwarding, and serving what other
-//! brokers forward); this file opens the host and its background work.
+//! brokers forward), `loops.rs` (the long-lived loops its owner runs and
+//! restarts); this file opens the host and its background work.
 
 pub mod broker_api;
 mod features;
 mod group_set;
 pub use features::{FEATURE_REFRESH_MS, FINALIZED_FILE, FinalizedRecord};
 pub mod lease;
+mod loops;
+pub use loops::HostLoop;
 pub mod quiet;
 pub mod rebalance;
 mod ring_store;
@@ -183,6 +186,10 @@ pub struct VnodeHostConfig {
     pub binary_version: String,
     pub logical_version: u32,
     pub supported_features: Vec<String>,
+    /// Whether the host's owner runs its long-lived loops (`HostLoop`,
+    /// `VnodeHost::run_loop`) and restarts them when they end; off, `open`
+    /// spawns them itself, unwatched.
+    pub owner_runs_loops: bool,
 }
 
 impl VnodeHostConfig {
@@ -212,6 +219,7 @@ impl VnodeHostConfig {
             binary_version: env!("CARGO_PKG_VERSION").to_owned(),
             logical_version: malachi_core::model::LOGICAL_VERSION,
             supported_features: malachi_core::model::Feature::supported_names(),
+            owner_runs_loops: false,
         }
     }
 }
@@ -402,8 +410,12 @@ pub struct VnodeHost {
     /// Bumped whenever a group is opened, so `watch_led` watches it too.
     groups_opened: watch::Sender<u64>,
     stopped: AtomicBool,
-    /// The liveness prober and the quiescer, aborted at shutdown.
+    /// The liveness prober and the ring changes (and, unless the owner
+    /// runs them, the `HostLoop`s), aborted at shutdown.
     background: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Tells the `HostLoop`s the host stopped, or a test armed one to
+    /// panic (`fail_loop`).
+    signals: Arc<loops::LoopSignals>,
     /// This host, for background work started from `&self`.
     this: std::sync::Weak<VnodeHost>,
     /// The peers the liveness prober probes: every member but this one,
@@ -455,6 +467,7 @@ impl VnodeHost {
             groups_opened: watch::channel(0).0,
             stopped: AtomicBool::new(false),
             background: parking_lot::Mutex::new(Vec::new()),
+            signals: Arc::default(),
             probe_peers: Arc::new(RwLock::new(Vec::new())),
             opened_at: parking_lot::Mutex::new(BTreeMap::new()),
             moved_marked: tokio::sync::Mutex::new(false),
@@ -524,8 +537,10 @@ impl VnodeHost {
             ring_version = host.ring().version(),
             "vnode replicas open"
         );
-        host.spawn_ring_sync();
-        host.spawn_quiescence()?;
+        host.start_prober()?;
+        if !host.config.owner_runs_loops {
+            host.spawn_loops();
+        }
         if host.config.joined {
             host.spawn_admission();
         }
@@ -535,17 +550,11 @@ impl VnodeHost {
         Ok(host)
     }
 
-    /// Starts probing peers and quieting idle groups (ADR 0101), unless the
-    /// configuration keeps every group ticking.
-    pub(super) fn spawn_quiescence(self: &Arc<Self>) -> Result<(), GroupError> {
+    /// Starts probing peers (ADR 0101), unless the configuration keeps
+    /// every group ticking. The quiescer (`HostLoop::Quiescer`) follows
+    /// what it finds.
+    pub(super) fn start_prober(self: &Arc<Self>) -> Result<(), GroupError> {
         let Some(settings) = self.config.liveness else {
-            let rebalancer = rebalance::spawn_rebalancer(
-                Arc::downgrade(self),
-                None,
-                self.config.rebalance_check_ms.max(1),
-                self.config.replace_after_ms,
-            );
-            self.background.lock().push(rebalancer);
             return Ok(());
         };
         settings
@@ -558,22 +567,8 @@ impl VnodeHost {
             settings,
             Arc::new(crate::clock::SystemClock::new()),
         );
-        let _ = self.up.set(up.clone());
-        let rebalancer = rebalance::spawn_rebalancer(
-            Arc::downgrade(self),
-            Some(up.clone()),
-            self.config.rebalance_check_ms.max(1),
-            self.config.replace_after_ms,
-        );
-        let quiescer = quiet::spawn_quiescer(
-            Arc::downgrade(self),
-            up,
-            self.config.quiet_check_ms.max(1),
-            self.config.balance_leaders,
-        );
-        self.background
-            .lock()
-            .extend([prober, quiescer, rebalancer]);
+        let _ = self.up.set(up);
+        self.background.lock().push(prober);
         Ok(())
     }
 
@@ -672,6 +667,7 @@ impl VnodeHost {
     /// Stops every hosted group.
     pub async fn shutdown(&self) {
         self.stopped.store(true, Ordering::Release);
+        self.signals.stop();
         for task in self.background.lock().drain(..) {
             task.abort();
         }

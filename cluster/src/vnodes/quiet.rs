@@ -10,18 +10,17 @@
 //! timers (long expired) fire on the next tick, and they elect.
 //!
 //! `quiet_wanted` is the whole decision, a pure function of one replica's
-//! view of its group and the up set. `spawn_quiescer` applies it to every
+//! view of its group and the up set. `run_quiescer` applies it to every
 //! hosted group whenever the up set changes and every `check_ms`, and sends
 //! one heartbeat round from each led group to a voter whose broker just
 //! came back, so it learns its leader before its own election timer fires.
 
-use super::VnodeHost;
+use super::{HostLoop, VnodeHost};
 use crate::group::GroupPace;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// How often every hosted group is re-judged even when liveness is still:
 /// catches a group that fell behind, learned a leader, or was opened.
@@ -244,144 +243,144 @@ impl Campaigns {
 }
 
 /// Runs `quiet_wanted` over `host`'s groups until the host is dropped or
-/// the up channel closes.
-pub(super) fn spawn_quiescer(
+/// stopped, or the up channel closes (the prober ended): the host's owner
+/// runs it (`HostLoop::Quiescer`) and is told when it ends.
+pub(super) async fn run_quiescer(
     host: Weak<VnodeHost>,
     mut up: watch::Receiver<BTreeSet<u64>>,
     check_ms: u64,
     balance: bool,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut before: BTreeSet<u64> = BTreeSet::new();
-        let mut transferred: BTreeMap<u64, Handover> = BTreeMap::new();
-        let mut passes: u64 = 0;
-        let mut campaigns = Campaigns::new(CAMPAIGNS_MAX, Duration::from_millis(CAMPAIGN_SLOT_MS));
-        loop {
-            let mut transfers = 0usize;
-            let now: BTreeSet<u64> = up.borrow_and_update().clone();
-            let back: BTreeSet<u64> = now.difference(&before).copied().collect();
-            // A quiet group is re-judged on every change of the up set and
-            // on every `QUIET_SETTLED_PASSES`th pass; the others on every
-            // pass. Judging all of 4,096 groups four times a second was
-            // most of an idle broker's cost (ADR 0105).
-            passes = passes.wrapping_add(1);
-            let full = now != before || passes.is_multiple_of(QUIET_SETTLED_PASSES);
-            {
-                let Some(host) = host.upgrade() else { break };
-                if host.is_stopped() {
-                    break;
+) {
+    let mut before: BTreeSet<u64> = BTreeSet::new();
+    let mut transferred: BTreeMap<u64, Handover> = BTreeMap::new();
+    let mut passes: u64 = 0;
+    let mut campaigns = Campaigns::new(CAMPAIGNS_MAX, Duration::from_millis(CAMPAIGN_SLOT_MS));
+    loop {
+        let mut transfers = 0usize;
+        let now: BTreeSet<u64> = up.borrow_and_update().clone();
+        let back: BTreeSet<u64> = now.difference(&before).copied().collect();
+        // A quiet group is re-judged on every change of the up set and
+        // on every `QUIET_SETTLED_PASSES`th pass; the others on every
+        // pass. Judging all of 4,096 groups four times a second was
+        // most of an idle broker's cost (ADR 0105).
+        passes = passes.wrapping_add(1);
+        let full = now != before || passes.is_multiple_of(QUIET_SETTLED_PASSES);
+        {
+            let Some(host) = host.upgrade() else { break };
+            if host.is_stopped() {
+                break;
+            }
+            host.trip(HostLoop::Quiescer);
+            for group in host.registry().all() {
+                if !full && group.is_quiet() && !group.is_parked() {
+                    continue;
                 }
-                for group in host.registry().all() {
-                    if !full && group.is_quiet() && !group.is_parked() {
-                        continue;
-                    }
-                    let pace = group.pace();
-                    if !pace.running {
-                        // A stopped group campaigns no more: its place goes.
-                        campaigns.admit(pace.group_id, false, Instant::now());
-                        continue;
-                    }
-                    let quiet = quiet_wanted(&pace, &now);
-                    let parked = parked_wanted(&mut campaigns, &pace, &now, Instant::now());
-                    if parked != group.is_parked() {
-                        group.set_parked(parked);
-                    }
-                    if quiet != group.is_quiet() {
-                        tracing::debug!(
-                            group = pace.group_id,
-                            node = pace.node_id,
-                            leader = ?pace.leader,
-                            is_leader = pace.is_leader,
-                            quiet,
-                            "group pace changed"
-                        );
-                        group.set_quiet(quiet);
-                    }
-                    let wakes_peer = pace.voters.iter().any(|v| back.contains(v));
-                    if pace.is_leader
-                        && wakes_peer
-                        && let Err(e) = group.heartbeat().await
+                let pace = group.pace();
+                if !pace.running {
+                    // A stopped group campaigns no more: its place goes.
+                    campaigns.admit(pace.group_id, false, Instant::now());
+                    continue;
+                }
+                let quiet = quiet_wanted(&pace, &now);
+                let parked = parked_wanted(&mut campaigns, &pace, &now, Instant::now());
+                if parked != group.is_parked() {
+                    group.set_parked(parked);
+                }
+                if quiet != group.is_quiet() {
+                    tracing::debug!(
+                        group = pace.group_id,
+                        node = pace.node_id,
+                        leader = ?pace.leader,
+                        is_leader = pace.is_leader,
+                        quiet,
+                        "group pace changed"
+                    );
+                    group.set_quiet(quiet);
+                }
+                let wakes_peer = pace.voters.iter().any(|v| back.contains(v));
+                if pace.is_leader
+                    && wakes_peer
+                    && let Err(e) = group.heartbeat().await
+                {
+                    tracing::debug!(error = %e, "heartbeat to a returning peer failed");
+                }
+                if !balance {
+                    continue;
+                }
+                // A stalled hand-over is handed over again whatever
+                // the pass's budget: the group serves nothing until.
+                let stalled = transferred.get(&pace.group_id).copied().filter(|h| {
+                    handover_stalled(&pace, h, Duration::from_millis(TRANSFER_STALLED_MS))
+                });
+                if let Some(stalled) = stalled {
+                    let to = handover_target(&pace, &now);
+                    tracing::info!(
+                        group = pace.group_id,
+                        from = pace.node_id,
+                        stalled_to = stalled.to,
+                        ?to,
+                        "leadership hand-over stalled; handing over again"
+                    );
+                    transferred.insert(
+                        pace.group_id,
+                        Handover {
+                            to: to.unwrap_or(stalled.to),
+                            term: pace.term,
+                            at: Instant::now(),
+                        },
+                    );
+                    if let Some(to) = to
+                        && let Err(e) = group.transfer_leader(to).await
                     {
-                        tracing::debug!(error = %e, "heartbeat to a returning peer failed");
+                        tracing::debug!(error = %e, "leadership transfer failed");
                     }
-                    if !balance {
-                        continue;
-                    }
-                    // A stalled hand-over is handed over again whatever
-                    // the pass's budget: the group serves nothing until.
-                    let stalled = transferred.get(&pace.group_id).copied().filter(|h| {
-                        handover_stalled(&pace, h, Duration::from_millis(TRANSFER_STALLED_MS))
-                    });
-                    if let Some(stalled) = stalled {
-                        let to = handover_target(&pace, &now);
-                        tracing::info!(
-                            group = pace.group_id,
-                            from = pace.node_id,
-                            stalled_to = stalled.to,
-                            ?to,
-                            "leadership hand-over stalled; handing over again"
-                        );
-                        transferred.insert(
-                            pace.group_id,
-                            Handover {
-                                to: to.unwrap_or(stalled.to),
-                                term: pace.term,
-                                at: Instant::now(),
-                            },
-                        );
-                        if let Some(to) = to
-                            && let Err(e) = group.transfer_leader(to).await
-                        {
-                            tracing::debug!(error = %e, "leadership transfer failed");
-                        }
-                        continue;
-                    }
-                    if transfers >= TRANSFERS_PER_PASS_MAX {
-                        continue;
-                    }
-                    let recently = transferred
-                        .get(&pace.group_id)
-                        .is_some_and(|h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
-                    if let Some(to) = transfer_wanted(&pace, &now)
-                        && !recently
-                    {
-                        tracing::debug!(
-                            group = pace.group_id,
-                            from = pace.node_id,
+                    continue;
+                }
+                if transfers >= TRANSFERS_PER_PASS_MAX {
+                    continue;
+                }
+                let recently = transferred
+                    .get(&pace.group_id)
+                    .is_some_and(|h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
+                if let Some(to) = transfer_wanted(&pace, &now)
+                    && !recently
+                {
+                    tracing::debug!(
+                        group = pace.group_id,
+                        from = pace.node_id,
+                        to,
+                        "handing leadership to the preferred voter"
+                    );
+                    transferred.insert(
+                        pace.group_id,
+                        Handover {
                             to,
-                            "handing leadership to the preferred voter"
-                        );
-                        transferred.insert(
-                            pace.group_id,
-                            Handover {
-                                to,
-                                term: pace.term,
-                                at: Instant::now(),
-                            },
-                        );
-                        transfers += 1;
-                        group.set_quiet(false);
-                        if let Err(e) = group.transfer_leader(to).await {
-                            tracing::debug!(error = %e, "leadership transfer failed");
-                        }
+                            term: pace.term,
+                            at: Instant::now(),
+                        },
+                    );
+                    transfers += 1;
+                    group.set_quiet(false);
+                    if let Err(e) = group.transfer_leader(to).await {
+                        tracing::debug!(error = %e, "leadership transfer failed");
                     }
                 }
-            }
-            before = now;
-            transferred.retain(|_, h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
-            if let Some(host) = host.upgrade().filter(|_| full) {
-                campaigns.retain(|group_id| host.registry().get(group_id).is_some());
-            }
-            tokio::select! {
-                changed = up.changed() => {
-                    if changed.is_err() {
-                        break;
-                    }
-                }
-                () = tokio::time::sleep(Duration::from_millis(check_ms)) => {}
             }
         }
-    })
+        before = now;
+        transferred.retain(|_, h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
+        if let Some(host) = host.upgrade().filter(|_| full) {
+            campaigns.retain(|group_id| host.registry().get(group_id).is_some());
+        }
+        tokio::select! {
+            changed = up.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            () = tokio::time::sleep(Duration::from_millis(check_ms)) => {}
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,17 +20,16 @@
 //! copies of the group's segments keeps (or gets) a learner replica, since
 //! the data path reads a topic's metadata on its own disk; a voter that
 //! leaves becomes a learner, and a learner nobody needs leaves (and closes
-//! its replica) last. `spawn_rebalancer` runs it on every group this
+//! its replica) last. `run_rebalancer` runs it on every group this
 //! broker leads, a few groups at a time.
 
-use super::{VnodeHost, voters_for};
+use super::{HostLoop, VnodeHost, voters_for};
 use crate::group::GroupMembership;
 use malachi_core::ring::{MemberState, RING_VNODE, VnodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// How long a broker may be dead before its vnode replicas are replaced,
 /// unless configured otherwise: long enough for a restart or a reboot.
@@ -283,143 +282,142 @@ pub(super) fn vnode_of(group_id: u64) -> Option<VnodeId> {
 
 /// Runs [`next_step`] over the groups `host` leads, every `check_ms`,
 /// until the host stops. `up` is the liveness prober's up set (`None`
-/// without probing: every member counts as up, and none is replaced).
-pub(super) fn spawn_rebalancer(
+/// without probing: every member counts as up, and none is replaced). The
+/// host's owner runs it (`HostLoop::Rebalancer`) and is told when it ends.
+pub(super) async fn run_rebalancer(
     host: Weak<VnodeHost>,
     up: Option<watch::Receiver<BTreeSet<u64>>>,
     check_ms: u64,
     replace_after_ms: u64,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut down = DownSince::default();
-        let mut last_sweep = Instant::now();
-        // Since when each learner (by group) has been one nobody needs.
-        let mut unneeded: BTreeMap<(u64, u64), Instant> = BTreeMap::new();
-        // When each group last handed its leadership over: a hand-over is
-        // an election, given time before it is asked for again.
-        let mut handed: BTreeMap<u64, Instant> = BTreeMap::new();
-        // Each led group's segment-copy holders, by the applied index they
-        // were read at: recomputed only when the group applied something.
-        let mut holders: BTreeMap<u64, (u64, BTreeSet<u64>)> = BTreeMap::new();
-        // Each led group's target, by the ring version and eligible
-        // brokers it was computed from.
-        #[allow(clippy::type_complexity)]
-        let mut targets: BTreeMap<
-            u64,
-            ((u64, Vec<u64>), Result<BTreeSet<u64>, PlacementRefused>),
-        > = BTreeMap::new();
-        loop {
-            let worked = {
-                let Some(host) = host.upgrade() else { break };
-                if host.is_stopped() {
+) {
+    let mut down = DownSince::default();
+    let mut last_sweep = Instant::now();
+    // Since when each learner (by group) has been one nobody needs.
+    let mut unneeded: BTreeMap<(u64, u64), Instant> = BTreeMap::new();
+    // When each group last handed its leadership over: a hand-over is
+    // an election, given time before it is asked for again.
+    let mut handed: BTreeMap<u64, Instant> = BTreeMap::new();
+    // Each led group's segment-copy holders, by the applied index they
+    // were read at: recomputed only when the group applied something.
+    let mut holders: BTreeMap<u64, (u64, BTreeSet<u64>)> = BTreeMap::new();
+    // Each led group's target, by the ring version and eligible
+    // brokers it was computed from.
+    #[allow(clippy::type_complexity)]
+    let mut targets: BTreeMap<u64, ((u64, Vec<u64>), Result<BTreeSet<u64>, PlacementRefused>)> =
+        BTreeMap::new();
+    loop {
+        let worked = {
+            let Some(host) = host.upgrade() else { break };
+            if host.is_stopped() {
+                break;
+            }
+            host.trip(HostLoop::Rebalancer);
+            let ring = host.ring();
+            let members = ring.members_or(host.formation_nodes());
+            let me = host.node_id();
+            let up_now: BTreeSet<u64> = match &up {
+                Some(up) => up.borrow().clone(),
+                None => members.keys().copied().collect(),
+            };
+            let dead = down.observe(
+                me,
+                members.keys().copied(),
+                &up_now,
+                Instant::now(),
+                Duration::from_millis(replace_after_ms),
+            );
+            let replicas = host.replicas_per_vnode();
+            let eligible = eligible(&members, &dead, replicas);
+            let mut steps = Vec::new();
+            let led: Vec<_> = host
+                .registry()
+                .all()
+                .into_iter()
+                .filter(|g| g.is_leader())
+                .collect();
+            let led_ids: BTreeSet<u64> = led.iter().map(|g| g.group_id()).collect();
+            holders.retain(|id, _| led_ids.contains(id));
+            targets.retain(|id, _| led_ids.contains(id));
+            handed.retain(|id, _| led_ids.contains(id));
+            unneeded.retain(|(id, _), _| led_ids.contains(id));
+            for group in led {
+                let group_id = group.group_id();
+                let Some(vnode) = vnode_of(group_id) else {
+                    continue;
+                };
+                // Placement under constraints may weigh many sets:
+                // computed again only when its inputs change.
+                let inputs = (ring.version(), eligible.clone());
+                let target = match targets.get(&group_id) {
+                    Some((at, target)) if *at == inputs => target.clone(),
+                    _ => {
+                        let target = placed_voters(vnode, &eligible, replicas, &ring);
+                        if let Err(refused) = &target {
+                            tracing::warn!(%vnode, ring_version = ring.version(), %refused, "the vnode placement constraints cannot be met; the group stays where it is");
+                        }
+                        targets.insert(group_id, (inputs, target.clone()));
+                        target
+                    }
+                };
+                let Ok(target) = target else {
+                    continue;
+                };
+                let membership = group.membership();
+                let applied = group.applied_index();
+                let mut keep = match holders.get(&group_id) {
+                    Some((at, set)) if *at == applied => set.clone(),
+                    _ => {
+                        let set = group.read_local(|s| s.copy_holders());
+                        holders.insert(group_id, (applied, set.clone()));
+                        set
+                    }
+                };
+                // A learner nobody needs lingers a while first: a
+                // segment placed on it a moment ago may not be applied
+                // on this leader yet.
+                let now = Instant::now();
+                for learner in &membership.learners {
+                    if target.contains(learner) || keep.contains(learner) {
+                        unneeded.remove(&(group_id, *learner));
+                        continue;
+                    }
+                    let since = *unneeded.entry((group_id, *learner)).or_insert(now);
+                    if now.duration_since(since) < Duration::from_millis(LEARNER_LINGER_MS) {
+                        keep.insert(*learner);
+                    }
+                }
+                let step = next_step(me, &membership, &target, &keep, &up_now);
+                if let Step::HandOver { .. } = step {
+                    if handed
+                        .get(&group_id)
+                        .is_some_and(|at| at.elapsed() < Duration::from_millis(HANDOVER_RETRY_MS))
+                    {
+                        continue;
+                    }
+                    handed.insert(group_id, Instant::now());
+                }
+                if step != Step::Settled {
+                    steps.push((vnode, group, step));
+                }
+                if steps.len() >= REBALANCE_GROUPS_PARALLEL_MAX {
                     break;
                 }
-                let ring = host.ring();
-                let members = ring.members_or(host.formation_nodes());
-                let me = host.node_id();
-                let up_now: BTreeSet<u64> = match &up {
-                    Some(up) => up.borrow().clone(),
-                    None => members.keys().copied().collect(),
-                };
-                let dead = down.observe(
-                    me,
-                    members.keys().copied(),
-                    &up_now,
-                    Instant::now(),
-                    Duration::from_millis(replace_after_ms),
-                );
-                let replicas = host.replicas_per_vnode();
-                let eligible = eligible(&members, &dead, replicas);
-                let mut steps = Vec::new();
-                let led: Vec<_> = host
-                    .registry()
-                    .all()
-                    .into_iter()
-                    .filter(|g| g.is_leader())
-                    .collect();
-                let led_ids: BTreeSet<u64> = led.iter().map(|g| g.group_id()).collect();
-                holders.retain(|id, _| led_ids.contains(id));
-                targets.retain(|id, _| led_ids.contains(id));
-                handed.retain(|id, _| led_ids.contains(id));
-                unneeded.retain(|(id, _), _| led_ids.contains(id));
-                for group in led {
-                    let group_id = group.group_id();
-                    let Some(vnode) = vnode_of(group_id) else {
-                        continue;
-                    };
-                    // Placement under constraints may weigh many sets:
-                    // computed again only when its inputs change.
-                    let inputs = (ring.version(), eligible.clone());
-                    let target = match targets.get(&group_id) {
-                        Some((at, target)) if *at == inputs => target.clone(),
-                        _ => {
-                            let target = placed_voters(vnode, &eligible, replicas, &ring);
-                            if let Err(refused) = &target {
-                                tracing::warn!(%vnode, ring_version = ring.version(), %refused, "the vnode placement constraints cannot be met; the group stays where it is");
-                            }
-                            targets.insert(group_id, (inputs, target.clone()));
-                            target
-                        }
-                    };
-                    let Ok(target) = target else {
-                        continue;
-                    };
-                    let membership = group.membership();
-                    let applied = group.applied_index();
-                    let mut keep = match holders.get(&group_id) {
-                        Some((at, set)) if *at == applied => set.clone(),
-                        _ => {
-                            let set = group.read_local(|s| s.copy_holders());
-                            holders.insert(group_id, (applied, set.clone()));
-                            set
-                        }
-                    };
-                    // A learner nobody needs lingers a while first: a
-                    // segment placed on it a moment ago may not be applied
-                    // on this leader yet.
-                    let now = Instant::now();
-                    for learner in &membership.learners {
-                        if target.contains(learner) || keep.contains(learner) {
-                            unneeded.remove(&(group_id, *learner));
-                            continue;
-                        }
-                        let since = *unneeded.entry((group_id, *learner)).or_insert(now);
-                        if now.duration_since(since) < Duration::from_millis(LEARNER_LINGER_MS) {
-                            keep.insert(*learner);
-                        }
-                    }
-                    let step = next_step(me, &membership, &target, &keep, &up_now);
-                    if let Step::HandOver { .. } = step {
-                        if handed.get(&group_id).is_some_and(|at| {
-                            at.elapsed() < Duration::from_millis(HANDOVER_RETRY_MS)
-                        }) {
-                            continue;
-                        }
-                        handed.insert(group_id, Instant::now());
-                    }
-                    if step != Step::Settled {
-                        steps.push((vnode, group, step));
-                    }
-                    if steps.len() >= REBALANCE_GROUPS_PARALLEL_MAX {
-                        break;
-                    }
-                }
-                let worked = !steps.is_empty();
-                let runs = steps
-                    .into_iter()
-                    .map(|(vnode, group, step)| host.take_step(vnode, group, step));
-                futures::future::join_all(runs).await;
-                if last_sweep.elapsed() >= Duration::from_millis(SWEEP_EVERY_MS) {
-                    last_sweep = Instant::now();
-                    host.sweep_left_groups().await;
-                }
-                worked
-            };
-            // Straight on while there is work; else wait for the next check.
-            let pause = if worked { 50 } else { check_ms };
-            tokio::time::sleep(Duration::from_millis(pause)).await;
-        }
-    })
+            }
+            let worked = !steps.is_empty();
+            let runs = steps
+                .into_iter()
+                .map(|(vnode, group, step)| host.take_step(vnode, group, step));
+            futures::future::join_all(runs).await;
+            if last_sweep.elapsed() >= Duration::from_millis(SWEEP_EVERY_MS) {
+                last_sweep = Instant::now();
+                host.sweep_left_groups().await;
+            }
+            worked
+        };
+        // Straight on while there is work; else wait for the next check.
+        let pause = if worked { 50 } else { check_ms };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
 }
 
 #[cfg(test)]

@@ -145,40 +145,48 @@ impl VnodeHost {
         Ok(Ok(version))
     }
 
-    /// Fetches the current ring in the background until one answer arrives.
-    pub(super) fn spawn_ring_sync(self: &Arc<Self>) {
-        let host = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut backoff = None;
-            loop {
-                let Some(strong) = host.upgrade() else { break };
-                let backoff = backoff.get_or_insert_with(|| {
-                    Backoff::new(
-                        RING_SYNC_BACKOFF_MIN_MS,
-                        RING_SYNC_BACKOFF_MAX_MS,
-                        backoff_seed(strong.config.node_id, RING_GROUP_ID),
-                    )
-                });
-                if strong.stopped.load(Ordering::Acquire) {
+    /// Fetches the current ring until one answer arrives, then parks: the
+    /// host's owner runs it (`HostLoop::RingSync`) and is told if it ends.
+    pub(super) async fn run_ring_sync(host: std::sync::Weak<VnodeHost>) {
+        let mut backoff = None;
+        loop {
+            let Some(strong) = host.upgrade() else { return };
+            let backoff = backoff.get_or_insert_with(|| {
+                Backoff::new(
+                    RING_SYNC_BACKOFF_MIN_MS,
+                    RING_SYNC_BACKOFF_MAX_MS,
+                    backoff_seed(strong.config.node_id, RING_GROUP_ID),
+                )
+            });
+            if strong.stopped.load(Ordering::Acquire) {
+                return;
+            }
+            strong.trip(HostLoop::RingSync);
+            match strong.refresh_ring().await {
+                Ok(ring) => {
+                    tracing::debug!(
+                        node = strong.config.node_id,
+                        version = ring.version(),
+                        "ring fetched"
+                    );
                     break;
                 }
-                match strong.refresh_ring().await {
-                    Ok(ring) => {
-                        tracing::debug!(
-                            node = strong.config.node_id,
-                            version = ring.version(),
-                            "ring fetched"
-                        );
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::debug!(node = strong.config.node_id, error = %e, "ring fetch failed; retrying")
-                    }
+                Err(e) => {
+                    tracing::debug!(node = strong.config.node_id, error = %e, "ring fetch failed; retrying")
                 }
-                drop(strong);
-                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
             }
-        });
+            drop(strong);
+            tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
+        }
+        // Fetched: its work is done, and a loop that returns has ended.
+        // It parks until the host stops (or a test fails it).
+        let Some(strong) = host.upgrade() else { return };
+        let signals = Arc::clone(&strong.signals);
+        drop(strong);
+        signals.armed(HostLoop::RingSync).await;
+        if let Some(strong) = host.upgrade() {
+            strong.trip(HostLoop::RingSync);
+        }
     }
 
     /// The voters of the ring's own group.

@@ -1,0 +1,207 @@
+//! The host's long-lived loops, which its owner runs and restarts.
+//!
+//! The ring sync, the quiescer and the rebalancer (`HostLoop`) are plain
+//! futures (`VnodeHost::run_loop`). With `VnodeHostConfig::owner_runs_loops`
+//! the host starts none of them: its owner (the broker's `vnodes` actor)
+//! runs each as a watched task, is told when one ends (a return or a
+//! panic) and restarts it within a budget, or fails to its supervisor.
+//! Without it (tests that open a host alone) `open` spawns them itself,
+//! unwatched, as before.
+//!
+//! `LoopSignals` ends every loop when the host stops (as the abort of an
+//! unwatched loop did), and lets a test make a loop's next pass panic
+//! (`VnodeHost::fail_loop`, `testing` feature), as a bug in it would.
+
+use super::VnodeHost;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use tokio::sync::Notify;
+
+/// One of the host's long-lived loops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HostLoop {
+    /// Fetches the current ring after the host opens, then parks.
+    RingSync,
+    /// Quiets idle groups and paces campaigns (ADR 0101); only where peers
+    /// are probed for liveness.
+    Quiescer,
+    /// Moves replicas where the members say they belong (ADR 0104).
+    Rebalancer,
+}
+
+impl HostLoop {
+    /// Every loop, in start order.
+    pub const ALL: [HostLoop; 3] = [HostLoop::RingSync, HostLoop::Quiescer, HostLoop::Rebalancer];
+
+    /// The loop's name, as logs, metrics and watched tasks give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostLoop::RingSync => "ring_sync",
+            HostLoop::Quiescer => "quiescer",
+            HostLoop::Rebalancer => "rebalancer",
+        }
+    }
+
+    /// The loop named `name`, if one is.
+    pub fn named(name: &str) -> Option<HostLoop> {
+        HostLoop::ALL.into_iter().find(|l| l.name() == name)
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// What the host tells its loops from outside: that it stopped, and
+/// which loops a test armed to panic at their next pass (none, and one
+/// atomic load a pass, unless a test arms one).
+#[derive(Debug, Default)]
+pub(super) struct LoopSignals {
+    armed: AtomicU8,
+    stopped: AtomicBool,
+    /// Wakes the loops waiting on either.
+    changed: Notify,
+}
+
+impl LoopSignals {
+    /// Resolves once `check` holds, re-checked whenever a signal changes.
+    async fn until(&self, check: impl Fn(&LoopSignals) -> bool) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if check(self) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Resolves once `which` is armed (left armed, for `trip`): where a
+    /// loop that has done its work (the ring sync) parks.
+    pub(super) async fn armed(self: Arc<Self>, which: HostLoop) {
+        self.until(|s| s.armed.load(Ordering::Acquire) & which.bit() != 0)
+            .await;
+    }
+
+    /// Resolves once the host stopped.
+    async fn stopped(self: Arc<Self>) {
+        self.until(|s| s.stopped.load(Ordering::Acquire)).await;
+    }
+
+    /// Ends every loop: the host stopped.
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+}
+
+impl VnodeHost {
+    /// The loops this host needs: the quiescer only where peers are probed.
+    pub fn loops(&self) -> Vec<HostLoop> {
+        HostLoop::ALL
+            .into_iter()
+            .filter(|l| *l != HostLoop::Quiescer || self.up.get().is_some())
+            .collect()
+    }
+
+    /// `which`, to be run by the host's owner: it returns when the host
+    /// stops (dropped there, mid-pass, as an abort would) or goes (or, for
+    /// the quiescer, the liveness prober it follows ended), and otherwise
+    /// only by a panic. Run at most one of each at a time.
+    pub fn run_loop(self: &Arc<Self>, which: HostLoop) -> BoxFuture<'static, ()> {
+        let stopped = Arc::clone(&self.signals).stopped();
+        let work = self.loop_work(which);
+        Box::pin(async move {
+            tokio::select! {
+                () = work => {}
+                () = stopped => {}
+            }
+        })
+    }
+
+    fn loop_work(self: &Arc<Self>, which: HostLoop) -> BoxFuture<'static, ()> {
+        let host = Arc::downgrade(self);
+        match which {
+            HostLoop::RingSync => Box::pin(VnodeHost::run_ring_sync(host)),
+            HostLoop::Quiescer => match self.up.get().cloned() {
+                Some(up) => Box::pin(super::quiet::run_quiescer(
+                    host,
+                    up,
+                    self.config.quiet_check_ms.max(1),
+                    self.config.balance_leaders,
+                )),
+                // Never asked for: `loops` names no quiescer here.
+                None => Box::pin(std::future::ready(())),
+            },
+            HostLoop::Rebalancer => Box::pin(super::rebalance::run_rebalancer(
+                host,
+                self.up.get().cloned(),
+                self.config.rebalance_check_ms.max(1),
+                self.config.replace_after_ms,
+            )),
+        }
+    }
+
+    /// Spawns every loop, unwatched, for a host nobody owns
+    /// (`owner_runs_loops` off); aborted at shutdown.
+    pub(super) fn spawn_loops(self: &Arc<Self>) {
+        let tasks: Vec<_> = self
+            .loops()
+            .into_iter()
+            .map(|which| tokio::spawn(self.run_loop(which)))
+            .collect();
+        self.background.lock().extend(tasks);
+    }
+
+    /// Test hook: the next pass of `which` panics, as a bug in it would.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn fail_loop(&self, which: HostLoop) {
+        self.signals.armed.fetch_or(which.bit(), Ordering::AcqRel);
+        self.signals.changed.notify_waiters();
+    }
+
+    /// Panics, once, if a test armed `which` (`fail_loop`).
+    pub(super) fn trip(&self, which: HostLoop) {
+        let was = self.signals.armed.fetch_and(!which.bit(), Ordering::AcqRel);
+        if was & which.bit() != 0 {
+            panic!("{}: a fault armed by a test", which.name());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_loop_is_found_by_its_name_and_has_a_bit_of_its_own() {
+        let mut bits = 0u8;
+        for which in HostLoop::ALL {
+            assert_eq!(HostLoop::named(which.name()), Some(which));
+            assert_eq!(bits & which.bit(), 0, "{which:?} shares a bit");
+            bits |= which.bit();
+        }
+        assert_eq!(HostLoop::named("scrubber"), None);
+    }
+
+    #[tokio::test]
+    async fn an_armed_loop_and_a_stop_wake_the_loops_waiting_on_them() {
+        let signals = Arc::new(LoopSignals::default());
+        let armed = tokio::spawn(Arc::clone(&signals).armed(HostLoop::RingSync));
+        let stopped = tokio::spawn(Arc::clone(&signals).stopped());
+        signals
+            .armed
+            .fetch_or(HostLoop::Quiescer.bit(), Ordering::AcqRel);
+        signals.changed.notify_waiters();
+        signals
+            .armed
+            .fetch_or(HostLoop::RingSync.bit(), Ordering::AcqRel);
+        signals.changed.notify_waiters();
+        armed.await.unwrap();
+        assert!(!stopped.is_finished());
+        signals.stop();
+        stopped.await.unwrap();
+    }
+}
