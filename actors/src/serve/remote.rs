@@ -63,6 +63,17 @@ pub(crate) const REMOTE_READ_BYTES_MAX: u64 = 4 << 20;
 pub(crate) const REMOTE_ACTIVE_POLL_MS: u64 = 100;
 /// Holders one chunk is asked of at most.
 pub(crate) const REMOTE_HOLDERS_TRIED_MAX: usize = 3;
+
+/// The holders a read asks, in order: live ones other than this broker,
+/// at most [`REMOTE_HOLDERS_TRIED_MAX`].
+fn holders_to_try<'a>(broker: &'a ReadCtx, holders: &'a [u64]) -> impl Iterator<Item = u64> + 'a {
+    let me = broker.place.me.0;
+    holders
+        .iter()
+        .copied()
+        .filter(move |&h| h != me && !broker.place.is_dead(NodeId(h)))
+        .take(REMOTE_HOLDERS_TRIED_MAX)
+}
 /// How long one holder has to answer.
 pub(crate) const REMOTE_READ_TIMEOUT_MS: u64 = 1_000;
 
@@ -439,7 +450,6 @@ async fn fetch_chunk(
     bytes_max: u64,
 ) -> Option<RemoteChunk> {
     let raft = broker.place.links.raft.get()?;
-    let me = broker.place.me.0;
     let request = CatchUpRequest {
         topic: topic.to_string(),
         segment: blocked.segment.0,
@@ -456,13 +466,7 @@ async fn fetch_chunk(
             return None;
         }
     };
-    let holders = blocked
-        .holders
-        .iter()
-        .copied()
-        .filter(|&h| h != me && !broker.place.is_dead(NodeId(h)))
-        .take(REMOTE_HOLDERS_TRIED_MAX);
-    for holder in holders {
+    for holder in holders_to_try(broker, &blocked.holders) {
         let answer = raft
             .replication
             .call_raw(holder, CATCH_UP_API_KEY, 0, &body, REMOTE_READ_TIMEOUT_MS)
@@ -513,18 +517,11 @@ pub(crate) async fn readable_end(
 ) -> Result<u64, ServeError> {
     use crate::control::replica_status::{Lane, ask_status};
     use malachi_wire::replica_status::ReplicaStatusRequest;
-    let me = broker.place.me.0;
     let request = ReplicaStatusRequest {
         segments: vec![tail.segment.0],
         ..ReplicaStatusRequest::default()
     };
-    let holders = tail
-        .holders
-        .iter()
-        .copied()
-        .filter(|&h| h != me && !broker.place.is_dead(NodeId(h)))
-        .take(REMOTE_HOLDERS_TRIED_MAX);
-    for holder in holders {
+    for holder in holders_to_try(broker, &tail.holders) {
         let answer = ask_status(
             &broker.place.links,
             holder,
