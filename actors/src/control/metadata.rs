@@ -159,7 +159,9 @@ async fn watch_applied(host: std::sync::Weak<VnodeHost>, version: watch::Sender<
         };
         let mut added = false;
         for group in groups {
-            if !watched.insert(group.group_id()) {
+            // By opening, not by group id: a replica reopened after it
+            // went fatal (ADR 0135) is a new handle to watch.
+            if !watched.insert(group.serial()) {
                 continue;
             }
             added = true;
