@@ -11,7 +11,7 @@ use malachi_cluster::vnodes::lease::{
     SystemClock, VnodeLeaseGroup, spawn_lease_keeper,
 };
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
-use malachi_core::model::{Command, MetadataState, ModelError, Outcome};
+use malachi_core::model::{Command, Lease, MetadataState, ModelError, Outcome};
 use malachi_core::ring::VnodeId;
 use malachi_testkit::wait::wait_until;
 use parking_lot::Mutex;
@@ -39,6 +39,8 @@ fn config(holder: u64) -> LeaseConfig {
 struct ModelGroup {
     state: Mutex<MetadataState>,
     cut: Mutex<Option<u64>>,
+    /// Whether `Feature::LeaseReleaseGeneration` is active.
+    named_releases: bool,
 }
 
 impl ModelGroup {
@@ -58,9 +60,13 @@ impl LeaseGroup for ModelGroup {
         self.apply(cmd)
     }
 
-    fn recorded_epoch_of(&self, holder: u64) -> Option<u64> {
+    fn release_generation(&self) -> bool {
+        self.named_releases
+    }
+
+    fn recorded_grant_of(&self, holder: u64) -> Option<Lease> {
         let lease = self.state.lock().lease()?;
-        (lease.holder == holder && !lease.is_released()).then_some(lease.epoch)
+        (lease.holder == holder && !lease.is_released()).then_some(lease)
     }
 }
 
@@ -171,7 +177,10 @@ fn a_late_answer_never_extends_a_lease_beyond_its_own_send_time() {
         LeaseState::Lost { epoch: 1 }
     );
     // Released after the work stopped, another may take it at once.
-    group.apply(keeper.release().unwrap()).unwrap().unwrap();
+    group
+        .apply(keeper.release(false).unwrap())
+        .unwrap()
+        .unwrap();
     let two = group
         .apply(Command::AcquireLeaseWaited {
             holder: 2,
@@ -445,6 +454,49 @@ async fn a_late_release_of_an_earlier_keeper_does_not_release_the_next_keepers_g
         "another holder took a lease the next keeper holds"
     );
     second.stop().await;
+}
+
+/// F11, the stricter fix (`Feature::LeaseReleaseGeneration` active): a
+/// keeper's release names the generation it was last granted, so once a
+/// later keeper of the same holder renewed the grant (same epoch), the late
+/// release changes nothing, even without the release-first of the next
+/// keeper (a grant not yet applied where that keeper reads).
+#[test]
+fn a_release_naming_its_generation_does_not_release_a_later_renewal() {
+    let group = ModelGroup {
+        named_releases: true,
+        ..ModelGroup::default()
+    };
+    let clock = ManualClock::new(0);
+    let mut first = LeaseKeeper::new(config(1)).unwrap();
+    let (cmd, sent) = first.request(&clock);
+    deliver(&mut first, &group.apply(cmd).unwrap(), sent, sent);
+    let late = first.release(group.release_generation()).unwrap();
+    let Command::ReleaseLeaseGeneration {
+        holder: 1,
+        epoch,
+        generation,
+    } = late
+    else {
+        panic!("the gate is open, yet the release names no generation: {late:?}");
+    };
+    // The next keeper of holder 1 renews: the same epoch, a new generation.
+    let mut second = LeaseKeeper::new(config(1)).unwrap();
+    let (cmd, sent) = second.request(&clock);
+    deliver(&mut second, &group.apply(cmd).unwrap(), sent, sent);
+    let renewed = group.state.lock().lease().unwrap();
+    assert_eq!(renewed.epoch, epoch);
+    assert!(renewed.generation > generation);
+    assert_eq!(group.apply(late).unwrap(), Ok(Outcome::Unchanged));
+    assert!(!group.state.lock().lease().unwrap().is_released());
+    // The second keeper's own release names the current generation.
+    let own = second.release(true).unwrap();
+    assert_eq!(group.apply(own).unwrap(), Ok(Outcome::LeaseReleased));
+    // With the gate closed, the old form, which every broker decodes.
+    assert!(matches!(
+        second.release(false),
+        Some(Command::ReleaseLease { holder: 1, .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
