@@ -32,8 +32,9 @@
 //!
 //! Time reaches this logic only through `Clock` (the project's one clock,
 //! `crate::clock`), so tests drive it with `ManualClock`. `LeaseKeeper` is
-//! the pure decision; `spawn_lease_keeper`
-//! runs it in a renew loop against a `LeaseGroup`.
+//! the pure decision; `lease_keeper` makes the renew loop that runs it
+//! against a `LeaseGroup`, for an owner that watches the task it runs on
+//! (a coordinator, ADR 0140); `spawn_lease_keeper` spawns it on its own.
 
 use super::VnodeHost;
 use malachi_core::model::{Command, Lease, ModelError, Outcome};
