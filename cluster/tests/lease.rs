@@ -41,6 +41,9 @@ struct ModelGroup {
     cut: Mutex<Option<u64>>,
     /// Whether `Feature::LeaseReleaseGeneration` is active.
     named_releases: bool,
+    /// Whether the grants are hidden from a new keeper (not yet applied on
+    /// its broker), so it releases none first.
+    hide_grants: bool,
 }
 
 impl ModelGroup {
@@ -65,6 +68,9 @@ impl LeaseGroup for ModelGroup {
     }
 
     fn recorded_grant_of(&self, holder: u64) -> Option<Lease> {
+        if self.hide_grants {
+            return None;
+        }
         let lease = self.state.lock().lease()?;
         (lease.holder == holder && !lease.is_released()).then_some(lease)
     }
@@ -497,6 +503,58 @@ fn a_release_naming_its_generation_does_not_release_a_later_renewal() {
         second.release(false),
         Some(Command::ReleaseLease { holder: 1, .. })
     ));
+}
+
+/// F11's stricter fix through the renew loops: the next keeper did not see
+/// the earlier grant (not yet applied on its broker), so it renewed it,
+/// same epoch; the earlier keeper's late release names the generation it
+/// was granted and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_named_release_does_not_release_a_grant_the_next_keeper_renewed_unseen() {
+    let group = Arc::new(ModelGroup {
+        named_releases: true,
+        hide_grants: true,
+        ..ModelGroup::default()
+    });
+    let clock = Arc::new(ManualClock::new(10_000));
+    let keeper = |group: &Arc<ModelGroup>| {
+        spawn_lease_keeper(
+            LeaseKeeper::new(config(1)).unwrap(),
+            group.clone(),
+            clock.clone(),
+            2,
+        )
+    };
+    let first = keeper(&group);
+    let states = first.watch();
+    wait_until("the first keeper's grant", WAIT, POLL, async || {
+        matches!(*states.borrow(), LeaseState::Held { .. })
+    })
+    .await;
+    let late_release = first.release(group.release_generation()).unwrap();
+    assert!(matches!(
+        late_release,
+        Command::ReleaseLeaseGeneration { .. }
+    ));
+    first.stop().await;
+    let second = keeper(&group);
+    let states = second.watch();
+    wait_until("the second keeper's grant", WAIT, POLL, async || {
+        matches!(*states.borrow(), LeaseState::Held { .. })
+    })
+    .await;
+    assert_eq!(group.apply(late_release).unwrap(), Ok(Outcome::Unchanged));
+    assert!(!group.state.lock().lease().unwrap().is_released());
+    let other = LeaseKeeper::new(config(2)).unwrap();
+    let (cmd, _) = other.request(clock.as_ref());
+    assert!(
+        matches!(
+            group.apply(cmd).unwrap(),
+            Err(ModelError::LeaseHeld { holder: 1, .. })
+        ),
+        "another holder took a lease the next keeper holds"
+    );
+    second.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
