@@ -9,7 +9,8 @@
 //! panic in its handler would end it. The kinds whose work runs in a loop
 //! of their own (the scrubber, the space poll, the orphan sweeper, the
 //! node fabric's dial loop, the client port's accept loop, the admin
-//! port's server) are crashed in that work too
+//! port's server, a coordinator's lease keeper) are crashed in that work
+//! too
 //! (`BrokerHandle::fail_work`): a panic in a loop the actor does not watch
 //! is the failure the tree would not see, and these tests are how it is
 //! seen.
@@ -274,6 +275,7 @@ restart_tests! {
     replication: &["storage", "replication"], Crash::Kill, true;
     coordinator: &["metadata", "coordinator_manager", "coordinator/0"], Crash::Kill, false;
     manager_watcher: &["metadata", "coordinator_manager", "manager"], Crash::Work("leadership_watcher"), false;
+    coordinator_lease_keeper: &["metadata", "coordinator_manager", "coordinator/0"], Crash::Work("lease_keeper"), false;
     vnodes: &["metadata", "vnodes"], Crash::Kill, false;
     orders: &["metadata", "orders"], Crash::Kill, true;
     failover: &["maintenance", "failover"], Crash::Kill, true;

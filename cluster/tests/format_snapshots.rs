@@ -404,6 +404,24 @@ fn the_ring_groups_cursor_keys_encode_to_their_frozen_bytes() {
     assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
 }
 
+/// The lease release naming its generation (ADR 0140, a raft log entry
+/// behind `lease_release_generation`): frozen, so a change to its encoding
+/// shows here.
+#[test]
+fn a_release_naming_its_generation_encodes_to_its_frozen_bytes() {
+    let cmd = Command::ReleaseLeaseGeneration {
+        holder: 2,
+        epoch: 3,
+        generation: 7,
+    };
+    let bytes = rmp_serde::to_vec(&cmd).unwrap();
+    insta::assert_snapshot!(
+        "release_lease_generation",
+        frozen(hex(&bytes), render(&parse(&bytes)))
+    );
+    assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), cmd);
+}
+
 /// The ring group's state once it holds a feature table (ADR 0134), and
 /// the three commands that change it (raft log entries): the table is the
 /// ring record's last field, absent while pristine, so the snapshots above

@@ -11,7 +11,7 @@ use malachi_cluster::vnodes::lease::{
     SystemClock, VnodeLeaseGroup, spawn_lease_keeper,
 };
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
-use malachi_core::model::{Command, MetadataState, ModelError, Outcome};
+use malachi_core::model::{Command, Lease, MetadataState, ModelError, Outcome};
 use malachi_core::ring::VnodeId;
 use malachi_testkit::wait::wait_until;
 use parking_lot::Mutex;
@@ -39,6 +39,11 @@ fn config(holder: u64) -> LeaseConfig {
 struct ModelGroup {
     state: Mutex<MetadataState>,
     cut: Mutex<Option<u64>>,
+    /// Whether `Feature::LeaseReleaseGeneration` is active.
+    named_releases: bool,
+    /// Whether the grants are hidden from a new keeper (not yet applied on
+    /// its broker), so it releases none first.
+    hide_grants: bool,
 }
 
 impl ModelGroup {
@@ -58,9 +63,16 @@ impl LeaseGroup for ModelGroup {
         self.apply(cmd)
     }
 
-    fn recorded_epoch_of(&self, holder: u64) -> Option<u64> {
+    fn release_generation(&self) -> bool {
+        self.named_releases
+    }
+
+    fn recorded_grant_of(&self, holder: u64) -> Option<Lease> {
+        if self.hide_grants {
+            return None;
+        }
         let lease = self.state.lock().lease()?;
-        (lease.holder == holder && !lease.is_released()).then_some(lease.epoch)
+        (lease.holder == holder && !lease.is_released()).then_some(lease)
     }
 }
 
@@ -171,7 +183,10 @@ fn a_late_answer_never_extends_a_lease_beyond_its_own_send_time() {
         LeaseState::Lost { epoch: 1 }
     );
     // Released after the work stopped, another may take it at once.
-    group.apply(keeper.release().unwrap()).unwrap().unwrap();
+    group
+        .apply(keeper.release(false).unwrap())
+        .unwrap()
+        .unwrap();
     let two = group
         .apply(Command::AcquireLeaseWaited {
             holder: 2,
@@ -435,6 +450,101 @@ async fn a_late_release_of_an_earlier_keeper_does_not_release_the_next_keepers_g
     let lease = group.state.lock().lease().unwrap();
     assert!(!lease.is_released(), "the next keeper's grant was released");
     // So another holder is still refused.
+    let other = LeaseKeeper::new(config(2)).unwrap();
+    let (cmd, _) = other.request(clock.as_ref());
+    assert!(
+        matches!(
+            group.apply(cmd).unwrap(),
+            Err(ModelError::LeaseHeld { holder: 1, .. })
+        ),
+        "another holder took a lease the next keeper holds"
+    );
+    second.stop().await;
+}
+
+/// F11, the stricter fix (`Feature::LeaseReleaseGeneration` active): a
+/// keeper's release names the generation it was last granted, so once a
+/// later keeper of the same holder renewed the grant (same epoch), the late
+/// release changes nothing, even without the release-first of the next
+/// keeper (a grant not yet applied where that keeper reads).
+#[test]
+fn a_release_naming_its_generation_does_not_release_a_later_renewal() {
+    let group = ModelGroup {
+        named_releases: true,
+        ..ModelGroup::default()
+    };
+    let clock = ManualClock::new(0);
+    let mut first = LeaseKeeper::new(config(1)).unwrap();
+    let (cmd, sent) = first.request(&clock);
+    deliver(&mut first, &group.apply(cmd).unwrap(), sent, sent);
+    let late = first.release(group.release_generation()).unwrap();
+    let Command::ReleaseLeaseGeneration {
+        holder: 1,
+        epoch,
+        generation,
+    } = late
+    else {
+        panic!("the gate is open, yet the release names no generation: {late:?}");
+    };
+    // The next keeper of holder 1 renews: the same epoch, a new generation.
+    let mut second = LeaseKeeper::new(config(1)).unwrap();
+    let (cmd, sent) = second.request(&clock);
+    deliver(&mut second, &group.apply(cmd).unwrap(), sent, sent);
+    let renewed = group.state.lock().lease().unwrap();
+    assert_eq!(renewed.epoch, epoch);
+    assert!(renewed.generation > generation);
+    assert_eq!(group.apply(late).unwrap(), Ok(Outcome::Unchanged));
+    assert!(!group.state.lock().lease().unwrap().is_released());
+    // The second keeper's own release names the current generation.
+    let own = second.release(true).unwrap();
+    assert_eq!(group.apply(own).unwrap(), Ok(Outcome::LeaseReleased));
+    // With the gate closed, the old form, which every broker decodes.
+    assert!(matches!(
+        second.release(false),
+        Some(Command::ReleaseLease { holder: 1, .. })
+    ));
+}
+
+/// F11's stricter fix through the renew loops: the next keeper did not see
+/// the earlier grant (not yet applied on its broker), so it renewed it,
+/// same epoch; the earlier keeper's late release names the generation it
+/// was granted and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_named_release_does_not_release_a_grant_the_next_keeper_renewed_unseen() {
+    let group = Arc::new(ModelGroup {
+        named_releases: true,
+        hide_grants: true,
+        ..ModelGroup::default()
+    });
+    let clock = Arc::new(ManualClock::new(10_000));
+    let keeper = |group: &Arc<ModelGroup>| {
+        spawn_lease_keeper(
+            LeaseKeeper::new(config(1)).unwrap(),
+            group.clone(),
+            clock.clone(),
+            2,
+        )
+    };
+    let first = keeper(&group);
+    let states = first.watch();
+    wait_until("the first keeper's grant", WAIT, POLL, async || {
+        matches!(*states.borrow(), LeaseState::Held { .. })
+    })
+    .await;
+    let late_release = first.release(group.release_generation()).unwrap();
+    assert!(matches!(
+        late_release,
+        Command::ReleaseLeaseGeneration { .. }
+    ));
+    first.stop().await;
+    let second = keeper(&group);
+    let states = second.watch();
+    wait_until("the second keeper's grant", WAIT, POLL, async || {
+        matches!(*states.borrow(), LeaseState::Held { .. })
+    })
+    .await;
+    assert_eq!(group.apply(late_release).unwrap(), Ok(Outcome::Unchanged));
+    assert!(!group.state.lock().lease().unwrap().is_released());
     let other = LeaseKeeper::new(config(2)).unwrap();
     let (cmd, _) = other.request(clock.as_ref());
     assert!(

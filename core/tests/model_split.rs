@@ -444,6 +444,97 @@ fn a_released_lease_passes_on_at_once_and_a_stale_release_does_nothing() {
     ));
 }
 
+/// Chaos finding F11, the stricter fix: a release naming a generation the
+/// lease has since been renewed past (by a later keeper of the same
+/// holder, which keeps the epoch) changes nothing.
+#[test]
+fn a_release_naming_a_generation_renewed_since_does_nothing() {
+    let mut state = MetadataState::new();
+    let Ok(Outcome::LeaseGranted { lease: first }) = state.apply(acquire(1, 100, None)) else {
+        panic!()
+    };
+    // The same holder renews (a next keeper): same epoch, next generation.
+    let Ok(Outcome::LeaseGranted { lease: renewed }) = state.apply(acquire(1, 200, None)) else {
+        panic!()
+    };
+    assert_eq!(renewed.epoch, first.epoch);
+    assert_eq!(renewed.generation, first.generation + 1);
+    // The earlier keeper's late release names the generation it saw.
+    let late = Command::ReleaseLeaseGeneration {
+        holder: 1,
+        epoch: first.epoch,
+        generation: first.generation,
+    };
+    assert_eq!(state.apply(late), Ok(Outcome::Unchanged));
+    assert!(!state.lease().unwrap().is_released());
+    // Another holder is still refused.
+    assert_eq!(
+        held_generation(state.apply(acquire(2, 0, None))),
+        renewed.generation
+    );
+    // Another holder's, or another epoch's, release does nothing either.
+    for (holder, epoch) in [(2, renewed.epoch), (1, renewed.epoch + 1)] {
+        let other = Command::ReleaseLeaseGeneration {
+            holder,
+            epoch,
+            generation: renewed.generation,
+        };
+        assert_eq!(state.apply(other), Ok(Outcome::Unchanged));
+    }
+    // The release naming the current generation frees it.
+    let current = Command::ReleaseLeaseGeneration {
+        holder: 1,
+        epoch: renewed.epoch,
+        generation: renewed.generation,
+    };
+    assert_eq!(state.apply(current), Ok(Outcome::LeaseReleased));
+    let released = state.lease().unwrap();
+    assert!(released.is_released());
+    assert_eq!(
+        (released.epoch, released.generation),
+        (renewed.epoch, renewed.generation)
+    );
+    let bytes = state.snapshot().unwrap();
+    assert_eq!(MetadataState::restore(&bytes).unwrap(), state);
+}
+
+/// Without the feature, the release names no generation: the old rule,
+/// which releases whatever grant of that holder and epoch is current.
+#[test]
+fn a_release_naming_no_generation_keeps_the_old_rule() {
+    let mut state = MetadataState::new();
+    let Ok(Outcome::LeaseGranted { lease: first }) = state.apply(acquire(1, 100, None)) else {
+        panic!()
+    };
+    state.apply(acquire(1, 200, None)).unwrap();
+    let old_form = Command::ReleaseLease {
+        holder: 1,
+        epoch: first.epoch,
+    };
+    assert_eq!(state.apply(old_form), Ok(Outcome::LeaseReleased));
+    assert!(state.lease().unwrap().is_released());
+}
+
+/// Both release forms survive the log's encoding, each as itself.
+#[test]
+fn both_release_forms_round_trip_through_the_log_encoding() {
+    for cmd in [
+        Command::ReleaseLease {
+            holder: 3,
+            epoch: 4,
+        },
+        Command::ReleaseLeaseGeneration {
+            holder: 3,
+            epoch: 4,
+            generation: 5,
+        },
+    ] {
+        let bytes = rmp_serde::to_vec(&cmd).unwrap();
+        let back: Command = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(back, cmd);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 

@@ -31,6 +31,16 @@ pub(crate) struct TaskEnded {
 #[derive(Debug)]
 pub(crate) struct Watched(JoinHandle<()>);
 
+impl Watched {
+    /// Ends the task without telling its actor (its owner is the one
+    /// stopping it), and waits until it is gone.
+    pub(crate) async fn stop(mut self) {
+        self.0.abort();
+        // Aborted, or ended before the abort: gone either way.
+        let _ = (&mut self.0).await;
+    }
+}
+
 impl Drop for Watched {
     fn drop(&mut self) {
         self.0.abort();

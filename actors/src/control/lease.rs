@@ -14,28 +14,48 @@
 //!
 //! [`CoordinatorLease`] starts the renew loop when a coordinator starts and,
 //! on a graceful stop, gives the lease up early so the next leader's
-//! coordinator does not wait out the whole duration.
+//! coordinator does not wait out the whole duration. The loop runs on a
+//! task its owner watches (`spawn_watched`): if it ends (a panic, or a
+//! return) the owner is told, fails, and its supervisor restarts it, lease
+//! and all, rather than leave it working without a renewed lease.
 
 use std::sync::Arc;
 
 use malachi_cluster::vnodes::VnodeHost;
 use malachi_cluster::vnodes::lease::{
-    Clock, LeaseConfig, LeaseConfigError, LeaseGroup, LeaseHandle, LeaseKeeper, LeaseState,
-    SystemClock, VnodeLeaseGroup, spawn_lease_keeper,
+    Clock, LeaseConfig, LeaseConfigError, LeaseGroup, LeaseKeeper, LeaseState, LeaseView,
+    SystemClock, VnodeLeaseGroup, lease_keeper,
 };
-use malachi_core::model::Command;
 use malachi_core::ring::VnodeId;
 use parking_lot::Mutex;
+use ractor::{ActorRef, Message};
 use tracing::debug;
+
+use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 
 /// How often the renew loop republishes the lease state (real time), so a
 /// lost lease is noticed within a tick even while a renewal hangs.
 const LEASE_TICK_MS: u64 = 200;
 
+/// The watched task's name, and the trip point a test arms to crash it.
+pub(crate) const LEASE_KEEPER_TASK: &str = "lease_keeper";
+
+/// Who is told when a lease's renew loop ends, and how.
+pub(crate) struct KeeperOwner<M: Message> {
+    pub actor: ActorRef<M>,
+    pub ended: fn(TaskEnded) -> M,
+    /// The broker whose armed test faults the loop trips.
+    #[cfg(feature = "testing")]
+    pub broker: std::net::SocketAddr,
+}
+
 /// The lease a coordinator holds on its vnode's continuous work.
 pub(crate) struct CoordinatorLease {
-    /// `None` once `stop` took it. Shared with [`LeaseProbe`]s.
-    handle: Arc<Mutex<Option<LeaseHandle>>>,
+    /// The lease as its keeper counts it; `None` once `stop` took it.
+    /// Shared with [`LeaseProbe`]s.
+    view: Arc<Mutex<Option<LeaseView>>>,
+    /// The renew loop, watched by the owner; aborted when dropped.
+    keeper: Option<Watched>,
     group: Arc<dyn LeaseGroup>,
     holder: u64,
 }
@@ -44,37 +64,50 @@ impl std::fmt::Debug for CoordinatorLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CoordinatorLease")
             .field("holder", &self.holder)
-            .field(
-                "state",
-                &self.handle.lock().as_ref().map(LeaseHandle::state),
-            )
+            .field("state", &self.view.lock().as_ref().map(LeaseView::state))
             .finish_non_exhaustive()
     }
 }
 
 impl CoordinatorLease {
     /// Starts renewing the lease on `vnode`'s group, proposed through the
-    /// host's router (so it lands on the leader wherever it is).
-    pub(crate) fn start(
+    /// host's router (so it lands on the leader wherever it is); `owner`
+    /// is told if the renew loop ends.
+    pub(crate) fn start<M: Message>(
         host: Arc<VnodeHost>,
         vnode: VnodeId,
         config: LeaseConfig,
+        owner: KeeperOwner<M>,
     ) -> Result<CoordinatorLease, LeaseConfigError> {
         let group: Arc<dyn LeaseGroup> = Arc::new(VnodeLeaseGroup { host, vnode });
-        CoordinatorLease::start_with(group, Arc::new(SystemClock::new()), config, LEASE_TICK_MS)
+        let clock = Arc::new(SystemClock::new());
+        CoordinatorLease::start_with(group, clock, config, LEASE_TICK_MS, owner)
     }
 
     /// `start` over any group and clock (tests drive both).
-    pub(crate) fn start_with(
+    pub(crate) fn start_with<M: Message>(
         group: Arc<dyn LeaseGroup>,
         clock: Arc<dyn Clock>,
         config: LeaseConfig,
         tick_ms: u64,
+        owner: KeeperOwner<M>,
     ) -> Result<CoordinatorLease, LeaseConfigError> {
         let keeper = LeaseKeeper::new(config)?;
-        let handle = spawn_lease_keeper(keeper, Arc::clone(&group), clock, tick_ms);
+        let (view, run) = lease_keeper(keeper, Arc::clone(&group), clock, tick_ms);
+        #[cfg(feature = "testing")]
+        let run = {
+            let broker = owner.broker;
+            async move {
+                tokio::select! {
+                    () = run => {}
+                    () = trip_keeper(broker, tick_ms) => {}
+                }
+            }
+        };
+        let keeper = spawn_watched(owner.actor, LEASE_KEEPER_TASK, run, owner.ended);
         Ok(CoordinatorLease {
-            handle: Arc::new(Mutex::new(Some(handle))),
+            view: Arc::new(Mutex::new(Some(view))),
+            keeper: Some(keeper),
             group,
             holder: config.holder,
         })
@@ -82,58 +115,58 @@ impl CoordinatorLease {
 
     /// Whether continuous work may run now (read from the clock at the call).
     pub(crate) fn holds(&self) -> bool {
-        self.handle.lock().as_ref().is_some_and(LeaseHandle::holds)
+        self.view.lock().as_ref().is_some_and(LeaseView::holds)
     }
 
     /// The lease now.
     pub(crate) fn state(&self) -> LeaseState {
-        self.handle
+        self.view
             .lock()
             .as_ref()
-            .map_or(LeaseState::Waiting, LeaseHandle::state)
+            .map_or(LeaseState::Waiting, LeaseView::state)
     }
 
     /// A read-only view of this lease for `/metrics`, which outlives
     /// neither the lease nor its stop.
     pub(crate) fn probe(&self) -> LeaseProbe {
-        LeaseProbe(Arc::downgrade(&self.handle))
+        LeaseProbe(Arc::downgrade(&self.view))
     }
 
     /// Stops renewing and, once the work has stopped (the caller stops it
-    /// first), releases the lease so a successor need not wait it out.
-    /// Best effort: an unreachable group lets the lease run out instead.
-    pub(crate) async fn stop(self) {
-        let Some(handle) = self.handle.lock().take() else {
+    /// first), releases the lease so a successor need not wait it out: by
+    /// the generation it was last granted while
+    /// `Feature::LeaseReleaseGeneration` is active (F11), the old form
+    /// otherwise. Best effort: an unreachable group lets the lease run out
+    /// instead.
+    pub(crate) async fn stop(mut self) {
+        let Some(view) = self.view.lock().take() else {
             return;
         };
-        let epoch = match handle.state() {
-            LeaseState::Held { epoch, .. } | LeaseState::Lost { epoch } => Some(epoch),
-            LeaseState::Waiting => None,
+        // Ended without telling the owner, which is stopping it.
+        if let Some(keeper) = self.keeper.take() {
+            keeper.stop().await;
+        }
+        let named = self.group.release_generation();
+        let Some(release) = view.release(named) else {
+            return;
         };
-        handle.stop().await;
-        if let Some(epoch) = epoch {
-            let release = Command::ReleaseLease {
-                holder: self.holder,
-                epoch,
-            };
-            match self.group.propose(release).await {
-                Ok(Ok(_)) => debug!(holder = self.holder, epoch, "lease released"),
-                Ok(Err(refused)) => {
-                    debug!(holder = self.holder, epoch, %refused, "lease not released")
-                }
-                Err(reason) => debug!(holder = self.holder, epoch, %reason, "lease not released"),
-            }
+        let holder = self.holder;
+        match self.group.propose(release).await {
+            Ok(Ok(_)) => debug!(holder, named, "lease released"),
+            Ok(Err(refused)) => debug!(holder, named, %refused, "lease not released"),
+            Err(reason) => debug!(holder, named, %reason, "lease not released"),
         }
     }
 }
 
-impl Drop for CoordinatorLease {
-    /// A coordinator that crashed (no graceful `stop`) must not leave its
-    /// renew loop running: its restarted successor starts its own.
-    fn drop(&mut self) {
-        if let Some(handle) = self.handle.lock().as_ref() {
-            handle.abort();
-        }
+/// Panics, once, when a test armed the keeper's trip point in `broker`:
+/// a crash of the renew loop, which its owner must hear about.
+#[cfg(feature = "testing")]
+async fn trip_keeper(broker: std::net::SocketAddr, tick_ms: u64) {
+    let tick = std::time::Duration::from_millis(tick_ms.max(1));
+    loop {
+        crate::common::faults::trip(broker, LEASE_KEEPER_TASK);
+        tokio::time::sleep(tick).await;
     }
 }
 
@@ -142,13 +175,13 @@ impl Drop for CoordinatorLease {
 /// `malachi_coordinator_lease_held`: what lets an outside observer (the
 /// chaos harness) check that no two brokers hold one vnode's lease at once.
 #[derive(Debug, Clone)]
-pub(crate) struct LeaseProbe(std::sync::Weak<Mutex<Option<LeaseHandle>>>);
+pub(crate) struct LeaseProbe(std::sync::Weak<Mutex<Option<LeaseView>>>);
 
 impl LeaseProbe {
     /// `None` once the lease is gone (its coordinator dropped it).
     pub(crate) fn holds(&self) -> Option<bool> {
-        let handle = self.0.upgrade()?;
-        let held = handle.lock().as_ref().is_some_and(LeaseHandle::holds);
+        let view = self.0.upgrade()?;
+        let held = view.lock().as_ref().is_some_and(LeaseView::holds);
         Some(held)
     }
 }
@@ -159,17 +192,22 @@ mod tests {
     use std::time::Duration;
 
     use malachi_cluster::clock::ManualClock;
-    use malachi_core::model::{Lease, ModelError, Outcome};
+    use malachi_core::model::{Command, Lease, ModelError, Outcome};
     use parking_lot::Mutex;
+    use ractor::{Actor, ActorProcessingErr};
+    use tokio::sync::mpsc;
 
     use super::*;
 
     /// A group that grants every request while `up`, is unreachable
-    /// otherwise, and records releases.
+    /// otherwise, and records releases; its proposals panic once `broken`.
     #[derive(Debug, Default)]
     struct FakeGroup {
         down: AtomicBool,
-        released: Mutex<Vec<u64>>,
+        broken: AtomicBool,
+        /// Whether `Feature::LeaseReleaseGeneration` is active.
+        named: bool,
+        released: Mutex<Vec<Command>>,
         proposals: std::sync::atomic::AtomicUsize,
     }
 
@@ -177,6 +215,7 @@ mod tests {
     impl LeaseGroup for FakeGroup {
         async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String> {
             self.proposals.fetch_add(1, Ordering::SeqCst);
+            assert!(!self.broken.load(Ordering::SeqCst), "the group broke");
             if self.down.load(Ordering::SeqCst) {
                 return Err("unreachable".into());
             }
@@ -195,13 +234,65 @@ mod tests {
                         generation: 1,
                     },
                 })),
-                Command::ReleaseLease { epoch, .. } => {
-                    self.released.lock().push(epoch);
+                release @ (Command::ReleaseLease { .. }
+                | Command::ReleaseLeaseGeneration { .. }) => {
+                    self.released.lock().push(release);
                     Ok(Ok(Outcome::Unchanged))
                 }
                 other => Err(format!("unexpected {other:?}")),
             }
         }
+
+        fn release_generation(&self) -> bool {
+            self.named
+        }
+    }
+
+    /// Stands for a coordinator: forwards the end of its lease's renew
+    /// loop.
+    struct Owner;
+
+    #[derive(Debug)]
+    struct Ended(TaskEnded);
+
+    impl ractor::Message for Ended {}
+
+    #[ractor::async_trait]
+    impl Actor for Owner {
+        type Msg = Ended;
+        type State = mpsc::UnboundedSender<TaskEnded>;
+        type Arguments = mpsc::UnboundedSender<TaskEnded>;
+
+        async fn pre_start(
+            &self,
+            _myself: ActorRef<Ended>,
+            told: Self::Arguments,
+        ) -> Result<Self::State, ActorProcessingErr> {
+            Ok(told)
+        }
+
+        async fn handle(
+            &self,
+            _myself: ActorRef<Ended>,
+            Ended(ended): Ended,
+            told: &mut Self::State,
+        ) -> Result<(), ActorProcessingErr> {
+            let _ = told.send(ended);
+            Ok(())
+        }
+    }
+
+    /// An owner, and what it is told.
+    async fn owner() -> (KeeperOwner<Ended>, mpsc::UnboundedReceiver<TaskEnded>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (actor, _) = Actor::spawn(None, Owner, tx).await.unwrap();
+        let owner = KeeperOwner {
+            actor,
+            ended: Ended,
+            #[cfg(feature = "testing")]
+            broker: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        (owner, rx)
     }
 
     fn config() -> LeaseConfig {
@@ -223,12 +314,21 @@ mod tests {
         panic!("never: {what}");
     }
 
+    async fn start(
+        group: &Arc<FakeGroup>,
+        clock: &Arc<ManualClock>,
+    ) -> (CoordinatorLease, mpsc::UnboundedReceiver<TaskEnded>) {
+        let (owner, told) = owner().await;
+        let lease =
+            CoordinatorLease::start_with(group.clone(), clock.clone(), config(), 5, owner).unwrap();
+        (lease, told)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn work_stops_when_renewals_stop_reaching_the_group_and_the_lease_is_released_on_stop() {
         let group = Arc::new(FakeGroup::default());
         let clock = Arc::new(ManualClock::new(0));
-        let lease =
-            CoordinatorLease::start_with(group.clone(), clock.clone(), config(), 5).unwrap();
+        let (lease, mut told) = start(&group, &clock).await;
         eventually("the lease is granted", || lease.holds()).await;
 
         // The group goes out of reach: renewals fail, and the holder's own
@@ -246,15 +346,61 @@ mod tests {
         clock.advance_ms(config().renew_every_ms);
         eventually("the lease is granted again", || lease.holds()).await;
         lease.stop().await;
-        assert_eq!(*group.released.lock(), vec![1]);
+        // The feature is not active: the old form, which every broker decodes.
+        assert_eq!(
+            *group.released.lock(),
+            vec![Command::ReleaseLease {
+                holder: 7,
+                epoch: 1
+            }]
+        );
+        // A stop is no crash: the owner is not told.
+        assert!(told.try_recv().is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_the_feature_active_the_release_names_its_generation() {
+        let group = Arc::new(FakeGroup {
+            named: true,
+            ..FakeGroup::default()
+        });
+        let clock = Arc::new(ManualClock::new(0));
+        let (lease, _told) = start(&group, &clock).await;
+        eventually("the lease is granted", || lease.holds()).await;
+        lease.stop().await;
+        assert_eq!(
+            *group.released.lock(),
+            vec![Command::ReleaseLeaseGeneration {
+                holder: 7,
+                epoch: 1,
+                generation: 1
+            }]
+        );
+    }
+
+    /// Issue 37: a renew loop that ends (here a panic) is not left dead
+    /// behind a coordinator that goes on counting on it: its owner is told.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_owner_is_told_when_the_renew_loop_panics() {
+        let group = Arc::new(FakeGroup::default());
+        let clock = Arc::new(ManualClock::new(0));
+        let (lease, mut told) = start(&group, &clock).await;
+        eventually("the lease is granted", || lease.holds()).await;
+        group.broken.store(true, Ordering::SeqCst);
+        clock.advance_ms(config().renew_every_ms);
+        let ended = tokio::time::timeout(Duration::from_secs(10), told.recv())
+            .await
+            .expect("the owner was never told")
+            .unwrap();
+        assert_eq!(ended.task, LEASE_KEEPER_TASK);
+        assert!(ended.how.contains("the group broke"), "{ended}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_dropped_without_stop_stops_renewing() {
         let group = Arc::new(FakeGroup::default());
         let clock = Arc::new(ManualClock::new(0));
-        let lease =
-            CoordinatorLease::start_with(group.clone(), clock.clone(), config(), 5).unwrap();
+        let (lease, _told) = start(&group, &clock).await;
         eventually("the lease is granted", || lease.holds()).await;
         drop(lease);
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -279,7 +425,9 @@ mod tests {
             .build()
             .unwrap();
         let started = runtime.block_on(async {
-            CoordinatorLease::start_with(group, Arc::new(ManualClock::new(0)), bad, 5).map(|_| ())
+            let (owner, _told) = owner().await;
+            CoordinatorLease::start_with(group, Arc::new(ManualClock::new(0)), bad, 5, owner)
+                .map(|_| ())
         });
         assert!(matches!(started, Err(LeaseConfigError::Margin { .. })));
     }

@@ -227,6 +227,18 @@ impl SegmentState {
     fn store_id(&self) -> malachi_storage::SegmentId {
         malachi_storage::SegmentId(self.args.segment.0)
     }
+
+    /// Notes a batch enqueued up to `end`, by `producer` if idempotent.
+    fn enqueued(&mut self, end: u64, producer: Option<&ProducerTag>) {
+        self.next_offset = end;
+        if let Some(tag) = producer {
+            let now_ms = self.args.storage.clock.now_ms();
+            self.producers.record(tag, now_ms);
+        }
+        if self.first_record_at_ms.is_none() {
+            self.first_record_at_ms = Some(self.args.storage.clock.now_ms());
+        }
+    }
 }
 
 /// The least age of an unreplicated segment that rolls off a
@@ -565,47 +577,11 @@ impl SegmentActor {
             )));
             return;
         }
-        if let Some(tag) = &producer {
-            // Checked here, in mailbox order, against what this range has
-            // accepted so far (durable or still in its group commit).
-            match state.producers.check(tag, records.len() as u32) {
-                Verdict::Append => {}
-                Verdict::Duplicate { records } => {
-                    // The original may still wait for its fsync: answer once
-                    // everything appended so far is durable.
-                    let store = Arc::clone(&state.args.storage.store);
-                    let id = state.store_id();
-                    let replicated = state.replicated.clone();
-                    let timeout_ms = state.args.storage.config.replica_ack_timeout_ms;
-                    let end = state.next_offset;
-                    tokio::spawn(async move {
-                        let _permit = permit;
-                        let durable = match store.sync(id) {
-                            Ok(ticket) => ticket.await.is_ok(),
-                            Err(_) => false,
-                        };
-                        let answer = match (durable, replicated) {
-                            (false, _) => Err(AppendError::Rolled),
-                            (true, None) => Ok(Ack::Duplicate { records }),
-                            // The original is acknowledged once committed:
-                            // so is its retry.
-                            (true, Some(replicated)) => {
-                                match replicated.wait_committed(end, timeout_ms).await {
-                                    Ok(()) => Ok(Ack::Duplicate { records }),
-                                    Err(e) => Err(AppendError::NoQuorum(e.to_string())),
-                                }
-                            }
-                        };
-                        let _ = reply.send(answer);
-                    });
-                    return;
-                }
-                refused => {
-                    let _ = reply.send(Err(AppendError::Producer(refused)));
-                    return;
-                }
-            }
-        }
+        let (permit, reply) =
+            match judge_producer(state, producer.as_ref(), records.len(), permit, reply) {
+                Some(go) => go,
+                None => return,
+            };
         let started = Instant::now();
         let ticket = match state
             .args
@@ -615,31 +591,7 @@ impl SegmentActor {
         {
             Ok(ticket) => ticket,
             Err(e) => {
-                let answer = match e {
-                    StorageError::Fenced { .. }
-                    | StorageError::Sealed { .. }
-                    | StorageError::Failed { .. } => {
-                        // Whatever fenced it, this segment is done: roll it
-                        // (a send fails only if this actor is stopping).
-                        let _ = myself.send_message(SegmentMsg::CheckRoll);
-                        if e.is_no_space() {
-                            state
-                                .args
-                                .storage
-                                .space
-                                .note_no_space(state.args.storage.clock.now_ms());
-                            AppendError::StorageFull(e.to_string())
-                        } else {
-                            AppendError::Rolled
-                        }
-                    }
-                    StorageError::Busy { .. } => AppendError::Busy(e.to_string()),
-                    StorageError::RecordTooLarge { .. } | StorageError::BatchTooLarge { .. } => {
-                        AppendError::Invalid(e.to_string())
-                    }
-                    other => AppendError::Failed(other.to_string()),
-                };
-                let _ = reply.send(Err(answer));
+                let _ = reply.send(Err(append_refused(&myself, state, e)));
                 return;
             }
         };
@@ -650,85 +602,21 @@ impl SegmentActor {
         if let Err(violation) = check_append(state.next_offset, records.len(), &enqueued) {
             broken(state.store_id(), violation, reply);
         }
-        state.next_offset = enqueued.end;
-        if let Some(tag) = &producer {
-            let now_ms = state.args.storage.clock.now_ms();
-            state.producers.record(tag, now_ms);
-        }
-        if state.first_record_at_ms.is_none() {
-            state.first_record_at_ms = Some(state.args.storage.clock.now_ms());
-        }
-        let shared = Arc::clone(&state.args.storage);
-        let topic = state.args.topic.clone();
-        let count = records.len() as u64;
-        let store_id = state.store_id();
-        let replicated = state.replicated.clone();
-        tokio::spawn(async move {
-            // The permit lives until the fsync (and, replicated, until a
-            // quorum holds the records): the actor's bound covers it.
-            let _permit = permit;
-            let result = ticket.await;
-            if let (Ok(offsets), Some(replicated)) = (&result, &replicated) {
-                replicated.local_durable(&shared, offsets.end);
-                let timeout_ms = shared.config.replica_ack_timeout_ms;
-                match replicated.wait_committed(offsets.end, timeout_ms).await {
-                    Ok(()) => shared.metrics.replica_quorum_acks.increment(1),
-                    Err(e) => {
-                        shared.metrics.replica_no_quorum.increment(1);
-                        let _ = reply.send(Err(AppendError::NoQuorum(e.to_string())));
-                        let _ = myself.send_message(SegmentMsg::CheckRoll);
-                        return;
-                    }
-                }
-            }
-
-            shared
-                .metrics
-                .append_latency_seconds
-                .record(started.elapsed().as_secs_f64());
-            let answer = match result {
-                Ok(offsets) => {
-                    // The acknowledged offsets are the ones given at enqueue,
-                    // durable, and within any seal of the copy.
-                    if offsets != enqueued {
-                        let violation = Violation::NotContiguous {
-                            offsets,
-                            expected_start: enqueued.start,
-                        };
-                        broken(store_id, violation, reply);
-                    }
-                    if cfg!(debug_assertions)
-                        && let Ok(info) = shared.store.info(store_id)
-                        && let Err(violation) = check_durable(&offsets, &info)
-                    {
-                        broken(store_id, violation, reply);
-                    }
-                    shared.metrics.records_produced.increment(count);
-                    shared.metrics.bytes_produced.increment(bytes);
-                    shared.notify_topic(&topic);
-                    Ok(Ack::Stored(offsets))
-                }
-                Err(e) if e.is_no_space() => {
-                    // A full volume: the copy is latched failed and rolls
-                    // once, but no more records come until space is freed
-                    // (ADR 0111), so no roll follows another.
-                    if shared.space.note_no_space(shared.clock.now_ms()) {
-                        error!(error = %e, "the data volume is full; records are refused until space is freed");
-                    }
-                    let _ = myself.send_message(SegmentMsg::ProducersStale);
-                    Err(AppendError::StorageFull(e.to_string()))
-                }
-                Err(e) => {
-                    warn!(error = %e, "group commit failed; the segment will roll");
-                    let _ = myself.send_message(SegmentMsg::ProducersStale);
-                    Err(AppendError::Rolled)
-                }
-            };
-            // A producer that gave up dropped its receiver; a stopped actor
-            // has no roll to check.
-            let _ = reply.send(answer);
-            let _ = myself.send_message(SegmentMsg::CheckRoll);
-        });
+        state.enqueued(enqueued.end, producer.as_ref());
+        let done = Enqueued {
+            storage: Arc::clone(&state.args.storage),
+            topic: state.args.topic.clone(),
+            count: records.len() as u64,
+            bytes,
+            store_id: state.store_id(),
+            replicated: state.replicated.clone(),
+            enqueued,
+            started,
+            permit,
+            reply,
+            myself,
+        };
+        tokio::spawn(done.complete(ticket));
     }
 
     fn check_roll(
@@ -853,6 +741,200 @@ fn broken(segment: malachi_storage::SegmentId, violation: Violation, reply: Appe
         "invariant violated: {violation}"
     ))));
     panic!("segment {segment}: acknowledgement invariant violated: {violation}");
+}
+
+/// Checks an idempotent producer's batch against what this range accepted
+/// so far (durable or still in its group commit), in mailbox order.
+/// Returns the permit and reply back when the batch is to be appended; a
+/// duplicate is answered once everything appended so far is durable, a
+/// refusal at once.
+fn judge_producer(
+    state: &SegmentState,
+    producer: Option<&ProducerTag>,
+    records: usize,
+    permit: Permit,
+    reply: AppendReply,
+) -> Option<(Permit, AppendReply)> {
+    let Some(tag) = producer else {
+        return Some((permit, reply));
+    };
+    match state.producers.check(tag, records as u32) {
+        Verdict::Append => Some((permit, reply)),
+        Verdict::Duplicate { records } => {
+            // The original may still wait for its fsync: answer once
+            // everything appended so far is durable.
+            let store = Arc::clone(&state.args.storage.store);
+            let id = state.store_id();
+            let replicated = state.replicated.clone();
+            let timeout_ms = state.args.storage.config.replica_ack_timeout_ms;
+            let end = state.next_offset;
+            tokio::spawn(async move {
+                let _permit = permit;
+                let durable = match store.sync(id) {
+                    Ok(ticket) => ticket.await.is_ok(),
+                    Err(_) => false,
+                };
+                let answer = match (durable, replicated) {
+                    (false, _) => Err(AppendError::Rolled),
+                    (true, None) => Ok(Ack::Duplicate { records }),
+                    // The original is acknowledged once committed: so is
+                    // its retry.
+                    (true, Some(replicated)) => {
+                        match replicated.wait_committed(end, timeout_ms).await {
+                            Ok(()) => Ok(Ack::Duplicate { records }),
+                            Err(e) => Err(AppendError::NoQuorum(e.to_string())),
+                        }
+                    }
+                };
+                let _ = reply.send(answer);
+            });
+            None
+        }
+        refused => {
+            let _ = reply.send(Err(AppendError::Producer(refused)));
+            None
+        }
+    }
+}
+
+/// What a producer is told when the store refused to enqueue its batch.
+fn append_refused(
+    myself: &ActorRef<SegmentMsg>,
+    state: &SegmentState,
+    e: StorageError,
+) -> AppendError {
+    match e {
+        StorageError::Fenced { .. } | StorageError::Sealed { .. } | StorageError::Failed { .. } => {
+            // Whatever fenced it, this segment is done: roll it (a send
+            // fails only if this actor is stopping).
+            let _ = myself.send_message(SegmentMsg::CheckRoll);
+            if e.is_no_space() {
+                state
+                    .args
+                    .storage
+                    .space
+                    .note_no_space(state.args.storage.clock.now_ms());
+                AppendError::StorageFull(e.to_string())
+            } else {
+                AppendError::Rolled
+            }
+        }
+        StorageError::Busy { .. } => AppendError::Busy(e.to_string()),
+        StorageError::RecordTooLarge { .. } | StorageError::BatchTooLarge { .. } => {
+            AppendError::Invalid(e.to_string())
+        }
+        other => AppendError::Failed(other.to_string()),
+    }
+}
+
+/// A batch enqueued in the store, and what answering it needs once the
+/// actor has moved on to the next append.
+struct Enqueued {
+    storage: Arc<Storage>,
+    topic: String,
+    count: u64,
+    bytes: u64,
+    store_id: malachi_storage::SegmentId,
+    replicated: Option<Arc<Replicated>>,
+    /// The offsets the store gave it at enqueue.
+    enqueued: Range<u64>,
+    started: Instant,
+    /// Lives until the fsync (and, replicated, until a quorum holds the
+    /// records): the actor's bound covers it.
+    permit: Permit,
+    reply: AppendReply,
+    myself: ActorRef<SegmentMsg>,
+}
+
+impl Enqueued {
+    /// Waits for the batch's group commit (and, replicated, its quorum)
+    /// and answers the producer.
+    async fn complete(self, ticket: malachi_storage::AppendTicket) {
+        let Enqueued {
+            storage: shared,
+            topic,
+            count,
+            bytes,
+            store_id,
+            replicated,
+            enqueued,
+            started,
+            permit,
+            reply,
+            myself,
+        } = self;
+        let _permit = permit;
+        let result = ticket.await;
+        if let (Ok(offsets), Some(replicated)) = (&result, &replicated) {
+            replicated.local_durable(&shared, offsets.end);
+            let timeout_ms = shared.config.replica_ack_timeout_ms;
+            match replicated.wait_committed(offsets.end, timeout_ms).await {
+                Ok(()) => shared.metrics.replica_quorum_acks.increment(1),
+                Err(e) => {
+                    shared.metrics.replica_no_quorum.increment(1);
+                    let _ = reply.send(Err(AppendError::NoQuorum(e.to_string())));
+                    let _ = myself.send_message(SegmentMsg::CheckRoll);
+                    return;
+                }
+            }
+        }
+        shared
+            .metrics
+            .append_latency_seconds
+            .record(started.elapsed().as_secs_f64());
+        let answer = match result {
+            Ok(offsets) => match check_stored(&shared, store_id, &enqueued, offsets) {
+                Ok(offsets) => {
+                    shared.metrics.records_produced.increment(count);
+                    shared.metrics.bytes_produced.increment(bytes);
+                    shared.notify_topic(&topic);
+                    Ok(Ack::Stored(offsets))
+                }
+                Err(violation) => broken(store_id, violation, reply),
+            },
+            Err(e) if e.is_no_space() => {
+                // A full volume: the copy is latched failed and rolls once,
+                // but no more records come until space is freed (ADR 0111),
+                // so no roll follows another.
+                if shared.space.note_no_space(shared.clock.now_ms()) {
+                    error!(error = %e, "the data volume is full; records are refused until space is freed");
+                }
+                let _ = myself.send_message(SegmentMsg::ProducersStale);
+                Err(AppendError::StorageFull(e.to_string()))
+            }
+            Err(e) => {
+                warn!(error = %e, "group commit failed; the segment will roll");
+                let _ = myself.send_message(SegmentMsg::ProducersStale);
+                Err(AppendError::Rolled)
+            }
+        };
+        // A producer that gave up dropped its receiver; a stopped actor has
+        // no roll to check.
+        let _ = reply.send(answer);
+        let _ = myself.send_message(SegmentMsg::CheckRoll);
+    }
+}
+
+/// The acknowledged offsets of a durable batch must be the ones given at
+/// enqueue, durable, and within any seal of the copy.
+fn check_stored(
+    shared: &Storage,
+    store_id: malachi_storage::SegmentId,
+    enqueued: &Range<u64>,
+    offsets: Range<u64>,
+) -> Result<Range<u64>, Violation> {
+    if offsets != *enqueued {
+        return Err(Violation::NotContiguous {
+            offsets,
+            expected_start: enqueued.start,
+        });
+    }
+    if cfg!(debug_assertions)
+        && let Ok(info) = shared.store.info(store_id)
+    {
+        check_durable(&offsets, &info)?;
+    }
+    Ok(offsets)
 }
 
 /// Seals `segment` at its durable length through the control plane.

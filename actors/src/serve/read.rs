@@ -857,21 +857,65 @@ pub(crate) fn read_topic(
     out: &mut BatchBuilder,
     budget: ReadBudget,
 ) -> Result<ReadOutcome, ReadError> {
-    let ReadBudget {
-        records_max,
-        batch_bytes_max,
-        read_chunk_records,
-    } = budget;
-    let mut positions = BTreeMap::new();
-    let mut records = 0u32;
-    let mut bytes = 0u64;
-    let mut blocked: Vec<Blocked> = Vec::new();
-    // The budget refused a record: nothing more goes in.
-    let mut full = false;
+    let mut pass = Pass::default();
     for plan in plans {
         let resume = Resume::new(plan, start);
-        // The plan as one ordered list of (band, segment span).
-        let spans: Vec<_> = plan
+        let spans = Spans::new(plan, &resume);
+        let mut at = spans.first();
+        if !pass.spent(budget) {
+            let reader = PlanReader {
+                copies,
+                store,
+                resume: &resume,
+                budget,
+            };
+            reader.read(&spans, out, &mut pass, &mut at)?;
+        }
+        insert_positions(
+            &mut pass.positions,
+            plan,
+            &resume,
+            &spans.list,
+            at.index,
+            at.pos,
+        );
+    }
+    Ok(ReadOutcome {
+        positions: pass.positions,
+        records: pass.records,
+        bytes: pass.bytes,
+        blocked: pass.blocked,
+    })
+}
+
+/// A read pass's running totals, across its plans.
+#[derive(Debug, Default)]
+struct Pass {
+    positions: BTreeMap<RangeId, Position>,
+    records: u32,
+    bytes: u64,
+    blocked: Vec<Blocked>,
+    /// The budget refused a record: nothing more goes in.
+    full: bool,
+}
+
+impl Pass {
+    /// Whether nothing more may go in.
+    fn spent(&self, budget: ReadBudget) -> bool {
+        self.full || self.records >= budget.records_max
+    }
+}
+
+/// One plan as an ordered list of (band, slice range, segment span), and
+/// where each slice's read starts by the cursor's account.
+struct Spans<'p> {
+    list: Vec<(Band, RangeId, &'p SegmentSpan)>,
+    slice_start: BTreeMap<RangeId, u64>,
+}
+
+impl<'p> Spans<'p> {
+    fn new(plan: &'p ReadPlan, resume: &Resume) -> Spans<'p> {
+        let list = plan
             .slices
             .iter()
             .flat_map(|slice| {
@@ -881,225 +925,355 @@ pub(crate) fn read_topic(
                     .map(move |span| (slice.band, slice.range, span))
             })
             .collect();
-        let slice_start: BTreeMap<RangeId, u64> = plan
+        let slice_start = plan
             .slices
             .iter()
             .map(|slice| (slice.range, resume.start(slice)))
             .collect();
-        let from = |range: RangeId, span: &SegmentSpan| {
-            span.start_offset
-                .max(slice_start.get(&range).copied().unwrap_or(0))
-        };
-        // The first span with anything left to deliver, and where in it.
-        let first = spans.iter().position(|(_, range, span)| {
-            span.end_offset.is_none_or(|end| from(*range, span) < end)
+        Spans { list, slice_start }
+    }
+
+    /// The range offset a span of `range` is read from.
+    fn from(&self, range: RangeId, span: &SegmentSpan) -> u64 {
+        span.start_offset
+            .max(self.slice_start.get(&range).copied().unwrap_or(0))
+    }
+
+    /// The first span with anything left to deliver, and where in it; past
+    /// the last span if none has.
+    fn first(&self) -> At {
+        let first = self.list.iter().position(|(_, range, span)| {
+            span.end_offset
+                .is_none_or(|end| self.from(*range, span) < end)
         });
-        let (mut index, mut offset, mut pos) = match first {
-            Some(i) => {
-                let (_, range, span) = spans[i];
-                let offset = from(range, span);
-                (
-                    i,
+        match first {
+            Some(index) => {
+                let (_, range, span) = self.list[index];
+                let offset = self.from(range, span);
+                At {
+                    index,
                     offset,
-                    Position::At {
+                    pos: Position::At {
                         segment: span.segment,
                         offset,
                     },
-                )
+                }
             }
-            None => (
-                spans.len(),
-                0,
-                spans
+            None => At {
+                index: self.list.len(),
+                offset: 0,
+                pos: self
+                    .list
                     .last()
                     .map_or(Position::Start, |(_, _, span)| Position::At {
                         segment: span.segment,
                         offset: span.end_offset.unwrap_or(span.start_offset),
                     }),
-            ),
-        };
-        if full || records >= records_max {
-            insert_positions(&mut positions, plan, &resume, &spans, index, pos);
-            continue;
+            },
         }
-        while let Some((band, slice_range, span)) = spans.get(index) {
-            pos = Position::At {
+    }
+}
+
+/// Where a plan's read stands: the span, the range offset in it, and the
+/// position a cursor records (past records that made it into the answer).
+#[derive(Debug)]
+struct At {
+    index: usize,
+    offset: u64,
+    pos: Position,
+}
+
+/// What one chunk read from a span left to decide.
+#[derive(Debug, Default)]
+struct Chunk {
+    /// The records the store visited.
+    taken: usize,
+    /// The batch refused a record.
+    refused: Option<BatchError>,
+    /// The first record alone did not fit a response frame.
+    too_large: Option<ReadError>,
+    /// A record past the span's sealed end was reached.
+    past_end: bool,
+}
+
+/// Whether a plan's read goes on with its next chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Go,
+    Stop,
+}
+
+/// What reading one plan needs besides the pass and the answer.
+struct PlanReader<'a> {
+    copies: &'a LocalCopies,
+    store: &'a dyn SegmentStore,
+    resume: &'a Resume,
+    budget: ReadBudget,
+}
+
+impl PlanReader<'_> {
+    /// Reads the plan's spans from `at` until the budget is spent, the plan
+    /// ends, or a span stops it (blocked, or nothing more stored).
+    fn read(
+        &self,
+        spans: &Spans<'_>,
+        out: &mut BatchBuilder,
+        pass: &mut Pass,
+        at: &mut At,
+    ) -> Result<(), ReadError> {
+        while let Some(&(band, slice_range, span)) = spans.list.get(at.index) {
+            at.pos = Position::At {
                 segment: span.segment,
-                offset,
+                offset: at.offset,
             };
             if let Some(end) = span.end_offset
-                && offset >= end
+                && at.offset >= end
             {
-                index += 1;
-                if let Some((_, next_range, next)) = spans.get(index) {
-                    offset = from(*next_range, next);
+                at.index += 1;
+                if let Some((_, next_range, next)) = spans.list.get(at.index) {
+                    at.offset = spans.from(*next_range, next);
                 }
                 continue;
             }
-            if records >= records_max || full {
+            if pass.spent(self.budget) {
                 break;
             }
-            let want = ((records_max - records) as usize).min(read_chunk_records);
-            // Stored frames are a little larger than wire records, so this
-            // reads at most about what still fits; the builder decides exactly.
-            let room = batch_bytes_max.saturating_sub(out.encoded_bytes()).max(1);
-            // Each stored record is encoded straight from the store's read
-            // buffer into the block: one copy, no allocation per record.
-            let mut refused: Option<BatchError> = None;
-            let mut too_large: Option<ReadError> = None;
-            let mut past_end = false;
-            let read = read_copy(
-                store,
-                copies,
-                span,
-                offset - span.start_offset,
-                want,
-                room,
-                &mut |view| {
-                    let at = span.start_offset + view.offset;
-                    if span.end_offset.is_some_and(|end| at >= end) {
-                        past_end = true;
-                        return ControlFlow::Break(());
-                    }
-                    let key = position(view.key);
-                    if band.contains(key) && !resume.delivered(*slice_range, at, key) {
-                        let record = RecordRef {
-                            timestamp_ms: Some(view.timestamp_ms),
-                            key: view.key,
-                            value: view.value,
-                            headers: client_headers(&view.headers),
-                        };
-                        // The budget binds from the second record on: the
-                        // first goes alone if it is larger.
-                        if out.count() > 0 && grown_block_bytes(out, &record) > batch_bytes_max {
-                            full = true;
-                            return ControlFlow::Break(());
-                        }
-                        match out.push_ref(record) {
-                            Ok(()) => {}
-                            Err(BatchError::Full {
-                                block_bytes,
-                                batch_bytes_max: room_bytes,
-                                ..
-                            }) if out.count() == 0 => {
-                                too_large = Some(ReadError::RecordTooLarge {
-                                    segment: span.segment,
-                                    offset: at,
-                                    block_bytes,
-                                    room_bytes,
-                                });
-                                return ControlFlow::Break(());
-                            }
-                            Err(e) => {
-                                refused = Some(e);
-                                return ControlFlow::Break(());
-                            }
-                        }
-                        records += 1;
-                        bytes += (view.key.len() + view.value.len()) as u64;
-                    }
-                    // `want` already keeps the store within the record budget.
-                    offset = at + 1;
-                    ControlFlow::Continue(())
-                },
-            );
-            let taken = match read {
-                Ok(taken) => taken,
-                Err(ReadError::Store(StorageError::Lost {
-                    from, to, reason, ..
-                })) => {
-                    // What was read before the loss is answered first; the
-                    // next read, from here, gets the loss (ADR 0108).
-                    if records > 0 {
-                        break;
-                    }
-                    return Err(ReadError::Lost {
-                        range: *slice_range,
-                        segment: span.segment,
-                        from: span.start_offset + from,
-                        to: span.start_offset + to,
-                        reason,
-                    });
-                }
-                // This range stops here; what was read before, and the
-                // other ranges, are answered (the caller may fetch the
-                // segment from a holder and read again).
-                Err(ReadError::NotHere(mut here)) => {
-                    // Records visited before a frame failed its check are
-                    // in `out`: the range stops after them, and a holder
-                    // is asked from there.
-                    here.range = Some(*slice_range);
-                    here.offset = offset;
-                    here.from = offset - span.start_offset;
-                    pos = Position::At {
-                        segment: span.segment,
-                        offset,
-                    };
-                    blocked.push(here);
-                    break;
-                }
-                Err(e) => return Err(e),
+            let chunk = match self.read_chunk(out, pass, at, band, slice_range, span) {
+                Ok(chunk) => chunk,
+                Err(e) => return self.stop_at_failure(e, pass, at, slice_range, span),
             };
-            if let Some(e) = too_large {
-                return Err(e);
-            }
-            match refused {
-                None => {}
-                // Only if the budget is above the frame's room.
-                Some(BatchError::Full { .. }) => full = true,
-                Some(e) => {
-                    return Err(ReadError::Store(StorageError::Config {
-                        reason: leak_reason(e),
-                    }));
-                }
-            }
-            if past_end {
-                offset = span.end_offset.unwrap_or(offset);
-            } else if taken == 0 && refused.is_none() && !full {
-                if span.end_offset.is_some() {
-                    // A replicated copy shorter than its seal: another copy
-                    // serves the read (the primary's catch-up fills this one).
-                    if copies.held(span.segment) == Held::Replicated {
-                        blocked.push(Blocked {
-                            range: Some(*slice_range),
-                            segment: span.segment,
-                            offset,
-                            from: offset - span.start_offset,
-                            seal_length: span.end_offset.map(|end| end - span.start_offset),
-                            reason: "this copy is short of its seal",
-                            holders: copies.holders(span.segment),
-                            damage: None,
-                        });
-                        break;
-                    }
-                    // A lone copy shorter than its seal: its records are
-                    // gone, which is data loss, never a silent skip.
-                    if records > 0 {
-                        break;
-                    }
-                    return Err(ReadError::Lost {
-                        range: *slice_range,
-                        segment: span.segment,
-                        from: offset,
-                        to: span.end_offset.unwrap_or(offset),
-                        reason: "the copy is shorter than its seal".to_string(),
-                    });
-                }
+            if self.after_chunk(chunk, pass, at, slice_range, span)? == Flow::Stop {
                 break;
             }
-            pos = Position::At {
+            at.pos = Position::At {
                 segment: span.segment,
-                offset,
+                offset: at.offset,
             };
         }
-        insert_positions(&mut positions, plan, &resume, &spans, index, pos);
+        Ok(())
     }
-    Ok(ReadOutcome {
-        positions,
-        records,
-        bytes,
-        blocked,
-    })
+
+    /// Reads one chunk of `span` from `at` into `out`: the records of
+    /// `band` not delivered yet, within what is left of the budget.
+    fn read_chunk(
+        &self,
+        out: &mut BatchBuilder,
+        pass: &mut Pass,
+        at: &mut At,
+        band: Band,
+        slice_range: RangeId,
+        span: &SegmentSpan,
+    ) -> Result<Chunk, ReadError> {
+        let ReadBudget {
+            records_max,
+            batch_bytes_max,
+            read_chunk_records,
+        } = self.budget;
+        let want = ((records_max - pass.records) as usize).min(read_chunk_records);
+        // Stored frames are a little larger than wire records, so this
+        // reads at most about what still fits; the builder decides exactly.
+        let room = batch_bytes_max.saturating_sub(out.encoded_bytes()).max(1);
+        // Each stored record is encoded straight from the store's read
+        // buffer into the block: one copy, no allocation per record.
+        let mut chunk = Chunk::default();
+        let from = at.offset - span.start_offset;
+        chunk.taken = read_copy(
+            self.store,
+            self.copies,
+            span,
+            from,
+            want,
+            room,
+            &mut |view| {
+                let offset = span.start_offset + view.offset;
+                if span.end_offset.is_some_and(|end| offset >= end) {
+                    chunk.past_end = true;
+                    return ControlFlow::Break(());
+                }
+                let key = position(view.key);
+                if band.contains(key) && !self.resume.delivered(slice_range, offset, key) {
+                    let record = RecordRef {
+                        timestamp_ms: Some(view.timestamp_ms),
+                        key: view.key,
+                        value: view.value,
+                        headers: client_headers(&view.headers),
+                    };
+                    let pushed = push_record(out, record, batch_bytes_max, span.segment, offset);
+                    if let Err(stop) = pushed {
+                        match stop {
+                            Unpushed::Full => pass.full = true,
+                            Unpushed::TooLarge(e) => chunk.too_large = Some(e),
+                            Unpushed::Refused(e) => chunk.refused = Some(e),
+                        }
+                        return ControlFlow::Break(());
+                    }
+                    pass.records += 1;
+                    pass.bytes += (view.key.len() + view.value.len()) as u64;
+                }
+                // `want` already keeps the store within the record budget.
+                at.offset = offset + 1;
+                ControlFlow::Continue(())
+            },
+        )?;
+        Ok(chunk)
+    }
+
+    /// A chunk read that failed: a loss is answered after what was read
+    /// before it (ADR 0108); a span this broker cannot read stops the range
+    /// here, and what was read before, and the other ranges, are answered
+    /// (the caller may fetch the segment from a holder and read again).
+    fn stop_at_failure(
+        &self,
+        failure: ReadError,
+        pass: &mut Pass,
+        at: &mut At,
+        slice_range: RangeId,
+        span: &SegmentSpan,
+    ) -> Result<(), ReadError> {
+        match failure {
+            ReadError::Store(StorageError::Lost {
+                from, to, reason, ..
+            }) => {
+                // The next read, from here, gets the loss.
+                if pass.records > 0 {
+                    return Ok(());
+                }
+                Err(ReadError::Lost {
+                    range: slice_range,
+                    segment: span.segment,
+                    from: span.start_offset + from,
+                    to: span.start_offset + to,
+                    reason,
+                })
+            }
+            ReadError::NotHere(mut here) => {
+                // Records visited before a frame failed its check are in
+                // `out`: the range stops after them, and a holder is asked
+                // from there.
+                here.range = Some(slice_range);
+                here.offset = at.offset;
+                here.from = at.offset - span.start_offset;
+                at.pos = Position::At {
+                    segment: span.segment,
+                    offset: at.offset,
+                };
+                pass.blocked.push(here);
+                Ok(())
+            }
+            e => Err(e),
+        }
+    }
+
+    /// What a chunk that was read means for the plan's read.
+    fn after_chunk(
+        &self,
+        chunk: Chunk,
+        pass: &mut Pass,
+        at: &mut At,
+        slice_range: RangeId,
+        span: &SegmentSpan,
+    ) -> Result<Flow, ReadError> {
+        if let Some(e) = chunk.too_large {
+            return Err(e);
+        }
+        let refused = chunk.refused.is_some();
+        match chunk.refused {
+            None => {}
+            // Only if the budget is above the frame's room.
+            Some(BatchError::Full { .. }) => pass.full = true,
+            Some(e) => {
+                return Err(ReadError::Store(StorageError::Config {
+                    reason: leak_reason(e),
+                }));
+            }
+        }
+        if chunk.past_end {
+            at.offset = span.end_offset.unwrap_or(at.offset);
+        } else if chunk.taken == 0 && !refused && !pass.full {
+            return self.nothing_read(pass, at, slice_range, span);
+        }
+        Ok(Flow::Go)
+    }
+
+    /// A chunk that found nothing: the end of an active span's records for
+    /// now; for a sealed span, a copy short of its seal.
+    fn nothing_read(
+        &self,
+        pass: &mut Pass,
+        at: &At,
+        slice_range: RangeId,
+        span: &SegmentSpan,
+    ) -> Result<Flow, ReadError> {
+        let Some(end) = span.end_offset else {
+            return Ok(Flow::Stop);
+        };
+        // A replicated copy shorter than its seal: another copy serves
+        // the read (the primary's catch-up fills this one).
+        if self.copies.held(span.segment) == Held::Replicated {
+            pass.blocked.push(Blocked {
+                range: Some(slice_range),
+                segment: span.segment,
+                offset: at.offset,
+                from: at.offset - span.start_offset,
+                seal_length: Some(end - span.start_offset),
+                reason: "this copy is short of its seal",
+                holders: self.copies.holders(span.segment),
+                damage: None,
+            });
+            return Ok(Flow::Stop);
+        }
+        // A lone copy shorter than its seal: its records are gone, which
+        // is data loss, never a silent skip.
+        if pass.records > 0 {
+            return Ok(Flow::Stop);
+        }
+        Err(ReadError::Lost {
+            range: slice_range,
+            segment: span.segment,
+            from: at.offset,
+            to: end,
+            reason: "the copy is shorter than its seal".to_string(),
+        })
+    }
+}
+
+/// Why a record did not go into the answer.
+enum Unpushed {
+    /// The byte budget is spent (from the second record on).
+    Full,
+    /// The first record alone does not fit a response frame.
+    TooLarge(ReadError),
+    /// The batch refused it otherwise.
+    Refused(BatchError),
+}
+
+/// Puts one record into `out`: the byte budget binds from the second
+/// record on (the first goes alone if it is larger), the frame's room
+/// always.
+fn push_record<H: malachi_wire::batch::HeaderParts>(
+    out: &mut BatchBuilder,
+    record: RecordRef<'_, H>,
+    batch_bytes_max: usize,
+    segment: SegmentId,
+    offset: u64,
+) -> Result<(), Unpushed> {
+    if out.count() > 0 && grown_block_bytes(out, &record) > batch_bytes_max {
+        return Err(Unpushed::Full);
+    }
+    match out.push_ref(record) {
+        Ok(()) => Ok(()),
+        Err(BatchError::Full {
+            block_bytes,
+            batch_bytes_max: room_bytes,
+            ..
+        }) if out.count() == 0 => Err(Unpushed::TooLarge(ReadError::RecordTooLarge {
+            segment,
+            offset,
+            block_bytes,
+            room_bytes,
+        })),
+        Err(e) => Err(Unpushed::Refused(e)),
+    }
 }
 
 /// Records where a reader of `plan` stands: its own linear position, and

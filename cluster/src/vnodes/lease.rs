@@ -32,8 +32,9 @@
 //!
 //! Time reaches this logic only through `Clock` (the project's one clock,
 //! `crate::clock`), so tests drive it with `ManualClock`. `LeaseKeeper` is
-//! the pure decision; `spawn_lease_keeper`
-//! runs it in a renew loop against a `LeaseGroup`.
+//! the pure decision; `lease_keeper` makes the renew loop that runs it
+//! against a `LeaseGroup`, for an owner that watches the task it runs on
+//! (a coordinator, ADR 0140); `spawn_lease_keeper` spawns it on its own.
 
 use super::VnodeHost;
 use malachi_core::model::{Command, Lease, ModelError, Outcome};
@@ -120,6 +121,9 @@ pub struct LeaseKeeper {
     config: LeaseConfig,
     /// The epoch last granted and the monotonic time it is valid until.
     held: Option<(u64, u64)>,
+    /// The highest generation of the `held` epoch granted to this holder:
+    /// what a release names (F11).
+    generation: u64,
     /// The other holder's generation being waited out, if refused.
     waiting: Option<Wait>,
 }
@@ -149,6 +153,7 @@ impl LeaseKeeper {
         Ok(LeaseKeeper {
             config,
             held: None,
+            generation: 0,
             waiting: None,
         })
     }
@@ -226,11 +231,15 @@ impl LeaseKeeper {
             .saturating_add(lease.duration_ms)
             .saturating_sub(self.config.safety_margin_ms);
         // A late answer to an older request never shortens a newer grant.
-        let valid_until = match self.held {
-            Some((epoch, until)) if epoch == lease.epoch => until.max(valid_until),
-            _ => valid_until,
+        let (valid_until, generation) = match self.held {
+            Some((epoch, until)) if epoch == lease.epoch => (
+                until.max(valid_until),
+                self.generation.max(lease.generation),
+            ),
+            _ => (valid_until, lease.generation),
         };
         self.held = Some((lease.epoch, valid_until));
+        self.generation = generation;
     }
 
     /// The lease as this holder must act on it at `now_ms` (monotonic).
@@ -250,12 +259,28 @@ impl LeaseKeeper {
         matches!(self.state(now_ms), LeaseState::Held { .. })
     }
 
-    /// The command giving the lease up early, once the work has stopped.
-    pub fn release(&self) -> Option<Command> {
-        self.held.map(|(epoch, _)| Command::ReleaseLease {
-            holder: self.config.holder,
+    /// The command giving the lease up early, once the work has stopped:
+    /// naming the last generation granted when `named` (the writer gate
+    /// of `Feature::LeaseReleaseGeneration` is open), the old form if not.
+    pub fn release(&self, named: bool) -> Option<Command> {
+        self.held
+            .map(|(epoch, _)| release_command(named, self.config.holder, epoch, self.generation))
+    }
+}
+
+/// A release of `holder`'s grant at `epoch` and `generation`: the form
+/// that names the generation when `named`, so the group ignores it once
+/// the lease was renewed or granted again after it (chaos finding F11);
+/// otherwise `ReleaseLease`, which every broker decodes (ADR 0134).
+pub fn release_command(named: bool, holder: u64, epoch: u64, generation: u64) -> Command {
+    if named {
+        Command::ReleaseLeaseGeneration {
+            holder,
             epoch,
-        })
+            generation,
+        }
+    } else {
+        Command::ReleaseLease { holder, epoch }
     }
 }
 
@@ -271,9 +296,16 @@ pub trait LeaseGroup: Send + Sync + 'static {
         Ok(())
     }
 
-    /// The epoch of a live grant the group records for `holder`, as this
-    /// broker last applied it; `None` if it records none (or cannot say).
-    fn recorded_epoch_of(&self, _holder: u64) -> Option<u64> {
+    /// The writer gate of the release naming a generation (ADR 0134):
+    /// `true` only while `Feature::LeaseReleaseGeneration` is active. A
+    /// group that cannot say gets the old form, which every broker decodes.
+    fn release_generation(&self) -> bool {
+        false
+    }
+
+    /// A live grant the group records for `holder`, as this broker last
+    /// applied it; `None` if it records none (or cannot say).
+    fn recorded_grant_of(&self, _holder: u64) -> Option<Lease> {
         None
     }
 }
@@ -298,23 +330,28 @@ impl LeaseGroup for VnodeLeaseGroup {
         self.host.require(malachi_core::model::Feature::WaitedLease)
     }
 
-    fn recorded_epoch_of(&self, holder: u64) -> Option<u64> {
+    fn release_generation(&self) -> bool {
+        self.host
+            .require(malachi_core::model::Feature::LeaseReleaseGeneration)
+            .is_ok()
+    }
+
+    fn recorded_grant_of(&self, holder: u64) -> Option<Lease> {
         let lease = self.host.group(self.vnode)?.read_local(|s| s.lease())?;
-        (lease.holder == holder && !lease.is_released()).then_some(lease.epoch)
+        (lease.holder == holder && !lease.is_released()).then_some(lease)
     }
 }
 
-/// A running renew loop.
-#[derive(Debug)]
-pub struct LeaseHandle {
+/// What the owner of a renew loop reads: the lease as its keeper counts
+/// it, from the clock at each call.
+#[derive(Debug, Clone)]
+pub struct LeaseView {
     keeper: Arc<Mutex<LeaseKeeper>>,
     clock: Arc<dyn Clock>,
     state: watch::Receiver<LeaseState>,
-    stop: Arc<Notify>,
-    task: tokio::task::JoinHandle<()>,
 }
 
-impl LeaseHandle {
+impl LeaseView {
     /// Whether the work may run now, read from the clock at the call (the
     /// watch may lag by one tick; this never does).
     pub fn holds(&self) -> bool {
@@ -330,6 +367,42 @@ impl LeaseHandle {
     /// coordinator stops its work on `Lost` and resumes on `Held`.
     pub fn watch(&self) -> watch::Receiver<LeaseState> {
         self.state.clone()
+    }
+
+    /// The command giving the lease up early, once the loop has ended (see
+    /// `LeaseKeeper::release`).
+    pub fn release(&self, named: bool) -> Option<Command> {
+        self.keeper.lock().release(named)
+    }
+}
+
+/// A running renew loop.
+#[derive(Debug)]
+pub struct LeaseHandle {
+    view: LeaseView,
+    stop: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseHandle {
+    /// Whether the work may run now (see `LeaseView::holds`).
+    pub fn holds(&self) -> bool {
+        self.view.holds()
+    }
+
+    /// The lease now, read from the clock at the call.
+    pub fn state(&self) -> LeaseState {
+        self.view.state()
+    }
+
+    /// Changes of the lease state (see `LeaseView::watch`).
+    pub fn watch(&self) -> watch::Receiver<LeaseState> {
+        self.view.watch()
+    }
+
+    /// The command giving the lease up early (see `LeaseKeeper::release`).
+    pub fn release(&self, named: bool) -> Option<Command> {
+        self.view.release(named)
     }
 
     /// Ends the renew loop at once, without waiting for it: for an owner
@@ -349,98 +422,156 @@ impl LeaseHandle {
     }
 }
 
-/// Runs `keeper` in a loop: renews every `renew_every_ms` (by `clock`),
-/// and publishes the lease state at least every `tick_ms` (real time),
-/// also while a proposal hangs, so `Lost` is reported on time.
+/// Runs `keeper` in a loop on a task of its own (see [`lease_keeper`]).
 pub fn spawn_lease_keeper(
     keeper: LeaseKeeper,
     group: Arc<dyn LeaseGroup>,
     clock: Arc<dyn Clock>,
     tick_ms: u64,
 ) -> LeaseHandle {
-    let renew_every_ms = keeper.config().renew_every_ms;
-    let holder = keeper.config().holder;
-    let keeper = Arc::new(Mutex::new(keeper));
-    let (tx, rx) = watch::channel(LeaseState::Waiting);
+    let (view, run) = lease_keeper(keeper, group, clock, tick_ms);
     let stop = Arc::new(Notify::new());
-    let tick = Duration::from_millis(tick_ms.max(1));
     let task = {
-        let keeper = Arc::clone(&keeper);
-        let clock = Arc::clone(&clock);
         let stop = Arc::clone(&stop);
         tokio::spawn(async move {
-            let publish = |tx: &watch::Sender<LeaseState>| {
-                let now = keeper.lock().state(clock.monotonic_ms());
-                tx.send_if_modified(|current| {
-                    let changed = *current != now;
-                    if changed {
-                        tracing::info!(holder, ?now, "lease state changed");
-                    }
-                    *current = now;
-                    changed
-                });
-            };
-            // A grant the group still records for this holder belongs to an
-            // earlier keeper (a stopped coordinator, or this broker before a
-            // restart), whose release may still be on its way: released
-            // first, this keeper's own grant gets a new epoch, and that
-            // release, naming the old one, changes nothing (F11).
-            if let Some(epoch) = group.recorded_epoch_of(holder) {
-                tracing::info!(
-                    holder,
-                    epoch,
-                    "releasing an earlier keeper's grant before acquiring"
-                );
-                let _ = group.propose(Command::ReleaseLease { holder, epoch }).await;
-            }
-            let mut next_renew_ms = 0u64;
-            loop {
-                let gate = group.waited_lease();
-                if let Err(inactive) = &gate
-                    && clock.monotonic_ms() >= next_renew_ms
-                {
-                    // No fallback: the request before it (`AcquireLease`)
-                    // is the wall-clock rule ADR 0122 retired. The lease
-                    // runs out and the work pauses until the feature is
-                    // active again (ADR 0134).
-                    tracing::warn!(holder, %inactive, "lease not renewed: its request is gated");
-                    next_renew_ms = clock.monotonic_ms().saturating_add(renew_every_ms);
-                }
-                if gate.is_ok() && clock.monotonic_ms() >= next_renew_ms {
-                    let (cmd, sent_ms) = keeper.lock().request(clock.as_ref());
-                    let proposal = group.propose(cmd);
-                    tokio::pin!(proposal);
-                    let answer = loop {
-                        tokio::select! {
-                            answer = &mut proposal => break answer,
-                            _ = tokio::time::sleep(tick) => publish(&tx),
-                            _ = stop.notified() => return,
-                        }
-                    };
-                    match &answer {
-                        Ok(verdict) => {
-                            let received_ms = clock.monotonic_ms();
-                            keeper.lock().on_answer(verdict, sent_ms, received_ms)
-                        }
-                        Err(reason) => {
-                            tracing::debug!(holder, %reason, "lease renewal did not reach the group")
-                        }
-                    }
-                    next_renew_ms = sent_ms.saturating_add(renew_every_ms);
-                }
-                publish(&tx);
-                tokio::select! {
-                    _ = tokio::time::sleep(tick) => {}
-                    _ = stop.notified() => return,
-                }
+            tokio::select! {
+                () = run => {}
+                () = stop.notified() => {}
             }
         })
     };
-    LeaseHandle {
-        keeper,
-        clock,
+    LeaseHandle { view, stop, task }
+}
+
+/// The renew loop of `keeper`, for its owner to run (on a task it
+/// watches, so it hears when the loop ends), and the view of the lease it
+/// keeps. The loop renews every `renew_every_ms` (by `clock`) and
+/// publishes the lease state at least every `tick_ms` (real time), also
+/// while a proposal hangs, so `Lost` is reported on time. It never
+/// returns: dropping it (aborting its task) is how it stops, and the
+/// lease then runs out on its own unless released.
+pub fn lease_keeper(
+    keeper: LeaseKeeper,
+    group: Arc<dyn LeaseGroup>,
+    clock: Arc<dyn Clock>,
+    tick_ms: u64,
+) -> (
+    LeaseView,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let keeper = Arc::new(Mutex::new(keeper));
+    let (tx, rx) = watch::channel(LeaseState::Waiting);
+    let view = LeaseView {
+        keeper: Arc::clone(&keeper),
+        clock: Arc::clone(&clock),
         state: rx,
-        stop,
-        task,
+    };
+    let run = RenewLoop {
+        keeper,
+        group,
+        clock,
+        tx,
+        tick: Duration::from_millis(tick_ms.max(1)),
+    }
+    .run();
+    (view, run)
+}
+
+/// The renew loop's parts.
+struct RenewLoop {
+    keeper: Arc<Mutex<LeaseKeeper>>,
+    group: Arc<dyn LeaseGroup>,
+    clock: Arc<dyn Clock>,
+    tx: watch::Sender<LeaseState>,
+    tick: Duration,
+}
+
+impl RenewLoop {
+    fn holder(&self) -> u64 {
+        self.keeper.lock().config().holder
+    }
+
+    /// Publishes the lease state if it changed.
+    fn publish(&self) {
+        let now = self.keeper.lock().state(self.clock.monotonic_ms());
+        let holder = self.holder();
+        self.tx.send_if_modified(|current| {
+            let changed = *current != now;
+            if changed {
+                tracing::info!(holder, ?now, "lease state changed");
+            }
+            *current = now;
+            changed
+        });
+    }
+
+    async fn run(self) {
+        self.release_earlier_grant().await;
+        let holder = self.holder();
+        let renew_every_ms = self.keeper.lock().config().renew_every_ms;
+        let mut next_renew_ms = 0u64;
+        loop {
+            if self.clock.monotonic_ms() >= next_renew_ms {
+                next_renew_ms = match self.group.waited_lease() {
+                    Ok(()) => self.renew().await.saturating_add(renew_every_ms),
+                    Err(inactive) => {
+                        // No fallback: the request before it (`AcquireLease`)
+                        // is the wall-clock rule ADR 0122 retired. The lease
+                        // runs out and the work pauses until the feature is
+                        // active again (ADR 0134).
+                        tracing::warn!(holder, %inactive, "lease not renewed: its request is gated");
+                        self.clock.monotonic_ms().saturating_add(renew_every_ms)
+                    }
+                };
+            }
+            self.publish();
+            tokio::time::sleep(self.tick).await;
+        }
+    }
+
+    /// A grant the group still records for this holder belongs to an
+    /// earlier keeper (a stopped coordinator, or this broker before a
+    /// restart), whose release may still be on its way: released first,
+    /// this keeper's own grant gets a new epoch, and that release, naming
+    /// the old one, changes nothing (F11). With the release naming its
+    /// generation, a late release is ignored anyway, also when the grant
+    /// was not applied here yet.
+    async fn release_earlier_grant(&self) {
+        let holder = self.holder();
+        let Some(lease) = self.group.recorded_grant_of(holder) else {
+            return;
+        };
+        tracing::info!(
+            holder,
+            epoch = lease.epoch,
+            "releasing an earlier keeper's grant before acquiring"
+        );
+        let named = self.group.release_generation();
+        let release = release_command(named, holder, lease.epoch, lease.generation);
+        let _ = self.group.propose(release).await;
+    }
+
+    /// Proposes one grant or renewal and records the answer; returns the
+    /// monotonic time read before it was proposed.
+    async fn renew(&self) -> u64 {
+        let (cmd, sent_ms) = self.keeper.lock().request(self.clock.as_ref());
+        let proposal = self.group.propose(cmd);
+        tokio::pin!(proposal);
+        let answer = loop {
+            tokio::select! {
+                answer = &mut proposal => break answer,
+                _ = tokio::time::sleep(self.tick) => self.publish(),
+            }
+        };
+        match &answer {
+            Ok(verdict) => {
+                let received_ms = self.clock.monotonic_ms();
+                self.keeper.lock().on_answer(verdict, sent_ms, received_ms)
+            }
+            Err(reason) => {
+                tracing::debug!(holder = self.holder(), %reason, "lease renewal did not reach the group")
+            }
+        }
+        sent_ms
     }
 }

@@ -160,7 +160,12 @@ impl MetadataState {
                 at_ms,
                 waited_for,
             } => self.acquire_lease(holder, duration_ms, at_ms, waited_for),
-            Command::ReleaseLease { holder, epoch } => self.release_lease(holder, epoch),
+            Command::ReleaseLease { holder, epoch } => self.release_lease(holder, epoch, None),
+            Command::ReleaseLeaseGeneration {
+                holder,
+                epoch,
+                generation,
+            } => self.release_lease(holder, epoch, Some(generation)),
             Command::InitRing { vnodes } => self.init_ring(vnodes),
             Command::BeginSplit { parent } => self.begin_split(parent),
             Command::CommitSplit { parent, child } => self.commit_split(parent, child),

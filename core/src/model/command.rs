@@ -257,6 +257,17 @@ pub enum Command {
     /// the cluster version to the members' lowest logical version. From
     /// then on a broker lacking one of them is refused.
     FinalizeFeatures,
+    /// Gives the lease up early, a no-op unless `holder` holds `epoch` at
+    /// `generation`: a release that lands after a renewal or a later grant
+    /// (by a later keeper of the same holder, say) changes nothing (chaos
+    /// finding F11). Emitted only while `Feature::LeaseReleaseGeneration`
+    /// is active; `ReleaseLease` otherwise. Last, so the variants above
+    /// encode as before.
+    ReleaseLeaseGeneration {
+        holder: u64,
+        epoch: u64,
+        generation: u64,
+    },
 }
 
 impl Command {
@@ -270,6 +281,7 @@ impl Command {
             Command::AcquireLease { .. }
                 | Command::AcquireLeaseWaited { .. }
                 | Command::ReleaseLease { .. }
+                | Command::ReleaseLeaseGeneration { .. }
         )
     }
 
@@ -295,6 +307,7 @@ impl Command {
             | Command::AcquireLease { .. }
             | Command::AcquireLeaseWaited { .. }
             | Command::ReleaseLease { .. }
+            | Command::ReleaseLeaseGeneration { .. }
             | Command::InitRing { .. }
             | Command::BeginSplit { .. }
             | Command::CommitSplit { .. }

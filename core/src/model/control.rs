@@ -436,9 +436,22 @@ impl MetadataState {
         Ok(Outcome::LeaseGranted { lease })
     }
 
-    pub(super) fn release_lease(&mut self, holder: u64, epoch: u64) -> Result<Outcome, ModelError> {
+    /// Frees the lease if `holder` holds `epoch` and, when the release
+    /// names one, still at `generation`: a release naming an older
+    /// generation (the lease renewed or granted again since) changes
+    /// nothing (F11). Without a generation, `ReleaseLease`'s rule.
+    pub(super) fn release_lease(
+        &mut self,
+        holder: u64,
+        epoch: u64,
+        generation: Option<u64>,
+    ) -> Result<Outcome, ModelError> {
         match self.lease {
-            Some(lease) if lease.holder == holder && lease.epoch == epoch => {
+            Some(lease)
+                if lease.holder == holder
+                    && lease.epoch == epoch
+                    && generation.is_none_or(|g| g == lease.generation) =>
+            {
                 // Free at once, keeping the epoch so the next grant raises
                 // it, and the generation so it keeps counting up.
                 self.lease = Some(Lease {

@@ -46,6 +46,10 @@ pub enum Feature {
     /// `SplitRange` and `MergeRanges` (chaos finding F6). Without it, they
     /// are left out (`None`), as older brokers wrote them.
     SplitMergeSegments,
+    /// `Command::ReleaseLeaseGeneration` (chaos finding F11): a release
+    /// naming the generation it gives up, ignored once the lease was
+    /// renewed or granted after it. Without it, `ReleaseLease`.
+    LeaseReleaseGeneration,
 }
 
 /// How a feature goes from available to active.
@@ -58,10 +62,11 @@ pub enum Activation {
 }
 
 /// Every feature this binary supports, in name order of declaration.
-pub const SUPPORTED_FEATURES: [Feature; 3] = [
+pub const SUPPORTED_FEATURES: [Feature; 4] = [
     Feature::WaitedLease,
     Feature::LeaseGeneration,
     Feature::SplitMergeSegments,
+    Feature::LeaseReleaseGeneration,
 ];
 
 /// Features every broker emitted before the table existed: active in a
@@ -78,6 +83,7 @@ impl Feature {
             Feature::WaitedLease => "waited_lease",
             Feature::LeaseGeneration => "lease_generation",
             Feature::SplitMergeSegments => "split_merge_segments",
+            Feature::LeaseReleaseGeneration => "lease_release_generation",
         }
     }
 
@@ -89,9 +95,10 @@ impl Feature {
     /// How it becomes active.
     pub fn activation(self) -> Activation {
         match self {
-            Feature::WaitedLease | Feature::LeaseGeneration | Feature::SplitMergeSegments => {
-                Activation::Auto
-            }
+            Feature::WaitedLease
+            | Feature::LeaseGeneration
+            | Feature::SplitMergeSegments
+            | Feature::LeaseReleaseGeneration => Activation::Auto,
         }
     }
 
@@ -514,8 +521,19 @@ mod tests {
         let mut t = FeatureTable::default();
         assert!(t.is_pristine());
         for feature in SUPPORTED_FEATURES {
-            assert_eq!(t.require(feature), Ok(()));
+            if BASELINE_FEATURES.contains(&feature.name()) {
+                assert_eq!(t.require(feature), Ok(()));
+            } else {
+                // A feature newer than the table starts unavailable.
+                let closed = t.require(feature).unwrap_err();
+                assert_eq!(closed.state, FeatureState::Unavailable);
+            }
         }
+        assert_eq!(
+            t.require(Feature::LeaseReleaseGeneration)
+                .map_err(|e| e.state),
+            Err(FeatureState::Unavailable)
+        );
         // A broker lacking one (only a test builds such a broker) closes it.
         t.advertise(1, ad(1, &["waited_lease", "lease_generation"]))
             .unwrap();

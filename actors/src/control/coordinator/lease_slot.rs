@@ -51,7 +51,8 @@ impl CoordinatorRun {
                 .config
                 .cluster
                 .lease_config(self.logic.shared.config.node_id);
-            match CoordinatorLease::start(Arc::clone(host), self.logic.vnode, config) {
+            let owner = super::keeper_owner(&self.logic.shared, self.myself.clone());
+            match CoordinatorLease::start(Arc::clone(host), self.logic.vnode, config, owner) {
                 Ok(lease) => {
                     self.logic
                         .shared

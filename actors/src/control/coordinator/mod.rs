@@ -73,7 +73,7 @@ pub(crate) use self::place::{brokers_with_attributes, policy_constraints};
 pub(crate) use self::reconcile::reconcile;
 use self::upkeep::spawn_failure_watch;
 pub(crate) use super::requests::{CoordError, CoordinatorMsg};
-use crate::control::lease::CoordinatorLease;
+use crate::control::lease::{CoordinatorLease, KeeperOwner};
 use crate::control::order_epoch::OrderEpochs;
 use crate::control::shared::Shared;
 pub(crate) use malachi_core::plan::heal::wanted_copies;
@@ -145,6 +145,8 @@ impl CoordinatorState {
 /// work runs under.
 pub(crate) struct CoordinatorRun {
     logic: CoordinatorState,
+    /// This actor: the owner of the lease's renew loop.
+    myself: ActorRef<CoordinatorMsg>,
     lease: LeaseSlot,
     /// Whether the last upkeep tick ran, to log only the transitions.
     upkeep_running: bool,
@@ -179,6 +181,19 @@ pub(crate) struct CoordinatorRun {
     orders: OrderEpochs,
 }
 
+/// The coordinator, as the owner of its lease's renew loop: told (and so
+/// failing, for its supervisor to restart it) if the loop ends.
+fn keeper_owner(shared: &Shared, myself: ActorRef<CoordinatorMsg>) -> KeeperOwner<CoordinatorMsg> {
+    #[cfg(not(feature = "testing"))]
+    let _ = shared;
+    KeeperOwner {
+        actor: myself,
+        ended: CoordinatorMsg::TaskEnded,
+        #[cfg(feature = "testing")]
+        broker: shared.client_addr,
+    }
+}
+
 #[ractor::async_trait]
 impl Actor for CoordinatorActor {
     type Msg = CoordinatorMsg;
@@ -202,6 +217,7 @@ impl Actor for CoordinatorActor {
                     Arc::clone(host),
                     vnode,
                     shared.config.cluster.lease_config(shared.config.node_id),
+                    keeper_owner(&shared, myself.clone()),
                 )?;
                 shared
                     .memory
@@ -220,6 +236,7 @@ impl Actor for CoordinatorActor {
         info!(%vnode, "coordinator started");
         Ok(CoordinatorRun {
             logic: CoordinatorState::new(shared, vnode),
+            myself,
             lease,
             upkeep_running: false,
             stranded: Vec::new(),
