@@ -99,6 +99,9 @@ struct Shared {
     /// so a test can hold a sync and watch what the pipeline does meanwhile.
     #[cfg(test)]
     sync_hook: Mutex<Option<SyncHook>>,
+    /// Held through each copy removal, so two removals of one copy at
+    /// once remove (and report) it once.
+    removals: Mutex<()>,
 }
 
 #[cfg(test)]
@@ -276,6 +279,7 @@ impl FileStore {
             #[cfg(test)]
             sync_hook: Mutex::new(None),
             buffers: Mutex::new(Vec::new()),
+            removals: Mutex::new(()),
         });
         let mut workers = Vec::with_capacity(shared.config.sync_threads);
         for n in 0..shared.config.sync_threads {
@@ -290,6 +294,11 @@ impl FileStore {
         // A removal a crash cut short finishes before any copy opens.
         store.finish_removals()?;
         Ok(store)
+    }
+
+    /// One copy removal at a time (`removal.rs`).
+    pub(crate) fn removals_lock(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.shared.removals.lock()
     }
 
     pub fn dir(&self) -> &Path {
@@ -1670,7 +1679,7 @@ impl SegmentStore for FileStore {
         FileStore::repair_index(self, segment)
     }
 
-    fn remove_copy(&self, segment: SegmentId) -> Result<u64, StorageError> {
+    fn remove_copy(&self, segment: SegmentId) -> Result<Option<u64>, StorageError> {
         FileStore::remove_copy(self, segment)
     }
 

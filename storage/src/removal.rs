@@ -30,16 +30,18 @@ impl FileStore {
     }
 
     /// Removes every file of `segment`'s copy, crash-safely (see the module
-    /// doc). Closes the copy first if it is open. Returns the bytes freed;
-    /// removing a copy that has no files frees 0 and is not an error.
-    pub fn remove_copy(&self, segment: SegmentId) -> Result<u64, StorageError> {
+    /// doc). Closes the copy first if it is open. Returns the bytes freed,
+    /// or `None` for a copy that has no files (not an error). Removals run
+    /// one at a time: of two removals of a copy at once, one removes it.
+    pub fn remove_copy(&self, segment: SegmentId) -> Result<Option<u64>, StorageError> {
+        let _one_at_a_time = self.removals_lock();
         match self.close(segment) {
             Ok(()) | Err(StorageError::NotOpen { .. }) => {}
             Err(e) => return Err(e),
         }
         let files = self.copy_files(segment);
         if files.is_empty() && !self.drop_path(segment).exists() {
-            return Ok(0);
+            return Ok(None);
         }
         let marker = self.drop_path(segment);
         OpenOptions::new()
@@ -50,7 +52,7 @@ impl FileStore {
             .and_then(|f| f.sync_all())
             .map_err(|e| StorageError::io("write a removal marker", &marker, e))?;
         sync_dir(self.dir())?;
-        self.finish_removal(segment)
+        self.finish_removal(segment).map(Some)
     }
 
     /// Removes the files of `segment`'s copy under an existing marker, then
@@ -217,7 +219,7 @@ mod tests {
         );
 
         let freed = store.remove_copy(SegmentId(7)).unwrap();
-        assert!(freed > 0, "a copy of 20 records frees bytes");
+        assert!(freed > Some(0), "a copy of 20 records frees bytes");
         assert_eq!(store.local_copies().unwrap(), vec![SegmentId(8)]);
         assert!(
             names(dir.path())
@@ -229,8 +231,32 @@ mod tests {
         // The other copy still reads.
         assert_eq!(store.info(SegmentId(8)).unwrap().durable, 3);
         // Removing again, or a copy never held, is a no-op.
-        assert_eq!(store.remove_copy(SegmentId(7)).unwrap(), 0);
-        assert_eq!(store.remove_copy(SegmentId(99)).unwrap(), 0);
+        assert_eq!(store.remove_copy(SegmentId(7)).unwrap(), None);
+        assert_eq!(store.remove_copy(SegmentId(99)).unwrap(), None);
+    }
+
+    /// Regression (`topic_delete`, counted 4 removals of 3 copies): two
+    /// removals of one copy at once (a drop order and the orphan sweep)
+    /// both removed it and both reported it. Exactly one reports it now.
+    #[test]
+    fn of_removals_of_one_copy_at_once_exactly_one_removes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        for round in 0..20u64 {
+            let segment = SegmentId(100 + round);
+            write_copy(&store, segment, 5, true);
+            let removed: Vec<Option<u64>> = std::thread::scope(|scope| {
+                let racers: Vec<_> = (0..4)
+                    .map(|_| scope.spawn(|| store.remove_copy(segment).unwrap()))
+                    .collect();
+                racers.into_iter().map(|r| r.join().unwrap()).collect()
+            });
+            assert_eq!(
+                removed.iter().filter(|r| r.is_some()).count(),
+                1,
+                "round {round}: {removed:?}"
+            );
+        }
     }
 
     #[test]

@@ -373,8 +373,10 @@ pub trait SegmentStore: Send + Sync + fmt::Debug {
     fn repair_index(&self, segment: SegmentId) -> Result<(), StorageError>;
 
     /// Removes everything of `segment`'s copy for good, crash-safely,
-    /// closing it first; returns the bytes freed (0 for no copy).
-    fn remove_copy(&self, segment: SegmentId) -> Result<u64, StorageError>;
+    /// closing it first; returns the bytes freed, or `None` when there was
+    /// no copy to remove (removed before, or by a removal that ran at the
+    /// same time: only one of two removals at once removes it).
+    fn remove_copy(&self, segment: SegmentId) -> Result<Option<u64>, StorageError>;
 
     /// The segments the store holds anything of (open or not, set aside or
     /// not), in id order.

@@ -158,7 +158,10 @@ pub(crate) async fn remove_copies(
             tokio::task::spawn_blocking(move || store.remove_copy(malachi_storage::SegmentId(id)))
                 .await;
         match removal {
-            Ok(Ok(bytes)) => {
+            // Removed before, or by a removal that ran at the same time
+            // (a drop order and the orphan sweep): gone, and counted there.
+            Ok(Ok(None)) => removed.push(id),
+            Ok(Ok(Some(bytes))) => {
                 freed += bytes;
                 removed.push(id);
                 shared.metrics.copies_removed.increment(1);

@@ -643,16 +643,16 @@ impl SegmentStore for MemoryStore {
         Ok(())
     }
 
-    fn remove_copy(&self, segment: SegmentId) -> Result<u64, StorageError> {
+    fn remove_copy(&self, segment: SegmentId) -> Result<Option<u64>, StorageError> {
         let mut state = self.state.lock();
         let Some(mut copy) = state.copies.remove(&segment) else {
-            return Ok(0);
+            return Ok(None);
         };
         copy.sync_now();
         let disk = copy.disk;
         let sidecar = disk.sidecar.map_or(0, |s| s.len());
         let aside = disk.aside.map_or(0, |a| a.len());
-        Ok((disk.log.len() + sidecar + aside) as u64)
+        Ok(Some((disk.log.len() + sidecar + aside) as u64))
     }
 
     fn local_copies(&self) -> Result<Vec<SegmentId>, StorageError> {

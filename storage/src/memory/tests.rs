@@ -171,7 +171,7 @@ fn a_copy_set_aside_opens_empty_and_is_discarded_once() {
         store.read_sidecar(SEG).unwrap().as_deref(),
         Some(&b"producers"[..])
     );
-    assert!(store.remove_copy(SEG).unwrap() > 0);
+    assert!(store.remove_copy(SEG).unwrap() > Some(0));
     assert!(store.local_copies().unwrap().is_empty());
 }
 
