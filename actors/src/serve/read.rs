@@ -371,6 +371,19 @@ impl LocalCopies {
         self.seals.get(&segment).copied()
     }
 
+    /// `taken` records read from `span`'s copy, unless none were and it is
+    /// an active segment this broker leads with its committed end not yet
+    /// settled since a reopen: then the read cannot say the range ends
+    /// there, and is refused (ADR 0139).
+    fn settled_read(&self, span: &SegmentSpan, taken: usize) -> Result<usize, ReadError> {
+        if taken == 0 && span.end_offset.is_none() && self.unsettled.contains(&span.segment) {
+            return Err(ReadError::Unsettled {
+                segment: span.segment,
+            });
+        }
+        Ok(taken)
+    }
+
     fn held(&self, segment: SegmentId) -> Held {
         let Some(me) = self.me else {
             return Held::Alone;
@@ -442,25 +455,6 @@ fn open_for_read(
 /// it holds no usable copy of is read from a run of its frames a holder
 /// sent (`LocalCopies::with_remote`), or else is [`ReadError::NotHere`].
 fn read_copy(
-    store: &dyn SegmentStore,
-    copies: &LocalCopies,
-    span: &SegmentSpan,
-    from: u64,
-    records_max: usize,
-    bytes_max: usize,
-    visit: &mut dyn FnMut(&FrameView<'_>) -> ControlFlow<()>,
-) -> Result<usize, ReadError> {
-    let taken = read_held_copy(store, copies, span, from, records_max, bytes_max, visit)?;
-    if taken == 0 && span.end_offset.is_none() && copies.unsettled.contains(&span.segment) {
-        return Err(ReadError::Unsettled {
-            segment: span.segment,
-        });
-    }
-    Ok(taken)
-}
-
-/// [`read_copy`] before the check of a reopened primary's committed end.
-fn read_held_copy(
     store: &dyn SegmentStore,
     copies: &LocalCopies,
     span: &SegmentSpan,
@@ -1077,7 +1071,7 @@ impl PlanReader<'_> {
         // buffer into the block: one copy, no allocation per record.
         let mut chunk = Chunk::default();
         let from = at.offset - span.start_offset;
-        chunk.taken = read_copy(
+        let taken = read_copy(
             self.store,
             self.copies,
             span,
@@ -1115,6 +1109,7 @@ impl PlanReader<'_> {
                 ControlFlow::Continue(())
             },
         )?;
+        chunk.taken = self.copies.settled_read(span, taken)?;
         Ok(chunk)
     }
 
