@@ -291,8 +291,10 @@ impl FileStore {
             workers.push(handle);
         }
         let store = FileStore { shared, workers };
-        // A removal a crash cut short finishes before any copy opens.
+        // A removal a crash cut short finishes before any copy opens, and
+        // the temporary files of marker writes it cut short go.
         store.finish_removals()?;
+        store.sweep_temporary_files()?;
         Ok(store)
     }
 

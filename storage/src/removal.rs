@@ -100,6 +100,40 @@ impl FileStore {
         Ok(pending)
     }
 
+    /// Deletes the temporary files of writes a crash cut short (a marker's
+    /// `<id>.<ext>.<n>.tmp`, an index's `<id>.idx.tmp`): before any copy
+    /// opens, no write runs, so every one of them is a leftover. Only a
+    /// store's own names (`<20 digits>.….tmp`) are touched. Returns how
+    /// many it deleted.
+    pub(crate) fn sweep_temporary_files(&self) -> Result<usize, StorageError> {
+        let dir = self.dir();
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| StorageError::io("list the store", dir, e))?;
+        let mut swept = 0;
+        for entry in entries {
+            let entry = entry.map_err(|e| StorageError::io("list the store", dir, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let ours = name.split_once('.').is_some_and(|(stem, rest)| {
+                stem.len() == 20 && stem.parse::<u64>().is_ok() && rest.ends_with("tmp")
+            });
+            if !ours {
+                continue;
+            }
+            let path = entry.path();
+            match std::fs::remove_file(&path) {
+                Ok(()) => swept += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io("remove a temporary file", &path, e)),
+            }
+        }
+        if swept > 0 {
+            sync_dir(dir)?;
+            tracing::info!(swept, "removed temporary files a crash left");
+        }
+        Ok(swept)
+    }
+
     /// The segments with any file of a copy in this store (open or not,
     /// sealed or not, set aside or not), in id order. What the orphan
     /// sweeper checks against the metadata.
@@ -233,6 +267,30 @@ mod tests {
         // Removing again, or a copy never held, is a no-op.
         assert_eq!(store.remove_copy(SegmentId(7)).unwrap(), None);
         assert_eq!(store.remove_copy(SegmentId(99)).unwrap(), None);
+    }
+
+    /// A crash between a marker's temporary write and its rename leaves
+    /// the temporary file: the next open deletes it, and only it.
+    #[test]
+    fn an_open_sweeps_the_temporary_files_a_crash_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let stem = SegmentId(5).file_stem();
+        {
+            let store = store(dir.path());
+            write_copy(&store, SegmentId(5), 3, true);
+        }
+        let leftovers = [format!("{stem}.seal.7.tmp"), format!("{stem}.idx.tmp")];
+        for name in &leftovers {
+            std::fs::write(dir.path().join(name), b"torn").unwrap();
+        }
+        std::fs::write(dir.path().join("notes.tmp"), b"not the store's").unwrap();
+        let store = store(dir.path());
+        let left = names(dir.path());
+        for name in &leftovers {
+            assert!(!left.contains(name), "{name} is still there: {left:?}");
+        }
+        assert!(left.contains(&"notes.tmp".to_string()), "{left:?}");
+        assert_eq!(store.local_copies().unwrap(), vec![SegmentId(5)]);
     }
 
     /// Regression (`topic_delete`, counted 4 removals of 3 copies): two
