@@ -116,20 +116,8 @@ impl VnodeHost {
             return Ok(self.open_requested(vnode, voters).await?);
         }
         let body = rmp_serde::to_vec(&OpenVnode { vnode, voters })?;
-        let bytes = self
-            .transport
-            .call_raw(
-                node,
-                OPEN_VNODE_API_KEY,
-                group_id,
-                &body,
-                self.config.forward_timeout_ms,
-            )
-            .await?;
-        match rmp_serde::from_slice::<Forwarded<()>>(&bytes)? {
-            Forwarded::Done(()) => Ok(()),
-            answer => Err(StepError::Refused { node, answer }),
-        }
+        self.ask_peer(node, OPEN_VNODE_API_KEY, group_id, &body)
+            .await
     }
 
     pub(super) async fn tell_closed(
@@ -139,13 +127,26 @@ impl VnodeHost {
         body: &CloseVnode,
     ) -> Result<(), StepError> {
         let body = rmp_serde::to_vec(body)?;
+        self.ask_peer(node, CLOSE_VNODE_API_KEY, group_id, &body)
+            .await
+    }
+
+    /// Sends a membership step (`api_key`, `body`) to `node` and takes its
+    /// answer: done, or the peer's refusal.
+    async fn ask_peer(
+        &self,
+        node: u64,
+        api_key: u16,
+        group_id: u64,
+        body: &[u8],
+    ) -> Result<(), StepError> {
         let bytes = self
             .transport
             .call_raw(
                 node,
-                CLOSE_VNODE_API_KEY,
+                api_key,
                 group_id,
-                &body,
+                body,
                 self.config.forward_timeout_ms,
             )
             .await?;
