@@ -2,26 +2,15 @@
 //! [`crate::keyed::KeyedWriter`] to feed), wait for it to exit, and read a
 //! topic back as (key, value) pairs for the per-key order checker.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{bin, err, malachi, ok, out};
+use super::{err, malachi, ok, out};
 use crate::wait::Wait;
 
-/// `malachi ARGS` with stdin left open for the test to write.
-pub fn spawn_malachi(broker: &str, args: &[&str]) -> Child {
-    Command::new(bin())
-        .args(args)
-        .env("MALACHI_BROKER", broker)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
+pub use super::spawn_malachi;
 
 /// Waits for the child at most `limit`, killing it past that.
 pub fn wait_output(mut child: Child, limit: Duration) -> Output {

@@ -183,9 +183,10 @@ impl Drop for BrokerProcess {
     }
 }
 
-/// Run `malachi ARGS` with `stdin`, against `broker` (via MALACHI_BROKER).
-pub fn malachi(broker: &str, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(bin())
+/// `malachi ARGS` against `broker` (via MALACHI_BROKER), with stdin left
+/// open for the test to write.
+pub fn spawn_malachi(broker: &str, args: &[&str]) -> Child {
+    Command::new(bin())
         .args(args)
         .env("MALACHI_BROKER", broker)
         .env_remove("RUST_LOG")
@@ -193,7 +194,12 @@ pub fn malachi(broker: &str, args: &[&str], stdin: &str) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Run `malachi ARGS` with `stdin`, against `broker` (via MALACHI_BROKER).
+pub fn malachi(broker: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = spawn_malachi(broker, args);
     child
         .stdin
         .take()
