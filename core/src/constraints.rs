@@ -307,135 +307,190 @@ pub fn place(
     let mut brokers: Vec<Broker> = brokers.to_vec();
     brokers.sort_by_key(|b| b.node);
     brokers.dedup_by_key(|b| b.node);
-    let hard_filters_pass = |b: &Broker| {
-        constraints
-            .iter()
-            .filter(|c| !c.soft)
-            .all(|c| match &c.rule {
-                Rule::Filter {
-                    attr,
-                    values,
-                    negate,
-                } => passes(b, attr, values, *negate),
-                _ => true,
-            })
-    };
-    let fixed_idx: Vec<usize> = fixed
-        .iter()
-        .filter_map(|n| brokers.iter().position(|b| b.node == *n))
-        .fold(Vec::new(), |mut v, i| {
-            if !v.contains(&i) {
-                v.push(i);
-            }
-            v
-        });
-    let eligible: Vec<usize> = (0..brokers.len())
-        .filter(|&i| hard_filters_pass(&brokers[i]) || fixed_idx.contains(&i))
-        .collect();
-    // The rest, ranked: preferred first, then by rendezvous score.
-    let mut rest: Vec<usize> = eligible
-        .iter()
-        .copied()
-        .filter(|i| !fixed_idx.contains(i))
-        .collect();
-    let rank = |i: &usize| {
-        let node = brokers[*i].node;
-        let preferred_at = preferred
-            .iter()
-            .position(|p| *p == node)
-            .unwrap_or(usize::MAX);
-        (preferred_at, score(seed, node), node)
-    };
-    rest.sort_by_key(rank);
-    let needed = factor.saturating_sub(fixed_idx.len());
-    if fixed_idx.len() + rest.len() < factor {
+    let pool = Candidates::of(&brokers, fixed, preferred, seed, constraints);
+    if pool.fixed.len() + pool.rest.len() < factor {
         return Err(PlaceError::TooFewBrokers {
             factor,
-            eligible: fixed_idx.len() + rest.len(),
+            eligible: pool.fixed.len() + pool.rest.len(),
         });
     }
+    let needed = factor.saturating_sub(pool.fixed.len());
     let hard: Vec<&Constraint> = constraints.iter().filter(|c| !c.soft).collect();
     let soft: Vec<&Constraint> = constraints.iter().filter(|c| c.soft).collect();
-    // A set's standing: hard constraints broken, soft ones broken (fewer
-    // is better), then rank order (the enumeration's).
-    // A relaxed soft constraint is still met as nearly as the set can
-    // (a soft `distinct(zone) >= 4` over three zones spreads over three).
-    let judge = |set: &[usize]| {
-        let hard_broken = hard
-            .iter()
-            .filter(|c| !meets(c, set, &brokers, &eligible))
-            .count();
-        let soft_broken = soft
-            .iter()
-            .filter(|c| !meets(c, set, &brokers, &eligible))
-            .count();
-        let shortfall: usize = soft
-            .iter()
-            .map(|c| shortfall(c, set, &brokers, &eligible))
-            .sum();
-        (hard_broken, soft_broken, shortfall)
-    };
-    let best: Vec<usize> = if combinations(rest.len() as u64, needed as u64) <= COMBINATIONS_MAX {
-        // Every set, in lexicographic order of the ranking: the first with
-        // the best standing wins.
-        let mut best: Option<((usize, usize, usize), Vec<usize>)> = None;
-        let mut pick: Vec<usize> = (0..needed).collect();
-        loop {
-            let mut set = fixed_idx.clone();
-            set.extend(pick.iter().map(|&p| rest[p]));
-            let standing = judge(&set);
-            if best.as_ref().is_none_or(|(b, _)| standing < *b) {
-                let perfect = standing == (0, 0, 0);
-                best = Some((standing, set));
-                if perfect {
-                    break;
-                }
-            }
-            // The next combination of `needed` positions out of `rest`.
-            let mut i = needed;
-            loop {
-                if i == 0 {
-                    break;
-                }
-                i -= 1;
-                if pick[i] < rest.len() - needed + i {
-                    pick[i] += 1;
-                    for j in i + 1..needed {
-                        pick[j] = pick[j - 1] + 1;
-                    }
-                    i = usize::MAX;
-                    break;
-                }
-            }
-            if i != usize::MAX {
-                break;
-            }
-        }
-        best.map(|(_, set)| set).unwrap_or_default()
-    } else {
-        greedy(&fixed_idx, &rest, needed, &brokers, constraints)
-    };
-    if let Some(broken) = hard.iter().find(|c| !meets(c, &best, &brokers, &eligible)) {
+    let best: Vec<usize> =
+        if combinations(pool.rest.len() as u64, needed as u64) <= COMBINATIONS_MAX {
+            // A set's standing: hard constraints broken, soft ones broken (fewer
+            // is better), then rank order (the enumeration's).
+            // A relaxed soft constraint is still met as nearly as the set can
+            // (a soft `distinct(zone) >= 4` over three zones spreads over three).
+            let judge = |set: &[usize]| {
+                let broken = |cs: &[&Constraint]| {
+                    cs.iter()
+                        .filter(|c| !meets(c, set, &brokers, &pool.eligible))
+                        .count()
+                };
+                let shortfall: usize = soft
+                    .iter()
+                    .map(|c| shortfall(c, set, &brokers, &pool.eligible))
+                    .sum();
+                (broken(&hard), broken(&soft), shortfall)
+            };
+            exhaustive(&pool, needed, judge)
+        } else {
+            greedy(&pool.fixed, &pool.rest, needed, &brokers, constraints)
+        };
+    if let Some(broken) = hard
+        .iter()
+        .find(|c| !meets(c, &best, &brokers, &pool.eligible))
+    {
         return Err(PlaceError::Unsatisfiable {
             constraint: broken.text.clone(),
         });
     }
     let relaxed = soft
         .iter()
-        .filter(|c| !meets(c, &best, &brokers, &eligible))
+        .filter(|c| !meets(c, &best, &brokers, &pool.eligible))
         .map(|c| c.text.clone())
         .collect();
-    // The fixed first, then the rest in rank order (a preferred primary
-    // leads the set).
-    let mut nodes: Vec<u64> = fixed_idx.iter().map(|&i| brokers[i].node).collect();
-    let mut others: Vec<usize> = best
-        .iter()
-        .copied()
-        .filter(|i| !fixed_idx.contains(i))
-        .collect();
-    others.sort_by_key(|i| rest.iter().position(|r| r == i).unwrap_or(usize::MAX));
-    nodes.extend(others.iter().map(|&i| brokers[i].node));
+    let nodes = pool.ordered_nodes(&best, &brokers);
+    debug_assert_eq!(
+        nodes.len(),
+        factor.max(pool.fixed.len()),
+        "a placement of the wanted size"
+    );
+    debug_assert!(
+        nodes
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            == nodes.len(),
+        "a placement of distinct brokers"
+    );
     Ok(Placement { nodes, relaxed })
+}
+
+/// The brokers a placement chooses from, as indices into the deduplicated
+/// broker list.
+struct Candidates {
+    /// The fixed brokers that exist, deduplicated, in the caller's order.
+    fixed: Vec<usize>,
+    /// Every broker passing the hard filters, and the fixed ones.
+    eligible: Vec<usize>,
+    /// The eligible brokers not fixed, ranked: preferred first, then by
+    /// rendezvous score, then node.
+    rest: Vec<usize>,
+}
+
+impl Candidates {
+    fn of(
+        brokers: &[Broker],
+        fixed: &[u64],
+        preferred: &[u64],
+        seed: u64,
+        constraints: &[Constraint],
+    ) -> Candidates {
+        let hard_filters_pass = |b: &Broker| {
+            constraints
+                .iter()
+                .filter(|c| !c.soft)
+                .all(|c| match &c.rule {
+                    Rule::Filter {
+                        attr,
+                        values,
+                        negate,
+                    } => passes(b, attr, values, *negate),
+                    _ => true,
+                })
+        };
+        let mut fixed_idx: Vec<usize> = Vec::new();
+        for i in fixed
+            .iter()
+            .filter_map(|n| brokers.iter().position(|b| b.node == *n))
+        {
+            if !fixed_idx.contains(&i) {
+                fixed_idx.push(i);
+            }
+        }
+        let eligible: Vec<usize> = (0..brokers.len())
+            .filter(|&i| hard_filters_pass(&brokers[i]) || fixed_idx.contains(&i))
+            .collect();
+        let mut rest: Vec<usize> = eligible
+            .iter()
+            .copied()
+            .filter(|i| !fixed_idx.contains(i))
+            .collect();
+        rest.sort_by_key(|i| {
+            let node = brokers[*i].node;
+            let preferred_at = preferred
+                .iter()
+                .position(|p| *p == node)
+                .unwrap_or(usize::MAX);
+            (preferred_at, score(seed, node), node)
+        });
+        Candidates {
+            fixed: fixed_idx,
+            eligible,
+            rest,
+        }
+    }
+
+    /// The chosen set's nodes: the fixed first, then the rest in rank order
+    /// (a preferred primary leads the set).
+    fn ordered_nodes(&self, best: &[usize], brokers: &[Broker]) -> Vec<u64> {
+        let mut nodes: Vec<u64> = self.fixed.iter().map(|&i| brokers[i].node).collect();
+        let mut others: Vec<usize> = best
+            .iter()
+            .copied()
+            .filter(|i| !self.fixed.contains(i))
+            .collect();
+        others.sort_by_key(|i| self.rest.iter().position(|r| r == i).unwrap_or(usize::MAX));
+        nodes.extend(others.iter().map(|&i| brokers[i].node));
+        nodes
+    }
+}
+
+/// Every set of the fixed brokers and `needed` of the rest, in
+/// lexicographic order of the ranking: the first with the best standing
+/// (`judge`, lower is better) wins; a perfect one ends the search.
+fn exhaustive<J>(pool: &Candidates, needed: usize, judge: J) -> Vec<usize>
+where
+    J: Fn(&[usize]) -> (usize, usize, usize),
+{
+    let rest = &pool.rest;
+    let mut best: Option<((usize, usize, usize), Vec<usize>)> = None;
+    let mut pick: Vec<usize> = (0..needed).collect();
+    loop {
+        let mut set = pool.fixed.clone();
+        set.extend(pick.iter().map(|&p| rest[p]));
+        let standing = judge(&set);
+        if best.as_ref().is_none_or(|(b, _)| standing < *b) {
+            let perfect = standing == (0, 0, 0);
+            best = Some((standing, set));
+            if perfect {
+                break;
+            }
+        }
+        if !next_combination(&mut pick, rest.len()) {
+            break;
+        }
+    }
+    best.map(|(_, set)| set).unwrap_or_default()
+}
+
+/// Advances `pick` (ascending positions out of `n`) to the next
+/// combination in lexicographic order; false after the last.
+fn next_combination(pick: &mut [usize], n: usize) -> bool {
+    let k = pick.len();
+    for i in (0..k).rev() {
+        if pick[i] < n - k + i {
+            pick[i] += 1;
+            for j in i + 1..k {
+                pick[j] = pick[j - 1] + 1;
+            }
+            return true;
+        }
+    }
+    false
 }
 
 /// The large-cluster choice: one at a time, the candidate whose values of

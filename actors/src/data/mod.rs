@@ -1,6 +1,6 @@
 //! The data plane: the `storage` subtree. One `segment/<topic>/<range>/<segment>`
 //! actor per open segment copy (`segment.rs`), and the state they share
-//! (`storage.rs`), and the `replication` ReplicationServer (`replication.rs`:
+//! (`storage.rs`), and the `replication` ReplicationServer (`replication/`:
 //! the follower's replica-append and the primary's shippers, over the
 //! quorum arithmetic of `quorum.rs`), the pure seal decisions of a failover
 //! (`recovery.rs`, model-checked by `seal_model.rs`), what this broker tells

@@ -7,7 +7,7 @@
 //! it is not a second description of them, so a change to them is checked
 //! here. What runs around them (the failover task in
 //! `maintenance/failover.rs`, the guards of `control/replica.rs` and
-//! `control/replica_order.rs`, the follower's repair in `replication.rs`)
+//! `control/replica_order.rs`, the follower's repair in `replication/follower.rs`)
 //! is described here, step by step, and must be kept in step by hand.
 //!
 //! # What is modelled
@@ -71,7 +71,7 @@
 //!
 //! # What it found
 //!
-//! With repairs as `replication.rs` runs them ([`RepairEnd::Seal`]: a copy
+//! With repairs as `replication/follower.rs` runs them ([`RepairEnd::Seal`]: a copy
 //! a repair fills seals itself at the repair's length, recorded or not),
 //! two copies end up sealed at two lengths in 11 steps: term 1 fences
 //! copies 1 and 2, decides 1 and orders 2 repaired from 1; the coordinator
@@ -179,7 +179,7 @@ pub(crate) enum RecordRule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RepairEnd {
     /// It seals itself there, whether or not that length is recorded
-    /// (`follower_append` in `replication.rs`, as of ADR 0106): a deposed
+    /// (`follower_append` in `replication/follower.rs`, as of ADR 0106): a deposed
     /// coordinator's repair can seal a copy at a length its successor
     /// does not record.
     Seal,

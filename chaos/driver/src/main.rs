@@ -254,83 +254,18 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
     } else {
         drop(control_tx);
     }
-
+    let work = Workers {
+        brokers: &brokers,
+        history: &history,
+        stats: &stats,
+    };
     let (stop_producers, producers_stop) = watch::channel(false);
     let (stop_consumers, consumers_stop) = watch::channel(false);
-    let mut producers = Vec::new();
-    let mut consumers = Vec::new();
-    for p in 0..cli.producers {
-        let name = format!("p{p}");
-        let settings = ProducerSettings {
-            keys: (0..cli.keys_per_producer)
-                .map(|k| format!("{name}-k{k}"))
-                .collect(),
-            name,
-            topic: cli.topic.clone(),
-            rate_per_s: cli.rate_per_producer,
-            window_requests_max: cli.window,
-            delivery_timeout_ms: cli.delivery_timeout_ms,
-            drain_timeout_ms: cli.drain_timeout_ms,
-            rotation: p,
-        };
-        producers.push(tokio::spawn(producer::run(
-            settings,
-            brokers.clone(),
-            history.clone(),
-            stats.clone(),
-            producers_stop.clone(),
-        )));
-    }
-    let roles = [
-        ("live", Role::Live),
-        (
-            "resumer",
-            Role::Resumer {
-                resume_every_ms: cli.resume_every_ms,
-                seed: cli.seed,
-            },
-        ),
-    ];
-    for (i, (name, role)) in roles.into_iter().enumerate() {
-        let settings = ConsumerSettings {
-            name: name.to_owned(),
-            role,
-            topic: cli.topic.clone(),
-            rotation: i + 1,
-            tail_timeout_ms: cli.final_timeout_ms,
-        };
-        consumers.push(tokio::spawn(consumer::run(
-            settings,
-            brokers.clone(),
-            history.clone(),
-            stats.clone(),
-            consumers_stop.clone(),
-        )));
-    }
-
-    // The workload runs until the runner says `final`, or the duration.
-    let deadline = Instant::now() + Duration::from_secs(cli.duration_s);
+    let producers = work.spawn_producers(&cli, &producers_stop);
+    let consumers = work.spawn_consumers(&cli, &consumers_stop);
     let mut flush_every = tokio::time::interval(Duration::from_millis(FLUSH_EVERY_MS));
-    let mut stats_every = tokio::time::interval(Duration::from_millis(cli.stats_every_ms.max(100)));
-    let mut ended_early = false;
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep_until(deadline) => break,
-            _ = flush_every.tick() => history.flush()?,
-            _ = stats_every.tick() => {
-                say(&json!({"event": "stats", "t_ms": history.elapsed_ms(), "stats": stats.to_json()}));
-            }
-            control = control_rx.recv(), if cli.control_stdin => match control {
-                Some(Control::Log(value)) => log_control(&history, &value),
-                Some(Control::Final) => break,
-                Some(Control::End) | None => {
-                    eprintln!("chaos-driver: the runner ended the run before the final read");
-                    ended_early = true;
-                    break;
-                }
-            },
-        }
-    }
+    let ended_early =
+        run_workload(&cli, &mut control_rx, &mut flush_every, &history, &stats).await?;
 
     // Stop: the producers drain (their outstanding records get outcomes);
     // only then the consumers stop (`live` reading on to the end of the
@@ -371,25 +306,161 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         "by_broker": by_broker,
         "stats": stats.to_json(),
     }));
-
     // The runner may still log its copies look; then `end`.
     if cli.control_stdin && !ended_early {
-        loop {
-            tokio::select! {
-                _ = flush_every.tick() => history.flush()?,
-                control = control_rx.recv() => match control {
-                    Some(Control::Log(value)) => log_control(&history, &value),
-                    Some(Control::Final) => {}
-                    Some(Control::End) | None => break,
-                },
-            }
-        }
+        wait_for_end(&mut control_rx, &mut flush_every, &history).await?;
     }
     let lines = history.finish()?;
+    write_summary(&cli, lines, &outcome, &live_final, &by_broker, &stats);
+    let complete = outcome.complete && by_broker.iter().all(|o| o.complete);
+    Ok(FinalOutcome {
+        complete,
+        ..outcome
+    })
+}
+
+/// What every producer and consumer task shares.
+struct Workers<'a> {
+    brokers: &'a Brokers,
+    history: &'a Arc<History>,
+    stats: &'a Arc<Stats>,
+}
+
+impl Workers<'_> {
+    /// One producer task per `--producers`, each with its own keys.
+    fn spawn_producers(
+        &self,
+        cli: &Cli,
+        stop: &watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        (0..cli.producers)
+            .map(|p| {
+                let name = format!("p{p}");
+                let settings = ProducerSettings {
+                    keys: (0..cli.keys_per_producer)
+                        .map(|k| format!("{name}-k{k}"))
+                        .collect(),
+                    name,
+                    topic: cli.topic.clone(),
+                    rate_per_s: cli.rate_per_producer,
+                    window_requests_max: cli.window,
+                    delivery_timeout_ms: cli.delivery_timeout_ms,
+                    drain_timeout_ms: cli.drain_timeout_ms,
+                    rotation: p,
+                };
+                tokio::spawn(producer::run(
+                    settings,
+                    self.brokers.clone(),
+                    self.history.clone(),
+                    self.stats.clone(),
+                    stop.clone(),
+                ))
+            })
+            .collect()
+    }
+
+    /// The `live` consumer (it tails the log) and the `resumer` (it
+    /// restarts from saved cursors).
+    fn spawn_consumers(
+        &self,
+        cli: &Cli,
+        stop: &watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<Option<FinalOutcome>>> {
+        let roles = [
+            ("live", Role::Live),
+            (
+                "resumer",
+                Role::Resumer {
+                    resume_every_ms: cli.resume_every_ms,
+                    seed: cli.seed,
+                },
+            ),
+        ];
+        roles
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, role))| {
+                let settings = ConsumerSettings {
+                    name: name.to_owned(),
+                    role,
+                    topic: cli.topic.clone(),
+                    rotation: i + 1,
+                    tail_timeout_ms: cli.final_timeout_ms,
+                };
+                tokio::spawn(consumer::run(
+                    settings,
+                    self.brokers.clone(),
+                    self.history.clone(),
+                    self.stats.clone(),
+                    stop.clone(),
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Runs the workload until the runner says `final`, or the duration ends,
+/// flushing the history and printing stats meanwhile. Returns whether the
+/// runner ended the run before the final read.
+async fn run_workload(
+    cli: &Cli,
+    control_rx: &mut mpsc::Receiver<Control>,
+    flush_every: &mut tokio::time::Interval,
+    history: &History,
+    stats: &Stats,
+) -> Result<bool, DriverError> {
+    let deadline = Instant::now() + Duration::from_secs(cli.duration_s);
+    let mut stats_every = tokio::time::interval(Duration::from_millis(cli.stats_every_ms.max(100)));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => return Ok(false),
+            _ = flush_every.tick() => history.flush()?,
+            _ = stats_every.tick() => {
+                say(&json!({"event": "stats", "t_ms": history.elapsed_ms(), "stats": stats.to_json()}));
+            }
+            control = control_rx.recv(), if cli.control_stdin => match control {
+                Some(Control::Log(value)) => log_control(history, &value),
+                Some(Control::Final) => return Ok(false),
+                Some(Control::End) | None => {
+                    eprintln!("chaos-driver: the runner ended the run before the final read");
+                    return Ok(true);
+                }
+            },
+        }
+    }
+}
+
+/// After the final reads: logs what the runner sends until it says `end`.
+async fn wait_for_end(
+    control_rx: &mut mpsc::Receiver<Control>,
+    flush_every: &mut tokio::time::Interval,
+    history: &History,
+) -> Result<(), DriverError> {
+    loop {
+        tokio::select! {
+            _ = flush_every.tick() => history.flush()?,
+            control = control_rx.recv() => match control {
+                Some(Control::Log(value)) => log_control(history, &value),
+                Some(Control::Final) => {}
+                Some(Control::End) | None => return Ok(()),
+            },
+        }
+    }
+}
+
+/// Prints the run's summary and writes it to `--summary` if given.
+fn write_summary(
+    cli: &Cli,
+    history_lines: u64,
+    outcome: &FinalOutcome,
+    live_final: &Option<FinalOutcome>,
+    by_broker: &[FinalOutcome],
+    stats: &Stats,
+) {
     let summary = json!({
         "event": "summary",
         "history": cli.history,
-        "history_lines": lines,
+        "history_lines": history_lines,
         "topic": cli.topic,
         "brokers": cli.brokers,
         "seed": cli.seed,
@@ -405,11 +476,6 @@ async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
         }
     }
     say(&summary);
-    let complete = outcome.complete && by_broker.iter().all(|o| o.complete);
-    Ok(FinalOutcome {
-        complete,
-        ..outcome
-    })
 }
 
 /// The fresh reads from the start once the run has stopped: `final`,

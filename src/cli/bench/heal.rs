@@ -11,6 +11,8 @@
 
 use std::time::{Duration, Instant};
 
+use malachi_bench::peers::ServerGuard;
+use malachi_wire::messages::SegmentDescription;
 use serde::Serialize;
 
 use super::super::client::connect;
@@ -53,7 +55,6 @@ fn load(topic: &str, duration: Duration) -> ProduceLoad {
 }
 
 pub async fn heal(args: BenchHealArgs) -> Result<(), CliError> {
-    let bench = |what: &str, e: &dyn std::fmt::Display| CliError::Bench(format!("{what}: {e}"));
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Bench(format!("cannot find this executable: {e}")))?;
     let config = format!(
@@ -83,42 +84,7 @@ pub async fn heal(args: BenchHealArgs) -> Result<(), CliError> {
         .await
         .map_err(CliError::Bench)?;
     let admin = connect(&output(0)).await?;
-    // The fill: one segment of `--fill` worth of records, then sealed.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while let Err(e) = admin.create_topic("heal-fill", Some(3), None).await {
-        if Instant::now() > deadline {
-            return Err(bench("create topic", &e));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    produce_load(&output(0), &load("heal-fill", args.fill), true).await?;
-    let described = admin
-        .describe_topic("heal-fill")
-        .await
-        .map_err(|e| bench("describe", &e))?;
-    let range = described
-        .ranges
-        .first()
-        .ok_or_else(|| CliError::Bench("the topic has no range".into()))?;
-    let sealed_id = range
-        .segments
-        .last()
-        .map(|s| s.id)
-        .ok_or_else(|| CliError::Bench("the range has no segment".into()))?;
-    admin
-        .split_range("heal-fill", range.id)
-        .await
-        .map_err(|e| bench("split", &e))?;
-    let sealed = admin
-        .describe_topic("heal-fill")
-        .await
-        .map_err(|e| bench("describe", &e))?
-        .ranges
-        .iter()
-        .flat_map(|r| r.segments.clone())
-        .find(|s| s.id == sealed_id)
-        .ok_or_else(|| CliError::Bench("the sealed segment is gone".into()))?;
-    let segment_bytes = sealed.bytes.unwrap_or(0);
+    let sealed = fill_and_seal(&admin, &output(0), args.fill).await?;
     // The load topic, and its primary, which must stay up.
     let measure = Duration::from_secs(args.measure.as_secs().max(1));
     let without = produce_load(&output(0), &load("heal-load", measure), true)
@@ -149,10 +115,89 @@ pub async fn heal(args: BenchHealArgs) -> Result<(), CliError> {
     let during_load = load("heal-load", measure);
     let during = produce_load(&output(survivor), &during_load, true).await?.0;
     let watcher = connect(&output(survivor)).await?;
+    let kill_to_healed_ms = wait_for_heals(&watcher, victim, killed).await?;
+    let heals = heal_figures(&guards, victim_index);
+    let mut rates: Vec<f64> = heals
+        .iter()
+        .filter(|(bytes, _)| *bytes > 0.0)
+        .map(|(bytes, ms)| bytes / 1e6 / (ms / 1_000.0).max(1e-3))
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    let raw_dir = tempfile::Builder::new()
+        .prefix("malachi-heal-raw-")
+        .tempdir()
+        .map_err(|e| CliError::Bench(format!("cannot create a directory: {e}")))?;
+    let raw = raw_disk(raw_dir.path(), 1, 1 << 20, Duration::from_secs(3), true)?;
+    let row = HealBenchRow {
+        segment_bytes: sealed.bytes.unwrap_or(0),
+        copies_healed: heals.len(),
+        healed_bytes: heals.iter().map(|(b, _)| *b as u64).sum::<u64>(),
+        heal_mb_per_s: rates.get(rates.len() / 2).copied(),
+        raw_disk_mb_per_s: raw.mb_per_s,
+        kill_to_healed_ms,
+        produce_without_heal_mb_per_s: without.mb_per_s(),
+        produce_during_heal_mb_per_s: during.mb_per_s(),
+    };
+    print_row(&row, args.json)
+}
+
+fn bench(what: &str, e: &dyn std::fmt::Display) -> CliError {
+    CliError::Bench(format!("{what}: {e}"))
+}
+
+/// The fill: one segment of `fill` worth of records on `heal-fill`, then
+/// sealed by a split of its range. Returns the sealed segment.
+async fn fill_and_seal(
+    admin: &malachi_wire::Client,
+    output: &OutputArgs,
+    fill: Duration,
+) -> Result<SegmentDescription, CliError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = admin.create_topic("heal-fill", Some(3), None).await {
+        if Instant::now() > deadline {
+            return Err(bench("create topic", &e));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    produce_load(output, &load("heal-fill", fill), true).await?;
+    let described = admin
+        .describe_topic("heal-fill")
+        .await
+        .map_err(|e| bench("describe", &e))?;
+    let range = described
+        .ranges
+        .first()
+        .ok_or_else(|| CliError::Bench("the topic has no range".into()))?;
+    let sealed_id = range
+        .segments
+        .last()
+        .map(|s| s.id)
+        .ok_or_else(|| CliError::Bench("the range has no segment".into()))?;
+    admin
+        .split_range("heal-fill", range.id)
+        .await
+        .map_err(|e| bench("split", &e))?;
+    admin
+        .describe_topic("heal-fill")
+        .await
+        .map_err(|e| bench("describe", &e))?
+        .ranges
+        .iter()
+        .flat_map(|r| r.segments.clone())
+        .find(|s| s.id == sealed_id)
+        .ok_or_else(|| CliError::Bench("the sealed segment is gone".into()))
+}
+
+/// Waits until no sealed segment of `heal-fill` names the victim (a fill
+/// rolls several segments, and each had a copy there). Returns the time
+/// from the kill, in milliseconds.
+async fn wait_for_heals(
+    watcher: &malachi_wire::Client,
+    victim: u64,
+    killed: Instant,
+) -> Result<f64, CliError> {
     let deadline = killed + Duration::from_millis(HEAL_WAIT_MS);
-    // Every sealed copy the victim held is healed (a fill rolls several
-    // segments, and each had a copy there).
-    let kill_to_healed_ms = loop {
+    loop {
         let segments: Vec<Vec<u64>> = watcher
             .describe_topic("heal-fill")
             .await
@@ -166,15 +211,19 @@ pub async fn heal(args: BenchHealArgs) -> Result<(), CliError> {
             })
             .unwrap_or_default();
         if !segments.is_empty() && segments.iter().all(|r| !r.contains(&victim)) {
-            break killed.elapsed().as_secs_f64() * 1_000.0;
+            return Ok(killed.elapsed().as_secs_f64() * 1_000.0);
         }
         if Instant::now() > deadline {
             return Err(CliError::Bench("the heals were never all recorded".into()));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    // Each heal's own figures, from the healing brokers' log lines.
-    let heals: Vec<(f64, f64)> = guards
+    }
+}
+
+/// Each heal's own figures (bytes, elapsed milliseconds), from the
+/// healing brokers' `segment copy healed` log lines.
+fn heal_figures(guards: &[ServerGuard], victim_index: usize) -> Vec<(f64, f64)> {
+    guards
         .iter()
         .enumerate()
         .filter(|(i, _)| *i != victim_index)
@@ -196,43 +245,23 @@ pub async fn heal(args: BenchHealArgs) -> Result<(), CliError> {
             };
             Some((field("bytes")?, field("elapsed_ms")?))
         })
-        .collect();
-    let mut rates: Vec<f64> = heals
-        .iter()
-        .filter(|(bytes, _)| *bytes > 0.0)
-        .map(|(bytes, ms)| bytes / 1e6 / (ms / 1_000.0).max(1e-3))
-        .collect();
-    rates.sort_by(f64::total_cmp);
-    let heal_mb_per_s = rates.get(rates.len() / 2).copied();
-    let healed_bytes = heals.iter().map(|(b, _)| *b as u64).sum::<u64>();
-    let raw_dir = tempfile::Builder::new()
-        .prefix("malachi-heal-raw-")
-        .tempdir()
-        .map_err(|e| CliError::Bench(format!("cannot create a directory: {e}")))?;
-    let raw = raw_disk(raw_dir.path(), 1, 1 << 20, Duration::from_secs(3), true)?;
-    let row = HealBenchRow {
-        segment_bytes,
-        copies_healed: heals.len(),
-        healed_bytes,
-        heal_mb_per_s,
-        raw_disk_mb_per_s: raw.mb_per_s,
-        kill_to_healed_ms,
-        produce_without_heal_mb_per_s: without.mb_per_s(),
-        produce_during_heal_mb_per_s: during.mb_per_s(),
-    };
-    if args.json {
-        let line = serde_json::to_string(&row)
+        .collect()
+}
+
+fn print_row(row: &HealBenchRow, json: bool) -> Result<(), CliError> {
+    if json {
+        let line = serde_json::to_string(row)
             .map_err(|e| CliError::Bench(format!("cannot encode a row: {e}")))?;
         println!("{line}");
     } else {
         println!(
             "healed {} copies, {:.0} MB: {} a copy (raw disk {:.0} MB/s), all recorded {:.1} s after the kill; produce {:.0} MB/s without a heal, {:.0} MB/s during it",
             row.copies_healed,
-            healed_bytes as f64 / 1e6,
+            row.healed_bytes as f64 / 1e6,
             row.heal_mb_per_s
                 .map_or("rate unknown".to_owned(), |r| format!("{r:.0} MB/s")),
             row.raw_disk_mb_per_s,
-            kill_to_healed_ms / 1_000.0,
+            row.kill_to_healed_ms / 1_000.0,
             row.produce_without_heal_mb_per_s,
             row.produce_during_heal_mb_per_s
         );
