@@ -179,7 +179,9 @@ async fn a_one_shot_killed_by_a_fault_does_its_work_when_restarted() {
         .expect("the attribute publisher never finished")
         .expect("the attribute publisher panicked");
     assert_eq!(
-        host.ring().attributes_of(1).and_then(|a| a.get("zone").cloned()),
+        host.ring()
+            .attributes_of(1)
+            .and_then(|a| a.get("zone").cloned()),
         Some("a".to_owned())
     );
     host.shutdown().await;

@@ -98,14 +98,15 @@ impl VnodeHost {
                     },
                 }
             } else {
-                self.router.forward_to(
-                    target,
-                    FORWARD_LIST_API_KEY,
-                    vnode.group_id(),
-                    &[],
-                    &mut last,
-                )
-                .await
+                self.router
+                    .forward_to(
+                        target,
+                        FORWARD_LIST_API_KEY,
+                        vnode.group_id(),
+                        &[],
+                        &mut last,
+                    )
+                    .await
             };
             match answer {
                 Forwarded::Done(list) => return Ok(list),

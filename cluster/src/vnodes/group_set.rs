@@ -262,7 +262,9 @@ impl GroupSet {
                     _ = tokio::time::sleep(Duration::from_millis(poll_ms)) => {}
                     _ = tx.closed() => break,
                 }
-                let Some(groups) = groups.upgrade() else { break };
+                let Some(groups) = groups.upgrade() else {
+                    break;
+                };
                 groups.watch_new_groups(&mut watched, &changed);
                 let led: BTreeSet<VnodeId> = groups.led().into_iter().collect();
                 tx.send_if_modified(|current| {

@@ -24,8 +24,8 @@
 use super::VnodeHost;
 use crate::group::liveness::Prober;
 use futures::future::BoxFuture;
-use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
 
 /// One of the host's long-lived loops.

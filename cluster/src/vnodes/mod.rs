@@ -61,18 +61,18 @@ mod routing;
 mod split;
 mod step_error;
 
+pub use group_set::GroupSet;
 #[allow(unused_imports)]
 use group_set::*;
-pub use group_set::GroupSet;
 pub use malachi_core::placement::{CoordinatorPlan, plan_coordinators};
 #[allow(unused_imports)]
 use ring_group::*;
-#[allow(unused_imports)]
-use ring_store::*;
 pub use ring_store::RingStore;
 #[allow(unused_imports)]
-use router::*;
+use ring_store::*;
 pub use router::Router;
+#[allow(unused_imports)]
+use router::*;
 pub use split::SplitError;
 use step_error::StepError;
 

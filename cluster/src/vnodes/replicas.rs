@@ -90,7 +90,8 @@ impl VnodeHost {
             return Ok(self.open_requested(vnode, voters).await?);
         }
         let body = rmp_serde::to_vec(&OpenVnode { vnode, voters })?;
-        self.router.ask_peer(node, OPEN_VNODE_API_KEY, group_id, &body)
+        self.router
+            .ask_peer(node, OPEN_VNODE_API_KEY, group_id, &body)
             .await
     }
 
@@ -101,7 +102,8 @@ impl VnodeHost {
         body: &CloseVnode,
     ) -> Result<(), StepError> {
         let body = rmp_serde::to_vec(body)?;
-        self.router.ask_peer(node, CLOSE_VNODE_API_KEY, group_id, &body)
+        self.router
+            .ask_peer(node, CLOSE_VNODE_API_KEY, group_id, &body)
             .await
     }
 

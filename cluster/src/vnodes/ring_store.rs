@@ -55,7 +55,6 @@ pub(super) const RING_SYNC_BACKOFF_MAX_MS: u64 = 2_000;
 /// vnode id reaches (`VNODES_MAX` is far below it).
 pub(super) const RING_VOTERS_TAG: VnodeId = VnodeId(u32::from_be_bytes(*b"ring"));
 
-
 /// The ring this broker holds: part of `VnodeHost`.
 #[derive(Debug)]
 pub struct RingStore {

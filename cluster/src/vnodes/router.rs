@@ -116,7 +116,6 @@ impl Redirects {
     }
 }
 
-
 /// How a request reaches a group's leader: part of `VnodeHost`.
 #[derive(Debug)]
 pub struct Router {

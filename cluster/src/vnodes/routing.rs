@@ -299,5 +299,4 @@ impl VnodeHost {
             .serve_group(&group, group_id, api_key, body, &ring)
             .await
     }
-
 }
