@@ -943,7 +943,8 @@ impl BrokerHandle {
     /// Test hook: the next pass of `worker`'s background work panics, as a
     /// bug in it would (`scrubber`, `space`, `sweeper`, and `node` for its
     /// dial loop; see `common::faults`; and the vnode host's loops by their
-    /// `HostLoop` names: `ring_sync`, `quiescer`, `rebalancer`).
+    /// `HostLoop` names: `prober`, `ring_sync`, `quiescer`, `rebalancer`,
+    /// `admission`, `attributes`).
     pub fn fail_work(&self, worker: &str) {
         use malachi_cluster::vnodes::HostLoop;
         if let Some(which) = HostLoop::named(worker) {

@@ -1,6 +1,7 @@
 //! The `vnodes` actor keeps its host's work running (ADR 0135): a host
-//! loop (ring sync, quiescer, rebalancer) that dies is restarted by the
-//! actor, the broker serving throughout; loops that keep dying fail the
+//! loop (liveness prober, ring sync, quiescer, rebalancer) that dies is
+//! restarted by the actor, the broker serving throughout, and a one-shot
+//! that finished is not; loops that keep dying fail the
 //! actor, which its supervisor restarts; and a raft replica whose disk
 //! failed is reopened from its files, after which its vnode commits.
 //! Each restart shows in `malachi_vnode_work_restarts_total{work}`, an
@@ -73,7 +74,10 @@ async fn each_host_loop_killed_is_restarted_by_the_vnodes_actor_and_the_broker_k
     let broker = start_one(dir.path()).await;
     create_eventually(&broker, "before").await;
     let actor = vnodes_actor(&broker).await;
-    for work in ["ring_sync", "quiescer", "rebalancer"] {
+    // The attribute publisher, a one-shot, finished (nothing to commit) and
+    // was not started again.
+    assert_eq!(restarts_of(&broker, "attributes"), 0);
+    for work in ["prober", "ring_sync", "quiescer", "rebalancer"] {
         fail_and_await_restart(&broker, work).await;
         create_eventually(&broker, &format!("after-{work}")).await;
         // Killed again: the restarted loop runs its passes.

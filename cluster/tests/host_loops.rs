@@ -1,13 +1,17 @@
 //! The vnode host's long-lived work under its owner (ADR 0135): a loop
-//! that ends is seen to end and runs again when restarted, and a replica
-//! whose raft stopped fatally is found and reopened from its files, after
-//! which its vnode commits again.
+//! that ends is seen to end and runs again when restarted (the liveness
+//! prober too, whose up set keeps updating across the restart), a
+//! one-shot ends once its work is done, and a replica whose raft stopped
+//! fatally is found and reopened from its files, after which its vnode
+//! commits again.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use common::create;
-use malachi_cluster::group::{ClusterCookie, TcpTransport, TcpTransportConfig};
+use malachi_cluster::group::{
+    ClusterCookie, TcpTransport, TcpTransportConfig, TransportServer, TransportServerConfig,
+};
 use malachi_cluster::vnodes::{HostLoop, VnodeHost, VnodeHostConfig};
 use malachi_core::model::Outcome;
 use malachi_testkit::wait::wait_until;
@@ -66,7 +70,12 @@ async fn fail_and_see_it_end(host: &VnodeHost, which: HostLoop, task: JoinHandle
 async fn a_host_loop_run_by_its_owner_ends_on_a_fault_and_runs_again_when_restarted() {
     let dir = tempfile::tempdir().unwrap();
     let host = open_host(dir.path(), true).await;
-    assert_eq!(host.loops(), HostLoop::ALL.to_vec());
+    // A broker that formed the cluster asks for no admission.
+    let expected: Vec<HostLoop> = HostLoop::ALL
+        .into_iter()
+        .filter(|l| *l != HostLoop::Admission)
+        .collect();
+    assert_eq!(host.loops(), expected);
     let mut tasks: BTreeMap<HostLoop, JoinHandle<()>> = host
         .loops()
         .into_iter()
@@ -75,8 +84,20 @@ async fn a_host_loop_run_by_its_owner_ends_on_a_fault_and_runs_again_when_restar
     // The loops the owner runs do the host's work: the quiescer lets the
     // parked groups campaign, and they commit.
     create_eventually(&host, "before").await;
+    // A one-shot with nothing to do (no attributes) is done at once, and
+    // ends without a panic: its owner does not start it again.
+    let attributes = tasks.remove(&HostLoop::Attributes).unwrap();
+    tokio::time::timeout(WAIT, attributes)
+        .await
+        .expect("the attribute publisher never ended")
+        .expect("the attribute publisher panicked");
+    let continuous: Vec<HostLoop> = host
+        .loops()
+        .into_iter()
+        .filter(|l| !l.is_one_shot())
+        .collect();
     for round in 0..2 {
-        for which in host.loops() {
+        for which in continuous.iter().copied() {
             let task = tasks.remove(&which).unwrap();
             fail_and_see_it_end(&host, which, task).await;
             // Restarted, as the owner does; the next round trips it again,
@@ -127,4 +148,124 @@ async fn a_replica_stopped_fatally_is_found_and_reopened_and_its_vnode_commits_a
     // What the replica committed before its disk failed is still there.
     assert!(host.describe("before").await.unwrap().is_some());
     host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_one_shot_killed_by_a_fault_does_its_work_when_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cookie = ClusterCookie::new("test cookie").unwrap();
+    let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(1, cookie)));
+    let mut config = VnodeHostConfig::new(1, vec![1], dir.path());
+    config.vnode_count = 1;
+    config.owner_runs_loops = true;
+    config.attributes = BTreeMap::from([("zone".to_owned(), "a".to_owned())]);
+    let host = VnodeHost::open(config, transport).await.unwrap();
+    let others: BTreeMap<HostLoop, JoinHandle<()>> = host
+        .loops()
+        .into_iter()
+        .filter(|l| *l != HostLoop::Attributes)
+        .map(|l| (l, run(&host, l)))
+        .collect();
+    // Armed before it runs: its first pass panics, as a bug would.
+    host.fail_loop(HostLoop::Attributes);
+    let ended = tokio::time::timeout(WAIT, run(&host, HostLoop::Attributes))
+        .await
+        .expect("the armed attribute publisher did not end");
+    assert!(ended.unwrap_err().is_panic());
+    assert!(host.ring().attributes_of(1).is_none());
+    // Restarted, it commits the attributes and ends: done, not failed.
+    tokio::time::timeout(WAIT, run(&host, HostLoop::Attributes))
+        .await
+        .expect("the attribute publisher never finished")
+        .expect("the attribute publisher panicked");
+    assert_eq!(
+        host.ring()
+            .attributes_of(1)
+            .and_then(|a| a.get("zone").cloned()),
+        Some("a".to_owned())
+    );
+    host.shutdown().await;
+    for task in others.into_values() {
+        tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+    }
+}
+
+/// Two brokers on real transports: 1 with its loops run by the test (its
+/// owner), 2 running its own.
+async fn two_brokers() -> Vec<(Arc<VnodeHost>, TransportServer, tempfile::TempDir)> {
+    const NODES: [u64; 2] = [1, 2];
+    let mut listeners = Vec::new();
+    for _ in NODES {
+        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let cookie = ClusterCookie::new("test cookie").unwrap();
+    let mut brokers = Vec::new();
+    for (listener, id) in listeners.into_iter().zip(NODES) {
+        let transport = Arc::new(TcpTransport::new(TcpTransportConfig::new(
+            id,
+            cookie.clone(),
+        )));
+        for (peer, addr) in NODES.iter().zip(&addrs) {
+            if *peer != id {
+                transport.set_peer(*peer, *addr);
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = VnodeHostConfig::new(id, NODES.to_vec(), dir.path());
+        config.vnode_count = 2;
+        config.owner_runs_loops = id == 1;
+        let host = VnodeHost::open(config, transport).await.unwrap();
+        let server = TransportServer::start(
+            listener,
+            host.clone(),
+            TransportServerConfig::new(id, cookie.clone()),
+        )
+        .unwrap();
+        brokers.push((host, server, dir));
+    }
+    brokers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_liveness_prober_killed_and_restarted_keeps_updating_the_same_up_set() {
+    let mut brokers = two_brokers().await;
+    let (other, other_server, _other_dir) = brokers.pop().unwrap();
+    let (host, _server, _dir) = brokers.pop().unwrap();
+    assert!(host.loops().contains(&HostLoop::Prober));
+    let mut tasks: BTreeMap<HostLoop, JoinHandle<()>> = host
+        .loops()
+        .into_iter()
+        .map(|l| (l, run(&host, l)))
+        .collect();
+    // Taken before the prober dies: what the quiescer and the rebalancer
+    // follow, and what the broker's actors hold.
+    let mut up = host.up_watch().unwrap();
+    wait_until("broker 2 seen up", WAIT, POLL, async || {
+        up.borrow_and_update().contains(&2)
+    })
+    .await;
+    for _ in 0..2 {
+        let prober = tasks.remove(&HostLoop::Prober).unwrap();
+        fail_and_see_it_end(&host, HostLoop::Prober, prober).await;
+        tasks.insert(HostLoop::Prober, run(&host, HostLoop::Prober));
+    }
+    // The quiescer following the up set did not end with the prober.
+    assert!(!tasks[&HostLoop::Quiescer].is_finished());
+    // Broker 2 stops answering: the restarted prober says so on the watch
+    // taken before it was restarted.
+    other.shutdown().await;
+    other_server.shutdown().await;
+    wait_until("broker 2 seen down", WAIT, POLL, async || {
+        !up.borrow_and_update().contains(&2)
+    })
+    .await;
+    assert_eq!(host.up_nodes(), Some([1].into()));
+    for which in [HostLoop::Prober, HostLoop::Quiescer, HostLoop::Rebalancer] {
+        assert!(!tasks[&which].is_finished(), "{} ended", which.name());
+    }
+    host.shutdown().await;
+    for task in tasks.into_values() {
+        tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+    }
 }

@@ -27,6 +27,16 @@ pub(crate) struct TaskEnded {
     pub how: String,
 }
 
+/// How a task that returned ended (`TaskEnded::how`).
+const RETURNED: &str = "ended";
+
+impl TaskEnded {
+    /// Whether the task returned, rather than panicked.
+    pub(crate) fn returned(&self) -> bool {
+        self.how == RETURNED
+    }
+}
+
 /// A watched task; aborted when dropped.
 #[derive(Debug)]
 pub(crate) struct Watched(JoinHandle<()>);
@@ -61,7 +71,7 @@ where
 {
     Watched(tokio::spawn(async move {
         let how = match AssertUnwindSafe(work).catch_unwind().await {
-            Ok(()) => "ended".to_owned(),
+            Ok(()) => RETURNED.to_owned(),
             Err(panic) => format!("panicked: {}", panic_text(panic.as_ref())),
         };
         // The actor may be gone already (it is what dropped us, or is

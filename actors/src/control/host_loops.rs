@@ -1,11 +1,13 @@
 //! The vnode host's long-lived work, as the `vnodes` actor keeps it
 //! running (ADR 0135).
 //!
-//! The host's loops (`HostLoop`: ring sync, quiescer, rebalancer) run as
-//! tasks the actor watches (`common::watched`): when one ends, by a return
-//! or a panic, the actor is told and starts it again, each loop at most
+//! The host's loops (`HostLoop`: the liveness prober, ring sync, quiescer,
+//! rebalancer) and one-shots (admission, attributes) run as tasks the
+//! actor watches (`common::watched`): when one ends, by a return or a
+//! panic, the actor is told and starts it again, each at most
 //! `LOOP_RESTARTS_MAX` times within `LOOP_RESTARTS_PERIOD_MS`; past that
-//! the actor fails, and its supervisor restarts it, host and all.
+//! the actor fails, and its supervisor restarts it, host and all. A
+//! one-shot that returned did its work: it is not started again.
 //!
 //! A replica whose raft stopped fatally (a storage error, a panic in its
 //! core) is found every `FATAL_CHECK_MS` and reopened from its files
@@ -130,6 +132,11 @@ impl<M: Message> HostWork<M> {
         };
         if self.host.is_stopped() {
             return Err(HostWorkError::HostStopped { task: ended.task });
+        }
+        if which.is_one_shot() && ended.returned() {
+            info!(task = ended.task, "a vnode host one-shot is done");
+            self.loops.remove(&which);
+            return Ok(());
         }
         let restarts = self.loop_restarts.entry(which).or_insert_with(|| {
             RestartWindow::new(Intensity {

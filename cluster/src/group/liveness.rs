@@ -14,8 +14,10 @@
 //! rather than keep believing in a leadership the restart ended.
 //!
 //! `LivenessTracker` is the pure decision (time enters as milliseconds);
-//! `spawn_prober` runs it against a `TcpTransport` and publishes the up set
-//! on a watch channel. The probe is answered by the transport server itself
+//! `Prober` runs it against a `TcpTransport`, one round at a time, and
+//! publishes the up set on a watch channel it keeps across restarts of
+//! the task running the rounds (`spawn_prober` runs one, unwatched). The
+//! probe is answered by the transport server itself
 //! (`PING_API_KEY`), so a broker whose process is gone, or whose raft port
 //! is cut off, stops answering within one probe's timeout.
 
@@ -155,8 +157,115 @@ impl LivenessTracker {
     }
 }
 
-/// Probes `peers` until the returned handle is aborted, and publishes the
-/// up set (this node included) whenever it changes.
+/// The prober's state: its peers, what it learned of them, and the watch
+/// it publishes the up set on. Kept by its owner across restarts of the
+/// task that runs it, so a restarted prober feeds the same watch from what
+/// the last one learned, and whoever follows the up set never notices.
+pub struct Prober {
+    node_id: u64,
+    transport: Arc<TcpTransport>,
+    settings: LivenessSettings,
+    clock: Arc<dyn Clock>,
+    /// The peers probed: every member but this node, kept current.
+    peers: parking_lot::RwLock<Vec<u64>>,
+    tracker: parking_lot::Mutex<LivenessTracker>,
+    up: watch::Sender<BTreeSet<u64>>,
+}
+
+impl std::fmt::Debug for Prober {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prober")
+            .field("node_id", &self.node_id)
+            .field("settings", &self.settings)
+            .field("up", &*self.up.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prober {
+    pub fn new(
+        transport: Arc<TcpTransport>,
+        node_id: u64,
+        settings: LivenessSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Prober {
+        let tracker = LivenessTracker::new(node_id, settings.down_after_ms);
+        let (up, _) = watch::channel(tracker.up(clock.monotonic_ms()));
+        Prober {
+            node_id,
+            transport,
+            settings,
+            clock,
+            peers: parking_lot::RwLock::new(Vec::new()),
+            tracker: parking_lot::Mutex::new(tracker),
+            up,
+        }
+    }
+
+    /// Probes `peers` (this node left out) from the next round on.
+    pub fn set_peers(&self, peers: Vec<u64>) {
+        *self.peers.write() = peers.into_iter().filter(|p| *p != self.node_id).collect();
+    }
+
+    /// The nodes up now, by the last round (this node included).
+    pub fn up(&self) -> BTreeSet<u64> {
+        self.up.borrow().clone()
+    }
+
+    /// A receiver of the up set, whichever task runs the rounds.
+    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u64>> {
+        self.up.subscribe()
+    }
+
+    /// The timer of the rounds: one every `probe_every_ms`, a late one
+    /// not made up for.
+    pub fn rounds(&self) -> tokio::time::Interval {
+        let mut round = tokio::time::interval(Duration::from_millis(self.settings.probe_every_ms));
+        round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        round
+    }
+
+    /// Probes every peer once and publishes the up set if it changed.
+    pub async fn probe_round(&self) {
+        // Read each round: the members change as brokers join and leave.
+        let peers: Vec<u64> = self.peers.read().clone();
+        let sent_ms = self.clock.monotonic_ms();
+        let probes = peers.iter().map(|peer| async move {
+            let answer = self
+                .transport
+                .call_raw(*peer, PING_API_KEY, 0, &[], self.settings.probe_timeout_ms)
+                .await;
+            (*peer, answer)
+        });
+        let answers = futures::future::join_all(probes).await;
+        let up = {
+            let mut tracker = self.tracker.lock();
+            for (peer, answer) in answers {
+                if let Ok(body) = answer {
+                    let boot = <[u8; 8]>::try_from(&body[..]).ok().map(u64::from_be_bytes);
+                    tracker.answered_by(peer, sent_ms, boot);
+                }
+            }
+            tracker.up(self.clock.monotonic_ms())
+        };
+        let node = self.node_id;
+        self.up.send_if_modified(|current| {
+            if *current == up {
+                return false;
+            }
+            let gone: Vec<u64> = current.difference(&up).copied().collect();
+            let back: Vec<u64> = up.difference(current).copied().collect();
+            tracing::debug!(node, ?gone, ?back, "peer liveness changed");
+            *current = up;
+            true
+        });
+    }
+}
+
+/// Probes `peers` until the returned handle is aborted (or every receiver
+/// of the up set is gone), and publishes the up set (this node included)
+/// whenever it changes. Unwatched: the vnode host runs a `Prober` under
+/// its owner instead (`HostLoop::Prober`).
 pub fn spawn_prober(
     transport: Arc<TcpTransport>,
     node_id: u64,
@@ -164,48 +273,15 @@ pub fn spawn_prober(
     settings: LivenessSettings,
     clock: Arc<dyn Clock>,
 ) -> (watch::Receiver<BTreeSet<u64>>, JoinHandle<()>) {
-    let mut tracker = LivenessTracker::new(node_id, settings.down_after_ms);
-    let (tx, rx) = watch::channel(tracker.up(clock.monotonic_ms()));
+    let prober = Prober::new(transport, node_id, settings, clock);
+    let rx = prober.subscribe();
     let task = tokio::spawn(async move {
-        let mut round = tokio::time::interval(Duration::from_millis(settings.probe_every_ms));
-        round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut round = prober.rounds();
         loop {
             round.tick().await;
-            // Read each round: the members change as brokers join and leave.
-            let peers: Vec<u64> = peers
-                .read()
-                .iter()
-                .copied()
-                .filter(|p| *p != node_id)
-                .collect();
-            let sent_ms = clock.monotonic_ms();
-            let probes = peers.iter().map(|peer| {
-                let transport = Arc::clone(&transport);
-                async move {
-                    let answer = transport
-                        .call_raw(*peer, PING_API_KEY, 0, &[], settings.probe_timeout_ms)
-                        .await;
-                    (*peer, answer)
-                }
-            });
-            for (peer, answer) in futures::future::join_all(probes).await {
-                if let Ok(body) = answer {
-                    let boot = <[u8; 8]>::try_from(&body[..]).ok().map(u64::from_be_bytes);
-                    tracker.answered_by(peer, sent_ms, boot);
-                }
-            }
-            let up = tracker.up(clock.monotonic_ms());
-            tx.send_if_modified(|current| {
-                if *current == up {
-                    return false;
-                }
-                let gone: Vec<u64> = current.difference(&up).copied().collect();
-                let back: Vec<u64> = up.difference(current).copied().collect();
-                tracing::debug!(node = node_id, ?gone, ?back, "peer liveness changed");
-                *current = up;
-                true
-            });
-            if tx.is_closed() {
+            prober.set_peers(peers.read().clone());
+            prober.probe_round().await;
+            if prober.up.is_closed() {
                 break;
             }
         }

@@ -45,7 +45,7 @@ pub fn summarize(state: &MetadataState) -> Vec<TopicSummary> {
 impl VnodeHost {
     /// The transport this host routes over (peer addresses are set on it).
     pub fn transport(&self) -> &Arc<TcpTransport> {
-        &self.transport
+        self.router.transport()
     }
 
     /// This broker's node id.
@@ -68,7 +68,7 @@ impl VnodeHost {
     /// a vnode a newer ring added): whoever watches every hosted group
     /// (`registry().all()`) re-reads the registry when it changes.
     pub fn watch_groups_opened(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.groups_opened.subscribe()
+        self.groups.watch_opened()
     }
 
     /// A linearizable list of the topics `vnode` holds, from its leader,
@@ -98,14 +98,15 @@ impl VnodeHost {
                     },
                 }
             } else {
-                self.forward_to(
-                    target,
-                    FORWARD_LIST_API_KEY,
-                    vnode.group_id(),
-                    &[],
-                    &mut last,
-                )
-                .await
+                self.router
+                    .forward_to(
+                        target,
+                        FORWARD_LIST_API_KEY,
+                        vnode.group_id(),
+                        &[],
+                        &mut last,
+                    )
+                    .await
             };
             match answer {
                 Forwarded::Done(list) => return Ok(list),
@@ -144,7 +145,7 @@ impl VnodeHost {
     /// Serves a forwarded list on this broker's replica of `group_id`: the
     /// answer is `Forwarded<Vec<TopicSummary>>`, encoded.
     pub async fn serve_list(&self, group_id: u64) -> Result<Vec<u8>, RpcError> {
-        let answer = match self.registry.get(group_id) {
+        let answer = match self.groups.get(group_id) {
             None => Forwarded::NotLeader { leader: None },
             Some(group) => match group.read(summarize).await {
                 Ok(list) => Forwarded::Done(list),

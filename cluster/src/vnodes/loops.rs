@@ -1,21 +1,31 @@
-//! The host's long-lived loops, which its owner runs and restarts.
+//! The host's long-lived loops and one-shots, which its owner runs and
+//! restarts.
 //!
-//! The ring sync, the quiescer and the rebalancer (`HostLoop`) are plain
-//! futures (`VnodeHost::run_loop`). With `VnodeHostConfig::owner_runs_loops`
-//! the host starts none of them: its owner (the broker's `vnodes` actor)
-//! runs each as a watched task, is told when one ends (a return or a
-//! panic) and restarts it within a budget, or fails to its supervisor.
-//! Without it (tests that open a host alone) `open` spawns them itself,
-//! unwatched, as before.
+//! The liveness prober, the ring sync, the quiescer, the rebalancer and
+//! the one-shot ring changes (admission, attributes) are `HostLoop`s:
+//! plain futures (`VnodeHost::run_loop`). With
+//! `VnodeHostConfig::owner_runs_loops` the host starts none of them: its
+//! owner (the broker's `vnodes` actor) runs each as a watched task, is
+//! told when one ends and restarts it within a budget, or fails to its
+//! supervisor. A loop ends only by a panic (or its host's stop); a
+//! one-shot also ends when its work is done, and is then not restarted
+//! (`HostLoop::is_one_shot`). Without an owner (tests that open a host
+//! alone) `open` spawns them itself, unwatched, as before.
+//!
+//! The prober's state (`group::liveness::Prober`: what it learned and the
+//! watch of the up set) is the host's, not the task's: a restarted prober
+//! feeds the same watch, so the quiescer and the rebalancer, and whoever
+//! else follows the up set, keep following it.
 //!
 //! `LoopSignals` ends every loop when the host stops (as the abort of an
 //! unwatched loop did), and lets a test make a loop's next pass panic
 //! (`VnodeHost::fail_loop`, `testing` feature), as a bug in it would.
 
 use super::VnodeHost;
+use crate::group::liveness::Prober;
 use futures::future::BoxFuture;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
 
 /// One of the host's long-lived loops.
@@ -28,11 +38,27 @@ pub enum HostLoop {
     Quiescer,
     /// Moves replicas where the members say they belong (ADR 0104).
     Rebalancer,
+    /// Probes the peers and publishes which are up (ADR 0101); only where
+    /// liveness is configured.
+    Prober,
+    /// One-shot: asks the ring's group to admit this broker (a broker that
+    /// joined a running cluster, ADR 0104).
+    Admission,
+    /// One-shot: commits this broker's attributes to the ring (ADR 0121).
+    Attributes,
 }
 
 impl HostLoop {
-    /// Every loop, in start order.
-    pub const ALL: [HostLoop; 3] = [HostLoop::RingSync, HostLoop::Quiescer, HostLoop::Rebalancer];
+    /// Every loop, in start order: the prober before the loops that
+    /// follow its up set.
+    pub const ALL: [HostLoop; 6] = [
+        HostLoop::Prober,
+        HostLoop::RingSync,
+        HostLoop::Quiescer,
+        HostLoop::Rebalancer,
+        HostLoop::Admission,
+        HostLoop::Attributes,
+    ];
 
     /// The loop's name, as logs, metrics and watched tasks give it.
     pub fn name(self) -> &'static str {
@@ -40,7 +66,16 @@ impl HostLoop {
             HostLoop::RingSync => "ring_sync",
             HostLoop::Quiescer => "quiescer",
             HostLoop::Rebalancer => "rebalancer",
+            HostLoop::Prober => "prober",
+            HostLoop::Admission => "admission",
+            HostLoop::Attributes => "attributes",
         }
+    }
+
+    /// Whether it ends once its work is done: such an end is not restarted
+    /// (a panic is).
+    pub fn is_one_shot(self) -> bool {
+        matches!(self, HostLoop::Admission | HostLoop::Attributes)
     }
 
     /// The loop named `name`, if one is.
@@ -98,18 +133,24 @@ impl LoopSignals {
 }
 
 impl VnodeHost {
-    /// The loops this host needs: the quiescer only where peers are probed.
+    /// The loops this host needs: the prober and the quiescer only where
+    /// peers are probed, the admission only for a broker that joined.
     pub fn loops(&self) -> Vec<HostLoop> {
+        let probed = self.prober.is_some();
         HostLoop::ALL
             .into_iter()
-            .filter(|l| *l != HostLoop::Quiescer || self.up.get().is_some())
+            .filter(|l| match l {
+                HostLoop::Prober | HostLoop::Quiescer => probed,
+                HostLoop::Admission => self.config.joined,
+                _ => true,
+            })
             .collect()
     }
 
     /// `which`, to be run by the host's owner: it returns when the host
-    /// stops (dropped there, mid-pass, as an abort would) or goes (or, for
-    /// the quiescer, the liveness prober it follows ended), and otherwise
-    /// only by a panic. Run at most one of each at a time.
+    /// stops (dropped there, mid-pass, as an abort would) or goes, when a
+    /// one-shot's work is done, and otherwise only by a panic. Run at most
+    /// one of each at a time.
     pub fn run_loop(self: &Arc<Self>, which: HostLoop) -> BoxFuture<'static, ()> {
         let stopped = Arc::clone(&self.signals).stopped();
         let work = self.loop_work(which);
@@ -123,9 +164,10 @@ impl VnodeHost {
 
     fn loop_work(self: &Arc<Self>, which: HostLoop) -> BoxFuture<'static, ()> {
         let host = Arc::downgrade(self);
+        let up = self.prober.as_ref().map(|p| p.subscribe());
         match which {
             HostLoop::RingSync => Box::pin(VnodeHost::run_ring_sync(host)),
-            HostLoop::Quiescer => match self.up.get().cloned() {
+            HostLoop::Quiescer => match up {
                 Some(up) => Box::pin(super::quiet::run_quiescer(
                     host,
                     up,
@@ -137,9 +179,25 @@ impl VnodeHost {
             },
             HostLoop::Rebalancer => Box::pin(super::rebalance::run_rebalancer(
                 host,
-                self.up.get().cloned(),
+                up,
                 self.config.rebalance_check_ms.max(1),
                 self.config.replace_after_ms,
+            )),
+            HostLoop::Prober => match self.prober.clone() {
+                Some(prober) => Box::pin(run_prober(host, prober)),
+                None => Box::pin(std::future::ready(())),
+            },
+            HostLoop::Admission => Box::pin(super::ring_group::run_ring_change(
+                host,
+                Some(which),
+                "admission",
+                VnodeHost::admission,
+            )),
+            HostLoop::Attributes => Box::pin(super::ring_group::run_ring_change(
+                host,
+                Some(which),
+                "attributes",
+                VnodeHost::attributes_change,
             )),
         }
     }
@@ -168,6 +226,20 @@ impl VnodeHost {
         if was & which.bit() != 0 {
             panic!("{}: a fault armed by a test", which.name());
         }
+    }
+}
+
+/// Runs `prober`'s rounds for `host` until the host goes; each round first
+/// trips a fault a test armed.
+async fn run_prober(host: Weak<VnodeHost>, prober: Arc<Prober>) {
+    let mut rounds = prober.rounds();
+    loop {
+        rounds.tick().await;
+        match host.upgrade() {
+            Some(host) => host.trip(HostLoop::Prober),
+            None => return,
+        }
+        prober.probe_round().await;
     }
 }
 

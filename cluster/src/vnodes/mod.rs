@@ -30,12 +30,19 @@
 //! a vnode in resumable steps; `lease.rs` keeps a coordinator's lease
 //! (ADR 0082).
 //!
-//! `VnodeHost`'s methods live in one file per job: `ring_store.rs` (the
-//! ring, its group and how a newer one is adopted), `group_set.rs` (the
-//! groups hosted here, opened and closed as replicas move, and which are
-//! led), `router.rs` (routing and forwarding, and serving what other
-//! brokers forward), `loops.rs` (the long-lived loops its owner runs and
-//! restarts); this file opens the host and its background work.
+//! `VnodeHost` is three parts and what coordinates them. Each part has its
+//! own state and file: `RingStore` (`ring_store.rs`: the ring, the ring
+//! requests are routed by, the ring file and the moved marker), `GroupSet`
+//! (`group_set.rs`: the replicas hosted here, opened at most once, closed,
+//! reopened, and which are led) and `Router` (`router.rs`: reaching a
+//! group's leader over the transport, and serving a request forwarded to
+//! a replica here). The host's own methods, which need more than one
+//! part, live by job: `ring_group.rs` (the ring's raft group, adopting a
+//! newer ring), `replicas.rs` (which replicas belong here and the steps
+//! that move them), `routing.rs` (routing by topic, serving the
+//! forwarding protocol), `loops.rs` (the long-lived loops and one-shots
+//! its owner runs and restarts, the liveness prober among them); this file
+//! opens the host and stops it.
 
 pub mod broker_api;
 mod features;
@@ -46,23 +53,31 @@ mod loops;
 pub use loops::HostLoop;
 pub mod quiet;
 pub mod rebalance;
+mod replicas;
+mod ring_group;
 mod ring_store;
 mod router;
+mod routing;
 mod split;
 mod step_error;
 
+pub use group_set::GroupSet;
 #[allow(unused_imports)]
 use group_set::*;
 pub use malachi_core::placement::{CoordinatorPlan, plan_coordinators};
 #[allow(unused_imports)]
+use ring_group::*;
+pub use ring_store::RingStore;
+#[allow(unused_imports)]
 use ring_store::*;
+pub use router::Router;
 #[allow(unused_imports)]
 use router::*;
 pub use split::SplitError;
 use step_error::StepError;
 
 use crate::group::fsio;
-use crate::group::liveness::{LivenessSettings, spawn_prober};
+use crate::group::liveness::{LivenessSettings, Prober};
 use crate::group::{Backoff, backoff_seed};
 use crate::group::{
     CLOSE_VNODE_API_KEY, ConfigProblem, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY,
@@ -75,7 +90,7 @@ use malachi_core::model::{
     Command, CursorKeyRing, ModelError, Outcome, RingArc, RingRecord, TopicDescription,
 };
 use malachi_core::ring::{MemberState, RING_GROUP_ID, RING_VNODE, Ring, VnodeId};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -389,45 +404,29 @@ type Verdict = Result<Outcome, ModelError>;
 /// of a topic it does not serve.
 type ReadAnswer = Result<Option<TopicDescription>, ModelError>;
 
-/// The vnode replicas one broker hosts, and its router.
+/// The vnode replicas one broker hosts, and its router: a `RingStore`, a
+/// `GroupSet` and a `Router`, and what coordinates them.
 #[derive(Debug)]
 pub struct VnodeHost {
     config: VnodeHostConfig,
-    /// The ring this broker believes current: the newest it has learned.
-    ring: RwLock<Arc<Ring>>,
-    /// The ring requests are routed by; replaced by `ring` on a misrouted
-    /// answer. Only tests set it apart from `ring`, to play a broker with a
-    /// stale ring.
-    routing_ring: RwLock<Arc<Ring>>,
-    registry: Arc<GroupRegistry>,
-    transport: Arc<TcpTransport>,
-    /// Serializes opening replicas and adopting rings, so one group
-    /// directory is never opened twice.
-    adopting: tokio::sync::Mutex<()>,
-    /// Replicas closed because a full volume stopped them, not yet opened
-    /// again (`reopen_stopped_by_full_volume`).
-    closed_by_full_volume: parking_lot::Mutex<BTreeSet<u64>>,
-    /// Bumped whenever a group is opened, so `watch_led` watches it too.
-    groups_opened: watch::Sender<u64>,
+    /// The ring this broker holds.
+    rings: RingStore,
+    /// The replicas this broker hosts.
+    groups: Arc<GroupSet>,
+    /// How requests reach a group's leader.
+    router: Router,
     stopped: AtomicBool,
-    /// The liveness prober and the ring changes (and, unless the owner
-    /// runs them, the `HostLoop`s), aborted at shutdown.
+    /// The feature advertiser and watch (and, unless the owner runs them,
+    /// the `HostLoop`s), aborted at shutdown.
     background: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Tells the `HostLoop`s the host stopped, or a test armed one to
     /// panic (`fail_loop`).
     signals: Arc<loops::LoopSignals>,
     /// This host, for background work started from `&self`.
     this: std::sync::Weak<VnodeHost>,
-    /// The peers the liveness prober probes: every member but this one,
-    /// kept current as the ring's members change.
-    probe_peers: Arc<RwLock<Vec<u64>>>,
-    /// When each hosted group was opened: a replica left behind by a lost
-    /// close is swept only once it is older than a membership step.
-    opened_at: parking_lot::Mutex<BTreeMap<u64, Instant>>,
-    /// Whether `MOVED_FILE` is written (and the lock its writers take).
-    moved_marked: tokio::sync::Mutex<bool>,
-    /// The liveness prober's up set (this broker included), once it runs.
-    up: std::sync::OnceLock<watch::Receiver<BTreeSet<u64>>>,
+    /// The liveness prober's state (its up set among it), where peers are
+    /// probed; the task running its rounds is a `HostLoop`.
+    prober: Option<Arc<Prober>>,
     /// The feature table as this broker last read it from the ring's
     /// group (ADR 0134): what the writer gates consult.
     features: RwLock<Arc<malachi_core::model::FeatureTable>>,
@@ -452,26 +451,30 @@ impl VnodeHost {
                 nodes: config.nodes.clone(),
             }));
         }
-        let fresh = Ring::new(config.vnode_count)
-            .map_err(|e| GroupError::config(ConfigProblem::Ring(e)))?;
-        let ring = Arc::new(load_ring(&config.data_dir.join(RING_FILE)).unwrap_or(fresh));
-        let registry = Arc::new(GroupRegistry::new());
+        let prober = match config.liveness {
+            Some(settings) => {
+                settings
+                    .validate()
+                    .map_err(|e| GroupError::config(ConfigProblem::Liveness(e)))?;
+                Some(Arc::new(Prober::new(
+                    Arc::clone(&transport),
+                    config.node_id,
+                    settings,
+                    Arc::new(crate::clock::SystemClock::new()),
+                )))
+            }
+            None => None,
+        };
+        let rings = RingStore::load(config.node_id, &config.data_dir, config.vnode_count)?;
         let host = Arc::new_cyclic(|this| VnodeHost {
             this: this.clone(),
-            ring: RwLock::new(Arc::clone(&ring)),
-            routing_ring: RwLock::new(ring),
-            registry,
-            transport,
-            adopting: tokio::sync::Mutex::new(()),
-            closed_by_full_volume: parking_lot::Mutex::new(BTreeSet::new()),
-            groups_opened: watch::channel(0).0,
+            rings,
+            groups: Arc::new(GroupSet::new(&config, Arc::clone(&transport))),
+            router: Router::new(&config, transport),
             stopped: AtomicBool::new(false),
             background: parking_lot::Mutex::new(Vec::new()),
             signals: Arc::default(),
-            probe_peers: Arc::new(RwLock::new(Vec::new())),
-            opened_at: parking_lot::Mutex::new(BTreeMap::new()),
-            moved_marked: tokio::sync::Mutex::new(false),
-            up: std::sync::OnceLock::new(),
+            prober,
             features: RwLock::new(Arc::default()),
             finalized_kept: parking_lot::Mutex::new(features::load_finalized(
                 &config.data_dir.join(features::FINALIZED_FILE),
@@ -480,7 +483,7 @@ impl VnodeHost {
         });
         host.update_probe_peers();
         let opened = async {
-            let _adopting = host.adopting.lock().await;
+            let _opening = host.groups.opening().await;
             let ring = host.ring();
             // Only the ring every broker started from, with the members the
             // cluster was formed with, says who the voters of a fresh group
@@ -490,14 +493,14 @@ impl VnodeHost {
             let pristine = ring.version() == 1
                 && ring.formed_members()
                 && !host.config.joined
-                && !host.config.data_dir.join(MOVED_FILE).exists();
+                && !host.rings.moved();
             let me = host.config.node_id;
             let ring_dir = host.config.data_dir.join("ring").exists();
             let ring_target = host.target_voters(RING_VNODE);
             if pristine && ring_target.contains(&me) {
-                host.open_group(RING_GROUP_ID, Some(ring_target)).await?;
+                host.groups.open(RING_GROUP_ID, Some(ring_target)).await?;
             } else if ring_dir || ring_target.contains(&me) {
-                host.open_group(RING_GROUP_ID, None).await?;
+                host.groups.open(RING_GROUP_ID, None).await?;
             }
             // The ring's vnodes, and any vnode whose group exists here (a
             // split's child the ring this broker knows does not name yet,
@@ -521,7 +524,7 @@ impl VnodeHost {
             });
             use futures::{StreamExt, TryStreamExt};
             futures::stream::iter(opens)
-                .map(|(group_id, voters)| host.open_group(group_id, voters))
+                .map(|(group_id, voters)| host.groups.open(group_id, voters))
                 .buffer_unordered(GROUPS_OPENING_MAX)
                 .try_collect::<()>()
                 .await?;
@@ -533,97 +536,68 @@ impl VnodeHost {
         }
         tracing::info!(
             node = host.config.node_id,
-            groups = host.registry.all().len(),
+            groups = host.groups.len(),
             ring_version = host.ring().version(),
             "vnode replicas open"
         );
-        host.start_prober()?;
         if !host.config.owner_runs_loops {
             host.spawn_loops();
         }
-        if host.config.joined {
-            host.spawn_admission();
-        }
-        host.spawn_attribute_publisher();
         host.spawn_feature_advertiser();
         host.spawn_feature_watch();
         Ok(host)
     }
 
-    /// Starts probing peers (ADR 0101), unless the configuration keeps
-    /// every group ticking. The quiescer (`HostLoop::Quiescer`) follows
-    /// what it finds.
-    pub(super) fn start_prober(self: &Arc<Self>) -> Result<(), GroupError> {
-        let Some(settings) = self.config.liveness else {
-            return Ok(());
-        };
-        settings
-            .validate()
-            .map_err(|e| GroupError::config(ConfigProblem::Liveness(e)))?;
-        let (up, prober) = spawn_prober(
-            Arc::clone(&self.transport),
-            self.config.node_id,
-            Arc::clone(&self.probe_peers),
-            settings,
-            Arc::new(crate::clock::SystemClock::new()),
-        );
-        let _ = self.up.set(up);
-        self.background.lock().push(prober);
-        Ok(())
-    }
-
     /// Probes every member but this broker from now on.
     pub(super) fn update_probe_peers(&self) {
-        let me = self.config.node_id;
-        let peers: Vec<u64> = self.nodes().into_iter().filter(|n| *n != me).collect();
-        *self.probe_peers.write() = peers;
+        if let Some(prober) = &self.prober {
+            prober.set_peers(self.nodes());
+        }
     }
 
-    /// Asks the ring's group, until it answers, to make this broker a
-    /// member (a broker that joined a running cluster, ADR 0104).
-    pub(super) fn spawn_admission(self: &Arc<Self>) {
-        self.spawn_ring_change("admission", |host| async move {
-            let me = host.config.node_id;
-            if host.ring().members().get(&me) == Some(&MemberState::Active) {
-                return None;
-            }
-            // A binary lacking what the cluster finalized is not admitted
-            // (ADR 0134): its advertisement is refused first.
-            match host.advertise_features().await {
-                Ok(Ok(_)) => {}
-                Ok(Err(refused)) => return Some(Ok(Err(refused))),
-                Err(e) => return Some(Err(e)),
-            }
-            Some(
-                host.admit(me)
-                    .await
-                    .map(|taken| taken.map(|version| (version, "admitted to the cluster"))),
-            )
-        });
+    /// The admission (`HostLoop::Admission`): asks the ring's group, until
+    /// it answers, to make this broker a member (a broker that joined a
+    /// running cluster, ADR 0104).
+    pub(super) async fn admission(host: Arc<VnodeHost>) -> Option<RingChange> {
+        let me = host.config.node_id;
+        if host.ring().members().get(&me) == Some(&MemberState::Active) {
+            return None;
+        }
+        // A binary lacking what the cluster finalized is not admitted
+        // (ADR 0134): its advertisement is refused first.
+        match host.advertise_features().await {
+            Ok(Ok(_)) => {}
+            Ok(Err(refused)) => return Some(Ok(Err(refused))),
+            Err(e) => return Some(Err(e)),
+        }
+        Some(
+            host.admit(me)
+                .await
+                .map(|taken| taken.map(|version| (version, "admitted to the cluster"))),
+        )
     }
 
-    /// Commits this broker's configured attributes to the ring once they
-    /// differ from what the ring holds (a first start, or a restart with
-    /// new attributes; ADR 0121). A broker with no attributes the ring
-    /// does not list either has nothing to commit.
-    pub(super) fn spawn_attribute_publisher(self: &Arc<Self>) {
-        self.spawn_ring_change("attributes", |host| async move {
-            let me = host.config.node_id;
-            let wanted = host.config.attributes.clone();
-            let committed = host.ring().attributes_of(me).cloned();
-            if committed.as_ref() == Some(&wanted) || (committed.is_none() && wanted.is_empty()) {
-                return None;
-            }
-            let cmd = Command::SetMemberAttributes {
-                node: me,
-                attributes: wanted,
-            };
-            Some(
-                host.change_members(cmd).await.map(|taken| {
-                    taken.map(|version| (version, "attributes committed to the ring"))
-                }),
-            )
-        });
+    /// The attribute publisher (`HostLoop::Attributes`): commits this
+    /// broker's configured attributes to the ring once they differ from
+    /// what the ring holds (a first start, or a restart with new
+    /// attributes; ADR 0121). A broker with no attributes the ring does not
+    /// list either has nothing to commit.
+    pub(super) async fn attributes_change(host: Arc<VnodeHost>) -> Option<RingChange> {
+        let me = host.config.node_id;
+        let wanted = host.config.attributes.clone();
+        let committed = host.ring().attributes_of(me).cloned();
+        if committed.as_ref() == Some(&wanted) || (committed.is_none() && wanted.is_empty()) {
+            return None;
+        }
+        let cmd = Command::SetMemberAttributes {
+            node: me,
+            attributes: wanted,
+        };
+        Some(
+            host.change_members(cmd)
+                .await
+                .map(|taken| taken.map(|version| (version, "attributes committed to the ring"))),
+        )
     }
 
     /// The nodes the cluster was formed with.
@@ -636,20 +610,21 @@ impl VnodeHost {
         self.config.replicas_per_vnode
     }
 
-    /// The cluster's members and their states, by the ring this broker
-    /// holds.
     /// The brokers the liveness prober finds up now (this one included):
     /// a faster signal than SWIM's, about one second after a broker stops
     /// answering. `None` where no prober runs.
     pub fn up_nodes(&self) -> Option<BTreeSet<u64>> {
-        self.up.get().map(|up| up.borrow().clone())
+        self.prober.as_ref().map(|p| p.up())
     }
 
     /// A receiver of the liveness prober's up set, where a prober runs.
+    /// It outlives a restart of the prober's task.
     pub fn up_watch(&self) -> Option<watch::Receiver<BTreeSet<u64>>> {
-        self.up.get().cloned()
+        self.prober.as_ref().map(|p| p.subscribe())
     }
 
+    /// The cluster's members and their states, by the ring this broker
+    /// holds.
     pub fn members(&self) -> BTreeMap<u64, MemberState> {
         self.ring().members_or(&self.config.nodes)
     }
@@ -661,7 +636,7 @@ impl VnodeHost {
 
     /// How many hosted groups are quiet now (ADR 0101).
     pub fn quiet_groups(&self) -> usize {
-        self.registry.all().iter().filter(|g| g.is_quiet()).count()
+        self.groups.quiet_count()
     }
 
     /// Stops every hosted group.
@@ -671,20 +646,7 @@ impl VnodeHost {
         for task in self.background.lock().drain(..) {
             task.abort();
         }
-        let groups = self.registry.all();
-        // Every group refuses calls and peers' answers first, so their
-        // grace periods overlap: the host's stop waits out one, not one
-        // per group.
-        for group in &groups {
-            group.begin_shutdown();
-        }
-        for group in groups {
-            let id = group.group_id();
-            if let Err(e) = group.shutdown().await {
-                tracing::warn!(group = id, error = %e, "vnode group did not shut down cleanly");
-            }
-            self.registry.remove(id);
-        }
+        self.groups.shutdown().await;
     }
 }
 

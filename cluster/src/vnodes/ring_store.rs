@@ -1,6 +1,8 @@
-//! The ring store: the ring this broker holds (on disk and in memory), the
-//! ring's own raft group (its record, cursor keys, policies and member
-//! changes), and how a newer ring is learned and adopted.
+//! `RingStore`: the ring this broker holds, in memory and on disk. The
+//! ring it believes current (only ever newer), the ring it routes by, and
+//! the marker that a group moved on or off this broker. What the ring's
+//! own raft group is asked, and how a newer ring is adopted (which opens
+//! groups too), is the host's: `ring_group.rs`.
 
 use super::*;
 
@@ -53,181 +55,98 @@ pub(super) const RING_SYNC_BACKOFF_MAX_MS: u64 = 2_000;
 /// vnode id reaches (`VNODES_MAX` is far below it).
 pub(super) const RING_VOTERS_TAG: VnodeId = VnodeId(u32::from_be_bytes(*b"ring"));
 
-impl VnodeHost {
-    /// Runs `change` until it is done: `None` (nothing to change), the ring
-    /// group's verdict (taken, with the version and what to log; or
-    /// refused, logged as an error), or, while the group cannot be reached,
-    /// again after a backoff.
-    pub(super) fn spawn_ring_change<F, Fut>(self: &Arc<Self>, what: &'static str, change: F)
-    where
-        F: Fn(Arc<VnodeHost>) -> Fut + Send + 'static,
-        Fut: std::future::Future<
-                Output = Option<Result<Result<(u64, &'static str), ModelError>, RouteError>>,
-            > + Send,
-    {
-        let host = Arc::downgrade(self);
-        let task = tokio::spawn(async move {
-            let mut backoff = None;
-            loop {
-                let Some(strong) = host.upgrade() else { break };
-                if strong.is_stopped() {
-                    break;
-                }
-                let me = strong.config.node_id;
-                let backoff = backoff.get_or_insert_with(|| {
-                    Backoff::new(
-                        RING_SYNC_BACKOFF_MIN_MS,
-                        RING_SYNC_BACKOFF_MAX_MS,
-                        backoff_seed(me, RING_GROUP_ID),
-                    )
-                });
-                match change(Arc::clone(&strong)).await {
-                    None => break,
-                    Some(Ok(Ok((version, done)))) => {
-                        tracing::info!(node = me, ring_version = version, "{done}");
-                        break;
-                    }
-                    Some(Ok(Err(refused))) => {
-                        tracing::error!(node = me, what, %refused, "the ring's group refused this broker's change");
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        tracing::info!(node = me, what, error = %e, "the ring's group not reached yet; asking again");
-                    }
-                }
-                drop(strong);
-                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
-            }
-        });
-        self.background.lock().push(task);
-    }
+/// The ring this broker holds: part of `VnodeHost`.
+#[derive(Debug)]
+pub struct RingStore {
+    node_id: u64,
+    data_dir: PathBuf,
+    /// The ring this broker believes current: the newest it has learned.
+    current: RwLock<Arc<Ring>>,
+    /// The ring requests are routed by; replaced by `current` on a
+    /// misrouted answer. Only tests set it apart from `current`, to play a
+    /// broker with a stale ring.
+    routing: RwLock<Arc<Ring>>,
+    /// Whether `MOVED_FILE` is written (and the lock its writers take).
+    moved_marked: tokio::sync::Mutex<bool>,
+}
 
-    /// Makes `node` an active member (ADR 0104): its share of the vnode
-    /// replicas moves to it. Returns the ring version that lists it, or
-    /// the ring group's refusal.
-    pub async fn admit(&self, node: u64) -> Result<Result<u64, ModelError>, RouteError> {
-        let cmd = Command::AdmitNode {
-            node,
-            formed: self.config.nodes.clone(),
-        };
-        self.change_members(cmd).await
-    }
-
-    /// Decommissions `node` (ADR 0104): its vnode replicas move to the
-    /// active members. Returns the ring version that says so.
-    pub async fn decommission(&self, node: u64) -> Result<Result<u64, ModelError>, RouteError> {
-        let cmd = Command::DecommissionNode {
-            node,
-            formed: self.config.nodes.clone(),
-            replicas: u32::try_from(self.config.replicas_per_vnode).unwrap_or(u32::MAX),
-        };
-        self.change_members(cmd).await
-    }
-
-    pub(super) async fn change_members(
-        &self,
-        cmd: Command,
-    ) -> Result<Result<u64, ModelError>, RouteError> {
-        // A fresh ring group holds no ring yet: create it first.
-        self.ring_record().await?;
-        let version = match self.propose_ring(cmd).await? {
-            Ok(Outcome::RingChanged { version }) => version,
-            Ok(other) => {
-                return Err(RouteError::Failed {
-                    vnode: RING_VNODE,
-                    reason: format!("unexpected outcome {other:?}"),
-                });
-            }
-            Err(refused) => return Ok(Err(refused)),
-        };
-        self.refresh_ring().await?;
-        self.announce_ring(version).await;
-        Ok(Ok(version))
-    }
-
-    /// Fetches the current ring until one answer arrives, then parks: the
-    /// host's owner runs it (`HostLoop::RingSync`) and is told if it ends.
-    pub(super) async fn run_ring_sync(host: std::sync::Weak<VnodeHost>) {
-        let mut backoff = None;
-        loop {
-            let Some(strong) = host.upgrade() else { return };
-            let backoff = backoff.get_or_insert_with(|| {
-                Backoff::new(
-                    RING_SYNC_BACKOFF_MIN_MS,
-                    RING_SYNC_BACKOFF_MAX_MS,
-                    backoff_seed(strong.config.node_id, RING_GROUP_ID),
-                )
-            });
-            if strong.stopped.load(Ordering::Acquire) {
-                return;
-            }
-            strong.trip(HostLoop::RingSync);
-            match strong.refresh_ring().await {
-                Ok(ring) => {
-                    tracing::debug!(
-                        node = strong.config.node_id,
-                        version = ring.version(),
-                        "ring fetched"
-                    );
-                    break;
-                }
-                Err(e) => {
-                    tracing::debug!(node = strong.config.node_id, error = %e, "ring fetch failed; retrying")
-                }
-            }
-            drop(strong);
-            tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
-        }
-        // Fetched: its work is done, and a loop that returns has ended.
-        // It parks until the host stops (or a test fails it).
-        let Some(strong) = host.upgrade() else { return };
-        let signals = Arc::clone(&strong.signals);
-        drop(strong);
-        signals.armed(HostLoop::RingSync).await;
-        if let Some(strong) = host.upgrade() {
-            strong.trip(HostLoop::RingSync);
-        }
-    }
-
-    /// The voters of the ring's own group.
-    pub fn ring_voters(&self) -> Vec<u64> {
-        self.voters(RING_VNODE)
+impl RingStore {
+    /// The ring kept in `data_dir`, else a fresh one of `vnode_count`.
+    pub(super) fn load(
+        node_id: u64,
+        data_dir: &Path,
+        vnode_count: u32,
+    ) -> Result<RingStore, GroupError> {
+        let fresh =
+            Ring::new(vnode_count).map_err(|e| GroupError::config(ConfigProblem::Ring(e)))?;
+        let ring = Arc::new(load_ring(&data_dir.join(RING_FILE)).unwrap_or(fresh));
+        Ok(RingStore {
+            node_id,
+            data_dir: data_dir.to_path_buf(),
+            current: RwLock::new(Arc::clone(&ring)),
+            routing: RwLock::new(ring),
+            moved_marked: tokio::sync::Mutex::new(false),
+        })
     }
 
     /// The ring this broker believes current.
-    pub fn ring(&self) -> Arc<Ring> {
-        Arc::clone(&self.ring.read())
+    pub fn current(&self) -> Arc<Ring> {
+        Arc::clone(&self.current.read())
     }
 
-    /// Routes by `ring` until a misrouted answer makes the router re-read
-    /// the current ring. For tests of a broker whose ring lags.
-    pub fn set_routing_ring(&self, ring: Ring) {
-        *self.routing_ring.write() = Arc::new(ring);
+    /// The ring requests are routed by.
+    pub fn routing(&self) -> Arc<Ring> {
+        Arc::clone(&self.routing.read())
     }
 
-    /// Learns `ring` if it is newer than the one this broker holds: keeps it
-    /// on disk, opens this broker's replicas of vnodes it adds, and routes by
-    /// it from then on. Returns whether it was newer.
-    pub async fn adopt_ring(&self, ring: Ring) -> Result<bool, GroupError> {
-        let _adopting = self.adopting.lock().await;
-        if ring.version() <= self.ring().version() {
-            return Ok(false);
-        }
-        // Replicas first: once routing names a vnode, this broker should
-        // already serve its raft messages. Computed by the new ring.
-        let previous = std::mem::replace(&mut *self.ring.write(), Arc::new(ring.clone()));
-        let opened = async {
-            for vnode in ring.vnodes() {
-                self.open_vnode_locked(vnode.id).await?;
-            }
-            Ok::<(), GroupError>(())
-        }
-        .await;
-        if let Err(e) = opened {
-            *self.ring.write() = previous;
-            return Err(e);
-        }
-        let path = self.config.data_dir.join(RING_FILE);
+    /// Routes by `ring` from now on.
+    pub fn set_routing(&self, ring: Arc<Ring>) {
+        *self.routing.write() = ring;
+    }
+
+    /// Whether `version` is newer than the current ring's.
+    pub fn is_newer(&self, version: u64) -> bool {
+        version > self.current.read().version()
+    }
+
+    /// Makes `ring` current and returns the ring it replaces. The adopter
+    /// checked it is newer under the host's open lock: a ring never goes
+    /// back, so an older one here is a bug.
+    pub(super) fn advance(&self, ring: Arc<Ring>) -> Arc<Ring> {
+        let mut current = self.current.write();
+        assert!(
+            ring.version() > current.version(),
+            "ring version {} adopted over {}",
+            ring.version(),
+            current.version()
+        );
+        std::mem::replace(&mut *current, ring)
+    }
+
+    /// Undoes an `advance` whose groups did not open: `previous` is current
+    /// again, unless a newer ring was adopted since (it never is, under the
+    /// open lock).
+    pub(super) fn restore(&self, previous: Arc<Ring>, advanced: &Ring) {
+        let mut current = self.current.write();
+        assert_eq!(
+            current.version(),
+            advanced.version(),
+            "the ring changed under an adoption"
+        );
+        *current = previous;
+    }
+
+    /// Routes by the current ring.
+    pub(super) fn route_by_current(&self) {
+        let current = self.current();
+        *self.routing.write() = current;
+    }
+
+    /// Keeps `ring` on disk, best effort: the ring's group is the
+    /// authority, and a broker that cannot keep its copy re-fetches it
+    /// after a restart.
+    pub(super) async fn keep(&self, ring: &Ring) {
+        let path = self.data_dir.join(RING_FILE);
         match ring.encode() {
             Ok(body) => {
                 let written = tokio::task::spawn_blocking(move || {
@@ -235,146 +154,43 @@ impl VnodeHost {
                     fsio::write_atomic(&path, &bytes)
                 })
                 .await;
-                // The ring's group is the authority: a broker that cannot
-                // keep its copy re-fetches it after a restart.
                 if !matches!(written, Ok(Ok(()))) {
                     tracing::warn!(
-                        node = self.config.node_id,
+                        node = self.node_id,
                         ?written,
                         "the learned ring was not kept on disk"
                     );
                 }
             }
             Err(e) => {
-                tracing::warn!(node = self.config.node_id, error = %e, "the learned ring does not encode")
-            }
-        }
-        tracing::info!(
-            node = self.config.node_id,
-            version = ring.version(),
-            vnodes = ring.len(),
-            "ring adopted"
-        );
-        let ring = Arc::new(ring);
-        *self.ring.write() = Arc::clone(&ring);
-        *self.routing_ring.write() = ring;
-        self.update_probe_peers();
-        Ok(true)
-    }
-
-    /// Fetches the current ring from the ring's group (creating it there,
-    /// the same for every broker, if the group holds none yet) and adopts it.
-    pub async fn refresh_ring(&self) -> Result<Arc<Ring>, RouteError> {
-        let record = self.ring_record().await?;
-        self.adopt_ring(record.ring)
-            .await
-            .map_err(|e| RouteError::Failed {
-                vnode: RING_VNODE,
-                reason: e.to_string(),
-            })?;
-        Ok(self.ring())
-    }
-
-    /// Called with the ring version another broker announces (membership
-    /// gossip): fetches the current ring in the background if it is newer.
-    pub fn observe_ring_version(self: &Arc<Self>, version: u64) {
-        if version <= self.ring().version() || self.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        let host = Arc::clone(self);
-        tokio::spawn(async move {
-            if let Err(e) = host.refresh_ring().await {
-                tracing::debug!(node = host.config.node_id, version, error = %e, "announced ring not fetched");
-            }
-        });
-    }
-
-    /// Tells every other broker that ring `version` exists, best effort:
-    /// each fetches it in the background. Gossip and misrouted answers
-    /// reach any broker this misses.
-    pub async fn announce_ring(&self, version: u64) {
-        let Ok(body) = rmp_serde::to_vec(&RingAnnounce { version }) else {
-            return;
-        };
-        let peers: Vec<u64> = self
-            .nodes()
-            .into_iter()
-            .filter(|n| *n != self.config.node_id)
-            .collect();
-        let calls = peers.iter().map(|node| {
-            self.transport.call_raw(
-                *node,
-                RING_ANNOUNCE_API_KEY,
-                RING_GROUP_ID,
-                &body,
-                self.config.forward_timeout_ms,
-            )
-        });
-        for (node, result) in peers.iter().zip(futures::future::join_all(calls).await) {
-            if let Err(e) = result {
-                tracing::debug!(node, version, error = %e, "ring announcement not delivered");
+                tracing::warn!(node = self.node_id, error = %e, "the learned ring does not encode")
             }
         }
     }
 
-    /// The ring's group's record (the ring and any split in progress),
-    /// read from its leader.
-    pub async fn ring_record(&self) -> Result<RingRecord, RouteError> {
-        let query = encode_request(&Query::Ring, RING_VNODE)?;
-        for _ in 0..2 {
-            let record: Option<RingRecord> = self
-                .route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
-                .await?;
-            if let Some(record) = record {
-                self.adopt_features(record.features.clone());
-                return Ok(record);
-            }
-            // A fresh ring group: create the ring every broker starts from.
-            let init = Command::InitRing {
-                vnodes: self.config.vnode_count,
-            };
-            self.propose_ring(init)
-                .await?
-                .map_err(|e| RouteError::Failed {
-                    vnode: RING_VNODE,
-                    reason: e.to_string(),
-                })?;
+    /// Whether a group ever moved on or off this broker (`MOVED_FILE`).
+    pub(super) fn moved(&self) -> bool {
+        self.data_dir.join(MOVED_FILE).exists()
+    }
+
+    /// Records, durably, that a group moved on or off this broker: from
+    /// then on its start opens only the groups it has, or learns of, and
+    /// never initializes one from the formation's voters, which would
+    /// re-create a group this broker left (ADR 0104).
+    pub(super) async fn mark_moved(&self) -> Result<(), GroupError> {
+        // One writer at a time: the record is written through one
+        // temporary file.
+        let mut marked = self.moved_marked.lock().await;
+        let path = self.data_dir.join(MOVED_FILE);
+        if *marked || path.exists() {
+            *marked = true;
+            return Ok(());
         }
-        Err(RouteError::Failed {
-            vnode: RING_VNODE,
-            reason: "the ring group holds no ring after creating one".to_owned(),
-        })
-    }
-
-    /// The cluster's cursor keys, read linearizably from the ring group's
-    /// leader; `None` until a broker's bootstrap created them.
-    pub async fn cursor_keys(&self) -> Result<Option<CursorKeyRing>, RouteError> {
-        let query = encode_request(&Query::CursorKeys, RING_VNODE)?;
-        self.route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
+        tokio::task::spawn_blocking(move || fsio::write_atomic(&path, b"groups moved\n"))
             .await
-    }
-
-    /// The cluster's storage policies, read linearizably from the ring
-    /// group's leader (ADR 0115). Defined and removed with `propose_ring`.
-    pub async fn policies(
-        &self,
-    ) -> Result<std::collections::BTreeMap<String, malachi_core::model::StoragePolicy>, RouteError>
-    {
-        let query = encode_request(&Query::Policies, RING_VNODE)?;
-        self.route_group(RING_VNODE, FORWARD_QUERY_API_KEY, &query)
-            .await
-    }
-
-    /// Applies a command in the ring's own group (`InitRing` and the split
-    /// steps; `split_vnode` and `abort_split` are the usual way in).
-    pub async fn propose_ring(&self, cmd: Command) -> Result<Verdict, RouteError> {
-        let body = encode_request(&cmd, RING_VNODE)?;
-        self.route_group(RING_VNODE, FORWARD_PROPOSE_API_KEY, &body)
-            .await
-    }
-
-    /// This broker's replica of the ring's group, if it hosts one.
-    pub fn ring_group(&self) -> Option<MetadataGroup> {
-        self.registry.get(RING_GROUP_ID)
+            .map_err(|e| GroupError::refused(Refusal::Task(Arc::new(e))))?
+            .map_err(|e| GroupError::config(ConfigProblem::MovedNotRecorded(Arc::new(e))))?;
+        *marked = true;
+        Ok(())
     }
 }

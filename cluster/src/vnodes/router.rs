@@ -1,8 +1,9 @@
-//! The router: a metadata request runs on this broker if it leads the
-//! vnode, else it is forwarded to the leader it knows of, following
-//! `NotLeader` hints and re-fetching the ring on a misrouted answer, each
-//! attempt and the whole route bounded. Also what this broker serves to
-//! other brokers' forwarded requests (`RpcService`).
+//! `Router`: how a request reaches a group's leader. It tries the leader
+//! this broker knows of (serving it here when that is this broker),
+//! follows `NotLeader` hints, tries the voters in turn, and bounds each
+//! attempt and the whole route; and it serves the requests other brokers
+//! forward to a replica hosted here. Which vnode a request is for (the
+//! ring), and which replicas are here, are the host's: `routing.rs`.
 
 use super::*;
 
@@ -87,27 +88,6 @@ pub(super) fn encode_request<T: Serialize>(
     })
 }
 
-#[async_trait::async_trait]
-impl RpcService for VnodeHost {
-    async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError> {
-        // A stopping host's groups are shutting down: answer for them,
-        // rather than hand a peer's heartbeat to a stopped raft (which
-        // logs it as an error).
-        if self.stopped.load(Ordering::Acquire) {
-            return Err(RpcError::Group(crate::group::GroupError::Stopped));
-        }
-        match api_key {
-            FORWARD_PROPOSE_API_KEY
-            | FORWARD_READ_API_KEY
-            | FORWARD_QUERY_API_KEY
-            | OPEN_VNODE_API_KEY
-            | CLOSE_VNODE_API_KEY
-            | RING_ANNOUNCE_API_KEY => self.serve_forwarded(api_key, group_id, &body).await,
-            _ => self.registry.serve_raft(api_key, group_id, &body).await,
-        }
-    }
-}
-
 /// The replicas a routed request was redirected between since its last
 /// pause. A redirect back to one of them is a cycle (two replicas naming
 /// each other as leader while an election settles, e.g. a restarted
@@ -136,218 +116,89 @@ impl Redirects {
     }
 }
 
-impl VnodeHost {
-    /// Which of `segments` one vnode's metadata lists, read linearizably
-    /// from its leader (ADR 0115).
-    pub async fn segments_listed_by(
-        &self,
-        vnode: VnodeId,
-        segments: &[u64],
-    ) -> Result<Vec<u64>, RouteError> {
-        self.ask_listed(vnode, None, segments).await
-    }
+/// How a request reaches a group's leader: part of `VnodeHost`.
+#[derive(Debug)]
+pub struct Router {
+    node_id: u64,
+    transport: Arc<TcpTransport>,
+    /// How long one forwarded request may take.
+    forward_timeout_ms: u64,
+    /// How many times one request is re-routed.
+    attempts_max: u32,
+    /// How long one request may keep being re-routed.
+    route_timeout_ms: u64,
+    /// The first and the longest pause between re-routes.
+    backoff_ms: u64,
+    backoff_max_ms: u64,
+}
 
-    /// Which of `segments`, all of `topic`, the topic's own vnode lists
-    /// (ADR 0115): a vnode that does not hold the topic refuses, so "not
-    /// listed" always comes from the one group that could list them.
-    pub async fn topic_segments_listed(
-        &self,
-        topic: &str,
-        segments: &[u64],
-    ) -> Result<Vec<u64>, RouteError> {
-        let vnode = self.ring().owner(topic).id;
-        self.ask_listed(vnode, Some(topic.to_owned()), segments)
-            .await
-    }
+/// Where a request for one group may go: its voters, and the leader this
+/// broker knows of.
+#[derive(Debug, Clone)]
+pub(super) struct Targets {
+    pub voters: Vec<u64>,
+    pub leader: Option<u64>,
+}
 
-    pub(super) async fn ask_listed(
-        &self,
-        vnode: VnodeId,
-        topic: Option<String>,
-        segments: &[u64],
-    ) -> Result<Vec<u64>, RouteError> {
-        let query = encode_request(
-            &Query::ListsSegments {
-                topic,
-                segments: segments.to_vec(),
-            },
-            vnode,
-        )?;
-        self.route_group(vnode, FORWARD_QUERY_API_KEY, &query).await
-    }
-
-    /// Which of `segments` any vnode lists: every vnode of the ring, and
-    /// the ring's own group, is asked (ADR 0115, the seed's orphan rule).
-    /// Whole or nothing: a vnode that does not answer, or a ring that
-    /// changes or has a split pending while they are asked, is an error,
-    /// and then no id may be judged unlisted.
-    pub async fn segments_listed(&self, segments: &[u64]) -> Result<SegmentListing, ListingError> {
-        if segments.len() > LISTS_SEGMENTS_MAX {
-            return Err(ListingError::TooMany {
-                count: segments.len(),
-            });
+impl Router {
+    pub(super) fn new(config: &VnodeHostConfig, transport: Arc<TcpTransport>) -> Router {
+        Router {
+            node_id: config.node_id,
+            transport,
+            forward_timeout_ms: config.forward_timeout_ms,
+            attempts_max: config.route_attempts_max,
+            route_timeout_ms: config.route_timeout_ms,
+            backoff_ms: config.route_retry_backoff_ms,
+            backoff_max_ms: config.route_retry_backoff_max_ms,
         }
-        let silent = |vnode, source| ListingError::Silent { vnode, source };
-        let before = self
-            .ring_record()
-            .await
-            .map_err(|e| silent(RING_VNODE, e))?;
-        if before.pending.is_some() {
-            let v = before.ring.version();
-            return Err(ListingError::RingMoved {
-                before: v,
-                after: v,
-                pending: true,
-            });
-        }
-        let mut vnodes: Vec<VnodeId> = before.ring.vnodes().map(|v| v.id).collect();
-        vnodes.push(RING_VNODE);
-        let mut listed = BTreeSet::new();
-        for &vnode in &vnodes {
-            let answer = self
-                .segments_listed_by(vnode, segments)
-                .await
-                .map_err(|e| silent(vnode, e))?;
-            listed.extend(answer);
-        }
-        let after = self
-            .ring_record()
-            .await
-            .map_err(|e| silent(RING_VNODE, e))?;
-        if after.ring.version() != before.ring.version() || after.pending.is_some() {
-            return Err(ListingError::RingMoved {
-                before: before.ring.version(),
-                after: after.ring.version(),
-                pending: after.pending.is_some(),
-            });
-        }
-        Ok(SegmentListing {
-            listed,
-            vnodes_asked: vnodes.len(),
-        })
     }
 
-    /// Applies `cmd` on the vnode owning its topic, wherever its leader is.
-    pub async fn propose(&self, cmd: Command) -> Result<Verdict, RouteError> {
-        let topic = cmd.topic().ok_or(RouteError::Unroutable)?.to_owned();
-        let body = encode_request(&cmd, VnodeId(0))?;
-        self.route(&topic, FORWARD_PROPOSE_API_KEY, body).await
-    }
-
-    /// A linearizable description of `topic` from its vnode's leader.
-    pub async fn describe(&self, topic: &str) -> Result<Option<TopicDescription>, RouteError> {
-        let body = encode_request(
-            &ReadRequest {
-                topic: topic.to_owned(),
-            },
-            VnodeId(0),
-        )?;
-        let answer: ReadAnswer = self.route(topic, FORWARD_READ_API_KEY, body).await?;
-        // Still refused once `moved_wait_ms` ran out: no ring this broker
-        // could fetch leads to a vnode serving the topic.
-        answer.map_err(|refused| RouteError::Unavailable {
-            vnode: self.routing_ring.read().owner(topic).id,
-            attempts: self.config.route_attempts_max,
-            last: refused.to_string(),
-        })
-    }
-
-    /// Sends `cmd` to `vnode` without consulting the ring: the path a
-    /// broker with a wrong ring takes (the vnode's own arc check answers),
-    /// and the path of commands that name no topic (leases, split steps).
-    pub async fn propose_to(&self, vnode: VnodeId, cmd: Command) -> Result<Verdict, RouteError> {
-        let body = encode_request(&cmd, vnode)?;
-        self.route_group(vnode, FORWARD_PROPOSE_API_KEY, &body)
-            .await
-    }
-
-    /// Routes by the ring, following misrouted answers (`WrongVnode`: the
-    /// vnode no longer owns the topic; `Moved`: a split is moving it) to
-    /// the current ring, for at most `moved_wait_ms`.
-    pub(super) async fn route<T: serde::de::DeserializeOwned + RefusesRoute>(
-        &self,
-        topic: &str,
-        api_key: u16,
-        body: Vec<u8>,
-    ) -> Result<T, RouteError> {
-        let deadline = Instant::now() + Duration::from_millis(self.config.moved_wait_ms);
-        let mut backoff = self.route_backoff(xxhash_rust::xxh3::xxh3_64(topic.as_bytes()));
-        loop {
-            let routing = Arc::clone(&self.routing_ring.read());
-            let vnode = routing.owner(topic).id;
-            let answer = self.route_group::<T>(vnode, api_key, &body).await?;
-            if !answer.is_misrouted() {
-                return Ok(answer);
-            }
-            if Instant::now() >= deadline {
-                return Ok(answer);
-            }
-            let current = self.ring();
-            if !Arc::ptr_eq(&current, &routing) {
-                // This broker already knows a newer ring than it routed by.
-                tracing::info!(%vnode, topic, version = current.version(), "misrouted: routing by the current ring");
-                *self.routing_ring.write() = current;
-                continue;
-            }
-            tracing::info!(%vnode, topic, version = routing.version(), "misrouted: fetching the ring");
-            match self.refresh_ring().await {
-                Ok(fetched) => *self.routing_ring.write() = Arc::clone(&fetched),
-                Err(e) => tracing::debug!(%vnode, error = %e, "ring fetch failed"),
-            }
-            if self.ring().version() == routing.version() {
-                // A split is between its fence and its ring commit (or the
-                // ring group is out of reach): wait for it.
-                tokio::time::sleep(Duration::from_millis(backoff.next_delay_ms())).await;
-            }
-        }
+    /// The transport requests are forwarded over.
+    pub fn transport(&self) -> &Arc<TcpTransport> {
+        &self.transport
     }
 
     /// The backoff of one re-routing loop about `subject` (a group, a
     /// topic): exponential with jitter, seeded by this node and the subject.
-    pub(crate) fn route_backoff(&self, subject: u64) -> Backoff {
+    pub(crate) fn backoff(&self, subject: u64) -> Backoff {
         Backoff::new(
-            self.config.route_retry_backoff_ms,
-            self.config.route_retry_backoff_max_ms,
-            backoff_seed(self.config.node_id, subject),
+            self.backoff_ms,
+            self.backoff_max_ms,
+            backoff_seed(self.node_id, subject),
         )
     }
 
-    /// Sends a request to the leader of `vnode`'s group (or of the ring's
-    /// group for `RING_VNODE`), following `NotLeader` hints and trying the
-    /// group's voters in turn, for at most `route_attempts_max` attempts.
-    pub(super) async fn route_group<T: serde::de::DeserializeOwned>(
+    /// Sends a request to the leader of `vnode`'s group `group_id`,
+    /// starting at `targets`' leader (else its first voter), following
+    /// `NotLeader` hints and trying the voters in turn, for at most
+    /// `route_attempts_max` attempts and `route_timeout_ms`. An attempt
+    /// aimed at this broker runs `local` instead of the transport.
+    pub(super) async fn route_group<'a, T: serde::de::DeserializeOwned>(
         &self,
         vnode: VnodeId,
+        targets: Targets,
         api_key: u16,
         body: &[u8],
+        local: impl Fn() -> futures::future::BoxFuture<'a, Forwarded<T>>,
     ) -> Result<T, RouteError> {
-        if self.stopped.load(Ordering::Acquire) {
-            return Err(RouteError::Stopped);
-        }
         let group_id = group_of(vnode);
-        let mut voters = self.voters(vnode);
-        if voters.is_empty() {
-            voters = self.nodes();
-        }
-        let mut target = self
-            .registry
-            .get(group_id)
-            .and_then(|g| g.leader_term().0)
-            .unwrap_or(voters[0]);
+        let voters = targets.voters;
+        assert!(!voters.is_empty(), "a route to {vnode} with no voter");
+        let mut target = targets.leader.unwrap_or(voters[0]);
         let mut last = String::from("no attempt");
         // Set once an attempt may have applied the request: from then on a
         // final failure is `OutcomeUnknown`, never a refusal.
         let mut uncertain: Option<String> = None;
         let mut next_voter = 0usize;
-        let mut backoff = self.route_backoff(group_id);
+        let mut backoff = self.backoff(group_id);
         let mut redirects = Redirects::default();
-        let deadline = Instant::now() + Duration::from_millis(self.config.route_timeout_ms);
+        let deadline = Instant::now() + Duration::from_millis(self.route_timeout_ms);
         let mut attempts = 0;
-        for attempt in 1..=self.config.route_attempts_max {
+        for attempt in 1..=self.attempts_max {
             attempts = attempt;
             let mut pause_at = None;
-            let answer: Forwarded<T> = if target == self.config.node_id {
-                self.serve_local(api_key, group_id, body).await
+            let answer: Forwarded<T> = if target == self.node_id {
+                local().await
             } else {
                 self.forward_to(target, api_key, group_id, body, &mut last)
                     .await
@@ -403,7 +254,7 @@ impl VnodeHost {
             redirects.paused();
             let pause = Duration::from_millis(backoff.next_delay_ms());
             if Instant::now() + pause >= deadline {
-                last = format!("{last} (gave up after {} ms)", self.config.route_timeout_ms);
+                last = format!("{last} (gave up after {} ms)", self.route_timeout_ms);
                 break;
             }
             tokio::time::sleep(pause).await;
@@ -419,33 +270,92 @@ impl VnodeHost {
         ))
     }
 
-    /// Serves a forwarded request on this broker's replica.
-    pub(super) async fn serve_local<T: serde::de::DeserializeOwned>(
+    /// Sends a request to `target`'s forwarding service and decodes its
+    /// answer. A transport failure reads as "no leader known", with its
+    /// reason kept in `last` for the final error.
+    pub(super) async fn forward_to<T: serde::de::DeserializeOwned>(
         &self,
+        target: u64,
         api_key: u16,
         group_id: u64,
         body: &[u8],
+        last: &mut String,
     ) -> Forwarded<T> {
-        // Locally the answer is encoded and decoded like a remote one, so
-        // both paths are the same code; metadata answers are small.
-        let encoded = match self.serve_forwarded(api_key, group_id, body).await {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                return Forwarded::Failed {
+        match self
+            .transport
+            .call_raw(target, api_key, group_id, body, self.forward_timeout_ms)
+            .await
+        {
+            Ok(bytes) => rmp_serde::from_slice(&bytes).unwrap_or_else(|e| Forwarded::Retry {
+                reason: format!("undecodable answer: {e}"),
+            }),
+            // A proposal whose connection failed may have reached the
+            // leader before it did: its outcome is unknown.
+            Err(e @ TransportError::Network { .. }) if api_key == FORWARD_PROPOSE_API_KEY => {
+                Forwarded::Unknown {
+                    leader: None,
                     reason: e.to_string(),
-                };
+                }
             }
-        };
-        rmp_serde::from_slice(&encoded).unwrap_or_else(|e| Forwarded::Failed {
-            reason: format!("undecodable local answer: {e}"),
-        })
+            Err(
+                e @ (TransportError::Unreachable { .. }
+                | TransportError::Network { .. }
+                | TransportError::Remote { .. }),
+            ) => Forwarded::NotLeader { leader: None }.noting(last, e.to_string()),
+        }
     }
 
-    pub(super) async fn serve_forwarded(
+    /// Sends a membership step (`api_key`, `body`) to `node` and takes its
+    /// answer: done, or the peer's refusal.
+    pub(super) async fn ask_peer(
         &self,
+        node: u64,
         api_key: u16,
         group_id: u64,
         body: &[u8],
+    ) -> Result<(), StepError> {
+        let bytes = self
+            .transport
+            .call_raw(node, api_key, group_id, body, self.forward_timeout_ms)
+            .await?;
+        match rmp_serde::from_slice::<Forwarded<()>>(&bytes)? {
+            Forwarded::Done(()) => Ok(()),
+            answer => Err(StepError::Refused { node, answer }),
+        }
+    }
+
+    /// Tells `peers` that ring `version` exists, best effort.
+    pub(super) async fn announce_ring(&self, peers: &[u64], version: u64) {
+        let Ok(body) = rmp_serde::to_vec(&RingAnnounce { version }) else {
+            return;
+        };
+        let calls = peers.iter().map(|node| {
+            self.transport.call_raw(
+                *node,
+                RING_ANNOUNCE_API_KEY,
+                RING_GROUP_ID,
+                &body,
+                self.forward_timeout_ms,
+            )
+        });
+        for (node, result) in peers.iter().zip(futures::future::join_all(calls).await) {
+            if let Err(e) = result {
+                tracing::debug!(node, version, error = %e, "ring announcement not delivered");
+            }
+        }
+    }
+}
+
+impl Router {
+    /// Serves a request forwarded to this broker's replica `group` (a
+    /// proposal, a read or a control query), by the ring `ring`.
+    pub(super) async fn serve_group(
+        &self,
+        group: &MetadataGroup,
+        group_id: u64,
+        api_key: u16,
+        body: &[u8],
+        ring: &Ring,
     ) -> Result<Vec<u8>, RpcError> {
         let codec = |what: &'static str| {
             move |e: rmp_serde::decode::Error| RpcError::Decode {
@@ -453,41 +363,11 @@ impl VnodeHost {
                 source: Arc::new(e),
             }
         };
-        if api_key == RING_ANNOUNCE_API_KEY {
-            let announced: RingAnnounce =
-                rmp_serde::from_slice(body).map_err(codec("a ring announce"))?;
-            if let Some(host) = self.this.upgrade() {
-                host.observe_ring_version(announced.version);
-            }
-            return encode(&Forwarded::Done(()));
-        }
-        if api_key == OPEN_VNODE_API_KEY {
-            let request: OpenVnode =
-                rmp_serde::from_slice(body).map_err(codec("an open vnode request"))?;
-            let answer = match self.open_requested(request.vnode, request.voters).await {
-                Ok(()) => Forwarded::Done(()),
-                Err(e) => forwarded_error(e),
-            };
-            return encode(&answer);
-        }
-        if api_key == CLOSE_VNODE_API_KEY {
-            let request: CloseVnode =
-                rmp_serde::from_slice(body).map_err(codec("a close vnode request"))?;
-            let answer = match self.close_requested(request).await {
-                Ok(()) => Forwarded::Done(()),
-                Err(e) => forwarded_error(e),
-            };
-            return encode(&answer);
-        }
-        let Some(group) = self.registry.get(group_id) else {
-            // Not a replica: no leader to name.
-            return encode(&Forwarded::<()>::NotLeader { leader: None });
-        };
         match api_key {
             FORWARD_PROPOSE_API_KEY => {
                 let cmd: Command =
                     rmp_serde::from_slice(body).map_err(codec("a forwarded command"))?;
-                let answer = match self.propose_here(&group, group_id, cmd).await {
+                let answer = match self.propose_here(group, group_id, cmd, ring).await {
                     Ok(verdict) => Forwarded::Done(verdict),
                     Err(e) => proposal_error(e),
                 };
@@ -532,7 +412,7 @@ impl VnodeHost {
                         let answer = if group.is_leader() {
                             let m: GroupMembership = group.membership();
                             Forwarded::Done(VnodeMembership {
-                                leader: self.config.node_id,
+                                leader: self.node_id,
                                 voters: m.voters.into_iter().collect(),
                                 learners: m.learners.into_iter().collect(),
                                 joint: m.joint,
@@ -612,11 +492,12 @@ impl VnodeHost {
         group: &MetadataGroup,
         group_id: u64,
         cmd: Command,
+        ring: &Ring,
     ) -> Result<Verdict, GroupError> {
         if cmd.topic().is_some() && group.read_local(|s| s.arc()).is_none() {
             let vnode = u32::try_from(group_id)
                 .ok()
-                .and_then(|id| self.ring().vnode(VnodeId(id)).copied());
+                .and_then(|id| ring.vnode(VnodeId(id)).copied());
             if let Some(vnode) = vnode {
                 let arc = vnode.arc;
                 let id_base = vnode.id.id_base();
@@ -632,48 +513,5 @@ impl VnodeHost {
             }
         }
         group.propose(cmd).await
-    }
-}
-
-impl VnodeHost {
-    /// Sends a request to `target`'s forwarding service and decodes its
-    /// answer. A transport failure reads as "no leader known", with its
-    /// reason kept in `last` for the final error.
-    pub(super) async fn forward_to<T: serde::de::DeserializeOwned>(
-        &self,
-        target: u64,
-        api_key: u16,
-        group_id: u64,
-        body: &[u8],
-        last: &mut String,
-    ) -> Forwarded<T> {
-        match self
-            .transport
-            .call_raw(
-                target,
-                api_key,
-                group_id,
-                body,
-                self.config.forward_timeout_ms,
-            )
-            .await
-        {
-            Ok(bytes) => rmp_serde::from_slice(&bytes).unwrap_or_else(|e| Forwarded::Retry {
-                reason: format!("undecodable answer: {e}"),
-            }),
-            // A proposal whose connection failed may have reached the
-            // leader before it did: its outcome is unknown.
-            Err(e @ TransportError::Network { .. }) if api_key == FORWARD_PROPOSE_API_KEY => {
-                Forwarded::Unknown {
-                    leader: None,
-                    reason: e.to_string(),
-                }
-            }
-            Err(
-                e @ (TransportError::Unreachable { .. }
-                | TransportError::Network { .. }
-                | TransportError::Remote { .. }),
-            ) => Forwarded::NotLeader { leader: None }.noting(last, e.to_string()),
-        }
     }
 }
