@@ -29,9 +29,31 @@ pub(crate) async fn serve_replica_append(
             );
         }
     };
+    let segment = SegmentId(request.segment);
+    match admit(shared, &request).await {
+        Ok(Admitted {
+            repair_to,
+            seal_at_end,
+        }) => write(shared, segment, request, repair_to, seal_at_end).await,
+        Err(refused) => refused,
+    }
+}
+
+/// How an admitted append is written: up to `repair_to` when it is a
+/// repair, sealed there when `seal_at_end` (only a seal the metadata
+/// records is placed on the copy when a repair reaches it; a failover's
+/// repair comes before the record).
+struct Admitted {
+    repair_to: Option<u64>,
+    seal_at_end: bool,
+}
+
+/// What this broker's metadata says of its copy of the append's segment:
+/// whether it is a follower copy, the segment's state and writer epoch.
+fn held_copy(shared: &Shared, request: &ReplicaAppendRequest) -> Option<(bool, SegmentState, u64)> {
     let me = NodeId(shared.config.node_id);
     let segment = SegmentId(request.segment);
-    let held = shared.plane().ok().and_then(|plane| {
+    shared.plane().ok().and_then(|plane| {
         read_owner(plane.as_ref(), &request.topic, |state| {
             state.segment(segment).map(|s| {
                 (
@@ -41,46 +63,50 @@ pub(crate) async fn serve_replica_append(
                 )
             })
         })
-    });
-    // Only a seal the metadata records is placed on the copy when a repair
-    // reaches it; a failover's repair comes before the record.
+    })
+}
+
+/// The metadata check: whether this broker takes the append, and how.
+async fn admit(
+    shared: &Arc<Shared>,
+    request: &ReplicaAppendRequest,
+) -> Result<Admitted, ReplicaAppendResponse> {
+    let me = NodeId(shared.config.node_id);
+    let segment = SegmentId(request.segment);
+    let refuse = |refusal, message: String| ReplicaAppendResponse::refused(refusal, 0, message);
     let mut seal_at_end = true;
-    let repair_to = match held {
+    let repair_to = match held_copy(shared, request) {
         // A writer epoch older than the segment's: a deposed or misrouted
         // writer. The metadata is the persistent record of the epoch, so a
         // restart of this broker does not forget it.
         Some((true, _, epoch)) if request.epoch < epoch => {
-            return ReplicaAppendResponse::refused(
+            return Err(refuse(
                 ReplicaRefusal::StaleEpoch,
-                0,
                 format!(
                     "segment {segment} is written at epoch {epoch}; this append carries epoch {}",
                     request.epoch
                 ),
-            );
+            ));
         }
         Some((true, SegmentState::Active, epoch)) if request.epoch > epoch => {
             // An epoch this broker's metadata does not know yet: retriable.
-            return ReplicaAppendResponse::refused(
+            return Err(refuse(
                 ReplicaRefusal::UnknownCopy,
-                0,
                 format!(
                     "segment {segment} is at epoch {epoch} here; this append carries the newer epoch {}",
                     request.epoch
                 ),
-            );
+            ));
         }
         // A coordinator's recovery, before the seal is recorded: only into
         // a copy fenced by an order at least as new (never mixed with a
         // live primary's stream), and never past the length it decided.
         Some((true, SegmentState::Active, _)) => match request.repair {
-            Some(repair) => match repairable(shared, segment, repair).await {
-                Ok(()) => {
-                    seal_at_end = false;
-                    Some(repair.to)
-                }
-                Err(refused) => return refused,
-            },
+            Some(repair) => {
+                repairable(shared, segment, repair).await?;
+                seal_at_end = false;
+                Some(repair.to)
+            }
             None => None,
         },
         // A sealed segment's copy takes frames only up to its seal: the
@@ -89,14 +115,13 @@ pub(crate) async fn serve_replica_append(
             if let Some(repair) = request.repair
                 && repair.to != seal.length
             {
-                return ReplicaAppendResponse::refused(
+                return Err(refuse(
                     ReplicaRefusal::Fenced,
-                    0,
                     format!(
                         "segment {segment} is recorded sealed at {}; this repair goes to {}",
                         seal.length, repair.to
                     ),
-                );
+                ));
             }
             Some(seal.length)
         }
@@ -109,28 +134,42 @@ pub(crate) async fn serve_replica_append(
             // A broker at its free-space line takes no new copy, not even
             // the empty file a heal's first request would open (ADR 0127).
             if shared.data.space.is_full() {
-                return ReplicaAppendResponse::refused(
+                return Err(refuse(
                     ReplicaRefusal::Busy,
-                    0,
                     format!(
                         "broker {}'s data volume is at its free-space line; it takes no new copy of segment {segment}",
                         me.0
                     ),
-                );
+                ));
             }
             Some(seal.length)
         }
         Some((false, _, _)) | None => {
-            return ReplicaAppendResponse::refused(
+            return Err(refuse(
                 ReplicaRefusal::UnknownCopy,
-                0,
                 format!(
                     "broker {} holds no follower copy of segment {segment} of {}",
                     me.0, request.topic
                 ),
-            );
+            ));
         }
     };
+    Ok(Admitted {
+        repair_to,
+        seal_at_end,
+    })
+}
+
+/// Hands an admitted append to the ReplicationServer and waits for its
+/// answer, each within `replica_ack_timeout_ms`; `busy` when either runs
+/// out, so the primary retries.
+async fn write(
+    shared: &Arc<Shared>,
+    segment: SegmentId,
+    request: ReplicaAppendRequest,
+    repair_to: Option<u64>,
+    seal_at_end: bool,
+) -> ReplicaAppendResponse {
     let Some(server) = shared.data.replication.server.read().clone() else {
         return ReplicaAppendResponse::refused(
             ReplicaRefusal::Busy,
