@@ -87,6 +87,11 @@ pub(crate) struct ClusterLinks {
 }
 
 impl ClusterLinks {
+    /// Membership and the node fabric, once the broker started.
+    pub fn fabric(&self) -> Option<Arc<Fabric>> {
+        self.fabric.get().cloned()
+    }
+
     /// Whether membership calls broker `node` dead, as broker `me` sees
     /// it. A broker membership does not know (a lone broker, or one not
     /// heard of yet) is not dead, nor is `me`.
@@ -192,7 +197,7 @@ impl Shared {
 
     /// Membership and the node fabric, once the broker started.
     pub fn fabric(&self) -> Option<Arc<Fabric>> {
-        self.links.fabric.get().cloned()
+        self.links.fabric()
     }
 
     pub fn segment(&self, id: SegmentId) -> Option<SegmentHandle> {
