@@ -106,11 +106,6 @@ impl ControlHandle {
         super::replica_status::add_live_figures(&self.shared, topic, live)
     }
 
-    /// Whether the broker is ready for traffic (`Shared::is_ready`).
-    pub(crate) fn is_ready(&self) -> bool {
-        self.shared.is_ready()
-    }
-
     /// Test hook: waits while `BrokerHandle::hold_failovers` holds the
     /// failovers after their fences, counting each one held.
     #[cfg(feature = "testing")]
