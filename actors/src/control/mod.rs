@@ -10,7 +10,8 @@
 //! is what they are asked; `placement.rs` says which broker serves a
 //! topic's records. `cursor_keys.rs` holds the cluster's cursor keys and
 //! `cursor_learner.rs` learns them (ADR 0096). `shared.rs` is the broker
-//! context the layers above use.
+//! context; the layers above get parts of it, built at their boundary, and
+//! `handle.rs` (`ControlHandle`) for the control operations they call.
 //!
 //! The coordinator's orders to copies: `replica_order.rs` (fence, catch-up,
 //! seal and the [`OrderClient`](replica_order::OrderClient) that sends
