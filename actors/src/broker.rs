@@ -401,7 +401,7 @@ fn build_tree(
         ));
 
     let acceptor_args = AcceptorArgs {
-        shared: Arc::clone(shared),
+        serving: Arc::new(crate::serve::context::ServeCtx::of(shared)),
         socket: client,
     };
     let listener = SupervisorArgs::new("listener", Strategy::OneForOne).child(ChildSpec::worker(
@@ -438,7 +438,7 @@ fn build_tree(
     }
 
     let admin_args = AdminArgs {
-        shared: Arc::clone(shared),
+        ctx: Arc::new(crate::admin::AdminCtx::of(shared)),
         socket: admin,
     };
     SupervisorArgs::new("broker", Strategy::OneForOne)

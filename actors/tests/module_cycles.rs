@@ -737,3 +737,80 @@ fn a_crafted_inline_test_module_resolves_super_one_level_deeper() {
     let graph = file_graph(&files, "data");
     assert_eq!(cycles(&graph).len(), 1, "{graph:?}");
 }
+
+/// Whether `code` names the identifier `word` (not as part of a longer one).
+fn names_ident(code: &str, word: &str) -> bool {
+    code.match_indices(word).any(|(at, _)| {
+        let before = code[..at].chars().next_back();
+        let after = code[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+/// The code of a source file without comments, string literals and its
+/// inline `#[cfg(test)] mod tests` block (tests may build a whole broker
+/// context to drive the code under test).
+fn non_test_code(source: &str) -> String {
+    let code = blank_literals(&strip_comments(source));
+    match code.find("#[cfg(test)]\nmod tests") {
+        Some(at) => code[..at].to_owned(),
+        None => code,
+    }
+}
+
+/// The files above `control` that name the broker context `Shared`: each
+/// layer gets contexts of the parts it reads (ADR 0132), built once at its
+/// one boundary file, listed here.
+fn files_naming_shared(files: &[(String, String)]) -> BTreeSet<String> {
+    files
+        .iter()
+        .filter(|(path, _)| {
+            ["maintenance/", "admin/", "serve/"]
+                .iter()
+                .any(|layer| path.starts_with(layer))
+        })
+        .filter(|(_, source)| names_ident(&non_test_code(source), "Shared"))
+        .map(|(path, _)| path.clone())
+        .collect()
+}
+
+/// The one file per layer that builds its contexts from `Shared`.
+const SHARED_BOUNDARIES: [&str; 3] = ["admin/mod.rs", "maintenance/mod.rs", "serve/context.rs"];
+
+#[test]
+fn maintenance_admin_and_serve_name_shared_only_at_their_boundary() {
+    let naming = files_naming_shared(&crate_sources());
+    let boundaries: BTreeSet<String> = SHARED_BOUNDARIES.iter().map(|s| s.to_string()).collect();
+    // Gate against a vacuous pass: each boundary does build from it.
+    assert!(
+        boundaries.is_subset(&naming),
+        "a boundary file no longer names Shared (update the list and ADR 0132): {:?}",
+        boundaries.difference(&naming).collect::<Vec<_>>()
+    );
+    let others: Vec<&String> = naming.difference(&boundaries).collect();
+    assert!(
+        others.is_empty(),
+        "these files name the broker context `Shared`; give them a context of the parts they read, built at the layer's boundary ({SHARED_BOUNDARIES:?}): {others:?}"
+    );
+}
+
+#[test]
+fn a_crafted_file_naming_shared_is_found_and_comments_strings_and_tests_are_not() {
+    let files = crafted(&[
+        ("serve/a.rs", "use crate::control::shared::Shared;\n"),
+        ("serve/b.rs", "fn f(s: &Arc<Shared>) {}\n"),
+        (
+            "serve/c.rs",
+            "//! Built from `Shared`.\nconst S: &str = \"Shared\";\n",
+        ),
+        (
+            "serve/d.rs",
+            "fn f() {}\n#[cfg(test)]\nmod tests {\n    use Shared;\n}\n",
+        ),
+        ("serve/e.rs", "struct SharedThing; mod shared;\n"),
+        ("admin/f.rs", "fn f(s: Shared) {}\n"),
+        ("control/g.rs", "fn f(s: Shared) {}\n"),
+    ]);
+    let naming: Vec<String> = files_naming_shared(&files).into_iter().collect();
+    assert_eq!(naming, ["admin/f.rs", "serve/a.rs", "serve/b.rs"]);
+}

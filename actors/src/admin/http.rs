@@ -51,9 +51,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
+use super::AdminCtx;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
-use crate::control::shared::Shared;
 
 /// The first retry of a failed accept (out of file descriptors, say) waits
 /// this long; each further failure doubles it up to
@@ -64,7 +64,7 @@ const ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
 
 #[derive(Debug, Clone)]
 pub(crate) struct AdminArgs {
-    pub shared: Arc<Shared>,
+    pub ctx: Arc<AdminCtx>,
     pub socket: Arc<std::net::TcpListener>,
 }
 
@@ -85,7 +85,7 @@ pub(crate) struct AdminState {
     _serve: Watched,
 }
 
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
+pub(crate) fn router(admin: Arc<AdminCtx>) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
@@ -94,46 +94,46 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/members", get(members))
         .route("/api/members/{node}/decommission", post(decommission))
         .route("/api/members/{node}/admit", post(admit))
-        .with_state(shared)
+        .with_state(admin)
 }
 
-async fn ready(State(shared): State<Arc<Shared>>) -> Response {
-    if shared.is_ready() {
+async fn ready(State(admin): State<Arc<AdminCtx>>) -> Response {
+    if admin.is_ready() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
     }
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    let root = shared.actors.root.read().clone();
+async fn metrics(State(admin): State<Arc<AdminCtx>>) -> Response {
+    let root = admin.actors.root.read().clone();
     if let Some(root) = root
         && let Ok(snapshot) = root.snapshot().await
     {
-        shared.metrics.record_restarts(&snapshot);
+        admin.metrics.record_restarts(&snapshot);
     }
-    shared
+    admin
         .metrics
         .open_segments
-        .set(shared.data.segments.lock().len() as f64);
+        .set(admin.data.segments.lock().len() as f64);
     // Read at the scrape, not when the lease last changed: a broker resumed
     // after a pause must not show a lease its clock has run out.
-    shared.memory.lease_probes.lock().retain(|vnode, probe| {
+    admin.memory.lease_probes.lock().retain(|vnode, probe| {
         let held = probe.holds();
-        shared
+        admin
             .metrics
             .coordinator_lease_held(vnode.0, held.unwrap_or(false));
         held.is_some()
     });
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        shared.metrics.render(),
+        admin.metrics.render(),
     )
         .into_response()
 }
 
-async fn tree(State(shared): State<Arc<Shared>>) -> Response {
-    let root = shared.actors.root.read().clone();
+async fn tree(State(admin): State<Arc<AdminCtx>>) -> Response {
+    let root = admin.actors.root.read().clone();
     let Some(root) = root else {
         return (StatusCode::SERVICE_UNAVAILABLE, "tree not running\n").into_response();
     };
@@ -143,30 +143,30 @@ async fn tree(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn members(State(shared): State<Arc<Shared>>) -> Response {
-    members_answer(&shared, Default::default()).await
+async fn members(State(admin): State<Arc<AdminCtx>>) -> Response {
+    members_answer(&admin, Default::default()).await
 }
 
-async fn decommission(State(shared): State<Arc<Shared>>, Path(node): Path<u64>) -> Response {
+async fn decommission(State(admin): State<Arc<AdminCtx>>, Path(node): Path<u64>) -> Response {
     let request = malachi_wire::messages::ClusterMembersRequest {
         decommission: Some(node),
         admit: None,
     };
-    members_answer(&shared, request).await
+    members_answer(&admin, request).await
 }
 
-async fn admit(State(shared): State<Arc<Shared>>, Path(node): Path<u64>) -> Response {
+async fn admit(State(admin): State<Arc<AdminCtx>>, Path(node): Path<u64>) -> Response {
     let request = malachi_wire::messages::ClusterMembersRequest {
         decommission: None,
         admit: Some(node),
     };
-    members_answer(&shared, request).await
+    members_answer(&admin, request).await
 }
 
 /// The members as JSON; a refusal as its wire error code and message, with
 /// 400 for a bad request and 503 for anything a retry may cure.
 async fn members_answer(
-    shared: &Arc<Shared>,
+    admin: &Arc<AdminCtx>,
     request: malachi_wire::messages::ClusterMembersRequest,
 ) -> Response {
     use malachi_wire::Message as _;
@@ -176,7 +176,7 @@ async fn members_answer(
     // Boxed: the routed reads nest deep enough to exhaust the compiler's
     // layout depth inside axum's handler types.
     let answer: Pin<Box<dyn Future<Output = _> + Send + '_>> =
-        Box::pin(crate::serve::vnodes::cluster_members(shared, request));
+        Box::pin(crate::serve::vnodes::cluster_members(&admin.meta, request));
     match answer.await {
         Ok(members) => axum::Json(members).into_response(),
         Err(e) => {
@@ -429,14 +429,14 @@ impl Actor for AdminActor {
         socket.set_nonblocking(true)?;
         let listener = BoundedListener::new(
             TcpListener::from_std(socket)?,
-            args.shared.config.admin_connections_max,
-            Duration::from_millis(args.shared.config.admin_read_timeout_ms),
+            args.ctx.connections_max,
+            Duration::from_millis(args.ctx.read_timeout_ms),
         );
         #[cfg(feature = "testing")]
-        let listener = listener.with_fault_key(args.shared.client_addr);
+        let listener = listener.with_fault_key(args.ctx.fault_key);
         let cancel = CancellationToken::new();
         let token = cancel.clone();
-        let app = router(args.shared);
+        let app = router(args.ctx);
         let serve = spawn_watched(
             myself,
             "admin_http_server",
@@ -477,6 +477,7 @@ mod tests {
     use super::*;
     use crate::common::clock::SystemClock;
     use crate::common::config::BrokerConfig;
+    use crate::control::shared::Shared;
     use malachi_core::model::CursorSecret;
     use malachi_storage::FileStore;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -506,7 +507,7 @@ mod tests {
             addr,
             addr,
         ));
-        tokio::spawn(axum::serve(listener, router(Arc::clone(&shared))).into_future());
+        tokio::spawn(axum::serve(listener, router(Arc::new(AdminCtx::of(&shared)))).into_future());
         assert_eq!(status(addr, "/health").await, 200);
         assert_eq!(status(addr, "/ready").await, 503);
         // Serving clients alone is not enough: the metadata plane is not open.

@@ -10,7 +10,8 @@
 //! is what they are asked; `placement.rs` says which broker serves a
 //! topic's records. `cursor_keys.rs` holds the cluster's cursor keys and
 //! `cursor_learner.rs` learns them (ADR 0096). `shared.rs` is the broker
-//! context the layers above use.
+//! context; the layers above get parts of it, built at their boundary, and
+//! `handle.rs` (`ControlHandle`) for the control operations they call.
 //!
 //! The coordinator's orders to copies: `replica_order.rs` (fence, catch-up,
 //! seal and the [`OrderClient`](replica_order::OrderClient) that sends
@@ -33,6 +34,7 @@ pub(crate) mod coordinator;
 pub(crate) mod cursor_keys;
 pub(crate) mod cursor_learner;
 pub(crate) mod drop_orders;
+pub(crate) mod handle;
 pub(crate) mod host_loops;
 pub(crate) mod lease;
 pub(crate) mod manager;

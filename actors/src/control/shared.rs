@@ -87,6 +87,11 @@ pub(crate) struct ClusterLinks {
 }
 
 impl ClusterLinks {
+    /// Membership and the node fabric, once the broker started.
+    pub fn fabric(&self) -> Option<Arc<Fabric>> {
+        self.fabric.get().cloned()
+    }
+
     /// Whether membership calls broker `node` dead, as broker `me` sees
     /// it. A broker membership does not know (a lone broker, or one not
     /// heard of yet) is not dead, nor is `me`.
@@ -192,7 +197,7 @@ impl Shared {
 
     /// Membership and the node fabric, once the broker started.
     pub fn fabric(&self) -> Option<Arc<Fabric>> {
-        self.links.fabric.get().cloned()
+        self.links.fabric()
     }
 
     pub fn segment(&self, id: SegmentId) -> Option<SegmentHandle> {
@@ -204,17 +209,25 @@ impl Shared {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.actors.plane_is_open()
-            && self.actors.manager().get().is_some()
-            && self.actors.root().is_some()
-            && self.port.accepting.load(Ordering::SeqCst)
-            && !self.data.space.is_full()
-            // A raft replica a full volume stopped is not serving until
-            // the space worker reopens it.
-            && self
-                .plane()
-                .ok()
-                .and_then(|plane| plane.host().map(|h| h.stopped_by_full_volume().is_empty()))
-                .unwrap_or(true)
+        is_ready(&self.actors, &self.port, &self.data)
     }
+}
+
+/// Whether the broker is ready for traffic: the metadata plane open, the
+/// coordinator manager and the tree up, the client port accepting, the
+/// data volume with room, and no raft replica stopped by a full volume.
+/// Of the parts alone, so the admin server asks it without the context.
+pub(crate) fn is_ready(actors: &ActorRegistry, port: &ClientPortState, data: &Storage) -> bool {
+    actors.plane_is_open()
+        && actors.manager().get().is_some()
+        && actors.root().is_some()
+        && port.accepting.load(Ordering::SeqCst)
+        && !data.space.is_full()
+        // A raft replica a full volume stopped is not serving until
+        // the space worker reopens it.
+        && actors
+            .plane()
+            .ok()
+            .and_then(|plane| plane.host().map(|h| h.stopped_by_full_volume().is_empty()))
+            .unwrap_or(true)
 }

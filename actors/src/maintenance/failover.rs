@@ -49,13 +49,14 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::control::coordinator::CoordinatorState;
+use crate::common::metrics::BrokerMetrics;
+use crate::control::handle::ControlHandle;
 use crate::control::metadata::read_owner;
 use crate::control::order_error::OrderError;
+use crate::control::registry::ActorRegistry;
 use crate::control::replica_order::OrderClient;
 use crate::control::requests::CoordError;
 pub(crate) use crate::control::requests::{Candidate, FailoverMsg, ProbeTarget};
-use crate::control::shared::Shared;
 use crate::data::recovery::{
     FenceAnswer, ProbedCopy, SealDecision, complete_copies, confirmed_stuck, fence_quorum,
     seal_copies_needed, seal_decision, short_copies, stuck_copies,
@@ -77,13 +78,24 @@ const REPAIR_ROUNDS_MAX: usize = 4_096;
 
 pub(crate) struct FailoverActor;
 
+/// What the failover worker reads: this broker's id, the metadata plane and
+/// its own registry slot (`actors`), the metrics it counts into, and the
+/// control plane's order client and coordinator record (`control`).
+#[derive(Debug)]
+pub(crate) struct FailoverCtx {
+    pub node_id: u64,
+    pub actors: Arc<ActorRegistry>,
+    pub metrics: Arc<BrokerMetrics>,
+    pub control: ControlHandle,
+}
+
 struct Task {
     order: OrderEpoch,
     handle: JoinHandle<()>,
 }
 
 pub(crate) struct FailoverState {
-    shared: Arc<Shared>,
+    ctx: Arc<FailoverCtx>,
     tasks: BTreeMap<SegmentId, Task>,
     /// The probe running, if any: one at a time, whichever vnode asked.
     probing: Option<JoinHandle<()>>,
@@ -129,10 +141,10 @@ impl FailoverState {
                 continue;
             }
             info!(topic = %candidate.topic, segment = segment.0, failed = ?candidate.failed, term = order.term, "failover started");
-            let shared = Arc::clone(&self.shared);
+            let ctx = Arc::clone(&self.ctx);
             let me = myself.clone();
             let handle = tokio::spawn(async move {
-                run(&shared, vnode, order, &candidate).await;
+                run(&ctx, vnode, order, &candidate).await;
                 let _ = me.send_message(FailoverMsg::Ended { segment, order });
             });
             self.tasks.insert(segment, Task { order, handle });
@@ -144,16 +156,16 @@ impl FailoverState {
 impl Actor for FailoverActor {
     type Msg = FailoverMsg;
     type State = FailoverState;
-    type Arguments = Arc<Shared>;
+    type Arguments = Arc<FailoverCtx>;
 
     async fn pre_start(
         &self,
         myself: ActorRef<FailoverMsg>,
-        shared: Arc<Shared>,
+        ctx: Arc<FailoverCtx>,
     ) -> Result<FailoverState, ActorProcessingErr> {
-        shared.actors.failover().register(myself);
+        ctx.actors.failover().register(myself);
         Ok(FailoverState {
-            shared,
+            ctx,
             tasks: BTreeMap::new(),
             probing: None,
             suspects: BTreeMap::new(),
@@ -186,10 +198,10 @@ impl Actor for FailoverActor {
                     debug!(vnode = %vnode, "a probe is still running; this one is skipped");
                     return Ok(());
                 }
-                let shared = Arc::clone(&state.shared);
+                let ctx = Arc::clone(&state.ctx);
                 let me = myself.clone();
                 state.probing = Some(tokio::spawn(async move {
-                    let stuck = probe(&shared, &targets).await;
+                    let stuck = probe(&ctx, &targets).await;
                     let _ = me.send_message(FailoverMsg::Probed {
                         vnode,
                         order,
@@ -232,7 +244,7 @@ impl Actor for FailoverActor {
         myself: ActorRef<FailoverMsg>,
         state: &mut FailoverState,
     ) -> Result<(), ActorProcessingErr> {
-        state.shared.actors.failover().unregister(&myself);
+        state.ctx.actors.failover().unregister(&myself);
         Ok(())
     }
 }
@@ -279,11 +291,9 @@ enum RepairError {
 /// Probes the copies of `targets` (one replica-status request per holder
 /// and chunk; a holder that does not answer counts as neither fenced nor
 /// failed) and returns the segments with a copy fenced or failed.
-async fn probe(shared: &Arc<Shared>, targets: &[ProbeTarget]) -> Vec<Candidate> {
+async fn probe(ctx: &Arc<FailoverCtx>, targets: &[ProbeTarget]) -> Vec<Candidate> {
     use malachi_wire::replica_status::REPLICA_STATUS_SEGMENTS_MAX;
-    let client = OrderClient {
-        shared: Arc::clone(shared),
-    };
+    let client = ctx.control.order_client();
     let mut by_holder: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for target in targets {
         for holder in &target.replicas {
@@ -333,20 +343,17 @@ enum Attempt {
 }
 
 /// Runs one failover until it is done or no longer this broker's.
-async fn run(shared: &Arc<Shared>, vnode: VnodeId, order: OrderEpoch, candidate: &Candidate) {
+async fn run(ctx: &Arc<FailoverCtx>, vnode: VnodeId, order: OrderEpoch, candidate: &Candidate) {
     let started = Instant::now();
     let mut pause = RETRY_FIRST_MS;
     let mut attempts: u64 = 0;
     loop {
         attempts += 1;
-        match attempt(shared, vnode, order, candidate).await {
+        match attempt(ctx, vnode, order, candidate).await {
             Ok(Attempt::Done(seal)) => {
                 let elapsed = started.elapsed();
-                shared.metrics.failovers.increment(1);
-                shared
-                    .metrics
-                    .failover_seconds
-                    .record(elapsed.as_secs_f64());
+                ctx.metrics.failovers.increment(1);
+                ctx.metrics.failover_seconds.record(elapsed.as_secs_f64());
                 info!(
                     topic = %candidate.topic,
                     segment = candidate.segment.0,
@@ -383,8 +390,8 @@ struct Known {
     epoch: u64,
 }
 
-fn known(shared: &Shared, topic: &str, segment: SegmentId) -> Option<Known> {
-    let plane = shared.plane().ok()?;
+fn known(ctx: &FailoverCtx, topic: &str, segment: SegmentId) -> Option<Known> {
+    let plane = ctx.actors.plane().ok()?;
     read_owner(plane.as_ref(), topic, |state| {
         state.segment(segment).map(|s| Known {
             replicas: s.replicas.iter().map(|n| n.0).collect(),
@@ -395,27 +402,25 @@ fn known(shared: &Shared, topic: &str, segment: SegmentId) -> Option<Known> {
 }
 
 /// Whether this broker still leads `vnode` at the order's term.
-fn still_leads(shared: &Shared, vnode: VnodeId, order: OrderEpoch) -> bool {
-    let Ok(plane) = shared.plane() else {
+fn still_leads(ctx: &FailoverCtx, vnode: VnodeId, order: OrderEpoch) -> bool {
+    let Ok(plane) = ctx.actors.plane() else {
         return false;
     };
     let Some(group) = plane.host().and_then(|h| h.group(vnode)) else {
         return false;
     };
-    group.leader_term() == (Some(shared.config.node_id), order.term)
+    group.leader_term() == (Some(ctx.node_id), order.term)
 }
 
 async fn attempt(
-    shared: &Arc<Shared>,
+    ctx: &Arc<FailoverCtx>,
     vnode: VnodeId,
     order: OrderEpoch,
     candidate: &Candidate,
 ) -> Result<Attempt, FailoverError> {
     let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
-    let client = OrderClient {
-        shared: Arc::clone(shared),
-    };
-    let Some(known) = known(shared, topic, segment) else {
+    let client = ctx.control.order_client();
+    let Some(known) = known(ctx, topic, segment) else {
         return Ok(Attempt::NotOurs("the segment is gone"));
     };
     if let SegmentState::Sealed { seal, .. } = known.state {
@@ -424,7 +429,7 @@ async fn attempt(
         seal_copies(&client, topic, segment, order, &known.replicas, seal).await;
         return Ok(Attempt::Done(seal));
     }
-    if !still_leads(shared, vnode, order) {
+    if !still_leads(ctx, vnode, order) {
         return Ok(Attempt::NotOurs(
             "this broker no longer leads the vnode at the order's term",
         ));
@@ -439,23 +444,7 @@ async fn attempt(
         return Ok(Attempt::NotOurs("a copy took a newer coordinator's order"));
     };
     #[cfg(feature = "testing")]
-    if shared
-        .failover_hold
-        .hold
-        .load(std::sync::atomic::Ordering::SeqCst)
-    {
-        shared
-            .failover_hold
-            .held
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        while shared
-            .failover_hold
-            .hold
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    ctx.control.hold_failover().await;
     let n = known.replicas.len();
     let (length, bytes, source) = match seal_decision(n, &answers) {
         SealDecision::Wait { answered, needed } => {
@@ -526,16 +515,15 @@ async fn attempt(
         complete.iter().all(|node| known.replicas.contains(node)),
         "complete copies are copies of the segment"
     );
-    if !still_leads(shared, vnode, order) {
+    if !still_leads(ctx, vnode, order) {
         return Ok(Attempt::NotOurs(
             "this broker no longer leads the vnode at the order's term",
         ));
     }
     // 3. Record the seal and the successor.
     let seal = SealRecord { length, bytes };
-    let coordinator = CoordinatorState::new(Arc::clone(shared), vnode);
-    coordinator
-        .fail_over(topic, segment, seal, &complete, &candidate.failed)
+    ctx.control
+        .fail_over(vnode, (topic, segment), seal, &complete, &candidate.failed)
         .await
         .map_err(FailoverError::Record)?;
     // 4. The complete copies carry the recorded seal.

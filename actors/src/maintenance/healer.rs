@@ -52,11 +52,15 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::common::error::MetadataError;
+use crate::common::metrics::BrokerMetrics;
+use crate::control::handle::ControlHandle;
 use crate::control::metadata::read_owner;
 use crate::control::order_error::OrderError;
+use crate::control::registry::ActorRegistry;
 use crate::control::replica_order::OrderClient;
 pub(crate) use crate::control::requests::{HealCandidate, HealKind, HealMsg};
-use crate::control::shared::Shared;
+use crate::control::shared::ClusterLinks;
+use crate::data::storage::Storage;
 
 /// Heals this broker runs at once; more wait for the next `Ensure`.
 pub(crate) const HEALS_MAX: usize = 4;
@@ -99,8 +103,22 @@ const ADD_ATTEMPTS_MAX: u64 = 5;
 
 pub(crate) struct HealerActor;
 
+/// What the healer reads: this broker's id, the metadata plane and its
+/// own registry slot (`actors`), membership (`links`), the data plane's
+/// free-space guard (`data`), the metrics it counts into, and the control
+/// plane's order client and placement (`control`).
+#[derive(Debug)]
+pub(crate) struct HealerCtx {
+    pub node_id: u64,
+    pub actors: Arc<ActorRegistry>,
+    pub links: Arc<ClusterLinks>,
+    pub data: Arc<Storage>,
+    pub metrics: Arc<BrokerMetrics>,
+    pub control: ControlHandle,
+}
+
 pub(crate) struct HealerState {
-    shared: Arc<Shared>,
+    ctx: Arc<HealerCtx>,
     pacer: Arc<Pacer>,
     tasks: BTreeMap<SegmentId, JoinHandle<()>>,
     /// The scrub poll running for each vnode (ADR 0110).
@@ -122,16 +140,16 @@ impl Drop for HealerState {
 impl Actor for HealerActor {
     type Msg = HealMsg;
     type State = HealerState;
-    type Arguments = Arc<Shared>;
+    type Arguments = Arc<HealerCtx>;
 
     async fn pre_start(
         &self,
         myself: ActorRef<HealMsg>,
-        shared: Arc<Shared>,
+        ctx: Arc<HealerCtx>,
     ) -> Result<HealerState, ActorProcessingErr> {
-        shared.actors.healer().register(myself);
+        ctx.actors.healer().register(myself);
         Ok(HealerState {
-            shared,
+            ctx,
             pacer: Arc::new(Pacer::new(HEAL_BYTES_PER_SECOND)),
             tasks: BTreeMap::new(),
             scrubs: BTreeMap::new(),
@@ -168,11 +186,11 @@ impl Actor for HealerActor {
                         holder = candidate.kind.holder(),
                         "heal started"
                     );
-                    let shared = Arc::clone(&state.shared);
+                    let ctx = Arc::clone(&state.ctx);
                     let pacer = Arc::clone(&state.pacer);
                     let me = myself.clone();
                     let handle = tokio::spawn(async move {
-                        run(&shared, &pacer, vnode, order, &candidate).await;
+                        run(&ctx, &pacer, vnode, order, &candidate).await;
                         let _ = me.send_message(HealMsg::Ended { segment });
                     });
                     state.tasks.insert(segment, handle);
@@ -186,10 +204,10 @@ impl Actor for HealerActor {
                 if state.scrubs.get(&vnode).is_some_and(|t| !t.is_finished()) {
                     return Ok(());
                 }
-                let shared = Arc::clone(&state.shared);
+                let ctx = Arc::clone(&state.ctx);
                 let me = myself.clone();
                 let handle = tokio::spawn(async move {
-                    let candidates = scrub_poll(&shared, &targets).await;
+                    let candidates = scrub_poll(&ctx, &targets).await;
                     if !candidates.is_empty() {
                         let _ = me.send_message(HealMsg::Ensure {
                             vnode,
@@ -228,7 +246,7 @@ impl Actor for HealerActor {
         myself: ActorRef<HealMsg>,
         state: &mut HealerState,
     ) -> Result<(), ActorProcessingErr> {
-        state.shared.actors.healer().unregister(&myself);
+        state.ctx.actors.healer().unregister(&myself);
         Ok(())
     }
 }
@@ -239,7 +257,7 @@ enum Attempt {
 }
 
 async fn run(
-    shared: &Arc<Shared>,
+    ctx: &Arc<HealerCtx>,
     pacer: &Pacer,
     vnode: VnodeId,
     order: OrderEpoch,
@@ -250,11 +268,11 @@ async fn run(
     let mut attempts: u64 = 0;
     loop {
         attempts += 1;
-        match attempt(shared, pacer, vnode, order, candidate, attempts).await {
+        match attempt(ctx, pacer, vnode, order, candidate, attempts).await {
             Ok(Attempt::Healed { node, bytes }) => {
                 let elapsed = started.elapsed();
-                shared.metrics.heals.increment(1);
-                shared.metrics.heal_bytes.increment(bytes);
+                ctx.metrics.heals.increment(1);
+                ctx.metrics.heal_bytes.increment(bytes);
                 let what = match candidate.kind {
                     HealKind::Replace { .. } => "segment copy healed",
                     HealKind::Rebuild { .. } => "segment copy rebuilt in place",
@@ -371,7 +389,7 @@ enum HealError {
 }
 
 fn constrained_holder(
-    shared: &Shared,
+    ctx: &HealerCtx,
     (live, roomy): (&[u64], &[u64]),
     replicas: &[u64],
     candidate: &HealCandidate,
@@ -393,7 +411,7 @@ fn constrained_holder(
                 || (roomy.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n))
         })
         .collect();
-    let brokers = crate::control::coordinator::brokers_with_attributes(shared, &pool);
+    let brokers = ctx.control.brokers_with_attributes(&pool);
     let preferred: Vec<u64> = serving.into_iter().collect();
     let placed = malachi_core::constraints::place(
         &survivors,
@@ -412,7 +430,7 @@ fn constrained_holder(
 }
 
 async fn attempt(
-    shared: &Arc<Shared>,
+    ctx: &Arc<HealerCtx>,
     pacer: &Pacer,
     vnode: VnodeId,
     order: OrderEpoch,
@@ -420,7 +438,7 @@ async fn attempt(
     attempts: u64,
 ) -> Result<Attempt, HealError> {
     let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
-    let plane = shared.plane()?;
+    let plane = ctx.actors.plane()?;
     let policy = read_owner(plane.as_ref(), topic, |state| {
         state.topic(topic).and_then(|t| t.policy.clone())
     });
@@ -465,15 +483,15 @@ async fn attempt(
         _ => {}
     }
     let group = plane.host().and_then(|h| h.group(vnode));
-    if group.is_none_or(|g| g.leader_term() != (Some(shared.config.node_id), order.term)) {
+    if group.is_none_or(|g| g.leader_term() != (Some(ctx.node_id), order.term)) {
         return Ok(Attempt::NotNeeded(
             "this broker no longer leads the vnode at the order's term",
         ));
     }
-    let live = alive(shared);
+    let live = alive(ctx);
     // A new copy goes only to a broker with room (ADR 0127): one at its
     // free-space line would refuse it at the line anyway.
-    let roomy = with_room(shared, &live);
+    let roomy = with_room(ctx, &live);
     let node = if let HealKind::Rebuild { holder } = candidate.kind {
         // A broken copy on a live broker is rebuilt where it is (ADR 0110).
         if !live.contains(&holder) {
@@ -481,8 +499,7 @@ async fn attempt(
         }
         holder
     } else {
-        let constraints =
-            crate::control::coordinator::policy_constraints(shared, policy.as_deref());
+        let constraints = ctx.control.policy_constraints(policy.as_deref());
         let chosen = if constraints.is_empty() {
             serving
                 .filter(|n| {
@@ -492,7 +509,7 @@ async fn attempt(
                 .ok_or(HealError::NoNewHolder)
         } else {
             constrained_holder(
-                shared,
+                ctx,
                 (&live, &roomy),
                 &replicas,
                 candidate,
@@ -518,7 +535,7 @@ async fn attempt(
         HealKind::Rebuild { holder } => Some(holder),
         HealKind::Replace { .. } | HealKind::Add => None,
     };
-    let me = shared.config.node_id;
+    let me = ctx.node_id;
     let sources: Vec<u64> = replicas
         .iter()
         .copied()
@@ -534,9 +551,7 @@ async fn attempt(
         let at = usize::try_from(attempts % (sources.len().max(1) as u64)).unwrap_or(0);
         *sources.get(at).ok_or(HealError::NoSource)?
     };
-    let client = OrderClient {
-        shared: Arc::clone(shared),
-    };
+    let client = ctx.control.order_client();
     let bytes = copy_sealed(
         &client,
         pacer,
@@ -585,8 +600,8 @@ async fn attempt(
 }
 
 /// The brokers SWIM calls alive (this one alone without membership), by id.
-fn alive(shared: &Shared) -> Vec<u64> {
-    match shared.fabric() {
+fn alive(ctx: &HealerCtx) -> Vec<u64> {
+    match ctx.links.fabric() {
         Some(fabric) => fabric
             .membership
             .view()
@@ -594,15 +609,15 @@ fn alive(shared: &Shared) -> Vec<u64> {
             .filter(|m| m.state == malachi_membership::MemberState::Alive)
             .map(|m| m.node_id)
             .collect(),
-        None => vec![shared.config.node_id],
+        None => vec![ctx.node_id],
     }
 }
 
 /// Those of `live` whose volume has room for a new copy: not marked full
 /// in membership (ADR 0111), and this broker not full by its own guard.
-fn with_room(shared: &Shared, live: &[u64]) -> Vec<u64> {
-    let me = shared.config.node_id;
-    let full: std::collections::BTreeSet<u64> = match shared.fabric() {
+fn with_room(ctx: &HealerCtx, live: &[u64]) -> Vec<u64> {
+    let me = ctx.node_id;
+    let full: std::collections::BTreeSet<u64> = match ctx.links.fabric() {
         Some(fabric) => fabric
             .membership
             .view()
@@ -615,7 +630,7 @@ fn with_room(shared: &Shared, live: &[u64]) -> Vec<u64> {
     live.iter()
         .copied()
         .filter(|n| {
-            let full_here = *n == me && shared.data.space.is_full();
+            let full_here = *n == me && ctx.data.space.is_full();
             !full.contains(n) && !full_here
         })
         .collect()
@@ -625,11 +640,11 @@ fn with_room(shared: &Shared, live: &[u64]) -> Vec<u64> {
 /// and returns the broken copies to rebuild in place. A holder that does
 /// not answer is asked again at the next poll.
 async fn scrub_poll(
-    shared: &Arc<Shared>,
+    ctx: &Arc<HealerCtx>,
     targets: &[crate::control::requests::ScrubTarget],
 ) -> Vec<HealCandidate> {
     use malachi_wire::replica_status::{REPLICA_STATUS_SEGMENTS_MAX, ScrubSeal};
-    let live = alive(shared);
+    let live = alive(ctx);
     let mut by_holder: BTreeMap<u64, Vec<&crate::control::requests::ScrubTarget>> = BTreeMap::new();
     for target in targets {
         for holder in &target.replicas {
@@ -638,9 +653,7 @@ async fn scrub_poll(
             }
         }
     }
-    let client = OrderClient {
-        shared: Arc::clone(shared),
-    };
+    let client = ctx.control.order_client();
     let mut broken = Vec::new();
     for (holder, held) in by_holder {
         for chunk in held.chunks(REPLICA_STATUS_SEGMENTS_MAX) {

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use malachi_supervision::{ChildSpec, Strategy, SupervisorArgs};
 
+use crate::control::handle::ControlHandle;
 use crate::control::shared::Shared;
 
 pub(crate) mod failover;
@@ -31,37 +32,70 @@ pub(crate) mod space;
 pub(crate) mod sweeper;
 
 /// The `maintenance` supervisor and its workers (OTP's default restart
-/// intensity).
+/// intensity). This is the layer's one boundary with the broker context:
+/// each worker gets a context of the parts it reads, built here once.
 pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
-    let failover_shared = Arc::clone(shared);
-    let healer_shared = Arc::clone(shared);
-    let scrubber_shared = Arc::clone(shared);
-    let space_shared = Arc::clone(shared);
-    let sweeper_shared = Arc::clone(shared);
+    let control = ControlHandle::of(shared);
+    let failover_ctx = Arc::new(failover::FailoverCtx {
+        node_id: shared.config.node_id,
+        actors: Arc::clone(&shared.actors),
+        metrics: Arc::clone(&shared.metrics),
+        control: control.clone(),
+    });
+    let healer_ctx = Arc::new(healer::HealerCtx {
+        node_id: shared.config.node_id,
+        actors: Arc::clone(&shared.actors),
+        links: Arc::clone(&shared.links),
+        data: Arc::clone(&shared.data),
+        metrics: Arc::clone(&shared.metrics),
+        control: control.clone(),
+    });
+    let scrubber_ctx = Arc::new(scrubber::ScrubberCtx {
+        data: Arc::clone(&shared.data),
+        metrics: Arc::clone(&shared.metrics),
+        scrub_interval_ms: shared.config.cluster.scrub_interval_ms,
+        #[cfg(feature = "testing")]
+        fault_key: shared.client_addr,
+    });
+    let space_ctx = Arc::new(space::SpaceCtx {
+        data_dir: shared.config.data_dir.clone(),
+        data: Arc::clone(&shared.data),
+        metrics: Arc::clone(&shared.metrics),
+        links: Arc::clone(&shared.links),
+        actors: Arc::clone(&shared.actors),
+        #[cfg(feature = "testing")]
+        fault_key: shared.client_addr,
+    });
+    let sweeper_ctx = Arc::new(sweeper::SweeperCtx {
+        control,
+        orphan_sweep_ms: shared.config.maintenance.orphan_sweep_ms,
+        #[cfg(feature = "testing")]
+        fault_key: shared.client_addr,
+    });
     SupervisorArgs::new("maintenance", Strategy::OneForOne)
         .child(ChildSpec::worker(
             "failover",
             || failover::FailoverActor,
-            move || Arc::clone(&failover_shared),
+            move || Arc::clone(&failover_ctx),
         ))
         .child(ChildSpec::worker(
             "healer",
             || healer::HealerActor,
-            move || Arc::clone(&healer_shared),
+            move || Arc::clone(&healer_ctx),
         ))
         .child(ChildSpec::worker(
             "scrubber",
             || scrubber::ScrubberActor,
-            move || Arc::clone(&scrubber_shared),
+            move || Arc::clone(&scrubber_ctx),
         ))
         .child(ChildSpec::worker(
             "space",
             || space::SpaceActor,
-            move || Arc::clone(&space_shared),
+            move || Arc::clone(&space_ctx),
         ))
         .child(ChildSpec::worker(
             "sweeper",
             || sweeper::SweeperActor,
-            move || Arc::clone(&sweeper_shared),
+            move || Arc::clone(&sweeper_ctx),
         ))
 }

@@ -28,15 +28,28 @@ use malachi_wire::replica_status::ScrubSeal;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, info, warn};
 
+use crate::common::metrics::BrokerMetrics;
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
-use crate::control::shared::Shared;
 use crate::data::scrub::{SCRUB_BYTES_PER_SECOND, scrub_one};
+use crate::data::storage::Storage;
 use crate::maintenance::healer::Pacer;
 
 /// How long the worker sleeps when nothing is queued and nobody wakes it.
 const IDLE_WAIT_MS: u64 = 1_000;
 
 pub(crate) struct ScrubberActor;
+
+/// What the scrubber reads: the data plane's copies and scrub book, the
+/// metrics it counts into, and how often coordinators ask.
+#[derive(Debug)]
+pub(crate) struct ScrubberCtx {
+    pub data: Arc<Storage>,
+    pub metrics: Arc<BrokerMetrics>,
+    pub scrub_interval_ms: u64,
+    /// The broker's fault-injection key (its client address).
+    #[cfg(feature = "testing")]
+    pub fault_key: std::net::SocketAddr,
+}
 
 /// The scrubber's work arrives through the book; its one message is the
 /// end of the loop that works it.
@@ -56,15 +69,15 @@ pub(crate) struct ScrubberState {
 impl Actor for ScrubberActor {
     type Msg = ScrubberMsg;
     type State = ScrubberState;
-    type Arguments = Arc<Shared>;
+    type Arguments = Arc<ScrubberCtx>;
 
     async fn pre_start(
         &self,
         myself: ActorRef<ScrubberMsg>,
-        shared: Arc<Shared>,
+        ctx: Arc<ScrubberCtx>,
     ) -> Result<ScrubberState, ActorProcessingErr> {
         Ok(ScrubberState {
-            _scrub: spawn_watched(myself, "scrub", run(shared), ScrubberMsg::LoopEnded),
+            _scrub: spawn_watched(myself, "scrub", run(ctx), ScrubberMsg::LoopEnded),
         })
     }
 
@@ -82,22 +95,21 @@ impl Actor for ScrubberActor {
     }
 }
 
-async fn run(shared: Arc<Shared>) {
-    let storage = Arc::clone(&shared.data);
+async fn run(ctx: Arc<ScrubberCtx>) {
+    let storage = Arc::clone(&ctx.data);
     let pacer = Pacer::new(SCRUB_BYTES_PER_SECOND);
     // Coordinators ask about every sealed copy at least once per
     // `scrub_interval_ms` (they poll a quarter of it, round-robin): a
     // verdict unasked for twice that is of a copy no longer held.
-    let interval = Duration::from_millis(shared.config.cluster.scrub_interval_ms);
+    let interval = Duration::from_millis(ctx.scrub_interval_ms);
     let mut counted_at: Option<Instant> = None;
     loop {
         #[cfg(feature = "testing")]
-        crate::common::faults::trip(shared.client_addr, "scrubber");
+        crate::common::faults::trip(ctx.fault_key, "scrubber");
         // `malachi_copies{health}`, refreshed at most once a second.
         if counted_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(IDLE_WAIT_MS)) {
             counted_at = Some(Instant::now());
-            shared
-                .metrics
+            ctx.metrics
                 .copy_health(&crate::data::status::copy_health_counts(&storage));
         }
         storage
@@ -114,7 +126,7 @@ async fn run(shared: Arc<Shared>) {
             .await;
             continue;
         };
-        let Some(read) = scrub(&shared, seal).await else {
+        let Some(read) = scrub(&ctx, seal).await else {
             continue;
         };
         let until = pacer.reserve(read, Instant::now());
@@ -124,22 +136,22 @@ async fn run(shared: Arc<Shared>) {
 
 /// Scrubs one sealed copy and records its verdict; the bytes read, or
 /// `None` if the scan itself could not run.
-async fn scrub(shared: &Arc<Shared>, seal: ScrubSeal) -> Option<u64> {
-    let storage = Arc::clone(&shared.data);
+async fn scrub(ctx: &ScrubberCtx, seal: ScrubSeal) -> Option<u64> {
+    let storage = Arc::clone(&ctx.data);
     let scanned = Arc::clone(&storage);
     let started = Instant::now();
     let (verdict, read, index_bad) = tokio::task::spawn_blocking(move || scrub_one(&scanned, seal))
         .await
         .ok()?;
-    shared.metrics.scrub_bytes.increment(read);
+    ctx.metrics.scrub_bytes.increment(read);
     let id = malachi_storage::SegmentId(seal.segment);
     if index_bad > 0 {
-        repair_index(shared, seal, index_bad).await;
+        repair_index(ctx, seal, index_bad).await;
     }
     if verdict.is_broken() {
         let was = storage.scrub.book.lock().is_broken(seal.segment);
         if !was {
-            shared.metrics.scrub_broken.increment(1);
+            ctx.metrics.scrub_broken.increment(1);
             warn!(
                 segment = seal.segment,
                 seal_length = seal.length,
@@ -177,12 +189,12 @@ async fn scrub(shared: &Arc<Shared>, seal: ScrubSeal) -> Option<u64> {
 
 /// The index is derived from the log: rebuilt from this copy's own log,
 /// whatever the log's verdict (issue 21).
-async fn repair_index(shared: &Shared, seal: ScrubSeal, index_bad: u64) {
-    let store = Arc::clone(&shared.data.store);
+async fn repair_index(ctx: &ScrubberCtx, seal: ScrubSeal, index_bad: u64) {
+    let store = Arc::clone(&ctx.data.store);
     let id = malachi_storage::SegmentId(seal.segment);
     match tokio::task::spawn_blocking(move || store.repair_index(id)).await {
         Ok(Ok(())) => {
-            shared.metrics.scrub_index_repairs.increment(1);
+            ctx.metrics.scrub_index_repairs.increment(1);
             info!(
                 segment = seal.segment,
                 bad_entries = index_bad,

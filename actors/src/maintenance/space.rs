@@ -15,8 +15,11 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{error, info, warn};
 
-use crate::control::shared::Shared;
+use crate::common::metrics::BrokerMetrics;
+use crate::control::registry::ActorRegistry;
+use crate::control::shared::ClusterLinks;
 use crate::data::space::Change;
+use crate::data::storage::Storage;
 
 /// How often the volume is asked. A burst between two polls is what the
 /// `min_free_bytes` margin is for; a write's `ENOSPC` trips the guard at
@@ -24,6 +27,22 @@ use crate::data::space::Change;
 pub(crate) const SPACE_POLL_MS: u64 = 1_000;
 
 pub(crate) struct SpaceActor;
+
+/// What the space worker reads: the data dir it polls, the data plane's
+/// free-space source and guard, the metrics it sets, membership (to
+/// advertise a full volume) and the metadata plane (to reopen the raft
+/// replicas a full volume stopped).
+#[derive(Debug)]
+pub(crate) struct SpaceCtx {
+    pub data_dir: std::path::PathBuf,
+    pub data: Arc<Storage>,
+    pub metrics: Arc<BrokerMetrics>,
+    pub links: Arc<ClusterLinks>,
+    pub actors: Arc<ActorRegistry>,
+    /// The broker's fault-injection key (its client address).
+    #[cfg(feature = "testing")]
+    pub fault_key: std::net::SocketAddr,
+}
 
 /// The worker's timer: each poll schedules the next one, so a slow poll
 /// never queues a second behind it.
@@ -35,7 +54,7 @@ pub(crate) enum SpaceMsg {
 impl ractor::Message for SpaceMsg {}
 
 pub(crate) struct SpaceState {
-    shared: Arc<Shared>,
+    ctx: Arc<SpaceCtx>,
     /// The last poll could not read the volume (logged once per run of
     /// failures).
     unreadable: bool,
@@ -47,16 +66,16 @@ pub(crate) struct SpaceState {
 impl Actor for SpaceActor {
     type Msg = SpaceMsg;
     type State = SpaceState;
-    type Arguments = Arc<Shared>;
+    type Arguments = Arc<SpaceCtx>;
 
     async fn pre_start(
         &self,
         myself: ActorRef<SpaceMsg>,
-        shared: Arc<Shared>,
+        ctx: Arc<SpaceCtx>,
     ) -> Result<SpaceState, ActorProcessingErr> {
         myself.send_message(SpaceMsg::Poll)?;
         Ok(SpaceState {
-            shared,
+            ctx,
             unreadable: false,
             raft_stopped: BTreeSet::new(),
         })
@@ -73,7 +92,7 @@ impl Actor for SpaceActor {
         match message {
             SpaceMsg::Poll => {
                 #[cfg(feature = "testing")]
-                crate::common::faults::trip(state.shared.client_addr, "space");
+                crate::common::faults::trip(state.ctx.fault_key, "space");
                 state.poll().await;
                 myself.send_after(Duration::from_millis(SPACE_POLL_MS), || SpaceMsg::Poll);
             }
@@ -84,9 +103,9 @@ impl Actor for SpaceActor {
 
 /// Tells the cluster whether this broker's volume is full: its membership
 /// attribute, set or cleared only when it differs from what it shows.
-fn advertise(shared: &Shared, full: bool) {
+fn advertise(links: &ClusterLinks, full: bool) {
     use crate::common::volume::{STORAGE_ATTRIBUTE, STORAGE_FULL};
-    let Some(fabric) = shared.fabric() else {
+    let Some(fabric) = links.fabric() else {
         return;
     };
     let mut attributes = fabric.membership.local().attributes;
@@ -107,12 +126,12 @@ fn advertise(shared: &Shared, full: bool) {
 impl SpaceState {
     /// Asks the volume for its free bytes and feeds the guard.
     async fn poll(&mut self) {
-        let shared = Arc::clone(&self.shared);
-        let dir = shared.config.data_dir.clone();
-        let source = Arc::clone(&*shared.data.free_space.read());
+        let ctx = Arc::clone(&self.ctx);
+        let dir = ctx.data_dir.clone();
+        let source = Arc::clone(&*ctx.data.free_space.read());
         // What was written before the volume is asked is in its answer;
         // what is written while it answers is counted against it.
-        let mark = shared.data.space.mark();
+        let mark = ctx.data.space.mark();
         let polled = tokio::task::spawn_blocking({
             let dir = dir.clone();
             move || source.free_bytes(&dir)
@@ -121,9 +140,9 @@ impl SpaceState {
         match polled {
             Ok(Ok(free)) => {
                 self.unreadable = false;
-                let guard = &shared.data.space;
-                shared.metrics.storage_free_bytes.set(free as f64);
-                match guard.observe_since(free, mark, shared.data.clock.now_ms()) {
+                let guard = &ctx.data.space;
+                ctx.metrics.storage_free_bytes.set(free as f64);
+                match guard.observe_since(free, mark, ctx.data.clock.now_ms()) {
                     Change::BecameFull => error!(
                         dir = %dir.display(),
                         free_bytes = free,
@@ -137,12 +156,11 @@ impl SpaceState {
                     ),
                     Change::None => {}
                 }
-                shared
-                    .metrics
+                ctx.metrics
                     .storage_full
                     .set(if guard.is_full() { 1.0 } else { 0.0 });
-                advertise(&shared, guard.is_full());
-                self.follow_raft(&shared).await;
+                advertise(&ctx.links, guard.is_full());
+                self.follow_raft(&ctx).await;
             }
             Ok(Err(e)) if !self.unreadable => {
                 self.unreadable = true;
@@ -156,20 +174,20 @@ impl SpaceState {
     /// stopped one counts as a write's ENOSPC (the guard holds the volume
     /// full, 10 s doubling); with room again it reopens from its files, as
     /// at a restart (nothing it failed to write was acknowledged).
-    async fn follow_raft(&mut self, shared: &Shared) {
-        let Ok(plane) = shared.plane() else {
+    async fn follow_raft(&mut self, ctx: &SpaceCtx) {
+        let Ok(plane) = ctx.actors.plane() else {
             return;
         };
         let Some(host) = plane.host() else {
             return;
         };
-        let guard = &shared.data.space;
+        let guard = &ctx.data.space;
         let stopped = host.stopped_by_full_volume();
         if stopped.difference(&self.raft_stopped).next().is_some()
-            && guard.note_no_space(shared.data.clock.now_ms())
+            && guard.note_no_space(ctx.data.clock.now_ms())
         {
             error!(
-                dir = %shared.config.data_dir.display(),
+                dir = %ctx.data_dir.display(),
                 groups = stopped.len(),
                 "the data volume refused a raft log write; produces are refused (storage_full) and those replicas stopped until space is freed"
             );

@@ -15,10 +15,20 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::control::removal::{SweepOutcome, sweep_orphans};
-use crate::control::shared::Shared;
+use crate::control::handle::ControlHandle;
+use crate::control::removal::SweepOutcome;
 
 pub(crate) struct SweeperActor;
+
+/// What the sweeper uses: the control plane's sweep and its period.
+#[derive(Debug)]
+pub(crate) struct SweeperCtx {
+    pub control: ControlHandle,
+    pub orphan_sweep_ms: u64,
+    /// The broker's fault-injection key (its client address).
+    #[cfg(feature = "testing")]
+    pub fault_key: std::net::SocketAddr,
+}
 
 /// The sweeper's timer: the next pass is due.
 #[derive(Debug)]
@@ -29,7 +39,7 @@ pub(crate) enum SweeperMsg {
 impl ractor::Message for SweeperMsg {}
 
 pub(crate) struct SweeperState {
-    shared: Arc<Shared>,
+    ctx: Arc<SweeperCtx>,
     every: Duration,
     /// The timer of the next pass: it holds the actor's cell, so it goes
     /// with the state rather than outliving it by up to a period.
@@ -48,21 +58,17 @@ impl Drop for SweeperState {
 impl Actor for SweeperActor {
     type Msg = SweeperMsg;
     type State = SweeperState;
-    type Arguments = Arc<Shared>;
+    type Arguments = Arc<SweeperCtx>;
 
     async fn pre_start(
         &self,
         myself: ActorRef<SweeperMsg>,
-        shared: Arc<Shared>,
+        ctx: Arc<SweeperCtx>,
     ) -> Result<SweeperState, ActorProcessingErr> {
-        let every = Duration::from_millis(shared.config.maintenance.orphan_sweep_ms);
+        let every = Duration::from_millis(ctx.orphan_sweep_ms);
         // One period after the start, then one after each pass ends.
         let next = myself.send_after(every, || SweeperMsg::Sweep);
-        Ok(SweeperState {
-            shared,
-            every,
-            next,
-        })
+        Ok(SweeperState { ctx, every, next })
     }
 
     async fn handle(
@@ -74,8 +80,8 @@ impl Actor for SweeperActor {
         match message {
             SweeperMsg::Sweep => {
                 #[cfg(feature = "testing")]
-                crate::common::faults::trip(state.shared.client_addr, "sweeper");
-                match sweep_orphans(&state.shared).await {
+                crate::common::faults::trip(state.ctx.fault_key, "sweeper");
+                match state.ctx.control.sweep_orphans().await {
                     SweepOutcome::Nothing => {}
                     outcome => debug!(?outcome, "orphan sweep"),
                 }

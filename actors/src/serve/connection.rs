@@ -31,13 +31,12 @@ use tokio_util::codec::Decoder;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::debug;
 
-use super::context::{ProduceCtx, ReadCtx};
 use super::dispatch::handle_frame;
 use super::produce::{ProduceJob, spawn_sequencer};
 use super::reply::{Inflight, Outbound, Reply, error_frame};
 use super::subscribe::{ConnCtx, Subscriptions};
 use crate::common::budget::{self, ConnectionBudget, Held};
-use crate::control::shared::Shared;
+use crate::serve::context::ServeCtx;
 
 /// How long a closing connection keeps discarding client input after its
 /// last response, so the close is a FIN and not a reset.
@@ -45,7 +44,7 @@ const LINGER_MS: u64 = 1_000;
 
 #[derive(Clone)]
 pub(crate) struct ConnectionArgs {
-    pub shared: Arc<Shared>,
+    pub serving: Arc<ServeCtx>,
     pub stream: Arc<Mutex<Option<TcpStream>>>,
     pub peer: SocketAddr,
 }
@@ -74,7 +73,7 @@ pub(crate) struct ConnectionState {
 }
 
 /// Counts this connection while its actor's state lives (even on failure).
-struct ConnectionCount(Arc<Shared>);
+struct ConnectionCount(Arc<ServeCtx>);
 
 impl Drop for ConnectionCount {
     fn drop(&mut self) {
@@ -99,15 +98,15 @@ impl Actor for ConnectionActor {
             .lock()
             .take()
             .ok_or("a connection actor cannot be restarted: its socket is gone")?;
-        let now = args.shared.port.connections.fetch_add(1, Ordering::SeqCst) + 1;
-        args.shared.metrics.connections.set(now as f64);
-        let count = ConnectionCount(Arc::clone(&args.shared));
+        let now = args.serving.port.connections.fetch_add(1, Ordering::SeqCst) + 1;
+        args.serving.metrics.connections.set(now as f64);
+        let count = ConnectionCount(Arc::clone(&args.serving));
         let cancel = CancellationToken::new();
         let token = cancel.clone();
-        let shared = Arc::clone(&args.shared);
+        let serving = Arc::clone(&args.serving);
         let peer = args.peer;
         tokio::spawn(async move {
-            serve(shared, stream, token).await;
+            serve(serving, stream, token).await;
             debug!(%peer, "connection closed");
             myself.stop(None);
         });
@@ -172,7 +171,7 @@ impl FrameReader {
     /// connection holds beyond its budget are at most one read's spare room.
     async fn next(
         &mut self,
-        shared: &Shared,
+        serving: &ServeCtx,
         budget: &ConnectionBudget,
         is_idle: impl Fn() -> bool,
     ) -> ReadOutcome {
@@ -189,7 +188,7 @@ impl FrameReader {
                         Some(held) => held,
                         None => {
                             let bytes = LEN_BYTES + 6 + frame.payload.len();
-                            budget.request(&shared.port.budgets, bytes).await
+                            budget.request(&serving.port.budgets, bytes).await
                         }
                     };
                     return ReadOutcome::Frame(frame, held);
@@ -203,7 +202,7 @@ impl FrameReader {
                     u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
                         as usize;
                 let total = LEN_BYTES + declared;
-                held = Some(budget.request(&shared.port.budgets, total).await);
+                held = Some(budget.request(&serving.port.budgets, total).await);
                 // Time spent waiting for budget is the broker's, not the client's.
                 deadline = Some(Instant::now() + self.frame_timeout);
                 self.buf.reserve(total - self.buf.len());
@@ -242,13 +241,13 @@ impl FrameReader {
 /// The response budget a request takes before it is handled: a fetch its
 /// byte budget (plus one oversized record and the control map), within the
 /// frame; anything else a small estimate, grown if its answer is larger.
-fn response_estimate(shared: &Shared, frame: &RequestFrame) -> usize {
-    let frame_max = shared.config.frame_bytes_max;
+fn response_estimate(serving: &ServeCtx, frame: &RequestFrame) -> usize {
+    let frame_max = serving.limits.frame_bytes_max;
     if frame.api_key == ApiKey::Fetch as u16
         && let Ok(Request::Fetch(req)) = Request::decode(frame.api_key, frame.payload.clone())
     {
         let bytes = (req.bytes_max as usize)
-            .saturating_add(shared.config.record_value_bytes_max)
+            .saturating_add(serving.limits.record_value_bytes_max)
             .saturating_add(FETCH_CONTROL_BYTES);
         return bytes.min(frame_max);
     }
@@ -285,9 +284,9 @@ fn trim_soon() {
     });
 }
 
-async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken) {
-    let frame_max = shared.config.frame_bytes_max;
-    let inflight_max = shared.config.connection_inflight_max;
+async fn serve(serving: Arc<ServeCtx>, stream: TcpStream, cancel: CancellationToken) {
+    let frame_max = serving.limits.frame_bytes_max;
+    let inflight_max = serving.limits.connection_inflight_max;
     let peer = stream.peer_addr().ok();
     let (rd, wr) = stream.into_split();
     // The reader decodes with the wire's `ServerCodec` (which never reserves
@@ -296,19 +295,19 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
         rd,
         buf: BytesMut::with_capacity(READ_BYTES_MIN),
         codec: ServerCodec::new(frame_max),
-        frame_timeout: Duration::from_millis(shared.config.frame_read_timeout_ms),
-        idle_timeout: Duration::from_millis(shared.config.idle_timeout_ms),
+        frame_timeout: Duration::from_millis(serving.limits.frame_read_timeout_ms),
+        idle_timeout: Duration::from_millis(serving.limits.idle_timeout_ms),
     };
     let budget = ConnectionBudget::new(
-        shared.config.connection_request_bytes_max,
-        shared.config.connection_response_bytes_max,
+        serving.limits.connection_request_bytes_max,
+        serving.limits.connection_response_bytes_max,
     );
     let subscriptions = Arc::new(Subscriptions::default());
     // One slot more than the permits, for the final error of an unframeable stream.
     let (tx, rx) = mpsc::channel::<Outbound>(inflight_max + 1);
     // What the read and produce paths use of the broker, built once here.
     let ctx = ConnCtx {
-        read: Arc::new(ReadCtx::of(&shared)),
+        read: Arc::clone(&serving.read),
         tx,
         subscriptions,
         cancel: cancel.clone(),
@@ -316,14 +315,14 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     // Produce requests go, in the order they are read, to the connection's
     // sequencer, which hands them to each range's writer in that order.
     let produce = spawn_sequencer(
-        Arc::new(ProduceCtx::of(&shared)),
+        Arc::clone(&serving.produce),
         ctx.clone(),
         budget.clone(),
         inflight_max,
     );
     let write_task = tokio::spawn(write_loop(wr, rx, cancel.clone(), frame_max));
     let mut conn = Conn {
-        shared: Arc::clone(&shared),
+        serving: Arc::clone(&serving),
         budget: budget.clone(),
         permits: Arc::new(Semaphore::new(inflight_max)),
         inflight_max,
@@ -336,7 +335,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, cancel: CancellationToken
     // Finish in-flight requests: their responses go out before the socket
     // closes, once every sender of the write queue is gone.
     drop(conn);
-    let finished = drain_writes(&shared, &cancel, write_task).await;
+    let finished = drain_writes(&serving, &cancel, write_task).await;
     if budget.held_peak_bytes() >= TRIM_AFTER_BYTES {
         trim_soon();
     }
@@ -400,11 +399,11 @@ async fn write_loop(
 /// Waits, within `shutdown_timeout_ms`, for the writer to send every
 /// response still queued; true if it did.
 async fn drain_writes(
-    shared: &Shared,
+    serving: &ServeCtx,
     cancel: &CancellationToken,
     mut write_task: tokio::task::JoinHandle<()>,
 ) -> bool {
-    let bound = Duration::from_millis(shared.config.shutdown_timeout_ms);
+    let bound = Duration::from_millis(serving.limits.shutdown_timeout_ms);
     tokio::select! {
         _ = cancel.cancelled() => {
             write_task.abort();
@@ -449,7 +448,7 @@ enum Flow {
 
 /// The read side of one connection: what each frame read needs.
 struct Conn {
-    shared: Arc<Shared>,
+    serving: Arc<ServeCtx>,
     budget: ConnectionBudget,
     /// `connection_inflight_max` permits; a request holds one until its
     /// answer is written.
@@ -468,13 +467,13 @@ impl Conn {
     /// Reads frames until the client closes, a deadline passes, the stream
     /// cannot be framed, or the connection is cancelled or drained.
     async fn read_loop(&mut self, reader: &mut FrameReader) {
-        let shared = Arc::clone(&self.shared);
+        let serving = Arc::clone(&self.serving);
         let cancel = self.ctx.cancel.clone();
         loop {
             let permit = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return,
-                _ = shared.port.draining.cancelled() => return,
+                _ = serving.port.draining.cancelled() => return,
                 permit = Arc::clone(&self.permits).acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => return,
@@ -490,26 +489,26 @@ impl Conn {
             let next = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return,
-                _ = shared.port.draining.cancelled() => return,
-                next = reader.next(&shared, &self.budget, is_idle) => next,
+                _ = serving.port.draining.cancelled() => return,
+                next = reader.next(&serving, &self.budget, is_idle) => next,
             };
             let used = self.inflight_max - self.permits.available_permits();
             let flow = match next {
                 ReadOutcome::Closed => Flow::Stop,
                 ReadOutcome::Idle => {
-                    shared.metrics.connections_idle_closed.increment(1);
+                    serving.metrics.connections_idle_closed.increment(1);
                     debug!(
                         peer = ?self.peer,
-                        idle_timeout_ms = shared.config.idle_timeout_ms,
+                        idle_timeout_ms = serving.limits.idle_timeout_ms,
                         "idle connection closed"
                     );
                     Flow::Stop
                 }
                 ReadOutcome::SlowFrame => {
-                    shared.metrics.connections_frame_timed_out.increment(1);
+                    serving.metrics.connections_frame_timed_out.increment(1);
                     debug!(
                         peer = ?self.peer,
-                        frame_read_timeout_ms = shared.config.frame_read_timeout_ms,
+                        frame_read_timeout_ms = serving.limits.frame_read_timeout_ms,
                         "partial frame timed out; connection closed"
                     );
                     Flow::Stop
@@ -517,7 +516,7 @@ impl Conn {
                 ReadOutcome::Invalid(e) => {
                     // The stream cannot be framed any more: answer once, then close.
                     let frame = error_frame(0, e.error_code(), e.to_string());
-                    let slot = Some(Inflight::new(&shared.port, permit, used));
+                    let slot = Some(Inflight::new(&serving.port, permit, used));
                     self.send(Outbound { frame, _slot: slot }).await;
                     Flow::Stop
                 }
@@ -547,18 +546,18 @@ impl Conn {
         permit: tokio::sync::OwnedSemaphorePermit,
         used: usize,
     ) -> Flow {
-        let shared = Arc::clone(&self.shared);
+        let serving = Arc::clone(&self.serving);
         // Take the answer's budget before handling the request: a client
         // that does not read its answers runs out of it, and then this
         // loop waits here and stops reading its socket.
-        let estimate = response_estimate(&shared, &request);
+        let estimate = response_estimate(&serving, &request);
         let response_held = tokio::select! {
             biased;
             _ = self.ctx.cancel.cancelled() => return Flow::Stop,
-            _ = shared.port.draining.cancelled() => return Flow::Stop,
-            held = self.budget.response(&shared.port.budgets, estimate) => held,
+            _ = serving.port.draining.cancelled() => return Flow::Stop,
+            held = self.budget.response(&serving.port.budgets, estimate) => held,
         };
-        let mut slot = Inflight::new(&shared.port, permit, used);
+        let mut slot = Inflight::new(&serving.port, permit, used);
         slot.budget = Some(response_held);
         if let Some(frame) = self.negotiate(&request) {
             drop(request_held);
@@ -582,7 +581,7 @@ impl Conn {
             };
         }
         tokio::spawn(answer(
-            shared,
+            serving,
             self.ctx.clone(),
             self.budget.clone(),
             request,
@@ -620,21 +619,21 @@ impl Conn {
 /// Handles one request in its own task and queues its answer (a subscribe
 /// answers through its pushes, not here).
 async fn answer(
-    shared: Arc<Shared>,
+    serving: Arc<ServeCtx>,
     ctx: ConnCtx,
     budget: ConnectionBudget,
     request: RequestFrame,
     request_held: Held,
     mut slot: Inflight,
 ) {
-    let answer = handle_frame(&shared, &ctx, request).await;
+    let answer = handle_frame(&serving.meta, &ctx, request).await;
     // The request's bytes are no longer held.
     drop(request_held);
     let Some(frame) = answer else { return };
     if let Some(held) = slot.budget.as_mut() {
         tokio::select! {
             _ = ctx.cancel.cancelled() => return,
-            _ = budget.grow_response(&shared.port.budgets, held, reply_bytes(&frame)) => {}
+            _ = budget.grow_response(&serving.port.budgets, held, reply_bytes(&frame)) => {}
         }
     }
     let _ = ctx

@@ -1,9 +1,15 @@
 //! What each serve path uses of the broker, named field by field and built
-//! once per connection from the broker context: [`ReadCtx`] for fetch,
-//! subscribe and the reads through holders (`remote.rs`) and cursor keys
-//! (`cursors.rs`); [`ProduceCtx`] for the produce sequencer. A handler
-//! given one of them cannot reach the rest of the broker (coordinators,
-//! the admin server, configuration it does not read).
+//! once, when the acceptor starts, from the broker context: [`ReadCtx`] for
+//! fetch, subscribe and the reads through holders (`remote.rs`) and cursor
+//! keys (`cursors.rs`); [`ProduceCtx`] for the produce sequencer;
+//! [`MetaCtx`] for the metadata requests (topics, policies, vnodes,
+//! cluster, features); [`ServeCtx`] for the acceptor and each connection,
+//! holding the others. A handler given one of them cannot reach the rest
+//! of the broker (the admin server, configuration it does not read).
+//!
+//! This file is the `serve` layer's one boundary with the broker context
+//! (`Shared`): nothing else under `serve/` names it
+//! (`actors/tests/module_cycles.rs`).
 
 use std::sync::Arc;
 
@@ -12,10 +18,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::client_port::ClientPortState;
 use crate::common::clock::Clock;
+use crate::common::config::MetadataBackend;
 use crate::common::metrics::BrokerMetrics;
+use crate::control::handle::ControlHandle;
 use crate::control::memory::ControlMemory;
 use crate::control::placement::PlacementView;
-use crate::control::shared::Shared;
+use crate::control::registry::ActorRegistry;
+use crate::control::shared::{ClusterLinks, Shared};
 use crate::data::storage::Storage;
 
 /// What the read path uses: who serves what (`place`: this broker, the
@@ -78,6 +87,107 @@ impl ProduceCtx {
             port: Arc::clone(&shared.port),
             produce_timeout_ms: shared.config.produce_timeout_ms,
             record_value_bytes_max: shared.config.record_value_bytes_max,
+        }
+    }
+}
+
+/// What the metadata requests use (topics, policies, vnodes, cluster
+/// status and members, features): this broker's id and addresses, the
+/// registry (the metadata plane, the coordinator manager, the tree's
+/// root), membership (`links`), the control plane's operations they ask
+/// for (`control`), and the limits they apply.
+#[derive(Debug, Clone)]
+pub(crate) struct MetaCtx {
+    pub node_id: u64,
+    pub client_addr: std::net::SocketAddr,
+    pub admin_addr: std::net::SocketAddr,
+    pub actors: Arc<ActorRegistry>,
+    pub links: Arc<ClusterLinks>,
+    pub control: ControlHandle,
+    /// How long a coordinator call may take.
+    pub produce_timeout_ms: u64,
+    pub metadata_backend: MetadataBackend,
+}
+
+impl MetaCtx {
+    pub fn of(shared: &Arc<Shared>) -> MetaCtx {
+        MetaCtx {
+            node_id: shared.config.node_id,
+            client_addr: shared.client_addr,
+            admin_addr: shared.admin_addr,
+            actors: Arc::clone(&shared.actors),
+            links: Arc::clone(&shared.links),
+            control: ControlHandle::of(shared),
+            produce_timeout_ms: shared.config.produce_timeout_ms,
+            metadata_backend: shared.config.metadata_backend,
+        }
+    }
+
+    pub fn plane(
+        &self,
+    ) -> Result<Arc<dyn crate::control::metadata::MetadataPlane>, crate::common::error::MetadataError>
+    {
+        self.actors.plane()
+    }
+}
+
+/// The client port's bounds a connection and the acceptor apply, copied
+/// from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PortLimits {
+    pub connections_max: usize,
+    pub connection_inflight_max: usize,
+    pub connection_request_bytes_max: usize,
+    pub connection_response_bytes_max: usize,
+    pub frame_bytes_max: usize,
+    pub record_value_bytes_max: usize,
+    pub frame_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub shutdown_timeout_ms: u64,
+}
+
+/// What the acceptor and each connection use: the port's state (flags,
+/// counters, budgets), the metrics they count into, the port's limits,
+/// the registry (the listener supervisor new connections start under),
+/// and the request paths' contexts, built once here and shared by every
+/// connection.
+#[derive(Debug)]
+pub(crate) struct ServeCtx {
+    pub port: Arc<ClientPortState>,
+    pub metrics: Arc<BrokerMetrics>,
+    pub limits: PortLimits,
+    pub actors: Arc<ActorRegistry>,
+    pub read: Arc<ReadCtx>,
+    pub produce: Arc<ProduceCtx>,
+    pub meta: Arc<MetaCtx>,
+    /// The broker's fault-injection key (its client address).
+    #[cfg(feature = "testing")]
+    pub fault_key: std::net::SocketAddr,
+}
+
+impl ServeCtx {
+    pub fn of(shared: &Arc<Shared>) -> ServeCtx {
+        let config = &shared.config;
+        ServeCtx {
+            port: Arc::clone(&shared.port),
+            metrics: Arc::clone(&shared.metrics),
+            limits: PortLimits {
+                connections_max: config.connections_max,
+                connection_inflight_max: config.connection_inflight_max,
+                connection_request_bytes_max: config.connection_request_bytes_max,
+                connection_response_bytes_max: config.connection_response_bytes_max,
+                frame_bytes_max: config.frame_bytes_max,
+                record_value_bytes_max: config.record_value_bytes_max,
+                frame_read_timeout_ms: config.frame_read_timeout_ms,
+                idle_timeout_ms: config.idle_timeout_ms,
+                shutdown_timeout_ms: config.shutdown_timeout_ms,
+            },
+            actors: Arc::clone(&shared.actors),
+            read: Arc::new(ReadCtx::of(shared)),
+            produce: Arc::new(ProduceCtx::of(shared)),
+            meta: Arc::new(MetaCtx::of(shared)),
+            #[cfg(feature = "testing")]
+            fault_key: shared.client_addr,
         }
     }
 }

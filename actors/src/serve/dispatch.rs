@@ -5,22 +5,20 @@
 //! handler of the request's api family. A new client
 //! operation is one arm here and one function in its family's module.
 
-use std::sync::Arc;
-
 use malachi_wire::RequestFrame;
 use malachi_wire::messages::{self as wire, ApiVersion, Request, Response};
 use tracing::{debug, warn};
 
+use super::context::MetaCtx;
 use super::context::ReadCtx;
 use super::error::ServeError;
 use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
 use super::{cluster, features, fetch, policies, topics, vnodes};
 use crate::control::placement::{Serve, serve_here};
-use crate::control::shared::Shared;
 
 pub(crate) async fn handle_frame(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     ctx: &ConnCtx,
     frame: RequestFrame,
 ) -> Option<Reply> {
@@ -75,7 +73,7 @@ pub(crate) async fn handle_frame(
     Some(encode_answer(
         correlation_id,
         name,
-        handle_request(shared, &ctx.read, request).await,
+        handle_request(meta, &ctx.read, request).await,
     ))
 }
 
@@ -117,29 +115,29 @@ fn encode_answer(
 }
 
 async fn handle_request(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     read: &ReadCtx,
     request: Request,
 ) -> Result<Response, Failure> {
     match request {
         Request::ApiVersions(_) => Ok(Response::ApiVersions(wire::ApiVersionsResponse {
-            node_id: shared.config.node_id,
+            node_id: meta.node_id,
             versions: ApiVersion::supported(),
         })),
-        Request::CreateTopic(req) => topics::create_topic(shared, req)
+        Request::CreateTopic(req) => topics::create_topic(meta, req)
             .await
             .map(Response::CreateTopic),
-        Request::DeleteTopic(req) => topics::delete_topic(shared, req)
+        Request::DeleteTopic(req) => topics::delete_topic(meta, req)
             .await
             .map(Response::DeleteTopic),
-        Request::ListTopics(_) => topics::list_topics(shared).await.map(Response::ListTopics),
-        Request::DescribeTopic(req) => topics::describe_topic(shared, req)
+        Request::ListTopics(_) => topics::list_topics(meta).await.map(Response::ListTopics),
+        Request::DescribeTopic(req) => topics::describe_topic(meta, req)
             .await
             .map(Response::DescribeTopic),
-        Request::SplitRange(req) => topics::split_range(shared, req)
+        Request::SplitRange(req) => topics::split_range(meta, req)
             .await
             .map(Response::SplitRange),
-        Request::MergeRange(req) => topics::merge_range(shared, req)
+        Request::MergeRange(req) => topics::merge_range(meta, req)
             .await
             .map(Response::MergeRange),
         // The connection hands produce requests to its sequencer, in order.
@@ -148,27 +146,27 @@ async fn handle_request(
             reason: "produce requests go through the connection's sequencer".into(),
         }),
         Request::Fetch(req) => fetch::fetch(read, req).await.map(Response::Fetch),
-        Request::TreeSnapshot(req) => cluster::tree_snapshot(shared, req)
+        Request::TreeSnapshot(req) => cluster::tree_snapshot(meta, req)
             .await
             .map(Response::TreeSnapshot),
-        Request::ClusterStatus(_) => Ok(Response::ClusterStatus(cluster::cluster_status(shared))),
-        Request::VnodeList(_) => vnodes::vnode_list(shared).map(Response::VnodeList),
-        Request::VnodeSplit(req) => vnodes::vnode_split(shared, req.vnode)
+        Request::ClusterStatus(_) => Ok(Response::ClusterStatus(cluster::cluster_status(meta))),
+        Request::VnodeList(_) => vnodes::vnode_list(meta).map(Response::VnodeList),
+        Request::VnodeSplit(req) => vnodes::vnode_split(meta, req.vnode)
             .await
             .map(Response::VnodeSplit),
-        Request::ClusterMembers(req) => vnodes::cluster_members(shared, req)
+        Request::ClusterMembers(req) => vnodes::cluster_members(meta, req)
             .await
             .map(Response::ClusterMembers),
-        Request::PutPolicy(req) => policies::put_policy(shared, req)
+        Request::PutPolicy(req) => policies::put_policy(meta, req)
             .await
             .map(Response::PutPolicy),
-        Request::ListPolicies(req) => policies::list_policies(shared, req)
+        Request::ListPolicies(req) => policies::list_policies(meta, req)
             .await
             .map(Response::ListPolicies),
-        Request::DeletePolicy(req) => policies::delete_policy(shared, req)
+        Request::DeletePolicy(req) => policies::delete_policy(meta, req)
             .await
             .map(Response::DeletePolicy),
-        Request::Features(req) => features::features(&shared.actors, shared.config.node_id, req)
+        Request::Features(req) => features::features(&meta.actors, meta.node_id, req)
             .await
             .map(Response::Features),
         Request::Subscribe(_) | Request::SubscribeCredit(_) => {

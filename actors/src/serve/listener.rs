@@ -26,12 +26,12 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
-use crate::control::shared::Shared;
 use crate::serve::connection::{ConnectionActor, ConnectionArgs};
+use crate::serve::context::ServeCtx;
 
 #[derive(Debug, Clone)]
 pub(crate) struct AcceptorArgs {
-    pub shared: Arc<Shared>,
+    pub serving: Arc<ServeCtx>,
     pub socket: Arc<std::net::TcpListener>,
 }
 
@@ -47,7 +47,7 @@ impl ractor::Message for AcceptorMsg {}
 pub(crate) struct AcceptorActor;
 
 pub(crate) struct AcceptorState {
-    shared: Arc<Shared>,
+    serving: Arc<ServeCtx>,
     /// The accept loop; aborted (its listener clone closed) when the
     /// state is dropped, after a stop or a failure alike.
     _accept: Watched,
@@ -67,21 +67,21 @@ impl Actor for AcceptorActor {
         let socket = args.socket.try_clone()?;
         socket.set_nonblocking(true)?;
         let listener = TcpListener::from_std(socket)?;
-        let shared = Arc::clone(&args.shared);
+        let serving = Arc::clone(&args.serving);
         let accept = spawn_watched(
             myself,
             "accept_loop",
             async move {
-                accept_loop(shared, listener).await;
+                accept_loop(serving, listener).await;
                 // It returns once the broker drains: no failure, and the
                 // tree's stop follows.
                 std::future::pending::<()>().await;
             },
             AcceptorMsg::TaskEnded,
         );
-        args.shared.port.accepting.store(true, Ordering::SeqCst);
+        args.serving.port.accepting.store(true, Ordering::SeqCst);
         Ok(AcceptorState {
-            shared: args.shared,
+            serving: args.serving,
             _accept: accept,
         })
     }
@@ -104,7 +104,7 @@ impl Actor for AcceptorActor {
         _myself: ActorRef<AcceptorMsg>,
         state: &mut AcceptorState,
     ) -> Result<(), ActorProcessingErr> {
-        state.shared.port.accepting.store(false, Ordering::SeqCst);
+        state.serving.port.accepting.store(false, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -140,7 +140,7 @@ impl Refusals {
 }
 
 /// Accepts clients until the broker drains.
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+async fn accept_loop(serving: Arc<ServeCtx>, listener: TcpListener) {
     let busy = busy_frame();
     let mut refusals = Refusals {
         since_log: 0,
@@ -148,7 +148,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     };
     loop {
         let accepted = tokio::select! {
-            _ = shared.port.draining.cancelled() => return,
+            _ = serving.port.draining.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         let (stream, peer) = match accepted {
@@ -161,19 +161,19 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             }
         };
         #[cfg(feature = "testing")]
-        crate::common::faults::trip(shared.client_addr, "acceptor");
-        if shared.port.connections.load(Ordering::SeqCst) >= shared.config.connections_max {
+        crate::common::faults::trip(serving.fault_key, "acceptor");
+        if serving.port.connections.load(Ordering::SeqCst) >= serving.limits.connections_max {
             refuse(&stream, &busy);
-            shared.metrics.connections_refused.increment(1);
-            refusals.refused(shared.config.connections_max);
+            serving.metrics.connections_refused.increment(1);
+            refusals.refused(serving.limits.connections_max);
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let Some(listener_sup) = shared.actors.listener.read().clone() else {
+        let Some(listener_sup) = serving.actors.listener.read().clone() else {
             continue;
         };
         let args = ConnectionArgs {
-            shared: Arc::clone(&shared),
+            serving: Arc::clone(&serving),
             stream: Arc::new(Mutex::new(Some(stream))),
             peer,
         };
@@ -184,7 +184,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         )
         // Temporary: a client reconnects; a restarted actor would have no socket.
         .restart(Restart::Temporary)
-        .shutdown_timeout_ms(shared.config.shutdown_timeout_ms.max(1));
+        .shutdown_timeout_ms(serving.limits.shutdown_timeout_ms.max(1));
         if let Err(e) = listener_sup.start_child(spec).await {
             warn!(%peer, error = %e, "cannot start a connection actor");
         } else {

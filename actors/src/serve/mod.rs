@@ -12,9 +12,10 @@
 //! `ServeError` they refuse with and its one mapping to wire codes.
 //!
 //! Architecture invariant: `serve` is the only module that speaks the client
-//! protocol; it reaches the layers below through the broker context
-//! (`control::shared::Shared`), narrowed for the read and produce paths
-//! (`context.rs`), and nothing below names it.
+//! protocol; it reaches the layers below through contexts of the parts each
+//! path uses (`context.rs`: `ServeCtx` for the acceptor and connections,
+//! `ReadCtx`, `ProduceCtx`, `MetaCtx` for the requests), built there once
+//! from the broker context, and nothing below names `serve`.
 
 pub(crate) mod cluster;
 pub(crate) mod connection;

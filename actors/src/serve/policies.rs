@@ -2,15 +2,12 @@
 //! `list_policies` and `delete_policy`, kept in the ring's group
 //! (`control::policies`).
 
-use std::sync::Arc;
-
 use malachi_core::model::{Command, StoragePolicy};
 use malachi_wire::messages as wire;
 
+use super::context::MetaCtx;
 use super::error::ServeError;
 use super::reply::Failure;
-use crate::control::policies::{policies, propose};
-use crate::control::shared::Shared;
 
 fn to_wire(policy: StoragePolicy) -> wire::PolicyDescription {
     wire::PolicyDescription {
@@ -22,7 +19,7 @@ fn to_wire(policy: StoragePolicy) -> wire::PolicyDescription {
 }
 
 pub(crate) async fn put_policy(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     req: wire::PutPolicyRequest,
 ) -> Result<wire::PutPolicyResponse, Failure> {
     let policy = req.policy;
@@ -39,26 +36,24 @@ pub(crate) async fn put_policy(
         });
     }
     let name = policy.name.clone();
-    propose(
-        shared,
-        Command::PutPolicy {
+    meta.control
+        .propose_policy(Command::PutPolicy {
             policy: StoragePolicy {
                 name: policy.name,
                 retention_age_ms: policy.retention_age_ms,
                 retention_bytes: policy.retention_bytes,
                 placement: policy.placement,
             },
-        },
-    )
-    .await?;
+        })
+        .await?;
     Ok(wire::PutPolicyResponse { name })
 }
 
 pub(crate) async fn list_policies(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     req: wire::ListPoliciesRequest,
 ) -> Result<wire::ListPoliciesResponse, Failure> {
-    let mut all = policies(shared).await?;
+    let mut all = meta.control.policies().await?;
     let policies: Vec<wire::PolicyDescription> = match &req.name {
         Some(name) => match all.remove(name) {
             Some(policy) => vec![to_wire(policy)],
@@ -76,15 +71,13 @@ pub(crate) async fn list_policies(
 }
 
 pub(crate) async fn delete_policy(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     req: wire::DeletePolicyRequest,
 ) -> Result<wire::DeletePolicyResponse, Failure> {
-    propose(
-        shared,
-        Command::RemovePolicy {
+    meta.control
+        .propose_policy(Command::RemovePolicy {
             name: req.name.clone(),
-        },
-    )
-    .await?;
+        })
+        .await?;
     Ok(wire::DeletePolicyResponse { name: req.name })
 }

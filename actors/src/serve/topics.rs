@@ -3,35 +3,33 @@
 //! (which hands each to the coordinator of the topic's vnode); reads go to
 //! the metadata plane, linearizable from the vnode's leader.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use malachi_core::model::RangeId;
 use malachi_wire::messages as wire;
 use tokio::time::Instant;
 
+use super::context::MetaCtx;
 use super::error::ServeError;
 use super::reply::{Failure, not_serving};
 use crate::common::convert::describe_to_wire;
-use crate::control::replica_status::add_live_figures;
 use crate::control::requests::{CoordError, CoordinatorMsg};
-use crate::control::shared::Shared;
 
 /// How often a request waiting for a restarting coordinator manager looks
 /// for the new one.
 const COORDINATOR_WAIT_STEP_MS: u64 = 20;
 
 async fn call_coordinator<R: Send + 'static>(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     build: impl FnOnce(ractor::RpcReplyPort<Result<R, CoordError>>) -> CoordinatorMsg,
 ) -> Result<R, Failure> {
-    let timeout_ms = shared.config.produce_timeout_ms;
+    let timeout_ms = meta.produce_timeout_ms;
     let deadline = Instant::now() + Duration::from_millis(timeout_ms);
     // The manager is briefly absent while its supervisor restarts it: wait
     // for the new one (bounded) rather than fail the request. The request is
     // built only once a manager took it, so it never runs twice.
     let coordinator = loop {
-        if let Some(coordinator) = shared.actors.manager().get()
+        if let Some(coordinator) = meta.actors.manager().get()
             && coordinator.get_status() == ractor::ActorStatus::Running
         {
             break coordinator;
@@ -50,17 +48,17 @@ async fn call_coordinator<R: Send + 'static>(
 }
 
 pub(crate) async fn create_topic(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     req: wire::CreateTopicRequest,
 ) -> Result<wire::CreateTopicResponse, Failure> {
     if let Some(replication_factor) = req.replication_factor
         && replication_factor > 1
-        && shared.config.metadata_backend == crate::common::config::MetadataBackend::File
+        && meta.metadata_backend == crate::common::config::MetadataBackend::File
     {
         return Err(ServeError::ReplicationFactor { replication_factor });
     }
     let name = req.name.clone();
-    let incarnation = call_coordinator(shared, |reply| CoordinatorMsg::CreateTopic {
+    let incarnation = call_coordinator(meta, |reply| CoordinatorMsg::CreateTopic {
         name: req.name,
         policy: req.policy,
         replication_factor: req.replication_factor,
@@ -71,11 +69,11 @@ pub(crate) async fn create_topic(
 }
 
 pub(crate) async fn delete_topic(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     req: wire::DeleteTopicRequest,
 ) -> Result<wire::DeleteTopicResponse, Failure> {
     let name = req.name.clone();
-    call_coordinator(shared, |reply| CoordinatorMsg::DeleteTopic {
+    call_coordinator(meta, |reply| CoordinatorMsg::DeleteTopic {
         name: req.name,
         reply,
     })
@@ -84,8 +82,8 @@ pub(crate) async fn delete_topic(
 }
 
 /// Every vnode's topics, each read from its leader.
-pub(crate) async fn list_topics(shared: &Arc<Shared>) -> Result<wire::ListTopicsResponse, Failure> {
-    let plane = shared.plane().map_err(not_serving)?;
+pub(crate) async fn list_topics(meta: &MetaCtx) -> Result<wire::ListTopicsResponse, Failure> {
+    let plane = meta.plane().map_err(not_serving)?;
     let topics = plane
         .list()
         .await
@@ -106,10 +104,10 @@ pub(crate) async fn list_topics(shared: &Arc<Shared>) -> Result<wire::ListTopics
 /// copy's durable end) from the brokers holding the copies, each bounded,
 /// none required (ADR 0098).
 pub(crate) async fn describe_topic(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     req: wire::DescribeTopicRequest,
 ) -> Result<wire::DescribeTopicResponse, Failure> {
-    let plane = shared.plane().map_err(not_serving)?;
+    let plane = meta.plane().map_err(not_serving)?;
     match plane.describe(&req.name).await.map_err(not_serving)? {
         Some(d) => {
             let mut topic = describe_to_wire(&d);
@@ -117,11 +115,11 @@ pub(crate) async fn describe_topic(
             // (ADR 0115): whether the name resolves is asked there. If the
             // ring's group does not answer, the vnode's own word stands.
             if let Some(name) = &topic.policy
-                && let Ok(all) = crate::control::policies::policies(shared).await
+                && let Ok(all) = meta.control.policies().await
             {
                 topic.policy_resolved = all.contains_key(name);
             }
-            add_live_figures(shared, &mut topic, req.live).await;
+            meta.control.add_live_figures(&mut topic, req.live).await;
             Ok(wire::DescribeTopicResponse { topic })
         }
         None => Err(ServeError::TopicNotFound { topic: req.name }),
@@ -129,11 +127,11 @@ pub(crate) async fn describe_topic(
 }
 
 pub(crate) async fn split_range(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     req: wire::SplitRangeRequest,
 ) -> Result<wire::SplitRangeResponse, Failure> {
     let range = RangeId(req.range_id);
-    let (lower, upper) = call_coordinator(shared, |reply| CoordinatorMsg::Split {
+    let (lower, upper) = call_coordinator(meta, |reply| CoordinatorMsg::Split {
         topic: req.topic,
         range,
         reply,
@@ -146,10 +144,10 @@ pub(crate) async fn split_range(
 }
 
 pub(crate) async fn merge_range(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     req: wire::MergeRangeRequest,
 ) -> Result<wire::MergeRangeResponse, Failure> {
-    let (lower, upper, merged) = call_coordinator(shared, |reply| CoordinatorMsg::Merge {
+    let (lower, upper, merged) = call_coordinator(meta, |reply| CoordinatorMsg::Merge {
         topic: req.topic,
         range: RangeId(req.range_id),
         reply,

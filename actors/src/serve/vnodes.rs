@@ -21,9 +21,9 @@ use malachi_core::ring::{MemberState, Ring, VnodeId};
 use malachi_wire::messages as wire;
 use tracing::{info, warn};
 
+use super::context::MetaCtx;
 use super::error::ServeError;
 use super::reply::Failure;
-use crate::control::shared::Shared;
 
 /// The wire form of an arc: its first and last position, inclusive, so the
 /// top arc (ending at 2^64) fits in a u64.
@@ -33,7 +33,7 @@ fn arc_bounds(arc: RingArc) -> (u64, u64) {
 }
 
 /// One vnode as this broker knows it.
-fn vnode_info(shared: &Shared, host: &VnodeHost, vnode: VnodeId, arc: RingArc) -> wire::VnodeInfo {
+fn vnode_info(meta: &MetaCtx, host: &VnodeHost, vnode: VnodeId, arc: RingArc) -> wire::VnodeInfo {
     let (arc_start, arc_last) = arc_bounds(arc);
     let (mut leader, mut term) = (None, 0);
     let mut lease_holder = None;
@@ -54,7 +54,7 @@ fn vnode_info(shared: &Shared, host: &VnodeHost, vnode: VnodeId, arc: RingArc) -
         });
     }
     if leader.is_none()
-        && let Some(fabric) = shared.fabric()
+        && let Some(fabric) = meta.links.fabric()
     {
         // No replica here: the broker that gossips the highest term for it.
         let view = fabric.membership.view();
@@ -83,9 +83,9 @@ fn vnode_info(shared: &Shared, host: &VnodeHost, vnode: VnodeId, arc: RingArc) -
 }
 
 /// The ring this broker routes by, with each vnode's leader.
-pub(crate) fn vnode_list(shared: &Arc<Shared>) -> Result<wire::VnodeListResponse, Failure> {
-    let node_id = shared.config.node_id;
-    let plane = shared.plane().map_err(ServeError::Metadata)?;
+pub(crate) fn vnode_list(meta: &MetaCtx) -> Result<wire::VnodeListResponse, Failure> {
+    let node_id = meta.node_id;
+    let plane = meta.plane().map_err(ServeError::Metadata)?;
     let Some(host) = plane.host() else {
         // The file plane: one vnode, the whole ring, led here.
         let whole = Ring::new(1).map_err(|e| ServeError::Internal {
@@ -119,7 +119,7 @@ pub(crate) fn vnode_list(shared: &Arc<Shared>) -> Result<wire::VnodeListResponse
         ring_version: ring.version(),
         vnodes: ring
             .vnodes()
-            .map(|v| vnode_info(shared, host, v.id, v.arc))
+            .map(|v| vnode_info(meta, host, v.id, v.arc))
             .collect(),
     })
 }
@@ -127,21 +127,21 @@ pub(crate) fn vnode_list(shared: &Arc<Shared>) -> Result<wire::VnodeListResponse
 /// The cluster's members and where their vnode replicas are, after the
 /// decommission or admission the request asks for (ADR 0104).
 pub(crate) async fn cluster_members(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     request: wire::ClusterMembersRequest,
 ) -> Result<wire::ClusterMembersResponse, Failure> {
     use std::collections::{BTreeMap, BTreeSet};
-    let plane = shared.plane().map_err(ServeError::Metadata)?;
+    let plane = meta.plane().map_err(ServeError::Metadata)?;
     let Some(host) = plane.host().cloned() else {
         return Err(ServeError::SingleVnode);
     };
     let change = match (request.decommission, request.admit) {
         (Some(node), _) => {
-            info!(node, by = shared.config.node_id, "decommission requested");
+            info!(node, by = meta.node_id, "decommission requested");
             Some(host.decommission(node).await)
         }
         (None, Some(node)) => {
-            info!(node, by = shared.config.node_id, "admission requested");
+            info!(node, by = meta.node_id, "admission requested");
             Some(host.admit(node).await)
         }
         (None, None) => None,
@@ -188,7 +188,7 @@ pub(crate) async fn cluster_members(
     nodes.extend(replicas.keys().copied());
     nodes.extend(learners.keys().copied());
     Ok(wire::ClusterMembersResponse {
-        node_id: shared.config.node_id,
+        node_id: meta.node_id,
         ring_version: ring.version(),
         members: nodes
             .into_iter()
@@ -211,10 +211,10 @@ pub(crate) async fn cluster_members(
 
 /// Splits `vnode` and answers with the two halves.
 pub(crate) async fn vnode_split(
-    shared: &Arc<Shared>,
+    meta: &MetaCtx,
     vnode: u32,
 ) -> Result<wire::VnodeSplitResponse, Failure> {
-    let plane = shared.plane().map_err(ServeError::Metadata)?;
+    let plane = meta.plane().map_err(ServeError::Metadata)?;
     let Some(host) = plane.host().cloned() else {
         return Err(ServeError::SingleVnode);
     };
@@ -234,7 +234,7 @@ pub(crate) async fn vnode_split(
             child: pending.child,
         });
     }
-    info!(%parent, node = shared.config.node_id, "vnode split requested");
+    info!(%parent, node = meta.node_id, "vnode split requested");
     let split_host = Arc::clone(&host);
     // On a task: the split finishes even if the requester goes away.
     let split = tokio::spawn(async move { split_host.split_vnode(parent).await });
@@ -253,7 +253,7 @@ pub(crate) async fn vnode_split(
     let ring = host.ring();
     let info_of = |id: VnodeId| {
         ring.vnode(id)
-            .map(|v| vnode_info(shared, &host, id, v.arc))
+            .map(|v| vnode_info(meta, &host, id, v.arc))
             .ok_or_else(|| ServeError::SplitRingLacks {
                 vnode: id,
                 ring_version: ring.version(),

@@ -1,0 +1,123 @@
+//! [`ControlHandle`]: the control plane's operations the layers above call
+//! (`maintenance`, `serve`, `admin`), behind one opaque handle.
+//!
+//! Why: a failover records its seal through a coordinator, a heal places a
+//! copy by the cluster's policies, a topic describe reads live figures from
+//! the copies. Each of those is control-plane work that reads much of the
+//! broker context; the layer that asks for it gets these methods, never
+//! the context's fields, so what it can reach is the list below.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use malachi_core::model::{Command, Outcome, SealRecord, SegmentId, StoragePolicy};
+use malachi_core::ring::VnodeId;
+use malachi_wire::messages as wire;
+
+use super::coordinator::CoordinatorState;
+use super::policies::PolicyError;
+use super::removal::SweepOutcome;
+use super::replica_order::OrderClient;
+use super::requests::CoordError;
+use super::shared::Shared;
+
+/// The control plane's operations for the layers above it. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct ControlHandle {
+    shared: Arc<Shared>,
+}
+
+impl ControlHandle {
+    pub(crate) fn of(shared: &Arc<Shared>) -> ControlHandle {
+        ControlHandle {
+            shared: Arc::clone(shared),
+        }
+    }
+
+    /// The client of the orders to copies (fence, seal, catch-up, status,
+    /// scrub verdicts).
+    pub(crate) fn order_client(&self) -> OrderClient {
+        OrderClient {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Records a failover's seal and successor through `vnode`'s
+    /// coordinator (`CoordinatorState::fail_over`).
+    pub(crate) async fn fail_over(
+        &self,
+        vnode: VnodeId,
+        (topic, segment): (&str, SegmentId),
+        seal: SealRecord,
+        complete: &[u64],
+        failed: &BTreeSet<u64>,
+    ) -> Result<Option<SegmentId>, CoordError> {
+        CoordinatorState::new(Arc::clone(&self.shared), vnode)
+            .fail_over(topic, segment, seal, complete, failed)
+            .await
+    }
+
+    /// The placement constraints of storage policy `policy`, from the
+    /// policy cache.
+    pub(crate) fn policy_constraints(
+        &self,
+        policy: Option<&str>,
+    ) -> Vec<malachi_core::constraints::Constraint> {
+        super::coordinator::policy_constraints(&self.shared, policy)
+    }
+
+    /// `nodes` with the attributes membership gossips for them.
+    pub(crate) fn brokers_with_attributes(
+        &self,
+        nodes: &[u64],
+    ) -> Vec<malachi_core::constraints::Broker> {
+        super::coordinator::brokers_with_attributes(&self.shared, nodes)
+    }
+
+    /// One orphan sweep (`removal::sweep_orphans`).
+    /// Returns the sweep's own future, not one wrapping it: the sweeper's
+    /// handler nests deep enough to reach the compiler's layout depth.
+    pub(crate) fn sweep_orphans(&self) -> impl Future<Output = SweepOutcome> + Send + '_ {
+        super::removal::sweep_orphans(&self.shared)
+    }
+
+    /// The cluster's policies, read linearizably where they are kept.
+    pub(crate) fn policies(
+        &self,
+    ) -> impl Future<Output = Result<BTreeMap<String, StoragePolicy>, PolicyError>> + Send + '_
+    {
+        super::policies::policies(&self.shared)
+    }
+
+    /// Proposes a policy command (put or remove).
+    pub(crate) fn propose_policy(
+        &self,
+        cmd: Command,
+    ) -> impl Future<Output = Result<Outcome, PolicyError>> + Send + '_ {
+        super::policies::propose(&self.shared, cmd)
+    }
+
+    /// Adds the copies' live figures to a topic's description.
+    pub(crate) fn add_live_figures<'a>(
+        &'a self,
+        topic: &'a mut wire::TopicDescription,
+        live: bool,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        super::replica_status::add_live_figures(&self.shared, topic, live)
+    }
+
+    /// Test hook: waits while `BrokerHandle::hold_failovers` holds the
+    /// failovers after their fences, counting each one held.
+    #[cfg(feature = "testing")]
+    pub(crate) async fn hold_failover(&self) {
+        use std::sync::atomic::Ordering;
+        let hold = &self.shared.failover_hold;
+        if !hold.hold.load(Ordering::SeqCst) {
+            return;
+        }
+        hold.held.fetch_add(1, Ordering::SeqCst);
+        while hold.hold.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
