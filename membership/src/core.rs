@@ -326,92 +326,20 @@ impl MembershipCore {
     }
 
     /// Reads foca's notifications, then rebuilds the view and diffs it.
+    /// Routing is published again after a rejoin of this broker or the
+    /// arrival (or restart) of a peer, once it was published at all.
     fn settle(&mut self) {
-        let mut republish = false;
-        while let Some(notification) = self.runtime.to_notify() {
-            match notification {
-                OwnedNotification::Rejoin(id) => {
-                    info!(
-                        incarnation = id.incarnation,
-                        "declared dead by the cluster; rejoined as a new incarnation"
-                    );
-                    self.view.local.incarnation = id.incarnation;
-                    republish = true;
-                }
-                OwnedNotification::Defunct if self.left => debug!("left the cluster"),
-                OwnedNotification::Defunct => {
-                    warn!("declared dead by the cluster and cannot rejoin");
-                }
-                OwnedNotification::Active => debug!("joined the cluster"),
-                OwnedNotification::Idle => info!("no other member is alive"),
-                _ => {}
-            }
-        }
-        let local_id = self.view.local.node_id;
-        let mut best: BTreeMap<u64, (&NodeIdentity, foca::State)> = BTreeMap::new();
-        for member in self.foca.iter_membership_state() {
-            let id = member.id();
-            // Seed placeholders never become members, and an identity with
-            // our node id is a ghost of an earlier run of this broker.
-            if id.is_seed_placeholder() || id.node_id == local_id {
-                continue;
-            }
-            let rank = |id: &NodeIdentity, state: foca::State| {
-                (id.incarnation, state != foca::State::Down)
-            };
-            match best.get(&id.node_id) {
-                Some(&(cur, cur_state)) if rank(cur, cur_state) >= rank(id, member.state()) => {}
-                _ => {
-                    best.insert(id.node_id, (id, member.state()));
-                }
-            }
-        }
+        let mut republish = self.read_notifications();
+        let best = best_identities(&self.foca, self.view.local.node_id);
         let mut seen = Vec::with_capacity(best.len());
         for (node_id, (id, state)) in best {
             seen.push(node_id);
-            let state = match state {
-                foca::State::Alive => MemberState::Alive,
-                foca::State::Suspect => MemberState::Suspect,
-                foca::State::Down => MemberState::Dead,
+            let next = routed_member(&self.routing, id, member_state(state));
+            let Some(kinds) =
+                member_changes(self.view.peers.get(&node_id), &next, self.view.peers.len())
+            else {
+                continue;
             };
-            let mut next = Member::from_identity(id, state);
-            if let Some(hint) = self.routing.get(node_id)
-                && hint.incarnation == next.incarnation
-            {
-                next.ring_version = hint.ring_version;
-                next.vnodes_led = hint.leaders;
-            }
-            let prev = self.view.peers.get(&node_id);
-            let mut kinds = Vec::new();
-            match prev {
-                None => {
-                    if self.view.peers.len() >= PEERS_MAX {
-                        warn!(node_id, "too many peers; not tracking this one");
-                        continue;
-                    }
-                    if state.is_live() {
-                        kinds.push(MemberEventKind::Joined);
-                    }
-                }
-                Some(prev) if prev.incarnation > next.incarnation => continue,
-                Some(prev) if prev.incarnation < next.incarnation => {
-                    kinds.push(MemberEventKind::Restarted);
-                    if state != MemberState::Alive {
-                        kinds.push(state_kind(state));
-                    }
-                }
-                Some(prev) => {
-                    if prev.state != state {
-                        kinds.push(state_kind(state));
-                    } else if prev.ring_version != next.ring_version
-                        || prev.vnodes_led != next.vnodes_led
-                    {
-                        kinds.push(MemberEventKind::Routing);
-                    } else if *prev == next {
-                        continue;
-                    }
-                }
-            }
             if kinds
                 .iter()
                 .any(|k| matches!(k, MemberEventKind::Joined | MemberEventKind::Restarted))
@@ -432,7 +360,41 @@ impl MembershipCore {
             }
             self.view.peers.insert(node_id, next);
         }
-        // Members foca forgot (long dead) stay in the view as dead.
+        self.mark_forgotten_dead(&seen);
+        if republish && self.routing_published {
+            self.publish_routing();
+        }
+    }
+
+    /// Reads foca's notifications about this broker; true if it rejoined
+    /// as a new incarnation (its routing must then be published again).
+    fn read_notifications(&mut self) -> bool {
+        let mut rejoined = false;
+        while let Some(notification) = self.runtime.to_notify() {
+            match notification {
+                OwnedNotification::Rejoin(id) => {
+                    info!(
+                        incarnation = id.incarnation,
+                        "declared dead by the cluster; rejoined as a new incarnation"
+                    );
+                    self.view.local.incarnation = id.incarnation;
+                    rejoined = true;
+                }
+                OwnedNotification::Defunct if self.left => debug!("left the cluster"),
+                OwnedNotification::Defunct => {
+                    warn!("declared dead by the cluster and cannot rejoin");
+                }
+                OwnedNotification::Active => debug!("joined the cluster"),
+                OwnedNotification::Idle => info!("no other member is alive"),
+                _ => {}
+            }
+        }
+        rejoined
+    }
+
+    /// Members foca forgot (long dead, not in `seen`) stay in the view as
+    /// dead: each turns dead once, with an event.
+    fn mark_forgotten_dead(&mut self, seen: &[u64]) {
         for (node_id, member) in self.view.peers.iter_mut() {
             if !seen.contains(node_id) && member.state != MemberState::Dead {
                 member.state = MemberState::Dead;
@@ -442,10 +404,101 @@ impl MembershipCore {
                 });
             }
         }
-        if republish && self.routing_published {
-            self.publish_routing();
+    }
+}
+
+/// Each peer's newest identity foca knows, by node id: the greatest
+/// incarnation, and of equals one not down. Seed placeholders never become
+/// members, and an identity with our node id (`local_id`) is a ghost of an
+/// earlier run of this broker.
+fn best_identities(foca: &Swim, local_id: u64) -> BTreeMap<u64, (&NodeIdentity, foca::State)> {
+    let mut best: BTreeMap<u64, (&NodeIdentity, foca::State)> = BTreeMap::new();
+    for member in foca.iter_membership_state() {
+        let id = member.id();
+        if id.is_seed_placeholder() || id.node_id == local_id {
+            continue;
+        }
+        let rank =
+            |id: &NodeIdentity, state: foca::State| (id.incarnation, state != foca::State::Down);
+        match best.get(&id.node_id) {
+            Some(&(cur, cur_state)) if rank(cur, cur_state) >= rank(id, member.state()) => {}
+            _ => {
+                best.insert(id.node_id, (id, member.state()));
+            }
         }
     }
+    debug_assert!(
+        !best.contains_key(&local_id),
+        "this broker is no peer of its own"
+    );
+    best
+}
+
+/// A member's state in the view, from foca's.
+fn member_state(state: foca::State) -> MemberState {
+    match state {
+        foca::State::Alive => MemberState::Alive,
+        foca::State::Suspect => MemberState::Suspect,
+        foca::State::Down => MemberState::Dead,
+    }
+}
+
+/// The member `id` is in `state`, with the routing hint of `routing` it
+/// sent, if that hint is of the same incarnation (an older one's leaders
+/// are stale).
+fn routed_member(routing: &RoutingTable, id: &NodeIdentity, state: MemberState) -> Member {
+    let mut next = Member::from_identity(id, state);
+    if let Some(hint) = routing.get(id.node_id)
+        && hint.incarnation == next.incarnation
+    {
+        next.ring_version = hint.ring_version;
+        next.vnodes_led = hint.leaders;
+    }
+    next
+}
+
+/// The events a peer's change from `prev` (as the view has it, `None` if
+/// new) to `next` makes, in order; `None` if the view keeps `prev`: the
+/// same member, an older incarnation, or a new peer past `PEERS_MAX`
+/// (`peers` are tracked now). An empty list still records `next`.
+fn member_changes(
+    prev: Option<&Member>,
+    next: &Member,
+    peers: usize,
+) -> Option<Vec<MemberEventKind>> {
+    let state = next.state;
+    let mut kinds = Vec::new();
+    match prev {
+        None => {
+            if peers >= PEERS_MAX {
+                warn!(
+                    node_id = next.node_id,
+                    "too many peers; not tracking this one"
+                );
+                return None;
+            }
+            if state.is_live() {
+                kinds.push(MemberEventKind::Joined);
+            }
+        }
+        Some(prev) if prev.incarnation > next.incarnation => return None,
+        Some(prev) if prev.incarnation < next.incarnation => {
+            kinds.push(MemberEventKind::Restarted);
+            if state != MemberState::Alive {
+                kinds.push(state_kind(state));
+            }
+        }
+        Some(prev) => {
+            if prev.state != state {
+                kinds.push(state_kind(state));
+            } else if prev.ring_version != next.ring_version || prev.vnodes_led != next.vnodes_led {
+                kinds.push(MemberEventKind::Routing);
+            } else if prev == next {
+                return None;
+            }
+        }
+    }
+    Some(kinds)
 }
 
 fn state_kind(state: MemberState) -> MemberEventKind {

@@ -9,7 +9,7 @@
 //! fails for good (`Err`); its supervisor restarts it as a new incarnation.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use super::core::{Effects, MembershipCore, SwimSettings};
 use super::identity::NodeIdentity;
-use super::{Membership, MembershipError};
+use super::{LocalRouting, Membership, MembershipError};
 
 /// Timers armed at once; foca arms a handful per member, so this bounds a
 /// runaway rather than normal use.
@@ -53,120 +53,193 @@ pub async fn run(
     if let Some(attributes) = attributes_rx.borrow_and_update().clone() {
         identity.attributes = attributes;
     }
-    let mut core = MembershipCore::new(identity, &args.settings, args.rng_seed)?;
+    let core = MembershipCore::new(identity, &args.settings, args.rng_seed)?;
     let mut routing_rx = membership.inner.routing_tx.subscribe();
     let mut leave_rx = membership.inner.leave_tx.subscribe();
-    let mut timers: BinaryHeap<Reverse<(Instant, Timer<NodeIdentity>)>> = BinaryHeap::new();
-    let mut effects = Effects::default();
-    let mut buf = vec![0u8; args.settings.packet_bytes_max + 1];
+    let mut swim = Swim::new(core, socket, args.settings.packet_bytes_max, args.seeds);
     let mut seed_tick = tokio::time::interval(Duration::from_millis(args.settings.seed_retry_ms));
     seed_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut recv_errors = 0u32;
     info!(
-        identity = ?core.identity(),
-        seeds = args.seeds.len(),
+        identity = ?swim.core.identity(),
+        seeds = swim.seeds.len(),
         "membership started"
     );
     // Routing published before this run (the previous incarnation's, or
     // set before the runtime came up) is published again.
     routing_rx.mark_changed();
-    membership.publish(core.view().clone(), Vec::new());
+    membership.publish(swim.core.view().clone(), Vec::new());
     loop {
-        core.take_effects(&mut effects);
-        for (to, data) in effects.sends.drain(..) {
-            if let Err(error) = socket.send_to(&data, to).await {
-                debug!(%to, %error, "swim send failed");
-            }
-        }
-        let now = Instant::now();
-        for (after, timer) in effects.timers.drain(..) {
-            if timers.len() >= TIMERS_MAX {
-                warn!("swim timer heap full; dropping a timer");
-                continue;
-            }
-            timers.push(Reverse((now + after, timer)));
-        }
-        let events = std::mem::take(&mut effects.events);
-        membership.publish(core.view().clone(), events);
-
-        let next_due = timers.peek().map(|Reverse((at, _))| *at);
+        swim.apply_effects(&membership).await;
+        let next_due = swim.timers.peek().map(|Reverse((at, _))| *at);
         tokio::select! {
-            received = socket.recv_from(&mut buf) => match received {
-                Ok((len, from)) => {
-                    recv_errors = 0;
-                    if len > args.settings.packet_bytes_max {
-                        debug!(%from, len, "oversized swim datagram dropped");
-                        continue;
-                    }
-                    if let Err(error) = core.handle_data(&buf[..len]) {
-                        debug!(%from, %error, "swim datagram dropped");
-                    }
-                }
-                Err(error) => {
-                    recv_errors += 1;
-                    debug!(%error, recv_errors, "swim receive failed");
-                    if recv_errors >= RECV_ERRORS_MAX {
-                        return Err(MembershipError::Socket(error));
-                    }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = sleep_until_opt(next_due) => {
-                let now = Instant::now();
-                while let Some(Reverse((at, _))) = timers.peek() {
-                    if *at > now {
-                        break;
-                    }
-                    let Some(Reverse((_, timer))) = timers.pop() else { break };
-                    if let Err(error) = core.handle_timer(timer) {
-                        debug!(%error, "swim timer failed");
-                    }
-                }
-            }
-            _ = seed_tick.tick() => {
-                if !core.is_connected() {
-                    for seed in &args.seeds {
-                        if let Err(error) = core.announce(*seed) {
-                            debug!(%seed, %error, "announce failed");
-                        }
-                    }
-                }
-            }
+            received = swim.socket.recv_from(&mut swim.buf) => swim.on_received(received).await?,
+            _ = sleep_until_opt(next_due) => swim.fire_due_timers(),
+            _ = seed_tick.tick() => swim.announce_to_seeds(),
             changed = routing_rx.changed() => {
-                if changed.is_err() {
-                    continue;
-                }
-                let routing = routing_rx.borrow_and_update().clone();
-                if let Some(routing) = routing
-                    && let Err(error) = core.set_routing(routing.ring_version, routing.leaders)
-                {
-                    warn!(%error, "routing hint refused");
+                if changed.is_ok() {
+                    swim.set_routing(routing_rx.borrow_and_update().clone());
                 }
             }
             changed = attributes_rx.changed() => {
-                if changed.is_err() {
-                    continue;
-                }
-                let attributes = attributes_rx.borrow_and_update().clone();
-                if let Some(attributes) = attributes
-                    && let Err(error) = core.set_attributes(attributes)
-                {
-                    warn!(%error, "attributes not changed");
+                if changed.is_ok() {
+                    swim.set_attributes(attributes_rx.borrow_and_update().clone());
                 }
             }
             changed = leave_rx.changed() => {
                 if changed.is_ok() && *leave_rx.borrow_and_update() {
-                    info!("leaving the cluster");
-                    if let Err(error) = core.leave() {
-                        debug!(%error, "leave failed");
-                    }
-                    core.take_effects(&mut effects);
-                    for (to, data) in effects.sends.drain(..) {
-                        let _ = socket.send_to(&data, to).await;
-                    }
+                    swim.leave().await;
                     return Ok(());
                 }
             }
+        }
+    }
+}
+
+/// What the runtime's task owns besides its input channels: the core, its
+/// socket and its timers.
+struct Swim {
+    core: MembershipCore,
+    socket: UdpSocket,
+    timers: BinaryHeap<Reverse<(Instant, Timer<NodeIdentity>)>>,
+    effects: Effects,
+    /// One byte longer than a datagram may be, so an oversized one shows.
+    buf: Vec<u8>,
+    packet_bytes_max: usize,
+    /// Announced to until one answers.
+    seeds: Vec<SocketAddr>,
+    /// Consecutive receive errors (`RECV_ERRORS_MAX`).
+    recv_errors: u32,
+}
+
+impl Swim {
+    fn new(
+        core: MembershipCore,
+        socket: UdpSocket,
+        packet_bytes_max: usize,
+        seeds: Vec<SocketAddr>,
+    ) -> Swim {
+        Swim {
+            core,
+            socket,
+            timers: BinaryHeap::new(),
+            effects: Effects::default(),
+            buf: vec![0u8; packet_bytes_max + 1],
+            packet_bytes_max,
+            seeds,
+            recv_errors: 0,
+        }
+    }
+
+    /// Does what the last input asked: sends foca's datagrams (a failed
+    /// send is only logged: SWIM tolerates loss), arms its timers (at most
+    /// `TIMERS_MAX`), and publishes the view with the events since.
+    async fn apply_effects(&mut self, membership: &Membership) {
+        self.core.take_effects(&mut self.effects);
+        for (to, data) in self.effects.sends.drain(..) {
+            if let Err(error) = self.socket.send_to(&data, to).await {
+                debug!(%to, %error, "swim send failed");
+            }
+        }
+        let now = Instant::now();
+        for (after, timer) in self.effects.timers.drain(..) {
+            if self.timers.len() >= TIMERS_MAX {
+                warn!("swim timer heap full; dropping a timer");
+                continue;
+            }
+            self.timers.push(Reverse((now + after, timer)));
+        }
+        debug_assert!(self.timers.len() <= TIMERS_MAX, "the timer heap is bounded");
+        let events = std::mem::take(&mut self.effects.events);
+        membership.publish(self.core.view().clone(), events);
+    }
+
+    /// Hands a received datagram to the core, dropping an oversized or
+    /// undecodable one. A receive error pauses briefly; `RECV_ERRORS_MAX`
+    /// in a row end the runtime (its supervisor restarts it).
+    async fn on_received(
+        &mut self,
+        received: std::io::Result<(usize, SocketAddr)>,
+    ) -> Result<(), MembershipError> {
+        match received {
+            Ok((len, from)) => {
+                self.recv_errors = 0;
+                if len > self.packet_bytes_max {
+                    debug!(%from, len, "oversized swim datagram dropped");
+                    return Ok(());
+                }
+                if let Err(error) = self.core.handle_data(&self.buf[..len]) {
+                    debug!(%from, %error, "swim datagram dropped");
+                }
+            }
+            Err(error) => {
+                self.recv_errors += 1;
+                debug!(%error, recv_errors = self.recv_errors, "swim receive failed");
+                if self.recv_errors >= RECV_ERRORS_MAX {
+                    return Err(MembershipError::Socket(error));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands every timer due by now back to the core, earliest first.
+    fn fire_due_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, _))) = self.timers.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((_, timer))) = self.timers.pop() else {
+                break;
+            };
+            if let Err(error) = self.core.handle_timer(timer) {
+                debug!(%error, "swim timer failed");
+            }
+        }
+    }
+
+    /// Announces this broker to every seed while it knows no other member.
+    fn announce_to_seeds(&mut self) {
+        if !self.core.is_connected() {
+            for seed in &self.seeds {
+                if let Err(error) = self.core.announce(*seed) {
+                    debug!(%seed, %error, "announce failed");
+                }
+            }
+        }
+    }
+
+    /// Takes the routing the handle published (`None`: none yet); a hint
+    /// the core refuses is logged and the old one stays.
+    fn set_routing(&mut self, routing: Option<LocalRouting>) {
+        if let Some(routing) = routing
+            && let Err(error) = self.core.set_routing(routing.ring_version, routing.leaders)
+        {
+            warn!(%error, "routing hint refused");
+        }
+    }
+
+    /// Takes the attributes the handle set (`None`: none yet); a change
+    /// the core refuses is logged and the old attributes stay.
+    fn set_attributes(&mut self, attributes: Option<BTreeMap<String, String>>) {
+        if let Some(attributes) = attributes
+            && let Err(error) = self.core.set_attributes(attributes)
+        {
+            warn!(%error, "attributes not changed");
+        }
+    }
+
+    /// Declares this broker down to the others and sends that, best effort:
+    /// the runtime ends right after.
+    async fn leave(&mut self) {
+        info!("leaving the cluster");
+        if let Err(error) = self.core.leave() {
+            debug!(%error, "leave failed");
+        }
+        self.core.take_effects(&mut self.effects);
+        for (to, data) in self.effects.sends.drain(..) {
+            let _ = self.socket.send_to(&data, to).await;
         }
     }
 }

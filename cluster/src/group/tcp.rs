@@ -1000,19 +1000,42 @@ async fn serve_connection(
     shared: Arc<ServerShared>,
     _slot: OwnedSemaphorePermit,
 ) {
-    let counters = &shared.counters;
-    counters.connections_open.fetch_add(1, Ordering::SeqCst);
-    struct Open<'a>(&'a AtomicU64);
-    impl Drop for Open<'_> {
-        fn drop(&mut self) {
-            self.0.fetch_sub(1, Ordering::SeqCst);
-        }
+    let _open = OpenConnection::count(&shared.counters.connections_open);
+    let Some(client) = authenticate(&mut stream, peer, &shared).await else {
+        return;
+    };
+    serve_requests(stream, peer, client, &shared).await;
+}
+
+/// Counts a connection in `connections_open` for as long as it lives.
+struct OpenConnection<'a>(&'a AtomicU64);
+
+impl<'a> OpenConnection<'a> {
+    fn count(open: &'a AtomicU64) -> OpenConnection<'a> {
+        open.fetch_add(1, Ordering::SeqCst);
+        OpenConnection(open)
     }
-    let _open = Open(&counters.connections_open);
+}
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs the server's side of the handshake within `handshake_timeout_ms`
+/// and names the client node, or counts and logs the refusal (a bad
+/// cookie, not a handshake, a timeout): `None` closes the connection.
+async fn authenticate(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    shared: &ServerShared,
+) -> Option<u64> {
+    let counters = &shared.counters;
     let config = &shared.config;
     let shaken = tokio::time::timeout(
         Duration::from_millis(config.handshake_timeout_ms),
-        serve_handshake(&mut stream, &config.cookie, config.node_id),
+        serve_handshake(stream, &config.cookie, config.node_id),
     )
     .await;
     let client = match shaken {
@@ -1024,58 +1047,47 @@ async fn serve_connection(
                 HandshakeError::NotAHandshake => "not a raft handshake".to_owned(),
                 e => e.to_string(),
             };
-            log_refusal(&shared, &shared.handshake_log, peer, &reason);
-            return;
+            log_refusal(shared, &shared.handshake_log, peer, &reason);
+            return None;
         }
         Err(_) => {
             counters.refused_handshake.fetch_add(1, Ordering::SeqCst);
-            log_refusal(&shared, &shared.handshake_log, peer, "handshake timed out");
-            return;
+            log_refusal(shared, &shared.handshake_log, peer, "handshake timed out");
+            return None;
         }
     };
     counters.authenticated.fetch_add(1, Ordering::SeqCst);
     tracing::debug!(node = config.node_id, %peer, client, "raft connection authenticated");
-    let frame_bytes_max = config.frame_bytes_max;
-    let read_timeout = Duration::from_millis(config.frame_read_timeout_ms);
+    Some(client)
+}
+
+/// Serves an authenticated connection's requests until it ends: each is
+/// answered in a task of its own, at most
+/// `SERVER_INFLIGHT_PER_CONNECTION_MAX` at once (reading waits for a
+/// slot), and one writer sends the answers in the order they finish.
+/// Ending aborts the answers still running and the writer.
+async fn serve_requests(
+    stream: TcpStream,
+    peer: SocketAddr,
+    client: u64,
+    shared: &Arc<ServerShared>,
+) {
+    let frame_bytes_max = shared.config.frame_bytes_max;
     let (mut source, sink) = stream.into_split();
-    let mut sink = FramedWrite::new(sink, ServerCodec::new(frame_bytes_max));
-    let (answers, mut outbox) = mpsc::channel::<ResponseFrame>(SERVER_INFLIGHT_PER_CONNECTION_MAX);
+    let sink = FramedWrite::new(sink, ServerCodec::new(frame_bytes_max));
+    let (answers, outbox) = mpsc::channel::<ResponseFrame>(SERVER_INFLIGHT_PER_CONNECTION_MAX);
     let slots = Arc::new(Semaphore::new(SERVER_INFLIGHT_PER_CONNECTION_MAX));
     let mut work = JoinSet::new();
-    let writer = tokio::spawn(async move {
-        while let Some(frame) = outbox.recv().await {
-            if sink.send(frame).await.is_err() {
-                break;
-            }
-        }
-    });
+    let writer = tokio::spawn(write_answers(sink, outbox));
     let mut codec = ServerCodec::new(frame_bytes_max);
-    loop {
-        let next = next_frame(
-            &mut source,
-            &mut codec,
-            REQUEST_HEADER_BYTES,
-            frame_bytes_max,
-            read_timeout,
-        )
-        .await;
-        let frame = match next {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
-            Err(FrameReadError::Io(e)) if e.kind() != std::io::ErrorKind::InvalidData => {
-                tracing::debug!(%peer, client, error = %e, "raft connection closed");
-                break;
-            }
-            Err(e) => {
-                counters.dropped_bad_frame.fetch_add(1, Ordering::SeqCst);
-                log_refusal(&shared, &shared.frame_log, peer, &e.to_string());
-                break;
-            }
-        };
+    while let Some(frame) = read_request(&mut source, &mut codec, peer, client, shared).await {
         if frame.api_key == PING_API_KEY {
-            counters.pings_served.fetch_add(1, Ordering::Relaxed);
+            shared.counters.pings_served.fetch_add(1, Ordering::Relaxed);
         } else {
-            counters.requests_served.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .requests_served
+                .fetch_add(1, Ordering::Relaxed);
         }
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             break;
@@ -1092,6 +1104,55 @@ async fn serve_connection(
     }
     work.abort_all();
     writer.abort();
+}
+
+/// Sends a connection's answers until every sender is gone or the
+/// connection fails.
+async fn write_answers(
+    mut sink: FramedWrite<tokio::net::tcp::OwnedWriteHalf, ServerCodec>,
+    mut outbox: mpsc::Receiver<ResponseFrame>,
+) {
+    while let Some(frame) = outbox.recv().await {
+        if sink.send(frame).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Reads a connection's next request within `frame_read_timeout_ms`.
+/// `None` ends the connection: at a clean end, on an I/O failure (logged
+/// at debug), or on a bad frame (counted, and logged as a refusal).
+async fn read_request(
+    source: &mut tokio::net::tcp::OwnedReadHalf,
+    codec: &mut ServerCodec,
+    peer: SocketAddr,
+    client: u64,
+    shared: &ServerShared,
+) -> Option<RequestFrame> {
+    let next = next_frame(
+        source,
+        codec,
+        REQUEST_HEADER_BYTES,
+        shared.config.frame_bytes_max,
+        Duration::from_millis(shared.config.frame_read_timeout_ms),
+    )
+    .await;
+    match next {
+        Ok(Some(frame)) => Some(frame),
+        Ok(None) => None,
+        Err(FrameReadError::Io(e)) if e.kind() != std::io::ErrorKind::InvalidData => {
+            tracing::debug!(%peer, client, error = %e, "raft connection closed");
+            None
+        }
+        Err(e) => {
+            shared
+                .counters
+                .dropped_bad_frame
+                .fetch_add(1, Ordering::SeqCst);
+            log_refusal(shared, &shared.frame_log, peer, &e.to_string());
+            None
+        }
+    }
 }
 
 async fn answer(service: &dyn RpcService, frame: RequestFrame, boot_id: u64) -> ResponseFrame {

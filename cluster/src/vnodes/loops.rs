@@ -28,6 +28,27 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
 
+/// The host's liveness prober, if `config` asks for probing; its settings
+/// are checked first, so a host never starts with a prober that cannot
+/// judge liveness.
+pub(super) fn new_prober(
+    config: &super::VnodeHostConfig,
+    transport: &Arc<crate::group::TcpTransport>,
+) -> Result<Option<Arc<Prober>>, crate::group::GroupError> {
+    let Some(settings) = config.liveness else {
+        return Ok(None);
+    };
+    settings
+        .validate()
+        .map_err(|e| crate::group::GroupError::config(super::ConfigProblem::Liveness(e)))?;
+    Ok(Some(Arc::new(Prober::new(
+        Arc::clone(transport),
+        config.node_id,
+        settings,
+        Arc::new(crate::clock::SystemClock::new()),
+    ))))
+}
+
 /// One of the host's long-lived loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum HostLoop {

@@ -451,20 +451,7 @@ impl VnodeHost {
                 nodes: config.nodes.clone(),
             }));
         }
-        let prober = match config.liveness {
-            Some(settings) => {
-                settings
-                    .validate()
-                    .map_err(|e| GroupError::config(ConfigProblem::Liveness(e)))?;
-                Some(Arc::new(Prober::new(
-                    Arc::clone(&transport),
-                    config.node_id,
-                    settings,
-                    Arc::new(crate::clock::SystemClock::new()),
-                )))
-            }
-            None => None,
-        };
+        let prober = loops::new_prober(&config, &transport)?;
         let rings = RingStore::load(config.node_id, &config.data_dir, config.vnode_count)?;
         let host = Arc::new_cyclic(|this| VnodeHost {
             this: this.clone(),
@@ -482,55 +469,8 @@ impl VnodeHost {
             config,
         });
         host.update_probe_peers();
-        let opened = async {
-            let _opening = host.groups.opening().await;
-            let ring = host.ring();
-            // Only the ring every broker started from, with the members the
-            // cluster was formed with, says who the voters of a fresh group
-            // are. Past it, groups move by membership changes (ADR 0104): a
-            // replica this broker lacks is opened empty and learns its
-            // membership from its leader, never guessed.
-            let pristine = ring.version() == 1
-                && ring.formed_members()
-                && !host.config.joined
-                && !host.rings.moved();
-            let me = host.config.node_id;
-            let ring_dir = host.config.data_dir.join("ring").exists();
-            let ring_target = host.target_voters(RING_VNODE);
-            if pristine && ring_target.contains(&me) {
-                host.groups.open(RING_GROUP_ID, Some(ring_target)).await?;
-            } else if ring_dir || ring_target.contains(&me) {
-                host.groups.open(RING_GROUP_ID, None).await?;
-            }
-            // The ring's vnodes, and any vnode whose group exists here (a
-            // split's child the ring this broker knows does not name yet,
-            // a replica a membership change gave it).
-            let dirs: BTreeSet<VnodeId> = vnode_dirs(&host.config.data_dir).into_iter().collect();
-            let mut vnodes: BTreeSet<VnodeId> = ring.vnodes().map(|v| v.id).collect();
-            vnodes.extend(dirs.iter().copied());
-            // Opened side by side, a bounded number at a time: opening a
-            // group is mostly waiting for its files' fsyncs, which the disk
-            // absorbs together, and one at a time 4,096 vnodes took minutes
-            // to start (ADR 0105).
-            let opens = vnodes.into_iter().filter_map(|vnode| {
-                let target = host.target_voters(vnode);
-                if pristine && target.contains(&me) {
-                    Some((vnode.group_id(), Some(target)))
-                } else if dirs.contains(&vnode) || target.contains(&me) {
-                    Some((vnode.group_id(), None))
-                } else {
-                    None
-                }
-            });
-            use futures::{StreamExt, TryStreamExt};
-            futures::stream::iter(opens)
-                .map(|(group_id, voters)| host.groups.open(group_id, voters))
-                .buffer_unordered(GROUPS_OPENING_MAX)
-                .try_collect::<()>()
-                .await?;
-            Ok::<(), GroupError>(())
-        };
-        if let Err(e) = opened.await.and_then(|()| host.check_local_features()) {
+        let opened = host.open_replicas().await;
+        if let Err(e) = opened.and_then(|()| host.check_local_features()) {
             host.shutdown().await;
             return Err(e);
         }

@@ -16,7 +16,7 @@
 //! came back, so it learns its leader before its own election timer fires.
 
 use super::{HostLoop, VnodeHost};
-use crate::group::GroupPace;
+use crate::group::{GroupPace, MetadataGroup};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -251,134 +251,233 @@ pub(super) async fn run_quiescer(
     check_ms: u64,
     balance: bool,
 ) {
-    let mut before: BTreeSet<u64> = BTreeSet::new();
-    let mut transferred: BTreeMap<u64, Handover> = BTreeMap::new();
-    let mut passes: u64 = 0;
-    let mut campaigns = Campaigns::new(CAMPAIGNS_MAX, Duration::from_millis(CAMPAIGN_SLOT_MS));
+    let mut state = Quiescer::new(balance);
     loop {
-        let mut transfers = 0usize;
-        let now: BTreeSet<u64> = up.borrow_and_update().clone();
-        let back: BTreeSet<u64> = now.difference(&before).copied().collect();
-        // A quiet group is re-judged on every change of the up set and
-        // on every `QUIET_SETTLED_PASSES`th pass; the others on every
-        // pass. Judging all of 4,096 groups four times a second was
-        // most of an idle broker's cost (ADR 0105).
-        passes = passes.wrapping_add(1);
-        let full = now != before || passes.is_multiple_of(QUIET_SETTLED_PASSES);
+        let pass = state.begin_pass(up.borrow_and_update().clone());
         {
+            // The host is held (strongly) for the whole pass, awaits
+            // included, and let go before the wait for the next.
             let Some(host) = host.upgrade() else { break };
             if host.is_stopped() {
                 break;
             }
             host.trip(HostLoop::Quiescer);
-            for group in host.registry().all() {
-                if !full && group.is_quiet() && !group.is_parked() {
-                    continue;
-                }
-                let pace = group.pace();
-                if !pace.running {
-                    // A stopped group campaigns no more: its place goes.
-                    campaigns.admit(pace.group_id, false, Instant::now());
-                    continue;
-                }
-                let quiet = quiet_wanted(&pace, &now);
-                let parked = parked_wanted(&mut campaigns, &pace, &now, Instant::now());
-                if parked != group.is_parked() {
-                    group.set_parked(parked);
-                }
-                if quiet != group.is_quiet() {
-                    tracing::debug!(
-                        group = pace.group_id,
-                        node = pace.node_id,
-                        leader = ?pace.leader,
-                        is_leader = pace.is_leader,
-                        quiet,
-                        "group pace changed"
-                    );
-                    group.set_quiet(quiet);
-                }
-                let wakes_peer = pace.voters.iter().any(|v| back.contains(v));
-                if pace.is_leader
-                    && wakes_peer
-                    && let Err(e) = group.heartbeat().await
-                {
-                    tracing::debug!(error = %e, "heartbeat to a returning peer failed");
-                }
-                if !balance {
-                    continue;
-                }
-                // A stalled hand-over is handed over again whatever
-                // the pass's budget: the group serves nothing until.
-                let stalled = transferred.get(&pace.group_id).copied().filter(|h| {
-                    handover_stalled(&pace, h, Duration::from_millis(TRANSFER_STALLED_MS))
-                });
-                if let Some(stalled) = stalled {
-                    let to = handover_target(&pace, &now);
-                    tracing::info!(
-                        group = pace.group_id,
-                        from = pace.node_id,
-                        stalled_to = stalled.to,
-                        ?to,
-                        "leadership hand-over stalled; handing over again"
-                    );
-                    transferred.insert(
-                        pace.group_id,
-                        Handover {
-                            to: to.unwrap_or(stalled.to),
-                            term: pace.term,
-                            at: Instant::now(),
-                        },
-                    );
-                    if let Some(to) = to
-                        && let Err(e) = group.transfer_leader(to).await
-                    {
-                        tracing::debug!(error = %e, "leadership transfer failed");
-                    }
-                    continue;
-                }
-                if transfers >= TRANSFERS_PER_PASS_MAX {
-                    continue;
-                }
-                let recently = transferred
-                    .get(&pace.group_id)
-                    .is_some_and(|h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
-                if let Some(to) = transfer_wanted(&pace, &now)
-                    && !recently
-                {
-                    tracing::debug!(
-                        group = pace.group_id,
-                        from = pace.node_id,
-                        to,
-                        "handing leadership to the preferred voter"
-                    );
-                    transferred.insert(
-                        pace.group_id,
-                        Handover {
-                            to,
-                            term: pace.term,
-                            at: Instant::now(),
-                        },
-                    );
-                    transfers += 1;
-                    group.set_quiet(false);
-                    if let Err(e) = group.transfer_leader(to).await {
-                        tracing::debug!(error = %e, "leadership transfer failed");
-                    }
-                }
+            state.judge_groups(&host, &pass).await;
+        }
+        state.end_pass(&host, pass);
+        if !next_pass_due(&mut up, check_ms).await {
+            break;
+        }
+    }
+}
+
+/// Waits until the up set changes or `check_ms` passes. False once the up
+/// channel closed: the prober ended, and with it the quiescer's input.
+async fn next_pass_due(up: &mut watch::Receiver<BTreeSet<u64>>, check_ms: u64) -> bool {
+    tokio::select! {
+        changed = up.changed() => changed.is_ok(),
+        () = tokio::time::sleep(Duration::from_millis(check_ms)) => true,
+    }
+}
+
+/// What the quiescer keeps from one pass to the next.
+struct Quiescer {
+    /// Whether leaderships are handed to their preferred voters.
+    balance: bool,
+    /// The up set the last pass judged by.
+    before: BTreeSet<u64>,
+    /// Hand-overs started and not yet forgotten (`TRANSFER_RETRY_MS`).
+    transferred: BTreeMap<u64, Handover>,
+    passes: u64,
+    campaigns: Campaigns,
+}
+
+/// One pass's view of liveness.
+struct Pass {
+    /// The up set now.
+    now: BTreeSet<u64>,
+    /// Nodes up now that were not at the last pass.
+    back: BTreeSet<u64>,
+    /// Whether quiet groups are judged too this pass.
+    full: bool,
+}
+
+impl Quiescer {
+    fn new(balance: bool) -> Quiescer {
+        Quiescer {
+            balance,
+            before: BTreeSet::new(),
+            transferred: BTreeMap::new(),
+            passes: 0,
+            campaigns: Campaigns::new(CAMPAIGNS_MAX, Duration::from_millis(CAMPAIGN_SLOT_MS)),
+        }
+    }
+
+    /// Decides which groups this pass judges. A quiet group is re-judged
+    /// on every change of the up set and on every `QUIET_SETTLED_PASSES`th
+    /// pass; the others on every pass. Judging all of 4,096 groups four
+    /// times a second was most of an idle broker's cost (ADR 0105).
+    fn begin_pass(&mut self, now: BTreeSet<u64>) -> Pass {
+        let back: BTreeSet<u64> = now.difference(&self.before).copied().collect();
+        self.passes = self.passes.wrapping_add(1);
+        let full = now != self.before || self.passes.is_multiple_of(QUIET_SETTLED_PASSES);
+        debug_assert!(
+            back.is_empty() || full,
+            "a node came back yet the pass is not full"
+        );
+        Pass { now, back, full }
+    }
+
+    /// Remembers the pass's up set and forgets hand-overs past their retry
+    /// time and, on a full pass, the campaign places of groups gone.
+    fn end_pass(&mut self, host: &Weak<VnodeHost>, pass: Pass) {
+        self.before = pass.now;
+        self.transferred
+            .retain(|_, h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
+        if let Some(host) = host.upgrade().filter(|_| pass.full) {
+            self.campaigns
+                .retain(|group_id| host.registry().get(group_id).is_some());
+        }
+    }
+
+    /// Judges every hosted group this pass covers, one after another.
+    async fn judge_groups(&mut self, host: &VnodeHost, pass: &Pass) {
+        let mut transfers = 0usize;
+        for group in host.registry().all() {
+            if !pass.full && group.is_quiet() && !group.is_parked() {
+                continue;
+            }
+            let pace = group.pace();
+            if !pace.running {
+                // A stopped group campaigns no more: its place goes.
+                self.campaigns.admit(pace.group_id, false, Instant::now());
+                continue;
+            }
+            self.set_pace(&group, &pace, &pass.now);
+            let wakes_peer = pace.voters.iter().any(|v| pass.back.contains(v));
+            if pace.is_leader
+                && wakes_peer
+                && let Err(e) = group.heartbeat().await
+            {
+                tracing::debug!(error = %e, "heartbeat to a returning peer failed");
+            }
+            if self.balance {
+                self.balance_leader(&group, &pace, &pass.now, &mut transfers)
+                    .await;
             }
         }
-        before = now;
-        transferred.retain(|_, h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
-        if let Some(host) = host.upgrade().filter(|_| full) {
-            campaigns.retain(|group_id| host.registry().get(group_id).is_some());
+    }
+
+    /// Parks or unparks one running group's election timer and quiets or
+    /// wakes its ticker, as `parked_wanted` and `quiet_wanted` decide.
+    fn set_pace(&mut self, group: &MetadataGroup, pace: &GroupPace, now: &BTreeSet<u64>) {
+        debug_assert!(pace.running, "a stopped group is not paced");
+        let quiet = quiet_wanted(pace, now);
+        let parked = parked_wanted(&mut self.campaigns, pace, now, Instant::now());
+        if parked != group.is_parked() {
+            group.set_parked(parked);
         }
-        tokio::select! {
-            changed = up.changed() => {
-                if changed.is_err() {
-                    break;
-                }
+        if quiet != group.is_quiet() {
+            tracing::debug!(
+                group = pace.group_id,
+                node = pace.node_id,
+                leader = ?pace.leader,
+                is_leader = pace.is_leader,
+                quiet,
+                "group pace changed"
+            );
+            group.set_quiet(quiet);
+        }
+    }
+
+    /// Hands one group's leadership on if it should move: again if its
+    /// last hand-over stalled, whatever the pass's budget (the group
+    /// serves nothing until), else to its preferred voter while the pass
+    /// has budget (`TRANSFERS_PER_PASS_MAX`) and it was not handed over
+    /// within `TRANSFER_RETRY_MS`.
+    async fn balance_leader(
+        &mut self,
+        group: &MetadataGroup,
+        pace: &GroupPace,
+        now: &BTreeSet<u64>,
+        transfers: &mut usize,
+    ) {
+        let stalled = self
+            .transferred
+            .get(&pace.group_id)
+            .copied()
+            .filter(|h| handover_stalled(pace, h, Duration::from_millis(TRANSFER_STALLED_MS)));
+        if let Some(stalled) = stalled {
+            self.hand_over_again(group, pace, now, stalled).await;
+            return;
+        }
+        if *transfers >= TRANSFERS_PER_PASS_MAX {
+            return;
+        }
+        let recently = self
+            .transferred
+            .get(&pace.group_id)
+            .is_some_and(|h| h.at.elapsed() < Duration::from_millis(TRANSFER_RETRY_MS));
+        if let Some(to) = transfer_wanted(pace, now)
+            && !recently
+        {
+            debug_assert_ne!(to, pace.node_id, "a leader hands over to another voter");
+            tracing::debug!(
+                group = pace.group_id,
+                from = pace.node_id,
+                to,
+                "handing leadership to the preferred voter"
+            );
+            self.transferred.insert(
+                pace.group_id,
+                Handover {
+                    to,
+                    term: pace.term,
+                    at: Instant::now(),
+                },
+            );
+            *transfers += 1;
+            group.set_quiet(false);
+            if let Err(e) = group.transfer_leader(to).await {
+                tracing::debug!(error = %e, "leadership transfer failed");
             }
-            () = tokio::time::sleep(Duration::from_millis(check_ms)) => {}
+        }
+    }
+
+    /// Hands a stalled hand-over's leadership again (`handover_target`),
+    /// or, with no voter able to take it, only restarts its stall clock.
+    async fn hand_over_again(
+        &mut self,
+        group: &MetadataGroup,
+        pace: &GroupPace,
+        now: &BTreeSet<u64>,
+        stalled: Handover,
+    ) {
+        let to = handover_target(pace, now);
+        debug_assert_ne!(
+            to,
+            Some(pace.node_id),
+            "a leader hands over to another voter"
+        );
+        tracing::info!(
+            group = pace.group_id,
+            from = pace.node_id,
+            stalled_to = stalled.to,
+            ?to,
+            "leadership hand-over stalled; handing over again"
+        );
+        self.transferred.insert(
+            pace.group_id,
+            Handover {
+                to: to.unwrap_or(stalled.to),
+                term: pace.term,
+                at: Instant::now(),
+            },
+        );
+        if let Some(to) = to
+            && let Err(e) = group.transfer_leader(to).await
+        {
+            tracing::debug!(error = %e, "leadership transfer failed");
         }
     }
 }

@@ -24,10 +24,10 @@
 //! broker leads, a few groups at a time.
 
 use super::{HostLoop, VnodeHost, voters_for};
-use crate::group::GroupMembership;
-use malachi_core::ring::{MemberState, RING_VNODE, VnodeId};
+use crate::group::{GroupMembership, MetadataGroup};
+use malachi_core::ring::{MemberState, RING_VNODE, Ring, VnodeId};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -290,133 +290,229 @@ pub(super) async fn run_rebalancer(
     check_ms: u64,
     replace_after_ms: u64,
 ) {
-    let mut down = DownSince::default();
-    let mut last_sweep = Instant::now();
-    // Since when each learner (by group) has been one nobody needs.
-    let mut unneeded: BTreeMap<(u64, u64), Instant> = BTreeMap::new();
-    // When each group last handed its leadership over: a hand-over is
-    // an election, given time before it is asked for again.
-    let mut handed: BTreeMap<u64, Instant> = BTreeMap::new();
-    // Each led group's segment-copy holders, by the applied index they
-    // were read at: recomputed only when the group applied something.
-    let mut holders: BTreeMap<u64, (u64, BTreeSet<u64>)> = BTreeMap::new();
-    // Each led group's target, by the ring version and eligible
-    // brokers it was computed from.
-    #[allow(clippy::type_complexity)]
-    let mut targets: BTreeMap<u64, ((u64, Vec<u64>), Result<BTreeSet<u64>, PlacementRefused>)> =
-        BTreeMap::new();
+    let mut state = Rebalancer::new(Duration::from_millis(replace_after_ms));
     loop {
         let worked = {
+            // The host is held (strongly) for the whole pass, awaits
+            // included, and let go before the pause.
             let Some(host) = host.upgrade() else { break };
             if host.is_stopped() {
                 break;
             }
             host.trip(HostLoop::Rebalancer);
-            let ring = host.ring();
-            let members = ring.members_or(host.formation_nodes());
-            let me = host.node_id();
-            let up_now: BTreeSet<u64> = match &up {
-                Some(up) => up.borrow().clone(),
-                None => members.keys().copied().collect(),
-            };
-            let dead = down.observe(
-                me,
-                members.keys().copied(),
-                &up_now,
-                Instant::now(),
-                Duration::from_millis(replace_after_ms),
-            );
-            let replicas = host.replicas_per_vnode();
-            let eligible = eligible(&members, &dead, replicas);
-            let mut steps = Vec::new();
-            let led: Vec<_> = host
-                .registry()
-                .all()
-                .into_iter()
-                .filter(|g| g.is_leader())
-                .collect();
-            let led_ids: BTreeSet<u64> = led.iter().map(|g| g.group_id()).collect();
-            holders.retain(|id, _| led_ids.contains(id));
-            targets.retain(|id, _| led_ids.contains(id));
-            handed.retain(|id, _| led_ids.contains(id));
-            unneeded.retain(|(id, _), _| led_ids.contains(id));
-            for group in led {
-                let group_id = group.group_id();
-                let Some(vnode) = vnode_of(group_id) else {
-                    continue;
-                };
-                // Placement under constraints may weigh many sets:
-                // computed again only when its inputs change.
-                let inputs = (ring.version(), eligible.clone());
-                let target = match targets.get(&group_id) {
-                    Some((at, target)) if *at == inputs => target.clone(),
-                    _ => {
-                        let target = placed_voters(vnode, &eligible, replicas, &ring);
-                        if let Err(refused) = &target {
-                            tracing::warn!(%vnode, ring_version = ring.version(), %refused, "the vnode placement constraints cannot be met; the group stays where it is");
-                        }
-                        targets.insert(group_id, (inputs, target.clone()));
-                        target
-                    }
-                };
-                let Ok(target) = target else {
-                    continue;
-                };
-                let membership = group.membership();
-                let applied = group.applied_index();
-                let mut keep = match holders.get(&group_id) {
-                    Some((at, set)) if *at == applied => set.clone(),
-                    _ => {
-                        let set = group.read_local(|s| s.copy_holders());
-                        holders.insert(group_id, (applied, set.clone()));
-                        set
-                    }
-                };
-                // A learner nobody needs lingers a while first: a
-                // segment placed on it a moment ago may not be applied
-                // on this leader yet.
-                let now = Instant::now();
-                for learner in &membership.learners {
-                    if target.contains(learner) || keep.contains(learner) {
-                        unneeded.remove(&(group_id, *learner));
-                        continue;
-                    }
-                    let since = *unneeded.entry((group_id, *learner)).or_insert(now);
-                    if now.duration_since(since) < Duration::from_millis(LEARNER_LINGER_MS) {
-                        keep.insert(*learner);
-                    }
-                }
-                let step = next_step(me, &membership, &target, &keep, &up_now);
-                if let Step::HandOver { .. } = step {
-                    if handed
-                        .get(&group_id)
-                        .is_some_and(|at| at.elapsed() < Duration::from_millis(HANDOVER_RETRY_MS))
-                    {
-                        continue;
-                    }
-                    handed.insert(group_id, Instant::now());
-                }
-                if step != Step::Settled {
-                    steps.push((vnode, group, step));
-                }
-                if steps.len() >= REBALANCE_GROUPS_PARALLEL_MAX {
-                    break;
-                }
-            }
-            let worked = !steps.is_empty();
-            let runs = steps
-                .into_iter()
-                .map(|(vnode, group, step)| host.take_step(vnode, group, step));
-            futures::future::join_all(runs).await;
-            if last_sweep.elapsed() >= Duration::from_millis(SWEEP_EVERY_MS) {
-                last_sweep = Instant::now();
-                host.sweep_left_groups().await;
-            }
-            worked
+            state.pass(&host, up.as_ref()).await
         };
         // Straight on while there is work; else wait for the next check.
         let pause = if worked { 50 } else { check_ms };
         tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+/// A group's target voters, by the ring version and eligible brokers it
+/// was computed from.
+type CachedTarget = ((u64, Vec<u64>), Result<BTreeSet<u64>, PlacementRefused>);
+
+/// What the rebalancer keeps from one pass to the next.
+struct Rebalancer {
+    replace_after: Duration,
+    down: DownSince,
+    last_sweep: Instant,
+    /// Since when each learner (by group) has been one nobody needs.
+    unneeded: BTreeMap<(u64, u64), Instant>,
+    /// When each group last handed its leadership over: a hand-over is
+    /// an election, given time before it is asked for again.
+    handed: BTreeMap<u64, Instant>,
+    /// Each led group's segment-copy holders, by the applied index they
+    /// were read at: recomputed only when the group applied something.
+    holders: BTreeMap<u64, (u64, BTreeSet<u64>)>,
+    /// Each led group's target. Placement under constraints may weigh
+    /// many sets: computed again only when its inputs change.
+    targets: BTreeMap<u64, CachedTarget>,
+}
+
+/// One pass's view of the cluster, the same for every group it judges.
+struct View {
+    ring: Arc<Ring>,
+    me: u64,
+    up_now: BTreeSet<u64>,
+    eligible: Vec<u64>,
+    replicas: usize,
+}
+
+impl Rebalancer {
+    fn new(replace_after: Duration) -> Rebalancer {
+        Rebalancer {
+            replace_after,
+            down: DownSince::default(),
+            last_sweep: Instant::now(),
+            unneeded: BTreeMap::new(),
+            handed: BTreeMap::new(),
+            holders: BTreeMap::new(),
+            targets: BTreeMap::new(),
+        }
+    }
+
+    /// One pass: takes a step in up to `REBALANCE_GROUPS_PARALLEL_MAX` led
+    /// groups at once, and every `SWEEP_EVERY_MS` sweeps the groups this
+    /// broker left. Whether any step was taken.
+    async fn pass(
+        &mut self,
+        host: &VnodeHost,
+        up: Option<&watch::Receiver<BTreeSet<u64>>>,
+    ) -> bool {
+        let view = self.view(host, up);
+        let steps = self.plan_steps(host, &view);
+        let worked = !steps.is_empty();
+        let runs = steps
+            .into_iter()
+            .map(|(vnode, group, step)| host.take_step(vnode, group, step));
+        futures::future::join_all(runs).await;
+        if self.last_sweep.elapsed() >= Duration::from_millis(SWEEP_EVERY_MS) {
+            self.last_sweep = Instant::now();
+            host.sweep_left_groups().await;
+        }
+        worked
+    }
+
+    /// The pass's view: the ring's members, who is up (every member
+    /// without a prober), and which brokers may hold replicas given who
+    /// has been down past `replace_after`.
+    fn view(&mut self, host: &VnodeHost, up: Option<&watch::Receiver<BTreeSet<u64>>>) -> View {
+        let ring = host.ring();
+        let members = ring.members_or(host.formation_nodes());
+        let me = host.node_id();
+        let up_now: BTreeSet<u64> = match up {
+            Some(up) => up.borrow().clone(),
+            None => members.keys().copied().collect(),
+        };
+        let dead = self.down.observe(
+            me,
+            members.keys().copied(),
+            &up_now,
+            Instant::now(),
+            self.replace_after,
+        );
+        debug_assert!(!dead.contains(&me), "this broker is never dead to itself");
+        let replicas = host.replicas_per_vnode();
+        let eligible = eligible(&members, &dead, replicas);
+        View {
+            ring,
+            me,
+            up_now,
+            eligible,
+            replicas,
+        }
+    }
+
+    /// The steps this pass takes: in the led groups, in order, up to
+    /// `REBALANCE_GROUPS_PARALLEL_MAX` of them. What is kept about groups
+    /// no longer led is forgotten first.
+    fn plan_steps(&mut self, host: &VnodeHost, view: &View) -> Vec<(VnodeId, MetadataGroup, Step)> {
+        let mut steps = Vec::new();
+        let led: Vec<_> = host
+            .registry()
+            .all()
+            .into_iter()
+            .filter(|g| g.is_leader())
+            .collect();
+        let led_ids: BTreeSet<u64> = led.iter().map(|g| g.group_id()).collect();
+        self.holders.retain(|id, _| led_ids.contains(id));
+        self.targets.retain(|id, _| led_ids.contains(id));
+        self.handed.retain(|id, _| led_ids.contains(id));
+        self.unneeded.retain(|(id, _), _| led_ids.contains(id));
+        for group in led {
+            let Some(vnode) = vnode_of(group.group_id()) else {
+                continue;
+            };
+            let Some(step) = self.group_step(view, vnode, &group) else {
+                continue;
+            };
+            debug_assert_ne!(step, Step::Settled, "a settled group takes no step");
+            steps.push((vnode, group, step));
+            if steps.len() >= REBALANCE_GROUPS_PARALLEL_MAX {
+                break;
+            }
+        }
+        steps
+    }
+
+    /// The step one led group takes now ([`next_step`]), if any: none when
+    /// its placement cannot be met, it is settled, or it handed its
+    /// leadership over less than `HANDOVER_RETRY_MS` ago.
+    fn group_step(&mut self, view: &View, vnode: VnodeId, group: &MetadataGroup) -> Option<Step> {
+        let group_id = group.group_id();
+        let target = self.target(view, vnode, group_id).ok()?;
+        let membership = group.membership();
+        let keep = self.keep(group, &membership, &target);
+        let step = next_step(view.me, &membership, &target, &keep, &view.up_now);
+        if let Step::HandOver { .. } = step {
+            if self
+                .handed
+                .get(&group_id)
+                .is_some_and(|at| at.elapsed() < Duration::from_millis(HANDOVER_RETRY_MS))
+            {
+                return None;
+            }
+            self.handed.insert(group_id, Instant::now());
+        }
+        (step != Step::Settled).then_some(step)
+    }
+
+    /// A group's target voters ([`placed_voters`]), computed again only
+    /// when the ring version or the eligible brokers changed. A refusal is
+    /// warned about once per change of inputs.
+    fn target(
+        &mut self,
+        view: &View,
+        vnode: VnodeId,
+        group_id: u64,
+    ) -> Result<BTreeSet<u64>, PlacementRefused> {
+        let inputs = (view.ring.version(), view.eligible.clone());
+        match self.targets.get(&group_id) {
+            Some((at, target)) if *at == inputs => target.clone(),
+            _ => {
+                let target = placed_voters(vnode, &view.eligible, view.replicas, &view.ring);
+                if let Err(refused) = &target {
+                    tracing::warn!(%vnode, ring_version = view.ring.version(), %refused, "the vnode placement constraints cannot be met; the group stays where it is");
+                }
+                self.targets.insert(group_id, (inputs, target.clone()));
+                target
+            }
+        }
+    }
+
+    /// The brokers a group keeps at least a learner on: its segment-copy
+    /// holders (read again only when the group applied something), and a
+    /// learner nobody needs for `LEARNER_LINGER_MS` first: a segment placed
+    /// on it a moment ago may not be applied on this leader yet.
+    fn keep(
+        &mut self,
+        group: &MetadataGroup,
+        membership: &GroupMembership,
+        target: &BTreeSet<u64>,
+    ) -> BTreeSet<u64> {
+        let group_id = group.group_id();
+        let applied = group.applied_index();
+        let mut keep = match self.holders.get(&group_id) {
+            Some((at, set)) if *at == applied => set.clone(),
+            _ => {
+                let set = group.read_local(|s| s.copy_holders());
+                self.holders.insert(group_id, (applied, set.clone()));
+                set
+            }
+        };
+        let now = Instant::now();
+        for learner in &membership.learners {
+            if target.contains(learner) || keep.contains(learner) {
+                self.unneeded.remove(&(group_id, *learner));
+                continue;
+            }
+            let since = *self.unneeded.entry((group_id, *learner)).or_insert(now);
+            if now.duration_since(since) < Duration::from_millis(LEARNER_LINGER_MS) {
+                keep.insert(*learner);
+            }
+        }
+        keep
     }
 }
 

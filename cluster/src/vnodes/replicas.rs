@@ -6,6 +6,70 @@
 use super::*;
 
 impl VnodeHost {
+    /// Opens (or recovers) this broker's replicas at start (`open`), under
+    /// the group set's opening lock: the ring's group first, then the
+    /// vnodes'. The first failure ends it; `open` then shuts down.
+    pub(super) async fn open_replicas(&self) -> Result<(), GroupError> {
+        let _opening = self.groups.opening().await;
+        let ring = self.ring();
+        // Only the ring every broker started from, with the members the
+        // cluster was formed with, says who the voters of a fresh group
+        // are. Past it, groups move by membership changes (ADR 0104): a
+        // replica this broker lacks is opened empty and learns its
+        // membership from its leader, never guessed.
+        let pristine = ring.version() == 1
+            && ring.formed_members()
+            && !self.config.joined
+            && !self.rings.moved();
+        self.open_ring_replica(pristine).await?;
+        self.open_vnode_replicas(&ring, pristine).await
+    }
+
+    /// Opens the ring's group here if this broker is one of its voters or
+    /// already holds its directory; fresh (with its voters) only on a
+    /// pristine ring.
+    async fn open_ring_replica(&self, pristine: bool) -> Result<(), GroupError> {
+        let me = self.config.node_id;
+        let ring_dir = self.config.data_dir.join("ring").exists();
+        let ring_target = self.target_voters(RING_VNODE);
+        if pristine && ring_target.contains(&me) {
+            self.groups.open(RING_GROUP_ID, Some(ring_target)).await?;
+        } else if ring_dir || ring_target.contains(&me) {
+            self.groups.open(RING_GROUP_ID, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Opens the ring's vnodes whose voters include this broker, and any
+    /// vnode whose group exists here (a split's child the ring this broker
+    /// knows does not name yet, a replica a membership change gave it);
+    /// fresh (with their voters) only on a pristine ring. Opened side by
+    /// side, a bounded number at a time: opening a group is mostly waiting
+    /// for its files' fsyncs, which the disk absorbs together, and one at a
+    /// time 4,096 vnodes took minutes to start (ADR 0105).
+    async fn open_vnode_replicas(&self, ring: &Ring, pristine: bool) -> Result<(), GroupError> {
+        use futures::{StreamExt, TryStreamExt};
+        let me = self.config.node_id;
+        let dirs: BTreeSet<VnodeId> = vnode_dirs(&self.config.data_dir).into_iter().collect();
+        let mut vnodes: BTreeSet<VnodeId> = ring.vnodes().map(|v| v.id).collect();
+        vnodes.extend(dirs.iter().copied());
+        let opens = vnodes.into_iter().filter_map(|vnode| {
+            let target = self.target_voters(vnode);
+            if pristine && target.contains(&me) {
+                Some((vnode.group_id(), Some(target)))
+            } else if dirs.contains(&vnode) || target.contains(&me) {
+                Some((vnode.group_id(), None))
+            } else {
+                None
+            }
+        });
+        futures::stream::iter(opens)
+            .map(|(group_id, voters)| self.groups.open(group_id, voters))
+            .buffer_unordered(GROUPS_OPENING_MAX)
+            .try_collect::<()>()
+            .await
+    }
+
     /// Where `vnode`'s replicas belong among the active members (the
     /// ring's group for `RING_VNODE`), by the ring this broker holds. The
     /// groups' memberships follow it (ADR 0104).

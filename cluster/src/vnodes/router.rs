@@ -116,6 +116,128 @@ impl Redirects {
     }
 }
 
+/// What one attempt's answer tells a route to do next.
+enum Next<T> {
+    /// The route ends: with the answer, or with a refusal.
+    End(Result<T, RouteError>),
+    /// A fresh redirect was followed: ask the new target at once.
+    Redirected,
+    /// Pause, then ask `at` (a named leader), or else the next voter.
+    Pause { at: Option<u64> },
+}
+
+/// One routed request's progress over its attempts.
+struct Route {
+    vnode: VnodeId,
+    voters: Vec<u64>,
+    /// Whom the next attempt asks.
+    target: u64,
+    /// Why the last attempt did not answer: the final error's reason.
+    last: String,
+    /// Set once an attempt may have applied the request: from then on a
+    /// final failure is `OutcomeUnknown`, never a refusal.
+    uncertain: Option<String>,
+    /// How many voters were tried in turn.
+    next_voter: usize,
+    redirects: Redirects,
+}
+
+impl Route {
+    /// A route starting at `targets`' leader, else its first voter.
+    fn new(vnode: VnodeId, targets: Targets) -> Route {
+        let voters = targets.voters;
+        assert!(!voters.is_empty(), "a route to {vnode} with no voter");
+        let target = targets.leader.unwrap_or(voters[0]);
+        Route {
+            vnode,
+            voters,
+            target,
+            last: String::from("no attempt"),
+            uncertain: None,
+            next_voter: 0,
+            redirects: Redirects::default(),
+        }
+    }
+
+    /// Decides what `answer` to attempt `attempt` means: the end, a fresh
+    /// redirect to follow at once (`target` moves), or a pause. A redirect
+    /// that cycles pauses toward the leader it names.
+    fn judge<T>(&mut self, attempt: u32, answer: Forwarded<T>) -> Next<T> {
+        let vnode = self.vnode;
+        let target = self.target;
+        let mut pause_at = None;
+        match answer {
+            Forwarded::Done(value) => return Next::End(Ok(value)),
+            Forwarded::Failed { reason } => {
+                let failed = RouteError::Failed { vnode, reason };
+                return Next::End(Err(settle(vnode, self.uncertain.take(), failed)));
+            }
+            Forwarded::Unknown { leader, reason } => {
+                tracing::debug!(%vnode, attempt, target, %reason, "metadata request outcome unknown");
+                self.last = reason.clone();
+                self.uncertain = Some(reason);
+                if let Some(leader) = leader
+                    && leader != target
+                {
+                    if self.redirect(leader) {
+                        return Next::Redirected;
+                    }
+                    pause_at = Some(leader);
+                }
+            }
+            Forwarded::NotLeader {
+                leader: Some(leader),
+            } if leader != target => {
+                self.last = format!("node {target} is not the leader; node {leader} is");
+                if self.redirect(leader) {
+                    return Next::Redirected;
+                }
+                pause_at = Some(leader);
+            }
+            Forwarded::NotLeader { .. } => {
+                if self.last == "no attempt" {
+                    self.last = format!("node {target} knows no leader");
+                }
+            }
+            Forwarded::Retry { reason } => self.last = reason,
+        }
+        Next::Pause { at: pause_at }
+    }
+
+    /// Follows a redirect to `leader` if it is fresh since the last pause.
+    fn redirect(&mut self, leader: u64) -> bool {
+        debug_assert_ne!(leader, self.target, "a redirect names another replica");
+        let fresh = self.redirects.fresh(self.target, leader);
+        if fresh {
+            self.target = leader;
+        }
+        fresh
+    }
+
+    /// Chooses whom to ask after a pause. No leader known here, or
+    /// replicas naming each other while an election settles: pause so it
+    /// can finish, then ask the named leader again, or else the voters in
+    /// turn.
+    fn paused_toward(&mut self, pause_at: Option<u64>) {
+        self.target = pause_at.unwrap_or_else(|| {
+            self.next_voter += 1;
+            self.voters[(self.next_voter - 1) % self.voters.len()]
+        });
+        self.redirects.paused();
+    }
+
+    /// How the route ends once out of attempts or time.
+    fn unavailable(self, attempts: u32) -> RouteError {
+        let vnode = self.vnode;
+        let unavailable = RouteError::Unavailable {
+            vnode,
+            attempts,
+            last: self.last,
+        };
+        settle(vnode, self.uncertain, unavailable)
+    }
+}
+
 /// How a request reaches a group's leader: part of `VnodeHost`.
 #[derive(Debug)]
 pub struct Router {
@@ -182,92 +304,36 @@ impl Router {
         local: impl Fn() -> futures::future::BoxFuture<'a, Forwarded<T>>,
     ) -> Result<T, RouteError> {
         let group_id = group_of(vnode);
-        let voters = targets.voters;
-        assert!(!voters.is_empty(), "a route to {vnode} with no voter");
-        let mut target = targets.leader.unwrap_or(voters[0]);
-        let mut last = String::from("no attempt");
-        // Set once an attempt may have applied the request: from then on a
-        // final failure is `OutcomeUnknown`, never a refusal.
-        let mut uncertain: Option<String> = None;
-        let mut next_voter = 0usize;
+        let mut route = Route::new(vnode, targets);
         let mut backoff = self.backoff(group_id);
-        let mut redirects = Redirects::default();
         let deadline = Instant::now() + Duration::from_millis(self.route_timeout_ms);
         let mut attempts = 0;
         for attempt in 1..=self.attempts_max {
             attempts = attempt;
-            let mut pause_at = None;
-            let answer: Forwarded<T> = if target == self.node_id {
+            let answer: Forwarded<T> = if route.target == self.node_id {
                 local().await
             } else {
-                self.forward_to(target, api_key, group_id, body, &mut last)
+                self.forward_to(route.target, api_key, group_id, body, &mut route.last)
                     .await
             };
-            match answer {
-                Forwarded::Done(value) => return Ok(value),
-                Forwarded::Failed { reason } => {
-                    return Err(settle(
-                        vnode,
-                        uncertain,
-                        RouteError::Failed { vnode, reason },
-                    ));
-                }
-                Forwarded::Unknown { leader, reason } => {
-                    tracing::debug!(%vnode, attempt, target, %reason, "metadata request outcome unknown");
-                    last = reason.clone();
-                    uncertain = Some(reason);
-                    if let Some(leader) = leader
-                        && leader != target
-                    {
-                        if redirects.fresh(target, leader) {
-                            target = leader;
-                            continue;
-                        }
-                        pause_at = Some(leader);
-                    }
-                }
-                Forwarded::NotLeader {
-                    leader: Some(leader),
-                } if leader != target => {
-                    last = format!("node {target} is not the leader; node {leader} is");
-                    if redirects.fresh(target, leader) {
-                        target = leader;
-                        continue;
-                    }
-                    pause_at = Some(leader);
-                }
-                Forwarded::NotLeader { .. } => {
-                    if last == "no attempt" {
-                        last = format!("node {target} knows no leader");
-                    }
-                }
-                Forwarded::Retry { reason } => last = reason,
-            }
-            tracing::debug!(%vnode, attempt, target, %last, "metadata request re-routed");
-            // No leader known here, or replicas naming each other while an
-            // election settles: pause so it can finish, then ask the named
-            // leader again, or else the voters in turn.
-            target = pause_at.unwrap_or_else(|| {
-                next_voter += 1;
-                voters[(next_voter - 1) % voters.len()]
-            });
-            redirects.paused();
+            let pause_at = match route.judge(attempt, answer) {
+                Next::End(ended) => return ended,
+                Next::Redirected => continue,
+                Next::Pause { at } => at,
+            };
+            tracing::debug!(%vnode, attempt, target = route.target, last = %route.last, "metadata request re-routed");
+            route.paused_toward(pause_at);
             let pause = Duration::from_millis(backoff.next_delay_ms());
             if Instant::now() + pause >= deadline {
-                last = format!("{last} (gave up after {} ms)", self.route_timeout_ms);
+                route.last = format!(
+                    "{} (gave up after {} ms)",
+                    route.last, self.route_timeout_ms
+                );
                 break;
             }
             tokio::time::sleep(pause).await;
         }
-        Err(settle(
-            vnode,
-            uncertain,
-            RouteError::Unavailable {
-                vnode,
-                attempts,
-                last,
-            },
-        ))
+        Err(route.unavailable(attempts))
     }
 
     /// Sends a request to `target`'s forwarding service and decodes its
@@ -346,9 +412,26 @@ impl Router {
     }
 }
 
+/// The decoder error of a forwarded `what`.
+fn codec(what: &'static str) -> impl Fn(rmp_serde::decode::Error) -> RpcError {
+    move |e| RpcError::Decode {
+        what,
+        source: Arc::new(e),
+    }
+}
+
+/// A replica's read as it travels back: the value, or the group's error.
+fn answered<V>(read: Result<V, GroupError>) -> Forwarded<V> {
+    match read {
+        Ok(value) => Forwarded::Done(value),
+        Err(e) => forwarded_error(e),
+    }
+}
+
 impl Router {
     /// Serves a request forwarded to this broker's replica `group` (a
-    /// proposal, a read or a control query), by the ring `ring`.
+    /// proposal, a read or a control query), by the ring `ring`: decides
+    /// by `api_key` which service answers; an unknown key is refused.
     pub(super) async fn serve_group(
         &self,
         group: &MetadataGroup,
@@ -357,12 +440,6 @@ impl Router {
         body: &[u8],
         ring: &Ring,
     ) -> Result<Vec<u8>, RpcError> {
-        let codec = |what: &'static str| {
-            move |e: rmp_serde::decode::Error| RpcError::Decode {
-                what,
-                source: Arc::new(e),
-            }
-        };
         match api_key {
             FORWARD_PROPOSE_API_KEY => {
                 let cmd: Command =
@@ -376,112 +453,51 @@ impl Router {
             FORWARD_READ_API_KEY => {
                 let request: ReadRequest =
                     rmp_serde::from_slice(body).map_err(codec("a forwarded read"))?;
-                let read = group
-                    .read(move |s| {
-                        s.check_topic_route(&request.topic)
-                            .map(|()| s.describe_topic(&request.topic))
-                    })
-                    .await;
-                // Outside the arc, or being moved by a split, the answer is
-                // the refusal: a reader routing by an older ring must not
-                // take "absent" here for an answer.
-                let answer: Forwarded<ReadAnswer> = match read {
-                    Ok(answer) => Forwarded::Done(answer),
-                    Err(e) => forwarded_error(e),
-                };
-                encode(&answer)
+                encode(&serve_read(group, request).await)
             }
             FORWARD_QUERY_API_KEY => {
                 let query: Query =
                     rmp_serde::from_slice(body).map_err(codec("a forwarded query"))?;
-                match query {
-                    Query::Ring => {
-                        let answer = match group.read(|s| s.ring_record().cloned()).await {
-                            Ok(record) => Forwarded::Done(record),
-                            Err(e) => forwarded_error(e),
-                        };
-                        encode(&answer)
-                    }
-                    Query::Membership => {
-                        // The leader's own view, without a read-index
-                        // round: cheap enough for every broker to ask every
-                        // so often. A deposed leader's answer is at worst
-                        // stale, and its `committed` flag then names a
-                        // membership a quorum once held, which is all a
-                        // reader acts on (`sweep_left_groups`).
-                        let answer = if group.is_leader() {
-                            let m: GroupMembership = group.membership();
-                            Forwarded::Done(VnodeMembership {
-                                leader: self.node_id,
-                                voters: m.voters.into_iter().collect(),
-                                learners: m.learners.into_iter().collect(),
-                                joint: m.joint,
-                                committed: m.committed,
-                            })
-                        } else {
-                            Forwarded::NotLeader {
-                                leader: group.leader_term().0,
-                            }
-                        };
-                        encode(&answer)
-                    }
-                    Query::ListsSegments { topic, segments } => {
-                        let read = group
-                            .read(move |s| {
-                                if let Some(topic) = &topic {
-                                    s.check_topic_route(topic)?;
-                                }
-                                Ok::<_, ModelError>(
-                                    segments
-                                        .into_iter()
-                                        .filter(|id| {
-                                            s.segment(malachi_core::model::SegmentId(*id)).is_some()
-                                        })
-                                        .collect::<Vec<u64>>(),
-                                )
-                            })
-                            .await;
-                        let answer = match read {
-                            Ok(Ok(listed)) => Forwarded::Done(listed),
-                            Ok(Err(refused)) => Forwarded::Failed {
-                                reason: refused.to_string(),
-                            },
-                            Err(e) => forwarded_error(e),
-                        };
-                        encode(&answer)
-                    }
-                    Query::Policies => {
-                        let answer = match group.read(|s| s.policies().clone()).await {
-                            Ok(policies) => Forwarded::Done(policies),
-                            Err(e) => forwarded_error(e),
-                        };
-                        encode(&answer)
-                    }
-                    Query::CursorKeys => {
-                        let answer = match group.read(|s| s.cursor_keys().cloned()).await {
-                            Ok(keys) => Forwarded::Done(keys),
-                            Err(e) => forwarded_error(e),
-                        };
-                        encode(&answer)
-                    }
-                    Query::Export { arc, id_base } => {
-                        let read = group
-                            .read(move |s| {
-                                (s.fence() == Some(arc)).then(|| s.export_arc(arc, id_base))
-                            })
-                            .await;
-                        let answer = match read {
-                            Ok(Some(seed)) => Forwarded::Done(seed),
-                            Ok(None) => Forwarded::Failed {
-                                reason: format!("the arc {arc} is not fenced; nothing exported"),
-                            },
-                            Err(e) => forwarded_error(e),
-                        };
-                        encode(&answer)
-                    }
-                }
+                self.serve_query(group, query).await
             }
             other => Err(RpcError::NotForwarded { api_key: other }),
+        }
+    }
+
+    /// Answers a forwarded control query from this broker's replica.
+    async fn serve_query(&self, group: &MetadataGroup, query: Query) -> Result<Vec<u8>, RpcError> {
+        match query {
+            Query::Ring => encode(&answered(group.read(|s| s.ring_record().cloned()).await)),
+            Query::Membership => encode(&self.membership_here(group)),
+            Query::ListsSegments { topic, segments } => {
+                encode(&lists_segments(group, topic, segments).await)
+            }
+            Query::Policies => encode(&answered(group.read(|s| s.policies().clone()).await)),
+            Query::CursorKeys => encode(&answered(group.read(|s| s.cursor_keys().cloned()).await)),
+            Query::Export { arc, id_base } => encode(&export_arc(group, arc, id_base).await),
+        }
+    }
+
+    /// The group's membership as this replica sees it, if it leads; else
+    /// the leader it knows of. The leader's own view, without a read-index
+    /// round: cheap enough for every broker to ask every so often. A
+    /// deposed leader's answer is at worst stale, and its `committed` flag
+    /// then names a membership a quorum once held, which is all a reader
+    /// acts on (`sweep_left_groups`).
+    fn membership_here(&self, group: &MetadataGroup) -> Forwarded<VnodeMembership> {
+        if group.is_leader() {
+            let m: GroupMembership = group.membership();
+            Forwarded::Done(VnodeMembership {
+                leader: self.node_id,
+                voters: m.voters.into_iter().collect(),
+                learners: m.learners.into_iter().collect(),
+                joint: m.joint,
+                committed: m.committed,
+            })
+        } else {
+            Forwarded::NotLeader {
+                leader: group.leader_term().0,
+            }
         }
     }
 
@@ -513,5 +529,67 @@ impl Router {
             }
         }
         group.propose(cmd).await
+    }
+}
+
+/// Reads a topic's description for a forwarded read. Outside the arc, or
+/// being moved by a split, the answer is the refusal: a reader routing by
+/// an older ring must not take "absent" here for an answer.
+async fn serve_read(group: &MetadataGroup, request: ReadRequest) -> Forwarded<ReadAnswer> {
+    let read = group
+        .read(move |s| {
+            s.check_topic_route(&request.topic)
+                .map(|()| s.describe_topic(&request.topic))
+        })
+        .await;
+    answered(read)
+}
+
+/// Which of `segments` the group's state lists, checked against `topic`'s
+/// route first when one is named: a refused route is a failure, not an
+/// empty list.
+async fn lists_segments(
+    group: &MetadataGroup,
+    topic: Option<String>,
+    segments: Vec<u64>,
+) -> Forwarded<Vec<u64>> {
+    let read = group
+        .read(move |s| {
+            if let Some(topic) = &topic {
+                s.check_topic_route(topic)?;
+            }
+            Ok::<_, ModelError>(
+                segments
+                    .into_iter()
+                    .filter(|id| s.segment(malachi_core::model::SegmentId(*id)).is_some())
+                    .collect::<Vec<u64>>(),
+            )
+        })
+        .await;
+    match read {
+        Ok(Ok(listed)) => Forwarded::Done(listed),
+        Ok(Err(refused)) => Forwarded::Failed {
+            reason: refused.to_string(),
+        },
+        Err(e) => forwarded_error(e),
+    }
+}
+
+/// The seed of `arc` for a split, only while the group is fenced at
+/// exactly that arc: an unfenced arc may still change under the export.
+async fn export_arc(
+    group: &MetadataGroup,
+    arc: RingArc,
+    id_base: u64,
+) -> Forwarded<malachi_core::model::VnodeSeed> {
+    let read = group
+        .read(move |s| (s.fence() == Some(arc)).then(|| s.export_arc(arc, id_base)))
+        .await;
+    match read {
+        Ok(Some(seed)) => Forwarded::Done(seed),
+        Ok(None) => Forwarded::Failed {
+            reason: format!("the arc {arc} is not fenced; nothing exported"),
+        },
+        Err(e) => forwarded_error(e),
     }
 }
