@@ -439,48 +439,14 @@ async fn attempt(
 ) -> Result<Attempt, HealError> {
     let (topic, segment) = (candidate.topic.as_str(), candidate.segment);
     let plane = ctx.actors.plane()?;
-    let policy = read_owner(plane.as_ref(), topic, |state| {
-        state.topic(topic).and_then(|t| t.policy.clone())
-    });
-    let known = read_owner(plane.as_ref(), topic, |state| {
-        state.segment(segment).map(|s| {
-            // The primary of the range's newest segment: the broker that
-            // serves the range's reads, and best placed to hold its
-            // sealed copies too.
-            let serving = state
-                .range(s.range)
-                .and_then(|r| r.last_segment())
-                .and_then(|id| state.segment(id))
-                .and_then(|last| last.replicas.first())
-                .map(|n| n.0);
-            (
-                s.replicas.iter().map(|n| n.0).collect::<Vec<u64>>(),
-                s.state,
-                s.epoch,
-                serving,
-                crate::control::coordinator::wanted_copies(state, topic),
-            )
-        })
-    });
-    let Some((replicas, state, writer_epoch, serving, factor)) = known else {
+    let Some(known) = known_segment(plane.as_ref(), topic, segment) else {
         return Ok(Attempt::NotNeeded("the segment is gone"));
     };
-    let SegmentState::Sealed { seal, .. } = state else {
+    let SegmentState::Sealed { seal, .. } = known.state else {
         return Ok(Attempt::NotNeeded("the segment is not sealed"));
     };
-    match candidate.kind {
-        HealKind::Replace { lost } if !replicas.contains(&lost) => {
-            return Ok(Attempt::NotNeeded("the lost copy was replaced already"));
-        }
-        HealKind::Rebuild { holder } if !replicas.contains(&holder) => {
-            return Ok(Attempt::NotNeeded("the broken copy is no longer listed"));
-        }
-        // A retried task whose copy was recorded already, or another
-        // heal's: the segment is at its factor.
-        HealKind::Add if replicas.len() >= factor => {
-            return Ok(Attempt::NotNeeded("the segment has its factor's copies"));
-        }
-        _ => {}
+    if let Some(why) = healed_already(candidate, &known) {
+        return Ok(Attempt::NotNeeded(why));
     }
     let group = plane.host().and_then(|h| h.group(vnode));
     if group.is_none_or(|g| g.leader_term() != (Some(ctx.node_id), order.term)) {
@@ -489,68 +455,19 @@ async fn attempt(
         ));
     }
     let live = alive(ctx);
-    // A new copy goes only to a broker with room (ADR 0127): one at its
-    // free-space line would refuse it at the line anyway.
-    let roomy = with_room(ctx, &live);
-    let node = if let HealKind::Rebuild { holder } = candidate.kind {
-        // A broken copy on a live broker is rebuilt where it is (ADR 0110).
-        if !live.contains(&holder) {
-            return Err(HealError::HolderDead { holder });
+    let node = match new_copy_holder(ctx, candidate, &known, &live) {
+        Ok(node) => node,
+        // A lost copy is worth waiting for; an added one is not: the
+        // coordinator asks again while a broker could take one, so
+        // this task gives its slot up instead of holding it.
+        Err(_) if candidate.kind == HealKind::Add => {
+            return Ok(Attempt::NotNeeded(
+                "no live broker without a copy to add one onto",
+            ));
         }
-        holder
-    } else {
-        let constraints = ctx.control.policy_constraints(policy.as_deref());
-        let chosen = if constraints.is_empty() {
-            serving
-                .filter(|n| {
-                    roomy.contains(n) && !replicas.contains(n) && !candidate.gone.contains(n)
-                })
-                .or_else(|| new_holder(&roomy, &replicas, &candidate.gone, segment.0))
-                .ok_or(HealError::NoNewHolder)
-        } else {
-            constrained_holder(
-                ctx,
-                (&live, &roomy),
-                &replicas,
-                candidate,
-                serving,
-                segment.0,
-                &constraints,
-            )
-        };
-        match chosen {
-            Ok(node) => node,
-            // A lost copy is worth waiting for; an added one is not: the
-            // coordinator asks again while a broker could take one, so
-            // this task gives its slot up instead of holding it.
-            Err(_) if candidate.kind == HealKind::Add => {
-                return Ok(Attempt::NotNeeded(
-                    "no live broker without a copy to add one onto",
-                ));
-            }
-            Err(e) => return Err(e),
-        }
+        Err(e) => return Err(e),
     };
-    let rebuilt = match candidate.kind {
-        HealKind::Rebuild { holder } => Some(holder),
-        HealKind::Replace { .. } | HealKind::Add => None,
-    };
-    let me = ctx.node_id;
-    let sources: Vec<u64> = replicas
-        .iter()
-        .copied()
-        // Any live holder but a broken copy's: a decommissioned broker's
-        // copy is a good source while it runs (a gone one is not alive).
-        .filter(|n| live.contains(n) && Some(*n) != rebuilt)
-        .collect();
-    // This broker's own copy first (no network for the reads), then, after
-    // a failed attempt, each source in turn: a source may be broken too.
-    let source = if attempts <= 1 && sources.contains(&me) {
-        me
-    } else {
-        let at = usize::try_from(attempts % (sources.len().max(1) as u64)).unwrap_or(0);
-        *sources.get(at).ok_or(HealError::NoSource)?
-    };
+    let source = copy_source(ctx.node_id, candidate, &known.replicas, &live, attempts)?;
     let client = ctx.control.order_client();
     let bytes = copy_sealed(
         &client,
@@ -558,23 +475,169 @@ async fn attempt(
         topic,
         segment,
         order,
-        writer_epoch,
+        known.writer_epoch,
         source,
         node,
         seal,
     )
     .await?;
     verify(&client, node, segment, seal).await?;
+    record_copy(plane.as_ref(), candidate, node, bytes, known.factor).await
+}
+
+/// What the metadata says of a segment to heal.
+struct KnownSegment {
+    replicas: Vec<u64>,
+    state: SegmentState,
+    writer_epoch: u64,
+    /// The primary of the range's newest segment: the broker that serves
+    /// the range's reads, and best placed to hold its sealed copies too.
+    serving: Option<u64>,
+    /// The copies the topic's policy wants.
+    factor: usize,
+    policy: Option<String>,
+}
+
+fn known_segment(
+    plane: &dyn crate::control::metadata::MetadataPlane,
+    topic: &str,
+    segment: SegmentId,
+) -> Option<KnownSegment> {
+    let policy = read_owner(plane, topic, |state| {
+        state.topic(topic).and_then(|t| t.policy.clone())
+    });
+    read_owner(plane, topic, |state| {
+        state.segment(segment).map(|s| {
+            let serving = state
+                .range(s.range)
+                .and_then(|r| r.last_segment())
+                .and_then(|id| state.segment(id))
+                .and_then(|last| last.replicas.first())
+                .map(|n| n.0);
+            KnownSegment {
+                replicas: s.replicas.iter().map(|n| n.0).collect(),
+                state: s.state,
+                writer_epoch: s.epoch,
+                serving,
+                factor: crate::control::coordinator::wanted_copies(state, topic),
+                policy: policy.clone(),
+            }
+        })
+    })
+}
+
+/// Why the heal is no longer needed, if it is not: the copy it replaces
+/// or rebuilds is no longer listed, or (a retried task whose copy was
+/// recorded already, or another heal's) the segment is at its factor.
+fn healed_already(candidate: &HealCandidate, known: &KnownSegment) -> Option<&'static str> {
+    match candidate.kind {
+        HealKind::Replace { lost } if !known.replicas.contains(&lost) => {
+            Some("the lost copy was replaced already")
+        }
+        HealKind::Rebuild { holder } if !known.replicas.contains(&holder) => {
+            Some("the broken copy is no longer listed")
+        }
+        HealKind::Add if known.replicas.len() >= known.factor => {
+            Some("the segment has its factor's copies")
+        }
+        _ => None,
+    }
+}
+
+/// The broker that gets the new copy: a broken copy on a live broker is
+/// rebuilt where it is (ADR 0110); otherwise a live broker with room (ADR
+/// 0127: one at its free-space line would refuse it at the line anyway)
+/// and no copy, the range's serving broker first, within the policy's
+/// constraints.
+fn new_copy_holder(
+    ctx: &HealerCtx,
+    candidate: &HealCandidate,
+    known: &KnownSegment,
+    live: &[u64],
+) -> Result<u64, HealError> {
+    if let HealKind::Rebuild { holder } = candidate.kind {
+        if !live.contains(&holder) {
+            return Err(HealError::HolderDead { holder });
+        }
+        return Ok(holder);
+    }
+    let roomy = with_room(ctx, live);
+    let constraints = ctx.control.policy_constraints(known.policy.as_deref());
+    let segment = candidate.segment.0;
+    let node = if constraints.is_empty() {
+        known
+            .serving
+            .filter(|n| {
+                roomy.contains(n) && !known.replicas.contains(n) && !candidate.gone.contains(n)
+            })
+            .or_else(|| new_holder(&roomy, &known.replicas, &candidate.gone, segment))
+            .ok_or(HealError::NoNewHolder)?
+    } else {
+        constrained_holder(
+            ctx,
+            (live, &roomy),
+            &known.replicas,
+            candidate,
+            known.serving,
+            segment,
+            &constraints,
+        )?
+    };
+    assert!(
+        !known.replicas.contains(&node),
+        "a new copy of segment {segment} goes to broker {node}, which holds one"
+    );
+    Ok(node)
+}
+
+/// Where the copy is read from: any live holder but a broken copy's (a
+/// decommissioned broker's copy is a good source while it runs; a gone one
+/// is not alive). This broker's own copy first (no network for the
+/// reads), then, after a failed attempt, each source in turn: a source may
+/// be broken too.
+fn copy_source(
+    me: u64,
+    candidate: &HealCandidate,
+    replicas: &[u64],
+    live: &[u64],
+    attempts: u64,
+) -> Result<u64, HealError> {
+    let rebuilt = match candidate.kind {
+        HealKind::Rebuild { holder } => Some(holder),
+        HealKind::Replace { .. } | HealKind::Add => None,
+    };
+    let sources: Vec<u64> = replicas
+        .iter()
+        .copied()
+        .filter(|n| live.contains(n) && Some(*n) != rebuilt)
+        .collect();
+    if attempts <= 1 && sources.contains(&me) {
+        return Ok(me);
+    }
+    let at = usize::try_from(attempts % (sources.len().max(1) as u64)).unwrap_or(0);
+    sources.get(at).copied().ok_or(HealError::NoSource)
+}
+
+/// Records a verified new copy in the metadata: nothing for a rebuild in
+/// place, `ReplaceReplica` for a lost copy, `AddReplica` for an added one.
+async fn record_copy(
+    plane: &dyn crate::control::metadata::MetadataPlane,
+    candidate: &HealCandidate,
+    node: u64,
+    bytes: u64,
+    factor: usize,
+) -> Result<Attempt, HealError> {
+    let (topic, segment) = (candidate.topic.clone(), candidate.segment);
     let command = match candidate.kind {
         HealKind::Rebuild { .. } => return Ok(Attempt::Healed { node, bytes }),
         HealKind::Replace { lost } => Command::ReplaceReplica {
-            topic: topic.to_string(),
+            topic,
             segment,
             old: NodeId(lost),
             new: NodeId(node),
         },
         HealKind::Add => Command::AddReplica {
-            topic: topic.to_string(),
+            topic,
             segment,
             new: NodeId(node),
             factor: u32::try_from(factor).unwrap_or(u32::MAX),
