@@ -558,16 +558,23 @@ where
     let weak = Arc::downgrade(host);
     let alive = move || weak.upgrade().is_some_and(|h| !h.is_stopped());
     let host = Arc::downgrade(host);
-    restarting(what, node, move || work(host.clone()), alive)
+    restarting(
+        what,
+        node,
+        move || work(host.clone()),
+        alive,
+        FEATURE_TASK_RESTART_PAUSE_MS,
+    )
 }
 
 /// `spawn_restarting` without the host: `alive` says whether a panicked
-/// run is to start again.
+/// run is to start again, after `pause_ms`.
 fn restarting<F, Fut>(
     what: &'static str,
     node: u64,
     work: F,
     alive: impl Fn() -> bool + Send + 'static,
+    pause_ms: u64,
 ) -> tokio::task::JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
@@ -588,7 +595,7 @@ where
             if !alive() {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(FEATURE_TASK_RESTART_PAUSE_MS)).await;
+            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
         }
     })
 }
@@ -600,7 +607,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_task_is_started_again_and_a_finished_one_is_not() {
-        tokio::time::pause();
         let runs = Arc::new(AtomicU32::new(0));
         let counted = Arc::clone(&runs);
         let task = restarting(
@@ -616,6 +622,7 @@ mod tests {
                 }
             },
             || true,
+            1,
         );
         task.await.unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 3);
@@ -623,7 +630,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_task_of_a_stopped_host_is_not_started_again() {
-        tokio::time::pause();
         let runs = Arc::new(AtomicU32::new(0));
         let counted = Arc::clone(&runs);
         let task = restarting(
@@ -637,6 +643,7 @@ mod tests {
                 }
             },
             || false,
+            1,
         );
         task.await.unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 1);
