@@ -244,13 +244,18 @@ fn open_fabric(
     })
 }
 
-/// The operator's attributes plus this broker's cluster card (ADR 0102).
+/// The operator's attributes plus this broker's cluster card (ADR 0102)
+/// and its word that it reads the feature table (ADR 0134 §7), which a
+/// broker playing one from before the table leaves out.
 fn card_attributes(
     config: &BrokerConfig,
     card: &malachi_core::formation::Card,
 ) -> std::collections::BTreeMap<String, String> {
     let mut attributes = config.attributes.clone();
     attributes.extend(card.attributes());
+    if !config.cluster.plays_pre_feature_gates {
+        attributes.extend([malachi_core::model::features_attribute()]);
+    }
     attributes
 }
 

@@ -80,6 +80,7 @@ pub async fn cluster_version(output: OutputArgs) -> Result<(), CliError> {
         print_json(&serde_json::json!({
             "cluster_version": response.cluster_version,
             "brokers": response.brokers,
+            "waiting_for": response.waiting_for,
         }))
     } else {
         print_text(&render_version(&response))
@@ -106,7 +107,19 @@ pub fn render_features(response: &FeaturesResponse) -> String {
     if response.features.is_empty() {
         out.push_str("no features\n");
     }
+    push_wait(&mut out, &response.waiting_for);
     out
+}
+
+/// The line saying the table is held back, and by whom, if it is.
+fn push_wait(out: &mut String, waiting_for: &[u64]) {
+    if !waiting_for.is_empty() {
+        let _ = writeln!(
+            out,
+            "advertising waits for brokers {}: they do not gossip that they read the feature table (binaries from before ADR 0134); upgrade or decommission them",
+            joined(waiting_for)
+        );
+    }
 }
 
 /// The cluster version, then one line a broker: its binary and logical
@@ -136,7 +149,17 @@ pub fn render_version(response: &FeaturesResponse) -> String {
     if response.brokers.is_empty() {
         out.push_str("no broker has advertised its version yet\n");
     }
+    push_wait(&mut out, &response.waiting_for);
     out
+}
+
+/// Node ids, comma separated.
+fn joined(nodes: &[u64]) -> String {
+    nodes
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -174,6 +197,7 @@ mod tests {
                     missing: vec![2],
                 },
             ],
+            waiting_for: Vec::new(),
         }
     }
 
@@ -190,5 +214,23 @@ mod tests {
             ..sample()
         };
         assert!(render_version(&finalized).starts_with("cluster version: 2 (finalized)\n"));
+    }
+
+    #[test]
+    fn a_table_held_back_names_the_brokers_it_waits_for() {
+        let waiting = FeaturesResponse {
+            brokers: Vec::new(),
+            waiting_for: vec![2, 3],
+            ..sample()
+        };
+        let text = render_version(&waiting);
+        assert!(
+            text.ends_with(
+                "advertising waits for brokers 2, 3: they do not gossip that they read the feature table (binaries from before ADR 0134); upgrade or decommission them\n"
+            ),
+            "{text}"
+        );
+        assert!(render_features(&waiting).contains("advertising waits for brokers 2, 3"));
+        assert!(!render_version(&sample()).contains("waits"));
     }
 }

@@ -1370,6 +1370,11 @@ pub struct FeaturesResponse {
     pub cluster_version: u32,
     pub brokers: Vec<BrokerVersion>,
     pub features: Vec<FeatureInfo>,
+    /// The brokers that do not gossip that they read the feature table
+    /// (from before ADR 0134): while any does, nothing is written to a
+    /// pristine table, so no broker advertises. Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<u64>,
 }
 
 impl Message for FeaturesResponse {
@@ -1377,6 +1382,7 @@ impl Message for FeaturesResponse {
     fn check(&self) -> Result<(), WireError> {
         check_len("brokers", self.brokers.len(), BROKERS_MAX)?;
         check_len("features", self.features.len(), FEATURES_MAX)?;
+        check_len("waiting_for", self.waiting_for.len(), BROKERS_MAX)?;
         for broker in &self.brokers {
             check_len("supported", broker.supported.len(), FEATURES_MAX)?;
         }

@@ -451,6 +451,7 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
                         missing: vec![2],
                     },
                 ],
+                waiting_for: Vec::new(),
             }),
         ),
         (

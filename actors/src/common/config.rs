@@ -217,6 +217,11 @@ pub struct ClusterSettings {
     /// cluster and is not among `nodes`, the nodes it was formed with.
     #[serde(skip)]
     pub joined: bool,
+    /// Tests only, never configured: play a broker from before feature
+    /// gates (ADR 0134 §7), which gossips no `malachi.features` and
+    /// advertises nothing to the feature table.
+    #[serde(skip)]
+    pub plays_pre_feature_gates: bool,
 }
 
 impl ClusterSettings {
@@ -250,6 +255,7 @@ impl Default for ClusterSettings {
             join_timeout_ms: 60_000,
             scrub_interval_ms: SCRUB_INTERVAL_MS_DEFAULT,
             joined: false,
+            plays_pre_feature_gates: false,
         }
     }
 }

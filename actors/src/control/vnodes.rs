@@ -151,6 +151,15 @@ fn follow_peers(
                     .filter(|m| !foreign.contains(&m.node_id))
                     .filter_map(|m| m.raft_addr.map(|addr| (m.node_id, addr)))
                     .collect();
+                // Who reads the feature table (ADR 0134 §7): what a dead
+                // member last gossiped counts, as it may come back so.
+                let readers = view
+                    .all()
+                    .filter(|m| !foreign.contains(&m.node_id))
+                    .filter(|m| malachi_core::model::reads_feature_table(&m.attributes))
+                    .map(|m| m.node_id)
+                    .collect();
+                host.observe_feature_readers(readers);
                 (learned, newest_gossiped_ring(&view, host.node_id()))
             };
             for (node, addr) in learned {
@@ -250,6 +259,9 @@ impl Actor for VnodesActor {
                 host_config.joined = config.cluster.joined;
                 host_config.replace_after_ms = config.cluster.replace_after_ms;
                 host_config.attributes = config.attributes.clone();
+                // `follow_peers` tells it who reads the feature table.
+                host_config.feature_readers_gossiped = shared.fabric().is_some();
+                host_config.plays_pre_feature_gates = config.cluster.plays_pre_feature_gates;
                 // Its loops are this actor's to run (`host_work` below).
                 host_config.owner_runs_loops = true;
                 let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;

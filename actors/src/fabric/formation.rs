@@ -588,12 +588,13 @@ impl Formed {
         card.mark = Some(Mark::Established(id));
         let mut attributes = self.operator_attributes.clone();
         attributes.extend(card.attributes());
-        // The space worker's word on the volume (ADR 0111) and the members
-        // list stay.
+        // The space worker's word on the volume (ADR 0111), the members
+        // list and the word that it reads the feature table (ADR 0134) stay.
         let local = self.membership.local().attributes;
         for kept in [
             crate::common::volume::STORAGE_ATTRIBUTE,
             malachi_core::formation::ATTR_MEMBERS,
+            malachi_core::model::FEATURES_ATTRIBUTE,
         ] {
             if let Some(value) = local.get(kept) {
                 attributes.insert(kept.to_owned(), value.clone());

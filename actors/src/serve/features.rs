@@ -32,7 +32,13 @@ pub(crate) async fn features(
             .map_err(ServeError::FeatureRefused)?;
     }
     let table = host.feature_table().await.map_err(ServeError::from)?;
-    Ok(to_wire(node_id, &table, &host.decommissioned()))
+    let mut response = to_wire(node_id, &table, &host.decommissioned());
+    response.waiting_for = host
+        .feature_table_held_back_by(&table)
+        .into_iter()
+        .take(malachi_wire::limits::BROKERS_MAX)
+        .collect();
+    Ok(response)
 }
 
 fn to_wire(
@@ -71,5 +77,6 @@ fn to_wire(
         cluster_version: table.version(),
         brokers,
         features,
+        waiting_for: Vec::new(),
     }
 }

@@ -47,7 +47,7 @@
 pub mod broker_api;
 mod features;
 mod group_set;
-pub use features::{FEATURE_REFRESH_MS, FINALIZED_FILE, FinalizedRecord};
+pub use features::{FEATURE_GATE_RECHECK_MS, FEATURE_REFRESH_MS, FINALIZED_FILE, FinalizedRecord};
 pub mod lease;
 mod loops;
 pub use loops::HostLoop;
@@ -201,6 +201,14 @@ pub struct VnodeHostConfig {
     pub binary_version: String,
     pub logical_version: u32,
     pub supported_features: Vec<String>,
+    /// Whether the host's owner follows SWIM and tells it who gossips that
+    /// it reads the feature table (`VnodeHost::observe_feature_readers`):
+    /// then nothing is written to a pristine table until every member
+    /// does (ADR 0134 §7). Off, nobody holds the table back.
+    pub feature_readers_gossiped: bool,
+    /// Tests only: play a broker from before feature gates (ADR 0134 §7),
+    /// which advertises nothing (its owner gossips no `malachi.features`).
+    pub plays_pre_feature_gates: bool,
     /// Whether the host's owner runs its long-lived loops (`HostLoop`,
     /// `VnodeHost::run_loop`) and restarts them when they end; off, `open`
     /// spawns them itself, unwatched.
@@ -234,6 +242,8 @@ impl VnodeHostConfig {
             binary_version: env!("CARGO_PKG_VERSION").to_owned(),
             logical_version: malachi_core::model::LOGICAL_VERSION,
             supported_features: malachi_core::model::Feature::supported_names(),
+            feature_readers_gossiped: false,
+            plays_pre_feature_gates: false,
             owner_runs_loops: false,
         }
     }
@@ -432,6 +442,8 @@ pub struct VnodeHost {
     features: RwLock<Arc<malachi_core::model::FeatureTable>>,
     /// What this broker's data dir records the cluster finalized.
     finalized_kept: parking_lot::Mutex<features::FinalizedRecord>,
+    /// Who gossips that they read the feature table (ADR 0134 §7).
+    feature_gossip: features::FeatureGossip,
 }
 
 impl VnodeHost {
@@ -466,6 +478,7 @@ impl VnodeHost {
             finalized_kept: parking_lot::Mutex::new(features::load_finalized(
                 &config.data_dir.join(features::FINALIZED_FILE),
             )),
+            feature_gossip: features::FeatureGossip::default(),
             config,
         });
         host.update_probe_peers();

@@ -17,6 +17,7 @@ mod command;
 mod control;
 mod cursor_keys;
 mod describe;
+mod feature_readers;
 mod features;
 mod keyspace;
 mod read_plan;
@@ -32,6 +33,10 @@ pub use command::{
 pub use control::{LEASE_DURATION_MAX_MS, Lease, PendingSplit, RingRecord, VnodeSeed};
 pub use cursor_keys::{CURSOR_KEYS_MAX, CursorKeyEntry, CursorKeyRing, CursorSecret};
 pub use describe::{RangeDescription, SegmentDescription, TopicDescription};
+pub use feature_readers::{
+    FEATURE_TABLE, FEATURE_TABLE_PROTOCOL, FEATURES_ATTRIBUTE, features_attribute,
+    reads_feature_table, table_held_back_by,
+};
 pub use features::{
     Activation, Advertised, BASELINE_FEATURES, BINARY_VERSION_BYTES_MAX, FEATURE_NAME_BYTES_MAX,
     FEATURES_ADVERTISED_MAX, Feature, FeatureInactive, FeatureState, FeatureTable, LOGICAL_VERSION,
