@@ -61,17 +61,6 @@ pub(super) async fn run_ring_change<F, Fut>(
 }
 
 impl VnodeHost {
-    /// Runs `change` until it is done, unwatched; aborted at shutdown. For
-    /// the changes no owner runs (the feature advertiser).
-    pub(super) fn spawn_ring_change<F, Fut>(self: &Arc<Self>, what: &'static str, change: F)
-    where
-        F: Fn(Arc<VnodeHost>) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Option<RingChange>> + Send + 'static,
-    {
-        let task = tokio::spawn(run_ring_change(Arc::downgrade(self), None, what, change));
-        self.background.lock().push(task);
-    }
-
     /// Makes `node` an active member (ADR 0104): its share of the vnode
     /// replicas moves to it. Returns the ring version that lists it, or
     /// the ring group's refusal.
