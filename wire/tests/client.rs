@@ -1164,9 +1164,7 @@ async fn a_client_bootstrapped_past_a_dead_broker_learns_the_others_on_connect()
 /// soon as they have all refused, not at the deadline.
 #[tokio::test]
 async fn a_bootstrap_list_of_dead_brokers_fails_at_once_naming_each() {
-    let dead: Vec<String> = (0..2)
-        .map(|_| dead_addr())
-        .collect();
+    let dead: Vec<String> = (0..2).map(|_| dead_addr()).collect();
     let config = ClientConfig {
         request_timeout_ms: 30_000,
         ..quick_config()

@@ -119,7 +119,10 @@ mod tests {
         assert!(matches!(list(&["", " "], 4), Err(ClientError::NoAddress)));
         let error = list(&["a:1", "b:1", "c:1"], 2).unwrap_err();
         assert!(
-            matches!(error, ClientError::TooManyBootstrapBrokers { given: 3, max: 2 }),
+            matches!(
+                error,
+                ClientError::TooManyBootstrapBrokers { given: 3, max: 2 }
+            ),
             "{error}"
         );
         assert_eq!(list(&["a:1", "a:1", "b:1"], 2).unwrap(), ["a:1", "b:1"]);
@@ -134,8 +137,16 @@ mod tests {
         let error = ClientError::Unreachable {
             tried: vec![
                 ("a:1".into(), refused("a:1")),
-                ("b:1".into(), ClientError::ConnectionClosed { addr: "b:1".into() }),
-                ("c:1".into(), ClientError::Cancelled { api: "api_versions" }),
+                (
+                    "b:1".into(),
+                    ClientError::ConnectionClosed { addr: "b:1".into() },
+                ),
+                (
+                    "c:1".into(),
+                    ClientError::Cancelled {
+                        api: "api_versions",
+                    },
+                ),
             ],
         };
         let text = error.to_string();
