@@ -145,9 +145,9 @@ async fn bench_client(output: &OutputArgs) -> Result<Client, CliError> {
         inflight_requests_max: 256,
         ..ClientConfig::default()
     };
-    Client::connect_with([output.broker.clone()], config)
+    Client::connect_with(output.brokers()?, config)
         .await
-        .map_err(|e| CliError::client("connect", &output.broker, e))
+        .map_err(|e| CliError::client("connect", &output.broker_label(), e))
 }
 
 fn emit(result: &BenchResult, json: bool) -> Result<(), CliError> {
@@ -272,7 +272,7 @@ pub async fn produce_load(
     match setup.create_topic(&load.topic, None, None).await {
         Ok(_) => {}
         Err(e) if e.code() == Some(ErrorCode::TopicExists) => {}
-        Err(e) => return Err(CliError::client("create topic", &output.broker, e)),
+        Err(e) => return Err(CliError::client("create topic", &output.broker_label(), e)),
     }
     // One batch, built once and sent over and over: the benchmark measures
     // the broker, not the encoder.
@@ -517,7 +517,7 @@ pub async fn consume_load(
             bytes_read.clone(),
             records_read.clone(),
             done.clone(),
-            output.broker.clone(),
+            output.broker_label(),
         );
         tasks.push(tokio::spawn(async move {
             let mut hist = histogram()?;

@@ -28,9 +28,10 @@ const INPUT_LINE_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// is retried until it runs out.
 const CLI_RETRIES_MAX: u32 = 10_000;
 
-/// Open a client on `output.broker` (one address, or several separated by
-/// commas) with its timeout: each call, its retries included, takes at
-/// most `--timeout-ms`.
+/// Open a client on `output.broker` (one address, or several: the
+/// bootstrap brokers, tried in order) with its timeout: connecting, over
+/// every bootstrap broker, and each call, its retries included, take at
+/// most `--timeout-ms` each.
 pub async fn connect(output: &OutputArgs) -> Result<Client, CliError> {
     let config = ClientConfig {
         client_name: concat!("malachi-cli/", env!("CARGO_PKG_VERSION")).to_owned(),
@@ -39,16 +40,9 @@ pub async fn connect(output: &OutputArgs) -> Result<Client, CliError> {
         retries_max: CLI_RETRIES_MAX,
         ..ClientConfig::default()
     };
-    let addrs: Vec<String> = output
-        .broker
-        .split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .map(str::to_owned)
-        .collect();
-    Client::connect_with(addrs, config)
+    Client::connect_with(output.brokers()?, config)
         .await
-        .map_err(|e| CliError::client("connect", &output.broker, e))
+        .map_err(|e| CliError::client("connect", &output.broker_label(), e))
 }
 
 /// Print one JSON object on its own line.
@@ -83,7 +77,7 @@ pub async fn topic(command: TopicCommand) -> Result<(), CliError> {
             let listing = client
                 .list_topics()
                 .await
-                .map_err(|e| CliError::client("topic list", &output.broker, e))?;
+                .map_err(|e| CliError::client("topic list", &output.broker_label(), e))?;
             if output.json {
                 listing.topics.iter().try_for_each(print_json)
             } else {
@@ -95,7 +89,7 @@ pub async fn topic(command: TopicCommand) -> Result<(), CliError> {
             let topic = client
                 .describe_topic_live(&args.name)
                 .await
-                .map_err(|e| CliError::client("topic describe", &args.output.broker, e))?;
+                .map_err(|e| CliError::client("topic describe", &args.output.broker_label(), e))?;
             if args.output.json {
                 print_json(&topic)
             } else {
@@ -107,7 +101,7 @@ pub async fn topic(command: TopicCommand) -> Result<(), CliError> {
             let response = client
                 .delete_topic(&args.name)
                 .await
-                .map_err(|e| CliError::client("topic delete", &args.output.broker, e))?;
+                .map_err(|e| CliError::client("topic delete", &args.output.broker_label(), e))?;
             if args.output.json {
                 print_json(&json!({"deleted": response.name}))
             } else {
@@ -119,7 +113,7 @@ pub async fn topic(command: TopicCommand) -> Result<(), CliError> {
             let response = client
                 .split_range(&args.name, args.range_id)
                 .await
-                .map_err(|e| CliError::client("topic split", &args.output.broker, e))?;
+                .map_err(|e| CliError::client("topic split", &args.output.broker_label(), e))?;
             if args.output.json {
                 print_json(&json!({
                     "topic": args.name, "range_id": response.range_id, "children": response.children
@@ -136,7 +130,7 @@ pub async fn topic(command: TopicCommand) -> Result<(), CliError> {
             let response = client
                 .merge_range(&args.name, args.range_id)
                 .await
-                .map_err(|e| CliError::client("topic merge", &args.output.broker, e))?;
+                .map_err(|e| CliError::client("topic merge", &args.output.broker_label(), e))?;
             if args.output.json {
                 print_json(&json!({
                     "topic": args.name, "range_id": response.range_id, "parents": response.parents
@@ -156,7 +150,7 @@ async fn topic_create(args: TopicCreateArgs) -> Result<(), CliError> {
     let response = client
         .create_topic(&args.name, args.replication_factor, args.policy.clone())
         .await
-        .map_err(|e| CliError::client("topic create", &args.output.broker, e))?;
+        .map_err(|e| CliError::client("topic create", &args.output.broker_label(), e))?;
     if args.output.json {
         print_json(&json!({"created": response.name, "incarnation": response.incarnation}))
     } else {
@@ -243,7 +237,7 @@ pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
     let mut builder = BatchBuilder::new(PRODUCE_BATCH_BYTES_MAX);
     let json = args.output.json;
     let topic = args.topic.clone();
-    let broker = args.output.broker.clone();
+    let broker = args.output.broker_label();
     // A failure says how much was acknowledged (and, with --json, which lines).
     let fail = |producer: &malachi_wire::client::Producer,
                 lines: &LineMap,
@@ -399,7 +393,8 @@ pub async fn consume(args: ConsumeArgs) -> Result<(), CliError> {
             }
         };
         let Some(item) = next else { break };
-        let consumed = item.map_err(|e| CliError::client("consume", &args.output.broker, e))?;
+        let consumed =
+            item.map_err(|e| CliError::client("consume", &args.output.broker_label(), e))?;
         at_batch_end = consumed.cursor_after.is_some();
         if args.output.json {
             let line =
@@ -440,7 +435,7 @@ pub async fn tree(args: TreeArgs) -> Result<(), CliError> {
             &malachi_wire::messages::TreeSnapshotRequest { all: args.all },
         )
         .await
-        .map_err(|e| CliError::client("tree", &output.broker, e))?;
+        .map_err(|e| CliError::client("tree", &output.broker_label(), e))?;
     if args.all {
         // A broker that cannot be reached is part of the answer, not a
         // failure of the command.
@@ -469,7 +464,7 @@ pub async fn cluster(command: ClusterCommand) -> Result<(), CliError> {
             let members = client
                 .cluster_members(Default::default())
                 .await
-                .map_err(|e| CliError::client("cluster members", &output.broker, e))?;
+                .map_err(|e| CliError::client("cluster members", &output.broker_label(), e))?;
             if output.json {
                 print_json(&members)
             } else {
@@ -482,7 +477,7 @@ pub async fn cluster(command: ClusterCommand) -> Result<(), CliError> {
             let status = client
                 .cluster_status()
                 .await
-                .map_err(|e| CliError::client("cluster status", &output.broker, e))?;
+                .map_err(|e| CliError::client("cluster status", &output.broker_label(), e))?;
             if output.json {
                 status.brokers.iter().try_for_each(print_json)
             } else {
@@ -510,7 +505,7 @@ pub async fn decommission(args: crate::cli::DecommissionArgs) -> Result<(), CliE
     let mut members = client
         .cluster_members(request)
         .await
-        .map_err(|e| CliError::client("broker decommission", &output.broker, e))?;
+        .map_err(|e| CliError::client("broker decommission", &output.broker_label(), e))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(args.wait_ms);
     let left = |m: &malachi_wire::messages::ClusterMembersResponse| {
         m.members
@@ -560,7 +555,7 @@ pub async fn decommission(args: crate::cli::DecommissionArgs) -> Result<(), CliE
         members = client
             .cluster_members(Default::default())
             .await
-            .map_err(|e| CliError::client("cluster members", &output.broker, e))?;
+            .map_err(|e| CliError::client("cluster members", &output.broker_label(), e))?;
     }
     if output.json {
         return print_json(&members);

@@ -80,6 +80,7 @@ impl CliError {
             }
             ClientError::Connect { .. }
             | ClientError::ConnectTimeout { .. }
+            | ClientError::Unreachable { .. }
             | ClientError::NoAddress => CliError::Unreachable {
                 addr: addr.to_owned(),
                 detail: source.to_string(),
@@ -157,6 +158,22 @@ mod tests {
             line.contains("cannot reach a broker at 127.0.0.1:4040"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn every_dead_bootstrap_broker_is_named_with_the_hint() {
+        let refused = |addr: &str| ClientError::Connect {
+            addr: addr.to_owned(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        let source = ClientError::Unreachable {
+            tried: vec![
+                ("127.0.0.1:1".into(), refused("127.0.0.1:1")),
+                ("127.0.0.1:2".into(), refused("127.0.0.1:2")),
+            ],
+        };
+        let line = CliError::client("connect", "127.0.0.1:1,127.0.0.1:2", source).to_string();
+        insta::assert_snapshot!(line, @"cannot reach a broker at 127.0.0.1:1,127.0.0.1:2: no bootstrap broker could be reached: cannot connect to 127.0.0.1:1: connection refused; cannot connect to 127.0.0.1:2: connection refused (is one running? start one with `malachi dev`)");
     }
 
     #[test]

@@ -42,7 +42,7 @@ async fn call(
     client
         .features(request)
         .await
-        .map_err(|e| CliError::client(what, &output.broker, e))
+        .map_err(|e| CliError::client(what, &output.broker_label(), e))
 }
 
 pub async fn feature(command: FeatureCommand) -> Result<(), CliError> {

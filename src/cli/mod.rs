@@ -5,6 +5,7 @@
 //! ([`bench`]). `/work/shared/design/cli.md` is the contract for the shape.
 
 pub mod bench;
+pub mod bootstrap;
 pub mod broker;
 pub mod client;
 pub mod config;
@@ -18,6 +19,8 @@ pub mod vnode;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+
+use error::CliError;
 
 /// The default client address of a broker (and of `malachi dev`'s first broker).
 pub const BROKER_ADDR_DEFAULT: &str = "127.0.0.1:4040";
@@ -78,15 +81,34 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct OutputArgs {
     /// The address (host:port) of any broker of the cluster, or several
-    /// separated by commas.
-    #[arg(long, env = "MALACHI_BROKER", default_value = BROKER_ADDR_DEFAULT, value_name = "ADDR")]
-    pub broker: String,
+    /// separated by commas (or by repeating the flag), tried in order until
+    /// one answers; the rest of the cluster is learned from it.
+    #[arg(
+        long,
+        env = "MALACHI_BROKER",
+        default_value = BROKER_ADDR_DEFAULT,
+        value_name = "ADDR",
+        action = clap::ArgAction::Append
+    )]
+    pub broker: Vec<String>,
     /// Print one JSON object per line with stable field names instead of text.
     #[arg(long)]
     pub json: bool,
     /// Give up on a request after this many milliseconds.
     #[arg(long, default_value_t = 10_000, value_name = "MS")]
     pub timeout_ms: u64,
+}
+
+impl OutputArgs {
+    /// The bootstrap brokers, checked ([`bootstrap::parse_brokers`]).
+    pub fn brokers(&self) -> Result<Vec<String>, CliError> {
+        bootstrap::parse_brokers(&self.broker)
+    }
+
+    /// The addresses as given, comma-separated, for messages.
+    pub fn broker_label(&self) -> String {
+        self.broker.join(",")
+    }
 }
 
 #[derive(Debug, Args)]

@@ -132,7 +132,7 @@ pub async fn policy(command: PolicyCommand) -> Result<(), CliError> {
                     placement: args.placement,
                 })
                 .await
-                .map_err(|e| CliError::client("policy create", &args.output.broker, e))?;
+                .map_err(|e| CliError::client("policy create", &args.output.broker_label(), e))?;
             if args.output.json {
                 print_json(&json!({"policy": response.name}))
             } else {
@@ -144,7 +144,7 @@ pub async fn policy(command: PolicyCommand) -> Result<(), CliError> {
             let listing = client
                 .list_policies(None)
                 .await
-                .map_err(|e| CliError::client("policy list", &output.broker, e))?;
+                .map_err(|e| CliError::client("policy list", &output.broker_label(), e))?;
             if output.json {
                 listing.policies.iter().try_for_each(print_json)
             } else {
@@ -156,7 +156,7 @@ pub async fn policy(command: PolicyCommand) -> Result<(), CliError> {
             let listing = client
                 .list_policies(Some(&args.name))
                 .await
-                .map_err(|e| CliError::client("policy describe", &args.output.broker, e))?;
+                .map_err(|e| CliError::client("policy describe", &args.output.broker_label(), e))?;
             if args.output.json {
                 listing.policies.iter().try_for_each(print_json)
             } else {
@@ -168,7 +168,7 @@ pub async fn policy(command: PolicyCommand) -> Result<(), CliError> {
             let response = client
                 .delete_policy(&args.name)
                 .await
-                .map_err(|e| CliError::client("policy delete", &args.output.broker, e))?;
+                .map_err(|e| CliError::client("policy delete", &args.output.broker_label(), e))?;
             if args.output.json {
                 print_json(&json!({"deleted": response.name}))
             } else {

@@ -49,7 +49,7 @@ pub async fn vnode(command: VnodeCommand) -> Result<(), CliError> {
             let ring = client
                 .vnode_list()
                 .await
-                .map_err(|e| CliError::client("vnode list", &output.broker, e))?;
+                .map_err(|e| CliError::client("vnode list", &output.broker_label(), e))?;
             if output.json {
                 print_json(&ring)
             } else {
@@ -63,7 +63,7 @@ pub async fn vnode(command: VnodeCommand) -> Result<(), CliError> {
             let split = client
                 .vnode_split(args.vnode)
                 .await
-                .map_err(|e| CliError::client("vnode split", &output.broker, e))?;
+                .map_err(|e| CliError::client("vnode split", &output.broker_label(), e))?;
             if output.json {
                 print_json(&split)
             } else {

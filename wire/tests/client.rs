@@ -34,11 +34,14 @@ fn produce_of(frame: &RequestFrame) -> ProduceRequest {
     ProduceRequest::decode(frame.payload.clone()).unwrap()
 }
 
+/// Fast retries; no `cluster_status` on connect (most fakes below answer
+/// one operation only).
 fn quick_config() -> ClientConfig {
     ClientConfig {
         request_timeout_ms: 2_000,
         backoff_initial_ms: 1,
         backoff_max_ms: 5,
+        discover_on_connect: false,
         ..ClientConfig::default()
     }
 }
@@ -1124,6 +1127,58 @@ async fn a_client_that_knows_only_the_isolated_primary_learns_the_other_brokers(
     assert_eq!(ack.records_acknowledged, 3);
     assert_eq!(old_seen.load(Ordering::SeqCst), 1);
     assert_eq!(new_seen.load(Ordering::SeqCst), 1);
+}
+
+/// A loopback address nothing listens on: a port the OS just handed out
+/// and took back.
+fn dead_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    addr
+}
+
+/// Bootstrap from several brokers: a dead first address is skipped, and the
+/// broker that answers tells the client of the others at once, so a call it
+/// cannot serve goes to a broker that was never in the bootstrap list.
+#[tokio::test]
+async fn a_client_bootstrapped_past_a_dead_broker_learns_the_others_on_connect() {
+    let new_seen = Arc::new(AtomicUsize::new(0));
+    let new = acking_broker(new_seen.clone()).await;
+    let old_seen = Arc::new(AtomicUsize::new(0));
+    let old = isolated_primary(old_seen.clone(), vec![new]).await;
+    let dead = dead_addr();
+    let config = ClientConfig {
+        discover_on_connect: true,
+        ..quick_config()
+    };
+    let client = Client::connect_with([dead, old], config).await.unwrap();
+
+    let ack = client.produce("t", batch_of(3)).await.unwrap();
+
+    assert_eq!(ack.records_acknowledged, 3);
+    assert_eq!(new_seen.load(Ordering::SeqCst), 1);
+}
+
+/// Every bootstrap address dead: the error names each one, and comes as
+/// soon as they have all refused, not at the deadline.
+#[tokio::test]
+async fn a_bootstrap_list_of_dead_brokers_fails_at_once_naming_each() {
+    let dead: Vec<String> = (0..2).map(|_| dead_addr()).collect();
+    let config = ClientConfig {
+        request_timeout_ms: 30_000,
+        ..quick_config()
+    };
+    let started = std::time::Instant::now();
+    let error = Client::connect_with(dead.clone(), config)
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{error}");
+    assert!(matches!(error, ClientError::Unreachable { ref tried } if tried.len() == 2));
+    let text = error.to_string();
+    for addr in &dead {
+        assert!(text.contains(addr.as_str()), "{text}");
+    }
 }
 
 /// The idempotent producer moves too, keeping its sequences: the batch

@@ -42,11 +42,16 @@ impl Brokers {
     }
 
     /// The same limits with `addr` as the only broker: a client of it
-    /// always starts there (a pinned final reader).
+    /// always starts there (a pinned final reader), and does not ask it
+    /// for the cluster's brokers on connect, so it goes elsewhere only
+    /// where the broker's answers send it.
     pub fn only(&self, addr: &str) -> Brokers {
         Brokers {
             addrs: vec![addr.to_owned()],
-            config: self.config.clone(),
+            config: ClientConfig {
+                discover_on_connect: false,
+                ..self.config.clone()
+            },
         }
     }
 

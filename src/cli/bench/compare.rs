@@ -632,7 +632,7 @@ async fn run_malachi(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
     )
     .await?;
     let output = OutputArgs {
-        broker: guard.addr.to_string(),
+        broker: vec![guard.addr.to_string()],
         json: true,
         timeout_ms: MALACHI_TIMEOUT_MS,
     };
@@ -712,10 +712,12 @@ async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliErro
                 .join("; ")
         };
         let output = OutputArgs {
-            broker: guards
-                .first()
-                .map(|g| g.addr.to_string())
-                .unwrap_or_default(),
+            broker: vec![
+                guards
+                    .first()
+                    .map(|g| g.addr.to_string())
+                    .unwrap_or_default(),
+            ],
             json: true,
             timeout_ms: MALACHI_TIMEOUT_MS,
         };

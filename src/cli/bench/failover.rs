@@ -213,7 +213,7 @@ async fn one_trial(exe: &std::path::Path, args: &BenchFailoverArgs) -> Result<Tr
     }
     let mut guards = started?;
     let output = |i: usize, timeout_ms: u64| OutputArgs {
-        broker: guards[i].addr.to_string(),
+        broker: vec![guards[i].addr.to_string()],
         json: true,
         timeout_ms,
     };

@@ -103,10 +103,12 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
     .await?;
     let guards: Vec<(u64, ServerGuard)> = (1..=args.brokers).zip(guards).collect();
     let output = OutputArgs {
-        broker: guards
-            .first()
-            .map(|(_, g)| g.addr.to_string())
-            .unwrap_or_default(),
+        broker: vec![
+            guards
+                .first()
+                .map(|(_, g)| g.addr.to_string())
+                .unwrap_or_default(),
+        ],
         json: true,
         timeout_ms: 10_000,
     };
@@ -162,7 +164,7 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
 
 fn output_for(guard: &ServerGuard) -> OutputArgs {
     OutputArgs {
-        broker: guard.addr.to_string(),
+        broker: vec![guard.addr.to_string()],
         json: true,
         timeout_ms: 2_000,
     }

@@ -143,7 +143,7 @@ async fn one(
     )
     .await?;
     let output = OutputArgs {
-        broker: guards[0].addr.to_string(),
+        broker: vec![guards[0].addr.to_string()],
         json: true,
         timeout_ms: 10_000,
     };

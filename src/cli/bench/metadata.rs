@@ -306,7 +306,7 @@ pub async fn metadata(args: BenchMetadataArgs) -> Result<(), CliError> {
     let mut clients = Vec::with_capacity(plan.clients);
     for client in 0..plan.clients {
         let output = OutputArgs {
-            broker: plan.broker_of(client).to_owned(),
+            broker: vec![plan.broker_of(client).to_owned()],
             json,
             timeout_ms: plan.timeout_ms,
         };

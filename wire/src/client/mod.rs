@@ -26,6 +26,7 @@
 //! retried: it is returned as [`ClientError::Timeout`] and the late response,
 //! if it ever arrives, is dropped.
 
+mod bootstrap;
 mod connection;
 mod producer;
 mod stream;
@@ -76,6 +77,15 @@ pub struct ClientConfig {
     pub subscription_pushes_max: usize,
     /// Open connections (bootstrap plus followed hints) per client.
     pub connections_max: usize,
+    /// Bootstrap addresses one client may be given (Kafka's
+    /// `bootstrap.servers`): a few reachable ones suffice, the rest of the
+    /// cluster is learned from it.
+    pub bootstrap_brokers_max: usize,
+    /// Whether a client, once connected, asks the broker for the cluster's
+    /// brokers (in the background, within `DISCOVERY_TIMEOUT_MS`), so a
+    /// later reconnect can go to any live broker, not only the bootstrap
+    /// ones. Off for fake brokers that answer one operation only.
+    pub discover_on_connect: bool,
 }
 
 impl Default for ClientConfig {
@@ -91,15 +101,27 @@ impl Default for ClientConfig {
             frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
             subscription_pushes_max: 256,
             connections_max: 64,
+            bootstrap_brokers_max: BOOTSTRAP_BROKERS_MAX_DEFAULT,
+            discover_on_connect: true,
         }
     }
 }
+
+/// The default of [`ClientConfig::bootstrap_brokers_max`].
+pub const BOOTSTRAP_BROKERS_MAX_DEFAULT: usize = 32;
 
 /// What a client call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("no broker address given")]
     NoAddress,
+    #[error("{given} bootstrap broker addresses given, at most {max} allowed")]
+    TooManyBootstrapBrokers { given: usize, max: usize },
+    /// None of several bootstrap addresses could be connected to within
+    /// the deadline: each one tried, with why (a single address fails with
+    /// its own error, as it always did).
+    #[error("no bootstrap broker could be reached: {}", list_failures(.tried))]
+    Unreachable { tried: Vec<(String, ClientError)> },
     #[error("cannot connect to {addr}: {source}")]
     Connect {
         addr: String,
@@ -148,6 +170,20 @@ pub enum ClientError {
     ProduceFailed { message: String },
     #[error(transparent)]
     Wire(#[from] WireError),
+}
+
+/// `addr: error; addr: error`, for [`ClientError::Unreachable`]. A
+/// connection error already names its address, so it is not said twice.
+fn list_failures(tried: &[(String, ClientError)]) -> String {
+    let each = tried.iter().map(|(addr, error)| {
+        let text = error.to_string();
+        if text.contains(addr.as_str()) {
+            text
+        } else {
+            format!("{addr}: {text}")
+        }
+    });
+    each.collect::<Vec<_>>().join("; ")
 }
 
 impl ClientError {
@@ -329,15 +365,18 @@ impl Client {
         Client::connect_with(addrs, ClientConfig::default()).await
     }
 
-    /// Connect to the first reachable broker of `addrs`, negotiating versions
-    /// with `api_versions` first.
+    /// Connect to the first reachable broker of `addrs` (the bootstrap
+    /// brokers, at most `bootstrap_brokers_max`; see [`bootstrap`]), all
+    /// tried within `request_timeout_ms`, negotiating versions with
+    /// `api_versions` first.
     pub async fn connect_with<I, S>(addrs: I, config: ClientConfig) -> Result<Client, ClientError>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let bootstrap: Vec<String> = addrs.into_iter().map(Into::into).collect();
+        let bootstrap = bootstrap::bootstrap_list(addrs, config.bootstrap_brokers_max)?;
         let first = bootstrap.first().cloned().ok_or(ClientError::NoAddress)?;
+        let deadline = Instant::now() + Duration::from_millis(config.request_timeout_ms);
         let client = Client {
             inner: Arc::new(Inner {
                 config,
@@ -350,20 +389,8 @@ impl Client {
         for addr in &bootstrap {
             client.learn(addr);
         }
-        let mut last_error = ClientError::NoAddress;
-        for addr in &bootstrap {
-            match client.connection(addr).await {
-                Ok(_) => {
-                    client.state().default_addr = addr.clone();
-                    return Ok(client);
-                }
-                Err(error) => {
-                    debug!(addr = %addr, %error, "bootstrap broker unreachable");
-                    last_error = error;
-                }
-            }
-        }
-        Err(last_error)
+        client.bootstrap(&bootstrap, deadline).await?;
+        Ok(client)
     }
 
     /// The client's limits.
@@ -412,19 +439,8 @@ impl Client {
         debug_assert!(state.ranges.len() <= RANGE_ROUTES_MAX);
     }
 
-    /// The open connection to `addr`, opening (and negotiating) it if needed.
-    async fn connection(&self, addr: &str) -> Result<Arc<Connection>, ClientError> {
-        let deadline = Instant::now()
-            + Duration::from_millis(
-                self.inner
-                    .config
-                    .connect_timeout_ms
-                    .saturating_add(self.inner.config.request_timeout_ms),
-            );
-        self.connection_until(addr, deadline).await
-    }
-
-    /// [`Client::connection`], opening and negotiating before `deadline`.
+    /// The open connection to `addr`, opening and negotiating it before
+    /// `deadline` if needed.
     async fn connection_until(
         &self,
         addr: &str,
