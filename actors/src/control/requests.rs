@@ -3,7 +3,7 @@
 //! Kept apart from the actors so the broker context can hold a
 //! coordinator's handle without naming its logic.
 
-use malachi_core::model::{ModelError, RangeId, SealRecord, SegmentId};
+use malachi_core::model::{ModelError, NodeId, RangeId, SealRecord, SegmentId};
 use malachi_core::ring::VnodeId;
 use malachi_supervision::SupervisionError;
 use malachi_wire::replica_order::OrderEpoch;
@@ -43,6 +43,29 @@ pub(crate) enum CoordError {
     /// The topic's storage policy's placement constraints (ADR 0116).
     #[error("{0}")]
     Constraints(#[from] malachi_core::constraints::PlaceError),
+    /// A split or merge must freeze an active segment whose writer runs on
+    /// `primary`, another broker: the client port sends the client there
+    /// (`not_leader` with its address; ADR 0141).
+    #[error("range {} of topic {topic} is written by broker {}", .range.0, .primary.0)]
+    WrittenElsewhere {
+        topic: String,
+        range: RangeId,
+        primary: NodeId,
+    },
+    /// The buddies' active segments are written by two brokers: no one
+    /// broker can freeze both, so the merge is refused until one primary
+    /// writes both (ADR 0141).
+    #[error(
+        "ranges {} and {} are written by brokers {} and {}; \
+         a merge needs both halves written by one broker",
+        .lower.0, .upper.0, .lower_primary.0, .upper_primary.0
+    )]
+    MergeAcrossPrimaries {
+        lower: RangeId,
+        upper: RangeId,
+        lower_primary: NodeId,
+        upper_primary: NodeId,
+    },
 }
 
 pub(crate) enum CoordinatorMsg {

@@ -394,6 +394,12 @@ fn coord_code(e: &CoordError) -> ErrorCode {
         CoordError::Metadata(m) => m.error_code(),
         CoordError::Freeze { .. } => ErrorCode::Busy,
         CoordError::FreezeNoQuorum { .. } => ErrorCode::NoQuorum,
+        // The client port answers it as a redirect with the writer's
+        // address (`serve::topics`); without one, still `not_leader`.
+        CoordError::WrittenElsewhere { .. } => ErrorCode::NotLeader,
+        // Not retried: no wait on the client's side joins the halves'
+        // writers (ADR 0141).
+        CoordError::MergeAcrossPrimaries { .. } => ErrorCode::InvalidRequest,
         // Fewer brokers live than the copies asked for, though the
         // cluster has enough: one not seen live yet (just started) or down
         // for now. Retriable: the client waits for it within its deadline

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use malachi_core::model::RangeId;
+use malachi_core::model::{NodeId, RangeId};
 use malachi_wire::messages as wire;
 use tokio::time::Instant;
 
@@ -13,6 +13,7 @@ use super::context::MetaCtx;
 use super::error::ServeError;
 use super::reply::{Failure, not_serving};
 use crate::common::convert::describe_to_wire;
+use crate::control::placement::{PlacementView, range_redirect};
 use crate::control::requests::{CoordError, CoordinatorMsg};
 
 /// How often a request waiting for a restarting coordinator manager looks
@@ -126,6 +127,27 @@ pub(crate) async fn describe_topic(
     }
 }
 
+/// A split or merge refused because another broker writes the range
+/// becomes `not_leader` naming that broker, which the client follows at
+/// once: the request completes there, within the client's deadline (ADR
+/// 0141). Any other failure is passed on.
+fn to_writer(meta: &MetaCtx, failure: Failure) -> Failure {
+    let ServeError::Coord(CoordError::WrittenElsewhere {
+        topic,
+        range,
+        primary,
+    }) = &failure
+    else {
+        return failure;
+    };
+    let view = PlacementView {
+        me: NodeId(meta.node_id),
+        actors: std::sync::Arc::clone(&meta.actors),
+        links: std::sync::Arc::clone(&meta.links),
+    };
+    ServeError::Redirect(range_redirect(&view, topic, *range, *primary))
+}
+
 pub(crate) async fn split_range(
     meta: &MetaCtx,
     req: wire::SplitRangeRequest,
@@ -136,7 +158,8 @@ pub(crate) async fn split_range(
         range,
         reply,
     })
-    .await?;
+    .await
+    .map_err(|failure| to_writer(meta, failure))?;
     Ok(wire::SplitRangeResponse {
         range_id: req.range_id,
         children: vec![lower.0, upper.0],
@@ -152,7 +175,8 @@ pub(crate) async fn merge_range(
         range: RangeId(req.range_id),
         reply,
     })
-    .await?;
+    .await
+    .map_err(|failure| to_writer(meta, failure))?;
     Ok(wire::MergeRangeResponse {
         range_id: merged.0,
         parents: vec![lower.0, upper.0],

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use malachi_core::model::{
-    Band, Command, MetadataState, ModelError, Outcome, Range, RangeId, SealRecord, SegmentId,
+    Band, Command, MetadataState, ModelError, NodeId, Outcome, Range, RangeId, SealRecord,
+    SegmentId,
 };
 use tracing::{info, warn};
 
@@ -193,6 +194,39 @@ impl CoordinatorState {
         .ok_or(CoordError::UnknownSegment { segment })
     }
 
+    /// The broker that writes `segment` (the first of its replicas), from
+    /// this broker's replica of the metadata.
+    fn primary_of(&self, topic: &str, segment: SegmentId) -> Result<NodeId, CoordError> {
+        let plane = self.shared.plane()?;
+        read_owner(plane.as_ref(), topic, |state| {
+            state
+                .segment(segment)
+                .and_then(|s| s.replicas.first().copied())
+        })
+        .ok_or(CoordError::UnknownSegment { segment })
+    }
+
+    /// Refuses a split or merge of `range` here when another broker writes
+    /// its active `segment`: only that broker's writer can freeze it, and a
+    /// `busy` answered here would be retried here until the deadline (ADR
+    /// 0141). The client port turns the refusal into a redirect.
+    fn written_here(
+        &self,
+        topic: &str,
+        range: RangeId,
+        segment: SegmentId,
+    ) -> Result<(), CoordError> {
+        let primary = self.primary_of(topic, segment)?;
+        if primary == self.node() {
+            return Ok(());
+        }
+        Err(CoordError::WrittenElsewhere {
+            topic: topic.to_owned(),
+            range,
+            primary,
+        })
+    }
+
     pub(super) fn active_segment(
         &self,
         topic: &str,
@@ -289,6 +323,7 @@ impl CoordinatorState {
     ) -> Result<(RangeId, RangeId), CoordError> {
         let topic = topic.to_string();
         let segment = self.active_segment(&topic, range)?;
+        self.written_here(&topic, range, segment)?;
         let copies = self.copies(&topic, segment)?;
         let lower_replicas = self.successor_replicas(&topic, self.node(), copies, segment.0 ^ 1)?;
         let upper_replicas = self.successor_replicas(&topic, self.node(), copies, segment.0 ^ 2)?;
@@ -382,6 +417,19 @@ impl CoordinatorState {
         })?;
         let lower_segment = self.active_segment(&topic, lower)?;
         let upper_segment = self.active_segment(&topic, upper)?;
+        let (lower_primary, upper_primary) = (
+            self.primary_of(&topic, lower_segment)?,
+            self.primary_of(&topic, upper_segment)?,
+        );
+        if lower_primary != upper_primary {
+            return Err(CoordError::MergeAcrossPrimaries {
+                lower,
+                upper,
+                lower_primary,
+                upper_primary,
+            });
+        }
+        self.written_here(&topic, lower, lower_segment)?;
         let copies = self
             .copies(&topic, lower_segment)?
             .max(self.copies(&topic, upper_segment)?);
@@ -521,7 +569,7 @@ pub(super) fn assert_tiles(parent: Band, lower: Band, upper: Band) {
 
 #[cfg(test)]
 mod tests {
-    use malachi_core::model::{Command, NodeId};
+    use malachi_core::model::Command;
 
     use super::*;
     use malachi_core::plan::fixture::create;
