@@ -18,9 +18,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use common::redirects::*;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
-use malachi_core::model::position;
 use malachi_wire::ErrorCode;
 use malachi_wire::batch::Record;
 use malachi_wire::messages::{CreateTopicRequest, SplitRangeRequest};
@@ -66,72 +66,6 @@ async fn active(client: &mut TestClient) -> Vec<(u64, String, u64, Vec<u64>)> {
         .collect()
 }
 
-/// Keys of the lower (`upper == false`) or upper half of the keyspace.
-fn keys(upper: bool, n: usize) -> Vec<String> {
-    (0u64..)
-        .map(|i| format!("key-{i}"))
-        .filter(|k| (position(k.as_bytes()) >= 1 << 63) == upper)
-        .take(n)
-        .collect()
-}
-
-fn batch(keys: &[String], round: usize, n: usize) -> Vec<Record> {
-    (0..n)
-        .map(|i| record(&keys[i % keys.len()], &format!("{round}-{i}")))
-        .collect()
-}
-
-/// The broker a `not_leader` refusal sends the client to, as its message
-/// names it ("topic t is served by broker 2, not broker 1"); the client
-/// follows the hint with that broker's address.
-fn served_by(refused: &Refused) -> Option<u64> {
-    let rest = ["is served by broker ", "is written by broker "]
-        .iter()
-        .find_map(|said| refused.message.split(said).nth(1))?;
-    rest.split(',').next()?.trim().parse().ok()
-}
-
-/// Produces `records` (all of one range) through any broker, following
-/// redirects, retrying refusals (a roll in progress, a primary moving): a
-/// refused produce wrote nothing.
-async fn produce(brokers: &[&BrokerHandle], records: &[Record]) {
-    for attempt in 0..400 {
-        let mut node = brokers[attempt % brokers.len()].node_id();
-        for _ in 0..3 {
-            let mut writer = TestClient::connect(addr_of(brokers, node)).await;
-            match writer.produce(TOPIC, records).await {
-                Ok(_) => return,
-                Err(refused) => match served_by(&refused) {
-                    Some(next) => node = next,
-                    None => break,
-                },
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("a produce was never acknowledged");
-}
-
-/// Follows `not_leader` redirects from `broker` to whoever serves the
-/// topic's reads, as the client does.
-async fn reader_at(brokers: &[&BrokerHandle], broker: &BrokerHandle) -> TestClient {
-    let mut node = broker.node_id();
-    for _ in 0..100 {
-        let mut client = TestClient::connect(addr_of(brokers, node)).await;
-        match client.fetch(TOPIC, None, true, 1, 0).await {
-            Ok(_) => return client,
-            Err(refused) => match served_by(&refused) {
-                Some(next) => node = next,
-                None => {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    node = broker.node_id();
-                }
-            },
-        }
-    }
-    panic!("no broker served the topic's reads");
-}
-
 fn in_zone(replicas: &[u64], zone: &str) -> bool {
     replicas.iter().all(|n| ZONES[(*n - 1) as usize] == zone)
 }
@@ -159,7 +93,7 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
     );
     let (lower, upper) = (keys(false, 4), keys(true, 4));
     let mut produced = batch(&lower, 0, 6);
-    produce(&brokers, &produced).await;
+    produce_following(&brokers, TOPIC, &produced).await;
     // Split the only range, through its primary.
     let whole = active(&mut client).await[0].clone();
     assert!(
@@ -178,7 +112,7 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
     assert!(eventually(30_000, async || active(&mut client).await.len() == 2).await);
     for round in 1..3 {
         let records = batch(&lower, round, 3);
-        produce(&brokers, &records).await;
+        produce_following(&brokers, TOPIC, &records).await;
         produced.extend(records);
     }
 
@@ -189,7 +123,7 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
     loop {
         assert!(round < 300, "the upper range never rolled into zone b");
         let records = batch(&upper, round, 10);
-        produce(&brokers, &records).await;
+        produce_following(&brokers, TOPIC, &records).await;
         produced.extend(records);
         round += 1;
         let ranges = active(&mut client).await;
@@ -225,13 +159,13 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
     // The lower range is written again: its active segment, still in
     // zone a, holds records no zone-b broker has a copy of.
     let records = batch(&lower, 99, 3);
-    produce(&brokers, &records).await;
+    produce_following(&brokers, TOPIC, &records).await;
     produced.extend(records);
 
     // A fresh read from the start through every broker returns every
     // record, each key's in the order produced.
     for broker in brokers {
-        let mut reader = reader_at(&brokers, broker).await;
+        let mut reader = reader_at(&brokers, broker, TOPIC).await;
         let read = read_from_start(&mut reader, TOPIC, 7)
             .await
             .unwrap_or_else(|e| {
@@ -249,7 +183,7 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
         assert_eq!(by_key(&read), by_key(&produced));
     }
     // A subscription through broker 5, which holds no copy of anything.
-    let mut subscriber = reader_at(&brokers, &five).await;
+    let mut subscriber = reader_at(&brokers, &five, TOPIC).await;
     let pushed = subscribe_from_start(&mut subscriber, TOPIC, produced.len()).await;
     assert_eq!(by_key(&pushed), by_key(&produced));
     drop(subscriber);
@@ -257,7 +191,7 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
     // A tail reader started at any broker sees what comes after, in both
     // ranges (its start is each range's end, asked of the holders where
     // the serving broker has no copy).
-    let mut tail = reader_at(&brokers, &five).await;
+    let mut tail = reader_at(&brokers, &five, TOPIC).await;
     let (old, cursor) = tail.fetch(TOPIC, None, false, 100, 0).await.unwrap();
     assert!(
         old.is_empty(),
@@ -267,8 +201,8 @@ async fn every_broker_reads_every_range_when_active_segments_have_different_prim
         .into_iter()
         .chain(batch(&upper, 201, 2))
         .collect();
-    produce(&brokers, &later[..2]).await;
-    produce(&brokers, &later[2..]).await;
+    produce_following(&brokers, TOPIC, &later[..2]).await;
+    produce_following(&brokers, TOPIC, &later[2..]).await;
     let mut seen = Vec::new();
     let mut cursor = cursor;
     assert!(

@@ -21,9 +21,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::redirects::*;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
-use malachi_core::model::position;
 use malachi_wire::ErrorCode;
 use malachi_wire::batch::Record;
 use malachi_wire::client::{Client, ClientConfig};
@@ -75,73 +75,11 @@ async fn active(client: &mut TestClient) -> Vec<Active> {
     ranges.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Keys of the lower (`upper == false`) or upper half of the keyspace.
-fn keys(upper: bool, n: usize) -> Vec<String> {
-    (0u64..)
-        .map(|i| format!("key-{i}"))
-        .filter(|k| (position(k.as_bytes()) >= 1 << 63) == upper)
-        .take(n)
-        .collect()
-}
-
-fn batch(keys: &[String], round: usize, n: usize) -> Vec<Record> {
-    (0..n)
-        .map(|i| record(&keys[i % keys.len()], &format!("{round}-{i}")))
-        .collect()
-}
-
-/// The broker a `not_leader` refusal names.
-fn served_by(refused: &Refused) -> Option<u64> {
-    let rest = ["is served by broker ", "is written by broker "]
-        .iter()
-        .find_map(|said| refused.message.split(said).nth(1))?;
-    rest.split(',').next()?.trim().parse().ok()
-}
-
-/// Produces `records` (all of one range) through any broker, following
-/// redirects, retrying refusals: a refused produce wrote nothing.
-async fn produce(brokers: &[&BrokerHandle], records: &[Record]) {
-    for attempt in 0..400 {
-        let mut node = brokers[attempt % brokers.len()].node_id();
-        for _ in 0..3 {
-            let mut writer = TestClient::connect(addr_of(brokers, node)).await;
-            match writer.produce(TOPIC, records).await {
-                Ok(_) => return,
-                Err(refused) => match served_by(&refused) {
-                    Some(next) => node = next,
-                    None => break,
-                },
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("a produce was never acknowledged");
-}
-
-/// Follows `not_leader` redirects from `broker` to whoever serves reads.
-async fn reader_at(brokers: &[&BrokerHandle], broker: &BrokerHandle) -> TestClient {
-    let mut node = broker.node_id();
-    for _ in 0..100 {
-        let mut client = TestClient::connect(addr_of(brokers, node)).await;
-        match client.fetch(TOPIC, None, true, 1, 0).await {
-            Ok(_) => return client,
-            Err(refused) => match served_by(&refused) {
-                Some(next) => node = next,
-                None => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    node = broker.node_id();
-                }
-            },
-        }
-    }
-    panic!("no broker served the topic's reads");
-}
-
 /// Reads the topic from its start through every broker: every record
 /// produced, once, each key's in the order produced.
 async fn read_back_everywhere(brokers: &[&BrokerHandle], produced: &[Record]) {
     for broker in brokers {
-        let mut reader = reader_at(brokers, broker).await;
+        let mut reader = reader_at(brokers, broker, TOPIC).await;
         let read = read_from_start(&mut reader, TOPIC, 7)
             .await
             .unwrap_or_else(|e| panic!("the read through {} failed: {e:?}", broker.node_id()));
@@ -189,7 +127,7 @@ async fn two_primaries(brokers: &[&BrokerHandle], client: &mut TestClient) -> Ve
     );
     let (lower, upper) = (keys(false, 4), keys(true, 4));
     let mut produced = batch(&lower, 0, 6);
-    produce(brokers, &produced).await;
+    produce_following(brokers, TOPIC, &produced).await;
     let whole = active(client).await[0].clone();
     assert!(
         eventually(30_000, async || {
@@ -209,7 +147,7 @@ async fn two_primaries(brokers: &[&BrokerHandle], client: &mut TestClient) -> Ve
     loop {
         assert!(round < 300, "the upper range never rolled into zone b");
         let records = batch(&upper, round, 10);
-        produce(brokers, &records).await;
+        produce_following(brokers, TOPIC, &records).await;
         produced.extend(records);
         round += 1;
         let ranges = active(client).await;
@@ -268,7 +206,7 @@ async fn a_split_or_merge_through_a_broker_that_does_not_write_the_range_complet
     let upper_keys = keys(true, 8);
     for round in 400..403 {
         let records = batch(&upper_keys, round, 8);
-        produce(&brokers, &records).await;
+        produce_following(&brokers, TOPIC, &records).await;
         produced.extend(records);
     }
     read_back_everywhere(&brokers, &produced).await;
@@ -285,7 +223,7 @@ async fn a_split_or_merge_through_a_broker_that_does_not_write_the_range_complet
     children.sort_unstable();
     assert_eq!(parents, children);
     let records = batch(&upper_keys, 500, 8);
-    produce(&brokers, &records).await;
+    produce_following(&brokers, TOPIC, &records).await;
     produced.extend(records);
     read_back_everywhere(&brokers, &produced).await;
 

@@ -9,3 +9,4 @@ pub use malachi_testkit::inproc::*;
 pub use malachi_testkit::wait::{eventually, wait_until};
 
 pub mod protocol_doc;
+pub mod redirects;

@@ -1,0 +1,83 @@
+//! Producing and reading a topic whose ranges different brokers write:
+//! keys of one half of the keyspace, and a client that follows the
+//! `not_leader` redirects a broker answers with, as the real client does.
+//! Shared by `active_elsewhere` and `reshape_elsewhere`.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use malachi_actors::BrokerHandle;
+use malachi_core::model::position;
+use malachi_testkit::inproc::{Refused, TestClient, addr_of, record};
+use malachi_wire::batch::Record;
+
+/// Keys of the lower (`upper == false`) or upper half of the keyspace.
+pub fn keys(upper: bool, n: usize) -> Vec<String> {
+    (0u64..)
+        .map(|i| format!("key-{i}"))
+        .filter(|k| (position(k.as_bytes()) >= 1 << 63) == upper)
+        .take(n)
+        .collect()
+}
+
+/// `n` records over `keys` in turn, their values naming the round.
+pub fn batch(keys: &[String], round: usize, n: usize) -> Vec<Record> {
+    (0..n)
+        .map(|i| record(&keys[i % keys.len()], &format!("{round}-{i}")))
+        .collect()
+}
+
+/// The broker a `not_leader` refusal sends the client to, as its message
+/// names it ("topic t is served by broker 2, not broker 1"); the client
+/// follows the hint with that broker's address.
+pub fn served_by(refused: &Refused) -> Option<u64> {
+    let rest = ["is served by broker ", "is written by broker "]
+        .iter()
+        .find_map(|said| refused.message.split(said).nth(1))?;
+    rest.split(',').next()?.trim().parse().ok()
+}
+
+/// Produces `records` (all of one range) through any broker, following
+/// redirects, retrying refusals (a roll in progress, a primary moving): a
+/// refused produce wrote nothing.
+pub async fn produce_following(brokers: &[&BrokerHandle], topic: &str, records: &[Record]) {
+    for attempt in 0..400 {
+        let mut node = brokers[attempt % brokers.len()].node_id();
+        for _ in 0..3 {
+            let mut writer = TestClient::connect(addr_of(brokers, node)).await;
+            match writer.produce(topic, records).await {
+                Ok(_) => return,
+                Err(refused) => match served_by(&refused) {
+                    Some(next) => node = next,
+                    None => break,
+                },
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("a produce was never acknowledged");
+}
+
+/// Follows `not_leader` redirects from `broker` to whoever serves the
+/// topic's reads, as the client does.
+pub async fn reader_at(
+    brokers: &[&BrokerHandle],
+    broker: &BrokerHandle,
+    topic: &str,
+) -> TestClient {
+    let mut node = broker.node_id();
+    for _ in 0..100 {
+        let mut client = TestClient::connect(addr_of(brokers, node)).await;
+        match client.fetch(topic, None, true, 1, 0).await {
+            Ok(_) => return client,
+            Err(refused) => match served_by(&refused) {
+                Some(next) => node = next,
+                None => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    node = broker.node_id();
+                }
+            },
+        }
+    }
+    panic!("no broker served the topic's reads");
+}
