@@ -30,7 +30,7 @@ use malachi_core::ring::{Ring, VnodeId};
 use malachi_membership::VnodeLeader;
 use malachi_supervision::{ChildSpec, Restart};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::common::watched::{Watched, spawn_watched};
 use crate::control::coordinator::{CoordinatorActor, CoordinatorMsg, CoordinatorState, reconcile};
@@ -108,8 +108,9 @@ impl ManagerState {
         let plan = plan_coordinators(ring.as_deref(), &led, &self.running);
         for vnode in plan.stop {
             info!(%vnode, "leadership lost: stopping the coordinator");
-            if let Err(e) = sup.terminate_child(&coordinator_name(vnode)).await {
-                warn!(%vnode, error = %e, "cannot stop a coordinator");
+            match sup.terminate_child(&coordinator_name(vnode)).await {
+                Ok(_) | Err(malachi_supervision::SupervisionError::NotRunning) => {}
+                Err(e) => warn!(%vnode, error = %e, "cannot stop a coordinator"),
             }
             self.shared.actors.coordinators().forget(vnode);
             self.running.remove(&vnode);
@@ -127,6 +128,12 @@ impl ManagerState {
             match sup.start_child(spec).await {
                 Ok(_) | Err(malachi_supervision::SupervisionError::DuplicateChild { .. }) => {
                     self.running.insert(vnode);
+                }
+                // The coordinator supervisor stops before this manager at
+                // shutdown: nothing is lost, the broker is going away.
+                Err(malachi_supervision::SupervisionError::NotRunning) => {
+                    debug!(%vnode, "coordinator supervisor stopped: not starting");
+                    return;
                 }
                 Err(e) => warn!(%vnode, error = %e, "cannot start a coordinator"),
             }
