@@ -8,10 +8,10 @@
 //! writer of the upper range there to freeze, and answered `busy` until
 //! the client's deadline. Now it answers `not_leader` naming the upper
 //! range's primary, the client follows, and the split completes; the
-//! buddies' merge, whose halves two brokers write, is refused at once
-//! with a typed error, not `busy`; and the split's children merge back
-//! through the same broker. Every acknowledged record reads back once, in
-//! key order, through every broker.
+//! split's children merge back through the same broker, and so do the
+//! buddies whose halves brokers in two zones write (one half moves to the
+//! other's primary first, ADR 0144). Every acknowledged record reads back
+//! once, in key order, through every broker.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,12 +19,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use common::redirects::*;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
-use malachi_wire::ErrorCode;
+
 use malachi_wire::batch::Record;
 use malachi_wire::client::{Client, ClientConfig};
 use malachi_wire::messages::{CreateTopicRequest, SplitRangeRequest};
@@ -180,22 +179,6 @@ async fn a_split_or_merge_through_a_broker_that_does_not_write_the_range_complet
     let elsewhere = brokers[(lower.1 - 1) as usize];
     let admin = client_at(elsewhere).await;
 
-    // The buddies are written by two brokers: refused at once, typed.
-    let started = Instant::now();
-    let refused = admin
-        .merge_range(TOPIC, lower.0)
-        .await
-        .expect_err("halves written by two brokers do not merge");
-    assert_eq!(refused.code(), Some(ErrorCode::InvalidRequest), "{refused}");
-    assert!(
-        refused.to_string().contains("written by brokers"),
-        "{refused}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_millis(RESHAPE_DEADLINE_MS / 2),
-        "a refused merge answers at once, not at the deadline"
-    );
-
     // The upper range's split, asked of the lower range's primary.
     let split = admin
         .split_range(TOPIC, upper.0)
@@ -211,8 +194,9 @@ async fn a_split_or_merge_through_a_broker_that_does_not_write_the_range_complet
     }
     read_back_everywhere(&brokers, &produced).await;
 
-    // The children, written by one broker, merge back through the same
-    // broker that does not write them.
+    // The children merge back through the same broker that writes
+    // neither; whichever brokers write them, one half moves to the other's
+    // primary first (ADR 0144).
     let merged = admin
         .merge_range(TOPIC, split.children[0])
         .await
@@ -225,6 +209,23 @@ async fn a_split_or_merge_through_a_broker_that_does_not_write_the_range_complet
     let records = batch(&upper_keys, 500, 8);
     produce_following(&brokers, TOPIC, &records).await;
     produced.extend(records);
+    read_back_everywhere(&brokers, &produced).await;
+
+    // The buddies, written by brokers in two zones, merge too: asked of
+    // the lower half's primary, it moves its half to the upper's (in zone
+    // b, which the policy now names) and the client follows the redirect.
+    let ranges = active(&mut client).await;
+    assert_eq!(ranges.len(), 2, "{ranges:?}");
+    assert_ne!(ranges[0].1, ranges[1].1, "{ranges:?}");
+    let whole = admin
+        .merge_range(TOPIC, ranges[0].0)
+        .await
+        .unwrap_or_else(|e| panic!("the merge across primaries failed: {e}"));
+    assert_eq!(whole.parents.len(), 2);
+    for records in [batch(&keys(false, 4), 600, 8), batch(&upper_keys, 600, 8)] {
+        produce_following(&brokers, TOPIC, &records).await;
+        produced.extend(records);
+    }
     read_back_everywhere(&brokers, &produced).await;
 
     drop((client, admin));

@@ -19,6 +19,7 @@
 pub mod constraints;
 pub mod cursor;
 pub mod formation;
+pub mod load;
 pub mod model;
 pub mod placement;
 pub mod plan;

@@ -332,18 +332,39 @@ pub fn cluster_status(status: &ClusterStatusResponse) -> String {
     let mut out = format!("answered by node {}\n", status.node_id);
     let _ = writeln!(
         out,
-        "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} attributes",
-        "node", "state", "client_addr", "admin_addr", "raft_addr", "vnodes_led"
+        "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} {:>9} {:>12} attributes",
+        "node",
+        "state",
+        "client_addr",
+        "admin_addr",
+        "raft_addr",
+        "vnodes_led",
+        "primaries",
+        "write_B/s"
     );
     for b in &status.brokers {
-        let attrs = if b.attributes.is_empty() {
+        // The gossiped load (ADR 0144) gets its own columns.
+        let load = b
+            .attributes
+            .get(malachi_core::load::LOAD_ATTRIBUTE)
+            .and_then(|text| malachi_core::load::BrokerLoad::from_attribute(text).ok());
+        let (primaries, write) = match load {
+            Some(load) => (
+                load.primaries.to_string(),
+                load.write_bytes_per_second.to_string(),
+            ),
+            None => ("-".to_owned(), "-".to_owned()),
+        };
+        let shown: Vec<String> = b
+            .attributes
+            .iter()
+            .filter(|(k, _)| k.as_str() != malachi_core::load::LOAD_ATTRIBUTE)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let attrs = if shown.is_empty() {
             "-".to_owned()
         } else {
-            b.attributes
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",")
+            shown.join(",")
         };
         let vnodes = if b.vnodes_led.is_empty() {
             "-".to_owned()
@@ -358,13 +379,15 @@ pub fn cluster_status(status: &ClusterStatusResponse) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} {}",
+            "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} {:>9} {:>12} {}",
             b.node_id,
             broker_state(b.state),
             dash(&b.client_addr),
             dash(&b.admin_addr),
             dash(&b.raft_addr),
             vnodes,
+            primaries,
+            write,
             attrs
         );
     }
@@ -646,7 +669,11 @@ mod tests {
                 client_addr: "127.0.0.1:4040".into(),
                 raft_addr: "127.0.0.1:4050".into(),
                 admin_addr: "127.0.0.1:8080".into(),
-                attributes: [("zone".to_owned(), "a".to_owned())].into(),
+                attributes: [
+                    ("zone".to_owned(), "a".to_owned()),
+                    ("malachi.load".to_owned(), "p=4;w=1048576".to_owned()),
+                ]
+                .into(),
                 vnodes_led: vec![0, 1, 2],
                 ..BrokerStatus::default()
             }],

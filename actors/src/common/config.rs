@@ -271,6 +271,13 @@ pub const RETENTION_SWEEP_MS_MIN: u64 = 100;
 /// The shortest `maintenance.orphan_sweep_ms`: each pass asks every vnode.
 pub const ORPHAN_SWEEP_MS_MIN: u64 = 1_000;
 
+/// The default `maintenance.balance_interval_ms`: a move every ten
+/// seconds at most, several gossip rounds apart, so each move is seen by
+/// every broker before the next is decided (ADR 0144).
+pub const BALANCE_INTERVAL_MS_DEFAULT: u64 = 10_000;
+/// The shortest `maintenance.balance_interval_ms` other than 0 (off).
+pub const BALANCE_INTERVAL_MS_MIN: u64 = 1_000;
+
 /// The broker's upkeep of its data on disk (issue 21, ADR 0115).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -288,6 +295,9 @@ pub struct MaintenanceSettings {
     /// its sealed segments go once sealed this long. Unset (the default),
     /// such a topic keeps all of its data.
     pub unresolved_policy_age_ms: Option<u64>,
+    /// How often this broker's balancer may move one of its primaries to
+    /// the least loaded broker (ADR 0144); 0 turns the balancer off.
+    pub balance_interval_ms: u64,
 }
 
 impl Default for MaintenanceSettings {
@@ -297,6 +307,7 @@ impl Default for MaintenanceSettings {
             orphan_grace_ms: ORPHAN_GRACE_MS_DEFAULT,
             retention_sweep_ms: RETENTION_SWEEP_MS_DEFAULT,
             unresolved_policy_age_ms: None,
+            balance_interval_ms: BALANCE_INTERVAL_MS_DEFAULT,
         }
     }
 }
@@ -752,6 +763,12 @@ impl BrokerConfig {
         if self.maintenance.orphan_sweep_ms < ORPHAN_SWEEP_MS_MIN {
             return bad(format!(
                 "maintenance.orphan_sweep_ms must be at least {ORPHAN_SWEEP_MS_MIN} ms: each pass asks every vnode"
+            ));
+        }
+        let balance = self.maintenance.balance_interval_ms;
+        if balance != 0 && balance < BALANCE_INTERVAL_MS_MIN {
+            return bad(format!(
+                "maintenance.balance_interval_ms must be 0 (off) or at least {BALANCE_INTERVAL_MS_MIN} ms"
             ));
         }
         if self.maintenance.retention_sweep_ms < RETENTION_SWEEP_MS_MIN {

@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use malachi_core::model::{Command, Outcome, SealRecord, SegmentId, StoragePolicy};
+use malachi_core::model::{
+    Command, NodeId, Outcome, RangeId, SealRecord, SegmentId, StoragePolicy,
+};
 use malachi_core::ring::VnodeId;
 use malachi_wire::messages as wire;
 
@@ -104,6 +106,88 @@ impl ControlHandle {
         live: bool,
     ) -> impl Future<Output = ()> + Send + 'a {
         super::replica_status::add_live_figures(&self.shared, topic, live)
+    }
+
+    /// Each broker's load as this broker sees it (ADR 0144).
+    pub(crate) fn load_view(&self) -> BTreeMap<u64, malachi_core::load::BrokerLoad> {
+        super::coordinator::load_view(&self.shared)
+    }
+
+    /// The live brokers that take new copies now (the balancer's targets).
+    pub(crate) fn placement_candidates(&self) -> BTreeSet<u64> {
+        super::coordinator::placement_candidates(&self.shared)
+            .into_iter()
+            .map(|c| c.node)
+            .collect()
+    }
+
+    /// Whether this broker is decommissioned (its segments move away by
+    /// the decommission's own rules, not the balancer's).
+    pub(crate) fn leaving(&self) -> bool {
+        self.shared
+            .data
+            .leaving
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The active ranges this broker writes, per this broker's replicas
+    /// of the metadata, with their active segments.
+    pub(crate) fn ranges_written_here(&self) -> Vec<(String, RangeId, SegmentId)> {
+        let me = self.shared.config.node_id;
+        let mut found = Vec::new();
+        let Ok(plane) = self.shared.plane() else {
+            return found;
+        };
+        plane.view_each(&mut |state| {
+            for topic in state.topics() {
+                for &range in &topic.ranges {
+                    let Some(active) = state.range(range).filter(|r| r.is_active()) else {
+                        continue;
+                    };
+                    let Some(segment) = active.last_segment().and_then(|s| state.segment(s)) else {
+                        continue;
+                    };
+                    if segment.seal().is_none() && segment.replicas.first().map(|n| n.0) == Some(me)
+                    {
+                        found.push((topic.name.clone(), range, segment.id));
+                    }
+                }
+            }
+        });
+        found
+    }
+
+    /// Moves where `range` of `topic` is written to broker `to`, through
+    /// the coordinator manager (`CoordinatorMsg::Move`), waiting at most
+    /// `timeout_ms`.
+    pub(crate) async fn move_range(
+        &self,
+        topic: String,
+        range: RangeId,
+        to: NodeId,
+        timeout_ms: u64,
+    ) -> Result<SegmentId, CoordError> {
+        let Some(manager) = self.shared.actors.manager().get() else {
+            return Err(CoordError::Supervision(
+                malachi_supervision::SupervisionError::NotRunning,
+            ));
+        };
+        let asked = ractor::call_t!(
+            manager,
+            |reply| super::requests::CoordinatorMsg::Move {
+                topic,
+                range,
+                to,
+                reply,
+            },
+            timeout_ms
+        );
+        match asked {
+            Ok(answer) => answer,
+            Err(e) => Err(CoordError::Unexpected(format!(
+                "no answer from the coordinator: {e}"
+            ))),
+        }
     }
 
     /// Test hook: waits while `BrokerHandle::hold_failovers` holds the

@@ -73,7 +73,8 @@ fn topic_of(msg: &CoordinatorMsg) -> Option<&str> {
         }
         CoordinatorMsg::Roll { topic, .. }
         | CoordinatorMsg::Split { topic, .. }
-        | CoordinatorMsg::Merge { topic, .. } => Some(topic),
+        | CoordinatorMsg::Merge { topic, .. }
+        | CoordinatorMsg::Move { topic, .. } => Some(topic),
         CoordinatorMsg::Reconcile
         | CoordinatorMsg::Replan
         | CoordinatorMsg::Upkeep

@@ -52,20 +52,10 @@ pub(crate) enum CoordError {
         range: RangeId,
         primary: NodeId,
     },
-    /// The buddies' active segments are written by two brokers: no one
-    /// broker can freeze both, so the merge is refused until one primary
-    /// writes both (ADR 0141).
-    #[error(
-        "ranges {} and {} are written by brokers {} and {}; \
-         a merge needs both halves written by one broker",
-        .lower.0, .upper.0, .lower_primary.0, .upper_primary.0
-    )]
-    MergeAcrossPrimaries {
-        lower: RangeId,
-        upper: RangeId,
-        lower_primary: NodeId,
-        upper_primary: NodeId,
-    },
+    /// A range cannot be moved to `target`: it is not live, has no room,
+    /// is leaving, or the topic's placement constraints rank it out.
+    #[error("a range cannot move to broker {}: it takes no new copies now", .target.0)]
+    MoveTarget { target: NodeId },
 }
 
 pub(crate) enum CoordinatorMsg {
@@ -98,6 +88,15 @@ pub(crate) enum CoordinatorMsg {
         topic: String,
         range: RangeId,
         reply: RpcReplyPort<Result<(RangeId, RangeId, RangeId), CoordError>>,
+    },
+    /// Move where an active range is written to broker `to` (the
+    /// balancer's; ADR 0144): its active segment is rolled to a successor
+    /// `to` leads.
+    Move {
+        topic: String,
+        range: RangeId,
+        to: NodeId,
+        reply: RpcReplyPort<Result<SegmentId, CoordError>>,
     },
     /// Start every active segment actor the metadata assigns to this node
     /// and stop those of deleted topics (the manager's).

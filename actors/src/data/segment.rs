@@ -887,6 +887,9 @@ impl Enqueued {
                 Ok(offsets) => {
                     shared.metrics.records_produced.increment(count);
                     shared.metrics.bytes_produced.increment(bytes);
+                    shared
+                        .bytes_stored
+                        .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
                     shared.notify_topic(&topic);
                     Ok(Ack::Stored(offsets))
                 }

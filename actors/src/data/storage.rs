@@ -56,6 +56,9 @@ pub(crate) struct Storage {
     /// segments roll away (a replicated one fails over instead). Set by
     /// the control plane from the ring's members.
     pub leaving: std::sync::atomic::AtomicBool,
+    /// Producer bytes the writers here stored, since start: the balancer
+    /// gossips its rate as this broker's write load (ADR 0144).
+    pub bytes_stored: std::sync::atomic::AtomicU64,
     /// Test hook: the segments a writer started for, in order (at most
     /// [`WRITER_STARTS_TRACKED_MAX`]).
     #[cfg(feature = "testing")]
@@ -85,6 +88,7 @@ impl Storage {
             space: super::space::SpaceGuard::new(config.store.min_free_bytes),
             free_space: RwLock::new(Arc::new(super::space::VolumeSpace)),
             leaving: std::sync::atomic::AtomicBool::new(false),
+            bytes_stored: std::sync::atomic::AtomicU64::new(0),
             #[cfg(feature = "testing")]
             writer_starts: Mutex::new(Vec::new()),
             config,

@@ -589,12 +589,14 @@ impl Formed {
         let mut attributes = self.operator_attributes.clone();
         attributes.extend(card.attributes());
         // The space worker's word on the volume (ADR 0111), the members
-        // list and the word that it reads the feature table (ADR 0134) stay.
+        // list, the word that it reads the feature table (ADR 0134) and
+        // the balancer's load (ADR 0144) stay.
         let local = self.membership.local().attributes;
         for kept in [
             crate::common::volume::STORAGE_ATTRIBUTE,
             malachi_core::formation::ATTR_MEMBERS,
             malachi_core::model::FEATURES_ATTRIBUTE,
+            malachi_core::load::LOAD_ATTRIBUTE,
         ] {
             if let Some(value) = local.get(kept) {
                 attributes.insert(kept.to_owned(), value.clone());

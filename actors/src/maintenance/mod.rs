@@ -25,6 +25,7 @@ use malachi_supervision::{ChildSpec, Strategy, SupervisorArgs};
 use crate::control::handle::ControlHandle;
 use crate::control::shared::Shared;
 
+pub(crate) mod balancer;
 pub(crate) mod failover;
 pub(crate) mod healer;
 pub(crate) mod scrubber;
@@ -66,6 +67,13 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
         #[cfg(feature = "testing")]
         fault_key: shared.client_addr,
     });
+    let balancer_ctx = Arc::new(balancer::BalancerCtx {
+        node_id: shared.config.node_id,
+        data: Arc::clone(&shared.data),
+        links: Arc::clone(&shared.links),
+        control: control.clone(),
+        balance_interval_ms: shared.config.maintenance.balance_interval_ms,
+    });
     let sweeper_ctx = Arc::new(sweeper::SweeperCtx {
         control,
         orphan_sweep_ms: shared.config.maintenance.orphan_sweep_ms,
@@ -92,6 +100,11 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
             "space",
             || space::SpaceActor,
             move || Arc::clone(&space_ctx),
+        ))
+        .child(ChildSpec::worker(
+            "balancer",
+            || balancer::BalancerActor,
+            move || Arc::clone(&balancer_ctx),
         ))
         .child(ChildSpec::worker(
             "sweeper",

@@ -397,9 +397,8 @@ fn coord_code(e: &CoordError) -> ErrorCode {
         // The client port answers it as a redirect with the writer's
         // address (`serve::topics`); without one, still `not_leader`.
         CoordError::WrittenElsewhere { .. } => ErrorCode::NotLeader,
-        // Not retried: no wait on the client's side joins the halves'
-        // writers (ADR 0141).
-        CoordError::MergeAcrossPrimaries { .. } => ErrorCode::InvalidRequest,
+        // Not retried: the broker takes no copies now (ADR 0144).
+        CoordError::MoveTarget { .. } => ErrorCode::InvalidRequest,
         // Fewer brokers live than the copies asked for, though the
         // cluster has enough: one not seen live yet (just started) or down
         // for now. Retriable: the client waits for it within its deadline

@@ -278,6 +278,19 @@ impl MetadataState {
         self.segments.get(&id)
     }
 
+    /// Active segments per primary (the first of each replica set): what
+    /// each broker writes of this group's topics (placement by load, ADR 0144).
+    pub fn primaries(&self) -> BTreeMap<u64, u64> {
+        let mut counts = BTreeMap::new();
+        for segment in self.segments.values() {
+            if let (SegmentState::Active, Some(primary)) = (segment.state, segment.replicas.first())
+            {
+                *counts.entry(primary.0).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
     /// Every broker holding a copy of one of this group's segments: each
     /// needs the group's metadata on its own disk to serve them, so the
     /// group keeps it as a learner at least (ADR 0104).

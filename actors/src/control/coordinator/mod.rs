@@ -53,6 +53,7 @@ mod failed;
 mod failover;
 mod lease_slot;
 mod lifecycle;
+mod moves;
 mod orders;
 mod place;
 mod reconcile;
@@ -69,7 +70,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::info;
 
 use self::lease_slot::LeaseSlot;
-pub(crate) use self::place::{brokers_with_attributes, policy_constraints};
+pub(crate) use self::place::{
+    brokers_with_attributes, load_view, placement_candidates, policy_constraints,
+};
 pub(crate) use self::reconcile::reconcile;
 use self::upkeep::spawn_failure_watch;
 pub(crate) use super::requests::{CoordError, CoordinatorMsg};
@@ -125,6 +128,14 @@ impl CoordinatorState {
                 reply,
             } => {
                 let _ = reply.send(self.split(topic, range).await);
+            }
+            CoordinatorMsg::Move {
+                topic,
+                range,
+                to,
+                reply,
+            } => {
+                let _ = reply.send(self.move_primary(topic, range, to).await);
             }
             CoordinatorMsg::Merge {
                 topic,

@@ -4,33 +4,39 @@
 
 use std::collections::BTreeSet;
 
+use std::collections::BTreeMap;
+
+use malachi_core::load::{BrokerLoad, LOAD_ATTRIBUTE, rank_primaries};
 use malachi_core::model::NodeId;
 use malachi_core::placement::{Candidate, choose_replicas};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{CoordError, CoordinatorState};
 use crate::control::metadata::read_owner;
 use crate::control::shared::Shared;
 
 impl CoordinatorState {
-    /// Where new segments of this vnode's topics go: this broker if it holds
-    /// a replica of the vnode (the data path reads it locally), else the
-    /// vnode's first voter. Deterministic for a given coordinating broker.
-    pub(super) fn placement(&self) -> NodeId {
-        let Ok(plane) = self.shared.plane() else {
-            return self.node();
+    /// The primary of a new active segment (a topic's first, a split's
+    /// moved child): the live candidate with the fewest primaries and the
+    /// lowest write rate, ties broken by the rendezvous hash of `seed`
+    /// (ADR 0144), other than `exclude` when another exists. This broker
+    /// when it is the only candidate.
+    pub(super) fn primary_for(&self, seed: u64, exclude: &[NodeId]) -> NodeId {
+        let candidates: Vec<u64> = self.candidates().iter().map(|c| c.node).collect();
+        let others: Vec<u64> = candidates
+            .iter()
+            .copied()
+            .filter(|n| !exclude.contains(&NodeId(*n)))
+            .collect();
+        let pool = if others.is_empty() {
+            &candidates
+        } else {
+            &others
         };
-        match plane.host() {
-            Some(host) => {
-                let voters = host.voters(self.vnode);
-                if voters.contains(&self.shared.config.node_id) {
-                    self.node()
-                } else {
-                    voters.first().copied().map_or(self.node(), NodeId)
-                }
-            }
-            None => self.node(),
-        }
+        let loads = load_view(&self.shared);
+        let ranked = rank_primaries(pool, &loads, seed);
+        debug!(vnode = %self.vnode, seed, ?ranked, ?loads, "primary by load");
+        ranked.first().copied().map_or(self.node(), NodeId)
     }
 
     /// The brokers of the cluster that take segment copies, live or not:
@@ -53,61 +59,7 @@ impl CoordinatorState {
 
     /// The live brokers segments may be placed on, with their zones.
     pub(super) fn candidates(&self) -> Vec<Candidate> {
-        let me = self.shared.config.node_id;
-        let attribute = &self.shared.config.placement_attribute;
-        // A broker whose volume is full takes no new copies (ADR 0111);
-        // this one knows its own state first-hand.
-        let mut full: BTreeSet<u64> = BTreeSet::new();
-        let mut candidates: Vec<Candidate> = match self.shared.fabric() {
-            Some(fabric) => fabric
-                .membership
-                .view()
-                .live()
-                .filter(|m| {
-                    let room = crate::common::volume::has_room(&m.attributes);
-                    if !room {
-                        full.insert(m.node_id);
-                    }
-                    room || m.node_id == me
-                })
-                .map(|m| Candidate {
-                    node: m.node_id,
-                    zone: m.attributes.get(attribute).cloned(),
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        if self.shared.data.space.is_full() {
-            candidates.retain(|c| c.node != me);
-            if candidates.is_empty() {
-                // Alone and full: the copies stay here, refused at produce.
-                candidates.push(Candidate {
-                    node: me,
-                    zone: self.shared.config.attributes.get(attribute).cloned(),
-                });
-            }
-        } else if !candidates.iter().any(|c| c.node == me) {
-            candidates.push(Candidate {
-                node: me,
-                zone: self.shared.config.attributes.get(attribute).cloned(),
-            });
-        }
-        // A decommissioned broker takes no new copies (ADR 0104), this one
-        // included when another can (it still leads vnodes while their
-        // replicas move, and must place their segments elsewhere).
-        if let Ok(plane) = self.shared.plane()
-            && let Some(host) = plane.host()
-        {
-            let members = host.members();
-            let leaving = |node: u64| {
-                members.get(&node) == Some(&malachi_core::ring::MemberState::Decommissioned)
-            };
-            candidates.retain(|c| c.node == me || !leaving(c.node));
-            if leaving(me) && candidates.iter().any(|c| c.node != me) {
-                candidates.retain(|c| c.node != me);
-            }
-        }
-        candidates
+        placement_candidates(&self.shared)
     }
 
     /// The replica set of a new segment with `factor` copies, its primary
@@ -192,6 +144,103 @@ impl CoordinatorState {
         }
         Ok(placed(found.nodes, factor))
     }
+}
+
+/// The live brokers segments may be placed on, with their zones.
+pub(crate) fn placement_candidates(shared: &Shared) -> Vec<Candidate> {
+    let me = shared.config.node_id;
+    let attribute = &shared.config.placement_attribute;
+    // A broker whose volume is full takes no new copies (ADR 0111);
+    // this one knows its own state first-hand.
+    let mut full: BTreeSet<u64> = BTreeSet::new();
+    let mut candidates: Vec<Candidate> = match shared.fabric() {
+        Some(fabric) => fabric
+            .membership
+            .view()
+            .live()
+            .filter(|m| {
+                let room = crate::common::volume::has_room(&m.attributes);
+                if !room {
+                    full.insert(m.node_id);
+                }
+                room || m.node_id == me
+            })
+            .map(|m| Candidate {
+                node: m.node_id,
+                zone: m.attributes.get(attribute).cloned(),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    if shared.data.space.is_full() {
+        candidates.retain(|c| c.node != me);
+        if candidates.is_empty() {
+            // Alone and full: the copies stay here, refused at produce.
+            candidates.push(Candidate {
+                node: me,
+                zone: shared.config.attributes.get(attribute).cloned(),
+            });
+        }
+    } else if !candidates.iter().any(|c| c.node == me) {
+        candidates.push(Candidate {
+            node: me,
+            zone: shared.config.attributes.get(attribute).cloned(),
+        });
+    }
+    // A decommissioned broker takes no new copies (ADR 0104), this one
+    // included when another can (it still leads vnodes while their
+    // replicas move, and must place their segments elsewhere).
+    if let Ok(plane) = shared.plane()
+        && let Some(host) = plane.host()
+    {
+        let members = host.members();
+        let leaving = |node: u64| {
+            members.get(&node) == Some(&malachi_core::ring::MemberState::Decommissioned)
+        };
+        candidates.retain(|c| c.node == me || !leaving(c.node));
+        if leaving(me) && candidates.iter().any(|c| c.node != me) {
+            candidates.retain(|c| c.node != me);
+        }
+    }
+    candidates
+}
+
+/// Each broker's load as this broker sees it (ADR 0144): what it gossips
+/// (`malachi.load`), its primaries raised to what this broker's replicas
+/// of the metadata count already (gossip lags a placement by a poll; the
+/// replicas see it at once), and this broker's own primaries first-hand.
+pub(crate) fn load_view(shared: &Shared) -> BTreeMap<u64, BrokerLoad> {
+    let mut loads: BTreeMap<u64, BrokerLoad> = BTreeMap::new();
+    if let Some(fabric) = shared.fabric() {
+        for member in fabric.membership.view().live() {
+            let Some(text) = member.attributes.get(LOAD_ATTRIBUTE) else {
+                continue;
+            };
+            match BrokerLoad::from_attribute(text) {
+                Ok(load) => {
+                    loads.insert(member.node_id, load);
+                }
+                Err(e) => {
+                    debug!(node = member.node_id, error = %e, "a broker's load does not parse; counted idle")
+                }
+            }
+        }
+    }
+    if let Ok(plane) = shared.plane() {
+        let mut counted: BTreeMap<u64, u64> = BTreeMap::new();
+        plane.view_each(&mut |state| {
+            for (node, count) in state.primaries() {
+                *counted.entry(node).or_insert(0) += count;
+            }
+        });
+        for (node, count) in counted {
+            let load = loads.entry(node).or_default();
+            load.primaries = load.primaries.max(count);
+        }
+    }
+    let me = loads.entry(shared.config.node_id).or_default();
+    me.primaries = me.primaries.max(shared.data.segments.lock().len() as u64);
+    loads
 }
 
 /// The placement constraints of the policy `policy` names, as this broker

@@ -210,7 +210,7 @@ impl CoordinatorState {
     /// its active `segment`: only that broker's writer can freeze it, and a
     /// `busy` answered here would be retried here until the deadline (ADR
     /// 0141). The client port turns the refusal into a redirect.
-    fn written_here(
+    pub(super) fn written_here(
         &self,
         topic: &str,
         range: RangeId,
@@ -325,8 +325,11 @@ impl CoordinatorState {
         let segment = self.active_segment(&topic, range)?;
         self.written_here(&topic, range, segment)?;
         let copies = self.copies(&topic, segment)?;
+        // The lower child stays here; the upper goes to the least loaded
+        // other broker, when there is one: a split moves work (ADR 0144).
         let lower_replicas = self.successor_replicas(&topic, self.node(), copies, segment.0 ^ 1)?;
-        let upper_replicas = self.successor_replicas(&topic, self.node(), copies, segment.0 ^ 2)?;
+        let elsewhere = self.primary_for(segment.0 ^ 2, &[self.node()]);
+        let upper_replicas = self.successor_replicas(&topic, elsewhere, copies, segment.0 ^ 2)?;
         let seal = self.freeze(segment).await?;
         let plane = self.shared.plane()?;
         let proposed = plane
@@ -422,12 +425,9 @@ impl CoordinatorState {
             self.primary_of(&topic, upper_segment)?,
         );
         if lower_primary != upper_primary {
-            return Err(CoordError::MergeAcrossPrimaries {
-                lower,
-                upper,
-                lower_primary,
-                upper_primary,
-            });
+            return Err(self
+                .gather_halves(&topic, (lower, lower_primary), (upper, upper_primary))
+                .await);
         }
         self.written_here(&topic, lower, lower_segment)?;
         let copies = self

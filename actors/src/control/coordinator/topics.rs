@@ -48,7 +48,9 @@ impl CoordinatorState {
         let plane = self.shared.plane()?;
         let factor = self.factor_for(&name, replication_factor)?;
         let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
-        let replicas = self.replicas(policy.as_deref(), self.placement(), factor, seed)?;
+        let primary = self.primary_for(seed, &[]);
+        let replicas = self.replicas(policy.as_deref(), primary, factor, seed)?;
+        let placed = replicas.first().copied().unwrap_or(primary);
         self.wait_for_first_lease().await;
         let outcome = plane
             .propose(Command::CreateTopic {
@@ -67,7 +69,6 @@ impl CoordinatorState {
         else {
             return Err(CoordError::Unexpected(format!("{outcome:?}")));
         };
-        let placed = self.placement();
         for segment in segments {
             if placed == self.node() {
                 match start_segment(&self.shared, &name, segment).await {
