@@ -237,10 +237,19 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
     let mut cluster = Cluster::three_ready(dir.path());
     let clients = cluster.clients();
     let b = clients[0].clone();
-    ok(malachi(&b, &["topic", "create", "guarded"], ""));
+    // A topic created before its vnode's coordinator holds a lease opens
+    // at writer epoch 0 (ADR 0097): right after the cluster forms that can
+    // happen, so the test takes a topic opened under a lease.
     let lines: String = (0..10).map(|i| format!("k{i}\t{i}\n")).collect();
-    ok(malachi(&b, &["produce", "guarded"], &lines));
-    let (segment, replicas) = replica_sets(&b, "guarded")[0].clone();
+    let (topic, segment, replicas) = (0..5)
+        .find_map(|attempt| {
+            let topic = format!("guarded-{attempt}");
+            ok(malachi(&b, &["topic", "create", &topic], ""));
+            ok(malachi(&b, &["produce", &topic], &lines));
+            let (segment, replicas) = replica_sets(&b, &topic)[0].clone();
+            (segment_epoch(&b, &topic, segment) >= 1).then_some((topic, segment, replicas))
+        })
+        .expect("a topic opened under a lease within five tries");
     let follower = replicas[1];
     let data = cluster.nodes[(follower - 1) as usize].data_dir.clone();
     let log = segment_log(&data, segment);
@@ -261,7 +270,7 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
     let end = count_frames(&before);
     // The segment's writer epoch: the coordinator lease epoch it was opened
     // under (at least 1), which every replica-append must carry.
-    let epoch = segment_epoch(&b, "guarded", segment);
+    let epoch = segment_epoch(&b, topic.as_str(), segment);
     assert!(epoch >= 1, "a segment opened under a lease has its epoch");
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -273,7 +282,7 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
         transport.set_peer(follower, raft_addr(&b, follower));
         let send_at =
             |epoch: u64, segment: u64, first: u64, frames: Vec<u8>| ReplicaAppendRequest {
-                topic: "guarded".into(),
+                topic: topic.clone(),
                 segment,
                 epoch,
                 first_offset: first,
@@ -362,17 +371,17 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
     let after = std::fs::read(&log).unwrap();
     assert_eq!(whole_frames(&after), &before[..]);
     // And the follower still serves: a record produced now reaches it.
-    ok(malachi(&b, &["produce", "guarded"], "k\tlast\n"));
+    ok(malachi(&b, &["produce", topic.as_str()], "k\tlast\n"));
     Wait::new("the follower takes the next append", SETTLE, POLL)
         .context(|| cluster.logs())
         .until_blocking(|| count_frames(&std::fs::read(&log).unwrap()) > end);
-    let records = consume_all(&clients[(follower - 1) as usize], "guarded");
+    let records = consume_all(&clients[(follower - 1) as usize], topic.as_str());
     assert_eq!(records.len() as u64, end + 1);
 
     // A sealed copy is fenced for good: a split seals the segment, and an
     // append to it is refused `fenced`, also after the follower restarts.
-    let range = active_ranges(&b, "guarded")[0].to_string();
-    ok(malachi(&b, &["topic", "split", "guarded", &range], ""));
+    let range = active_ranges(&b, topic.as_str())[0].to_string();
+    ok(malachi(&b, &["topic", "split", topic.as_str(), &range], ""));
     let sealed_end = end + 1;
     let fenced_answer = |cluster: &Cluster| {
         let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -383,7 +392,7 @@ fn a_follower_refuses_every_bad_replica_append_writes_nothing_and_stays_up() {
             ));
             transport.set_peer(follower, raft_addr(&cluster.clients()[0], follower));
             let request = ReplicaAppendRequest {
-                topic: "guarded".into(),
+                topic: topic.clone(),
                 segment,
                 epoch,
                 first_offset: sealed_end,

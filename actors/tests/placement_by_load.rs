@@ -249,6 +249,17 @@ async fn primaries_move_onto_a_joining_broker_and_off_a_decommissioned_one_then_
     )
     .await;
     assert!(joined.get(&4).is_some_and(|n| *n >= 2), "{joined:?}");
+    let moves: u64 = [&one, &two, &three]
+        .iter()
+        .map(|b| counter(b, "malachi_balancer_moves_total"))
+        .sum();
+    assert!(moves >= 2, "the moves are counted: {moves}");
+    // Broker 4 gossips what it writes, and its gauge says the same.
+    let shown = joined.get(&4).copied().unwrap_or(0) as u64;
+    assert!(
+        eventually(10_000, async || counter(&four, "malachi_primaries") == shown).await,
+        "broker 4's malachi_primaries gauge shows its {shown} primaries"
+    );
 
     // No flapping: the placement stays as it is for many intervals, with
     // writes going on. Seeing that nothing happens takes time: the pauses

@@ -85,6 +85,12 @@ pub(crate) struct BrokerMetrics {
     pub storage_free_bytes: Gauge,
     /// 1 while the data volume takes no records (`storage_full`), else 0.
     pub storage_full: Gauge,
+    /// Active segments this broker writes, and the producer bytes per
+    /// second it stored, smoothed: the load it gossips (ADR 0144).
+    pub primaries: Gauge,
+    pub write_bytes_per_second: Gauge,
+    /// Ranges this broker's balancer moved to another broker.
+    pub balancer_moves: Counter,
     /// Copies on this broker found damaged or missing records (ADR 0108),
     /// since the broker started.
     pub copies_lost: Gauge,
@@ -193,6 +199,9 @@ impl BrokerMetrics {
             segments_expired: counter("malachi_segments_expired_total"),
             storage_free_bytes: gauge("malachi_storage_free_bytes"),
             storage_full: gauge("malachi_storage_full"),
+            primaries: gauge("malachi_primaries"),
+            write_bytes_per_second: gauge("malachi_write_bytes_per_second"),
+            balancer_moves: counter("malachi_balancer_moves_total"),
             recorder,
             handle,
         }

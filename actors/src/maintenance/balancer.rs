@@ -137,10 +137,16 @@ impl BalancerState {
         self.bytes_seen = stored;
         let rate = per_poll.saturating_mul(1_000) / LOAD_POLL_MS;
         self.write_bytes_per_second = smoothed(self.write_bytes_per_second, rate);
-        BrokerLoad {
+        let load = BrokerLoad {
             primaries: self.ctx.data.segments.lock().len() as u64,
             write_bytes_per_second: self.write_bytes_per_second,
-        }
+        };
+        let metrics = &self.ctx.data.metrics;
+        metrics.primaries.set(load.primaries as f64);
+        metrics
+            .write_bytes_per_second
+            .set(load.write_bytes_per_second as f64);
+        load
     }
 
     /// Gossips `load` when it differs enough from what the others saw, or
@@ -214,7 +220,10 @@ impl BalancerState {
             .move_range(topic.clone(), range, NodeId(to), MOVE_TIMEOUT_MS)
             .await;
         match moved {
-            Ok(next) => debug!(%topic, range = range.0, next = next.0, "balancer: moved"),
+            Ok(next) => {
+                self.ctx.data.metrics.balancer_moves.increment(1);
+                debug!(%topic, range = range.0, next = next.0, "balancer: moved");
+            }
             Err(e) => {
                 info!(%topic, range = range.0, to, error = %e, "balancer: the move did not happen; the next interval decides again")
             }
