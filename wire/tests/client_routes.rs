@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use malachi_testkit::fake::{fake_broker, ok, refusal};
-use malachi_testkit::wait::eventually;
 use malachi_wire::messages::*;
 use malachi_wire::{
     ApiKey, Client, ClientConfig, ErrorBody, ErrorCode, Message, Record, RecordBatch, RequestFrame,
@@ -23,6 +22,9 @@ use malachi_wire::{
 const NODE_A: u64 = 1;
 const NODE_B: u64 = 2;
 const NODE_BOOT: u64 = 3;
+/// How long a `busy` refusal asks the producer to wait: long enough that
+/// whatever the producer sends meanwhile is sent during the wait.
+const BUSY_RETRY_AFTER_MS: u32 = 1_000;
 
 /// The three fakes' addresses, known once all are listening.
 #[derive(Default)]
@@ -50,6 +52,10 @@ struct Seen {
     /// Produce parts that reached A and B (acknowledged or not).
     at_a: AtomicUsize,
     at_b: AtomicUsize,
+    /// The sequences of the parts refused `busy`.
+    busy: Mutex<Vec<u64>>,
+    /// Woken whenever a part reaches A or B.
+    arrived: tokio::sync::Notify,
 }
 
 fn two_range_topic() -> DescribeTopicResponse {
@@ -152,12 +158,23 @@ async fn handle(
         return Some(refusal(id, ErrorCode::NotLeader, body));
     }
     mine.fetch_add(1, Ordering::SeqCst);
+    seen.arrived.notify_waiters();
     match answer {
         Answer::AtOnce => {}
         Answer::AfterTheOther => {
-            if !eventually(5_000, async || other.load(Ordering::SeqCst) >= 1).await {
-                return None;
-            }
+            let arrived = async {
+                loop {
+                    let woken = seen.arrived.notified();
+                    if other.load(Ordering::SeqCst) >= 1 {
+                        return;
+                    }
+                    woken.await;
+                }
+            };
+            // Never answered if the other part is not sent meanwhile.
+            tokio::time::timeout(Duration::from_secs(5), arrived)
+                .await
+                .ok()?;
         }
         Answer::BusyUntilTheOtherAcked(n) => {
             let other_acked = seen
@@ -168,10 +185,11 @@ async fn handle(
                 .filter(|(range, _)| *range != tag.range)
                 .count();
             if other_acked < n {
+                seen.busy.lock().unwrap().push(tag.sequence);
                 let body = ErrorBody {
                     message: "busy".into(),
                     leader_hint: None,
-                    retry_after_ms: Some(5),
+                    retry_after_ms: Some(BUSY_RETRY_AFTER_MS),
                     ranges: None,
                 };
                 return Some(refusal(id, ErrorCode::Busy, body));
@@ -215,7 +233,7 @@ async fn cluster_of(a: Answer, b: Answer) -> (Client, Arc<Seen>) {
     let config = ClientConfig {
         request_timeout_ms: 5_000,
         backoff_initial_ms: 1,
-        backoff_max_ms: 5,
+        backoff_max_ms: u64::from(BUSY_RETRY_AFTER_MS),
         discover_on_connect: true,
         ..ClientConfig::default()
     };
@@ -295,11 +313,16 @@ async fn parts_for_different_primaries_are_in_flight_together() {
 }
 
 /// A range whose primary answers `busy` holds back that range's later
-/// parts only: the other range's parts go on to their primary meanwhile
-/// (before, the first part that backed off stopped every part behind it).
+/// parts only: the other range's parts go on to their primary during the
+/// backoff. Batches alternate between the ranges, the window is 4: range
+/// 1's first part is refused (range 2 has fewer than 3 parts acknowledged
+/// then), and its next attempt, a backoff later, finds range 2's third
+/// part acknowledged. Before, the part that backed off stopped every part
+/// behind it for the backoff, so range 2 was still at two when range 1's
+/// first part was sent again, and it was refused again.
 #[tokio::test]
 async fn a_range_that_backs_off_does_not_hold_up_the_others() {
-    let (client, seen) = cluster_of(Answer::BusyUntilTheOtherAcked(10), Answer::AtOnce).await;
+    let (client, seen) = cluster_of(Answer::BusyUntilTheOtherAcked(3), Answer::AtOnce).await;
     let mut producer = client.producer("two", 4);
     producer.set_delivery_timeout(Duration::from_secs(10));
 
@@ -310,5 +333,7 @@ async fn a_range_that_backs_off_does_not_hold_up_the_others() {
     }
     assert_eq!(producer.flush().await.unwrap(), batches as u64);
     assert_eq!(seen.misrouted.load(Ordering::SeqCst), 0);
+    let first_refused = seen.busy.lock().unwrap().iter().filter(|s| **s == 0).count();
+    assert_eq!(first_refused, 1, "range 1's first part refused once");
     assert_in_sequence(&seen);
 }

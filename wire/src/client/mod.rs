@@ -11,8 +11,9 @@
 //!
 //! Where a request goes: the broker last hinted for its topic, else the
 //! default broker; a producer's part goes to its range's route, seeded
-//! from the topic's range map and refreshed by hints (`routes.rs`). A broker that cannot serve the topic now without naming
-//! who can (`no_quorum`, `not_leader` without a hint, `shutting_down`, or a
+//! from the topic's range map and refreshed by hints (`routes.rs`). A
+//! broker that cannot serve the topic now without naming who can
+//! (`no_quorum`, `not_leader` without a hint, `shutting_down`, or a
 //! connection that fails) sends the next attempt to the next broker the
 //! client knows: the bootstrap addresses, every hinted address, and, when
 //! it knows no other, the brokers the answering one lists in
