@@ -150,7 +150,10 @@ async fn handle(
     if writes != Some(tag.range) {
         seen.misrouted.fetch_add(1, Ordering::SeqCst);
         let body = ErrorBody {
-            message: format!("range {} of topic two is written by another broker", tag.range),
+            message: format!(
+                "range {} of topic two is written by another broker",
+                tag.range
+            ),
             leader_hint: Some(addrs.of_range(tag.range)),
             retry_after_ms: None,
             ranges: None,
@@ -287,7 +290,11 @@ async fn the_first_batch_goes_straight_to_each_ranges_primary() {
     }
     assert_eq!(producer.flush().await.unwrap(), 2 * batches as u64);
 
-    assert_eq!(seen.misrouted.load(Ordering::SeqCst), 0, "no part misrouted");
+    assert_eq!(
+        seen.misrouted.load(Ordering::SeqCst),
+        0,
+        "no part misrouted"
+    );
     assert_eq!(client.redirects_followed(), 0, "no redirect followed");
     assert_eq!(seen.acked.lock().unwrap().len(), 2 * batches);
     assert_in_sequence(&seen);
@@ -333,7 +340,13 @@ async fn a_range_that_backs_off_does_not_hold_up_the_others() {
     }
     assert_eq!(producer.flush().await.unwrap(), batches as u64);
     assert_eq!(seen.misrouted.load(Ordering::SeqCst), 0);
-    let first_refused = seen.busy.lock().unwrap().iter().filter(|s| **s == 0).count();
+    let first_refused = seen
+        .busy
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| **s == 0)
+        .count();
     assert_eq!(first_refused, 1, "range 1's first part refused once");
     assert_in_sequence(&seen);
 }

@@ -1051,15 +1051,30 @@ mod tests {
         let description = TopicDescription {
             name: "t".into(),
             ranges: vec![
-                range(1, "0x0", "0x10000000000000000", "sealed", vec![segment(1, vec![1, 2], "sealed")]),
+                range(
+                    1,
+                    "0x0",
+                    "0x10000000000000000",
+                    "sealed",
+                    vec![segment(1, vec![1, 2], "sealed")],
+                ),
                 range(
                     2,
                     "0x0000000000000000",
                     "0x8000000000000000",
                     "active",
-                    vec![segment(2, vec![1, 2], "sealed"), segment(4, vec![3, 1], "active")],
+                    vec![
+                        segment(2, vec![1, 2], "sealed"),
+                        segment(4, vec![3, 1], "active"),
+                    ],
                 ),
-                range(3, "0x8000000000000000", "0x10000000000000000", "active", vec![]),
+                range(
+                    3,
+                    "0x8000000000000000",
+                    "0x10000000000000000",
+                    "active",
+                    vec![],
+                ),
             ],
             ..TopicDescription::default()
         };

@@ -32,7 +32,9 @@ impl Client {
 
     /// Counts one redirect followed (see [`Client::redirects_followed`]).
     pub(super) fn note_redirect(&self) {
-        self.inner.redirects_followed.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .redirects_followed
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Replaces the node id to client address map with the live brokers of
