@@ -10,8 +10,10 @@
 //! connection, the answer, a quorum, the topic's leader).
 //!
 //! Where a request goes: the broker last hinted for its topic, else the
-//! default broker. A broker that cannot serve the topic now without naming
-//! who can (`no_quorum`, `not_leader` without a hint, `shutting_down`, or a
+//! default broker; a producer's part goes to its range's route, seeded
+//! from the topic's range map and refreshed by hints (`routes.rs`). A
+//! broker that cannot serve the topic now without naming who can
+//! (`no_quorum`, `not_leader` without a hint, `shutting_down`, or a
 //! connection that fails) sends the next attempt to the next broker the
 //! client knows: the bootstrap addresses, every hinted address, and, when
 //! it knows no other, the brokers the answering one lists in
@@ -29,10 +31,12 @@
 mod bootstrap;
 mod connection;
 mod producer;
+mod routes;
 mod stream;
 mod suspects;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -333,6 +337,8 @@ pub struct Client {
 struct Inner {
     config: ClientConfig,
     state: Mutex<RouteState>,
+    /// See [`Client::redirects_followed`].
+    redirects_followed: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -342,9 +348,13 @@ struct RouteState {
     default_addr: String,
     /// The last hinted owner of each topic.
     topics: HashMap<String, String>,
-    /// The last hinted primary of a topic's range, for the producer, which
-    /// sends one range per request.
+    /// The primary of a topic's range, for the producer, which sends one
+    /// range per request: seeded from the topic's range map, refreshed by
+    /// hints (ADR 0129, 0142).
     ranges: HashMap<(String, u64), String>,
+    /// The client address of each live broker `cluster_status` listed,
+    /// by node id: what a range map's primaries are routed to.
+    members: HashMap<u64, String>,
     /// Every broker address known, bootstrap first: where a request goes
     /// when the broker it went to cannot serve it and names nobody.
     known: Vec<String>,
@@ -384,6 +394,7 @@ impl Client {
                     default_addr: first,
                     ..RouteState::default()
                 }),
+                redirects_followed: AtomicU64::new(0),
             }),
         };
         for addr in &bootstrap {
@@ -618,6 +629,7 @@ impl Client {
             let follow_at_once = if let Some(hint) = error.leader_hint() {
                 // A hint is fresh routing information: follow it at once.
                 debug!(api, from = %addr, to = %hint, attempt, "following hint");
+                self.note_redirect();
                 addr = hint.to_owned();
                 self.learn(&addr);
                 self.remember(topic, &addr);
@@ -725,11 +737,10 @@ impl Client {
         self.next_known(addr)
     }
 
-    /// Learns the client addresses of the brokers `cluster_status` lists,
-    /// asking a broker this client has an open connection to (`addr`
-    /// first), within `DISCOVERY_TIMEOUT_MS` and `deadline`.
+    /// Learns the client addresses of the brokers `cluster_status` lists
+    /// (see [`Client::ask_members`]), at most every `DISCOVERY_INTERVAL_MS`.
     async fn discover(&self, addr: &str, deadline: Instant) {
-        let connection = {
+        {
             let mut state = self.state();
             let now = Instant::now();
             if state.discovered_at.is_some_and(|at| {
@@ -738,36 +749,8 @@ impl Client {
                 return;
             }
             state.discovered_at = Some(now);
-            let open = |a: &str| state.connections.get(a).filter(|c| !c.is_closed()).cloned();
-            open(addr).or_else(|| state.connections.values().find(|c| !c.is_closed()).cloned())
-        };
-        let Some(connection) = connection else {
-            return;
-        };
-        let timeout_ms = DISCOVERY_TIMEOUT_MS.min(left_ms(deadline));
-        let Ok(payload) = ClusterStatusRequest {}.encode() else {
-            return;
-        };
-        match self
-            .exchange_payload::<ClusterStatusRequest>(&connection, payload, timeout_ms)
-            .await
-        {
-            Ok(status) => {
-                for broker in &status.brokers {
-                    if !broker.client_addr.is_empty() {
-                        self.learn(&broker.client_addr);
-                    }
-                }
-                debug!(
-                    from = connection.addr(),
-                    brokers = status.brokers.len(),
-                    "learned the cluster's brokers"
-                );
-            }
-            Err(error) => {
-                debug!(from = connection.addr(), %error, "could not learn the cluster's brokers")
-            }
         }
+        self.ask_members(Some(addr), deadline).await;
     }
 
     /// The known broker after `addr`, without asking for more: for a
@@ -1011,6 +994,7 @@ impl Client {
             };
             attempt += 1;
             if let Some(hint) = error.leader_hint() {
+                self.note_redirect();
                 addr = hint.to_owned();
                 self.learn(&addr);
                 self.remember(Some(topic), &addr);

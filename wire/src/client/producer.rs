@@ -5,7 +5,7 @@
 //! key (the topic's layout comes from `describe_topic`; positions are the
 //! keys' xxh3 hashes, as the broker computes them) and sends one request per
 //! range part, tagged with the next sequence number of that (producer,
-//! range). Requests are written to the connection in the order they were
+//! range), to the range's primary as the layout names it (ADR 0142). Requests are written to the connection in the order they were
 //! sent, so the broker stores each range's parts in that order; at most
 //! `window_requests_max` are in flight.
 //!
@@ -26,7 +26,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::debug;
 
 use super::suspects::SUSPECT_POLL_MS;
-use super::{Client, ClientError, backoff_ms, decode_response};
+use super::{Client, ClientError, DISCOVERY_INTERVAL_MS, backoff_ms, decode_response};
 use crate::api::ApiKey;
 use crate::batch::{BatchBuilder, RecordBatch};
 use crate::error::ErrorCode;
@@ -88,11 +88,15 @@ fn random_u64() -> u64 {
     hasher.finish()
 }
 
-/// The active ranges of a topic, by band.
+/// The active ranges of a topic, by band, and their primaries.
 #[derive(Debug, Clone)]
 struct Layout {
     /// (band start, band end exclusive, range id), sorted by start.
     bands: Vec<(u64, u128, u64)>,
+    /// (range id, node id of its active segment's primary) for each
+    /// active range whose description names one: where its parts go
+    /// first (ADR 0142).
+    primaries: Vec<(u64, u64)>,
 }
 
 impl Layout {
@@ -102,6 +106,7 @@ impl Layout {
             u128::from_str_radix(digits, 16).map_err(|e| format!("band bound {text}: {e}"))
         };
         let mut bands = Vec::new();
+        let mut primaries = Vec::new();
         for range in &description.ranges {
             if range.state != "active" {
                 continue;
@@ -110,12 +115,15 @@ impl Layout {
             let end = parse(&range.band_end)?;
             let start = u64::try_from(start).map_err(|_| "band start beyond 2^64".to_owned())?;
             bands.push((start, end, range.id));
+            if let Some(primary) = primary_of(range) {
+                primaries.push((range.id, primary));
+            }
         }
         bands.sort_unstable();
         if bands.is_empty() {
             return Err(format!("topic {} has no active range", description.name));
         }
-        Ok(Layout { bands })
+        Ok(Layout { bands, primaries })
     }
 
     fn route(&self, key: &[u8]) -> Option<u64> {
@@ -130,6 +138,13 @@ impl Layout {
     fn is_active(&self, range: u64) -> bool {
         self.bands.iter().any(|(_, _, id)| *id == range)
     }
+}
+
+/// The node that writes `range`: its active segment's first replica (the
+/// description's `primary` when it names no replicas).
+fn primary_of(range: &RangeDescription) -> Option<u64> {
+    let active = range.segments.iter().rev().find(|s| s.state == "active")?;
+    active.replicas.first().copied().or(active.primary)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,6 +204,9 @@ pub struct Producer {
     /// Acknowledged ordinals as start to end-exclusive intervals.
     acknowledged: BTreeMap<u64, u64>,
     failed: Option<String>,
+    /// When this producer last asked the cluster for its brokers, to route
+    /// a range map whose primaries it did not know.
+    members_asked_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -230,6 +248,7 @@ impl Producer {
             records_acknowledged: 0,
             acknowledged: BTreeMap::new(),
             failed: None,
+            members_asked_at: None,
         }
     }
 
@@ -367,18 +386,25 @@ impl Producer {
     }
 
     /// Routes and sends what waits, in queue order, while the window has
-    /// room. It stops at an entry that backs off, and at an entry in flight
-    /// to a range that is no longer active (its answer decides whether its
-    /// records must be routed again, ahead of anything newer).
+    /// room. An entry of a range that backs off holds back that range's
+    /// later entries only: the other ranges' parts go on to their own
+    /// primaries, in parallel (ADR 0142). It stops at an entry not yet
+    /// routed that backs off (the entries after it are routed after it,
+    /// so each range's sequence follows the send order), and at an entry
+    /// in flight to a range that is no longer active (its answer decides
+    /// whether its records must be routed again, ahead of anything newer).
     async fn pump(&mut self) -> Result<(), ClientError> {
         let now = Instant::now();
+        // Ranges whose first unsent entry waits in this pass: at most one
+        // per entry looked at.
+        let mut held: Vec<u64> = Vec::new();
         let mut i = 0;
         while i < self.queue.len() && self.inflight.len() < self.window_requests_max {
+            let range = self.queue[i].assigned.map(|(range, _, _)| range);
             match self.queue[i].state {
                 State::Acked => {}
                 State::InFlight => {
-                    if let (Some((range, _, _)), Some(layout)) =
-                        (self.queue[i].assigned, &self.layout)
+                    if let (Some(range), Some(layout)) = (range, &self.layout)
                         && !layout.is_active(range)
                     {
                         break;
@@ -386,39 +412,76 @@ impl Producer {
                 }
                 State::Unsent { not_before } => {
                     if self.queue[i].created + self.delivery_timeout <= now {
-                        let entry = &self.queue[i];
-                        let reason = entry
-                            .last_error
-                            .clone()
-                            .unwrap_or_else(|| "the window stayed full".to_owned());
-                        let part = entry
-                            .waiting_for
-                            .clone()
-                            .unwrap_or_else(|| "room in the window".to_owned());
-                        let message = format!(
-                            "records to topic {} were not acknowledged within {}ms ({} produce attempts): waiting for {part}; last error: {reason}",
-                            self.topic,
-                            self.delivery_timeout.as_millis(),
-                            entry.attempts
-                        );
-                        self.failed = Some(message.clone());
-                        return Err(ClientError::ProduceFailed { message });
+                        return Err(self.expired(i));
                     }
-                    if not_before > now {
-                        break;
+                    let due = not_before <= now;
+                    match range {
+                        // A part of a range the layout no longer has, or of
+                        // a range not known active (no layout): nothing
+                        // after it goes before it is answered, as it may
+                        // be routed again (`moved`) into newer ranges.
+                        Some(range) if !self.known_active(range) => {
+                            if due && !held.contains(&range) {
+                                self.submit(i).await;
+                            }
+                            if !(due && self.layout.is_none()) {
+                                break;
+                            }
+                        }
+                        Some(range) if held.contains(&range) => {}
+                        Some(range) if !due => held.push(range),
+                        None if !due => break,
+                        None => {
+                            if !self.assign(i).await? {
+                                break;
+                            }
+                            // Entry `i` is now its first range's part:
+                            // looked at again, as routed.
+                            continue;
+                        }
+                        Some(range) => {
+                            self.submit(i).await;
+                            if self.queue[i].state != State::InFlight {
+                                held.push(range);
+                            }
+                        }
                     }
-                    if self.queue[i].assigned.is_none() && !self.assign(i).await? {
-                        break;
-                    }
-                    self.submit(i).await;
                 }
             }
             i += 1;
         }
+        debug_assert!(held.len() <= self.queue.len());
         while matches!(self.queue.front(), Some(e) if e.state == State::Acked) {
             self.queue.pop_front();
         }
         Ok(())
+    }
+
+    /// Whether the current layout has `range` active (false without one).
+    fn known_active(&self, range: u64) -> bool {
+        self.layout.as_ref().is_some_and(|l| l.is_active(range))
+    }
+
+    /// Fails the producer: entry `i` was not acknowledged within the
+    /// delivery timeout. The error names what it waited for.
+    fn expired(&mut self, i: usize) -> ClientError {
+        let entry = &self.queue[i];
+        let reason = entry
+            .last_error
+            .clone()
+            .unwrap_or_else(|| "the window stayed full".to_owned());
+        let part = entry
+            .waiting_for
+            .clone()
+            .unwrap_or_else(|| "room in the window".to_owned());
+        let message = format!(
+            "records to topic {} were not acknowledged within {}ms ({} produce attempts): waiting for {part}; last error: {reason}",
+            self.topic,
+            self.delivery_timeout.as_millis(),
+            entry.attempts
+        );
+        self.failed = Some(message.clone());
+        ClientError::ProduceFailed { message }
     }
 
     /// Routes entry `i` on the current layout, splitting it into one entry
@@ -439,7 +502,10 @@ impl Producer {
                 .map(|response| response.topic);
             match described {
                 Ok(description) => match Layout::from_description(&description) {
-                    Ok(layout) => self.layout = Some(layout),
+                    Ok(layout) => {
+                        self.layout = Some(layout);
+                        self.seed_routes(deadline).await;
+                    }
                     Err(reason) => {
                         let error = ClientError::ProduceFailed { message: reason };
                         return Err(self.fail(&error));
@@ -534,6 +600,34 @@ impl Producer {
             self.queue.insert(at, entry);
         }
         Ok(true)
+    }
+
+    /// Routes each active range of the layout just loaded to its primary
+    /// (ADR 0142) and forgets the routes of ranges no longer active. A
+    /// primary whose address the client does not know makes it ask the
+    /// cluster for its brokers first (at most every
+    /// `DISCOVERY_INTERVAL_MS`, within `DISCOVERY_TIMEOUT_MS`); one still
+    /// unknown keeps today's route.
+    async fn seed_routes(&mut self, deadline: Instant) {
+        let Some(layout) = &self.layout else {
+            return;
+        };
+        let active: Vec<u64> = layout.bands.iter().map(|(_, _, id)| *id).collect();
+        let primaries = layout.primaries.clone();
+        self.client
+            .forget_ranges(&self.topic, |range| active.contains(&range));
+        let unknown = self.client.seed_ranges(&self.topic, &primaries);
+        let now = Instant::now();
+        let asked_lately = self.members_asked_at.is_some_and(|at| {
+            now.saturating_duration_since(at) < Duration::from_millis(DISCOVERY_INTERVAL_MS)
+        });
+        if unknown.is_empty() || asked_lately || !self.client.config().discover_on_connect {
+            return;
+        }
+        self.members_asked_at = Some(now);
+        self.client.ask_members(None, deadline.into()).await;
+        let unknown = self.client.seed_ranges(&self.topic, &primaries);
+        debug!(topic = %self.topic, ?unknown, "ranges whose primary's address is not known");
     }
 
     /// Writes entry `i`'s request to the connection (in order) and puts its
@@ -718,7 +812,15 @@ impl Producer {
             // The range was split or merged and this part was not stored:
             // route it again on the new layout.
             Some(ErrorCode::Moved) if error.leader_hint().is_none() => {
-                self.layout = None;
+                // The layout is read again unless it already no longer has
+                // the range (another part's `moved` reloaded it).
+                let range = self.queue[i].assigned.map(|(range, _, _)| range);
+                if let (Some(layout), Some(range)) = (&self.layout, range)
+                    && layout.is_active(range)
+                {
+                    self.client.note_redirect();
+                    self.layout = None;
+                }
                 let entry = &mut self.queue[i];
                 entry.assigned = None;
                 entry.encoded = None;
@@ -802,6 +904,7 @@ async fn reroute(
             debug!(%topic, at = %addr, %hint, "the hint names a suspected broker");
             return;
         }
+        client.note_redirect();
         client.learn(hint);
         client.remember_range(topic, range, hint);
     } else if error.look_elsewhere() || is_timeout(error) {
@@ -927,5 +1030,56 @@ mod tests {
             assert_eq!(layout.route(key.as_bytes()), Some(expected), "{key}");
         }
         assert!(!layout.is_active(1));
+    }
+
+    #[test]
+    fn the_layout_names_each_active_ranges_primary_from_its_active_segment() {
+        let segment = |id: u64, replicas: Vec<u64>, state: &str| SegmentDescription {
+            id,
+            replicas,
+            state: state.into(),
+            ..SegmentDescription::default()
+        };
+        let range = |id: u64, start: &str, end: &str, state: &str, segments| RangeDescription {
+            id,
+            band_start: start.into(),
+            band_end: end.into(),
+            state: state.into(),
+            segments,
+            ..RangeDescription::default()
+        };
+        let description = TopicDescription {
+            name: "t".into(),
+            ranges: vec![
+                range(
+                    1,
+                    "0x0",
+                    "0x10000000000000000",
+                    "sealed",
+                    vec![segment(1, vec![1, 2], "sealed")],
+                ),
+                range(
+                    2,
+                    "0x0000000000000000",
+                    "0x8000000000000000",
+                    "active",
+                    vec![
+                        segment(2, vec![1, 2], "sealed"),
+                        segment(4, vec![3, 1], "active"),
+                    ],
+                ),
+                range(
+                    3,
+                    "0x8000000000000000",
+                    "0x10000000000000000",
+                    "active",
+                    vec![],
+                ),
+            ],
+            ..TopicDescription::default()
+        };
+        let layout = Layout::from_description(&description).unwrap();
+        // Range 3 names no segment: it keeps today's route.
+        assert_eq!(layout.primaries, [(2, 3)]);
     }
 }
