@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use malachi_core::load::{BrokerLoad, LOAD_ATTRIBUTE, plan_shed, rendezvous};
-use malachi_core::model::NodeId;
+use malachi_core::model::{NodeId, RangeId};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, info, warn};
 
@@ -69,6 +69,10 @@ pub(crate) struct BalancerState {
     shown: Option<BrokerLoad>,
     /// Polls until the next balancing decision.
     polls_to_balance: u64,
+    /// The move in flight, off the actor's mailbox: a move waits for a
+    /// freeze and a commit (seconds), and polls and a shutdown must not
+    /// wait behind it. At most one at a time.
+    moving: Option<tokio::task::JoinHandle<()>>,
 }
 
 #[ractor::async_trait]
@@ -91,7 +95,21 @@ impl Actor for BalancerActor {
             write_bytes_per_second: 0,
             shown: None,
             polls_to_balance,
+            moving: None,
         })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<BalancerMsg>,
+        state: &mut BalancerState,
+    ) -> Result<(), ActorProcessingErr> {
+        // The coordinator finishes or abandons a move on its own; only the
+        // wait for its answer is dropped.
+        if let Some(moving) = state.moving.take() {
+            moving.abort();
+        }
+        Ok(())
     }
 
     async fn handle(
@@ -104,7 +122,7 @@ impl Actor for BalancerActor {
             BalancerMsg::Poll => {
                 let load = state.measure();
                 state.gossip(load);
-                state.balance().await;
+                state.balance();
                 myself.send_after(Duration::from_millis(LOAD_POLL_MS), || BalancerMsg::Poll);
             }
         }
@@ -175,7 +193,7 @@ impl BalancerState {
     /// broker does not balance: its active segments move by the
     /// decommission's own rules (ADR 0112), and no broker moves a range
     /// onto it (it is no placement candidate).
-    async fn balance(&mut self) {
+    fn balance(&mut self) {
         if self.ctx.balance_interval_ms == 0 {
             return;
         }
@@ -184,7 +202,7 @@ impl BalancerState {
             return;
         }
         self.polls_to_balance = polls_per_balance(self.ctx.balance_interval_ms);
-        if self.ctx.control.leaving() {
+        if self.ctx.control.leaving() || self.moving.as_ref().is_some_and(|m| !m.is_finished()) {
             return;
         }
         let me = self.ctx.node_id;
@@ -210,24 +228,23 @@ impl BalancerState {
             return;
         };
         info!(%topic, range = range.0, from = me, to = shed.to, ?loads, "balancer: moving a range's primary to the least loaded broker");
-        self.move_range(topic, range, shed.to).await;
+        let ctx = Arc::clone(&self.ctx);
+        self.moving = Some(tokio::spawn(move_range(ctx, topic, range, shed.to)));
     }
+}
 
-    async fn move_range(&self, topic: String, range: malachi_core::model::RangeId, to: u64) {
-        let moved = self
-            .ctx
-            .control
-            .move_range(topic.clone(), range, NodeId(to), MOVE_TIMEOUT_MS)
-            .await;
-        match moved {
-            Ok(next) => {
-                self.ctx.data.metrics.balancer_moves.increment(1);
-                debug!(%topic, range = range.0, next = next.0, "balancer: moved");
-            }
-            Err(e) => {
-                info!(%topic, range = range.0, to, error = %e, "balancer: the move did not happen; the next interval decides again")
-            }
+/// One move, through the coordinator; counted when it happened.
+async fn move_range(ctx: Arc<BalancerCtx>, topic: String, range: RangeId, to: u64) {
+    let moved = ctx
+        .control
+        .move_range(topic.clone(), range, NodeId(to), MOVE_TIMEOUT_MS)
+        .await;
+    match moved {
+        Ok(next) => {
+            ctx.data.metrics.balancer_moves.increment(1);
+            debug!(%topic, range = range.0, next = next.0, "balancer: moved");
         }
+        Err(e) => info!(%topic, range = range.0, to, error = %e, "balancer: the move did not happen; the next interval decides again"),
     }
 }
 

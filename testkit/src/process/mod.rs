@@ -200,12 +200,12 @@ pub fn spawn_malachi(broker: &str, args: &[&str]) -> Child {
 /// Run `malachi ARGS` with `stdin`, against `broker` (via MALACHI_BROKER).
 pub fn malachi(broker: &str, args: &[&str], stdin: &str) -> Output {
     let mut child = spawn_malachi(broker, args);
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    let written = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    // A command that fails before it reads its input (no broker to reach)
+    // closes the pipe first: its exit and stderr are what a test checks.
+    if let Err(e) = written {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
     child.wait_with_output().unwrap()
 }
 
