@@ -48,5 +48,6 @@ pub use retention::{EXPIRE_SEGMENTS_MAX, RetentionRule};
 pub use state::{
     Expired, Incarnation, InvariantViolation, MetadataState, NodeId, Range, RangeId, RangeState,
     SNAPSHOT_VERSION, SealRecord, Segment, SegmentId, SegmentState, SnapshotError, StoragePolicy,
+    ReshapePolicy,
     Topic, TopicState,
 };
