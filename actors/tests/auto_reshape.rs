@@ -132,18 +132,32 @@ async fn a_topic_splits_under_load_not_for_one_hot_key_and_merges_back_when_idle
     // The split applied before the reshaper heard back: its count and
     // history follow within the request's answer.
     let counted = eventually(10_000, async || {
-        metric(&brokers, "malachi_auto_reshapes_total", "reason=\"write_rate_high\"") >= 1
-            && reshaping(&brokers, KEYED).await.history.iter().any(|e| {
-                e.kind == "split" && e.refused.is_none() && e.children.len() == 2
-            })
+        metric(
+            &brokers,
+            "malachi_auto_reshapes_total",
+            "reason=\"write_rate_high\"",
+        ) >= 1
+            && reshaping(&brokers, KEYED)
+                .await
+                .history
+                .iter()
+                .any(|e| e.kind == "split" && e.refused.is_none() && e.children.len() == 2)
     })
     .await;
-    assert!(counted, "the split is counted by reason and in the topic's history");
+    assert!(
+        counted,
+        "the split is counted by reason and in the topic's history"
+    );
 
     // One hot key: counted and shown, never split, however long it lasts.
     let mut hot_produced = Vec::new();
     let mut hot_round = 0;
-    while metric(&brokers, "malachi_range_hot_key_unsplittable_total", "topic=\"hot\"") == 0 {
+    while metric(
+        &brokers,
+        "malachi_range_hot_key_unsplittable_total",
+        "topic=\"hot\"",
+    ) == 0
+    {
         assert!(hot_round < 5_000, "the hot key was never reported");
         let records = batch("the-one-key", hot_round);
         produce_following(&brokers, HOT, &records).await;
@@ -161,7 +175,11 @@ async fn a_topic_splits_under_load_not_for_one_hot_key_and_merges_back_when_idle
         produce_following(&brokers, HOT, &records).await;
         hot_produced.extend(records);
     }
-    assert_eq!(active_count(&mut client, HOT).await, 1, "a hot key is never split");
+    assert_eq!(
+        active_count(&mut client, HOT).await,
+        1,
+        "a hot key is never split"
+    );
 
     // The load stops: idle buddies merge back, or their merge is refused
     // because two brokers write them, recorded and asked again later.
@@ -172,15 +190,19 @@ async fn a_topic_splits_under_load_not_for_one_hot_key_and_merges_back_when_idle
             && metric(&brokers, "malachi_auto_reshapes_total", "kind=\"merge\"") >= 1;
         let history = reshaping(&brokers, KEYED).await.history;
         merged
-            || history
-                .iter()
-                .any(|e| e.kind == "merge"
-                    && e.refused.as_deref().is_some_and(|r| r.contains("written by brokers")))
+            || history.iter().any(|e| {
+                e.kind == "merge"
+                    && e.refused
+                        .as_deref()
+                        .is_some_and(|r| r.contains("written by brokers"))
+            })
     })
     .await;
     assert!(settled, "idle buddies neither merged nor were refused");
     if !merged {
-        eprintln!("the idle buddies are written by two brokers: the merge was refused and recorded");
+        eprintln!(
+            "the idle buddies are written by two brokers: the merge was refused and recorded"
+        );
     }
 
     // Every acknowledged record, once, in per-key order, through every broker.
@@ -188,8 +210,18 @@ async fn a_topic_splits_under_load_not_for_one_hot_key_and_merges_back_when_idle
         for broker in brokers {
             let mut reader = common::redirects::reader_at(&brokers, broker, topic).await;
             let read = read_from_start(&mut reader, topic, 64).await.unwrap();
-            assert_eq!(read.len(), records.len(), "{topic} through {}", broker.node_id());
-            assert_eq!(by_key(&read), by_key(records), "{topic} through {}", broker.node_id());
+            assert_eq!(
+                read.len(),
+                records.len(),
+                "{topic} through {}",
+                broker.node_id()
+            );
+            assert_eq!(
+                by_key(&read),
+                by_key(records),
+                "{topic} through {}",
+                broker.node_id()
+            );
         }
     }
     drop(client);

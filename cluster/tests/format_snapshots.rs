@@ -636,7 +636,8 @@ fn a_policy_with_and_without_reshaping_encodes_to_its_frozen_bytes() {
         retention_bytes: Option<u64>,
         placement: Vec<String>,
     }
-    let older = |p: &StoragePolicy| rmp_serde::from_slice::<OlderPolicy>(&rmp_serde::to_vec(p).unwrap());
+    let older =
+        |p: &StoragePolicy| rmp_serde::from_slice::<OlderPolicy>(&rmp_serde::to_vec(p).unwrap());
     assert!(older(&plain).is_ok());
     assert!(older(&reshaping).is_err());
 }

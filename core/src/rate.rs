@@ -179,7 +179,8 @@ impl Streak {
 
     /// How long it has held at `now_ms` (0 when it does not hold).
     pub fn held_ms(&self, now_ms: u64) -> u64 {
-        self.since_ms.map_or(0, |since| now_ms.saturating_sub(since))
+        self.since_ms
+            .map_or(0, |since| now_ms.saturating_sub(since))
     }
 
     /// Whether it has held for at least `duration_ms`.

@@ -280,8 +280,14 @@ fn reshape_fields(out: &mut String, r: &PolicyReshape) {
         ("reshape_interval", r.reshape_interval_ms),
     ];
     let counts = [
-        ("split_write_bytes_per_second", r.split_write_bytes_per_second),
-        ("merge_write_bytes_per_second", r.merge_write_bytes_per_second),
+        (
+            "split_write_bytes_per_second",
+            r.split_write_bytes_per_second,
+        ),
+        (
+            "merge_write_bytes_per_second",
+            r.merge_write_bytes_per_second,
+        ),
         ("ranges_min", r.ranges_min.map(u64::from)),
         ("ranges_max", r.ranges_max.map(u64::from)),
     ];

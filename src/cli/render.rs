@@ -300,7 +300,10 @@ fn reshaping_lines(out: &mut String, reshaping: &TopicReshaping, volatile: Volat
             let _ = writeln!(
                 out,
                 "rate range {} primary {} bytes_per_second {} records_per_second {} hot_key_share {share}{hot}",
-                rate.range, rate.primary, rate.write_bytes_per_second, rate.write_records_per_second,
+                rate.range,
+                rate.primary,
+                rate.write_bytes_per_second,
+                rate.write_records_per_second,
             );
         } else if rate.hot_key_unsplittable {
             let _ = writeln!(

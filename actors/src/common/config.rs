@@ -376,7 +376,9 @@ impl ReshapeDefaults {
             ));
         }
         if self.ranges_min == 0 || self.ranges_min > self.ranges_max {
-            return Err("reshape.ranges_min must be at least 1 and at most reshape.ranges_max".into());
+            return Err(
+                "reshape.ranges_min must be at least 1 and at most reshape.ranges_max".into(),
+            );
         }
         if self.merge_write_bytes_per_second >= self.split_write_bytes_per_second {
             return Err(

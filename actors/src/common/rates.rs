@@ -115,7 +115,10 @@ impl RangeRates {
         }
         entry.meter.record(now_ms, bytes, count);
         entry.last_ms = entry.last_ms.max(now_ms);
-        assert!(inner.ranges.len() <= RATE_RANGES_MAX, "range meters are bounded");
+        assert!(
+            inner.ranges.len() <= RATE_RANGES_MAX,
+            "range meters are bounded"
+        );
     }
 
     /// Every metered range's figures at `now_ms`.

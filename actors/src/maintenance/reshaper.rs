@@ -100,8 +100,15 @@ pub(crate) struct TopicHere {
 /// A request the check makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Action {
-    Split { topic: String, range: RangeId },
-    Merge { topic: String, lower: RangeId, upper: RangeId },
+    Split {
+        topic: String,
+        range: RangeId,
+    },
+    Merge {
+        topic: String,
+        lower: RangeId,
+        upper: RangeId,
+    },
 }
 
 /// The decisions between checks: streaks and refusals, no I/O.
@@ -135,8 +142,12 @@ impl Planner {
             let rate = rates.get(&r.range);
             let bytes = rate.map_or(0, |s| s.rate.bytes_per_second);
             let tracked = self.tracked.entry(r.range).or_default();
-            tracked.above.observe(now_ms, bytes > settings.split_write_bytes_per_second);
-            tracked.below.observe(now_ms, bytes < settings.merge_write_bytes_per_second);
+            tracked
+                .above
+                .observe(now_ms, bytes > settings.split_write_bytes_per_second);
+            tracked
+                .below
+                .observe(now_ms, bytes < settings.merge_write_bytes_per_second);
             let last = match (r.reshaped_ms, tracked.refused_ms) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 (a, b) => a.or(b),
@@ -433,7 +444,9 @@ fn report_hot_keys(
                 reason: Reason::WriteRateHigh.name().into(),
                 ranges: vec![range.0],
                 children: Vec::new(),
-                refused: Some(format!("one key carries {share_permille}\u{2030} of its bytes")),
+                refused: Some(format!(
+                    "one key carries {share_permille}\u{2030} of its bytes"
+                )),
             },
         );
     }
@@ -484,7 +497,13 @@ async fn ask(
                 timeout
             );
             let answer = flatten(answer).map(|(_, _, merged)| vec![merged.0]);
-            (topic, "merge", Reason::WriteRateLow, vec![*lower, *upper], answer)
+            (
+                topic,
+                "merge",
+                Reason::WriteRateLow,
+                vec![*lower, *upper],
+                answer,
+            )
         }
     };
     let ids: Vec<u64> = ranges.iter().map(|r| r.0).collect();
@@ -509,7 +528,10 @@ async fn ask(
         }
         Err(refusal) => {
             planner.refused(now_ms, &ranges);
-            if matches!(refusal, Refusal::Coord(CoordError::MergeAcrossPrimaries { .. })) {
+            if matches!(
+                refusal,
+                Refusal::Coord(CoordError::MergeAcrossPrimaries { .. })
+            ) {
                 debug!(%topic, kind, ranges = ?ids, %refusal, "automatic merge refused; asked again later");
             } else {
                 warn!(%topic, kind, ranges = ?ids, %refusal, "automatic reshape refused; asked again later");
@@ -605,7 +627,12 @@ mod tests {
         let rates: BTreeMap<_, _> = [sample(1, 5_000, 10)].into();
         let mut planner = Planner::default();
         for now in [0, 1_000, 2_000] {
-            assert!(planner.plan(now, &settings(), &t, &rates).actions.is_empty());
+            assert!(
+                planner
+                    .plan(now, &settings(), &t, &rates)
+                    .actions
+                    .is_empty()
+            );
         }
         let plan = planner.plan(3_000, &settings(), &t, &rates);
         assert_eq!(
@@ -647,7 +674,15 @@ mod tests {
         };
         assert_eq!(plan.actions, vec![merge.clone()]);
         planner.refused(5_000, &[RangeId(2), RangeId(3)]);
-        assert!(planner.plan(14_999, &settings(), &t, &rates).actions.is_empty());
-        assert_eq!(planner.plan(15_000, &settings(), &t, &rates).actions, vec![merge]);
+        assert!(
+            planner
+                .plan(14_999, &settings(), &t, &rates)
+                .actions
+                .is_empty()
+        );
+        assert_eq!(
+            planner.plan(15_000, &settings(), &t, &rates).actions,
+            vec![merge]
+        );
     }
 }

@@ -30,7 +30,10 @@ fn to_wire(policy: StoragePolicy) -> wire::PolicyDescription {
 
 /// A policy's reshaping settings, checked (ADR 0143); `None` when it sets
 /// none, so the policy encodes as before the field existed.
-fn reshape_of(name: &str, r: Option<wire::PolicyReshape>) -> Result<Option<ReshapePolicy>, ServeError> {
+fn reshape_of(
+    name: &str,
+    r: Option<wire::PolicyReshape>,
+) -> Result<Option<ReshapePolicy>, ServeError> {
     let Some(r) = r else {
         return Ok(None);
     };
@@ -49,7 +52,9 @@ fn reshape_of(name: &str, r: Option<wire::PolicyReshape>) -> Result<Option<Resha
         reason: reason.to_owned(),
     };
     if policy.ranges_min == Some(0) || policy.ranges_max == Some(0) {
-        return Err(invalid("a topic always has at least one active range: ranges_min and ranges_max must be at least 1"));
+        return Err(invalid(
+            "a topic always has at least one active range: ranges_min and ranges_max must be at least 1",
+        ));
     }
     if let (Some(min), Some(max)) = (policy.ranges_min, policy.ranges_max)
         && min > max

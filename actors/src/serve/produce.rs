@@ -692,9 +692,12 @@ impl Sequencer {
                 .records
                 .iter()
                 .map(|r| (r.key.as_ref(), (r.key.len() + r.value.len()) as u64));
-            self.broker
-                .rates
-                .record(self.broker.clock.now_ms(), &pending.topic, part.range, sizes);
+            self.broker.rates.record(
+                self.broker.clock.now_ms(),
+                &pending.topic,
+                part.range,
+                sizes,
+            );
         }
         let tally = pending.ranges.entry(part.range).or_default();
         let count = part.records.len();

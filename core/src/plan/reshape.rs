@@ -91,9 +91,15 @@ impl Reason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SplitDecision {
     Nothing,
-    Split { range: RangeId, reason: Reason },
+    Split {
+        range: RangeId,
+        reason: Reason,
+    },
     /// Hot enough to split, but one key carries this share of its bytes.
-    HotKey { range: RangeId, share_permille: u64 },
+    HotKey {
+        range: RangeId,
+        share_permille: u64,
+    },
 }
 
 fn recently_reshaped(settings: &ReshapeSettings, now_ms: u64, load: &RangeLoad) -> bool {
@@ -121,7 +127,8 @@ pub fn decide_split(
         };
     }
     // A split turns one active range into two.
-    if ranges_active + 1 > settings.ranges_max as usize || recently_reshaped(settings, now_ms, load) {
+    if ranges_active + 1 > settings.ranges_max as usize || recently_reshaped(settings, now_ms, load)
+    {
         return SplitDecision::Nothing;
     }
     SplitDecision::Split {
@@ -203,14 +210,20 @@ mod tests {
             decide_split(&settings(), 100_000, &hot(3, 29_999), 1),
             SplitDecision::Nothing
         );
-        assert_eq!(decide_split(&settings(), 100_000, &hot(3, 0), 1), SplitDecision::Nothing);
+        assert_eq!(
+            decide_split(&settings(), 100_000, &hot(3, 0), 1),
+            SplitDecision::Nothing
+        );
     }
 
     #[test]
     fn given_ranges_max_reached_then_no_split() {
         let mut s = settings();
         s.ranges_max = 4;
-        assert_eq!(decide_split(&s, 100_000, &hot(3, 40_000), 4), SplitDecision::Nothing);
+        assert_eq!(
+            decide_split(&s, 100_000, &hot(3, 40_000), 4),
+            SplitDecision::Nothing
+        );
         assert!(matches!(
             decide_split(&s, 100_000, &hot(3, 40_000), 3),
             SplitDecision::Split { .. }
@@ -221,7 +234,10 @@ mod tests {
     fn given_a_recent_reshape_then_no_split_until_the_interval_passes() {
         let mut load = hot(3, 40_000);
         load.last_reshape_ms = Some(50_000);
-        assert_eq!(decide_split(&settings(), 109_999, &load, 2), SplitDecision::Nothing);
+        assert_eq!(
+            decide_split(&settings(), 109_999, &load, 2),
+            SplitDecision::Nothing
+        );
         assert!(matches!(
             decide_split(&settings(), 110_000, &load, 2),
             SplitDecision::Split { .. }
@@ -245,33 +261,78 @@ mod tests {
     fn given_auto_reshape_off_then_nothing() {
         let mut s = settings();
         s.auto_reshape = false;
-        assert_eq!(decide_split(&s, 100_000, &hot(3, 40_000), 1), SplitDecision::Nothing);
-        assert!(!decide_merge(&s, 1_000_000, &idle(4, 400_000), &idle(5, 400_000), 2));
+        assert_eq!(
+            decide_split(&s, 100_000, &hot(3, 40_000), 1),
+            SplitDecision::Nothing
+        );
+        assert!(!decide_merge(
+            &s,
+            1_000_000,
+            &idle(4, 400_000),
+            &idle(5, 400_000),
+            2
+        ));
     }
 
     #[test]
     fn given_idle_buddies_above_ranges_min_then_they_merge() {
         let s = settings();
-        assert!(decide_merge(&s, 1_000_000, &idle(4, 300_000), &idle(5, 300_000), 2));
+        assert!(decide_merge(
+            &s,
+            1_000_000,
+            &idle(4, 300_000),
+            &idle(5, 300_000),
+            2
+        ));
         // One buddy not idle long enough.
-        assert!(!decide_merge(&s, 1_000_000, &idle(4, 299_999), &idle(5, 300_000), 2));
+        assert!(!decide_merge(
+            &s,
+            1_000_000,
+            &idle(4, 299_999),
+            &idle(5, 300_000),
+            2
+        ));
         // Not below at all.
-        assert!(!decide_merge(&s, 1_000_000, &idle(4, 0), &idle(5, 300_000), 2));
+        assert!(!decide_merge(
+            &s,
+            1_000_000,
+            &idle(4, 0),
+            &idle(5, 300_000),
+            2
+        ));
     }
 
     #[test]
     fn given_ranges_min_reached_then_no_merge() {
         let mut s = settings();
         s.ranges_min = 2;
-        assert!(!decide_merge(&s, 1_000_000, &idle(4, 400_000), &idle(5, 400_000), 2));
-        assert!(decide_merge(&s, 1_000_000, &idle(4, 400_000), &idle(5, 400_000), 3));
+        assert!(!decide_merge(
+            &s,
+            1_000_000,
+            &idle(4, 400_000),
+            &idle(5, 400_000),
+            2
+        ));
+        assert!(decide_merge(
+            &s,
+            1_000_000,
+            &idle(4, 400_000),
+            &idle(5, 400_000),
+            3
+        ));
     }
 
     #[test]
     fn given_a_recent_reshape_of_either_buddy_then_no_merge() {
         let mut upper = idle(5, 400_000);
         upper.last_reshape_ms = Some(990_000);
-        assert!(!decide_merge(&settings(), 1_000_000, &idle(4, 400_000), &upper, 2));
+        assert!(!decide_merge(
+            &settings(),
+            1_000_000,
+            &idle(4, 400_000),
+            &upper,
+            2
+        ));
     }
 
     #[test]
