@@ -50,7 +50,7 @@ pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use common::clock::{Clock, ManualClock, SystemClock};
 pub use common::config::{
     BrokerConfig, ClusterSettings, DEV_CLUSTER_COOKIE, MaintenanceSettings, MembershipSettings,
-    MetadataBackend, StoreSettings,
+    MetadataBackend, ReshapeDefaults, StoreSettings,
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;

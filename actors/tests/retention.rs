@@ -52,6 +52,7 @@ async fn put_policy(client: &mut TestClient, name: &str, age_ms: Option<u64>, by
                 retention_age_ms: age_ms,
                 retention_bytes: bytes,
                 placement: Vec::new(),
+                reshape: None,
             },
         })
         .await

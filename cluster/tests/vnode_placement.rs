@@ -99,6 +99,7 @@ fn policy(placement: &[&str]) -> Command {
             retention_age_ms: None,
             retention_bytes: None,
             placement: placement.iter().map(|c| (*c).to_owned()).collect(),
+            reshape: None,
         },
     }
 }

@@ -9,7 +9,9 @@
 //! - `placement`: which coordinators a broker runs.
 //! - `constraints`: storage policies' placement (ADR 0116).
 //! - `plan`: the control plane's planners: what to fail over, heal and
-//!   probe.
+//!   probe, and when a range splits or merges by its write rate.
+//! - `rate`: write rates, streaks and the hottest key's share, over time
+//!   the caller passes in (ADR 0143).
 //!
 //! Everything here is a deterministic function of its inputs: no clock, no
 //! randomness, no filesystem or network, no async runtime. The manifest
@@ -23,4 +25,5 @@ pub mod load;
 pub mod model;
 pub mod placement;
 pub mod plan;
+pub mod rate;
 pub mod ring;

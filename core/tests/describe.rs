@@ -19,6 +19,7 @@ fn representative_state() -> MetadataState {
                 retention_age_ms: Some(604_800_000),
                 retention_bytes: None,
                 placement: vec!["rack != same".into()],
+                reshape: None,
             },
         },
         Command::CreateTopic {

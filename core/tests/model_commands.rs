@@ -795,6 +795,7 @@ fn policies_are_defined_removed_and_can_be_left_unresolved() {
         retention_age_ms: Some(604_800_000),
         retention_bytes: None,
         placement: vec![],
+        reshape: None,
     };
     assert_eq!(
         state.apply(Command::PutPolicy {

@@ -19,13 +19,14 @@
 use std::path::{Path, PathBuf};
 
 /// The modules of the pure core, as `lib.rs` declares them.
-const PURE_MODULES: [&str; 7] = [
+const PURE_MODULES: [&str; 8] = [
     "constraints",
     "cursor",
     "formation",
     "model",
     "placement",
     "plan",
+    "rate",
     "ring",
 ];
 /// The I/O modules of the crates that wrap the pure core: no path of the

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
-use malachi_wire::messages::PolicyDescription;
+use malachi_wire::messages::{PolicyDescription, PolicyReshape};
 use serde_json::json;
 
 use super::OutputArgs;
@@ -45,7 +45,56 @@ pub struct PolicyCreateArgs {
     #[arg(long, value_name = "EXPR")]
     pub placement: Vec<String>,
     #[command(flatten)]
+    pub reshape: ReshapeArgs,
+    #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// Automatic reshaping's settings for the policy's topics (ADR 0143);
+/// each unset one keeps the brokers' `[reshape]` default.
+#[derive(Debug, Args, Default)]
+pub struct ReshapeArgs {
+    /// Whether the policy's topics split and merge themselves (true or false).
+    #[arg(long, value_name = "BOOL")]
+    pub auto_reshape: Option<bool>,
+    /// Split a range written faster than this per second (4MiB) ...
+    #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
+    pub split_write_rate: Option<u64>,
+    /// ... for this long (30s).
+    #[arg(long, value_parser = parse_age, value_name = "DURATION")]
+    pub split_after: Option<u64>,
+    /// Merge two buddies both written slower than this per second (256KiB) ...
+    #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
+    pub merge_write_rate: Option<u64>,
+    /// ... for this long (5m).
+    #[arg(long, value_parser = parse_age, value_name = "DURATION")]
+    pub merge_after: Option<u64>,
+    /// Reshape a range at most once per this interval (60s).
+    #[arg(long, value_parser = parse_age, value_name = "DURATION")]
+    pub reshape_interval: Option<u64>,
+    /// Never merge below this many active ranges (1).
+    #[arg(long, value_name = "N")]
+    pub ranges_min: Option<u32>,
+    /// Never split above this many active ranges (64).
+    #[arg(long, value_name = "N")]
+    pub ranges_max: Option<u32>,
+}
+
+impl ReshapeArgs {
+    /// The wire's form; `None` when no flag was given.
+    fn to_wire(&self) -> Option<PolicyReshape> {
+        let reshape = PolicyReshape {
+            auto_reshape: self.auto_reshape,
+            split_write_bytes_per_second: self.split_write_rate,
+            split_after_ms: self.split_after,
+            merge_write_bytes_per_second: self.merge_write_rate,
+            merge_after_ms: self.merge_after,
+            reshape_interval_ms: self.reshape_interval,
+            ranges_min: self.ranges_min,
+            ranges_max: self.ranges_max,
+        };
+        (reshape != PolicyReshape::default()).then_some(reshape)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -130,6 +179,7 @@ pub async fn policy(command: PolicyCommand) -> Result<(), CliError> {
                     retention_age_ms: args.retention_age,
                     retention_bytes: args.retention_bytes,
                     placement: args.placement,
+                    reshape: args.reshape.to_wire(),
                 })
                 .await
                 .map_err(|e| CliError::client("policy create", &args.output.broker_label(), e))?;
@@ -209,13 +259,51 @@ fn render(policies: &[PolicyDescription]) -> String {
         } else {
             p.placement.join("; ")
         };
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{}  retention_age={retention_age}  retention_bytes={retention_bytes}  placement={placement}",
             p.name
         );
+        if let Some(r) = &p.reshape {
+            reshape_fields(&mut out, r);
+        }
+        out.push('\n');
     }
     out
+}
+
+/// The reshaping settings a policy sets, `name=value` each.
+fn reshape_fields(out: &mut String, r: &PolicyReshape) {
+    let durations = [
+        ("split_after", r.split_after_ms),
+        ("merge_after", r.merge_after_ms),
+        ("reshape_interval", r.reshape_interval_ms),
+    ];
+    let counts = [
+        (
+            "split_write_bytes_per_second",
+            r.split_write_bytes_per_second,
+        ),
+        (
+            "merge_write_bytes_per_second",
+            r.merge_write_bytes_per_second,
+        ),
+        ("ranges_min", r.ranges_min.map(u64::from)),
+        ("ranges_max", r.ranges_max.map(u64::from)),
+    ];
+    if let Some(on) = r.auto_reshape {
+        let _ = write!(out, "  auto_reshape={on}");
+    }
+    for (name, value) in counts {
+        if let Some(v) = value {
+            let _ = write!(out, "  {name}={v}");
+        }
+    }
+    for (name, value) in durations {
+        if let Some(v) = value {
+            let _ = write!(out, "  {name}={}", age(v));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -245,12 +333,27 @@ mod tests {
                 retention_age_ms: Some(7 * 86_400_000),
                 retention_bytes: Some(50 << 30),
                 placement: vec!["distinct(zone) >= 2".into()],
+                reshape: None,
             },
             PolicyDescription {
                 name: "forever".into(),
                 retention_age_ms: None,
                 retention_bytes: None,
                 placement: Vec::new(),
+                reshape: None,
+            },
+            PolicyDescription {
+                name: "elastic".into(),
+                retention_age_ms: None,
+                retention_bytes: None,
+                placement: Vec::new(),
+                reshape: Some(PolicyReshape {
+                    auto_reshape: Some(true),
+                    split_write_bytes_per_second: Some(4 << 20),
+                    split_after_ms: Some(30_000),
+                    ranges_max: Some(16),
+                    ..PolicyReshape::default()
+                }),
             },
         ]);
         insta::assert_snapshot!(text);

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 
 use malachi_wire::messages::{
     BrokerState, BrokerTree, ChildKind, ChildSnapshot, ChildStatus, ClusterStatusResponse, Restart,
-    SupervisionStrategy, SupervisorSnapshot, TopicDescription, TopicListing, TreeSnapshotResponse,
+    SupervisionStrategy, SupervisorSnapshot, TopicDescription, TopicListing, TopicReshaping,
+    TreeSnapshotResponse,
 };
 
 fn strategy(s: SupervisionStrategy) -> &'static str {
@@ -276,7 +277,60 @@ pub fn describe(topic: &TopicDescription, volatile: Volatile) -> String {
             }
         }
     }
+    if let Some(reshaping) = &topic.reshaping {
+        reshaping_lines(&mut out, reshaping, volatile);
+    }
     out
+}
+
+/// The write rates of the ranges the answering broker writes, and the
+/// automatic reshapes it asked for (ADR 0143). Rates are volatile: shown
+/// only with the volatile figures.
+fn reshaping_lines(out: &mut String, reshaping: &TopicReshaping, volatile: Volatile) {
+    for rate in &reshaping.rates {
+        let hot = if rate.hot_key_unsplittable {
+            "  hot_key_unsplittable"
+        } else {
+            ""
+        };
+        if volatile.0 {
+            let share = rate
+                .hot_key_share_permille
+                .map_or_else(|| "-".to_owned(), |p| format!("{}.{}%", p / 10, p % 10));
+            let _ = writeln!(
+                out,
+                "rate range {} primary {} bytes_per_second {} records_per_second {} hot_key_share {share}{hot}",
+                rate.range,
+                rate.primary,
+                rate.write_bytes_per_second,
+                rate.write_records_per_second,
+            );
+        } else if rate.hot_key_unsplittable {
+            let _ = writeln!(
+                out,
+                "range {} not split: one key carries most of its writes",
+                rate.range
+            );
+        }
+    }
+    for event in &reshaping.history {
+        let at = if volatile.0 {
+            format!("at_ms {} ", event.at_ms)
+        } else {
+            String::new()
+        };
+        let outcome = match &event.refused {
+            Some(why) => format!("refused: {why}"),
+            None => format!("-> {}", ids(&event.children)),
+        };
+        let _ = writeln!(
+            out,
+            "reshape {at}{} {} ({}) {outcome}",
+            event.kind,
+            ids(&event.ranges),
+            event.reason
+        );
+    }
 }
 
 /// The topic list, one line per topic after a header.
@@ -398,7 +452,8 @@ pub fn cluster_status(status: &ClusterStatusResponse) -> String {
 mod tests {
     use super::*;
     use malachi_wire::messages::{
-        BrokerStatus, BrokerTree, CopyDescription, RangeDescription, SegmentDescription,
+        BrokerStatus, BrokerTree, CopyDescription, RangeDescription, RangeRate, ReshapeEvent,
+        SegmentDescription,
     };
 
     fn sample_tree() -> TreeSnapshotResponse {
@@ -657,6 +712,53 @@ mod tests {
             ..TopicDescription::default()
         };
         insta::assert_snapshot!(describe(&topic, Volatile(false)));
+    }
+
+    #[test]
+    fn a_description_shows_write_rates_hot_keys_and_automatic_reshapes() {
+        let topic = TopicDescription {
+            name: "orders".into(),
+            state: "active".into(),
+            ranges: vec![RangeDescription {
+                id: 2,
+                band_start: "0x0000000000000000".into(),
+                band_end: "0x8000000000000000".into(),
+                state: "active".into(),
+                parents: vec![0],
+                ..RangeDescription::default()
+            }],
+            reshaping: Some(TopicReshaping {
+                rates: vec![RangeRate {
+                    range: 2,
+                    primary: 1,
+                    write_bytes_per_second: 5_242_880,
+                    write_records_per_second: 5_120,
+                    hot_key_share_permille: Some(934),
+                    hot_key_unsplittable: true,
+                }],
+                history: vec![
+                    ReshapeEvent {
+                        at_ms: 1_700_000_000_000,
+                        kind: "split".into(),
+                        reason: "write_rate_high".into(),
+                        ranges: vec![0],
+                        children: vec![1, 2],
+                        refused: None,
+                    },
+                    ReshapeEvent {
+                        at_ms: 1_700_000_060_000,
+                        kind: "hot_key".into(),
+                        reason: "write_rate_high".into(),
+                        ranges: vec![2],
+                        children: Vec::new(),
+                        refused: Some("one key carries 934\u{2030} of its bytes".into()),
+                    },
+                ],
+            }),
+            ..TopicDescription::default()
+        };
+        insta::assert_snapshot!("reshaping_stable", describe(&topic, Volatile(false)));
+        insta::assert_snapshot!("reshaping_volatile", describe(&topic, Volatile(true)));
     }
 
     #[test]

@@ -324,6 +324,33 @@ pub struct PolicyDescription {
     /// Placement constraint expressions over broker attributes.
     #[serde(default)]
     pub placement: Vec<String>,
+    /// Automatic reshaping's settings for the policy's topics (ADR 0143);
+    /// absent keeps the brokers' defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshape: Option<PolicyReshape>,
+}
+
+/// A policy's overrides of the brokers' reshaping defaults (ADR 0143):
+/// each unset field keeps the broker's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PolicyReshape {
+    /// `false` keeps the topics' ranges as they are.
+    #[serde(default)]
+    pub auto_reshape: Option<bool>,
+    #[serde(default)]
+    pub split_write_bytes_per_second: Option<u64>,
+    #[serde(default)]
+    pub split_after_ms: Option<u64>,
+    #[serde(default)]
+    pub merge_write_bytes_per_second: Option<u64>,
+    #[serde(default)]
+    pub merge_after_ms: Option<u64>,
+    #[serde(default)]
+    pub reshape_interval_ms: Option<u64>,
+    #[serde(default)]
+    pub ranges_min: Option<u32>,
+    #[serde(default)]
+    pub ranges_max: Option<u32>,
 }
 
 impl PolicyDescription {
@@ -492,6 +519,59 @@ pub struct TopicDescription {
     pub policy_resolved: bool,
     pub created_at_ms: u64,
     pub ranges: Vec<RangeDescription>,
+    /// Write rates and automatic reshapes as the answering broker knows
+    /// them (ADR 0143): absent from brokers that predate it, and while
+    /// the broker knows nothing of the topic's load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshaping: Option<TopicReshaping>,
+}
+
+/// The most reshapes `topic describe` lists for one topic.
+pub const RESHAPE_HISTORY_MAX: usize = 16;
+
+/// A topic's write rates and recent automatic reshapes (ADR 0143).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TopicReshaping {
+    /// The active ranges the answering broker writes, with their rates.
+    #[serde(default)]
+    pub rates: Vec<RangeRate>,
+    /// The recent automatic reshapes this broker asked for, oldest first.
+    #[serde(default)]
+    pub history: Vec<ReshapeEvent>,
+}
+
+/// One range's write rate at its primary (ADR 0143).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RangeRate {
+    pub range: u64,
+    /// The primary that measured it.
+    pub primary: u64,
+    pub write_bytes_per_second: u64,
+    pub write_records_per_second: u64,
+    /// The hottest key's share of the range's bytes, per mille (a lower bound).
+    #[serde(default)]
+    pub hot_key_share_permille: Option<u64>,
+    /// Whether the range would split but for its one hot key.
+    #[serde(default)]
+    pub hot_key_unsplittable: bool,
+}
+
+/// One automatic reshape, or a refused attempt (ADR 0143).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ReshapeEvent {
+    pub at_ms: u64,
+    /// `split` or `merge`.
+    pub kind: String,
+    /// Why: `write_rate_high`, `write_rate_low`.
+    pub reason: String,
+    /// The ranges reshaped (a split's parent; a merge's two buddies).
+    pub ranges: Vec<u64>,
+    /// The ranges that replaced them; empty when the attempt was refused.
+    #[serde(default)]
+    pub children: Vec<u64>,
+    /// Why the attempt was refused, if it was.
+    #[serde(default)]
+    pub refused: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -567,6 +647,17 @@ impl TopicDescription {
         check_len("state", self.state.len(), STATE_BYTES_MAX)?;
         check_opt("policy", &self.policy, NAME_BYTES_MAX)?;
         check_len("ranges", self.ranges.len(), RANGES_MAX)?;
+        if let Some(reshaping) = &self.reshaping {
+            check_len("rates", reshaping.rates.len(), RANGES_MAX)?;
+            check_len("history", reshaping.history.len(), RESHAPE_HISTORY_MAX)?;
+            for event in &reshaping.history {
+                check_len("kind", event.kind.len(), STATE_BYTES_MAX)?;
+                check_len("reason", event.reason.len(), STATE_BYTES_MAX)?;
+                check_len("ranges", event.ranges.len(), RANGE_LINKS_MAX)?;
+                check_len("children", event.children.len(), RANGE_LINKS_MAX)?;
+                check_opt("refused", &event.refused, POLICY_CONSTRAINT_BYTES_MAX)?;
+            }
+        }
         for range in &self.ranges {
             check_len("band_start", range.band_start.len(), STATE_BYTES_MAX)?;
             check_len("band_end", range.band_end.len(), STATE_BYTES_MAX)?;

@@ -174,6 +174,7 @@ fn description() -> impl Strategy<Value = TopicDescription> {
                     policy_resolved,
                     created_at_ms: created,
                     ranges,
+                    reshaping: None,
                 }
             },
         )

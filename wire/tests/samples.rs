@@ -92,6 +92,7 @@ fn description() -> TopicDescription {
                 },
             ],
         }],
+        reshaping: None,
     }
 }
 
@@ -395,6 +396,7 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
                     retention_age_ms: Some(604_800_000),
                     retention_bytes: Some(1 << 30),
                     placement: vec!["distinct(zone) >= 2".into()],
+                    reshape: None,
                 },
             }),
             Response::PutPolicy(PutPolicyResponse {
@@ -412,6 +414,7 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
                     retention_age_ms: Some(604_800_000),
                     retention_bytes: None,
                     placement: Vec::new(),
+                    reshape: None,
                 }],
             }),
         ),

@@ -312,6 +312,110 @@ impl Default for MaintenanceSettings {
     }
 }
 
+/// The default `reshape.split_write_bytes_per_second`: 4 MiB/s.
+pub const SPLIT_WRITE_BYTES_PER_SECOND_DEFAULT: u64 = 4 << 20;
+/// The default `reshape.split_after_ms`.
+pub const SPLIT_AFTER_MS_DEFAULT: u64 = 30_000;
+/// The default `reshape.merge_write_bytes_per_second`: 256 KiB/s.
+pub const MERGE_WRITE_BYTES_PER_SECOND_DEFAULT: u64 = 256 << 10;
+/// The default `reshape.merge_after_ms`.
+pub const MERGE_AFTER_MS_DEFAULT: u64 = 300_000;
+/// The default `reshape.reshape_interval_ms`.
+pub const RESHAPE_INTERVAL_MS_DEFAULT: u64 = 60_000;
+/// The default `reshape.reshape_check_interval_ms`.
+pub const RESHAPE_CHECK_INTERVAL_MS_DEFAULT: u64 = 1_000;
+/// The shortest `reshape.reshape_check_interval_ms`.
+pub const RESHAPE_CHECK_INTERVAL_MS_MIN: u64 = 50;
+/// The default `reshape.rate_window_ms`.
+pub const RATE_WINDOW_MS_DEFAULT: u64 = 10_000;
+/// The bucket a rate window of `window_ms` is counted in: a tenth of it,
+/// at least 10 ms.
+pub fn rate_bucket_ms(window_ms: u64) -> u64 {
+    (window_ms / 10).max(10)
+}
+/// The default `reshape.ranges_max`.
+pub const RANGES_MAX_DEFAULT: u32 = 64;
+
+/// Automatic reshaping (issue 38 L11, ADR 0143): the brokers' defaults,
+/// which a storage policy's `reshape` overrides per topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReshapeDefaults {
+    /// Whether topics reshape themselves unless their policy says.
+    /// Off by default (ADR 0143): a policy's `auto_reshape` turns it on.
+    pub auto_reshape: bool,
+    /// A range whose write rate stays above this for `split_after_ms` splits.
+    pub split_write_bytes_per_second: u64,
+    pub split_after_ms: u64,
+    /// Two buddies both below this for `merge_after_ms` merge.
+    pub merge_write_bytes_per_second: u64,
+    pub merge_after_ms: u64,
+    /// A range is reshaped at most once per this interval.
+    pub reshape_interval_ms: u64,
+    /// A merge never leaves a topic with fewer active ranges.
+    pub ranges_min: u32,
+    /// A split never leaves a topic with more active ranges.
+    pub ranges_max: u32,
+    /// How often each broker checks the ranges it writes.
+    pub reshape_check_interval_ms: u64,
+    /// The window a range's write rate is measured over.
+    pub rate_window_ms: u64,
+}
+
+impl Default for ReshapeDefaults {
+    fn default() -> Self {
+        ReshapeDefaults {
+            auto_reshape: false,
+            split_write_bytes_per_second: SPLIT_WRITE_BYTES_PER_SECOND_DEFAULT,
+            split_after_ms: SPLIT_AFTER_MS_DEFAULT,
+            merge_write_bytes_per_second: MERGE_WRITE_BYTES_PER_SECOND_DEFAULT,
+            merge_after_ms: MERGE_AFTER_MS_DEFAULT,
+            reshape_interval_ms: RESHAPE_INTERVAL_MS_DEFAULT,
+            ranges_min: 1,
+            ranges_max: RANGES_MAX_DEFAULT,
+            reshape_check_interval_ms: RESHAPE_CHECK_INTERVAL_MS_DEFAULT,
+            rate_window_ms: RATE_WINDOW_MS_DEFAULT,
+        }
+    }
+}
+
+impl ReshapeDefaults {
+    fn check(&self) -> Result<(), String> {
+        if self.reshape_check_interval_ms < RESHAPE_CHECK_INTERVAL_MS_MIN {
+            return Err(format!(
+                "reshape.reshape_check_interval_ms must be at least {RESHAPE_CHECK_INTERVAL_MS_MIN} ms"
+            ));
+        }
+        if self.ranges_min == 0 || self.ranges_min > self.ranges_max {
+            return Err(
+                "reshape.ranges_min must be at least 1 and at most reshape.ranges_max".into(),
+            );
+        }
+        if self.merge_write_bytes_per_second >= self.split_write_bytes_per_second {
+            return Err(
+                "reshape.merge_write_bytes_per_second must be below reshape.split_write_bytes_per_second, or ranges would split and merge in turn".into(),
+            );
+        }
+        malachi_core::rate::RateMeter::new(self.rate_window_ms, rate_bucket_ms(self.rate_window_ms))
+            .map(|_| ())
+            .map_err(|e| format!("reshape.rate_window_ms: {e}"))
+    }
+
+    /// The decision's settings, before a policy's overrides.
+    pub fn settings(&self) -> malachi_core::plan::reshape::ReshapeSettings {
+        malachi_core::plan::reshape::ReshapeSettings {
+            auto_reshape: self.auto_reshape,
+            split_write_bytes_per_second: self.split_write_bytes_per_second,
+            split_after_ms: self.split_after_ms,
+            merge_write_bytes_per_second: self.merge_write_bytes_per_second,
+            merge_after_ms: self.merge_after_ms,
+            reshape_interval_ms: self.reshape_interval_ms,
+            ranges_min: self.ranges_min,
+            ranges_max: self.ranges_max,
+        }
+    }
+}
+
 /// Everything a single broker needs to start. Defaults serve a development
 /// broker on loopback.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -419,6 +523,8 @@ pub struct BrokerConfig {
     pub cluster: ClusterSettings,
     /// The upkeep of the data on disk: orphan sweeps (ADR 0115).
     pub maintenance: MaintenanceSettings,
+    /// Automatic reshaping's defaults (ADR 0143).
+    pub reshape: ReshapeDefaults,
 }
 
 /// Bounds of one range's idempotent-producer table (ADR 0092).
@@ -484,6 +590,7 @@ impl Default for BrokerConfig {
             membership: MembershipSettings::default(),
             cluster: ClusterSettings::default(),
             maintenance: MaintenanceSettings::default(),
+            reshape: ReshapeDefaults::default(),
         }
     }
 }
@@ -759,6 +866,9 @@ impl BrokerConfig {
             return bad(format!(
                 "cluster.scrub_interval_ms must be at least {SCRUB_INTERVAL_MS_MIN} ms"
             ));
+        }
+        if let Err(reason) = self.reshape.check() {
+            return bad(reason);
         }
         if self.maintenance.orphan_sweep_ms < ORPHAN_SWEEP_MS_MIN {
             return bad(format!(

@@ -114,6 +114,7 @@ pub fn describe_to_wire(d: &model::TopicDescription) -> wire::TopicDescription {
                     .collect(),
             })
             .collect(),
+        reshaping: None,
     }
 }
 

@@ -325,6 +325,47 @@ impl BrokerMetrics {
         self.recorder.register_counter(&key, &METADATA).increment(1);
     }
 
+    /// `malachi_range_write_bytes_per_second{topic,range}` and
+    /// `malachi_range_write_records_per_second{topic,range}`: a range's
+    /// write rate at this primary, as the reshaper last read it (ADR 0143).
+    /// A range this broker stops writing is set to 0 once.
+    pub fn range_write_rate(&self, topic: &str, range: u64, bytes: u64, records: u64) {
+        let labels = || {
+            vec![
+                Label::new("topic", topic.to_owned()),
+                Label::new("range", range.to_string()),
+            ]
+        };
+        for (name, value) in [
+            ("malachi_range_write_bytes_per_second", bytes),
+            ("malachi_range_write_records_per_second", records),
+        ] {
+            self.recorder
+                .register_gauge(&Key::from_parts(name, labels()), &METADATA)
+                .set(value as f64);
+        }
+    }
+
+    /// Counts an automatic reshape this broker asked for and the
+    /// coordinator made: `malachi_auto_reshapes_total{kind,reason}`.
+    pub fn count_auto_reshape(&self, kind: &'static str, reason: &'static str) {
+        let key = Key::from_parts(
+            "malachi_auto_reshapes_total",
+            vec![Label::new("kind", kind), Label::new("reason", reason)],
+        );
+        self.recorder.register_counter(&key, &METADATA).increment(1);
+    }
+
+    /// Counts a check that found a range hot enough to split but carried
+    /// by one key: `malachi_range_hot_key_unsplittable_total{topic}`.
+    pub fn count_hot_key_unsplittable(&self, topic: &str) {
+        let key = Key::from_parts(
+            "malachi_range_hot_key_unsplittable_total",
+            vec![Label::new("topic", topic.to_owned())],
+        );
+        self.recorder.register_counter(&key, &METADATA).increment(1);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         self.handle.render()

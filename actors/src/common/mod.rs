@@ -1,6 +1,6 @@
 //! Leaf modules every layer uses: configuration, the clock, the crate's
 //! error types, the broker's metric handles and the conversions to and from
-//! the wire's types. Nothing here names another module of this crate.
+//! the wire's types, and the ranges' write rates. Nothing here names another module of this crate.
 
 pub(crate) mod budget;
 pub(crate) mod client_port;
@@ -11,6 +11,7 @@ pub(crate) mod error;
 #[cfg(feature = "testing")]
 pub(crate) mod faults;
 pub(crate) mod metrics;
+pub(crate) mod rates;
 pub(crate) mod refusal;
 pub(crate) mod store_factory;
 pub(crate) mod volume;

@@ -128,6 +128,9 @@ pub(crate) struct Shared {
     pub client_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub port: Arc<ClientPortState>,
+    /// Each range's write rate here, and the recent automatic reshapes
+    /// (ADR 0143).
+    pub rates: Arc<crate::common::rates::RangeRates>,
     pub memory: Arc<ControlMemory>,
     pub actors: Arc<ActorRegistry>,
     pub links: Arc<ClusterLinks>,
@@ -174,7 +177,11 @@ impl Shared {
                 metrics.response_bytes_in_use.clone(),
             ),
         };
+        let rates = Arc::new(crate::common::rates::RangeRates::new(
+            config.reshape.rate_window_ms,
+        ));
         Shared {
+            rates,
             config,
             store,
             clock,

@@ -14,6 +14,8 @@
 //! - `sweeper` (ADR 0115): removes the copies of segments no vnode lists,
 //!   once every vnode answered (a deleted topic's copies a drop order
 //!   missed).
+//! - `reshaper` (ADR 0143): splits the ranges this broker writes that stay
+//!   hot and merges idle buddies, by their measured write rates.
 //!
 //! Planned here, not built yet: `retention` (seal and delete by age and
 //! size). Adding one changes this function and no tree above it.
@@ -28,6 +30,7 @@ use crate::control::shared::Shared;
 pub(crate) mod balancer;
 pub(crate) mod failover;
 pub(crate) mod healer;
+pub(crate) mod reshaper;
 pub(crate) mod scrubber;
 pub(crate) mod space;
 pub(crate) mod sweeper;
@@ -74,6 +77,16 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
         control: control.clone(),
         balance_interval_ms: shared.config.maintenance.balance_interval_ms,
     });
+    let reshaper_ctx = Arc::new(reshaper::ReshaperCtx {
+        node_id: shared.config.node_id,
+        actors: Arc::clone(&shared.actors),
+        rates: Arc::clone(&shared.rates),
+        clock: Arc::clone(&shared.clock),
+        metrics: Arc::clone(&shared.metrics),
+        control: control.clone(),
+        defaults: shared.config.reshape.clone(),
+        request_timeout_ms: shared.config.produce_timeout_ms,
+    });
     let sweeper_ctx = Arc::new(sweeper::SweeperCtx {
         control,
         orphan_sweep_ms: shared.config.maintenance.orphan_sweep_ms,
@@ -110,5 +123,10 @@ pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
             "sweeper",
             || sweeper::SweeperActor,
             move || Arc::clone(&sweeper_ctx),
+        ))
+        .child(ChildSpec::worker(
+            "reshaper",
+            || reshaper::ReshaperActor,
+            move || Arc::clone(&reshaper_ctx),
         ))
 }

@@ -74,6 +74,8 @@ pub(crate) struct ProduceCtx {
     pub clock: Arc<dyn Clock>,
     /// The broker-wide response budget (`port.budgets`).
     pub port: Arc<ClientPortState>,
+    /// Where each stored part is counted (ADR 0143).
+    pub rates: Arc<crate::common::rates::RangeRates>,
     pub produce_timeout_ms: u64,
     pub record_value_bytes_max: usize,
 }
@@ -85,6 +87,7 @@ impl ProduceCtx {
             data: Arc::clone(&shared.data),
             clock: Arc::clone(&shared.clock),
             port: Arc::clone(&shared.port),
+            rates: Arc::clone(&shared.rates),
             produce_timeout_ms: shared.config.produce_timeout_ms,
             record_value_bytes_max: shared.config.record_value_bytes_max,
         }
@@ -107,6 +110,9 @@ pub(crate) struct MetaCtx {
     /// How long a coordinator call may take.
     pub produce_timeout_ms: u64,
     pub metadata_backend: MetadataBackend,
+    /// The ranges' write rates here, for `topic describe` (ADR 0143).
+    pub rates: Arc<crate::common::rates::RangeRates>,
+    pub clock: Arc<dyn Clock>,
 }
 
 impl MetaCtx {
@@ -120,6 +126,8 @@ impl MetaCtx {
             control: ControlHandle::of(shared),
             produce_timeout_ms: shared.config.produce_timeout_ms,
             metadata_backend: shared.config.metadata_backend,
+            rates: Arc::clone(&shared.rates),
+            clock: Arc::clone(&shared.clock),
         }
     }
 

@@ -685,6 +685,20 @@ impl Sequencer {
         let Some(pending) = self.pending.get_mut(&part.request) else {
             return;
         };
+        if matches!(outcome, Outcome::Stored) {
+            // Stored at this primary: the range's write rate counts it
+            // (a duplicate was counted when first stored).
+            let sizes = part
+                .records
+                .iter()
+                .map(|r| (r.key.as_ref(), (r.key.len() + r.value.len()) as u64));
+            self.broker.rates.record(
+                self.broker.clock.now_ms(),
+                &pending.topic,
+                part.range,
+                sizes,
+            );
+        }
         let tally = pending.ranges.entry(part.range).or_default();
         let count = part.records.len();
         tally.records += count;

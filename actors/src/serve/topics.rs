@@ -121,10 +121,38 @@ pub(crate) async fn describe_topic(
                 topic.policy_resolved = all.contains_key(name);
             }
             meta.control.add_live_figures(&mut topic, req.live).await;
+            topic.reshaping = local_reshaping(meta, &topic.name);
             Ok(wire::DescribeTopicResponse { topic })
         }
         None => Err(ServeError::TopicNotFound { topic: req.name }),
     }
+}
+
+/// The topic's write rates and recent automatic reshapes as this broker
+/// knows them: the ranges it writes, the reshapes it asked for (ADR 0143).
+/// Ranges another broker writes are that broker's to tell.
+fn local_reshaping(meta: &MetaCtx, topic: &str) -> Option<wire::TopicReshaping> {
+    let now_ms = meta.clock.now_ms();
+    let rates: Vec<wire::RangeRate> = meta
+        .rates
+        .samples(now_ms)
+        .into_iter()
+        .filter(|s| s.topic == topic)
+        .take(malachi_wire::limits::RANGES_MAX)
+        .map(|s| wire::RangeRate {
+            range: s.range.0,
+            primary: meta.node_id,
+            write_bytes_per_second: s.rate.bytes_per_second,
+            write_records_per_second: s.rate.records_per_second,
+            hot_key_share_permille: s.hot_key_share_permille,
+            hot_key_unsplittable: s.hot_key_unsplittable,
+        })
+        .collect();
+    let history = meta.rates.history(topic);
+    if rates.is_empty() && history.is_empty() {
+        return None;
+    }
+    Some(wire::TopicReshaping { rates, history })
 }
 
 /// A split or merge refused because another broker writes the range

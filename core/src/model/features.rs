@@ -50,6 +50,10 @@ pub enum Feature {
     /// naming the generation it gives up, ignored once the lease was
     /// renewed or granted after it. Without it, `ReleaseLease`.
     LeaseReleaseGeneration,
+    /// A storage policy's `reshape` field (ADR 0143): automatic
+    /// reshaping's per-topic settings. Without it, a policy that sets any
+    /// of them is refused, and policies encode as older brokers read them.
+    ReshapePolicy,
 }
 
 /// How a feature goes from available to active.
@@ -62,11 +66,12 @@ pub enum Activation {
 }
 
 /// Every feature this binary supports, in name order of declaration.
-pub const SUPPORTED_FEATURES: [Feature; 4] = [
+pub const SUPPORTED_FEATURES: [Feature; 5] = [
     Feature::WaitedLease,
     Feature::LeaseGeneration,
     Feature::SplitMergeSegments,
     Feature::LeaseReleaseGeneration,
+    Feature::ReshapePolicy,
 ];
 
 /// Features every broker emitted before the table existed: active in a
@@ -84,6 +89,7 @@ impl Feature {
             Feature::LeaseGeneration => "lease_generation",
             Feature::SplitMergeSegments => "split_merge_segments",
             Feature::LeaseReleaseGeneration => "lease_release_generation",
+            Feature::ReshapePolicy => "reshape_policy",
         }
     }
 
@@ -98,7 +104,8 @@ impl Feature {
             Feature::WaitedLease
             | Feature::LeaseGeneration
             | Feature::SplitMergeSegments
-            | Feature::LeaseReleaseGeneration => Activation::Auto,
+            | Feature::LeaseReleaseGeneration
+            | Feature::ReshapePolicy => Activation::Auto,
         }
     }
 

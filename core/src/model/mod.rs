@@ -47,6 +47,6 @@ pub use read_plan::{ReadPlan, ReadSlice, SegmentSpan};
 pub use retention::{EXPIRE_SEGMENTS_MAX, RetentionRule};
 pub use state::{
     Expired, Incarnation, InvariantViolation, MetadataState, NodeId, Range, RangeId, RangeState,
-    SNAPSHOT_VERSION, SealRecord, Segment, SegmentId, SegmentState, SnapshotError, StoragePolicy,
-    Topic, TopicState,
+    ReshapePolicy, SNAPSHOT_VERSION, SealRecord, Segment, SegmentId, SegmentState, SnapshotError,
+    StoragePolicy, Topic, TopicState,
 };

@@ -190,6 +190,37 @@ pub struct StoragePolicy {
     /// Placement constraint expressions over broker attributes, kept opaque
     /// here; placement parses and evaluates them.
     pub placement: Vec<String>,
+    /// Automatic reshaping's settings for the policy's topics (ADR 0143);
+    /// `None` keeps the brokers' defaults. Last, with a default and left
+    /// out while absent, so a policy without it encodes exactly as before
+    /// and older brokers read it; a policy with it is proposed only while
+    /// `Feature::ReshapePolicy` is active (ADR 0134).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshape: Option<ReshapePolicy>,
+}
+
+/// A storage policy's overrides of the brokers' reshaping defaults (ADR
+/// 0143): each `None` keeps the broker's value. Encoded as a whole, in
+/// this field order; a new field needs a feature of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReshapePolicy {
+    /// The per-topic switch: `Some(false)` keeps the topic's ranges as
+    /// they are (a Kafka-style fixed partitioning).
+    pub auto_reshape: Option<bool>,
+    pub split_write_bytes_per_second: Option<u64>,
+    pub split_after_ms: Option<u64>,
+    pub merge_write_bytes_per_second: Option<u64>,
+    pub merge_after_ms: Option<u64>,
+    pub reshape_interval_ms: Option<u64>,
+    pub ranges_min: Option<u32>,
+    pub ranges_max: Option<u32>,
+}
+
+impl ReshapePolicy {
+    /// Whether it overrides nothing (then it is left out of the policy).
+    pub fn is_empty(&self) -> bool {
+        *self == ReshapePolicy::default()
+    }
 }
 
 /// The whole metadata state of one vnode.

@@ -12,6 +12,7 @@ use crate::model::SegmentId;
 pub mod fixture;
 pub mod heal;
 pub mod probes;
+pub mod reshape;
 
 /// One segment to fail over.
 #[derive(Debug, Clone, PartialEq, Eq)]
