@@ -166,7 +166,10 @@ async fn a_topic_splits_under_load_not_for_one_hot_key_and_merges_back_when_idle
     // The load goes on until the topic's writes spread over every broker:
     // a split's children go to two brokers (ADR 0144).
     while primaries(&mut client, KEYED).await.len() < 3 {
-        assert!(round < 20_000, "the topic's writes never spread over every broker");
+        assert!(
+            round < 20_000,
+            "the topic's writes never spread over every broker"
+        );
         let records = batch(&keys[round % keys.len()], round);
         produce_following(&brokers, KEYED, &records).await;
         produced.extend(records);

@@ -257,7 +257,9 @@ async fn primaries_move_onto_a_joining_broker_and_off_a_decommissioned_one_then_
     // Broker 4 gossips what it writes, and its gauge says the same.
     let shown = joined.get(&4).copied().unwrap_or(0) as u64;
     assert!(
-        eventually(10_000, async || counter(&four, "malachi_primaries") == shown).await,
+        eventually(10_000, async || counter(&four, "malachi_primaries")
+            == shown)
+        .await,
         "broker 4's malachi_primaries gauge shows its {shown} primaries"
     );
 

@@ -190,7 +190,9 @@ async fn the_tree_has_the_documented_shape() {
         .collect();
     assert_eq!(
         workers,
-        ["failover", "healer", "scrubber", "space", "sweeper"]
+        [
+            "failover", "healer", "scrubber", "space", "balancer", "sweeper", "reshaper"
+        ]
     );
     for child in ["swim", "node_server", "node"] {
         assert!(tree.descendant(&["membership", child]).is_some(), "{child}");

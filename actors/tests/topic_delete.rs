@@ -82,8 +82,13 @@ async fn start_three(root: &Path) -> Vec<Option<BrokerHandle>> {
     vec![Some(one), Some(two), Some(three)]
 }
 
-/// Creates `topic` at RF=3, writes to it, and returns its segment ids.
-async fn filled_topic(client: &mut TestClient, topic: &str) -> Vec<u64> {
+/// Creates `topic` at RF=3, writes to it through its primary (placed by
+/// load, ADR 0144), and returns its segment ids.
+async fn filled_topic(
+    brokers: &[Option<BrokerHandle>],
+    client: &mut TestClient,
+    topic: &str,
+) -> Vec<u64> {
     assert!(
         eventually(30_000, async || client
             .call(&CreateTopicRequest {
@@ -100,10 +105,8 @@ async fn filled_topic(client: &mut TestClient, topic: &str) -> Vec<u64> {
         .map(|i| record(&format!("k{}", i % 5), &format!("{topic}-{i}")))
         .collect();
     assert!(
-        eventually(20_000, async || client
-            .produce(topic, &records)
-            .await
-            .is_ok())
+        eventually(20_000, async || produce_once(brokers, topic, &records)
+            .await)
         .await,
         "records to {topic} were never acknowledged"
     );
@@ -126,6 +129,15 @@ async fn delete(client: &mut TestClient, topic: &str) {
     );
 }
 
+/// A client of `topic`'s primary, which serves its reads.
+async fn at_primary(brokers: &[Option<BrokerHandle>], topic: &str) -> TestClient {
+    let segment = active_segment(brokers, topic).await.unwrap();
+    let primary = brokers[(segment.replicas[0] - 1) as usize]
+        .as_ref()
+        .unwrap();
+    TestClient::connect(primary.client_addr()).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deleted_topics_copies_leave_every_broker_and_other_topics_stay() {
     init_tracing();
@@ -133,9 +145,9 @@ async fn a_deleted_topics_copies_leave_every_broker_and_other_topics_stay() {
     let brokers = start_three(root.path()).await;
     let addr = |n: u64| brokers[(n - 1) as usize].as_ref().unwrap().client_addr();
     let mut client = TestClient::connect(addr(1)).await;
-    let gone = filled_topic(&mut client, "gone").await;
-    let kept = filled_topic(&mut client, "kept").await;
-    let kept_before = read_all(&mut client, "kept").await;
+    let gone = filled_topic(&brokers, &mut client, "gone").await;
+    let kept = filled_topic(&brokers, &mut client, "kept").await;
+    let kept_before = read_all(&mut at_primary(&brokers, "kept").await, "kept").await;
     for node in 1..=3 {
         assert!(
             eventually(10_000, async || files_of(root.path(), node, &gone)
@@ -175,7 +187,10 @@ async fn a_deleted_topics_copies_leave_every_broker_and_other_topics_stay() {
     for node in 1..=3 {
         assert!(!files_of(root.path(), node, &kept).is_empty());
     }
-    assert_eq!(read_all(&mut client, "kept").await, kept_before);
+    assert_eq!(
+        read_all(&mut at_primary(&brokers, "kept").await, "kept").await,
+        kept_before
+    );
     for broker in brokers.into_iter().flatten() {
         broker.shutdown().await.unwrap();
     }
@@ -189,7 +204,7 @@ async fn copies_a_delete_missed_are_swept_only_once_every_vnode_answers() {
     let addr =
         |b: &[Option<BrokerHandle>], n: u64| b[(n - 1) as usize].as_ref().unwrap().client_addr();
     let mut client = TestClient::connect(addr(&brokers, 1)).await;
-    let gone = filled_topic(&mut client, "gone").await;
+    let gone = filled_topic(&brokers, &mut client, "gone").await;
     assert!(
         eventually(10_000, async || !files_of(root.path(), 3, &gone).is_empty()).await,
         "broker 3 never held a copy"

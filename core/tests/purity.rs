@@ -19,10 +19,11 @@
 use std::path::{Path, PathBuf};
 
 /// The modules of the pure core, as `lib.rs` declares them.
-const PURE_MODULES: [&str; 8] = [
+const PURE_MODULES: [&str; 9] = [
     "constraints",
     "cursor",
     "formation",
+    "load",
     "model",
     "placement",
     "plan",

@@ -244,7 +244,9 @@ async fn move_range(ctx: Arc<BalancerCtx>, topic: String, range: RangeId, to: u6
             ctx.data.metrics.balancer_moves.increment(1);
             debug!(%topic, range = range.0, next = next.0, "balancer: moved");
         }
-        Err(e) => info!(%topic, range = range.0, to, error = %e, "balancer: the move did not happen; the next interval decides again"),
+        Err(e) => {
+            info!(%topic, range = range.0, to, error = %e, "balancer: the move did not happen; the next interval decides again")
+        }
     }
 }
 

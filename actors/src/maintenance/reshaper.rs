@@ -236,7 +236,15 @@ impl Planner {
                 // it to the lower half's writer (ADR 0144); that broker then
                 // sees both rates and merges them. Only the upper half's
                 // writer asks, so two brokers never swap their halves.
-                self.gather(now_ms, settings, topic, loads, (r, buddy_band), active, plan);
+                self.gather(
+                    now_ms,
+                    settings,
+                    topic,
+                    loads,
+                    (r, buddy_band),
+                    active,
+                    plan,
+                );
                 continue;
             }
             // Each pair written here once: from its lower half.
@@ -574,10 +582,7 @@ async fn ask(
         }
         Err(refusal) => {
             planner.refused(now_ms, &ranges);
-            if matches!(
-                refusal,
-                Refusal::Coord(CoordError::WrittenElsewhere { .. })
-            ) {
+            if matches!(refusal, Refusal::Coord(CoordError::WrittenElsewhere { .. })) {
                 // A gathered half (moved to its buddy's writer, which
                 // merges them), or a range that moved meanwhile.
                 debug!(%topic, kind, ranges = ?ids, %refusal, "automatic merge goes on at the other half's writer");
@@ -733,7 +738,12 @@ mod tests {
         let rates: BTreeMap<_, _> = [sample(2, 0, 0)].into();
         let mut planner = Planner::default();
         for now in [0, 5_000, 10_000] {
-            assert!(planner.plan(now, &settings(), &l, &rates).actions.is_empty());
+            assert!(
+                planner
+                    .plan(now, &settings(), &l, &rates)
+                    .actions
+                    .is_empty()
+            );
         }
     }
 
