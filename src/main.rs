@@ -139,6 +139,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Bench(BenchCommand::Idle(args)) => cli::bench::idle::idle(args).await,
         Command::Bench(BenchCommand::Failover(args)) => cli::bench::failover::failover(args).await,
         Command::Bench(BenchCommand::Heal(args)) => cli::bench::heal::heal(args).await,
+        Command::Bench(BenchCommand::Scale(args)) => cli::bench::scale::scale(args).await,
         Command::Bench(BenchCommand::Maintenance(args)) => {
             cli::bench::maintenance::maintenance(args).await
         }

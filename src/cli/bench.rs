@@ -26,6 +26,7 @@ pub mod idle;
 mod load;
 pub mod maintenance;
 pub mod metadata;
+pub mod scale;
 
 /// The longest benchmark accepted: a typo like `30m` for `30s` should not
 /// keep a machine busy for a day.

@@ -57,6 +57,10 @@ pub enum CliError {
     /// A benchmark failed.
     #[error("bench: {0}")]
     Bench(String),
+    /// `bench scale` could not set up a broker's cgroup (the error names
+    /// the path).
+    #[error("bench scale: {0}")]
+    Cgroup(#[from] super::bench::scale::cgroup::CgroupError),
     /// A wait for the cluster to settle ran out; the work goes on.
     #[error("{0}")]
     WaitedOut(String),

@@ -350,6 +350,59 @@ pub enum BenchCommand {
     Heal(BenchHealArgs),
     /// What retention and the scrubber cost producers: throughput with them busy against without, alternating.
     Maintenance(BenchMaintenanceArgs),
+    /// Does one topic's throughput grow with the brokers: 3 and 6 brokers (or --brokers), each capped in its own cgroups, side by side.
+    Scale(BenchScaleArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "For each broker count, one after the other, starts that many brokers (this executable, \
+    on loopback ports, in fresh directories under the temporary directory), each in cgroup v1 groups of \
+    its own under /sys/fs/cgroup/cpu and /sys/fs/cgroup/blkio capping its CPU and its disk writes (the \
+    disk cap only when the temporary directory is on a block device). Creates one topic with three \
+    copies, splits it into --ranges ranges, prints the primaries per broker, then runs --producers keyed \
+    producers (each range gets the same share) for --warmup and measures for --seconds. Reports \
+    records/s and MB/s per count and the ratio of the largest count to the smallest. Needs root, or \
+    --no-cgroups. Linux only.\n\n\
+    Example: malachi bench scale --brokers 3,6 --cpu-millis-per-broker 250 --seconds 20"
+)]
+pub struct BenchScaleArgs {
+    /// The broker counts to run, one after the other (comma-separated, each 3 to 16).
+    #[arg(long, value_delimiter = ',', default_value = "3,6", value_name = "N,N")]
+    pub brokers: Vec<u64>,
+    /// Each broker's CPU quota, in thousandths of a core.
+    #[arg(long, default_value_t = 250, value_name = "MILLIS", value_parser = clap::value_parser!(u64).range(10..=64_000))]
+    pub cpu_millis_per_broker: u64,
+    /// Each broker's disk write cap, in bytes per second (0: no disk cap).
+    #[arg(long, default_value_t = 16_000_000, value_name = "BYTES")]
+    pub write_bytes_per_second_per_broker: u64,
+    /// Concurrent producers in the bench process, each on its own connection.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub producers: usize,
+    /// Ranges the topic is split into before the load [default: twice the largest broker count].
+    #[arg(long, value_name = "N")]
+    pub ranges: Option<usize>,
+    /// How long each count's throughput is measured, in seconds.
+    #[arg(long, default_value_t = 20, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub seconds: u64,
+    /// How long each count produces before the measurement, in seconds.
+    #[arg(long, default_value_t = 5, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub warmup: u64,
+    /// Bytes of each record's value.
+    #[arg(long, default_value_t = 1024, value_name = "BYTES")]
+    pub value_bytes: usize,
+    /// Records in each produce request (all keys of one request in one range).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub batch_records: usize,
+    /// Produce requests each producer keeps in flight (capped brokers answer slowly: 8 left them idle).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub window: usize,
+    /// Run the brokers uncapped, without cgroups (no root needed).
+    #[arg(long)]
+    pub no_cgroups: bool,
+    /// One JSON object per broker count and a summary line instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

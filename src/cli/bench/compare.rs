@@ -933,7 +933,10 @@ pub(super) async fn wait_for_brokers(output: &OutputArgs, brokers: u64) -> Resul
 /// Creates `topic` with [`RF3_COPIES`] copies and waits until its active
 /// segment has them all, retrying while the fresh cluster elects its vnode
 /// leaders.
-async fn create_replicated_topic(output: &OutputArgs, topic: &str) -> Result<(), String> {
+pub(super) async fn create_replicated_topic(
+    output: &OutputArgs,
+    topic: &str,
+) -> Result<(), String> {
     let started = Instant::now();
     let copies = RF3_COPIES as usize;
     loop {

@@ -291,7 +291,7 @@ fn text_row(row: &IdleRow) -> String {
 
 /// A process's CPU time so far (user and system), in clock ticks, from
 /// `/proc/PID/stat`; `None` when it cannot be read.
-fn cpu_ticks(pid: u32) -> Option<u64> {
+pub(super) fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_cpu_ticks(&stat)
 }

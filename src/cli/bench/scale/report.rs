@@ -1,0 +1,194 @@
+//! The figures of `malachi bench scale` and their rendering: one row per
+//! broker count, then the ratio of the largest count's throughput to the
+//! smallest's. Pure: the snapshot test below pins the text.
+
+use serde::Serialize;
+
+/// What one broker count measured.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ScaleRow {
+    pub brokers: u64,
+    pub ranges: usize,
+    /// Active primaries per broker, node 1 first, before the load.
+    pub primaries_per_broker: Vec<usize>,
+    pub producers: usize,
+    pub value_bytes: usize,
+    pub seconds: f64,
+    pub records: u64,
+    pub records_per_s: f64,
+    /// Record value bytes only, 10^6 a megabyte.
+    pub mb_per_s: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub errors: u64,
+    /// Each broker's CPU over the measurement, in percent of one core.
+    pub broker_cpu_percent: Vec<f64>,
+    /// The share of CFS periods in which the brokers were throttled (all
+    /// brokers together); `None` without cgroups.
+    pub throttled_share: Option<f64>,
+    /// The bench process's own CPU, in percent of one core.
+    pub bench_cpu_percent: f64,
+}
+
+/// The caps every broker ran under, and the run's conclusion.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ScaleSummary {
+    /// `None` with `--no-cgroups`.
+    pub cpu_millis_per_broker: Option<u64>,
+    /// `None` when the disk was not capped.
+    pub write_bytes_per_second_per_broker: Option<u64>,
+    /// Why the disk was not capped, when it was asked for.
+    pub disk_note: Option<String>,
+    pub brokers_min: u64,
+    pub brokers_max: u64,
+    /// records/s at the largest count over records/s at the smallest.
+    pub ratio: Option<f64>,
+}
+
+/// The ratio of the row with the most brokers to the one with the fewest.
+pub fn ratio(rows: &[ScaleRow]) -> Option<f64> {
+    let min = rows.iter().min_by_key(|r| r.brokers)?;
+    let max = rows.iter().max_by_key(|r| r.brokers)?;
+    (min.records_per_s > 0.0 && min.brokers != max.brokers)
+        .then(|| max.records_per_s / min.records_per_s)
+}
+
+/// The caps line printed before the runs.
+pub fn caps_text(summary: &ScaleSummary) -> String {
+    let cpu = summary.cpu_millis_per_broker.map_or_else(
+        || "no CPU cap (--no-cgroups)".to_owned(),
+        |m| format!("{m} millicores of CPU"),
+    );
+    let disk = match (
+        summary.write_bytes_per_second_per_broker,
+        &summary.disk_note,
+    ) {
+        (Some(bps), _) => format!("{:.1} MB/s of disk writes", bps as f64 / 1e6),
+        (None, Some(note)) => format!("no disk cap: {note}"),
+        (None, None) => "no disk cap".to_owned(),
+    };
+    format!("each broker: {cpu}, {disk}")
+}
+
+/// One row as text: throughput, latency, where the primaries were and
+/// where the CPU went.
+pub fn row_text(row: &ScaleRow) -> String {
+    let primaries: Vec<String> = row
+        .primaries_per_broker
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let cpu: Vec<String> = row
+        .broker_cpu_percent
+        .iter()
+        .map(|c| format!("{c:.0}"))
+        .collect();
+    let mut line = format!(
+        "{} brokers, {} ranges (primaries {}): {:.0} records/s, {:.1} MB/s over {:.1} s, p50 {} us, p99 {} us; broker CPU % [{}]",
+        row.brokers,
+        row.ranges,
+        primaries.join("/"),
+        row.records_per_s,
+        row.mb_per_s,
+        row.seconds,
+        row.p50_us,
+        row.p99_us,
+        cpu.join(" "),
+    );
+    if let Some(share) = row.throttled_share {
+        line.push_str(&format!(", throttled {:.0}% of periods", share * 100.0));
+    }
+    line.push_str(&format!("; bench process {:.0}%", row.bench_cpu_percent));
+    if row.errors > 0 {
+        line.push_str(&format!("; {} errors", row.errors));
+    }
+    line
+}
+
+/// The whole report: the caps, each row, and the ratio.
+pub fn render_text(summary: &ScaleSummary, rows: &[ScaleRow]) -> String {
+    let mut text = caps_text(summary);
+    text.push('\n');
+    for row in rows {
+        text.push_str(&row_text(row));
+        text.push('\n');
+    }
+    text.push_str(&ratio_text(summary));
+    text.push('\n');
+    text
+}
+
+/// The conclusion line.
+pub fn ratio_text(summary: &ScaleSummary) -> String {
+    match summary.ratio {
+        Some(ratio) => format!(
+            "{} brokers / {} brokers: {ratio:.2}x the records/s",
+            summary.brokers_max, summary.brokers_min
+        ),
+        None => "no ratio: one broker count, or nothing acknowledged".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(brokers: u64, records_per_s: f64) -> ScaleRow {
+        let n = usize::try_from(brokers).unwrap_or(0);
+        ScaleRow {
+            brokers,
+            ranges: 12,
+            primaries_per_broker: (0..n).map(|i| 12 / n + usize::from(i < 12 % n)).collect(),
+            producers: 16,
+            value_bytes: 1024,
+            seconds: 20.0,
+            records: (records_per_s * 20.0) as u64,
+            records_per_s,
+            mb_per_s: records_per_s * 1024.0 / 1e6,
+            p50_us: 21_000,
+            p99_us: 64_000,
+            errors: 0,
+            broker_cpu_percent: vec![24.6; n],
+            throttled_share: Some(0.93),
+            bench_cpu_percent: 61.0,
+        }
+    }
+
+    #[test]
+    fn the_ratio_is_the_largest_count_over_the_smallest() {
+        let rows = [row(6, 40_000.0), row(3, 20_000.0)];
+        assert_eq!(ratio(&rows), Some(2.0));
+        assert_eq!(ratio(&rows[..1]), None);
+        assert_eq!(ratio(&[]), None);
+    }
+
+    #[test]
+    fn the_report_shows_caps_rows_and_ratio() {
+        let rows = vec![row(3, 20_000.0), row(6, 37_000.0)];
+        let summary = ScaleSummary {
+            cpu_millis_per_broker: Some(250),
+            write_bytes_per_second_per_broker: Some(16_000_000),
+            disk_note: None,
+            brokers_min: 3,
+            brokers_max: 6,
+            ratio: ratio(&rows),
+        };
+        insta::assert_snapshot!(render_text(&summary, &rows));
+    }
+
+    #[test]
+    fn the_report_says_why_the_disk_was_not_capped() {
+        let mut uncapped = row(3, 1_000.0);
+        uncapped.throttled_share = None;
+        uncapped.errors = 7;
+        let summary = ScaleSummary {
+            cpu_millis_per_broker: None,
+            write_bytes_per_second_per_broker: None,
+            disk_note: Some("/tmp/x is on overlay (0:45), which has no block device".into()),
+            brokers_min: 3,
+            brokers_max: 3,
+            ratio: None,
+        };
+        insta::assert_snapshot!(render_text(&summary, &[uncapped]));
+    }
+}
