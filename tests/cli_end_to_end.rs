@@ -156,12 +156,17 @@ fn describe_shows_the_ranges_and_segments_in_text_and_json() {
     ok(malachi(b, &["produce", "e2e-describe"], "a\t1\n"));
 
     let text = out(&ok(malachi(b, &["topic", "describe", "e2e-describe"], "")));
-    // created_at_ms changes from run to run.
+    // created_at_ms and the measured rates change from run to run.
     let stable: String = text
         .lines()
-        .map(|l| match l.find(" created_at_ms ") {
-            Some(at) => format!("{} created_at_ms [redacted]", &l[..at]),
-            None => l.to_owned(),
+        .map(|l| {
+            if let Some(at) = l.find(" created_at_ms ") {
+                format!("{} created_at_ms [redacted]", &l[..at])
+            } else if let Some(at) = l.find(" bytes_per_second ") {
+                format!("{} bytes_per_second [redacted]", &l[..at])
+            } else {
+                l.to_owned()
+            }
         })
         .collect::<Vec<_>>()
         .join("\n");

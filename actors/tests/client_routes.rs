@@ -12,22 +12,17 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use common::redirects::*;
+use common::zones::*;
 use common::*;
-use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::BrokerHandle;
 use malachi_wire::RecordBatch;
 use malachi_wire::batch::Record;
 use malachi_wire::client::{Client, ClientConfig};
-use malachi_wire::messages::{CreateTopicRequest, SplitRangeRequest};
 
-const ZONES: [&str; 4] = ["a", "a", "b", "b"];
 const TOPIC: &str = "routed";
-/// Small enough that a few produces roll the segment.
-const SEGMENT_BYTES_MAX: u64 = 2048;
 /// The client's deadline for one call, and the producer's delivery timeout.
 const DEADLINE_MS: u64 = 20_000;
 /// Batches the real client produces, each over both ranges.
@@ -37,102 +32,6 @@ const KEYS_PER_RANGE: usize = 4;
 /// Redirects the whole run may follow: a few (a roll racing a part), never
 /// one per batch.
 const REDIRECTS_MAX: u64 = 2;
-
-fn config(dir: &Path, node_id: u64, seeds: &[&BrokerHandle]) -> BrokerConfig {
-    BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|b| b.client_addr().to_string()).collect(),
-        attributes: BTreeMap::from([("zone".to_owned(), ZONES[(node_id - 1) as usize].to_owned())]),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3, 4],
-            ..ClusterSettings::default()
-        },
-        segment_bytes_max: SEGMENT_BYTES_MAX,
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
-    }
-}
-
-/// An active range: its id, its active segment's primary and replicas.
-type Active = (u64, u64, Vec<u64>);
-
-/// The active ranges as `client`'s broker describes them, in keyspace order.
-async fn active(client: &mut TestClient) -> Vec<Active> {
-    let Ok(described) = describe(client, TOPIC).await else {
-        return Vec::new();
-    };
-    let mut ranges: Vec<(String, Active)> = described
-        .ranges
-        .iter()
-        .filter(|r| r.state == "active")
-        .filter_map(|r| {
-            let segment = r.segments.last()?;
-            let primary = *segment.replicas.first()?;
-            Some((
-                r.band_start.clone(),
-                (r.id, primary, segment.replicas.clone()),
-            ))
-        })
-        .collect();
-    ranges.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then(a.0.cmp(&b.0)));
-    ranges.into_iter().map(|(_, r)| r).collect()
-}
-
-fn in_zone(replicas: &[u64], zone: &str) -> bool {
-    replicas.iter().all(|n| ZONES[(*n - 1) as usize] == zone)
-}
-
-/// The placement policy `zoned`, through every broker.
-async fn put_zones(brokers: &[&BrokerHandle], rule: &str) {
-    let addrs = brokers.iter().map(|b| b.client_addr());
-    put_placement(addrs, "zoned", &[rule.to_owned()]).await;
-}
-
-/// Brings the topic to two ranges whose active segments have different
-/// primaries, lower in zone a and upper in zone b; returns the records
-/// acknowledged on the way.
-async fn two_primaries(brokers: &[&BrokerHandle], client: &mut TestClient) -> Vec<Record> {
-    put_zones(brokers, "zone in (a)").await;
-    assert!(
-        eventually(30_000, async || client
-            .call(&CreateTopicRequest {
-                name: TOPIC.into(),
-                replication_factor: Some(2),
-                policy: Some("zoned".into()),
-            })
-            .await
-            .is_ok())
-        .await
-    );
-    let (lower, upper) = (keys(false, 4), keys(true, 4));
-    let mut produced = batch(&lower, 0, 6);
-    produce_following(brokers, TOPIC, &produced).await;
-    let whole = active(client).await[0].clone();
-    assert!(
-        eventually(30_000, async || {
-            let mut at = TestClient::connect(addr_of(brokers, whole.1)).await;
-            at.call(&SplitRangeRequest {
-                topic: TOPIC.into(),
-                range_id: whole.0,
-            })
-            .await
-            .is_ok()
-        })
-        .await,
-        "the split through the primary never completed"
-    );
-    put_zones(brokers, "zone in (b)").await;
-    for round in 10.. {
-        assert!(round < 300, "the upper range never rolled into zone b");
-        let records = batch(&upper, round, 10);
-        produce_following(brokers, TOPIC, &records).await;
-        produced.extend(records);
-        let ranges = active(client).await;
-        if ranges.len() == 2 && in_zone(&ranges[1].2, "b") {
-            break;
-        }
-    }
-    produced
-}
 
 /// The real client, bootstrapped from `broker` only.
 async fn client_at(broker: &BrokerHandle) -> Client {
@@ -160,13 +59,13 @@ async fn the_producer_writes_each_range_at_its_primary_without_a_redirect_per_ba
     init_tracing();
     let root = tempfile::tempdir().unwrap();
     let [one, two, three, four] =
-        start_seeded(|node_id, seeds| config(root.path(), node_id, seeds)).await;
+        start_seeded(|node_id, seeds| zoned_config(root.path(), node_id, seeds)).await;
     let brokers = [&one, &two, &three, &four];
     let mut admin = TestClient::connect(one.client_addr()).await;
-    let mut produced = two_primaries(&brokers, &mut admin).await;
+    let mut produced = two_primaries(&brokers, &mut admin, TOPIC).await;
     // Both zones allowed from here: a roll keeps its range's primary.
     put_zones(&brokers, "zone in (a, b)").await;
-    let ranges = active(&mut admin).await;
+    let ranges = active(&mut admin, TOPIC).await;
     let primaries = [ranges[0].1, ranges[1].1];
     assert!(
         ranges.len() == 2 && primaries[0] != primaries[1],
@@ -184,7 +83,7 @@ async fn the_producer_writes_each_range_at_its_primary_without_a_redirect_per_ba
         Duration::from_secs(10),
         Duration::from_millis(50),
         async || {
-            let seen = active(&mut there).await;
+            let seen = active(&mut there, TOPIC).await;
             (seen == ranges).then_some(()).ok_or(seen)
         },
     )

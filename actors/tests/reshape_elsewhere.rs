@@ -17,62 +17,17 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
 use common::redirects::*;
+use common::zones::*;
 use common::*;
-use malachi_actors::{BrokerConfig, BrokerHandle, ClusterSettings};
+use malachi_actors::BrokerHandle;
 
 use malachi_wire::batch::Record;
 use malachi_wire::client::{Client, ClientConfig};
-use malachi_wire::messages::{CreateTopicRequest, SplitRangeRequest};
 
-const ZONES: [&str; 4] = ["a", "a", "b", "b"];
 const TOPIC: &str = "reshaped";
-/// Small enough that a few produces roll the segment.
-const SEGMENT_BYTES_MAX: u64 = 2048;
 /// The client's deadline for one split or merge.
 const RESHAPE_DEADLINE_MS: u64 = 20_000;
-
-fn config(dir: &Path, node_id: u64, seeds: &[&BrokerHandle]) -> BrokerConfig {
-    BrokerConfig {
-        node_id,
-        seeds: seeds.iter().map(|b| b.client_addr().to_string()).collect(),
-        attributes: BTreeMap::from([("zone".to_owned(), ZONES[(node_id - 1) as usize].to_owned())]),
-        cluster: ClusterSettings {
-            nodes: vec![1, 2, 3, 4],
-            ..ClusterSettings::default()
-        },
-        segment_bytes_max: SEGMENT_BYTES_MAX,
-        ..BrokerConfig::for_tests(dir.join(format!("node-{node_id}")))
-    }
-}
-
-/// An active range: its id, its active segment's primary and replicas.
-type Active = (u64, u64, Vec<u64>);
-
-/// The active ranges, in keyspace order.
-async fn active(client: &mut TestClient) -> Vec<Active> {
-    let Ok(described) = describe(client, TOPIC).await else {
-        return Vec::new();
-    };
-    let mut ranges: Vec<(String, Active)> = described
-        .ranges
-        .iter()
-        .filter(|r| r.state == "active")
-        .filter_map(|r| {
-            let segment = r.segments.last()?;
-            let primary = *segment.replicas.first()?;
-            Some((
-                r.band_start.clone(),
-                (r.id, primary, segment.replicas.clone()),
-            ))
-        })
-        .collect();
-    ranges.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then(a.0.cmp(&b.0)));
-    ranges.into_iter().map(|(_, r)| r).collect()
-}
 
 /// Reads the topic from its start through every broker: every record
 /// produced, once, each key's in the order produced.
@@ -92,10 +47,6 @@ async fn read_back_everywhere(brokers: &[&BrokerHandle], produced: &[Record]) {
     }
 }
 
-fn in_zone(replicas: &[u64], zone: &str) -> bool {
-    replicas.iter().all(|n| ZONES[(*n - 1) as usize] == zone)
-}
-
 /// The real client, bootstrapped from `broker` only, as the CLI's default
 /// flags are: whatever it does, it does by following the brokers' hints.
 async fn client_at(broker: &BrokerHandle) -> Client {
@@ -108,72 +59,16 @@ async fn client_at(broker: &BrokerHandle) -> Client {
         .unwrap()
 }
 
-/// Brings the topic to two ranges whose active segments have different
-/// primaries, lower in zone a and upper in zone b; returns the records
-/// acknowledged on the way.
-async fn two_primaries(brokers: &[&BrokerHandle], client: &mut TestClient) -> Vec<Record> {
-    put_zone(brokers, "a").await;
-    assert!(
-        eventually(30_000, async || client
-            .call(&CreateTopicRequest {
-                name: TOPIC.into(),
-                replication_factor: Some(2),
-                policy: Some("zoned".into()),
-            })
-            .await
-            .is_ok())
-        .await
-    );
-    let (lower, upper) = (keys(false, 4), keys(true, 4));
-    let mut produced = batch(&lower, 0, 6);
-    produce_following(brokers, TOPIC, &produced).await;
-    let whole = active(client).await[0].clone();
-    assert!(
-        eventually(30_000, async || {
-            let mut at = TestClient::connect(addr_of(brokers, whole.1)).await;
-            at.call(&SplitRangeRequest {
-                topic: TOPIC.into(),
-                range_id: whole.0,
-            })
-            .await
-            .is_ok()
-        })
-        .await,
-        "the split through the primary never completed"
-    );
-    put_zone(brokers, "b").await;
-    let mut round = 10;
-    loop {
-        assert!(round < 300, "the upper range never rolled into zone b");
-        let records = batch(&upper, round, 10);
-        produce_following(brokers, TOPIC, &records).await;
-        produced.extend(records);
-        round += 1;
-        let ranges = active(client).await;
-        if ranges.len() == 2 && in_zone(&ranges[1].2, "b") {
-            break;
-        }
-    }
-    assert!(
-        eventually(10_000, async || {
-            let ranges = active(client).await;
-            ranges.len() == 2 && in_zone(&ranges[1].2, "b") && in_zone(&ranges[0].2, "a")
-        })
-        .await
-    );
-    produced
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_split_or_merge_through_a_broker_that_does_not_write_the_range_completes() {
     init_tracing();
     let root = tempfile::tempdir().unwrap();
     let [one, two, three, four] =
-        start_seeded(|node_id, seeds| config(root.path(), node_id, seeds)).await;
+        start_seeded(|node_id, seeds| zoned_config(root.path(), node_id, seeds)).await;
     let brokers = [&one, &two, &three, &four];
     let mut client = TestClient::connect(one.client_addr()).await;
-    let mut produced = two_primaries(&brokers, &mut client).await;
-    let ranges = active(&mut client).await;
+    let mut produced = two_primaries(&brokers, &mut client, TOPIC).await;
+    let ranges = active(&mut client, TOPIC).await;
     let (lower, upper) = (ranges[0].clone(), ranges[1].clone());
     assert_ne!(lower.1, upper.1, "different primaries: {ranges:?}");
     let elsewhere = brokers[(lower.1 - 1) as usize];
@@ -214,7 +109,7 @@ async fn a_split_or_merge_through_a_broker_that_does_not_write_the_range_complet
     // The buddies, written by brokers in two zones, merge too: asked of
     // the lower half's primary, it moves its half to the upper's (in zone
     // b, which the policy now names) and the client follows the redirect.
-    let ranges = active(&mut client).await;
+    let ranges = active(&mut client, TOPIC).await;
     assert_eq!(ranges.len(), 2, "{ranges:?}");
     assert_ne!(ranges[0].1, ranges[1].1, "{ranges:?}");
     let whole = admin
@@ -232,10 +127,4 @@ async fn a_split_or_merge_through_a_broker_that_does_not_write_the_range_complet
     for broker in [one, two, three, four] {
         broker.shutdown().await.unwrap();
     }
-}
-
-/// The zone policy, through every broker.
-async fn put_zone(brokers: &[&BrokerHandle], zone: &str) {
-    let addrs = brokers.iter().map(|b| b.client_addr());
-    put_placement(addrs, "zoned", &[format!("zone in ({zone})")]).await;
 }

@@ -10,3 +10,4 @@ pub use malachi_testkit::wait::{eventually, wait_until};
 
 pub mod protocol_doc;
 pub mod redirects;
+pub mod zones;
