@@ -36,6 +36,10 @@ pub(crate) const LOAD_POLL_MS: u64 = 1_000;
 /// way to the last poll's rate (about a minute's memory at one poll a
 /// second).
 const WRITE_RATE_SMOOTHING_POLLS: u64 = 30;
+/// Polls between two gossips of the load at least: each gossip is a new
+/// membership incarnation, so a load that changes every poll is told at
+/// this pace (placement counts fresh primaries from the metadata anyway).
+const GOSSIP_POLLS_MIN: u64 = 5;
 /// How long one move may take before the balancer gives up on it.
 const MOVE_TIMEOUT_MS: u64 = 10_000;
 
@@ -65,8 +69,8 @@ pub(crate) struct BalancerState {
     /// Bytes stored at the last poll, and the smoothed rate.
     bytes_seen: u64,
     write_bytes_per_second: u64,
-    /// What was last gossiped.
-    shown: Option<BrokerLoad>,
+    /// Polls since the load was last gossiped.
+    polls_since_gossip: u64,
     /// Polls until the next balancing decision.
     polls_to_balance: u64,
     /// The move in flight, off the actor's mailbox: a move waits for a
@@ -93,7 +97,7 @@ impl Actor for BalancerActor {
             ctx,
             bytes_seen,
             write_bytes_per_second: 0,
-            shown: None,
+            polls_since_gossip: GOSSIP_POLLS_MIN,
             polls_to_balance,
             moving: None,
         })
@@ -170,20 +174,26 @@ impl BalancerState {
     /// Gossips `load` when it differs enough from what the others saw, or
     /// when another writer of this broker's attributes dropped it.
     fn gossip(&mut self, load: BrokerLoad) {
+        self.polls_since_gossip = self.polls_since_gossip.saturating_add(1);
         let Some(fabric) = self.ctx.links.fabric() else {
             return;
         };
         let mut attributes = fabric.membership.local().attributes;
-        let still_shown = self.shown.is_some_and(|shown| {
-            attributes.get(LOAD_ATTRIBUTE) == Some(&shown.to_attribute())
-                && !load.differs_from(shown)
-        });
-        if still_shown {
+        let shown = attributes
+            .get(LOAD_ATTRIBUTE)
+            .and_then(|text| BrokerLoad::from_attribute(text).ok());
+        // No attribute reads as idle: an idle broker that never wrote says
+        // nothing (no incarnation churn at start).
+        let changed = match shown {
+            Some(shown) => load.differs_from(shown),
+            None => load != BrokerLoad::default(),
+        };
+        if !changed || self.polls_since_gossip < GOSSIP_POLLS_MIN {
             return;
         }
         attributes.insert(LOAD_ATTRIBUTE.to_owned(), load.to_attribute());
         match fabric.membership.set_local_attributes(attributes) {
-            Ok(()) => self.shown = Some(load),
+            Ok(()) => self.polls_since_gossip = 0,
             Err(e) => warn!(error = %e, "cannot gossip this broker's load"),
         }
     }
