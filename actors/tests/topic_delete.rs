@@ -129,6 +129,16 @@ async fn delete(client: &mut TestClient, topic: &str) {
     );
 }
 
+/// The ids of `topic`'s segments now.
+async fn segment_ids(client: &mut TestClient, topic: &str) -> Vec<u64> {
+    segments(client, topic)
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.id)
+        .collect()
+}
+
 /// A client of `topic`'s primary, which serves its reads.
 async fn at_primary(brokers: &[Option<BrokerHandle>], topic: &str) -> TestClient {
     let segment = active_segment(brokers, topic).await.unwrap();
@@ -204,11 +214,18 @@ async fn copies_a_delete_missed_are_swept_only_once_every_vnode_answers() {
     let addr =
         |b: &[Option<BrokerHandle>], n: u64| b[(n - 1) as usize].as_ref().unwrap().client_addr();
     let mut client = TestClient::connect(addr(&brokers, 1)).await;
-    let gone = filled_topic(&brokers, &mut client, "gone").await;
+    filled_topic(&brokers, &mut client, "gone").await;
     assert!(
-        eventually(10_000, async || !files_of(root.path(), 3, &gone).is_empty()).await,
+        eventually(10_000, async || {
+            let gone = segment_ids(&mut client, "gone").await;
+            !files_of(root.path(), 3, &gone).is_empty()
+        })
+        .await,
         "broker 3 never held a copy"
     );
+    // Every segment the topic has now (a roll or a move since it was
+    // filled adds one): the copies broker 3 holds when it stops.
+    let gone = segment_ids(&mut client, "gone").await;
 
     // Broker 3 is down when the delete commits: brokers 1 and 2 remove
     // their copies, broker 3's stay on its disk.
