@@ -217,13 +217,18 @@ impl BalancerState {
         }
         let me = self.ctx.node_id;
         let candidates = self.ctx.control.placement_candidates();
-        let loads: BTreeMap<u64, BrokerLoad> = self
+        let mut loads: BTreeMap<u64, BrokerLoad> = self
             .ctx
             .control
             .load_view()
             .into_iter()
             .filter(|(node, _)| candidates.contains(node))
             .collect();
+        // A candidate that gossips no load and writes nothing the metadata
+        // shows is idle (a broker that just joined or came back).
+        for &node in &candidates {
+            loads.entry(node).or_default();
+        }
         let Some(shed) = plan_shed(me, &loads) else {
             return;
         };

@@ -45,6 +45,9 @@ pub(crate) const RESHAPES_PER_CHECK_MAX: usize = 4;
 /// The most ranges the reshaper follows (streaks, refusals) at once.
 pub(crate) const RESHAPER_RANGES_MAX: usize = 4_096;
 
+/// How long a check waits for the cluster's policies before it skips.
+const POLICIES_READ_TIMEOUT_MS: u64 = 1_000;
+
 pub(crate) struct ReshaperActor;
 
 /// What the reshaper uses.
@@ -439,10 +442,23 @@ async fn check(state: &mut ReshaperState) {
         return;
     }
     let policies = if topics.iter().any(|t| t.policy.is_some()) {
-        match ctx.control.policies().await {
-            Ok(all) => all,
-            Err(e) => {
+        // Bounded: a read with no quorum (a shutdown, a partition) must not
+        // hold the actor, and so its supervisor's stop, for long.
+        let read = tokio::time::timeout(
+            Duration::from_millis(POLICIES_READ_TIMEOUT_MS),
+            ctx.control.policies(),
+        );
+        match read.await {
+            Ok(Ok(all)) => all,
+            Ok(Err(e)) => {
                 debug!(error = %e, "reshape check skipped: the policies are unreadable");
+                return;
+            }
+            Err(_) => {
+                debug!(
+                    timeout_ms = POLICIES_READ_TIMEOUT_MS,
+                    "reshape check skipped: the policies did not answer in time"
+                );
                 return;
             }
         }
