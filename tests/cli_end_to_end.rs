@@ -182,6 +182,7 @@ fn describe_shows_the_ranges_and_segments_in_text_and_json() {
         ".created_at_ms" => "[created_at_ms]",
         ".ranges[].created_at_ms" => "[created_at_ms]",
         ".ranges[].segments[].created_at_ms" => "[created_at_ms]",
+        ".ranges[].segments[].epoch" => "[epoch]",
         ".reshaping.rates[].write_bytes_per_second" => "[measured]",
         ".reshaping.rates[].write_records_per_second" => "[measured]",
     });
