@@ -646,6 +646,38 @@ mod tests {
         assert_eq!(RpcError::Group(discarded).code(), ErrorCode::OutcomeUnknown);
     }
 
+    /// Regression (CI, `full_volume`): a create routed to a leader whose
+    /// raft log hit ENOSPC failed at once with "the group is fatally
+    /// stopped", though the other voters were about to elect a leader.
+    #[test]
+    fn a_fatal_replica_is_retried_elsewhere_and_its_proposal_is_unknown() {
+        let fatal = || GroupError::Storage {
+            path: "raft.log".into(),
+            offset: 4096,
+            problem: crate::group::Corruption::OtherGroup {
+                found: 1,
+                expected: 2,
+            },
+        };
+        assert!(fatal().is_fatal());
+        assert!(matches!(
+            forwarded_error::<()>(fatal()),
+            Forwarded::Retry { .. }
+        ));
+        // The leader's append failed, but its followers may hold the entry.
+        assert!(matches!(
+            proposal_error::<()>(fatal()),
+            Forwarded::Unknown { leader: None, .. }
+        ));
+        // A refusal of the request itself still ends the route.
+        assert!(matches!(
+            forwarded_error::<()>(GroupError::Config {
+                problem: crate::group::ConfigProblem::NoVoters,
+            }),
+            Forwarded::Failed { .. }
+        ));
+    }
+
     #[test]
     fn a_route_that_fails_after_an_unknown_attempt_is_outcome_unknown() {
         let unavailable = RouteError::Unavailable {

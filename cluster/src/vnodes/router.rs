@@ -32,12 +32,19 @@ impl<T> Forwarded<T> {
     }
 }
 
+/// A group error as it travels back to a router. A replica that went
+/// fatal (its volume full, its log damaged) cannot answer, but the group
+/// can: the other voters elect a leader while this broker's `vnodes`
+/// actor reopens the replica, so the router retries elsewhere.
 pub(super) fn forwarded_error<T>(e: GroupError) -> Forwarded<T> {
     match e {
         GroupError::NotLeader { leader } => Forwarded::NotLeader { leader },
         GroupError::Discarded { leader } => Forwarded::NotLeader { leader },
         GroupError::Timeout | GroupError::Raft { .. } | GroupError::Stopped => Forwarded::Retry {
             reason: e.to_string(),
+        },
+        fatal if fatal.is_fatal() => Forwarded::Retry {
+            reason: fatal.to_string(),
         },
         other => Forwarded::Failed {
             reason: other.to_string(),
@@ -66,6 +73,12 @@ pub(super) fn proposal_error<T>(e: GroupError) -> Forwarded<T> {
         GroupError::Timeout => Forwarded::Unknown {
             leader: None,
             reason: "the proposal timed out".to_owned(),
+        },
+        // A leader whose own log append failed may already have sent the
+        // entry to its followers: it may still commit under the next leader.
+        fatal if fatal.is_fatal() => Forwarded::Unknown {
+            leader: None,
+            reason: fatal.to_string(),
         },
         other => forwarded_error(other),
     }
