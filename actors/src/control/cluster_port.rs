@@ -101,6 +101,14 @@ impl RpcService for ClusterPort {
             Route::Host => self.host.serve(api_key, group_id, body).await,
         }
     }
+
+    /// A full volume cannot take raft log writes: while the space guard
+    /// holds it full (a poll found it under the line, or a raft write got
+    /// ENOSPC), peers elect other leaders for the groups this broker led,
+    /// so metadata changes through the brokers with room go on.
+    fn unfit_to_lead(&self) -> bool {
+        self.shared.data.space.is_full()
+    }
 }
 
 #[cfg(test)]

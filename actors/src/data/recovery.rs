@@ -160,14 +160,21 @@ pub(crate) fn complete_copies(answers: &[FenceAnswer], length: u64) -> Vec<u64> 
 }
 
 /// The successor's primary: `preferred` (the coordinator's broker) when it
-/// is complete, else the lowest complete copy. Never a short copy: the new
-/// primary rebuilds its producer table from its copy of the sealed
-/// segment, which must hold every record up to the seal.
-pub(crate) fn successor_primary(complete: &[u64], preferred: u64) -> Option<u64> {
-    if complete.contains(&preferred) {
+/// is complete, else the lowest complete copy, never one on a broker in
+/// `failed` (a broker whose full volume failed its writer still answers
+/// with a complete copy). Never a short copy: the new primary rebuilds its
+/// producer table from its copy of the sealed segment, which must hold
+/// every record up to the seal.
+pub(crate) fn successor_primary(
+    complete: &[u64],
+    failed: &std::collections::BTreeSet<u64>,
+    preferred: u64,
+) -> Option<u64> {
+    let fit = |n: &u64| !failed.contains(n);
+    if complete.contains(&preferred) && fit(&preferred) {
         return Some(preferred);
     }
-    complete.iter().min().copied()
+    complete.iter().copied().filter(fit).min()
 }
 
 /// What a probe (replica-status, no fence) found of one copy of a segment
@@ -367,9 +374,17 @@ mod tests {
 
     #[test]
     fn the_successor_primary_is_never_a_short_copy() {
-        assert_eq!(successor_primary(&[2, 3], 3), Some(3));
-        assert_eq!(successor_primary(&[3, 2], 1), Some(2));
-        assert_eq!(successor_primary(&[], 1), None);
+        use std::collections::BTreeSet;
+        let none = BTreeSet::new();
+        assert_eq!(successor_primary(&[2, 3], &none, 3), Some(3));
+        assert_eq!(successor_primary(&[3, 2], &none, 1), Some(2));
+        assert_eq!(successor_primary(&[], &none, 1), None);
+        // Regression (CI, `full_volume`): a coordinator on the broker whose
+        // full volume failed the writer chose itself to lead the successor,
+        // and a second failover followed at once.
+        let failed = BTreeSet::from([3]);
+        assert_eq!(successor_primary(&[2, 3], &failed, 3), Some(2));
+        assert_eq!(successor_primary(&[3], &failed, 1), None);
     }
 
     /// A history of one segment: each copy's durable end, where a record

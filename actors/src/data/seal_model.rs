@@ -485,8 +485,8 @@ impl SealModel {
         match state.recorded {
             None => {
                 state.recorded = Some(length);
-                state.successor =
-                    successor_primary(&complete, COORDINATOR_NODE).map(|primary| Successor {
+                state.successor = successor_primary(&complete, &BTreeSet::new(), COORDINATOR_NODE)
+                    .map(|primary| Successor {
                         start: length,
                         primary,
                     });

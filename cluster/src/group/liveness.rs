@@ -21,13 +21,37 @@
 //! (`PING_API_KEY`), so a broker whose process is gone, or whose raft port
 //! is cut off, stops answering within one probe's timeout.
 
-use super::tcp::{PING_API_KEY, TcpTransport};
+use super::tcp::{PING_API_KEY, PING_UNFIT_TO_LEAD, TcpTransport};
 use crate::clock::Clock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+/// What a ping's answer says: the peer's boot id (`None` from a broker
+/// that sends none) and whether it can lead raft groups now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PingAnswer {
+    pub boot: Option<u64>,
+    pub unfit_to_lead: bool,
+}
+
+impl PingAnswer {
+    /// Reads an answer: 8 bytes of boot id, then a flags byte that an
+    /// older broker does not send (read as no flags).
+    pub fn decode(body: &[u8]) -> PingAnswer {
+        let boot = body
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_be_bytes);
+        let flags = body.get(8).copied().unwrap_or(0);
+        PingAnswer {
+            boot,
+            unfit_to_lead: flags & PING_UNFIT_TO_LEAD != 0,
+        }
+    }
+}
 
 /// How peers are probed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +128,8 @@ pub struct LivenessTracker {
     boots: BTreeMap<u64, u64>,
     /// When each peer was last seen with a new boot id.
     rebooted_ms: BTreeMap<u64, u64>,
+    /// Peers whose last answer said they cannot lead now.
+    unfit: BTreeSet<u64>,
 }
 
 impl LivenessTracker {
@@ -114,15 +140,20 @@ impl LivenessTracker {
             answered_ms: BTreeMap::new(),
             boots: BTreeMap::new(),
             rebooted_ms: BTreeMap::new(),
+            unfit: BTreeSet::new(),
         }
     }
 
-    /// `peer` answered a probe sent at `sent_ms` with boot id `boot`
-    /// (`None`: a broker that sends none). A boot id other than the last
-    /// one seen means the peer restarted: down for `down_after_ms` from
-    /// `sent_ms`.
-    pub fn answered_by(&mut self, peer: u64, sent_ms: u64, boot: Option<u64>) {
-        if let Some(boot) = boot
+    /// `peer` answered a probe sent at `sent_ms` with `answer`. A boot id
+    /// other than the last one seen means the peer restarted: down for
+    /// `down_after_ms` from `sent_ms`.
+    pub fn answered_by(&mut self, peer: u64, sent_ms: u64, answer: PingAnswer) {
+        if answer.unfit_to_lead {
+            self.unfit.insert(peer);
+        } else {
+            self.unfit.remove(&peer);
+        }
+        if let Some(boot) = answer.boot
             && let Some(before) = self.boots.insert(peer, boot)
             && before != boot
         {
@@ -155,6 +186,14 @@ impl LivenessTracker {
         up.insert(self.node_id);
         up
     }
+
+    /// The nodes that may lead at `now_ms`: those up whose last answer did
+    /// not say they cannot (this node included; it judges itself).
+    pub fn leadable(&self, now_ms: u64) -> BTreeSet<u64> {
+        let mut up = self.up(now_ms);
+        up.retain(|n| *n == self.node_id || !self.unfit.contains(n));
+        up
+    }
 }
 
 /// The prober's state: its peers, what it learned of them, and the watch
@@ -170,6 +209,9 @@ pub struct Prober {
     peers: parking_lot::RwLock<Vec<u64>>,
     tracker: parking_lot::Mutex<LivenessTracker>,
     up: watch::Sender<BTreeSet<u64>>,
+    /// The up set less the peers that cannot lead now: what quiet
+    /// followers judge their leader by.
+    leadable: watch::Sender<BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -191,6 +233,7 @@ impl Prober {
     ) -> Prober {
         let tracker = LivenessTracker::new(node_id, settings.down_after_ms);
         let (up, _) = watch::channel(tracker.up(clock.monotonic_ms()));
+        let (leadable, _) = watch::channel(tracker.leadable(clock.monotonic_ms()));
         Prober {
             node_id,
             transport,
@@ -199,6 +242,7 @@ impl Prober {
             peers: parking_lot::RwLock::new(Vec::new()),
             tracker: parking_lot::Mutex::new(tracker),
             up,
+            leadable,
         }
     }
 
@@ -215,6 +259,11 @@ impl Prober {
     /// A receiver of the up set, whichever task runs the rounds.
     pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u64>> {
         self.up.subscribe()
+    }
+
+    /// A receiver of the nodes that may lead (`LivenessTracker::leadable`).
+    pub fn subscribe_leadable(&self) -> watch::Receiver<BTreeSet<u64>> {
+        self.leadable.subscribe()
     }
 
     /// The timer of the rounds: one every `probe_every_ms`, a late one
@@ -238,16 +287,28 @@ impl Prober {
             (*peer, answer)
         });
         let answers = futures::future::join_all(probes).await;
-        let up = {
+        let (up, leadable) = {
             let mut tracker = self.tracker.lock();
             for (peer, answer) in answers {
                 if let Ok(body) = answer {
-                    let boot = <[u8; 8]>::try_from(&body[..]).ok().map(u64::from_be_bytes);
-                    tracker.answered_by(peer, sent_ms, boot);
+                    tracker.answered_by(peer, sent_ms, PingAnswer::decode(&body));
                 }
             }
-            tracker.up(self.clock.monotonic_ms())
+            let now_ms = self.clock.monotonic_ms();
+            (tracker.up(now_ms), tracker.leadable(now_ms))
         };
+        self.leadable.send_if_modified(|current| {
+            let changed = *current != leadable;
+            if changed {
+                tracing::debug!(
+                    node = self.node_id,
+                    ?leadable,
+                    "peers that may lead changed"
+                );
+                *current = leadable;
+            }
+            changed
+        });
         let node = self.node_id;
         self.up.send_if_modified(|current| {
             if *current == up {
@@ -308,20 +369,60 @@ mod tests {
         assert_eq!(t.up(1_300), BTreeSet::from([1, 2]));
     }
 
+    fn boot(id: u64) -> PingAnswer {
+        PingAnswer {
+            boot: Some(id),
+            unfit_to_lead: false,
+        }
+    }
+
+    /// Regression (CI, `full_volume`): a broker whose full volume stopped
+    /// its raft replicas stayed up, so the quiet followers of the groups it
+    /// led never elected, and creates through the other brokers failed.
+    #[test]
+    fn a_peer_that_says_it_cannot_lead_is_up_but_not_leadable_until_it_can() {
+        let mut t = LivenessTracker::new(1, 1_000);
+        let unfit = PingAnswer {
+            boot: Some(7),
+            unfit_to_lead: true,
+        };
+        t.answered_by(2, 100, boot(7));
+        t.answered_by(3, 100, unfit);
+        assert_eq!(t.up(200), BTreeSet::from([1, 2, 3]));
+        assert_eq!(t.leadable(200), BTreeSet::from([1, 2]));
+        t.answered_by(3, 300, boot(7));
+        assert_eq!(t.leadable(400), BTreeSet::from([1, 2, 3]));
+    }
+
+    #[test]
+    fn a_ping_answer_reads_its_flags_and_an_older_brokers_answer() {
+        let mut body = 9u64.to_be_bytes().to_vec();
+        assert_eq!(PingAnswer::decode(&body), boot(9), "8 bytes: no flags");
+        body.push(PING_UNFIT_TO_LEAD);
+        assert_eq!(
+            PingAnswer::decode(&body),
+            PingAnswer {
+                boot: Some(9),
+                unfit_to_lead: true
+            }
+        );
+        assert_eq!(PingAnswer::decode(&[1, 2]), PingAnswer::default());
+    }
+
     #[test]
     fn a_peer_that_restarted_between_probes_is_down_for_the_bound() {
         let mut t = LivenessTracker::new(1, 1_000);
-        t.answered_by(2, 100, Some(7));
-        t.answered_by(2, 300, Some(7));
+        t.answered_by(2, 100, boot(7));
+        t.answered_by(2, 300, boot(7));
         assert!(t.up(400).contains(&2));
         // A new boot id: down from its probe for 1 s, though it answers.
-        t.answered_by(2, 500, Some(8));
+        t.answered_by(2, 500, boot(8));
         assert!(!t.up(600).contains(&2));
-        t.answered_by(2, 1_400, Some(8));
+        t.answered_by(2, 1_400, boot(8));
         assert!(!t.up(1_450).contains(&2));
         assert!(t.up(1_500).contains(&2));
         // A broker that sends no boot id is judged by its answers alone.
-        t.answered_by(3, 1_500, None);
+        t.answered_by(3, 1_500, PingAnswer::default());
         assert!(t.up(1_600).contains(&3));
     }
 

@@ -94,8 +94,13 @@ pub const RING_ANNOUNCE_API_KEY: u16 = 216;
 /// A liveness probe (ADR 0101): answered by the transport server itself,
 /// whatever service it runs, with its boot id (8 bytes, big-endian): a
 /// number drawn at every server start, so a prober tells a restarted peer
-/// from one that never went away.
+/// from one that never went away. Then one byte of flags
+/// (`PING_UNFIT_TO_LEAD`); a prober reads an 8-byte answer (an older
+/// broker's) as no flags.
 pub const PING_API_KEY: u16 = 217;
+/// Ping flag: this broker cannot lead its raft groups now (its volume
+/// refused a raft log write), so followers elect elsewhere (ADR 0145).
+pub const PING_UNFIT_TO_LEAD: u8 = 0b1;
 
 /// Bytes of the group id in front of every request body.
 const GROUP_ID_BYTES: usize = 8;
@@ -668,6 +673,12 @@ pub trait RpcService: Send + Sync + std::fmt::Debug + 'static {
     /// Answers one request; an `Err` travels back as the error code
     /// ([`RpcError::code`]) and reason (its message) of the response.
     async fn serve(&self, api_key: u16, group_id: u64, body: Bytes) -> Result<Vec<u8>, RpcError>;
+
+    /// Whether this broker cannot lead raft groups now (a full volume
+    /// stopped a replica): the ping says so, and peers elect elsewhere.
+    fn unfit_to_lead(&self) -> bool {
+        false
+    }
 }
 
 /// Why the raft port refused a request. On the wire it is a response frame
@@ -1158,10 +1169,17 @@ async fn read_request(
 async fn answer(service: &dyn RpcService, frame: RequestFrame, boot_id: u64) -> ResponseFrame {
     let correlation_id = frame.correlation_id;
     if frame.api_key == PING_API_KEY {
+        let flags = if service.unfit_to_lead() {
+            PING_UNFIT_TO_LEAD
+        } else {
+            0
+        };
+        let mut payload = boot_id.to_be_bytes().to_vec();
+        payload.push(flags);
         return ResponseFrame {
             correlation_id,
             error_code: ErrorCode::None,
-            payload: Bytes::copy_from_slice(&boot_id.to_be_bytes()),
+            payload: Bytes::from(payload),
         };
     }
     if frame.payload.len() < GROUP_ID_BYTES {

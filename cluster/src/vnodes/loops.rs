@@ -185,13 +185,16 @@ impl VnodeHost {
 
     fn loop_work(self: &Arc<Self>, which: HostLoop) -> BoxFuture<'static, ()> {
         let host = Arc::downgrade(self);
+        // Quiet followers judge their leader by the nodes that may lead: a
+        // broker whose full volume stopped its replicas is up but cannot.
+        let leadable = self.prober.as_ref().map(|p| p.subscribe_leadable());
         let up = self.prober.as_ref().map(|p| p.subscribe());
         match which {
             HostLoop::RingSync => Box::pin(VnodeHost::run_ring_sync(host)),
-            HostLoop::Quiescer => match up {
-                Some(up) => Box::pin(super::quiet::run_quiescer(
+            HostLoop::Quiescer => match leadable {
+                Some(leadable) => Box::pin(super::quiet::run_quiescer(
                     host,
-                    up,
+                    leadable,
                     self.config.quiet_check_ms.max(1),
                     self.config.balance_leaders,
                 )),

@@ -88,7 +88,8 @@ impl CoordinatorState {
         complete: &[u64],
         failed: &BTreeSet<u64>,
     ) -> Result<Vec<NodeId>, CoordError> {
-        let Some(primary) = crate::data::recovery::successor_primary(complete, self.node().0)
+        let Some(primary) =
+            crate::data::recovery::successor_primary(complete, failed, self.node().0)
         else {
             return Err(CoordError::Unexpected(format!(
                 "segment {segment} has no complete copy to lead its successor"
