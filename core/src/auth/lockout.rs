@@ -127,10 +127,8 @@ impl Lockout {
         now_ms: u64,
     ) -> Admission {
         let previous = self.current(policy, key, now_ms);
-        if let Some(attempts) = previous {
-            if let Some(until_ms) = attempts.locked_until_ms {
-                return Admission::Locked { until_ms };
-            }
+        if let Some(until_ms) = previous.and_then(|a| a.locked_until_ms) {
+            return Admission::Locked { until_ms };
         }
         let failures = previous.map_or(0, |a| a.failures).saturating_add(1);
         let locked_until_ms = policy

@@ -110,10 +110,10 @@ impl NonceLedger {
         if self.seen.contains(nonce) {
             return false;
         }
-        if self.order.len() >= NONCE_LEDGER_ENTRIES_MAX {
-            if let Some(oldest) = self.order.pop_front() {
-                self.seen.remove(&oldest);
-            }
+        if self.order.len() >= NONCE_LEDGER_ENTRIES_MAX
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.seen.remove(&oldest);
         }
         self.seen.insert(nonce.to_owned());
         self.order.push_back(nonce.to_owned());
