@@ -129,7 +129,7 @@ impl ScramError {
             ScramError::ChannelBindingNotSupported => "channel-binding-not-supported",
             ScramError::ChannelBindingMismatch => "channel-bindings-dont-match",
             ScramError::MandatoryExtension => "extensions-not-supported",
-            ScramError::AuthzidNotSupported => "invalid-username-encoding",
+            ScramError::Malformed(_) | ScramError::TooLong { .. } => "invalid-encoding",
             ScramError::InvalidProof | ScramError::NonceMismatch => "invalid-proof",
             _ => "other-error",
         }
