@@ -12,10 +12,10 @@
 //!
 //! PBKDF2 is CPU work on purpose: [`StoredCredential::from_password`] and
 //! the client's [`super::scram_client::ClientFirst::receive`] run
-//! `iterations` HMACs (about 10 ms at 4,096 on one core, more at higher
-//! counts). Callers on an async runtime run them off the async threads
-//! (`spawn_blocking` or a bounded pool); the server's exchange itself runs
-//! no PBKDF2, only a handful of HMACs.
+//! `iterations` HMACs (about 0.3 µs each on one core in a release build:
+//! 10 ms at the default 32,768). Callers on an async runtime run them off
+//! the async threads (`spawn_blocking` or a bounded pool); the server's
+//! exchange itself runs no PBKDF2, only a handful of HMACs.
 //!
 //! Passwords are used as their UTF-8 bytes. SASLprep (RFC 4013) is not
 //! applied: ASCII passwords are unaffected, and a client that normalises
@@ -34,8 +34,10 @@ pub const ITERATIONS_MIN: u32 = 4096;
 /// The most iterations a client accepts from a server, bounding the CPU a
 /// hostile server can make it spend.
 pub const ITERATIONS_MAX: u32 = 10_000_000;
-/// The iteration count new credentials get unless configured otherwise.
-pub const ITERATIONS_DEFAULT: u32 = 8192;
+/// The iteration count new credentials get unless configured otherwise:
+/// 8 times the minimum, about 10 ms of one core per login on the client
+/// (PBKDF2-HMAC-SHA-256 ran at about 0.3 µs an iteration in a release build).
+pub const ITERATIONS_DEFAULT: u32 = 32_768;
 /// The salt length of new credentials and of unknown users' fake answers,
 /// in bytes. Every salt a broker sends has this length.
 pub const SALT_BYTES: usize = 16;
