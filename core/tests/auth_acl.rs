@@ -63,6 +63,29 @@ fn with_authentication_on_nothing_is_allowed_without_an_entry() {
 }
 
 #[test]
+fn a_refusal_says_what_was_refused_and_why() {
+    let message = malachi_core::auth::acl::refusal_message(
+        &alice(),
+        Operation::Produce,
+        Resource::Topic("orders"),
+        &DenyReason::NoEntryAllows,
+    );
+    assert_eq!(
+        message,
+        "User:alice may not produce topic `orders`: no entry allows it"
+    );
+    let names: Vec<&str> = Operation::ALL.iter().map(|o| o.name()).collect();
+    let serialized: Vec<String> = Operation::ALL.iter().map(|o| serde_name(*o)).collect();
+    assert_eq!(names, serialized);
+}
+
+/// The serde name of an operation, read back from its MessagePack string.
+fn serde_name(operation: Operation) -> String {
+    let bytes = rmp_serde::to_vec(&operation).unwrap();
+    rmp_serde::from_slice::<String>(&bytes).unwrap()
+}
+
+#[test]
 fn superusers_are_allowed_everything() {
     let root = Principal::user("root");
     let mut acl = Authorizer::enforced([root.clone()]);

@@ -118,6 +118,16 @@ pub enum Resource<'a> {
     Cluster,
 }
 
+impl fmt::Display for Resource<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resource::Topic(name) => write!(f, "topic `{name}`"),
+            Resource::Group(name) => write!(f, "group `{name}`"),
+            Resource::Cluster => f.write_str("the cluster"),
+        }
+    }
+}
+
 impl ResourcePattern {
     fn matches(&self, resource: Resource<'_>) -> bool {
         match (self, resource) {
@@ -153,6 +163,19 @@ impl Operation {
         Operation::Alter,
         Operation::Admin,
     ];
+
+    /// The snake_case name, as the CLI and refusals write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Produce => "produce",
+            Operation::Consume => "consume",
+            Operation::Create => "create",
+            Operation::Delete => "delete",
+            Operation::Describe => "describe",
+            Operation::Alter => "alter",
+            Operation::Admin => "admin",
+        }
+    }
 
     /// Whether an allow of `self` also allows `wanted` (Kafka's implied
     /// `describe`).
@@ -250,6 +273,20 @@ impl Decision {
     pub fn is_allowed(&self) -> bool {
         matches!(self, Decision::Allowed(_))
     }
+}
+
+/// What an `unauthorized` answer says was refused, and why.
+pub fn refusal_message(
+    principal: &Principal,
+    operation: Operation,
+    resource: Resource<'_>,
+    reason: &DenyReason,
+) -> String {
+    let why = match reason {
+        DenyReason::Entry(_) => "a deny entry matches",
+        DenyReason::NoEntryAllows => "no entry allows it",
+    };
+    format!("{principal} may not {} {resource}: {why}", operation.name())
 }
 
 /// The superusers and the entries, as a plain value (the ring's raft group
