@@ -1,6 +1,7 @@
 //! malachi-core: the pure core of Malachi's metadata plane (ADR 0090,
 //! ADR 0132).
 //!
+//! - `auth`: SCRAM-SHA-256, ACL decisions and progressive lockout (ADR 0146).
 //! - `model`: topics, ranges and segments, the commands raft groups carry
 //!   and the deterministic state machine that applies them.
 //! - `cursor`: the opaque cursor codec clients carry.
@@ -18,6 +19,7 @@
 //! enforces it (no such crate is a dependency), and `tests/purity.rs`
 //! checks the sources and the manifest.
 
+pub mod auth;
 pub mod constraints;
 pub mod cursor;
 pub mod formation;

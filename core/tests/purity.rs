@@ -19,7 +19,8 @@
 use std::path::{Path, PathBuf};
 
 /// The modules of the pure core, as `lib.rs` declares them.
-const PURE_MODULES: [&str; 9] = [
+const PURE_MODULES: [&str; 10] = [
+    "auth",
     "constraints",
     "cursor",
     "formation",
@@ -360,14 +361,17 @@ fn randomish(operand: u64) -> u64 { operand.rotate_left(7) }
     assert_eq!(rules(clean), Vec::<(usize, String)>::new());
 }
 
-/// The only crates the core may depend on: serialisation, errors, hashing
-/// and MACs. None of them does I/O, reads a clock or draws randomness.
-const ALLOWED_DEPENDENCIES: [&str; 7] = [
+/// The only crates the core may depend on: serialisation, errors, hashing,
+/// MACs, PBKDF2 and constant-time comparison. None of them does I/O, reads
+/// a clock or draws randomness.
+const ALLOWED_DEPENDENCIES: [&str; 9] = [
     "base64",
     "hmac",
+    "pbkdf2",
     "rmp-serde",
     "serde",
     "sha2",
+    "subtle",
     "thiserror",
     "xxhash-rust",
 ];

@@ -362,3 +362,59 @@ pub fn replica_orders() -> Vec<Vec<u8>> {
         .map(|b| b.map(|b| b.to_vec()).unwrap_or_default())
         .collect()
 }
+
+/// The RFC 7677 example's client nonce, which the SCRAM body's client uses.
+pub const SCRAM_CLIENT_NONCE: &str = "rOprNGfwEbeRWgbNEkqO";
+/// The RFC 7677 example's server nonce, which the SCRAM body's broker uses.
+pub const SCRAM_SERVER_NONCE: &str = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0";
+
+/// Each authentication message (api keys 400 to 402) as encoded, and the
+/// RFC 7677 example's four SCRAM messages as text.
+pub fn wire_auth() -> Vec<Vec<u8>> {
+    use malachi_wire::auth::{
+        SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+        SaslHandshakeResponse, TokenAuthenticateRequest, TokenAuthenticateResponse,
+    };
+    let encoded = [
+        SaslHandshakeRequest {
+            mechanism: "SCRAM-SHA-256".into(),
+        }
+        .encode(),
+        SaslHandshakeResponse {
+            accepted: true,
+            mechanisms: vec!["SCRAM-SHA-256".into()],
+        }
+        .encode(),
+        SaslAuthenticateRequest {
+            auth_bytes: "n,,n=user,r=rOprNGfwEbeRWgbNEkqO".into(),
+        }
+        .encode(),
+        SaslAuthenticateResponse {
+            auth_bytes: "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=".into(),
+            complete: true,
+            principal: Some("User:user".into()),
+            session_lifetime_ms: Some(3_600_000),
+        }
+        .encode(),
+        TokenAuthenticateRequest {
+            token: "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ1c2VyIn0.c2ln".into(),
+        }
+        .encode(),
+        TokenAuthenticateResponse {
+            principal: "User:user".into(),
+            session_lifetime_ms: None,
+        }
+        .encode(),
+    ];
+    let scram = [
+        "n,,n=user,r=rOprNGfwEbeRWgbNEkqO",
+        "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096",
+        "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=",
+        "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=",
+    ];
+    encoded
+        .into_iter()
+        .map(|b| b.map(|b| b.to_vec()).unwrap_or_default())
+        .chain(scram.iter().map(|s| s.as_bytes().to_vec()))
+        .collect()
+}

@@ -74,6 +74,7 @@ body_tests! {
     wire_frame: bodies::wire_frame, vec![samples::wire_frame()];
     wire_messages: bodies::wire_messages, vec![samples::wire_messages()];
     fabric_message: bodies::fabric_message, vec![samples::fabric_message()];
+    wire_auth: bodies::wire_auth, samples::wire_auth();
     replica_append: bodies::replica_append, [vec![samples::replica_append(), samples::replica_refusal(), samples::replica_status(), samples::replica_repair()], samples::replica_orders()].concat();
 }
 
@@ -156,4 +157,51 @@ fn every_sample_decodes() {
     );
     malachi_core::cursor::Cursor::decode(&samples::sign_cursor_body(&samples::cursor_body()), &key)
         .unwrap();
+}
+
+/// The authentication samples decode as their messages, and the SCRAM texts
+/// run the RFC 7677 exchange to its end on both sides.
+#[test]
+fn the_auth_samples_decode_and_the_scram_texts_authenticate() {
+    use malachi_core::auth::scram::StoredCredential;
+    use malachi_core::auth::scram_client::ScramClient;
+    use malachi_core::auth::scram_server::{NonceLedger, ServerConfig, ServerExchange};
+    use malachi_wire::Message;
+    use malachi_wire::auth::{
+        SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+        SaslHandshakeResponse, TokenAuthenticateRequest, TokenAuthenticateResponse,
+    };
+    let s = samples::wire_auth();
+    let b = |i: usize| bytes::Bytes::from(s[i].clone());
+    SaslHandshakeRequest::decode(b(0)).unwrap();
+    SaslHandshakeResponse::decode(b(1)).unwrap();
+    SaslAuthenticateRequest::decode(b(2)).unwrap();
+    SaslAuthenticateResponse::decode(b(3)).unwrap();
+    TokenAuthenticateRequest::decode(b(4)).unwrap();
+    TokenAuthenticateResponse::decode(b(5)).unwrap();
+    let text = |i: usize| String::from_utf8(s[i].clone()).unwrap();
+    let credential = StoredCredential::from_password(
+        b"pencil",
+        &[
+            0x5b, 0x6d, 0x99, 0x68, 0x9d, 0x12, 0x35, 0x8e, 0xec, 0xa0, 0x4b, 0x14, 0x12, 0x36,
+            0xfa, 0x81,
+        ],
+        4096,
+    )
+    .unwrap();
+    let config = ServerConfig::new(bodies::SCRAM_FAKE_SECRET).unwrap();
+    let (server, first) = ServerExchange::start(
+        &config,
+        &text(6),
+        |_| Some(credential),
+        samples::SCRAM_SERVER_NONCE,
+        &mut NonceLedger::default(),
+    )
+    .unwrap();
+    assert_eq!(first, text(7));
+    assert_eq!(server.finish(&text(8)).unwrap().server_final, text(9));
+    let (client, _) = ScramClient::start("user", samples::SCRAM_CLIENT_NONCE).unwrap();
+    let (client, last) = client.receive(&text(7), b"pencil").unwrap();
+    assert_eq!(last, text(8));
+    client.verify(&text(9)).unwrap();
 }

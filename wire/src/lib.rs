@@ -12,10 +12,12 @@
 //! so storage and replication pass it on without re-encoding it. Brokers'
 //! own requests on the cluster port live here too: replica-append
 //! ([`replication`]), the coordinator's orders to copies ([`replica_order`])
-//! and replica-status ([`replica_status`]).
+//! and replica-status ([`replica_status`]). The authentication messages
+//! ([`auth`], api keys 400 to 402) are defined but not yet served.
 //! `docs/protocol.md` describes the format byte by byte.
 
 pub mod api;
+pub mod auth;
 pub mod batch;
 pub mod client;
 pub mod error;

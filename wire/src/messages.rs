@@ -33,6 +33,10 @@ pub trait Message: Serialize + DeserializeOwned + Sized {
     const NAME: &'static str;
     /// Whether a record batch block follows the control map.
     const CARRIES_BATCH: bool = false;
+    /// The longest payload the decoder reads, checked before anything is
+    /// decoded or allocated; `None` leaves only the frame's own bound.
+    /// Messages a client sends before it is authenticated set one.
+    const PAYLOAD_BYTES_MAX: Option<usize> = None;
 
     /// Check every bound of the message.
     fn check(&self) -> Result<(), WireError>;
@@ -74,6 +78,9 @@ pub trait Message: Serialize + DeserializeOwned + Sized {
 
     /// Decode a frame payload, checking bounds last.
     fn decode(payload: Bytes) -> Result<Self, WireError> {
+        if let Some(limit) = Self::PAYLOAD_BYTES_MAX {
+            check_len("payload", payload.len(), limit)?;
+        }
         let mut de = rmp_serde::Deserializer::new(Cursor::new(payload.as_ref()));
         de.set_max_depth(NESTING_DEPTH_MAX);
         let mut message = Self::deserialize(&mut de).map_err(|source| WireError::Decode {
@@ -105,7 +112,7 @@ pub trait Operation: Message {
     type Response: Message;
 }
 
-fn check_len(field: &'static str, actual: usize, limit: usize) -> Result<(), WireError> {
+pub(crate) fn check_len(field: &'static str, actual: usize, limit: usize) -> Result<(), WireError> {
     if actual > limit {
         return Err(WireError::OverLimit {
             field,

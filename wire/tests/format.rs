@@ -429,3 +429,98 @@ fn a_live_describe_request_encodes_to_its_frozen_bytes() {
     insta::assert_snapshot!("describe_topic_request_live", hex(&bytes));
     assert_eq!(DescribeTopicRequest::decode(bytes).unwrap(), request);
 }
+
+/// The authentication messages (api keys 400 to 402, ADR 0146), in their
+/// frames: not yet served by brokers, but their bytes are frozen already.
+#[test]
+fn the_auth_messages_encode_to_their_frozen_bytes() {
+    use malachi_wire::auth::{
+        SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslAuthenticateRequest, SaslAuthenticateResponse,
+        SaslHandshakeRequest, SaslHandshakeResponse, TOKEN_AUTHENTICATE, TokenAuthenticateRequest,
+        TokenAuthenticateResponse,
+    };
+    fn frames(name: &str, api_key: u16, request: &impl Message, response: &impl Message) {
+        let mut frame = BytesMut::new();
+        let request_frame = RequestFrame {
+            api_key,
+            correlation_id: 42,
+            payload: request.encode().unwrap(),
+        };
+        encode_request(&request_frame, &mut frame, FRAME_BYTES_MAX_DEFAULT).unwrap();
+        insta::assert_snapshot!(format!("{name}_request"), hex(&frame));
+        let mut frame = BytesMut::new();
+        let response_frame = ResponseFrame {
+            correlation_id: 42,
+            error_code: ErrorCode::None,
+            payload: response.encode().unwrap(),
+        };
+        encode_response(&response_frame, &mut frame, FRAME_BYTES_MAX_DEFAULT).unwrap();
+        insta::assert_snapshot!(format!("{name}_response"), hex(&frame));
+    }
+    frames(
+        "sasl_handshake",
+        SASL_HANDSHAKE,
+        &SaslHandshakeRequest {
+            mechanism: "SCRAM-SHA-256".into(),
+        },
+        &SaslHandshakeResponse {
+            accepted: true,
+            mechanisms: vec!["SCRAM-SHA-256".into()],
+        },
+    );
+    // The RFC 7677 example's first round, then its last.
+    frames(
+        "sasl_authenticate_first",
+        SASL_AUTHENTICATE,
+        &SaslAuthenticateRequest {
+            auth_bytes: "n,,n=user,r=rOprNGfwEbeRWgbNEkqO".into(),
+        },
+        &SaslAuthenticateResponse {
+            auth_bytes:
+                "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+                    .into(),
+            complete: false,
+            principal: None,
+            session_lifetime_ms: None,
+        },
+    );
+    frames(
+        "sasl_authenticate_final",
+        SASL_AUTHENTICATE,
+        &SaslAuthenticateRequest {
+            auth_bytes: "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=".into(),
+        },
+        &SaslAuthenticateResponse {
+            auth_bytes: "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=".into(),
+            complete: true,
+            principal: Some("User:user".into()),
+            session_lifetime_ms: None,
+        },
+    );
+    frames(
+        "token_authenticate",
+        TOKEN_AUTHENTICATE,
+        &TokenAuthenticateRequest {
+            token: "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ1c2VyIn0.c2ln".into(),
+        },
+        &TokenAuthenticateResponse {
+            principal: "User:user".into(),
+            session_lifetime_ms: Some(3_600_000),
+        },
+    );
+    // A refusal: `unauthorized` with the SCRAM error in the message.
+    let body = ErrorBody {
+        message: "authentication failed: e=invalid-proof".into(),
+        leader_hint: None,
+        retry_after_ms: Some(1_000),
+        ranges: None,
+    };
+    let mut frame = BytesMut::new();
+    let response = ResponseFrame {
+        correlation_id: 42,
+        error_code: ErrorCode::Unauthorized,
+        payload: body.encode().unwrap(),
+    };
+    encode_response(&response, &mut frame, FRAME_BYTES_MAX_DEFAULT).unwrap();
+    insta::assert_snapshot!("error_unauthorized_response", hex(&frame));
+}
