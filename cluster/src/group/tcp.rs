@@ -99,7 +99,7 @@ pub const RING_ANNOUNCE_API_KEY: u16 = 216;
 /// broker's) as no flags.
 pub const PING_API_KEY: u16 = 217;
 /// Ping flag: this broker cannot lead its raft groups now (its volume
-/// refused a raft log write), so followers elect elsewhere (ADR 0145).
+/// refused a raft log write), so followers elect elsewhere (ADR 0101).
 pub const PING_UNFIT_TO_LEAD: u8 = 0b1;
 
 /// Bytes of the group id in front of every request body.
