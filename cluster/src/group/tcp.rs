@@ -1166,20 +1166,20 @@ async fn read_request(
     }
 }
 
+/// A ping's answer: the boot id (8 bytes, big-endian), then the flags byte.
+fn ping_payload(boot_id: u64, unfit_to_lead: bool) -> Vec<u8> {
+    let mut payload = boot_id.to_be_bytes().to_vec();
+    payload.push(if unfit_to_lead { PING_UNFIT_TO_LEAD } else { 0 });
+    payload
+}
+
 async fn answer(service: &dyn RpcService, frame: RequestFrame, boot_id: u64) -> ResponseFrame {
     let correlation_id = frame.correlation_id;
     if frame.api_key == PING_API_KEY {
-        let flags = if service.unfit_to_lead() {
-            PING_UNFIT_TO_LEAD
-        } else {
-            0
-        };
-        let mut payload = boot_id.to_be_bytes().to_vec();
-        payload.push(flags);
         return ResponseFrame {
             correlation_id,
             error_code: ErrorCode::None,
-            payload: Bytes::from(payload),
+            payload: Bytes::from(ping_payload(boot_id, service.unfit_to_lead())),
         };
     }
     if frame.payload.len() < GROUP_ID_BYTES {
@@ -1292,5 +1292,24 @@ mod health_tests {
         );
         assert_eq!(peer.succeeded(), Verdict::Recovered { failures: 4 });
         assert_eq!(peer.succeeded(), Verdict::Quiet);
+    }
+}
+
+#[cfg(test)]
+mod ping_tests {
+    use super::*;
+    use crate::group::liveness::PingAnswer;
+
+    #[test]
+    fn a_pings_answer_is_its_boot_id_then_its_flags() {
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let fit = ping_payload(0x0102_0304_0506_0708, false);
+        let unfit = ping_payload(0x0102_0304_0506_0708, true);
+        insta::assert_snapshot!(format!("{}\n{}", hex(&fit), hex(&unfit)), @r"
+        010203040506070800
+        010203040506070801
+        ");
+        assert!(PingAnswer::decode(&unfit).unfit_to_lead);
+        assert!(!PingAnswer::decode(&fit).unfit_to_lead);
     }
 }
