@@ -119,9 +119,18 @@ async fn a_feature_activates_once_every_broker_has_it_and_after_finalize_a_broke
     }
     let one = Arc::clone(&brokers[0].host);
 
-    // Everyone advertised: the baseline is active, zeta is not available
-    // while broker 3 lacks it, and activating it is refused naming 3.
-    let table = wait_table(&one, "three advertisements", |t| t.members().len() == 3).await;
+    // Everyone advertised: the baseline is active (auto-activated, one
+    // proposal per feature, so waited for: checking right after the third
+    // advertisement found `reshape_policy` still available), zeta is not
+    // available while broker 3 lacks it, and activating it is refused
+    // naming 3.
+    let table = wait_table(&one, "three advertisements and the baseline active", |t| {
+        t.members().len() == 3
+            && malachi_core::model::SUPPORTED_FEATURES
+                .iter()
+                .all(|f| t.require(*f).is_ok())
+    })
+    .await;
     for feature in malachi_core::model::SUPPORTED_FEATURES {
         assert_eq!(table.require(feature), Ok(()), "{feature}");
     }
