@@ -364,7 +364,13 @@ pub enum BenchCommand {
     producers (each range gets the same share) for --warmup and measures for --seconds. Reports \
     records/s and MB/s per count and the ratio of the largest count to the smallest. Needs root, or \
     --no-cgroups. Linux only.\n\n\
-    Example: malachi bench scale --brokers 3,6 --cpu-millis-per-broker 250 --seconds 20"
+    With --auto-reshape true, only the largest count runs: after the split topic, on the same \
+    cluster, a second topic starts as one range under a storage policy with automatic reshaping on \
+    (the --split-* and other reshaping flags, as `policy create` takes them; unset ones are the \
+    brokers' defaults) and takes the same load for --auto-seconds. Reports its records/s every 5 s, \
+    its splits, and when it first reached 90% of the split topic's records/s.\n\n\
+    Example: malachi bench scale --brokers 3,6 --cpu-millis-per-broker 250 --seconds 20\n\
+    Example: malachi bench scale --brokers 3 --auto-reshape true --split-after 10s"
 )]
 pub struct BenchScaleArgs {
     /// The broker counts to run, one after the other (comma-separated, each 3 to 16).
@@ -400,6 +406,11 @@ pub struct BenchScaleArgs {
     /// Run the brokers uncapped, without cgroups (no root needed).
     #[arg(long)]
     pub no_cgroups: bool,
+    /// With --auto-reshape true: how long the one-range topic is loaded, in seconds.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(5..=3_600))]
+    pub auto_seconds: u64,
+    #[command(flatten)]
+    pub reshape: policy::ReshapeArgs,
     /// One JSON object per broker count and a summary line instead of text.
     #[arg(long)]
     pub json: bool,

@@ -82,7 +82,7 @@ pub struct ReshapeArgs {
 
 impl ReshapeArgs {
     /// The wire's form; `None` when no flag was given.
-    fn to_wire(&self) -> Option<PolicyReshape> {
+    pub(crate) fn to_wire(&self) -> Option<PolicyReshape> {
         let reshape = PolicyReshape {
             auto_reshape: self.auto_reshape,
             split_write_bytes_per_second: self.split_write_rate,

@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::WireError;
-use crate::limits::NESTING_DEPTH_MAX;
+use crate::limits::{NAME_BYTES_MAX, NESTING_DEPTH_MAX};
+use crate::messages::{RESHAPE_HISTORY_MAX, TopicReshaping};
 
 /// `replica_status`: the copies a broker holds, as it sees them (ADR 0098).
 pub const REPLICA_STATUS_API_KEY: u16 = 105;
@@ -43,6 +44,12 @@ pub struct ReplicaStatusRequest {
     /// its recorded seal. Absent from a request that names none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sealed: Vec<ScrubSeal>,
+    /// The topic whose write rates and recent automatic reshapes the asker
+    /// wants (a live describe, ADR 0143): the ranges the broker writes and
+    /// the reshapes it asked for. Absent from a request that wants none; a
+    /// broker that predates the field ignores it and answers without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rates_topic: Option<String>,
 }
 
 /// A sealed segment and the seal its metadata recorded.
@@ -127,6 +134,43 @@ pub struct ReplicaStatusResponse {
     /// One health per entry of the request's `sealed`, in its order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub health: Vec<SealedHealth>,
+    /// The request's `rates_topic`'s ranges this broker writes, with their
+    /// rates, and the reshapes of it this broker asked for. Absent when
+    /// the request named no topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshaping: Option<TopicReshaping>,
+}
+
+/// Range rates one answer may carry: as many as a broker meters.
+pub const REPLICA_STATUS_RATES_MAX: usize = 4096;
+
+fn check_count(field: &'static str, actual: usize, limit: usize) -> Result<(), WireError> {
+    if actual > limit {
+        return Err(WireError::OverLimit {
+            field,
+            actual,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+fn check_rates_topic(topic: &Option<String>) -> Result<(), WireError> {
+    check_count(
+        "rates_topic",
+        topic.as_ref().map_or(0, String::len),
+        NAME_BYTES_MAX,
+    )
+}
+
+/// The reshaping's lists within their bounds; its events' words are
+/// checked where the describe carrying them is encoded.
+fn check_reshaping(reshaping: &Option<TopicReshaping>) -> Result<(), WireError> {
+    let Some(reshaping) = reshaping else {
+        return Ok(());
+    };
+    check_count("rates", reshaping.rates.len(), REPLICA_STATUS_RATES_MAX)?;
+    check_count("history", reshaping.history.len(), RESHAPE_HISTORY_MAX)
 }
 
 const REQUEST_NAME: &str = "replica_status_request";
@@ -179,6 +223,7 @@ impl ReplicaStatusRequest {
         check_segments(self.segments.len())?;
         check_segments(self.scrub.len())?;
         check_segments(self.sealed.len())?;
+        check_rates_topic(&self.rates_topic)?;
         encode(self, REQUEST_NAME)
     }
 
@@ -187,6 +232,7 @@ impl ReplicaStatusRequest {
         check_segments(request.segments.len())?;
         check_segments(request.scrub.len())?;
         check_segments(request.sealed.len())?;
+        check_rates_topic(&request.rates_topic)?;
         Ok(request)
     }
 }
@@ -196,6 +242,7 @@ impl ReplicaStatusResponse {
         check_segments(self.copies.len())?;
         check_segments(self.scrub.len())?;
         check_segments(self.health.len())?;
+        check_reshaping(&self.reshaping)?;
         encode(self, RESPONSE_NAME)
     }
 
@@ -204,6 +251,7 @@ impl ReplicaStatusResponse {
         check_segments(response.copies.len())?;
         check_segments(response.scrub.len())?;
         check_segments(response.health.len())?;
+        check_reshaping(&response.reshaping)?;
         Ok(response)
     }
 }
@@ -319,6 +367,64 @@ mod tests {
         assert!(over.encode().is_err());
         let raw = rmp_serde::to_vec_named(&over).unwrap();
         assert!(ReplicaStatusRequest::decode(&raw).is_err());
+    }
+
+    #[test]
+    fn rates_asked_and_answered_round_trip_and_are_bounded() {
+        use crate::messages::{RangeRate, ReshapeEvent};
+        let request = ReplicaStatusRequest {
+            rates_topic: Some("orders".into()),
+            ..ReplicaStatusRequest::default()
+        };
+        let bytes = request.encode().unwrap();
+        assert_eq!(ReplicaStatusRequest::decode(&bytes).unwrap(), request);
+        let response = ReplicaStatusResponse {
+            reshaping: Some(TopicReshaping {
+                rates: vec![RangeRate {
+                    range: 3,
+                    primary: 2,
+                    write_bytes_per_second: 1_000,
+                    ..RangeRate::default()
+                }],
+                history: vec![ReshapeEvent::default()],
+            }),
+            ..ReplicaStatusResponse::default()
+        };
+        let bytes = response.encode().unwrap();
+        assert_eq!(ReplicaStatusResponse::decode(&bytes).unwrap(), response);
+        let long = ReplicaStatusRequest {
+            rates_topic: Some("t".repeat(NAME_BYTES_MAX + 1)),
+            ..ReplicaStatusRequest::default()
+        };
+        assert!(long.encode().is_err());
+        let raw = rmp_serde::to_vec_named(&long).unwrap();
+        assert!(ReplicaStatusRequest::decode(&raw).is_err());
+        let over = ReplicaStatusResponse {
+            reshaping: Some(TopicReshaping {
+                rates: vec![],
+                history: vec![ReshapeEvent::default(); RESHAPE_HISTORY_MAX + 1],
+            }),
+            ..ReplicaStatusResponse::default()
+        };
+        assert!(over.encode().is_err());
+        let raw = rmp_serde::to_vec_named(&over).unwrap();
+        assert!(ReplicaStatusResponse::decode(&raw).is_err());
+    }
+
+    #[test]
+    fn a_request_for_rates_decodes_at_a_broker_that_ignores_them() {
+        #[derive(Deserialize)]
+        struct Older {
+            segments: Vec<u64>,
+        }
+        let request = ReplicaStatusRequest {
+            segments: vec![5],
+            rates_topic: Some("orders".into()),
+            ..ReplicaStatusRequest::default()
+        };
+        let bytes = request.encode().unwrap();
+        let older: Older = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(older.segments, vec![5]);
     }
 
     #[test]

@@ -134,6 +134,45 @@ fn replica_status_encodes_to_its_frozen_bytes() {
 }
 
 #[test]
+fn a_rates_request_and_its_answer_encode_to_their_frozen_bytes() {
+    use malachi_wire::messages::{RangeRate, ReshapeEvent, TopicReshaping};
+    use malachi_wire::replica_status::{ReplicaStatusRequest, ReplicaStatusResponse};
+    let request = ReplicaStatusRequest {
+        rates_topic: Some("orders".into()),
+        ..ReplicaStatusRequest::default()
+    };
+    insta::assert_snapshot!(
+        "replica_status_rates_request",
+        hex(&request.encode().unwrap())
+    );
+    let response = ReplicaStatusResponse {
+        reshaping: Some(TopicReshaping {
+            rates: vec![RangeRate {
+                range: 3,
+                primary: 2,
+                write_bytes_per_second: 4_096,
+                write_records_per_second: 32,
+                hot_key_share_permille: Some(125),
+                hot_key_unsplittable: false,
+            }],
+            history: vec![ReshapeEvent {
+                at_ms: 1_000,
+                kind: "split".into(),
+                reason: "write_rate_high".into(),
+                ranges: vec![1],
+                children: vec![2, 3],
+                refused: None,
+            }],
+        }),
+        ..ReplicaStatusResponse::default()
+    };
+    insta::assert_snapshot!(
+        "replica_status_rates_response",
+        hex(&response.encode().unwrap())
+    );
+}
+
+#[test]
 fn a_scrub_request_and_its_verdicts_encode_to_their_frozen_bytes() {
     use malachi_wire::replica_status::{
         ReplicaStatusRequest, ReplicaStatusResponse, ScrubSeal, ScrubVerdict,

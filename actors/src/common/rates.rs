@@ -15,12 +15,13 @@ use std::sync::Mutex;
 
 use malachi_core::model::{RangeId, position};
 use malachi_core::rate::{HotKeys, Rate, RateMeter};
-use malachi_wire::messages::{RESHAPE_HISTORY_MAX, ReshapeEvent};
+use malachi_wire::messages::{RESHAPE_HISTORY_MAX, RangeRate, ReshapeEvent, TopicReshaping};
 
 use super::config::rate_bucket_ms;
 
-/// The most ranges one broker meters at once.
-pub(crate) const RATE_RANGES_MAX: usize = 4_096;
+/// The most ranges one broker meters at once: as many as one
+/// replica-status answer carries, so a live describe's ask is answerable.
+pub(crate) const RATE_RANGES_MAX: usize = malachi_wire::replica_status::REPLICA_STATUS_RATES_MAX;
 /// The most topics whose reshape history one broker keeps.
 pub(crate) const RESHAPE_HISTORY_TOPICS_MAX: usize = 1_024;
 
@@ -163,6 +164,31 @@ impl RangeRates {
         while events.len() > RESHAPE_HISTORY_MAX {
             events.pop_front();
         }
+    }
+
+    /// `topic`'s rates as broker `me` measured them (the ranges it writes)
+    /// and the reshapes of it `me` asked for, as `topic describe` shows
+    /// them; `None` when there is neither.
+    pub fn reshaping(&self, now_ms: u64, topic: &str, me: u64) -> Option<TopicReshaping> {
+        let rates: Vec<RangeRate> = self
+            .samples(now_ms)
+            .into_iter()
+            .filter(|s| s.topic == topic)
+            .map(|s| RangeRate {
+                range: s.range.0,
+                primary: me,
+                write_bytes_per_second: s.rate.bytes_per_second,
+                write_records_per_second: s.rate.records_per_second,
+                hot_key_share_permille: s.hot_key_share_permille,
+                hot_key_unsplittable: s.hot_key_unsplittable,
+            })
+            .collect();
+        let history = self.history(topic);
+        if rates.is_empty() && history.is_empty() {
+            return None;
+        }
+        assert!(rates.len() <= RATE_RANGES_MAX, "one rate per metered range");
+        Some(TopicReshaping { rates, history })
     }
 
     /// A topic's recent automatic reshapes, oldest first.

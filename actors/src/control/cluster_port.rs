@@ -83,7 +83,7 @@ impl RpcService for ClusterPort {
         match route(api_key) {
             Route::ForwardList => self.host.serve_list(group_id).await,
             Route::ReplicaStatus => {
-                super::replica_status::serve_replica_status(&self.shared.data, &body)
+                super::replica_status::serve_replica_status(&self.shared, &body)
             }
             Route::Order => super::replica_order::serve_order(&self.shared, api_key, body)
                 .await

@@ -108,6 +108,18 @@ impl ControlHandle {
         super::replica_status::add_live_figures(&self.shared, topic, live)
     }
 
+    /// The topic's write rates and recent automatic reshapes, asked of
+    /// the brokers `primaries` names (broker to the ranges it writes),
+    /// each at most `timeout_ms` (ADR 0143).
+    pub(crate) fn gather_reshaping(
+        &self,
+        topic: String,
+        primaries: BTreeMap<u64, BTreeSet<u64>>,
+        timeout_ms: u64,
+    ) -> impl Future<Output = Option<wire::TopicReshaping>> + Send + '_ {
+        super::describe_rates::gather_reshaping(&self.shared, topic, primaries, timeout_ms)
+    }
+
     /// Each broker's load as this broker sees it (ADR 0144).
     pub(crate) fn load_view(&self) -> BTreeMap<u64, malachi_core::load::BrokerLoad> {
         super::coordinator::load_view(&self.shared)

@@ -33,6 +33,7 @@ pub(crate) mod cluster_port;
 pub(crate) mod coordinator;
 pub(crate) mod cursor_keys;
 pub(crate) mod cursor_learner;
+pub(crate) mod describe_rates;
 pub(crate) mod drop_orders;
 pub(crate) mod handle;
 pub(crate) mod host_loops;

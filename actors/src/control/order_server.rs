@@ -124,7 +124,7 @@ impl Actor for OrderServer {
 /// One order's encoded answer; empty when it cannot be encoded (logged).
 async fn serve(shared: &Arc<Shared>, api_key: u16, body: Vec<u8>) -> Vec<u8> {
     let answer = if api_key == REPLICA_STATUS_API_KEY {
-        super::replica_status::serve_replica_status(&shared.data, &body)
+        super::replica_status::serve_replica_status(shared, &body)
     } else {
         match super::replica_order::serve_order(shared, api_key, Bytes::from(body)).await {
             Some(answer) => answer,

@@ -38,8 +38,10 @@ use crate::fabric::remote::RemoteError;
 /// brokers are asked at once, so this bounds the describe's extra time.
 pub(crate) const REPLICA_STATUS_TIMEOUT_MS: u64 = 1_500;
 
-/// Answers one replica-status request from this broker's store.
-pub(crate) fn serve_replica_status(data: &Storage, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+/// Answers one replica-status request from this broker's store (and, when
+/// it names a topic, its range meters: ADR 0143).
+pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let data: &Storage = &shared.data;
     let request = ReplicaStatusRequest::decode(body).map_err(|e| RpcError::Decode {
         what: "replica_status_request",
         source: std::sync::Arc::new(e),
@@ -48,6 +50,10 @@ pub(crate) fn serve_replica_status(data: &Storage, body: &[u8]) -> Result<Vec<u8
         copies: copy_status(data, &request.segments),
         scrub: crate::data::scrub::verdicts(data, &request.scrub),
         health: crate::data::status::sealed_health(data, &request.sealed),
+        reshaping: request.rates_topic.as_deref().and_then(|topic| {
+            let now_ms = shared.clock.now_ms();
+            shared.rates.reshaping(now_ms, topic, shared.config.node_id)
+        }),
     };
     answer
         .encode()

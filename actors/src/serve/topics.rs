@@ -3,6 +3,7 @@
 //! (which hands each to the coordinator of the topic's vnode); reads go to
 //! the metadata plane, linearizable from the vnode's leader.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use malachi_core::model::{NodeId, RangeId};
@@ -13,6 +14,7 @@ use super::context::MetaCtx;
 use super::error::ServeError;
 use super::reply::{Failure, not_serving};
 use crate::common::convert::describe_to_wire;
+use crate::control::describe_rates::{DESCRIBE_RATES_TIMEOUT_MS, range_primaries};
 use crate::control::placement::{PlacementView, range_redirect};
 use crate::control::requests::{CoordError, CoordinatorMsg};
 
@@ -120,39 +122,40 @@ pub(crate) async fn describe_topic(
             {
                 topic.policy_resolved = all.contains_key(name);
             }
-            meta.control.add_live_figures(&mut topic, req.live).await;
-            topic.reshaping = local_reshaping(meta, &topic.name);
+            // The rates are asked beside the live figures, not after them.
+            let primaries = range_primaries(&topic);
+            let name = topic.name.clone();
+            let (_, reshaping) = futures::future::join(
+                meta.control.add_live_figures(&mut topic, req.live),
+                reshaping(meta, name, primaries, req.live),
+            )
+            .await;
+            topic.reshaping = reshaping;
             Ok(wire::DescribeTopicResponse { topic })
         }
         None => Err(ServeError::TopicNotFound { topic: req.name }),
     }
 }
 
-/// The topic's write rates and recent automatic reshapes as this broker
-/// knows them: the ranges it writes, the reshapes it asked for (ADR 0143).
-/// Ranges another broker writes are that broker's to tell.
-fn local_reshaping(meta: &MetaCtx, topic: &str) -> Option<wire::TopicReshaping> {
-    let now_ms = meta.clock.now_ms();
-    let rates: Vec<wire::RangeRate> = meta
-        .rates
-        .samples(now_ms)
-        .into_iter()
-        .filter(|s| s.topic == topic)
-        .take(malachi_wire::limits::RANGES_MAX)
-        .map(|s| wire::RangeRate {
-            range: s.range.0,
-            primary: meta.node_id,
-            write_bytes_per_second: s.rate.bytes_per_second,
-            write_records_per_second: s.rate.records_per_second,
-            hot_key_share_permille: s.hot_key_share_permille,
-            hot_key_unsplittable: s.hot_key_unsplittable,
-        })
-        .collect();
-    let history = meta.rates.history(topic);
-    if rates.is_empty() && history.is_empty() {
-        return None;
+/// The topic's write rates and recent automatic reshapes (ADR 0143). A
+/// live describe (`malachi topic describe`) asks each range's primary, so
+/// every broker answers alike; otherwise (a producer fetching the layout,
+/// which must not wait on other brokers) this broker tells what it knows:
+/// the ranges it writes, the reshapes it asked for.
+async fn reshaping(
+    meta: &MetaCtx,
+    topic: String,
+    primaries: BTreeMap<u64, BTreeSet<u64>>,
+    live: bool,
+) -> Option<wire::TopicReshaping> {
+    if live {
+        return meta
+            .control
+            .gather_reshaping(topic, primaries, DESCRIBE_RATES_TIMEOUT_MS)
+            .await;
     }
-    Some(wire::TopicReshaping { rates, history })
+    meta.rates
+        .reshaping(meta.clock.now_ms(), &topic, meta.node_id)
 }
 
 /// A split or merge refused because another broker writes the range

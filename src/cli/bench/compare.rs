@@ -726,7 +726,7 @@ async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliErro
             .await
             .map_err(|e| CliError::Bench(format!("malachi rf=3: {e} ({})", logs())))?;
         let topic = format!("bench-rf3-p{n}");
-        create_replicated_topic(&output, &topic)
+        create_replicated_topic(&output, &topic, None)
             .await
             .map_err(|e| CliError::Bench(format!("malachi rf=3: {e} ({})", logs())))?;
         let mut total = LoadOutcome {
@@ -930,12 +930,13 @@ pub(super) async fn wait_for_brokers(output: &OutputArgs, brokers: u64) -> Resul
     }
 }
 
-/// Creates `topic` with [`RF3_COPIES`] copies and waits until its active
-/// segment has them all, retrying while the fresh cluster elects its vnode
-/// leaders.
+/// Creates `topic` with [`RF3_COPIES`] copies (under storage policy
+/// `policy`, if any) and waits until its active segment has them all,
+/// retrying while the fresh cluster elects its vnode leaders.
 pub(super) async fn create_replicated_topic(
     output: &OutputArgs,
     topic: &str,
+    policy: Option<&str>,
 ) -> Result<(), String> {
     let started = Instant::now();
     let copies = RF3_COPIES as usize;
@@ -945,7 +946,7 @@ pub(super) async fn create_replicated_topic(
                 .await
                 .map_err(|e| e.to_string())?;
             match client
-                .create_topic(topic, Some(RF3_COPIES as u8), None)
+                .create_topic(topic, Some(RF3_COPIES as u8), policy.map(str::to_owned))
                 .await
             {
                 Ok(_) => {}

@@ -24,6 +24,8 @@ use super::compare::{
 use super::idle::cpu_ticks;
 use super::{CLIENTS_MAX, RECORD_BYTES_MAX, bench_client};
 
+mod auto;
+pub mod auto_report;
 pub mod cgroup;
 mod load;
 pub mod report;
@@ -80,6 +82,9 @@ pub async fn scale(args: BenchScaleArgs) -> Result<(), CliError> {
         Some(DiskCap::Device(device)) => Some(device),
         _ => None,
     };
+    if args.reshape.auto_reshape == Some(true) {
+        return auto_reshape(&args, brokers_max, ranges, device).await;
+    }
     let mut rows = Vec::new();
     for brokers in counts {
         let row = run_count(&args, brokers, ranges, device).await?;
@@ -95,6 +100,24 @@ pub async fn scale(args: BenchScaleArgs) -> Result<(), CliError> {
         print_json(&summary)
     } else {
         print!("{}", report::render_text(&summary, &rows));
+        Ok(())
+    }
+}
+
+/// The pre-split topic against a one-range topic reshaping itself, on
+/// `brokers` (ADR 0143; issue 38's 90%-within-60-s target).
+async fn auto_reshape(
+    args: &BenchScaleArgs,
+    brokers: u64,
+    ranges: usize,
+    device: Option<Device>,
+) -> Result<(), CliError> {
+    let (row, summary) = auto::compare(args, brokers, ranges, device).await?;
+    if args.json {
+        print_json(&row)?;
+        print_json(&summary)
+    } else {
+        print!("{}", auto_report::render_text(&summary));
         Ok(())
     }
 }
@@ -165,6 +188,14 @@ async fn run_count(
     device: Option<Device>,
 ) -> Result<ScaleRow, CliError> {
     let cluster = start(args, brokers, device).await?;
+    let output = cluster_output(&cluster, brokers).await?;
+    let row = load_presplit(args, &cluster, &output, brokers, ranges).await?;
+    drop(cluster);
+    Ok(row)
+}
+
+/// The client settings for `cluster`, once its brokers all serve.
+async fn cluster_output(cluster: &Cluster, brokers: u64) -> Result<OutputArgs, CliError> {
     let addrs: Vec<String> = cluster.brokers.iter().map(|g| g.addr.to_string()).collect();
     let output = OutputArgs {
         broker: addrs,
@@ -174,7 +205,19 @@ async fn run_count(
     wait_for_brokers(&output, brokers)
         .await
         .map_err(CliError::Bench)?;
-    let described = prepare_topic(&output, ranges).await?;
+    Ok(output)
+}
+
+/// The topic split by hand into `ranges` ranges, loaded for the warmup,
+/// then measured.
+async fn load_presplit(
+    args: &BenchScaleArgs,
+    cluster: &Cluster,
+    output: &OutputArgs,
+    brokers: u64,
+    ranges: usize,
+) -> Result<ScaleRow, CliError> {
+    let described = prepare_topic(output, TOPIC, ranges).await?;
     let primaries = primaries_per_broker(&described, brokers);
     eprintln!(
         "{brokers} brokers: topic {TOPIC} has {} active ranges; primaries per broker {:?}",
@@ -193,14 +236,13 @@ async fn run_count(
         producers: args.producers,
         window: args.window,
     };
-    let mut running = load::start(&output, &shape, batches).await?;
+    let mut running = load::start(output, &shape, batches).await?;
     tokio::time::sleep(Duration::from_secs(args.warmup)).await;
-    let before = Usage::sample(&cluster);
+    let before = Usage::sample(cluster);
     running.measure_from_now();
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
-    let after = Usage::sample(&cluster);
+    let after = Usage::sample(cluster);
     let measured = running.finish().await?;
-    drop(cluster);
     Ok(row(
         args,
         brokers,
@@ -262,17 +304,21 @@ async fn start(
     Ok(cluster)
 }
 
-/// Creates the topic with three copies and splits its widest range until
+/// Creates `topic` with three copies and splits its widest range until
 /// it has `ranges` active ones, each with its three copies.
-async fn prepare_topic(output: &OutputArgs, ranges: usize) -> Result<TopicDescription, CliError> {
-    create_replicated_topic(output, TOPIC)
+async fn prepare_topic(
+    output: &OutputArgs,
+    topic: &str,
+    ranges: usize,
+) -> Result<TopicDescription, CliError> {
+    create_replicated_topic(output, topic, None)
         .await
         .map_err(CliError::Bench)?;
     let client = bench_client(output).await?;
     let deadline = Instant::now() + Duration::from_millis(SPLIT_WAIT_MS);
     let mut last = String::new();
     loop {
-        match client.describe_topic(TOPIC).await {
+        match client.describe_topic(topic).await {
             Ok(described) => {
                 let active: Vec<&RangeDescription> = described
                     .ranges
@@ -289,7 +335,7 @@ async fn prepare_topic(output: &OutputArgs, ranges: usize) -> Result<TopicDescri
                 }
                 if settled
                     && let Some(range) = widest(&active)
-                    && let Err(e) = client.split_range(TOPIC, range).await
+                    && let Err(e) = client.split_range(topic, range).await
                 {
                     last = format!("split range {range}: {e}");
                 }

@@ -57,6 +57,16 @@ pub fn active_bands(topic: &TopicDescription) -> Result<Vec<(u64, u128)>, CliErr
     Ok(bands)
 }
 
+/// `count` equal bands over the whole keyspace (`count` a power of two,
+/// so that the halves a split makes never cut one).
+pub fn equal_bands(count: u32) -> Vec<(u64, u128)> {
+    assert!(count.is_power_of_two(), "bands a split never cuts");
+    let width = (1u128 << 64) / u128::from(count);
+    (0..u128::from(count))
+        .map(|i| ((i * width) as u64, (i + 1) * width))
+        .collect()
+}
+
 /// `count` keys for each band, in band order: `key-<n>` for the first n
 /// whose position falls in it.
 pub fn keys_by_band(bands: &[(u64, u128)], count: usize) -> Result<Vec<Vec<Bytes>>, CliError> {
@@ -197,6 +207,16 @@ impl Running {
         self.measuring.store(true, Ordering::Relaxed);
     }
 
+    /// Records acknowledged since [`Running::measure_from_now`], so far.
+    pub fn acked(&self) -> u64 {
+        self.acked.load(Ordering::Relaxed)
+    }
+
+    /// Failed produces since [`Running::measure_from_now`], so far.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed) - self.errors_before
+    }
+
     /// Stops counting and the producers; returns what was counted.
     pub async fn finish(self) -> Result<Measured, CliError> {
         self.measuring.store(false, Ordering::Relaxed);
@@ -230,6 +250,15 @@ impl Running {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn equal_bands_cover_the_keyspace_in_halves() {
+        let bands = equal_bands(4);
+        assert_eq!(bands.first().map(|b| b.0), Some(0));
+        assert_eq!(bands.last().map(|b| b.1), Some(1u128 << 64));
+        assert_eq!(bands[2], (1u64 << 63, 3u128 << 62));
+        assert!(bands.windows(2).all(|w| u128::from(w[1].0) == w[0].1));
+    }
 
     #[test]
     fn every_key_of_a_band_falls_in_it() {
