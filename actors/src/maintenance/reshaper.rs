@@ -8,9 +8,9 @@
 //! coordinator manager as `CoordinatorMsg::Split` or `Merge`, the request a
 //! client's `range split` makes; the coordinator checks it again against
 //! the metadata. A merge is asked only for two buddies this broker both
-//! writes (it knows both rates); one the coordinator refuses (buddies on
-//! two primaries, a busy segment) is logged at debug and asked again after
-//! `reshape_interval_ms`. Each check is a message the actor sends itself
+//! writes (it knows both rates); one the coordinator refuses is asked
+//! again after `reshape_interval_ms`, or after `RESHAPE_BUSY_RETRY_MS` when
+//! the reason passes (a segment rolling or not yet frozen). Each check is a message the actor sends itself
 //! after the previous one (ADR 0130), and does a bounded amount of work:
 //! at most `RESHAPES_PER_CHECK_MAX` requests.
 //!
@@ -44,6 +44,13 @@ use crate::control::requests::{CoordError, CoordinatorMsg};
 pub(crate) const RESHAPES_PER_CHECK_MAX: usize = 4;
 /// The most ranges the reshaper follows (streaks, refusals) at once.
 pub(crate) const RESHAPER_RANGES_MAX: usize = 4_096;
+
+/// How long a range whose split or merge was refused for a passing reason
+/// (its segment rolling or frozen, a quorum of copies not yet back) waits
+/// before it is asked again, instead of `reshape_interval_ms`: a bench run
+/// lost a whole minute of spreading to one refusal while a segment rolled
+/// (ADR 0143, measurements behind the defaults).
+pub(crate) const RESHAPE_BUSY_RETRY_MS: u64 = 5_000;
 
 /// How long a check waits for the cluster's policies before it skips.
 const POLICIES_READ_TIMEOUT_MS: u64 = 1_000;
@@ -79,6 +86,8 @@ struct Tracked {
     /// When a request about it was last refused: asked again only after
     /// `reshape_interval_ms`.
     refused_ms: Option<u64>,
+    /// Until when a refusal for a passing reason holds it back.
+    busy_until_ms: Option<u64>,
     hot_key: bool,
 }
 
@@ -154,6 +163,9 @@ impl Planner {
             tracked
                 .below
                 .observe(now_ms, bytes < settings.merge_write_bytes_per_second);
+            if tracked.busy_until_ms.is_some_and(|until| now_ms < until) {
+                continue;
+            }
             let last = match (r.reshaped_ms, tracked.refused_ms) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 (a, b) => a.or(b),
@@ -308,6 +320,15 @@ impl Planner {
     pub fn refused(&mut self, now_ms: u64, ranges: &[RangeId]) {
         for range in ranges {
             self.tracked.entry(*range).or_default().refused_ms = Some(now_ms);
+        }
+    }
+
+    /// Remembers a refusal for a passing reason: these ranges are asked
+    /// about again `RESHAPE_BUSY_RETRY_MS` after `now_ms`.
+    pub fn refused_busy(&mut self, now_ms: u64, ranges: &[RangeId]) {
+        for range in ranges {
+            self.tracked.entry(*range).or_default().busy_until_ms =
+                Some(now_ms.saturating_add(RESHAPE_BUSY_RETRY_MS));
         }
     }
 
@@ -597,7 +618,11 @@ async fn ask(
             );
         }
         Err(refusal) => {
-            planner.refused(now_ms, &ranges);
+            if refusal.is_passing() {
+                planner.refused_busy(now_ms, &ranges);
+            } else {
+                planner.refused(now_ms, &ranges);
+            }
             if matches!(refusal, Refusal::Coord(CoordError::WrittenElsewhere { .. })) {
                 // A gathered half (moved to its buddy's writer, which
                 // merges them), or a range that moved meanwhile.
@@ -627,6 +652,17 @@ enum Refusal {
     Coord(CoordError),
     #[error("the coordinator manager did not answer: {0}")]
     Silent(String),
+}
+
+impl Refusal {
+    /// A refusal that a short wait may cure: the segment was rolling or
+    /// could not be frozen yet, or its copies' quorum was not back.
+    fn is_passing(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Coord(CoordError::Freeze { .. } | CoordError::FreezeNoQuorum { .. })
+        )
+    }
 }
 
 fn flatten<T, E: std::fmt::Display>(
@@ -761,6 +797,43 @@ mod tests {
                     .is_empty()
             );
         }
+    }
+
+    #[test]
+    fn a_refusal_for_a_passing_reason_is_asked_again_soon_not_after_the_interval() {
+        let (lower, upper) = Band::new(0, 64).unwrap().halves().unwrap();
+        let t = topic(&[(2, lower), (3, upper)]);
+        let rates: BTreeMap<_, _> = [sample(2, 0, 0), sample(3, 0, 0)].into();
+        let mut planner = Planner::default();
+        assert!(planner.plan(0, &settings(), &t, &rates).actions.is_empty());
+        let merge = Action::Merge {
+            topic: "t".into(),
+            lower: RangeId(2),
+            upper: RangeId(3),
+        };
+        assert_eq!(
+            planner.plan(5_000, &settings(), &t, &rates).actions,
+            vec![merge.clone()]
+        );
+        planner.refused_busy(5_000, &[RangeId(2), RangeId(3)]);
+        let soon = 5_000 + RESHAPE_BUSY_RETRY_MS;
+        assert!(
+            planner
+                .plan(soon - 1, &settings(), &t, &rates)
+                .actions
+                .is_empty()
+        );
+        assert!(soon < 5_000 + settings().reshape_interval_ms);
+        assert_eq!(
+            planner.plan(soon, &settings(), &t, &rates).actions,
+            vec![merge]
+        );
+        let frozen = Refusal::Coord(CoordError::Freeze {
+            segment: malachi_core::model::SegmentId(1),
+            reason: "segment is busy: the segment is rolling".into(),
+        });
+        assert!(frozen.is_passing());
+        assert!(!Refusal::Silent("gone".into()).is_passing());
     }
 
     #[test]
