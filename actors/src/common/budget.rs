@@ -102,11 +102,12 @@ struct Layers<'a> {
     budget: &'a Budget,
 }
 
-impl Layers<'_> {
-    fn semaphores(&self) -> impl Iterator<Item = &Arc<Semaphore>> {
-        std::iter::once(self.own)
-            .chain(self.address)
-            .chain(std::iter::once(&self.budget.semaphore))
+impl<'a> Layers<'a> {
+    fn semaphores(&self) -> impl Iterator<Item = &'a Arc<Semaphore>> {
+        let budget: &'a Budget = self.budget;
+        [Some(self.own), self.address, Some(&budget.semaphore)]
+            .into_iter()
+            .flatten()
     }
 }
 
@@ -419,5 +420,40 @@ mod tests {
         whole.await.unwrap();
         drop(small);
         assert_eq!(b.response.in_use_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_address_share_holds_all_its_connections_and_a_split_returns_its_part() {
+        let b = budgets(1 << 20, 1 << 20);
+        let address = Arc::new(AddressBudget::new(64 << 10, 64 << 10));
+        let one = ConnectionBudget::new(64 << 10, 64 << 10, Some(Arc::clone(&address)));
+        let two = ConnectionBudget::new(64 << 10, 64 << 10, Some(Arc::clone(&address)));
+        let mut held = one.request(&b, 48 << 10).await;
+        assert!(
+            two.try_request(&b, 32 << 10).is_none(),
+            "the address's share is shared by its connections"
+        );
+        let elsewhere = ConnectionBudget::new(
+            64 << 10,
+            64 << 10,
+            Some(Arc::new(AddressBudget::new(64 << 10, 64 << 10))),
+        );
+        drop(
+            elsewhere
+                .try_request(&b, 64 << 10)
+                .expect("another address is not held up"),
+        );
+        let part = held.split(16 << 10);
+        assert_eq!((part.bytes(), held.bytes()), (16 << 10, 32 << 10));
+        drop(part);
+        assert_eq!(b.request.in_use_bytes(), 32 << 10);
+        let more = one
+            .try_request(&b, 32 << 10)
+            .expect("the part split off and dropped came back");
+        held.absorb(more);
+        assert_eq!(held.bytes(), 64 << 10);
+        assert!(two.try_request(&b, 1).is_none());
+        drop(held);
+        assert_eq!(b.request.in_use_bytes(), 0);
     }
 }
