@@ -243,6 +243,11 @@ async fn clients_that_never_read_their_fetches_hold_only_their_share_and_are_clo
     broker.shutdown().await.unwrap();
 }
 
+/// Descriptors this process (the test and its brokers) holds open.
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count())
+}
+
 fn fabric_loopback(broker: &BrokerHandle) -> SocketAddr {
     broker
         .fabric_unadvertised()
@@ -258,6 +263,7 @@ async fn connections_to_the_unadvertised_fabric_listener_are_closed_at_once() {
     let addr = broker.client_addr();
     TestClient::connect(addr).await.create_topic("t").await;
     let loopback = fabric_loopback(&broker);
+    let descriptors_before = open_descriptors();
 
     // 2,000 connections, 50 at a time, each sending nothing: every one is
     // closed by the broker, none is held; the client port serves meanwhile.
@@ -295,6 +301,12 @@ async fn connections_to_the_unadvertised_fabric_listener_are_closed_at_once() {
     assert_eq!(closed, total, "connections to the unadvertised listener held open");
     let (stopped, _) = broker.fabric_unadvertised().unwrap();
     assert!(stopped >= total as u64, "{stopped} sessions stopped");
+    // The broker's side of each is closed too: no descriptor is held.
+    assert!(
+        eventually(30_000, async || open_descriptors() <= descriptors_before + 32).await,
+        "descriptors: {descriptors_before} before, {} after",
+        open_descriptors()
+    );
     served(addr, "t", "after").await;
     broker.shutdown().await.unwrap();
 }

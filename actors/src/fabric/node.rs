@@ -268,8 +268,14 @@ impl InboundConnections {
     }
 
     /// A session came through ractor_cluster's own listener: stop it, so
-    /// its socket closes at once.
+    /// its socket closes at once. Its TCP session and that session's reader
+    /// are killed first: a stop waits for the message in hand, and the
+    /// reader's is a read that a silent peer never completes (it holds the
+    /// socket's read half).
     fn stop_unadvertised(&self, ses: &NodeServerSessionInformation) {
+        for child in ses.actor.get_children() {
+            kill_tree(&child);
+        }
         ses.actor
             .stop(Some("connected through the unadvertised listener".to_owned()));
         self.unadvertised_total.fetch_add(1, Ordering::Relaxed);
@@ -360,6 +366,14 @@ impl InboundConnections {
             );
         }
     }
+}
+
+/// Kills `cell` and everything under it, children first.
+fn kill_tree(cell: &ActorCell) {
+    for child in cell.get_children() {
+        kill_tree(&child);
+    }
+    cell.kill();
 }
 
 /// One accepted connection, shared by its two halves: dropping both
