@@ -143,7 +143,13 @@ async fn lengths_declaring_16_mib_reserve_nothing_and_a_connection_waiting_for_b
         let end = tokio::time::timeout(Duration::from_secs(30), read.read(&mut sink)).await;
         assert!(matches!(end, Ok(Ok(0)) | Ok(Err(_))), "{end:?}");
     }
-    assert!(eventually(10_000, async || counter(&broker, "malachi_request_bytes_in_use") == 0).await);
+    assert!(
+        eventually(10_000, async || counter(
+            &broker,
+            "malachi_request_bytes_in_use"
+        ) == 0)
+        .await
+    );
     served(addr, "t", "after").await;
     broker.shutdown().await.unwrap();
 }
@@ -212,8 +218,10 @@ async fn clients_that_never_read_their_fetches_hold_only_their_share_and_are_clo
         hoarders.push(stream);
     }
     assert!(
-        eventually(30_000, async || counter(&broker, "malachi_response_bytes_in_use")
-            >= 16 << 20)
+        eventually(30_000, async || counter(
+            &broker,
+            "malachi_response_bytes_in_use"
+        ) >= 16 << 20)
         .await,
         "the hoarders never held response budget"
     );
@@ -237,7 +245,11 @@ async fn clients_that_never_read_their_fetches_hold_only_their_share_and_are_clo
         assert!(closed_within(hoarder, Duration::from_secs(30)).await);
     }
     assert!(
-        eventually(10_000, async || counter(&broker, "malachi_response_bytes_in_use") == 0).await
+        eventually(10_000, async || counter(
+            &broker,
+            "malachi_response_bytes_in_use"
+        ) == 0)
+        .await
     );
     served(addr, "t", "after").await;
     broker.shutdown().await.unwrap();
@@ -277,9 +289,7 @@ async fn connections_to_the_unadvertised_fabric_listener_are_closed_at_once() {
                 started += 1;
                 running.spawn(async move {
                     match TcpStream::connect(loopback).await {
-                        Ok(mut stream) => {
-                            closed_within(&mut stream, Duration::from_secs(15)).await
-                        }
+                        Ok(mut stream) => closed_within(&mut stream, Duration::from_secs(15)).await,
                         Err(_) => true,
                     }
                 });
@@ -298,12 +308,17 @@ async fn connections_to_the_unadvertised_fabric_listener_are_closed_at_once() {
         rounds += 1;
     }
     let closed = flood.await.unwrap();
-    assert_eq!(closed, total, "connections to the unadvertised listener held open");
+    assert_eq!(
+        closed, total,
+        "connections to the unadvertised listener held open"
+    );
     let (stopped, _) = broker.fabric_unadvertised().unwrap();
     assert!(stopped >= total as u64, "{stopped} sessions stopped");
     // The broker's side of each is closed too: no descriptor is held.
     assert!(
-        eventually(30_000, async || open_descriptors() <= descriptors_before + 32).await,
+        eventually(30_000, async || open_descriptors()
+            <= descriptors_before + 32)
+        .await,
         "descriptors: {descriptors_before} before, {} after",
         open_descriptors()
     );
@@ -337,7 +352,9 @@ async fn slow_admin_connections_from_one_host_leave_health_and_readiness_answere
     .await;
     let admin = broker.admin_addr();
     assert!(
-        eventually(30_000, async || get_from(admin, good(), "/ready").await == Some(200)).await
+        eventually(30_000, async || get_from(admin, good(), "/ready").await
+            == Some(200))
+        .await
     );
 
     // 64 connections from one host, each with half a request head.
@@ -379,8 +396,10 @@ async fn idle_connections_from_one_host_leave_room_for_the_others() {
         idle.push(tcp_from(addr, ip("127.0.0.2")).await.unwrap());
     }
     assert!(
-        eventually(10_000, async || counter(&broker, "malachi_connections_refused_total")
-            >= 48)
+        eventually(10_000, async || counter(
+            &broker,
+            "malachi_connections_refused_total"
+        ) >= 48)
         .await,
         "refused: {}",
         counter(&broker, "malachi_connections_refused_total")

@@ -41,7 +41,10 @@ impl<T> AddressTable<T> {
         connections_max: usize,
         make: impl Fn() -> T + Send + Sync + 'static,
     ) -> Arc<AddressTable<T>> {
-        assert!(connections_max > 0, "connections per address are validated positive");
+        assert!(
+            connections_max > 0,
+            "connections per address are validated positive"
+        );
         Arc::new(AddressTable {
             connections_max,
             entries: Mutex::new(HashMap::new()),
@@ -139,7 +142,10 @@ mod tests {
         assert_eq!(table.connections(a), 2);
         drop((second, again, other));
         assert_eq!(table.connections(a), 0);
-        assert!(table.entries.lock().is_empty(), "closed addresses are forgotten");
+        assert!(
+            table.entries.lock().is_empty(),
+            "closed addresses are forgotten"
+        );
     }
 
     #[test]

@@ -771,7 +771,10 @@ impl BrokerConfig {
         }
         for (field, share) in [
             ("address_request_bytes_max", self.address_request_bytes_max),
-            ("address_response_bytes_max", self.address_response_bytes_max),
+            (
+                "address_response_bytes_max",
+                self.address_response_bytes_max,
+            ),
         ] {
             if share < self.frame_bytes_max || share > (1 << 40) {
                 return bad(format!(

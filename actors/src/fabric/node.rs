@@ -276,8 +276,9 @@ impl InboundConnections {
         for child in ses.actor.get_children() {
             kill_tree(&child);
         }
-        ses.actor
-            .stop(Some("connected through the unadvertised listener".to_owned()));
+        ses.actor.stop(Some(
+            "connected through the unadvertised listener".to_owned(),
+        ));
         self.unadvertised_total.fetch_add(1, Ordering::Relaxed);
         let admitted = self.unadvertised_log.lock().admit(Instant::now());
         if let Some(refused_unlogged) = admitted {
