@@ -38,11 +38,14 @@ use crate::common::addresses::AddressSlot;
 use crate::common::budget::{self, AddressBudget, ConnectionBudget, Held};
 use crate::serve::context::ServeCtx;
 
+/// An accepted socket and its place in its address's count (ADR 0145).
+pub(crate) type Admitted = (TcpStream, AddressSlot<AddressBudget>);
+
 #[derive(Clone)]
 pub(crate) struct ConnectionArgs {
     pub serving: Arc<ServeCtx>,
-    /// The socket and its place in its address's count (ADR 0145).
-    pub stream: Arc<Mutex<Option<(TcpStream, AddressSlot<AddressBudget>)>>>,
+    /// Taken once, by the actor's first start.
+    pub stream: Arc<Mutex<Option<Admitted>>>,
     pub peer: SocketAddr,
 }
 
