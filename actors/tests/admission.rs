@@ -86,14 +86,31 @@ async fn lengths_declaring_16_mib_reserve_nothing_and_a_connection_waiting_for_b
     let addr = broker.client_addr();
     TestClient::connect(addr).await.create_topic("t").await;
 
-    // 40 connections that send only a length declaring 16 MiB: with the
-    // declared length reserved, 3 of them took the whole budget.
+    // 40 connections, from 40 addresses, that send only a length declaring
+    // 16 MiB: with the declared length reserved, 3 of them took the whole
+    // budget. Now each holds one small read's room.
     let mut liars = Vec::new();
-    for _ in 0..40 {
-        let mut stream = tcp_from(addr, ip("127.0.0.2")).await.unwrap();
+    for host in 10..50 {
+        let mut stream = tcp_from(addr, ip(&format!("127.0.0.{host}")))
+            .await
+            .unwrap();
         stream.write_all(&length_only(16 << 20)).await.unwrap();
         liars.push(stream);
     }
+    assert!(
+        eventually(10_000, async || counter(
+            &broker,
+            "malachi_request_bytes_in_use"
+        ) >= 40 * (8 << 10))
+        .await,
+        "the broker never read the lengths"
+    );
+    let in_use = counter(&broker, "malachi_request_bytes_in_use");
+    assert!(
+        in_use <= 1 << 20,
+        "40 lengths alone reserved {in_use} bytes of request budget"
+    );
+
     // And two that really send 12 MiB of a 16 MiB frame from one address:
     // the second runs out of the address's share and waits for budget.
     let mut senders = Vec::new();
@@ -114,11 +131,6 @@ async fn lengths_declaring_16_mib_reserve_nothing_and_a_connection_waiting_for_b
     }
 
     served(addr, "t", "during").await;
-    let in_use = counter(&broker, "malachi_request_bytes_in_use");
-    assert!(
-        in_use <= 40 << 20,
-        "lengths alone reserved {in_use} bytes of request budget"
-    );
 
     // Every attacker is closed by the frame deadline, the one waiting for
     // budget included.
