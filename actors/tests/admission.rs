@@ -111,26 +111,39 @@ async fn lengths_declaring_16_mib_reserve_nothing_and_a_connection_waiting_for_b
         "40 lengths alone reserved {in_use} bytes of request budget"
     );
 
-    // And two that really send 12 MiB of a 16 MiB frame from one address:
-    // the second runs out of the address's share and waits for budget.
-    let mut senders = Vec::new();
-    for _ in 0..2 {
-        let stream = tcp_from(addr, ip("127.0.0.3")).await.unwrap();
-        let (read, mut write) = stream.into_split();
-        senders.push(tokio::spawn(async move {
-            let _ = write.write_all(&length_only(16 << 20)).await;
-            let chunk = vec![0u8; 1 << 20];
-            for _ in 0..12 {
-                if write.write_all(&chunk).await.is_err() {
-                    break;
-                }
-            }
-            // Keep the write half open until the broker closes.
-            (read, write)
-        }));
-    }
-
+    // One that really sends all but the last byte of a 16 MiB frame, and so
+    // holds its address's whole share...
+    let filler = tcp_from(addr, ip("127.0.0.3")).await.unwrap();
+    let (read, mut write) = filler.into_split();
+    let filler = tokio::spawn(async move {
+        let _ = write.write_all(&length_only(16 << 20)).await;
+        let body = vec![0u8; (16 << 20) - 1];
+        let _ = write.write_all(&body).await;
+        // Keep the write half open until the broker closes.
+        (read, write)
+    });
+    assert!(
+        eventually(10_000, async || counter(
+            &broker,
+            "malachi_request_bytes_in_use"
+        ) >= 15 << 20)
+        .await,
+        "the filler never held its address's share"
+    );
     served(addr, "t", "during").await;
+
+    // ... so the next connection from that address waits for budget as soon
+    // as its first bytes arrive: its deadline runs all the same (it used to
+    // start only once the budget came, after the filler's own deadline).
+    let waiting_since = tokio::time::Instant::now();
+    let mut waiter = tcp_from(addr, ip("127.0.0.3")).await.unwrap();
+    waiter.write_all(&length_only(1 << 10)).await.unwrap();
+    assert!(closed_within(&mut waiter, Duration::from_secs(30)).await);
+    let waited = waiting_since.elapsed();
+    assert!(
+        waited < Duration::from_millis(frame_read_timeout_ms + 1_500),
+        "the connection waiting for budget was closed after {waited:?}"
+    );
 
     // Every attacker is closed by the frame deadline, the one waiting for
     // budget included.
@@ -149,12 +162,10 @@ async fn lengths_declaring_16_mib_reserve_nothing_and_a_connection_waiting_for_b
         "frame deadlines: {}",
         counter(&broker, "malachi_connections_frame_timed_out_total")
     );
-    for sender in senders {
-        let (mut read, _write) = sender.await.unwrap();
-        let mut sink = [0u8; 64];
-        let end = tokio::time::timeout(Duration::from_secs(30), read.read(&mut sink)).await;
-        assert!(matches!(end, Ok(Ok(0)) | Ok(Err(_))), "{end:?}");
-    }
+    let (mut read, _write) = filler.await.unwrap();
+    let mut sink = [0u8; 64];
+    let end = tokio::time::timeout(Duration::from_secs(30), read.read(&mut sink)).await;
+    assert!(matches!(end, Ok(Ok(0)) | Ok(Err(_))), "{end:?}");
     assert!(
         eventually(10_000, async || counter(
             &broker,
