@@ -460,13 +460,15 @@ pub struct BrokerConfig {
     /// are refused with `busy` (ADR 0145).
     pub address_connections_max: usize,
     /// A client connection whose partial frame does not complete within
-    /// this long is closed (a slowloris).
+    /// this long of its first byte is closed (a slowloris), time spent
+    /// waiting for request budget included (ADR 0145).
     pub frame_read_timeout_ms: u64,
     /// A client connection with no request in flight, no open subscription
     /// and no frame arriving for this long is closed.
     pub idle_timeout_ms: u64,
     /// Request bytes all client connections together may hold (frames being
-    /// read or handled); a connection waits, unread, while it is spent.
+    /// read or handled; only bytes that arrived, ADR 0145); a connection
+    /// waits, unread, while it is spent.
     pub request_bytes_budget: usize,
     /// Response bytes all client connections together may hold (being built
     /// or waiting to be written); a connection stops reading requests while
