@@ -440,3 +440,48 @@ async fn idle_connections_from_one_host_leave_room_for_the_others() {
     served(addr, "t", "after").await;
     broker.shutdown().await.unwrap();
 }
+
+/// Regression: frames split whole units off the reader's share, so pipelined
+/// frames of odd sizes left it short of the partial frame behind them, and a
+/// frame of exactly `frame_bytes_max` did not fit a cap of that size once
+/// rounded: the reader found no room to read into.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_largest_frame_and_odd_sized_pipelined_frames_are_read_whole_at_the_smallest_caps() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let frame_bytes_max = 256 << 10;
+    let broker = start(BrokerConfig {
+        frame_bytes_max,
+        record_value_bytes_max: 64 << 10,
+        connection_request_bytes_max: frame_bytes_max,
+        connection_response_bytes_max: frame_bytes_max,
+        address_request_bytes_max: frame_bytes_max,
+        address_response_bytes_max: frame_bytes_max,
+        request_bytes_budget: frame_bytes_max,
+        response_bytes_budget: frame_bytes_max,
+        ..BrokerConfig::for_tests(dir.path())
+    })
+    .await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    // An api key the broker does not know: each frame is answered with an
+    // error on its own correlation id, whatever its size.
+    let unknown = 9_999;
+    let mut sent = Vec::new();
+    for size in [1_019, 1_025, 1_025, 1_025, 2_049, 3_000, 1_025] {
+        sent.push(client.send_raw(unknown, Bytes::from(vec![0u8; size])).await);
+    }
+    sent.push(
+        client
+            .send_raw(unknown, Bytes::from(vec![0u8; frame_bytes_max - 6]))
+            .await,
+    );
+    for _ in 0..sent.len() {
+        let frame = client.recv().await.expect("a frame was not answered");
+        assert!(sent.contains(&frame.correlation_id), "{frame:?}");
+    }
+    assert_eq!(
+        counter(&broker, "malachi_connections_frame_timed_out_total"),
+        0
+    );
+    broker.shutdown().await.unwrap();
+}

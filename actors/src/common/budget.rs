@@ -31,6 +31,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// The unit budgets are counted in.
 const UNIT_BYTES: usize = 1024;
 
+/// Units a request cap or a budget holds beyond its configured bytes: the
+/// reader's share of one frame can exceed the frame by the rounding of its
+/// last read and by the frame's 4 length bytes, and a frame of exactly
+/// `frame_bytes_max` must still fit a cap (or a budget) of `frame_bytes_max`.
+const REQUEST_SLACK_UNITS: u32 = 2;
+
 /// KiB covering `bytes` (at least one, so every held frame counts).
 fn units(bytes: usize) -> u32 {
     u32::try_from(bytes.div_ceil(UNIT_BYTES).max(1)).unwrap_or(u32::MAX)
@@ -46,7 +52,7 @@ pub(crate) struct Budget {
 
 impl Budget {
     pub(crate) fn new(bytes: usize, in_use: Gauge) -> Budget {
-        let units_max = units(bytes);
+        let units_max = units(bytes).saturating_add(REQUEST_SLACK_UNITS);
         in_use.set(0.0);
         Budget {
             semaphore: Arc::new(Semaphore::new(units_max as usize)),
@@ -83,7 +89,7 @@ pub(crate) struct AddressBudget {
 
 impl AddressBudget {
     pub(crate) fn new(request_bytes_max: usize, response_bytes_max: usize) -> AddressBudget {
-        let request_units_max = units(request_bytes_max);
+        let request_units_max = units(request_bytes_max).saturating_add(REQUEST_SLACK_UNITS);
         let response_units_max = units(response_bytes_max);
         AddressBudget {
             request: Arc::new(Semaphore::new(request_units_max as usize)),
@@ -132,7 +138,7 @@ impl ConnectionBudget {
         response_bytes_max: usize,
         address: Option<Arc<AddressBudget>>,
     ) -> ConnectionBudget {
-        let mut request_units_max = units(request_bytes_max);
+        let mut request_units_max = units(request_bytes_max).saturating_add(REQUEST_SLACK_UNITS);
         let mut response_units_max = units(response_bytes_max);
         if let Some(address) = &address {
             request_units_max = request_units_max.min(address.request_units_max);
@@ -452,7 +458,7 @@ mod tests {
             .expect("the part split off and dropped came back");
         held.absorb(more);
         assert_eq!(held.bytes(), 64 << 10);
-        assert!(two.try_request(&b, 1).is_none());
+        assert!(two.try_request(&b, 4 << 10).is_none());
         drop(held);
         assert_eq!(b.request.in_use_bytes(), 0);
     }

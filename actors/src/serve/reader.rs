@@ -169,7 +169,12 @@ impl FrameReader {
         if self.room() > 0 {
             return None;
         }
-        let want = self.chunk();
+        // Frames split off whole units, so the share can fall short of the
+        // partial frame still buffered: the shortfall is taken too, and the
+        // room after it is at least `chunk` (the buffer only ever holds part
+        // of one frame here: whole ones are decoded first).
+        let held = self.share.as_ref().map_or(0, Held::bytes);
+        let want = self.chunk() + self.buf.len().saturating_sub(held);
         let budgets = &serving.port.budgets;
         let more = match budget.try_request(budgets, want) {
             Some(more) => more,
