@@ -457,8 +457,8 @@ async fn the_largest_frame_and_odd_sized_pipelined_frames_are_read_whole_at_the_
         connection_response_bytes_max: frame_bytes_max,
         address_request_bytes_max: frame_bytes_max,
         address_response_bytes_max: frame_bytes_max,
-        request_bytes_budget: frame_bytes_max,
-        response_bytes_budget: frame_bytes_max,
+        request_bytes_budget: 2 * frame_bytes_max,
+        response_bytes_budget: 2 * frame_bytes_max,
         ..BrokerConfig::for_tests(dir.path())
     })
     .await;

@@ -31,10 +31,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// The unit budgets are counted in.
 const UNIT_BYTES: usize = 1024;
 
-/// Units a request cap or a budget holds beyond its configured bytes: the
-/// reader's share of one frame can exceed the frame by the rounding of its
-/// last read and by the frame's 4 length bytes, and a frame of exactly
-/// `frame_bytes_max` must still fit a cap (or a budget) of `frame_bytes_max`.
+/// Units a connection's or an address's request cap holds beyond its
+/// configured bytes: the reader's share of one frame can exceed the frame by
+/// the rounding of its last read and by the frame's 4 length bytes, and a
+/// frame of exactly `frame_bytes_max` must still fit a cap of
+/// `frame_bytes_max`. (The broker-wide budget has none: what it shows in use
+/// never exceeds what is configured.)
 const REQUEST_SLACK_UNITS: u32 = 2;
 
 /// KiB covering `bytes` (at least one, so every held frame counts).
@@ -52,7 +54,7 @@ pub(crate) struct Budget {
 
 impl Budget {
     pub(crate) fn new(bytes: usize, in_use: Gauge) -> Budget {
-        let units_max = units(bytes).saturating_add(REQUEST_SLACK_UNITS);
+        let units_max = units(bytes);
         in_use.set(0.0);
         Budget {
             semaphore: Arc::new(Semaphore::new(units_max as usize)),
