@@ -866,6 +866,15 @@ impl BrokerHandle {
         self.shared.fabric().map(|fabric| fabric.inbound.counts())
     }
 
+    /// Test hook: sessions ractor_cluster's own (unadvertised) listener
+    /// accepted and the fabric stopped at once, and that listener's address;
+    /// `None` without a fabric.
+    pub fn fabric_unadvertised(&self) -> Option<(u64, Option<SocketAddr>)> {
+        self.shared
+            .fabric()
+            .map(|fabric| fabric.inbound.unadvertised())
+    }
+
     /// Test hook: the free bytes the space worker sees on the data volume
     /// from its next poll (`None`: the volume's own, ADR 0111).
     pub fn set_free_bytes(&self, free_bytes: Option<u64>) {

@@ -41,6 +41,17 @@ impl TestClient {
         }
     }
 
+    /// A client whose socket is bound to `local_ip` (say `127.0.0.2`), so
+    /// the broker sees it come from that address.
+    pub async fn connect_from(addr: SocketAddr, local_ip: std::net::IpAddr) -> TestClient {
+        let stream = tcp_from(addr, local_ip).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        TestClient {
+            framed: Framed::new(stream, ClientCodec::default()),
+            next_id: 1,
+        }
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.framed.get_ref().local_addr().unwrap()
     }
@@ -116,6 +127,17 @@ impl TestClient {
             .await?;
         Ok((response.records.records(), response.next_cursor))
     }
+}
+
+/// A TCP connection to `addr` from `local_ip` (any port): on loopback, a
+/// test plays several client hosts with `127.0.0.2`, `127.0.0.3`, ...
+pub async fn tcp_from(addr: SocketAddr, local_ip: std::net::IpAddr) -> std::io::Result<TcpStream> {
+    let socket = match local_ip {
+        std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(local_ip, 0))?;
+    socket.connect(addr).await
 }
 
 /// Creates `topic` with `replication_factor` copies through the broker at

@@ -9,13 +9,17 @@
 //! /api/members/<id>/decommission` and `.../admit` change a member's state
 //! (ADR 0104; the same as the client port's `cluster_members`).
 //!
-//! Bounds (config `admin_connections_max`, `admin_read_timeout_ms`):
+//! Bounds (config `admin_connections_max`, `admin_address_connections_max`,
+//! `admin_read_timeout_ms`):
 //! - [`BoundedListener`] serves at most `admin_connections_max` connections
-//!   at once. Each accepted connection holds a slot (a semaphore permit)
-//!   inside its IO object, so the slot returns exactly when the connection's
-//!   socket is dropped. Past the limit a connection is closed on the accept
-//!   path itself, no task spawned, and logged through a [`RefusalLog`]: the
-//!   first refusal, then at most one line per
+//!   at once, and at most `admin_address_connections_max` from one client
+//!   address (ADR 0145), so slow connections from one host cannot take every
+//!   slot and keep a health checker elsewhere from `/health` and `/ready`.
+//!   Each accepted connection holds a slot (a semaphore permit) and its
+//!   address's place inside its IO object, so both return exactly when the
+//!   connection's socket is dropped. Past either limit a connection is
+//!   closed on the accept path itself, no task spawned, and logged through a
+//!   [`RefusalLog`]: the first refusal, then at most one line per
 //!   [`REFUSAL_LOG_INTERVAL_MS`](crate::common::refusal::REFUSAL_LOG_INTERVAL_MS)
 //!   with the count it kept quiet about.
 //! - [`DeadlineIo`] fails a connection that has written nothing for
@@ -52,6 +56,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
 use super::AdminCtx;
+use crate::common::addresses::{AddressSlot, AddressTable};
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 
@@ -199,6 +204,7 @@ pub(crate) struct BoundedListener {
     inner: TcpListener,
     slots: Arc<Semaphore>,
     connections_max: usize,
+    addresses: Arc<AddressTable<()>>,
     read_timeout: Duration,
     refusals: RefusalLog,
     accept_failures: Backoff,
@@ -212,6 +218,7 @@ impl BoundedListener {
     pub(crate) fn new(
         inner: TcpListener,
         connections_max: usize,
+        address_connections_max: usize,
         read_timeout: Duration,
     ) -> BoundedListener {
         assert!(
@@ -227,6 +234,7 @@ impl BoundedListener {
             inner,
             slots: Arc::new(Semaphore::new(connections_max)),
             connections_max,
+            addresses: AddressTable::new(address_connections_max, || ()),
             read_timeout,
             refusals: RefusalLog::new(REFUSAL_LOG_INTERVAL_MS),
             accept_failures: Backoff::new(ACCEPT_BACKOFF_MIN_MS, ACCEPT_BACKOFF_MAX_MS, seed),
@@ -264,14 +272,19 @@ impl axum::serve::Listener for BoundedListener {
                     continue;
                 }
             };
-            let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+            let admitted = Arc::clone(&self.slots)
+                .try_acquire_owned()
+                .ok()
+                .zip(self.addresses.admit(peer.ip()));
+            let Some((slot, address)) = admitted else {
                 drop(stream);
                 if let Some(refused_unlogged) = self.refusals.admit(Instant::now()) {
                     warn!(
                         %peer,
                         admin_connections_max = self.connections_max,
+                        admin_address_connections_max = self.addresses.connections_max(),
                         refused_unlogged,
-                        "admin connection refused: at the connection limit"
+                        "admin connection refused: at a connection limit"
                     );
                 }
                 continue;
@@ -281,7 +294,10 @@ impl axum::serve::Listener for BoundedListener {
                 crate::common::faults::trip(broker, "admin_http");
             }
             let _ = stream.set_nodelay(true);
-            return (DeadlineIo::new(stream, slot, self.read_timeout), peer);
+            return (
+                DeadlineIo::new(stream, (slot, address), self.read_timeout),
+                peer,
+            );
         }
     }
 
@@ -297,7 +313,7 @@ impl axum::serve::Listener for BoundedListener {
 #[derive(Debug)]
 pub(crate) struct DeadlineIo {
     stream: TcpStream,
-    _slot: OwnedSemaphorePermit,
+    _slot: (OwnedSemaphorePermit, AddressSlot<()>),
     timeout: Duration,
     deadline: Pin<Box<tokio::time::Sleep>>,
     /// Whether bytes were read since the last write: the first bytes of a
@@ -308,7 +324,11 @@ pub(crate) struct DeadlineIo {
 }
 
 impl DeadlineIo {
-    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, timeout: Duration) -> DeadlineIo {
+    fn new(
+        stream: TcpStream,
+        slot: (OwnedSemaphorePermit, AddressSlot<()>),
+        timeout: Duration,
+    ) -> DeadlineIo {
         DeadlineIo {
             stream,
             _slot: slot,
@@ -430,6 +450,7 @@ impl Actor for AdminActor {
         let listener = BoundedListener::new(
             TcpListener::from_std(socket)?,
             args.ctx.connections_max,
+            args.ctx.address_connections_max,
             Duration::from_millis(args.ctx.read_timeout_ms),
         );
         #[cfg(feature = "testing")]

@@ -30,6 +30,7 @@ pub(crate) struct AdminCtx {
     pub metrics: Arc<BrokerMetrics>,
     pub meta: Arc<MetaCtx>,
     pub connections_max: usize,
+    pub address_connections_max: usize,
     pub read_timeout_ms: u64,
     /// The broker's fault-injection key (its client address).
     #[cfg(feature = "testing")]
@@ -46,6 +47,7 @@ impl AdminCtx {
             metrics: Arc::clone(&shared.metrics),
             meta: Arc::new(MetaCtx::of(shared)),
             connections_max: shared.config.admin_connections_max,
+            address_connections_max: shared.config.admin_address_connections_max,
             read_timeout_ms: shared.config.admin_read_timeout_ms,
             #[cfg(feature = "testing")]
             fault_key: shared.client_addr,

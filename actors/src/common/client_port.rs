@@ -1,12 +1,15 @@
 //! The client port's state, read by `serve` and by the broker's lifecycle:
-//! whether it accepts, the drain signal, connection and request counts, and
-//! the broker-wide memory budgets of requests and responses.
+//! whether it accepts, the drain signal, connection and request counts, the
+//! broker-wide memory budgets of requests and responses, and the connections
+//! and byte shares of each client address (ADR 0145).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use tokio_util::sync::CancellationToken;
 
-use super::budget::Budgets;
+use super::addresses::AddressTable;
+use super::budget::{AddressBudget, Budgets};
 
 #[derive(Debug)]
 pub(crate) struct ClientPortState {
@@ -21,10 +24,13 @@ pub(crate) struct ClientPortState {
     pub connection_inflight_peak: AtomicUsize,
     /// The broker-wide memory budgets.
     pub budgets: Budgets,
+    /// Connections per client address, and what each address's connections
+    /// share of the budgets.
+    pub addresses: Arc<AddressTable<AddressBudget>>,
 }
 
 impl ClientPortState {
-    pub fn new(budgets: Budgets) -> ClientPortState {
+    pub fn new(budgets: Budgets, addresses: Arc<AddressTable<AddressBudget>>) -> ClientPortState {
         ClientPortState {
             accepting: AtomicBool::new(false),
             draining: CancellationToken::new(),
@@ -32,6 +38,7 @@ impl ClientPortState {
             requests_inflight: AtomicUsize::new(0),
             connection_inflight_peak: AtomicUsize::new(0),
             budgets,
+            addresses,
         }
     }
 }

@@ -429,6 +429,10 @@ pub struct BrokerConfig {
     pub admin_addr: SocketAddr,
     /// Admin HTTP connections served at once; more are closed at accept.
     pub admin_connections_max: usize,
+    /// Admin HTTP connections one client address holds at once; more from
+    /// it are closed at accept, so one host cannot keep `/health` and
+    /// `/ready` from others (ADR 0145).
+    pub admin_address_connections_max: usize,
     /// An admin connection that writes nothing for this long while it waits
     /// on its client (no complete request head, an idle keep-alive) is closed.
     pub admin_read_timeout_ms: u64,
@@ -452,14 +456,19 @@ pub struct BrokerConfig {
     pub segment_inflight_max: usize,
     /// Client connections served at once; more are refused with `busy`.
     pub connections_max: usize,
+    /// Client connections one source address holds at once; more from it
+    /// are refused with `busy` (ADR 0145).
+    pub address_connections_max: usize,
     /// A client connection whose partial frame does not complete within
-    /// this long is closed (a slowloris).
+    /// this long of its first byte is closed (a slowloris), time spent
+    /// waiting for request budget included (ADR 0145).
     pub frame_read_timeout_ms: u64,
     /// A client connection with no request in flight, no open subscription
     /// and no frame arriving for this long is closed.
     pub idle_timeout_ms: u64,
     /// Request bytes all client connections together may hold (frames being
-    /// read or handled); a connection waits, unread, while it is spent.
+    /// read or handled; only bytes that arrived, ADR 0145); a connection
+    /// waits, unread, while it is spent.
     pub request_bytes_budget: usize,
     /// Response bytes all client connections together may hold (being built
     /// or waiting to be written); a connection stops reading requests while
@@ -469,6 +478,16 @@ pub struct BrokerConfig {
     pub connection_request_bytes_max: usize,
     /// Response bytes one client connection may hold (at least `frame_bytes_max`).
     pub connection_response_bytes_max: usize,
+    /// Request bytes the connections of one source address may hold
+    /// together (at least `frame_bytes_max`; ADR 0145).
+    pub address_request_bytes_max: usize,
+    /// Response bytes the connections of one source address may hold
+    /// together (at least `frame_bytes_max`; ADR 0145).
+    pub address_response_bytes_max: usize,
+    /// A response whose writing does not finish within this long (its
+    /// client does not read) closes its connection, and its share of the
+    /// response budget returns (ADR 0145).
+    pub response_write_timeout_ms: u64,
     /// How long a produce may take end to end before it is answered `timeout`.
     pub produce_timeout_ms: u64,
     /// Idempotent producers whose state one range keeps (ADR 0092); the
@@ -554,6 +573,7 @@ impl Default for BrokerConfig {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 4040)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_connections_max: 64,
+            admin_address_connections_max: 16,
             admin_read_timeout_ms: 10_000,
             data_dir: PathBuf::from("data"),
             segment_bytes_max: 256 << 20,
@@ -564,12 +584,16 @@ impl Default for BrokerConfig {
             connection_inflight_max: 64,
             segment_inflight_max: 256,
             connections_max: 1024,
+            address_connections_max: 256,
             frame_read_timeout_ms: 30_000,
             idle_timeout_ms: 10 * 60 * 1000,
             request_bytes_budget: 512 << 20,
             response_bytes_budget: 512 << 20,
             connection_request_bytes_max: 64 << 20,
             connection_response_bytes_max: 64 << 20,
+            address_request_bytes_max: 128 << 20,
+            address_response_bytes_max: 128 << 20,
+            response_write_timeout_ms: 30_000,
             produce_timeout_ms: 10_000,
             producers_per_range_max: 1024,
             producer_idle_expiry_ms: 24 * 60 * 60 * 1000,
@@ -703,8 +727,17 @@ impl BrokerConfig {
         if self.produce_timeout_ms == 0 || self.shutdown_timeout_ms == 0 {
             return bad("produce_timeout_ms and shutdown_timeout_ms must be positive".into());
         }
-        if self.frame_read_timeout_ms == 0 || self.idle_timeout_ms == 0 {
-            return bad("frame_read_timeout_ms and idle_timeout_ms must be positive".into());
+        if self.frame_read_timeout_ms == 0
+            || self.idle_timeout_ms == 0
+            || self.response_write_timeout_ms == 0
+        {
+            return bad(
+                "frame_read_timeout_ms, idle_timeout_ms and response_write_timeout_ms must be positive"
+                    .into(),
+            );
+        }
+        if self.address_connections_max == 0 {
+            return bad("address_connections_max must be positive".into());
         }
         Ok(())
     }
@@ -738,6 +771,19 @@ impl BrokerConfig {
                 return bad(format!("{budget_field} must be at most 1 TiB"));
             }
         }
+        for (field, share) in [
+            ("address_request_bytes_max", self.address_request_bytes_max),
+            (
+                "address_response_bytes_max",
+                self.address_response_bytes_max,
+            ),
+        ] {
+            if share < self.frame_bytes_max || share > (1 << 40) {
+                return bad(format!(
+                    "{field} must be at least frame_bytes_max and at most 1 TiB"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -753,8 +799,14 @@ impl BrokerConfig {
         if self.membership.remote_call_timeout_ms == 0 {
             return bad("membership.remote_call_timeout_ms must be positive".into());
         }
-        if self.admin_connections_max == 0 || self.admin_read_timeout_ms == 0 {
-            return bad("admin_connections_max and admin_read_timeout_ms must be positive".into());
+        if self.admin_connections_max == 0
+            || self.admin_address_connections_max == 0
+            || self.admin_read_timeout_ms == 0
+        {
+            return bad(
+                "admin_connections_max, admin_address_connections_max and admin_read_timeout_ms must be positive"
+                    .into(),
+            );
         }
         if self.membership.fabric_connections_max == 0
             || self.membership.fabric_handshake_timeout_ms == 0

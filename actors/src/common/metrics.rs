@@ -44,6 +44,9 @@ pub(crate) struct BrokerMetrics {
     pub connections_refused: Counter,
     pub connections_idle_closed: Counter,
     pub connections_frame_timed_out: Counter,
+    /// Connections closed because a response was not read within
+    /// `response_write_timeout_ms` (ADR 0145).
+    pub connections_write_timed_out: Counter,
     /// Produces a quorum of copies acknowledged (replicated segments).
     pub replica_quorum_acks: Counter,
     /// Produces answered `no_quorum`: not on a quorum within the bound.
@@ -180,6 +183,7 @@ impl BrokerMetrics {
             connections_refused: counter("malachi_connections_refused_total"),
             connections_idle_closed: counter("malachi_connections_idle_closed_total"),
             connections_frame_timed_out: counter("malachi_connections_frame_timed_out_total"),
+            connections_write_timed_out: counter("malachi_connections_write_timed_out_total"),
             replica_quorum_acks: counter("malachi_replica_quorum_acks_total"),
             replica_no_quorum: counter("malachi_replica_no_quorum_total"),
             failovers: counter("malachi_failovers_total"),

@@ -2,6 +2,7 @@
 //! error types, the broker's metric handles and the conversions to and from
 //! the wire's types, and the ranges' write rates. Nothing here names another module of this crate.
 
+pub(crate) mod addresses;
 pub(crate) mod budget;
 pub(crate) mod client_port;
 pub(crate) mod clock;

@@ -177,6 +177,14 @@ impl Shared {
                 metrics.response_bytes_in_use.clone(),
             ),
         };
+        let (request_share, response_share) = (
+            config.address_request_bytes_max,
+            config.address_response_bytes_max,
+        );
+        let addresses = crate::common::addresses::AddressTable::new(
+            config.address_connections_max,
+            move || crate::common::budget::AddressBudget::new(request_share, response_share),
+        );
         let rates = Arc::new(crate::common::rates::RangeRates::new(
             config.reshape.rate_window_ms,
         ));
@@ -189,7 +197,7 @@ impl Shared {
             data,
             client_addr,
             admin_addr,
-            port: Arc::new(ClientPortState::new(budgets)),
+            port: Arc::new(ClientPortState::new(budgets, addresses)),
             memory: Arc::new(ControlMemory::new(CursorKeyState::new(cursor_bootstrap))),
             actors: Arc::new(ActorRegistry::default()),
             links: Arc::new(ClusterLinks::default()),

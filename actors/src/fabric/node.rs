@@ -47,9 +47,13 @@
 //! - The dial loop backs off per peer, exponentially with jitter
 //!   ([`DIAL_BACKOFF_MIN_MS`] up to [`DIAL_BACKOFF_MAX_MS`]).
 //!
-//! ractor_cluster's own listener (which `NodeServer` always starts, on an
-//! ephemeral port) is not under these bounds, so it binds loopback only and
-//! is never advertised.
+//! ractor_cluster's own listener, which `NodeServer` always starts, serves
+//! nothing (ADR 0145): it binds a free loopback port, is never advertised,
+//! and every session it accepts is stopped as soon as the node server
+//! reports it opened ([`HandshakeWatch`]: an inbound session whose label
+//! does not carry [`INBOUND_LABEL_PREFIX`] did not come through the
+//! advertised port), so its socket closes at once and a flood of
+//! connections to it holds no descriptors.
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -108,6 +112,16 @@ const ACCEPT_BACKOFF_MIN_MS: u64 = 10;
 const ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
 /// The id of `node`'s subscription to the node server's session events.
 const INBOUND_SUBSCRIPTION: &str = "malachi-inbound-handshakes";
+/// What the label of a connection accepted on the advertised port starts
+/// with; an inbound session labelled otherwise came through ractor_cluster's
+/// own listener and is stopped at once.
+const INBOUND_LABEL_PREFIX: &str = "fabric/";
+
+/// The label `node` gives the connection from `peer_addr` it hands the
+/// node server (the key it is marked authenticated by).
+fn inbound_label(peer_addr: SocketAddr) -> String {
+    format!("{INBOUND_LABEL_PREFIX}{peer_addr}")
+}
 
 /// The process group of one broker's `node` actor.
 pub(crate) fn node_group(node_id: u64) -> String {
@@ -200,6 +214,11 @@ pub(crate) struct InboundConnections {
     authenticated_total: AtomicU64,
     /// Inbound connections dropped before authenticating, ever.
     expired_total: AtomicU64,
+    /// Sessions ractor_cluster's own listener accepted, each stopped at once.
+    unadvertised_total: AtomicU64,
+    unadvertised_log: parking_lot::Mutex<RefusalLog>,
+    /// Where ractor_cluster's own listener is bound (for tests).
+    unadvertised_addr: parking_lot::Mutex<Option<SocketAddr>>,
 }
 
 impl InboundConnections {
@@ -222,6 +241,9 @@ impl InboundConnections {
             expiries: parking_lot::Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
             authenticated_total: AtomicU64::new(0),
             expired_total: AtomicU64::new(0),
+            unadvertised_total: AtomicU64::new(0),
+            unadvertised_log: parking_lot::Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
+            unadvertised_addr: parking_lot::Mutex::new(None),
         })
     }
 
@@ -235,6 +257,39 @@ impl InboundConnections {
         )
     }
 
+    /// Sessions ractor_cluster's own listener accepted (each stopped at
+    /// once), and where that listener is bound (for tests).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn unadvertised(&self) -> (u64, Option<SocketAddr>) {
+        (
+            self.unadvertised_total.load(Ordering::Relaxed),
+            *self.unadvertised_addr.lock(),
+        )
+    }
+
+    /// A session came through ractor_cluster's own listener: stop it, so
+    /// its socket closes at once. Its TCP session and that session's reader
+    /// are killed first: a stop waits for the message in hand, and the
+    /// reader's is a read that a silent peer never completes (it holds the
+    /// socket's read half).
+    fn stop_unadvertised(&self, ses: &NodeServerSessionInformation) {
+        for child in ses.actor.get_children() {
+            kill_tree(&child);
+        }
+        ses.actor.stop(Some(
+            "connected through the unadvertised listener".to_owned(),
+        ));
+        self.unadvertised_total.fetch_add(1, Ordering::Relaxed);
+        let admitted = self.unadvertised_log.lock().admit(Instant::now());
+        if let Some(refused_unlogged) = admitted {
+            warn!(
+                peer = %ses.peer_addr,
+                refused_unlogged,
+                "node fabric session on ractor_cluster's own listener closed: brokers dial the advertised port"
+            );
+        }
+    }
+
     /// Takes a slot for a connection from `peer_addr` and splits it into the
     /// halves ractor_cluster gets; `None` at the limit (the caller closes it).
     fn admit(
@@ -243,7 +298,7 @@ impl InboundConnections {
         peer_addr: SocketAddr,
     ) -> Option<InboundStream> {
         let slot = Arc::clone(&self.slots).try_acquire_owned().ok()?;
-        let label = peer_addr.to_string();
+        let label = inbound_label(peer_addr);
         let conn = Arc::new(InboundConn {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             label: label.clone(),
@@ -312,6 +367,14 @@ impl InboundConnections {
             );
         }
     }
+}
+
+/// Kills `cell` and everything under it, children first.
+fn kill_tree(cell: &ActorCell) {
+    for child in cell.get_children() {
+        kill_tree(&child);
+    }
+    cell.kill();
 }
 
 /// One accepted connection, shared by its two halves: dropping both
@@ -458,7 +521,11 @@ impl ractor_cluster::ClusterBidiStream for InboundStream {
 struct HandshakeWatch(Arc<InboundConnections>);
 
 impl NodeEventSubscription for HandshakeWatch {
-    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
+    fn node_session_opened(&self, ses: NodeServerSessionInformation) {
+        if ses.is_server && !ses.peer_addr.starts_with(INBOUND_LABEL_PREFIX) {
+            self.0.stop_unadvertised(&ses);
+        }
+    }
 
     fn node_session_disconnected(&self, _ses: NodeServerSessionInformation) {}
 
@@ -524,17 +591,24 @@ pub(crate) fn node_server_spec(fabric: Arc<Fabric>) -> malachi_supervision::Chil
                 .identity
                 .cluster_addr
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+            // A free loopback port, picked here so tests can find it (were
+            // it taken meanwhile, the start fails and is retried).
+            let listen_ip = loopback_like(cluster_addr.ip());
+            let unadvertised = std::net::TcpListener::bind((listen_ip, 0))
+                .and_then(|probe| probe.local_addr())
+                .map_err(|e| ractor::SpawnErr::StartupFailed(e.to_string().into()))?;
+            *fabric.inbound.unadvertised_addr.lock() = Some(unadvertised);
             let server = NodeServer::new(
-                0,
+                unadvertised.port(),
                 fabric.cookie.clone(),
                 node_name(fabric.node_id),
                 cluster_addr.to_string(),
                 None,
                 Some(ractor_cluster::node::NodeConnectionMode::Isolated),
             )
-            // The server's own listener is outside the bounds above: keep
-            // it off the network.
-            .with_listen_addr(loopback_like(cluster_addr.ip()))
+            // The server's own listener serves nothing (every session it
+            // accepts is stopped): keep it off the network too.
+            .with_listen_addr(listen_ip)
             .with_max_inbound_frame_size(INBOUND_FRAME_BYTES_MAX);
             let (actor, _join) = Actor::spawn_linked(None, server, (), parent).await?;
             // Subscribed before the server is published, so it is in place

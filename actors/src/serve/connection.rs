@@ -8,44 +8,44 @@
 //! permit is returned only once the writer has written that response. So a
 //! client that never reads its responses fills the socket, then the queue,
 //! then the permits, and the reader stops reading from it: the broker's
-//! memory for that client stays bounded (ADR 0062). Responses may complete
-//! out of order; clients match them by correlation id.
+//! memory for that client stays bounded (ADR 0062), and a response not read
+//! within `response_write_timeout_ms` closes the connection (ADR 0145).
+//! Responses may complete out of order; clients match them by correlation
+//! id. Frames are read by `reader.rs` (budget for the bytes that arrived
+//! only) and answers written by `writer.rs`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use bytes::BytesMut;
-use malachi_wire::frame::{LEN_BYTES, RESPONSE_HEADER_BYTES, encode_response_parts};
+use malachi_wire::frame::{LEN_BYTES, RESPONSE_HEADER_BYTES};
 use malachi_wire::messages::{ApiVersion, Request};
-use malachi_wire::{ApiKey, ErrorCode, RequestFrame, ServerCodec, WireError};
+use malachi_wire::{ApiKey, ErrorCode, RequestFrame};
 use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{Semaphore, mpsc};
-use tokio::time::Instant;
-use tokio_util::codec::Decoder;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::debug;
 
 use super::dispatch::handle_frame;
 use super::produce::{ProduceJob, spawn_sequencer};
+use super::reader::{FrameReader, ReadOutcome};
 use super::reply::{Inflight, Outbound, Reply, error_frame};
 use super::subscribe::{ConnCtx, Subscriptions};
-use crate::common::budget::{self, ConnectionBudget, Held};
+use super::writer::{drain_writes, linger, write_loop};
+use crate::common::addresses::AddressSlot;
+use crate::common::budget::{self, AddressBudget, ConnectionBudget, Held};
 use crate::serve::context::ServeCtx;
 
-/// How long a closing connection keeps discarding client input after its
-/// last response, so the close is a FIN and not a reset.
-const LINGER_MS: u64 = 1_000;
+/// An accepted socket and its place in its address's count (ADR 0145).
+pub(crate) type Admitted = (TcpStream, AddressSlot<AddressBudget>);
 
 #[derive(Clone)]
 pub(crate) struct ConnectionArgs {
     pub serving: Arc<ServeCtx>,
-    pub stream: Arc<Mutex<Option<TcpStream>>>,
+    /// Taken once, by the actor's first start.
+    pub stream: Arc<Mutex<Option<Admitted>>>,
     pub peer: SocketAddr,
 }
 
@@ -93,7 +93,7 @@ impl Actor for ConnectionActor {
         myself: ActorRef<ConnectionMsg>,
         args: ConnectionArgs,
     ) -> Result<ConnectionState, ActorProcessingErr> {
-        let stream = args
+        let (stream, address) = args
             .stream
             .lock()
             .take()
@@ -106,7 +106,7 @@ impl Actor for ConnectionActor {
         let serving = Arc::clone(&args.serving);
         let peer = args.peer;
         tokio::spawn(async move {
-            serve(serving, stream, token).await;
+            serve(serving, stream, address, token).await;
             debug!(%peer, "connection closed");
             myself.stop(None);
         });
@@ -129,8 +129,6 @@ impl Actor for ConnectionActor {
     }
 }
 
-/// Spare room the reader keeps in its buffer for the next read.
-const READ_BYTES_MIN: usize = 8 << 10;
 /// Response budget a request other than a fetch takes before it is handled;
 /// a larger answer grows its share before it is queued.
 const RESPONSE_ESTIMATE_BYTES: usize = 16 << 10;
@@ -139,104 +137,6 @@ const FETCH_CONTROL_BYTES: usize = 8 << 10;
 /// A connection that held at least this much at once asks the allocator to
 /// return freed memory when it closes.
 const TRIM_AFTER_BYTES: usize = 8 << 20;
-
-/// Why the reader stopped, or the frame it read with its request budget.
-enum ReadOutcome {
-    Frame(RequestFrame, Held),
-    /// The client closed (or the socket failed).
-    Closed,
-    /// Nothing in flight, no subscription, no frame for `idle_timeout_ms`.
-    Idle,
-    /// A partial frame did not complete within `frame_read_timeout_ms`.
-    SlowFrame,
-    /// The stream cannot be framed any more.
-    Invalid(WireError),
-}
-
-/// What the reader needs to read one frame.
-struct FrameReader {
-    rd: OwnedReadHalf,
-    buf: BytesMut,
-    codec: ServerCodec,
-    frame_timeout: Duration,
-    idle_timeout: Duration,
-}
-
-impl FrameReader {
-    /// Read one whole frame, taking request budget for it before its body is
-    /// read: once its 4 length bytes are in (and within `frame_bytes_max`),
-    /// the frame's declared length is taken from the connection's cap and
-    /// the broker's budget, waiting (unread) while they are spent. Only then
-    /// is room made for the whole frame and the rest read. So the bytes a
-    /// connection holds beyond its budget are at most one read's spare room.
-    async fn next(
-        &mut self,
-        serving: &ServeCtx,
-        budget: &ConnectionBudget,
-        is_idle: impl Fn() -> bool,
-    ) -> ReadOutcome {
-        let mut held: Option<Held> = None;
-        // Set while a frame is partly in: it must complete by then.
-        let mut deadline: Option<Instant> = None;
-        loop {
-            match self.codec.decode(&mut self.buf) {
-                Err(e) => return ReadOutcome::Invalid(e),
-                Ok(Some(frame)) => {
-                    // A small frame can arrive whole in one read: it is
-                    // counted all the same before it is handled.
-                    let held = match held {
-                        Some(held) => held,
-                        None => {
-                            let bytes = LEN_BYTES + 6 + frame.payload.len();
-                            budget.request(&serving.port.budgets, bytes).await
-                        }
-                    };
-                    return ReadOutcome::Frame(frame, held);
-                }
-                Ok(None) => {}
-            }
-            if held.is_none() && self.buf.len() >= LEN_BYTES {
-                // The decoder has checked the declared length against the
-                // frame limit; take the frame's budget before reading on.
-                let declared =
-                    u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
-                        as usize;
-                let total = LEN_BYTES + declared;
-                held = Some(budget.request(&serving.port.budgets, total).await);
-                // Time spent waiting for budget is the broker's, not the client's.
-                deadline = Some(Instant::now() + self.frame_timeout);
-                self.buf.reserve(total - self.buf.len());
-            }
-            if self.buf.is_empty() {
-                deadline = None;
-            } else if deadline.is_none() {
-                deadline = Some(Instant::now() + self.frame_timeout);
-            }
-            if self.buf.capacity() - self.buf.len() < READ_BYTES_MIN {
-                self.buf.reserve(READ_BYTES_MIN);
-            }
-            let read = match deadline {
-                Some(deadline) => tokio::select! {
-                    read = self.rd.read_buf(&mut self.buf) => read,
-                    _ = tokio::time::sleep_until(deadline) => return ReadOutcome::SlowFrame,
-                },
-                None => tokio::select! {
-                    read = self.rd.read_buf(&mut self.buf) => read,
-                    _ = tokio::time::sleep(self.idle_timeout) => {
-                        if is_idle() {
-                            return ReadOutcome::Idle;
-                        }
-                        continue;
-                    }
-                },
-            };
-            match read {
-                Ok(0) | Err(_) => return ReadOutcome::Closed,
-                Ok(_) => {}
-            }
-        }
-    }
-}
 
 /// The response budget a request takes before it is handled: a fetch its
 /// byte budget (plus one oversized record and the control map), within the
@@ -284,23 +184,20 @@ fn trim_soon() {
     });
 }
 
-async fn serve(serving: Arc<ServeCtx>, stream: TcpStream, cancel: CancellationToken) {
-    let frame_max = serving.limits.frame_bytes_max;
+async fn serve(
+    serving: Arc<ServeCtx>,
+    stream: TcpStream,
+    address: AddressSlot<AddressBudget>,
+    cancel: CancellationToken,
+) {
     let inflight_max = serving.limits.connection_inflight_max;
     let peer = stream.peer_addr().ok();
     let (rd, wr) = stream.into_split();
-    // The reader decodes with the wire's `ServerCodec` (which never reserves
-    // a declared length) on a buffer it grows only within request budget.
-    let mut reader = FrameReader {
-        rd,
-        buf: BytesMut::with_capacity(READ_BYTES_MIN),
-        codec: ServerCodec::new(frame_max),
-        frame_timeout: Duration::from_millis(serving.limits.frame_read_timeout_ms),
-        idle_timeout: Duration::from_millis(serving.limits.idle_timeout_ms),
-    };
+    let mut reader = FrameReader::new(rd, &serving);
     let budget = ConnectionBudget::new(
         serving.limits.connection_request_bytes_max,
         serving.limits.connection_response_bytes_max,
+        Some(Arc::clone(address.shared())),
     );
     let subscriptions = Arc::new(Subscriptions::default());
     // One slot more than the permits, for the final error of an unframeable stream.
@@ -320,7 +217,7 @@ async fn serve(serving: Arc<ServeCtx>, stream: TcpStream, cancel: CancellationTo
         budget.clone(),
         inflight_max,
     );
-    let write_task = tokio::spawn(write_loop(wr, rx, cancel.clone(), frame_max));
+    let write_task = tokio::spawn(write_loop(Arc::clone(&serving), wr, rx, cancel.clone()));
     let mut conn = Conn {
         serving: Arc::clone(&serving),
         budget: budget.clone(),
@@ -340,103 +237,10 @@ async fn serve(serving: Arc<ServeCtx>, stream: TcpStream, cancel: CancellationTo
         trim_soon();
     }
     if finished {
-        linger(reader, &cancel).await;
+        linger(reader.into_read_half(), &cancel).await;
     }
-}
-
-/// The writer: each response goes out as its header, control map and block
-/// in one vectored write (no codec, no buffer), so the block is never
-/// copied. The frame limit is checked before any byte of a frame is
-/// written.
-async fn write_loop(
-    mut writer: tokio::net::tcp::OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Outbound>,
-    cancel: CancellationToken,
-    frame_max: usize,
-) {
-    loop {
-        let next = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => break,
-            next = rx.recv() => next,
-        };
-        let Some(out) = next else { break };
-        let reply = &out.frame;
-        let parts = match encode_response_parts(
-            reply.correlation_id,
-            reply.error_code,
-            reply.control.clone(),
-            reply.block.clone(),
-            frame_max,
-        ) {
-            Ok(parts) => parts,
-            Err(e) => {
-                debug!(error = %e, "cannot encode a response; closing");
-                cancel.cancel();
-                break;
-            }
-        };
-        let mut buf = parts.into_buf();
-        let sent = tokio::select! {
-            _ = cancel.cancelled() => break,
-            sent = writer.write_all_buf(&mut buf) => sent,
-        };
-        if let Err(e) = sent {
-            debug!(error = %e, "cannot write a response; closing");
-            cancel.cancel();
-            break;
-        }
-        // `out` (its permit and its response budget) is dropped only now,
-        // after the write.
-    }
-    // Every response is out: send FIN, so the client reads them all before
-    // it sees the end of the stream.
-    if !cancel.is_cancelled() {
-        let _ = writer.shutdown().await;
-    }
-}
-
-/// Waits, within `shutdown_timeout_ms`, for the writer to send every
-/// response still queued; true if it did.
-async fn drain_writes(
-    serving: &ServeCtx,
-    cancel: &CancellationToken,
-    mut write_task: tokio::task::JoinHandle<()>,
-) -> bool {
-    let bound = Duration::from_millis(serving.limits.shutdown_timeout_ms);
-    tokio::select! {
-        _ = cancel.cancelled() => {
-            write_task.abort();
-            false
-        }
-        done = tokio::time::timeout(bound, &mut write_task) => {
-            if done.is_err() {
-                write_task.abort();
-            }
-            done.is_ok()
-        }
-    }
-}
-
-/// Closing a socket with unread input makes the kernel send a reset, which
-/// may destroy responses the client has not read yet. Discard what the
-/// client still sends, for a short bounded time, until it closes.
-async fn linger(reader: FrameReader, cancel: &CancellationToken) {
-    let mut rd = reader.rd;
-    drop(reader.buf);
-    let mut sink = [0u8; 4096];
-    let linger = tokio::time::sleep(Duration::from_millis(LINGER_MS));
-    tokio::pin!(linger);
-    loop {
-        tokio::select! {
-            _ = &mut linger => break,
-            _ = cancel.cancelled() => break,
-            n = rd.read(&mut sink) => match n {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            },
-        }
-    }
+    // The address's place is given back only once the socket is done with.
+    drop(address);
 }
 
 /// Whether the read loop goes on after a frame.

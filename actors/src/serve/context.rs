@@ -144,10 +144,12 @@ impl MetaCtx {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PortLimits {
     pub connections_max: usize,
+    pub address_connections_max: usize,
     pub connection_inflight_max: usize,
     pub connection_request_bytes_max: usize,
     pub connection_response_bytes_max: usize,
     pub frame_bytes_max: usize,
+    pub response_write_timeout_ms: u64,
     pub record_value_bytes_max: usize,
     pub frame_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
@@ -181,10 +183,12 @@ impl ServeCtx {
             metrics: Arc::clone(&shared.metrics),
             limits: PortLimits {
                 connections_max: config.connections_max,
+                address_connections_max: config.address_connections_max,
                 connection_inflight_max: config.connection_inflight_max,
                 connection_request_bytes_max: config.connection_request_bytes_max,
                 connection_response_bytes_max: config.connection_response_bytes_max,
                 frame_bytes_max: config.frame_bytes_max,
+                response_write_timeout_ms: config.response_write_timeout_ms,
                 record_value_bytes_max: config.record_value_bytes_max,
                 frame_read_timeout_ms: config.frame_read_timeout_ms,
                 idle_timeout_ms: config.idle_timeout_ms,

@@ -7,10 +7,12 @@
 //!
 //! The socket is bound once by `Broker::start` (so its address is known
 //! before the tree starts and survives an acceptor restart); each acceptor
-//! incarnation serves a clone of it. Beyond `connections_max` a new client
-//! gets one `busy` error frame and is closed, by the accept loop itself: no
-//! task and no buffer per refused socket, one pre-encoded frame written
-//! without waiting, and one log line per `REFUSED_LOG_INTERVAL_MS` at most.
+//! incarnation serves a clone of it. Beyond `connections_max`, or beyond
+//! `address_connections_max` from the client's address (ADR 0145), a new
+//! client gets one `busy` error frame and is closed, by the accept loop
+//! itself: no task and no buffer per refused socket, one pre-encoded frame
+//! written without waiting, and one log line per `REFUSED_LOG_INTERVAL_MS`
+//! at most.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -120,7 +122,8 @@ struct Refusals {
 }
 
 impl Refusals {
-    fn refused(&mut self, connections_max: usize) {
+    /// One refusal at `limit` (its config key) of `value`.
+    fn refused(&mut self, limit: &'static str, value: usize) {
         self.since_log += 1;
         let now = Instant::now();
         let due = self.last_log.is_none_or(|last| {
@@ -128,10 +131,11 @@ impl Refusals {
         });
         if due {
             warn!(
-                connections_max,
+                limit,
+                value,
                 refused = self.since_log,
                 interval_ms = REFUSED_LOG_INTERVAL_MS,
-                "connections refused: connections_max reached"
+                "connections refused: a connection limit reached"
             );
             self.since_log = 0;
             self.last_log = Some(now);
@@ -162,19 +166,26 @@ async fn accept_loop(serving: Arc<ServeCtx>, listener: TcpListener) {
         };
         #[cfg(feature = "testing")]
         crate::common::faults::trip(serving.fault_key, "acceptor");
-        if serving.port.connections.load(Ordering::SeqCst) >= serving.limits.connections_max {
+        let limits = &serving.limits;
+        if serving.port.connections.load(Ordering::SeqCst) >= limits.connections_max {
             refuse(&stream, &busy);
             serving.metrics.connections_refused.increment(1);
-            refusals.refused(serving.limits.connections_max);
+            refusals.refused("connections_max", limits.connections_max);
             continue;
         }
+        let Some(address) = serving.port.addresses.admit(peer.ip()) else {
+            refuse(&stream, &busy);
+            serving.metrics.connections_refused.increment(1);
+            refusals.refused("address_connections_max", limits.address_connections_max);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let Some(listener_sup) = serving.actors.listener.read().clone() else {
             continue;
         };
         let args = ConnectionArgs {
             serving: Arc::clone(&serving),
-            stream: Arc::new(Mutex::new(Some(stream))),
+            stream: Arc::new(Mutex::new(Some((stream, address)))),
             peer,
         };
         let spec = ChildSpec::worker(

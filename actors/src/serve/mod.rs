@@ -1,6 +1,8 @@
 //! The client port: the `listener` subtree. `listener.rs` (`listener/acceptor`)
 //! accepts and starts one `connection/<peer>` actor per socket
-//! (`connection.rs`: the pipelined read and write loops and their bounds);
+//! (`connection.rs`: the pipelined request loop and its bounds; `reader.rs`
+//! reads frames within request budget, `writer.rs` writes answers within
+//! their deadline);
 //! `dispatch.rs` takes each request to its api family's handler (the read
 //! and produce paths get only what they use: `context.rs`):
 //! `produce.rs`, `fetch.rs` (with `read.rs`, read plans to store reads,
@@ -29,8 +31,10 @@ pub(crate) mod listener;
 pub(crate) mod policies;
 pub(crate) mod produce;
 pub(crate) mod read;
+pub(crate) mod reader;
 pub(crate) mod remote;
 pub(crate) mod reply;
 pub(crate) mod subscribe;
 pub(crate) mod topics;
 pub(crate) mod vnodes;
+pub(crate) mod writer;
