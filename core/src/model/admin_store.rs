@@ -25,8 +25,9 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const USERS_MAX: usize = 100_000;
 const _: () = assert!(USER_NAME_BYTES_MAX <= USERNAME_BYTES_MAX);
 const _: () = assert!(USER_NAME_BYTES_MAX <= ACL_NAME_BYTES_MAX);
-/// The most (principal, source) keys the lockout table may be asked to
-/// keep: a command's policy above it is refused.
+/// The most (principal, source) keys the lockout table keeps. It replaces
+/// the `entries_max` of the policy a command carries, so the bound never
+/// moves under a full table.
 pub const LOCKOUT_ENTRIES_MAX: usize = 100_000;
 /// The longest lockout source (an IP address), in bytes.
 pub const LOCKOUT_SOURCE_BYTES_MAX: usize = 64;
@@ -129,7 +130,7 @@ fn acl_error(e: &crate::auth::acl::AclError) -> ModelError {
     }
 }
 
-fn validate_lockout(key: &LockoutKey, policy: &LockoutPolicy) -> Result<(), ModelError> {
+fn validate_lockout(key: &LockoutKey) -> Result<(), ModelError> {
     let reason = if key.principal.is_empty() || key.principal.len() > USER_NAME_BYTES_MAX {
         Some(format!(
             "a principal of {} bytes is not within 1..={USER_NAME_BYTES_MAX}",
@@ -139,11 +140,6 @@ fn validate_lockout(key: &LockoutKey, policy: &LockoutPolicy) -> Result<(), Mode
         Some(format!(
             "a source of {} bytes is not within 1..={LOCKOUT_SOURCE_BYTES_MAX}",
             key.source.len()
-        ))
-    } else if policy.entries_max == 0 || policy.entries_max > LOCKOUT_ENTRIES_MAX {
-        Some(format!(
-            "entries_max {} is not within 1..={LOCKOUT_ENTRIES_MAX}",
-            policy.entries_max
         ))
     } else {
         None
@@ -266,7 +262,15 @@ impl MetadataState {
         policy: LockoutPolicy,
         at_ms: u64,
     ) -> Result<Outcome, ModelError> {
-        validate_lockout(&key, &policy)?;
+        validate_lockout(&key)?;
+        // The store's own bound, whatever the command says: a policy whose
+        // `entries_max` shrank between two commands would leave the table
+        // above it, which `Lockout::record_failure` asserts against (a
+        // panic in every replica's apply).
+        let policy = LockoutPolicy {
+            entries_max: LOCKOUT_ENTRIES_MAX,
+            ..policy
+        };
         let admission = self
             .admin_mut()
             .lockout
