@@ -641,3 +641,113 @@ fn a_policy_with_and_without_reshaping_encodes_to_its_frozen_bytes() {
     assert!(older(&plain).is_ok());
     assert!(older(&reshaping).is_err());
 }
+
+/// The admin stores' commands (ADR 0148, raft log entries behind
+/// `admin_store`) and the ring group's state holding users, an ACL entry
+/// and a lockout key: the store is the state's last field, absent while
+/// empty, and the cursor keys' slot before it is written as nil when the
+/// group holds no keys, so every snapshot above is unchanged.
+#[test]
+fn the_admin_stores_and_their_commands_encode_to_their_frozen_bytes() {
+    use malachi_core::auth::acl::{
+        AclEntry, NamePattern, Operation, Permission, Principal, PrincipalPattern, ResourcePattern,
+    };
+    use malachi_core::auth::lockout::{LockoutKey, LockoutPolicy};
+    use malachi_core::auth::scram::StoredCredential;
+    let entry = AclEntry {
+        principal: PrincipalPattern::User(Principal::user("alice")),
+        resource: ResourcePattern::Topic(NamePattern::Prefixed("orders".to_owned())),
+        operation: Operation::Produce,
+        permission: Permission::Allow,
+    };
+    let key = LockoutKey {
+        principal: "alice".to_owned(),
+        source: "10.0.0.1".to_owned(),
+    };
+    let put = |name: &str| Command::PutUser {
+        name: name.to_owned(),
+        credential: StoredCredential::from_salted(&[0x5a; 32], &[0x33; 16], 4096),
+        replace: false,
+        at_ms: 1_700_000_000_000,
+    };
+    let mut state = MetadataState::default();
+    state.apply(Command::InitRing { vnodes: 2 }).unwrap();
+    let commands = [
+        ("put_user", put("alice")),
+        ("put_user_bob", put("bob")),
+        ("delete_user", Command::DeleteUser { name: "bob".into() }),
+        (
+            "add_acl",
+            Command::AddAcl {
+                entry: entry.clone(),
+            },
+        ),
+        (
+            "add_acl_again",
+            Command::AddAcl {
+                entry: entry.clone(),
+            },
+        ),
+        (
+            "record_login_failure",
+            Command::RecordLoginFailure {
+                key: key.clone(),
+                policy: LockoutPolicy::default(),
+                at_ms: 1_700_000_000_500,
+            },
+        ),
+        (
+            "record_login_failure_2",
+            Command::RecordLoginFailure {
+                key: LockoutKey {
+                    source: "10.0.0.2".to_owned(),
+                    ..key.clone()
+                },
+                policy: LockoutPolicy::default(),
+                at_ms: 1_700_000_000_600,
+            },
+        ),
+        (
+            "record_login_success",
+            Command::RecordLoginSuccess {
+                key: LockoutKey {
+                    source: "10.0.0.2".to_owned(),
+                    ..key.clone()
+                },
+            },
+        ),
+    ];
+    for (name, cmd) in commands {
+        let bytes = rmp_serde::to_vec(&cmd).unwrap();
+        if !name.ends_with("_bob") && !name.ends_with("_again") && !name.ends_with("_2") {
+            insta::assert_snapshot!(name, frozen(hex(&bytes), render(&parse(&bytes))));
+        }
+        assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), cmd);
+        state.apply(cmd).unwrap();
+    }
+    let bytes = state.snapshot().unwrap();
+    insta::assert_snapshot!(
+        "metadata_state_admin_store",
+        frozen(hex(&bytes), versioned(&bytes))
+    );
+    let restored = MetadataState::restore(&bytes).unwrap();
+    assert_eq!(restored, state);
+    let view = restored.auth_view();
+    assert_eq!(view.users.keys().collect::<Vec<_>>(), ["alice"]);
+    assert_eq!(view.acls, vec![entry.clone()]);
+    assert_eq!(view.lockout.len(), 1);
+    // Two more commands, frozen without being applied.
+    for (name, cmd) in [
+        ("remove_acl", Command::RemoveAcl { entry }),
+        (
+            "unlock_user",
+            Command::UnlockUser {
+                name: "alice".into(),
+            },
+        ),
+    ] {
+        let bytes = rmp_serde::to_vec(&cmd).unwrap();
+        insta::assert_snapshot!(name, frozen(hex(&bytes), render(&parse(&bytes))));
+        assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), cmd);
+    }
+}

@@ -38,12 +38,15 @@
 //! group's leader over the transport, and serving a request forwarded to
 //! a replica here). The host's own methods, which need more than one
 //! part, live by job: `ring_group.rs` (the ring's raft group, adopting a
-//! newer ring), `replicas.rs` (which replicas belong here and the steps
-//! that move them), `routing.rs` (routing by topic, serving the
+//! newer ring), `admin_store.rs` (users, ACLs and lockout in it),
+//! `replicas.rs` (which replicas belong here and the steps that move
+//! them), `routing.rs` (routing by topic, serving the
 //! forwarding protocol), `loops.rs` (the long-lived loops and one-shots
 //! its owner runs and restarts, the liveness prober among them); this file
 //! opens the host and stops it.
 
+mod admin_store;
+pub use admin_store::{AdminStoreError, AuthViewCache, is_admin_command};
 pub mod broker_api;
 mod features;
 mod group_set;
@@ -333,6 +336,9 @@ enum Query {
     },
     /// The cluster's storage policies: the ring group's (ADR 0115).
     Policies,
+    /// The admin stores' `AuthView` (ADR 0148). Last, so the variants
+    /// above encode as before; asked only while `admin_store` is active.
+    AuthView,
 }
 
 /// The most segment ids one `ListsSegments` query carries.

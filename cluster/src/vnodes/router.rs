@@ -487,6 +487,7 @@ impl Router {
             }
             Query::Policies => encode(&answered(group.read(|s| s.policies().clone()).await)),
             Query::CursorKeys => encode(&answered(group.read(|s| s.cursor_keys().cloned()).await)),
+            Query::AuthView => encode(&answered(group.read(|s| s.auth_view()).await)),
             Query::Export { arc, id_base } => encode(&export_arc(group, arc, id_base).await),
         }
     }

@@ -208,6 +208,20 @@ impl MetadataState {
             ),
             Command::ActivateFeature { feature } => self.activate_feature(&feature),
             Command::FinalizeFeatures => self.finalize_features(),
+            Command::PutUser {
+                name,
+                credential,
+                replace,
+                at_ms,
+            } => self.put_user(name, credential, replace, at_ms),
+            Command::DeleteUser { name } => self.delete_user(&name),
+            Command::AddAcl { entry } => self.add_acl(entry),
+            Command::RemoveAcl { entry } => self.remove_acl(entry),
+            Command::RecordLoginFailure { key, policy, at_ms } => {
+                self.record_login_failure(key, policy, at_ms)
+            }
+            Command::RecordLoginSuccess { key } => self.record_login_success(&key),
+            Command::UnlockUser { name } => self.unlock_user(&name),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(

@@ -8,6 +8,9 @@ use super::arc::RingArc;
 use super::control::{Lease, PendingSplit, VnodeSeed};
 use super::cursor_keys::CursorSecret;
 use super::state::{Incarnation, NodeId, RangeId, SealRecord, SegmentId, StoragePolicy};
+use crate::auth::acl::AclEntry;
+use crate::auth::lockout::{LockoutKey, LockoutPolicy};
+use crate::auth::scram::StoredCredential;
 use crate::ring::VnodeId;
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +22,9 @@ pub const ACTIVE_RANGES_PER_TOPIC_MAX: usize = 65_536;
 pub const REPLICA_SET_SIZE_MAX: usize = 16;
 /// The longest topic or policy name, in bytes.
 pub const NAME_BYTES_MAX: usize = 249;
+/// The longest user name, in bytes (ADR 0148): a SCRAM user name and an
+/// ACL principal's name both fit it.
+pub const USER_NAME_BYTES_MAX: usize = 255;
 /// The most placement constraints one storage policy may carry.
 pub const POLICY_CONSTRAINTS_MAX: usize = 64;
 /// The longest placement constraint expression, in bytes.
@@ -268,6 +274,35 @@ pub enum Command {
         epoch: u64,
         generation: u64,
     },
+    /// In the ring's group (ADR 0148): creates user `name` with a
+    /// credential the proposer derived, or, with `replace`, changes an
+    /// existing user's. Refused with `UserExists` for an existing user
+    /// without `replace`, unless the credential is the same (a repeat).
+    /// Emitted only while `Feature::AdminStore` is active, as are the
+    /// admin commands after it. Last, so the variants above encode as
+    /// before.
+    PutUser {
+        name: String,
+        credential: StoredCredential,
+        replace: bool,
+        at_ms: u64,
+    },
+    /// Forgets a user and its lockout keys; refused with `NoSuchUser`.
+    DeleteUser { name: String },
+    /// Adds an ACL entry; an entry already there is a no-op.
+    AddAcl { entry: AclEntry },
+    /// Removes an ACL entry; refused with `NoSuchAcl` if it is not there.
+    RemoveAcl { entry: AclEntry },
+    /// Counts a failed login of `key` at `at_ms`, judged under `policy`.
+    RecordLoginFailure {
+        key: LockoutKey,
+        policy: LockoutPolicy,
+        at_ms: u64,
+    },
+    /// A successful login clears `key`'s failures.
+    RecordLoginSuccess { key: LockoutKey },
+    /// An admin's unlock: clears every source's failures of the user.
+    UnlockUser { name: String },
 }
 
 impl Command {
@@ -320,7 +355,14 @@ impl Command {
             | Command::SetMemberAttributes { .. }
             | Command::AdvertiseFeatures { .. }
             | Command::ActivateFeature { .. }
-            | Command::FinalizeFeatures => None,
+            | Command::FinalizeFeatures
+            | Command::PutUser { .. }
+            | Command::DeleteUser { .. }
+            | Command::AddAcl { .. }
+            | Command::RemoveAcl { .. }
+            | Command::RecordLoginFailure { .. }
+            | Command::RecordLoginSuccess { .. }
+            | Command::UnlockUser { .. } => None,
         }
     }
 }
@@ -420,6 +462,24 @@ pub enum Outcome {
     FeaturesFinalized {
         features: Vec<String>,
         version: u32,
+    },
+    /// A user was created (`created`) or its credential changed (ADR
+    /// 0148). Last, so the variants above encode as before.
+    UserPut {
+        created: bool,
+    },
+    UserDeleted,
+    AclAdded,
+    AclRemoved,
+    /// A failed login was counted: the next attempt of its key may run at
+    /// `retry_at_ms` (the lock's end if `locked`).
+    LoginFailureRecorded {
+        retry_at_ms: u64,
+        locked: bool,
+    },
+    /// How many lockout keys a success or an unlock cleared.
+    LockoutCleared {
+        keys: u64,
     },
 }
 
@@ -608,6 +668,32 @@ pub enum ModelError {
     /// A broker's advertisement breaks the table's bounds.
     #[error("features of node {node}: {reason}")]
     InvalidFeatures { node: u64, reason: String },
+    /// A user name breaks its rule (ADR 0148). Last, so the variants
+    /// above encode as before.
+    #[error("invalid user name {name:?}: {reason}")]
+    InvalidUserName { name: String, reason: UserNameRule },
+    #[error("a credential of {iterations} iterations is not within {min}..={max}")]
+    CredentialIterations { iterations: u32, min: u32, max: u32 },
+    #[error("a credential salt of {bytes} bytes is not within {min}..={max}")]
+    CredentialSalt {
+        bytes: usize,
+        min: usize,
+        max: usize,
+    },
+    #[error("user {name} already exists")]
+    UserExists { name: String },
+    #[error("no such user {name}")]
+    NoSuchUser { name: String },
+    #[error("the store holds {max} users already")]
+    TooManyUsers { max: usize },
+    #[error("invalid ACL entry: {reason}")]
+    InvalidAcl { reason: String },
+    #[error("the store holds {max} ACL entries already")]
+    TooManyAcls { max: usize },
+    #[error("no such ACL entry {entry:?}")]
+    NoSuchAcl { entry: Box<AclEntry> },
+    #[error("invalid lockout record: {reason}")]
+    InvalidLockout { reason: String },
 }
 
 impl ModelError {
@@ -638,6 +724,30 @@ impl std::fmt::Display for NameRule {
             NameRule::TooLong => write!(f, "it is longer than {NAME_BYTES_MAX} bytes"),
             NameRule::BadCharacter => {
                 f.write_str("only ascii letters, digits, '.', '_' and '-' are allowed")
+            }
+        }
+    }
+}
+
+/// The rule a user name broke (ADR 0148).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UserNameRule {
+    Empty,
+    TooLong,
+    /// User names are limited to ASCII letters, digits, `.`, `_`, `-` and
+    /// `@`: nothing SCRAM escapes or a principal pattern uses.
+    BadCharacter,
+}
+
+impl std::fmt::Display for UserNameRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UserNameRule::Empty => f.write_str("it is empty"),
+            UserNameRule::TooLong => {
+                write!(f, "it is longer than {USER_NAME_BYTES_MAX} bytes")
+            }
+            UserNameRule::BadCharacter => {
+                f.write_str("only ascii letters, digits, '.', '_', '-' and '@' are allowed")
             }
         }
     }

@@ -54,6 +54,10 @@ pub enum Feature {
     /// reshaping's per-topic settings. Without it, a policy that sets any
     /// of them is refused, and policies encode as older brokers read them.
     ReshapePolicy,
+    /// The admin stores' commands (ADR 0148): `PutUser`, `DeleteUser`,
+    /// `AddAcl`, `RemoveAcl` and the lockout's. Without it, none is
+    /// proposed: an older broker could not decode them.
+    AdminStore,
 }
 
 /// How a feature goes from available to active.
@@ -66,12 +70,13 @@ pub enum Activation {
 }
 
 /// Every feature this binary supports, in name order of declaration.
-pub const SUPPORTED_FEATURES: [Feature; 5] = [
+pub const SUPPORTED_FEATURES: [Feature; 6] = [
     Feature::WaitedLease,
     Feature::LeaseGeneration,
     Feature::SplitMergeSegments,
     Feature::LeaseReleaseGeneration,
     Feature::ReshapePolicy,
+    Feature::AdminStore,
 ];
 
 /// Features every broker emitted before the table existed: active in a
@@ -90,6 +95,7 @@ impl Feature {
             Feature::SplitMergeSegments => "split_merge_segments",
             Feature::LeaseReleaseGeneration => "lease_release_generation",
             Feature::ReshapePolicy => "reshape_policy",
+            Feature::AdminStore => "admin_store",
         }
     }
 
@@ -105,7 +111,8 @@ impl Feature {
             | Feature::LeaseGeneration
             | Feature::SplitMergeSegments
             | Feature::LeaseReleaseGeneration
-            | Feature::ReshapePolicy => Activation::Auto,
+            | Feature::ReshapePolicy
+            | Feature::AdminStore => Activation::Auto,
         }
     }
 

@@ -11,6 +11,7 @@
 //! ids come from counters inside the state, so replicas that apply the same
 //! commands serialize to the same bytes.
 
+mod admin_store;
 mod apply;
 mod arc;
 mod command;
@@ -24,11 +25,16 @@ mod read_plan;
 mod retention;
 mod state;
 
+pub use admin_store::{
+    AdminStore, AuthView, LOCKOUT_ENTRIES_MAX, LOCKOUT_SOURCE_BYTES_MAX, USERS_MAX, UserRecord,
+    validate_credential, validate_user_name,
+};
 pub use apply::validate_name as validate_topic_name;
 pub use arc::{RING_END, RingArc, ring_position};
 pub use command::{
     ACTIVE_RANGES_PER_TOPIC_MAX, Command, INITIAL_RANGES_MAX, IdKind, ModelError, NAME_BYTES_MAX,
     NameRule, Outcome, POLICY_CONSTRAINT_BYTES_MAX, POLICY_CONSTRAINTS_MAX, REPLICA_SET_SIZE_MAX,
+    USER_NAME_BYTES_MAX, UserNameRule,
 };
 pub use control::{LEASE_DURATION_MAX_MS, Lease, PendingSplit, RingRecord, VnodeSeed};
 pub use cursor_keys::{CURSOR_KEYS_MAX, CursorKeyEntry, CursorKeyRing, CursorSecret};

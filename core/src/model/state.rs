@@ -223,8 +223,8 @@ impl ReshapePolicy {
     }
 }
 
-/// The whole metadata state of one vnode.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The whole metadata state of one vnode. Encoded through [`StateRepr`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct MetadataState {
     pub(crate) topics: BTreeMap<String, Topic>,
     pub(crate) ranges: BTreeMap<RangeId, Range>,
@@ -250,8 +250,59 @@ pub struct MetadataState {
     /// The cluster's cursor keys, in the ring's own group only (ADR 0096).
     /// Left out of the encoding while absent, so a state without keys
     /// encodes exactly as before they existed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub(crate) cursor_keys: Option<super::cursor_keys::CursorKeyRing>,
+    /// Users, ACL entries and the lockout table, in the ring's own group
+    /// only (ADR 0148). Last, with a default, and left out while absent.
+    #[serde(default)]
+    pub(crate) admin: Option<super::admin_store::AdminStore>,
+}
+
+/// How the state is encoded. The encoding is positional (MessagePack
+/// arrays), so optional fields are left out only from the end:
+/// `cursor_keys` is written (nil if absent) when it or `admin` is present,
+/// and a state that never held them encodes exactly as before them.
+#[derive(Serialize)]
+struct StateRepr<'a> {
+    topics: &'a BTreeMap<String, Topic>,
+    ranges: &'a BTreeMap<RangeId, Range>,
+    segments: &'a BTreeMap<SegmentId, Segment>,
+    policies: &'a BTreeMap<String, StoragePolicy>,
+    next_incarnation: u64,
+    next_range_id: u64,
+    next_segment_id: u64,
+    arc: &'a Option<RingArc>,
+    fence: &'a Option<RingArc>,
+    lease: &'a Option<super::control::Lease>,
+    ring: &'a Option<super::control::RingRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cursor_keys: Option<&'a Option<super::cursor_keys::CursorKeyRing>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin: Option<&'a super::admin_store::AdminStore>,
+}
+
+impl Serialize for MetadataState {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let admin = self.admin.as_ref();
+        let cursor_keys =
+            (self.cursor_keys.is_some() || admin.is_some()).then_some(&self.cursor_keys);
+        StateRepr {
+            topics: &self.topics,
+            ranges: &self.ranges,
+            segments: &self.segments,
+            policies: &self.policies,
+            next_incarnation: self.next_incarnation,
+            next_range_id: self.next_range_id,
+            next_segment_id: self.next_segment_id,
+            arc: &self.arc,
+            fence: &self.fence,
+            lease: &self.lease,
+            ring: &self.ring,
+            cursor_keys,
+            admin,
+        }
+        .serialize(serializer)
+    }
 }
 
 /// Why a snapshot cannot be taken or restored.
@@ -420,6 +471,12 @@ impl MetadataState {
             ensure!(
                 keys.is_well_formed(),
                 "the cursor keys are empty, too many, out of id order or of a bad length"
+            );
+        }
+        if let Some(admin) = &self.admin {
+            ensure!(
+                admin.is_well_formed(),
+                "the admin stores hold a bad name, credential or entry, or too many"
             );
         }
         for (name, topic) in &self.topics {
