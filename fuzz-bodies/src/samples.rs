@@ -268,6 +268,7 @@ pub fn replica_status() -> Vec<u8> {
         }],
         scrub: Vec::new(),
         health: Vec::new(),
+        reshaping: None,
     }
     .encode()
     .map(|b| b.to_vec())
