@@ -178,9 +178,14 @@ impl FrameReader {
         let budgets = &serving.port.budgets;
         let more = match budget.try_request(budgets, want) {
             Some(more) => more,
+            // Waiting, it holds what it read so far and reads no more, so a
+            // peer's close is looked for here: without it, a client gone
+            // mid-frame kept its share until the frame's deadline
+            // (`tests/client_port_memory.rs`).
             None => tokio::select! {
                 more = budget.request(budgets, want) => more,
                 _ = tokio::time::sleep_until(deadline) => return Some(ReadOutcome::SlowFrame),
+                () = peer_closed(&self.rd) => return Some(ReadOutcome::Closed),
             },
         };
         match self.share.as_mut() {
@@ -221,6 +226,26 @@ impl FrameReader {
             Some(share) => share.split(bytes),
             // Every read is covered, so this is not reached; counted anyway.
             None => budget.request(&serving.port.budgets, bytes).await,
+        }
+    }
+}
+
+/// How often a reader waiting for budget looks for its peer's close.
+const PEER_CLOSED_CHECK_MS: u64 = 250;
+
+/// Returns once the peer has closed its side (EPOLLRDHUP), even with bytes
+/// still unread; never while it is open. Polled every
+/// `PEER_CLOSED_CHECK_MS`: readiness stays set while unread bytes wait, so
+/// waiting on it alone would spin.
+async fn peer_closed(rd: &OwnedReadHalf) {
+    use futures::FutureExt;
+    let interest = tokio::io::Interest::READABLE;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(PEER_CLOSED_CHECK_MS)).await;
+        match rd.ready(interest).now_or_never() {
+            Some(Ok(ready)) if ready.is_read_closed() => return,
+            Some(Err(_)) => return,
+            _ => {}
         }
     }
 }
