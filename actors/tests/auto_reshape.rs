@@ -20,10 +20,11 @@ mod common;
 use std::path::Path;
 
 use common::redirects::produce_following;
+use common::topics::create_replicated;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ReshapeDefaults};
 use malachi_wire::batch::Record;
-use malachi_wire::messages::{CreateTopicRequest, TopicReshaping};
+use malachi_wire::messages::TopicReshaping;
 
 const KEYED: &str = "keyed";
 const HOT: &str = "hot";
@@ -107,20 +108,6 @@ async fn active_count(client: &mut TestClient, topic: &str) -> usize {
     active_ranges(client, topic).await.len()
 }
 
-async fn create(client: &mut TestClient, topic: &str) {
-    assert!(
-        eventually(30_000, async || client
-            .call(&CreateTopicRequest {
-                name: topic.into(),
-                replication_factor: Some(3),
-                policy: None,
-            })
-            .await
-            .is_ok())
-        .await
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_topic_splits_under_load_not_for_one_hot_key_and_merges_back_when_idle() {
     init_tracing();
@@ -129,8 +116,8 @@ async fn a_topic_splits_under_load_not_for_one_hot_key_and_merges_back_when_idle
         start_seeded(|node_id, seeds| config(root.path(), node_id, seeds)).await;
     let brokers = [&one, &two, &three];
     let mut client = TestClient::connect(one.client_addr()).await;
-    create(&mut client, KEYED).await;
-    create(&mut client, HOT).await;
+    create_replicated(&mut client, KEYED).await;
+    create_replicated(&mut client, HOT).await;
 
     // Sustained load over many keys: the topic splits itself.
     let keys: Vec<String> = (0..32).map(|i| format!("key-{i}")).collect();

@@ -18,9 +18,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::redirects::*;
+use common::topics::create_replicated;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, MaintenanceSettings};
-use malachi_wire::messages::{CreateTopicRequest, DescribeTopicRequest, TopicDescription};
+use malachi_wire::messages::{DescribeTopicRequest, TopicDescription};
 
 const TOPIC: &str = "rated";
 /// How long a live describe may take with a primary gone: its asks are
@@ -84,20 +85,6 @@ fn rates_of(described: &TopicDescription) -> BTreeMap<u64, (u64, u64)> {
         .collect()
 }
 
-async fn create(client: &mut TestClient) {
-    assert!(
-        eventually(30_000, async || client
-            .call(&CreateTopicRequest {
-                name: TOPIC.into(),
-                replication_factor: Some(3),
-                policy: None,
-            })
-            .await
-            .is_ok())
-        .await
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn describe_through_any_broker_shows_every_ranges_rate_and_answers_with_a_primary_gone() {
     init_tracing();
@@ -106,7 +93,7 @@ async fn describe_through_any_broker_shows_every_ranges_rate_and_answers_with_a_
         start_seeded(|node_id, seeds| config(root.path(), node_id, seeds)).await;
     let brokers = [&one, &two, &three];
     let mut client = TestClient::connect(one.client_addr()).await;
-    create(&mut client).await;
+    create_replicated(&mut client, TOPIC).await;
     let (lower, upper) = (keys(false, 6), keys(true, 6));
     produce_following(&brokers, TOPIC, &batch(&lower, 0, 6)).await;
     let whole = *active_ranges(&mut client, TOPIC).await.first().unwrap();

@@ -10,4 +10,5 @@ pub use malachi_testkit::wait::{eventually, wait_until};
 
 pub mod protocol_doc;
 pub mod redirects;
+pub mod topics;
 pub mod zones;
