@@ -15,7 +15,7 @@ use common::redirects::*;
 use common::*;
 use malachi_actors::{Broker, BrokerConfig, BrokerHandle, MaintenanceSettings};
 use malachi_wire::batch::Record;
-use malachi_wire::messages::{ClusterMembersRequest, CreateTopicRequest};
+use malachi_wire::messages::{ClusterMembersRequest, CreateTopicRequest, MergeRangeRequest};
 
 /// Balancing decisions a second apart, so a test sees several.
 const BALANCE_INTERVAL_MS: u64 = 1_000;
@@ -163,11 +163,35 @@ async fn a_splits_children_are_written_by_two_brokers_and_every_record_reads_bac
             produced.extend(records);
         }
     }
-    // The children merge back through any broker, though two brokers
-    // write them: one half moves to the other's primary first.
+    // The children merge back though two brokers write them: asked of the
+    // lower child's writer, that half moves to the upper child's writer,
+    // which gathers both, and the client is sent there (ADR 0144 §6).
+    let gatherer = children[&split.children[1]];
+    assert_ne!(gatherer, primary);
+    let mut asked = TestClient::connect(addr_of(&brokers, primary)).await;
+    let merge = MergeRangeRequest {
+        topic: topic.into(),
+        range_id: split.children[0],
+    };
+    assert!(
+        eventually(30_000, async || match asked.call(&merge).await {
+            Err(refused) => served_by(&refused) == Some(gatherer),
+            Ok(merged) => panic!("merged where neither half was gathered: {merged:?}"),
+        })
+        .await,
+        "the lower half never moved to broker {gatherer}"
+    );
+    // The merge then runs through any broker, on the gatherer, and its
+    // successor is placed by load like a new range: not on the gatherer,
+    // which writes both halves while the others write nothing.
     let merged = admin.merge_range(topic, split.children[0]).await.unwrap();
     assert_eq!(merged.parents.len(), 2);
-    assert_eq!(primaries_of(&mut client, topic).await.len(), 1);
+    let successor = primaries_of(&mut client, topic).await;
+    assert_eq!(successor.len(), 1, "{successor:?}");
+    assert_ne!(
+        successor[&merged.range_id], gatherer,
+        "a merged successor is placed by load, not left on the broker that gathered the halves"
+    );
     for records in [batch(&lower, 9, 6), batch(&upper, 9, 6)] {
         produce_following(&brokers, topic, &records).await;
         produced.extend(records);

@@ -5,13 +5,17 @@
 //! Pure: the caller measures and gossips; these functions only decide, so
 //! the same decisions run under a test's made-up loads.
 //!
-//! - **Load** is the active segments a broker writes (its primaries) and the
-//!   bytes per second it takes from producers, smoothed. It travels as one
-//!   membership attribute, [`LOAD_ATTRIBUTE`], `p=<primaries>;w=<bytes/s>`.
+//! - **Load** is the active segments a broker writes (its primaries), the
+//!   bytes per second it takes from producers, smoothed, and the free space
+//!   of its data volume in whole GiB. It travels as one membership
+//!   attribute, [`LOAD_ATTRIBUTE`], `p=<primaries>;w=<bytes/s>;f=<GiB>`
+//!   (`f` absent from an older broker, or before the volume was measured).
 //! - **A primary** goes to the candidate with the fewest primaries, then the
 //!   lowest write rate (in steps of [`WRITE_STEP_BYTES_PER_SECOND`], so noise
-//!   does not decide), then the rendezvous hash of the segment's seed: equal
-//!   brokers share new ranges evenly and the choice is deterministic.
+//!   does not decide), then the most free disk (in whole GiB; unknown counts
+//!   as plenty, as an unknown load counts as idle), then the rendezvous hash
+//!   of the segment's seed: equal brokers share new ranges evenly and the
+//!   choice is deterministic.
 //! - **Shedding** (the balancer): only the most loaded broker moves one
 //!   primary, and only to the least loaded one, and only when they differ
 //!   by at least [`SHED_SPREAD_MIN`]. Every move shrinks the spread, so the
@@ -35,19 +39,29 @@ pub struct BrokerLoad {
     pub primaries: u64,
     /// Producer bytes per second it took, smoothed.
     pub write_bytes_per_second: u64,
+    /// Free space on its data volume, in whole GiB (`bytes >> 30`); `None`
+    /// before the volume is measured, or from a broker that does not say.
+    pub free_gib: Option<u64>,
 }
 
 /// Why a load attribute does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
-    #[error("load attribute {text:?}: expected `p=<primaries>;w=<bytes per second>`")]
+    #[error(
+        "load attribute {text:?}: expected `p=<primaries>;w=<bytes per second>` and optionally `;f=<free GiB>`"
+    )]
     Malformed { text: String },
 }
 
 impl BrokerLoad {
-    /// The attribute value, `p=<primaries>;w=<bytes/s>`.
+    /// The attribute value, `p=<primaries>;w=<bytes/s>`, then `;f=<GiB>`
+    /// when the free space is known.
     pub fn to_attribute(self) -> String {
-        format!("p={};w={}", self.primaries, self.write_bytes_per_second)
+        let mut text = format!("p={};w={}", self.primaries, self.write_bytes_per_second);
+        if let Some(free) = self.free_gib {
+            text.push_str(&format!(";f={free}"));
+        }
+        text
     }
 
     /// Parses [`BrokerLoad::to_attribute`]'s form; unknown `k=v` parts are
@@ -56,31 +70,42 @@ impl BrokerLoad {
         let malformed = || LoadError::Malformed {
             text: text.chars().take(64).collect(),
         };
-        let (mut primaries, mut write) = (None, None);
+        let (mut primaries, mut write, mut free_gib) = (None, None, None);
         for part in text.split(';') {
             let (key, value) = part.split_once('=').ok_or_else(malformed)?;
             match key {
                 "p" => primaries = Some(value.parse().map_err(|_| malformed())?),
                 "w" => write = Some(value.parse().map_err(|_| malformed())?),
+                "f" => free_gib = Some(value.parse().map_err(|_| malformed())?),
                 _ => {}
             }
         }
         Ok(BrokerLoad {
             primaries: primaries.ok_or_else(malformed)?,
             write_bytes_per_second: write.ok_or_else(malformed)?,
+            free_gib,
         })
     }
 
     /// Whether `self` differs from what was gossiped (`shown`) enough to
-    /// gossip again: another primary count, or a write rate a step away.
-    /// Each gossip is a new membership incarnation, so noise is not sent.
+    /// gossip again: another primary count, another whole GiB free, or a
+    /// write rate a step away. Each gossip is a new membership incarnation,
+    /// so noise is not sent.
     pub fn differs_from(self, shown: BrokerLoad) -> bool {
         self.primaries != shown.primaries
+            || self.free_gib != shown.free_gib
             || self.write_step() != shown.write_step()
                 && self
                     .write_bytes_per_second
                     .abs_diff(shown.write_bytes_per_second)
                     >= WRITE_STEP_BYTES_PER_SECOND / 2
+    }
+
+    /// Whether there is anything to say beyond the free space: an idle
+    /// broker that never wrote gossips nothing (no incarnation churn at
+    /// start), and ranks as idle with plenty of room anyway.
+    pub fn is_idle(self) -> bool {
+        self.primaries == 0 && self.write_bytes_per_second == 0
     }
 
     fn write_step(self) -> u64 {
@@ -98,9 +123,10 @@ pub fn rendezvous(seed: u64, node: u64) -> u64 {
 }
 
 /// `candidates` ranked best first for a new primary: fewest primaries, then
-/// lowest write step, then rendezvous order for `seed`. A candidate without
-/// a known load counts as idle (a broker that just joined). Duplicates are
-/// dropped.
+/// lowest write step, then most free GiB, then rendezvous order for `seed`.
+/// A candidate without a known load counts as idle (a broker that just
+/// joined), and one without a known free space as having plenty.
+/// Duplicates are dropped.
 pub fn rank_primaries(
     candidates: &[u64],
     loads: &BTreeMap<u64, BrokerLoad>,
@@ -114,6 +140,7 @@ pub fn rank_primaries(
         (
             load.primaries,
             load.write_step(),
+            std::cmp::Reverse(load.free_gib.unwrap_or(u64::MAX)),
             rendezvous(seed, node),
             node,
         )
@@ -163,7 +190,7 @@ mod tests {
                     node,
                     BrokerLoad {
                         primaries: p,
-                        write_bytes_per_second: 0,
+                        ..BrokerLoad::default()
                     },
                 )
             })
@@ -175,11 +202,19 @@ mod tests {
         let load = BrokerLoad {
             primaries: 7,
             write_bytes_per_second: 12_345,
+            free_gib: None,
         };
         assert_eq!(load.to_attribute(), "p=7;w=12345");
         assert_eq!(BrokerLoad::from_attribute("p=7;w=12345"), Ok(load));
         assert_eq!(BrokerLoad::from_attribute("w=12345;x=1;p=7"), Ok(load));
-        for bad in ["", "p=1", "p=x;w=2", "p=1;w", "junk"] {
+        // The free space, when known; an older broker's attribute has none.
+        let measured = BrokerLoad {
+            free_gib: Some(41),
+            ..load
+        };
+        assert_eq!(measured.to_attribute(), "p=7;w=12345;f=41");
+        assert_eq!(BrokerLoad::from_attribute("p=7;w=12345;f=41"), Ok(measured));
+        for bad in ["", "p=1", "p=x;w=2", "p=1;w", "junk", "p=1;w=2;f=-3"] {
             assert!(BrokerLoad::from_attribute(bad).is_err(), "{bad:?}");
         }
     }
@@ -189,6 +224,7 @@ mod tests {
         let shown = BrokerLoad {
             primaries: 3,
             write_bytes_per_second: 100,
+            free_gib: Some(50),
         };
         let mut now = shown;
         now.write_bytes_per_second = 200_000;
@@ -198,6 +234,43 @@ mod tests {
         now = shown;
         now.primaries = 4;
         assert!(now.differs_from(shown));
+        now = shown;
+        now.free_gib = Some(49);
+        assert!(now.differs_from(shown), "a whole GiB less free is news");
+    }
+
+    #[test]
+    fn between_equal_loads_the_broker_with_more_free_disk_wins() {
+        let mut l = loads(&[(1, 2), (2, 2), (3, 2)]);
+        l.get_mut(&1).unwrap().free_gib = Some(10);
+        l.get_mut(&2).unwrap().free_gib = Some(300);
+        l.get_mut(&3).unwrap().free_gib = Some(20);
+        for seed in 0..50u64 {
+            assert_eq!(rank_primaries(&[1, 2, 3], &l, seed), vec![2, 3, 1]);
+        }
+        // Free disk never outranks fewer primaries, and an unknown free
+        // space (an older broker) counts as plenty.
+        l.get_mut(&1).unwrap().primaries = 1;
+        assert_eq!(rank_primaries(&[1, 2, 3], &l, 7)[0], 1);
+        l.get_mut(&1).unwrap().primaries = 2;
+        l.get_mut(&3).unwrap().free_gib = None;
+        assert_eq!(rank_primaries(&[1, 2, 3], &l, 7), vec![3, 2, 1]);
+    }
+
+    #[test]
+    fn an_idle_broker_has_nothing_to_gossip_but_its_free_space() {
+        let idle = BrokerLoad {
+            free_gib: Some(12),
+            ..BrokerLoad::default()
+        };
+        assert!(idle.is_idle());
+        assert!(
+            !BrokerLoad {
+                primaries: 1,
+                ..idle
+            }
+            .is_idle()
+        );
     }
 
     #[test]

@@ -162,6 +162,7 @@ impl BalancerState {
         let load = BrokerLoad {
             primaries: self.ctx.data.segments.lock().len() as u64,
             write_bytes_per_second: self.write_bytes_per_second,
+            free_gib: self.ctx.data.space.reckoned_free_bytes().map(|b| b >> 30),
         };
         let metrics = &self.ctx.data.metrics;
         metrics.primaries.set(load.primaries as f64);
@@ -186,7 +187,7 @@ impl BalancerState {
         // nothing (no incarnation churn at start).
         let changed = match shown {
             Some(shown) => load.differs_from(shown),
-            None => load != BrokerLoad::default(),
+            None => !load.is_idle(),
         };
         if !changed || self.polls_since_gossip < GOSSIP_POLLS_MIN {
             return;

@@ -433,12 +433,12 @@ impl CoordinatorState {
         let copies = self
             .copies(&topic, lower_segment)?
             .max(self.copies(&topic, upper_segment)?);
-        let replicas = self.successor_replicas(
-            &topic,
-            self.node(),
-            copies,
-            lower_segment.0 ^ upper_segment.0,
-        )?;
+        // The successor is placed as a new range is (ADR 0144): on the
+        // least loaded live broker, which may be this one. Gathering the
+        // halves here was only how the merge could freeze both.
+        let seed = lower_segment.0 ^ upper_segment.0;
+        let replicas =
+            self.successor_replicas(&topic, self.primary_for(seed, &[]), copies, seed)?;
         // Both halves' writers must run here before either is frozen: a
         // freeze that cannot be finished rolls the half it froze, and a
         // merge retried against a buddy written elsewhere rolled the other
