@@ -2,9 +2,11 @@
 //! shows (ADR 0143), whichever broker answers it.
 //!
 //! Only a range's primary measures its rate, and only the broker that
-//! asked for a reshape remembers why. So the answering broker asks each
-//! active range's primary (named in the topic's metadata) for the topic's
-//! figures, all at once, over replica-status (the node fabric, the cluster
+//! asked for a reshape remembers why, and it may no longer write any of
+//! the topic's ranges (a balancer move, a merge placed elsewhere). So the
+//! answering broker asks each active range's primary (named in the topic's
+//! metadata) and every other live broker for the topic's figures, all at
+//! once, over replica-status (the node fabric, the cluster
 //! port when the fabric has no session: ADR 0133), each ask bounded by
 //! [`DESCRIBE_RATES_TIMEOUT_MS`]. It keeps from each answer the rates of
 //! the ranges that broker writes, and the union of the histories, latest
@@ -54,10 +56,15 @@ pub(crate) async fn gather_reshaping(
     timeout_ms: u64,
 ) -> Option<TopicReshaping> {
     let me = shared.config.node_id;
-    let asks = primaries
-        .keys()
-        .copied()
-        .filter(|&node| node != me)
+    let live: Vec<u64> = shared
+        .fabric()
+        .map(|fabric| {
+            let view = fabric.membership.view();
+            view.live().map(|member| member.node_id).collect()
+        })
+        .unwrap_or_default();
+    let asks = brokers_to_ask(&primaries, &live, me)
+        .into_iter()
         .map(|node| {
             let topic = topic.clone();
             async move { (node, ask_rates(shared, node, topic, timeout_ms).await) }
@@ -68,7 +75,21 @@ pub(crate) async fn gather_reshaping(
     merge(&primaries, answers)
 }
 
-/// One primary's figures for `topic`, or `None` when it did not answer
+/// Whom a describe asks for a topic's figures: every range's primary (for
+/// its rate, whether or not membership sees it live yet) and every live
+/// broker (for the reshapes it asked for), each once, never `me`.
+pub(crate) fn brokers_to_ask(
+    primaries: &BTreeMap<u64, BTreeSet<u64>>,
+    live: &[u64],
+    me: u64,
+) -> BTreeSet<u64> {
+    let mut asked: BTreeSet<u64> = primaries.keys().copied().collect();
+    asked.extend(live.iter().copied());
+    asked.remove(&me);
+    asked
+}
+
+/// One broker's figures for `topic`, or `None` when it did not answer
 /// within `timeout_ms` (or answered without them: an older broker).
 async fn ask_rates(
     shared: &Shared,
@@ -193,6 +214,34 @@ mod tests {
             .map(|r| (r.range, r.primary, r.write_bytes_per_second))
             .collect();
         assert_eq!(seen, vec![(10, 1, 5), (20, 2, 7), (21, 2, 9)]);
+    }
+
+    #[test]
+    fn every_live_broker_is_asked_once_for_the_reshapes_it_asked_for() {
+        // Broker 3 writes none of the topic's ranges (it may have split
+        // one and seen both children placed elsewhere): it is still asked.
+        let asked = brokers_to_ask(&primaries(), &[1, 2, 3], 1);
+        assert_eq!(asked, BTreeSet::from([2, 3]));
+        // A primary membership does not see live yet is asked too.
+        assert_eq!(brokers_to_ask(&primaries(), &[1], 1), BTreeSet::from([2]));
+        assert_eq!(brokers_to_ask(&BTreeMap::new(), &[], 1), BTreeSet::new());
+    }
+
+    #[test]
+    fn a_history_from_a_broker_that_writes_none_of_the_ranges_is_kept() {
+        let merged = merge(
+            &primaries(),
+            vec![(
+                3,
+                Some(TopicReshaping {
+                    rates: vec![rate(10, 99)],
+                    history: vec![event(5)],
+                }),
+            )],
+        )
+        .unwrap();
+        assert!(merged.rates.is_empty(), "its stale rates are not shown");
+        assert_eq!(merged.history, vec![event(5)]);
     }
 
     #[test]
