@@ -294,6 +294,7 @@ async fn find_cluster(
                 Vec::new()
             },
             rng_seed: u64::from_le_bytes(rng_seed),
+            seal: config.membership.swim_seal(),
         },
     };
     crate::fabric::formation::form(plan, args).await?;

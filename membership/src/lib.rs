@@ -27,6 +27,7 @@ mod core;
 mod identity;
 mod routing;
 pub mod runtime;
+pub mod seal;
 mod view;
 
 use std::collections::BTreeMap;

@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 
 use super::core::{Effects, MembershipCore, SwimSettings};
 use super::identity::NodeIdentity;
+use super::seal::{OpenError, Opener, SEAL_OVERHEAD_BYTES, SealError, SealSettings, Sealer};
 use super::{LocalRouting, Membership, MembershipError};
 
 /// Timers armed at once; foca arms a handful per member, so this bounds a
@@ -39,6 +40,8 @@ pub struct RuntimeArgs {
     pub seeds: Vec<SocketAddr>,
     /// Seeds foca's choice of probe targets.
     pub rng_seed: u64,
+    /// How datagrams are sealed and which are accepted (ADR 0147).
+    pub seal: SealSettings,
 }
 
 /// Runs SWIM on `socket` until [`Membership::leave`] is called.
@@ -53,15 +56,24 @@ pub async fn run(
     if let Some(attributes) = attributes_rx.borrow_and_update().clone() {
         identity.attributes = attributes;
     }
+    let sender = identity.node_id;
     let core = MembershipCore::new(identity, &args.settings, args.rng_seed)?;
     let mut routing_rx = membership.inner.routing_tx.subscribe();
     let mut leave_rx = membership.inner.leave_tx.subscribe();
-    let mut swim = Swim::new(core, socket, args.settings.packet_bytes_max, args.seeds);
+    let seal = Seal::new(&args.seal, sender)?;
+    let mut swim = Swim::new(
+        core,
+        socket,
+        args.settings.packet_bytes_max,
+        args.seeds,
+        seal,
+    );
     let mut seed_tick = tokio::time::interval(Duration::from_millis(args.settings.seed_retry_ms));
     seed_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     info!(
         identity = ?swim.core.identity(),
         seeds = swim.seeds.len(),
+        seal = ?args.seal.mode,
         "membership started"
     );
     // Routing published before this run (the previous incarnation's, or
@@ -109,6 +121,91 @@ struct Swim {
     seeds: Vec<SocketAddr>,
     /// Consecutive receive errors (`RECV_ERRORS_MAX`).
     recv_errors: u32,
+    seal: Seal,
+}
+
+/// The runtime's side of sealing (ADR 0147): what it seals with, what it
+/// opens with, and what it refused.
+struct Seal {
+    sealer: Option<Sealer>,
+    opener: Option<Opener>,
+    accepts_plain: bool,
+    refused: u64,
+}
+
+impl Seal {
+    fn new(settings: &SealSettings, sender: u64) -> Result<Seal, MembershipError> {
+        let sealer = if settings.mode.sends_sealed() {
+            Some(Sealer::new(&settings.key, sender, session_bits()?))
+        } else {
+            None
+        };
+        Ok(Seal {
+            sealer,
+            opener: settings
+                .mode
+                .accepts_sealed()
+                .then(|| Opener::new(&settings.key)),
+            accepts_plain: settings.mode.accepts_plain(),
+            refused: 0,
+        })
+    }
+
+    /// `data` as it goes on the wire: sealed, or as it is.
+    fn outgoing(&mut self, data: &[u8]) -> Option<Vec<u8>> {
+        let Some(sealer) = self.sealer.as_mut() else {
+            return Some(data.to_vec());
+        };
+        let now = unix_now_s();
+        match sealer.seal(now, data) {
+            Ok(sealed) => Some(sealed),
+            Err(SealError::SessionSpent) => {
+                sealer.renew(session_bits().ok()?);
+                sealer.seal(now, data).ok()
+            }
+        }
+    }
+
+    /// The datagram foca reads, or `None` when it is refused.
+    fn incoming(&mut self, from: SocketAddr, datagram: &[u8]) -> Option<Vec<u8>> {
+        let opened = match self.opener.as_mut() {
+            Some(opener) => opener.open(unix_now_s(), datagram),
+            None => Err(OpenError::NotSealed {
+                len: datagram.len(),
+            }),
+        };
+        match opened {
+            Ok(plain) => Some(plain),
+            Err(_) if self.accepts_plain => Some(datagram.to_vec()),
+            Err(error) => {
+                self.refused += 1;
+                // The first and then every thousandth: a flood is visible
+                // without a log line per datagram.
+                if self.refused % 1000 == 1 {
+                    warn!(%from, %error, refused = self.refused, "swim datagram refused (not sealed with this cluster's key)");
+                } else {
+                    debug!(%from, %error, "swim datagram refused");
+                }
+                None
+            }
+        }
+    }
+}
+
+/// 64 bits from the operating system, for a sealing session.
+fn session_bits() -> Result<u64, MembershipError> {
+    let bits: [u8; 8] = aws_lc_rs::rand::generate(&aws_lc_rs::rand::SystemRandom::new())
+        .map_err(|_| {
+            MembershipError::Socket(std::io::Error::other("no os randomness for the swim seal"))
+        })?
+        .expose();
+    Ok(u64::from_le_bytes(bits))
+}
+
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Swim {
@@ -117,16 +214,19 @@ impl Swim {
         socket: UdpSocket,
         packet_bytes_max: usize,
         seeds: Vec<SocketAddr>,
+        seal: Seal,
     ) -> Swim {
         Swim {
             core,
             socket,
             timers: BinaryHeap::new(),
             effects: Effects::default(),
-            buf: vec![0u8; packet_bytes_max + 1],
+            // A sealed datagram is up to `SEAL_OVERHEAD_BYTES` longer.
+            buf: vec![0u8; packet_bytes_max + SEAL_OVERHEAD_BYTES + 1],
             packet_bytes_max,
             seeds,
             recv_errors: 0,
+            seal,
         }
     }
 
@@ -136,7 +236,11 @@ impl Swim {
     async fn apply_effects(&mut self, membership: &Membership) {
         self.core.take_effects(&mut self.effects);
         for (to, data) in self.effects.sends.drain(..) {
-            if let Err(error) = self.socket.send_to(&data, to).await {
+            let Some(wire) = self.seal.outgoing(&data) else {
+                warn!(%to, "swim datagram not sealed (no os randomness); not sent");
+                continue;
+            };
+            if let Err(error) = self.socket.send_to(&wire, to).await {
                 debug!(%to, %error, "swim send failed");
             }
         }
@@ -163,11 +267,14 @@ impl Swim {
         match received {
             Ok((len, from)) => {
                 self.recv_errors = 0;
-                if len > self.packet_bytes_max {
+                if len > self.packet_bytes_max + SEAL_OVERHEAD_BYTES {
                     debug!(%from, len, "oversized swim datagram dropped");
                     return Ok(());
                 }
-                if let Err(error) = self.core.handle_data(&self.buf[..len]) {
+                let Some(data) = self.seal.incoming(from, &self.buf[..len]) else {
+                    return Ok(());
+                };
+                if let Err(error) = self.core.handle_data(&data) {
                     debug!(%from, %error, "swim datagram dropped");
                 }
             }
@@ -239,7 +346,9 @@ impl Swim {
         }
         self.core.take_effects(&mut self.effects);
         for (to, data) in self.effects.sends.drain(..) {
-            let _ = self.socket.send_to(&data, to).await;
+            if let Some(wire) = self.seal.outgoing(&data) {
+                let _ = self.socket.send_to(&wire, to).await;
+            }
         }
     }
 }

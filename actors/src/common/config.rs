@@ -108,6 +108,24 @@ pub struct MembershipSettings {
     /// A node fabric connection that has not authenticated within this long
     /// of its accept is closed.
     pub fabric_handshake_timeout_ms: u64,
+    /// How SWIM datagrams are sealed with a key derived from the cluster
+    /// cookie (ADR 0147): `required` (the default: sealed out, only sealed
+    /// in), or the steps a cluster from before sealing takes to it without
+    /// a stop, `accept` (plain out, both in), then `send` (sealed out, both
+    /// in); `off` is as before sealing and lets anyone who reaches the
+    /// port steer membership.
+    pub swim_seal: SwimSeal,
+}
+
+/// `membership.swim_seal` (ADR 0147).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwimSeal {
+    Off,
+    Accept,
+    Send,
+    #[default]
+    Required,
 }
 
 impl Default for MembershipSettings {
@@ -125,6 +143,7 @@ impl Default for MembershipSettings {
             remote_call_timeout_ms: 3_000,
             fabric_connections_max: 64,
             fabric_handshake_timeout_ms: 5_000,
+            swim_seal: SwimSeal::default(),
         }
     }
 }
@@ -138,6 +157,22 @@ impl MembershipSettings {
             suspect_timeout_ms: self.suspect_timeout_ms,
             packet_bytes_max: self.packet_bytes_max,
             seed_retry_ms: self.seed_retry_ms,
+        }
+    }
+
+    /// How SWIM seals its datagrams: the key from the cluster cookie (the
+    /// development cookie when none is set), and the mode.
+    pub fn swim_seal(&self) -> malachi_membership::seal::SealSettings {
+        use malachi_membership::seal::SealMode;
+        let cookie = self.cluster_cookie.as_deref().unwrap_or(DEV_CLUSTER_COOKIE);
+        malachi_membership::seal::SealSettings {
+            key: malachi_membership::seal::SwimKey::from_cookie(cookie),
+            mode: match self.swim_seal {
+                SwimSeal::Off => SealMode::Off,
+                SwimSeal::Accept => SealMode::Accept,
+                SwimSeal::Send => SealMode::Send,
+                SwimSeal::Required => SealMode::Required,
+            },
         }
     }
 }

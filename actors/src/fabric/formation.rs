@@ -688,6 +688,7 @@ mod tests {
                 settings: alone.membership.swim(),
                 seeds: Vec::new(),
                 rng_seed: 1,
+                seal: alone.membership.swim_seal(),
             },
         };
         runtime.block_on(form(&mut first, args)).unwrap();

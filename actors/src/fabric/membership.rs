@@ -77,6 +77,7 @@ impl Actor for SwimActor {
             settings: config.membership.swim(),
             seeds,
             rng_seed: u64::from_le_bytes(seed_bytes),
+            seal: config.membership.swim_seal(),
         };
         info!(incarnation, seeds = args.seeds.len(), "swim starting");
         let membership = fabric.membership.clone();
