@@ -21,6 +21,8 @@ use crate::admin::http::{AdminActor, AdminArgs};
 use crate::common::clock::{Clock, SystemClock};
 use crate::common::config::BrokerConfig;
 use crate::common::error::BrokerError;
+#[cfg(feature = "testing")]
+use crate::common::error::HookError;
 use crate::common::store_factory::StoreFactory;
 use crate::control::coordinator::CoordinatorMsg;
 use crate::control::manager::ManagerActor;
@@ -781,11 +783,11 @@ impl BrokerHandle {
     }
 
     /// Test hook: greets broker `peer`'s `greeter` over the node fabric.
-    pub async fn greet(&self, peer: u64) -> Result<String, String> {
-        let fabric = self.shared.fabric().ok_or("no node fabric")?;
+    pub async fn greet(&self, peer: u64) -> Result<String, HookError> {
+        let fabric = self.shared.fabric().ok_or(HookError::NoFabric)?;
         crate::fabric::greeter::greet(&fabric, peer)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| HookError::Fabric(Box::new(e)))
     }
 
     /// Test hook: orders this broker served from peers over the node
@@ -816,8 +818,8 @@ impl BrokerHandle {
         variant: &str,
         body: Vec<u8>,
         timeout_ms: u64,
-    ) -> Result<Vec<u8>, String> {
-        let fabric = self.shared.fabric().ok_or("no node fabric")?;
+    ) -> Result<Vec<u8>, HookError> {
+        let fabric = self.shared.fabric().ok_or(HookError::NoFabric)?;
         let (to, _) = fabric.peer(node);
         fabric
             .calls
@@ -830,7 +832,7 @@ impl BrokerHandle {
                 Duration::from_millis(crate::control::replica_order::ORDER_SESSION_WAIT_MS),
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| HookError::Fabric(Box::new(e)))
     }
 
     /// Test hook: sends `body` with `api_key` to broker `node` on the
@@ -841,13 +843,18 @@ impl BrokerHandle {
         api_key: u16,
         body: &[u8],
         timeout_ms: u64,
-    ) -> Result<Vec<u8>, String> {
-        let raft = self.shared.links.raft.get().ok_or("no cluster port")?;
-        raft.transport
+    ) -> Result<Vec<u8>, HookError> {
+        let raft = self
+            .shared
+            .links
+            .raft
+            .get()
+            .ok_or(HookError::NoClusterPort)?;
+        Ok(raft
+            .transport
             .call_raw(node, api_key, 0, body, timeout_ms)
-            .await
-            .map(|b| b.to_vec())
-            .map_err(|e| e.to_string())
+            .await?
+            .to_vec())
     }
 
     /// Test hook: requests with `api_key` this broker's cluster port
