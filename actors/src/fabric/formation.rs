@@ -160,29 +160,10 @@ fn read_record(path: &Path) -> Result<Option<ClusterRecord>, BrokerError> {
 pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, BrokerError> {
     let shape = config.shape();
     if config.metadata_backend == MetadataBackend::File {
-        return Ok(Plan {
-            mode: Mode::Lone,
-            nodes: vec![config.node_id],
-            shape,
-            cluster_id: None,
-            candidate,
-            record_path: None,
-            joined: false,
-            explicit_vnodes: config.cluster.vnodes,
-            join_timeout_ms: config.cluster.join_timeout_ms,
-        });
+        return Ok(file_backed(config, candidate));
     }
     let path = config.data_dir.join("metadata").join(CLUSTER_RECORD_FILE);
     let record = read_record(&path)?;
-    let me = config.node_id;
-    let differs = |recorded: &ClusterRecord, wanted: &ClusterRecord| {
-        refused(format!(
-            "the data dir {} was created with cluster settings `{}`, not `{}`: every broker keeps the [cluster] nodes, vnodes and replicas_per_vnode its data dir was created with",
-            config.data_dir.display(),
-            recorded.settings_line(),
-            wanted.settings_line()
-        ))
-    };
     let mut plan = Plan {
         mode: Mode::Lone,
         nodes: config.cluster_nodes(),
@@ -195,58 +176,13 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
         join_timeout_ms: config.cluster.join_timeout_ms,
     };
     if !config.cluster.nodes.is_empty() {
-        plan.mode = if plan.nodes.len() > 1 {
-            Mode::Fixed
-        } else {
-            Mode::Lone
-        };
-        if let Some(recorded) = record {
-            if recorded.settings_line() != plan.record().settings_line() {
-                return Err(differs(&recorded, &plan.record()));
-            }
-            plan.cluster_id = recorded.cluster_id;
-        }
-        return Ok(plan);
+        return fixed_nodes(config, plan, record);
     }
     if let Some(recorded) = record {
         if recorded.nodes.len() > 1 || recorded.joined {
             // Formed earlier (bootstrap), or joined: the record is the
             // cluster.
-            if !recorded.joined && !recorded.nodes.contains(&me) {
-                return Err(refused(format!(
-                    "the data dir {} records a cluster of nodes {:?} without this node {me}",
-                    config.data_dir.display(),
-                    recorded.nodes
-                )));
-            }
-            let vnodes_differ = config
-                .cluster
-                .vnodes
-                .is_some_and(|v| v != recorded.shape.vnodes);
-            if vnodes_differ || shape.replicas_per_vnode != recorded.shape.replicas_per_vnode {
-                let wanted = ClusterRecord {
-                    shape,
-                    ..recorded.clone()
-                };
-                return Err(differs(&recorded, &wanted));
-            }
-            if let Some(expect) = config.cluster.bootstrap_expect
-                && expect as usize != recorded.nodes.len()
-            {
-                info!(
-                    expect,
-                    nodes = ?recorded.nodes,
-                    "bootstrap_expect is ignored: the data dir records the cluster formed earlier"
-                );
-            }
-            return Ok(Plan {
-                mode: Mode::Recorded,
-                nodes: recorded.nodes,
-                shape: recorded.shape,
-                cluster_id: recorded.cluster_id,
-                joined: recorded.joined,
-                ..plan
-            });
+            return recorded_cluster(config, plan, recorded);
         }
         // A lone broker's record.
         if config.bootstrap_expect() > 1
@@ -260,7 +196,7 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
                 },
                 ..plan.record()
             };
-            return Err(differs(&recorded, &wanted));
+            return Err(settings_differ(config, &recorded, &wanted));
         }
         plan.cluster_id = recorded.cluster_id;
     } else if config.bootstrap_expect() > 1 {
@@ -278,6 +214,102 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
         return Ok(plan);
     }
     Ok(plan)
+}
+
+/// The plan of a broker on the file backend: alone, with no record.
+fn file_backed(config: &BrokerConfig, candidate: ClusterId) -> Plan {
+    Plan {
+        mode: Mode::Lone,
+        nodes: vec![config.node_id],
+        shape: config.shape(),
+        cluster_id: None,
+        candidate,
+        record_path: None,
+        joined: false,
+        explicit_vnodes: config.cluster.vnodes,
+        join_timeout_ms: config.cluster.join_timeout_ms,
+    }
+}
+
+/// The plan of a broker configured with its cluster's nodes: the record,
+/// if any, must have been made with the same settings.
+fn fixed_nodes(
+    config: &BrokerConfig,
+    mut plan: Plan,
+    record: Option<ClusterRecord>,
+) -> Result<Plan, BrokerError> {
+    plan.mode = if plan.nodes.len() > 1 {
+        Mode::Fixed
+    } else {
+        Mode::Lone
+    };
+    if let Some(recorded) = record {
+        if recorded.settings_line() != plan.record().settings_line() {
+            return Err(settings_differ(config, &recorded, &plan.record()));
+        }
+        plan.cluster_id = recorded.cluster_id;
+    }
+    Ok(plan)
+}
+
+/// The plan of a broker whose data dir records a cluster formed earlier
+/// (bootstrap) or joined: the record is the cluster, and settings that
+/// disagree with it are refused.
+fn recorded_cluster(
+    config: &BrokerConfig,
+    plan: Plan,
+    recorded: ClusterRecord,
+) -> Result<Plan, BrokerError> {
+    let (me, shape) = (config.node_id, config.shape());
+    if !recorded.joined && !recorded.nodes.contains(&me) {
+        return Err(refused(format!(
+            "the data dir {} records a cluster of nodes {:?} without this node {me}",
+            config.data_dir.display(),
+            recorded.nodes
+        )));
+    }
+    let vnodes_differ = config
+        .cluster
+        .vnodes
+        .is_some_and(|v| v != recorded.shape.vnodes);
+    if vnodes_differ || shape.replicas_per_vnode != recorded.shape.replicas_per_vnode {
+        let wanted = ClusterRecord {
+            shape,
+            ..recorded.clone()
+        };
+        return Err(settings_differ(config, &recorded, &wanted));
+    }
+    if let Some(expect) = config.cluster.bootstrap_expect
+        && expect as usize != recorded.nodes.len()
+    {
+        info!(
+            expect,
+            nodes = ?recorded.nodes,
+            "bootstrap_expect is ignored: the data dir records the cluster formed earlier"
+        );
+    }
+    Ok(Plan {
+        mode: Mode::Recorded,
+        nodes: recorded.nodes,
+        shape: recorded.shape,
+        cluster_id: recorded.cluster_id,
+        joined: recorded.joined,
+        ..plan
+    })
+}
+
+/// The refusal of a data dir created with other cluster settings.
+fn settings_differ(
+    config: &BrokerConfig,
+    recorded: &ClusterRecord,
+    wanted: &ClusterRecord,
+) -> BrokerError {
+    refused(format!(
+        "the data dir {} was created with cluster settings `{}`, not `{}`: every broker keeps the [cluster] nodes, vnodes and replicas_per_vnode its data dir was created with",
+        config.data_dir.display(),
+        recorded.settings_line(),
+        wanted.settings_line()
+    ))
 }
 
 /// Writes the record through a synced temporary file and a rename, and
