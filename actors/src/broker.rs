@@ -350,6 +350,58 @@ fn build_tree(
     client: Arc<std::net::TcpListener>,
     admin: Arc<std::net::TcpListener>,
 ) -> SupervisorArgs {
+    let acceptor_args = AcceptorArgs {
+        serving: Arc::new(crate::serve::context::ServeCtx::of(shared)),
+        socket: client,
+    };
+    let listener = SupervisorArgs::new("listener", Strategy::OneForOne).child(ChildSpec::worker(
+        "acceptor",
+        || AcceptorActor,
+        move || acceptor_args.clone(),
+    ));
+    let listener = published_supervisor(listener, shared, |s| &s.actors.listener, |_| {});
+    let admin_args = AdminArgs {
+        ctx: Arc::new(crate::admin::AdminCtx::of(shared)),
+        socket: admin,
+    };
+    SupervisorArgs::new("broker", Strategy::OneForOne)
+        .intensity(Intensity {
+            restarts_max: 5,
+            period_ms: 10_000,
+        })
+        .child(storage_tree(shared))
+        .child(ChildSpec::supervisor(metadata_tree(shared)))
+        .child(ChildSpec::supervisor(membership_tree(shared)))
+        .child(ChildSpec::supervisor(maintenance::supervisor(&upkeep(
+            shared,
+        ))))
+        .child(listener)
+        .child(ChildSpec::worker(
+            "admin_http",
+            || AdminActor,
+            move || admin_args.clone(),
+        ))
+}
+
+/// What the maintenance workers read of the broker's context.
+fn upkeep(shared: &Arc<Shared>) -> maintenance::Upkeep<'_> {
+    maintenance::Upkeep {
+        config: &shared.config,
+        actors: Arc::clone(&shared.actors),
+        links: Arc::clone(&shared.links),
+        data: Arc::clone(&shared.data),
+        metrics: Arc::clone(&shared.metrics),
+        rates: Arc::clone(&shared.rates),
+        clock: Arc::clone(&shared.clock),
+        control: crate::control::handle::ControlHandle::of(shared),
+        #[cfg(feature = "testing")]
+        fault_key: shared.client_addr,
+    }
+}
+
+/// The storage supervisor: the ReplicationServer, and the segment actors
+/// the coordinator starts under it.
+fn storage_tree(shared: &Arc<Shared>) -> ChildSpec {
     // Many independent, cheap children: a larger budget than OTP's default.
     let storage = SupervisorArgs::new("storage", Strategy::OneForOne)
         .intensity(Intensity {
@@ -365,7 +417,7 @@ fn build_tree(
                 move || Arc::clone(&data),
             )
         });
-    let storage = published_supervisor(
+    published_supervisor(
         storage,
         shared,
         |s| &s.data.supervisor,
@@ -376,8 +428,12 @@ fn build_tree(
                 let _ = coordinator.send_message(CoordinatorMsg::Reconcile);
             }
         },
-    );
+    )
+}
 
+/// The metadata supervisor: the vnode replicas, the coordinators over
+/// them, and the server of other brokers' orders.
+fn metadata_tree(shared: &Arc<Shared>) -> SupervisorArgs {
     // The vnode replicas first, then the coordinator manager over them: the
     // manager starts one `coordinator/<vnode>` per vnode led here, as
     // dynamic children of its own supervisor.
@@ -394,7 +450,7 @@ fn build_tree(
     // Last, so its restart restarts nothing else: it serves the orders of
     // other brokers' coordinators from the node fabric (ADR 0133).
     let orders_shared = Arc::clone(shared);
-    let metadata = SupervisorArgs::new("metadata", Strategy::RestForOne)
+    SupervisorArgs::new("metadata", Strategy::RestForOne)
         .child(ChildSpec::worker(
             "vnodes",
             || VnodesActor,
@@ -405,21 +461,13 @@ fn build_tree(
             "orders",
             || crate::control::order_server::OrderServer,
             move || Arc::clone(&orders_shared),
-        ));
+        ))
+}
 
-    let acceptor_args = AcceptorArgs {
-        serving: Arc::new(crate::serve::context::ServeCtx::of(shared)),
-        socket: client,
-    };
-    let listener = SupervisorArgs::new("listener", Strategy::OneForOne).child(ChildSpec::worker(
-        "acceptor",
-        || AcceptorActor,
-        move || acceptor_args.clone(),
-    ));
-    let listener = published_supervisor(listener, shared, |s| &s.actors.listener, |_| {});
-
-    // SWIM, then the node server, then the node actor that feeds it and
-    // dials peers: a restarted node server restarts the node actor too.
+/// The membership supervisor: SWIM, then the node server, then the node
+/// actor that feeds it and dials peers (a restarted node server restarts
+/// the node actor too). Empty without a node fabric.
+fn membership_tree(shared: &Arc<Shared>) -> SupervisorArgs {
     let mut membership = SupervisorArgs::new("membership", Strategy::RestForOne);
     if let Some(fabric) = shared.fabric() {
         let swim = SwimArgs {
@@ -443,26 +491,7 @@ fn build_tree(
                 move || node.clone(),
             ));
     }
-
-    let admin_args = AdminArgs {
-        ctx: Arc::new(crate::admin::AdminCtx::of(shared)),
-        socket: admin,
-    };
-    SupervisorArgs::new("broker", Strategy::OneForOne)
-        .intensity(Intensity {
-            restarts_max: 5,
-            period_ms: 10_000,
-        })
-        .child(storage)
-        .child(ChildSpec::supervisor(metadata))
-        .child(ChildSpec::supervisor(membership))
-        .child(ChildSpec::supervisor(maintenance::supervisor(shared)))
-        .child(listener)
-        .child(ChildSpec::worker(
-            "admin_http",
-            || AdminActor,
-            move || admin_args.clone(),
-        ))
+    membership
 }
 
 impl Broker {
