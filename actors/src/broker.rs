@@ -494,6 +494,64 @@ fn membership_tree(shared: &Arc<Shared>) -> SupervisorArgs {
     membership
 }
 
+/// A fresh cluster id, this broker's candidate if it forms a cluster.
+fn cluster_candidate() -> Result<malachi_core::formation::ClusterId, BrokerError> {
+    let mut candidate = [0u8; 16];
+    getrandom::fill(&mut candidate).map_err(|e| BrokerError::Config {
+        reason: format!("no os randomness: {e}"),
+    })?;
+    Ok(malachi_core::formation::ClusterId(u128::from_be_bytes(
+        candidate,
+    )))
+}
+
+/// Binds the raft port and makes the transports to the other brokers'
+/// (raft's, and replication's own, ADR 0095), sealed with the cluster
+/// cookie.
+fn raft_endpoint(
+    config: &BrokerConfig,
+    client_addr: SocketAddr,
+) -> Result<RaftEndpoint, BrokerError> {
+    // The raft port is bound before membership starts, so the identity
+    // SWIM gossips carries it (ADR 0081).
+    let raft_bind = config
+        .cluster
+        .raft_listen_addr
+        .unwrap_or_else(|| SocketAddr::new(client_addr.ip(), 0));
+    let raft_listener = bind("raft port", raft_bind)?;
+    let raft_bound = raft_listener
+        .local_addr()
+        .map_err(|source| BrokerError::Bind {
+            what: "raft port",
+            addr: raft_bind,
+            source,
+        })?;
+    let raft_addr = advertised(raft_bound, config.membership.advertise_ip);
+    let cookie = malachi_cluster::group::ClusterCookie::new(
+        config
+            .membership
+            .cluster_cookie
+            .as_deref()
+            .unwrap_or(crate::common::config::DEV_CLUSTER_COOKIE),
+    )
+    .ok_or_else(|| BrokerError::Config {
+        reason: "membership.cluster_cookie must not be empty".to_owned(),
+    })?;
+    let transport = |cookie| {
+        Arc::new(malachi_cluster::group::TcpTransport::new(
+            malachi_cluster::group::TcpTransportConfig::new(config.node_id, cookie),
+        ))
+    };
+    Ok(RaftEndpoint {
+        listener: raft_listener,
+        addr: raft_addr,
+        transport: transport(cookie.clone()),
+        replication: transport(cookie),
+        server: parking_lot::Mutex::new(None),
+        port_counts: Default::default(),
+    })
+}
+
 impl Broker {
     /// Starts a broker with the system clock.
     pub async fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
@@ -530,55 +588,14 @@ impl Broker {
         std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
         let cursor_bootstrap = bootstrap_cursor_secret(&config.secret_path())?;
         check_node_identity(&config)?;
-        let mut candidate = [0u8; 16];
-        getrandom::fill(&mut candidate).map_err(|e| BrokerError::Config {
-            reason: format!("no os randomness: {e}"),
-        })?;
-        let candidate = malachi_core::formation::ClusterId(u128::from_be_bytes(candidate));
-        let mut plan = crate::fabric::formation::plan(&config, candidate)?;
+        let mut plan = crate::fabric::formation::plan(&config, cluster_candidate()?)?;
         let mut config = config;
         let client = bind("client port", config.listen_addr)?;
         let admin = bind("admin port", config.admin_addr)?;
         let client_addr = client.local_addr().map_err(io_err(&data_dir))?;
         let admin_addr = admin.local_addr().map_err(io_err(&data_dir))?;
-        // The raft port is bound before membership starts, so the identity
-        // SWIM gossips carries it (ADR 0081).
-        let raft_bind = config
-            .cluster
-            .raft_listen_addr
-            .unwrap_or_else(|| SocketAddr::new(client_addr.ip(), 0));
-        let raft_listener = bind("raft port", raft_bind)?;
-        let raft_bound = raft_listener
-            .local_addr()
-            .map_err(|source| BrokerError::Bind {
-                what: "raft port",
-                addr: raft_bind,
-                source,
-            })?;
-        let raft_addr = advertised(raft_bound, config.membership.advertise_ip);
-        let cookie = malachi_cluster::group::ClusterCookie::new(
-            config
-                .membership
-                .cluster_cookie
-                .as_deref()
-                .unwrap_or(crate::common::config::DEV_CLUSTER_COOKIE),
-        )
-        .ok_or_else(|| BrokerError::Config {
-            reason: "membership.cluster_cookie must not be empty".to_owned(),
-        })?;
-        let transport = |cookie| {
-            Arc::new(malachi_cluster::group::TcpTransport::new(
-                malachi_cluster::group::TcpTransportConfig::new(config.node_id, cookie),
-            ))
-        };
-        let raft = RaftEndpoint {
-            listener: raft_listener,
-            addr: raft_addr,
-            transport: transport(cookie.clone()),
-            replication: transport(cookie),
-            server: parking_lot::Mutex::new(None),
-            port_counts: Default::default(),
-        };
+        let raft = raft_endpoint(&config, client_addr)?;
+        let raft_addr = raft.addr;
         let mut fabric = open_fabric(&config, client_addr, admin_addr, raft_addr, &plan)?;
         find_cluster(&mut config, &mut fabric, &mut plan).await?;
         // Segments open only once the cluster is known: a refused start

@@ -387,6 +387,91 @@ pub(crate) async fn form(plan: &mut Plan, args: FormArgs) -> Result<(), BrokerEr
     Ok(())
 }
 
+/// One look of a broker joining through its seeds: `true` once `plan`
+/// names the running cluster it joins; refused past `join_timeout_ms`.
+/// `clock` is when the look started and now.
+fn join_step(
+    plan: &mut Plan,
+    me: u64,
+    peers: &[Card],
+    (started, now): (tokio::time::Instant, tokio::time::Instant),
+    reported: &mut tokio::time::Instant,
+) -> Result<bool, BrokerError> {
+    if let Some(joining) = decide_join(me, plan.explicit_vnodes, peers)? {
+        info!(
+            cluster = %joining.cluster_id,
+            formed_by = ?joining.nodes,
+            shape = %joining.shape,
+            "joining the running cluster"
+        );
+        plan.nodes = joining.nodes;
+        plan.shape = joining.shape;
+        plan.cluster_id = Some(joining.cluster_id);
+        plan.joined = true;
+        plan.mode = Mode::Recorded;
+        return Ok(true);
+    }
+    if now.duration_since(started) >= Duration::from_millis(plan.join_timeout_ms) {
+        let seen: Vec<u64> = peers.iter().map(|p| p.node_id).collect();
+        return Err(refused(format!(
+            "seeds are set, but neither [cluster] nodes nor --bootstrap-expect, and no running cluster answered through them within {} ms (brokers seen: {seen:?}): to join a cluster, check the seeds; to start a new one, start its first brokers with --bootstrap-expect N (the same N on each), or list every broker's node id in [cluster] nodes (docs/guides/clustering.md)",
+            plan.join_timeout_ms
+        )));
+    }
+    if now.duration_since(*reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS) {
+        *reported = now;
+        info!(
+            seen = ?peers.iter().map(|p| p.node_id).collect::<Vec<_>>(),
+            "looking for a running cluster to join through the seeds"
+        );
+    }
+    Ok(false)
+}
+
+/// One look of a bootstrapping broker: `true` once the same formation was
+/// decided for `BOOTSTRAP_SETTLE_MS` and `plan` records it. `clock` is
+/// now, the formation decided and since when, and the last report.
+fn bootstrap_step(
+    plan: &mut Plan,
+    me: u64,
+    expect: u32,
+    peers: &[Card],
+    (now, settled, reported): (
+        tokio::time::Instant,
+        &mut Option<(Formation, tokio::time::Instant)>,
+        &mut tokio::time::Instant,
+    ),
+) -> Result<bool, BrokerError> {
+    let decision = decide_bootstrap(&plan.card(me), expect, peers)?;
+    if let Formation::Wait { seen } = &decision
+        && now.duration_since(*reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS)
+    {
+        *reported = now;
+        info!(
+            expect,
+            ?seen,
+            "bootstrap: waiting for the other brokers to be seen"
+        );
+    }
+    match (&decision, &*settled) {
+        (Formation::Formed { .. }, Some((same, since))) if *same == decision => {
+            if now.duration_since(*since) >= Duration::from_millis(BOOTSTRAP_SETTLE_MS) {
+                let Formation::Formed { nodes, cluster_id } = decision else {
+                    unreachable!("matched Formed above");
+                };
+                info!(?nodes, cluster = %cluster_id, "bootstrap: the cluster is formed");
+                plan.nodes = nodes;
+                plan.cluster_id = Some(cluster_id);
+                plan.mode = Mode::Recorded;
+                return Ok(true);
+            }
+        }
+        (Formation::Formed { .. }, _) => *settled = Some((decision, now)),
+        (Formation::Wait { .. }, _) => *settled = None,
+    }
+    Ok(false)
+}
+
 async fn watch_peers(plan: &mut Plan, me: u64, membership: &Membership) -> Result<(), BrokerError> {
     let mut view = membership.watch();
     let started = tokio::time::Instant::now();
@@ -398,63 +483,14 @@ async fn watch_peers(plan: &mut Plan, me: u64, membership: &Membership) -> Resul
         let now = tokio::time::Instant::now();
         match plan.mode {
             Mode::Join => {
-                if let Some(joining) = decide_join(me, plan.explicit_vnodes, &peers)? {
-                    info!(
-                        cluster = %joining.cluster_id,
-                        formed_by = ?joining.nodes,
-                        shape = %joining.shape,
-                        "joining the running cluster"
-                    );
-                    plan.nodes = joining.nodes;
-                    plan.shape = joining.shape;
-                    plan.cluster_id = Some(joining.cluster_id);
-                    plan.joined = true;
-                    plan.mode = Mode::Recorded;
+                if join_step(plan, me, &peers, (started, now), &mut reported)? {
                     return Ok(());
-                }
-                if now.duration_since(started) >= Duration::from_millis(plan.join_timeout_ms) {
-                    let seen: Vec<u64> = peers.iter().map(|p| p.node_id).collect();
-                    return Err(refused(format!(
-                        "seeds are set, but neither [cluster] nodes nor --bootstrap-expect, and no running cluster answered through them within {} ms (brokers seen: {seen:?}): to join a cluster, check the seeds; to start a new one, start its first brokers with --bootstrap-expect N (the same N on each), or list every broker's node id in [cluster] nodes (docs/guides/clustering.md)",
-                        plan.join_timeout_ms
-                    )));
-                }
-                if now.duration_since(reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS) {
-                    reported = now;
-                    info!(
-                        seen = ?peers.iter().map(|p| p.node_id).collect::<Vec<_>>(),
-                        "looking for a running cluster to join through the seeds"
-                    );
                 }
             }
             Mode::Bootstrap { expect } => {
-                let decision = decide_bootstrap(&plan.card(me), expect, &peers)?;
-                if let Formation::Wait { seen } = &decision
-                    && now.duration_since(reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS)
-                {
-                    reported = now;
-                    info!(
-                        expect,
-                        ?seen,
-                        "bootstrap: waiting for the other brokers to be seen"
-                    );
-                }
-                match (&decision, &settled) {
-                    (Formation::Formed { .. }, Some((same, since))) if *same == decision => {
-                        if now.duration_since(*since) >= Duration::from_millis(BOOTSTRAP_SETTLE_MS)
-                        {
-                            let Formation::Formed { nodes, cluster_id } = decision else {
-                                unreachable!("matched Formed above");
-                            };
-                            info!(?nodes, cluster = %cluster_id, "bootstrap: the cluster is formed");
-                            plan.nodes = nodes;
-                            plan.cluster_id = Some(cluster_id);
-                            plan.mode = Mode::Recorded;
-                            return Ok(());
-                        }
-                    }
-                    (Formation::Formed { .. }, _) => settled = Some((decision, now)),
-                    (Formation::Wait { .. }, _) => settled = None,
+                let clock = (now, &mut settled, &mut reported);
+                if bootstrap_step(plan, me, expect, &peers, clock)? {
+                    return Ok(());
                 }
             }
             _ => {
