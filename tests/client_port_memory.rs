@@ -115,6 +115,7 @@ fn rss_peak(broker: &BrokerProcess, span: Duration) -> usize {
     let until = Instant::now() + span;
     let mut peak = rss_bytes(broker);
     while Instant::now() < until {
+        // pacing, not synchronisation: the RSS is sampled every 50 ms.
         std::thread::sleep(Duration::from_millis(50));
         peak = peak.max(rss_bytes(broker));
     }

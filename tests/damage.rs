@@ -57,6 +57,7 @@ fn admin_get(broker: &BrokerProcess, path: &str) -> (String, String) {
 /// The broker is still running `seconds` seconds from now.
 fn stays_up(broker: &mut BrokerProcess, seconds: u64) {
     for _ in 0..seconds * 4 {
+        // pacing, not synchronisation: the process is sampled four times a second.
         std::thread::sleep(Duration::from_millis(250));
         let exited = broker.child.try_wait().unwrap();
         assert!(

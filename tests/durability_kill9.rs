@@ -84,6 +84,7 @@ async fn connect(addr: &str) -> Client {
         if let Ok(client) = Client::connect_with([addr.to_owned()], client_config()).await {
             return client;
         }
+        // pacing, not synchronisation: backoff between connects while the broker restarts.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -124,6 +125,7 @@ async fn produce_until(
                 // Not acknowledged: the same sequence number goes again as a
                 // new attempt once the broker is back. A fresh client drops
                 // any half-dead connection.
+                // pacing, not synchronisation: backoff before a retry while the broker restarts.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 client = connect(&addr).await;
             }
@@ -180,9 +182,11 @@ fn acknowledged_records_survive_repeated_kill_9_in_order_and_without_duplicates(
     let mut acks_between_kills = Vec::with_capacity(KILLS);
     for _ in 0..KILLS {
         let before = acks.load(Ordering::Relaxed);
+        // pacing, not synchronisation: a random run before the next kill.
         std::thread::sleep(rng.between_ms(80, 400));
         broker.kill9();
         acks_between_kills.push(acks.load(Ordering::Relaxed) - before);
+        // pacing, not synchronisation: a random time down.
         std::thread::sleep(rng.between_ms(0, 100));
         broker = BrokerProcess::start_on(&data, &client_addr, &admin_addr);
     }
@@ -305,6 +309,7 @@ async fn pipelined_connect(addr: &str) -> Client {
         {
             return client;
         }
+        // pacing, not synchronisation: backoff between connects while the broker restarts.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -429,9 +434,11 @@ fn pipelined_idempotent_producers_survive_kill_9_exactly_once_and_in_key_order()
     let mut acks_between_kills = Vec::with_capacity(PIPELINED_KILLS);
     for _ in 0..PIPELINED_KILLS {
         let before = acks.load(Ordering::Relaxed);
+        // pacing, not synchronisation: a random run before the next kill.
         std::thread::sleep(rng.between_ms(300, 1_200));
         broker.kill9();
         acks_between_kills.push(acks.load(Ordering::Relaxed) - before);
+        // pacing, not synchronisation: a random time down.
         std::thread::sleep(rng.between_ms(0, 300));
         broker = BrokerProcess::start_on(&data, &client_addr, &admin_addr);
     }

@@ -149,6 +149,7 @@ fn the_primary_sigkilled_under_four_producers_fails_over_and_every_acked_record_
                     return Some(killed.elapsed());
                 }
                 n += 1;
+                // pacing, not synchronisation: a probe every 100 ms measures the recovery time.
                 std::thread::sleep(Duration::from_millis(100));
             }
             None

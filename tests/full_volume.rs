@@ -428,6 +428,7 @@ fn a_full_volume_fails_its_segment_over_producers_move_on_and_freeing_space_reco
                 }
                 i = (i + CHUNK).min(LINES);
                 written.store(i, Ordering::Relaxed);
+                // pacing, not synchronisation: a producer writes a chunk every 40 ms.
                 std::thread::sleep(Duration::from_millis(40));
             }
             written.store(LINES, Ordering::Relaxed);
@@ -838,6 +839,7 @@ fn retry_within(
             }
             Err(e) => {
                 errors.push(e);
+                // pacing, not synchronisation: backoff between timed attempts.
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
@@ -917,6 +919,7 @@ fn producer_slot(
                 }
                 next += CHUNK;
                 written.store(next, Ordering::Relaxed);
+                // pacing, not synchronisation: a producer writes a chunk every 50 ms.
                 std::thread::sleep(Duration::from_millis(50));
             }
             drop(stdin);
@@ -952,6 +955,7 @@ fn producer_slot(
             if stop.load(Ordering::Relaxed) {
                 return produced;
             }
+            // pacing, not synchronisation: the next producer run starts after a pause.
             std::thread::sleep(Duration::from_millis(100));
         }
     })
@@ -1229,6 +1233,7 @@ fn a_volume_filled_to_the_last_byte_refuses_records_rolls_once_keeps_metadata_an
                 _ => {}
             }
         }
+        // pacing, not synchronisation: the fill is sampled every 100 ms.
         std::thread::sleep(Duration::from_millis(100));
     }
     filled_bytes += fill_to_the_last_byte(&mut filler_file);
@@ -1675,6 +1680,7 @@ fn a_followers_appends_stop_at_the_line_between_two_polls() {
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
                 lowest.fetch_min(volume(&dir).0, Ordering::Relaxed);
+                // pacing, not synchronisation: the free space is sampled every millisecond.
                 std::thread::sleep(Duration::from_millis(1));
             }
         })

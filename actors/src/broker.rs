@@ -21,6 +21,8 @@ use crate::admin::http::{AdminActor, AdminArgs};
 use crate::common::clock::{Clock, SystemClock};
 use crate::common::config::BrokerConfig;
 use crate::common::error::BrokerError;
+#[cfg(feature = "testing")]
+use crate::common::error::HookError;
 use crate::common::store_factory::StoreFactory;
 use crate::control::coordinator::CoordinatorMsg;
 use crate::control::manager::ManagerActor;
@@ -349,6 +351,58 @@ fn build_tree(
     client: Arc<std::net::TcpListener>,
     admin: Arc<std::net::TcpListener>,
 ) -> SupervisorArgs {
+    let acceptor_args = AcceptorArgs {
+        serving: Arc::new(crate::serve::context::ServeCtx::of(shared)),
+        socket: client,
+    };
+    let listener = SupervisorArgs::new("listener", Strategy::OneForOne).child(ChildSpec::worker(
+        "acceptor",
+        || AcceptorActor,
+        move || acceptor_args.clone(),
+    ));
+    let listener = published_supervisor(listener, shared, |s| &s.actors.listener, |_| {});
+    let admin_args = AdminArgs {
+        ctx: Arc::new(crate::admin::AdminCtx::of(shared)),
+        socket: admin,
+    };
+    SupervisorArgs::new("broker", Strategy::OneForOne)
+        .intensity(Intensity {
+            restarts_max: 5,
+            period_ms: 10_000,
+        })
+        .child(storage_tree(shared))
+        .child(ChildSpec::supervisor(metadata_tree(shared)))
+        .child(ChildSpec::supervisor(membership_tree(shared)))
+        .child(ChildSpec::supervisor(maintenance::supervisor(&upkeep(
+            shared,
+        ))))
+        .child(listener)
+        .child(ChildSpec::worker(
+            "admin_http",
+            || AdminActor,
+            move || admin_args.clone(),
+        ))
+}
+
+/// What the maintenance workers read of the broker's context.
+fn upkeep(shared: &Arc<Shared>) -> maintenance::Upkeep<'_> {
+    maintenance::Upkeep {
+        config: &shared.config,
+        actors: Arc::clone(&shared.actors),
+        links: Arc::clone(&shared.links),
+        data: Arc::clone(&shared.data),
+        metrics: Arc::clone(&shared.metrics),
+        rates: Arc::clone(&shared.rates),
+        clock: Arc::clone(&shared.clock),
+        control: crate::control::handle::ControlHandle::of(shared),
+        #[cfg(feature = "testing")]
+        fault_key: shared.client_addr,
+    }
+}
+
+/// The storage supervisor: the ReplicationServer, and the segment actors
+/// the coordinator starts under it.
+fn storage_tree(shared: &Arc<Shared>) -> ChildSpec {
     // Many independent, cheap children: a larger budget than OTP's default.
     let storage = SupervisorArgs::new("storage", Strategy::OneForOne)
         .intensity(Intensity {
@@ -364,7 +418,7 @@ fn build_tree(
                 move || Arc::clone(&data),
             )
         });
-    let storage = published_supervisor(
+    published_supervisor(
         storage,
         shared,
         |s| &s.data.supervisor,
@@ -375,8 +429,12 @@ fn build_tree(
                 let _ = coordinator.send_message(CoordinatorMsg::Reconcile);
             }
         },
-    );
+    )
+}
 
+/// The metadata supervisor: the vnode replicas, the coordinators over
+/// them, and the server of other brokers' orders.
+fn metadata_tree(shared: &Arc<Shared>) -> SupervisorArgs {
     // The vnode replicas first, then the coordinator manager over them: the
     // manager starts one `coordinator/<vnode>` per vnode led here, as
     // dynamic children of its own supervisor.
@@ -393,7 +451,7 @@ fn build_tree(
     // Last, so its restart restarts nothing else: it serves the orders of
     // other brokers' coordinators from the node fabric (ADR 0133).
     let orders_shared = Arc::clone(shared);
-    let metadata = SupervisorArgs::new("metadata", Strategy::RestForOne)
+    SupervisorArgs::new("metadata", Strategy::RestForOne)
         .child(ChildSpec::worker(
             "vnodes",
             || VnodesActor,
@@ -404,21 +462,13 @@ fn build_tree(
             "orders",
             || crate::control::order_server::OrderServer,
             move || Arc::clone(&orders_shared),
-        ));
+        ))
+}
 
-    let acceptor_args = AcceptorArgs {
-        serving: Arc::new(crate::serve::context::ServeCtx::of(shared)),
-        socket: client,
-    };
-    let listener = SupervisorArgs::new("listener", Strategy::OneForOne).child(ChildSpec::worker(
-        "acceptor",
-        || AcceptorActor,
-        move || acceptor_args.clone(),
-    ));
-    let listener = published_supervisor(listener, shared, |s| &s.actors.listener, |_| {});
-
-    // SWIM, then the node server, then the node actor that feeds it and
-    // dials peers: a restarted node server restarts the node actor too.
+/// The membership supervisor: SWIM, then the node server, then the node
+/// actor that feeds it and dials peers (a restarted node server restarts
+/// the node actor too). Empty without a node fabric.
+fn membership_tree(shared: &Arc<Shared>) -> SupervisorArgs {
     let mut membership = SupervisorArgs::new("membership", Strategy::RestForOne);
     if let Some(fabric) = shared.fabric() {
         let swim = SwimArgs {
@@ -442,26 +492,65 @@ fn build_tree(
                 move || node.clone(),
             ));
     }
+    membership
+}
 
-    let admin_args = AdminArgs {
-        ctx: Arc::new(crate::admin::AdminCtx::of(shared)),
-        socket: admin,
-    };
-    SupervisorArgs::new("broker", Strategy::OneForOne)
-        .intensity(Intensity {
-            restarts_max: 5,
-            period_ms: 10_000,
-        })
-        .child(storage)
-        .child(ChildSpec::supervisor(metadata))
-        .child(ChildSpec::supervisor(membership))
-        .child(ChildSpec::supervisor(maintenance::supervisor(shared)))
-        .child(listener)
-        .child(ChildSpec::worker(
-            "admin_http",
-            || AdminActor,
-            move || admin_args.clone(),
+/// A fresh cluster id, this broker's candidate if it forms a cluster.
+fn cluster_candidate() -> Result<malachi_core::formation::ClusterId, BrokerError> {
+    let mut candidate = [0u8; 16];
+    getrandom::fill(&mut candidate).map_err(|e| BrokerError::Config {
+        reason: format!("no os randomness: {e}"),
+    })?;
+    Ok(malachi_core::formation::ClusterId(u128::from_be_bytes(
+        candidate,
+    )))
+}
+
+/// Binds the raft port and makes the transports to the other brokers'
+/// (raft's, and replication's own, ADR 0095), sealed with the cluster
+/// cookie.
+fn raft_endpoint(
+    config: &BrokerConfig,
+    client_addr: SocketAddr,
+) -> Result<RaftEndpoint, BrokerError> {
+    // The raft port is bound before membership starts, so the identity
+    // SWIM gossips carries it (ADR 0081).
+    let raft_bind = config
+        .cluster
+        .raft_listen_addr
+        .unwrap_or_else(|| SocketAddr::new(client_addr.ip(), 0));
+    let raft_listener = bind("raft port", raft_bind)?;
+    let raft_bound = raft_listener
+        .local_addr()
+        .map_err(|source| BrokerError::Bind {
+            what: "raft port",
+            addr: raft_bind,
+            source,
+        })?;
+    let raft_addr = advertised(raft_bound, config.membership.advertise_ip);
+    let cookie = malachi_cluster::group::ClusterCookie::new(
+        config
+            .membership
+            .cluster_cookie
+            .as_deref()
+            .unwrap_or(crate::common::config::DEV_CLUSTER_COOKIE),
+    )
+    .ok_or_else(|| BrokerError::Config {
+        reason: "membership.cluster_cookie must not be empty".to_owned(),
+    })?;
+    let transport = |cookie| {
+        Arc::new(malachi_cluster::group::TcpTransport::new(
+            malachi_cluster::group::TcpTransportConfig::new(config.node_id, cookie),
         ))
+    };
+    Ok(RaftEndpoint {
+        listener: raft_listener,
+        addr: raft_addr,
+        transport: transport(cookie.clone()),
+        replication: transport(cookie),
+        server: parking_lot::Mutex::new(None),
+        port_counts: Default::default(),
+    })
 }
 
 impl Broker {
@@ -500,55 +589,14 @@ impl Broker {
         std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
         let cursor_bootstrap = bootstrap_cursor_secret(&config.secret_path())?;
         check_node_identity(&config)?;
-        let mut candidate = [0u8; 16];
-        getrandom::fill(&mut candidate).map_err(|e| BrokerError::Config {
-            reason: format!("no os randomness: {e}"),
-        })?;
-        let candidate = malachi_core::formation::ClusterId(u128::from_be_bytes(candidate));
-        let mut plan = crate::fabric::formation::plan(&config, candidate)?;
+        let mut plan = crate::fabric::formation::plan(&config, cluster_candidate()?)?;
         let mut config = config;
         let client = bind("client port", config.listen_addr)?;
         let admin = bind("admin port", config.admin_addr)?;
         let client_addr = client.local_addr().map_err(io_err(&data_dir))?;
         let admin_addr = admin.local_addr().map_err(io_err(&data_dir))?;
-        // The raft port is bound before membership starts, so the identity
-        // SWIM gossips carries it (ADR 0081).
-        let raft_bind = config
-            .cluster
-            .raft_listen_addr
-            .unwrap_or_else(|| SocketAddr::new(client_addr.ip(), 0));
-        let raft_listener = bind("raft port", raft_bind)?;
-        let raft_bound = raft_listener
-            .local_addr()
-            .map_err(|source| BrokerError::Bind {
-                what: "raft port",
-                addr: raft_bind,
-                source,
-            })?;
-        let raft_addr = advertised(raft_bound, config.membership.advertise_ip);
-        let cookie = malachi_cluster::group::ClusterCookie::new(
-            config
-                .membership
-                .cluster_cookie
-                .as_deref()
-                .unwrap_or(crate::common::config::DEV_CLUSTER_COOKIE),
-        )
-        .ok_or_else(|| BrokerError::Config {
-            reason: "membership.cluster_cookie must not be empty".to_owned(),
-        })?;
-        let transport = |cookie| {
-            Arc::new(malachi_cluster::group::TcpTransport::new(
-                malachi_cluster::group::TcpTransportConfig::new(config.node_id, cookie),
-            ))
-        };
-        let raft = RaftEndpoint {
-            listener: raft_listener,
-            addr: raft_addr,
-            transport: transport(cookie.clone()),
-            replication: transport(cookie),
-            server: parking_lot::Mutex::new(None),
-            port_counts: Default::default(),
-        };
+        let raft = raft_endpoint(&config, client_addr)?;
+        let raft_addr = raft.addr;
         let mut fabric = open_fabric(&config, client_addr, admin_addr, raft_addr, &plan)?;
         find_cluster(&mut config, &mut fabric, &mut plan).await?;
         // Segments open only once the cluster is known: a refused start
@@ -782,11 +830,11 @@ impl BrokerHandle {
     }
 
     /// Test hook: greets broker `peer`'s `greeter` over the node fabric.
-    pub async fn greet(&self, peer: u64) -> Result<String, String> {
-        let fabric = self.shared.fabric().ok_or("no node fabric")?;
+    pub async fn greet(&self, peer: u64) -> Result<String, HookError> {
+        let fabric = self.shared.fabric().ok_or(HookError::NoFabric)?;
         crate::fabric::greeter::greet(&fabric, peer)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| HookError::Fabric(Box::new(e)))
     }
 
     /// Test hook: orders this broker served from peers over the node
@@ -817,8 +865,8 @@ impl BrokerHandle {
         variant: &str,
         body: Vec<u8>,
         timeout_ms: u64,
-    ) -> Result<Vec<u8>, String> {
-        let fabric = self.shared.fabric().ok_or("no node fabric")?;
+    ) -> Result<Vec<u8>, HookError> {
+        let fabric = self.shared.fabric().ok_or(HookError::NoFabric)?;
         let (to, _) = fabric.peer(node);
         fabric
             .calls
@@ -831,7 +879,7 @@ impl BrokerHandle {
                 Duration::from_millis(crate::control::replica_order::ORDER_SESSION_WAIT_MS),
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| HookError::Fabric(Box::new(e)))
     }
 
     /// Test hook: sends `body` with `api_key` to broker `node` on the
@@ -842,13 +890,18 @@ impl BrokerHandle {
         api_key: u16,
         body: &[u8],
         timeout_ms: u64,
-    ) -> Result<Vec<u8>, String> {
-        let raft = self.shared.links.raft.get().ok_or("no cluster port")?;
-        raft.transport
+    ) -> Result<Vec<u8>, HookError> {
+        let raft = self
+            .shared
+            .links
+            .raft
+            .get()
+            .ok_or(HookError::NoClusterPort)?;
+        Ok(raft
+            .transport
             .call_raw(node, api_key, 0, body, timeout_ms)
-            .await
-            .map(|b| b.to_vec())
-            .map_err(|e| e.to_string())
+            .await?
+            .to_vec())
     }
 
     /// Test hook: requests with `api_key` this broker's cluster port

@@ -54,6 +54,8 @@ pub use common::config::{
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;
+#[cfg(feature = "testing")]
+pub use common::error::HookError;
 pub use common::store_factory::StoreFactory;
 
 /// The decoders of what a peer broker sends over the node fabric, public

@@ -627,16 +627,18 @@ async fn every_documented_error_is_provoked_and_no_other_comes_back() {
         .await
     );
     let mut got = full.produce("full", &[record("k", "v")]).await;
-    for _ in 0..100 {
-        if got
-            .as_ref()
-            .is_err_and(|r| r.code == ErrorCode::StorageFull)
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // The table row below shows what the last produce got if it never is.
+    let _ = malachi_testkit::wait::Wait::new(
+        "a produce is refused as storage_full",
+        std::time::Duration::from_secs(5),
+        std::time::Duration::from_millis(50),
+    )
+    .try_until(async || {
         got = full.produce("full", &[record("k", "v")]).await;
-    }
+        got.as_ref()
+            .is_err_and(|r| r.code == ErrorCode::StorageFull)
+    })
+    .await;
     table.row(
         "produce",
         ErrorCode::StorageFull,

@@ -82,19 +82,19 @@ async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal()
     // other copies and holds.
     let stopped = brokers[(primary - 1) as usize].take().unwrap();
     stopped.shutdown().await.unwrap();
-    let mut holder = None;
-    for _ in 0..600 {
-        holder = brokers
-            .iter()
-            .flatten()
-            .find(|b| b.failovers_held() > 0)
-            .map(|b| b.node_id());
-        if holder.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let holder = holder.expect("no coordinator ever started the failover");
+    let holder = wait_until(
+        "a coordinator starts the failover",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || {
+            brokers
+                .iter()
+                .flatten()
+                .find(|b| b.failovers_held() > 0)
+                .map(|b| b.node_id())
+        },
+    )
+    .await;
     assert_ne!(holder, primary);
     let other = [1, 2, 3]
         .into_iter()
@@ -121,18 +121,20 @@ async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal()
 
     // The next coordinator finds the orphaned fence and finishes.
     let mut to_other = TestClient::connect(addr(&brokers, other)).await;
-    let mut sealed = None;
-    for _ in 0..600 {
-        if let Ok(now) = segments(&mut to_other, "orphan").await
-            && let Some(s) = now.iter().find(|s| s.id == first.id && s.state == "sealed")
-            && now.last().is_some_and(|last| last.id != first.id)
-        {
-            sealed = Some((s.clone(), now.last().unwrap().clone()));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (sealed, next) = sealed.expect("the orphaned fence was never resolved");
+    let (sealed, next) = wait_until(
+        "the orphaned fence is resolved",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        async || {
+            let now = segments(&mut to_other, "orphan").await.ok()?;
+            let s = now
+                .iter()
+                .find(|s| s.id == first.id && s.state == "sealed")?;
+            let last = now.last().filter(|last| last.id != first.id)?;
+            Some((s.clone(), last.clone()))
+        },
+    )
+    .await;
     let length = sealed.length.unwrap();
     assert!(
         length >= before.len() as u64,
@@ -176,21 +178,16 @@ async fn a_failover_whose_coordinator_changes_midway_finishes_once_at_one_seal()
 
     // Every copy ends at exactly the recorded seal, with the same bytes: no
     // copy was sealed or cut at another length.
-    let mut settled = false;
-    for _ in 0..300 {
+    let settled = eventually(30_000, async || {
         let copies: Vec<(Vec<u8>, u64)> = [1, 2, 3]
             .into_iter()
             .map(|n| copies::frames(&data_dir(root.path(), n), first.id))
             .collect();
-        if copies
+        copies
             .iter()
             .all(|(bytes, n)| *n == length && *bytes == copies[0].0)
-        {
-            settled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let counts: Vec<u64> = [1, 2, 3]
         .into_iter()
         .map(|n| copies::frames(&data_dir(root.path(), n), first.id).1)

@@ -301,6 +301,7 @@ async fn primaries_move_onto_a_joining_broker_and_off_a_decommissioned_one_then_
             )
             .await;
         }
+        // pacing, not synchronisation: load across several balance passes.
         tokio::time::sleep(Duration::from_millis(BALANCE_INTERVAL_MS / 2)).await;
     }
     assert_eq!(

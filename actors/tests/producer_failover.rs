@@ -73,26 +73,27 @@ async fn send(
     sequence: u64,
 ) -> Result<bool, Refused> {
     let live: Vec<SocketAddr> = brokers.iter().flatten().map(|b| b.client_addr()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut last = None;
-    while tokio::time::Instant::now() < deadline {
+    let what = format!("producer {producer} sequence {sequence} is answered");
+    let poll = Duration::from_millis(100);
+    wait_until(&what, Duration::from_secs(60), poll, async || {
         let mut admin = TestClient::connect(live[0]).await;
-        if let Some((primary, _)) = active(&mut admin).await
-            && let Some(broker) = brokers[(primary - 1) as usize].as_ref()
-        {
-            let mut client = TestClient::connect(broker.client_addr()).await;
-            match client.call(&tagged(range, producer, sequence)).await {
-                Ok(answer) => {
-                    assert_eq!(answer.records_acknowledged, 4, "{answer:?}");
-                    return Ok(answer.ranges[0].duplicate);
-                }
-                Err(refused) if refused.code.retriable() => last = Some(refused),
-                Err(refused) => return Err(refused),
+        let Some((primary, _)) = active(&mut admin).await else {
+            return Err(None);
+        };
+        let Some(broker) = brokers[(primary - 1) as usize].as_ref() else {
+            return Err(None);
+        };
+        let mut client = TestClient::connect(broker.client_addr()).await;
+        match client.call(&tagged(range, producer, sequence)).await {
+            Ok(answer) => {
+                assert_eq!(answer.records_acknowledged, 4, "{answer:?}");
+                Ok(Ok(answer.ranges[0].duplicate))
             }
+            Err(refused) if refused.code.retriable() => Err(Some(refused)),
+            Err(refused) => Ok(Err(refused)),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("producer {producer} sequence {sequence} never answered: {last:?}");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

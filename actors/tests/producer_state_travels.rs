@@ -100,27 +100,30 @@ async fn send(
         range,
         sequence,
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    let mut last = BTreeMap::new();
-    while tokio::time::Instant::now() < deadline {
+    let what = format!("producer {producer} sequence {sequence} is answered");
+    wait_until(&what, Duration::from_secs(90), POLL, async || {
+        let mut last = BTreeMap::new();
         for broker in brokers.iter().flatten() {
             let mut client = TestClient::connect(broker.client_addr()).await;
             match client.call(&request).await {
                 Ok(answer) => {
                     assert_eq!(answer.records_acknowledged, 2, "{answer:?}");
-                    return Ok(answer.ranges[0].duplicate);
+                    return Ok(Ok(answer.ranges[0].duplicate));
                 }
                 // `moved` is an answer here: the batch's stream was split.
                 Err(refused) if refused.code.retriable() && refused.code != ErrorCode::Moved => {
                     last.insert(broker.node_id(), refused);
                 }
-                Err(refused) => return Err(refused),
+                Err(refused) => return Ok(Err(refused)),
             }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("producer {producer} sequence {sequence} never answered: {last:#?}");
+        Err(last)
+    })
+    .await
 }
+
+/// How often the retries below look again.
+const POLL: Duration = Duration::from_millis(50);
 
 /// Plain records through every live broker in turn until one stores them.
 async fn produce_plain(brokers: &[Option<BrokerHandle>], round: usize) {
@@ -132,16 +135,21 @@ async fn produce_plain(brokers: &[Option<BrokerHandle>], round: usize) {
             )
         })
         .collect();
-    for _ in 0..200 {
-        for broker in brokers.iter().flatten() {
-            let mut client = TestClient::connect(broker.client_addr()).await;
-            if client.produce(TOPIC, &records).await.is_ok() {
-                return;
+    wait_until(
+        "plain records are stored",
+        Duration::from_secs(20),
+        POLL,
+        async || {
+            for broker in brokers.iter().flatten() {
+                let mut client = TestClient::connect(broker.client_addr()).await;
+                if client.produce(TOPIC, &records).await.is_ok() {
+                    return true;
+                }
             }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("plain records were never stored");
+            false
+        },
+    )
+    .await;
 }
 
 /// What a phase found wrong, all reported at the end.
@@ -305,27 +313,25 @@ async fn producer_state_follows_a_roll_a_failover_and_a_split_onto_brokers_witho
     // Split: back in zone a, whose brokers hold none of zone b's segments.
     put_zone(&brokers, "a").await;
     let mut client = admin(&brokers).await;
-    let mut children = None;
-    for _ in 0..100 {
-        for broker in brokers.iter().flatten() {
-            let mut c = TestClient::connect(broker.client_addr()).await;
-            if let Ok(split) = c
-                .call(&SplitRangeRequest {
+    let children = wait_until(
+        "a broker splits the range",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || {
+            for broker in brokers.iter().flatten() {
+                let mut c = TestClient::connect(broker.client_addr()).await;
+                let split = SplitRangeRequest {
                     topic: TOPIC.into(),
                     range_id: range,
-                })
-                .await
-            {
-                children = Some(split.children);
-                break;
+                };
+                if let Ok(split) = c.call(&split).await {
+                    return Some(split.children);
+                }
             }
-        }
-        if children.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let children = children.expect("no broker split the range");
+            None
+        },
+    )
+    .await;
     let description = describe(&mut client, TOPIC).await.unwrap();
     let child = description
         .ranges

@@ -50,16 +50,20 @@ async fn primary(client: &mut TestClient) -> Option<(u64, Vec<u64>)> {
 /// Produces `records` through the topic's primary, retrying refusals (a
 /// roll in progress, a primary moving): a refused produce wrote nothing.
 async fn produce(brokers: &[&BrokerHandle], client: &mut TestClient, records: &[Record]) {
-    for _ in 0..200 {
-        if let Some((node, _)) = primary(client).await {
+    let poll = std::time::Duration::from_millis(50);
+    wait_until(
+        "a produce is acknowledged",
+        std::time::Duration::from_secs(20),
+        poll,
+        async || {
+            let Some((node, _)) = primary(client).await else {
+                return false;
+            };
             let mut writer = TestClient::connect(addr_of(brokers, node)).await;
-            if writer.produce(TOPIC, records).await.is_ok() {
-                return;
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("a produce was never acknowledged");
+            writer.produce(TOPIC, records).await.is_ok()
+        },
+    )
+    .await;
 }
 
 fn batch(round: usize, n: usize) -> Vec<Record> {

@@ -9,10 +9,11 @@
 use malachi_cluster::group::{TcpTransport, TcpTransportConfig, TransportServer};
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
 use malachi_core::model::{Feature, FeatureState, FeatureTable, ModelError, Outcome};
+use malachi_testkit::wait::wait_until;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 const FORMED: [u64; 3] = [1, 2, 3];
@@ -81,17 +82,18 @@ async fn wait_table(
     what: &str,
     done: impl Fn(&FeatureTable) -> bool,
 ) -> FeatureTable {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(table) = via.feature_table().await
-            && done(&table)
-        {
-            return table;
+    wait_until(what, Duration::from_secs(30), POLL, async || {
+        match via.feature_table().await {
+            Ok(table) if done(&table) => Ok(table),
+            Ok(table) => Err(format!("{table:?}")),
+            Err(e) => Err(e.to_string()),
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
+
+/// How often the waits look again.
+const POLL: Duration = Duration::from_millis(50);
 
 fn zeta(table: &FeatureTable) -> FeatureState {
     table.state_of(ZETA, &BTreeSet::new())
@@ -184,14 +186,13 @@ async fn a_feature_activates_once_every_broker_has_it_and_after_finalize_a_broke
     // Broker 3 on the old binary again: refused at start, naming zeta.
     let three = brokers.pop().unwrap();
     // It has learned of the finalize (and kept it in its data dir).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while zeta(&three.host.features()) != FeatureState::Finalized {
-        assert!(
-            Instant::now() < deadline,
-            "broker 3 never applied the finalize"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        "broker 3 applies the finalize",
+        Duration::from_secs(30),
+        POLL,
+        async || zeta(&three.host.features()) == FeatureState::Finalized,
+    )
+    .await;
     let dir = stop(three).await;
     let refused = match open(3, &addrs, &dir, false).await {
         Ok(_) => panic!("a broker lacking a finalized feature started"),

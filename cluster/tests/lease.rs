@@ -10,7 +10,7 @@ use malachi_cluster::vnodes::lease::{
     Clock, LeaseConfig, LeaseConfigError, LeaseGroup, LeaseKeeper, LeaseState, ManualClock,
     SystemClock, VnodeLeaseGroup, spawn_lease_keeper,
 };
-use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_cluster::vnodes::{RouteError, VnodeHost, VnodeHostConfig};
 use malachi_core::model::{Command, Lease, MetadataState, ModelError, Outcome};
 use malachi_core::ring::VnodeId;
 use malachi_testkit::wait::wait_until;
@@ -47,11 +47,15 @@ struct ModelGroup {
 }
 
 impl ModelGroup {
-    fn apply(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String> {
+    fn apply(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, RouteError> {
         if let Command::AcquireLeaseWaited { holder, .. } = &cmd
             && *self.cut.lock() == Some(*holder)
         {
-            return Err(format!("node {holder} is cut off"));
+            return Err(RouteError::Unavailable {
+                vnode: VnodeId(0),
+                attempts: 1,
+                last: format!("node {holder} is cut off"),
+            });
         }
         Ok(self.state.lock().apply(cmd))
     }
@@ -59,7 +63,7 @@ impl ModelGroup {
 
 #[async_trait::async_trait]
 impl LeaseGroup for ModelGroup {
-    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String> {
+    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, RouteError> {
         self.apply(cmd)
     }
 

@@ -229,6 +229,7 @@ async fn a_broker_joins_under_traffic_takes_its_share_and_is_decommissioned_agai
                     other => failures.push(format!("{topic}: {other:?}")),
                 }
                 n += 1;
+                // pacing, not synchronisation: a create every 20 ms.
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             failures

@@ -19,6 +19,7 @@ use malachi_cluster::group::{
     ClusterCookie, TcpTransport, TcpTransportConfig, TransportServer, TransportServerConfig,
 };
 use malachi_cluster::vnodes::{VnodeHost, VnodeHostConfig};
+use malachi_testkit::wait::wait_until;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -107,13 +108,15 @@ async fn brokers_stopping_one_by_one_under_reads_and_writes_log_no_error() {
     let topics: Vec<String> = (0..16).map(|i| format!("orders-{i}")).collect();
     for (i, topic) in topics.iter().enumerate() {
         let host = &brokers[i % brokers.len()].host;
-        let mut tries = 0;
         // The groups elect first: a creation may be refused while they do.
-        while !matches!(host.propose(create(topic)).await, Ok(Ok(_))) {
-            tries += 1;
-            assert!(tries < 100, "{topic} was never created");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("{topic} is created");
+        wait_until(
+            &what,
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            async || matches!(host.propose(create(topic)).await, Ok(Ok(_))),
+        )
+        .await;
     }
     // What happened while the groups formed is not this test's subject.
     loud.0.lock().unwrap().clear();
@@ -140,7 +143,8 @@ async fn brokers_stopping_one_by_one_under_reads_and_writes_log_no_error() {
                         host.describe(topic).await.is_err()
                     };
                     if failed {
-                        // A vnode between leaders: no busy loop meanwhile.
+                        // A vnode between leaders: no busy loop meanwhile
+                        // (pacing, not synchronisation).
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     i += 8;

@@ -98,6 +98,7 @@ async fn a_flood_past_the_connection_limit_is_refused_while_a_peer_keeps_being_s
                     .expect("the authenticated peer is served during the flood");
                 assert_eq!(&answer[..], &i.to_be_bytes());
                 served += 1;
+                // pacing, not synchronisation: the calls spread over the flood.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             served
@@ -167,6 +168,7 @@ async fn a_slowloris_in_the_handshake_is_dropped_after_the_handshake_timeout() {
             if stream.write_all(b"M").await.is_err() {
                 break;
             }
+            // pacing, not synchronisation: a byte a second is the fault.
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     };
@@ -201,6 +203,7 @@ async fn a_slowloris_inside_a_frame_is_dropped_after_the_frame_read_timeout() {
             if stream.write_all(&[*byte]).await.is_err() {
                 break;
             }
+            // pacing, not synchronisation: a byte a second is the fault.
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     };

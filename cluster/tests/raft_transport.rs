@@ -7,6 +7,7 @@ use malachi_cluster::group::{
     TransportServer,
 };
 use malachi_core::model::{Command, NodeId};
+use malachi_testkit::wait::wait_until;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -86,39 +87,39 @@ fn create(topic: &str) -> Command {
     }
 }
 
+/// How often the waits below look again.
+const POLL: Duration = Duration::from_millis(50);
+
 /// The group's leader among `nodes`, waiting for one to emerge.
 async fn leader_of(nodes: &[Node], group: u64) -> MetadataGroup {
-    for _ in 0..200 {
-        for node in nodes {
-            if let Some(g) = node.registry.get(group)
-                && g.is_leader()
-            {
-                return g;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("group {group} elected no leader");
+    let what = format!("group {group} elects a leader");
+    wait_until(&what, Duration::from_secs(10), POLL, async || {
+        nodes
+            .iter()
+            .find_map(|node| node.registry.get(group).filter(|g| g.is_leader()))
+    })
+    .await
 }
 
 /// Proposes through whichever node leads now, retrying across elections.
 async fn propose_until_acknowledged(nodes: &[Node], group: u64, topic: &str) {
-    for _ in 0..100 {
+    let what = format!("{topic} is acknowledged");
+    wait_until(&what, Duration::from_secs(30), POLL, async || {
         let leader = leader_of(nodes, group).await;
         match leader.propose(create(topic)).await {
             Ok(verdict) => {
                 verdict.unwrap();
-                return;
+                Ok(())
             }
             Err(
-                GroupError::NotLeader { .. } | GroupError::Timeout | GroupError::Discarded { .. },
-            ) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+                retry @ (GroupError::NotLeader { .. }
+                | GroupError::Timeout
+                | GroupError::Discarded { .. }),
+            ) => Err(retry),
             Err(other) => panic!("propose {topic}: {other}"),
         }
-    }
-    panic!("{topic} was never acknowledged");
+    })
+    .await
 }
 
 async fn kill(node: Node) {
@@ -268,6 +269,7 @@ impl malachi_cluster::group::RpcService for SlowEcho {
         use std::sync::atomic::Ordering;
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
+        // pacing, not synchronisation: a slow server, so calls overlap.
         tokio::time::sleep(Duration::from_millis(20)).await;
         self.now.fetch_sub(1, Ordering::SeqCst);
         let mut answer = group_id.to_be_bytes().to_vec();
@@ -339,16 +341,13 @@ async fn a_restarted_peer_is_reached_again_after_the_backoff() {
         server_config(2, 1 << 20),
     )
     .unwrap();
-    let back = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Ok(answer) = transport.call_raw(2, 201, 1, b"back", 1_000).await {
-                return answer;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    })
-    .await
-    .expect("the transport never reconnected");
+    let back = wait_until(
+        "the transport reconnects",
+        Duration::from_secs(10),
+        Duration::from_millis(25),
+        async || transport.call_raw(2, 201, 1, b"back", 1_000).await,
+    )
+    .await;
     assert_eq!(&back[8..], b"back");
     server.shutdown().await;
 }

@@ -14,6 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+/// How often the waits below look again.
+const POLL: Duration = Duration::from_millis(20);
+
 const NODES: [u64; 3] = [1, 2, 3];
 
 struct Broker {
@@ -96,25 +99,27 @@ async fn groups_without_a_quorum_up_do_not_campaign_and_elect_once_one_is() {
     }
     // A second broker makes a quorum for every group: all elect.
     let second = open_broker(2, listeners.next().unwrap(), &addrs, 16).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let leaderless: Vec<u64> = first
-            .host
-            .registry()
-            .all()
-            .iter()
-            .filter(|g| g.leader_term().0.is_none() || g.is_parked())
-            .map(|g| g.group_id())
-            .collect();
-        if leaderless.is_empty() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "groups never elected (or stayed parked) with a quorum up: {leaderless:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        "every group elects, none parked, with a quorum up",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || {
+            let leaderless: Vec<u64> = first
+                .host
+                .registry()
+                .all()
+                .iter()
+                .filter(|g| g.leader_term().0.is_none() || g.is_parked())
+                .map(|g| g.group_id())
+                .collect();
+            if leaderless.is_empty() {
+                Ok(())
+            } else {
+                Err(leaderless)
+            }
+        },
+    )
+    .await;
     kill(first).await;
     kill(second).await;
 }
@@ -287,20 +292,13 @@ async fn idle_groups_go_quiet_send_nothing_and_still_take_writes_and_elect() {
     let dead = brokers.remove(victim);
     let dead_id = dead.id;
     kill(dead).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     for vnode in &orphaned {
-        loop {
-            let leader = brokers.iter().find(|b| b.host.led().contains(vnode));
-            if let Some(leader) = leader {
-                assert_ne!(leader.id, dead_id);
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{vnode} led by the dead node {dead_id} got no new leader"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("{vnode}, led by the dead node {dead_id}, gets a new leader");
+        let leader = wait_until(&what, Duration::from_secs(20), POLL, async || {
+            brokers.iter().find(|b| b.host.led().contains(vnode))
+        })
+        .await;
+        assert_ne!(leader.id, dead_id);
     }
     // Everything acknowledged survives, and writes go on through survivors.
     create_through(&brokers[0], "after-the-loss").await;
@@ -392,19 +390,22 @@ async fn the_led_vnodes_watch_follows_leadership_and_drives_the_coordinator_plan
     let mut watches: Vec<_> = brokers.iter().map(|b| b.host.watch_led(60_000)).collect();
     // Every vnode gets exactly one leader, and the watches show it. That
     // snapshot is the set of coordinators each broker runs.
-    let running: Vec<BTreeSet<VnodeId>> = tokio::time::timeout(Duration::from_secs(15), async {
-        loop {
+    let running: Vec<BTreeSet<VnodeId>> = wait_until(
+        "the watches show one leader per vnode",
+        Duration::from_secs(15),
+        POLL,
+        async || {
             let led: Vec<BTreeSet<VnodeId>> = watches.iter().map(|w| w.borrow().clone()).collect();
             let total: usize = led.iter().map(|s| s.len()).sum();
             let union: BTreeSet<_> = led.iter().flatten().copied().collect();
             if total == 4 && union.len() == 4 {
-                return led;
+                Ok(led)
+            } else {
+                Err(led)
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the watches never showed one leader per vnode");
+        },
+    )
+    .await;
     let dead_at = running.iter().position(|s| !s.is_empty()).unwrap();
     let orphaned = running[dead_at].clone();
     let dead = brokers.remove(dead_at);
@@ -421,18 +422,13 @@ async fn the_led_vnodes_watch_follows_leadership_and_drives_the_coordinator_plan
     // and their plans start exactly the coordinators they gained.
     let ring = brokers[0].host.ring();
     for vnode in &orphaned {
-        let at = tokio::time::timeout(Duration::from_secs(15), async {
-            loop {
-                for (i, w) in watches.iter().enumerate() {
-                    if w.borrow().contains(vnode) {
-                        return i;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .expect("no survivor took over the vnode");
+        let at = wait_until(
+            "a survivor takes over the vnode",
+            Duration::from_secs(15),
+            POLL,
+            async || watches.iter().position(|w| w.borrow().contains(vnode)),
+        )
+        .await;
         let led = watches[at].borrow().clone();
         // The plan brings the survivor's coordinators to exactly what it
         // leads: it starts the vnode it took over and nothing else is off.

@@ -22,7 +22,7 @@ use rand::rngs::SmallRng;
 use tracing::{debug, info, warn};
 
 use super::MembershipError;
-use super::identity::{IdentityError, NodeIdentity};
+use super::identity::NodeIdentity;
 use super::routing::{
     ROUTING_LEADERS_MAX, RoutingError, RoutingHandler, RoutingHint, RoutingTable, VnodeLeader,
 };
@@ -281,7 +281,7 @@ impl MembershipCore {
             }
         }
         self.settle();
-        result.map_err(|e| MembershipError::Identity(IdentityError::Change(e.to_string())))
+        result.map_err(MembershipError::IdentityChange)
     }
 
     /// Declares this broker down to the others (ordered shutdown).

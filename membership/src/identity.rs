@@ -46,8 +46,6 @@ pub const ATTRIBUTE_VALUE_BYTES_MAX: usize = 128;
 /// Why an identity cannot be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
-    #[error("the identity could not be changed: {0}")]
-    Change(String),
     #[error("identity truncated: needed {needed} more bytes")]
     Truncated { needed: usize },
     #[error("identity version {0} is not supported (this build reads version {IDENTITY_VERSION})")]

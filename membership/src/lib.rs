@@ -59,6 +59,9 @@ pub enum MembershipError {
     Settings(#[from] SettingsError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// SWIM could not take this broker's changed identity.
+    #[error("the identity could not be changed: {0}")]
+    IdentityChange(#[source] foca::Error),
     #[error(transparent)]
     Routing(#[from] RoutingError),
     #[error("swim socket: {0}")]

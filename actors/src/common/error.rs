@@ -1,5 +1,6 @@
 //! The crate's error types: [`BrokerError`] for starting and stopping a
-//! broker, and [`MetadataError`] for the metadata plane. Both live in this
+//! broker, and [`MetadataError`] for the metadata plane (and, with the
+//! `testing` feature, `HookError` for the test hooks' calls to peers). Both live in this
 //! leaf module so every layer can name them without naming the others.
 
 use std::path::PathBuf;
@@ -42,6 +43,21 @@ pub enum BrokerError {
     TreeFailed,
     #[error("signal handling failed: {0}")]
     Signal(std::io::Error),
+}
+
+/// Why a test hook's call to a peer broker brought no answer.
+#[cfg(feature = "testing")]
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("no node fabric")]
+    NoFabric,
+    #[error("no cluster port")]
+    NoClusterPort,
+    /// The node fabric did not carry the call (its error, kept whole).
+    #[error(transparent)]
+    Fabric(Box<dyn std::error::Error + Send + Sync + 'static>),
+    #[error(transparent)]
+    Port(#[from] malachi_cluster::group::TransportError),
 }
 
 /// Why the metadata plane could not serve a request. The cluster's error

@@ -15,7 +15,6 @@
 //! regardless.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use malachi_wire::messages::{
@@ -25,7 +24,9 @@ use malachi_wire::replica_status::ReplicaStatusRequest;
 use tracing::debug;
 
 use super::replica_status::{Lane, ask_status};
-use super::shared::Shared;
+use super::shared::ClusterLinks;
+use crate::common::clock::Clock;
+use crate::common::rates::RangeRates;
 
 /// How long a live describe waits for one primary's rates. The primaries
 /// are asked at once (and beside the live figures' asks, which wait
@@ -47,16 +48,27 @@ pub(crate) fn range_primaries(topic: &TopicDescription) -> BTreeMap<u64, BTreeSe
     primaries
 }
 
+/// What gathering a topic's rates reads of this broker: its id, its links
+/// to the primaries, its own rates and clock.
+#[derive(Clone, Copy)]
+pub(crate) struct RatesHere<'a> {
+    pub node_id: u64,
+    pub links: &'a ClusterLinks,
+    pub rates: &'a RangeRates,
+    pub clock: &'a dyn Clock,
+}
+
 /// The topic's rates from its ranges' primaries and the reshapes they and
 /// this broker asked for, each primary asked at most `timeout_ms`.
 pub(crate) async fn gather_reshaping(
-    shared: &Arc<Shared>,
+    here: RatesHere<'_>,
     topic: String,
     primaries: BTreeMap<u64, BTreeSet<u64>>,
     timeout_ms: u64,
 ) -> Option<TopicReshaping> {
-    let me = shared.config.node_id;
-    let live: Vec<u64> = shared
+    let me = here.node_id;
+    let live: Vec<u64> = here
+        .links
         .fabric()
         .map(|fabric| {
             let view = fabric.membership.view();
@@ -67,10 +79,10 @@ pub(crate) async fn gather_reshaping(
         .into_iter()
         .map(|node| {
             let topic = topic.clone();
-            async move { (node, ask_rates(shared, node, topic, timeout_ms).await) }
+            async move { (node, ask_rates(here.links, node, topic, timeout_ms).await) }
         });
     let mut answers = futures::future::join_all(asks).await;
-    let own = shared.rates.reshaping(shared.clock.now_ms(), &topic, me);
+    let own = here.rates.reshaping(here.clock.now_ms(), &topic, me);
     answers.push((me, own));
     merge(&primaries, answers)
 }
@@ -92,7 +104,7 @@ pub(crate) fn brokers_to_ask(
 /// One broker's figures for `topic`, or `None` when it did not answer
 /// within `timeout_ms` (or answered without them: an older broker).
 async fn ask_rates(
-    shared: &Shared,
+    links: &ClusterLinks,
     node: u64,
     topic: String,
     timeout_ms: u64,
@@ -101,7 +113,7 @@ async fn ask_rates(
         rates_topic: Some(topic),
         ..ReplicaStatusRequest::default()
     };
-    let asked = ask_status(&shared.links, node, &request, timeout_ms, Lane::Raft);
+    let asked = ask_status(links, node, &request, timeout_ms, Lane::Raft);
     // The ask bounds itself; this bound keeps the describe's promise
     // whatever a lower layer does.
     match tokio::time::timeout(Duration::from_millis(timeout_ms), asked).await {

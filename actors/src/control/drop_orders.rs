@@ -8,25 +8,20 @@
 //! not one circle.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use malachi_wire::replica_order::{DROP_COPIES_SEGMENTS_MAX, DropCopiesRequest};
 use tracing::{debug, info};
 
 use super::replica_order::OrderClient;
-use super::shared::Shared;
 
 /// Sends drop orders for a deleted topic's segments to the brokers that
 /// held them (this one included, served locally). A holder that does not
 /// answer is left to its orphan sweep.
 pub(crate) async fn send_drop_orders(
-    shared: &Arc<Shared>,
+    orders: &OrderClient,
     topic: &str,
     holders: BTreeMap<u64, Vec<u64>>,
 ) {
-    let orders = OrderClient {
-        shared: Arc::clone(shared),
-    };
     for (node, segments) in holders {
         for chunk in segments.chunks(DROP_COPIES_SEGMENTS_MAX) {
             let request = DropCopiesRequest {

@@ -88,7 +88,7 @@ impl ControlHandle {
         &self,
     ) -> impl Future<Output = Result<BTreeMap<String, StoragePolicy>, PolicyError>> + Send + '_
     {
-        super::policies::policies(&self.shared)
+        super::policies::policies(&self.shared.actors, &self.shared.memory)
     }
 
     /// Proposes a policy command (put or remove).
@@ -96,7 +96,7 @@ impl ControlHandle {
         &self,
         cmd: Command,
     ) -> impl Future<Output = Result<Outcome, PolicyError>> + Send + '_ {
-        super::policies::propose(&self.shared, cmd)
+        super::policies::propose(&self.shared.actors, &self.shared.memory, cmd)
     }
 
     /// Adds the copies' live figures to a topic's description.
@@ -117,7 +117,13 @@ impl ControlHandle {
         primaries: BTreeMap<u64, BTreeSet<u64>>,
         timeout_ms: u64,
     ) -> impl Future<Output = Option<wire::TopicReshaping>> + Send + '_ {
-        super::describe_rates::gather_reshaping(&self.shared, topic, primaries, timeout_ms)
+        let here = super::describe_rates::RatesHere {
+            node_id: self.shared.config.node_id,
+            links: &self.shared.links,
+            rates: &self.shared.rates,
+            clock: self.shared.clock.as_ref(),
+        };
+        super::describe_rates::gather_reshaping(here, topic, primaries, timeout_ms)
     }
 
     /// Each broker's load as this broker sees it (ADR 0144).

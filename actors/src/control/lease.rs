@@ -213,11 +213,14 @@ mod tests {
 
     #[async_trait::async_trait]
     impl LeaseGroup for FakeGroup {
-        async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String> {
+        async fn propose(
+            &self,
+            cmd: Command,
+        ) -> Result<Result<Outcome, ModelError>, malachi_cluster::vnodes::RouteError> {
             self.proposals.fetch_add(1, Ordering::SeqCst);
             assert!(!self.broken.load(Ordering::SeqCst), "the group broke");
             if self.down.load(Ordering::SeqCst) {
-                return Err("unreachable".into());
+                return Err(malachi_cluster::vnodes::RouteError::Stopped);
             }
             match cmd {
                 Command::AcquireLeaseWaited {
@@ -239,7 +242,10 @@ mod tests {
                     self.released.lock().push(release);
                     Ok(Ok(Outcome::Unchanged))
                 }
-                other => Err(format!("unexpected {other:?}")),
+                other => Err(malachi_cluster::vnodes::RouteError::Failed {
+                    vnode: malachi_core::ring::VnodeId(0),
+                    reason: format!("unexpected {other:?}"),
+                }),
             }
         }
 

@@ -3,13 +3,12 @@
 //! got no answer its sender can use. The sending half only logs and
 //! retries these (no wire code is made of them); a copy's refusal that
 //! arrives as an answer (`OrderRefusal`, `ReplicaRefusal`) is the answer,
-//! not an `OrderError`, except where a caller turns it into one
-//! ([`OrderError::Refused`]).
+//! not an `OrderError` (a catch-up read's refusal becomes the lineage's
+//! `HolderReadError::Refused`).
 
 use malachi_cluster::group::{RpcError, TransportError};
 use malachi_core::model::SegmentId;
 use malachi_wire::WireError;
-use malachi_wire::replica_order::OrderRefusal;
 
 use crate::fabric::remote::RemoteError;
 
@@ -60,14 +59,6 @@ pub(crate) enum OrderError {
         asked: usize,
         of: &'static str,
     },
-    /// Broker `node`'s copy refused the order (catch-up read by a segment
-    /// that reads an ancestor from its holders).
-    #[error("{refusal:?}: {message}")]
-    Refused {
-        node: u64,
-        refusal: OrderRefusal,
-        message: String,
-    },
 }
 
 #[cfg(test)]
@@ -94,15 +85,6 @@ mod tests {
             }
             .to_string(),
             "broker 2 answered 1 copy statuses for 2 segments, or out of order"
-        );
-        assert_eq!(
-            OrderError::Refused {
-                node: 1,
-                refusal: OrderRefusal::Short,
-                message: "ends at 4".into(),
-            }
-            .to_string(),
-            "Short: ends at 4"
         );
         assert_eq!(
             OrderError::NoLocalOrder { api_key: 7 }.to_string(),

@@ -4,13 +4,13 @@
 //! vnodes (the file or single-group backends) keeps them in its one group.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use malachi_cluster::vnodes::RouteError;
 use malachi_core::model::{Command, ModelError, Outcome, StoragePolicy};
 use malachi_core::ring::VNODES_POLICY;
 
-use super::shared::Shared;
+use super::memory::ControlMemory;
+use super::registry::ActorRegistry;
 use crate::common::error::MetadataError;
 
 /// Why a policy could not be read or changed.
@@ -26,9 +26,10 @@ pub(crate) enum PolicyError {
 
 /// The cluster's policies, read linearizably where they are kept.
 pub(crate) async fn policies(
-    shared: &Arc<Shared>,
+    actors: &ActorRegistry,
+    memory: &ControlMemory,
 ) -> Result<BTreeMap<String, StoragePolicy>, PolicyError> {
-    let plane = shared.plane()?;
+    let plane = actors.plane()?;
     let all = match plane.host() {
         Some(host) => host.policies().await?,
         None => {
@@ -40,12 +41,16 @@ pub(crate) async fn policies(
         }
     };
     // What placement reads without a round trip.
-    *shared.memory.policy_cache.write() = all.clone();
+    *memory.policy_cache.write() = all.clone();
     Ok(all)
 }
 
 /// Defines, redefines or removes a policy (`PutPolicy`, `RemovePolicy`).
-pub(crate) async fn propose(shared: &Arc<Shared>, cmd: Command) -> Result<Outcome, PolicyError> {
+pub(crate) async fn propose(
+    actors: &ActorRegistry,
+    memory: &ControlMemory,
+    cmd: Command,
+) -> Result<Outcome, PolicyError> {
     debug_assert!(matches!(
         cmd,
         Command::PutPolicy { .. } | Command::RemovePolicy { .. }
@@ -55,7 +60,7 @@ pub(crate) async fn propose(shared: &Arc<Shared>, cmd: Command) -> Result<Outcom
         Command::RemovePolicy { name } => name == VNODES_POLICY,
         _ => false,
     };
-    let plane = shared.plane()?;
+    let plane = actors.plane()?;
     let verdict = match plane.host() {
         Some(host) => host.propose_ring(cmd).await?,
         None => plane.propose(cmd).await?,
@@ -73,7 +78,7 @@ pub(crate) async fn propose(shared: &Arc<Shared>, cmd: Command) -> Result<Outcom
     }
     // Refresh the cache at once, so a topic created next through this
     // broker is placed by the new definition.
-    if let Err(e) = policies(shared).await {
+    if let Err(e) = policies(actors, memory).await {
         tracing::debug!(error = %e, "policies not re-read after a change; the next retention pass does");
     }
     Ok(outcome)

@@ -30,6 +30,7 @@ use malachi_wire::replica_order::{DropCopiesRequest, DropCopiesResponse};
 use tracing::{debug, info, warn};
 
 use super::shared::Shared;
+use crate::common::error::MetadataError;
 
 /// What one orphan sweep did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +81,7 @@ pub(crate) async fn serve_drop_copies(shared: &Arc<Shared>, body: &[u8]) -> Drop
         Ok(listed) => listed,
         Err(reason) => {
             debug!(topic = %request.topic, %reason, "a drop order could not be checked; the orphan sweep will");
-            return refused(reason);
+            return refused(reason.to_string());
         }
     };
     let to_remove = unlisted(&request.segments, &listed);
@@ -116,14 +117,14 @@ async fn listed_for_topic(
     shared: &Arc<Shared>,
     topic: &str,
     segments: &[u64],
-) -> Result<BTreeSet<u64>, String> {
-    let plane = shared.plane().map_err(|e| e.to_string())?;
+) -> Result<BTreeSet<u64>, MetadataError> {
+    let plane = shared.plane()?;
     if let Some(host) = plane.host() {
-        return host
+        return Ok(host
             .topic_segments_listed(topic, segments)
-            .await
-            .map(|listed| listed.into_iter().collect())
-            .map_err(|e| e.to_string());
+            .await?
+            .into_iter()
+            .collect());
     }
     let mut listed = BTreeSet::new();
     plane.view_each(&mut |state| {

@@ -36,7 +36,7 @@ use crate::control::metadata::read_owner;
 use crate::control::order_epoch::{store_order, wire_order};
 use crate::control::order_error::OrderError;
 use crate::control::shared::Shared;
-use crate::data::lineage::HolderReads;
+use crate::data::lineage::{HolderReadError, HolderReads};
 use crate::fabric::node::Fabric;
 use crate::fabric::remote::RemoteError;
 
@@ -368,7 +368,7 @@ impl HolderReads for OrderClient {
         holder: NodeId,
         from: u64,
         bytes_max: u64,
-    ) -> Result<(u64, Bytes), String> {
+    ) -> Result<(u64, Bytes), HolderReadError> {
         let request = CatchUpRequest {
             topic: topic.to_string(),
             segment: segment.0,
@@ -376,18 +376,16 @@ impl HolderReads for OrderClient {
             from,
             bytes_max,
         };
-        // The lineage reader takes any error as text (`HolderReads`).
         let answer = self
             .catch_up(holder.0, &request)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| HolderReadError::Call(Box::new(e)))?;
         if let Some(refusal) = answer.refused {
-            return Err(OrderError::Refused {
+            return Err(HolderReadError::Refused {
                 node: holder.0,
                 refusal,
                 message: answer.message,
-            }
-            .to_string());
+            });
         }
         Ok((answer.first_offset, answer.frames))
     }

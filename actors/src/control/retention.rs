@@ -31,7 +31,7 @@ pub(crate) async fn retention_pass(shared: Arc<Shared>, vnode: VnodeId) -> Unres
     let Some(group) = plane.host().and_then(|h| h.group(vnode)) else {
         return unresolved;
     };
-    let policies = match super::policies::policies(&shared).await {
+    let policies = match super::policies::policies(&shared.actors, &shared.memory).await {
         Ok(policies) => policies,
         Err(e) => {
             debug!(%vnode, error = %e, "retention waits: the policies could not be read");
@@ -95,7 +95,10 @@ pub(crate) async fn retention_pass(shared: Arc<Shared>, vnode: VnodeId) -> Unres
                     .segments_expired
                     .increment(segments.len() as u64);
                 info!(%topic, expired = count, "retention expired sealed segments");
-                super::drop_orders::send_drop_orders(&shared, &topic, holders).await;
+                let orders = crate::control::replica_order::OrderClient {
+                    shared: Arc::clone(&shared),
+                };
+                super::drop_orders::send_drop_orders(&orders, &topic, holders).await;
             }
             Ok(Ok(other)) => warn!(%topic, outcome = ?other, "retention got an unexpected outcome"),
             Ok(Err(refused)) => {

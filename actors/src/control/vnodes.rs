@@ -19,6 +19,7 @@
 //! (`host_loops.rs`, ADR 0135): a loop that ends is restarted, and past a
 //! budget, or when a replica cannot be reopened, the actor fails.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,12 +29,12 @@ use malachi_membership::MembershipView;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, info, warn};
 
-use crate::common::config::MetadataBackend;
+use crate::common::config::{BrokerConfig, MetadataBackend};
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 use crate::control::cluster_port::ClusterPort;
 use crate::control::host_loops::{FATAL_CHECK_MS, HostWork};
 use crate::control::metadata::{FilePlane, MetadataPlane, VnodePlane};
-use crate::control::shared::Shared;
+use crate::control::shared::{RaftEndpoint, Shared};
 
 pub(crate) struct VnodesActor;
 
@@ -210,6 +211,68 @@ fn follow_peers(
     ))
 }
 
+/// A crashed predecessor left its plane and raft server published
+/// (post_stop does not run after a failure): stops them before the same
+/// files are reopened, so two raft nodes never share one log.
+async fn close_stale(shared: &Shared, raft: Option<&RaftEndpoint>) {
+    let stale = shared.actors.close_plane();
+    if let Some(stale) = stale
+        && let Err(e) = stale.shutdown().await
+    {
+        warn!(error = %e, "cannot shut down the crashed predecessor's metadata plane");
+    }
+    if let Some(raft) = raft {
+        let stale = raft.server.lock().take();
+        if let Some(stale) = stale {
+            stale.shutdown().await;
+        }
+    }
+}
+
+/// The vnode host's settings, from the broker's; `gossiped` when a node
+/// fabric tells it who reads the feature table (`follow_peers`).
+fn host_config(config: &BrokerConfig, dir: PathBuf, gossiped: bool) -> VnodeHostConfig {
+    let mut host_config = VnodeHostConfig::new(config.node_id, config.cluster_nodes(), dir);
+    host_config.vnode_count = config.vnode_count();
+    host_config.replicas_per_vnode = config.cluster.replicas_per_vnode;
+    host_config.forward_timeout_ms = config.cluster.forward_timeout_ms;
+    if !config.cluster.quiet_groups {
+        host_config.liveness = None;
+    }
+    host_config.balance_leaders = config.cluster.balance_leaders;
+    host_config.joined = config.cluster.joined;
+    host_config.replace_after_ms = config.cluster.replace_after_ms;
+    host_config.attributes = config.attributes.clone();
+    host_config.feature_readers_gossiped = gossiped;
+    host_config.plays_pre_feature_gates = config.cluster.plays_pre_feature_gates;
+    // Its loops are the vnodes actor's to run (`HostWork`).
+    host_config.owner_runs_loops = true;
+    host_config
+}
+
+/// Opens the vnode host over `raft`'s transport and starts the cluster
+/// port's server on its listener, published for a successor to stop.
+async fn open_host(
+    shared: &Arc<Shared>,
+    raft: &RaftEndpoint,
+    dir: PathBuf,
+) -> Result<(Arc<VnodeHost>, Arc<TransportServer>), ActorProcessingErr> {
+    let config = host_config(&shared.config, dir, shared.fabric().is_some());
+    let host = VnodeHost::open(config, Arc::clone(&raft.transport)).await?;
+    let listener = raft.listener.try_clone()?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let service: Arc<dyn RpcService> =
+        Arc::new(ClusterPort::new(Arc::clone(&host), Arc::clone(shared)));
+    let server = Arc::new(TransportServer::start(
+        listener,
+        service,
+        malachi_cluster::group::TransportServerConfig::for_transport(raft.transport.config()),
+    )?);
+    *raft.server.lock() = Some(Arc::clone(&server));
+    Ok((host, server))
+}
+
 #[ractor::async_trait]
 impl Actor for VnodesActor {
     type Msg = VnodesMsg;
@@ -221,22 +284,8 @@ impl Actor for VnodesActor {
         myself: ActorRef<VnodesMsg>,
         shared: Arc<Shared>,
     ) -> Result<VnodesState, ActorProcessingErr> {
-        // A crashed predecessor left its plane and raft server published
-        // (post_stop does not run after a failure): stop them before
-        // reopening the same files, so two raft nodes never share one log.
-        let stale = shared.actors.close_plane();
-        if let Some(stale) = stale
-            && let Err(e) = stale.shutdown().await
-        {
-            warn!(error = %e, "cannot shut down the crashed predecessor's metadata plane");
-        }
         let raft = shared.links.raft.get().cloned();
-        if let Some(raft) = &raft {
-            let stale = raft.server.lock().take();
-            if let Some(stale) = stale {
-                stale.shutdown().await;
-            }
-        }
+        close_stale(&shared, raft.as_deref()).await;
         let dir = shared.config.data_dir.join("metadata");
         let config = &shared.config;
         let (plane, server, peers): (Arc<dyn MetadataPlane>, _, _) = match config.metadata_backend {
@@ -247,37 +296,7 @@ impl Actor for VnodesActor {
             ),
             MetadataBackend::Raft => {
                 let raft = raft.ok_or("the raft endpoint is not set up")?;
-                let mut host_config =
-                    VnodeHostConfig::new(config.node_id, config.cluster_nodes(), dir.clone());
-                host_config.vnode_count = config.vnode_count();
-                host_config.replicas_per_vnode = config.cluster.replicas_per_vnode;
-                host_config.forward_timeout_ms = config.cluster.forward_timeout_ms;
-                if !config.cluster.quiet_groups {
-                    host_config.liveness = None;
-                }
-                host_config.balance_leaders = config.cluster.balance_leaders;
-                host_config.joined = config.cluster.joined;
-                host_config.replace_after_ms = config.cluster.replace_after_ms;
-                host_config.attributes = config.attributes.clone();
-                // `follow_peers` tells it who reads the feature table.
-                host_config.feature_readers_gossiped = shared.fabric().is_some();
-                host_config.plays_pre_feature_gates = config.cluster.plays_pre_feature_gates;
-                // Its loops are this actor's to run (`host_work` below).
-                host_config.owner_runs_loops = true;
-                let host = VnodeHost::open(host_config, Arc::clone(&raft.transport)).await?;
-                let listener = raft.listener.try_clone()?;
-                listener.set_nonblocking(true)?;
-                let listener = tokio::net::TcpListener::from_std(listener)?;
-                let service: Arc<dyn RpcService> =
-                    Arc::new(ClusterPort::new(Arc::clone(&host), Arc::clone(&shared)));
-                let server = Arc::new(TransportServer::start(
-                    listener,
-                    service,
-                    malachi_cluster::group::TransportServerConfig::for_transport(
-                        raft.transport.config(),
-                    ),
-                )?);
-                *raft.server.lock() = Some(Arc::clone(&server));
+                let (host, server) = open_host(&shared, &raft, dir.clone()).await?;
                 let peers = follow_peers(myself.clone(), &shared, &host);
                 (Arc::new(VnodePlane::new(host)), Some(server), peers)
             }

@@ -370,13 +370,20 @@ fn read_sidecar(
     storage: &Storage,
     id: malachi_storage::SegmentId,
     limits: ProducerLimits,
-) -> Result<Option<ProducerTable>, String> {
-    let Some(bytes) = storage.store.read_sidecar(id).map_err(|e| e.to_string())? else {
+) -> Result<Option<ProducerTable>, SidecarReadError> {
+    let Some(bytes) = storage.store.read_sidecar(id)? else {
         return Ok(None);
     };
-    producers::decode_sidecar(&bytes, limits)
-        .map(Some)
-        .map_err(|e| e.to_string())
+    Ok(Some(producers::decode_sidecar(&bytes, limits)?))
+}
+
+/// Why a producer sidecar held here could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SidecarReadError {
+    #[error("cannot read the producer sidecar: {0}")]
+    Read(#[from] malachi_storage::StorageError),
+    #[error(transparent)]
+    Decode(#[from] producers::SidecarError),
 }
 
 /// The copy could not be read to its end; the tags read so far are applied.
@@ -480,12 +487,32 @@ pub(crate) trait HolderReads: Send + Sync + std::fmt::Debug {
         holder: NodeId,
         from: u64,
         bytes_max: u64,
-    ) -> Result<(u64, Bytes), String>;
+    ) -> Result<(u64, Bytes), HolderReadError>;
 
     /// Whether `holder` is worth asking (membership does not call it dead).
     fn live(&self, _holder: NodeId) -> bool {
         true
     }
+}
+
+/// Why a holder did not answer a read of its copy.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HolderReadError {
+    /// The read or its answer was not carried (the order client's error,
+    /// kept whole: it names the peer).
+    #[error(transparent)]
+    Call(Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The holder's copy refused the read; `message` is its reason.
+    #[error("broker {node} refused the read ({refusal:?}): {message}")]
+    Refused {
+        node: u64,
+        refusal: malachi_wire::replica_order::OrderRefusal,
+        message: String,
+    },
+    /// The holder has no copy to read from (a test's holder).
+    #[cfg(test)]
+    #[error("broker {node} does not answer")]
+    Silent { node: u64 },
 }
 
 /// Why an ancestor's tags could not be read from its holders.
@@ -544,7 +571,7 @@ pub(crate) async fn fetch_own_tags(
                 Ok(answer) => answer,
                 Err(e) => {
                     debug!(segment = segment.0, holder = holder.0, from, error = %e, "a holder did not answer for the producer state");
-                    last = e;
+                    last = e.to_string();
                     continue;
                 }
             };
@@ -716,10 +743,10 @@ pub(crate) mod fixture {
             holder: NodeId,
             from: u64,
             bytes_max: u64,
-        ) -> Result<(u64, Bytes), String> {
+        ) -> Result<(u64, Bytes), HolderReadError> {
             self.calls.lock().push((holder.0, from));
             let Some(copy) = self.copies.get(&holder.0) else {
-                return Err(format!("broker {holder} does not answer"));
+                return Err(HolderReadError::Silent { node: holder.0 });
             };
             let run = copy
                 .store
@@ -728,7 +755,7 @@ pub(crate) mod fixture {
                     from,
                     bytes_max as usize,
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| HolderReadError::Call(Box::new(e)))?;
             let mut bytes = run.bytes;
             if self.corrupt.contains(&holder.0) && !bytes.is_empty() {
                 let last = bytes.len() - 3;
@@ -1011,6 +1038,21 @@ mod tests {
         assert_eq!(*holders.calls.lock(), [(2, 0), (3, 0)]);
         // Nothing half-built was written down for the segment after it.
         assert!(!has_sidecar(&storage, 2));
+    }
+
+    #[test]
+    fn a_holder_read_error_names_the_broker_and_its_refusal() {
+        let refused = HolderReadError::Refused {
+            node: 1,
+            refusal: malachi_wire::replica_order::OrderRefusal::Short,
+            message: "ends at 4".into(),
+        };
+        assert_eq!(
+            refused.to_string(),
+            "broker 1 refused the read (Short): ends at 4"
+        );
+        let silent = HolderReadError::Silent { node: 2 };
+        assert_eq!(silent.to_string(), "broker 2 does not answer");
     }
 
     #[tokio::test]

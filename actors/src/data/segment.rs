@@ -27,7 +27,7 @@ use tracing::{debug, error, info, warn};
 use super::invariants::{Violation, check_append, check_durable};
 use super::lineage::{self, Ancestor, Ancestry, Fetched, HolderReads, Lineage};
 use super::producers::{ProducerTable, ProducerTag, Verdict};
-use super::replication::Replicated;
+use super::replication::{NoQuorum, Replicated};
 use super::storage::{SegmentHandle, Storage};
 use crate::common::convert::IncomingRecord;
 
@@ -497,7 +497,7 @@ impl Actor for SegmentActor {
                     if let Err(e) =
                         quorum_holds_all(&storage, id, replicated.as_deref(), timeout_ms).await
                     {
-                        let _ = reply.send(Err(AppendError::NoQuorum(e)));
+                        let _ = reply.send(Err(AppendError::NoQuorum(e.to_string())));
                         return;
                     }
                     handoff.write().await;
@@ -1014,16 +1014,22 @@ async fn quorum_holds_all(
     id: malachi_storage::SegmentId,
     replicated: Option<&Replicated>,
     timeout_ms: u64,
-) -> Result<(), String> {
+) -> Result<(), QuorumWaitError> {
     let Some(replicated) = replicated else {
         return Ok(());
     };
-    let durable = storage.store.info(id).map_err(|e| e.to_string())?.durable;
+    let durable = storage.store.info(id)?.durable;
     replicated.local_durable(storage, durable);
-    replicated
-        .wait_committed(durable, timeout_ms)
-        .await
-        .map_err(|e| e.to_string())
+    Ok(replicated.wait_committed(durable, timeout_ms).await?)
+}
+
+/// Why a fenced copy's records could not be shown held by a quorum.
+#[derive(Debug, thiserror::Error)]
+enum QuorumWaitError {
+    #[error("cannot read the copy's durable end: {0}")]
+    Info(#[from] StorageError),
+    #[error(transparent)]
+    NoQuorum(#[from] NoQuorum),
 }
 
 /// The producer table a sealing segment leaves for its successors, written

@@ -160,29 +160,10 @@ fn read_record(path: &Path) -> Result<Option<ClusterRecord>, BrokerError> {
 pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, BrokerError> {
     let shape = config.shape();
     if config.metadata_backend == MetadataBackend::File {
-        return Ok(Plan {
-            mode: Mode::Lone,
-            nodes: vec![config.node_id],
-            shape,
-            cluster_id: None,
-            candidate,
-            record_path: None,
-            joined: false,
-            explicit_vnodes: config.cluster.vnodes,
-            join_timeout_ms: config.cluster.join_timeout_ms,
-        });
+        return Ok(file_backed(config, candidate));
     }
     let path = config.data_dir.join("metadata").join(CLUSTER_RECORD_FILE);
     let record = read_record(&path)?;
-    let me = config.node_id;
-    let differs = |recorded: &ClusterRecord, wanted: &ClusterRecord| {
-        refused(format!(
-            "the data dir {} was created with cluster settings `{}`, not `{}`: every broker keeps the [cluster] nodes, vnodes and replicas_per_vnode its data dir was created with",
-            config.data_dir.display(),
-            recorded.settings_line(),
-            wanted.settings_line()
-        ))
-    };
     let mut plan = Plan {
         mode: Mode::Lone,
         nodes: config.cluster_nodes(),
@@ -195,58 +176,13 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
         join_timeout_ms: config.cluster.join_timeout_ms,
     };
     if !config.cluster.nodes.is_empty() {
-        plan.mode = if plan.nodes.len() > 1 {
-            Mode::Fixed
-        } else {
-            Mode::Lone
-        };
-        if let Some(recorded) = record {
-            if recorded.settings_line() != plan.record().settings_line() {
-                return Err(differs(&recorded, &plan.record()));
-            }
-            plan.cluster_id = recorded.cluster_id;
-        }
-        return Ok(plan);
+        return fixed_nodes(config, plan, record);
     }
     if let Some(recorded) = record {
         if recorded.nodes.len() > 1 || recorded.joined {
             // Formed earlier (bootstrap), or joined: the record is the
             // cluster.
-            if !recorded.joined && !recorded.nodes.contains(&me) {
-                return Err(refused(format!(
-                    "the data dir {} records a cluster of nodes {:?} without this node {me}",
-                    config.data_dir.display(),
-                    recorded.nodes
-                )));
-            }
-            let vnodes_differ = config
-                .cluster
-                .vnodes
-                .is_some_and(|v| v != recorded.shape.vnodes);
-            if vnodes_differ || shape.replicas_per_vnode != recorded.shape.replicas_per_vnode {
-                let wanted = ClusterRecord {
-                    shape,
-                    ..recorded.clone()
-                };
-                return Err(differs(&recorded, &wanted));
-            }
-            if let Some(expect) = config.cluster.bootstrap_expect
-                && expect as usize != recorded.nodes.len()
-            {
-                info!(
-                    expect,
-                    nodes = ?recorded.nodes,
-                    "bootstrap_expect is ignored: the data dir records the cluster formed earlier"
-                );
-            }
-            return Ok(Plan {
-                mode: Mode::Recorded,
-                nodes: recorded.nodes,
-                shape: recorded.shape,
-                cluster_id: recorded.cluster_id,
-                joined: recorded.joined,
-                ..plan
-            });
+            return recorded_cluster(config, plan, recorded);
         }
         // A lone broker's record.
         if config.bootstrap_expect() > 1
@@ -260,7 +196,7 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
                 },
                 ..plan.record()
             };
-            return Err(differs(&recorded, &wanted));
+            return Err(settings_differ(config, &recorded, &wanted));
         }
         plan.cluster_id = recorded.cluster_id;
     } else if config.bootstrap_expect() > 1 {
@@ -278,6 +214,102 @@ pub(crate) fn plan(config: &BrokerConfig, candidate: ClusterId) -> Result<Plan, 
         return Ok(plan);
     }
     Ok(plan)
+}
+
+/// The plan of a broker on the file backend: alone, with no record.
+fn file_backed(config: &BrokerConfig, candidate: ClusterId) -> Plan {
+    Plan {
+        mode: Mode::Lone,
+        nodes: vec![config.node_id],
+        shape: config.shape(),
+        cluster_id: None,
+        candidate,
+        record_path: None,
+        joined: false,
+        explicit_vnodes: config.cluster.vnodes,
+        join_timeout_ms: config.cluster.join_timeout_ms,
+    }
+}
+
+/// The plan of a broker configured with its cluster's nodes: the record,
+/// if any, must have been made with the same settings.
+fn fixed_nodes(
+    config: &BrokerConfig,
+    mut plan: Plan,
+    record: Option<ClusterRecord>,
+) -> Result<Plan, BrokerError> {
+    plan.mode = if plan.nodes.len() > 1 {
+        Mode::Fixed
+    } else {
+        Mode::Lone
+    };
+    if let Some(recorded) = record {
+        if recorded.settings_line() != plan.record().settings_line() {
+            return Err(settings_differ(config, &recorded, &plan.record()));
+        }
+        plan.cluster_id = recorded.cluster_id;
+    }
+    Ok(plan)
+}
+
+/// The plan of a broker whose data dir records a cluster formed earlier
+/// (bootstrap) or joined: the record is the cluster, and settings that
+/// disagree with it are refused.
+fn recorded_cluster(
+    config: &BrokerConfig,
+    plan: Plan,
+    recorded: ClusterRecord,
+) -> Result<Plan, BrokerError> {
+    let (me, shape) = (config.node_id, config.shape());
+    if !recorded.joined && !recorded.nodes.contains(&me) {
+        return Err(refused(format!(
+            "the data dir {} records a cluster of nodes {:?} without this node {me}",
+            config.data_dir.display(),
+            recorded.nodes
+        )));
+    }
+    let vnodes_differ = config
+        .cluster
+        .vnodes
+        .is_some_and(|v| v != recorded.shape.vnodes);
+    if vnodes_differ || shape.replicas_per_vnode != recorded.shape.replicas_per_vnode {
+        let wanted = ClusterRecord {
+            shape,
+            ..recorded.clone()
+        };
+        return Err(settings_differ(config, &recorded, &wanted));
+    }
+    if let Some(expect) = config.cluster.bootstrap_expect
+        && expect as usize != recorded.nodes.len()
+    {
+        info!(
+            expect,
+            nodes = ?recorded.nodes,
+            "bootstrap_expect is ignored: the data dir records the cluster formed earlier"
+        );
+    }
+    Ok(Plan {
+        mode: Mode::Recorded,
+        nodes: recorded.nodes,
+        shape: recorded.shape,
+        cluster_id: recorded.cluster_id,
+        joined: recorded.joined,
+        ..plan
+    })
+}
+
+/// The refusal of a data dir created with other cluster settings.
+fn settings_differ(
+    config: &BrokerConfig,
+    recorded: &ClusterRecord,
+    wanted: &ClusterRecord,
+) -> BrokerError {
+    refused(format!(
+        "the data dir {} was created with cluster settings `{}`, not `{}`: every broker keeps the [cluster] nodes, vnodes and replicas_per_vnode its data dir was created with",
+        config.data_dir.display(),
+        recorded.settings_line(),
+        wanted.settings_line()
+    ))
 }
 
 /// Writes the record through a synced temporary file and a rename, and
@@ -355,6 +387,91 @@ pub(crate) async fn form(plan: &mut Plan, args: FormArgs) -> Result<(), BrokerEr
     Ok(())
 }
 
+/// One look of a broker joining through its seeds: `true` once `plan`
+/// names the running cluster it joins; refused past `join_timeout_ms`.
+/// `clock` is when the look started and now.
+fn join_step(
+    plan: &mut Plan,
+    me: u64,
+    peers: &[Card],
+    (started, now): (tokio::time::Instant, tokio::time::Instant),
+    reported: &mut tokio::time::Instant,
+) -> Result<bool, BrokerError> {
+    if let Some(joining) = decide_join(me, plan.explicit_vnodes, peers)? {
+        info!(
+            cluster = %joining.cluster_id,
+            formed_by = ?joining.nodes,
+            shape = %joining.shape,
+            "joining the running cluster"
+        );
+        plan.nodes = joining.nodes;
+        plan.shape = joining.shape;
+        plan.cluster_id = Some(joining.cluster_id);
+        plan.joined = true;
+        plan.mode = Mode::Recorded;
+        return Ok(true);
+    }
+    if now.duration_since(started) >= Duration::from_millis(plan.join_timeout_ms) {
+        let seen: Vec<u64> = peers.iter().map(|p| p.node_id).collect();
+        return Err(refused(format!(
+            "seeds are set, but neither [cluster] nodes nor --bootstrap-expect, and no running cluster answered through them within {} ms (brokers seen: {seen:?}): to join a cluster, check the seeds; to start a new one, start its first brokers with --bootstrap-expect N (the same N on each), or list every broker's node id in [cluster] nodes (docs/guides/clustering.md)",
+            plan.join_timeout_ms
+        )));
+    }
+    if now.duration_since(*reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS) {
+        *reported = now;
+        info!(
+            seen = ?peers.iter().map(|p| p.node_id).collect::<Vec<_>>(),
+            "looking for a running cluster to join through the seeds"
+        );
+    }
+    Ok(false)
+}
+
+/// One look of a bootstrapping broker: `true` once the same formation was
+/// decided for `BOOTSTRAP_SETTLE_MS` and `plan` records it. `clock` is
+/// now, the formation decided and since when, and the last report.
+fn bootstrap_step(
+    plan: &mut Plan,
+    me: u64,
+    expect: u32,
+    peers: &[Card],
+    (now, settled, reported): (
+        tokio::time::Instant,
+        &mut Option<(Formation, tokio::time::Instant)>,
+        &mut tokio::time::Instant,
+    ),
+) -> Result<bool, BrokerError> {
+    let decision = decide_bootstrap(&plan.card(me), expect, peers)?;
+    if let Formation::Wait { seen } = &decision
+        && now.duration_since(*reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS)
+    {
+        *reported = now;
+        info!(
+            expect,
+            ?seen,
+            "bootstrap: waiting for the other brokers to be seen"
+        );
+    }
+    match (&decision, &*settled) {
+        (Formation::Formed { .. }, Some((same, since))) if *same == decision => {
+            if now.duration_since(*since) >= Duration::from_millis(BOOTSTRAP_SETTLE_MS) {
+                let Formation::Formed { nodes, cluster_id } = decision else {
+                    unreachable!("matched Formed above");
+                };
+                info!(?nodes, cluster = %cluster_id, "bootstrap: the cluster is formed");
+                plan.nodes = nodes;
+                plan.cluster_id = Some(cluster_id);
+                plan.mode = Mode::Recorded;
+                return Ok(true);
+            }
+        }
+        (Formation::Formed { .. }, _) => *settled = Some((decision, now)),
+        (Formation::Wait { .. }, _) => *settled = None,
+    }
+    Ok(false)
+}
+
 async fn watch_peers(plan: &mut Plan, me: u64, membership: &Membership) -> Result<(), BrokerError> {
     let mut view = membership.watch();
     let started = tokio::time::Instant::now();
@@ -366,63 +483,14 @@ async fn watch_peers(plan: &mut Plan, me: u64, membership: &Membership) -> Resul
         let now = tokio::time::Instant::now();
         match plan.mode {
             Mode::Join => {
-                if let Some(joining) = decide_join(me, plan.explicit_vnodes, &peers)? {
-                    info!(
-                        cluster = %joining.cluster_id,
-                        formed_by = ?joining.nodes,
-                        shape = %joining.shape,
-                        "joining the running cluster"
-                    );
-                    plan.nodes = joining.nodes;
-                    plan.shape = joining.shape;
-                    plan.cluster_id = Some(joining.cluster_id);
-                    plan.joined = true;
-                    plan.mode = Mode::Recorded;
+                if join_step(plan, me, &peers, (started, now), &mut reported)? {
                     return Ok(());
-                }
-                if now.duration_since(started) >= Duration::from_millis(plan.join_timeout_ms) {
-                    let seen: Vec<u64> = peers.iter().map(|p| p.node_id).collect();
-                    return Err(refused(format!(
-                        "seeds are set, but neither [cluster] nodes nor --bootstrap-expect, and no running cluster answered through them within {} ms (brokers seen: {seen:?}): to join a cluster, check the seeds; to start a new one, start its first brokers with --bootstrap-expect N (the same N on each), or list every broker's node id in [cluster] nodes (docs/guides/clustering.md)",
-                        plan.join_timeout_ms
-                    )));
-                }
-                if now.duration_since(reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS) {
-                    reported = now;
-                    info!(
-                        seen = ?peers.iter().map(|p| p.node_id).collect::<Vec<_>>(),
-                        "looking for a running cluster to join through the seeds"
-                    );
                 }
             }
             Mode::Bootstrap { expect } => {
-                let decision = decide_bootstrap(&plan.card(me), expect, &peers)?;
-                if let Formation::Wait { seen } = &decision
-                    && now.duration_since(reported) >= Duration::from_millis(BOOTSTRAP_REPORT_MS)
-                {
-                    reported = now;
-                    info!(
-                        expect,
-                        ?seen,
-                        "bootstrap: waiting for the other brokers to be seen"
-                    );
-                }
-                match (&decision, &settled) {
-                    (Formation::Formed { .. }, Some((same, since))) if *same == decision => {
-                        if now.duration_since(*since) >= Duration::from_millis(BOOTSTRAP_SETTLE_MS)
-                        {
-                            let Formation::Formed { nodes, cluster_id } = decision else {
-                                unreachable!("matched Formed above");
-                            };
-                            info!(?nodes, cluster = %cluster_id, "bootstrap: the cluster is formed");
-                            plan.nodes = nodes;
-                            plan.cluster_id = Some(cluster_id);
-                            plan.mode = Mode::Recorded;
-                            return Ok(());
-                        }
-                    }
-                    (Formation::Formed { .. }, _) => settled = Some((decision, now)),
-                    (Formation::Wait { .. }, _) => settled = None,
+                let clock = (now, &mut settled, &mut reported);
+                if bootstrap_step(plan, me, expect, &peers, clock)? {
+                    return Ok(());
                 }
             }
             _ => {

@@ -956,7 +956,7 @@ pub(crate) async fn gather_trees(fabric: &Fabric, root: &SupervisorSlot) -> Vec<
             } else {
                 match remote_tree(member.node_id, timeout).await {
                     Ok(tree) => (Some(tree.root), None),
-                    Err(reason) => (None, Some(reason)),
+                    Err(reason) => (None, Some(reason.to_string())),
                 }
             };
             wire::BrokerTree {
@@ -1005,16 +1005,16 @@ pub fn accepts_remote_message(call: bool, variant: String, args: Vec<u8>) -> boo
 async fn remote_tree(
     node_id: u64,
     timeout: Duration,
-) -> Result<wire::TreeSnapshotResponse, String> {
+) -> Result<wire::TreeSnapshotResponse, TreeAskError> {
     let mut members = ractor::pg::get_scoped_members(&PG_SCOPE.to_owned(), &node_group(node_id));
     if members.is_empty() {
-        return Err("no node fabric session to this broker".to_owned());
+        return Err(TreeAskError::NoSession);
     }
     members.sort_by_key(|cell| !cell.get_id().is_local());
-    let mut last = String::new();
+    let mut last = TreeAskError::NoSession;
     for cell in members {
         let actor: ActorRef<NodeMsg> = cell.into();
-        match actor.call(NodeMsg::TreeSnapshot, Some(timeout)).await {
+        last = match actor.call(NodeMsg::TreeSnapshot, Some(timeout)).await {
             Ok(CallResult::Success(bytes)) => match decode_tree_reply(bytes) {
                 Ok(tree) if tree.node_id == node_id => return Ok(tree),
                 Ok(tree) => {
@@ -1023,17 +1023,35 @@ async fn remote_tree(
                         answered = tree.node_id,
                         "a tree from the wrong broker"
                     );
-                    last = format!("answered as node {}", tree.node_id);
+                    TreeAskError::WrongBroker {
+                        answered: tree.node_id,
+                    }
                 }
-                Err(error) => last = format!("undecodable answer: {error}"),
+                Err(error) => TreeAskError::Undecodable(error),
             },
-            Ok(CallResult::Timeout) => {
-                last = format!("no answer within {} ms", timeout.as_millis())
-            }
-            Ok(CallResult::SenderError) | Err(_) => last = "the session closed".to_owned(),
-        }
+            Ok(CallResult::Timeout) => TreeAskError::Timeout {
+                timeout_ms: timeout.as_millis() as u64,
+            },
+            Ok(CallResult::SenderError) | Err(_) => TreeAskError::Closed,
+        };
     }
     Err(last)
+}
+
+/// Why a peer's tree could not be read over the node fabric; its text is
+/// the tree's `unreachable` reason.
+#[derive(Debug, thiserror::Error)]
+enum TreeAskError {
+    #[error("no node fabric session to this broker")]
+    NoSession,
+    #[error("answered as node {answered}")]
+    WrongBroker { answered: u64 },
+    #[error("undecodable answer: {0}")]
+    Undecodable(WireError),
+    #[error("no answer within {timeout_ms} ms")]
+    Timeout { timeout_ms: u64 },
+    #[error("the session closed")]
+    Closed,
 }
 
 #[cfg(test)]

@@ -446,61 +446,10 @@ async fn attempt(
     #[cfg(feature = "testing")]
     ctx.control.hold_failover().await;
     let n = known.replicas.len();
-    let (length, bytes, source) = match seal_decision(n, &answers) {
-        SealDecision::Wait { answered, needed } => {
-            return Err(FailoverError::FencesShort { answered, needed });
-        }
-        SealDecision::Conflict { seals } => {
-            warn!(
-                topic,
-                segment = segment.0,
-                ?seals,
-                "copies carry different seals; the failover stops here"
-            );
-            return Err(FailoverError::SealsDiffer { seals });
-        }
-        SealDecision::Seal {
-            length,
-            bytes,
-            source,
-        } => (length, bytes, source),
-    };
-    debug_assert!(
-        answers
-            .iter()
-            .all(|a| a.sealed.is_some() || a.durable_end <= length),
-        "the seal is the largest durable end answered"
-    );
+    let (length, bytes, source) = decide_seal(topic, segment, n, &answers)?;
     // 2. Fill the short copies from the source.
-    let mut complete = complete_copies(&answers, length);
-    for node in short_copies(&answers, length) {
-        let from = answers
-            .iter()
-            .find(|a| a.node == node)
-            .map_or(0, |a| a.durable_end);
-        match repair(
-            &client,
-            topic,
-            segment,
-            order,
-            known.epoch,
-            source,
-            node,
-            from,
-            length,
-        )
-        .await
-        {
-            Ok(()) => complete.push(node),
-            // At info: a failover that cannot seal for want of this
-            // repair must say why in the logs a run keeps (chaos F4).
-            Err(e) => {
-                info!(node, segment = segment.0, from, length, error = %e, "a short copy's repair failed; the failover tries again")
-            }
-        }
-    }
-    complete.sort_unstable();
-    complete.dedup();
+    let copy = (topic, segment, known.epoch);
+    let complete = fill_short_copies(&client, copy, order, &answers, source, length).await;
     // N − Q + 1 complete copies, as many as the decision's answers (ADR
     // 0125): at two copies the survivor alone, which holds every
     // acknowledged record.
@@ -529,6 +478,85 @@ async fn attempt(
     // 4. The complete copies carry the recorded seal.
     seal_copies(&client, topic, segment, order, &complete, seal).await;
     Ok(Attempt::Done(seal))
+}
+
+/// The seal the fence answers of a segment's `n` copies decide, as its
+/// (length, bytes, source copy), or why there is none yet.
+fn decide_seal(
+    topic: &str,
+    segment: SegmentId,
+    n: usize,
+    answers: &[FenceAnswer],
+) -> Result<(u64, u64, u64), FailoverError> {
+    let (length, bytes, source) = match seal_decision(n, answers) {
+        SealDecision::Wait { answered, needed } => {
+            return Err(FailoverError::FencesShort { answered, needed });
+        }
+        SealDecision::Conflict { seals } => {
+            warn!(
+                topic,
+                segment = segment.0,
+                ?seals,
+                "copies carry different seals; the failover stops here"
+            );
+            return Err(FailoverError::SealsDiffer { seals });
+        }
+        SealDecision::Seal {
+            length,
+            bytes,
+            source,
+        } => (length, bytes, source),
+    };
+    debug_assert!(
+        answers
+            .iter()
+            .all(|a| a.sealed.is_some() || a.durable_end <= length),
+        "the seal is the largest durable end answered"
+    );
+    Ok((length, bytes, source))
+}
+
+/// Repairs the copies that answered short of `length` from `source`; the
+/// copies complete to `length` afterwards, sorted, each once. `copy` is
+/// the segment's topic, id and writer epoch.
+async fn fill_short_copies(
+    client: &OrderClient,
+    (topic, segment, writer_epoch): (&str, SegmentId, u64),
+    order: OrderEpoch,
+    answers: &[FenceAnswer],
+    source: u64,
+    length: u64,
+) -> Vec<u64> {
+    let mut complete = complete_copies(answers, length);
+    for node in short_copies(answers, length) {
+        let from = answers
+            .iter()
+            .find(|a| a.node == node)
+            .map_or(0, |a| a.durable_end);
+        match repair(
+            client,
+            topic,
+            segment,
+            order,
+            writer_epoch,
+            source,
+            node,
+            from,
+            length,
+        )
+        .await
+        {
+            Ok(()) => complete.push(node),
+            // At info: a failover that cannot seal for want of this
+            // repair must say why in the logs a run keeps (chaos F4).
+            Err(e) => {
+                info!(node, segment = segment.0, from, length, error = %e, "a short copy's repair failed; the failover tries again")
+            }
+        }
+    }
+    complete.sort_unstable();
+    complete.dedup();
+    complete
 }
 
 /// Fences every copy of `replicas` at once and returns the answers that

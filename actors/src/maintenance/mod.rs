@@ -23,9 +23,16 @@
 use std::sync::Arc;
 
 use malachi_supervision::{ChildSpec, Strategy, SupervisorArgs};
+use ractor::Actor;
 
+use crate::common::clock::Clock;
+use crate::common::config::BrokerConfig;
+use crate::common::metrics::BrokerMetrics;
+use crate::common::rates::RangeRates;
 use crate::control::handle::ControlHandle;
-use crate::control::shared::Shared;
+use crate::control::registry::ActorRegistry;
+use crate::control::shared::ClusterLinks;
+use crate::data::storage::Storage;
 
 pub(crate) mod balancer;
 pub(crate) mod failover;
@@ -35,98 +42,135 @@ pub(crate) mod scrubber;
 pub(crate) mod space;
 pub(crate) mod sweeper;
 
+/// What the maintenance workers read of the broker, and nothing else: the
+/// broker hands it down (`broker.rs`), and each worker's context is built
+/// from it here once.
+pub(crate) struct Upkeep<'a> {
+    pub config: &'a BrokerConfig,
+    pub actors: Arc<ActorRegistry>,
+    pub links: Arc<ClusterLinks>,
+    pub data: Arc<Storage>,
+    pub metrics: Arc<BrokerMetrics>,
+    pub rates: Arc<RangeRates>,
+    pub clock: Arc<dyn Clock>,
+    pub control: ControlHandle,
+    /// Where the `testing` hooks' faults for this broker are armed.
+    #[cfg(feature = "testing")]
+    pub fault_key: std::net::SocketAddr,
+}
+
 /// The `maintenance` supervisor and its workers (OTP's default restart
-/// intensity). This is the layer's one boundary with the broker context:
-/// each worker gets a context of the parts it reads, built here once.
-pub(crate) fn supervisor(shared: &Arc<Shared>) -> SupervisorArgs {
-    let control = ControlHandle::of(shared);
-    let failover_ctx = Arc::new(failover::FailoverCtx {
-        node_id: shared.config.node_id,
-        actors: Arc::clone(&shared.actors),
-        metrics: Arc::clone(&shared.metrics),
-        control: control.clone(),
-    });
-    let healer_ctx = Arc::new(healer::HealerCtx {
-        node_id: shared.config.node_id,
-        actors: Arc::clone(&shared.actors),
-        links: Arc::clone(&shared.links),
-        data: Arc::clone(&shared.data),
-        metrics: Arc::clone(&shared.metrics),
-        control: control.clone(),
-    });
-    let scrubber_ctx = Arc::new(scrubber::ScrubberCtx {
-        data: Arc::clone(&shared.data),
-        metrics: Arc::clone(&shared.metrics),
-        scrub_interval_ms: shared.config.cluster.scrub_interval_ms,
-        #[cfg(feature = "testing")]
-        fault_key: shared.client_addr,
-    });
-    let space_ctx = Arc::new(space::SpaceCtx {
-        data_dir: shared.config.data_dir.clone(),
-        data: Arc::clone(&shared.data),
-        metrics: Arc::clone(&shared.metrics),
-        links: Arc::clone(&shared.links),
-        actors: Arc::clone(&shared.actors),
-        #[cfg(feature = "testing")]
-        fault_key: shared.client_addr,
-    });
-    let balancer_ctx = Arc::new(balancer::BalancerCtx {
-        node_id: shared.config.node_id,
-        data: Arc::clone(&shared.data),
-        links: Arc::clone(&shared.links),
-        control: control.clone(),
-        balance_interval_ms: shared.config.maintenance.balance_interval_ms,
-    });
-    let reshaper_ctx = Arc::new(reshaper::ReshaperCtx {
-        node_id: shared.config.node_id,
-        actors: Arc::clone(&shared.actors),
-        rates: Arc::clone(&shared.rates),
-        clock: Arc::clone(&shared.clock),
-        metrics: Arc::clone(&shared.metrics),
-        control: control.clone(),
-        defaults: shared.config.reshape.clone(),
-        request_timeout_ms: shared.config.produce_timeout_ms,
-    });
-    let sweeper_ctx = Arc::new(sweeper::SweeperCtx {
-        control,
-        orphan_sweep_ms: shared.config.maintenance.orphan_sweep_ms,
-        #[cfg(feature = "testing")]
-        fault_key: shared.client_addr,
-    });
+/// intensity).
+pub(crate) fn supervisor(upkeep: &Upkeep<'_>) -> SupervisorArgs {
     SupervisorArgs::new("maintenance", Strategy::OneForOne)
-        .child(ChildSpec::worker(
+        .child(worker(
             "failover",
             || failover::FailoverActor,
-            move || Arc::clone(&failover_ctx),
+            failover_ctx(upkeep),
         ))
-        .child(ChildSpec::worker(
-            "healer",
-            || healer::HealerActor,
-            move || Arc::clone(&healer_ctx),
-        ))
-        .child(ChildSpec::worker(
+        .child(worker("healer", || healer::HealerActor, healer_ctx(upkeep)))
+        .child(worker(
             "scrubber",
             || scrubber::ScrubberActor,
-            move || Arc::clone(&scrubber_ctx),
+            scrubber_ctx(upkeep),
         ))
-        .child(ChildSpec::worker(
-            "space",
-            || space::SpaceActor,
-            move || Arc::clone(&space_ctx),
-        ))
-        .child(ChildSpec::worker(
+        .child(worker("space", || space::SpaceActor, space_ctx(upkeep)))
+        .child(worker(
             "balancer",
             || balancer::BalancerActor,
-            move || Arc::clone(&balancer_ctx),
+            balancer_ctx(upkeep),
         ))
-        .child(ChildSpec::worker(
+        .child(worker(
             "sweeper",
             || sweeper::SweeperActor,
-            move || Arc::clone(&sweeper_ctx),
+            sweeper_ctx(upkeep),
         ))
-        .child(ChildSpec::worker(
+        .child(worker(
             "reshaper",
             || reshaper::ReshaperActor,
-            move || Arc::clone(&reshaper_ctx),
+            reshaper_ctx(upkeep),
         ))
+}
+
+/// A permanent worker started with (a clone of) its context.
+fn worker<A, C>(name: &str, make: fn() -> A, ctx: Arc<C>) -> ChildSpec
+where
+    A: Actor<Arguments = Arc<C>>,
+    C: Send + Sync + 'static,
+{
+    ChildSpec::worker(name, make, move || Arc::clone(&ctx))
+}
+
+fn failover_ctx(u: &Upkeep<'_>) -> Arc<failover::FailoverCtx> {
+    Arc::new(failover::FailoverCtx {
+        node_id: u.config.node_id,
+        actors: Arc::clone(&u.actors),
+        metrics: Arc::clone(&u.metrics),
+        control: u.control.clone(),
+    })
+}
+
+fn healer_ctx(u: &Upkeep<'_>) -> Arc<healer::HealerCtx> {
+    Arc::new(healer::HealerCtx {
+        node_id: u.config.node_id,
+        actors: Arc::clone(&u.actors),
+        links: Arc::clone(&u.links),
+        data: Arc::clone(&u.data),
+        metrics: Arc::clone(&u.metrics),
+        control: u.control.clone(),
+    })
+}
+
+fn scrubber_ctx(u: &Upkeep<'_>) -> Arc<scrubber::ScrubberCtx> {
+    Arc::new(scrubber::ScrubberCtx {
+        data: Arc::clone(&u.data),
+        metrics: Arc::clone(&u.metrics),
+        scrub_interval_ms: u.config.cluster.scrub_interval_ms,
+        #[cfg(feature = "testing")]
+        fault_key: u.fault_key,
+    })
+}
+
+fn space_ctx(u: &Upkeep<'_>) -> Arc<space::SpaceCtx> {
+    Arc::new(space::SpaceCtx {
+        data_dir: u.config.data_dir.clone(),
+        data: Arc::clone(&u.data),
+        metrics: Arc::clone(&u.metrics),
+        links: Arc::clone(&u.links),
+        actors: Arc::clone(&u.actors),
+        #[cfg(feature = "testing")]
+        fault_key: u.fault_key,
+    })
+}
+
+fn balancer_ctx(u: &Upkeep<'_>) -> Arc<balancer::BalancerCtx> {
+    Arc::new(balancer::BalancerCtx {
+        node_id: u.config.node_id,
+        data: Arc::clone(&u.data),
+        links: Arc::clone(&u.links),
+        control: u.control.clone(),
+        balance_interval_ms: u.config.maintenance.balance_interval_ms,
+    })
+}
+
+fn reshaper_ctx(u: &Upkeep<'_>) -> Arc<reshaper::ReshaperCtx> {
+    Arc::new(reshaper::ReshaperCtx {
+        node_id: u.config.node_id,
+        actors: Arc::clone(&u.actors),
+        rates: Arc::clone(&u.rates),
+        clock: Arc::clone(&u.clock),
+        metrics: Arc::clone(&u.metrics),
+        control: u.control.clone(),
+        defaults: u.config.reshape.clone(),
+        request_timeout_ms: u.config.produce_timeout_ms,
+    })
+}
+
+fn sweeper_ctx(u: &Upkeep<'_>) -> Arc<sweeper::SweeperCtx> {
+    Arc::new(sweeper::SweeperCtx {
+        control: u.control.clone(),
+        orphan_sweep_ms: u.config.maintenance.orphan_sweep_ms,
+        #[cfg(feature = "testing")]
+        fault_key: u.fault_key,
+    })
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use malachi_actors::BrokerHandle;
 use malachi_core::model::position;
 use malachi_testkit::inproc::{Refused, TestClient, addr_of, record};
+use malachi_testkit::wait::wait_until;
 use malachi_wire::batch::Record;
 
 /// Keys of the lower (`upper == false`) or upper half of the keyspace.
@@ -41,21 +42,34 @@ pub fn served_by(refused: &Refused) -> Option<u64> {
 /// redirects, retrying refusals (a roll in progress, a primary moving): a
 /// refused produce wrote nothing.
 pub async fn produce_following(brokers: &[&BrokerHandle], topic: &str, records: &[Record]) {
-    for attempt in 0..400 {
-        let mut node = brokers[attempt % brokers.len()].node_id();
-        for _ in 0..3 {
-            let mut writer = TestClient::connect(addr_of(brokers, node)).await;
-            match writer.produce(topic, records).await {
-                Ok(_) => return,
-                Err(refused) => match served_by(&refused) {
-                    Some(next) => node = next,
-                    None => break,
-                },
+    let mut attempt = 0;
+    let poll = Duration::from_millis(50);
+    wait_until(
+        "a produce is acknowledged",
+        Duration::from_secs(40),
+        poll,
+        async || {
+            let mut node = brokers[attempt % brokers.len()].node_id();
+            attempt += 1;
+            let mut last = None;
+            for _ in 0..3 {
+                let mut writer = TestClient::connect(addr_of(brokers, node)).await;
+                match writer.produce(topic, records).await {
+                    Ok(_) => return Ok(()),
+                    Err(refused) => {
+                        let next = served_by(&refused);
+                        last = Some(refused);
+                        match next {
+                            Some(next) => node = next,
+                            None => break,
+                        }
+                    }
+                }
             }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("a produce was never acknowledged");
+            Err(last)
+        },
+    )
+    .await;
 }
 
 /// Follows `not_leader` redirects from `broker` to whoever serves the
@@ -65,19 +79,31 @@ pub async fn reader_at(
     broker: &BrokerHandle,
     topic: &str,
 ) -> TestClient {
-    let mut node = broker.node_id();
-    for _ in 0..100 {
-        let mut client = TestClient::connect(addr_of(brokers, node)).await;
-        match client.fetch(topic, None, true, 1, 0).await {
-            Ok(_) => return client,
-            Err(refused) => match served_by(&refused) {
-                Some(next) => node = next,
-                None => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    node = broker.node_id();
+    let poll = Duration::from_millis(100);
+    wait_until(
+        "a broker serves the topic's reads",
+        Duration::from_secs(10),
+        poll,
+        async || {
+            let mut node = broker.node_id();
+            let mut last = None;
+            // A redirect is followed at once, a few hops at most.
+            for _ in 0..3 {
+                let mut client = TestClient::connect(addr_of(brokers, node)).await;
+                match client.fetch(topic, None, true, 1, 0).await {
+                    Ok(_) => return Ok(client),
+                    Err(refused) => {
+                        let next = served_by(&refused);
+                        last = Some(refused);
+                        match next {
+                            Some(next) => node = next,
+                            None => break,
+                        }
+                    }
                 }
-            },
-        }
-    }
-    panic!("no broker served the topic's reads");
+            }
+            Err(last)
+        },
+    )
+    .await
 }

@@ -36,7 +36,7 @@
 //! against a `LeaseGroup`, for an owner that watches the task it runs on
 //! (a coordinator, ADR 0140); `spawn_lease_keeper` spawns it on its own.
 
-use super::VnodeHost;
+use super::{RouteError, VnodeHost};
 use malachi_core::model::{Command, Lease, ModelError, Outcome};
 use malachi_core::ring::VnodeId;
 use parking_lot::Mutex;
@@ -288,7 +288,7 @@ pub fn release_command(named: bool, holder: u64, epoch: u64, generation: u64) ->
 #[async_trait::async_trait]
 pub trait LeaseGroup: Send + Sync + 'static {
     /// Proposes `cmd`; `Err` when the group could not be reached.
-    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String>;
+    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, RouteError>;
 
     /// The writer gate of the waited lease request (ADR 0134): `Err` while
     /// `Feature::WaitedLease` is not active, and then nothing is proposed.
@@ -319,11 +319,8 @@ pub struct VnodeLeaseGroup {
 
 #[async_trait::async_trait]
 impl LeaseGroup for VnodeLeaseGroup {
-    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, String> {
-        self.host
-            .propose_to(self.vnode, cmd)
-            .await
-            .map_err(|e| e.to_string())
+    async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ModelError>, RouteError> {
+        self.host.propose_to(self.vnode, cmd).await
     }
 
     fn waited_lease(&self) -> Result<(), malachi_core::model::FeatureInactive> {

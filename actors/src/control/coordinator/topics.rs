@@ -148,7 +148,10 @@ impl CoordinatorState {
         let topic = name.clone();
         tokio::spawn(async move {
             release_segments(&shared, &topic, segments).await;
-            crate::control::drop_orders::send_drop_orders(&shared, &topic, holders).await;
+            let orders = crate::control::replica_order::OrderClient {
+                shared: Arc::clone(&shared),
+            };
+            crate::control::drop_orders::send_drop_orders(&orders, &topic, holders).await;
         });
         self.shared.forget_topic(&name);
         info!(topic = %name, "topic deleted");

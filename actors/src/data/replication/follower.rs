@@ -160,7 +160,7 @@ fn queue_frames(
         return Err(ReplicaAppendResponse::refused(
             ReplicaRefusal::Busy,
             end_now(),
-            refused,
+            refused.to_string(),
         ));
     }
     let appended = match repair_to {
@@ -243,7 +243,7 @@ async fn seal_caught_up(storage: &Arc<Storage>, id: malachi_storage::SegmentId, 
 /// latched failed by an `ENOSPC`. A failover's repair is not exempt: a
 /// copy far behind takes a whole segment's tail that way (found by
 /// `tests/full_volume.rs`), and the failover seals on the other copies.
-pub(super) fn room_for(storage: &Storage, request: &ReplicaAppendRequest) -> Result<(), String> {
+pub(super) fn room_for(storage: &Storage, request: &ReplicaAppendRequest) -> Result<(), NoRoom> {
     let bytes = request.frames.len() as u64;
     if bytes == 0 {
         return Ok(());
@@ -259,12 +259,25 @@ pub(super) fn room_for(storage: &Storage, request: &ReplicaAppendRequest) -> Res
                 "the data volume reached its free-space line; replica appends, heals and produces are refused until space is freed"
             );
         }
-        format!(
-            "the data volume has {} bytes free, {bytes} more would cross the free-space line of {line}",
-            no_room.free_bytes
-        )
+        NoRoom {
+            free_bytes: no_room.free_bytes,
+            bytes,
+            min_free_bytes: line,
+        }
     });
     refused.map_or(Ok(()), Err)
+}
+
+/// An append refused because its frames would cross the free-space line;
+/// its text is the `busy` refusal's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the data volume has {free_bytes} bytes free, {bytes} more would cross the free-space line of {min_free_bytes}"
+)]
+pub(super) struct NoRoom {
+    pub free_bytes: u64,
+    pub bytes: u64,
+    pub min_free_bytes: u64,
 }
 
 /// Sets a broken copy aside and opens an empty one in its place, which the

@@ -88,7 +88,23 @@ pub(crate) trait ReplicaLink: Send + Sync + std::fmt::Debug {
         node: NodeId,
         request: &ReplicaAppendRequest,
         timeout_ms: u64,
-    ) -> Result<ReplicaAppendResponse, String>;
+    ) -> Result<ReplicaAppendResponse, LinkError>;
+}
+
+/// Why a replica-append got no answer from its follower (the shipper
+/// resets and retries; a refusal is an answer, not this).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    #[error("cannot encode the replica append: {0}")]
+    Encode(malachi_wire::WireError),
+    #[error(transparent)]
+    Transport(#[from] malachi_cluster::group::TransportError),
+    #[error("the follower's answer does not decode: {0}")]
+    Decode(malachi_wire::WireError),
+    /// A test's follower is gone.
+    #[cfg(test)]
+    #[error("broker {node} does not answer")]
+    Gone { node: NodeId },
 }
 
 /// Replica-appends over the cluster port, on connections of their own
@@ -106,8 +122,8 @@ impl ReplicaLink for TcpReplicaLink {
         node: NodeId,
         request: &ReplicaAppendRequest,
         timeout_ms: u64,
-    ) -> Result<ReplicaAppendResponse, String> {
-        let (control, frames) = request.encode_parts().map_err(|e| e.to_string())?;
+    ) -> Result<ReplicaAppendResponse, LinkError> {
+        let (control, frames) = request.encode_parts().map_err(LinkError::Encode)?;
         let answer = self
             .transport
             .call_raw_parts(
@@ -117,9 +133,8 @@ impl ReplicaLink for TcpReplicaLink {
                 &[&control, &frames],
                 timeout_ms,
             )
-            .await
-            .map_err(|e| e.to_string())?;
-        ReplicaAppendResponse::decode(&answer).map_err(|e| e.to_string())
+            .await?;
+        ReplicaAppendResponse::decode(&answer).map_err(LinkError::Decode)
     }
 }
 
@@ -971,8 +986,8 @@ mod tests {
             node: NodeId,
             request: &ReplicaAppendRequest,
             _timeout_ms: u64,
-        ) -> Result<ReplicaAppendResponse, String> {
-            let follower = self.followers.get(&node).ok_or("no such follower")?;
+        ) -> Result<ReplicaAppendResponse, LinkError> {
+            let follower = self.followers.get(&node).ok_or(LinkError::Gone { node })?;
             let now = self.inflight.fetch_add(1, Ordering::SeqCst) + 1;
             self.inflight_peak.fetch_max(now, Ordering::SeqCst);
             let n = self.requests.fetch_add(1, Ordering::SeqCst);
@@ -980,7 +995,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis((n as u64 * 7) % 20)).await;
             let answer = send(follower, request.clone()).await.await;
             self.inflight.fetch_sub(1, Ordering::SeqCst);
-            answer.map_err(|e| e.to_string())
+            answer.map_err(|_| LinkError::Gone { node })
         }
     }
 

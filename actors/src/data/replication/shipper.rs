@@ -11,7 +11,7 @@ pub(super) struct Shipped {
     /// The primary's durable end when it was sent (for the lag).
     durable: u64,
     sent_at: Instant,
-    answer: Result<ReplicaAppendResponse, String>,
+    answer: Result<ReplicaAppendResponse, LinkError>,
 }
 
 /// A shipper's requests in flight, oldest first; dropping them (the
