@@ -402,3 +402,56 @@ async fn curl_reads_ready_over_tls_and_plain_http_gets_nothing() {
         String::from_utf8_lossy(&answer)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tls_client_gone_while_waiting_for_budget_is_noticed_before_its_deadline() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, files) = pki(dir.path());
+    let frame = 64 << 10;
+    let broker = start(BrokerConfig {
+        frame_bytes_max: frame,
+        connection_request_bytes_max: frame,
+        request_bytes_budget: frame,
+        address_request_bytes_max: frame,
+        // Only the peer's close can end the waiting connection in time.
+        frame_read_timeout_ms: 120_000,
+        ..tls_config(dir.path(), &files, ClientAuth::None)
+    })
+    .await;
+    let tls = client_tls(&files.ca, None);
+    // A holds nearly the whole budget with a partial frame.
+    let mut a = handshake(broker.client_addr(), &tls).await.unwrap();
+    a.write_all(&(60u32 << 10).to_be_bytes()).await.unwrap();
+    a.write_all(&vec![0u8; 58 << 10]).await.unwrap();
+    a.flush().await.unwrap();
+    wait_until(
+        "A's partial frame holds the budget",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || counter(&broker, "malachi_request_bytes_in_use") >= 56 << 10,
+    )
+    .await;
+    // B starts a frame and must wait for budget; then it goes away.
+    let mut b = handshake(broker.client_addr(), &client_tls(&files.ca, None))
+        .await
+        .unwrap();
+    b.write_all(&[0, 0, 16, 0, 0, 0, 0, 0]).await.unwrap();
+    b.flush().await.unwrap();
+    wait_until(
+        "both connections are up",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || broker.connections() == 2,
+    )
+    .await;
+    drop(b);
+    wait_until(
+        "B's close is noticed while it waits for budget",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || broker.connections() == 1,
+    )
+    .await;
+    drop(a);
+}
