@@ -20,7 +20,7 @@ use crate::common::tls::ServerTls;
 pub(crate) enum AdminStream {
     Plain(TcpStream),
     /// The TLS handshake, driven by the first read or write.
-    Handshaking(tokio_rustls::Accept<TcpStream>),
+    Handshaking(Box<tokio_rustls::Accept<TcpStream>>),
     Tls(Box<TlsStream<TcpStream>>),
     /// The handshake failed: every later call fails.
     Failed,
@@ -41,7 +41,7 @@ impl AdminStream {
     pub(crate) fn new(stream: TcpStream, tls: Option<&ServerTls>) -> AdminStream {
         match tls {
             None => AdminStream::Plain(stream),
-            Some(tls) => AdminStream::Handshaking(tls.acceptor().accept(stream)),
+            Some(tls) => AdminStream::Handshaking(Box::new(tls.acceptor().accept(stream))),
         }
     }
 
@@ -49,7 +49,7 @@ impl AdminStream {
     /// can carry bytes.
     fn poll_established(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if let AdminStream::Handshaking(accept) = self {
-            match ready!(Pin::new(accept).poll(cx)) {
+            match ready!(Pin::new(accept.as_mut()).poll(cx)) {
                 Ok(tls) => *self = AdminStream::Tls(Box::new(tls)),
                 Err(e) => {
                     debug!(error = %e, "admin tls handshake failed");
