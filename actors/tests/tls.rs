@@ -455,3 +455,33 @@ async fn a_tls_client_gone_while_waiting_for_budget_is_noticed_before_its_deadli
     .await;
     drop(a);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_certificate_file_that_does_not_load_stops_the_start_naming_it() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, files) = pki(dir.path());
+    let missing = PkiFiles {
+        broker_cert: dir.path().join("absent.pem"),
+        ..files.clone()
+    };
+    let error = malachi_actors::Broker::start(tls_config(dir.path(), &missing, ClientAuth::None))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("tls.cert_path") && error.contains("absent.pem"),
+        "{error}"
+    );
+    // A key that is not PEM.
+    let garbage = write(dir.path(), "garbage.key", "not a key");
+    let bad_key = PkiFiles {
+        broker_key: garbage,
+        ..files
+    };
+    let error = malachi_actors::Broker::start(tls_config(dir.path(), &bad_key, ClientAuth::None))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("tls.key_path"), "{error}");
+}

@@ -1159,6 +1159,32 @@ mod tests {
     }
 
     #[test]
+    fn a_half_tls_table_is_refused_with_its_fields() {
+        let refused = |tls: TlsSettings| {
+            let config = BrokerConfig {
+                tls,
+                ..BrokerConfig::default()
+            };
+            config.validate().unwrap_err().to_string()
+        };
+        let pair = TlsSettings {
+            cert_path: Some("b.pem".into()),
+            key_path: Some("b.key".into()),
+            ..TlsSettings::default()
+        };
+        let config = BrokerConfig {
+            tls: pair.clone(),
+            ..BrokerConfig::default()
+        };
+        config.validate().unwrap();
+        insta::assert_snapshot!(refused(TlsSettings { key_path: None, ..pair.clone() }), @"invalid configuration: tls.cert_path and tls.key_path must be set together");
+        insta::assert_snapshot!(refused(TlsSettings { client_auth: ClientAuth::Required, ..pair.clone() }), @r#"invalid configuration: tls.client_auth = "optional" or "required" needs tls.client_ca_path, and tls.client_ca_path needs one of them"#);
+        insta::assert_snapshot!(refused(TlsSettings { client_ca_path: Some("ca.pem".into()), ..pair.clone() }), @r#"invalid configuration: tls.client_auth = "optional" or "required" needs tls.client_ca_path, and tls.client_ca_path needs one of them"#);
+        insta::assert_snapshot!(refused(TlsSettings { client_ca_path: Some("ca.pem".into()), ..TlsSettings::default() }), @"invalid configuration: tls.client_ca_path and tls.client_auth need tls.cert_path and tls.key_path");
+        insta::assert_snapshot!(refused(TlsSettings { handshake_timeout_ms: 0, ..pair }), @"invalid configuration: tls.handshake_timeout_ms and tls.reload_check_ms must be positive");
+    }
+
+    #[test]
     fn zero_node_id_is_refused_with_its_field_name() {
         let config = BrokerConfig {
             node_id: 0,
