@@ -29,6 +29,7 @@ use tracing::{info, warn};
 use crate::common::config::{ClientAuth, TlsSettings};
 use crate::common::error::BrokerError;
 use crate::common::metrics::BrokerMetrics;
+use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
 
 /// The broker's TLS: the acceptor both ports use and its bounds.
 pub(crate) struct ServerTls {
@@ -153,6 +154,24 @@ impl ServerTls {
                 Err((HandshakeFailure::Closed, None))
             }
             Ok(Err(_)) => Err((HandshakeFailure::Refused, None)),
+        }
+    }
+}
+
+/// Rate-limited logs of clients speaking the wrong protocol for the port
+/// (a flood of them costs a line per `REFUSAL_LOG_INTERVAL_MS`, each with
+/// the count it kept quiet about); the counters count every one.
+#[derive(Debug)]
+pub(crate) struct WrongProtocolLog {
+    pub plaintext_on_tls: Mutex<RefusalLog>,
+    pub tls_on_plaintext: Mutex<RefusalLog>,
+}
+
+impl Default for WrongProtocolLog {
+    fn default() -> WrongProtocolLog {
+        WrongProtocolLog {
+            plaintext_on_tls: Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
+            tls_on_plaintext: Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
         }
     }
 }

@@ -26,7 +26,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::dispatch::handle_frame;
 use super::produce::{ProduceJob, spawn_sequencer};
@@ -340,8 +340,7 @@ impl Conn {
                     Flow::Stop
                 }
                 ReadOutcome::TlsClient => {
-                    serving.metrics.tls_client_on_plaintext();
-                    warn!(peer = ?self.peer, "a TLS client on a plaintext port; closed");
+                    super::stream::tls_client_on_plaintext(&serving, self.peer);
                     Flow::Stop
                 }
                 ReadOutcome::Frame(request, held) => self.take(request, held, permit, used).await,

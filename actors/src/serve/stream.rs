@@ -27,6 +27,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rustls::server::TlsStream;
 use tracing::{debug, warn};
 
+use std::time::Instant;
+
 use crate::common::peer_identity::PeerIdentity;
 use crate::common::tls::HandshakeFailure;
 use crate::serve::context::ServeCtx;
@@ -60,7 +62,14 @@ pub(crate) async fn open(
         Err((failure, stream)) => {
             serving.metrics.tls_handshake_failure(failure.label());
             if failure == HandshakeFailure::Plaintext {
-                warn!(?peer, "a plaintext client on a TLS port; closed");
+                if let Some(unlogged) = serving
+                    .wrong_protocol
+                    .plaintext_on_tls
+                    .lock()
+                    .admit(Instant::now())
+                {
+                    warn!(?peer, unlogged, "a plaintext client on a TLS port; closed");
+                }
                 if let Some(stream) = stream {
                     let frame = super::listener::goodbye_frame(
                         ErrorCode::Unauthorized,
@@ -74,6 +83,20 @@ pub(crate) async fn open(
             }
             None
         }
+    }
+}
+
+/// A plaintext port's connection opened with a TLS ClientHello: counted,
+/// logged (rate-limited), and the caller closes it.
+pub(crate) fn tls_client_on_plaintext(serving: &ServeCtx, peer: Option<SocketAddr>) {
+    serving.metrics.tls_client_on_plaintext();
+    if let Some(unlogged) = serving
+        .wrong_protocol
+        .tls_on_plaintext
+        .lock()
+        .admit(Instant::now())
+    {
+        warn!(?peer, unlogged, "a TLS client on a plaintext port; closed");
     }
 }
 
