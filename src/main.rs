@@ -16,6 +16,9 @@ use cli::{BenchCommand, Cli, Command, StorageArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Both rustls providers are in the build: choose aws-lc-rs for the
+    // process, before any TLS config is built (ADR 0146 §5, ADR 0149).
+    malachi_wire::tls::install_default_provider();
     init_logging(&cli.command);
     if let Command::Bench(BenchCommand::Storage(args)) = cli.command {
         // The storage benchmark runs its own threads; it needs no runtime.

@@ -587,6 +587,9 @@ impl Broker {
         }
         let data_dir = config.data_dir.clone();
         std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
+        // The certificate files load now, so a bad one stops the start
+        // before anything is bound or opened (ADR 0149).
+        let tls = crate::common::tls::ServerTls::from_settings(&config.tls)?;
         let cursor_bootstrap = bootstrap_cursor_secret(&config.secret_path())?;
         check_node_identity(&config)?;
         let mut plan = crate::fabric::formation::plan(&config, cluster_candidate()?)?;
@@ -610,6 +613,10 @@ impl Broker {
             client_addr,
             admin_addr,
         ));
+        if let Some(tls) = tls {
+            tls.count_into(&shared.metrics);
+            let _ = shared.tls.set(Arc::new(tls));
+        }
         let _ = shared.links.fabric.set(Arc::new(fabric));
         let _ =
             shared

@@ -49,8 +49,8 @@ mod serve;
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use common::clock::{Clock, ManualClock, SystemClock};
 pub use common::config::{
-    BrokerConfig, ClusterSettings, DEV_CLUSTER_COOKIE, MaintenanceSettings, MembershipSettings,
-    MetadataBackend, ReshapeDefaults, StoreSettings,
+    BrokerConfig, ClientAuth, ClusterSettings, DEV_CLUSTER_COOKIE, MaintenanceSettings,
+    MembershipSettings, MetadataBackend, ReshapeDefaults, StoreSettings, TlsSettings,
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;

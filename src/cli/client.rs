@@ -38,6 +38,7 @@ pub async fn connect(output: &OutputArgs) -> Result<Client, CliError> {
         request_timeout_ms: output.timeout_ms,
         connect_timeout_ms: output.timeout_ms.min(5_000),
         retries_max: CLI_RETRIES_MAX,
+        tls: output.tls.client_tls()?,
         ..ClientConfig::default()
     };
     Client::connect_with(output.brokers()?, config)

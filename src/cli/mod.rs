@@ -97,6 +97,42 @@ pub struct OutputArgs {
     /// Give up on a request after this many milliseconds.
     #[arg(long, default_value_t = 10_000, value_name = "MS")]
     pub timeout_ms: u64,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS to the brokers (ADR 0149): off unless `--tls-ca` is given.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsArgs {
+    /// Connect with TLS, verifying the broker's certificate against this CA
+    /// (PEM); its name must match the host of --broker (an IP address is
+    /// checked against the certificate's IP addresses).
+    #[arg(long, env = "MALACHI_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The client certificate (PEM) for a broker that asks for one (mTLS).
+    #[arg(long, env = "MALACHI_TLS_CERT", value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "MALACHI_TLS_KEY", value_name = "FILE", requires_all = ["tls_cert", "tls_ca"])]
+    pub tls_key: Option<std::path::PathBuf>,
+}
+
+impl TlsArgs {
+    /// The client's TLS, its files loaded; `None` without `--tls-ca`.
+    pub fn client_tls(&self) -> Result<Option<malachi_wire::tls::ClientTls>, CliError> {
+        let Some(ca_path) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let files = malachi_wire::tls::ClientTlsFiles {
+            ca_path: ca_path.clone(),
+            cert_path: self.tls_cert.clone(),
+            key_path: self.tls_key.clone(),
+            server_name: None,
+        };
+        malachi_wire::tls::ClientTls::from_files(&files)
+            .map(Some)
+            .map_err(|e| CliError::Config(e.to_string()))
+    }
 }
 
 impl OutputArgs {

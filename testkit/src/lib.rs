@@ -6,7 +6,8 @@
 //! - `process` (feature `process`): brokers as processes, one or a cluster;
 //! - `inproc` (feature `inproc`): brokers in process and a test client;
 //! - `fake` (feature `fake`): fake brokers for the client library;
-//! - `copies`: a broker's segment copies on disk, frame by frame.
+//! - `copies`: a broker's segment copies on disk, frame by frame;
+//! - `tls` (feature `tls`): test certificates (a CA, brokers, clients).
 //!
 //! A test fails by panicking, so the kit unwraps freely.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,4 +21,6 @@ pub mod inproc;
 pub mod keyed;
 #[cfg(feature = "process")]
 pub mod process;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod wait;

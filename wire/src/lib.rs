@@ -27,6 +27,7 @@ pub mod messages;
 pub mod replica_order;
 pub mod replica_status;
 pub mod replication;
+pub mod tls;
 
 pub use api::ApiKey;
 pub use batch::{BatchBuilder, BatchError, Header, HeaderParts, Record, RecordBatch, RecordRef};

@@ -50,14 +50,16 @@ use axum::routing::{get, post};
 use malachi_cluster::group::Backoff;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
 use super::AdminCtx;
+use super::stream::AdminStream;
 use crate::common::addresses::{AddressSlot, AddressTable};
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
+use crate::common::tls::ServerTls;
 use crate::common::watched::{TaskEnded, Watched, spawn_watched};
 
 /// The first retry of a failed accept (out of file descriptors, say) waits
@@ -208,6 +210,8 @@ pub(crate) struct BoundedListener {
     read_timeout: Duration,
     refusals: RefusalLog,
     accept_failures: Backoff,
+    /// The port's TLS, if it has TLS (ADR 0149).
+    tls: Option<Arc<ServerTls>>,
     /// Test hook: the broker whose armed `admin_http` fault an accept
     /// trips (`common::faults`).
     #[cfg(feature = "testing")]
@@ -238,9 +242,16 @@ impl BoundedListener {
             read_timeout,
             refusals: RefusalLog::new(REFUSAL_LOG_INTERVAL_MS),
             accept_failures: Backoff::new(ACCEPT_BACKOFF_MIN_MS, ACCEPT_BACKOFF_MAX_MS, seed),
+            tls: None,
             #[cfg(feature = "testing")]
             fault_key: None,
         }
+    }
+
+    /// Serves TLS: each connection's handshake runs on its first read or
+    /// write, within its deadline (`admin/stream.rs`).
+    pub(crate) fn with_tls(self, tls: Option<Arc<ServerTls>>) -> BoundedListener {
+        BoundedListener { tls, ..self }
     }
 
     /// Test hook: each accept trips the `admin_http` fault armed for the
@@ -295,7 +306,11 @@ impl axum::serve::Listener for BoundedListener {
             }
             let _ = stream.set_nodelay(true);
             return (
-                DeadlineIo::new(stream, (slot, address), self.read_timeout),
+                DeadlineIo::new(
+                    AdminStream::new(stream, self.tls.as_deref()),
+                    (slot, address),
+                    self.read_timeout,
+                ),
                 peer,
             );
         }
@@ -312,7 +327,7 @@ impl axum::serve::Listener for BoundedListener {
 /// `TimedOut`, which ends the connection.
 #[derive(Debug)]
 pub(crate) struct DeadlineIo {
-    stream: TcpStream,
+    stream: AdminStream,
     _slot: (OwnedSemaphorePermit, AddressSlot<()>),
     timeout: Duration,
     deadline: Pin<Box<tokio::time::Sleep>>,
@@ -325,7 +340,7 @@ pub(crate) struct DeadlineIo {
 
 impl DeadlineIo {
     fn new(
-        stream: TcpStream,
+        stream: AdminStream,
         slot: (OwnedSemaphorePermit, AddressSlot<()>),
         timeout: Duration,
     ) -> DeadlineIo {
@@ -452,7 +467,8 @@ impl Actor for AdminActor {
             args.ctx.connections_max,
             args.ctx.address_connections_max,
             Duration::from_millis(args.ctx.read_timeout_ms),
-        );
+        )
+        .with_tls(args.ctx.tls.clone());
         #[cfg(feature = "testing")]
         let listener = listener.with_fault_key(args.ctx.fault_key);
         let cancel = CancellationToken::new();

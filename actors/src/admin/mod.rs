@@ -1,5 +1,6 @@
 //! The admin port: `admin_http` (`http.rs`): health, readiness, the
-//! Prometheus text of `common::metrics` and the live tree as JSON.
+//! Prometheus text of `common::metrics` and the live tree as JSON, over
+//! TLS when the broker has it (`stream.rs`).
 //!
 //! This file is the layer's one boundary with the broker context: it
 //! builds the [`AdminCtx`] the handlers get, of the parts they read.
@@ -15,6 +16,7 @@ use crate::data::storage::Storage;
 use crate::serve::context::MetaCtx;
 
 pub(crate) mod http;
+pub(crate) mod stream;
 
 /// What the admin handlers read: the registry (the tree's root, the
 /// metadata plane), the client port's flags and the data plane (for
@@ -32,6 +34,8 @@ pub(crate) struct AdminCtx {
     pub connections_max: usize,
     pub address_connections_max: usize,
     pub read_timeout_ms: u64,
+    /// The port's TLS, the client port's (ADR 0149).
+    pub tls: Option<Arc<crate::common::tls::ServerTls>>,
     /// The broker's fault-injection key (its client address).
     #[cfg(feature = "testing")]
     pub fault_key: std::net::SocketAddr,
@@ -49,6 +53,7 @@ impl AdminCtx {
             connections_max: shared.config.admin_connections_max,
             address_connections_max: shared.config.admin_address_connections_max,
             read_timeout_ms: shared.config.admin_read_timeout_ms,
+            tls: shared.tls.get().cloned(),
             #[cfg(feature = "testing")]
             fault_key: shared.client_addr,
         }

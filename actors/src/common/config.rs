@@ -71,6 +71,88 @@ pub enum MetadataBackend {
     File,
 }
 
+/// Whether the client port asks TLS clients for a certificate (mTLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuth {
+    /// No client certificate is asked for.
+    #[default]
+    None,
+    /// A certificate is asked for and verified if sent; a client may send none.
+    Optional,
+    /// A client without a certificate under `client_ca_path` is refused.
+    Required,
+}
+
+/// The default `tls.handshake_timeout_ms`.
+pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// The default `tls.reload_check_ms`.
+pub const TLS_RELOAD_CHECK_MS_DEFAULT: u64 = 10_000;
+
+/// TLS on the client port and the admin port (ADR 0149). Off unless
+/// `cert_path` and `key_path` are set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// The broker's certificate chain (PEM, the leaf first).
+    pub cert_path: Option<PathBuf>,
+    /// The broker's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_path: Option<PathBuf>,
+    /// The CA client certificates must chain to (PEM), for `client_auth`.
+    pub client_ca_path: Option<PathBuf>,
+    /// Whether a client certificate is asked for: none, optional, required.
+    pub client_auth: ClientAuth,
+    /// A TLS handshake must finish within this time of the accept; the
+    /// connection holds its place in the port's limits meanwhile.
+    pub handshake_timeout_ms: u64,
+    /// How often, at most, the certificate and key files are checked for a
+    /// change (their modification time and size) and reloaded.
+    pub reload_check_ms: u64,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        TlsSettings {
+            cert_path: None,
+            key_path: None,
+            client_ca_path: None,
+            client_auth: ClientAuth::None,
+            handshake_timeout_ms: TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            reload_check_ms: TLS_RELOAD_CHECK_MS_DEFAULT,
+        }
+    }
+}
+
+impl TlsSettings {
+    /// Whether the ports speak TLS.
+    pub fn enabled(&self) -> bool {
+        self.cert_path.is_some()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.cert_path.is_some() != self.key_path.is_some() {
+            return Err("tls.cert_path and tls.key_path must be set together".into());
+        }
+        if !self.enabled()
+            && (self.client_ca_path.is_some() || self.client_auth != ClientAuth::None)
+        {
+            return Err(
+                "tls.client_ca_path and tls.client_auth need tls.cert_path and tls.key_path".into(),
+            );
+        }
+        if (self.client_auth == ClientAuth::None) != self.client_ca_path.is_none() {
+            return Err(
+                "tls.client_auth = \"optional\" or \"required\" needs tls.client_ca_path, and tls.client_ca_path needs one of them"
+                    .into(),
+            );
+        }
+        if self.handshake_timeout_ms == 0 || self.reload_check_ms == 0 {
+            return Err("tls.handshake_timeout_ms and tls.reload_check_ms must be positive".into());
+        }
+        Ok(())
+    }
+}
+
 /// The cookie brokers authenticate each other's ractor_cluster sessions with
 /// when none is configured. Fine on a laptop; a warning says so at start.
 pub const DEV_CLUSTER_COOKIE: &str = "malachi-dev-cookie";
@@ -579,6 +661,8 @@ pub struct BrokerConfig {
     pub maintenance: MaintenanceSettings,
     /// Automatic reshaping's defaults (ADR 0143).
     pub reshape: ReshapeDefaults,
+    /// TLS on the client and admin ports (ADR 0149).
+    pub tls: TlsSettings,
 }
 
 /// Bounds of one range's idempotent-producer table (ADR 0092).
@@ -650,6 +734,7 @@ impl Default for BrokerConfig {
             cluster: ClusterSettings::default(),
             maintenance: MaintenanceSettings::default(),
             reshape: ReshapeDefaults::default(),
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -688,6 +773,9 @@ impl BrokerConfig {
         self.validate_membership()?;
         self.validate_cluster()?;
         self.validate_intervals()?;
+        self.tls
+            .check()
+            .map_err(|reason| BrokerError::Config { reason })?;
         self.validate_codecs()
     }
 
@@ -1103,6 +1191,32 @@ mod tests {
     fn default_config_is_valid() {
         BrokerConfig::default().validate().unwrap();
         BrokerConfig::for_tests("/tmp/x").validate().unwrap();
+    }
+
+    #[test]
+    fn a_half_tls_table_is_refused_with_its_fields() {
+        let refused = |tls: TlsSettings| {
+            let config = BrokerConfig {
+                tls,
+                ..BrokerConfig::default()
+            };
+            config.validate().unwrap_err().to_string()
+        };
+        let pair = TlsSettings {
+            cert_path: Some("b.pem".into()),
+            key_path: Some("b.key".into()),
+            ..TlsSettings::default()
+        };
+        let config = BrokerConfig {
+            tls: pair.clone(),
+            ..BrokerConfig::default()
+        };
+        config.validate().unwrap();
+        insta::assert_snapshot!(refused(TlsSettings { key_path: None, ..pair.clone() }), @"invalid configuration: tls.cert_path and tls.key_path must be set together");
+        insta::assert_snapshot!(refused(TlsSettings { client_auth: ClientAuth::Required, ..pair.clone() }), @r#"invalid configuration: tls.client_auth = "optional" or "required" needs tls.client_ca_path, and tls.client_ca_path needs one of them"#);
+        insta::assert_snapshot!(refused(TlsSettings { client_ca_path: Some("ca.pem".into()), ..pair.clone() }), @r#"invalid configuration: tls.client_auth = "optional" or "required" needs tls.client_ca_path, and tls.client_ca_path needs one of them"#);
+        insta::assert_snapshot!(refused(TlsSettings { client_ca_path: Some("ca.pem".into()), ..TlsSettings::default() }), @"invalid configuration: tls.client_ca_path and tls.client_auth need tls.cert_path and tls.key_path");
+        insta::assert_snapshot!(refused(TlsSettings { handshake_timeout_ms: 0, ..pair }), @"invalid configuration: tls.handshake_timeout_ms and tls.reload_check_ms must be positive");
     }
 
     #[test]

@@ -232,6 +232,45 @@ impl BrokerMetrics {
         walk(self, &root.name, root);
     }
 
+    /// `malachi_tls_handshake_failures_total{reason}`: a TLS port's
+    /// connection closed before its handshake finished (ADR 0149).
+    pub fn tls_handshake_failure(&self, reason: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_tls_handshake_failures_total",
+                    vec![Label::new("reason", reason)],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
+    /// `malachi_tls_reloads_total{outcome}`: changed certificate files
+    /// loaded (`reloaded`) or kept out (`failed`, the old pair serving on).
+    pub fn tls_reload(&self, outcome: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_tls_reloads_total",
+                    vec![Label::new("outcome", outcome)],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
+    /// `malachi_tls_clients_on_plaintext_total`: a plaintext port's
+    /// connection that opened with a TLS ClientHello, closed.
+    pub fn tls_client_on_plaintext(&self) {
+        self.recorder
+            .register_counter(
+                &Key::from_name("malachi_tls_clients_on_plaintext_total"),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
     /// A follower's lag behind the primary, as its last answer showed it:
     /// records the primary held durably beyond the follower's durable end,
     /// and the answer's round trip.

@@ -1,6 +1,7 @@
 //! Leaf modules every layer uses: configuration, the clock, the crate's
 //! error types, the broker's metric handles and the conversions to and from
-//! the wire's types, and the ranges' write rates. Nothing here names another module of this crate.
+//! the wire's types, the ranges' write rates, and TLS (the server config
+//! and the verified peer's identity). Nothing here names another module of this crate.
 
 pub(crate) mod addresses;
 pub(crate) mod budget;
@@ -12,9 +13,11 @@ pub(crate) mod error;
 #[cfg(feature = "testing")]
 pub(crate) mod faults;
 pub(crate) mod metrics;
+pub(crate) mod peer_identity;
 pub(crate) mod rates;
 pub(crate) mod refusal;
 pub(crate) mod store_factory;
+pub(crate) mod tls;
 pub(crate) mod volume;
 pub(crate) mod watched;
 

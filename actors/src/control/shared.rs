@@ -134,6 +134,9 @@ pub(crate) struct Shared {
     pub memory: Arc<ControlMemory>,
     pub actors: Arc<ActorRegistry>,
     pub links: Arc<ClusterLinks>,
+    /// TLS on the client and admin ports (ADR 0149), set once at start
+    /// when `[tls]` is configured.
+    pub tls: std::sync::OnceLock<Arc<crate::common::tls::ServerTls>>,
     /// Test hook: failovers hold after their fences while set.
     #[cfg(feature = "testing")]
     pub failover_hold: FailoverHold,
@@ -201,6 +204,7 @@ impl Shared {
             memory: Arc::new(ControlMemory::new(CursorKeyState::new(cursor_bootstrap))),
             actors: Arc::new(ActorRegistry::default()),
             links: Arc::new(ClusterLinks::default()),
+            tls: std::sync::OnceLock::new(),
             #[cfg(feature = "testing")]
             failover_hold: FailoverHold::default(),
         }

@@ -191,8 +191,16 @@ async fn serve(
     cancel: CancellationToken,
 ) {
     let inflight_max = serving.limits.connection_inflight_max;
+    // The TLS handshake, on a TLS port, while the connection holds its
+    // place in the port's limits (ADR 0149).
     let peer = stream.peer_addr().ok();
-    let (rd, wr) = stream.into_split();
+    let Some(stream) = super::stream::open(&serving, stream, peer).await else {
+        return;
+    };
+    let identity = stream.peer_identity();
+    let Ok((rd, wr)) = stream.into_split() else {
+        return;
+    };
     let mut reader = FrameReader::new(rd, &serving);
     let budget = ConnectionBudget::new(
         serving.limits.connection_request_bytes_max,
@@ -227,6 +235,7 @@ async fn serve(
         produce,
         refused_versions: Vec::new(),
         peer,
+        identity,
     };
     conn.read_loop(&mut reader).await;
     // Finish in-flight requests: their responses go out before the socket
@@ -265,6 +274,9 @@ struct Conn {
     /// says otherwise.
     refused_versions: Vec<VersionMismatch>,
     peer: Option<SocketAddr>,
+    /// The client's verified certificate (mTLS), for the principal
+    /// mapping (ADR 0149).
+    identity: Option<crate::common::peer_identity::PeerIdentity>,
 }
 
 impl Conn {
@@ -273,6 +285,9 @@ impl Conn {
     async fn read_loop(&mut self, reader: &mut FrameReader) {
         let serving = Arc::clone(&self.serving);
         let cancel = self.ctx.cancel.clone();
+        if let Some(identity) = &self.identity {
+            debug!(peer = ?self.peer, principal = ?identity.principal(), "client certificate verified");
+        }
         loop {
             let permit = tokio::select! {
                 biased;
@@ -322,6 +337,10 @@ impl Conn {
                     let frame = error_frame(0, e.error_code(), e.to_string());
                     let slot = Some(Inflight::new(&serving.port, permit, used));
                     self.send(Outbound { frame, _slot: slot }).await;
+                    Flow::Stop
+                }
+                ReadOutcome::TlsClient => {
+                    super::stream::tls_client_on_plaintext(&serving, self.peer);
                     Flow::Stop
                 }
                 ReadOutcome::Frame(request, held) => self.take(request, held, permit, used).await,

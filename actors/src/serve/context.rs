@@ -170,6 +170,10 @@ pub(crate) struct ServeCtx {
     pub read: Arc<ReadCtx>,
     pub produce: Arc<ProduceCtx>,
     pub meta: Arc<MetaCtx>,
+    /// The port's TLS, if it has TLS (ADR 0149).
+    pub tls: Option<Arc<crate::common::tls::ServerTls>>,
+    /// Rate-limits the logs of clients of the wrong protocol.
+    pub wrong_protocol: crate::common::tls::WrongProtocolLog,
     /// The broker's fault-injection key (its client address).
     #[cfg(feature = "testing")]
     pub fault_key: std::net::SocketAddr,
@@ -198,6 +202,8 @@ impl ServeCtx {
             read: Arc::new(ReadCtx::of(shared)),
             produce: Arc::new(ProduceCtx::of(shared)),
             meta: Arc::new(MetaCtx::of(shared)),
+            tls: shared.tls.get().cloned(),
+            wrong_protocol: Default::default(),
             #[cfg(feature = "testing")]
             fault_key: shared.client_addr,
         }

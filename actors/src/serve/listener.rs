@@ -206,15 +206,21 @@ async fn accept_loop(serving: Arc<ServeCtx>, listener: TcpListener) {
 
 /// The one frame a refused client gets: `busy`, correlation id 0.
 fn busy_frame() -> Bytes {
+    goodbye_frame(ErrorCode::Busy, "too many connections", Some(100))
+}
+
+/// A frame on the reserved correlation id 0: why the broker closes the
+/// connection.
+pub(crate) fn goodbye_frame(code: ErrorCode, message: &str, retry_after_ms: Option<u32>) -> Bytes {
     let body = ErrorBody {
-        message: "too many connections".into(),
+        message: message.into(),
         leader_hint: None,
-        retry_after_ms: Some(100),
+        retry_after_ms,
         ranges: None,
     };
     // Through the one error-frame builder, so a body that cannot be
     // encoded is logged and replaced by the fixed fallback, never sent empty.
-    let reply = super::reply::body_frame(0, ErrorCode::Busy, &body);
+    let reply = super::reply::body_frame(0, code, &body);
     let frame = ResponseFrame {
         correlation_id: reply.correlation_id,
         error_code: reply.error_code,
@@ -230,7 +236,7 @@ fn busy_frame() -> Bytes {
 /// takes the few bytes at once, and if it does not, the client just sees
 /// the close. What the client already sent is discarded first, so the close
 /// is a FIN (which lets it read the frame), not a reset.
-fn refuse(stream: &tokio::net::TcpStream, busy: &[u8]) {
+pub(crate) fn refuse(stream: &tokio::net::TcpStream, busy: &[u8]) {
     let _ = stream.try_write(busy);
     let mut sink = [0u8; 1024];
     for _ in 0..16 {

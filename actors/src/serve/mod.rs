@@ -1,6 +1,7 @@
 //! The client port: the `listener` subtree. `listener.rs` (`listener/acceptor`)
 //! accepts and starts one `connection/<peer>` actor per socket
-//! (`connection.rs`: the pipelined request loop and its bounds; `reader.rs`
+//! (`connection.rs`: the pipelined request loop and its bounds; `stream.rs`
+//! the socket, plaintext or TLS, and its halves; `reader.rs`
 //! reads frames within request budget, `writer.rs` writes answers within
 //! their deadline);
 //! `dispatch.rs` takes each request to its api family's handler (the read
@@ -34,6 +35,7 @@ pub(crate) mod read;
 pub(crate) mod reader;
 pub(crate) mod remote;
 pub(crate) mod reply;
+pub(crate) mod stream;
 pub(crate) mod subscribe;
 pub(crate) mod topics;
 pub(crate) mod vnodes;

@@ -21,14 +21,15 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use malachi_wire::frame::LEN_BYTES;
+use malachi_wire::tls::CLIENT_HELLO_PREFIX;
 use malachi_wire::{RequestFrame, ServerCodec, WireError};
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 
 use crate::common::budget::{ConnectionBudget, Held};
 use crate::serve::context::ServeCtx;
+use crate::serve::stream::ReadSide;
 
 /// Spare room the reader asks for when a frame's length is not in yet.
 const READ_BYTES_MIN: usize = 8 << 10;
@@ -49,12 +50,18 @@ pub(crate) enum ReadOutcome {
     SlowFrame,
     /// The stream cannot be framed any more.
     Invalid(WireError),
+    /// A plaintext port's connection opened with a TLS ClientHello: a TLS
+    /// client on the wrong port (ADR 0149), not a frame too large.
+    TlsClient,
 }
 
 /// What the reader needs to read one frame.
 pub(crate) struct FrameReader {
-    rd: OwnedReadHalf,
+    rd: ReadSide,
     buf: BytesMut,
+    /// Whether a whole frame was read yet: only a connection's first
+    /// bytes can be a TLS ClientHello.
+    framed: bool,
     codec: ServerCodec,
     frame_timeout: Duration,
     idle_timeout: Duration,
@@ -64,9 +71,10 @@ pub(crate) struct FrameReader {
 }
 
 impl FrameReader {
-    pub(crate) fn new(rd: OwnedReadHalf, serving: &ServeCtx) -> FrameReader {
+    pub(crate) fn new(rd: ReadSide, serving: &ServeCtx) -> FrameReader {
         FrameReader {
             rd,
+            framed: false,
             buf: BytesMut::with_capacity(READ_BYTES_MIN),
             // The wire's `ServerCodec` never reserves a declared length.
             codec: ServerCodec::new(serving.limits.frame_bytes_max),
@@ -77,7 +85,7 @@ impl FrameReader {
     }
 
     /// The socket's read half, for the close's linger.
-    pub(crate) fn into_read_half(self) -> OwnedReadHalf {
+    pub(crate) fn into_read_half(self) -> ReadSide {
         self.rd
     }
 
@@ -92,9 +100,14 @@ impl FrameReader {
         // Set while a frame is partly in: it must complete by then.
         let mut deadline: Option<Instant> = None;
         loop {
+            if !self.framed && self.rd.is_plaintext() && self.buf.starts_with(&CLIENT_HELLO_PREFIX)
+            {
+                return ReadOutcome::TlsClient;
+            }
             match self.codec.decode(&mut self.buf) {
                 Err(e) => return ReadOutcome::Invalid(e),
                 Ok(Some(frame)) => {
+                    self.framed = true;
                     let held = self.frame_share(serving, budget, &frame).await;
                     return ReadOutcome::Frame(frame, held);
                 }
@@ -121,12 +134,12 @@ impl FrameReader {
     /// Waits until the client sends a byte (or closes), closing the
     /// connection if it stays idle for `idle_timeout_ms`.
     async fn await_bytes(&mut self, is_idle: &impl Fn() -> bool) -> Option<ReadOutcome> {
-        let mut one = [0u8; 1];
         loop {
             tokio::select! {
-                peeked = self.rd.peek(&mut one) => return match peeked {
-                    Ok(0) | Err(_) => Some(ReadOutcome::Closed),
-                    Ok(_) => None,
+                sent = self.rd.await_bytes(&mut self.buf) => return if sent {
+                    None
+                } else {
+                    Some(ReadOutcome::Closed)
                 },
                 _ = tokio::time::sleep(self.idle_timeout) => {
                     if is_idle() {
@@ -237,15 +250,12 @@ const PEER_CLOSED_CHECK_MS: u64 = 250;
 /// still unread; never while it is open. Polled every
 /// `PEER_CLOSED_CHECK_MS`: readiness stays set while unread bytes wait, so
 /// waiting on it alone would spin.
-async fn peer_closed(rd: &OwnedReadHalf) {
-    use futures::FutureExt;
-    let interest = tokio::io::Interest::READABLE;
+/// Through TLS, the raw socket's readiness is looked at (`stream.rs`).
+async fn peer_closed(rd: &ReadSide) {
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(PEER_CLOSED_CHECK_MS)).await;
-        match rd.ready(interest).now_or_never() {
-            Some(Ok(ready)) if ready.is_read_closed() => return,
-            Some(Err(_)) => return,
-            _ => {}
+        if rd.closed_now() {
+            return;
         }
     }
 }

@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use malachi_wire::frame::encode_response_parts;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::reply::Outbound;
 use crate::serve::context::ServeCtx;
+use crate::serve::stream::{ReadSide, WriteSide};
 
 /// How long a closing connection keeps discarding client input after its
 /// last response, so the close is a FIN and not a reset.
@@ -32,7 +32,7 @@ const LINGER_MS: u64 = 1_000;
 /// closes the connection.
 pub(crate) async fn write_loop(
     serving: Arc<ServeCtx>,
-    mut writer: OwnedWriteHalf,
+    mut writer: WriteSide,
     mut rx: mpsc::Receiver<Outbound>,
     cancel: CancellationToken,
 ) {
@@ -63,7 +63,12 @@ pub(crate) async fn write_loop(
         let mut buf = parts.into_buf();
         let sent = tokio::select! {
             _ = cancel.cancelled() => break,
-            sent = writer.write_all_buf(&mut buf) => sent,
+            // Through TLS the last records may wait in rustls until a
+            // flush (a no-op on a plaintext socket).
+            sent = async {
+                writer.write_all_buf(&mut buf).await?;
+                writer.flush().await
+            } => sent,
             _ = tokio::time::sleep(write_timeout) => {
                 serving.metrics.connections_write_timed_out.increment(1);
                 debug!(
@@ -114,7 +119,7 @@ pub(crate) async fn drain_writes(
 /// Closing a socket with unread input makes the kernel send a reset, which
 /// may destroy responses the client has not read yet. Discard what the
 /// client still sends, for a short bounded time, until it closes.
-pub(crate) async fn linger(mut rd: OwnedReadHalf, cancel: &CancellationToken) {
+pub(crate) async fn linger(mut rd: ReadSide, cancel: &CancellationToken) {
     let mut sink = [0u8; 4096];
     let linger = tokio::time::sleep(Duration::from_millis(LINGER_MS));
     tokio::pin!(linger);

@@ -635,6 +635,7 @@ async fn run_malachi(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         broker: vec![guard.addr.to_string()],
         json: true,
         timeout_ms: MALACHI_TIMEOUT_MS,
+        tls: Default::default(),
     };
     let mut rows = Vec::new();
     for &n in &plan.producers {
@@ -720,6 +721,7 @@ async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliErro
             ],
             json: true,
             timeout_ms: MALACHI_TIMEOUT_MS,
+            tls: Default::default(),
         };
         notes.progress("malachi rf=3: waiting for the three brokers to see each other");
         wait_for_brokers(&output, RF3_BROKERS)

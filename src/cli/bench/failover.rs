@@ -216,6 +216,7 @@ async fn one_trial(exe: &std::path::Path, args: &BenchFailoverArgs) -> Result<Tr
         broker: vec![guards[i].addr.to_string()],
         json: true,
         timeout_ms,
+        tls: Default::default(),
     };
     wait_for_brokers(&output(0, 10_000), BROKERS)
         .await

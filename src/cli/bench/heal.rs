@@ -79,6 +79,7 @@ pub async fn heal(args: BenchHealArgs) -> Result<(), CliError> {
         broker: vec![addrs[i].clone()],
         json: true,
         timeout_ms: 10_000,
+        tls: Default::default(),
     };
     wait_for_brokers(&output(0), BROKERS)
         .await

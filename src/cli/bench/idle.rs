@@ -111,6 +111,7 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
         ],
         json: true,
         timeout_ms: 10_000,
+        tls: Default::default(),
     };
     wait_for_brokers(&output, args.brokers)
         .await
@@ -167,6 +168,7 @@ fn output_for(guard: &ServerGuard) -> OutputArgs {
         broker: vec![guard.addr.to_string()],
         json: true,
         timeout_ms: 2_000,
+        tls: Default::default(),
     }
 }
 

@@ -146,6 +146,7 @@ async fn one(
         broker: vec![guards[0].addr.to_string()],
         json: true,
         timeout_ms: 10_000,
+        tls: Default::default(),
     };
     wait_for_brokers(&output, BROKERS)
         .await

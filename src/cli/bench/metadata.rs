@@ -309,6 +309,7 @@ pub async fn metadata(args: BenchMetadataArgs) -> Result<(), CliError> {
             broker: vec![plan.broker_of(client).to_owned()],
             json,
             timeout_ms: plan.timeout_ms,
+            tls: Default::default(),
         };
         clients.push(bench_client(&output).await?);
     }

@@ -201,6 +201,7 @@ async fn cluster_output(cluster: &Cluster, brokers: u64) -> Result<OutputArgs, C
         broker: addrs,
         json: true,
         timeout_ms: 30_000,
+        tls: Default::default(),
     };
     wait_for_brokers(&output, brokers)
         .await

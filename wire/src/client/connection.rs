@@ -25,6 +25,7 @@ use crate::api::ApiKey;
 use crate::error::{ErrorBody, ErrorCode};
 use crate::frame::{ClientCodec, RequestFrame, ResponseFrame};
 use crate::messages::Message as _;
+use crate::tls::ClientTls;
 
 /// Who waits for frames with a given correlation id.
 enum Waiter {
@@ -121,7 +122,17 @@ impl Connection {
             })?;
         // Small request frames must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
-        let (read_half, write_half) = stream.into_split();
+        let (read_half, write_half) = match &config.tls {
+            None => {
+                let (rd, wr) = stream.into_split();
+                (Box::new(rd) as ReadHalf, Box::new(wr) as WriteHalf)
+            }
+            Some(tls) => {
+                let stream = handshake(addr, tls, stream, connect_timeout_ms).await?;
+                let (rd, wr) = tokio::io::split(stream);
+                (Box::new(rd) as ReadHalf, Box::new(wr) as WriteHalf)
+            }
+        };
         let codec = ClientCodec::new(config.frame_bytes_max);
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let closed = Arc::new(AtomicBool::new(false));
@@ -359,8 +370,10 @@ impl Connection {
         // Only a retriable goodbye (`busy`, `shutting_down`) speaks for every
         // call the close cut off: a `frame_too_large` goodbye is about one
         // bad frame, and the valid calls pipelined with it stay retriable.
+        // `unauthorized` refuses the whole connection (a plaintext client
+        // on a TLS port): every call it cut off reports it.
         if let Some((code, body)) = lock(&self.goodbye).clone()
-            && code.retriable()
+            && (code.retriable() || code == ErrorCode::Unauthorized)
         {
             return ClientError::Server {
                 api: "connection",
@@ -380,6 +393,44 @@ impl PendingGuard {
     pub(crate) fn id(&self) -> u32 {
         self.id
     }
+}
+
+/// The read side of a connection, plaintext or TLS.
+type ReadHalf = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+/// The write side of a connection, plaintext or TLS.
+type WriteHalf = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// The TLS handshake with the broker at `addr`, bounded by the connect
+/// timeout. A broker that closes during it most likely serves a plaintext
+/// port (it closes a TLS client); a certificate it cannot prove is named.
+async fn handshake(
+    addr: &str,
+    tls: &ClientTls,
+    stream: TcpStream,
+    timeout_ms: u64,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ClientError> {
+    let name = tls.server_name_for(addr).map_err(|e| ClientError::Tls {
+        addr: addr.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let connect = tls.connector().connect(name, stream);
+    let shaken = tokio::time::timeout(Duration::from_millis(timeout_ms), connect)
+        .await
+        .map_err(|_| ClientError::ConnectTimeout {
+            addr: addr.to_owned(),
+            timeout_ms,
+        })?;
+    shaken.map_err(|e| {
+        let reason = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            "the broker closed the connection during the TLS handshake: its client port is likely plaintext (connect without --tls-ca)".to_owned()
+        } else {
+            format!("TLS handshake failed: {e}")
+        };
+        ClientError::Tls {
+            addr: addr.to_owned(),
+            reason,
+        }
+    })
 }
 
 /// The correlation id no request uses: a broker sends a frame on it only to

@@ -90,6 +90,8 @@ pub struct ClientConfig {
     /// later reconnect can go to any live broker, not only the bootstrap
     /// ones. Off for fake brokers that answer one operation only.
     pub discover_on_connect: bool,
+    /// TLS to every broker (ADR 0149); unset, plaintext.
+    pub tls: Option<crate::tls::ClientTls>,
 }
 
 impl Default for ClientConfig {
@@ -107,6 +109,7 @@ impl Default for ClientConfig {
             connections_max: 64,
             bootstrap_brokers_max: BOOTSTRAP_BROKERS_MAX_DEFAULT,
             discover_on_connect: true,
+            tls: None,
         }
     }
 }
@@ -133,6 +136,10 @@ pub enum ClientError {
     },
     #[error("connecting to {addr} took longer than {timeout_ms}ms")]
     ConnectTimeout { addr: String, timeout_ms: u64 },
+    /// TLS to the broker failed: its certificate was refused (expired,
+    /// another CA, another name), or the broker's port is plaintext.
+    #[error("TLS to {addr}: {reason}")]
+    Tls { addr: String, reason: String },
     #[error("connection to {addr} closed")]
     ConnectionClosed { addr: String },
     #[error("{api} got no response within {timeout_ms}ms")]

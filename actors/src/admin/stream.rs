@@ -1,0 +1,139 @@
+//! An admin connection's socket, plaintext or TLS (ADR 0149). The TLS
+//! handshake runs on the connection's first read or write, never on the
+//! accept path (one slow handshake must not hold the accept loop), and is
+//! bounded by the connection's `admin_read_timeout_ms` deadline like a
+//! request head (`http.rs`'s `DeadlineIo`).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tracing::debug;
+
+use crate::common::tls::ServerTls;
+
+/// The socket of one admin connection.
+pub(crate) enum AdminStream {
+    Plain(TcpStream),
+    /// The TLS handshake, driven by the first read or write.
+    Handshaking(Box<tokio_rustls::Accept<TcpStream>>),
+    Tls(Box<TlsStream<TcpStream>>),
+    /// The handshake failed: every later call fails.
+    Failed,
+}
+
+impl std::fmt::Debug for AdminStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AdminStream::Plain(_) => "Plain",
+            AdminStream::Handshaking(_) => "Handshaking",
+            AdminStream::Tls(_) => "Tls",
+            AdminStream::Failed => "Failed",
+        })
+    }
+}
+
+impl AdminStream {
+    pub(crate) fn new(stream: TcpStream, tls: Option<&ServerTls>) -> AdminStream {
+        match tls {
+            None => AdminStream::Plain(stream),
+            Some(tls) => AdminStream::Handshaking(Box::new(tls.acceptor().accept(stream))),
+        }
+    }
+
+    /// Drives the handshake, if one is under way; ready once the stream
+    /// can carry bytes.
+    fn poll_established(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let AdminStream::Handshaking(accept) = self {
+            match ready!(Pin::new(accept.as_mut()).poll(cx)) {
+                Ok(tls) => *self = AdminStream::Tls(Box::new(tls)),
+                Err(e) => {
+                    debug!(error = %e, "admin tls handshake failed");
+                    *self = AdminStream::Failed;
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+        match self {
+            AdminStream::Failed => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the admin connection's TLS handshake failed",
+            ))),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl AsyncRead for AdminStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_established(cx))?;
+        match this {
+            AdminStream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            AdminStream::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl AsyncWrite for AdminStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_established(cx))?;
+        match this {
+            AdminStream::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            AdminStream::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+            _ => Poll::Ready(Ok(0)),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_established(cx))?;
+        match this {
+            AdminStream::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
+            AdminStream::Tls(tls) => Pin::new(tls.as_mut()).poll_write_vectored(cx, bufs),
+            _ => Poll::Ready(Ok(0)),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            AdminStream::Plain(tcp) => tcp.is_write_vectored(),
+            AdminStream::Tls(tls) => tls.is_write_vectored(),
+            _ => false,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AdminStream::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            AdminStream::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AdminStream::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            AdminStream::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The broker's TLS (ADR 0149): one rustls server config for the client
+//! port and the admin port, built with aws-lc-rs (ADR 0146 §5), its
+//! certificate reloaded when its files change, and the plaintext check
+//! that runs before a handshake.
+//!
+//! Reload: [`ReloadingCert`] answers every handshake with the current
+//! pair; at most every `tls.reload_check_ms` a handshake first looks at
+//! the two files' modification times and sizes, and when either changed
+//! it loads both again. A pair that does not load (a half-written file, a
+//! key that does not match its certificate) is logged and counted, and the
+//! old pair keeps serving until the files change again. Connections
+//! already open keep the session they negotiated.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use malachi_wire::tls::{TlsError, load_certs, load_key, load_roots, provider};
+use parking_lot::Mutex;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tracing::{info, warn};
+
+use crate::common::config::{ClientAuth, TlsSettings};
+use crate::common::error::BrokerError;
+use crate::common::metrics::BrokerMetrics;
+use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
+
+/// The broker's TLS: the acceptor both ports use and its bounds.
+pub(crate) struct ServerTls {
+    acceptor: TlsAcceptor,
+    cert: Arc<ReloadingCert>,
+    pub handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("cert_path", &self.cert.cert_path)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
+/// Why a TLS connection was not set up, the `reason` label of
+/// `malachi_tls_handshake_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HandshakeFailure {
+    /// The client spoke plaintext (its first byte is no TLS handshake record).
+    Plaintext,
+    /// The handshake did not finish within `tls.handshake_timeout_ms`.
+    Timeout,
+    /// The client closed before the handshake finished.
+    Closed,
+    /// rustls refused it: no common version or cipher, a bad or missing
+    /// client certificate, a fatal alert from the client.
+    Refused,
+}
+
+impl HandshakeFailure {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            HandshakeFailure::Plaintext => "plaintext",
+            HandshakeFailure::Timeout => "timeout",
+            HandshakeFailure::Closed => "closed",
+            HandshakeFailure::Refused => "refused",
+        }
+    }
+}
+
+fn config_error(e: TlsError) -> BrokerError {
+    BrokerError::Config {
+        reason: format!("tls: {e}"),
+    }
+}
+
+impl ServerTls {
+    /// The TLS the settings ask for, its files loaded now (a file that does
+    /// not load stops the start); `None` when TLS is off.
+    pub(crate) fn from_settings(settings: &TlsSettings) -> Result<Option<ServerTls>, BrokerError> {
+        let (Some(cert_path), Some(key_path)) = (&settings.cert_path, &settings.key_path) else {
+            return Ok(None);
+        };
+        let provider = provider();
+        let cert = Arc::new(ReloadingCert::load(
+            cert_path,
+            key_path,
+            &provider,
+            Duration::from_millis(settings.reload_check_ms),
+        )?);
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| config_error(TlsError::Config(e.to_string())))?;
+        let builder = match (&settings.client_ca_path, settings.client_auth) {
+            (Some(ca), ClientAuth::Optional | ClientAuth::Required) => {
+                let roots = Arc::new(load_roots(ca, "tls.client_ca_path").map_err(config_error)?);
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
+                let verifier = if settings.client_auth == ClientAuth::Optional {
+                    verifier.allow_unauthenticated()
+                } else {
+                    verifier
+                };
+                let verifier = verifier
+                    .build()
+                    .map_err(|e| config_error(TlsError::Config(e.to_string())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        let config = builder.with_cert_resolver(Arc::clone(&cert) as Arc<dyn ResolvesServerCert>);
+        Ok(Some(ServerTls {
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            cert,
+            handshake_timeout: Duration::from_millis(settings.handshake_timeout_ms),
+        }))
+    }
+
+    /// The acceptor (the admin port drives its handshakes itself).
+    pub(crate) fn acceptor(&self) -> &TlsAcceptor {
+        &self.acceptor
+    }
+
+    /// Where reload failures are counted, once the broker's metrics exist.
+    pub(crate) fn count_into(&self, metrics: &Arc<BrokerMetrics>) {
+        let _ = self.cert.metrics.set(Arc::clone(metrics));
+    }
+
+    /// The plaintext check, then the handshake, within
+    /// `tls.handshake_timeout_ms` together.
+    pub(crate) async fn accept(
+        &self,
+        stream: TcpStream,
+    ) -> Result<TlsStream<TcpStream>, (HandshakeFailure, Option<TcpStream>)> {
+        let deadline = Instant::now() + self.handshake_timeout;
+        let mut first = [0u8; 1];
+        let peeked = tokio::time::timeout_at(deadline, stream.peek(&mut first)).await;
+        match peeked {
+            Err(_) => return Err((HandshakeFailure::Timeout, None)),
+            Ok(Ok(0) | Err(_)) => return Err((HandshakeFailure::Closed, None)),
+            Ok(Ok(_)) if first[0] != malachi_wire::tls::CLIENT_HELLO_PREFIX[0] => {
+                return Err((HandshakeFailure::Plaintext, Some(stream)));
+            }
+            Ok(Ok(_)) => {}
+        }
+        match tokio::time::timeout_at(deadline, self.acceptor.accept(stream)).await {
+            Err(_) => Err((HandshakeFailure::Timeout, None)),
+            Ok(Ok(tls)) => Ok(tls),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err((HandshakeFailure::Closed, None))
+            }
+            Ok(Err(_)) => Err((HandshakeFailure::Refused, None)),
+        }
+    }
+}
+
+/// Rate-limited logs of clients speaking the wrong protocol for the port
+/// (a flood of them costs a line per `REFUSAL_LOG_INTERVAL_MS`, each with
+/// the count it kept quiet about); the counters count every one.
+#[derive(Debug)]
+pub(crate) struct WrongProtocolLog {
+    pub plaintext_on_tls: Mutex<RefusalLog>,
+    pub tls_on_plaintext: Mutex<RefusalLog>,
+}
+
+impl Default for WrongProtocolLog {
+    fn default() -> WrongProtocolLog {
+        WrongProtocolLog {
+            plaintext_on_tls: Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
+            tls_on_plaintext: Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
+        }
+    }
+}
+
+/// A file's modification time and size: what a reload check compares.
+type Stamp = Option<(SystemTime, u64)>;
+
+fn stamp(path: &Path) -> Stamp {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// The certificate and key the broker presents, reloaded when the files
+/// change (see the module's doc).
+#[derive(Debug)]
+pub(crate) struct ReloadingCert {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    provider: Arc<CryptoProvider>,
+    check_every: Duration,
+    state: Mutex<CertState>,
+    metrics: OnceLock<Arc<BrokerMetrics>>,
+}
+
+#[derive(Debug)]
+struct CertState {
+    current: Arc<CertifiedKey>,
+    /// The files' stamps when last loaded (or tried).
+    seen: (Stamp, Stamp),
+    next_check: Instant,
+}
+
+impl ReloadingCert {
+    fn load(
+        cert_path: &Path,
+        key_path: &Path,
+        provider: &Arc<CryptoProvider>,
+        check_every: Duration,
+    ) -> Result<ReloadingCert, BrokerError> {
+        let seen = (stamp(cert_path), stamp(key_path));
+        let current = load_pair(cert_path, key_path, provider).map_err(config_error)?;
+        Ok(ReloadingCert {
+            cert_path: cert_path.to_owned(),
+            key_path: key_path.to_owned(),
+            provider: Arc::clone(provider),
+            check_every,
+            state: Mutex::new(CertState {
+                current: Arc::new(current),
+                seen,
+                next_check: Instant::now() + check_every,
+            }),
+            metrics: OnceLock::new(),
+        })
+    }
+
+    /// The pair to present now, reloaded first if a check is due and the
+    /// files changed.
+    fn current(&self) -> Arc<CertifiedKey> {
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        if now >= state.next_check {
+            state.next_check = now + self.check_every;
+            let seen = (stamp(&self.cert_path), stamp(&self.key_path));
+            if seen != state.seen {
+                state.seen = seen;
+                self.reload(&mut state);
+            }
+        }
+        Arc::clone(&state.current)
+    }
+
+    fn reload(&self, state: &mut CertState) {
+        let outcome = match load_pair(&self.cert_path, &self.key_path, &self.provider) {
+            Ok(pair) => {
+                state.current = Arc::new(pair);
+                info!(cert_path = %self.cert_path.display(), "tls: certificate reloaded");
+                "reloaded"
+            }
+            Err(e) => {
+                warn!(
+                    cert_path = %self.cert_path.display(),
+                    key_path = %self.key_path.display(),
+                    error = %e,
+                    "tls: the changed certificate or key does not load; the previous pair stays"
+                );
+                "failed"
+            }
+        };
+        if let Some(metrics) = self.metrics.get() {
+            metrics.tls_reload(outcome);
+        }
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// The chain and key at the two paths, the key checked against the leaf.
+fn load_pair(
+    cert_path: &Path,
+    key_path: &Path,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let chain = load_certs(cert_path, "tls.cert_path")?;
+    let key = load_key(key_path, "tls.key_path")?;
+    CertifiedKey::from_der(chain, key, provider).map_err(|e| TlsError::Invalid {
+        what: "tls.key_path",
+        path: key_path.to_owned(),
+        reason: e.to_string(),
+    })
+}

@@ -1,0 +1,132 @@
+//! The `malachi` CLI over TLS (ADR 0149) against a three-broker cluster
+//! whose client ports speak TLS: it creates, produces and consumes with
+//! `--tls-ca` (and `MALACHI_TLS_CA`); without TLS it gets the broker's
+//! clear "speaks TLS only" refusal, and with TLS against a plaintext
+//! broker a clear TLS error, never "frame too large".
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use malachi_testkit::process::cluster::Cluster;
+use malachi_testkit::process::{BrokerProcess, bin, err, out};
+use malachi_testkit::tls::pki;
+
+/// `malachi ARGS` with `stdin`, the bootstrap list `brokers`, and `env`.
+fn malachi(brokers: &str, args: &[&str], env: &[(&str, &Path)], stdin: &str) -> Output {
+    use std::io::Write;
+    let mut command = Command::new(bin());
+    command
+        .args(args)
+        .env("MALACHI_BROKER", brokers)
+        .env_remove("RUST_LOG")
+        .env_remove("MALACHI_TLS_CA")
+        .env_remove("MALACHI_TLS_CERT")
+        .env_remove("MALACHI_TLS_KEY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().unwrap();
+    let written = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    if let Err(e) = written {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn succeeded(output: &Output, logs: &dyn Fn() -> String) {
+    assert!(
+        output.status.success(),
+        "stdout: {}\nstderr: {}\nlogs:\n{}",
+        out(output),
+        err(output),
+        logs()
+    );
+}
+
+#[test]
+fn the_cli_produces_and_consumes_over_tls_and_plaintext_is_told_apart() {
+    let root = tempfile::tempdir().unwrap();
+    let (_ca, files) = pki(root.path());
+    let tls = format!(
+        "\n[tls]\ncert_path = \"{}\"\nkey_path = \"{}\"\n",
+        files.broker_cert.display(),
+        files.broker_key.display()
+    );
+    let cluster = Cluster::three_with(root.path(), &tls);
+    let logs = || cluster.logs();
+    let all = cluster.clients().join(",");
+    let ca = files.ca.to_str().unwrap();
+    // Elections may still run: the create retries within its deadline.
+    let created = malachi(
+        &all,
+        &[
+            "topic",
+            "create",
+            "secure",
+            "--tls-ca",
+            ca,
+            "--timeout-ms",
+            "60000",
+        ],
+        &[],
+        "",
+    );
+    succeeded(&created, &logs);
+    let produced = malachi(
+        &cluster.clients()[0],
+        &["produce", "secure", "--tls-ca", ca, "--timeout-ms", "30000"],
+        &[],
+        "k1\tone\nk2\ttwo\nk1\tthree\n",
+    );
+    succeeded(&produced, &logs);
+    assert!(
+        out(&produced).starts_with("3 of 3 records acknowledged"),
+        "{}",
+        out(&produced)
+    );
+    // From another broker, TLS from the environment.
+    let consumed = malachi(
+        &cluster.clients()[2],
+        &[
+            "consume",
+            "secure",
+            "--from-start",
+            "--max",
+            "3",
+            "--timeout-ms",
+            "30000",
+        ],
+        &[("MALACHI_TLS_CA", files.ca.as_path())],
+        "",
+    );
+    succeeded(&consumed, &logs);
+    assert_eq!(out(&consumed), "k1\tone\nk2\ttwo\nk1\tthree\n");
+    // Without TLS: the broker's refusal, in one line.
+    let plain = malachi(&cluster.clients()[1], &["topic", "list"], &[], "");
+    assert!(!plain.status.success());
+    assert!(err(&plain).contains("speaks TLS only"), "{}", err(&plain));
+    assert_eq!(err(&plain).trim_end().lines().count(), 1, "{}", err(&plain));
+}
+
+#[test]
+fn the_cli_with_tls_against_a_plaintext_broker_says_so() {
+    let root = tempfile::tempdir().unwrap();
+    let (_ca, files) = pki(root.path());
+    let broker = BrokerProcess::start(&root.path().join("data"));
+    let ca = files.ca.to_str().unwrap();
+    let output = malachi(
+        &broker.client_addr,
+        &["topic", "list", "--tls-ca", ca],
+        &[],
+        "",
+    );
+    assert!(!output.status.success());
+    let text = err(&output);
+    assert!(text.contains("plaintext"), "{text}");
+    assert!(!text.contains("too large"), "{text}");
+}
