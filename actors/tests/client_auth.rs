@@ -474,3 +474,69 @@ async fn create_replicated_topic_as(admin: &mut TestClient, name: &str) {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_logs_in_on_connect_and_a_refused_login_is_final() {
+    use malachi_actors::scram_login::ScramLogin;
+    use malachi_wire::client::{ClientConfig, ClientError};
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let config = BrokerConfig {
+        security: security(dir.path(), 100),
+        ..BrokerConfig::for_tests(dir.path().join("data"))
+    };
+    let broker = start(config).await;
+    let mut admin = admin(&broker).await;
+    create_user(&mut admin, "sdk", "pw-s").await;
+    admin.create_topic("s").await;
+    for op in ["produce", "consume"] {
+        grant(&mut admin, entry("User:sdk", Some("s"), op, "allow")).await;
+    }
+    let addr = broker.client_addr().to_string();
+    let with = |password: &str| ClientConfig {
+        request_timeout_ms: 10_000,
+        login: Some(ScramLogin::new("sdk", password.as_bytes()).into_login()),
+        ..ClientConfig::default()
+    };
+    let client = wait_until(
+        "the entries reach the cache",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            let client = malachi_wire::Client::connect_with([addr.clone()], with("pw-s"))
+                .await
+                .unwrap();
+            let batch =
+                malachi_wire::RecordBatch::from_records(&[record("k", "from-sdk")], 1 << 20)
+                    .unwrap();
+            let produced = client.produce("s", batch).await;
+            produced.ok().map(|_| client)
+        },
+    )
+    .await;
+    let fetched = client
+        .fetch(&FetchRequest {
+            topic: "s".into(),
+            cursor: None,
+            from_start: true,
+            records_max: 10,
+            bytes_max: 1 << 20,
+            wait_ms: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(fetched.records.records().len(), 1);
+
+    // A wrong password: the connect fails with the typed, final error.
+    let refused = malachi_wire::Client::connect_with([addr.clone()], with("wrong"))
+        .await
+        .unwrap_err();
+    match &refused {
+        ClientError::Authentication { reason, .. } => {
+            assert!(reason.contains("invalid-proof"), "{reason}")
+        }
+        other => panic!("not an authentication error: {other:?}"),
+    }
+    assert!(!refused.retriable());
+    assert_eq!(refused.code(), Some(ErrorCode::Unauthorized));
+}
