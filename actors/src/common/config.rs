@@ -593,6 +593,10 @@ pub struct SecuritySettings {
     pub bootstrap_user: Option<String>,
     /// The file holding `bootstrap_user`'s password (its first line).
     pub bootstrap_password_file: Option<PathBuf>,
+    /// Accept listening off loopback without client authentication, or
+    /// with the admin port (which authenticates nobody yet) off loopback.
+    /// Without it such a broker refuses to start, naming the risk.
+    pub insecure: bool,
 }
 
 impl Default for SecuritySettings {
@@ -610,6 +614,7 @@ impl Default for SecuritySettings {
             lockout_forget_after_ms: lockout.forget_after_ms,
             bootstrap_user: None,
             bootstrap_password_file: None,
+            insecure: false,
         }
     }
 }
@@ -792,7 +797,54 @@ impl BrokerConfig {
         self.validate_cluster()?;
         self.validate_intervals()?;
         self.validate_codecs()?;
-        self.security.validate(self.metadata_backend)
+        self.security.validate(self.metadata_backend)?;
+        self.validate_exposure()
+    }
+
+    /// Secure by default where it matters (issue 39): off loopback, the
+    /// development cookie is refused, and so is a client port without
+    /// authentication or an admin port at all (it authenticates nobody
+    /// yet), unless `security.insecure` accepts the risk.
+    fn validate_exposure(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
+        let exposed = [
+            ("listen_addr", Some(self.listen_addr)),
+            ("admin_addr", Some(self.admin_addr)),
+            (
+                "membership.cluster_listen_addr",
+                self.membership.cluster_listen_addr,
+            ),
+            ("cluster.raft_listen_addr", self.cluster.raft_listen_addr),
+        ];
+        let off_loopback = exposed
+            .iter()
+            .find(|(_, addr)| addr.is_some_and(|a| !a.ip().is_loopback()));
+        let Some((field, Some(addr))) = off_loopback else {
+            return Ok(());
+        };
+        if self.membership.cluster_cookie.is_none() {
+            return bad(format!(
+                "{field} {addr} is not a loopback address and membership.cluster_cookie is unset: the development cookie is public, so anyone could join the cluster's node fabric; set membership.cluster_cookie to a secret shared by the brokers"
+            ));
+        }
+        if self.security.insecure {
+            return Ok(());
+        }
+        if self.security.authentication == Authentication::None
+            && !self.listen_addr.ip().is_loopback()
+        {
+            return bad(format!(
+                "listen_addr {} is not a loopback address and security.authentication = \"none\": anyone who reaches it may read, write and delete every topic; set security.authentication = \"scram\", or security.insecure = true to accept the risk",
+                self.listen_addr
+            ));
+        }
+        if !self.admin_addr.ip().is_loopback() {
+            return bad(format!(
+                "admin_addr {} is not a loopback address and the admin port authenticates nobody yet: anyone who reaches it may admit and decommission brokers; bind it to loopback, or set security.insecure = true to accept the risk",
+                self.admin_addr
+            ));
+        }
+        Ok(())
     }
 
     /// Who this broker is and where it keeps its data.
@@ -1202,6 +1254,42 @@ impl BrokerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn off_loopback_a_broker_needs_a_cookie_authentication_and_a_private_admin_port() {
+        let exposed = |listen: &str, admin: &str| BrokerConfig {
+            listen_addr: listen.parse().unwrap(),
+            admin_addr: admin.parse().unwrap(),
+            ..BrokerConfig::default()
+        };
+        // On loopback (127.0.0.0/8), nothing is asked.
+        assert!(
+            exposed("127.0.0.2:4040", "127.0.0.1:8080")
+                .validate()
+                .is_ok()
+        );
+        let mut config = exposed("0.0.0.0:4040", "127.0.0.1:8080");
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(refused.contains("cluster_cookie"), "{refused}");
+        config.membership.cluster_cookie = Some("a secret".into());
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(
+            refused.contains("authentication") && refused.contains("security.insecure"),
+            "{refused}"
+        );
+        config.security.authentication = Authentication::Scram;
+        assert!(config.validate().is_ok());
+        config.admin_addr = "10.0.0.1:8080".parse().unwrap();
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(refused.contains("admin_addr"), "{refused}");
+        config.security.insecure = true;
+        assert!(config.validate().is_ok());
+        config.membership.cluster_cookie = None;
+        assert!(
+            config.validate().is_err(),
+            "insecure never accepts the public cookie"
+        );
+    }
 
     #[test]
     fn default_config_is_valid() {
