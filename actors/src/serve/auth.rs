@@ -318,6 +318,11 @@ impl ConnAuth {
         &self.broker
     }
 
+    /// Whether requests on this connection are checked at all.
+    pub fn enforced(&self) -> bool {
+        self.broker.enabled
+    }
+
     /// Who the connection proved it is.
     pub fn principal(&self) -> Option<Principal> {
         self.principal.lock().clone()
