@@ -135,6 +135,8 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Vnode(command) => cli::vnode::vnode(command).await,
         Command::Policy(command) => cli::policy::policy(command).await,
         Command::Feature(command) => cli::feature::feature(command).await,
+        Command::User(command) => cli::users::user(command).await,
+        Command::Acl(command) => cli::users::acl(command).await,
         Command::Bench(BenchCommand::Produce(args)) => cli::bench::produce(args).await,
         Command::Bench(BenchCommand::Consume(args)) => cli::bench::consume(args).await,
         Command::Bench(BenchCommand::Compare(args)) => cli::bench::compare::compare(args).await,

@@ -44,13 +44,15 @@ mod control;
 mod data;
 mod fabric;
 mod maintenance;
+pub mod scram_login;
 mod serve;
 
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use common::clock::{Clock, ManualClock, SystemClock};
 pub use common::config::{
-    BrokerConfig, ClientAuth, ClusterSettings, DEV_CLUSTER_COOKIE, MaintenanceSettings,
-    MembershipSettings, MetadataBackend, ReshapeDefaults, StoreSettings, TlsSettings,
+    Authentication, BrokerConfig, ClientAuth, ClusterSettings, DEV_CLUSTER_COOKIE,
+    MaintenanceSettings, MembershipSettings, MetadataBackend, ReshapeDefaults, SecuritySettings,
+    StoreSettings, TlsSettings,
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;

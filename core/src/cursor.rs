@@ -128,6 +128,16 @@ impl CursorKey {
         Ok(CursorKey { mac })
     }
 
+    /// A secret derived from this key for another use, named by `label`
+    /// (the SCRAM fake-credential secret, ADR 0150): the HMAC of the label
+    /// under the key, so no cursor's MAC (which starts with the cursor
+    /// domain label) can equal it.
+    pub fn derive(&self, label: &[u8]) -> [u8; 32] {
+        let mut mac = self.mac.clone();
+        mac.update(label);
+        mac.finalize().into_bytes().into()
+    }
+
     /// The MAC over a cursor's authenticated bytes: the domain label, then
     /// `header` (the version byte, then the key id in version 2), then the body.
     fn mac_over(&self, header: &[u8], body: &[u8]) -> Hmac<Sha256> {

@@ -412,6 +412,19 @@ pub fn wire_auth(data: &[u8]) {
     round_trip::<SaslAuthenticateResponse>(data);
     round_trip::<TokenAuthenticateRequest>(data);
     round_trip::<TokenAuthenticateResponse>(data);
+    {
+        use malachi_wire::auth_admin::*;
+        round_trip::<PutUserRequest>(data);
+        round_trip::<PutUserResponse>(data);
+        round_trip::<DeleteUserRequest>(data);
+        round_trip::<ListUsersResponse>(data);
+        round_trip::<AddAclRequest>(data);
+        round_trip::<RemoveAclRequest>(data);
+        round_trip::<AclChangeResponse>(data);
+        round_trip::<ListAclsRequest>(data);
+        round_trip::<ListAclsResponse>(data);
+        round_trip::<UnlockUserRequest>(data);
+    }
     if let Ok(text) = std::str::from_utf8(data) {
         scram(text);
     }

@@ -369,8 +369,9 @@ pub const SCRAM_CLIENT_NONCE: &str = "rOprNGfwEbeRWgbNEkqO";
 /// The RFC 7677 example's server nonce, which the SCRAM body's broker uses.
 pub const SCRAM_SERVER_NONCE: &str = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0";
 
-/// Each authentication message (api keys 400 to 402) as encoded, and the
-/// RFC 7677 example's four SCRAM messages as text.
+/// Each authentication message (api keys 400 to 402) as encoded, the
+/// RFC 7677 example's four SCRAM messages as text, then the user and ACL
+/// messages (403 to 409).
 pub fn wire_auth() -> Vec<Vec<u8>> {
     use malachi_wire::auth::{
         SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
@@ -413,9 +414,59 @@ pub fn wire_auth() -> Vec<Vec<u8>> {
         "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=",
         "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=",
     ];
+    // The administration messages go last: the first ten keep their places.
     encoded
         .into_iter()
         .map(|b| b.map(|b| b.to_vec()).unwrap_or_default())
         .chain(scram.iter().map(|s| s.as_bytes().to_vec()))
+        .chain(
+            auth_admin()
+                .into_iter()
+                .map(|b| b.map(|b| b.to_vec()).unwrap_or_default()),
+        )
         .collect()
+}
+
+/// The user and ACL administration messages (api keys 403 to 409) as encoded.
+fn auth_admin() -> Vec<Result<bytes::Bytes, malachi_wire::WireError>> {
+    use malachi_wire::auth_admin::*;
+    let entry = AclEntryText {
+        principal: "User:alice".into(),
+        resource: "topic".into(),
+        pattern: "prefixed".into(),
+        name: "orders".into(),
+        operation: "produce".into(),
+        permission: "allow".into(),
+    };
+    vec![
+        PutUserRequest {
+            name: "alice".into(),
+            credential: UserCredential {
+                salt: "W22ZaJ0SNY7soEsUEjb6gQ==".into(),
+                iterations: 4096,
+                stored_key: "WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=".into(),
+                server_key: "wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU=".into(),
+            },
+            replace: false,
+        }
+        .encode(),
+        ListUsersResponse {
+            users: vec![UserSummary {
+                name: "alice".into(),
+                iterations: 4096,
+                created_at_ms: 1,
+                updated_at_ms: 2,
+                locked_sources: 0,
+            }],
+        }
+        .encode(),
+        AddAclRequest {
+            entry: entry.clone(),
+        }
+        .encode(),
+        ListAclsResponse {
+            entries: vec![entry],
+        }
+        .encode(),
+    ]
 }

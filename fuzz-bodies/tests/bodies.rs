@@ -179,6 +179,13 @@ fn the_auth_samples_decode_and_the_scram_texts_authenticate() {
     SaslAuthenticateResponse::decode(b(3)).unwrap();
     TokenAuthenticateRequest::decode(b(4)).unwrap();
     TokenAuthenticateResponse::decode(b(5)).unwrap();
+    {
+        use malachi_wire::auth_admin::*;
+        PutUserRequest::decode(b(10)).unwrap();
+        ListUsersResponse::decode(b(11)).unwrap();
+        AddAclRequest::decode(b(12)).unwrap();
+        ListAclsResponse::decode(b(13)).unwrap();
+    }
     let text = |i: usize| String::from_utf8(s[i].clone()).unwrap();
     let credential = StoredCredential::from_password(
         b"pencil",

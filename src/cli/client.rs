@@ -39,11 +39,57 @@ pub async fn connect(output: &OutputArgs) -> Result<Client, CliError> {
         connect_timeout_ms: output.timeout_ms.min(5_000),
         retries_max: CLI_RETRIES_MAX,
         tls: output.tls.client_tls()?,
+        login: login(&output.credentials)?,
         ..ClientConfig::default()
     };
     Client::connect_with(output.brokers()?, config)
         .await
         .map_err(|e| CliError::client("connect", &output.broker_label(), e))
+}
+
+/// The login `credentials` ask for: none without a user; a user needs
+/// its password file.
+pub fn login(
+    credentials: &super::CredentialArgs,
+) -> Result<Option<malachi_wire::client::Login>, CliError> {
+    let Some(user) = &credentials.user else {
+        return Ok(None);
+    };
+    let Some(file) = &credentials.password_file else {
+        return Err(CliError::Config(format!(
+            "--user {user} needs --password-file (or MALACHI_PASSWORD_FILE)"
+        )));
+    };
+    let password = read_password_file(file)?;
+    Ok(Some(
+        malachi_actors::scram_login::ScramLogin::new(user, &password).into_login(),
+    ))
+}
+
+/// The largest password file read, in bytes.
+const PASSWORD_FILE_BYTES_MAX: u64 = 4096;
+
+/// The first line of `path`: a password (never echoed or logged).
+pub fn read_password_file(path: &std::path::Path) -> Result<Vec<u8>, CliError> {
+    use std::io::Read;
+    let io = |source| CliError::Io {
+        action: "read the password file",
+        source,
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(PASSWORD_FILE_BYTES_MAX)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    let line = text.lines().next().unwrap_or_default();
+    if line.is_empty() {
+        return Err(CliError::Config(format!(
+            "{}: the first line (the password) is empty",
+            path.display()
+        )));
+    }
+    Ok(line.as_bytes().to_vec())
 }
 
 /// Print one JSON object on its own line.

@@ -14,6 +14,7 @@ pub mod feature;
 pub mod policy;
 pub mod records;
 pub mod render;
+pub mod users;
 pub mod vnode;
 
 use std::path::PathBuf;
@@ -72,6 +73,12 @@ pub enum Command {
     /// Feature gates: list them, activate one, finalize an upgrade.
     #[command(subcommand)]
     Feature(feature::FeatureCommand),
+    /// Users who log in with a password (SCRAM-SHA-256).
+    #[command(subcommand)]
+    User(users::UserCommand),
+    /// ACL entries: who may do what to which topics, groups and the cluster.
+    #[command(subcommand)]
+    Acl(users::AclCommand),
     /// Load generators and side-by-side comparisons.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -99,6 +106,19 @@ pub struct OutputArgs {
     pub timeout_ms: u64,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub credentials: CredentialArgs,
+}
+
+/// How a client command logs in (ADR 0150): without `--user`, it does not.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CredentialArgs {
+    /// The user to log in as (SCRAM-SHA-256).
+    #[arg(long, env = "MALACHI_USER", value_name = "NAME")]
+    pub user: Option<String>,
+    /// A file whose first line is the user's password.
+    #[arg(long, env = "MALACHI_PASSWORD_FILE", value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
 }
 
 /// TLS to the brokers (ADR 0149): off unless `--tls-ca` is given.

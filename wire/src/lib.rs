@@ -18,6 +18,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod auth_admin;
 pub mod batch;
 pub mod client;
 pub mod error;

@@ -1590,4 +1590,13 @@ operations! {
     ListPolicies => ListPoliciesRequest, ListPoliciesResponse;
     DeletePolicy => DeletePolicyRequest, DeletePolicyResponse;
     Features => FeaturesRequest, FeaturesResponse;
+    SaslHandshake => crate::auth::SaslHandshakeRequest, crate::auth::SaslHandshakeResponse;
+    SaslAuthenticate => crate::auth::SaslAuthenticateRequest, crate::auth::SaslAuthenticateResponse;
+    PutUser => crate::auth_admin::PutUserRequest, crate::auth_admin::PutUserResponse;
+    DeleteUser => crate::auth_admin::DeleteUserRequest, crate::auth_admin::DeleteUserResponse;
+    ListUsers => crate::auth_admin::ListUsersRequest, crate::auth_admin::ListUsersResponse;
+    AddAcl => crate::auth_admin::AddAclRequest, crate::auth_admin::AclChangeResponse;
+    RemoveAcl => crate::auth_admin::RemoveAclRequest, crate::auth_admin::AclChangeResponse;
+    ListAcls => crate::auth_admin::ListAclsRequest, crate::auth_admin::ListAclsResponse;
+    UnlockUser => crate::auth_admin::UnlockUserRequest, crate::auth_admin::UnlockUserResponse;
 }

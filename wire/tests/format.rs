@@ -563,3 +563,104 @@ fn the_auth_messages_encode_to_their_frozen_bytes() {
     encode_response(&response, &mut frame, FRAME_BYTES_MAX_DEFAULT).unwrap();
     insta::assert_snapshot!("error_unauthorized_response", hex(&frame));
 }
+
+/// The user and ACL administration messages (api keys 403 to 409, ADR
+/// 0150), each request and response frozen.
+#[test]
+fn the_user_and_acl_messages_encode_to_their_frozen_bytes() {
+    use malachi_wire::auth_admin::*;
+    fn frozen(name: &str, message: &impl Message) {
+        insta::assert_snapshot!(name.to_owned(), hex(&message.encode().unwrap()));
+    }
+    let entry = AclEntryText {
+        principal: "User:alice".into(),
+        resource: "topic".into(),
+        pattern: "literal".into(),
+        name: "orders".into(),
+        operation: "produce".into(),
+        permission: "allow".into(),
+    };
+    frozen(
+        "put_user_request",
+        &PutUserRequest {
+            name: "user".into(),
+            // RFC 7677's example credential (password `pencil`).
+            credential: UserCredential {
+                salt: "W22ZaJ0SNY7soEsUEjb6gQ==".into(),
+                iterations: 4096,
+                stored_key: "WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=".into(),
+                server_key: "wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU=".into(),
+            },
+            replace: false,
+        },
+    );
+    frozen(
+        "put_user_response",
+        &PutUserResponse {
+            name: "user".into(),
+            changed: true,
+        },
+    );
+    frozen(
+        "delete_user_request",
+        &DeleteUserRequest {
+            name: "user".into(),
+        },
+    );
+    frozen(
+        "delete_user_response",
+        &DeleteUserResponse {
+            name: "user".into(),
+        },
+    );
+    frozen("list_users_request", &ListUsersRequest {});
+    frozen(
+        "list_users_response",
+        &ListUsersResponse {
+            users: vec![UserSummary {
+                name: "user".into(),
+                iterations: 4096,
+                created_at_ms: 1_000,
+                updated_at_ms: 2_000,
+                locked_sources: 1,
+            }],
+        },
+    );
+    frozen(
+        "add_acl_request",
+        &AddAclRequest {
+            entry: entry.clone(),
+        },
+    );
+    frozen(
+        "remove_acl_request",
+        &RemoveAclRequest {
+            entry: entry.clone(),
+        },
+    );
+    frozen("acl_change_response", &AclChangeResponse { changed: true });
+    frozen(
+        "list_acls_request",
+        &ListAclsRequest {
+            principal: Some("User:alice".into()),
+        },
+    );
+    frozen(
+        "list_acls_response",
+        &ListAclsResponse {
+            entries: vec![entry],
+        },
+    );
+    frozen(
+        "unlock_user_request",
+        &UnlockUserRequest {
+            name: "user".into(),
+        },
+    );
+    frozen(
+        "unlock_user_response",
+        &UnlockUserResponse {
+            name: "user".into(),
+        },
+    );
+}

@@ -663,6 +663,148 @@ pub struct BrokerConfig {
     pub reshape: ReshapeDefaults,
     /// TLS on the client and admin ports (ADR 0149).
     pub tls: TlsSettings,
+    /// Client authentication and authorization (ADR 0150).
+    pub security: SecuritySettings,
+}
+
+/// How the client port authenticates its clients (ADR 0150).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Authentication {
+    /// Every connection is served unauthenticated and nothing is checked
+    /// (the default for now; issue 39 makes it refuse off loopback).
+    #[default]
+    None,
+    /// SCRAM-SHA-256 logins (api keys 400, 401) and ACLs that deny by default.
+    Scram,
+}
+
+/// `[security]`: client authentication, superusers and the lockout
+/// (ADR 0146, 0150).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecuritySettings {
+    /// `none` or `scram`.
+    pub authentication: Authentication,
+    /// Principals (`User:name`) that bypass the ACL entries.
+    pub superusers: Vec<String>,
+    /// The PBKDF2 iteration count unknown users are answered with, and
+    /// the count the bootstrap user gets. Credentials the CLI creates use
+    /// the same default: keep them equal, or an unknown user's answer
+    /// differs from a real one's (ADR 0146).
+    pub scram_iterations: u32,
+    /// The oldest users-and-ACLs view a request is authorized against,
+    /// at most 1,000 ms (ADR 0148).
+    pub auth_view_max_age_ms: u64,
+    /// The delay after a principal's first failed login from one source;
+    /// it doubles per failure.
+    pub lockout_delay_first_ms: u64,
+    /// The longest such delay.
+    pub lockout_delay_max_ms: u64,
+    /// After this many failures the pair is locked (0: never).
+    pub lockout_after_failures: u32,
+    /// How long a lock lasts unless an admin unlocks the user first.
+    pub lockout_ms: u64,
+    /// Failures quiet for this long are forgotten.
+    pub lockout_forget_after_ms: u64,
+    /// A user the broker creates at start if it does not exist yet (the
+    /// first administrator), with the password in `bootstrap_password_file`.
+    pub bootstrap_user: Option<String>,
+    /// The file holding `bootstrap_user`'s password (its first line).
+    pub bootstrap_password_file: Option<PathBuf>,
+    /// Accept listening off loopback without client authentication, or
+    /// with the admin port (which authenticates nobody yet) off loopback.
+    /// Without it such a broker refuses to start, naming the risk.
+    pub insecure: bool,
+}
+
+impl Default for SecuritySettings {
+    fn default() -> Self {
+        let lockout = malachi_core::auth::lockout::LockoutPolicy::default();
+        SecuritySettings {
+            authentication: Authentication::None,
+            superusers: Vec::new(),
+            scram_iterations: malachi_core::auth::scram::ITERATIONS_DEFAULT,
+            auth_view_max_age_ms: 1_000,
+            lockout_delay_first_ms: lockout.delay_first_ms,
+            lockout_delay_max_ms: lockout.delay_max_ms,
+            lockout_after_failures: lockout.lock_after_failures.unwrap_or(0),
+            lockout_ms: lockout.lock_ms,
+            lockout_forget_after_ms: lockout.forget_after_ms,
+            bootstrap_user: None,
+            bootstrap_password_file: None,
+            insecure: false,
+        }
+    }
+}
+
+/// The longest `security.auth_view_max_age_ms`: a change takes effect on
+/// every broker within a second (issue 39, ADR 0148).
+pub const AUTH_VIEW_MAX_AGE_MS_LIMIT: u64 = 1_000;
+
+impl SecuritySettings {
+    /// The lockout policy these settings describe.
+    pub fn lockout_policy(&self) -> malachi_core::auth::lockout::LockoutPolicy {
+        malachi_core::auth::lockout::LockoutPolicy {
+            delay_first_ms: self.lockout_delay_first_ms,
+            delay_max_ms: self.lockout_delay_max_ms,
+            lock_after_failures: (self.lockout_after_failures > 0)
+                .then_some(self.lockout_after_failures),
+            lock_ms: self.lockout_ms,
+            forget_after_ms: self.lockout_forget_after_ms,
+            ..malachi_core::auth::lockout::LockoutPolicy::default()
+        }
+    }
+
+    /// The superusers, parsed.
+    pub fn superuser_principals(
+        &self,
+    ) -> Result<Vec<malachi_core::auth::acl::Principal>, BrokerError> {
+        self.superusers
+            .iter()
+            .map(|text| {
+                malachi_core::auth::acl::Principal::parse(text).map_err(|e| BrokerError::Config {
+                    reason: format!("security.superusers: {text:?}: {e}"),
+                })
+            })
+            .collect()
+    }
+
+    fn validate(&self, backend: MetadataBackend) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
+        self.superuser_principals()?;
+        if self.authentication == Authentication::Scram && backend != MetadataBackend::Raft {
+            return bad("security.authentication = \"scram\" needs metadata_backend = \"raft\": users and ACLs live in the ring's raft group".into());
+        }
+        if let Err(e) = malachi_core::auth::scram::check_iterations(self.scram_iterations) {
+            return bad(format!("security.scram_iterations: {e}"));
+        }
+        if self.auth_view_max_age_ms == 0 || self.auth_view_max_age_ms > AUTH_VIEW_MAX_AGE_MS_LIMIT
+        {
+            return bad(format!(
+                "security.auth_view_max_age_ms must be between 1 and {AUTH_VIEW_MAX_AGE_MS_LIMIT}"
+            ));
+        }
+        if self.lockout_delay_first_ms == 0
+            || self.lockout_delay_max_ms < self.lockout_delay_first_ms
+            || self.lockout_delay_max_ms > u64::from(u32::MAX)
+            || self.lockout_ms > u64::from(u32::MAX)
+            || self.lockout_forget_after_ms == 0
+        {
+            return bad("security.lockout_delay_first_ms and lockout_forget_after_ms must be positive, lockout_delay_max_ms at least lockout_delay_first_ms, and lockout_delay_max_ms and lockout_ms below 2^32".into());
+        }
+        if self.bootstrap_user.is_some() != self.bootstrap_password_file.is_some() {
+            return bad(
+                "security.bootstrap_user and security.bootstrap_password_file go together".into(),
+            );
+        }
+        if let Some(name) = &self.bootstrap_user
+            && let Err(e) = malachi_core::model::validate_user_name(name)
+        {
+            return bad(format!("security.bootstrap_user: {e}"));
+        }
+        Ok(())
+    }
 }
 
 /// Bounds of one range's idempotent-producer table (ADR 0092).
@@ -735,6 +877,7 @@ impl Default for BrokerConfig {
             maintenance: MaintenanceSettings::default(),
             reshape: ReshapeDefaults::default(),
             tls: TlsSettings::default(),
+            security: SecuritySettings::default(),
         }
     }
 }
@@ -776,7 +919,55 @@ impl BrokerConfig {
         self.tls
             .check()
             .map_err(|reason| BrokerError::Config { reason })?;
-        self.validate_codecs()
+        self.validate_codecs()?;
+        self.security.validate(self.metadata_backend)?;
+        self.validate_exposure()
+    }
+
+    /// Secure by default where it matters (issue 39): off loopback, the
+    /// development cookie is refused, and so is a client port without
+    /// authentication or an admin port at all (it authenticates nobody
+    /// yet), unless `security.insecure` accepts the risk.
+    fn validate_exposure(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
+        let exposed = [
+            ("listen_addr", Some(self.listen_addr)),
+            ("admin_addr", Some(self.admin_addr)),
+            (
+                "membership.cluster_listen_addr",
+                self.membership.cluster_listen_addr,
+            ),
+            ("cluster.raft_listen_addr", self.cluster.raft_listen_addr),
+        ];
+        let off_loopback = exposed
+            .iter()
+            .find(|(_, addr)| addr.is_some_and(|a| !a.ip().is_loopback()));
+        let Some((field, Some(addr))) = off_loopback else {
+            return Ok(());
+        };
+        if self.membership.cluster_cookie.is_none() {
+            return bad(format!(
+                "{field} {addr} is not a loopback address and membership.cluster_cookie is unset: the development cookie is public, so anyone could join the cluster's node fabric; set membership.cluster_cookie to a secret shared by the brokers"
+            ));
+        }
+        if self.security.insecure {
+            return Ok(());
+        }
+        if self.security.authentication == Authentication::None
+            && !self.listen_addr.ip().is_loopback()
+        {
+            return bad(format!(
+                "listen_addr {} is not a loopback address and security.authentication = \"none\": anyone who reaches it may read, write and delete every topic; set security.authentication = \"scram\", or security.insecure = true to accept the risk",
+                self.listen_addr
+            ));
+        }
+        if !self.admin_addr.ip().is_loopback() {
+            return bad(format!(
+                "admin_addr {} is not a loopback address and the admin port authenticates nobody yet: anyone who reaches it may admit and decommission brokers; bind it to loopback, or set security.insecure = true to accept the risk",
+                self.admin_addr
+            ));
+        }
+        Ok(())
     }
 
     /// Who this broker is and where it keeps its data.
@@ -1186,6 +1377,42 @@ impl BrokerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn off_loopback_a_broker_needs_a_cookie_authentication_and_a_private_admin_port() {
+        let exposed = |listen: &str, admin: &str| BrokerConfig {
+            listen_addr: listen.parse().unwrap(),
+            admin_addr: admin.parse().unwrap(),
+            ..BrokerConfig::default()
+        };
+        // On loopback (127.0.0.0/8), nothing is asked.
+        assert!(
+            exposed("127.0.0.2:4040", "127.0.0.1:8080")
+                .validate()
+                .is_ok()
+        );
+        let mut config = exposed("0.0.0.0:4040", "127.0.0.1:8080");
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(refused.contains("cluster_cookie"), "{refused}");
+        config.membership.cluster_cookie = Some("a secret".into());
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(
+            refused.contains("authentication") && refused.contains("security.insecure"),
+            "{refused}"
+        );
+        config.security.authentication = Authentication::Scram;
+        assert!(config.validate().is_ok());
+        config.admin_addr = "10.0.0.1:8080".parse().unwrap();
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(refused.contains("admin_addr"), "{refused}");
+        config.security.insecure = true;
+        assert!(config.validate().is_ok());
+        config.membership.cluster_cookie = None;
+        assert!(
+            config.validate().is_err(),
+            "insecure never accepts the public cookie"
+        );
+    }
 
     #[test]
     fn default_config_is_valid() {

@@ -43,6 +43,13 @@ pub(crate) struct BrokerMetrics {
     pub response_bytes_in_use: Gauge,
     pub connections_refused: Counter,
     pub connections_idle_closed: Counter,
+    /// Requests refused `unauthorized` by the ACLs or for want of a login
+    /// (ADR 0150).
+    pub requests_unauthorized: Counter,
+    /// Logins (SCRAM exchanges) that failed, lockout refusals included.
+    pub logins_failed: Counter,
+    /// Logins that succeeded.
+    pub logins_succeeded: Counter,
     pub connections_frame_timed_out: Counter,
     /// Connections closed because a response was not read within
     /// `response_write_timeout_ms` (ADR 0145).
@@ -182,6 +189,9 @@ impl BrokerMetrics {
             response_bytes_in_use: gauge("malachi_response_bytes_in_use"),
             connections_refused: counter("malachi_connections_refused_total"),
             connections_idle_closed: counter("malachi_connections_idle_closed_total"),
+            requests_unauthorized: counter("malachi_requests_unauthorized_total"),
+            logins_failed: counter("malachi_logins_failed_total"),
+            logins_succeeded: counter("malachi_logins_succeeded_total"),
             connections_frame_timed_out: counter("malachi_connections_frame_timed_out_total"),
             connections_write_timed_out: counter("malachi_connections_write_timed_out_total"),
             replica_quorum_acks: counter("malachi_replica_quorum_acks_total"),

@@ -28,6 +28,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::debug;
 
+use super::auth::ConnAuth;
 use super::dispatch::handle_frame;
 use super::produce::{ProduceJob, spawn_sequencer};
 use super::reader::{FrameReader, ReadOutcome};
@@ -213,6 +214,8 @@ async fn serve(
     // What the read and produce paths use of the broker, built once here.
     let ctx = ConnCtx {
         read: Arc::clone(&serving.read),
+        // The transport proves no principal yet: the mTLS seam (ADR 0150).
+        auth: Arc::new(ConnAuth::new(Arc::clone(&serving.auth), peer, None)),
         tx,
         subscriptions,
         cancel: cancel.clone(),

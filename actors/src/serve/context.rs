@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::client_port::ClientPortState;
 use crate::common::clock::Clock;
-use crate::common::config::MetadataBackend;
+use crate::common::config::{Authentication, MetadataBackend};
 use crate::common::metrics::BrokerMetrics;
 use crate::control::handle::ControlHandle;
 use crate::control::memory::ControlMemory;
@@ -26,6 +26,8 @@ use crate::control::placement::PlacementView;
 use crate::control::registry::ActorRegistry;
 use crate::control::shared::{ClusterLinks, Shared};
 use crate::data::storage::Storage;
+
+use super::auth::{AuthCtx, AuthSettings};
 
 /// What the read path uses: who serves what (`place`: this broker, the
 /// metadata plane, membership and the cluster port to holders), the data
@@ -174,6 +176,8 @@ pub(crate) struct ServeCtx {
     pub tls: Option<Arc<crate::common::tls::ServerTls>>,
     /// Rate-limits the logs of clients of the wrong protocol.
     pub wrong_protocol: crate::common::tls::WrongProtocolLog,
+    /// Authentication and authorization (ADR 0150).
+    pub auth: Arc<AuthCtx>,
     /// The broker's fault-injection key (its client address).
     #[cfg(feature = "testing")]
     pub fault_key: std::net::SocketAddr,
@@ -204,8 +208,43 @@ impl ServeCtx {
             meta: Arc::new(MetaCtx::of(shared)),
             tls: shared.tls.get().cloned(),
             wrong_protocol: Default::default(),
+            auth: auth_ctx(shared),
             #[cfg(feature = "testing")]
             fault_key: shared.client_addr,
         }
     }
+}
+
+/// The client port's authentication, from `[security]`; starts creating
+/// the bootstrap user, if one is configured, in the background.
+fn auth_ctx(shared: &Arc<Shared>) -> Arc<AuthCtx> {
+    let security = &shared.config.security;
+    let settings = AuthSettings {
+        enabled: security.authentication == Authentication::Scram,
+        // Validated at start (`BrokerConfig::validate`).
+        superusers: security.superuser_principals().unwrap_or_default(),
+        iterations: security.scram_iterations,
+        policy: security.lockout_policy(),
+        view_max_age_ms: security.auth_view_max_age_ms,
+    };
+    let auth = Arc::new(AuthCtx::new(
+        settings,
+        Arc::clone(&shared.actors),
+        Arc::clone(&shared.memory),
+        Arc::clone(&shared.clock),
+        Arc::clone(&shared.metrics),
+    ));
+    if let (Some(name), Some(file)) = (
+        security.bootstrap_user.clone(),
+        security.bootstrap_password_file.clone(),
+    ) && let Ok(runtime) = tokio::runtime::Handle::try_current()
+    {
+        runtime.spawn(super::users::bootstrap_user(
+            Arc::clone(&auth),
+            name,
+            file,
+            shared.port.draining.clone(),
+        ));
+    }
+    auth
 }

@@ -14,7 +14,7 @@ use super::context::ReadCtx;
 use super::error::ServeError;
 use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
-use super::{cluster, features, fetch, policies, topics, vnodes};
+use super::{cluster, features, fetch, policies, topics, users, vnodes};
 use crate::control::placement::{Serve, serve_here};
 
 pub(crate) async fn handle_frame(
@@ -27,6 +27,11 @@ pub(crate) async fn handle_frame(
         Ok(request) => request,
         Err(e) => return Some(refusal_frame(correlation_id, &ServeError::Decode(e))),
     };
+    // Authorized first, before placement: a refused client learns nothing
+    // of where the topic lives (ADR 0150).
+    if let Err(refusal) = ctx.auth.gate(&request).await {
+        return Some(refusal_frame(correlation_id, &refusal));
+    }
     let request = match request {
         Request::Subscribe(req) => {
             if let Err(redirect) = serve_here(&ctx.read.place, &req.topic, Serve::Read).await {
@@ -73,7 +78,7 @@ pub(crate) async fn handle_frame(
     Some(encode_answer(
         correlation_id,
         name,
-        handle_request(meta, &ctx.read, request).await,
+        handle_request(meta, ctx, request).await,
     ))
 }
 
@@ -116,9 +121,10 @@ fn encode_answer(
 
 async fn handle_request(
     meta: &MetaCtx,
-    read: &ReadCtx,
+    ctx: &ConnCtx,
     request: Request,
 ) -> Result<Response, Failure> {
+    let read = ctx.read.as_ref();
     match request {
         Request::ApiVersions(_) => Ok(Response::ApiVersions(wire::ApiVersionsResponse {
             node_id: meta.node_id,
@@ -130,7 +136,17 @@ async fn handle_request(
         Request::DeleteTopic(req) => topics::delete_topic(meta, req)
             .await
             .map(Response::DeleteTopic),
-        Request::ListTopics(_) => topics::list_topics(meta).await.map(Response::ListTopics),
+        Request::ListTopics(_) => {
+            let mut listed = topics::list_topics(meta).await?;
+            let mut shown = Vec::with_capacity(listed.topics.len());
+            for topic in std::mem::take(&mut listed.topics) {
+                if ctx.auth.may_describe(&topic.name).await {
+                    shown.push(topic);
+                }
+            }
+            listed.topics = shown;
+            Ok(Response::ListTopics(listed))
+        }
         Request::DescribeTopic(req) => topics::describe_topic(meta, req)
             .await
             .map(Response::DescribeTopic),
@@ -172,5 +188,36 @@ async fn handle_request(
         Request::Subscribe(_) | Request::SubscribeCredit(_) => {
             Err(ServeError::SubscriptionMisrouted)
         }
+        other => handle_auth(ctx, other).await,
+    }
+}
+
+/// The login and the user and ACL administration (ADR 0150).
+async fn handle_auth(ctx: &ConnCtx, request: Request) -> Result<Response, Failure> {
+    let conn = ctx.auth.as_ref();
+    match request {
+        Request::SaslHandshake(req) => conn.handshake(req).await.map(Response::SaslHandshake),
+        Request::SaslAuthenticate(req) => {
+            conn.authenticate(req).await.map(Response::SaslAuthenticate)
+        }
+        Request::PutUser(req) => users::put_user(conn, req).await.map(Response::PutUser),
+        Request::DeleteUser(req) => users::delete_user(conn, req)
+            .await
+            .map(Response::DeleteUser),
+        Request::ListUsers(_) => users::list_users(conn).await.map(Response::ListUsers),
+        Request::AddAcl(req) => users::change_acl(conn, &req.entry, true)
+            .await
+            .map(Response::AddAcl),
+        Request::RemoveAcl(req) => users::change_acl(conn, &req.entry, false)
+            .await
+            .map(Response::RemoveAcl),
+        Request::ListAcls(req) => users::list_acls(conn, req).await.map(Response::ListAcls),
+        Request::UnlockUser(req) => users::unlock_user(conn, req)
+            .await
+            .map(Response::UnlockUser),
+        other => Err(ServeError::Internal {
+            what: "route a request",
+            reason: format!("{} has no handler", other.api_key().name()),
+        }),
     }
 }

@@ -236,6 +236,30 @@ pub(crate) enum ServeError {
     /// This broker does not serve the topic's records; the hint says who does.
     #[error("{}", .0.message)]
     Redirect(Redirect),
+    /// The connection has not logged in and the request needs it (ADR 0150).
+    #[error(
+        "{api} needs an authenticated connection: log in first (sasl_handshake, sasl_authenticate)"
+    )]
+    NotAuthenticated { api: &'static str },
+    /// The ACLs refuse the request: `message` names the principal, the
+    /// operation and the resource (`malachi_core::auth::acl::refusal_message`).
+    #[error("{message}")]
+    Unauthorized { message: String },
+    /// A login failed, or the lockout refused to try it.
+    #[error("authentication failed: {reason}")]
+    AuthFailed {
+        reason: String,
+        retry_after_ms: Option<u32>,
+    },
+    /// The users and ACLs could not be read or changed.
+    #[error("{0}")]
+    AdminStore(malachi_cluster::vnodes::AdminStoreError),
+    /// The users and ACLs refused a change.
+    #[error("{0}")]
+    AdminRefused(ModelError),
+    /// A user or ACL request names something that cannot be used.
+    #[error("{0}")]
+    InvalidAdmin(String),
 }
 
 impl From<SplitError> for ServeError {
@@ -309,6 +333,12 @@ impl ServeError {
             }
             ServeError::FeatureRefused(_) => ErrorCode::InvalidRequest,
             ServeError::DataLoss { .. } => ErrorCode::DataLoss,
+            ServeError::NotAuthenticated { .. }
+            | ServeError::Unauthorized { .. }
+            | ServeError::AuthFailed { .. } => ErrorCode::Unauthorized,
+            ServeError::AdminStore(e) => admin_store_code(e),
+            ServeError::AdminRefused(e) => model_code(e),
+            ServeError::InvalidAdmin(_) => ErrorCode::InvalidRequest,
             ServeError::StorageFull { .. } => ErrorCode::StorageFull,
             ServeError::NoActiveRange { .. }
             | ServeError::SubscriptionMisrouted
@@ -330,7 +360,22 @@ impl ServeError {
             ServeError::Redirect(r) => r.hint.clone(),
             _ => None,
         };
-        error_body(code, self.to_string(), leader_hint)
+        let mut body = error_body(code, self.to_string(), leader_hint);
+        // The lockout's delay rides on a final code: the client may try a
+        // login again after it, never the same credentials (protocol.md §10).
+        if let ServeError::AuthFailed { retry_after_ms, .. } = self {
+            body.retry_after_ms = *retry_after_ms;
+        }
+        body
+    }
+}
+
+fn admin_store_code(e: &malachi_cluster::vnodes::AdminStoreError) -> ErrorCode {
+    use malachi_cluster::vnodes::AdminStoreError;
+    match e {
+        AdminStoreError::Inactive(_) => ErrorCode::FeatureUnavailable,
+        AdminStoreError::Route(r) => route_code(r),
+        AdminStoreError::NotAdmin(_) => ErrorCode::UnknownServerError,
     }
 }
 

@@ -11,7 +11,9 @@
 //! it when this one holds no usable copy), `subscribe.rs` (pushes within credit), `cursors.rs` (the cluster's
 //! cursor keys as the client port uses them), `topics.rs` (topic and range
 //! admin), `vnodes.rs` (vnode list and split), `cluster.rs` (tree and
-//! cluster status). `reply.rs` holds what they answer with, `error.rs` the
+//! cluster status), `auth.rs` (a connection's login and the one table
+//! authorizing each request, ADR 0150), `users.rs` (users and ACLs).
+//! `reply.rs` holds what they answer with, `error.rs` the
 //! `ServeError` they refuse with and its one mapping to wire codes.
 //!
 //! Architecture invariant: `serve` is the only module that speaks the client
@@ -20,6 +22,7 @@
 //! `ReadCtx`, `ProduceCtx`, `MetaCtx` for the requests), built there once
 //! from the broker context, and nothing below names `serve`.
 
+pub(crate) mod auth;
 pub(crate) mod cluster;
 pub(crate) mod connection;
 pub(crate) mod context;
@@ -38,5 +41,6 @@ pub(crate) mod reply;
 pub(crate) mod stream;
 pub(crate) mod subscribe;
 pub(crate) mod topics;
+pub(crate) mod users;
 pub(crate) mod vnodes;
 pub(crate) mod writer;

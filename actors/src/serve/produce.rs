@@ -283,6 +283,17 @@ impl Sequencer {
                 );
             }
         };
+        // Authorized first, in the one table (ADR 0150): a refusal writes
+        // nothing and names no broker.
+        if self.ctx.auth.enforced()
+            && let Err(refusal) = self.ctx.auth.gate(&Request::Produce(request.clone())).await
+        {
+            return self.answer(
+                correlation_id,
+                job.slot,
+                refusal_frame(correlation_id, &refusal),
+            );
+        }
         // Records are served by the broker hosting the topic's segments; any
         // other broker answers `not_leader` with that broker's address.
         if let Err(redirect) = serve_here(&self.broker.place, &request.topic, Serve::Write).await {

@@ -75,6 +75,8 @@ impl Subscriptions {
 #[derive(Clone)]
 pub(crate) struct ConnCtx {
     pub read: Arc<ReadCtx>,
+    /// Who the connection is, and the broker's authorization (ADR 0150).
+    pub auth: Arc<super::auth::ConnAuth>,
     pub tx: tokio::sync::mpsc::Sender<Outbound>,
     pub subscriptions: Arc<Subscriptions>,
     pub cancel: tokio_util::sync::CancellationToken,

@@ -175,6 +175,23 @@ impl Lockout {
         stale.len()
     }
 
+    /// What is recorded for `key`, live or not.
+    pub fn attempts(&self, key: &LockoutKey) -> Option<Attempts> {
+        self.entries.get(key).copied()
+    }
+
+    /// How many sources `principal` is locked out of at `now_ms`.
+    pub fn locked_sources(&self, principal: &str, now_ms: u64) -> u32 {
+        let locked = self
+            .entries
+            .iter()
+            .filter(|(key, a)| {
+                key.principal == principal && a.locked_until_ms.is_some_and(|until| until > now_ms)
+            })
+            .count();
+        u32::try_from(locked).unwrap_or(u32::MAX)
+    }
+
     /// How many keys are tracked.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -204,7 +204,7 @@ pub(super) fn check_salt(salt: &[u8]) -> Result<(), ScramError> {
     Ok(())
 }
 
-pub(super) fn check_iterations(iterations: u32) -> Result<(), ScramError> {
+pub fn check_iterations(iterations: u32) -> Result<(), ScramError> {
     if !(ITERATIONS_MIN..=ITERATIONS_MAX).contains(&iterations) {
         return Err(ScramError::Iterations(iterations));
     }

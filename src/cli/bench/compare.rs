@@ -632,6 +632,7 @@ async fn run_malachi(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
     )
     .await?;
     let output = OutputArgs {
+        credentials: super::super::CredentialArgs::default(),
         broker: vec![guard.addr.to_string()],
         json: true,
         timeout_ms: MALACHI_TIMEOUT_MS,
@@ -713,6 +714,7 @@ async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliErro
                 .join("; ")
         };
         let output = OutputArgs {
+            credentials: super::super::CredentialArgs::default(),
             broker: vec![
                 guards
                     .first()

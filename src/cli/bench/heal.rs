@@ -76,6 +76,7 @@ pub async fn heal(args: BenchHealArgs) -> Result<(), CliError> {
     .await?;
     let addrs: Vec<String> = guards.iter().map(|g| g.addr.to_string()).collect();
     let output = |i: usize| OutputArgs {
+        credentials: super::super::CredentialArgs::default(),
         broker: vec![addrs[i].clone()],
         json: true,
         timeout_ms: 10_000,

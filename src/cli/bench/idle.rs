@@ -103,6 +103,7 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
     .await?;
     let guards: Vec<(u64, ServerGuard)> = (1..=args.brokers).zip(guards).collect();
     let output = OutputArgs {
+        credentials: super::super::CredentialArgs::default(),
         broker: vec![
             guards
                 .first()
@@ -165,6 +166,7 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
 
 fn output_for(guard: &ServerGuard) -> OutputArgs {
     OutputArgs {
+        credentials: super::super::CredentialArgs::default(),
         broker: vec![guard.addr.to_string()],
         json: true,
         timeout_ms: 2_000,

@@ -143,6 +143,7 @@ async fn one(
     )
     .await?;
     let output = OutputArgs {
+        credentials: super::super::CredentialArgs::default(),
         broker: vec![guards[0].addr.to_string()],
         json: true,
         timeout_ms: 10_000,

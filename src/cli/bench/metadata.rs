@@ -306,6 +306,7 @@ pub async fn metadata(args: BenchMetadataArgs) -> Result<(), CliError> {
     let mut clients = Vec::with_capacity(plan.clients);
     for client in 0..plan.clients {
         let output = OutputArgs {
+            credentials: super::super::CredentialArgs::default(),
             broker: vec![plan.broker_of(client).to_owned()],
             json,
             timeout_ms: plan.timeout_ms,

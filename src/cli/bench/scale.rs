@@ -198,6 +198,7 @@ async fn run_count(
 async fn cluster_output(cluster: &Cluster, brokers: u64) -> Result<OutputArgs, CliError> {
     let addrs: Vec<String> = cluster.brokers.iter().map(|g| g.addr.to_string()).collect();
     let output = OutputArgs {
+        credentials: super::super::CredentialArgs::default(),
         broker: addrs,
         json: true,
         timeout_ms: 30_000,

@@ -73,6 +73,9 @@ impl Client {
                     }
                     return Ok(());
                 }
+                // A refused login is final: the same credentials are not
+                // tried on another broker (ADR 0150).
+                Err(error @ ClientError::Authentication { .. }) => return Err(error),
                 Err(error) => {
                     debug!(addr = %addr, %error, "bootstrap broker unreachable");
                     tried.push((addr.clone(), error));

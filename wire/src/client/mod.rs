@@ -30,6 +30,7 @@
 
 mod bootstrap;
 mod connection;
+mod login;
 mod producer;
 mod routes;
 mod stream;
@@ -50,6 +51,7 @@ use crate::error::{ErrorBody, ErrorCode, WireError};
 use crate::frame::FRAME_BYTES_MAX_DEFAULT;
 use crate::messages::*;
 use connection::Connection;
+pub use login::{AuthSession, Authenticator, Login};
 pub use producer::{ProduceAck, Producer, ProducerIdentity};
 pub use stream::{
     ConsumeOptions, ConsumedRecord, Consumer, StartAt, Subscription, SubscriptionBatch,
@@ -92,6 +94,9 @@ pub struct ClientConfig {
     pub discover_on_connect: bool,
     /// TLS to every broker (ADR 0149); unset, plaintext.
     pub tls: Option<crate::tls::ClientTls>,
+    /// How the client logs in on every connection it opens (ADR 0150);
+    /// `None`: it does not.
+    pub login: Option<Login>,
 }
 
 impl Default for ClientConfig {
@@ -110,6 +115,7 @@ impl Default for ClientConfig {
             bootstrap_brokers_max: BOOTSTRAP_BROKERS_MAX_DEFAULT,
             discover_on_connect: true,
             tls: None,
+            login: None,
         }
     }
 }
@@ -166,6 +172,14 @@ pub enum ClientError {
         leader_hint: Option<String>,
         retry_after_ms: Option<u32>,
     },
+    /// The broker refused the login: final, the same credentials are not
+    /// tried again. `retry_after_ms` is the lockout's delay, if any.
+    #[error("authentication with {addr} failed: {reason}")]
+    Authentication {
+        addr: String,
+        reason: String,
+        retry_after_ms: Option<u32>,
+    },
     #[error("the broker at {addr} does not support {api}")]
     Unsupported { addr: String, api: &'static str },
     #[error("too many open connections ({connections_max})")]
@@ -202,6 +216,7 @@ impl ClientError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             ClientError::Server { code, .. } => Some(*code),
+            ClientError::Authentication { .. } => Some(ErrorCode::Unauthorized),
             ClientError::Deadline { last, .. } => last.code(),
             _ => None,
         }
@@ -483,6 +498,11 @@ impl Client {
         let connection = Arc::new(Connection::open(addr, config, connect_timeout_ms).await?);
         let negotiate_timeout_ms = config.request_timeout_ms.min(left_ms(deadline));
         self.negotiate(&connection, negotiate_timeout_ms).await?;
+        self.login(
+            &connection,
+            config.request_timeout_ms.min(left_ms(deadline)),
+        )
+        .await?;
         info!(addr = %addr, "connected to broker");
         let mut state = self.state();
         // Another task may have connected meanwhile; keep the first one.
