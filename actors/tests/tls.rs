@@ -14,7 +14,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use malachi_actors::{BrokerConfig, BrokerHandle, ClientAuth, TlsSettings};
+use malachi_actors::{
+    Authentication, BrokerConfig, BrokerHandle, ClientAuth, SecuritySettings, TlsSettings,
+};
 use malachi_testkit::tls::{LeafSpec, PkiFiles, TestCa, pki, write};
 use malachi_testkit::wait::wait_until;
 use malachi_wire::tls::{ClientTls, ClientTlsFiles};
@@ -244,6 +246,45 @@ async fn mtls_required_refuses_a_client_without_a_certificate() {
         foreign.is_err(),
         "a client certificate of another CA was accepted"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_certificate_logs_in_as_its_common_name_and_acls_judge_it() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, files) = pki(dir.path());
+    let config = BrokerConfig {
+        security: SecuritySettings {
+            authentication: Authentication::Scram,
+            // The pki's client certificate names `alice` in its CN.
+            superusers: vec!["User:alice".into()],
+            ..SecuritySettings::default()
+        },
+        ..tls_config(dir.path(), &files, ClientAuth::Required)
+    };
+    let broker = start(config).await;
+    let pair = (files.client_cert.as_path(), files.client_key.as_path());
+    let alice = sdk(
+        broker.client_addr(),
+        Some(client_tls(&files.ca, Some(pair))),
+    )
+    .await
+    .unwrap();
+    // No SCRAM exchange: the certificate made the connection `alice`.
+    alice.create_topic("by-cert", None, None).await.unwrap();
+    // `bob`, of the same CA, is authenticated too, but nothing allows him.
+    let leaf = ca.leaf(&LeafSpec::client("bob", 11));
+    let cert = write(dir.path(), "bob.pem", &leaf.cert_pem);
+    let key = write(dir.path(), "bob.key", &leaf.key_pem);
+    let bob = sdk(
+        broker.client_addr(),
+        Some(client_tls(&files.ca, Some((&cert, &key)))),
+    )
+    .await
+    .unwrap();
+    let refused = bob.create_topic("bobs", None, None).await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::Unauthorized), "{refused}");
+    assert!(refused.to_string().contains("User:bob"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -214,8 +214,16 @@ async fn serve(
     // What the read and produce paths use of the broker, built once here.
     let ctx = ConnCtx {
         read: Arc::clone(&serving.read),
-        // The transport proves no principal yet: the mTLS seam (ADR 0150).
-        auth: Arc::new(ConnAuth::new(Arc::clone(&serving.auth), peer, None)),
+        // A verified client certificate logs the connection in as the
+        // principal it names (ADR 0149 §8, 0150): no SCRAM exchange needed.
+        auth: Arc::new(ConnAuth::new(
+            Arc::clone(&serving.auth),
+            peer,
+            identity
+                .as_ref()
+                .and_then(|identity| identity.principal())
+                .map(malachi_core::auth::acl::Principal::user),
+        )),
         tx,
         subscriptions,
         cancel: cancel.clone(),
