@@ -50,7 +50,7 @@ pub async fn broker(args: BrokerArgs) -> Result<(), CliError> {
         print!("{text}");
         return Ok(());
     }
-    run(vec![layered], false).await
+    run(vec![layered], None).await
 }
 
 pub async fn dev(args: DevArgs) -> Result<(), CliError> {
@@ -60,6 +60,11 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
         )));
     }
     let client = |i: u32| format!("127.0.0.1:{}", DEV_CLIENT_PORT + i as u16);
+    let secure = if args.secure {
+        Some(super::secure::ensure(&args.data_dir)?)
+    } else {
+        None
+    };
     let mut brokers = Vec::new();
     for i in 0..args.nodes {
         let node_id = u64::from(i) + 1;
@@ -86,13 +91,41 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
         // The development cookie, on purpose: nothing to warn of.
         layered.broker.membership.cluster_cookie =
             Some(malachi_actors::DEV_CLUSTER_COOKIE.to_owned());
+        if let Some(files) = &secure {
+            secure_broker(&mut layered.broker, files);
+        }
         layered
             .broker
             .validate()
             .map_err(|e| CliError::Config(strip_prefix(&e.to_string())))?;
         brokers.push(layered);
     }
-    run(brokers, true).await
+    let extra = secure
+        .as_ref()
+        .map(super::secure::banner)
+        .unwrap_or_default();
+    run(brokers, Some(extra)).await
+}
+
+/// `dev --secure`'s brokers: TLS with the throwaway pair (client
+/// certificates verified when sent), SCRAM logins, `admin` a superuser
+/// created at the first start.
+fn secure_broker(broker: &mut BrokerConfig, files: &super::secure::SecureFiles) {
+    broker.tls = malachi_actors::TlsSettings {
+        cert_path: Some(files.broker_cert.clone()),
+        key_path: Some(files.broker_key.clone()),
+        client_ca_path: Some(files.ca.clone()),
+        client_auth: malachi_actors::ClientAuth::Optional,
+        ..malachi_actors::TlsSettings::default()
+    };
+    let superuser = super::secure::DEV_SUPERUSER;
+    broker.security = malachi_actors::SecuritySettings {
+        authentication: malachi_actors::Authentication::Scram,
+        superusers: vec![format!("User:{superuser}")],
+        bootstrap_user: Some(superuser.to_owned()),
+        bootstrap_password_file: Some(files.password.clone()),
+        ..malachi_actors::SecuritySettings::default()
+    };
 }
 
 /// The broker's own error already says "invalid configuration: ".
@@ -153,7 +186,9 @@ async fn wait_formed(handles: &[(u64, BrokerHandle)], timeout_ms: u64) -> bool {
     true
 }
 
-async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: bool) -> Result<(), CliError> {
+/// Runs `brokers` until a signal; `dev` is `malachi dev`'s extra banner
+/// text (`None`: a lone `malachi broker`, no banner).
+async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: Option<String>) -> Result<(), CliError> {
     // Signals are hooked before the brokers start, so a SIGTERM that arrives
     // during start-up still leads to an ordered shutdown.
     let mut term = signal(SignalKind::terminate())
@@ -206,7 +241,7 @@ async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: bool) -> Result<(), CliEr
         serving.push((node_id, client, admin));
         handles.push((node_id, handle));
     }
-    if dev {
+    if let Some(extra) = dev {
         // The banner promises each topic its copies: a coordinator places
         // them on the brokers its membership shows live, so a topic created
         // before the brokers see each other got fewer (and a warning).
@@ -218,6 +253,9 @@ async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: bool) -> Result<(), CliEr
             );
         }
         println!("{}", dev_banner(&serving, &data_root));
+        if !extra.is_empty() {
+            println!("{}", extra.trim_end());
+        }
     }
     let failed = {
         let stopped = futures::future::select_all(

@@ -14,6 +14,7 @@ pub mod feature;
 pub mod policy;
 pub mod records;
 pub mod render;
+mod secure;
 pub mod users;
 pub mod vnode;
 
@@ -268,6 +269,11 @@ pub struct DevArgs {
     /// Where the brokers keep their data.
     #[arg(long, default_value = "malachi-data", value_name = "DIR")]
     pub data_dir: PathBuf,
+    /// TLS and logins: a throwaway CA and certificates, and a superuser
+    /// `admin` with a random password, kept in DIR/secure (the banner says
+    /// how to connect).
+    #[arg(long)]
+    pub secure: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,0 +1,160 @@
+//! `malachi dev --secure`: a throwaway certificate authority, a broker
+//! certificate for `localhost` and 127.0.0.1, a client certificate and a
+//! superuser with a random password (issue 39), kept under the data
+//! directory so a restart of `dev` finds the same ones (the superuser is
+//! created once, in raft, with the first password).
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+
+use super::error::CliError;
+
+/// The superuser `--secure` creates.
+pub const DEV_SUPERUSER: &str = "admin";
+
+/// Where `--secure` keeps its files, under the data directory.
+#[derive(Debug, Clone)]
+pub struct SecureFiles {
+    pub dir: PathBuf,
+    pub ca: PathBuf,
+    pub broker_cert: PathBuf,
+    pub broker_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub password: PathBuf,
+}
+
+impl SecureFiles {
+    pub fn under(data_dir: &Path) -> SecureFiles {
+        let dir = data_dir.join("secure");
+        SecureFiles {
+            ca: dir.join("ca.pem"),
+            broker_cert: dir.join("broker.pem"),
+            broker_key: dir.join("broker.key"),
+            client_cert: dir.join("admin.pem"),
+            client_key: dir.join("admin.key"),
+            password: dir.join("admin.pw"),
+            dir,
+        }
+    }
+
+    fn all(&self) -> [&Path; 6] {
+        [
+            &self.ca,
+            &self.broker_cert,
+            &self.broker_key,
+            &self.client_cert,
+            &self.client_key,
+            &self.password,
+        ]
+    }
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> CliError {
+    CliError::Config(format!("dev --secure: {what}: {e}"))
+}
+
+/// The files, made now unless a previous `dev --secure` left all of them.
+pub fn ensure(data_dir: &Path) -> Result<SecureFiles, CliError> {
+    let files = SecureFiles::under(data_dir);
+    if files.all().iter().all(|p| p.is_file()) {
+        return Ok(files);
+    }
+    std::fs::create_dir_all(&files.dir).map_err(|e| failed("the directory", e))?;
+    let (ca_pem, issuer) = authority()?;
+    let broker = leaf(&issuer, "malachi dev broker", false)?;
+    let client = leaf(&issuer, DEV_SUPERUSER, true)?;
+    write(&files.ca, &ca_pem)?;
+    write(&files.broker_cert, &broker.0)?;
+    write(&files.broker_key, &broker.1)?;
+    write(&files.client_cert, &client.0)?;
+    write(&files.client_key, &client.1)?;
+    write(&files.password, &format!("{}\n", password()?))?;
+    Ok(files)
+}
+
+fn authority() -> Result<(String, Issuer<'static, KeyPair>), CliError> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| failed("CA", e))?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "malachi dev CA (throwaway)");
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let key = KeyPair::generate().map_err(|e| failed("CA key", e))?;
+    let cert = params.self_signed(&key).map_err(|e| failed("CA", e))?;
+    Ok((cert.pem(), Issuer::new(params, key)))
+}
+
+/// A certificate and key (PEM) signed by `issuer`: a client's named
+/// `name` in its CN, or the brokers' for `localhost` and 127.0.0.1.
+fn leaf(
+    issuer: &Issuer<'static, KeyPair>,
+    name: &str,
+    client: bool,
+) -> Result<(String, String), CliError> {
+    let dns = if client {
+        Vec::new()
+    } else {
+        vec!["localhost".to_owned()]
+    };
+    let mut params = CertificateParams::new(dns).map_err(|e| failed(name, e))?;
+    if !client {
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    }
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.extended_key_usages = vec![if client {
+        ExtendedKeyUsagePurpose::ClientAuth
+    } else {
+        ExtendedKeyUsagePurpose::ServerAuth
+    }];
+    let key = KeyPair::generate().map_err(|e| failed("a key", e))?;
+    let cert = params
+        .signed_by(&key, issuer)
+        .map_err(|e| failed(name, e))?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// 24 random bytes, hex: a password nobody chose.
+fn password() -> Result<String, CliError> {
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|e| failed("randomness", e))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes `text` readable by its owner only.
+fn write(path: &Path, text: &str) -> Result<(), CliError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| failed(&path.display().to_string(), e))?;
+    file.write_all(text.as_bytes())
+        .map_err(|e| failed(&path.display().to_string(), e))
+}
+
+/// What the banner adds: how to connect.
+pub fn banner(files: &SecureFiles) -> String {
+    format!(
+        "secure: TLS (throwaway CA {ca}) and SCRAM logins; superuser `{DEV_SUPERUSER}`\n\
+         connect with:\n\
+         \x20 export MALACHI_TLS_CA={ca}\n\
+         \x20 export MALACHI_USER={DEV_SUPERUSER} MALACHI_PASSWORD_FILE={pw}\n\
+         (or a client certificate: MALACHI_TLS_CERT={cert} MALACHI_TLS_KEY={key})\n\
+         the admin ports speak HTTPS: curl --cacert {ca} https://127.0.0.1:8080/ready\n",
+        ca = files.ca.display(),
+        pw = files.password.display(),
+        cert = files.client_cert.display(),
+        key = files.client_key.display(),
+    )
+}
