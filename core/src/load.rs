@@ -12,10 +12,10 @@
 //!   (`f` absent from an older broker, or before the volume was measured).
 //! - **A primary** goes to the candidate with the fewest primaries, then the
 //!   lowest write rate (in steps of [`WRITE_STEP_BYTES_PER_SECOND`], so noise
-//!   does not decide), then the most free disk (in whole GiB; unknown counts
-//!   as plenty, as an unknown load counts as idle), then the rendezvous hash
-//!   of the segment's seed: equal brokers share new ranges evenly and the
-//!   choice is deterministic.
+//!   does not decide), then the rendezvous hash of the segment's seed: equal
+//!   brokers share new ranges evenly and the choice is deterministic. The
+//!   free disk is gossiped but does not rank yet (ADR 0144's amendment says
+//!   why).
 //! - **Shedding** (the balancer): only the most loaded broker moves one
 //!   primary, and only to the least loaded one, and only when they differ
 //!   by at least [`SHED_SPREAD_MIN`]. Every move shrinks the spread, so the
@@ -123,10 +123,9 @@ pub fn rendezvous(seed: u64, node: u64) -> u64 {
 }
 
 /// `candidates` ranked best first for a new primary: fewest primaries, then
-/// lowest write step, then most free GiB, then rendezvous order for `seed`.
-/// A candidate without a known load counts as idle (a broker that just
-/// joined), and one without a known free space as having plenty.
-/// Duplicates are dropped.
+/// lowest write step, then rendezvous order for `seed`. A candidate without
+/// a known load counts as idle (a broker that just joined). Duplicates are
+/// dropped.
 pub fn rank_primaries(
     candidates: &[u64],
     loads: &BTreeMap<u64, BrokerLoad>,
@@ -140,7 +139,6 @@ pub fn rank_primaries(
         (
             load.primaries,
             load.write_step(),
-            std::cmp::Reverse(load.free_gib.unwrap_or(u64::MAX)),
             rendezvous(seed, node),
             node,
         )
@@ -237,24 +235,6 @@ mod tests {
         now = shown;
         now.free_gib = Some(49);
         assert!(now.differs_from(shown), "a whole GiB less free is news");
-    }
-
-    #[test]
-    fn between_equal_loads_the_broker_with_more_free_disk_wins() {
-        let mut l = loads(&[(1, 2), (2, 2), (3, 2)]);
-        l.get_mut(&1).unwrap().free_gib = Some(10);
-        l.get_mut(&2).unwrap().free_gib = Some(300);
-        l.get_mut(&3).unwrap().free_gib = Some(20);
-        for seed in 0..50u64 {
-            assert_eq!(rank_primaries(&[1, 2, 3], &l, seed), vec![2, 3, 1]);
-        }
-        // Free disk never outranks fewer primaries, and an unknown free
-        // space (an older broker) counts as plenty.
-        l.get_mut(&1).unwrap().primaries = 1;
-        assert_eq!(rank_primaries(&[1, 2, 3], &l, 7)[0], 1);
-        l.get_mut(&1).unwrap().primaries = 2;
-        l.get_mut(&3).unwrap().free_gib = None;
-        assert_eq!(rank_primaries(&[1, 2, 3], &l, 7), vec![3, 2, 1]);
     }
 
     #[test]
