@@ -28,6 +28,31 @@ fn a_sealed_datagram_opens_once_under_the_same_key() {
     );
 }
 
+/// The wire layout (ADR 0147), frozen: magic, sender, session, counter
+/// and stamp in the clear (big-endian), then the ciphertext and its tag.
+/// A change here is a change of the SWIM wire format.
+#[test]
+fn the_sealed_layout_is_frozen() {
+    let mut sealer = Sealer::new(
+        &SwimKey::from_cookie("snapshot cookie"),
+        7,
+        0x0102_0304_0506_0708,
+    );
+    let _ = sealer.seal(NOW, b"first").unwrap();
+    let sealed = sealer.seal(NOW, b"swim").unwrap();
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let (head, body) = sealed.split_at(SEAL_HEADER_BYTES);
+    insta::assert_snapshot!(format!(
+        "magic   {}\nsender  {}\nsession {}\ncounter {}\nstamp   {}\nbody    {}",
+        hex(&head[..1]),
+        hex(&head[1..9]),
+        hex(&head[9..17]),
+        hex(&head[17..21]),
+        hex(&head[21..29]),
+        hex(body),
+    ));
+}
+
 #[test]
 fn the_key_is_the_cookies_and_never_shown() {
     assert_eq!(key(), SwimKey::from_cookie("a cluster secret"));
