@@ -399,6 +399,60 @@ async fn slow_admin_connections_from_one_host_leave_health_and_readiness_answere
     broker.shutdown().await.unwrap();
 }
 
+/// Every slot of the admin port taken, by slow connections from several
+/// hosts: `/health` and `/ready` are still answered, by the probe lane;
+/// anything else is `503 busy` there, and nothing the lane answered holds
+/// a slot (issue 39).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_saturated_admin_port_still_answers_health_and_readiness() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig {
+        admin_connections_max: 8,
+        admin_address_connections_max: 2,
+        admin_read_timeout_ms: 120_000,
+        ..BrokerConfig::for_tests(dir.path())
+    })
+    .await;
+    let admin = broker.admin_addr();
+    assert!(
+        eventually(30_000, async || get_from(admin, good(), "/ready").await
+            == Some(200))
+        .await
+    );
+    // Four hosts, two slow connections each: every slot is held.
+    let mut slow = Vec::new();
+    for host in 2..6 {
+        for _ in 0..2 {
+            let mut stream = tcp_from(admin, ip(&format!("127.0.0.{host}")))
+                .await
+                .unwrap();
+            stream.write_all(b"GET /rea").await.unwrap();
+            slow.push(stream);
+        }
+    }
+    // The main lane is full: a scrape is turned away, the probes answered.
+    assert!(
+        eventually(30_000, async || get_from(admin, good(), "/metrics").await
+            == Some(503))
+        .await,
+        "a scrape past the limits is busy"
+    );
+    for _ in 0..3 {
+        assert_eq!(get_from(admin, good(), "/health").await, Some(200));
+        assert_eq!(get_from(admin, good(), "/ready").await, Some(200));
+    }
+    assert!(counter(&broker, "malachi_admin_probe_answered_total") >= 6);
+    drop(slow);
+    assert!(
+        eventually(30_000, async || get_from(admin, good(), "/metrics").await
+            == Some(200))
+        .await,
+        "the slots come back when the slow connections go"
+    );
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_connections_from_one_host_leave_room_for_the_others() {
     init_tracing();

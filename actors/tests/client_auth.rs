@@ -540,3 +540,43 @@ async fn the_sdk_logs_in_on_connect_and_a_refused_login_is_final() {
     assert!(!refused.retriable());
     assert_eq!(refused.code(), Some(ErrorCode::Unauthorized));
 }
+
+/// A connection must log in within `admission_timeout_ms` of its accept
+/// (issue 39): one that sends only `api_versions`, and one that sends
+/// nothing, are closed and counted; a logged-in one that then goes quiet
+/// for longer is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_that_do_not_log_in_in_time_are_closed_and_logged_in_ones_stay() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let config = BrokerConfig {
+        security: security(dir.path(), 100),
+        admission_timeout_ms: 1_500,
+        ..BrokerConfig::for_tests(dir.path().join("data"))
+    };
+    let broker = start(config).await;
+    let mut admin = admin(&broker).await;
+
+    let mut greeted = TestClient::connect(broker.client_addr()).await;
+    // A whole frame, answered, but no login.
+    let _ = greeted.call(&ApiVersionsRequest::default()).await;
+    let silent = TestClient::connect(broker.client_addr()).await;
+    let counted = eventually(30_000, async || {
+        counter(&broker, "malachi_connections_admission_timed_out_total") >= 2
+    })
+    .await;
+    assert!(
+        counted,
+        "admission closes: {}",
+        counter(&broker, "malachi_connections_admission_timed_out_total")
+    );
+    assert!(
+        greeted.recv().await.is_none(),
+        "the connection that never logged in is closed"
+    );
+    drop(silent);
+
+    // The superuser's connection logged in and has been quiet since, past
+    // the deadline: still served.
+    admin.create_topic("after-the-deadline").await;
+}

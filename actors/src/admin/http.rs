@@ -18,7 +18,9 @@
 //!   Each accepted connection holds a slot (a semaphore permit) and its
 //!   address's place inside its IO object, so both return exactly when the
 //!   connection's socket is dropped. Past either limit a connection is
-//!   closed on the accept path itself, no task spawned, and logged through a
+//!   handed to the probe lane (`probe_lane.rs`), which answers only
+//!   `/health` and `/ready`, one connection per address; past its own
+//!   bounds it is closed on the accept path itself, no task spawned, and logged through a
 //!   [`RefusalLog`]: the first refusal, then at most one line per
 //!   [`REFUSAL_LOG_INTERVAL_MS`](crate::common::refusal::REFUSAL_LOG_INTERVAL_MS)
 //!   with the count it kept quiet about.
@@ -56,6 +58,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
 use super::AdminCtx;
+use super::probe_lane::ProbeLane;
 use super::stream::AdminStream;
 use crate::common::addresses::{AddressSlot, AddressTable};
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
@@ -212,6 +215,8 @@ pub(crate) struct BoundedListener {
     accept_failures: Backoff,
     /// The port's TLS, if it has TLS (ADR 0149).
     tls: Option<Arc<ServerTls>>,
+    /// Where connections past the limits go for `/health` and `/ready`.
+    probe: Option<ProbeLane>,
     /// Test hook: the broker whose armed `admin_http` fault an accept
     /// trips (`common::faults`).
     #[cfg(feature = "testing")]
@@ -243,6 +248,7 @@ impl BoundedListener {
             refusals: RefusalLog::new(REFUSAL_LOG_INTERVAL_MS),
             accept_failures: Backoff::new(ACCEPT_BACKOFF_MIN_MS, ACCEPT_BACKOFF_MAX_MS, seed),
             tls: None,
+            probe: None,
             #[cfg(feature = "testing")]
             fault_key: None,
         }
@@ -252,6 +258,14 @@ impl BoundedListener {
     /// write, within its deadline (`admin/stream.rs`).
     pub(crate) fn with_tls(self, tls: Option<Arc<ServerTls>>) -> BoundedListener {
         BoundedListener { tls, ..self }
+    }
+
+    /// Answers `/health` and `/ready` on connections past the limits.
+    pub(crate) fn with_probe_lane(self, probe: ProbeLane) -> BoundedListener {
+        BoundedListener {
+            probe: Some(probe),
+            ..self
+        }
     }
 
     /// Test hook: each accept trips the `admin_http` fault armed for the
@@ -288,7 +302,12 @@ impl axum::serve::Listener for BoundedListener {
                 .ok()
                 .zip(self.addresses.admit(peer.ip()));
             let Some((slot, address)) = admitted else {
-                drop(stream);
+                // Health and readiness are still answered (`probe_lane.rs`).
+                if let Some(lane) = &self.probe
+                    && lane.take(stream, peer)
+                {
+                    continue;
+                }
                 if let Some(refused_unlogged) = self.refusals.admit(Instant::now()) {
                     warn!(
                         %peer,
@@ -468,7 +487,8 @@ impl Actor for AdminActor {
             args.ctx.address_connections_max,
             Duration::from_millis(args.ctx.read_timeout_ms),
         )
-        .with_tls(args.ctx.tls.clone());
+        .with_tls(args.ctx.tls.clone())
+        .with_probe_lane(ProbeLane::new(Arc::clone(&args.ctx)));
         #[cfg(feature = "testing")]
         let listener = listener.with_fault_key(args.ctx.fault_key);
         let cancel = CancellationToken::new();

@@ -16,6 +16,7 @@ use crate::data::storage::Storage;
 use crate::serve::context::MetaCtx;
 
 pub(crate) mod http;
+pub(crate) mod probe_lane;
 pub(crate) mod stream;
 
 /// What the admin handlers read: the registry (the tree's root, the
@@ -34,6 +35,8 @@ pub(crate) struct AdminCtx {
     pub connections_max: usize,
     pub address_connections_max: usize,
     pub read_timeout_ms: u64,
+    pub probe_connections_max: usize,
+    pub probe_timeout_ms: u64,
     /// The port's TLS, the client port's (ADR 0149).
     pub tls: Option<Arc<crate::common::tls::ServerTls>>,
     /// The broker's fault-injection key (its client address).
@@ -53,6 +56,8 @@ impl AdminCtx {
             connections_max: shared.config.admin_connections_max,
             address_connections_max: shared.config.admin_address_connections_max,
             read_timeout_ms: shared.config.admin_read_timeout_ms,
+            probe_connections_max: shared.config.admin_probe_connections_max,
+            probe_timeout_ms: shared.config.admin_probe_timeout_ms,
             tls: shared.tls.get().cloned(),
             #[cfg(feature = "testing")]
             fault_key: shared.client_addr,

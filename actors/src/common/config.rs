@@ -553,6 +553,12 @@ pub struct BrokerConfig {
     /// An admin connection that writes nothing for this long while it waits
     /// on its client (no complete request head, an idle keep-alive) is closed.
     pub admin_read_timeout_ms: u64,
+    /// Connections past the admin port's limits answered `/health` and
+    /// `/ready` at once (the probe lane; at most one per address).
+    pub admin_probe_connections_max: usize,
+    /// A probe lane connection's whole time to send its request line, TLS
+    /// handshake included.
+    pub admin_probe_timeout_ms: u64,
     /// Holds `segments/` and `metadata/` (and, from before ADR 0096, a
     /// `cluster.secret` the first start proposes as the cluster's cursor key).
     pub data_dir: PathBuf,
@@ -583,6 +589,11 @@ pub struct BrokerConfig {
     /// A client connection with no request in flight, no open subscription
     /// and no frame arriving for this long is closed.
     pub idle_timeout_ms: u64,
+    /// A client connection that has not sent a whole first frame and, with
+    /// authentication on, logged in within this long of being accepted is
+    /// closed, so idle connections that never say who they are cannot hold
+    /// slots for `idle_timeout_ms` (issue 39).
+    pub admission_timeout_ms: u64,
     /// Request bytes all client connections together may hold (frames being
     /// read or handled; only bytes that arrived, ADR 0145); a connection
     /// waits, unread, while it is spent.
@@ -836,6 +847,8 @@ impl Default for BrokerConfig {
             admin_connections_max: 64,
             admin_address_connections_max: 16,
             admin_read_timeout_ms: 10_000,
+            admin_probe_connections_max: 16,
+            admin_probe_timeout_ms: 1_000,
             data_dir: PathBuf::from("data"),
             segment_bytes_max: 256 << 20,
             segment_age_ms: 60 * 60 * 1000,
@@ -848,6 +861,7 @@ impl Default for BrokerConfig {
             address_connections_max: 256,
             frame_read_timeout_ms: 30_000,
             idle_timeout_ms: 10 * 60 * 1000,
+            admission_timeout_ms: 10_000,
             request_bytes_budget: 512 << 20,
             response_bytes_budget: 512 << 20,
             connection_request_bytes_max: 64 << 20,
@@ -1043,10 +1057,11 @@ impl BrokerConfig {
         }
         if self.frame_read_timeout_ms == 0
             || self.idle_timeout_ms == 0
+            || self.admission_timeout_ms == 0
             || self.response_write_timeout_ms == 0
         {
             return bad(
-                "frame_read_timeout_ms, idle_timeout_ms and response_write_timeout_ms must be positive"
+                "frame_read_timeout_ms, idle_timeout_ms, admission_timeout_ms and response_write_timeout_ms must be positive"
                     .into(),
             );
         }
@@ -1116,9 +1131,11 @@ impl BrokerConfig {
         if self.admin_connections_max == 0
             || self.admin_address_connections_max == 0
             || self.admin_read_timeout_ms == 0
+            || self.admin_probe_connections_max == 0
+            || self.admin_probe_timeout_ms == 0
         {
             return bad(
-                "admin_connections_max, admin_address_connections_max and admin_read_timeout_ms must be positive"
+                "admin_connections_max, admin_address_connections_max, admin_read_timeout_ms, admin_probe_connections_max and admin_probe_timeout_ms must be positive"
                     .into(),
             );
         }

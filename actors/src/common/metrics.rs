@@ -43,6 +43,8 @@ pub(crate) struct BrokerMetrics {
     pub response_bytes_in_use: Gauge,
     pub connections_refused: Counter,
     pub connections_idle_closed: Counter,
+    pub connections_admission_timed_out: Counter,
+    pub admin_probe_answered: Counter,
     /// Requests refused `unauthorized` by the ACLs or for want of a login
     /// (ADR 0150).
     pub requests_unauthorized: Counter,
@@ -189,6 +191,10 @@ impl BrokerMetrics {
             response_bytes_in_use: gauge("malachi_response_bytes_in_use"),
             connections_refused: counter("malachi_connections_refused_total"),
             connections_idle_closed: counter("malachi_connections_idle_closed_total"),
+            connections_admission_timed_out: counter(
+                "malachi_connections_admission_timed_out_total",
+            ),
+            admin_probe_answered: counter("malachi_admin_probe_answered_total"),
             requests_unauthorized: counter("malachi_requests_unauthorized_total"),
             logins_failed: counter("malachi_logins_failed_total"),
             logins_succeeded: counter("malachi_logins_succeeded_total"),

@@ -31,7 +31,7 @@ use tracing::debug;
 use super::auth::ConnAuth;
 use super::dispatch::handle_frame;
 use super::produce::{ProduceJob, spawn_sequencer};
-use super::reader::{FrameReader, ReadOutcome};
+use super::reader::{FrameReader, Quiet, ReadOutcome};
 use super::reply::{Inflight, Outbound, Reply, error_frame};
 use super::subscribe::{ConnCtx, Subscriptions};
 use super::writer::{drain_writes, linger, write_loop};
@@ -314,13 +314,18 @@ impl Conn {
             let permits = Arc::clone(&self.permits);
             let subscriptions = Arc::clone(&self.ctx.subscriptions);
             let inflight_max = self.inflight_max;
-            let is_idle =
-                || permits.available_permits() + 1 == inflight_max && subscriptions.is_empty();
+            let auth = Arc::clone(&self.ctx.auth);
+            let quiet = Quiet {
+                is_idle: || {
+                    permits.available_permits() + 1 == inflight_max && subscriptions.is_empty()
+                },
+                logged_in: || !auth.enforced() || auth.principal().is_some(),
+            };
             let next = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return,
                 _ = serving.port.draining.cancelled() => return,
-                next = reader.next(&serving, &self.budget, is_idle) => next,
+                next = reader.next(&serving, &self.budget, quiet) => next,
             };
             let used = self.inflight_max - self.permits.available_permits();
             let flow = match next {
@@ -331,6 +336,15 @@ impl Conn {
                         peer = ?self.peer,
                         idle_timeout_ms = serving.limits.idle_timeout_ms,
                         "idle connection closed"
+                    );
+                    Flow::Stop
+                }
+                ReadOutcome::NotAdmitted => {
+                    serving.metrics.connections_admission_timed_out.increment(1);
+                    debug!(
+                        peer = ?self.peer,
+                        admission_timeout_ms = serving.limits.admission_timeout_ms,
+                        "connection not admitted in time (no whole frame, or no login); closed"
                     );
                     Flow::Stop
                 }

@@ -155,6 +155,7 @@ pub(crate) struct PortLimits {
     pub record_value_bytes_max: usize,
     pub frame_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
+    pub admission_timeout_ms: u64,
     pub shutdown_timeout_ms: u64,
 }
 
@@ -200,6 +201,7 @@ impl ServeCtx {
                 record_value_bytes_max: config.record_value_bytes_max,
                 frame_read_timeout_ms: config.frame_read_timeout_ms,
                 idle_timeout_ms: config.idle_timeout_ms,
+                admission_timeout_ms: config.admission_timeout_ms,
                 shutdown_timeout_ms: config.shutdown_timeout_ms,
             },
             actors: Arc::clone(&shared.actors),

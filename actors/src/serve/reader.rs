@@ -16,6 +16,12 @@
 //! waiting connection holds what it has read, so it must not hold it for
 //! ever); a connection with nothing buffered, nothing in flight and no
 //! subscription is closed after `idle_timeout_ms`.
+//!
+//! Admission: a connection must read a whole first frame and, when
+//! authentication is on, log in within `admission_timeout_ms` of being
+//! accepted, or it is closed. Without it a host could park idle
+//! connections, up to its address cap, for the whole `idle_timeout_ms`
+//! without ever saying who it is (issue 39).
 
 use std::time::Duration;
 
@@ -48,11 +54,22 @@ pub(crate) enum ReadOutcome {
     /// A partial frame did not complete within `frame_read_timeout_ms`
     /// (waiting for budget included).
     SlowFrame,
+    /// No whole first frame, or no login when authentication is on,
+    /// within `admission_timeout_ms` of the accept.
+    NotAdmitted,
     /// The stream cannot be framed any more.
     Invalid(WireError),
     /// A plaintext port's connection opened with a TLS ClientHello: a TLS
     /// client on the wrong port (ADR 0149), not a frame too large.
     TlsClient,
+}
+
+/// What the reader asks its connection while the client is quiet.
+pub(crate) struct Quiet<I, L> {
+    /// Nothing in flight and no subscription open.
+    pub is_idle: I,
+    /// Logged in, or authentication is off.
+    pub logged_in: L,
 }
 
 /// What the reader needs to read one frame.
@@ -65,6 +82,8 @@ pub(crate) struct FrameReader {
     codec: ServerCodec,
     frame_timeout: Duration,
     idle_timeout: Duration,
+    /// Until the connection is admitted, when it must be by.
+    admit_by: Option<Instant>,
     /// Request budget covering the bytes in `buf` and the room the next
     /// read may fill; let go whenever `buf` is empty.
     share: Option<Held>,
@@ -80,6 +99,9 @@ impl FrameReader {
             codec: ServerCodec::new(serving.limits.frame_bytes_max),
             frame_timeout: Duration::from_millis(serving.limits.frame_read_timeout_ms),
             idle_timeout: Duration::from_millis(serving.limits.idle_timeout_ms),
+            admit_by: Some(
+                Instant::now() + Duration::from_millis(serving.limits.admission_timeout_ms),
+            ),
             share: None,
         }
     }
@@ -89,16 +111,35 @@ impl FrameReader {
         self.rd
     }
 
+    /// Whether the connection is still to be admitted, looked at once its
+    /// deadline has passed: admitted once a whole frame was read and
+    /// `logged_in` says so (always, with authentication off).
+    fn admission_expired(&mut self, logged_in: &impl Fn() -> bool) -> bool {
+        let Some(admit_by) = self.admit_by else {
+            return false;
+        };
+        if self.framed && logged_in() {
+            self.admit_by = None;
+            return false;
+        }
+        Instant::now() >= admit_by
+    }
+
     /// Reads one whole frame; see the module's doc for the budget and the
     /// deadlines.
     pub(crate) async fn next(
         &mut self,
         serving: &ServeCtx,
         budget: &ConnectionBudget,
-        is_idle: impl Fn() -> bool,
+        quiet: Quiet<impl Fn() -> bool, impl Fn() -> bool>,
     ) -> ReadOutcome {
         // Set while a frame is partly in: it must complete by then.
         let mut deadline: Option<Instant> = None;
+        // Looked at between frames: a frame under way is bounded by its own
+        // deadline, so a large first frame on a slow link is not cut.
+        if self.admission_expired(&quiet.logged_in) {
+            return ReadOutcome::NotAdmitted;
+        }
         loop {
             if !self.framed && self.rd.is_plaintext() && self.buf.starts_with(&CLIENT_HELLO_PREFIX)
             {
@@ -116,7 +157,7 @@ impl FrameReader {
             if self.buf.is_empty() {
                 // Nothing buffered: hold no budget while the client is quiet.
                 self.share = None;
-                if let Some(outcome) = self.await_bytes(&is_idle).await {
+                if let Some(outcome) = self.await_bytes(&quiet).await {
                     return outcome;
                 }
                 deadline = None;
@@ -132,18 +173,30 @@ impl FrameReader {
     }
 
     /// Waits until the client sends a byte (or closes), closing the
-    /// connection if it stays idle for `idle_timeout_ms`.
-    async fn await_bytes(&mut self, is_idle: &impl Fn() -> bool) -> Option<ReadOutcome> {
+    /// connection if it stays idle for `idle_timeout_ms`, or is not
+    /// admitted by its admission deadline.
+    async fn await_bytes(
+        &mut self,
+        quiet: &Quiet<impl Fn() -> bool, impl Fn() -> bool>,
+    ) -> Option<ReadOutcome> {
+        let mut wake = Instant::now() + self.idle_timeout;
         loop {
+            let until = self.admit_by.map_or(wake, |admit_by| admit_by.min(wake));
             tokio::select! {
                 sent = self.rd.await_bytes(&mut self.buf) => return if sent {
                     None
                 } else {
                     Some(ReadOutcome::Closed)
                 },
-                _ = tokio::time::sleep(self.idle_timeout) => {
-                    if is_idle() {
-                        return Some(ReadOutcome::Idle);
+                _ = tokio::time::sleep_until(until) => {
+                    if self.admission_expired(&quiet.logged_in) {
+                        return Some(ReadOutcome::NotAdmitted);
+                    }
+                    if Instant::now() >= wake {
+                        if (quiet.is_idle)() {
+                            return Some(ReadOutcome::Idle);
+                        }
+                        wake = Instant::now() + self.idle_timeout;
                     }
                 }
             }
