@@ -123,7 +123,8 @@ pub fn rendezvous(seed: u64, node: u64) -> u64 {
 }
 
 /// `candidates` ranked best first for a new primary: fewest primaries, then
-/// lowest write step, then rendezvous order for `seed`. A candidate without
+/// lowest write step, then the most free space (unknown last), then
+/// rendezvous order for `seed`. A candidate without
 /// a known load counts as idle (a broker that just joined). Duplicates are
 /// dropped.
 pub fn rank_primaries(
@@ -139,6 +140,7 @@ pub fn rank_primaries(
         (
             load.primaries,
             load.write_step(),
+            std::cmp::Reverse(load.free_gib),
             rendezvous(seed, node),
             node,
         )
@@ -260,6 +262,19 @@ mod tests {
         assert_eq!(rank_primaries(&[1, 2, 3], &l, 9), vec![3, 2, 1]);
         // A broker without a known load (just joined) counts as idle.
         assert_eq!(rank_primaries(&[1, 2, 3, 4], &l, 9)[0], 4);
+    }
+
+    #[test]
+    fn among_equals_the_most_free_space_wins_and_unknown_space_ranks_last() {
+        let mut l = loads(&[(1, 1), (2, 1), (3, 1)]);
+        l.get_mut(&1).unwrap().free_gib = Some(10);
+        l.get_mut(&2).unwrap().free_gib = Some(40);
+        for seed in 0..50u64 {
+            assert_eq!(rank_primaries(&[1, 2, 3], &l, seed), vec![2, 1, 3]);
+        }
+        // Space never beats fewer primaries.
+        l.get_mut(&3).unwrap().primaries = 0;
+        assert_eq!(rank_primaries(&[1, 2, 3], &l, 7)[0], 3);
     }
 
     #[test]

@@ -38,10 +38,23 @@ pub fn served_by(refused: &Refused) -> Option<u64> {
     rest.split(',').next()?.trim().parse().ok()
 }
 
-/// Produces `records` (all of one range) through any broker, following
-/// redirects, retrying refusals (a roll in progress, a primary moving): a
-/// refused produce wrote nothing.
+/// Produces `records` through any broker, one record at a time, following
+/// redirects and retrying refusals (a roll in progress, a primary moving).
+///
+/// One record a request, because a request is judged range by range: a
+/// batch spanning two ranges that two brokers write (a split's children,
+/// ADR 0144) is acknowledged in part by either, and resending it whole
+/// wrote the acknowledged part again, for ever (the "rolling livelock" of
+/// ADR 0144's free-space finding was this helper, not the broker). A
+/// refused one-record produce wrote nothing; sent in order, each key's
+/// records stay in order.
 pub async fn produce_following(brokers: &[&BrokerHandle], topic: &str, records: &[Record]) {
+    for record in records {
+        produce_one_following(brokers, topic, std::slice::from_ref(record)).await;
+    }
+}
+
+async fn produce_one_following(brokers: &[&BrokerHandle], topic: &str, records: &[Record]) {
     let mut attempt = 0;
     let poll = Duration::from_millis(50);
     wait_until(
