@@ -29,6 +29,7 @@ pub mod auto_report;
 pub mod cgroup;
 mod load;
 pub mod report;
+mod settle;
 
 use cgroup::{BrokerCgroup, Device, DiskCap};
 use report::{ScaleRow, ScaleSummary};
@@ -219,16 +220,22 @@ async fn load_presplit(
     brokers: u64,
     ranges: usize,
 ) -> Result<ScaleRow, CliError> {
-    let described = prepare_topic(output, TOPIC, ranges).await?;
+    let split = prepare_topic(output, TOPIC, ranges).await?;
+    let after_splits = primaries_per_broker(&split, brokers);
+    let settled = settle::balanced(output, TOPIC, brokers, split).await?;
+    let described = settled.described;
     let primaries = primaries_per_broker(&described, brokers);
+    let balanced = match settled.balanced_after {
+        Some(after) => format!("balanced after {:.1} s", after.as_secs_f64()),
+        None => format!("not balanced within {} s", settle::BALANCE_WAIT_MS / 1_000),
+    };
     eprintln!(
-        "{brokers} brokers: topic {TOPIC} has {} active ranges; primaries per broker {:?}",
+        "{brokers} brokers: topic {TOPIC} has {} active ranges; primaries per broker {after_splits:?} after the splits, {primaries:?} measured ({balanced})",
         described
             .ranges
             .iter()
             .filter(|r| r.state == "active")
             .count(),
-        primaries
     );
     let bands = load::active_bands(&described)?;
     let keys = load::keys_by_band(&bands, args.batch_records)?;
