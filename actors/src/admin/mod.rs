@@ -15,6 +15,7 @@ use crate::control::shared::Shared;
 use crate::data::storage::Storage;
 use crate::serve::context::MetaCtx;
 
+pub(crate) mod access;
 pub(crate) mod http;
 pub(crate) mod stream;
 
@@ -34,6 +35,9 @@ pub(crate) struct AdminCtx {
     pub connections_max: usize,
     pub address_connections_max: usize,
     pub read_timeout_ms: u64,
+    /// Who may do what (ADR 0152): the client port's rules, with a view
+    /// cache of its own.
+    pub auth: Arc<crate::serve::auth::AuthCtx>,
     /// The port's TLS, the client port's (ADR 0149).
     pub tls: Option<Arc<crate::common::tls::ServerTls>>,
     /// The broker's fault-injection key (its client address).
@@ -53,6 +57,7 @@ impl AdminCtx {
             connections_max: shared.config.admin_connections_max,
             address_connections_max: shared.config.admin_address_connections_max,
             read_timeout_ms: shared.config.admin_read_timeout_ms,
+            auth: crate::serve::context::build_auth(shared),
             tls: shared.tls.get().cloned(),
             #[cfg(feature = "testing")]
             fault_key: shared.client_addr,
