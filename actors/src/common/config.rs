@@ -1438,7 +1438,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn off_loopback_a_broker_needs_a_cookie_authentication_and_a_private_admin_port() {
+    fn token_settings_are_checked_at_start() {
+        let mut config = BrokerConfig::default();
+        assert_eq!(
+            config.security.token_policy().unwrap().algorithms,
+            vec![TokenAlgorithm::EdDSA]
+        );
+        for bad in ["HS256", "none", "eddsa"] {
+            config.security.token_algorithms = vec![bad.into()];
+            let refused = config.validate().unwrap_err().to_string();
+            assert!(refused.contains("token_algorithms"), "{bad}: {refused}");
+        }
+        config.security.token_algorithms = Vec::new();
+        assert!(config.validate().is_err());
+        config.security.token_algorithms = vec!["RS256".into(), "ES256".into()];
+        assert!(config.validate().is_ok());
+        config.security.token_clock_skew_ms = CLOCK_SKEW_MS_MAX + 1;
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(refused.contains("token_clock_skew_ms"), "{refused}");
+    }
+
+    #[test]
+    fn off_loopback_a_broker_needs_a_cookie_and_authentication() {
         let exposed = |listen: &str, admin: &str| BrokerConfig {
             listen_addr: listen.parse().unwrap(),
             admin_addr: admin.parse().unwrap(),
@@ -1461,9 +1482,18 @@ mod tests {
         );
         config.security.authentication = Authentication::Scram;
         assert!(config.validate().is_ok());
+        // With authentication on, the admin port authenticates too (ADR
+        // 0152): off loopback is fine.
         config.admin_addr = "10.0.0.1:8080".parse().unwrap();
+        assert!(config.validate().is_ok());
+        // Without it, an admin port off loopback is refused by itself.
+        let mut config = exposed("127.0.0.1:4040", "10.0.0.1:8080");
+        config.membership.cluster_cookie = Some("a secret".into());
         let refused = config.validate().unwrap_err().to_string();
-        assert!(refused.contains("admin_addr"), "{refused}");
+        assert!(
+            refused.contains("admin_addr") && refused.contains("security.insecure"),
+            "{refused}"
+        );
         config.security.insecure = true;
         assert!(config.validate().is_ok());
         config.membership.cluster_cookie = None;

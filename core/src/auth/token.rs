@@ -25,9 +25,10 @@ use base64::Engine;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
-/// The longest token, in bytes (the wire's bound, `TOKEN_BYTES_MAX`).
+/// The longest token, in bytes (the wire's bound, `TOKEN_BYTES_MAX`;
+/// `TokenError::TooLong` says the number).
 pub const TOKEN_BYTES_MAX: usize = 8192;
-/// The longest key id, in bytes.
+/// The longest key id, in bytes (`TokenError::InvalidKid` says it).
 pub const KID_BYTES_MAX: usize = 64;
 /// The longest issuer public key (PEM text), in bytes: an RSA-4096 key
 /// in SPKI PEM is about 800.
@@ -197,7 +198,7 @@ pub struct VerifiedToken {
 pub enum TokenError {
     #[error("token-malformed: {0}")]
     Malformed(String),
-    #[error("token-too-long: {bytes} bytes, at most {TOKEN_BYTES_MAX}")]
+    #[error("token-too-long: {bytes} bytes, at most 8192")]
     TooLong { bytes: usize },
     #[error("token-unsigned: alg \"none\" is never accepted")]
     Unsigned,
@@ -211,7 +212,7 @@ pub enum TokenError {
     },
     #[error("token-kid-missing: the header names no key (kid)")]
     MissingKid,
-    #[error("token-kid-invalid: {kid:?} is not 1 to {KID_BYTES_MAX} of [A-Za-z0-9._-]")]
+    #[error("token-kid-invalid: {kid:?} is not 1 to 64 bytes of [A-Za-z0-9._-]")]
     InvalidKid { kid: String },
     #[error("token-kid-unknown: no issuer key {kid:?}")]
     UnknownKid { kid: String },
