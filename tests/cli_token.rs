@@ -107,7 +107,15 @@ fn a_minted_token_logs_the_cli_in_until_its_key_is_removed() {
     let added = ok(run(
         b,
         &[
-            &["token", "key", "add", "--kid", "k1", "--public-key", &public][..],
+            &[
+                "token",
+                "key",
+                "add",
+                "--kid",
+                "k1",
+                "--public-key",
+                &public,
+            ][..],
             &as_admin[..],
         ]
         .concat(),
@@ -181,11 +189,7 @@ fn a_minted_token_logs_the_cli_in_until_its_key_is_removed() {
         .concat(),
         &[],
     ));
-    let line = one_line_failure(&run(
-        b,
-        &["topic", "list", "--token-file", &admin_jwt],
-        &[],
-    ));
+    let line = one_line_failure(&run(b, &["topic", "list", "--token-file", &admin_jwt], &[]));
     assert!(line.contains("token-kid-unknown"), "{line}");
     // The refused token counted as a failed login of `admin` from this
     // address: its password login waits out the delay too.
@@ -201,5 +205,8 @@ fn a_minted_token_logs_the_cli_in_until_its_key_is_removed() {
             output.status.success().then(|| out(&output))
         },
     );
-    assert!(topics.contains("tok") && !topics.contains("nope"), "{topics}");
+    assert!(
+        topics.contains("tok") && !topics.contains("nope"),
+        "{topics}"
+    );
 }

@@ -168,8 +168,7 @@ async fn token_login(client: &mut TestClient, token: &str) -> Result<String, Tok
     let frame = client.recv().await.unwrap();
     assert_eq!(frame.correlation_id, id);
     if frame.error_code == ErrorCode::None {
-        let answer =
-            malachi_wire::auth::TokenAuthenticateResponse::decode(frame.payload).unwrap();
+        let answer = malachi_wire::auth::TokenAuthenticateResponse::decode(frame.payload).unwrap();
         return Ok(answer.principal);
     }
     assert_eq!(frame.error_code, ErrorCode::Unauthorized);
@@ -231,7 +230,11 @@ fn bad_tokens() -> Vec<(&'static str, String)> {
         ),
         (
             "token-unsigned",
-            format!("{}.{}.", b64(r#"{"alg":"none","kid":"k1"}"#), claims("none")),
+            format!(
+                "{}.{}.",
+                b64(r#"{"alg":"none","kid":"k1"}"#),
+                claims("none")
+            ),
         ),
         ("token-algorithm-not-allowed", hs256),
         (
@@ -279,7 +282,11 @@ async fn each_bad_token_is_refused_by_its_reason_and_nothing_is_written() {
         let produced = client.produce("orders", &[record("k", code)]).await;
         let refused = produced.unwrap_err();
         assert_eq!(refused.code, ErrorCode::Unauthorized);
-        assert!(refused.message.contains("log in first"), "{}", refused.message);
+        assert!(
+            refused.message.contains("log in first"),
+            "{}",
+            refused.message
+        );
     }
     let (fetched, _) = admin.fetch("orders", None, true, 10, 0).await.unwrap();
     assert!(fetched.is_empty(), "{fetched:?}");
@@ -287,8 +294,14 @@ async fn each_bad_token_is_refused_by_its_reason_and_nothing_is_written() {
     // A failed token for a subject delays that subject's next login from
     // this address, even with a good token: the lockout is shared.
     let mut client = TestClient::connect(broker.client_addr()).await;
-    let refused = token_login(&mut client, &good("bad-sig")).await.unwrap_err();
-    assert!(refused.message.contains("try again in"), "{}", refused.message);
+    let refused = token_login(&mut client, &good("bad-sig"))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.message.contains("try again in"),
+        "{}",
+        refused.message
+    );
     let mut client = TestClient::connect(broker.client_addr()).await;
     let principal = token_login(&mut client, &good("fresh")).await.unwrap();
     assert_eq!(principal, "User:fresh");
@@ -388,6 +401,7 @@ async fn a_key_added_through_broker_1_is_accepted_by_broker_3_within_a_second() 
     )
     .await;
     let took = added.elapsed();
+    eprintln!("broker 3 accepted a token under the key {took:?} after broker 1 added it");
     assert_eq!(principal, "User:zoe");
     assert!(took < Duration::from_secs(1), "took {took:?}");
 }
@@ -395,7 +409,14 @@ async fn a_key_added_through_broker_1_is_accepted_by_broker_3_within_a_second() 
 /// `curl` against the admin port: the status and the body.
 fn curl(url: &str, ca: &Path, extra: &[&str]) -> (String, String) {
     let out = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}", "--cacert"])
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            "--cacert",
+        ])
         .arg(ca)
         .args(extra)
         .arg(url)
@@ -517,13 +538,19 @@ async fn the_admin_port_takes_a_token_or_a_certificate_and_judges_by_the_acls() 
             ("none admit", curl(&admit, &ca, &["-X", "POST"])),
             ("none metrics", curl(&url("/metrics"), &ca, &[])),
             ("bad token", curl(&members, &ca, &["-H", &bearer("x.y.z")])),
-            ("nobody members", curl(&members, &ca, &["-H", &bearer(&nobody)])),
+            (
+                "nobody members",
+                curl(&members, &ca, &["-H", &bearer(&nobody)]),
+            ),
             (
                 "nobody admit",
                 curl(&admit, &ca, &["-X", "POST", "-H", &bearer(&nobody)]),
             ),
             ("ops members", curl(&members, &ca, &["-H", &bearer(&ops)])),
-            ("ops tree", curl(&url("/api/tree"), &ca, &["-H", &bearer(&ops)])),
+            (
+                "ops tree",
+                curl(&url("/api/tree"), &ca, &["-H", &bearer(&ops)]),
+            ),
             ("cert members", curl(&members, &ca, &cert_args)),
             (
                 "cert admit",
@@ -554,9 +581,19 @@ async fn the_admin_port_takes_a_token_or_a_certificate_and_judges_by_the_acls() 
     }
     assert!(status("nobody admit").1.contains("User:nobody"));
     assert!(status("cert admit").1.contains("User:alice"));
-    assert_eq!(status("ops members").0, "200", "{}", status("ops members").1);
+    assert_eq!(
+        status("ops members").0,
+        "200",
+        "{}",
+        status("ops members").1
+    );
     assert_eq!(status("ops tree").0, "200");
-    assert_eq!(status("cert members").0, "200", "{}", status("cert members").1);
+    assert_eq!(
+        status("cert members").0,
+        "200",
+        "{}",
+        status("cert members").1
+    );
     // Admitting an unknown member runs and is refused by the cluster, not
     // by the credential.
     // Nothing was admitted by the refused requests...
@@ -585,4 +622,58 @@ async fn the_admin_port_takes_a_token_or_a_certificate_and_judges_by_the_acls() 
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(refused, 7.0, "{}", broker.metrics_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_logs_in_with_a_token_and_a_refused_one_is_final() {
+    use malachi_wire::client::{ClientError, TokenLogin};
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let config = BrokerConfig {
+        security: security(dir.path(), 100),
+        ..BrokerConfig::for_tests(dir.path().join("data"))
+    };
+    let broker = start(config).await;
+    let mut admin = admin(&broker).await;
+    add_key(&mut admin).await;
+    admin.create_topic("s").await;
+    admin
+        .call(&AddAclRequest {
+            entry: entry("User:sdk", "s", "produce", "allow"),
+        })
+        .await
+        .unwrap();
+    let addr = broker.client_addr().to_string();
+    let with = |token: String| malachi_wire::ClientConfig {
+        request_timeout_ms: 10_000,
+        login: Some(TokenLogin::new(&token).into_login()),
+        ..malachi_wire::ClientConfig::default()
+    };
+    let good_token = good("sdk");
+    wait_until(
+        "the sdk produces as User:sdk",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            let client =
+                malachi_wire::Client::connect_with([addr.clone()], with(good_token.clone()))
+                    .await
+                    .ok()?;
+            let batch =
+                malachi_wire::RecordBatch::from_records(&[record("k", "v")], 1 << 20).unwrap();
+            client.produce("s", batch).await.ok()
+        },
+    )
+    .await;
+    let expired = token(ED_PRIVATE, "k1", "sdk-late", now_ms() - 7_200_000, 60_000);
+    let refused = malachi_wire::Client::connect_with([addr], with(expired))
+        .await
+        .unwrap_err();
+    match &refused {
+        ClientError::Authentication { reason, .. } => {
+            assert!(reason.contains("token-expired"), "{reason}")
+        }
+        other => panic!("not an authentication error: {other:?}"),
+    }
+    assert!(!refused.retriable());
 }

@@ -777,7 +777,9 @@ fn the_token_keys_and_their_commands_encode_to_their_frozen_bytes() {
         insta::assert_snapshot!(name, frozen(hex(&bytes), render(&parse(&bytes))));
         assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), cmd);
     }
-    state.apply(Command::AddTokenKey { key: key.clone() }).unwrap();
+    state
+        .apply(Command::AddTokenKey { key: key.clone() })
+        .unwrap();
     let bytes = state.snapshot().unwrap();
     insta::assert_snapshot!(
         "metadata_state_token_keys",

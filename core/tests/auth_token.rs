@@ -4,8 +4,8 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use malachi_core::auth::token::{
-    MintRequest, TokenAlgorithm, TokenError, TokenKey, TokenPolicy, VerifiedToken,
-    claimed_subject, mint, verify,
+    MintRequest, TokenAlgorithm, TokenError, TokenKey, TokenPolicy, VerifiedToken, claimed_subject,
+    mint, verify,
 };
 
 const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
@@ -76,7 +76,12 @@ fn request(kid: &str) -> MintRequest<'_> {
 
 fn check(token: &str, policy: &TokenPolicy, now_ms: u64) -> Result<VerifiedToken, TokenError> {
     let keys = [ed_key(), es_key()];
-    verify(token, |kid| keys.iter().find(|k| k.kid == kid), policy, now_ms)
+    verify(
+        token,
+        |kid| keys.iter().find(|k| k.kid == kid),
+        policy,
+        now_ms,
+    )
 }
 
 fn b64(json: &str) -> String {
@@ -185,7 +190,10 @@ fn expiry_and_not_before_hold_within_the_skew() {
         check(&token, &p, NOW_MS).unwrap_err().code(),
         "token-not-yet-valid"
     );
-    assert!(check(&token, &p, NOW_MS + 570_000).is_ok(), "within the skew");
+    assert!(
+        check(&token, &p, NOW_MS + 570_000).is_ok(),
+        "within the skew"
+    );
 }
 
 #[test]
@@ -217,12 +225,8 @@ fn claims_and_shape_are_required() {
         check(&no_exp, &p, NOW_MS).unwrap_err(),
         TokenError::MissingClaim("exp")
     );
-    let no_sub = jsonwebtoken::encode(
-        &header,
-        &serde_json::json!({"exp": 1_900_000_000u64}),
-        &key,
-    )
-    .unwrap();
+    let no_sub =
+        jsonwebtoken::encode(&header, &serde_json::json!({"exp": 1_900_000_000u64}), &key).unwrap();
     assert_eq!(
         check(&no_sub, &p, NOW_MS).unwrap_err(),
         TokenError::MissingClaim("sub")
@@ -270,7 +274,10 @@ fn a_key_must_be_a_public_key_of_its_algorithm() {
         algorithm: TokenAlgorithm::ES256,
         ..ed_key()
     };
-    assert_eq!(wrong_family.check().unwrap_err().code(), "token-key-invalid");
+    assert_eq!(
+        wrong_family.check().unwrap_err().code(),
+        "token-key-invalid"
+    );
     let private = TokenKey {
         public_key_pem: ED_PRIVATE.into(),
         ..ed_key()

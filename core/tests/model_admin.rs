@@ -608,7 +608,9 @@ fn token_keys_are_added_refused_and_removed() {
     state.apply(Command::InitRing { vnodes: 1 }).unwrap();
     let before = state.snapshot().unwrap();
     assert_eq!(
-        state.apply(Command::AddTokenKey { key: key("k 1", "pem") }),
+        state.apply(Command::AddTokenKey {
+            key: key("k 1", "pem")
+        }),
         Err(ModelError::InvalidTokenKey {
             reason: "token-kid-invalid: \"k 1\" is not 1 to 64 bytes of [A-Za-z0-9._-]".into()
         })
@@ -619,27 +621,37 @@ fn token_keys_are_added_refused_and_removed() {
     ));
     assert_eq!(state.snapshot().unwrap(), before, "refusals write nothing");
     assert_eq!(
-        state.apply(Command::AddTokenKey { key: key("k1", "pem-a") }),
+        state.apply(Command::AddTokenKey {
+            key: key("k1", "pem-a")
+        }),
         Ok(Outcome::TokenKeyAdded)
     );
     assert_eq!(
-        state.apply(Command::AddTokenKey { key: key("k1", "pem-a") }),
+        state.apply(Command::AddTokenKey {
+            key: key("k1", "pem-a")
+        }),
         Ok(Outcome::Unchanged)
     );
     let with_one = state.snapshot().unwrap();
     assert_eq!(
-        state.apply(Command::AddTokenKey { key: key("k1", "pem-b") }),
+        state.apply(Command::AddTokenKey {
+            key: key("k1", "pem-b")
+        }),
         Err(ModelError::TokenKeyExists { kid: "k1".into() })
     );
     assert_eq!(state.snapshot().unwrap(), with_one);
     for i in 1..TOKEN_KEYS_MAX {
         let kid = format!("k-{i}");
         state
-            .apply(Command::AddTokenKey { key: key(&kid, "pem") })
+            .apply(Command::AddTokenKey {
+                key: key(&kid, "pem"),
+            })
             .unwrap();
     }
     assert_eq!(
-        state.apply(Command::AddTokenKey { key: key("one-more", "pem") }),
+        state.apply(Command::AddTokenKey {
+            key: key("one-more", "pem")
+        }),
         Err(ModelError::TooManyTokenKeys {
             max: TOKEN_KEYS_MAX
         })

@@ -125,7 +125,12 @@ pub struct CredentialArgs {
     #[arg(long, env = "MALACHI_PASSWORD_FILE", value_name = "FILE")]
     pub password_file: Option<PathBuf>,
     /// Log in with the bearer token (a JWT) on this file's first line instead.
-    #[arg(long, env = "MALACHI_TOKEN_FILE", value_name = "FILE", conflicts_with = "user")]
+    #[arg(
+        long,
+        env = "MALACHI_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "user"
+    )]
     pub token_file: Option<PathBuf>,
 }
 

@@ -139,7 +139,11 @@ fn now_ms() -> u64 {
 }
 
 fn create(args: &TokenCreateArgs) -> Result<(), CliError> {
-    let key = read_small(&args.private_key, "read the private key", KEY_FILE_BYTES_MAX)?;
+    let key = read_small(
+        &args.private_key,
+        "read the private key",
+        KEY_FILE_BYTES_MAX,
+    )?;
     let now_ms = now_ms();
     let request = MintRequest {
         algorithm: algorithm(&args.algorithm)?,

@@ -691,7 +691,10 @@ fn token_key_messages_keep_their_bytes() {
         public_key_pem: "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAhfKbHyBGFxlhsTvSzKBzfmLhNyYf7N7HRBxRqKlD3q8=\n-----END PUBLIC KEY-----\n".into(),
         added_at_ms: 0,
     };
-    frozen("put_token_key_request", &PutTokenKeyRequest { key: key.clone() });
+    frozen(
+        "put_token_key_request",
+        &PutTokenKeyRequest { key: key.clone() },
+    );
     frozen(
         "put_token_key_response",
         &PutTokenKeyResponse {

@@ -141,7 +141,10 @@ async fn principal(
 }
 
 fn unavailable(e: ServeError) -> (StatusCode, String) {
-    (StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}", e.code().name()))
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{}: {e}", e.code().name()),
+    )
 }
 
 /// Whether the request the route stands for (`what`) may run for this
@@ -170,13 +173,9 @@ pub(crate) async fn guard(
     };
     match decided {
         Ok(()) => Ok(()),
-        Err(ServeError::Unauthorized { message }) => Err(refused(
-            admin,
-            peer,
-            StatusCode::FORBIDDEN,
-            what,
-            message,
-        )),
+        Err(ServeError::Unauthorized { message }) => {
+            Err(refused(admin, peer, StatusCode::FORBIDDEN, what, message))
+        }
         Err(e) => {
             let (status, reason) = unavailable(e);
             Err((status, format!("{reason}\n")).into_response())

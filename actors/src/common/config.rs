@@ -790,7 +790,9 @@ impl SecuritySettings {
             }
         }
         if algorithms.is_empty() {
-            return Err(bad("security.token_algorithms must name at least one algorithm".into()));
+            return Err(bad(
+                "security.token_algorithms must name at least one algorithm".into(),
+            ));
         }
         if self.token_clock_skew_ms > CLOCK_SKEW_MS_MAX {
             return Err(bad(format!(

@@ -27,11 +27,11 @@ use malachi_core::auth::acl::{
     Authorizer, Decision, Operation, Principal, Resource, refusal_message,
 };
 use malachi_core::auth::lockout::{Admission, LockoutKey, LockoutPolicy};
-use malachi_core::auth::token::TokenPolicy;
 use malachi_core::auth::scram::{self, MECHANISM, ScramError};
 use malachi_core::auth::scram_server::{
     NonceLedger, ServerConfig, ServerExchange, server_error_message,
 };
+use malachi_core::auth::token::TokenPolicy;
 use malachi_core::model::{AuthView, Command, Outcome};
 use malachi_wire::auth::{
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,

@@ -200,10 +200,9 @@ async fn handle_auth(ctx: &ConnCtx, request: Request) -> Result<Response, Failur
         Request::SaslAuthenticate(req) => {
             conn.authenticate(req).await.map(Response::SaslAuthenticate)
         }
-        Request::TokenAuthenticate(req) => conn
-            .token_login(req)
-            .await
-            .map(Response::TokenAuthenticate),
+        Request::TokenAuthenticate(req) => {
+            conn.token_login(req).await.map(Response::TokenAuthenticate)
+        }
         Request::PutTokenKey(req) => token::put_token_key(conn, req)
             .await
             .map(Response::PutTokenKey),

@@ -230,7 +230,9 @@ pub enum TokenError {
         now_ms: u64,
         skew_ms: u64,
     },
-    #[error("token-not-yet-valid: valid from {not_before_ms} ms, now {now_ms} ms (skew {skew_ms} ms)")]
+    #[error(
+        "token-not-yet-valid: valid from {not_before_ms} ms, now {now_ms} ms (skew {skew_ms} ms)"
+    )]
     NotYetValid {
         not_before_ms: u64,
         now_ms: u64,

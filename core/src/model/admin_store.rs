@@ -14,11 +14,11 @@ use super::command::{ModelError, Outcome, USER_NAME_BYTES_MAX, UserNameRule};
 use super::state::MetadataState;
 use crate::auth::acl::{ACL_ENTRIES_MAX, ACL_NAME_BYTES_MAX, AclEntry, Authorizer, Principal};
 use crate::auth::lockout::{Admission, Lockout, LockoutKey, LockoutPolicy};
-use crate::auth::token::{TOKEN_KEYS_MAX, TokenError, TokenKey};
 use crate::auth::scram::{
     ITERATIONS_MAX, ITERATIONS_MIN, SALT_BYTES_MAX, SALT_BYTES_MIN, StoredCredential,
     USERNAME_BYTES_MAX,
 };
+use crate::auth::token::{TOKEN_KEYS_MAX, TokenError, TokenKey};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
