@@ -308,3 +308,11 @@ fn the_documented_example_token_is_what_mint_makes_and_verifies() {
         "token-expired: expired at 1800003600000 ms, now 1800003700000 ms (skew 60000 ms)"
     );
 }
+
+/// `jsonwebtoken` is built with its `aws_lc_rs` backend only, so it has
+/// a process default without anyone installing one (ADR 0152 §1): with
+/// both backends it would have none and every token would fail.
+#[test]
+fn jsonwebtoken_has_its_one_provider() {
+    assert!(jsonwebtoken::crypto::CryptoProvider::try_get_default().is_some());
+}
