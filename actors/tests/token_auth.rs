@@ -290,6 +290,11 @@ async fn each_bad_token_is_refused_by_its_reason_and_nothing_is_written() {
     }
     let (fetched, _) = admin.fetch("orders", None, true, 10, 0).await.unwrap();
     assert!(fetched.is_empty(), "{fetched:?}");
+    let metrics = broker.metrics_text();
+    for (code, _) in bad_tokens() {
+        let line = format!("malachi_token_logins_refused_total{{reason=\"{code}\"}}");
+        assert!(metrics.contains(&line), "{line} not in the metrics");
+    }
 
     // A failed token for a subject delays that subject's next login from
     // this address, even with a good token: the lockout is shared.
@@ -535,6 +540,10 @@ async fn the_admin_port_takes_a_token_or_a_certificate_and_judges_by_the_acls() 
             ("health", curl(&url("/health"), &ca, &[])),
             ("ready", curl(&url("/ready"), &ca, &[])),
             ("none members", curl(&members, &ca, &[])),
+            (
+                "none headers",
+                curl(&members, &ca, &["-D", "-", "-o", "/dev/null"]),
+            ),
             ("none admit", curl(&admit, &ca, &["-X", "POST"])),
             ("none metrics", curl(&url("/metrics"), &ca, &[])),
             ("bad token", curl(&members, &ca, &["-H", &bearer("x.y.z")])),
@@ -572,6 +581,8 @@ async fn the_admin_port_takes_a_token_or_a_certificate_and_judges_by_the_acls() 
         assert_eq!(json["error"], "unauthenticated", "{name}: {body}");
     }
     assert!(status("bad token").1.contains("token-malformed"));
+    let headers = status("none headers").1.to_ascii_lowercase();
+    assert!(headers.contains("www-authenticate: bearer"), "{headers}");
     for name in ["nobody members", "nobody admit", "cert admit"] {
         let (code, body) = status(name);
         assert_eq!(code, "403", "{name}: {body}");
@@ -621,7 +632,7 @@ async fn the_admin_port_takes_a_token_or_a_certificate_and_judges_by_the_acls() 
         .filter(|l| l.starts_with("malachi_admin_requests_refused_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert_eq!(refused, 7.0, "{}", broker.metrics_text());
+    assert_eq!(refused, 8.0, "{}", broker.metrics_text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -676,4 +687,18 @@ async fn the_sdk_logs_in_with_a_token_and_a_refused_one_is_final() {
         other => panic!("not an authentication error: {other:?}"),
     }
     assert!(!refused.retriable());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_without_authentication_refuses_a_token_clearly() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(BrokerConfig::for_tests(dir.path().join("data"))).await;
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    let refused = token_login(&mut client, &good("alice")).await.unwrap_err();
+    assert!(
+        refused.message.contains("does not authenticate clients"),
+        "{}",
+        refused.message
+    );
 }
