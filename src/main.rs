@@ -137,6 +137,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Feature(command) => cli::feature::feature(command).await,
         Command::User(command) => cli::users::user(command).await,
         Command::Acl(command) => cli::users::acl(command).await,
+        Command::Token(command) => cli::token::token(command).await,
         Command::Bench(BenchCommand::Produce(args)) => cli::bench::produce(args).await,
         Command::Bench(BenchCommand::Consume(args)) => cli::bench::consume(args).await,
         Command::Bench(BenchCommand::Compare(args)) => cli::bench::compare::compare(args).await,

@@ -47,6 +47,8 @@ fn help_texts_are_stable() {
         &["bench", "produce"],
         &["bench", "consume"],
         &["bench", "metadata"],
+        &["token", "create"],
+        &["token", "key", "add"],
     ];
     for args in commands {
         let name = if args.is_empty() {

@@ -751,3 +751,41 @@ fn the_admin_stores_and_their_commands_encode_to_their_frozen_bytes() {
         assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), cmd);
     }
 }
+
+/// The token issuer keys (ADR 0152): their commands (behind `token_keys`)
+/// and a ring group state holding one, as the admin store's last field,
+/// left out while empty so `metadata_state_admin_store` is unchanged.
+#[test]
+fn the_token_keys_and_their_commands_encode_to_their_frozen_bytes() {
+    use malachi_core::auth::token::{TokenAlgorithm, TokenKey};
+    let key = TokenKey {
+        kid: "k1".into(),
+        algorithm: TokenAlgorithm::EdDSA,
+        public_key_pem: "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAhfKbHyBGFxlhsTvSzKBzfmLhNyYf7N7HRBxRqKlD3q8=\n-----END PUBLIC KEY-----\n".into(),
+        added_at_ms: 1_800_000_000_000,
+    };
+    let mut state = MetadataState::default();
+    state.apply(Command::InitRing { vnodes: 2 }).unwrap();
+    for (name, cmd) in [
+        ("add_token_key", Command::AddTokenKey { key: key.clone() }),
+        (
+            "remove_token_key",
+            Command::RemoveTokenKey { kid: "k1".into() },
+        ),
+    ] {
+        let bytes = rmp_serde::to_vec(&cmd).unwrap();
+        insta::assert_snapshot!(name, frozen(hex(&bytes), render(&parse(&bytes))));
+        assert_eq!(rmp_serde::from_slice::<Command>(&bytes).unwrap(), cmd);
+    }
+    state
+        .apply(Command::AddTokenKey { key: key.clone() })
+        .unwrap();
+    let bytes = state.snapshot().unwrap();
+    insta::assert_snapshot!(
+        "metadata_state_token_keys",
+        frozen(hex(&bytes), versioned(&bytes))
+    );
+    let restored = MetadataState::restore(&bytes).unwrap();
+    assert_eq!(restored, state);
+    assert_eq!(restored.auth_view().token_keys.get("k1"), Some(&key));
+}

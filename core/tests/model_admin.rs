@@ -591,3 +591,80 @@ proptest! {
         prop_assert_eq!(replica.snapshot().unwrap(), bytes);
     }
 }
+
+/// Token issuer keys (ADR 0152): added once, the same key again a no-op,
+/// another key under a used key id refused, removed, bounded; each
+/// refusal leaves the state as it was.
+#[test]
+fn token_keys_are_added_refused_and_removed() {
+    use malachi_core::auth::token::{TOKEN_KEYS_MAX, TokenAlgorithm, TokenKey};
+    let key = |kid: &str, pem: &str| TokenKey {
+        kid: kid.into(),
+        algorithm: TokenAlgorithm::EdDSA,
+        public_key_pem: pem.into(),
+        added_at_ms: 1,
+    };
+    let mut state = MetadataState::default();
+    state.apply(Command::InitRing { vnodes: 1 }).unwrap();
+    let before = state.snapshot().unwrap();
+    assert_eq!(
+        state.apply(Command::AddTokenKey {
+            key: key("k 1", "pem")
+        }),
+        Err(ModelError::InvalidTokenKey {
+            reason: "token-kid-invalid: \"k 1\" is not 1 to 64 bytes of [A-Za-z0-9._-]".into()
+        })
+    );
+    assert!(matches!(
+        state.apply(Command::AddTokenKey { key: key("k1", "") }),
+        Err(ModelError::InvalidTokenKey { .. })
+    ));
+    assert_eq!(state.snapshot().unwrap(), before, "refusals write nothing");
+    assert_eq!(
+        state.apply(Command::AddTokenKey {
+            key: key("k1", "pem-a")
+        }),
+        Ok(Outcome::TokenKeyAdded)
+    );
+    assert_eq!(
+        state.apply(Command::AddTokenKey {
+            key: key("k1", "pem-a")
+        }),
+        Ok(Outcome::Unchanged)
+    );
+    let with_one = state.snapshot().unwrap();
+    assert_eq!(
+        state.apply(Command::AddTokenKey {
+            key: key("k1", "pem-b")
+        }),
+        Err(ModelError::TokenKeyExists { kid: "k1".into() })
+    );
+    assert_eq!(state.snapshot().unwrap(), with_one);
+    for i in 1..TOKEN_KEYS_MAX {
+        let kid = format!("k-{i}");
+        state
+            .apply(Command::AddTokenKey {
+                key: key(&kid, "pem"),
+            })
+            .unwrap();
+    }
+    assert_eq!(
+        state.apply(Command::AddTokenKey {
+            key: key("one-more", "pem")
+        }),
+        Err(ModelError::TooManyTokenKeys {
+            max: TOKEN_KEYS_MAX
+        })
+    );
+    assert_eq!(
+        state.apply(Command::RemoveTokenKey { kid: "k1".into() }),
+        Ok(Outcome::TokenKeyRemoved)
+    );
+    assert_eq!(
+        state.apply(Command::RemoveTokenKey { kid: "k1".into() }),
+        Err(ModelError::NoSuchTokenKey { kid: "k1".into() })
+    );
+    assert_eq!(state.auth_view().token_keys.len(), TOKEN_KEYS_MAX - 1);
+    let restored = MetadataState::restore(&state.snapshot().unwrap()).unwrap();
+    assert_eq!(restored, state);
+}

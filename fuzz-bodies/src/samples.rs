@@ -470,3 +470,50 @@ fn auth_admin() -> Vec<Result<bytes::Bytes, malachi_wire::WireError>> {
         .encode(),
     ]
 }
+
+/// 402 `token_authenticate` with a token the `wire_token` body's key
+/// verifies, and the issuer key messages.
+pub fn wire_token() -> Vec<Vec<u8>> {
+    use malachi_core::auth::token::{MintRequest, TokenAlgorithm, mint};
+    use malachi_wire::auth::TokenAuthenticateRequest;
+    use malachi_wire::token_keys::*;
+    let token = mint(
+        crate::TOKEN_PRIVATE_KEY_PEM.as_bytes(),
+        &MintRequest {
+            algorithm: TokenAlgorithm::EdDSA,
+            kid: "k1",
+            subject: "alice",
+            now_ms: crate::TOKEN_NOW_MS,
+            lifetime_ms: 3_600_000,
+            not_before_ms: None,
+            audience: None,
+        },
+    )
+    .expect("the sample key signs");
+    let key = TokenKeyText {
+        kid: "k1".into(),
+        algorithm: "EdDSA".into(),
+        public_key_pem: crate::TOKEN_PUBLIC_KEY_PEM.into(),
+        added_at_ms: 1,
+    };
+    let encoded = [
+        TokenAuthenticateRequest {
+            token: token.clone(),
+        }
+        .encode(),
+        PutTokenKeyRequest { key: key.clone() }.encode(),
+        PutTokenKeyResponse {
+            kid: "k1".into(),
+            changed: true,
+        }
+        .encode(),
+        DeleteTokenKeyRequest { kid: "k1".into() }.encode(),
+        ListTokenKeysResponse { keys: vec![key] }.encode(),
+    ];
+    let mut samples: Vec<Vec<u8>> = encoded
+        .into_iter()
+        .map(|m| m.expect("a valid sample").to_vec())
+        .collect();
+    samples.push(token.into_bytes());
+    samples
+}

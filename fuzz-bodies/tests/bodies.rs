@@ -75,6 +75,7 @@ body_tests! {
     wire_messages: bodies::wire_messages, vec![samples::wire_messages()];
     fabric_message: bodies::fabric_message, vec![samples::fabric_message()];
     wire_auth: bodies::wire_auth, samples::wire_auth();
+    wire_token: bodies::wire_token, samples::wire_token();
     replica_append: bodies::replica_append, [vec![samples::replica_append(), samples::replica_refusal(), samples::replica_status(), samples::replica_repair()], samples::replica_orders()].concat();
 }
 
@@ -211,4 +212,25 @@ fn the_auth_samples_decode_and_the_scram_texts_authenticate() {
     let (client, last) = client.receive(&text(7), b"pencil").unwrap();
     assert_eq!(last, text(8));
     client.verify(&text(9)).unwrap();
+}
+
+/// The token sample verifies: the mutated samples start from a token
+/// that reaches the end of `verify`.
+#[test]
+fn the_token_sample_verifies() {
+    use malachi_core::auth::token::{TokenAlgorithm, TokenKey, TokenPolicy, verify};
+    let token = String::from_utf8(samples::wire_token().pop().unwrap()).unwrap();
+    let key = TokenKey {
+        kid: "k1".into(),
+        algorithm: TokenAlgorithm::EdDSA,
+        public_key_pem: bodies::TOKEN_PUBLIC_KEY_PEM.into(),
+        added_at_ms: 0,
+    };
+    let policy = TokenPolicy {
+        algorithms: vec![TokenAlgorithm::EdDSA],
+        clock_skew_ms: 0,
+        audience: None,
+    };
+    let verified = verify(&token, |_| Some(&key), &policy, bodies::TOKEN_NOW_MS).unwrap();
+    assert_eq!(verified.subject, "alice");
 }

@@ -52,6 +52,9 @@ pub async fn connect(output: &OutputArgs) -> Result<Client, CliError> {
 pub fn login(
     credentials: &super::CredentialArgs,
 ) -> Result<Option<malachi_wire::client::Login>, CliError> {
+    if let Some(file) = &credentials.token_file {
+        return super::token::token_login(file).map(Some);
+    }
     let Some(user) = &credentials.user else {
         return Ok(None);
     };

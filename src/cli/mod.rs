@@ -15,6 +15,7 @@ pub mod policy;
 pub mod records;
 pub mod render;
 mod secure;
+pub mod token;
 pub mod users;
 pub mod vnode;
 
@@ -80,6 +81,9 @@ pub enum Command {
     /// ACL entries: who may do what to which topics, groups and the cluster.
     #[command(subcommand)]
     Acl(users::AclCommand),
+    /// Bearer tokens (JWT): mint one, manage the issuer keys brokers verify them under.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
     /// Load generators and side-by-side comparisons.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -120,6 +124,14 @@ pub struct CredentialArgs {
     /// A file whose first line is the user's password.
     #[arg(long, env = "MALACHI_PASSWORD_FILE", value_name = "FILE")]
     pub password_file: Option<PathBuf>,
+    /// Log in with the bearer token (a JWT) on this file's first line instead.
+    #[arg(
+        long,
+        env = "MALACHI_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "user"
+    )]
+    pub token_file: Option<PathBuf>,
 }
 
 /// TLS to the brokers (ADR 0149): off unless `--tls-ca` is given.

@@ -11,8 +11,9 @@
 //! | 300..=399   | consumer groups                                           |
 //! | 400..=499   | authentication                                            |
 //!
-//! The authentication block serves its first keys (400, 401 and the user
-//! and ACL administration from 403, ADR 0150). A reserved number decodes
+//! The authentication block serves its first keys (400, 401, the user
+//! and ACL administration from 403, ADR 0150, and tokens: 402 and the
+//! issuer keys from 410, ADR 0152). A reserved number decodes
 //! to [`WireError::UnsupportedApi`] until its feature is implemented, exactly like an unknown number; [`reserved_name`]
 //! names it for logs and docs.
 
@@ -56,6 +57,8 @@ pub enum ApiKey {
     SaslHandshake = 400,
     /// One round of the mechanism's exchange.
     SaslAuthenticate = 401,
+    /// Logs in with a bearer token, a JWT (ADR 0152).
+    TokenAuthenticate = 402,
     /// Creates a user or replaces its credential (ADR 0150).
     PutUser = 403,
     /// Removes a user.
@@ -70,6 +73,12 @@ pub enum ApiKey {
     ListAcls = 408,
     /// Clears a user's lockout on every source.
     UnlockUser = 409,
+    /// Adds a token issuer's public key (ADR 0152).
+    PutTokenKey = 410,
+    /// Removes a token issuer's key.
+    DeleteTokenKey = 411,
+    /// The token issuer's keys.
+    ListTokenKeys = 412,
 }
 
 /// A supported version range for one api key, as `api_versions` reports it.
@@ -100,7 +109,6 @@ pub const RESERVED: &[(u16, &str)] = &[
     (303, "leave_group"),
     (304, "commit_cursor"),
     (305, "fetch_cursor"),
-    (402, "token_authenticate"),
 ];
 
 /// The inclusive number blocks reserved for later features.
@@ -113,7 +121,7 @@ pub const RESERVED_BLOCKS: &[(u16, u16, &str)] = &[
 
 impl ApiKey {
     /// Every implemented key, in number order.
-    pub const ALL: [ApiKey; 29] = [
+    pub const ALL: [ApiKey; 33] = [
         ApiKey::ApiVersions,
         ApiKey::CreateTopic,
         ApiKey::DeleteTopic,
@@ -136,6 +144,7 @@ impl ApiKey {
         ApiKey::Features,
         ApiKey::SaslHandshake,
         ApiKey::SaslAuthenticate,
+        ApiKey::TokenAuthenticate,
         ApiKey::PutUser,
         ApiKey::DeleteUser,
         ApiKey::ListUsers,
@@ -143,6 +152,9 @@ impl ApiKey {
         ApiKey::RemoveAcl,
         ApiKey::ListAcls,
         ApiKey::UnlockUser,
+        ApiKey::PutTokenKey,
+        ApiKey::DeleteTokenKey,
+        ApiKey::ListTokenKeys,
     ];
 
     /// The stable number carried in the request frame.
@@ -195,6 +207,7 @@ impl ApiKey {
             ApiKey::Features => "features",
             ApiKey::SaslHandshake => "sasl_handshake",
             ApiKey::SaslAuthenticate => "sasl_authenticate",
+            ApiKey::TokenAuthenticate => "token_authenticate",
             ApiKey::PutUser => "put_user",
             ApiKey::DeleteUser => "delete_user",
             ApiKey::ListUsers => "list_users",
@@ -202,6 +215,9 @@ impl ApiKey {
             ApiKey::RemoveAcl => "remove_acl",
             ApiKey::ListAcls => "list_acls",
             ApiKey::UnlockUser => "unlock_user",
+            ApiKey::PutTokenKey => "put_token_key",
+            ApiKey::DeleteTokenKey => "delete_token_key",
+            ApiKey::ListTokenKeys => "list_token_keys",
         }
     }
 }

@@ -29,6 +29,7 @@ pub mod replica_order;
 pub mod replica_status;
 pub mod replication;
 pub mod tls;
+pub mod token_keys;
 
 pub use api::ApiKey;
 pub use batch::{BatchBuilder, BatchError, Header, HeaderParts, Record, RecordBatch, RecordRef};

@@ -1592,6 +1592,7 @@ operations! {
     Features => FeaturesRequest, FeaturesResponse;
     SaslHandshake => crate::auth::SaslHandshakeRequest, crate::auth::SaslHandshakeResponse;
     SaslAuthenticate => crate::auth::SaslAuthenticateRequest, crate::auth::SaslAuthenticateResponse;
+    TokenAuthenticate => crate::auth::TokenAuthenticateRequest, crate::auth::TokenAuthenticateResponse;
     PutUser => crate::auth_admin::PutUserRequest, crate::auth_admin::PutUserResponse;
     DeleteUser => crate::auth_admin::DeleteUserRequest, crate::auth_admin::DeleteUserResponse;
     ListUsers => crate::auth_admin::ListUsersRequest, crate::auth_admin::ListUsersResponse;
@@ -1599,4 +1600,7 @@ operations! {
     RemoveAcl => crate::auth_admin::RemoveAclRequest, crate::auth_admin::AclChangeResponse;
     ListAcls => crate::auth_admin::ListAclsRequest, crate::auth_admin::ListAclsResponse;
     UnlockUser => crate::auth_admin::UnlockUserRequest, crate::auth_admin::UnlockUserResponse;
+    PutTokenKey => crate::token_keys::PutTokenKeyRequest, crate::token_keys::PutTokenKeyResponse;
+    DeleteTokenKey => crate::token_keys::DeleteTokenKeyRequest, crate::token_keys::DeleteTokenKeyResponse;
+    ListTokenKeys => crate::token_keys::ListTokenKeysRequest, crate::token_keys::ListTokenKeysResponse;
 }

@@ -547,6 +547,18 @@ fn the_auth_messages_encode_to_their_frozen_bytes() {
             session_lifetime_ms: Some(3_600_000),
         },
     );
+    // docs/protocol.md §10.2's example: an EdDSA token for alice.
+    frames(
+        "token_authenticate_example",
+        TOKEN_AUTHENTICATE,
+        &TokenAuthenticateRequest {
+            token: "eyJ0eXAiOiJKV1QiLCJhbGciOiJFZERTQSIsImtpZCI6ImsxIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6MTgwMDAwMzYwMCwibmJmIjoxODAwMDAwMDAwLCJpYXQiOjE4MDAwMDAwMDB9.7N2D2cWKqbDxNo-xUbjcDCCe8UfKAkO5znqCMqY49vOQV1t5dzuYdi1BTJNKgYNhzTvFksDUP_HjG8OZmacYAQ".into(),
+        },
+        &TokenAuthenticateResponse {
+            principal: "User:alice".into(),
+            session_lifetime_ms: Some(3_600_000),
+        },
+    );
     // A refusal: `unauthorized` with the SCRAM error in the message.
     let body = ErrorBody {
         message: "authentication failed: e=invalid-proof".into(),
@@ -661,6 +673,51 @@ fn the_user_and_acl_messages_encode_to_their_frozen_bytes() {
         "unlock_user_response",
         &UnlockUserResponse {
             name: "user".into(),
+        },
+    );
+}
+
+/// The token issuer key messages, api keys 410 to 412 (ADR 0152), with
+/// docs/protocol.md §10.4's example key.
+#[test]
+fn token_key_messages_keep_their_bytes() {
+    use malachi_wire::token_keys::*;
+    fn frozen(name: &str, message: &impl Message) {
+        insta::assert_snapshot!(name.to_owned(), hex(&message.encode().unwrap()));
+    }
+    let key = TokenKeyText {
+        kid: "k1".into(),
+        algorithm: "EdDSA".into(),
+        public_key_pem: "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAhfKbHyBGFxlhsTvSzKBzfmLhNyYf7N7HRBxRqKlD3q8=\n-----END PUBLIC KEY-----\n".into(),
+        added_at_ms: 0,
+    };
+    frozen(
+        "put_token_key_request",
+        &PutTokenKeyRequest { key: key.clone() },
+    );
+    frozen(
+        "put_token_key_response",
+        &PutTokenKeyResponse {
+            kid: "k1".into(),
+            changed: true,
+        },
+    );
+    frozen(
+        "delete_token_key_request",
+        &DeleteTokenKeyRequest { kid: "k1".into() },
+    );
+    frozen(
+        "delete_token_key_response",
+        &DeleteTokenKeyResponse { kid: "k1".into() },
+    );
+    frozen("list_token_keys_request", &ListTokenKeysRequest {});
+    frozen(
+        "list_token_keys_response",
+        &ListTokenKeysResponse {
+            keys: vec![TokenKeyText {
+                added_at_ms: 1_800_000_000_000,
+                ..key
+            }],
         },
     );
 }

@@ -45,11 +45,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use malachi_cluster::group::Backoff;
+use malachi_wire::messages::Request;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -58,8 +59,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
 use super::AdminCtx;
+use super::access::{AdminPeer, guard};
 use super::probe_lane::ProbeLane;
-use super::stream::AdminStream;
+use super::stream::{AdminStream, CertPrincipal};
 use crate::common::addresses::{AddressSlot, AddressTable};
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
 use crate::common::tls::ServerTls;
@@ -115,7 +117,20 @@ async fn ready(State(admin): State<Arc<AdminCtx>>) -> Response {
     }
 }
 
-async fn metrics(State(admin): State<Arc<AdminCtx>>) -> Response {
+/// The request a read-only view stands for in the authorization table:
+/// describe on the cluster.
+fn describe_request() -> Request {
+    Request::TreeSnapshot(Default::default())
+}
+
+async fn metrics(
+    State(admin): State<Arc<AdminCtx>>,
+    ConnectInfo(peer): ConnectInfo<AdminPeer>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = guard(&admin, &peer, &headers, &describe_request()).await {
+        return refused;
+    }
     let root = admin.actors.root.read().clone();
     if let Some(root) = root
         && let Ok(snapshot) = root.snapshot().await
@@ -142,7 +157,14 @@ async fn metrics(State(admin): State<Arc<AdminCtx>>) -> Response {
         .into_response()
 }
 
-async fn tree(State(admin): State<Arc<AdminCtx>>) -> Response {
+async fn tree(
+    State(admin): State<Arc<AdminCtx>>,
+    ConnectInfo(peer): ConnectInfo<AdminPeer>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = guard(&admin, &peer, &headers, &describe_request()).await {
+        return refused;
+    }
     let root = admin.actors.root.read().clone();
     let Some(root) = root else {
         return (StatusCode::SERVICE_UNAVAILABLE, "tree not running\n").into_response();
@@ -153,24 +175,53 @@ async fn tree(State(admin): State<Arc<AdminCtx>>) -> Response {
     }
 }
 
-async fn members(State(admin): State<Arc<AdminCtx>>) -> Response {
-    members_answer(&admin, Default::default()).await
+async fn members(
+    State(admin): State<Arc<AdminCtx>>,
+    ConnectInfo(peer): ConnectInfo<AdminPeer>,
+    headers: HeaderMap,
+) -> Response {
+    guarded_members(&admin, &peer, &headers, Default::default()).await
 }
 
-async fn decommission(State(admin): State<Arc<AdminCtx>>, Path(node): Path<u64>) -> Response {
+async fn decommission(
+    State(admin): State<Arc<AdminCtx>>,
+    ConnectInfo(peer): ConnectInfo<AdminPeer>,
+    headers: HeaderMap,
+    Path(node): Path<u64>,
+) -> Response {
     let request = malachi_wire::messages::ClusterMembersRequest {
         decommission: Some(node),
         admit: None,
     };
-    members_answer(&admin, request).await
+    guarded_members(&admin, &peer, &headers, request).await
 }
 
-async fn admit(State(admin): State<Arc<AdminCtx>>, Path(node): Path<u64>) -> Response {
+async fn admit(
+    State(admin): State<Arc<AdminCtx>>,
+    ConnectInfo(peer): ConnectInfo<AdminPeer>,
+    headers: HeaderMap,
+    Path(node): Path<u64>,
+) -> Response {
     let request = malachi_wire::messages::ClusterMembersRequest {
         decommission: None,
         admit: Some(node),
     };
-    members_answer(&admin, request).await
+    guarded_members(&admin, &peer, &headers, request).await
+}
+
+/// `cluster_members` once the caller may send it: describe to read,
+/// admin on the cluster to admit or decommission (`serve::auth::need`).
+async fn guarded_members(
+    admin: &Arc<AdminCtx>,
+    peer: &AdminPeer,
+    headers: &HeaderMap,
+    request: malachi_wire::messages::ClusterMembersRequest,
+) -> Response {
+    let what = Request::ClusterMembers(request.clone());
+    if let Err(refused) = guard(admin, peer, headers, &what).await {
+        return refused;
+    }
+    members_answer(admin, request).await
 }
 
 /// The members as JSON; a refusal as its wire error code and message, with
@@ -324,11 +375,13 @@ impl axum::serve::Listener for BoundedListener {
                 crate::common::faults::trip(broker, "admin_http");
             }
             let _ = stream.set_nodelay(true);
+            let principal = CertPrincipal::default();
             return (
                 DeadlineIo::new(
-                    AdminStream::new(stream, self.tls.as_deref()),
+                    AdminStream::new(stream, self.tls.as_deref(), Arc::clone(&principal)),
                     (slot, address),
                     self.read_timeout,
+                    principal,
                 ),
                 peer,
             );
@@ -355,6 +408,8 @@ pub(crate) struct DeadlineIo {
     /// that sends its next request late still gets a whole `timeout` for
     /// it, while a trickle of bytes does not keep one alive.
     read_since_write: bool,
+    /// The verified client certificate's principal, once known.
+    principal: CertPrincipal,
 }
 
 impl DeadlineIo {
@@ -362,6 +417,7 @@ impl DeadlineIo {
         stream: AdminStream,
         slot: (OwnedSemaphorePermit, AddressSlot<()>),
         timeout: Duration,
+        principal: CertPrincipal,
     ) -> DeadlineIo {
         DeadlineIo {
             stream,
@@ -369,7 +425,13 @@ impl DeadlineIo {
             timeout,
             deadline: Box::pin(tokio::time::sleep(timeout)),
             read_since_write: false,
+            principal,
         }
+    }
+
+    /// Where the client certificate's principal lands (ADR 0149 §8).
+    pub(crate) fn cert_principal(&self) -> CertPrincipal {
+        Arc::clone(&self.principal)
     }
 
     /// Whether the deadline has passed; if not, the task is woken when it does.
@@ -493,7 +555,7 @@ impl Actor for AdminActor {
         let listener = listener.with_fault_key(args.ctx.fault_key);
         let cancel = CancellationToken::new();
         let token = cancel.clone();
-        let app = router(args.ctx);
+        let app = router(args.ctx).into_make_service_with_connect_info::<AdminPeer>();
         let serve = spawn_watched(
             myself,
             "admin_http_server",
@@ -564,7 +626,10 @@ mod tests {
             addr,
             addr,
         ));
-        tokio::spawn(axum::serve(listener, router(Arc::new(AdminCtx::of(&shared)))).into_future());
+        let listener = BoundedListener::new(listener, 16, 16, Duration::from_secs(10));
+        let app = router(Arc::new(AdminCtx::of(&shared)))
+            .into_make_service_with_connect_info::<AdminPeer>();
+        tokio::spawn(axum::serve(listener, app).into_future());
         assert_eq!(status(addr, "/health").await, 200);
         assert_eq!(status(addr, "/ready").await, 503);
         // Serving clients alone is not enough: the metadata plane is not open.

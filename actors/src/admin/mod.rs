@@ -15,6 +15,7 @@ use crate::control::shared::Shared;
 use crate::data::storage::Storage;
 use crate::serve::context::MetaCtx;
 
+pub(crate) mod access;
 pub(crate) mod http;
 pub(crate) mod probe_lane;
 pub(crate) mod stream;
@@ -37,6 +38,9 @@ pub(crate) struct AdminCtx {
     pub read_timeout_ms: u64,
     pub probe_connections_max: usize,
     pub probe_timeout_ms: u64,
+    /// Who may do what (ADR 0152): the client port's rules, with a view
+    /// cache of its own.
+    pub auth: Arc<crate::serve::auth::AuthCtx>,
     /// The port's TLS, the client port's (ADR 0149).
     pub tls: Option<Arc<crate::common::tls::ServerTls>>,
     /// The broker's fault-injection key (its client address).
@@ -58,6 +62,7 @@ impl AdminCtx {
             read_timeout_ms: shared.config.admin_read_timeout_ms,
             probe_connections_max: shared.config.admin_probe_connections_max,
             probe_timeout_ms: shared.config.admin_probe_timeout_ms,
+            auth: crate::serve::context::build_auth(shared),
             tls: shared.tls.get().cloned(),
             #[cfg(feature = "testing")]
             fault_key: shared.client_addr,

@@ -122,7 +122,8 @@ impl ProbeLane {
 
 /// Reads one request line and answers it.
 async fn answer(ctx: &AdminCtx, stream: TcpStream) -> std::io::Result<Answer> {
-    let mut stream = AdminStream::new(stream, ctx.tls.as_deref());
+    let principal = super::stream::CertPrincipal::default();
+    let mut stream = AdminStream::new(stream, ctx.tls.as_deref(), principal);
     let mut line = Vec::with_capacity(128);
     let mut byte = [0u8; 1];
     let answer = loop {

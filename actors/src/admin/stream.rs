@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -14,13 +15,19 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tracing::debug;
 
+use crate::common::peer_identity::PeerIdentity;
 use crate::common::tls::ServerTls;
+
+/// The principal name a connection's verified client certificate maps
+/// to (ADR 0149 §8), set once its TLS handshake finished; the handlers
+/// read it through `access::AdminPeer`.
+pub(crate) type CertPrincipal = Arc<OnceLock<Option<String>>>;
 
 /// The socket of one admin connection.
 pub(crate) enum AdminStream {
     Plain(TcpStream),
     /// The TLS handshake, driven by the first read or write.
-    Handshaking(Box<tokio_rustls::Accept<TcpStream>>),
+    Handshaking(Box<tokio_rustls::Accept<TcpStream>>, CertPrincipal),
     Tls(Box<TlsStream<TcpStream>>),
     /// The handshake failed: every later call fails.
     Failed,
@@ -30,7 +37,7 @@ impl std::fmt::Debug for AdminStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             AdminStream::Plain(_) => "Plain",
-            AdminStream::Handshaking(_) => "Handshaking",
+            AdminStream::Handshaking(..) => "Handshaking",
             AdminStream::Tls(_) => "Tls",
             AdminStream::Failed => "Failed",
         })
@@ -38,19 +45,36 @@ impl std::fmt::Debug for AdminStream {
 }
 
 impl AdminStream {
-    pub(crate) fn new(stream: TcpStream, tls: Option<&ServerTls>) -> AdminStream {
+    /// The connection's socket; a verified client certificate's
+    /// principal lands in `principal` once the handshake is done.
+    pub(crate) fn new(
+        stream: TcpStream,
+        tls: Option<&ServerTls>,
+        principal: CertPrincipal,
+    ) -> AdminStream {
         match tls {
             None => AdminStream::Plain(stream),
-            Some(tls) => AdminStream::Handshaking(Box::new(tls.acceptor().accept(stream))),
+            Some(tls) => {
+                AdminStream::Handshaking(Box::new(tls.acceptor().accept(stream)), principal)
+            }
         }
     }
 
     /// Drives the handshake, if one is under way; ready once the stream
     /// can carry bytes.
     fn poll_established(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let AdminStream::Handshaking(accept) = self {
+        if let AdminStream::Handshaking(accept, principal) = self {
             match ready!(Pin::new(accept.as_mut()).poll(cx)) {
-                Ok(tls) => *self = AdminStream::Tls(Box::new(tls)),
+                Ok(tls) => {
+                    let name = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|certs| PeerIdentity::of(certs.first()?))
+                        .and_then(|identity| identity.principal().map(str::to_owned));
+                    let _ = principal.set(name);
+                    *self = AdminStream::Tls(Box::new(tls));
+                }
                 Err(e) => {
                     debug!(error = %e, "admin tls handshake failed");
                     *self = AdminStream::Failed;

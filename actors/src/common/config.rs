@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
+use malachi_core::auth::token::{
+    AUDIENCE_BYTES_MAX, CLOCK_SKEW_MS_MAX, TokenAlgorithm, TokenPolicy,
+};
 use malachi_storage::{SealPolicy, StoreConfig};
 use serde::{Deserialize, Serialize};
 
@@ -723,8 +726,17 @@ pub struct SecuritySettings {
     pub bootstrap_user: Option<String>,
     /// The file holding `bootstrap_user`'s password (its first line).
     pub bootstrap_password_file: Option<PathBuf>,
-    /// Accept listening off loopback without client authentication, or
-    /// with the admin port (which authenticates nobody yet) off loopback.
+    /// The JWS algorithms bearer tokens may be signed with (ADR 0152):
+    /// `EdDSA` (the default), `ES256`, `ES384`, `RS256`, `RS384`,
+    /// `RS512`, `PS256`, `PS384`, `PS512`. Never `none` or HMAC.
+    pub token_algorithms: Vec<String>,
+    /// How far a token's `exp` and `nbf` may be off the broker's clock,
+    /// at most 300,000 ms.
+    pub token_clock_skew_ms: u64,
+    /// If set, a token's `aud` must be present and name it.
+    pub token_audience: Option<String>,
+    /// Accept listening off loopback without client authentication (the
+    /// client port's or the admin port's).
     /// Without it such a broker refuses to start, naming the risk.
     pub insecure: bool,
 }
@@ -744,10 +756,17 @@ impl Default for SecuritySettings {
             lockout_forget_after_ms: lockout.forget_after_ms,
             bootstrap_user: None,
             bootstrap_password_file: None,
+            token_algorithms: vec![TokenAlgorithm::EdDSA.name().to_owned()],
+            token_clock_skew_ms: TOKEN_CLOCK_SKEW_MS_DEFAULT,
+            token_audience: None,
             insecure: false,
         }
     }
 }
+
+/// The default `security.token_clock_skew_ms`: a minute, as common JWT
+/// libraries allow.
+pub const TOKEN_CLOCK_SKEW_MS_DEFAULT: u64 = 60_000;
 
 /// The longest `security.auth_view_max_age_ms`: a change takes effect on
 /// every broker within a second (issue 39, ADR 0148).
@@ -767,6 +786,44 @@ impl SecuritySettings {
         }
     }
 
+    /// How bearer tokens are judged (ADR 0152).
+    pub fn token_policy(&self) -> Result<TokenPolicy, BrokerError> {
+        let bad = |reason: String| BrokerError::Config { reason };
+        let mut algorithms = Vec::new();
+        for name in &self.token_algorithms {
+            let Some(algorithm) = TokenAlgorithm::from_name(name) else {
+                return Err(bad(format!(
+                    "security.token_algorithms: {name:?} is not an accepted algorithm (none and HMAC never are); use EdDSA, ES256, ES384, RS256, RS384, RS512, PS256, PS384 or PS512"
+                )));
+            };
+            if !algorithms.contains(&algorithm) {
+                algorithms.push(algorithm);
+            }
+        }
+        if algorithms.is_empty() {
+            return Err(bad(
+                "security.token_algorithms must name at least one algorithm".into(),
+            ));
+        }
+        if self.token_clock_skew_ms > CLOCK_SKEW_MS_MAX {
+            return Err(bad(format!(
+                "security.token_clock_skew_ms must be at most {CLOCK_SKEW_MS_MAX}"
+            )));
+        }
+        if let Some(audience) = &self.token_audience
+            && (audience.is_empty() || audience.len() > AUDIENCE_BYTES_MAX)
+        {
+            return Err(bad(format!(
+                "security.token_audience must be 1 to {AUDIENCE_BYTES_MAX} bytes"
+            )));
+        }
+        Ok(TokenPolicy {
+            algorithms,
+            clock_skew_ms: self.token_clock_skew_ms,
+            audience: self.token_audience.clone(),
+        })
+    }
+
     /// The superusers, parsed.
     pub fn superuser_principals(
         &self,
@@ -784,6 +841,7 @@ impl SecuritySettings {
     fn validate(&self, backend: MetadataBackend) -> Result<(), BrokerError> {
         let bad = |reason: String| Err(BrokerError::Config { reason });
         self.superuser_principals()?;
+        self.token_policy()?;
         if self.authentication == Authentication::Scram && backend != MetadataBackend::Raft {
             return bad("security.authentication = \"scram\" needs metadata_backend = \"raft\": users and ACLs live in the ring's raft group".into());
         }
@@ -939,9 +997,10 @@ impl BrokerConfig {
     }
 
     /// Secure by default where it matters (issue 39): off loopback, the
-    /// development cookie is refused, and so is a client port without
-    /// authentication or an admin port at all (it authenticates nobody
-    /// yet), unless `security.insecure` accepts the risk.
+    /// development cookie is refused, and so is a client port or an admin
+    /// port without authentication (with it, the admin port takes a token
+    /// or a client certificate, ADR 0152), unless `security.insecure`
+    /// accepts the risk.
     fn validate_exposure(&self) -> Result<(), BrokerError> {
         let bad = |reason: String| Err(BrokerError::Config { reason });
         let exposed = [
@@ -975,9 +1034,11 @@ impl BrokerConfig {
                 self.listen_addr
             ));
         }
-        if !self.admin_addr.ip().is_loopback() {
+        if self.security.authentication == Authentication::None
+            && !self.admin_addr.ip().is_loopback()
+        {
             return bad(format!(
-                "admin_addr {} is not a loopback address and the admin port authenticates nobody yet: anyone who reaches it may admit and decommission brokers; bind it to loopback, or set security.insecure = true to accept the risk",
+                "admin_addr {} is not a loopback address and security.authentication = \"none\": anyone who reaches the admin port may admit and decommission brokers; set security.authentication = \"scram\" (the admin port then takes a token or a client certificate), bind it to loopback, or set security.insecure = true to accept the risk",
                 self.admin_addr
             ));
         }
@@ -1396,7 +1457,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn off_loopback_a_broker_needs_a_cookie_authentication_and_a_private_admin_port() {
+    fn token_settings_are_checked_at_start() {
+        let mut config = BrokerConfig::default();
+        assert_eq!(
+            config.security.token_policy().unwrap().algorithms,
+            vec![TokenAlgorithm::EdDSA]
+        );
+        for bad in ["HS256", "none", "eddsa"] {
+            config.security.token_algorithms = vec![bad.into()];
+            let refused = config.validate().unwrap_err().to_string();
+            assert!(refused.contains("token_algorithms"), "{bad}: {refused}");
+        }
+        config.security.token_algorithms = Vec::new();
+        assert!(config.validate().is_err());
+        config.security.token_algorithms = vec!["RS256".into(), "ES256".into()];
+        assert!(config.validate().is_ok());
+        config.security.token_clock_skew_ms = CLOCK_SKEW_MS_MAX + 1;
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(refused.contains("token_clock_skew_ms"), "{refused}");
+    }
+
+    #[test]
+    fn off_loopback_a_broker_needs_a_cookie_and_authentication() {
         let exposed = |listen: &str, admin: &str| BrokerConfig {
             listen_addr: listen.parse().unwrap(),
             admin_addr: admin.parse().unwrap(),
@@ -1419,9 +1501,18 @@ mod tests {
         );
         config.security.authentication = Authentication::Scram;
         assert!(config.validate().is_ok());
+        // With authentication on, the admin port authenticates too (ADR
+        // 0152): off loopback is fine.
         config.admin_addr = "10.0.0.1:8080".parse().unwrap();
+        assert!(config.validate().is_ok());
+        // Without it, an admin port off loopback is refused by itself.
+        let mut config = exposed("127.0.0.1:4040", "10.0.0.1:8080");
+        config.membership.cluster_cookie = Some("a secret".into());
         let refused = config.validate().unwrap_err().to_string();
-        assert!(refused.contains("admin_addr"), "{refused}");
+        assert!(
+            refused.contains("admin_addr") && refused.contains("security.insecure"),
+            "{refused}"
+        );
         config.security.insecure = true;
         assert!(config.validate().is_ok());
         config.membership.cluster_cookie = None;

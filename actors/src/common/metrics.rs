@@ -278,6 +278,34 @@ impl BrokerMetrics {
 
     /// `malachi_tls_clients_on_plaintext_total`: a plaintext port's
     /// connection that opened with a TLS ClientHello, closed.
+    /// `malachi_token_logins_refused_total{reason}`: a bearer token
+    /// refused on the client port (ADR 0152), by `TokenError::code`.
+    pub fn token_logins_refused(&self, reason: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_token_logins_refused_total",
+                    vec![Label::new("reason", reason)],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
+    /// `malachi_admin_requests_refused_total{status}`: an admin HTTP
+    /// request refused for its credential (`401`) or its ACLs (`403`).
+    pub fn admin_request_refused(&self, status: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_admin_requests_refused_total",
+                    vec![Label::new("status", status)],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
     pub fn tls_client_on_plaintext(&self) {
         self.recorder
             .register_counter(

@@ -31,6 +31,7 @@ use malachi_core::auth::scram::{self, MECHANISM, ScramError};
 use malachi_core::auth::scram_server::{
     NonceLedger, ServerConfig, ServerExchange, server_error_message,
 };
+use malachi_core::auth::token::TokenPolicy;
 use malachi_core::model::{AuthView, Command, Outcome};
 use malachi_wire::auth::{
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
@@ -57,6 +58,8 @@ pub(crate) struct AuthCtx {
     superusers: Vec<Principal>,
     pub iterations: u32,
     policy: LockoutPolicy,
+    /// How bearer tokens are judged (ADR 0152).
+    pub token: TokenPolicy,
     cache: AuthViewCache,
     /// The authorizer built from the cached view it came from.
     authorizer: Mutex<Option<(Arc<AuthView>, Arc<Authorizer>)>>,
@@ -83,6 +86,8 @@ pub(crate) struct AuthSettings {
     pub iterations: u32,
     pub policy: LockoutPolicy,
     pub view_max_age_ms: u64,
+    /// How bearer tokens are judged (ADR 0152).
+    pub token: TokenPolicy,
 }
 
 impl AuthCtx {
@@ -98,6 +103,7 @@ impl AuthCtx {
             superusers: settings.superusers,
             iterations: settings.iterations,
             policy: settings.policy,
+            token: settings.token,
             cache: AuthViewCache::new(std::time::Duration::from_millis(settings.view_max_age_ms)),
             authorizer: Mutex::new(None),
             ledger: Mutex::new(NonceLedger::default()),
@@ -127,6 +133,13 @@ impl AuthCtx {
     /// A change was made through this broker: the next decision reads again.
     pub async fn invalidate(&self) {
         self.cache.invalidate().await;
+    }
+
+    /// The users, entries and token keys, from a view no older than the
+    /// cache's bound (`auth_view_max_age_ms`).
+    pub async fn cached_view(&self) -> Result<Arc<AuthView>, ServeError> {
+        let host = self.host()?;
+        self.cache.get(&host).await.map_err(ServeError::AdminStore)
     }
 
     /// The authorizer over a view no older than the cache's bound.
@@ -226,9 +239,10 @@ pub(crate) fn need(request: &Request) -> Need<'_> {
     use Operation::{Admin, Alter, Consume, Create, Delete, Describe, Produce};
     use Resource::{Cluster, Topic};
     match request {
-        Request::ApiVersions(_) | Request::SaslHandshake(_) | Request::SaslAuthenticate(_) => {
-            Need::Open
-        }
+        Request::ApiVersions(_)
+        | Request::SaslHandshake(_)
+        | Request::SaslAuthenticate(_)
+        | Request::TokenAuthenticate(_) => Need::Open,
         Request::CreateTopic(r) => Need::Acl(Create, Topic(&r.name)),
         Request::DeleteTopic(r) => Need::Acl(Delete, Topic(&r.name)),
         Request::DescribeTopic(r) => Need::Acl(Describe, Topic(&r.name)),
@@ -248,14 +262,19 @@ pub(crate) fn need(request: &Request) -> Need<'_> {
         | Request::VnodeList(_)
         | Request::ListPolicies(_)
         | Request::ListUsers(_)
-        | Request::ListAcls(_) => Need::Acl(Describe, Cluster),
+        | Request::ListAcls(_)
+        | Request::ListTokenKeys(_) => Need::Acl(Describe, Cluster),
         Request::ClusterMembers(r) if r.admit.is_none() && r.decommission.is_none() => {
             Need::Acl(Describe, Cluster)
         }
         Request::Features(r) if r.activate.is_none() && !r.finalize => Need::Acl(Describe, Cluster),
-        Request::ClusterMembers(_) | Request::Features(_) | Request::VnodeSplit(_) => {
-            Need::Acl(Admin, Cluster)
-        }
+        // An issuer key can mint a token for any principal, superusers
+        // included: adding or removing one is a cluster admin's act.
+        Request::ClusterMembers(_)
+        | Request::Features(_)
+        | Request::VnodeSplit(_)
+        | Request::PutTokenKey(_)
+        | Request::DeleteTokenKey(_) => Need::Acl(Admin, Cluster),
         Request::PutPolicy(_)
         | Request::DeletePolicy(_)
         | Request::PutUser(_)
@@ -434,7 +453,7 @@ impl ConnAuth {
         }
     }
 
-    fn refuse(&self, reason: String, retry_after_ms: Option<u32>) -> ServeError {
+    pub(super) fn refuse(&self, reason: String, retry_after_ms: Option<u32>) -> ServeError {
         self.broker.metrics.logins_failed.increment(1);
         ServeError::AuthFailed {
             reason,
@@ -442,7 +461,7 @@ impl ConnAuth {
         }
     }
 
-    fn key(&self, username: &str) -> LockoutKey {
+    pub(super) fn key(&self, username: &str) -> LockoutKey {
         LockoutKey {
             principal: username.to_owned(),
             source: self.source.clone(),
@@ -478,30 +497,59 @@ impl ConnAuth {
             Err(e) => return Err(self.refuse(server_error_message(&e), None)),
         };
         let key = self.key(exchange.claimed_username());
+        let had_failures = self.admit(&view, &key)?;
+        Ok((Box::new(exchange), had_failures, server_first))
+    }
+
+    /// Refuses a (principal, source) pair the lockout delays or locks,
+    /// without trying it; answers whether the pair has failures to clear
+    /// on success.
+    pub(super) fn admit(&self, view: &AuthView, key: &LockoutKey) -> Result<bool, ServeError> {
         let now_ms = self.broker.now_ms();
-        match view.lockout.check(&self.broker.policy, &key, now_ms) {
-            Admission::Allowed => {}
+        match view.lockout.check(&self.broker.policy, key, now_ms) {
+            Admission::Allowed => Ok(view.lockout.attempts(key).is_some()),
             Admission::Delayed { retry_at_ms } => {
                 let wait = retry_at_ms.saturating_sub(now_ms);
-                return Err(self.refuse(
+                Err(self.refuse(
                     format!(
                         "too many failed logins of this user from this address: try again in {wait} ms"
                     ),
                     Some(clamp_ms(wait)),
-                ));
+                ))
             }
             Admission::Locked { until_ms } => {
                 let wait = until_ms.saturating_sub(now_ms);
-                return Err(self.refuse(
+                Err(self.refuse(
                     format!(
                         "this user is locked out from this address for {wait} ms after repeated failed logins, or until an admin unlocks it"
                     ),
                     Some(clamp_ms(wait)),
-                ));
+                ))
             }
         }
-        let had_failures = view.lockout.attempts(&key).is_some();
-        Ok((Box::new(exchange), had_failures, server_first))
+    }
+
+    /// A login succeeded: the pair's failures are cleared (if it had any)
+    /// and the connection acts as `principal` from now on.
+    pub(super) async fn logged_in(
+        &self,
+        host: &VnodeHost,
+        key: LockoutKey,
+        had_failures: bool,
+        principal: Principal,
+        how: &'static str,
+    ) {
+        if had_failures {
+            let cleared = host
+                .propose_admin(Command::RecordLoginSuccess { key: key.clone() })
+                .await;
+            if let Err(e) = cleared {
+                warn!(user = %key.principal, error = %e, "a login's failures were not cleared");
+            }
+        }
+        info!(%principal, source = %self.source, how, "logged in");
+        self.broker.metrics.logins_succeeded.increment(1);
+        *self.principal.lock() = Some(principal);
     }
 
     /// The client-final message: the proof verified on the blocking pool,
@@ -519,18 +567,9 @@ impl ConnAuth {
         let host = self.broker.host()?;
         match verified {
             Ok(done) => {
-                if had_failures {
-                    let cleared = host
-                        .propose_admin(Command::RecordLoginSuccess { key: key.clone() })
-                        .await;
-                    if let Err(e) = cleared {
-                        warn!(user = %key.principal, error = %e, "a login's failures were not cleared");
-                    }
-                }
                 let principal = Principal::user(&done.username);
-                info!(%principal, source = %self.source, "logged in");
-                self.broker.metrics.logins_succeeded.increment(1);
-                *self.principal.lock() = Some(principal.clone());
+                self.logged_in(&host, key, had_failures, principal.clone(), "scram")
+                    .await;
                 Ok(SaslAuthenticateResponse {
                     auth_bytes: done.server_final,
                     complete: true,
@@ -545,6 +584,17 @@ impl ConnAuth {
     /// Counts a failed proof cluster-wide; the answer names the delay the
     /// next attempt of this user from this address must wait.
     async fn failed(&self, host: &VnodeHost, key: LockoutKey, e: &ScramError) -> ServeError {
+        warn!(user = %key.principal, source = %self.source, error = %e, "login failed");
+        self.failed_with(host, key, server_error_message(e)).await
+    }
+
+    /// Counts a failed login cluster-wide before the answer `message`.
+    pub(super) async fn failed_with(
+        &self,
+        host: &VnodeHost,
+        key: LockoutKey,
+        message: String,
+    ) -> ServeError {
         let at_ms = self.broker.now_ms();
         let recorded = host
             .propose_admin(Command::RecordLoginFailure {
@@ -562,8 +612,7 @@ impl ConnAuth {
                 None
             }
         };
-        warn!(user = %key.principal, source = %self.source, error = %e, "login failed");
-        self.refuse(server_error_message(e), retry_after_ms)
+        self.refuse(message, retry_after_ms)
     }
 }
 

@@ -217,10 +217,15 @@ impl ServeCtx {
     }
 }
 
-/// The client port's authentication, from `[security]`; starts creating
-/// the bootstrap user, if one is configured, in the background.
-fn auth_ctx(shared: &Arc<Shared>) -> Arc<AuthCtx> {
+/// The broker's authentication from `[security]`, with a cache of its
+/// own: the client port's, and the admin port's (ADR 0152).
+pub(crate) fn build_auth(shared: &Arc<Shared>) -> Arc<AuthCtx> {
     let security = &shared.config.security;
+    let default_policy = || malachi_core::auth::token::TokenPolicy {
+        algorithms: vec![malachi_core::auth::token::TokenAlgorithm::EdDSA],
+        clock_skew_ms: crate::common::config::TOKEN_CLOCK_SKEW_MS_DEFAULT,
+        audience: None,
+    };
     let settings = AuthSettings {
         enabled: security.authentication == Authentication::Scram,
         // Validated at start (`BrokerConfig::validate`).
@@ -228,14 +233,22 @@ fn auth_ctx(shared: &Arc<Shared>) -> Arc<AuthCtx> {
         iterations: security.scram_iterations,
         policy: security.lockout_policy(),
         view_max_age_ms: security.auth_view_max_age_ms,
+        token: security.token_policy().unwrap_or_else(|_| default_policy()),
     };
-    let auth = Arc::new(AuthCtx::new(
+    Arc::new(AuthCtx::new(
         settings,
         Arc::clone(&shared.actors),
         Arc::clone(&shared.memory),
         Arc::clone(&shared.clock),
         Arc::clone(&shared.metrics),
-    ));
+    ))
+}
+
+/// The client port's authentication, from `[security]`; starts creating
+/// the bootstrap user, if one is configured, in the background.
+fn auth_ctx(shared: &Arc<Shared>) -> Arc<AuthCtx> {
+    let security = &shared.config.security;
+    let auth = build_auth(shared);
     if let (Some(name), Some(file)) = (
         security.bootstrap_user.clone(),
         security.bootstrap_password_file.clone(),

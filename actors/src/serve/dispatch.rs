@@ -14,7 +14,7 @@ use super::context::ReadCtx;
 use super::error::ServeError;
 use super::reply::{Failure, Reply, redirect_reply, refusal_frame};
 use super::subscribe::{ConnCtx, credit, subscribe};
-use super::{cluster, features, fetch, policies, topics, users, vnodes};
+use super::{cluster, features, fetch, policies, token, topics, users, vnodes};
 use crate::control::placement::{Serve, serve_here};
 
 pub(crate) async fn handle_frame(
@@ -200,6 +200,18 @@ async fn handle_auth(ctx: &ConnCtx, request: Request) -> Result<Response, Failur
         Request::SaslAuthenticate(req) => {
             conn.authenticate(req).await.map(Response::SaslAuthenticate)
         }
+        Request::TokenAuthenticate(req) => {
+            conn.token_login(req).await.map(Response::TokenAuthenticate)
+        }
+        Request::PutTokenKey(req) => token::put_token_key(conn, req)
+            .await
+            .map(Response::PutTokenKey),
+        Request::DeleteTokenKey(req) => token::delete_token_key(conn, req)
+            .await
+            .map(Response::DeleteTokenKey),
+        Request::ListTokenKeys(_) => token::list_token_keys(conn)
+            .await
+            .map(Response::ListTokenKeys),
         Request::PutUser(req) => users::put_user(conn, req).await.map(Response::PutUser),
         Request::DeleteUser(req) => users::delete_user(conn, req)
             .await

@@ -238,7 +238,7 @@ pub(crate) enum ServeError {
     Redirect(Redirect),
     /// The connection has not logged in and the request needs it (ADR 0150).
     #[error(
-        "{api} needs an authenticated connection: log in first (sasl_handshake, sasl_authenticate)"
+        "{api} needs an authenticated connection: log in first (sasl_handshake, sasl_authenticate, or token_authenticate)"
     )]
     NotAuthenticated { api: &'static str },
     /// The ACLs refuse the request: `message` names the principal, the

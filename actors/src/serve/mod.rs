@@ -40,6 +40,7 @@ pub(crate) mod remote;
 pub(crate) mod reply;
 pub(crate) mod stream;
 pub(crate) mod subscribe;
+pub(crate) mod token;
 pub(crate) mod topics;
 pub(crate) mod users;
 pub(crate) mod vnodes;

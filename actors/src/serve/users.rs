@@ -54,7 +54,7 @@ fn credential_of(text: &wire::UserCredential) -> Result<StoredCredential, ServeE
 
 /// A change proposed to the ring's group; the cached view is dropped so
 /// this broker's next decision sees it.
-async fn propose(auth: &AuthCtx, cmd: Command) -> Result<Outcome, ServeError> {
+pub(super) async fn propose(auth: &AuthCtx, cmd: Command) -> Result<Outcome, ServeError> {
     let host = auth.host()?;
     let outcome = host
         .propose_admin(cmd)

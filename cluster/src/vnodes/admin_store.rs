@@ -36,6 +36,8 @@ pub fn is_admin_command(cmd: &Command) -> bool {
             | Command::RecordLoginFailure { .. }
             | Command::RecordLoginSuccess { .. }
             | Command::UnlockUser { .. }
+            | Command::AddTokenKey { .. }
+            | Command::RemoveTokenKey { .. }
     )
 }
 
@@ -51,6 +53,13 @@ impl VnodeHost {
             return Err(AdminStoreError::NotAdmin("the command"));
         }
         self.require(Feature::AdminStore)?;
+        if matches!(
+            cmd,
+            Command::AddTokenKey { .. } | Command::RemoveTokenKey { .. }
+        ) {
+            // An older broker with the admin store could not decode them.
+            self.require(Feature::TokenKeys)?;
+        }
         Ok(self.propose_ring(cmd).await?)
     }
 

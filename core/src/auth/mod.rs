@@ -7,6 +7,7 @@
 //!   `scram_client` are the two sides of an exchange.
 //! - `acl`: principals, resources, operations and the allow/deny decision.
 //! - `lockout`: the progressive delay and lock after failed attempts.
+//! - `token`: bearer tokens (JWT) verified under the issuer's keys.
 
 pub mod acl;
 pub mod lockout;
@@ -14,3 +15,4 @@ pub mod scram;
 pub mod scram_client;
 mod scram_message;
 pub mod scram_server;
+pub mod token;

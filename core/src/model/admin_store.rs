@@ -18,6 +18,7 @@ use crate::auth::scram::{
     ITERATIONS_MAX, ITERATIONS_MIN, SALT_BYTES_MAX, SALT_BYTES_MIN, StoredCredential,
     USERNAME_BYTES_MAX,
 };
+use crate::auth::token::{TOKEN_KEYS_MAX, TokenError, TokenKey};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -47,6 +48,10 @@ pub struct AdminStore {
     users: BTreeMap<String, UserRecord>,
     acls: BTreeSet<AclEntry>,
     lockout: Lockout,
+    /// The token issuer's public keys by key id (ADR 0152). Left out of
+    /// the encoding while empty, so a store without them encodes as before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    token_keys: BTreeMap<String, TokenKey>,
 }
 
 /// What a broker needs to decide: a copy of the stores at one applied
@@ -57,6 +62,9 @@ pub struct AuthView {
     /// The entries, in their canonical order.
     pub acls: Vec<AclEntry>,
     pub lockout: Lockout,
+    /// The token issuer's public keys by key id (ADR 0152).
+    #[serde(default)]
+    pub token_keys: BTreeMap<String, TokenKey>,
 }
 
 impl AuthView {
@@ -124,6 +132,26 @@ pub fn validate_credential(credential: &StoredCredential) -> Result<(), ModelErr
     Ok(())
 }
 
+/// Checks a token key's bounds (the key id's characters, the PEM's
+/// size), not its PEM: the proposer parsed it, and a machine that parses
+/// keys would tie the log's meaning to a crypto library's version.
+pub fn validate_token_key(key: &TokenKey) -> Result<(), ModelError> {
+    let invalid = |e: TokenError| ModelError::InvalidTokenKey {
+        reason: e.to_string(),
+    };
+    crate::auth::token::check_kid(&key.kid).map_err(invalid)?;
+    let bytes = key.public_key_pem.len();
+    if bytes == 0 || bytes > crate::auth::token::PUBLIC_KEY_PEM_BYTES_MAX {
+        return Err(ModelError::InvalidTokenKey {
+            reason: format!(
+                "a public key of {bytes} bytes is not within 1..={}",
+                crate::auth::token::PUBLIC_KEY_PEM_BYTES_MAX
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn acl_error(e: &crate::auth::acl::AclError) -> ModelError {
     ModelError::InvalidAcl {
         reason: e.to_string(),
@@ -160,6 +188,11 @@ impl AdminStore {
             && self.acls.len() <= ACL_ENTRIES_MAX
             && self.acls.iter().all(|e| e.check().is_ok())
             && self.lockout.len() <= LOCKOUT_ENTRIES_MAX
+            && self.token_keys.len() <= TOKEN_KEYS_MAX
+            && self
+                .token_keys
+                .iter()
+                .all(|(kid, key)| *kid == key.kid && validate_token_key(key).is_ok())
     }
 
     fn view(&self) -> AuthView {
@@ -167,6 +200,7 @@ impl AdminStore {
             users: self.users.clone(),
             acls: self.acls.iter().cloned().collect(),
             lockout: self.lockout.clone(),
+            token_keys: self.token_keys.clone(),
         }
     }
 }
@@ -300,5 +334,48 @@ impl MetadataState {
     pub(super) fn unlock_user(&mut self, name: &str) -> Result<Outcome, ModelError> {
         let keys = self.admin.as_mut().map_or(0, |a| a.lockout.unlock(name));
         Ok(Outcome::LockoutCleared { keys: keys as u64 })
+    }
+}
+
+impl MetadataState {
+    /// Adds an issuer key; the same key again is `Unchanged`, another key
+    /// under a key id already used is `TokenKeyExists` (a rotation adds a
+    /// new key id, then removes the old one).
+    pub(super) fn add_token_key(&mut self, key: TokenKey) -> Result<Outcome, ModelError> {
+        validate_token_key(&key)?;
+        let keys = self.admin.as_ref().map(|a| &a.token_keys);
+        match keys.and_then(|k| k.get(&key.kid)) {
+            Some(existing)
+                if existing.algorithm == key.algorithm
+                    && existing.public_key_pem == key.public_key_pem =>
+            {
+                return Ok(Outcome::Unchanged);
+            }
+            Some(_) => return Err(ModelError::TokenKeyExists { kid: key.kid }),
+            None => {}
+        }
+        if keys.map_or(0, BTreeMap::len) >= TOKEN_KEYS_MAX {
+            return Err(ModelError::TooManyTokenKeys {
+                max: TOKEN_KEYS_MAX,
+            });
+        }
+        self.admin_mut().token_keys.insert(key.kid.clone(), key);
+        Ok(Outcome::TokenKeyAdded)
+    }
+
+    /// Removes an issuer key: tokens naming it are refused from then on.
+    pub(super) fn remove_token_key(&mut self, kid: &str) -> Result<Outcome, ModelError> {
+        let removed = self
+            .admin
+            .as_mut()
+            .and_then(|a| a.token_keys.remove(kid))
+            .is_some();
+        if removed {
+            Ok(Outcome::TokenKeyRemoved)
+        } else {
+            Err(ModelError::NoSuchTokenKey {
+                kid: kid.to_owned(),
+            })
+        }
     }
 }

@@ -222,6 +222,8 @@ impl MetadataState {
             }
             Command::RecordLoginSuccess { key } => self.record_login_success(&key),
             Command::UnlockUser { name } => self.unlock_user(&name),
+            Command::AddTokenKey { key } => self.add_token_key(key),
+            Command::RemoveTokenKey { kid } => self.remove_token_key(&kid),
         }?;
         // Linear in the state, so only in debug builds; restore checks the same in release.
         debug_assert_eq!(

@@ -11,6 +11,7 @@ use super::state::{Incarnation, NodeId, RangeId, SealRecord, SegmentId, StorageP
 use crate::auth::acl::AclEntry;
 use crate::auth::lockout::{LockoutKey, LockoutPolicy};
 use crate::auth::scram::StoredCredential;
+use crate::auth::token::TokenKey;
 use crate::ring::VnodeId;
 use serde::{Deserialize, Serialize};
 
@@ -303,6 +304,13 @@ pub enum Command {
     RecordLoginSuccess { key: LockoutKey },
     /// An admin's unlock: clears every source's failures of the user.
     UnlockUser { name: String },
+    /// Adds a token issuer's public key (ADR 0152); the same key again is
+    /// a no-op, another under the same key id is `TokenKeyExists`.
+    /// Emitted only while `Feature::TokenKeys` is active, as is
+    /// `RemoveTokenKey`. Last, so the variants above encode as before.
+    AddTokenKey { key: TokenKey },
+    /// Removes a token issuer's key; refused with `NoSuchTokenKey`.
+    RemoveTokenKey { kid: String },
 }
 
 impl Command {
@@ -362,7 +370,9 @@ impl Command {
             | Command::RemoveAcl { .. }
             | Command::RecordLoginFailure { .. }
             | Command::RecordLoginSuccess { .. }
-            | Command::UnlockUser { .. } => None,
+            | Command::UnlockUser { .. }
+            | Command::AddTokenKey { .. }
+            | Command::RemoveTokenKey { .. } => None,
         }
     }
 }
@@ -481,6 +491,10 @@ pub enum Outcome {
     LockoutCleared {
         keys: u64,
     },
+    /// An issuer key was added (ADR 0152).
+    TokenKeyAdded,
+    /// An issuer key was removed.
+    TokenKeyRemoved,
 }
 
 /// A refused command. The state is left exactly as it was.
@@ -694,6 +708,14 @@ pub enum ModelError {
     NoSuchAcl { entry: Box<AclEntry> },
     #[error("invalid lockout record: {reason}")]
     InvalidLockout { reason: String },
+    #[error("invalid token key: {reason}")]
+    InvalidTokenKey { reason: String },
+    #[error("token key {kid} already exists with another key: add the new key under a new key id")]
+    TokenKeyExists { kid: String },
+    #[error("the store holds {max} token keys already")]
+    TooManyTokenKeys { max: usize },
+    #[error("no such token key {kid}")]
+    NoSuchTokenKey { kid: String },
 }
 
 impl ModelError {

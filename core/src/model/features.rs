@@ -58,6 +58,9 @@ pub enum Feature {
     /// `AddAcl`, `RemoveAcl` and the lockout's. Without it, none is
     /// proposed: an older broker could not decode them.
     AdminStore,
+    /// The token issuer keys' commands (ADR 0152): `AddTokenKey` and
+    /// `RemoveTokenKey`. Without it, neither is proposed.
+    TokenKeys,
 }
 
 /// How a feature goes from available to active.
@@ -70,13 +73,14 @@ pub enum Activation {
 }
 
 /// Every feature this binary supports, in name order of declaration.
-pub const SUPPORTED_FEATURES: [Feature; 6] = [
+pub const SUPPORTED_FEATURES: [Feature; 7] = [
     Feature::WaitedLease,
     Feature::LeaseGeneration,
     Feature::SplitMergeSegments,
     Feature::LeaseReleaseGeneration,
     Feature::ReshapePolicy,
     Feature::AdminStore,
+    Feature::TokenKeys,
 ];
 
 /// Features every broker emitted before the table existed: active in a
@@ -96,6 +100,7 @@ impl Feature {
             Feature::LeaseReleaseGeneration => "lease_release_generation",
             Feature::ReshapePolicy => "reshape_policy",
             Feature::AdminStore => "admin_store",
+            Feature::TokenKeys => "token_keys",
         }
     }
 
@@ -112,7 +117,8 @@ impl Feature {
             | Feature::SplitMergeSegments
             | Feature::LeaseReleaseGeneration
             | Feature::ReshapePolicy
-            | Feature::AdminStore => Activation::Auto,
+            | Feature::AdminStore
+            | Feature::TokenKeys => Activation::Auto,
         }
     }
 

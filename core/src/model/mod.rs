@@ -27,7 +27,7 @@ mod state;
 
 pub use admin_store::{
     AdminStore, AuthView, LOCKOUT_ENTRIES_MAX, LOCKOUT_SOURCE_BYTES_MAX, USERS_MAX, UserRecord,
-    validate_credential, validate_user_name,
+    validate_credential, validate_token_key, validate_user_name,
 };
 pub use apply::validate_name as validate_topic_name;
 pub use arc::{RING_END, RingArc, ring_position};

@@ -1,7 +1,8 @@
 //! The client's login (ADR 0150): after `api_versions`, on every
 //! connection it opens (so after every reconnect), the client runs its
 //! [`Authenticator`] through `sasl_handshake` and `sasl_authenticate`
-//! (api keys 400, 401). A refusal is final: [`ClientError::Authentication`]
+//! (api keys 400, 401), or sends its bearer token ([`TokenLogin`]) in one
+//! `token_authenticate` (402, ADR 0152). A refusal is final: [`ClientError::Authentication`]
 //! names the broker and why, and the client does not try the same
 //! credentials again.
 //!
@@ -17,6 +18,7 @@ use super::connection::Connection;
 use super::{Client, ClientError};
 use crate::auth::{
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
+    TokenAuthenticateRequest, TokenAuthenticateResponse,
 };
 use crate::error::ErrorCode;
 use crate::messages::Message;
@@ -27,6 +29,51 @@ pub trait Authenticator: Send + Sync + std::fmt::Debug {
     fn mechanism(&self) -> &str;
     /// A new session and its first message.
     fn start(&self) -> Result<(Box<dyn AuthSession>, String), String>;
+    /// A bearer token to log in with through 402 `token_authenticate`
+    /// instead of SASL (ADR 0152); `None` for a SASL mechanism.
+    fn bearer_token(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A login with a bearer token (a JWT the issuer minted), read once.
+/// Its `Debug` never shows the token.
+pub struct TokenLogin {
+    token: String,
+}
+
+impl std::fmt::Debug for TokenLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenLogin").finish_non_exhaustive()
+    }
+}
+
+impl TokenLogin {
+    /// A login with `token` (surrounding whitespace trimmed).
+    pub fn new(token: &str) -> TokenLogin {
+        TokenLogin {
+            token: token.trim().to_owned(),
+        }
+    }
+
+    /// As the client's [`Login`].
+    pub fn into_login(self) -> Login {
+        Login(Arc::new(self))
+    }
+}
+
+impl Authenticator for TokenLogin {
+    fn mechanism(&self) -> &str {
+        "token"
+    }
+
+    fn start(&self) -> Result<(Box<dyn AuthSession>, String), String> {
+        Err("a token login has no SASL session".into())
+    }
+
+    fn bearer_token(&self) -> Option<String> {
+        Some(self.token.clone())
+    }
 }
 
 /// One login's client side.
@@ -84,6 +131,18 @@ impl Client {
             return Ok(());
         };
         let addr = connection.addr().to_owned();
+        if let Some(token) = authenticator.bearer_token() {
+            let request = TokenAuthenticateRequest { token };
+            let _answer: TokenAuthenticateResponse = self
+                .exchange_payload::<TokenAuthenticateRequest>(
+                    connection,
+                    request.encode()?,
+                    timeout_ms,
+                )
+                .await
+                .map_err(|e| as_refusal(&addr, e))?;
+            return Ok(());
+        }
         let handshake = SaslHandshakeRequest {
             mechanism: authenticator.mechanism().to_owned(),
         };

@@ -51,7 +51,7 @@ use crate::error::{ErrorBody, ErrorCode, WireError};
 use crate::frame::FRAME_BYTES_MAX_DEFAULT;
 use crate::messages::*;
 use connection::Connection;
-pub use login::{AuthSession, Authenticator, Login};
+pub use login::{AuthSession, Authenticator, Login, TokenLogin};
 pub use producer::{ProduceAck, Producer, ProducerIdentity};
 pub use stream::{
     ConsumeOptions, ConsumedRecord, Consumer, StartAt, Subscription, SubscriptionBatch,

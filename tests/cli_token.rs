@@ -1,0 +1,212 @@
+//! Bearer tokens end to end with the real `malachi` binary and openssl
+//! (ADR 0152): an issuer key pair made by `openssl genpkey`, its public
+//! key added with `malachi token key add` as the bootstrap superuser, a
+//! token minted with `malachi token create`, then used through
+//! `--token-file` and `MALACHI_TOKEN_FILE`; the key removed, the same
+//! token is one clear, final line, and counts toward the lockout.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use malachi_testkit::process as common;
+
+use common::{bin, err, free_port, one_line_failure, out, spawn_until_serving};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+struct Broker {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &Path) -> Broker {
+    let admin_pw = dir.join("admin.pw");
+    std::fs::write(&admin_pw, "admin-secret\n").unwrap();
+    let config = dir.join("broker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\ntoken_algorithms = [\"EdDSA\"]\ntoken_clock_skew_ms = 5000\n",
+            admin_pw.display().to_string()
+        ),
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut command = Command::new(bin());
+    command
+        .args(["broker", "--node-id", "1", "--listen", &addr])
+        .args(["--admin-listen", &admin, "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn");
+    let child = spawn_until_serving(command, &dir.join("broker.log"), "the token broker");
+    Broker { child, addr }
+}
+
+fn run(broker: &str, args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut command = Command::new(bin());
+    command
+        .args(args)
+        .env("MALACHI_BROKER", broker)
+        .env_remove("RUST_LOG")
+        .env_remove("MALACHI_USER")
+        .env_remove("MALACHI_PASSWORD_FILE")
+        .env_remove("MALACHI_TOKEN_FILE");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+fn ok(output: Output) -> String {
+    assert!(output.status.success(), "stderr: {}", err(&output));
+    out(&output)
+}
+
+fn openssl(args: &[&str]) {
+    let status = Command::new("openssl").args(args).status().unwrap();
+    assert!(status.success(), "openssl {args:?}");
+}
+
+#[test]
+fn a_minted_token_logs_the_cli_in_until_its_key_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path());
+    let b = broker.addr.as_str();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let (private, public) = (path("issuer.key"), path("issuer.pub"));
+    openssl(&["genpkey", "-algorithm", "ed25519", "-out", &private]);
+    openssl(&["pkey", "-in", &private, "-pubout", "-out", &public]);
+    let admin_pw = path("admin.pw");
+    let as_admin = ["--user", "admin", "--password-file", admin_pw.as_str()];
+
+    malachi_testkit::wait::wait_until_blocking(
+        "the bootstrap user logs in",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            run(b, &[&["user", "list"][..], &as_admin[..]].concat(), &[])
+                .status
+                .success()
+        },
+    );
+    let added = ok(run(
+        b,
+        &[
+            &[
+                "token",
+                "key",
+                "add",
+                "--kid",
+                "k1",
+                "--public-key",
+                &public,
+            ][..],
+            &as_admin[..],
+        ]
+        .concat(),
+        &[],
+    ));
+    assert_eq!(added, "token key k1 added\n");
+    let listed = ok(run(
+        b,
+        &[&["token", "key", "list", "--json"][..], &as_admin[..]].concat(),
+        &[],
+    ));
+    assert!(
+        listed.contains(r#""kid":"k1""#) && listed.contains(r#""algorithm":"EdDSA""#),
+        "{listed}"
+    );
+
+    // Mint for the superuser, and for a user with no entries.
+    for (subject, file) in [("admin", "admin.jwt"), ("nobody", "nobody.jwt")] {
+        let token = ok(run(
+            b,
+            &[
+                "token",
+                "create",
+                "--private-key",
+                &private,
+                "--kid",
+                "k1",
+                "--subject",
+                subject,
+                "--lifetime-ms",
+                "600000",
+            ],
+            &[],
+        ));
+        assert_eq!(token.trim().split('.').count(), 3, "{token}");
+        std::fs::write(path(file), token).unwrap();
+    }
+    let admin_jwt = path("admin.jwt");
+    let created = ok(run(
+        b,
+        &["topic", "create", "tok", "--token-file", &admin_jwt],
+        &[],
+    ));
+    assert!(created.contains("tok"), "{created}");
+    let listed = ok(run(
+        b,
+        &["topic", "list"],
+        &[("MALACHI_TOKEN_FILE", Path::new(&admin_jwt))],
+    ));
+    assert!(listed.contains("tok"), "{listed}");
+
+    // A principal the ACLs do not allow: logged in, refused, nothing made.
+    let nobody_jwt = path("nobody.jwt");
+    let line = one_line_failure(&run(
+        b,
+        &["topic", "create", "nope", "--token-file", &nobody_jwt],
+        &[],
+    ));
+    assert!(
+        line.contains("unauthorized") && line.contains("User:nobody"),
+        "{line}"
+    );
+
+    // The key removed: the same token is refused, clearly and once.
+    ok(run(
+        b,
+        &[
+            &["token", "key", "remove", "--kid", "k1"][..],
+            &as_admin[..],
+        ]
+        .concat(),
+        &[],
+    ));
+    let line = one_line_failure(&run(b, &["topic", "list", "--token-file", &admin_jwt], &[]));
+    assert!(line.contains("token-kid-unknown"), "{line}");
+    // The refused token counted as a failed login of `admin` from this
+    // address: its password login waits out the delay too.
+    let as_admin_list = [&["topic", "list"][..], &as_admin[..]].concat();
+    let line = one_line_failure(&run(b, &as_admin_list, &[]));
+    assert!(line.contains("try again in"), "{line}");
+    let topics = malachi_testkit::wait::wait_until_blocking(
+        "the admin logs in once the delay passed",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || {
+            let output = run(b, &as_admin_list, &[]);
+            output.status.success().then(|| out(&output))
+        },
+    );
+    assert!(
+        topics.contains("tok") && !topics.contains("nope"),
+        "{topics}"
+    );
+}
