@@ -243,22 +243,34 @@ pub struct Target {
     pub measured: Option<f64>,
 }
 
+/// A target's threshold as written in its issue: one decimal, or two
+/// when it has them (0.85).
+fn threshold(wanted: f64) -> String {
+    if (wanted * 10.0).fract().abs() < 1e-9 {
+        format!("{wanted:.1}")
+    } else {
+        format!("{wanted:.2}")
+    }
+}
+
 impl Target {
     pub fn line(&self) -> String {
         match self.measured {
             Some(v) if v.is_infinite() => format!(
-                "target {}: >= {:.1}: met (the peer acknowledged no write within the row)",
-                self.what, self.wanted
+                "target {}: >= {}: met (the peer acknowledged no write within the row)",
+                self.what,
+                threshold(self.wanted)
             ),
             Some(v) => format!(
-                "target {}: >= {:.1}, measured {v:.2}: {}",
+                "target {}: >= {}, measured {v:.2}: {}",
                 self.what,
-                self.wanted,
+                threshold(self.wanted),
                 if v >= self.wanted { "met" } else { "missed" }
             ),
             None => format!(
-                "target {}: >= {:.1}: not measured in this run",
-                self.what, self.wanted
+                "target {}: >= {}: not measured in this run",
+                self.what,
+                threshold(self.wanted)
             ),
         }
     }
