@@ -429,8 +429,7 @@ pub mod tests {
         rows
     }
 
-    /// [`fixed_rows`] with the TLS rows: each after its scenario's
-    /// single-server rows, measured at `produce` and `consume` MB/s beside
+    /// [`fixed_rows`] with the TLS rows, measured at `produce` and `consume` MB/s beside
     /// plaintext baselines of 400 and 600.
     pub fn fixed_rows_with_tls(produce: f64, consume: f64) -> Vec<Row> {
         let mut rows = fixed_rows();
@@ -439,12 +438,13 @@ pub mod tests {
             r.plaintext_mb_per_s = Some(plain);
             r
         };
+        // Where `bench compare` sorts them: right after Malachi's own row.
         let consume_at = rows
             .iter()
-            .position(|r| r.system == "redis" && r.scenario == "consume")
+            .position(|r| r.system == MALACHI && r.scenario == "consume")
             .unwrap();
         rows.insert(consume_at + 1, tls("consume", consume, 600.0));
-        rows.insert(6, tls("produce-p16", produce, 400.0));
+        rows.insert(2, tls("produce-p16", produce, 400.0));
         for r in &mut rows {
             r.ratio_to_peers.clear();
             r.malachi_over_this = None;
@@ -524,10 +524,16 @@ pub mod tests {
         let missed = vec![rf3_row(100.0, 600.0)];
         let mut missed = missed;
         fill_ratios(&mut missed);
-        let t = targets(&missed).pop().unwrap();
+        let rf3 = |rows: &[Row]| {
+            targets(rows)
+                .into_iter()
+                .find(|t| t.what.starts_with("malachi rf=3"))
+                .unwrap()
+        };
+        let t = rf3(&missed);
         assert_eq!(t.measured, Some(0.5));
         assert!(t.line().ends_with("measured 0.50: missed"), "{}", t.line());
-        let t = targets(&[]).pop().unwrap();
+        let t = rf3(&[]);
         assert!(
             t.line().ends_with("not measured in this run"),
             "{}",
