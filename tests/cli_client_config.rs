@@ -28,6 +28,8 @@ impl Drop for Broker {
 
 /// A broker whose client port speaks TLS only and takes SCRAM logins,
 /// `admin` its superuser (password in `dir/admin.pw`); the CA in `dir`.
+/// The lockout's delay is 1 ms: the test's one wrong password must not
+/// delay the logins after it.
 fn start(dir: &Path) -> (Broker, std::path::PathBuf) {
     let (_ca, files) = pki(dir);
     std::fs::write(dir.join("admin.pw"), "admin-secret\n").unwrap();
@@ -35,7 +37,7 @@ fn start(dir: &Path) -> (Broker, std::path::PathBuf) {
     std::fs::write(
         &config,
         format!(
-            "[tls]\ncert_path = {:?}\nkey_path = {:?}\n\n[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\n",
+            "[tls]\ncert_path = {:?}\nkey_path = {:?}\n\n[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\nlockout_delay_first_ms = 1\nlockout_delay_max_ms = 1\n",
             files.broker_cert.display().to_string(),
             files.broker_key.display().to_string(),
             dir.join("admin.pw").display().to_string(),
