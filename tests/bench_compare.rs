@@ -221,7 +221,10 @@ fn given_only_malachi_tls_when_compare_runs_then_tls_rows_carry_their_plaintext_
         .iter()
         .filter(|r| r["system"] == "malachi-tls")
         .collect();
-    let scenarios: Vec<&str> = tls.iter().map(|r| r["scenario"].as_str().unwrap()).collect();
+    let scenarios: Vec<&str> = tls
+        .iter()
+        .map(|r| r["scenario"].as_str().unwrap())
+        .collect();
     assert_eq!(scenarios, ["produce-p1", "consume"], "{stdout}");
     for row in tls {
         for field in FIELDS {

@@ -118,7 +118,13 @@ fn the_cli_reads_its_credentials_from_the_client_config_file() {
         || {
             run(
                 b,
-                &["topic", "create", "configured", "--client-config", &file_text],
+                &[
+                    "topic",
+                    "create",
+                    "configured",
+                    "--client-config",
+                    &file_text,
+                ],
                 &[],
             )
             .status
@@ -144,7 +150,11 @@ fn the_cli_reads_its_credentials_from_the_client_config_file() {
         ),
     )
     .unwrap();
-    let listed = ok(run(b, &["topic", "list"], &[("XDG_CONFIG_HOME", xdg.as_path())]));
+    let listed = ok(run(
+        b,
+        &["topic", "list"],
+        &[("XDG_CONFIG_HOME", xdg.as_path())],
+    ));
     assert!(listed.contains("configured"), "{listed}");
 
     // Precedence: a flag beats its environment variable, which beats the
@@ -156,7 +166,11 @@ fn the_cli_reads_its_credentials_from_the_client_config_file() {
     )
     .unwrap();
     let wrong_text = wrong_file.display().to_string();
-    let line = one_line_failure(&run(b, &["topic", "list", "--client-config", &wrong_text], &[]));
+    let line = one_line_failure(&run(
+        b,
+        &["topic", "list", "--client-config", &wrong_text],
+        &[],
+    ));
     assert!(line.contains("invalid-proof"), "{line}");
     let right_pw = dir.path().join("admin.pw");
     let wrong_pw = dir.path().join("wrong.pw");
@@ -190,7 +204,10 @@ fn a_bad_client_config_file_is_one_line_naming_the_file_and_the_key() {
     // No broker is needed: the file is read before anything connects.
     let b = "127.0.0.1:1";
     let cases = [
-        ("tls_ca = \"ca.pem\"\npasword_file = \"pw\"\n", "pasword_file"),
+        (
+            "tls_ca = \"ca.pem\"\npasword_file = \"pw\"\n",
+            "pasword_file",
+        ),
         ("user = 7\n", "user"),
         ("tls_cert = \"c.pem\"\n", "tls_key"),
         ("password_file = \"pw\"\n", "password_file"),
@@ -215,9 +232,15 @@ fn a_bad_client_config_file_is_one_line_naming_the_file_and_the_key() {
         &[("MALACHI_CLIENT_CONFIG", missing.as_path())],
     ));
     assert!(
-        line.contains(&format!("client config {}: cannot read it", missing.display())),
+        line.contains(&format!(
+            "client config {}: cannot read it",
+            missing.display()
+        )),
         "{line}"
     );
     let unreachable = one_line_failure(&run(b, &["topic", "list", "--timeout-ms", "500"], &[]));
-    assert!(unreachable.contains("cannot reach a broker"), "{unreachable}");
+    assert!(
+        unreachable.contains("cannot reach a broker"),
+        "{unreachable}"
+    );
 }

@@ -546,8 +546,13 @@ async fn the_sdk_logs_in_on_connect_and_a_refused_login_is_final() {
 /// refused (counted), with the answer's `retry_after_ms`.
 #[derive(Debug, PartialEq)]
 enum Attempt {
-    Delayed { retry_ms: Option<u32>, message: String },
-    Failed { retry_ms: Option<u32> },
+    Delayed {
+        retry_ms: Option<u32>,
+        message: String,
+    },
+    Failed {
+        retry_ms: Option<u32>,
+    },
     LoggedIn,
 }
 
@@ -616,7 +621,10 @@ async fn the_lockout_delay_doubles_across_brokers() {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
     // The default policy: 1 s first, doubling, 60 s at most.
-    let security = security(dir.path(), SecuritySettings::default().lockout_delay_first_ms);
+    let security = security(
+        dir.path(),
+        SecuritySettings::default().lockout_delay_first_ms,
+    );
     assert_eq!(security.lockout_delay_first_ms, 1_000);
     let brokers: [BrokerHandle; 3] = start_seeded(|node_id, seeds| BrokerConfig {
         security: security.clone(),
@@ -669,7 +677,10 @@ async fn the_lockout_delay_doubles_across_brokers() {
                     assert!(retry_ms.is_some_and(|ms| ms <= expected), "{message}");
                     assert!(message.contains("try again in"), "{message}");
                 }
-                other => panic!("broker {}: a login during the delay was checked: {other:?}", i + 1),
+                other => panic!(
+                    "broker {}: a login during the delay was checked: {other:?}",
+                    i + 1
+                ),
             }
         }
     }

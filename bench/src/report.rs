@@ -468,8 +468,16 @@ pub mod tests {
         // Rows without a plaintext baseline have no ratio to one.
         assert_eq!(malachi.ratio_to_plaintext, None);
         let t = targets(&rows);
-        assert!(t[6].line().ends_with("measured 0.90: met"), "{}", t[6].line());
-        assert!(t[7].line().ends_with("measured 0.50: missed"), "{}", t[7].line());
+        assert!(
+            t[6].line().ends_with("measured 0.90: met"),
+            "{}",
+            t[6].line()
+        );
+        assert!(
+            t[7].line().ends_with("measured 0.50: missed"),
+            "{}",
+            t[7].line()
+        );
         assert!(
             targets(&fixed_rows())[7]
                 .line()

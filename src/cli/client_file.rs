@@ -140,7 +140,10 @@ pub fn parse(path: &Path, text: &str) -> Result<ClientFile, ClientFileError> {
         return Err(key("user", "an empty user name"));
     }
     if keys.password_file.is_some() && keys.user.is_none() {
-        return Err(key("password_file", "set without user: whose password is it?"));
+        return Err(key(
+            "password_file",
+            "set without user: whose password is it?",
+        ));
     }
     Ok(ClientFile {
         path: path.to_owned(),
@@ -245,7 +248,8 @@ mod tests {
 
     #[test]
     fn relative_paths_are_read_from_the_files_directory() {
-        let file = at("tls_ca = \"ca.pem\"\nuser = \"alice\"\npassword_file = \"/run/pw\"\n").unwrap();
+        let file =
+            at("tls_ca = \"ca.pem\"\nuser = \"alice\"\npassword_file = \"/run/pw\"\n").unwrap();
         assert_eq!(file.tls_ca, Some(PathBuf::from("/etc/malachi/ca.pem")));
         assert_eq!(file.password_file, Some(PathBuf::from("/run/pw")));
         assert_eq!(file.user.as_deref(), Some("alice"));
@@ -258,24 +262,35 @@ mod tests {
             matches!(&e, ClientFileError::Key { key, .. } if key == "pasword_file"),
             "{e}"
         );
-        assert!(e.to_string().starts_with("client config /etc/malachi/client.toml: pasword_file:"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("client config /etc/malachi/client.toml: pasword_file:"),
+            "{e}"
+        );
     }
 
     #[test]
     fn a_wrong_type_names_its_key() {
         let e = at("user = 7\n").unwrap_err();
-        assert!(matches!(&e, ClientFileError::Key { key, .. } if key == "user"), "{e}");
+        assert!(
+            matches!(&e, ClientFileError::Key { key, .. } if key == "user"),
+            "{e}"
+        );
     }
 
     #[test]
     fn half_a_client_certificate_names_the_missing_key() {
         let e = at("tls_cert = \"c.pem\"\n").unwrap_err();
-        assert!(matches!(&e, ClientFileError::Key { key, .. } if key == "tls_key"), "{e}");
+        assert!(
+            matches!(&e, ClientFileError::Key { key, .. } if key == "tls_key"),
+            "{e}"
+        );
     }
 
     #[test]
     fn flags_beat_the_file_and_a_password_file_stays_with_its_user() {
-        let file = at("tls_ca = \"ca.pem\"\nuser = \"alice\"\npassword_file = \"alice.pw\"\n").unwrap();
+        let file =
+            at("tls_ca = \"ca.pem\"\nuser = \"alice\"\npassword_file = \"alice.pw\"\n").unwrap();
         let flags = CredentialArgs {
             user: Some("bob".into()),
             password_file: None,
@@ -297,6 +312,9 @@ mod tests {
     fn token_file_is_a_known_key_refused_until_tokens_exist() {
         let file = at("token_file = \"t.jwt\"\n").unwrap();
         let e = merge(&TlsArgs::default(), &CredentialArgs::default(), Some(&file)).unwrap_err();
-        assert!(matches!(&e, ClientFileError::Key { key, .. } if key == "token_file"), "{e}");
+        assert!(
+            matches!(&e, ClientFileError::Key { key, .. } if key == "token_file"),
+            "{e}"
+        );
     }
 }

@@ -1377,7 +1377,14 @@ mod tests {
         assert_eq!(plan.producers, vec![1, 16, 64]);
         assert_eq!(
             plan.systems,
-            vec!["malachi", "malachi-rf3", "malachi-tls", "redis", "nats", "nats-r3"]
+            vec![
+                "malachi",
+                "malachi-rf3",
+                "malachi-tls",
+                "redis",
+                "nats",
+                "nats-r3"
+            ]
         );
         assert_eq!(plan.consume_source(), 16);
         assert!(!plan.json);

@@ -137,7 +137,13 @@ fn empty() -> Result<LoadOutcome, CliError> {
 /// plaintext broker beside it.
 pub async fn run(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
     let plain_dir = fresh_dir(plan, "malachi-plain-compare-")?;
-    let plain = start("malachi broker (plaintext)", plain_dir, malachi_config(), None).await?;
+    let plain = start(
+        "malachi broker (plaintext)",
+        plain_dir,
+        malachi_config(),
+        None,
+    )
+    .await?;
     let tls_dir = fresh_dir(plan, "malachi-tls-compare-")?;
     let files = secure::ensure(tls_dir.path())?;
     let config = tls_config(&files);
@@ -194,7 +200,11 @@ pub async fn run(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
     Ok(rows)
 }
 
-async fn produce(broker: &Broker, producers: usize, slice: Duration) -> Result<LoadOutcome, CliError> {
+async fn produce(
+    broker: &Broker,
+    producers: usize,
+    slice: Duration,
+) -> Result<LoadOutcome, CliError> {
     let load = ProduceLoad {
         topic: format!("bench-p{producers}"),
         producers,
@@ -252,7 +262,10 @@ mod tests {
         let config = tls_config(&files);
         assert!(config.starts_with(malachi_config()), "{config}");
         let parsed: malachi_actors::BrokerConfig = toml::from_str(&config).unwrap();
-        assert_eq!(parsed.tls.cert_path.as_deref(), Some(files.broker_cert.as_path()));
+        assert_eq!(
+            parsed.tls.cert_path.as_deref(),
+            Some(files.broker_cert.as_path())
+        );
         assert_eq!(
             parsed.security.authentication,
             malachi_actors::Authentication::Scram
