@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_malachi");
 
-const FIELDS: [&str; 17] = [
+const FIELDS: [&str; 19] = [
     "system",
     "scenario",
     "durability",
@@ -24,6 +24,8 @@ const FIELDS: [&str; 17] = [
     "ratio_to_raw_third",
     "malachi_over_this",
     "ratio_to_peers",
+    "plaintext_mb_per_s",
+    "ratio_to_plaintext",
     "dropped",
     "version",
 ];
@@ -184,6 +186,60 @@ fn given_only_malachi_rf3_when_compare_runs_then_three_brokers_give_a_row_with_i
     // The single broker did not run, so nothing compares with it.
     assert!(rows.iter().all(|r| r["system"] != "malachi"), "{stdout}");
     // Three brokers' directories are removed at the end.
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("data")).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn given_only_malachi_tls_when_compare_runs_then_tls_rows_carry_their_plaintext_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = run(
+        &[
+            "--only",
+            "malachi-tls",
+            "--duration",
+            "800ms",
+            "--producers",
+            "1",
+            "--json",
+            "--dir",
+            "data",
+            "--results-dir",
+            "results",
+        ],
+        dir.path(),
+        None,
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let tls: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["system"] == "malachi-tls")
+        .collect();
+    let scenarios: Vec<&str> = tls
+        .iter()
+        .map(|r| r["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(scenarios, ["produce-p1", "consume"], "{stdout}");
+    for row in tls {
+        for field in FIELDS {
+            assert!(row.get(field).is_some(), "{field} missing in {row}");
+        }
+        assert!(row["records"].as_u64().unwrap() > 0, "{row}");
+        assert_eq!(row["errors"], 0, "{row}");
+        let plain = row["plaintext_mb_per_s"].as_f64().unwrap();
+        assert!(plain > 0.0, "{row}");
+        let ratio = row["ratio_to_plaintext"].as_f64().unwrap();
+        let mb = row["mb_per_s"].as_f64().unwrap();
+        assert!((ratio - mb / plain).abs() < 1e-9, "{row}");
+        assert!(row["version"].as_str().unwrap().contains("SCRAM"), "{row}");
+    }
+    // Both brokers' directories (and the throwaway CA) are removed at the end.
     assert_eq!(
         std::fs::read_dir(dir.path().join("data")).unwrap().count(),
         0

@@ -15,7 +15,7 @@ use malachi_actors::scram_login::derive_credential;
 use malachi_actors::{Authentication, BrokerConfig, BrokerHandle, SecuritySettings};
 use malachi_core::auth::scram_client::ScramClient;
 use malachi_wire::ErrorCode;
-use malachi_wire::auth::{SaslAuthenticateRequest, SaslHandshakeRequest};
+use malachi_wire::auth::{SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest};
 use malachi_wire::auth_admin::{AclEntryText, AddAclRequest, PutUserRequest};
 use malachi_wire::messages::*;
 
@@ -579,4 +579,152 @@ async fn connections_that_do_not_log_in_in_time_are_closed_and_logged_in_ones_st
     // The superuser's connection logged in and has been quiet since, past
     // the deadline: still served.
     admin.create_topic("after-the-deadline").await;
+}
+
+/// One login attempt as a guesser makes it: refused at the client-first
+/// message while a delay holds (not counted), or a proof checked and
+/// refused (counted), with the answer's `retry_after_ms`.
+#[derive(Debug, PartialEq)]
+enum Attempt {
+    Delayed {
+        retry_ms: Option<u32>,
+        message: String,
+    },
+    Failed {
+        retry_ms: Option<u32>,
+    },
+    LoggedIn,
+}
+
+async fn attempt(addr: std::net::SocketAddr, user: &str, password: &str) -> Attempt {
+    use malachi_wire::Message;
+    let mut client = TestClient::connect(addr).await;
+    client
+        .call(&SaslHandshakeRequest {
+            mechanism: "SCRAM-SHA-256".into(),
+        })
+        .await
+        .unwrap();
+    let (first, message) = ScramClient::start(user, "a-client-nonce-0123456789").unwrap();
+    let key = malachi_wire::ApiKey::SaslAuthenticate.code();
+    let error = |payload| <malachi_wire::ErrorBody as Message>::decode(payload).unwrap();
+    client
+        .send_raw(
+            key,
+            SaslAuthenticateRequest {
+                auth_bytes: message,
+            }
+            .encode()
+            .unwrap(),
+        )
+        .await;
+    let frame = client.recv().await.unwrap();
+    if frame.error_code == ErrorCode::Unauthorized {
+        let body = error(frame.payload);
+        return Attempt::Delayed {
+            retry_ms: body.retry_after_ms,
+            message: body.message,
+        };
+    }
+    assert_eq!(frame.error_code, ErrorCode::None, "client-first answered");
+    let server_first = SaslAuthenticateResponse::decode(frame.payload).unwrap();
+    let (_, message) = first
+        .receive(&server_first.auth_bytes, password.as_bytes())
+        .unwrap();
+    client
+        .send_raw(
+            key,
+            SaslAuthenticateRequest {
+                auth_bytes: message,
+            }
+            .encode()
+            .unwrap(),
+        )
+        .await;
+    let frame = client.recv().await.unwrap();
+    if frame.error_code == ErrorCode::None {
+        return Attempt::LoggedIn;
+    }
+    assert_eq!(frame.error_code, ErrorCode::Unauthorized, "a wrong proof");
+    Attempt::Failed {
+        retry_ms: error(frame.payload).retry_after_ms,
+    }
+}
+
+/// Brute force against one user through all three brokers, at the
+/// default lockout policy: each counted failure doubles the delay (1 s,
+/// 2 s, 4 s, 8 s), whichever broker it was made on, and every other broker
+/// refuses the next attempt until the delay passed. The delays are read
+/// from the answers; the wall-clock gaps are printed, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lockout_delay_doubles_across_brokers() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    // The default policy: 1 s first, doubling, 60 s at most.
+    let security = security(
+        dir.path(),
+        SecuritySettings::default().lockout_delay_first_ms,
+    );
+    assert_eq!(security.lockout_delay_first_ms, 1_000);
+    let brokers: [BrokerHandle; 3] = start_seeded(|node_id, seeds| BrokerConfig {
+        security: security.clone(),
+        ..cluster_config(dir.path(), node_id, seeds, &[1, 2, 3])
+    })
+    .await;
+    let mut admin1 = admin(&brokers[0]).await;
+    create_user(&mut admin1, "mallory", "the-right-one").await;
+
+    let mut delays = Vec::new();
+    let mut gaps = Vec::new();
+    let mut last_counted: Option<Instant> = None;
+    for (round, expected) in [1_000u32, 2_000, 4_000, 8_000].into_iter().enumerate() {
+        // Guess on the next broker until one guess is counted; while the
+        // previous delay holds, each is refused without counting.
+        let broker = &brokers[round % 3];
+        let mut refused = 0u32;
+        let counted = wait_until(
+            "a guess is counted once the delay passed",
+            Duration::from_secs(20),
+            Duration::from_millis(50),
+            async || match attempt(broker.client_addr(), "mallory", "a-guess").await {
+                Attempt::Failed { retry_ms } => Some(retry_ms),
+                Attempt::LoggedIn => panic!("a wrong password logged in"),
+                Attempt::Delayed { retry_ms, message } => {
+                    assert!(message.contains("try again in"), "{message}");
+                    assert!(retry_ms.is_some_and(|ms| ms > 0), "{message}");
+                    refused += 1;
+                    None
+                }
+            },
+        )
+        .await;
+        let counted_at = Instant::now();
+        if let Some(previous) = last_counted {
+            gaps.push((counted_at - previous, refused));
+        }
+        last_counted = Some(counted_at);
+        assert_eq!(counted, Some(expected), "round {round}");
+        delays.push(expected);
+        // Every broker refuses even the right password while the delay
+        // holds (checked only in its first half: a slow machine must not
+        // see the delay pass).
+        for (i, other) in brokers.iter().enumerate() {
+            if counted_at.elapsed() >= Duration::from_millis(u64::from(expected) / 2) {
+                break;
+            }
+            match attempt(other.client_addr(), "mallory", "the-right-one").await {
+                Attempt::Delayed { retry_ms, message } => {
+                    assert!(retry_ms.is_some_and(|ms| ms <= expected), "{message}");
+                    assert!(message.contains("try again in"), "{message}");
+                }
+                other => panic!(
+                    "broker {}: a login during the delay was checked: {other:?}",
+                    i + 1
+                ),
+            }
+        }
+    }
+    eprintln!(
+        "lockout delays from the answers (ms): {delays:?}; wall-clock gap before each counted guess and guesses refused meanwhile: {gaps:?}"
+    );
 }

@@ -21,6 +21,10 @@ pub const LOOPBACK: &str = "loopback";
 pub const MALACHI: &str = "malachi";
 /// `system` of three Malachi brokers on one machine, topic at RF=3.
 pub const MALACHI_RF3: &str = "malachi-rf3";
+/// `system` of one Malachi broker whose client port speaks TLS and whose
+/// clients log in with SCRAM-SHA-256, measured beside a plaintext broker
+/// in interleaved slices (issue 39).
+pub const MALACHI_TLS: &str = "malachi-tls";
 /// Copies an RF=3 row writes of each record, all on the one disk.
 pub const RF3_COPIES: u32 = 3;
 /// The scenario every target is judged on (16 producers, issue 8).
@@ -70,6 +74,13 @@ pub struct Row {
     pub raw_third_mb_per_s: Option<f64>,
     /// This row's MB/s over `raw_third_mb_per_s` (target: at least 0.6).
     pub ratio_to_raw_third: Option<f64>,
+    /// `malachi-tls` rows: the MB/s of a plaintext broker of the same
+    /// config, measured in slices interleaved with the row's own (the same
+    /// load, the same disk, the same minutes).
+    pub plaintext_mb_per_s: Option<f64>,
+    /// This row's MB/s over `plaintext_mb_per_s` (targets: produce at
+    /// least 0.85, consume at least 0.7).
+    pub ratio_to_plaintext: Option<f64>,
     /// The MB/s of Malachi at the same replication factor in the same
     /// scenario over this row's (peer rows only).
     pub malachi_over_this: Option<f64>,
@@ -96,7 +107,7 @@ impl Row {
     }
 
     fn is_peer(&self) -> bool {
-        !self.is_malachi() && !matches!(self.system.as_str(), RAW_DISK | LOOPBACK)
+        !self.is_malachi() && !matches!(self.system.as_str(), RAW_DISK | LOOPBACK | MALACHI_TLS)
     }
 }
 
@@ -134,6 +145,9 @@ pub fn fill_ratios(rows: &mut [Row]) {
         row.ratio_to_raw_third = row
             .raw_third_mb_per_s
             .and_then(|third| ratio(row.mb_per_s, third));
+        row.ratio_to_plaintext = row
+            .plaintext_mb_per_s
+            .and_then(|plain| ratio(row.mb_per_s, plain));
         if row.is_peer() {
             row.malachi_over_this = malachi(&snapshot, &row.scenario, row.replication_factor)
                 .and_then(|m| ratio(m, row.mb_per_s));
@@ -158,12 +172,13 @@ fn ratio(numerator: f64, denominator: f64) -> Option<f64> {
 
 /// The text table: one row per line, limits and produce scenarios grouped,
 /// ratios in the last columns (`raw/3` is an RF=3 row's interleaved raw
-/// baseline over three, in MB/s).
+/// baseline over three, in MB/s; `x plain` a TLS row's over its
+/// interleaved plaintext baseline).
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<11} {:<14} {:<27} {:>9} {:>11} {:>9} {:>9} {:>9} {:>6} {:>7} {:>7} {:>10}",
+        "{:<11} {:<14} {:<27} {:>9} {:>11} {:>9} {:>9} {:>9} {:>6} {:>7} {:>7} {:>10} {:>7}",
         "system",
         "scenario",
         "durability",
@@ -175,7 +190,8 @@ pub fn table(rows: &[Row]) -> String {
         "x raw",
         "raw/3",
         "x raw/3",
-        "malachi x"
+        "malachi x",
+        "x plain"
     );
     let mut last_scenario = None;
     for row in rows {
@@ -190,7 +206,7 @@ pub fn table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<11} {:<14} {:<27} {:>9.1} {:>11.0} {:>9} {:>9} {:>9} {:>6} {:>7} {:>7} {:>10}",
+            "{:<11} {:<14} {:<27} {:>9.1} {:>11.0} {:>9} {:>9} {:>9} {:>6} {:>7} {:>7} {:>10} {:>7}",
             row.system,
             row.scenario,
             durability,
@@ -204,6 +220,7 @@ pub fn table(rows: &[Row]) -> String {
                 .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}")),
             optional(row.ratio_to_raw_third),
             optional(row.malachi_over_this),
+            optional(row.ratio_to_plaintext),
         );
     }
     out
@@ -226,29 +243,42 @@ pub struct Target {
     pub measured: Option<f64>,
 }
 
+/// A target's threshold as written in its issue: one decimal, or two
+/// when it has them (0.85).
+fn threshold(wanted: f64) -> String {
+    if (wanted * 10.0).fract().abs() < 1e-9 {
+        format!("{wanted:.1}")
+    } else {
+        format!("{wanted:.2}")
+    }
+}
+
 impl Target {
     pub fn line(&self) -> String {
         match self.measured {
             Some(v) if v.is_infinite() => format!(
-                "target {}: >= {:.1}: met (the peer acknowledged no write within the row)",
-                self.what, self.wanted
+                "target {}: >= {}: met (the peer acknowledged no write within the row)",
+                self.what,
+                threshold(self.wanted)
             ),
             Some(v) => format!(
-                "target {}: >= {:.1}, measured {v:.2}: {}",
+                "target {}: >= {}, measured {v:.2}: {}",
                 self.what,
-                self.wanted,
+                threshold(self.wanted),
                 if v >= self.wanted { "met" } else { "missed" }
             ),
             None => format!(
-                "target {}: >= {:.1}: not measured in this run",
-                self.what, self.wanted
+                "target {}: >= {}: not measured in this run",
+                self.what,
+                threshold(self.wanted)
             ),
         }
     }
 }
 
 /// The issues' targets for Malachi, 16 producers, 1 KiB records, durable
-/// (issue 8's against the peers and the disk, issue 17's at RF=3).
+/// (issue 8's against the peers and the disk, issue 17's at RF=3, issue
+/// 39's for TLS and SCRAM against plaintext).
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let malachi = rows
         .iter()
@@ -267,6 +297,11 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
                 })
                 .then_some(f64::INFINITY)
         })
+    };
+    let tls = |scenario: &str| {
+        rows.iter()
+            .find(|r| r.system == MALACHI_TLS && r.scenario == scenario)
+            .and_then(|r| r.ratio_to_plaintext)
     };
     vec![
         Target {
@@ -301,6 +336,16 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
                 .iter()
                 .find(|r| r.system == MALACHI_RF3 && r.scenario == TARGET_SCENARIO)
                 .and_then(|m| m.ratio_to_raw_third),
+        },
+        Target {
+            what: "malachi tls+scram / plaintext beside it, produce (16 producers)",
+            wanted: 0.85,
+            measured: tls(TARGET_SCENARIO),
+        },
+        Target {
+            what: "malachi tls+scram / plaintext beside it, consume",
+            wanted: 0.7,
+            measured: tls("consume"),
         },
     ]
 }
@@ -348,6 +393,8 @@ pub mod tests {
             ratio_to_raw: None,
             raw_third_mb_per_s: None,
             ratio_to_raw_third: None,
+            plaintext_mb_per_s: None,
+            ratio_to_plaintext: None,
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
             errors: 0,
@@ -380,6 +427,62 @@ pub mod tests {
         );
         fill_ratios(&mut rows);
         rows
+    }
+
+    /// [`fixed_rows`] with the TLS rows, measured at `produce` and `consume` MB/s beside
+    /// plaintext baselines of 400 and 600.
+    pub fn fixed_rows_with_tls(produce: f64, consume: f64) -> Vec<Row> {
+        let mut rows = fixed_rows();
+        let tls = |scenario: &str, mb: f64, plain: f64| {
+            let mut r = row(MALACHI_TLS, scenario, "durable", "per write", mb);
+            r.plaintext_mb_per_s = Some(plain);
+            r
+        };
+        // Where `bench compare` sorts them: right after Malachi's own row.
+        let consume_at = rows
+            .iter()
+            .position(|r| r.system == MALACHI && r.scenario == "consume")
+            .unwrap();
+        rows.insert(consume_at + 1, tls("consume", consume, 600.0));
+        rows.insert(2, tls("produce-p16", produce, 400.0));
+        for r in &mut rows {
+            r.ratio_to_peers.clear();
+            r.malachi_over_this = None;
+        }
+        fill_ratios(&mut rows);
+        rows
+    }
+
+    #[test]
+    fn a_tls_row_is_divided_by_its_plaintext_baseline_and_is_no_peer() {
+        let rows = fixed_rows_with_tls(360.0, 300.0);
+        let tls: Vec<&Row> = rows.iter().filter(|r| r.system == MALACHI_TLS).collect();
+        assert_eq!(tls[0].ratio_to_plaintext, Some(0.9));
+        assert_eq!(tls[1].ratio_to_plaintext, Some(0.5));
+        // Not a peer: Malachi is not compared with itself, nor the TLS row
+        // with the peers.
+        assert_eq!(tls[0].malachi_over_this, None);
+        assert!(tls[0].ratio_to_peers.is_empty());
+        let malachi = rows.iter().find(|r| r.system == MALACHI).unwrap();
+        assert!(malachi.ratio_to_peers.keys().all(|k| !k.contains("tls")));
+        // Rows without a plaintext baseline have no ratio to one.
+        assert_eq!(malachi.ratio_to_plaintext, None);
+        let t = targets(&rows);
+        assert!(
+            t[6].line().ends_with("measured 0.90: met"),
+            "{}",
+            t[6].line()
+        );
+        assert!(
+            t[7].line().ends_with("measured 0.50: missed"),
+            "{}",
+            t[7].line()
+        );
+        assert!(
+            targets(&fixed_rows())[7]
+                .line()
+                .ends_with("not measured in this run")
+        );
     }
 
     /// A Malachi RF=3 row of `mb` MB/s whose interleaved raw slices moved
@@ -429,10 +532,16 @@ pub mod tests {
         let missed = vec![rf3_row(100.0, 600.0)];
         let mut missed = missed;
         fill_ratios(&mut missed);
-        let t = targets(&missed).pop().unwrap();
+        let rf3 = |rows: &[Row]| {
+            targets(rows)
+                .into_iter()
+                .find(|t| t.what.starts_with("malachi rf=3"))
+                .unwrap()
+        };
+        let t = rf3(&missed);
         assert_eq!(t.measured, Some(0.5));
         assert!(t.line().ends_with("measured 0.50: missed"), "{}", t.line());
-        let t = targets(&[]).pop().unwrap();
+        let t = rf3(&[]);
         assert!(
             t.line().ends_with("not measured in this run"),
             "{}",
@@ -481,7 +590,7 @@ pub mod tests {
 
     #[test]
     fn the_table_for_fixed_numbers() {
-        insta::assert_snapshot!(table(&fixed_rows()));
+        insta::assert_snapshot!(table(&fixed_rows_with_tls(360.0, 480.0)));
     }
 
     #[test]
@@ -503,6 +612,8 @@ pub mod tests {
                 "ratio_to_raw_third",
                 "malachi_over_this",
                 "ratio_to_peers",
+                "plaintext_mb_per_s",
+                "ratio_to_plaintext",
             ] {
                 assert!(value.get(field).is_some(), "{field} missing in {value}");
             }
@@ -517,7 +628,10 @@ pub mod tests {
 
     #[test]
     fn targets_are_judged_on_the_16_producer_row() {
-        let lines: Vec<String> = targets(&fixed_rows()).iter().map(Target::line).collect();
+        let lines: Vec<String> = targets(&fixed_rows_with_tls(360.0, 480.0))
+            .iter()
+            .map(Target::line)
+            .collect();
         insta::assert_snapshot!(lines.join("\n"));
     }
 

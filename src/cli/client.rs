@@ -33,13 +33,14 @@ const CLI_RETRIES_MAX: u32 = 10_000;
 /// every bootstrap broker, and each call, its retries included, take at
 /// most `--timeout-ms` each.
 pub async fn connect(output: &OutputArgs) -> Result<Client, CliError> {
+    let (tls, credentials) = output.security()?;
     let config = ClientConfig {
         client_name: concat!("malachi-cli/", env!("CARGO_PKG_VERSION")).to_owned(),
         request_timeout_ms: output.timeout_ms,
         connect_timeout_ms: output.timeout_ms.min(5_000),
         retries_max: CLI_RETRIES_MAX,
-        tls: output.tls.client_tls()?,
-        login: login(&output.credentials)?,
+        tls: tls.client_tls()?,
+        login: login(&credentials)?,
         ..ClientConfig::default()
     };
     Client::connect_with(output.brokers()?, config)

@@ -61,6 +61,9 @@ pub enum CliError {
     /// the path).
     #[error("bench scale: {0}")]
     Cgroup(#[from] super::bench::scale::cgroup::CgroupError),
+    /// The client config file cannot be used (the error names it and the key).
+    #[error("{0}")]
+    ClientFile(#[from] super::client_file::ClientFileError),
     /// A wait for the cluster to settle ran out; the work goes on.
     #[error("{0}")]
     WaitedOut(String),

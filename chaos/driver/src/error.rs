@@ -18,4 +18,10 @@ pub enum DriverError {
     CreateTopic { topic: String, reason: String },
     #[error("a control line cannot be used: {0}")]
     Control(String),
+    #[error("cannot use {path} ({what}): {reason}")]
+    Credentials {
+        path: PathBuf,
+        what: &'static str,
+        reason: String,
+    },
 }

@@ -126,6 +126,15 @@ struct Cli {
     /// Also write the summary JSON here.
     #[arg(long)]
     summary: Option<PathBuf>,
+    /// Connect with TLS, verifying the brokers against this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Log in as this user (SCRAM-SHA-256) on every connection.
+    #[arg(long, value_name = "NAME", requires = "password_file")]
+    user: Option<String>,
+    /// The user's password: the file's first line.
+    #[arg(long, value_name = "FILE", requires = "user")]
+    password_file: Option<PathBuf>,
 }
 
 fn say(value: &Value) {
@@ -242,7 +251,15 @@ fn log_control(history: &History, value: &Value) {
 }
 
 async fn run(cli: Cli) -> Result<FinalOutcome, DriverError> {
-    let brokers = Brokers::new(cli.brokers.clone(), cli.request_timeout_ms);
+    let brokers = Brokers::new(
+        cli.brokers.clone(),
+        cli.request_timeout_ms,
+        brokers::Security::from_files(
+            cli.tls_ca.as_deref(),
+            cli.user.as_deref(),
+            cli.password_file.as_deref(),
+        )?,
+    );
     let history = Arc::new(History::create(&cli.history)?);
     let stats = Arc::new(Stats::default());
     create_topic(&cli, &brokers).await?;

@@ -31,6 +31,8 @@
 //!    `bench/results/<date>.json` with a chart in `<date>.svg`), and the
 //!    issues' targets.
 
+mod tls;
+
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -50,7 +52,9 @@ use super::{AtTail, LoadOutcome, ProduceLoad, consume_load, histogram, micros, p
 use malachi_bench::peers::{
     self, InstallPolicy, Mode, NATS_CLUSTER_NODES, NatsNode, Peer, PeerBinary, ServerGuard,
 };
-use malachi_bench::report::{self, LOOPBACK, MALACHI, MALACHI_RF3, RAW_DISK, RF3_COPIES, Row};
+use malachi_bench::report::{
+    self, LOOPBACK, MALACHI, MALACHI_RF3, MALACHI_TLS, RAW_DISK, RF3_COPIES, Row,
+};
 use malachi_wire::messages::BrokerState;
 
 /// Bytes of each record's value, for every system.
@@ -81,7 +85,14 @@ const LOOPBACK_WRITE_BYTES: usize = 1 << 20;
 /// Client request timeout against the bench's own Malachi broker.
 const MALACHI_TIMEOUT_MS: u64 = 60_000;
 /// Systems `--only` accepts.
-pub const SYSTEMS: [&str; 5] = [MALACHI, MALACHI_RF3, "redis", "nats", "nats-r3"];
+pub const SYSTEMS: [&str; 6] = [
+    MALACHI,
+    MALACHI_RF3,
+    MALACHI_TLS,
+    "redis",
+    "nats",
+    "nats-r3",
+];
 /// Brokers of the RF=3 rows: one cluster, every topic on all of them.
 const RF3_BROKERS: u64 = 3;
 /// Slices an RF=3 row is cut into, each followed by a raw disk slice of the
@@ -212,6 +223,9 @@ pub async fn compare(args: BenchCompareArgs) -> Result<(), CliError> {
     if plan.wants(MALACHI_RF3) {
         rows.extend(run_malachi_rf3(&plan, &notes).await?);
     }
+    if plan.wants(MALACHI_TLS) {
+        rows.extend(tls::run(&plan, &notes).await?);
+    }
     for peer in [Peer::Redis, Peer::Nats, Peer::NatsR3] {
         if !plan.wants(peer.name()) {
             continue;
@@ -287,9 +301,10 @@ fn sort_rows(rows: &mut [Row]) {
     let system_rank = |s: &str| match s {
         RAW_DISK => 0,
         MALACHI | MALACHI_RF3 => 1,
-        "redis" => 2,
-        "nats" | "nats-r3" => 3,
-        _ => 4,
+        MALACHI_TLS => 2,
+        "redis" => 3,
+        "nats" | "nats-r3" => 4,
+        _ => 5,
     };
     let durability_rank = |d: &str| match d {
         "durable" => 0,
@@ -371,6 +386,8 @@ fn row(
         ratio_to_raw: None,
         raw_third_mb_per_s: None,
         ratio_to_raw_third: None,
+        plaintext_mb_per_s: None,
+        ratio_to_plaintext: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: outcome.errors,
@@ -415,6 +432,8 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
             ratio_to_raw: None,
             raw_third_mb_per_s: None,
             ratio_to_raw_third: None,
+            plaintext_mb_per_s: None,
+            ratio_to_plaintext: None,
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
             errors: 0,
@@ -451,6 +470,8 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         ratio_to_raw: None,
         raw_third_mb_per_s: None,
         ratio_to_raw_third: None,
+        plaintext_mb_per_s: None,
+        ratio_to_plaintext: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: 0,
@@ -476,6 +497,8 @@ async fn limits(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
         ratio_to_raw: None,
         raw_third_mb_per_s: None,
         ratio_to_raw_third: None,
+        plaintext_mb_per_s: None,
+        ratio_to_plaintext: None,
         malachi_over_this: None,
         ratio_to_peers: BTreeMap::new(),
         errors: 0,
@@ -633,6 +656,7 @@ async fn run_malachi(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliError> {
     .await?;
     let output = OutputArgs {
         credentials: super::super::CredentialArgs::default(),
+        client_config: super::super::ClientConfigArgs::internal(),
         broker: vec![guard.addr.to_string()],
         json: true,
         timeout_ms: MALACHI_TIMEOUT_MS,
@@ -715,6 +739,7 @@ async fn run_malachi_rf3(plan: &Plan, notes: &Notes) -> Result<Vec<Row>, CliErro
         };
         let output = OutputArgs {
             credentials: super::super::CredentialArgs::default(),
+            client_config: super::super::ClientConfigArgs::internal(),
             broker: vec![
                 guards
                     .first()
@@ -1325,6 +1350,8 @@ mod tests {
             ratio_to_raw: None,
             raw_third_mb_per_s: None,
             ratio_to_raw_third: None,
+            plaintext_mb_per_s: None,
+            ratio_to_plaintext: None,
             malachi_over_this: None,
             ratio_to_peers: BTreeMap::new(),
             errors: 0,
@@ -1350,7 +1377,14 @@ mod tests {
         assert_eq!(plan.producers, vec![1, 16, 64]);
         assert_eq!(
             plan.systems,
-            vec!["malachi", "malachi-rf3", "redis", "nats", "nats-r3"]
+            vec![
+                "malachi",
+                "malachi-rf3",
+                "malachi-tls",
+                "redis",
+                "nats",
+                "nats-r3"
+            ]
         );
         assert_eq!(plan.consume_source(), 16);
         assert!(!plan.json);

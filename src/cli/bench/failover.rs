@@ -214,6 +214,7 @@ async fn one_trial(exe: &std::path::Path, args: &BenchFailoverArgs) -> Result<Tr
     let mut guards = started?;
     let output = |i: usize, timeout_ms: u64| OutputArgs {
         credentials: super::super::CredentialArgs::default(),
+        client_config: super::super::ClientConfigArgs::internal(),
         broker: vec![guards[i].addr.to_string()],
         json: true,
         timeout_ms,

@@ -77,6 +77,7 @@ pub async fn heal(args: BenchHealArgs) -> Result<(), CliError> {
     let addrs: Vec<String> = guards.iter().map(|g| g.addr.to_string()).collect();
     let output = |i: usize| OutputArgs {
         credentials: super::super::CredentialArgs::default(),
+        client_config: super::super::ClientConfigArgs::internal(),
         broker: vec![addrs[i].clone()],
         json: true,
         timeout_ms: 10_000,

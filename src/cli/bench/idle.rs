@@ -104,6 +104,7 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
     let guards: Vec<(u64, ServerGuard)> = (1..=args.brokers).zip(guards).collect();
     let output = OutputArgs {
         credentials: super::super::CredentialArgs::default(),
+        client_config: super::super::ClientConfigArgs::internal(),
         broker: vec![
             guards
                 .first()
@@ -167,6 +168,7 @@ pub async fn idle(args: BenchIdleArgs) -> Result<(), CliError> {
 fn output_for(guard: &ServerGuard) -> OutputArgs {
     OutputArgs {
         credentials: super::super::CredentialArgs::default(),
+        client_config: super::super::ClientConfigArgs::internal(),
         broker: vec![guard.addr.to_string()],
         json: true,
         timeout_ms: 2_000,

@@ -144,6 +144,7 @@ async fn one(
     .await?;
     let output = OutputArgs {
         credentials: super::super::CredentialArgs::default(),
+        client_config: super::super::ClientConfigArgs::internal(),
         broker: vec![guards[0].addr.to_string()],
         json: true,
         timeout_ms: 10_000,

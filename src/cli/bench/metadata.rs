@@ -307,6 +307,7 @@ pub async fn metadata(args: BenchMetadataArgs) -> Result<(), CliError> {
     for client in 0..plan.clients {
         let output = OutputArgs {
             credentials: super::super::CredentialArgs::default(),
+            client_config: super::super::ClientConfigArgs::internal(),
             broker: vec![plan.broker_of(client).to_owned()],
             json,
             timeout_ms: plan.timeout_ms,

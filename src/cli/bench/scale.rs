@@ -200,6 +200,7 @@ async fn cluster_output(cluster: &Cluster, brokers: u64) -> Result<OutputArgs, C
     let addrs: Vec<String> = cluster.brokers.iter().map(|g| g.addr.to_string()).collect();
     let output = OutputArgs {
         credentials: super::super::CredentialArgs::default(),
+        client_config: super::super::ClientConfigArgs::internal(),
         broker: addrs,
         json: true,
         timeout_ms: 30_000,
