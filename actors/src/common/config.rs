@@ -1034,11 +1034,6 @@ impl BrokerConfig {
         if self.security.insecure {
             return Ok(());
         }
-        if self.tls.cluster_mode() == ClusterTls::Off {
-            return bad(format!(
-                "{field} {addr} is not a loopback address and tls.cluster = \"off\": brokers would send raft, replication and fabric traffic in cleartext, authenticated only by the cookie; configure [tls] with a certificate and tls.cluster_ca_path, or security.insecure = true to accept the risk"
-            ));
-        }
         if self.security.authentication == Authentication::None
             && !self.listen_addr.ip().is_loopback()
         {
@@ -1051,6 +1046,11 @@ impl BrokerConfig {
             return bad(format!(
                 "admin_addr {} is not a loopback address and the admin port authenticates nobody yet: anyone who reaches it may admit and decommission brokers; bind it to loopback, or set security.insecure = true to accept the risk",
                 self.admin_addr
+            ));
+        }
+        if self.tls.cluster_mode() == ClusterTls::Off {
+            return bad(format!(
+                "{field} {addr} is not a loopback address and tls.cluster = \"off\": brokers would send raft, replication and fabric traffic in cleartext, authenticated only by the cookie; configure [tls] with a certificate and tls.cluster_ca_path, or security.insecure = true to accept the risk"
             ));
         }
         Ok(())
@@ -1530,6 +1530,7 @@ mod tests {
         let pair = TlsSettings {
             cert_path: Some("b.pem".into()),
             key_path: Some("b.key".into()),
+            cluster_ca_path: Some("cluster-ca.pem".into()),
             ..TlsSettings::default()
         };
         let config = BrokerConfig {
@@ -1541,7 +1542,24 @@ mod tests {
         insta::assert_snapshot!(refused(TlsSettings { client_auth: ClientAuth::Required, ..pair.clone() }), @r#"invalid configuration: tls.client_auth = "optional" or "required" needs tls.client_ca_path, and tls.client_ca_path needs one of them"#);
         insta::assert_snapshot!(refused(TlsSettings { client_ca_path: Some("ca.pem".into()), ..pair.clone() }), @r#"invalid configuration: tls.client_auth = "optional" or "required" needs tls.client_ca_path, and tls.client_ca_path needs one of them"#);
         insta::assert_snapshot!(refused(TlsSettings { client_ca_path: Some("ca.pem".into()), ..TlsSettings::default() }), @"invalid configuration: tls.client_ca_path and tls.client_auth need tls.cert_path and tls.key_path");
-        insta::assert_snapshot!(refused(TlsSettings { handshake_timeout_ms: 0, ..pair }), @"invalid configuration: tls.handshake_timeout_ms and tls.reload_check_ms must be positive");
+        insta::assert_snapshot!(refused(TlsSettings { handshake_timeout_ms: 0, ..pair.clone() }), @"invalid configuration: tls.handshake_timeout_ms and tls.reload_check_ms must be positive");
+        // TLS between brokers (ADR 0151): on by default with a certificate,
+        // so it needs a CA; off needs none.
+        insta::assert_snapshot!(refused(TlsSettings { cluster_ca_path: None, ..pair.clone() }), @r#"invalid configuration: TLS between brokers (tls.cluster, "required" by default with a certificate) needs the CA every broker's certificate chains to: set tls.cluster_ca_path (or tls.client_ca_path), or tls.cluster = "off" for a broker that never has peers"#);
+        let off = TlsSettings {
+            cluster_ca_path: None,
+            cluster: Some(ClusterTls::Off),
+            ..pair.clone()
+        };
+        BrokerConfig {
+            tls: off,
+            ..BrokerConfig::default()
+        }
+        .validate()
+        .unwrap();
+        insta::assert_snapshot!(refused(TlsSettings { cluster: Some(ClusterTls::Required), ..TlsSettings::default() }), @r#"invalid configuration: tls.cluster = "required" needs a certificate: tls.cert_path and tls.key_path, or tls.cluster_cert_path and tls.cluster_key_path"#);
+        insta::assert_snapshot!(refused(TlsSettings { cluster_cert_path: Some("c.pem".into()), ..pair.clone() }), @"invalid configuration: tls.cluster_cert_path and tls.cluster_key_path must be set together");
+        insta::assert_snapshot!(refused(TlsSettings { cluster_server_name: Some("not a name!".into()), ..pair }), @r#"invalid configuration: tls.cluster_server_name "not a name!" is neither a DNS name nor an IP address"#);
     }
 
     #[test]
