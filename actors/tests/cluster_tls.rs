@@ -2,7 +2,8 @@
 //! replica-append, catch-up, orders) and the node fabric speak TLS with a
 //! certificate under the cluster CA required both ways. Three brokers
 //! replicate and fail over with it on; `openssl s_client` without a
-//! client certificate, or with one from another CA, is refused; a broker
+//! client certificate, or with one from another CA, an expired or a
+//! self-signed one, is refused; a broker
 //! whose certificate another CA signed never joins while the others stay
 //! healthy; a plaintext broker is refused. Each refusal is counted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -195,6 +196,29 @@ fn s_client(addr: SocketAddr, ca: &Path, extra: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// A self-signed certificate and key made by `openssl req -x509`.
+fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("self.pem"), dir.join("self.key"));
+    let status = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:P-256", "-nodes", "-days", "1"])
+        .args([
+            "-subj",
+            "/CN=self-signed",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl must be installed");
+    assert!(status.success());
+    (cert, key)
+}
+
 async fn s_client_async(addr: SocketAddr, ca: &Path, extra: Vec<String>) -> (bool, String) {
     let ca = ca.to_owned();
     tokio::task::spawn_blocking(move || {
@@ -221,6 +245,17 @@ async fn openssl_needs_a_certificate_of_the_cluster_ca_on_the_cluster_port_and_t
     assert!(broker.wait_ready(30_000).await);
     let other = TestCa::new("another CA");
     let foreign = node_pair(&other, dir, "foreign", 7);
+    let expired = {
+        let leaf = ca.leaf(&LeafSpec {
+            expired: true,
+            ..LeafSpec::broker(8)
+        });
+        (
+            write(dir, "expired.pem", &leaf.cert_pem),
+            write(dir, "expired.key", &leaf.key_pem),
+        )
+    };
+    let self_signed = self_signed(dir);
     let ports = [
         ("cluster", broker.raft_addr().unwrap()),
         ("fabric", broker.fabric_addr().unwrap()),
@@ -237,17 +272,25 @@ async fn openssl_needs_a_certificate_of_the_cluster_ca_on_the_cluster_port_and_t
         };
         let (ok, text) = s_client_async(addr, &ca_path, with(&pair)).await;
         assert!(ok, "{port} {addr} with the cluster's certificate: {text}");
-        // No client certificate, and one from another CA: refused by the
-        // broker during the handshake (TLS 1.2, where the refusal ends the
-        // handshake itself, so s_client fails), and counted.
+        // No client certificate, and one from another CA, an expired or a
+        // self-signed one: refused by the broker during the handshake (TLS
+        // 1.2, where the refusal ends the handshake itself, so s_client
+        // fails), and counted.
         let before = refusals(&broker, port, "refused");
         let tls12 = || vec!["-tls1_2".to_owned()];
         let (ok, text) = s_client_async(addr, &ca_path, tls12()).await;
         assert!(!ok, "{port} {addr} without a certificate: {text}");
-        let mut foreign_args = tls12();
-        foreign_args.extend(with(&foreign));
-        let (ok, text) = s_client_async(addr, &ca_path, foreign_args).await;
-        assert!(!ok, "{port} {addr} with another CA's certificate: {text}");
+        let bad = [
+            ("another CA's", &foreign),
+            ("an expired", &expired),
+            ("a self-signed", &self_signed),
+        ];
+        for (what, pair) in bad {
+            let mut args = tls12();
+            args.extend(with(pair));
+            let (ok, text) = s_client_async(addr, &ca_path, args).await;
+            assert!(!ok, "{port} {addr} with {what} certificate: {text}");
+        }
         // TLS 1.3 too: the broker refuses after the client's Finished.
         let (_, text) = s_client_async(addr, &ca_path, Vec::new()).await;
         wait_until(
@@ -256,7 +299,7 @@ async fn openssl_needs_a_certificate_of_the_cluster_ca_on_the_cluster_port_and_t
             Duration::from_millis(50),
             async || {
                 let now = refusals(&broker, port, "refused");
-                if now >= before + 3 {
+                if now >= before + 5 {
                     Ok(())
                 } else {
                     Err((now, text.clone()))
