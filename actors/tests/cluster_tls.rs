@@ -103,10 +103,14 @@ async fn produce_acknowledged(brokers: &[Option<BrokerHandle>], topic: &str, rec
     );
 }
 
-/// Every acknowledged value is read back from a live broker.
+/// Every acknowledged value is read back, through the broker that serves
+/// the topic now (its active segment's primary).
 async fn assert_all_read(brokers: &[Option<BrokerHandle>], topic: &str, sent: &[Record]) {
-    let live = brokers.iter().flatten().next().unwrap();
-    let mut reader = TestClient::connect(live.client_addr()).await;
+    let segment = active_segment(brokers, topic).await.unwrap();
+    let primary = brokers[(segment.replicas[0] - 1) as usize]
+        .as_ref()
+        .expect("the primary is live");
+    let mut reader = TestClient::connect(primary.client_addr()).await;
     let got: std::collections::BTreeSet<Vec<u8>> = read_all(&mut reader, topic)
         .await
         .into_iter()
