@@ -211,7 +211,8 @@ fn a_bad_client_config_file_is_one_line_naming_the_file_and_the_key() {
         ("user = 7\n", "user"),
         ("tls_cert = \"c.pem\"\n", "tls_key"),
         ("password_file = \"pw\"\n", "password_file"),
-        ("token_file = \"t.jwt\"\n", "token_file"),
+        // A token and a user are two logins.
+        ("token_file = \"t.jwt\"\nuser = \"alice\"\n", "token_file"),
     ];
     for (body, key) in cases {
         std::fs::write(&file, body).unwrap();

@@ -1,6 +1,6 @@
 //! `malachi dev --secure` end to end with the CLI (issue 39): a throwaway
-//! CA, TLS and SCRAM logins on loopback, and a banner that says how to
-//! connect. What it prints works: with the environment it names, a topic
+//! CA, TLS and SCRAM logins on loopback, mutual TLS between its three
+//! brokers, and a banner that says how to connect. What it prints works: with the environment it names, a topic
 //! is created, written and read; without TLS, or without a login, the
 //! CLI gets one clear line and nothing is done; the client certificate it
 //! made logs in too.
@@ -54,7 +54,9 @@ fn dev_secure_serves_tls_and_logins_as_its_banner_says() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut dev = Command::new(bin())
-        .args(["dev", "--secure", "--nodes", "1", "--data-dir"])
+        // Three brokers: a topic's three copies travel between them over
+        // mutual TLS (ADR 0151), with the certificate `--secure` made.
+        .args(["dev", "--secure", "--nodes", "3", "--data-dir"])
         .arg(&data)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())

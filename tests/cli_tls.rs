@@ -52,10 +52,12 @@ fn succeeded(output: &Output, logs: &dyn Fn() -> String) {
 fn the_cli_produces_and_consumes_over_tls_and_plaintext_is_told_apart() {
     let root = tempfile::tempdir().unwrap();
     let (_ca, files) = pki(root.path());
+    // Brokers speak mutual TLS to each other too (ADR 0151), under the CA.
     let tls = format!(
-        "\n[tls]\ncert_path = \"{}\"\nkey_path = \"{}\"\n",
+        "\n[tls]\ncert_path = \"{}\"\nkey_path = \"{}\"\ncluster_ca_path = \"{}\"\n",
         files.broker_cert.display(),
-        files.broker_key.display()
+        files.broker_key.display(),
+        files.ca.display()
     );
     let cluster = Cluster::three_with(root.path(), &tls);
     let logs = || cluster.logs();

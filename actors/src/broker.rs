@@ -243,6 +243,7 @@ fn open_fabric(
         ),
         formed: Arc::new(formed),
         calls: crate::fabric::remote::RemoteCalls::default(),
+        tls: None,
     })
 }
 
@@ -508,10 +509,11 @@ fn cluster_candidate() -> Result<malachi_core::formation::ClusterId, BrokerError
 
 /// Binds the raft port and makes the transports to the other brokers'
 /// (raft's, and replication's own, ADR 0095), sealed with the cluster
-/// cookie.
+/// cookie, inside TLS when `peer_tls` is given (ADR 0151).
 fn raft_endpoint(
     config: &BrokerConfig,
     client_addr: SocketAddr,
+    peer_tls: Option<&malachi_cluster::group::PeerTls>,
 ) -> Result<RaftEndpoint, BrokerError> {
     // The raft port is bound before membership starts, so the identity
     // SWIM gossips carries it (ADR 0081).
@@ -539,9 +541,10 @@ fn raft_endpoint(
         reason: "membership.cluster_cookie must not be empty".to_owned(),
     })?;
     let transport = |cookie| {
-        Arc::new(malachi_cluster::group::TcpTransport::new(
-            malachi_cluster::group::TcpTransportConfig::new(config.node_id, cookie),
-        ))
+        let mut transport_config =
+            malachi_cluster::group::TcpTransportConfig::new(config.node_id, cookie);
+        transport_config.tls = peer_tls.cloned();
+        Arc::new(malachi_cluster::group::TcpTransport::new(transport_config))
     };
     Ok(RaftEndpoint {
         listener: raft_listener,
@@ -590,6 +593,7 @@ impl Broker {
         // The certificate files load now, so a bad one stops the start
         // before anything is bound or opened (ADR 0149).
         let tls = crate::common::tls::ServerTls::from_settings(&config.tls)?;
+        let peer_tls = crate::common::cluster_tls::BrokerPeerTls::from_settings(&config.tls)?;
         let cursor_bootstrap = bootstrap_cursor_secret(&config.secret_path())?;
         check_node_identity(&config)?;
         let mut plan = crate::fabric::formation::plan(&config, cluster_candidate()?)?;
@@ -598,9 +602,11 @@ impl Broker {
         let admin = bind("admin port", config.admin_addr)?;
         let client_addr = client.local_addr().map_err(io_err(&data_dir))?;
         let admin_addr = admin.local_addr().map_err(io_err(&data_dir))?;
-        let raft = raft_endpoint(&config, client_addr)?;
+        let peer = peer_tls.as_ref().map(|t| &t.peer);
+        let raft = raft_endpoint(&config, client_addr, peer)?;
         let raft_addr = raft.addr;
         let mut fabric = open_fabric(&config, client_addr, admin_addr, raft_addr, &plan)?;
+        fabric.tls = peer.cloned();
         find_cluster(&mut config, &mut fabric, &mut plan).await?;
         // Segments open only once the cluster is known: a refused start
         // touches none of them.
@@ -616,6 +622,9 @@ impl Broker {
         if let Some(tls) = tls {
             tls.count_into(&shared.metrics);
             let _ = shared.tls.set(Arc::new(tls));
+        }
+        if let Some(peer_tls) = &peer_tls {
+            peer_tls.count_into(&shared.metrics);
         }
         let _ = shared.links.fabric.set(Arc::new(fabric));
         let _ =
@@ -925,6 +934,22 @@ impl BrokerHandle {
     /// before authenticating, since start; `None` without a fabric.
     pub fn fabric_inbound_counts(&self) -> Option<(u64, u64)> {
         self.shared.fabric().map(|fabric| fabric.inbound.counts())
+    }
+
+    /// The address other brokers dial this broker's node fabric on; `None`
+    /// without a fabric.
+    pub fn fabric_addr(&self) -> Option<SocketAddr> {
+        self.shared
+            .fabric()
+            .and_then(|fabric| fabric.identity.cluster_addr)
+    }
+
+    /// Test hook: the cluster port's server's counts (refusals, TLS ones
+    /// among them, ADR 0151); `None` before it runs.
+    pub fn cluster_port_stats(&self) -> Option<malachi_cluster::group::TransportServerStats> {
+        let raft = self.shared.links.raft.get()?;
+        let server = raft.server.lock().clone()?;
+        Some(server.stats())
     }
 
     /// Test hook: sessions ractor_cluster's own (unadvertised) listener

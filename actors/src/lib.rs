@@ -50,7 +50,7 @@ mod serve;
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use common::clock::{Clock, ManualClock, SystemClock};
 pub use common::config::{
-    Authentication, BrokerConfig, ClientAuth, ClusterSettings, DEV_CLUSTER_COOKIE,
+    Authentication, BrokerConfig, ClientAuth, ClusterSettings, ClusterTls, DEV_CLUSTER_COOKIE,
     MaintenanceSettings, MembershipSettings, MetadataBackend, ReshapeDefaults, SecuritySettings,
     StoreSettings, TlsSettings,
 };

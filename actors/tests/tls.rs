@@ -34,6 +34,9 @@ fn tls_config(dir: &Path, files: &PkiFiles, client_auth: ClientAuth) -> BrokerCo
             client_auth,
             handshake_timeout_ms: 2_000,
             reload_check_ms: 100,
+            // A lone broker: no peers to speak TLS to.
+            cluster: Some(malachi_actors::ClusterTls::Off),
+            ..TlsSettings::default()
         },
         ..BrokerConfig::for_tests(dir.join("data"))
     }

@@ -446,6 +446,7 @@ async fn the_admin_port_takes_a_token_or_a_certificate_and_judges_by_the_acls() 
             client_auth: ClientAuth::Optional,
             handshake_timeout_ms: 2_000,
             reload_check_ms: 100,
+            ..TlsSettings::default()
         },
         ..BrokerConfig::for_tests(dir.path().join("data"))
     };

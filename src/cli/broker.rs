@@ -108,7 +108,8 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
 }
 
 /// `dev --secure`'s brokers: TLS with the throwaway pair (client
-/// certificates verified when sent), SCRAM logins, `admin` a superuser
+/// certificates verified when sent) on every port, mutual between brokers
+/// (ADR 0151), SCRAM logins, `admin` a superuser
 /// created at the first start.
 fn secure_broker(broker: &mut BrokerConfig, files: &super::secure::SecureFiles) {
     broker.tls = malachi_actors::TlsSettings {
@@ -116,6 +117,9 @@ fn secure_broker(broker: &mut BrokerConfig, files: &super::secure::SecureFiles) 
         key_path: Some(files.broker_key.clone()),
         client_ca_path: Some(files.ca.clone()),
         client_auth: malachi_actors::ClientAuth::Optional,
+        // Brokers show each other the same certificate, under the same CA.
+        cluster: Some(malachi_actors::ClusterTls::Required),
+        cluster_ca_path: Some(files.ca.clone()),
         ..malachi_actors::TlsSettings::default()
     };
     let superuser = super::secure::DEV_SUPERUSER;

@@ -1,8 +1,10 @@
 //! `malachi dev --secure`: a throwaway certificate authority, a broker
-//! certificate for `localhost` and 127.0.0.1, a client certificate and a
-//! superuser with a random password (issue 39), kept under the data
-//! directory so a restart of `dev` finds the same ones (the superuser is
-//! created once, in raft, with the first password).
+//! certificate for `localhost` and 127.0.0.1 (for server and client
+//! authentication: brokers show it to each other too, ADR 0151), a client
+//! certificate and a superuser with a random password (issue 39), kept
+//! under the data directory so a restart of `dev` finds the same ones (the
+//! superuser is created once, in raft, with the first password, so a
+//! password file, once written, is never replaced).
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
@@ -35,8 +37,11 @@ impl SecureFiles {
         let dir = data_dir.join("secure");
         SecureFiles {
             ca: dir.join("ca.pem"),
-            broker_cert: dir.join("broker.pem"),
-            broker_key: dir.join("broker.key"),
+            // Not `broker.pem`: that name held a server-only certificate
+            // before brokers spoke TLS to each other; a directory with only
+            // it gets a new CA and certificates.
+            broker_cert: dir.join("node.pem"),
+            broker_key: dir.join("node.key"),
             client_cert: dir.join("admin.pem"),
             client_key: dir.join("admin.key"),
             password: dir.join("admin.pw"),
@@ -75,7 +80,9 @@ pub fn ensure(data_dir: &Path) -> Result<SecureFiles, CliError> {
     write(&files.broker_key, &broker.1)?;
     write(&files.client_cert, &client.0)?;
     write(&files.client_key, &client.1)?;
-    write(&files.password, &format!("{}\n", password()?))?;
+    if !files.password.is_file() {
+        write(&files.password, &format!("{}\n", password()?))?;
+    }
     Ok(files)
 }
 
@@ -92,7 +99,8 @@ fn authority() -> Result<(String, Issuer<'static, KeyPair>), CliError> {
 }
 
 /// A certificate and key (PEM) signed by `issuer`: a client's named
-/// `name` in its CN, or the brokers' for `localhost` and 127.0.0.1.
+/// `name` in its CN, or the brokers' for `localhost` and 127.0.0.1, for
+/// both server and client authentication (brokers dial each other).
 fn leaf(
     issuer: &Issuer<'static, KeyPair>,
     name: &str,
@@ -110,11 +118,14 @@ fn leaf(
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
     }
     params.distinguished_name.push(DnType::CommonName, name);
-    params.extended_key_usages = vec![if client {
-        ExtendedKeyUsagePurpose::ClientAuth
+    params.extended_key_usages = if client {
+        vec![ExtendedKeyUsagePurpose::ClientAuth]
     } else {
-        ExtendedKeyUsagePurpose::ServerAuth
-    }];
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ]
+    };
     let key = KeyPair::generate().map_err(|e| failed("a key", e))?;
     let cert = params
         .signed_by(&key, issuer)
@@ -147,6 +158,7 @@ fn write(path: &Path, text: &str) -> Result<(), CliError> {
 pub fn banner(files: &SecureFiles) -> String {
     format!(
         "secure: TLS (throwaway CA {ca}) and SCRAM logins; superuser `{DEV_SUPERUSER}`\n\
+         brokers speak mutual TLS to each other under the same CA\n\
          connect with:\n\
          \x20 export MALACHI_TLS_CA={ca}\n\
          \x20 export MALACHI_USER={DEV_SUPERUSER} MALACHI_PASSWORD_FILE={pw}\n\

@@ -43,7 +43,8 @@ pub struct LeafSpec {
 }
 
 impl LeafSpec {
-    /// A broker's: `localhost` and 127.0.0.1, valid now.
+    /// A broker's: `localhost` and 127.0.0.1, valid now, for server and
+    /// client authentication.
     pub fn broker(serial: u64) -> LeafSpec {
         LeafSpec {
             common_name: format!("broker-{serial}"),
@@ -91,11 +92,16 @@ impl TestCa {
             .distinguished_name
             .push(DnType::CommonName, spec.common_name.clone());
         params.serial_number = Some(SerialNumber::from_slice(&spec.serial.to_be_bytes()));
-        params.extended_key_usages = vec![if spec.client {
-            ExtendedKeyUsagePurpose::ClientAuth
+        // A broker's certificate serves both ways between brokers (ADR
+        // 0151): it is a server to its dialers and a client to its peers.
+        params.extended_key_usages = if spec.client {
+            vec![ExtendedKeyUsagePurpose::ClientAuth]
         } else {
-            ExtendedKeyUsagePurpose::ServerAuth
-        }];
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ]
+        };
         if spec.expired {
             params.not_before = date_time_ymd(2000, 1, 1);
             params.not_after = date_time_ymd(2001, 1, 1);

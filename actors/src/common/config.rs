@@ -87,12 +87,25 @@ pub enum ClientAuth {
     Required,
 }
 
+/// Whether the cluster port and the node fabric speak TLS with mutual
+/// authentication under the cluster's CA (ADR 0151).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterTls {
+    /// Plaintext between brokers, authenticated by the cluster cookie only.
+    Off,
+    /// TLS both ways, a certificate under the cluster CA required of every
+    /// peer; plaintext and other certificates are refused.
+    Required,
+}
+
 /// The default `tls.handshake_timeout_ms`.
 pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// The default `tls.reload_check_ms`.
 pub const TLS_RELOAD_CHECK_MS_DEFAULT: u64 = 10_000;
 
-/// TLS on the client port and the admin port (ADR 0149). Off unless
+/// TLS on the client port and the admin port (ADR 0149), and between
+/// brokers on the cluster port and the node fabric (ADR 0151). Off unless
 /// `cert_path` and `key_path` are set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -111,6 +124,20 @@ pub struct TlsSettings {
     /// How often, at most, the certificate and key files are checked for a
     /// change (their modification time and size) and reloaded.
     pub reload_check_ms: u64,
+    /// TLS between brokers (ADR 0151): `off` or `required`; unset, it is
+    /// `required` when the broker has a certificate, `off` otherwise.
+    pub cluster: Option<ClusterTls>,
+    /// The CA every broker's certificate must chain to (PEM); unset,
+    /// `client_ca_path`.
+    pub cluster_ca_path: Option<PathBuf>,
+    /// The certificate and key the broker shows other brokers; unset,
+    /// `cert_path` and `key_path`. It serves both ways, so it needs both
+    /// the serverAuth and the clientAuth extended key usages.
+    pub cluster_cert_path: Option<PathBuf>,
+    pub cluster_key_path: Option<PathBuf>,
+    /// The DNS name every broker's certificate carries; unset, a broker's
+    /// certificate must carry the ip address its peers dial (an IP SAN).
+    pub cluster_server_name: Option<String>,
 }
 
 impl Default for TlsSettings {
@@ -122,6 +149,11 @@ impl Default for TlsSettings {
             client_auth: ClientAuth::None,
             handshake_timeout_ms: TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT,
             reload_check_ms: TLS_RELOAD_CHECK_MS_DEFAULT,
+            cluster: None,
+            cluster_ca_path: None,
+            cluster_cert_path: None,
+            cluster_key_path: None,
+            cluster_server_name: None,
         }
     }
 }
@@ -151,6 +183,55 @@ impl TlsSettings {
         }
         if self.handshake_timeout_ms == 0 || self.reload_check_ms == 0 {
             return Err("tls.handshake_timeout_ms and tls.reload_check_ms must be positive".into());
+        }
+        self.check_cluster()
+    }
+
+    /// Whether brokers speak TLS to each other (ADR 0151).
+    pub fn cluster_mode(&self) -> ClusterTls {
+        self.cluster.unwrap_or(if self.enabled() {
+            ClusterTls::Required
+        } else {
+            ClusterTls::Off
+        })
+    }
+
+    /// The CA peers' certificates must chain to.
+    pub fn cluster_ca(&self) -> Option<&PathBuf> {
+        self.cluster_ca_path
+            .as_ref()
+            .or(self.client_ca_path.as_ref())
+    }
+
+    /// The certificate and key shown to other brokers.
+    pub fn cluster_pair(&self) -> Option<(&PathBuf, &PathBuf)> {
+        match (&self.cluster_cert_path, &self.cluster_key_path) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            _ => self.cert_path.as_ref().zip(self.key_path.as_ref()),
+        }
+    }
+
+    fn check_cluster(&self) -> Result<(), String> {
+        if self.cluster_cert_path.is_some() != self.cluster_key_path.is_some() {
+            return Err(
+                "tls.cluster_cert_path and tls.cluster_key_path must be set together".into(),
+            );
+        }
+        if self.cluster_mode() == ClusterTls::Off {
+            return Ok(());
+        }
+        if self.cluster_pair().is_none() {
+            return Err("tls.cluster = \"required\" needs a certificate: tls.cert_path and tls.key_path, or tls.cluster_cert_path and tls.cluster_key_path".into());
+        }
+        if self.cluster_ca().is_none() {
+            return Err("TLS between brokers (tls.cluster, \"required\" by default with a certificate) needs the CA every broker's certificate chains to: set tls.cluster_ca_path (or tls.client_ca_path), or tls.cluster = \"off\" for a broker that never has peers".into());
+        }
+        if let Some(name) = &self.cluster_server_name
+            && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
+        {
+            return Err(format!(
+                "tls.cluster_server_name {name:?} is neither a DNS name nor an IP address"
+            ));
         }
         Ok(())
     }
@@ -1042,6 +1123,11 @@ impl BrokerConfig {
                 self.admin_addr
             ));
         }
+        if self.tls.cluster_mode() == ClusterTls::Off {
+            return bad(format!(
+                "{field} {addr} is not a loopback address and tls.cluster = \"off\": brokers would send raft, replication and fabric traffic in cleartext, authenticated only by the cookie; configure [tls] with a certificate and tls.cluster_ca_path, or security.insecure = true to accept the risk"
+            ));
+        }
         Ok(())
     }
 
@@ -1500,6 +1586,18 @@ mod tests {
             "{refused}"
         );
         config.security.authentication = Authentication::Scram;
+        // Brokers off loopback speak TLS to each other (ADR 0151).
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(
+            refused.contains("tls.cluster") && refused.contains("security.insecure"),
+            "{refused}"
+        );
+        config.tls = TlsSettings {
+            cert_path: Some("/etc/malachi/node.pem".into()),
+            key_path: Some("/etc/malachi/node.key".into()),
+            cluster_ca_path: Some("/etc/malachi/cluster-ca.pem".into()),
+            ..TlsSettings::default()
+        };
         assert!(config.validate().is_ok());
         // With authentication on, the admin port authenticates too (ADR
         // 0152): off loopback is fine.
@@ -1540,6 +1638,7 @@ mod tests {
         let pair = TlsSettings {
             cert_path: Some("b.pem".into()),
             key_path: Some("b.key".into()),
+            cluster_ca_path: Some("cluster-ca.pem".into()),
             ..TlsSettings::default()
         };
         let config = BrokerConfig {
@@ -1551,7 +1650,24 @@ mod tests {
         insta::assert_snapshot!(refused(TlsSettings { client_auth: ClientAuth::Required, ..pair.clone() }), @r#"invalid configuration: tls.client_auth = "optional" or "required" needs tls.client_ca_path, and tls.client_ca_path needs one of them"#);
         insta::assert_snapshot!(refused(TlsSettings { client_ca_path: Some("ca.pem".into()), ..pair.clone() }), @r#"invalid configuration: tls.client_auth = "optional" or "required" needs tls.client_ca_path, and tls.client_ca_path needs one of them"#);
         insta::assert_snapshot!(refused(TlsSettings { client_ca_path: Some("ca.pem".into()), ..TlsSettings::default() }), @"invalid configuration: tls.client_ca_path and tls.client_auth need tls.cert_path and tls.key_path");
-        insta::assert_snapshot!(refused(TlsSettings { handshake_timeout_ms: 0, ..pair }), @"invalid configuration: tls.handshake_timeout_ms and tls.reload_check_ms must be positive");
+        insta::assert_snapshot!(refused(TlsSettings { handshake_timeout_ms: 0, ..pair.clone() }), @"invalid configuration: tls.handshake_timeout_ms and tls.reload_check_ms must be positive");
+        // TLS between brokers (ADR 0151): on by default with a certificate,
+        // so it needs a CA; off needs none.
+        insta::assert_snapshot!(refused(TlsSettings { cluster_ca_path: None, ..pair.clone() }), @r#"invalid configuration: TLS between brokers (tls.cluster, "required" by default with a certificate) needs the CA every broker's certificate chains to: set tls.cluster_ca_path (or tls.client_ca_path), or tls.cluster = "off" for a broker that never has peers"#);
+        let off = TlsSettings {
+            cluster_ca_path: None,
+            cluster: Some(ClusterTls::Off),
+            ..pair.clone()
+        };
+        BrokerConfig {
+            tls: off,
+            ..BrokerConfig::default()
+        }
+        .validate()
+        .unwrap();
+        insta::assert_snapshot!(refused(TlsSettings { cluster: Some(ClusterTls::Required), ..TlsSettings::default() }), @r#"invalid configuration: tls.cluster = "required" needs a certificate: tls.cert_path and tls.key_path, or tls.cluster_cert_path and tls.cluster_key_path"#);
+        insta::assert_snapshot!(refused(TlsSettings { cluster_cert_path: Some("c.pem".into()), ..pair.clone() }), @"invalid configuration: tls.cluster_cert_path and tls.cluster_key_path must be set together");
+        insta::assert_snapshot!(refused(TlsSettings { cluster_server_name: Some("not a name!".into()), ..pair }), @r#"invalid configuration: tls.cluster_server_name "not a name!" is neither a DNS name nor an IP address"#);
     }
 
     #[test]

@@ -262,6 +262,31 @@ impl BrokerMetrics {
             .increment(1);
     }
 
+    /// `malachi_cluster_tls_refusals_total{port, direction, reason}`: a
+    /// connection between brokers refused by TLS (ADR 0151), on the
+    /// `cluster` port or the `fabric`, `inbound` (accepted) or `outbound`
+    /// (dialled).
+    pub fn cluster_tls_refusal(
+        &self,
+        port: &'static str,
+        direction: &'static str,
+        reason: &'static str,
+    ) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_cluster_tls_refusals_total",
+                    vec![
+                        Label::new("port", port),
+                        Label::new("direction", direction),
+                        Label::new("reason", reason),
+                    ],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
     /// `malachi_tls_reloads_total{outcome}`: changed certificate files
     /// loaded (`reloaded`) or kept out (`failed`, the old pair serving on).
     pub fn tls_reload(&self, outcome: &'static str) {

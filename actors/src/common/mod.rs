@@ -7,6 +7,7 @@ pub(crate) mod addresses;
 pub(crate) mod budget;
 pub(crate) mod client_port;
 pub(crate) mod clock;
+pub(crate) mod cluster_tls;
 pub(crate) mod config;
 pub(crate) mod convert;
 pub(crate) mod error;

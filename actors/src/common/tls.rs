@@ -73,7 +73,7 @@ impl HandshakeFailure {
     }
 }
 
-fn config_error(e: TlsError) -> BrokerError {
+pub(crate) fn config_error(e: TlsError) -> BrokerError {
     BrokerError::Config {
         reason: format!("tls: {e}"),
     }
@@ -127,7 +127,7 @@ impl ServerTls {
 
     /// Where reload failures are counted, once the broker's metrics exist.
     pub(crate) fn count_into(&self, metrics: &Arc<BrokerMetrics>) {
-        let _ = self.cert.metrics.set(Arc::clone(metrics));
+        self.cert.count_into(metrics);
     }
 
     /// The plaintext check, then the handshake, within
@@ -205,7 +205,7 @@ struct CertState {
 }
 
 impl ReloadingCert {
-    fn load(
+    pub(crate) fn load(
         cert_path: &Path,
         key_path: &Path,
         provider: &Arc<CryptoProvider>,
@@ -225,6 +225,11 @@ impl ReloadingCert {
             }),
             metrics: OnceLock::new(),
         })
+    }
+
+    /// Where reload failures are counted, once the broker's metrics exist.
+    pub(crate) fn count_into(&self, metrics: &Arc<BrokerMetrics>) {
+        let _ = self.metrics.set(Arc::clone(metrics));
     }
 
     /// The pair to present now, reloaded first if a check is due and the
@@ -269,6 +274,21 @@ impl ReloadingCert {
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current())
+    }
+}
+
+/// A broker dialling another shows the same reloaded pair (ADR 0151).
+impl rustls::client::ResolvesClientCert for ReloadingCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 

@@ -66,7 +66,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use malachi_cluster::group::{Backoff, backoff_seed};
+use malachi_cluster::group::peer_tls::{PeerRead, PeerWrite, plain_halves, tls_halves};
+use malachi_cluster::group::{Backoff, PeerTls, backoff_seed};
 use malachi_membership::{Member, MemberState, Membership, NodeIdentity};
 use malachi_wire::WireError;
 use malachi_wire::messages::{self as wire, Message as _};
@@ -77,7 +78,6 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::node::{NodeEventSubscription, NodeServerSessionInformation};
 use ractor_cluster::{NodeServer, NodeServerMessage};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
@@ -170,6 +170,8 @@ pub(crate) struct Fabric {
     pub formed: Arc<super::formation::Formed>,
     /// Calls to behaviours on other brokers, bounded (ADR 0133).
     pub calls: super::remote::RemoteCalls,
+    /// TLS to and from the other brokers (ADR 0151); `None`: plaintext.
+    pub tls: Option<PeerTls>,
 }
 
 impl Fabric {
@@ -290,14 +292,21 @@ impl InboundConnections {
         }
     }
 
-    /// Takes a slot for a connection from `peer_addr` and splits it into the
-    /// halves ractor_cluster gets; `None` at the limit (the caller closes it).
+    /// A slot for an accepted connection; `None` at the limit (the caller
+    /// closes it).
+    fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.slots).try_acquire_owned().ok()
+    }
+
+    /// Wraps a connection from `peer_addr` that holds `slot` into the
+    /// halves ractor_cluster gets, its handshake deadline starting now.
     fn admit(
         self: &Arc<Self>,
-        stream: tokio::net::TcpStream,
+        slot: OwnedSemaphorePermit,
+        (read, write): (PeerRead, PeerWrite),
+        local_label: Option<String>,
         peer_addr: SocketAddr,
-    ) -> Option<InboundStream> {
-        let slot = Arc::clone(&self.slots).try_acquire_owned().ok()?;
+    ) -> InboundStream {
         let label = inbound_label(peer_addr);
         let conn = Arc::new(InboundConn {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -310,10 +319,8 @@ impl InboundConnections {
         self.handshaking
             .lock()
             .insert(label.clone(), (conn.id, Arc::downgrade(&conn)));
-        let local_label = stream.local_addr().ok().map(|a| a.to_string());
-        let (read, write) = stream.into_split();
         let deadline = tokio::time::Instant::now() + self.handshake_timeout;
-        Some(InboundStream {
+        InboundStream {
             peer_label: label,
             local_label,
             reader: Box::new(InboundRead {
@@ -326,7 +333,7 @@ impl InboundConnections {
                 inner: write,
                 _conn: conn,
             }),
-        })
+        }
     }
 
     /// The node server authenticated the session reported under `label`.
@@ -405,7 +412,7 @@ impl Drop for InboundConn {
 /// The read half ractor_cluster gets: until the connection authenticates,
 /// reads fail past the handshake deadline or past [`HANDSHAKE_BYTES_MAX`].
 struct InboundRead {
-    inner: OwnedReadHalf,
+    inner: PeerRead,
     conn: Arc<InboundConn>,
     /// The handshake deadline, dropped once authenticated.
     handshake: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -459,7 +466,7 @@ impl AsyncRead for InboundRead {
 
 /// The write half ractor_cluster gets: only holds the connection's slot.
 struct InboundWrite {
-    inner: OwnedWriteHalf,
+    inner: PeerWrite,
     _conn: Arc<InboundConn>,
 }
 
@@ -752,23 +759,101 @@ async fn accept_loop(fabric: Arc<Fabric>, listener: tokio::net::TcpListener) {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let Some(stream) = fabric.inbound.admit(stream, peer_addr) else {
+        let Some(slot) = fabric.inbound.slot() else {
             fabric.inbound.log_refusal(peer_addr);
             continue;
         };
-        // `ConnectionOpenedExternal`, not `ConnectionOpened`: only the
-        // external variant keeps the stream's peer label as the session's
-        // `peer_addr` (the other reports 0.0.0.0:0 for an external stream),
-        // and that label is how `HandshakeWatch` finds the connection to mark
-        // authenticated. Regression: every inbound session was cut at the
-        // handshake deadline.
-        let opened = NodeServerMessage::ConnectionOpenedExternal {
-            stream: Box::new(stream),
-            is_server: true,
+        let local_label = stream.local_addr().ok().map(|a| a.to_string());
+        let Some(tls) = fabric.tls.clone() else {
+            let stream = fabric
+                .inbound
+                .admit(slot, plain_halves(stream), local_label, peer_addr);
+            hand_over(&server, stream, peer_addr);
+            continue;
         };
-        if server.cast(opened).is_err() {
-            debug!(%peer_addr, "node server gone; connection dropped");
-        }
+        // The TLS handshake runs off the accept loop, holding its slot and
+        // bounded by `tls.handshake_timeout_ms` (ADR 0151); a refusal is
+        // counted and logged by the TLS's observer.
+        let inbound = Arc::clone(&fabric.inbound);
+        tokio::spawn(async move {
+            if let Ok(stream) = tls.accept("fabric", stream, peer_addr).await {
+                let stream = inbound.admit(slot, tls_halves(stream), local_label, peer_addr);
+                hand_over(&server, stream, peer_addr);
+            }
+        });
+    }
+}
+
+/// Gives an accepted connection to the node server.
+fn hand_over(server: &ActorRef<NodeServerMessage>, stream: InboundStream, peer_addr: SocketAddr) {
+    // `ConnectionOpenedExternal`, not `ConnectionOpened`: only the
+    // external variant keeps the stream's peer label as the session's
+    // `peer_addr` (the other reports 0.0.0.0:0 for an external stream),
+    // and that label is how `HandshakeWatch` finds the connection to mark
+    // authenticated. Regression: every inbound session was cut at the
+    // handshake deadline.
+    let opened = NodeServerMessage::ConnectionOpenedExternal {
+        stream: Box::new(stream),
+        is_server: true,
+    };
+    if server.cast(opened).is_err() {
+        debug!(%peer_addr, "node server gone; connection dropped");
+    }
+}
+
+/// Dials the node fabric port at `addr`: plaintext, or a TLS session
+/// handed to the node server as an external stream (ADR 0151).
+async fn dial(
+    server: &ActorRef<NodeServerMessage>,
+    tls: Option<&PeerTls>,
+    addr: SocketAddr,
+) -> Result<(), String> {
+    let Some(tls) = tls else {
+        return ractor_cluster::client_connect(server, addr)
+            .await
+            .map_err(|e| e.to_string());
+    };
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    let local_label = stream.local_addr().ok().map(|a| a.to_string());
+    let timeout = Duration::from_millis(DIAL_TIMEOUT_MS);
+    let stream = tls
+        .connect("fabric", stream, addr, timeout)
+        .await
+        .map_err(|(reason, detail)| format!("tls handshake {}: {detail}", reason.label()))?;
+    let (reader, writer) = tls_halves(stream);
+    let stream = OutboundStream {
+        peer_label: addr.to_string(),
+        local_label,
+        reader,
+        writer,
+    };
+    ractor_cluster::client_connect_external(server, Box::new(stream))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A dialled TLS session as ractor_cluster takes it.
+struct OutboundStream {
+    peer_label: String,
+    local_label: Option<String>,
+    reader: PeerRead,
+    writer: PeerWrite,
+}
+
+impl ractor_cluster::ClusterBidiStream for OutboundStream {
+    fn split(self: Box<Self>) -> (ractor_cluster::BoxRead, ractor_cluster::BoxWrite) {
+        (self.reader, self.writer)
+    }
+
+    fn peer_label(&self) -> Option<String> {
+        Some(self.peer_label.clone())
+    }
+
+    fn local_label(&self) -> Option<String> {
+        self.local_label.clone()
     }
 }
 
@@ -826,11 +911,11 @@ async fn dial_loop(fabric: Arc<Fabric>) {
             if Instant::now() < retry.not_before {
                 continue;
             }
-            let dial = ractor_cluster::client_connect(&server, addr);
+            let dial = dial(&server, fabric.tls.as_ref(), addr);
             let failure =
                 match tokio::time::timeout(Duration::from_millis(DIAL_TIMEOUT_MS), dial).await {
                     Ok(Ok(())) => None,
-                    Ok(Err(error)) => Some(error.to_string()),
+                    Ok(Err(error)) => Some(error),
                     Err(_) => Some("timed out".to_owned()),
                 };
             match failure {

@@ -111,6 +111,13 @@ pub enum UnreachableCause {
     Handshake(#[source] Arc<HandshakeError>),
     #[error("handshake timed out")]
     HandshakeTimedOut,
+    /// The TLS handshake failed (ADR 0151): the peer's certificate is not
+    /// the cluster CA's, it refused ours, or it speaks plaintext.
+    #[error("tls handshake {reason}: {detail}")]
+    Tls {
+        reason: &'static str,
+        detail: String,
+    },
     /// The peer's group is not running (an in-memory test transport).
     #[error("down")]
     Down,

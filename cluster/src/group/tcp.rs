@@ -33,6 +33,7 @@ use super::backoff::{backoff_delay_ms, backoff_seed};
 use super::frames::{FrameReadError, read_frame};
 use super::handshake::{ClusterCookie, HandshakeError, client_handshake, serve_handshake};
 use super::network::{GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause};
+use super::peer_tls::{PeerRead, PeerTls, PeerWrite, plain_halves, tls_halves};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::SinkExt;
 use malachi_wire::error::ErrorCode;
@@ -46,7 +47,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -128,6 +129,9 @@ pub struct TcpTransportConfig {
     pub handshake_timeout_ms: u64,
     /// How long an answer frame may take to arrive once its first byte did.
     pub frame_read_timeout_ms: u64,
+    /// TLS to the peers (ADR 0151): every connection is a TLS session,
+    /// the cookie handshake inside it. `None`: plaintext.
+    pub tls: Option<PeerTls>,
 }
 
 /// The largest raft frame, by default: a snapshot travels in one frame.
@@ -155,6 +159,7 @@ impl TcpTransportConfig {
             reconnect_backoff_max_ms: 2_000,
             handshake_timeout_ms: 1_000,
             frame_read_timeout_ms: RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -177,6 +182,10 @@ pub struct TransportServerConfig {
     pub frame_read_timeout_ms: u64,
     /// At most one log line per this interval per kind of refusal.
     pub refusal_log_interval_ms: u64,
+    /// TLS (ADR 0151): a connection's TLS handshake, with a client
+    /// certificate required, comes before the cookie handshake; a
+    /// plaintext or unverified peer is refused. `None`: plaintext.
+    pub tls: Option<PeerTls>,
 }
 
 impl TransportServerConfig {
@@ -190,6 +199,7 @@ impl TransportServerConfig {
             handshake_timeout_ms: RAFT_HANDSHAKE_TIMEOUT_MS_DEFAULT,
             frame_read_timeout_ms: RAFT_FRAME_READ_TIMEOUT_MS_DEFAULT,
             refusal_log_interval_ms: RAFT_REFUSAL_LOG_INTERVAL_MS_DEFAULT,
+            tls: None,
         }
     }
 
@@ -200,6 +210,7 @@ impl TransportServerConfig {
         TransportServerConfig {
             frame_bytes_max: transport.frame_bytes_max,
             frame_read_timeout_ms: transport.frame_read_timeout_ms,
+            tls: transport.tls.clone(),
             ..TransportServerConfig::new(transport.node_id, transport.cookie.clone())
         }
     }
@@ -333,30 +344,30 @@ impl TcpTransport {
             Err(_) => return Err(self.failed_connect(target, UnreachableCause::ConnectTimedOut)),
         };
         let _ = stream.set_nodelay(true);
-        let shaken = tokio::time::timeout(
-            Duration::from_millis(self.config.handshake_timeout_ms),
-            client_handshake(
-                &mut stream,
-                &self.config.cookie,
-                self.config.node_id,
-                Some(target),
-            ),
-        )
-        .await;
-        match shaken {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                let cause = match e {
-                    HandshakeError::Io(_) => UnreachableCause::HandshakeClosed(Arc::new(e)),
-                    e => UnreachableCause::Handshake(Arc::new(e)),
+        let (read_half, write_half) = match &self.config.tls {
+            None => {
+                self.cookie_handshake(&mut stream, target).await?;
+                plain_halves(stream)
+            }
+            Some(tls) => {
+                // Bounded as the cookie handshake is: dials are serialized,
+                // so a silent peer must not hold the others up for long.
+                let timeout = Duration::from_millis(self.config.handshake_timeout_ms);
+                let mut stream = match tls.connect("cluster", stream, addr, timeout).await {
+                    Ok(stream) => stream,
+                    Err((reason, detail)) => {
+                        let cause = UnreachableCause::Tls {
+                            reason: reason.label(),
+                            detail,
+                        };
+                        return Err(self.failed_connect(target, cause));
+                    }
                 };
-                return Err(self.failed_connect(target, cause));
+                self.cookie_handshake(&mut stream, target).await?;
+                tls_halves(stream)
             }
-            Err(_) => {
-                return Err(self.failed_connect(target, UnreachableCause::HandshakeTimedOut));
-            }
-        }
-        let conn = Arc::new(self.spawn_conn(stream));
+        };
+        let conn = Arc::new(self.spawn_conn(read_half, write_half));
         let mut peers = self.peers.lock();
         let slot = peers.entry(target).or_default();
         slot.conn = Some(Arc::clone(&conn));
@@ -384,6 +395,34 @@ impl TcpTransport {
         }
     }
 
+    /// The client's side of the cookie handshake, within its timeout.
+    async fn cookie_handshake<S>(&self, stream: &mut S, target: u64) -> Result<(), TransportError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let shaken = tokio::time::timeout(
+            Duration::from_millis(self.config.handshake_timeout_ms),
+            client_handshake(
+                stream,
+                &self.config.cookie,
+                self.config.node_id,
+                Some(target),
+            ),
+        )
+        .await;
+        match shaken {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                let cause = match e {
+                    HandshakeError::Io(_) => UnreachableCause::HandshakeClosed(Arc::new(e)),
+                    e => UnreachableCause::Handshake(Arc::new(e)),
+                };
+                Err(self.failed_connect(target, cause))
+            }
+            Err(_) => Err(self.failed_connect(target, UnreachableCause::HandshakeTimedOut)),
+        }
+    }
+
     fn failed_connect(&self, target: u64, cause: UnreachableCause) -> TransportError {
         let mut peers = self.peers.lock();
         if let Some(slot) = peers.get_mut(&target) {
@@ -400,8 +439,7 @@ impl TcpTransport {
         TransportError::Unreachable { target, cause }
     }
 
-    fn spawn_conn(&self, stream: TcpStream) -> Conn {
-        let (mut read_half, write_half) = stream.into_split();
+    fn spawn_conn(&self, mut read_half: PeerRead, write_half: PeerWrite) -> Conn {
         let mut sink = FramedWrite::new(write_half, ClientCodec::new(self.config.frame_bytes_max));
         let frame_bytes_max = self.config.frame_bytes_max;
         let read_timeout = Duration::from_millis(self.config.frame_read_timeout_ms);
@@ -765,6 +803,9 @@ pub struct TransportServerStats {
     /// Connections closed for a failed handshake (a wrong cookie, garbage,
     /// a handshake not finished in time).
     pub refused_handshake: u64,
+    /// Connections closed for a failed TLS handshake (ADR 0151): plaintext,
+    /// no client certificate or one the cluster CA did not sign, a timeout.
+    pub refused_tls: u64,
     /// Authenticated connections dropped for a frame that did not arrive
     /// within `frame_read_timeout_ms`, or a frame over the bound.
     pub dropped_bad_frame: u64,
@@ -784,6 +825,7 @@ struct Counters {
     authenticated: AtomicU64,
     refused_over_limit: AtomicU64,
     refused_handshake: AtomicU64,
+    refused_tls: AtomicU64,
     dropped_bad_frame: AtomicU64,
     refusals_logged: AtomicU64,
     requests_served: AtomicU64,
@@ -886,6 +928,7 @@ impl TransportServer {
             authenticated: c.authenticated.load(Ordering::SeqCst),
             refused_over_limit: c.refused_over_limit.load(Ordering::SeqCst),
             refused_handshake: c.refused_handshake.load(Ordering::SeqCst),
+            refused_tls: c.refused_tls.load(Ordering::SeqCst),
             dropped_bad_frame: c.dropped_bad_frame.load(Ordering::SeqCst),
             refusals_logged: c.refusals_logged.load(Ordering::SeqCst),
             requests_served: c.requests_served.load(Ordering::SeqCst),
@@ -1012,10 +1055,28 @@ async fn serve_connection(
     _slot: OwnedSemaphorePermit,
 ) {
     let _open = OpenConnection::count(&shared.counters.connections_open);
-    let Some(client) = authenticate(&mut stream, peer, &shared).await else {
-        return;
+    let (read_half, write_half, client) = match &shared.config.tls {
+        None => {
+            let Some(client) = authenticate(&mut stream, peer, &shared).await else {
+                return;
+            };
+            let (read_half, write_half) = plain_halves(stream);
+            (read_half, write_half, client)
+        }
+        Some(tls) => {
+            // The refusal is logged and counted by the TLS's observer.
+            let Ok(mut stream) = tls.accept("cluster", stream, peer).await else {
+                shared.counters.refused_tls.fetch_add(1, Ordering::SeqCst);
+                return;
+            };
+            let Some(client) = authenticate(&mut stream, peer, &shared).await else {
+                return;
+            };
+            let (read_half, write_half) = tls_halves(stream);
+            (read_half, write_half, client)
+        }
     };
-    serve_requests(stream, peer, client, &shared).await;
+    serve_requests(read_half, write_half, peer, client, &shared).await;
 }
 
 /// Counts a connection in `connections_open` for as long as it lives.
@@ -1037,11 +1098,10 @@ impl Drop for OpenConnection<'_> {
 /// Runs the server's side of the handshake within `handshake_timeout_ms`
 /// and names the client node, or counts and logs the refusal (a bad
 /// cookie, not a handshake, a timeout): `None` closes the connection.
-async fn authenticate(
-    stream: &mut TcpStream,
-    peer: SocketAddr,
-    shared: &ServerShared,
-) -> Option<u64> {
+async fn authenticate<S>(stream: &mut S, peer: SocketAddr, shared: &ServerShared) -> Option<u64>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let counters = &shared.counters;
     let config = &shared.config;
     let shaken = tokio::time::timeout(
@@ -1078,13 +1138,13 @@ async fn authenticate(
 /// slot), and one writer sends the answers in the order they finish.
 /// Ending aborts the answers still running and the writer.
 async fn serve_requests(
-    stream: TcpStream,
+    mut source: PeerRead,
+    sink: PeerWrite,
     peer: SocketAddr,
     client: u64,
     shared: &Arc<ServerShared>,
 ) {
     let frame_bytes_max = shared.config.frame_bytes_max;
-    let (mut source, sink) = stream.into_split();
     let sink = FramedWrite::new(sink, ServerCodec::new(frame_bytes_max));
     let (answers, outbox) = mpsc::channel::<ResponseFrame>(SERVER_INFLIGHT_PER_CONNECTION_MAX);
     let slots = Arc::new(Semaphore::new(SERVER_INFLIGHT_PER_CONNECTION_MAX));
@@ -1120,7 +1180,7 @@ async fn serve_requests(
 /// Sends a connection's answers until every sender is gone or the
 /// connection fails.
 async fn write_answers(
-    mut sink: FramedWrite<tokio::net::tcp::OwnedWriteHalf, ServerCodec>,
+    mut sink: FramedWrite<PeerWrite, ServerCodec>,
     mut outbox: mpsc::Receiver<ResponseFrame>,
 ) {
     while let Some(frame) = outbox.recv().await {
@@ -1134,7 +1194,7 @@ async fn write_answers(
 /// `None` ends the connection: at a clean end, on an I/O failure (logged
 /// at debug), or on a bad frame (counted, and logged as a refusal).
 async fn read_request(
-    source: &mut tokio::net::tcp::OwnedReadHalf,
+    source: &mut PeerRead,
     codec: &mut ServerCodec,
     peer: SocketAddr,
     client: u64,

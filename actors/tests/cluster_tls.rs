@@ -1,0 +1,494 @@
+//! TLS between brokers (issue 39, ADR 0151): the cluster port (raft,
+//! replica-append, catch-up, orders) and the node fabric speak TLS with a
+//! certificate under the cluster CA required both ways. Three brokers
+//! replicate and fail over with it on; `openssl s_client` without a
+//! client certificate, or with one from another CA, an expired or a
+//! self-signed one, is refused; a broker
+//! whose certificate another CA signed never joins while the others stay
+//! healthy; a plaintext broker is refused. Each refusal is counted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use malachi_actors::{BrokerConfig, BrokerHandle, ClusterTls, TlsSettings};
+use malachi_cluster::group::{ClusterCookie, TcpTransport, TcpTransportConfig, TransportError};
+use malachi_testkit::tls::{LeafSpec, TestCa, write};
+use malachi_wire::batch::Record;
+use tokio::io::AsyncWriteExt;
+
+/// A broker certificate (server and client authentication, `localhost`
+/// and 127.0.0.1) from `ca`, written under `dir` as `<name>.pem`/`.key`.
+fn node_pair(ca: &TestCa, dir: &Path, name: &str, serial: u64) -> (PathBuf, PathBuf) {
+    let leaf = ca.leaf(&LeafSpec::broker(serial));
+    (
+        write(dir, &format!("{name}.pem"), &leaf.cert_pem),
+        write(dir, &format!("{name}.key"), &leaf.key_pem),
+    )
+}
+
+/// Broker `node_id` of brokers 1 to 3, TLS between brokers with `pair`
+/// under the CA at `ca_path`; the client port stays plaintext (only the
+/// cluster pair is set), so the test client reaches it as it is.
+fn tls_config(
+    dir: &Path,
+    node_id: u64,
+    seeds: &[SocketAddr],
+    pair: &(PathBuf, PathBuf),
+    ca_path: &Path,
+) -> BrokerConfig {
+    BrokerConfig {
+        tls: TlsSettings {
+            cluster: Some(ClusterTls::Required),
+            cluster_cert_path: Some(pair.0.clone()),
+            cluster_key_path: Some(pair.1.clone()),
+            cluster_ca_path: Some(ca_path.to_owned()),
+            handshake_timeout_ms: 2_000,
+            ..TlsSettings::default()
+        },
+        ..three_node_config(dir, node_id, seeds)
+    }
+}
+
+/// Three brokers with TLS between them, each with its own certificate.
+async fn three_with_tls(dir: &Path) -> (TestCa, PathBuf, Vec<Option<BrokerHandle>>) {
+    let ca = TestCa::new("malachi cluster CA");
+    let ca_path = write(dir, "cluster-ca.pem", &ca.pem);
+    let pairs: Vec<_> = (1..=3)
+        .map(|id| node_pair(&ca, dir, &format!("node-{id}"), id))
+        .collect();
+    let brokers = start_stoppable(3, |id, seeds| {
+        tls_config(dir, id, seeds, &pairs[(id - 1) as usize], &ca_path)
+    })
+    .await;
+    (ca, ca_path, brokers)
+}
+
+/// The value of the metric line starting with `prefix` (labels included).
+fn metric(broker: &BrokerHandle, prefix: &str) -> u64 {
+    broker
+        .metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// `malachi_cluster_tls_refusals_total` on `port`, inbound, for `reason`.
+fn refusals(broker: &BrokerHandle, port: &str, reason: &str) -> u64 {
+    metric(
+        broker,
+        &format!(
+            "malachi_cluster_tls_refusals_total{{port=\"{port}\",direction=\"inbound\",reason=\"{reason}\"}}"
+        ),
+    )
+}
+
+fn batch(tag: &str, n: usize) -> Vec<Record> {
+    (0..n)
+        .map(|i| record(&format!("k{}", i % 3), &format!("{tag}-{i}")))
+        .collect()
+}
+
+/// Produces `records` at the active segment's primary until a quorum
+/// acknowledges them.
+async fn produce_acknowledged(brokers: &[Option<BrokerHandle>], topic: &str, records: &[Record]) {
+    assert!(
+        eventually(60_000, async || produce_once(brokers, topic, records).await).await,
+        "a produce was never acknowledged"
+    );
+}
+
+/// Every acknowledged value is read back, through the broker that serves
+/// the topic now (its active segment's primary).
+async fn assert_all_read(brokers: &[Option<BrokerHandle>], topic: &str, sent: &[Record]) {
+    let segment = active_segment(brokers, topic).await.unwrap();
+    let primary = brokers[(segment.replicas[0] - 1) as usize]
+        .as_ref()
+        .expect("the primary is live");
+    let mut reader = TestClient::connect(primary.client_addr()).await;
+    let got: std::collections::BTreeSet<Vec<u8>> = read_all(&mut reader, topic)
+        .await
+        .into_iter()
+        .map(|r| r.value.to_vec())
+        .collect();
+    for record in sent {
+        assert!(
+            got.contains(record.value.as_ref()),
+            "{:?} was acknowledged and not read back",
+            String::from_utf8_lossy(&record.value)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_brokers_with_cluster_tls_replicate_a_quorum_and_fail_over() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let (_ca, _ca_path, mut brokers) = three_with_tls(root.path()).await;
+    let first = brokers[0].as_ref().unwrap().client_addr();
+    create_replicated_topic(first, "secure", 3).await;
+    let mut sent = Vec::new();
+    for round in 0..5 {
+        let records = batch(&format!("before-{round}"), 20);
+        produce_acknowledged(&brokers, "secure", &records).await;
+        sent.extend(records);
+    }
+    assert_all_read(&brokers, "secure", &sent).await;
+    // Raft, replication and the fabric ran inside TLS sessions, none
+    // refused for its certificate or for plaintext (a dial its call's
+    // deadline gave up on mid-handshake shows as `closed` at start).
+    for broker in brokers.iter().flatten() {
+        let stats = broker.cluster_port_stats().unwrap();
+        assert!(stats.authenticated > 0, "{stats:?}");
+        for port in ["cluster", "fabric"] {
+            for reason in ["refused", "plaintext"] {
+                assert_eq!(refusals(broker, port, reason), 0, "{port} {reason}");
+            }
+        }
+    }
+    // The lower id dials: broker 3's fabric port took sessions from 1 and 2.
+    wait_until(
+        "broker 3's fabric sessions authenticate",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || match brokers[2].as_ref().unwrap().fabric_inbound_counts() {
+            Some((authenticated, _)) if authenticated >= 2 => Ok(()),
+            other => Err(other),
+        },
+    )
+    .await;
+
+    // The active segment's primary stops; the others take over, in TLS.
+    let segment = active_segment(&brokers, "secure").await.unwrap();
+    let primary = segment.replicas[0];
+    brokers[(primary - 1) as usize]
+        .take()
+        .unwrap()
+        .shutdown()
+        .await
+        .unwrap();
+    for round in 0..3 {
+        let records = batch(&format!("after-{round}"), 20);
+        produce_acknowledged(&brokers, "secure", &records).await;
+        sent.extend(records);
+    }
+    let now = active_segment(&brokers, "secure").await.unwrap();
+    assert_ne!(now.replicas[0], primary, "{now:?}");
+    assert_all_read(&brokers, "secure", &sent).await;
+}
+
+/// `openssl s_client` against `addr`: its exit status and output.
+fn s_client(addr: SocketAddr, ca: &Path, extra: &[&str]) -> (bool, String) {
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &addr.to_string(), "-CAfile"])
+        .arg(ca)
+        .args(["-verify_return_error", "-brief"])
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl must be installed (Debian's openssl package; .ci/run installs it)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A self-signed certificate and key made by `openssl req -x509`.
+fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("self.pem"), dir.join("self.key"));
+    let status = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:P-256", "-nodes", "-days", "1"])
+        .args([
+            "-subj",
+            "/CN=self-signed",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl must be installed");
+    assert!(status.success());
+    (cert, key)
+}
+
+async fn s_client_async(addr: SocketAddr, ca: &Path, extra: Vec<String>) -> (bool, String) {
+    let ca = ca.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        s_client(addr, &ca, &extra)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn openssl_needs_a_certificate_of_the_cluster_ca_on_the_cluster_port_and_the_fabric() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let ca = TestCa::new("malachi cluster CA");
+    let ca_path = write(dir, "cluster-ca.pem", &ca.pem);
+    let pair = node_pair(&ca, dir, "node-1", 1);
+    let broker = start(BrokerConfig {
+        cluster: malachi_actors::ClusterSettings::default(),
+        ..tls_config(dir, 1, &[], &pair, &ca_path)
+    })
+    .await;
+    assert!(broker.wait_ready(30_000).await);
+    let other = TestCa::new("another CA");
+    let foreign = node_pair(&other, dir, "foreign", 7);
+    let expired = {
+        let leaf = ca.leaf(&LeafSpec {
+            expired: true,
+            ..LeafSpec::broker(8)
+        });
+        (
+            write(dir, "expired.pem", &leaf.cert_pem),
+            write(dir, "expired.key", &leaf.key_pem),
+        )
+    };
+    let self_signed = self_signed(dir);
+    let ports = [
+        ("cluster", broker.raft_addr().unwrap()),
+        ("fabric", broker.fabric_addr().unwrap()),
+    ];
+    for (port, addr) in ports {
+        // The cluster CA's certificate: the handshake completes.
+        let with = |p: &(PathBuf, PathBuf)| {
+            vec![
+                "-cert".to_owned(),
+                p.0.display().to_string(),
+                "-key".to_owned(),
+                p.1.display().to_string(),
+            ]
+        };
+        let (ok, text) = s_client_async(addr, &ca_path, with(&pair)).await;
+        assert!(ok, "{port} {addr} with the cluster's certificate: {text}");
+        // No client certificate, and one from another CA, an expired or a
+        // self-signed one: refused by the broker during the handshake (TLS
+        // 1.2, where the refusal ends the handshake itself, so s_client
+        // fails), and counted.
+        let before = refusals(&broker, port, "refused");
+        let tls12 = || vec!["-tls1_2".to_owned()];
+        let (ok, text) = s_client_async(addr, &ca_path, tls12()).await;
+        assert!(!ok, "{port} {addr} without a certificate: {text}");
+        let bad = [
+            ("another CA's", &foreign),
+            ("an expired", &expired),
+            ("a self-signed", &self_signed),
+        ];
+        for (what, pair) in bad {
+            let mut args = tls12();
+            args.extend(with(pair));
+            let (ok, text) = s_client_async(addr, &ca_path, args).await;
+            assert!(!ok, "{port} {addr} with {what} certificate: {text}");
+        }
+        // TLS 1.3 too: the broker refuses after the client's Finished.
+        let (_, text) = s_client_async(addr, &ca_path, Vec::new()).await;
+        wait_until(
+            "the refusals are counted",
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            async || {
+                let now = refusals(&broker, port, "refused");
+                if now >= before + 5 {
+                    Ok(())
+                } else {
+                    Err((now, text.clone()))
+                }
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plaintext_dial_to_a_tls_cluster_port_is_refused() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let ca = TestCa::new("malachi cluster CA");
+    let ca_path = write(dir, "cluster-ca.pem", &ca.pem);
+    let pair = node_pair(&ca, dir, "node-1", 1);
+    let config = BrokerConfig {
+        cluster: malachi_actors::ClusterSettings::default(),
+        ..tls_config(dir, 1, &[], &pair, &ca_path)
+    };
+    let cookie = config
+        .membership
+        .cluster_cookie
+        .clone()
+        .unwrap_or_else(|| malachi_actors::DEV_CLUSTER_COOKIE.to_owned());
+    let broker = start(config).await;
+    assert!(broker.wait_ready(30_000).await);
+    // A broker without TLS, with the right cookie: no TLS session, so no
+    // cookie handshake and no request.
+    let plain = TcpTransport::new(TcpTransportConfig::new(
+        9,
+        ClusterCookie::new(&cookie).unwrap(),
+    ));
+    plain.set_peer(1, broker.raft_addr().unwrap());
+    let answer = plain
+        .call_raw(1, malachi_cluster::group::PING_API_KEY, 0, &[], 2_000)
+        .await;
+    assert!(
+        matches!(answer, Err(TransportError::Unreachable { .. })),
+        "{answer:?}"
+    );
+    // Plaintext bytes on the fabric port are refused the same way.
+    let mut fabric = tokio::net::TcpStream::connect(broker.fabric_addr().unwrap())
+        .await
+        .unwrap();
+    fabric.write_all(&[0, 0, 0, 0, 0, 0, 0, 8]).await.unwrap();
+    wait_until(
+        "both plaintext refusals are counted",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || {
+            // The cookie handshake's server speaks first: a plaintext broker
+            // waits for a challenge that never comes and gives up, so the
+            // TLS port sees it close (or time out) without a ClientHello.
+            let cluster: u64 = ["plaintext", "closed", "timeout"]
+                .iter()
+                .map(|reason| refusals(&broker, "cluster", reason))
+                .sum();
+            let fabric = refusals(&broker, "fabric", "plaintext");
+            let stats = broker.cluster_port_stats().unwrap();
+            if cluster >= 1 && fabric >= 1 && stats.refused_tls >= 1 {
+                Ok(())
+            } else {
+                Err((cluster, fabric, stats))
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_with_another_cas_certificate_never_joins_and_the_others_serve() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let ca = TestCa::new("malachi cluster CA");
+    let ca_path = write(dir, "cluster-ca.pem", &ca.pem);
+    let other = TestCa::new("another CA");
+    let other_path = write(dir, "other-ca.pem", &other.pem);
+    let good: Vec<_> = (1..=2)
+        .map(|id| node_pair(&ca, dir, &format!("node-{id}"), id))
+        .collect();
+    // Broker 3 trusts its own CA and shows its certificate: same cookie,
+    // so only TLS keeps it out.
+    let rogue = node_pair(&other, dir, "node-3", 3);
+    let mut brokers: Vec<BrokerHandle> = Vec::new();
+    for id in 1..=3u64 {
+        let seeds: Vec<SocketAddr> = brokers.iter().map(|b| b.client_addr()).collect();
+        let config = if id == 3 {
+            tls_config(dir, id, &seeds, &rogue, &other_path)
+        } else {
+            tls_config(dir, id, &seeds, &good[(id - 1) as usize], &ca_path)
+        };
+        brokers.push(malachi_actors::Broker::start(config).await.unwrap());
+    }
+    for b in &brokers[..2] {
+        assert!(
+            b.wait_ready(60_000).await,
+            "broker {} never ready",
+            b.node_id()
+        );
+    }
+    // Two of three voters: the metadata serves through either good broker,
+    // and a topic of three copies whose primary is a good broker is
+    // acknowledged by a quorum of the two (broker 3's copy never reached).
+    // SWIM sees broker 3 alive (it has the cookie), so placement may make
+    // it a primary (ADR 0151, not covered): such a topic is skipped.
+    let mut topic = None;
+    for i in 0..4 {
+        let name = format!("kept-out-{i}");
+        create_replicated_topic(brokers[0].client_addr(), &name, 3).await;
+        let mut other = TestClient::connect(brokers[1].client_addr()).await;
+        let segment = wait_until(
+            "the topic is described through broker 2",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            async || match segments(&mut other, &name).await {
+                Ok(all) => match all.into_iter().find(|s| s.state == "active") {
+                    Some(active) => Ok(active),
+                    None => Err(None),
+                },
+                Err(refused) => Err(Some(refused)),
+            },
+        )
+        .await;
+        if segment.replicas[0] != 3 {
+            topic = Some((name, segment));
+            break;
+        }
+    }
+    let (topic, segment) = topic.expect("every topic's primary was broker 3");
+    let records = batch("good", 10);
+    let primary = &brokers[(segment.replicas[0] - 1) as usize];
+    let mut writer = TestClient::connect(primary.client_addr()).await;
+    let mut last = String::new();
+    let acknowledged = eventually(60_000, async || {
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), writer.produce(&topic, &records)).await;
+        last = format!("{answer:?}");
+        answer.is_ok_and(|r| r.is_ok())
+    })
+    .await;
+    assert!(
+        acknowledged,
+        "{segment:?} never acknowledged a produce: {last}"
+    );
+    let got = read_all(&mut writer, &topic).await;
+    for record in &records {
+        assert!(
+            got.iter().any(|r| r.value == record.value),
+            "{record:?} not read back"
+        );
+    }
+    // Broker 3's connections are refused by both good brokers, on the
+    // cluster port and the fabric, and its own refuse theirs.
+    wait_until(
+        "the rogue broker's connections are refused",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let refused: Vec<u64> = brokers
+                .iter()
+                .map(|b| refusals(b, "cluster", "refused") + refusals(b, "fabric", "refused"))
+                .collect();
+            if refused.iter().all(|n| *n > 0) {
+                Ok(())
+            } else {
+                Err(refused)
+            }
+        },
+    )
+    .await;
+    // Broker 3 never authenticated a connection of the others.
+    let rogue_ip_sessions = brokers[2].cluster_port_stats().map(|s| s.authenticated);
+    assert_eq!(rogue_ip_sessions.unwrap_or(0), 0, "broker 3 took a session");
+    let (authenticated, _) = brokers[2].fabric_inbound_counts().unwrap();
+    assert_eq!(authenticated, 0, "broker 3 took a fabric session");
+    // Broker 3 knows nothing the cluster wrote: its metadata requests go
+    // to the vnode leaders over the cluster port, and TLS refuses them.
+    let mut rogue = TestClient::connect(brokers[2].client_addr()).await;
+    let described = describe(&mut rogue, &topic).await;
+    assert!(
+        described.is_err(),
+        "broker 3 described {topic}: {described:?}"
+    );
+}

@@ -1,0 +1,246 @@
+//! TLS between brokers (ADR 0151): mutual authentication under the
+//! cluster's CA on the cluster port, and the same handshake for the node
+//! fabric's connections.
+//!
+//! [`PeerTls`] holds one client config (the broker's certificate offered
+//! to the server, the server verified against the cluster CA and the name
+//! dialled) and one server config (a client certificate required and
+//! verified against the same CA). Both are built by the broker
+//! (`actors/src/common/cluster_tls.rs`) with aws-lc-rs, so this crate only
+//! drives handshakes: [`PeerTls::connect`] for a dial and
+//! [`PeerTls::accept`] for an accepted socket, each within
+//! `handshake_timeout`. The cookie handshake (`handshake`) still runs
+//! inside the TLS session.
+//!
+//! A refused connection is reported to the [`PeerTlsObserver`] (the
+//! broker counts and logs it) with a [`TlsRefusal`] naming why.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// The read half of a connection between brokers, plaintext or TLS.
+pub type PeerRead = Box<dyn AsyncRead + Send + Unpin>;
+/// The write half of a connection between brokers, plaintext or TLS.
+pub type PeerWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// A TLS record's first byte when it carries a handshake (a ClientHello).
+const HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Why a connection between brokers was refused before or during TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsRefusal {
+    /// The peer spoke plaintext to a TLS port.
+    Plaintext,
+    /// The handshake did not finish within its deadline.
+    Timeout,
+    /// The peer closed before the handshake finished.
+    Closed,
+    /// rustls refused it: no certificate, one from another CA, self-signed,
+    /// expired, a wrong name, or a fatal alert from the peer.
+    Refused,
+}
+
+impl TlsRefusal {
+    /// The `reason` label of the refusal's counter.
+    pub fn label(self) -> &'static str {
+        match self {
+            TlsRefusal::Plaintext => "plaintext",
+            TlsRefusal::Timeout => "timeout",
+            TlsRefusal::Closed => "closed",
+            TlsRefusal::Refused => "refused",
+        }
+    }
+}
+
+/// Where refused handshakes are reported: the broker counts and logs them.
+pub trait PeerTlsObserver: Send + Sync + 'static {
+    /// A connection on `port` (`"cluster"` or `"fabric"`) was refused for
+    /// `reason`: accepted from `peer` (`direction` `"inbound"`) or dialled
+    /// to it (`"outbound"`); `detail` is rustls' word, if any.
+    fn refused(
+        &self,
+        port: &'static str,
+        direction: &'static str,
+        peer: SocketAddr,
+        reason: TlsRefusal,
+        detail: &str,
+    );
+}
+
+/// TLS between brokers: the configs both sides use, and the deadline.
+#[derive(Clone)]
+pub struct PeerTls {
+    client: Arc<rustls::ClientConfig>,
+    server: Arc<rustls::ServerConfig>,
+    /// The name every broker's certificate must carry; unset, the ip
+    /// address dialled (checked against the certificate's IP SANs).
+    server_name: Option<ServerName<'static>>,
+    handshake_timeout: Duration,
+    observer: Option<Arc<dyn PeerTlsObserver>>,
+}
+
+impl fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerTls")
+            .field("server_name", &self.server_name)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for PeerTls {
+    fn eq(&self, other: &PeerTls) -> bool {
+        Arc::ptr_eq(&self.client, &other.client)
+            && Arc::ptr_eq(&self.server, &other.server)
+            && self.server_name == other.server_name
+            && self.handshake_timeout == other.handshake_timeout
+    }
+}
+
+impl Eq for PeerTls {}
+
+impl PeerTls {
+    /// TLS with these configs: `client` must offer a certificate and verify
+    /// the server, `server` must require and verify a client certificate.
+    pub fn new(
+        client: Arc<rustls::ClientConfig>,
+        server: Arc<rustls::ServerConfig>,
+        server_name: Option<ServerName<'static>>,
+        handshake_timeout: Duration,
+    ) -> PeerTls {
+        PeerTls {
+            client,
+            server,
+            server_name,
+            handshake_timeout,
+            observer: None,
+        }
+    }
+
+    /// The same TLS, reporting refusals to `observer`.
+    pub fn observed_by(mut self, observer: Arc<dyn PeerTlsObserver>) -> PeerTls {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// How long a handshake may take.
+    pub fn handshake_timeout(&self) -> Duration {
+        self.handshake_timeout
+    }
+
+    fn report(
+        &self,
+        port: &'static str,
+        direction: &'static str,
+        peer: SocketAddr,
+        reason: TlsRefusal,
+        detail: &str,
+    ) {
+        if let Some(observer) = &self.observer {
+            observer.refused(port, direction, peer, reason, detail);
+        }
+    }
+
+    /// The client's handshake with the broker at `addr`, within `timeout`
+    /// (at most the handshake deadline): the server must prove the
+    /// configured name, or else `addr`'s ip address.
+    pub async fn connect(
+        &self,
+        port: &'static str,
+        stream: TcpStream,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, (TlsRefusal, String)> {
+        let name = self
+            .server_name
+            .clone()
+            .unwrap_or_else(|| ServerName::IpAddress(addr.ip().into()));
+        let connector = tokio_rustls::TlsConnector::from(Arc::clone(&self.client));
+        let outcome = tokio::time::timeout(
+            timeout.min(self.handshake_timeout),
+            connector.connect(name, stream),
+        )
+        .await;
+        let refused = match outcome {
+            Ok(Ok(tls)) => return Ok(tls),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                (TlsRefusal::Closed, e.to_string())
+            }
+            Ok(Err(e)) => (TlsRefusal::Refused, e.to_string()),
+            Err(_) => (TlsRefusal::Timeout, String::new()),
+        };
+        self.report(port, "outbound", addr, refused.0, &refused.1);
+        Err(refused)
+    }
+
+    /// The server's handshake on an accepted socket from `peer`, within the
+    /// deadline: a first byte that is no TLS handshake record is a
+    /// plaintext peer, refused before rustls sees it.
+    pub async fn accept(
+        &self,
+        port: &'static str,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Result<tokio_rustls::server::TlsStream<TcpStream>, TlsRefusal> {
+        let deadline = Instant::now() + self.handshake_timeout;
+        let outcome = self.accept_by(stream, deadline).await;
+        match outcome {
+            Ok(tls) => Ok(tls),
+            Err((reason, detail)) => {
+                self.report(port, "inbound", peer, reason, &detail);
+                Err(reason)
+            }
+        }
+    }
+
+    async fn accept_by(
+        &self,
+        stream: TcpStream,
+        deadline: Instant,
+    ) -> Result<tokio_rustls::server::TlsStream<TcpStream>, (TlsRefusal, String)> {
+        let mut first = [0u8; 1];
+        match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+            Err(_) => return Err((TlsRefusal::Timeout, String::new())),
+            Ok(Ok(0)) => return Err((TlsRefusal::Closed, String::new())),
+            Ok(Err(e)) => return Err((TlsRefusal::Closed, e.to_string())),
+            Ok(Ok(_)) if first[0] != HANDSHAKE_RECORD => {
+                return Err((
+                    TlsRefusal::Plaintext,
+                    format!("first byte {:#04x}", first[0]),
+                ));
+            }
+            Ok(Ok(_)) => {}
+        }
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&self.server));
+        match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+            Err(_) => Err((TlsRefusal::Timeout, String::new())),
+            Ok(Ok(tls)) => Ok(tls),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err((TlsRefusal::Closed, e.to_string()))
+            }
+            Ok(Err(e)) => Err((TlsRefusal::Refused, e.to_string())),
+        }
+    }
+}
+
+/// A plaintext socket's halves, boxed as a TLS connection's are.
+pub fn plain_halves(stream: TcpStream) -> (PeerRead, PeerWrite) {
+    let (read, write) = stream.into_split();
+    (Box::new(read), Box::new(write))
+}
+
+/// A TLS connection's halves (`tokio::io::split`: one lock shared by both).
+pub fn tls_halves<S>(stream: S) -> (PeerRead, PeerWrite)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (read, write) = tokio::io::split(stream);
+    (Box::new(read), Box::new(write))
+}
