@@ -19,7 +19,6 @@
 //! ([`mint`]) is for operators and tests; ECDSA and RSA-PSS signatures
 //! draw their nonce inside aws-lc.
 
-
 use base64::Engine;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
