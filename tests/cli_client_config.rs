@@ -37,7 +37,7 @@ fn start(dir: &Path) -> (Broker, std::path::PathBuf) {
     std::fs::write(
         &config,
         format!(
-            "[tls]\ncert_path = {:?}\nkey_path = {:?}\n\n[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\nlockout_delay_first_ms = 1\nlockout_delay_max_ms = 1\n",
+            "[tls]\ncert_path = {:?}\nkey_path = {:?}\ncluster = \"off\"\n\n[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\nlockout_delay_first_ms = 1\nlockout_delay_max_ms = 1\n",
             files.broker_cert.display().to_string(),
             files.broker_key.display().to_string(),
             dir.join("admin.pw").display().to_string(),

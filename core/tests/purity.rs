@@ -364,12 +364,18 @@ fn randomish(operand: u64) -> u64 { operand.rotate_left(7) }
 /// The only crates the core may depend on: serialisation, errors, hashing,
 /// MACs, PBKDF2 and constant-time comparison. None of them does I/O, reads
 /// a clock or draws randomness.
-const ALLOWED_DEPENDENCIES: [&str; 9] = [
+/// `jsonwebtoken` and `serde_json` (ADR 0152) are computations like the
+/// SCRAM crates: a signature checked and JSON read, with no clock (the core
+/// turns the library's `exp`/`nbf` checks off and judges them against the
+/// time it is given), no I/O and no randomness.
+const ALLOWED_DEPENDENCIES: [&str; 11] = [
     "base64",
     "hmac",
+    "jsonwebtoken",
     "pbkdf2",
     "rmp-serde",
     "serde",
+    "serde_json",
     "sha2",
     "subtle",
     "thiserror",

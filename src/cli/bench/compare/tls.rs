@@ -35,7 +35,7 @@ pub const TLS_ROUNDS: u32 = 4;
 pub fn tls_config(files: &SecureFiles) -> String {
     let quoted = |path: &Path| toml::Value::String(path.display().to_string()).to_string();
     format!(
-        "{}\n[tls]\ncert_path = {}\nkey_path = {}\n\n[security]\nauthentication = \"scram\"\nsuperusers = [\"User:{DEV_SUPERUSER}\"]\nbootstrap_user = \"{DEV_SUPERUSER}\"\nbootstrap_password_file = {}\n",
+        "{}\n[tls]\ncert_path = {}\nkey_path = {}\n# One broker, no peers: no TLS between brokers to set up (ADR 0151).\ncluster = \"off\"\n\n[security]\nauthentication = \"scram\"\nsuperusers = [\"User:{DEV_SUPERUSER}\"]\nbootstrap_user = \"{DEV_SUPERUSER}\"\nbootstrap_password_file = {}\n",
         malachi_config(),
         quoted(&files.broker_cert),
         quoted(&files.broker_key),
