@@ -76,6 +76,10 @@ fn dev_secure_serves_tls_and_logins_as_its_banner_says() {
         banner.push_str(&line);
         banner.push('\n');
     }
+    assert!(
+        banner.contains("admin on https://"),
+        "the admin port speaks TLS, and the banner says so:\n{banner}"
+    );
     let secure = data.join("secure");
     for file in ["ca.pem", "admin.pw"] {
         assert!(

@@ -7,82 +7,17 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::logins::*;
 use common::*;
 use malachi_actors::scram_login::derive_credential;
-use malachi_actors::{Authentication, BrokerConfig, BrokerHandle, SecuritySettings};
+use malachi_actors::{BrokerConfig, BrokerHandle, SecuritySettings};
 use malachi_core::auth::scram_client::ScramClient;
 use malachi_wire::ErrorCode;
 use malachi_wire::auth::{SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest};
 use malachi_wire::auth_admin::{AclEntryText, AddAclRequest, PutUserRequest};
 use malachi_wire::messages::*;
-
-const ADMIN_PASSWORD: &str = "admin-secret";
-/// The count credentials are made with here, and the brokers' setting.
-const ITERATIONS: u32 = 4096;
-
-fn security(dir: &Path, delay_first_ms: u64) -> SecuritySettings {
-    let password_file = dir.join("admin.pw");
-    std::fs::write(&password_file, format!("{ADMIN_PASSWORD}\n")).unwrap();
-    SecuritySettings {
-        authentication: Authentication::Scram,
-        superusers: vec!["User:admin".into()],
-        scram_iterations: ITERATIONS,
-        auth_view_max_age_ms: 500,
-        lockout_delay_first_ms: delay_first_ms,
-        bootstrap_user: Some("admin".into()),
-        bootstrap_password_file: Some(password_file),
-        ..SecuritySettings::default()
-    }
-}
-
-/// Logs `client` in; the refusal of the step that failed.
-async fn login(client: &mut TestClient, user: &str, password: &str) -> Result<(), Refused> {
-    let handshake = client
-        .call(&SaslHandshakeRequest {
-            mechanism: "SCRAM-SHA-256".into(),
-        })
-        .await?;
-    assert!(handshake.accepted);
-    let (first, message) = ScramClient::start(user, "a-client-nonce-0123456789").unwrap();
-    let server_first = client
-        .call(&SaslAuthenticateRequest {
-            auth_bytes: message,
-        })
-        .await?;
-    let (last, message) = first
-        .receive(&server_first.auth_bytes, password.as_bytes())
-        .unwrap();
-    let server_final = client
-        .call(&SaslAuthenticateRequest {
-            auth_bytes: message,
-        })
-        .await?;
-    assert!(server_final.complete);
-    assert_eq!(server_final.principal, Some(format!("User:{user}")));
-    last.verify(&server_final.auth_bytes).unwrap();
-    Ok(())
-}
-
-/// A connection to `broker` logged in as the bootstrap superuser, once
-/// the broker created it.
-async fn admin(broker: &BrokerHandle) -> TestClient {
-    wait_until(
-        "the bootstrap user logs in",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        async || {
-            let mut client = TestClient::connect(broker.client_addr()).await;
-            login(&mut client, "admin", ADMIN_PASSWORD)
-                .await
-                .ok()
-                .map(|()| client)
-        },
-    )
-    .await
-}
 
 async fn create_user(admin: &mut TestClient, name: &str, password: &str) {
     admin

@@ -15,21 +15,17 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use common::logins::{self, ADMIN_PASSWORD, ITERATIONS, admin};
 use common::*;
 use malachi_actors::scram_login::derive_credential;
-use malachi_actors::{
-    Authentication, BrokerConfig, BrokerHandle, ClientAuth, SecuritySettings, TlsSettings,
-};
-use malachi_core::auth::scram_client::ScramClient;
+use malachi_actors::{BrokerConfig, BrokerHandle, ClientAuth, SecuritySettings, TlsSettings};
 use malachi_core::auth::token::{MintRequest, TokenAlgorithm, mint};
 use malachi_wire::ErrorCode;
-use malachi_wire::auth::{SaslAuthenticateRequest, SaslHandshakeRequest, TokenAuthenticateRequest};
+use malachi_wire::auth::TokenAuthenticateRequest;
 use malachi_wire::auth_admin::{AclEntryText, AddAclRequest, PutUserRequest};
 use malachi_wire::messages::*;
 use malachi_wire::token_keys::{PutTokenKeyRequest, TokenKeyText};
 
-const ADMIN_PASSWORD: &str = "admin-secret";
-const ITERATIONS: u32 = 4096;
 const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
 MC4CAQAwBQYDK2VwBCIEIB3i8a/0zHz5j0J/vzyE0wfpugyLequZ5U8ngjqFqjQb
 -----END PRIVATE KEY-----
@@ -46,18 +42,9 @@ MC4CAQAwBQYDK2VwBCIEIO3yfyaSIwiIyBVgJRAvt7t1iR11g2akPN6T94D/VKh6
 const SKEW_MS: u64 = 5_000;
 
 fn security(dir: &Path, delay_first_ms: u64) -> SecuritySettings {
-    let password_file = dir.join("admin.pw");
-    std::fs::write(&password_file, format!("{ADMIN_PASSWORD}\n")).unwrap();
     SecuritySettings {
-        authentication: Authentication::Scram,
-        superusers: vec!["User:admin".into()],
-        scram_iterations: ITERATIONS,
-        auth_view_max_age_ms: 500,
-        lockout_delay_first_ms: delay_first_ms,
-        bootstrap_user: Some("admin".into()),
-        bootstrap_password_file: Some(password_file),
         token_clock_skew_ms: SKEW_MS,
-        ..SecuritySettings::default()
+        ..logins::security(dir, delay_first_ms)
     }
 }
 
@@ -88,47 +75,6 @@ fn token(private: &str, kid: &str, subject: &str, from_ms: u64, lifetime_ms: u64
 
 fn good(subject: &str) -> String {
     token(ED_PRIVATE, "k1", subject, now_ms(), 600_000)
-}
-
-async fn scram_login(client: &mut TestClient, user: &str, password: &str) -> Result<(), Refused> {
-    let handshake = client
-        .call(&SaslHandshakeRequest {
-            mechanism: "SCRAM-SHA-256".into(),
-        })
-        .await?;
-    assert!(handshake.accepted);
-    let (first, message) = ScramClient::start(user, "a-client-nonce-0123456789").unwrap();
-    let server_first = client
-        .call(&SaslAuthenticateRequest {
-            auth_bytes: message,
-        })
-        .await?;
-    let (last, message) = first
-        .receive(&server_first.auth_bytes, password.as_bytes())
-        .unwrap();
-    let server_final = client
-        .call(&SaslAuthenticateRequest {
-            auth_bytes: message,
-        })
-        .await?;
-    last.verify(&server_final.auth_bytes).unwrap();
-    Ok(())
-}
-
-async fn admin(broker: &BrokerHandle) -> TestClient {
-    wait_until(
-        "the bootstrap user logs in",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        async || {
-            let mut client = TestClient::connect(broker.client_addr()).await;
-            scram_login(&mut client, "admin", ADMIN_PASSWORD)
-                .await
-                .ok()
-                .map(|()| client)
-        },
-    )
-    .await
 }
 
 async fn add_key(admin: &mut TestClient) {

@@ -208,6 +208,12 @@ async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: Option<String>) -> Result
     for layered in brokers {
         let data_dir = layered.broker.data_dir.clone();
         let node_id = layered.broker.node_id;
+        // The admin port speaks TLS whenever the broker has a certificate.
+        let admin_scheme = if layered.broker.tls.enabled() {
+            "https"
+        } else {
+            "http"
+        };
         let handle = match Broker::start(layered.broker).await {
             Ok(handle) => handle,
             Err(e) => {
@@ -231,7 +237,7 @@ async fn run(brokers: Vec<Layered<BrokerConfig>>, dev: Option<String>) -> Result
         // One stable line on stdout per broker that scripts and tests wait
         // for (with the real ports when port 0 was asked for).
         println!(
-            "malachi broker: node {node_id} serving clients on {client}, admin on http://{admin}/, data in {}",
+            "malachi broker: node {node_id} serving clients on {client}, admin on {admin_scheme}://{admin}/, data in {}",
             data_dir.display()
         );
         tracing::info!(

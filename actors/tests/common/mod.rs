@@ -8,6 +8,7 @@ pub use malachi_testkit::copies;
 pub use malachi_testkit::inproc::*;
 pub use malachi_testkit::wait::{eventually, wait_until};
 
+pub mod logins;
 pub mod protocol_doc;
 pub mod redirects;
 pub mod topics;
