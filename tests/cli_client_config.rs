@@ -11,20 +11,13 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use malachi_testkit::process::{bin, err, free_port, one_line_failure, out, spawn_until_serving};
+use malachi_testkit::process::{bin, err, one_line_failure, out};
 use malachi_testkit::tls::pki;
 
-struct Broker {
-    child: std::process::Child,
-    addr: String,
-}
+#[path = "support/configured_broker.rs"]
+mod configured_broker;
 
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use configured_broker::{Broker, start_with_config};
 
 /// A broker whose client port speaks TLS only and takes SCRAM logins,
 /// `admin` its superuser (password in `dir/admin.pw`); the CA in `dir`.
@@ -33,29 +26,14 @@ impl Drop for Broker {
 fn start(dir: &Path) -> (Broker, std::path::PathBuf) {
     let (_ca, files) = pki(dir);
     std::fs::write(dir.join("admin.pw"), "admin-secret\n").unwrap();
-    let config = dir.join("broker.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[tls]\ncert_path = {:?}\nkey_path = {:?}\ncluster = \"off\"\n\n[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\nlockout_delay_first_ms = 1\nlockout_delay_max_ms = 1\n",
-            files.broker_cert.display().to_string(),
-            files.broker_key.display().to_string(),
-            dir.join("admin.pw").display().to_string(),
-        ),
-    )
-    .unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let admin = format!("127.0.0.1:{}", free_port());
-    let mut command = Command::new(bin());
-    command
-        .args(["broker", "--node-id", "1", "--listen", &addr])
-        .args(["--admin-listen", &admin, "--data-dir"])
-        .arg(dir.join("data"))
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn");
-    let child = spawn_until_serving(command, &dir.join("broker.log"), "the TLS broker");
-    (Broker { child, addr }, files.ca)
+    let config = format!(
+        "[tls]\ncert_path = {:?}\nkey_path = {:?}\ncluster = \"off\"\n\n[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\nlockout_delay_first_ms = 1\nlockout_delay_max_ms = 1\n",
+        files.broker_cert.display().to_string(),
+        files.broker_key.display().to_string(),
+        dir.join("admin.pw").display().to_string(),
+    );
+    let broker = start_with_config(dir, &config, "the TLS broker");
+    (broker, files.ca)
 }
 
 /// `malachi ARGS` against `broker` with `env` set, none of the test's own

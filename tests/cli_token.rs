@@ -9,47 +9,24 @@
 
 use malachi_testkit::process as common;
 
-use common::{bin, err, free_port, one_line_failure, out, spawn_until_serving};
+use common::{bin, err, one_line_failure, out};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-struct Broker {
-    child: std::process::Child,
-    addr: String,
-}
+#[path = "support/configured_broker.rs"]
+mod configured_broker;
 
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use configured_broker::{Broker, start_with_config};
 
 fn start(dir: &Path) -> Broker {
     let admin_pw = dir.join("admin.pw");
     std::fs::write(&admin_pw, "admin-secret\n").unwrap();
-    let config = dir.join("broker.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\ntoken_algorithms = [\"EdDSA\"]\ntoken_clock_skew_ms = 5000\n",
-            admin_pw.display().to_string()
-        ),
-    )
-    .unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let admin = format!("127.0.0.1:{}", free_port());
-    let mut command = Command::new(bin());
-    command
-        .args(["broker", "--node-id", "1", "--listen", &addr])
-        .args(["--admin-listen", &admin, "--data-dir"])
-        .arg(dir.join("data"))
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn");
-    let child = spawn_until_serving(command, &dir.join("broker.log"), "the token broker");
-    Broker { child, addr }
+    let config = format!(
+        "[security]\nauthentication = \"scram\"\nsuperusers = [\"User:admin\"]\nscram_iterations = 4096\nbootstrap_user = \"admin\"\nbootstrap_password_file = {:?}\ntoken_algorithms = [\"EdDSA\"]\ntoken_clock_skew_ms = 5000\n",
+        admin_pw.display().to_string()
+    );
+    start_with_config(dir, &config, "the token broker")
 }
 
 fn run(broker: &str, args: &[&str], env: &[(&str, &Path)]) -> Output {
