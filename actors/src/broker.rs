@@ -163,18 +163,13 @@ fn advertised(bound: SocketAddr, advertise_ip: Option<std::net::IpAddr>) -> Sock
 /// own ip:port (UDP), the fabric's TCP port, and this broker's identity.
 fn open_fabric(
     config: &BrokerConfig,
+    swim_socket: std::net::UdpSocket,
     client_addr: SocketAddr,
     admin_addr: SocketAddr,
     raft_addr: SocketAddr,
     plan: &Plan,
 ) -> Result<Fabric, BrokerError> {
     let settings = &config.membership;
-    let swim_socket =
-        std::net::UdpSocket::bind(client_addr).map_err(|source| BrokerError::Bind {
-            what: "membership (udp) port",
-            addr: client_addr,
-            source,
-        })?;
     let cluster_bind = settings
         .cluster_listen_addr
         .unwrap_or_else(|| SocketAddr::new(client_addr.ip(), 0));
@@ -315,6 +310,42 @@ async fn find_cluster(
     config.cluster.bootstrap_expect = None;
     config.cluster.joined = plan.joined;
     Ok(())
+}
+
+/// How often a start on port 0 asks the kernel for another client port
+/// when the one it got is taken for UDP by someone else.
+const CLIENT_PORT_PICKS_MAX: usize = 16;
+
+/// The client port: a TCP listener and the SWIM socket on the same ip:port
+/// (UDP). With port 0 the kernel picks a TCP port that may be taken for UDP
+/// (another process's ephemeral socket), so a taken pair is dropped and
+/// another picked; a configured port is bound once and its error stands.
+fn bind_client(
+    addr: SocketAddr,
+) -> Result<(Arc<std::net::TcpListener>, std::net::UdpSocket), BrokerError> {
+    let mut picks = 0;
+    loop {
+        let tcp = bind("client port", addr)?;
+        let bound = tcp.local_addr().map_err(|source| BrokerError::Bind {
+            what: "client port",
+            addr,
+            source,
+        })?;
+        match std::net::UdpSocket::bind(bound) {
+            Ok(udp) => return Ok((tcp, udp)),
+            Err(e) if addr.port() == 0 && picks + 1 < CLIENT_PORT_PICKS_MAX => {
+                picks += 1;
+                tracing::debug!(port = bound.port(), error = %e, "client port taken for udp; picking another");
+            }
+            Err(source) => {
+                return Err(BrokerError::Bind {
+                    what: "membership (udp) port",
+                    addr: bound,
+                    source,
+                });
+            }
+        }
+    }
 }
 
 fn bind(what: &'static str, addr: SocketAddr) -> Result<Arc<std::net::TcpListener>, BrokerError> {
@@ -514,6 +545,7 @@ fn raft_endpoint(
     config: &BrokerConfig,
     client_addr: SocketAddr,
     peer_tls: Option<&malachi_cluster::group::PeerTls>,
+    reach: Arc<malachi_cluster::group::PeerReach>,
 ) -> Result<RaftEndpoint, BrokerError> {
     // The raft port is bound before membership starts, so the identity
     // SWIM gossips carries it (ADR 0081).
@@ -544,7 +576,11 @@ fn raft_endpoint(
         let mut transport_config =
             malachi_cluster::group::TcpTransportConfig::new(config.node_id, cookie);
         transport_config.tls = peer_tls.cloned();
-        Arc::new(malachi_cluster::group::TcpTransport::new(transport_config))
+        // Both transports' dials judge the peers' cluster ports (ADR 0155).
+        Arc::new(
+            malachi_cluster::group::TcpTransport::new(transport_config)
+                .with_reach(Arc::clone(&reach)),
+        )
     };
     Ok(RaftEndpoint {
         listener: raft_listener,
@@ -553,6 +589,7 @@ fn raft_endpoint(
         replication: transport(cookie),
         server: parking_lot::Mutex::new(None),
         port_counts: Default::default(),
+        reach,
     })
 }
 
@@ -598,14 +635,28 @@ impl Broker {
         check_node_identity(&config)?;
         let mut plan = crate::fabric::formation::plan(&config, cluster_candidate()?)?;
         let mut config = config;
-        let client = bind("client port", config.listen_addr)?;
+        let (client, swim_socket) = bind_client(config.listen_addr)?;
         let admin = bind("admin port", config.admin_addr)?;
         let client_addr = client.local_addr().map_err(io_err(&data_dir))?;
         let admin_addr = admin.local_addr().map_err(io_err(&data_dir))?;
         let peer = peer_tls.as_ref().map(|t| &t.peer);
-        let raft = raft_endpoint(&config, client_addr, peer)?;
+        let reach_log = Arc::new(crate::common::peer_reach::ReachLog::new(config.node_id));
+        let reach = Arc::new(
+            malachi_cluster::group::PeerReach::new(config.cluster.reach(), Arc::clone(&clock))
+                .observed_by(
+                    Arc::clone(&reach_log) as Arc<dyn malachi_cluster::group::ReachObserver>
+                ),
+        );
+        let raft = raft_endpoint(&config, client_addr, peer, reach)?;
         let raft_addr = raft.addr;
-        let mut fabric = open_fabric(&config, client_addr, admin_addr, raft_addr, &plan)?;
+        let mut fabric = open_fabric(
+            &config,
+            swim_socket,
+            client_addr,
+            admin_addr,
+            raft_addr,
+            &plan,
+        )?;
         fabric.tls = peer.cloned();
         find_cluster(&mut config, &mut fabric, &mut plan).await?;
         // Segments open only once the cluster is known: a refused start
@@ -626,6 +677,7 @@ impl Broker {
         if let Some(peer_tls) = &peer_tls {
             peer_tls.count_into(&shared.metrics);
         }
+        reach_log.count_into(&shared.metrics, &raft.reach.all());
         let _ = shared.links.fabric.set(Arc::new(fabric));
         let _ =
             shared
@@ -1126,5 +1178,38 @@ mod tests {
             refused.contains("belongs to node 1, not node 2"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn the_client_port_holds_tcp_and_udp_on_one_port() {
+        let (tcp, udp) = bind_client(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        assert_eq!(tcp.local_addr().unwrap(), udp.local_addr().unwrap());
+    }
+
+    /// A configured port whose UDP half is taken is refused naming the
+    /// membership port, not re-picked (CI, `tls::mtls_required_...`: a port 0
+    /// start met a taken UDP port once and failed; now it picks again).
+    #[test]
+    fn a_configured_client_port_taken_for_udp_is_refused_by_name() {
+        // The kernel hands the UDP socket an ephemeral port whose TCP half
+        // another test may hold at that moment: then the refusal names the
+        // client port, and another UDP port is tried.
+        for _ in 0..20 {
+            let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let addr = taken.local_addr().unwrap();
+            match bind_client(addr) {
+                Err(BrokerError::Bind {
+                    what: "membership (udp) port",
+                    ..
+                }) => return,
+                Err(BrokerError::Bind {
+                    what: "client port",
+                    ..
+                }) => continue,
+                Err(other) => panic!("unexpected error: {other}"),
+                Ok(_) => panic!("a taken udp port was bound"),
+            }
+        }
+        panic!("every udp port tried had its tcp half taken too");
     }
 }

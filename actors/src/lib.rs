@@ -51,8 +51,8 @@ pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use common::clock::{Clock, ManualClock, SystemClock};
 pub use common::config::{
     Authentication, BrokerConfig, ClientAuth, ClusterSettings, ClusterTls, DEV_CLUSTER_COOKIE,
-    MaintenanceSettings, MembershipSettings, MetadataBackend, ReshapeDefaults, SecuritySettings,
-    StoreSettings, TlsSettings,
+    MaintenanceSettings, MembershipSettings, MetadataBackend, NodeIdentity, ReshapeDefaults,
+    SecuritySettings, StoreSettings, SwimSeal, TlsSettings,
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;

@@ -438,11 +438,15 @@ async fn a_saturated_admin_port_still_answers_health_and_readiness() {
         .await,
         "a scrape past the limits is busy"
     );
-    for _ in 0..3 {
+    // Back to back from one address: each probe has read its answer to the
+    // end, so its place is free for the next (CI once found the lane still
+    // holding the previous connection's place: the slot now goes back
+    // before the close).
+    for _ in 0..100 {
         assert_eq!(get_from(admin, good(), "/health").await, Some(200));
         assert_eq!(get_from(admin, good(), "/ready").await, Some(200));
     }
-    assert!(counter(&broker, "malachi_admin_probe_answered_total") >= 6);
+    assert!(counter(&broker, "malachi_admin_probe_answered_total") >= 200);
     drop(slow);
     assert!(
         eventually(30_000, async || get_from(admin, good(), "/metrics").await

@@ -663,3 +663,128 @@ async fn the_lockout_delay_doubles_across_brokers() {
         "lockout delays from the answers (ms): {delays:?}; wall-clock gap before each counted guess and guesses refused meanwhile: {gaps:?}"
     );
 }
+
+/// A request refused because the connection's session ended with `code`.
+fn ended_with<T: std::fmt::Debug>(answer: Result<T, Refused>, code: &str) -> String {
+    let message = unauthorized(answer, code);
+    assert!(message.starts_with(&format!("{code}: ")), "{message}");
+    message
+}
+
+/// Whether the broker closed `client`'s connection (after its answers).
+async fn closed_by_broker(client: &mut TestClient) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), client.next_frame()).await,
+        Ok(None)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_or_repassworded_users_sessions_end_on_every_broker() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let security = security(dir.path(), 100);
+    let brokers: [BrokerHandle; 3] = start_seeded(|node_id, seeds| BrokerConfig {
+        security: security.clone(),
+        ..cluster_config(dir.path(), node_id, seeds, &[1, 2, 3])
+    })
+    .await;
+    let mut admin1 = admin(&brokers[0]).await;
+    create_replicated_topic_as(&mut admin1, "t").await;
+    for (user, password) in [("frank", "pw-f"), ("grace", "pw-g")] {
+        create_user(&mut admin1, user, password).await;
+        for op in ["produce", "describe"] {
+            grant(
+                &mut admin1,
+                entry(&format!("User:{user}"), Some("t"), op, "allow"),
+            )
+            .await;
+        }
+    }
+    // Two of frank's connections on broker 3, both working.
+    let (mut f1, mut f2) = (
+        TestClient::connect(brokers[2].client_addr()).await,
+        TestClient::connect(brokers[2].client_addr()).await,
+    );
+    for f in [&mut f1, &mut f2] {
+        login(f, "frank", "pw-f").await.unwrap();
+        assert!(describe(f, "t").await.is_ok());
+    }
+
+    // Deleted through broker 1: broker 3 refuses frank's next request
+    // within a second or two (its cached view is at most 500 ms old).
+    admin1
+        .call(&malachi_wire::auth_admin::DeleteUserRequest {
+            name: "frank".into(),
+        })
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    let refused = wait_until(
+        "broker 3 ends frank's session",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || describe(&mut f1, "t").await.err(),
+    )
+    .await;
+    let took = deleted.elapsed();
+    eprintln!("broker 3 refused the deleted user {took:?} after broker 1 deleted it");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let message = ended_with(Err::<(), _>(refused), "principal-removed");
+    assert!(message.contains("frank"), "{message}");
+    assert!(closed_by_broker(&mut f1).await, "f1 stays open");
+    // The other connection's produce is refused and writes nothing.
+    ended_with(
+        f2.produce("t", &[record("k", "frank")]).await,
+        "principal-removed",
+    );
+    assert!(closed_by_broker(&mut f2).await, "f2 stays open");
+    let records = read_all(&mut admin1, "t").await;
+    assert!(records.is_empty(), "{records:?}");
+
+    // grace changes her password through broker 3: that connection goes
+    // on, her session on broker 2 ends within a second or two.
+    let (mut g2, mut g3) = (
+        TestClient::connect(brokers[1].client_addr()).await,
+        TestClient::connect(brokers[2].client_addr()).await,
+    );
+    login(&mut g2, "grace", "pw-g").await.unwrap();
+    login(&mut g3, "grace", "pw-g").await.unwrap();
+    g3.call(&PutUserRequest {
+        name: "grace".into(),
+        credential: derive_credential(b"pw-g2", Some(ITERATIONS)).unwrap(),
+        replace: true,
+    })
+    .await
+    .unwrap();
+    let changed = Instant::now();
+    let refused = wait_until(
+        "broker 2 ends grace's old session",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || describe(&mut g2, "t").await.err(),
+    )
+    .await;
+    assert!(changed.elapsed() < Duration::from_secs(2));
+    ended_with(Err::<(), _>(refused), "credential-changed");
+    assert!(
+        describe(&mut g3, "t").await.is_ok(),
+        "the changing session ended"
+    );
+    let mut again = TestClient::connect(brokers[1].client_addr()).await;
+    login(&mut again, "grace", "pw-g2").await.unwrap();
+    assert!(describe(&mut again, "t").await.is_ok());
+    let ended: u64 = brokers
+        .iter()
+        .map(|b| {
+            counter(
+                b,
+                "malachi_sessions_ended_total{reason=\"principal-removed\"}",
+            ) + counter(
+                b,
+                "malachi_sessions_ended_total{reason=\"credential-changed\"}",
+            )
+        })
+        .sum();
+    assert_eq!(ended, 3);
+}

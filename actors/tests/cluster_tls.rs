@@ -5,7 +5,8 @@
 //! client certificate, or with one from another CA, an expired or a
 //! self-signed one, is refused; a broker
 //! whose certificate another CA signed never joins while the others stay
-//! healthy; a plaintext broker is refused. Each refusal is counted.
+//! healthy, and gets no copy and no primary though SWIM sees it alive (ADR
+//! 0155); a plaintext broker is refused. Each refusal is counted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -15,17 +16,21 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::reach::*;
 use common::*;
 use malachi_actors::{BrokerConfig, BrokerHandle, ClusterTls, TlsSettings};
 use malachi_cluster::group::{ClusterCookie, TcpTransport, TcpTransportConfig, TransportError};
 use malachi_testkit::tls::{LeafSpec, TestCa, write};
 use malachi_wire::batch::Record;
+use malachi_wire::error::ErrorCode;
+use malachi_wire::messages::CreateTopicRequest;
 use tokio::io::AsyncWriteExt;
 
 /// A broker certificate (server and client authentication, `localhost`
-/// and 127.0.0.1) from `ca`, written under `dir` as `<name>.pem`/`.key`.
+/// and 127.0.0.1, node `serial` as `malachi:node:<serial>`) from `ca`,
+/// written under `dir` as `<name>.pem`/`.key`.
 fn node_pair(ca: &TestCa, dir: &Path, name: &str, serial: u64) -> (PathBuf, PathBuf) {
-    let leaf = ca.leaf(&LeafSpec::broker(serial));
+    let leaf = ca.leaf(&LeafSpec::node(serial));
     (
         write(dir, &format!("{name}.pem"), &leaf.cert_pem),
         write(dir, &format!("{name}.key"), &leaf.key_pem),
@@ -80,10 +85,15 @@ fn metric(broker: &BrokerHandle, prefix: &str) -> u64 {
 
 /// `malachi_cluster_tls_refusals_total` on `port`, inbound, for `reason`.
 fn refusals(broker: &BrokerHandle, port: &str, reason: &str) -> u64 {
+    refusals_by(broker, port, "inbound", reason)
+}
+
+/// `malachi_cluster_tls_refusals_total` on `port`, `direction`, `reason`.
+fn refusals_by(broker: &BrokerHandle, port: &str, direction: &str, reason: &str) -> u64 {
     metric(
         broker,
         &format!(
-            "malachi_cluster_tls_refusals_total{{port=\"{port}\",direction=\"inbound\",reason=\"{reason}\"}}"
+            "malachi_cluster_tls_refusals_total{{port=\"{port}\",direction=\"{direction}\",reason=\"{reason}\"}}"
         ),
     )
 }
@@ -408,35 +418,52 @@ async fn a_broker_with_another_cas_certificate_never_joins_and_the_others_serve(
             b.node_id()
         );
     }
-    // Two of three voters: the metadata serves through either good broker,
-    // and a topic of three copies whose primary is a good broker is
-    // acknowledged by a quorum of the two (broker 3's copy never reached).
-    // SWIM sees broker 3 alive (it has the cookie), so placement may make
-    // it a primary (ADR 0151, not covered): such a topic is skipped.
-    let mut topic = None;
-    for i in 0..4 {
-        let name = format!("kept-out-{i}");
-        create_replicated_topic(brokers[0].client_addr(), &name, 3).await;
-        let mut other = TestClient::connect(brokers[1].client_addr()).await;
-        let segment = wait_until(
-            "the topic is described through broker 2",
-            Duration::from_secs(30),
-            Duration::from_millis(100),
-            async || match segments(&mut other, &name).await {
-                Ok(all) => match all.into_iter().find(|s| s.state == "active") {
-                    Some(active) => Ok(active),
-                    None => Err(None),
-                },
-                Err(refused) => Err(Some(refused)),
-            },
-        )
-        .await;
-        if segment.replicas[0] != 3 {
-            topic = Some((name, segment));
-            break;
-        }
+    // SWIM sees broker 3 alive (it has the cookie), but both good brokers
+    // find its cluster port refuses them: placement leaves it out (ADR
+    // 0155), as it would a dead broker.
+    for b in &brokers[..2] {
+        wait_unreachable(b, 3).await;
     }
-    let (topic, segment) = topic.expect("every topic's primary was broker 3");
+    // So three copies cannot be placed on the two brokers left: refused,
+    // retriable, as with a broker down.
+    let mut first = TestClient::connect(brokers[0].client_addr()).await;
+    let create_three = CreateTopicRequest {
+        name: "three-copies".into(),
+        replication_factor: Some(3),
+        policy: None,
+    };
+    let mut last = None;
+    let refused_for_placement =
+        eventually(30_000, async || match first.call(&create_three).await {
+            Ok(created) => panic!("three copies placed on two brokers: {created:?}"),
+            Err(refused) => {
+                let placement = refused.code == ErrorCode::NoQuorum
+                    && refused.message.contains("needs 3 live brokers; 2 are live");
+                last = Some(refused);
+                placement
+            }
+        })
+        .await;
+    assert!(refused_for_placement, "{last:?}");
+    // Two of three voters: the metadata serves through either good broker,
+    // and a topic of two copies goes on the two good brokers.
+    let topic = "kept-out".to_owned();
+    create_replicated_topic(brokers[0].client_addr(), &topic, 2).await;
+    let mut other = TestClient::connect(brokers[1].client_addr()).await;
+    let segment = wait_until(
+        "the topic is described through broker 2",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || match segments(&mut other, &topic).await {
+            Ok(all) => match all.into_iter().find(|s| s.state == "active") {
+                Some(active) => Ok(active),
+                None => Err(None),
+            },
+            Err(refused) => Err(Some(refused)),
+        },
+    )
+    .await;
+    assert!(!segment.replicas.contains(&3), "{segment:?}");
     let records = batch("good", 10);
     let primary = &brokers[(segment.replicas[0] - 1) as usize];
     let mut writer = TestClient::connect(primary.client_addr()).await;
@@ -491,4 +518,117 @@ async fn a_broker_with_another_cas_certificate_never_joins_and_the_others_serve(
         described.is_err(),
         "broker 3 described {topic}: {described:?}"
     );
+}
+
+/// Broker `node_id` of a cluster of brokers 1 to 4, TLS between brokers
+/// with `pair` under the CA at `ca_path`.
+fn four_config(
+    dir: &Path,
+    node_id: u64,
+    seeds: &[SocketAddr],
+    pair: &(PathBuf, PathBuf),
+    ca_path: &Path,
+) -> BrokerConfig {
+    let config = tls_config(dir, node_id, seeds, pair, ca_path);
+    BrokerConfig {
+        cluster: malachi_actors::ClusterSettings {
+            nodes: vec![1, 2, 3, 4],
+            ..config.cluster.clone()
+        },
+        ..config
+    }
+}
+
+/// Issue 39's gap (ADR 0155): a broker with the cookie (so alive in SWIM)
+/// and another CA's certificate is never given a copy or a primary. Four
+/// brokers, the fourth a rogue: topics created and split through the
+/// three good ones keep every segment off broker 4, and every
+/// acknowledged record reads back in each key's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_with_another_cas_certificate_gets_no_copy_and_no_primary() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let ca = TestCa::new("malachi cluster CA");
+    let ca_path = write(dir, "cluster-ca.pem", &ca.pem);
+    let other = TestCa::new("another CA");
+    let other_path = write(dir, "other-ca.pem", &other.pem);
+    let mut brokers: Vec<BrokerHandle> = Vec::new();
+    for id in 1..=4u64 {
+        let seeds: Vec<SocketAddr> = brokers.iter().map(|b| b.client_addr()).collect();
+        let config = if id == 4 {
+            let rogue = node_pair(&other, dir, "node-4", 4);
+            four_config(dir, id, &seeds, &rogue, &other_path)
+        } else {
+            let pair = node_pair(&ca, dir, &format!("node-{id}"), id);
+            four_config(dir, id, &seeds, &pair, &ca_path)
+        };
+        brokers.push(malachi_actors::Broker::start(config).await.unwrap());
+    }
+    let good = ready_good(&brokers, 3).await;
+    guarded_workload(&good, 4, "guarded").await;
+    // Broker 4 took no session from the others all along.
+    assert_eq!(
+        brokers[3]
+            .cluster_port_stats()
+            .map_or(0, |s| s.authenticated),
+        0
+    );
+}
+
+/// ADR 0155, the node identity: with `tls.cluster_node_identity =
+/// "required"` on every broker, broker 4 shows a certificate of the
+/// cluster CA that is for node 2. Each good broker refuses it both ways on
+/// the cluster port (as the server dialled, and as a client proving the
+/// cookie as node 4) and on the fabric, counts each as `node_identity`,
+/// and places nothing on it; the good brokers, each certified as itself,
+/// serve as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_certificate_for_another_node_is_refused_when_node_identity_is_required() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let ca = TestCa::new("malachi cluster CA");
+    let ca_path = write(dir, "cluster-ca.pem", &ca.pem);
+    let mut brokers: Vec<BrokerHandle> = Vec::new();
+    for id in 1..=4u64 {
+        let seeds: Vec<SocketAddr> = brokers.iter().map(|b| b.client_addr()).collect();
+        // Broker 4's certificate is the right CA's, for node 2.
+        let certified = if id == 4 { 2 } else { id };
+        let pair = node_pair(&ca, dir, &format!("node-{id}"), certified);
+        let mut config = four_config(dir, id, &seeds, &pair, &ca_path);
+        config.tls.cluster_node_identity = malachi_actors::NodeIdentity::Required;
+        brokers.push(malachi_actors::Broker::start(config).await.unwrap());
+    }
+    let good = ready_good(&brokers, 3).await;
+    guarded_workload(&good, 4, "named").await;
+    wait_until(
+        "the impostor's connections are refused for their node identity",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let count = |port: &str, direction: &str| -> u64 {
+                good.iter()
+                    .map(|b| refusals_by(b, port, direction, "node_identity"))
+                    .sum()
+            };
+            let seen = [
+                count("cluster", "outbound"),
+                count("cluster", "inbound"),
+                count("fabric", "outbound"),
+            ];
+            if seen.iter().all(|n| *n > 0) {
+                Ok(())
+            } else {
+                Err(seen)
+            }
+        },
+    )
+    .await;
+    // Nothing else was refused among the good brokers.
+    for b in &good {
+        for port in ["cluster", "fabric"] {
+            assert_eq!(refusals(b, port, "refused"), 0, "{port}");
+        }
+    }
 }

@@ -276,6 +276,25 @@ async fn producer_state_follows_a_roll_a_failover_and_a_split_onto_brokers_witho
     findings.duplicate(&brokers, "roll", (range, 1, 3)).await;
     findings.stored(&brokers, "roll", (range, 1, 4)).await;
     findings.duplicate(&brokers, "roll", (range, 2, 0)).await;
+    // Every seal so far was a live primary's roll: each left its final
+    // table as a sidecar, so zone b read those, never a log (ADR 0156).
+    let fetches = |from: &str| -> u64 {
+        brokers
+            .iter()
+            .flatten()
+            .map(|b| {
+                counter(
+                    b,
+                    &format!("malachi_producer_state_fetches_total{{from=\"{from}\"}}"),
+                )
+            })
+            .sum()
+    };
+    assert!(
+        fetches("sealed_table") >= 1,
+        "zone b never read a sealed table"
+    );
+    assert_eq!(fetches("log"), 0, "zone b read a predecessor's log");
 
     // Failover: the zone-b primary stops.
     let before = active(&brokers).await.remove(0);

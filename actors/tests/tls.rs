@@ -3,7 +3,8 @@
 //! `curl`. Plaintext on a TLS port and TLS on a plaintext port each get a
 //! clear error; bad certificates are refused; mTLS `required` refuses a
 //! client without a certificate; a changed certificate is served to new
-//! connections while old ones keep working.
+//! connections while old ones keep working; the SDK negotiates
+//! AES-256-GCM and clients offering only another suite connect (ADR 0157).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -402,6 +403,72 @@ async fn openssl_verifies_the_client_port_and_the_admin_port() {
         .await
         .unwrap();
     assert!(!ok, "{text}");
+}
+
+/// A rustls handshake with `addr` from a client that offers only `suite`.
+async fn handshake_offering(
+    addr: SocketAddr,
+    ca: &Path,
+    suite: rustls::SupportedCipherSuite,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    use malachi_wire::tls::{load_roots, provider};
+    let mut provider = std::sync::Arc::unwrap_or_clone(provider());
+    provider.cipher_suites = vec![suite];
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(load_roots(ca, "TLS CA file").unwrap())
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from(addr.ip().to_string()).unwrap();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+}
+
+/// ADR 0157: the SDK and the broker negotiate rustls' first TLS 1.3
+/// suite, AES-256-GCM (AES-128-GCM first was measured and not kept); a
+/// client that offers only AES-128-GCM or ChaCha20-Poly1305, or only
+/// AES-256-GCM, connects, with rustls or openssl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sdk_negotiates_aes_256_gcm_and_a_client_offering_one_other_suite_connects() {
+    use rustls::CipherSuite;
+    use rustls::crypto::aws_lc_rs::cipher_suite as suites;
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, files) = pki(dir.path());
+    let broker = start(tls_config(dir.path(), &files, ClientAuth::None)).await;
+    let addr = broker.client_addr();
+    let stream = handshake(addr, &client_tls(&files.ca, None)).await.unwrap();
+    let negotiated = stream.get_ref().1.negotiated_cipher_suite().unwrap();
+    assert_eq!(negotiated.suite(), CipherSuite::TLS13_AES_256_GCM_SHA384);
+    drop(stream);
+    for suite in [
+        suites::TLS13_AES_256_GCM_SHA384,
+        suites::TLS13_CHACHA20_POLY1305_SHA256,
+        suites::TLS13_AES_128_GCM_SHA256,
+    ] {
+        let stream = handshake_offering(addr, &files.ca, suite).await.unwrap();
+        let negotiated = stream.get_ref().1.negotiated_cipher_suite().unwrap();
+        assert_eq!(negotiated.suite(), suite.suite());
+    }
+    for suite in [
+        "TLS_AES_256_GCM_SHA384",
+        "TLS_CHACHA20_POLY1305_SHA256",
+        "TLS_AES_128_GCM_SHA256",
+    ] {
+        let ca = files.ca.clone();
+        let (ok, text) = tokio::task::spawn_blocking(move || {
+            s_client(addr, &ca, &["-tls1_3", "-ciphersuites", suite])
+        })
+        .await
+        .unwrap();
+        assert!(ok, "{suite}: {text}");
+        assert!(text.contains(&format!("Ciphersuite: {suite}")), "{text}");
+    }
+    // The SDK works over it end to end.
+    let client = sdk(addr, Some(client_tls(&files.ca, None))).await.unwrap();
+    client.list_topics().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -4,7 +4,8 @@
 //! the ACLs deny; an issuer key added through broker 1 accepted by broker
 //! 3 within a second; and the admin HTTP port's matrix with `curl` over
 //! TLS: no credential, a token without permission, a token with cluster
-//! admin and a client certificate's principal.
+//! admin and a client certificate's principal; sessions that end at
+//! `exp` (ADR 0154) or when their issuer key is removed (ADR 0157).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -24,7 +25,7 @@ use malachi_wire::ErrorCode;
 use malachi_wire::auth::TokenAuthenticateRequest;
 use malachi_wire::auth_admin::{AclEntryText, AddAclRequest, PutUserRequest};
 use malachi_wire::messages::*;
-use malachi_wire::token_keys::{PutTokenKeyRequest, TokenKeyText};
+use malachi_wire::token_keys::{DeleteTokenKeyRequest, PutTokenKeyRequest, TokenKeyText};
 
 const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
 MC4CAQAwBQYDK2VwBCIEIB3i8a/0zHz5j0J/vzyE0wfpugyLequZ5U8ngjqFqjQb
@@ -38,6 +39,11 @@ MCowBQYDK2VwAyEAhfKbHyBGFxlhsTvSzKBzfmLhNyYf7N7HRBxRqKlD3q8=
 const OTHER_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
 MC4CAQAwBQYDK2VwBCIEIO3yfyaSIwiIyBVgJRAvt7t1iR11g2akPN6T94D/VKh6
 -----END PRIVATE KEY-----
+";
+/// `OTHER_PRIVATE`'s public half: a second issuer key, `k2`.
+const OTHER_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEAzg/R22B20gFC+00VXmhj1yN1V+Ye0yZh45kqeXBmoJQ=
+-----END PUBLIC KEY-----
 ";
 const SKEW_MS: u64 = 5_000;
 
@@ -648,4 +654,636 @@ async fn a_broker_without_authentication_refuses_a_token_clearly() {
         "{}",
         refused.message
     );
+}
+
+/// A request refused because the connection's session ended: its message.
+fn session_ended<T: std::fmt::Debug>(answer: Result<T, Refused>, code: &str) -> String {
+    let refused = answer.expect_err("the session should have ended");
+    assert_eq!(refused.code, ErrorCode::Unauthorized, "{refused:?}");
+    assert!(
+        refused.message.starts_with(&format!("{code}: ")),
+        "{}",
+        refused.message
+    );
+    refused.message
+}
+
+/// Whether the broker closed `client`'s connection (after its answers).
+async fn closed_by_broker(client: &mut TestClient) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), client.next_frame()).await,
+        Ok(None)
+    )
+}
+
+/// The values of `topic`'s records, read from the start.
+async fn values(client: &mut TestClient, topic: &str) -> Vec<String> {
+    let (records, _) = client.fetch(topic, None, true, 100, 0).await.unwrap();
+    records
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.value).into_owned())
+        .collect()
+}
+
+/// Whether the member list names node 9 (admitted).
+async fn nine_admitted(admin: &mut TestClient) -> bool {
+    admin
+        .call(&ClusterMembersRequest::default())
+        .await
+        .unwrap()
+        .members
+        .iter()
+        .any(|m| m.node_id == 9)
+}
+
+fn counted(broker: &BrokerHandle, line_start: &str) -> f64 {
+    broker
+        .metrics_text()
+        .lines()
+        .filter(|l| l.starts_with(line_start))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_session_ends_at_exp_and_a_fresh_token_logs_in_again() {
+    use malachi_wire::Message;
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let config = BrokerConfig {
+        security: SecuritySettings {
+            token_clock_skew_ms: 0,
+            ..logins::security(dir.path(), 100)
+        },
+        ..BrokerConfig::for_tests(dir.path().join("data"))
+    };
+    let broker = start(config).await;
+    let mut admin = admin(&broker).await;
+    add_key(&mut admin).await;
+    admin.create_topic("brief").await;
+    // `brief` is no user of the store: a token's subject is judged by the
+    // ACLs alone, and its session ends only at `exp`.
+    for operation in ["produce", "consume"] {
+        admin
+            .call(&AddAclRequest {
+                entry: entry("User:brief", "brief", operation, "allow"),
+            })
+            .await
+            .unwrap();
+    }
+    let issued_ms = now_ms();
+    let short = token(ED_PRIVATE, "k1", "brief", issued_ms, 5_000);
+    // `exp` is in whole seconds.
+    let exp_ms = (issued_ms + 5_000) / 1000 * 1000;
+    let (mut a, mut b, mut pushed) = (
+        TestClient::connect(broker.client_addr()).await,
+        TestClient::connect(broker.client_addr()).await,
+        TestClient::connect(broker.client_addr()).await,
+    );
+    for client in [&mut a, &mut b, &mut pushed] {
+        assert_eq!(token_login(client, &short).await.unwrap(), "User:brief");
+    }
+    // A subscription, accepted before `exp`.
+    let subscription = pushed
+        .send_raw(
+            malachi_wire::ApiKey::Subscribe.code(),
+            Message::encode(&SubscribeRequest {
+                topic: "brief".into(),
+                cursor: None,
+                from_start: true,
+                credit_records: 1_000,
+                credit_bytes: 1 << 20,
+            })
+            .unwrap(),
+        )
+        .await;
+    let accepted = pushed.recv().await.unwrap();
+    assert_eq!(
+        (accepted.correlation_id, accepted.error_code),
+        (subscription, ErrorCode::None)
+    );
+    // Before `exp` the session works.
+    assert_eq!(
+        a.produce("brief", &[record("k", "before")]).await.unwrap(),
+        1
+    );
+    assert!(
+        now_ms() < exp_ms,
+        "the test ran too slowly to act before exp"
+    );
+
+    // After it, the next request is refused and the connection closes.
+    let refused = wait_until(
+        "a's session ends at the token's exp",
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        async || a.call(&ListTopicsRequest::default()).await.err(),
+    )
+    .await;
+    let refused_at_ms = now_ms();
+    session_ended(Err::<(), _>(refused), "session-expired");
+    assert!(
+        refused_at_ms > exp_ms,
+        "refused at {refused_at_ms}, exp {exp_ms}"
+    );
+    assert!(closed_by_broker(&mut a).await, "a's connection stays open");
+    // The other connection's produce is refused and writes nothing.
+    let message = session_ended(
+        b.produce("brief", &[record("k", "after")]).await,
+        "session-expired",
+    );
+    assert!(message.contains("log in again"), "{message}");
+    assert!(closed_by_broker(&mut b).await, "b's connection stays open");
+    // The subscription ends with the same refusal, pushing nothing more.
+    let mut frames = Vec::new();
+    while let Ok(Some(frame)) =
+        tokio::time::timeout(Duration::from_secs(10), pushed.next_frame()).await
+    {
+        frames.push(frame);
+    }
+    let last = frames.last().expect("a frame ending the subscription");
+    assert_eq!(last.correlation_id, subscription);
+    assert_eq!(last.error_code, ErrorCode::Unauthorized);
+    let body = malachi_wire::ErrorBody::decode(last.payload.clone()).unwrap();
+    assert!(body.message.starts_with("session-expired: "), "{body:?}");
+    assert_eq!(values(&mut admin, "brief").await, ["before"]);
+    assert_eq!(
+        counted(
+            &broker,
+            "malachi_sessions_ended_total{reason=\"session-expired\"}"
+        ),
+        3.0
+    );
+
+    // A fresh token logs in again, on a new connection.
+    let mut again = TestClient::connect(broker.client_addr()).await;
+    assert_eq!(
+        token_login(&mut again, &good("brief")).await.unwrap(),
+        "User:brief"
+    );
+    assert_eq!(
+        again
+            .produce("brief", &[record("k", "again")])
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_logs_in_again_from_its_token_file_when_the_brokers_clock_ends_the_session() {
+    use malachi_actors::{Broker, Clock, ManualClock};
+    use malachi_wire::client::{ClientError, TokenLogin};
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    // The broker's clock is the test's: it decides when a session ends.
+    let clock = std::sync::Arc::new(ManualClock::new(now_ms()));
+    let config = BrokerConfig {
+        security: SecuritySettings {
+            token_clock_skew_ms: 0,
+            ..logins::security(dir.path(), 100)
+        },
+        ..BrokerConfig::for_tests(dir.path().join("data"))
+    };
+    let broker = Broker::start_with_clock(config, clock.clone())
+        .await
+        .unwrap();
+    assert!(broker.wait_ready(10_000).await);
+    // A login tried before the bootstrap user exists fails and delays the
+    // next by the broker's clock: move it on at each try.
+    let mut admin = wait_until(
+        "the bootstrap user logs in",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            clock.jump_wall_ms(1_000);
+            let mut client = TestClient::connect(broker.client_addr()).await;
+            logins::login(&mut client, "admin", ADMIN_PASSWORD)
+                .await
+                .ok()
+                .map(|()| client)
+        },
+    )
+    .await;
+    add_key(&mut admin).await;
+    admin.create_topic("renew").await;
+    for who in ["User:agent", "User:fixed"] {
+        admin
+            .call(&AddAclRequest {
+                entry: entry(who, "renew", "produce", "allow"),
+            })
+            .await
+            .unwrap();
+    }
+    let minted = |subject: &str, from_ms: u64| token(ED_PRIVATE, "k1", subject, from_ms, 60_000);
+    let file = dir.path().join("agent.jwt");
+    std::fs::write(&file, format!("{}\n", minted("agent", clock.wall_ms()))).unwrap();
+    let addr = broker.client_addr().to_string();
+    let with = |login: malachi_wire::client::Login| malachi_wire::ClientConfig {
+        request_timeout_ms: 10_000,
+        login: Some(login),
+        ..malachi_wire::ClientConfig::default()
+    };
+    let agent = malachi_wire::Client::connect_with(
+        [addr.clone()],
+        with(TokenLogin::from_file(&file).into_login()),
+    )
+    .await
+    .unwrap();
+    let fixed_token = minted("fixed", clock.wall_ms());
+    let fixed = malachi_wire::Client::connect_with(
+        [addr],
+        with(TokenLogin::new(&fixed_token).into_login()),
+    )
+    .await
+    .unwrap();
+    let batch = |value: &str| {
+        malachi_wire::RecordBatch::from_records(&[record("k", value)], 1 << 20).unwrap()
+    };
+    agent.produce("renew", batch("agent-1")).await.unwrap();
+    fixed.produce("renew", batch("fixed-1")).await.unwrap();
+    let mut raw = TestClient::connect(broker.client_addr()).await;
+    token_login(&mut raw, &fixed_token).await.unwrap();
+
+    // The token agent renews the file; then the broker's clock passes
+    // both tokens' `exp` (the clients' own clocks do not).
+    let later_ms = clock.wall_ms() + 120_000;
+    std::fs::write(&file, format!("{}\n", minted("agent", later_ms))).unwrap();
+    clock.jump_wall_ms(120_000);
+    session_ended(
+        raw.call(&ListTopicsRequest::default()).await,
+        "session-expired",
+    );
+    // The SDK's request on its old connection is refused `session-expired`;
+    // it sends it again on a new connection, logged in with the renewed file.
+    agent.produce("renew", batch("agent-2")).await.unwrap();
+    // With a fixed token the new login is refused: final, not retried.
+    let refused = fixed.produce("renew", batch("fixed-2")).await.unwrap_err();
+    match &refused {
+        ClientError::Authentication { reason, .. } => {
+            assert!(reason.contains("token-expired"), "{reason}")
+        }
+        other => panic!("not an authentication error: {other:?}"),
+    }
+    assert!(!refused.retriable());
+    assert_eq!(
+        values(&mut admin, "renew").await,
+        ["agent-1", "fixed-1", "agent-2"]
+    );
+    assert_eq!(
+        counted(
+            &broker,
+            "malachi_sessions_ended_total{reason=\"session-expired\"}"
+        ),
+        3.0
+    );
+}
+
+/// `curl` against a plaintext admin port, from `from` (a loopback
+/// address): the status, the headers and the body.
+fn curl_from(url: &str, from: &str, extra: &[&str]) -> (String, String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--interface", from, "-D", "-"])
+        .args(["-w", "\n%{http_code}"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("curl must be installed");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (rest, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let (headers, body) = rest.split_once("\r\n\r\n").unwrap_or((rest, ""));
+    (
+        status.to_owned(),
+        headers.to_ascii_lowercase(),
+        body.to_owned(),
+    )
+}
+
+/// The admin port's answer to `token` on `path` of `broker`, from `from`.
+async fn admin_call(
+    broker: &BrokerHandle,
+    path: &str,
+    post: bool,
+    token: &str,
+    from: &'static str,
+) -> (String, String, serde_json::Value) {
+    let url = format!("http://127.0.0.1:{}{path}", broker.admin_addr().port());
+    let bearer = format!("Authorization: Bearer {token}");
+    let (status, headers, body) = tokio::task::spawn_blocking(move || {
+        let mut extra = vec!["-H", bearer.as_str()];
+        if post {
+            extra.extend(["-X", "POST"]);
+        }
+        curl_from(&url, from, &extra)
+    })
+    .await
+    .unwrap();
+    let json = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+    (status, headers, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_tokens_on_the_admin_port_raise_the_client_ports_lockout_and_the_reverse() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let security = security(dir.path(), 5_000);
+    let brokers: [BrokerHandle; 3] = start_seeded(|node_id, seeds| BrokerConfig {
+        security: security.clone(),
+        ..cluster_config(dir.path(), node_id, seeds, &[1, 2, 3])
+    })
+    .await;
+    let mut admin1 = admin(&brokers[0]).await;
+    add_key(&mut admin1).await;
+    // Both may administer the cluster: only the lockout stands between
+    // their good tokens and an admit.
+    for who in ["User:mallory", "User:trudy"] {
+        for operation in ["admin", "describe"] {
+            admin1
+                .call(&AddAclRequest {
+                    entry: entry(who, "", operation, "allow"),
+                })
+                .await
+                .unwrap();
+        }
+    }
+    let forged = |subject: &str| token(OTHER_PRIVATE, "k1", subject, now_ms(), 600_000);
+    // Every admin port knows the key (its cached view is at most 500 ms
+    // old): a forged token is then refused for its signature.
+    // (A refusal counts against its subject: each try names another.)
+    let mut tries = 0;
+    for broker in &brokers {
+        wait_until(
+            "the admin port accepts a token under the new key",
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            async || {
+                tries += 1;
+                let subject = format!("ops{tries}");
+                let answer =
+                    admin_call(broker, "/api/members", false, &good(&subject), "127.0.0.1").await;
+                answer.0 == "403"
+            },
+        )
+        .await;
+    }
+
+    // A forged token on broker 2's admin port: 401, counted cluster-wide.
+    let (status, headers, json) = admin_call(
+        &brokers[1],
+        "/api/members",
+        false,
+        &forged("mallory"),
+        "127.0.0.1",
+    )
+    .await;
+    let failed_at = Instant::now();
+    assert_eq!(status, "401", "{json}");
+    assert!(headers.contains("www-authenticate: bearer"), "{headers}");
+    assert_eq!(json["error"], "unauthenticated");
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("token-invalid-signature"),
+        "{json}"
+    );
+    assert_eq!(json["retry_after_ms"], 5_000, "{json}");
+    // The client port of broker 3 delays mallory's next login from this
+    // address, even with a good token.
+    let mut client = TestClient::connect(brokers[2].client_addr()).await;
+    let refused = token_login(&mut client, &good("mallory"))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.message.contains("try again in"),
+        "{}",
+        refused.message
+    );
+    assert!(refused.retry_after_ms.is_some_and(|ms| ms <= 5_000));
+    // So does the admin port of broker 3 (once its cached view, at most
+    // 500 ms old, holds the failure): 429 with the delay, nothing run.
+    let admit = "/api/members/9/admit";
+    wait_until(
+        "broker 3's admin port throttles mallory",
+        Duration::from_secs(3),
+        Duration::from_millis(50),
+        async || {
+            let answer = admin_call(
+                &brokers[2],
+                "/api/members",
+                false,
+                &good("mallory"),
+                "127.0.0.1",
+            )
+            .await;
+            answer.0 == "429"
+        },
+    )
+    .await;
+    let (status, headers, json) =
+        admin_call(&brokers[2], admit, true, &good("mallory"), "127.0.0.1").await;
+    assert_eq!(status, "429", "{json}");
+    assert!(
+        failed_at.elapsed() < Duration::from_secs(4),
+        "the test ran too slowly to see the delay"
+    );
+    assert_eq!(json["error"], "throttled", "{json}");
+    assert!(
+        json["message"].as_str().unwrap().contains("try again in"),
+        "{json}"
+    );
+    let retry_after_ms = json["retry_after_ms"].as_u64().unwrap();
+    assert!(retry_after_ms > 0 && retry_after_ms <= 5_000, "{json}");
+    assert!(headers.contains("retry-after: "), "{headers}");
+    assert!(!nine_admitted(&mut admin1).await, "a throttled admit ran");
+    // Keyed by source too: from another address the same token runs.
+    let (status, _, json) = admin_call(
+        &brokers[2],
+        "/api/members",
+        false,
+        &good("mallory"),
+        "127.0.0.2",
+    )
+    .await;
+    assert_eq!(status, "200", "{json}");
+
+    // The reverse: a forged token on broker 1's client port throttles
+    // trudy on broker 2's admin port.
+    let mut client = TestClient::connect(brokers[0].client_addr()).await;
+    let refused = token_login(&mut client, &forged("trudy"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.retry_after_ms, Some(5_000));
+    wait_until(
+        "broker 2's admin port throttles trudy",
+        Duration::from_secs(3),
+        Duration::from_millis(50),
+        async || {
+            let answer = admin_call(
+                &brokers[1],
+                "/api/members",
+                false,
+                &good("trudy"),
+                "127.0.0.1",
+            )
+            .await;
+            answer.0 == "429"
+        },
+    )
+    .await;
+    let (status, _, json) = admin_call(&brokers[1], admit, true, &good("trudy"), "127.0.0.1").await;
+    assert_eq!(status, "429", "{json}");
+    assert!(json["retry_after_ms"].as_u64().is_some(), "{json}");
+    assert!(!nine_admitted(&mut admin1).await, "a throttled admit ran");
+    // Once the delay passed, the good token runs the admit.
+    let (status, _, json) = wait_until(
+        "trudy's admit runs after the delay",
+        Duration::from_secs(15),
+        Duration::from_millis(250),
+        async || {
+            let answer = admin_call(&brokers[1], admit, true, &good("trudy"), "127.0.0.1").await;
+            (answer.0 != "429").then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(status, "200", "{json}");
+    let throttled: f64 = brokers
+        .iter()
+        .map(|b| counted(b, "malachi_admin_requests_refused_total{status=\"429\"}"))
+        .sum();
+    assert!(throttled >= 2.0, "{throttled}");
+}
+
+async fn put_key(admin: &mut TestClient, kid: &str, public_key_pem: &str) {
+    let answer = admin
+        .call(&PutTokenKeyRequest {
+            key: TokenKeyText {
+                kid: kid.into(),
+                algorithm: "EdDSA".into(),
+                public_key_pem: public_key_pem.into(),
+                added_at_ms: 0,
+            },
+        })
+        .await
+        .unwrap();
+    assert!(answer.changed);
+}
+
+/// A connection to `broker` logged in with `token` as `principal`.
+async fn token_session(broker: &BrokerHandle, token: &str, principal: &str) -> TestClient {
+    let mut client = TestClient::connect(broker.client_addr()).await;
+    assert_eq!(token_login(&mut client, token).await.unwrap(), principal);
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_an_issuer_key_ends_its_sessions_on_every_broker_and_no_other_keys() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let security = security(dir.path(), 100);
+    let brokers: [BrokerHandle; 3] = start_seeded(|node_id, seeds| BrokerConfig {
+        security: security.clone(),
+        ..cluster_config(dir.path(), node_id, seeds, &[1, 2, 3])
+    })
+    .await;
+    let mut admin1 = admin(&brokers[0]).await;
+    put_key(&mut admin1, "k1", ED_PUBLIC).await;
+    put_key(&mut admin1, "k2", OTHER_PUBLIC).await;
+    admin1
+        .call(&CreateTopicRequest {
+            name: "t".into(),
+            replication_factor: Some(3),
+            policy: None,
+        })
+        .await
+        .unwrap();
+    for operation in ["produce", "describe"] {
+        admin1
+            .call(&AddAclRequest {
+                entry: entry("User:svc", "t", operation, "allow"),
+            })
+            .await
+            .unwrap();
+    }
+    // One subject under two keys (a rotation half done): the sessions of
+    // k1 end, those of k2 stay, whoever the subject. A superuser's token
+    // session is checked too: an issuer key can sign for anyone.
+    let k1 = |subject: &str| token(ED_PRIVATE, "k1", subject, now_ms(), 600_000);
+    let k2 = |subject: &str| token(OTHER_PRIVATE, "k2", subject, now_ms(), 600_000);
+    let mut a = token_session(&brokers[0], &k1("svc"), "User:svc").await;
+    let mut b = token_session(&brokers[0], &k1("svc"), "User:svc").await;
+    let mut root = token_session(&brokers[0], &k1("admin"), "User:admin").await;
+    let mut far = token_session(&brokers[2], &k1("svc"), "User:svc").await;
+    let mut kept = token_session(&brokers[0], &k2("svc"), "User:svc").await;
+    let mut kept_far = token_session(&brokers[2], &k2("svc"), "User:svc").await;
+    for client in [&mut a, &mut b, &mut far, &mut kept, &mut kept_far] {
+        assert!(describe(client, "t").await.is_ok());
+    }
+    assert!(root.call(&ListTopicsRequest::default()).await.is_ok());
+
+    // Removed through broker 2: broker 1 refuses k1's sessions within a
+    // second or two (its cached view is at most 500 ms old).
+    let mut admin2 = admin(&brokers[1]).await;
+    admin2
+        .call(&DeleteTokenKeyRequest { kid: "k1".into() })
+        .await
+        .unwrap();
+    let removed = Instant::now();
+    let refused = wait_until(
+        "broker 1 ends k1's session",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || describe(&mut a, "t").await.err(),
+    )
+    .await;
+    let took = removed.elapsed();
+    eprintln!("broker 1 ended a k1 session {took:?} after broker 2 removed the key");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let message = session_ended(Err::<(), _>(refused), "issuer-key-removed");
+    assert!(message.contains("\"k1\""), "{message}");
+    assert!(closed_by_broker(&mut a).await, "a's connection stays open");
+    // The other k1 sessions: a produce refused, writing nothing; the
+    // superuser's; the one on broker 3.
+    session_ended(
+        b.produce("t", &[record("k", "after")]).await,
+        "issuer-key-removed",
+    );
+    assert!(closed_by_broker(&mut b).await, "b's connection stays open");
+    session_ended(
+        root.call(&ListTopicsRequest::default()).await,
+        "issuer-key-removed",
+    );
+    let refused = wait_until(
+        "broker 3 ends k1's session",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || describe(&mut far, "t").await.err(),
+    )
+    .await;
+    session_ended(Err::<(), _>(refused), "issuer-key-removed");
+    assert!(read_all(&mut admin1, "t").await.is_empty());
+
+    // k2's sessions go on, on both brokers, and k2 still logs in; k1's
+    // tokens no longer do.
+    for client in [&mut kept, &mut kept_far] {
+        assert!(describe(client, "t").await.is_ok(), "a k2 session ended");
+    }
+    token_session(&brokers[0], &k2("svc"), "User:svc").await;
+    let mut late = TestClient::connect(brokers[0].client_addr()).await;
+    let refused = token_login(&mut late, &k1("svc")).await.unwrap_err();
+    assert!(
+        refused.message.contains("token-kid-unknown"),
+        "{}",
+        refused.message
+    );
+    let ended: u64 = brokers
+        .iter()
+        .map(|b| {
+            counter(
+                b,
+                "malachi_sessions_ended_total{reason=\"issuer-key-removed\"}",
+            )
+        })
+        .sum();
+    assert_eq!(ended, 4);
 }

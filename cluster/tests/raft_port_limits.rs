@@ -405,3 +405,59 @@ async fn a_whole_frame_is_read_and_one_over_the_bound_is_refused_before_any_buff
     assert_eq!(next.capacity(), 0);
     drop(write.await.unwrap());
 }
+
+/// ADR 0155: each dial's outcome reaches the transport's reach judgement.
+/// A server with another cookie closes after the client's proof: refused,
+/// so the peer is unreachable at once; a port nobody listens on is only a
+/// failure (unknown until it lasts the bound); the right cookie connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_dial_tells_the_reach_judgement_how_it_ended() {
+    use malachi_cluster::clock::{Clock, ManualClock};
+    use malachi_cluster::group::{PeerReach, Reach, ReachSettings};
+    let clock = Arc::new(ManualClock::new(0));
+    let reach = Arc::new(PeerReach::new(
+        ReachSettings::default(),
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    ));
+    let wrong = server(|_| {}).await;
+    let transport = TcpTransport::new(TcpTransportConfig::new(CLIENT, cookie("wrong")))
+        .with_reach(Arc::clone(&reach));
+    transport.set_peer(SERVER, wrong.local_addr());
+    let refused = transport.call_raw(SERVER, 210, 1, b"x", 5_000).await;
+    match refused {
+        Err(TransportError::Unreachable { cause, .. }) => assert!(
+            matches!(&cause, UnreachableCause::Handshake(e) if matches!(**e, HandshakeError::ProofRefused)),
+            "{cause}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(reach.judge(SERVER), Reach::Unreachable);
+    // Nobody listens on a closed port: a failure, not yet a verdict.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed_addr = closed.local_addr().unwrap();
+    drop(closed);
+    transport.set_peer(3, closed_addr);
+    assert!(transport.call_raw(3, 210, 1, b"x", 5_000).await.is_err());
+    assert_eq!(reach.judge(3), Reach::Unknown);
+    // The right cookie: a session, so the peer is reachable.
+    let right = server(|_| {}).await;
+    let good = TcpTransport::new(TcpTransportConfig::new(CLIENT, cookie("right")))
+        .with_reach(Arc::clone(&reach));
+    good.set_peer(4, right.local_addr());
+    // The server proves itself as node SERVER; dialled as 4 it is the
+    // wrong node, refused too.
+    assert!(good.call_raw(4, 210, 1, b"x", 5_000).await.is_err());
+    assert_eq!(reach.judge(4), Reach::Unreachable);
+    good.set_peer(SERVER, right.local_addr());
+    assert_eq!(
+        good.call_raw(SERVER, 210, 1, b"x", 5_000)
+            .await
+            .unwrap()
+            .as_ref(),
+        b"x"
+    );
+    // It was refused by the other transport's dial: held out a while.
+    assert_eq!(reach.judge(SERVER), Reach::Unreachable);
+    clock.advance_ms(ReachSettings::default().reachable_hold_ms);
+    assert_eq!(reach.judge(SERVER), Reach::Reachable);
+}

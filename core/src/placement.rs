@@ -83,6 +83,52 @@ pub struct Candidate {
     pub zone: Option<String>,
 }
 
+/// The brokers that take no new copies as the deciding broker sees them,
+/// each set for its own reason. A set names a broker; it never empties a
+/// placement (see [`eligible`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Excluded {
+    /// Their volume is full (ADR 0111).
+    pub full: BTreeSet<u64>,
+    /// Decommissioned: their copies are moving off (ADR 0104, 0112).
+    pub leaving: BTreeSet<u64>,
+    /// Alive in membership, but the deciding broker cannot open a session
+    /// with their cluster port (a certificate from another CA, another
+    /// cookie, a port cut off; ADR 0155). A copy there would never get a
+    /// record, and a primary there could not reach its followers.
+    pub unreachable: BTreeSet<u64>,
+}
+
+impl Excluded {
+    /// Whether any reason names `node`.
+    pub fn names(&self, node: u64) -> bool {
+        self.full.contains(&node)
+            || self.leaving.contains(&node)
+            || self.unreachable.contains(&node)
+    }
+}
+
+/// The brokers new copies may go on, as broker `me` decides: every `live`
+/// member (alive in membership) that no reason in `excluded` names, and
+/// `me`, unless it is full or leaving and another broker remains. `me`
+/// never counts as unreachable to itself. Never empty: with no other
+/// broker, `me` takes the copies (a full one then refuses the produce).
+/// In node order, each broker once.
+pub fn eligible(me: Candidate, live: &[Candidate], excluded: &Excluded) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = live
+        .iter()
+        .filter(|c| c.node != me.node && !excluded.names(c.node))
+        .cloned()
+        .collect();
+    let me_out = excluded.full.contains(&me.node) || excluded.leaving.contains(&me.node);
+    if !me_out || out.is_empty() {
+        out.push(me);
+    }
+    out.sort_by_key(|c| c.node);
+    out.dedup_by_key(|c| c.node);
+    out
+}
+
 /// Why no replica set could be chosen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
@@ -194,6 +240,83 @@ mod replica_tests {
         for &n in &counts[2..] {
             assert!((150..=330).contains(&n), "{counts:?}");
         }
+    }
+
+    fn nodes(candidates: &[Candidate]) -> Vec<u64> {
+        candidates.iter().map(|c| c.node).collect()
+    }
+
+    fn set(nodes: &[u64]) -> BTreeSet<u64> {
+        nodes.iter().copied().collect()
+    }
+
+    #[test]
+    fn an_unreachable_broker_gets_no_copy_and_no_primary() {
+        let live: Vec<Candidate> = (1..=4).map(|n| c(n, None)).collect();
+        let excluded = Excluded {
+            unreachable: set(&[4]),
+            ..Excluded::default()
+        };
+        let eligible = eligible(c(1, None), &live, &excluded);
+        assert_eq!(nodes(&eligible), [1, 2, 3]);
+        for seed in 0..200 {
+            for primary in [1, 2, 3] {
+                let set = choose_replicas(primary, &eligible, 3, seed).unwrap();
+                assert!(!set.contains(&4), "seed {seed}: {set:?}");
+            }
+        }
+        // Too few reachable brokers for the factor: refused, not placed on
+        // the unreachable one.
+        assert_eq!(
+            choose_replicas(1, &eligible, 4, 0),
+            Err(PlacementError::TooFewBrokers { factor: 4, live: 3 })
+        );
+    }
+
+    #[test]
+    fn the_deciding_broker_is_never_unreachable_to_itself_and_never_left_alone_with_nothing() {
+        let live: Vec<Candidate> = (1..=3).map(|n| c(n, None)).collect();
+        // Every peer unreachable (this broker is the one cut off): it
+        // places on itself alone, so a factor above one is refused.
+        let cut = Excluded {
+            unreachable: set(&[1, 2, 3]),
+            ..Excluded::default()
+        };
+        assert_eq!(nodes(&eligible(c(1, None), &live, &cut)), [1]);
+        // Not a member of the live view yet (it just started): still placed.
+        assert_eq!(
+            nodes(&eligible(c(9, None), &live, &Excluded::default())),
+            [1, 2, 3, 9]
+        );
+    }
+
+    #[test]
+    fn a_full_or_leaving_broker_places_elsewhere_unless_it_is_alone() {
+        let live: Vec<Candidate> = (1..=3).map(|n| c(n, None)).collect();
+        let full = Excluded {
+            full: set(&[1, 3]),
+            ..Excluded::default()
+        };
+        assert_eq!(nodes(&eligible(c(1, None), &live, &full)), [2]);
+        let leaving = Excluded {
+            leaving: set(&[1]),
+            unreachable: set(&[2]),
+            ..Excluded::default()
+        };
+        assert_eq!(nodes(&eligible(c(1, None), &live, &leaving)), [3]);
+        // Alone with every other broker out: the copies stay here.
+        let alone = Excluded {
+            full: set(&[1]),
+            leaving: set(&[2]),
+            unreachable: set(&[3]),
+        };
+        assert_eq!(nodes(&eligible(c(1, None), &live, &alone)), [1]);
+        // Each broker once, whatever the view repeats.
+        let twice = [c(2, None), c(2, Some("a")), c(1, None)];
+        assert_eq!(
+            nodes(&eligible(c(1, None), &twice, &Excluded::default())),
+            [1, 2]
+        );
     }
 
     #[test]

@@ -269,6 +269,11 @@ pub fn replica_status() -> Vec<u8> {
         scrub: Vec::new(),
         health: Vec::new(),
         reshaping: None,
+        // A sealed table's sidecar travels as one msgpack bin (ADR 0156).
+        producer_tables: vec![malachi_wire::replica_status::SealedProducers {
+            segment: 7,
+            sidecar: b"MLPS\x01".to_vec(),
+        }],
     }
     .encode()
     .map(|b| b.to_vec())

@@ -62,6 +62,29 @@ fn sees(node: &Node, other: u64) -> bool {
         .any(|m| m.node_id == other)
 }
 
+/// Each node's whole view (members, states, incarnations), for a failed
+/// assertion's message: the rolling test failed twice under a loaded full
+/// suite and passed alone, and its message said nothing of why.
+fn views(nodes: &[&Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| {
+            let view = n.membership.view();
+            let members: Vec<String> = view
+                .all()
+                .map(|m| format!("{}#{}:{}", m.node_id, m.incarnation, m.state.as_str()))
+                .collect();
+            format!(
+                "node {} at {} sees [{}]",
+                n.membership.local().node_id,
+                n.addr,
+                members.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Waits up to `ms` for `done`.
 async fn within(ms: u64, done: impl Fn() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
@@ -104,22 +127,35 @@ async fn one_cookie_forms_a_cluster_and_another_is_never_seen() {
     }
 }
 
+/// Node ids and a cookie of its own: the other test of this binary runs
+/// beside it on the same loopback, and a datagram from there (a port freed
+/// and bound again) must not name one of these brokers.
+const ROLLING_COOKIE: &str = "rolling secret";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rolling_steps_talk_to_the_side_before_and_after() {
     // Step 1 (`accept`) talks to a broker from before sealing (`off`).
-    let old = start(1, "secret", SealMode::Off, vec![]).await;
-    let step1 = start(2, "secret", SealMode::Accept, vec![old.addr]).await;
-    assert!(within(20_000, || sees(&old, 2) && sees(&step1, 1)).await);
+    let old = start(11, ROLLING_COOKIE, SealMode::Off, vec![]).await;
+    let step1 = start(12, ROLLING_COOKIE, SealMode::Accept, vec![old.addr]).await;
+    assert!(within(20_000, || sees(&old, 12) && sees(&step1, 11)).await);
     // Step 2 begins once no broker from before sealing is left (it could
     // not read a sealed datagram).
     old.membership.leave();
     let _ = tokio::time::timeout(Duration::from_secs(5), old.task).await;
     // Step 2 (`send`) talks to step 1, and to a broker that requires
     // sealing (step 3).
-    let step2 = start(3, "secret", SealMode::Send, vec![step1.addr]).await;
-    let step3 = start(4, "secret", SealMode::Required, vec![step2.addr]).await;
-    assert!(within(20_000, || sees(&step2, 2) && sees(&step1, 3)).await);
-    assert!(within(20_000, || sees(&step3, 3) && sees(&step2, 4)).await);
+    let step2 = start(13, ROLLING_COOKIE, SealMode::Send, vec![step1.addr]).await;
+    let step3 = start(14, ROLLING_COOKIE, SealMode::Required, vec![step2.addr]).await;
+    assert!(
+        within(20_000, || sees(&step2, 12) && sees(&step1, 13)).await,
+        "{}",
+        views(&[&step1, &step2, &step3])
+    );
+    assert!(
+        within(20_000, || sees(&step3, 13) && sees(&step2, 14)).await,
+        "{}",
+        views(&[&step1, &step2, &step3])
+    );
     for node in [step1, step2, step3] {
         node.membership.leave();
         let _ = tokio::time::timeout(Duration::from_secs(5), node.task).await;

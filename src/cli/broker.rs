@@ -61,7 +61,10 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
     }
     let client = |i: u32| format!("127.0.0.1:{}", DEV_CLIENT_PORT + i as u16);
     let secure = if args.secure {
-        Some(super::secure::ensure(&args.data_dir)?)
+        Some(super::secure::ensure_nodes(
+            &args.data_dir,
+            u64::from(args.nodes),
+        )?)
     } else {
         None
     };
@@ -92,7 +95,7 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
         layered.broker.membership.cluster_cookie =
             Some(malachi_actors::DEV_CLUSTER_COOKIE.to_owned());
         if let Some(files) = &secure {
-            secure_broker(&mut layered.broker, files);
+            secure_broker(&mut layered.broker, files, node_id);
         }
         layered
             .broker
@@ -109,17 +112,21 @@ pub async fn dev(args: DevArgs) -> Result<(), CliError> {
 
 /// `dev --secure`'s brokers: TLS with the throwaway pair (client
 /// certificates verified when sent) on every port, mutual between brokers
-/// (ADR 0151), SCRAM logins, `admin` a superuser
-/// created at the first start.
-fn secure_broker(broker: &mut BrokerConfig, files: &super::secure::SecureFiles) {
+/// (ADR 0151), each showing the others a certificate naming its node and
+/// requiring theirs to name theirs (ADR 0155), SCRAM logins, `admin` a
+/// superuser created at the first start.
+fn secure_broker(broker: &mut BrokerConfig, files: &super::secure::SecureFiles, node_id: u64) {
+    let (cluster_cert, cluster_key) = files.node_pair(node_id);
     broker.tls = malachi_actors::TlsSettings {
         cert_path: Some(files.broker_cert.clone()),
         key_path: Some(files.broker_key.clone()),
         client_ca_path: Some(files.ca.clone()),
         client_auth: malachi_actors::ClientAuth::Optional,
-        // Brokers show each other the same certificate, under the same CA.
         cluster: Some(malachi_actors::ClusterTls::Required),
         cluster_ca_path: Some(files.ca.clone()),
+        cluster_cert_path: Some(cluster_cert),
+        cluster_key_path: Some(cluster_key),
+        cluster_node_identity: malachi_actors::NodeIdentity::Required,
         ..malachi_actors::TlsSettings::default()
     };
     let superuser = super::secure::DEV_SUPERUSER;

@@ -493,7 +493,8 @@ pub enum BenchCommand {
     cluster, a second topic starts as one range under a storage policy with automatic reshaping on \
     (the --split-* and other reshaping flags, as `policy create` takes them; unset ones are the \
     brokers' defaults) and takes the same load for --auto-seconds. Reports its records/s every 5 s, \
-    its splits, and when it first reached 90% of the split topic's records/s.\n\n\
+    its splits, then loads the split topic again, and says when the second topic first reached 90% \
+    of the mean of the split topic's two measurements.\n\n\
     Example: malachi bench scale --brokers 3,6 --cpu-millis-per-broker 250 --seconds 20\n\
     Example: malachi bench scale --brokers 3 --auto-reshape true --split-after 10s"
 )]
@@ -531,6 +532,9 @@ pub struct BenchScaleArgs {
     /// Run the brokers uncapped, without cgroups (no root needed).
     #[arg(long)]
     pub no_cgroups: bool,
+    /// Times the counts run, in turn (3, 6, 3, 6, ...): the ratio is the median of the rounds' ratios, so one noisy minute does not decide it.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub rounds: u32,
     /// With --auto-reshape true: how long the one-range topic is loaded, in seconds.
     #[arg(long, default_value_t = 60, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(5..=3_600))]
     pub auto_seconds: u64,

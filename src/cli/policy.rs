@@ -60,7 +60,7 @@ pub struct ReshapeArgs {
     /// Split a range written faster than this per second (4MiB) ...
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub split_write_rate: Option<u64>,
-    /// ... for this long (30s).
+    /// ... for this long (10s).
     #[arg(long, value_parser = parse_age, value_name = "DURATION")]
     pub split_after: Option<u64>,
     /// Merge two buddies both written slower than this per second (256KiB) ...
@@ -69,7 +69,7 @@ pub struct ReshapeArgs {
     /// ... for this long (5m).
     #[arg(long, value_parser = parse_age, value_name = "DURATION")]
     pub merge_after: Option<u64>,
-    /// Reshape a range at most once per this interval (60s).
+    /// Reshape a range at most once per this interval (20s).
     #[arg(long, value_parser = parse_age, value_name = "DURATION")]
     pub reshape_interval: Option<u64>,
     /// Never merge below this many active ranges (1).

@@ -386,9 +386,10 @@ pub fn cluster_status(status: &ClusterStatusResponse) -> String {
     let mut out = format!("answered by node {}\n", status.node_id);
     let _ = writeln!(
         out,
-        "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} {:>9} {:>12} attributes",
+        "{:<6} {:<8} {:<12} {:<22} {:<22} {:<22} {:<16} {:>9} {:>12} attributes",
         "node",
         "state",
+        "cluster_port",
         "client_addr",
         "admin_addr",
         "raft_addr",
@@ -433,9 +434,10 @@ pub fn cluster_status(status: &ClusterStatusResponse) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<6} {:<8} {:<22} {:<22} {:<22} {:<16} {:>9} {:>12} {}",
+            "{:<6} {:<8} {:<12} {:<22} {:<22} {:<22} {:<16} {:>9} {:>12} {}",
             b.node_id,
             broker_state(b.state),
+            dash(&b.cluster_port),
             dash(&b.client_addr),
             dash(&b.admin_addr),
             dash(&b.raft_addr),
@@ -777,6 +779,7 @@ mod tests {
                 ]
                 .into(),
                 vnodes_led: vec![0, 1, 2],
+                cluster_port: "reachable".into(),
                 ..BrokerStatus::default()
             }],
         };

@@ -66,7 +66,9 @@ pub struct TokenCreateArgs {
 pub enum TokenKeyCommand {
     /// Add an issuer public key under a key id (needs admin on the cluster).
     Add(TokenKeyAddArgs),
-    /// Remove an issuer key: tokens naming it are refused from then on.
+    /// Remove an issuer key: tokens naming it are refused from then on,
+    /// and the sessions they opened end on every broker within about a
+    /// second (ADR 0157).
     Remove(TokenKeyIdArgs),
     /// List the issuer keys.
     List(OutputArgs),
@@ -119,7 +121,10 @@ fn algorithm(name: &str) -> Result<TokenAlgorithm, CliError> {
     })
 }
 
-/// The login a `--token-file` asks for: the file's first line.
+/// The login a `--token-file` asks for: the file's first line, checked
+/// now and read again at every login, so a command that outlives its
+/// token picks up the renewed file when the broker ends the session
+/// (ADR 0154).
 pub fn token_login(path: &Path) -> Result<malachi_wire::client::Login, CliError> {
     let text = read_small(path, "read the token file", TOKEN_BYTES_MAX as u64 + 2)?;
     let line = text.lines().next().unwrap_or_default().trim();
@@ -129,7 +134,7 @@ pub fn token_login(path: &Path) -> Result<malachi_wire::client::Login, CliError>
             path.display()
         )));
     }
-    Ok(malachi_wire::client::TokenLogin::new(line).into_login())
+    Ok(malachi_wire::client::TokenLogin::from_file(path).into_login())
 }
 
 fn now_ms() -> u64 {

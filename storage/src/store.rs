@@ -346,6 +346,10 @@ pub trait SegmentStore: Send + Sync + fmt::Debug {
     /// or not.
     fn has_seal_marker(&self, segment: SegmentId) -> bool;
 
+    /// The seal recorded at rest (its seal marker), open or not; `None`
+    /// when the copy has none. A marker that does not decode is an error.
+    fn seal_at_rest(&self, segment: SegmentId) -> Result<Option<SealInfo>, StorageError>;
+
     /// The bytes the layer above keeps beside a copy (the broker's producer
     /// state, ADR 0092), `None` when none were written. The store never
     /// interprets them; [`remove_copy`](Self::remove_copy) removes them.

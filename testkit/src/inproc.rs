@@ -258,18 +258,19 @@ pub async fn subscribe_from_start(
 
 /// Every record of `topic` from the start through `client`, `page`
 /// records a fetch (so a read crosses each segment in several), until a
-/// fetch brings nothing and leaves the cursor where it was; the first
-/// refusal is returned.
+/// fetch brings nothing and leaves the cursor where it was. A fetch
+/// refused as retriable by this broker (`no_quorum` while a reopened
+/// segment settles its committed end, `busy`) is asked again, as a client
+/// would, for up to `READ_ALL_RETRY_MS`; any other refusal, or one that
+/// outlasts it, is returned.
 pub async fn read_from_start(
     client: &mut TestClient,
     topic: &str,
     page: u32,
 ) -> Result<Vec<Record>, Refused> {
-    let (mut got, mut cursor) = client.fetch(topic, None, true, page, 0).await?;
+    let (mut got, mut cursor) = fetch_retrying(client, topic, None, page).await?;
     for _ in 0..10_000 {
-        let (records, next) = client
-            .fetch(topic, Some(cursor.clone()), false, page, 0)
-            .await?;
+        let (records, next) = fetch_retrying(client, topic, Some(cursor.clone()), page).await?;
         if records.is_empty() && next == cursor {
             return Ok(got);
         }
@@ -277,6 +278,33 @@ pub async fn read_from_start(
         got.extend(records);
     }
     panic!("the read of {topic} never reached the end");
+}
+
+/// One fetch, asked again while this broker refuses it as retriable here
+/// (not a redirect), for up to `READ_ALL_RETRY_MS`.
+async fn fetch_retrying(
+    client: &mut TestClient,
+    topic: &str,
+    cursor: Option<String>,
+    page: u32,
+) -> Result<(Vec<Record>, String), Refused> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(READ_ALL_RETRY_MS);
+    loop {
+        let from_start = cursor.is_none();
+        match client
+            .fetch(topic, cursor.clone(), from_start, page, 0)
+            .await
+        {
+            Err(refused)
+                if refused.code.retriable()
+                    && !matches!(refused.code, ErrorCode::NotLeader | ErrorCode::Moved)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(READ_RETRY_POLL_MS)).await;
+            }
+            answer => return answer,
+        }
+    }
 }
 
 /// The client address of broker `node` among `brokers`.
@@ -314,8 +342,10 @@ pub async fn put_placement(
     }
 }
 
-/// How long `read_all` retries a retriable refusal of its first fetch.
+/// How long `read_all` and `read_from_start` retry a retriable refusal of
+/// a fetch, and how often they ask again.
 const READ_ALL_RETRY_MS: u64 = 10_000;
+const READ_RETRY_POLL_MS: u64 = 100;
 
 /// Every record of `topic` from the start, through one broker. The first
 /// fetch is retried while it is refused as retriable: a broker that just

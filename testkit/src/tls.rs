@@ -40,6 +40,8 @@ pub struct LeafSpec {
     pub serial: u64,
     pub expired: bool,
     pub client: bool,
+    /// The broker's node id, as a URI SAN `malachi:node:<id>` (ADR 0155).
+    pub node: Option<u64>,
 }
 
 impl LeafSpec {
@@ -53,6 +55,16 @@ impl LeafSpec {
             serial,
             expired: false,
             client: false,
+            node: None,
+        }
+    }
+
+    /// Broker `node`'s: a broker's certificate (serial `node`) that also
+    /// names the node, `malachi:node:<node>`.
+    pub fn node(node: u64) -> LeafSpec {
+        LeafSpec {
+            node: Some(node),
+            ..LeafSpec::broker(node)
         }
     }
 
@@ -65,6 +77,7 @@ impl LeafSpec {
             serial,
             expired: false,
             client: true,
+            node: None,
         }
     }
 }
@@ -87,6 +100,10 @@ impl TestCa {
         let mut params = CertificateParams::new(spec.dns_names.clone()).unwrap();
         for ip in &spec.ips {
             params.subject_alt_names.push(SanType::IpAddress(*ip));
+        }
+        if let Some(node) = spec.node {
+            let uri = format!("malachi:node:{node}").try_into().unwrap();
+            params.subject_alt_names.push(SanType::URI(uri));
         }
         params
             .distinguished_name

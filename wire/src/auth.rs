@@ -31,6 +31,32 @@ pub const MECHANISMS_MAX: usize = 16;
 /// Room for a message's map, keys and length prefixes around its fields.
 const FRAMING_BYTES: usize = 64;
 
+/// The code an `unauthorized` message starts with when the connection's
+/// session ended because its token expired (ADR 0154): the request wrote
+/// nothing and may be sent again on a new connection, logged in afresh.
+pub const SESSION_EXPIRED: &str = "session-expired";
+/// The codes an `unauthorized` message starts with when the connection's
+/// session ended (its token expired, its user was deleted, its password
+/// changed, its token's issuer key was removed, ADR 0157): the broker
+/// closes the connection after its answers, and the request wrote nothing
+/// (`docs/protocol.md` §10.5).
+pub const SESSION_ENDED_CODES: [&str; 4] = [
+    SESSION_EXPIRED,
+    "principal-removed",
+    "credential-changed",
+    "issuer-key-removed",
+];
+
+/// The session-ended code `message` (an `unauthorized` error's) starts
+/// with, if any.
+pub fn session_ended_code(message: &str) -> Option<&'static str> {
+    SESSION_ENDED_CODES.into_iter().find(|code| {
+        message
+            .strip_prefix(code)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })
+}
+
 fn check_mechanism(mechanism: &str) -> Result<(), WireError> {
     if mechanism.is_empty() {
         return Err(WireError::InvalidField {
@@ -250,6 +276,31 @@ mod tests {
         assert!(empty.encode().is_err());
         assert!(TokenAuthenticateRequest::default().encode().is_err());
         assert!(TokenAuthenticateResponse::default().encode().is_err());
+    }
+
+    #[test]
+    fn a_session_ending_is_told_by_its_code_and_colon_only() {
+        assert_eq!(
+            session_ended_code("session-expired: the token expired at 1 ms"),
+            Some(SESSION_EXPIRED)
+        );
+        assert_eq!(
+            session_ended_code("principal-removed: user \"bob\" was deleted"),
+            Some("principal-removed")
+        );
+        assert_eq!(
+            session_ended_code("credential-changed: the password changed"),
+            Some("credential-changed")
+        );
+        for other in [
+            "authentication failed: token-expired: expired at 1 ms",
+            "User:bob may not produce topic `session-expired:`",
+            "session-expired",
+            "session-expiredx: no",
+            "",
+        ] {
+            assert_eq!(session_ended_code(other), None, "{other}");
+        }
     }
 
     #[test]

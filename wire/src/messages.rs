@@ -1208,6 +1208,12 @@ pub struct BrokerStatus {
     /// `host:port` of its node fabric (ractor_cluster) server, if any.
     #[serde(default)]
     pub cluster_addr: String,
+    /// Whether the answering broker can open a session with this broker's
+    /// cluster port (ADR 0155): `reachable`, `unreachable` (left out of
+    /// placement), or `unknown` (never dialled yet). Empty from an older
+    /// broker.
+    #[serde(default)]
+    pub cluster_port: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -1226,6 +1232,7 @@ impl Message for ClusterStatusResponse {
             check_len("raft_addr", broker.raft_addr.len(), ADDRESS_BYTES_MAX)?;
             check_len("admin_addr", broker.admin_addr.len(), ADDRESS_BYTES_MAX)?;
             check_len("cluster_addr", broker.cluster_addr.len(), ADDRESS_BYTES_MAX)?;
+            check_len("cluster_port", broker.cluster_port.len(), NAME_BYTES_MAX)?;
             check_len("attributes", broker.attributes.len(), ATTRIBUTES_MAX)?;
             for (key, value) in &broker.attributes {
                 check_len("attribute key", key.len(), NAME_BYTES_MAX)?;

@@ -50,6 +50,61 @@ pub struct ReplicaStatusRequest {
     /// broker that predates the field ignores it and answers without them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rates_topic: Option<String>,
+    /// Sealed copies whose producer table at the seal the asker wants
+    /// (ADR 0156): a segment opening on a broker with no whole copy of its
+    /// predecessor reads the predecessor's final table rather than its
+    /// whole log. Each with its recorded seal, at most
+    /// [`PRODUCER_TABLES_MAX`]. Absent from a request that names none; a
+    /// broker that predates the field answers without tables.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub producer_tables: Vec<ScrubSeal>,
+}
+
+/// Sealed copies one request may ask producer tables of.
+pub const PRODUCER_TABLES_MAX: usize = 8;
+
+/// Bytes of one producer table an answer may carry: room for about
+/// 11,000 producer entries (44 bytes each), and within the node fabric's
+/// 1 MiB answer with room to spare. A broker whose sidecar is larger
+/// answers without it, and the asker reads the log instead.
+pub const PRODUCER_TABLE_BYTES_MAX: usize = 512 << 10;
+
+/// A broker's producer table of one sealed copy at its seal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SealedProducers {
+    pub segment: u64,
+    /// The copy's producer sidecar (`docs/storage-format.md`), as on its
+    /// disk, when the broker holds one for a copy that ends exactly at the
+    /// seal asked; empty when it has none to give.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "bin")]
+    pub sidecar: Vec<u8>,
+}
+
+/// A byte string as one msgpack `bin`, not an array of numbers.
+mod bin {
+    use serde::de::{Error, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct Bin;
+        impl Visitor<'_> for Bin {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+        }
+        d.deserialize_bytes(Bin)
+    }
 }
 
 /// A sealed segment and the seal its metadata recorded.
@@ -139,6 +194,10 @@ pub struct ReplicaStatusResponse {
     /// the request named no topic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reshaping: Option<TopicReshaping>,
+    /// One entry per entry of the request's `producer_tables`, in its
+    /// order. Absent when the request asked none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub producer_tables: Vec<SealedProducers>,
 }
 
 /// Range rates one answer may carry: as many as a broker meters.
@@ -151,6 +210,16 @@ fn check_count(field: &'static str, actual: usize, limit: usize) -> Result<(), W
             actual,
             limit,
         });
+    }
+    Ok(())
+}
+
+/// At most [`PRODUCER_TABLES_MAX`] tables, each at most
+/// [`PRODUCER_TABLE_BYTES_MAX`] bytes.
+fn check_tables(count: usize, bytes: impl Iterator<Item = usize>) -> Result<(), WireError> {
+    check_count("producer_tables", count, PRODUCER_TABLES_MAX)?;
+    for len in bytes {
+        check_count("sidecar", len, PRODUCER_TABLE_BYTES_MAX)?;
     }
     Ok(())
 }
@@ -224,6 +293,7 @@ impl ReplicaStatusRequest {
         check_segments(self.scrub.len())?;
         check_segments(self.sealed.len())?;
         check_rates_topic(&self.rates_topic)?;
+        check_tables(self.producer_tables.len(), std::iter::empty())?;
         encode(self, REQUEST_NAME)
     }
 
@@ -233,6 +303,7 @@ impl ReplicaStatusRequest {
         check_segments(request.scrub.len())?;
         check_segments(request.sealed.len())?;
         check_rates_topic(&request.rates_topic)?;
+        check_tables(request.producer_tables.len(), std::iter::empty())?;
         Ok(request)
     }
 }
@@ -243,6 +314,10 @@ impl ReplicaStatusResponse {
         check_segments(self.scrub.len())?;
         check_segments(self.health.len())?;
         check_reshaping(&self.reshaping)?;
+        check_tables(
+            self.producer_tables.len(),
+            self.producer_tables.iter().map(|t| t.sidecar.len()),
+        )?;
         encode(self, RESPONSE_NAME)
     }
 
@@ -252,6 +327,10 @@ impl ReplicaStatusResponse {
         check_segments(response.scrub.len())?;
         check_segments(response.health.len())?;
         check_reshaping(&response.reshaping)?;
+        check_tables(
+            response.producer_tables.len(),
+            response.producer_tables.iter().map(|t| t.sidecar.len()),
+        )?;
         Ok(response)
     }
 }
@@ -425,6 +504,54 @@ mod tests {
         let bytes = request.encode().unwrap();
         let older: Older = rmp_serde::from_slice(&bytes).unwrap();
         assert_eq!(older.segments, vec![5]);
+    }
+
+    #[test]
+    fn producer_tables_round_trip_as_bytes_and_are_bounded() {
+        let request = ReplicaStatusRequest {
+            producer_tables: vec![ScrubSeal {
+                segment: 4,
+                length: 10,
+                bytes: 0,
+            }],
+            ..ReplicaStatusRequest::default()
+        };
+        let bytes = request.encode().unwrap();
+        assert_eq!(ReplicaStatusRequest::decode(&bytes).unwrap(), request);
+        let response = ReplicaStatusResponse {
+            producer_tables: vec![
+                SealedProducers {
+                    segment: 4,
+                    sidecar: vec![7; 300],
+                },
+                SealedProducers {
+                    segment: 5,
+                    sidecar: vec![],
+                },
+            ],
+            ..ReplicaStatusResponse::default()
+        };
+        let bytes = response.encode().unwrap();
+        // A bin of 300 bytes, not 300 msgpack numbers.
+        assert!(bytes.len() < 400, "{} bytes", bytes.len());
+        assert_eq!(ReplicaStatusResponse::decode(&bytes).unwrap(), response);
+        let over = ReplicaStatusRequest {
+            producer_tables: vec![ScrubSeal::default(); PRODUCER_TABLES_MAX + 1],
+            ..ReplicaStatusRequest::default()
+        };
+        assert!(over.encode().is_err());
+        let raw = rmp_serde::to_vec_named(&over).unwrap();
+        assert!(ReplicaStatusRequest::decode(&raw).is_err());
+        let big = ReplicaStatusResponse {
+            producer_tables: vec![SealedProducers {
+                segment: 1,
+                sidecar: vec![0; PRODUCER_TABLE_BYTES_MAX + 1],
+            }],
+            ..ReplicaStatusResponse::default()
+        };
+        assert!(big.encode().is_err());
+        let raw = rmp_serde::to_vec_named(&big).unwrap();
+        assert!(ReplicaStatusResponse::decode(&raw).is_err());
     }
 
     #[test]

@@ -134,6 +134,36 @@ fn replica_status_encodes_to_its_frozen_bytes() {
 }
 
 #[test]
+fn a_producer_table_request_and_its_answer_encode_to_their_frozen_bytes() {
+    use malachi_wire::replica_status::{
+        ReplicaStatusRequest, ReplicaStatusResponse, ScrubSeal, SealedProducers,
+    };
+    let request = ReplicaStatusRequest {
+        producer_tables: vec![ScrubSeal {
+            segment: 7,
+            length: 12,
+            bytes: 0,
+        }],
+        ..ReplicaStatusRequest::default()
+    };
+    insta::assert_snapshot!(
+        "replica_status_producer_tables_request",
+        hex(&request.encode().unwrap())
+    );
+    let response = ReplicaStatusResponse {
+        producer_tables: vec![SealedProducers {
+            segment: 7,
+            sidecar: b"MLPS".to_vec(),
+        }],
+        ..ReplicaStatusResponse::default()
+    };
+    insta::assert_snapshot!(
+        "replica_status_producer_tables_response",
+        hex(&response.encode().unwrap())
+    );
+}
+
+#[test]
 fn a_rates_request_and_its_answer_encode_to_their_frozen_bytes() {
     use malachi_wire::messages::{RangeRate, ReshapeEvent, TopicReshaping};
     use malachi_wire::replica_status::{ReplicaStatusRequest, ReplicaStatusResponse};

@@ -284,6 +284,7 @@ fn broker() -> impl Strategy<Value = BrokerStatus> {
                     vnodes_led,
                     incarnation: node_id % 7,
                     cluster_addr: String::new(),
+                    cluster_port: String::new(),
                 }
             },
         )

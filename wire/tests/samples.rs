@@ -329,6 +329,7 @@ pub fn pairs() -> Vec<(&'static str, Request, Response)> {
                     vnodes_led: vec![0, 5],
                     incarnation: 1_764_000_000_000,
                     cluster_addr: "10.0.0.1:9040".into(),
+                    cluster_port: "unreachable".into(),
                 }],
             }),
         ),

@@ -105,8 +105,12 @@ impl ProbeLane {
         let ctx = Arc::clone(&self.ctx);
         let timeout = self.timeout;
         tokio::spawn(async move {
-            let _held = (slot, address);
-            let answered = tokio::time::timeout(timeout, answer(&ctx, stream)).await;
+            let held = (slot, address);
+            let answered = tokio::time::timeout(
+                timeout,
+                answer(ctx.tls.as_deref(), || ctx.is_ready(), stream, held),
+            )
+            .await;
             match answered {
                 Ok(Ok(answer)) => {
                     ctx.metrics.admin_probe_answered.increment(1);
@@ -120,10 +124,18 @@ impl ProbeLane {
     }
 }
 
-/// Reads one request line and answers it.
-async fn answer(ctx: &AdminCtx, stream: TcpStream) -> std::io::Result<Answer> {
+/// Reads one request line and answers it. `held` (the lane's slot and the
+/// address's place) is given back once the answer is written and *before*
+/// the close, so a probe that has read its answer to the end never finds
+/// its own previous connection still holding its address's one place.
+async fn answer<Held>(
+    tls: Option<&crate::common::tls::ServerTls>,
+    ready: impl FnOnce() -> bool,
+    stream: TcpStream,
+    held: Held,
+) -> std::io::Result<Answer> {
     let principal = super::stream::CertPrincipal::default();
-    let mut stream = AdminStream::new(stream, ctx.tls.as_deref(), principal);
+    let mut stream = AdminStream::new(stream, tls, principal);
     let mut line = Vec::with_capacity(128);
     let mut byte = [0u8; 1];
     let answer = loop {
@@ -132,7 +144,7 @@ async fn answer(ctx: &AdminCtx, stream: TcpStream) -> std::io::Result<Answer> {
         }
         if byte[0] == b'\n' {
             let line = line.strip_suffix(b"\r").unwrap_or(&line);
-            break Answer::of(line, || ctx.is_ready());
+            break Answer::of(line, ready);
         }
         if line.len() == REQUEST_LINE_BYTES_MAX {
             break Answer::Busy;
@@ -140,6 +152,7 @@ async fn answer(ctx: &AdminCtx, stream: TcpStream) -> std::io::Result<Answer> {
         line.push(byte[0]);
     };
     stream.write_all(answer.response()).await?;
+    drop(held);
     stream.shutdown().await?;
     Ok(answer)
 }
@@ -169,6 +182,54 @@ mod tests {
         ] {
             assert_eq!(Answer::of(line, || true), Answer::Busy, "{line:?}");
         }
+    }
+
+    /// Whether the client end has seen the close, once what was sent
+    /// before it is read: the check a probe's place makes as it is given
+    /// back.
+    struct PlaceGivenBack {
+        client: std::net::TcpStream,
+        closed_first: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Drop for PlaceGivenBack {
+        fn drop(&mut self) {
+            use std::io::Read;
+            let mut sink = [0u8; 512];
+            let closed = loop {
+                match self.client.read(&mut sink) {
+                    Ok(0) => break true,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                    Err(e) => panic!("the client end failed: {e}"),
+                }
+            };
+            self.closed_first
+                .store(closed, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// CI found a health checker's second probe refused: its first
+    /// connection had read its answer to the end, but the lane still held
+    /// the address's one place. The place must go back before the close.
+    #[tokio::test]
+    async fn a_probes_place_is_given_back_before_its_connection_closes() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        std::io::Write::write_all(&mut client, b"GET /health HTTP/1.1\r\n").unwrap();
+        client.set_nonblocking(true).unwrap();
+        let closed_first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let place = PlaceGivenBack {
+            client,
+            closed_first: std::sync::Arc::clone(&closed_first),
+        };
+        let answered = answer(None, || true, server, place).await.unwrap();
+        assert_eq!(answered, Answer::Health);
+        assert!(
+            !closed_first.load(std::sync::atomic::Ordering::SeqCst),
+            "the connection was closed before its place was given back"
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use rustls::pki_types::ServerName;
 use rustls::server::{ResolvesServerCert, WebPkiClientVerifier};
 use tracing::warn;
 
-use crate::common::config::{ClusterTls, TlsSettings};
+use crate::common::config::{ClusterTls, NodeIdentity, TlsSettings};
 use crate::common::error::BrokerError;
 use crate::common::metrics::BrokerMetrics;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
@@ -90,6 +90,12 @@ impl BrokerPeerTls {
             Duration::from_millis(settings.handshake_timeout_ms),
         )
         .observed_by(Arc::clone(&log) as Arc<dyn PeerTlsObserver>);
+        let peer = match settings.cluster_node_identity {
+            NodeIdentity::Off => peer,
+            NodeIdentity::Required => {
+                peer.requiring_node_identity(Arc::new(crate::common::peer_identity::CertNodeIds))
+            }
+        };
         Ok(Some(BrokerPeerTls { peer, cert, log }))
     }
 

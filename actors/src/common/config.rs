@@ -99,6 +99,19 @@ pub enum ClusterTls {
     Required,
 }
 
+/// Whether a peer's certificate must be for the node it is (ADR 0155):
+/// a URI SAN `malachi:node:<id>` or a DNS SAN `node-<id>.malachi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeIdentity {
+    /// Any certificate under the cluster CA may claim any node id.
+    #[default]
+    Off,
+    /// A dialled broker's certificate must be for the node dialled, and an
+    /// accepted one's for the node it proves it is in the cookie handshake.
+    Required,
+}
+
 /// The default `tls.handshake_timeout_ms`.
 pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// The default `tls.reload_check_ms`.
@@ -138,6 +151,8 @@ pub struct TlsSettings {
     /// The DNS name every broker's certificate carries; unset, a broker's
     /// certificate must carry the ip address its peers dial (an IP SAN).
     pub cluster_server_name: Option<String>,
+    /// Whether a peer's certificate must name its node id (ADR 0155).
+    pub cluster_node_identity: NodeIdentity,
 }
 
 impl Default for TlsSettings {
@@ -154,6 +169,7 @@ impl Default for TlsSettings {
             cluster_cert_path: None,
             cluster_key_path: None,
             cluster_server_name: None,
+            cluster_node_identity: NodeIdentity::Off,
         }
     }
 }
@@ -218,6 +234,9 @@ impl TlsSettings {
             );
         }
         if self.cluster_mode() == ClusterTls::Off {
+            if self.cluster_node_identity == NodeIdentity::Required {
+                return Err("tls.cluster_node_identity = \"required\" needs TLS between brokers (tls.cluster = \"required\"): the node id is read from the peer's certificate".into());
+            }
             return Ok(());
         }
         if self.cluster_pair().is_none() {
@@ -349,6 +368,14 @@ pub const CLUSTER_NODES_MAX: usize = 64;
 /// broker that restarts is never replaced.
 pub const REPLACE_AFTER_MS_MIN: u64 = 5_000;
 
+/// The bounds of `cluster.peer_unreachable_after_ms`: above the
+/// transport's connect and handshake timeouts (1 s each), so one slow dial
+/// never counts; at most ten minutes.
+pub const PEER_UNREACHABLE_AFTER_MS_MIN: u64 = 2_000;
+pub const PEER_UNREACHABLE_AFTER_MS_MAX: u64 = 600_000;
+/// The longest `cluster.peer_reachable_hold_ms`.
+pub const PEER_REACHABLE_HOLD_MS_MAX: u64 = 600_000;
+
 /// A sealed copy is re-read once a day by default: ZFS and Ceph scrub
 /// weekly to monthly, and the scrubber's rate bounds what it costs.
 pub const SCRUB_INTERVAL_MS_DEFAULT: u64 = 24 * 60 * 60 * 1_000;
@@ -409,6 +436,15 @@ pub struct ClusterSettings {
     /// How long a fresh broker with seeds only looks for a running
     /// cluster to join before it refuses to start (ADR 0104).
     pub join_timeout_ms: u64,
+    /// How long dials of a peer's cluster port may keep failing, with no
+    /// session between them, before new copies, primaries and moves stop
+    /// going to it (ADR 0155). A refused dial (another CA's certificate,
+    /// another cookie) counts at once; a peer never dialled is never left
+    /// out.
+    pub peer_unreachable_after_ms: u64,
+    /// How long a peer left out for its cluster port must keep its session
+    /// before it is counted on again: a flapping peer stays out.
+    pub peer_reachable_hold_ms: u64,
     /// How long a scrub's verdict that a sealed copy is intact stands
     /// before the copy is read again (ADR 0110). Coordinators ask about
     /// their sealed copies every quarter of it (1 to 30 s); a broken copy
@@ -426,6 +462,14 @@ pub struct ClusterSettings {
 }
 
 impl ClusterSettings {
+    /// How this broker judges its peers' cluster ports (ADR 0155).
+    pub(crate) fn reach(&self) -> malachi_cluster::group::ReachSettings {
+        malachi_cluster::group::ReachSettings {
+            unreachable_after_ms: self.peer_unreachable_after_ms,
+            reachable_hold_ms: self.peer_reachable_hold_ms,
+        }
+    }
+
     /// The coordinator lease settings these give a broker (ADR 0083).
     pub(crate) fn lease_config(&self, node_id: u64) -> malachi_cluster::vnodes::lease::LeaseConfig {
         malachi_cluster::vnodes::lease::LeaseConfig {
@@ -454,6 +498,9 @@ impl Default for ClusterSettings {
             balance_leaders: false,
             replace_after_ms: malachi_cluster::vnodes::rebalance::REPLACE_AFTER_MS_DEFAULT,
             join_timeout_ms: 60_000,
+            peer_unreachable_after_ms:
+                malachi_cluster::group::reach::PEER_UNREACHABLE_AFTER_MS_DEFAULT,
+            peer_reachable_hold_ms: malachi_cluster::group::reach::PEER_REACHABLE_HOLD_MS_DEFAULT,
             scrub_interval_ms: SCRUB_INTERVAL_MS_DEFAULT,
             joined: false,
             plays_pre_feature_gates: false,
@@ -515,14 +562,17 @@ impl Default for MaintenanceSettings {
 
 /// The default `reshape.split_write_bytes_per_second`: 4 MiB/s.
 pub const SPLIT_WRITE_BYTES_PER_SECOND_DEFAULT: u64 = 4 << 20;
-/// The default `reshape.split_after_ms`.
-pub const SPLIT_AFTER_MS_DEFAULT: u64 = 30_000;
+/// The default `reshape.split_after_ms`: 10 s, one rate window (ADR
+/// 0156's measurements: with 30 s and 60 s between reshapes a hot topic
+/// could not reach a second round of splits within a minute).
+pub const SPLIT_AFTER_MS_DEFAULT: u64 = 10_000;
 /// The default `reshape.merge_write_bytes_per_second`: 256 KiB/s.
 pub const MERGE_WRITE_BYTES_PER_SECOND_DEFAULT: u64 = 256 << 10;
 /// The default `reshape.merge_after_ms`.
 pub const MERGE_AFTER_MS_DEFAULT: u64 = 300_000;
-/// The default `reshape.reshape_interval_ms`.
-pub const RESHAPE_INTERVAL_MS_DEFAULT: u64 = 60_000;
+/// The default `reshape.reshape_interval_ms`: 20 s, so a hot topic of one
+/// range has four within about 30 s and eight within about 50 s.
+pub const RESHAPE_INTERVAL_MS_DEFAULT: u64 = 20_000;
 /// The default `reshape.reshape_check_interval_ms`.
 pub const RESHAPE_CHECK_INTERVAL_MS_DEFAULT: u64 = 1_000;
 /// The shortest `reshape.reshape_check_interval_ms`.
@@ -1069,6 +1119,7 @@ impl BrokerConfig {
         self.validate_membership()?;
         self.validate_cluster()?;
         self.validate_intervals()?;
+        self.validate_reach()?;
         self.tls
             .check()
             .map_err(|reason| BrokerError::Config { reason })?;
@@ -1374,6 +1425,23 @@ impl BrokerConfig {
         Ok(())
     }
 
+    /// How peers' cluster ports are judged (ADR 0155).
+    fn validate_reach(&self) -> Result<(), BrokerError> {
+        let bad = |reason: String| Err(BrokerError::Config { reason });
+        let after = self.cluster.peer_unreachable_after_ms;
+        if !(PEER_UNREACHABLE_AFTER_MS_MIN..=PEER_UNREACHABLE_AFTER_MS_MAX).contains(&after) {
+            return bad(format!(
+                "cluster.peer_unreachable_after_ms must be between {PEER_UNREACHABLE_AFTER_MS_MIN} and {PEER_UNREACHABLE_AFTER_MS_MAX} ms: shorter, one slow dial would leave a broker out"
+            ));
+        }
+        if self.cluster.peer_reachable_hold_ms > PEER_REACHABLE_HOLD_MS_MAX {
+            return bad(format!(
+                "cluster.peer_reachable_hold_ms must be at most {PEER_REACHABLE_HOLD_MS_MAX} ms"
+            ));
+        }
+        Ok(())
+    }
+
     /// The ring, replicas, maintenance intervals, leases and the backend.
     fn validate_intervals(&self) -> Result<(), BrokerError> {
         let bad = |reason: String| Err(BrokerError::Config { reason });
@@ -1561,6 +1629,43 @@ mod tests {
         config.security.token_clock_skew_ms = CLOCK_SKEW_MS_MAX + 1;
         let refused = config.validate().unwrap_err().to_string();
         assert!(refused.contains("token_clock_skew_ms"), "{refused}");
+    }
+
+    #[test]
+    fn node_identity_needs_tls_between_brokers() {
+        let mut config = BrokerConfig::default();
+        config.tls.cluster_node_identity = NodeIdentity::Required;
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(refused.contains("cluster_node_identity"), "{refused}");
+        config.tls.cluster_node_identity = NodeIdentity::Off;
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn the_peer_reach_bounds_are_checked_at_start() {
+        let mut config = BrokerConfig::default();
+        assert_eq!(
+            config.cluster.reach(),
+            malachi_cluster::group::ReachSettings::default()
+        );
+        for bad in [
+            0,
+            PEER_UNREACHABLE_AFTER_MS_MIN - 1,
+            PEER_UNREACHABLE_AFTER_MS_MAX + 1,
+        ] {
+            config.cluster.peer_unreachable_after_ms = bad;
+            let refused = config.validate().unwrap_err().to_string();
+            assert!(
+                refused.contains("peer_unreachable_after_ms"),
+                "{bad}: {refused}"
+            );
+        }
+        config.cluster.peer_unreachable_after_ms = PEER_UNREACHABLE_AFTER_MS_MIN;
+        config.cluster.peer_reachable_hold_ms = PEER_REACHABLE_HOLD_MS_MAX + 1;
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(refused.contains("peer_reachable_hold_ms"), "{refused}");
+        config.cluster.peer_reachable_hold_ms = 0;
+        assert!(config.validate().is_ok());
     }
 
     #[test]

@@ -27,6 +27,13 @@ pub(crate) const COPY_HEALTH_WORDS: &[&str] = &[
     "intact", "short", "damaged", "missing", "healing", "fenced", "failed",
 ];
 
+/// Where a shipped run's frames came from (`malachi_shipped_bytes_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShippedFrom {
+    Cache,
+    Log,
+}
+
 /// Handles of every metric the broker updates.
 pub(crate) struct BrokerMetrics {
     recorder: PrometheusRecorder,
@@ -45,6 +52,10 @@ pub(crate) struct BrokerMetrics {
     pub connections_idle_closed: Counter,
     pub connections_admission_timed_out: Counter,
     pub admin_probe_answered: Counter,
+    /// `malachi_shipped_bytes_total{from="cache"}` and `{from="log"}`,
+    /// registered once: every shipped run counts into one.
+    shipped_from_cache: Counter,
+    shipped_from_log: Counter,
     /// Requests refused `unauthorized` by the ACLs or for want of a login
     /// (ADR 0150).
     pub requests_unauthorized: Counter,
@@ -173,6 +184,15 @@ impl BrokerMetrics {
         let counter =
             |name: &'static str| recorder.register_counter(&Key::from_name(name), &METADATA);
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &METADATA);
+        let shipped_bytes = |from: &'static str| {
+            recorder.register_counter(
+                &Key::from_parts(
+                    "malachi_shipped_bytes_total",
+                    vec![Label::new("from", from)],
+                ),
+                &METADATA,
+            )
+        };
         BrokerMetrics {
             records_produced: counter("malachi_records_produced_total"),
             bytes_produced: counter("malachi_bytes_produced_total"),
@@ -195,6 +215,8 @@ impl BrokerMetrics {
                 "malachi_connections_admission_timed_out_total",
             ),
             admin_probe_answered: counter("malachi_admin_probe_answered_total"),
+            shipped_from_cache: shipped_bytes("cache"),
+            shipped_from_log: shipped_bytes("log"),
             requests_unauthorized: counter("malachi_requests_unauthorized_total"),
             logins_failed: counter("malachi_logins_failed_total"),
             logins_succeeded: counter("malachi_logins_succeeded_total"),
@@ -248,6 +270,49 @@ impl BrokerMetrics {
         walk(self, &root.name, root);
     }
 
+    /// `malachi_producer_state_fetches_total{from}`: a segment opened with
+    /// no whole copy of a predecessor read its producer state from holders,
+    /// by sealed tables alone (`sealed_table`) or with some log (`log`,
+    /// ADR 0156).
+    pub fn producer_state_fetched(&self, from: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_producer_state_fetches_total",
+                    vec![Label::new("from", from)],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
+    /// `malachi_shipped_bytes_total{from}`: frame bytes a primary's
+    /// shippers put in replica-appends, by where they came from: `cache`
+    /// (a run another follower's shipper had just read) or `log` (read
+    /// back from the primary's copy).
+    pub fn shipped(&self, from: ShippedFrom, bytes: u64) {
+        match from {
+            ShippedFrom::Cache => self.shipped_from_cache.increment(bytes),
+            ShippedFrom::Log => self.shipped_from_log.increment(bytes),
+        }
+    }
+
+    /// `malachi_shipper_resumes_total{reason}`: a shipper dropped what it
+    /// had in flight and resumed from the follower's end (`unreachable`,
+    /// `not_at_end`, `refused`): everything in flight is read and sent
+    /// again.
+    pub fn shipper_resumed(&self, reason: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_shipper_resumes_total",
+                    vec![Label::new("reason", reason)],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
     /// `malachi_tls_handshake_failures_total{reason}`: a TLS port's
     /// connection closed before its handshake finished (ADR 0149).
     pub fn tls_handshake_failure(&self, reason: &'static str) {
@@ -287,6 +352,21 @@ impl BrokerMetrics {
             .increment(1);
     }
 
+    /// `malachi_peer_cluster_port_reachable{peer}`: 1 while this broker
+    /// counts on peer `peer`'s cluster port, 0 while it leaves the peer out
+    /// of placement for it (ADR 0155). No line for a peer never dialled.
+    pub fn peer_cluster_port_reachable(&self, peer: u64, reachable: bool) {
+        self.recorder
+            .register_gauge(
+                &Key::from_parts(
+                    "malachi_peer_cluster_port_reachable",
+                    vec![Label::new("peer", peer.to_string())],
+                ),
+                &METADATA,
+            )
+            .set(if reachable { 1.0 } else { 0.0 });
+    }
+
     /// `malachi_tls_reloads_total{outcome}`: changed certificate files
     /// loaded (`reloaded`) or kept out (`failed`, the old pair serving on).
     pub fn tls_reload(&self, outcome: &'static str) {
@@ -317,8 +397,25 @@ impl BrokerMetrics {
             .increment(1);
     }
 
+    /// `malachi_sessions_ended_total{reason}`: a connection's session
+    /// ended (ADR 0154) by its code: `session-expired`,
+    /// `principal-removed`, `credential-changed`, `issuer-key-removed`
+    /// (ADR 0157).
+    pub fn session_ended(&self, reason: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_sessions_ended_total",
+                    vec![Label::new("reason", reason)],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
     /// `malachi_admin_requests_refused_total{status}`: an admin HTTP
-    /// request refused for its credential (`401`) or its ACLs (`403`).
+    /// request refused for its credential (`401`), its ACLs (`403`) or
+    /// the lockout (`429`).
     pub fn admin_request_refused(&self, status: &'static str) {
         self.recorder
             .register_counter(

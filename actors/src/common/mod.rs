@@ -15,6 +15,7 @@ pub(crate) mod error;
 pub(crate) mod faults;
 pub(crate) mod metrics;
 pub(crate) mod peer_identity;
+pub(crate) mod peer_reach;
 pub(crate) mod rates;
 pub(crate) mod refusal;
 pub(crate) mod store_factory;

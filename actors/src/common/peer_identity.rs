@@ -46,6 +46,50 @@ impl PeerIdentity {
     }
 }
 
+/// The URI SAN prefix of a broker certificate's node id (ADR 0155):
+/// `malachi:node:<id>`.
+pub const NODE_URI_PREFIX: &str = "malachi:node:";
+/// The DNS SAN form of a node id: `node-<id>.malachi`.
+pub const NODE_DNS_PREFIX: &str = "node-";
+pub const NODE_DNS_SUFFIX: &str = ".malachi";
+
+impl PeerIdentity {
+    /// The node ids this certificate is for: each URI SAN
+    /// `malachi:node:<id>` and DNS SAN `node-<id>.malachi` (ids in
+    /// decimal, nothing else around them), in order, each once.
+    pub fn node_ids(&self) -> Vec<u64> {
+        let uris = self
+            .uris
+            .iter()
+            .filter_map(|uri| uri.strip_prefix(NODE_URI_PREFIX));
+        let dns = self.dns_names.iter().filter_map(|name| {
+            name.strip_prefix(NODE_DNS_PREFIX)?
+                .strip_suffix(NODE_DNS_SUFFIX)
+        });
+        let mut ids: Vec<u64> = Vec::new();
+        for id in uris.chain(dns) {
+            let decimal = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit());
+            if let Some(id) = decimal.then(|| id.parse::<u64>().ok()).flatten()
+                && !ids.contains(&id)
+            {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+}
+
+/// The node ids of a verified broker certificate, for the cluster port's
+/// and the fabric's node identity check (ADR 0155).
+#[derive(Debug, Default)]
+pub(crate) struct CertNodeIds;
+
+impl malachi_cluster::group::CertifiedNodes for CertNodeIds {
+    fn nodes(&self, leaf: &CertificateDer<'_>) -> Vec<u64> {
+        PeerIdentity::of(leaf).map_or_else(Vec::new, |identity| identity.node_ids())
+    }
+}
+
 /// DER tags the walk reads.
 const SET: u8 = 0x31;
 const SEQUENCE: u8 = 0x30;
@@ -111,6 +155,31 @@ fn common_name(mut rdns: &[u8]) -> Option<String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_certificate_names_its_nodes_by_uri_or_dns_san_and_nothing_else_counts() {
+        let identity = PeerIdentity {
+            common_name: Some("node-9.malachi".into()),
+            dns_names: vec![
+                "localhost".into(),
+                "node-3.malachi".into(),
+                "node-4.malachi.example".into(),
+                "node-+5.malachi".into(),
+                "node-.malachi".into(),
+            ],
+            uris: vec![
+                "malachi:node:3".into(),
+                "malachi:node:7".into(),
+                "malachi:node:7x".into(),
+                "malachi:node:99999999999999999999999".into(),
+                "spiffe://malachi/node/8".into(),
+            ],
+        };
+        // The CN never names a node: only SANs, which the CA vouched for
+        // as names.
+        assert_eq!(identity.node_ids(), vec![3, 7]);
+        assert!(PeerIdentity::default().node_ids().is_empty());
+    }
 
     /// `SET { SEQUENCE { OID oid, tag value } }`, short lengths only.
     fn rdn(oid: &[u8], tag: u8, value: &[u8]) -> Vec<u8> {

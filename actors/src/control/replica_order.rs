@@ -36,7 +36,7 @@ use crate::control::metadata::read_owner;
 use crate::control::order_epoch::{store_order, wire_order};
 use crate::control::order_error::OrderError;
 use crate::control::shared::Shared;
-use crate::data::lineage::{HolderReadError, HolderReads};
+use crate::data::ancestors::{HolderReadError, HolderReads};
 use crate::fabric::node::Fabric;
 use crate::fabric::remote::RemoteError;
 
@@ -388,6 +388,41 @@ impl HolderReads for OrderClient {
             });
         }
         Ok((answer.first_offset, answer.frames))
+    }
+
+    /// Asked with replica-status (ADR 0156), which a broker that predates
+    /// the ask answers without tables.
+    async fn sealed_table(
+        &self,
+        _topic: &str,
+        segment: SegmentId,
+        holder: NodeId,
+        length: u64,
+    ) -> Result<Option<Vec<u8>>, HolderReadError> {
+        use malachi_wire::replica_status::{
+            REPLICA_STATUS_API_KEY, ReplicaStatusRequest, ReplicaStatusResponse, ScrubSeal,
+        };
+        let body = ReplicaStatusRequest {
+            producer_tables: vec![ScrubSeal {
+                segment: segment.0,
+                length,
+                bytes: 0,
+            }],
+            ..ReplicaStatusRequest::default()
+        }
+        .encode()
+        .map_err(|e| HolderReadError::Call(Box::new(e)))?;
+        let answer = self
+            .call(holder.0, REPLICA_STATUS_API_KEY, body)
+            .await
+            .map_err(|e| HolderReadError::Call(Box::new(e)))?;
+        let answer = ReplicaStatusResponse::decode(&answer)
+            .map_err(|e| HolderReadError::Call(Box::new(e)))?;
+        Ok(answer
+            .producer_tables
+            .into_iter()
+            .find(|t| t.segment == segment.0 && !t.sidecar.is_empty())
+            .map(|t| t.sidecar))
     }
 
     fn live(&self, holder: NodeId) -> bool {

@@ -54,6 +54,10 @@ pub(crate) fn serve_replica_status(shared: &Shared, body: &[u8]) -> Result<Vec<u
             let now_ms = shared.clock.now_ms();
             shared.rates.reshaping(now_ms, topic, shared.config.node_id)
         }),
+        producer_tables: crate::data::ancestors::sealed_tables(
+            data.store.as_ref(),
+            &request.producer_tables,
+        ),
     };
     answer
         .encode()

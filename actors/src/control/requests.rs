@@ -52,6 +52,15 @@ pub(crate) enum CoordError {
         range: RangeId,
         primary: NodeId,
     },
+    /// A merge's other half is written by `primary`, which takes no new
+    /// copies now (down, unreachable, full or leaving): neither half can
+    /// move to the other's writer until it returns or fails over.
+    #[error("range {} of topic {topic} is written by broker {}, which is down or unreachable from here; the merge waits for its return or a failover", .range.0, .primary.0)]
+    BuddyWriterDown {
+        topic: String,
+        range: RangeId,
+        primary: NodeId,
+    },
     /// A range cannot be moved to `target`: it is not live, has no room,
     /// is leaving, or the topic's placement constraints rank it out.
     #[error("a range cannot move to broker {}: it takes no new copies now", .target.0)]

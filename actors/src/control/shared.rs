@@ -57,6 +57,9 @@ pub(crate) struct RaftEndpoint {
     pub server: Mutex<Option<Arc<TransportServer>>>,
     /// Requests the port served, by api key (`cluster_port.rs`).
     pub port_counts: PortCounts,
+    /// Whether each peer's cluster port can be reached from here, judged
+    /// from both transports' dials (ADR 0155).
+    pub reach: Arc<malachi_cluster::group::PeerReach>,
 }
 
 /// Requests this broker's cluster port served, by api key: one entry per
@@ -90,6 +93,32 @@ impl ClusterLinks {
     /// Membership and the node fabric, once the broker started.
     pub fn fabric(&self) -> Option<Arc<Fabric>> {
         self.fabric.get().cloned()
+    }
+
+    /// The peers whose cluster port this broker judges unreachable now
+    /// (ADR 0155): placement leaves them out. Empty before the raft port
+    /// is set up.
+    pub fn unreachable(&self) -> std::collections::BTreeSet<u64> {
+        self.raft
+            .get()
+            .map(|raft| {
+                raft.reach
+                    .all()
+                    .into_iter()
+                    .filter(|(_, reach)| *reach == malachi_cluster::group::Reach::Unreachable)
+                    .map(|(peer, _)| peer)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// How this broker judges peer `node`'s cluster port now (ADR 0155).
+    pub fn reach_of(&self, node: u64) -> malachi_cluster::group::Reach {
+        self.raft
+            .get()
+            .map_or(malachi_cluster::group::Reach::Unknown, |raft| {
+                raft.reach.judge(node)
+            })
     }
 
     /// Whether membership calls broker `node` dead, as broker `me` sees

@@ -13,9 +13,9 @@
 //!
 //! So a segment's final table is rebuilt the way its primary built it: the
 //! final tables of its own predecessors, recursively, then its own tags.
-//! The control plane hands the segment its [`Ancestry`] from the metadata
+//! The control plane hands the segment its [`Ancestry`](super::ancestors::Ancestry) from the metadata
 //! (each ancestor's range, seal and predecessors, up to
-//! [`ANCESTRY_DEPTH_MAX`] generations and [`ANCESTRY_SEGMENTS_MAX`]
+//! `ANCESTRY_DEPTH_MAX` generations and `ANCESTRY_SEGMENTS_MAX`
 //! segments). The recursion stops at a sidecar, at an ancestor sealed more
 //! than `producer_idle_expiry_ms` ago (every producer it could name has
 //! expired) and at the ancestry's edge. A table rebuilt whole is written as
@@ -24,72 +24,24 @@
 //! An ancestor this broker holds no copy of (or a copy short of its seal,
 //! or one it cannot read to the end) is read from a live holder's copy
 //! instead (ADR 0124): the first pass ([`Lineage::start_table`]) names it
-//! in [`Lineage::wanted`], [`fetch_own_tags`] reads its frames up to the
-//! seal from a holder with the cluster port's catch-up read and takes
-//! their tags exactly as the local scan does, and a second pass, given
-//! those tags, inherits through it as through a local copy. The segment
-//! takes no idempotent batch until then (`segment.rs`).
+//! in [`Lineage::wanted`]; a holder's sidecar at the seal then stands in
+//! for it whole (`fetch_sealed_table`, ADR 0156), or, when no holder has one,
+//! `ancestors::fetch_own_tags` reads its frames up to the seal from a holder with
+//! the cluster port's catch-up read and takes their tags exactly as the
+//! local scan does. A second pass, given those, inherits through it as
+//! through a local copy. The segment takes no idempotent batch until then
+//! (`segment.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bytes::Bytes;
-use malachi_core::model::{NodeId, RangeId, SegmentId};
-use malachi_storage::frame::FrameError;
+use malachi_core::model::{RangeId, SegmentId};
 use tracing::{debug, info, warn};
 
-use super::producers::{self, ProducerLimits, ProducerTable, ProducerTag};
+use super::ancestors::{
+    ANCESTRY_DEPTH_MAX, Ancestor, Ancestry, Fetched, FetchedTable, observe_frame,
+};
+use super::producers::{self, ProducerLimits, ProducerTable};
 use super::storage::Storage;
-
-/// Generations of ancestors the control plane lists for an opening
-/// segment. A producer silent for more rolls than this (and not in a
-/// sidecar this broker holds) is forgotten at a failover, as one silent
-/// past `producer_idle_expiry_ms` is anywhere.
-pub(crate) const ANCESTRY_DEPTH_MAX: usize = 32;
-
-/// Ancestor segments listed in all (a split or merge widens the ancestry).
-pub(crate) const ANCESTRY_SEGMENTS_MAX: usize = 256;
-
-/// How a sealed ancestor ended, as the metadata records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Sealed {
-    /// When the seal committed: no batch of the segment is later.
-    pub at_ms: u64,
-    /// Records in the segment: tags past it were never part of it.
-    pub length: u64,
-}
-
-/// One segment an opening segment descends from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Ancestor {
-    pub range: RangeId,
-    /// `None` if the metadata read does not have it sealed yet.
-    pub sealed: Option<Sealed>,
-    /// The segments whose tables this one started from.
-    pub predecessors: Vec<SegmentId>,
-    /// The brokers the metadata records as holding a copy: where its
-    /// frames are read from when this broker has no whole copy.
-    pub holders: Vec<NodeId>,
-}
-
-impl Ancestor {
-    /// Whether a holder's copy can stand in for this broker's: the segment
-    /// is sealed (its frames are cut at the seal) and another broker holds
-    /// it.
-    fn fetchable(&self, me: u64) -> bool {
-        self.sealed.is_some() && self.holders.iter().any(|h| h.0 != me)
-    }
-}
-
-/// The segments an opening segment's producer table descends from.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Ancestry {
-    /// The segments it succeeds directly: the range's previous segment
-    /// after a roll, the parents' last segments for the first segment of
-    /// a split child or a merge.
-    pub direct: Vec<SegmentId>,
-    /// Every ancestor the metadata bound reaches, the direct ones included.
-    pub segments: BTreeMap<SegmentId, Ancestor>,
-}
 
 /// A segment's final table as far as this broker can tell.
 #[derive(Debug, Clone)]
@@ -101,9 +53,19 @@ struct Built {
     whole: bool,
 }
 
-/// The tags of ancestors' logs read from their holders ([`fetch_own_tags`]),
-/// each as a table of its own range's stream.
-pub(crate) type Fetched = BTreeMap<SegmentId, ProducerTable>;
+/// When the first pass scans this broker's copy of an ancestor that has no
+/// sidecar here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalScans {
+    /// At once: the table is built here and now.
+    Now,
+    /// Only after its holders were asked for its sealed table (ADR 0156):
+    /// a follower's copy of a split parent is up to `segment_bytes_max` to
+    /// scan, under the opening segment's supervisor, where the sealing
+    /// primary's sidecar is one small answer. An ancestor no other broker
+    /// holds, or not sealed, is scanned at once all the same.
+    AfterHolders,
+}
 
 /// Rebuilds the final tables of one opening segment's ancestors, each at
 /// most once.
@@ -121,6 +83,7 @@ pub(crate) struct Lineage<'a> {
     /// Whether the topic keeps several copies: an ancestor's copy that is
     /// short or damaged here is then repaired, not lost (ADR 0127).
     replicated: bool,
+    scans: LocalScans,
 }
 
 impl<'a> Lineage<'a> {
@@ -155,6 +118,7 @@ impl<'a> Lineage<'a> {
             built: BTreeMap::new(),
             wanted: BTreeSet::new(),
             replicated: false,
+            scans: LocalScans::Now,
         }
     }
 
@@ -166,6 +130,12 @@ impl<'a> Lineage<'a> {
             .iter()
             .filter_map(|s| self.ancestry.segments.get(s).map(|a| (*s, a.clone())))
             .collect()
+    }
+
+    /// Says when copies without a sidecar here are scanned.
+    pub(crate) fn local_scans(mut self, scans: LocalScans) -> Lineage<'a> {
+        self.scans = scans;
+        self
     }
 
     /// Tells whether the topic keeps several copies of each segment.
@@ -226,14 +196,24 @@ impl<'a> Lineage<'a> {
                 whole: true,
             };
         }
-        if let Some(own) = self.fetched.get(&segment) {
+        match self.fetched.get(&segment) {
+            // Its final table, from a holder's sidecar: as a sidecar here.
+            Some(FetchedTable::Final(table)) => {
+                return Built {
+                    table: Some(table.clone()),
+                    whole: true,
+                };
+            }
             // Its log's tags, read from a holder's copy up to the seal.
-            let (mut table, whole) = self.inherited(ancestor, depth);
-            own.replay_into(&mut table);
-            return Built {
-                table: Some(table),
-                whole,
-            };
+            Some(FetchedTable::OwnTags(own)) => {
+                let (mut table, whole) = self.inherited(ancestor, depth);
+                own.replay_into(&mut table);
+                return Built {
+                    table: Some(table),
+                    whole,
+                };
+            }
+            None => {}
         }
         // A segment this broker holds no copy of (its successor placed on
         // a broker that never held it): opening it would create an empty
@@ -310,6 +290,17 @@ impl<'a> Lineage<'a> {
             Ok(None) => {
                 debug!(segment = %id, depth, "no producer sidecar; rebuilding it from the ancestors and the log")
             }
+        }
+        if self.scans == LocalScans::AfterHolders && ancestor.fetchable(self.storage.config.node_id)
+        {
+            // The holders are asked for its sealed table first; the copy
+            // here is scanned only if none has one.
+            self.wanted.insert(segment);
+            self.inherited(ancestor, depth);
+            return Built {
+                table: None,
+                whole: false,
+            };
         }
         let (mut table, mut whole) = self.inherited(ancestor, depth);
         // No batch of a sealed segment is later than its seal: its tags
@@ -439,214 +430,16 @@ pub(crate) fn scan_tags(
     }
 }
 
-/// Applies one frame's producer tag to `table` and its batch-start marker
-/// to `starts`: the one reading of a log's tags, local or a holder's.
-fn observe_frame(
-    id: malachi_storage::SegmentId,
-    view: &malachi_storage::FrameView<'_>,
-    table: &mut ProducerTable,
-    starts: &mut producers::BatchStarts,
-    seen_ms: u64,
-) {
-    use malachi_wire::limits::{PRODUCER_HEADER, PRODUCER_START_HEADER};
-    for (name, value) in &view.headers {
-        if *name == PRODUCER_HEADER
-            && let Some(tag) = ProducerTag::decode(value)
-            && !table.observe(&tag, seen_ms)
-        {
-            warn!(segment = %id, offset = view.offset, "a producer tag of another range; ignored");
-        }
-        if *name == PRODUCER_START_HEADER
-            && let Some(records) = producers::decode_start(value)
-        {
-            starts.observe(view.offset, records);
-        }
-    }
-}
-
-// ------------------------------------------------- ancestors read from holders
-
-/// Frame bytes asked of a holder per call (the catch-up read's own bound).
-pub(crate) const HOLDER_READ_BYTES_MAX: u64 = malachi_wire::replica_order::CATCH_UP_BYTES_MAX;
-/// Holders of one ancestor asked at most, per run of its frames.
-pub(crate) const HOLDERS_TRIED_MAX: usize = 3;
-
-/// How a segment reads a sealed ancestor's frames from a broker holding a
-/// copy: the control plane implements it with the cluster port's catch-up
-/// read (`control::replica_order::OrderClient`), each call within its own
-/// timeout; a test gives any other.
-#[async_trait::async_trait]
-pub(crate) trait HolderReads: Send + Sync + std::fmt::Debug {
-    /// A run of whole frames of `segment` of `topic` from `holder`'s copy,
-    /// starting at offset `from` and about `bytes_max` long: the offset
-    /// its first frame carries, and the frames.
-    async fn read(
-        &self,
-        topic: &str,
-        segment: SegmentId,
-        holder: NodeId,
-        from: u64,
-        bytes_max: u64,
-    ) -> Result<(u64, Bytes), HolderReadError>;
-
-    /// Whether `holder` is worth asking (membership does not call it dead).
-    fn live(&self, _holder: NodeId) -> bool {
-        true
-    }
-}
-
-/// Why a holder did not answer a read of its copy.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum HolderReadError {
-    /// The read or its answer was not carried (the order client's error,
-    /// kept whole: it names the peer).
-    #[error(transparent)]
-    Call(Box<dyn std::error::Error + Send + Sync + 'static>),
-    /// The holder's copy refused the read; `message` is its reason.
-    #[error("broker {node} refused the read ({refusal:?}): {message}")]
-    Refused {
-        node: u64,
-        refusal: malachi_wire::replica_order::OrderRefusal,
-        message: String,
-    },
-    /// The holder has no copy to read from (a test's holder).
-    #[cfg(test)]
-    #[error("broker {node} does not answer")]
-    Silent { node: u64 },
-}
-
-/// Why an ancestor's tags could not be read from its holders.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum FetchError {
-    #[error("segment {segment} is not sealed in the ancestry: no seal to read up to")]
-    NotSealed { segment: SegmentId },
-    #[error(
-        "segment {segment}: no holder of {holders:?} answered with good frames from offset {from} (last: {last})"
-    )]
-    NoHolder {
-        segment: SegmentId,
-        holders: Vec<NodeId>,
-        from: u64,
-        last: String,
-    },
-}
-
-/// The tags of sealed `segment`'s log, read from its live holders' copies
-/// up to its seal, as a table of its range's stream seen at its seal
-/// ([`ProducerTable::replay_into`] applies it). Each run of frames is
-/// checked (CRC, consecutive offsets) as it is scanned; a holder that
-/// refuses, answers from another offset or sends a bad frame is passed
-/// over for the next, at most [`HOLDERS_TRIED_MAX`] of them per run. Every
-/// answer moves the read on by at least one record, so at most the seal's
-/// length of calls are made, each bounded by the reader's timeout.
-pub(crate) async fn fetch_own_tags(
-    reads: &dyn HolderReads,
-    topic: &str,
-    me: u64,
-    segment: SegmentId,
-    ancestor: &Ancestor,
-    limits: ProducerLimits,
-    now_ms: u64,
-) -> Result<ProducerTable, FetchError> {
-    let sealed = ancestor.sealed.ok_or(FetchError::NotSealed { segment })?;
-    let seen_ms = sealed.at_ms.min(now_ms);
-    let mut table = ProducerTable::new(ancestor.range.0, limits);
-    let holders: Vec<NodeId> = ancestor
-        .holders
-        .iter()
-        .copied()
-        .filter(|h| h.0 != me && reads.live(*h))
-        .take(HOLDERS_TRIED_MAX)
-        .collect();
-    let (mut from, mut first_holder) = (0u64, 0usize);
-    let mut last = String::from("no live holder");
-    while from < sealed.length {
-        let mut moved = false;
-        for i in 0..holders.len() {
-            let holder = holders[(first_holder + i) % holders.len()];
-            let (first, frames) = match reads
-                .read(topic, segment, holder, from, HOLDER_READ_BYTES_MAX)
-                .await
-            {
-                Ok(answer) => answer,
-                Err(e) => {
-                    debug!(segment = segment.0, holder = holder.0, from, error = %e, "a holder did not answer for the producer state");
-                    last = e.to_string();
-                    continue;
-                }
-            };
-            if first != from {
-                last = format!("broker {holder} answered from offset {first}");
-                continue;
-            }
-            let (next, bad) =
-                scan_frames(segment, from, sealed.length, &frames, &mut table, seen_ms);
-            if let Some(bad) = &bad {
-                warn!(segment = segment.0, holder = holder.0, offset = next, error = %bad, "a holder's frame for the producer state is bad; reading on from another");
-                last = bad.to_string();
-            }
-            if next > from {
-                from = next;
-                moved = true;
-                // A holder that sent a bad frame is asked last next time.
-                first_holder = (first_holder + i + usize::from(bad.is_some())) % holders.len();
-                break;
-            }
-        }
-        if !moved {
-            return Err(FetchError::NoHolder {
-                segment,
-                holders,
-                from,
-                last,
-            });
-        }
-    }
-    Ok(table)
-}
-
-/// Applies the tags of the frames in `frames` (a holder's answer from
-/// segment offset `first`) to `table`, up to offset `seal_length`. Returns
-/// the offset after the last good frame, and why the next one is bad if a
-/// frame before the seal does not decode, fails its CRC or carries another
-/// offset than its place requires (its tags and every later frame's are
-/// not taken).
-pub(crate) fn scan_frames(
-    segment: SegmentId,
-    first: u64,
-    seal_length: u64,
-    frames: &[u8],
-    table: &mut ProducerTable,
-    seen_ms: u64,
-) -> (u64, Option<FrameError>) {
-    let id = malachi_storage::SegmentId(segment.0);
-    let mut starts = producers::BatchStarts::default();
-    let (mut at, mut offset) = (0usize, first);
-    while at < frames.len() && offset < seal_length {
-        let rest = frames.get(at..).unwrap_or_default();
-        let (view, len) = match malachi_storage::frame::decode(rest) {
-            Ok(decoded) => decoded,
-            Err(e) => return (offset, Some(e)),
-        };
-        if view.offset != offset {
-            let mismatch = FrameError::OffsetMismatch {
-                found: view.offset,
-                expected: offset,
-            };
-            return (offset, Some(mismatch));
-        }
-        observe_frame(id, &view, table, &mut starts, seen_ms);
-        at += len;
-        offset += 1;
-    }
-    (offset, None)
-}
-
 /// Segment copies with producer tags in their logs, for the tests here and
 /// in `segment.rs`.
 #[cfg(test)]
 pub(crate) mod fixture {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
+    pub(crate) use crate::data::ancestors::*;
+    use bytes::Bytes;
+    use malachi_core::model::NodeId;
+
+    use crate::data::producers::ProducerTag;
     use std::sync::Arc;
 
     use malachi_storage::{FileStore, Record, StoreConfig};
@@ -658,6 +451,9 @@ pub(crate) mod fixture {
     use crate::common::metrics::BrokerMetrics;
 
     pub(crate) const RANGE: RangeId = RangeId(10);
+    pub(crate) const NOW: u64 = 1_000 * DAY_MS;
+    pub(crate) const X: u64 = 1;
+    pub(crate) const Y: u64 = 2;
     pub(crate) const DAY_MS: u64 = 24 * 60 * 60 * 1000;
 
     pub(crate) fn storage(dir: &std::path::Path) -> Arc<Storage> {
@@ -732,6 +528,8 @@ pub(crate) mod fixture {
         pub corrupt: std::collections::BTreeSet<u64>,
         /// Every call, as (holder, from).
         pub calls: parking_lot::Mutex<Vec<(u64, u64)>>,
+        /// Every ask for a sealed table, by holder.
+        pub table_calls: parking_lot::Mutex<Vec<u64>>,
     }
 
     #[async_trait::async_trait]
@@ -763,31 +561,87 @@ pub(crate) mod fixture {
             }
             Ok((run.first, Bytes::from(bytes)))
         }
+
+        async fn sealed_table(
+            &self,
+            _topic: &str,
+            segment: SegmentId,
+            holder: NodeId,
+            length: u64,
+        ) -> Result<Option<Vec<u8>>, HolderReadError> {
+            self.table_calls.lock().push(holder.0);
+            let Some(copy) = self.copies.get(&holder.0) else {
+                return Err(HolderReadError::Silent { node: holder.0 });
+            };
+            // As `sealed_tables` answers for an open copy
+            // (its own tests cover the rest).
+            let id = malachi_storage::SegmentId(segment.0);
+            let at_seal = copy.store.info(id).is_ok_and(|i| i.durable == length);
+            Ok(at_seal
+                .then(|| copy.store.read_sidecar(id).ok().flatten())
+                .flatten())
+        }
     }
 
     pub(crate) fn ancestry(direct: &[u64], segments: Vec<(u64, Ancestor)>) -> Ancestry {
-        Ancestry {
-            direct: direct.iter().map(|s| SegmentId(*s)).collect(),
-            segments: segments
-                .into_iter()
-                .map(|(s, a)| (SegmentId(s), a))
-                .collect(),
-        }
+        Ancestry::of(direct, segments)
+    }
+
+    /// A second broker's store holding segment 1 (X's batches 0..=2); this
+    /// broker holds only segment 2 (Y's), the ancestry names broker 2 (and
+    /// any of `others`) as 1's holders.
+    pub(crate) fn a_predecessor_held_elsewhere(
+        here: &std::path::Path,
+        there: &std::path::Path,
+        others: &[u64],
+    ) -> (Arc<Storage>, Arc<Storage>, Ancestry) {
+        let storage = storage(here);
+        let holder = storage_of_node(there, 2);
+        copy(&holder, 1, &[(X, 0), (X, 1), (X, 2)]);
+        copy(&storage, 2, &[(Y, 0), (Y, 1)]);
+        let mut first = sealed(NOW - 2 * 3_600_000, 3, &[]);
+        first.holders = std::iter::once(2)
+            .chain(others.iter().copied())
+            .map(NodeId)
+            .collect();
+        let mut second = sealed(NOW - 3_600_000, 2, &[1]);
+        second.holders = vec![NodeId(1)];
+        (
+            storage,
+            holder,
+            ancestry(&[2], vec![(1, first), (2, second)]),
+        )
+    }
+
+    pub(crate) fn storage_of_node(dir: &std::path::Path, node_id: u64) -> Arc<Storage> {
+        let store = Arc::new(
+            malachi_storage::FileStore::open_dir(dir, malachi_storage::StoreConfig::default())
+                .unwrap(),
+        );
+        let config = crate::common::config::BrokerConfig {
+            node_id,
+            producer_idle_expiry_ms: DAY_MS,
+            ..crate::common::config::BrokerConfig::for_tests(dir)
+        };
+        Arc::new(Storage::new(
+            config,
+            store,
+            Arc::new(crate::common::clock::SystemClock),
+            Arc::new(crate::common::metrics::BrokerMetrics::new()),
+        ))
     }
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
-    use std::sync::Arc;
+    use malachi_core::model::NodeId;
+    use malachi_storage::frame::FrameError;
+    use malachi_wire::replica_status::ScrubSeal;
 
     use super::fixture::*;
     use super::*;
     use crate::data::producers::Verdict;
-
-    const NOW: u64 = 1_000 * DAY_MS;
-    const X: u64 = 1;
-    const Y: u64 = 2;
 
     fn start(storage: &Storage, ancestry: &Ancestry) -> ProducerTable {
         Lineage::new(storage, "t", ancestry, NOW).start_table(RANGE)
@@ -922,50 +776,6 @@ mod tests {
         assert_eq!(at_the_end_of_a_chain(bound + 2), Verdict::Unknown);
     }
 
-    /// A second broker's store holding segment 1 (X's batches 0..=2); this
-    /// broker holds only segment 2 (Y's), the ancestry names broker 2 (and
-    /// any of `others`) as 1's holders.
-    fn a_predecessor_held_elsewhere(
-        here: &std::path::Path,
-        there: &std::path::Path,
-        others: &[u64],
-    ) -> (Arc<Storage>, Arc<Storage>, Ancestry) {
-        let storage = storage(here);
-        let holder = storage_of_node(there, 2);
-        copy(&holder, 1, &[(X, 0), (X, 1), (X, 2)]);
-        copy(&storage, 2, &[(Y, 0), (Y, 1)]);
-        let mut first = sealed(NOW - 2 * 3_600_000, 3, &[]);
-        first.holders = std::iter::once(2)
-            .chain(others.iter().copied())
-            .map(NodeId)
-            .collect();
-        let mut second = sealed(NOW - 3_600_000, 2, &[1]);
-        second.holders = vec![NodeId(1)];
-        (
-            storage,
-            holder,
-            ancestry(&[2], vec![(1, first), (2, second)]),
-        )
-    }
-
-    fn storage_of_node(dir: &std::path::Path, node_id: u64) -> Arc<Storage> {
-        let store = Arc::new(
-            malachi_storage::FileStore::open_dir(dir, malachi_storage::StoreConfig::default())
-                .unwrap(),
-        );
-        let config = crate::common::config::BrokerConfig {
-            node_id,
-            producer_idle_expiry_ms: DAY_MS,
-            ..crate::common::config::BrokerConfig::for_tests(dir)
-        };
-        Arc::new(Storage::new(
-            config,
-            store,
-            Arc::new(crate::common::clock::SystemClock),
-            Arc::new(crate::common::metrics::BrokerMetrics::new()),
-        ))
-    }
-
     /// The first pass, a fetch of what it wants from `holders`, and the
     /// second pass with what the fetch read.
     async fn start_through_holders(
@@ -981,7 +791,7 @@ mod tests {
             let limits = storage.config.producer_limits();
             match fetch_own_tags(holders, "t", 1, *segment, ancestor, limits, NOW).await {
                 Ok(tags) => {
-                    fetched.insert(*segment, tags);
+                    fetched.insert(*segment, FetchedTable::OwnTags(tags));
                 }
                 Err(e) => return (wanted.iter().map(|w| w.0).collect(), Err(e)),
             }
@@ -1023,6 +833,39 @@ mod tests {
         assert!(!storage.store.has_copy(malachi_storage::SegmentId(1)));
     }
 
+    /// ADR 0156: a whole copy here without a sidecar waits for the holders
+    /// before it is scanned, unless nobody else holds it.
+    #[test]
+    fn a_copy_without_a_sidecar_is_scanned_after_the_holders_are_asked() {
+        let here = tempfile::tempdir().unwrap();
+        let storage = storage(here.path());
+        copy(&storage, 1, &[(X, 0), (X, 1)]);
+        let mut held = sealed(NOW - 3_600_000, 2, &[]);
+        held.holders = vec![NodeId(1), NodeId(2)];
+        let ancestry = ancestry(&[1], vec![(1, held.clone())]);
+        let mut deferred =
+            Lineage::new(&storage, "t", &ancestry, NOW).local_scans(LocalScans::AfterHolders);
+        let table = deferred.start_table(RANGE);
+        assert_eq!(
+            deferred.wanted().iter().map(|w| w.0).collect::<Vec<_>>(),
+            [SegmentId(1)]
+        );
+        assert_eq!(table.check(&tag(X, 2), 1), Verdict::Unknown);
+        let mut now = Lineage::new(&storage, "t", &ancestry, NOW).local_scans(LocalScans::Now);
+        let table = now.start_table(RANGE);
+        assert!(now.wanted().is_empty());
+        assert_eq!(table.check(&tag(X, 2), 1), Verdict::Append);
+        // Held here alone: scanned at once whatever the mode.
+        let mut alone_held = held;
+        alone_held.holders = vec![NodeId(1)];
+        let ancestry = super::fixture::ancestry(&[1], vec![(1, alone_held)]);
+        let mut alone =
+            Lineage::new(&storage, "t", &ancestry, NOW).local_scans(LocalScans::AfterHolders);
+        let table = alone.start_table(RANGE);
+        assert!(alone.wanted().is_empty());
+        assert_eq!(table.check(&tag(X, 2), 1), Verdict::Append);
+    }
+
     #[tokio::test]
     async fn no_holder_answering_is_an_error_and_never_a_fresh_start() {
         let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -1038,21 +881,6 @@ mod tests {
         assert_eq!(*holders.calls.lock(), [(2, 0), (3, 0)]);
         // Nothing half-built was written down for the segment after it.
         assert!(!has_sidecar(&storage, 2));
-    }
-
-    #[test]
-    fn a_holder_read_error_names_the_broker_and_its_refusal() {
-        let refused = HolderReadError::Refused {
-            node: 1,
-            refusal: malachi_wire::replica_order::OrderRefusal::Short,
-            message: "ends at 4".into(),
-        };
-        assert_eq!(
-            refused.to_string(),
-            "broker 1 refused the read (Short): ends at 4"
-        );
-        let silent = HolderReadError::Silent { node: 2 };
-        assert_eq!(silent.to_string(), "broker 2 does not answer");
     }
 
     #[tokio::test]
@@ -1110,5 +938,90 @@ mod tests {
             })
         ));
         assert_eq!(table.check(&tag(X, 1), 1), Verdict::Unknown);
+    }
+
+    /// The holder's half: a copy that ends at the seal gives its sidecar,
+    /// open or closed (its seal marker says the length); one that does not
+    /// gives none.
+    #[test]
+    fn a_holder_gives_its_sidecar_only_for_a_copy_that_ends_at_the_seal() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = storage(dir.path());
+        copy(&storage, 1, &[(X, 0), (X, 1), (X, 2)]);
+        let id = malachi_storage::SegmentId(1);
+        let table = ProducerTable::new(RANGE.0, storage.config.producer_limits());
+        crate::data::lineage::write_sidecar(&storage, id, &table);
+        let asked = |length| ScrubSeal {
+            segment: 1,
+            length,
+            bytes: 0,
+        };
+        let answers = sealed_tables(storage.store.as_ref(), &[asked(3), asked(2), asked(4)]);
+        let given: Vec<bool> = answers.iter().map(|a| !a.sidecar.is_empty()).collect();
+        assert_eq!(given, [true, false, false]);
+        // Closed, with a seal marker at 3.
+        storage.store.seal(id, 3).unwrap();
+        storage.store.close(id).unwrap();
+        let answers = sealed_tables(storage.store.as_ref(), &[asked(3), asked(2)]);
+        let given: Vec<bool> = answers.iter().map(|a| !a.sidecar.is_empty()).collect();
+        assert_eq!(given, [true, false]);
+        // No copy at all: nothing.
+        assert!(
+            sealed_tables(
+                storage.store.as_ref(),
+                &[ScrubSeal {
+                    segment: 9,
+                    ..asked(3)
+                }]
+            )[0]
+            .sidecar
+            .is_empty()
+        );
+    }
+
+    /// ADR 0156: a holder's sidecar at the seal stands in for the log.
+    #[tokio::test]
+    async fn an_ancestor_a_holder_has_a_sealed_table_of_is_not_read_from_its_log() {
+        let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (storage, holder, ancestry) =
+            a_predecessor_held_elsewhere(here.path(), there.path(), &[]);
+        let id = malachi_storage::SegmentId(1);
+        let limits = storage.config.producer_limits();
+        let mut final_table = ProducerTable::new(RANGE.0, limits);
+        scan_tags(&holder, id, &mut final_table, NOW, Some(3)).unwrap();
+        write_sidecar(&holder, id, &final_table);
+        let holders = Holders {
+            copies: BTreeMap::from([(2, holder)]),
+            ..Holders::default()
+        };
+        let first = &ancestry.segments[&SegmentId(1)];
+        let table = fetch_sealed_table(&holders, "t", 1, SegmentId(1), first, limits)
+            .await
+            .expect("the holder's copy ends at the seal and has a sidecar");
+        let mut fetched = Fetched::new();
+        fetched.insert(SegmentId(1), FetchedTable::Final(table));
+        let mut lineage = Lineage::with_fetched(&storage, "t", &ancestry, &fetched, NOW);
+        let table = lineage.start_table(RANGE);
+        assert!(lineage.wanted().is_empty());
+        assert_eq!(table.check(&tag(X, 3), 1), Verdict::Append);
+        assert_eq!(
+            table.check(&tag(X, 2), 1),
+            Verdict::Duplicate { records: 1 }
+        );
+        assert_eq!(table.check(&tag(Y, 2), 1), Verdict::Append);
+        assert!(holders.calls.lock().is_empty(), "no frame was read");
+        // A copy that does not end at the seal asked gives no table: its
+        // sidecar could speak for records past the seal.
+        let mut shorter = first.clone();
+        shorter.sealed = Some(Sealed {
+            at_ms: NOW - 1,
+            length: 2,
+        });
+        assert!(
+            fetch_sealed_table(&holders, "t", 1, SegmentId(1), &shorter, limits)
+                .await
+                .is_none()
+        );
+        assert_eq!(*holders.table_calls.lock(), [2, 2]);
     }
 }

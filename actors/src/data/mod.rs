@@ -13,6 +13,7 @@
 //! reaches the control plane through the [`segment::Roller`] it was started
 //! with, never by naming the coordinator.
 
+pub(crate) mod ancestors;
 pub(crate) mod damage;
 pub(crate) mod invariants;
 pub(crate) mod lineage;

@@ -170,6 +170,11 @@ impl ProducerTable {
         }
     }
 
+    /// The range whose stream this table is the table of.
+    pub(crate) fn own_range(&self) -> u64 {
+        self.own_range
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.streams.len()

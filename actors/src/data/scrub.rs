@@ -9,6 +9,15 @@
 //! verdict with [`judge`]. A broken verdict stays until the copy is
 //! rebuilt; an intact one is trusted for `cluster.scrub_interval_ms`.
 //!
+//! A copy the book has never judged is first *sized* ([`whole_by_size`]:
+//! its log's bytes and its recorded records against the seal, no read):
+//! one that looks whole is read in full one `scrub_interval_ms` later,
+//! not at once (ADR 0159). Re-reading a copy just sealed mostly reads the
+//! page cache the writer left, so it checks memory rather than the disk,
+//! and under write load it cost a capped broker a fifth of its CPU. A
+//! copy that does not look whole is queued for its read at once, as
+//! before: the read gives the verdict.
+//!
 //! The store knows segments by id only, not by topic: the metadata's
 //! owner asks, so this module needs no metadata.
 //!
@@ -32,6 +41,10 @@ pub(crate) const SCRUB_QUEUE_MAX: usize = 4_096;
 /// The rate at which the scrubber re-reads copies, so producers and
 /// consumers keep most of the disk.
 pub(crate) const SCRUB_BYTES_PER_SECOND: u64 = 32 << 20;
+
+/// Copies sized whole and waiting for their first read at most; past it a
+/// new copy is queued for its read at once, as if it had not been sized.
+pub(crate) const SCRUB_DEFERRED_MAX: usize = 65_536;
 
 /// The file in the data dir holding the broken verdicts across restarts.
 pub(crate) const SCRUB_BROKEN_FILE: &str = "scrub-broken.json";
@@ -125,10 +138,20 @@ struct Found {
     asked: Instant,
 }
 
+/// A copy sized whole, not read yet (ADR 0159).
+#[derive(Debug)]
+struct Deferred {
+    seal: ScrubSeal,
+    /// When its first read is due.
+    until: Instant,
+    asked: Instant,
+}
+
 /// The verdicts found and the copies waiting for the scrubber.
 #[derive(Debug, Default)]
 pub(crate) struct ScrubBook {
     found: HashMap<u64, Found>,
+    deferred: HashMap<u64, Deferred>,
     queue: VecDeque<ScrubSeal>,
     /// Where the broken verdicts are kept across restarts; `None` in tests
     /// that need no file.
@@ -155,6 +178,13 @@ impl ScrubBook {
             found.asked = now;
             return Some(found.verdict.clone());
         }
+        if let Some(deferred) = self.deferred.get_mut(&seal.segment)
+            && deferred.seal == seal
+            && now < deferred.until
+        {
+            deferred.asked = now;
+            return None;
+        }
         if self.queue.len() < SCRUB_QUEUE_MAX
             && !self.queue.iter().any(|q| q.segment == seal.segment)
         {
@@ -163,12 +193,44 @@ impl ScrubBook {
         None
     }
 
+    /// Whether the book has neither a verdict on `seal`'s copy nor its
+    /// first read deferred: the copy is new here and may be sized.
+    pub(crate) fn is_new(&self, seal: ScrubSeal) -> bool {
+        !self.found.contains_key(&seal.segment)
+            && !self
+                .deferred
+                .get(&seal.segment)
+                .is_some_and(|d| d.seal == seal)
+    }
+
+    /// `seal`'s copy was sized whole at `now`: asked about before
+    /// `now + fresh_for` it is `pending` and not queued; after, it is
+    /// queued for its first read. Unbounded never: past
+    /// [`SCRUB_DEFERRED_MAX`] the copy is simply queued when asked.
+    pub(crate) fn defer(&mut self, seal: ScrubSeal, now: Instant, fresh_for: Duration) {
+        if self.found.contains_key(&seal.segment)
+            || (self.deferred.len() >= SCRUB_DEFERRED_MAX
+                && !self.deferred.contains_key(&seal.segment))
+        {
+            return;
+        }
+        self.deferred.insert(
+            seal.segment,
+            Deferred {
+                seal,
+                until: now + fresh_for,
+                asked: now,
+            },
+        );
+    }
+
     /// The next copy to read.
     pub(crate) fn next(&mut self) -> Option<ScrubSeal> {
         self.queue.pop_front()
     }
 
     pub(crate) fn record(&mut self, seal: ScrubSeal, verdict: Verdict, now: Instant) {
+        self.deferred.remove(&seal.segment);
         let broken = verdict.is_broken();
         let was = self.found.insert(
             seal.segment,
@@ -296,6 +358,8 @@ impl ScrubBook {
         let before = broken(&self.found);
         self.found
             .retain(|_, f| now.duration_since(f.asked) < unasked_for);
+        self.deferred
+            .retain(|_, d| now.duration_since(d.asked) < unasked_for);
         // The file is rewritten only when a broken verdict was forgotten.
         if broken(&self.found) != before {
             self.keep();
@@ -332,6 +396,7 @@ impl ScrubBook {
 
     /// Forgets the verdict on `segment`'s copy: it is being rebuilt.
     pub(crate) fn forget(&mut self, segment: u64) {
+        self.deferred.remove(&segment);
         if self
             .found
             .remove(&segment)
@@ -355,8 +420,27 @@ pub(crate) fn verdicts(storage: &Storage, seals: &[ScrubSeal]) -> Vec<ScrubVerdi
     }
     let fresh_for = Duration::from_millis(storage.config.cluster.scrub_interval_ms);
     let now = Instant::now();
+    // Sized outside the book's lock: a metadata look at each new copy.
+    let new: Vec<ScrubSeal> = {
+        let book = storage.scrub.book.lock();
+        seals.iter().copied().filter(|s| book.is_new(*s)).collect()
+    };
+    // A rebuilt copy is read at once all the same: its broken original,
+    // set aside, is deleted only once the rebuild reads intact.
+    let whole: Vec<ScrubSeal> = new
+        .into_iter()
+        .filter(|s| {
+            !storage
+                .store
+                .is_aside(malachi_storage::SegmentId(s.segment))
+        })
+        .filter(|s| whole_by_size(storage.store.as_ref(), *s))
+        .collect();
     let out: Vec<ScrubVerdict> = {
         let mut book = storage.scrub.book.lock();
+        for seal in whole {
+            book.defer(seal, now, fresh_for);
+        }
         seals
             .iter()
             .map(|seal| match book.ask(*seal, now, fresh_for) {
@@ -371,6 +455,27 @@ pub(crate) fn verdicts(storage: &Storage, seals: &[ScrubSeal]) -> Vec<ScrubVerdi
     };
     storage.scrub.wake.notify_one();
     out
+}
+
+/// Whether `seal`'s copy here looks whole without reading it: its log is
+/// there with at least the seal's bytes, and the store records the seal's
+/// records (an open copy's durable end, nothing lost or failed; a closed
+/// copy's seal marker). Only a full read says it is intact (ADR 0159).
+pub(crate) fn whole_by_size(store: &dyn malachi_storage::SegmentStore, seal: ScrubSeal) -> bool {
+    let id = malachi_storage::SegmentId(seal.segment);
+    if !matches!(store.copy_bytes(id), Ok(Some(bytes)) if bytes >= seal.bytes) {
+        return false;
+    }
+    match store.info(id) {
+        Ok(info) => !info.failed && info.lost.is_none() && info.durable == seal.length,
+        Err(_) => store
+            .seal_at_rest(id)
+            .ok()
+            .flatten()
+            .is_some_and(|at_rest| {
+                at_rest.length == seal.length && at_rest.byte_size == seal.bytes
+            }),
+    }
 }
 
 /// Reads one copy and judges it. A copy open and latched failed, or with
@@ -650,6 +755,155 @@ mod tests {
             "scrub_broken_file",
             serde_json::to_string_pretty(&book.broken()).unwrap()
         );
+    }
+
+    /// ADR 0159: a copy sized whole waits one interval for its first
+    /// read; asked again before, it is pending and not queued.
+    #[test]
+    fn a_copy_sized_whole_is_read_one_interval_later_not_at_once() {
+        let mut book = ScrubBook::default();
+        let now = Instant::now();
+        let fresh = Duration::from_secs(60);
+        assert!(book.is_new(SEAL));
+        book.defer(SEAL, now, fresh);
+        assert!(!book.is_new(SEAL));
+        assert_eq!(book.ask(SEAL, now + Duration::from_secs(59), fresh), None);
+        assert_eq!(book.queued(), 0, "not read at once");
+        // Due: queued for its first read, which then gives the verdict.
+        assert_eq!(book.ask(SEAL, now + Duration::from_secs(60), fresh), None);
+        assert_eq!(book.next(), Some(SEAL));
+        let read = now + Duration::from_secs(61);
+        book.record(
+            SEAL,
+            Verdict::Short {
+                records: 9,
+                bytes: 900,
+            },
+            read,
+        );
+        assert_eq!(
+            book.ask(SEAL, read, fresh),
+            Some(Verdict::Short {
+                records: 9,
+                bytes: 900
+            })
+        );
+        // Another seal of the segment is a new question; one already judged
+        // is never deferred.
+        let other = ScrubSeal { length: 11, ..SEAL };
+        book.defer(other, read, fresh);
+        assert_eq!(
+            book.ask(SEAL, read, fresh).map(|v| v.is_broken()),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn deferred_copies_are_bounded_and_forgotten_when_nobody_asks() {
+        let mut book = ScrubBook::default();
+        let now = Instant::now();
+        let fresh = Duration::from_secs(3_600);
+        for segment in 0..(SCRUB_DEFERRED_MAX as u64 + 10) {
+            book.defer(ScrubSeal { segment, ..SEAL }, now, fresh);
+        }
+        assert_eq!(book.deferred.len(), SCRUB_DEFERRED_MAX);
+        // Past the bound a new copy is read at once, as before ADR 0159.
+        let late = ScrubSeal {
+            segment: SCRUB_DEFERRED_MAX as u64 + 5,
+            ..SEAL
+        };
+        assert!(book.is_new(late));
+        assert_eq!(book.ask(late, now, fresh), None);
+        assert_eq!(book.queued(), 1);
+        book.prune(now + Duration::from_secs(100), Duration::from_secs(90));
+        assert!(book.deferred.is_empty());
+    }
+
+    /// What sizing takes for whole: an open copy at its seal, a closed one
+    /// whose seal marker matches; a short copy or none is read at once.
+    #[test]
+    fn a_copy_is_whole_by_size_only_at_its_seal() {
+        use malachi_storage::{FileStore, Record, SegmentStore, StoreConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open_dir(dir.path(), StoreConfig::default()).unwrap();
+        let id = SegmentId(1);
+        store.open(id).unwrap();
+        let records: Vec<Record> = (0..3).map(|i| Record::new(i, "k", "v")).collect();
+        store.append(id, &records).unwrap().wait().unwrap();
+        store.seal(id, 3).unwrap();
+        let bytes = store.copy_bytes(id).unwrap().unwrap();
+        let seal = |length, bytes| ScrubSeal {
+            segment: 1,
+            length,
+            bytes,
+        };
+        assert!(whole_by_size(&store, seal(3, bytes)));
+        assert!(!whole_by_size(&store, seal(4, bytes)), "fewer records");
+        assert!(!whole_by_size(&store, seal(3, bytes + 1)), "fewer bytes");
+        store.close(id).unwrap();
+        assert!(whole_by_size(&store, seal(3, bytes)), "closed, marker at 3");
+        assert!(!whole_by_size(&store, seal(2, bytes)));
+        assert!(!whole_by_size(
+            &store,
+            ScrubSeal {
+                segment: 9,
+                ..seal(3, bytes)
+            }
+        ));
+    }
+
+    /// The holder's answer end to end: a copy at its seal is pending and
+    /// not queued; a short one, and a rebuilt one (its original aside),
+    /// are queued for their read at once.
+    #[test]
+    fn verdicts_queue_at_once_only_what_does_not_look_whole_or_was_rebuilt() {
+        use std::sync::Arc;
+
+        use malachi_storage::{FileStore, Record, SegmentStore, StoreConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FileStore::open_dir(dir.path(), StoreConfig::default()).unwrap());
+        let storage = Storage::new(
+            crate::common::config::BrokerConfig::for_tests(dir.path()),
+            store.clone(),
+            Arc::new(crate::common::clock::SystemClock),
+            Arc::new(crate::common::metrics::BrokerMetrics::new()),
+        );
+        let write = |id: SegmentId| {
+            store.open(id).unwrap();
+            let records: Vec<Record> = (0..3).map(|i| Record::new(i, "k", "v")).collect();
+            store.append(id, &records).unwrap().wait().unwrap();
+            store.seal(id, 3).unwrap();
+        };
+        let mut seals = Vec::new();
+        for segment in [1, 2, 3] {
+            write(SegmentId(segment));
+            let bytes = store.copy_bytes(SegmentId(segment)).unwrap().unwrap();
+            seals.push(ScrubSeal {
+                segment,
+                length: 3,
+                bytes,
+            });
+        }
+        // Segment 2's seal says 4 records: short here.
+        seals[1].length = 4;
+        // Segment 3 rebuilt whole, its original aside (as the follower's
+        // `set_aside_for_rebuild` leaves it).
+        assert!(store.set_aside(SegmentId(3)).unwrap());
+        write(SegmentId(3));
+        assert!(whole_by_size(store.as_ref(), seals[2]));
+        let answers = verdicts(&storage, &seals);
+        assert!(
+            answers.iter().all(|a| a.verdict == "pending"),
+            "{answers:?}"
+        );
+        let mut queued = Vec::new();
+        while let Some(seal) = storage.scrub.book.lock().next() {
+            queued.push(seal.segment);
+        }
+        assert_eq!(queued, [2, 3]);
+        // Asked again, the whole copy is still not queued.
+        verdicts(&storage, &seals[..1]);
+        assert_eq!(storage.scrub.book.lock().queued(), 0);
     }
 
     #[test]

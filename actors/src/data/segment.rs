@@ -24,8 +24,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 use tracing::{debug, error, info, warn};
 
+use super::ancestors::{self, Ancestor, Ancestry, Fetched, HolderReads};
 use super::invariants::{Violation, check_append, check_durable};
-use super::lineage::{self, Ancestor, Ancestry, Fetched, HolderReads, Lineage};
+use super::lineage::{self, Lineage, LocalScans};
 use super::producers::{ProducerTable, ProducerTag, Verdict};
 use super::replication::{NoQuorum, Replicated};
 use super::storage::{SegmentHandle, Storage};
@@ -346,8 +347,9 @@ impl Actor for SegmentActor {
         if recovery.truncated_bytes > 0 {
             warn!(segment = %id, truncated_bytes = recovery.truncated_bytes, "truncated a torn tail");
         }
-        let (producers, torn, wanted) =
-            tokio::task::block_in_place(|| build_producers(&args, &Fetched::new()));
+        let (producers, torn, wanted) = tokio::task::block_in_place(|| {
+            build_producers(&args, &Fetched::new(), LocalScans::AfterHolders)
+        });
         let producers_pending = !wanted.is_empty();
         if producers_pending {
             tokio::spawn(fetch_producers(args.clone(), wanted, myself.clone()));
@@ -1064,7 +1066,8 @@ impl Handoff {
         }
         let written = tokio::task::spawn_blocking(move || {
             let table = if self.stale {
-                let (table, _, wanted) = build_producers(&self.args, &Fetched::new());
+                let (table, _, wanted) =
+                    build_producers(&self.args, &Fetched::new(), LocalScans::Now);
                 if !wanted.is_empty() {
                     return;
                 }
@@ -1095,11 +1098,19 @@ const PRODUCERS_FETCH_ROUND_MS_MAX: u64 = 30_000;
 const PRODUCERS_FETCH_RETRY_MS_FIRST: u64 = 100;
 const PRODUCERS_FETCH_RETRY_MS_MAX: u64 = 5_000;
 
-/// Reads the `wanted` ancestors' tags from their holders (ADR 0124), in
-/// rounds until every one answered (an error is logged once
-/// `PRODUCERS_FETCH_WAIT_MS_MAX` has passed), rebuilds the table with them
-/// and hands it to the segment's actor, which refuses idempotent batches
-/// until then. A segment that rolls meanwhile stops this task with it.
+/// Rounds of asking for sealed tables alone before logs are read: the
+/// sealing broker wrote its sidecar before the seal could commit, but a
+/// holder's copy may take a moment to show it ends at the seal.
+const SEALED_TABLE_ROUNDS_FIRST: u32 = 2;
+
+/// Reads the `wanted` ancestors' state from their holders, in rounds until
+/// every one still needed is read (an error is logged once
+/// `PRODUCERS_FETCH_WAIT_MS_MAX` has passed): first each one's final table
+/// (a holder's sidecar, ADR 0156), which also speaks for the ancestors
+/// behind it; then, for those no holder has a table of, this broker's own
+/// copies' logs where they are whole, and holders' logs where not (ADR
+/// 0124). Hands the table to the segment's actor, which refuses idempotent
+/// batches until then. A segment that rolls meanwhile stops this task.
 async fn fetch_producers(
     args: SegmentArgs,
     wanted: Vec<(SegmentId, Ancestor)>,
@@ -1108,47 +1119,30 @@ async fn fetch_producers(
     let started = Instant::now();
     let warn_at = tokio::time::Instant::now() + Duration::from_millis(PRODUCERS_FETCH_WAIT_MS_MAX);
     let mut warned = false;
-    let (me, limits) = (
-        args.storage.config.node_id,
-        args.storage.config.producer_limits(),
-    );
-    let mut fetched = Fetched::new();
+    let (mut fetched, mut wanted) = (Fetched::new(), wanted);
     let mut retry_ms = PRODUCERS_FETCH_RETRY_MS_FIRST;
-    loop {
-        for (ancestor, of) in &wanted {
-            if fetched.contains_key(ancestor) {
-                continue;
-            }
-            let now_ms = args.storage.clock.now_ms();
-            let read = lineage::fetch_own_tags(
-                args.holders.as_ref(),
-                &args.topic,
-                me,
-                *ancestor,
-                of,
-                limits,
-                now_ms,
-            );
-            match tokio::time::timeout(Duration::from_millis(PRODUCERS_FETCH_ROUND_MS_MAX), read)
-                .await
-            {
-                Ok(Ok(table)) => {
-                    fetched.insert(*ancestor, table);
-                }
-                Ok(Err(e)) => {
-                    info!(segment = args.segment.0, ancestor = ancestor.0, error = %e, "an ancestor's producer state could not be read from a holder yet")
-                }
-                Err(_) => {
-                    info!(
-                        segment = args.segment.0,
-                        ancestor = ancestor.0,
-                        "reading an ancestor's producer state from its holders timed out; asking again"
-                    )
-                }
-            }
+    let mut round = 0u32;
+    let table = loop {
+        fetch_sealed_tables(&args, &wanted, &mut fetched).await;
+        if ancestors::still_wanted(&args.ancestry, &wanted, &fetched).is_empty() {
+            break None;
         }
-        if fetched.len() == wanted.len() {
-            break;
+        if round == SEALED_TABLE_ROUNDS_FIRST {
+            // No table yet: scan the whole copies here, and keep wanting
+            // only the ancestors this broker has no whole copy of.
+            let Some((table, left)) = build_off_task(&args, &fetched, LocalScans::Now).await else {
+                return;
+            };
+            if left.is_empty() {
+                break Some(table);
+            }
+            wanted = left;
+        }
+        if round >= SEALED_TABLE_ROUNDS_FIRST {
+            fetch_logs(&args, &wanted, &mut fetched).await;
+            if ancestors::still_wanted(&args.ancestry, &wanted, &fetched).is_empty() {
+                break None;
+            }
         }
         if !warned && tokio::time::Instant::now() >= warn_at {
             warned = true;
@@ -1156,27 +1150,126 @@ async fn fetch_producers(
         }
         tokio::time::sleep(Duration::from_millis(retry_ms)).await;
         retry_ms = (retry_ms * 2).min(PRODUCERS_FETCH_RETRY_MS_MAX);
-    }
-    assert_eq!(
-        fetched.len(),
-        wanted.len(),
-        "a table is built only with every wanted ancestor read"
-    );
+        round += 1;
+    };
+    let finals = fetched
+        .values()
+        .filter(|f| matches!(f, ancestors::FetchedTable::Final(_)))
+        .count();
+    let from = if table.is_none() && fetched.len() == finals {
+        "sealed_table"
+    } else {
+        "log"
+    };
     info!(
         segment = args.segment.0,
         ancestors = wanted.len(),
+        sealed_tables = finals,
+        from,
         elapsed_ms = started.elapsed().as_millis() as u64,
-        "the predecessors' producer state was read from their holders"
+        "the predecessors' producer state was read"
     );
-    let built = tokio::task::spawn_blocking(move || build_producers(&args, &fetched).0).await;
-    match built {
-        Ok(table) => {
-            // A stopped actor (rolled meanwhile) needs no table.
-            let _ = myself.send_message(SegmentMsg::ProducersReady(table));
+    args.storage.metrics.producer_state_fetched(from);
+    let table = match table {
+        Some(table) => table,
+        None => match build_off_task(&args, &fetched, LocalScans::Now).await {
+            Some((table, _)) => table,
+            None => return,
+        },
+    };
+    // A stopped actor (rolled meanwhile) needs no table.
+    let _ = myself.send_message(SegmentMsg::ProducersReady(table));
+}
+
+/// [`build_producers`] on a blocking thread: the table and the ancestors
+/// still wanted. `None` when the task failed: the segment goes on refusing
+/// idempotent batches until it rolls (its successor asks again), never
+/// with a table short of them.
+async fn build_off_task(
+    args: &SegmentArgs,
+    fetched: &Fetched,
+    scans: LocalScans,
+) -> Option<(ProducerTable, Vec<(SegmentId, Ancestor)>)> {
+    let (args, fetched) = (args.clone(), fetched.clone());
+    match tokio::task::spawn_blocking(move || {
+        let (table, _, wanted) = build_producers(&args, &fetched, scans);
+        (table, wanted)
+    })
+    .await
+    {
+        Ok(built) => Some(built),
+        Err(e) => {
+            error!(error = %e, "the producer table rebuild failed");
+            None
         }
-        // The segment goes on refusing idempotent batches until it rolls
-        // (its successor asks again): never a table short of them.
-        Err(e) => error!(error = %e, "the producer table rebuild failed"),
+    }
+}
+
+/// One round of asking each ancestor still needed for its final table.
+async fn fetch_sealed_tables(
+    args: &SegmentArgs,
+    wanted: &[(SegmentId, Ancestor)],
+    fetched: &mut Fetched,
+) {
+    let (me, limits) = (
+        args.storage.config.node_id,
+        args.storage.config.producer_limits(),
+    );
+    // Nearest first, and again after each answer: a parent's table makes
+    // its own ancestors' unnecessary.
+    let mut asked = std::collections::BTreeSet::new();
+    while let Some((ancestor, of)) = ancestors::still_wanted(&args.ancestry, wanted, fetched)
+        .into_iter()
+        .find(|(s, _)| !asked.contains(s))
+    {
+        asked.insert(ancestor);
+        let table = ancestors::fetch_sealed_table(
+            args.holders.as_ref(),
+            &args.topic,
+            me,
+            ancestor,
+            &of,
+            limits,
+        );
+        if let Some(table) = table.await {
+            fetched.insert(ancestor, ancestors::FetchedTable::Final(table));
+        }
+    }
+}
+
+/// One round of reading the logs' tags of the ancestors still needed.
+async fn fetch_logs(args: &SegmentArgs, wanted: &[(SegmentId, Ancestor)], fetched: &mut Fetched) {
+    let (me, limits) = (
+        args.storage.config.node_id,
+        args.storage.config.producer_limits(),
+    );
+    for (ancestor, of) in ancestors::still_wanted(&args.ancestry, wanted, fetched) {
+        let now_ms = args.storage.clock.now_ms();
+        let read = ancestors::fetch_own_tags(
+            args.holders.as_ref(),
+            &args.topic,
+            me,
+            ancestor,
+            &of,
+            limits,
+            now_ms,
+        );
+        match tokio::time::timeout(Duration::from_millis(PRODUCERS_FETCH_ROUND_MS_MAX), read).await
+        {
+            Ok(Ok(table)) => {
+                fetched.insert(ancestor, ancestors::FetchedTable::OwnTags(table));
+            }
+            Ok(Err(e)) => {
+                info!(segment = args.segment.0, ancestor = ancestor.0, error = %e, "an ancestor's producer state could not be read from a holder yet")
+            }
+            Err(_) => {
+                info!(
+                    segment = args.segment.0,
+                    ancestor = ancestor.0,
+                    "reading an ancestor's producer state from its holders timed out; asking again"
+                )
+            }
+        }
     }
 }
 
@@ -1190,11 +1283,13 @@ async fn fetch_producers(
 fn build_producers(
     args: &SegmentArgs,
     fetched: &Fetched,
+    scans: LocalScans,
 ) -> (ProducerTable, Option<u64>, Vec<(SegmentId, Ancestor)>) {
     let now_ms = args.storage.clock.now_ms();
     let mut lineage =
         Lineage::with_fetched(&args.storage, &args.topic, &args.ancestry, fetched, now_ms)
-            .replicated(args.replicas.len() > 1);
+            .replicated(args.replicas.len() > 1)
+            .local_scans(scans);
     let mut table = lineage.start_table(args.range);
     let wanted = lineage.wanted();
     let torn = lineage::scan_tags(
@@ -1440,7 +1535,7 @@ mod tests {
             epoch: 1,
             holders: Arc::new(Holders::default()),
         };
-        let (table, torn, wanted) = build_producers(&args, &Fetched::new());
+        let (table, torn, wanted) = build_producers(&args, &Fetched::new(), LocalScans::Now);
         assert!(wanted.is_empty());
         assert_eq!(torn, None);
         // The next sequence is stored, the retry of the last is a duplicate.
@@ -1465,7 +1560,7 @@ mod tests {
         tokio::task::JoinHandle<()>,
     ) {
         let storage = storage(here);
-        let holder = storage_of(there, 2);
+        let holder = storage_of_node(there, 2);
         copy(&holder, 1, &[(1, 0), (1, 1), (1, 2)]);
         let id = malachi_storage::SegmentId(3);
         storage.store.open(id).unwrap();
@@ -1496,24 +1591,6 @@ mod tests {
         };
         let (actor, handle) = Actor::spawn(None, SegmentActor, args).await.unwrap();
         (storage, actor, handle)
-    }
-
-    fn storage_of(dir: &std::path::Path, node_id: u64) -> Arc<Storage> {
-        let store = Arc::new(
-            malachi_storage::FileStore::open_dir(dir, malachi_storage::StoreConfig::default())
-                .unwrap(),
-        );
-        let config = crate::common::config::BrokerConfig {
-            node_id,
-            producer_idle_expiry_ms: DAY_MS,
-            ..crate::common::config::BrokerConfig::for_tests(dir)
-        };
-        Arc::new(Storage::new(
-            config,
-            store,
-            Arc::new(crate::common::clock::SystemClock),
-            Arc::new(crate::common::metrics::BrokerMetrics::new()),
-        ))
     }
 
     async fn append(storage: &Storage, producer: Option<ProducerTag>) -> Result<Ack, AppendError> {

@@ -306,12 +306,14 @@ impl InboundConnections {
         (read, write): (PeerRead, PeerWrite),
         local_label: Option<String>,
         peer_addr: SocketAddr,
+        certified: Option<Vec<u64>>,
     ) -> InboundStream {
         let label = inbound_label(peer_addr);
         let conn = Arc::new(InboundConn {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             label: label.clone(),
             peer_addr,
+            certified,
             authenticated: AtomicBool::new(false),
             inbound: Arc::clone(self),
             _slot: slot,
@@ -336,18 +338,32 @@ impl InboundConnections {
         }
     }
 
-    /// The node server authenticated the session reported under `label`.
-    fn authenticated(&self, label: &str) {
+    /// The node server authenticated the session reported under `label`,
+    /// the peer naming itself node `claimed`. With node identity required,
+    /// a node its certificate is not for is refused (ADR 0155): the peer's
+    /// address and the nodes its certificate is for come back, and the
+    /// caller stops the session.
+    fn authenticated(
+        &self,
+        label: &str,
+        claimed: Option<u64>,
+    ) -> Result<(), (SocketAddr, Vec<u64>)> {
         let entry = self.handshaking.lock().remove(label);
         // Upgraded outside the lock: dropping the last strong reference runs
         // `InboundConn::drop`, which takes the lock.
         if let Some((_, conn)) = entry
             && let Some(conn) = conn.upgrade()
         {
+            if let Some(nodes) = &conn.certified
+                && !claimed.is_some_and(|node| nodes.contains(&node))
+            {
+                return Err((conn.peer_addr, nodes.clone()));
+            }
             conn.authenticated.store(true, Ordering::Release);
             self.authenticated_total.fetch_add(1, Ordering::Relaxed);
             debug!(peer = %conn.peer_addr, "node fabric connection authenticated");
         }
+        Ok(())
     }
 
     fn log_refusal(&self, peer_addr: SocketAddr) {
@@ -391,6 +407,9 @@ struct InboundConn {
     id: u64,
     label: String,
     peer_addr: SocketAddr,
+    /// The node ids its TLS certificate is for, when node identity is
+    /// required (ADR 0155); `None` otherwise.
+    certified: Option<Vec<u64>>,
     authenticated: AtomicBool,
     inbound: Arc<InboundConnections>,
     _slot: OwnedSemaphorePermit,
@@ -524,8 +543,10 @@ impl ractor_cluster::ClusterBidiStream for InboundStream {
     }
 }
 
-/// `node_server`'s session events, as [`InboundConnections`] needs them.
-struct HandshakeWatch(Arc<InboundConnections>);
+/// `node_server`'s session events, as [`InboundConnections`] needs them,
+/// and the TLS whose observer counts a session refused for its node
+/// identity (ADR 0155).
+struct HandshakeWatch(Arc<InboundConnections>, Option<PeerTls>);
 
 impl NodeEventSubscription for HandshakeWatch {
     fn node_session_opened(&self, ses: NodeServerSessionInformation) {
@@ -537,8 +558,27 @@ impl NodeEventSubscription for HandshakeWatch {
     fn node_session_disconnected(&self, _ses: NodeServerSessionInformation) {}
 
     fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
-        if ses.is_server {
-            self.0.authenticated(&ses.peer_addr);
+        if !ses.is_server {
+            return;
+        }
+        let claimed = ses.peer_name.as_ref().and_then(|n| node_id_of(&n.name));
+        if let Err((peer_addr, nodes)) = self.0.authenticated(&ses.peer_addr, claimed) {
+            // Counted and logged by the TLS's observer, then stopped as an
+            // unadvertised session is.
+            if let Some(tls) = &self.1 {
+                let _ = tls.admit_node(
+                    "fabric",
+                    "inbound",
+                    peer_addr,
+                    Some(&nodes),
+                    claimed.unwrap_or(0),
+                );
+            }
+            for child in ses.actor.get_children() {
+                kill_tree(&child);
+            }
+            ses.actor
+                .stop(Some("certificate for another node".to_owned()));
         }
     }
 }
@@ -623,7 +663,10 @@ pub(crate) fn node_server_spec(fabric: Arc<Fabric>) -> malachi_supervision::Chil
             actor
                 .cast(NodeServerMessage::SubscribeToEvents {
                     id: INBOUND_SUBSCRIPTION.to_owned(),
-                    subscription: Box::new(HandshakeWatch(Arc::clone(&fabric.inbound))),
+                    subscription: Box::new(HandshakeWatch(
+                        Arc::clone(&fabric.inbound),
+                        fabric.tls.clone(),
+                    )),
                 })
                 .map_err(|e| ractor::SpawnErr::StartupFailed(e.to_string().into()))?;
             *fabric.node_server.write() = Some(actor.clone());
@@ -765,9 +808,10 @@ async fn accept_loop(fabric: Arc<Fabric>, listener: tokio::net::TcpListener) {
         };
         let local_label = stream.local_addr().ok().map(|a| a.to_string());
         let Some(tls) = fabric.tls.clone() else {
-            let stream = fabric
-                .inbound
-                .admit(slot, plain_halves(stream), local_label, peer_addr);
+            let stream =
+                fabric
+                    .inbound
+                    .admit(slot, plain_halves(stream), local_label, peer_addr, None);
             hand_over(&server, stream, peer_addr);
             continue;
         };
@@ -777,7 +821,11 @@ async fn accept_loop(fabric: Arc<Fabric>, listener: tokio::net::TcpListener) {
         let inbound = Arc::clone(&fabric.inbound);
         tokio::spawn(async move {
             if let Ok(stream) = tls.accept("fabric", stream, peer_addr).await {
-                let stream = inbound.admit(slot, tls_halves(stream), local_label, peer_addr);
+                // Checked against the name the peer gives once its session
+                // authenticates (`HandshakeWatch`).
+                let certified = tls.certified_nodes(stream.get_ref().1.peer_certificates());
+                let halves = tls_halves(stream);
+                let stream = inbound.admit(slot, halves, local_label, peer_addr, certified);
                 hand_over(&server, stream, peer_addr);
             }
         });
@@ -801,12 +849,14 @@ fn hand_over(server: &ActorRef<NodeServerMessage>, stream: InboundStream, peer_a
     }
 }
 
-/// Dials the node fabric port at `addr`: plaintext, or a TLS session
-/// handed to the node server as an external stream (ADR 0151).
+/// Dials broker `node`'s node fabric port at `addr`: plaintext, or a TLS
+/// session handed to the node server as an external stream (ADR 0151),
+/// its certificate for `node` when node identity is required (ADR 0155).
 async fn dial(
     server: &ActorRef<NodeServerMessage>,
     tls: Option<&PeerTls>,
     addr: SocketAddr,
+    node: u64,
 ) -> Result<(), String> {
     let Some(tls) = tls else {
         return ractor_cluster::client_connect(server, addr)
@@ -823,6 +873,9 @@ async fn dial(
         .connect("fabric", stream, addr, timeout)
         .await
         .map_err(|(reason, detail)| format!("tls handshake {}: {detail}", reason.label()))?;
+    let certified = tls.certified_nodes(stream.get_ref().1.peer_certificates());
+    tls.admit_node("fabric", "outbound", addr, certified.as_deref(), node)
+        .map_err(|detail| format!("tls node identity: {detail}"))?;
     let (reader, writer) = tls_halves(stream);
     let stream = OutboundStream {
         peer_label: addr.to_string(),
@@ -911,7 +964,7 @@ async fn dial_loop(fabric: Arc<Fabric>) {
             if Instant::now() < retry.not_before {
                 continue;
             }
-            let dial = dial(&server, fabric.tls.as_ref(), addr);
+            let dial = dial(&server, fabric.tls.as_ref(), addr, member.node_id);
             let failure =
                 match tokio::time::timeout(Duration::from_millis(DIAL_TIMEOUT_MS), dial).await {
                     Ok(Ok(())) => None,
@@ -1017,6 +1070,8 @@ pub(crate) fn broker_status(member: &Member) -> wire::BrokerStatus {
         vnodes_led: member.vnodes_led.iter().map(|l| l.vnode).collect(),
         incarnation: member.incarnation,
         cluster_addr: addr(member.cluster_addr),
+        // The answering broker's judgement, filled in by `cluster status`.
+        cluster_port: String::new(),
     }
 }
 

@@ -13,6 +13,9 @@
 //!   delay holds on every broker. Unknown users get the core's fake
 //!   credential and fail exactly like a wrong password, with the same
 //!   raft write. The HMACs run on the blocking pool.
+//! - A login's session holds as long as what it rests on (ADR 0154,
+//!   `session.rs`): a token until its `exp`, a SCRAM login while its user
+//!   exists with the same password; every request checks it first.
 //! - A request is authorized against an `AuthView` no older than
 //!   `security.auth_view_max_age_ms` (`AuthViewCache`); superusers bypass
 //!   the entries. A refusal is `unauthorized`, naming the principal, the
@@ -26,18 +29,20 @@ use malachi_cluster::vnodes::{AuthViewCache, VnodeHost};
 use malachi_core::auth::acl::{
     Authorizer, Decision, Operation, Principal, Resource, refusal_message,
 };
-use malachi_core::auth::lockout::{Admission, LockoutKey, LockoutPolicy};
-use malachi_core::auth::scram::{self, MECHANISM, ScramError};
+use malachi_core::auth::lockout::{LockoutKey, LockoutPolicy};
+use malachi_core::auth::scram::{self, Key, MECHANISM, ScramError};
 use malachi_core::auth::scram_server::{
     NonceLedger, ServerConfig, ServerExchange, server_error_message,
 };
+use malachi_core::auth::session::{Basis, Ended};
 use malachi_core::auth::token::TokenPolicy;
-use malachi_core::model::{AuthView, Command, Outcome};
+use malachi_core::model::AuthView;
 use malachi_wire::auth::{
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 };
 use malachi_wire::messages::Request;
 use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::error::ServeError;
@@ -57,7 +62,7 @@ pub(crate) struct AuthCtx {
     pub enabled: bool,
     superusers: Vec<Principal>,
     pub iterations: u32,
-    policy: LockoutPolicy,
+    pub(super) policy: LockoutPolicy,
     /// How bearer tokens are judged (ADR 0152).
     pub token: TokenPolicy,
     cache: AuthViewCache,
@@ -140,6 +145,11 @@ impl AuthCtx {
     pub async fn cached_view(&self) -> Result<Arc<AuthView>, ServeError> {
         let host = self.host()?;
         self.cache.get(&host).await.map_err(ServeError::AdminStore)
+    }
+
+    /// Whether `principal` is one of the configured superusers.
+    pub fn is_superuser(&self, principal: &Principal) -> bool {
+        self.superusers.contains(principal)
     }
 
     /// The authorizer over a view no older than the cache's bound.
@@ -296,7 +306,18 @@ enum Exchange {
         exchange: Box<ServerExchange>,
         /// Whether the pair had failures to clear on success.
         had_failures: bool,
+        /// The `StoredKey` of the credential the exchange runs against
+        /// (`None` for an unknown user's fake one, which never verifies).
+        stored_key: Option<Key>,
     },
+}
+
+/// Who a connection is logged in as, and what the login rests on (ADR
+/// 0154: how long it holds).
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    pub principal: Principal,
+    pub basis: Basis,
 }
 
 /// One connection's authentication state.
@@ -304,7 +325,13 @@ pub(crate) struct ConnAuth {
     broker: Arc<AuthCtx>,
     /// The peer's IP: the lockout's source.
     source: String,
-    principal: Mutex<Option<Principal>>,
+    pub(super) session: Mutex<Option<Session>>,
+    /// Why the session ended, once it did: every later request is refused
+    /// with it, and the connection closes after its answers.
+    pub(super) ended: Mutex<Option<Ended>>,
+    /// Cancelled when the session ends: the read loop stops reading, the
+    /// answers already due are written, then the socket closes.
+    pub(super) closing: CancellationToken,
     exchange: tokio::sync::Mutex<Exchange>,
 }
 
@@ -312,14 +339,16 @@ impl std::fmt::Debug for ConnAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnAuth")
             .field("source", &self.source)
-            .field("principal", &*self.principal.lock())
+            .field("session", &*self.session.lock())
+            .field("ended", &*self.ended.lock())
             .finish_non_exhaustive()
     }
 }
 
 impl ConnAuth {
     /// A connection from `peer`, authenticated from the start as
-    /// `principal` when its transport proved one (mTLS, later).
+    /// `principal` when its transport proved one (mTLS: a session for the
+    /// connection's life).
     pub fn new(
         broker: Arc<AuthCtx>,
         peer: Option<SocketAddr>,
@@ -327,10 +356,23 @@ impl ConnAuth {
     ) -> ConnAuth {
         ConnAuth {
             broker,
-            source: peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string()),
-            principal: Mutex::new(principal),
+            source: peer.map_or_else(
+                || "unknown".to_owned(),
+                |p| super::lockout::lockout_source(p.ip()),
+            ),
+            session: Mutex::new(principal.map(|principal| Session {
+                principal,
+                basis: Basis::Certificate,
+            })),
+            ended: Mutex::new(None),
+            closing: CancellationToken::new(),
             exchange: tokio::sync::Mutex::new(Exchange::Idle),
         }
+    }
+
+    /// The peer's IP: the lockout's source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     pub fn broker(&self) -> &Arc<AuthCtx> {
@@ -344,7 +386,12 @@ impl ConnAuth {
 
     /// Who the connection proved it is.
     pub fn principal(&self) -> Option<Principal> {
-        self.principal.lock().clone()
+        self.session.lock().as_ref().map(|s| s.principal.clone())
+    }
+
+    /// The connection's session, if it logged in.
+    pub fn session(&self) -> Option<Session> {
+        self.session.lock().clone()
     }
 
     /// Whether `request` may run on this connection.
@@ -367,12 +414,25 @@ impl ConnAuth {
                 api: request.api_key().name(),
             });
         };
+        // The session must still stand: a token not past its `exp`, a
+        // SCRAM user not deleted (ADR 0154).
+        self.session_live().await?;
         match need {
             Need::Open | Need::Login => Ok(()),
             Need::Acl(operation, resource) => {
                 self.broker.authorize(&principal, operation, resource).await
             }
         }
+    }
+
+    /// A second login on this connection: refused, naming why.
+    pub(super) fn login_again(&self) -> Option<ServeError> {
+        if let Some(ended) = self.ended.lock().clone() {
+            return Some(ServeError::SessionEnded(ended));
+        }
+        self.principal()
+            .is_some()
+            .then(|| self.refuse("the connection is already authenticated".into(), None))
     }
 
     /// Whether this connection may describe `topic` (to filter a listing).
@@ -405,8 +465,8 @@ impl ConnAuth {
                 mechanisms: Vec::new(),
             });
         }
-        if self.principal().is_some() {
-            return Err(self.refuse("the connection is already authenticated".into(), None));
+        if let Some(refused) = self.login_again() {
+            return Err(refused);
         }
         let accepted = req.mechanism == MECHANISM;
         *self.exchange.lock().await = if accepted {
@@ -434,10 +494,12 @@ impl ConnAuth {
                 None,
             )),
             Exchange::Mechanism => {
-                let (exchange, had_failures, server_first) = self.first(req.auth_bytes).await?;
+                let (exchange, had_failures, stored_key, server_first) =
+                    self.first(req.auth_bytes).await?;
                 *held = Exchange::Started {
                     exchange,
                     had_failures,
+                    stored_key,
                 };
                 Ok(SaslAuthenticateResponse {
                     auth_bytes: server_first,
@@ -449,7 +511,11 @@ impl ConnAuth {
             Exchange::Started {
                 exchange,
                 had_failures,
-            } => self.last(*exchange, had_failures, req.auth_bytes).await,
+                stored_key,
+            } => {
+                self.last(*exchange, had_failures, stored_key, req.auth_bytes)
+                    .await
+            }
         }
     }
 
@@ -469,11 +535,14 @@ impl ConnAuth {
     }
 
     /// The client-first message: the user looked up in a fresh view, the
-    /// lockout checked, the server-first message built.
+    /// lockout checked, the server-first message built. Answers the
+    /// exchange, whether the pair has failures to clear, the `StoredKey`
+    /// the exchange runs against (the session rests on it) and the
+    /// server-first message.
     async fn first(
         &self,
         client_first: String,
-    ) -> Result<(Box<ServerExchange>, bool, String), ServeError> {
+    ) -> Result<(Box<ServerExchange>, bool, Option<Key>, String), ServeError> {
         let host = self.broker.host()?;
         let view = Arc::new(host.auth_view().await.map_err(ServeError::AdminStore)?);
         let config = self.broker.server_config()?;
@@ -496,60 +565,37 @@ impl ConnAuth {
             Ok(started) => started,
             Err(e) => return Err(self.refuse(server_error_message(&e), None)),
         };
-        let key = self.key(exchange.claimed_username());
+        let claimed = exchange.claimed_username();
+        let stored_key = view.credential(claimed).map(|c| c.stored_key);
+        let key = self.key(claimed);
         let had_failures = self.admit(&view, &key)?;
-        Ok((Box::new(exchange), had_failures, server_first))
+        Ok((Box::new(exchange), had_failures, stored_key, server_first))
     }
 
     /// Refuses a (principal, source) pair the lockout delays or locks,
     /// without trying it; answers whether the pair has failures to clear
-    /// on success.
+    /// on success (`serve::lockout`, shared with the admin port).
     pub(super) fn admit(&self, view: &AuthView, key: &LockoutKey) -> Result<bool, ServeError> {
-        let now_ms = self.broker.now_ms();
-        match view.lockout.check(&self.broker.policy, key, now_ms) {
-            Admission::Allowed => Ok(view.lockout.attempts(key).is_some()),
-            Admission::Delayed { retry_at_ms } => {
-                let wait = retry_at_ms.saturating_sub(now_ms);
-                Err(self.refuse(
-                    format!(
-                        "too many failed logins of this user from this address: try again in {wait} ms"
-                    ),
-                    Some(clamp_ms(wait)),
-                ))
-            }
-            Admission::Locked { until_ms } => {
-                let wait = until_ms.saturating_sub(now_ms);
-                Err(self.refuse(
-                    format!(
-                        "this user is locked out from this address for {wait} ms after repeated failed logins, or until an admin unlocks it"
-                    ),
-                    Some(clamp_ms(wait)),
-                ))
-            }
-        }
+        self.broker
+            .admission(view, key)
+            .map_err(|t| self.refuse(t.message, Some(t.retry_after_ms)))
     }
 
     /// A login succeeded: the pair's failures are cleared (if it had any)
-    /// and the connection acts as `principal` from now on.
+    /// and the connection acts as `session.principal` from now on, for as
+    /// long as `session.basis` holds (ADR 0154).
     pub(super) async fn logged_in(
         &self,
         host: &VnodeHost,
         key: LockoutKey,
         had_failures: bool,
-        principal: Principal,
+        session: Session,
         how: &'static str,
     ) {
-        if had_failures {
-            let cleared = host
-                .propose_admin(Command::RecordLoginSuccess { key: key.clone() })
-                .await;
-            if let Err(e) = cleared {
-                warn!(user = %key.principal, error = %e, "a login's failures were not cleared");
-            }
-        }
-        info!(%principal, source = %self.source, how, "logged in");
+        self.broker.clear_failures(host, key, had_failures).await;
+        info!(principal = %session.principal, source = %self.source, how, basis = ?session.basis, "logged in");
         self.broker.metrics.logins_succeeded.increment(1);
-        *self.principal.lock() = Some(principal);
+        *self.session.lock() = Some(session);
     }
 
     /// The client-final message: the proof verified on the blocking pool,
@@ -558,6 +604,7 @@ impl ConnAuth {
         &self,
         exchange: ServerExchange,
         had_failures: bool,
+        stored_key: Option<Key>,
         client_final: String,
     ) -> Result<SaslAuthenticateResponse, ServeError> {
         let key = self.key(exchange.claimed_username());
@@ -568,7 +615,20 @@ impl ConnAuth {
         match verified {
             Ok(done) => {
                 let principal = Principal::user(&done.username);
-                self.logged_in(&host, key, had_failures, principal.clone(), "scram")
+                let stored_key = stored_key.ok_or_else(|| {
+                    internal(
+                        "log in",
+                        "a proof verified without a stored credential".into(),
+                    )
+                })?;
+                let session = Session {
+                    principal: principal.clone(),
+                    basis: Basis::Password {
+                        user: done.username.clone(),
+                        stored_key,
+                    },
+                };
+                self.logged_in(&host, key, had_failures, session, "scram")
                     .await;
                 Ok(SaslAuthenticateResponse {
                     auth_bytes: done.server_final,
@@ -595,29 +655,9 @@ impl ConnAuth {
         key: LockoutKey,
         message: String,
     ) -> ServeError {
-        let at_ms = self.broker.now_ms();
-        let recorded = host
-            .propose_admin(Command::RecordLoginFailure {
-                key: key.clone(),
-                policy: self.broker.policy,
-                at_ms,
-            })
-            .await;
-        let retry_after_ms = match recorded {
-            Ok(Ok(Outcome::LoginFailureRecorded { retry_at_ms, .. })) => {
-                Some(clamp_ms(retry_at_ms.saturating_sub(at_ms)))
-            }
-            other => {
-                warn!(user = %key.principal, outcome = ?other, "a failed login was not counted");
-                None
-            }
-        };
+        let retry_after_ms = self.broker.record_failure(host, key).await;
         self.refuse(message, retry_after_ms)
     }
-}
-
-fn clamp_ms(ms: u64) -> u32 {
-    u32::try_from(ms).unwrap_or(u32::MAX)
 }
 
 /// A fresh server nonce: 24 random bytes in base64 (printable, no `,`).

@@ -2,6 +2,7 @@
 //! tree (`tree_snapshot`, with `all` every broker's over the node fabric)
 //! and `cluster_status` (membership's view of every broker).
 
+use malachi_cluster::group::Reach;
 use malachi_wire::messages as wire;
 
 use super::context::MetaCtx;
@@ -35,7 +36,7 @@ pub(crate) async fn tree_snapshot(
 
 pub(crate) fn cluster_status(meta: &MetaCtx) -> wire::ClusterStatusResponse {
     let node_id = meta.node_id;
-    let brokers = match meta.links.fabric() {
+    let mut brokers = match meta.links.fabric() {
         Some(fabric) => fabric.membership.view().all().map(broker_status).collect(),
         None => vec![wire::BrokerStatus {
             node_id,
@@ -45,5 +46,15 @@ pub(crate) fn cluster_status(meta: &MetaCtx) -> wire::ClusterStatusResponse {
             ..wire::BrokerStatus::default()
         }],
     };
+    // Each broker's cluster port as this one judges it (ADR 0155): what
+    // its placement goes by.
+    for broker in &mut brokers {
+        let reach = if broker.node_id == node_id {
+            Reach::Reachable
+        } else {
+            meta.links.reach_of(broker.node_id)
+        };
+        broker.cluster_port = reach.label().to_owned();
+    }
     wire::ClusterStatusResponse { node_id, brokers }
 }

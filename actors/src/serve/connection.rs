@@ -299,11 +299,15 @@ impl Conn {
         if let Some(identity) = &self.identity {
             debug!(peer = ?self.peer, principal = ?identity.principal(), "client certificate verified");
         }
+        // The session ended (ADR 0154): its refusals are written, nothing
+        // more is read, then the socket closes.
+        let closing = self.ctx.auth.closing().clone();
         loop {
             let permit = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return,
                 _ = serving.port.draining.cancelled() => return,
+                _ = closing.cancelled() => return,
                 permit = Arc::clone(&self.permits).acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => return,
@@ -325,6 +329,7 @@ impl Conn {
                 biased;
                 _ = cancel.cancelled() => return,
                 _ = serving.port.draining.cancelled() => return,
+                _ = closing.cancelled() => return,
                 next = reader.next(&serving, &self.budget, quiet) => next,
             };
             let used = self.inflight_max - self.permits.available_permits();

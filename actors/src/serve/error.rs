@@ -245,6 +245,11 @@ pub(crate) enum ServeError {
     /// operation and the resource (`malachi_core::auth::acl::refusal_message`).
     #[error("{message}")]
     Unauthorized { message: String },
+    /// The connection's session ended (ADR 0154): its token expired, its
+    /// user was deleted or its password changed. The message starts with
+    /// the stable code; the connection closes after its answers.
+    #[error("{0}")]
+    SessionEnded(malachi_core::auth::session::Ended),
     /// A login failed, or the lockout refused to try it.
     #[error("authentication failed: {reason}")]
     AuthFailed {
@@ -335,6 +340,7 @@ impl ServeError {
             ServeError::DataLoss { .. } => ErrorCode::DataLoss,
             ServeError::NotAuthenticated { .. }
             | ServeError::Unauthorized { .. }
+            | ServeError::SessionEnded(_)
             | ServeError::AuthFailed { .. } => ErrorCode::Unauthorized,
             ServeError::AdminStore(e) => admin_store_code(e),
             ServeError::AdminRefused(e) => model_code(e),
@@ -438,7 +444,9 @@ fn coord_code(e: &CoordError) -> ErrorCode {
         CoordError::Model(m) => model_code(m),
         CoordError::Metadata(m) => m.error_code(),
         CoordError::Freeze { .. } => ErrorCode::Busy,
-        CoordError::FreezeNoQuorum { .. } => ErrorCode::NoQuorum,
+        CoordError::FreezeNoQuorum { .. } | CoordError::BuddyWriterDown { .. } => {
+            ErrorCode::NoQuorum
+        }
         // The client port answers it as a redirect with the writer's
         // address (`serve::topics`); without one, still `not_leader`.
         CoordError::WrittenElsewhere { .. } => ErrorCode::NotLeader,
@@ -539,6 +547,22 @@ mod tests {
             reason: "the segment is rolling".into(),
         });
         assert_eq!(busy.code(), ErrorCode::Busy);
+    }
+
+    #[test]
+    fn a_merge_whose_other_writer_is_down_is_no_quorum_naming_it() {
+        let down = ServeError::from(CoordError::BuddyWriterDown {
+            topic: "t".into(),
+            range: malachi_core::model::RangeId(9),
+            primary: malachi_core::model::NodeId(2),
+        });
+        assert_eq!(down.code(), ErrorCode::NoQuorum);
+        assert!(down.code().retriable());
+        assert!(
+            down.body().message.contains("broker 2"),
+            "{}",
+            down.body().message
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! cursor keys as the client port uses them), `topics.rs` (topic and range
 //! admin), `vnodes.rs` (vnode list and split), `cluster.rs` (tree and
 //! cluster status), `auth.rs` (a connection's login and the one table
-//! authorizing each request, ADR 0150), `users.rs` (users and ACLs).
+//! authorizing each request, ADR 0150), `session.rs` (how long a login
+//! holds, ADR 0154), `lockout.rs` (the lockout both ports apply),
+//! `token.rs` (bearer tokens, ADR 0152), `users.rs` (users and ACLs).
 //! `reply.rs` holds what they answer with, `error.rs` the
 //! `ServeError` they refuse with and its one mapping to wire codes.
 //!
@@ -32,12 +34,14 @@ pub(crate) mod error;
 pub(crate) mod features;
 pub(crate) mod fetch;
 pub(crate) mod listener;
+pub(crate) mod lockout;
 pub(crate) mod policies;
 pub(crate) mod produce;
 pub(crate) mod read;
 pub(crate) mod reader;
 pub(crate) mod remote;
 pub(crate) mod reply;
+pub(crate) mod session;
 pub(crate) mod stream;
 pub(crate) mod subscribe;
 pub(crate) mod token;

@@ -7,7 +7,8 @@
 //! carried. With no credit, nothing is pushed: credit, not TCP, is the flow
 //! control, and pushes share the connection's bounded outbound queue. A
 //! cancel ends the subscription with a push flagged `last`; an error frame
-//! on the subscription's id ends it too (the topic was deleted). Each push
+//! on the subscription's id ends it too (the topic was deleted, or the
+//! connection's session ended: ADR 0154, checked before each push). Each push
 //! reads as a fetch does, the sealed segments this broker holds no usable
 //! copy of through their holders (`remote.rs`, ADR 0118).
 
@@ -147,6 +148,7 @@ pub(crate) async fn subscribe(
         tx: ctx.tx.clone(),
         cancel: ctx.cancel.clone(),
         subscriptions: Arc::clone(&ctx.subscriptions),
+        auth: Arc::clone(&ctx.auth),
         sub,
         id,
         topic: req.topic,
@@ -197,6 +199,8 @@ struct PushTask {
     tx: tokio::sync::mpsc::Sender<Outbound>,
     cancel: tokio_util::sync::CancellationToken,
     subscriptions: Arc<Subscriptions>,
+    /// The connection's session: pushes stop when it ends (ADR 0154).
+    auth: Arc<super::auth::ConnAuth>,
     sub: Arc<Subscription>,
     id: u32,
     topic: String,
@@ -258,6 +262,12 @@ impl PushTask {
         let frame_max = self.broker.frame_bytes_max;
         loop {
             sequence += 1;
+            // Nothing is pushed past the session's end (a token's `exp`, a
+            // deleted user): the subscription ends with the refusal.
+            if let Err(ended) = self.auth.session_live().await {
+                let _ = self.send(refusal_frame(self.id, &ended)).await;
+                break;
+            }
             if self.sub.cancelled.load(Ordering::SeqCst) {
                 let last = self.push(sequence, &positions, RecordBatch::default(), true);
                 let _ = self.send(last).await;
@@ -371,6 +381,7 @@ impl PushTask {
                     _ = self.cancel.cancelled() => break,
                     _ = self.broker.draining.cancelled() => break,
                     _ = self.sub.wake.notified() => {}
+                    _ = self.auth.session_deadline() => {}
                     _ = durable.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(REMOTE_ACTIVE_POLL_MS)), if remote_active => {}
                 }

@@ -9,18 +9,21 @@
 //! (unverified, or `?token` if it names no valid user) and the peer's IP;
 //! a refused token counts as a failed login in the ring's group before
 //! the answer, exactly like a wrong password. Verification (`jsonwebtoken`
-//! over aws-lc-rs) runs on the blocking pool.
+//! over aws-lc-rs) runs on the blocking pool. The session ends at the
+//! token's `exp` plus the clock skew (ADR 0154, `session.rs`), or once
+//! the issuer key it verified under is removed (ADR 0157).
 
 use std::sync::Arc;
 
 use malachi_core::auth::acl::Principal;
+use malachi_core::auth::session::Basis;
 use malachi_core::auth::token::{self, TokenAlgorithm, TokenError, TokenKey, VerifiedToken};
 use malachi_core::model::{AuthView, Command, Outcome, validate_user_name};
 use malachi_wire::auth::{TokenAuthenticateRequest, TokenAuthenticateResponse};
 use malachi_wire::token_keys as wire;
 use tracing::{info, warn};
 
-use super::auth::{AuthCtx, ConnAuth};
+use super::auth::{AuthCtx, ConnAuth, Session};
 use super::error::ServeError;
 use super::users::propose;
 
@@ -71,8 +74,8 @@ impl ConnAuth {
                 None,
             ));
         }
-        if self.principal().is_some() {
-            return Err(self.refuse("the connection is already authenticated".into(), None));
+        if let Some(refused) = self.login_again() {
+            return Err(refused);
         }
         let host = broker.host()?;
         let view = Arc::new(host.auth_view().await.map_err(ServeError::AdminStore)?);
@@ -80,8 +83,21 @@ impl ConnAuth {
         let had_failures = self.admit(&view, &key)?;
         match verify_token(broker, view, req.token).await? {
             Ok((principal, verified)) => {
-                let lifetime_ms = verified.expires_at_ms.saturating_sub(broker.now_ms());
-                self.logged_in(&host, key, had_failures, principal.clone(), "token")
+                // The session ends at `exp` plus the skew (ADR 0154); the
+                // answer says how long until then.
+                let basis = Basis::Token {
+                    expires_at_ms: verified.expires_at_ms,
+                    key: verified.key,
+                };
+                let lifetime_ms = basis
+                    .ends_at_ms(broker.token.clock_skew_ms)
+                    .unwrap_or(u64::MAX)
+                    .saturating_sub(broker.now_ms());
+                let session = Session {
+                    principal: principal.clone(),
+                    basis,
+                };
+                self.logged_in(&host, key, had_failures, session, "token")
                     .await;
                 Ok(TokenAuthenticateResponse {
                     principal: principal.to_string(),

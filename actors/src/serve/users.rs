@@ -89,6 +89,7 @@ pub(crate) async fn put_user(
         }
     }
     let credential = credential_of(&req.credential)?;
+    let stored_key = credential.stored_key;
     let outcome = propose(
         auth,
         Command::PutUser {
@@ -99,6 +100,11 @@ pub(crate) async fn put_user(
         },
     )
     .await?;
+    // A password changed through this connection leaves its own session
+    // standing; the user's other sessions end (ADR 0154).
+    if req.replace {
+        conn.renew_password(&req.name, stored_key);
+    }
     info!(user = %req.name, replace = req.replace, principal = ?conn.principal(), "user stored");
     Ok(wire::PutUserResponse {
         name: req.name,

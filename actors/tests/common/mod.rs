@@ -10,6 +10,7 @@ pub use malachi_testkit::wait::{eventually, wait_until};
 
 pub mod logins;
 pub mod protocol_doc;
+pub mod reach;
 pub mod redirects;
 pub mod topics;
 pub mod zones;

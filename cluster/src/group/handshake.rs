@@ -81,6 +81,14 @@ pub enum HandshakeError {
     NotAHandshake,
     #[error("the peer's proof does not match the cluster cookie")]
     BadProof,
+    /// The server closed the connection right after reading the client's
+    /// proof: how a server answers a proof made with another cookie.
+    #[error("the server closed after the proof (a different cluster cookie?)")]
+    ProofRefused,
+    /// The client proved the cookie as a node it may not be here (its
+    /// certificate is for another node, ADR 0155): no server proof sent.
+    #[error("node {client} proved the cookie, but may not connect as that node")]
+    NodeRefused { client: u64 },
     #[error("the peer answered as node {got}, expected node {expected}")]
     WrongNode { expected: u64, got: u64 },
     #[error("no randomness for a nonce: {0}")]
@@ -139,6 +147,21 @@ pub async fn serve_handshake<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    serve_handshake_for(stream, cookie, server_node, &|_| true).await
+}
+
+/// [`serve_handshake`], proving itself only to a client whose proven node
+/// id `admit` takes: any other is refused before the server's proof, so
+/// its side sees the close it sees for another cookie.
+pub async fn serve_handshake_for<S>(
+    stream: &mut S,
+    cookie: &ClusterCookie,
+    server_node: u64,
+    admit: &(dyn Fn(u64) -> bool + Send + Sync),
+) -> Result<u64, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let server_nonce = nonce()?;
     let mut hello = [0u8; SERVER_HELLO_BYTES];
     hello[..4].copy_from_slice(&HANDSHAKE_MAGIC);
@@ -158,6 +181,9 @@ where
     client_mac(cookie, &server_nonce, client_nonce, client)
         .verify_slice(mac)
         .map_err(|_| HandshakeError::BadProof)?;
+    if !admit(client) {
+        return Err(HandshakeError::NodeRefused { client });
+    }
 
     let mut answer = [0u8; SERVER_PROOF_BYTES];
     answer[..8].copy_from_slice(&server_node.to_be_bytes());
@@ -198,7 +224,13 @@ where
     stream.flush().await?;
 
     let mut answer = [0u8; SERVER_PROOF_BYTES];
-    stream.read_exact(&mut answer).await?;
+    match stream.read_exact(&mut answer).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(HandshakeError::ProofRefused);
+        }
+        Err(e) => return Err(e.into()),
+    }
     let server = u64_at(&answer, 0);
     server_mac(cookie, &client_nonce, server_nonce, server, client_node)
         .verify_slice(&answer[8..])
@@ -251,7 +283,36 @@ mod tests {
             matches!(server, Err(HandshakeError::BadProof)),
             "{server:?}"
         );
-        assert!(client.is_err());
+        // The server closed after the proof: the client knows it was
+        // refused, not merely cut off before the hello.
+        assert!(
+            matches!(client, Err(HandshakeError::ProofRefused)),
+            "{client:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_the_server_does_not_admit_is_refused_before_the_servers_proof() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let c = cookie("secret");
+        let serve = async {
+            let r = serve_handshake_for(&mut a, &c, 7, &|client| client == 4).await;
+            drop(a);
+            r
+        };
+        let (server, client) = tokio::join!(serve, async {
+            let r = client_handshake(&mut b, &c, 3, Some(7)).await;
+            drop(b);
+            r
+        });
+        assert!(
+            matches!(server, Err(HandshakeError::NodeRefused { client: 3 })),
+            "{server:?}"
+        );
+        assert!(
+            matches!(client, Err(HandshakeError::ProofRefused)),
+            "{client:?}"
+        );
     }
 
     #[tokio::test]

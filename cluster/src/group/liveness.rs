@@ -287,6 +287,12 @@ impl Prober {
             (*peer, answer)
         });
         let answers = futures::future::join_all(probes).await;
+        // The round's dials were told to the reach judgement as they ended;
+        // what changes with time alone (old failures, an ended hold) is
+        // judged here, every round (ADR 0155).
+        if let Some(reach) = self.transport.reach() {
+            reach.refresh();
+        }
         let (up, leadable) = {
             let mut tracker = self.tracker.lock();
             for (peer, answer) in answers {

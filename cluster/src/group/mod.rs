@@ -30,6 +30,7 @@ pub mod liveness;
 mod log_store;
 mod network;
 pub mod peer_tls;
+pub mod reach;
 mod runtime;
 mod state_machine;
 mod tcp;
@@ -47,7 +48,10 @@ pub use network::{
     GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause,
     UnreachableTransport,
 };
-pub use peer_tls::{PeerTls, PeerTlsObserver, TlsRefusal};
+pub use peer_tls::{CertifiedNodes, PeerTls, PeerTlsObserver, TlsRefusal};
+pub use reach::{
+    DialOutcome, PeerReach, Reach, ReachChange, ReachObserver, ReachSettings, ReachTracker,
+};
 pub use tcp::{
     CLOSE_VNODE_API_KEY, FORWARD_PROPOSE_API_KEY, FORWARD_QUERY_API_KEY, FORWARD_READ_API_KEY,
     GroupRegistry, OPEN_VNODE_API_KEY, PING_API_KEY, RAFT_CONNECTIONS_MAX_DEFAULT,

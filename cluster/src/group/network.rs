@@ -228,6 +228,24 @@ fn to_rpc_error(err: TransportError) -> RPCError<TypeConfig> {
     }
 }
 
+/// The shortest wait for a raft answer. openraft asks for an append's
+/// answer within one heartbeat interval (100 ms): a follower slowed by its
+/// disk or a CPU quota that answers in 150 ms then times out every time,
+/// the leader backs off (200 ms) and sends the same entries again, so the
+/// slow follower does the same work over and over and applies committed
+/// entries seconds late (a split child placed on it started 7 s after the
+/// split, ADR 0158). Waiting this long instead costs a dead peer's
+/// detection nothing: membership and the election timeout judge that.
+pub const RAFT_RPC_TIMEOUT_MS_MIN: u64 = 1_000;
+
+/// How long one raft call waits: what openraft asks, at least
+/// [`RAFT_RPC_TIMEOUT_MS_MIN`].
+fn rpc_timeout_ms(option: &RPCOption) -> u64 {
+    u64::try_from(option.hard_ttl().as_millis())
+        .unwrap_or(u64::MAX)
+        .max(RAFT_RPC_TIMEOUT_MS_MIN)
+}
+
 impl Peer {
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
@@ -241,7 +259,7 @@ impl Peer {
         };
         let body =
             rmp_serde::to_vec(request).map_err(|e| network(NetworkFault::Encode(Arc::new(e))))?;
-        let timeout_ms = u64::try_from(option.hard_ttl().as_millis()).unwrap_or(u64::MAX);
+        let timeout_ms = rpc_timeout_ms(option);
         // Once the group is stopping, no answer goes back to raft: its core
         // is about to stop, and an answer that reached a heartbeat worker
         // after that is logged by openraft as an error ("failed to send
@@ -327,5 +345,19 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                 Err(err) => Err(StreamingError::Unreachable(Unreachable::new(&err))),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_raft_call_waits_at_least_the_floor_and_longer_when_asked() {
+        let heartbeat = RPCOption::new(Duration::from_millis(100));
+        assert_eq!(rpc_timeout_ms(&heartbeat), RAFT_RPC_TIMEOUT_MS_MIN);
+        let snapshot = RPCOption::new(Duration::from_secs(30));
+        assert_eq!(rpc_timeout_ms(&snapshot), 30_000);
     }
 }

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -45,6 +45,10 @@ pub enum TlsRefusal {
     /// rustls refused it: no certificate, one from another CA, self-signed,
     /// expired, a wrong name, or a fatal alert from the peer.
     Refused,
+    /// The certificate is the cluster CA's, but for another node than the
+    /// one dialled, or than the one the peer proved it is in the cookie
+    /// handshake (`tls.cluster_node_identity`, ADR 0155).
+    NodeIdentity,
 }
 
 impl TlsRefusal {
@@ -55,6 +59,7 @@ impl TlsRefusal {
             TlsRefusal::Timeout => "timeout",
             TlsRefusal::Closed => "closed",
             TlsRefusal::Refused => "refused",
+            TlsRefusal::NodeIdentity => "node_identity",
         }
     }
 }
@@ -74,6 +79,12 @@ pub trait PeerTlsObserver: Send + Sync + 'static {
     );
 }
 
+/// The node ids a peer's verified certificate is for (ADR 0155): read by
+/// the broker, which parses certificates; empty when it names none.
+pub trait CertifiedNodes: Send + Sync + 'static {
+    fn nodes(&self, leaf: &CertificateDer<'_>) -> Vec<u64>;
+}
+
 /// TLS between brokers: the configs both sides use, and the deadline.
 #[derive(Clone)]
 pub struct PeerTls {
@@ -84,6 +95,8 @@ pub struct PeerTls {
     server_name: Option<ServerName<'static>>,
     handshake_timeout: Duration,
     observer: Option<Arc<dyn PeerTlsObserver>>,
+    /// Set when a peer's certificate must be for the node it is (ADR 0155).
+    node_identity: Option<Arc<dyn CertifiedNodes>>,
 }
 
 impl fmt::Debug for PeerTls {
@@ -91,6 +104,7 @@ impl fmt::Debug for PeerTls {
         f.debug_struct("PeerTls")
             .field("server_name", &self.server_name)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("node_identity", &self.node_identity.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -101,6 +115,7 @@ impl PartialEq for PeerTls {
             && Arc::ptr_eq(&self.server, &other.server)
             && self.server_name == other.server_name
             && self.handshake_timeout == other.handshake_timeout
+            && self.node_identity.is_some() == other.node_identity.is_some()
     }
 }
 
@@ -121,6 +136,50 @@ impl PeerTls {
             server_name,
             handshake_timeout,
             observer: None,
+            node_identity: None,
+        }
+    }
+
+    /// The same TLS, requiring each peer's certificate to be for the node
+    /// it is: the node dialled, or the node an accepted peer proves it is
+    /// in the cookie handshake (`tls.cluster_node_identity`, ADR 0155).
+    pub fn requiring_node_identity(mut self, nodes: Arc<dyn CertifiedNodes>) -> PeerTls {
+        self.node_identity = Some(nodes);
+        self
+    }
+
+    /// The node ids the peer's certificate `certs` (its chain, the leaf
+    /// first) is for, when node identity is required; `None` when it is
+    /// not (any node may show it).
+    pub fn certified_nodes(&self, certs: Option<&[CertificateDer<'_>]>) -> Option<Vec<u64>> {
+        let nodes = self.node_identity.as_ref()?;
+        Some(
+            certs
+                .and_then(|chain| chain.first())
+                .map(|leaf| nodes.nodes(leaf))
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Whether `node` may be the peer whose certificate is for
+    /// `certified` (`None`: identity not required); a mismatch is counted
+    /// and logged as a `node_identity` refusal on `port`, `direction`.
+    pub fn admit_node(
+        &self,
+        port: &'static str,
+        direction: &'static str,
+        peer: SocketAddr,
+        certified: Option<&[u64]>,
+        node: u64,
+    ) -> Result<(), String> {
+        match certified {
+            Some(nodes) if !nodes.contains(&node) => {
+                let detail =
+                    format!("the certificate is for nodes {nodes:?}, the peer is node {node}");
+                self.report(port, direction, peer, TlsRefusal::NodeIdentity, &detail);
+                Err(detail)
+            }
+            _ => Ok(()),
         }
     }
 

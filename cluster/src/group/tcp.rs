@@ -31,9 +31,10 @@
 
 use super::backoff::{backoff_delay_ms, backoff_seed};
 use super::frames::{FrameReadError, read_frame};
-use super::handshake::{ClusterCookie, HandshakeError, client_handshake, serve_handshake};
+use super::handshake::{ClusterCookie, HandshakeError, client_handshake, serve_handshake_for};
 use super::network::{GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause};
-use super::peer_tls::{PeerRead, PeerTls, PeerWrite, plain_halves, tls_halves};
+use super::peer_tls::{PeerRead, PeerTls, PeerWrite, TlsRefusal, plain_halves, tls_halves};
+use super::reach::{DialOutcome, PeerReach};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::SinkExt;
 use malachi_wire::error::ErrorCode;
@@ -264,6 +265,8 @@ pub struct TcpTransport {
     /// Serializes connection attempts, so concurrent calls to one dead peer
     /// make one attempt, not one each.
     connecting: tokio::sync::Mutex<()>,
+    /// Where each dial's outcome is told (ADR 0155), if anywhere.
+    reach: Option<Arc<PeerReach>>,
 }
 
 impl TcpTransport {
@@ -273,6 +276,24 @@ impl TcpTransport {
             peers: Mutex::new(BTreeMap::new()),
             health: Mutex::new(BTreeMap::new()),
             connecting: tokio::sync::Mutex::new(()),
+            reach: None,
+        }
+    }
+
+    /// The same transport, telling `reach` how each dial ended (ADR 0155).
+    pub fn with_reach(mut self, reach: Arc<PeerReach>) -> TcpTransport {
+        self.reach = Some(reach);
+        self
+    }
+
+    /// Where this transport tells its dials' outcomes, if anywhere.
+    pub fn reach(&self) -> Option<&Arc<PeerReach>> {
+        self.reach.as_ref()
+    }
+
+    fn tell_reach(&self, target: u64, outcome: DialOutcome) {
+        if let Some(reach) = &self.reach {
+            reach.dialled(target, outcome);
         }
     }
 
@@ -297,6 +318,9 @@ impl TcpTransport {
     /// Forgets a peer and closes its connection.
     pub fn remove_peer(&self, node: u64) {
         self.peers.lock().remove(&node);
+        if let Some(reach) = &self.reach {
+            reach.forget(node);
+        }
     }
 
     /// The peers this transport knows, with their addresses.
@@ -363,6 +387,18 @@ impl TcpTransport {
                         return Err(self.failed_connect(target, cause));
                     }
                 };
+                // The server's certificate must be for the node dialled,
+                // when node identity is required (ADR 0155).
+                let certified = tls.certified_nodes(stream.get_ref().1.peer_certificates());
+                if let Err(detail) =
+                    tls.admit_node("cluster", "outbound", addr, certified.as_deref(), target)
+                {
+                    let cause = UnreachableCause::Tls {
+                        reason: TlsRefusal::NodeIdentity.label(),
+                        detail,
+                    };
+                    return Err(self.failed_connect(target, cause));
+                }
                 self.cookie_handshake(&mut stream, target).await?;
                 tls_halves(stream)
             }
@@ -373,6 +409,8 @@ impl TcpTransport {
         slot.conn = Some(Arc::clone(&conn));
         slot.retry_at = None;
         slot.failures = 0;
+        drop(peers);
+        self.tell_reach(target, DialOutcome::Connected);
         tracing::debug!(node = self.config.node_id, peer = target, %addr, "raft connection open");
         Ok(conn)
     }
@@ -414,6 +452,13 @@ impl TcpTransport {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => {
                 let cause = match e {
+                    // A TLS alert after the client's side of a TLS 1.3
+                    // handshake finished: the server refused our
+                    // certificate (another CA, or another node's, ADR 0155).
+                    HandshakeError::Io(io) if is_tls_alert(&io) => UnreachableCause::Tls {
+                        reason: TlsRefusal::Refused.label(),
+                        detail: io.to_string(),
+                    },
                     HandshakeError::Io(_) => UnreachableCause::HandshakeClosed(Arc::new(e)),
                     e => UnreachableCause::Handshake(Arc::new(e)),
                 };
@@ -424,6 +469,7 @@ impl TcpTransport {
     }
 
     fn failed_connect(&self, target: u64, cause: UnreachableCause) -> TransportError {
+        self.tell_reach(target, dial_outcome(&cause));
         let mut peers = self.peers.lock();
         if let Some(slot) = peers.get_mut(&target) {
             let backoff_ms = backoff_delay_ms(
@@ -642,6 +688,38 @@ impl GroupTransport for TcpTransport {
             _ => {}
         }
         answer
+    }
+}
+
+/// Whether a read failed on a TLS alert the peer sent (rustls reports it
+/// as an i/o error wrapping its own).
+fn is_tls_alert(error: &std::io::Error) -> bool {
+    error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|e| matches!(e, rustls::Error::AlertReceived(_)))
+}
+
+/// What a failed dial says of its peer (ADR 0155): refused when the peer
+/// proved it is not one of ours or refused us (TLS, the cookie's proof,
+/// another node's id), failed otherwise.
+fn dial_outcome(cause: &UnreachableCause) -> DialOutcome {
+    match cause {
+        UnreachableCause::Tls { reason, .. }
+            if *reason == TlsRefusal::Refused.label()
+                || *reason == TlsRefusal::NodeIdentity.label() =>
+        {
+            DialOutcome::Refused
+        }
+        UnreachableCause::Handshake(e) => match **e {
+            HandshakeError::BadProof
+            | HandshakeError::ProofRefused
+            | HandshakeError::WrongNode { .. }
+            | HandshakeError::NodeRefused { .. }
+            | HandshakeError::NotAHandshake => DialOutcome::Refused,
+            HandshakeError::Io(_) | HandshakeError::Randomness(_) => DialOutcome::Failed,
+        },
+        _ => DialOutcome::Failed,
     }
 }
 
@@ -1057,7 +1135,7 @@ async fn serve_connection(
     let _open = OpenConnection::count(&shared.counters.connections_open);
     let (read_half, write_half, client) = match &shared.config.tls {
         None => {
-            let Some(client) = authenticate(&mut stream, peer, &shared).await else {
+            let Some(client) = authenticate(&mut stream, peer, &shared, None).await else {
                 return;
             };
             let (read_half, write_half) = plain_halves(stream);
@@ -1069,7 +1147,11 @@ async fn serve_connection(
                 shared.counters.refused_tls.fetch_add(1, Ordering::SeqCst);
                 return;
             };
-            let Some(client) = authenticate(&mut stream, peer, &shared).await else {
+            // With node identity required, the client must prove the
+            // cookie as a node its certificate is for (ADR 0155).
+            let certified = tls.certified_nodes(stream.get_ref().1.peer_certificates());
+            let Some(client) = authenticate(&mut stream, peer, &shared, certified.as_deref()).await
+            else {
                 return;
             };
             let (read_half, write_half) = tls_halves(stream);
@@ -1097,20 +1179,35 @@ impl Drop for OpenConnection<'_> {
 
 /// Runs the server's side of the handshake within `handshake_timeout_ms`
 /// and names the client node, or counts and logs the refusal (a bad
-/// cookie, not a handshake, a timeout): `None` closes the connection.
-async fn authenticate<S>(stream: &mut S, peer: SocketAddr, shared: &ServerShared) -> Option<u64>
+/// cookie, not a handshake, a timeout, a node its certificate is not for
+/// when `certified` lists them): `None` closes the connection.
+async fn authenticate<S>(
+    stream: &mut S,
+    peer: SocketAddr,
+    shared: &ServerShared,
+    certified: Option<&[u64]>,
+) -> Option<u64>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let counters = &shared.counters;
     let config = &shared.config;
+    let admit = |client: u64| certified.is_none_or(|nodes| nodes.contains(&client));
     let shaken = tokio::time::timeout(
         Duration::from_millis(config.handshake_timeout_ms),
-        serve_handshake(stream, &config.cookie, config.node_id),
+        serve_handshake_for(stream, &config.cookie, config.node_id, &admit),
     )
     .await;
     let client = match shaken {
         Ok(Ok(client)) => client,
+        Ok(Err(HandshakeError::NodeRefused { client })) => {
+            counters.refused_tls.fetch_add(1, Ordering::SeqCst);
+            if let Some(tls) = &config.tls {
+                // Counted and logged by the TLS's observer.
+                let _ = tls.admit_node("cluster", "inbound", peer, certified, client);
+            }
+            return None;
+        }
         Ok(Err(e)) => {
             counters.refused_handshake.fetch_add(1, Ordering::SeqCst);
             let reason = match e {

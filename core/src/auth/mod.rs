@@ -8,6 +8,8 @@
 //! - `acl`: principals, resources, operations and the allow/deny decision.
 //! - `lockout`: the progressive delay and lock after failed attempts.
 //! - `token`: bearer tokens (JWT) verified under the issuer's keys.
+//! - `session`: whether a connection's login still stands (a token's
+//!   `exp`, a SCRAM user deleted or its password changed).
 
 pub mod acl;
 pub mod lockout;
@@ -15,4 +17,5 @@ pub mod scram;
 pub mod scram_client;
 mod scram_message;
 pub mod scram_server;
+pub mod session;
 pub mod token;

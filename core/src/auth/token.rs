@@ -188,6 +188,8 @@ pub struct VerifiedToken {
     pub expires_at_ms: u64,
     /// The key it verified under.
     pub kid: String,
+    /// That key, as the store held it (a session rests on it, ADR 0157).
+    pub key: std::sync::Arc<TokenKey>,
 }
 
 /// Why a token was refused. The `Display` text starts with a stable code
@@ -385,6 +387,7 @@ pub fn verify<'k>(
         subject,
         expires_at_ms,
         kid,
+        key: std::sync::Arc::new(key.clone()),
     })
 }
 

@@ -363,7 +363,8 @@ impl MetadataState {
         Ok(Outcome::TokenKeyAdded)
     }
 
-    /// Removes an issuer key: tokens naming it are refused from then on.
+    /// Removes an issuer key: tokens naming it are refused from then on,
+    /// and the sessions they opened end (ADR 0157, `auth::session`).
     pub(super) fn remove_token_key(&mut self, kid: &str) -> Result<Outcome, ModelError> {
         let removed = self
             .admin

@@ -7,8 +7,10 @@
 //! creates one topic (three copies), splits it into `--ranges` ranges,
 //! prints where the primaries went (ADR 0144 spreads them), and runs keyed
 //! producers against it. It reports records/s and MB/s per count and the
-//! ratio of the largest count's records/s to the smallest's. Nothing is
-//! asserted: the figures go to docs/benchmarks.md.
+//! ratio of the largest count's records/s to the smallest's; with
+//! `--rounds N` the counts run in turn N times and the ratio is the median
+//! of the rounds' (a busy minute moves one round, not the figure). Nothing
+//! is asserted: the figures go to docs/benchmarks.md.
 
 use std::time::{Duration, Instant};
 
@@ -77,6 +79,7 @@ pub async fn scale(args: BenchScaleArgs) -> Result<(), CliError> {
         brokers_min,
         brokers_max,
         ratio: None,
+        round_ratios: Vec::new(),
     };
     eprintln!("{}", report::caps_text(&summary));
     let device = match disk {
@@ -87,16 +90,20 @@ pub async fn scale(args: BenchScaleArgs) -> Result<(), CliError> {
         return auto_reshape(&args, brokers_max, ranges, device).await;
     }
     let mut rows = Vec::new();
-    for brokers in counts {
-        let row = run_count(&args, brokers, ranges, device).await?;
-        if args.json {
-            print_json(&row)?;
-        } else {
-            eprintln!("{}", report::row_text(&row));
+    for round in 1..=args.rounds {
+        for &brokers in &counts {
+            let mut row = run_count(&args, brokers, ranges, device).await?;
+            row.round = round;
+            if args.json {
+                print_json(&row)?;
+            } else {
+                eprintln!("{}", report::row_text(&row));
+            }
+            rows.push(row);
         }
-        rows.push(row);
     }
-    summary.ratio = report::ratio(&rows);
+    summary.round_ratios = report::round_ratios(&rows);
+    summary.ratio = report::median(&summary.round_ratios);
     if args.json {
         print_json(&summary)
     } else {
@@ -238,7 +245,38 @@ async fn load_presplit(
             .filter(|r| r.state == "active")
             .count(),
     );
-    let bands = load::active_bands(&described)?;
+    measure_presplit(args, cluster, output, brokers, &described, primaries).await
+}
+
+/// The pre-split topic loaded again, as it stands now (after the one-range
+/// topic's minute: the baseline's second measurement, so that a cluster
+/// that slows as it ages is not counted against reshaping).
+async fn load_presplit_again(
+    args: &BenchScaleArgs,
+    cluster: &Cluster,
+    output: &OutputArgs,
+    brokers: u64,
+) -> Result<ScaleRow, CliError> {
+    let client = bench_client(output).await?;
+    let described = client
+        .describe_topic(TOPIC)
+        .await
+        .map_err(|e| CliError::Bench(format!("cannot describe {TOPIC}: {e}")))?;
+    let primaries = primaries_per_broker(&described, brokers);
+    measure_presplit(args, cluster, output, brokers, &described, primaries).await
+}
+
+/// Loads the pre-split topic for `--warmup`, then measures it for
+/// `--seconds`.
+async fn measure_presplit(
+    args: &BenchScaleArgs,
+    cluster: &Cluster,
+    output: &OutputArgs,
+    brokers: u64,
+    described: &TopicDescription,
+    primaries: Vec<usize>,
+) -> Result<ScaleRow, CliError> {
+    let bands = load::active_bands(described)?;
     let keys = load::keys_by_band(&bands, args.batch_records)?;
     let batches = load::batches(&keys, args.value_bytes)?;
     let shape = load::ScaleLoad {
@@ -438,6 +476,7 @@ fn row(
     let percent = |ticks: u64| 100.0 * ticks as f64 / TICKS_PER_SECOND / wall;
     let seconds = measured.seconds.max(1e-9);
     ScaleRow {
+        round: 1,
         brokers,
         ranges,
         primaries_per_broker: primaries,

@@ -508,6 +508,10 @@ impl SegmentStore for FileStore {
         self.seal_path(segment).exists()
     }
 
+    fn seal_at_rest(&self, segment: SegmentId) -> Result<Option<SealInfo>, StorageError> {
+        crate::marker::read_seal(&self.seal_path(segment))
+    }
+
     fn read_sidecar(&self, segment: SegmentId) -> Result<Option<Vec<u8>>, StorageError> {
         let path = self.producers_path(segment);
         match std::fs::read(&path) {

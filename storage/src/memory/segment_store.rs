@@ -586,6 +586,11 @@ impl SegmentStore for MemoryStore {
             .is_some_and(|c| c.disk.seal.is_some())
     }
 
+    fn seal_at_rest(&self, segment: SegmentId) -> Result<Option<SealInfo>, StorageError> {
+        let state = self.state.lock();
+        Ok(state.copies.get(&segment).and_then(|c| c.disk.seal))
+    }
+
     fn read_sidecar(&self, segment: SegmentId) -> Result<Option<Vec<u8>>, StorageError> {
         let state = self.state.lock();
         Ok(state

@@ -73,7 +73,12 @@ pub(crate) struct Connection {
     pending: Pending,
     window: Arc<Semaphore>,
     next_id: AtomicU32,
+    /// Set once the connection may take no new request: its stream ended,
+    /// or the broker said its session ended (it closes after its answers).
     closed: Arc<AtomicBool>,
+    /// When the login's session ends by itself (a token's `exp`, ADR
+    /// 0154): past it, no new request goes on this connection.
+    session_ends_at: OnceLock<tokio::time::Instant>,
     /// The error the broker said goodbye with (a frame on the reserved
     /// correlation id 0, e.g. `busy` past its connection limit), so calls
     /// cut off by the close report it instead of a bare "connection closed".
@@ -177,7 +182,16 @@ impl Connection {
                     Some(Ok(frame)) if frame.correlation_id == GOODBYE_CORRELATION_ID => {
                         note_goodbye(&reader_goodbye, &reader_addr, frame);
                     }
-                    Some(Ok(frame)) => dispatch(&reader_pending, frame),
+                    Some(Ok(frame)) => {
+                        if ends_session(&frame) {
+                            // The broker closes after its answers: the
+                            // answers still due are read, no new request
+                            // is sent here (ADR 0154).
+                            debug!(addr = %reader_addr, "the broker ended the session");
+                            reader_closed.store(true, Ordering::Release);
+                        }
+                        dispatch(&reader_pending, frame)
+                    }
                     Some(Err(error)) => {
                         warn!(addr = %reader_addr, %error, "connection read failed");
                         break;
@@ -200,6 +214,7 @@ impl Connection {
             window: Arc::new(Semaphore::new(config.inflight_requests_max.max(1))),
             next_id: AtomicU32::new(1),
             closed,
+            session_ends_at: OnceLock::new(),
             goodbye,
             unsupported: OnceLock::new(),
             tasks: [write_task, read_task],
@@ -244,6 +259,22 @@ impl Connection {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Records the login's session lifetime (from the login's answer).
+    pub(crate) fn set_session_lifetime(&self, lifetime_ms: u64) {
+        let ends_at = tokio::time::Instant::now() + Duration::from_millis(lifetime_ms);
+        let _ = self.session_ends_at.set(ends_at);
+    }
+
+    /// Whether a new request may go on this connection: it is open and
+    /// its session has not ended.
+    pub(crate) fn usable(&self) -> bool {
+        !self.is_closed()
+            && self
+                .session_ends_at
+                .get()
+                .is_none_or(|ends_at| tokio::time::Instant::now() < *ends_at)
     }
 
     /// A correlation id not currently pending. Ids wrap; skipping live ones
@@ -454,6 +485,14 @@ fn note_goodbye(goodbye: &Goodbye, addr: &str, frame: ResponseFrame) {
     });
     debug!(addr, code = %frame.error_code, message = %body.message, "the broker said goodbye");
     *lock(goodbye) = Some((frame.error_code, body));
+}
+
+/// Whether `frame` says the connection's session ended: `unauthorized`
+/// with a message starting with a session-ended code (ADR 0154).
+fn ends_session(frame: &ResponseFrame) -> bool {
+    frame.error_code == ErrorCode::Unauthorized
+        && ErrorBody::decode(frame.payload.clone())
+            .is_ok_and(|body| crate::auth::session_ended_code(&body.message).is_some())
 }
 
 /// Hand a frame to whoever waits for its correlation id.

@@ -6,6 +6,15 @@
 //! names the broker and why, and the client does not try the same
 //! credentials again.
 //!
+//! A session may end (ADR 0154): a token's at its `exp`, any when the
+//! broker says so (`unauthorized` starting with a code of
+//! [`crate::auth::SESSION_ENDED_CODES`]), after which the broker closes
+//! the connection. The client opens no new request on a connection past
+//! its session's end (`session_lifetime_ms` from the login's answer), and
+//! a request refused `session-expired` is sent again on a new connection,
+//! logged in afresh: a [`TokenLogin::from_file`] reads its file again
+//! for that login, so a token renewed on disk is picked up.
+//!
 //! The mechanism itself is a seam: this crate knows the exchange's
 //! framing, not SCRAM's arithmetic, which lives in `malachi-core`
 //! (`auth::scram_client`); `malachi_actors::scram_login::ScramLogin`
@@ -30,21 +39,36 @@ pub trait Authenticator: Send + Sync + std::fmt::Debug {
     /// A new session and its first message.
     fn start(&self) -> Result<(Box<dyn AuthSession>, String), String>;
     /// A bearer token to log in with through 402 `token_authenticate`
-    /// instead of SASL (ADR 0152); `None` for a SASL mechanism.
-    fn bearer_token(&self) -> Option<String> {
+    /// instead of SASL (ADR 0152), asked for at every login; `None` for a
+    /// SASL mechanism, `Some(Err(why))` if the token cannot be had now.
+    fn bearer_token(&self) -> Option<Result<String, String>> {
         None
     }
 }
 
-/// A login with a bearer token (a JWT the issuer minted), read once.
-/// Its `Debug` never shows the token.
+/// Where a [`TokenLogin`]'s token comes from.
+enum TokenSource {
+    /// Given once.
+    Fixed(String),
+    /// The first line of a file, read at every login.
+    File(std::path::PathBuf),
+}
+
+/// A login with a bearer token (a JWT the issuer minted): a fixed one, or
+/// the first line of a file read again at every login (a token agent
+/// renews the file; the next connection uses the new token). Its `Debug`
+/// never shows the token.
 pub struct TokenLogin {
-    token: String,
+    source: TokenSource,
 }
 
 impl std::fmt::Debug for TokenLogin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenLogin").finish_non_exhaustive()
+        let mut d = f.debug_struct("TokenLogin");
+        if let TokenSource::File(path) = &self.source {
+            d.field("file", path);
+        }
+        d.finish_non_exhaustive()
     }
 }
 
@@ -52,7 +76,15 @@ impl TokenLogin {
     /// A login with `token` (surrounding whitespace trimmed).
     pub fn new(token: &str) -> TokenLogin {
         TokenLogin {
-            token: token.trim().to_owned(),
+            source: TokenSource::Fixed(token.trim().to_owned()),
+        }
+    }
+
+    /// A login with the first line of `path`, read at every login (so on
+    /// every new connection, and after a session ended).
+    pub fn from_file(path: impl Into<std::path::PathBuf>) -> TokenLogin {
+        TokenLogin {
+            source: TokenSource::File(path.into()),
         }
     }
 
@@ -71,9 +103,35 @@ impl Authenticator for TokenLogin {
         Err("a token login has no SASL session".into())
     }
 
-    fn bearer_token(&self) -> Option<String> {
-        Some(self.token.clone())
+    fn bearer_token(&self) -> Option<Result<String, String>> {
+        Some(match &self.source {
+            TokenSource::Fixed(token) => Ok(token.clone()),
+            TokenSource::File(path) => read_token_file(path),
+        })
     }
+}
+
+/// The first line of a token file, trimmed: at most
+/// [`crate::auth::TOKEN_BYTES_MAX`] bytes are used, and an empty line is
+/// refused.
+pub fn read_token_file(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| {
+            // A line ending (`\r\n`) past the longest token.
+            file.take(crate::auth::TOKEN_BYTES_MAX as u64 + 2)
+                .read_to_string(&mut text)
+        })
+        .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+    let line = text.lines().next().unwrap_or_default().trim();
+    if line.is_empty() {
+        return Err(format!(
+            "{}: the first line (the token) is empty",
+            path.display()
+        ));
+    }
+    Ok(line.to_owned())
 }
 
 /// One login's client side.
@@ -121,19 +179,21 @@ fn as_refusal(addr: &str, e: ClientError) -> ClientError {
 }
 
 impl Client {
-    /// Logs `connection` in with the configured authenticator, if any.
+    /// Logs `connection` in with the configured authenticator, if any;
+    /// answers the session's lifetime, if the broker named one.
     pub(super) async fn login(
         &self,
         connection: &Connection,
         timeout_ms: u64,
-    ) -> Result<(), ClientError> {
+    ) -> Result<Option<u64>, ClientError> {
         let Some(Login(authenticator)) = self.config().login.clone() else {
-            return Ok(());
+            return Ok(None);
         };
         let addr = connection.addr().to_owned();
         if let Some(token) = authenticator.bearer_token() {
+            let token = token.map_err(|why| refused(&addr, why, None))?;
             let request = TokenAuthenticateRequest { token };
-            let _answer: TokenAuthenticateResponse = self
+            let answer: TokenAuthenticateResponse = self
                 .exchange_payload::<TokenAuthenticateRequest>(
                     connection,
                     request.encode()?,
@@ -141,7 +201,7 @@ impl Client {
                 )
                 .await
                 .map_err(|e| as_refusal(&addr, e))?;
-            return Ok(());
+            return Ok(answer.session_lifetime_ms);
         }
         let handshake = SaslHandshakeRequest {
             mechanism: authenticator.mechanism().to_owned(),
@@ -180,6 +240,7 @@ impl Client {
                 .await
                 .map_err(|e| as_refusal(&addr, e))?;
             let complete = answer.complete;
+            let lifetime_ms = answer.session_lifetime_ms;
             let (back, next) = tokio::task::spawn_blocking(move || {
                 let next = session.step(&answer.auth_bytes, complete);
                 (session, next)
@@ -188,7 +249,7 @@ impl Client {
             .map_err(|e| refused(&addr, format!("the login task failed: {e}"), None))?;
             session = back;
             match (next.map_err(|r| refused(&addr, r, None))?, complete) {
-                (None, true) => return Ok(()),
+                (None, true) => return Ok(lifetime_ms),
                 (Some(next), false) => message = next,
                 _ => {
                     return Err(refused(

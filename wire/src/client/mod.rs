@@ -223,15 +223,29 @@ impl ClientError {
     }
 
     /// Whether sending the request again may succeed. Client-side timeouts
-    /// are not retriable: the broker may have applied the request.
+    /// are not retriable: the broker may have applied the request. A
+    /// request refused because the connection's token expired is (it wrote
+    /// nothing; the next attempt logs in again on a new connection, ADR
+    /// 0154).
     pub fn retriable(&self) -> bool {
         match self {
+            ClientError::Server { .. } if self.session_expired() => true,
             ClientError::Server { code, .. } => code.retriable(),
             ClientError::Connect { .. }
             | ClientError::ConnectTimeout { .. }
             | ClientError::ConnectionClosed { .. } => true,
             _ => false,
         }
+    }
+
+    /// Whether the broker refused the request because the connection's
+    /// session ended at its token's expiry (`session-expired`, ADR 0154).
+    pub fn session_expired(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Server { code: ErrorCode::Unauthorized, message, .. }
+                if crate::auth::session_ended_code(message) == Some(crate::auth::SESSION_EXPIRED)
+        )
     }
 
     /// Whether the broker answered (a refusal is an answer): one that
@@ -482,9 +496,11 @@ impl Client {
         {
             let mut state = self.state();
             if let Some(existing) = state.connections.get(addr) {
-                if !existing.is_closed() {
+                if existing.usable() {
                     return Ok(existing.clone());
                 }
+                // Closed, or its session ended: calls already on it finish
+                // there, new ones go on a new connection, logged in afresh.
                 state.connections.remove(addr);
             }
             if state.connections.len() >= self.inner.config.connections_max {
@@ -498,11 +514,15 @@ impl Client {
         let connection = Arc::new(Connection::open(addr, config, connect_timeout_ms).await?);
         let negotiate_timeout_ms = config.request_timeout_ms.min(left_ms(deadline));
         self.negotiate(&connection, negotiate_timeout_ms).await?;
-        self.login(
-            &connection,
-            config.request_timeout_ms.min(left_ms(deadline)),
-        )
-        .await?;
+        let lifetime_ms = self
+            .login(
+                &connection,
+                config.request_timeout_ms.min(left_ms(deadline)),
+            )
+            .await?;
+        if let Some(lifetime_ms) = lifetime_ms {
+            connection.set_session_lifetime(lifetime_ms);
+        }
         info!(addr = %addr, "connected to broker");
         let mut state = self.state();
         // Another task may have connected meanwhile; keep the first one.
@@ -1107,6 +1127,32 @@ mod tests {
         assert_eq!(err.code(), Some(ErrorCode::NotLeader));
         assert!(err.retriable());
         assert_eq!(err.leader_hint(), Some("10.0.0.2:4040"));
+    }
+
+    #[test]
+    fn only_an_expired_session_makes_an_unauthorized_answer_retriable() {
+        let refusal = |message: &str| {
+            let body = ErrorBody {
+                message: message.into(),
+                ..ErrorBody::default()
+            };
+            decode_response::<FetchRequest>(ErrorCode::Unauthorized, body.encode().unwrap(), "a")
+                .unwrap_err()
+        };
+        let expired = refusal("session-expired: the token expired at 1 ms (now 2 ms, skew 0 ms)");
+        assert!(expired.session_expired());
+        assert!(expired.retriable());
+        for final_one in [
+            "principal-removed: user \"bob\" was deleted; this connection's session is over",
+            "credential-changed: the password of user \"bob\" changed",
+            "issuer-key-removed: the issuer key \"k1\" that verified this session's token was removed",
+            "User:bob may not consume topic `t`: no entry allows it",
+            "authentication failed: token-expired: expired at 1 ms",
+        ] {
+            let refused = refusal(final_one);
+            assert!(!refused.session_expired(), "{final_one}");
+            assert!(!refused.retriable(), "{final_one}");
+        }
     }
 
     #[test]

@@ -404,9 +404,7 @@ impl Producer {
             match self.queue[i].state {
                 State::Acked => {}
                 State::InFlight => {
-                    if let (Some(range), Some(layout)) = (range, &self.layout)
-                        && !layout.is_active(range)
-                    {
+                    if self.holds_back(i) {
                         break;
                     }
                 }
@@ -455,6 +453,20 @@ impl Producer {
             self.queue.pop_front();
         }
         Ok(())
+    }
+
+    /// Whether entry `i`, in flight, holds back every later entry until it
+    /// is answered, because its answer may send its records again ahead of
+    /// them: its range is not known active (split or merged away, or the
+    /// layout was dropped after a `moved` and not read again yet: a later
+    /// entry routed now would take the new ranges' first sequences before
+    /// it), or it carries an epoch the producer has left (refused, it is
+    /// sent again under the new epoch, and must keep its place).
+    fn holds_back(&self, i: usize) -> bool {
+        let Some((range, _, epoch)) = self.queue[i].assigned else {
+            return false;
+        };
+        !self.known_active(range) || epoch < self.identity.epoch
     }
 
     /// Whether the current layout has `range` active (false without one).

@@ -101,8 +101,8 @@ impl Client {
         let addr = addr.map_or_else(|| self.addr_for(None), str::to_owned);
         let connection = {
             let state = self.state();
-            let open = |a: &str| state.connections.get(a).filter(|c| !c.is_closed()).cloned();
-            open(&addr).or_else(|| state.connections.values().find(|c| !c.is_closed()).cloned())
+            let open = |a: &str| state.connections.get(a).filter(|c| c.usable()).cloned();
+            open(&addr).or_else(|| state.connections.values().find(|c| c.usable()).cloned())
         };
         let Some(connection) = connection else {
             return;

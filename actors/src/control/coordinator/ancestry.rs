@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use malachi_core::model::{MetadataState, RangeId, SegmentId, SegmentState};
 
-use crate::data::lineage::{ANCESTRY_DEPTH_MAX, ANCESTRY_SEGMENTS_MAX, Ancestor, Ancestry, Sealed};
+use crate::data::ancestors::{
+    ANCESTRY_DEPTH_MAX, ANCESTRY_SEGMENTS_MAX, Ancestor, Ancestry, Sealed,
+};
 
 /// The segments whose producer state `segment` of `range` starts from: the
 /// range's previous segment, or for a range's first segment the last

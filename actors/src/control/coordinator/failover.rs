@@ -88,8 +88,17 @@ impl CoordinatorState {
         complete: &[u64],
         failed: &BTreeSet<u64>,
     ) -> Result<Vec<NodeId>, CoordError> {
-        let Some(primary) =
-            crate::data::recovery::successor_primary(complete, failed, self.node().0)
+        // A complete copy whose cluster port this broker reaches leads, if
+        // there is one (ADR 0155); else any complete copy, as before: its
+        // fence was answered, so it was reached, and a stalled failover
+        // would keep the range from taking writes at all.
+        let me = self.node().0;
+        let avoided: BTreeSet<u64> = failed
+            .union(&self.shared.links.unreachable())
+            .copied()
+            .collect();
+        let Some(primary) = crate::data::recovery::successor_primary(complete, &avoided, me)
+            .or_else(|| crate::data::recovery::successor_primary(complete, failed, me))
         else {
             return Err(CoordError::Unexpected(format!(
                 "segment {segment} has no complete copy to lead its successor"

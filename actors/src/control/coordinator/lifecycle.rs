@@ -14,7 +14,7 @@ use super::{CoordError, CoordinatorMsg};
 use crate::control::metadata::{MetadataPlane, read_owner};
 use crate::control::segment_stop::segment_name;
 use crate::control::shared::Shared;
-use crate::data::lineage::Ancestry;
+use crate::data::ancestors::Ancestry;
 use crate::data::segment::{RollError, Roller, SegmentActor, SegmentArgs};
 
 /// How long starting a segment waits for this broker's replica to apply the

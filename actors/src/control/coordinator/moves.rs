@@ -127,6 +127,16 @@ impl CoordinatorState {
             // other's primary: if the other half may come here, its
             // primary does the move instead (the request goes there).
             Err(CoordError::MoveTarget { target }) => {
+                // The other half's writer takes no copies (down or
+                // unreachable, ADR 0155): sending the client there would
+                // not complete the merge either.
+                if !self.candidates().iter().any(|c| c.node == to.0) {
+                    return CoordError::BuddyWriterDown {
+                        topic: topic.to_owned(),
+                        range: there,
+                        primary: to,
+                    };
+                }
                 if !self.may_lead(topic) {
                     return CoordError::MoveTarget { target };
                 }

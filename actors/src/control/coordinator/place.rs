@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use malachi_core::load::{BrokerLoad, LOAD_ATTRIBUTE, rank_primaries};
 use malachi_core::model::NodeId;
-use malachi_core::placement::{Candidate, choose_replicas};
+use malachi_core::placement::{Candidate, Excluded, choose_replicas, eligible};
 use tracing::{debug, info, warn};
 
 use super::{CoordError, CoordinatorState};
@@ -146,46 +146,34 @@ impl CoordinatorState {
     }
 }
 
-/// The live brokers segments may be placed on, with their zones.
+/// The live brokers segments may be placed on, with their zones: those
+/// membership calls alive, less the full, the leaving and those whose
+/// cluster port this broker cannot reach (`malachi_core::placement::eligible`).
 pub(crate) fn placement_candidates(shared: &Shared) -> Vec<Candidate> {
     let me = shared.config.node_id;
     let attribute = &shared.config.placement_attribute;
-    // A broker whose volume is full takes no new copies (ADR 0111);
-    // this one knows its own state first-hand.
-    let mut full: BTreeSet<u64> = BTreeSet::new();
-    let mut candidates: Vec<Candidate> = match shared.fabric() {
+    let mut excluded = Excluded::default();
+    let live: Vec<Candidate> = match shared.fabric() {
         Some(fabric) => fabric
             .membership
             .view()
             .live()
-            .filter(|m| {
-                let room = crate::common::volume::has_room(&m.attributes);
-                if !room {
-                    full.insert(m.node_id);
+            .map(|m| {
+                // A broker whose volume is full takes no new copies (ADR
+                // 0111); this one knows its own state first-hand, below.
+                if m.node_id != me && !crate::common::volume::has_room(&m.attributes) {
+                    excluded.full.insert(m.node_id);
                 }
-                room || m.node_id == me
-            })
-            .map(|m| Candidate {
-                node: m.node_id,
-                zone: m.attributes.get(attribute).cloned(),
+                Candidate {
+                    node: m.node_id,
+                    zone: m.attributes.get(attribute).cloned(),
+                }
             })
             .collect(),
         None => Vec::new(),
     };
     if shared.data.space.is_full() {
-        candidates.retain(|c| c.node != me);
-        if candidates.is_empty() {
-            // Alone and full: the copies stay here, refused at produce.
-            candidates.push(Candidate {
-                node: me,
-                zone: shared.config.attributes.get(attribute).cloned(),
-            });
-        }
-    } else if !candidates.iter().any(|c| c.node == me) {
-        candidates.push(Candidate {
-            node: me,
-            zone: shared.config.attributes.get(attribute).cloned(),
-        });
+        excluded.full.insert(me);
     }
     // A decommissioned broker takes no new copies (ADR 0104), this one
     // included when another can (it still leads vnodes while their
@@ -193,14 +181,24 @@ pub(crate) fn placement_candidates(shared: &Shared) -> Vec<Candidate> {
     if let Ok(plane) = shared.plane()
         && let Some(host) = plane.host()
     {
-        let members = host.members();
-        let leaving = |node: u64| {
-            members.get(&node) == Some(&malachi_core::ring::MemberState::Decommissioned)
-        };
-        candidates.retain(|c| c.node == me || !leaving(c.node));
-        if leaving(me) && candidates.iter().any(|c| c.node != me) {
-            candidates.retain(|c| c.node != me);
-        }
+        excluded.leaving = host
+            .members()
+            .into_iter()
+            .filter(|(_, state)| *state == malachi_core::ring::MemberState::Decommissioned)
+            .map(|(node, _)| node)
+            .collect();
+    }
+    // Alive in SWIM is not enough: a copy on a broker whose cluster port
+    // refuses this one (another CA's certificate, another cookie) would
+    // never get a record (ADR 0155).
+    excluded.unreachable = shared.links.unreachable();
+    let this = Candidate {
+        node: me,
+        zone: shared.config.attributes.get(attribute).cloned(),
+    };
+    let candidates = eligible(this, &live, &excluded);
+    if !excluded.unreachable.is_empty() {
+        debug!(unreachable = ?excluded.unreachable, candidates = ?candidates, "placement leaves out brokers whose cluster port is unreachable");
     }
     candidates
 }

@@ -153,12 +153,19 @@ pub(crate) struct Replicated {
     committed: watch::Sender<u64>,
     local_durable: watch::Sender<u64>,
     closed: AtomicBool,
-    /// The last run of durable frames a shipper read, for the other
-    /// followers' shippers, which usually ask for the same offset next:
-    /// one read of the log per run rather than one per follower. Durable
-    /// frames never change, so a cached run is as good as a fresh read.
-    last_run: Mutex<Option<CachedRun>>,
+    /// The last runs of durable frames the shippers read
+    /// ([`SHIPPED_RUNS_CACHED`], newest last), for the other followers'
+    /// shippers: one read of the log per run rather than one per follower.
+    /// A follower asking from inside a run is given the run's rest, which
+    /// also brings followers that drifted apart back to the same run
+    /// boundaries (with an exact-start match, two followers out of step
+    /// read the log each, every time). Durable frames never change, so a
+    /// cached run is as good as a fresh read.
+    runs: Mutex<VecDeque<CachedRun>>,
 }
+
+/// Runs of shipped frames a primary keeps for its other followers.
+const SHIPPED_RUNS_CACHED: usize = 2;
 
 /// A run of durable frames read from the primary's copy.
 #[derive(Debug, Clone)]
@@ -166,6 +173,28 @@ struct CachedRun {
     first: u64,
     records: u64,
     frames: Bytes,
+}
+
+impl CachedRun {
+    /// This run's frames from offset `from` (inside it) on: the frames
+    /// before it are skipped by their headers' lengths. `None` if a header
+    /// does not read (never for frames read back from the store).
+    fn rest_from(&self, from: u64) -> Option<CachedRun> {
+        debug_assert!(self.first <= from && from < self.first + self.records);
+        let mut at = 0usize;
+        for _ in self.first..from {
+            let header = self.frames.get(at..)?;
+            at = at.checked_add(malachi_storage::frame::peek_len(header).ok()?)?;
+        }
+        if at >= self.frames.len() {
+            return None;
+        }
+        Some(CachedRun {
+            first: from,
+            records: self.first + self.records - from,
+            frames: self.frames.slice(at..),
+        })
+    }
 }
 
 /// Why a produce was not acknowledged by a quorum in time.
@@ -203,7 +232,7 @@ impl Replicated {
             tracker: Mutex::new(tracker),
             local_durable: watch::channel(durable).0,
             closed: AtomicBool::new(false),
-            last_run: Mutex::new(None),
+            runs: Mutex::new(VecDeque::with_capacity(SHIPPED_RUNS_CACHED)),
         }
     }
 
@@ -290,17 +319,22 @@ impl Replicated {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// The cached run starting at `from`, if the last read was one.
+    /// The frames from `from` to the end of a cached run holding it.
     fn cached_run(&self, from: u64) -> Option<CachedRun> {
-        self.last_run
-            .lock()
-            .as_ref()
-            .filter(|run| run.first == from && run.records > 0)
-            .cloned()
+        let runs = self.runs.lock();
+        let run = runs
+            .iter()
+            .rev()
+            .find(|run| run.first <= from && from < run.first + run.records)?;
+        run.rest_from(from)
     }
 
     fn cache_run(&self, run: CachedRun) {
-        *self.last_run.lock() = Some(run);
+        let mut runs = self.runs.lock();
+        if runs.len() == SHIPPED_RUNS_CACHED {
+            runs.pop_front();
+        }
+        runs.push_back(run);
     }
 }
 
@@ -702,6 +736,54 @@ mod tests {
 
     const SEGMENT: u64 = 9;
 
+    /// Frames of records `first..first + count`, as the store lays them.
+    fn frames(first: u64, count: u64) -> Bytes {
+        let mut buf = Vec::new();
+        for offset in first..first + count {
+            malachi_storage::frame::encode(
+                &mut buf,
+                offset,
+                0,
+                &Record::new(1, format!("k{offset}"), format!("v{offset}")),
+            );
+        }
+        Bytes::from(buf)
+    }
+
+    /// A follower asking from inside a cached run gets its rest, byte for
+    /// byte what a read of the log from there gives; outside every cached
+    /// run, nothing.
+    #[test]
+    fn a_follower_asking_from_inside_a_cached_run_gets_its_rest() {
+        let replicated = Replicated::new("t".into(), SegmentId(1), 1, vec![NodeId(1)], 0, 0);
+        replicated.cache_run(CachedRun {
+            first: 10,
+            records: 5,
+            frames: frames(10, 5),
+        });
+        for from in 10..15 {
+            let rest = replicated.cached_run(from).unwrap();
+            assert_eq!((rest.first, rest.records), (from, 15 - from));
+            assert_eq!(rest.frames, frames(from, 15 - from));
+        }
+        assert!(replicated.cached_run(9).is_none());
+        assert!(replicated.cached_run(15).is_none());
+        // Two runs kept, the oldest dropped first.
+        replicated.cache_run(CachedRun {
+            first: 15,
+            records: 2,
+            frames: frames(15, 2),
+        });
+        assert_eq!(replicated.cached_run(12).unwrap().records, 3);
+        replicated.cache_run(CachedRun {
+            first: 17,
+            records: 1,
+            frames: frames(17, 1),
+        });
+        assert!(replicated.cached_run(12).is_none());
+        assert_eq!(replicated.cached_run(16).unwrap().frames, frames(16, 1));
+    }
+
     fn storage(dir: &std::path::Path, config: BrokerConfig) -> Arc<Storage> {
         let store = Arc::new(FileStore::open_dir(dir, StoreConfig::default()).unwrap());
         Arc::new(Storage::new(
@@ -1002,9 +1084,12 @@ mod tests {
     /// A primary with `followers` follower copies behind a shuffling link
     /// ships `RECORDS` records written in small batches; returns the link,
     /// the primary's bytes, and each follower's bytes.
+    /// Ships 200 records to `followers` through a link that reorders
+    /// answers: the link, the primary's frames, each follower's, and the
+    /// primary's metrics as scraped.
     async fn ship_through_shuffled_link(
         followers: u64,
-    ) -> (Arc<ShuffledLink>, Vec<u8>, Vec<Vec<u8>>) {
+    ) -> (Arc<ShuffledLink>, Vec<u8>, Vec<Vec<u8>>, String) {
         const RECORDS: u64 = 200;
         let a = tempfile::tempdir().unwrap();
         let config = BrokerConfig {
@@ -1076,12 +1161,20 @@ mod tests {
         assert_eq!(whole.records, RECORDS);
         let bytes = copies.iter().map(|c| follower_bytes(c, RECORDS)).collect();
         replicated.close();
-        (link, whole.bytes, bytes)
+        (link, whole.bytes, bytes, primary.metrics.render())
+    }
+
+    /// A counter's value in a scrape, 0 when absent.
+    fn counter(scrape: &str, series: &str) -> u64 {
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_primary_pipelines_appends_and_the_follower_ends_byte_identical_and_committed() {
-        let (link, primary, followers) = ship_through_shuffled_link(1).await;
+        let (link, primary, followers, _) = ship_through_shuffled_link(1).await;
         let peak = link.inflight_peak.load(Ordering::SeqCst);
         assert!(peak > 1, "requests were pipelined (peak {peak} in flight)");
         assert!(
@@ -1093,28 +1186,19 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_followers_sharing_the_primarys_reads_both_end_byte_identical() {
-        let (link, primary, followers) = ship_through_shuffled_link(2).await;
+        let (link, primary, followers, scrape) = ship_through_shuffled_link(2).await;
         let peak = link.inflight_peak.load(Ordering::SeqCst);
         assert!(
             peak <= 16,
             "never more than the depth per follower (peak {peak})"
         );
+        // Every byte shipped was read from the log once at least; each
+        // follower got all of them (more after a resume).
+        let from_log = counter(&scrape, "malachi_shipped_bytes_total{from=\"log\"}");
+        let from_cache = counter(&scrape, "malachi_shipped_bytes_total{from=\"cache\"}");
+        let bytes = primary.len() as u64;
+        assert!(from_log >= bytes, "{from_log} read for {bytes}: {scrape}");
+        assert!(from_log + from_cache >= 2 * bytes, "{scrape}");
         assert_eq!(followers, vec![primary.clone(), primary]);
-    }
-
-    #[test]
-    fn a_cached_run_serves_only_its_own_offset() {
-        let replicated = Replicated::new("t".into(), SegmentId(1), 1, vec![NodeId(1)], 0, 0);
-        assert!(replicated.cached_run(0).is_none());
-        replicated.cache_run(CachedRun {
-            first: 5,
-            records: 2,
-            frames: Bytes::from_static(b"xy"),
-        });
-        assert!(replicated.cached_run(4).is_none());
-        assert_eq!(
-            replicated.cached_run(5).unwrap().frames,
-            Bytes::from_static(b"xy")
-        );
     }
 }

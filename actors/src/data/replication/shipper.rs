@@ -3,6 +3,7 @@
 //! segment's commit tracker.
 
 use super::*;
+use crate::common::metrics::ShippedFrom;
 
 /// One replica-append's answer, with what the shipper knew when it sent it.
 pub(super) struct Shipped {
@@ -293,6 +294,8 @@ impl Shipper {
             return Ok((first, Bytes::new(), 0));
         }
         if let Some(run) = self.replicated.cached_run(ship.next_send) {
+            let bytes = run.frames.len() as u64;
+            self.storage.metrics.shipped(ShippedFrom::Cache, bytes);
             return Ok((run.first, run.frames, run.records));
         }
         let store = Arc::clone(&self.storage.store);
@@ -304,6 +307,9 @@ impl Shipper {
             Ok(Ok(run)) => {
                 debug_assert_eq!(run.first, from, "a run starts where it was asked");
                 let frames = Bytes::from(run.bytes);
+                self.storage
+                    .metrics
+                    .shipped(ShippedFrom::Log, frames.len() as u64);
                 self.replicated.cache_run(CachedRun {
                     first: run.first,
                     records: run.records,
@@ -364,6 +370,7 @@ impl Shipper {
             Ok(response) => response,
             Err(reason) => {
                 debug!(%segment, follower, %reason, "follower unreachable");
+                self.storage.metrics.shipper_resumed("unreachable");
                 ship.reset();
                 self.pause(&mut ship.retry_ms).await;
                 return;
@@ -395,6 +402,7 @@ impl Shipper {
                 // is only waited out.
                 ship.probed = true;
                 ship.next = response.durable_end;
+                self.storage.metrics.shipper_resumed("not_at_end");
                 ship.reset();
                 // Against the primary's durable end now, not the one this
                 // request was sent at: with appends pipelined, the follower
@@ -407,6 +415,7 @@ impl Shipper {
             }
             Some(refusal) => {
                 debug!(%segment, follower, ?refusal, message = %response.message, "follower refused a replica append");
+                self.storage.metrics.shipper_resumed("refused");
                 ship.reset();
                 self.pause(&mut ship.retry_ms).await;
             }

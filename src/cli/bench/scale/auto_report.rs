@@ -53,13 +53,29 @@ pub struct AutoReshape {
 pub struct AutoSummary {
     pub brokers: u64,
     pub presplit_ranges: usize,
+    /// Before the one-range topic's load.
     pub presplit_records_per_s: f64,
+    /// After it, on the same cluster.
+    pub presplit_again_records_per_s: f64,
+    /// What the target is taken of: the mean of the two.
+    pub reference_records_per_s: f64,
     pub target_records_per_s: f64,
     pub settings: AutoSettings,
     pub windows: Vec<AutoWindow>,
     /// The end of the first window at or above the target.
     pub reached_at_s: Option<f64>,
     pub reshapes: Vec<AutoReshape>,
+}
+
+/// The pre-split topic's records/s the target is taken of: the mean of its
+/// measurements before and after the one-range topic (the one present if
+/// the other is 0).
+pub fn reference(before: f64, after: f64) -> f64 {
+    match (before > 0.0, after > 0.0) {
+        (true, true) => (before + after) / 2.0,
+        (true, false) => before,
+        _ => after,
+    }
 }
 
 /// The target: [`TARGET_PERMILLE`] of the pre-split topic's records/s.
@@ -131,10 +147,12 @@ pub fn verdict_text(summary: &AutoSummary) -> String {
 /// The whole report.
 pub fn render_text(summary: &AutoSummary) -> String {
     let mut text = format!(
-        "{} brokers: pre-split topic ({} ranges) {:.0} records/s; one-range topic with automatic reshaping, target {:.0} records/s\n",
+        "{} brokers: pre-split topic ({} ranges) {:.0} records/s before and {:.0} after (mean {:.0}); one-range topic with automatic reshaping, target {:.0} records/s\n",
         summary.brokers,
         summary.presplit_ranges,
         summary.presplit_records_per_s,
+        summary.presplit_again_records_per_s,
+        summary.reference_records_per_s,
         summary.target_records_per_s,
     );
     text.push_str(&settings_text(&summary.settings));
@@ -174,11 +192,14 @@ mod tests {
     }
 
     fn summary(windows: Vec<AutoWindow>) -> AutoSummary {
-        let target = target(20_000.0);
+        let reference = reference(21_000.0, 19_000.0);
+        let target = target(reference);
         AutoSummary {
             brokers: 3,
             presplit_ranges: 6,
-            presplit_records_per_s: 20_000.0,
+            presplit_records_per_s: 21_000.0,
+            presplit_again_records_per_s: 19_000.0,
+            reference_records_per_s: reference,
             target_records_per_s: target,
             settings: AutoSettings {
                 split_write_bytes_per_second: 4_194_304,
@@ -209,6 +230,14 @@ mod tests {
         assert_eq!(reached_at(&windows, target(20_000.0)), Some(10.0));
         assert_eq!(reached_at(&windows, 0.0), None);
         assert_eq!(reached_at(&windows[..1], target(20_000.0)), None);
+    }
+
+    #[test]
+    fn the_reference_is_the_mean_of_the_two_baselines() {
+        assert_eq!(reference(21_000.0, 19_000.0), 20_000.0);
+        assert_eq!(reference(21_000.0, 0.0), 21_000.0);
+        assert_eq!(reference(0.0, 19_000.0), 19_000.0);
+        assert_eq!(target(reference(21_000.0, 19_000.0)), 18_000.0);
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! The figures of `malachi bench scale` and their rendering: one row per
-//! broker count, then the ratio of the largest count's throughput to the
-//! smallest's. Pure: the snapshot test below pins the text.
+//! broker count and round, then the ratio of the largest count's
+//! throughput to the smallest's, each round's and their median. Pure: the
+//! snapshot test below pins the text.
 
 use serde::Serialize;
 
 /// What one broker count measured.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ScaleRow {
+    /// Which pass over the counts (from 1, `--rounds`).
+    pub round: u32,
     pub brokers: u64,
     pub ranges: usize,
     /// Active primaries per broker, node 1 first, before the load.
@@ -41,8 +44,11 @@ pub struct ScaleSummary {
     pub disk_note: Option<String>,
     pub brokers_min: u64,
     pub brokers_max: u64,
-    /// records/s at the largest count over records/s at the smallest.
+    /// records/s at the largest count over records/s at the smallest: the
+    /// median of `round_ratios`.
     pub ratio: Option<f64>,
+    /// That ratio in each round, in round order.
+    pub round_ratios: Vec<f64>,
 }
 
 /// The ratio of the row with the most brokers to the one with the fewest.
@@ -51,6 +57,33 @@ pub fn ratio(rows: &[ScaleRow]) -> Option<f64> {
     let max = rows.iter().max_by_key(|r| r.brokers)?;
     (min.records_per_s > 0.0 && min.brokers != max.brokers)
         .then(|| max.records_per_s / min.records_per_s)
+}
+
+/// Each round's [`ratio`], in round order (rounds without one left out).
+pub fn round_ratios(rows: &[ScaleRow]) -> Vec<f64> {
+    let mut rounds: Vec<u32> = rows.iter().map(|r| r.round).collect();
+    rounds.sort_unstable();
+    rounds.dedup();
+    rounds
+        .into_iter()
+        .filter_map(|round| {
+            let of_round: Vec<ScaleRow> =
+                rows.iter().filter(|r| r.round == round).cloned().collect();
+            ratio(&of_round)
+        })
+        .collect()
+}
+
+/// The median (the mean of the middle two for an even count).
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[mid]),
+        _ => Some((sorted[mid - 1] + sorted[mid]) / 2.0),
+    }
 }
 
 /// The caps line printed before the runs.
@@ -84,7 +117,12 @@ pub fn row_text(row: &ScaleRow) -> String {
         .map(|c| format!("{c:.0}"))
         .collect();
     let mut line = format!(
-        "{} brokers, {} ranges (primaries {}): {:.0} records/s, {:.1} MB/s over {:.1} s, p50 {} us, p99 {} us; broker CPU % [{}]",
+        "{}{} brokers, {} ranges (primaries {}): {:.0} records/s, {:.1} MB/s over {:.1} s, p50 {} us, p99 {} us; broker CPU % [{}]",
+        if row.round > 1 {
+            format!("round {}: ", row.round)
+        } else {
+            String::new()
+        },
         row.brokers,
         row.ranges,
         primaries.join("/"),
@@ -120,13 +158,26 @@ pub fn render_text(summary: &ScaleSummary, rows: &[ScaleRow]) -> String {
 
 /// The conclusion line.
 pub fn ratio_text(summary: &ScaleSummary) -> String {
-    match summary.ratio {
-        Some(ratio) => format!(
-            "{} brokers / {} brokers: {ratio:.2}x the records/s",
-            summary.brokers_max, summary.brokers_min
-        ),
-        None => "no ratio: one broker count, or nothing acknowledged".to_owned(),
+    let Some(ratio) = summary.ratio else {
+        return "no ratio: one broker count, or nothing acknowledged".to_owned();
+    };
+    let mut text = format!(
+        "{} brokers / {} brokers: {ratio:.2}x the records/s",
+        summary.brokers_max, summary.brokers_min
+    );
+    if summary.round_ratios.len() > 1 {
+        let each: Vec<String> = summary
+            .round_ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect();
+        text.push_str(&format!(
+            " (median of {} rounds: {})",
+            each.len(),
+            each.join(", ")
+        ));
     }
+    text
 }
 
 #[cfg(test)]
@@ -136,6 +187,7 @@ mod tests {
     fn row(brokers: u64, records_per_s: f64) -> ScaleRow {
         let n = usize::try_from(brokers).unwrap_or(0);
         ScaleRow {
+            round: 1,
             brokers,
             ranges: 12,
             primaries_per_broker: (0..n).map(|i| 12 / n + usize::from(i < 12 % n)).collect(),
@@ -172,6 +224,41 @@ mod tests {
             brokers_min: 3,
             brokers_max: 6,
             ratio: ratio(&rows),
+            round_ratios: round_ratios(&rows),
+        };
+        insta::assert_snapshot!(render_text(&summary, &rows));
+    }
+
+    #[test]
+    fn rounds_alternate_and_the_ratio_is_their_median() {
+        let mut rows = Vec::new();
+        for (round, (three, six)) in [
+            (20_000.0, 36_000.0),
+            (18_000.0, 40_000.0),
+            (20_000.0, 30_000.0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for mut r in [row(3, three), row(6, six)] {
+                r.round = round as u32 + 1;
+                rows.push(r);
+            }
+        }
+        let ratios = round_ratios(&rows);
+        assert_eq!(ratios.len(), 3);
+        assert!((ratios[1] - 40.0 / 18.0).abs() < 1e-9);
+        assert_eq!(median(&ratios), Some(1.8));
+        assert_eq!(median(&[1.0, 2.0]), Some(1.5));
+        assert_eq!(median(&[]), None);
+        let summary = ScaleSummary {
+            cpu_millis_per_broker: Some(100),
+            write_bytes_per_second_per_broker: None,
+            disk_note: None,
+            brokers_min: 3,
+            brokers_max: 6,
+            ratio: median(&ratios),
+            round_ratios: ratios,
         };
         insta::assert_snapshot!(render_text(&summary, &rows));
     }
@@ -188,6 +275,7 @@ mod tests {
             brokers_min: 3,
             brokers_max: 3,
             ratio: None,
+            round_ratios: Vec::new(),
         };
         insta::assert_snapshot!(render_text(&summary, &[uncapped]));
     }
