@@ -36,6 +36,13 @@ pub const PACKET_BYTES_MIN: usize = 1400;
 /// Largest SWIM packet (a UDP datagram).
 pub const PACKET_BYTES_MAX: usize = 65_000;
 
+/// Once a broker knows another member, a seed it does not see as a live
+/// member is announced to every this many seed ticks (10 s at the default
+/// `seed_retry_ms`). Without this, a broker that a later broker reached
+/// first stopped announcing and never joined its seeds' cluster: two
+/// clusters, each whole in its own eyes (the sealed_swim flake).
+pub const SEED_RETRY_CONNECTED_TICKS: u64 = 10;
+
 /// The SWIM timers and limits. Tests shorten them; production keeps the
 /// defaults unless the network is slow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +55,9 @@ pub struct SwimSettings {
     pub suspect_timeout_ms: u64,
     /// Largest datagram sent or accepted.
     pub packet_bytes_max: usize,
-    /// While no other member is known, announce to the seeds this often.
+    /// While no other member is known, announce to the seeds this often;
+    /// once one is, a seed that is not a live member is announced to every
+    /// [`SEED_RETRY_CONNECTED_TICKS`]th time.
     pub seed_retry_ms: u64,
 }
 
@@ -207,6 +216,30 @@ impl MembershipCore {
     /// Whether any other member is known to be alive.
     pub fn is_connected(&self) -> bool {
         self.foca.num_members() > 0
+    }
+
+    /// The seeds to announce to at seed tick number `tick`: those that are
+    /// not this broker and not a live member, at every tick while no other
+    /// member is known, then at every [`SEED_RETRY_CONNECTED_TICKS`]th.
+    /// Knowing *a* member is not knowing the seeds' cluster: the member may
+    /// have reached this broker first from a cluster of its own.
+    pub fn seeds_to_announce(&self, seeds: &[SocketAddr], tick: u64) -> Vec<SocketAddr> {
+        if self.is_connected() && !tick.is_multiple_of(SEED_RETRY_CONNECTED_TICKS) {
+            return Vec::new();
+        }
+        let own = self.identity().client_addr;
+        seeds
+            .iter()
+            .copied()
+            .filter(|seed| *seed != own)
+            .filter(|seed| {
+                !self
+                    .view
+                    .peers
+                    .values()
+                    .any(|m| m.state.is_live() && m.client_addr == *seed)
+            })
+            .collect()
     }
 
     /// Asks the member at `addr` (a seed's client address) to let us in.

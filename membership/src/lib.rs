@@ -36,8 +36,8 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, watch};
 
 pub use self::core::{
-    Effects, MembershipCore, PACKET_BYTES_MAX, PACKET_BYTES_MIN, PEERS_MAX, SettingsError,
-    SwimSettings,
+    Effects, MembershipCore, PACKET_BYTES_MAX, PACKET_BYTES_MIN, PEERS_MAX,
+    SEED_RETRY_CONNECTED_TICKS, SettingsError, SwimSettings,
 };
 pub use identity::{
     ATTRIBUTE_KEY_BYTES_MAX, ATTRIBUTE_VALUE_BYTES_MAX, ATTRIBUTES_MAX, IDENTITY_BYTES_MAX,

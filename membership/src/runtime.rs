@@ -117,8 +117,10 @@ struct Swim {
     /// One byte longer than a datagram may be, so an oversized one shows.
     buf: Vec<u8>,
     packet_bytes_max: usize,
-    /// Announced to until one answers.
+    /// Announced to while they are not live members (`seeds_to_announce`).
     seeds: Vec<SocketAddr>,
+    /// Seed ticks so far.
+    seed_ticks: u64,
     /// Consecutive receive errors (`RECV_ERRORS_MAX`).
     recv_errors: u32,
     seal: Seal,
@@ -225,6 +227,7 @@ impl Swim {
             buf: vec![0u8; packet_bytes_max + SEAL_OVERHEAD_BYTES + 1],
             packet_bytes_max,
             seeds,
+            seed_ticks: 0,
             recv_errors: 0,
             seal,
         }
@@ -306,13 +309,14 @@ impl Swim {
         }
     }
 
-    /// Announces this broker to every seed while it knows no other member.
+    /// Announces this broker to the seeds the core names for this tick
+    /// (`MembershipCore::seeds_to_announce`).
     fn announce_to_seeds(&mut self) {
-        if !self.core.is_connected() {
-            for seed in &self.seeds {
-                if let Err(error) = self.core.announce(*seed) {
-                    debug!(%seed, %error, "announce failed");
-                }
+        let tick = self.seed_ticks;
+        self.seed_ticks = self.seed_ticks.wrapping_add(1);
+        for seed in self.core.seeds_to_announce(&self.seeds, tick) {
+            if let Err(error) = self.core.announce(seed) {
+                debug!(%seed, %error, "announce failed");
             }
         }
     }

@@ -85,6 +85,14 @@ impl Sim {
 
     fn start(&mut self, id: NodeIdentity, seeds: &[u64]) {
         let node_id = id.node_id;
+        self.start_quietly(id, seeds);
+        self.announce(node_id, 0);
+    }
+
+    /// Starts a node whose first seed tick has not come yet: another
+    /// broker's announce can reach it first.
+    fn start_quietly(&mut self, id: NodeIdentity, seeds: &[u64]) {
+        let node_id = id.node_id;
         let core = MembershipCore::new(id, &settings(), node_id * 7919).unwrap();
         let seeds: Vec<SocketAddr> = seeds.iter().map(|s| addr(*s)).collect();
         self.nodes.insert(
@@ -97,12 +105,13 @@ impl Sim {
                 events: Vec::new(),
             },
         );
-        self.announce(node_id);
     }
 
-    fn announce(&mut self, node_id: u64) {
+    /// Seed tick number `tick` of a node: the runtime's rule
+    /// (`MembershipCore::seeds_to_announce`).
+    fn announce(&mut self, node_id: u64, tick: u64) {
         let node = self.nodes.get_mut(&node_id).unwrap();
-        for seed in node.seeds.clone() {
+        for seed in node.core.seeds_to_announce(&node.seeds, tick) {
             let _ = node.core.announce(seed);
         }
         self.flush(node_id);
@@ -137,7 +146,8 @@ impl Sim {
             .map(|(id, _)| *id)
     }
 
-    /// Runs until `until_ms`; while alone, nodes retry their seeds.
+    /// Runs until `until_ms`; every `seed_retry_ms` (200), nodes that are
+    /// not paused take a seed tick.
     fn run_until(&mut self, until_ms: u64) {
         while let Some((&(at, seq), _)) = self.queue.iter().next() {
             if at > until_ms {
@@ -145,15 +155,15 @@ impl Sim {
             }
             let due = self.queue.remove(&(at, seq)).unwrap();
             if at / 200 != self.now_ms / 200 {
-                let lonely: Vec<u64> = self
+                let ticking: Vec<u64> = self
                     .nodes
                     .iter()
-                    .filter(|(_, n)| !n.paused && !n.core.is_connected())
+                    .filter(|(_, n)| !n.paused)
                     .map(|(id, _)| *id)
                     .collect();
                 self.now_ms = at;
-                for id in lonely {
-                    self.announce(id);
+                for id in ticking {
+                    self.announce(id, at / 200);
                 }
             }
             self.now_ms = at;
@@ -262,6 +272,56 @@ fn three_brokers_form_one_cluster_from_seeds_and_a_fourth_joins_through_one() {
         );
         let four = sim.view(observer).get(4).unwrap();
         assert_eq!(four.attributes["zone"], "d");
+    }
+}
+
+/// The sealed_swim flake: broker 2 (seed: 1) was reached by broker 3
+/// (seed: 2) before its first seed tick, knew a member, and never
+/// announced to 1; 2 and 3 formed a cluster of their own beside 1.
+#[test]
+fn a_broker_reached_first_by_a_newer_one_still_joins_its_seeds_cluster() {
+    let mut sim = Sim::new();
+    sim.start(identity(1, 100, "a"), &[]);
+    sim.start_quietly(identity(2, 100, "b"), &[1]);
+    sim.start(identity(3, 100, "c"), &[2]);
+    sim.run_until(150);
+    assert_eq!(sim.live_set(2), BTreeSet::from([2, 3]), "3 reached 2 first");
+    sim.run_until(200 * SEED_RETRY_CONNECTED_TICKS + 2_000);
+    for observer in 1..=3 {
+        assert_eq!(
+            sim.live_set(observer),
+            BTreeSet::from([1, 2, 3]),
+            "observer {observer}"
+        );
+    }
+}
+
+#[test]
+fn a_connected_broker_announces_only_to_seeds_it_does_not_see_and_only_now_and_then() {
+    let sim = three_node_cluster();
+    let core = &sim.nodes[&1].core;
+    let stranger = addr(9);
+    let seeds = [addr(1), addr(2), stranger];
+    assert_eq!(core.seeds_to_announce(&seeds, 0), vec![stranger]);
+    for tick in 1..SEED_RETRY_CONNECTED_TICKS {
+        assert!(
+            core.seeds_to_announce(&seeds, tick).is_empty(),
+            "tick {tick}"
+        );
+    }
+    assert_eq!(
+        core.seeds_to_announce(&seeds, SEED_RETRY_CONNECTED_TICKS),
+        vec![stranger]
+    );
+    let mut alone = Sim::new();
+    alone.start(identity(5, 1, "e"), &[]);
+    let lonely = &alone.nodes[&5].core;
+    for tick in 0..3 {
+        assert_eq!(
+            lonely.seeds_to_announce(&[addr(5), stranger], tick),
+            vec![stranger],
+            "alone: every tick, never to itself"
+        );
     }
 }
 
