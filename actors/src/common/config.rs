@@ -570,8 +570,9 @@ pub const SPLIT_AFTER_MS_DEFAULT: u64 = 10_000;
 pub const MERGE_WRITE_BYTES_PER_SECOND_DEFAULT: u64 = 256 << 10;
 /// The default `reshape.merge_after_ms`.
 pub const MERGE_AFTER_MS_DEFAULT: u64 = 300_000;
-/// The default `reshape.reshape_interval_ms`: 20 s, so a hot topic of one
-/// range has four within about 30 s and eight within about 50 s.
+/// The default `reshape.reshape_interval_ms`: 20 s between opposite
+/// reshapes (a merge after a split, a split after a merge) and after a
+/// refusal; a split's child still hot splits without it (ADR 0160).
 pub const RESHAPE_INTERVAL_MS_DEFAULT: u64 = 20_000;
 /// The default `reshape.reshape_check_interval_ms`.
 pub const RESHAPE_CHECK_INTERVAL_MS_DEFAULT: u64 = 1_000;
@@ -601,7 +602,8 @@ pub struct ReshapeDefaults {
     /// Two buddies both below this for `merge_after_ms` merge.
     pub merge_write_bytes_per_second: u64,
     pub merge_after_ms: u64,
-    /// A range is reshaped at most once per this interval.
+    /// No merge this soon after a split, no split this soon after a merge
+    /// or a refusal; a split's child still hot is not held back (ADR 0160).
     pub reshape_interval_ms: u64,
     /// A merge never leaves a topic with fewer active ranges.
     pub ranges_min: u32,

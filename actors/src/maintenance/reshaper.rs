@@ -98,6 +98,8 @@ pub(crate) struct RangeHere {
     pub band: Band,
     /// When a split or merge created it (`None` for a topic's first ranges).
     pub reshaped_ms: Option<u64>,
+    /// A split (one parent) created it, not a merge (two).
+    pub split_child: bool,
 }
 
 /// One topic with ranges this broker writes.
@@ -186,6 +188,11 @@ impl Planner {
                     },
                     hot_key_share_permille: rate.and_then(|s| s.hot_key_share_permille),
                     last_reshape_ms: last,
+                    // A refusal after the split puts it back under the interval.
+                    split_child: r.split_child
+                        && tracked
+                            .refused_ms
+                            .is_none_or(|b| r.reshaped_ms.is_some_and(|a| a >= b)),
                 },
             );
         }
@@ -358,6 +365,7 @@ pub(crate) fn ranges_here(state: &MetadataState, me: NodeId, out: &mut Vec<Topic
                     range: range.id,
                     band: range.band,
                     reshaped_ms: (!range.parents.is_empty()).then_some(range.created_at_ms),
+                    split_child: range.parents.len() == 1,
                 });
             } else {
                 elsewhere.insert(range.band, range.id);
@@ -704,6 +712,7 @@ mod tests {
                     range: RangeId(id),
                     band,
                     reshaped_ms: None,
+                    split_child: false,
                 })
                 .collect(),
             elsewhere: BTreeMap::new(),
@@ -748,6 +757,58 @@ mod tests {
                 range: RangeId(1)
             }]
         );
+    }
+
+    /// ADR 0160: a split's child still hot splits on its own heat; once a
+    /// request about it is refused, it waits the interval again.
+    #[test]
+    fn a_split_child_still_hot_splits_without_the_interval_until_refused() {
+        let lower = Band::new(0, 63).unwrap();
+        let mut t = topic(&[(2, lower)]);
+        t.here[0].reshaped_ms = Some(0);
+        t.here[0].split_child = true;
+        let rates: BTreeMap<_, _> = [sample(2, 5_000, 10)].into();
+        let mut planner = Planner::default();
+        for now in [0, 1_000, 2_000] {
+            assert!(
+                planner
+                    .plan(now, &settings(), &t, &rates)
+                    .actions
+                    .is_empty()
+            );
+        }
+        // 3 s of its own heat, 7 s before the interval would end.
+        let split = vec![Action::Split {
+            topic: "t".into(),
+            range: RangeId(2),
+        }];
+        assert_eq!(planner.plan(3_000, &settings(), &t, &rates).actions, split);
+        planner.refused(3_500, &[RangeId(2)]);
+        assert!(
+            planner
+                .plan(4_000, &settings(), &t, &rates)
+                .actions
+                .is_empty()
+        );
+        assert!(
+            planner
+                .plan(13_499, &settings(), &t, &rates)
+                .actions
+                .is_empty()
+        );
+        assert_eq!(planner.plan(13_500, &settings(), &t, &rates).actions, split);
+        // A merge's child (two parents) waits the interval.
+        t.here[0].split_child = false;
+        let mut planner = Planner::default();
+        for now in [0, 1_000, 2_000, 3_000, 9_999] {
+            assert!(
+                planner
+                    .plan(now, &settings(), &t, &rates)
+                    .actions
+                    .is_empty()
+            );
+        }
+        assert_eq!(planner.plan(10_000, &settings(), &t, &rates).actions, split);
     }
 
     #[test]

@@ -7,8 +7,12 @@
 //! divide a key) or the topic already has `ranges_max` active ranges;
 //! merge two buddies that both stayed below `merge_write_bytes_per_second`
 //! for `merge_after_ms` while the topic has more than `ranges_min`. No
-//! range is reshaped twice within `reshape_interval_ms`. The caller brings
-//! the time and the facts; nothing here reads a clock.
+//! range is reshaped within `reshape_interval_ms` of the reshape that made
+//! it or of a refusal, except that a split's child still hot splits again
+//! on its own sustained heat (ADR 0160): splits in a row only grow the
+//! topic, and the interval is there against flapping (a split undone by a
+//! merge, or the reverse). The caller brings the time and the facts;
+//! nothing here reads a clock.
 
 use crate::model::{RangeId, ReshapePolicy};
 
@@ -67,6 +71,9 @@ pub struct RangeLoad {
     pub hot_key_share_permille: Option<u64>,
     /// When this broker last reshaped it or the range it came from.
     pub last_reshape_ms: Option<u64>,
+    /// `last_reshape_ms` is the split that made it (no merge, no refusal
+    /// since): a further split waits only for `split_after_ms` of its own.
+    pub split_child: bool,
 }
 
 /// Why a range is split or merged: the words logs and metrics use.
@@ -107,6 +114,12 @@ fn recently_reshaped(settings: &ReshapeSettings, now_ms: u64, load: &RangeLoad) 
         .is_some_and(|at| now_ms.saturating_sub(at) < settings.reshape_interval_ms)
 }
 
+/// A split waits out the interval unless the range is a split's child:
+/// a split after a split is growth, not flapping.
+fn split_held_back(settings: &ReshapeSettings, now_ms: u64, load: &RangeLoad) -> bool {
+    !load.split_child && recently_reshaped(settings, now_ms, load)
+}
+
 /// Whether `load`'s range splits, given the topic's active ranges.
 pub fn decide_split(
     settings: &ReshapeSettings,
@@ -127,8 +140,7 @@ pub fn decide_split(
         };
     }
     // A split turns one active range into two.
-    if ranges_active + 1 > settings.ranges_max as usize || recently_reshaped(settings, now_ms, load)
-    {
+    if ranges_active + 1 > settings.ranges_max as usize || split_held_back(settings, now_ms, load) {
         return SplitDecision::Nothing;
     }
     SplitDecision::Split {
@@ -179,6 +191,7 @@ mod tests {
             below_merge_ms: 0,
             hot_key_share_permille: Some(100),
             last_reshape_ms: None,
+            split_child: false,
         }
     }
 
@@ -189,6 +202,7 @@ mod tests {
             below_merge_ms: below_ms,
             hot_key_share_permille: None,
             last_reshape_ms: None,
+            split_child: false,
         }
     }
 
@@ -242,6 +256,42 @@ mod tests {
             decide_split(&settings(), 110_000, &load, 2),
             SplitDecision::Split { .. }
         ));
+    }
+
+    #[test]
+    fn given_a_split_child_still_hot_then_it_splits_without_waiting_the_interval() {
+        let mut load = hot(3, 30_000);
+        load.last_reshape_ms = Some(90_000);
+        load.split_child = true;
+        assert!(matches!(
+            decide_split(&settings(), 100_000, &load, 2),
+            SplitDecision::Split { .. }
+        ));
+        // Its own heat must still be sustained.
+        load.above_split_ms = 29_999;
+        assert_eq!(
+            decide_split(&settings(), 100_000, &load, 2),
+            SplitDecision::Nothing
+        );
+        // A merge's child (or one refused since) waits the interval.
+        load.above_split_ms = 30_000;
+        load.split_child = false;
+        assert_eq!(
+            decide_split(&settings(), 100_000, &load, 2),
+            SplitDecision::Nothing
+        );
+    }
+
+    #[test]
+    fn given_a_split_child_gone_idle_then_no_merge_within_the_interval() {
+        let mut lower = idle(4, 400_000);
+        lower.last_reshape_ms = Some(990_000);
+        lower.split_child = true;
+        let mut upper = idle(5, 400_000);
+        upper.last_reshape_ms = Some(990_000);
+        upper.split_child = true;
+        assert!(!decide_merge(&settings(), 1_000_000, &lower, &upper, 2));
+        assert!(decide_merge(&settings(), 1_050_000, &lower, &upper, 2));
     }
 
     #[test]
