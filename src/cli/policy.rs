@@ -69,7 +69,7 @@ pub struct ReshapeArgs {
     /// ... for this long (5m).
     #[arg(long, value_parser = parse_age, value_name = "DURATION")]
     pub merge_after: Option<u64>,
-    /// Reshape a range at most once per this interval (20s).
+    /// No split this soon after a merge or a refusal, no merge after a split (20s).
     #[arg(long, value_parser = parse_age, value_name = "DURATION")]
     pub reshape_interval: Option<u64>,
     /// Never merge below this many active ranges (1).

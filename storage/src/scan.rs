@@ -122,7 +122,10 @@ impl<'f> FrameReader<'f> {
             self.buf_pos += self.start as u64;
             self.filled -= self.start;
             self.start = 0;
-            let want = n.max(self.chunk_bytes);
+            // No bigger than what is left before `end`: a read near the
+            // end of the log does not zero a whole chunk it cannot fill.
+            let left = usize::try_from(self.end.saturating_sub(self.buf_pos)).unwrap_or(usize::MAX);
+            let want = n.max(self.chunk_bytes.min(left));
             if self.buf.len() < want {
                 self.buf.resize(want, 0);
             }
@@ -313,4 +316,43 @@ pub(crate) fn find_valid_after(
         pos = next_pos;
     }
     Ok((first, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Record;
+
+    /// A read near the end of the log zeroes no more than what is left:
+    /// the shipper locates at the tail before every run it reads.
+    #[test]
+    fn a_reader_near_the_end_does_not_grow_its_buffer_to_a_whole_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut bytes = Vec::new();
+        for offset in 0..3 {
+            let record = Record {
+                timestamp_ms: 1,
+                key: b"k".to_vec(),
+                value: vec![7; 100],
+                headers: Vec::new(),
+            };
+            frame::encode(&mut bytes, offset, 0, &record);
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let file = File::open(&path).unwrap();
+        let end = bytes.len() as u64;
+        let mut reader = FrameReader::new(&file, 0, end, 256 << 10);
+        let mut frames = 0;
+        while let Next::Frame { .. } = reader.next_frame().unwrap() {
+            frames += 1;
+        }
+        assert_eq!(frames, 3);
+        assert!(
+            reader.buf.len() <= bytes.len().max(FRAME_BYTES_MIN),
+            "buffer {} for a {}-byte log",
+            reader.buf.len(),
+            bytes.len()
+        );
+    }
 }

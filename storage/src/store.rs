@@ -473,6 +473,10 @@ pub struct StoreConfig {
     pub index_interval_bytes: u64,
     /// Read buffer size for scans and reads.
     pub read_chunk_bytes: usize,
+    /// Frames the store keeps in memory, over all copies, from what their
+    /// flushes wrote, so a primary's shippers need not read them back
+    /// (ADR 0161); each copy keeps at most 16 MiB. 0 keeps none.
+    pub recent_bytes_max: usize,
 }
 
 impl Default for StoreConfig {
@@ -490,6 +494,7 @@ impl Default for StoreConfig {
             direct_io_bytes_min: 64 << 10,
             index_interval_bytes: 4096,
             read_chunk_bytes: 256 << 10,
+            recent_bytes_max: 64 << 20,
         }
     }
 }

@@ -259,7 +259,6 @@ pub(super) fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
     if written.is_ok() {
         index_written(seg, &batches, first, position);
     }
-    drop(batches);
     let wake = {
         let mut st = seg.state.lock();
         st.writing = false;
@@ -270,6 +269,9 @@ pub(super) fn flush(shared: &Shared, seg: &Arc<Segment>, source: FlushSource) {
                 if let Some(tail) = tail.take() {
                     st.tail_block = tail;
                 }
+                // Served only below the durable end, which this flush's
+                // sync moves (`read_frames`).
+                st.recent.keep(first, batches);
             }
             // Latch before anyone can take a flush that would write after a gap.
             Err(e) => latch_failed(&mut st, seq, e),

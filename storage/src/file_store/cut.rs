@@ -161,5 +161,7 @@ impl SegState {
         self.durable_bytes = position;
         self.written_bytes = position;
         self.tail_block = tail_block;
+        // Kept frames past the new end are no longer the log's.
+        self.recent.clear();
     }
 }

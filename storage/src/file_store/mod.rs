@@ -67,6 +67,7 @@ mod aside;
 mod commit;
 mod cut;
 mod reads;
+mod recent;
 mod recovery;
 mod segment_store;
 
@@ -85,6 +86,9 @@ pub struct StoreStats {
     /// Flushes whose write began while an earlier flush of the same file
     /// was still in its `fdatasync`: the work pipelining saves.
     pub flushes_overlapped: u64,
+    /// Bytes `read_frames` served from the frames flushes kept in memory
+    /// instead of reading the log (ADR 0161).
+    pub frames_from_memory_bytes: u64,
 }
 
 /// A directory of segment copies with group commit over a pool of sync threads.
@@ -112,6 +116,8 @@ struct Shared {
     /// Held through each copy removal, so two removals of one copy at
     /// once remove (and report) it once.
     removals: Mutex<()>,
+    /// Bytes every copy's `recent` keeps, against `recent_bytes_max`.
+    recent_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[cfg(test)]
@@ -231,6 +237,9 @@ struct SegState {
     /// on a quorum, as the primary last said. Readers see no record at or
     /// above it, and a primary's flushes carry it as `durable_below`.
     committed: Option<u64>,
+    /// The frames this copy's flushes wrote lately, for its shippers
+    /// (`recent.rs`, ADR 0161).
+    recent: recent::RecentFrames,
 }
 
 /// A flush between being taken and being published.
@@ -290,6 +299,7 @@ impl FileStore {
             sync_hook: Mutex::new(None),
             buffers: Mutex::new(Vec::new()),
             removals: Mutex::new(()),
+            recent_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         });
         let mut workers = Vec::with_capacity(shared.config.sync_threads);
         for n in 0..shared.config.sync_threads {

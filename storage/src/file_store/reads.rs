@@ -20,7 +20,7 @@ impl FileStore {
             offset: 0,
             position: 0,
         });
-        let chunk = self.shared.config.read_chunk_bytes;
+        let chunk = read_chunk(&self.shared.config, budget);
         let mut taken = 0usize;
         let first = read_from(seg, hint, from, end, budget, chunk, &mut |view, at, len| {
             let flow = visit(view, at, len);
@@ -102,6 +102,26 @@ impl FileStore {
     }
 }
 
+/// The chunk a read pulls from the log at a time. A locate (a zero budget:
+/// only `from`'s position is wanted) walks at most one index interval of
+/// frames to the one at `from`, so it reads that much, not a whole
+/// `read_chunk_bytes`: the shipper locates before every run it reads, and
+/// a 256 KiB chunk per locate was read (and zeroed) for the few KiB used.
+fn read_chunk(config: &StoreConfig, budget: ReadBudget) -> usize {
+    if budget.records_max == 0 {
+        let interval = usize::try_from(config.index_interval_bytes).unwrap_or(usize::MAX);
+        interval
+            .saturating_add(LOCATE_SLACK_BYTES)
+            .min(config.read_chunk_bytes)
+    } else {
+        config.read_chunk_bytes
+    }
+}
+
+/// What a locate reads past one index interval: the frame at `from`'s
+/// header and a small record or two (a larger frame grows the read).
+const LOCATE_SLACK_BYTES: usize = 4 << 10;
+
 /// Scans from `hint`, checking that every frame carries the next offset, and
 /// hands the frames from `from` on to `visit` within the budget, until it
 /// breaks. Returns the position of `from` and how many frames were taken.
@@ -172,4 +192,32 @@ pub(super) fn read_from(
     }
     let position = from_position.unwrap_or(reader.position());
     Ok((position, taken))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_locate_reads_about_one_index_interval_and_a_read_a_whole_chunk() {
+        let config = StoreConfig::default();
+        let locate = ReadBudget {
+            records_max: 0,
+            bytes_max: 0,
+        };
+        let read = ReadBudget {
+            records_max: 10,
+            bytes_max: 1 << 20,
+        };
+        assert_eq!(
+            read_chunk(&config, locate),
+            config.index_interval_bytes as usize + LOCATE_SLACK_BYTES
+        );
+        assert_eq!(read_chunk(&config, read), config.read_chunk_bytes);
+        let small = StoreConfig {
+            read_chunk_bytes: 1024,
+            ..StoreConfig::default()
+        };
+        assert_eq!(read_chunk(&small, locate), 1024, "never above the chunk");
+    }
 }

@@ -323,6 +323,10 @@ impl FileStore {
             lost: found.notes.lost,
             committed: sealed.map(|seal| seal.length),
             opened_end: records,
+            recent: recent::RecentFrames::new(
+                Arc::clone(&self.shared.recent_bytes),
+                self.shared.config.recent_bytes_max,
+            ),
         };
         Ok(Segment {
             id,

@@ -236,7 +236,11 @@ impl SegmentStore for FileStore {
         bytes_max: usize,
     ) -> Result<FrameRun, StorageError> {
         let seg = self.segment(segment)?;
-        let (end, end_bytes) = stored_end(&seg.state.lock());
+        let ((end, end_bytes), kept) = {
+            let st = seg.state.lock();
+            let end = stored_end(&st);
+            (end, st.recent.runs_from(from, end.0))
+        };
         if from > end {
             return Err(StorageError::OffsetOutOfRange {
                 segment,
@@ -250,6 +254,10 @@ impl SegmentStore for FileStore {
                 records: 0,
                 bytes: Vec::new(),
             });
+        }
+        if let Some(run) = recent::run_of(&kept, from, end, bytes_max) {
+            self.shared.stats.lock().frames_from_memory_bytes += run.bytes.len() as u64;
+            return Ok(run);
         }
         let locate = ReadBudget {
             records_max: 0,
@@ -386,6 +394,10 @@ impl SegmentStore for FileStore {
         {
             let mut st = seg.state.lock();
             st.sealed = Some(info);
+            // A sealed copy takes no more flushes: its kept runs would hold
+            // the store's budget for good (a follower still behind reads
+            // the log).
+            st.recent.clear();
             if st.committed.is_some() {
                 st.committed = Some(length);
             }
@@ -396,7 +408,12 @@ impl SegmentStore for FileStore {
 
     fn fence(&self, segment: SegmentId) -> Result<(), StorageError> {
         let seg = self.segment(segment)?;
-        seg.state.lock().fenced = true;
+        {
+            let mut st = seg.state.lock();
+            st.fenced = true;
+            // Fenced: a seal follows, and no flush will keep more.
+            st.recent.clear();
+        }
         let path = self.fence_path(segment);
         marker::write_atomically(&self.shared.dir, &path, &[])?;
         debug!(segment = segment.0, "fenced");

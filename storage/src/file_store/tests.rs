@@ -79,3 +79,48 @@ fn without_pipelining_no_flush_starts_while_one_is_syncing() {
     assert_eq!(second.wait().unwrap(), 3..5);
     assert_eq!(store.stats().flushes_overlapped, 0);
 }
+
+/// ADR 0161: a primary's runs come from the frames its flushes kept,
+/// byte for byte as the log holds them, and from the log once the copy is
+/// sealed.
+#[test]
+fn frames_a_flush_wrote_are_served_from_memory_exactly_as_the_log_holds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open_dir(
+        dir.path(),
+        StoreConfig {
+            flush_interval_ms: 0,
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    let seg = SegmentId(1);
+    store.open(seg).unwrap();
+    assert_eq!(store.append(seg, &records(5)).unwrap().wait().unwrap(), 0..5);
+    assert_eq!(store.append(seg, &records(4)).unwrap().wait().unwrap(), 5..9);
+    let kept = store.read_frames(seg, 2, 1 << 20).unwrap();
+    assert_eq!((kept.first, kept.records), (2, 7));
+    assert_eq!(
+        store.stats().frames_from_memory_bytes,
+        kept.bytes.len() as u64,
+        "served from memory"
+    );
+    let log = std::fs::read(store.log_path(seg)).unwrap();
+    let end = store.info(seg).unwrap().byte_size as usize;
+    assert_eq!(kept.bytes[..], log[end - kept.bytes.len()..end]);
+    let (mut at, mut offset) = (0, 2);
+    while at < kept.bytes.len() {
+        let (view, len) = crate::frame::decode(&kept.bytes[at..]).unwrap();
+        assert_eq!(view.offset, offset);
+        (at, offset) = (at + len, offset + 1);
+    }
+    assert_eq!(offset, 9);
+    // A bound cuts the run at a frame, as a read of the log does.
+    let one = store.read_frames(seg, 2, 10).unwrap();
+    assert_eq!(one.records, 1);
+    store.seal(seg, 9).unwrap();
+    let served = store.stats().frames_from_memory_bytes;
+    let sealed = store.read_frames(seg, 2, 1 << 20).unwrap();
+    assert_eq!(sealed, kept, "the log gives the same run");
+    assert_eq!(store.stats().frames_from_memory_bytes, served, "read from the log");
+}

@@ -94,7 +94,7 @@ pub fn reached_at(windows: &[AutoWindow], target: f64) -> Option<f64> {
 /// The settings line.
 pub fn settings_text(settings: &AutoSettings) -> String {
     format!(
-        "reshaping: split above {:.1} MB/s for {} s, at most once per {} s a range, up to {} ranges, rates over {} s",
+        "reshaping: split above {:.1} MB/s for {} s, {} s between a merge and a split, up to {} ranges, rates over {} s",
         settings.split_write_bytes_per_second as f64 / 1e6,
         settings.split_after_ms / 1_000,
         settings.reshape_interval_ms / 1_000,
