@@ -44,6 +44,10 @@ pub struct StoreSettings {
     /// is free again (ADR 0111). The margin keeps the metadata groups, on
     /// the same volume, writing. 0: only a write's `ENOSPC` stops it.
     pub min_free_bytes: u64,
+    /// Memory for the frames flushes wrote, kept so a primary ships them
+    /// without reading its log back (ADR 0161), over all copies; 16 MiB at
+    /// most a copy. 0 keeps none (every run is read from the log).
+    pub recent_bytes_max: usize,
 }
 
 /// The default `store.min_free_bytes`: room for the metadata groups and
@@ -59,6 +63,7 @@ impl Default for StoreSettings {
             pending_bytes_max: store.pending_bytes_max,
             direct_io: store.direct_io,
             min_free_bytes: MIN_FREE_BYTES_DEFAULT,
+            recent_bytes_max: store.recent_bytes_max,
         }
     }
 }
@@ -1546,6 +1551,7 @@ impl BrokerConfig {
                 .store
                 .pending_bytes_max
                 .max(2 * record_bytes_max + malachi_storage::frame::FRAME_HEADER_BYTES),
+            recent_bytes_max: self.store.recent_bytes_max,
             ..StoreConfig::default()
         }
     }
@@ -1611,6 +1617,14 @@ impl BrokerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_store_keeps_the_memory_the_config_gives_its_flushed_frames() {
+        let mut config = BrokerConfig::default();
+        assert_eq!(config.store_config().recent_bytes_max, 64 << 20);
+        config.store = serde_json::from_str(r#"{"recent_bytes_max": 0}"#).unwrap();
+        assert_eq!(config.store_config().recent_bytes_max, 0);
+    }
 
     #[test]
     fn token_settings_are_checked_at_start() {

@@ -96,8 +96,14 @@ fn frames_a_flush_wrote_are_served_from_memory_exactly_as_the_log_holds_them() {
     .unwrap();
     let seg = SegmentId(1);
     store.open(seg).unwrap();
-    assert_eq!(store.append(seg, &records(5)).unwrap().wait().unwrap(), 0..5);
-    assert_eq!(store.append(seg, &records(4)).unwrap().wait().unwrap(), 5..9);
+    assert_eq!(
+        store.append(seg, &records(5)).unwrap().wait().unwrap(),
+        0..5
+    );
+    assert_eq!(
+        store.append(seg, &records(4)).unwrap().wait().unwrap(),
+        5..9
+    );
     let kept = store.read_frames(seg, 2, 1 << 20).unwrap();
     assert_eq!((kept.first, kept.records), (2, 7));
     assert_eq!(
@@ -122,5 +128,9 @@ fn frames_a_flush_wrote_are_served_from_memory_exactly_as_the_log_holds_them() {
     let served = store.stats().frames_from_memory_bytes;
     let sealed = store.read_frames(seg, 2, 1 << 20).unwrap();
     assert_eq!(sealed, kept, "the log gives the same run");
-    assert_eq!(store.stats().frames_from_memory_bytes, served, "read from the log");
+    assert_eq!(
+        store.stats().frames_from_memory_bytes,
+        served,
+        "read from the log"
+    );
 }
