@@ -39,6 +39,11 @@ pub(super) struct RecentRun {
 }
 
 impl RecentRun {
+    /// The memory it holds, as the bounds count it: capacities, not lengths.
+    fn cost(&self) -> usize {
+        self.bytes.capacity() + self.starts.capacity() * std::mem::size_of::<usize>()
+    }
+
     fn records(&self) -> u64 {
         self.starts.len() as u64
     }
@@ -62,6 +67,7 @@ impl RecentRun {
 #[derive(Debug)]
 pub(super) struct RecentFrames {
     runs: VecDeque<Arc<RecentRun>>,
+    /// Their `cost`.
     bytes: usize,
     /// Bytes kept by every copy of the store, against `total_max`.
     total: Arc<AtomicUsize>,
@@ -101,7 +107,7 @@ impl RecentFrames {
             // Not contiguous with what is kept (a skipped batch): start over.
             self.clear();
         }
-        let len = run.bytes.len();
+        let len = run.cost();
         if len > RECENT_SEGMENT_BYTES_MAX || len > self.total_max {
             self.clear();
             return;
@@ -131,8 +137,8 @@ impl RecentFrames {
 
     fn drop_oldest(&mut self) {
         if let Some(run) = self.runs.pop_front() {
-            self.bytes -= run.bytes.len();
-            self.total.fetch_sub(run.bytes.len(), Ordering::Relaxed);
+            self.bytes -= run.cost();
+            self.total.fetch_sub(run.cost(), Ordering::Relaxed);
         }
     }
 
@@ -180,7 +186,9 @@ pub(super) fn run_of(
     if first.first > from || first.end() <= from || from >= end {
         return None;
     }
-    let mut bytes = Vec::new();
+    // First the spans, then one allocation of exactly their size.
+    let mut spans: Vec<(&RecentRun, usize, usize)> = Vec::new();
+    let mut taken = 0usize;
     let mut next = from;
     for run in runs {
         if run.first > next || next >= end {
@@ -191,7 +199,7 @@ pub(super) fn run_of(
         let mut len = 0usize;
         while to < run.end().min(end) {
             let (a, b) = run.span(to, to + 1);
-            if bytes.len() + len > 0 && bytes.len() + len + (b - a) > bytes_max {
+            if taken + len > 0 && taken + len + (b - a) > bytes_max {
                 break;
             }
             len += b - a;
@@ -201,12 +209,18 @@ pub(super) fn run_of(
             break;
         }
         let (a, b) = run.span(next, to);
-        bytes.extend_from_slice(&run.bytes[a..b]);
+        spans.push((run.as_ref(), a, b));
+        taken += len;
         next = to;
         if to < run.end() {
             break;
         }
     }
+    let mut bytes = Vec::with_capacity(taken);
+    for (run, a, b) in spans {
+        bytes.extend_from_slice(&run.bytes[a..b]);
+    }
+    debug_assert_eq!(bytes.len(), taken);
     Some(FrameRun {
         first: from,
         records: next - from,
@@ -221,8 +235,8 @@ mod tests {
     /// A batch of `n` frames of `len` bytes each, byte `i` of frame `k`
     /// being `k`.
     fn batch(n: usize, len: usize, verbatim: bool) -> Batch {
-        let mut bytes = Vec::new();
-        let mut starts = Vec::new();
+        let mut bytes = Vec::with_capacity(n * len);
+        let mut starts = Vec::with_capacity(n);
         for k in 0..n {
             starts.push(bytes.len());
             bytes.extend(std::iter::repeat_n(k as u8, len));
@@ -274,21 +288,23 @@ mod tests {
         );
         let run = run_of(&r.runs_from(4, 6), 4, 6, 1 << 20).unwrap();
         assert_eq!(run.records, 2);
-        assert_eq!(total.load(Ordering::Relaxed), 20);
+        // Counted by capacity: 20 bytes and two frame starts.
+        assert_eq!(total.load(Ordering::Relaxed), 20 + 2 * 8);
     }
 
     #[test]
     fn the_copy_and_the_store_bounds_hold_and_clearing_gives_bytes_back() {
+        // Each run costs 108: 100 bytes and one frame start.
         let (mut r, total) = recent(250);
         r.keep(0, vec![batch(1, 100, false), batch(1, 100, false)]);
         r.keep(2, vec![batch(1, 100, false)]);
-        assert_eq!(total.load(Ordering::Relaxed), 200, "the oldest made room");
+        assert_eq!(total.load(Ordering::Relaxed), 216, "the oldest made room");
         assert!(r.runs_from(0, 3).is_empty());
         assert_eq!(r.runs_from(1, 3).len(), 2);
         let mut other = RecentFrames::new(Arc::clone(&total), 250);
         other.keep(0, vec![batch(1, 100, false)]);
         assert!(other.runs_from(0, 1).is_empty(), "the store is full");
-        assert_eq!(total.load(Ordering::Relaxed), 200);
+        assert_eq!(total.load(Ordering::Relaxed), 216);
         r.clear();
         assert_eq!(total.load(Ordering::Relaxed), 0);
         other.keep(0, vec![batch(1, 100, false)]);
