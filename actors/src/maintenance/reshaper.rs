@@ -759,6 +759,19 @@ mod tests {
         );
     }
 
+    /// Asserts the planner asks for nothing at each of `times`.
+    fn asks_nothing(
+        planner: &mut Planner,
+        times: &[u64],
+        t: &TopicHere,
+        rates: &BTreeMap<RangeId, RangeSample>,
+    ) {
+        for &now in times {
+            let plan = planner.plan(now, &settings(), t, rates);
+            assert!(plan.actions.is_empty(), "at {now} ms: {:?}", plan.actions);
+        }
+    }
+
     /// ADR 0160: a split's child still hot splits on its own heat; once a
     /// request about it is refused, it waits the interval again.
     #[test]
@@ -769,14 +782,7 @@ mod tests {
         t.here[0].split_child = true;
         let rates: BTreeMap<_, _> = [sample(2, 5_000, 10)].into();
         let mut planner = Planner::default();
-        for now in [0, 1_000, 2_000] {
-            assert!(
-                planner
-                    .plan(now, &settings(), &t, &rates)
-                    .actions
-                    .is_empty()
-            );
-        }
+        asks_nothing(&mut planner, &[0, 1_000, 2_000], &t, &rates);
         // 3 s of its own heat, 7 s before the interval would end.
         let split = vec![Action::Split {
             topic: "t".into(),
@@ -784,30 +790,12 @@ mod tests {
         }];
         assert_eq!(planner.plan(3_000, &settings(), &t, &rates).actions, split);
         planner.refused(3_500, &[RangeId(2)]);
-        assert!(
-            planner
-                .plan(4_000, &settings(), &t, &rates)
-                .actions
-                .is_empty()
-        );
-        assert!(
-            planner
-                .plan(13_499, &settings(), &t, &rates)
-                .actions
-                .is_empty()
-        );
+        asks_nothing(&mut planner, &[4_000, 13_499], &t, &rates);
         assert_eq!(planner.plan(13_500, &settings(), &t, &rates).actions, split);
         // A merge's child (two parents) waits the interval.
         t.here[0].split_child = false;
         let mut planner = Planner::default();
-        for now in [0, 1_000, 2_000, 3_000, 9_999] {
-            assert!(
-                planner
-                    .plan(now, &settings(), &t, &rates)
-                    .actions
-                    .is_empty()
-            );
-        }
+        asks_nothing(&mut planner, &[0, 1_000, 2_000, 3_000, 9_999], &t, &rates);
         assert_eq!(planner.plan(10_000, &settings(), &t, &rates).actions, split);
     }
 
