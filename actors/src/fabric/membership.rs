@@ -103,7 +103,7 @@ impl Actor for SwimActor {
         // The broker is ready only once its own view shows this incarnation,
         // so the first `cluster status` never reports a stale one.
         let mut view = fabric.membership.watch();
-        let published = view.wait_for(|v| v.local.incarnation == incarnation);
+        let published = view.wait_for(|v| shows_this_run(v, incarnation));
         if tokio::time::timeout(Duration::from_millis(FIRST_VIEW_WAIT_MS), published)
             .await
             .is_err()
@@ -184,9 +184,41 @@ pub(crate) fn next_incarnation(path: &Path) -> std::io::Result<u64> {
     Ok(next)
 }
 
+/// Whether `view` is this run's: its incarnation, or a later one the
+/// runtime moved to already to gossip new attributes (the load; a start
+/// that waited for the exact incarnation missed it when the load changed
+/// first, and warned after 5 s).
+fn shows_this_run(view: &malachi_membership::MembershipView, incarnation: u64) -> bool {
+    view.local.incarnation >= incarnation
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_view_already_past_this_runs_incarnation_is_this_runs() {
+        let identity = malachi_membership::NodeIdentity::seed("127.0.0.1:1".parse().unwrap());
+        let mut core = malachi_membership::MembershipCore::new(
+            malachi_membership::NodeIdentity {
+                node_id: 1,
+                incarnation: 7,
+                ..identity
+            },
+            &malachi_membership::SwimSettings::default(),
+            1,
+        )
+        .unwrap();
+        assert!(shows_this_run(core.view(), 7));
+        core.set_attributes([("load".to_owned(), "1".to_owned())].into())
+            .unwrap();
+        assert!(core.view().local.incarnation > 7, "attributes renew it");
+        assert!(shows_this_run(core.view(), 7));
+        assert!(!shows_this_run(
+            core.view(),
+            core.view().local.incarnation + 1
+        ));
+    }
 
     #[test]
     fn every_start_gets_a_higher_incarnation_even_with_a_clock_behind_the_record() {
