@@ -331,10 +331,18 @@ async fn copies_a_delete_missed_are_swept_only_once_every_vnode_answers() {
         files_of(root.path(), 3, &gone)
     );
     // Each copy broker 3 held is removed once: the interrupted one at
-    // start (not counted), every other one by the sweep.
-    assert_eq!(
-        counter(&three, "malachi_copies_removed_total"),
-        held.len() as u64 - 1
+    // start (not counted), every other one by the sweep. Besides those, a
+    // restarted broker whose metadata replica has not applied the delete
+    // yet may start one of the topic's segments and re-create an empty
+    // copy, which the sweep removes too (seen: "leading a replicated
+    // segment" for `gone` 2 ms after the start, then "removed a copy ...
+    // freed_bytes=0"): at most one such per segment of the topic.
+    let removed = counter(&three, "malachi_copies_removed_total");
+    let held_removed = held.len() as u64 - 1;
+    assert!(
+        (held_removed..=held_removed + gone.len() as u64).contains(&removed),
+        "{removed} copies removed on broker 3: {held_removed} held ones and at most {} re-created",
+        gone.len()
     );
     let one = brokers[0].take().unwrap();
     for broker in [one, two, three] {
