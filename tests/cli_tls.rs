@@ -2,7 +2,8 @@
 //! whose client ports speak TLS: it creates, produces and consumes with
 //! `--tls-ca` (and `MALACHI_TLS_CA`); without TLS it gets the broker's
 //! clear "speaks TLS only" refusal, and with TLS against a plaintext
-//! broker a clear TLS error, never "frame too large".
+//! broker a clear TLS error, never "frame too large". In a rolling move's
+//! step (ADR 0162) it is served with and without TLS.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -131,4 +132,68 @@ fn the_cli_with_tls_against_a_plaintext_broker_says_so() {
     let text = err(&output);
     assert!(text.contains("plaintext"), "{text}");
     assert!(!text.contains("too large"), "{text}");
+}
+
+/// The middle of a rolling move to TLS (ADR 0162), from a TOML config:
+/// brokers on `tls.cluster = "send"` replicate over TLS while taking
+/// plaintext, and `tls.client_ports = "accept"` serves the CLI with and
+/// without `--tls-ca`.
+#[test]
+fn a_cluster_in_a_rolling_moves_step_serves_the_cli_with_and_without_tls() {
+    let root = tempfile::tempdir().unwrap();
+    let (_ca, files) = pki(root.path());
+    let tls = format!(
+        "\n[tls]\ncert_path = \"{}\"\nkey_path = \"{}\"\ncluster_ca_path = \"{}\"\ncluster = \"send\"\nclient_ports = \"accept\"\n",
+        files.broker_cert.display(),
+        files.broker_key.display(),
+        files.ca.display()
+    );
+    let cluster = Cluster::three_with(root.path(), &tls);
+    let logs = || cluster.logs();
+    let all = cluster.clients().join(",");
+    let ca = files.ca.to_str().unwrap();
+    let created = malachi(
+        &all,
+        &[
+            "topic",
+            "create",
+            "moving",
+            "--tls-ca",
+            ca,
+            "--timeout-ms",
+            "60000",
+        ],
+        &[],
+        "",
+    );
+    succeeded(&created, &logs);
+    // Plaintext, as clients not moved yet.
+    let produced = malachi(
+        &all,
+        &["produce", "moving", "--timeout-ms", "30000"],
+        &[],
+        "k1\tone\nk2\ttwo\nk1\tthree\n",
+    );
+    succeeded(&produced, &logs);
+    assert!(
+        out(&produced).starts_with("3 of 3 records acknowledged"),
+        "{}",
+        out(&produced)
+    );
+    let consumed = malachi(
+        &cluster.clients()[2],
+        &[
+            "consume",
+            "moving",
+            "--from-start",
+            "--max",
+            "3",
+            "--timeout-ms",
+            "30000",
+        ],
+        &[("MALACHI_TLS_CA", files.ca.as_path())],
+        "",
+    );
+    succeeded(&consumed, &logs);
+    assert_eq!(out(&consumed), "k1\tone\nk2\ttwo\nk1\tthree\n");
 }

@@ -50,9 +50,9 @@ mod serve;
 pub use broker::{Broker, BrokerHandle, run_until_signal};
 pub use common::clock::{Clock, ManualClock, SystemClock};
 pub use common::config::{
-    Authentication, BrokerConfig, ClientAuth, ClusterSettings, ClusterTls, DEV_CLUSTER_COOKIE,
-    MaintenanceSettings, MembershipSettings, MetadataBackend, NodeIdentity, ReshapeDefaults,
-    SecuritySettings, StoreSettings, SwimSeal, TlsSettings,
+    Authentication, BrokerConfig, ClientAuth, ClientPortsTls, ClusterSettings, ClusterTls,
+    DEV_CLUSTER_COOKIE, MaintenanceSettings, MembershipSettings, MetadataBackend, NodeIdentity,
+    ReshapeDefaults, SecuritySettings, StoreSettings, SwimSeal, TlsSettings,
 };
 pub use common::convert::{describe_to_wire, tree_from_wire, tree_to_wire};
 pub use common::error::BrokerError;

@@ -596,3 +596,75 @@ async fn a_certificate_file_that_does_not_load_stops_the_start_naming_it() {
         .to_string();
     assert!(error.contains("tls.key_path"), "{error}");
 }
+
+/// `curl` for `url`'s status code, with `ca` when it is https.
+async fn curl_status(url: String, ca: PathBuf) -> String {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--cacert",
+            ])
+            .arg(ca)
+            .arg(url)
+            .output()
+            .expect("curl must be installed")
+    })
+    .await
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// `tls.client_ports = "accept"` (ADR 0162), the step that lets clients
+/// move to TLS one by one: the client port serves the SDK with and
+/// without TLS, the admin port answers `curl` over https and plain http,
+/// a plaintext client that waits past the handshake deadline before its
+/// first request is still served, and each plaintext client is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_ports_that_accept_both_serve_tls_and_plaintext_clients() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, files) = pki(dir.path());
+    let mut config = tls_config(dir.path(), &files, ClientAuth::None);
+    config.tls.client_ports = malachi_actors::ClientPortsTls::Accept;
+    let broker = start(config).await;
+    let addr = broker.client_addr();
+    // Opened now, its first request sent after the TLS deadline (2 s).
+    let mut late = TestClient::connect(addr).await;
+
+    let secure = sdk(addr, Some(client_tls(&files.ca, None))).await.unwrap();
+    secure.create_topic("both", None, None).await.unwrap();
+    let plain = sdk(addr, None).await.unwrap();
+    for (client, value) in [(&secure, "over tls"), (&plain, "in plaintext")] {
+        let batch = produce_request("both", &[record("k", value)]).records;
+        let produced = client.produce("both", batch).await.unwrap();
+        assert_eq!(produced.records_acknowledged, 1, "{value}");
+    }
+    assert!(counter(&broker, "malachi_plaintext_accepted_total{port=\"client\"}") >= 1);
+    assert_eq!(
+        metric(
+            &broker,
+            "malachi_tls_handshake_failures_total{reason=\"plaintext\"}"
+        ),
+        0
+    );
+
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let listed: malachi_wire::messages::ListTopicsResponse = late
+        .call(&malachi_wire::messages::ListTopicsRequest {})
+        .await
+        .unwrap();
+    assert!(listed.topics.iter().any(|t| t.name == "both"), "{listed:?}");
+
+    let port = broker.admin_addr().port();
+    let https = curl_status(format!("https://localhost:{port}/ready"), files.ca.clone()).await;
+    let http = curl_status(format!("http://127.0.0.1:{port}/ready"), files.ca.clone()).await;
+    assert_eq!((https.as_str(), http.as_str()), ("200", "200"));
+    assert!(counter(&broker, "malachi_plaintext_accepted_total{port=\"admin\"}") >= 1);
+}

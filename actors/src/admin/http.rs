@@ -378,7 +378,7 @@ impl axum::serve::Listener for BoundedListener {
             let principal = CertPrincipal::default();
             return (
                 DeadlineIo::new(
-                    AdminStream::new(stream, self.tls.as_deref(), Arc::clone(&principal)),
+                    AdminStream::new(stream, self.tls.as_ref(), Arc::clone(&principal)),
                     (slot, address),
                     self.read_timeout,
                     principal,

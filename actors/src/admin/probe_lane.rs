@@ -108,7 +108,7 @@ impl ProbeLane {
             let held = (slot, address);
             let answered = tokio::time::timeout(
                 timeout,
-                answer(ctx.tls.as_deref(), || ctx.is_ready(), stream, held),
+                answer(ctx.tls.as_ref(), || ctx.is_ready(), stream, held),
             )
             .await;
             match answered {
@@ -129,7 +129,7 @@ impl ProbeLane {
 /// the close, so a probe that has read its answer to the end never finds
 /// its own previous connection still holding its address's one place.
 async fn answer<Held>(
-    tls: Option<&crate::common::tls::ServerTls>,
+    tls: Option<&std::sync::Arc<crate::common::tls::ServerTls>>,
     ready: impl FnOnce() -> bool,
     stream: TcpStream,
     held: Held,

@@ -26,6 +26,9 @@ pub(crate) type CertPrincipal = Arc<OnceLock<Option<String>>>;
 /// The socket of one admin connection.
 pub(crate) enum AdminStream {
     Plain(TcpStream),
+    /// `tls.client_ports = "accept"` (ADR 0162): the first byte, peeked
+    /// on the first read or write, chooses TLS or plaintext.
+    Sniffing(Option<TcpStream>, Arc<ServerTls>, CertPrincipal),
     /// The TLS handshake, driven by the first read or write.
     Handshaking(Box<tokio_rustls::Accept<TcpStream>>, CertPrincipal),
     Tls(Box<TlsStream<TcpStream>>),
@@ -37,6 +40,7 @@ impl std::fmt::Debug for AdminStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             AdminStream::Plain(_) => "Plain",
+            AdminStream::Sniffing(..) => "Sniffing",
             AdminStream::Handshaking(..) => "Handshaking",
             AdminStream::Tls(_) => "Tls",
             AdminStream::Failed => "Failed",
@@ -49,20 +53,50 @@ impl AdminStream {
     /// principal lands in `principal` once the handshake is done.
     pub(crate) fn new(
         stream: TcpStream,
-        tls: Option<&ServerTls>,
+        tls: Option<&Arc<ServerTls>>,
         principal: CertPrincipal,
     ) -> AdminStream {
         match tls {
             None => AdminStream::Plain(stream),
+            Some(tls) if tls.takes_plaintext => {
+                AdminStream::Sniffing(Some(stream), Arc::clone(tls), principal)
+            }
             Some(tls) => {
                 AdminStream::Handshaking(Box::new(tls.acceptor().accept(stream)), principal)
             }
         }
     }
 
+    /// Peeks the first byte, if the port takes both: a TLS handshake
+    /// record starts the handshake, anything else is plaintext HTTP.
+    fn poll_sniffed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let AdminStream::Sniffing(stream, tls, principal) = self else {
+            return Poll::Ready(Ok(()));
+        };
+        let Some(socket) = stream.as_ref() else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        let mut first = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut first);
+        ready!(socket.poll_peek(cx, &mut buf))?;
+        let tls_hello = buf.filled().first() == Some(&malachi_wire::tls::CLIENT_HELLO_PREFIX[0]);
+        let (Some(socket), tls, principal) = (stream.take(), Arc::clone(tls), principal.clone())
+        else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        *self = if tls_hello {
+            AdminStream::Handshaking(Box::new(tls.acceptor().accept(socket)), principal)
+        } else {
+            tls.count_plaintext("admin");
+            AdminStream::Plain(socket)
+        };
+        Poll::Ready(Ok(()))
+    }
+
     /// Drives the handshake, if one is under way; ready once the stream
     /// can carry bytes.
     fn poll_established(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_sniffed(cx))?;
         if let AdminStream::Handshaking(accept, principal) = self {
             match ready!(Pin::new(accept.as_mut()).poll(cx)) {
                 Ok(tls) => {

@@ -14,13 +14,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use malachi_cluster::group::{PeerTls, PeerTlsObserver, TlsRefusal};
+use malachi_cluster::group::{PeerTls, PeerTlsMode, PeerTlsObserver, TlsRefusal};
 use malachi_wire::tls::{TlsError, load_roots, provider};
 use parking_lot::Mutex;
 use rustls::client::ResolvesClientCert;
 use rustls::pki_types::ServerName;
 use rustls::server::{ResolvesServerCert, WebPkiClientVerifier};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::common::config::{ClusterTls, NodeIdentity, TlsSettings};
 use crate::common::error::BrokerError;
@@ -44,7 +44,7 @@ impl BrokerPeerTls {
             return Ok(None);
         }
         let missing = |what: &str| BrokerError::Config {
-            reason: format!("tls.cluster = \"required\" needs {what}"),
+            reason: format!("tls.cluster (\"accept\", \"send\" or \"required\") needs {what}"),
         };
         let (cert_path, key_path) = settings
             .cluster_pair()
@@ -89,7 +89,12 @@ impl BrokerPeerTls {
             server_name,
             Duration::from_millis(settings.handshake_timeout_ms),
         )
-        .observed_by(Arc::clone(&log) as Arc<dyn PeerTlsObserver>);
+        .observed_by(Arc::clone(&log) as Arc<dyn PeerTlsObserver>)
+        .in_mode(match settings.cluster_mode() {
+            ClusterTls::Accept => PeerTlsMode::Accept,
+            ClusterTls::Send => PeerTlsMode::Send,
+            ClusterTls::Off | ClusterTls::Required => PeerTlsMode::Required,
+        });
         let peer = match settings.cluster_node_identity {
             NodeIdentity::Off => peer,
             NodeIdentity::Required => {
@@ -118,6 +123,13 @@ pub(crate) struct ClusterTlsLog {
 }
 
 impl PeerTlsObserver for ClusterTlsLog {
+    fn plaintext_accepted(&self, port: &'static str, peer: SocketAddr) {
+        if let Some(metrics) = self.metrics.get() {
+            metrics.plaintext_accepted(port);
+        }
+        debug!(port, %peer, "cluster tls: a plaintext peer taken (tls.cluster takes both)");
+    }
+
     fn refused(
         &self,
         port: &'static str,

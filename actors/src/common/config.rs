@@ -99,9 +99,44 @@ pub enum ClientAuth {
 pub enum ClusterTls {
     /// Plaintext between brokers, authenticated by the cluster cookie only.
     Off,
+    /// A rolling move's first step (ADR 0162): dials plaintext, takes TLS
+    /// (under the cluster CA) and plaintext.
+    Accept,
+    /// A rolling move's second step: dials TLS, takes TLS and plaintext.
+    Send,
     /// TLS both ways, a certificate under the cluster CA required of every
     /// peer; plaintext and other certificates are refused.
     Required,
+}
+
+impl ClusterTls {
+    /// The setting's word for this mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterTls::Off => "off",
+            ClusterTls::Accept => "accept",
+            ClusterTls::Send => "send",
+            ClusterTls::Required => "required",
+        }
+    }
+
+    /// Whether plaintext is taken from other brokers (or sent to them).
+    pub fn allows_plaintext(self) -> bool {
+        self != ClusterTls::Required
+    }
+}
+
+/// Whether the client port and the admin port, once they have a
+/// certificate, also take plaintext clients (ADR 0162).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientPortsTls {
+    /// TLS only: a plaintext client is told so and closed (ADR 0149 §4).
+    #[default]
+    Required,
+    /// TLS and plaintext, told apart by the first byte: the step that lets
+    /// clients move to TLS one by one.
+    Accept,
 }
 
 /// Whether a peer's certificate must be for the node it is (ADR 0155):
@@ -142,8 +177,12 @@ pub struct TlsSettings {
     /// How often, at most, the certificate and key files are checked for a
     /// change (their modification time and size) and reloaded.
     pub reload_check_ms: u64,
-    /// TLS between brokers (ADR 0151): `off` or `required`; unset, it is
-    /// `required` when the broker has a certificate, `off` otherwise.
+    /// Whether the client and admin ports, with a certificate, also take
+    /// plaintext clients: `required` (TLS only) or `accept` (ADR 0162).
+    pub client_ports: ClientPortsTls,
+    /// TLS between brokers (ADR 0151): `off`, `accept`, `send` (the steps
+    /// of a rolling move, ADR 0162) or `required`; unset, it is `required`
+    /// when the broker has a certificate, `off` otherwise.
     pub cluster: Option<ClusterTls>,
     /// The CA every broker's certificate must chain to (PEM); unset,
     /// `client_ca_path`.
@@ -169,6 +208,7 @@ impl Default for TlsSettings {
             client_auth: ClientAuth::None,
             handshake_timeout_ms: TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT,
             reload_check_ms: TLS_RELOAD_CHECK_MS_DEFAULT,
+            client_ports: ClientPortsTls::Required,
             cluster: None,
             cluster_ca_path: None,
             cluster_cert_path: None,
@@ -201,6 +241,9 @@ impl TlsSettings {
                 "tls.client_auth = \"optional\" or \"required\" needs tls.client_ca_path, and tls.client_ca_path needs one of them"
                     .into(),
             );
+        }
+        if !self.enabled() && self.client_ports != ClientPortsTls::Required {
+            return Err("tls.client_ports = \"accept\" needs tls.cert_path and tls.key_path: without them the client and admin ports are plaintext only".into());
         }
         if self.handshake_timeout_ms == 0 || self.reload_check_ms == 0 {
             return Err("tls.handshake_timeout_ms and tls.reload_check_ms must be positive".into());
@@ -245,7 +288,10 @@ impl TlsSettings {
             return Ok(());
         }
         if self.cluster_pair().is_none() {
-            return Err("tls.cluster = \"required\" needs a certificate: tls.cert_path and tls.key_path, or tls.cluster_cert_path and tls.cluster_key_path".into());
+            return Err(format!(
+                "tls.cluster = \"{}\" needs a certificate: tls.cert_path and tls.key_path, or tls.cluster_cert_path and tls.cluster_key_path",
+                self.cluster_mode().name()
+            ));
         }
         if self.cluster_ca().is_none() {
             return Err("TLS between brokers (tls.cluster, \"required\" by default with a certificate) needs the CA every broker's certificate chains to: set tls.cluster_ca_path (or tls.client_ca_path), or tls.cluster = \"off\" for a broker that never has peers".into());
@@ -1181,9 +1227,11 @@ impl BrokerConfig {
                 self.admin_addr
             ));
         }
-        if self.tls.cluster_mode() == ClusterTls::Off {
+        let mode = self.tls.cluster_mode();
+        if mode.allows_plaintext() {
             return bad(format!(
-                "{field} {addr} is not a loopback address and tls.cluster = \"off\": brokers would send raft, replication and fabric traffic in cleartext, authenticated only by the cookie; configure [tls] with a certificate and tls.cluster_ca_path, or security.insecure = true to accept the risk"
+                "{field} {addr} is not a loopback address and tls.cluster = \"{}\": brokers would send (or take) raft, replication and fabric traffic in cleartext, authenticated only by the cookie; configure [tls] with a certificate and tls.cluster_ca_path and tls.cluster = \"required\", or security.insecure = true to accept the risk (as for the steps of a rolling move, ADR 0162)",
+                mode.name()
             ));
         }
         Ok(())
@@ -1720,6 +1768,21 @@ mod tests {
             ..TlsSettings::default()
         };
         assert!(config.validate().is_ok());
+        // The middle steps of a rolling move take plaintext peers, so off
+        // loopback they need `security.insecure` as "off" does (ADR 0162).
+        for step in [ClusterTls::Accept, ClusterTls::Send] {
+            config.tls.cluster = Some(step);
+            let refused = config.validate().unwrap_err().to_string();
+            assert!(
+                refused.contains(&format!("tls.cluster = \"{}\"", step.name()))
+                    && refused.contains("security.insecure"),
+                "{refused}"
+            );
+            config.security.insecure = true;
+            assert!(config.validate().is_ok(), "{step:?}");
+            config.security.insecure = false;
+        }
+        config.tls.cluster = None;
         // With authentication on, the admin port authenticates too (ADR
         // 0152): off loopback is fine.
         config.admin_addr = "10.0.0.1:8080".parse().unwrap();
@@ -1787,6 +1850,8 @@ mod tests {
         .validate()
         .unwrap();
         insta::assert_snapshot!(refused(TlsSettings { cluster: Some(ClusterTls::Required), ..TlsSettings::default() }), @r#"invalid configuration: tls.cluster = "required" needs a certificate: tls.cert_path and tls.key_path, or tls.cluster_cert_path and tls.cluster_key_path"#);
+        insta::assert_snapshot!(refused(TlsSettings { cluster: Some(ClusterTls::Accept), ..TlsSettings::default() }), @r#"invalid configuration: tls.cluster = "accept" needs a certificate: tls.cert_path and tls.key_path, or tls.cluster_cert_path and tls.cluster_key_path"#);
+        insta::assert_snapshot!(refused(TlsSettings { client_ports: ClientPortsTls::Accept, ..TlsSettings::default() }), @r#"invalid configuration: tls.client_ports = "accept" needs tls.cert_path and tls.key_path: without them the client and admin ports are plaintext only"#);
         insta::assert_snapshot!(refused(TlsSettings { cluster_cert_path: Some("c.pem".into()), ..pair.clone() }), @"invalid configuration: tls.cluster_cert_path and tls.cluster_key_path must be set together");
         insta::assert_snapshot!(refused(TlsSettings { cluster_server_name: Some("not a name!".into()), ..pair }), @r#"invalid configuration: tls.cluster_server_name "not a name!" is neither a DNS name nor an IP address"#);
     }

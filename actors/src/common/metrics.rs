@@ -352,6 +352,23 @@ impl BrokerMetrics {
             .increment(1);
     }
 
+    /// `malachi_plaintext_accepted_total{port}`: a plaintext connection
+    /// taken on a TLS port in a rolling move's step that takes both (ADR
+    /// 0162): `cluster` or `fabric` (`tls.cluster = "accept"|"send"`),
+    /// `client` or `admin` (`tls.client_ports = "accept"`). Zero for long
+    /// enough is the sign the next step may start.
+    pub fn plaintext_accepted(&self, port: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    "malachi_plaintext_accepted_total",
+                    vec![Label::new("port", port)],
+                ),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
     /// `malachi_peer_cluster_port_reachable{peer}`: 1 while this broker
     /// counts on peer `peer`'s cluster port, 0 while it leaves the peer out
     /// of placement for it (ADR 0155). No line for a peer never dialled.

@@ -26,7 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tracing::{info, warn};
 
-use crate::common::config::{ClientAuth, TlsSettings};
+use crate::common::config::{ClientAuth, ClientPortsTls, TlsSettings};
 use crate::common::error::BrokerError;
 use crate::common::metrics::BrokerMetrics;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
@@ -36,6 +36,17 @@ pub(crate) struct ServerTls {
     acceptor: TlsAcceptor,
     cert: Arc<ReloadingCert>,
     pub handshake_timeout: Duration,
+    /// `tls.client_ports = "accept"` (ADR 0162): a plaintext client is
+    /// served as on a plaintext port, not refused.
+    pub takes_plaintext: bool,
+    metrics: OnceLock<Arc<BrokerMetrics>>,
+}
+
+/// An accepted client socket after its first byte: a TLS session, or the
+/// plaintext socket where the ports take plaintext (ADR 0162).
+pub(crate) enum Opened {
+    Tls(Box<TlsStream<TcpStream>>),
+    Plain(TcpStream),
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -43,6 +54,7 @@ impl std::fmt::Debug for ServerTls {
         f.debug_struct("ServerTls")
             .field("cert_path", &self.cert.cert_path)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("takes_plaintext", &self.takes_plaintext)
             .finish()
     }
 }
@@ -117,6 +129,8 @@ impl ServerTls {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             cert,
             handshake_timeout: Duration::from_millis(settings.handshake_timeout_ms),
+            takes_plaintext: settings.client_ports == ClientPortsTls::Accept,
+            metrics: OnceLock::new(),
         }))
     }
 
@@ -128,28 +142,44 @@ impl ServerTls {
     /// Where reload failures are counted, once the broker's metrics exist.
     pub(crate) fn count_into(&self, metrics: &Arc<BrokerMetrics>) {
         self.cert.count_into(metrics);
+        let _ = self.metrics.set(Arc::clone(metrics));
+    }
+
+    /// Counts a plaintext client taken on `port` (`client` or `admin`)
+    /// where the ports take plaintext (ADR 0162).
+    pub(crate) fn count_plaintext(&self, port: &'static str) {
+        if let Some(metrics) = self.metrics.get() {
+            metrics.plaintext_accepted(port);
+        }
     }
 
     /// The plaintext check, then the handshake, within
-    /// `tls.handshake_timeout_ms` together.
+    /// `tls.handshake_timeout_ms` together. Where the ports take plaintext,
+    /// a plaintext first byte, or none by the deadline (a plaintext client
+    /// may open a connection and wait, as on a plaintext port), opens the
+    /// socket as it is.
     pub(crate) async fn accept(
         &self,
         stream: TcpStream,
-    ) -> Result<TlsStream<TcpStream>, (HandshakeFailure, Option<TcpStream>)> {
+    ) -> Result<Opened, (HandshakeFailure, Option<TcpStream>)> {
         let deadline = Instant::now() + self.handshake_timeout;
         let mut first = [0u8; 1];
         let peeked = tokio::time::timeout_at(deadline, stream.peek(&mut first)).await;
         match peeked {
+            Err(_) if self.takes_plaintext => return Ok(Opened::Plain(stream)),
             Err(_) => return Err((HandshakeFailure::Timeout, None)),
             Ok(Ok(0) | Err(_)) => return Err((HandshakeFailure::Closed, None)),
             Ok(Ok(_)) if first[0] != malachi_wire::tls::CLIENT_HELLO_PREFIX[0] => {
+                if self.takes_plaintext {
+                    return Ok(Opened::Plain(stream));
+                }
                 return Err((HandshakeFailure::Plaintext, Some(stream)));
             }
             Ok(Ok(_)) => {}
         }
         match tokio::time::timeout_at(deadline, self.acceptor.accept(stream)).await {
             Err(_) => Err((HandshakeFailure::Timeout, None)),
-            Ok(Ok(tls)) => Ok(tls),
+            Ok(Ok(tls)) => Ok(Opened::Tls(Box::new(tls))),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 Err((HandshakeFailure::Closed, None))
             }

@@ -592,7 +592,11 @@ mod tests {
         // unless the balancer moves the range (ADR 0144), so only the
         // first is pinned. Regression: the test assumed the creating
         // broker kept every primary.
-        assert_eq!(segments[0].replicas.first(), Some(&node_id), "{described:?}");
+        assert_eq!(
+            segments[0].replicas.first(),
+            Some(&node_id),
+            "{described:?}"
+        );
         assert!(
             segments.iter().all(|s| s.replicas.len() >= 2),
             "{described:?}"

@@ -67,7 +67,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use malachi_cluster::group::peer_tls::{PeerRead, PeerWrite, plain_halves, tls_halves};
-use malachi_cluster::group::{Backoff, PeerTls, backoff_seed};
+use malachi_cluster::group::{Accepted, Backoff, PeerTls, backoff_seed};
 use malachi_membership::{Member, MemberState, Membership, NodeIdentity};
 use malachi_wire::WireError;
 use malachi_wire::messages::{self as wire, Message as _};
@@ -820,14 +820,19 @@ async fn accept_loop(fabric: Arc<Fabric>, listener: tokio::net::TcpListener) {
         // counted and logged by the TLS's observer.
         let inbound = Arc::clone(&fabric.inbound);
         tokio::spawn(async move {
-            if let Ok(stream) = tls.accept("fabric", stream, peer_addr).await {
+            let (halves, certified) = match tls.accept_either("fabric", stream, peer_addr).await {
                 // Checked against the name the peer gives once its session
                 // authenticates (`HandshakeWatch`).
-                let certified = tls.certified_nodes(stream.get_ref().1.peer_certificates());
-                let halves = tls_halves(stream);
-                let stream = inbound.admit(slot, halves, local_label, peer_addr, certified);
-                hand_over(&server, stream, peer_addr);
-            }
+                Ok(Accepted::Tls(stream)) => {
+                    let certified = tls.certified_nodes(stream.get_ref().1.peer_certificates());
+                    (tls_halves(stream), certified)
+                }
+                // A plaintext peer, in a step that takes one (ADR 0162).
+                Ok(Accepted::Plain(stream)) => (plain_halves(stream), None),
+                Err(_) => return,
+            };
+            let stream = inbound.admit(slot, halves, local_label, peer_addr, certified);
+            hand_over(&server, stream, peer_addr);
         });
     }
 }
@@ -858,7 +863,8 @@ async fn dial(
     addr: SocketAddr,
     node: u64,
 ) -> Result<(), String> {
-    let Some(tls) = tls else {
+    // Plaintext, or TLS's `accept` step of a rolling move (ADR 0162).
+    let Some(tls) = tls.filter(|tls| tls.dials_tls()) else {
         return ractor_cluster::client_connect(server, addr)
             .await
             .map_err(|e| e.to_string());

@@ -30,7 +30,7 @@ use tracing::{debug, warn};
 use std::time::Instant;
 
 use crate::common::peer_identity::PeerIdentity;
-use crate::common::tls::HandshakeFailure;
+use crate::common::tls::{HandshakeFailure, Opened};
 use crate::serve::context::ServeCtx;
 use malachi_wire::ErrorCode;
 
@@ -58,7 +58,12 @@ pub(crate) async fn open(
         return Some(ClientStream::Plain(stream));
     };
     match tls.accept(stream).await {
-        Ok(tls) => Some(ClientStream::Tls(Box::new(tls))),
+        Ok(Opened::Tls(tls)) => Some(ClientStream::Tls(tls)),
+        Ok(Opened::Plain(stream)) => {
+            // `tls.client_ports = "accept"`: a step of a rolling move.
+            tls.count_plaintext("client");
+            Some(ClientStream::Plain(stream))
+        }
         Err((failure, stream)) => {
             serving.metrics.tls_handshake_failure(failure.label());
             if failure == HandshakeFailure::Plaintext {

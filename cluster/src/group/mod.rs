@@ -48,7 +48,9 @@ pub use network::{
     GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause,
     UnreachableTransport,
 };
-pub use peer_tls::{CertifiedNodes, PeerTls, PeerTlsObserver, TlsRefusal};
+pub use peer_tls::{
+    Accepted, CertifiedNodes, PLAINTEXT_SNIFF_MS, PeerTls, PeerTlsMode, PeerTlsObserver, TlsRefusal,
+};
 pub use reach::{
     DialOutcome, PeerReach, Reach, ReachChange, ReachObserver, ReachSettings, ReachTracker,
 };

@@ -14,6 +14,14 @@
 //!
 //! A refused connection is reported to the [`PeerTlsObserver`] (the
 //! broker counts and logs it) with a [`TlsRefusal`] naming why.
+//!
+//! A rolling move from plaintext (ADR 0162): in [`PeerTlsMode::Accept`]
+//! a broker dials plaintext and takes both, in [`PeerTlsMode::Send`] it
+//! dials TLS and takes both, in [`PeerTlsMode::Required`] TLS only. An
+//! accepted socket is told apart by its first byte, a TLS handshake record
+//! (0x16) or not; a peer that says nothing for [`PLAINTEXT_SNIFF_MS`] is
+//! taken as plaintext, since the cookie handshake's server speaks first
+//! while a TLS client sends its ClientHello at once.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -32,6 +40,41 @@ pub type PeerWrite = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// A TLS record's first byte when it carries a handshake (a ClientHello).
 const HANDSHAKE_RECORD: u8 = 0x16;
+
+/// In a mode that takes both, how long an accepted peer may stay silent
+/// before it is taken as plaintext (the cookie handshake's server speaks
+/// first). A TLS dialer writes its ClientHello in the poll that connects,
+/// so it arrives well within this; one that does not is refused by the
+/// mismatch and dials again.
+pub const PLAINTEXT_SNIFF_MS: u64 = 50;
+
+/// What a broker speaks to other brokers (ADR 0151, and ADR 0162 for the
+/// rolling move from plaintext).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerTlsMode {
+    /// Dials plaintext; takes TLS and plaintext.
+    Accept,
+    /// Dials TLS; takes TLS and plaintext.
+    Send,
+    /// Dials TLS; takes TLS only.
+    Required,
+}
+
+/// An accepted connection between brokers after its first bytes: a TLS
+/// session, or a plaintext socket where the mode takes plaintext.
+pub enum Accepted {
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Plain(TcpStream),
+}
+
+impl fmt::Debug for Accepted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Accepted::Tls(_) => "Accepted::Tls",
+            Accepted::Plain(_) => "Accepted::Plain",
+        })
+    }
+}
 
 /// Why a connection between brokers was refused before or during TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +120,10 @@ pub trait PeerTlsObserver: Send + Sync + 'static {
         reason: TlsRefusal,
         detail: &str,
     );
+
+    /// A plaintext connection on `port` from `peer` was taken, in a step
+    /// of a rolling move that takes both (ADR 0162).
+    fn plaintext_accepted(&self, port: &'static str, peer: SocketAddr);
 }
 
 /// The node ids a peer's verified certificate is for (ADR 0155): read by
@@ -94,6 +141,7 @@ pub struct PeerTls {
     /// address dialled (checked against the certificate's IP SANs).
     server_name: Option<ServerName<'static>>,
     handshake_timeout: Duration,
+    mode: PeerTlsMode,
     observer: Option<Arc<dyn PeerTlsObserver>>,
     /// Set when a peer's certificate must be for the node it is (ADR 0155).
     node_identity: Option<Arc<dyn CertifiedNodes>>,
@@ -104,6 +152,7 @@ impl fmt::Debug for PeerTls {
         f.debug_struct("PeerTls")
             .field("server_name", &self.server_name)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("mode", &self.mode)
             .field("node_identity", &self.node_identity.is_some())
             .finish_non_exhaustive()
     }
@@ -115,6 +164,7 @@ impl PartialEq for PeerTls {
             && Arc::ptr_eq(&self.server, &other.server)
             && self.server_name == other.server_name
             && self.handshake_timeout == other.handshake_timeout
+            && self.mode == other.mode
             && self.node_identity.is_some() == other.node_identity.is_some()
     }
 }
@@ -135,9 +185,26 @@ impl PeerTls {
             server,
             server_name,
             handshake_timeout,
+            mode: PeerTlsMode::Required,
             observer: None,
             node_identity: None,
         }
+    }
+
+    /// The same TLS in `mode` (`Required` unless set).
+    pub fn in_mode(mut self, mode: PeerTlsMode) -> PeerTls {
+        self.mode = mode;
+        self
+    }
+
+    /// What this broker speaks to other brokers.
+    pub fn mode(&self) -> PeerTlsMode {
+        self.mode
+    }
+
+    /// Whether this broker dials other brokers with TLS.
+    pub fn dials_tls(&self) -> bool {
+        self.mode != PeerTlsMode::Accept
     }
 
     /// The same TLS, requiring each peer's certificate to be for the node
@@ -257,6 +324,42 @@ impl PeerTls {
                 Err(reason)
             }
         }
+    }
+
+    /// The server's side on an accepted socket from `peer`, by this
+    /// broker's mode: a TLS session when the peer opens one, the plaintext
+    /// socket when the mode takes plaintext (ADR 0162), else the refusal
+    /// [`PeerTls::accept`] gives.
+    pub async fn accept_either(
+        &self,
+        port: &'static str,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Result<Accepted, TlsRefusal> {
+        if self.mode == PeerTlsMode::Required {
+            return self
+                .accept(port, stream, peer)
+                .await
+                .map(|tls| Accepted::Tls(Box::new(tls)));
+        }
+        let sniff = Duration::from_millis(PLAINTEXT_SNIFF_MS);
+        let mut first = [0u8; 1];
+        let plaintext = match tokio::time::timeout(sniff, stream.peek(&mut first)).await {
+            // Silent: a plaintext client waiting for the server's hello.
+            Err(_) => true,
+            Ok(Ok(n)) => n > 0 && first[0] != HANDSHAKE_RECORD,
+            Ok(Err(_)) => false,
+        };
+        if plaintext {
+            if let Some(observer) = &self.observer {
+                observer.plaintext_accepted(port, peer);
+            }
+            return Ok(Accepted::Plain(stream));
+        }
+        // A ClientHello, or a close the handshake reports as such.
+        self.accept(port, stream, peer)
+            .await
+            .map(|tls| Accepted::Tls(Box::new(tls)))
     }
 
     async fn accept_by(

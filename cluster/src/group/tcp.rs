@@ -33,7 +33,9 @@ use super::backoff::{backoff_delay_ms, backoff_seed};
 use super::frames::{FrameReadError, read_frame};
 use super::handshake::{ClusterCookie, HandshakeError, client_handshake, serve_handshake_for};
 use super::network::{GroupTransport, NetworkFault, RaftRpcKind, TransportError, UnreachableCause};
-use super::peer_tls::{PeerRead, PeerTls, PeerWrite, TlsRefusal, plain_halves, tls_halves};
+use super::peer_tls::{
+    Accepted, PeerRead, PeerTls, PeerWrite, TlsRefusal, plain_halves, tls_halves,
+};
 use super::reach::{DialOutcome, PeerReach};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::SinkExt;
@@ -369,7 +371,12 @@ impl TcpTransport {
         };
         let _ = stream.set_nodelay(true);
         let (read_half, write_half) = match &self.config.tls {
+            // Plaintext, or TLS's `accept` step of a rolling move (ADR 0162).
             None => {
+                self.cookie_handshake(&mut stream, target).await?;
+                plain_halves(stream)
+            }
+            Some(tls) if !tls.dials_tls() => {
                 self.cookie_handshake(&mut stream, target).await?;
                 plain_halves(stream)
             }
@@ -1127,29 +1134,40 @@ where
 
 /// Bounds `raft_connections_max` by holding `_slot` until it ends.
 async fn serve_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     shared: Arc<ServerShared>,
     _slot: OwnedSemaphorePermit,
 ) {
     let _open = OpenConnection::count(&shared.counters.connections_open);
-    let (read_half, write_half, client) = match &shared.config.tls {
-        None => {
+    let accepted = match &shared.config.tls {
+        None => Accepted::Plain(stream),
+        // A refusal, and a plaintext peer taken in a step of a rolling
+        // move (ADR 0162), are counted by the TLS's observer.
+        Some(tls) => match tls.accept_either("cluster", stream, peer).await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                shared.counters.refused_tls.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+        },
+    };
+    let (read_half, write_half, client) = match accepted {
+        Accepted::Plain(mut stream) => {
             let Some(client) = authenticate(&mut stream, peer, &shared, None).await else {
                 return;
             };
             let (read_half, write_half) = plain_halves(stream);
             (read_half, write_half, client)
         }
-        Some(tls) => {
-            // The refusal is logged and counted by the TLS's observer.
-            let Ok(mut stream) = tls.accept("cluster", stream, peer).await else {
-                shared.counters.refused_tls.fetch_add(1, Ordering::SeqCst);
-                return;
-            };
+        Accepted::Tls(mut stream) => {
             // With node identity required, the client must prove the
             // cookie as a node its certificate is for (ADR 0155).
-            let certified = tls.certified_nodes(stream.get_ref().1.peer_certificates());
+            let certified = shared
+                .config
+                .tls
+                .as_ref()
+                .and_then(|tls| tls.certified_nodes(stream.get_ref().1.peer_certificates()));
             let Some(client) = authenticate(&mut stream, peer, &shared, certified.as_deref()).await
             else {
                 return;
