@@ -39,6 +39,63 @@ fn malachi(brokers: &str, args: &[&str], env: &[(&str, &Path)], stdin: &str) -> 
     child.wait_with_output().unwrap()
 }
 
+/// A `[tls]` table with `files`' broker pair and CA (brokers speak mutual
+/// TLS to each other too, ADR 0151), and `extra` lines.
+fn tls_table(files: &malachi_testkit::tls::PkiFiles, extra: &str) -> String {
+    format!(
+        "\n[tls]\ncert_path = \"{}\"\nkey_path = \"{}\"\ncluster_ca_path = \"{}\"\n{extra}",
+        files.broker_cert.display(),
+        files.broker_key.display(),
+        files.ca.display()
+    )
+}
+
+/// Produces three records to `topic` through `brokers` with `args`, and
+/// checks all three were acknowledged.
+fn produce_three(brokers: &str, topic: &str, args: &[&str], logs: &dyn Fn() -> String) {
+    let mut all = vec!["produce", topic, "--timeout-ms", "30000"];
+    all.extend_from_slice(args);
+    let produced = malachi(brokers, &all, &[], "k1\tone\nk2\ttwo\nk1\tthree\n");
+    succeeded(&produced, logs);
+    assert!(
+        out(&produced).starts_with("3 of 3 records acknowledged"),
+        "{}",
+        out(&produced)
+    );
+}
+
+/// Creates `topic` over TLS; elections may still run, so the create
+/// retries within its deadline.
+fn create_with_tls(brokers: &str, topic: &str, ca: &str, logs: &dyn Fn() -> String) {
+    let args = [
+        "topic",
+        "create",
+        topic,
+        "--tls-ca",
+        ca,
+        "--timeout-ms",
+        "60000",
+    ];
+    succeeded(&malachi(brokers, &args, &[], ""), logs);
+}
+
+/// Reads `produce_three`'s records back from `broker`, TLS from the
+/// environment (`MALACHI_TLS_CA`).
+fn consume_three_with_env_tls(broker: &str, topic: &str, ca: &Path, logs: &dyn Fn() -> String) {
+    let args = [
+        "consume",
+        topic,
+        "--from-start",
+        "--max",
+        "3",
+        "--timeout-ms",
+        "30000",
+    ];
+    let consumed = malachi(broker, &args, &[("MALACHI_TLS_CA", ca)], "");
+    succeeded(&consumed, logs);
+    assert_eq!(out(&consumed), "k1\tone\nk2\ttwo\nk1\tthree\n");
+}
+
 fn succeeded(output: &Output, logs: &dyn Fn() -> String) {
     assert!(
         output.status.success(),
@@ -53,62 +110,15 @@ fn succeeded(output: &Output, logs: &dyn Fn() -> String) {
 fn the_cli_produces_and_consumes_over_tls_and_plaintext_is_told_apart() {
     let root = tempfile::tempdir().unwrap();
     let (_ca, files) = pki(root.path());
-    // Brokers speak mutual TLS to each other too (ADR 0151), under the CA.
-    let tls = format!(
-        "\n[tls]\ncert_path = \"{}\"\nkey_path = \"{}\"\ncluster_ca_path = \"{}\"\n",
-        files.broker_cert.display(),
-        files.broker_key.display(),
-        files.ca.display()
-    );
-    let cluster = Cluster::three_with(root.path(), &tls);
+    let cluster = Cluster::three_with(root.path(), &tls_table(&files, ""));
     let logs = || cluster.logs();
     let all = cluster.clients().join(",");
     let ca = files.ca.to_str().unwrap();
     // Elections may still run: the create retries within its deadline.
-    let created = malachi(
-        &all,
-        &[
-            "topic",
-            "create",
-            "secure",
-            "--tls-ca",
-            ca,
-            "--timeout-ms",
-            "60000",
-        ],
-        &[],
-        "",
-    );
-    succeeded(&created, &logs);
-    let produced = malachi(
-        &cluster.clients()[0],
-        &["produce", "secure", "--tls-ca", ca, "--timeout-ms", "30000"],
-        &[],
-        "k1\tone\nk2\ttwo\nk1\tthree\n",
-    );
-    succeeded(&produced, &logs);
-    assert!(
-        out(&produced).starts_with("3 of 3 records acknowledged"),
-        "{}",
-        out(&produced)
-    );
+    create_with_tls(&all, "secure", ca, &logs);
+    produce_three(&cluster.clients()[0], "secure", &["--tls-ca", ca], &logs);
     // From another broker, TLS from the environment.
-    let consumed = malachi(
-        &cluster.clients()[2],
-        &[
-            "consume",
-            "secure",
-            "--from-start",
-            "--max",
-            "3",
-            "--timeout-ms",
-            "30000",
-        ],
-        &[("MALACHI_TLS_CA", files.ca.as_path())],
-        "",
-    );
-    succeeded(&consumed, &logs);
-    assert_eq!(out(&consumed), "k1\tone\nk2\ttwo\nk1\tthree\n");
+    consume_three_with_env_tls(&cluster.clients()[2], "secure", &files.ca, &logs);
     // Without TLS: the broker's refusal, in one line.
     let plain = malachi(&cluster.clients()[1], &["topic", "list"], &[], "");
     assert!(!plain.status.success());
@@ -142,58 +152,13 @@ fn the_cli_with_tls_against_a_plaintext_broker_says_so() {
 fn a_cluster_in_a_rolling_moves_step_serves_the_cli_with_and_without_tls() {
     let root = tempfile::tempdir().unwrap();
     let (_ca, files) = pki(root.path());
-    let tls = format!(
-        "\n[tls]\ncert_path = \"{}\"\nkey_path = \"{}\"\ncluster_ca_path = \"{}\"\ncluster = \"send\"\nclient_ports = \"accept\"\n",
-        files.broker_cert.display(),
-        files.broker_key.display(),
-        files.ca.display()
-    );
-    let cluster = Cluster::three_with(root.path(), &tls);
+    let steps = "cluster = \"send\"\nclient_ports = \"accept\"\n";
+    let cluster = Cluster::three_with(root.path(), &tls_table(&files, steps));
     let logs = || cluster.logs();
     let all = cluster.clients().join(",");
     let ca = files.ca.to_str().unwrap();
-    let created = malachi(
-        &all,
-        &[
-            "topic",
-            "create",
-            "moving",
-            "--tls-ca",
-            ca,
-            "--timeout-ms",
-            "60000",
-        ],
-        &[],
-        "",
-    );
-    succeeded(&created, &logs);
+    create_with_tls(&all, "moving", ca, &logs);
     // Plaintext, as clients not moved yet.
-    let produced = malachi(
-        &all,
-        &["produce", "moving", "--timeout-ms", "30000"],
-        &[],
-        "k1\tone\nk2\ttwo\nk1\tthree\n",
-    );
-    succeeded(&produced, &logs);
-    assert!(
-        out(&produced).starts_with("3 of 3 records acknowledged"),
-        "{}",
-        out(&produced)
-    );
-    let consumed = malachi(
-        &cluster.clients()[2],
-        &[
-            "consume",
-            "moving",
-            "--from-start",
-            "--max",
-            "3",
-            "--timeout-ms",
-            "30000",
-        ],
-        &[("MALACHI_TLS_CA", files.ca.as_path())],
-        "",
-    );
-    succeeded(&consumed, &logs);
-    assert_eq!(out(&consumed), "k1\tone\nk2\ttwo\nk1\tthree\n");
+    produce_three(&all, "moving", &[], &logs);
+    consume_three_with_env_tls(&cluster.clients()[2], "moving", &files.ca, &logs);
 }

@@ -478,28 +478,7 @@ async fn curl_reads_ready_over_tls_and_plain_http_gets_nothing() {
     let (_ca, files) = pki(dir.path());
     let broker = start(tls_config(dir.path(), &files, ClientAuth::None)).await;
     let url = format!("https://localhost:{}/ready", broker.admin_addr().port());
-    let ca = files.ca.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("curl")
-            .args([
-                "-sS",
-                "--max-time",
-                "10",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--cacert",
-            ])
-            .arg(ca)
-            .arg(url)
-            .output()
-            .expect("curl must be installed")
-    })
-    .await
-    .unwrap();
-    let code = String::from_utf8_lossy(&out.stdout).to_string();
-    assert_eq!(code, "200", "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(curl_status(url, files.ca.clone()).await, "200");
     // Plain HTTP on the TLS admin port gets no HTTP answer.
     let mut tcp = TcpStream::connect(broker.admin_addr()).await.unwrap();
     tcp.write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -618,7 +597,9 @@ async fn curl_status(url: String, ca: PathBuf) -> String {
     })
     .await
     .unwrap();
-    String::from_utf8_lossy(&out.stdout).to_string()
+    let code = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!code.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    code
 }
 
 /// `tls.client_ports = "accept"` (ADR 0162), the step that lets clients
