@@ -134,6 +134,7 @@ pub async fn start(
     let measuring = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
+    let kinds = Arc::new(FailureKinds::default());
     let mut tasks = Vec::with_capacity(load.producers);
     for first in 0..load.producers {
         let client = bench_client(output).await?;
@@ -147,6 +148,7 @@ pub async fn start(
                 measuring: measuring.clone(),
                 acked: acked.clone(),
                 errors: errors.clone(),
+                kinds: kinds.clone(),
             },
         )));
     }
@@ -166,6 +168,37 @@ struct Counters {
     measuring: Arc<AtomicBool>,
     acked: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
+    kinds: Arc<FailureKinds>,
+}
+
+/// The kinds of failed sends seen: the first of each kind is logged at
+/// warn with its whole error, so a run that counts failures says what
+/// they were without a debug log (at most `FAILURE_KINDS_MAX` kinds).
+#[derive(Debug, Default)]
+struct FailureKinds(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+/// How many kinds of failed sends are told apart.
+const FAILURE_KINDS_MAX: usize = 64;
+
+impl FailureKinds {
+    fn note(&self, error: &malachi_wire::ClientError) {
+        let kind = match error.code() {
+            Some(code) => format!("{code:?}"),
+            None => format!("{error:?}")
+                .chars()
+                .take_while(|c| c.is_alphanumeric())
+                .collect(),
+        };
+        let mut seen = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.len() < FAILURE_KINDS_MAX && seen.insert(kind.clone()) {
+            tracing::warn!(kind, error = %error, "a scale bench produce failed (the first of its kind)");
+        } else {
+            tracing::debug!(kind, error = %error, "a scale bench produce failed");
+        }
+    }
 }
 
 /// One producer: the ranges' batches in turn, from range `first`.
@@ -190,7 +223,7 @@ async fn produce(
             Ok(_) => {}
             Err(e) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(error = %e, "a scale bench produce failed");
+                counters.kinds.note(&e);
                 // A refusing broker must not be hammered in a loop.
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
