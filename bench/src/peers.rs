@@ -424,14 +424,57 @@ fn nats_version(version: &str) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-/// A loopback port free at the time of asking. A server started on it a
-/// moment later could race another process for it; the start then fails
-/// with a clear error instead of measuring the wrong thing.
+/// The lowest port [`free_port`] hands out from below the kernel's
+/// ephemeral range.
+const FREE_PORT_FLOOR: u16 = 10_000;
+/// How many ports below the ephemeral range [`free_port`] tries.
+const FREE_PORT_TRIES: u32 = 64;
+
+/// A loopback port free at the time of asking, below the kernel's
+/// ephemeral range where that leaves room. A port the kernel hands out
+/// (for a port-0 bind, or as the local end of an outgoing connection) can
+/// be taken by any process between this call and the server's bind, and a
+/// cluster's later brokers start seconds after their ports are chosen
+/// (regression: `bench_compare`'s three-broker row, "broker 3 of 3 exited
+/// at start: Address already in use"); a port below the range is taken
+/// only by a process that binds it by number. The server's start still
+/// fails with a clear error if one does.
 pub fn free_port() -> Result<u16, BenchError> {
+    let (low, _) = ephemeral_range().unwrap_or((32_768, 60_999));
+    if let Some(span) = low.checked_sub(FREE_PORT_FLOOR).filter(|s| *s > 0) {
+        let start = random_u32();
+        for i in 0..FREE_PORT_TRIES {
+            // 7,919 is prime, so the tries are distinct ports.
+            let offset = start.wrapping_add(i.wrapping_mul(7_919)) % u32::from(span);
+            let port = FREE_PORT_FLOOR + offset as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| BenchError(format!("cannot find a free loopback port: {e}")))
+}
+
+/// The kernel's ephemeral port range, if it can be read.
+fn ephemeral_range() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut parts = text.split_whitespace().map(|p| p.parse::<u16>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
+/// A number that differs from one call and one process to the next.
+fn random_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    hasher.write_u128(now);
+    hasher.write_u32(std::process::id());
+    hasher.finish() as u32
 }
 
 /// A server process of one run with its fresh data directory. Dropping it
@@ -564,6 +607,18 @@ impl Drop for ServerGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_free_port_is_below_the_ephemeral_range_and_free() {
+        let (low, _) = ephemeral_range().expect("linux has the range");
+        for _ in 0..8 {
+            let port = free_port().unwrap();
+            if low > FREE_PORT_FLOOR {
+                assert!((FREE_PORT_FLOOR..low).contains(&port), "{port}");
+            }
+            TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+    }
 
     #[test]
     fn the_durable_redis_config_fsyncs_every_write() {
