@@ -111,15 +111,42 @@ async fn settle_deposed(shared: &Arc<Shared>, running: &[SegmentId], deposed: Ve
     }
 }
 
-/// Starts the writers of `wanted` not running yet, but none the leader
-/// holds back (`held`, see `sealed_at_leader`).
+/// The writers of `wanted` to start: not running here (`running`), not
+/// held back by the leader (`held`, see `sealed_at_leader`), and not
+/// settled here as a deposed writer's copy (`settled`): the leader
+/// recorded that segment sealed, and a seal is final, so a replica that
+/// still shows it active has only not applied the seal yet. Regression:
+/// the pass after the one that settled the copy found it open, so no
+/// longer "restarting", and started a writer on it from the stale view
+/// (`actors/tests/deposed_settling.rs`).
+fn writers_to_start(
+    wanted: Vec<(String, SegmentId)>,
+    held: &BTreeSet<SegmentId>,
+    settled: &BTreeSet<SegmentId>,
+    running: impl Fn(SegmentId) -> bool,
+) -> Vec<(String, SegmentId)> {
+    wanted
+        .into_iter()
+        .filter(|(topic, segment)| {
+            if settled.contains(segment) && !held.contains(segment) {
+                debug!(%topic, %segment, "no writer for a copy settled at its recorded seal; this replica has not applied the seal yet");
+            }
+            !held.contains(segment) && !settled.contains(segment) && !running(*segment)
+        })
+        .collect()
+}
+
+/// Starts the writers [`writers_to_start`] names.
 async fn start_wanted(
     shared: &Arc<Shared>,
     wanted: Vec<(String, SegmentId)>,
     held: &BTreeSet<SegmentId>,
 ) -> Result<(), CoordError> {
-    for (topic, segment) in wanted {
-        if held.contains(&segment) || shared.segment(segment).is_some() {
+    let settled = shared.memory.settled.lock().clone();
+    let start = writers_to_start(wanted, held, &settled, |id| shared.segment(id).is_some());
+    for (topic, segment) in start {
+        // One of the starts before it may have taken a while.
+        if shared.segment(segment).is_some() {
             continue;
         }
         // No wait for the replica: this view already held the segment,
@@ -344,5 +371,21 @@ fn leader_states(
             debug!(%topic, "the topic's leader did not say in time whether a restarting writer's segment is active; asked again at the next pass");
             BTreeMap::new()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_settled_at_its_seal_gets_no_writer_from_a_stale_view() {
+        let wanted: Vec<(String, SegmentId)> =
+            (1..=4).map(|i| ("t".into(), SegmentId(i))).collect();
+        let held = BTreeSet::from([SegmentId(1)]);
+        let settled = BTreeSet::from([SegmentId(2)]);
+        let running = |id: SegmentId| id == SegmentId(3);
+        let start = writers_to_start(wanted, &held, &settled, running);
+        assert_eq!(start, vec![("t".to_owned(), SegmentId(4))]);
     }
 }
