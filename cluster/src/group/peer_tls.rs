@@ -197,11 +197,6 @@ impl PeerTls {
         self
     }
 
-    /// What this broker speaks to other brokers.
-    pub fn mode(&self) -> PeerTlsMode {
-        self.mode
-    }
-
     /// Whether this broker dials other brokers with TLS.
     pub fn dials_tls(&self) -> bool {
         self.mode != PeerTlsMode::Accept
