@@ -53,9 +53,9 @@ pub(crate) async fn reconcile(shared: &Arc<Shared>) -> Result<(), CoordError> {
         seal_followed(shared, &scan.to_seal).await;
         settle_deposed(shared, &here.running, scan.deposed).await;
     }
-    // A writer restarting on a copy it wrote before (this broker was down
-    // or cut off) may be one a failover sealed meanwhile, which this
-    // replica has not applied yet: its leader says first (ADR 0127).
+    // This replica may lag its leader (most after a restart or a
+    // partition): a segment it shows active may be sealed by a failover,
+    // or deleted, already. Its leader says first (ADR 0127, 0163).
     // One the leader records sealed is a deposed writer's copy: settled
     // now, from the recorded seal, without waiting for this replica to
     // apply it (the range may have rolled, split or merged since, and be
@@ -266,20 +266,22 @@ pub(super) async fn seal_deposed(shared: &Arc<Shared>, segment: SegmentId, lengt
 }
 
 /// How long reconcile waits for a vnode's leader to say whether the
-/// segments a restarting writer would take are still active.
+/// segments a writer would take are still active.
 pub(super) const LEADER_CONFIRM_MS: u64 = 2_000;
 
 /// Of the active segments reconcile would start a writer for (`wanted`),
-/// those whose copy this broker wrote before (its log exists and the store
-/// has not opened it since the broker started: a restart, or a return from
-/// a partition) and that the topic's vnode leader does not record active,
-/// or whose leader could not say within [`LEADER_CONFIRM_MS`] (a later pass
-/// asks again): no writer starts for them. This broker's replica may not
-/// have applied a failover's seal yet, and a writer started on it would
-/// open the deposed copy and take produces past the seal (issue 36). A new
-/// segment (no log yet) and a lone copy (nobody else can seal it) start
-/// without asking. Also returns those the leader records sealed, with
-/// their recorded seal length, to settle.
+/// those of more than one copy that the topic's vnode leader does not
+/// record active, or whose leader could not say within
+/// [`LEADER_CONFIRM_MS`] (a later pass asks again): no writer starts for
+/// them. This broker's replica may lag its leader, most after a restart or
+/// a partition: it may not have applied a failover's seal yet (a writer
+/// started on it would open the deposed copy and take produces past the
+/// seal, issue 36), or a delete (a writer would re-create a copy a drop
+/// order or a finished removal took away). Whether the copy exists, or
+/// was opened by a read, says nothing about that, so every such start is
+/// asked (ADR 0163). A lone copy (nobody else can seal it) starts without
+/// asking. Also returns those the leader records sealed, with their
+/// recorded seal length, to settle.
 pub(super) async fn sealed_at_leader(
     shared: &Arc<Shared>,
     wanted: &[(String, SegmentId)],
@@ -289,7 +291,7 @@ pub(super) async fn sealed_at_leader(
     let Ok(plane) = shared.plane() else {
         return (held, sealed);
     };
-    let asked = restarting_replicated(shared, plane.as_ref(), wanted);
+    let asked = replicated_to_confirm(shared, plane.as_ref(), wanted);
     let timeout = std::time::Duration::from_millis(LEADER_CONFIRM_MS);
     let answers = futures::future::join_all(asked.into_iter().map(|(topic, segments)| {
         let plane = Arc::clone(&plane);
@@ -323,25 +325,21 @@ pub(super) async fn sealed_at_leader(
 }
 
 /// Of the active segments reconcile would start a writer for, by topic,
-/// those restarting here (no writer running, a log on disk the store has
-/// not opened) with more than one copy: their leader is asked first.
-fn restarting_replicated<'a>(
+/// those with no writer running here and more than one copy: their
+/// leader is asked first.
+fn replicated_to_confirm<'a>(
     shared: &Shared,
     plane: &dyn MetadataPlane,
     wanted: &'a [(String, SegmentId)],
 ) -> BTreeMap<&'a str, Vec<SegmentId>> {
     let mut asked: BTreeMap<&str, Vec<SegmentId>> = BTreeMap::new();
     for (topic, segment) in wanted {
-        let id = malachi_storage::SegmentId(segment.0);
-        let restarting = shared.segment(*segment).is_none()
-            && shared.store.info(id).is_err()
-            && shared.store.has_copy(id);
         let replicated = read_owner(plane, topic, |state| {
             state
                 .segment(*segment)
                 .is_some_and(|s| s.replicas.len() > 1)
         });
-        if restarting && replicated {
+        if shared.segment(*segment).is_none() && replicated {
             asked.entry(topic.as_str()).or_default().push(*segment);
         }
     }
@@ -364,11 +362,11 @@ fn leader_states(
             .collect(),
         Ok(Ok(None)) => BTreeMap::new(),
         Ok(Err(e)) => {
-            debug!(%topic, error = %e, "the topic's leader cannot say whether a restarting writer's segment is active; asked again at the next pass");
+            debug!(%topic, error = %e, "the topic's leader cannot say whether a writer's segment is active; asked again at the next pass");
             BTreeMap::new()
         }
         Err(_) => {
-            debug!(%topic, "the topic's leader did not say in time whether a restarting writer's segment is active; asked again at the next pass");
+            debug!(%topic, "the topic's leader did not say in time whether a writer's segment is active; asked again at the next pass");
             BTreeMap::new()
         }
     }
