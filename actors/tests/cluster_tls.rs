@@ -6,7 +6,8 @@
 //! self-signed one, is refused; a broker
 //! whose certificate another CA signed never joins while the others stay
 //! healthy, and gets no copy and no primary though SWIM sees it alive (ADR
-//! 0155); a plaintext broker is refused. Each refusal is counted.
+//! 0155); a plaintext broker is refused. Each refusal is counted. The
+//! cluster CA rotates without a stop (ADR 0164).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -631,4 +632,155 @@ async fn a_certificate_for_another_node_is_refused_when_node_identity_is_require
             assert_eq!(refusals(b, port, "refused"), 0, "{port}");
         }
     }
+}
+
+/// Writes `text` to `path` as a new file moved into place, as an operator
+/// would, so a reload never reads half of it.
+fn replace(path: &Path, text: &str) {
+    let staged = path.with_extension("staged");
+    std::fs::write(&staged, text).unwrap();
+    std::fs::rename(&staged, path).unwrap();
+}
+
+/// `-cert`/`-key` arguments for `s_client`, plus `extra`.
+fn showing(pair: &(PathBuf, PathBuf), extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "-cert".to_owned(),
+        pair.0.display().to_string(),
+        "-key".to_owned(),
+        pair.1.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    args
+}
+
+/// Waits until `s_client` to `addr`, verifying the server against
+/// `ca_file` and showing `args`, completes (`ok`) or fails (`!ok`).
+async fn wait_s_client(what: &str, addr: SocketAddr, ca_file: &Path, args: Vec<String>, ok: bool) {
+    wait_until(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        async || {
+            let (done, text) = s_client_async(addr, ca_file, args.clone()).await;
+            if done == ok { Ok(()) } else { Err(text) }
+        },
+    )
+    .await;
+}
+
+/// The cluster CA rotates without a stop (ADR 0164): the new CA is
+/// appended to the bundle, every broker's pair moves to it, the old CA is
+/// dropped, and each broker reloads every file within
+/// `tls.reload_check_ms`. Then a certificate of the old CA is refused on
+/// the cluster port, also when it offers a session it opened while its CA
+/// was trusted (no resumption skips the check); one of the new CA is
+/// taken; a restarted broker, whose connections are all new and checked
+/// under the new CA alone, carries a quorum with a peer; and every
+/// acknowledged record reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cluster_ca_rotates_without_a_stop() {
+    init_tracing();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let old = TestCa::new("old cluster CA");
+    let new = TestCa::new("new cluster CA");
+    let ca_path = write(dir, "cluster-ca.pem", &old.pem);
+    let both = write(dir, "both-cas.pem", &format!("{}{}", old.pem, new.pem));
+    let new_only = write(dir, "new-ca.pem", &new.pem);
+    let pairs: Vec<_> = (1..=3)
+        .map(|id| node_pair(&old, dir, &format!("node-{id}"), id))
+        .collect();
+    let config = |id: u64, seeds: &[SocketAddr]| {
+        let mut config = tls_config(dir, id, seeds, &pairs[(id - 1) as usize], &ca_path);
+        config.tls.reload_check_ms = 100;
+        config
+    };
+    let mut brokers = start_stoppable(3, config).await;
+    let cluster_port = |b: &[Option<BrokerHandle>], id: u64| {
+        b[(id - 1) as usize].as_ref().unwrap().raft_addr().unwrap()
+    };
+    create_replicated_topic(brokers[0].as_ref().unwrap().client_addr(), "rotating", 3).await;
+    let mut sent = batch("old-ca", 20);
+    produce_acknowledged(&brokers, "rotating", &sent).await;
+    // Probes: an outsider's certificate of each CA (node 9 and node 8).
+    let under_new = node_pair(&new, dir, "probe-new", 9);
+    let under_old = node_pair(&old, dir, "probe-old", 8);
+    let session = dir.join("old.session");
+    let session_arg = session.display().to_string();
+
+    // 1. Both CAs trusted: a certificate of the new CA is taken. The old
+    // probe opens a session (TLS 1.2, resumable by id where a broker
+    // would resume) while its CA is trusted.
+    replace(&ca_path, &format!("{}{}", old.pem, new.pem));
+    for id in 1..=3 {
+        let args = showing(&under_new, &["-tls1_2"]);
+        wait_s_client(
+            "the new CA is trusted",
+            cluster_port(&brokers, id),
+            &both,
+            args,
+            true,
+        )
+        .await;
+    }
+    let args = showing(&under_old, &["-tls1_2", "-sess_out", &session_arg]);
+    let (ok, text) = s_client_async(cluster_port(&brokers, 1), &both, args).await;
+    assert!(ok, "the old CA is still trusted: {text}");
+
+    // 2. Every broker's pair moves to the new CA (the same paths).
+    for id in 1..=3 {
+        let leaf = new.leaf(&LeafSpec::node(id));
+        replace(&pairs[(id - 1) as usize].1, &leaf.key_pem);
+        replace(&pairs[(id - 1) as usize].0, &leaf.cert_pem);
+    }
+    for id in 1..=3 {
+        let args = showing(&under_new, &["-tls1_2"]);
+        let what = "the broker shows the new CA's certificate";
+        wait_s_client(what, cluster_port(&brokers, id), &new_only, args, true).await;
+    }
+    let records = batch("moving", 20);
+    produce_acknowledged(&brokers, "rotating", &records).await;
+    sent.extend(records);
+
+    // 3. The old CA dropped: its certificate is refused, with the session
+    // it opened before too; the new CA's is taken.
+    replace(&ca_path, &new.pem);
+    for id in 1..=3 {
+        let args = showing(&under_old, &["-tls1_2"]);
+        let what = "the old CA is no longer trusted";
+        wait_s_client(what, cluster_port(&brokers, id), &new_only, args, false).await;
+    }
+    let args = showing(&under_old, &["-tls1_2", "-sess_in", &session_arg]);
+    let (ok, text) = s_client_async(cluster_port(&brokers, 1), &new_only, args).await;
+    assert!(
+        !ok,
+        "a session opened under the dropped CA was resumed: {text}"
+    );
+    let args = showing(&under_new, &["-tls1_2"]);
+    let (ok, text) = s_client_async(cluster_port(&brokers, 1), &new_only, args).await;
+    assert!(ok, "the new CA's certificate: {text}");
+
+    // Broker 3 restarts: every connection it has is new, checked under the
+    // new CA alone both ways. With broker 1 stopped, broker 3 and broker 2
+    // are the quorum of every write.
+    brokers[2].take().unwrap().shutdown().await.unwrap();
+    let seeds: Vec<SocketAddr> = brokers.iter().flatten().map(|b| b.client_addr()).collect();
+    let three = malachi_actors::Broker::start(config(3, &seeds))
+        .await
+        .unwrap();
+    assert!(three.wait_ready(30_000).await, "broker 3 never ready again");
+    brokers[2] = Some(three);
+    let records = batch("restarted", 20);
+    produce_acknowledged(&brokers, "rotating", &records).await;
+    sent.extend(records);
+    brokers[0].take().unwrap().shutdown().await.unwrap();
+    let records = batch("without-1", 20);
+    produce_acknowledged(&brokers, "rotating", &records).await;
+    sent.extend(records);
+    assert_all_read(&brokers, "rotating", &sent).await;
+    // Broker 2 ran throughout: it reloaded the bundle twice and its pair.
+    let two = brokers[1].as_ref().unwrap();
+    let reloaded = metric(two, "malachi_tls_reloads_total{outcome=\"reloaded\"}");
+    assert!(reloaded >= 3, "broker 2 reloaded {reloaded} files");
 }

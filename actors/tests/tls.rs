@@ -649,3 +649,80 @@ async fn client_ports_that_accept_both_serve_tls_and_plaintext_clients() {
     assert_eq!((https.as_str(), http.as_str()), ("200", "200"));
     assert!(counter(&broker, "malachi_plaintext_accepted_total{port=\"admin\"}") >= 1);
 }
+
+/// The client CA rotates without a restart (ADR 0164): the bundle at
+/// `tls.client_ca_path` gains a new CA, whose clients are then served,
+/// and loses the old one, whose clients are then refused, also when they
+/// offer a session opened while their CA was trusted (the client port
+/// resumes no session when it checks certificates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_client_ca_bundle_reloads_and_a_dropped_cas_session_is_not_resumed() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, files) = pki(dir.path());
+    // What clients verify the broker against (the broker's CA stays).
+    let server_ca = write(dir.path(), "server-ca.pem", &ca.pem);
+    let broker = start(tls_config(dir.path(), &files, ClientAuth::Required)).await;
+    let addr = broker.client_addr();
+    let new = TestCa::new("new client CA");
+    let leaf = new.leaf(&LeafSpec::client("bob", 11));
+    let bob = (
+        write(dir.path(), "bob.pem", &leaf.cert_pem),
+        write(dir.path(), "bob.key", &leaf.key_pem),
+    );
+    let bob_tls = || client_tls(&server_ca, Some((bob.0.as_path(), bob.1.as_path())));
+    let session = dir.path().join("alice.session").display().to_string();
+    let alice = |extra: &[&str]| {
+        let mut args = vec![
+            "-cert",
+            files.client_cert.to_str().unwrap(),
+            "-key",
+            files.client_key.to_str().unwrap(),
+            "-tls1_2",
+        ];
+        args.extend_from_slice(extra);
+        s_client(addr, &server_ca, &args)
+    };
+    let (ok, text) = alice(&["-sess_out", &session]);
+    assert!(ok, "alice, under the client CA: {text}");
+    assert!(
+        sdk(addr, Some(bob_tls())).await.is_err(),
+        "bob before his CA"
+    );
+
+    let replace = |text: &str| {
+        let staged = dir.path().join("ca.staged");
+        std::fs::write(&staged, text).unwrap();
+        std::fs::rename(&staged, &files.ca).unwrap();
+    };
+    replace(&format!("{}{}", ca.pem, new.pem));
+    wait_until(
+        "bob's CA is trusted",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || sdk(addr, Some(bob_tls())).await.map(|_| ()),
+    )
+    .await;
+    assert!(alice(&[]).0, "alice while both CAs are trusted");
+
+    replace(&new.pem);
+    wait_until(
+        "alice's CA is dropped",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || match alice(&[]) {
+            (false, _) => Ok(()),
+            (true, text) => Err(text),
+        },
+    )
+    .await;
+    let (ok, text) = alice(&["-sess_in", &session]);
+    assert!(!ok, "alice resumed a session of a dropped CA: {text}");
+    sdk(addr, Some(bob_tls()))
+        .await
+        .unwrap()
+        .create_topic("rotated", None, None)
+        .await
+        .unwrap();
+    assert!(metric(&broker, "malachi_tls_reloads_total{outcome=\"reloaded\"}") >= 2);
+}

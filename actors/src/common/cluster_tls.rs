@@ -5,7 +5,8 @@
 //! Both sides show the broker's certificate (`tls.cluster_cert_path`, else
 //! `tls.cert_path`), reloaded when its files change as the client port's
 //! is (ADR 0149 §5), and both require the peer's to chain to the cluster
-//! CA (`tls.cluster_ca_path`, else `tls.client_ca_path`): a dialling broker
+//! CA (`tls.cluster_ca_path`, else `tls.client_ca_path`; a bundle, reloaded
+//! the same way, so the CA rotates without a stop, ADR 0164): a dialling broker
 //! verifies the server and its name, an accepting one requires a client
 //! certificate. The cookie handshake runs inside the session.
 
@@ -15,24 +16,28 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use malachi_cluster::group::{PeerTls, PeerTlsMode, PeerTlsObserver, TlsRefusal};
-use malachi_wire::tls::{TlsError, load_roots, provider};
+use malachi_wire::tls::{TlsError, provider};
 use parking_lot::Mutex;
 use rustls::client::ResolvesClientCert;
+use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::ServerName;
-use rustls::server::{ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::ResolvesServerCert;
+use rustls::server::danger::ClientCertVerifier;
 use tracing::{debug, warn};
 
 use crate::common::config::{ClusterTls, NodeIdentity, TlsSettings};
 use crate::common::error::BrokerError;
 use crate::common::metrics::BrokerMetrics;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
-use crate::common::tls::{ReloadingCert, config_error};
+use crate::common::tls::{ReloadingCert, config_error, no_resumption};
+use crate::common::tls_roots::{ReloadingRoots, Unauthenticated};
 
 /// The broker's TLS to other brokers and what it reports to.
 #[derive(Debug, Clone)]
 pub(crate) struct BrokerPeerTls {
     pub peer: PeerTls,
     cert: Arc<ReloadingCert>,
+    roots: Arc<ReloadingRoots>,
     log: Arc<ClusterTlsLog>,
 }
 
@@ -59,22 +64,33 @@ impl BrokerPeerTls {
             &provider,
             Duration::from_millis(settings.reload_check_ms),
         )?);
-        let roots = Arc::new(load_roots(ca_path, "tls.cluster_ca_path").map_err(config_error)?);
+        let roots = Arc::new(
+            ReloadingRoots::load(
+                ca_path,
+                "tls.cluster_ca_path",
+                &provider,
+                Unauthenticated::Refused,
+                Duration::from_millis(settings.reload_check_ms),
+            )
+            .map_err(config_error)?,
+        );
         let build = |e: rustls::Error| config_error(TlsError::Config(e.to_string()));
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
-                .build()
-                .map_err(|e| config_error(TlsError::Config(e.to_string())))?;
-        let server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        let mut server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .map_err(build)?
-            .with_client_cert_verifier(verifier)
+            .with_client_cert_verifier(Arc::clone(&roots) as Arc<dyn ClientCertVerifier>)
             .with_cert_resolver(Arc::clone(&cert) as Arc<dyn ResolvesServerCert>);
-        let client = rustls::ClientConfig::builder_with_provider(provider)
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(build)?
-            .with_root_certificates(Arc::clone(&roots))
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::clone(&roots) as Arc<dyn ServerCertVerifier>)
             .with_client_cert_resolver(Arc::clone(&cert) as Arc<dyn ResolvesClientCert>);
+        // No resumption: a resumed session skips the certificate check, so
+        // a peer under a CA just dropped from the bundle could come back
+        // on it (ADR 0164). Connections between brokers are long-lived.
+        no_resumption(&mut server);
+        client.resumption = rustls::client::Resumption::disabled();
         let server_name = match &settings.cluster_server_name {
             Some(name) => Some(
                 ServerName::try_from(name.clone())
@@ -101,13 +117,19 @@ impl BrokerPeerTls {
                 peer.requiring_node_identity(Arc::new(crate::common::peer_identity::CertNodeIds))
             }
         };
-        Ok(Some(BrokerPeerTls { peer, cert, log }))
+        Ok(Some(BrokerPeerTls {
+            peer,
+            cert,
+            roots,
+            log,
+        }))
     }
 
     /// Where refusals and reload failures are counted, once the broker's
     /// metrics exist.
     pub(crate) fn count_into(&self, metrics: &Arc<BrokerMetrics>) {
         self.cert.count_into(metrics);
+        self.roots.count_into(metrics);
         let _ = self.log.metrics.set(Arc::clone(metrics));
     }
 }

@@ -20,6 +20,7 @@ pub(crate) mod rates;
 pub(crate) mod refusal;
 pub(crate) mod store_factory;
 pub(crate) mod tls;
+pub(crate) mod tls_roots;
 pub(crate) mod volume;
 pub(crate) mod watched;
 

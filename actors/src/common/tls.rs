@@ -13,12 +13,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use malachi_wire::tls::{TlsError, load_certs, load_key, load_roots, provider};
+use malachi_wire::tls::{TlsError, load_certs, load_key, provider};
 use parking_lot::Mutex;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -30,11 +31,14 @@ use crate::common::config::{ClientAuth, ClientPortsTls, TlsSettings};
 use crate::common::error::BrokerError;
 use crate::common::metrics::BrokerMetrics;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
+use crate::common::tls_roots::{ReloadingRoots, Stamp, Unauthenticated, stamp};
 
 /// The broker's TLS: the acceptor both ports use and its bounds.
 pub(crate) struct ServerTls {
     acceptor: TlsAcceptor,
     cert: Arc<ReloadingCert>,
+    /// The client CA bundle, when clients show certificates (ADR 0164).
+    roots: Option<Arc<ReloadingRoots>>,
     pub handshake_timeout: Duration,
     /// `tls.client_ports = "accept"` (ADR 0162): a plaintext client is
     /// served as on a plaintext port, not refused.
@@ -108,26 +112,41 @@ impl ServerTls {
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .map_err(|e| config_error(TlsError::Config(e.to_string())))?;
+        let mut roots = None;
         let builder = match (&settings.client_ca_path, settings.client_auth) {
             (Some(ca), ClientAuth::Optional | ClientAuth::Required) => {
-                let roots = Arc::new(load_roots(ca, "tls.client_ca_path").map_err(config_error)?);
-                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
-                let verifier = if settings.client_auth == ClientAuth::Optional {
-                    verifier.allow_unauthenticated()
+                let unauthenticated = if settings.client_auth == ClientAuth::Optional {
+                    Unauthenticated::Allowed
                 } else {
-                    verifier
+                    Unauthenticated::Refused
                 };
-                let verifier = verifier
-                    .build()
-                    .map_err(|e| config_error(TlsError::Config(e.to_string())))?;
-                builder.with_client_cert_verifier(verifier)
+                let verifier = Arc::new(
+                    ReloadingRoots::load(
+                        ca,
+                        "tls.client_ca_path",
+                        &provider,
+                        unauthenticated,
+                        Duration::from_millis(settings.reload_check_ms),
+                    )
+                    .map_err(config_error)?,
+                );
+                roots = Some(Arc::clone(&verifier));
+                builder.with_client_cert_verifier(verifier as Arc<dyn ClientCertVerifier>)
             }
             _ => builder.with_no_client_auth(),
         };
-        let config = builder.with_cert_resolver(Arc::clone(&cert) as Arc<dyn ResolvesServerCert>);
+        let mut config =
+            builder.with_cert_resolver(Arc::clone(&cert) as Arc<dyn ResolvesServerCert>);
+        if roots.is_some() {
+            // A resumed session skips the client certificate's check: a
+            // client under a CA dropped from the bundle could come back
+            // on it (ADR 0164).
+            no_resumption(&mut config);
+        }
         Ok(Some(ServerTls {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             cert,
+            roots,
             handshake_timeout: Duration::from_millis(settings.handshake_timeout_ms),
             takes_plaintext: settings.client_ports == ClientPortsTls::Accept,
             metrics: OnceLock::new(),
@@ -142,6 +161,9 @@ impl ServerTls {
     /// Where reload failures are counted, once the broker's metrics exist.
     pub(crate) fn count_into(&self, metrics: &Arc<BrokerMetrics>) {
         self.cert.count_into(metrics);
+        if let Some(roots) = &self.roots {
+            roots.count_into(metrics);
+        }
         let _ = self.metrics.set(Arc::clone(metrics));
     }
 
@@ -204,14 +226,6 @@ impl Default for WrongProtocolLog {
             tls_on_plaintext: Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL_MS)),
         }
     }
-}
-
-/// A file's modification time and size: what a reload check compares.
-type Stamp = Option<(SystemTime, u64)>;
-
-fn stamp(path: &Path) -> Stamp {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }
 
 /// The certificate and key the broker presents, reloaded when the files
@@ -320,6 +334,14 @@ impl rustls::client::ResolvesClientCert for ReloadingCert {
     fn has_certs(&self) -> bool {
         true
     }
+}
+
+/// Turns a server's session resumption off (no session cache, no TLS 1.3
+/// tickets): every handshake verifies the peer's certificate against the
+/// roots of the moment.
+pub(crate) fn no_resumption(config: &mut rustls::ServerConfig) {
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
 }
 
 /// The chain and key at the two paths, the key checked against the leaf.
