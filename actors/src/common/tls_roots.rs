@@ -145,6 +145,32 @@ impl ReloadingRoots {
     }
 }
 
+/// Handshake signatures are checked by the provider's algorithms alone:
+/// they do not depend on the roots, so no reload check and no lock.
+impl ReloadingRoots {
+    fn algorithms(&self) -> &rustls::crypto::WebPkiSupportedAlgorithms {
+        &self.provider.signature_verification_algorithms
+    }
+
+    fn tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, self.algorithms())
+    }
+
+    fn tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, self.algorithms())
+    }
+}
+
 /// Both verifiers of the bundle at `path`.
 fn verifiers(
     path: &Path,
@@ -203,9 +229,7 @@ impl ClientCertVerifier for ReloadingRoots {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current()
-            .clients
-            .verify_tls12_signature(message, cert, dss)
+        self.tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -214,15 +238,11 @@ impl ClientCertVerifier for ReloadingRoots {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current()
-            .clients
-            .verify_tls13_signature(message, cert, dss)
+        self.tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.algorithms().supported_schemes()
     }
 }
 
@@ -250,9 +270,7 @@ impl ServerCertVerifier for ReloadingRoots {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current()
-            .servers
-            .verify_tls12_signature(message, cert, dss)
+        self.tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -261,15 +279,11 @@ impl ServerCertVerifier for ReloadingRoots {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current()
-            .servers
-            .verify_tls13_signature(message, cert, dss)
+        self.tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.algorithms().supported_schemes()
     }
 }
 
