@@ -18,6 +18,7 @@ pub(crate) mod peer_identity;
 pub(crate) mod peer_reach;
 pub(crate) mod rates;
 pub(crate) mod refusal;
+pub(crate) mod reloading;
 pub(crate) mod store_factory;
 pub(crate) mod tls;
 pub(crate) mod tls_roots;

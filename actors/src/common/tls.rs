@@ -11,7 +11,7 @@
 //! old pair keeps serving until the files change again. Connections
 //! already open keep the session they negotiated.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -25,13 +25,13 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
-use tracing::{info, warn};
 
 use crate::common::config::{ClientAuth, ClientPortsTls, TlsSettings};
 use crate::common::error::BrokerError;
 use crate::common::metrics::BrokerMetrics;
 use crate::common::refusal::{REFUSAL_LOG_INTERVAL_MS, RefusalLog};
-use crate::common::tls_roots::{ReloadingRoots, Stamp, Unauthenticated, stamp};
+use crate::common::reloading::Reloading;
+use crate::common::tls_roots::{ReloadingRoots, Unauthenticated};
 
 /// The broker's TLS: the acceptor both ports use and its bounds.
 pub(crate) struct ServerTls {
@@ -56,7 +56,7 @@ pub(crate) enum Opened {
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerTls")
-            .field("cert_path", &self.cert.cert_path)
+            .field("cert", &self.cert)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("takes_plaintext", &self.takes_plaintext)
             .finish()
@@ -232,20 +232,7 @@ impl Default for WrongProtocolLog {
 /// change (see the module's doc).
 #[derive(Debug)]
 pub(crate) struct ReloadingCert {
-    cert_path: PathBuf,
-    key_path: PathBuf,
-    provider: Arc<CryptoProvider>,
-    check_every: Duration,
-    state: Mutex<CertState>,
-    metrics: OnceLock<Arc<BrokerMetrics>>,
-}
-
-#[derive(Debug)]
-struct CertState {
-    current: Arc<CertifiedKey>,
-    /// The files' stamps when last loaded (or tried).
-    seen: (Stamp, Stamp),
-    next_check: Instant,
+    pair: Reloading<Arc<CertifiedKey>>,
 }
 
 impl ReloadingCert {
@@ -255,63 +242,28 @@ impl ReloadingCert {
         provider: &Arc<CryptoProvider>,
         check_every: Duration,
     ) -> Result<ReloadingCert, BrokerError> {
-        let seen = (stamp(cert_path), stamp(key_path));
-        let current = load_pair(cert_path, key_path, provider).map_err(config_error)?;
-        Ok(ReloadingCert {
-            cert_path: cert_path.to_owned(),
-            key_path: key_path.to_owned(),
-            provider: Arc::clone(provider),
-            check_every,
-            state: Mutex::new(CertState {
-                current: Arc::new(current),
-                seen,
-                next_check: Instant::now() + check_every,
-            }),
-            metrics: OnceLock::new(),
+        let (cert, key, provider) = (
+            cert_path.to_owned(),
+            key_path.to_owned(),
+            Arc::clone(provider),
+        );
+        let paths = vec![cert.clone(), key.clone()];
+        let pair = Reloading::load("certificate", paths, check_every, move || {
+            load_pair(&cert, &key, &provider).map(Arc::new)
         })
+        .map_err(config_error)?;
+        Ok(ReloadingCert { pair })
     }
 
-    /// Where reload failures are counted, once the broker's metrics exist.
+    /// Where reloads are counted, once the broker's metrics exist.
     pub(crate) fn count_into(&self, metrics: &Arc<BrokerMetrics>) {
-        let _ = self.metrics.set(Arc::clone(metrics));
+        self.pair.count_into(metrics);
     }
 
     /// The pair to present now, reloaded first if a check is due and the
     /// files changed.
     fn current(&self) -> Arc<CertifiedKey> {
-        let mut state = self.state.lock();
-        let now = Instant::now();
-        if now >= state.next_check {
-            state.next_check = now + self.check_every;
-            let seen = (stamp(&self.cert_path), stamp(&self.key_path));
-            if seen != state.seen {
-                state.seen = seen;
-                self.reload(&mut state);
-            }
-        }
-        Arc::clone(&state.current)
-    }
-
-    fn reload(&self, state: &mut CertState) {
-        let outcome = match load_pair(&self.cert_path, &self.key_path, &self.provider) {
-            Ok(pair) => {
-                state.current = Arc::new(pair);
-                info!(cert_path = %self.cert_path.display(), "tls: certificate reloaded");
-                "reloaded"
-            }
-            Err(e) => {
-                warn!(
-                    cert_path = %self.cert_path.display(),
-                    key_path = %self.key_path.display(),
-                    error = %e,
-                    "tls: the changed certificate or key does not load; the previous pair stays"
-                );
-                "failed"
-            }
-        };
-        if let Some(metrics) = self.metrics.get() {
-            metrics.tls_reload(outcome);
-        }
+        self.pair.current()
     }
 }
 

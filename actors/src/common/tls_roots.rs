@@ -11,12 +11,11 @@
 //! `malachi_tls_reloads_total{outcome="failed"}`, and the previous roots
 //! verify on. Open connections keep the roots they were verified under.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 use malachi_wire::tls::{TlsError, load_roots};
-use parking_lot::Mutex;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -24,17 +23,9 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
-use tracing::{info, warn};
 
 use crate::common::metrics::BrokerMetrics;
-
-/// A file's modification time and size: what a reload check compares.
-pub(crate) type Stamp = Option<(SystemTime, u64)>;
-
-pub(crate) fn stamp(path: &Path) -> Stamp {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
-}
+use crate::common::reloading::Reloading;
 
 /// Whether a peer without a certificate is let through (the client port's
 /// `tls.client_auth = "optional"`); between brokers one is always required.
@@ -52,26 +43,13 @@ struct Verifiers {
     servers: Arc<WebPkiServerVerifier>,
 }
 
-#[derive(Debug)]
-struct RootsState {
-    current: Verifiers,
-    /// The file's stamp when last loaded (or tried).
-    seen: Stamp,
-    next_check: Instant,
-}
-
 /// The CA bundle at a path, as rustls verifiers, reloaded when the file
 /// changes (see the module's doc).
 #[derive(Debug)]
 pub(crate) struct ReloadingRoots {
-    path: PathBuf,
-    /// The setting the path came from, for errors and logs.
-    what: &'static str,
+    verifiers: Reloading<Verifiers>,
     provider: Arc<CryptoProvider>,
     unauthenticated: Unauthenticated,
-    check_every: Duration,
-    state: Mutex<RootsState>,
-    metrics: OnceLock<Arc<BrokerMetrics>>,
 }
 
 impl ReloadingRoots {
@@ -84,64 +62,27 @@ impl ReloadingRoots {
         unauthenticated: Unauthenticated,
         check_every: Duration,
     ) -> Result<ReloadingRoots, TlsError> {
-        let seen = stamp(path);
-        let current = verifiers(path, what, provider, unauthenticated)?;
+        let (bundle, by) = (path.to_owned(), Arc::clone(provider));
+        let paths = vec![bundle.clone()];
+        let verifiers = Reloading::load(what, paths, check_every, move || {
+            verifiers(&bundle, what, &by, unauthenticated)
+        })?;
         Ok(ReloadingRoots {
-            path: path.to_owned(),
-            what,
+            verifiers,
             provider: Arc::clone(provider),
             unauthenticated,
-            check_every,
-            state: Mutex::new(RootsState {
-                current,
-                seen,
-                next_check: Instant::now() + check_every,
-            }),
-            metrics: OnceLock::new(),
         })
     }
 
-    /// Where reload failures are counted, once the broker's metrics exist.
+    /// Where reloads are counted, once the broker's metrics exist.
     pub(crate) fn count_into(&self, metrics: &Arc<BrokerMetrics>) {
-        let _ = self.metrics.set(Arc::clone(metrics));
+        self.verifiers.count_into(metrics);
     }
 
     /// The verifiers to use now, reloaded first if a check is due and the
     /// file changed.
     fn current(&self) -> Verifiers {
-        let mut state = self.state.lock();
-        let now = Instant::now();
-        if now >= state.next_check {
-            state.next_check = now + self.check_every;
-            let seen = stamp(&self.path);
-            if seen != state.seen {
-                state.seen = seen;
-                self.reload(&mut state);
-            }
-        }
-        state.current.clone()
-    }
-
-    fn reload(&self, state: &mut RootsState) {
-        let outcome = match verifiers(&self.path, self.what, &self.provider, self.unauthenticated) {
-            Ok(current) => {
-                state.current = current;
-                info!(setting = self.what, path = %self.path.display(), "tls: trust roots reloaded");
-                "reloaded"
-            }
-            Err(e) => {
-                warn!(
-                    setting = self.what,
-                    path = %self.path.display(),
-                    error = %e,
-                    "tls: the changed CA bundle does not load; the previous roots verify on"
-                );
-                "failed"
-            }
-        };
-        if let Some(metrics) = self.metrics.get() {
-            metrics.tls_reload(outcome);
-        }
+        self.verifiers.current()
     }
 }
 
@@ -309,11 +250,15 @@ mod tests {
     /// Rewrites `path` so its stamp changes even within the file system's
     /// time granularity (the length differs, or a later mtime is set).
     fn rewrite(path: &Path, text: &str) {
+        let stamp = |p: &Path| {
+            let meta = std::fs::metadata(p).unwrap();
+            (meta.modified().unwrap(), meta.len())
+        };
         let before = stamp(path);
         std::fs::write(path, text).unwrap();
         if stamp(path) == before {
             let file = std::fs::File::options().write(true).open(path).unwrap();
-            let later = SystemTime::now() + Duration::from_secs(1);
+            let later = std::time::SystemTime::now() + Duration::from_secs(1);
             file.set_modified(later).unwrap();
         }
     }
